@@ -1,0 +1,22 @@
+# One set-up path for the README, CI and the Dockerfile: scripts/setup.sh (idempotent).
+PY := .venv/bin/python
+DEMO_DIR ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
+
+.PHONY: setup demo test test-unit bench clean
+
+setup:
+	bash scripts/setup.sh
+
+# The main job on its small built-in CPU default: 1 worker, resized to 2 at step 60 (gloo).
+demo: setup
+	.venv/bin/elastic-ring train --gpus 1 --resize-at 60 --to 2 --slots 2 --run-dir $(DEMO_DIR)
+
+# The full test suite (unit + real horovodrun/mpirun integration tests on the CPU).
+test: setup
+	$(PY) -m pytest -q tests
+
+test-unit: setup
+	$(PY) -m pytest -q tests/unit
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,287 @@
+"""``elastic-ring simulate``: Table 3 — a simulated GPU cluster under the scheduling policies.
+
+For each contention level and seed, one job stream is drawn (Poisson arrivals, log-uniform job
+sizes, workloads drawn uniformly from ``--workload``) and every strategy runs on the same stream.
+The table gives mean +- std over seeds of average JCT, p99 JCT, makespan (hours), GPU utilisation
+and the number of resizes. Files written to ``--out``: ``table3.json`` (settings, every run, the
+summary), ``table3.md`` and ``jct.png`` (average JCT per strategy per contention level).
+
+Held-out check (``--plan-workload``): the planners (Precompute, Optimus) use the speed model of
+the plan workload while jobs run at their own workload's true speed; Precompute with the true
+models is added as ``precompute-oracle`` so the shrinkage of the gain over Eight can be read off.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import click
+
+from elastic_ring.errors import ConfigError
+
+STRATEGIES = ("eight", "precompute", "exploratory", "optimus")
+METRICS = (("avg_jct_h", "avg JCT (h)"), ("p99_jct_h", "p99 JCT (h)"), ("makespan_h", "makespan (h)"),
+           ("utilisation", "GPU util"), ("resizes", "resizes"))
+
+
+def _levels(spec: str) -> list[tuple[str, float]]:
+    from elastic_ring.sim.api import CONTENTION
+
+    out = []
+    for part in [p.strip() for p in spec.split(",") if p.strip()]:
+        if part == "all":
+            out.extend(CONTENTION.items())
+        elif part in CONTENTION:
+            out.append((part, CONTENTION[part]))
+        else:
+            try:
+                v = float(part)
+            except ValueError:
+                raise ConfigError(f"--contention: {part!r} is not one of low, moderate, high, extreme, "
+                                  f"all or a number (offered load)") from None
+            if not (v > 0 and math.isfinite(v)):
+                raise ConfigError(f"--contention: offered load must be > 0, got {part}")
+            out.append((f"rho={v:g}", v))
+    if not out:
+        raise ConfigError("--contention: give at least one level")
+    seen, uniq = set(), []
+    for name, v in out:
+        if name not in seen:
+            seen.add(name)
+            uniq.append((name, v))
+    return uniq
+
+
+def _strategies(spec: str) -> list[str]:
+    names = [p.strip() for p in spec.split(",") if p.strip()]
+    bad = [n for n in names if n not in STRATEGIES]
+    if bad or not names:
+        raise ConfigError(f"--strategies: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(STRATEGIES)}")
+    return list(dict.fromkeys(names))
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    n = len(xs)
+    m = sum(xs) / n
+    s = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
+    return m, s
+
+
+def _fmt(m: float, s: float, key: str) -> str:
+    if key == "utilisation":
+        return f"{m:.3f} ± {s:.3f}"
+    if key == "resizes":
+        return f"{m:.0f} ± {s:.0f}"
+    return f"{m:.2f} ± {s:.2f}"
+
+
+def _plot(summary: dict, levels: list[str], strategies: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(levels) + 3), 4.2))
+    width = 0.8 / len(strategies)
+    for i, s in enumerate(strategies):
+        xs = [k + (i - (len(strategies) - 1) / 2) * width for k in range(len(levels))]
+        ms = [summary[lv][s]["avg_jct_h"]["mean"] for lv in levels]
+        ss = [summary[lv][s]["avg_jct_h"]["std"] for lv in levels]
+        ax.bar(xs, ms, width, yerr=ss, capsize=3, label=s)
+    ax.set_xticks(range(len(levels)), levels)
+    ax.set_xlabel("contention level")
+    ax.set_ylabel("average JCT (hours), mean ± std over seeds")
+    ax.set_title("Simulated cluster: average job completion time")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _markdown(summary: dict, levels: list[str], strategies: list[str], meta: dict) -> str:
+    lines = [f"# Table 3 (simulated): {meta['gpus']} GPUs, {meta['jobs']} jobs/run, {meta['seeds']} seeds, "
+             f"mean ± std over seeds", "",
+             f"workloads: {', '.join(meta['workloads'])}; planner's model: {meta['plan_workload'] or 'each job’s own'}; "
+             f"resize overhead {meta['resize_overhead_s']:g} s", ""]
+    for lv in levels:
+        lines += [f"## {lv} (offered load {meta['levels'][lv]:g})", "",
+                  "| strategy | " + " | ".join(h for _, h in METRICS) + " |",
+                  "|---" * (len(METRICS) + 1) + "|"]
+        for s in strategies:
+            row = summary[lv][s]
+            lines.append(f"| {s} | " + " | ".join(_fmt(row[k]["mean"], row[k]["std"], k) for k, _ in METRICS) + " |")
+        g = summary[lv].get("_gain")
+        if g:
+            lines += ["", "; ".join(f"Eight / {k}: {v['mean']:.2f} ± {v['std']:.2f}x" for k, v in g.items())]
+        lines.append("")
+    ho = meta.get("heldout")
+    if ho:
+        lines += ["## Held-out check", ""]
+        for lv, h in ho.items():
+            lines.append(f"- {lv}: {h['text']}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--gpus", type=int, default=64, show_default=True, help="GPUs in the simulated cluster.")
+@click.option("--contention", default="moderate", show_default=True,
+              help="Comma list of low (offered load 0.5), moderate (0.9), high (1.2), extreme (2.0), all, "
+                   "or numbers (offered load = arrival rate x mean GPU-hours per job at 8 GPUs / GPUs).")
+@click.option("--strategies", default=",".join(STRATEGIES), show_default=True,
+              help="Comma list of eight, precompute, exploratory, optimus.")
+@click.option("--seeds", type=int, default=10, show_default=True, help="Seeds per level (seed 0..N-1).")
+@click.option("--jobs", "n_jobs", type=int, default=200, show_default=True, help="Jobs per run.")
+@click.option("--workload", "workloads", multiple=True,
+              help="Built-in workload name or path to a profile.json (repeatable; jobs drawn uniformly). "
+                   "Default resnet110-cifar10. Built-ins: resnet110-cifar10, resnet50-imagenet, vgg16-imagenet.")
+@click.option("--plan-workload", default=None,
+              help="Held-out check: the planner uses this workload's speed model for every job.")
+@click.option("--resize-overhead", type=float, default=None,
+              help="Seconds lost per resize (default: elastic_ring.sched.api.DEFAULT_RESIZE_OVERHEAD_S).")
+@click.option("--min-hours", type=float, default=0.25, show_default=True, help="Shortest job: hours alone on 8 GPUs.")
+@click.option("--max-hours", type=float, default=8.0, show_default=True, help="Longest job: hours alone on 8 GPUs.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/simulate", show_default=True,
+              help="Folder for table3.json, table3.md, jct.png.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of the table.")
+def simulate(gpus, contention, strategies, seeds, n_jobs, workloads, plan_workload, resize_overhead,
+             min_hours, max_hours, out_dir, as_json):
+    """Simulate a GPU cluster under scheduling policies and print Table 3.
+
+    Jobs arrive as a Poisson process; each job's size is its run time alone on 8 GPUs, log-uniform
+    in [--min-hours, --max-hours]; a policy decides at every arrival and completion. Strategies:
+    eight (8 GPUs per job, FIFO queue), precompute (Eq. 6 doubling with known speed models),
+    exploratory (measure at 1/2/4/8 GPUs for 10 min, then doubling), optimus (unit-step greedy).
+
+    Example: elastic-ring simulate --gpus 64 --contention all --seeds 10
+    """
+    from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
+    from elastic_ring.sched.policies import make_policy
+    from elastic_ring.sim.api import SimConfig
+    from elastic_ring.sim.engine import simulate as run_sim
+    from elastic_ring.sim.workload import load_workload, make_jobs
+
+    if gpus < 1:
+        raise ConfigError(f"--gpus must be >= 1, got {gpus}")
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
+    if n_jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {n_jobs}")
+    levels = _levels(contention)
+    strats = _strategies(strategies)
+    if "exploratory" in strats and gpus < 8:
+        raise ConfigError("--strategies exploratory needs --gpus >= 8 (a new job measures itself on 8 GPUs)")
+    overhead = DEFAULT_RESIZE_OVERHEAD_S if resize_overhead is None else resize_overhead
+    wls = [load_workload(w) for w in (workloads or ("resnet110-cifar10",))]
+    true_models = {w.name: w.model for w in wls}
+    plan = load_workload(plan_workload) if plan_workload else None
+    plan_models = {k: plan.model for k in true_models} if plan else None
+    runs_strats = list(strats)
+    if plan and "precompute" in strats:
+        runs_strats.append("precompute-oracle")
+
+    base = dict(gpus=gpus, jobs=n_jobs, min_hours_at_8=min_hours, max_hours_at_8=max_hours,
+                resize_overhead_s=overhead, workloads=tuple(true_models))
+    SimConfig(contention=1.0, **base)  # validate once before the long loop
+    rows: list[dict] = []
+    total = len(levels) * seeds * len(runs_strats)
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as prog:
+        task = prog.add_task("simulating", total=total)
+        for lv, rho in levels:
+            for seed in range(seeds):
+                cfg = SimConfig(contention=rho, seed=seed, **base)
+                jobs = make_jobs(cfg, true_models)
+                for s in runs_strats:
+                    prog.update(task, description=f"{lv} seed {seed} {s}")
+                    if s == "precompute-oracle":
+                        pol, pm = make_policy("precompute"), None
+                    else:
+                        pol, pm = make_policy(s), plan_models
+                    r = run_sim(cfg, pol, jobs, true_models, pm)
+                    d = r.summary()
+                    d.update(strategy=s, level=lv, offered_load=rho)
+                    rows.append(d)
+                    prog.advance(task)
+
+    summary: dict = {}
+    for lv, _ in levels:
+        summary[lv] = {}
+        for s in runs_strats:
+            sel = [r for r in rows if r["level"] == lv and r["strategy"] == s]
+            summary[lv][s] = {k: dict(zip(("mean", "std"), _mean_std([r[k] for r in sel]))) for k, _ in METRICS}
+        if "eight" in runs_strats:
+            gain = {}
+            for s in runs_strats:
+                if s == "eight":
+                    continue
+                e = {r["seed"]: r["avg_jct_h"] for r in rows if r["level"] == lv and r["strategy"] == "eight"}
+                ratios = [e[r["seed"]] / r["avg_jct_h"] for r in rows
+                          if r["level"] == lv and r["strategy"] == s and r["avg_jct_h"] > 0]
+                m, sd = _mean_std(ratios)
+                gain[s] = {"mean": m, "std": sd, "more_than_halves_in_seeds": sum(x > 2 for x in ratios),
+                           "seeds": len(ratios)}
+            summary[lv]["_gain"] = gain
+    heldout = {}
+    if plan and "precompute" in strats and "eight" in strats:
+        for lv, _ in levels:
+            e = summary[lv]["eight"]["avg_jct_h"]["mean"]
+            p = summary[lv]["precompute"]["avg_jct_h"]["mean"]
+            o = summary[lv]["precompute-oracle"]["avg_jct_h"]["mean"]
+            red_o, red_h = 1 - o / e, 1 - p / e
+            heldout[lv] = {"eight_h": e, "precompute_oracle_h": o, "precompute_heldout_h": p,
+                           "reduction_oracle": red_o, "reduction_heldout": red_h,
+                           "shrink_points": red_o - red_h,
+                           "text": f"Eight {e:.2f} h; Precompute with true models {o:.2f} h (-{100 * red_o:.1f}%), "
+                                   f"planning with {plan.name}'s model {p:.2f} h (-{100 * red_h:.1f}%): the gain "
+                                   f"shrinks by {100 * (red_o - red_h):.1f} percentage points"}
+    meta = {"gpus": gpus, "jobs": n_jobs, "seeds": seeds, "levels": {lv: rho for lv, rho in levels},
+            "strategies": runs_strats, "workloads": [w.name for w in wls],
+            "workload_sources": {w.name: w.source for w in wls},
+            "plan_workload": plan.name if plan else None, "resize_overhead_s": overhead,
+            "min_hours_at_8": min_hours, "max_hours_at_8": max_hours,
+            "command": "elastic-ring simulate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else []),
+            "heldout": heldout}
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out: cannot create {out}: {e}") from None
+    lvnames = [lv for lv, _ in levels]
+    (out / "table3.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=1) + "\n")
+    (out / "table3.md").write_text(_markdown(summary, lvnames, runs_strats, meta))
+    _plot(summary, lvnames, runs_strats, out / "jct.png")
+
+    if as_json:
+        click.echo(json.dumps({"meta": meta, "summary": summary}, indent=1))
+        return
+    from rich.table import Table
+
+    con = Console() if Console().is_terminal else Console(width=130)
+    for lv, rho in levels:
+        t = Table(title=f"Table 3 — {lv} (offered load {rho:g}), {gpus} GPUs, {n_jobs} jobs, "
+                        f"{seeds} seeds, mean ± std")
+        t.add_column("strategy")
+        for _, h in METRICS:
+            t.add_column(h, justify="right")
+        for s in runs_strats:
+            row = summary[lv][s]
+            t.add_row(s, *[_fmt(row[k]["mean"], row[k]["std"], k) for k, _ in METRICS])
+        con.print(t)
+        g = summary[lv].get("_gain")
+        if g:
+            con.print("  " + "; ".join(f"Eight / {k}: {v['mean']:.2f} ± {v['std']:.2f}x "
+                                       f"(> 2x in {v['more_than_halves_in_seeds']}/{v['seeds']} seeds)"
+                                       for k, v in g.items()))
+        if lv in heldout:
+            con.print("  held-out: " + heldout[lv]["text"])
+    con.print(f"wrote {out / 'table3.json'}, {out / 'table3.md'}, {out / 'jct.png'}")

@@ -1,0 +1,274 @@
+"""`elastic-ring train`, `elastic-ring resize`, `elastic-ring status`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import click
+import yaml
+
+from elastic_ring.errors import UserError
+
+DEVICE_CHOICES = click.Choice(["auto", "cpu", "cuda"])
+
+
+def _echo(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _resolve_device(device: str) -> tuple[str, int]:
+    from elastic_ring.telemetry import gpu_count
+
+    n = gpu_count()
+    if device == "auto":
+        device = "cuda" if n > 0 else "cpu"
+    if device == "cuda" and n == 0:
+        raise UserError("--device cuda but no NVIDIA GPU is visible (try --device cpu)")
+    return device, n
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@click.command(context_settings={"max_content_width": 100})
+@click.option("--gpus", "workers", type=int, default=None,
+              help="Workers to start with: GPUs on a GPU node, CPU processes otherwise. [default: 1]")
+@click.option("--resize-at", type=int, default=None, metavar="STEP",
+              help="Resize after this step completes (with --to).")
+@click.option("--to", "resize_to", type=int, default=None, metavar="N", help="Worker count after --resize-at.")
+@click.option("--schedule", default=None, metavar="STEP:N[,STEP:N...]",
+              help="Several resizes, e.g. 5000:8,10000:4 (steps increasing).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="YAML config. [default: configs/paper.yaml on GPUs, configs/cpu_small.yaml on the CPU]")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override any config key (repeatable), e.g. --set depth=56.")
+@click.option("--steps", type=int, default=None, help="Total steps of the schedule (config: total_steps).")
+@click.option("--depth", type=int, default=None, help="ResNet depth 6n+2: 20, 32, 44, 56, 110.")
+@click.option("--dataset", type=click.Choice(["cifar10", "synthetic", "digits"]), default=None,
+              help="Training data (config: dataset).")
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False), help="Where CIFAR-10 lives.")
+@click.option("--batch-size", type=int, default=None, help="Per-worker batch (config: batch_size).")
+@click.option("--lr", type=float, default=None, help="LR per lr_reference_batch images (config: lr).")
+@click.option("--seed", type=int, default=None, help="Seed of data order, augmentation and weights.")
+@click.option("--resize-warmup", type=int, default=None, metavar="STEPS",
+              help="Ramp the LR to its Eq. 7 value over STEPS after a resize (0: at once).")
+@click.option("--device", type=DEVICE_CHOICES, default="auto", show_default=True,
+              help="cuda: one GPU per worker (NCCL); cpu: CPU processes with gloo; auto: cuda if NVIDIA GPUs are found.")
+@click.option("--slots", type=int, default=None,
+              help="Worker slots on this machine (CPU). [default: CPU cores; on GPUs: visible GPUs]")
+@click.option("--hosts", default=None, metavar="H:N[,H:N...]", help="Hosts and slots, handed to horovodrun -H.")
+@click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="horovodrun hostfile ('host slots=N' lines).")
+@click.option("--network-interface", default=None, help="Passed to horovodrun (e.g. lo for several local 'hosts').")
+@click.option("--run-dir", type=click.Path(file_okay=False), default=None,
+              help="Run folder (events, logs, checkpoints). [default: runs/<time>]")
+@click.option("--resume", "resume_dir", type=click.Path(file_okay=False), default=None,
+              help="Continue the run in this folder from its last checkpoint.")
+def train(workers, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
+          data_dir, batch_size, lr, seed, resize_warmup, device, slots, hosts, hostfile,
+          network_interface, run_dir, resume_dir):
+    """Train a CIFAR ResNet with Horovod; resize by checkpoint and relaunch.
+
+    \b
+    On an 8-GPU node, the paper's experiment (ResNet-110, CIFAR-10, 4 -> 8 GPUs at step 5000):
+        elastic-ring train --gpus 4 --resize-at 5000 --to 8
+    On the CPU (gloo), the small default (ResNet-20/8 on the offline digits set):
+        elastic-ring train --gpus 1 --resize-at 60 --to 2
+
+    At each resize the workers agree on the step, write a checkpoint and exit; the controller
+    relaunches them at the new count and they rescale the learning rate by Eq. 7
+    (lr_new = w_new / w_last * lr_last). While it runs, `elastic-ring resize RUN_DIR --to N` resizes
+    live from another shell and `elastic-ring status RUN_DIR` shows progress. Everything lands in
+    RUN_DIR: events.jsonl (typed events, incl. each resize's overhead breakdown), logs/, checkpoints/,
+    summary.json. Ctrl-C stops at the next step with a checkpoint; --resume continues.
+    """
+    from elastic_ring.config.api import config_to_dict, load_config, parse_overrides
+    from elastic_ring.controller.api import (Resize, RunSpec, parse_hostfile, parse_hosts,
+                                             parse_schedule)
+    from elastic_ring.controller.controller import CONTROLLER_FILE, Controller
+    from elastic_ring.controller.summary import render
+    from elastic_ring.data import check_dataset
+
+    if resume_dir and (config_path or overrides or any(v is not None for v in (
+            steps, depth, dataset, data_dir, batch_size, lr, seed, resize_warmup))):
+        raise UserError("--resume continues a run with its own config: drop the config options")
+    if (resize_at is None) != (resize_to is None):
+        raise UserError("--resize-at and --to go together")
+    if schedule and resize_at is not None:
+        raise UserError("use either --resize-at/--to or --schedule, not both")
+    if hosts and hostfile:
+        raise UserError("use either --hosts or --hostfile, not both")
+    if slots is not None and slots < 1:
+        raise UserError(f"--slots must be >= 1, got {slots}")
+
+    device, ngpu = _resolve_device(device)
+    host_list = parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile else None
+    if host_list:
+        n_slots = sum(n for _, n in host_list)
+    elif device == "cuda":
+        n_slots = ngpu
+    else:
+        n_slots = slots or (os.cpu_count() or 1)
+
+    if resize_at is not None:
+        sched = (Resize(resize_at, resize_to),)
+    elif schedule:
+        sched = parse_schedule(schedule)
+    else:
+        sched = ()
+
+    if resume_dir:
+        rd = Path(resume_dir)
+        if not (rd / "run.json").exists():
+            raise UserError(f"{rd} is not an elastic-ring run folder (no run.json)")
+        run_info = json.loads((rd / "run.json").read_text())
+        cfg = load_config(rd / "config.yaml")
+        from elastic_ring.ckpt import CheckpointStore
+
+        ckpt = CheckpointStore(rd / "checkpoints").load_latest()  # verifies the checksum
+        start_step = int(ckpt["step"]) if ckpt else 0
+        if start_step >= cfg.total_steps:
+            raise UserError(f"run {rd} already finished (step {start_step} of {cfg.total_steps})")
+        ctl = {}
+        try:
+            ctl = json.loads((rd / CONTROLLER_FILE).read_text())
+        except (OSError, json.JSONDecodeError):
+            pass
+        if ctl.get("state") in ("running", "launching", "stopping") and _pid_alive(int(ctl.get("pid", 0))):
+            raise UserError(f"run {rd} is still running (controller pid {ctl.get('pid')})")
+        world = workers or ctl.get("pending_world") or (int(ckpt["world_size"]) if ckpt else run_info["workers"])
+        if not sched:
+            sched = tuple(Resize(int(s), int(t)) for s, t in run_info.get("schedule", []) if int(s) > start_step)
+        spec = RunSpec(run_dir=rd.resolve(), workers=int(world), schedule=sched, slots=n_slots,
+                       device=device, total_steps=cfg.total_steps, hosts=hosts, hostfile=hostfile)
+        _validate_resume(spec, start_step)
+        from elastic_ring.events.api import read_events
+        segment = len(read_events(rd / "events.jsonl", kind="launch"))
+    else:
+        ov = parse_overrides(overrides)
+        for k, v in (("total_steps", steps), ("depth", depth), ("dataset", dataset),
+                     ("data_dir", data_dir), ("batch_size", batch_size), ("lr", lr), ("seed", seed),
+                     ("resize_warmup_steps", resize_warmup)):
+            if v is not None:
+                ov[k] = v
+        cfg = load_config(config_path, ov, device=device)
+        world = workers if workers is not None else 1
+        rd = Path(run_dir) if run_dir else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+        if rd.exists() and any(rd.iterdir()):
+            raise UserError(f"run folder {rd} already exists and is not empty "
+                            f"(continue it with --resume {rd}, or pick another --run-dir)")
+        spec = RunSpec(run_dir=rd.resolve(), workers=world, schedule=sched, slots=n_slots,
+                       device=device, total_steps=cfg.total_steps, hosts=hosts, hostfile=hostfile)
+        spec.validate()
+        check_dataset(cfg.dataset, cfg.data_dir)
+        rd.mkdir(parents=True, exist_ok=True)
+        (rd / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        (rd / "run.json").write_text(json.dumps({
+            "workers": world, "schedule": [[r.step, r.to] for r in sched], "slots": n_slots,
+            "device": device, "hosts": hosts, "hostfile": hostfile, "created": time.time(),
+            "argv": sys.argv[1:]}, indent=2))
+        start_step, segment = 0, 0
+
+    if device == "cpu":
+        _echo(f"elastic-ring: no GPU in use: {world} CPU worker process(es) with gloo "
+              f"({n_slots} slot(s)); run folder {spec.run_dir}")
+    else:
+        _echo(f"elastic-ring: {world} GPU worker(s) (NCCL + gloo), {n_slots} GPU slot(s); run folder {spec.run_dir}")
+    _echo(f"model ResNet-{cfg.depth} (width {cfg.width}) on {cfg.dataset}, {cfg.total_steps} steps, "
+          f"batch {cfg.batch_size}/worker, schedule: "
+          + (", ".join(f"step {r.step} -> {r.to}" for r in spec.schedule) or "no resize"))
+    ctl = Controller(spec, lr_scaling=cfg.lr_scaling, network_interface=network_interface)
+    summary = ctl.run(start_step, spec.workers, segment)
+    click.echo(render(summary, cfg.total_steps))
+    if summary["state"] == "interrupted":
+        sys.exit(130)
+
+
+def _validate_resume(spec, start_step: int) -> None:
+    from dataclasses import replace
+
+    if spec.workers > spec.slots:
+        raise UserError(f"cannot resume with {spec.workers} workers: only {spec.slots} slot(s)")
+    prev_w = spec.workers
+    for r in spec.schedule:
+        if r.step <= start_step:
+            raise UserError(f"resize at step {r.step} is not after the checkpoint (step {start_step})")
+        if r.to == prev_w:
+            raise UserError(f"resize at step {r.step} to {r.to} workers: the job already has {r.to}")
+        prev_w = r.to
+    replace(spec, workers=spec.workers).validate()
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--to", "target", type=int, required=True, help="New worker count.")
+def resize(run_dir, target):
+    """Ask the running `elastic-ring train` in RUN_DIR to resize to N workers now.
+
+    The workers stop at the next step boundary all ranks agree on, checkpoint, and are relaunched
+    at the new count (LR rescaled by Eq. 7). Returns at once; watch with `elastic-ring status`.
+    """
+    from elastic_ring.controller.controller import CONTROLLER_FILE, REQUEST_FILE
+
+    rd = Path(run_dir)
+    if not (rd / "run.json").exists():
+        raise UserError(f"{rd} is not an elastic-ring run folder (no run.json)")
+    try:
+        ctl = json.loads((rd / CONTROLLER_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        raise UserError(f"run {rd} is not running (no controller state)") from None
+    state = ctl.get("state")
+    if state not in ("running", "launching") or not _pid_alive(int(ctl.get("pid", 0))):
+        raise UserError(f"run {rd} is not running (state: {state if state != 'running' else 'controller gone'})")
+    slots = json.loads((rd / "run.json").read_text())["slots"]
+    if target < 1:
+        raise UserError(f"--to must be >= 1, got {target}")
+    if target > slots:
+        raise UserError(f"--to {target} is more than the run's {slots} slot(s)")
+    if target == ctl.get("world_size"):
+        raise UserError(f"the run already has {target} workers")
+    req = rd / "control" / REQUEST_FILE
+    req.parent.mkdir(parents=True, exist_ok=True)
+    tmp = req.with_name(f".{req.name}.tmp")
+    tmp.write_text(json.dumps({"to": target, "time": time.time(), "id": uuid.uuid4().hex}))
+    os.replace(tmp, req)
+    click.echo(f"resize to {target} requested for {rd} (currently {ctl.get('world_size')} workers)")
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def status(run_dir, as_json):
+    """Print the summary table of a running or finished run."""
+    from elastic_ring.controller.controller import CONTROLLER_FILE
+    from elastic_ring.controller.summary import render, summarize_run
+
+    rd = Path(run_dir)
+    if not (rd / "run.json").exists():
+        raise UserError(f"{rd} is not an elastic-ring run folder (no run.json)")
+    s = summarize_run(rd)
+    try:
+        ctl = json.loads((rd / CONTROLLER_FILE).read_text())
+        if s["state"] == "running":
+            alive = _pid_alive(int(ctl.get("pid", 0)))
+            s["state"] = ctl.get("state", "running") if alive else f"{ctl.get('state')} (controller not running)"
+    except (OSError, json.JSONDecodeError):
+        pass
+    total = None
+    try:
+        total = yaml.safe_load((rd / "config.yaml").read_text()).get("total_steps")
+    except (OSError, yaml.YAMLError, AttributeError):
+        pass
+    click.echo(json.dumps(s, indent=2) if as_json else render(s, total))

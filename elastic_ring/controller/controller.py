@@ -1,0 +1,427 @@
+"""The controller behind `elastic-ring train`.
+
+It launches the workers with ``horovodrun`` (``-np N -H localhost:N --gloo`` on one host, or the
+user's ``--hosts``/``--hostfile``), relays their events into ``RUN_DIR/events.jsonl`` with
+telemetry added, shows progress, and at each resize point lets the workers checkpoint and exit,
+then relaunches them at the new size; the workers rescale the LR by Eq. 7 on resume. It measures
+every resize: stop latency, checkpoint write, relaunch to first step, total time lost.
+
+Side effects are passed in: ``launcher`` starts processes, ``clock`` reads time, ``out`` prints.
+Unit tests drive the loop with fakes; integration tests run real horovodrun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from elastic_ring.controller.api import Resize, RunSpec, RunState
+from elastic_ring.controller.summary import render, summarize
+from elastic_ring.errors import UserError, WorkerFailedError
+from elastic_ring.events.api import (ErrorEvent, EventLog, Finished, FirstStepAfterResize, Launch,
+                                     Relaunched, ResizeOverhead, ResizeRequested, WorkersExited,
+                                     read_events)
+from elastic_ring.telemetry import Telemetry
+from elastic_ring.train.lr import RULES
+from elastic_ring.train.worker import WORKER_EVENTS, stop_file
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUEST_FILE = "resize-request.json"
+CONTROLLER_FILE = "controller.json"
+
+
+class Handle(Protocol):
+    pid: int
+
+    def poll(self) -> int | None: ...
+    def kill(self) -> None: ...
+
+
+class Launcher(Protocol):
+    def start(self, cmd: list[str], env: dict[str, str], log_path: Path) -> Handle: ...
+
+
+class SubprocessLauncher:
+    """Starts horovodrun in its own process group, output to a log file."""
+
+    class _H:
+        def __init__(self, p: subprocess.Popen, log) -> None:
+            self.p, self.pid, self._log = p, p.pid, log
+
+        def poll(self) -> int | None:
+            rc = self.p.poll()
+            if rc is not None and not self._log.closed:
+                self._log.close()
+            return rc
+
+        def kill(self) -> None:
+            try:
+                os.killpg(self.p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def start(self, cmd: list[str], env: dict[str, str], log_path: Path) -> Handle:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "ab")
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True, cwd=str(ROOT))
+        return self._H(p, log)
+
+
+def worker_entry() -> list[str]:
+    script = ROOT / "launch" / "train_worker.py"
+    if script.exists():
+        return [sys.executable, "-u", str(script)]
+    return [sys.executable, "-u", "-m", "elastic_ring.train.worker"]
+
+
+def horovodrun_command(spec: RunSpec, world: int, segment: int, stop_at: int,
+                       network_interface: str | None = None) -> list[str]:
+    hr = Path(sys.executable).parent / "horovodrun"
+    cmd = [str(hr) if hr.exists() else "horovodrun", "-np", str(world)]
+    if spec.hostfile:
+        cmd += ["--hostfile", spec.hostfile]
+    else:
+        cmd += ["-H", spec.hosts or f"localhost:{world}"]
+    cmd += ["--gloo", "--start-timeout", "120"]
+    if network_interface:
+        cmd += ["--network-interface", network_interface]
+    cmd += worker_entry() + ["--run-dir", str(spec.run_dir), "--segment", str(segment),
+                             "--stop-at", str(stop_at), "--device", spec.device]
+    return cmd
+
+
+@dataclass
+class PendingResize:
+    from_workers: int
+    to_workers: int
+    step: int
+    t_request: float
+    lr_last: float
+    checkpoint_s: float = 0.0
+    t_exit: float | None = None
+    t_launch: float | None = None
+    t_first: float | None = None
+
+
+@dataclass
+class _Seg:
+    index: int
+    world: int
+    stop_at: int
+    handle: Handle | None = None
+    t_launch: float = 0.0
+    end: dict[str, Any] | None = None
+    ckpt_s: float = 0.0
+    first_seen: bool = False
+    live_target: int | None = None
+    t_live: float | None = None
+
+
+class Controller:
+    def __init__(self, spec: RunSpec, lr_scaling: str = "linear", launcher: Launcher | None = None,
+                 clock: Callable[[], float] = time.time, out: Callable[[str], None] | None = None,
+                 network_interface: str | None = None, poll_s: float = 0.2,
+                 show_progress: bool | None = None) -> None:
+        self.spec = spec
+        self.rule = RULES[lr_scaling]
+        self.launcher = launcher or SubprocessLauncher()
+        self.clock = clock
+        self.out = out or (lambda s: print(s, file=sys.stderr, flush=True))
+        self.network_interface = network_interface
+        self.poll_s = poll_s
+        self.show_progress = sys.stderr.isatty() if show_progress is None else show_progress
+        self.state = RunState.PENDING
+        self.events = EventLog(spec.run_dir / "events.jsonl")
+        self.worker_events = spec.run_dir / WORKER_EVENTS
+        self._wpos = self.worker_events.stat().st_size if self.worker_events.exists() else 0
+        self._interrupts = 0
+        self._pending: PendingResize | None = None
+        self._telemetry: Telemetry | None = None
+        self._progress = None
+        self._task = None
+        self._seen_requests: set[str] = set()
+
+    # ------------------------------------------------------------------ state
+    def _set_state(self, state: RunState, **extra: Any) -> None:
+        self.state = state
+        info = {"pid": os.getpid(), "state": state.value, "time": self.clock(), **extra}
+        path = self.spec.run_dir / CONTROLLER_FILE
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(info))
+        os.replace(tmp, path)
+
+    def _on_signal(self, signum, frame) -> None:  # only sets a flag
+        self._interrupts += 1
+
+    # ------------------------------------------------------------------ main loop
+    def run(self, start_step: int, world: int, segment: int) -> dict[str, Any]:
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._run(start_step, world, segment)
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            if self._progress is not None:
+                self._progress.stop()
+
+    def _next_stop(self, step: int) -> int:
+        for r in self.spec.schedule:
+            if r.step > step:
+                return r.step
+        return self.spec.total_steps
+
+    def _scheduled_target(self, step: int) -> Resize | None:
+        for r in self.spec.schedule:
+            if r.step == step:
+                return r
+        return None
+
+    def _run(self, step: int, world: int, segment: int) -> dict[str, Any]:
+        spec = self.spec
+        (spec.run_dir / "control").mkdir(parents=True, exist_ok=True)
+        self._start_progress(step)
+        while True:
+            seg = _Seg(segment, world, self._next_stop(step))
+            self._launch(seg, step)
+            rc = self._watch(seg)
+            self._relay()
+            now = self.clock()
+            self.events.write(WorkersExited(segment=seg.index, world_size=seg.world, returncode=rc, time=now))
+            if rc != 0 or seg.end is None:
+                self._fail(seg, rc)
+            step = int(seg.end["step"])
+            if self._pending is not None and self._pending.t_first is not None:
+                self._emit_overhead(steady_step_s=0.0)  # no full window at the new size
+            if self._interrupts and seg.end["reason"] != "finished":
+                self._set_state(RunState.INTERRUPTED, step=step, world_size=world, segment=segment)
+                self.out(f"interrupted: checkpoint at step {step} kept; continue with: "
+                         f"elastic-ring train --resume {spec.run_dir}")
+                return self._finish(interrupted=True)
+            if seg.end["reason"] == "finished":
+                break
+            # a resize: live request first, else the schedule
+            if seg.live_target is not None:
+                target, t_req, source = seg.live_target, seg.t_live or now, "live"
+            else:
+                r = self._scheduled_target(step)
+                if r is None:
+                    self._fail(seg, rc, f"workers stopped at step {step} with no resize pending")
+                target, t_req, source = r.to, float(seg.end["stop_decided_at"]), "schedule"
+                self.events.write(ResizeRequested(from_workers=world, to_workers=target,
+                                                  source=source, at_step=step, time=t_req))
+            self._pending = PendingResize(world, target, step, t_req, float(seg.end["lr"]),
+                                          checkpoint_s=seg.ckpt_s, t_exit=now)
+            self._set_state(RunState.STOPPING, step=step, world_size=world, pending_world=target,
+                            segment=segment)
+            world, segment = target, segment + 1
+        self._set_state(RunState.SUCCEEDED, step=step, world_size=world, segment=segment)
+        return self._finish()
+
+    def _launch(self, seg: _Seg, step: int) -> None:
+        spec = self.spec
+        self._set_state(RunState.LAUNCHING, step=step, world_size=seg.world, segment=seg.index)
+        cmd = horovodrun_command(spec, seg.world, seg.index, seg.stop_at, self.network_interface)
+        env = dict(os.environ)
+        env.update(spec.extra_env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        if spec.device == "cpu":
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, seg.world)))
+        log = spec.run_dir / "logs" / f"segment-{seg.index:03d}-w{seg.world}.log"
+        seg.t_launch = self.clock()
+        if self._pending is not None:
+            p = self._pending
+            p.t_launch = seg.t_launch
+            self.events.write(Relaunched(segment=seg.index, from_workers=p.from_workers,
+                                         to_workers=p.to_workers, step=p.step, lr_last=p.lr_last,
+                                         lr_new=self.rule.scale(p.lr_last, p.from_workers, p.to_workers),
+                                         time=seg.t_launch))
+        self.events.write(Launch(segment=seg.index, world_size=seg.world, start_step=step + 1,
+                                 stop_step=seg.stop_at, command=cmd, device=spec.device,
+                                 time=seg.t_launch))
+        seg.handle = self.launcher.start(cmd, env, log)
+        self._telemetry = Telemetry(seg.handle.pid, gpus=spec.device == "cuda")
+        self._set_state(RunState.RUNNING, step=step, world_size=seg.world, segment=seg.index)
+        if self._progress is not None:
+            self._progress.update(self._task, world=seg.world)
+        else:
+            self.out(f"segment {seg.index}: {seg.world} worker(s) from step {step + 1} to {seg.stop_at} "
+                     f"(log: {log})")
+
+    def _watch(self, seg: _Seg) -> int:
+        assert seg.handle is not None
+        self._seg = seg
+        asked_stop = False
+        while True:
+            self._relay()
+            self._check_live_request(seg)
+            if self._interrupts and not asked_stop:
+                asked_stop = True
+                stop_file(self.spec.run_dir, seg.index).touch()
+                self._set_state(RunState.STOPPING, world_size=seg.world, segment=seg.index)
+                self.out("stopping: workers will checkpoint at the next agreed step (Ctrl-C again to kill)")
+            if self._interrupts > 1:
+                seg.handle.kill()
+            rc = seg.handle.poll()
+            if rc is not None:
+                return rc
+            time.sleep(self.poll_s)
+
+    # ------------------------------------------------------------------ live resize
+    def _check_live_request(self, seg: _Seg) -> None:
+        path = self.spec.run_dir / "control" / REQUEST_FILE
+        if not path.exists():
+            return
+        try:
+            req = json.loads(path.read_text())
+            rid = str(req["id"])
+            target = int(req["to"])
+        except (OSError, ValueError, KeyError, json.JSONDecodeError):
+            return  # being written; read next time
+        if rid in self._seen_requests:
+            return
+        self._seen_requests.add(rid)
+        path.unlink(missing_ok=True)
+        if seg.live_target is not None:
+            self.out(f"resize request to {target} ignored: a resize is already under way")
+            return
+        if not 1 <= target <= self.spec.slots or target == seg.world:
+            self.events.write(ErrorEvent(message=f"live resize to {target} refused (workers "
+                                         f"{seg.world}, slots {self.spec.slots})", segment=seg.index))
+            return
+        seg.live_target, seg.t_live = target, float(req.get("time", self.clock()))
+        self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source="live",
+                                          time=seg.t_live))
+        stop_file(self.spec.run_dir, seg.index).touch()
+        self.out(f"live resize requested: {seg.world} -> {target} workers")
+
+    # ------------------------------------------------------------------ events
+    def _relay(self) -> None:
+        if not self.worker_events.exists():
+            return
+        with self.worker_events.open("rb") as f:
+            f.seek(self._wpos)
+            data = f.read()
+        end = data.rfind(b"\n")
+        if end < 0:
+            return
+        self._wpos += end + 1
+        for line in data[:end + 1].splitlines():
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            self._on_worker_event(ev)
+
+    def _on_worker_event(self, ev: dict[str, Any]) -> None:
+        seg = getattr(self, "_seg", None)
+        kind = ev.get("kind")
+        p = self._pending
+        if kind == "throughput" and self._telemetry is not None:
+            ev["telemetry"] = self._telemetry.sample()
+        self.events.write(ev)
+        if kind == "first_step" and p is not None and seg is not None and ev["segment"] == seg.index:
+            p.t_first = float(ev["time"])
+            self.events.write(FirstStepAfterResize(segment=seg.index, world_size=ev["world_size"],
+                                                   step=ev["step"], lr=ev["lr"],
+                                                   since_launch_s=p.t_first - (p.t_launch or p.t_first),
+                                                   time=p.t_first))
+        elif kind == "throughput":
+            if p is not None and p.t_first is not None:
+                self._emit_overhead(steady_step_s=ev["seconds"] / max(1, ev["steps"]))
+            self._show(ev)
+        elif kind == "checkpoint_written" and seg is not None:
+            seg.ckpt_s = float(ev["seconds"])
+        elif kind == "segment_end" and seg is not None and ev["segment"] == seg.index:
+            seg.end = ev
+        elif kind == "evaluation":
+            self.out(f"test accuracy {100 * ev['test_accuracy']:.2f}% (loss {ev['test_loss']:.4f}) "
+                     f"at step {ev['step']}")
+
+    def _emit_overhead(self, steady_step_s: float) -> None:
+        p = self._pending
+        assert p is not None and p.t_first is not None
+        self.events.write(ResizeOverhead(
+            from_workers=p.from_workers, to_workers=p.to_workers, step=p.step,
+            stop_latency_s=(p.t_exit or p.t_request) - p.t_request, checkpoint_s=p.checkpoint_s,
+            relaunch_to_first_step_s=p.t_first - (p.t_launch or p.t_first),
+            total_lost_s=max(0.0, p.t_first - p.t_request - steady_step_s),
+            steady_step_s=steady_step_s))
+        self._pending = None
+
+    # ------------------------------------------------------------------ output
+    def _start_progress(self, step: int) -> None:
+        if not self.show_progress:
+            return
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
+            TextColumn("w={task.fields[world]}"), TextColumn("{task.fields[ips]} img/s"),
+            TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(), transient=False)
+        self._task = self._progress.add_task("train", total=self.spec.total_steps, completed=step,
+                                             world="-", ips="-", loss="-")
+        self._progress.start()
+
+    def _show(self, ev: dict[str, Any]) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=ev["step"], world=ev["world_size"],
+                                  ips=f"{ev['images_per_s']:.0f}", loss=f"{ev['loss']:.3f}")
+        else:
+            self.out(f"step {ev['step']}/{self.spec.total_steps}  workers {ev['world_size']}  "
+                     f"{ev['images_per_s']:.1f} img/s  {ev['steps_per_s']:.2f} steps/s  "
+                     f"loss {ev['loss']:.4f}  lr {ev['lr']:.4g}")
+
+    def _fail(self, seg: _Seg, rc: int, why: str | None = None) -> None:
+        errors = []
+        for f in sorted((self.spec.run_dir / "logs").glob("error-rank*.json")):
+            try:
+                errors.append(json.loads(f.read_text()))
+            except (OSError, json.JSONDecodeError):
+                pass
+        errors = [e for e in errors if e.get("time", 0) >= seg.t_launch]
+        errors.sort(key=lambda e: e.get("time", 0))
+        log = self.spec.run_dir / "logs" / f"segment-{seg.index:03d}-w{seg.world}.log"
+        if why is None and errors:
+            e = errors[0]
+            why = f"worker rank {e.get('rank')} failed: {e.get('type')}: {e.get('message')}"
+        elif why is None:
+            why = f"horovodrun exited with status {rc} before the workers checkpointed"
+        self.events.write(ErrorEvent(message=why, rank=errors[0].get("rank") if errors else None,
+                                     segment=seg.index))
+        self._set_state(RunState.FAILED, segment=seg.index, world_size=seg.world)
+        raise WorkerFailedError(f"{why} (log: {log}; last checkpoint kept; "
+                                f"retry with: elastic-ring train --resume {self.spec.run_dir})",
+                                rank=errors[0].get("rank") if errors else None, cause=why)
+
+    def _finish(self, interrupted: bool = False) -> dict[str, Any]:
+        evs = read_events(self.spec.run_dir / "events.jsonl")
+        launches = [e for e in evs if e["kind"] == "launch"]
+        if not interrupted:
+            s0 = summarize(evs)
+            self.events.write(Finished(step=s0["step"], wall_s=self.clock() - launches[0]["time"],
+                                       train_loss=s0["train_loss"], test_accuracy=s0["test_accuracy"],
+                                       test_loss=s0["test_loss"]))
+            evs = read_events(self.spec.run_dir / "events.jsonl")
+        summary = summarize(evs)
+        if interrupted:
+            summary["state"] = "interrupted"
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        tmp = self.spec.run_dir / ".summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, self.spec.run_dir / "summary.json")
+        return summary
+
+
+def median_or_none(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None

@@ -1,0 +1,91 @@
+"""Summary of a run, computed from its events alone (so `status` works while it runs).
+
+Per world size: median images/s and steps/s over the throughput windows; the scaling efficiency
+between consecutive sizes used, ``thr(w2) / (thr(w1) * w2 / w1)`` on images/s; each resize's
+overhead breakdown; final train loss and test accuracy.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from elastic_ring.events.api import read_events
+
+
+def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
+    by_w: dict[int, list[dict[str, Any]]] = {}
+    for e in events:
+        if e["kind"] == "throughput":
+            by_w.setdefault(int(e["world_size"]), []).append(e)
+    sizes = []
+    for w in sorted(by_w):
+        ev = by_w[w]
+        ips = [e["images_per_s"] for e in ev]
+        sps = [e["steps_per_s"] for e in ev]
+        sizes.append({"workers": w, "images_per_s": statistics.median(ips),
+                      "steps_per_s": statistics.median(sps), "windows": len(ev),
+                      "steps": sum(e["steps"] for e in ev)})
+    eff = []
+    for a, b in zip(sizes, sizes[1:]):
+        ideal = a["images_per_s"] * b["workers"] / a["workers"]
+        eff.append({"from": a["workers"], "to": b["workers"],
+                    "efficiency": b["images_per_s"] / ideal if ideal > 0 else None})
+    overheads = [{k: e[k] for k in ("from_workers", "to_workers", "step", "stop_latency_s",
+                                    "checkpoint_s", "relaunch_to_first_step_s", "total_lost_s",
+                                    "steady_step_s")}
+                 for e in events if e["kind"] == "resize_overhead"]
+    thr = [e for e in events if e["kind"] == "throughput"]
+    evals = [e for e in events if e["kind"] == "evaluation"]
+    fin = [e for e in events if e["kind"] == "finished"]
+    launches = [e for e in events if e["kind"] == "launch"]
+    last_step = max((e.get("step") or 0 for e in events if e["kind"] in
+                     ("throughput", "segment_end", "first_step", "finished")), default=0)
+    state = "finished" if fin else ("failed" if any(e["kind"] == "error" for e in events) else "running")
+    return {
+        "state": state,
+        "step": last_step,
+        "world_size": launches[-1]["world_size"] if launches else None,
+        "sizes": sizes,
+        "scaling_efficiency": eff,
+        "resizes": overheads,
+        "train_loss": thr[-1]["loss"] if thr else None,
+        "test_accuracy": evals[-1]["test_accuracy"] if evals else None,
+        "test_loss": evals[-1]["test_loss"] if evals else None,
+        "wall_s": fin[-1]["wall_s"] if fin else None,
+    }
+
+
+def summarize_run(run_dir: str | Path) -> dict[str, Any]:
+    return summarize(read_events(Path(run_dir) / "events.jsonl"))
+
+
+def render(summary: dict[str, Any], total_steps: int | None = None) -> str:
+    """Plain-text tables (also what `status` prints)."""
+    lines = []
+    step = f"{summary['step']}" + (f"/{total_steps}" if total_steps else "")
+    lines.append(f"state: {summary['state']}   step: {step}   workers: {summary['world_size']}"
+                 + (f"   wall: {summary['wall_s']:.1f} s" if summary.get("wall_s") else ""))
+    lines.append("")
+    lines.append(f"{'workers':>7} {'images/s':>10} {'steps/s':>9} {'windows':>7}")
+    for s in summary["sizes"]:
+        lines.append(f"{s['workers']:>7} {s['images_per_s']:>10.1f} {s['steps_per_s']:>9.3f} {s['windows']:>7}")
+    if summary["scaling_efficiency"]:
+        lines.append("")
+        for e in summary["scaling_efficiency"]:
+            v = "n/a" if e["efficiency"] is None else f"{100 * e['efficiency']:.1f}%"
+            lines.append(f"scaling efficiency {e['from']} -> {e['to']} workers: {v}")
+    if summary["resizes"]:
+        lines.append("")
+        lines.append(f"{'resize':>8} {'at step':>7} {'stop s':>7} {'ckpt s':>7} {'relaunch s':>10} {'lost s':>7}")
+        for r in summary["resizes"]:
+            lines.append(f"{r['from_workers']:>3} -> {r['to_workers']:<2} {r['step']:>7} "
+                         f"{r['stop_latency_s']:>7.2f} {r['checkpoint_s']:>7.3f} "
+                         f"{r['relaunch_to_first_step_s']:>10.2f} {r['total_lost_s']:>7.2f}")
+    lines.append("")
+    tl = summary.get("train_loss")
+    ta = summary.get("test_accuracy")
+    lines.append(f"final train loss: {'n/a' if tl is None else f'{tl:.4f}'}   "
+                 f"test accuracy: {'n/a' if ta is None else f'{100 * ta:.2f}%'}")
+    return "\n".join(lines)

@@ -1,0 +1,256 @@
+"""Event records: one frozen dataclass per kind, one JSON object per line in ``events.jsonl``.
+
+Every event carries ``kind`` (its type name) and ``time`` (Unix seconds, wall clock). Writers
+append whole lines with a single ``write`` and flush, so a crash leaves at most one truncated last
+line, which :func:`read_events` skips. Other subsystems (the parameter server) define their own
+kinds with :func:`register` and use the same writer and reader.
+
+Kinds of ``elastic-ring train`` (in the order a run emits them)::
+
+    launch -> first_step -> throughput* -> resize_requested -> checkpoint_written -> segment_end
+      -> workers_exited -> relaunched -> first_step_after_resize -> resize_overhead
+      -> throughput* ... -> evaluation -> finished        (error at any point)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Iterator
+
+_REGISTRY: dict[str, type["Event"]] = {}
+
+
+def register(cls: type["Event"]) -> type["Event"]:
+    """Class decorator: make an event kind readable by :func:`event_from_dict`."""
+    _REGISTRY[cls.kind] = cls
+    return cls
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: ClassVar[str] = "event"
+    time: float = field(default_factory=time.time, kw_only=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **dataclasses.asdict(self)}
+
+
+def event_from_dict(d: dict[str, Any]) -> Event | dict[str, Any]:
+    """Rebuild a typed event; unknown kinds come back as the plain dict."""
+    cls = _REGISTRY.get(d.get("kind", ""))
+    if cls is None:
+        return d
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@register
+@dataclass(frozen=True)
+class Launch(Event):
+    kind: ClassVar[str] = "launch"
+    segment: int
+    world_size: int
+    start_step: int
+    stop_step: int
+    command: list[str]
+    device: str
+
+
+@register
+@dataclass(frozen=True)
+class FirstStep(Event):
+    kind: ClassVar[str] = "first_step"
+    segment: int
+    world_size: int
+    step: int
+    since_launch_s: float  # worker's own measure: process start to first step done
+    lr: float
+
+
+@register
+@dataclass(frozen=True)
+class Throughput(Event):
+    kind: ClassVar[str] = "throughput"
+    segment: int
+    world_size: int
+    step: int  # last step of the window
+    steps: int
+    seconds: float
+    images_per_s: float
+    steps_per_s: float
+    loss: float
+    lr: float
+    epoch: int
+    telemetry: dict[str, Any] = field(default_factory=dict)
+
+
+@register
+@dataclass(frozen=True)
+class ResizeRequested(Event):
+    kind: ClassVar[str] = "resize_requested"
+    from_workers: int
+    to_workers: int
+    source: str  # "schedule" | "live" | "interrupt"
+    at_step: int | None = None
+
+
+@register
+@dataclass(frozen=True)
+class CheckpointWritten(Event):
+    kind: ClassVar[str] = "checkpoint_written"
+    step: int
+    path: str
+    seconds: float
+    bytes: int
+    world_size: int
+    lr: float
+
+
+@register
+@dataclass(frozen=True)
+class SegmentEnd(Event):
+    kind: ClassVar[str] = "segment_end"
+    segment: int
+    world_size: int
+    step: int
+    reason: str  # "scheduled" | "requested" | "finished"
+    lr: float
+    stop_decided_at: float  # wall time the ranks agreed to stop (after the last step)
+
+
+@register
+@dataclass(frozen=True)
+class WorkersExited(Event):
+    kind: ClassVar[str] = "workers_exited"
+    segment: int
+    world_size: int
+    returncode: int
+
+
+@register
+@dataclass(frozen=True)
+class Relaunched(Event):
+    kind: ClassVar[str] = "relaunched"
+    segment: int
+    from_workers: int
+    to_workers: int
+    step: int  # last completed step; training continues at step + 1
+    lr_last: float
+    lr_new: float  # Eq. 7 (or the configured rule) applied to lr_last
+
+
+@register
+@dataclass(frozen=True)
+class FirstStepAfterResize(Event):
+    kind: ClassVar[str] = "first_step_after_resize"
+    segment: int
+    world_size: int
+    step: int
+    lr: float
+    since_launch_s: float
+
+
+@register
+@dataclass(frozen=True)
+class ResizeOverhead(Event):
+    """The breakdown of one resize, all in seconds.
+
+    stop_latency_s: request to all workers exited (for a scheduled resize the request is the moment
+        the ranks finish the resize step).
+    checkpoint_s: the checkpoint write (included in stop_latency_s).
+    relaunch_to_first_step_s: horovodrun started again to the first step at the new size done.
+    total_lost_s: request to first step after the resize done, minus one step at the new size's
+        steady-state step time: the time not spent training, against not resizing.
+    """
+
+    kind: ClassVar[str] = "resize_overhead"
+    from_workers: int
+    to_workers: int
+    step: int
+    stop_latency_s: float
+    checkpoint_s: float
+    relaunch_to_first_step_s: float
+    total_lost_s: float
+    steady_step_s: float
+
+
+@register
+@dataclass(frozen=True)
+class Evaluation(Event):
+    kind: ClassVar[str] = "evaluation"
+    step: int
+    test_loss: float
+    test_accuracy: float
+    samples: int
+
+
+@register
+@dataclass(frozen=True)
+class Finished(Event):
+    kind: ClassVar[str] = "finished"
+    step: int
+    wall_s: float
+    train_loss: float | None
+    test_accuracy: float | None
+    test_loss: float | None
+
+
+@register
+@dataclass(frozen=True)
+class ErrorEvent(Event):
+    kind: ClassVar[str] = "error"
+    message: str
+    rank: int | None = None
+    segment: int | None = None
+
+
+class EventLog:
+    """Append-only JSON-lines writer."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, event: Event | dict[str, Any]) -> None:
+        d = event.to_dict() if isinstance(event, Event) else dict(event)
+        line = json.dumps(d, separators=(",", ":"), default=_json_default) + "\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def iter_event_dicts(path: str | Path) -> Iterator[dict[str, Any]]:
+    p = Path(path)
+    if not p.exists():
+        return
+    with p.open() as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break  # a truncated last line of a crashed writer
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+
+def read_events(path: str | Path, kind: str | None = None, typed: bool = False) -> list[Any]:
+    """All events of a file (optionally of one kind), as dicts or as typed events."""
+    out = [d for d in iter_event_dicts(path) if kind is None or d.get("kind") == kind]
+    return [event_from_dict(d) for d in out] if typed else out

@@ -1,0 +1,169 @@
+"""Eq. 5: the speed of a ring-allreduce job as a function of its number of workers.
+
+    f(w) = 1 / (t0·m/w + t1·(w-1) + t2·(w-1)·n/w + t3)        [steps/s], all t >= 0
+
+1/f(w) is the time of one step: compute (t0 per sample of the minibatch a worker processes),
+allreduce latency (t1 per ring hop, 2(w-1) hops folded into t1), allreduce bandwidth (t2 per
+parameter, each worker sends and receives 2(w-1)/w of the n parameters) and a constant t3.
+
+Interpretation of m (the paper's text is ambiguous). elastic-ring trains with a FIXED PER-WORKER
+batch b (128 in the paper), so the global minibatch at w workers is m_w = b·w and the compute term
+t0·m_w/w equals t0·b for every w. Therefore:
+
+* :func:`fit_speed` takes the per-worker batch ``batch_per_worker`` and builds the features
+  ``[b, w-1, (w-1)·n/w, 1]`` (that is, ``m_w/w = b``).
+* :class:`SpeedModel` stores ``m = b`` — the global minibatch *per worker*, i.e. the global batch
+  at one worker, the one the fit used — and :meth:`SpeedModel.predict` evaluates ``t0·m`` for the
+  compute term (``m_w / w = m``). The global batch at w workers is ``m·w``.
+* Under this interpretation the t0 column is a constant, collinear with the t3 column: NNLS still
+  returns a valid non-negative fit, and its *predictions* are unique, but the split between t0 and
+  t3 is not (only ``t0·m + t3`` is identified). Do not read t0 and t3 separately.
+
+Speed in samples/s (what a scheduler needs when the per-worker batch is fixed) is
+``m · w · f(w)``: :meth:`SpeedModel.samples_per_s`.
+
+A fit needs at least as many distinct worker counts as parameters (4); fewer is refused with
+:class:`FitError` (a :class:`~elastic_ring.errors.UserError`: one line, exit status 2).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from elastic_ring.errors import UserError
+
+N_PARAMS = 4  # t0, t1, t2, t3
+
+
+class FitError(UserError):
+    """A model fit that cannot be made from the data given (too few points, bad values)."""
+
+
+class SpeedModel(NamedTuple):
+    """Eq. 5 parameters. ``t*`` in seconds (all >= 0), ``m`` the per-worker batch used in the fit
+    (global minibatch per worker, see the module docstring), ``n`` the model size in parameters."""
+
+    t0: float
+    t1: float
+    t2: float
+    t3: float
+    m: float
+    n: float
+
+    def step_time(self, w: Any) -> np.ndarray | float:
+        """Seconds per step at ``w`` workers (vectorised); 1/predict(w)."""
+        w = np.asarray(w, dtype=float)
+        out = self.t0 * self.m + self.t1 * (w - 1.0) + self.t2 * (w - 1.0) * self.n / w + self.t3
+        return out if out.ndim else float(out)
+
+    def predict(self, w: Any) -> np.ndarray | float:
+        """Steps/s at ``w`` workers (vectorised over numpy arrays); inf where the step time is 0."""
+        st = np.asarray(self.step_time(w), dtype=float)
+        with np.errstate(divide="ignore"):
+            out = 1.0 / st
+        return out if out.ndim else float(out)
+
+    def samples_per_s(self, w: Any) -> np.ndarray | float:
+        """Samples/s at ``w`` workers: ``m · w · f(w)`` (fixed per-worker batch m)."""
+        w = np.asarray(w, dtype=float)
+        out = self.m * w * np.asarray(self.predict(w))
+        return out if out.ndim else float(out)
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self._asdict().items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SpeedModel":
+        try:
+            vals = {k: float(d[k]) for k in cls._fields}
+        except (KeyError, TypeError, ValueError) as e:
+            raise FitError(f"speed model needs numeric fields {', '.join(cls._fields)}: {e}") from None
+        if any(not np.isfinite(v) or v < 0 for v in vals.values()):
+            raise FitError(f"speed model fields must be finite and >= 0, got {vals}")
+        return cls(**vals)
+
+
+class SpeedFit(NamedTuple):
+    """A fitted model and how well it fits: residuals are measured - predicted, in steps/s."""
+
+    model: SpeedModel
+    residuals: np.ndarray
+    rel_residuals: np.ndarray
+    rmse: float
+
+
+def _features(w: np.ndarray, b: float, n: float) -> np.ndarray:
+    return np.column_stack([np.full_like(w, b), w - 1.0, (w - 1.0) * n / w, np.ones_like(w)])
+
+
+def fit_speed(workers: Any, steps_per_s: Any, batch_per_worker: float, n_params: float) -> SpeedFit:
+    """Fit Eq. 5 by NNLS on 1/f = [b, w-1, (w-1)·n/w, 1] · t (columns scaled for conditioning).
+
+    Args:
+        workers: worker count of each measurement (repeats allowed).
+        steps_per_s: measured speed of each measurement.
+        batch_per_worker: the per-worker batch b (so m_w / w = b).
+        n_params: model size n.
+
+    Raises:
+        FitError: fewer than 4 distinct worker counts, or non-positive / non-finite values.
+    """
+    from scipy.optimize import nnls
+
+    w = np.asarray(workers, dtype=float).ravel()
+    f = np.asarray(steps_per_s, dtype=float).ravel()
+    if w.shape != f.shape:
+        raise FitError(f"workers and steps_per_s differ in length ({w.size} vs {f.size})")
+    if not (np.all(np.isfinite(w)) and np.all(np.isfinite(f))) or np.any(w < 1) or np.any(f <= 0):
+        raise FitError("speed fit needs worker counts >= 1 and finite speeds > 0")
+    if batch_per_worker <= 0 or n_params <= 0:
+        raise FitError(f"batch_per_worker and n_params must be > 0, got {batch_per_worker}, {n_params}")
+    distinct = np.unique(w).size
+    if distinct < N_PARAMS:
+        raise FitError(f"speed fit (Eq. 5) has {N_PARAMS} parameters and needs measurements at >= "
+                       f"{N_PARAMS} distinct worker counts, got {distinct} ({sorted(set(w.astype(int).tolist()))})")
+    X = _features(w, float(batch_per_worker), float(n_params))
+    y = 1.0 / f
+    scale = np.linalg.norm(X, axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(X / scale, y)
+    t = np.maximum(coef / scale, 0.0)
+    model = SpeedModel(float(t[0]), float(t[1]), float(t[2]), float(t[3]), float(batch_per_worker), float(n_params))
+    pred = np.asarray(model.predict(w), dtype=float)
+    res = f - pred
+    return SpeedFit(model, res, res / f, float(np.sqrt(np.mean(res ** 2))))
+
+
+def load_profile(path: str | Path) -> tuple[SpeedModel, dict[str, Any]]:
+    """Read a ``profile.json`` (as ``elastic-ring profile`` writes it) -> (speed model, the dict).
+
+    Uses the file's ``speed_model`` when present; otherwise fits Eq. 5 to its ``points``.
+
+    Raises:
+        FitError: missing file, bad JSON, or missing / bad fields.
+    """
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise FitError(f"profile not found: {p}") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise FitError(f"cannot read profile {p}: {e}") from None
+    if not isinstance(d, dict):
+        raise FitError(f"profile {p} is not a JSON object")
+    if isinstance(d.get("speed_model"), dict):
+        return SpeedModel.from_dict(d["speed_model"]), d
+    try:
+        pts = d["points"]
+        w = [float(x["workers"]) for x in pts]
+        f = [float(x["steps_per_s"]) for x in pts]
+        b = float(d["batch_per_worker"])
+        n = float(d["n_params"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise FitError(f"profile {p} needs points[].workers, points[].steps_per_s, batch_per_worker, "
+                       f"n_params: missing or bad {e}") from None
+    return fit_speed(w, f, b, n).model, d

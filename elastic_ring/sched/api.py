@@ -1,0 +1,71 @@
+"""The scheduling interface: a policy maps the active jobs to GPU counts.
+
+    policy.allocate(jobs, total_gpus, current) -> {job_id: gpus}
+
+``jobs`` are :class:`JobView` s in arrival order (FIFO priority), ``current`` the allocation in
+force. A job missing from the answer gets 0 GPUs (it waits). The answer never sums to more than
+``total_gpus``; the simulator checks.
+
+Work and speed units. The paper's Eq. 6 ranks jobs by ``Q_j/f_j(w)``, the remaining time. With a
+fixed per-worker batch (see :mod:`elastic_ring.perfmodel.speed`) a step at w workers processes
+b·w samples, so remaining work is counted in *samples* and speed in *samples/s*
+(``b·w·f(w)``); ``Q/f`` is then the remaining time, as the paper intends.
+
+Every change of a running job's GPU count is a stop / checkpoint / restart that costs
+``resize_overhead_s`` of no progress while the job holds its new GPUs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
+
+from elastic_ring.perfmodel.speed import SpeedModel
+
+# paper: ~10 s; replace with our measurement from scripts/bench_resize.py
+DEFAULT_RESIZE_OVERHEAD_S = 10.0
+
+Rate = Callable[[int], float]
+"""Speed of a job in samples/s as a function of its GPU count (w >= 1)."""
+
+
+def model_rate(model: SpeedModel) -> Rate:
+    """A cached scalar ``w -> samples/s`` of an Eq. 5 model (fast: the heap calls it per pop)."""
+    cache: dict[int, float] = {}
+    t0m, t1, t2n, t3, m = model.t0 * model.m, model.t1, model.t2 * model.n, model.t3, model.m
+
+    def rate(w: int) -> float:
+        r = cache.get(w)
+        if r is None:
+            st = t0m + t1 * (w - 1) + t2n * (w - 1) / w + t3
+            r = cache[w] = (m * w / st) if st > 0 else float("inf")
+        return r
+
+    return rate
+
+
+class JobView(NamedTuple):
+    """What a policy sees of one job.
+
+    id: the job's id.
+    remaining: remaining work Q in samples (known to the planner: Precompute is an oracle on Q).
+    rate: the planner's speed model, samples/s of GPU count; None while unknown (Exploratory).
+    current: GPUs held now (0 = waiting).
+    needs_exploration: Exploratory only: the job has not measured its speed yet.
+    exploring: Exploratory only: the job is in its measuring phase (holds 8 GPUs).
+    """
+
+    id: int
+    remaining: float
+    rate: Rate | None
+    current: int = 0
+    needs_exploration: bool = False
+    exploring: bool = False
+
+
+class Policy(Protocol):
+    name: str
+    explores: bool  # True: new jobs measure their speed first (JobView.needs_exploration)
+
+    def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
+        """GPUs per job id; jobs left out wait. Must not exceed ``total_gpus`` in total."""
+        ...

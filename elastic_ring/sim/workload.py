@@ -1,0 +1,78 @@
+"""Workload profiles: a true speed curve (Eq. 5) per kind of job, and the job stream of a run.
+
+A workload is a ``profile.json`` — the file ``elastic-ring profile`` writes — or one of the
+built-in JSON files under ``elastic_ring/sim/workloads/``, each labelled with its ``source``
+(which numbers come from a paper and which are assumed). Built-ins are addressed by file stem
+(``resnet110-cifar10``); anything else is read as a path.
+
+Job stream (:func:`make_jobs`): Poisson arrivals at :attr:`SimConfig.arrival_rate`; each job's
+run time alone on 8 GPUs is log-uniform in [min_hours_at_8, max_hours_at_8]; its workload is drawn
+uniformly from the configured ones; its work in samples is that time times the workload's speed
+at 8 GPUs (samples/s). Same seed -> same jobs for every strategy (common random numbers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from elastic_ring.errors import ConfigError
+from elastic_ring.perfmodel.speed import SpeedModel, load_profile
+from elastic_ring.sim.api import JobSpec, SimConfig
+
+WORKLOAD_DIR = Path(__file__).resolve().parent / "workloads"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    model: SpeedModel
+    source: str
+    path: str
+
+
+def builtin_workloads() -> dict[str, Path]:
+    """Built-in workload name -> file."""
+    return {p.stem: p for p in sorted(WORKLOAD_DIR.glob("*.json"))}
+
+
+def load_workload(name_or_path: str) -> Workload:
+    """A built-in workload by name, or a ``profile.json`` by path.
+
+    Raises:
+        ConfigError: neither a built-in name nor a readable profile.
+    """
+    builtins = builtin_workloads()
+    if name_or_path in builtins:
+        path = builtins[name_or_path]
+        name = name_or_path
+    else:
+        path = Path(name_or_path)
+        if not path.exists():
+            raise ConfigError(f"unknown workload {name_or_path!r}: not a built-in "
+                              f"({', '.join(builtins)}) and no such file")
+        name = str(path)
+    model, d = load_profile(path)
+    if model.m <= 0 or not np.isfinite(model.samples_per_s(8)) or model.samples_per_s(1) <= 0:
+        raise ConfigError(f"workload {name}: speed model gives no finite positive speed")
+    return Workload(name=name, model=model, source=str(d.get("source", "unknown")), path=str(path))
+
+
+def make_jobs(config: SimConfig, models: dict[str, SpeedModel]) -> list[JobSpec]:
+    """The seeded job stream of one run (see the module docstring)."""
+    rng = np.random.default_rng(config.seed)
+    n = config.jobs
+    gaps = rng.exponential(1.0 / config.arrival_rate, size=n)
+    arrivals = np.cumsum(gaps)
+    lo, hi = np.log(config.min_hours_at_8), np.log(config.max_hours_at_8)
+    hours = np.exp(rng.uniform(lo, hi, size=n))
+    names = list(config.workloads)
+    which = rng.integers(0, len(names), size=n)
+    out = []
+    for i in range(n):
+        wl = names[int(which[i])]
+        work = float(hours[i] * 3600.0 * models[wl].samples_per_s(8))
+        out.append(JobSpec(id=i, arrival=float(arrivals[i]), work=work, workload=wl))
+    return out

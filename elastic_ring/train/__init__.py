@@ -1,0 +1,1 @@
+"""The Horovod worker (one process per GPU or CPU slot) and the learning-rate rules."""

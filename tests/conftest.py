@@ -1,0 +1,56 @@
+"""Shared test set-up: the `gpu` marker is skipped where CUDA is absent; helpers to run the CLI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+        has_cuda = torch.cuda.is_available()
+    except Exception:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def tool(name: str) -> str:
+    """Path of a console tool of this venv (horovodrun, mpirun, elastic-ring)."""
+    p = BIN / name
+    if p.exists():
+        return str(p)
+    found = shutil.which(name)
+    if not found:
+        pytest.fail(f"{name} is not installed (run scripts/setup.sh)")
+    return found
+
+
+def run_cli(*args: str, timeout: float = 600, cwd: str | Path | None = None,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``elastic-ring ARGS`` as a real subprocess and capture its output."""
+    e = dict(os.environ)
+    e["PATH"] = f"{BIN}{os.pathsep}{e.get('PATH', '')}"
+    e.setdefault("PYTHONUNBUFFERED", "1")
+    if env:
+        e.update(env)
+    return subprocess.run([sys.executable, "-m", "elastic_ring.cli.main", *args], cwd=cwd or ROOT,
+                          env=e, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli():
+    return run_cli

@@ -1,0 +1,150 @@
+"""`elastic-ring train` end to end with real horovodrun (gloo, CPU workers).
+
+A tiny ResNet-8 on small data keeps each run to seconds of training; the cost is mostly
+horovodrun start-ups (~4 s each on two cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from elastic_ring.data import SampleStream
+from elastic_ring.events import read_events
+from tests.conftest import BIN, ROOT, run_cli
+
+pytestmark = pytest.mark.integration
+
+TINY = ["--dataset", "synthetic", "--set", "synthetic_size=40", "--depth", "8", "--set", "width=4",
+        "--batch-size", "8", "--set", "throughput_window=2", "--set", "trace_samples=true",
+        "--set", "augment=true", "--slots", "2"]
+
+
+def _events(run: Path, kind: str) -> list[dict]:
+    return read_events(run / "events.jsonl", kind=kind)
+
+
+def _trace(run: Path) -> dict[int, list[int]]:
+    """step -> the global batch's sample indices in stream order (rank 0's share first)."""
+    rows: dict[int, dict[int, list[int]]] = {}
+    for f in sorted((run / "trace").glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            assert r["rank"] not in rows.setdefault(r["step"], {}), f"step {r['step']} repeated"
+            rows[r["step"]][r["rank"]] = r["indices"]
+    return {s: [i for rank in sorted(v) for i in v[rank]] for s, v in rows.items()}
+
+
+def test_resize_1_to_2_to_1_exact_resume_eq7_and_overheads(tmp_path):
+    run = tmp_path / "run"
+    p = run_cli("train", "--gpus", "1", "--schedule", "6:2,12:1", "--steps", "18", *TINY,
+                "--run-dir", str(run), timeout=400)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "CPU worker process(es) with gloo" in p.stderr
+
+    # right end step, no step lost or repeated, every sample of each epoch exactly once
+    steps = _trace(run)
+    assert sorted(steps) == list(range(1, 19))
+    world = {s: len(v) // 8 for s, v in steps.items()}
+    assert [world[s] for s in (1, 6, 7, 12, 13, 18)] == [1, 1, 2, 2, 1, 1]
+    flat = [i for s in sorted(steps) for i in steps[s]]
+    assert flat == SampleStream(40, seed=0).take(0, len(flat)).tolist()
+    for e in range(len(flat) // 40):
+        assert sorted(flat[e * 40:(e + 1) * 40]) == list(range(40))
+    ckpt_idx = json.loads((run / "checkpoints" / "latest.json").read_text())
+    assert ckpt_idx["step"] == 18 and ckpt_idx["previous"] is not None
+
+    # Eq. 7 at each relaunch, and the first LR after the resize continues from it
+    rel = _events(run, "relaunched")
+    assert [(r["from_workers"], r["to_workers"], r["step"]) for r in rel] == [(1, 2, 6), (2, 1, 12)]
+    firsts = _events(run, "first_step_after_resize")
+    assert [f["step"] for f in firsts] == [7, 13]
+    for r, f in zip(rel, firsts):
+        assert r["lr_new"] == pytest.approx(r["to_workers"] / r["from_workers"] * r["lr_last"])
+        assert f["lr"] == pytest.approx(r["lr_new"])  # no decay between steps 6/7 and 12/13
+    # decays still at the configured steps (0.5 and 0.75 of 18 -> after steps 9 and 14)
+    thr = _events(run, "throughput")
+    assert len(thr) >= 6
+    for t in thr:  # base LR of the current size (Eq. 7 keeps it = 0.1 * 8 * w / 128), decayed
+        decays = sum(t["step"] > d for d in (9, 14))
+        assert t["lr"] == pytest.approx(0.1 * 8 * t["world_size"] / 128 * 0.1 ** decays), t
+
+    # each resize's overhead breakdown is in the events file
+    ov = _events(run, "resize_overhead")
+    assert len(ov) == 2
+    for o in ov:
+        assert o["stop_latency_s"] > 0 and o["checkpoint_s"] > 0 and o["relaunch_to_first_step_s"] > 0
+        assert o["total_lost_s"] >= o["relaunch_to_first_step_s"] - o["steady_step_s"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert [s["workers"] for s in summary["sizes"]] == [1, 2]
+    assert summary["test_accuracy"] is not None and len(summary["resizes"]) == 2
+    st = run_cli("status", str(run))
+    assert st.returncode == 0 and "scaling efficiency 1 -> 2" in st.stdout
+
+
+def _wait_for(pred, timeout: float, what: str):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _start_train(args: list[str]) -> subprocess.Popen:
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "elastic_ring.cli.main", "train", *args], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_live_resize_from_another_shell_then_interrupt_and_resume(tmp_path):
+    run = tmp_path / "live"
+    proc = _start_train(["--gpus", "1", "--steps", "1500", *TINY, "--run-dir", str(run)])
+    try:
+        _wait_for(lambda: _events(run, "throughput"), 120, "first throughput window")
+        r = run_cli("resize", str(run), "--to", "2")
+        assert r.returncode == 0, r.stderr
+        _wait_for(lambda: _events(run, "resize_overhead"), 120, "the live resize")
+        req = _events(run, "resize_requested")
+        assert req and req[0]["source"] == "live" and req[0]["to_workers"] == 2
+        # a resize to the current size is refused with exit 2
+        same = run_cli("resize", str(run), "--to", "2")
+        assert same.returncode == 2 and "already has 2" in same.stderr
+        proc.send_signal(signal.SIGINT)  # graceful: checkpoint at the next agreed step
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "--resume" in err
+    stopped = json.loads((run / "checkpoints" / "latest.json").read_text())["step"]
+    assert 0 < stopped < 1500
+    # not running any more: a live resize is refused
+    nr = run_cli("resize", str(run), "--to", "1")
+    assert nr.returncode == 2 and "not running" in nr.stderr and len(nr.stderr.strip().splitlines()) == 1
+    # resume continues from the checkpoint at 2 workers to the end, nothing repeated
+    res = run_cli("train", "--resume", str(run), "--slots", "2", timeout=400)
+    assert res.returncode == 0, res.stderr
+    steps = _trace(run)
+    assert sorted(steps) == list(range(1, 1501))
+    assert _events(run, "launch")[-1]["world_size"] == 2
+    assert _events(run, "launch")[-1]["start_step"] == stopped + 1
+
+
+def test_two_hosts_localhost_and_127_0_0_1(tmp_path):
+    run = tmp_path / "hosts"
+    p = run_cli("train", "--gpus", "2", "--steps", "6", *TINY, "--hosts", "localhost:1,127.0.0.1:1",
+                "--run-dir", str(run), timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    launch = _events(run, "launch")[0]
+    assert "localhost:1,127.0.0.1:1" in launch["command"]
+    steps = _trace(run)
+    assert sorted(steps) == list(range(1, 7)) and all(len(v) == 16 for v in steps.values())

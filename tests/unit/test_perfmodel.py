@@ -1,0 +1,114 @@
+"""Eq. 5 speed model and Eq. 1 convergence model: fits recover parameters, stay non-negative."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from elastic_ring.errors import UserError
+from elastic_ring.perfmodel import (ConvergenceModel, FitError, SpeedModel, fit_convergence, fit_speed,
+                                    load_profile, losses_from_events)
+
+
+def test_speed_predict_matches_eq5_by_hand():
+    m = SpeedModel(t0=0.001, t1=0.002, t2=1e-8, t3=0.01, m=100, n=1e6)
+    # w=4: 0.001*100 + 0.002*3 + 1e-8*3*1e6/4 + 0.01 = 0.1 + 0.006 + 0.0075 + 0.01 = 0.1235
+    assert m.predict(4) == pytest.approx(1 / 0.1235)
+    assert m.samples_per_s(4) == pytest.approx(400 / 0.1235)
+    np.testing.assert_allclose(m.predict(np.array([1, 4])), [1 / 0.11, 1 / 0.1235])
+
+
+def test_fit_speed_recovers_predictions_exactly_from_noiseless_points():
+    true = SpeedModel(0.0008, 0.0015, 8e-10, 0.0, 128, 1727962)
+    w = np.array([1, 2, 4, 8, 3, 6])
+    fit = fit_speed(w, true.predict(w), 128, 1727962)
+    np.testing.assert_allclose(fit.model.predict(np.arange(1, 17)), true.predict(np.arange(1, 17)), rtol=1e-6)
+    assert fit.rmse < 1e-9
+    # only t0*m + t3 is identified (collinear columns); that sum is recovered
+    assert fit.model.t0 * 128 + fit.model.t3 == pytest.approx(true.t0 * 128, rel=1e-6)
+    assert fit.model.t1 == pytest.approx(true.t1, rel=1e-6)
+
+
+def test_fit_speed_coefficients_non_negative_on_random_data():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        w = rng.integers(1, 17, size=8)
+        w[:4] = [1, 2, 3, 4]
+        f = rng.uniform(0.1, 10, size=8)
+        fit = fit_speed(w, f, 32, 1e6)
+        assert min(fit.model[:4]) >= 0
+        np.testing.assert_allclose(fit.residuals, f - fit.model.predict(w))
+
+
+def test_fit_speed_refuses_fewer_distinct_worker_counts_than_parameters():
+    with pytest.raises(FitError, match="4 distinct worker counts"):
+        fit_speed([1, 2, 4, 4, 4], [1.0, 1.9, 3.5, 3.6, 3.4], 128, 1e6)
+    assert issubclass(FitError, UserError)
+    with pytest.raises(FitError):
+        fit_speed([1, 2, 4, 8], [1.0, 0.0, 3.5, 3.6], 128, 1e6)
+
+
+def test_speed_model_dict_round_trip_and_profile_loading(tmp_path):
+    true = SpeedModel(0.0008, 0.0015, 8e-10, 0.001, 128, 1727962)
+    assert SpeedModel.from_dict(true.to_dict()) == true
+    pts = [{"workers": w, "steps_per_s": float(true.predict(w))} for w in (1, 2, 4, 8)]
+    p = tmp_path / "profile.json"
+    p.write_text(json.dumps({"batch_per_worker": 128, "n_params": 1727962, "points": pts}))
+    model, d = load_profile(p)  # no speed_model: fitted from the points
+    assert model.predict(6) == pytest.approx(true.predict(6), rel=1e-6)
+    p.write_text(json.dumps({"batch_per_worker": 128, "n_params": 1, "points": pts,
+                             "speed_model": true.to_dict()}))
+    assert load_profile(p)[0] == true
+    p.write_text(json.dumps({"points": pts}))
+    with pytest.raises(FitError, match="batch_per_worker"):
+        load_profile(p)
+    with pytest.raises(FitError, match="not found"):
+        load_profile(tmp_path / "missing.json")
+
+
+def test_convergence_predict_and_steps_to_reach():
+    m = ConvergenceModel(b0=0.01, b1=1.0, b2=0.5)
+    assert m.predict(100) == pytest.approx(1 / 2 + 0.5)
+    assert m.steps_to_reach(1.0) == pytest.approx(100.0)
+    assert m.steps_to_reach(0.5) == float("inf")
+    assert m.steps_to_reach(2.0) == 0.0
+
+
+def test_fit_convergence_recovers_known_parameters():
+    true = ConvergenceModel(0.002, 0.4, 0.3)
+    k = np.linspace(0, 20000, 60)
+    fit = fit_convergence(k, true.predict(k))
+    np.testing.assert_allclose(fit, true, rtol=1e-3)
+
+
+def test_fit_convergence_never_negative_on_noisy_and_random_data():
+    rng = np.random.default_rng(7)
+    for i in range(30):
+        k = np.sort(rng.uniform(0, 5000, 40))
+        if i % 2:
+            l = rng.uniform(0.05, 3.0, 40)  # pure noise
+        else:
+            l = ConvergenceModel(*rng.uniform(0.0005, 0.01, 1), rng.uniform(0.2, 2), rng.uniform(0, 1)).predict(k)
+            l = l * (1 + 0.05 * rng.standard_normal(40))
+            l = np.abs(l)
+        fit = fit_convergence(k, l)
+        assert min(fit) >= 0, fit
+        assert fit.b2 < l.min()
+
+
+def test_fit_convergence_needs_three_points():
+    with pytest.raises(FitError):
+        fit_convergence([1, 2], [1.0, 0.9])
+
+
+def test_losses_from_events_reads_throughput_events_and_skips_a_truncated_line(tmp_path):
+    p = tmp_path / "events.jsonl"
+    lines = [json.dumps({"kind": "launch", "time": 1}),
+             json.dumps({"kind": "throughput", "step": 10, "loss": 2.0, "time": 2}),
+             json.dumps({"kind": "throughput", "step": 20, "loss": 1.5, "time": 3}),
+             '{"kind": "throughput", "step": 30, "lo']
+    p.write_text("\n".join(lines))
+    k, l = losses_from_events(p)
+    assert k.tolist() == [10, 20] and l.tolist() == [2.0, 1.5]

@@ -1,0 +1,106 @@
+"""Allocation policies on hand-checked cases (Eq. 6 doubling vs unit-step greedy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from elastic_ring.errors import ConfigError
+from elastic_ring.perfmodel.speed import SpeedModel
+from elastic_ring.sched import (DEFAULT_RESIZE_OVERHEAD_S, Eight, Exploratory, JobView, Optimus, Precompute,
+                                doubling_allocate, doubling_allocate_naive, make_policy, model_rate,
+                                unit_greedy_allocate)
+
+
+def node_boundary_rate(w: int) -> float:
+    """Samples/s: linear up to one 8-GPU node; 9..15 GPUs span two nodes and gain nothing; 16 pays."""
+    if w <= 8:
+        return 100.0 * w
+    if w < 16:
+        return 800.0
+    return 1500.0
+
+
+def linear(w: int) -> float:
+    return float(w)
+
+
+def test_unit_step_greedy_is_stuck_at_8_where_doubling_reaches_16():
+    jobs = [(0, 1.2e6, node_boundary_rate)]
+    # greedy: 8 -> 9 saves Q/800 - Q/800 = 0 s, so it stops at 8 and leaves 8 GPUs idle
+    assert unit_greedy_allocate(jobs, 16) == {0: 8}
+    assert Optimus().allocate([JobView(0, 1.2e6, node_boundary_rate)], 16, {}) == {0: 8}
+    # doubling: 8 -> 16 saves (1.2e6/800 - 1.2e6/1500)/8 = (1500 - 800)/8 = 87.5 s per added GPU
+    assert doubling_allocate(jobs, 16) == {0: 16}
+    assert Precompute().allocate([JobView(0, 1.2e6, node_boundary_rate)], 16, {}) == {0: 16}
+
+
+def test_doubling_two_jobs_by_hand():
+    # start 1 + 1, 2 free. gains at w=1: Q*(1/1 - 1/2)/1 -> job1: 150, job0: 50. job1 doubles to 2
+    # (free 1); its next doubling needs 2 > 1 free, dropped; job0 doubles to 2 (free 0).
+    jobs = [(0, 100.0, linear), (1, 300.0, linear)]
+    assert doubling_allocate(jobs, 4) == {0: 2, 1: 2}
+    # 5 GPUs: after job1 -> 2 (free 2), gains job1 at 2: 300*(1/2-1/4)/2 = 37.5 < job0's 50 -> job0 -> 2
+    # (free 1); job0 at 2: 12.5, job1 at 2 needs 2 > 1 free: both dropped, one GPU stays idle.
+    assert doubling_allocate(jobs, 5) == {0: 2, 1: 2}
+    assert doubling_allocate(jobs, 6) == {0: 2, 1: 4}
+
+
+def test_more_jobs_than_gpus_first_come_first_served_at_one_gpu():
+    jobs = [(i, 10.0 * (i + 1), linear) for i in range(5)]
+    assert doubling_allocate(jobs, 3) == {0: 1, 1: 1, 2: 1}
+    assert unit_greedy_allocate(jobs, 3) == {0: 1, 1: 1, 2: 1}
+
+
+def test_no_doubling_when_more_gpus_slow_a_job_down():
+    slower = lambda w: 10.0 / w  # noqa: E731
+    assert doubling_allocate([(0, 50.0, slower)], 64) == {0: 1}
+    assert unit_greedy_allocate([(0, 50.0, slower)], 64) == {0: 1}
+
+
+def test_heap_doubling_equals_naive_reference_on_random_eq5_jobs():
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        jobs = []
+        for i in range(int(rng.integers(1, 30))):
+            m = SpeedModel(rng.uniform(0, 1e-3), rng.uniform(0, 5e-3), rng.uniform(0, 5e-9), rng.uniform(0, 0.05),
+                           64, rng.uniform(1e6, 1e8))
+            jobs.append((i, float(rng.uniform(1e5, 1e8)), model_rate(m)))
+        g = int(rng.integers(1, 300))
+        a = doubling_allocate(jobs, g)
+        assert a == doubling_allocate_naive(jobs, g)
+        assert sum(a.values()) <= g
+        assert all(w & (w - 1) == 0 for w in a.values())  # powers of two
+
+
+def test_doubling_cost_does_not_grow_with_gpus():
+    calls = []
+
+    def rate(w: int) -> float:
+        calls.append(w)
+        return float(w) ** 0.9
+
+    doubling_allocate([(0, 1e9, rate), (1, 2e9, rate), (2, 3e9, rate)], 2 ** 20)
+    assert len(calls) < 2 * 3 * 2 * 21  # two calls per doubling, <= log2(G) doublings per job
+
+
+def test_eight_fifo_and_exploratory_reserves_8_for_explorers():
+    views = [JobView(i, 1.0, linear) for i in range(4)]
+    assert Eight().allocate(views, 20, {}) == {0: 8, 1: 8}
+    assert Eight().allocate(views, 4, {}) == {0: 4}
+    ready = JobView(0, 100.0, linear, current=4)
+    exploring = JobView(1, 100.0, None, current=8, exploring=True)
+    new = JobView(2, 100.0, None, needs_exploration=True)
+    late = JobView(3, 100.0, None, needs_exploration=True)
+    a = Exploratory().allocate([ready, exploring, new, late], 20, {})
+    assert a == {1: 8, 2: 8, 0: 4}  # 4 left for the measured job: 1 -> 2 -> 4; `late` waits
+
+
+def test_make_policy_names_and_overhead_default():
+    assert {make_policy(n).name for n in ("eight", "precompute", "exploratory", "optimus")} == \
+        {"eight", "precompute", "exploratory", "optimus"}
+    with pytest.raises(ConfigError):
+        make_policy("srtf")
+    assert DEFAULT_RESIZE_OVERHEAD_S > 0
+    with pytest.raises(ConfigError):
+        Precompute().allocate([JobView(0, 1.0, None)], 8, {})

@@ -1,0 +1,116 @@
+"""Small simulations: conservation, capacity, determinism, resize accounting, held-out planning."""
+
+from __future__ import annotations
+
+import pytest
+
+from elastic_ring.errors import ConfigError
+from elastic_ring.perfmodel.speed import SpeedModel
+from elastic_ring.sched import make_policy
+from elastic_ring.sim import CONTENTION, JobSpec, SimConfig, builtin_workloads, load_workload, make_jobs, simulate
+from elastic_ring.sim.engine import SimError
+
+STRATS = ("eight", "precompute", "exploratory", "optimus")
+
+
+@pytest.fixture(scope="module")
+def models():
+    wl = load_workload("resnet110-cifar10")
+    return {wl.name: wl.model}
+
+
+@pytest.mark.parametrize("level", ["low", "extreme"])
+@pytest.mark.parametrize("strategy", STRATS)
+def test_every_job_completes_within_capacity(models, strategy, level):
+    cfg = SimConfig(gpus=32, contention=CONTENTION[level], jobs=40, seed=1)
+    jobs = make_jobs(cfg, models)
+    trace: list = []
+    r = simulate(cfg, make_policy(strategy), jobs, models, trace=trace)
+    assert r.completed == 40 and len(r.jct_s) == 40
+    assert all(j > 0 for j in r.jct_s)
+    assert 0 < r.utilisation <= 1 + 1e-9
+    assert max(u for _, u in trace) <= 32 and r.max_gpus_in_use <= 32
+    # no job finishes faster than alone on its best GPU count (no free lunch)
+    best = max(models["resnet110-cifar10"].samples_per_s(w) for w in range(1, 33))
+    for spec, jct in zip(jobs, r.jct_s):
+        assert jct >= spec.work / best - 1e-6
+    if strategy == "eight":
+        assert r.resizes == 0
+
+
+@pytest.mark.parametrize("strategy", STRATS)
+def test_same_seed_same_result(models, strategy):
+    cfg = SimConfig(gpus=16, contention=1.0, jobs=25, seed=4)
+    a = simulate(cfg, make_policy(strategy), make_jobs(cfg, models), models)
+    b = simulate(cfg, make_policy(strategy), make_jobs(cfg, models), models)
+    assert a == b and a.jct_s == b.jct_s
+    c = SimConfig(gpus=16, contention=1.0, jobs=25, seed=5)
+    assert simulate(c, make_policy(strategy), make_jobs(c, models), models).jct_s != a.jct_s
+
+
+def test_single_job_hand_checked(models):
+    m = models["resnet110-cifar10"]
+    cfg = SimConfig(gpus=8, jobs=1, resize_overhead_s=10.0)
+    job = [JobSpec(0, 100.0, work=m.samples_per_s(8) * 3600.0, workload="resnet110-cifar10")]
+    # Eight: exactly one hour on 8 GPUs
+    assert simulate(cfg, make_policy("eight"), job, models).avg_jct_s == pytest.approx(3600.0)
+    # Precompute doubles 1 -> 8 at once (one decision, no resize): also one hour
+    r = simulate(cfg, make_policy("precompute"), job, models)
+    assert r.avg_jct_s == pytest.approx(3600.0) and r.resizes == 0
+    # Exploratory: 150 s at 1 GPU, then 2 and 4 GPUs each 150 s minus a 10 s restart, then 8 GPUs
+    # (after a 10 s restart) until done: 8 is also what doubling picks after the measurement
+    r = simulate(cfg, make_policy("exploratory"), job, models)
+    done = 150 * m.samples_per_s(1) + 140 * (m.samples_per_s(2) + m.samples_per_s(4))
+    t8 = 10 + (job[0].work - done) / m.samples_per_s(8)
+    assert r.avg_jct_s == pytest.approx(450 + t8) and r.resizes == 3
+
+
+def test_resize_overhead_costs_time(models):
+    cfg0 = SimConfig(gpus=64, contention=0.7, jobs=60, seed=2, resize_overhead_s=0.0)
+    cfg1 = SimConfig(gpus=64, contention=0.7, jobs=60, seed=2, resize_overhead_s=120.0)
+    jobs = make_jobs(cfg0, models)
+    a = simulate(cfg0, make_policy("precompute"), jobs, models)
+    b = simulate(cfg1, make_policy("precompute"), jobs, models)
+    assert a.resizes > 0 and b.avg_jct_s > a.avg_jct_s
+
+
+def test_planning_with_a_wrong_model_changes_decisions():
+    # a mix: the planner believes every job scales like ResNet-110; the VGG-16 half does not
+    wls = {n: load_workload(n).model for n in builtin_workloads()}
+    true = {k: wls[k] for k in ("resnet110-cifar10", "vgg16-imagenet")}
+    plan = {k: wls["resnet110-cifar10"] for k in true}
+    cfg = SimConfig(gpus=64, contention=0.5, jobs=60, seed=3, workloads=tuple(true))
+    jobs = make_jobs(cfg, true)
+    a = simulate(cfg, make_policy("precompute"), jobs, true)
+    b = simulate(cfg, make_policy("precompute"), jobs, true, plan)
+    assert a.jct_s != b.jct_s and b.completed == 60
+
+
+def test_overallocating_policy_is_caught(models):
+    class Greedy:
+        name, explores = "greedy", False
+
+        def allocate(self, jobs, total, current):
+            return {j.id: total for j in jobs}
+
+    cfg = SimConfig(gpus=8, contention=2.0, jobs=5)
+    with pytest.raises(SimError, match="allocated"):
+        simulate(cfg, Greedy(), make_jobs(cfg, models), models)
+
+
+def test_config_validation_and_contention_definition():
+    with pytest.raises(ConfigError):
+        SimConfig(gpus=0)
+    with pytest.raises(ConfigError):
+        SimConfig(contention=-1)
+    cfg = SimConfig(gpus=64, contention=1.0)
+    # offered load 1: arrivals x 8 GPUs x mean hours at 8 == 64 GPUs
+    assert cfg.arrival_rate * 8 * cfg.mean_hours_at_8 * 3600 == pytest.approx(64)
+    assert list(CONTENTION) == ["low", "moderate", "high", "extreme"]
+    for path in builtin_workloads().values():
+        assert "ASSUMED" in load_workload(path.stem).source
+
+
+def test_speedmodel_table_of_builtin_matches_paper_efficiency():
+    m: SpeedModel = load_workload("resnet110-cifar10").model
+    assert m.samples_per_s(8) / (2 * m.samples_per_s(4)) == pytest.approx(0.945, abs=1e-4)
