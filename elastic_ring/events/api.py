@@ -59,6 +59,7 @@ class Launch(Event):
     stop_step: int
     command: list[str]
     device: str
+    prelaunched_s: float = 0.0  # processes started this long before the go (pre-launch)
 
 
 @register
@@ -70,6 +71,7 @@ class FirstStep(Event):
     step: int
     since_launch_s: float  # worker's own measure: process start to first step done
     lr: float
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per start-up phase
 
 
 @register

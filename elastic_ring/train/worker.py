@@ -46,6 +46,7 @@ from elastic_ring.nn import resnet
 from elastic_ring.train.lr import RULES, LRState, initial_base_lr
 
 WORKER_EVENTS = "worker_events.jsonl"
+_T_IMPORTED = time.time()  # a timestamp only: start-up phases are measured from here
 
 
 def stop_file(run_dir: Path, segment: int) -> Path:
@@ -73,15 +74,25 @@ def _set_rng_state(st: dict[str, Any]) -> None:
 
 
 class Worker:
-    def __init__(self, run_dir: Path, segment: int, stop_at: int, device: str) -> None:
+    def __init__(self, run_dir: Path, segment: int, stop_at: int, device: str,
+                 go_file: Path | None = None, go_timeout_s: float = 900.0) -> None:
         import horovod.torch as hvd
 
         self.hvd = hvd
         self.run_dir = run_dir
         self.segment = segment
         self.stop_at = stop_at
-        self.t_start = time.time()
+        self.go_file = go_file
+        self.go_timeout_s = go_timeout_s
+        try:
+            import psutil
+
+            self.t_start = psutil.Process().create_time()
+        except Exception:
+            self.t_start = _T_IMPORTED
+        self.marks: dict[str, float] = {"imports": _T_IMPORTED}
         hvd.init()
+        self.marks["hvd_init"] = time.time()
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         if device == "cuda":
@@ -114,6 +125,30 @@ class Worker:
         out = self.hvd.allreduce(torch.tensor([flag]), op=self.hvd.Sum, name="stop_flag")
         return bool(out.item() > 0)
 
+    def wait_for_go(self) -> None:
+        """Pre-launched workers: rank 0 waits for the controller's go file, then all ranks agree."""
+        ok = 1.0
+        if self.rank == 0:
+            t0 = time.time()
+            while not self.go_file.exists():
+                if time.time() - t0 > self.go_timeout_s:
+                    ok = 0.0
+                    break
+                time.sleep(0.01)
+            if ok:  # the go file may move the stop step (a live resize's stop was not known)
+                for _ in range(100):
+                    try:
+                        self.stop_at = int(json.loads(self.go_file.read_text())["stop_at"])
+                        break
+                    except (OSError, ValueError, KeyError):
+                        time.sleep(0.01)
+        out = self.hvd.broadcast(torch.tensor([ok, float(self.stop_at)], dtype=torch.float64),
+                                 root_rank=0, name="go")
+        self.stop_at = int(out[1].item())
+        if out[0].item() == 0.0:
+            raise RuntimeError(f"no go from the controller within {self.go_timeout_s:.0f} s "
+                               f"({self.go_file} never appeared)")
+
     # ------------------------------------------------------------------ main
     def run(self) -> int:
         hvd, cfg = self.hvd, self.cfg
@@ -121,20 +156,30 @@ class Worker:
         model = resnet(cfg.depth, cfg.width, cfg.num_classes).to(self.device)
         base_opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                    weight_decay=cfg.weight_decay)
-        train_ds = load_dataset(cfg.dataset, True, cfg.data_dir, cfg.synthetic_size, cfg.seed, download=False)
+        # hvd.DistributedOptimizer builds a new optimizer over the same parameter groups with its
+        # own (empty) state: from here on, `opt` holds the momentum buffers; load and save `opt`.
+        opt = hvd.DistributedOptimizer(base_opt, named_parameters=model.named_parameters(),
+                                       op=hvd.Average)
+        train_ds = load_dataset(cfg.dataset, True, cfg.data_dir, cfg.synthetic_size, cfg.seed,
+                                download=False, cache_dir=self.run_dir / "cache")
         stream = SampleStream(len(train_ds), cfg.seed)
+        self.marks["data"] = time.time()
+        if self.go_file is not None:  # pre-launched: wait until the old workers have checkpointed
+            self.wait_for_go()
+            self.marks["wait_for_go"] = time.time()
 
         ckpt = self.store.load_latest() if self.rank == 0 else None
         meta = None
         if self.rank == 0 and ckpt is not None:
             model.load_state_dict(ckpt["model"])
-            base_opt.load_state_dict(ckpt["optimizer"])
+            opt.load_state_dict(ckpt["optimizer"])
             _set_rng_state(ckpt["rng"])
             meta = {k: ckpt[k] for k in ("step", "cursor", "world_size", "lr_state", "lr_last")}
         meta = hvd.broadcast_object(meta, root_rank=0, name="resume_meta")
         if meta is not None:
-            hvd.broadcast_optimizer_state(base_opt, root_rank=0)
+            hvd.broadcast_optimizer_state(opt, root_rank=0)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        self.marks["restore_broadcast"] = time.time()
 
         decay_steps, factor = cfg.decay_steps, cfg.decay_factor
         if meta is None:
@@ -150,8 +195,6 @@ class Worker:
                                             step, cfg.resize_warmup_steps)
         resumed_world = int(meta["world_size"]) if meta else None
 
-        opt = hvd.DistributedOptimizer(base_opt, named_parameters=model.named_parameters(),
-                                       op=hvd.Average)
         model.train()
         b, world = cfg.batch_size, self.size
         window_t0, window_steps, window_loss = None, 0, 0.0
@@ -177,8 +220,13 @@ class Worker:
             window_steps += 1
             if window_t0 is None:  # the first step of a segment: startup cost ends here
                 now = time.time()
+                self.marks["first_step"] = now
+                phases, prev = {}, self.t_start
+                for name, t in self.marks.items():
+                    phases[name] = round(t - prev, 4)
+                    prev = t
                 self.emit(FirstStep(segment=self.segment, world_size=world, step=step,
-                                    since_launch_s=now - self.t_start, lr=lr))
+                                    since_launch_s=now - self.t_start, lr=lr, phases=phases))
                 window_t0, window_steps, window_loss = now, 0, 0.0
             elif window_steps >= cfg.throughput_window or step == self.stop_at:
                 mean_loss = hvd.allreduce(torch.tensor([window_loss / window_steps]),
@@ -205,7 +253,7 @@ class Worker:
             state = {
                 "step": step, "cursor": cursor, "epoch": epoch, "epoch_position": pos,
                 "world_size": world, "lr_last": lr, "lr_state": vars(lr_state).copy(),
-                "model": model.state_dict(), "optimizer": base_opt.state_dict(),
+                "model": model.state_dict(), "optimizer": opt.state_dict(),
                 "rng": _rng_state(), "config": config_to_dict(cfg), "train_loss": last_loss,
                 "resumed_from_world": resumed_world,
             }
@@ -215,11 +263,13 @@ class Worker:
             self.emit(SegmentEnd(segment=self.segment, world_size=world, step=step, reason=reason,
                                  lr=lr, stop_decided_at=decided))
         hvd.allreduce(torch.tensor([0.0]), name="exit_barrier")  # leave together
+        hvd.shutdown()
         return 0
 
     def evaluate(self, model: torch.nn.Module, step: int) -> None:
         hvd, cfg = self.hvd, self.cfg
-        test_ds = load_dataset(cfg.dataset, False, cfg.data_dir, cfg.synthetic_size, cfg.seed, download=False)
+        test_ds = load_dataset(cfg.dataset, False, cfg.data_dir, cfg.synthetic_size, cfg.seed,
+                               download=False, cache_dir=self.run_dir / "cache")
         n = len(test_ds) if cfg.max_test_samples == 0 else min(len(test_ds), cfg.max_test_samples)
         mine = torch.arange(self.rank, n, self.size)
         model.eval()
@@ -258,9 +308,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--segment", required=True, type=int)
     p.add_argument("--stop-at", required=True, type=int)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--go-file", type=Path, default=None,
+                   help="pre-launched: build everything, then wait for this file before resuming")
     a = p.parse_args(argv)
     try:
-        return Worker(a.run_dir, a.segment, a.stop_at, a.device).run()
+        rc = Worker(a.run_dir, a.segment, a.stop_at, a.device, a.go_file).run()
+        # Everything is on disk (checkpoint fsynced, events written): skip the interpreter's slow
+        # teardown of torch and Horovod, which only delays the relaunch.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
     except BaseException as e:  # noqa: BLE001 - every failure must reach the controller
         if isinstance(e, SystemExit) and not e.code:
             raise

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from elastic_ring.data import SampleStream
 from elastic_ring.events import read_events
@@ -148,3 +149,64 @@ def test_two_hosts_localhost_and_127_0_0_1(tmp_path):
     assert "localhost:1,127.0.0.1:1" in launch["command"]
     steps = _trace(run)
     assert sorted(steps) == list(range(1, 7)) and all(len(v) == 16 for v in steps.values())
+
+
+def _final_model(run: Path) -> dict:
+    from elastic_ring.ckpt import CheckpointStore
+
+    return CheckpointStore(run / "checkpoints").load_latest()
+
+
+def test_interrupt_and_resume_equals_uninterrupted_run(tmp_path):
+    """Momentum buffers, RNG, sample cursor and LR survive a stop/resume exactly: the final
+    weights of an interrupted-and-resumed run equal those of a run that never stopped."""
+    args = ["--gpus", "1", "--steps", "600", *TINY]
+    straight = tmp_path / "straight"
+    p = run_cli("train", *args, "--run-dir", str(straight), timeout=400)
+    assert p.returncode == 0, p.stderr
+    cut = tmp_path / "cut"
+    proc = _start_train([*args, "--run-dir", str(cut)])
+    try:
+        _wait_for(lambda: [t for t in _events(cut, "throughput") if t["step"] >= 100], 120, "step 100")
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    stopped = json.loads((cut / "checkpoints" / "latest.json").read_text())["step"]
+    assert 100 <= stopped < 600
+    r = run_cli("train", "--resume", str(cut), "--slots", "2", timeout=400)
+    assert r.returncode == 0, r.stderr
+    a, b = _final_model(straight), _final_model(cut)
+    assert a["step"] == b["step"] == 600 and a["cursor"] == b["cursor"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    mom_a = [s["momentum_buffer"] for s in a["optimizer"]["state"].values()]
+    mom_b = [s["momentum_buffer"] for s in b["optimizer"]["state"].values()]
+    assert len(mom_a) == len(a["model"]) - sum("running" in k or "num_batches" in k for k in a["model"])
+    assert all(torch.equal(x, y) for x, y in zip(mom_a, mom_b))
+
+
+def test_resized_run_learns_as_well_as_unresized_on_real_digits(tmp_path):
+    """ResNet-20 (width 8) on scikit-learn's digits (real data, 360 test images), the README's CPU
+    default: an unresized 2-worker run against a 1 -> 2 resize at step 40 (Eq. 7 LR).
+
+    Tolerance: the resized run's test accuracy may be at most 5 points below the baseline's, and
+    both must exceed 85% (chance: 10%). With 360 test images, one run's accuracy near 95% has a
+    binomial standard error of about 1.2 points, so the difference of two runs about 1.6 points
+    before any seed effect: 5 points is about 3 standard errors, loose enough not to flake and tight
+    enough to catch a resize that breaks training (a lost momentum/LR/data position costs more).
+    """
+    common = ["--steps", "120", "--slots", "2", "--set", "throughput_window=20"]
+    base = tmp_path / "base"
+    p = run_cli("train", "--gpus", "2", *common, "--run-dir", str(base), timeout=600)
+    assert p.returncode == 0, p.stderr
+    rs = tmp_path / "resized"
+    p = run_cli("train", "--gpus", "1", "--resize-at", "40", "--to", "2", *common, "--run-dir", str(rs),
+                timeout=600)
+    assert p.returncode == 0, p.stderr
+    acc_base = json.loads((base / "summary.json").read_text())["test_accuracy"]
+    acc_rs = json.loads((rs / "summary.json").read_text())["test_accuracy"]
+    assert acc_base > 0.85 and acc_rs > 0.85, (acc_base, acc_rs)
+    assert acc_rs >= acc_base - 0.05, (acc_base, acc_rs)

@@ -1,0 +1,114 @@
+"""Bad input to `elastic-ring train/resize/status`: one line, exit status 2, nothing lost.
+
+These fail before any worker starts, so they run the real CLI without horovodrun.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+
+from elastic_ring.ckpt import CheckpointStore
+from elastic_ring.config.api import config_to_dict, load_config
+from tests.conftest import run_cli
+
+
+def _assert_one_line_error(p, *needles):
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = [line for line in p.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--resize-at", "5", "--to", "0"], ["cannot resize to 0"]),
+    (["--gpus", "3", "--slots", "2"], ["more than the 2 slot"]),
+    (["--gpus", "1", "--resize-at", "5", "--to", "3", "--slots", "2"], ["only 2 slot"]),
+    (["--resize-at", "500", "--to", "2", "--steps", "100", "--slots", "2"], ["not before the last step"]),
+    (["--schedule", "50:2,40:1", "--steps", "100", "--slots", "2"], ["increasing"]),
+    (["--gpus", "2", "--resize-at", "10", "--to", "2", "--slots", "2"], ["already has 2"]),
+    (["--resize-at", "10"], ["--resize-at and --to go together"]),
+    (["--schedule", "10-2"], ["--schedule expects"]),
+    (["--config", "/nonexistent/x.yaml"], ["cannot read config"]),
+    (["--set", "bogus_key=1"], ["unknown config key", "bogus_key"]),
+    (["--depth", "21"], ["depth must be 6n+2"]),
+    (["--bogus-flag"], ["No such option"]),
+    (["--device", "cuda"], ["no NVIDIA GPU"]),
+])
+def test_train_bad_input(tmp_path, args, needles):
+    run = tmp_path / "run"
+    p = run_cli("train", *args, "--run-dir", str(run), timeout=120)
+    _assert_one_line_error(p, *needles)
+    assert not run.exists()  # nothing started, nothing written
+
+
+def test_unreadable_yaml_config(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("depth: [20\n")
+    p = run_cli("train", "--config", str(cfg), "--run-dir", str(tmp_path / "r"))
+    _assert_one_line_error(p, "not valid YAML")
+
+
+def test_missing_and_corrupt_cifar10(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    p = run_cli("train", "--dataset", "cifar10", "--data-dir", str(data), "--run-dir", str(tmp_path / "r"),
+                env={"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}, timeout=120)
+    _assert_one_line_error(p, "CIFAR-10 not found", str(data))
+    (data / "cifar-10-batches-py").mkdir()
+    (data / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"not a pickle")
+    p = run_cli("train", "--dataset", "cifar10", "--data-dir", str(data), "--run-dir", str(tmp_path / "r"))
+    _assert_one_line_error(p, "corrupt")
+
+
+def _fake_run(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    cfg = load_config("configs/cpu_small.yaml", {"total_steps": 50})
+    (run / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg)))
+    (run / "run.json").write_text(json.dumps({"workers": 1, "schedule": [], "slots": 2}))
+    store = CheckpointStore(run / "checkpoints")
+    store.save({"step": 10, "world_size": 1, "x": torch.zeros(3)})
+    store.save({"step": 20, "world_size": 1, "x": torch.ones(3)})
+    return run, store
+
+
+def test_resume_with_corrupt_checkpoint_loses_nothing(tmp_path):
+    run, store = _fake_run(tmp_path)
+    path = store.latest_path()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x55
+    path.write_bytes(bytes(data))
+    before = sorted((p.name, p.stat().st_size) for p in (run / "checkpoints").iterdir())
+    p = run_cli("train", "--resume", str(run), "--slots", "2")
+    _assert_one_line_error(p, "corrupt", "SHA-256")
+    after = sorted((p.name, p.stat().st_size) for p in (run / "checkpoints").iterdir())
+    assert before == after  # the corrupt file and the previous one are both still there
+
+
+def test_resize_and_status_of_a_run_that_is_not_running(tmp_path):
+    run, _ = _fake_run(tmp_path)
+    p = run_cli("resize", str(run), "--to", "2")
+    _assert_one_line_error(p, "not running")
+    p = run_cli("resize", str(tmp_path / "nope"), "--to", "2")
+    _assert_one_line_error(p, "not an elastic-ring run folder")
+    p = run_cli("status", str(tmp_path / "nope"))
+    _assert_one_line_error(p, "not an elastic-ring run folder")
+    s = run_cli("status", str(run))
+    assert s.returncode == 0 and "state:" in s.stdout
+
+
+def test_help_is_complete():
+    p = run_cli("train", "--help")
+    assert p.returncode == 0
+    for flag in ("--gpus", "--resize-at", "--to", "--schedule", "--device", "--slots", "--hosts",
+                 "--hostfile", "--resume", "--relaunch", "--config", "--set"):
+        assert flag in p.stdout
+    top = run_cli("--help")
+    for cmd in ("train", "resize", "status"):
+        assert cmd in top.stdout
