@@ -44,7 +44,9 @@ else
   fi
   PY="$VENV/bin/python"
 fi
-PIP=("$PY" -m pip --disable-pip-version-check -q)
+PIP=(pip_quiet)
+# pip, minus the one-line warnings about this machine's local index folders that do not exist
+pip_quiet() { "$PY" -m pip --disable-pip-version-check -q "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2); }
 export PATH="$(dirname "$PY"):$PATH"
 
 have() { "$PY" - "$@" <<'PYEOF' 2>/dev/null

@@ -475,8 +475,9 @@ class Controller:
         self.events.write(ev)
         if kind == "first_step" and seg is not None and ev["segment"] == seg.index:
             seg.last_step, seg.last_step_t = int(ev["step"]), float(ev["time"])
-            if seg.go_file is None:
-                self._startup_s.append(float(ev["time"]) - seg.t_launch)
+            startup = float(ev["time"]) - seg.t_launch
+            if seg.go_file is None and 0 < startup < 3600:  # ignore clock skew between hosts
+                self._startup_s.append(startup)
         if kind == "throughput" and seg is not None and ev["segment"] == seg.index:
             seg.last_step, seg.last_step_t = int(ev["step"]), float(ev["time"])
             seg.steps_per_s = self._last_speed = float(ev["steps_per_s"])
