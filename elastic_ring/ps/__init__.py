@@ -1,0 +1,12 @@
+"""Parameter-server training with BSP, ASP, SSP and DSSP over MPI (arXiv 1908.11848).
+
+- ``api``          blueprint (``PSConfig``), ``SyncPolicy``, controller interface, decision types
+- ``controllers``  the pure gate (Algorithm 1, server side), Algorithm 2 (``paper``) and the
+                   real-wait controller with the hard cap (``exact``)
+- ``simulate``     discrete-event simulation of the gate with given step times (tests, docs)
+- ``model``        the model as flat arrays; evaluation
+- ``server``       rank 0's loop; ``worker`` ranks 1..K; ``runner`` launches mpirun
+- ``events``       the ``ps_*`` event kinds; ``experiment`` the Table I design
+
+Nothing happens at import time.
+"""

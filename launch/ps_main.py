@@ -1,0 +1,61 @@
+"""Entry script that ``mpirun`` executes for ``elastic-ring ps``: rank 0 is the parameter
+server, ranks 1..K are the workers.
+
+Usage (the CLI builds this; by hand only for debugging)::
+
+    mpirun --allow-run-as-root --oversubscribe --bind-to none -np K+1 \\
+        python launch/ps_main.py RUN_DIR
+
+``RUN_DIR/ps_config.json`` holds the :class:`~elastic_ring.ps.api.PSConfig`; the server writes
+``RUN_DIR/events.jsonl``. A rank that raises writes ``RUN_DIR/errors/rank<R>.json`` (rank,
+exception type, message, traceback) and aborts the whole MPI job, so no rank waits forever; the
+CLI reads the file back and reports the first failure in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        sys.stderr.write("usage: ps_main.py RUN_DIR\n")
+        sys.exit(2)
+    run_dir = Path(argv[0])
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from elastic_ring.ps.api import config_from_dict
+
+        cfg = config_from_dict(json.loads((run_dir / "ps_config.json").read_text()), source="ps_config.json")
+        if comm.Get_size() != cfg.workers + 1:
+            raise RuntimeError(f"MPI world size {comm.Get_size()} != 1 server + {cfg.workers} workers")
+        if rank == 0:
+            from elastic_ring.ps.server import run_server
+            run_server(cfg, run_dir, comm)
+        else:
+            from elastic_ring.ps.worker import run_worker
+            run_worker(cfg, rank, comm)
+    except BaseException as e:  # noqa: BLE001 - every failure must reach the CLI and end the job
+        err_dir = run_dir / "errors"
+        err_dir.mkdir(parents=True, exist_ok=True)
+        record = {"rank": rank, "type": type(e).__name__, "message": str(e),
+                  "traceback": traceback.format_exc(), "time": time.time()}
+        tmp = err_dir / f".rank{rank}.json.{os.getpid()}"
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, err_dir / f"rank{rank}.json")
+        sys.stderr.write(f"rank {rank}: {type(e).__name__}: {e}\n")
+        sys.stderr.flush()
+        comm.Abort(1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,85 @@
+"""Real mpirun jobs (1 server + 2 workers) for every paradigm; the staleness bounds hold.
+
+Bounds checked (K = 2 workers, one update per push, see docs/ps.md):
+- gap at release (t_p - t_min when a worker is sent OK): BSP 0, SSP s, dssp-exact hi;
+  none for ASP and the paper's DSSP (the refill), which are only recorded.
+- staleness (server version at apply - version pulled): BSP <= K - 1, SSP <= (K - 1)(2s + 1).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from elastic_ring.events.api import read_events
+from tests.conftest import run_cli, tool
+
+pytestmark = pytest.mark.integration
+
+COMMON = ["--workers", "2", "--slowdown", "1.0,3.0", "--depth", "8", "--width", "4", "--base-step", "0.02",
+          "--max-pushes", "60", "--time-budget", "40", "--set", "eval_every_updates=30", "--set", "eval_every_s=0"]
+
+CASES = {
+    "bsp": (["--sync", "bsp"], 0),
+    "asp": (["--sync", "asp"], None),
+    "ssp": (["--sync", "ssp", "--staleness", "3"], 3),
+    "dssp": (["--sync", "dssp", "--staleness", "2:5"], None),
+    "dssp-exact": (["--sync", "dssp-exact", "--staleness", "2:5"], 5),
+}
+
+
+def release_gaps(ev):
+    gaps = [e["gap"] for e in ev if e["kind"] == "ps_push" and e["action"] != "hold"]
+    return gaps + [e["gap"] for e in ev if e["kind"] == "ps_release"]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_paradigm_runs_and_bound_holds(name, tmp_path):
+    tool("mpirun")
+    args, bound = CASES[name]
+    run_dir = tmp_path / name
+    r = run_cli("ps", *args, *COMMON, "--run-dir", str(run_dir), timeout=120)
+    assert r.returncode == 0, (r.stdout, r.stderr, (run_dir / "mpirun.log").read_text())
+    ev = read_events(run_dir / "events.jsonl")
+    kinds = {e["kind"] for e in ev}
+    assert {"ps_launch", "ps_push", "ps_accuracy", "ps_worker_summary", "ps_finished"} <= kinds
+    fin = [e for e in ev if e["kind"] == "ps_finished"][-1]
+    pushes = [e for e in ev if e["kind"] == "ps_push"]
+    assert fin["reason"] == "max_pushes" and fin["version"] == len(pushes) == 60
+    assert sum(fin["pushes"].values()) == 60
+    for e in pushes:
+        assert e["staleness"] == e["version_applied"] - e["version_pulled"] >= 0
+    gaps = release_gaps(ev)
+    assert max(gaps) == fin["max_release_gap"]
+    stale = max(e["staleness"] for e in pushes)
+    if bound is not None:
+        assert fin["release_bound"] == bound
+        assert max(gaps) <= bound, (name, max(gaps))
+    else:
+        assert fin["release_bound"] is None
+    if name == "bsp":
+        assert fin["max_push_gap"] <= 1 and stale <= 1
+        assert abs(fin["pushes"]["1"] - fin["pushes"]["2"]) <= 1
+    if name == "ssp":
+        assert stale <= 1 * (2 * 3 + 1)
+    if name == "asp":  # the fast worker is never held and runs far ahead
+        assert not [e for e in ev if e["kind"] == "ps_hold"]
+        assert fin["max_push_gap"] > 5
+    if name.startswith("dssp"):
+        ctl = [e for e in ev if e["kind"] == "ps_controller"]
+        assert ctl and all(0 <= c["r"] <= c["r_cap"] for c in ctl)
+        assert {c["controller"] for c in ctl} == {"paper" if name == "dssp" else "exact"}
+    summ = [e for e in ev if e["kind"] == "ps_worker_summary"]
+    assert sorted(s["worker"] for s in summ) == [1, 2]
+    assert "max gap at release" in r.stdout
+
+
+def test_rank_failure_is_reported_in_one_line(tmp_path):
+    tool("mpirun")
+    run_dir = tmp_path / "fail"
+    r = run_cli("ps", "--sync", "ssp", *COMMON, "--run-dir", str(run_dir), timeout=120,
+                env={"ELASTIC_RING_PS_FAIL": "2:3"})
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rank 2 failed" in lines[0] and "injected failure" in lines[0], r.stderr
+    assert (run_dir / "errors" / "rank2.json").exists()
+    assert read_events(run_dir / "events.jsonl", "error")
