@@ -129,36 +129,43 @@ def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
     return d
 
 
+def coerce_scalar(default: Any, value: Any) -> Any:
+    """Read ``value`` as the type of ``default`` (bool, int, float or str); ValueError if it is not.
+
+    Shared by every config of the project (train, ps) so a YAML value or a ``--set`` string is
+    read the same way everywhere.
+    """
+    if isinstance(default, bool):
+        if isinstance(value, str):
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if not isinstance(value, bool):
+            raise ValueError(value)
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(value)
+        return int(value)
+    if isinstance(default, float):
+        if isinstance(value, bool):
+            raise ValueError(value)
+        return float(value)
+    return str(value)
+
+
 def _coerce(name: str, value: Any, source: str) -> Any:
     default = _FIELDS[name].default
     try:
-        if isinstance(default, bool):
-            if isinstance(value, str):
-                if value.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if value.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError(value)
-            if not isinstance(value, bool):
-                raise ValueError(value)
-            return value
-        if isinstance(default, int):
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError(value)
-            return int(value)
-        if isinstance(default, float):
-            if isinstance(value, bool):
-                raise ValueError(value)
-            return float(value)
         if isinstance(default, tuple):
             if isinstance(value, str):
                 value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
             return tuple(float(v) for v in value)
-        if isinstance(default, str):
-            return str(value)
+        return coerce_scalar(default, value)
     except (TypeError, ValueError):
         raise ConfigError(f"{source}: {name} has the wrong type: {value!r}") from None
-    return value
 
 
 def _build(values: Mapping[str, Any], source: str) -> TrainConfig:

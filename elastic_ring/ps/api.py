@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
+from elastic_ring.config.api import coerce_scalar
 from elastic_ring.errors import ConfigError, UserError
 
 SYNCS = ("bsp", "asp", "ssp", "dssp", "dssp-exact")
@@ -306,25 +307,7 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             if isinstance(value, (list, tuple)):
                 return ":".join(str(int(v)) for v in value)
             return "" if value is None else str(value)
-        if isinstance(default, bool):
-            if isinstance(value, str):
-                if value.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if value.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError(value)
-            if not isinstance(value, bool):
-                raise ValueError(value)
-            return value
-        if isinstance(default, int):
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError(value)
-            return int(value)
-        if isinstance(default, float):
-            if isinstance(value, bool):
-                raise ValueError(value)
-            return float(value)
-        return str(value)
+        return coerce_scalar(default, value)
     except (TypeError, ValueError):
         raise ConfigError(f"{source}: {name} has the wrong type: {value!r}") from None
 
