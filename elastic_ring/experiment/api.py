@@ -1,0 +1,252 @@
+"""Table 2 of arXiv 1908.08082: the resize experiment, as a design file and the table's arithmetic.
+
+The design (a YAML file; unknown keys are errors)::
+
+    config: configs/cpu_small.yaml   # training recipe (relative paths: to the design file's folder,
+                                     # then to the project root)
+    overrides: {total_steps: 240}    # config keys to change
+    w_init: 1                        # workers at the start
+    w_new: 2                         # workers after the resize
+    resize_steps: [80, 160]          # one resized run per step (resize after that step completes)
+    repeats: 1                       # runs of every row (--repeats overrides)
+    vary_seed: true                  # repeat r trains with seed + r (false: every repeat the same seed)
+    slots: 2                         # worker slots (CPU: more than the cores oversubscribes)
+    device: auto                     # auto | cpu | cuda
+    relaunch: sequential             # how a resize relaunches (elastic-ring train --relaunch):
+                                     # sequential (the paper: old workers exit, then new ones start),
+                                     # overlap, or prelaunch (new workers start before the stop)
+    out: results/table2_cpu          # output folder (--out overrides)
+
+Rows: ``baseline w_init`` (no resize), ``baseline w_new`` (no resize), and ``resize at S`` for each
+S (w_init -> w_new after step S). Every row runs the same ``total_steps``, so a row at more
+workers also trains on more samples (the per-worker batch is fixed, as in the paper).
+
+Per run, from its events alone (:func:`run_metrics`): steps; epochs = samples consumed / train
+set size, samples = sum over segments of steps * batch * workers; wall time = the ``finished``
+event's ``wall_s`` (first launch to the end, evaluation included); each resize's overhead
+(``resize_overhead``: stop latency, checkpoint, relaunch to first step, total lost); the final test
+accuracy and loss (``evaluation``) and the last window's training loss.
+
+Per row (:func:`table2_rows`): mean and sample standard deviation over repeats of each number;
+time saved = wall(baseline w_init) - wall(row), paired by repeat, then mean and standard deviation.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from elastic_ring.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+DEVICES = ("auto", "cpu", "cuda")
+RELAUNCH_MODES = ("prelaunch", "overlap", "sequential")
+
+
+@dataclass(frozen=True)
+class ResizeDesign:
+    """The blueprint of a Table 2 experiment (validated on construction)."""
+
+    config: str
+    w_init: int
+    w_new: int
+    resize_steps: tuple[int, ...]
+    overrides: dict[str, Any] = field(default_factory=dict)
+    repeats: int = 1
+    vary_seed: bool = True
+    slots: int | None = None
+    device: str = "auto"
+    out: str = "results/table2"
+    relaunch: str = "sequential"
+
+    def __post_init__(self) -> None:
+        def bad(msg: str) -> None:
+            raise ConfigError(f"invalid experiment design: {msg}")
+
+        if self.w_init < 1 or self.w_new < 1:
+            bad(f"w_init and w_new must be >= 1, got {self.w_init}, {self.w_new}")
+        if self.w_init == self.w_new:
+            bad(f"w_init and w_new are both {self.w_init}: nothing to resize")
+        if not self.resize_steps:
+            bad("resize_steps is empty")
+        if any(s < 1 for s in self.resize_steps) or list(self.resize_steps) != sorted(set(self.resize_steps)):
+            bad(f"resize_steps must be distinct increasing steps >= 1, got {list(self.resize_steps)}")
+        if self.repeats < 1:
+            bad(f"repeats must be >= 1, got {self.repeats}")
+        if self.slots is not None and self.slots < max(self.w_init, self.w_new):
+            bad(f"slots {self.slots} < max(w_init, w_new) = {max(self.w_init, self.w_new)}")
+        if self.device not in DEVICES:
+            bad(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.relaunch not in RELAUNCH_MODES:
+            bad(f"relaunch must be one of {', '.join(RELAUNCH_MODES)}, got {self.relaunch!r}")
+        if not isinstance(self.overrides, dict):
+            bad("overrides must be a mapping of config keys to values")
+
+    def rows(self) -> list[dict[str, Any]]:
+        """[{label, workers, schedule: [(step, to)]}] in table order."""
+        def n(w: int) -> str:
+            return f"{w} worker{'s' if w != 1 else ''}"
+
+        out = [{"label": f"baseline {n(self.w_init)}", "key": f"base-w{self.w_init}",
+                "workers": self.w_init, "schedule": []},
+               {"label": f"baseline {n(self.w_new)}", "key": f"base-w{self.w_new}",
+                "workers": self.w_new, "schedule": []}]
+        for s in self.resize_steps:
+            out.append({"label": f"{self.w_init} -> {self.w_new} at step {s}",
+                        "key": f"resize-{s}", "workers": self.w_init, "schedule": [(s, self.w_new)]})
+        return out
+
+
+_KEYS = {"config", "overrides", "w_init", "w_new", "resize_steps", "repeats", "vary_seed", "slots",
+         "device", "out", "relaunch"}
+
+
+def resolve_path(p: str, base: Path) -> Path:
+    """A path as given, else relative to ``base`` (the design's folder), else to the project root."""
+    path = Path(p)
+    if path.is_absolute() or path.exists():
+        return path
+    for b in (base, ROOT):
+        if (b / path).exists():
+            return b / path
+    return path
+
+
+def load_design(path: str | Path) -> ResizeDesign:
+    """Read and validate a design file.
+
+    Raises:
+        ConfigError: unreadable or invalid YAML, unknown or missing keys, bad values.
+    """
+    from elastic_ring.config.api import read_yaml
+
+    d = read_yaml(path)
+    unknown = sorted(set(d) - _KEYS)
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) in experiment design: {', '.join(unknown)} "
+                          f"(known: {', '.join(sorted(_KEYS))})")
+    missing = [k for k in ("config", "w_init", "w_new", "resize_steps") if k not in d]
+    if missing:
+        raise ConfigError(f"{path}: experiment design needs {', '.join(missing)}")
+    try:
+        steps = d["resize_steps"]
+        steps = tuple(int(s) for s in (steps if isinstance(steps, list) else [steps]))
+        return ResizeDesign(
+            config=str(d["config"]), w_init=int(d["w_init"]), w_new=int(d["w_new"]),
+            resize_steps=steps, overrides=dict(d.get("overrides") or {}),
+            repeats=int(d.get("repeats", 1)), vary_seed=bool(d.get("vary_seed", True)),
+            slots=None if d.get("slots") is None else int(d["slots"]),
+            device=str(d.get("device", "auto")), out=str(d.get("out", "results/table2")),
+            relaunch=str(d.get("relaunch", "sequential")))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: bad value in experiment design: {e}") from None
+
+
+# ---------------------------------------------------------------------------- per-run numbers
+def run_metrics(events: list[dict[str, Any]], batch_size: int, train_size: int) -> dict[str, Any]:
+    """The numbers of one finished run, from its events (module docstring)."""
+    launches = sorted((e for e in events if e["kind"] == "launch"), key=lambda e: e["segment"])
+    ends = {e["segment"]: e for e in events if e["kind"] == "segment_end"}
+    samples, steps = 0, 0
+    for ln in launches:
+        end = ends.get(ln["segment"])
+        if end is None:
+            continue
+        n = int(end["step"]) - (int(ln["start_step"]) - 1)
+        steps += n
+        samples += n * batch_size * int(ln["world_size"])
+    fin = [e for e in events if e["kind"] == "finished"]
+    evals = [e for e in events if e["kind"] == "evaluation"]
+    thr = [e for e in events if e["kind"] == "throughput"]
+    ov = [e for e in events if e["kind"] == "resize_overhead"]
+    return {
+        "finished": bool(fin),
+        "steps": steps,
+        "samples": samples,
+        "epochs": samples / train_size if train_size else None,
+        "wall_s": float(fin[-1]["wall_s"]) if fin else None,
+        "resizes": [{k: e[k] for k in ("from_workers", "to_workers", "step", "stop_latency_s",
+                                       "checkpoint_s", "relaunch_to_first_step_s", "total_lost_s")}
+                    for e in ov],
+        "overhead_s": sum(float(e["total_lost_s"]) for e in ov) if ov else None,
+        "test_accuracy": float(evals[-1]["test_accuracy"]) if evals else None,
+        "test_loss": float(evals[-1]["test_loss"]) if evals else None,
+        "train_loss": float(thr[-1]["loss"]) if thr else None,
+    }
+
+
+def mean_sd(xs: Iterable[float | None]) -> dict[str, Any]:
+    """{mean, sd, n} of the values that are not None (sd None below 2 values)."""
+    v = [float(x) for x in xs if x is not None]
+    if not v:
+        return {"mean": None, "sd": None, "n": 0}
+    return {"mean": statistics.fmean(v), "sd": statistics.stdev(v) if len(v) > 1 else None, "n": len(v)}
+
+
+def table2_rows(design_rows: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]],
+                baseline_key: str) -> list[dict[str, Any]]:
+    """Aggregate per-run metrics into Table 2 rows.
+
+    Args:
+        design_rows: :meth:`ResizeDesign.rows`.
+        runs: row key -> per-repeat metrics (index = repeat; None for a missing run).
+        baseline_key: the key of the w_init baseline (time saved is against it).
+    """
+    base = runs.get(baseline_key, [])
+    out = []
+    for r in design_rows:
+        ms = runs.get(r["key"], [])
+        saved, saved_pct = [], []
+        for i, m in enumerate(ms):
+            b = base[i] if i < len(base) else None
+            if m and b and m.get("wall_s") is not None and b.get("wall_s") is not None:
+                saved.append(b["wall_s"] - m["wall_s"])
+                saved_pct.append((b["wall_s"] - m["wall_s"]) / b["wall_s"])
+        ok = [m for m in ms if m]
+        out.append({
+            "label": r["label"], "key": r["key"], "workers": r["workers"],
+            "reference": r["key"] == baseline_key,
+            "schedule": [list(s) for s in r["schedule"]], "repeats": len(ok),
+            "steps": mean_sd(m["steps"] for m in ok),
+            "epochs": mean_sd(m["epochs"] for m in ok),
+            "wall_s": mean_sd(m["wall_s"] for m in ok),
+            "overhead_s": mean_sd(m["overhead_s"] for m in ok) if r["schedule"] else mean_sd([]),
+            "stop_latency_s": mean_sd(x["stop_latency_s"] for m in ok for x in m["resizes"]),
+            "checkpoint_s": mean_sd(x["checkpoint_s"] for m in ok for x in m["resizes"]),
+            "relaunch_to_first_step_s": mean_sd(x["relaunch_to_first_step_s"] for m in ok for x in m["resizes"]),
+            "time_saved_s": mean_sd(saved),
+            "time_saved_frac": mean_sd(saved_pct),
+            "test_accuracy": mean_sd(m["test_accuracy"] for m in ok),
+            "test_loss": mean_sd(m["test_loss"] for m in ok),
+            "train_loss": mean_sd(m["train_loss"] for m in ok),
+        })
+    return out
+
+
+def _fmt(s: dict[str, Any], fmt: str, scale: float = 1.0, suffix: str = "") -> str:
+    if s["mean"] is None:
+        return "-"
+    txt = format(s["mean"] * scale, fmt)
+    if s["sd"] is not None:
+        txt += " ± " + format(s["sd"] * scale, fmt)
+    return txt + suffix
+
+
+def render_table2(rows: list[dict[str, Any]], markdown: bool = False) -> str:
+    """Table 2 as plain text or Markdown; ``a ± b`` is mean ± sample sd over repeats."""
+    from elastic_ring.profile.api import _render
+
+    head = ["run", "n", "steps", "epochs", "wall s", "resize overhead s", "time saved s",
+            "time saved", "test acc", "test loss", "train loss"]
+    body = []
+    for r in rows:
+        saved = "(reference)" if r.get("reference") else None
+        body.append([r["label"], str(r["repeats"]), _fmt(r["steps"], ".0f"), _fmt(r["epochs"], ".2f"),
+                     _fmt(r["wall_s"], ".1f"), _fmt(r["overhead_s"], ".2f"),
+                     saved or _fmt(r["time_saved_s"], ".1f"),
+                     saved or _fmt(r["time_saved_frac"], ".1f", 100, "%"),
+                     _fmt(r["test_accuracy"], ".2f", 100, "%"), _fmt(r["test_loss"], ".4f"),
+                     _fmt(r["train_loss"], ".4f")])
+    return _render(head, body, markdown)
