@@ -72,11 +72,13 @@ def _pid_alive(pid: int) -> bool:
 @click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
               help="horovodrun hostfile ('host slots=N' lines).")
 @click.option("--network-interface", default=None, help="Passed to horovodrun (e.g. lo for several local 'hosts').")
-@click.option("--relaunch", type=click.Choice(["prelaunch", "overlap", "sequential"]), default="prelaunch",
+@click.option("--relaunch", type=click.Choice(["auto", "prelaunch", "overlap", "sequential"]), default="auto",
               show_default=True,
-              help="prelaunch: start the new workers before the stop; they import, init and build the model, "
-                   "then wait for the checkpoint. overlap: start them once the checkpoint is written, while the "
-                   "old ones exit. sequential: wait for the old workers to exit first (the paper's way).")
+              help="prelaunch: start the new workers before the stop; they import and build the model, then "
+                   "wait for the checkpoint. overlap: start them once the checkpoint is written, while the old "
+                   "ones exit. sequential: wait for the old workers to exit first (the paper's way). auto: "
+                   "prelaunch on GPUs, overlap on the CPU (where the new workers' start-up would compete with "
+                   "training for the cores).")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Run folder (events, logs, checkpoints). [default: runs/<time>]")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False), default=None,
@@ -197,6 +199,8 @@ def train(workers, resize_at, resize_to, schedule, config_path, overrides, steps
     _echo(f"model ResNet-{cfg.depth} (width {cfg.width}) on {cfg.dataset}, {cfg.total_steps} steps, "
           f"batch {cfg.batch_size}/worker, schedule: "
           + (", ".join(f"step {r.step} -> {r.to}" for r in spec.schedule) or "no resize"))
+    if relaunch == "auto":
+        relaunch = "prelaunch" if device == "cuda" else "overlap"
     ctl = Controller(spec, lr_scaling=cfg.lr_scaling, network_interface=network_interface,
                      relaunch=relaunch)
     summary = ctl.run(start_step, spec.workers, segment)

@@ -21,8 +21,11 @@ from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
 
 from elastic_ring.perfmodel.speed import SpeedModel
 
-# paper: ~10 s; replace with our measurement from scripts/bench_resize.py
-DEFAULT_RESIZE_OVERHEAD_S = 10.0
+# Seconds a job loses per resize. Our measurement: results/bench_resize.json (scripts/bench_resize.py,
+# ResNet-20/8 on 2 CPU cores, gloo): median time lost per resize 3.3-3.5 s with the overlapped
+# relaunch (`train`'s CPU default), 3.6-3.7 s sequential, 0.2 s pre-launched. We take 3.5 s. The
+# paper reports ~10 s on GPUs (CUDA start-up adds to it); `simulate --resize-overhead 10` uses that.
+DEFAULT_RESIZE_OVERHEAD_S = 3.5
 
 Rate = Callable[[int], float]
 """Speed of a job in samples/s as a function of its GPU count (w >= 1)."""

@@ -91,10 +91,17 @@ class Worker:
         except Exception:
             self.t_start = _T_IMPORTED
         self.marks: dict[str, float] = {"imports": _T_IMPORTED}
-        hvd.init()
-        self.marks["hvd_init"] = time.time()
-        self.rank, self.size = hvd.rank(), hvd.size()
-        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        # horovodrun tells every process its place in the environment, so a pre-launched worker
+        # can build everything before hvd.init(): an initialised Horovod polls its peers in a
+        # background thread, which would steal CPU from the workers still training.
+        env = os.environ
+        if all(k in env for k in ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")):
+            self.rank, self.size = int(env["HOROVOD_RANK"]), int(env["HOROVOD_SIZE"])
+            self.local_rank, self.local_size = int(env["HOROVOD_LOCAL_RANK"]), int(env["HOROVOD_LOCAL_SIZE"])
+        else:  # not under horovodrun (e.g. mpirun): ask Horovod
+            hvd.init()
+            self.rank, self.size = hvd.rank(), hvd.size()
+            self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         if device == "cuda":
             torch.cuda.set_device(self.local_rank)
             self.device = torch.device("cuda", self.local_rank)
@@ -126,28 +133,23 @@ class Worker:
         return bool(out.item() > 0)
 
     def wait_for_go(self) -> None:
-        """Pre-launched workers: rank 0 waits for the controller's go file, then all ranks agree."""
-        ok = 1.0
-        if self.rank == 0:
-            t0 = time.time()
-            while not self.go_file.exists():
-                if time.time() - t0 > self.go_timeout_s:
-                    ok = 0.0
-                    break
-                time.sleep(0.01)
-            if ok:  # the go file may move the stop step (a live resize's stop was not known)
-                for _ in range(100):
-                    try:
-                        self.stop_at = int(json.loads(self.go_file.read_text())["stop_at"])
-                        break
-                    except (OSError, ValueError, KeyError):
-                        time.sleep(0.01)
-        out = self.hvd.broadcast(torch.tensor([ok, float(self.stop_at)], dtype=torch.float64),
-                                 root_rank=0, name="go")
-        self.stop_at = int(out[1].item())
-        if out[0].item() == 0.0:
-            raise RuntimeError(f"no go from the controller within {self.go_timeout_s:.0f} s "
-                               f"({self.go_file} never appeared)")
+        """Pre-launched workers wait, before hvd.init(), for the controller's go file.
+
+        Every rank polls the file itself (the run folder is on a shared filesystem, as the
+        checkpoints are); the file also carries the stop step, which a live resize did not know
+        when these workers started. Rank 0's value is broadcast after hvd.init() all the same.
+        """
+        t0 = time.time()
+        while True:
+            try:
+                self.stop_at = int(json.loads(self.go_file.read_text())["stop_at"])
+                return
+            except (OSError, ValueError, KeyError):
+                pass
+            if time.time() - t0 > self.go_timeout_s:
+                raise RuntimeError(f"no go from the controller within {self.go_timeout_s:.0f} s "
+                                   f"({self.go_file} never appeared)")
+            time.sleep(0.02)
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
@@ -156,17 +158,26 @@ class Worker:
         model = resnet(cfg.depth, cfg.width, cfg.num_classes).to(self.device)
         base_opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                    weight_decay=cfg.weight_decay)
+        train_ds = load_dataset(cfg.dataset, True, cfg.data_dir, cfg.synthetic_size, cfg.seed,
+                                download=False, cache_dir=self.run_dir / "cache")
+        stream = SampleStream(len(train_ds), cfg.seed)
+        self.marks["build"] = time.time()
+        if self.go_file is not None:  # pre-launched: wait until the old workers have checkpointed
+            self.wait_for_go()
+            self.marks["wait_for_go"] = time.time()
+        if not hvd.is_initialized():
+            hvd.init()
+        if (hvd.rank(), hvd.size()) != (self.rank, self.size):
+            raise RuntimeError(f"Horovod rank {hvd.rank()}/{hvd.size()} differs from the "
+                               f"environment's {self.rank}/{self.size}")
+        self.marks["hvd_init"] = time.time()
+        if self.go_file is not None:
+            self.stop_at = int(hvd.broadcast(torch.tensor([self.stop_at]), root_rank=0,
+                                             name="stop_at").item())
         # hvd.DistributedOptimizer builds a new optimizer over the same parameter groups with its
         # own (empty) state: from here on, `opt` holds the momentum buffers; load and save `opt`.
         opt = hvd.DistributedOptimizer(base_opt, named_parameters=model.named_parameters(),
                                        op=hvd.Average)
-        train_ds = load_dataset(cfg.dataset, True, cfg.data_dir, cfg.synthetic_size, cfg.seed,
-                                download=False, cache_dir=self.run_dir / "cache")
-        stream = SampleStream(len(train_ds), cfg.seed)
-        self.marks["data"] = time.time()
-        if self.go_file is not None:  # pre-launched: wait until the old workers have checkpointed
-            self.wait_for_go()
-            self.marks["wait_for_go"] = time.time()
 
         ckpt = self.store.load_latest() if self.rank == 0 else None
         meta = None

@@ -43,10 +43,11 @@ def _trace(run: Path) -> dict[int, list[int]]:
     return {s: [i for rank in sorted(v) for i in v[rank]] for s, v in rows.items()}
 
 
-def test_resize_1_to_2_to_1_exact_resume_eq7_and_overheads(tmp_path):
+@pytest.mark.parametrize("relaunch", ["auto", "prelaunch"])
+def test_resize_1_to_2_to_1_exact_resume_eq7_and_overheads(tmp_path, relaunch):
     run = tmp_path / "run"
     p = run_cli("train", "--gpus", "1", "--schedule", "6:2,12:1", "--steps", "18", *TINY,
-                "--run-dir", str(run), timeout=400)
+                "--relaunch", relaunch, "--run-dir", str(run), timeout=400)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "CPU worker process(es) with gloo" in p.stderr
 
@@ -83,6 +84,13 @@ def test_resize_1_to_2_to_1_exact_resume_eq7_and_overheads(tmp_path):
     for o in ov:
         assert o["stop_latency_s"] > 0 and o["checkpoint_s"] > 0 and o["relaunch_to_first_step_s"] > 0
         assert o["total_lost_s"] >= o["relaunch_to_first_step_s"] - o["steady_step_s"]
+    launches = _events(run, "launch")
+    if relaunch == "prelaunch":  # new workers started before the old ones stopped, where the
+        # controller knew the speed in time (not always in segment 0: it stops after 0.2 s)
+        pre = [e for e in launches[1:] if e["prelaunched_s"] > 0]
+        assert pre and all("--go-file" in e["command"] for e in pre)
+    else:
+        assert all(e["prelaunched_s"] == 0 for e in launches)
     summary = json.loads((run / "summary.json").read_text())
     assert [s["workers"] for s in summary["sizes"]] == [1, 2]
     assert summary["test_accuracy"] is not None and len(summary["resizes"]) == 2
