@@ -117,7 +117,7 @@ else
     sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
     grep -q 'CMAKE_CXX_STANDARD 20' "$src/CMakeLists.txt" || fail "C++20 patch did not apply to CMakeLists.txt"
     grep -q 'CMAKE_CXX_STANDARD 20' "$src/horovod/torch/CMakeLists.txt" || fail "C++20 patch did not apply to horovod/torch/CMakeLists.txt"
-    log "building the Horovod wheel (about 6 minutes on 2 cores; log: $build/build.log)"
+    log "building the Horovod wheel (2-4 minutes on 2 cores; log: $build/build.log)"
     env_build=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1
                HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
                HOROVOD_CPU_OPERATIONS=GLOO MAKEFLAGS="-j$(nproc)")
