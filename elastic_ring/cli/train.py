@@ -101,10 +101,11 @@ def train(workers, resize_at, resize_to, schedule, config_path, overrides, steps
     RUN_DIR: events.jsonl (typed events, incl. each resize's overhead breakdown), logs/, checkpoints/,
     summary.json. Ctrl-C stops at the next step with a checkpoint; --resume continues.
     """
-    from elastic_ring.config.api import config_to_dict, load_config, parse_overrides
+    from elastic_ring.config.api import load_config, parse_overrides
     from elastic_ring.controller.api import (Resize, RunSpec, parse_hostfile, parse_hosts,
                                              parse_schedule)
     from elastic_ring.controller.controller import CONTROLLER_FILE, Controller
+    from elastic_ring.controller.rundir import create_run_dir, ensure_dataset_cache
     from elastic_ring.controller.summary import render
     from elastic_ring.data import check_dataset
 
@@ -180,17 +181,9 @@ def train(workers, resize_at, resize_to, schedule, config_path, overrides, steps
                        device=device, total_steps=cfg.total_steps, hosts=hosts, hostfile=hostfile)
         spec.validate()
         check_dataset(cfg.dataset, cfg.data_dir)
-        rd.mkdir(parents=True, exist_ok=True)
-        (rd / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-        (rd / "run.json").write_text(json.dumps({
-            "workers": world, "schedule": [[r.step, r.to] for r in sched], "slots": n_slots,
-            "device": device, "hosts": hosts, "hostfile": hostfile, "created": time.time(),
-            "argv": sys.argv[1:]}, indent=2))
+        create_run_dir(spec, cfg)
         start_step, segment = 0, 0
-
-    from elastic_ring.data import materialize
-
-    materialize(cfg.dataset, spec.run_dir / "cache", cfg.data_dir, cfg.synthetic_size, cfg.seed)
+    ensure_dataset_cache(spec.run_dir, cfg)  # a resumed run's cache may have been deleted
     if device == "cpu":
         _echo(f"elastic-ring: no GPU in use: {world} CPU worker process(es) with gloo "
               f"({n_slots} slot(s)); run folder {spec.run_dir}")

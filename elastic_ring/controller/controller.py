@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from elastic_ring.controller.api import Resize, RunSpec, RunState
-from elastic_ring.controller.summary import render, summarize
+from elastic_ring.controller.summary import summarize
 from elastic_ring.errors import UserError, WorkerFailedError
 from elastic_ring.events.api import (ErrorEvent, EventLog, Finished, FirstStepAfterResize, Launch,
                                      Relaunched, ResizeOverhead, ResizeRequested, WorkersExited,
@@ -578,6 +578,3 @@ class Controller:
         os.replace(tmp, self.spec.run_dir / "summary.json")
         return summary
 
-
-def median_or_none(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None

@@ -64,6 +64,7 @@ def start_run(run_dir: Path, cfg: TrainConfig, workers: int, schedule: tuple = (
 
     from elastic_ring.controller.api import RunSpec
     from elastic_ring.controller.controller import Controller
+    from elastic_ring.controller.rundir import create_run_dir
 
     if run_dir.exists() and any(run_dir.iterdir()):
         if not (run_dir / "run.json").exists():
@@ -73,12 +74,7 @@ def start_run(run_dir: Path, cfg: TrainConfig, workers: int, schedule: tuple = (
     spec = RunSpec(run_dir=run_dir.resolve(), workers=workers, schedule=tuple(schedule), slots=slots,
                    device=device, total_steps=cfg.total_steps)
     spec.validate()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    (run_dir / "run.json").write_text(json.dumps({
-        "workers": workers, "schedule": [[r.step, r.to] for r in spec.schedule], "slots": slots,
-        "device": device, "hosts": None, "hostfile": None, "created": time.time(),
-        "relaunch": relaunch, "argv": sys.argv[1:]}, indent=2))
+    create_run_dir(spec, cfg, relaunch=relaunch)
     ctl = Controller(spec, lr_scaling=cfg.lr_scaling, out=out, show_progress=show_progress,
                      relaunch=relaunch)
     summary = ctl.run(0, workers, 0)

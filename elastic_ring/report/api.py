@@ -121,7 +121,7 @@ def report_profile(d: Path) -> tuple[str, list[Path]]:
     prof = json.loads((d / "profile.json").read_text())
     png = plot_profile(prof, d / "throughput.png")
     rows = prof.get("table1") or table1_rows(prof["points"])
-    md = [f"## Table 1: throughput per worker count", "",
+    md = ["## Table 1: throughput per worker count", "",
           f"{prof.get('model')}/{prof.get('width')} on {prof.get('dataset')}, {prof.get('device')}, "
           f"batch {prof['batch_per_worker']}/worker, {prof.get('steps_per_count')} steps per count, "
           f"{prof.get('warmup_windows')} warm-up window(s) of {prof.get('throughput_window')} steps "

@@ -3,13 +3,12 @@ ResNet sizes, schedule validation and the run summary."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
 
 from elastic_ring.ckpt import CheckpointStore, load_verified, save_atomic
-from elastic_ring.config.api import TrainConfig, load_config, parse_overrides
+from elastic_ring.config.api import load_config, parse_overrides
 from elastic_ring.controller.api import Resize, RunSpec, parse_hosts, parse_schedule
 from elastic_ring.controller.summary import summarize
 from elastic_ring.data import SampleStream, make_batch, load_dataset
