@@ -144,6 +144,7 @@ class _Seg:
     first_seen: bool = False
     live_target: int | None = None
     t_live: float | None = None
+    start_step: int = 0  # the last step done before this segment
     go_file: Path | None = None  # set when pre-launched: the workers wait for this file
     cmd: list[str] = field(default_factory=list)
     last_step: int = 0
@@ -225,10 +226,10 @@ class Controller:
         while True:
             if self._next is not None and self._next.index == segment:
                 seg, self._next = self._next, None
-                seg.stop_at = self._next_stop(step)
+                seg.stop_at, seg.start_step = self._next_stop(step), step
                 self._go(seg, step)
             else:
-                seg = _Seg(segment, world, self._next_stop(step))
+                seg = _Seg(segment, world, self._next_stop(step), start_step=step)
                 self._launch(seg, step)
             rc = self._watch(seg)
             self._relay()
@@ -412,10 +413,14 @@ class Controller:
         r = self._scheduled_target(seg.stop_at)
         # speed: this segment's last window, else the last one seen at all (an earlier segment)
         speed = seg.steps_per_s or self._last_speed
-        if r is None or speed <= 0 or seg.last_step_t <= 0:
+        if r is None or speed <= 0:
             return
         startup = statistics.median(self._startup_s) if self._startup_s else DEFAULT_STARTUP_S
         lead_s = 2.0 * startup + 1.0  # start-ups run slower beside training: be early
+        if seg.last_step_t <= 0:  # not yet stepping: pre-launch now if the whole segment is short
+            if (seg.stop_at - seg.start_step) / speed <= lead_s:
+                self._prelaunch(seg, r.to, self._next_stop(seg.stop_at))
+            return
         est_step = seg.last_step + (self.clock() - seg.last_step_t) * speed
         if (seg.stop_at - est_step) / speed <= lead_s:
             self._prelaunch(seg, r.to, self._next_stop(seg.stop_at))
