@@ -19,7 +19,7 @@ WORKDIR /app
 COPY . /app
 # The GPU build of Horovod: NCCL for GPU tensors, Gloo as controller (no MPI needed).
 ENV CUDA_HOME=/usr/local/cuda HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED \
-    PYTHON=python3.11 ELASTIC_RING_CACHE=/root/.cache/elastic-ring
+    PYTHON=python3.11 ELASTIC_RING_CACHE=/opt/elastic-ring-cache
 RUN bash scripts/setup.sh
 ENV PATH=/app/.venv/bin:$PATH
 
