@@ -54,6 +54,8 @@ class TrainConfig:
         seed: seed of the sample order, the augmentation and the initial weights.
         trace_samples: write every rank's sample indices per step (for tests of exact resume).
         max_test_samples: evaluate on at most this many test samples (0: all).
+        eval_every: also evaluate on the test set every this many steps (0: only at the end);
+            the evaluation time is left out of the throughput windows.
     """
 
     depth: int = 20
@@ -79,6 +81,7 @@ class TrainConfig:
     seed: int = 0
     trace_samples: bool = False
     max_test_samples: int = 0
+    eval_every: int = 0
     num_classes: int = field(default=10)
 
     def __post_init__(self) -> None:
@@ -97,7 +100,7 @@ class TrainConfig:
                      "control_every", "eval_batch_size", "synthetic_size"):
             if getattr(self, name) < 1:
                 bad(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "resize_warmup_steps", "max_test_samples"):
+        for name in ("warmup_steps", "resize_warmup_steps", "max_test_samples", "eval_every"):
             if getattr(self, name) < 0:
                 bad(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:

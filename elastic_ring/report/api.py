@@ -145,7 +145,8 @@ def _run_curve(events: list[dict[str, Any]]) -> dict[str, Any]:
             "resizes": [(r["time"] - t0, (f["time"] - t0) if i < len(first) else None, r.get("at_step"))
                         for i, (r, f) in enumerate(zip(req, first + [None] * len(req)))],
             "wall_s": fin[-1]["wall_s"] if fin else None,
-            "accuracy": ev[-1]["test_accuracy"] if ev else None}
+            "accuracy": ev[-1]["test_accuracy"] if ev else None,
+            "acc_t": [e["time"] - t0 for e in ev], "acc": [100 * e["test_accuracy"] for e in ev]}
 
 
 def plot_runs(groups: list[tuple[str, list[Path]]], d: Path) -> list[Path]:
@@ -170,6 +171,10 @@ def plot_runs(groups: list[tuple[str, list[Path]]], d: Path) -> list[Path]:
                 if ri == 0:
                     ax.annotate(f"resize @ {st}", (tr, 1.0), xycoords=("data", "axes fraction"),
                                 fontsize=7, color=c, rotation=90, va="top", ha="right")
+            if len(cur["acc"]) > 1:  # periodic evaluations (eval_every): a curve, resizes marked
+                ax2.plot(cur["acc_t"], cur["acc"], c=c, lw=1.0, alpha=0.9 if ri == 0 else 0.4)
+                for (tr, _tf, _st) in cur["resizes"]:
+                    ax2.axvline(tr, c=c, ls="--", lw=0.8, alpha=0.6)
             if cur["wall_s"] is not None and cur["accuracy"] is not None:
                 walls.append(cur["wall_s"])
                 accs.append(100 * cur["accuracy"])
@@ -193,8 +198,9 @@ def plot_runs(groups: list[tuple[str, list[Path]]], d: Path) -> list[Path]:
     _maybe_log(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax2.set(xlabel="wall time of the run (s)", ylabel="final test accuracy (%)",
-            title="Final test accuracy against wall time\n(one evaluation per run, at its end; squares: mean ± sd)")
+    ax2.set(xlabel="wall time since launch (s)", ylabel="test accuracy (%)",
+            title="Test accuracy against wall time (lines: every eval_every steps;\n"
+                  "dots: final, squares: mean ± sd; dashed: resize)")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
     ax3.set(xlabel="step", ylabel="training loss", title="Eq. 1 fit l(k) = 1/(b0·k + b1) + b2 (first repeat)")

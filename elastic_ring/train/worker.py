@@ -252,6 +252,11 @@ class Worker:
                                      steps_per_s=window_steps / dt, loss=mean_loss, lr=lr,
                                      epoch=epoch))
                 window_t0, window_steps, window_loss = now, 0, 0.0
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.total_steps:
+                t_eval = time.time()
+                self.evaluate(model, step)
+                if window_t0 is not None:  # keep the evaluation out of the throughput window
+                    window_t0 += time.time() - t_eval
             if step < self.stop_at and step % cfg.control_every == 0 and self.agreed_stop():
                 reason = "requested"
                 break
@@ -279,8 +284,10 @@ class Worker:
 
     def evaluate(self, model: torch.nn.Module, step: int) -> None:
         hvd, cfg = self.hvd, self.cfg
-        test_ds = load_dataset(cfg.dataset, False, cfg.data_dir, cfg.synthetic_size, cfg.seed,
-                               download=False, cache_dir=self.run_dir / "cache")
+        if getattr(self, "_test_ds", None) is None:
+            self._test_ds = load_dataset(cfg.dataset, False, cfg.data_dir, cfg.synthetic_size,
+                                         cfg.seed, download=False, cache_dir=self.run_dir / "cache")
+        test_ds = self._test_ds
         n = len(test_ds) if cfg.max_test_samples == 0 else min(len(test_ds), cfg.max_test_samples)
         mine = torch.arange(self.rank, n, self.size)
         model.eval()

@@ -47,7 +47,7 @@ def _trace(run: Path) -> dict[int, list[int]]:
 def test_resize_1_to_2_to_1_exact_resume_eq7_and_overheads(tmp_path, relaunch):
     run = tmp_path / "run"
     p = run_cli("train", "--gpus", "1", "--schedule", "6:2,12:1", "--steps", "18", *TINY,
-                "--relaunch", relaunch, "--run-dir", str(run), timeout=400)
+                "--relaunch", relaunch, "--set", "eval_every=6", "--run-dir", str(run), timeout=400)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "CPU worker process(es) with gloo" in p.stderr
 
@@ -84,6 +84,8 @@ def test_resize_1_to_2_to_1_exact_resume_eq7_and_overheads(tmp_path, relaunch):
     for o in ov:
         assert o["stop_latency_s"] > 0 and o["checkpoint_s"] > 0 and o["relaunch_to_first_step_s"] > 0
         assert o["total_lost_s"] >= o["relaunch_to_first_step_s"] - o["steady_step_s"]
+    evals = _events(run, "evaluation")  # every 6 steps, the last at the end
+    assert [e["step"] for e in evals] == [6, 12, 18] and all(e["samples"] == 512 for e in evals)
     launches = _events(run, "launch")
     if relaunch == "prelaunch":  # new workers started before the old ones stopped, where the
         # controller knew the speed in time (not always in segment 0: it stops after 0.2 s)
