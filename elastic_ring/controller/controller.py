@@ -141,7 +141,6 @@ class _Seg:
     t_launch: float = 0.0
     end: dict[str, Any] | None = None
     ckpt_s: float = 0.0
-    first_seen: bool = False
     live_target: int | None = None
     t_live: float | None = None
     start_step: int = 0  # the last step done before this segment
@@ -167,7 +166,6 @@ class Controller:
         if relaunch not in RELAUNCH_MODES:
             raise UserError(f"relaunch mode must be one of {', '.join(RELAUNCH_MODES)}")
         self.relaunch = relaunch
-        self.overlap_relaunch = relaunch != "sequential"
         self._next: _Seg | None = None  # a pre-launched segment waiting for its go
         self._startup_s: list[float] = []  # measured launch -> first step, for the pre-launch lead
         self._last_speed = 0.0  # steps/s of the latest throughput window of any segment
@@ -396,7 +394,7 @@ class Controller:
             rc = seg.handle.poll()
             if rc is not None:
                 return rc
-            if (self.overlap_relaunch and seg.end is not None and seg.end["reason"] != "finished"
+            if (self.relaunch != "sequential" and seg.end is not None and seg.end["reason"] != "finished"
                     and not self._interrupts):
                 return None
             if self.relaunch == "prelaunch" and self._next is None and not self._interrupts:

@@ -93,24 +93,24 @@ def load_design(path: str | Path, out: str | None = None, seeds: int | None = No
 # ----------------------------------------------------------------------------------------- analysis
 
 
-def time_to_targets(events: list[dict], targets: tuple[float, ...]) -> dict[str, float | None]:
-    """Seconds (since the server started) of the first evaluation at or above each target."""
-    acc = [(e["t"], e["test_accuracy"]) for e in events if e["kind"] == "ps_accuracy"]
+def _first_at_targets(events: list[dict], targets: tuple[float, ...], field: str) -> dict[str, Any]:
+    """``field`` of the first evaluation at or above each target (None: never reached)."""
+    acc = [(e[field], e["test_accuracy"]) for e in events if e["kind"] == "ps_accuracy"]
     out = {}
     for tgt in targets:
-        hit = [t for t, a in acc if a >= tgt - 1e-12]
+        hit = [x for x, a in acc if a >= tgt - 1e-12]
         out[f"{tgt:g}"] = min(hit) if hit else None
     return out
+
+
+def time_to_targets(events: list[dict], targets: tuple[float, ...]) -> dict[str, float | None]:
+    """Seconds (since the server started) of the first evaluation at or above each target."""
+    return _first_at_targets(events, targets, "t")
 
 
 def updates_to_targets(events: list[dict], targets: tuple[float, ...]) -> dict[str, int | None]:
     """Server version (applied pushes) at the first evaluation at or above each target."""
-    acc = [(e["version"], e["test_accuracy"]) for e in events if e["kind"] == "ps_accuracy"]
-    out = {}
-    for tgt in targets:
-        hit = [v for v, a in acc if a >= tgt - 1e-12]
-        out[f"{tgt:g}"] = min(hit) if hit else None
-    return out
+    return _first_at_targets(events, targets, "version")
 
 
 def summarise_run(events: list[dict], targets: tuple[float, ...]) -> dict[str, Any]:
