@@ -1,26 +1,29 @@
 """Eq. 5: the speed of a ring-allreduce job as a function of its number of workers.
 
+The paper writes it with m its minibatch:
+
     f(w) = 1 / (t0·m/w + t1·(w-1) + t2·(w-1)·n/w + t3)        [steps/s], all t >= 0
 
 1/f(w) is the time of one step: compute (t0 per sample of the minibatch a worker processes),
 allreduce latency (t1 per ring hop, 2(w-1) hops folded into t1), allreduce bandwidth (t2 per
 parameter, each worker sends and receives 2(w-1)/w of the n parameters) and a constant t3.
 
-Interpretation of m (the paper's text is ambiguous). elastic-ring trains with a FIXED PER-WORKER
-batch b (128 in the paper), so the global minibatch at w workers is m_w = b·w and the compute term
-t0·m_w/w equals t0·b for every w. Therefore:
+What the code computes. elastic-ring trains with a FIXED PER-WORKER batch b (128 in the paper), so
+the global minibatch at w workers is b·w and the samples a worker processes per step are b at
+every w. The code therefore uses the per-worker batch b itself, never m/w:
 
-* :func:`fit_speed` takes the per-worker batch ``batch_per_worker`` and builds the features
-  ``[b, w-1, (w-1)·n/w, 1]`` (that is, ``m_w/w = b``).
-* :class:`SpeedModel` stores ``m = b`` — the global minibatch *per worker*, i.e. the global batch
-  at one worker, the one the fit used — and :meth:`SpeedModel.predict` evaluates ``t0·m`` for the
-  compute term (``m_w / w = m``). The global batch at w workers is ``m·w``.
-* Under this interpretation the t0 column is a constant, collinear with the t3 column: NNLS still
-  returns a valid non-negative fit, and its *predictions* are unique, but the split between t0 and
-  t3 is not (only ``t0·m + t3`` is identified). Do not read t0 and t3 separately.
+* :func:`fit_speed` takes ``batch_per_worker`` = b and fits by NNLS on the features
+  ``[b, w-1, (w-1)·n/w, 1]``.
+* :class:`SpeedModel` stores ``m = b`` and evaluates ``1/f(w) = t0·m + t1·(w-1) + t2·n·(w-1)/w + t3``
+  (:meth:`SpeedModel.step_time`, the one place this formula is written).
+* The first feature, b, is the same for every measurement of a profile, so it is collinear with
+  the constant feature of t3: the fit's *predictions* are unique, but only ``t0·b + t3`` is
+  identified, not t0 and t3 apart (NNLS returns one valid non-negative split). Do not read t0 and
+  t3 separately.
 
-Speed in samples/s (what a scheduler needs when the per-worker batch is fixed) is
-``m · w · f(w)``: :meth:`SpeedModel.samples_per_s`.
+Speed in samples/s (what the scheduler and the simulator count, with work in samples) is
+``m · w · f(w)``: :meth:`SpeedModel.samples_per_s`; both take a Python number (and return a float,
+fast: the simulator calls them per GPU count) or a numpy array (vectorised).
 
 A fit needs at least as many distinct worker counts as parameters (4); fewer is refused with
 :class:`FitError` (a :class:`~elastic_ring.errors.UserError`: one line, exit status 2).
@@ -29,6 +32,7 @@ A fit needs at least as many distinct worker counts as parameters (4); fewer is 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -39,13 +43,17 @@ from elastic_ring.errors import UserError
 N_PARAMS = 4  # t0, t1, t2, t3
 
 
+def _is_number(w: Any) -> bool:
+    return isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0
+
+
 class FitError(UserError):
     """A model fit that cannot be made from the data given (too few points, bad values)."""
 
 
 class SpeedModel(NamedTuple):
-    """Eq. 5 parameters. ``t*`` in seconds (all >= 0), ``m`` the per-worker batch used in the fit
-    (global minibatch per worker, see the module docstring), ``n`` the model size in parameters."""
+    """Eq. 5 parameters. ``t*`` in seconds (all >= 0), ``m`` the per-worker batch b the fit used
+    (see the module docstring), ``n`` the model size in parameters."""
 
     t0: float
     t1: float
@@ -54,23 +62,37 @@ class SpeedModel(NamedTuple):
     m: float
     n: float
 
+    def _eq5(self, w: Any) -> Any:
+        # Eq. 5's step time; w a Python number or a float array (the same IEEE operations either way).
+        return self.t0 * self.m + self.t1 * (w - 1) + self.t2 * self.n * (w - 1) / w + self.t3
+
     def step_time(self, w: Any) -> np.ndarray | float:
-        """Seconds per step at ``w`` workers (vectorised); 1/predict(w)."""
-        w = np.asarray(w, dtype=float)
-        out = self.t0 * self.m + self.t1 * (w - 1.0) + self.t2 * (w - 1.0) * self.n / w + self.t3
+        """Seconds per step at ``w`` workers, ``1/f(w)``: a float for a number, else an array."""
+        if _is_number(w):
+            return float(self._eq5(w))
+        out = self._eq5(np.asarray(w, dtype=float))
         return out if out.ndim else float(out)
 
     def predict(self, w: Any) -> np.ndarray | float:
-        """Steps/s at ``w`` workers (vectorised over numpy arrays); inf where the step time is 0."""
+        """Steps/s at ``w`` workers, ``f(w)``; inf where the step time is 0."""
+        if _is_number(w):
+            st = self._eq5(w)
+            return 1.0 / st if st != 0 else math.inf
         st = np.asarray(self.step_time(w), dtype=float)
         with np.errstate(divide="ignore"):
             out = 1.0 / st
         return out if out.ndim else float(out)
 
     def samples_per_s(self, w: Any) -> np.ndarray | float:
-        """Samples/s at ``w`` workers: ``m · w · f(w)`` (fixed per-worker batch m)."""
+        """Samples/s at ``w`` workers: ``m · w · f(w)`` (fixed per-worker batch m); inf where the
+        step time is 0."""
+        if _is_number(w):
+            st = self._eq5(w)
+            return self.m * w / st if st != 0 else math.inf
         w = np.asarray(w, dtype=float)
-        out = self.m * w * np.asarray(self.predict(w))
+        st = np.asarray(self.step_time(w), dtype=float)
+        with np.errstate(divide="ignore"):
+            out = self.m * w / st
         return out if out.ndim else float(out)
 
     def to_dict(self) -> dict[str, float]:

@@ -32,15 +32,15 @@ Rate = Callable[[int], float]
 
 
 def model_rate(model: SpeedModel) -> Rate:
-    """A cached scalar ``w -> samples/s`` of an Eq. 5 model (fast: the heap calls it per pop)."""
+    """A cached scalar ``w -> samples/s`` of an Eq. 5 model, :meth:`SpeedModel.samples_per_s`
+    (fast: the simulator and the policies call it per heap pop)."""
     cache: dict[int, float] = {}
-    t0m, t1, t2n, t3, m = model.t0 * model.m, model.t1, model.t2 * model.n, model.t3, model.m
+    samples_per_s = model.samples_per_s
 
     def rate(w: int) -> float:
         r = cache.get(w)
         if r is None:
-            st = t0m + t1 * (w - 1) + t2n * (w - 1) / w + t3
-            r = cache[w] = (m * w / st) if st > 0 else float("inf")
+            r = cache[w] = samples_per_s(w)
         return r
 
     return rate
