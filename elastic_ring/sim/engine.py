@@ -1,11 +1,11 @@
-"""The event-driven cluster simulator.
+"""The event-driven cluster simulator: :class:`Simulator` (and :func:`simulate`, one run in a call).
 
-Events live in a heap (job completions and the ends of exploration phases, with lazy deletion by
-version) next to the sorted arrival list. The policy decides at every arrival, every completion
-and every end of an exploration; between events each job progresses at its TRUE speed at its
-GPU count, except during a resize overhead (no progress, GPUs held). A job's completion time only
-changes when its allocation changes, so one decision costs the policy's time plus
-O(changed jobs · log events).
+Events (:class:`Event`: a job's completion, the end of one of its exploration phases) live in a
+heap, with lazy deletion by stamp, next to the sorted arrival list. The policy decides at every
+arrival, every completion and every end of an exploration; between events each job progresses at
+its TRUE speed at its GPU count, except during a resize overhead (no progress, GPUs held). A job's
+completion time only changes when its allocation changes, so one decision costs the policy's time
+plus O(changed jobs · log events).
 
 Resize accounting: any change of the GPU count of a job that has already started (including a
 preemption to 0 and each step of an exploration) counts as one resize. A resize, or a resume from
@@ -16,12 +16,18 @@ Exploration (``policy.explores``): the job holds 8 GPUs and trains ``explore_pha
 ``explore_gpus`` (1, 2, 4, 8) in turn, measuring its speed (true speed times 1 + N(0, noise));
 then Eq. 5 is fitted (:func:`~elastic_ring.perfmodel.speed.fit_speed`) and the policy plans with
 the fit.
+
+Speeds come from :class:`~elastic_ring.perfmodel.speed.SpeedModel` through
+:func:`~elastic_ring.sched.api.model_rate` (samples/s, cached per GPU count); the engine never
+writes Eq. 5 itself.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Mapping, Sequence
+import itertools
+from enum import IntEnum
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -30,52 +36,94 @@ from elastic_ring.perfmodel.speed import SpeedModel, fit_speed
 from elastic_ring.sched.api import JobView, Policy, Rate, model_rate
 from elastic_ring.sim.api import JobSpec, JobState, RunResult, SimConfig
 
+_INF = float("inf")
+
 
 class SimError(ElasticRingError):
     """The simulation went wrong: a policy over-allocated, or jobs can never run (deadlock)."""
 
 
-class _Job:
-    __slots__ = ("id", "arrival", "work", "done", "last_t", "held", "width", "rate", "true", "plan",
-                 "b", "n", "pause_until", "version", "state", "explored", "phase", "measured",
-                 "finish", "resizes")
+class EventKind(IntEnum):
+    """What happens at an :class:`Event`. At equal times a completion is handled first."""
 
-    def __init__(self, spec: JobSpec, true: SpeedModel, plan: Rate | None, explored: bool):
+    COMPLETION = 0  # the job's work is done (at its current speed and pause)
+    PHASE_END = 1  # the end of one of the job's exploration phases
+
+
+class Event(NamedTuple):
+    """One heap entry, ordered as a tuple: by time, then kind, then push order (``seq``).
+
+    ``stamp`` is the job's allocation version (COMPLETION) or exploration phase (PHASE_END) when
+    the event was pushed; an event whose stamp no longer matches its job is stale and skipped.
+    """
+
+    time: float
+    kind: EventKind
+    seq: int
+    job_id: int
+    stamp: int
+
+
+_COMPLETION = EventKind.COMPLETION
+_PHASE_END = EventKind.PHASE_END
+
+
+class SimJob:
+    """Runtime state of one job in the simulator (its blueprint is a :class:`JobSpec`).
+
+    work_done: samples processed up to ``advanced_to`` (s).
+    gpus_held: GPUs the job holds (8 while exploring); gpus_training: GPUs it trains on now (the
+        current exploration phase's count while exploring, else ``gpus_held``).
+    speed: true samples/s at ``gpus_training`` (0 when not training); no progress before
+        ``paused_until`` (a resize or resume overhead).
+    version: bumped at every change of ``gpus_training``; stamps COMPLETION events.
+    true_model / true_rate: the speed curve the job really runs at, and its cached samples/s.
+    plan_rate: the planner's samples/s (None while unexplored).
+    phase: index of the current exploration phase (-1 when not exploring); measured: (workers,
+        measured steps/s) of each phase so far.
+    """
+
+    __slots__ = ("id", "arrival", "work", "work_done", "advanced_to", "gpus_held", "gpus_training",
+                 "speed", "true_model", "true_rate", "plan_rate", "paused_until", "version", "state",
+                 "explored", "phase", "measured", "finished_at", "resizes")
+
+    def __init__(self, spec: JobSpec, true_model: SpeedModel, true_rate: Rate, plan_rate: Rate | None,
+                 explored: bool):
         self.id, self.arrival, self.work = spec.id, spec.arrival, spec.work
-        self.done = 0.0
-        self.last_t = spec.arrival
-        self.held = self.width = 0
-        self.true = model_rate(true)
-        self.b, self.n = true.m, true.n
-        self.rate = 0.0
-        self.plan = plan
-        self.pause_until = 0.0
+        self.work_done = 0.0
+        self.advanced_to = spec.arrival
+        self.gpus_held = self.gpus_training = 0
+        self.speed = 0.0
+        self.true_model = true_model
+        self.true_rate = true_rate
+        self.plan_rate = plan_rate
+        self.paused_until = 0.0
         self.version = 0
         self.state = JobState.QUEUED
         self.explored = explored
         self.phase = -1
         self.measured: list[tuple[int, float]] = []
-        self.finish = float("nan")
+        self.finished_at = float("nan")
         self.resizes = 0
 
     def advance(self, t: float) -> None:
-        if self.rate > 0:
-            start = self.last_t if self.last_t > self.pause_until else self.pause_until
+        """Add the work done between ``advanced_to`` and ``t`` (none before ``paused_until``)."""
+        if self.speed > 0:
+            start = self.advanced_to if self.advanced_to > self.paused_until else self.paused_until
             if t > start:
-                self.done = min(self.work, self.done + self.rate * (t - start))
-        self.last_t = t
+                self.work_done = min(self.work, self.work_done + self.speed * (t - start))
+        self.advanced_to = t
 
     def remaining_at(self, t: float) -> float:
-        if self.rate <= 0:
-            return self.work - self.done
-        start = self.last_t if self.last_t > self.pause_until else self.pause_until
-        return max(0.0, self.work - self.done - (self.rate * (t - start) if t > start else 0.0))
+        """Samples still to process at time ``t`` (without advancing)."""
+        if self.speed <= 0:
+            return self.work - self.work_done
+        start = self.advanced_to if self.advanced_to > self.paused_until else self.paused_until
+        return max(0.0, self.work - self.work_done - (self.speed * (t - start) if t > start else 0.0))
 
 
-def simulate(config: SimConfig, policy: Policy, jobs: Sequence[JobSpec],
-             true_models: Mapping[str, SpeedModel], plan_models: Mapping[str, SpeedModel] | None = None,
-             trace: list | None = None) -> RunResult:
-    """Run ``jobs`` on ``config.gpus`` GPUs under ``policy``.
+class Simulator:
+    """One simulated cluster of ``config.gpus`` GPUs under ``policy``; :meth:`run` plays a job list.
 
     Args:
         true_models: workload name -> the speed curve jobs really run at.
@@ -84,96 +132,141 @@ def simulate(config: SimConfig, policy: Policy, jobs: Sequence[JobSpec],
         trace: if a list, (time, GPUs in use) is appended after every decision.
 
     Raises:
-        SimError: a policy allocates more GPUs than exist, or no job can ever run.
+        SimError: exploration needs more GPUs than the cluster has.
     """
-    G = config.gpus
-    explores = bool(getattr(policy, "explores", False))
-    if explores and G < max(config.explore_gpus):
-        raise SimError(f"exploration needs {max(config.explore_gpus)} GPUs, cluster has {G}")
-    plan_models = plan_models if plan_models is not None else true_models
-    plan_rates = {k: model_rate(m) for k, m in plan_models.items()}
-    noise_rng = np.random.default_rng([config.seed, 1])
-    overhead = config.resize_overhead_s
-    phases = config.explore_gpus
-    phase_s = config.explore_phase_s
-    explore_hold = max(phases)
 
-    order = sorted(jobs, key=lambda s: (s.arrival, s.id))
-    n_jobs = len(order)
-    active: dict[int, _Job] = {}
-    heap: list[tuple[float, int, int, int, int]] = []  # (time, kind, seq, id, version|phase)
-    seq = 0
-    COMPLETE, PHASE = 0, 1
-    used = 0
-    max_used = 0
-    gpu_s = 0.0
-    t_first = order[0].arrival if order else 0.0
-    last_acc = t_first
-    resizes = 0
-    finished: list[_Job] = []
+    def __init__(self, config: SimConfig, policy: Policy, true_models: Mapping[str, SpeedModel],
+                 plan_models: Mapping[str, SpeedModel] | None = None, trace: list | None = None):
+        self.config = config
+        self.policy = policy
+        self.gpus = config.gpus
+        self.explores = bool(getattr(policy, "explores", False))
+        self.explore_hold = max(config.explore_gpus)
+        if self.explores and self.gpus < self.explore_hold:
+            raise SimError(f"exploration needs {self.explore_hold} GPUs, cluster has {self.gpus}")
+        self.true_models = true_models
+        self.true_rates = {k: model_rate(m) for k, m in true_models.items()}
+        plan_models = plan_models if plan_models is not None else true_models
+        self.plan_rates = {k: model_rate(m) for k, m in plan_models.items()}
+        self.trace = trace
+        self._noise_rng = np.random.default_rng([config.seed, 1])
+        # runtime state, (re)set by run()
+        self._heap: list[Event] = []
+        self._seq = itertools.count(1)
+        self._active: dict[int, SimJob] = {}
+        self.gpus_in_use = 0
+        self.max_gpus_in_use = 0
+        self.gpu_seconds = 0.0
+        self.resizes = 0
 
-    def push_completion(j: _Job, now: float) -> None:
-        nonlocal seq
-        if j.rate > 0:
-            start = now if now > j.pause_until else j.pause_until
-            seq += 1
-            heapq.heappush(heap, (start + (j.work - j.done) / j.rate, COMPLETE, seq, j.id, j.version))
+    # ------------------------------------------------------------------------------ the loop
+    def run(self, jobs: Sequence[JobSpec]) -> RunResult:
+        """Play ``jobs`` to the end.
 
-    def set_width(j: _Job, width: int, now: float) -> None:
-        j.width = width
-        j.rate = j.true(width) if width > 0 else 0.0
-        j.version += 1
-        push_completion(j, now)
+        Raises:
+            SimError: a policy allocates more GPUs than exist, or no job can ever run.
+        """
+        config = self.config
+        self._heap = heap = []
+        self._seq = itertools.count(1)
+        self._active = active = {}
+        self._noise_rng = np.random.default_rng([config.seed, 1])
+        self.gpus_in_use = self.max_gpus_in_use = self.resizes = 0
+        self.gpu_seconds = 0.0
 
-    def start_exploring(j: _Job, now: float) -> None:
-        nonlocal used, seq
-        j.state = JobState.EXPLORING
-        j.phase = 0
-        used += explore_hold - j.held
-        j.held = explore_hold
-        j.pause_until = now if j.done == 0 else now + overhead
-        set_width(j, phases[0], now)
-        seq += 1
-        heapq.heappush(heap, (now + phase_s, PHASE, seq, j.id, 0))
+        arrivals = sorted(jobs, key=lambda s: (s.arrival, s.id))
+        n_jobs = len(arrivals)
+        finished: list[SimJob] = []
+        t_first = arrivals[0].arrival if arrivals else 0.0
+        accounted_to = t_first
+        next_arrival = 0
+        while len(finished) < n_jobs:
+            while heap:  # drop stale events
+                ev = heap[0]
+                j = active.get(ev.job_id)
+                if j is None or (ev.kind == _COMPLETION and ev.stamp != j.version) or \
+                        (ev.kind == _PHASE_END and (j.state != JobState.EXPLORING or ev.stamp != j.phase)):
+                    heapq.heappop(heap)
+                    continue
+                break
+            t_arr = arrivals[next_arrival].arrival if next_arrival < n_jobs else _INF
+            t_ev = heap[0].time if heap else _INF
+            if t_arr == _INF and t_ev == _INF:
+                raise SimError(f"deadlock: {n_jobs - len(finished)} jobs can never run under {self.policy.name}")
+            if t_arr <= t_ev:
+                now = t_arr
+                self.gpu_seconds += self.gpus_in_use * (now - accounted_to)
+                accounted_to = now
+                self._arrive(arrivals[next_arrival], now)
+                next_arrival += 1
+                continue
+            ev = heapq.heappop(heap)
+            now = ev.time
+            self.gpu_seconds += self.gpus_in_use * (now - accounted_to)
+            accounted_to = now
+            j = active[ev.job_id]
+            if ev.kind == _COMPLETION:
+                self._complete(j, now)
+                finished.append(j)
+                if active or next_arrival < n_jobs:
+                    self._decide(now)
+            else:
+                self._end_phase(j, now)
+        return self._result(finished, n_jobs, t_first)
 
-    def apply(j: _Job, w: int, now: float) -> None:
-        nonlocal used, resizes
-        if j.state == JobState.EXPLORING:
-            if w != j.held:
-                raise SimError(f"policy {policy.name} changed exploring job {j.id} to {w} GPUs")
-            return
-        if explores and not j.explored:
-            if w == 0:
-                return
-            if w != explore_hold:
-                raise SimError(f"policy {policy.name} gave unexplored job {j.id} {w} GPUs, not {explore_hold}")
-            j.advance(now)
-            start_exploring(j, now)
-            return
-        if w == j.held:
-            return
+    # ------------------------------------------------------------------------------ event handlers
+    def _arrive(self, spec: JobSpec, now: float) -> None:
+        plan = None if self.explores else self.plan_rates[spec.workload]
+        self._active[spec.id] = SimJob(spec, self.true_models[spec.workload], self.true_rates[spec.workload],
+                                       plan, explored=not self.explores)
+        self._decide(now)
+
+    def _complete(self, j: SimJob, now: float) -> None:
+        j.work_done = j.work
+        j.advanced_to = now
+        j.finished_at = now
+        j.state = JobState.DONE
+        self.gpus_in_use -= j.gpus_held
+        j.gpus_held = j.gpus_training = 0
+        j.speed = 0.0
+        del self._active[j.id]
+
+    def _end_phase(self, j: SimJob, now: float) -> None:
+        """Record the phase's measured speed; start the next phase, or fit Eq. 5 and decide."""
         j.advance(now)
-        if j.held > 0:
+        phases = self.config.explore_gpus
+        w = phases[j.phase]
+        steps_per_s = j.true_rate(w) / (j.true_model.m * w)
+        noise = self.config.explore_noise * self._noise_rng.standard_normal()
+        j.measured.append((w, steps_per_s * (1.0 + noise)))
+        if j.phase + 1 < len(phases):
+            j.phase += 1
             j.resizes += 1
-            resizes += 1
-            if w > 0:
-                j.pause_until = now + overhead
-        elif w > 0:
-            j.pause_until = now if j.done == 0 else now + overhead
-        j.state = JobState.RUNNING if w > 0 else JobState.QUEUED
-        used += w - j.held
-        j.held = w
-        set_width(j, w, now)
+            self.resizes += 1
+            j.paused_until = now + self.config.resize_overhead_s
+            self._set_training(j, phases[j.phase], now)
+            self._push_phase_end(j, now)
+            return
+        ws = [m[0] for m in j.measured]
+        fs = [max(m[1], 1e-12) for m in j.measured]
+        j.plan_rate = model_rate(fit_speed(ws, fs, j.true_model.m, j.true_model.n).model)
+        j.explored = True
+        j.state = JobState.RUNNING
+        j.phase = -1
+        self._decide(now)
 
-    def decide(now: float) -> None:
-        nonlocal max_used
+    # ------------------------------------------------------------------------------ decisions
+    def _decide(self, now: float) -> None:
+        """Ask the policy, check its answer, apply it (shrinks first, so GPUs in use never exceed G)."""
+        active, policy, explores, G = self._active, self.policy, self.explores, self.gpus
+        exploring = JobState.EXPLORING
         views = []
         current = {}
         for j in active.values():
-            current[j.id] = j.held
-            views.append(JobView(j.id, j.remaining_at(now), j.plan, j.held,
-                                 explores and not j.explored and j.state != JobState.EXPLORING,
-                                 j.state == JobState.EXPLORING))
+            current[j.id] = j.gpus_held
+            views.append(JobView(j.id, j.remaining_at(now), j.plan_rate, j.gpus_held,
+                                 explores and not j.explored and j.state != exploring,
+                                 j.state == exploring))
         new = policy.allocate(views, G, current)
         total = 0
         for jid, w in new.items():
@@ -182,89 +275,89 @@ def simulate(config: SimConfig, policy: Policy, jobs: Sequence[JobSpec],
             total += w
         if total > G:
             raise SimError(f"policy {policy.name} allocated {total} GPUs of {G}")
-        for j in list(active.values()):  # shrink first, then grow, so `used` never exceeds G
+        # An unchanged count (w == gpus_held) is a no-op for every job, so only changes are applied.
+        jobs = list(active.values())
+        for j in jobs:
             w = int(new.get(j.id, 0))
-            if w < j.held and j.state != JobState.EXPLORING:
-                apply(j, w, now)
-        for j in list(active.values()):
+            if w < j.gpus_held and j.state != exploring:
+                self._apply(j, w, now)
+        for j in jobs:
             w = int(new.get(j.id, 0))
-            if w >= j.held or j.state == JobState.EXPLORING:
-                apply(j, w, now)
-        if used > G:
-            raise SimError(f"{used} GPUs in use of {G}")
-        max_used = max(max_used, used)
-        if trace is not None:
-            trace.append((now, used))
+            if w != j.gpus_held and (w > j.gpus_held or j.state == exploring):
+                self._apply(j, w, now)
+        if self.gpus_in_use > G:
+            raise SimError(f"{self.gpus_in_use} GPUs in use of {G}")
+        if self.gpus_in_use > self.max_gpus_in_use:
+            self.max_gpus_in_use = self.gpus_in_use
+        if self.trace is not None:
+            self.trace.append((now, self.gpus_in_use))
 
-    i_arr = 0
-    while len(finished) < n_jobs:
-        while heap:
-            t, kind, _, jid, tag = heap[0]
-            j = active.get(jid)
-            if j is None or (kind == COMPLETE and tag != j.version) or \
-                    (kind == PHASE and (j.state != JobState.EXPLORING or tag != j.phase)):
-                heapq.heappop(heap)
-                continue
-            break
-        t_arr = order[i_arr].arrival if i_arr < n_jobs else float("inf")
-        t_ev = heap[0][0] if heap else float("inf")
-        if t_arr == float("inf") and t_ev == float("inf"):
-            raise SimError(f"deadlock: {n_jobs - len(finished)} jobs can never run under {policy.name}")
-        if t_arr <= t_ev:
-            now = t_arr
-            gpu_s += used * (now - last_acc)
-            last_acc = now
-            spec = order[i_arr]
-            i_arr += 1
-            plan = None if explores else plan_rates[spec.workload]
-            active[spec.id] = _Job(spec, true_models[spec.workload], plan, explored=not explores)
-            decide(now)
-            continue
-        now, kind, _, jid, tag = heapq.heappop(heap)
-        gpu_s += used * (now - last_acc)
-        last_acc = now
-        j = active[jid]
-        if kind == COMPLETE:
-            j.done = j.work
-            j.last_t = now
-            j.finish = now
-            j.state = JobState.DONE
-            used -= j.held
-            j.held = j.width = 0
-            j.rate = 0.0
-            del active[jid]
-            finished.append(j)
-            if active or i_arr < n_jobs:
-                decide(now)
-            continue
-        # PHASE: the end of one exploration phase
+    def _apply(self, j: SimJob, w: int, now: float) -> None:
+        """Give job ``j`` ``w`` GPUs (``w != j.gpus_held``): a start, resize, preemption or exploration."""
+        if j.state == JobState.EXPLORING:
+            raise SimError(f"policy {self.policy.name} changed exploring job {j.id} to {w} GPUs")
+        if self.explores and not j.explored:
+            if w != self.explore_hold:
+                raise SimError(f"policy {self.policy.name} gave unexplored job {j.id} {w} GPUs, "
+                               f"not {self.explore_hold}")
+            j.advance(now)
+            self._start_exploring(j, now)
+            return
         j.advance(now)
-        w = phases[j.phase]
-        sps = j.true(w) / (j.b * w)  # true steps/s
-        j.measured.append((w, sps * (1.0 + config.explore_noise * noise_rng.standard_normal())))
-        if j.phase + 1 < len(phases):
-            j.phase += 1
+        if j.gpus_held > 0:
             j.resizes += 1
-            resizes += 1
-            j.pause_until = now + overhead
-            set_width(j, phases[j.phase], now)
-            seq += 1
-            heapq.heappush(heap, (now + phase_s, PHASE, seq, j.id, j.phase))
-            continue
-        ws = [m[0] for m in j.measured]
-        fs = [max(m[1], 1e-12) for m in j.measured]
-        j.plan = model_rate(fit_speed(ws, fs, j.b, j.n).model)
-        j.explored = True
-        j.state = JobState.RUNNING
-        j.phase = -1
-        decide(now)
+            self.resizes += 1
+            if w > 0:
+                j.paused_until = now + self.config.resize_overhead_s
+        elif w > 0:
+            j.paused_until = now if j.work_done == 0 else now + self.config.resize_overhead_s
+        j.state = JobState.RUNNING if w > 0 else JobState.QUEUED
+        self.gpus_in_use += w - j.gpus_held
+        j.gpus_held = w
+        self._set_training(j, w, now)
 
-    jct = np.array([j.finish - j.arrival for j in sorted(finished, key=lambda j: j.id)])
-    makespan = max(j.finish for j in finished) - t_first if finished else 0.0
-    return RunResult(strategy=policy.name, seed=config.seed, jobs=n_jobs,
-                     avg_jct_s=float(jct.mean()) if n_jobs else 0.0,
-                     p99_jct_s=float(np.percentile(jct, 99)) if n_jobs else 0.0,
-                     makespan_s=float(makespan),
-                     utilisation=float(gpu_s / (G * makespan)) if makespan > 0 else 0.0,
-                     resizes=resizes, max_gpus_in_use=max_used, completed=len(finished),
-                     jct_s=tuple(float(x) for x in jct))
+    def _start_exploring(self, j: SimJob, now: float) -> None:
+        j.state = JobState.EXPLORING
+        j.phase = 0
+        self.gpus_in_use += self.explore_hold - j.gpus_held
+        j.gpus_held = self.explore_hold
+        j.paused_until = now if j.work_done == 0 else now + self.config.resize_overhead_s
+        self._set_training(j, self.config.explore_gpus[0], now)
+        self._push_phase_end(j, now)
+
+    def _set_training(self, j: SimJob, gpus: int, now: float) -> None:
+        """Train on ``gpus`` from ``now`` (after any pause): new speed, new completion event."""
+        j.gpus_training = gpus
+        j.speed = j.true_rate(gpus) if gpus > 0 else 0.0
+        j.version += 1
+        if j.speed > 0:
+            start = now if now > j.paused_until else j.paused_until
+            heapq.heappush(self._heap, Event(start + (j.work - j.work_done) / j.speed, _COMPLETION,
+                                             next(self._seq), j.id, j.version))
+
+    def _push_phase_end(self, j: SimJob, now: float) -> None:
+        heapq.heappush(self._heap, Event(now + self.config.explore_phase_s, _PHASE_END, next(self._seq),
+                                         j.id, j.phase))
+
+    # ------------------------------------------------------------------------------ result
+    def _result(self, finished: list[SimJob], n_jobs: int, t_first: float) -> RunResult:
+        jct = np.array([j.finished_at - j.arrival for j in sorted(finished, key=lambda j: j.id)])
+        makespan = max(j.finished_at for j in finished) - t_first if finished else 0.0
+        return RunResult(strategy=self.policy.name, seed=self.config.seed, jobs=n_jobs,
+                         avg_jct_s=float(jct.mean()) if n_jobs else 0.0,
+                         p99_jct_s=float(np.percentile(jct, 99)) if n_jobs else 0.0,
+                         makespan_s=float(makespan),
+                         utilisation=float(self.gpu_seconds / (self.gpus * makespan)) if makespan > 0 else 0.0,
+                         resizes=self.resizes, max_gpus_in_use=self.max_gpus_in_use, completed=len(finished),
+                         jct_s=tuple(float(x) for x in jct))
+
+
+def simulate(config: SimConfig, policy: Policy, jobs: Sequence[JobSpec],
+             true_models: Mapping[str, SpeedModel], plan_models: Mapping[str, SpeedModel] | None = None,
+             trace: list | None = None) -> RunResult:
+    """Run ``jobs`` on ``config.gpus`` GPUs under ``policy``: ``Simulator(...).run(jobs)``.
+
+    Raises:
+        SimError: a policy allocates more GPUs than exist, or no job can ever run.
+    """
+    return Simulator(config, policy, true_models, plan_models, trace).run(jobs)

@@ -8,7 +8,7 @@ from elastic_ring.errors import ConfigError
 from elastic_ring.perfmodel.speed import SpeedModel
 from elastic_ring.sched import make_policy
 from elastic_ring.sim import CONTENTION, JobSpec, SimConfig, builtin_workloads, load_workload, make_jobs, simulate
-from elastic_ring.sim.engine import SimError
+from elastic_ring.sim.engine import SimError, Simulator
 
 STRATS = ("eight", "precompute", "exploratory", "optimus")
 
@@ -114,3 +114,62 @@ def test_config_validation_and_contention_definition():
 def test_speedmodel_table_of_builtin_matches_paper_efficiency():
     m: SpeedModel = load_workload("resnet110-cifar10").model
     assert m.samples_per_s(8) / (2 * m.samples_per_s(4)) == pytest.approx(0.945, abs=1e-4)
+
+
+# Results of the engine before it became a class (closures, tuple events; commit f2ff12a), for the
+# same job streams: (avg JCT s, makespan s, resizes, max GPUs in use). The class must reproduce them.
+GOLDEN = {
+    (0, 'eight'): (25080.097676507914, 155869.98257004187, 0, 32),
+    (0, 'precompute'): (25695.64070936218, 136948.86206671793, 141, 32),
+    (0, 'exploratory'): (27874.954710323924, 139455.04843808737, 537, 32),
+    (0, 'optimus'): (26023.69538365204, 136641.21335338935, 205, 32),
+    (1, 'eight'): (15199.307455670549, 111347.68023322709, 0, 32),
+    (1, 'precompute'): (14778.264352929289, 103618.42113442253, 152, 32),
+    (1, 'exploratory'): (17321.96667815406, 104418.52211459936, 534, 32),
+    (1, 'optimus'): (15123.860353551432, 103585.17814350939, 228, 32),
+    (2, 'eight'): (16170.134701363178, 104739.47237241484, 0, 32),
+    (2, 'precompute'): (16094.81780465031, 85986.51798896209, 189, 32),
+    (2, 'exploratory'): (17875.963481389506, 89241.79775709326, 597, 32),
+    (2, 'optimus'): (16265.39650425883, 85636.37636020855, 239, 32),
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_engine_reproduces_recorded_results(seed):
+    wls = {n: load_workload(n).model for n in ("resnet110-cifar10", "vgg16-imagenet")}
+    cfg = SimConfig(gpus=32, contention=1.2, jobs=50, seed=seed, workloads=tuple(wls))
+    jobs = make_jobs(cfg, wls)
+    for s in STRATS:
+        r = simulate(cfg, make_policy(s), jobs, wls)
+        avg, makespan, resizes, max_used = GOLDEN[seed, s]
+        assert (r.resizes, r.max_gpus_in_use, r.completed) == (resizes, max_used, 50), s
+        assert r.avg_jct_s == pytest.approx(avg, rel=1e-9) and r.makespan_s == pytest.approx(makespan, rel=1e-9), s
+
+
+def test_simulator_class_runs_like_simulate(models):
+    cfg = SimConfig(gpus=16, contention=1.0, jobs=20, seed=6)
+    jobs = make_jobs(cfg, models)
+    sim = Simulator(cfg, make_policy("exploratory"), models)
+    r = sim.run(jobs)
+    assert r == simulate(cfg, make_policy("exploratory"), jobs, models)
+    assert sim.resizes == r.resizes and sim.gpus_in_use == 0  # everything finished, all GPUs free
+
+
+class _Explorer:
+    """An exploring policy that gives ``first`` GPUs to a new job, then ``later`` once it explores."""
+
+    name, explores = "bad-explorer", True
+
+    def __init__(self, first, later):
+        self.first, self.later = first, later
+
+    def allocate(self, jobs, total, current):
+        return {j.id: self.later if j.exploring else self.first for j in jobs}
+
+
+@pytest.mark.parametrize("first, later, msg", [(4, 4, "gave unexplored job 0 4 GPUs, not 8"),
+                                                (8, 2, r"changed exploring job \d+ to 2 GPUs")])
+def test_policy_breaking_the_exploration_rules_is_caught(models, first, later, msg):
+    cfg = SimConfig(gpus=16, contention=1.0, jobs=3)
+    with pytest.raises(SimError, match=msg):
+        simulate(cfg, _Explorer(first, later), make_jobs(cfg, models), models)
