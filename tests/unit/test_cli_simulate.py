@@ -1,17 +1,32 @@
-"""`elastic-ring simulate` as a real subprocess: files written, bad input is one line, exit 2."""
+"""`elastic-ring simulate`: files written, bad input is one line on stderr and exit status 2.
+
+In-process through the console script's entry point (``elastic_ring.cli.main.main``, the same
+error path); one test runs the installed console script as a real process, end to end.
+"""
 
 from __future__ import annotations
 
 import json
+import subprocess
 
-from tests.conftest import run_cli
+import pytest
+
+from elastic_ring.cli.main import main
+from tests.conftest import ROOT, tool
 
 
-def test_simulate_small_run_writes_table_json_and_plot(tmp_path):
+def run_main(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``elastic-ring ARGS`` in this process: exit status, stdout and stderr as a subprocess would give."""
+    with pytest.raises(SystemExit) as exit_:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, exit_.value.code, out, err)
+
+
+def test_simulate_small_run_writes_table_json_and_plot(tmp_path, capsys):
     out = tmp_path / "sim"
-    r = run_cli("simulate", "--gpus", "16", "--contention", "low,extreme", "--seeds", "2", "--jobs", "12",
-                "--workload", "resnet50-imagenet", "--plan-workload", "resnet110-cifar10", "--out", str(out),
-                timeout=120)
+    r = run_main(capsys, "simulate", "--gpus", "16", "--contention", "low,extreme", "--seeds", "2", "--jobs", "12",
+                 "--workload", "resnet50-imagenet", "--plan-workload", "resnet110-cifar10", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert "precompute-oracle" in r.stdout and "held-out" in r.stdout
     d = json.loads((out / "table3.json").read_text())
@@ -22,10 +37,26 @@ def test_simulate_small_run_writes_table_json_and_plot(tmp_path):
     assert "| eight |" in (out / "table3.md").read_text()
 
 
-def test_simulate_bad_input_is_one_line_exit_2(tmp_path):
-    for args in (["--strategies", "eight,fastest"], ["--contention", "medium"], ["--gpus", "0"],
-                 ["--workload", str(tmp_path / "nope.json")], ["--seeds", "x"]):
-        r = run_cli("simulate", "--out", str(tmp_path), *args, timeout=60)
-        assert r.returncode == 2, (args, r.stderr)
-        assert len(r.stderr.strip().splitlines()) == 1 and "error" in r.stderr, r.stderr
-        assert "Traceback" not in r.stderr
+@pytest.mark.parametrize("args, needle", [
+    (["--strategies", "eight,fastest"], "unknown fastest"),
+    (["--contention", "medium"], "'medium' is not one of"),
+    (["--gpus", "0"], "--gpus must be >= 1"),
+    (["--workload", "nope.json"], "unknown workload"),
+    (["--seeds", "x"], "'x' is not a valid integer"),
+])
+def test_simulate_bad_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
+    r = run_main(capsys, "simulate", "--out", str(tmp_path / "out"), *args)
+    assert r.returncode == 2, (args, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error" in lines[0] and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_console_script_bad_input_is_one_line_exit_2_end_to_end(tmp_path):
+    r = subprocess.run([tool("elastic-ring"), "simulate", "--strategies", "eight,fastest", "--out", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == ("elastic-ring: error: --strategies: unknown fastest; "
+                                "choose from eight, precompute, exploratory, optimus")
+    assert r.stdout == ""

@@ -13,6 +13,7 @@ from elastic_ring.experiment.api import (ResizeDesign, load_design, mean_sd, ren
 from elastic_ring.perfmodel import SpeedModel, load_profile
 from elastic_ring.profile.api import (build_profile, measure_point, parse_worker_counts,
                                       render_fit, render_table1, steady_windows, table1_rows)
+from tests.conftest import ROOT
 
 
 def thr(step, sps, w=1, seg=0, steps=10, b=32):
@@ -207,14 +208,23 @@ def test_design_errors_are_config_errors(tmp_path, text, msg):
         load_design(p)
 
 
-def test_cli_profile_and_experiment_user_errors_exit_2(tmp_path):
-    from tests.conftest import run_cli
+def _run_main(capsys, *args: str) -> tuple[int, str]:
+    """``elastic-ring ARGS`` in this process through the console script's entry point: (status, stderr)."""
+    from elastic_ring.cli.main import main
 
-    p = run_cli("profile", "--gpus", "1,0", "--device", "cpu")
-    assert p.returncode == 2 and "worker counts must be >= 1" in p.stderr
+    with pytest.raises(SystemExit) as exit_:
+        main(list(args))
+    return exit_.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["profile", "--gpus", "1,0", "--device", "cpu"], "worker counts must be >= 1"),
+    (["experiment", "resize", "--config", "{design}", "--device", "cpu"], "not before the last step"),
+    (["report", "{tmp}"], "holds no profile.json"),
+])
+def test_cli_profile_experiment_report_user_errors_exit_2(tmp_path, capsys, args, needle):
     d = tmp_path / "d.yaml"
-    d.write_text("config: configs/cpu_small.yaml\nw_init: 1\nw_new: 2\nresize_steps: [500]\n")
-    p = run_cli("experiment", "resize", "--config", str(d), "--device", "cpu")
-    assert p.returncode == 2 and "not before the last step" in p.stderr
-    p = run_cli("report", str(tmp_path))
-    assert p.returncode == 2 and "holds no profile.json" in p.stderr
+    d.write_text(f"config: {ROOT / 'configs' / 'cpu_small.yaml'}\nw_init: 1\nw_new: 2\nresize_steps: [500]\n")
+    code, err = _run_main(capsys, *(a.format(design=d, tmp=tmp_path) for a in args))
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err

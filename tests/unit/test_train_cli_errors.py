@@ -1,19 +1,36 @@
 """Bad input to `elastic-ring train/resize/status`: one line, exit status 2, nothing lost.
 
-These fail before any worker starts, so they run the real CLI without horovodrun.
+These fail before any worker starts, so they run in this process through the console script's
+entry point (``elastic_ring.cli.main.main``: the same one-line error path and exit status);
+``test_cli_simulate.py`` runs the installed console script as a real process.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import torch
 import yaml
 
 from elastic_ring.ckpt import CheckpointStore
+from elastic_ring.cli.main import main
 from elastic_ring.config.api import config_to_dict, load_config
-from tests.conftest import run_cli
+from tests.conftest import ROOT
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """``elastic-ring ARGS`` in this process: exit status, stdout and stderr as a subprocess would give."""
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        with pytest.raises(SystemExit) as exit_:
+            main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, exit_.value.code, out, err)
+
+    return run
 
 
 def _assert_one_line_error(p, *needles):
@@ -40,25 +57,26 @@ def _assert_one_line_error(p, *needles):
     (["--bogus-flag"], ["No such option"]),
     (["--device", "cuda"], ["no NVIDIA GPU"]),
 ])
-def test_train_bad_input(tmp_path, args, needles):
+def test_train_bad_input(run_cli, tmp_path, args, needles):
     run = tmp_path / "run"
-    p = run_cli("train", *args, "--run-dir", str(run), timeout=120)
+    p = run_cli("train", *args, "--run-dir", str(run))
     _assert_one_line_error(p, *needles)
     assert not run.exists()  # nothing started, nothing written
 
 
-def test_unreadable_yaml_config(tmp_path):
+def test_unreadable_yaml_config(run_cli, tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("depth: [20\n")
     p = run_cli("train", "--config", str(cfg), "--run-dir", str(tmp_path / "r"))
     _assert_one_line_error(p, "not valid YAML")
 
 
-def test_missing_and_corrupt_cifar10(tmp_path):
+def test_missing_and_corrupt_cifar10(run_cli, tmp_path, monkeypatch):
     data = tmp_path / "data"
     data.mkdir()
-    p = run_cli("train", "--dataset", "cifar10", "--data-dir", str(data), "--run-dir", str(tmp_path / "r"),
-                env={"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}, timeout=120)
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")
+    p = run_cli("train", "--dataset", "cifar10", "--data-dir", str(data), "--run-dir", str(tmp_path / "r"))
     _assert_one_line_error(p, "CIFAR-10 not found", str(data))
     (data / "cifar-10-batches-py").mkdir()
     (data / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"not a pickle")
@@ -69,7 +87,7 @@ def test_missing_and_corrupt_cifar10(tmp_path):
 def _fake_run(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    cfg = load_config("configs/cpu_small.yaml", {"total_steps": 50})
+    cfg = load_config(ROOT / "configs" / "cpu_small.yaml", {"total_steps": 50})
     (run / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg)))
     (run / "run.json").write_text(json.dumps({"workers": 1, "schedule": [], "slots": 2}))
     store = CheckpointStore(run / "checkpoints")
@@ -78,7 +96,7 @@ def _fake_run(tmp_path):
     return run, store
 
 
-def test_resume_with_corrupt_checkpoint_loses_nothing(tmp_path):
+def test_resume_with_corrupt_checkpoint_loses_nothing(run_cli, tmp_path):
     run, store = _fake_run(tmp_path)
     path = store.latest_path()
     data = bytearray(path.read_bytes())
@@ -91,7 +109,7 @@ def test_resume_with_corrupt_checkpoint_loses_nothing(tmp_path):
     assert before == after  # the corrupt file and the previous one are both still there
 
 
-def test_resize_and_status_of_a_run_that_is_not_running(tmp_path):
+def test_resize_and_status_of_a_run_that_is_not_running(run_cli, tmp_path):
     run, _ = _fake_run(tmp_path)
     p = run_cli("resize", str(run), "--to", "2")
     _assert_one_line_error(p, "not running")
@@ -103,7 +121,7 @@ def test_resize_and_status_of_a_run_that_is_not_running(tmp_path):
     assert s.returncode == 0 and "state:" in s.stdout
 
 
-def test_help_is_complete():
+def test_help_is_complete(run_cli):
     p = run_cli("train", "--help")
     assert p.returncode == 0
     for flag in ("--gpus", "--resize-at", "--to", "--schedule", "--device", "--slots", "--hosts",
