@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from elastic_ring.cli.main import main
+from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
 from tests.conftest import ROOT, tool
 
 
@@ -33,6 +34,7 @@ def test_simulate_small_run_writes_table_json_and_plot(tmp_path, capsys):
     assert set(d["summary"]) == {"low", "extreme"}
     assert len(d["runs"]) == 2 * 2 * 5
     assert all(run["completed"] == 12 for run in d["runs"])
+    assert d["meta"]["resize_overhead_s"] == DEFAULT_RESIZE_OVERHEAD_S  # no --resize-overhead: the measured default
     assert (out / "jct.png").stat().st_size > 1000
     assert "| eight |" in (out / "table3.md").read_text()
 

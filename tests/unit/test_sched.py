@@ -10,6 +10,7 @@ from elastic_ring.perfmodel.speed import SpeedModel
 from elastic_ring.sched import (DEFAULT_RESIZE_OVERHEAD_S, Eight, Exploratory, JobView, Optimus, Precompute,
                                 doubling_allocate, doubling_allocate_naive, make_policy, model_rate,
                                 unit_greedy_allocate)
+from elastic_ring.sim import SimConfig
 
 
 def node_boundary_rate(w: int) -> float:
@@ -101,6 +102,7 @@ def test_make_policy_names_and_overhead_default():
         {"eight", "precompute", "exploratory", "optimus"}
     with pytest.raises(ConfigError):
         make_policy("srtf")
-    assert DEFAULT_RESIZE_OVERHEAD_S > 0
+    # the measured default is what the simulator charges per resize unless told otherwise
+    assert SimConfig().resize_overhead_s == DEFAULT_RESIZE_OVERHEAD_S
     with pytest.raises(ConfigError):
         Precompute().allocate([JobView(0, 1.0, None)], 8, {})
