@@ -44,8 +44,3 @@ class SampleStream:
     def epoch_of(self, cursor: int) -> tuple[int, int]:
         """(epoch, position inside the epoch) of a cursor."""
         return divmod(cursor, self.size)
-
-
-def rank_share(cursor: int, batch_size: int, rank: int) -> tuple[int, int]:
-    """Stream start and length of ``rank``'s share of the global batch starting at ``cursor``."""
-    return cursor + rank * batch_size, batch_size

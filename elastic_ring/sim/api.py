@@ -28,13 +28,12 @@ CONTENTION: dict[str, float] = {"low": 0.5, "moderate": 0.9, "high": 1.2, "extre
 class JobState(str, Enum):
     """Lifecycle of a simulated job.
 
-    PENDING -> QUEUED (arrived) -> EXPLORING (Exploratory only) -> RUNNING -> DONE.
+    QUEUED (arrived) -> EXPLORING (Exploratory only) -> RUNNING -> DONE.
     RUNNING <-> QUEUED when a policy takes all of a job's GPUs and later gives some back;
     EXPLORING -> DONE or RUNNING -> DONE when its work is finished. A job's GPU count may change
     while RUNNING (a resize).
     """
 
-    PENDING = "pending"
     QUEUED = "queued"
     EXPLORING = "exploring"
     RUNNING = "running"
