@@ -36,6 +36,10 @@ class CheckpointError(UserError):
     """A checkpoint that is missing, truncated or fails its checksum."""
 
 
+class CheckpointWriteError(ElasticRingError):
+    """A checkpoint could not be written (permission, disk full); the error names the path."""
+
+
 class WorkerFailedError(ElasticRingError):
     """A worker process failed; carries the first failure's rank and cause."""
 

@@ -1,5 +1,6 @@
-"""Atomic, checksummed checkpoints; the previous one is always kept."""
+"""Atomic, checksummed checkpoints: the last K kept, fallback past a corrupt one, background writes."""
 
-from elastic_ring.ckpt.store import CheckpointStore, save_atomic, load_verified
+from elastic_ring.ckpt.store import (BackgroundWriter, CheckpointStore, load_verified, save_atomic,
+                                     snapshot)
 
-__all__ = ["CheckpointStore", "save_atomic", "load_verified"]
+__all__ = ["BackgroundWriter", "CheckpointStore", "load_verified", "save_atomic", "snapshot"]

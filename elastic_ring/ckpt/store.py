@@ -1,26 +1,34 @@
-"""Checkpoints written atomically and verified on load.
+"""Checkpoints written atomically, verified on load, the last K kept, written off the critical path.
 
 File format: the 8-byte magic ``ERCKPT01``, the SHA-256 of the payload (32 bytes), then the
 payload (``torch.save`` of a dict). A write goes to a temporary file in the same folder, is
 fsynced, renamed over its final name, and the folder is fsynced: a crash leaves either the old
-file or the new one, never half of one. ``latest.json`` (also written atomically) names the
-current checkpoint and the previous one; older files are deleted only after the new one is in
-place, so the previous checkpoint always survives.
+file or the new one, never half of one. A failed write (permission, disk full) removes its
+temporary file and raises :class:`CheckpointWriteError` naming the path; the previous checkpoints
+stay valid. ``latest.json`` (also written atomically) lists the kept checkpoints, newest first;
+older files are deleted only after the new one is in place.
+
+Loading falls back: when the newest checkpoint is corrupt or unreadable, the next one is used,
+with a one-line warning naming both.
+
+:class:`BackgroundWriter` is the periodic path: the caller takes a CPU snapshot of the state
+(:func:`snapshot`, the only part on the training thread) and a thread serialises and writes it;
+the next submit waits for the previous write.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
 import os
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import torch
-
-from elastic_ring.errors import CheckpointError
+from elastic_ring.errors import CheckpointError, CheckpointWriteError
 
 MAGIC = b"ERCKPT01"
 
@@ -37,17 +45,31 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``data`` to ``path`` atomically.
+
+    Raises:
+        CheckpointWriteError: the write failed (the temporary file is removed; ``path`` unchanged).
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise CheckpointWriteError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
     _fsync_dir(path.parent)
 
 
 def save_atomic(path: str | Path, state: dict[str, Any]) -> int:
     """Serialise ``state`` to ``path`` atomically; returns the file size in bytes."""
+    import torch
+
     buf = io.BytesIO()
     torch.save(state, buf)
     payload = buf.getvalue()
@@ -74,17 +96,21 @@ def load_verified(path: str | Path) -> dict[str, Any]:
     digest, payload = data[len(MAGIC):len(MAGIC) + 32], data[len(MAGIC) + 32:]
     if hashlib.sha256(payload).digest() != digest:
         raise CheckpointError(f"checkpoint {p} is corrupt (SHA-256 mismatch)")
+    import torch
+
     try:
         return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
     except Exception as e:  # a payload that passed the checksum but does not unpickle
         raise CheckpointError(f"checkpoint {p} does not load: {type(e).__name__}") from None
 
 
-class CheckpointStore:
-    """A run's checkpoint folder: ``ckpt-<step>.pt`` files and ``latest.json``."""
 
-    def __init__(self, folder: str | Path) -> None:
+class CheckpointStore:
+    """A run's checkpoint folder: ``ckpt-<step>.pt`` files and ``latest.json`` (the last ``keep``)."""
+
+    def __init__(self, folder: str | Path, keep: int = 2) -> None:
         self.folder = Path(folder)
+        self.keep = max(1, int(keep))
 
     @property
     def index_path(self) -> Path:
@@ -98,32 +124,152 @@ class CheckpointStore:
         except (OSError, json.JSONDecodeError):
             raise CheckpointError(f"checkpoint index {self.index_path} is corrupt") from None
 
+    def candidates(self) -> list[Path]:
+        """Kept checkpoints, newest first (from the index; from the files if the index is bad)."""
+        try:
+            idx = self.index()
+        except CheckpointError:
+            idx = None
+            files = sorted(self.folder.glob("ckpt-*.pt"), reverse=True)
+            if files:
+                return files
+            raise
+        if not idx:
+            return []
+        names = idx.get("checkpoints") or [n for n in (idx.get("current"), idx.get("previous")) if n]
+        return [self.folder / n for n in names]
+
     def latest_path(self) -> Path | None:
-        idx = self.index()
-        return self.folder / idx["current"] if idx else None
+        c = self.candidates()
+        return c[0] if c else None
 
     def save(self, state: dict[str, Any]) -> tuple[Path, int, float]:
-        """Write a checkpoint for ``state['step']``; returns (path, bytes, seconds)."""
+        """Write a checkpoint for ``state['step']``; returns (path, bytes, seconds).
+
+        Raises:
+            CheckpointWriteError: the write failed; the kept checkpoints are untouched.
+        """
         t0 = time.perf_counter()
         step = int(state["step"])
         path = self.folder / f"ckpt-{step:08d}.pt"
         size = save_atomic(path, state)
-        old = self.index() or {}
-        previous = old.get("current") if old.get("current") != path.name else old.get("previous")
-        idx = {"current": path.name, "previous": previous, "step": step, "time": time.time()}
+        try:
+            old = [p.name for p in self.candidates()]
+        except CheckpointError:
+            old = []
+        names = [path.name] + [n for n in old if n != path.name]
+        kept = names[:self.keep]
+        idx = {"current": kept[0], "previous": kept[1] if len(kept) > 1 else None,
+               "checkpoints": kept, "step": step, "time": time.time()}
         _write_atomic(self.index_path, json.dumps(idx).encode())
-        keep = {path.name, previous}
         for f in self.folder.glob("ckpt-*.pt"):
-            if f.name not in keep:
+            if f.name not in kept:
+                f.unlink(missing_ok=True)
+        for f in self.folder.glob(".ckpt-*.tmp-*"):  # a crashed writer's leftovers
+            if time.time() - f.stat().st_mtime > 600:
                 f.unlink(missing_ok=True)
         return path, size, time.perf_counter() - t0
 
-    def load_latest(self) -> dict[str, Any] | None:
-        """The current checkpoint, verified; None when the run has none yet."""
-        path = self.latest_path()
-        return None if path is None else load_verified(path)
+    def load_latest(self, warn: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+        """The newest loadable checkpoint, verified; None when the run has none yet.
 
-    def verify_latest(self) -> int | None:
-        """Check the current checkpoint without keeping it; returns its step (None: none yet)."""
-        state = self.load_latest()
-        return None if state is None else int(state["step"])
+        A corrupt or unreadable newest checkpoint is skipped for the next one, with a one-line
+        warning (through ``warn``) naming both.
+
+        Raises:
+            CheckpointError: no kept checkpoint loads (the message names each and why).
+        """
+        paths = self.candidates()
+        if not paths:
+            return None
+        problems = []
+        for i, p in enumerate(paths):
+            try:
+                state = load_verified(p)
+            except CheckpointError as e:
+                problems.append(str(e))
+                continue
+            if i > 0 and warn is not None:
+                warn(f"warning: {problems[0]}; resuming from the previous checkpoint {p} "
+                     f"(step {state.get('step')})")
+            return state
+        raise CheckpointError("; ".join(problems) + " (no older checkpoint loads: start a new run)"
+                              if len(problems) > 1 else problems[0]
+                              + " (no older checkpoint is kept: start a new run)")
+
+
+def newest_valid(folder: str | Path) -> tuple[Path, int] | None:
+    """(path, step) of the newest kept checkpoint whose checksum holds, without unpickling it
+    (torch-free: the controller decides where a restart resumes from)."""
+    try:
+        paths = CheckpointStore(folder).candidates()
+    except CheckpointError:
+        return None
+    for p in paths:
+        try:
+            data = p.read_bytes()
+        except OSError:
+            continue
+        payload = data[len(MAGIC) + 32:]
+        if data.startswith(MAGIC) and hashlib.sha256(payload).digest() == data[len(MAGIC):len(MAGIC) + 32]:
+            try:
+                return p, int(p.stem.split("-")[1])
+            except (IndexError, ValueError):
+                continue
+    return None
+
+
+def snapshot(obj: Any) -> Any:
+    """A deep copy with every tensor copied to the CPU: what a background write may serialise
+    while training goes on changing the originals in place."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [snapshot(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(snapshot(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+class BackgroundWriter:
+    """Writes checkpoints in a thread; one write at a time (a submit waits for the previous one).
+
+    An error of a background write is raised by the next :meth:`submit` or :meth:`wait`.
+    """
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self.store = store
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, state: dict[str, Any],
+               on_done: Callable[[Path, int, float], None] | None = None) -> float:
+        """Queue ``state`` (already a snapshot); returns the seconds spent waiting for the
+        previous write."""
+        t0 = time.perf_counter()
+        self.wait()
+        waited = time.perf_counter() - t0
+
+        def work() -> None:
+            try:
+                path, nbytes, secs = self.store.save(state)
+                if on_done is not None:
+                    on_done(path, nbytes, secs)
+            except BaseException as e:  # noqa: BLE001 - re-raised on the training thread
+                self._error = e
+
+        self._thread = threading.Thread(target=work, name="elastic-ring-checkpoint", daemon=True)
+        self._thread.start()
+        return waited
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err

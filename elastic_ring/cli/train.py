@@ -44,7 +44,11 @@ def _pid_alive(pid: int) -> bool:
 
 @click.command(context_settings={"max_content_width": 100})
 @click.option("--gpus", "workers", type=int, default=None,
-              help="Workers to start with: GPUs on a GPU node, CPU processes otherwise. [default: 1]")
+              help="Workers to start with: GPUs on a GPU node, CPU processes otherwise. [default: 1; "
+                   "at --resume: the size the run was at or was going to]")
+@click.option("--script", type=click.Path(dir_okay=False), default=None, metavar="PATH",
+              help="Run your own Horovod script (written with elastic_ring.worker) instead of the "
+                   "built-in ResNet; its own arguments go after `--`. Needs --steps.")
 @click.option("--resize-at", type=int, default=None, metavar="STEP",
               help="Resize after this step completes (with --to).")
 @click.option("--to", "resize_to", type=int, default=None, metavar="N", help="Worker count after --resize-at.")
@@ -79,20 +83,37 @@ def _pid_alive(pid: int) -> bool:
                    "ones exit. sequential: wait for the old workers to exit first (the paper's way). auto: "
                    "prelaunch on GPUs, overlap on the CPU (where the new workers' start-up would compete with "
                    "training for the cores).")
+@click.option("--checkpoint-every", type=int, default=None, metavar="STEPS",
+              help="Also checkpoint every STEPS steps, in the background (0: off). [default: 0]")
+@click.option("--checkpoint-every-s", type=float, default=None, metavar="SECONDS",
+              help="Also checkpoint every SECONDS of training, in the background (0: off). A crash "
+                   "then costs at most this much training plus a restart. [default: 60]")
+@click.option("--keep", type=int, default=None, help="Checkpoints kept (a corrupt newest one falls "
+              "back to the one before). [default: 2]")
+@click.option("--max-restarts", type=int, default=3, show_default=True,
+              help="Restart the workers from the last checkpoint after this many failures in a row "
+                   "(a worker's exception, kill -9, OOM, horovodrun failing); an error that repeats "
+                   "at the same step is not retried. 0: fail at once.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Run folder (events, logs, checkpoints). [default: runs/<time>]")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False), default=None,
-              help="Continue the run in this folder from its last checkpoint.")
-def train(workers, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
+              help="Continue the run in this folder from its last checkpoint, at the size it was at "
+                   "or was going to, with its remaining resizes (stops workers a killed controller "
+                   "left behind).")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
           data_dir, batch_size, lr, seed, resize_warmup, device, slots, hosts, hostfile,
-          network_interface, relaunch, run_dir, resume_dir):
-    """Train a CIFAR ResNet with Horovod; resize by checkpoint and relaunch.
+          network_interface, relaunch, checkpoint_every, checkpoint_every_s, keep, max_restarts,
+          run_dir, resume_dir, script_args):
+    """Train with Horovod (a CIFAR ResNet, or your --script); resize by checkpoint and relaunch.
 
     \b
     On an 8-GPU node, the paper's experiment (ResNet-110, CIFAR-10, 4 -> 8 GPUs at step 5000):
         elastic-ring train --gpus 4 --resize-at 5000 --to 8
     On the CPU (gloo), the small default (ResNet-20/8 on the offline digits set):
         elastic-ring train --gpus 1 --resize-at 60 --to 2
+    Your own script (see examples/), with its own arguments after --:
+        elastic-ring train --script examples/mlp_digits.py --steps 600 --gpus 1 --resize-at 200 --to 2 -- --hidden 64
 
     At each resize the workers agree on the step, write a checkpoint and exit; the controller
     relaunches them at the new count and they rescale the learning rate by Eq. 7
@@ -100,18 +121,39 @@ def train(workers, resize_at, resize_to, schedule, config_path, overrides, steps
     live from another shell and `elastic-ring status RUN_DIR` shows progress. Everything lands in
     RUN_DIR: events.jsonl (typed events, incl. each resize's overhead breakdown), logs/, checkpoints/,
     summary.json. Ctrl-C stops at the next step with a checkpoint; --resume continues.
+
+    A worker that dies is restarted from the last checkpoint (--max-restarts); checkpoints are also
+    taken periodically in the background (--checkpoint-every, --checkpoint-every-s). One controller
+    owns a run folder at a time; its workers exit by themselves within seconds if it is killed.
     """
     from elastic_ring.config.api import load_config, parse_overrides
-    from elastic_ring.controller.api import (Resize, RunSpec, parse_hostfile, parse_hosts,
+    from elastic_ring.controller.api import (Plan, Resize, RunSpec, parse_hostfile, parse_hosts,
                                              parse_schedule)
-    from elastic_ring.controller.controller import CONTROLLER_FILE, Controller
-    from elastic_ring.controller.rundir import create_run_dir, ensure_dataset_cache
+    from elastic_ring.controller.controller import Controller
+    from elastic_ring.controller.lock import RunLock, stop_stale_workers
+    from elastic_ring.controller.rundir import (create_run_dir, ensure_dataset_cache,
+                                                update_worker_settings, worker_settings)
     from elastic_ring.controller.summary import render
     from elastic_ring.data import check_dataset
+    from elastic_ring.protocol import PLAN_FILE, read_json
 
-    if resume_dir and (config_path or overrides or any(v is not None for v in (
+    if resume_dir and (config_path or overrides or script or script_args or any(v is not None for v in (
             steps, depth, dataset, data_dir, batch_size, lr, seed, resize_warmup))):
-        raise UserError("--resume continues a run with its own config: drop the config options")
+        raise UserError("--resume continues a run with its own config and script: drop the config "
+                        "and script options")
+    if script_args and not script:
+        raise UserError(f"unexpected argument {script_args[0]!r} (script arguments go after "
+                        f"`--script PATH --`)")
+    if script:
+        if not Path(script).is_file():
+            raise UserError(f"script {script} does not exist")
+        if config_path or overrides or any(v is not None for v in (depth, dataset, data_dir, batch_size,
+                                                                     lr, seed, resize_warmup)):
+            raise UserError("--script runs your own model: the ResNet options (--config, --set, --depth, "
+                            "--dataset, --batch-size, --lr, ...) do not apply; pass your script's "
+                            "own options after --")
+        if steps is None:
+            raise UserError("--script needs --steps (the total steps of the run)")
     if (resize_at is None) != (resize_to is None):
         raise UserError("--resize-at and --to go together")
     if schedule and resize_at is not None:
@@ -120,6 +162,8 @@ def train(workers, resize_at, resize_to, schedule, config_path, overrides, steps
         raise UserError("use either --hosts or --hostfile, not both")
     if slots is not None and slots < 1:
         raise UserError(f"--slots must be >= 1, got {slots}")
+    if max_restarts < 0:
+        raise UserError(f"--max-restarts must be >= 0, got {max_restarts}")
 
     device, ngpu = _resolve_device(device)
     host_list = parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile else None
@@ -136,68 +180,103 @@ def train(workers, resize_at, resize_to, schedule, config_path, overrides, steps
         sched = parse_schedule(schedule)
     else:
         sched = ()
+    ckpt_opts = dict(checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s, keep=keep)
 
+    cfg = None
     if resume_dir:
         rd = Path(resume_dir)
         if not (rd / "run.json").exists():
             raise UserError(f"{rd} is not an elastic-ring run folder (no run.json)")
+        lock = RunLock(rd)
+        lock.acquire()  # a live controller: exit 2, nothing touched
+        stale = stop_stale_workers(rd)
+        if stale:
+            _echo(f"stopped {len(stale)} process(es) the previous controller left running")
         run_info = json.loads((rd / "run.json").read_text())
-        cfg = load_config(rd / "config.yaml")
+        script = run_info.get("script")
+        if not script:
+            cfg = load_config(rd / "config.yaml")
+        total = int(run_info.get("total_steps") or (cfg.total_steps if cfg else 0))
         from elastic_ring.ckpt import CheckpointStore
 
-        ckpt = CheckpointStore(rd / "checkpoints").load_latest()  # verifies the checksum
+        keep_now = keep or int(run_info.get("worker", {}).get("keep", 2))
+        ckpt = CheckpointStore(rd / "checkpoints", keep=keep_now).load_latest(warn=_echo)
         start_step = int(ckpt["step"]) if ckpt else 0
-        if start_step >= cfg.total_steps:
-            raise UserError(f"run {rd} already finished (step {start_step} of {cfg.total_steps})")
-        ctl = {}
-        try:
-            ctl = json.loads((rd / CONTROLLER_FILE).read_text())
-        except (OSError, json.JSONDecodeError):
-            pass
-        if ctl.get("state") in ("running", "launching", "stopping") and _pid_alive(int(ctl.get("pid", 0))):
-            raise UserError(f"run {rd} is still running (controller pid {ctl.get('pid')})")
-        world = workers or ctl.get("pending_world") or (int(ckpt["world_size"]) if ckpt else run_info["workers"])
-        if not sched:
-            sched = tuple(Resize(int(s), int(t)) for s, t in run_info.get("schedule", []) if int(s) > start_step)
-        spec = RunSpec(run_dir=rd.resolve(), workers=int(world), schedule=sched, slots=n_slots,
-                       device=device, total_steps=cfg.total_steps, hosts=hosts, hostfile=hostfile)
+        if start_step >= total:
+            raise UserError(f"run {rd} already finished (step {start_step} of {total})")
+        plan_d = read_json(rd / PLAN_FILE)
+        plan = (Plan.from_dict(plan_d) if plan_d else
+                Plan.from_spec(int(run_info["workers"]),
+                               tuple(Resize(int(s), int(t)) for s, t in run_info.get("schedule", []))))
+        if workers is not None:
+            plan.add(start_step, workers, "resume")
+        if sched:
+            plan.replace_after(start_step, sched)
+        world = plan.world_after(start_step)
+        old_ws = run_info.get("worker", {})
+        spec = RunSpec(run_dir=rd.resolve(), workers=world, schedule=plan.resizes_after(start_step),
+                       slots=n_slots, device=device, total_steps=total, hosts=hosts, hostfile=hostfile,
+                       script=script, script_args=tuple(run_info.get("script_args", [])),
+                       checkpoint_every=int(checkpoint_every if checkpoint_every is not None
+                                            else old_ws.get("checkpoint_every", 0)),
+                       checkpoint_every_s=float(checkpoint_every_s if checkpoint_every_s is not None
+                                                else old_ws.get("checkpoint_every_s", 60.0)),
+                       keep=keep_now)
         _validate_resume(spec, start_step)
+        update_worker_settings(rd, **worker_settings(spec, cfg))
         from elastic_ring.events.api import read_events
         segment = len(read_events(rd / "events.jsonl", kind="launch"))
     else:
-        ov = parse_overrides(overrides)
-        for k, v in (("total_steps", steps), ("depth", depth), ("dataset", dataset),
-                     ("data_dir", data_dir), ("batch_size", batch_size), ("lr", lr), ("seed", seed),
-                     ("resize_warmup_steps", resize_warmup)):
-            if v is not None:
-                ov[k] = v
-        cfg = load_config(config_path, ov, device=device)
         world = workers if workers is not None else 1
         rd = Path(run_dir) if run_dir else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
         if rd.exists() and any(rd.iterdir()):
             raise UserError(f"run folder {rd} already exists and is not empty "
                             f"(continue it with --resume {rd}, or pick another --run-dir)")
+        if script:
+            total = steps
+        else:
+            ov = parse_overrides(overrides)
+            for k, v in (("total_steps", steps), ("depth", depth), ("dataset", dataset),
+                         ("data_dir", data_dir), ("batch_size", batch_size), ("lr", lr), ("seed", seed),
+                         ("resize_warmup_steps", resize_warmup)):
+                if v is not None:
+                    ov[k] = v
+            cfg = load_config(config_path, ov, device=device)
+            total = cfg.total_steps
         spec = RunSpec(run_dir=rd.resolve(), workers=world, schedule=sched, slots=n_slots,
-                       device=device, total_steps=cfg.total_steps, hosts=hosts, hostfile=hostfile)
+                       device=device, total_steps=total, hosts=hosts, hostfile=hostfile,
+                       script=str(Path(script).resolve()) if script else None,
+                       script_args=tuple(script_args),
+                       checkpoint_every=checkpoint_every or 0,
+                       checkpoint_every_s=60.0 if checkpoint_every_s is None else checkpoint_every_s,
+                       keep=keep or 2)
         spec.validate()
-        check_dataset(cfg.dataset, cfg.data_dir)
+        if cfg is not None:
+            check_dataset(cfg.dataset, cfg.data_dir)
+        rd.mkdir(parents=True, exist_ok=True)
+        RunLock(rd).acquire()
         create_run_dir(spec, cfg)
+        plan = Plan.from_spec(spec.workers, spec.schedule)
         start_step, segment = 0, 0
-    ensure_dataset_cache(spec.run_dir, cfg)  # a resumed run's cache may have been deleted
+    if cfg is not None:
+        ensure_dataset_cache(spec.run_dir, cfg)  # a resumed run's cache may have been deleted
     if device == "cpu":
         _echo(f"elastic-ring: no GPU in use: {world} CPU worker process(es) with gloo "
               f"({n_slots} slot(s)); run folder {spec.run_dir}")
     else:
         _echo(f"elastic-ring: {world} GPU worker(s) (NCCL + gloo), {n_slots} GPU slot(s); run folder {spec.run_dir}")
-    _echo(f"model ResNet-{cfg.depth} (width {cfg.width}) on {cfg.dataset}, {cfg.total_steps} steps, "
-          f"batch {cfg.batch_size}/worker, schedule: "
+    what = (f"script {spec.script}" if spec.script else
+            f"model ResNet-{cfg.depth} (width {cfg.width}) on {cfg.dataset}, batch {cfg.batch_size}/worker")
+    _echo(f"{what}, {spec.total_steps} steps"
+          + (f", from step {start_step + 1}" if start_step else "") + ", schedule: "
           + (", ".join(f"step {r.step} -> {r.to}" for r in spec.schedule) or "no resize"))
     if relaunch == "auto":
         relaunch = "prelaunch" if device == "cuda" else "overlap"
-    ctl = Controller(spec, lr_scaling=cfg.lr_scaling, network_interface=network_interface,
-                     relaunch=relaunch)
+    ctl = Controller(spec, lr_scaling=cfg.lr_scaling if cfg else "linear",
+                     network_interface=network_interface, relaunch=relaunch,
+                     max_restarts=max_restarts, plan=plan)
     summary = ctl.run(start_step, spec.workers, segment)
-    click.echo(render(summary, cfg.total_steps))
+    click.echo(render(summary, spec.total_steps))
     if summary["state"] == "interrupted":
         sys.exit(130)
 
@@ -221,7 +300,8 @@ def resize(run_dir, target):
     The workers stop at the next step boundary all ranks agree on, checkpoint, and are relaunched
     at the new count (LR rescaled by Eq. 7). Returns at once; watch with `elastic-ring status`.
     """
-    from elastic_ring.controller.controller import CONTROLLER_FILE, REQUEST_FILE
+    from elastic_ring.controller.lock import is_locked
+    from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE
 
     rd = Path(run_dir)
     if not (rd / "run.json").exists():
@@ -231,7 +311,7 @@ def resize(run_dir, target):
     except (OSError, json.JSONDecodeError):
         raise UserError(f"run {rd} is not running (no controller state)") from None
     state = ctl.get("state")
-    if state not in ("running", "launching") or not _pid_alive(int(ctl.get("pid", 0))):
+    if state not in ("running", "launching") or not is_locked(rd):
         raise UserError(f"run {rd} is not running (state: {state if state != 'running' else 'controller gone'})")
     slots = json.loads((rd / "run.json").read_text())["slots"]
     if target < 1:
@@ -253,23 +333,30 @@ def resize(run_dir, target):
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def status(run_dir, as_json):
     """Print the summary table of a running or finished run."""
-    from elastic_ring.controller.controller import CONTROLLER_FILE
+    from elastic_ring.controller.lock import is_locked
     from elastic_ring.controller.summary import render, summarize_run
+    from elastic_ring.protocol import CONTROLLER_FILE, PROGRESS_FILE, read_json
 
     rd = Path(run_dir)
     if not (rd / "run.json").exists():
         raise UserError(f"{rd} is not an elastic-ring run folder (no run.json)")
     s = summarize_run(rd)
-    try:
-        ctl = json.loads((rd / CONTROLLER_FILE).read_text())
-        if s["state"] == "running":
-            alive = _pid_alive(int(ctl.get("pid", 0)))
-            s["state"] = ctl.get("state", "running") if alive else f"{ctl.get('state')} (controller not running)"
-    except (OSError, json.JSONDecodeError):
-        pass
-    total = None
-    try:
-        total = yaml.safe_load((rd / "config.yaml").read_text()).get("total_steps")
-    except (OSError, yaml.YAMLError, AttributeError):
-        pass
+    ctl = read_json(rd / CONTROLLER_FILE)
+    if isinstance(ctl, dict) and ctl.get("state") not in ("succeeded", "failed", "interrupted", None):
+        if is_locked(rd):
+            s["state"] = ctl.get("state", "running")
+        else:
+            prog = read_json(rd / "control" / PROGRESS_FILE) or {}
+            last = max(int(prog.get("step", 0)), int(s.get("step") or 0))
+            s["state"] = (f"controller gone (last step {last}; continue with: "
+                          f"elastic-ring train --resume {rd})")
+            s["step"] = last
+    elif isinstance(ctl, dict) and ctl.get("state") in ("failed", "interrupted"):
+        s["state"] = ctl["state"]
+    total = (read_json(rd / "run.json") or {}).get("total_steps")
+    if total is None:
+        try:
+            total = yaml.safe_load((rd / "config.yaml").read_text()).get("total_steps")
+        except (OSError, yaml.YAMLError, AttributeError):
+            pass
     click.echo(json.dumps(s, indent=2) if as_json else render(s, total))

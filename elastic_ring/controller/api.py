@@ -1,11 +1,16 @@
-"""Value types of the controller: the run's blueprint (``RunSpec``) and its lifecycle (``RunState``).
+"""Value types of the controller: the run's blueprint (``RunSpec``), its resize ``Plan`` and its
+lifecycle (``RunState``).
 
-``RunState`` transitions (one monitor loop in ``Controller.run`` acts on them)::
+``RunState`` transitions (one monitor loop in ``Controller.run`` acts on them; ``TRANSITIONS`` is
+the table the controller enforces)::
 
-    PENDING -> LAUNCHING -> RUNNING -> STOPPING -> LAUNCHING   (a resize: relaunch at the new size)
-                                   \\-> SUCCEEDED                (end of the schedule)
-    RUNNING | STOPPING -> FAILED                                (a worker failed)
-    RUNNING | STOPPING -> INTERRUPTED                           (Ctrl-C / SIGTERM: checkpoint kept)
+    PENDING -> LAUNCHING -> RUNNING -> STOPPING -> LAUNCHING | RUNNING   (a resize: relaunch, or
+                                                                       release pre-launched workers)
+                            RUNNING -> SUCCEEDED                       (end of the schedule)
+    LAUNCHING | RUNNING | STOPPING -> RESTARTING -> LAUNCHING          (a worker died: from the last
+                                                                       checkpoint, --max-restarts)
+    LAUNCHING | RUNNING | STOPPING | RESTARTING -> FAILED               (restarts exhausted)
+    LAUNCHING | RUNNING | STOPPING | RESTARTING -> INTERRUPTED          (Ctrl-C / SIGTERM)
 """
 
 from __future__ import annotations
@@ -23,9 +28,34 @@ class RunState(str, Enum):
     LAUNCHING = "launching"
     RUNNING = "running"
     STOPPING = "stopping"
+    RESTARTING = "restarting"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
+
+
+_S = RunState
+TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    _S.PENDING: frozenset({_S.LAUNCHING, _S.FAILED, _S.INTERRUPTED}),
+    _S.LAUNCHING: frozenset({_S.RUNNING, _S.RESTARTING, _S.FAILED, _S.INTERRUPTED}),
+    _S.RUNNING: frozenset({_S.STOPPING, _S.SUCCEEDED, _S.RESTARTING, _S.FAILED, _S.INTERRUPTED}),
+    _S.STOPPING: frozenset({_S.LAUNCHING, _S.RUNNING, _S.SUCCEEDED, _S.RESTARTING, _S.FAILED,
+                            _S.INTERRUPTED}),
+    _S.RESTARTING: frozenset({_S.LAUNCHING, _S.RESTARTING, _S.FAILED, _S.INTERRUPTED}),
+    _S.SUCCEEDED: frozenset(),
+    _S.FAILED: frozenset(),
+    _S.INTERRUPTED: frozenset(),
+}
+TERMINAL = frozenset({_S.SUCCEEDED, _S.FAILED, _S.INTERRUPTED})
+
+
+class IllegalTransition(RuntimeError):
+    """A bug: the controller tried a state change that ``TRANSITIONS`` does not allow."""
+
+
+def check_transition(old: RunState, new: RunState) -> None:
+    if new not in TRANSITIONS[old]:
+        raise IllegalTransition(f"run state {old.value} -> {new.value} is not allowed")
 
 
 @dataclass(frozen=True)
@@ -47,11 +77,20 @@ class RunSpec:
     hosts: str | None = None  # "h1:8,h2:8"
     hostfile: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    script: str | None = None  # the user's script (None: the built-in ResNet worker)
+    script_args: tuple[str, ...] = ()
+    checkpoint_every: int = 0  # steps between periodic background checkpoints (0: off)
+    checkpoint_every_s: float = 0.0  # seconds between periodic background checkpoints (0: off)
+    keep: int = 2  # checkpoints kept
 
     def validate(self) -> None:
         """Raises UserError for any request that cannot run (before anything starts)."""
         if self.workers < 1:
             raise UserError(f"--gpus must be >= 1, got {self.workers}")
+        if self.checkpoint_every < 0 or self.checkpoint_every_s < 0:
+            raise UserError("--checkpoint-every and --checkpoint-every-s must be >= 0")
+        if self.keep < 1:
+            raise UserError(f"--keep must be >= 1, got {self.keep}")
         if self.workers > self.slots:
             raise UserError(f"--gpus {self.workers} is more than the {self.slots} slot(s) available"
                             f"{' (declare more with --slots)' if self.device == 'cpu' else ''}")
@@ -72,6 +111,53 @@ class RunSpec:
             if r.to == prev_w:
                 raise UserError(f"resize at step {r.step} to {r.to} workers: the job already has {r.to}")
             prev_step, prev_w = r.step, r.to
+
+
+@dataclass
+class Plan:
+    """The world size at every step: the initial size, then each resize ``(step, to, source)``
+    (scheduled, live, or a restart on fewer slots), sorted by step; a later entry at the same step
+    replaces an earlier one. Persisted in ``RUN_DIR/plan.json`` so a resume, after any history,
+    starts at the size the run was at or was going to, and keeps the resizes still ahead.
+    """
+
+    initial: int
+    changes: list[tuple[int, int, str]] = field(default_factory=list)
+
+    @classmethod
+    def from_spec(cls, workers: int, schedule: tuple[Resize, ...]) -> "Plan":
+        return cls(workers, [(r.step, r.to, "schedule") for r in schedule])
+
+    def add(self, step: int, to: int, source: str) -> None:
+        self.changes = sorted([c for c in self.changes if c[0] != step] + [(step, to, source)])
+
+    def replace_after(self, step: int, schedule: tuple[Resize, ...], source: str = "schedule") -> None:
+        self.changes = [c for c in self.changes if c[0] <= step] + [(r.step, r.to, source) for r in schedule]
+        self.changes.sort()
+
+    def world_after(self, step: int) -> int:
+        """Workers that run step ``step + 1``."""
+        w = self.initial
+        for s, to, _ in self.changes:
+            if s <= step:
+                w = to
+        return w
+
+    def resizes_after(self, step: int) -> tuple[Resize, ...]:
+        """The resizes still ahead of ``step`` that change the size (no-ops dropped)."""
+        out, w = [], self.world_after(step)
+        for s, to, _ in self.changes:
+            if s > step and to != w:
+                out.append(Resize(s, to))
+                w = to
+        return tuple(out)
+
+    def to_dict(self) -> dict:
+        return {"initial": self.initial, "changes": [list(c) for c in self.changes]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        return cls(int(d["initial"]), [(int(s), int(t), str(src)) for s, t, src in d.get("changes", [])])
 
 
 _SCHED = re.compile(r"^\s*(\d+)\s*:\s*(-?\d+)\s*$")

@@ -6,6 +6,15 @@ telemetry added, shows progress, and at each resize point lets the workers check
 then relaunches them at the new size; the workers rescale the LR by Eq. 7 on resume. It measures
 every resize: stop latency, checkpoint write, relaunch to first step, total time lost.
 
+When a worker dies (an exception, kill -9, the OOM killer) or horovodrun exits non-zero, it
+restarts the workers from the last checkpoint (``max_restarts`` failures in a row at most; an
+error that repeats at the same step is not retried), at the size the plan says for that step or,
+when hosts of a hostfile no longer answer, at the largest count that fits. Each restart is an
+event with its cause, the rank that failed first, the steps redone and the time lost.
+
+It owns the run folder while it runs (a lock, and a heartbeat its workers watch: they exit by
+themselves within seconds when it is gone or replaced).
+
 Side effects are passed in: ``launcher`` starts processes, ``clock`` reads time, ``out`` prints.
 Unit tests drive the loop with fakes; integration tests run real horovodrun.
 """
@@ -14,28 +23,35 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from elastic_ring.controller.api import Resize, RunSpec, RunState
+from elastic_ring import protocol
+from elastic_ring.controller.api import Plan, Resize, RunSpec, RunState, check_transition
+from elastic_ring.controller.lock import RunLock
 from elastic_ring.controller.summary import summarize
 from elastic_ring.errors import UserError, WorkerFailedError
 from elastic_ring.events.api import (ErrorEvent, EventLog, Finished, FirstStepAfterResize, Launch,
-                                     Relaunched, ResizeOverhead, ResizeRequested, WorkersExited,
-                                     read_events)
+                                     Recovered, Relaunched, ResizeOverhead, ResizeRequested, Restart,
+                                     WorkersExited, read_events)
+from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, WORKER_EVENTS, stop_file
 from elastic_ring.telemetry import Telemetry
 from elastic_ring.train.lr import RULES
-from elastic_ring.train.worker import WORKER_EVENTS, stop_file
 
 ROOT = Path(__file__).resolve().parents[2]
-REQUEST_FILE = "resize-request.json"
-CONTROLLER_FILE = "controller.json"
+BUILTIN_TARGET = "elastic_ring.train.worker"
+_FIRST_FAILED = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
+_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 
 
 class Handle(Protocol):
@@ -89,17 +105,22 @@ class SubprocessLauncher:
 
 
 def worker_entry() -> list[str]:
-    script = ROOT / "launch" / "train_worker.py"
+    script = ROOT / "launch" / "worker.py"
     if script.exists():
         return [sys.executable, "-u", str(script)]
-    return [sys.executable, "-u", "-m", "elastic_ring.train.worker"]
+    return [sys.executable, "-u", "-m", "elastic_ring.worker.run"]
 
 
 def horovodrun_command(spec: RunSpec, world: int, segment: int, stop_at: int,
-                       network_interface: str | None = None, go_file: Path | None = None) -> list[str]:
+                       network_interface: str | None = None, go_file: Path | None = None,
+                       owner: str = "", hosts: str | None = None) -> list[str]:
+    """The horovodrun command of one segment; ``hosts`` overrides the spec's (a restart on the
+    hosts that still answer)."""
     hr = Path(sys.executable).parent / "horovodrun"
     cmd = [str(hr) if hr.exists() else "horovodrun", "-np", str(world)]
-    if spec.hostfile:
+    if hosts:
+        cmd += ["-H", hosts]
+    elif spec.hostfile:
         cmd += ["--hostfile", spec.hostfile]
     else:
         cmd += ["-H", spec.hosts or f"localhost:{world}"]
@@ -107,10 +128,31 @@ def horovodrun_command(spec: RunSpec, world: int, segment: int, stop_at: int,
     if network_interface:
         cmd += ["--network-interface", network_interface]
     cmd += worker_entry() + ["--run-dir", str(spec.run_dir), "--segment", str(segment),
-                             "--stop-at", str(stop_at), "--device", spec.device]
+                             "--stop-at", str(stop_at), "--owner", owner,
+                             "--controller-pid", str(os.getpid()),
+                             "--controller-host", socket.gethostname()]
     if go_file is not None:
         cmd += ["--go-file", str(go_file)]
+    cmd += ["--", spec.script or BUILTIN_TARGET, *spec.script_args]
     return cmd
+
+
+def probe_hosts(hosts: list[tuple[str, int]], timeout_s: float = 5.0) -> list[tuple[str, int]]:
+    """The hosts that answer: local names always; others if ``ssh HOST true`` succeeds."""
+    me = {socket.gethostname(), socket.getfqdn()} | _LOCAL_HOSTS
+    alive = []
+    for name, n in hosts:
+        if name in me:
+            alive.append((name, n))
+            continue
+        try:
+            rc = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(timeout_s)}",
+                                 name, "true"], capture_output=True, timeout=timeout_s + 5).returncode
+        except (OSError, subprocess.TimeoutExpired):
+            rc = 1
+        if rc == 0:
+            alive.append((name, n))
+    return alive
 
 
 RELAUNCH_MODES = ("prelaunch", "overlap", "sequential")
@@ -138,7 +180,8 @@ class _Seg:
     world: int
     stop_at: int
     handle: Handle | None = None
-    t_launch: float = 0.0
+    t_launch: float = 0.0  # relaunch -> first step is measured from here (the go, if pre-launched)
+    t_started: float = 0.0  # when its processes really started (crash records are newer)
     end: dict[str, Any] | None = None
     ckpt_s: float = 0.0
     live_target: int | None = None
@@ -149,13 +192,29 @@ class _Seg:
     last_step: int = 0
     last_step_t: float = 0.0
     steps_per_s: float = 0.0
+    log: Path | None = None
+
+
+@dataclass
+class _Restarting:
+    """A restart in progress, measured up to the first step after it."""
+
+    attempt: int
+    t_detect: float
+    t_last_progress: float
+    steps_redone: int
+    from_step: int
+    segment: int = -1
 
 
 class Controller:
     def __init__(self, spec: RunSpec, lr_scaling: str = "linear", launcher: Launcher | None = None,
                  clock: Callable[[], float] = time.time, out: Callable[[str], None] | None = None,
                  network_interface: str | None = None, poll_s: float = 0.1,
-                 show_progress: bool | None = None, relaunch: str = "prelaunch") -> None:
+                 show_progress: bool | None = None, relaunch: str = "prelaunch",
+                 max_restarts: int = 3,
+                 host_probe: Callable[[list[tuple[str, int]]], list[tuple[str, int]]] | None = None,
+                 plan: Plan | None = None) -> None:
         self.spec = spec
         self.rule = RULES[lr_scaling]
         self.launcher = launcher or SubprocessLauncher()
@@ -165,7 +224,13 @@ class Controller:
         self.poll_s = poll_s
         if relaunch not in RELAUNCH_MODES:
             raise UserError(f"relaunch mode must be one of {', '.join(RELAUNCH_MODES)}")
+        if max_restarts < 0:
+            raise UserError(f"--max-restarts must be >= 0, got {max_restarts}")
         self.relaunch = relaunch
+        self.max_restarts = max_restarts
+        self.host_probe = host_probe or probe_hosts
+        self.plan = plan or Plan.from_spec(spec.workers, spec.schedule)
+        self.owner = uuid.uuid4().hex
         self._next: _Seg | None = None  # a pre-launched segment waiting for its go
         self._startup_s: list[float] = []  # measured launch -> first step, for the pre-launch lead
         self._last_speed = 0.0  # steps/s of the latest throughput window of any segment
@@ -177,25 +242,57 @@ class Controller:
         self._wpos = self.worker_events.stat().st_size if self.worker_events.exists() else 0
         self._interrupts = 0
         self._pending: PendingResize | None = None
+        self._restarting: _Restarting | None = None
+        self._failures: list[dict[str, Any]] = []  # consecutive failures (reset by progress)
+        self._hosts_override: str | None = None
         self._telemetry: Telemetry | None = None
         self._progress = None
         self._task = None
         self._seen_requests: set[str] = set()
+        self._state_info: dict[str, Any] = {}
+        self._hb_stop = threading.Event()
+        self._launchers: dict[int, list[float]] = {}  # segment -> [horovodrun pid, create time]
 
     # ------------------------------------------------------------------ state
     def _set_state(self, state: RunState, **extra: Any) -> None:
+        """Move to ``state`` (the table in ``controller.api.TRANSITIONS`` is enforced) and write
+        ``controller.json``; staying in a state only updates the file."""
+        if state is not self.state:
+            check_transition(self.state, state)
         self.state = state
-        info = {"pid": os.getpid(), "state": state.value, "time": self.clock(), **extra}
-        path = self.spec.run_dir / CONTROLLER_FILE
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(info))
-        os.replace(tmp, path)
+        self._state_info.update(extra)
+        info = {**self._state_info, "pid": os.getpid(), "owner": self.owner, "state": state.value,
+                "time": self.clock()}
+        protocol.write_json_atomic(self.spec.run_dir / CONTROLLER_FILE, info)
+
+    def _save_plan(self) -> None:
+        protocol.write_json_atomic(self.spec.run_dir / protocol.PLAN_FILE, self.plan.to_dict())
 
     def _on_signal(self, signum, frame) -> None:  # only sets a flag
         self._interrupts += 1
 
+    def _heartbeat(self) -> None:
+        path = protocol.control_dir(self.spec.run_dir) / protocol.HEARTBEAT_FILE
+        seq = 0
+        while True:
+            seq += 1
+            try:
+                protocol.write_json_atomic(path, {"owner": self.owner, "seq": seq, "pid": os.getpid(),
+                                                  "time": time.time()})
+            except OSError:
+                pass
+            if self._hb_stop.wait(protocol.HEARTBEAT_EVERY_S):
+                return
+
     # ------------------------------------------------------------------ main loop
     def run(self, start_step: int, world: int, segment: int) -> dict[str, Any]:
+        lock = RunLock(self.spec.run_dir)
+        lock.acquire()
+        protocol.control_dir(self.spec.run_dir).mkdir(parents=True, exist_ok=True)
+        self._save_plan()
+        hb = threading.Thread(target=self._heartbeat, daemon=True, name="elastic-ring-heartbeat")
+        self._hb_stop.clear()
+        hb.start()
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             return self._run(start_step, world, segment)
@@ -204,23 +301,31 @@ class Controller:
                 signal.signal(s, h)
             if self._progress is not None:
                 self._progress.stop()
+            self._kill_all()
+            self._hb_stop.set()
+            hb.join(timeout=5)
+            lock.release()
+
+    def _kill_all(self) -> None:
+        """Leave no process behind, whatever ended the run (an exception included)."""
+        for seg in [*self._draining, self._next, getattr(self, "_seg", None)]:
+            if seg is not None and seg.handle is not None and seg.handle.poll() is None:
+                seg.handle.kill()
 
     def _next_stop(self, step: int) -> int:
-        for r in self.spec.schedule:
-            if r.step > step:
-                return r.step
+        for r in self.plan.resizes_after(step):
+            return r.step
         return self.spec.total_steps
 
     def _scheduled_target(self, step: int) -> Resize | None:
-        for r in self.spec.schedule:
-            if r.step == step:
-                return r
+        for r in self.plan.resizes_after(step - 1):
+            return r if r.step == step else None
         return None
 
     def _run(self, step: int, world: int, segment: int) -> dict[str, Any]:
         spec = self.spec
-        (spec.run_dir / "control").mkdir(parents=True, exist_ok=True)
         self._start_progress(step)
+        self._set_state(RunState.LAUNCHING, step=step, world_size=world, segment=segment)
         while True:
             if self._next is not None and self._next.index == segment:
                 seg, self._next = self._next, None
@@ -237,26 +342,30 @@ class Controller:
             else:
                 self.events.write(WorkersExited(segment=seg.index, world_size=seg.world,
                                                 returncode=rc, time=now))
-                if rc != 0 or seg.end is None:
-                    self._fail(seg, rc)
+                self._forget_pids(seg)
+            if rc is not None and (rc != 0 or seg.end is None):
+                if self._interrupts:
+                    return self._interrupted(seg, killed=True)
+                step, world = self._recover(seg, rc)
+                segment = seg.index + 1
+                continue
             step = int(seg.end["step"])
+            if self._failures and step > self._failures[-1]["from_step"]:
+                self._failures = []  # progress since the last failure: the count starts again
             if self._pending is not None and self._pending.t_first is not None:
                 self._drain(wait=True)  # may emit the overhead itself
                 if self._pending is not None:  # no full window at the new size: no steady step
                     self._emit_overhead(steady_step_s=self._pending.steady_step_s or 0.0)
             if self._interrupts and seg.end["reason"] != "finished":
-                self._cancel_next()
-                self._drain(wait=True)
-                self._set_state(RunState.INTERRUPTED, step=step, world_size=world, segment=segment)
-                self.out(f"interrupted: checkpoint at step {step} kept; continue with: "
-                         f"elastic-ring train --resume {spec.run_dir}")
-                return self._finish(interrupted=True)
+                return self._interrupted(seg, killed=False)
             if seg.end["reason"] == "finished":
                 self._cancel_next()
                 break
-            # a resize: live request first, else the schedule
+            # a resize: live request first, else the plan
             if seg.live_target is not None:
                 target, t_req, source = seg.live_target, seg.t_live or now, "live"
+                self.plan.add(step, target, "live")
+                self._save_plan()
             else:
                 r = self._scheduled_target(step)
                 if r is None:
@@ -273,13 +382,130 @@ class Controller:
                 self._cancel_next()  # pre-launched for another size than the one decided
             world, segment = target, segment + 1
         self._drain(wait=True)
-        self._set_state(RunState.SUCCEEDED, step=step, world_size=world, segment=segment)
+        self._set_state(RunState.SUCCEEDED, step=step, world_size=world, segment=segment,
+                        pending_world=None)
         return self._finish()
 
+    def _interrupted(self, seg: _Seg, killed: bool) -> dict[str, Any]:
+        self._cancel_next()
+        self._drain(wait=True)
+        ck = self._checkpoint_step()
+        if killed:
+            kept = f"checkpoint at step {ck} kept" if ck else "no checkpoint was written"
+            msg = f"interrupted twice: workers killed; {kept}"
+        else:
+            msg = f"interrupted: checkpoint at step {ck} kept"
+        self._set_state(RunState.INTERRUPTED, step=ck or 0, segment=seg.index)
+        self.out(f"{msg}; continue with: elastic-ring train --resume {self.spec.run_dir}")
+        return self._finish(interrupted=True)
+
+    def _checkpoint_step(self) -> int | None:
+        """Step of the newest checkpoint that passes its checksum (no torch needed)."""
+        from elastic_ring.ckpt.store import newest_valid
+
+        found = newest_valid(self.spec.run_dir / "checkpoints")
+        return None if found is None else found[1]
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self, seg: _Seg, rc: int) -> tuple[int, int]:
+        """A segment failed: restart from the last checkpoint, or give up (raises)."""
+        t_detect = self.clock()
+        self._cancel_next()
+        self._kill_all()
+        self._drain(wait=True, timeout=10.0)
+        self._pending = None
+        why, rank, rec = self._failure_cause(seg, rc)
+        ck = self._checkpoint_step() or 0
+        prog = protocol.read_json(protocol.control_dir(self.spec.run_dir) / protocol.PROGRESS_FILE) or {}
+        last = max(int(prog.get("step", 0)), seg.last_step, seg.start_step)
+        t_last = float(prog.get("time", 0.0)) or seg.last_step_t or seg.t_launch
+        redone = max(0, last - ck)
+        failure = {"from_step": ck, "type": rec.get("type") if rec else None,
+                   "message": rec.get("message") if rec else why, "step": rec.get("step") if rec else None}
+        repeated = bool(self._failures and rec and failure["type"] and failure["step"] is not None
+                        and {k: self._failures[-1][k] for k in ("type", "message", "step")}
+                        == {k: failure[k] for k in ("type", "message", "step")})
+        self._failures.append(failure)
+        attempt = len(self._failures)
+        world = self.plan.world_after(ck)
+        usable = self._usable_slots(world)
+        new_world = min(world, usable)
+        fatal = bool(rec and rec.get("fatal"))
+        give_up = fatal or repeated or attempt > self.max_restarts or new_world < 1
+        self.events.write(Restart(attempt=attempt, cause=why, rank=rank, returncode=rc,
+                                  segment=seg.index, world_size=seg.world, from_step=ck,
+                                  failed_at_step=last, steps_redone=redone,
+                                  new_world_size=0 if give_up else new_world, gave_up=give_up,
+                                  time=t_detect))
+        if give_up:
+            if fatal:
+                reason = "not retried: the script breaks the worker library's contract"
+            elif repeated:
+                reason = f"the same error at step {failure['step']} twice: not retrying"
+            elif new_world < 1:
+                reason = "no slot answers"
+            else:
+                reason = f"{self.max_restarts} restart(s) tried"
+            self._fail(seg, rc, f"{why} ({reason})", rank=rank)
+        if new_world < world:
+            self.plan.add(ck, new_world, "restart")
+            self._save_plan()
+            self.out(f"only {usable} slot(s) answer: restarting at {new_world} worker(s) (LR by Eq. 7)")
+        self._set_state(RunState.RESTARTING, step=ck, world_size=new_world, segment=seg.index + 1)
+        self._restarting = _Restarting(attempt, t_detect, t_last, redone, ck, seg.index + 1)
+        self.out(f"{why}: restart {attempt}/{self.max_restarts} from step {ck} with {new_world} "
+                 f"worker(s) ({redone} step(s) to redo)")
+        return ck, new_world
+
+    def _usable_slots(self, want: int) -> int:
+        """Slots that answer now (only hosts of --hosts/--hostfile can go away)."""
+        spec = self.spec
+        if not (spec.hosts or spec.hostfile):
+            return spec.slots
+        from elastic_ring.controller.api import parse_hostfile, parse_hosts
+
+        hosts = parse_hosts(spec.hosts) if spec.hosts else parse_hostfile(spec.hostfile)
+        alive = self.host_probe(hosts)
+        total = sum(n for _, n in alive)
+        if total < sum(n for _, n in hosts):
+            self._hosts_override = ",".join(f"{h}:{n}" for h, n in alive) or None
+        else:
+            self._hosts_override = None
+        return total
+
+    def _failure_cause(self, seg: _Seg, rc: int) -> tuple[str, int | None, dict[str, Any] | None]:
+        """(one-line cause, first failed rank, its crash record) of a failed segment."""
+        records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
+        hr_first = None
+        if seg.log is not None:
+            try:
+                m = _FIRST_FAILED.search(seg.log.read_text(errors="replace"))
+                hr_first = int(m.group(1)) if m else None
+            except OSError:
+                pass
+        with_record = {r.get("rank") for r in records}
+        dead = [hr_first] if hr_first is not None and hr_first not in with_record else []
+        first = protocol.first_failure(records, dead)
+        if first is None and hr_first is not None:
+            first = {"rank": hr_first, "type": None, "message": None}
+        if first is None:
+            return f"horovodrun exited with status {rc} before the workers checkpointed", None, None
+        rank = first.get("rank")
+        if first.get("type") == "Killed":
+            return first["message"], rank, None
+        if first.get("type") is None:
+            return f"worker rank {rank} exited first (horovodrun status {rc})", rank, None
+        return f"worker rank {rank} failed: {first.get('message')}", rank, first
+
+    def _forget_pids(self, seg: _Seg) -> None:
+        for f in protocol.pid_dir(self.spec.run_dir).glob(f"seg{seg.index:03d}-rank*.json"):
+            f.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ processes
     def _start_processes(self, seg: _Seg) -> Path:
         spec = self.spec
         cmd = horovodrun_command(spec, seg.world, seg.index, seg.stop_at, self.network_interface,
-                                 seg.go_file)
+                                 seg.go_file, owner=self.owner, hosts=self._hosts_override)
         seg.cmd = cmd
         env = dict(os.environ)
         env.update(spec.extra_env)
@@ -287,14 +513,17 @@ class Controller:
         if spec.device == "cpu":
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, seg.world)))
         log = spec.run_dir / "logs" / f"segment-{seg.index:03d}-w{seg.world}.log"
-        seg.t_launch = self.clock()
+        seg.log = log
+        seg.t_launch = seg.t_started = self.clock()
         seg.handle = self.launcher.start(cmd, env, log)
+        self._launchers[seg.index] = [seg.handle.pid, _create_time(seg.handle.pid)]
+        self._set_state(self.state, launchers=list(self._launchers.values()))
         return log
 
     def _prelaunch(self, cur: _Seg, target: int, stop_at: int) -> None:
         """Start the next segment's workers now; they build everything and wait for their go."""
         nxt = _Seg(cur.index + 1, target, stop_at)
-        nxt.go_file = self.spec.run_dir / "control" / f"go-{nxt.index}"
+        nxt.go_file = protocol.go_file(self.spec.run_dir, nxt.index)
         nxt.go_file.unlink(missing_ok=True)
         self._start_processes(nxt)
         self._next = nxt
@@ -484,6 +713,17 @@ class Controller:
         if kind == "throughput" and seg is not None and ev["segment"] == seg.index:
             seg.last_step, seg.last_step_t = int(ev["step"]), float(ev["time"])
             seg.steps_per_s = self._last_speed = float(ev["steps_per_s"])
+        rs = self._restarting
+        if kind == "first_step" and rs is not None and seg is not None and ev["segment"] == seg.index:
+            t_first = float(ev["time"])
+            step_s = 1.0 / self._last_speed if self._last_speed > 0 else 0.0
+            self.events.write(Recovered(attempt=rs.attempt, segment=seg.index, world_size=ev["world_size"],
+                                        step=ev["step"], from_step=rs.from_step,
+                                        steps_redone=rs.steps_redone,
+                                        detect_to_first_step_s=t_first - rs.t_detect,
+                                        time_lost_s=max(0.0, t_first - rs.t_last_progress)
+                                        + rs.steps_redone * step_s, time=t_first))
+            self._restarting = None
         if kind == "first_step" and p is not None and seg is not None and ev["segment"] == seg.index:
             p.t_first = float(ev["time"])
             self.events.write(FirstStepAfterResize(segment=seg.index, world_size=ev["world_size"],
@@ -538,32 +778,23 @@ class Controller:
                      f"{ev['images_per_s']:.1f} img/s  {ev['steps_per_s']:.2f} steps/s  "
                      f"loss {ev['loss']:.4f}  lr {ev['lr']:.4g}")
 
-    def _fail(self, seg: _Seg, rc: int, why: str | None = None) -> None:
+    def _fail(self, seg: _Seg, rc: int | None, why: str | None = None, rank: int | None = None) -> None:
+        """End the run as FAILED: one line naming the cause, the log, and the way back."""
         self._cancel_next()
-        errors = []
-        for f in sorted((self.spec.run_dir / "logs").glob("error-rank*.json")):
-            try:
-                errors.append(json.loads(f.read_text()))
-            except (OSError, json.JSONDecodeError):
-                pass
-        errors = [e for e in errors if e.get("time", 0) >= seg.t_launch]
-        errors.sort(key=lambda e: e.get("time", 0))
-        log = self.spec.run_dir / "logs" / f"segment-{seg.index:03d}-w{seg.world}.log"
-        if why is None and errors:
-            e = errors[0]
-            why = f"worker rank {e.get('rank')} failed: {e.get('type')}: {e.get('message')}"
-        elif why is None:
-            why = f"horovodrun exited with status {rc} before the workers checkpointed"
-        self.events.write(ErrorEvent(message=why, rank=errors[0].get("rank") if errors else None,
-                                     segment=seg.index))
+        self._kill_all()
+        if why is None:
+            why, rank, _ = self._failure_cause(seg, rc if rc is not None else -1)
+        log = seg.log or self.spec.run_dir / "logs" / f"segment-{seg.index:03d}-w{seg.world}.log"
+        self.events.write(ErrorEvent(message=why, rank=rank, segment=seg.index))
         self._set_state(RunState.FAILED, segment=seg.index, world_size=seg.world)
-        raise WorkerFailedError(f"{why} (log: {log}; last checkpoint kept; "
-                                f"retry with: elastic-ring train --resume {self.spec.run_dir})",
-                                rank=errors[0].get("rank") if errors else None, cause=why)
+        ck = self._checkpoint_step()
+        way = (f"checkpoint at step {ck} kept; resume with: elastic-ring train --resume {self.spec.run_dir}"
+               if ck else "no checkpoint was written")
+        raise WorkerFailedError(f"{why} (log: {log}; {way})", rank=rank, cause=why)
 
     def _finish(self, interrupted: bool = False) -> dict[str, Any]:
         evs = read_events(self.spec.run_dir / "events.jsonl")
-        launches = [e for e in evs if e["kind"] == "launch"]
+        launches = [e for e in evs if e["kind"] == "launch"] or [{"time": self.clock()}]
         if not interrupted:
             s0 = summarize(evs)
             self.events.write(Finished(step=s0["step"], wall_s=self.clock() - launches[0]["time"],
@@ -581,3 +812,12 @@ class Controller:
         os.replace(tmp, self.spec.run_dir / "summary.json")
         return summary
 
+
+
+def _create_time(pid: int) -> float:
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:  # noqa: BLE001 - a fake launcher's pid
+        return 0.0

@@ -1,8 +1,10 @@
 """Creating a run folder: one function for `train`, `profile` and `experiment`.
 
-A new run's folder holds the resolved ``config.yaml``, the request in ``run.json`` and the dataset
-materialised under ``cache/`` (so no worker of any segment parses CIFAR's pickles or imports
-scikit-learn: that is part of every relaunch's cost).
+A new run's folder holds the resolved ``config.yaml`` (the built-in ResNet worker's recipe; none
+for a user's ``--script``), the request in ``run.json`` (with the workers' settings under
+``worker``) and, for the built-in worker, the dataset materialised under ``cache/`` (so no worker
+of any segment parses CIFAR's pickles or imports scikit-learn: that is part of every relaunch's
+cost).
 """
 
 from __future__ import annotations
@@ -20,16 +22,43 @@ from elastic_ring.controller.api import RunSpec
 from elastic_ring.data import materialize
 
 
-def create_run_dir(spec: RunSpec, cfg: TrainConfig, **extra: Any) -> None:
+def worker_settings(spec: RunSpec, cfg: TrainConfig | None) -> dict[str, Any]:
+    """What every worker reads from ``run.json`` (see ``protocol.LaunchInfo``)."""
+    return {
+        "total_steps": spec.total_steps, "device": spec.device,
+        "checkpoint_every": spec.checkpoint_every, "checkpoint_every_s": spec.checkpoint_every_s,
+        "keep": spec.keep,
+        "lr_scaling": cfg.lr_scaling if cfg else "linear",
+        "control_every": cfg.control_every if cfg else 1,
+        "throughput_window": cfg.throughput_window if cfg else 20,
+        "eval_every": cfg.eval_every if cfg else 0,
+    }
+
+
+def create_run_dir(spec: RunSpec, cfg: TrainConfig | None, **extra: Any) -> None:
     """Write ``config.yaml`` and ``run.json`` into ``spec.run_dir`` and fill its dataset cache."""
     rd = spec.run_dir
     rd.mkdir(parents=True, exist_ok=True)
-    (rd / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    if cfg is not None:
+        (rd / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     (rd / "run.json").write_text(json.dumps({
         "workers": spec.workers, "schedule": [[r.step, r.to] for r in spec.schedule],
         "slots": spec.slots, "device": spec.device, "hosts": spec.hosts, "hostfile": spec.hostfile,
+        "total_steps": spec.total_steps, "script": spec.script, "script_args": list(spec.script_args),
+        "worker": worker_settings(spec, cfg),
         "created": time.time(), "argv": sys.argv[1:], **extra}, indent=2))
-    ensure_dataset_cache(spec.run_dir, cfg)
+    if cfg is not None:
+        ensure_dataset_cache(spec.run_dir, cfg)
+
+
+def update_worker_settings(run_dir: Path, **changes: Any) -> None:
+    """Change workers' settings of an existing run (e.g. checkpoint flags given at --resume)."""
+    path = Path(run_dir) / "run.json"
+    info = json.loads(path.read_text())
+    info.setdefault("worker", {}).update({k: v for k, v in changes.items() if v is not None})
+    tmp = path.with_name(".run.json.tmp")
+    tmp.write_text(json.dumps(info, indent=2))
+    tmp.replace(path)
 
 
 def ensure_dataset_cache(run_dir: Path, cfg: TrainConfig) -> None:

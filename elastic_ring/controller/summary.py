@@ -2,7 +2,9 @@
 
 Per world size: median images/s and steps/s over the throughput windows; the scaling efficiency
 between consecutive sizes used, ``thr(w2) / (thr(w1) * w2 / w1)`` on images/s; each resize's
-overhead breakdown; final train loss and test accuracy.
+overhead breakdown; each restart (cause, rank, steps redone, time lost); final train loss and test
+accuracy. Steps redone after a restart or a resume are counted once: a launch from step s drops
+the windows (or the parts of windows) after s that an earlier segment did not checkpoint.
 """
 
 from __future__ import annotations
@@ -14,11 +16,44 @@ from typing import Any
 from elastic_ring.events.api import read_events
 
 
-def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
-    by_w: dict[int, list[dict[str, Any]]] = {}
+def _kept_windows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    kept: list[dict[str, Any]] = []
     for e in events:
         if e["kind"] == "throughput":
-            by_w.setdefault(int(e["world_size"]), []).append(e)
+            kept.append(e)
+        elif e["kind"] == "launch":
+            start = int(e.get("start_step", 1))
+            out = []
+            for w in kept:
+                first = int(w["step"]) - int(w["steps"]) + 1
+                if int(w["step"]) < start:
+                    out.append(w)
+                elif first < start:
+                    out.append({**w, "steps": start - first, "step": start - 1})
+            kept = out
+    return kept
+
+
+def _steps_by_size(events: list[dict[str, Any]], last_step: int) -> dict[int, int]:
+    """Steps done at each size, each step once: launch i covers its start step up to the next
+    launch's start (a restart or resume starts again after its checkpoint) or the last step."""
+    launches = [e for e in events if e["kind"] == "launch"]
+    out: dict[int, int] = {}
+    for a, b in zip(launches, launches[1:] + [None]):
+        end = int(b["start_step"]) - 1 if b is not None else last_step
+        n = max(0, end - int(a["start_step"]) + 1)
+        out[int(a["world_size"])] = out.get(int(a["world_size"]), 0) + n
+    return out
+
+
+def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
+    by_w: dict[int, list[dict[str, Any]]] = {}
+    windows = _kept_windows(events)
+    for e in windows:
+        by_w.setdefault(int(e["world_size"]), []).append(e)
+    last_step = max((e.get("step") or 0 for e in events if e["kind"] in
+                     ("throughput", "segment_end", "first_step", "finished")), default=0)
+    done = _steps_by_size(events, last_step)
     sizes = []
     for w in sorted(by_w):
         ev = by_w[w]
@@ -26,7 +61,7 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
         sps = [e["steps_per_s"] for e in ev]
         sizes.append({"workers": w, "images_per_s": statistics.median(ips),
                       "steps_per_s": statistics.median(sps), "windows": len(ev),
-                      "steps": sum(e["steps"] for e in ev)})
+                      "steps": done.get(w, 0)})
     eff = []
     for a, b in zip(sizes, sizes[1:]):
         ideal = a["images_per_s"] * b["workers"] / a["workers"]
@@ -36,12 +71,17 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
                                     "checkpoint_s", "relaunch_to_first_step_s", "total_lost_s",
                                     "steady_step_s")}
                  for e in events if e["kind"] == "resize_overhead"]
-    thr = [e for e in events if e["kind"] == "throughput"]
+    thr = windows
+    rec = {e["attempt"]: e for e in events if e["kind"] == "recovered"}
+    restarts = [{"attempt": e["attempt"], "cause": e["cause"], "rank": e["rank"],
+                 "from_step": e["from_step"], "steps_redone": e["steps_redone"],
+                 "world_size": e["new_world_size"], "gave_up": e.get("gave_up", False),
+                 "time_lost_s": rec.get(e["attempt"], {}).get("time_lost_s"),
+                 "detect_to_first_step_s": rec.get(e["attempt"], {}).get("detect_to_first_step_s")}
+                for e in events if e["kind"] == "restart"]
     evals = [e for e in events if e["kind"] == "evaluation"]
     fin = [e for e in events if e["kind"] == "finished"]
     launches = [e for e in events if e["kind"] == "launch"]
-    last_step = max((e.get("step") or 0 for e in events if e["kind"] in
-                     ("throughput", "segment_end", "first_step", "finished")), default=0)
     state = "finished" if fin else ("failed" if any(e["kind"] == "error" for e in events) else "running")
     return {
         "state": state,
@@ -50,6 +90,8 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
         "sizes": sizes,
         "scaling_efficiency": eff,
         "resizes": overheads,
+        "restarts": restarts,
+        "steps_trained": sum(done.values()),
         "train_loss": thr[-1]["loss"] if thr else None,
         "test_accuracy": evals[-1]["test_accuracy"] if evals else None,
         "test_loss": evals[-1]["test_loss"] if evals else None,
@@ -83,6 +125,14 @@ def render(summary: dict[str, Any], total_steps: int | None = None) -> str:
             lines.append(f"{r['from_workers']:>3} -> {r['to_workers']:<2} {r['step']:>7} "
                          f"{r['stop_latency_s']:>7.2f} {r['checkpoint_s']:>7.3f} "
                          f"{r['relaunch_to_first_step_s']:>10.2f} {r['total_lost_s']:>7.2f}")
+    if summary.get("restarts"):
+        lines.append("")
+        lines.append(f"{'restart':>7} {'from step':>9} {'redone':>6} {'workers':>7} {'lost s':>7}  cause")
+        for r in summary["restarts"]:
+            lost = r.get("time_lost_s")
+            lines.append(f"{r['attempt']:>7} {r['from_step']:>9} {r['steps_redone']:>6} "
+                         f"{'-' if r.get('gave_up') else r['world_size']:>7} "
+                         f"{'n/a' if lost is None else f'{lost:.2f}':>7}  {r['cause']}")
     lines.append("")
     tl = summary.get("train_loss")
     ta = summary.get("test_accuracy")

@@ -3,12 +3,13 @@
 from elastic_ring.events.api import (
     Event, EventLog, read_events, event_from_dict, register,
     Launch, FirstStep, Throughput, ResizeRequested, CheckpointWritten, WorkersExited, Relaunched,
-    FirstStepAfterResize, ResizeOverhead, Evaluation, Finished, ErrorEvent, SegmentEnd,
+    FirstStepAfterResize, ResizeOverhead, Evaluation, Finished, ErrorEvent, SegmentEnd, Restart,
+    Recovered,
 )
 
 __all__ = [
     "Event", "EventLog", "read_events", "event_from_dict", "register",
     "Launch", "FirstStep", "Throughput", "ResizeRequested", "CheckpointWritten", "WorkersExited",
     "Relaunched", "FirstStepAfterResize", "ResizeOverhead", "Evaluation", "Finished", "ErrorEvent",
-    "SegmentEnd",
+    "SegmentEnd", "Restart", "Recovered",
 ]

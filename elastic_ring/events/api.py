@@ -10,6 +10,9 @@ Kinds of ``elastic-ring train`` (in the order a run emits them)::
     launch -> first_step -> throughput* -> resize_requested -> checkpoint_written -> segment_end
       -> workers_exited -> relaunched -> first_step_after_resize -> resize_overhead
       -> throughput* ... -> evaluation -> finished        (error at any point)
+
+and after a worker's death: ``restart`` (cause, first failed rank, steps to redo) -> launch ->
+first_step -> ``recovered`` (time lost).
 """
 
 from __future__ import annotations
@@ -111,6 +114,8 @@ class CheckpointWritten(Event):
     bytes: int
     world_size: int
     lr: float
+    stall_s: float = 0.0  # time the training thread spent on it (the copy off the device, waits)
+    background: bool = False  # a periodic checkpoint written while training went on
 
 
 @register
@@ -200,6 +205,47 @@ class Finished(Event):
     train_loss: float | None
     test_accuracy: float | None
     test_loss: float | None
+
+
+@register
+@dataclass(frozen=True)
+class Restart(Event):
+    """A segment failed; the controller restarts the workers from the last checkpoint (or gives
+    up: ``gave_up``). ``time`` is when the failure was detected."""
+
+    kind: ClassVar[str] = "restart"
+    attempt: int  # consecutive failures so far, this one included
+    cause: str
+    rank: int | None  # the rank that failed first (the others die of its absence)
+    returncode: int | None
+    segment: int
+    world_size: int
+    from_step: int  # the checkpoint the restart resumes from (0: none)
+    failed_at_step: int  # the last step known done before the failure
+    steps_redone: int
+    new_world_size: int
+    gave_up: bool = False
+
+
+@register
+@dataclass(frozen=True)
+class Recovered(Event):
+    """The first step after a restart.
+
+    detect_to_first_step_s: failure detected to the first step done again.
+    time_lost_s: last progress before the failure to the first step after it, plus the steps to
+        redo at the latest steady step time: the time not spent on new steps.
+    """
+
+    kind: ClassVar[str] = "recovered"
+    attempt: int
+    segment: int
+    world_size: int
+    step: int
+    from_step: int
+    steps_redone: int
+    detect_to_first_step_s: float
+    time_lost_s: float
 
 
 @register

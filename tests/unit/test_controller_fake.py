@@ -12,11 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from elastic_ring.controller.api import Resize, RunSpec, RunState
+from elastic_ring.ckpt import CheckpointStore
+from elastic_ring.controller.api import (TRANSITIONS, IllegalTransition, Plan, Resize, RunSpec,
+                                         RunState, check_transition)
 from elastic_ring.controller.controller import Controller
 from elastic_ring.errors import WorkerFailedError
-from elastic_ring.events import EventLog, read_events
-from elastic_ring.train.worker import WORKER_EVENTS
+from elastic_ring.events import (CheckpointWritten, EventLog, FirstStep, SegmentEnd, Throughput,
+                                 read_events)
+from elastic_ring.protocol import WORKER_EVENTS
 
 
 class FakeWorkers:
@@ -27,6 +30,7 @@ class FakeWorkers:
         self.segment = int(arg("--segment"))
         self.stop_at = int(arg("--stop-at"))
         self.go = Path(arg("--go-file")) if arg("--go-file") else None
+        self.cmd_line = " ".join(cmd)
         self.pid = 10_000 + self.segment
         self.polls = 0
         self.rc: int | None = None
@@ -45,31 +49,31 @@ class FakeWorkers:
         if self.fail_rank is not None:
             (self.run_dir / "logs").mkdir(exist_ok=True)
             (self.run_dir / "logs" / f"error-rank{self.fail_rank}.json").write_text(json.dumps(
-                {"rank": self.fail_rank, "type": "ValueError", "message": "boom", "time": 1e18}))
+                {"rank": self.fail_rank, "type": "ValueError", "message": "ValueError: boom",
+                 "time": time.time(), "step": self.state["step"] + 1}))
             self.rc = 1
             return self.rc
         start = self.state["step"] + 1
         lr = 0.1 * self.world
         if self.polls > 2:
             return self._stop(start, lr)
-        self.log.write({"kind": "first_step", "segment": self.segment, "world_size": self.world,
-                        "step": start, "since_launch_s": 1.0, "lr": lr, "time": time.time()})
-        self.log.write({"kind": "throughput", "segment": self.segment, "world_size": self.world,
-                        "step": self.stop_at, "steps": self.stop_at - start, "seconds": 1.0,
-                        "images_per_s": 100.0 * self.world, "steps_per_s": 10.0, "loss": 1.0,
-                        "lr": lr, "epoch": 0, "time": time.time()})
+        self.log.write(FirstStep(segment=self.segment, world_size=self.world, step=start,
+                                 since_launch_s=1.0, lr=lr))
+        self.log.write(Throughput(segment=self.segment, world_size=self.world, step=self.stop_at,
+                                  steps=self.stop_at - start, seconds=1.0, images_per_s=100.0 * self.world,
+                                  steps_per_s=10.0, loss=1.0, lr=lr, epoch=0))
         return None  # training: the controller sees a window before the stop
 
     def _stop(self, start: int, lr: float) -> int | None:
         if self.polls < 5:
             return None
-        self.log.write({"kind": "checkpoint_written", "step": self.stop_at, "path": "x", "seconds": 0.01,
-                        "bytes": 1, "world_size": self.world, "lr": lr, "time": time.time()})
+        self.log.write(CheckpointWritten(step=self.stop_at, path="x", seconds=0.01, bytes=1,
+                                         world_size=self.world, lr=lr))
         reason = "finished" if self.stop_at >= self.state["total"] else "scheduled"
-        self.log.write({"kind": "segment_end", "segment": self.segment, "world_size": self.world,
-                        "step": self.stop_at, "reason": reason, "lr": lr,
-                        "stop_decided_at": time.time(), "time": time.time()})
+        self.log.write(SegmentEnd(segment=self.segment, world_size=self.world, step=self.stop_at,
+                                  reason=reason, lr=lr, stop_decided_at=time.time()))
         self.state["step"] = self.stop_at
+        CheckpointStore(self.run_dir / "checkpoints").save({"step": self.stop_at, "world_size": self.world})
         self.rc = 0
         return None  # checkpoint written; the process exits at the next poll
 
@@ -78,26 +82,28 @@ class FakeWorkers:
 
 
 class FakeLauncher:
-    def __init__(self, run_dir: Path, total: int, fail_segment: int | None = None) -> None:
+    """Starts fake worker groups; the launches numbered in ``fail_launches`` fail (rank 1 raises)."""
+
+    def __init__(self, run_dir: Path, total: int, fail_launches: tuple[int, ...] = ()) -> None:
         self.run_dir = run_dir
         self.state = {"step": 0, "total": total}
         self.started: list[FakeWorkers] = []
-        self.fail_segment = fail_segment
+        self.fail_launches = fail_launches
 
     def start(self, cmd, env, log_path):
-        seg = int(cmd[cmd.index("--segment") + 1])
-        w = FakeWorkers(self.run_dir, cmd, self.state, 1 if seg == self.fail_segment else None)
+        fail = len(self.started) in self.fail_launches
+        w = FakeWorkers(self.run_dir, cmd, self.state, 1 if fail else None)
         self.started.append(w)
         return w
 
 
-def _controller(tmp_path, schedule, relaunch="sequential", fail_segment=None, total=30):
+def _controller(tmp_path, schedule, relaunch="sequential", fail_launches=(), total=30, max_restarts=3):
     spec = RunSpec(run_dir=tmp_path, workers=1, schedule=schedule, slots=4, device="cpu",
                    total_steps=total)
     spec.validate()
-    launcher = FakeLauncher(tmp_path, total, fail_segment)
+    launcher = FakeLauncher(tmp_path, total, fail_launches)
     ctl = Controller(spec, launcher=launcher, out=lambda s: None, poll_s=0.0,
-                     show_progress=False, relaunch=relaunch)
+                     show_progress=False, relaunch=relaunch, max_restarts=max_restarts)
     return ctl, launcher
 
 
@@ -120,13 +126,88 @@ def test_schedule_runs_three_segments_with_eq7(tmp_path, mode):
         assert all(e["prelaunched_s"] >= 0 for e in ev if e["kind"] == "launch")
 
 
-def test_worker_failure_names_rank_and_cause(tmp_path):
-    ctl, _ = _controller(tmp_path, (Resize(10, 2),), fail_segment=1)
+def test_failure_without_restarts_names_rank_cause_and_checkpoint(tmp_path):
+    ctl, _ = _controller(tmp_path, (Resize(10, 2),), fail_launches=(1,), max_restarts=0)
     with pytest.raises(WorkerFailedError, match="worker rank 1 failed: ValueError: boom") as ei:
         ctl.run(0, 1, 0)
     assert ei.value.rank == 1
+    assert "checkpoint at step 10 kept; resume with: elastic-ring train --resume" in str(ei.value)
     assert ctl.state is RunState.FAILED
     errors = read_events(tmp_path / "events.jsonl", kind="error")
     assert errors and errors[0]["rank"] == 1
     state = json.loads((tmp_path / "controller.json").read_text())
     assert state["state"] == "failed"
+
+
+def test_failure_before_any_checkpoint_says_none_was_written(tmp_path):
+    ctl, _ = _controller(tmp_path, (), fail_launches=(0,), max_restarts=0)
+    with pytest.raises(WorkerFailedError, match="no checkpoint was written"):
+        ctl.run(0, 1, 0)
+
+
+def test_failure_after_a_resize_restarts_at_the_new_size_from_the_checkpoint(tmp_path):
+    # launches: 0 = segment 0 (1 worker, to step 10), 1 = segment 1 (2 workers) fails
+    ctl, launcher = _controller(tmp_path, (Resize(10, 2), Resize(20, 1)), fail_launches=(1,))
+    summary = ctl.run(0, 1, 0)
+    assert ctl.state is RunState.SUCCEEDED and summary["state"] == "finished"
+    # the restart runs segment 2 at 2 workers from the checkpoint of step 10; the resize at 20 holds
+    assert [(w.segment, w.world, w.stop_at) for w in launcher.started] == [
+        (0, 1, 10), (1, 2, 20), (2, 2, 20), (3, 1, 30)]
+    (r,) = read_events(tmp_path / "events.jsonl", kind="restart")
+    assert (r["rank"], r["from_step"], r["new_world_size"], r["attempt"]) == (1, 10, 2, 1)
+    assert "ValueError: boom" in r["cause"] and not r["gave_up"]
+    assert summary["restarts"][0]["from_step"] == 10
+
+
+def test_the_same_error_at_the_same_step_is_not_retried(tmp_path):
+    ctl, launcher = _controller(tmp_path, (Resize(10, 2),), fail_launches=(1, 2, 3))
+    with pytest.raises(WorkerFailedError, match="the same error at step 11 twice: not retrying"):
+        ctl.run(0, 1, 0)
+    assert len(launcher.started) == 3  # the first run, one restart, then stop
+    rs = read_events(tmp_path / "events.jsonl", kind="restart")
+    assert [r["gave_up"] for r in rs] == [False, True]
+
+
+def test_restarts_exhausted(tmp_path, monkeypatch):
+    ctl, launcher = _controller(tmp_path, (Resize(10, 2),), fail_launches=(1, 2), max_restarts=1)
+    # make each failure look different, so only the count stops the run
+    import elastic_ring.controller.controller as cc
+    n = iter(range(100))
+    real = cc.protocol.read_error_records
+    monkeypatch.setattr(cc.protocol, "read_error_records",
+                        lambda *a, **k: [{**r, "message": f"ValueError: boom {next(n)}"} for r in real(*a, **k)])
+    with pytest.raises(WorkerFailedError, match=r"\(1 restart\(s\) tried\)"):
+        ctl.run(0, 1, 0)
+    assert len(launcher.started) == 3
+
+
+def test_restart_on_fewer_hosts_shrinks_to_what_answers(tmp_path):
+    spec = RunSpec(run_dir=tmp_path, workers=2, schedule=(), slots=2, device="cpu", total_steps=30,
+                   hosts="localhost:1,gone:1")
+    launcher = FakeLauncher(tmp_path, 30, fail_launches=(0,))
+    ctl = Controller(spec, launcher=launcher, out=lambda s: None, poll_s=0.0, show_progress=False,
+                     relaunch="sequential", host_probe=lambda hosts: [h for h in hosts if h[0] != "gone"])
+    ctl.run(0, 2, 0)
+    assert [w.world for w in launcher.started] == [2, 1]
+    assert "localhost:1" in launcher.started[1].cmd_line and "gone" not in launcher.started[1].cmd_line
+    assert Plan.from_dict(json.loads((tmp_path / "plan.json").read_text())).world_after(0) == 1
+
+
+def test_transition_table_is_enforced():
+    check_transition(RunState.RUNNING, RunState.RESTARTING)
+    with pytest.raises(IllegalTransition):
+        check_transition(RunState.SUCCEEDED, RunState.RUNNING)
+    with pytest.raises(IllegalTransition):
+        check_transition(RunState.PENDING, RunState.RUNNING)
+    assert all(not TRANSITIONS[s] for s in (RunState.SUCCEEDED, RunState.FAILED, RunState.INTERRUPTED))
+
+
+def test_plan_world_after_any_history():
+    p = Plan.from_spec(2, (Resize(100, 1), Resize(300, 2)))
+    assert [p.world_after(s) for s in (0, 99, 100, 299, 300)] == [2, 2, 1, 1, 2]
+    assert p.resizes_after(100) == (Resize(300, 2),)
+    p.add(150, 2, "live")  # a live resize makes the scheduled 300:2 a no-op, dropped
+    assert p.world_after(200) == 2 and p.resizes_after(150) == ()
+    p.replace_after(150, (Resize(400, 1),))
+    assert p.resizes_after(150) == (Resize(400, 1),)
+    assert Plan.from_dict(p.to_dict()) == p

@@ -141,8 +141,8 @@ def test_checkpoint_roundtrip_keeps_previous_and_detects_corruption(tmp_path):
     data[-5] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="SHA-256 mismatch"):
-        store.load_latest()
-    assert load_verified(tmp_path / "ckpt-00000020.pt")["step"] == 20  # previous intact
+        load_verified(path)
+    assert store.load_latest()["step"] == 20  # falls back to the previous one, intact
     (tmp_path / "junk.pt").write_bytes(b"hello")
     with pytest.raises(CheckpointError, match="not an elastic-ring checkpoint"):
         load_verified(tmp_path / "junk.pt")

@@ -98,13 +98,13 @@ def _fake_run(tmp_path):
 
 def test_resume_with_corrupt_checkpoint_loses_nothing(run_cli, tmp_path):
     run, store = _fake_run(tmp_path)
-    path = store.latest_path()
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x55
-    path.write_bytes(bytes(data))
+    for path in store.candidates():  # every kept checkpoint corrupt: no fallback left
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x55
+        path.write_bytes(bytes(data))
     before = sorted((p.name, p.stat().st_size) for p in (run / "checkpoints").iterdir())
     p = run_cli("train", "--resume", str(run), "--slots", "2")
-    _assert_one_line_error(p, "corrupt", "SHA-256")
+    _assert_one_line_error(p, "corrupt", "SHA-256", "no older checkpoint loads")
     after = sorted((p.name, p.stat().st_size) for p in (run / "checkpoints").iterdir())
     assert before == after  # the corrupt file and the previous one are both still there
 

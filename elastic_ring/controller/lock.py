@@ -1,0 +1,113 @@
+"""One owner per run folder: an exclusive ``fcntl.flock`` on ``RUN_DIR/.lock``.
+
+The lock dies with its process (kill -9 included), so a stale lock never blocks a resume; the
+workers of a dead controller are stopped by :func:`stop_stale_workers` (and stop by themselves
+when the controller's heartbeat stands still, see :mod:`elastic_ring.worker.run`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+
+from elastic_ring import protocol
+from elastic_ring.errors import UserError
+
+_HELD: dict[str, int] = {}  # resolved folder -> fd, for locks this process holds
+
+
+class RunLock:
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir).resolve() / protocol.LOCK_FILE
+
+    def acquire(self) -> None:
+        """Raises UserError when another live controller holds the folder."""
+        key = str(self.path)
+        if key in _HELD:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            holder = holder_pid(self.path.parent)
+            raise UserError(f"run folder {self.path.parent} is in use by another elastic-ring "
+                            f"controller{f' (pid {holder})' if holder else ''}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        _HELD[key] = fd
+
+    def release(self) -> None:
+        fd = _HELD.pop(str(self.path), None)
+        if fd is not None:
+            os.close(fd)
+
+
+def holder_pid(run_dir: Path) -> int | None:
+    try:
+        return int((Path(run_dir) / protocol.LOCK_FILE).read_text().strip() or 0) or None
+    except (OSError, ValueError):
+        return None
+
+
+def is_locked(run_dir: Path) -> bool:
+    """Whether a live controller holds the folder (checked without disturbing it)."""
+    path = Path(run_dir) / protocol.LOCK_FILE
+    if str(path.resolve()) in _HELD:
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def stop_stale_workers(run_dir: Path, timeout_s: float = 20.0) -> list[int]:
+    """Kill the workers (and horovodrun) a dead controller left on this host; returns their pids.
+
+    Call with the lock held. Workers on other hosts see the new owner in the heartbeat file and
+    exit by themselves.
+    """
+    import psutil
+
+    me = socket.gethostname()
+    victims: list[psutil.Process] = []
+    records = protocol.read_pid_records(run_dir)
+    ctl = protocol.read_json(Path(run_dir) / protocol.CONTROLLER_FILE) or {}
+    if ctl.get("launcher_pid"):
+        records.append({"pid": ctl["launcher_pid"], "host": me, "created": ctl.get("launcher_created", 0)})
+    for rec in records:
+        if rec.get("host") != me or not rec.get("pid"):
+            continue
+        try:
+            p = psutil.Process(int(rec["pid"]))
+            if rec.get("created") and abs(p.create_time() - float(rec["created"])) > 1.0:
+                continue  # the pid was reused by another process
+            victims.append(p)
+        except psutil.Error:
+            continue
+    for p in victims:
+        try:
+            for c in p.children(recursive=True):
+                c.kill()
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(victims, timeout=timeout_s)
+    for f in protocol.pid_dir(run_dir).glob("*.json"):
+        f.unlink(missing_ok=True)
+    t0 = time.time()
+    while time.time() - t0 < timeout_s and any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                                                 for p in victims):
+        time.sleep(0.1)
+    return [p.pid for p in victims]

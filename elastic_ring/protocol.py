@@ -1,0 +1,214 @@
+"""The file protocol between the controller and its workers (torch-free, so `status` and `resize`
+start fast).
+
+Everything lives in the run folder, which every host of a job sees (as the checkpoints do):
+
+- ``run.json``                 the request; its ``worker`` entry holds the workers' settings
+- ``plan.json``                the effective resize plan (initial size, scheduled and live resizes)
+- ``controller.json``          the controller's state (pid, state, step, world size)
+- ``.lock``                    held (``fcntl.flock``) by the one controller that owns the folder
+- ``worker_events.jsonl``      rank 0's events, relayed by the controller into ``events.jsonl``
+- ``control/heartbeat.json``   the owner's id and a counter the controller bumps every second;
+                               workers of another owner, or of a silent one, exit by themselves
+- ``control/stop-<seg>``       asks segment ``seg``'s workers to stop at the next agreed step
+- ``control/go-<seg>``         releases pre-launched workers (carries the stop step)
+- ``control/resize-request.json``  a live resize asked by ``elastic-ring resize``
+- ``control/progress.json``    rank 0's last completed step (written at most twice a second)
+- ``control/pids/seg<n>-rank<r>.json``  each worker's pid, host and owner (to stop orphans)
+- ``logs/error-rank<r>.json``  a worker's crash record (one format for ``train`` and ``ps``)
+
+Launch settings reach a worker as environment variables set by the worker entry point
+(``python -m elastic_ring.worker.run``); :class:`LaunchInfo` is their one accessor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+WORKER_EVENTS = "worker_events.jsonl"
+CONTROLLER_FILE = "controller.json"
+PLAN_FILE = "plan.json"
+LOCK_FILE = ".lock"
+REQUEST_FILE = "resize-request.json"
+HEARTBEAT_FILE = "heartbeat.json"
+PROGRESS_FILE = "progress.json"
+
+HEARTBEAT_EVERY_S = 1.0
+HEARTBEAT_TIMEOUT_S = 15.0  # workers exit when the controller's heartbeat stood still this long
+EXIT_ORPHANED = 75  # a worker's exit status when its controller is gone or replaced
+
+# Exception types that a rank raises because a *peer* died (not a failure of its own).
+PEER_LOSS_TYPES = ("HorovodInternalError", "HostsUpdatedInterrupt")
+
+
+def control_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "control"
+
+
+def stop_file(run_dir: Path, segment: int) -> Path:
+    """The file whose existence asks segment ``segment``'s workers to stop at the next agreed step."""
+    return control_dir(run_dir) / f"stop-{segment}"
+
+
+def go_file(run_dir: Path, segment: int) -> Path:
+    return control_dir(run_dir) / f"go-{segment}"
+
+
+def pid_dir(run_dir: Path) -> Path:
+    return control_dir(run_dir) / "pids"
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------- launch settings
+_ENV = "ELASTIC_RING_"
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """What the controller tells one worker process (through ``ELASTIC_RING_*`` variables)."""
+
+    run_dir: Path
+    segment: int
+    stop_at: int
+    total_steps: int
+    device: str = "cpu"
+    owner: str = ""
+    go_file: Path | None = None
+    checkpoint_every: int = 0  # steps between periodic checkpoints (0: none)
+    checkpoint_every_s: float = 0.0  # seconds between periodic checkpoints (0: none)
+    keep: int = 2
+    lr_scaling: str = "linear"
+    control_every: int = 1
+    throughput_window: int = 20
+    eval_every: int = 0
+    controller_pid: int = 0
+    controller_host: str = ""
+
+    def to_env(self) -> dict[str, str]:
+        out = {}
+        for k, v in asdict(self).items():
+            out[_ENV + k.upper()] = "" if v is None else str(v)
+        return out
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "LaunchInfo | None":
+        """The launch settings of this process, or None when not started by elastic-ring."""
+        env = os.environ if env is None else env
+        if _ENV + "RUN_DIR" not in env:
+            return None
+        kw: dict[str, Any] = {}
+        for name, f in cls.__dataclass_fields__.items():
+            raw = env.get(_ENV + name.upper())
+            if raw is None:
+                continue
+            t = f.type if isinstance(f.type, str) else f.type.__name__
+            if "Path" in t:
+                kw[name] = Path(raw) if raw else None
+            elif t == "int":
+                kw[name] = int(raw)
+            elif t == "float":
+                kw[name] = float(raw)
+            else:
+                kw[name] = raw
+        return cls(**kw)
+
+
+# ---------------------------------------------------------------------- crash records
+def error_file(run_dir: Path, rank: int | str) -> Path:
+    return Path(run_dir) / "logs" / f"error-rank{rank}.json"
+
+
+def write_error_record(run_dir: Path, exc: BaseException, rank: int | None, **extra: Any) -> None:
+    """Write a worker's uncaught exception where the controller looks for it (never raises)."""
+    try:
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        record = {"rank": rank, "type": type(exc).__name__, "message": last,
+                  "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+                  "time": time.time(), "host": socket.gethostname(), "pid": os.getpid(),
+                  "peer_loss": type(exc).__name__ in PEER_LOSS_TYPES, **extra}
+        write_json_atomic(error_file(run_dir, "unknown" if rank is None else rank), record)
+    except Exception:  # noqa: BLE001 - a crash record must never mask the crash
+        pass
+
+
+def read_error_records(run_dir: Path, since: float = 0.0) -> list[dict[str, Any]]:
+    """Crash records newer than ``since``, oldest first."""
+    out = []
+    for f in sorted((Path(run_dir) / "logs").glob("error-rank*.json")):
+        rec = read_json(f)
+        if isinstance(rec, dict) and rec.get("time", 0) >= since:
+            out.append(rec)
+    out.sort(key=lambda r: r.get("time", 0))
+    return out
+
+
+def first_failure(records: list[dict[str, Any]], dead_ranks: list[int]) -> dict[str, Any] | None:
+    """The failure that caused the others.
+
+    A rank that died without a record (kill -9, OOM killer) is first when some other rank only
+    reports the loss of a peer; otherwise the earliest record that is not a peer loss; otherwise
+    the earliest record.
+    """
+    own = [r for r in records if not r.get("peer_loss")]
+    if own:
+        return own[0]
+    if dead_ranks:
+        return {"rank": dead_ranks[0], "type": "Killed",
+                "message": f"rank {dead_ranks[0]} died without an error (killed by a signal or "
+                           f"the OOM killer)"}
+    return records[0] if records else None
+
+
+# ---------------------------------------------------------------------- process records
+def write_pid_record(run_dir: Path, rank: int, owner: str, segment: int) -> None:
+    try:
+        import psutil
+
+        created = psutil.Process().create_time()
+    except Exception:  # noqa: BLE001
+        created = 0.0
+    write_json_atomic(pid_dir(run_dir) / f"seg{segment:03d}-rank{rank}.json",
+                      {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
+                       "owner": owner, "segment": segment, "created": created})
+
+
+def read_pid_records(run_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for f in sorted(pid_dir(run_dir).glob("seg*-rank*.json")):
+        rec = read_json(f)
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

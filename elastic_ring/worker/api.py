@@ -1,0 +1,509 @@
+"""The worker library: what every elastic Horovod script needs, and nothing about its model.
+
+A script run by ``elastic-ring train --script`` keeps its own loop; the library owns Horovod's
+start, the state that survives a resize or a crash, the data position, and the points where a
+stop may happen::
+
+    import horovod.torch as hvd
+    import elastic_ring.worker as elastic
+
+    job = elastic.init()                          # pre-launch wait, hvd.init(), device / threads
+    model = Net().to(job.device)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05 * job.size),
+                                   named_parameters=model.named_parameters())
+    data = job.sampler(len(train_set), batch_size=32, seed=0)
+    job.register(model=model, optimizer=opt)      # plus any picklable extras
+    job.restore()                                 # or start; LR rescaled by Eq. 7 on a new size
+    for step in job.steps():                      # stops where the controller asks
+        idx = data.next_batch()                   # this rank's share of the global batch
+        loss = train_step(idx)
+        job.record(loss, samples=len(idx))
+    if job.finished:
+        print("done")
+
+Life of a segment (one world size): ``init`` -> ``restore`` (rank 0 loads the newest loadable
+checkpoint and broadcasts model, optimizer state, extras and counters) -> ``steps()`` yields
+``step + 1 .. stop_at``. Between steps the library writes the throughput windows, runs the
+evaluation hook, takes periodic checkpoints (rank 0 copies the state to the CPU; a thread writes
+it) and, every ``control_every`` steps, lets all ranks agree (one allreduce of rank 0's flag)
+whether the controller asked for an early stop. At the stop it writes a checkpoint and a
+``segment_end`` event and all ranks leave together.
+
+The LR on a world-size change: by default every param group's ``lr`` restored from the checkpoint
+is rescaled by the run's rule (Eq. 7, ``lr_new = w_new / w_last * lr_last``); ``job.lr_factor`` is
+the product of all rescalings so far, for scripts that compute their LR themselves; or register a
+rule of your own with :meth:`Job.on_resize`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from elastic_ring import protocol
+from elastic_ring.protocol import LaunchInfo
+
+_T_IMPORTED = time.time()
+_INIT_CALLED = False  # read by the entry point's watchdog: a script that never calls init()
+
+
+class NotLaunchedError(RuntimeError):
+    """The script was not started by elastic-ring (``elastic-ring train --script``)."""
+
+
+def _rng_state() -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(st: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(st["torch"])
+    np.random.set_state(st["numpy"])
+    random.setstate(st["python"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+class Sampler:
+    """This rank's share of one endless, seeded stream of epoch permutations.
+
+    A step with ``w`` workers consumes the next ``w * batch_size`` positions; rank r takes the r-th
+    contiguous share. The cursor is saved in every checkpoint, so whatever the world sizes before
+    and after a resize, every sample of every epoch is used exactly once.
+    """
+
+    def __init__(self, job: "Job", size: int, batch_size: int, seed: int) -> None:
+        from elastic_ring.data.stream import SampleStream
+
+        self.job, self.batch_size = job, batch_size
+        self.stream = SampleStream(size, seed)
+        self.cursor = 0
+
+    def next_batch(self):
+        """This rank's indices (a LongTensor) for the current step; advances the cursor."""
+        start = self.cursor + self.job.rank * self.batch_size
+        idx = self.stream.take(start, self.batch_size)
+        self.last_start = start
+        self.cursor += self.batch_size * self.job.size
+        return idx
+
+    @property
+    def epoch(self) -> int:
+        return self.cursor // self.stream.size
+
+
+@dataclass
+class _Window:
+    t0: float | None = None
+    steps: int = 0
+    samples: int = 0
+    loss_sum: Any = 0.0
+    loss_n: int = 0
+
+
+class Job:
+    """One worker process's view of the elastic job (see the module docstring)."""
+
+    def __init__(self, info: LaunchInfo, lazy: bool = False) -> None:
+        import torch
+
+        self.info = info
+        self.run_dir = Path(info.run_dir)
+        self.segment = info.segment
+        self.stop_at = info.stop_at
+        self.total_steps = info.total_steps
+        env = os.environ
+        self._marks: dict[str, float] = {"imports": _T_IMPORTED}
+        try:
+            import psutil
+
+            self._t_start = psutil.Process().create_time()
+        except Exception:  # noqa: BLE001
+            self._t_start = _T_IMPORTED
+        if all(k in env for k in ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")):
+            self.rank, self.size = int(env["HOROVOD_RANK"]), int(env["HOROVOD_SIZE"])
+            self.local_rank, self.local_size = int(env["HOROVOD_LOCAL_RANK"]), int(env["HOROVOD_LOCAL_SIZE"])
+        else:  # not under horovodrun's environment (e.g. mpirun): ask Horovod now
+            self._hvd_init()
+            hvd = self.hvd
+            self.rank, self.size = hvd.rank(), hvd.size()
+            self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        if info.device == "cuda":
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+            torch.backends.cudnn.benchmark = True
+        else:
+            self.device = torch.device("cpu")
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.local_size))
+        self.step = 0
+        self.resumed = False
+        self.previous_world: int | None = None
+        self.lr_factor = 1.0
+        self.finished = False
+        self.stop_reason: str | None = None
+        self._model = None
+        self._optimizer = None
+        self._extras: dict[str, Any] = {}
+        self._sampler: Sampler | None = None
+        self._resize_hooks: list[Callable[[int, int, int], None]] = []
+        self._eval_hook: Callable[[int], dict[str, float] | None] | None = None
+        self._eval_every = info.eval_every
+        self._events = None
+        self._store = None
+        self._writer = None
+        self._last_ckpt_step = -1
+        self._last_ckpt_t = time.time()
+        self._last_progress_t = 0.0
+        self._restored = False
+        self.checkpoint_stalls: list[float] = []  # seconds on the training thread per checkpoint
+        if self.rank == 0:
+            from elastic_ring.events.api import EventLog
+
+            self._events = EventLog(self.run_dir / protocol.WORKER_EVENTS)
+        protocol.write_pid_record(self.run_dir, self.rank, info.owner, info.segment)
+        if not lazy:
+            self.connect()
+
+    # ------------------------------------------------------------------ Horovod
+    def _hvd_init(self) -> None:
+        import horovod.torch as hvd
+
+        self.hvd = hvd
+        if not hvd.is_initialized():
+            hvd.init()
+
+    def connect(self) -> None:
+        """Wait for the go of a pre-launched segment, then ``hvd.init()`` (idempotent).
+
+        ``init(lazy=True)`` leaves this to the script (or to :meth:`restore`), so that a
+        pre-launched worker builds its model and data before it waits.
+        """
+        if getattr(self, "_connected", False):
+            return
+        self._marks["build"] = time.time()
+        if self.info.go_file is not None:
+            self._wait_for_go(self.info.go_file)
+            self._marks["wait_for_go"] = time.time()
+        self._hvd_init()
+        hvd = self.hvd
+        if (hvd.rank(), hvd.size()) != (self.rank, self.size):
+            raise RuntimeError(f"Horovod rank {hvd.rank()}/{hvd.size()} differs from the "
+                               f"environment's {self.rank}/{self.size}")
+        self._marks["hvd_init"] = time.time()
+        if self.info.go_file is not None:
+            import torch
+
+            self.stop_at = int(hvd.broadcast(torch.tensor([self.stop_at]), root_rank=0,
+                                             name="stop_at").item())
+        self._connected = True
+
+    def _wait_for_go(self, go: Path, timeout_s: float = 900.0) -> None:
+        t0 = time.time()
+        while True:
+            rec = protocol.read_json(go)
+            if isinstance(rec, dict) and "stop_at" in rec:
+                self.stop_at = int(rec["stop_at"])
+                return
+            if time.time() - t0 > timeout_s:
+                raise RuntimeError(f"no go from the controller within {timeout_s:.0f} s ({go} never appeared)")
+            time.sleep(0.02)
+
+    # ------------------------------------------------------------------ registration
+    def register(self, model=None, optimizer=None, **extras: Any) -> None:
+        """What a checkpoint holds: the model, the optimizer (a ``hvd.DistributedOptimizer``: its
+        state holds the momentum buffers) and any picklable extras (restored into
+        ``job.extras``)."""
+        self._model, self._optimizer = model, optimizer
+        self._extras.update(extras)
+
+    @property
+    def extras(self) -> dict[str, Any]:
+        return self._extras
+
+    def sampler(self, size: int, batch_size: int, seed: int = 0) -> Sampler:
+        """The data position, saved with the state: see :class:`Sampler`."""
+        self._sampler = Sampler(self, size, batch_size, seed)
+        return self._sampler
+
+    def on_resize(self, fn: Callable[[int, int, int], None]) -> None:
+        """``fn(old_world, new_world, step)`` replaces the default LR rescaling at a new size."""
+        self._resize_hooks.append(fn)
+
+    def on_evaluate(self, fn: Callable[[int], dict[str, float] | None], every: int | None = None) -> None:
+        """``fn(step)`` runs on every rank every ``every`` steps (default: the run's eval_every) and
+        at the last step of the run; a returned dict with ``test_accuracy``/``test_loss`` becomes an
+        ``evaluation`` event."""
+        self._eval_hook = fn
+        if every is not None:
+            self._eval_every = every
+
+    # ------------------------------------------------------------------ restore
+    def _emit(self, event) -> None:
+        if self._events is not None:
+            self._events.write(event)
+
+    def _warn(self, msg: str) -> None:
+        print(f"elastic-ring worker: {msg}", file=sys.stderr, flush=True)
+        from elastic_ring.events.api import ErrorEvent
+
+        self._emit(ErrorEvent(message=msg, rank=self.rank, segment=self.segment))
+
+    def _checkpoint_store(self):
+        if self._store is None:
+            from elastic_ring.ckpt import BackgroundWriter, CheckpointStore
+
+            self._store = CheckpointStore(self.run_dir / "checkpoints", keep=self.info.keep)
+            self._writer = BackgroundWriter(self._store)
+        return self._store
+
+    def restore(self) -> bool:
+        """Load the newest checkpoint on rank 0 (falling back past a corrupt one) and broadcast it;
+        or start fresh with rank 0's weights. Returns True when resumed."""
+        self.connect()
+        hvd = self.hvd
+        ckpt = None
+        if self.rank == 0:
+            ckpt = self._checkpoint_store().load_latest(warn=self._warn)
+        meta = None
+        if self.rank == 0 and ckpt is not None:
+            if self._model is not None:
+                self._model.load_state_dict(ckpt["model"])
+            if self._optimizer is not None and ckpt.get("optimizer") is not None:
+                self._optimizer.load_state_dict(ckpt["optimizer"])
+            if ckpt.get("rng") is not None:
+                _set_rng_state(ckpt["rng"])
+            meta = {k: ckpt.get(k) for k in ("step", "cursor", "world_size", "lr_factor", "extras")}
+        meta = hvd.broadcast_object(meta, root_rank=0, name="resume_meta")
+        if meta is not None and self._optimizer is not None:
+            hvd.broadcast_optimizer_state(self._optimizer, root_rank=0)
+        if self._model is not None:
+            hvd.broadcast_parameters(self._model.state_dict(), root_rank=0)
+        self._marks["restore_broadcast"] = time.time()
+        if meta is not None:
+            self.resumed = True
+            self.step = int(meta["step"])
+            self.previous_world = int(meta["world_size"])
+            self.lr_factor = float(meta.get("lr_factor") or 1.0)
+            if meta.get("extras"):
+                self._extras.update(meta["extras"])
+            if self._sampler is not None:
+                self._sampler.cursor = int(meta.get("cursor") or 0)
+            if self.previous_world != self.size:
+                self._rescale(self.previous_world, self.size)
+        self._last_ckpt_step = self.step
+        self._restored = True
+        return self.resumed
+
+    def _rescale(self, old: int, new: int) -> None:
+        from elastic_ring.train.lr import RULES
+
+        rule = RULES[self.info.lr_scaling]
+        self.lr_factor = rule.scale(self.lr_factor, old, new)
+        if self._resize_hooks:
+            for fn in self._resize_hooks:
+                fn(old, new, self.step)
+        elif self._optimizer is not None:
+            for g in self._optimizer.param_groups:
+                g["lr"] = rule.scale(g["lr"], old, new)
+
+    # ------------------------------------------------------------------ the step loop
+    def record(self, loss: Any = None, samples: int | None = None) -> None:
+        """Per step: this rank's loss (a tensor is read only at window ends) and samples used."""
+        w = self._window
+        if loss is not None:
+            w.loss_sum = w.loss_sum + (loss.detach() if hasattr(loss, "detach") else float(loss))
+            w.loss_n += 1
+        if samples is None and self._sampler is not None:
+            samples = self._sampler.batch_size
+        w.samples += int(samples or 0)
+
+    def current_lr(self) -> float:
+        if self._optimizer is not None and self._optimizer.param_groups:
+            return float(self._optimizer.param_groups[0]["lr"])
+        return float("nan")
+
+    def steps(self) -> Iterator[int]:
+        """Yield the steps of this segment; stop where the controller asks (see module docstring)."""
+        if not self._restored:
+            self.restore()
+        import torch
+
+        from elastic_ring.events.api import FirstStep, SegmentEnd, Throughput
+
+        hvd, info = self.hvd, self.info
+        self._window = _Window()
+        last_loss = float("nan")
+        step = self.step
+        reason = "finished" if self.stop_at >= self.total_steps else "scheduled"
+        first = True
+        while step < self.stop_at:
+            step += 1
+            self._current = step
+            yield step
+            self.step = step
+            w = self._window
+            w.steps += 1
+            now = time.time()
+            if first:  # start-up cost ends with the first step of a segment
+                first = False
+                phases, prev = {}, self._t_start
+                for name, t in self._marks.items():
+                    phases[name] = round(t - prev, 4)
+                    prev = t
+                self._emit(FirstStep(segment=self.segment, world_size=self.size, step=step,
+                                     since_launch_s=now - self._t_start, lr=self.current_lr(),
+                                     phases=phases))
+                self._window = _Window(t0=time.time())
+            elif w.steps >= info.throughput_window or step == self.stop_at:
+                local = float(w.loss_sum) / w.loss_n if w.loss_n else float("nan")
+                mean_loss = float(hvd.allreduce(torch.tensor([local]), op=hvd.Average,
+                                                name="window_loss").item())
+                now = time.time()
+                dt = max(now - (w.t0 or now), 1e-9)
+                last_loss = mean_loss
+                epoch = self._sampler.epoch if self._sampler is not None else 0
+                self._emit(Throughput(segment=self.segment, world_size=self.size, step=step,
+                                      steps=w.steps, seconds=dt,
+                                      images_per_s=w.samples * self.size / dt, steps_per_s=w.steps / dt,
+                                      loss=mean_loss, lr=self.current_lr(), epoch=epoch))
+                self._window = _Window(t0=now)
+            if self._eval_every and step % self._eval_every == 0 and step < self.total_steps:
+                t_eval = time.time()
+                self._evaluate(step)
+                if self._window.t0 is not None:  # keep the evaluation out of the window
+                    self._window.t0 += time.time() - t_eval
+            if self.rank == 0:
+                self._maybe_periodic_checkpoint(step)
+                if now - self._last_progress_t > 0.5:
+                    self._last_progress_t = now
+                    protocol.write_json_atomic(protocol.control_dir(self.run_dir) / protocol.PROGRESS_FILE,
+                                               {"step": step, "segment": self.segment, "time": now})
+            if step < self.stop_at and step % info.control_every == 0 and self._agreed_stop():
+                reason = "requested"
+                break
+        decided = time.time()
+        self.stop_reason = reason
+        self.finished = step >= self.total_steps
+        if self.finished:
+            self._evaluate(step)
+        if self.rank == 0:
+            self._checkpoint(step, wait=True)
+            self._emit(SegmentEnd(segment=self.segment, world_size=self.size, step=step, reason=reason,
+                                  lr=self.current_lr(), stop_decided_at=decided))
+        self.last_loss = last_loss
+        hvd.allreduce(torch.tensor([0.0]), name="exit_barrier")  # leave together
+
+    def _agreed_stop(self) -> bool:
+        import torch
+
+        flag = 1.0 if self.rank == 0 and protocol.stop_file(self.run_dir, self.segment).exists() else 0.0
+        out = self.hvd.allreduce(torch.tensor([flag]), op=self.hvd.Sum, name="stop_flag")
+        return bool(out.item() > 0)
+
+    def _evaluate(self, step: int) -> None:
+        if self._eval_hook is None:
+            return
+        res = self._eval_hook(step)
+        if res and self.rank == 0:
+            from elastic_ring.events.api import Evaluation
+
+            self._emit(Evaluation(step=step, test_loss=float(res.get("test_loss", float("nan"))),
+                                  test_accuracy=float(res.get("test_accuracy", float("nan"))),
+                                  samples=int(res.get("samples", 0))))
+
+    # ------------------------------------------------------------------ checkpoints
+    def _maybe_periodic_checkpoint(self, step: int) -> None:
+        info = self.info
+        due = (info.checkpoint_every and step - self._last_ckpt_step >= info.checkpoint_every) or \
+              (info.checkpoint_every_s and time.time() - self._last_ckpt_t >= info.checkpoint_every_s)
+        if due and step < self.stop_at:
+            self._checkpoint(step, wait=False)
+
+    def state_dict(self, step: int) -> dict[str, Any]:
+        """A CPU snapshot of everything a resume needs (taken on the training thread)."""
+        from elastic_ring.ckpt import snapshot
+
+        return snapshot({
+            "step": step, "cursor": self._sampler.cursor if self._sampler is not None else 0,
+            "world_size": self.size, "lr_factor": self.lr_factor, "lr_last": self.current_lr(),
+            "model": self._model.state_dict() if self._model is not None else None,
+            "optimizer": self._optimizer.state_dict() if self._optimizer is not None else None,
+            "rng": _rng_state(), "extras": dict(self._extras), "segment": self.segment,
+        })
+
+    def _checkpoint(self, step: int, wait: bool) -> None:
+        """Rank 0: snapshot now, write in the background (``wait``: and block until written).
+
+        The stall on the training thread is the wait for the previous write (if it is still
+        going), plus the copy of the state to the CPU; it is reported in ``checkpoint_written``.
+        """
+        from elastic_ring.events.api import CheckpointWritten
+
+        self._checkpoint_store()
+        if not self._owner_is_current():
+            raise RuntimeError("another controller owns the run folder now: not writing a checkpoint")
+        t0 = time.perf_counter()
+        self._writer.wait()
+        state = self.state_dict(step)
+        stall = time.perf_counter() - t0
+        lr = self.current_lr()
+
+        def done(path: Path, nbytes: int, secs: float) -> None:
+            self._emit(CheckpointWritten(step=step, path=str(path.relative_to(self.run_dir)),
+                                         seconds=secs, bytes=nbytes, world_size=self.size, lr=lr,
+                                         stall_s=stall, background=not wait))
+
+        self._writer.submit(state, done)
+        if wait:
+            self._writer.wait()
+        self.checkpoint_stalls.append(time.perf_counter() - t0)
+        self._last_ckpt_step, self._last_ckpt_t = step, time.time()
+
+    def _owner_is_current(self) -> bool:
+        if not self.info.owner:
+            return True
+        hb = protocol.read_json(protocol.control_dir(self.run_dir) / protocol.HEARTBEAT_FILE)
+        return not isinstance(hb, dict) or hb.get("owner") in (None, self.info.owner)
+
+
+_JOB: Job | None = None
+
+
+def init(lazy: bool = False) -> Job:
+    """Start this worker's part of the elastic job (call once, first thing).
+
+    Sets the device (one GPU per local rank, or ``cores / local workers`` CPU threads), waits for
+    the go of a pre-launched segment and calls ``hvd.init()``; with ``lazy=True`` the last two wait
+    for :meth:`Job.connect` (or :meth:`Job.restore`), so that the script can build its model and data
+    first.
+
+    Raises:
+        NotLaunchedError: the script was not started by ``elastic-ring train --script``.
+    """
+    global _JOB, _INIT_CALLED
+    if _JOB is not None:
+        return _JOB
+    info = LaunchInfo.from_env()
+    if info is None:
+        raise NotLaunchedError("this script uses elastic_ring.worker: run it with "
+                               "`elastic-ring train --script SCRIPT`")
+    _INIT_CALLED = True
+    _JOB = Job(info, lazy=lazy)
+    return _JOB
+
+
+def init_called() -> bool:
+    return _INIT_CALLED

@@ -1,0 +1,156 @@
+"""The entry point horovodrun executes for every worker: ``python -m elastic_ring.worker.run``.
+
+    python -m elastic_ring.worker.run --run-dir DIR --segment N --stop-at S --owner ID \\
+        [--go-file F] [--controller-pid P --controller-host H] -- TARGET [SCRIPT ARGS...]
+
+TARGET is a script path (run as ``__main__``, as ``python SCRIPT`` would) or a module name. The
+entry point:
+
+- hands the launch settings to the worker library (``ELASTIC_RING_*`` variables; the rest of them
+  come from the ``worker`` entry of ``DIR/run.json``);
+- watches, in a thread, that the script calls ``elastic_ring.worker.init()`` (a script that calls
+  ``hvd.init()`` itself, or not at all within ``init_timeout_s``, fails with a clear error) and
+  that its controller is alive and still owns the folder (otherwise the worker exits with status
+  75 within seconds: a killed controller leaves no orphan training on);
+- writes any uncaught exception to ``DIR/logs/error-rank<r>.json`` (the controller names the rank
+  and the cause), and skips the interpreter's slow teardown once everything is on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from elastic_ring import protocol
+from elastic_ring.protocol import LaunchInfo
+
+
+class ScriptError(RuntimeError):
+    """The script broke the library's contract (no init, returned early, exited non-zero)."""
+
+
+def _rank() -> int | None:
+    r = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK"))
+    return int(r) if r is not None and r.isdigit() else None
+
+
+def _die(info: LaunchInfo, exc: BaseException, status: int = 1) -> None:
+    from elastic_ring.worker import api
+
+    step = getattr(api._JOB, "_current", None) if api._JOB is not None else None
+    protocol.write_error_record(info.run_dir, exc, _rank(), segment=info.segment, step=step,
+                                fatal=isinstance(exc, ScriptError))
+    print(f"elastic-ring worker rank {_rank()}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    os._exit(status)
+
+
+def _watchdog(info: LaunchInfo, init_timeout_s: float, stop: threading.Event) -> None:
+    from elastic_ring.worker import api
+
+    t0 = last_change = time.time()
+    last_seq = None
+    hb_path = protocol.control_dir(info.run_dir) / protocol.HEARTBEAT_FILE
+    local = info.controller_host == socket.gethostname()
+    while not stop.wait(0.5):
+        now = time.time()
+        if not api.init_called():
+            hvd = sys.modules.get("horovod.torch")
+            try:
+                own_init = hvd is not None and hvd.is_initialized()
+            except Exception:  # noqa: BLE001
+                own_init = False
+            if own_init:
+                _die(info, ScriptError("the script called hvd.init() itself: call "
+                                       "elastic_ring.worker.init() instead (it initialises Horovod)"))
+            if now - t0 > init_timeout_s:
+                _die(info, ScriptError(f"the script did not call elastic_ring.worker.init() within "
+                                       f"{init_timeout_s:.0f} s"))
+        if not info.owner:
+            continue
+        hb = protocol.read_json(hb_path)
+        if isinstance(hb, dict):
+            if hb.get("owner") not in (None, info.owner):
+                print("elastic-ring worker: another controller owns the run folder now: exiting",
+                      file=sys.stderr, flush=True)
+                os._exit(protocol.EXIT_ORPHANED)
+            if hb.get("seq") != last_seq:
+                last_seq, last_change = hb.get("seq"), now
+        gone = local and info.controller_pid and not protocol.pid_alive(info.controller_pid)
+        if gone or now - last_change > protocol.HEARTBEAT_TIMEOUT_S:
+            print("elastic-ring worker: the controller is gone: exiting (the last checkpoint is kept)",
+                  file=sys.stderr, flush=True)
+            os._exit(protocol.EXIT_ORPHANED)
+
+
+def _run_target(target: str, args: list[str]) -> None:
+    sys.argv = [target, *args]
+    if target.endswith(".py") or os.path.sep in target or Path(target).is_file():
+        path = Path(target)
+        sys.path.insert(0, str(path.resolve().parent))
+        runpy.run_path(str(path), run_name="__main__")
+    else:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        print("usage: python -m elastic_ring.worker.run OPTIONS -- TARGET [ARGS...]", file=sys.stderr)
+        return 2
+    cut = argv.index("--")
+    own, rest = argv[:cut], argv[cut + 1:]
+    p = argparse.ArgumentParser(prog="python -m elastic_ring.worker.run",
+                                description="elastic-ring worker entry point (launched by horovodrun)")
+    p.add_argument("--run-dir", required=True, type=Path)
+    p.add_argument("--segment", required=True, type=int)
+    p.add_argument("--stop-at", required=True, type=int)
+    p.add_argument("--owner", default="")
+    p.add_argument("--go-file", type=Path, default=None)
+    p.add_argument("--controller-pid", type=int, default=0)
+    p.add_argument("--controller-host", default="")
+    a = p.parse_args(own)
+    if not rest:
+        p.error("no TARGET after --")
+    run_info = protocol.read_json(a.run_dir / "run.json") or {}
+    ws = dict(run_info.get("worker") or {})
+    init_timeout_s = float(ws.pop("init_timeout_s", 120.0))
+    info = LaunchInfo(run_dir=a.run_dir, segment=a.segment, stop_at=a.stop_at, owner=a.owner,
+                      go_file=a.go_file, controller_pid=a.controller_pid,
+                      controller_host=a.controller_host,
+                      **{k: v for k, v in ws.items() if k in LaunchInfo.__dataclass_fields__})
+    os.environ.update(info.to_env())
+    stop = threading.Event()
+    threading.Thread(target=_watchdog, args=(info, init_timeout_s, stop), daemon=True,
+                     name="elastic-ring-watchdog").start()
+    from elastic_ring.worker import api
+
+    try:
+        _run_target(rest[0], rest[1:])
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            _die(info, ScriptError(f"the script exited with status {e.code}"))
+    except BaseException as e:  # noqa: BLE001 - every failure must reach the controller
+        traceback.print_exc()
+        _die(info, e)
+    if not api.init_called():
+        _die(info, ScriptError("the script ended without calling elastic_ring.worker.init()"))
+    if api._JOB is not None and api._JOB.stop_reason is None:
+        _die(info, ScriptError("the script ended before its job.steps() loop did (break or return "
+                               "inside the loop?): no checkpoint was written for this segment"))
+    stop.set()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is on disk (checkpoint fsynced, events written): skip the interpreter's slow
+    # teardown of torch and Horovod, which only delays the relaunch.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

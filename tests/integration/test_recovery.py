@@ -1,0 +1,208 @@
+"""A run survives faults, with real horovodrun (gloo, CPU workers): kill -9 of a rank, of the
+controller, a corrupt checkpoint, restarts exhausted. Exactness is checked the strongest way: the
+final weights and momentum buffers equal, bit for bit, those of a run that never failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from elastic_ring import protocol
+from elastic_ring.ckpt import CheckpointStore
+from elastic_ring.events import read_events
+from tests.conftest import BIN, ROOT, run_cli
+
+pytestmark = pytest.mark.integration
+
+TINY = ["--dataset", "synthetic", "--set", "synthetic_size=48", "--depth", "8", "--set", "width=4",
+        "--batch-size", "8", "--set", "throughput_window=10", "--set", "trace_samples=true",
+        "--set", "augment=true", "--slots", "2"]
+STEPS = 240
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "elastic_ring.cli.main", "train", *args], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_step(run: Path, step: int, timeout: float = 120, segment: int | None = None) -> int:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        p = protocol.read_json(run / "control" / protocol.PROGRESS_FILE)
+        if p and p["step"] >= step and (segment is None or p["segment"] == segment):
+            return p["step"]
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def _pid_of(run: Path, segment: int, rank: int) -> int:
+    rec = protocol.read_json(protocol.pid_dir(run) / f"seg{segment:03d}-rank{rank}.json")
+    assert rec, f"no pid record for segment {segment} rank {rank}"
+    return int(rec["pid"])
+
+
+def _final(run: Path) -> dict:
+    return CheckpointStore(run / "checkpoints").load_latest()
+
+
+def _assert_same_weights(a: dict, b: dict) -> None:
+    assert a["step"] == b["step"] and a["cursor"] == b["cursor"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    ma = [s["momentum_buffer"] for s in a["optimizer"]["state"].values()]
+    mb = [s["momentum_buffer"] for s in b["optimizer"]["state"].values()]
+    assert ma and len(ma) == len(mb) and all(torch.equal(x, y) for x, y in zip(ma, mb))
+
+
+def _steps_once(run: Path) -> list[int]:
+    """Steps of the run, the last attempt of each (a redone step replaces the failed attempt)."""
+    last: dict[int, tuple[int, int]] = {}
+    for f in sorted((run / "trace").glob("*.jsonl")):
+        seg = int(f.name[3:6])
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            if r["rank"] == 0 and seg >= last.get(r["step"], (-1, 0))[0]:
+                last[r["step"]] = (seg, r["world"])
+    return sorted(last)
+
+
+@pytest.fixture(scope="module")
+def straight_2w(tmp_path_factory) -> dict:
+    """An uninterrupted 2-worker run: the reference for the kill tests."""
+    run = tmp_path_factory.mktemp("straight") / "run"
+    p = run_cli("train", "--gpus", "2", "--steps", str(STEPS), *TINY, "--run-dir", str(run), timeout=400)
+    assert p.returncode == 0, p.stderr
+    return _final(run)
+
+
+def test_kill_9_of_one_rank_restarts_by_itself_exactly(tmp_path, straight_2w):
+    run = tmp_path / "killed"
+    proc = _start(["--gpus", "2", "--steps", str(STEPS), *TINY, "--checkpoint-every", "5",
+                   "--run-dir", str(run)])
+    try:
+        at = random.Random(7).randint(40, 150)
+        _wait_step(run, at, segment=0)
+        os.kill(_pid_of(run, 0, 1), signal.SIGKILL)  # rank 1, mid-run
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert r["rank"] == 1, r  # really the first: rank 0 only lost its peer
+    assert "rank 1" in r["cause"] and not r["gave_up"]
+    assert r["from_step"] % 5 == 0 and r["from_step"] >= at - 6
+    assert r["steps_redone"] <= 5 and r["new_world_size"] == 2
+    (rec,) = read_events(run / "events.jsonl", kind="recovered")
+    assert rec["step"] == r["from_step"] + 1 and rec["time_lost_s"] > 0
+    assert _steps_once(run) == list(range(1, STEPS + 1))
+    s = json.loads((run / "summary.json").read_text())
+    assert s["steps_trained"] == STEPS  # every step once, the redone ones too
+    assert "restart" in out and "from step" in out  # the table lists it
+    _assert_same_weights(_final(run), straight_2w)
+
+
+def test_death_between_two_resizes_resumes_at_the_right_size_with_the_rest_of_the_schedule(tmp_path):
+    sched = ["--gpus", "2", "--schedule", "60:1,140:2", "--steps", "200", *TINY, "--checkpoint-every", "5"]
+    straight = tmp_path / "straight"
+    p = run_cli("train", *sched, "--run-dir", str(straight), timeout=400)
+    assert p.returncode == 0, p.stderr
+    run = tmp_path / "killed"
+    proc = _start([*sched, "--run-dir", str(run)])
+    try:
+        _wait_step(run, 90, segment=1)  # after the resize 2 -> 1, before the resize 1 -> 2
+        os.kill(_pid_of(run, 1, 0), signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert r["new_world_size"] == 1 and 60 <= r["from_step"] < 140
+    launches = [(e["world_size"], e["start_step"], e["stop_step"]) for e in read_events(run / "events.jsonl", kind="launch")]
+    assert launches == [(2, 1, 60), (1, 61, 140), (1, r["from_step"] + 1, 140), (2, 141, 200)]
+    _assert_same_weights(_final(run), _final(straight))
+
+
+def test_kill_9_of_the_controller_leaves_no_orphan_and_resume_is_exact(tmp_path, straight_2w):
+    run = tmp_path / "ctl"
+    proc = _start(["--gpus", "2", "--steps", str(STEPS), *TINY, "--checkpoint-every", "5",
+                   "--run-dir", str(run)])
+    try:
+        _wait_step(run, 60)
+        workers = [_pid_of(run, 0, r) for r in (0, 1)]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        t0 = time.time()  # the workers notice within seconds and stop by themselves
+        while any(protocol.pid_alive(p) for p in workers) and time.time() - t0 < 20:
+            time.sleep(0.1)
+        assert not any(protocol.pid_alive(p) for p in workers), "orphaned workers still run"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    st = run_cli("status", str(run))
+    assert st.returncode == 0 and "controller gone (last step" in st.stdout, st.stdout
+    res = run_cli("train", "--resume", str(run), "--slots", "2", timeout=400)
+    assert res.returncode == 0, res.stderr
+    assert read_events(run / "events.jsonl", kind="launch")[-1]["world_size"] == 2  # no --gpus needed
+    _assert_same_weights(_final(run), straight_2w)
+
+
+def test_corrupt_latest_checkpoint_resumes_from_the_previous_one(tmp_path):
+    run = tmp_path / "c"
+    p = run_cli("train", "--gpus", "1", "--steps", "40", *TINY, "--checkpoint-every", "5", "--keep", "3",
+                "--run-dir", str(run), timeout=300)
+    assert p.returncode == 0, p.stderr
+    final = _final(run)
+    store = CheckpointStore(run / "checkpoints")
+    assert [c.name for c in store.candidates()] == ["ckpt-00000040.pt", "ckpt-00000035.pt", "ckpt-00000030.pt"]
+    latest = store.candidates()[0]
+    latest.write_bytes(latest.read_bytes()[:-100])  # truncated, as by a full disk
+    r = run_cli("train", "--resume", str(run), "--slots", "2", timeout=300)
+    assert r.returncode == 0, r.stderr
+    warn = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warn) == 1 and "ckpt-00000040.pt" in warn[0] and "ckpt-00000035.pt" in warn[0]
+    assert read_events(run / "events.jsonl", kind="launch")[-1]["start_step"] == 36
+    _assert_same_weights(_final(run), final)
+
+
+FLAKY = """
+import os, torch, horovod.torch as hvd
+import elastic_ring.worker as elastic
+job = elastic.init()
+model = torch.nn.Linear(2, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+job.register(model=model, optimizer=opt)
+job.restore()
+for step in job.steps():
+    if step == 3:
+        raise RuntimeError(f"flaky hardware in process {os.getpid()}")
+    loss = model(torch.ones(4, 2)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    job.record(loss, samples=4)
+"""
+
+
+def test_restarts_exhausted_exit_1_with_one_line(tmp_path):
+    script = tmp_path / "flaky.py"
+    script.write_text(FLAKY)
+    run = tmp_path / "x"
+    p = run_cli("train", "--script", str(script), "--steps", "10", "--max-restarts", "1", "--slots", "2",
+                "--run-dir", str(run), timeout=300)
+    assert p.returncode == 1, p.stderr
+    err = [ln for ln in p.stderr.splitlines() if ln.startswith("elastic-ring: error:")]
+    assert len(err) == 1 and "Traceback" not in p.stderr
+    assert "worker rank 0 failed: RuntimeError: flaky hardware" in err[0]
+    assert "(1 restart(s) tried)" in err[0] and "no checkpoint was written" in err[0]
+    assert len(read_events(run / "events.jsonl", kind="restart")) == 2

@@ -1,0 +1,186 @@
+"""Recovery logic without Horovod: checkpoint keep/fallback/write failures, the background writer,
+who failed first, the run lock and stale workers, and the summary after redone steps."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from elastic_ring import protocol
+from elastic_ring.ckpt import BackgroundWriter, CheckpointStore, snapshot
+from elastic_ring.ckpt.store import newest_valid
+from elastic_ring.controller.lock import RunLock, is_locked, stop_stale_workers
+from elastic_ring.controller.summary import summarize
+from elastic_ring.errors import CheckpointError, CheckpointWriteError, UserError
+
+
+def _state(step: int) -> dict:
+    return {"step": step, "w": torch.full((3,), float(step))}
+
+
+def test_store_keeps_the_last_k_newest_first(tmp_path):
+    store = CheckpointStore(tmp_path, keep=3)
+    for s in (5, 10, 15, 20):
+        store.save(_state(s))
+    assert [p.name for p in store.candidates()] == ["ckpt-00000020.pt", "ckpt-00000015.pt", "ckpt-00000010.pt"]
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*.pt")) == [
+        "ckpt-00000010.pt", "ckpt-00000015.pt", "ckpt-00000020.pt"]
+    assert store.load_latest()["step"] == 20
+
+
+def test_corrupt_newest_falls_back_with_one_line_naming_both(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(_state(5))
+    p10, _, _ = store.save(_state(10))
+    raw = bytearray(p10.read_bytes())
+    raw[-5] ^= 0xFF
+    p10.write_bytes(bytes(raw))
+    warnings: list[str] = []
+    st = store.load_latest(warn=warnings.append)
+    assert st["step"] == 5 and torch.equal(st["w"], torch.full((3,), 5.0))
+    (w,) = warnings
+    assert "\n" not in w and "ckpt-00000010.pt" in w and "ckpt-00000005.pt" in w and "SHA-256" in w
+    assert newest_valid(tmp_path)[1] == 5  # the controller's torch-free view agrees
+
+
+def test_all_checkpoints_corrupt_is_a_user_error(tmp_path):
+    store = CheckpointStore(tmp_path, keep=2)
+    for s in (5, 10):
+        p, _, _ = store.save(_state(s))
+        p.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="no older checkpoint loads"):
+        store.load_latest()
+    assert newest_valid(tmp_path) is None
+
+
+def test_corrupt_index_falls_back_to_the_files(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(_state(5))
+    store.save(_state(10))
+    (tmp_path / "latest.json").write_text("{not json")
+    assert store.load_latest()["step"] == 10
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
+def test_failed_write_names_the_path_removes_the_temp_and_keeps_the_previous(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(_state(5))
+    tmp_path.chmod(0o500)
+    try:
+        with pytest.raises(CheckpointWriteError, match=str(tmp_path / "ckpt-00000010.pt")):
+            store.save(_state(10))
+    finally:
+        tmp_path.chmod(0o700)
+    assert not list(tmp_path.glob(".ckpt-*"))
+    assert store.load_latest()["step"] == 5
+
+
+def test_failed_write_on_a_full_disk(tmp_path, monkeypatch):
+    """ENOSPC in the middle of the write: named path, temp file removed, previous checkpoint valid."""
+    import errno
+
+    store = CheckpointStore(tmp_path)
+    store.save(_state(5))
+    real_fsync = os.fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(CheckpointWriteError, match=r"ckpt-00000010\.pt: No space left on device"):
+        store.save(_state(10))
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert not list(tmp_path.glob(".ckpt-*"))
+    assert store.load_latest()["step"] == 5 and newest_valid(tmp_path)[1] == 5
+
+
+def test_background_writer_writes_a_snapshot_and_reraises_errors(tmp_path):
+    store = CheckpointStore(tmp_path)
+    w = BackgroundWriter(store)
+    t = torch.zeros(4)
+    snap = snapshot({"step": 3, "t": t, "nested": [t, {"x": t}]})
+    t += 1  # training goes on: the snapshot must not change
+    done = []
+    w.submit(snap, lambda p, n, s: done.append(p.name))
+    w.wait()
+    assert done == ["ckpt-00000003.pt"]
+    assert torch.equal(store.load_latest()["t"], torch.zeros(4))
+    w.submit({"step": 4, "bad": lambda: 0})  # not picklable: fails in the thread
+    with pytest.raises(Exception):
+        w.wait()
+    assert store.load_latest()["step"] == 3
+
+
+def test_first_failure_prefers_own_errors_then_the_silent_dead_rank():
+    peer = {"rank": 0, "type": "HorovodInternalError", "message": "x", "peer_loss": True, "time": 1}
+    own = {"rank": 2, "type": "ValueError", "message": "ValueError: boom", "peer_loss": False, "time": 2}
+    assert protocol.first_failure([peer, own], [1])["rank"] == 2
+    assert protocol.first_failure([peer], [1])["rank"] == 1
+    assert protocol.first_failure([peer], [])["rank"] == 0
+    assert protocol.first_failure([], []) is None
+
+
+def test_launch_info_round_trips_through_the_environment(tmp_path):
+    info = protocol.LaunchInfo(run_dir=tmp_path, segment=3, stop_at=40, total_steps=90, owner="ab",
+                               go_file=tmp_path / "go", checkpoint_every=5, checkpoint_every_s=2.5)
+    assert protocol.LaunchInfo.from_env(info.to_env()) == info
+    assert protocol.LaunchInfo.from_env({}) is None
+
+
+def test_lock_is_exclusive_across_processes_and_dies_with_its_holder(tmp_path):
+    code = ("import sys, time; from elastic_ring.controller.lock import RunLock; "
+            f"RunLock({str(tmp_path)!r}).acquire(); print('held', flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        assert is_locked(tmp_path)
+        with pytest.raises(UserError, match=f"in use by another elastic-ring controller \\(pid {p.pid}\\)"):
+            RunLock(tmp_path).acquire()
+        p.kill()  # kill -9: the lock goes with it
+        p.wait()
+        assert not is_locked(tmp_path)
+        RunLock(tmp_path).acquire()
+        RunLock(tmp_path).release()
+    finally:
+        p.kill()
+
+
+def test_stop_stale_workers_kills_recorded_local_workers_only(tmp_path):
+    import psutil
+
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        rec = {"rank": 0, "pid": victim.pid, "host": __import__("socket").gethostname(), "owner": "old",
+               "segment": 0, "created": psutil.Process(victim.pid).create_time()}
+        protocol.write_json_atomic(protocol.pid_dir(tmp_path) / "seg000-rank0.json", rec)
+        # a record whose pid was reused by another process is left alone
+        protocol.write_json_atomic(protocol.pid_dir(tmp_path) / "seg000-rank1.json",
+                                   {**rec, "rank": 1, "pid": bystander.pid, "created": 1.0})
+        assert stop_stale_workers(tmp_path) == [victim.pid]
+        victim.wait(timeout=10)
+        time.sleep(0.2)
+        assert bystander.poll() is None
+    finally:
+        victim.kill()
+        bystander.kill()
+
+
+def test_summary_counts_each_step_once_after_a_restart():
+    ev = [
+        {"kind": "launch", "start_step": 1, "world_size": 2, "time": 0},
+        {"kind": "throughput", "world_size": 2, "step": 10, "steps": 9, "images_per_s": 10.0, "steps_per_s": 1.0, "loss": 1.0},
+        {"kind": "throughput", "world_size": 2, "step": 20, "steps": 10, "images_per_s": 10.0, "steps_per_s": 1.0, "loss": 1.0},
+        {"kind": "throughput", "world_size": 2, "step": 30, "steps": 10, "images_per_s": 10.0, "steps_per_s": 1.0, "loss": 1.0},
+        # died at ~33; the checkpoint was at 25: steps 26..33 are redone
+        {"kind": "launch", "start_step": 26, "world_size": 2, "time": 1},
+        {"kind": "throughput", "world_size": 2, "step": 40, "steps": 14, "images_per_s": 10.0, "steps_per_s": 1.0, "loss": 1.0},
+    ]
+    s = summarize(ev)
+    assert s["steps_trained"] == 40 and s["sizes"][0]["steps"] == 40  # 1..25, then 26..40 once
+    assert sum(w["steps"] for w in s["sizes"]) == 40
