@@ -1,8 +1,17 @@
-"""Discrete-event simulator of a GPU cluster under the Table 3 scheduling policies."""
+"""Discrete-event simulator of a GPU cluster under the Table 3 scheduling policies.
+
+* :mod:`.api` — value types: :class:`SimConfig` (blueprint), :class:`JobSpec`, :class:`JobState`,
+  :class:`RunResult`, the contention levels.
+* :mod:`.engine` — :class:`Simulator` (the event loop; :func:`simulate` runs one in a call).
+* :mod:`.workload` — workload profiles (true Eq. 5 curves) and the seeded job stream.
+
+Speeds come from :class:`elastic_ring.perfmodel.speed.SpeedModel`; policies from
+:mod:`elastic_ring.sched`.
+"""
 
 from elastic_ring.sim.api import CONTENTION, JobSpec, JobState, RunResult, SimConfig
-from elastic_ring.sim.engine import simulate
+from elastic_ring.sim.engine import Simulator, simulate
 from elastic_ring.sim.workload import Workload, builtin_workloads, load_workload, make_jobs
 
-__all__ = ["CONTENTION", "JobSpec", "JobState", "RunResult", "SimConfig", "simulate", "Workload",
+__all__ = ["CONTENTION", "JobSpec", "JobState", "RunResult", "SimConfig", "Simulator", "simulate", "Workload",
            "builtin_workloads", "load_workload", "make_jobs"]
