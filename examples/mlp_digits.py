@@ -46,7 +46,7 @@ def main() -> None:
                     "test_loss": F.cross_entropy(out.cpu(), y_te).item(), "samples": len(y_te)}
 
     job.register(model=model, optimizer=opt)
-    job.on_evaluate(evaluate, every=200)
+    job.on_evaluate(evaluate, every=100)
     job.restore()
     for step in job.steps():
         idx = data.next_batch()

@@ -422,9 +422,9 @@ class Controller:
         redone = max(0, last - ck)
         failure = {"from_step": ck, "type": rec.get("type") if rec else None,
                    "message": rec.get("message") if rec else why, "step": rec.get("step") if rec else None}
-        repeated = bool(self._failures and rec and failure["type"] and failure["step"] is not None
-                        and {k: self._failures[-1][k] for k in ("type", "message", "step")}
-                        == {k: failure[k] for k in ("type", "message", "step")})
+        same = ("type", "message", "step", "from_step")  # the same error at the same point
+        repeated = bool(self._failures and rec and failure["type"]
+                        and all(self._failures[-1][k] == failure[k] for k in same))
         self._failures.append(failure)
         attempt = len(self._failures)
         world = self.plan.world_after(ck)
@@ -441,7 +441,9 @@ class Controller:
             if fatal:
                 reason = "not retried: the script breaks the worker library's contract"
             elif repeated:
-                reason = f"the same error at step {failure['step']} twice: not retrying"
+                where = (f"at step {failure['step']}" if failure["step"] is not None
+                         else f"before the first step after step {ck}")
+                reason = f"the same error {where} twice: not retrying"
             elif new_world < 1:
                 reason = "no slot answers"
             else:

@@ -211,3 +211,25 @@ def test_plan_world_after_any_history():
     p.replace_after(150, (Resize(400, 1),))
     assert p.resizes_after(150) == (Resize(400, 1),)
     assert Plan.from_dict(p.to_dict()) == p
+
+
+def test_two_signals_kill_the_workers_and_say_what_is_kept(tmp_path):
+    """Ctrl-C twice: the workers are killed at once; the message says which checkpoint is kept
+    (not that horovodrun failed), and the run ends as interrupted, not failed."""
+    out: list[str] = []
+    ctl, launcher = _controller(tmp_path, (Resize(10, 2),))
+    ctl.out = out.append
+    real_start = launcher.start
+
+    def start(cmd, env, log_path):
+        w = real_start(cmd, env, log_path)
+        if w.segment == 1:
+            ctl._interrupts = 2  # two SIGTERMs while segment 1 trains
+        return w
+
+    launcher.start = start
+    summary = ctl.run(0, 1, 0)
+    assert summary["state"] == "interrupted" and ctl.state is RunState.INTERRUPTED
+    assert launcher.started[1].rc == -9
+    assert any("interrupted twice: workers killed; checkpoint at step 10 kept" in line for line in out), out
+    assert not read_events(tmp_path / "events.jsonl", kind="restart")
