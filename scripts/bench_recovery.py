@@ -1,0 +1,112 @@
+"""Recovery time after a kill -9 against the bare start of the same workers, side by side.
+
+For each repeat, alternating:
+  * bare start: ``horovodrun -np 2 -H localhost:2 --gloo python launch/bare_start.py`` (horovodrun
+    + ``import torch, horovod.torch`` + ``hvd.init()`` + one barrier), wall time;
+  * recovery: a 2-worker ``elastic-ring train`` run (ResNet-20/8 on digits, the CPU default,
+    ``--checkpoint-every 10``), rank 1 killed with SIGKILL at a step drawn from a seeded RNG; the
+    time from the kill to the first step done after the automatic restart (the ``recovered``
+    event), its part from the controller noticing the failure, the steps redone, and the whole
+    time lost (``time_lost_s``: last progress before the kill to the first step after, plus the
+    redone steps at the steady step time).
+
+    .venv/bin/python scripts/bench_recovery.py [--repeats 3]   -> results/bench_recovery.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT))
+
+from elastic_ring import protocol  # noqa: E402
+
+
+def bare_start(n: int) -> float:
+    cmd = [str(BIN / "horovodrun"), "-np", str(n), "-H", f"localhost:{n}", "--gloo",
+           sys.executable, str(ROOT / "launch" / "bare_start.py")]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+    return time.perf_counter() - t0
+
+
+def killed_run(kill_at: int, steps: int, every: int) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        run = Path(d) / "run"
+        cmd = [sys.executable, "-m", "elastic_ring.cli.main", "train", "--gpus", "2", "--steps", str(steps),
+               "--slots", "2", "--checkpoint-every", str(every), "--run-dir", str(run)]
+        env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            while True:
+                prog = protocol.read_json(run / "control" / protocol.PROGRESS_FILE)
+                if prog and prog["step"] >= kill_at:
+                    break
+                if p.poll() is not None:
+                    raise SystemExit(f"run ended before step {kill_at}: {p.stderr.read()[-2000:]}")
+                time.sleep(0.02)
+            pid = protocol.read_json(protocol.pid_dir(run) / "seg000-rank1.json")["pid"]
+            t_kill = time.time()
+            os.kill(pid, signal.SIGKILL)
+            _, err = p.communicate(timeout=600)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        if p.returncode != 0:
+            raise SystemExit(f"the run did not recover:\n{err[-2000:]}")
+        ev = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+        (rs,) = [e for e in ev if e["kind"] == "restart"]
+        (rc,) = [e for e in ev if e["kind"] == "recovered"]
+        return {"kill_at": kill_at, "kill_to_first_step_s": rc["time"] - t_kill,
+                "detect_s": rs["time"] - t_kill, "detect_to_first_step_s": rc["detect_to_first_step_s"],
+                "steps_redone": rs["steps_redone"], "time_lost_s": rc["time_lost_s"],
+                "first_failed_rank": rs["rank"], "wall_s": [e for e in ev if e["kind"] == "finished"][-1]["wall_s"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_recovery.json")
+    a = ap.parse_args()
+    load0 = os.getloadavg()[0]
+    rng = random.Random(0)
+    bare, rec = [], []
+    for i in range(a.repeats):
+        bare.append(bare_start(2))
+        r = killed_run(rng.randint(60, 200), a.steps, a.every)
+        rec.append(r)
+        print(f"repeat {i + 1}: bare start {bare[-1]:.2f} s; killed at step {r['kill_at']}: "
+              f"kill -> first step {r['kill_to_first_step_s']:.2f} s (detected after {r['detect_s']:.2f} s), "
+              f"{r['steps_redone']} step(s) redone, time lost {r['time_lost_s']:.2f} s, first failed rank "
+              f"{r['first_failed_rank']}", flush=True)
+    med = {k: statistics.median(r[k] for r in rec) for k in ("kill_to_first_step_s", "detect_s",
+                                                           "steps_redone", "time_lost_s")}
+    ratio = statistics.median(r["kill_to_first_step_s"] / b for r, b in zip(rec, bare))
+    print(f"\nmedian: bare start {statistics.median(bare):.2f} s, kill -> first step "
+          f"{med['kill_to_first_step_s']:.2f} s (ratio {ratio:.2f}x), detection {med['detect_s']:.2f} s, "
+          f"steps redone {med['steps_redone']:.0f}, time lost {med['time_lost_s']:.2f} s")
+    out = {"bare_start_s": bare, "recoveries": rec, "median": med, "median_ratio_to_bare_start": ratio,
+           "checkpoint_every": a.every, "steps": a.steps,
+           "machine": {"cpus": os.cpu_count(), "load_before": load0, "load_after": os.getloadavg()[0]},
+           "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=2))
+    print(f"wrote {a.out.relative_to(ROOT)} (load {load0:.1f} -> {os.getloadavg()[0]:.1f})")
+
+
+if __name__ == "__main__":
+    main()
