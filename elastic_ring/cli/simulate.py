@@ -6,6 +6,9 @@ The table gives mean +- std over seeds of average JCT, p99 JCT, makespan (hours)
 and the number of resizes. Files written to ``--out``: ``table3.json`` (settings, every run, the
 summary), ``table3.md`` and ``jct.png`` (average JCT per strategy per contention level).
 
+Remaining work (``--remaining``): ``eq1`` (default) tells every policy the Eq. 1 prediction from
+each job's loss curve observed so far; ``oracle`` the true remaining work (the paper's simulator).
+
 Held-out check (``--plan-workload``): the planners (Precompute, Optimus) use the speed model of
 the plan workload while jobs run at their own workload's true speed; Precompute with the true
 models is added as ``precompute-oracle`` so the shrinkage of the gain over Eight can be read off.
@@ -22,7 +25,7 @@ import click
 
 from elastic_ring.errors import ConfigError
 
-STRATEGIES = ("eight", "precompute", "exploratory", "optimus")
+STRATEGIES = ("eight", "precompute", "exploratory", "optimus", "srtf")
 METRICS = (("avg_jct_h", "avg JCT (h)"), ("p99_jct_h", "p99 JCT (h)"), ("makespan_h", "makespan (h)"),
            ("utilisation", "GPU util"), ("resizes", "resizes"))
 
@@ -106,7 +109,8 @@ def _markdown(summary: dict, levels: list[str], strategies: list[str], meta: dic
     lines = [f"# Table 3 (simulated): {meta['gpus']} GPUs, {meta['jobs']} jobs/run, {meta['seeds']} seeds, "
              f"mean ± std over seeds", "",
              f"workloads: {', '.join(meta['workloads'])}; planner's model: {meta['plan_workload'] or 'each job’s own'}; "
-             f"resize overhead {meta['resize_overhead_s']:g} s", ""]
+             f"resize overhead {meta['resize_overhead_s']:g} s; remaining work told to policies: "
+             f"{meta['remaining']}", ""]
     for lv in levels:
         lines += [f"## {lv} (offered load {meta['levels'][lv]:g})", "",
                   "| strategy | " + " | ".join(h for _, h in METRICS) + " |",
@@ -132,8 +136,12 @@ def _markdown(summary: dict, levels: list[str], strategies: list[str], meta: dic
 @click.option("--contention", default="moderate", show_default=True,
               help="Comma list of low (offered load 0.5), moderate (0.9), high (1.2), extreme (2.0), all, "
                    "or numbers (offered load = arrival rate x mean GPU-hours per job at 8 GPUs / GPUs).")
-@click.option("--strategies", default=",".join(STRATEGIES), show_default=True,
-              help="Comma list of eight, precompute, exploratory, optimus.")
+@click.option("--strategies", default=",".join(STRATEGIES[:4]), show_default=True,
+              help="Comma list of eight, precompute, exploratory, optimus, srtf (ours: shortest predicted "
+                   "remaining time first with rank-weighted doubling).")
+@click.option("--remaining", type=click.Choice(["eq1", "oracle"]), default="eq1", show_default=True,
+              help="What policies know of a job's remaining work: the Eq. 1 prediction from its loss "
+                   "curve so far, or the true value (oracle).")
 @click.option("--seeds", type=int, default=10, show_default=True, help="Seeds per level (seed 0..N-1).")
 @click.option("--jobs", "n_jobs", type=int, default=200, show_default=True, help="Jobs per run.")
 @click.option("--workload", "workloads", multiple=True,
@@ -148,14 +156,16 @@ def _markdown(summary: dict, levels: list[str], strategies: list[str], meta: dic
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/simulate", show_default=True,
               help="Folder for table3.json, table3.md, jct.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of the table.")
-def simulate(gpus, contention, strategies, seeds, n_jobs, workloads, plan_workload, resize_overhead,
+def simulate(gpus, contention, strategies, remaining, seeds, n_jobs, workloads, plan_workload, resize_overhead,
              min_hours, max_hours, out_dir, as_json):
     """Simulate a GPU cluster under scheduling policies and print Table 3.
 
     Jobs arrive as a Poisson process; each job's size is its run time alone on 8 GPUs, log-uniform
     in [--min-hours, --max-hours]; a policy decides at every arrival and completion. Strategies:
     eight (8 GPUs per job, FIFO queue), precompute (Eq. 6 doubling with known speed models),
-    exploratory (measure at 1/2/4/8 GPUs for 10 min, then doubling), optimus (unit-step greedy).
+    exploratory (measure at 1/2/4/8 GPUs for 10 min, then doubling), optimus (unit-step greedy),
+    srtf (ours: shortest predicted remaining time first with rank-weighted doubling). Policies are
+    told each job's remaining work as predicted by Eq. 1 (--remaining eq1) or the truth (oracle).
 
     Example: elastic-ring simulate --gpus 64 --contention all --seeds 10
     """
@@ -185,7 +195,7 @@ def simulate(gpus, contention, strategies, seeds, n_jobs, workloads, plan_worklo
         runs_strats.append("precompute-oracle")
 
     base = dict(gpus=gpus, jobs=n_jobs, min_hours_at_8=min_hours, max_hours_at_8=max_hours,
-                resize_overhead_s=overhead, workloads=tuple(true_models))
+                resize_overhead_s=overhead, workloads=tuple(true_models), remaining=remaining)
     SimConfig(contention=1.0, **base)  # validate once before the long loop
     rows: list[dict] = []
     total = len(levels) * seeds * len(runs_strats)
@@ -247,7 +257,7 @@ def simulate(gpus, contention, strategies, seeds, n_jobs, workloads, plan_worklo
     meta = {"gpus": gpus, "jobs": n_jobs, "seeds": seeds, "levels": {lv: rho for lv, rho in levels},
             "strategies": runs_strats, "workloads": [w.name for w in wls],
             "workload_sources": {w.name: w.source for w in wls},
-            "plan_workload": plan.name if plan else None, "resize_overhead_s": overhead,
+            "plan_workload": plan.name if plan else None, "resize_overhead_s": overhead, "remaining": remaining,
             "min_hours_at_8": min_hours, "max_hours_at_8": max_hours,
             "command": "elastic-ring simulate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else []),
             "heldout": heldout}

@@ -40,14 +40,27 @@ class JobState(str, Enum):
     DONE = "done"
 
 
+REMAINING = ("oracle", "eq1")
+"""What policies are told of a job's remaining work Q: ``oracle`` the true Q; ``eq1`` the Eq. 1
+prediction from the job's loss curve observed so far
+(:func:`elastic_ring.perfmodel.convergence.predict_remaining`)."""
+
+
 @dataclass(frozen=True)
 class JobSpec:
-    """One job: arrival time (s), work (samples), workload name (its true speed curve)."""
+    """One job: arrival time (s), work (samples), workload name (its true speed curve).
+
+    ``curve`` (b0, b1, b2): the job's true loss curve, Eq. 1 with k counted in samples, and
+    ``target_loss`` = the loss at ``work`` (the job stops when it reaches it); None: no curve
+    (the planner is then told the true Q, as with ``remaining="oracle"``).
+    """
 
     id: int
     arrival: float
     work: float
     workload: str
+    curve: tuple[float, float, float] | None = None
+    target_loss: float | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,15 @@ class SimConfig:
     explore_phase_s: float = 150.0
     explore_noise: float = 0.02  # relative std of a measured speed during exploration
     workloads: tuple[str, ...] = field(default=("resnet110-cifar10",))
+    # Remaining work told to the policies (REMAINING). The engine's default stays the oracle (the
+    # recorded results); `elastic-ring simulate` defaults to eq1.
+    remaining: str = "oracle"
+    # eq1: relative std of the noise on an observed loss (multiplicative, Gaussian). Measured on
+    # our CPU runs (results/table2_cpu/report.md): Eq. 1 rmse 0.16 on losses that fall to ~0.2,
+    # and predictions from the first half of a curve off by 2.3-7x; we take 0.15 (assumed).
+    loss_noise: float = 0.15
+    loss_points: int = 20  # eq1: loss points spread evenly over the work done so far
+    refit_growth: float = 1.1  # eq1: refit a job's curve when its work done grew by 10%
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -83,6 +105,10 @@ class SimConfig:
             raise ConfigError("explore_noise must be >= 0")
         if not self.workloads:
             raise ConfigError("at least one workload is needed")
+        if self.remaining not in REMAINING:
+            raise ConfigError(f"remaining must be one of {', '.join(REMAINING)}, got {self.remaining!r}")
+        if self.loss_noise < 0 or self.loss_points < 3 or self.refit_growth <= 1:
+            raise ConfigError("need loss_noise >= 0, loss_points >= 3 and refit_growth > 1")
 
     @property
     def mean_hours_at_8(self) -> float:

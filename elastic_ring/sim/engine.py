@@ -17,6 +17,15 @@ Exploration (``policy.explores``): the job holds 8 GPUs and trains ``explore_pha
 then Eq. 5 is fitted (:func:`~elastic_ring.perfmodel.speed.fit_speed`) and the policy plans with
 the fit.
 
+Remaining work (``config.remaining``): ``oracle`` tells the policy each job's true remaining Q;
+``eq1`` tells it the Eq. 1 prediction from the job's loss curve observed so far
+(:func:`~elastic_ring.perfmodel.convergence.predict_remaining`, the function the live scheduler
+uses): ``loss_points`` noisy losses spread over the work done, refitted when the work done grew by
+``refit_growth``; a job with too little curve gets the prior, the mean job size of its workload.
+
+Simultaneous events: all jobs arriving at the same instant arrive before one decision, and all
+jobs completing at the same instant are completed before the one decision that follows (none is resized at a completion whose remaining work is already 0).
+
 Speeds come from :class:`~elastic_ring.perfmodel.speed.SpeedModel` through
 :func:`~elastic_ring.sched.api.model_rate` (samples/s, cached per GPU count); the engine never
 writes Eq. 5 itself.
@@ -32,6 +41,7 @@ from typing import Mapping, NamedTuple, Sequence
 import numpy as np
 
 from elastic_ring.errors import ElasticRingError
+from elastic_ring.perfmodel.convergence import predict_remaining
 from elastic_ring.perfmodel.speed import SpeedModel, fit_speed
 from elastic_ring.sched.api import JobView, Policy, Rate, model_rate
 from elastic_ring.sim.api import JobSpec, JobState, RunResult, SimConfig
@@ -85,7 +95,8 @@ class SimJob:
 
     __slots__ = ("id", "arrival", "work", "work_done", "advanced_to", "gpus_held", "gpus_training",
                  "speed", "true_model", "true_rate", "plan_rate", "paused_until", "version", "state",
-                 "explored", "phase", "measured", "finished_at", "resizes")
+                 "explored", "phase", "measured", "finished_at", "resizes", "curve", "target_loss",
+                 "q_done", "q_total", "q_fits")
 
     def __init__(self, spec: JobSpec, true_model: SpeedModel, true_rate: Rate, plan_rate: Rate | None,
                  explored: bool):
@@ -105,6 +116,10 @@ class SimJob:
         self.measured: list[tuple[int, float]] = []
         self.finished_at = float("nan")
         self.resizes = 0
+        self.curve, self.target_loss = spec.curve, spec.target_loss
+        self.q_done = 0.0  # work done at the last Eq. 1 fit
+        self.q_total = float("nan")  # the total work that fit predicted
+        self.q_fits = 0
 
     def advance(self, t: float) -> None:
         """Add the work done between ``advanced_to`` and ``t`` (none before ``paused_until``)."""
@@ -197,8 +212,10 @@ class Simulator:
                 now = t_arr
                 self.gpu_seconds += self.gpus_in_use * (now - accounted_to)
                 accounted_to = now
-                self._arrive(arrivals[next_arrival], now)
-                next_arrival += 1
+                while next_arrival < n_jobs and arrivals[next_arrival].arrival == now:
+                    self._arrive(arrivals[next_arrival], now)  # jobs arriving together: one decision
+                    next_arrival += 1
+                self._decide(now)
                 continue
             ev = heapq.heappop(heap)
             now = ev.time
@@ -208,6 +225,12 @@ class Simulator:
             if ev.kind == _COMPLETION:
                 self._complete(j, now)
                 finished.append(j)
+                while heap and heap[0].time == now and heap[0].kind == _COMPLETION:
+                    ev2 = heapq.heappop(heap)  # another job done at this instant: before deciding
+                    j2 = active.get(ev2.job_id)
+                    if j2 is not None and ev2.stamp == j2.version:
+                        self._complete(j2, now)
+                        finished.append(j2)
                 if active or next_arrival < n_jobs:
                     self._decide(now)
             else:
@@ -219,7 +242,6 @@ class Simulator:
         plan = None if self.explores else self.plan_rates[spec.workload]
         self._active[spec.id] = SimJob(spec, self.true_models[spec.workload], self.true_rates[spec.workload],
                                        plan, explored=not self.explores)
-        self._decide(now)
 
     def _complete(self, j: SimJob, now: float) -> None:
         j.work_done = j.work
@@ -262,9 +284,13 @@ class Simulator:
         exploring = JobState.EXPLORING
         views = []
         current = {}
+        eq1 = self.config.remaining == "eq1"
         for j in active.values():
             current[j.id] = j.gpus_held
-            views.append(JobView(j.id, j.remaining_at(now), j.plan_rate, j.gpus_held,
+            q = j.remaining_at(now)
+            if eq1 and j.curve is not None:
+                q = self._predicted_remaining(j, j.work - q)
+            views.append(JobView(j.id, q, j.plan_rate, j.gpus_held,
                                  explores and not j.explored and j.state != exploring,
                                  j.state == exploring))
         new = policy.allocate(views, G, current)
@@ -291,6 +317,28 @@ class Simulator:
             self.max_gpus_in_use = self.gpus_in_use
         if self.trace is not None:
             self.trace.append((now, self.gpus_in_use))
+
+    def _predicted_remaining(self, j: SimJob, done: float) -> float:
+        """Eq. 1's Q for ``j`` from its curve observed up to ``done`` samples (refitted only when
+        ``done`` grew by ``refit_growth`` since the last fit; in between, the last predicted total
+        minus the work done)."""
+        cfg = self.config
+        if done > 0 and (j.q_fits == 0 or done >= j.q_done * cfg.refit_growth):
+            n = cfg.loss_points
+            xs = done * np.arange(1, n + 1) / n
+            b0, b1, b2 = j.curve
+            rng = np.random.default_rng([cfg.seed, 3, j.id, j.q_fits])
+            ls = (1.0 / (b0 * xs + b1) + b2) * (1.0 + cfg.loss_noise * rng.standard_normal(n))
+            ls = np.maximum(ls, 1e-6)
+            q = predict_remaining(done, xs, ls, j.target_loss, self._prior(j), min_points=3)
+            j.q_done, j.q_total, j.q_fits = done, done + q, j.q_fits + 1
+        if j.q_fits == 0:
+            return self._prior(j)
+        return max(j.q_total - done, 0.05 * done)
+
+    def _prior(self, j: SimJob) -> float:
+        """The mean job size of ``j``'s workload (samples): what is expected of an unknown job."""
+        return self.config.mean_hours_at_8 * 3600.0 * j.true_rate(8)
 
     def _apply(self, j: SimJob, w: int, now: float) -> None:
         """Give job ``j`` ``w`` GPUs (``w != j.gpus_held``): a start, resize, preemption or exploration."""

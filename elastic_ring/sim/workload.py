@@ -9,6 +9,12 @@ Job stream (:func:`make_jobs`): Poisson arrivals at :attr:`SimConfig.arrival_rat
 run time alone on 8 GPUs is log-uniform in [min_hours_at_8, max_hours_at_8]; its workload is drawn
 uniformly from the configured ones; its work in samples is that time times the workload's speed
 at 8 GPUs (samples/s). Same seed -> same jobs for every strategy (common random numbers).
+
+Loss curves (for the Eq. 1 prediction of remaining work), drawn from a second stream so the
+arrivals and sizes above do not change: Eq. 1 in samples s, ``l(s) = 1/(b0·s + b1) + b2`` with
+initial loss l(0) = 2.3 (ln 10, ten classes), floor b2 uniform in [0.02, 0.3], and the target (the
+loss at the job's work W) at a fraction r of the initial gap above the floor, r log-uniform in
+[0.03, 0.2]. These ranges are assumed (they cover our CPU curves' shapes, not measured per job).
 """
 
 from __future__ import annotations
@@ -70,9 +76,26 @@ def make_jobs(config: SimConfig, models: dict[str, SpeedModel]) -> list[JobSpec]
     hours = np.exp(rng.uniform(lo, hi, size=n))
     names = list(config.workloads)
     which = rng.integers(0, len(names), size=n)
+    crng = np.random.default_rng([config.seed, 2])
+    floors = crng.uniform(0.02, 0.3, size=n)
+    ratios = np.exp(crng.uniform(np.log(0.03), np.log(0.2), size=n))
     out = []
     for i in range(n):
         wl = names[int(which[i])]
         work = float(hours[i] * 3600.0 * models[wl].samples_per_s(8))
-        out.append(JobSpec(id=i, arrival=float(arrivals[i]), work=work, workload=wl))
+        curve, target = loss_curve(work, float(floors[i]), float(ratios[i]))
+        out.append(JobSpec(id=i, arrival=float(arrivals[i]), work=work, workload=wl, curve=curve,
+                           target_loss=target))
     return out
+
+
+INITIAL_LOSS = 2.3
+
+
+def loss_curve(work: float, floor: float, ratio: float) -> tuple[tuple[float, float, float], float]:
+    """Eq. 1 coefficients (b0, b1, b2) in samples, and the target loss, of a job of ``work``
+    samples whose loss falls from :data:`INITIAL_LOSS` to ``floor + ratio·(INITIAL_LOSS - floor)``."""
+    gap0 = INITIAL_LOSS - floor
+    b1 = 1.0 / gap0
+    b0 = (1.0 / (ratio * gap0) - b1) / work
+    return (b0, b1, floor), floor + ratio * gap0

@@ -1,0 +1,320 @@
+"""``elastic-ring cluster up|down``, ``submit``, ``jobs``, ``cancel``: the scheduler on a real node.
+
+A cluster is a folder (``--dir``, default ``./cluster`` or ``$ELASTIC_RING_CLUSTER``) holding
+``cluster.db`` (SQLite, WAL: jobs, allocations, decisions, events), ``jobs/<id>/`` (each job's run
+folder) and ``logs/``. ``cluster up`` runs the scheduler in the foreground; the other commands
+only write to or read the database, so they work from any shell of a user who can write the
+folder. Nothing listens on a network port.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import click
+
+from elastic_ring.errors import UserError
+
+CTX = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _default_dir() -> str:
+    return os.environ.get("ELASTIC_RING_CLUSTER", "cluster")
+
+
+dir_option = click.option("--dir", "cluster_dir", type=click.Path(file_okay=False), default=_default_dir,
+                          show_default="./cluster or $ELASTIC_RING_CLUSTER", help="The cluster folder.")
+
+
+def _parse_hostfile(path: str) -> tuple[tuple[str, int], ...]:
+    from elastic_ring.controller.api import parse_hostfile
+
+    return tuple((h, int(n)) for h, n in parse_hostfile(path))
+
+
+class _SchedulerLock:
+    def __init__(self, d: Path) -> None:
+        from elastic_ring.cluster.api import LOCK_FILE
+
+        self.path = d / LOCK_FILE
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise UserError(f"a scheduler already runs on {self.path.parent} (pid {self.holder()})") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self.fd = fd
+
+    def holder(self) -> str:
+        try:
+            return self.path.read_text().strip() or "?"
+        except OSError:
+            return "?"
+
+    def held_by_other(self) -> bool:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+
+@click.group(context_settings=CTX)
+def cluster() -> None:
+    """Run the scheduler on this node: `cluster up` (foreground) and `cluster down` (drain).
+
+    \b
+    elastic-ring cluster up --slots 4 --policy precompute --dir cluster
+    elastic-ring submit examples/mlp_digits.py --steps 300 --max-workers 4 --dir cluster
+    elastic-ring jobs --dir cluster
+    elastic-ring cluster down --dir cluster
+    """
+
+
+@cluster.command("up", context_settings=CTX)
+@click.option("--slots", type=int, default=None,
+              help="Slots on this host: GPUs (--device cuda) or CPU worker processes (may exceed the "
+                   "cores: jobs then share them). Default: what the folder's cluster had.")
+@click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Slots on several hosts, 'host slots=N' per line; jobs get horovodrun -H lists "
+                   "(resizes are then stop + resume on the new hosts).")
+@click.option("--policy", type=click.Choice(["eight", "precompute", "optimus", "srtf"]), default=None,
+              help="Allocation policy of elastic_ring.sched (the simulator's). Default precompute, or "
+                   "the folder's. exploratory is not available live.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="Slot kind (default cpu, or the folder's). cuda: each job's GPUs via CUDA_VISIBLE_DEVICES.")
+@click.option("--network-interface", default=None, help="Passed to every job's horovodrun (e.g. lo).")
+@click.option("--profile", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="profile.json (Eq. 5) for jobs submitted without one; without: linear speed-up.")
+@click.option("--poll", type=float, default=0.5, show_default=True, help="Seconds between scheduler passes.")
+@click.option("--quiet", is_flag=True, help="No job table, only events.")
+@dir_option
+def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet, cluster_dir):
+    """Start the scheduler on the cluster folder (creating it), in the foreground.
+
+    It takes submitted jobs, decides allocations at every arrival, completion and cancellation
+    with the policy, starts each job under its own `train` controller and resizes it live. Its
+    state is in DIR/cluster.db: after a crash (even kill -9), `cluster up` on the same folder
+    re-attaches to the controllers that still run and resumes the others from their checkpoints.
+    Ctrl-C or SIGTERM drains, as `cluster down` does.
+    """
+    from elastic_ring.cluster.api import ClusterConfig
+    from elastic_ring.cluster.runner import ProcessRunner
+    from elastic_ring.cluster.scheduler import Scheduler
+    from elastic_ring.cluster.store import Store
+    from elastic_ring.sched.policies import make_policy
+
+    d = Path(cluster_dir)
+    if slots is not None and slots < 1:
+        raise UserError(f"--slots must be >= 1, got {slots}")
+    if slots is not None and hostfile:
+        raise UserError("give --slots or --hostfile, not both")
+    if poll <= 0:
+        raise UserError(f"--poll must be > 0, got {poll}")
+    lock = _SchedulerLock(d)
+    lock.acquire()
+    store = Store(d, create=True)
+    old = store.config()
+    if hostfile:
+        hosts = _parse_hostfile(hostfile)
+    elif slots is not None:
+        hosts = (("localhost", slots),)
+    elif old is not None:
+        hosts = old.hosts
+    else:
+        raise UserError("a new cluster needs --slots N or --hostfile PATH")
+    cfg = ClusterConfig(hosts=hosts, policy=policy or (old.policy if old else "precompute"),
+                        device=device or (old.device if old else "cpu"),
+                        network_interface=network_interface or (old.network_interface if old else None),
+                        poll_s=poll, profile=str(Path(profile).resolve()) if profile else (old.profile if old else None))
+    if old is not None and any(len(j["slots"]) and max(j["slots"]) >= cfg.slots for j in store.jobs(active_only=True)):
+        raise UserError(f"jobs of {d} hold slots beyond the {cfg.slots} asked; start with the same slots")
+    store.set_meta("config", cfg.to_dict())
+    store.set_meta("down", False)
+    store.set_meta("scheduler_pid", os.getpid())
+    runner = ProcessRunner(d, cfg)
+    sched = Scheduler(store, cfg, make_policy(cfg.policy), runner, rate_for=_rate_for(cfg))
+    stop = {"n": 0}
+
+    def on_signal(signum, frame):  # only sets a flag
+        stop["n"] += 1
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    cpus = os.cpu_count() or 1
+    kind = "GPU" if cfg.device == "cuda" else "CPU worker"
+    click.echo(f"elastic-ring cluster: {cfg.slots} {kind} slot(s) on {', '.join(f'{h}:{n}' for h, n in hosts)}, "
+               f"policy {cfg.policy}, folder {d.resolve()}"
+               + (f" ({cfg.slots} slots on {cpus} cores: jobs share the cores)"
+                  if cfg.device == "cpu" and cfg.slots > cpus else ""))
+    sched.recover()
+    last_event, last_table = 0, ""
+    while True:
+        if stop["n"] and not store.get_meta("down"):
+            store.set_meta("down", True)
+            click.echo("draining: running jobs checkpoint and stop")
+        more = sched.tick()
+        for e in store.events():
+            if e["id"] > last_event:
+                last_event = e["id"]
+                click.echo(f"{time.strftime('%H:%M:%S', time.localtime(e['time']))} job {e['job_id']}: "
+                           f"{e['kind']} {json.dumps(e['data']) if e['data'] else ''}".rstrip())
+        if not quiet:
+            table = _table(store.jobs())
+            if table != last_table:
+                click.echo(table)
+                last_table = table
+        if not more:
+            click.echo("cluster down: every job stopped at a checkpoint (continue with `cluster up`)")
+            return
+        time.sleep(cfg.poll_s)
+
+
+def _rate_for(cfg):
+    """Job row -> steps/s by worker count: its profile's Eq. 5 model, else linear (assumed)."""
+    from elastic_ring.perfmodel.speed import load_profile
+
+    def rate_for(job):
+        path = job["request"].profile or cfg.profile
+        if path:
+            try:
+                model, _ = load_profile(Path(path))
+                return lambda w, m=model: float(m.predict(w))
+            except Exception:  # noqa: BLE001 - a bad profile must not stop the scheduler
+                pass
+        return lambda w: float(w)
+
+    return rate_for
+
+
+@cluster.command("down", context_settings=CTX)
+@click.option("--no-wait", is_flag=True, help="Return at once instead of waiting for the drain.")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the drain.")
+@dir_option
+def down(no_wait, timeout, cluster_dir):
+    """Drain the cluster: running jobs checkpoint at their next agreed step and stop; the
+    scheduler exits. `cluster up` on the folder resumes them."""
+    from elastic_ring.cluster.store import Store
+
+    d = Path(cluster_dir)
+    store = Store(d)
+    lock = _SchedulerLock(d)
+    if not lock.held_by_other():
+        raise UserError(f"no scheduler runs on {d}")
+    store.set_meta("down", True)
+    if no_wait:
+        click.echo(f"drain requested for {d}")
+        return
+    t0 = time.time()
+    while lock.held_by_other():
+        if time.time() - t0 > timeout:
+            raise UserError(f"the scheduler on {d} did not drain within {timeout:g} s")
+        time.sleep(0.5)
+    click.echo(f"cluster {d} is down")
+
+
+@click.command(context_settings=CTX)
+@click.argument("target", type=click.Path(exists=True, dir_okay=False), metavar="CONFIG_OR_SCRIPT")
+@click.option("--name", default=None, help="Job name (default: the file's stem).")
+@click.option("--steps", type=int, default=None, help="Total steps (needed for a script).")
+@click.option("--min-workers", type=int, default=1, show_default=True, help="Fewest workers the job runs on.")
+@click.option("--max-workers", type=int, default=0, help="Most workers (default: the cluster's slots).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Config override (config jobs).")
+@click.option("--profile", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The job's profile.json (Eq. 5), used by precompute, optimus and srtf.")
+@click.option("--target-loss", type=float, default=None,
+              help="Remaining work = Eq. 1's predicted steps to reach this loss (capped by --steps).")
+@click.option("--checkpoint-every", type=int, default=None, metavar="STEPS", help="Passed to train.")
+@dir_option
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def submit(target, name, steps, min_workers, max_workers, sets, profile, target_loss, checkpoint_every,
+           cluster_dir, script_args):
+    """Queue a job: a user script (.py, run with `train --script`; its own arguments after --) or
+    a config (.yaml, the built-in ResNet). Prints the job id."""
+    from elastic_ring.cluster.api import ClusterError, JobRequest
+    from elastic_ring.cluster.store import Store
+
+    p = Path(target).resolve()
+    kind = "script" if p.suffix == ".py" else "config" if p.suffix in (".yaml", ".yml") else None
+    if kind is None:
+        raise ClusterError(f"{target}: submit a script (.py) or a config (.yaml)")
+    if kind == "config" and script_args:
+        raise ClusterError("arguments after -- are for scripts; a config takes --set KEY=VALUE")
+    if kind == "script" and sets:
+        raise ClusterError("--set is for configs; give a script its own arguments after --")
+    store = Store(Path(cluster_dir))
+    cfg = store.config()
+    if cfg and max_workers > cfg.slots:
+        raise ClusterError(f"--max-workers {max_workers} is more than the cluster's {cfg.slots} slots")
+    if cfg and min_workers > cfg.slots:
+        raise ClusterError(f"--min-workers {min_workers} is more than the cluster's {cfg.slots} slots")
+    train_args = ("--checkpoint-every", str(checkpoint_every)) if checkpoint_every else ()
+    req = JobRequest(name=name or p.stem, kind=kind, path=str(p), steps=steps, min_workers=min_workers,
+                     max_workers=max_workers, sets=tuple(sets), args=tuple(script_args),
+                     profile=str(Path(profile).resolve()) if profile else None, target_loss=target_loss,
+                     train_args=train_args)
+    jid = store.submit(req)
+    click.echo(f"job {jid} ({req.name}) submitted to {cluster_dir}")
+
+
+def _table(jobs) -> str:
+    rows = [("id", "name", "state", "workers", "step/total", "images/s", "submitted", "JCT")]
+    for j in jobs:
+        total = j["total"] or j["request"].steps or "?"
+        jct = f"{j['finished'] - j['submitted']:.1f} s" if j["finished"] else ""
+        rows.append((str(j["id"]), j["name"], j["state"].value + (f" ({j['message']})" if j["message"] else ""),
+                     str(j["workers"] or len(j["slots"])), f"{j['step']}/{total}", f"{j['images_per_s']:.0f}",
+                     time.strftime("%H:%M:%S", time.localtime(j["submitted"])), jct))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+@click.command(context_settings=CTX)
+@click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
+@dir_option
+def jobs(as_json, cluster_dir):
+    """The cluster's jobs: state, workers, step/total, images/s, submitted, JCT."""
+    from elastic_ring.cluster.store import Store
+
+    store = Store(Path(cluster_dir))
+    rows = store.jobs()
+    if as_json:
+        out = [{k: (v.value if k == "state" else v.to_dict() if k == "request" else v) for k, v in j.items()}
+               for j in rows]
+        click.echo(json.dumps(out, indent=1))
+    else:
+        click.echo(_table(rows))
+
+
+@click.command(context_settings=CTX)
+@click.argument("job")
+@dir_option
+def cancel(job, cluster_dir):
+    """Cancel a job by id or name: a queued one is dropped, a running one stops at a checkpoint."""
+    from elastic_ring.cluster.api import ClusterError
+    from elastic_ring.cluster.store import Store
+
+    store = Store(Path(cluster_dir))
+    j = store.find(job)
+    if j["state"].terminal:
+        raise ClusterError(f"job {j['id']} is already {j['state'].value}")
+    store.update(j["id"], cancel=1)
+    store.event(j["id"], "cancel_requested")
+    click.echo(f"job {j['id']} ({j['name']}): cancel requested")

@@ -1,0 +1,9 @@
+"""The scheduler for real: ``elastic-ring cluster`` runs a queue of jobs on a node's slots and
+resizes them live with the policies of :mod:`elastic_ring.sched` (the simulator's policies).
+
+* :mod:`.api` — value types: :class:`JobRequest` (blueprint), :class:`JobState` (lifecycle),
+  :class:`ClusterConfig`, :class:`Observation`.
+* :mod:`.store` — the durable state: SQLite (WAL) in the cluster folder.
+* :mod:`.scheduler` — :class:`Scheduler`, the loop (side effects passed in, unit-tested with fakes).
+* :mod:`.runner` — :class:`ProcessRunner`, which runs each job under its own ``train`` controller.
+"""

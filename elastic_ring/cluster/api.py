@@ -1,0 +1,161 @@
+"""Value types of the live scheduler.
+
+Slots are the units a policy hands out: GPUs on a GPU node (a job gets its own set through
+``CUDA_VISIBLE_DEVICES``), CPU worker processes on a CPU machine (there may be more slots than
+cores: the jobs then share the cores, as any oversubscribed machine does). With a hostfile the
+slots span several hosts and a job gets a horovodrun ``-H host:n,...`` list of its slots.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+from elastic_ring.errors import UserError
+
+DB_FILE = "cluster.db"
+LOCK_FILE = "scheduler.lock"
+LIVE_POLICIES = ("eight", "precompute", "optimus", "srtf")
+
+
+class ClusterError(UserError):
+    """A user mistake about the cluster (bad folder, bad job, no scheduler): one line, exit 2."""
+
+
+class JobState(str, Enum):
+    """Lifecycle of a cluster job.
+
+    QUEUED -> RUNNING (its controller started) -> SUCCEEDED | FAILED.
+    RUNNING -> STOPPING (preempted to 0 slots, cancelled, or `cluster down`) -> PAUSED (stopped at a
+    checkpoint; resumed later with ``train --resume``) | CANCELLED | SUCCEEDED (it ended first).
+    PAUSED -> RUNNING (resumed). QUEUED | PAUSED -> CANCELLED.
+    A resize happens while RUNNING (``resize_to`` set while it is in flight).
+    """
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    PAUSED = "paused"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What `elastic-ring submit` asks for (validated on construction).
+
+    kind: "script" (a user script run with ``train --script``) or "config" (the built-in ResNet).
+    path: the script or config file; steps: total steps (scripts; configs may set total_steps).
+    sets: ``--set k=v`` for configs; args: the script's own arguments.
+    profile: a ``profile.json`` (Eq. 5) for precompute / optimus / srtf; None: linear speed-up.
+    target_loss: if given, remaining work is Eq. 1's prediction of the steps to reach it (capped by
+        the step budget); else the step budget left.
+    """
+
+    name: str
+    kind: str
+    path: str
+    steps: int | None = None
+    min_workers: int = 1
+    max_workers: int = 0  # 0: the cluster's slots
+    sets: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    profile: str | None = None
+    target_loss: float | None = None
+    train_args: tuple[str, ...] = ()  # extra `train` options (e.g. --checkpoint-every 20)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("script", "config"):
+            raise ClusterError(f"job kind must be script or config, got {self.kind!r}")
+        if self.kind == "script" and (self.steps is None or self.steps < 1):
+            raise ClusterError("a script job needs --steps >= 1")
+        if self.min_workers < 1:
+            raise ClusterError(f"--min-workers must be >= 1, got {self.min_workers}")
+        if self.max_workers and self.max_workers < self.min_workers:
+            raise ClusterError(f"--max-workers {self.max_workers} is below --min-workers {self.min_workers}")
+        if self.target_loss is not None and not (self.target_loss > 0 and math.isfinite(self.target_loss)):
+            raise ClusterError(f"--target-loss must be > 0, got {self.target_loss}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "JobRequest":
+        d = dict(d)
+        for k in ("sets", "args", "train_args"):
+            d[k] = tuple(d.get(k) or ())
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Blueprint of one cluster: its slots (host, count per host), the device kind, the policy."""
+
+    hosts: tuple[tuple[str, int], ...]
+    policy: str = "precompute"
+    device: str = "cpu"  # cpu: worker processes; cuda: GPUs through CUDA_VISIBLE_DEVICES
+    network_interface: str | None = None
+    poll_s: float = 0.5
+    profile: str | None = None  # default profile for jobs without one
+
+    def __post_init__(self) -> None:
+        if not self.hosts or any(n < 1 for _, n in self.hosts):
+            raise ClusterError("a cluster needs at least one slot")
+        if self.policy not in LIVE_POLICIES:
+            raise ClusterError(f"unknown policy {self.policy!r} for the live scheduler; choose from "
+                               f"{', '.join(LIVE_POLICIES)}")
+        if self.device not in ("cpu", "cuda"):
+            raise ClusterError(f"device must be cpu or cuda, got {self.device!r}")
+
+    @property
+    def slots(self) -> int:
+        return sum(n for _, n in self.hosts)
+
+    @property
+    def multi_host(self) -> bool:
+        return len(self.hosts) > 1
+
+    def slot_table(self) -> list[tuple[str, int]]:
+        """Slot index -> (host, index on that host)."""
+        return [(h, i) for h, n in self.hosts for i in range(n)]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["hosts"] = [list(h) for h in self.hosts]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ClusterConfig":
+        d = dict(d)
+        d["hosts"] = tuple((str(h), int(n)) for h, n in d["hosts"])
+        return cls(**d)
+
+
+@dataclass
+class Observation:
+    """What the runner reads of one job's run folder and controller.
+
+    alive: the controller process runs. state: controller.json's state (None before it exists).
+    world_size: workers of the current segment; step / total: progress; images_per_s: last
+    throughput; launches / exits: counts of ``launch`` and ``workers_exited`` events so far;
+    outcome: summary.json's state once the controller is gone (succeeded, failed, interrupted);
+    losses: (step, loss) of the throughput events.
+    """
+
+    alive: bool
+    state: str | None = None
+    world_size: int = 0
+    step: int = 0
+    total: int = 0
+    images_per_s: float = 0.0
+    launches: int = 0
+    exits: int = 0
+    outcome: str | None = None
+    losses: list[tuple[float, float]] = field(default_factory=list)

@@ -1,0 +1,188 @@
+"""Runs each cluster job under its own ``elastic-ring train`` controller (a client of the
+controller's files, as ``elastic-ring resize`` and ``status`` are).
+
+A job's run folder is ``CLUSTER/jobs/<id>``; its controller's output goes to
+``CLUSTER/logs/job-<id>.log``. A start is ``train --script|--config ... --run-dir``, a resume
+``train --resume``; a live resize is the request ``elastic-ring resize`` writes; a stop is SIGTERM
+(the workers checkpoint at the next agreed step and the controller exits with state interrupted).
+
+Slots. CPU, one host: ``--device cpu`` and ``--slots`` = the job's largest size, so the controller
+can be resized live up to it. GPUs: ``CUDA_VISIBLE_DEVICES`` = the job's slots, ``--slots`` = its
+size; several hosts: ``--hosts host:n,...`` of its slots. In these two cases a resize is a stop and
+a resume on the new slots (the visible devices and the host list are fixed for a controller's life).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from elastic_ring import protocol
+from elastic_ring.cluster.api import ClusterConfig, Observation
+from elastic_ring.controller.lock import holder_pid, is_locked
+from elastic_ring.errors import UserError
+
+
+def run_dir(cluster_dir: Path, jid: int) -> Path:
+    return Path(cluster_dir) / "jobs" / str(jid)
+
+
+class _Tail:
+    """Reads a growing ``events.jsonl`` incrementally (only whole lines)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.buf = path, 0, b""
+
+    def new(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        data = self.buf + data
+        lines = data.split(b"\n")
+        self.buf = lines.pop()
+        out = []
+        for line in lines:
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(d, dict):
+                out.append(d)
+        return out
+
+
+class ProcessRunner:
+    """The real side effects of :class:`~elastic_ring.cluster.scheduler.Scheduler`."""
+
+    def __init__(self, cluster_dir: Path, config: ClusterConfig, python: str = sys.executable) -> None:
+        self.dir = Path(cluster_dir).resolve()
+        self.config = config
+        self.python = python
+        self._procs: dict[int, subprocess.Popen] = {}
+        self._tails: dict[int, _Tail] = {}
+        self._seen: dict[int, dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------ commands
+    def _hosts(self, slots: list[int]) -> str:
+        table = self.config.slot_table()
+        c = Counter(table[s][0] for s in slots)
+        return ",".join(f"{h}:{n}" for h, n in c.items())
+
+    def command(self, job: dict[str, Any], slots: list[int], workers: int, resume: bool) -> tuple[list[str], dict]:
+        req = job["request"]
+        rd = run_dir(self.dir, job["id"])
+        cfg = self.config
+        max_w = min(req.max_workers or cfg.slots, cfg.slots)
+        live = cfg.device == "cpu" and not cfg.multi_host
+        n_slots = max_w if live else workers
+        cmd = [self.python, "-m", "elastic_ring.cli.main", "train"]
+        if resume:
+            cmd += ["--resume", str(rd)]
+        elif req.kind == "script":
+            cmd += ["--script", req.path, "--steps", str(req.steps), "--run-dir", str(rd)]
+        else:
+            cmd += ["--config", req.path, "--run-dir", str(rd)]
+            for s in req.sets:
+                cmd += ["--set", s]
+            if req.steps:
+                cmd += ["--steps", str(req.steps)]
+        cmd += ["--gpus", str(workers), "--slots", str(n_slots), "--device", cfg.device]
+        if cfg.multi_host:
+            cmd += ["--hosts", self._hosts(slots)]
+        if cfg.network_interface:
+            cmd += ["--network-interface", cfg.network_interface]
+        if not resume:
+            cmd += list(req.train_args)
+            if req.kind == "script" and req.args:
+                cmd += ["--", *req.args]
+        env = dict(os.environ)
+        if cfg.device == "cuda":
+            table = cfg.slot_table()
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(table[s][1]) for s in slots)
+        return cmd, env
+
+    # ------------------------------------------------------------------ Runner
+    def start(self, job: dict[str, Any], slots: list[int], workers: int, resume: bool) -> int:
+        cmd, env = self.command(job, slots, workers, resume)
+        log = self.dir / "logs" / f"job-{job['id']}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as fh:
+            fh.write(("$ " + " ".join(cmd) + "\n").encode())
+            fh.flush()
+            p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                 start_new_session=True)
+        self._procs[job["id"]] = p
+        return p.pid
+
+    def request_resize(self, job: dict[str, Any], to: int) -> bool:
+        """Ask for a live resize through ``elastic-ring resize`` (its checks included); False when
+        the controller cannot take it now (still launching, already that size, ...)."""
+        from elastic_ring.cli.train import resize
+
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                resize.callback(str(run_dir(self.dir, job["id"])), to)
+        except UserError:
+            return False
+        return True
+
+    def stop(self, job: dict[str, Any]) -> None:
+        pid = self._pid(job)
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    def _pid(self, job: dict[str, Any]) -> int | None:
+        p = self._procs.get(job["id"])
+        if p is not None:
+            return p.pid if p.poll() is None else None
+        rd = run_dir(self.dir, job["id"])
+        return holder_pid(rd) if is_locked(rd) else None
+
+    def alive(self, job: dict[str, Any]) -> bool:
+        p = self._procs.get(job["id"])
+        if p is not None:
+            return p.poll() is None
+        return is_locked(run_dir(self.dir, job["id"]))
+
+    def observe(self, job: dict[str, Any]) -> Observation:
+        jid = job["id"]
+        rd = run_dir(self.dir, jid)
+        alive = self.alive(job)
+        seen = self._seen.setdefault(jid, {"launches": 0, "exits": 0, "world": 0, "ips": 0.0, "losses": []})
+        tail = self._tails.setdefault(jid, _Tail(rd / "events.jsonl"))
+        for e in tail.new():
+            k = e.get("kind")
+            if k == "launch":
+                seen["launches"] += 1
+                seen["world"] = int(e.get("world_size", 0))
+            elif k == "workers_exited":
+                seen["exits"] += 1
+            elif k == "throughput":
+                seen["ips"] = float(e.get("images_per_s", 0.0))
+                if "loss" in e and "step" in e:
+                    seen["losses"].append((float(e["step"]), float(e["loss"])))
+        ctl = protocol.read_json(rd / protocol.CONTROLLER_FILE) or {}
+        prog = protocol.read_json(rd / "control" / protocol.PROGRESS_FILE) or {}
+        run = protocol.read_json(rd / "run.json") or {}
+        outcome = None
+        if not alive:
+            summ = protocol.read_json(rd / "summary.json") or {}
+            outcome = summ.get("state") or (ctl.get("state") if ctl.get("state") in
+                                            ("succeeded", "failed", "interrupted") else None)
+        return Observation(alive=alive, state=ctl.get("state"), world_size=seen["world"],
+                           step=int(prog.get("step", 0) or 0), total=int(run.get("total_steps") or 0),
+                           images_per_s=seen["ips"], launches=seen["launches"], exits=seen["exits"],
+                           outcome=outcome, losses=list(seen["losses"]))

@@ -1,0 +1,220 @@
+"""The live scheduler's loop driven with a fake runner (no processes): slots never shared, at most
+one resize in flight, shrinks free slots only after the old workers exit, decisions at arrivals
+and completions, cancel, drain, and recovery after a crash (nothing lost, nothing run twice)."""
+
+from __future__ import annotations
+
+import pytest
+
+from elastic_ring.cluster.api import ClusterConfig, JobRequest, JobState, Observation
+from elastic_ring.cluster.scheduler import Scheduler
+from elastic_ring.cluster.store import Store
+from elastic_ring.sched import make_policy
+
+
+class FakeJob:
+    def __init__(self, total: int, workers: int):
+        self.total, self.world, self.step = total, workers, 0
+        self.alive, self.outcome = True, None
+        self.launches, self.exits = 1, 0
+        self.pending: tuple[int, int] | None = None  # (new size, ticks left)
+        self.stopping = 0
+
+
+class FakeRunner:
+    """Each tick (observe) a job advances one step per worker; a resize takes ``lag`` observations."""
+
+    def __init__(self, lag: int = 2):
+        self.jobs: dict[int, FakeJob] = {}
+        self.starts: list[tuple[int, int, bool]] = []
+        self.lag = lag
+        self.refuse_resize = False
+
+    def start(self, job, slots, workers, resume):
+        self.starts.append((job["id"], workers, resume))
+        old = self.jobs.get(job["id"])
+        fj = FakeJob(job["request"].steps, workers)
+        if resume and old is not None:
+            fj.step = old.step
+        self.jobs[job["id"]] = fj
+        return 1000 + job["id"]
+
+    def request_resize(self, job, to):
+        fj = self.jobs[job["id"]]
+        if self.refuse_resize or fj.pending or fj.world == to:
+            return False
+        fj.pending = (to, self.lag)
+        return True
+
+    def stop(self, job):
+        self.jobs[job["id"]].stopping = self.lag
+
+    def observe(self, job):
+        fj = self.jobs.get(job["id"])
+        if fj is None:
+            return Observation(alive=False, outcome=None)
+        if fj.alive:
+            if fj.stopping:
+                fj.stopping -= 1
+                if not fj.stopping:
+                    fj.alive, fj.outcome = False, "interrupted"
+            elif fj.pending:
+                to, left = fj.pending
+                if left <= 1:
+                    fj.world, fj.pending = to, None
+                    fj.launches += 1
+                    fj.exits += 1
+                else:
+                    fj.pending = (to, left - 1)
+            else:
+                fj.step = min(fj.total, fj.step + fj.world)
+                if fj.step >= fj.total:
+                    fj.alive, fj.outcome = False, "succeeded"
+        return Observation(alive=fj.alive, state="running", world_size=fj.world, step=fj.step, total=fj.total,
+                           launches=fj.launches, exits=fj.exits, outcome=fj.outcome)
+
+
+def _setup(tmp_path, slots=4, policy="precompute", lag=2):
+    store = Store(tmp_path, create=True, clock=lambda: 0.0)
+    cfg = ClusterConfig(hosts=(("localhost", slots),), policy=policy)
+    runner = FakeRunner(lag)
+    clock = iter(range(10 ** 6))
+    sched = Scheduler(store, cfg, make_policy(policy), runner, rate_for=lambda j: (lambda w: float(w) ** 0.9),
+                      clock=lambda: float(next(clock)))
+    return store, cfg, runner, sched
+
+
+def _submit(store, name, steps, **kw):
+    return store.submit(JobRequest(name=name, kind="script", path="x.py", steps=steps, **kw))
+
+
+def _check_invariants(store, slots):
+    held = [s for j in store.jobs() for s in j["slots"]]
+    assert len(held) == len(set(held)), f"a slot held twice: {held}"
+    assert all(0 <= s < slots for s in held)
+    for j in store.jobs():
+        if j["state"].terminal:
+            assert j["slots"] == []
+
+
+def _run(store, sched, runner, slots, ticks=400, each=None):
+    for _ in range(ticks):
+        sched.tick()
+        _check_invariants(store, slots)
+        # the slots a job holds cover the workers it really runs (old ones included while resizing)
+        for j in store.jobs(active_only=True):
+            fj = runner.jobs.get(j["id"])
+            if j["state"] == JobState.RUNNING and fj is not None and fj.alive:
+                assert len(j["slots"]) >= fj.world
+        if each:
+            each()
+        if all(j["state"].terminal for j in store.jobs()):
+            return
+    raise AssertionError("jobs did not finish")
+
+
+def test_third_arrival_shrinks_a_running_job_and_waits_for_the_exit(tmp_path):
+    store, cfg, runner, sched = _setup(tmp_path)
+    a, b = _submit(store, "a", 400), _submit(store, "b", 400)
+    sched.recover()
+    for _ in range(3):
+        sched.tick()
+    assert sum(len(j["slots"]) for j in store.jobs()) == 4  # two jobs share the 4 slots
+    c = _submit(store, "c", 40)
+    seen_start_c_before_exit = []
+
+    def watch():
+        jc = store.job(c)
+        if jc["state"] == JobState.RUNNING:
+            for j in store.jobs():
+                if j["id"] != c and j["resize_to"] is not None and j["resize_to"] < len(j["slots"]):
+                    # c runs while some shrink is still in flight: c must not use that job's slots
+                    seen_start_c_before_exit.append(set(jc["slots"]) & set(j["slots"]))
+
+    _run(store, sched, runner, 4, each=watch)
+    assert all(not s for s in seen_start_c_before_exit)
+    ev = store.events()
+    assert any(e["kind"] == "resize_requested" and e["data"]["to"] < e["data"]["frm"] for e in ev)
+    assert [j["state"] for j in store.jobs()] == [JobState.SUCCEEDED] * 3
+    causes = [d["cause"] for d in store.decisions()]
+    assert causes.count("arrival") == 3 and causes.count("completion") == 3
+    assert sorted(s[0] for s in runner.starts if not s[2]) == [a, b, c]  # each started once
+
+
+def test_at_most_one_resize_in_flight_per_job(tmp_path):
+    store, cfg, runner, sched = _setup(tmp_path, lag=6)
+    _submit(store, "a", 600)
+    sched.recover()
+    requests = []
+    orig = runner.request_resize
+
+    def counting(job, to):
+        fj = runner.jobs[job["id"]]
+        assert fj.pending is None, "second resize while one is in flight"
+        requests.append(to)
+        return orig(job, to)
+
+    runner.request_resize = counting
+    sched.tick()
+    _submit(store, "b", 100)
+    _submit(store, "c", 100)
+    _run(store, sched, runner, 4)
+    assert requests  # resizes happened, each one alone
+
+
+def test_cancel_queued_and_running_and_drain(tmp_path):
+    store, cfg, runner, sched = _setup(tmp_path, slots=2, policy="eight")
+    a, b = _submit(store, "a", 10 ** 6), _submit(store, "b", 10 ** 6)
+    sched.recover()
+    sched.tick()
+    assert store.job(a)["state"] == JobState.RUNNING and store.job(b)["state"] == JobState.QUEUED
+    store.update(b, cancel=1)
+    sched.tick()
+    assert store.job(b)["state"] == JobState.CANCELLED
+    store.update(a, cancel=1)
+    for _ in range(5):
+        sched.tick()
+    assert store.job(a)["state"] == JobState.CANCELLED and store.job(a)["slots"] == []
+    c = _submit(store, "c", 10 ** 6)
+    sched.tick()
+    assert store.job(c)["state"] == JobState.RUNNING
+    store.set_meta("down", True)
+    for _ in range(10):
+        if not sched.tick():
+            break
+    else:
+        raise AssertionError("did not drain")
+    assert store.job(c)["state"] == JobState.PAUSED  # checkpointed; `cluster up` resumes it
+
+
+def test_recovery_adopts_live_controllers_and_resumes_stopped_ones(tmp_path):
+    store, cfg, runner, sched = _setup(tmp_path)
+    a, b = _submit(store, "a", 300), _submit(store, "b", 300)
+    sched.recover()
+    for _ in range(5):
+        sched.tick()
+    # the scheduler is killed; job b's controller died with it (interrupted at a checkpoint)
+    runner.jobs[b].alive, runner.jobs[b].outcome = False, "interrupted"
+    step_b = runner.jobs[b].step
+    sched2 = Scheduler(store, cfg, make_policy("precompute"), runner, rate_for=lambda j: (lambda w: float(w)))
+    sched2.recover()
+    assert any(e["kind"] == "adopted" and e["job_id"] == a for e in store.events())
+    _run(store, sched2, runner, 4)
+    assert [j["state"] for j in store.jobs()] == [JobState.SUCCEEDED] * 2
+    fresh = [s for s in runner.starts if not s[2]]
+    assert sorted(s[0] for s in fresh) == [a, b]  # never started from scratch twice
+    assert (b, 4, True) in runner.starts or any(s[0] == b and s[2] for s in runner.starts)
+    assert runner.jobs[b].step == 300 and step_b > 0
+
+
+def test_bad_requests_are_user_errors(tmp_path):
+    from elastic_ring.cluster.api import ClusterError
+
+    with pytest.raises(ClusterError):
+        JobRequest(name="x", kind="script", path="x.py", steps=None)
+    with pytest.raises(ClusterError):
+        JobRequest(name="x", kind="script", path="x.py", steps=5, min_workers=3, max_workers=2)
+    with pytest.raises(ClusterError):
+        ClusterConfig(hosts=(("localhost", 2),), policy="exploratory")
+    with pytest.raises(ClusterError):
+        Store(tmp_path / "none")
