@@ -59,6 +59,6 @@ def test_console_script_bad_input_is_one_line_exit_2_end_to_end(tmp_path):
     r = subprocess.run([tool("elastic-ring"), "simulate", "--strategies", "eight,fastest", "--out", str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
-    assert r.stderr.strip() == ("elastic-ring: error: --strategies: unknown fastest; "
-                                "choose from eight, precompute, exploratory, optimus")
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("elastic-ring: error: --strategies: unknown fastest; choose from eight,")
     assert r.stdout == ""

@@ -101,7 +101,7 @@ def test_make_policy_names_and_overhead_default():
     assert {make_policy(n).name for n in ("eight", "precompute", "exploratory", "optimus")} == \
         {"eight", "precompute", "exploratory", "optimus"}
     with pytest.raises(ConfigError):
-        make_policy("srtf")
+        make_policy("fastest")
     # the measured default is what the simulator charges per resize unless told otherwise
     assert SimConfig().resize_overhead_s == DEFAULT_RESIZE_OVERHEAD_S
     with pytest.raises(ConfigError):
