@@ -40,8 +40,8 @@ def _steps_by_size(events: list[dict[str, Any]], last_step: int) -> dict[int, in
     launches = [e for e in events if e["kind"] == "launch"]
     out: dict[int, int] = {}
     for a, b in zip(launches, launches[1:] + [None]):
-        end = int(b["start_step"]) - 1 if b is not None else last_step
-        n = max(0, end - int(a["start_step"]) + 1)
+        end = int(b.get("start_step", 1)) - 1 if b is not None else last_step
+        n = max(0, end - int(a.get("start_step", 1)) + 1)
         out[int(a["world_size"])] = out.get(int(a["world_size"]), 0) + n
     return out
 
