@@ -1,14 +1,14 @@
 """Typed events, one JSON line each, shared by train, profile, ps, reports and the simulator."""
 
 from elastic_ring.events.api import (
-    Event, EventLog, read_events, event_from_dict, register,
+    Event, EventLog, read_events, register,
     Launch, FirstStep, Throughput, ResizeRequested, CheckpointWritten, WorkersExited, Relaunched,
     FirstStepAfterResize, ResizeOverhead, Evaluation, Finished, ErrorEvent, SegmentEnd, Restart,
     Recovered,
 )
 
 __all__ = [
-    "Event", "EventLog", "read_events", "event_from_dict", "register",
+    "Event", "EventLog", "read_events", "register",
     "Launch", "FirstStep", "Throughput", "ResizeRequested", "CheckpointWritten", "WorkersExited",
     "Relaunched", "FirstStepAfterResize", "ResizeOverhead", "Evaluation", "Finished", "ErrorEvent",
     "SegmentEnd", "Restart", "Recovered",

@@ -29,7 +29,10 @@ _REGISTRY: dict[str, type["Event"]] = {}
 
 
 def register(cls: type["Event"]) -> type["Event"]:
-    """Class decorator: make an event kind readable by :func:`event_from_dict`."""
+    """Class decorator: declare an event kind (its name must be unique across subsystems)."""
+    other = _REGISTRY.get(cls.kind)
+    if other is not None and other.__qualname__ != cls.__qualname__:
+        raise ValueError(f"event kind {cls.kind!r} is declared twice ({other.__qualname__}, {cls.__qualname__})")
     _REGISTRY[cls.kind] = cls
     return cls
 
@@ -41,15 +44,6 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **dataclasses.asdict(self)}
-
-
-def event_from_dict(d: dict[str, Any]) -> Event | dict[str, Any]:
-    """Rebuild a typed event; unknown kinds come back as the plain dict."""
-    cls = _REGISTRY.get(d.get("kind", ""))
-    if cls is None:
-        return d
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in d.items() if k in names})
 
 
 @register
@@ -100,7 +94,7 @@ class ResizeRequested(Event):
     kind: ClassVar[str] = "resize_requested"
     from_workers: int
     to_workers: int
-    source: str  # "schedule" | "live" | "interrupt"
+    source: str  # "schedule" | "live"
     at_step: int | None = None
 
 
@@ -298,7 +292,6 @@ def iter_event_dicts(path: str | Path) -> Iterator[dict[str, Any]]:
                 continue
 
 
-def read_events(path: str | Path, kind: str | None = None, typed: bool = False) -> list[Any]:
-    """All events of a file (optionally of one kind), as dicts or as typed events."""
-    out = [d for d in iter_event_dicts(path) if kind is None or d.get("kind") == kind]
-    return [event_from_dict(d) for d in out] if typed else out
+def read_events(path: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """All events of a file (optionally of one kind), as dicts."""
+    return [d for d in iter_event_dicts(path) if kind is None or d.get("kind") == kind]

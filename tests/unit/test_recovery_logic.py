@@ -184,3 +184,16 @@ def test_summary_counts_each_step_once_after_a_restart():
     s = summarize(ev)
     assert s["steps_trained"] == 40 and s["sizes"][0]["steps"] == 40  # 1..25, then 26..40 once
     assert sum(w["steps"] for w in s["sizes"]) == 40
+
+
+def test_an_event_kind_is_declared_once():
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from elastic_ring.events.api import Event, register
+
+    with pytest.raises(ValueError, match="event kind 'restart' is declared twice"):
+        @register
+        @dataclass(frozen=True)
+        class Another(Event):
+            kind: ClassVar[str] = "restart"
