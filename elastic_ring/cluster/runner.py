@@ -149,13 +149,28 @@ class ProcessRunner:
         if p is not None:
             return p.pid if p.poll() is None else None
         rd = run_dir(self.dir, job["id"])
-        return holder_pid(rd) if is_locked(rd) else None
+        if is_locked(rd):
+            return holder_pid(rd)
+        return int(job["pid"]) if job.get("pid") and self.alive(job) else None
 
     def alive(self, job: dict[str, Any]) -> bool:
+        """Our child: it has not exited. Another scheduler's (after a restart): its run folder is
+        locked, or the recorded pid is still a `train` of this folder (not yet holding the lock)."""
         p = self._procs.get(job["id"])
         if p is not None:
             return p.poll() is None
-        return is_locked(run_dir(self.dir, job["id"]))
+        rd = run_dir(self.dir, job["id"])
+        if is_locked(rd):
+            return True
+        if job.get("pid"):
+            import psutil
+
+            try:
+                proc = psutil.Process(int(job["pid"]))
+                return proc.status() != psutil.STATUS_ZOMBIE and str(rd) in " ".join(proc.cmdline())
+            except psutil.Error:
+                return False
+        return False
 
     def observe(self, job: dict[str, Any]) -> Observation:
         jid = job["id"]

@@ -168,16 +168,19 @@ class Scheduler:
         """The controller of ``j`` has ended: record how, give back its slots. Returns the cause."""
         now = self.clock()
         out = obs.outcome
-        if out == "succeeded":
+        if out in ("succeeded", "finished"):
             state, cause = JobState.SUCCEEDED, "completion"
         elif out == "interrupted" and (j["cancel"] or j["message"] == "cancel"):
             state, cause = JobState.CANCELLED, "cancel"
-        elif out == "interrupted":
+        elif out == "interrupted" or (out is None and obs.launches > 0):
+            # stopped by us, or a controller killed without a summary after it had launched
+            # workers: resume from its last checkpoint (never from scratch, never twice at once)
             state, cause = JobState.PAUSED, "paused"
         else:
             state, cause = JobState.FAILED, "completion"
+        step = obs.total if state == JobState.SUCCEEDED and obs.total else max(obs.step, j["step"])
         fields: dict[str, Any] = dict(state=state, slots=[], resize_to=None, resize_mark=None, pid=None,
-                                      step=max(obs.step, j["step"]), workers=0)
+                                      step=step, workers=0)
         if state.terminal:
             fields["finished"] = now
         if state == JobState.FAILED:

@@ -1,0 +1,99 @@
+"""`elastic-ring cluster` with real processes on the CPU: three small jobs on 4 slots (the third
+arrives while two run, a running job is shrunk live and the new one starts), a cancel, and a
+kill -9 of the scheduler followed by `cluster up` on the same folder that loses nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+CLI = [sys.executable, "-m", "elastic_ring.cli.main"]
+MLP = str(ROOT / "examples" / "mlp_digits.py")
+
+
+def _cli(*args, check=True):
+    r = subprocess.run([*CLI, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def _up(d: Path, log: Path, *extra) -> subprocess.Popen:
+    return subprocess.Popen([*CLI, "cluster", "up", "--dir", str(d), "--quiet", "--poll", "0.3", *extra], cwd=ROOT,
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _jobs(d: Path) -> list[dict]:
+    return json.loads(_cli("jobs", "--dir", str(d), "--json").stdout)
+
+
+def _events(d: Path) -> list[tuple[int, str, dict]]:
+    db = sqlite3.connect(str(d / "cluster.db"))
+    try:
+        return [(j, k, json.loads(x)) for j, k, x in db.execute("SELECT job_id, kind, data FROM events ORDER BY id")]
+    finally:
+        db.close()
+
+
+def _wait(pred, timeout, what):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if pred():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_three_jobs_shrink_cancel_and_scheduler_kill9(tmp_path):
+    d, log = tmp_path / "cl", tmp_path / "scheduler.log"
+    sched = _up(d, log, "--slots", "4", "--policy", "precompute")
+    try:
+        _wait(lambda: (d / "cluster.db").exists(), 60, "the cluster database")
+        for name in ("a", "b"):
+            _cli("submit", MLP, "--name", name, "--steps", "150", "--max-workers", "4", "--checkpoint-every", "20",
+                 "--dir", str(d), "--", "--hidden", "32")
+        _wait(lambda: all(j["state"] == "running" and j["step"] > 5 for j in _jobs(d)), 180, "a and b running")
+        assert sum(len(j["slots"]) for j in _jobs(d)) == 4
+        _cli("submit", MLP, "--name", "c", "--steps", "60", "--max-workers", "4", "--dir", str(d), "--", "--hidden", "32")
+        _cli("submit", MLP, "--name", "d", "--steps", "5000", "--dir", str(d), "--", "--hidden", "32")
+        _cli("cancel", "d", "--dir", str(d))
+        _wait(lambda: any(j["name"] == "c" and j["state"] == "running" for j in _jobs(d)), 180, "c started")
+        # kill -9 of the scheduler while jobs run; their controllers go on
+        os.kill(sched.pid, signal.SIGKILL)
+        sched.wait(timeout=30)
+        sched = _up(d, log)
+        _wait(lambda: all(j["state"] in ("succeeded", "failed", "cancelled") for j in _jobs(d)), 420, "all done")
+        jobs = {j["name"]: j for j in _jobs(d)}
+        assert {n: j["state"] for n, j in jobs.items()} == {"a": "succeeded", "b": "succeeded", "c": "succeeded",
+                                                             "d": "cancelled"}, log.read_text()[-3000:]
+        ev = _events(d)
+        # the third arrival shrank a running job live, and c got only slots that shrink had freed
+        shrinks = [(j, x) for j, k, x in ev if k == "resize_requested" and x["to"] < x["frm"]]
+        assert shrinks
+        starts = [(j, x) for j, k, x in ev if k == "started"]
+        assert sorted(j for j, _ in starts) == sorted(jobs[n]["id"] for n in ("a", "b", "c"))  # each started once
+        assert any(k == "adopted" for _, k, _ in ev) or any(k == "resumed" for _, k, _ in ev)
+        for n in ("a", "b", "c"):
+            rd = d / "jobs" / str(jobs[n]["id"])
+            summ = json.loads((rd / "summary.json").read_text())
+            assert summ["state"] == "finished"
+            steps = [json.loads(x)["step"] for x in (rd / "events.jsonl").read_text().splitlines()
+                     if '"kind":"throughput"' in x]
+            assert steps == sorted(steps) and steps[-1] <= jobs[n]["total"]  # no step run twice in the log
+    finally:
+        if sched.poll() is None:
+            _cli("cluster", "down", "--dir", str(d), "--timeout", "120", check=False)
+            if sched.poll() is None:
+                os.killpg(sched.pid, signal.SIGKILL)
