@@ -1,13 +1,14 @@
 """What periodic checkpoints cost: the stall per checkpoint (background write against a synchronous
 one) and the steady-state throughput with checkpoints every N steps against none.
 
-Part 1, in one process (no Horovod): a CIFAR ResNet's full resume state (weights, momentum
+Part 1, in one process (no Horovod; wall time, and the training thread's own CPU time, which a
+loaded machine does not inflate): a CIFAR ResNet's full resume state (weights, momentum
 buffers, RNG, counters), checkpointed R times in alternation the two ways:
   - synchronous: serialise + write + fsync + rename on the training thread (the pre-issue way);
   - background: the training thread only copies the state to the CPU (`ckpt.snapshot`) and hands
     it to `ckpt.BackgroundWriter`; the write runs in a thread.
-Part 2, real `elastic-ring train` runs (horovodrun, gloo), alternating: `--checkpoint-every N`
-against no periodic checkpoint; median images/s of the throughput windows.
+Part 2, real `elastic-ring train` runs (horovodrun, gloo; the CPU default model), alternating:
+`--checkpoint-every N` against no periodic checkpoint; median images/s of the throughput windows.
 
     .venv/bin/python scripts/bench_checkpoint.py            # prints the tables
     -> results/bench_checkpoint.json
@@ -50,33 +51,41 @@ def stall(depth: int, width: int, repeats: int) -> dict:
     from elastic_ring.ckpt import BackgroundWriter, CheckpointStore, snapshot
 
     state = _state(depth, width)
-    sync_s, bg_s, write_s = [], [], []
+    sync_s, bg_s, copy_s, write_s, sync_cpu, bg_cpu = [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as d:
         store = CheckpointStore(Path(d), keep=2)
         writer = BackgroundWriter(store)
         for i in range(repeats):
             state["step"] = 2 * i + 1
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             store.save(snapshot(state))
             sync_s.append(time.perf_counter() - t0)
+            sync_cpu.append(time.thread_time() - c0)
             state["step"] = 2 * i + 2
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             writer.wait()
-            writer.submit(snapshot(state), lambda p, n, s: write_s.append(s))
+            snap = snapshot(state)
+            t1 = time.perf_counter()
+            writer.submit(snap, lambda p, n, s: write_s.append(s))
             bg_s.append(time.perf_counter() - t0)
+            bg_cpu.append(time.thread_time() - c0)
+            copy_s.append(t1 - t0)
             writer.wait()  # training would go on meanwhile; here the next sample waits
         nbytes = max(p.stat().st_size for p in Path(d).glob("ckpt-*.pt"))
     med_sync, med_bg = statistics.median(sync_s), statistics.median(bg_s)
     return {"model": f"ResNet-{depth} width {width}", "bytes": nbytes, "repeats": repeats,
             "sync_stall_ms": 1000 * med_sync, "background_stall_ms": 1000 * med_bg,
+            "background_copy_ms": 1000 * statistics.median(copy_s),
+            "sync_cpu_ms": 1000 * statistics.median(sync_cpu),
+            "background_cpu_ms": 1000 * statistics.median(bg_cpu),
             "background_write_ms": 1000 * statistics.median(write_s),
             "stall_ratio_background_to_sync": med_bg / med_sync}
 
 
-def train_run(run_dir: Path, every: int, steps: int, depth: int, width: int, batch: int) -> dict:
+def train_run(run_dir: Path, every: int, steps: int) -> dict:
+    """The CPU default (ResNet-20 width 8 on digits, batch 32), 1 worker."""
     cmd = [sys.executable, "-m", "elastic_ring.cli.main", "train", "--gpus", "1", "--steps", str(steps),
-           "--dataset", "synthetic", "--depth", str(depth), "--set", f"width={width}",
-           "--batch-size", str(batch), "--set", "augment=false", "--set", "throughput_window=20",
+           "--set", "throughput_window=20",
            "--slots", "2", "--checkpoint-every", str(every), "--checkpoint-every-s", "0",
            "--run-dir", str(run_dir)]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
@@ -94,25 +103,39 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=10, help="part 1: checkpoints per way")
     ap.add_argument("--rounds", type=int, default=3, help="part 2: alternating rounds")
-    ap.add_argument("--every", type=int, default=20, help="part 2: --checkpoint-every")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--every", type=int, default=10, help="part 2: --checkpoint-every")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--parts", default="1,2", help="which parts to run (the other's last result is kept)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_checkpoint.json")
     a = ap.parse_args()
+    parts = {int(x) for x in a.parts.split(",")}
+    old = json.loads(a.out.read_text()) if a.out.exists() else {}
     load0 = os.getloadavg()[0]
-    print("part 1: stall per checkpoint on the training thread (median)")
-    part1 = [stall(20, 16, a.repeats), stall(110, 16, a.repeats)]
-    print(f"{'model':<22} {'MB':>6} {'sync ms':>8} {'bg ms':>7} {'ratio':>6} {'bg write ms':>11}")
+    part1 = old.get("part1_stall") if 1 not in parts else None
+    if part1 is None:
+        print("part 1: stall per checkpoint on the training thread (median)")
+        part1 = [stall(20, 16, a.repeats), stall(110, 16, a.repeats)]
+    print(f"{'model':<22} {'MB':>6} {'sync ms':>8} {'bg ms':>7} {'of it copy':>10} {'ratio':>6} "
+          f"{'bg write ms':>11} {'sync CPU ms':>11} {'bg CPU ms':>9}")
     for r in part1:
         print(f"{r['model']:<22} {r['bytes'] / 1e6:>6.2f} {r['sync_stall_ms']:>8.1f} "
-              f"{r['background_stall_ms']:>7.2f} {r['stall_ratio_background_to_sync']:>6.3f} "
-              f"{r['background_write_ms']:>11.1f}")
-    print(f"\npart 2: ResNet-20 width 16, 1 worker, {a.steps} steps, checkpoint every {a.every} "
+              f"{r['background_stall_ms']:>7.2f} {r['background_copy_ms']:>10.2f} "
+              f"{r['stall_ratio_background_to_sync']:>6.3f} {r['background_write_ms']:>11.1f} "
+              f"{r['sync_cpu_ms']:>11.1f} {r['background_cpu_ms']:>9.2f}")
+    if 2 not in parts:
+        out = {**old, "part1_stall": part1, "part1_machine": {"cpus": os.cpu_count(), "load_before": load0,
+                                                              "load_after": os.getloadavg()[0]}}
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(out, indent=2))
+        print(f"wrote {a.out.relative_to(ROOT)} (part 1 only; load {load0:.1f} -> {os.getloadavg()[0]:.1f})")
+        return
+    print(f"\npart 2: ResNet-20 width 8 on digits, 1 worker, {a.steps} steps, checkpoint every {a.every} "
           f"steps vs none, {a.rounds} alternating rounds")
     runs: dict[str, list[dict]] = {"none": [], f"every_{a.every}": []}
     with tempfile.TemporaryDirectory() as d:
         for i in range(a.rounds):
             for key, every in (("none", 0), (f"every_{a.every}", a.every)):
-                r = train_run(Path(d) / f"{key}-{i}", every, a.steps, 20, 16, 32)
+                r = train_run(Path(d) / f"{key}-{i}", every, a.steps)
                 runs[key].append(r)
                 print(f"  round {i + 1} {key:<9} {r['images_per_s']:8.1f} img/s  "
                       f"{r['checkpoints']} checkpoints, median stall {r['median_stall_ms']:.2f} ms", flush=True)
@@ -120,7 +143,8 @@ def main() -> None:
     ratios = [b["images_per_s"] / n["images_per_s"] for n, b in zip(runs["none"], runs[f"every_{a.every}"])]
     print(f"median images/s: none {med['none']:.1f}, every {a.every}: {med[f'every_{a.every}']:.1f}; "
           f"paired ratio median {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f})")
-    out = {"part1_stall": part1, "part2_throughput": {"runs": runs, "median_images_per_s": med,
+    out = {"part1_stall": part1, "part1_machine": {"cpus": os.cpu_count(), "load_before": load0},
+           "part2_throughput": {"runs": runs, "median_images_per_s": med,
                                                       "paired_ratios": ratios,
                                                       "median_ratio": statistics.median(ratios)},
            "machine": {"cpus": os.cpu_count(), "load_before": load0, "load_after": os.getloadavg()[0]},
