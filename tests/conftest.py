@@ -54,3 +54,21 @@ def run_cli(*args: str, timeout: float = 600, cwd: str | Path | None = None,
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def run_inproc(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``elastic-ring ARGS`` in this process, through the console script's entry point
+    (``elastic_ring.cli.main.main``: the same one-line error path and exit status): returns what
+    :func:`run_cli` would, without starting a process. For bad input and other work that starts
+    no worker."""
+    from elastic_ring.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, exit_.value.code, out, err)
+
+
+@pytest.fixture
+def cli_inproc(capsys):
+    return lambda *args: run_inproc(capsys, *args)

@@ -11,17 +11,11 @@ import subprocess
 
 import pytest
 
-from elastic_ring.cli.main import main
 from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
-from tests.conftest import ROOT, tool
+from tests.conftest import ROOT, run_inproc, tool
 
 
-def run_main(capsys, *args: str) -> subprocess.CompletedProcess:
-    """``elastic-ring ARGS`` in this process: exit status, stdout and stderr as a subprocess would give."""
-    with pytest.raises(SystemExit) as exit_:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(args, exit_.value.code, out, err)
+run_main = run_inproc
 
 
 def test_simulate_small_run_writes_table_json_and_plot(tmp_path, capsys):

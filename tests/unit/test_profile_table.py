@@ -208,13 +208,6 @@ def test_design_errors_are_config_errors(tmp_path, text, msg):
         load_design(p)
 
 
-def _run_main(capsys, *args: str) -> tuple[int, str]:
-    """``elastic-ring ARGS`` in this process through the console script's entry point: (status, stderr)."""
-    from elastic_ring.cli.main import main
-
-    with pytest.raises(SystemExit) as exit_:
-        main(list(args))
-    return exit_.value.code, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -222,9 +215,10 @@ def _run_main(capsys, *args: str) -> tuple[int, str]:
     (["experiment", "resize", "--config", "{design}", "--device", "cpu"], "not before the last step"),
     (["report", "{tmp}"], "holds no profile.json"),
 ])
-def test_cli_profile_experiment_report_user_errors_exit_2(tmp_path, capsys, args, needle):
+def test_cli_profile_experiment_report_user_errors_exit_2(tmp_path, cli_inproc, args, needle):
     d = tmp_path / "d.yaml"
     d.write_text(f"config: {ROOT / 'configs' / 'cpu_small.yaml'}\nw_init: 1\nw_new: 2\nresize_steps: [500]\n")
-    code, err = _run_main(capsys, *(a.format(design=d, tmp=tmp_path) for a in args))
+    r = cli_inproc(*(a.format(design=d, tmp=tmp_path) for a in args))
+    code, err = r.returncode, r.stderr
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and needle in lines[0], err

@@ -8,29 +8,19 @@ entry point (``elastic_ring.cli.main.main``: the same one-line error path and ex
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 import torch
 import yaml
 
 from elastic_ring.ckpt import CheckpointStore
-from elastic_ring.cli.main import main
 from elastic_ring.config.api import config_to_dict, load_config
 from tests.conftest import ROOT
 
 
 @pytest.fixture
-def run_cli(capsys):
-    """``elastic-ring ARGS`` in this process: exit status, stdout and stderr as a subprocess would give."""
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        with pytest.raises(SystemExit) as exit_:
-            main(list(args))
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(args, exit_.value.code, out, err)
-
-    return run
+def run_cli(cli_inproc):
+    return cli_inproc
 
 
 def _assert_one_line_error(p, *needles):
