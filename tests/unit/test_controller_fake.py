@@ -94,6 +94,13 @@ class FakeLauncher:
         fail = len(self.started) in self.fail_launches
         w = FakeWorkers(self.run_dir, cmd, self.state, 1 if fail else None)
         self.started.append(w)
+        if fail and w.go is not None:  # a pre-launched worker that crashed while waiting
+            (self.run_dir / "logs").mkdir(exist_ok=True)
+            (self.run_dir / "logs" / "error-rank1.json").write_text(json.dumps(
+                {"rank": 1, "type": "MemoryError", "message": "MemoryError: building the model",
+                 "time": time.time(), "step": None}))
+            w.fail_rank = None
+            w.rc = 1
         return w
 
 
@@ -233,3 +240,13 @@ def test_two_signals_kill_the_workers_and_say_what_is_kept(tmp_path):
     assert launcher.started[1].rc == -9
     assert any("interrupted twice: workers killed; checkpoint at step 10 kept" in line for line in out), out
     assert not read_events(tmp_path / "events.jsonl", kind="restart")
+
+
+def test_a_prelaunched_workers_crash_record_is_not_dropped(tmp_path):
+    """Its record is older than the go (which the relaunch is measured from), not than its start."""
+    ctl, launcher = _controller(tmp_path, (Resize(10, 2),), relaunch="prelaunch", fail_launches=(1,),
+                                max_restarts=0)
+    ctl._startup_s = [1000.0]  # pre-launch at once
+    with pytest.raises(WorkerFailedError, match="worker rank 1 failed: MemoryError: building the model"):
+        ctl.run(0, 1, 0)
+    assert launcher.started[1].go is not None
