@@ -74,6 +74,9 @@ class SimConfig:
     min_hours_at_8: float = 0.25
     max_hours_at_8: float = 8.0
     resize_overhead_s: float = DEFAULT_RESIZE_OVERHEAD_S
+    # Seconds of a job's very first start without progress, slots held (0: the paper's simulator).
+    # The live check (scripts/cluster_check_sim.py) sets the measured launch + shutdown time of a job.
+    start_overhead_s: float = 0.0
     explore_gpus: tuple[int, ...] = (1, 2, 4, 8)
     explore_phase_s: float = 150.0
     explore_noise: float = 0.02  # relative std of a measured speed during exploration
@@ -99,6 +102,8 @@ class SimConfig:
             raise ConfigError("need 0 < min_hours_at_8 <= max_hours_at_8")
         if self.resize_overhead_s < 0:
             raise ConfigError(f"resize overhead must be >= 0 s, got {self.resize_overhead_s}")
+        if not (self.start_overhead_s >= 0 and math.isfinite(self.start_overhead_s)):
+            raise ConfigError(f"start overhead must be >= 0 s, got {self.start_overhead_s}")
         if self.explore_phase_s <= self.resize_overhead_s:
             raise ConfigError("an exploration phase must last longer than one resize overhead")
         if self.explore_noise < 0:

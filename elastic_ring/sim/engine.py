@@ -10,7 +10,8 @@ plus O(changed jobs · log events).
 Resize accounting: any change of the GPU count of a job that has already started (including a
 preemption to 0 and each step of an exploration) counts as one resize. A resize, or a resume from
 a checkpoint after a preemption, costs ``resize_overhead_s`` without progress; a job's very first
-start costs nothing (it is the same for every policy).
+start costs ``start_overhead_s`` (0 by default: the same for every policy; the live check sets the
+measured launch time).
 
 Exploration (``policy.explores``): the job holds 8 GPUs and trains ``explore_phase_s`` at each of
 ``explore_gpus`` (1, 2, 4, 8) in turn, measuring its speed (true speed times 1 + N(0, noise));
@@ -358,7 +359,8 @@ class Simulator:
             if w > 0:
                 j.paused_until = now + self.config.resize_overhead_s
         elif w > 0:
-            j.paused_until = now if j.work_done == 0 else now + self.config.resize_overhead_s
+            j.paused_until = (now + self.config.start_overhead_s if j.work_done == 0
+                              else now + self.config.resize_overhead_s)
         j.state = JobState.RUNNING if w > 0 else JobState.QUEUED
         self.gpus_in_use += w - j.gpus_held
         j.gpus_held = w

@@ -34,7 +34,7 @@ WORKLOAD_DIR = Path(__file__).resolve().parent / "workloads"
 @dataclass(frozen=True)
 class Workload:
     name: str
-    model: SpeedModel
+    model: SpeedModel  # or a NodeSteppedModel (a profile with a "multi_node" block)
     source: str
     path: str
 
@@ -61,6 +61,10 @@ def load_workload(name_or_path: str) -> Workload:
                               f"({', '.join(builtins)}) and no such file")
         name = str(path)
     model, d = load_profile(path)
+    if isinstance(d.get("multi_node"), dict):  # a curve that steps at the node boundary
+        from elastic_ring.sim.multinode import NodeSteppedModel
+
+        model = NodeSteppedModel.from_dict(model, d["multi_node"])
     if model.m <= 0 or not np.isfinite(model.samples_per_s(8)) or model.samples_per_s(1) <= 0:
         raise ConfigError(f"workload {name}: speed model gives no finite positive speed")
     return Workload(name=name, model=model, source=str(d.get("source", "unknown")), path=str(path))

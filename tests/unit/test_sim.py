@@ -173,3 +173,47 @@ def test_policy_breaking_the_exploration_rules_is_caught(models, first, later, m
     cfg = SimConfig(gpus=16, contention=1.0, jobs=3)
     with pytest.raises(SimError, match=msg):
         simulate(cfg, _Explorer(first, later), make_jobs(cfg, models), models)
+
+
+# ---------------------------------------------------------------- a curve that steps at the node boundary
+def _two_node():
+    from elastic_ring.sim.workload import load_workload
+
+    return load_workload("resnet110-2node").model
+
+
+def test_multinode_curve_steps_at_the_node_boundary():
+    m = _two_node()
+    # on one node it is the smooth ResNet-110 curve; 9 GPUs cross the slow link: fewer images/s than 8
+    from elastic_ring.sim.workload import load_workload
+
+    base = load_workload("resnet110-cifar10").model
+    for w in (1, 2, 4, 8):
+        assert m.samples_per_s(w) == pytest.approx(base.samples_per_s(w))
+    assert m.samples_per_s(9) < m.samples_per_s(8) < m.samples_per_s(16) < m.samples_per_s(32)
+    # by hand: step at 9 = 0.1 + 8 t1 + 1.28e-8 * n * 8/9
+    t1, n = base.t1, base.n
+    assert m.step_time(9) == pytest.approx(0.1 + 8 * t1 + 1.28e-8 * n * 8 / 9, rel=1e-6)
+    assert m.samples_per_s(9) == pytest.approx(128 * 9 / m.step_time(9))
+
+
+def test_doubling_crosses_the_node_boundary_where_unit_steps_stop():
+    """Two equal jobs on 32 GPUs (4 nodes): unit-step greedy stops at 8 each (8 -> 9 costs
+    throughput), Eq. 6 doubling goes 8 -> 16 each; one job alone: doubling 16 finishes sooner."""
+    from elastic_ring.sched.api import model_rate
+    from elastic_ring.sched.policies import doubling_allocate, unit_greedy_allocate
+    from elastic_ring.sim.api import JobSpec, SimConfig
+
+    m = _two_node()
+    rate = model_rate(m)
+    jobs = [(0, 1e7, rate), (1, 1e7, rate)]
+    assert unit_greedy_allocate(jobs, 32) == {0: 8, 1: 8}
+    assert doubling_allocate(jobs, 32) == {0: 16, 1: 16}
+    work = 3600 * m.samples_per_s(8)  # one hour alone on 8 GPUs
+    cfg = SimConfig(gpus=16, jobs=1, resize_overhead_s=0.0)
+    spec = [JobSpec(id=0, arrival=0.0, work=work, workload="w")]
+    pre = simulate(cfg, make_policy("precompute"), spec, {"w": m})
+    opt = simulate(cfg, make_policy("optimus"), spec, {"w": m})
+    assert opt.jct_s[0] == pytest.approx(3600.0)
+    assert pre.jct_s[0] == pytest.approx(work / m.samples_per_s(16))
+    assert pre.jct_s[0] < 0.65 * opt.jct_s[0]
