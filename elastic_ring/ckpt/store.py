@@ -221,17 +221,28 @@ def newest_valid(folder: str | Path) -> tuple[Path, int] | None:
 
 def snapshot(obj: Any) -> Any:
     """A deep copy with every tensor copied to the CPU: what a background write may serialise
-    while training goes on changing the originals in place."""
+    while training goes on changing the originals in place (a GPU tensor's copy to the host is the
+    only part that waits for the device)."""
     import torch
 
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+    return _snap(obj, torch.Tensor)
+
+
+_IMMUTABLE = (int, float, str, bool, bytes, type(None))
+
+
+def _snap(obj: Any, tensor: type) -> Any:
+    if isinstance(obj, tensor):
+        t = obj.detach()
+        return t.clone() if t.device.type == "cpu" else t.to("cpu")
     if isinstance(obj, dict):
-        return {k: snapshot(v) for k, v in obj.items()}
+        return {k: _snap(v, tensor) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [snapshot(v) for v in obj]
+        return [_snap(v, tensor) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(snapshot(v) for v in obj)
+        return tuple(_snap(v, tensor) for v in obj)
+    if isinstance(obj, _IMMUTABLE):
+        return obj
     return copy.deepcopy(obj)
 
 
