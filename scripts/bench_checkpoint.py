@@ -48,7 +48,11 @@ def _state(depth: int, width: int):
 
 
 def stall(depth: int, width: int, repeats: int) -> dict:
+    import torch
+
     from elastic_ring.ckpt import BackgroundWriter, CheckpointStore, snapshot
+
+    torch.set_num_threads(1)  # one training thread's cost, whatever the machine
 
     state = _state(depth, width)
     sync_s, bg_s, copy_s, write_s, sync_cpu, bg_cpu = [], [], [], [], [], []
