@@ -38,18 +38,20 @@ class TableSpeed:
 
 
 def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Mapping[int, float] | Sequence[Mapping[int, float]],
-           start_overhead_s: float, resize_overhead_s: float) -> RunResult:
+           start_overhead_s: float, resize_overhead_s: float, plan: Mapping[int, float] | None = None) -> RunResult:
     """Simulate ``jobs`` ((arrival s, steps), in submission order) on ``slots`` under ``policy``.
 
-    ``speed``: one steps/s table for every job, or one per job. The planner sees the same table
-    (precompute's profile). Remaining work is the oracle (steps left of the budget, as live).
+    ``speed``: the true steps/s table of every job, or one per job. ``plan``: the table the
+    planner sees (the live scheduler's profile; default: each job's true table). Remaining work is
+    the oracle (steps left of the budget, as the live scheduler without a target loss).
     """
     tables = list(speed) if isinstance(speed, (list, tuple)) else [speed] * len(jobs)
     if len(tables) != len(jobs):
         raise ConfigError("one speed table per job, or one for all")
     models = {f"job{i}": TableSpeed(t) for i, t in enumerate(tables)}
+    plans = {k: TableSpeed(plan) for k in models} if plan is not None else None
     specs = [JobSpec(id=i, arrival=float(a), work=float(s), workload=f"job{i}") for i, (a, s) in enumerate(jobs)]
     cfg = SimConfig(gpus=slots, jobs=len(specs), resize_overhead_s=resize_overhead_s,
                     start_overhead_s=start_overhead_s, explore_phase_s=max(150.0, resize_overhead_s + 1),
                     remaining="oracle")
-    return simulate(cfg, make_policy(policy), specs, models)
+    return simulate(cfg, make_policy(policy), specs, models, plans)
