@@ -76,13 +76,19 @@ def _pid_alive(pid: int) -> bool:
 @click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
               help="horovodrun hostfile ('host slots=N' lines).")
 @click.option("--network-interface", default=None, help="Passed to horovodrun (e.g. lo for several local 'hosts').")
-@click.option("--relaunch", type=click.Choice(["auto", "prelaunch", "overlap", "sequential"]), default="auto",
-              show_default=True,
+@click.option("--relaunch", type=click.Choice(["auto", "prelaunch", "overlap", "sequential", "inplace"]),
+              default="auto", show_default=True,
               help="prelaunch: start the new workers before the stop; they import and build the model, then "
                    "wait for the checkpoint. overlap: start them once the checkpoint is written, while the old "
-                   "ones exit. sequential: wait for the old workers to exit first (the paper's way). auto: "
-                   "prelaunch on GPUs, overlap on the CPU (where the new workers' start-up would compete with "
-                   "training for the cores).")
+                   "ones exit. sequential: wait for the old workers to exit first (the paper's way). inplace: "
+                   "one long-lived Horovod Elastic job; at a resize the workers pause between two steps, the "
+                   "discovery script reports the new slot count, survivors keep their processes (imports, data, "
+                   "CUDA context) and re-form the ring, a new worker syncs from rank 0; no checkpoint or "
+                   "relaunch for the resize. What inplace cannot do that the others can: run on several hosts "
+                   "(--hosts/--hostfile are refused), and resize without Horovod's rendezvous (a removed "
+                   "worker is ended by Horovod: its log shows an abort); a failed worker still restarts the "
+                   "run from the last checkpoint. auto: prelaunch on GPUs, overlap on the CPU (where the new "
+                   "workers' start-up would compete with training for the cores).")
 @click.option("--checkpoint-every", type=int, default=None, metavar="STEPS",
               help="Also checkpoint every STEPS steps, in the background (0: off). [default: 0]")
 @click.option("--checkpoint-every-s", type=float, default=None, metavar="SECONDS",
@@ -160,6 +166,9 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
         raise UserError("use either --resize-at/--to or --schedule, not both")
     if hosts and hostfile:
         raise UserError("use either --hosts or --hostfile, not both")
+    if relaunch == "inplace" and (hosts or hostfile):
+        raise UserError("--relaunch inplace runs on one host: drop --hosts/--hostfile, or use "
+                        "another relaunch mode")
     if slots is not None and slots < 1:
         raise UserError(f"--slots must be >= 1, got {slots}")
     if max_restarts < 0:

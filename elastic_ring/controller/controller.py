@@ -6,6 +6,14 @@ telemetry added, shows progress, and at each resize point lets the workers check
 then relaunches them at the new size; the workers rescale the LR by Eq. 7 on resume. It measures
 every resize: stop latency, checkpoint write, relaunch to first step, total time lost.
 
+With ``relaunch="inplace"`` there is one long-lived Horovod Elastic job instead (``horovodrun
+--min-np 1 --max-np SLOTS --host-discovery-script RUN_DIR/control/discover.sh``, one host): at a
+resize the workers pause between two steps, the controller writes the new size into
+``control/inplace-<seg>.json`` and into what the discovery script prints, and Horovod's driver
+re-forms the ring (a new worker syncs from rank 0; a removed one is ended by Horovod); survivors
+keep their processes. A scheduled resize's slot count is reported ahead, once the segment runs, so
+that the driver has seen it when the workers pause.
+
 When a worker dies (an exception, kill -9, the OOM killer) or horovodrun exits non-zero, it
 restarts the workers from the last checkpoint (``max_restarts`` failures in a row at most; an
 error that repeats at the same step is not retried), at the size the plan says for that step or,
@@ -155,7 +163,49 @@ def probe_hosts(hosts: list[tuple[str, int]], timeout_s: float = 5.0) -> list[tu
     return alive
 
 
-RELAUNCH_MODES = ("prelaunch", "overlap", "sequential")
+RELAUNCH_MODES = ("prelaunch", "overlap", "sequential", "inplace")
+INPLACE_LIMITS = ("one host only (--hosts/--hostfile are refused); the worker whose slot is removed "
+                  "is ended by Horovod inside hvd.init() (it aborts, by design); after a worker "
+                  "failure the restart is a fresh elastic launch from the last checkpoint")
+
+
+def discovery_files(run_dir: Path) -> tuple[Path, Path]:
+    """(the discovery script Horovod Elastic runs, the file it prints: ``localhost:N``)."""
+    ctl = protocol.control_dir(run_dir)
+    return ctl / "discover.sh", ctl / "hosts"
+
+
+def write_hosts(run_dir: Path, world: int) -> bool:
+    """What the discovery script reports from now on: ``world`` slots on this host. Returns False
+    when it already did (Horovod's driver then sees no change and sends no notification)."""
+    _, hosts = discovery_files(run_dir)
+    text = f"localhost:{world}\n"
+    if hosts.exists() and hosts.read_text() == text:
+        return False
+    hosts.parent.mkdir(parents=True, exist_ok=True)
+    tmp = hosts.with_name(f".{hosts.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, hosts)
+    return True
+
+
+def elastic_horovodrun_command(spec: RunSpec, world: int, segment: int, stop_at: int,
+                               owner: str = "", network_interface: str | None = None) -> list[str]:
+    """The one long-lived horovodrun of ``--relaunch inplace`` (Horovod Elastic, gloo): it starts
+    at ``world`` workers; the controller resizes by changing what the discovery script prints."""
+    script, hosts = discovery_files(spec.run_dir)
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(f"#!/bin/sh\ncat '{hosts}'\n")
+    script.chmod(0o755)
+    write_hosts(spec.run_dir, world)
+    hr = Path(sys.executable).parent / "horovodrun"
+    return [str(hr) if hr.exists() else "horovodrun", "-np", str(world), "--min-np", "1",
+            "--max-np", str(spec.slots), "--host-discovery-script", str(script),
+            "--network-interface", network_interface or "lo", "--gloo", "--start-timeout", "120",
+            *worker_entry(), "--run-dir", str(spec.run_dir), "--segment", str(segment),
+            "--stop-at", str(stop_at), "--owner", owner, "--controller-pid", str(os.getpid()),
+            "--controller-host", socket.gethostname(), "--inplace",
+            "--", spec.script or BUILTIN_TARGET, *spec.script_args]
 DEFAULT_STARTUP_S = 10.0  # start-up estimate before the first launch has been measured
 
 
@@ -224,6 +274,9 @@ class Controller:
         self.poll_s = poll_s
         if relaunch not in RELAUNCH_MODES:
             raise UserError(f"relaunch mode must be one of {', '.join(RELAUNCH_MODES)}")
+        if relaunch == "inplace" and (spec.hosts or spec.hostfile):
+            raise UserError("--relaunch inplace runs on one host: drop --hosts/--hostfile, or use "
+                            "another relaunch mode")
         if max_restarts < 0:
             raise UserError(f"--max-restarts must be >= 0, got {max_restarts}")
         self.relaunch = relaunch
@@ -252,6 +305,8 @@ class Controller:
         self._state_info: dict[str, Any] = {}
         self._hb_stop = threading.Event()
         self._launchers: dict[int, list[float]] = {}  # segment -> [horovodrun pid, create time]
+        self._elastic: _Seg | None = None  # inplace: the segment whose horovodrun is still running
+        self._hosts_written = 0.0  # inplace: when the discovery file last changed
 
     # ------------------------------------------------------------------ state
     def _set_state(self, state: RunState, **extra: Any) -> None:
@@ -331,6 +386,9 @@ class Controller:
                 seg, self._next = self._next, None
                 seg.stop_at, seg.start_step = self._next_stop(step), step
                 self._go(seg, step)
+            elif self._elastic is not None:  # inplace: the same processes go on at the new size
+                seg = _Seg(segment, world, self._next_stop(step), start_step=step)
+                self._resize_inplace(seg, step)
             else:
                 seg = _Seg(segment, world, self._next_stop(step), start_step=step)
                 self._launch(seg, step)
@@ -338,8 +396,12 @@ class Controller:
             self._relay()
             now = self.clock()
             if rc is None:  # checkpoint on disk: relaunch now, the old workers exit meanwhile
-                self._draining.append(seg)
+                if self.relaunch == "inplace":
+                    self._elastic = seg  # paused between two steps, waiting for the new size
+                else:
+                    self._draining.append(seg)
             else:
+                self._elastic = None
                 self.events.write(WorkersExited(segment=seg.index, world_size=seg.world,
                                                 returncode=rc, time=now))
                 self._forget_pids(seg)
@@ -373,9 +435,11 @@ class Controller:
                 target, t_req, source = r.to, float(seg.end["stop_decided_at"]), "schedule"
                 self.events.write(ResizeRequested(from_workers=world, to_workers=target,
                                                   source=source, at_step=step, time=t_req))
+            inplace = self._elastic is not None
             self._pending = PendingResize(world, target, step, t_req, float(seg.end["lr"]),
-                                          checkpoint_s=seg.ckpt_s,
-                                          t_exit=None if rc is None else now, segment=seg.index)
+                                          checkpoint_s=0.0 if inplace else seg.ckpt_s,
+                                          t_exit=now if rc is not None or inplace else None,
+                                          segment=seg.index)
             self._set_state(RunState.STOPPING, step=step, world_size=world, pending_world=target,
                             segment=segment)
             if self._next is not None and self._next.world != target:
@@ -506,12 +570,18 @@ class Controller:
     # ------------------------------------------------------------------ processes
     def _start_processes(self, seg: _Seg) -> Path:
         spec = self.spec
-        cmd = horovodrun_command(spec, seg.world, seg.index, seg.stop_at, self.network_interface,
-                                 seg.go_file, owner=self.owner, hosts=self._hosts_override)
+        if self.relaunch == "inplace":
+            cmd = elastic_horovodrun_command(spec, seg.world, seg.index, seg.stop_at, self.owner,
+                                             self.network_interface)
+        else:
+            cmd = horovodrun_command(spec, seg.world, seg.index, seg.stop_at, self.network_interface,
+                                     seg.go_file, owner=self.owner, hosts=self._hosts_override)
         seg.cmd = cmd
         env = dict(os.environ)
         env.update(spec.extra_env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.relaunch == "inplace":  # a joining worker's start-up happens inside the ring's init
+            env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "300")
         if spec.device == "cpu":
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, seg.world)))
         log = spec.run_dir / "logs" / f"segment-{seg.index:03d}-w{seg.world}.log"
@@ -571,10 +641,41 @@ class Controller:
             self.out(f"segment {seg.index}: {seg.world} worker(s) from step {step + 1} to {seg.stop_at} "
                      f"(log: {log})")
 
+    def _resize_inplace(self, seg: _Seg, step: int) -> None:
+        """Tell the paused workers the new size and change what the discovery script reports:
+        Horovod's driver notices within a second, starts a worker for a new slot (or ends the one
+        whose slot went), and the survivors re-form the ring in their processes."""
+        old = self._elastic
+        assert old is not None and old.handle is not None
+        self._elastic = None
+        seg.handle, seg.log, seg.cmd, seg.t_started = old.handle, old.log, old.cmd, old.t_started
+        seg.t_launch = self.clock()
+        from elastic_ring.worker.api import inplace_action_file
+
+        if write_hosts(self.spec.run_dir, seg.world):
+            self._hosts_written = time.time()
+        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, old.index),
+                                   {"action": "resize", "to": seg.world, "segment": seg.index,
+                                    "stop_at": seg.stop_at, "time": seg.t_launch,
+                                    "hosts_written": self._hosts_written})
+        self._announce(seg, step)
+
+    def _inplace_lead(self, seg: _Seg) -> None:
+        """A scheduled resize ahead: report its slot count once the segment's first step is done
+        (the ring is formed: earlier, the driver could start at or skip to that count). Horovod's
+        driver notices it while the workers train (it starts or ends no process before they
+        reset), so at the stop the workers re-form the ring at once instead of waiting up to a
+        second for the discovery."""
+        r = self._scheduled_target(seg.stop_at)
+        if r is not None and write_hosts(self.spec.run_dir, r.to):
+            self._hosts_written = time.time()
+
     def _launch(self, seg: _Seg, step: int) -> None:
         self._set_state(RunState.LAUNCHING, step=step, world_size=seg.world, segment=seg.index)
         self._start_processes(seg)
         self._announce(seg, step)
+        if self.relaunch == "inplace":
+            self._hosts_written = time.time()
 
     def _drain(self, wait: bool = False, timeout: float = 60.0) -> None:
         """Reap stopped segments' processes; with ``wait``, until all are gone (killed after timeout)."""
@@ -610,7 +711,7 @@ class Controller:
         checkpointed for a resize and the relaunch may overlap their exit."""
         assert seg.handle is not None
         self._seg = seg
-        asked_stop = False
+        asked_stop = exit_sent = False
         while True:
             self._relay()
             self._drain()
@@ -620,6 +721,13 @@ class Controller:
                 stop_file(self.spec.run_dir, seg.index).touch()
                 self._set_state(RunState.STOPPING, world_size=seg.world, segment=seg.index)
                 self.out("stopping: workers will checkpoint at the next agreed step (Ctrl-C again to kill)")
+            if (self.relaunch == "inplace" and self._interrupts and seg.end is not None
+                    and seg.end["reason"] != "finished" and not exit_sent):
+                exit_sent = True  # paused in place: checkpoint and leave
+                from elastic_ring.worker.api import inplace_action_file
+
+                protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, seg.index),
+                                           {"action": "exit", "time": self.clock()})
             if self._interrupts > 1:
                 seg.handle.kill()
             rc = seg.handle.poll()
@@ -712,6 +820,8 @@ class Controller:
             startup = float(ev["time"]) - seg.t_launch
             if seg.go_file is None and 0 < startup < 3600:  # ignore clock skew between hosts
                 self._startup_s.append(startup)
+            if self.relaunch == "inplace":
+                self._inplace_lead(seg)
         if kind == "throughput" and seg is not None and ev["segment"] == seg.index:
             seg.last_step, seg.last_step_t = int(ev["step"]), float(ev["time"])
             seg.steps_per_s = self._last_speed = float(ev["steps_per_s"])

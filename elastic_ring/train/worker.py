@@ -98,10 +98,14 @@ def main() -> int:
     job.on_resize(rescale)
     job.on_evaluate(run_eval, every=cfg.eval_every)
     job.restore()
-    lr_state = LRState(**job.extras["lr_state"])
+    lr_dict = job.extras["lr_state"]
+    lr_state = LRState(**lr_dict)
     decay_steps, factor, b = cfg.decay_steps, cfg.decay_factor, cfg.batch_size
     model.train()
     for step in job.steps():
+        if job.extras["lr_state"] is not lr_dict:  # rescaled in place (--relaunch inplace)
+            lr_dict = job.extras["lr_state"]
+            lr_state = LRState(**lr_dict)
         lr = lr_state.lr_at(step, decay_steps, factor)
         for g in opt.param_groups:
             g["lr"] = lr

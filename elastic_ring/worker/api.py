@@ -26,7 +26,8 @@ checkpoint and broadcasts model, optimizer state, extras and counters) -> ``step
 ``step + 1 .. stop_at``. Between steps the library writes the throughput windows, runs the
 evaluation hook, takes periodic checkpoints (rank 0 copies the state to the CPU; a thread writes
 it) and, every ``control_every`` steps, lets all ranks agree (one allreduce of rank 0's flag)
-whether the controller asked for an early stop. At the stop it writes a checkpoint and a
+whether the controller asked for an early stop (the vote travels with the next step's gradients
+and is read one check later: no blocking collective between steps). At the stop it writes a checkpoint and a
 ``segment_end`` event and all ranks leave together.
 
 The LR on a world-size change: by default every param group's ``lr`` restored from the checkpoint
@@ -49,6 +50,14 @@ from elastic_ring import protocol
 from elastic_ring.protocol import LaunchInfo
 
 _T_IMPORTED = time.time()
+INPLACE_ENV = "ELASTIC_RING_INPLACE"  # "1": running under Horovod Elastic (--relaunch inplace)
+
+
+def inplace_action_file(run_dir: Path, segment: int) -> Path:
+    """The controller's word to paused in-place workers at the end of ``segment`` (a JSON object:
+    ``{"action": "exit"}`` or ``{"action": "resize", "to": N, "segment": S, "stop_at": T}``)."""
+    return protocol.control_dir(Path(run_dir)) / f"inplace-{segment}.json"
+
 _INIT_CALLED = False  # read by the entry point's watchdog: a script that never calls init()
 
 
@@ -168,6 +177,9 @@ class Job:
         self._last_ckpt_t = time.time()
         self._last_progress_t = 0.0
         self._restored = False
+        self.inplace = os.environ.get(INPLACE_ENV) == "1"
+        self._hosts_updated_at: float | None = None
+        self._decided = 0.0
         self.checkpoint_stalls: list[float] = []  # seconds on the training thread per checkpoint
         if self.rank == 0:
             from elastic_ring.events.api import EventLog
@@ -199,6 +211,12 @@ class Job:
             self._marks["wait_for_go"] = time.time()
         self._hvd_init()
         hvd = self.hvd
+        if self.inplace:  # Horovod Elastic: the driver's assignment may be newer than the env's
+            self._set_rank(hvd)
+            from horovod.common.elastic import notification_manager
+
+            notification_manager.init()
+            notification_manager.register_listener(self)
         if (hvd.rank(), hvd.size()) != (self.rank, self.size):
             raise RuntimeError(f"Horovod rank {hvd.rank()}/{hvd.size()} differs from the "
                                f"environment's {self.rank}/{self.size}")
@@ -286,6 +304,14 @@ class Job:
             if ckpt.get("rng") is not None:
                 _set_rng_state(ckpt["rng"])
             meta = {k: ckpt.get(k) for k in ("step", "cursor", "world_size", "lr_factor", "extras")}
+        self._sync(meta)
+        self._restored = True
+        return self.resumed
+
+    def _sync(self, meta: dict[str, Any] | None) -> None:
+        """Rank 0's ``meta`` (counters), optimizer state and weights to every rank; then apply them
+        (and Eq. 7 when the world size differs from the one ``meta`` was saved at)."""
+        hvd = self.hvd
         meta = hvd.broadcast_object(meta, root_rank=0, name="resume_meta")
         if meta is not None and self._optimizer is not None:
             hvd.broadcast_optimizer_state(self._optimizer, root_rank=0)
@@ -301,11 +327,11 @@ class Job:
                 self._extras.update(meta["extras"])
             if self._sampler is not None:
                 self._sampler.cursor = int(meta.get("cursor") or 0)
+            if meta.get("segment") is not None:  # an in-place reset: the segment goes on here
+                self.segment, self.stop_at = int(meta["segment"]), int(meta["stop_at"])
             if self.previous_world != self.size:
                 self._rescale(self.previous_world, self.size)
         self._last_ckpt_step = self.step
-        self._restored = True
-        return self.resumed
 
     def _rescale(self, old: int, new: int) -> None:
         from elastic_ring.train.lr import RULES
@@ -336,12 +362,46 @@ class Job:
         return float("nan")
 
     def steps(self) -> Iterator[int]:
-        """Yield the steps of this segment; stop where the controller asks (see module docstring)."""
+        """Yield the steps of this segment; stop where the controller asks (see module docstring).
+
+        Under ``--relaunch inplace`` a stop for a resize does not end the loop: the workers pause,
+        Horovod Elastic re-forms the ring at the new size (:meth:`_reset_inplace`), and the loop
+        goes on with the next segment in the same processes.
+        """
         if not self._restored:
             self.restore()
         import torch
 
-        from elastic_ring.events.api import FirstStep, SegmentEnd, Throughput
+        from elastic_ring.events.api import SegmentEnd
+
+        while True:
+            yield from self._segment_steps()
+            decided = time.time()
+            if self.inplace and self.stop_reason != "finished":
+                if self.rank == 0:
+                    self._emit(SegmentEnd(segment=self.segment, world_size=self.size, step=self.step,
+                                          reason=self.stop_reason, lr=self.current_lr(),
+                                          stop_decided_at=decided))
+                action = self._pause_inplace()
+                if action.get("action") == "resize":
+                    self._reset_inplace(action)
+                    continue
+            break
+        if self.finished:
+            self._evaluate(self.step)
+        if self.rank == 0:
+            self._checkpoint(self.step, wait=True)
+            if not self.inplace or self.finished:
+                self._emit(SegmentEnd(segment=self.segment, world_size=self.size, step=self.step,
+                                      reason=self.stop_reason, lr=self.current_lr(),
+                                      stop_decided_at=self._decided))
+        self.hvd.allreduce(torch.tensor([0.0]), name="exit_barrier")  # leave together
+
+    def _segment_steps(self) -> Iterator[int]:
+        """The steps of one segment (one world size), up to ``stop_at`` or an agreed stop."""
+        import torch
+
+        from elastic_ring.events.api import FirstStep, Throughput
 
         hvd, info = self.hvd, self.info
         self._window = _Window()
@@ -349,6 +409,7 @@ class Job:
         step = self.step
         reason = "finished" if self.stop_at >= self.total_steps else "scheduled"
         first = True
+        vote = None  # the stop vote in flight (see _start_stop_vote)
         while step < self.stop_at:
             step += 1
             self._current = step
@@ -359,7 +420,7 @@ class Job:
             now = time.time()
             if first:  # start-up cost ends with the first step of a segment
                 first = False
-                phases, prev = {}, self._t_start
+                phases, prev = {}, self._t_start  # (after an in-place reset: its phases)
                 for name, t in self._marks.items():
                     phases[name] = round(t - prev, 4)
                     prev = t
@@ -391,27 +452,108 @@ class Job:
                     self._last_progress_t = now
                     protocol.write_json_atomic(protocol.control_dir(self.run_dir) / protocol.PROGRESS_FILE,
                                                {"step": step, "segment": self.segment, "time": now})
-            if step < self.stop_at and step % info.control_every == 0 and self._agreed_stop():
-                reason = "requested"
-                break
-        decided = time.time()
+            if step < self.stop_at and step % info.control_every == 0:
+                # the vote started at the previous check has travelled with this step's gradients
+                if vote is not None and self._vote_result(vote):
+                    vote = None
+                    reason = "requested"
+                    break
+                vote = self._start_stop_vote()
+        if vote is not None:  # every rank has the same vote in flight: complete it
+            self._vote_result(vote)
+        self._decided = time.time()
         self.stop_reason = reason
         self.finished = step >= self.total_steps
-        if self.finished:
-            self._evaluate(step)
-        if self.rank == 0:
-            self._checkpoint(step, wait=True)
-            self._emit(SegmentEnd(segment=self.segment, world_size=self.size, step=step, reason=reason,
-                                  lr=self.current_lr(), stop_decided_at=decided))
         self.last_loss = last_loss
-        hvd.allreduce(torch.tensor([0.0]), name="exit_barrier")  # leave together
 
-    def _agreed_stop(self) -> bool:
+    # ------------------------------------------------------------------ in-place resize
+    def on_hosts_updated(self, timestamp: float, update_res: Any) -> None:
+        """Horovod Elastic's driver (on rank 0): the discovery script reports other slots now."""
+        self._hosts_updated_at = timestamp
+
+    def _pause_inplace(self, poll_s: float = 0.05) -> dict[str, Any]:
+        """All ranks wait, between two steps, for the controller's word on this segment's end.
+
+        Rank 0 reads ``control/inplace-<segment>.json``: ``{"action": "exit"}`` (a Ctrl-C: checkpoint
+        and leave), or ``{"action": "resize", "to": N, "segment": S, "stop_at": T}``, acted on once
+        Horovod's driver has told rank 0 that the hosts changed (then the driver has the new slot
+        assignment, and a new worker is being started). Rank 0's decision is broadcast each poll.
+        The notification must be for the discovery file the action refers to (``hosts_written``:
+        Horovod stamps it with the second the driver saw the change; a notification about a slot
+        count reported ahead for a scheduled resize may arrive before the pause, which is fine).
+        """
+        hvd = self.hvd
+        while True:
+            decision = None
+            if self.rank == 0:
+                act = protocol.read_json(inplace_action_file(self.run_dir, self.segment))
+                updated = self._hosts_updated_at
+                if isinstance(act, dict) and (act.get("action") == "exit" or (
+                        act.get("action") == "resize" and updated is not None
+                        and updated >= float(act.get("hosts_written", 0.0)) - 1.0)):
+                    decision = act
+            decision = hvd.broadcast_object(decision, root_rank=0, name="inplace_action")
+            if decision is not None:
+                return decision
+            time.sleep(poll_s)
+
+    def _reset_inplace(self, action: dict[str, Any]) -> None:
+        """Re-form the ring at the new size in this process (Horovod Elastic's reset), then sync.
+
+        ``hvd.shutdown()`` + ``hvd.init()``: the driver assigns the new ranks (a worker whose slot
+        was removed is ended by Horovod inside ``init``); a new worker runs :meth:`restore`, whose
+        collectives match :meth:`_sync` here: rank 0 broadcasts the counters (step, sample cursor,
+        LR factor, extras, segment and stop step), the optimizer state and the weights; then every
+        rank rescales the LR by the run's rule (Eq. 7) through :meth:`_rescale`. The sample cursor
+        is global, so the next step's shares are re-partitioned over the new ranks: every sample of
+        an epoch is still used once, every step done once.
+        """
+        hvd = self.hvd
+        t0 = time.time()
+        meta = self._live_meta(next_segment=int(action["segment"]), stop_at=int(action["stop_at"]))
+        hvd.shutdown()
+        self._hosts_updated_at = None
+        hvd.init()
+        self._marks = {"reset_request": t0, "hvd_reinit": time.time()}
+        self._t_start = t0
+        self._set_rank(hvd)
+        self._sync(meta if self.rank == 0 else None)
+        self._marks["sync"] = time.time()
+
+    def _live_meta(self, next_segment: int, stop_at: int) -> dict[str, Any]:
+        return {"step": self.step, "cursor": self._sampler.cursor if self._sampler is not None else 0,
+                "world_size": self.size, "lr_factor": self.lr_factor, "extras": dict(self._extras),
+                "segment": next_segment, "stop_at": stop_at}
+
+    def _set_rank(self, hvd) -> None:
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        if self.device.type == "cpu":
+            import torch
+
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.local_size))
+        if self.rank == 0 and self._events is None:
+            from elastic_ring.events.api import EventLog
+
+            self._events = EventLog(self.run_dir / protocol.WORKER_EVENTS)
+
+    def _start_stop_vote(self):
+        """Start, without waiting, the allreduce of rank 0's stop flag (the stop file exists).
+
+        It is completed at the next check (``_vote_result``), one check later: meanwhile it is
+        negotiated and reduced by Horovod's background thread together with the next step's
+        gradients, so the agreement costs no collective of its own on the training thread (a
+        blocking allreduce between steps did: a full negotiation round, ~5-8% of a step on a
+        loaded CPU). Every rank starts and completes the same votes at the same steps, so all
+        ranks still stop after the same step; a stop lands ``control_every`` steps later.
+        """
         import torch
 
         flag = 1.0 if self.rank == 0 and protocol.stop_file(self.run_dir, self.segment).exists() else 0.0
-        out = self.hvd.allreduce(torch.tensor([flag]), op=self.hvd.Sum, name="stop_flag")
-        return bool(out.item() > 0)
+        return self.hvd.allreduce_async(torch.tensor([flag]), op=self.hvd.Sum, name="stop_flag")
+
+    def _vote_result(self, handle) -> bool:
+        return bool(self.hvd.synchronize(handle).item() > 0)
 
     def _evaluate(self, step: int) -> None:
         if self._eval_hook is None:

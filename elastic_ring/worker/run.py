@@ -1,7 +1,7 @@
 """The entry point horovodrun executes for every worker: ``python -m elastic_ring.worker.run``.
 
     python -m elastic_ring.worker.run --run-dir DIR --segment N --stop-at S --owner ID \\
-        [--go-file F] [--controller-pid P --controller-host H] -- TARGET [SCRIPT ARGS...]
+        [--go-file F] [--controller-pid P --controller-host H] [--inplace] -- TARGET [SCRIPT ARGS...]
 
 TARGET is a script path (run as ``__main__``, as ``python SCRIPT`` would) or a module name. The
 entry point:
@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--go-file", type=Path, default=None)
     p.add_argument("--controller-pid", type=int, default=0)
     p.add_argument("--controller-host", default="")
+    p.add_argument("--inplace", action="store_true",
+                   help="run under Horovod Elastic: resizes re-form the ring in this process")
     a = p.parse_args(own)
     if not rest:
         p.error("no TARGET after --")
@@ -126,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                       controller_host=a.controller_host,
                       **{k: v for k, v in ws.items() if k in LaunchInfo.__dataclass_fields__})
     os.environ.update(info.to_env())
+    if a.inplace:
+        from elastic_ring.worker.api import INPLACE_ENV
+
+        os.environ[INPLACE_ENV] = "1"
     stop = threading.Event()
     threading.Thread(target=_watchdog, args=(info, init_timeout_s, stop), daemon=True,
                      name="elastic-ring-watchdog").start()
