@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# The CUDA path of elastic-ring, measured in one command (at most ~8 minutes on one GPU node):
+#
+#   scripts/gpu_check.sh [--device cuda|cpu] [--out FILE] [--python PY] [--modes "M1 M2 .."]
+#
+#   1. bare start of a CUDA worker: horovodrun + imports + hvd.init() + CUDA context + a barrier;
+#   2. ResNet-110 (CIFAR, synthetic data), batch 128 on one GPU: images/s of `elastic-ring train`
+#      (default options), its checkpoint write (background stall and write seconds), and the NVML
+#      telemetry the controller adds to the throughput events (must be present);
+#   3. a stop with checkpoint (Ctrl-C) and a restart (--resume) on the GPU: the restarted
+#      worker's start-up phases and launch -> first step;
+#   4. with 2+ GPUs: one resize 1 -> 2 -> 1 with each relaunch mode (prelaunch, overlap,
+#      sequential, inplace; --modes picks some): each resize's time lost and its breakdown.
+# Writes a Markdown report (default results/gpu_check.md, meant for docs/gpu.md) and prints it.
+#
+# Without a GPU it stops at once (exit 2) with one line saying so. `--device cpu` is the dry run:
+# the same steps with tiny sizes on the CPU (gloo), so that the script is known to work before a
+# GPU ever runs it (tests/unit/test_gpu_check.py runs it).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEVICE=cuda
+OUT=""
+PY="${ROOT}/.venv/bin/python"
+MODES="prelaunch overlap sequential inplace"
+usage() { echo "usage: scripts/gpu_check.sh [--device cuda|cpu] [--out FILE] [--python PY] [--modes \"M ..\"]" >&2; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --device) DEVICE="${2:-}"; shift 2 ;;
+    --out) OUT="${2:-}"; shift 2 ;;
+    --python) PY="${2:-}"; shift 2 ;;
+    --modes) MODES="${2:-}"; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu_check: unknown option $1" >&2; usage; exit 2 ;;
+  esac
+done
+if [[ "$DEVICE" != cuda && "$DEVICE" != cpu ]]; then
+  echo "gpu_check: --device must be cuda or cpu, got '${DEVICE}'" >&2; exit 2
+fi
+for m in $MODES; do
+  case "$m" in prelaunch|overlap|sequential|inplace) ;;
+    *) echo "gpu_check: unknown relaunch mode '${m}' in --modes (prelaunch overlap sequential inplace)" >&2; exit 2 ;;
+  esac
+done
+[[ -x "$PY" ]] || PY="$(command -v python3)"
+OUT="${OUT:-${ROOT}/results/gpu_check${DEVICE/cuda/}.md}"
+[[ "$DEVICE" == cpu ]] && OUT="${OUT/gpu_check.md/gpu_check_cpu.md}"
+if [[ "$DEVICE" == cuda ]]; then
+  NGPU="$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)"
+  if [[ "$NGPU" -lt 1 ]]; then
+    echo "gpu_check: no CUDA GPU visible to torch (torch.cuda.is_available() is False); run it on a GPU node, or --device cpu for the dry run" >&2
+    exit 2
+  fi
+fi
+export PATH="$(dirname "$PY"):${PATH}"
+cd "$ROOT"
+exec timeout 480 "$PY" - "$DEVICE" "$OUT" $MODES <<'PYEOF'
+import json, os, signal, statistics, subprocess, sys, tempfile, time
+from pathlib import Path
+
+device, out, modes = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
+py, binp = sys.executable, Path(sys.executable).parent
+gpu = device == "cuda"
+ngpu = 0
+if gpu:
+    import torch
+    ngpu = torch.cuda.device_count()
+depth, batch = (110, 128) if gpu else (8, 8)
+size = ["--depth", str(depth), "--batch-size", str(batch),
+        "--set", "synthetic_size=4096" if gpu else "synthetic_size=64", *([] if gpu else ["--set", "width=4"])]
+steps = 300 if gpu else 24
+lines = [f"# GPU check ({'CUDA, %d GPU(s)' % ngpu if gpu else 'CPU dry run: tiny sizes'})", "",
+         f"{time.strftime('%Y-%m-%d %H:%M')}, `scripts/gpu_check.sh --device {device}`", ""]
+if gpu:
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    lines += [f"GPU: {smi.stdout.strip() or 'nvidia-smi not found'}", ""]
+tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+env = dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+def say(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def events(run, kind):
+    p = run / "events.jsonl"
+    if not p.exists():
+        return []
+    return [e for e in map(json.loads, p.read_text().splitlines()) if e["kind"] == kind]
+
+
+def train(run, *args, check=True):
+    cmd = [py, "-m", "elastic_ring.cli.main", "train", "--device", device, "--dataset", "synthetic",
+           "--set", "augment=false", *size, "--run-dir", str(run), *args]
+    if not gpu:
+        cmd += ["--slots", "2"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400)
+    if check and p.returncode != 0:
+        raise SystemExit(f"gpu_check: train failed ({p.returncode}): {p.stderr.strip().splitlines()[-1:]}")
+    return p
+
+# 1. bare start
+say("1/4 bare start")
+bare = []
+for _ in range(3 if gpu else 1):
+    t0 = time.perf_counter()
+    subprocess.run([str(binp / "horovodrun"), "-np", "1", "-H", "localhost:1", "--gloo", py,
+                    "launch/bare_start.py", *(["--cuda"] if gpu else [])], check=True, capture_output=True,
+                   env=env, timeout=120)
+    bare.append(time.perf_counter() - t0)
+lines += ["## Bare start of one worker", "",
+          f"horovodrun + imports + hvd.init(){' + CUDA context' if gpu else ''} + barrier: "
+          f"median {statistics.median(bare):.2f} s of {', '.join(f'{b:.2f}' for b in bare)}", ""]
+
+# 2. throughput, checkpoint, telemetry
+say("2/4 throughput")
+run = tmp / "thr"
+train(run, "--gpus", "1", "--steps", str(steps), "--checkpoint-every", str(steps // 3))
+thr = [e for e in events(run, "throughput") if e["step"] - e["steps"] >= (20 if gpu else 4)]
+ips = sum(e["images_per_s"] * e["seconds"] for e in thr) / sum(e["seconds"] for e in thr)
+ck = events(run, "checkpoint_written")
+tel = [e.get("telemetry") or {} for e in events(run, "throughput")]
+gpu_keys = sorted({k for t in tel for k in t if "gpu" in k.lower()})
+first = events(run, "first_step")[0]
+lines += ["## Steady state, one worker", "",
+          f"ResNet-{depth}, batch {batch}: **{ips:.0f} images/s** (steps after the warm-up, "
+          f"{len(thr)} windows)", "",
+          f"First step {first['since_launch_s']:.2f} s after the worker started; phases: "
+          + ", ".join(f"{k} {v:.2f} s" for k, v in first["phases"].items()), "",
+          f"Checkpoints: {len(ck)}, write median {statistics.median(e['seconds'] for e in ck):.3f} s, "
+          f"stall on the training thread median {statistics.median(e['stall_s'] for e in ck):.3f} s, "
+          f"{ck[-1]['bytes'] / 1e6:.1f} MB", "",
+          f"Telemetry in throughput events: {len([t for t in tel if t])}/{len(tel)} carry it; "
+          f"GPU fields: {', '.join(gpu_keys) or 'none'}", ""]
+if gpu and not gpu_keys:
+    lines += ["**NVML telemetry missing from the events.**", ""]
+
+# 3. stop with checkpoint, restart with --resume
+say("3/4 stop and restart")
+run = tmp / "restart"
+cmd = [py, "-m", "elastic_ring.cli.main", "train", "--device", device, "--dataset", "synthetic",
+       "--set", "augment=false", *size, "--gpus", "1", "--steps", str(steps * 2), "--set", "throughput_window=5",
+       "--run-dir", str(run)]
+if not gpu:
+    cmd += ["--slots", "2"]
+proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+t0 = time.time()
+while not events(run, "throughput") and time.time() - t0 < 180 and proc.poll() is None:
+    time.sleep(0.3)
+proc.send_signal(signal.SIGINT)
+proc.wait(timeout=120)
+p = subprocess.run([py, "-m", "elastic_ring.cli.main", "train", "--resume", str(run),
+                    *([] if gpu else ["--slots", "2"])], capture_output=True, text=True, env=env, timeout=600)
+firsts = events(run, "first_step")
+seg_end = [e for e in events(run, "segment_end") if e["segment"] == 0]
+if p.returncode != 0 or len(firsts) < 2:
+    raise SystemExit(f"gpu_check: the resume failed ({p.returncode}): {p.stderr.strip().splitlines()[-1:]}")
+lines += ["## Stop with checkpoint, restart on the device", "",
+          f"Ctrl-C stopped at step {seg_end[0]['step'] if seg_end else '?'}; the restarted worker's first step "
+          f"{firsts[1]['since_launch_s']:.2f} s after it started; phases: "
+          + ", ".join(f"{k} {v:.2f} s" for k, v in firsts[1]["phases"].items()), ""]
+
+# 4. one resize per relaunch mode (needs two devices)
+say("4/4 resizes")
+if gpu and ngpu < 2:
+    lines += ["## Resize per relaunch mode", "", "Skipped: one GPU (a resize 1 -> 2 needs two).", ""]
+else:
+    rs = steps // 3
+    rows = ["| relaunch mode | resize | stop (s) | checkpoint (s) | relaunch to 1st step (s) | time lost (s) |",
+            "|---|---|---|---|---|---|"]
+    for mode in modes:
+        run = tmp / f"resize-{mode}"
+        train(run, "--gpus", "1", "--schedule", f"{rs}:2,{2 * rs}:1", "--steps", str(3 * rs), "--relaunch", mode)
+        for o in events(run, "resize_overhead"):
+            rows.append(f"| {mode} | {o['from_workers']} -> {o['to_workers']} | {o['stop_latency_s']:.2f} | "
+                        f"{o['checkpoint_s']:.3f} | {o['relaunch_to_first_step_s']:.2f} | {o['total_lost_s']:.2f} |")
+    lines += ["## Resize per relaunch mode", "", *rows, ""]
+out.parent.mkdir(parents=True, exist_ok=True)
+out.write_text("\n".join(lines))
+print("\n".join(lines))
+print(f"written {out}", file=sys.stderr)
+PYEOF

@@ -1,0 +1,42 @@
+"""scripts/gpu_check.sh without a GPU: it stops at once with one line and exit 2 (the full CPU dry
+run is tests/integration/test_inplace_gpu_check.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), "--python", sys.executable, *args], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+
+
+def test_without_a_gpu_it_fails_fast_with_one_line():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    p = _run()
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip().count("\n") == 0 and "no CUDA GPU" in p.stderr and "--device cpu" in p.stderr
+
+
+@pytest.mark.parametrize("args,msg", [(["--device", "tpu"], "must be cuda or cpu"),
+                                      (["--frobnicate"], "unknown option")])
+def test_bad_options_exit_2(args, msg):
+    p = _run(*args)
+    assert p.returncode == 2 and msg in p.stderr
+
+
+def test_help_describes_every_step():
+    p = _run("--help")
+    assert p.returncode == 0
+    for what in ("bare start", "ResNet-110", "NVML", "--resume", "inplace", "--device cpu"):
+        assert what in p.stdout, what
