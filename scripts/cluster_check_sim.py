@@ -203,7 +203,9 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=600, help="per live run, seconds")
     a = p.parse_args()
     if a.slots < 2:
-        sys.exit("error: --slots must be >= 2")
+        p.error("--slots must be >= 2")
+    if a.calibration_steps < 100:
+        p.error("--calibration-steps must be >= 100")
     work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="cluster-check-"))
     work.mkdir(parents=True, exist_ok=True)
     load = LoadSampler()
