@@ -95,9 +95,11 @@ def cluster() -> None:
 @click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Slots on several hosts, 'host slots=N' per line; jobs get horovodrun -H lists "
                    "(resizes are then stop + resume on the new hosts).")
-@click.option("--policy", type=click.Choice(["eight", "precompute", "optimus", "srtf"]), default=None,
+@click.option("--policy", type=click.Choice(["eight", "precompute", "exploratory", "optimus", "srtf"]), default=None,
               help="Allocation policy of elastic_ring.sched (the simulator's). Default precompute, or "
-                   "the folder's. exploratory is not available live.")
+                   "the folder's. exploratory: a new job holds the largest power of two <= min(8, slots) "
+                   "slots and is resized through 1, 2, 4, ... on them, measured from its own throughput "
+                   "(first window after each launch skipped), then planned with the Eq. 5 fit.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
               help="Slot kind (default cpu, or the folder's). cuda: each job's GPUs via CUDA_VISIBLE_DEVICES.")
 @click.option("--network-interface", default=None, help="Passed to every job's horovodrun (e.g. lo).")
@@ -117,9 +119,8 @@ def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet,
     """
     from elastic_ring.cluster.api import ClusterConfig
     from elastic_ring.cluster.runner import ProcessRunner
-    from elastic_ring.cluster.scheduler import Scheduler
+    from elastic_ring.cluster.scheduler import Scheduler, live_policy
     from elastic_ring.cluster.store import Store
-    from elastic_ring.sched.policies import make_policy
 
     d = Path(cluster_dir)
     if slots is not None and slots < 1:
@@ -150,7 +151,7 @@ def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet,
     store.set_meta("down", False)
     store.set_meta("scheduler_pid", os.getpid())
     runner = ProcessRunner(d, cfg)
-    sched = Scheduler(store, cfg, make_policy(cfg.policy), runner, rate_for=_rate_for(cfg))
+    sched = Scheduler(store, cfg, live_policy(cfg.policy, cfg.slots), runner, rate_for=_rate_for(cfg))
     stop = {"n": 0}
 
     def on_signal(signum, frame):  # only sets a flag

@@ -17,7 +17,7 @@ from elastic_ring.errors import UserError
 
 DB_FILE = "cluster.db"
 LOCK_FILE = "scheduler.lock"
-LIVE_POLICIES = ("eight", "precompute", "optimus", "srtf")
+LIVE_POLICIES = ("eight", "precompute", "exploratory", "optimus", "srtf")
 
 
 class ClusterError(UserError):
@@ -147,6 +147,9 @@ class Observation:
     throughput; launches / exits: counts of ``launch`` and ``workers_exited`` events so far;
     outcome: summary.json's state once the controller is gone (succeeded, failed, interrupted);
     losses: (step, loss) of the throughput events.
+    throughput: the ``throughput`` windows read since the previous observation, each
+    (launches so far, world_size, steps, seconds): what ``exploratory`` measures a job with (the
+    launch count tells the first window after each launch, a warm-up, apart).
     """
 
     alive: bool
@@ -159,3 +162,4 @@ class Observation:
     exits: int = 0
     outcome: str | None = None
     losses: list[tuple[float, float]] = field(default_factory=list)
+    throughput: list[tuple[int, int, int, float]] = field(default_factory=list)

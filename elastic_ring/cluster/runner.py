@@ -178,6 +178,7 @@ class ProcessRunner:
         alive = self.alive(job)
         seen = self._seen.setdefault(jid, {"launches": 0, "exits": 0, "world": 0, "ips": 0.0, "losses": []})
         tail = self._tails.setdefault(jid, _Tail(rd / "events.jsonl"))
+        windows: list[tuple[int, int, int, float]] = []
         for e in tail.new():
             k = e.get("kind")
             if k == "launch":
@@ -187,6 +188,12 @@ class ProcessRunner:
                 seen["exits"] += 1
             elif k == "throughput":
                 seen["ips"] = float(e.get("images_per_s", 0.0))
+                try:
+                    sps, steps = float(e.get("steps_per_s", 0.0)), int(e.get("steps", 0))
+                    secs = float(e["seconds"]) if "seconds" in e else (steps / sps if sps > 0 else 0.0)
+                    windows.append((seen["launches"], int(e.get("world_size", 0)), steps, secs))
+                except (TypeError, ValueError, KeyError):
+                    pass
                 if "loss" in e and "step" in e:
                     seen["losses"].append((float(e["step"]), float(e["loss"])))
         ctl = protocol.read_json(rd / protocol.CONTROLLER_FILE) or {}
@@ -200,4 +207,4 @@ class ProcessRunner:
         return Observation(alive=alive, state=ctl.get("state"), world_size=seen["world"],
                            step=int(prog.get("step", 0) or 0), total=int(run.get("total_steps") or 0),
                            images_per_s=seen["ips"], launches=seen["launches"], exits=seen["exits"],
-                           outcome=outcome, losses=list(seen["losses"]))
+                           outcome=outcome, losses=list(seen["losses"]), throughput=windows)

@@ -23,6 +23,21 @@ Invariants (what the unit tests check with a fake runner):
   still run and settles the others (a paused job is resumed from its checkpoint later), so no job
   is lost or run twice (the run folder's lock refuses a second controller).
 
+Exploration live (policy ``exploratory``): a job without a speed model first measures itself.
+The policy gives it ``hold`` slots (8 in the paper; here the largest power of two <= min(8, S) on
+S slots, :func:`explore_hold`); the scheduler starts it at 1 worker on them and resizes it through
+1, 2, 4, ... up to ``hold`` (sizes below the job's --min-workers or above its --max-workers are
+skipped), one resize at a time (the live resize path; on GPUs or several hosts a stop + resume at
+the next size on the slots it holds). At each size it reads the job's own ``throughput`` windows,
+skips the first window after each launch (warm-up) and takes ``EXPLORE_WINDOWS`` windows: steps/s
+= their steps / their seconds (an ``explore_measured`` event). With every size measured it fits
+Eq. 5 (:func:`~elastic_ring.perfmodel.speed.fit_speed_few`: the full fit from 4 worker counts;
+from 1-3 counts, as on a node with < 8 slots, only as many of Eq. 5's terms as counts), records an
+``explore_fit`` event and decides again (cause ``explored``); the fitted steps/s is then the job's
+rate in the policy's doubling. The measurements and the fit are events in the store, so a
+restarted scheduler continues an exploration where it was. A job whose --min-workers exceeds
+``hold`` is not explored (its profile, else linear speed-up).
+
 Side effects (processes, time) come from ``runner`` and ``clock``.
 """
 
@@ -31,12 +46,57 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Protocol
 
-from elastic_ring.cluster.api import ClusterConfig, JobState, Observation
+from elastic_ring.cluster.api import ClusterConfig, ClusterError, JobState, Observation
 from elastic_ring.cluster.store import Store
 from elastic_ring.perfmodel.convergence import predict_remaining
+from elastic_ring.perfmodel.speed import FitError, SpeedModel, fit_speed_few
 from elastic_ring.sched.api import JobView
+from elastic_ring.sched.policies import EXPLORE_GPUS, Exploratory, make_policy
 
 _LIVE = (JobState.RUNNING, JobState.STOPPING)
+EXPLORE_WINDOWS = 2  # steady throughput windows measured at each exploration size
+
+
+def explore_hold(slots: int) -> int:
+    """Slots an exploring job holds on a node of ``slots``: the largest power of two <= min(8, slots)."""
+    h = 1
+    while h * 2 <= min(EXPLORE_GPUS, slots):
+        h *= 2
+    return h
+
+
+def live_policy(name: str, slots: int) -> Any:
+    """The policy ``name`` for a live node of ``slots`` (exploratory holds :func:`explore_hold`)."""
+    return Exploratory(explore_hold(slots)) if name == "exploratory" else make_policy(name)
+
+
+def explore_sizes(hold: int, min_workers: int) -> list[int]:
+    """Worker counts an exploring job is measured at: 1, 2, 4, ... <= ``hold``, >= ``min_workers``."""
+    out, w = [], 1
+    while w <= hold:
+        if w >= min_workers:
+            out.append(w)
+        w *= 2
+    return out
+
+
+class _Exploration:
+    """One job's exploration: the sizes to measure, what is measured, the fitted model."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+        self.measured: dict[int, float] = {}  # workers -> steps/s
+        self.windows: dict[int, list[tuple[int, float]]] = {}  # workers -> (steps, seconds) so far
+        self.warm: set[int] = set()  # launches whose first window was skipped
+        self.model: SpeedModel | None = None
+        self.mark = -1  # launches seen when the last size was asked for: act only after a new launch
+
+    @property
+    def done(self) -> bool:
+        return self.model is not None or not self.sizes
+
+    def next_size(self) -> int | None:
+        return next((w for w in self.sizes if w not in self.measured), None)
 
 
 class Runner(Protocol):
@@ -61,6 +121,12 @@ class Scheduler:
         self._rates: dict[int, Callable[[int], float]] = {}
         self._obs: dict[int, Observation] = {}
         self.live_resize = config.device == "cpu" and not config.multi_host
+        self.explores = bool(getattr(policy, "explores", False))
+        self.hold = int(getattr(policy, "explore_gpus", EXPLORE_GPUS))
+        if self.explores and self.hold > config.slots:
+            raise ClusterError(f"policy {policy.name} holds {self.hold} slots per exploring job; the cluster "
+                               f"has {config.slots}")
+        self._explore: dict[int, _Exploration] = {}
 
     # ------------------------------------------------------------------ helpers
     def _free(self, jobs: list[dict[str, Any]]) -> list[int]:
@@ -78,18 +144,110 @@ class Scheduler:
         losses = [l for _, l in obs.losses]
         return min(predict_remaining(float(j["step"]), steps, losses, req.target_loss, prior=left), float(left))
 
-    def _rate(self, j: dict[str, Any]) -> Callable[[int], float]:
+    def _rate(self, j: dict[str, Any]) -> Callable[[int], float] | None:
         r = self._rates.get(j["id"])
         if r is None:
-            r = self._rates[j["id"]] = self.rate_for(j)
+            x = self._xs(j)
+            if x is not None and not x.done:
+                return None  # not measured yet
+            if x is not None and x.model is not None:
+                r = self._rates[j["id"]] = lambda w, m=x.model: float(m.predict(w))
+            else:
+                r = self._rates[j["id"]] = self.rate_for(j)
         return r
+
+    # ------------------------------------------------------------------ exploration
+    def _xs(self, j: dict[str, Any]) -> _Exploration | None:
+        """The job's exploration (None unless the policy explores); rebuilt from the store's events."""
+        if not self.explores:
+            return None
+        x = self._explore.get(j["id"])
+        if x is None:
+            req = j["request"]
+            hold = min(self.hold, req.max_workers or self.config.slots)
+            x = self._explore[j["id"]] = _Exploration(explore_sizes(hold, req.min_workers))
+            for e in self.store.events(j["id"]):
+                if e["kind"] == "explore_measured":
+                    x.measured[int(e["data"]["workers"])] = float(e["data"]["steps_per_s"])
+                elif e["kind"] == "explore_fit":
+                    x.model = SpeedModel.from_dict(e["data"]["model"])
+        return x
+
+    def _exploring(self, j: dict[str, Any]) -> bool:
+        x = self._xs(j)
+        return x is not None and not x.done
+
+    def _explore_collect(self, j: dict[str, Any], obs: Observation) -> None:
+        """Take the job's new throughput windows; a size with EXPLORE_WINDOWS of them is measured."""
+        x = self._xs(j)
+        if x is None or x.done:
+            return
+        for launch, world, steps, secs in obs.throughput:
+            if launch not in x.warm:  # the first window after each launch is warm-up
+                x.warm.add(launch)
+                continue
+            if world not in x.sizes or world in x.measured or steps <= 0 or secs <= 0:
+                continue
+            win = x.windows.setdefault(world, [])
+            win.append((steps, secs))
+            if len(win) >= EXPLORE_WINDOWS:
+                sps = sum(s for s, _ in win) / sum(t for _, t in win)
+                x.measured[world] = sps
+                self.store.event(j["id"], "explore_measured", workers=world, steps_per_s=sps, windows=len(win))
+
+    def _explore_act(self, jid: int, obs: Observation) -> str | None:
+        """Move an exploring job on: to its next size, or fit Eq. 5. Returns "explored" after a fit."""
+        j = self.store.job(jid)
+        x = self._xs(j)
+        if x is None or x.done or j["state"] != JobState.RUNNING or j["resize_to"] is not None:
+            return None
+        if obs.world_size <= 0 or obs.launches <= x.mark:
+            return None  # the size asked for has not launched yet
+        nxt = x.next_size()
+        if nxt is None:
+            ws = sorted(x.measured)
+            fs = [x.measured[w] for w in ws]
+            try:
+                # b = n = 1: f(w)'s predictions do not depend on them (b is collinear with the
+                # constant, n only scales t2)
+                fit, method = fit_speed_few(ws, fs, 1.0, 1.0)
+            except FitError as e:
+                x.sizes = []  # done: the job plans with its profile, else linear speed-up
+                self.store.event(jid, "explore_fit_failed", error=str(e))
+                return "explored"
+            x.model = fit.model
+            self._rates.pop(jid, None)
+            self.store.event(jid, "explore_fit", method=method, model=fit.model.to_dict(), rmse=fit.rmse,
+                             points=[[w, f] for w, f in zip(ws, fs)])
+            return "explored"
+        if obs.world_size == nxt or (obs.world_size in x.sizes and obs.world_size not in x.measured):
+            return None  # still measuring this size
+        if nxt > len(j["slots"]):
+            return None  # holds fewer slots than the next size (the policy shrank it): wait
+        held = obs.world_size
+        if self.live_resize:
+            if self.runner.request_resize(j, nxt):
+                x.mark = obs.launches
+                with self.store.transaction():
+                    self.store.update(jid, resize_to=nxt, resize_mark=obs.exits)
+                    self.store.event(jid, "explore_step", frm=held, to=nxt)
+        else:  # a stop, then a resume at the next size on the slots it holds (see _apply)
+            x.mark = obs.launches
+            self.store.event(jid, "explore_step", frm=held, to=nxt)
+            self._stop(j, "explore")
+        return None
 
     # ------------------------------------------------------------------ decisions
     def decide(self, cause: str, jid: int | None) -> dict[int, int]:
         """Ask the policy and store each job's target (its allocation, clamped to its limits)."""
         jobs = [j for j in self.store.jobs(active_only=True)
                 if not j["cancel"] and not (j["state"] == JobState.STOPPING and j["message"] in ("cancel", "down"))]
-        views = [JobView(j["id"], self._remaining(j), self._rate(j), len(j["slots"])) for j in jobs]
+        views = []
+        for j in jobs:
+            unexplored = self._exploring(j)
+            views.append(JobView(j["id"], self._remaining(j), self._rate(j), len(j["slots"]),
+                                 needs_exploration=unexplored and not j["slots"],
+                                 exploring=unexplored and bool(j["slots"])))
         current = {j["id"]: len(j["slots"]) for j in jobs}
         alloc = self.policy.allocate(views, self.config.slots, current) if views else {}
         out = {}
@@ -116,6 +274,7 @@ class Scheduler:
             if j["state"] in _LIVE:
                 obs = self.runner.observe(j)
                 self._obs[j["id"]] = obs
+                self._explore_collect(j, obs)
                 if obs.alive:
                     self.store.event(j["id"], "adopted", pid=j["pid"], workers=obs.world_size)
                 else:
@@ -131,6 +290,7 @@ class Scheduler:
                 continue
             obs = self.runner.observe(j)
             self._obs[j["id"]] = obs
+            self._explore_collect(j, obs)
             if not obs.alive:
                 cause = self._settle(j, obs)
                 if cause != "paused":
@@ -139,10 +299,17 @@ class Scheduler:
             self.store.update(j["id"], step=obs.step, total=obs.total or j["total"], workers=obs.world_size,
                               images_per_s=obs.images_per_s)
             if j["resize_to"] is not None and obs.world_size == j["resize_to"] and obs.exits > (j["resize_mark"] or 0):
-                keep = j["slots"][: j["resize_to"]]  # the old workers are gone: a shrink's slots are free now
+                # the old workers are gone: a shrink's slots are free now (an exploring job keeps
+                # the slots it holds for its next sizes)
+                n = max(j["resize_to"], j["target"]) if self._exploring(j) else j["resize_to"]
+                keep = j["slots"][:n]
                 with self.store.transaction():
                     self.store.update(j["id"], resize_to=None, resize_mark=None, slots=keep)
                     self.store.event(j["id"], "resized", workers=obs.world_size, slots=keep)
+            if self.explores:
+                c = self._explore_act(j["id"], obs)
+                if c:
+                    causes.append((c, j["id"]))
         for j in self.store.jobs(active_only=True):
             if j["state"] == JobState.QUEUED and not any(e["kind"] == "arrived" for e in self.store.events(j["id"])):
                 self.store.event(j["id"], "arrived")
@@ -232,10 +399,17 @@ class Scheduler:
             elif j["state"] in (JobState.QUEUED, JobState.PAUSED) and want > 0 and len(free) >= want:
                 take, free = free[:want], free[want:]
                 resume = j["state"] == JobState.PAUSED
+                x = self._xs(j)
+                workers = min(want, x.next_size() or want) if x is not None and not x.done else want
+                if x is not None and j["id"] in self._obs:
+                    x.mark = self._obs[j["id"]].launches
                 with self.store.transaction():  # slots are ours before the process exists
                     self.store.update(j["id"], slots=take, state=JobState.RUNNING, message="",
                                       started=j["started"] or self.clock())
-                pid = self.runner.start(j, take, want, resume)
+                pid = self.runner.start(j, take, workers, resume)
                 with self.store.transaction():
                     self.store.update(j["id"], pid=pid)
-                    self.store.event(j["id"], "resumed" if resume else "started", workers=want, slots=take, pid=pid)
+                    self.store.event(j["id"], "resumed" if resume else "started", workers=workers, slots=take,
+                                     pid=pid)
+                    if x is not None and not x.done:
+                        self.store.event(j["id"], "explore_step", frm=0, to=workers)

@@ -189,3 +189,53 @@ def load_profile(path: str | Path) -> tuple[SpeedModel, dict[str, Any]]:
         raise FitError(f"profile {p} needs points[].workers, points[].steps_per_s, batch_per_worker, "
                        f"n_params: missing or bad {e}") from None
     return fit_speed(w, f, b, n).model, d
+
+
+# Eq. 5's terms that a fit from few worker counts keeps, in the order they are admitted: the
+# constant (t0·b + t3, one parameter: the two are never identified apart), the ring bandwidth term
+# (t2, (w-1)·n/w) and the ring latency term (t1, w-1).
+_FEW_TERMS = ("t3", "t2", "t1")
+
+
+def fit_speed_few(workers: Any, steps_per_s: Any, batch_per_worker: float, n_params: float) -> tuple[SpeedFit, str]:
+    """Eq. 5 from as many distinct worker counts as there are (an online fit on a small node).
+
+    With >= 4 distinct counts this is :func:`fit_speed` (method ``"eq5"``). With fewer it fits, by
+    NNLS, only as many of Eq. 5's terms as there are counts, the others held at 0 (method
+    ``"eq5-k-terms"``): 1 count -> the constant alone (no speed-up assumed beyond what was
+    measured), 2 -> constant + bandwidth term, 3 -> constant + bandwidth + latency. Since ``t0·b``
+    and ``t3`` are one parameter in every prediction, 3 counts already determine Eq. 5's
+    predictions fully; the 4-count rule of :func:`fit_speed` is about t0 and t3 apart.
+
+    Returns:
+        (the fit, the method used).
+
+    Raises:
+        FitError: no measurement, or non-positive / non-finite values.
+    """
+    from scipy.optimize import nnls
+
+    w = np.asarray(workers, dtype=float).ravel()
+    f = np.asarray(steps_per_s, dtype=float).ravel()
+    if w.size == 0 or w.shape != f.shape:
+        raise FitError(f"speed fit needs one speed per worker count, got {w.size} counts and {f.size} speeds")
+    if not (np.all(np.isfinite(w)) and np.all(np.isfinite(f))) or np.any(w < 1) or np.any(f <= 0):
+        raise FitError("speed fit needs worker counts >= 1 and finite speeds > 0")
+    if batch_per_worker <= 0 or n_params <= 0:
+        raise FitError(f"batch_per_worker and n_params must be > 0, got {batch_per_worker}, {n_params}")
+    k = np.unique(w).size
+    if k >= N_PARAMS:
+        return fit_speed(w, f, batch_per_worker, n_params), "eq5"
+    b, n = float(batch_per_worker), float(n_params)
+    cols = {"t3": np.ones_like(w), "t2": (w - 1.0) * n / w, "t1": w - 1.0}
+    terms = _FEW_TERMS[:k]
+    X = np.column_stack([cols[t] for t in terms])
+    scale = np.linalg.norm(X, axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(X / scale, 1.0 / f)
+    t = dict.fromkeys(("t0", "t1", "t2", "t3"), 0.0)
+    t.update({name: float(max(c, 0.0)) for name, c in zip(terms, coef / scale)})
+    model = SpeedModel(t["t0"], t["t1"], t["t2"], t["t3"], b, n)
+    pred = np.asarray(model.predict(w), dtype=float)
+    res = f - pred
+    return SpeedFit(model, res, res / f, float(np.sqrt(np.mean(res ** 2)))), f"eq5-{k}-terms"

@@ -192,13 +192,21 @@ class Exploratory:
     name = "exploratory"
     explores = True  # the simulator runs the measuring phase for jobs with needs_exploration
 
+    def __init__(self, explore_gpus: int = EXPLORE_GPUS):
+        # GPUs an explorer holds: 8 in the simulator (the paper's); the live scheduler passes fewer
+        # on a node with fewer than 8 slots
+        if explore_gpus < 1:
+            raise ConfigError(f"explore_gpus must be >= 1, got {explore_gpus}")
+        self.explore_gpus = explore_gpus
+
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
         alloc: dict[int, int] = {}
         free = total_gpus
+        hold = self.explore_gpus
         for j in jobs:  # explorers first (already exploring ones are earlier in arrival order)
-            if (j.exploring or j.needs_exploration) and free >= EXPLORE_GPUS:
-                alloc[j.id] = EXPLORE_GPUS
-                free -= EXPLORE_GPUS
+            if (j.exploring or j.needs_exploration) and free >= hold:
+                alloc[j.id] = hold
+                free -= hold
         ready = [j for j in jobs if not (j.exploring or j.needs_exploration)]
         alloc.update(doubling_allocate(_planned(ready), free))
         return alloc

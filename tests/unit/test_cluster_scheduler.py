@@ -24,11 +24,15 @@ class FakeJob:
 class FakeRunner:
     """Each tick (observe) a job advances one step per worker; a resize takes ``lag`` observations."""
 
-    def __init__(self, lag: int = 2):
+    def __init__(self, lag: int = 2, speed=None):
         self.jobs: dict[int, FakeJob] = {}
         self.starts: list[tuple[int, int, bool]] = []
         self.lag = lag
         self.refuse_resize = False
+        # speed: workers -> steps/s; when given, every training observation reports one throughput
+        # window (launches, world, steps, seconds), the first after each launch 10x too slow (warm-up)
+        self.speed = speed
+        self.windows: dict[tuple[int, int], int] = {}  # (job, launch) -> windows reported
 
     def start(self, job, slots, workers, resume):
         self.starts.append((job["id"], workers, resume))
@@ -36,6 +40,7 @@ class FakeRunner:
         fj = FakeJob(job["request"].steps, workers)
         if resume and old is not None:
             fj.step = old.step
+            fj.launches = old.launches + 1  # the run folder's events accumulate across controllers
         self.jobs[job["id"]] = fj
         return 1000 + job["id"]
 
@@ -70,6 +75,13 @@ class FakeRunner:
                 fj.step = min(fj.total, fj.step + fj.world)
                 if fj.step >= fj.total:
                     fj.alive, fj.outcome = False, "succeeded"
+                if self.speed is not None:
+                    n = self.windows[(job["id"], fj.launches)] = self.windows.get((job["id"], fj.launches), 0) + 1
+                    sps = self.speed(fj.world) / (10.0 if n == 1 else 1.0)
+                    thr = [(fj.launches, fj.world, 20, 20 / sps)]
+                    return Observation(alive=fj.alive, state="running", world_size=fj.world, step=fj.step,
+                                       total=fj.total, launches=fj.launches, exits=fj.exits, outcome=fj.outcome,
+                                       throughput=thr)
         return Observation(alive=fj.alive, state="running", world_size=fj.world, step=fj.step, total=fj.total,
                            launches=fj.launches, exits=fj.exits, outcome=fj.outcome)
 
@@ -215,6 +227,6 @@ def test_bad_requests_are_user_errors(tmp_path):
     with pytest.raises(ClusterError):
         JobRequest(name="x", kind="script", path="x.py", steps=5, min_workers=3, max_workers=2)
     with pytest.raises(ClusterError):
-        ClusterConfig(hosts=(("localhost", 2),), policy="exploratory")
+        ClusterConfig(hosts=(("localhost", 2),), policy="nope")
     with pytest.raises(ClusterError):
         Store(tmp_path / "none")
