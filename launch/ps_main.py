@@ -4,10 +4,12 @@ server, ranks 1..K are the workers.
 Usage (the CLI builds this; by hand only for debugging)::
 
     mpirun --allow-run-as-root --oversubscribe --bind-to none -np K+1 \\
-        python launch/ps_main.py RUN_DIR
+        python launch/ps_main.py RUN_DIR [RUN_DIR ...]
 
 ``RUN_DIR/ps_config.json`` holds the :class:`~elastic_ring.ps.api.PSConfig`; the server writes
-``RUN_DIR/events.jsonl``. A rank that raises writes ``RUN_DIR/errors/rank<R>.json`` (rank,
+``RUN_DIR/events.jsonl``. Several run folders (all with K workers) run one after the other in the
+same processes, which saves the start-up of K + 1 Python processes per run (the experiment does
+this; every run builds its model, data and optimizer afresh). A rank that raises writes ``RUN_DIR/errors/rank<R>.json`` (rank,
 exception type, message, traceback) and aborts the whole MPI job, so no rank waits forever; the
 CLI reads the file back and reports the first failure in one line.
 """
@@ -23,27 +25,30 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 1:
-        sys.stderr.write("usage: ps_main.py RUN_DIR\n")
+    if not argv:
+        sys.stderr.write("usage: ps_main.py RUN_DIR [RUN_DIR ...]\n")
         sys.exit(2)
-    run_dir = Path(argv[0])
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
+    run_dir = Path(argv[0])
     try:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from elastic_ring.ps.api import config_from_dict
 
-        cfg = config_from_dict(json.loads((run_dir / "ps_config.json").read_text()), source="ps_config.json")
-        if comm.Get_size() != cfg.workers + 1:
-            raise RuntimeError(f"MPI world size {comm.Get_size()} != 1 server + {cfg.workers} workers")
-        if rank == 0:
-            from elastic_ring.ps.server import run_server
-            run_server(cfg, run_dir, comm)
-        else:
-            from elastic_ring.ps.worker import run_worker
-            run_worker(cfg, rank, comm)
+        for arg in argv:
+            run_dir = Path(arg)
+            cfg = config_from_dict(json.loads((run_dir / "ps_config.json").read_text()), source="ps_config.json")
+            if comm.Get_size() != cfg.workers + 1:
+                raise RuntimeError(f"MPI world size {comm.Get_size()} != 1 server + {cfg.workers} workers")
+            if rank == 0:
+                from elastic_ring.ps.server import run_server
+                run_server(cfg, run_dir, comm)
+            else:
+                from elastic_ring.ps.worker import run_worker
+                run_worker(cfg, rank, comm)
+            comm.Barrier()
     except BaseException as e:  # noqa: BLE001 - every failure must reach the CLI and end the job
         err_dir = run_dir / "errors"
         err_dir.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,8 @@ Vocabulary (arXiv 1908.11848, PAPERS.md section 2):
       asp          unbounded                       none
       ssp s        s                               none
       dssp lo:hi   lo, plus allowances r_p         Algorithm 2 (``paper``), refilled (Algorithm 1)
-      dssp-exact   lo, plus allowances r_p         real-wait argmin, capped so gap <= hi always
+      dssp-exact   lo, plus allowances r_p         argmin of the wait at the next check (no refill
+                                                   assumed), capped so gap <= hi always
 
 - staleness of an applied gradient: server version at apply time minus the version the worker
   pulled (versions count applied pushes; the server applies every push on its own, Algorithm 1).
@@ -212,9 +213,16 @@ class PSConfig:
         base_step_s: floor of the base step (compute is padded to it by sleeping), so emulated
             speeds do not depend on CPU contention; 0: the measured compute time is the base.
         depth, width, dataset, batch_size: model and data (CIFAR ResNet 6n+2; digits/cifar10/synthetic).
+        model: ``resnet`` (default) or ``mlp`` (one hidden layer of ``width`` units; depth unused).
         lr, momentum, weight_decay: SGD with momentum, applied by the server to every push.
         time_budget_s, max_pushes, stop_accuracy: stop conditions (first reached; 0: unused).
         eval_every_s, eval_every_updates: test accuracy on the server (first reached; 0: unused).
+        eval_deferred: keep a copy of the weights at each evaluation point and evaluate them after
+            the run, so the server never pauses for evaluation (the time axis then holds only
+            training); needs ``stop_accuracy`` 0, since nothing is known about accuracy during the run.
+        clock: ``wall`` (real seconds; speeds padded by sleeping) or ``virtual`` (the server emulates
+            time: every step lasts exactly ``base_step_s * slowdown * (1 + noise * z)`` emulated
+            seconds and pushes are handled in that order, whatever the machine's load).
     """
 
     sync: str = "asp"
@@ -240,6 +248,9 @@ class PSConfig:
     eval_every_s: float = 1.0
     eval_every_updates: int = 0
     max_test_samples: int = 0
+    eval_deferred: bool = False
+    clock: str = "wall"
+    model: str = "resnet"
 
     def __post_init__(self) -> None:
         policy = self.policy  # validates sync and staleness
@@ -273,6 +284,14 @@ class PSConfig:
             raise PSInputError("no stop condition: set a time budget, max pushes or a stop accuracy")
         if not (self.eval_every_s or self.eval_every_updates):
             raise ConfigError("invalid config: set eval_every_s or eval_every_updates")
+        if self.model not in ("resnet", "mlp"):
+            raise ConfigError(f"invalid config: model must be resnet or mlp, got {self.model!r}")
+        if self.clock not in ("wall", "virtual"):
+            raise ConfigError(f"invalid config: clock must be wall or virtual, got {self.clock!r}")
+        if self.clock == "virtual" and not self.base_step_s:
+            raise ConfigError("invalid config: clock virtual needs base_step_s > 0 (the emulated step length)")
+        if self.eval_deferred and self.stop_accuracy:
+            raise ConfigError("invalid config: stop_accuracy needs evaluation during the run (eval_deferred: false)")
 
     @property
     def policy(self) -> SyncPolicy:

@@ -8,9 +8,14 @@ same gate without a controller (thresholds 0, inf, s). DSSP adds a controller:
   ``Sim_s[k] = A_s + I_s + k*I_s`` for i, k in 0..r_max; return the r minimising
   ``min_k |Sim_s[k] - Sim_p[r]|`` (ties: the smallest r, as ``argmin`` does). With fewer than two
   pushes of p or of the slowest there is no interval; the paper does not say what to do: we return 0.
-- :class:`ExactController` returns the r minimising the wait p will really suffer
-  (:func:`real_wait`), over r in ``0..min(r_max, hi - gap)``: the bound makes the gap at every
-  release <= hi (the hard cap), refills included. Ties: the largest r (same wait, more progress).
+- :class:`ExactController` returns the r minimising the wait p would suffer at its *next check*
+  if it were held there (:func:`real_wait`), over r in ``0..min(r_max, hi - gap)``: the bound makes
+  the gap at every release <= hi (the hard cap), refills included. Ties: the largest r (same wait,
+  more progress). This is not the wait p really suffers under Algorithm 1: at that check the
+  controller runs again and may refill the allowance, so p is often not held there at all. It is
+  the wait at the next check assuming no refill; the paper's Algorithm 2, whose refills are
+  unbounded, can wait less in total by letting the gap pass hi (see docs/ps.md, "What dssp-exact
+  minimises").
 
 Algorithm 1's allowance semantics, which both controllers share: a decision at p's push (the
 push that took the gap over lo) with r > 0 sends OK at once, and the next r pushes each spend one
@@ -35,7 +40,7 @@ from elastic_ring.ps.api import (Action, ControllerDecision, ControllerInput, Ga
 
 
 # ---------------------------------------------------------------------------------------------
-# The real wait
+# The wait at the next check (no refill assumed)
 
 
 def check_index(r: int) -> int:
@@ -45,7 +50,11 @@ def check_index(r: int) -> int:
 
 def real_wait(r: int, p_times: Sequence[float], s_times: Sequence[float], t_p: int, t_s: int,
               lower: int) -> float:
-    """The wait p suffers at its next check under allowance r (closed form).
+    """The wait p suffers at its next check under allowance r, if it is held there (closed form).
+
+    "If it is held": the controller is not asked again at that check (no refill). Under Algorithm 1
+    it is, when p is still the fastest, so this is the wait of one allowance decision in isolation,
+    not the total wait p suffers over a run.
 
     ``p_times[i]``: p's i-th push from now (``p_times[0]`` the push being decided, i.e. now);
     ``s_times[k]``: the slowest's (k+1)-th push after now. p is checked after push
@@ -114,7 +123,8 @@ class PaperController:
 
 @dataclass
 class ExactController:
-    """Allowance minimising the real wait (:func:`real_wait`), capped so the gap stays <= hi.
+    """Allowance minimising the wait at p's next check assuming no refill (:func:`real_wait`),
+    capped so the gap stays <= hi.
 
     ``forecast`` predicts the push times; the default is Algorithm 2's constant-interval model, so
     the two controllers see the same information and differ only in the objective and the cap.

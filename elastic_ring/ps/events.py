@@ -3,6 +3,7 @@
 Order in a run's ``events.jsonl`` (all written by the server, rank 0)::
 
     ps_launch -> (ps_push [ps_controller] [ps_hold] [ps_release]* | ps_accuracy)*
+              -> ps_accuracy* (eval_deferred: every evaluation, after the run)
               -> ps_worker_summary (one per worker) -> ps_finished          (error at any point)
 
 Times: ``t`` is seconds since the server started serving (after every rank loaded its data and
@@ -51,6 +52,7 @@ class PSPush(Event):
     loss: float
     compute_s: float
     sleep_s: float
+    target_s: float = 0.0  # the padded step length (base_step_s * slowdown * noise factor; 0: no base)
 
 
 @register
@@ -111,7 +113,8 @@ class PSAccuracy(Event):
 @dataclass(frozen=True)
 class PSWorkerSummary(Event):
     """Per worker. blocked_s: the worker's own time from sending a push to getting OK (transfer,
-    apply and hold); held_s: the server's hold time alone."""
+    apply and hold); held_s: the server's hold time alone. overruns: steps whose compute exceeded
+    the padded target (their length depended on the machine's load)."""
 
     kind: ClassVar[str] = "ps_worker_summary"
     worker: int
@@ -124,6 +127,8 @@ class PSWorkerSummary(Event):
     wall_s: float
     max_staleness: int
     mean_staleness: float
+    overruns: int = 0
+    max_compute_s: float = 0.0
 
 
 @register
@@ -140,3 +145,5 @@ class PSFinished(Event):
     release_bound: float | None  # None: unbounded (asp, paper dssp)
     test_accuracy: float | None
     best_accuracy: float | None
+    clock: str = "wall"  # wall: t and wall_s are real seconds; virtual: emulated seconds
+    real_s: float | None = None  # real seconds the serving took (either clock)

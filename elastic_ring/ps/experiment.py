@@ -1,39 +1,70 @@
-"""The Table I experiment of arXiv 1908.11848 at CPU scale: every paradigm x every seed with
-heterogeneous workers; time to each target accuracy (mean +- std over seeds), waiting time, gaps.
+"""The Table I experiment of arXiv 1908.11848 at CPU scale, designed to answer its question: on a
+heterogeneous cluster, which paradigm reaches the target accuracy first, and by how much?
 
 The design (``configs/dssp_table1.yaml``)::
 
     out: results/ps_table1
-    seeds: [0, 1, 2]
-    targets: [0.90, 0.95]
-    base: {PSConfig keys shared by every run}
+    seeds: [0, 1, ..., 9]          # paired: a seed gives every paradigm the same weights, data, noise
+    targets: [0.90, 0.95]          # the first is the primary target (ratios, verdicts)
+    references: ["SSP s=3", ASP]   # every paradigm's time is divided by these, seed by seed
+    parallel: 2                    # jobs at a time (honest only if the compute stays under the base step)
+    base: {PSConfig keys shared by every run; base_step_s well above the compute}
+    heterogeneity: [{name: "1:2", slowdown: [1, 1, 2, 2], time_budget_s: 30}, ...]
     paradigms: [{name: BSP, sync: bsp}, {name: "SSP s=3", sync: ssp, staleness: 3}, ...]
 
-Outputs in ``out``: ``runs/<paradigm>-seed<k>/events.jsonl`` (one job each), ``table1.json``,
-``table1.md``, ``accuracy_vs_time.png``, ``waiting_time.png``. A run whose events already hold
-``ps_finished`` is reused.
+Every step of worker i lasts ``base_step_s * slowdown[i] * (1 + noise * z)`` (the compute is padded
+by sleeping, see :mod:`elastic_ring.ps.worker`), so the speeds do not depend on the machine's load
+as long as the compute stays under that target; each run records the compute/base ratio and the
+steps where it did not (overruns). With ``eval_deferred`` the server never pauses to evaluate.
+
+Statistics (pure functions, unit-tested): time to a target is the server time of the first
+evaluation at or above it; a run that never got there is *censored* at its budget (its true time is
+longer). The ratio of paradigm X to reference R is taken seed by seed (paired), summarised by the
+geometric mean, with a 95% percentile bootstrap interval over seeds. A paper comparison is read
+from the paper's ratio: below ``1/margin`` it claims "faster", above ``margin`` "slower", otherwise
+"about as fast"; we *reproduce* it when the whole interval lies in that region, *contradict* it when
+the interval lies wholly outside, and *cannot tell* otherwise.
+
+Outputs in ``out``: ``runs/<heterogeneity>/<paradigm>-seed<k>/`` (events.jsonl, meta.json: load
+average and wall time), ``table1.json``, ``table1.md``, ``accuracy_vs_time.png``. A run whose
+events hold ``ps_finished`` is reused, so an interrupted experiment resumes.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from elastic_ring.config.api import read_yaml
-from elastic_ring.errors import ConfigError
+from elastic_ring.errors import ConfigError, ElasticRingError
 from elastic_ring.events.api import read_events
 from elastic_ring.ps.api import PSConfig, config_from_dict
 
+# Table I of arXiv 1908.11848 (ResNet-110 / CIFAR-100, GTX 1060 + GTX 1080 Ti): seconds to test
+# accuracy 0.67, the column every paradigm reached. Keyed by (sync, staleness).
+PAPER_TABLE1 = {("bsp", ""): 6159.2, ("asp", ""): 2993.1, ("ssp", "3"): 5678.2, ("ssp", "6"): 5703.8,
+                ("ssp", "15"): 5564.9, ("dssp", "3:15"): 3016.4}
+DESIGN_KEYS = {"out", "seeds", "targets", "references", "parallel", "bootstrap", "margin", "base",
+               "heterogeneity", "paradigms", "engine"}
+ENGINES = ("mpi", "inprocess")
+
 
 @dataclass(frozen=True)
-class Paradigm:
-    name: str
-    cfg: PSConfig  # seed 0's config; per seed: cfg.replace(seed=...)
+class Cell:
+    """One (heterogeneity, paradigm) of the design; per seed: ``cfg.replace(seed=...)``."""
+
+    het: str
+    paradigm: str
+    cfg: PSConfig
 
 
 @dataclass(frozen=True)
@@ -41,19 +72,45 @@ class Design:
     out: Path
     seeds: tuple[int, ...]
     targets: tuple[float, ...]
-    paradigms: tuple[Paradigm, ...]
+    paradigms: tuple[str, ...]
+    hets: tuple[str, ...]
+    cells: dict[tuple[str, str], Cell]
+    references: tuple[str, ...]
+    parallel: int
+    bootstrap: int
+    margin: float
     source: str
+    engine: str = "mpi"
+
+    def cell(self, het: str, paradigm: str) -> Cell:
+        return self.cells[(het, paradigm)]
+
+    def run_dir(self, het: str, paradigm: str, seed: int) -> Path:
+        return self.out / "runs" / slug(het) / f"{slug(paradigm)}-seed{seed}"
 
 
 def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
 
 
+def _named_list(path, d: dict, key: str, required: tuple[str, ...]) -> list[dict]:
+    raw = d.get(key)
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{path}: {key} must be a non-empty list")
+    for i, p in enumerate(raw):
+        if not isinstance(p, dict) or any(k not in p for k in required):
+            raise ConfigError(f"{path}: {key} entry {i + 1} needs {' and '.join(required)}")
+    names = [str(p["name"]) for p in raw]
+    if len(set(map(slug, names))) != len(names):
+        raise ConfigError(f"{path}: {key} names must be distinct")
+    return raw
+
+
 def load_design(path: str | Path, out: str | None = None, seeds: int | None = None,
-                only: tuple[str, ...] = ()) -> Design:
-    """Read and validate a design. Raises :class:`ConfigError` (one line) on any problem."""
+                only: tuple[str, ...] = (), parallel: int | None = None) -> Design:
+    """Read and validate a design (every cell's config is built). Raises :class:`ConfigError`."""
     d = read_yaml(path)
-    unknown = sorted(set(d) - {"out", "seeds", "targets", "base", "paradigms"})
+    unknown = sorted(set(d) - DESIGN_KEYS)
     if unknown:
         raise ConfigError(f"{path}: unknown design key(s): {', '.join(unknown)}")
     base = d.get("base") or {}
@@ -61,245 +118,483 @@ def load_design(path: str | Path, out: str | None = None, seeds: int | None = No
         raise ConfigError(f"{path}: base must be a mapping of ps settings")
     try:
         seed_list = tuple(int(s) for s in d.get("seeds", [0]))
-        targets = tuple(sorted(float(t) for t in d.get("targets", [])))
+        targets = tuple(float(t) for t in d.get("targets", []))
+        par = int(d.get("parallel", 1) if parallel is None else parallel)
+        boot = int(d.get("bootstrap", 5000))
+        margin = float(d.get("margin", 1.25))
     except (TypeError, ValueError):
-        raise ConfigError(f"{path}: seeds must be integers and targets numbers") from None
-    if not seed_list or not targets or any(not 0 < t <= 1 for t in targets):
-        raise ConfigError(f"{path}: need at least one seed and targets in (0, 1]")
+        raise ConfigError(f"{path}: seeds, parallel and bootstrap must be integers, targets and margin numbers") from None
+    if not seed_list or len(set(seed_list)) != len(seed_list):
+        raise ConfigError(f"{path}: need at least one seed, each once")
+    if not targets or any(not 0 < t <= 1 for t in targets):
+        raise ConfigError(f"{path}: need targets in (0, 1]")
+    if par < 1 or boot < 100 or margin <= 1:
+        raise ConfigError(f"{path}: need parallel >= 1, bootstrap >= 100 and margin > 1")
+    engine = str(d.get("engine", "mpi"))
+    if engine not in ENGINES:
+        raise ConfigError(f"{path}: engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if seeds is not None:
         if seeds < 1:
             raise ConfigError(f"--seeds must be >= 1, got {seeds}")
         seed_list = seed_list[:seeds]
-    raw = d.get("paradigms") or []
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError(f"{path}: paradigms must be a non-empty list")
-    paradigms = []
-    for i, p in enumerate(raw):
-        if not isinstance(p, dict) or "name" not in p or "sync" not in p:
-            raise ConfigError(f"{path}: paradigm {i + 1} needs a name and a sync")
-        values = dict(base) | {k: v for k, v in p.items() if k != "name"}
-        paradigms.append(Paradigm(str(p["name"]), config_from_dict(values, source=f"{path} paradigm {p['name']!r}")))
-    names = [p.name for p in paradigms]
-    if len(set(map(slug, names))) != len(names):
-        raise ConfigError(f"{path}: paradigm names must be distinct")
+    pars = _named_list(path, d, "paradigms", ("name", "sync"))
+    hets = _named_list(path, d, "heterogeneity", ("name",)) if "heterogeneity" in d else [{"name": "base"}]
+    cells = {}
+    for h in hets:
+        for p in pars:
+            values = dict(base) | {k: v for k, v in h.items() if k != "name"} | {k: v for k, v in p.items() if k != "name"}
+            src = f"{path} heterogeneity {h['name']!r} paradigm {p['name']!r}"
+            cfg = config_from_dict(values, source=src)
+            if engine == "inprocess" and cfg.clock != "virtual":
+                raise ConfigError(f"{src}: engine inprocess needs clock: virtual")
+            cells[(str(h["name"]), str(p["name"]))] = Cell(str(h["name"]), str(p["name"]), cfg)
+    names = tuple(str(p["name"]) for p in pars)
+    refs = tuple(str(r) for r in d.get("references", []))
+    missing = sorted(set(refs) - set(names))
+    if missing:
+        raise ConfigError(f"{path}: reference(s) {', '.join(missing)} not among the paradigms")
     if only:
         missing = sorted(set(only) - set(names))
         if missing:
             raise ConfigError(f"--only: no paradigm named {', '.join(missing)} (have: {', '.join(names)})")
-        paradigms = [p for p in paradigms if p.name in only]
-    return Design(Path(out or d.get("out", "results/ps_table1")), seed_list, targets, tuple(paradigms), str(path))
+        names = tuple(n for n in names if n in only)
+    return Design(Path(out or d.get("out", "results/ps_table1")), seed_list, targets, names,
+                  tuple(str(h["name"]) for h in hets), cells, refs, par, boot, margin, str(path), engine)
 
 
-# ----------------------------------------------------------------------------------------- analysis
+# ------------------------------------------------------------------------------------- statistics
 
 
-def _first_at_targets(events: list[dict], targets: tuple[float, ...], field: str) -> dict[str, Any]:
+def _first_at_targets(events: list[dict], targets: Sequence[float], field: str) -> dict[str, Any]:
     """``field`` of the first evaluation at or above each target (None: never reached)."""
-    acc = [(e[field], e["test_accuracy"]) for e in events if e["kind"] == "ps_accuracy"]
+    acc = sorted((e["t"], e[field], e["test_accuracy"]) for e in events if e["kind"] == "ps_accuracy")
     out = {}
     for tgt in targets:
-        hit = [x for x, a in acc if a >= tgt - 1e-12]
-        out[f"{tgt:g}"] = min(hit) if hit else None
+        hit = [x for _, x, a in acc if a >= tgt - 1e-12]
+        out[f"{tgt:g}"] = hit[0] if hit else None
     return out
 
 
-def time_to_targets(events: list[dict], targets: tuple[float, ...]) -> dict[str, float | None]:
+def time_to_targets(events: list[dict], targets: Sequence[float]) -> dict[str, float | None]:
     """Seconds (since the server started) of the first evaluation at or above each target."""
     return _first_at_targets(events, targets, "t")
 
 
-def updates_to_targets(events: list[dict], targets: tuple[float, ...]) -> dict[str, int | None]:
+def updates_to_targets(events: list[dict], targets: Sequence[float]) -> dict[str, int | None]:
     """Server version (applied pushes) at the first evaluation at or above each target."""
     return _first_at_targets(events, targets, "version")
 
 
-def summarise_run(events: list[dict], targets: tuple[float, ...]) -> dict[str, Any]:
+def bootstrap_ci(log_ratios: Sequence[float], n_boot: int = 5000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float, float]:
+    """(geometric mean, lower, upper): percentile bootstrap over the seeds of mean log ratio."""
+    x = np.asarray(log_ratios, dtype=float)
+    if x.size == 0:
+        return math.nan, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
+    a = (1 - level) / 2
+    return float(np.exp(x.mean())), float(np.exp(np.quantile(means, a))), float(np.exp(np.quantile(means, 1 - a)))
+
+
+def paired_ratio(x: Sequence[float | None], ref: Sequence[float | None], budget_x: float, budget_ref: float,
+                 n_boot: int = 5000, seed: int = 0) -> dict[str, Any]:
+    """Seed-by-seed ratio x/ref with a bootstrap CI. A None (never reached) counts as its budget
+    (a lower bound of its time) and is reported in ``censored``; a seed where both are None is dropped."""
+    logs, per_seed, censored = [], [], 0
+    for a, b in zip(x, ref):
+        if a is None and b is None:
+            per_seed.append(None)
+            continue
+        censored += (a is None) + (b is None)
+        r = (budget_x if a is None else a) / max(budget_ref if b is None else b, 1e-9)
+        per_seed.append(r)
+        logs.append(math.log(max(r, 1e-9)))
+    g, lo, hi = bootstrap_ci(logs, n_boot, seed)
+    return {"n": len(logs), "censored": censored, "geomean": g, "lo": lo, "hi": hi, "per_seed": per_seed}
+
+
+def claim(paper_ratio: float, margin: float) -> str:
+    """The paper's claim read from its ratio: 'faster', 'slower' or 'as fast' (within the margin)."""
+    if paper_ratio < 1 / margin:
+        return "faster"
+    if paper_ratio > margin:
+        return "slower"
+    return "as fast"
+
+
+def verdict(lo: float, hi: float, paper_ratio: float, margin: float) -> str:
+    """'reproduce' (CI inside the claim's region), 'contradict' (wholly outside) or 'cannot tell'."""
+    if math.isnan(lo) or math.isnan(hi):
+        return "cannot tell"
+    c = claim(paper_ratio, margin)
+    region = {"faster": (0.0, 1 / margin), "slower": (margin, math.inf), "as fast": (1 / margin, margin)}[c]
+    if region[0] <= lo and hi <= region[1]:
+        return "reproduce"
+    if hi < region[0] or lo > region[1]:
+        return "contradict"
+    return "cannot tell"
+
+
+def direction(lo: float, hi: float, paper_ratio: float, margin: float) -> str:
+    """For a 'faster'/'slower' claim: is our effect significantly on the paper's side of 1 ('same'),
+    on the other side ('opposite'), or neither ('unclear')? '-' for an 'as fast' claim."""
+    c = claim(paper_ratio, margin)
+    if c == "as fast" or math.isnan(lo):
+        return "-"
+    if (c == "faster" and hi < 1) or (c == "slower" and lo > 1):
+        return "same"
+    if (c == "faster" and lo > 1) or (c == "slower" and hi < 1):
+        return "opposite"
+    return "unclear"
+
+
+# ----------------------------------------------------------------------------------------- per run
+
+
+def summarise_run(events: list[dict], targets: Sequence[float]) -> dict[str, Any]:
     fin = next(e for e in events if e["kind"] == "ps_finished")
     summ = sorted((e for e in events if e["kind"] == "ps_worker_summary"), key=lambda e: e["worker"])
     pushes = [e for e in events if e["kind"] == "ps_push"]
-    ctl = [e for e in events if e["kind"] == "ps_controller"]
     launch = next((e for e in events if e["kind"] == "ps_launch"), {})
+    cfg = launch.get("config") or {}
+    base = float(cfg.get("base_step_s") or 0.0)
+    compute = np.array([p["compute_s"] for p in pushes]) if pushes else np.zeros(0)
+    virtual = fin.get("clock", "wall") == "virtual"  # the step length is emulated: nothing to overrun
+    over = 0 if virtual else sum(1 for p in pushes if p.get("target_s", 0) > 0 and p["compute_s"] > p["target_s"])
+    ratio = compute / base if base > 0 and compute.size else np.zeros(0)
+    fast = min(summ, key=lambda s: (s["slowdown"], s["worker"])) if summ else None
+    ctl = [e for e in events if e["kind"] == "ps_controller"]
     return {
-        "config": launch.get("config"),
         "time_to": time_to_targets(events, targets),
         "updates_to": updates_to_targets(events, targets),
-        "compute_per_push_s": float(np.mean([p["compute_s"] for p in pushes])) if pushes else None,
+        "budget_s": float(cfg.get("time_budget_s") or fin["wall_s"]),
         "wall_s": fin["wall_s"],
+        "clock": fin.get("clock", "wall"),
+        "real_s": fin.get("real_s"),
         "updates": fin["version"],
-        "final_accuracy": fin["test_accuracy"],
         "best_accuracy": fin["best_accuracy"],
         "max_release_gap": fin["max_release_gap"],
-        "max_push_gap": fin["max_push_gap"],
         "max_staleness": fin["max_staleness"],
         "mean_staleness": float(np.mean([p["staleness"] for p in pushes])) if pushes else 0.0,
-        "release_bound": fin["release_bound"],
-        "workers": [{"worker": s["worker"], "slowdown": s["slowdown"], "pushes": s["pushes"],
-                     "held_s": s["held_s"], "blocked_s": s["blocked_s"], "wall_s": s["wall_s"],
-                     "held_frac": s["held_s"] / max(fin["wall_s"], 1e-9)} for s in summ],
-        "controller_decisions": len(ctl),
+        "compute_base": {"median": float(np.median(ratio)) if ratio.size else None,
+                         "p99": float(np.quantile(ratio, 0.99)) if ratio.size else None,
+                         "max": float(ratio.max()) if ratio.size else None},
+        "overruns": over,
+        "pushes": len(pushes),
+        # transfer + apply per push, as the workers saw it (blocked minus held): the load-dependent rest
+        "overhead_per_push_s": float(np.mean([(s["blocked_s"] - s["held_s"]) / max(s["pushes"], 1) for s in summ]))
+        if summ else None,
+        "fast_held_frac": fast["held_s"] / max(fin["wall_s"], 1e-9) if fast else None,
         "mean_allowance": float(np.mean([c["r"] for c in ctl])) if ctl else None,
         "accuracy_curve": [(e["t"], e["test_accuracy"]) for e in events if e["kind"] == "ps_accuracy"],
     }
 
 
-def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
-    if not xs:
-        return None, None
-    return float(np.mean(xs)), float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0
+# ---------------------------------------------------------------------------------------- aggregate
 
 
-def aggregate(design: Design, runs: dict[str, dict[int, dict]]) -> dict[str, Any]:
-    rows = []
-    for p in design.paradigms:
-        per_seed = runs.get(p.name, {})
-        row: dict[str, Any] = {"paradigm": p.name, "sync": p.cfg.sync, "staleness": p.cfg.staleness,
-                               "seeds": sorted(per_seed), "time_to": {}}
-        for tgt in design.targets:
-            key = f"{tgt:g}"
-            ts = [r["time_to"][key] for r in per_seed.values()]
-            hit = [t for t in ts if t is not None]
-            m, s = _mean_std(hit)
-            row["time_to"][key] = {"per_seed": ts, "reached": len(hit), "runs": len(ts), "mean": m, "std": s,
-                                   "median": float(np.median(hit)) if hit else None}
-        row["updates_to"] = {}
-        for tgt in design.targets:
-            us = [r["updates_to"][f"{tgt:g}"] for r in per_seed.values()]
-            row["updates_to"][f"{tgt:g}"] = {"per_seed": us, **dict(zip(("mean", "std"), _mean_std([u for u in us if u is not None])))}
-        row["compute_per_push_s"] = _mean_std([r["compute_per_push_s"] for r in per_seed.values() if r["compute_per_push_s"]])
-        fast = [min(r["workers"], key=lambda w: w["slowdown"]) for r in per_seed.values()]
-        row["fast_held_frac"] = _mean_std([w["held_frac"] for w in fast])
-        row["fast_pushes_per_s"] = _mean_std([w["pushes"] / w["wall_s"] for w in fast])
-        row["updates_per_s"] = _mean_std([r["updates"] / r["wall_s"] for r in per_seed.values()])
-        row["max_release_gap"] = max((r["max_release_gap"] for r in per_seed.values()), default=None)
-        row["max_staleness"] = max((r["max_staleness"] for r in per_seed.values()), default=None)
-        row["mean_staleness"] = _mean_std([r["mean_staleness"] for r in per_seed.values()])
-        row["best_accuracy"] = _mean_std([r["best_accuracy"] for r in per_seed.values() if r["best_accuracy"] is not None])
-        row["release_bound"] = next(iter(per_seed.values()))["release_bound"] if per_seed else None
-        row["mean_allowance"] = _mean_std([r["mean_allowance"] for r in per_seed.values() if r["mean_allowance"] is not None])
-        rows.append(row)
-    return {"design": design.source, "seeds": list(design.seeds), "targets": list(design.targets), "rows": rows}
+def _q(xs: Sequence[float], q: float) -> float | None:
+    return float(np.quantile(xs, q)) if len(xs) else None
 
 
-def _fmt(ms: tuple[float | None, float | None], digits: int = 1, pct: bool = False) -> str:
-    m, s = ms
-    if m is None:
+def aggregate(design: Design, runs: dict[tuple[str, str], dict[int, dict]]) -> dict[str, Any]:
+    """Per heterogeneity: rows (paradigm medians, paired ratios to the references) and verdicts."""
+    primary = f"{design.targets[0]:g}"
+    out: dict[str, Any] = {"design": design.source, "seeds": list(design.seeds), "targets": list(design.targets),
+                           "references": list(design.references), "margin": design.margin, "hets": []}
+    for h in design.hets:
+        seeds = [s for s in design.seeds if all(s in runs.get((h, p), {}) for p in design.paradigms)]
+        het: dict[str, Any] = {"name": h, "slowdown": list(design.cell(h, design.paradigms[0]).cfg.slowdowns),
+                               "paired_seeds": seeds, "rows": [], "verdicts": []}
+        for p in design.paradigms:
+            per = runs.get((h, p), {})
+            row: dict[str, Any] = {"paradigm": p, "seeds": sorted(per), "time_to": {}, "updates_to": {}, "ratio_to": {}}
+            for tgt in design.targets:
+                k = f"{tgt:g}"
+                ts = [per[s]["time_to"][k] for s in sorted(per)]
+                hit = [t for t in ts if t is not None]
+                row["time_to"][k] = {"per_seed": ts, "reached": len(hit), "runs": len(ts), "median": _q(hit, 0.5),
+                                     "q25": _q(hit, 0.25), "q75": _q(hit, 0.75)}
+                us = [per[s]["updates_to"][k] for s in sorted(per)]
+                row["updates_to"][k] = {"per_seed": us, "median": _q([u for u in us if u is not None], 0.5)}
+            for ref in design.references:
+                rr = runs.get((h, ref), {})
+                row["ratio_to"][ref] = {}
+                for tgt in design.targets:
+                    k = f"{tgt:g}"
+                    row["ratio_to"][ref][k] = paired_ratio(
+                        [per[s]["time_to"][k] for s in seeds], [rr[s]["time_to"][k] for s in seeds],
+                        design.cell(h, p).cfg.time_budget_s, design.cell(h, ref).cfg.time_budget_s,
+                        design.bootstrap, seed=len(row["ratio_to"]))
+            vals = list(per.values())
+            cb = [r["compute_base"]["max"] for r in vals if r["compute_base"]["max"] is not None]
+            row["compute_base_p99"] = max((r["compute_base"]["p99"] for r in vals if r["compute_base"]["p99"] is not None), default=None)
+            row["compute_base_median"] = _q([r["compute_base"]["median"] for r in vals if r["compute_base"]["median"] is not None], 0.5)
+            row["compute_base_max"] = max(cb, default=None)
+            row["overruns"] = sum(r["overruns"] for r in vals)
+            row["pushes"] = sum(r["pushes"] for r in vals)
+            row["fast_held_frac"] = _q([r["fast_held_frac"] for r in vals if r["fast_held_frac"] is not None], 0.5)
+            row["max_release_gap"] = max((r["max_release_gap"] for r in vals), default=None)
+            row["max_staleness"] = max((r["max_staleness"] for r in vals), default=None)
+            row["best_accuracy"] = _q([r["best_accuracy"] for r in vals if r["best_accuracy"] is not None], 0.5)
+            row["updates_per_s"] = _q([r["updates"] / r["wall_s"] for r in vals], 0.5)
+            row["overhead_per_push_s"] = _q([r["overhead_per_push_s"] for r in vals if r["overhead_per_push_s"] is not None], 0.5)
+            het["rows"].append(row)
+        # the paper's claims are about a heterogeneous cluster: equal speeds are a control, not a test
+        het["control"] = len(set(het["slowdown"])) == 1
+        het["verdicts"] = [] if het["control"] else verdicts(design, het, primary)
+        out["hets"].append(het)
+    return out
+
+
+def _paper_key(cfg: PSConfig) -> tuple[str, str]:
+    return (cfg.sync, cfg.staleness)
+
+
+def verdicts(design: Design, het: dict, target: str) -> list[dict]:
+    """Each paradigm the paper measured against each reference the paper measured (no duplicates)."""
+    rows = {r["paradigm"]: r for r in het["rows"]}
+    paper = {p: PAPER_TABLE1.get(_paper_key(design.cell(het["name"], p).cfg)) for p in design.paradigms}
+    out, seen = [], set()
+    for ref in design.references:
+        for p in design.paradigms:
+            if p == ref or paper[p] is None or paper[ref] is None or frozenset((p, ref)) in seen:
+                continue
+            seen.add(frozenset((p, ref)))
+            pr = paper[p] / paper[ref]
+            r = rows[p]["ratio_to"][ref][target]
+            out.append({"paradigm": p, "reference": ref, "paper_ratio": pr, "claim": claim(pr, design.margin),
+                        "ours": r["geomean"], "lo": r["lo"], "hi": r["hi"], "n": r["n"], "censored": r["censored"],
+                        "verdict": verdict(r["lo"], r["hi"], pr, design.margin),
+                        "direction": direction(r["lo"], r["hi"], pr, design.margin),
+                        "paper_in_ci": bool(r["lo"] <= pr <= r["hi"])})
+    return out
+
+
+# ----------------------------------------------------------------------------------------- markdown
+
+
+def _f(x: float | None, d: int = 1) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{d}f}"
+
+
+def _ratio_cell(r: dict) -> str:
+    if r["n"] == 0:
         return "-"
-    k = 100.0 if pct else 1.0
-    return f"{m * k:.{digits}f} ± {s * k:.{digits}f}"
+    c = f" ({r['censored']} cens.)" if r["censored"] else ""
+    return f"{r['geomean']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}]{c}"
 
 
-def markdown(table: dict[str, Any], base: PSConfig | None = None) -> str:
-    tg = [f"{t:g}" for t in table["targets"]]
-    head = ["paradigm"] + [f"time to {t} (s)" for t in tg] + [f"updates to {tg[0]}",
-        "fast worker held (%)", "updates/s", "max gap at release", "max staleness", "best acc."]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in table["rows"]:
-        cells = [r["paradigm"]]
-        for t in tg:
-            tt = r["time_to"][t]
-            if tt["reached"] == 0:
-                cells.append(f"never (0/{tt['runs']})")
-            else:
-                extra = "" if tt["reached"] == tt["runs"] else f" ({tt['reached']}/{tt['runs']})"
-                cells.append(f"{tt['mean']:.1f} ± {tt['std']:.1f}{extra}")
-        cells.append(_fmt((r["updates_to"][tg[0]]["mean"], r["updates_to"][tg[0]]["std"]), 0))
-        bound = "" if r["release_bound"] is None else f" (≤ {r['release_bound']:g})"
-        cells += [_fmt(r["fast_held_frac"], 1, pct=True), _fmt(r["updates_per_s"], 1),
-                  f"{r['max_release_gap']}{bound}", str(r["max_staleness"]), _fmt(r["best_accuracy"], 3)]
-        lines.append("| " + " | ".join(cells) + " |")
-    note = (f"\nMean ± std (sample std) over seeds {table['seeds']} of the seconds from the server's start to the "
-            "first evaluation at or above the target; (n/N): only n of N runs reached it within the budget; the "
-            "mean is over those n. Updates: applied pushes (server version) at that evaluation.")
-    if base is not None:
-        note += (f" {base.workers} workers, slowdown {list(base.slowdowns)}, noise {base.noise:g}, base step "
-                 f"{base.base_step_s:g} s, ResNet-{base.depth} width {base.width} on {base.dataset}, batch "
-                 f"{base.batch_size}, lr {base.lr:g}, budget {base.time_budget_s:g} s, stop at accuracy "
-                 f"{base.stop_accuracy:g}, evaluation every {base.eval_every_s:g} s.")
-    return "\n".join(lines) + "\n" + note + "\n"
+def model_label(cfg: PSConfig) -> str:
+    return f"an MLP with {cfg.width} hidden units" if cfg.model == "mlp" else f"ResNet-{cfg.depth} width {cfg.width}"
 
 
-def plot(design: Design, runs: dict[str, dict[int, dict]], table: dict[str, Any]) -> None:
+def markdown(table: dict[str, Any], design: Design) -> str:
+    tg = f"{table['targets'][0]:g}"
+    refs = table["references"]
+    lines = []
+    for het in table["hets"]:
+        cfg = design.cell(het["name"], design.paradigms[0]).cfg
+        lines.append(f"**Heterogeneity {het['name']}** (slowdown {het['slowdown']}, budget {cfg.time_budget_s:g} s, "
+                     f"{len(het['paired_seeds'])} paired seeds)\n")
+        head = (["paradigm", f"time to {tg} (s), median [IQR]", f"updates to {tg}"]
+                + [f"÷ {r} [95% CI]" for r in refs]
+                + ["fast held", "max gap", "compute/base p99"])
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in het["rows"]:
+            tt = r["time_to"][tg]
+            reach = "" if tt["reached"] == tt["runs"] else f" ({tt['reached']}/{tt['runs']})"
+            t = "never" if tt["reached"] == 0 else f"{tt['median']:.1f} [{tt['q25']:.1f}, {tt['q75']:.1f}]{reach}"
+            cells = [r["paradigm"], t, _f(r["updates_to"][tg]["median"], 0)]
+            cells += [_ratio_cell(r["ratio_to"][ref][tg]) for ref in refs]
+            cells += [f"{100 * r['fast_held_frac']:.0f} %" if r["fast_held_frac"] is not None else "-",
+                      str(r["max_release_gap"]), _f(r["compute_base_p99"], 2)]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    lines.append(f"**Paper comparisons** (time to {tg}; the paper's ratio from its Table I at 0.67; claim region: "
+                 f"ratio < {1 / table['margin']:.2f} faster, > {table['margin']:.2f} slower, else as fast)\n")
+    head = ["heterogeneity", "comparison", "paper", "claim", "ours [95% CI]", "verdict", "direction",
+            "paper's ratio in CI"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for het in table["hets"]:
+        for v in het["verdicts"]:
+            c = f" ({v['censored']} cens.)" if v["censored"] else ""
+            lines.append(f"| {het['name']} | {v['paradigm']} ÷ {v['reference']} | {v['paper_ratio']:.2f} | {v['claim']} | "
+                         f"{_f(v['ours'], 2)} [{_f(v['lo'], 2)}, {_f(v['hi'], 2)}]{c} | **{v['verdict']}** | "
+                         f"{v['direction']} | {'yes' if v['paper_in_ci'] else 'no'} |")
+    controls = [h["name"] for h in table["hets"] if h.get("control")]
+    if controls:
+        lines.append(f"\nNo verdicts for {', '.join(controls)}: equal speeds are a control (the paper's claims are "
+                     "about a heterogeneous cluster). Direction: whether our interval lies wholly on the paper's side "
+                     "of 1 (same), wholly on the other (opposite), or neither (unclear).")
+    b = design.cell(design.hets[0], design.paradigms[0]).cfg
+    cb = [r for het in table["hets"] for r in het["rows"]]
+    over = sum(r["overruns"] for r in cb)
+    pushes = sum(r["pushes"] for r in cb)
+    lines.append("")
+    lines.append(
+        f"Times: seconds from the server's start to the first evaluation at or above {tg} (median and "
+        f"interquartile range over the seeds that reached it; (n/N): n of N did). Ratios: geometric mean of "
+        f"the per-seed ratio (paired seeds), 95% percentile bootstrap over seeds; a run that never reached "
+        f"the target counts as its budget (cens.). {b.workers} workers, base step {b.base_step_s:g} s, noise "
+        f"{b.noise:g}, {model_label(b)} on {b.dataset}, batch {b.batch_size}, lr {b.lr:g}, "
+        f"momentum {b.momentum:g}, evaluation every {b.eval_every_s:g} s, stop at accuracy {b.stop_accuracy:g}, "
+        f"clock {b.clock}"
+        + (" (emulated seconds: every step lasts exactly its drawn length, pushes handled in that order; "
+           "the numbers do not depend on the machine's load). " if b.clock == "virtual" else ". ")
+        + "Compute/base: the real compute of a step divided by the base step; median "
+        f"{_f(_q([r['compute_base_median'] for r in cb if r['compute_base_median'] is not None], 0.5), 3)}, "
+        f"largest p99 {_f(max((r['compute_base_p99'] or 0) for r in cb), 2)}, max "
+        f"{_f(max((r['compute_base_max'] or 0) for r in cb), 2)}"
+        + (" (on the virtual clock this costs real time only)." if b.clock == "virtual" else
+           f"; steps whose compute exceeded their padded target: {over} of {pushes}."))
+    if table.get("timing"):
+        tm = table["timing"]
+        lines.append(f"\n{tm['runs']} runs, {tm['parallel']} at a time: {tm['span_s'] / 60:.1f} min of wall time from "
+                     f"the first start to the last end (sum of the runs' wall times {tm['runs_wall_s'] / 60:.1f} min, "
+                     f"start-up and evaluation included); load average {tm['load_min']:.1f} to "
+                     f"{tm['load_max']:.1f} at the runs' starts.")
+    return "\n".join(lines) + "\n"
+
+
+def plot(design: Design, runs: dict[tuple[str, str], dict[int, dict]], path: Path) -> None:
+    """Accuracy against time per heterogeneity: per paradigm the median over seeds (accuracy at t is
+    the last evaluation at or before t) and a band from the 25th to the 75th percentile."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for i, p in enumerate(design.paradigms):
-        for j, (seed, r) in enumerate(sorted(runs.get(p.name, {}).items())):
-            t, a = zip(*r["accuracy_curve"]) if r["accuracy_curve"] else ((), ())
-            ax.plot(t, a, color=colors[i % len(colors)], alpha=0.8 if j == 0 else 0.35, lw=1.2,
-                    label=p.name if j == 0 else None)
-    for tgt in design.targets:
-        ax.axhline(tgt, color="grey", ls=":", lw=0.8)
-    ax.set_xlabel("seconds since the server started")
-    ax.set_ylabel("test accuracy")
-    ax.set_ylim(0, 1)
-    ax.set_title("Test accuracy against time (every seed; heterogeneous workers)")
-    ax.legend(fontsize=8, loc="lower right")
+    fig, axes = plt.subplots(1, len(design.hets), figsize=(5.2 * len(design.hets), 4.4), squeeze=False, sharey=True)
+    for ax, h in zip(axes[0], design.hets):
+        ends = [r["accuracy_curve"][-1][0] for p in design.paradigms for r in runs.get((h, p), {}).values()
+                if r["accuracy_curve"]]
+        tmax = max(ends, default=design.cell(h, design.paradigms[0]).cfg.time_budget_s)
+        grid = np.linspace(0, tmax, 300)
+        for i, p in enumerate(design.paradigms):
+            curves = []
+            for r in runs.get((h, p), {}).values():
+                if not r["accuracy_curve"]:
+                    continue
+                t, a = map(np.asarray, zip(*sorted(r["accuracy_curve"])))
+                idx = np.searchsorted(t, grid, side="right") - 1
+                curves.append(np.where(idx >= 0, a[np.clip(idx, 0, None)], np.nan))
+            if not curves:
+                continue
+            c = np.array(curves)
+            col = colors[i % len(colors)]
+            ax.plot(grid, np.nanmedian(c, axis=0), color=col, lw=1.4, label=p)
+            ax.fill_between(grid, np.nanquantile(c, 0.25, axis=0), np.nanquantile(c, 0.75, axis=0), color=col, alpha=0.15)
+        for tgt in design.targets:
+            ax.axhline(tgt, color="grey", ls=":", lw=0.8)
+        ax.set_title(f"heterogeneity {h}")
+        ax.set_xlabel("seconds since the server started")
+        lo = min(design.targets) - 0.15
+        ax.set_ylim(max(0.0, lo), min(1.0, max(design.targets) + 0.03))
+    axes[0][0].set_ylabel("test accuracy (median, IQR band over seeds)")
+    fig.suptitle("Test accuracy against time; a run that stops at the highest target keeps its last value", fontsize=9)
+    axes[0][-1].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(design.out / "accuracy_vs_time.png", dpi=120)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    names = [r["paradigm"] for r in table["rows"]]
-    x = np.arange(len(names))
-    K = design.paradigms[0].cfg.workers
-    width = 0.8 / K
-    for w in range(K):
-        means, stds = [], []
-        for p in design.paradigms:
-            fr = [r["workers"][w]["held_frac"] * 100 for r in runs.get(p.name, {}).values()]
-            means.append(np.mean(fr) if fr else 0.0)
-            stds.append(np.std(fr, ddof=1) if len(fr) > 1 else 0.0)
-        sd = design.paradigms[0].cfg.slowdowns[w]
-        ax.bar(x + (w - (K - 1) / 2) * width, means, width, yerr=stds, capsize=3,
-               label=f"worker {w + 1} (slowdown {sd:g})")
-    ax.set_xticks(x, names, rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("time held by the server (% of run)")
-    ax.set_title("Waiting time per paradigm (mean ± std over seeds)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(design.out / "waiting_time.png", dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------------- run
 
 
+def _reusable(design: Design, h: str, p: str, s: int) -> bool:
+    """A finished run of exactly this cell's config (a changed design reruns its runs)."""
+    rdir = design.run_dir(h, p, s)
+    try:
+        saved = json.loads((rdir / "ps_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    want = json.loads(json.dumps(design.cell(h, p).cfg.replace(seed=s).to_dict()))
+    return saved == want and bool(read_events(rdir / "events.jsonl", "ps_finished"))
+
+
 def run_experiment(design: Design, run: bool = True, echo: Callable[[str], None] = print,
                    run_job: Callable | None = None) -> dict[str, Any]:
-    """Run (or reuse) every job, then write table1.json, table1.md and the plots."""
-    if run_job is None:
-        from elastic_ring.ps.runner import run_job
+    """Run (or reuse) every job, then write table1.json, table1.md and accuracy_vs_time.png.
+
+    The jobs of one seed run one after the other in one mpirun or process (saving the processes'
+    start-up), ``design.parallel`` such batches at a time. ``run_job(cfg, run_dir)``
+    replaces the launcher (tests); a failed job is reported and left out (its seed drops from the
+    pairs)."""
+    from elastic_ring.ps.runner import run_batch
+
     design.out.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, dict[int, dict]] = {}
-    # Seed-major order: every paradigm of seed 0, then of seed 1, ...; load from other jobs on the
-    # machine then falls on all paradigms alike instead of on whichever ran at a busy moment.
-    for seed in design.seeds:
-        for p in design.paradigms:
-            rdir = design.out / "runs" / f"{slug(p.name)}-seed{seed}"
-            ev_path = rdir / "events.jsonl"
-            done = bool(read_events(ev_path, "ps_finished"))
-            if not done and run:
-                if ev_path.exists():
-                    ev_path.unlink()
-                echo(f"running {p.name} seed {seed} -> {rdir}")
-                run_job(p.cfg.replace(seed=seed), rdir)
-            if read_events(ev_path, "ps_finished"):
-                r = summarise_run(read_events(ev_path), design.targets)
-                runs.setdefault(p.name, {})[seed] = r
-                tt = ", ".join(f"{k}: {'never' if v is None else f'{v:.1f}s'}" for k, v in r["time_to"].items())
-                echo(f"  {p.name} seed {seed}: {tt}; best {r['best_accuracy']:.3f}; max gap {r['max_release_gap']}")
+    # Seed-major order: every cell of seed 0, then of seed 1, ...
+    jobs = [(h, p, s) for s in design.seeds for h in design.hets for p in design.paradigms]
+    todo = [j for j in jobs if not _reusable(design, *j)]
+    groups: dict[int, list[tuple[str, str, int]]] = {}
+    for h, p, s in todo:  # one batch per seed: the processes start once for all its runs
+        groups.setdefault(s, []).append((h, p, s))
+    failed: list[str] = []
+
+    def batch(group: list[tuple[str, str, int]]) -> None:
+        specs = []
+        for h, p, s in group:
+            rdir = design.run_dir(h, p, s)
+            if (rdir / "events.jsonl").exists():
+                (rdir / "events.jsonl").unlink()
+            rdir.mkdir(parents=True, exist_ok=True)
+            cfg = design.cell(h, p).cfg.replace(seed=s)
+            (rdir / "ps_config.json").write_text(json.dumps(cfg.to_dict(), indent=1))  # what reuse compares
+            specs.append((cfg, rdir))
+        load0, t0, u0 = os.getloadavg()[0], time.monotonic(), time.time()
+        if run_job is None:
+            results = run_batch(specs, engine=design.engine)
+        else:
+            results = []
+            for cfg, rdir in specs:
+                try:
+                    results.append(run_job(cfg, rdir))
+                except ElasticRingError as e:
+                    results.append(e)
+        share = (time.monotonic() - t0) / len(group)
+        for (h, p, s), (cfg, rdir), res in zip(group, specs, results):
+            if isinstance(res, Exception):
+                failed.append(f"{h} {p} seed {s}: {res}")
+                echo(f"  FAILED {h} {p} seed {s}: {res}")
+                continue
+            (rdir / "meta.json").write_text(json.dumps({"load_start": load0, "load_end": os.getloadavg()[0],
+                                                        "job_wall_s": share, "start_unix": u0,
+                                                        "end_unix": time.time()}))
+            r = summarise_run(read_events(rdir / "events.jsonl"), design.targets)
+            tt = ", ".join(f"{k}: {'never' if v is None else f'{v:.1f}s'}" for k, v in r["time_to"].items())
+            echo(f"  {h} {p} seed {s}: {tt}; {r['updates']} updates; compute/base p99 "
+                 f"{_f(r['compute_base']['p99'], 2)}; max gap {r['max_release_gap']}; real {_f(r['real_s'], 0)} s")
+
+    if run and todo:
+        echo(f"running {len(todo)} of {len(jobs)} jobs in {len(groups)} batches, {design.parallel} at a time "
+             f"-> {design.out / 'runs'}")
+        with ThreadPoolExecutor(max_workers=design.parallel) as pool:
+            list(pool.map(batch, groups.values()))
+    runs: dict[tuple[str, str], dict[int, dict]] = {}
+    loads, walls, spans = [], [], []
+    for h, p, s in jobs:
+        rdir = design.run_dir(h, p, s)
+        if _reusable(design, h, p, s):
+            runs.setdefault((h, p), {})[s] = summarise_run(read_events(rdir / "events.jsonl"), design.targets)
+            if (rdir / "meta.json").exists():
+                m = json.loads((rdir / "meta.json").read_text())
+                loads.append(m["load_start"])
+                walls.append(m["job_wall_s"])
+                spans += [m["start_unix"], m["end_unix"]]
     if not runs:
         raise ConfigError(f"no finished runs in {design.out / 'runs'}")
     table = aggregate(design, runs)
-    table["runs"] = {name: {str(s): {k: v for k, v in r.items() if k != "accuracy_curve"} for s, r in per.items()}
-                     for name, per in runs.items()}
-    first = next(r for per in runs.values() for r in per.values())
-    base = config_from_dict(first["config"], source="ps_launch") if first.get("config") else design.paradigms[0].cfg
-    md = markdown(table, base)
-    (design.out / "table1.json").write_text(json.dumps(table, indent=1, default=lambda o: None if o is None else str(o)))
+    table["timing"] = {"runs": sum(len(v) for v in runs.values()), "parallel": design.parallel,
+                       "runs_wall_s": float(sum(walls)),
+                       "span_s": (max(spans) - min(spans)) if spans else 0.0,
+                       "load_min": min(loads, default=0.0), "load_max": max(loads, default=0.0)}
+    table["failed"] = failed
+    table["runs"] = {f"{h} | {p}": {str(s): {k: v for k, v in r.items() if k != "accuracy_curve"} for s, r in per.items()}
+                     for (h, p), per in runs.items()}
+    md = markdown(table, design)
+    (design.out / "table1.json").write_text(json.dumps(table, indent=1, default=str))
     (design.out / "table1.md").write_text(md)
-    plot(design, runs, table)
+    plot(design, runs, design.out / "accuracy_vs_time.png")
     return {"table": table, "markdown": md}

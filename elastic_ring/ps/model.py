@@ -19,7 +19,12 @@ from elastic_ring.ps.api import PSConfig
 
 
 def build_model(cfg: PSConfig) -> nn.Module:
+    """``model: resnet``: the CIFAR ResNet of ``depth``/``width``; ``model: mlp``: one hidden layer
+    of ``width`` units on the flattened 32x32x3 image (about 50 times cheaper per step than
+    ResNet-8/8, for designs that must run many jobs on a few CPU cores)."""
     torch.manual_seed(cfg.seed)
+    if cfg.model == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, cfg.width), nn.ReLU(), nn.Linear(cfg.width, 10))
     return resnet(cfg.depth, cfg.width, 10)
 
 

@@ -23,6 +23,7 @@ BAD = [
     (["--sync", "asp", "--set", "nonsense=1"], "unknown ps config key"),
     (["--sync", "asp", "--time-budget", "0"], "no stop condition"),
     (["--workers", "two"], "not a valid integer"),
+    (["--sync", "asp", "--stop-accuracy", "0.9", "--set", "eval_deferred=true"], "stop_accuracy needs"),
 ]
 
 
@@ -53,14 +54,14 @@ def test_help_is_complete():
                 "experiment", "--run-dir"):
         assert opt in r.stdout, opt
     r = run_cli("ps", "experiment", "--help", timeout=60)
-    assert r.returncode == 0 and "--config" in r.stdout and "table1.md" in r.stdout
+    assert r.returncode == 0 and "--config" in r.stdout and "table1.md" in r.stdout and "--parallel" in r.stdout
 
 
 def test_design_file_loads():
     from elastic_ring.ps.experiment import load_design
 
     d = load_design("configs/dssp_table1.yaml")
-    names = [p.name for p in d.paradigms]
-    assert len(names) == 7 and d.paradigms[0].cfg.workers == 2
-    syncs = {p.cfg.sync for p in d.paradigms}
+    names = list(d.paradigms)
+    assert len(names) == 7 and len(d.hets) == 3
+    syncs = {d.cell(d.hets[0], p).cfg.sync for p in d.paradigms}
     assert syncs == {"bsp", "asp", "ssp", "dssp", "dssp-exact"}
