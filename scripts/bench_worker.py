@@ -2,8 +2,8 @@
 revision, default the last commit before the library), side by side in one run.
 
 Both run as real `elastic-ring train` jobs (horovodrun, gloo) with the same model, per-worker
-batch, data and thread count: ResNet-20 width 16 on synthetic CIFAR-shaped data, batch 32 per
-worker, no augmentation, 1 and 2 workers, rounds alternating between the two versions. The figure
+batch, data and thread count: the CPU default (configs/cpu_small.yaml: ResNet-20 width 8 on the
+digits, batch 32 per worker), 1 and 2 workers, rounds alternating between the two versions. The figure
 is the median images/s of each run's throughput windows (start-up excluded), and the paired ratio
 library / before.
 
@@ -32,9 +32,8 @@ BASELINE = "f2ff12a"  # main before the worker library (issue 10)
 
 def run(tree: Path, run_dir: Path, workers: int, steps: int) -> float:
     cmd = [sys.executable, "-m", "elastic_ring.cli.main", "train", "--gpus", str(workers),
-           "--steps", str(steps), "--dataset", "synthetic", "--depth", "20", "--set", "width=16",
-           "--batch-size", "32", "--set", "augment=false", "--set", "throughput_window=20",
-           "--slots", "2", "--run-dir", str(run_dir)]
+           "--steps", str(steps), "--set", "throughput_window=20", "--slots", "2",
+           "--run-dir", str(run_dir)]
     env = dict(os.environ, PYTHONPATH=str(tree),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
@@ -50,7 +49,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", default=BASELINE, help="git revision of the worker before")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_worker.json")
     a = ap.parse_args()
