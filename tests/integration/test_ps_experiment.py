@@ -89,18 +89,14 @@ def test_tiny_design_end_to_end(tmp_path):
     assert table["timing"]["runs"] == 4 and table["timing"]["span_s"] > 0
 
     # the in-process engine writes the same events as the MPI job, push for push
-    import shutil
-    import subprocess
-    import sys
+    from elastic_ring.ps.api import config_from_dict
+    from elastic_ring.ps.inprocess import run_inprocess
 
     for name, s in (("ssp-s-1", 1),):
         src = out / "runs" / "1-2" / f"{name}-seed{s}"
         dst = tmp_path / "inprocess" / name
         dst.mkdir(parents=True)
-        shutil.copy(src / "ps_config.json", dst / "ps_config.json")
-        r = subprocess.run([sys.executable, "-m", "elastic_ring.ps.inprocess", str(dst)], capture_output=True,
-                           text=True, timeout=600)
-        assert r.returncode == 0, r.stderr
+        run_inprocess(config_from_dict(json.loads((src / "ps_config.json").read_text())), dst)
         keys = ("kind", "t", "worker", "push", "gap", "action", "version_pulled", "staleness", "loss",
                 "test_accuracy", "held_s")
 
