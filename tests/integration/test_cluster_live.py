@@ -20,7 +20,7 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.integration
 
 CLI = [sys.executable, "-m", "elastic_ring.cli.main"]
-MLP = str(ROOT / "examples" / "mlp_digits.py")
+PACED = str(ROOT / "tests" / "integration" / "scripts" / "paced.py")  # >= 50 ms a step: a, b outlast c's arrival
 
 
 def _cli(*args, check=True):
@@ -62,12 +62,12 @@ def test_three_jobs_shrink_cancel_and_scheduler_kill9(tmp_path):
     try:
         _wait(lambda: (d / "cluster.db").exists(), 60, "the cluster database")
         for name in ("a", "b"):
-            _cli("submit", MLP, "--name", name, "--steps", "150", "--max-workers", "4", "--checkpoint-every", "20",
-                 "--dir", str(d), "--", "--hidden", "32")
+            _cli("submit", PACED, "--name", name, "--steps", "300", "--max-workers", "4", "--checkpoint-every", "20",
+                 "--dir", str(d))
         _wait(lambda: all(j["state"] == "running" and j["step"] > 5 for j in _jobs(d)), 180, "a and b running")
         assert sum(len(j["slots"]) for j in _jobs(d)) == 4
-        _cli("submit", MLP, "--name", "c", "--steps", "60", "--max-workers", "4", "--dir", str(d), "--", "--hidden", "32")
-        _cli("submit", MLP, "--name", "d", "--steps", "5000", "--dir", str(d), "--", "--hidden", "32")
+        _cli("submit", PACED, "--name", "c", "--steps", "200", "--max-workers", "4", "--dir", str(d))
+        _cli("submit", PACED, "--name", "d", "--steps", "5000", "--dir", str(d))
         _cli("cancel", "d", "--dir", str(d))
         _wait(lambda: any(j["name"] == "c" and j["state"] == "running" for j in _jobs(d)), 180, "c started")
         # kill -9 of the scheduler while jobs run; their controllers go on
