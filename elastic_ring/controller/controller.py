@@ -483,6 +483,11 @@ class Controller:
         prog = protocol.read_json(protocol.control_dir(self.spec.run_dir) / protocol.PROGRESS_FILE) or {}
         last = max(int(prog.get("step", 0)), seg.last_step, seg.start_step)
         t_last = float(prog.get("time", 0.0)) or seg.last_step_t or seg.t_launch
+        # the ranks that died of their peer's loss name the step they were in: the one before it
+        # was done (progress.json is written at most twice a second, so it may lag behind)
+        for r in protocol.read_error_records(self.spec.run_dir, since=seg.t_started):
+            if isinstance(r.get("step"), int) and r["step"] - 1 > last:
+                last, t_last = r["step"] - 1, float(r.get("time", t_last))
         redone = max(0, last - ck)
         failure = {"from_step": ck, "type": rec.get("type") if rec else None,
                    "message": rec.get("message") if rec else why, "step": rec.get("step") if rec else None}
