@@ -13,7 +13,7 @@ demo: setup
 
 # The full test suite (unit + real horovodrun/mpirun integration tests on the CPU).
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit
