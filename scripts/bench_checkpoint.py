@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchlib import write_results  # noqa: E402
+
 
 def _state(depth: int, width: int):
     import torch
@@ -147,15 +149,10 @@ def main() -> None:
     ratios = [b["images_per_s"] / n["images_per_s"] for n, b in zip(runs["none"], runs[f"every_{a.every}"])]
     print(f"median images/s: none {med['none']:.1f}, every {a.every}: {med[f'every_{a.every}']:.1f}; "
           f"paired ratio median {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f})")
-    out = {"part1_stall": part1, "part1_machine": {"cpus": os.cpu_count(), "load_before": load0},
-           "part2_throughput": {"runs": runs, "median_images_per_s": med,
-                                                      "paired_ratios": ratios,
-                                                      "median_ratio": statistics.median(ratios)},
-           "machine": {"cpus": os.cpu_count(), "load_before": load0, "load_after": os.getloadavg()[0]},
-           "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=2))
-    print(f"wrote {a.out.relative_to(ROOT)} (load {load0:.1f} -> {os.getloadavg()[0]:.1f})")
+    write_results(a.out, {"part1_stall": part1, "part1_machine": {"cpus": os.cpu_count(), "load_before": load0},
+                          "part2_throughput": {"runs": runs, "median_images_per_s": med,
+                                               "paired_ratios": ratios,
+                                               "median_ratio": statistics.median(ratios)}}, load0)
 
 
 if __name__ == "__main__":

@@ -31,15 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
+from benchlib import bare_start, write_results  # noqa: E402
+
 from elastic_ring import protocol  # noqa: E402
-
-
-def bare_start(n: int) -> float:
-    cmd = [str(BIN / "horovodrun"), "-np", str(n), "-H", f"localhost:{n}", "--gloo",
-           sys.executable, str(ROOT / "launch" / "bare_start.py")]
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
-    return time.perf_counter() - t0
 
 
 def killed_run(kill_at: int, steps: int, every: int) -> dict:
@@ -99,13 +93,9 @@ def main() -> None:
     print(f"\nmedian: bare start {statistics.median(bare):.2f} s, kill -> first step "
           f"{med['kill_to_first_step_s']:.2f} s (ratio {ratio:.2f}x), detection {med['detect_s']:.2f} s, "
           f"steps redone {med['steps_redone']:.0f}, time lost {med['time_lost_s']:.2f} s")
-    out = {"bare_start_s": bare, "recoveries": rec, "median": med, "median_ratio_to_bare_start": ratio,
-           "checkpoint_every": a.every, "steps": a.steps,
-           "machine": {"cpus": os.cpu_count(), "load_before": load0, "load_after": os.getloadavg()[0]},
-           "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=2))
-    print(f"wrote {a.out.relative_to(ROOT)} (load {load0:.1f} -> {os.getloadavg()[0]:.1f})")
+    write_results(a.out, {"bare_start_s": bare, "recoveries": rec, "median": med,
+                          "median_ratio_to_bare_start": ratio, "checkpoint_every": a.every,
+                          "steps": a.steps}, load0)
 
 
 if __name__ == "__main__":

@@ -30,16 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import bare_start
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-
-
-def bare_start(n: int) -> float:
-    cmd = [str(BIN / "horovodrun"), "-np", str(n), "-H", f"localhost:{n}", "--gloo",
-           sys.executable, str(ROOT / "launch" / "bare_start.py")]
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
-    return time.perf_counter() - t0
 
 
 def resize_run(config: str, steps: int, schedule: str, extra: list[str]) -> tuple[list[dict], list[dict]]:

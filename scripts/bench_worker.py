@@ -23,8 +23,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from benchlib import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "f2ff12a"  # main before the worker library (issue 10)
@@ -83,12 +84,8 @@ def main() -> None:
         table.append(row)
         print(f"{w:>7} {row['before_images_per_s']:>9.1f} {row['library_images_per_s']:>9.1f} "
               f"{row['median_ratio']:>10.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
-    out = {"baseline": a.baseline, "steps": a.steps, "rounds": a.rounds, "table": table, "runs": res,
-           "machine": {"cpus": os.cpu_count(), "load_before": load0, "load_after": os.getloadavg()[0]},
-           "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=2))
-    print(f"wrote {a.out.relative_to(ROOT)} (load {load0:.1f} -> {os.getloadavg()[0]:.1f})")
+    write_results(a.out, {"baseline": a.baseline, "steps": a.steps, "rounds": a.rounds, "table": table,
+                          "runs": res}, load0)
 
 
 if __name__ == "__main__":
