@@ -9,7 +9,6 @@ folder. Nothing listens on a network port.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -45,16 +44,11 @@ class _SchedulerLock:
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise UserError(f"a scheduler already runs on {self.path.parent} (pid {self.holder()})") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self.fd = fd
+        from elastic_ring.controller.lock import try_lock
+
+        self.fd = try_lock(self.path)
+        if self.fd is None:
+            raise UserError(f"a scheduler already runs on {self.path.parent} (pid {self.holder()})")
 
     def holder(self) -> str:
         try:
@@ -63,17 +57,9 @@ class _SchedulerLock:
             return "?"
 
     def held_by_other(self) -> bool:
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        finally:
-            os.close(fd)
-        return False
+        from elastic_ring.controller.lock import held_by_other
+
+        return held_by_other(self.path)
 
 
 @click.group(context_settings=CTX)

@@ -32,16 +32,6 @@ def _resolve_device(device: str) -> tuple[str, int]:
     return device, n
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @click.command(context_settings={"max_content_width": 100})
 @click.option("--gpus", "workers", type=int, default=None,
               help="Workers to start with: GPUs on a GPU node, CPU processes otherwise. [default: 1; "
@@ -189,7 +179,6 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
         sched = parse_schedule(schedule)
     else:
         sched = ()
-    ckpt_opts = dict(checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s, keep=keep)
 
     cfg = None
     if resume_dir:

@@ -378,7 +378,6 @@ class Controller:
         return None
 
     def _run(self, step: int, world: int, segment: int) -> dict[str, Any]:
-        spec = self.spec
         self._start_progress(step)
         self._set_state(RunState.LAUNCHING, step=step, world_size=world, segment=segment)
         while True:
@@ -478,14 +477,15 @@ class Controller:
         self._kill_all()
         self._drain(wait=True, timeout=10.0)
         self._pending = None
-        why, rank, rec = self._failure_cause(seg, rc)
+        records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
+        why, rank, rec = self._failure_cause(seg, rc, records)
         ck = self._checkpoint_step() or 0
         prog = protocol.read_json(protocol.control_dir(self.spec.run_dir) / protocol.PROGRESS_FILE) or {}
         last = max(int(prog.get("step", 0)), seg.last_step, seg.start_step)
         t_last = float(prog.get("time", 0.0)) or seg.last_step_t or seg.t_launch
         # the ranks that died of their peer's loss name the step they were in: the one before it
         # was done (progress.json is written at most twice a second, so it may lag behind)
-        for r in protocol.read_error_records(self.spec.run_dir, since=seg.t_started):
+        for r in records:
             if isinstance(r.get("step"), int) and r["step"] - 1 > last:
                 last, t_last = r["step"] - 1, float(r.get("time", t_last))
         redone = max(0, last - ck)
@@ -544,9 +544,11 @@ class Controller:
             self._hosts_override = None
         return total
 
-    def _failure_cause(self, seg: _Seg, rc: int) -> tuple[str, int | None, dict[str, Any] | None]:
+    def _failure_cause(self, seg: _Seg, rc: int, records: list[dict[str, Any]] | None = None
+                       ) -> tuple[str, int | None, dict[str, Any] | None]:
         """(one-line cause, first failed rank, its crash record) of a failed segment."""
-        records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
+        if records is None:
+            records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
         hr_first = None
         if seg.log is not None:
             try:

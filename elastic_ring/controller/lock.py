@@ -1,4 +1,5 @@
-"""One owner per run folder: an exclusive ``fcntl.flock`` on ``RUN_DIR/.lock``.
+"""One owner per run folder: an exclusive ``fcntl.flock`` on ``RUN_DIR/.lock`` (the same two
+primitives, :func:`try_lock` and :func:`held_by_other`, guard a cluster folder's scheduler).
 
 The lock dies with its process (kill -9 included), so a stale lock never blocks a resume; the
 workers of a dead controller are stopped by :func:`stop_stale_workers` (and stop by themselves
@@ -19,6 +20,36 @@ from elastic_ring.errors import UserError
 _HELD: dict[str, int] = {}  # resolved folder -> fd, for locks this process holds
 
 
+def try_lock(path: Path) -> int | None:
+    """Take the exclusive lock on ``path`` (created if need be) and write our pid into it; the
+    open descriptor holding it, or None when another process holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def held_by_other(path: Path) -> bool:
+    """Whether some open descriptor holds the lock on ``path`` (checked without disturbing it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 class RunLock:
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir).resolve() / protocol.LOCK_FILE
@@ -28,17 +59,11 @@ class RunLock:
         key = str(self.path)
         if key in _HELD:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
+        fd = try_lock(self.path)
+        if fd is None:
             holder = holder_pid(self.path.parent)
             raise UserError(f"run folder {self.path.parent} is in use by another elastic-ring "
-                            f"controller{f' (pid {holder})' if holder else ''}") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+                            f"controller{f' (pid {holder})' if holder else ''}")
         _HELD[key] = fd
 
     def release(self) -> None:
@@ -57,19 +82,7 @@ def holder_pid(run_dir: Path) -> int | None:
 def is_locked(run_dir: Path) -> bool:
     """Whether a live controller holds the folder (checked without disturbing it)."""
     path = Path(run_dir) / protocol.LOCK_FILE
-    if str(path.resolve()) in _HELD:
-        return True
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    return str(path.resolve()) in _HELD or held_by_other(path)
 
 
 def stop_stale_workers(run_dir: Path, timeout_s: float = 20.0) -> list[int]:

@@ -291,7 +291,6 @@ class Job:
         """Load the newest checkpoint on rank 0 (falling back past a corrupt one) and broadcast it;
         or start fresh with rank 0's weights. Returns True when resumed."""
         self.connect()
-        hvd = self.hvd
         ckpt = None
         if self.rank == 0:
             ckpt = self._checkpoint_store().load_latest(warn=self._warn)
