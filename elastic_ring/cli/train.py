@@ -163,6 +163,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
         raise UserError(f"--slots must be >= 1, got {slots}")
     if max_restarts < 0:
         raise UserError(f"--max-restarts must be >= 0, got {max_restarts}")
+    if keep is not None and keep < 1:
+        raise UserError(f"--keep must be >= 1, got {keep}")
 
     device, ngpu = _resolve_device(device)
     host_list = parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile else None

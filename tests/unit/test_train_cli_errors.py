@@ -34,6 +34,10 @@ def _assert_one_line_error(p, *needles):
 
 @pytest.mark.parametrize("args,needles", [
     (["--resize-at", "5", "--to", "0"], ["cannot resize to 0"]),
+    (["--keep", "0"], ["--keep must be >= 1"]),
+    (["--max-restarts", "-1"], ["--max-restarts must be >= 0"]),
+    (["--checkpoint-every", "-1"], ["--checkpoint-every", "must be >= 0"]),
+    (["stray"], ["unexpected argument 'stray'"]),
     (["--gpus", "3", "--slots", "2"], ["more than the 2 slot"]),
     (["--gpus", "1", "--resize-at", "5", "--to", "3", "--slots", "2"], ["only 2 slot"]),
     (["--resize-at", "500", "--to", "2", "--steps", "100", "--slots", "2"], ["not before the last step"]),
