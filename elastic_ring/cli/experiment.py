@@ -45,7 +45,8 @@ def resize(design_path, repeats, out_dir, overrides, slots, device, relaunch):
     with more --repeats only adds runs. Then: elastic-ring report OUT.
     """
     from elastic_ring.cli.train import _resolve_device
-    from elastic_ring.config.api import load_config, parse_overrides
+    from elastic_ring.config.api import load_config
+    from elastic_ring.config.base import parse_overrides
     from elastic_ring.data import check_dataset
     from elastic_ring.experiment.api import load_design, render_table2, resolve_path
     from elastic_ring.experiment.runner import run_design

@@ -47,7 +47,8 @@ def profile(counts, steps, warmup_windows, config_path, overrides, device, slots
     with the fit marked as refused.
     """
     from elastic_ring.cli.train import _resolve_device
-    from elastic_ring.config.api import load_config, parse_overrides
+    from elastic_ring.config.api import load_config
+    from elastic_ring.config.base import parse_overrides
     from elastic_ring.data import check_dataset
     from elastic_ring.profile.api import parse_worker_counts, render_fit, render_table1
     from elastic_ring.profile.profiler import run_profile

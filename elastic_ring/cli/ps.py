@@ -14,33 +14,16 @@ SYNC_HELP = ("bsp | asp | ssp | dssp (Algorithm 2 of the paper, unchanged) | dss
              "cap gap <= hi)")
 
 
-def _parse_slowdown(raw: str | None) -> tuple[float, ...] | None:
-    from elastic_ring.ps.api import PSInputError
-
-    if raw is None:
-        return None
-    try:
-        return tuple(float(x) for x in raw.split(",") if x.strip())
-    except ValueError:
-        raise PSInputError(f"--slowdown must be comma-separated numbers such as 1.0,1.8, got {raw!r}") from None
-
-
 def build_config(config: str | None, sets: tuple[str, ...], **flags):
     """Config file, then ``--set key=value``, then the dedicated flags. Raises a UserError."""
-    from elastic_ring.config.api import parse_overrides, read_yaml
-    from elastic_ring.ps.api import config_from_dict
+    from elastic_ring.config.base import load, parse_overrides, read_yaml
+    from elastic_ring.ps.api import PSConfig
 
-    values = dict(read_yaml(config)) if config else {}
-    for k in ("paradigms", "seeds", "targets", "out", "base", "heterogeneity", "references"):
-        if k in values:
-            raise ConfigError(f"{config} looks like an experiment design; use `elastic-ring ps experiment --config`")
-    values.update(parse_overrides(list(sets)))
-    if flags.get("slowdown") is not None:
-        flags["slowdown"] = _parse_slowdown(flags["slowdown"])
+    if config and {"paradigms", "seeds", "targets", "out", "base", "heterogeneity", "references"} & set(read_yaml(config)):
+        raise ConfigError(f"{config} looks like an experiment design; use `elastic-ring ps experiment --config`")
     if flags.get("sync") is not None and flags.get("staleness") is None:
-        values.pop("staleness", None)  # a file's staleness belongs to the file's sync
-    values.update({k: v for k, v in flags.items() if v is not None})
-    return config_from_dict(values, source=config or "flags")
+        flags["staleness"] = ""  # a file's staleness belongs to the file's sync
+    return load(PSConfig, config, parse_overrides(sets) | {k: v for k, v in flags.items() if v is not None})
 
 
 @click.group("ps", invoke_without_command=True, context_settings={"max_content_width": 100})

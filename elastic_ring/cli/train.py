@@ -122,7 +122,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
     taken periodically in the background (--checkpoint-every, --checkpoint-every-s). One controller
     owns a run folder at a time; its workers exit by themselves within seconds if it is killed.
     """
-    from elastic_ring.config.api import load_config, parse_overrides
+    from elastic_ring.config.api import load_config
+    from elastic_ring.config.base import parse_overrides
     from elastic_ring.controller.api import (Plan, Resize, RunSpec, parse_hostfile, parse_hosts,
                                              parse_schedule)
     from elastic_ring.controller.controller import Controller

@@ -120,7 +120,7 @@ def load_design(path: str | Path) -> ResizeDesign:
     Raises:
         ConfigError: unreadable or invalid YAML, unknown or missing keys, bad values.
     """
-    from elastic_ring.config.api import read_yaml
+    from elastic_ring.config.base import read_yaml
 
     d = read_yaml(path)
     unknown = sorted(set(d) - _KEYS)

@@ -21,17 +21,19 @@ Vocabulary (arXiv 1908.11848, PAPERS.md section 2):
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Literal, Mapping, Protocol, Sequence, get_args
 
-from elastic_ring.config.api import coerce_scalar
-from elastic_ring.errors import ConfigError, UserError
+from pydantic import Field, field_validator, model_validator
 
-SYNCS = ("bsp", "asp", "ssp", "dssp", "dssp-exact")
-DATASETS = ("cifar10", "synthetic", "digits")
+from elastic_ring.config.api import Dataset, ResNetDepth
+from elastic_ring.config.base import Bool, ConfigModel, Float, FloatTuple, Int, Str, build
+from elastic_ring.errors import UserError
+
+Sync = Literal["bsp", "asp", "ssp", "dssp", "dssp-exact"]
+SYNCS = get_args(Sync)
 
 
 class PSInputError(UserError):
@@ -95,22 +97,22 @@ class SyncPolicy:
         """
         sync = str(sync).lower()
         if sync not in SYNCS:
-            raise PSInputError(f"unknown --sync {sync!r} (choose {', '.join(SYNCS)})")
+            raise PSInputError(f"unknown sync {sync!r} (choose {', '.join(SYNCS)})")
         if sync in ("bsp", "asp"):
             if staleness not in (None, ""):
-                raise PSInputError(f"--staleness does not apply to {sync}")
+                raise PSInputError(f"staleness does not apply to {sync}")
             return SyncPolicy(sync, 0 if sync == "bsp" else math.inf,
                               0 if sync == "bsp" else math.inf)
         if sync == "ssp":
             s = 3 if staleness in (None, "") else staleness
             if isinstance(s, str) and ":" in s:
-                raise PSInputError(f"ssp takes one threshold, got --staleness {s!r} (a range is for dssp)")
+                raise PSInputError(f"ssp takes one threshold, got staleness {s!r} (a range is for dssp)")
             try:
                 v = int(str(s))
             except ValueError:
-                raise PSInputError(f"--staleness for ssp must be an integer >= 0, got {s!r}") from None
+                raise PSInputError(f"staleness for ssp must be an integer >= 0, got {s!r}") from None
             if v < 0:
-                raise PSInputError(f"--staleness for ssp must be >= 0, got {v}")
+                raise PSInputError(f"staleness for ssp must be >= 0, got {v}")
             return SyncPolicy("ssp", v, v)
         raw = "3:15" if staleness in (None, "") else staleness
         if isinstance(raw, (list, tuple)):
@@ -122,9 +124,9 @@ class SyncPolicy:
                 raise ValueError
             lo, hi = int(parts[0]), int(parts[1])
         except ValueError:
-            raise PSInputError(f"--staleness for {sync} must be a range lo:hi such as 3:15, got {raw!r}") from None
+            raise PSInputError(f"staleness for {sync} must be a range lo:hi such as 3:15, got {raw!r}") from None
         if lo < 0 or hi < lo:
-            raise PSInputError(f"--staleness range for {sync} needs 0 <= lo <= hi, got {lo}:{hi}")
+            raise PSInputError(f"staleness range for {sync} needs 0 <= lo <= hi, got {lo}:{hi}")
         return SyncPolicy(sync, lo, hi, "paper" if sync == "dssp" else "exact")
 
     def label(self) -> str:
@@ -201,12 +203,14 @@ class GateDecision:
     controller: ControllerDecision | None = None
 
 
-@dataclass(frozen=True)
-class PSConfig:
+class PSConfig(ConfigModel):
     """Blueprint of one parameter-server run (validated; nothing about runtime state).
 
+    Loaded like every config (:mod:`elastic_ring.config.base`): ``load(PSConfig, path, sets)``.
+
     Attributes:
-        sync, staleness: the paradigm (see :meth:`SyncPolicy.parse`); staleness ``"3"`` / ``"3:15"``.
+        sync, staleness: the paradigm (see :meth:`SyncPolicy.parse`); staleness ``"3"`` / ``"3:15"``
+            (a YAML number or list ``[3, 15]`` is read as such).
         workers: K worker ranks (ranks 1..K; rank 0 is the server).
         slowdown: per-worker factors; worker i's step lasts ``slowdown[i]`` times its base step.
         noise: coefficient of variation of the step time (Gaussian, seeded per worker, 0: none).
@@ -225,73 +229,71 @@ class PSConfig:
             seconds and pushes are handled in that order, whatever the machine's load).
     """
 
-    sync: str = "asp"
-    staleness: str = ""
-    workers: int = 2
-    slowdown: tuple[float, ...] = ()
-    noise: float = 0.0
-    base_step_s: float = 0.0
-    depth: int = 8
-    width: int = 8
-    dataset: str = "digits"
-    data_dir: str = "data"
-    synthetic_size: int = 2048
-    batch_size: int = 32
-    augment: bool = False
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    seed: int = 0
-    time_budget_s: float = 60.0
-    max_pushes: int = 0
-    stop_accuracy: float = 0.0
-    eval_every_s: float = 1.0
-    eval_every_updates: int = 0
-    max_test_samples: int = 0
-    eval_deferred: bool = False
-    clock: str = "wall"
-    model: str = "resnet"
+    sync: Sync = "asp"
+    staleness: Str = ""
+    workers: Int = Field(2, ge=1)
+    slowdown: FloatTuple = ()
+    noise: Float = Field(0.0, ge=0, le=2)
+    base_step_s: Float = Field(0.0, ge=0)
+    depth: ResNetDepth = 8
+    width: Int = Field(8, ge=1)
+    dataset: Dataset = "digits"
+    data_dir: Str = "data"
+    synthetic_size: Int = Field(2048, ge=1)
+    batch_size: Int = Field(32, ge=1)
+    augment: Bool = False
+    lr: Float = Field(0.05, gt=0)
+    momentum: Float = Field(0.9, ge=0, lt=1)
+    weight_decay: Float = Field(1e-4, ge=0)
+    seed: Int = 0
+    time_budget_s: Float = Field(60.0, ge=0)
+    max_pushes: Int = Field(0, ge=0)
+    stop_accuracy: Float = Field(0.0, ge=0, le=1)
+    eval_every_s: Float = Field(1.0, ge=0)
+    eval_every_updates: Int = Field(0, ge=0)
+    max_test_samples: Int = Field(0, ge=0)
+    eval_deferred: Bool = False
+    clock: Literal["wall", "virtual"] = "wall"
+    model: Literal["resnet", "mlp"] = "resnet"
 
-    def __post_init__(self) -> None:
-        policy = self.policy  # validates sync and staleness
-        del policy
-        if self.workers < 1:
-            raise PSInputError(f"--workers must be >= 1, got {self.workers}")
+    @field_validator("sync", mode="before")
+    @classmethod
+    def _lower(cls, v: Any) -> Any:
+        return v.lower() if isinstance(v, str) else v
+
+    @field_validator("staleness", mode="before")
+    @classmethod
+    def _staleness(cls, v: Any) -> Any:
+        if v is None:
+            return ""
+        if isinstance(v, (list, tuple)):
+            return ":".join(str(x) for x in v)
+        return v
+
+    @field_validator("slowdown")
+    @classmethod
+    def _factors(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not (f >= 1.0 and math.isfinite(f)) for f in v):
+            raise ValueError(f"factors must be finite and >= 1.0, got {list(v)}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "PSConfig":
+        try:
+            self.policy  # validates sync and staleness together
+        except PSInputError as e:
+            raise ValueError(str(e)) from None
         if self.slowdown and len(self.slowdown) != self.workers:
-            raise PSInputError(f"--slowdown has {len(self.slowdown)} factor(s) for {self.workers} worker(s)")
-        if any(not (f >= 1.0 and math.isfinite(f)) for f in self.slowdown):
-            raise PSInputError(f"--slowdown factors must be finite and >= 1.0, got {list(self.slowdown)}")
-        if not 0 <= self.noise <= 2:
-            raise PSInputError(f"--noise must be in [0, 2], got {self.noise}")
-        if self.depth < 8 or (self.depth - 2) % 6:
-            raise ConfigError(f"invalid config: depth must be 6n+2 (8, 14, 20, ...), got {self.depth}")
-        if self.dataset not in DATASETS:
-            raise ConfigError(f"invalid config: dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
-        for name in ("width", "batch_size", "synthetic_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"invalid config: {name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0 or not 0 <= self.momentum < 1 or self.weight_decay < 0:
-            raise ConfigError("invalid config: need lr > 0, 0 <= momentum < 1, weight_decay >= 0")
-        for name in ("time_budget_s", "eval_every_s", "base_step_s"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"invalid config: {name} must be >= 0, got {getattr(self, name)}")
-        for name in ("max_pushes", "eval_every_updates", "max_test_samples"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"invalid config: {name} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.stop_accuracy <= 1:
-            raise ConfigError(f"invalid config: stop_accuracy must be in [0, 1], got {self.stop_accuracy}")
+            raise ValueError(f"slowdown has {len(self.slowdown)} factor(s) for {self.workers} worker(s)")
         if not (self.time_budget_s or self.max_pushes or self.stop_accuracy):
-            raise PSInputError("no stop condition: set a time budget, max pushes or a stop accuracy")
+            raise ValueError("no stop condition: set time_budget_s, max_pushes or stop_accuracy")
         if not (self.eval_every_s or self.eval_every_updates):
-            raise ConfigError("invalid config: set eval_every_s or eval_every_updates")
-        if self.model not in ("resnet", "mlp"):
-            raise ConfigError(f"invalid config: model must be resnet or mlp, got {self.model!r}")
-        if self.clock not in ("wall", "virtual"):
-            raise ConfigError(f"invalid config: clock must be wall or virtual, got {self.clock!r}")
+            raise ValueError("set eval_every_s or eval_every_updates")
         if self.clock == "virtual" and not self.base_step_s:
-            raise ConfigError("invalid config: clock virtual needs base_step_s > 0 (the emulated step length)")
+            raise ValueError("clock virtual needs base_step_s > 0 (the emulated step length)")
         if self.eval_deferred and self.stop_accuracy:
-            raise ConfigError("invalid config: stop_accuracy needs evaluation during the run (eval_deferred: false)")
+            raise ValueError("stop_accuracy needs evaluation during the run (eval_deferred: false)")
+        return self
 
     @property
     def policy(self) -> SyncPolicy:
@@ -302,38 +304,14 @@ class PSConfig:
         return self.slowdown or (1.0,) * self.workers
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["slowdown"] = list(self.slowdowns)
-        return d
-
-    def replace(self, **changes: Any) -> "PSConfig":
-        return config_from_dict(self.to_dict() | changes, source="overrides")
-
-
-_FIELDS = {f.name: f for f in dataclasses.fields(PSConfig)}
-
-
-def _coerce(name: str, value: Any, source: str) -> Any:
-    default = _FIELDS[name].default
-    try:
-        if name == "slowdown":
-            if isinstance(value, str):
-                value = [v for v in value.split(",") if v.strip()]
-            if isinstance(value, (int, float)):
-                value = [value]
-            return tuple(float(v) for v in value)
-        if name == "staleness":
-            if isinstance(value, (list, tuple)):
-                return ":".join(str(int(v)) for v in value)
-            return "" if value is None else str(value)
-        return coerce_scalar(default, value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{source}: {name} has the wrong type: {value!r}") from None
+        """JSON-able values with ``slowdown`` spelled out per worker (``ps_config.json``)."""
+        return super().to_dict() | {"slowdown": list(self.slowdowns)}
 
 
 def config_from_dict(values: Mapping[str, Any], source: str = "config") -> PSConfig:
-    """Build a :class:`PSConfig`; unknown keys and wrong types are :class:`ConfigError`."""
-    unknown = sorted(set(values) - set(_FIELDS))
-    if unknown:
-        raise ConfigError(f"{source}: unknown ps config key(s): {', '.join(unknown)}")
-    return PSConfig(**{k: _coerce(k, v, source) for k, v in values.items()})
+    """``build(PSConfig, values, source)``: a PSConfig from a mapping (``ps_config.json``).
+
+    Raises:
+        ConfigError: unknown key, wrong type or invalid value, in one line.
+    """
+    return build(PSConfig, values, source)

@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from elastic_ring.config.api import read_yaml
+from elastic_ring.config.base import read_yaml
 from elastic_ring.errors import ConfigError, ElasticRingError
 from elastic_ring.events.api import read_events
 from elastic_ring.ps.api import PSConfig, config_from_dict

@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import run_cli
 
 BAD = [
-    (["--sync", "foo"], "unknown --sync"),
+    (["--sync", "foo"], "sync: must be one of"),
     (["--sync", "dssp", "--staleness", "3"], "lo:hi"),
     (["--sync", "dssp", "--staleness", "15:3"], "lo <= hi"),
     (["--sync", "dssp-exact", "--staleness", "a:b"], "lo:hi"),
@@ -16,11 +16,11 @@ BAD = [
     (["--sync", "ssp", "--staleness", "-1"], ">= 0"),
     (["--sync", "bsp", "--staleness", "3"], "does not apply"),
     (["--sync", "asp", "--workers", "3", "--slowdown", "1.0,1.8"], "2 factor(s) for 3 worker(s)"),
-    (["--sync", "asp", "--workers", "0"], "--workers must be >= 1"),
+    (["--sync", "asp", "--workers", "0"], "workers: must be >= 1, got 0"),
     (["--sync", "asp", "--slowdown", "0.5,1"], ">= 1.0"),
-    (["--sync", "asp", "--slowdown", "1,x"], "comma-separated"),
+    (["--sync", "asp", "--slowdown", "1,x"], "slowdown[1]: wrong type, expected a number, got 'x'"),
     (["--sync", "asp", "--depth", "9"], "6n+2"),
-    (["--sync", "asp", "--set", "nonsense=1"], "unknown ps config key"),
+    (["--sync", "asp", "--set", "nonsense=1"], "unknown key 'nonsense'"),
     (["--sync", "asp", "--time-budget", "0"], "no stop condition"),
     (["--workers", "two"], "not a valid integer"),
     (["--sync", "asp", "--stop-accuracy", "0.9", "--set", "eval_deferred=true"], "stop_accuracy needs"),

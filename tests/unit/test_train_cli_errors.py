@@ -46,8 +46,8 @@ def _assert_one_line_error(p, *needles):
     (["--resize-at", "10"], ["--resize-at and --to go together"]),
     (["--schedule", "10-2"], ["--schedule expects"]),
     (["--config", "/nonexistent/x.yaml"], ["cannot read config"]),
-    (["--set", "bogus_key=1"], ["unknown config key", "bogus_key"]),
-    (["--depth", "21"], ["depth must be 6n+2"]),
+    (["--set", "bogus_key=1"], ["unknown key 'bogus_key'"]),
+    (["--depth", "21"], ["depth: must be 6n+2"]),
     (["--bogus-flag"], ["No such option"]),
     (["--device", "cuda"], ["no NVIDIA GPU"]),
 ])
