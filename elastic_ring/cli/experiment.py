@@ -22,7 +22,8 @@ def experiment() -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Output folder (design: out).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a training config key on top of the design's overrides (repeatable).")
+              help="Override a design key (w_init, w_new, resize_steps, vary_seed, ...) or a training "
+                   "config key, on top of the design's overrides (repeatable), e.g. --set total_steps=300.")
 @click.option("--slots", type=int, default=None, help="Worker slots (design: slots).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None,
               help="Device (design: device).")
@@ -51,18 +52,11 @@ def resize(design_path, repeats, out_dir, overrides, slots, device, relaunch):
     from elastic_ring.experiment.api import load_design, render_table2, resolve_path
     from elastic_ring.experiment.runner import run_design
 
-    from dataclasses import replace
-
-    design = load_design(design_path)
-    if relaunch is not None:
-        design = replace(design, relaunch=relaunch)
-    if repeats is not None:
-        if repeats < 1:
-            raise UserError(f"--repeats must be >= 1, got {repeats}")
-        design = replace(design, repeats=repeats)
+    flags = {k: v for k, v in (("repeats", repeats), ("relaunch", relaunch)) if v is not None}
+    design = load_design(design_path, parse_overrides(overrides) | flags)
     dev, ngpu = _resolve_device(device or design.device)
     cfg_path = resolve_path(design.config, Path(design_path).resolve().parent)
-    cfg = load_config(cfg_path, {**design.overrides, **parse_overrides(overrides)}, device=dev)
+    cfg = load_config(cfg_path, design.overrides, device=dev)
     last = max(design.resize_steps)
     if last >= cfg.total_steps:
         raise UserError(f"resize step {last} is not before the last step ({cfg.total_steps})")

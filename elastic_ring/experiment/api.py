@@ -17,6 +17,10 @@ The design (a YAML file; unknown keys are errors)::
                                      # overlap, or prelaunch (new workers start before the stop)
     out: results/table2_cpu          # output folder (--out overrides)
 
+``--set KEY=VALUE`` changes a design key (``--set w_new=4``) or, for any other key, a training
+config key on top of ``overrides``; the file is read and checked like every config
+(:mod:`elastic_ring.config.base`).
+
 Rows: ``baseline w_init`` (no resize), ``baseline w_new`` (no resize), and ``resize at S`` for each
 S (w_init -> w_new after step S). Every row runs the same ``total_steps``, so a row at more
 workers also trains on more samples (the per-worker batch is fixed, as in the paper).
@@ -34,55 +38,50 @@ time saved = wall(baseline w_init) - wall(row), paired by repeat, then mean and 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from elastic_ring.errors import ConfigError
+from pydantic import Field, field_validator, model_validator
+
+from elastic_ring.config.base import Bool, ConfigModel, Int, IntTuple, Str, load, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
-DEVICES = ("auto", "cpu", "cuda")
-RELAUNCH_MODES = ("prelaunch", "overlap", "sequential")
 
 
-@dataclass(frozen=True)
-class ResizeDesign:
-    """The blueprint of a Table 2 experiment (validated on construction)."""
+class ResizeDesign(ConfigModel):
+    """The blueprint of a Table 2 experiment (the design file's keys; validated on construction)."""
 
-    config: str
-    w_init: int
-    w_new: int
-    resize_steps: tuple[int, ...]
-    overrides: dict[str, Any] = field(default_factory=dict)
-    repeats: int = 1
-    vary_seed: bool = True
-    slots: int | None = None
-    device: str = "auto"
-    out: str = "results/table2"
-    relaunch: str = "sequential"
+    config: Str
+    w_init: Int = Field(ge=1)
+    w_new: Int = Field(ge=1)
+    resize_steps: IntTuple = Field(min_length=1)
+    overrides: dict[str, Any] = {}
+    repeats: Int = Field(1, ge=1)
+    vary_seed: Bool = True
+    slots: Int | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    out: Str = "results/table2"
+    relaunch: Literal["prelaunch", "overlap", "sequential"] = "sequential"
 
-    def __post_init__(self) -> None:
-        def bad(msg: str) -> None:
-            raise ConfigError(f"invalid experiment design: {msg}")
+    @field_validator("overrides", mode="before")
+    @classmethod
+    def _no_overrides(cls, v: Any) -> Any:
+        return {} if v is None else v
 
-        if self.w_init < 1 or self.w_new < 1:
-            bad(f"w_init and w_new must be >= 1, got {self.w_init}, {self.w_new}")
+    @field_validator("resize_steps")
+    @classmethod
+    def _increasing(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(s < 1 for s in v) or list(v) != sorted(set(v)):
+            raise ValueError(f"must be distinct increasing steps >= 1, got {list(v)}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ResizeDesign":
         if self.w_init == self.w_new:
-            bad(f"w_init and w_new are both {self.w_init}: nothing to resize")
-        if not self.resize_steps:
-            bad("resize_steps is empty")
-        if any(s < 1 for s in self.resize_steps) or list(self.resize_steps) != sorted(set(self.resize_steps)):
-            bad(f"resize_steps must be distinct increasing steps >= 1, got {list(self.resize_steps)}")
-        if self.repeats < 1:
-            bad(f"repeats must be >= 1, got {self.repeats}")
+            raise ValueError(f"w_init and w_new are both {self.w_init}: nothing to resize")
         if self.slots is not None and self.slots < max(self.w_init, self.w_new):
-            bad(f"slots {self.slots} < max(w_init, w_new) = {max(self.w_init, self.w_new)}")
-        if self.device not in DEVICES:
-            bad(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if self.relaunch not in RELAUNCH_MODES:
-            bad(f"relaunch must be one of {', '.join(RELAUNCH_MODES)}, got {self.relaunch!r}")
-        if not isinstance(self.overrides, dict):
-            bad("overrides must be a mapping of config keys to values")
+            raise ValueError(f"slots {self.slots} < max(w_init, w_new) = {max(self.w_init, self.w_new)}")
+        return self
 
     def rows(self) -> list[dict[str, Any]]:
         """[{label, workers, schedule: [(step, to)]}] in table order."""
@@ -99,10 +98,6 @@ class ResizeDesign:
         return out
 
 
-_KEYS = {"config", "overrides", "w_init", "w_new", "resize_steps", "repeats", "vary_seed", "slots",
-         "device", "out", "relaunch"}
-
-
 def resolve_path(p: str, base: Path) -> Path:
     """A path as given, else relative to ``base`` (the design's folder), else to the project root."""
     path = Path(p)
@@ -114,34 +109,20 @@ def resolve_path(p: str, base: Path) -> Path:
     return path
 
 
-def load_design(path: str | Path) -> ResizeDesign:
-    """Read and validate a design file.
+def load_design(path: str | Path, overrides: Sequence[str] | Mapping[str, Any] = ()) -> ResizeDesign:
+    """Read and validate a design file, with ``--set`` overrides.
+
+    An override whose key is a design key (``w_new=4``, ``resize_steps=[50,100]``) changes the
+    design; any other key is a training config key and joins the design's ``overrides`` (checked
+    when the training config is loaded).
 
     Raises:
         ConfigError: unreadable or invalid YAML, unknown or missing keys, bad values.
     """
-    from elastic_ring.config.base import read_yaml
-
-    d = read_yaml(path)
-    unknown = sorted(set(d) - _KEYS)
-    if unknown:
-        raise ConfigError(f"{path}: unknown key(s) in experiment design: {', '.join(unknown)} "
-                          f"(known: {', '.join(sorted(_KEYS))})")
-    missing = [k for k in ("config", "w_init", "w_new", "resize_steps") if k not in d]
-    if missing:
-        raise ConfigError(f"{path}: experiment design needs {', '.join(missing)}")
-    try:
-        steps = d["resize_steps"]
-        steps = tuple(int(s) for s in (steps if isinstance(steps, list) else [steps]))
-        return ResizeDesign(
-            config=str(d["config"]), w_init=int(d["w_init"]), w_new=int(d["w_new"]),
-            resize_steps=steps, overrides=dict(d.get("overrides") or {}),
-            repeats=int(d.get("repeats", 1)), vary_seed=bool(d.get("vary_seed", True)),
-            slots=None if d.get("slots") is None else int(d["slots"]),
-            device=str(d.get("device", "auto")), out=str(d.get("out", "results/table2")),
-            relaunch=str(d.get("relaunch", "sequential")))
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{path}: bad value in experiment design: {e}") from None
+    changes = overrides if isinstance(overrides, Mapping) else parse_overrides(overrides)
+    routed = {k if k.split(".")[0] in ResizeDesign.model_fields else f"overrides.{k}": v
+              for k, v in changes.items()}
+    return load(ResizeDesign, path, routed)
 
 
 # ---------------------------------------------------------------------------- per-run numbers

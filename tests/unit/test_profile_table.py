@@ -194,12 +194,12 @@ def test_design_files_shipped_are_valid():
 
 @pytest.mark.parametrize("text, msg", [
     ("config: a.yaml\nw_init: 1\nw_new: 2\nresize_steps: [5]\nbogus: 1\n", "unknown key"),
-    ("config: a.yaml\nw_init: 1\nresize_steps: [5]\n", "needs w_new"),
+    ("config: a.yaml\nw_init: 1\nresize_steps: [5]\n", "missing required key 'w_new'"),
     ("config: a.yaml\nw_init: 2\nw_new: 2\nresize_steps: [5]\n", "nothing to resize"),
     ("config: a.yaml\nw_init: 1\nw_new: 2\nresize_steps: [10, 5]\n", "increasing"),
     ("config: a.yaml\nw_init: 1\nw_new: 4\nresize_steps: [5]\nslots: 2\n", "slots"),
-    ("config: a.yaml\nw_init: 1\nw_new: 2\nresize_steps: [5]\nrepeats: x\n", "bad value"),
-    ("config: a.yaml\nw_init: 1\nw_new: 2\nresize_steps: [5]\nrelaunch: eager\n", "relaunch must be"),
+    ("config: a.yaml\nw_init: 1\nw_new: 2\nresize_steps: [5]\nrepeats: x\n", "repeats: wrong type"),
+    ("config: a.yaml\nw_init: 1\nw_new: 2\nresize_steps: [5]\nrelaunch: eager\n", "relaunch: must be one of"),
 ])
 def test_design_errors_are_config_errors(tmp_path, text, msg):
     p = tmp_path / "d.yaml"
