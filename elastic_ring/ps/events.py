@@ -6,8 +6,10 @@ Order in a run's ``events.jsonl`` (all written by the server, rank 0)::
               -> ps_accuracy* (eval_deferred: every evaluation, after the run)
               -> ps_worker_summary (one per worker) -> ps_finished          (error at any point)
 
-Times: ``t`` is seconds since the server started serving (after every rank loaded its data and
-model); ``time`` is the Unix wall clock of the write, as in every event.
+The records are keyword-only (``PSHold(t=..., worker=..., push=..., gap=...)``), so a field added
+or reordered cannot shift the others' values. Times: ``t`` is seconds since the server started
+serving (after every rank loaded its data and model); ``time`` is the Unix wall clock of the
+write, as in every event.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from elastic_ring.events.api import Event, register
 
 
 @register
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PSLaunch(Event):
     kind: ClassVar[str] = "ps_launch"
     sync: str
@@ -34,7 +36,7 @@ class PSLaunch(Event):
 
 
 @register
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PSPush(Event):
     """One applied gradient. staleness = version_applied - version_pulled."""
 
@@ -56,7 +58,7 @@ class PSPush(Event):
 
 
 @register
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PSController(Event):
     kind: ClassVar[str] = "ps_controller"
     t: float
@@ -75,7 +77,7 @@ class PSController(Event):
 
 
 @register
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PSHold(Event):
     kind: ClassVar[str] = "ps_hold"
     t: float
@@ -85,7 +87,7 @@ class PSHold(Event):
 
 
 @register
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PSRelease(Event):
     """A held worker sent OK; ``gap`` is its gap at release (the bound the paradigm promises)."""
 
@@ -98,7 +100,7 @@ class PSRelease(Event):
 
 
 @register
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PSAccuracy(Event):
     kind: ClassVar[str] = "ps_accuracy"
     t: float
@@ -110,7 +112,7 @@ class PSAccuracy(Event):
 
 
 @register
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PSWorkerSummary(Event):
     """Per worker. blocked_s: the worker's own time from sending a push to getting OK (transfer,
     apply and hold); held_s: the server's hold time alone. overruns: steps whose compute exceeded
@@ -132,7 +134,7 @@ class PSWorkerSummary(Event):
 
 
 @register
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PSFinished(Event):
     kind: ClassVar[str] = "ps_finished"
     reason: str  # "time_budget" | "max_pushes" | "stop_accuracy"

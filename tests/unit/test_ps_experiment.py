@@ -117,16 +117,23 @@ def fake_run_job(cfg: PSConfig, run_dir):
     t_hit = None if rel is None else rel * seed_factor * (1 + 0.02 * ((cfg.seed * 7) % 3))
     log = EventLog(run_dir / "events.jsonl")
     pol = cfg.policy
-    log.write(PSLaunch(cfg.sync, pol.label(), pol.lower, pol.upper, pol.controller, 2, list(cfg.slowdowns),
-                       cfg.to_dict(), 1000))
+    log.write(PSLaunch(sync=cfg.sync, label=pol.label(), lower=pol.lower, upper=pol.upper, controller=pol.controller,
+                       workers=2, slowdown=list(cfg.slowdowns), config=cfg.to_dict(), parameters=1000))
     for i in range(40):
-        log.write(PSPush(0.25 * i, 1 + i % 2, i // 2 + 1, i // 2, 1, "ok_within", 0, i, i, 0, 1.0, 0.02, 0.08, 0.1))
+        log.write(PSPush(t=0.25 * i, worker=1 + i % 2, push=i // 2 + 1, t_min=i // 2, gap=1, action="ok_within",
+                         allowance_left=0, version_pulled=i, version_applied=i, staleness=0, loss=1.0,
+                         compute_s=0.02, sleep_s=0.08, target_s=0.1))
     for t in np.round(np.arange(0, cfg.time_budget_s, 0.1), 3):
         acc = 0.9 if t_hit is not None and t >= t_hit else 0.5
-        log.write(PSAccuracy(float(t), int(10 * t), acc, 1.0, {"1": 1, "2": 1}, 0.01))
+        log.write(PSAccuracy(t=float(t), version=int(10 * t), test_accuracy=acc, test_loss=1.0,
+                             pushes={"1": 1, "2": 1}, eval_s=0.01))
     for w in (1, 2):
-        log.write(PSWorkerSummary(w, cfg.slowdowns[w - 1], 20, 0.4, 1.6, 1.0, 0.8, cfg.time_budget_s, 1, 0.5, 0, 0.02))
-    log.write(PSFinished("time_budget", cfg.time_budget_s, 40, {"1": 20, "2": 20}, 1, 1, 1, None, 0.9, 0.9))
+        log.write(PSWorkerSummary(worker=w, slowdown=cfg.slowdowns[w - 1], pushes=20, compute_s=0.4, sleep_s=1.6,
+                                  blocked_s=1.0, held_s=0.8, wall_s=cfg.time_budget_s, max_staleness=1,
+                                  mean_staleness=0.5, overruns=0, max_compute_s=0.02))
+    log.write(PSFinished(reason="time_budget", wall_s=cfg.time_budget_s, version=40, pushes={"1": 20, "2": 20},
+                         max_release_gap=1, max_push_gap=1, max_staleness=1, release_bound=None,
+                         test_accuracy=0.9, best_accuracy=0.9))
 
 
 def test_report_from_fake_runs(tmp_path):
