@@ -98,6 +98,9 @@ def ps(ctx: click.Context, config, sets, run_dir, **flags) -> None:
 @ps.command("experiment")
 @click.option("--config", "config", type=click.Path(dir_okay=False), required=True,
               help="Experiment design YAML (e.g. configs/dssp_table1.yaml).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a design key (targets, seeds, engine, bootstrap, margin, ...) or, as "
+                   "base.KEY=VALUE, a ps setting of every run (e.g. base.time_budget_s=10). Repeatable.")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder (overrides the design's `out`).")
 @click.option("--seeds", type=int, default=None, help="Use only the first N seeds of the design.")
 @click.option("--only", multiple=True, help="Run only these paradigm names (repeatable).")
@@ -105,17 +108,17 @@ def ps(ctx: click.Context, config, sets, run_dir, **flags) -> None:
               help="Jobs at a time (overrides the design's `parallel`; honest only while the compute/base "
                    "ratio stays well under 1, which table1.md reports).")
 @click.option("--report-only", is_flag=True, help="Do not run; rebuild table and plots from the runs in --out.")
-def experiment(config, out, seeds, only, parallel, report_only) -> None:
+def experiment(config, sets, out, seeds, only, parallel, report_only) -> None:
     """Run the Table I design: every heterogeneity x paradigm x seed (seeds paired), then write
     table1.json, table1.md (times to target, paired ratios to the references with 95% bootstrap
     intervals, a verdict per paper comparison, the compute/base ratio) and accuracy_vs_time.png into
     the output folder (runs under OUT/runs/). A run already finished (its events.jsonl has
     ps_finished) is reused, so an interrupted experiment resumes."""
+    from elastic_ring.config.base import parse_overrides
     from elastic_ring.ps.experiment import load_design, run_experiment
 
-    if parallel is not None and parallel < 1:
-        raise ConfigError(f"--parallel must be >= 1, got {parallel}")
-    design = load_design(config, out=out, seeds=seeds, only=only, parallel=parallel)
+    overrides = parse_overrides(sets) | {k: v for k, v in (("out", out), ("parallel", parallel)) if v is not None}
+    design = load_design(config, overrides, seeds=seeds, only=only)
     res = run_experiment(design, run=not report_only, echo=click.echo)
     click.echo(res["markdown"])
     click.echo(f"wrote {design.out}/table1.json, table1.md, accuracy_vs_time.png")

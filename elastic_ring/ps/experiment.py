@@ -12,6 +12,9 @@ The design (``configs/dssp_table1.yaml``)::
     heterogeneity: [{name: "1:2", slowdown: [1, 1, 2, 2], time_budget_s: 30}, ...]
     paradigms: [{name: BSP, sync: bsp}, {name: "SSP s=3", sync: ssp, staleness: 3}, ...]
 
+Unknown keys are errors (:class:`DesignSpec`, read like every config: :mod:`elastic_ring.config.base`);
+``--set KEY=VALUE`` changes a design key, ``--set base.KEY=VALUE`` a ps setting of every run.
+
 Every step of worker i lasts ``base_step_s * slowdown[i] * (1 + noise * z)`` (the compute is padded
 by sleeping, see :mod:`elastic_ring.ps.worker`), so the speeds do not depend on the machine's load
 as long as the compute stays under that target; each run records the compute/base ratio and the
@@ -40,22 +43,85 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
+from pydantic import Field, field_validator, model_validator
 
-from elastic_ring.config.base import read_yaml
+from elastic_ring.config.base import ConfigModel, Float, FloatTuple, Int, IntTuple, Str, build, load
 from elastic_ring.errors import ConfigError, ElasticRingError
 from elastic_ring.events.api import read_events
-from elastic_ring.ps.api import PSConfig, config_from_dict
+from elastic_ring.ps.api import PSConfig
 
 # Table I of arXiv 1908.11848 (ResNet-110 / CIFAR-100, GTX 1060 + GTX 1080 Ti): seconds to test
 # accuracy 0.67, the column every paradigm reached. Keyed by (sync, staleness).
 PAPER_TABLE1 = {("bsp", ""): 6159.2, ("asp", ""): 2993.1, ("ssp", "3"): 5678.2, ("ssp", "6"): 5703.8,
                 ("ssp", "15"): 5564.9, ("dssp", "3:15"): 3016.4}
-DESIGN_KEYS = {"out", "seeds", "targets", "references", "parallel", "bootstrap", "margin", "base",
-               "heterogeneity", "paradigms", "engine"}
-ENGINES = ("mpi", "inprocess")
+
+
+def _named(kind: str, entries: list[dict[str, Any]], required: tuple[str, ...]) -> list[dict[str, Any]]:
+    if not entries:
+        raise ValueError("must be a non-empty list")
+    for i, e in enumerate(entries):
+        if any(k not in e for k in required):
+            raise ValueError(f"{kind} {i + 1} needs {' and '.join(required)}")
+    if len({slug(str(e["name"])) for e in entries}) != len(entries):
+        raise ValueError("names must be distinct")
+    return entries
+
+
+class DesignSpec(ConfigModel):
+    """The design file as written (module docstring); :func:`load_design` expands it into a
+    :class:`Design`. ``base``, each ``heterogeneity`` and each ``paradigms`` entry hold
+    :class:`PSConfig` keys (besides ``name``), merged in that order into every cell's config."""
+
+    out: Str = "results/ps_table1"
+    seeds: IntTuple = (0,)
+    targets: FloatTuple
+    references: tuple[Str, ...] = ()
+    parallel: Int = Field(1, ge=1)
+    bootstrap: Int = Field(5000, ge=100)
+    margin: Float = Field(1.25, gt=1)
+    base: dict[str, Any] = {}
+    heterogeneity: list[dict[str, Any]] = [{"name": "base"}]
+    paradigms: list[dict[str, Any]]
+    engine: Literal["mpi", "inprocess"] = "mpi"
+
+    @field_validator("base", mode="before")
+    @classmethod
+    def _no_base(cls, v: Any) -> Any:
+        return {} if v is None else v
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or len(set(v)) != len(v):
+            raise ValueError(f"need at least one seed, each once, got {list(v)}")
+        return v
+
+    @field_validator("targets")
+    @classmethod
+    def _fractions(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not v or any(not 0 < t <= 1 for t in v):
+            raise ValueError(f"need accuracies in (0, 1], got {list(v)}")
+        return v
+
+    @field_validator("heterogeneity")
+    @classmethod
+    def _hets(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return _named("entry", v, ("name",))
+
+    @field_validator("paradigms")
+    @classmethod
+    def _paradigms(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return _named("entry", v, ("name", "sync"))
+
+    @model_validator(mode="after")
+    def _references(self) -> "DesignSpec":
+        missing = sorted(set(self.references) - {str(p["name"]) for p in self.paradigms})
+        if missing:
+            raise ValueError(f"reference(s) {', '.join(missing)} not among the paradigms")
+        return self
 
 
 @dataclass(frozen=True)
@@ -69,6 +135,9 @@ class Cell:
 
 @dataclass(frozen=True)
 class Design:
+    """A :class:`DesignSpec` expanded: every cell's :class:`PSConfig` built, seeds and paradigms
+    narrowed by the command line."""
+
     out: Path
     seeds: tuple[int, ...]
     targets: tuple[float, ...]
@@ -93,73 +162,42 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
 
 
-def _named_list(path, d: dict, key: str, required: tuple[str, ...]) -> list[dict]:
-    raw = d.get(key)
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError(f"{path}: {key} must be a non-empty list")
-    for i, p in enumerate(raw):
-        if not isinstance(p, dict) or any(k not in p for k in required):
-            raise ConfigError(f"{path}: {key} entry {i + 1} needs {' and '.join(required)}")
-    names = [str(p["name"]) for p in raw]
-    if len(set(map(slug, names))) != len(names):
-        raise ConfigError(f"{path}: {key} names must be distinct")
-    return raw
+def load_design(path: str | Path, overrides: Sequence[str] | Mapping[str, Any] = (),
+                seeds: int | None = None, only: tuple[str, ...] = ()) -> Design:
+    """Read and validate a design, then build every cell's config.
 
+    Args:
+        overrides: ``--set`` of design keys (``parallel=3``, ``seeds=[0,1]``, ``out=...``) or of
+            the shared ps settings (``base.time_budget_s=10``).
+        seeds: keep only the first N seeds. only: keep only these paradigm names.
 
-def load_design(path: str | Path, out: str | None = None, seeds: int | None = None,
-                only: tuple[str, ...] = (), parallel: int | None = None) -> Design:
-    """Read and validate a design (every cell's config is built). Raises :class:`ConfigError`."""
-    d = read_yaml(path)
-    unknown = sorted(set(d) - DESIGN_KEYS)
-    if unknown:
-        raise ConfigError(f"{path}: unknown design key(s): {', '.join(unknown)}")
-    base = d.get("base") or {}
-    if not isinstance(base, dict):
-        raise ConfigError(f"{path}: base must be a mapping of ps settings")
-    try:
-        seed_list = tuple(int(s) for s in d.get("seeds", [0]))
-        targets = tuple(float(t) for t in d.get("targets", []))
-        par = int(d.get("parallel", 1) if parallel is None else parallel)
-        boot = int(d.get("bootstrap", 5000))
-        margin = float(d.get("margin", 1.25))
-    except (TypeError, ValueError):
-        raise ConfigError(f"{path}: seeds, parallel and bootstrap must be integers, targets and margin numbers") from None
-    if not seed_list or len(set(seed_list)) != len(seed_list):
-        raise ConfigError(f"{path}: need at least one seed, each once")
-    if not targets or any(not 0 < t <= 1 for t in targets):
-        raise ConfigError(f"{path}: need targets in (0, 1]")
-    if par < 1 or boot < 100 or margin <= 1:
-        raise ConfigError(f"{path}: need parallel >= 1, bootstrap >= 100 and margin > 1")
-    engine = str(d.get("engine", "mpi"))
-    if engine not in ENGINES:
-        raise ConfigError(f"{path}: engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    Raises:
+        ConfigError: the design or a cell's config is invalid (one line naming the cell).
+    """
+    spec = load(DesignSpec, path, overrides)
+    source = f"{path} + overrides" if overrides else str(path)
+    seed_list = spec.seeds
     if seeds is not None:
         if seeds < 1:
             raise ConfigError(f"--seeds must be >= 1, got {seeds}")
         seed_list = seed_list[:seeds]
-    pars = _named_list(path, d, "paradigms", ("name", "sync"))
-    hets = _named_list(path, d, "heterogeneity", ("name",)) if "heterogeneity" in d else [{"name": "base"}]
     cells = {}
-    for h in hets:
-        for p in pars:
-            values = dict(base) | {k: v for k, v in h.items() if k != "name"} | {k: v for k, v in p.items() if k != "name"}
-            src = f"{path} heterogeneity {h['name']!r} paradigm {p['name']!r}"
-            cfg = config_from_dict(values, source=src)
-            if engine == "inprocess" and cfg.clock != "virtual":
+    for h in spec.heterogeneity:
+        for p in spec.paradigms:
+            values = spec.base | {k: v for k, v in h.items() if k != "name"} | {k: v for k, v in p.items() if k != "name"}
+            src = f"{source} heterogeneity {h['name']!r} paradigm {p['name']!r}"
+            cfg = build(PSConfig, values, src)
+            if spec.engine == "inprocess" and cfg.clock != "virtual":
                 raise ConfigError(f"{src}: engine inprocess needs clock: virtual")
             cells[(str(h["name"]), str(p["name"]))] = Cell(str(h["name"]), str(p["name"]), cfg)
-    names = tuple(str(p["name"]) for p in pars)
-    refs = tuple(str(r) for r in d.get("references", []))
-    missing = sorted(set(refs) - set(names))
-    if missing:
-        raise ConfigError(f"{path}: reference(s) {', '.join(missing)} not among the paradigms")
+    names = tuple(str(p["name"]) for p in spec.paradigms)
     if only:
         missing = sorted(set(only) - set(names))
         if missing:
             raise ConfigError(f"--only: no paradigm named {', '.join(missing)} (have: {', '.join(names)})")
         names = tuple(n for n in names if n in only)
-    return Design(Path(out or d.get("out", "results/ps_table1")), seed_list, targets, names,
-                  tuple(str(h["name"]) for h in hets), cells, refs, par, boot, margin, str(path), engine)
+    return Design(Path(spec.out), seed_list, spec.targets, names, tuple(str(h["name"]) for h in spec.heterogeneity),
+                  cells, spec.references, spec.parallel, spec.bootstrap, spec.margin, str(path), spec.engine)
 
 
 # ------------------------------------------------------------------------------------- statistics

@@ -206,7 +206,7 @@ def test_inprocess_engine_needs_the_virtual_clock(tmp_path):
     with pytest.raises(ConfigError, match="engine inprocess needs clock: virtual"):
         ex.load_design(p)
     p.write_text(DESIGN.format(out=tmp_path) + "engine: gpu\n")
-    with pytest.raises(ConfigError, match="engine must be one of"):
+    with pytest.raises(ConfigError, match="engine: must be one of"):
         ex.load_design(p)
 
 
