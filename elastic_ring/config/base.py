@@ -145,7 +145,7 @@ def load(cls: type[M], path: str | Path | None = None,
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {key}: {'.'.join(parents[:i + 1])} is not a mapping")
         node[leaf] = value
-    source = str(path) if path is not None else "flags"
+    source = str(path) if path is not None else "defaults"
     if changes:
         source = f"{path} + overrides" if path is not None else "overrides"
     return build(cls, values, source)
