@@ -9,18 +9,17 @@ Usage (the CLI builds this; by hand only for debugging)::
 ``RUN_DIR/ps_config.json`` holds the :class:`~elastic_ring.ps.api.PSConfig`; the server writes
 ``RUN_DIR/events.jsonl``. Several run folders (all with K workers) run one after the other in the
 same processes, which saves the start-up of K + 1 Python processes per run (the experiment does
-this; every run builds its model, data and optimizer afresh). A rank that raises writes ``RUN_DIR/errors/rank<R>.json`` (rank,
-exception type, message, traceback) and aborts the whole MPI job, so no rank waits forever; the
-CLI reads the file back and reports the first failure in one line.
+this; every run builds its model, data and optimizer afresh). A rank that raises writes its crash
+record, in the format of ``train`` (:func:`elastic_ring.protocol.write_error_record`:
+``RUN_DIR/logs/error-rank<R>.json`` with rank, exception type, message, traceback), and aborts the
+whole MPI job, so no rank waits forever; the CLI reads the record back and reports the first
+failure in one line.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
-import time
-import traceback
 from pathlib import Path
 
 
@@ -30,11 +29,13 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     from mpi4py import MPI
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from elastic_ring.protocol import write_error_record
+
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     run_dir = Path(argv[0])
     try:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from elastic_ring.ps.api import config_from_dict
 
         for arg in argv:
@@ -50,13 +51,7 @@ def main(argv: list[str]) -> None:
                 run_worker(cfg, rank, comm)
             comm.Barrier()
     except BaseException as e:  # noqa: BLE001 - every failure must reach the CLI and end the job
-        err_dir = run_dir / "errors"
-        err_dir.mkdir(parents=True, exist_ok=True)
-        record = {"rank": rank, "type": type(e).__name__, "message": str(e),
-                  "traceback": traceback.format_exc(), "time": time.time()}
-        tmp = err_dir / f".rank{rank}.json.{os.getpid()}"
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, err_dir / f"rank{rank}.json")
+        write_error_record(run_dir, e, rank)
         sys.stderr.write(f"rank {rank}: {type(e).__name__}: {e}\n")
         sys.stderr.flush()
         comm.Abort(1)

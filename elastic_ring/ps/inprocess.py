@@ -1,5 +1,5 @@
 """The parameter server on the virtual clock in one process: the same server loop
-(:func:`~elastic_ring.ps.server.run_server`) with a transport that computes each worker's gradient
+(:class:`~elastic_ring.ps.server.Server`) with a transport that computes each worker's gradient
 itself, from the weights that worker pulled, when its push is due.
 
 On the virtual clock a run's events are a function of its config and seed: each worker's gradient
@@ -12,19 +12,19 @@ Usage (the experiment builds this)::
 
     python -m elastic_ring.ps.inprocess RUN_DIR [RUN_DIR ...]
 
-Each ``RUN_DIR/ps_config.json`` (``clock: virtual``) runs in turn; a failure writes
-``RUN_DIR/errors/rank0.json`` as the MPI entry does and exits with status 1.
+Each ``RUN_DIR/ps_config.json`` (``clock: virtual``) runs in turn; a failure writes the crash
+record of rank 0 (:func:`elastic_ring.protocol.write_error_record`) as the MPI entry does and exits
+with status 1.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
+from elastic_ring.protocol import write_error_record
 from elastic_ring.ps.api import PSConfig, PSInputError, config_from_dict
 
 
@@ -73,10 +73,10 @@ class InProcessTransport:
 def run_inprocess(cfg: PSConfig, run_dir: str | Path) -> None:
     import torch
 
-    from elastic_ring.ps.server import run_server
+    from elastic_ring.ps.server import Server
 
     torch.set_num_threads(1)
-    run_server(cfg, Path(run_dir), transport=InProcessTransport(cfg))
+    Server(cfg, Path(run_dir), InProcessTransport(cfg)).serve()
 
 
 def main(argv: list[str]) -> int:
@@ -88,13 +88,8 @@ def main(argv: list[str]) -> int:
         try:
             cfg = config_from_dict(json.loads((run_dir / "ps_config.json").read_text()), source="ps_config.json")
             run_inprocess(cfg, run_dir)
-        except BaseException as e:  # noqa: BLE001 - every failure must reach the caller as an error file
-            err = run_dir / "errors"
-            err.mkdir(parents=True, exist_ok=True)
-            tmp = err / f".rank0.json.{os.getpid()}"
-            tmp.write_text(json.dumps({"rank": 0, "type": type(e).__name__, "message": str(e),
-                                       "traceback": traceback.format_exc(), "time": time.time()}))
-            os.replace(tmp, err / "rank0.json")
+        except BaseException as e:  # noqa: BLE001 - every failure must reach the caller as a crash record
+            write_error_record(run_dir, e, 0)
             sys.stderr.write(f"{run_dir}: {type(e).__name__}: {e}\n")
             return 1
     return 0

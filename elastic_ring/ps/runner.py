@@ -1,7 +1,9 @@
 """Launch one parameter-server job with mpirun and read its result back.
 
 The side effect (the process launch) is one function, :func:`launch_mpirun`, passed into
-:func:`run_job`, so callers (the CLI, the experiment) can be tested without processes.
+:func:`run_job`, so callers (the CLI, the experiment) can be tested without processes. A rank that
+fails writes the crash record of ``train`` (:func:`elastic_ring.protocol.write_error_record`,
+``RUN_DIR/logs/error-rank<R>.json``); :func:`check_run` reads it back.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from elastic_ring import protocol
 from elastic_ring.errors import WorkerFailedError
 from elastic_ring.events.api import EventLog, ErrorEvent, read_events
 from elastic_ring.ps.api import PSConfig
@@ -68,17 +72,6 @@ class JobResult:
     summaries: list[dict]
 
 
-def first_failure(run_dir: Path) -> dict | None:
-    files = sorted((run_dir / "errors").glob("rank*.json"))
-    recs = []
-    for f in files:
-        try:
-            recs.append(json.loads(f.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue
-    return min(recs, key=lambda r: r.get("time", 0)) if recs else None
-
-
 def run_job(cfg: PSConfig, run_dir: str | Path, timeout: float | None = None,
             launch: Callable[[list[str], Path, float | None], int] = launch_mpirun) -> JobResult:
     """Run one job to the end.
@@ -93,8 +86,9 @@ def run_job(cfg: PSConfig, run_dir: str | Path, timeout: float | None = None,
     if timeout is None:
         timeout = default_timeout(cfg)
     cmd = mpirun_command(cfg, run_dir)
+    started = time.time()
     rc = launch(cmd, run_dir, timeout)
-    return check_run(run_dir, rc)
+    return check_run(run_dir, rc, since=started)
 
 
 def run_batch(jobs: list[tuple[PSConfig, Path]], launch: Callable[[list[str], Path, float | None], int] = launch_mpirun,
@@ -113,24 +107,29 @@ def run_batch(jobs: list[tuple[PSConfig, Path]], launch: Callable[[list[str], Pa
         dirs.append(d)
     cmd = (mpirun_command(jobs[0][0], dirs) if engine == "mpi"
            else [sys.executable, "-m", "elastic_ring.ps.inprocess", *map(str, dirs)])
+    started = time.time()
     rc = launch(cmd, dirs[0], sum(default_timeout(cfg) for cfg, _ in jobs))
     out: list[JobResult | WorkerFailedError] = []
     for d in dirs:
         try:
-            out.append(check_run(d, rc if not read_events(d / "events.jsonl", "ps_finished") else 0))
+            out.append(check_run(d, rc if not read_events(d / "events.jsonl", "ps_finished") else 0, since=started))
         except WorkerFailedError as e:
             out.append(e)
     return out
 
 
-def check_run(run_dir: Path, rc: int) -> JobResult:
-    """The job's result, or WorkerFailedError (first failed rank, mpirun status, no ps_finished)."""
+def check_run(run_dir: Path, rc: int, since: float = 0.0) -> JobResult:
+    """The job's result, or WorkerFailedError (first failed rank, mpirun status, no ps_finished).
+
+    ``since``: the launch time; older crash records (a previous attempt in the same folder) are
+    not this job's."""
     log = EventLog(run_dir / "events.jsonl")
-    fail = first_failure(run_dir)
+    fail = protocol.first_failure(protocol.read_error_records(run_dir, since=since), [])
     if fail is not None:
-        msg = f"rank {fail['rank']} failed: {fail['type']}: {fail['message']} (traceback in {run_dir}/errors/)"
-        log.write(ErrorEvent(msg, rank=fail["rank"]))
-        raise WorkerFailedError(msg, rank=fail["rank"], cause=fail["message"])
+        rank = fail["rank"]
+        msg = f"rank {rank} failed: {fail['message']} (traceback in {protocol.error_file(run_dir, rank)})"
+        log.write(ErrorEvent(msg, rank=rank))
+        raise WorkerFailedError(msg, rank=rank, cause=fail["message"])
     if rc != 0:
         why = "timed out" if rc == -9 else f"exited with status {rc}"
         msg = f"mpirun {why}; see {run_dir / 'mpirun.log'}"

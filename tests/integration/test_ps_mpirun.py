@@ -8,9 +8,12 @@ Bounds checked (K = 2 workers, one update per push, see docs/ps.md):
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from elastic_ring.events.api import read_events
+from elastic_ring.protocol import error_file
 from tests.conftest import run_cli, tool
 
 pytestmark = pytest.mark.integration
@@ -87,5 +90,7 @@ def test_rank_failure_is_reported_in_one_line(tmp_path):
     assert r.returncode == 1, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "rank 2 failed" in lines[0] and "injected failure" in lines[0], r.stderr
-    assert (run_dir / "errors" / "rank2.json").exists()
+    rec = json.loads(error_file(run_dir, 2).read_text())  # the crash record of `train`
+    assert rec["rank"] == 2 and rec["type"] == "RuntimeError" and "injected failure" in rec["traceback"]
+    assert not (run_dir / "errors").exists()
     assert read_events(run_dir / "events.jsonl", "error")
