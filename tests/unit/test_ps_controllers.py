@@ -261,3 +261,29 @@ def test_what_exact_minimises_is_the_wait_without_refill():
     assert paper.pushes == asp.pushes and paper.end == asp.end
     assert exact.wait_s[1] > 0.4 * exact.end and exact.max_release_gap <= HI
     assert exact.wait_s[1] == pytest.approx(ssp.wait_s[1], rel=0.05)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_cap_holds_at_every_allowance_push_over_random_runs(seed):
+    """The gate does not check the gap when dssp-exact's worker spends an allowance: the
+    controller's r <= hi - gap at the decision, and each allowance push raises the gap by at most
+    one. Over random K, lo:hi, speeds and noise: no OK (allowance, within lo, release) above hi."""
+    rng = np.random.default_rng(seed)
+    allowance_pushes = at_hi = 0
+    for _ in range(20):
+        k = int(rng.integers(2, 5))
+        lo = int(rng.integers(0, 5))
+        hi = lo + int(rng.integers(1, 12))
+        cv = rng.uniform(0.0, 0.8)
+        steps = {w: np.maximum(0.01, rng.uniform(0.2, 3.0) * (1 + cv * rng.standard_normal(500)))
+                 for w in range(1, k + 1)}
+        res = simulate(SyncPolicy.parse("dssp-exact", f"{lo}:{hi}"), lambda w, i: steps[w][i], list(steps), 400)
+        assert res.max_release_gap <= hi
+        for _, d in res.decisions:
+            if d.controller is not None:
+                assert d.controller.r <= d.controller.r_cap <= max(0, hi - d.gap)
+            if d.action is Action.OK_ALLOWANCE:
+                allowance_pushes += 1
+                at_hi += d.gap == hi
+                assert d.gap <= hi
+    assert allowance_pushes > 100 and at_hi > 0  # the path is taken, and the cap is reached
