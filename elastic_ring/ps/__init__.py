@@ -6,9 +6,17 @@
                    hard cap (``exact``)
 - ``simulate``     discrete-event simulation of the gate with given step times (tests, docs)
 - ``model``        the model as flat arrays; evaluation
-- ``server``       rank 0's loop; ``worker`` ranks 1..K; ``runner`` launches mpirun
-- ``events``       the ``ps_*`` event kinds; ``experiment`` the Table I design (paired seeds,
-                   bootstrap ratios, a verdict per paper comparison)
+- ``server``       rank 0's loop, the class ``Server`` (one method per concern: a push, the gate's
+                   decision, evaluation, the stop, the totals) over a ``Transport``: MPI, or
+                   ``inprocess`` (the workers' gradients computed in the server's process, virtual
+                   clock; the same loop, so the same events)
+- ``worker``       ranks 1..K (``WorkerCompute``: the gradient step both transports use)
+- ``runner``       launches mpirun (or the in-process engine) and reads a failed rank's crash
+                   record: the one format of ``train`` (``elastic_ring.protocol``,
+                   ``RUN_DIR/logs/error-rank<R>.json``), written by ``launch/ps_main.py`` and
+                   ``inprocess``
+- ``events``       the ``ps_*`` event kinds (keyword-only records); ``experiment`` the Table I
+                   design (paired seeds, bootstrap ratios, a verdict per paper comparison)
 
 Nothing happens at import time.
 """

@@ -134,9 +134,10 @@ class Server:
     """One run of the server loop: :meth:`serve` writes ``RUN_DIR/events.jsonl`` from ``ps_launch``
     to ``ps_finished`` (see :mod:`elastic_ring.ps.events` for the order).
 
-    Each concern is one method: :meth:`on_push` applies a gradient, :meth:`gate` decides and sends
-    the OKs, :meth:`eval_point` / :meth:`evaluate_and_log` evaluate, :meth:`stop_after_push` and
-    :meth:`catch_up_virtual` decide the end, :meth:`finish` stops the workers and writes the totals.
+    Each concern is one method: :meth:`on_push` applies a gradient and asks the gate, :meth:`act`
+    carries out its decision (OK, hold, releases), :meth:`eval_point` / :meth:`evaluate_and_log`
+    evaluate, :meth:`stop_after_push` and :meth:`catch_up_virtual` decide the end, :meth:`finish`
+    stops the workers and writes the totals.
     """
 
     def __init__(self, cfg: PSConfig, run_dir: Path, transport: Transport) -> None:
