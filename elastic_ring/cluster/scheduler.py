@@ -337,7 +337,9 @@ class Scheduler:
         out = obs.outcome
         if out in ("succeeded", "finished"):
             state, cause = JobState.SUCCEEDED, "completion"
-        elif out == "interrupted" and (j["cancel"] or j["message"] == "cancel"):
+        elif j["cancel"] or j["message"] == "cancel":
+            # cancelled by the user: whatever the controller managed to write (a summary after the
+            # stop, or none when the stop came before its first launch), the job is cancelled
             state, cause = JobState.CANCELLED, "cancel"
         elif out == "interrupted" or (out is None and obs.launches > 0):
             # stopped by us, or a controller killed without a summary after it had launched

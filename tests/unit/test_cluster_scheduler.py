@@ -199,6 +199,25 @@ def test_cancel_queued_and_running_and_drain(tmp_path):
     assert store.job(c)["state"] == JobState.PAUSED  # checkpointed; `cluster up` resumes it
 
 
+def test_cancel_right_after_the_start_ends_cancelled_not_failed(tmp_path):
+    """The cancel lands after the decision that started the job and before its controller wrote
+    anything (seen live under load): the controller ends with no summary and no launch."""
+    store, cfg, runner, sched = _setup(tmp_path, slots=2, policy="eight")
+    a = _submit(store, "a", 10 ** 6)
+    sched.recover()
+    sched.tick()
+    assert store.job(a)["state"] == JobState.RUNNING
+    store.update(a, cancel=1)
+    runner.jobs[a].launches = 0
+    sched.tick()  # stop requested
+    runner.jobs[a].stopping = 0
+    runner.jobs[a].alive, runner.jobs[a].outcome = False, None  # killed before any summary
+    sched.tick()
+    job = store.job(a)
+    assert job["state"] == JobState.CANCELLED and job["slots"] == []
+    assert [e["kind"] for e in store.events(a)][-1] == "cancelled"
+
+
 def test_recovery_adopts_live_controllers_and_resumes_stopped_ones(tmp_path):
     store, cfg, runner, sched = _setup(tmp_path)
     a, b = _submit(store, "a", 300), _submit(store, "b", 300)
