@@ -11,9 +11,10 @@ setup:
 demo: setup
 	.venv/bin/elastic-ring train --gpus 1 --resize-at 60 --to 2 --slots 2 --run-dir $(DEMO_DIR)
 
-# The full test suite (unit + real horovodrun/mpirun integration tests on the CPU).
+# The full test suite (unit + real horovodrun/mpirun integration tests on the CPU), two at a time:
+# the integration tests spend much of their time starting processes and waiting on them.
 test: setup
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=25 tests
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit

@@ -15,6 +15,9 @@ BIN = Path(sys.executable).parent
 
 
 def pytest_collection_modifyitems(config, items):
+    # integration tests first: under `pytest -n 2` (make test) the long ones start early and the
+    # short unit tests fill the gaps at the end instead of a long test running alone last
+    items.sort(key=lambda it: "integration" not in it.keywords)
     try:
         import torch
         has_cuda = torch.cuda.is_available()
