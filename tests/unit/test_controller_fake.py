@@ -32,6 +32,7 @@ class FakeWorkers:
         self.go = Path(arg("--go-file")) if arg("--go-file") else None
         self.cmd_line = " ".join(cmd)
         self.pid = 10_000 + self.segment
+        self.launched_at_step = state["step"]  # the last checkpointed step when this group started
         self.polls = 0
         self.rc: int | None = None
         self.log = EventLog(run_dir / WORKER_EVENTS)
@@ -128,9 +129,14 @@ def test_schedule_runs_three_segments_with_eq7(tmp_path, mode):
     assert len([e for e in ev if e["kind"] == "resize_overhead"]) == 2
     assert len([e for e in ev if e["kind"] == "workers_exited"]) == 3
     assert [e["kind"] for e in ev][-1] == "finished"
+    # prelaunch starts the next group while the current one still trains (before its checkpoint);
+    # the other modes start it after the checkpoint
+    launched_at = [w.launched_at_step for w in launcher.started]
     if mode == "prelaunch":
         assert all(w.go is not None for w in launcher.started[1:])
-        assert all(e["prelaunched_s"] >= 0 for e in ev if e["kind"] == "launch")
+        assert launched_at == [0, 0, 10]
+    else:
+        assert all(w.go is None for w in launcher.started) and launched_at == [0, 10, 20]
 
 
 def test_failure_without_restarts_names_rank_cause_and_checkpoint(tmp_path):
