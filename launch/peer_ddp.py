@@ -3,9 +3,11 @@
     torchrun --standalone --nproc-per-node 2 launch/peer_ddp.py --steps 200 --out r.jsonl
 
 Steady state: rank 0 records images/s over the steps after ``--warmup``. For the resize benchmark
-(``--ckpt-dir``), it is torchrun's elastic way: rank 0 saves a checkpoint every ``--ckpt-every``
-steps; when the membership changes torchrun kills and restarts every worker, and they resume from
-the last checkpoint (with the LR scaled to the new world size); rank 0 records each step's time.
+(``--ckpt-dir``): rank 0 saves a checkpoint every ``--ckpt-every`` steps and at each step of
+``--ckpt-at`` (a planned resize), and records each step's time and each checkpoint once written.
+A new worker resumes from the last checkpoint (with the LR scaled to the new world size): after
+torchrun's elastic agents restarted every worker on a membership change, or after the user stopped
+torchrun and started it again with another ``--nproc-per-node``.
 """
 
 import os
@@ -26,7 +28,9 @@ def main() -> None:
     p = pc.arguments(__doc__)
     p.add_argument("--ckpt-dir", type=Path, default=None)
     p.add_argument("--ckpt-every", type=int, default=10)
+    p.add_argument("--ckpt-at", default="", help="comma-separated steps also checkpointed")
     a = p.parse_args()
+    ckpt_at = {int(x) for x in a.ckpt_at.split(",") if x.strip()}
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
@@ -55,11 +59,12 @@ def main() -> None:
         if ck is not None:
             if rank == 0:
                 pc.record(a.out, kind="step", harness="ddp", world=world, step=step)
-                if step % a.ckpt_every == 0:
+                if step % a.ckpt_every == 0 or step in ckpt_at:
                     tmp = ck.with_suffix(".tmp")
                     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                                 "step": step, "cursor": cursor, "world": world}, tmp)
                     os.replace(tmp, ck)
+                    pc.record(a.out, kind="ckpt", harness="ddp", world=world, step=step)
         elif step == a.warmup:
             pc.sync(dev)
             t0 = time.time()

@@ -15,10 +15,13 @@ workers), synthetic CIFAR-shaped data and batch assembly for every harness (``la
 2. Resize cost (``--part resize``): grow 1 -> 2 at step S and shrink 2 -> 1 at step 2S of a
    3S-step run (``--resize-steps``), for each of our relaunch modes (``--relaunch``) against
    Horovod Elastic's own way (``launch/peer_elastic.py``: the discovery script reports one more /
-   one fewer slot) and torchrun restarting its workers when a second agent joins or leaves
-   (``launch/peer_ddp.py --ckpt-dir``: checkpoint every 10 steps, resume from it; the second agent
-   starts at step S and leaves S/2 steps after it joined; 3S + 40 steps, so that it can join in
-   time: its wall times compare only with its own run without a resize). Time lost per
+   one fewer slot) and torch DDP (``launch/peer_ddp.py --ckpt-dir``: resume from the last
+   checkpoint) resized two ways: ``torchrun``, its elastic agents restarting the workers when a
+   second ``--nnodes 1:2`` agent joins at step S or is stopped (SIGTERM) S/2 steps after it joined
+   (checkpoint every 10 steps; 3S + ``--torchrun-extra-steps`` steps, so that it can join in time:
+   its wall times compare only with its own run without a resize); ``torchrun-relaunch``, what a
+   single-node user does: checkpoint at the resize step, stop torchrun (SIGTERM), start
+   ``torchrun --standalone --nproc-per-node N_new`` resuming from it. Time lost per
    resize = first step at the new size - last step whose work is kept - one steady step at the
    new size (for ours: the controller's ``resize_overhead.total_lost_s``, the same definition),
    and the whole run's wall time against the same harness running the same steps at 1 worker
@@ -125,6 +128,7 @@ def steady_peer(a, harness: str, n: int, tmp: Path) -> float:
 
 
 STEADY = ("ours", "horovod", "ddp")
+PEERS = ("horovod-elastic", "torchrun", "torchrun-relaunch")
 
 
 def part_steady(a, tmp: Path) -> dict:
@@ -188,8 +192,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="resize part: our relaunch modes to measure")
     ap.add_argument("--no-resize-repeats", type=int, default=3,
                     help="resize part: rounds in which the peers also run without a resize")
-    ap.add_argument("--peers", nargs="*", default=["horovod-elastic", "torchrun"],
-                    help="resize part: the peers to measure")
+    ap.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS,
+                    help="resize part: the peers to measure (torchrun: two elastic agents; "
+                         "torchrun-relaunch: stop torchrun, start it again at the new size)")
+    ap.add_argument("--torchrun-extra-steps", type=int, default=100,
+                    help="resize part, torchrun: steps beyond 3S, so that the second agent joins in time")
     ap.add_argument("--compare-tree", type=Path, default=None,
                     help="steady state: also run this other checkout of elastic-ring (ours-before)")
     ap.add_argument("--depth", type=int, default=20)
@@ -319,6 +326,16 @@ def resize_hvd_elastic(a, resize: bool, tmp: Path) -> dict:
     return {"wall_s": wall, "resizes": _losses(_read(out))}
 
 
+# torchrun's elastic agents on this torch (2.5 and later) share the rendezvous TCPStore with the
+# workers by default, and only the agent that is rank 0 in the *first* round publishes MASTER_ADDR/
+# MASTER_PORT (``DynamicRendezvousHandler.next_rendezvous`` caches its ``_bootstrap_store_info``).
+# A node joining later as rank 1 waits for those keys under the new round's prefix, which nobody
+# writes, while the old agent waits for the newcomer's ``role_info``: both time out after
+# ``read_timeout`` (60 s), and no grow ever completes. Without the shared store every round's rank 0
+# publishes them again, and a join works (torch's own opt-out, the workaround of pytorch#135712).
+TORCHRUN_ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 def _torchrun(a, out: Path, ckpt: Path, port: int, steps: int) -> list[str]:
     return [str(BIN / "torchrun"), "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", f"bench{port}", "--max-restarts", "5",
@@ -327,6 +344,12 @@ def _torchrun(a, out: Path, ckpt: Path, port: int, steps: int) -> list[str]:
             "--rdzv-conf", "join_timeout=300,last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=3",
             str(LAUNCH / "peer_ddp.py"), *_model_args(a), "--steps", str(steps), "--out", str(out),
             "--ckpt-dir", str(ckpt), "--ckpt-every", "10"]
+
+
+def _torchrun_standalone(a, out: Path, ckpt: Path, n: int, steps: int, ckpt_at: list[int]) -> list[str]:
+    return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(n), str(LAUNCH / "peer_ddp.py"),
+            *_model_args(a), "--steps", str(steps), "--out", str(out), "--ckpt-dir", str(ckpt),
+            "--ckpt-every", "10", "--ckpt-at", ",".join(map(str, ckpt_at))]
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -338,16 +361,43 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def _stop(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM to the agent alone (it stops its workers itself), as a user or a scheduler would."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+
+
+def _wait_record(records: Path, kind: str, pred, proc: subprocess.Popen, timeout: float, what: str) -> dict:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        for r in reversed(_read(records)):
+            if r["kind"] == kind and pred(r):
+                return r
+        if proc.poll() is not None:
+            raise BenchError(f"{what}: exited with status {proc.returncode} before that {kind}")
+        time.sleep(0.05)
+    raise BenchError(f"{what}: timed out")
+
+
 def resize_torchrun(a, resize: bool, tmp: Path) -> dict:
+    """torchrun's elastic way: a second ``--nnodes 1:2`` agent joins at step S (both agents restart
+    their workers from the last periodic checkpoint at world size 2), and is stopped with SIGTERM
+    S/2 steps after the join (the survivor's worker fails in gloo, its agent restarts it at world
+    size 1 from the last checkpoint). ``3S + --torchrun-extra-steps`` steps, so that the second
+    agent can start and join before the run ends (the same steps in the run without a resize)."""
     s = a.resize_steps
     d = tmp / f"torchrun-{time.time_ns()}"
     d.mkdir()
     out = d / "steps.jsonl"
     port = 29500 + (time.time_ns() // 1000) % 400
-    env = _env(OMP_NUM_THREADS=_threads(1))
+    env = _env(OMP_NUM_THREADS=_threads(1), **TORCHRUN_ELASTIC_ENV)
     t0 = time.perf_counter()
     logs = [open(d / f"agent{i}.log", "w") for i in (0, 1)]
-    steps = 3 * s + 40  # a joining agent needs time to start: room for it (same in both runs)
+    steps = 3 * s + a.torchrun_extra_steps
     first = subprocess.Popen(_torchrun(a, out, d, port, steps), cwd=ROOT, env=env, stdout=logs[0],
                              stderr=subprocess.STDOUT, start_new_session=True)
     second = None
@@ -359,7 +409,7 @@ def resize_torchrun(a, resize: bool, tmp: Path) -> dict:
             joined = _wait_step(out, lambda r: r["world"] == 2, first, 600, "torchrun (the join)")
             _wait_step(out, lambda r: r["step"] >= max(2 * s, joined["step"] + s // 2) and r["world"] == 2,
                        first, 600, "torchrun")
-            _kill(second)  # the node leaves (as a lost host would)
+            _stop(second)  # the node leaves
         rc = first.wait(timeout=1800)
     finally:
         _kill(first)
@@ -373,15 +423,84 @@ def resize_torchrun(a, resize: bool, tmp: Path) -> dict:
     return {"wall_s": wall, "resizes": _losses(_read(out))}
 
 
+def relaunch_plan(s: int, resize: bool) -> list[tuple[int, int | None]]:
+    """The segments of the stop-and-relaunch run: (workers, step after which it is stopped; None:
+    it runs to the end). Grow 1 -> 2 after step S, shrink 2 -> 1 after step 2S, 3S steps."""
+    return [(1, s), (2, 2 * s), (1, None)] if resize else [(1, None)]
+
+
+def resize_torchrun_relaunch(a, resize: bool, tmp: Path) -> dict:
+    """What a single-node DDP user does to resize: the worker checkpoints at the step at which the
+    resize is due (``--ckpt-at``), the user stops torchrun (SIGTERM to the agent) once that
+    checkpoint is written, and starts ``torchrun --standalone --nproc-per-node N_new``, which
+    resumes from it. Work done after the checkpoint and before the stop is lost (redone)."""
+    s = a.resize_steps
+    d = tmp / f"torchrun-relaunch-{time.time_ns()}"
+    d.mkdir()
+    out = d / "steps.jsonl"
+    plan = relaunch_plan(s, resize)
+    ckpt_at = [stop for _, stop in plan if stop is not None]
+    t0 = time.perf_counter()
+    proc = None
+    phases: list[dict] = []  # per resize: where the time between the checkpoint and the new start went
+    try:
+        for i, (n, stop) in enumerate(plan):
+            launched = time.time()
+            if phases:
+                phases[-1]["launched"] = launched
+            with open(d / f"agent{i}.log", "w") as log:
+                proc = subprocess.Popen(_torchrun_standalone(a, out, d, n, 3 * s, ckpt_at), cwd=ROOT,
+                                        env=_env(OMP_NUM_THREADS=_threads(n)), stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+            if stop is None:
+                rc = proc.wait(timeout=1800)
+                if rc != 0:
+                    raise BenchError(f"torchrun --standalone x{n} failed (status {rc}):\n"
+                                     f"{(d / f'agent{i}.log').read_text()[-2000:]}")
+            else:
+                ck = _wait_record(out, "ckpt", lambda r, n=n, stop=stop: r["step"] == stop and r["world"] == n,
+                                  proc, 600, f"torchrun --standalone x{n}")
+                seen = time.time()
+                _stop(proc)
+                phases.append({"ckpt": ck["time"], "seen": seen, "stopped": time.time()})
+    finally:
+        if proc is not None:
+            _kill(proc)
+    wall = time.perf_counter() - t0
+    recs = _read(out)
+    return {"wall_s": wall, "resizes": _losses(recs), "phases": relaunch_phases(phases, recs)}
+
+
+def relaunch_phases(marks: list[dict], records: list[dict]) -> list[dict]:
+    """Seconds from the resize step's checkpoint to: the benchmark seeing it, torchrun stopped (SIGTERM
+    to the agent's exit), the new torchrun started, its worker's ``start`` record (after imports,
+    rendezvous, model build and the checkpoint's load), its first step."""
+    out = []
+    for m in marks:
+        if "launched" not in m:
+            continue
+        start = next((r for r in records if r["kind"] == "start" and r["time"] >= m["launched"]), None)
+        first = next((r for r in records if r["kind"] == "step" and start is not None
+                      and r["time"] >= start["time"]), None)
+        ph = {"seen_s": m["seen"] - m["ckpt"], "stop_s": m["stopped"] - m["seen"],
+              "relaunch_s": m["launched"] - m["stopped"]}
+        if start is not None:
+            ph["start_record_s"] = start["time"] - m["launched"]
+        if first is not None:
+            ph["first_step_s"] = first["time"] - start["time"]
+        out.append(ph)
+    return out
+
+
 def part_resize(a, tmp: Path) -> dict:
-    harnesses = [f"ours:{m}" for m in a.relaunch] + [h for h in ("horovod-elastic", "torchrun")
-                                                     if h in a.peers]
+    harnesses = [f"ours:{m}" for m in a.relaunch] + [h for h in PEERS if h in a.peers]
     res: dict[str, dict] = {h: {"grow_lost_s": [], "shrink_lost_s": [], "redone_steps": [], "wall_s": [],
                                 "wall_no_resize_s": []} for h in harnesses}
     base_ours: list[float] = []
     for i in range(a.repeats):
         order = harnesses if i % 2 == 0 else list(reversed(harnesses))
-        base_ours.append(resize_ours(a, None, tmp)["wall_s"])
+        if a.relaunch:  # ours without a resize (the same steps at 1 worker)
+            base_ours.append(resize_ours(a, None, tmp)["wall_s"])
         for h in order:
             try:  # a peer that fails on this loaded machine is recorded, not fatal
                 if h.startswith("ours:"):
@@ -391,14 +510,17 @@ def part_resize(a, tmp: Path) -> dict:
                     if i < a.no_resize_repeats:
                         res[h]["wall_no_resize_s"].append(resize_hvd_elastic(a, False, tmp)["wall_s"])
                 else:
-                    r = resize_torchrun(a, True, tmp)
+                    fn = resize_torchrun if h == "torchrun" else resize_torchrun_relaunch
+                    r = fn(a, True, tmp)
                     if i < a.no_resize_repeats:
-                        res[h]["wall_no_resize_s"].append(resize_torchrun(a, False, tmp)["wall_s"])
+                        res[h]["wall_no_resize_s"].append(fn(a, False, tmp)["wall_s"])
             except (BenchError, subprocess.TimeoutExpired) as e:
                 res[h].setdefault("errors", []).append(str(e)[:1500])
                 _log(f"round {i + 1}/{a.repeats} {h}: FAILED: {str(e).splitlines()[0]}")
                 continue
             res[h]["wall_s"].append(r["wall_s"])
+            if "phases" in r:
+                res[h].setdefault("phases", []).append(r["phases"])
             for z in r["resizes"]:
                 res[h]["grow_lost_s" if z["to"] > z["from"] else "shrink_lost_s"].append(z["lost_s"])
                 res[h]["redone_steps"].append(z["redone_steps"])
