@@ -48,6 +48,26 @@ EXIT_ORPHANED = 75  # a worker's exit status when its controller is gone or repl
 PEER_LOSS_TYPES = ("HorovodInternalError", "HostsUpdatedInterrupt")
 
 
+CPU_THREADS_ENV = "ELASTIC_RING_CPU_THREADS"
+
+
+def cpu_threads(local_workers: int) -> int:
+    """Intra-op threads of one CPU worker: ``$ELASTIC_RING_CPU_THREADS`` if set, else the cores
+    this process may run on (its CPU affinity, not the machine's count) shared by the workers of
+    this host. Controller (``OMP_NUM_THREADS``) and worker (``torch.set_num_threads``) both use it."""
+    raw = os.environ.get(CPU_THREADS_ENV, "").strip()
+    if raw:
+        try:
+            return max(1, int(raw))
+        except ValueError:
+            pass
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local_workers))
+
+
 def control_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "control"
 

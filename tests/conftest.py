@@ -13,6 +13,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # two tests at a time (make test): one intra-op thread per worker process, so that two tests'
+    # workers share the cores instead of oversubscribing them (spinning OpenMP threads)
+    os.environ.setdefault("ELASTIC_RING_CPU_THREADS", "1")
+
 
 def pytest_collection_modifyitems(config, items):
     # integration tests first: under `pytest -n 2` (make test) the long ones start early and the

@@ -590,7 +590,7 @@ class Controller:
         if self.relaunch == "inplace":  # a joining worker's start-up happens inside the ring's init
             env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "300")
         if spec.device == "cpu":
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, seg.world)))
+            env["OMP_NUM_THREADS"] = str(protocol.cpu_threads(seg.world))
             # Horovod's background cycle: 5 ms instead of 1 ms fuses more gradients per gloo
             # allreduce and wakes less on busy cores: +13% images/s at 2 CPU workers (docs/peers.md)
             env.setdefault("HOROVOD_CYCLE_TIME", "5")

@@ -156,7 +156,7 @@ class Job:
             torch.backends.cudnn.benchmark = True
         else:
             self.device = torch.device("cpu")
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.local_size))
+            torch.set_num_threads(protocol.cpu_threads(self.local_size))
         self.step = 0
         self.resumed = False
         self.previous_world: int | None = None
@@ -530,7 +530,7 @@ class Job:
         if self.device.type == "cpu":
             import torch
 
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.local_size))
+            torch.set_num_threads(protocol.cpu_threads(self.local_size))
         if self.rank == 0 and self._events is None:
             from elastic_ring.events.api import EventLog
 

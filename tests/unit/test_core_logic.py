@@ -202,3 +202,15 @@ def test_summary_scaling_efficiency_and_overheads():
     assert s["scaling_efficiency"][0]["efficiency"] == pytest.approx(180 / 210)
     assert s["resizes"][0]["total_lost_s"] == 5.5
     assert s["train_loss"] == 1.0 and s["test_accuracy"] == 0.9 and s["state"] == "running"
+
+
+def test_cpu_threads_share_the_allowed_cores_or_follow_the_override(monkeypatch):
+    from elastic_ring import protocol
+
+    monkeypatch.delenv(protocol.CPU_THREADS_ENV, raising=False)
+    monkeypatch.setattr(protocol.os, "sched_getaffinity", lambda pid: set(range(6)), raising=False)
+    assert [protocol.cpu_threads(n) for n in (1, 2, 4, 8)] == [6, 3, 1, 1]
+    monkeypatch.setenv(protocol.CPU_THREADS_ENV, "2")
+    assert protocol.cpu_threads(4) == 2
+    monkeypatch.setenv(protocol.CPU_THREADS_ENV, "lots")  # unreadable: the default rule
+    assert protocol.cpu_threads(2) == 3
