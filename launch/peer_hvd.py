@@ -19,13 +19,17 @@ import peer_common as pc  # noqa: E402
 
 
 def main() -> None:
-    a = pc.arguments(__doc__).parse_args()
+    ap = pc.arguments(__doc__)
+    ap.add_argument("--groups", type=int, default=0,
+                    help="DistributedOptimizer(groups=N): gradients allreduced in N groups (0: Horovod's default)")
+    a = ap.parse_args()
     hvd.init()
     dev = pc.setup(hvd.local_rank(), hvd.local_size(), a.device)
     model, data, stream = pc.build(a, dev)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr * a.batch_size * hvd.size() / 128, momentum=0.9,
                           weight_decay=1e-4)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Average)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Average,
+                                   groups=a.groups or None)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     b, n = a.batch_size, hvd.size()
     t0 = None

@@ -75,10 +75,9 @@ def main() -> int:
     test_ds = None
 
     job.connect()
-    hvd = job.hvd
     # hvd.DistributedOptimizer builds a new optimizer over the same parameter groups with its own
     # (empty) state: `opt` holds the momentum buffers; register `opt`, not `base_opt`.
-    opt = hvd.DistributedOptimizer(base_opt, named_parameters=model.named_parameters(), op=hvd.Average)
+    opt = job.distributed_optimizer(base_opt, model)  # op=Average; one allreduce group on CPUs
     base = initial_base_lr(cfg.lr, cfg.lr_reference_batch, cfg.batch_size, job.size)
     start = LRState(base, base / job.size, 0, cfg.warmup_steps) if cfg.warmup_steps else LRState(base)
     job.register(model=model, optimizer=opt, lr_state=vars(start).copy())
