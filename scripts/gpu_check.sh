@@ -140,7 +140,9 @@ if gpu and not gpu_keys:
 say("3/4 stop and restart")
 run = tmp / "restart"
 cmd = [py, "-m", "elastic_ring.cli.main", "train", "--device", device, "--dataset", "synthetic",
-       "--set", "augment=false", *size, "--gpus", "1", "--steps", str(steps * 2), "--set", "throughput_window=5",
+       # long enough that the Ctrl-C lands before the end (tiny CPU steps run at 100+ a second)
+       "--set", "augment=false", *size, "--gpus", "1", "--steps", str(steps * (2 if gpu else 20)),
+       "--set", "throughput_window=5",
        "--run-dir", str(run)]
 if not gpu:
     cmd += ["--slots", "2"]
