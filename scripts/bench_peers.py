@@ -228,7 +228,14 @@ def main(argv: list[str] | None = None) -> int:
             print("bench_peers: --device cuda but no CUDA GPU is visible", file=sys.stderr)
             return 2
     load0 = os.getloadavg()
-    result: dict = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+    def _rel(v):  # paths relative to the repository in the results: no machine path in them
+        if not isinstance(v, Path):
+            return v
+        try:
+            return str(v.resolve().relative_to(ROOT))
+        except ValueError:
+            return v.name
+    result: dict = {"config": {k: _rel(v) for k, v in vars(a).items()},
                     "cpu_count": os.cpu_count(), "loadavg_before": load0, "time": time.time()}
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as d:
         if os.environ.get("BENCH_PEERS_KEEP"):
