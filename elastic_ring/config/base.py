@@ -82,6 +82,8 @@ Bool = Annotated[bool, BeforeValidator(_bool)]
 Str = Annotated[str, BeforeValidator(_str)]
 FloatTuple = Annotated[tuple[Float, ...], BeforeValidator(_items)]
 IntTuple = Annotated[tuple[Int, ...], BeforeValidator(_items)]
+# a mapping of keys to values; a YAML key left empty (``overrides:``) is the empty mapping
+Section = Annotated[dict[str, Any], BeforeValidator(lambda v: {} if v is None else v)]
 
 
 class ConfigModel(BaseModel):

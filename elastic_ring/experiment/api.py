@@ -43,7 +43,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from pydantic import Field, field_validator, model_validator
 
-from elastic_ring.config.base import Bool, ConfigModel, Int, IntTuple, Str, load, parse_overrides
+from elastic_ring.config.base import Bool, ConfigModel, Int, IntTuple, Section, Str, load, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,18 +55,13 @@ class ResizeDesign(ConfigModel):
     w_init: Int = Field(ge=1)
     w_new: Int = Field(ge=1)
     resize_steps: IntTuple = Field(min_length=1)
-    overrides: dict[str, Any] = {}
+    overrides: Section = {}
     repeats: Int = Field(1, ge=1)
     vary_seed: Bool = True
     slots: Int | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
     out: Str = "results/table2"
     relaunch: Literal["prelaunch", "overlap", "sequential"] = "sequential"
-
-    @field_validator("overrides", mode="before")
-    @classmethod
-    def _no_overrides(cls, v: Any) -> Any:
-        return {} if v is None else v
 
     @field_validator("resize_steps")
     @classmethod

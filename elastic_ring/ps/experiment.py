@@ -48,7 +48,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from elastic_ring.config.base import ConfigModel, Float, FloatTuple, Int, IntTuple, Str, build, load
+from elastic_ring.config.base import ConfigModel, Float, FloatTuple, Int, IntTuple, Section, Str, build, load
 from elastic_ring.errors import ConfigError, ElasticRingError
 from elastic_ring.events.api import read_events
 from elastic_ring.ps.api import PSConfig
@@ -82,15 +82,10 @@ class DesignSpec(ConfigModel):
     parallel: Int = Field(1, ge=1)
     bootstrap: Int = Field(5000, ge=100)
     margin: Float = Field(1.25, gt=1)
-    base: dict[str, Any] = {}
+    base: Section = {}
     heterogeneity: list[dict[str, Any]] = [{"name": "base"}]
     paradigms: list[dict[str, Any]]
     engine: Literal["mpi", "inprocess"] = "mpi"
-
-    @field_validator("base", mode="before")
-    @classmethod
-    def _no_base(cls, v: Any) -> Any:
-        return {} if v is None else v
 
     @field_validator("seeds")
     @classmethod
