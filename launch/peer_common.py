@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from elastic_ring import protocol
 from elastic_ring.data import load_dataset, make_batch
 from elastic_ring.data.stream import SampleStream
 from elastic_ring.nn import resnet
@@ -42,7 +42,7 @@ def setup(local_rank: int, local_size: int, device: str) -> torch.device:
         torch.cuda.set_device(local_rank)
         torch.backends.cudnn.benchmark = True
         return torch.device("cuda", local_rank)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_size))
+    torch.set_num_threads(protocol.cpu_threads(local_size))
     return torch.device("cpu")
 
 

@@ -48,6 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from elastic_ring import protocol
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 LAUNCH = ROOT / "launch"
@@ -65,7 +67,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _threads(n: int) -> str:
-    return str(max(1, (os.cpu_count() or 1) // n))
+    return str(protocol.cpu_threads(n))  # the rule elastic-ring's own workers follow
 
 
 def _read(path: Path) -> list[dict]:
