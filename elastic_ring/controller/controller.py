@@ -1,7 +1,8 @@
 """The controller behind `elastic-ring train`.
 
 It launches the workers with ``horovodrun`` (``-np N -H localhost:N --gloo`` on one host, or the
-user's ``--hosts``/``--hostfile``), relays their events into ``RUN_DIR/events.jsonl`` with
+user's ``--hosts``/``--hostfile``; Horovod's own launcher run by :mod:`.hvdrun`, which asks
+Horovod's build check once per install instead of at every launch), relays their events into ``RUN_DIR/events.jsonl`` with
 telemetry added, shows progress, and at each resize point lets the workers checkpoint and exit,
 then relaunches them at the new size; the workers rescale the LR by Eq. 7 on resume. It measures
 every resize: stop latency, checkpoint write, relaunch to first step, total time lost.
@@ -46,6 +47,7 @@ from typing import Any, Callable, Protocol
 
 from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec, RunState, check_transition
+from elastic_ring.controller import hvdrun
 from elastic_ring.controller.lock import RunLock
 from elastic_ring.controller.summary import summarize
 from elastic_ring.errors import UserError, WorkerFailedError
@@ -124,8 +126,7 @@ def horovodrun_command(spec: RunSpec, world: int, segment: int, stop_at: int,
                        owner: str = "", hosts: str | None = None) -> list[str]:
     """The horovodrun command of one segment; ``hosts`` overrides the spec's (a restart on the
     hosts that still answer)."""
-    hr = Path(sys.executable).parent / "horovodrun"
-    cmd = [str(hr) if hr.exists() else "horovodrun", "-np", str(world)]
+    cmd = [*hvdrun.command_prefix(), "-np", str(world)]
     if hosts:
         cmd += ["-H", hosts]
     elif spec.hostfile:
@@ -198,8 +199,7 @@ def elastic_horovodrun_command(spec: RunSpec, world: int, segment: int, stop_at:
     script.write_text(f"#!/bin/sh\ncat '{hosts}'\n")
     script.chmod(0o755)
     write_hosts(spec.run_dir, world)
-    hr = Path(sys.executable).parent / "horovodrun"
-    return [str(hr) if hr.exists() else "horovodrun", "-np", str(world), "--min-np", "1",
+    return [*hvdrun.command_prefix(), "-np", str(world), "--min-np", "1",
             "--max-np", str(spec.slots), "--host-discovery-script", str(script),
             "--network-interface", network_interface or "lo", "--gloo", "--start-timeout", "120",
             *worker_entry(), "--run-dir", str(spec.run_dir), "--segment", str(segment),

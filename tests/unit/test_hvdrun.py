@@ -1,0 +1,79 @@
+"""The launcher's cached build check (elastic_ring.controller.hvdrun), without processes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import sysconfig
+
+from elastic_ring.controller import hvdrun
+
+
+class Asker:
+    """Stands for Horovod's gloo_built: counts the questions, gives a fixed answer."""
+
+    def __init__(self, answer):
+        self.answer, self.calls = answer, 0
+
+    def __call__(self, verbose=False):
+        self.calls += 1
+        return self.answer
+
+
+def test_a_yes_is_asked_once_per_install(tmp_path, monkeypatch):
+    path = tmp_path / "c" / "horovod-build.json"
+    key = {"k": "install-1"}
+    monkeypatch.setattr(hvdrun, "install_key", lambda: key["k"])
+    real = Asker(True)
+    check = hvdrun.cached_check(real, path)
+    assert check() is True and check() is True and real.calls == 1
+    assert json.loads(path.read_text()) == {"install-1": True}
+    # a fresh process (a new cached_check on the same file) does not ask again
+    assert hvdrun.cached_check(real, path)() is True and real.calls == 1
+    key["k"] = "install-2"  # Horovod reinstalled: asked again, both remembered
+    assert check() is True and real.calls == 2
+    assert json.loads(path.read_text()) == {"install-1": True, "install-2": True}
+
+
+def test_a_no_is_not_remembered(tmp_path, monkeypatch):
+    path = tmp_path / "horovod-build.json"
+    monkeypatch.setattr(hvdrun, "install_key", lambda: "k")
+    real = Asker(False)
+    check = hvdrun.cached_check(real, path)
+    assert not check() and not check() and real.calls == 2 and not path.exists()
+
+
+def test_a_corrupt_cache_file_is_asked_again_and_rewritten(tmp_path, monkeypatch):
+    path = tmp_path / "horovod-build.json"
+    path.write_text("{not json")
+    monkeypatch.setattr(hvdrun, "install_key", lambda: "k")
+    real = Asker(True)
+    assert hvdrun.cached_check(real, path)() is True and real.calls == 1
+    assert json.loads(path.read_text()) == {"k": True}
+
+
+def test_install_key_names_the_torch_extension_and_changes_with_it(tmp_path, monkeypatch):
+    key = hvdrun.install_key()
+    assert "horovod 0.28.1" in key and "mpi_lib_v2" in key and sys.executable in key
+    import horovod
+
+    ext = tmp_path / "horovod" / "torch" / ("mpi_lib_v2" + sysconfig.get_config_var("EXT_SUFFIX"))
+    ext.parent.mkdir(parents=True)
+    ext.write_bytes(b"x")
+    monkeypatch.setattr(horovod, "__file__", str(tmp_path / "horovod" / "__init__.py"))
+    first = hvdrun.install_key()
+    assert str(ext) in first and first != key
+    ext.write_bytes(b"xy")  # rebuilt: another size
+    assert hvdrun.install_key() != first
+
+
+def test_command_prefix_and_the_plain_horovodrun_switch(monkeypatch):
+    monkeypatch.delenv("ELASTIC_RING_PLAIN_HOROVODRUN", raising=False)
+    assert hvdrun.command_prefix() == [sys.executable, "-m", "elastic_ring.controller.hvdrun"]
+    monkeypatch.setenv("ELASTIC_RING_PLAIN_HOROVODRUN", "1")
+    assert hvdrun.command_prefix()[-1].endswith("horovodrun")
+
+
+def test_cache_path_follows_elastic_ring_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ELASTIC_RING_CACHE", str(tmp_path))
+    assert hvdrun.cache_path() == tmp_path / "horovod-build.json"
