@@ -1,6 +1,6 @@
 """`elastic-ring profile`, `experiment resize` and `report` end to end with real horovodrun (gloo, CPU).
 
-A tiny ResNet-8/4 on 40 synthetic samples: the time is mostly horovodrun start-ups (~4 s each);
+A tiny ResNet-8/4 on 40 synthetic samples: the time is mostly horovodrun start-ups (~2.5 s each);
 the whole file takes about two minutes on two cores.
 """
 

@@ -1,7 +1,7 @@
 """`elastic-ring train` end to end with real horovodrun (gloo, CPU workers).
 
 A tiny ResNet-8 on small data keeps each run to seconds of training; the cost is mostly
-horovodrun start-ups (~4 s each on two cores).
+horovodrun start-ups (~2.5 s each on two cores).
 """
 
 from __future__ import annotations
