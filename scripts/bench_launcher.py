@@ -31,9 +31,11 @@ from pathlib import Path
 
 from benchlib import write_results
 
+from elastic_ring.controller.hvdrun import command_prefix
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-LAUNCHERS = {"ours": [sys.executable, "-m", "elastic_ring.controller.hvdrun"], "plain": [str(BIN / "horovodrun")]}
+LAUNCHERS = {"ours": command_prefix(plain=False), "plain": command_prefix(plain=True)}
 TINY = ["--dataset", "synthetic", "--set", "synthetic_size=64", "--depth", "8", "--set", "width=4",
         "--batch-size", "8", "--set", "throughput_window=5"]
 

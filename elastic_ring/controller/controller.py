@@ -2,8 +2,8 @@
 
 It launches the workers with ``horovodrun`` (``-np N -H localhost:N --gloo`` on one host, or the
 user's ``--hosts``/``--hostfile``; Horovod's own launcher run by :mod:`.hvdrun`, which asks
-Horovod's build check once per install instead of at every launch), relays their events into ``RUN_DIR/events.jsonl`` with
-telemetry added, shows progress, and at each resize point lets the workers checkpoint and exit,
+Horovod's build check once per install instead of at every launch), relays their events into
+``RUN_DIR/events.jsonl`` with telemetry added, shows progress, and at each resize point lets the workers checkpoint and exit,
 then relaunches them at the new size; the workers rescale the LR by Eq. 7 on resume. It measures
 every resize: stop latency, checkpoint write, relaunch to first step, total time lost.
 

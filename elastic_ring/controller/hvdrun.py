@@ -79,9 +79,12 @@ def cached_check(real, path: Path | None = None):
     return gloo_built
 
 
-def command_prefix() -> list[str]:
-    """How the controller starts horovodrun: this module, or the plain script where asked."""
-    if os.environ.get("ELASTIC_RING_PLAIN_HOROVODRUN") == "1":
+def command_prefix(plain: bool | None = None) -> list[str]:
+    """How the controller starts horovodrun: this module, or the plain script where asked
+    (``plain``; by default ``ELASTIC_RING_PLAIN_HOROVODRUN=1``)."""
+    if plain is None:
+        plain = os.environ.get("ELASTIC_RING_PLAIN_HOROVODRUN") == "1"
+    if plain:
         hr = Path(sys.executable).parent / "horovodrun"
         return [str(hr) if hr.exists() else "horovodrun"]
     return [sys.executable, "-m", "elastic_ring.controller.hvdrun"]
