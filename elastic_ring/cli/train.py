@@ -6,7 +6,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import click
@@ -301,32 +300,9 @@ def resize(run_dir, target):
     The workers stop at the next step boundary all ranks agree on, checkpoint, and are relaunched
     at the new count (LR rescaled by Eq. 7). Returns at once; watch with `elastic-ring status`.
     """
-    from elastic_ring.controller.lock import is_locked
-    from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE
+    from elastic_ring.controller.requests import request_resize
 
-    rd = Path(run_dir)
-    if not (rd / "run.json").exists():
-        raise UserError(f"{rd} is not an elastic-ring run folder (no run.json)")
-    try:
-        ctl = json.loads((rd / CONTROLLER_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        raise UserError(f"run {rd} is not running (no controller state)") from None
-    state = ctl.get("state")
-    if state not in ("running", "launching") or not is_locked(rd):
-        raise UserError(f"run {rd} is not running (state: {state if state != 'running' else 'controller gone'})")
-    slots = json.loads((rd / "run.json").read_text())["slots"]
-    if target < 1:
-        raise UserError(f"--to must be >= 1, got {target}")
-    if target > slots:
-        raise UserError(f"--to {target} is more than the run's {slots} slot(s)")
-    if target == ctl.get("world_size"):
-        raise UserError(f"the run already has {target} workers")
-    req = rd / "control" / REQUEST_FILE
-    req.parent.mkdir(parents=True, exist_ok=True)
-    tmp = req.with_name(f".{req.name}.tmp")
-    tmp.write_text(json.dumps({"to": target, "time": time.time(), "id": uuid.uuid4().hex}))
-    os.replace(tmp, req)
-    click.echo(f"resize to {target} requested for {rd} (currently {ctl.get('world_size')} workers)")
+    click.echo(request_resize(run_dir, target))
 
 
 @click.command()

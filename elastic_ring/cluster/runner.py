@@ -15,7 +15,6 @@ a resume on the new slots (the visible devices and the host list are fixed for a
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import signal
@@ -129,11 +128,10 @@ class ProcessRunner:
     def request_resize(self, job: dict[str, Any], to: int) -> bool:
         """Ask for a live resize through ``elastic-ring resize`` (its checks included); False when
         the controller cannot take it now (still launching, already that size, ...)."""
-        from elastic_ring.cli.train import resize
+        from elastic_ring.controller.requests import request_resize
 
         try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                resize.callback(str(run_dir(self.dir, job["id"])), to)
+            request_resize(run_dir(self.dir, job["id"]), to)
         except UserError:
             return False
         return True

@@ -1,53 +1,45 @@
-"""The controller behind `elastic-ring train`.
+"""The controller behind `elastic-ring train`: the segment loop and its decisions.
 
-It launches the workers with ``horovodrun`` (``-np N -H localhost:N --gloo`` on one host, or the
-user's ``--hosts``/``--hostfile``; Horovod's own launcher run by :mod:`.hvdrun`, which asks
-Horovod's build check once per install instead of at every launch), relays their events into
-``RUN_DIR/events.jsonl`` with telemetry added, shows progress, and at each resize point lets the workers checkpoint and exit,
-then relaunches them at the new size; the workers rescale the LR by Eq. 7 on resume. It measures
-every resize: stop latency, checkpoint write, relaunch to first step, total time lost.
+Launching is a backend's job (:mod:`.backends`): ``horovodrun`` per segment for ``--relaunch
+prelaunch|overlap|sequential`` (on one host, or the user's ``--hosts``/``--hostfile``), one long-lived
+Horovod Elastic job for ``--relaunch inplace``. The controller relays the workers' events into
+``RUN_DIR/events.jsonl`` with telemetry added, shows progress, and at each resize point lets the
+workers checkpoint and exit, then has the backend start them at the new size (or, for a backend
+that keeps its workers, tells the paused workers the new size); the workers rescale the LR by
+Eq. 7 on resume. It measures every resize: stop latency, checkpoint write, relaunch to first step,
+total time lost.
 
-With ``relaunch="inplace"`` there is one long-lived Horovod Elastic job instead (``horovodrun
---min-np 1 --max-np SLOTS --host-discovery-script RUN_DIR/control/discover.sh``, one host): at a
-resize the workers pause between two steps, the controller writes the new size into
-``control/inplace-<seg>.json`` and into what the discovery script prints, and Horovod's driver
-re-forms the ring (a new worker syncs from rank 0; a removed one is ended by Horovod); survivors
-keep their processes. A scheduled resize's slot count is reported ahead, once the segment runs, so
-that the driver has seen it when the workers pause.
-
-When a worker dies (an exception, kill -9, the OOM killer) or horovodrun exits non-zero, it
+When a worker dies (an exception, kill -9, the OOM killer) or its launcher exits non-zero, it
 restarts the workers from the last checkpoint (``max_restarts`` failures in a row at most; an
 error that repeats at the same step is not retried), at the size the plan says for that step or,
-when hosts of a hostfile no longer answer, at the largest count that fits. Each restart is an
-event with its cause, the rank that failed first, the steps redone and the time lost.
+when the backend reports fewer usable slots (hosts that no longer answer), at the largest count
+that fits. Each restart is an event with its cause, the rank that failed first, the steps redone
+and the time lost.
 
 It owns the run folder while it runs (a lock, and a heartbeat its workers watch: they exit by
 themselves within seconds when it is gone or replaced).
 
-Side effects are passed in: ``launcher`` starts processes, ``clock`` reads time, ``out`` prints.
-Unit tests drive the loop with fakes; integration tests run real horovodrun.
+Side effects are passed in: ``launcher`` starts processes (or a whole ``backend``), ``clock``
+reads time, ``out`` prints. Unit tests drive the loop with fakes; integration tests run real
+horovodrun.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec, RunState, check_transition
-from elastic_ring.controller import hvdrun
 from elastic_ring.controller.lock import RunLock
 from elastic_ring.controller.summary import summarize
 from elastic_ring.errors import UserError, WorkerFailedError
@@ -58,154 +50,20 @@ from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, WORKER_EVENTS, 
 from elastic_ring.telemetry import Telemetry
 from elastic_ring.train.lr import RULES
 
-ROOT = Path(__file__).resolve().parents[2]
-BUILTIN_TARGET = "elastic_ring.train.worker"
-_FIRST_FAILED = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
-_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
-
-
-class Handle(Protocol):
-    pid: int
-
-    def poll(self) -> int | None: ...
-    def kill(self) -> None: ...
-
-
-class Launcher(Protocol):
-    def start(self, cmd: list[str], env: dict[str, str], log_path: Path) -> Handle: ...
-
-
-class SubprocessLauncher:
-    """Starts horovodrun in its own process group, output to a log file."""
-
-    class _H:
-        def __init__(self, p: subprocess.Popen, log) -> None:
-            self.p, self.pid, self._log = p, p.pid, log
-
-        def poll(self) -> int | None:
-            rc = self.p.poll()
-            if rc is not None and not self._log.closed:
-                self._log.close()
-            return rc
-
-        def kill(self) -> None:
-            """SIGKILL horovodrun and every descendant (its workers may sit in other groups)."""
-            import psutil
-
-            try:
-                procs = psutil.Process(self.p.pid).children(recursive=True)
-            except psutil.Error:
-                procs = []
-            for proc in procs:
-                try:
-                    proc.kill()
-                except psutil.Error:
-                    pass
-            try:
-                os.killpg(self.p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def start(self, cmd: list[str], env: dict[str, str], log_path: Path) -> Handle:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(log_path, "ab")
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                             start_new_session=True, cwd=str(ROOT))
-        return self._H(p, log)
-
-
-def worker_entry() -> list[str]:
-    script = ROOT / "launch" / "worker.py"
-    if script.exists():
-        return [sys.executable, "-u", str(script)]
-    return [sys.executable, "-u", "-m", "elastic_ring.worker.run"]
-
-
-def horovodrun_command(spec: RunSpec, world: int, segment: int, stop_at: int,
-                       network_interface: str | None = None, go_file: Path | None = None,
-                       owner: str = "", hosts: str | None = None) -> list[str]:
-    """The horovodrun command of one segment; ``hosts`` overrides the spec's (a restart on the
-    hosts that still answer)."""
-    cmd = [*hvdrun.command_prefix(), "-np", str(world)]
-    if hosts:
-        cmd += ["-H", hosts]
-    elif spec.hostfile:
-        cmd += ["--hostfile", spec.hostfile]
-    else:
-        cmd += ["-H", spec.hosts or f"localhost:{world}"]
-    cmd += ["--gloo", "--start-timeout", "120"]
-    if network_interface:
-        cmd += ["--network-interface", network_interface]
-    cmd += worker_entry() + ["--run-dir", str(spec.run_dir), "--segment", str(segment),
-                             "--stop-at", str(stop_at), "--owner", owner,
-                             "--controller-pid", str(os.getpid()),
-                             "--controller-host", socket.gethostname()]
-    if go_file is not None:
-        cmd += ["--go-file", str(go_file)]
-    cmd += ["--", spec.script or BUILTIN_TARGET, *spec.script_args]
-    return cmd
-
-
-def probe_hosts(hosts: list[tuple[str, int]], timeout_s: float = 5.0) -> list[tuple[str, int]]:
-    """The hosts that answer: local names always; others if ``ssh HOST true`` succeeds."""
-    me = {socket.gethostname(), socket.getfqdn()} | _LOCAL_HOSTS
-    alive = []
-    for name, n in hosts:
-        if name in me:
-            alive.append((name, n))
-            continue
-        try:
-            rc = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(timeout_s)}",
-                                 name, "true"], capture_output=True, timeout=timeout_s + 5).returncode
-        except (OSError, subprocess.TimeoutExpired):
-            rc = 1
-        if rc == 0:
-            alive.append((name, n))
-    return alive
+# the launch side lives in .backends; re-exported here for the callers that import it from here
+from elastic_ring.controller.backends import Backend, make_backend  # noqa: E402
+from elastic_ring.controller.backends.api import (BUILTIN_TARGET, ROOT, Handle, Launcher,  # noqa: E402,F401
+                                                  SegmentLaunch, worker_entry)
+from elastic_ring.controller.backends.elastic import (discovery_files, elastic_horovodrun_command,  # noqa: E402,F401
+                                                      write_hosts)
+from elastic_ring.controller.backends.horovodrun import (SubprocessLauncher, horovodrun_command,  # noqa: E402,F401
+                                                         probe_hosts)
 
 
 RELAUNCH_MODES = ("prelaunch", "overlap", "sequential", "inplace")
 INPLACE_LIMITS = ("one host only (--hosts/--hostfile are refused); the worker whose slot is removed "
                   "is ended by Horovod inside hvd.init() (it aborts, by design); after a worker "
                   "failure the restart is a fresh elastic launch from the last checkpoint")
-
-
-def discovery_files(run_dir: Path) -> tuple[Path, Path]:
-    """(the discovery script Horovod Elastic runs, the file it prints: ``localhost:N``)."""
-    ctl = protocol.control_dir(run_dir)
-    return ctl / "discover.sh", ctl / "hosts"
-
-
-def write_hosts(run_dir: Path, world: int) -> bool:
-    """What the discovery script reports from now on: ``world`` slots on this host. Returns False
-    when it already did (Horovod's driver then sees no change and sends no notification)."""
-    _, hosts = discovery_files(run_dir)
-    text = f"localhost:{world}\n"
-    if hosts.exists() and hosts.read_text() == text:
-        return False
-    hosts.parent.mkdir(parents=True, exist_ok=True)
-    tmp = hosts.with_name(f".{hosts.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, hosts)
-    return True
-
-
-def elastic_horovodrun_command(spec: RunSpec, world: int, segment: int, stop_at: int,
-                               owner: str = "", network_interface: str | None = None) -> list[str]:
-    """The one long-lived horovodrun of ``--relaunch inplace`` (Horovod Elastic, gloo): it starts
-    at ``world`` workers; the controller resizes by changing what the discovery script prints."""
-    script, hosts = discovery_files(spec.run_dir)
-    script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(f"#!/bin/sh\ncat '{hosts}'\n")
-    script.chmod(0o755)
-    write_hosts(spec.run_dir, world)
-    return [*hvdrun.command_prefix(), "-np", str(world), "--min-np", "1",
-            "--max-np", str(spec.slots), "--host-discovery-script", str(script),
-            "--network-interface", network_interface or "lo", "--gloo", "--start-timeout", "120",
-            *worker_entry(), "--run-dir", str(spec.run_dir), "--segment", str(segment),
-            "--stop-at", str(stop_at), "--owner", owner, "--controller-pid", str(os.getpid()),
-            "--controller-host", socket.gethostname(), "--inplace",
-            "--", spec.script or BUILTIN_TARGET, *spec.script_args]
 DEFAULT_STARTUP_S = 10.0  # start-up estimate before the first launch has been measured
 
 
@@ -264,10 +122,9 @@ class Controller:
                  show_progress: bool | None = None, relaunch: str = "prelaunch",
                  max_restarts: int = 3,
                  host_probe: Callable[[list[tuple[str, int]]], list[tuple[str, int]]] | None = None,
-                 plan: Plan | None = None) -> None:
+                 plan: Plan | None = None, backend: Backend | None = None) -> None:
         self.spec = spec
         self.rule = RULES[lr_scaling]
-        self.launcher = launcher or SubprocessLauncher()
         self.clock = clock
         self.out = out or (lambda s: print(s, file=sys.stderr, flush=True))
         self.network_interface = network_interface
@@ -281,7 +138,10 @@ class Controller:
             raise UserError(f"--max-restarts must be >= 0, got {max_restarts}")
         self.relaunch = relaunch
         self.max_restarts = max_restarts
-        self.host_probe = host_probe or probe_hosts
+        self.backend: Backend = backend or make_backend(relaunch, spec, launcher=launcher,
+                                                        network_interface=network_interface,
+                                                        host_probe=host_probe)
+        self.in_place = self.backend.keeps_workers  # a resize re-forms the ring in the same workers
         self.plan = plan or Plan.from_spec(spec.workers, spec.schedule)
         self.owner = uuid.uuid4().hex
         self._next: _Seg | None = None  # a pre-launched segment waiting for its go
@@ -297,7 +157,6 @@ class Controller:
         self._pending: PendingResize | None = None
         self._restarting: _Restarting | None = None
         self._failures: list[dict[str, Any]] = []  # consecutive failures (reset by progress)
-        self._hosts_override: str | None = None
         self._telemetry: Telemetry | None = None
         self._progress = None
         self._task = None
@@ -305,8 +164,7 @@ class Controller:
         self._state_info: dict[str, Any] = {}
         self._hb_stop = threading.Event()
         self._launchers: dict[int, list[float]] = {}  # segment -> [horovodrun pid, create time]
-        self._elastic: _Seg | None = None  # inplace: the segment whose horovodrun is still running
-        self._hosts_written = 0.0  # inplace: when the discovery file last changed
+        self._elastic: _Seg | None = None  # in place: the paused segment whose workers go on
 
     # ------------------------------------------------------------------ state
     def _set_state(self, state: RunState, **extra: Any) -> None:
@@ -385,7 +243,7 @@ class Controller:
                 seg, self._next = self._next, None
                 seg.stop_at, seg.start_step = self._next_stop(step), step
                 self._go(seg, step)
-            elif self._elastic is not None:  # inplace: the same processes go on at the new size
+            elif self._elastic is not None:  # in place: the same processes go on at the new size
                 seg = _Seg(segment, world, self._next_stop(step), start_step=step)
                 self._resize_inplace(seg, step)
             else:
@@ -395,7 +253,7 @@ class Controller:
             self._relay()
             now = self.clock()
             if rc is None:  # checkpoint on disk: relaunch now, the old workers exit meanwhile
-                if self.relaunch == "inplace":
+                if self.in_place:
                     self._elastic = seg  # paused between two steps, waiting for the new size
                 else:
                     self._draining.append(seg)
@@ -529,33 +387,15 @@ class Controller:
         return ck, new_world
 
     def _usable_slots(self, want: int) -> int:
-        """Slots that answer now (only hosts of --hosts/--hostfile can go away)."""
-        spec = self.spec
-        if not (spec.hosts or spec.hostfile):
-            return spec.slots
-        from elastic_ring.controller.api import parse_hostfile, parse_hosts
-
-        hosts = parse_hosts(spec.hosts) if spec.hosts else parse_hostfile(spec.hostfile)
-        alive = self.host_probe(hosts)
-        total = sum(n for _, n in alive)
-        if total < sum(n for _, n in hosts):
-            self._hosts_override = ",".join(f"{h}:{n}" for h, n in alive) or None
-        else:
-            self._hosts_override = None
-        return total
+        """Slots usable now (the backend knows which hosts or nodes still answer)."""
+        return self.backend.usable_slots(want)
 
     def _failure_cause(self, seg: _Seg, rc: int, records: list[dict[str, Any]] | None = None
                        ) -> tuple[str, int | None, dict[str, Any] | None]:
         """(one-line cause, first failed rank, its crash record) of a failed segment."""
         if records is None:
             records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
-        hr_first = None
-        if seg.log is not None:
-            try:
-                m = _FIRST_FAILED.search(seg.log.read_text(errors="replace"))
-                hr_first = int(m.group(1)) if m else None
-            except OSError:
-                pass
+        hr_first = self.backend.first_failed_rank(seg.log)
         with_record = {r.get("rank") for r in records}
         dead = [hr_first] if hr_first is not None and hr_first not in with_record else []
         first = protocol.first_failure(records, dead)
@@ -576,28 +416,12 @@ class Controller:
 
     # ------------------------------------------------------------------ processes
     def _start_processes(self, seg: _Seg) -> Path:
-        spec = self.spec
-        if self.relaunch == "inplace":
-            cmd = elastic_horovodrun_command(spec, seg.world, seg.index, seg.stop_at, self.owner,
-                                             self.network_interface)
-        else:
-            cmd = horovodrun_command(spec, seg.world, seg.index, seg.stop_at, self.network_interface,
-                                     seg.go_file, owner=self.owner, hosts=self._hosts_override)
-        seg.cmd = cmd
-        env = dict(os.environ)
-        env.update(spec.extra_env)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        if self.relaunch == "inplace":  # a joining worker's start-up happens inside the ring's init
-            env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "300")
-        if spec.device == "cpu":
-            env["OMP_NUM_THREADS"] = str(protocol.cpu_threads(seg.world))
-            # Horovod's background cycle: 5 ms instead of 1 ms fuses more gradients per gloo
-            # allreduce and wakes less on busy cores: +13% images/s at 2 CPU workers (docs/peers.md)
-            env.setdefault("HOROVOD_CYCLE_TIME", "5")
-        log = spec.run_dir / "logs" / f"segment-{seg.index:03d}-w{seg.world}.log"
+        log = self.spec.run_dir / "logs" / f"segment-{seg.index:03d}-w{seg.world}.log"
         seg.log = log
         seg.t_launch = seg.t_started = self.clock()
-        seg.handle = self.launcher.start(cmd, env, log)
+        started = self.backend.start(SegmentLaunch(seg.world, seg.index, seg.stop_at, self.owner,
+                                                   seg.go_file), log)
+        seg.handle, seg.cmd = started.handle, started.cmd
         self._launchers[seg.index] = [seg.handle.pid, _create_time(seg.handle.pid)]
         self._set_state(self.state, launchers=list(self._launchers.values()))
         return log
@@ -652,22 +476,15 @@ class Controller:
                      f"(log: {log})")
 
     def _resize_inplace(self, seg: _Seg, step: int) -> None:
-        """Tell the paused workers the new size and change what the discovery script reports:
-        Horovod's driver notices within a second, starts a worker for a new slot (or ends the one
-        whose slot went), and the survivors re-form the ring in their processes."""
+        """The workers paused at the end of the last segment go on at the new size: the backend
+        tells them (and whatever re-forms their ring)."""
         old = self._elastic
         assert old is not None and old.handle is not None
         self._elastic = None
         seg.handle, seg.log, seg.cmd, seg.t_started = old.handle, old.log, old.cmd, old.t_started
         seg.t_launch = self.clock()
-        from elastic_ring.worker.api import inplace_action_file
-
-        if write_hosts(self.spec.run_dir, seg.world):
-            self._hosts_written = time.time()
-        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, old.index),
-                                   {"action": "resize", "to": seg.world, "segment": seg.index,
-                                    "stop_at": seg.stop_at, "time": seg.t_launch,
-                                    "hosts_written": self._hosts_written})
+        self.backend.resize_in_place(old.index, SegmentLaunch(seg.world, seg.index, seg.stop_at, self.owner),
+                                     seg.t_launch)
         self._announce(seg, step)
 
     def _inplace_lead(self, seg: _Seg) -> None:
@@ -677,15 +494,13 @@ class Controller:
         reset), so at the stop the workers re-form the ring at once instead of waiting up to a
         second for the discovery."""
         r = self._scheduled_target(seg.stop_at)
-        if r is not None and write_hosts(self.spec.run_dir, r.to):
-            self._hosts_written = time.time()
+        if r is not None:
+            self.backend.report_ahead(r.to)
 
     def _launch(self, seg: _Seg, step: int) -> None:
         self._set_state(RunState.LAUNCHING, step=step, world_size=seg.world, segment=seg.index)
         self._start_processes(seg)
         self._announce(seg, step)
-        if self.relaunch == "inplace":
-            self._hosts_written = time.time()
 
     def _drain(self, wait: bool = False, timeout: float = 60.0) -> None:
         """Reap stopped segments' processes; with ``wait``, until all are gone (killed after timeout)."""
@@ -731,13 +546,10 @@ class Controller:
                 stop_file(self.spec.run_dir, seg.index).touch()
                 self._set_state(RunState.STOPPING, world_size=seg.world, segment=seg.index)
                 self.out("stopping: workers will checkpoint at the next agreed step (Ctrl-C again to kill)")
-            if (self.relaunch == "inplace" and self._interrupts and seg.end is not None
+            if (self.in_place and self._interrupts and seg.end is not None
                     and seg.end["reason"] != "finished" and not exit_sent):
                 exit_sent = True  # paused in place: checkpoint and leave
-                from elastic_ring.worker.api import inplace_action_file
-
-                protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, seg.index),
-                                           {"action": "exit", "time": self.clock()})
+                self.backend.ask_exit(seg.index, self.clock())
             if self._interrupts > 1:
                 seg.handle.kill()
             rc = seg.handle.poll()
@@ -830,7 +642,7 @@ class Controller:
             startup = float(ev["time"]) - seg.t_launch
             if seg.go_file is None and 0 < startup < 3600:  # ignore clock skew between hosts
                 self._startup_s.append(startup)
-            if self.relaunch == "inplace":
+            if self.in_place:
                 self._inplace_lead(seg)
         if kind == "throughput" and seg is not None and ev["segment"] == seg.index:
             seg.last_step, seg.last_step_t = int(ev["step"]), float(ev["time"])

@@ -1,0 +1,168 @@
+"""The horovodrun backend: one ``horovodrun`` per segment (``-np N -H localhost:N --gloo`` on one
+host, or the user's ``--hosts``/``--hostfile``), run through :mod:`..hvdrun` (Horovod's own
+launcher, its build check asked once per install). Used by ``--relaunch prelaunch|overlap|sequential``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+from elastic_ring.controller import hvdrun
+from elastic_ring.controller.backends.api import (BUILTIN_TARGET, ROOT, Handle, Launcher, SegmentLaunch,
+                                                  Started, worker_entry, worker_env)
+
+_FIRST_FAILED = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
+_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
+
+
+class SubprocessLauncher:
+    """Starts horovodrun in its own process group, output to a log file."""
+
+    class _H:
+        def __init__(self, p: subprocess.Popen, log) -> None:
+            self.p, self.pid, self._log = p, p.pid, log
+
+        def poll(self) -> int | None:
+            rc = self.p.poll()
+            if rc is not None and not self._log.closed:
+                self._log.close()
+            return rc
+
+        def kill(self) -> None:
+            """SIGKILL horovodrun and every descendant (its workers may sit in other groups)."""
+            import psutil
+
+            try:
+                procs = psutil.Process(self.p.pid).children(recursive=True)
+            except psutil.Error:
+                procs = []
+            for proc in procs:
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+            try:
+                os.killpg(self.p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def start(self, cmd: list[str], env: dict[str, str], log_path: Path) -> Handle:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "ab")
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True, cwd=str(ROOT))
+        return self._H(p, log)
+
+
+def worker_args(spec, segment: int, stop_at: int, owner: str) -> list[str]:
+    """The worker entry's arguments of one segment (after the launcher's own)."""
+    return [*worker_entry(), "--run-dir", str(spec.run_dir), "--segment", str(segment),
+            "--stop-at", str(stop_at), "--owner", owner, "--controller-pid", str(os.getpid()),
+            "--controller-host", socket.gethostname()]
+
+
+def horovodrun_command(spec, world: int, segment: int, stop_at: int,
+                       network_interface: str | None = None, go_file: Path | None = None,
+                       owner: str = "", hosts: str | None = None) -> list[str]:
+    """The horovodrun command of one segment; ``hosts`` overrides the spec's (a restart on the
+    hosts that still answer)."""
+    cmd = [*hvdrun.command_prefix(), "-np", str(world)]
+    if hosts:
+        cmd += ["-H", hosts]
+    elif spec.hostfile:
+        cmd += ["--hostfile", spec.hostfile]
+    else:
+        cmd += ["-H", spec.hosts or f"localhost:{world}"]
+    cmd += ["--gloo", "--start-timeout", "120"]
+    if network_interface:
+        cmd += ["--network-interface", network_interface]
+    cmd += worker_args(spec, segment, stop_at, owner)
+    if go_file is not None:
+        cmd += ["--go-file", str(go_file)]
+    cmd += ["--", spec.script or BUILTIN_TARGET, *spec.script_args]
+    return cmd
+
+
+def probe_hosts(hosts: list[tuple[str, int]], timeout_s: float = 5.0) -> list[tuple[str, int]]:
+    """The hosts that answer: local names always; others if ``ssh HOST true`` succeeds."""
+    me = {socket.gethostname(), socket.getfqdn()} | _LOCAL_HOSTS
+    alive = []
+    for name, n in hosts:
+        if name in me:
+            alive.append((name, n))
+            continue
+        try:
+            rc = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(timeout_s)}",
+                                 name, "true"], capture_output=True, timeout=timeout_s + 5).returncode
+        except (OSError, subprocess.TimeoutExpired):
+            rc = 1
+        if rc == 0:
+            alive.append((name, n))
+    return alive
+
+
+def first_failed_rank(log_path: Path | None) -> int | None:
+    """The rank horovodrun names in "Terminating remaining workers after failure of Process N"."""
+    if log_path is None:
+        return None
+    try:
+        m = _FIRST_FAILED.search(log_path.read_text(errors="replace"))
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+class HorovodrunBackend:
+    """A fresh horovodrun per segment; after a failure, only the hosts that still answer."""
+
+    name = "horovodrun"
+    keeps_workers = False
+
+    def __init__(self, spec, launcher: Launcher | None = None, network_interface: str | None = None,
+                 host_probe: Callable[[list[tuple[str, int]]], list[tuple[str, int]]] | None = None) -> None:
+        self.spec = spec
+        self.launcher = launcher or SubprocessLauncher()
+        self.network_interface = network_interface
+        self.host_probe = host_probe or probe_hosts
+        self.hosts_override: str | None = None
+
+    def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
+        cmd = horovodrun_command(self.spec, launch.world, launch.segment, launch.stop_at,
+                                 self.network_interface, launch.go_file, owner=launch.owner,
+                                 hosts=self.hosts_override)
+        env = worker_env(self.spec, launch.world)
+        return Started(self.launcher.start(cmd, env, log_path), cmd)
+
+    def usable_slots(self, want: int) -> int:
+        """Slots that answer now (only hosts of --hosts/--hostfile can go away)."""
+        spec = self.spec
+        if not (spec.hosts or spec.hostfile):
+            return spec.slots
+        from elastic_ring.controller.api import parse_hostfile, parse_hosts
+
+        hosts = parse_hosts(spec.hosts) if spec.hosts else parse_hostfile(spec.hostfile)
+        alive = self.host_probe(hosts)
+        total = sum(n for _, n in alive)
+        if total < sum(n for _, n in hosts):
+            self.hosts_override = ",".join(f"{h}:{n}" for h, n in alive) or None
+        else:
+            self.hosts_override = None
+        return total
+
+    def first_failed_rank(self, log_path: Path | None) -> int | None:
+        return first_failed_rank(log_path)
+
+    def report_ahead(self, world: int) -> None:  # pragma: no cover - keeps_workers is False
+        pass
+
+    def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
+        raise NotImplementedError("horovodrun relaunches: no resize in place")
+
+    def ask_exit(self, paused_segment: int, t: float) -> None:  # pragma: no cover
+        pass

@@ -1,0 +1,44 @@
+"""Requests to a running controller through its run folder (no controller code imported: `resize`
+and the cluster scheduler use it while another process runs the job)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+
+from elastic_ring.errors import UserError
+
+
+def request_resize(run_dir: str | Path, target: int) -> str:
+    """Ask the running `elastic-ring train` in ``run_dir`` to resize to ``target`` workers now:
+    writes ``control/REQUEST_FILE``, after the checks a user would want (raises ``UserError``).
+    Returns the line to show."""
+    from elastic_ring.controller.lock import is_locked
+    from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE
+
+    rd = Path(run_dir)
+    if not (rd / "run.json").exists():
+        raise UserError(f"{rd} is not an elastic-ring run folder (no run.json)")
+    try:
+        ctl = json.loads((rd / CONTROLLER_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        raise UserError(f"run {rd} is not running (no controller state)") from None
+    state = ctl.get("state")
+    if state not in ("running", "launching") or not is_locked(rd):
+        raise UserError(f"run {rd} is not running (state: {state if state != 'running' else 'controller gone'})")
+    slots = json.loads((rd / "run.json").read_text())["slots"]
+    if target < 1:
+        raise UserError(f"--to must be >= 1, got {target}")
+    if target > slots:
+        raise UserError(f"--to {target} is more than the run's {slots} slot(s)")
+    if target == ctl.get("world_size"):
+        raise UserError(f"the run already has {target} workers")
+    req = rd / "control" / REQUEST_FILE
+    req.parent.mkdir(parents=True, exist_ok=True)
+    tmp = req.with_name(f".{req.name}.tmp")
+    tmp.write_text(json.dumps({"to": target, "time": time.time(), "id": uuid.uuid4().hex}))
+    os.replace(tmp, req)
+    return f"resize to {target} requested for {rd} (currently {ctl.get('world_size')} workers)"
