@@ -284,3 +284,25 @@ class BackgroundWriter:
         if self._error is not None:
             err, self._error = self._error, None
             raise err
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's contents, verified, for use outside the tool (export, inference, analysis).
+
+    ``path``: a checkpoint file (``ckpt-<step>.pt``), a run's ``checkpoints`` folder or a run
+    folder (then the newest kept checkpoint that verifies). Returns the dict the worker saved:
+    ``model`` (the model's ``state_dict``), ``optimizer``, ``schedulers`` (their state dicts),
+    ``extras``, ``step``, ``world_size``, ``cursor``, ``lr_factor``, ``rng``. A plain
+    ``torch.load`` fails on these files: they start with a magic and a checksum.
+
+    Raises:
+        CheckpointError: no checkpoint there, or none that verifies (the message says which).
+    """
+    p = Path(path)
+    if p.is_dir():
+        folder = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+        state = CheckpointStore(folder).load_latest()
+        if state is None:
+            raise CheckpointError(f"no checkpoint in {folder}")
+        return state
+    return load_verified(p)

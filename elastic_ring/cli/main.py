@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "submit": ("elastic_ring.cli.cluster", "submit", "Queue a job (script or config) on a cluster."),
     "jobs": ("elastic_ring.cli.cluster", "jobs", "The cluster's jobs: state, workers, progress, JCT."),
     "cancel": ("elastic_ring.cli.cluster", "cancel", "Cancel a cluster job."),
+    "export": ("elastic_ring.cli.export", "export", "Write a run's model weights as a plain torch.save file."),
 }
 
 

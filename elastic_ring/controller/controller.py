@@ -48,7 +48,7 @@ from elastic_ring.events.api import (ErrorEvent, EventLog, Finished, FirstStepAf
                                      WorkersExited, read_events)
 from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, WORKER_EVENTS, stop_file
 from elastic_ring.telemetry import Telemetry
-from elastic_ring.train.lr import RULES
+from elastic_ring.worker.lr import RULES
 
 # the launch side lives in .backends; re-exported here for the callers that import it from here
 from elastic_ring.controller.backends import Backend, make_backend  # noqa: E402
@@ -357,16 +357,19 @@ class Controller:
         world = self.plan.world_after(ck)
         usable = self._usable_slots(world)
         new_world = min(world, usable)
-        fatal = bool(rec and rec.get("fatal"))
-        give_up = fatal or repeated or attempt > self.max_restarts or new_world < 1
+        from elastic_ring.controller.restart_rule import append_traceback, not_retried
+
+        append_traceback(seg.log, rec)
+        deterministic = not_retried(rec)
+        give_up = bool(deterministic) or repeated or attempt > self.max_restarts or new_world < 1
         self.events.write(Restart(attempt=attempt, cause=why, rank=rank, returncode=rc,
                                   segment=seg.index, world_size=seg.world, from_step=ck,
                                   failed_at_step=last, steps_redone=redone,
                                   new_world_size=0 if give_up else new_world, gave_up=give_up,
                                   time=t_detect))
         if give_up:
-            if fatal:
-                reason = "not retried: the script breaks the worker library's contract"
+            if deterministic:
+                reason = deterministic
             elif repeated:
                 where = (f"at step {failure['step']}" if failure["step"] is not None
                          else f"before the first step after step {ck}")

@@ -5,7 +5,7 @@ library (:mod:`elastic_ring.worker`) owns Horovod's start, the checkpointed stat
 stream, the stop protocol and the events; this file owns the model, the data and the LR recipe.
 
 The recipe is read from ``RUN_DIR/config.yaml`` (:class:`~elastic_ring.config.api.TrainConfig`).
-The LR is a pure function of the step and a saved :class:`~elastic_ring.train.lr.LRState`
+The LR is a pure function of the step and a saved :class:`~elastic_ring.worker.lr.LRState`
 (an extra of the checkpoint); at a new world size the LR rule of the config (Eq. 7 by default)
 rescales its base, so the decays still fire at the same steps. The augmentation of each sample is
 seeded by its position in the stream, so a resume is exact whatever the world sizes.
@@ -27,7 +27,7 @@ import elastic_ring.worker as elastic
 from elastic_ring.config.api import load_config
 from elastic_ring.data import load_dataset, make_batch
 from elastic_ring.nn import resnet
-from elastic_ring.train.lr import RULES, LRState, initial_base_lr
+from elastic_ring.worker.lr import RULES, LRState, initial_base_lr
 
 
 def _aug_generator(seed: int, stream_pos: int) -> torch.Generator:

@@ -65,6 +65,12 @@ class NotLaunchedError(RuntimeError):
     """The script was not started by elastic-ring (``elastic-ring train --script``)."""
 
 
+class ContractError(RuntimeError):
+    """The script uses the library in a way that would silently lose state or the schedule (an
+    unregistered optimizer, an unpicklable extra, ``hvd.init()`` before ``init()``...). The worker
+    fails at once with this one-line message and the controller does not retry it."""
+
+
 def _rng_state() -> dict[str, Any]:
     import numpy as np
     import torch
@@ -86,6 +92,70 @@ def _set_rng_state(st: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
+def _stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def _saved_form(value: Any) -> Any:
+    """What a checkpoint holds for a registered extra: its ``state_dict()`` where it has one."""
+    return value.state_dict() if _stateful(value) else value
+
+
+def _restore_in_place(current: Any, saved: Any) -> Any:
+    """Put ``saved`` into the registered object ``current`` where it can be (a stateful object, a
+    dict, a list, a tensor); returns what ``job.extras`` holds from now on."""
+    if current is None:
+        return saved
+    if _stateful(current):
+        current.load_state_dict(saved)
+        return current
+    if isinstance(current, dict) and isinstance(saved, dict):
+        current.clear()
+        current.update(saved)
+        return current
+    if isinstance(current, list) and isinstance(saved, list):
+        current[:] = saved
+        return current
+    if hasattr(current, "copy_") and hasattr(saved, "shape") and \
+            tuple(getattr(current, "shape", ())) == tuple(saved.shape):
+        import torch
+
+        with torch.no_grad():
+            current.copy_(saved)
+        return current
+    return saved
+
+
+def _distributed_optimizers() -> list[Any]:
+    """The ``hvd.DistributedOptimizer`` objects alive in this process (Horovod's wrapper class
+    carries ``_allreduce_grad_async``)."""
+    import gc
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
+    return [o for o in gc.get_objects()
+            if isinstance(o, torch.optim.Optimizer) and hasattr(o, "_allreduce_grad_async")]
+
+
+def _bind_scheduler(sched: Any, optimizer: Any) -> None:
+    """A scheduler built on the optimizer before ``hvd.DistributedOptimizer`` wrapped it shares
+    its param groups only until a checkpoint is loaded: point it (and the ones it chains) at the
+    registered optimizer. One built on an unrelated optimizer is an error."""
+    from elastic_ring.worker.lr import all_schedulers
+
+    for s in all_schedulers([sched]):
+        own = getattr(s, "optimizer", None)
+        if own is None or optimizer is None or own is optimizer:
+            continue
+        same = len(own.param_groups) == len(optimizer.param_groups) and all(
+            a is b for a, b in zip(own.param_groups, optimizer.param_groups))
+        if not same:
+            raise ContractError(f"scheduler {type(s).__name__} steps another optimizer than the "
+                                "registered one: build it on the registered optimizer")
+        s.optimizer = optimizer
+
+
 class Sampler:
     """This rank's share of one endless, seeded stream of epoch permutations.
 
@@ -100,17 +170,39 @@ class Sampler:
         self.job, self.batch_size = job, batch_size
         self.stream = SampleStream(size, seed)
         self.cursor = 0
+        self._loader = False  # iterated as a DataLoader's batch_sampler: the steps move the cursor
 
     def next_batch(self):
         """This rank's indices (a LongTensor) for the current step; advances the cursor."""
+        if self._loader:
+            raise ContractError("the sampler feeds a DataLoader (batch_sampler=): do not also call "
+                                "next_batch() on it")
         start = self.cursor + self.job.rank * self.batch_size
         idx = self.stream.take(start, self.batch_size)
         self.last_start = start
         self.cursor += self.batch_size * self.job.size
         return idx
 
+    def __iter__(self):
+        """Use the sampler as a ``DataLoader``'s ``batch_sampler`` (any ``num_workers``, prefetch):
+        yields this rank's index list for this step, the next step, ... without moving the cursor;
+        :meth:`Job.steps` moves it by ``world * batch_size`` after each completed step. So the batches
+        a loader prefetched but the job did not train on are not lost at a stop: the next segment's
+        loader starts from the checkpointed cursor. One batch per step; create the loader's
+        iterator after :meth:`Job.restore`."""
+        if not self.job._restored:
+            raise ContractError("iterate the DataLoader (or the sampler) after job.restore(): the "
+                                "data position is restored there")
+        self._loader = True
+        cursor, world, rank, b = self.cursor, self.job.size, self.job.rank, self.batch_size
+        k = 0
+        while True:
+            yield self.stream.take(cursor + k * world * b + rank * b, b).tolist()
+            k += 1
+
     @property
     def epoch(self) -> int:
+        """The epoch the cursor is in (0-based): for a scheduler stepped per epoch."""
         return self.cursor // self.stream.size
 
 
@@ -165,7 +257,10 @@ class Job:
         self.stop_reason: str | None = None
         self._model = None
         self._optimizer = None
+        self._schedulers: list[Any] = []
         self._extras: dict[str, Any] = {}
+        self._finish_requested = False
+        self._lr_used: float | None = None
         self._sampler: Sampler | None = None
         self._resize_hooks: list[Callable[[int, int, int], None]] = []
         self._eval_hook: Callable[[int], dict[str, float] | None] | None = None
@@ -253,12 +348,59 @@ class Job:
             kwargs.setdefault("groups", 1)
         return self.hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), **kwargs)
 
-    def register(self, model=None, optimizer=None, **extras: Any) -> None:
-        """What a checkpoint holds: the model, the optimizer (a ``hvd.DistributedOptimizer``: its
-        state holds the momentum buffers) and any picklable extras (restored into
-        ``job.extras``)."""
-        self._model, self._optimizer = model, optimizer
+    def register(self, model=None, optimizer=None, scheduler=None, **extras: Any) -> None:
+        """What a checkpoint holds, restored in place at :meth:`restore`.
+
+        ``model``: a module. ``optimizer``: the ``hvd.DistributedOptimizer`` (its state holds the
+        momentum buffers). ``scheduler``: a ``torch.optim.lr_scheduler`` (or a list of them), saved
+        and, at a new world size, rescaled with the optimizer (Eq. 7 for every later step).
+        ``extras``: anything picklable; objects with ``state_dict``/``load_state_dict`` (a
+        ``GradScaler``, an EMA module), dicts, lists and tensors are restored in place, so the
+        script's own references stay valid; other values (numbers, strings, frozen objects) are
+        replaced: read them back from ``job.extras[key]`` after :meth:`restore`.
+
+        Raises:
+            ContractError: at once, where a resize would otherwise lose state silently: no
+                ``optimizer`` while a ``hvd.DistributedOptimizer`` exists, a scheduler bound to
+                another optimizer, an extra that does not pickle (named).
+        """
+        import pickle
+
+        if optimizer is None and model is not None and self._optimizer is None:
+            dist = _distributed_optimizers()
+            if dist:
+                raise ContractError("register(optimizer=...) is missing while a "
+                                    "hvd.DistributedOptimizer exists: its state and Eq. 7 would be "
+                                    "lost at every resize")
+        scheds = [] if scheduler is None else list(scheduler) if isinstance(scheduler, (list, tuple)) \
+            else [scheduler]
+        opt = optimizer if optimizer is not None else self._optimizer
+        for sch in scheds:
+            if not hasattr(sch, "state_dict") or not hasattr(sch, "load_state_dict"):
+                raise ContractError(f"scheduler={type(sch).__name__}: not an LR scheduler "
+                                    "(no state_dict/load_state_dict)")
+            _bind_scheduler(sch, opt)
+        for key, value in extras.items():
+            if key in ("model", "optimizer", "scheduler"):
+                continue
+            try:
+                pickle.dumps(_saved_form(value))
+            except Exception as e:  # noqa: BLE001 - any pickling failure
+                raise ContractError(f"register(): extra {key!r} ({type(value).__name__}) does not "
+                                    f"pickle ({type(e).__name__}: {e}); register its state instead"
+                                    ) from None
+        if model is not None:
+            self._model = model
+        if optimizer is not None:
+            self._optimizer = optimizer
+        self._schedulers.extend(s for s in scheds if all(s is not t for t in self._schedulers))
         self._extras.update(extras)
+
+    def finish(self) -> None:
+        """End the job early (a target reached): the loop ends at the next point where all ranks
+        agree (the step after this one with ``control_every`` 1), with the final checkpoint,
+        evaluation and the ``finished`` state, as at ``total_steps``. Any rank may call it."""
+        self._finish_requested = True
 
     @property
     def extras(self) -> dict[str, Any]:
@@ -315,7 +457,8 @@ class Job:
                 self._optimizer.load_state_dict(ckpt["optimizer"])
             if ckpt.get("rng") is not None:
                 _set_rng_state(ckpt["rng"])
-            meta = {k: ckpt.get(k) for k in ("step", "cursor", "world_size", "lr_factor", "extras")}
+            meta = {k: ckpt.get(k) for k in ("step", "cursor", "world_size", "lr_factor", "extras",
+                                             "schedulers")}
         self._sync(meta)
         self._restored = True
         return self.resumed
@@ -336,7 +479,14 @@ class Job:
             self.previous_world = int(meta["world_size"])
             self.lr_factor = float(meta.get("lr_factor") or 1.0)
             if meta.get("extras"):
-                self._extras.update(meta["extras"])
+                for key, saved in meta["extras"].items():
+                    self._extras[key] = _restore_in_place(self._extras.get(key), saved)
+            saved_scheds = meta.get("schedulers") or []
+            if len(saved_scheds) != len(self._schedulers) and (saved_scheds or self._schedulers):
+                raise ContractError(f"the checkpoint holds {len(saved_scheds)} scheduler(s), the "
+                                    f"script registered {len(self._schedulers)}")
+            for sch, st in zip(self._schedulers, saved_scheds):
+                sch.load_state_dict(st)
             if self._sampler is not None:
                 self._sampler.cursor = int(meta.get("cursor") or 0)
             if meta.get("segment") is not None:  # an in-place reset: the segment goes on here
@@ -346,16 +496,18 @@ class Job:
         self._last_ckpt_step = self.step
 
     def _rescale(self, old: int, new: int) -> None:
-        from elastic_ring.train.lr import RULES
+        """Eq. 7 (the run's rule) from ``old`` to ``new`` workers: the optimizer's LRs and all that
+        the registered schedulers scale from (:func:`elastic_ring.worker.lr.scale_lr_state`), or
+        the script's :meth:`on_resize` hooks instead."""
+        from elastic_ring.worker.lr import RULES, rule_factor, scale_lr_state
 
         rule = RULES[self.info.lr_scaling]
         self.lr_factor = rule.scale(self.lr_factor, old, new)
         if self._resize_hooks:
             for fn in self._resize_hooks:
                 fn(old, new, self.step)
-        elif self._optimizer is not None:
-            for g in self._optimizer.param_groups:
-                g["lr"] = rule.scale(g["lr"], old, new)
+        elif self._optimizer is not None or self._schedulers:
+            scale_lr_state(self._optimizer, self._schedulers, rule_factor(rule, old, new))
 
     # ------------------------------------------------------------------ the step loop
     def record(self, loss: Any = None, samples: int | None = None) -> None:
@@ -422,11 +574,16 @@ class Job:
         reason = "finished" if self.stop_at >= self.total_steps else "scheduled"
         first = True
         vote = None  # the stop vote in flight (see _start_stop_vote)
+        loader = self._sampler if self._sampler is not None else None
         while step < self.stop_at:
             step += 1
             self._current = step
+            if first:
+                self._lr_used = self.current_lr()  # the LR this step runs with (before sched.step())
             yield step
             self.step = step
+            if loader is not None and loader._loader:
+                loader.cursor += loader.batch_size * self.size
             w = self._window
             w.steps += 1
             now = time.time()
@@ -437,7 +594,7 @@ class Job:
                     phases[name] = round(t - prev, 4)
                     prev = t
                 self._emit(FirstStep(segment=self.segment, world_size=self.size, step=step,
-                                     since_launch_s=now - self._t_start, lr=self.current_lr(),
+                                     since_launch_s=now - self._t_start, lr=self._lr_used,
                                      phases=phases))
                 self._window = _Window(t0=time.time())
             elif w.steps >= info.throughput_window or step == self.stop_at:
@@ -466,16 +623,19 @@ class Job:
                                                {"step": step, "segment": self.segment, "time": now})
             if step < self.stop_at and step % info.control_every == 0:
                 # the vote started at the previous check has travelled with this step's gradients
-                if vote is not None and self._vote_result(vote):
-                    vote = None
-                    reason = "requested"
-                    break
+                if vote is not None:
+                    stop, early = self._vote_result(vote)
+                    if early or stop:
+                        vote = None
+                        reason = "finished" if early else "requested"
+                        break
                 vote = self._start_stop_vote()
         if vote is not None:  # every rank has the same vote in flight: complete it
-            self._vote_result(vote)
+            if self._vote_result(vote)[1] and step < self.total_steps:
+                reason = "finished"  # the early stop lands at this segment's last step
         self._decided = time.time()
         self.stop_reason = reason
-        self.finished = step >= self.total_steps
+        self.finished = step >= self.total_steps or reason == "finished"
         self.last_loss = last_loss
 
     # ------------------------------------------------------------------ in-place resize
@@ -534,7 +694,8 @@ class Job:
 
     def _live_meta(self, next_segment: int, stop_at: int) -> dict[str, Any]:
         return {"step": self.step, "cursor": self._sampler.cursor if self._sampler is not None else 0,
-                "world_size": self.size, "lr_factor": self.lr_factor, "extras": dict(self._extras),
+                "world_size": self.size, "lr_factor": self.lr_factor, "extras": self._saved_extras(),
+                "schedulers": [sch.state_dict() for sch in self._schedulers],
                 "segment": next_segment, "stop_at": stop_at}
 
     def _set_rank(self, hvd) -> None:
@@ -562,10 +723,13 @@ class Job:
         import torch
 
         flag = 1.0 if self.rank == 0 and protocol.stop_file(self.run_dir, self.segment).exists() else 0.0
-        return self.hvd.allreduce_async(torch.tensor([flag]), op=self.hvd.Sum, name="stop_flag")
+        early = 1.0 if self._finish_requested else 0.0  # job.finish() on any rank
+        return self.hvd.allreduce_async(torch.tensor([flag, early]), op=self.hvd.Sum, name="stop_flag")
 
-    def _vote_result(self, handle) -> bool:
-        return bool(self.hvd.synchronize(handle).item() > 0)
+    def _vote_result(self, handle) -> tuple[bool, bool]:
+        """(the controller asked for a stop, some rank called job.finish())."""
+        v = self.hvd.synchronize(handle)
+        return bool(v[0].item() > 0), bool(v[1].item() > 0)
 
     def _evaluate(self, step: int) -> None:
         if self._eval_hook is None:
@@ -595,8 +759,12 @@ class Job:
             "world_size": self.size, "lr_factor": self.lr_factor, "lr_last": self.current_lr(),
             "model": self._model.state_dict() if self._model is not None else None,
             "optimizer": self._optimizer.state_dict() if self._optimizer is not None else None,
-            "rng": _rng_state(), "extras": dict(self._extras), "segment": self.segment,
+            "rng": _rng_state(), "extras": self._saved_extras(), "segment": self.segment,
+            "schedulers": [sch.state_dict() for sch in self._schedulers],
         })
+
+    def _saved_extras(self) -> dict[str, Any]:
+        return {k: _saved_form(v) for k, v in self._extras.items()}
 
     def _checkpoint(self, step: int, wait: bool) -> None:
         """Rank 0: snapshot now, write in the background (``wait``: and block until written).
@@ -650,6 +818,15 @@ def init(lazy: bool = False) -> Job:
     global _JOB, _INIT_CALLED
     if _JOB is not None:
         return _JOB
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is not None and not os.environ.get(INPLACE_ENV) == "1":
+        try:
+            own_init = hvd.is_initialized()
+        except Exception:  # noqa: BLE001
+            own_init = False
+        if own_init:
+            raise ContractError("the script called hvd.init() before elastic_ring.worker.init(): "
+                                "call only elastic_ring.worker.init() (it initialises Horovod)")
     info = LaunchInfo.from_env()
     if info is None:
         raise NotLaunchedError("this script uses elastic_ring.worker: run it with "

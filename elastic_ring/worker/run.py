@@ -41,13 +41,59 @@ def _rank() -> int | None:
     return int(r) if r is not None and r.isdigit() else None
 
 
+_LIB_DIR = str(Path(__file__).resolve().parents[1])  # the elastic_ring package
+_ARG_ERROR: list[str] = []  # the message of the script's argparse error, if it rejected its arguments
+
+
+def _where(exc: BaseException) -> str | None:
+    """``file:line`` of the script's own code where ``exc`` was raised: the innermost frame outside
+    the Python installation, site-packages and this package (a ``SyntaxError``: its own place)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    skip = (_LIB_DIR, sys.base_prefix, sys.prefix, "<frozen")
+    own = [f for f in frames if not f.filename.startswith(skip) and "site-packages" not in f.filename]
+    f = (own or frames or [None])[-1]
+    return f"{f.filename}:{f.lineno}" if f is not None else None
+
+
+def _kind(exc: BaseException, step: int | None) -> str | None:
+    """What makes a failure deterministic, for the controller's restart rule
+    (:mod:`elastic_ring.controller.restart_rule`); None: it may be transient."""
+    from elastic_ring.worker import api
+
+    if isinstance(exc, SyntaxError):
+        return "syntax"
+    if isinstance(exc, ImportError):
+        return "import"
+    if isinstance(exc, ScriptError) and _ARG_ERROR:
+        return "usage"
+    if isinstance(exc, (ScriptError, api.ContractError)):
+        return "contract"
+    if type(exc).__name__ == "PicklingError" or "pickle" in str(exc).lower():
+        return "pickling"
+    transient = (OSError, MemoryError, TimeoutError)
+    in_horovod = any("horovod" in f.filename for f in traceback.extract_tb(exc.__traceback__))
+    if step is None and not isinstance(exc, transient) and not in_horovod \
+            and type(exc).__name__ not in protocol.PEER_LOSS_TYPES:
+        return "setup"  # the script's own code failed before its first step
+    return None
+
+
 def _die(info: LaunchInfo, exc: BaseException, status: int = 1) -> None:
     from elastic_ring.worker import api
 
     step = getattr(api._JOB, "_current", None) if api._JOB is not None else None
+    kind = _kind(exc, step)
+    where = None if isinstance(exc, ScriptError) else _where(exc)
+    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    if isinstance(exc, SyntaxError):
+        last = f"{type(exc).__name__}: {exc.msg}"
+    message = f"{last} ({where})" if where else last
     protocol.write_error_record(info.run_dir, exc, _rank(), segment=info.segment, step=step,
-                                fatal=isinstance(exc, ScriptError))
-    print(f"elastic-ring worker rank {_rank()}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                                fatal=kind in ("contract", "usage"), kind=kind, where=where,
+                                message=message)
+    print(f"elastic-ring worker rank {_rank()}: {message}", file=sys.stderr, flush=True)
     os._exit(status)
 
 
@@ -91,6 +137,13 @@ def _watchdog(info: LaunchInfo, init_timeout_s: float, stop: threading.Event) ->
 
 def _run_target(target: str, args: list[str]) -> None:
     sys.argv = [target, *args]
+    error = argparse.ArgumentParser.error
+
+    def remember(parser, message):  # the script's own argparse rejecting its arguments
+        _ARG_ERROR.append(message)
+        error(parser, message)
+
+    argparse.ArgumentParser.error = remember
     if target.endswith(".py") or os.path.sep in target or Path(target).is_file():
         path = Path(target)
         sys.path.insert(0, str(path.resolve().parent))
@@ -141,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         _run_target(rest[0], rest[1:])
     except SystemExit as e:
         if e.code not in (None, 0):
+            if e.code == 2 and _ARG_ERROR:
+                _die(info, ScriptError(f"the script rejected its arguments: {_ARG_ERROR[-1]}"))
             _die(info, ScriptError(f"the script exited with status {e.code}"))
     except BaseException as e:  # noqa: BLE001 - every failure must reach the controller
         traceback.print_exc()

@@ -15,7 +15,7 @@ from elastic_ring.controller.summary import summarize
 from elastic_ring.data import SampleStream, make_batch, load_dataset
 from elastic_ring.errors import CheckpointError, ConfigError, UserError
 from elastic_ring.nn import count_parameters, resnet
-from elastic_ring.train.lr import RULES, LRState, decay_multiplier, initial_base_lr
+from elastic_ring.worker.lr import RULES, LRState, decay_multiplier, initial_base_lr
 
 
 # ---------------------------------------------------------------- model
