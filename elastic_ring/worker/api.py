@@ -134,8 +134,9 @@ def _distributed_optimizers() -> list[Any]:
     torch = sys.modules.get("torch")
     if torch is None:
         return []
+    base = torch.optim.Optimizer
     return [o for o in gc.get_objects()
-            if isinstance(o, torch.optim.Optimizer) and hasattr(o, "_allreduce_grad_async")]
+            if issubclass(type(o), base) and hasattr(type(o), "_allreduce_grad_async")]
 
 
 def _bind_scheduler(sched: Any, optimizer: Any) -> None:
