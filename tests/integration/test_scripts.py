@@ -95,9 +95,12 @@ def test_script_that_raises_before_its_first_step(tmp_path):
     assert p.returncode == 1
     (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("elastic-ring: error:")]
     assert "failed: ValueError: no such column 'label' in the training table" in line
+    assert f"({script}:4)" in line  # the place in the script
     assert "worker rank 0" in line or "worker rank 1" in line
-    assert "twice: not retrying" in line  # one restart, then no loop
-    assert len(read_events(tmp_path / "r" / "events.jsonl", kind="launch")) == 2
+    assert "the script failed before its first step: not retried" in line  # deterministic
+    assert len(read_events(tmp_path / "r" / "events.jsonl", kind="launch")) == 1
+    log = sorted((tmp_path / "r" / "logs").glob("segment-*.log"))[-1].read_text()
+    assert log.rstrip().endswith("ValueError: no such column 'label' in the training table")
 
 
 def test_script_that_never_calls_the_library_fails_fast(tmp_path):
