@@ -86,9 +86,8 @@ def _die(info: LaunchInfo, exc: BaseException, status: int = 1) -> None:
     step = getattr(api._JOB, "_current", None) if api._JOB is not None else None
     kind = _kind(exc, step)
     where = None if isinstance(exc, ScriptError) else _where(exc)
-    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-    if isinstance(exc, SyntaxError):
-        last = f"{type(exc).__name__}: {exc.msg}"
+    text = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+    last = f"{type(exc).__name__}: {text}" if text else type(exc).__name__  # no module path
     message = f"{last} ({where})" if where else last
     protocol.write_error_record(info.run_dir, exc, _rank(), segment=info.segment, step=step,
                                 fatal=kind in ("contract", "usage"), kind=kind, where=where,

@@ -192,10 +192,19 @@ def test_interrupt_and_resume_equals_uninterrupted_run(tmp_path):
     assert a["step"] == b["step"] == 400 and a["cursor"] == b["cursor"]
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
-    mom_a = [s["momentum_buffer"] for s in a["optimizer"]["state"].values()]
-    mom_b = [s["momentum_buffer"] for s in b["optimizer"]["state"].values()]
-    assert len(mom_a) == len(a["model"]) - sum("running" in k or "num_batches" in k for k in a["model"])
-    assert all(torch.equal(x, y) for x, y in zip(mom_a, mom_b))
+    # every parameter's momentum buffer is present in both, and equal
+    n_params = len(a["model"]) - sum("running" in k or "num_batches" in k for k in a["model"])
+    for ck in (a, b):
+        st = ck["optimizer"]["state"]
+        assert len(st) == n_params and all("momentum_buffer" in s for s in st.values())
+    assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
+    for k, s in a["optimizer"]["state"].items():
+        assert torch.equal(s["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"]), k
+    # the RNG states saved at the end are those of the run that never stopped (restored at resume)
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+    assert all((x == y).all() if hasattr(x, "all") else x == y
+               for x, y in zip(a["rng"]["numpy"], b["rng"]["numpy"]))
+    assert a["rng"]["python"] == b["rng"]["python"]
 
 
 def test_resized_run_learns_as_well_as_unresized_on_real_digits(tmp_path):
