@@ -194,6 +194,9 @@ class Sampler:
         if not self.job._restored:
             raise ContractError("iterate the DataLoader (or the sampler) after job.restore(): the "
                                 "data position is restored there")
+        if self.job.inplace:  # the shares of batches prefetched before an in-place resize are stale
+            raise ContractError("a DataLoader over job.sampler() is not supported under --relaunch "
+                                "inplace: use data.next_batch()")
         self._loader = True
         cursor, world, rank, b = self.cursor, self.job.size, self.job.rank, self.batch_size
         k = 0
