@@ -485,8 +485,9 @@ class Job:
             if meta.get("extras"):
                 for key, saved in meta["extras"].items():
                     self._extras[key] = _restore_in_place(self._extras.get(key), saved)
-            saved_scheds = meta.get("schedulers") or []
-            if len(saved_scheds) != len(self._schedulers) and (saved_scheds or self._schedulers):
+            saved_scheds = meta.get("schedulers")  # None: a checkpoint from before schedulers
+            saved_scheds = [] if saved_scheds is None else saved_scheds
+            if meta.get("schedulers") is not None and len(saved_scheds) != len(self._schedulers):
                 raise ContractError(f"the checkpoint holds {len(saved_scheds)} scheduler(s), the "
                                     f"script registered {len(self._schedulers)}")
             for sch, st in zip(self._schedulers, saved_scheds):

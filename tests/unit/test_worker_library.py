@@ -275,3 +275,17 @@ def test_finish_ends_the_loop_at_the_next_agreement(tmp_path, monkeypatch):
     assert done == [1, 2, 3, 4, 5]  # the vote started after step 4 is read after step 5
     assert job.finished and job.stop_reason == "finished"
     assert (tmp_path / "checkpoints" / "ckpt-00000005.pt").exists()
+
+
+def test_scheduler_registered_at_save_but_not_at_restore_is_an_error(tmp_path, monkeypatch):
+    job = make_job(tmp_path, monkeypatch, stop_at=2)
+    model, opt, sched = build(0.1, "step")
+    job.register(model=model, optimizer=opt, scheduler=sched)
+    job.restore()
+    for _ in job.steps():
+        pass
+    job2 = make_job(tmp_path, monkeypatch, segment=1, stop_at=4)
+    model2, opt2, _ = build(0.1, "step")
+    job2.register(model=model2, optimizer=opt2)
+    with pytest.raises(api.ContractError, match="holds 1 scheduler.*registered 0"):
+        job2.restore()
