@@ -225,3 +225,42 @@ def test_cuda_rng_is_the_ranks_own_device(monkeypatch):
     fake.current = 5  # more devices now than states saved: nothing to restore, and no IndexError
     api._set_rng_state(old)
     assert len(fake.set_calls) == 2
+
+
+def test_warm_up_is_nothing_on_the_cpu():
+    from elastic_ring.train.worker import warm_up
+
+    assert warm_up(torch.nn.Linear(2, 2), [], 8, True, torch.device("cpu")) == 0.0
+
+
+@pytest.mark.gpu
+def test_batches_made_on_the_gpu_equal_the_cpus():
+    from elastic_ring.data.datasets import ArrayDataset, make_batch
+
+    g = torch.Generator().manual_seed(1)
+    ds = ArrayDataset(torch.randint(0, 256, (300, 3, 32, 32), dtype=torch.uint8, generator=g),
+                      torch.randint(0, 10, (300,), generator=g), (0.49, 0.48, 0.45), (0.25, 0.24, 0.26), "t")
+    idx = torch.randperm(300, generator=g)[:128]
+    xc, yc = make_batch(ds, idx, True, torch.Generator().manual_seed(7))
+    xg, yg = make_batch(ds.to("cuda"), idx, True, torch.Generator().manual_seed(7))
+    assert xg.is_cuda and torch.equal(yg.cpu(), yc)
+    assert torch.allclose(xg.cpu(), xc, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_warm_up_leaves_the_model_and_rngs_untouched():
+    from elastic_ring.data.datasets import ArrayDataset
+    from elastic_ring.nn import resnet
+    from elastic_ring.train.worker import warm_up
+
+    dev = torch.device("cuda", 0)
+    torch.backends.cudnn.benchmark = True
+    model = resnet(8, 4, 10).to(dev)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ds = ArrayDataset(torch.zeros(16, 3, 32, 32, dtype=torch.uint8), torch.zeros(16, dtype=torch.long),
+                      (0.5,) * 3, (0.25,) * 3, "t").to(dev)
+    cpu_rng, cuda_rng = torch.get_rng_state(), torch.cuda.get_rng_state()
+    assert warm_up(model, ds, 8, True, dev) > 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), cpu_rng) and torch.equal(torch.cuda.get_rng_state(), cuda_rng)
