@@ -20,14 +20,18 @@ def _echo(msg: str) -> None:
     click.echo(msg, err=True)
 
 
-def _resolve_device(device: str):
-    """(device, usable GPUs, GPU report or None: its line is printed once the run starts); on cuda, Horovod
-    must have NCCL (elastic_ring.telemetry.gpu)."""
+def _resolve_device_report(device: str):
+    """(device, usable GPUs, GPU report or None: its line is printed once the run starts); on cuda,
+    Horovod must have NCCL (elastic_ring.telemetry.gpu)."""
     from elastic_ring.telemetry import gpu
 
     device, n, rep = gpu.resolve_device(device)
     gpu.check_nccl(device, warn=_echo)
     return device, n, rep
+
+
+def _resolve_device(device: str) -> tuple[str, int]:
+    return _resolve_device_report(device)[:2]
 
 
 @click.command(context_settings={"max_content_width": 100})
@@ -165,7 +169,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
     if keep is not None and keep < 1:
         raise UserError(f"--keep must be >= 1, got {keep}")
 
-    device, ngpu, gpu_rep = _resolve_device(device)
+    device, ngpu, gpu_rep = _resolve_device_report(device)
     host_list = parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile else None
     if host_list:
         n_slots = sum(n for _, n in host_list)
