@@ -264,3 +264,15 @@ def test_warm_up_leaves_the_model_and_rngs_untouched():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
     assert torch.equal(torch.get_rng_state(), cpu_rng) and torch.equal(torch.cuda.get_rng_state(), cuda_rng)
+
+
+def test_gpu_workers_get_the_cpu_thread_cap(monkeypatch):
+    from elastic_ring import protocol
+    from elastic_ring.controller.backends.api import worker_env
+
+    monkeypatch.setenv(protocol.CPU_THREADS_ENV, "3")
+    for device in ("cuda", "cpu"):
+        spec = types.SimpleNamespace(device=device, extra_env={})
+        env = worker_env(spec, 4)
+        assert env["OMP_NUM_THREADS"] == "3", device
+        assert ("HOROVOD_CYCLE_TIME" in env) == (device == "cpu")
