@@ -52,7 +52,7 @@ CPU_THREADS_ENV = "ELASTIC_RING_CPU_THREADS"
 
 
 def cpu_threads(local_workers: int) -> int:
-    """Intra-op threads of one CPU worker: ``$ELASTIC_RING_CPU_THREADS`` if set, else the cores
+    """Intra-op threads of one worker (CPU or GPU: a GPU worker's host threads launch its kernels): ``$ELASTIC_RING_CPU_THREADS`` if set, else the cores
     this process may run on (its CPU affinity, not the machine's count) shared by the workers of
     this host. Controller (``OMP_NUM_THREADS``) and worker (``torch.set_num_threads``) both use it."""
     raw = os.environ.get(CPU_THREADS_ENV, "").strip()

@@ -11,7 +11,10 @@
 #   ELASTIC_RING_CACHE     cache folder for built wheels (default: ~/.cache/elastic-ring)
 #   TORCH_SPEC             torch requirement (default: torch==2.14.1)
 #   TORCHVISION_SPEC       torchvision requirement (default: torchvision==0.29.1)
-#   HOROVOD_GPU_OPERATIONS set to NCCL on a GPU node (the Dockerfile does); empty on the CPU
+#   HOROVOD_GPU_OPERATIONS NCCL by default where torch is a CUDA build and nvidia-smi lists a GPU
+#                          (NCCL found by scripts/find_nccl.py: torch's nvidia-nccl wheel, or the
+#                          system's); set it empty to build without; NCCL to force it (the Dockerfile)
+#   HOROVOD_BUILD_CUDA_CC_LIST  GPU architectures to compile for (default: this node's GPUs', e.g. 90)
 #   SETUP_SYSTEM_PYTHON=1  install into the current interpreter instead of a venv (Docker)
 #   SETUP_INSTALLER        uv (default) or pip: what installs the packages (pip also builds Horovod)
 set -euo pipefail
@@ -132,7 +135,16 @@ fi
 
 # ---------------------------------------------------------------- 4. Horovod wheel (cached)
 STEP="horovod"
+if [ -z "${HOROVOD_GPU_OPERATIONS+set}" ] && command -v nvidia-smi >/dev/null 2>&1 \
+   && nvidia-smi -L 2>/dev/null | grep -q '^GPU' \
+   && "$PY" -c 'import torch,sys; sys.exit(torch.version.cuda is None)' 2>/dev/null; then
+  HOROVOD_GPU_OPERATIONS=NCCL  # a GPU node with a CUDA torch: GPU allreduce through NCCL
+  log "GPUs found (nvidia-smi) and torch is a CUDA build: Horovod is built with NCCL"
+fi
 GPU_OPS="${HOROVOD_GPU_OPERATIONS:-}"
+if [ "$GPU_OPS" = "NCCL" ] && [ -z "${HOROVOD_BUILD_CUDA_CC_LIST:-}" ] && command -v nvidia-smi >/dev/null 2>&1; then
+  HOROVOD_BUILD_CUDA_CC_LIST="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d ' .' | sort -u | paste -sd, -)"
+fi
 # no '+' in the key: a build folder whose path holds '+' yields a wheel with the extension at a
 # wrong path inside it (seen with torch 2.14.1+cu130)
 KEY="horovod-${HOROVOD_VERSION}-torch-${TORCH_VERSION//+/_}-py$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')-${GPU_OPS:-cpu}"
@@ -171,8 +183,11 @@ else
                HOROVOD_CPU_OPERATIONS=GLOO MAKEFLAGS="-j$(nproc)")
     [ -n "$CUDA_ROOT" ] && env_build+=(CUDA_HOME="$CUDA_ROOT" HOROVOD_CUDA_HOME="$CUDA_ROOT")
     [ -n "$GPU_OPS" ] && env_build+=(HOROVOD_GPU_OPERATIONS="$GPU_OPS")
-    [ -n "${HOROVOD_NCCL_HOME:-}" ] && env_build+=(HOROVOD_NCCL_HOME="$HOROVOD_NCCL_HOME")
-    [ -n "${HOROVOD_NCCL_LINK:-}" ] && env_build+=(HOROVOD_NCCL_LINK="$HOROVOD_NCCL_LINK")
+    if [ "$GPU_OPS" = "NCCL" ]; then  # NCCL's header and library: one line saying what is missing
+      nccl_vars="$("$PY" scripts/find_nccl.py --home-dir "$CACHE/nccl-home")" || fail "Horovod with NCCL: see the find_nccl line above"
+      while IFS= read -r kv; do [ -n "$kv" ] && env_build+=("$kv"); done <<< "$nccl_vars"
+      [ -n "${HOROVOD_BUILD_CUDA_CC_LIST:-}" ] && env_build+=(HOROVOD_BUILD_CUDA_CC_LIST="$HOROVOD_BUILD_CUDA_CC_LIST")
+    fi
     if ! env "${env_build[@]}" "$PY" -m pip --disable-pip-version-check wheel --no-deps \
          --no-build-isolation "$src" -w "$build/dist" >"$build/build.log" 2>&1; then
       tail -n 30 "$build/build.log" >&2

@@ -20,15 +20,18 @@ def _echo(msg: str) -> None:
     click.echo(msg, err=True)
 
 
-def _resolve_device(device: str) -> tuple[str, int]:
-    from elastic_ring.telemetry import gpu_count
+def _resolve_device_report(device: str):
+    """(device, usable GPUs, GPU report or None: its line is printed once the run starts); on cuda,
+    Horovod must have NCCL (elastic_ring.telemetry.gpu)."""
+    from elastic_ring.telemetry import gpu
 
-    n = gpu_count()
-    if device == "auto":
-        device = "cuda" if n > 0 else "cpu"
-    if device == "cuda" and n == 0:
-        raise UserError("--device cuda but no NVIDIA GPU is visible (try --device cpu)")
-    return device, n
+    device, n, rep = gpu.resolve_device(device)
+    gpu.check_nccl(device, warn=_echo)
+    return device, n, rep
+
+
+def _resolve_device(device: str) -> tuple[str, int]:
+    return _resolve_device_report(device)[:2]
 
 
 @click.command(context_settings={"max_content_width": 100})
@@ -166,7 +169,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
     if keep is not None and keep < 1:
         raise UserError(f"--keep must be >= 1, got {keep}")
 
-    device, ngpu = _resolve_device(device)
+    device, ngpu, gpu_rep = _resolve_device_report(device)
     host_list = parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile else None
     if host_list:
         n_slots = sum(n for _, n in host_list)
@@ -250,6 +253,9 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
                        checkpoint_every=checkpoint_every or 0,
                        checkpoint_every_s=60.0 if checkpoint_every_s is None else checkpoint_every_s,
                        keep=keep or 2)
+        if device == "cpu" and gpu_rep is not None:  # --device auto chose the CPU: say so
+            from elastic_ring.telemetry.gpu import check_cpu_fallback
+            check_cpu_fallback([r.step for r in sched], total, gpu_rep)
         spec.validate()
         if cfg is not None:
             check_dataset(cfg.dataset, cfg.data_dir)
@@ -260,6 +266,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
         start_step, segment = 0, 0
     if cfg is not None:
         ensure_dataset_cache(spec.run_dir, cfg)  # a resumed run's cache may have been deleted
+    if gpu_rep is not None:
+        _echo(f"elastic-ring: {gpu_rep.line()}")
     if device == "cpu":
         _echo(f"elastic-ring: no GPU in use: {world} CPU worker process(es) with gloo "
               f"({n_slots} slot(s)); run folder {spec.run_dir}")
@@ -272,6 +280,10 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
           + (", ".join(f"step {r.step} -> {r.to}" for r in spec.schedule) or "no resize"))
     if relaunch == "auto":
         relaunch = "prelaunch" if device == "cuda" else "overlap"
+    from elastic_ring.telemetry.gpu import exclusive_fallback
+    relaunch, why = exclusive_fallback(relaunch, device, gpu_rep)
+    if why:
+        _echo(f"elastic-ring: {why}")
     ctl = Controller(spec, lr_scaling=cfg.lr_scaling if cfg else "linear",
                      network_interface=network_interface, relaunch=relaunch,
                      max_restarts=max_restarts, plan=plan)

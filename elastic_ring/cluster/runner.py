@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -32,6 +33,29 @@ from elastic_ring.errors import UserError
 
 def run_dir(cluster_dir: Path, jid: int) -> Path:
     return Path(cluster_dir) / "jobs" / str(jid)
+
+
+def gpu_env(table: list[tuple[str, int]], slots: list[int], multi_host: bool,
+            env: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables that give a GPU job its slots. One host: ``CUDA_VISIBLE_DEVICES`` = the slots'
+    GPUs, mapped through the ``CUDA_VISIBLE_DEVICES`` the scheduler was started under. Several hosts:
+    horovodrun sends one environment to every host, so each host's list travels in
+    ``ELASTIC_RING_HOST_DEVICES`` (``h1=0,1;h2=3``), which the worker entry turns into its host's
+    ``CUDA_VISIBLE_DEVICES`` (``HOROVOD_HOSTNAME``); the controller's own host is mapped through the
+    scheduler's ``CUDA_VISIBLE_DEVICES`` (other hosts' indices are their own), and
+    ``CUDA_VISIBLE_DEVICES`` holds the first host's list for the controller's GPU check."""
+    from elastic_ring.telemetry.gpu import HOST_DEVICES_ENV, host_devices_env, map_through_parent
+
+    per_host: dict[str, list[int]] = {}
+    for s in slots:
+        h, i = table[s]
+        per_host.setdefault(h, []).append(i)
+    if not multi_host:
+        return {"CUDA_VISIBLE_DEVICES": ",".join(map_through_parent(next(iter(per_host.values()), []), env))}
+    local = {"localhost", "127.0.0.1", socket.gethostname()}
+    devs = {h: (map_through_parent(ix, env) if h in local else [str(i) for i in ix]) for h, ix in per_host.items()}
+    mine = next((d for h, d in devs.items() if h in local), next(iter(devs.values())))
+    return {HOST_DEVICES_ENV: host_devices_env(devs), "CUDA_VISIBLE_DEVICES": ",".join(mine)}
 
 
 class _Tail:
@@ -108,8 +132,7 @@ class ProcessRunner:
                 cmd += ["--", *req.args]
         env = dict(os.environ)
         if cfg.device == "cuda":
-            table = cfg.slot_table()
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(table[s][1]) for s in slots)
+            env.update(gpu_env(cfg.slot_table(), slots, cfg.multi_host))
         return cmd, env
 
     # ------------------------------------------------------------------ Runner

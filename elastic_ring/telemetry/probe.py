@@ -1,50 +1,35 @@
-"""GPU discovery (pynvml) and a sampler of the workers' resource use.
+"""A sampler of the workers' resource use, and ``gpu_count()``.
 
-``gpu_count()`` is how ``--device auto`` and the slot count find GPUs: it asks NVML (the driver),
-honours ``CUDA_VISIBLE_DEVICES``, and returns 0 where there is no NVIDIA driver. ``Telemetry``
-samples, at each throughput event, per-GPU utilisation and memory where GPUs exist, and the CPU use
-and resident memory of the worker processes (the launcher's descendants) everywhere.
+``gpu_count()`` is the number of GPUs CUDA can use here (:func:`elastic_ring.telemetry.gpu.probe`:
+torch asked, not NVML alone; 0 where there is no NVIDIA driver). ``Telemetry`` samples, at each
+throughput event, utilisation and memory of the GPUs this process's ``CUDA_VISIBLE_DEVICES`` shows
+(``index`` is the CUDA ordinal the workers use, ``nvml_index`` the driver's; other jobs' GPUs are
+not reported), and the CPU use and resident memory of the worker processes (the launcher's
+descendants) everywhere.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import psutil
 
 
-def _nvml():
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml
-    except Exception:  # no driver, no library, no GPU
-        return None
+from elastic_ring.telemetry.gpu import nvml as _nvml, probe, visible_handles
 
 
 def gpu_count() -> int:
-    nv = _nvml()
-    if nv is None:
-        return 0
-    try:
-        n = nv.nvmlDeviceGetCount()
-    except Exception:
-        return 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
-        n = min(n, len(ids))
-    return n
+    return probe().usable
 
 
 class Telemetry:
     """Samples the process tree under ``root_pid`` and the GPUs."""
 
-    def __init__(self, root_pid: int | None = None, gpus: bool = False) -> None:
+    def __init__(self, root_pid: int | None = None, gpus: bool = False, nvml_fn=_nvml,
+                 env: dict[str, str] | None = None) -> None:
         self.root_pid = root_pid
-        self._nv = _nvml() if gpus else None
+        self._nv = nvml_fn() if gpus else None
+        self._handles = visible_handles(self._nv, env) if self._nv is not None else []
         self._cpu_last: dict[int, tuple[float, float]] = {}
 
     def _procs(self) -> list[psutil.Process]:
@@ -79,14 +64,13 @@ class Telemetry:
         out["rss_mb"] = round(rss / 2**20, 1)
         if self._nv is not None:
             gpus = []
-            try:
-                for i in range(self._nv.nvmlDeviceGetCount()):
-                    h = self._nv.nvmlDeviceGetHandleByIndex(i)
+            for ordinal, idx, h in self._handles:
+                try:
                     u = self._nv.nvmlDeviceGetUtilizationRates(h)
                     m = self._nv.nvmlDeviceGetMemoryInfo(h)
-                    gpus.append({"index": i, "util_percent": u.gpu, "mem_used_mb": round(m.used / 2**20),
-                                 "mem_total_mb": round(m.total / 2**20)})
-            except Exception:
-                pass
+                except Exception:  # noqa: BLE001
+                    continue
+                gpus.append({"index": ordinal, "nvml_index": idx, "util_percent": u.gpu,
+                             "mem_used_mb": round(m.used / 2**20), "mem_total_mb": round(m.total / 2**20)})
             out["gpus"] = gpus
         return out

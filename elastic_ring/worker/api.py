@@ -76,8 +76,8 @@ def _rng_state() -> dict[str, Any]:
     import torch
 
     st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        st["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # this rank's own device only:
+        st["cuda"] = torch.cuda.get_rng_state()  # one state per visible GPU breaks on fewer GPUs
     return st
 
 
@@ -88,8 +88,12 @@ def _set_rng_state(st: dict[str, Any]) -> None:
     torch.set_rng_state(st["torch"])
     np.random.set_state(st["numpy"])
     random.setstate(st["python"])
-    if "cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
+    cuda = st.get("cuda")
+    if isinstance(cuda, (list, tuple)):  # older checkpoints: one state per GPU visible then
+        dev = torch.cuda.current_device() if cuda and torch.cuda.is_available() else -1
+        cuda = cuda[dev] if 0 <= dev < len(cuda) else None
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda)
 
 
 def _stateful(obj: Any) -> bool:
@@ -252,7 +256,7 @@ class Job:
             torch.backends.cudnn.benchmark = True
         else:
             self.device = torch.device("cpu")
-            torch.set_num_threads(protocol.cpu_threads(self.local_size))
+        torch.set_num_threads(protocol.cpu_threads(self.local_size))  # on GPUs too: cores launch kernels
         self.step = 0
         self.resumed = False
         self.previous_world: int | None = None
@@ -706,10 +710,9 @@ class Job:
     def _set_rank(self, hvd) -> None:
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
-        if self.device.type == "cpu":
-            import torch
+        import torch
 
-            torch.set_num_threads(protocol.cpu_threads(self.local_size))
+        torch.set_num_threads(protocol.cpu_threads(self.local_size))  # CPU and GPU workers alike
         if self.rank == 0 and self._events is None:
             from elastic_ring.events.api import EventLog
 

@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                       controller_host=a.controller_host,
                       **{k: v for k, v in ws.items() if k in LaunchInfo.__dataclass_fields__})
     os.environ.update(info.to_env())
+    from elastic_ring.telemetry.gpu import apply_host_devices
+
+    apply_host_devices()  # cluster jobs on several hosts: this host's GPUs, before CUDA starts
     if a.inplace:
         from elastic_ring.worker.api import INPLACE_ENV
 

@@ -23,7 +23,8 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path):
     text = out.read_text()
     for section in ("## Bare start", "## Steady state", "## Stop with checkpoint", "## Resize per relaunch"):
         assert section in text, section
-    assert "ResNet-8, batch 8" in text and "images/s" in text
+    assert "ResNet-8, batch 8, synthetic CIFAR-shaped data augmented" in text and "images/s" in text
+    assert "our launcher" in text and "All checks passed." in text
     assert "Telemetry in throughput events: 0/" not in text  # the controller adds telemetry
     rows = [line for line in text.splitlines() if line.startswith("| inplace |")]
     assert [r.split("|")[2].strip() for r in rows] == ["1 -> 2", "2 -> 1"]

@@ -38,5 +38,12 @@ def test_bad_options_exit_2(args, msg):
 def test_help_describes_every_step():
     p = _run("--help")
     assert p.returncode == 0
-    for what in ("bare start", "ResNet-110", "NVML", "--resume", "inplace", "--device cpu"):
+    for what in ("bare start", "ResNet-110", "NVML", "--resume", "inplace", "--device cpu", "--kit",
+                 "two-rank allreduce", "augmented", "FAILS when it lists no GPU"):
         assert what in p.stdout, what
+
+
+def test_a_kit_without_manifest_is_refused_in_one_line(tmp_path):
+    p = _run("--device", "cpu", "--kit", str(tmp_path))
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip().count("\n") == 0 and "holds no MANIFEST.json" in p.stderr

@@ -92,8 +92,8 @@ def worker_env(spec, world: int, elastic: bool = False) -> dict[str, str]:
     env.setdefault("PYTHONUNBUFFERED", "1")
     if elastic:  # a joining worker's start-up happens inside the ring's init
         env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "300")
+    env["OMP_NUM_THREADS"] = str(protocol.cpu_threads(world))  # GPU workers too: cores launch kernels
     if spec.device == "cpu":
-        env["OMP_NUM_THREADS"] = str(protocol.cpu_threads(world))
         # Horovod's background cycle: 5 ms instead of 1 ms fuses more gradients per gloo
         # allreduce and wakes less on busy cores: +13% images/s at 2 CPU workers (docs/peers.md)
         env.setdefault("HOROVOD_CYCLE_TIME", "5")
