@@ -224,7 +224,23 @@ else
   echo "$STAMP_SRC" > "$STAMP_FILE"
 fi
 
-# ---------------------------------------------------------------- 6. checks
+# ---------------------------------------------------------------- 6. browser (tests only)
+# The web page's test drives a real headless Chromium (Debian's chromium + chromium-driver).
+# Installed when missing and we are root; SETUP_BROWSER=0 skips it; without root the test skips.
+STEP="browser"
+if [ "${SETUP_BROWSER:-1}" != "0" ] && ! { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    log "installing chromium + chromium-driver (the web page's browser test)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+           --no-install-recommends chromium chromium-driver >/dev/null; } \
+      || log "could not install chromium; the browser test will be skipped"
+  else
+    log "no chromium/chromedriver (and not root): the browser test will be skipped"
+  fi
+fi
+
+# ---------------------------------------------------------------- 7. checks
 STEP="check-build"
 # What `horovodrun --check-build` lists (PyTorch, Gloo, NCCL where asked), without the command
 # (~7 s here; the test suite runs it, tests/integration/test_launchers.py): horovod_ok above has
@@ -239,6 +255,7 @@ if sys.argv[1] == "NCCL":
         sys.exit("Horovod was built without NCCL")
 try:
     import mpi4py, pynvml, click, yaml, scipy, matplotlib, rich  # noqa: F401
+    import tensorboard, starlette, uvicorn, prometheus_client  # noqa: F401
 except ImportError as e:
     sys.exit(f"a runtime dependency does not import: {e}")
 PYEOF

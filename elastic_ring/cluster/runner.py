@@ -2,9 +2,10 @@
 controller's files, as ``elastic-ring resize`` and ``status`` are).
 
 A job's run folder is ``CLUSTER/jobs/<id>``; its controller's output goes to
-``CLUSTER/logs/job-<id>.log``. A start is ``train --script|--config ... --run-dir``, a resume
-``train --resume``; a live resize is the request ``elastic-ring resize`` writes; a stop is SIGTERM
-(the workers checkpoint at the next agreed step and the controller exits with state interrupted).
+``CLUSTER/logs/job-<id>.log``; its TensorBoard curves to ``CLUSTER/tensorboard/<id>-<name>``. A
+start is ``train --script|--config ... --run-dir``, a resume ``train --resume``; a live resize is
+the request ``elastic-ring resize`` writes; a stop is SIGTERM (the workers checkpoint at the next
+agreed step and the controller exits with state interrupted).
 
 Slots. CPU, one host: ``--device cpu`` and ``--slots`` = the job's largest size, so the controller
 can be resized live up to it. GPUs: ``CUDA_VISIBLE_DEVICES`` = the job's slots, ``--slots`` = its
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -29,6 +31,7 @@ from elastic_ring import protocol
 from elastic_ring.cluster.api import ClusterConfig, Observation
 from elastic_ring.controller.lock import holder_pid, is_locked
 from elastic_ring.errors import UserError
+from elastic_ring.telemetry.tensorboard import ENV_DIR as TB_ENV_DIR
 
 
 def run_dir(cluster_dir: Path, jid: int) -> Path:
@@ -56,6 +59,12 @@ def gpu_env(table: list[tuple[str, int]], slots: list[int], multi_host: bool,
     devs = {h: (map_through_parent(ix, env) if h in local else [str(i) for i in ix]) for h, ix in per_host.items()}
     mine = next((d for h, d in devs.items() if h in local), next(iter(devs.values())))
     return {HOST_DEVICES_ENV: host_devices_env(devs), "CUDA_VISIBLE_DEVICES": ",".join(mine)}
+
+
+def tensorboard_dir(cluster_dir: Path, job: dict[str, Any]) -> Path:
+    """``CLUSTER/tensorboard/<id>-<name>``: the job's curves (the name reduced to a safe file name)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(job.get("name") or "")).strip("._")[:60]
+    return Path(cluster_dir) / "tensorboard" / (f"{job['id']}-{safe}" if safe else str(job["id"]))
 
 
 class _Tail:
@@ -131,6 +140,7 @@ class ProcessRunner:
             if req.kind == "script" and req.args:
                 cmd += ["--", *req.args]
         env = dict(os.environ)
+        env[TB_ENV_DIR] = str(tensorboard_dir(self.dir, job))
         if cfg.device == "cuda":
             env.update(gpu_env(cfg.slot_table(), slots, cfg.multi_host))
         return cmd, env

@@ -48,6 +48,7 @@ from elastic_ring.events.api import (ErrorEvent, EventLog, Finished, FirstStepAf
                                      WorkersExited, read_events)
 from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, WORKER_EVENTS, stop_file
 from elastic_ring.telemetry import Telemetry
+from elastic_ring.telemetry.tensorboard import sink_for_run as tensorboard_sink
 from elastic_ring.worker.lr import RULES
 
 # the launch side lives in .backends; re-exported here for the callers that import it from here
@@ -165,6 +166,7 @@ class Controller:
         self._hb_stop = threading.Event()
         self._launchers: dict[int, list[float]] = {}  # segment -> [horovodrun pid, create time]
         self._elastic: _Seg | None = None  # in place: the paused segment whose workers go on
+        self._tb = tensorboard_sink(spec.run_dir)  # TensorBoard curves, fed from events.jsonl
 
     # ------------------------------------------------------------------ state
     def _set_state(self, state: RunState, **extra: Any) -> None:
@@ -217,6 +219,8 @@ class Controller:
             self._kill_all()
             self._hb_stop.set()
             hb.join(timeout=5)
+            if self._tb is not None:
+                self._tb.close()
             lock.release()
 
     def _kill_all(self) -> None:
@@ -617,6 +621,8 @@ class Controller:
 
     # ------------------------------------------------------------------ events
     def _relay(self) -> None:
+        if self._tb is not None:
+            self._tb.sync()
         if not self.worker_events.exists():
             return
         with self.worker_events.open("rb") as f:

@@ -1,0 +1,178 @@
+"""TensorBoard curves of a run, written from its ``events.jsonl`` (nothing in the training step).
+
+:class:`TensorBoardSink` tails ``RUN_DIR/events.jsonl`` and turns each record into scalars of
+TensorBoard's event format (the ``tensorboard`` package's own writer), x-axis = the training step,
+wall time = the event's ``time``. The controller calls :meth:`TensorBoardSink.sync` from its event
+relay, so the curves follow the run as it goes; the workers never see it.
+
+Resume without duplicates: the byte offset of ``events.jsonl`` already written is kept in
+``<logdir>/.events-offset`` (written after each flush). A resumed controller starts from there,
+so every event becomes scalars once (a crash between a flush and the offset's write can repeat at
+most that one batch). Steps that a restart redoes go back in step; TensorBoard's reader then drops
+the older points past that step, as it does for any restarted writer.
+
+Where: ``RUN_DIR/tensorboard`` by default; the variable ``ELASTIC_RING_TENSORBOARD_DIR`` names
+another folder (a cluster job writes under ``CLUSTER_DIR/tensorboard/<id>-<name>/``, so
+``tensorboard --logdir CLUSTER_DIR/tensorboard`` compares the jobs); ``ELASTIC_RING_TENSORBOARD=0``
+turns it off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+ENV_DIR = "ELASTIC_RING_TENSORBOARD_DIR"
+ENV_ON = "ELASTIC_RING_TENSORBOARD"
+OFFSET_FILE = ".events-offset"
+
+# event kind -> (the field holding its step, [(tag, field)])
+SCALARS: dict[str, tuple[str, list[tuple[str, str]]]] = {
+    "throughput": ("step", [("train/loss", "loss"), ("train/lr", "lr"),
+                            ("train/images_per_s", "images_per_s"), ("train/steps_per_s", "steps_per_s"),
+                            ("train/world_size", "world_size")]),
+    "evaluation": ("step", [("test/loss", "test_loss"), ("test/accuracy", "test_accuracy")]),
+    "resize_overhead": ("step", [("resize/stop_latency_s", "stop_latency_s"),
+                                 ("resize/checkpoint_s", "checkpoint_s"),
+                                 ("resize/relaunch_to_first_step_s", "relaunch_to_first_step_s"),
+                                 ("resize/total_lost_s", "total_lost_s"),
+                                 ("resize/from_workers", "from_workers"),
+                                 ("resize/to_workers", "to_workers")]),
+    "restart": ("failed_at_step", [("restart/attempt", "attempt"), ("restart/steps_redone", "steps_redone"),
+                                   ("restart/new_world_size", "new_world_size")]),
+    "recovered": ("step", [("restart/time_lost_s", "time_lost_s"),
+                           ("restart/detect_to_first_step_s", "detect_to_first_step_s")]),
+    "checkpoint_written": ("step", [("checkpoint/seconds", "seconds"), ("checkpoint/stall_s", "stall_s")]),
+}
+
+
+def scalars_of(ev: dict[str, Any]) -> Iterator[tuple[str, float, int, float]]:
+    """(tag, value, step, wall time) of one ``events.jsonl`` record; nothing for other kinds.
+    The run's count of restarts so far is ``restart/attempt``'s points."""
+    spec = SCALARS.get(ev.get("kind", ""))
+    if spec is None:
+        return
+    step_key, fields = spec
+    try:
+        step, wall = int(ev[step_key]), float(ev["time"])
+    except (KeyError, TypeError, ValueError):
+        return
+    for tag, key in fields:
+        v = ev.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            yield tag, float(v), step, wall
+
+
+def logdir_for(run_dir: Path) -> Path | None:
+    """Where a run's curves go (None: turned off)."""
+    if os.environ.get(ENV_ON, "1") == "0":
+        return None
+    d = os.environ.get(ENV_DIR)
+    return Path(d) if d else Path(run_dir) / "tensorboard"
+
+
+class TensorBoardSink:
+    """Appends the scalars of new ``events.jsonl`` lines to a TensorBoard log folder.
+
+    ``writer_factory(logdir)`` returns an object with ``add(tag, value, step, wall)``, ``flush()``
+    and ``close()`` (default: :class:`EventFileScalars`, TensorBoard's event-file writer).
+    """
+
+    def __init__(self, events_path: Path, logdir: Path,
+                 writer_factory: Callable[[Path], Any] | None = None) -> None:
+        self.events_path = Path(events_path)
+        self.logdir = Path(logdir)
+        self._factory = writer_factory or EventFileScalars
+        self._writer: Any = None
+        self._offset: int | None = None
+        self.failed: str | None = None  # the curves are a side output: an error only stops them
+
+    def _load_offset(self) -> int:
+        try:
+            return int(json.loads((self.logdir / OFFSET_FILE).read_text())["offset"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
+    def _save_offset(self) -> None:
+        tmp = self.logdir / (OFFSET_FILE + ".tmp")
+        tmp.write_text(json.dumps({"offset": self._offset}))
+        os.replace(tmp, self.logdir / OFFSET_FILE)
+
+    def sync(self) -> int:
+        """Write the scalars of the whole lines added since the last call; returns how many."""
+        if self.failed is not None:
+            return 0
+        try:
+            return self._sync()
+        except Exception as e:  # noqa: BLE001 - never stop a training run for its curves
+            self.failed = f"{type(e).__name__}: {e}"
+            return 0
+
+    def _sync(self) -> int:
+        if self._offset is None:
+            self.logdir.mkdir(parents=True, exist_ok=True)
+            self._offset = self._load_offset()
+        try:
+            with self.events_path.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return 0
+        end = data.rfind(b"\n")
+        if end < 0:
+            return 0
+        n = 0
+        for line in data[:end + 1].splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(ev, dict):
+                continue
+            for tag, value, step, wall in scalars_of(ev):
+                if self._writer is None:
+                    self._writer = self._factory(self.logdir)
+                self._writer.add(tag, value, step, wall)
+                n += 1
+        if self._writer is not None and n:
+            self._writer.flush()
+        self._offset += end + 1
+        self._save_offset()
+        return n
+
+    def close(self) -> None:
+        self.sync()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class EventFileScalars:
+    """Scalars through TensorBoard's own ``EventFileWriter`` (one new ``events.out.tfevents.*``
+    file per writer; TensorBoard reads all the files of a folder as one run)."""
+
+    def __init__(self, logdir: Path) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._Event, self._Summary = Event, Summary
+        self._w = EventFileWriter(str(logdir), max_queue_size=1000, flush_secs=3600)
+
+    def add(self, tag: str, value: float, step: int, wall: float) -> None:
+        summ = self._Summary(value=[self._Summary.Value(tag=tag, simple_value=value)])
+        self._w.add_event(self._Event(wall_time=wall, step=step, summary=summ))
+
+    def flush(self) -> None:
+        self._w.flush()
+
+    def close(self) -> None:
+        self._w.close()
+
+
+def sink_for_run(run_dir: Path) -> TensorBoardSink | None:
+    """The controller's sink for ``run_dir`` (None when turned off)."""
+    logdir = logdir_for(run_dir)
+    return None if logdir is None else TensorBoardSink(Path(run_dir) / "events.jsonl", logdir)

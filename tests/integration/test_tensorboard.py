@@ -1,0 +1,85 @@
+"""TensorBoard curves of a real run (horovodrun, gloo, CPU), read back with TensorBoard's own
+readers and compared, scalar by scalar, with ``events.jsonl``: across a resize and a ``--resume``."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from elastic_ring.events import read_events
+from elastic_ring.telemetry.tensorboard import scalars_of
+from tests.integration.test_train_resize import TINY, _start_train, _wait_for
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.integration
+
+
+def _expected(run) -> dict[tuple[str, int], tuple[float, float]]:
+    """(tag, step) -> (value, wall time) of events.jsonl (the last record of a step wins)."""
+    out = {}
+    for ev in read_events(run / "events.jsonl"):
+        for tag, value, step, wall in scalars_of(ev):
+            out[(tag, step)] = (value, wall)
+    return out
+
+
+def _raw(logdir) -> list[tuple[str, int, float, float]]:
+    """Every scalar record of every event file, through TensorBoard's event-file loader."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    rows = []
+    for f in sorted(logdir.glob("events.out.tfevents.*")):
+        for ev in EventFileLoader(str(f)).Load():
+            for v in ev.summary.value:
+                rows.append((v.tag, ev.step, v.simple_value, ev.wall_time))
+    return rows
+
+
+def _check(run) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logdir = run / "tensorboard"
+    want = _expected(run)
+    raw = _raw(logdir)
+    keys = [(t, s) for t, s, _, _ in raw]
+    assert len(keys) == len(set(keys)), "a scalar was written twice"
+    assert set(keys) == set(want)
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    got = {(tag, e.step): (e.value, e.wall_time) for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)}
+    assert set(got) == set(want)
+    for k, (v, wall) in want.items():
+        assert got[k][0] == pytest.approx(v, rel=1e-6, abs=1e-12), k  # stored as float32
+        assert got[k][1] == pytest.approx(wall, abs=1e-6), k
+    return got
+
+
+def test_curves_equal_events_across_a_resize_and_a_resume(tmp_path):
+    run = tmp_path / "run"
+    proc = _start_train(["--gpus", "1", "--schedule", "6:2", "--steps", "60", *TINY,
+                         "--set", "eval_every=10", "--run-dir", str(run)])
+    try:
+        _wait_for(lambda: read_events(run / "events.jsonl", "resize_overhead")
+                  and [t for t in read_events(run / "events.jsonl", "throughput") if t["step"] >= 16],
+                  180, "a resize and step 16")
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    first = _check(run)
+    tags = {t for t, _ in first}
+    assert {"train/loss", "train/lr", "train/images_per_s", "train/world_size", "test/loss", "test/accuracy",
+            "resize/total_lost_s", "resize/checkpoint_s", "resize/stop_latency_s"} <= tags
+    assert {v for (t, _), (v, _) in first.items() if t == "train/world_size"} == {1.0, 2.0}
+    stopped = max(s for t, s in first if t == "train/loss")
+
+    r = run_cli("train", "--resume", str(run), "--slots", "2", timeout=400)
+    assert r.returncode == 0, r.stderr
+    assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 2  # one per controller
+    after = _check(run)
+    steps = sorted(s for t, s in after if t == "train/loss")
+    assert steps[-1] == 60 and any(s > stopped for s in steps)
+    assert {k: v for k, v in after.items() if k in first} == first  # the first part unchanged

@@ -1,0 +1,89 @@
+"""TensorBoardSink logic with a fake writer: which scalars, the offset that makes a resume append
+without duplicates, partial lines, and that a failing writer never stops the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from elastic_ring.telemetry.tensorboard import OFFSET_FILE, TensorBoardSink, logdir_for, scalars_of
+
+
+class FakeWriter:
+    def __init__(self, logdir: Path) -> None:
+        self.rows, self.flushes, self.closed = [], 0, False
+        FakeWriter.last = self
+
+    def add(self, tag, value, step, wall):
+        self.rows.append((tag, value, step, wall))
+
+    def flush(self):
+        self.flushes += 1
+
+    def close(self):
+        self.closed = True
+
+
+def _thr(step: int, loss: float) -> dict:
+    return {"kind": "throughput", "time": 100.0 + step, "segment": 0, "world_size": 2, "step": step, "steps": 1,
+            "seconds": 0.5, "images_per_s": 32.0, "steps_per_s": 2.0, "loss": loss, "lr": 0.1, "epoch": 0}
+
+
+def _append(p: Path, *evs: dict, tail: str = "") -> None:
+    with p.open("a") as f:
+        for e in evs:
+            f.write(json.dumps(e) + "\n")
+        f.write(tail)
+
+
+def test_scalars_of_each_kind():
+    assert {t for t, *_ in scalars_of(_thr(3, 1.5))} == {"train/loss", "train/lr", "train/images_per_s",
+                                                        "train/steps_per_s", "train/world_size"}
+    ev = {"kind": "restart", "time": 5.0, "attempt": 1, "failed_at_step": 9, "steps_redone": 2,
+          "new_world_size": 1, "cause": "x"}
+    assert sorted(scalars_of(ev)) == [("restart/attempt", 1.0, 9, 5.0), ("restart/new_world_size", 1.0, 9, 5.0),
+                                      ("restart/steps_redone", 2.0, 9, 5.0)]
+    assert list(scalars_of({"kind": "launch", "time": 1.0, "segment": 0})) == []
+    assert list(scalars_of({"kind": "throughput", "time": 1.0})) == []  # no step: nothing
+
+
+def test_resume_appends_only_new_lines_and_waits_for_whole_lines(tmp_path):
+    ev = tmp_path / "events.jsonl"
+    _append(ev, _thr(1, 2.0), _thr(2, 1.0), tail='{"kind": "throughput", "ti')
+    s = TensorBoardSink(ev, tmp_path / "tb", writer_factory=FakeWriter)
+    assert s.sync() == 10
+    first = FakeWriter.last
+    assert [r for r in first.rows if r[0] == "train/loss"] == [("train/loss", 2.0, 1, 101.0),
+                                                               ("train/loss", 1.0, 2, 102.0)]
+    s.close()
+    assert first.closed
+    # the partial line is completed, then a new controller (a resume) starts on the same folder
+    with ev.open("a") as f:
+        f.write('me": 103.0, "step": 3}\n')
+    _append(ev, _thr(4, 0.5))
+    s2 = TensorBoardSink(ev, tmp_path / "tb", writer_factory=FakeWriter)
+    assert s2.sync() == 5
+    assert [r[2] for r in FakeWriter.last.rows] == [4] * 5
+    assert s2.sync() == 0
+    assert json.loads((tmp_path / "tb" / OFFSET_FILE).read_text())["offset"] == ev.stat().st_size
+
+
+def test_a_failing_writer_stops_the_curves_not_the_run(tmp_path):
+    ev = tmp_path / "events.jsonl"
+    _append(ev, _thr(1, 2.0))
+
+    def broken(logdir):
+        raise OSError("disk full")
+
+    s = TensorBoardSink(ev, tmp_path / "tb", writer_factory=broken)
+    assert s.sync() == 0 and "disk full" in s.failed
+    s.close()
+
+
+def test_logdir_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("ELASTIC_RING_TENSORBOARD_DIR", raising=False)
+    assert logdir_for(tmp_path) == tmp_path / "tensorboard"
+    monkeypatch.setenv("ELASTIC_RING_TENSORBOARD_DIR", str(tmp_path / "x"))
+    assert logdir_for(tmp_path) == tmp_path / "x"
+    monkeypatch.setenv("ELASTIC_RING_TENSORBOARD", "0")
+    assert logdir_for(tmp_path) is None
