@@ -4,7 +4,8 @@ A cluster is a folder (``--dir``, default ``./cluster`` or ``$ELASTIC_RING_CLUST
 ``cluster.db`` (SQLite, WAL: jobs, allocations, decisions, events), ``jobs/<id>/`` (each job's run
 folder) and ``logs/``. ``cluster up`` runs the scheduler in the foreground; the other commands
 only write to or read the database, so they work from any shell of a user who can write the
-folder. Nothing listens on a network port.
+folder. Nothing listens on a network port unless asked: ``cluster up --web [HOST:]PORT`` or
+``cluster web`` serve a read-only page and Prometheus ``/metrics`` (elastic_ring.cluster.web).
 """
 
 from __future__ import annotations
@@ -64,10 +65,11 @@ class _SchedulerLock:
 
 @click.group(context_settings=CTX)
 def cluster() -> None:
-    """Run the scheduler on this node: `cluster up` (foreground) and `cluster down` (drain).
+    """Run the scheduler on this node: `cluster up` (foreground), `cluster down` (drain), `cluster web`
+    (the read-only page and /metrics).
 
     \b
-    elastic-ring cluster up --slots 4 --policy precompute --dir cluster
+    elastic-ring cluster up --slots 4 --policy precompute --dir cluster --web 8080
     elastic-ring submit examples/mlp_digits.py --steps 300 --max-workers 4 --dir cluster
     elastic-ring jobs --dir cluster
     elastic-ring cluster down --dir cluster
@@ -93,8 +95,11 @@ def cluster() -> None:
               help="profile.json (Eq. 5) for jobs submitted without one; without: linear speed-up.")
 @click.option("--poll", type=float, default=0.5, show_default=True, help="Seconds between scheduler passes.")
 @click.option("--quiet", is_flag=True, help="No job table, only events.")
+@click.option("--web", default=None, metavar="[HOST:]PORT",
+              help="Also serve the read-only cluster page and Prometheus /metrics on this address "
+                   "(host 127.0.0.1 unless given; reach it from elsewhere through an ssh tunnel).")
 @dir_option
-def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet, cluster_dir):
+def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet, web, cluster_dir):
     """Start the scheduler on the cluster folder (creating it), in the foreground.
 
     It takes submitted jobs, decides allocations at every arrival, completion and cancellation
@@ -117,6 +122,11 @@ def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet,
         raise UserError(f"--poll must be > 0, got {poll}")
     lock = _SchedulerLock(d)
     lock.acquire()
+    sock = None
+    if web is not None:
+        from elastic_ring.cluster.web import bind, parse_bind
+
+        sock = bind(*parse_bind(web))
     store = Store(d, create=True)
     old = store.config()
     if hostfile:
@@ -151,6 +161,12 @@ def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet,
                f"policy {cfg.policy}, folder {d.resolve()}"
                + (f" ({cfg.slots} slots on {cpus} cores: jobs share the cores)"
                   if cfg.device == "cpu" and cfg.slots > cpus else ""))
+    if sock is not None:
+        from elastic_ring.cluster.web import WebServer
+
+        server = WebServer(d, sock)
+        server.start()
+        click.echo(f"web page: {server.url} (metrics: {server.url}metrics)")
     sched.recover()
     last_event, last_table = 0, ""
     while True:
@@ -189,6 +205,28 @@ def _rate_for(cfg):
         return lambda w: float(w)
 
     return rate_for
+
+
+@cluster.command("web", context_settings=CTX)
+@click.option("--bind", "address", default="127.0.0.1:8080", show_default=True, metavar="[HOST:]PORT",
+              help="Address to serve on (host 127.0.0.1 unless given; 0: any free port).")
+@dir_option
+def web(address, cluster_dir):
+    """Serve the read-only page and Prometheus /metrics of a cluster folder, in the foreground.
+
+    It only reads the folder (while `cluster up` schedules it from another process, and while that
+    scheduler restarts): the queue and every job, a timeline of the slots with each resize,
+    restart and policy decision, per-job curves, updated every second. The page performs no
+    action. From another machine: ssh -L 8080:127.0.0.1:8080 NODE, then open localhost:8080.
+    """
+    from elastic_ring.cluster.web import WebServer, bind, check_dir, parse_bind
+
+    d = Path(cluster_dir)
+    check_dir(d)
+    sock = bind(*parse_bind(address))
+    server = WebServer(d, sock)
+    click.echo(f"web page: {server.url} (metrics: {server.url}metrics), reading {d.resolve()}")
+    server.serve()
 
 
 @cluster.command("down", context_settings=CTX)

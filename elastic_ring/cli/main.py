@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "report": ("elastic_ring.cli.report", "report", "Write Markdown tables and PNG plots for a results folder."),
     "simulate": ("elastic_ring.cli.simulate", "simulate", "Simulate a GPU cluster under scheduling policies (Table 3)."),
     "ps": ("elastic_ring.cli.ps", "ps", "Parameter-server training with BSP/ASP/SSP/DSSP over MPI."),
-    "cluster": ("elastic_ring.cli.cluster", "cluster", "Run the scheduler on this node: cluster up / down."),
+    "cluster": ("elastic_ring.cli.cluster", "cluster", "Run the scheduler on this node: cluster up / down / web."),
     "submit": ("elastic_ring.cli.cluster", "submit", "Queue a job (script or config) on a cluster."),
     "jobs": ("elastic_ring.cli.cluster", "jobs", "The cluster's jobs: state, workers, progress, JCT."),
     "cancel": ("elastic_ring.cli.cluster", "cancel", "Cancel a cluster job."),
