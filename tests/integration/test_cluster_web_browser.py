@@ -1,0 +1,107 @@
+"""The cluster page in a real headless Chromium (Debian's chromium + chromedriver, driven by
+Selenium): a real cluster (`cluster up --web`), two short jobs, one named like a script tag. The
+page shows the rows and the timeline's bars, escapes the name, and changes without a reload
+when a job ends. A screenshot is saved (into docs/ with ELASTIC_RING_DOCS_SCREENSHOT=1)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, ROOT
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+CLI = [sys.executable, "-m", "elastic_ring.cli.main"]
+PACED = str(ROOT / "tests" / "integration" / "scripts" / "paced.py")
+EVIL = "<script>alert(1)</script>"
+
+
+def _wait(pred, timeout, what):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def browser(tmp_path):
+    if not (os.path.exists(CHROMIUM) and os.path.exists(DRIVER)):
+        pytest.skip("needs Debian's chromium and chromium-driver (scripts/setup.sh installs them as root)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+              "--disable-dev-shm-usage", "--window-size=1200,900", f"--user-data-dir={tmp_path / 'chromium'}"):
+        opts.add_argument(a)
+    drv = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    try:
+        yield drv
+    finally:
+        drv.quit()
+
+
+def test_live_page_rows_bars_escaping_and_update_without_reload(tmp_path, browser):
+    from selenium.webdriver.common.by import By
+
+    t_start = time.time()
+    d, log = tmp_path / "cl", tmp_path / "scheduler.log"
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    sched = subprocess.Popen([*CLI, "cluster", "up", "--dir", str(d), "--slots", "2", "--quiet", "--poll", "0.3",
+                              "--web", "127.0.0.1:0"], cwd=ROOT, env=env, stdout=open(log, "ab"),
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = _wait(lambda: (m := re.search(r"web page: (http://\S+/)", log.read_text())) and m.group(1),
+                    60, "the web page's address")
+        browser.get(url)
+        browser.execute_script("window.__sameDocument = 'yes'")  # gone if the page ever reloads
+        _wait(lambda: "slot(s)" in browser.find_element(By.ID, "summary").text, 20, "the first poll")
+        for name, steps in ((EVIL, "30"), ("long", "150")):
+            r = subprocess.run([*CLI, "submit", PACED, "--name", name, "--steps", steps, "--max-workers", "1",
+                                "--dir", str(d)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+        rows = _wait(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")) == 2
+                     and browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr"), 30, "two job rows")
+        names = [r.find_element(By.CSS_SELECTOR, "td.name").text for r in rows]
+        assert names == [EVIL, "long"]  # the tag is text, not markup: no script element came of it
+        assert browser.execute_script("return document.querySelectorAll('#jobs script').length") == 0
+        # both jobs run, one slot each: a bar per job on the timeline
+        _wait(lambda: {b.get_attribute("data-job") for b in browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar")}
+              == {"1", "2"}, 90, "a timeline bar for each job")
+        _wait(lambda: browser.find_elements(By.CSS_SELECTOR, "#curves .curve polyline"), 60, "a curve")
+        # the short job ends: its row changes state without a reload
+        _wait(lambda: browser.find_elements(By.CSS_SELECTOR, "tr[data-job='1'][data-state='succeeded']"), 90,
+              "job 1 succeeded on the page")
+        assert browser.execute_script("return window.__sameDocument") == "yes"
+        assert "succeeded" in browser.find_element(By.CSS_SELECTOR, "tr[data-job='1'] td.state").text
+        ended = [b for b in browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar[data-job='1']")]
+        assert ended and all(float(b.get_attribute("width")) > 1 for b in ended)
+        time.sleep(1.5)  # one more poll, so the screenshot has the curves of the running job
+        shot = tmp_path / "cluster-web.png"
+        browser.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+        if os.environ.get("ELASTIC_RING_DOCS_SCREENSHOT") == "1":
+            shutil.copy(shot, ROOT / "docs" / "cluster-web.png")
+        print(f"browser test: {time.time() - t_start:.1f} s from cluster up to the screenshot")
+    finally:
+        os.killpg(sched.pid, signal.SIGTERM)  # drains: the long job checkpoints and stops
+        try:
+            sched.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(sched.pid, signal.SIGKILL)
+            sched.wait(timeout=10)
