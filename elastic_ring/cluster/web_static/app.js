@@ -69,7 +69,8 @@ function drawTimeline(st) {
   }
   jobs.forEach((j, i) => {
     const y0 = top + decH + i * rowH;
-    nodes.push(el("svg:text", {x: 4, y: y0 + rowH / 2 + 4}, "#" + j.id + " " + j.name.slice(0, 18)));
+    const label = "#" + j.id + " " + j.name;
+    nodes.push(svgTitle(el("svg:text", {x: 4, y: y0 + rowH / 2 + 4}, label.length > 17 ? label.slice(0, 16) + "\u2026" : label), label));
     nodes.push(el("svg:line", {x1: left, x2: W - right, y1: y0 + rowH - 2, y2: y0 + rowH - 2, stroke: "#eee"}));
     for (const b of st.timeline.filter(b => b.job_id === j.id)) {
       const h = (rowH - 6) * b.slots / maxSlots;
