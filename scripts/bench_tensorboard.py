@@ -6,7 +6,8 @@ Both arms are real `elastic-ring train` jobs (horovodrun, gloo) of the CPU defau
 difference is ``ELASTIC_RING_TENSORBOARD=1`` or ``0``. Rounds alternate the order of the arms.
 The figure is the median images/s of each run's throughput windows (start-up excluded, as in
 summary.json), and the paired ratio on / off per round and worker count. The on arm's curves are
-counted (TensorBoard's own reader) so a silent no-op would show. Default 2 workers with
+counted (TensorBoard's own reader) so a silent no-op would show. Then the sink's own cost in
+the controller, timed alone: per throughput record written, per poll with nothing new. Default 2 workers with
 ``--slots 2``: on a 2-core machine the controller then shares the cores with the workers, the
 case where its extra work would show in the step rate.
 
@@ -52,6 +53,38 @@ def count_scalars(logdir: Path) -> int:
                for ev in EventFileLoader(str(f)).Load())
 
 
+def sink_cost(n: int = 2000, polls: int = 2000) -> dict[str, float]:
+    """The controller-side cost itself: seconds per ``throughput`` record written as scalars, and
+    per relay poll with nothing new (what the sink adds to every 0.1 s of the controller's loop)."""
+    import time
+
+    from elastic_ring.telemetry.tensorboard import TensorBoardSink
+
+    with tempfile.TemporaryDirectory() as d:
+        ev = Path(d) / "events.jsonl"
+        sink = TensorBoardSink(ev, Path(d) / "tb")
+        ev.write_text("")
+        sink.sync()
+        rec = {"kind": "throughput", "segment": 0, "world_size": 2, "steps": 10, "seconds": 1.0,
+               "images_per_s": 640.0, "steps_per_s": 10.0, "lr": 0.1, "epoch": 0, "telemetry": {}}
+        with ev.open("a") as f:  # the writer's import and start-up, once, outside the timing
+            f.write(json.dumps({**rec, "step": 0, "loss": 1.0, "time": 0.0}) + "\n")
+        sink.sync()
+        t0 = time.perf_counter()
+        for i in range(1, n + 1):
+            with ev.open("a") as f:
+                f.write(json.dumps({**rec, "step": i * 10, "loss": 1.0 / i, "time": float(i)}) + "\n")
+            sink.sync()
+        per_event = (time.perf_counter() - t0) / n
+        t0 = time.perf_counter()
+        for _ in range(polls):
+            sink.sync()
+        per_idle_poll = (time.perf_counter() - t0) / polls
+        sink.close()
+    return {"seconds_per_throughput_event": per_event, "seconds_per_idle_poll": per_idle_poll,
+            "events": n, "idle_polls": polls}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -78,6 +111,9 @@ def main() -> None:
                         raise SystemExit("the off arm wrote TensorBoard files")
                     print(f"round {i + 1}  {w} worker(s)  tensorboard {arm:<3} {ips:8.1f} images/s"
                           + (f"  ({n} scalars written)" if arm == "on" else ""), flush=True)
+    cost = sink_cost()
+    print(f"sink alone: {cost['seconds_per_throughput_event'] * 1e6:.0f} us per throughput event "
+          f"(5 scalars, flushed), {cost['seconds_per_idle_poll'] * 1e6:.0f} us per poll with nothing new")
     table = []
     print(f"\n{'workers':>7} {'off':>9} {'on':>9} {'on/off (paired median, range)':>32}")
     for w in counts:
@@ -89,7 +125,7 @@ def main() -> None:
         print(f"{w:>7} {row['off_images_per_s']:>9.1f} {row['on_images_per_s']:>9.1f} "
               f"{row['median_ratio']:>12.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
     write_results(a.out, {"steps": a.steps, "rounds": a.rounds, "table": table, "runs": res,
-                          "load_after_each_run": loads}, load0)
+                          "load_after_each_run": loads, "sink_cost": cost}, load0)
 
 
 if __name__ == "__main__":
