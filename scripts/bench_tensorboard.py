@@ -81,8 +81,15 @@ def sink_cost(n: int = 2000, polls: int = 2000) -> dict[str, float]:
             sink.sync()
         per_idle_poll = (time.perf_counter() - t0) / polls
         sink.close()
+    # the writer's first use in a fresh process (TensorBoard's import and start-up): CPU seconds
+    code = ("import tempfile, time; t = time.process_time(); "
+            "from elastic_ring.telemetry.tensorboard import EventFileScalars; "
+            "w = EventFileScalars(tempfile.mkdtemp()); w.add('a', 1.0, 1, 0.0); w.flush(); w.close(); "
+            "print(time.process_time() - t)")
+    first = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                  cwd=ROOT).stdout) for _ in range(3)]
     return {"seconds_per_throughput_event": per_event, "seconds_per_idle_poll": per_idle_poll,
-            "events": n, "idle_polls": polls}
+            "events": n, "idle_polls": polls, "first_use_cpu_s": statistics.median(first)}
 
 
 def main() -> None:
@@ -113,7 +120,8 @@ def main() -> None:
                           + (f"  ({n} scalars written)" if arm == "on" else ""), flush=True)
     cost = sink_cost()
     print(f"sink alone: {cost['seconds_per_throughput_event'] * 1e6:.0f} us per throughput event "
-          f"(5 scalars, flushed), {cost['seconds_per_idle_poll'] * 1e6:.0f} us per poll with nothing new")
+          f"(5 scalars, flushed), {cost['seconds_per_idle_poll'] * 1e6:.0f} us per poll with nothing new, "
+          f"{cost['first_use_cpu_s']:.2f} CPU s at first use (import, once per controller)")
     table = []
     print(f"\n{'workers':>7} {'off':>9} {'on':>9} {'on/off (paired median, range)':>32}")
     for w in counts:
