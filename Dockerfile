@@ -35,6 +35,8 @@ WORKDIR /app
 ENV CUDA_HOME=/usr/local/cuda HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED \
     HOROVOD_BUILD_CUDA_CC_LIST=${CUDA_CC_LIST} \
     PYTHON=python3.11 ELASTIC_RING_CACHE=/opt/elastic-ring-cache
+# no headless browser in the image: it is only for the web page's test
+ENV SETUP_BROWSER=0
 # Dependencies first, from what declares them: an empty package stands in for the source, so the
 # editable install brings every dependency; the real source replaces it below.
 COPY pyproject.toml /app/

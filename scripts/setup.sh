@@ -17,6 +17,7 @@
 #   HOROVOD_BUILD_CUDA_CC_LIST  GPU architectures to compile for (default: this node's GPUs', e.g. 90)
 #   SETUP_SYSTEM_PYTHON=1  install into the current interpreter instead of a venv (Docker)
 #   SETUP_INSTALLER        uv (default) or pip: what installs the packages (pip also builds Horovod)
+#   SETUP_BROWSER=0        do not install chromium + chromium-driver (the web page's browser test)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
