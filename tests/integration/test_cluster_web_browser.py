@@ -1,7 +1,9 @@
 """The cluster page in a real headless Chromium (Debian's chromium + chromedriver, driven by
 Selenium): a real cluster (`cluster up --web`), two short jobs, one named like a script tag. The
 page shows the rows and the timeline's bars, escapes the name, and changes without a reload
-when a job ends. A screenshot is saved (into docs/ with ELASTIC_RING_DOCS_SCREENSHOT=1)."""
+when a job ends. A screenshot is saved (into docs/ with ELASTIC_RING_DOCS_SCREENSHOT=1). A second
+test draws the resize, restart and decision marks of a hand-written store and reads their hover
+texts."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BIN, ROOT
+from tests.unit.test_cluster_web import cluster  # noqa: F401 - the hand-written store (a fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -105,3 +108,35 @@ def test_live_page_rows_bars_escaping_and_update_without_reload(tmp_path, browse
         except subprocess.TimeoutExpired:
             os.killpg(sched.pid, signal.SIGKILL)
             sched.wait(timeout=10)
+
+
+def test_markers_and_hover_texts_drawn(cluster, browser):
+    """Resize, restart and decision marks with their cost or cause on hover, and the scheduler's
+    gap, drawn in Chromium from a cluster store written by hand (no training: seconds)."""
+    from selenium.webdriver.common.by import By
+
+    from elastic_ring.cluster.web import WebServer, bind
+
+    d, a, b = cluster
+    srv = WebServer(d, bind("127.0.0.1", 0))
+    srv.start()
+    try:
+        browser.get(srv.url)
+        _wait(lambda: browser.find_elements(By.CSS_SELECTOR, "#timeline path.resize"), 30, "a resize mark")
+
+        def titles(sel: str) -> list[str]:
+            return browser.execute_script(
+                "return [...document.querySelectorAll(arguments[0])].map(e => e.querySelector('title').textContent)",
+                sel)
+
+        assert titles("#timeline path.resize") == [
+            "resize 4 -> 2 at step 20: 3.3 s lost (stop 1.0 s, checkpoint 0.2 s, relaunch to first step 2.5 s)"]
+        assert titles("#timeline text.restart") == ["restart 1 (rank 1 died), 3 step(s) redone"]
+        dec = titles("#timeline path.decision")
+        assert len(dec) == 2 and "decision (arrival, job 2): job 1: 2, job 2: 2" in dec[1]
+        assert titles("#timeline rect.gap") and "scheduler not running" in titles("#timeline rect.gap")[0]
+        assert browser.find_element(By.ID, "scheduler").text == "scheduler not running"
+        row = browser.find_element(By.CSS_SELECTOR, f"tr[data-job='{a}']").text
+        assert "3.3 s" in row and EVIL in row  # resizes (time lost), the name as text
+    finally:
+        srv.stop()
