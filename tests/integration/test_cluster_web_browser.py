@@ -39,6 +39,12 @@ def _wait(pred, timeout, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _js(browser, script: str):
+    """One read of the page in one script: the page redraws every second, so element handles kept
+    across calls go stale."""
+    return browser.execute_script(script)
+
+
 @pytest.fixture
 def browser(tmp_path):
     if not (os.path.exists(CHROMIUM) and os.path.exists(DRIVER)):
@@ -60,8 +66,6 @@ def browser(tmp_path):
 
 
 def test_live_page_rows_bars_escaping_and_update_without_reload(tmp_path, browser):
-    from selenium.webdriver.common.by import By
-
     t_start = time.time()
     d, log = tmp_path / "cl", tmp_path / "scheduler.log"
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
@@ -73,27 +77,29 @@ def test_live_page_rows_bars_escaping_and_update_without_reload(tmp_path, browse
                     60, "the web page's address")
         browser.get(url)
         browser.execute_script("window.__sameDocument = 'yes'")  # gone if the page ever reloads
-        _wait(lambda: "slot(s)" in browser.find_element(By.ID, "summary").text, 20, "the first poll")
+        _wait(lambda: "slot(s)" in _js(browser, "return document.getElementById('summary').textContent"), 20,
+              "the first poll")
         for name, steps in ((EVIL, "30"), ("long", "150")):
             r = subprocess.run([*CLI, "submit", PACED, "--name", name, "--steps", steps, "--max-workers", "1",
                                 "--dir", str(d)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
             assert r.returncode == 0, r.stderr
-        rows = _wait(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")) == 2
-                     and browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr"), 30, "two job rows")
-        names = [r.find_element(By.CSS_SELECTOR, "td.name").text for r in rows]
+        names = _wait(lambda: (n := _js(browser, "return [...document.querySelectorAll('#jobs tbody tr td.name')]"
+                                                 ".map(e => e.textContent)")) and len(n) == 2 and n, 30, "two job rows")
         assert names == [EVIL, "long"]  # the tag is text, not markup: no script element came of it
-        assert browser.execute_script("return document.querySelectorAll('#jobs script').length") == 0
+        assert _js(browser, "return document.querySelectorAll('#jobs script').length") == 0
         # both jobs run, one slot each: a bar per job on the timeline
-        _wait(lambda: {b.get_attribute("data-job") for b in browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar")}
-              == {"1", "2"}, 90, "a timeline bar for each job")
-        _wait(lambda: browser.find_elements(By.CSS_SELECTOR, "#curves .curve polyline"), 60, "a curve")
+        _wait(lambda: set(_js(browser, "return [...document.querySelectorAll('#timeline rect.bar')]"
+                                       ".map(e => e.dataset.job)")) == {"1", "2"}, 90, "a timeline bar for each job")
+        _wait(lambda: _js(browser, "return document.querySelectorAll('#curves .curve polyline').length"), 60,
+              "a curve")
         # the short job ends: its row changes state without a reload
-        _wait(lambda: browser.find_elements(By.CSS_SELECTOR, "tr[data-job='1'][data-state='succeeded']"), 90,
-              "job 1 succeeded on the page")
-        assert browser.execute_script("return window.__sameDocument") == "yes"
-        assert "succeeded" in browser.find_element(By.CSS_SELECTOR, "tr[data-job='1'] td.state").text
-        ended = [b for b in browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar[data-job='1']")]
-        assert ended and all(float(b.get_attribute("width")) > 1 for b in ended)
+        _wait(lambda: _js(browser, "return document.querySelectorAll(\"tr[data-job='1'][data-state='succeeded']\")"
+                                   ".length"), 90, "job 1 succeeded on the page")
+        assert _js(browser, "return window.__sameDocument") == "yes"
+        assert "succeeded" in _js(browser, "return document.querySelector(\"tr[data-job='1'] td.state\").textContent")
+        widths = _js(browser, "return [...document.querySelectorAll(\"#timeline rect.bar[data-job='1']\")]"
+                              ".map(e => parseFloat(e.getAttribute('width')))")
+        assert widths and all(w > 1 for w in widths)
         time.sleep(1.5)  # one more poll, so the screenshot has the curves of the running job
         shot = tmp_path / "cluster-web.png"
         browser.save_screenshot(str(shot))
@@ -113,8 +119,6 @@ def test_live_page_rows_bars_escaping_and_update_without_reload(tmp_path, browse
 def test_markers_and_hover_texts_drawn(cluster, browser):
     """Resize, restart and decision marks with their cost or cause on hover, and the scheduler's
     gap, drawn in Chromium from a cluster store written by hand (no training: seconds)."""
-    from selenium.webdriver.common.by import By
-
     from elastic_ring.cluster.web import WebServer, bind
 
     d, a, b = cluster
@@ -122,7 +126,8 @@ def test_markers_and_hover_texts_drawn(cluster, browser):
     srv.start()
     try:
         browser.get(srv.url)
-        _wait(lambda: browser.find_elements(By.CSS_SELECTOR, "#timeline path.resize"), 30, "a resize mark")
+        _wait(lambda: _js(browser, "return document.querySelectorAll('#timeline path.resize').length"), 30,
+              "a resize mark")
 
         def titles(sel: str) -> list[str]:
             return browser.execute_script(
@@ -135,8 +140,8 @@ def test_markers_and_hover_texts_drawn(cluster, browser):
         dec = titles("#timeline path.decision")
         assert len(dec) == 2 and "decision (arrival, job 2): job 1: 2, job 2: 2" in dec[1]
         assert titles("#timeline rect.gap") and "scheduler not running" in titles("#timeline rect.gap")[0]
-        assert browser.find_element(By.ID, "scheduler").text == "scheduler not running"
-        row = browser.find_element(By.CSS_SELECTOR, f"tr[data-job='{a}']").text
+        assert _js(browser, "return document.getElementById('scheduler').textContent") == "scheduler not running"
+        row = _js(browser, f"return document.querySelector(\"tr[data-job='{a}']\").textContent")
         assert "3.3 s" in row and EVIL in row  # resizes (time lost), the name as text
     finally:
         srv.stop()
