@@ -92,6 +92,11 @@ def _resolve_device(device: str) -> tuple[str, int]:
               help="Restart the workers from the last checkpoint after this many failures in a row "
                    "(a worker's exception, kill -9, OOM, horovodrun failing); an error that repeats "
                    "at the same step is not retried. 0: fail at once.")
+@click.option("--stall-timeout", type=float, default=None, metavar="SECONDS",
+              help="Kill and restart the workers (from the last checkpoint) when the job makes no "
+                   "step for this long; a worker in the stopped state is found after 5 s. Longer "
+                   "allowances at start-up, checkpoints and evaluations. [default: max(10x the median "
+                   "step time, 30 s)]")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Run folder (events, logs, checkpoints). [default: runs/<time>]")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False), default=None,
@@ -102,7 +107,7 @@ def _resolve_device(device: str) -> tuple[str, int]:
 def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
           data_dir, batch_size, lr, seed, resize_warmup, device, slots, hosts, hostfile,
           network_interface, relaunch, checkpoint_every, checkpoint_every_s, keep, max_restarts,
-          run_dir, resume_dir, script_args):
+          stall_timeout, run_dir, resume_dir, script_args):
     """Train with Horovod (a CIFAR ResNet, or your --script); resize by checkpoint and relaunch.
 
     \b
@@ -166,6 +171,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
         raise UserError(f"--slots must be >= 1, got {slots}")
     if max_restarts < 0:
         raise UserError(f"--max-restarts must be >= 0, got {max_restarts}")
+    if stall_timeout is not None and stall_timeout <= 0:
+        raise UserError(f"--stall-timeout must be > 0 seconds, got {stall_timeout}")
     if keep is not None and keep < 1:
         raise UserError(f"--keep must be >= 1, got {keep}")
 
@@ -286,7 +293,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
         _echo(f"elastic-ring: {why}")
     ctl = Controller(spec, lr_scaling=cfg.lr_scaling if cfg else "linear",
                      network_interface=network_interface, relaunch=relaunch,
-                     max_restarts=max_restarts, plan=plan)
+                     max_restarts=max_restarts, plan=plan, stall_timeout=stall_timeout)
     summary = ctl.run(start_step, spec.workers, segment)
     click.echo(render(summary, spec.total_steps))
     if summary["state"] == "interrupted":

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import statistics
 import sys
 import threading
@@ -42,9 +43,10 @@ from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec, RunState, check_transition
 from elastic_ring.controller.lock import RunLock
 from elastic_ring.controller.summary import summarize
+from elastic_ring.controller import watchdog as wdog
 from elastic_ring.errors import UserError, WorkerFailedError
 from elastic_ring.events.api import (ErrorEvent, EventLog, Finished, FirstStepAfterResize, Launch,
-                                     Recovered, Relaunched, ResizeOverhead, ResizeRequested, Restart,
+                                     Recovered, Stalled, Relaunched, ResizeOverhead, ResizeRequested, Restart,
                                      WorkersExited, read_events)
 from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, WORKER_EVENTS, stop_file
 from elastic_ring.telemetry import Telemetry
@@ -102,6 +104,7 @@ class _Seg:
     last_step_t: float = 0.0
     steps_per_s: float = 0.0
     log: Path | None = None
+    stall: wdog.Stall | None = None  # set when the watchdog killed it
 
 
 @dataclass
@@ -123,7 +126,8 @@ class Controller:
                  show_progress: bool | None = None, relaunch: str = "prelaunch",
                  max_restarts: int = 3,
                  host_probe: Callable[[list[tuple[str, int]]], list[tuple[str, int]]] | None = None,
-                 plan: Plan | None = None, backend: Backend | None = None) -> None:
+                 plan: Plan | None = None, backend: Backend | None = None,
+                 stall_timeout: float | None = None) -> None:
         self.spec = spec
         self.rule = RULES[lr_scaling]
         self.clock = clock
@@ -137,6 +141,11 @@ class Controller:
                             "another relaunch mode")
         if max_restarts < 0:
             raise UserError(f"--max-restarts must be >= 0, got {max_restarts}")
+        if stall_timeout is not None and stall_timeout <= 0:
+            raise UserError(f"--stall-timeout must be > 0 seconds, got {stall_timeout}")
+        self.watchdog = wdog.Watchdog(timeout_s=stall_timeout)
+        self._t_beats = 0.0
+        self._host_probe = host_probe or probe_hosts  # the watchdog asks which hosts still answer
         self.relaunch = relaunch
         self.max_restarts = max_restarts
         self.backend: Backend = backend or make_backend(relaunch, spec, launcher=launcher,
@@ -406,11 +415,16 @@ class Controller:
         with_record = {r.get("rank") for r in records}
         dead = [hr_first] if hr_first is not None and hr_first not in with_record else []
         first = protocol.first_failure(records, dead)
+        if seg.stall is not None:  # killed by the watchdog: the others only lost their peer
+            first = {"rank": seg.stall.rank, "type": "Stalled", "message": seg.stall.message,
+                     "step": seg.stall.last_step + 1, "ranks": list(seg.stall.ranks)}
         if first is None and hr_first is not None:
             first = {"rank": hr_first, "type": None, "message": None}
         if first is None:
             return f"horovodrun exited with status {rc} before the workers checkpointed", None, None
         rank = first.get("rank")
+        if first.get("type") == "Stalled":
+            return first["message"], rank, first
         if first.get("type") == "Killed":
             return first["message"], rank, None
         if first.get("type") is None:
@@ -560,6 +574,10 @@ class Controller:
             if self._interrupts > 1:
                 seg.handle.kill()
             rc = seg.handle.poll()
+            if rc is None and self._interrupts < 2 and self._check_stall(seg):
+                seg.handle.kill()
+                while (rc := seg.handle.poll()) is None:
+                    time.sleep(0.05)
             if rc is not None:
                 return rc
             if (self.relaunch != "sequential" and seg.end is not None and seg.end["reason"] != "finished"
@@ -568,6 +586,50 @@ class Controller:
             if self.relaunch == "prelaunch" and self._next is None and not self._interrupts:
                 self._maybe_prelaunch(seg)
             time.sleep(self.poll_s)
+
+    def _check_stall(self, seg: _Seg) -> bool:
+        """Read the heartbeats (twice a second); True when the watchdog found a stall (then
+        ``seg.stall`` says where and whom; see :mod:`.watchdog`)."""
+        now = self.clock()
+        if now - self._t_beats < 0.5:
+            return False
+        self._t_beats = now
+        wd, rd = self.watchdog, self.spec.run_dir
+        if wd.segment != seg.index:
+            wd.reset(seg.index, seg.world, seg.t_launch)
+        wd.observe(wdog.read_beats(rd, seg.index), now)
+        local = {socket.gethostname(), socket.getfqdn(), "localhost", "127.0.0.1", "::1"}
+
+        def log_text() -> str:
+            try:
+                return seg.log.read_text(errors="replace")[-200_000:] if seg.log else ""
+            except OSError:
+                return ""
+
+        seg.stall = wd.check(
+            now, stopped=lambda: wdog.stopped_ranks(protocol.read_pid_records(rd), seg.index, local),
+            dead_hosts=lambda: self._dead_host_ranks(seg),
+            missing=lambda: wdog.missing_ranks(log_text()))
+        if seg.stall is not None:
+            st = seg.stall
+            self.events.write(Stalled(segment=st.segment, last_step=st.last_step, idle_s=st.idle_s,
+                                      allowed_s=st.allowed_s, ranks=list(st.ranks), why=st.why,
+                                      time=now))
+            self.out(f"{seg.stall.message}; no step for {seg.stall.idle_s:.1f} s "
+                     f"(allowed {seg.stall.allowed_s:.1f} s): killing the workers")
+        return seg.stall is not None
+
+    def _dead_host_ranks(self, seg: _Seg) -> list[int]:
+        """Ranks of ``seg`` on hosts of --hosts/--hostfile that no longer answer."""
+        spec = self.spec
+        if not (spec.hosts or spec.hostfile):
+            return []
+        from elastic_ring.controller.api import parse_hostfile, parse_hosts
+
+        hosts = parse_hosts(spec.hosts) if spec.hosts else parse_hostfile(spec.hostfile)
+        alive = {h for h, _ in self._host_probe(hosts)}
+        return wdog.ranks_on_dead_hosts(protocol.read_pid_records(spec.run_dir), seg.index, alive,
+                                        {h for h, _ in hosts})
 
     def _maybe_prelaunch(self, seg: _Seg) -> None:
         """Start the next workers early enough that they are ready when the old ones stop."""
@@ -653,6 +715,8 @@ class Controller:
                 self._startup_s.append(startup)
             if self.in_place:
                 self._inplace_lead(seg)
+        if kind == "throughput" and ev.get("steps"):
+            self.watchdog.add_step_time(float(ev["seconds"]) / int(ev["steps"]))
         if kind == "throughput" and seg is not None and ev["segment"] == seg.index:
             seg.last_step, seg.last_step_t = int(ev["step"]), float(ev["time"])
             seg.steps_per_s = self._last_speed = float(ev["steps_per_s"])

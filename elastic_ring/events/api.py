@@ -11,7 +11,7 @@ Kinds of ``elastic-ring train`` (in the order a run emits them)::
       -> workers_exited -> relaunched -> first_step_after_resize -> resize_overhead
       -> throughput* ... -> evaluation -> finished        (error at any point)
 
-and after a worker's death: ``restart`` (cause, first failed rank, steps to redo) -> launch ->
+and after a worker's death: (``stalled`` when the watchdog found it hung) ``restart`` (cause, first failed rank, steps to redo) -> launch ->
 first_step -> ``recovered`` (time lost).
 """
 
@@ -219,6 +219,21 @@ class Restart(Event):
     steps_redone: int
     new_world_size: int
     gave_up: bool = False
+
+
+@register
+@dataclass(frozen=True)
+class Stalled(Event):
+    """The stall watchdog found a job making no step (``controller.watchdog``); a ``restart``
+    follows. ``idle_s``: controller time since the last step it saw (or the launch)."""
+
+    kind: ClassVar[str] = "stalled"
+    segment: int
+    last_step: int
+    idle_s: float
+    allowed_s: float
+    ranks: list[int]  # blamed (empty: none stands out)
+    why: str
 
 
 @register

@@ -279,6 +279,8 @@ class Job:
         self._last_ckpt_step = -1
         self._last_ckpt_t = time.time()
         self._last_progress_t = 0.0
+        self._beat = None  # this rank's heartbeat (controller.watchdog), opened at its first step
+        self._beat_key: tuple[int, int] | None = None
         self._restored = False
         self.inplace = os.environ.get(INPLACE_ENV) == "1"
         self._hosts_updated_at: float | None = None
@@ -555,12 +557,15 @@ class Job:
                     self._emit(SegmentEnd(segment=self.segment, world_size=self.size, step=self.step,
                                           reason=self.stop_reason, lr=self.current_lr(),
                                           stop_decided_at=decided))
+                self._heartbeat(self.step, "paused")
                 action = self._pause_inplace()
                 if action.get("action") == "resize":
                     self._reset_inplace(action)
                     continue
             break
+        self._heartbeat(self.step, "ending")
         if self.finished:
+            self._heartbeat(self.step, "eval")
             self._evaluate(self.step)
         if self.rank == 0:
             self._checkpoint(self.step, wait=True)
@@ -593,6 +598,7 @@ class Job:
             self.step = step
             if loader is not None and loader._loader:
                 loader.cursor += loader.batch_size * self.size
+            self._heartbeat(step, "step")
             w = self._window
             w.steps += 1
             now = time.time()
@@ -621,6 +627,7 @@ class Job:
                 self._window = _Window(t0=now)
             if self._eval_every and step % self._eval_every == 0 and step < self.total_steps:
                 t_eval = time.time()
+                self._heartbeat(step, "eval")
                 self._evaluate(step)
                 if self._window.t0 is not None:  # keep the evaluation out of the window
                     self._window.t0 += time.time() - t_eval
@@ -783,6 +790,7 @@ class Job:
         from elastic_ring.events.api import CheckpointWritten
 
         self._checkpoint_store()
+        self._heartbeat(step, "checkpoint")
         if not self._owner_is_current():
             raise RuntimeError("another controller owns the run folder now: not writing a checkpoint")
         t0 = time.perf_counter()
@@ -801,6 +809,17 @@ class Job:
             self._writer.wait()
         self.checkpoint_stalls.append(time.perf_counter() - t0)
         self._last_ckpt_step, self._last_ckpt_t = step, time.time()
+
+    def _heartbeat(self, step: int, phase: str) -> None:
+        """Tell the controller's stall watchdog this rank's step and phase (one ``pwrite``)."""
+        key = (self.segment, self.rank)
+        if self._beat is None or self._beat_key != key:
+            from elastic_ring.controller.watchdog import Heartbeat
+
+            if self._beat is not None:
+                self._beat.close()
+            self._beat, self._beat_key = Heartbeat(self.run_dir, *key), key
+        self._beat.beat(step, phase, time.time())
 
     def _owner_is_current(self) -> bool:
         if not self.info.owner:

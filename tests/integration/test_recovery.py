@@ -215,3 +215,33 @@ def test_restarts_exhausted_exit_1_with_one_line(tmp_path):
     assert "worker rank 0 failed: RuntimeError: flaky hardware" in err[0]
     assert "(1 restart(s) tried)" in err[0] and "no checkpoint was written" in err[0]
     assert len(read_events(run / "events.jsonl", kind="restart")) == 2
+
+
+def test_a_stopped_rank_is_found_by_the_stall_watchdog_and_the_run_ends_exactly(tmp_path, straight_2w):
+    """SIGSTOP of rank 1 (a hung worker: no crash, horovodrun goes on waiting): the watchdog kills
+    the job within seconds, blames rank 1 (not rank 0, which only waits for it), restarts from the
+    last checkpoint, and the weights end equal to the uninterrupted run's."""
+    run = tmp_path / "stopped"
+    proc = _start(["--gpus", "2", "--steps", str(STEPS), *TINY, "--checkpoint-every", "5",
+                   "--stall-timeout", "3", "--run-dir", str(run)])
+    victim = 0
+    try:
+        _wait_step(run, random.Random(11).randint(40, 150))
+        victim = _pid_of(run, 0, 1)
+        os.kill(victim, signal.SIGSTOP)
+        t_stop = time.time()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if victim and protocol.pid_alive(victim):
+            os.kill(victim, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    (st,) = read_events(run / "events.jsonl", kind="stalled")
+    assert st["ranks"] == [1] and "stopped" in st["why"], st
+    assert st["time"] - t_stop < 10, st  # the timeout is 3 s; Gloo alone took 42 s
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert r["rank"] == 1 and "stall" in r["cause"] and not r["gave_up"], r
+    assert r["from_step"] % 5 == 0 and r["new_world_size"] == 2
+    assert _steps_once(run) == list(range(1, STEPS + 1))
+    _assert_same_weights(_final(run), straight_2w)

@@ -1,0 +1,277 @@
+"""The stall watchdog: a job that makes no step for too long is killed and restarted.
+
+A crash ends horovodrun; a hang does not. A worker stopped by a signal, a deadlocked data loader,
+a hung GPU or a host that vanished without closing its sockets leaves the other ranks waiting in
+a collective until Gloo's timeout (tens of seconds on the CPU; NCCL can wait far longer).
+
+Each rank writes a heartbeat: one fixed-width line ``STEP PHASE TIME`` rewritten in place
+(``control/beats/seg<n>-rank<r>``, one ``pwrite`` per step, no rename: microseconds). The
+controller reads them while it watches a segment (:meth:`Watchdog.observe`) and stamps each
+change with its own clock (hosts' clocks may disagree). When the job as a whole made no step for
+the timeout (:func:`allowed_idle_s`: ``--stall-timeout``, default the larger of 10x the median
+step time and 30 s; longer while starting up, checkpointing, evaluating or ending), or a local
+worker sits in the stopped state (``T`` in ``/proc/PID/stat``) for a few seconds without a step,
+:meth:`Watchdog.check` returns a :class:`Stall`, and the controller kills the segment and
+restarts it from the newest checkpoint like any failure.
+
+Blame (:func:`blame`), first that applies: local workers in the stopped state or gone; ranks on
+hosts that no longer answer; the ranks Horovod's stall inspector names as missing in the log;
+the ranks whose heartbeat is oldest (a lower step, or none), when they are not all equal. Else
+no rank is named: a rank that is only waiting for a peer is never the culprit.
+
+Everything here is pure or takes its side effects as arguments; the controller's hook is
+``Controller._check_stall``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from elastic_ring import protocol
+
+FLOOR_S = 30.0  # the default timeout is never shorter than this
+STEP_FACTOR = 10.0  # ... nor than this many median step times
+STARTUP_S = 300.0  # allowance before a segment's first step (Horovod's own start timeout is 120 s)
+SLOW_PHASE_S = 120.0  # at least this long while checkpointing, evaluating, pausing or ending
+SLOW_PHASES = ("checkpoint", "eval", "paused", "ending")
+STOPPED_GRACE_S = 5.0  # a stopped (SIGSTOP) worker and no step for this long: a stall at once
+BEAT_WIDTH = 48  # bytes of one heartbeat record (fixed, so a rewrite in place is never torn short)
+
+_PREFIX = re.compile(r"^\[[\d,]+\]<std(?:out|err)>:")
+
+
+# ---------------------------------------------------------------------- heartbeats (worker side)
+def beat_dir(run_dir: Path) -> Path:
+    return protocol.control_dir(run_dir) / "beats"
+
+
+def beat_file(run_dir: Path, segment: int, rank: int) -> Path:
+    return beat_dir(run_dir) / f"seg{segment:03d}-rank{rank}"
+
+
+def format_beat(step: int, phase: str, t: float) -> bytes:
+    line = f"{step} {phase} {t:.3f}"
+    return line.ljust(BEAT_WIDTH - 1).encode()[:BEAT_WIDTH - 1] + b"\n"
+
+
+class Heartbeat:
+    """One rank's heartbeat file, kept open; :meth:`beat` costs one ``pwrite``."""
+
+    def __init__(self, run_dir: Path, segment: int, rank: int) -> None:
+        path = beat_file(run_dir, segment, rank)
+        self._fd: int | None = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        except OSError:
+            self._fd = None  # no heartbeat: the watchdog still has its timeout and /proc
+
+    def beat(self, step: int, phase: str, t: float) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.pwrite(self._fd, format_beat(step, phase, t), 0)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+# ---------------------------------------------------------------------- reading (controller side)
+@dataclass(frozen=True)
+class Beat:
+    rank: int
+    step: int
+    phase: str
+
+
+def parse_beat(rank: int, raw: bytes) -> Beat | None:
+    parts = raw.decode(errors="replace").split()
+    if len(parts) < 2:
+        return None
+    try:
+        return Beat(rank, int(parts[0]), parts[1])
+    except ValueError:
+        return None
+
+
+def read_beats(run_dir: Path, segment: int) -> list[Beat]:
+    out = []
+    for f in beat_dir(run_dir).glob(f"seg{segment:03d}-rank*"):
+        try:
+            rank = int(f.name.rsplit("rank", 1)[1])
+            b = parse_beat(rank, f.read_bytes()[:BEAT_WIDTH])
+        except (OSError, ValueError):
+            continue
+        if b is not None:
+            out.append(b)
+    return sorted(out, key=lambda b: b.rank)
+
+
+def proc_state(pid: int) -> str | None:
+    """The one-letter state of a local process (``R``, ``S``, ``T`` stopped, ``Z``...), None if gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    try:
+        return raw[raw.rindex(")") + 2]
+    except (ValueError, IndexError):
+        return None
+
+
+def missing_ranks(log_text: str) -> list[int]:
+    """The ranks Horovod's stall inspector lists as missing (its newest report in the log; lines
+    may carry horovodrun's ``[1,0]<stderr>:`` prefix)."""
+    lines = [_PREFIX.sub("", ln) for ln in log_text.splitlines()]
+    starts = [i for i, ln in enumerate(lines) if ln.strip().startswith("Missing ranks:")]
+    if not starts:
+        return []
+    ranks = set()
+    for ln in lines[starts[-1] + 1:]:
+        m = re.match(r"\s*(\d+): \[", ln)
+        if not m:
+            break
+        ranks.add(int(m.group(1)))
+    return sorted(ranks)
+
+
+# ---------------------------------------------------------------------- the rule
+def default_timeout(step_times: Iterable[float], floor_s: float = FLOOR_S) -> float:
+    """``--stall-timeout`` when not given: max(10x the median step time, the floor)."""
+    st = [s for s in step_times if s > 0]
+    return max(floor_s, STEP_FACTOR * statistics.median(st)) if st else floor_s
+
+
+def allowed_idle_s(timeout_s: float, started: bool, phases: Iterable[str]) -> float:
+    """How long the job may go without a step now: the timeout, longer before the first step
+    and while a rank checkpoints, evaluates, pauses or ends its segment."""
+    if not started:
+        return max(timeout_s, STARTUP_S)
+    if any(p in SLOW_PHASES for p in phases):
+        return max(3 * timeout_s, SLOW_PHASE_S)
+    return timeout_s
+
+
+@dataclass(frozen=True)
+class Stall:
+    segment: int
+    last_step: int
+    idle_s: float
+    allowed_s: float
+    ranks: tuple[int, ...]  # blamed; empty when none stands out
+    why: str  # how they were found
+
+    @property
+    def message(self) -> str:
+        """Stable for the same stall (the restart rule compares messages): no times in it."""
+        who = (f"rank {', '.join(map(str, self.ranks))}" if self.ranks else "no rank stands out")
+        return f"stall: no step after step {self.last_step} ({who}: {self.why})"
+
+    @property
+    def rank(self) -> int | None:
+        return self.ranks[0] if self.ranks else None
+
+
+def blame(beats: list[Beat], world: int, stopped: dict[int, str], dead_hosts: list[int],
+          missing: list[int]) -> tuple[tuple[int, ...], str]:
+    """(ranks to blame, how they were found); see the module docstring for the order."""
+    if stopped:
+        states = ", ".join(f"{r}:{s}" for r, s in sorted(stopped.items()))
+        return tuple(sorted(stopped)), f"process stopped or gone ({states})"
+    if dead_hosts:
+        return tuple(sorted(dead_hosts)), "its host does not answer"
+    if missing:
+        return tuple(missing), "Horovod's stall inspector lists it as missing"
+    step = {b.rank: b.step for b in beats}
+    steps = [step.get(r, -1) for r in range(world)]
+    if world > 1 and min(steps) < max(steps):
+        low = min(steps)
+        return tuple(r for r in range(world) if steps[r] == low), "oldest heartbeat"
+    return (), "every rank reached the same step"
+
+
+@dataclass
+class Watchdog:
+    """Watches one segment at a time. ``timeout_s`` None: :func:`default_timeout`."""
+
+    timeout_s: float | None = None
+    floor_s: float = FLOOR_S
+    step_times: list[float] = field(default_factory=list)
+    segment: int = -1
+    world: int = 0
+    t_progress: float = 0.0  # controller clock: the last step of any rank (or the launch)
+    started: bool = False
+    beats: dict[int, Beat] = field(default_factory=dict)
+
+    def reset(self, segment: int, world: int, now: float) -> None:
+        self.segment, self.world, self.t_progress = segment, world, now
+        self.started, self.beats = False, {}
+
+    def add_step_time(self, seconds: float) -> None:
+        self.step_times = [*self.step_times[-49:], seconds]
+
+    def timeout(self) -> float:
+        return self.timeout_s if self.timeout_s is not None else default_timeout(self.step_times, self.floor_s)
+
+    def observe(self, beats: list[Beat], now: float) -> None:
+        """Any change of a rank's heartbeat (a step done, a phase entered) is progress."""
+        for b in beats:
+            if self.beats.get(b.rank) == b:
+                continue
+            self.beats[b.rank] = b
+            self.t_progress = max(self.t_progress, now)
+            self.started = self.started or b.step > 0
+
+    def last_step(self) -> int:
+        return max((b.step for b in self.beats.values()), default=0)
+
+    def check(self, now: float, stopped: Callable[[], dict[int, str]],
+              dead_hosts: Callable[[], list[int]] = lambda: [],
+              missing: Callable[[], list[int]] = lambda: []) -> Stall | None:
+        """A :class:`Stall` when the job made no step for its allowance, else None. The callables
+        are asked only when needed (``stopped``: rank -> state of local workers stopped or gone)."""
+        idle = now - self.t_progress
+        timeout = self.timeout()
+        grace = min(timeout, STOPPED_GRACE_S)
+        if idle < grace:
+            return None
+        phases = [b.phase for b in self.beats.values()]
+        allowed = allowed_idle_s(timeout, self.started, phases)
+        st = stopped()
+        if idle < allowed and not any(s == "T" for s in st.values()):
+            return None
+        if st and idle < allowed:
+            allowed = grace
+        ranks, why = blame(list(self.beats.values()), self.world, st,
+                           dead_hosts() if not st else [], missing() if not st else [])
+        return Stall(self.segment, self.last_step(), idle, allowed, ranks, why)
+
+
+def stopped_ranks(pid_records: list[dict], segment: int, local_hosts: set[str],
+                  state: Callable[[int], str | None] = proc_state) -> dict[int, str]:
+    """rank -> state of this segment's local workers that are stopped (``T``), zombies or gone."""
+    out = {}
+    for rec in pid_records:
+        if rec.get("segment") != segment or rec.get("host") not in local_hosts:
+            continue
+        s = state(int(rec.get("pid", 0)))
+        if s is None or s in ("T", "t", "Z", "X"):
+            out[int(rec["rank"])] = s or "gone"
+    return out
+
+
+def ranks_on_dead_hosts(pid_records: list[dict], segment: int, alive_hosts: set[str],
+                        all_hosts: set[str]) -> list[int]:
+    """Ranks of the segment whose host was asked and did not answer."""
+    dead = all_hosts - alive_hosts
+    return sorted(int(r["rank"]) for r in pid_records
+                  if r.get("segment") == segment and r.get("host") in dead)
