@@ -44,8 +44,16 @@ HEARTBEAT_EVERY_S = 1.0
 HEARTBEAT_TIMEOUT_S = 15.0  # workers exit when the controller's heartbeat stood still this long
 EXIT_ORPHANED = 75  # a worker's exit status when its controller is gone or replaced
 
-# Exception types that a rank raises because a *peer* died (not a failure of its own).
+# Exception types that a rank raises because a *peer* died (not a failure of its own), and the
+# words of a collective that broke because the other end went away (Gloo, NCCL, sockets).
 PEER_LOSS_TYPES = ("HorovodInternalError", "HostsUpdatedInterrupt")
+PEER_LOSS_WORDS = ("Connection reset by peer", "Connection closed by peer", "ncclRemoteError")
+
+
+def is_peer_loss(type_name: str | None, message: str | None) -> bool:
+    """True when an error only says that a peer went away (the rank is a victim, not a culprit)."""
+    return (type_name in PEER_LOSS_TYPES
+            or any(w.lower() in (message or "").lower() for w in PEER_LOSS_WORDS))
 
 
 CPU_THREADS_ENV = "ELASTIC_RING_CPU_THREADS"
@@ -166,7 +174,7 @@ def write_error_record(run_dir: Path, exc: BaseException, rank: int | None, **ex
         record = {"rank": rank, "type": type(exc).__name__, "message": last,
                   "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
                   "time": time.time(), "host": socket.gethostname(), "pid": os.getpid(),
-                  "peer_loss": type(exc).__name__ in PEER_LOSS_TYPES, **extra}
+                  "peer_loss": is_peer_loss(type(exc).__name__, last), **extra}
         write_json_atomic(error_file(run_dir, "unknown" if rank is None else rank), record)
     except Exception:  # noqa: BLE001 - a crash record must never mask the crash
         pass
@@ -186,18 +194,24 @@ def read_error_records(run_dir: Path, since: float = 0.0) -> list[dict[str, Any]
 def first_failure(records: list[dict[str, Any]], dead_ranks: list[int]) -> dict[str, Any] | None:
     """The failure that caused the others.
 
-    A rank that died without a record (kill -9, OOM killer) is first when some other rank only
-    reports the loss of a peer; otherwise the earliest record that is not a peer loss; otherwise
-    the earliest record.
+    The earliest record that is not a peer loss; else a rank that died without a record (kill -9,
+    OOM killer: ``dead_ranks``, first known first). A rank that only lost a peer is never the
+    culprit: when every record is a peer loss and no silent death is known, the failure has no
+    rank (``rank`` None, ``type`` "PeerLost").
     """
-    own = [r for r in records if not r.get("peer_loss")]
+    own = [r for r in records if not (r.get("peer_loss") or is_peer_loss(r.get("type"), r.get("message")))]
     if own:
         return own[0]
     if dead_ranks:
         return {"rank": dead_ranks[0], "type": "Killed",
                 "message": f"rank {dead_ranks[0]} died without an error (killed by a signal or "
                            f"the OOM killer)"}
-    return records[0] if records else None
+    if records:
+        ranks = sorted({r.get("rank") for r in records if r.get("rank") is not None})
+        return {"rank": None, "type": "PeerLost", "step": records[0].get("step"),
+                "message": f"a worker was lost without a trace (rank(s) {', '.join(map(str, ranks))} "
+                           f"only lost a peer: {records[0].get('message')})"}
+    return None
 
 
 # ---------------------------------------------------------------------- process records

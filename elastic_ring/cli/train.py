@@ -95,7 +95,8 @@ def _resolve_device(device: str) -> tuple[str, int]:
 @click.option("--stall-timeout", type=float, default=None, metavar="SECONDS",
               help="Kill and restart the workers (from the last checkpoint) when the job makes no "
                    "step for this long; a worker in the stopped state is found after 5 s. Longer "
-                   "allowances at start-up, checkpoints and evaluations. [default: max(10x the median "
+                   "allowances at start-up, checkpoints and evaluations. 0: off (Gloo's own timeout "
+                   "only). [default: max(10x the median "
                    "step time, 30 s)]")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Run folder (events, logs, checkpoints). [default: runs/<time>]")
@@ -171,8 +172,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
         raise UserError(f"--slots must be >= 1, got {slots}")
     if max_restarts < 0:
         raise UserError(f"--max-restarts must be >= 0, got {max_restarts}")
-    if stall_timeout is not None and stall_timeout <= 0:
-        raise UserError(f"--stall-timeout must be > 0 seconds, got {stall_timeout}")
+    if stall_timeout is not None and stall_timeout < 0:
+        raise UserError(f"--stall-timeout must be >= 0 seconds (0: off), got {stall_timeout}")
     if keep is not None and keep < 1:
         raise UserError(f"--keep must be >= 1, got {keep}")
 

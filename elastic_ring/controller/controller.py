@@ -141,8 +141,8 @@ class Controller:
                             "another relaunch mode")
         if max_restarts < 0:
             raise UserError(f"--max-restarts must be >= 0, got {max_restarts}")
-        if stall_timeout is not None and stall_timeout <= 0:
-            raise UserError(f"--stall-timeout must be > 0 seconds, got {stall_timeout}")
+        if stall_timeout is not None and stall_timeout < 0:
+            raise UserError(f"--stall-timeout must be >= 0 seconds (0: off), got {stall_timeout}")
         self.watchdog = wdog.Watchdog(timeout_s=stall_timeout)
         self._t_beats = 0.0
         self._host_probe = host_probe or probe_hosts  # the watchdog asks which hosts still answer
@@ -414,6 +414,9 @@ class Controller:
         hr_first = self.backend.first_failed_rank(seg.log)
         with_record = {r.get("rank") for r in records}
         dead = [hr_first] if hr_first is not None and hr_first not in with_record else []
+        if not dead:  # e.g. Horovod Elastic's driver names no rank: the ones that left no record
+            dead = sorted({int(p["rank"]) for p in protocol.read_pid_records(self.spec.run_dir)
+                           if float(p.get("created") or 0) >= seg.t_started - 1.0} - with_record)
         first = protocol.first_failure(records, dead)
         if seg.stall is not None:  # killed by the watchdog: the others only lost their peer
             first = {"rank": seg.stall.rank, "type": "Stalled", "message": seg.stall.message,
@@ -427,6 +430,8 @@ class Controller:
             return first["message"], rank, first
         if first.get("type") == "Killed":
             return first["message"], rank, None
+        if first.get("type") == "PeerLost":
+            return first["message"], None, first
         if first.get("type") is None:
             return f"worker rank {rank} exited first (horovodrun status {rc})", rank, None
         return f"worker rank {rank} failed: {first.get('message')}", rank, first

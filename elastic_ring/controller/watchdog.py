@@ -201,7 +201,7 @@ def blame(beats: list[Beat], world: int, stopped: dict[int, str], dead_hosts: li
 
 @dataclass
 class Watchdog:
-    """Watches one segment at a time. ``timeout_s`` None: :func:`default_timeout`."""
+    """Watches one segment at a time. ``timeout_s`` None: :func:`default_timeout`; 0: off."""
 
     timeout_s: float | None = None
     floor_s: float = FLOOR_S
@@ -239,6 +239,8 @@ class Watchdog:
               missing: Callable[[], list[int]] = lambda: []) -> Stall | None:
         """A :class:`Stall` when the job made no step for its allowance, else None. The callables
         are asked only when needed (``stopped``: rank -> state of local workers stopped or gone)."""
+        if self.timeout_s == 0:  # --stall-timeout 0: off
+            return None
         idle = now - self.t_progress
         timeout = self.timeout()
         grace = min(timeout, STOPPED_GRACE_S)

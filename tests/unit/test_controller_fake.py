@@ -256,3 +256,32 @@ def test_a_prelaunched_workers_crash_record_is_not_dropped(tmp_path):
     with pytest.raises(WorkerFailedError, match="worker rank 1 failed: MemoryError: building the model"):
         ctl.run(0, 1, 0)
     assert launcher.started[1].go is not None
+
+
+@pytest.mark.parametrize("mode", ["sequential", "overlap", "prelaunch"])
+def test_a_rank_that_only_lost_its_peer_is_never_blamed(tmp_path, mode, monkeypatch):
+    """Rank 1 dies silently (kill -9) and horovodrun's log names no one: rank 0's "Connection reset
+    by peer" is not the cause; the rank with a process record and no error record is."""
+    from elastic_ring import protocol
+
+    ctl, launcher = _controller(tmp_path, (Resize(10, 2),), relaunch=mode, fail_launches=(1,))
+
+    def records(run_dir, since=0.0):
+        out = []
+        for r in real(run_dir, since):
+            if r["rank"] == 1:  # what a kill -9 leaves: rank 0's error, rank 1's process record
+                (tmp_path / "logs" / "error-rank1.json").unlink()
+                for rank in (0, 1):
+                    protocol.write_json_atomic(protocol.pid_dir(tmp_path) / f"seg001-rank{rank}.json",
+                                               {"rank": rank, "pid": 1, "host": "h", "segment": 1,
+                                                "created": time.time()})
+                out.append({"rank": 0, "type": "RuntimeError", "time": r["time"], "step": r["step"],
+                            "message": "RuntimeError: Gloo: Read error: Connection reset by peer"})
+        return out
+
+    real = protocol.read_error_records
+    import elastic_ring.controller.controller as cc
+    monkeypatch.setattr(cc.protocol, "read_error_records", records)
+    ctl.run(0, 1, 0)
+    (r,) = read_events(tmp_path / "events.jsonl", kind="restart")
+    assert r["rank"] == 1 and "rank 1 died without an error" in r["cause"], r

@@ -121,8 +121,21 @@ def test_first_failure_prefers_own_errors_then_the_silent_dead_rank():
     own = {"rank": 2, "type": "ValueError", "message": "ValueError: boom", "peer_loss": False, "time": 2}
     assert protocol.first_failure([peer, own], [1])["rank"] == 2
     assert protocol.first_failure([peer], [1])["rank"] == 1
-    assert protocol.first_failure([peer], [])["rank"] == 0
+    lost = protocol.first_failure([peer], [])  # only a victim reported: no rank is blamed
+    assert lost["rank"] is None and lost["type"] == "PeerLost" and "rank(s) 0 only lost a peer" in lost["message"]
     assert protocol.first_failure([], []) is None
+
+
+def test_a_connection_reset_by_peer_is_a_peer_loss_whatever_its_type():
+    """Under Horovod Elastic the survivor's error may not be a HorovodInternalError."""
+    reset = {"rank": 0, "type": "RuntimeError", "time": 1,
+             "message": "RuntimeError: Gloo error: Read error [127.0.0.1]:4242: Connection reset by peer"}
+    assert protocol.is_peer_loss(reset["type"], reset["message"])
+    assert not protocol.is_peer_loss("ValueError", "ValueError: boom")
+    assert protocol.first_failure([reset], [1])["rank"] == 1
+    assert protocol.first_failure([reset], [])["rank"] is None
+    own = {"rank": 1, "type": "ValueError", "message": "ValueError: boom", "time": 2}
+    assert protocol.first_failure([reset, own], [])["rank"] == 1  # later, but its own error
 
 
 def test_launch_info_round_trips_through_the_environment(tmp_path):

@@ -154,3 +154,10 @@ def test_proc_state_of_a_real_stopped_process():
         p.kill()
         p.wait()
     assert wd.proc_state(p.pid) is None
+
+
+def test_zero_timeout_turns_the_watchdog_off():
+    d = Watchdog(timeout_s=0)
+    d.reset(0, 2, 0.0)
+    d.observe([Beat(0, 5, "step"), Beat(1, 5, "step")], now=0.0)
+    assert d.check(1e6, stopped=lambda: {1: "T"}) is None
