@@ -137,7 +137,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
     from elastic_ring.controller.controller import Controller
     from elastic_ring.controller.lock import RunLock, stop_stale_workers
     from elastic_ring.controller.rundir import (create_run_dir, ensure_dataset_cache,
-                                                update_worker_settings, worker_settings)
+                                                update_worker_settings, worker_settings, writing)
     from elastic_ring.controller.summary import render
     from elastic_ring.data import check_dataset
     from elastic_ring.protocol import PLAN_FILE, read_json
@@ -267,8 +267,9 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
         spec.validate()
         if cfg is not None:
             check_dataset(cfg.dataset, cfg.data_dir)
-        rd.mkdir(parents=True, exist_ok=True)
-        RunLock(rd).acquire()
+        with writing(rd):
+            rd.mkdir(parents=True, exist_ok=True)
+            RunLock(rd).acquire()
         create_run_dir(spec, cfg)
         plan = Plan.from_spec(spec.workers, spec.schedule)
         start_step, segment = 0, 0

@@ -10,16 +10,30 @@ cost).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
 from elastic_ring.config.api import TrainConfig, config_to_dict
 from elastic_ring.controller.api import RunSpec
 from elastic_ring.data import materialize
+from elastic_ring.errors import UserError
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn a failed write under ``path`` (disk full, read-only, permission) into one line naming
+    the file and the OS's reason (exit status 2), instead of a traceback."""
+    try:
+        yield
+    except OSError as e:
+        where = e.filename or path
+        raise UserError(f"cannot write the run folder: {where}: {e.strerror or e}") from None
 
 
 def worker_settings(spec: RunSpec, cfg: TrainConfig | None) -> dict[str, Any]:
@@ -38,17 +52,31 @@ def worker_settings(spec: RunSpec, cfg: TrainConfig | None) -> dict[str, Any]:
 def create_run_dir(spec: RunSpec, cfg: TrainConfig | None, **extra: Any) -> None:
     """Write ``config.yaml`` and ``run.json`` into ``spec.run_dir`` and fill its dataset cache."""
     rd = spec.run_dir
-    rd.mkdir(parents=True, exist_ok=True)
-    if cfg is not None:
-        (rd / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    (rd / "run.json").write_text(json.dumps({
-        "workers": spec.workers, "schedule": [[r.step, r.to] for r in spec.schedule],
-        "slots": spec.slots, "device": spec.device, "hosts": spec.hosts, "hostfile": spec.hostfile,
-        "total_steps": spec.total_steps, "script": spec.script, "script_args": list(spec.script_args),
-        "worker": worker_settings(spec, cfg),
-        "created": time.time(), "argv": sys.argv[1:], **extra}, indent=2))
+    with writing(rd):
+        rd.mkdir(parents=True, exist_ok=True)
+        if cfg is not None:
+            _write(rd / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        _write(rd / "run.json", json.dumps({
+            "workers": spec.workers, "schedule": [[r.step, r.to] for r in spec.schedule],
+            "slots": spec.slots, "device": spec.device, "hosts": spec.hosts, "hostfile": spec.hostfile,
+            "total_steps": spec.total_steps, "script": spec.script, "script_args": list(spec.script_args),
+            "worker": worker_settings(spec, cfg),
+            "created": time.time(), "argv": sys.argv[1:], **extra}, indent=2))
     if cfg is not None:
         ensure_dataset_cache(spec.run_dir, cfg)
+
+
+def _write(path: Path, text: str) -> None:
+    """Write and flush to the disk, so that a full disk fails here and names ``path``."""
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(path)
+        raise
 
 
 def update_worker_settings(run_dir: Path, **changes: Any) -> None:
@@ -62,4 +90,5 @@ def update_worker_settings(run_dir: Path, **changes: Any) -> None:
 
 
 def ensure_dataset_cache(run_dir: Path, cfg: TrainConfig) -> None:
-    materialize(cfg.dataset, run_dir / "cache", cfg.data_dir, cfg.synthetic_size, cfg.seed)
+    with writing(run_dir / "cache"):
+        materialize(cfg.dataset, run_dir / "cache", cfg.data_dir, cfg.synthetic_size, cfg.seed)

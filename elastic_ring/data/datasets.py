@@ -15,6 +15,7 @@ same augmentation as an uninterrupted one.
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 from dataclasses import dataclass
@@ -125,9 +126,15 @@ def materialize(name: str, cache_dir: str | Path, data_dir: str = "data", synthe
         ds = load_dataset(name, train, data_dir, synthetic_size, seed)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        buf = io.BytesIO()  # serialised in memory: a full disk is then an OSError naming its cause
         torch.save({"images": ds.images, "labels": ds.labels, "mean": ds.mean, "std": ds.std,
-                    "name": ds.name}, tmp)
-        os.replace(tmp, path)
+                    "name": ds.name}, buf)
+        try:
+            tmp.write_bytes(buf.getvalue())
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def load_dataset(name: str, train: bool, data_dir: str = "data", synthetic_size: int = 4096,

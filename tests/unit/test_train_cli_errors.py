@@ -36,6 +36,7 @@ def _assert_one_line_error(p, *needles):
     (["--resize-at", "5", "--to", "0"], ["cannot resize to 0"]),
     (["--keep", "0"], ["--keep must be >= 1"]),
     (["--max-restarts", "-1"], ["--max-restarts must be >= 0"]),
+    (["--stall-timeout", "-1"], ["--stall-timeout must be >= 0"]),
     (["--checkpoint-every", "-1"], ["--checkpoint-every", "must be >= 0"]),
     (["stray"], ["unexpected argument 'stray'"]),
     (["--gpus", "3", "--slots", "2"], ["more than the 2 slot"]),
@@ -56,6 +57,42 @@ def test_train_bad_input(run_cli, tmp_path, args, needles):
     p = run_cli("train", *args, "--run-dir", str(run))
     _assert_one_line_error(p, *needles)
     assert not run.exists()  # nothing started, nothing written
+
+
+def test_full_disk_while_the_run_folder_is_created_is_one_line(run_cli, tmp_path, monkeypatch):
+    """A fake full disk under the dataset cache: the path and the OS's reason, exit 2."""
+    import errno
+    import os
+
+    import elastic_ring.controller.rundir as rundir
+
+    def full(name, cache_dir, *a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(cache_dir / "digits-train.pt"))
+
+    monkeypatch.setattr(rundir, "materialize", full)
+    run = tmp_path / "run"
+    p = run_cli("train", "--run-dir", str(run), "--slots", "2")
+    _assert_one_line_error(p, str(run / "cache" / "digits-train.pt"), "No space left on device")
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A 64 KiB tmpfs (root only; skipped where mounting is not allowed)."""
+    import subprocess
+
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_a_really_full_disk_at_run_folder_creation_is_one_line(run_cli, tiny_tmpfs):
+    run = tiny_tmpfs / "run"
+    p = run_cli("train", "--run-dir", str(run), "--slots", "2")
+    _assert_one_line_error(p, "cannot write the run folder", str(run), "No space left on device")
 
 
 def test_unreadable_yaml_config(run_cli, tmp_path):
