@@ -213,6 +213,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
         keep_now = keep or int(run_info.get("worker", {}).get("keep", 2))
         ckpt = CheckpointStore(rd / "checkpoints", keep=keep_now).load_latest(warn=_echo)
         start_step = int(ckpt["step"]) if ckpt else 0
+        if ckpt is None:
+            _echo(f"elastic-ring: no checkpoint in {rd / 'checkpoints'}: the run starts again at step 1")
         if start_step >= total:
             raise UserError(f"run {rd} already finished (step {start_step} of {total})")
         plan_d = read_json(rd / PLAN_FILE)
@@ -341,14 +343,15 @@ def status(run_dir, as_json):
     s = summarize_run(rd)
     ctl = read_json(rd / CONTROLLER_FILE)
     if isinstance(ctl, dict) and ctl.get("state") not in ("succeeded", "failed", "interrupted", None):
+        # the newest step: rank 0's progress file (twice a second), not the last throughput window
+        prog = read_json(rd / "control" / PROGRESS_FILE) or {}
+        last = max(int(prog.get("step", 0)), int(s.get("step") or 0))
+        s["step"] = last
         if is_locked(rd):
             s["state"] = ctl.get("state", "running")
         else:
-            prog = read_json(rd / "control" / PROGRESS_FILE) or {}
-            last = max(int(prog.get("step", 0)), int(s.get("step") or 0))
             s["state"] = (f"controller gone (last step {last}; continue with: "
                           f"elastic-ring train --resume {rd})")
-            s["step"] = last
     elif isinstance(ctl, dict) and ctl.get("state") in ("failed", "interrupted"):
         s["state"] = ctl["state"]
     total = (read_json(rd / "run.json") or {}).get("total_steps")

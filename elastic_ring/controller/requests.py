@@ -28,7 +28,9 @@ def request_resize(run_dir: str | Path, target: int) -> str:
         raise UserError(f"run {rd} is not running (no controller state)") from None
     state = ctl.get("state")
     if state not in ("running", "launching") or not is_locked(rd):
-        raise UserError(f"run {rd} is not running (state: {state if state != 'running' else 'controller gone'})")
+        word = {"running": "controller gone", "launching": "controller gone",
+                "succeeded": "finished"}.get(state, state)  # status's words
+        raise UserError(f"run {rd} is not running (state: {word})")
     slots = json.loads((rd / "run.json").read_text())["slots"]
     if target < 1:
         raise UserError(f"--to must be >= 1, got {target}")

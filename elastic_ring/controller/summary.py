@@ -1,7 +1,9 @@
 """Summary of a run, computed from its events alone (so `status` works while it runs).
 
 Per world size: median images/s and steps/s over the throughput windows; the scaling efficiency
-between consecutive sizes used, ``thr(w2) / (thr(w1) * w2 / w1)`` on images/s; each resize's
+between consecutive sizes used, ``thr(w2) / (thr(w1) * w2 / w1)`` on median images/s, only when
+both sizes have at least ``MIN_WINDOWS`` windows, with its spread (the same ratio of the windows'
+quartiles: lower quartile over upper, upper over lower); each resize's
 overhead breakdown; each restart (cause, rank, steps redone, time lost); final train loss and test
 accuracy. Steps redone after a restart or a resume are counted once: a launch from step s drops
 the windows (or the parts of windows) after s that an earlier segment did not checkpoint.
@@ -14,6 +16,32 @@ from pathlib import Path
 from typing import Any
 
 from elastic_ring.events.api import read_events
+
+MIN_WINDOWS = 3  # windows per size before a scaling efficiency is reported
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float]:
+    if len(xs) < 2:
+        return xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def scaling_efficiency(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Efficiency from size ``a`` to size ``b`` (entries of ``summarize()['sizes']`` with their
+    windows' ``ips``), or None with the reason when either has too few windows."""
+    out: dict[str, Any] = {"from": a["workers"], "to": b["workers"], "efficiency": None,
+                           "low": None, "high": None, "windows": [a["windows"], b["windows"]]}
+    if min(a["windows"], b["windows"]) < MIN_WINDOWS:
+        out["reason"] = f"too few throughput windows ({a['windows']} and {b['windows']}; needs {MIN_WINDOWS} each)"
+        return out
+    k = b["workers"] / a["workers"]
+    (a1, a3), (b1, b3) = _quartiles(a["ips"]), _quartiles(b["ips"])
+    if a["images_per_s"] <= 0 or a1 <= 0:
+        out["reason"] = "no throughput measured"
+        return out
+    out.update(efficiency=b["images_per_s"] / (a["images_per_s"] * k), low=b1 / (a3 * k), high=b3 / (a1 * k))
+    return out
 
 
 def _kept_windows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -61,12 +89,10 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
         sps = [e["steps_per_s"] for e in ev]
         sizes.append({"workers": w, "images_per_s": statistics.median(ips),
                       "steps_per_s": statistics.median(sps), "windows": len(ev),
-                      "steps": done.get(w, 0)})
-    eff = []
-    for a, b in zip(sizes, sizes[1:]):
-        ideal = a["images_per_s"] * b["workers"] / a["workers"]
-        eff.append({"from": a["workers"], "to": b["workers"],
-                    "efficiency": b["images_per_s"] / ideal if ideal > 0 else None})
+                      "steps": done.get(w, 0), "ips": ips})
+    eff = [scaling_efficiency(a, b) for a, b in zip(sizes, sizes[1:])]
+    for sz in sizes:
+        del sz["ips"]
     overheads = [{k: e[k] for k in ("from_workers", "to_workers", "step", "stop_latency_s",
                                     "checkpoint_s", "relaunch_to_first_step_s", "total_lost_s",
                                     "steady_step_s")}
@@ -93,6 +119,7 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
         "restarts": restarts,
         "steps_trained": sum(done.values()),
         "train_loss": thr[-1]["loss"] if thr else None,
+        "train_loss_step": thr[-1]["step"] if thr else None,  # the last window's last step
         "test_accuracy": evals[-1]["test_accuracy"] if evals else None,
         "test_loss": evals[-1]["test_loss"] if evals else None,
         "wall_s": fin[-1]["wall_s"] if fin else None,
@@ -116,7 +143,13 @@ def render(summary: dict[str, Any], total_steps: int | None = None) -> str:
     if summary["scaling_efficiency"]:
         lines.append("")
         for e in summary["scaling_efficiency"]:
-            v = "n/a" if e["efficiency"] is None else f"{100 * e['efficiency']:.1f}%"
+            if e["efficiency"] is None:
+                v = f"n/a ({e.get('reason', 'not measured')})"
+            else:
+                v = f"{100 * e['efficiency']:.1f}%"
+                if e.get("low") is not None:
+                    v += (f" (windows' quartiles: {100 * e['low']:.0f}-{100 * e['high']:.0f}%; "
+                          f"{e['windows'][0]} and {e['windows'][1]} windows)")
             lines.append(f"scaling efficiency {e['from']} -> {e['to']} workers: {v}")
     if summary["resizes"]:
         lines.append("")
@@ -136,6 +169,11 @@ def render(summary: dict[str, Any], total_steps: int | None = None) -> str:
     lines.append("")
     tl = summary.get("train_loss")
     ta = summary.get("test_accuracy")
-    lines.append(f"final train loss: {'n/a' if tl is None else f'{tl:.4f}'}   "
-                 f"test accuracy: {'n/a' if ta is None else f'{100 * ta:.2f}%'}")
+    if summary.get("state") == "finished":
+        loss = f"final train loss: {'n/a' if tl is None else f'{tl:.4f}'}"
+    else:  # running (or stopped): the newest window's mean, not a final figure
+        at = summary.get("train_loss_step")
+        loss = f"train loss: {'n/a' if tl is None else f'{tl:.4f}'}" + (
+            f" (window ending at step {at})" if tl is not None and at is not None else "")
+    lines.append(f"{loss}   test accuracy: {'n/a' if ta is None else f'{100 * ta:.2f}%'}")
     return "\n".join(lines)

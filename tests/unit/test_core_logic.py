@@ -11,7 +11,7 @@ from elastic_ring.ckpt import CheckpointStore, load_verified, save_atomic
 from elastic_ring.config.api import load_config
 from elastic_ring.config.base import parse_overrides
 from elastic_ring.controller.api import Resize, RunSpec, parse_hosts, parse_schedule
-from elastic_ring.controller.summary import summarize
+from elastic_ring.controller.summary import render, summarize
 from elastic_ring.data import SampleStream, make_batch, load_dataset
 from elastic_ring.errors import CheckpointError, ConfigError, UserError
 from elastic_ring.nn import count_parameters, resnet
@@ -199,9 +199,22 @@ def test_summary_scaling_efficiency_and_overheads():
     ]
     s = summarize(ev)
     assert s["sizes"][0]["images_per_s"] == pytest.approx(105.0)
-    assert s["scaling_efficiency"][0]["efficiency"] == pytest.approx(180 / 210)
+    e = s["scaling_efficiency"][0]  # 2 windows and 1: too few to say
+    assert e["efficiency"] is None and "too few throughput windows (2 and 1" in e["reason"]
     assert s["resizes"][0]["total_lost_s"] == 5.5
     assert s["train_loss"] == 1.0 and s["test_accuracy"] == 0.9 and s["state"] == "running"
+    text = render(s, 40)
+    assert "n/a (too few" in text and "final train loss" not in text
+    assert "train loss: 1.0000 (window ending at step 30)" in text
+    more = [{"kind": "throughput", "world_size": w, "images_per_s": ips, "steps_per_s": 1.0,
+             "steps": 10, "step": 40 + 10 * i, "loss": 0.5}
+            for i, (w, ips) in enumerate([(1, 90.0), (2, 170.0), (2, 260.0), (2, 200.0)])]
+    e = summarize(ev + more)["scaling_efficiency"][0]
+    # medians 100 (90, 100, 110) and 190 (170, 180, 200, 260): 190 / 200
+    assert e["efficiency"] == pytest.approx(190 / 200) and e["windows"] == [3, 4]
+    assert e["low"] < e["efficiency"] < e["high"]
+    finished = summarize(ev + more + [{"kind": "finished", "step": 70, "wall_s": 9.0}])
+    assert "final train loss: 0.5000" in render(finished, 70)
 
 
 def test_cpu_threads_share_the_allowed_cores_or_follow_the_override(monkeypatch):

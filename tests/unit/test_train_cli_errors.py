@@ -78,6 +78,7 @@ def test_full_disk_while_the_run_folder_is_created_is_one_line(run_cli, tmp_path
 @pytest.fixture
 def tiny_tmpfs(tmp_path):
     """A 64 KiB tmpfs (root only; skipped where mounting is not allowed)."""
+    import os
     import subprocess
 
     mnt = tmp_path / "full"
@@ -86,6 +87,10 @@ def tiny_tmpfs(tmp_path):
                       capture_output=True).returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root)")
     yield mnt
+    from elastic_ring.controller import lock
+
+    for key in [k for k in lock._HELD if k.startswith(str(mnt))]:  # the in-process CLI's lock
+        os.close(lock._HELD.pop(key))
     subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
@@ -161,3 +166,47 @@ def test_help_is_complete(run_cli):
     top = run_cli("--help")
     for cmd in ("train", "resize", "status"):
         assert cmd in top.stdout
+
+
+def test_resize_of_a_finished_run_uses_status_words(run_cli, tmp_path):
+    run, _ = _fake_run(tmp_path)
+    (run / "controller.json").write_text(json.dumps({"state": "succeeded", "world_size": 1}))
+    p = run_cli("resize", str(run), "--to", "2")
+    _assert_one_line_error(p, "not running (state: finished)")
+
+
+def test_status_of_a_running_run_shows_the_newest_step_and_no_final_loss(run_cli, tmp_path):
+    from elastic_ring.controller.lock import RunLock
+    from elastic_ring.events import EventLog, Throughput
+
+    run, _ = _fake_run(tmp_path)
+    EventLog(run / "events.jsonl").write(Throughput(segment=0, world_size=1, step=20, steps=20, seconds=2.0,
+                                                    images_per_s=320.0, steps_per_s=10.0, loss=1.25,
+                                                    lr=0.1, epoch=0))
+    (run / "controller.json").write_text(json.dumps({"state": "running", "world_size": 1}))
+    (run / "control").mkdir()
+    (run / "control" / "progress.json").write_text(json.dumps({"step": 37, "segment": 0, "time": 1.0}))
+    lock = RunLock(run)
+    lock.acquire()
+    try:
+        s = run_cli("status", str(run))
+    finally:
+        lock.release()
+    assert s.returncode == 0, s.stderr
+    assert "state: running   step: 37/50" in s.stdout  # not the window's step 20
+    assert "train loss: 1.2500 (window ending at step 20)" in s.stdout
+    assert "final train loss" not in s.stdout
+
+
+def test_resume_without_a_checkpoint_says_it_starts_again(run_cli, tmp_path):
+    """After a double Ctrl-C before any checkpoint: one line before anything starts."""
+    import shutil
+
+    run, _ = _fake_run(tmp_path)
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").mkdir()
+    p = run_cli("train", "--resume", str(run), "--slots", "2", "--gpus", "3")  # stops at the check
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert lines[0] == (f"elastic-ring: no checkpoint in {run / 'checkpoints'}: the run starts "
+                        f"again at step 1"), p.stderr
+    assert p.returncode == 2 and "cannot resume with 3 workers" in lines[1]
