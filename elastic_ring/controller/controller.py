@@ -105,6 +105,7 @@ class _Seg:
     steps_per_s: float = 0.0
     log: Path | None = None
     stall: wdog.Stall | None = None  # set when the watchdog killed it
+    pids: list[dict[str, Any]] = field(default_factory=list)  # process records at its exit
 
 
 @dataclass
@@ -415,8 +416,10 @@ class Controller:
         with_record = {r.get("rank") for r in records}
         dead = [hr_first] if hr_first is not None and hr_first not in with_record else []
         if not dead:  # e.g. Horovod Elastic's driver names no rank: the ones that left no record
-            dead = sorted({int(p["rank"]) for p in protocol.read_pid_records(self.spec.run_dir)
-                           if float(p.get("created") or 0) >= seg.t_started - 1.0} - with_record)
+            pids = seg.pids or protocol.read_pid_records(self.spec.run_dir)
+            inplace = self.relaunch == "inplace"  # (its processes outlive their first segment)
+            dead = sorted({int(p["rank"]) for p in pids if p.get("segment") == seg.index or (
+                inplace and float(p.get("created") or 0) >= seg.t_started - 1.0)} - with_record)
         first = protocol.first_failure(records, dead)
         if seg.stall is not None:  # killed by the watchdog: the others only lost their peer
             first = {"rank": seg.stall.rank, "type": "Stalled", "message": seg.stall.message,
@@ -437,6 +440,8 @@ class Controller:
         return f"worker rank {rank} failed: {first.get('message')}", rank, first
 
     def _forget_pids(self, seg: _Seg) -> None:
+        """Remove the segment's process records (kept in ``seg.pids`` for the failure's cause)."""
+        seg.pids = protocol.read_pid_records(self.spec.run_dir)
         for f in protocol.pid_dir(self.spec.run_dir).glob(f"seg{seg.index:03d}-rank*.json"):
             f.unlink(missing_ok=True)
 

@@ -285,3 +285,19 @@ def test_a_rank_that_only_lost_its_peer_is_never_blamed(tmp_path, mode, monkeypa
     ctl.run(0, 1, 0)
     (r,) = read_events(tmp_path / "events.jsonl", kind="restart")
     assert r["rank"] == 1 and "rank 1 died without an error" in r["cause"], r
+
+
+def test_the_same_error_at_another_step_is_retried(tmp_path, monkeypatch):
+    """The restart rule's repeat key includes the step: the same error twice from the same
+    checkpoint but at different steps (progress was made in between) is retried."""
+    ctl, launcher = _controller(tmp_path, (Resize(10, 2),), fail_launches=(1, 2))
+    import elastic_ring.controller.controller as cc
+    steps = iter([13, 17, 19, 23])
+    real = cc.protocol.read_error_records
+    monkeypatch.setattr(cc.protocol, "read_error_records",
+                        lambda *a, **k: [{**r, "step": next(steps)} for r in real(*a, **k)])
+    summary = ctl.run(0, 1, 0)
+    assert summary["state"] == "finished"
+    rs = read_events(tmp_path / "events.jsonl", kind="restart")
+    assert [(r["gave_up"], r["from_step"]) for r in rs] == [(False, 10), (False, 10)]
+    assert len(launcher.started) == 4  # segment 0, the failed 1, the failed retry, the good one

@@ -210,3 +210,37 @@ def test_resume_without_a_checkpoint_says_it_starts_again(run_cli, tmp_path):
     assert lines[0] == (f"elastic-ring: no checkpoint in {run / 'checkpoints'}: the run starts "
                         f"again at step 1"), p.stderr
     assert p.returncode == 2 and "cannot resume with 3 workers" in lines[1]
+
+
+def test_resume_of_a_folder_a_live_controller_holds_is_refused_and_touches_nothing(run_cli, tmp_path):
+    """A second controller (--resume) on a live run: the lock refuses it before it stops the
+    live run's workers or reads its checkpoints."""
+    import socket
+    import subprocess
+    import sys
+
+    import psutil
+
+    from elastic_ring import protocol
+
+    run, _ = _fake_run(tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; "
+                               "from elastic_ring.controller.lock import try_lock; "
+                               f"fd = try_lock(__import__('pathlib').Path({str(run / '.lock')!r})); "
+                               "print('locked' if fd else 'no', flush=True); time.sleep(60)"],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        protocol.write_json_atomic(protocol.pid_dir(run) / "seg000-rank0.json",
+                                   {"rank": 0, "pid": worker.pid, "host": socket.gethostname(), "segment": 0,
+                                    "created": psutil.Process(worker.pid).create_time()})
+        p = run_cli("train", "--resume", str(run), "--slots", "2")
+        _assert_one_line_error(p, f"run folder {run} is in use by another elastic-ring controller "
+                                  f"(pid {holder.pid})")
+        assert worker.poll() is None  # the live run's worker was left alone
+        assert (protocol.pid_dir(run) / "seg000-rank0.json").exists()
+    finally:
+        for proc in (holder, worker):
+            proc.kill()
+            proc.wait()
