@@ -130,7 +130,7 @@ def test_noisy_sequences_with_predicted_times_exact_beats_algorithm2_on_average(
     """Both controllers see only the last two push times (Algorithm 2's model); noise makes the
     prediction wrong, so neither is always optimal, but the exact objective still waits less."""
     rng = np.random.default_rng(123)
-    w_exact, w_paper, w_best, hits = [], [], [], 0
+    w_exact, w_paper, hits = [], [], 0
     for _ in range(400):
         i_p, i_s, cv = rng.uniform(0.5, 1.5), rng.uniform(0.8, 3.0), 0.3
         steps_p = np.maximum(0.01, i_p * (1 + cv * rng.standard_normal(62)))
@@ -147,9 +147,7 @@ def test_noisy_sequences_with_predicted_times_exact_beats_algorithm2_on_average(
         hits += ex.r == best
         w_exact.append(waits[ex.r])
         w_paper.append(brute_wait(pa.r, P, S, 30 + gap, 30, LO))
-        w_best.append(waits[best])
     assert np.mean(w_exact) < np.mean(w_paper)
-    assert np.mean(w_best) <= np.mean(w_exact)
     assert hits > 200  # the constant-interval prediction is right more often than not at cv 0.3
 
 

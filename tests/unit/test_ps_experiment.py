@@ -63,8 +63,11 @@ def test_pairing_removes_the_seed_to_seed_spread():
     r = ex.paired_ratio(x, ref, 100, 100)
     assert r["n"] == 10 and r["censored"] == 0
     assert 0.45 < r["lo"] < 0.5 < r["hi"] < 0.55
-    # unpaired, the same numbers could not tell X from R: their ranges overlap almost completely
-    assert min(ref) < max(x)
+    # the pairing is what narrows it: the same numbers paired with the wrong seeds (shifted by
+    # one) give the same geometric mean but an interval over 10 times as wide
+    wrong = ex.paired_ratio(x, ref[1:] + ref[:1], 100, 100)
+    assert wrong["geomean"] == pytest.approx(r["geomean"])
+    assert wrong["hi"] - wrong["lo"] > 10 * (r["hi"] - r["lo"])
 
 
 def test_censored_runs_count_as_their_budget_and_double_misses_drop():
