@@ -64,8 +64,3 @@ def test_commands(bp, tmp_path: Path):
     assert cmd[cmd.index("--ckpt-at") + 1] == "15,30" and cmd[cmd.index("--steps") + 1] == "45"
     el = bp._torchrun(a, tmp_path / "o", tmp_path, 29555, 145)
     assert el[el.index("--nnodes") + 1] == "1:2" and el[el.index("--rdzv-backend") + 1] == "c10d"
-    assert bp.TORCHRUN_ELASTIC_ENV == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-
-
-def test_peers_flag(bp):
-    assert set(bp.PEERS) == {"horovod-elastic", "torchrun", "torchrun-relaunch"}

@@ -66,17 +66,35 @@ def test_corrupt_index_falls_back_to_the_files(tmp_path):
     assert store.load_latest()["step"] == 10
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
-def test_failed_write_names_the_path_removes_the_temp_and_keeps_the_previous(tmp_path):
-    store = CheckpointStore(tmp_path)
-    store.save(_state(5))
-    tmp_path.chmod(0o500)
+@pytest.fixture
+def unwritable(tmp_path):
+    """(folder, make_it_unwritable): a read-only remount of a small tmpfs as root (root ignores
+    file permissions; CI runs as root), a chmod 500 otherwise."""
+    import subprocess
+
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    if os.geteuid() != 0:
+        yield d, lambda: d.chmod(0o500)
+        d.chmod(0o700)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(d)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("root without the right to mount: no way to make a folder unwritable")
     try:
-        with pytest.raises(CheckpointWriteError, match=str(tmp_path / "ckpt-00000010.pt")):
-            store.save(_state(10))
+        yield d, lambda: subprocess.run(["mount", "-o", "remount,ro", str(d)], check=True)
     finally:
-        tmp_path.chmod(0o700)
-    assert not list(tmp_path.glob(".ckpt-*"))
+        subprocess.run(["umount", str(d)], capture_output=True)
+
+
+def test_failed_write_names_the_path_removes_the_temp_and_keeps_the_previous(unwritable):
+    d, make_unwritable = unwritable
+    store = CheckpointStore(d)
+    store.save(_state(5))
+    make_unwritable()
+    with pytest.raises(CheckpointWriteError, match=str(d / "ckpt-00000010.pt")):
+        store.save(_state(10))
+    assert not list(d.glob(".ckpt-*"))
     assert store.load_latest()["step"] == 5
 
 
