@@ -111,14 +111,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="part 2: alternating rounds")
     ap.add_argument("--every", type=int, default=10, help="part 2: --checkpoint-every")
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--parts", default="1,2", help="which parts to run (the other's last result is kept)")
+    ap.add_argument("--parts", default="1,2", help="which parts to run (the file holds only those: "
+                    "one file per run, give another --out for a partial run)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_checkpoint.json")
     a = ap.parse_args()
     parts = {int(x) for x in a.parts.split(",")}
-    old = json.loads(a.out.read_text()) if a.out.exists() else {}
     load0 = os.getloadavg()[0]
-    part1 = old.get("part1_stall") if 1 not in parts else None
-    if part1 is None:
+    part1 = []
+    if 1 in parts:
         print("part 1: stall per checkpoint on the training thread (median)")
         part1 = [stall(20, 16, a.repeats), stall(110, 16, a.repeats)]
     print(f"{'model':<22} {'MB':>6} {'sync ms':>8} {'bg ms':>7} {'of it copy':>10} {'ratio':>6} "
@@ -129,11 +129,7 @@ def main() -> None:
               f"{r['stall_ratio_background_to_sync']:>6.3f} {r['background_write_ms']:>11.1f} "
               f"{r['sync_cpu_ms']:>11.1f} {r['background_cpu_ms']:>9.2f}")
     if 2 not in parts:
-        out = {**old, "part1_stall": part1, "part1_machine": {"cpus": os.cpu_count(), "load_before": load0,
-                                                              "load_after": os.getloadavg()[0]}}
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(out, indent=2))
-        print(f"wrote {a.out.relative_to(ROOT)} (part 1 only; load {load0:.1f} -> {os.getloadavg()[0]:.1f})")
+        write_results(a.out, {"parts": sorted(parts), "part1_stall": part1}, load0)
         return
     print(f"\npart 2: ResNet-20 width 8 on digits, 1 worker, {a.steps} steps, checkpoint every {a.every} "
           f"steps vs none, {a.rounds} alternating rounds")
@@ -149,7 +145,7 @@ def main() -> None:
     ratios = [b["images_per_s"] / n["images_per_s"] for n, b in zip(runs["none"], runs[f"every_{a.every}"])]
     print(f"median images/s: none {med['none']:.1f}, every {a.every}: {med[f'every_{a.every}']:.1f}; "
           f"paired ratio median {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f})")
-    write_results(a.out, {"part1_stall": part1, "part1_machine": {"cpus": os.cpu_count(), "load_before": load0},
+    write_results(a.out, {"parts": sorted(parts), **({"part1_stall": part1} if part1 else {}),
                           "part2_throughput": {"runs": runs, "median_images_per_s": med,
                                                "paired_ratios": ratios,
                                                "median_ratio": statistics.median(ratios)}}, load0)

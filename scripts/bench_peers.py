@@ -255,11 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nload average before {load0[0]:.1f}, after {result['loadavg_after'][0]:.1f} "
           f"({os.cpu_count()} cores)")
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    if a.out.exists():  # keep the other part's results when only one part ran
-        old = json.loads(a.out.read_text())
-        for k in ("steady", "resize"):
-            if k not in result and k in old:
-                result[k] = old[k]
+    # one file per run: only what this run measured, under its own config (nothing carried over
+    # from an earlier file, so no block can outlive the run that made it)
     a.out.write_text(json.dumps(result, indent=2))
     print(f"written {a.out}")
     return 0
