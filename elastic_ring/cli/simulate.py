@@ -131,6 +131,107 @@ def _markdown(summary: dict, levels: list[str], strategies: list[str], meta: dic
     return "\n".join(lines)
 
 
+def _run_all(levels, seeds, runs_strats, base, true_models, plan_models) -> list[dict]:
+    """Every (level, seed, strategy) run, with a progress bar on a terminal."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from elastic_ring.sched.policies import make_policy
+    from elastic_ring.sim.api import SimConfig
+    from elastic_ring.sim.engine import simulate as run_sim
+    from elastic_ring.sim.workload import make_jobs
+
+    rows: list[dict] = []
+    total = len(levels) * seeds * len(runs_strats)
+    err = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as prog:
+        task = prog.add_task("simulating", total=total)
+        for lv, rho in levels:
+            for seed in range(seeds):
+                cfg = SimConfig(contention=rho, seed=seed, **base)
+                jobs = make_jobs(cfg, true_models)
+                for s in runs_strats:
+                    prog.update(task, description=f"{lv} seed {seed} {s}")
+                    if s == "precompute-oracle":
+                        pol, pm = make_policy("precompute"), None
+                    else:
+                        pol, pm = make_policy(s), plan_models
+                    r = run_sim(cfg, pol, jobs, true_models, pm)
+                    d = r.summary()
+                    d.update(strategy=s, level=lv, offered_load=rho)
+                    rows.append(d)
+                    prog.advance(task)
+    return rows
+
+
+def _summarise(rows: list[dict], levels, runs_strats) -> dict:
+    """Mean ± std per level and strategy, and each strategy's gain over Eight per seed."""
+    summary: dict = {}
+    for lv, _ in levels:
+        summary[lv] = {}
+        for s in runs_strats:
+            sel = [r for r in rows if r["level"] == lv and r["strategy"] == s]
+            summary[lv][s] = {k: dict(zip(("mean", "std"), _mean_std([r[k] for r in sel]))) for k, _ in METRICS}
+        if "eight" in runs_strats:
+            gain = {}
+            for s in runs_strats:
+                if s == "eight":
+                    continue
+                e = {r["seed"]: r["avg_jct_h"] for r in rows if r["level"] == lv and r["strategy"] == "eight"}
+                ratios = [e[r["seed"]] / r["avg_jct_h"] for r in rows
+                          if r["level"] == lv and r["strategy"] == s and r["avg_jct_h"] > 0]
+                m, sd = _mean_std(ratios)
+                gain[s] = {"mean": m, "std": sd, "more_than_halves_in_seeds": sum(x > 2 for x in ratios),
+                           "seeds": len(ratios)}
+            summary[lv]["_gain"] = gain
+    return summary
+
+
+def _heldout(summary: dict, levels, plan, strats) -> dict:
+    """Precompute planning with another workload's model against the true models, per level."""
+    heldout = {}
+    if plan and "precompute" in strats and "eight" in strats:
+        for lv, _ in levels:
+            e = summary[lv]["eight"]["avg_jct_h"]["mean"]
+            p = summary[lv]["precompute"]["avg_jct_h"]["mean"]
+            o = summary[lv]["precompute-oracle"]["avg_jct_h"]["mean"]
+            red_o, red_h = 1 - o / e, 1 - p / e
+            heldout[lv] = {"eight_h": e, "precompute_oracle_h": o, "precompute_heldout_h": p,
+                           "reduction_oracle": red_o, "reduction_heldout": red_h,
+                           "shrink_points": red_o - red_h,
+                           "text": f"Eight {e:.2f} h; Precompute with true models {o:.2f} h (-{100 * red_o:.1f}%), "
+                                   f"planning with {plan.name}'s model {p:.2f} h (-{100 * red_h:.1f}%): the gain "
+                                   f"shrinks by {100 * (red_o - red_h):.1f} percentage points"}
+    return heldout
+
+
+def _print_tables(summary: dict, levels, runs_strats, heldout: dict, gpus: int, n_jobs: int, seeds: int,
+                  out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console() if Console().is_terminal else Console(width=130)
+    for lv, rho in levels:
+        t = Table(title=f"Table 3 — {lv} (offered load {rho:g}), {gpus} GPUs, {n_jobs} jobs, "
+                        f"{seeds} seeds, mean ± std")
+        t.add_column("strategy")
+        for _, h in METRICS:
+            t.add_column(h, justify="right")
+        for s in runs_strats:
+            row = summary[lv][s]
+            t.add_row(s, *[_fmt(row[k]["mean"], row[k]["std"], k) for k, _ in METRICS])
+        con.print(t)
+        g = summary[lv].get("_gain")
+        if g:
+            con.print("  " + "; ".join(f"Eight / {k}: {v['mean']:.2f} ± {v['std']:.2f}x "
+                                       f"(> 2x in {v['more_than_halves_in_seeds']}/{v['seeds']} seeds)"
+                                       for k, v in g.items()))
+        if lv in heldout:
+            con.print("  held-out: " + heldout[lv]["text"])
+    con.print(f"wrote {out / 'table3.json'}, {out / 'table3.md'}, {out / 'jct.png'}")
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--gpus", type=int, default=64, show_default=True, help="GPUs in the simulated cluster.")
 @click.option("--contention", default="moderate", show_default=True,
@@ -170,10 +271,8 @@ def simulate(gpus, contention, strategies, remaining, seeds, n_jobs, workloads, 
     Example: elastic-ring simulate --gpus 64 --contention all --seeds 10
     """
     from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
-    from elastic_ring.sched.policies import make_policy
     from elastic_ring.sim.api import SimConfig
-    from elastic_ring.sim.engine import simulate as run_sim
-    from elastic_ring.sim.workload import load_workload, make_jobs
+    from elastic_ring.sim.workload import load_workload
 
     if gpus < 1:
         raise ConfigError(f"--gpus must be >= 1, got {gpus}")
@@ -197,63 +296,10 @@ def simulate(gpus, contention, strategies, remaining, seeds, n_jobs, workloads, 
     base = dict(gpus=gpus, jobs=n_jobs, min_hours_at_8=min_hours, max_hours_at_8=max_hours,
                 resize_overhead_s=overhead, workloads=tuple(true_models), remaining=remaining)
     SimConfig(contention=1.0, **base)  # validate once before the long loop
-    rows: list[dict] = []
-    total = len(levels) * seeds * len(runs_strats)
+    rows = _run_all(levels, seeds, runs_strats, base, true_models, plan_models)
 
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    err = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True, disable=not err.is_terminal) as prog:
-        task = prog.add_task("simulating", total=total)
-        for lv, rho in levels:
-            for seed in range(seeds):
-                cfg = SimConfig(contention=rho, seed=seed, **base)
-                jobs = make_jobs(cfg, true_models)
-                for s in runs_strats:
-                    prog.update(task, description=f"{lv} seed {seed} {s}")
-                    if s == "precompute-oracle":
-                        pol, pm = make_policy("precompute"), None
-                    else:
-                        pol, pm = make_policy(s), plan_models
-                    r = run_sim(cfg, pol, jobs, true_models, pm)
-                    d = r.summary()
-                    d.update(strategy=s, level=lv, offered_load=rho)
-                    rows.append(d)
-                    prog.advance(task)
-
-    summary: dict = {}
-    for lv, _ in levels:
-        summary[lv] = {}
-        for s in runs_strats:
-            sel = [r for r in rows if r["level"] == lv and r["strategy"] == s]
-            summary[lv][s] = {k: dict(zip(("mean", "std"), _mean_std([r[k] for r in sel]))) for k, _ in METRICS}
-        if "eight" in runs_strats:
-            gain = {}
-            for s in runs_strats:
-                if s == "eight":
-                    continue
-                e = {r["seed"]: r["avg_jct_h"] for r in rows if r["level"] == lv and r["strategy"] == "eight"}
-                ratios = [e[r["seed"]] / r["avg_jct_h"] for r in rows
-                          if r["level"] == lv and r["strategy"] == s and r["avg_jct_h"] > 0]
-                m, sd = _mean_std(ratios)
-                gain[s] = {"mean": m, "std": sd, "more_than_halves_in_seeds": sum(x > 2 for x in ratios),
-                           "seeds": len(ratios)}
-            summary[lv]["_gain"] = gain
-    heldout = {}
-    if plan and "precompute" in strats and "eight" in strats:
-        for lv, _ in levels:
-            e = summary[lv]["eight"]["avg_jct_h"]["mean"]
-            p = summary[lv]["precompute"]["avg_jct_h"]["mean"]
-            o = summary[lv]["precompute-oracle"]["avg_jct_h"]["mean"]
-            red_o, red_h = 1 - o / e, 1 - p / e
-            heldout[lv] = {"eight_h": e, "precompute_oracle_h": o, "precompute_heldout_h": p,
-                           "reduction_oracle": red_o, "reduction_heldout": red_h,
-                           "shrink_points": red_o - red_h,
-                           "text": f"Eight {e:.2f} h; Precompute with true models {o:.2f} h (-{100 * red_o:.1f}%), "
-                                   f"planning with {plan.name}'s model {p:.2f} h (-{100 * red_h:.1f}%): the gain "
-                                   f"shrinks by {100 * (red_o - red_h):.1f} percentage points"}
+    summary = _summarise(rows, levels, runs_strats)
+    heldout = _heldout(summary, levels, plan, strats)
     meta = {"gpus": gpus, "jobs": n_jobs, "seeds": seeds, "levels": {lv: rho for lv, rho in levels},
             "strategies": runs_strats, "workloads": [w.name for w in wls],
             "workload_sources": {w.name: w.source for w in wls},
@@ -274,24 +320,4 @@ def simulate(gpus, contention, strategies, remaining, seeds, n_jobs, workloads, 
     if as_json:
         click.echo(json.dumps({"meta": meta, "summary": summary}, indent=1))
         return
-    from rich.table import Table
-
-    con = Console() if Console().is_terminal else Console(width=130)
-    for lv, rho in levels:
-        t = Table(title=f"Table 3 — {lv} (offered load {rho:g}), {gpus} GPUs, {n_jobs} jobs, "
-                        f"{seeds} seeds, mean ± std")
-        t.add_column("strategy")
-        for _, h in METRICS:
-            t.add_column(h, justify="right")
-        for s in runs_strats:
-            row = summary[lv][s]
-            t.add_row(s, *[_fmt(row[k]["mean"], row[k]["std"], k) for k, _ in METRICS])
-        con.print(t)
-        g = summary[lv].get("_gain")
-        if g:
-            con.print("  " + "; ".join(f"Eight / {k}: {v['mean']:.2f} ± {v['std']:.2f}x "
-                                       f"(> 2x in {v['more_than_halves_in_seeds']}/{v['seeds']} seeds)"
-                                       for k, v in g.items()))
-        if lv in heldout:
-            con.print("  held-out: " + heldout[lv]["text"])
-    con.print(f"wrote {out / 'table3.json'}, {out / 'table3.md'}, {out / 'jct.png'}")
+    _print_tables(summary, levels, runs_strats, heldout, gpus, n_jobs, seeds, out)

@@ -126,192 +126,27 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
     RUN_DIR: events.jsonl (typed events, incl. each resize's overhead breakdown), logs/, checkpoints/,
     summary.json. Ctrl-C stops at the next step with a checkpoint; --resume continues.
 
-    A worker that dies is restarted from the last checkpoint (--max-restarts); checkpoints are also
+    A worker that dies is restarted from the last checkpoint (--max-restarts), and so is a job that
+    makes no step for --stall-timeout (a hung worker); checkpoints are also
     taken periodically in the background (--checkpoint-every, --checkpoint-every-s). One controller
     owns a run folder at a time; its workers exit by themselves within seconds if it is killed.
     """
-    from elastic_ring.config.api import load_config
-    from elastic_ring.config.base import parse_overrides
-    from elastic_ring.controller.api import (Plan, Resize, RunSpec, parse_hostfile, parse_hosts,
-                                             parse_schedule)
-    from elastic_ring.controller.controller import Controller
-    from elastic_ring.controller.lock import RunLock, stop_stale_workers
-    from elastic_ring.controller.rundir import (create_run_dir, ensure_dataset_cache,
-                                                update_worker_settings, worker_settings, writing)
+    from elastic_ring.controller.runs import RunRequest, start_or_resume
     from elastic_ring.controller.summary import render
-    from elastic_ring.data import check_dataset
-    from elastic_ring.protocol import PLAN_FILE, read_json
 
-    if resume_dir and (config_path or overrides or script or script_args or any(v is not None for v in (
-            steps, depth, dataset, data_dir, batch_size, lr, seed, resize_warmup))):
-        raise UserError("--resume continues a run with its own config and script: drop the config "
-                        "and script options")
-    if script_args and not script:
-        raise UserError(f"unexpected argument {script_args[0]!r} (script arguments go after "
-                        f"`--script PATH --`)")
-    if script:
-        if not Path(script).is_file():
-            raise UserError(f"script {script} does not exist")
-        if config_path or overrides or any(v is not None for v in (depth, dataset, data_dir, batch_size,
-                                                                     lr, seed, resize_warmup)):
-            raise UserError("--script runs your own model: the ResNet options (--config, --set, --depth, "
-                            "--dataset, --batch-size, --lr, ...) do not apply; pass your script's "
-                            "own options after --")
-        if steps is None:
-            raise UserError("--script needs --steps (the total steps of the run)")
-    if (resize_at is None) != (resize_to is None):
-        raise UserError("--resize-at and --to go together")
-    if schedule and resize_at is not None:
-        raise UserError("use either --resize-at/--to or --schedule, not both")
-    if hosts and hostfile:
-        raise UserError("use either --hosts or --hostfile, not both")
-    if relaunch == "inplace" and (hosts or hostfile):
-        raise UserError("--relaunch inplace runs on one host: drop --hosts/--hostfile, or use "
-                        "another relaunch mode")
-    if slots is not None and slots < 1:
-        raise UserError(f"--slots must be >= 1, got {slots}")
-    if max_restarts < 0:
-        raise UserError(f"--max-restarts must be >= 0, got {max_restarts}")
-    if stall_timeout is not None and stall_timeout < 0:
-        raise UserError(f"--stall-timeout must be >= 0 seconds (0: off), got {stall_timeout}")
-    if keep is not None and keep < 1:
-        raise UserError(f"--keep must be >= 1, got {keep}")
-
-    device, ngpu, gpu_rep = _resolve_device_report(device)
-    host_list = parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile else None
-    if host_list:
-        n_slots = sum(n for _, n in host_list)
-    elif device == "cuda":
-        n_slots = ngpu
-    else:
-        n_slots = slots or (os.cpu_count() or 1)
-
-    if resize_at is not None:
-        sched = (Resize(resize_at, resize_to),)
-    elif schedule:
-        sched = parse_schedule(schedule)
-    else:
-        sched = ()
-
-    cfg = None
-    if resume_dir:
-        rd = Path(resume_dir)
-        if not (rd / "run.json").exists():
-            raise UserError(f"{rd} is not an elastic-ring run folder (no run.json)")
-        lock = RunLock(rd)
-        lock.acquire()  # a live controller: exit 2, nothing touched
-        stale = stop_stale_workers(rd)
-        if stale:
-            _echo(f"stopped {len(stale)} process(es) the previous controller left running")
-        run_info = json.loads((rd / "run.json").read_text())
-        script = run_info.get("script")
-        if not script:
-            cfg = load_config(rd / "config.yaml")
-        total = int(run_info.get("total_steps") or (cfg.total_steps if cfg else 0))
-        from elastic_ring.ckpt import CheckpointStore
-
-        keep_now = keep or int(run_info.get("worker", {}).get("keep", 2))
-        ckpt = CheckpointStore(rd / "checkpoints", keep=keep_now).load_latest(warn=_echo)
-        start_step = int(ckpt["step"]) if ckpt else 0
-        if ckpt is None:
-            _echo(f"elastic-ring: no checkpoint in {rd / 'checkpoints'}: the run starts again at step 1")
-        if start_step >= total:
-            raise UserError(f"run {rd} already finished (step {start_step} of {total})")
-        plan_d = read_json(rd / PLAN_FILE)
-        plan = (Plan.from_dict(plan_d) if plan_d else
-                Plan.from_spec(int(run_info["workers"]),
-                               tuple(Resize(int(s), int(t)) for s, t in run_info.get("schedule", []))))
-        if workers is not None:
-            plan.add(start_step, workers, "resume")
-        if sched:
-            plan.replace_after(start_step, sched)
-        world = plan.world_after(start_step)
-        old_ws = run_info.get("worker", {})
-        spec = RunSpec(run_dir=rd.resolve(), workers=world, schedule=plan.resizes_after(start_step),
-                       slots=n_slots, device=device, total_steps=total, hosts=hosts, hostfile=hostfile,
-                       script=script, script_args=tuple(run_info.get("script_args", [])),
-                       checkpoint_every=int(checkpoint_every if checkpoint_every is not None
-                                            else old_ws.get("checkpoint_every", 0)),
-                       checkpoint_every_s=float(checkpoint_every_s if checkpoint_every_s is not None
-                                                else old_ws.get("checkpoint_every_s", 60.0)),
-                       keep=keep_now)
-        _validate_resume(spec, start_step)
-        update_worker_settings(rd, **worker_settings(spec, cfg))
-        from elastic_ring.events.api import read_events
-        segment = len(read_events(rd / "events.jsonl", kind="launch"))
-    else:
-        world = workers if workers is not None else 1
-        rd = Path(run_dir) if run_dir else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-        if rd.exists() and any(rd.iterdir()):
-            raise UserError(f"run folder {rd} already exists and is not empty "
-                            f"(continue it with --resume {rd}, or pick another --run-dir)")
-        if script:
-            total = steps
-        else:
-            ov = parse_overrides(overrides)
-            for k, v in (("total_steps", steps), ("depth", depth), ("dataset", dataset),
-                         ("data_dir", data_dir), ("batch_size", batch_size), ("lr", lr), ("seed", seed),
-                         ("resize_warmup_steps", resize_warmup)):
-                if v is not None:
-                    ov[k] = v
-            cfg = load_config(config_path, ov, device=device)
-            total = cfg.total_steps
-        spec = RunSpec(run_dir=rd.resolve(), workers=world, schedule=sched, slots=n_slots,
-                       device=device, total_steps=total, hosts=hosts, hostfile=hostfile,
-                       script=str(Path(script).resolve()) if script else None,
-                       script_args=tuple(script_args),
-                       checkpoint_every=checkpoint_every or 0,
-                       checkpoint_every_s=60.0 if checkpoint_every_s is None else checkpoint_every_s,
-                       keep=keep or 2)
-        if device == "cpu" and gpu_rep is not None:  # --device auto chose the CPU: say so
-            from elastic_ring.telemetry.gpu import check_cpu_fallback
-            check_cpu_fallback([r.step for r in sched], total, gpu_rep)
-        spec.validate()
-        if cfg is not None:
-            check_dataset(cfg.dataset, cfg.data_dir)
-        with writing(rd):
-            rd.mkdir(parents=True, exist_ok=True)
-            RunLock(rd).acquire()
-        create_run_dir(spec, cfg)
-        plan = Plan.from_spec(spec.workers, spec.schedule)
-        start_step, segment = 0, 0
-    if cfg is not None:
-        ensure_dataset_cache(spec.run_dir, cfg)  # a resumed run's cache may have been deleted
-    if gpu_rep is not None:
-        _echo(f"elastic-ring: {gpu_rep.line()}")
-    if device == "cpu":
-        _echo(f"elastic-ring: no GPU in use: {world} CPU worker process(es) with gloo "
-              f"({n_slots} slot(s)); run folder {spec.run_dir}")
-    else:
-        _echo(f"elastic-ring: {world} GPU worker(s) (NCCL + gloo), {n_slots} GPU slot(s); run folder {spec.run_dir}")
-    what = (f"script {spec.script}" if spec.script else
-            f"model ResNet-{cfg.depth} (width {cfg.width}) on {cfg.dataset}, batch {cfg.batch_size}/worker")
-    _echo(f"{what}, {spec.total_steps} steps"
-          + (f", from step {start_step + 1}" if start_step else "") + ", schedule: "
-          + (", ".join(f"step {r.step} -> {r.to}" for r in spec.schedule) or "no resize"))
-    if relaunch == "auto":
-        relaunch = "prelaunch" if device == "cuda" else "overlap"
-    from elastic_ring.telemetry.gpu import exclusive_fallback
-    relaunch, why = exclusive_fallback(relaunch, device, gpu_rep)
-    if why:
-        _echo(f"elastic-ring: {why}")
-    ctl = Controller(spec, lr_scaling=cfg.lr_scaling if cfg else "linear",
-                     network_interface=network_interface, relaunch=relaunch,
-                     max_restarts=max_restarts, plan=plan, stall_timeout=stall_timeout)
-    summary = ctl.run(start_step, spec.workers, segment)
-    click.echo(render(summary, spec.total_steps))
+    req = RunRequest(workers=workers, script=script, script_args=tuple(script_args), resize_at=resize_at,
+                     resize_to=resize_to, schedule=schedule, config_path=config_path,
+                     overrides=tuple(overrides), steps=steps, depth=depth, dataset=dataset,
+                     data_dir=data_dir, batch_size=batch_size, lr=lr, seed=seed,
+                     resize_warmup=resize_warmup, device=device, slots=slots, hosts=hosts,
+                     hostfile=hostfile, network_interface=network_interface, relaunch=relaunch,
+                     checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s, keep=keep,
+                     max_restarts=max_restarts, stall_timeout=stall_timeout, run_dir=run_dir,
+                     resume_dir=resume_dir)
+    summary = start_or_resume(req, _echo)
+    click.echo(render(summary, summary.get("total_steps")))
     if summary["state"] == "interrupted":
         sys.exit(130)
-
-
-def _validate_resume(spec, start_step: int) -> None:
-    """The checks of a new run (RunSpec.validate), plus: every resize lies after the checkpoint."""
-    if spec.workers > spec.slots:
-        raise UserError(f"cannot resume with {spec.workers} workers: only {spec.slots} slot(s)")
-    for r in spec.schedule:
-        if r.step <= start_step:
-            raise UserError(f"resize at step {r.step} is not after the checkpoint (step {start_step})")
-    spec.validate()
 
 
 @click.command()

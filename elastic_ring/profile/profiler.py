@@ -60,24 +60,11 @@ def start_run(run_dir: Path, cfg: TrainConfig, workers: int, schedule: tuple = (
         UserError: the folder exists and holds something that is not an elastic-ring run.
         WorkerFailedError: a worker failed.
     """
-    import shutil
+    from elastic_ring.controller.runs import RunRequest, start_or_resume
 
-    from elastic_ring.controller.api import RunSpec
-    from elastic_ring.controller.controller import Controller
-    from elastic_ring.controller.rundir import create_run_dir
-
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if not (run_dir / "run.json").exists():
-            raise UserError(f"{run_dir} exists and is not an elastic-ring run folder: move it away")
-        out(f"clearing the earlier (unfinished or replaced) run in {run_dir}")
-        shutil.rmtree(run_dir)
-    spec = RunSpec(run_dir=run_dir.resolve(), workers=workers, schedule=tuple(schedule), slots=slots,
-                   device=device, total_steps=cfg.total_steps)
-    spec.validate()
-    create_run_dir(spec, cfg, relaunch=relaunch)
-    ctl = Controller(spec, lr_scaling=cfg.lr_scaling, out=out, show_progress=show_progress,
-                     relaunch=relaunch)
-    summary = ctl.run(0, workers, 0)
+    req = RunRequest(config=cfg, workers=workers, resizes=tuple(schedule), slots=slots, device=device,
+                     relaunch=relaunch, run_dir=str(run_dir), replace=True, checkpoint_every_s=0.0)
+    summary = start_or_resume(req, out, out=out, show_progress=show_progress)
     if summary.get("state") == "interrupted":
         raise KeyboardInterrupt
     return summary
