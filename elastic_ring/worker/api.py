@@ -108,8 +108,8 @@ def _saved_form(value: Any) -> Any:
 def _restore_in_place(current: Any, saved: Any) -> Any:
     """Put ``saved`` into the registered object ``current`` where it can be (a stateful object, a
     dict, a list, a tensor); returns what ``job.extras`` holds from now on."""
-    if current is None:
-        return saved
+    if current is None or saved is current:  # rank 0 of an in-place reset sends its own objects:
+        return saved if current is None else current  # clearing one would empty the other
     if _stateful(current):
         current.load_state_dict(saved)
         return current

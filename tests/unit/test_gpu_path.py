@@ -276,3 +276,14 @@ def test_gpu_workers_get_the_cpu_thread_cap(monkeypatch):
         env = worker_env(spec, 4)
         assert env["OMP_NUM_THREADS"] == "3", device
         assert ("HOROVOD_CYCLE_TIME" in env) == (device == "cpu")
+
+
+def test_in_place_reset_keeps_rank_0s_own_extras():
+    """Rank 0 of an in-place reset restores from meta built of its own objects (found by the CPU
+    dry run of gpu_check.sh: the LR state dict was cleared, then `LRState(**{})` failed)."""
+    from elastic_ring.worker.api import _restore_in_place
+
+    lr = {"base": 0.1, "start": 0.1}
+    assert _restore_in_place(lr, lr) is lr and lr == {"base": 0.1, "start": 0.1}
+    cur = {"base": 0.2}
+    assert _restore_in_place(cur, {"base": 0.3}) is cur and cur == {"base": 0.3}
