@@ -37,8 +37,11 @@ from __future__ import annotations
 import heapq
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from elastic_ring.errors import ConfigError
-from elastic_ring.sched.api import JobView, Rate
+from elastic_ring.sched.api import JobBatch, JobView, Rate
+from elastic_ring.sched.fast import doubling_levels
 
 EXPLORE_GPUS = 8
 
@@ -128,6 +131,34 @@ def unit_greedy_allocate(jobs: Sequence[tuple[int, float, Rate]], total_gpus: in
     return alloc
 
 
+def doubling_batch(b: JobBatch, sel: np.ndarray, total_gpus: int, weights: np.ndarray | None = None,
+                   state: dict | None = None) -> np.ndarray:
+    """:func:`doubling_allocate` on the batch's jobs at positions ``sel`` (in that priority order):
+    GPUs per selected job, by :func:`~elastic_ring.sched.fast.doubling_levels` (the heap when its
+    check fails). Same answer as the heap, bit for bit."""
+    rows = b.rows[sel]
+    if (rows < 0).any():
+        bad = int(b.ids[sel][rows < 0][0])
+        raise ConfigError(f"job {bad} has no speed model; this policy needs one")
+    n = min(sel.size, total_gpus)
+    q = b.remaining[sel]
+    if weights is not None:
+        q = q * weights
+    out = np.zeros(sel.size, dtype=np.int64)
+    if n == 0:
+        return out
+    r = rows[:n]
+    levels = doubling_levels(q[:n], b.tables[r], total_gpus - n, state,
+                             checked=b.monotone is not None and bool(b.monotone[r].all()))
+    if levels is not None:
+        out[:n] = 1 << levels
+        return out
+    jobs = [(i, float(q[i]), b.rates[rows[i]]) for i in range(sel.size)]
+    for i, w in doubling_allocate(jobs, total_gpus).items():
+        out[i] = w
+    return out
+
+
 def _planned(jobs: Sequence[JobView]) -> list[tuple[int, float, Rate]]:
     out = []
     for j in jobs:
@@ -142,6 +173,7 @@ class Eight:
 
     name = "eight"
     explores = False
+    uses_remaining = False  # allocate_batch gets JobBatch.remaining = None
 
     def __init__(self, gpus_per_job: int = 8):
         self.gpus_per_job = gpus_per_job
@@ -150,6 +182,12 @@ class Eight:
         per = min(self.gpus_per_job, total_gpus)
         return {j.id: per for j in jobs[: total_gpus // per]}
 
+    def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
+        per = min(self.gpus_per_job, total_gpus)
+        out = np.zeros(b.ids.size, dtype=np.int64)
+        out[: total_gpus // per] = per
+        return out
+
 
 class Precompute:
     """Eq. 6 doubling with the speed models known in advance."""
@@ -157,8 +195,14 @@ class Precompute:
     name = "precompute"
     explores = False
 
+    def __init__(self) -> None:
+        self._state: dict = {}
+
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
         return doubling_allocate(_planned(jobs), total_gpus)
+
+    def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
+        return doubling_batch(b, np.arange(b.ids.size), total_gpus, state=self._state)
 
 
 class SRTF:
@@ -169,11 +213,22 @@ class SRTF:
 
     def __init__(self, power: float = 2.0):
         self.power = power
+        self._state: dict = {}
 
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
         planned = sorted(_planned(jobs), key=lambda x: (x[1] / x[2](1), x[0]))[:total_gpus]
         n = len(planned)
         return doubling_allocate(planned, total_gpus, weights=[(n - r) ** self.power for r in range(n)])
+
+    def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
+        if (b.rows < 0).any():
+            raise ConfigError(f"job {int(b.ids[b.rows < 0][0])} has no speed model; this policy needs one")
+        order = np.lexsort((b.ids, b.remaining / b.rate1[b.rows]))[:total_gpus]
+        n = order.size
+        weights = np.arange(n, 0, -1, dtype=float) ** self.power
+        out = np.zeros(b.ids.size, dtype=np.int64)
+        out[order] = doubling_batch(b, order, total_gpus, weights=weights, state=self._state)
+        return out
 
 
 class Optimus:
@@ -198,6 +253,7 @@ class Exploratory:
         if explore_gpus < 1:
             raise ConfigError(f"explore_gpus must be >= 1, got {explore_gpus}")
         self.explore_gpus = explore_gpus
+        self._state: dict = {}
 
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
         alloc: dict[int, int] = {}
@@ -210,6 +266,16 @@ class Exploratory:
         ready = [j for j in jobs if not (j.exploring or j.needs_exploration)]
         alloc.update(doubling_allocate(_planned(ready), free))
         return alloc
+
+    def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
+        hold = self.explore_gpus
+        out = np.zeros(b.ids.size, dtype=np.int64)
+        flagged = np.flatnonzero(b.exploring | b.needs_exploration)
+        take = flagged[: total_gpus // hold]  # explorers in arrival order while >= hold GPUs are free
+        out[take] = hold
+        ready = np.flatnonzero(~(b.exploring | b.needs_exploration))
+        out[ready] = doubling_batch(b, ready, total_gpus - take.size * hold, state=self._state)
+        return out
 
 
 POLICIES = {"eight": Eight, "precompute": Precompute, "exploratory": Exploratory, "optimus": Optimus,
