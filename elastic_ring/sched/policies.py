@@ -44,6 +44,9 @@ from elastic_ring.sched.api import JobBatch, JobView, Rate
 from elastic_ring.sched.fast import doubling_levels
 
 EXPLORE_GPUS = 8
+# doubling_batch runs the heap below this many (job, level) cells: there a few hundred heap pops
+# cost less than the fixed cost of the array calls. Same answer either way.
+FAST_MIN_CELLS = 2048
 
 
 def _gain_double(q: float, rate: Rate, w: int) -> float:
@@ -148,7 +151,7 @@ def doubling_batch(b: JobBatch, sel: np.ndarray, total_gpus: int, weights: np.nd
     if n == 0:
         return out
     r = rows[:n]
-    levels = doubling_levels(q[:n], b.tables[r], total_gpus - n, state,
+    levels = None if n * max(1, (total_gpus - n).bit_length()) < FAST_MIN_CELLS else doubling_levels(q[:n], b.tables[r], total_gpus - n, state,
                              checked=b.monotone is not None and bool(b.monotone[r].all()))
     if levels is not None:
         out[:n] = 1 << levels

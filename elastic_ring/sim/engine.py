@@ -49,6 +49,9 @@ from elastic_ring.sched.fast import gain_table, rows_monotone
 from elastic_ring.sim.api import JobSpec, JobState, RunResult, SimConfig
 
 _INF = float("inf")
+# Decide on arrays (the policy's allocate_batch) from this many active jobs: below it, the
+# per-job Python loop is faster than the fixed cost of the array calls. Same answer either way.
+BATCH_MIN_JOBS = 64
 
 
 class SimError(ElasticRingError):
@@ -154,7 +157,8 @@ class Simulator:
     """
 
     def __init__(self, config: SimConfig, policy: Policy, true_models: Mapping[str, SpeedModel],
-                 plan_models: Mapping[str, SpeedModel] | None = None, trace: list | None = None):
+                 plan_models: Mapping[str, SpeedModel] | None = None, trace: list | None = None,
+                 batch_min_jobs: int = BATCH_MIN_JOBS):
         self.config = config
         self.policy = policy
         self.gpus = config.gpus
@@ -168,11 +172,12 @@ class Simulator:
         self.plan_rates = {k: model_rate(m) for k, m in plan_models.items()}
         self.trace = trace
         self.batch = hasattr(policy, "allocate_batch")
+        self.batch_min_jobs = batch_min_jobs
         # speed models the planner uses, one row each (a workload's, or a job's fitted one)
         self._rates: list[Rate] = []
         self._tables = np.zeros((0, gain_table(lambda w: 1.0, self.gpus).size))
-        self._rate1: list[float] = []
-        self._monotone: list[bool] = []
+        self._rate1 = np.zeros(0)
+        self._monotone = np.zeros(0, dtype=bool)
         self._plan_row = {k: self._add_rate(r) for k, r in self.plan_rates.items()}
         self._noise_rng = np.random.default_rng([config.seed, 1])
         # runtime state, (re)set by run()
@@ -252,14 +257,17 @@ class Simulator:
     def _add_rate(self, rate: Rate) -> int:
         table = gain_table(rate, self.gpus)
         row = len(self._rates)
-        if row >= self._tables.shape[0]:
-            grown = np.zeros((max(8, 2 * row), table.size))
+        if row >= self._tables.shape[0]:  # grow by doubling: amortised O(1) per row
+            cap = max(8, 2 * row)
+            grown = np.zeros((cap, table.size))
             grown[:row] = self._tables[:row]
             self._tables = grown
+            self._rate1 = np.concatenate([self._rate1, np.zeros(cap - self._rate1.size)])
+            self._monotone = np.concatenate([self._monotone, np.zeros(cap - self._monotone.size, dtype=bool)])
         self._tables[row] = table
         self._rates.append(rate)
-        self._rate1.append(rate(1))
-        self._monotone.append(bool(rows_monotone(table[None, :])[0]))
+        self._rate1[row] = rate(1)
+        self._monotone[row] = bool(rows_monotone(table[None, :])[0])
         return row
 
     def _alloc_arrays(self, arrivals: Sequence[JobSpec]) -> None:
@@ -354,7 +362,7 @@ class Simulator:
 
     def _decide(self, now: float) -> None:
         """Ask the policy, check its answer, apply it (shrinks first, so GPUs in use never exceed G)."""
-        if self.batch:
+        if self.batch and len(self._active) >= self.batch_min_jobs:
             self._decide_batch(now)
             return
         active, policy, explores, G = self._active, self.policy, self.explores, self.gpus
@@ -411,7 +419,7 @@ class Simulator:
         held = self._a_held[act]
         exploring = self._a_expl[act]
         batch = JobBatch(self._a_id[act], q, held, self._a_row[act], self._a_needs[act], exploring,
-                         self._tables, self._rates, np.asarray(self._rate1), np.asarray(self._monotone))
+                         self._tables, self._rates, self._rate1, self._monotone)
         new = np.asarray(policy.allocate_batch(batch, G))
         if new.shape != act.shape or (act.size and (new.min() < 0)):
             raise SimError(f"policy {policy.name} returned a bad allocation {new!r}")
@@ -517,10 +525,10 @@ class Simulator:
 
 def simulate(config: SimConfig, policy: Policy, jobs: Sequence[JobSpec],
              true_models: Mapping[str, SpeedModel], plan_models: Mapping[str, SpeedModel] | None = None,
-             trace: list | None = None) -> RunResult:
+             trace: list | None = None, batch_min_jobs: int = BATCH_MIN_JOBS) -> RunResult:
     """Run ``jobs`` on ``config.gpus`` GPUs under ``policy``: ``Simulator(...).run(jobs)``.
 
     Raises:
         SimError: a policy allocates more GPUs than exist, or no job can ever run.
     """
-    return Simulator(config, policy, true_models, plan_models, trace).run(jobs)
+    return Simulator(config, policy, true_models, plan_models, trace, batch_min_jobs).run(jobs)

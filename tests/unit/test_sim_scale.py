@@ -14,8 +14,10 @@ import pytest
 
 from elastic_ring.sched.api import model_rate
 from elastic_ring.sched.fast import doubling_levels, gain_table, rows_monotone
+from elastic_ring.sched import policies
 from elastic_ring.sched.policies import doubling_allocate, make_policy
 from elastic_ring.sim import CONTENTION, SimConfig, load_workload, make_jobs, simulate
+from elastic_ring.sim.engine import BATCH_MIN_JOBS
 
 ONE = ("resnet110-cifar10",)
 MIX = ("resnet110-cifar10", "resnet50-imagenet")
@@ -36,18 +38,29 @@ CASES = {  # (jobs, gpus, contention, remaining, workloads) -> digest per policy
 }
 
 
-def _digest(jobs: int, gpus: int, cont: str, rem: str, wls: tuple[str, ...], policy: str) -> str:
+def _digest(jobs: int, gpus: int, cont: str, rem: str, wls: tuple[str, ...], policy: str,
+            batch_min_jobs: int = 0) -> str:
     models = {w: load_workload(w).model for w in wls}
     cfg = SimConfig(gpus=gpus, contention=CONTENTION[cont], jobs=jobs, seed=1, remaining=rem, workloads=wls)
     trace: list = []
-    r = simulate(cfg, make_policy(policy), make_jobs(cfg, models), models, trace=trace)
+    r = simulate(cfg, make_policy(policy), make_jobs(cfg, models), models, trace=trace,
+                 batch_min_jobs=batch_min_jobs)
     return hashlib.sha256(repr((r, r.jct_s, trace)).encode()).hexdigest()[:16]
 
 
 @pytest.mark.parametrize("case", list(CASES), ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}-{c[3]}-{len(c[4])}wl")
-def test_engine_bit_identical_to_the_old_engine(case):
+def test_engine_bit_identical_to_the_old_engine(case, monkeypatch):
+    """Every decision on arrays (batch_min_jobs=0) and every doubling by the array code."""
+    monkeypatch.setattr(policies, "FAST_MIN_CELLS", 0)
     for policy, want in CASES[case].items():
         assert _digest(*case, policy) == want, policy
+
+
+def test_engine_default_switch_points_identical():
+    """With the default switch points (small decisions by the per-job loop and the heap)."""
+    case = (600, 128, "high", "oracle", ONE)
+    for policy in ("precompute", "srtf"):
+        assert _digest(*case, policy, batch_min_jobs=BATCH_MIN_JOBS) == CASES[case][policy]
 
 
 def test_array_doubling_equals_the_heap():
@@ -56,7 +69,7 @@ def test_array_doubling_equals_the_heap():
              ("resnet110-cifar10", "resnet50-imagenet", "vgg16-imagenet", "resnet110-2node")]
     rng = np.random.default_rng(7)
     state: dict = {}
-    for trial in range(300):
+    for trial in range(200):
         g = int(rng.choice([4, 16, 64, 100, 1024, 16384]))
         n_jobs = int(rng.integers(1, max(2, g // int(rng.choice([1, 2, 4, 10, 40]))) + 3))
         q = rng.exponential(1e6, size=n_jobs) * (rng.random(n_jobs) < 0.9)
