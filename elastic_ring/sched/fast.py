@@ -138,3 +138,96 @@ def doubling_levels(q: np.ndarray, d: np.ndarray, free: int, state: dict | None 
             keep = (costs <= free) & ~dropped[cj]
             cj, ck, costs = cj[keep], ck[keep], costs[keep]
     return levels
+
+
+def unit_table(rate, max_gpus: int) -> np.ndarray | None:
+    """``u_w = 1/f(w) - 1/f(w+1)`` for w = 1 .. max_gpus (index w-1), or None when the positive
+    part does not fall strictly (by more than rounding, a 1e-12 margin) or turns positive again:
+    then the unit-step greedy's order is not a sort and the caller runs its heap."""
+    u = np.array([1.0 / rate(w) - 1.0 / rate(w + 1) for w in range(1, max(max_gpus, 1) + 1)])
+    if not np.isfinite(u).all():
+        return None
+    p = int(np.argmax(u <= 0)) if (u <= 0).any() else u.size
+    if (u[p:] > 0).any() or (p > 1 and not np.all(u[1:p] * (1 + 1e-12) < u[: p - 1])):
+        return None
+    return u[:p]
+
+
+def _count_above(q: np.ndarray, rows: np.ndarray, tables: list[np.ndarray], tau: float) -> np.ndarray:
+    """Per job, how many of its unit steps have gain ``q·u_w > tau`` (exact products)."""
+    c = np.zeros(q.size, dtype=np.int64)
+    for r in np.unique(rows):
+        sel = np.flatnonzero(rows == r)
+        u = tables[r]
+        if u.size == 0:
+            continue
+        qs = q[sel]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k = np.searchsorted(-u, -(tau / qs), side="left").astype(np.int64)
+        k[~(qs > 0)] = 0
+        for _ in range(4):  # exact fix-up of the rounding at the boundary
+            dn = (k > 0) & (qs * u[np.maximum(k - 1, 0)] <= tau)
+            up = (k < u.size) & (qs * u[np.minimum(k, u.size - 1)] > tau)
+            if not (dn.any() or up.any()):
+                break
+            k = k - dn + up
+        c[sel] = k
+    return c
+
+
+def unit_steps(q: np.ndarray, rows: np.ndarray, tables: list[np.ndarray], free: int,
+               state: dict | None = None) -> np.ndarray:
+    """GPUs added per job by the unit-step greedy (each job starts at 1, ``free`` GPUs to give),
+    the same answer as the heap of ``unit_greedy_allocate`` given tables from :func:`unit_table`:
+    the greedy takes the ``free`` largest positive gains in (gain, position) order."""
+    n = q.size
+    if n == 0 or free <= 0:
+        return np.zeros(n, dtype=np.int64)
+    total = _count_above(q, rows, tables, 0.0)
+    if int(total.sum()) <= free:
+        return total
+    tau = (state or {}).get("tau", 0.0)
+    if not (tau > 0 and np.isfinite(tau)):
+        tau = float(np.max(q * np.array([t[0] if t is not None and t.size else 0.0 for t in tables])[rows])) / 2
+    hi_c = _count_above(q, rows, tables, tau)
+    lo, hi = 0.0, np.inf
+    if int(hi_c.sum()) <= free:
+        hi = tau
+        lo_t = tau / 2
+        while lo_t > 0 and int(_count_above(q, rows, tables, lo_t).sum()) <= free:
+            hi, lo_t = lo_t, lo_t / 2
+        lo = lo_t
+    else:
+        lo = tau
+        hi_t = tau * 2
+        while int(_count_above(q, rows, tables, hi_t).sum()) > free:
+            lo, hi_t = hi_t, hi_t * 2
+        hi = hi_t
+    c_hi = _count_above(q, rows, tables, hi)
+    c_lo = _count_above(q, rows, tables, lo)
+    for _ in range(60):  # narrow (lo, hi] to a few candidates per job
+        if int(c_lo.sum() - c_hi.sum()) <= max(64, n) or not (lo > 0):
+            break
+        mid = float(np.sqrt(lo * hi))
+        if not (lo < mid < hi):
+            break
+        c_mid = _count_above(q, rows, tables, mid)
+        if int(c_mid.sum()) <= free:
+            hi, c_hi = mid, c_mid
+        else:
+            lo, c_lo = mid, c_mid
+    if state is not None:
+        state["tau"] = hi
+    need = free - int(c_hi.sum())
+    extra = c_lo - c_hi
+    jj = np.repeat(np.arange(n), extra)
+    starts = np.repeat(c_hi, extra)
+    offs = np.arange(jj.size) - np.repeat(np.cumsum(extra) - extra, extra)
+    ww = starts + offs
+    u_at = np.empty(jj.size)
+    for r in np.unique(rows[jj]):
+        m = rows[jj] == r
+        u_at[m] = tables[r][ww[m]]
+    vals = q[jj] * u_at
+    order = np.lexsort((jj, -vals))[:need]
+    return c_hi + np.bincount(jj[order], minlength=n)

@@ -41,12 +41,14 @@ import numpy as np
 
 from elastic_ring.errors import ConfigError
 from elastic_ring.sched.api import JobBatch, JobView, Rate
-from elastic_ring.sched.fast import doubling_levels
+from elastic_ring.sched.fast import doubling_levels, unit_steps, unit_table
 
 EXPLORE_GPUS = 8
 # doubling_batch runs the heap below this many (job, level) cells: there a few hundred heap pops
 # cost less than the fixed cost of the array calls. Same answer either way.
 FAST_MIN_CELLS = 2048
+# Optimus.allocate_batch runs the unit-step heap below this many free GPUs (one pop per GPU).
+UNIT_FAST_MIN_FREE = 1024
 
 
 def _gain_double(q: float, rate: Rate, w: int) -> float:
@@ -240,8 +242,36 @@ class Optimus:
     name = "optimus"
     explores = False
 
+    def __init__(self) -> None:
+        self._state: dict = {}
+        self._unit: dict = {}  # id(rate) -> (rate, total_gpus, unit_table or None)
+
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
         return unit_greedy_allocate(_planned(jobs), total_gpus)
+
+    def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
+        if (b.rows < 0).any():
+            raise ConfigError(f"job {int(b.ids[b.rows < 0][0])} has no speed model; this policy needs one")
+        size = b.ids.size
+        n = min(size, total_gpus)
+        out = np.zeros(size, dtype=np.int64)
+        if n and total_gpus - n >= UNIT_FAST_MIN_FREE:
+            rows = b.rows[:n]
+            tables = [np.zeros(0)] * (int(rows.max()) + 1)
+            for r in np.unique(rows):
+                rate = b.rates[r]
+                hit = self._unit.get(id(rate))
+                if hit is None or hit[0] is not rate or hit[1] != total_gpus:
+                    hit = self._unit[id(rate)] = (rate, total_gpus, unit_table(rate, total_gpus))
+                tables[r] = hit[2]
+            if all(tables[r] is not None for r in np.unique(rows)):
+                out[:n] = 1 + unit_steps(b.remaining[:n], rows, tables, total_gpus - n, self._state)
+                return out
+        q = b.remaining
+        for jid, w in unit_greedy_allocate([(i, float(q[i]), b.rates[b.rows[i]]) for i in range(size)],
+                                           total_gpus).items():
+            out[jid] = w
+        return out
 
 
 class Exploratory:

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from elastic_ring.sched.api import model_rate
-from elastic_ring.sched.fast import doubling_levels, gain_table, rows_monotone
 from elastic_ring.sched import policies
-from elastic_ring.sched.policies import doubling_allocate, make_policy
+from elastic_ring.sched.fast import doubling_levels, gain_table, rows_monotone, unit_steps, unit_table
+from elastic_ring.sched.policies import doubling_allocate, make_policy, unit_greedy_allocate
 from elastic_ring.sim import CONTENTION, SimConfig, load_workload, make_jobs, simulate
 from elastic_ring.sim.engine import BATCH_MIN_JOBS
 
@@ -52,6 +52,7 @@ def _digest(jobs: int, gpus: int, cont: str, rem: str, wls: tuple[str, ...], pol
 def test_engine_bit_identical_to_the_old_engine(case, monkeypatch):
     """Every decision on arrays (batch_min_jobs=0) and every doubling by the array code."""
     monkeypatch.setattr(policies, "FAST_MIN_CELLS", 0)
+    monkeypatch.setattr(policies, "UNIT_FAST_MIN_FREE", 0)
     for policy, want in CASES[case].items():
         assert _digest(*case, policy) == want, policy
 
@@ -90,3 +91,27 @@ def test_array_doubling_declines_gains_that_grow():
     d = np.array([[1.0, 4.0, 0.5]])
     assert not rows_monotone(d)[0]
     assert doubling_levels(np.array([1.0, 2.0]), np.vstack([d, d]), 6) is None
+
+
+def test_array_unit_steps_equal_the_heap():
+    """Optimus's unit-step greedy: the array answer against the heap's, ties in Q included."""
+    rates = [model_rate(load_workload(w).model) for w in ("resnet110-cifar10", "resnet50-imagenet")]
+    tables = {g: [unit_table(r, g) for r in rates] for g in (16, 100, 1024)}
+    rng = np.random.default_rng(3)
+    state: dict = {}
+    for trial in range(120):
+        g = int(rng.choice([16, 100, 1024]))
+        n_jobs = int(rng.integers(1, max(2, g // int(rng.choice([1, 4, 40]))) + 3))
+        q = rng.exponential(1e6, size=n_jobs) * (rng.random(n_jobs) < 0.9)
+        if trial % 4 == 0:
+            q = np.round(q, -5)
+        which = rng.integers(0, len(rates), size=n_jobs)
+        want = unit_greedy_allocate([(i, float(q[i]), rates[which[i]]) for i in range(n_jobs)], g)
+        n = min(n_jobs, g)
+        add = unit_steps(q[:n], which[:n], tables[g], g - n, state)
+        assert {i: 1 + int(add[i]) for i in range(n)} == want
+
+
+def test_unit_table_declines_a_node_step():
+    """8 -> 9 GPUs crosses a node on the two-node curve: not a sorted order, so no table."""
+    assert unit_table(model_rate(load_workload("resnet110-2node").model), 64) is None
