@@ -311,16 +311,60 @@ class Exploratory:
         return out
 
 
+class ResizeAware:
+    """Another policy's answer, less the grows that do not pay for their resize (issue 22, point 3).
+
+    A running job that the inner policy grows from w to w' is grown only if the work it gains over
+    the horizon, ``(f(w') - f(w)) · min(H, Q/f(w'))``, exceeds the work the resize costs it,
+    ``f(w') · c`` (c: the resize cost in seconds, a model in the simulator; the live scheduler can
+    pass each job's measured one through ``costs``). Vetoed grows leave their GPUs free until the next
+    decision; shrinks, preemptions and starts are kept as the inner policy gave them (they are what
+    admits new jobs). H defaults to 10 c (not tuned: a fixed rule, so nothing to hold out).
+    """
+
+    explores = False
+
+    def __init__(self, inner, resize_cost_s: float, horizon_s: float | None = None,
+                 costs: Mapping[int, float] | None = None):
+        if resize_cost_s < 0:
+            raise ConfigError(f"resize cost must be >= 0 s, got {resize_cost_s}")
+        self.inner = inner
+        self.name = f"{inner.name}-rc"
+        self.resize_cost_s = resize_cost_s
+        self.horizon_s = 10.0 * resize_cost_s if horizon_s is None else horizon_s
+        self.costs = dict(costs or {})
+        self.vetoed = 0
+
+    def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
+        new = self.inner.allocate(jobs, total_gpus, current)
+        for j in jobs:
+            w0, w1 = j.current, new.get(j.id, 0)
+            if w0 > 0 and w1 > w0 and j.rate is not None:
+                c = self.costs.get(j.id, self.resize_cost_s)
+                f0, f1 = j.rate(w0), j.rate(w1)
+                gain = (f1 - f0) * min(self.horizon_s, j.remaining / f1)
+                if gain <= f1 * c:
+                    new[j.id] = w0
+                    self.vetoed += 1
+        return new
+
+
 POLICIES = {"eight": Eight, "precompute": Precompute, "exploratory": Exploratory, "optimus": Optimus,
             "srtf": SRTF}
 
 
-def make_policy(name: str):
-    """A policy by name (one of :data:`POLICIES`).
+def make_policy(name: str, resize_cost_s: float | None = None):
+    """A policy by name (one of :data:`POLICIES`); ``NAME-rc`` wraps it in :class:`ResizeAware`
+    with ``resize_cost_s`` (default: :data:`~elastic_ring.sched.api.DEFAULT_RESIZE_OVERHEAD_S`).
 
     Raises:
         ConfigError: unknown name.
     """
+    if name.endswith("-rc") and name[:-3] in POLICIES and name[:-3] not in ("eight", "exploratory"):
+        from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
+
+        cost = DEFAULT_RESIZE_OVERHEAD_S if resize_cost_s is None else resize_cost_s
+        return ResizeAware(POLICIES[name[:-3]](), cost)
     try:
         return POLICIES[name]()
     except KeyError:
