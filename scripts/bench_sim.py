@@ -80,50 +80,63 @@ def main() -> None:
     wl = load_workload("resnet110-cifar10")
     models = {wl.name: wl.model}
     strategies = a.strategies.split(",")
+    sizes = parse_sizes(a.sizes)
     rows: list[dict] = []
+    before = json.loads(Path(a.before).read_text()) if a.before else None
+
+    def write(finished: bool) -> None:
+        """The results file, rewritten after every run (a run cut short leaves what it measured)."""
+        out: dict = {"machine": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                     "commit": _commit(), "contention": a.contention, "limit_s": LIMIT_S,
+                     "sizes": [f"{j}x{g}" for j, g in sizes], "strategies": strategies, "finished": finished,
+                     "note": "measured on a shared machine loaded by other work (see load_before/load_after): "
+                             "wall time is several times the CPU time; compare CPU times",
+                     "runs": rows}
+        target = [r for r in rows if (r["jobs"], r["gpus"]) == TARGET and "wall_s" in r]
+        if target:
+            out["target_all_under_limit"] = len(target) == len(strategies) and all(r["wall_s"] < LIMIT_S for r in target)
+        if before is not None:
+            by_key = {(r["strategy"], r["jobs"], r["gpus"]): r for r in before["runs"] if "cpu_s" in r}
+            cmp = []
+            for r in rows:
+                b = by_key.get((r["strategy"], r["jobs"], r["gpus"]))
+                if b is None or "cpu_s" not in r:
+                    continue
+                cmp.append({"strategy": r["strategy"], "jobs": r["jobs"], "gpus": r["gpus"],
+                            "before_cpu_s": b["cpu_s"], "after_cpu_s": r["cpu_s"],
+                            "cpu_speedup": round(b["cpu_s"] / max(r["cpu_s"], 1e-9), 2),
+                            "before_wall_s": b["wall_s"], "after_wall_s": r["wall_s"],
+                            "identical": b["digest"] == r["digest"]})
+            out["before"] = {"commit": before.get("commit"), "runs": before["runs"]}
+            out["before_vs_after"] = cmp
+            out["all_identical"] = all(c["identical"] for c in cmp) if cmp else None
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
+
     capped: set[str] = set()
-    for n_jobs, gpus in parse_sizes(a.sizes):
+    for n_jobs, gpus in sizes:
         cfg = SimConfig(gpus=gpus, contention=CONTENTION[a.contention], jobs=n_jobs, seed=0)
         jobs = make_jobs(cfg, models)
         for s in strategies:
             if s in capped:
-                rows.append({"strategy": s, "jobs": n_jobs, "gpus": gpus, "skipped": f"over {a.cap_s:.0f} s at a smaller size"})
+                rows.append({"strategy": s, "jobs": n_jobs, "gpus": gpus,
+                             "skipped": f"over {a.cap_s:.0f} CPU s at a smaller size"})
                 print(f"{s:>12}: {n_jobs} jobs on {gpus} GPUs skipped (over the cap at a smaller size)", flush=True)
                 continue
             row = run_one(cfg, s, jobs, models)
             rows.append(row)
             if row["cpu_s"] > a.cap_s:
                 capped.add(s)
-            print(f"{s:>12}: {n_jobs} jobs on {gpus} GPUs in {row['wall_s']:.2f} s, CPU {row['cpu_s']:.2f} s (avg JCT {row['avg_jct_h']:.3f} h, "
-                  f"{row['resizes']} resizes, load {row['load_before']}), digest {row['digest']}", flush=True)
-    out: dict = {"machine": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                 "commit": _commit(), "contention": a.contention, "limit_s": LIMIT_S,
-                 "note": "measured on a shared machine loaded by other work: see load_before/load_after",
-                 "runs": rows}
-    target = [r for r in rows if (r["jobs"], r["gpus"]) == TARGET and "wall_s" in r]
-    if target:
-        out["target_all_under_limit"] = len(target) == len(strategies) and all(r["wall_s"] < LIMIT_S for r in target)
-    if a.before:
-        before = json.loads(Path(a.before).read_text())
-        by_key = {(r["strategy"], r["jobs"], r["gpus"]): r for r in before["runs"] if "wall_s" in r}
-        cmp = []
-        for r in rows:
-            b = by_key.get((r["strategy"], r["jobs"], r["gpus"]))
-            if b is None or "wall_s" not in r:
-                continue
-            cmp.append({"strategy": r["strategy"], "jobs": r["jobs"], "gpus": r["gpus"], "before_cpu_s": b["cpu_s"],
-                        "after_cpu_s": r["cpu_s"], "cpu_speedup": round(b["cpu_s"] / max(r["cpu_s"], 1e-9), 2),
-                        "before_wall_s": b["wall_s"], "after_wall_s": r["wall_s"],
-                        "identical": b["digest"] == r["digest"]})
-            print(f"{r['strategy']:>12} {r['jobs']}x{r['gpus']}: CPU {b['cpu_s']:.2f} s -> {r['cpu_s']:.2f} s "
-                  f"({cmp[-1]['cpu_speedup']}x), identical results: {cmp[-1]['identical']}")
-        out["before"] = {"commit": before.get("commit"), "runs": before["runs"]}
-        out["before_vs_after"] = cmp
-        out["all_identical"] = all(c["identical"] for c in cmp) if cmp else None
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
+            print(f"{s:>12}: {n_jobs} jobs on {gpus} GPUs in {row['wall_s']:.2f} s, CPU {row['cpu_s']:.2f} s "
+                  f"(avg JCT {row['avg_jct_h']:.3f} h, {row['resizes']} resizes, load {row['load_before']}), "
+                  f"digest {row['digest']}", flush=True)
+            write(False)
+    write(True)
+    if before is not None:
+        for c in json.loads(Path(a.out).read_text()).get("before_vs_after", []):
+            print(f"{c['strategy']:>12} {c['jobs']}x{c['gpus']}: CPU {c['before_cpu_s']:.2f} s -> "
+                  f"{c['after_cpu_s']:.2f} s ({c['cpu_speedup']}x), identical results: {c['identical']}")
     print(f"wrote {a.out}")
-
 
 if __name__ == "__main__":
     main()
