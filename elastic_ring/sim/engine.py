@@ -286,8 +286,14 @@ class Simulator:
         self._a_expl = np.zeros(n, dtype=bool)
         self._act = np.zeros(0, dtype=np.int64)  # arrival indices of the active jobs, in order
         self._next_pos = 0
+        # The arrays are kept up to date only while decisions go through them ("live"): from
+        # batch_min_jobs active jobs on, until fewer than half that many remain; on the way in they
+        # are rebuilt from the jobs (the same values the updates would have written).
+        self._live = False
 
     def _sync(self, j: SimJob) -> None:
+        if not self._live:
+            return
         p = j.pos
         self._a_done[p] = j.work_done
         self._a_speed[p] = j.speed
@@ -305,11 +311,11 @@ class Simulator:
         j.pos = p = self._next_pos
         self._next_pos += 1
         self._by_pos[p] = j
-        self._a_adv[p] = j.advanced_to
         if plan is not None:
             self._a_row[p] = self._plan_row[spec.workload]
-        self._sync(j)
-        self._act = np.append(self._act, p)
+        if self._live:
+            self._sync(j)
+            self._act = np.append(self._act, p)
 
     def _complete(self, j: SimJob, now: float) -> None:
         j.work_done = j.work
@@ -320,7 +326,8 @@ class Simulator:
         j.gpus_held = j.gpus_training = 0
         j.speed = 0.0
         del self._active[j.id]
-        self._act = self._act[self._act != j.pos]
+        if self._live:
+            self._act = self._act[self._act != j.pos]
 
     def _end_phase(self, j: SimJob, now: float) -> None:
         """Record the phase's measured speed; start the next phase, or fit Eq. 5 and decide."""
@@ -362,9 +369,18 @@ class Simulator:
 
     def _decide(self, now: float) -> None:
         """Ask the policy, check its answer, apply it (shrinks first, so GPUs in use never exceed G)."""
-        if self.batch and len(self._active) >= self.batch_min_jobs:
-            self._decide_batch(now)
-            return
+        if self.batch:
+            n = len(self._active)
+            if not self._live and n >= self.batch_min_jobs:
+                self._live = True
+                for j in self._active.values():
+                    self._sync(j)
+                self._act = np.fromiter((j.pos for j in self._active.values()), dtype=np.int64, count=n)
+            elif self._live and 2 * n < self.batch_min_jobs:
+                self._live = False
+            if self._live:
+                self._decide_batch(now)
+                return
         active, policy, explores, G = self._active, self.policy, self.explores, self.gpus
         exploring = JobState.EXPLORING
         views = []
