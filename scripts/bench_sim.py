@@ -83,11 +83,12 @@ def main() -> None:
     sizes = parse_sizes(a.sizes)
     rows: list[dict] = []
     before = json.loads(Path(a.before).read_text()) if a.before else None
+    commit = _commit()  # the code this run measures (HEAD may move while it runs)
 
     def write(finished: bool) -> None:
         """The results file, rewritten after every run (a run cut short leaves what it measured)."""
         out: dict = {"machine": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                     "commit": _commit(), "contention": a.contention, "limit_s": LIMIT_S,
+                     "commit": commit, "contention": a.contention, "limit_s": LIMIT_S,
                      "sizes": [f"{j}x{g}" for j, g in sizes], "strategies": strategies, "finished": finished,
                      "note": "measured on a shared machine loaded by other work (see load_before/load_after): "
                              "wall time is several times the CPU time; compare CPU times",
