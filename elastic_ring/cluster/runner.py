@@ -249,6 +249,7 @@ class ProcessRunner:
             if k == "launch":
                 seen["launches"] += 1
                 seen["world"] = int(e.get("world_size", 0))
+                seen["work"] = [0.0, 0.0]  # images and seconds of this launch's windows
             elif k == "workers_exited":
                 seen["exits"] += 1
             elif k == "throughput":
@@ -257,6 +258,12 @@ class ProcessRunner:
                     sps, steps = float(e.get("steps_per_s", 0.0)), int(e.get("steps", 0))
                     secs = float(e["seconds"]) if "seconds" in e else (steps / sps if sps > 0 else 0.0)
                     windows.append((seen["launches"], int(e.get("world_size", 0)), steps, secs))
+                    # images/s shown by `jobs`: work over time at the current size, not the last window
+                    work = seen.setdefault("work", [0.0, 0.0])
+                    work[0] += float(e.get("images_per_s", 0.0)) * secs
+                    work[1] += secs
+                    if work[1] > 0:
+                        seen["ips"] = work[0] / work[1]
                 except (TypeError, ValueError, KeyError):
                     pass
                 if "loss" in e and "step" in e:

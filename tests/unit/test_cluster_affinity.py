@@ -48,3 +48,29 @@ def test_two_jobs_side_by_side_get_disjoint_cores_that_follow_a_resize(tmp_path,
         for p in runner._procs.values():
             os.killpg(p.pid, 9)
             p.wait()
+
+
+def test_jobs_rate_is_work_over_time_of_the_current_size(tmp_path):
+    """`jobs` shows images/s as the images of the current launch's windows over their seconds:
+    a fast short window and a slow long one give ~the slow rate, not the last or the median."""
+    import json
+
+    from elastic_ring.cluster.runner import run_dir
+
+    runner = ProcessRunner(tmp_path, ClusterConfig(hosts=(("localhost", 2),), device="cpu"))
+    rd = run_dir(tmp_path, 5)
+    rd.mkdir(parents=True)
+    ev = [{"kind": "launch", "world_size": 1},
+          {"kind": "throughput", "world_size": 1, "images_per_s": 6400.0, "steps_per_s": 200.0, "steps": 100,
+           "seconds": 0.5, "step": 100},
+          {"kind": "throughput", "world_size": 1, "images_per_s": 640.0, "steps_per_s": 20.0, "steps": 200,
+           "seconds": 10.0, "step": 300},
+          {"kind": "launch", "world_size": 2},
+          {"kind": "throughput", "world_size": 2, "images_per_s": 1000.0, "steps_per_s": 15.6, "steps": 156,
+           "seconds": 10.0, "step": 456}]
+    (rd / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev[:3]))
+    obs = runner.observe({"id": 5, "pid": None})
+    assert obs.images_per_s == pytest.approx((6400 * 0.5 + 640 * 10) / 10.5)
+    with open(rd / "events.jsonl", "a") as fh:
+        fh.write("".join(json.dumps(e) + "\n" for e in ev[3:]))
+    assert runner.observe({"id": 5, "pid": None}).images_per_s == pytest.approx(1000.0)  # new size, new sums
