@@ -15,7 +15,10 @@ digests match). The machine's load (``os.getloadavg()``) is recorded before and 
 ``--cap-s``: once one strategy takes more CPU seconds than this at a size, its larger sizes are
 skipped (recorded as skipped, not extrapolated). Wall and CPU time (``time.process_time``) are
 both recorded: on a loaded machine the CPU time is the steadier figure, and the comparison with
-``--before`` is made on it.
+``--before`` is made on it. The file is rewritten after every run, so a run cut short leaves what
+it measured (``finished``: false). ``--merge AFTER --before BEFORE`` runs nothing and writes the two
+runs' rows into one file (how the committed results were put together: the old engine's run, made
+from a copy of the tree before the change, and the new engine's run, made at the same time).
 """
 
 from __future__ import annotations
@@ -75,6 +78,9 @@ def main() -> None:
     ap.add_argument("--strategies", default="eight,precompute,exploratory,optimus,srtf")
     ap.add_argument("--before", default=None, help="results file of an earlier engine to compare with")
     ap.add_argument("--cap-s", type=float, default=300.0)
+    ap.add_argument("--merge", default=None,
+                    help="run nothing: take the rows of this results file (a run of the newer engine) and "
+                         "write them with --before's rows into --out")
     ap.add_argument("--out", default="results/bench_sim.json")
     a = ap.parse_args()
     wl = load_workload("resnet110-cifar10")
@@ -84,6 +90,12 @@ def main() -> None:
     rows: list[dict] = []
     before = json.loads(Path(a.before).read_text()) if a.before else None
     commit = _commit()  # the code this run measures (HEAD may move while it runs)
+    if a.merge:
+        merged = json.loads(Path(a.merge).read_text())
+        rows.extend(merged["runs"])
+        commit = merged.get("commit", commit)
+        strategies, sizes = merged.get("strategies", strategies), [tuple(map(int, x.split("x"))) for x in
+                                                                   merged.get("sizes", [])] or sizes
 
     def write(finished: bool) -> None:
         """The results file, rewritten after every run (a run cut short leaves what it measured)."""
@@ -115,7 +127,7 @@ def main() -> None:
         Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
 
     capped: set[str] = set()
-    for n_jobs, gpus in sizes:
+    for n_jobs, gpus in ([] if a.merge else sizes):
         cfg = SimConfig(gpus=gpus, contention=CONTENTION[a.contention], jobs=n_jobs, seed=0)
         jobs = make_jobs(cfg, models)
         for s in strategies:
@@ -132,7 +144,7 @@ def main() -> None:
                   f"(avg JCT {row['avg_jct_h']:.3f} h, {row['resizes']} resizes, load {row['load_before']}), "
                   f"digest {row['digest']}", flush=True)
             write(False)
-    write(True)
+    write(True if not a.merge else bool(json.loads(Path(a.merge).read_text()).get("finished")))
     if before is not None:
         for c in json.loads(Path(a.out).read_text()).get("before_vs_after", []):
             print(f"{c['strategy']:>12} {c['jobs']}x{c['gpus']}: CPU {c['before_cpu_s']:.2f} s -> "
