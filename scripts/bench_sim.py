@@ -90,12 +90,16 @@ def main() -> None:
     rows: list[dict] = []
     before = json.loads(Path(a.before).read_text()) if a.before else None
     commit = _commit()  # the code this run measures (HEAD may move while it runs)
-    if a.merge:
-        merged = json.loads(Path(a.merge).read_text())
-        rows.extend(merged["runs"])
-        commit = merged.get("commit", commit)
-        strategies, sizes = merged.get("strategies", strategies), [tuple(map(int, x.split("x"))) for x in
-                                                                   merged.get("sizes", [])] or sizes
+    merged_finished = True
+    if a.merge:  # one or more results files of the newer engine (comma list), rows in that order
+        files = [json.loads(Path(f).read_text()) for f in a.merge.split(",")]
+        commits = {m.get("commit") for m in files}
+        commit = ",".join(sorted(c for c in commits if c))
+        strategies = list(dict.fromkeys(st for m in files for st in m.get("strategies", [])))
+        sizes = list(dict.fromkeys(tuple(map(int, x.split("x"))) for m in files for x in m.get("sizes", [])))
+        for m in files:
+            rows.extend(r for r in m["runs"] if "wall_s" in r)
+            merged_finished &= bool(m.get("finished"))
 
     def write(finished: bool) -> None:
         """The results file, rewritten after every run (a run cut short leaves what it measured)."""
@@ -108,6 +112,8 @@ def main() -> None:
         target = [r for r in rows if (r["jobs"], r["gpus"]) == TARGET and "wall_s" in r]
         if target:
             out["target_all_under_limit"] = len(target) == len(strategies) and all(r["wall_s"] < LIMIT_S for r in target)
+            out["target_measured"] = {r["strategy"]: {"wall_s": r["wall_s"], "cpu_s": r["cpu_s"]} for r in target}
+            out["target_not_measured"] = [st for st in strategies if st not in out["target_measured"]]
         if before is not None:
             by_key = {(r["strategy"], r["jobs"], r["gpus"]): r for r in before["runs"] if "cpu_s" in r}
             cmp = []
@@ -144,7 +150,7 @@ def main() -> None:
                   f"(avg JCT {row['avg_jct_h']:.3f} h, {row['resizes']} resizes, load {row['load_before']}), "
                   f"digest {row['digest']}", flush=True)
             write(False)
-    write(True if not a.merge else bool(json.loads(Path(a.merge).read_text()).get("finished")))
+    write(merged_finished)
     if before is not None:
         for c in json.loads(Path(a.out).read_text()).get("before_vs_after", []):
             print(f"{c['strategy']:>12} {c['jobs']}x{c['gpus']}: CPU {c['before_cpu_s']:.2f} s -> "
