@@ -11,10 +11,11 @@ Slots. CPU, one host: ``--device cpu`` and ``--slots`` = the job's largest size,
 can be resized live up to it; the job's processes run on the cores of its slots (slot i -> the
 i-th core this scheduler may use, modulo their count), set before the controller starts and moved
 with the slots at every resize (:meth:`ProcessRunner.pin`), so ``protocol.cpu_threads`` gives each
-worker its share and two jobs side by side do not share cores. GPU jobs: their CPU threads follow
-their slots the same way (slot i's GPU and core i). GPUs: ``CUDA_VISIBLE_DEVICES`` = the job's slots, ``--slots`` = its
-size; several hosts: ``--hosts host:n,...`` of its slots. In these two cases a resize is a stop and
-a resume on the new slots (the visible devices and the host list are fixed for a controller's life).
+worker its share and two jobs side by side do not share cores (GPU jobs' CPU threads follow their
+slots the same way: slot i's GPU and core i). GPUs: ``CUDA_VISIBLE_DEVICES`` = the job's slots,
+``--slots`` = its size; several hosts: ``--hosts host:n,...`` of its slots. In these two cases a
+resize is a stop and a resume on the new slots (the visible devices and the host list are fixed for
+a controller's life).
 """
 
 from __future__ import annotations
