@@ -26,6 +26,7 @@ import click
 from elastic_ring.errors import ConfigError
 
 STRATEGIES = ("eight", "precompute", "exploratory", "optimus", "srtf")
+RC_STRATEGIES = ("precompute", "optimus", "srtf")  # NAME-rc: grows only when they pay for their resize
 METRICS = (("avg_jct_h", "avg JCT (h)"), ("p99_jct_h", "p99 JCT (h)"), ("makespan_h", "makespan (h)"),
            ("utilisation", "GPU util"), ("resizes", "resizes"))
 
@@ -60,10 +61,40 @@ def _levels(spec: str) -> list[tuple[str, float]]:
 
 def _strategies(spec: str) -> list[str]:
     names = [p.strip() for p in spec.split(",") if p.strip()]
-    bad = [n for n in names if n not in STRATEGIES]
+    bad = [n for n in names if n not in STRATEGIES and not (n.endswith("-rc") and n[:-3] in RC_STRATEGIES)]
     if bad or not names:
         raise ConfigError(f"--strategies: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(STRATEGIES)}")
     return list(dict.fromkeys(names))
+
+
+def _seed_list(spec: str, flag: str) -> list[int]:
+    """``0-4,9`` -> [0, 1, 2, 3, 4, 9]."""
+    out: list[int] = []
+    for part in [p.strip() for p in spec.split(",") if p.strip()]:
+        try:
+            if "-" in part:
+                a, b = part.split("-", 1)
+                lo, hi = int(a), int(b)
+                if hi < lo:
+                    raise ValueError
+                out.extend(range(lo, hi + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise ConfigError(f"{flag}: {part!r} is not a seed or a range like 0-4") from None
+    if not out or min(out) < 0:
+        raise ConfigError(f"{flag}: give seeds >= 0, e.g. 0-4 or 0,1,2")
+    return list(dict.fromkeys(out))
+
+
+def _powers(spec: str) -> list[float]:
+    try:
+        out = [float(p) for p in spec.split(",") if p.strip()]
+    except ValueError:
+        raise ConfigError(f"--srtf-powers: {spec!r} is not a comma list of numbers") from None
+    if not out or any(not (math.isfinite(x) and x >= 0) for x in out):
+        raise ConfigError(f"--srtf-powers: give numbers >= 0, got {spec!r}")
+    return out
 
 
 def _mean_std(xs: list[float]) -> tuple[float, float]:
@@ -122,6 +153,18 @@ def _markdown(summary: dict, levels: list[str], strategies: list[str], meta: dic
         if g:
             lines += ["", "; ".join(f"Eight / {k}: {v['mean']:.2f} ± {v['std']:.2f}x" for k, v in g.items())]
         lines.append("")
+    sp = meta.get("seed_split")
+    if sp:
+        lines += ["## Seeds", "",
+                  f"- tuning seeds (constants chosen on these only): {sp['tune_seeds'] or 'none'}",
+                  f"- evaluation seeds (every figure above): {sp['eval_seeds']}",
+                  f"- tuning workloads: {', '.join(sp['tune_workloads'])}; evaluation workloads: "
+                  f"{', '.join(sp['eval_workloads'])}"]
+        for lv, t in (sp.get("tuned") or {}).items():
+            lines.append(f"- {lv}: srtf power {t['power']:g} chosen on the tuning seeds "
+                         f"(mean Eight/srtf avg JCT there: {t['tune_gain']:.2f}x; candidates "
+                         + ", ".join(f"{k}: {v:.2f}x" for k, v in t["candidates"].items()) + ")")
+        lines.append("")
     ho = meta.get("heldout")
     if ho:
         lines += ["## Held-out check", ""]
@@ -131,32 +174,65 @@ def _markdown(summary: dict, levels: list[str], strategies: list[str], meta: dic
     return "\n".join(lines)
 
 
-def _run_all(levels, seeds, runs_strats, base, true_models, plan_models) -> list[dict]:
-    """Every (level, seed, strategy) run, with a progress bar on a terminal."""
+def _tune(levels, tune: list[int], powers: list[float], base: dict, tune_models: dict, plan) -> tuple[dict, list]:
+    """srtf's exponent per level, chosen on the tuning seeds and workloads only: the candidate with
+    the best mean Eight/srtf ratio of average JCT there (ties: the smaller exponent)."""
+    from elastic_ring.sched.policies import SRTF, make_policy
+    from elastic_ring.sim.api import SimConfig
+    from elastic_ring.sim.engine import simulate as run_sim
+    from elastic_ring.sim.workload import make_jobs
+
+    tbase = dict(base, workloads=tuple(tune_models))
+    tplan = {k: plan.model for k in tune_models} if plan else None
+    tuned: dict = {}
+    rows: list[dict] = []
+    for lv, rho in levels:
+        gains: dict[float, list[float]] = {p: [] for p in powers}
+        for seed in tune:
+            cfg = SimConfig(contention=rho, seed=seed, **tbase)
+            jobs = make_jobs(cfg, tune_models)
+            eight = run_sim(cfg, make_policy("eight"), jobs, tune_models, tplan).avg_jct_s
+            for p in powers:
+                r = run_sim(cfg, SRTF(power=p), jobs, tune_models, tplan)
+                gains[p].append(eight / r.avg_jct_s)
+                rows.append({"level": lv, "seed": seed, "power": p, "avg_jct_h": r.avg_jct_s / 3600,
+                             "p99_jct_h": r.p99_jct_s / 3600, "eight_avg_jct_h": eight / 3600})
+        means = {p: sum(g) / len(g) for p, g in gains.items()}
+        power = max(powers, key=lambda p: (means[p], -p))
+        tuned[lv] = {"power": power, "tune_gain": means[power], "candidates": {f"{p:g}": m for p, m in means.items()}}
+    return tuned, rows
+
+
+def _run_all(levels, seeds: list[int], runs_strats, base, true_models, plan_models, overhead: float,
+             tuned: dict) -> list[dict]:
+    """Every (level, seed, strategy) run, with a progress bar on a terminal; srtf with the exponent
+    tuned for the level when there is one."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from elastic_ring.sched.policies import make_policy
+    from elastic_ring.sched.policies import SRTF, make_policy
     from elastic_ring.sim.api import SimConfig
     from elastic_ring.sim.engine import simulate as run_sim
     from elastic_ring.sim.workload import make_jobs
 
     rows: list[dict] = []
-    total = len(levels) * seeds * len(runs_strats)
+    total = len(levels) * len(seeds) * len(runs_strats)
     err = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True, disable=not err.is_terminal) as prog:
         task = prog.add_task("simulating", total=total)
         for lv, rho in levels:
-            for seed in range(seeds):
+            for seed in seeds:
                 cfg = SimConfig(contention=rho, seed=seed, **base)
                 jobs = make_jobs(cfg, true_models)
                 for s in runs_strats:
                     prog.update(task, description=f"{lv} seed {seed} {s}")
                     if s == "precompute-oracle":
                         pol, pm = make_policy("precompute"), None
+                    elif s == "srtf" and lv in tuned:
+                        pol, pm = SRTF(power=tuned[lv]["power"]), plan_models
                     else:
-                        pol, pm = make_policy(s), plan_models
+                        pol, pm = make_policy(s, overhead), plan_models
                     r = run_sim(cfg, pol, jobs, true_models, pm)
                     d = r.summary()
                     d.update(strategy=s, level=lv, offered_load=rho)
@@ -206,15 +282,15 @@ def _heldout(summary: dict, levels, plan, strats) -> dict:
     return heldout
 
 
-def _print_tables(summary: dict, levels, runs_strats, heldout: dict, gpus: int, n_jobs: int, seeds: int,
-                  out: Path) -> None:
+def _print_tables(summary: dict, levels, runs_strats, heldout: dict, gpus: int, n_jobs: int, seeds: list[int],
+                  out: Path, tuned: dict, tune: list[int]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     con = Console() if Console().is_terminal else Console(width=130)
     for lv, rho in levels:
         t = Table(title=f"Table 3 — {lv} (offered load {rho:g}), {gpus} GPUs, {n_jobs} jobs, "
-                        f"{seeds} seeds, mean ± std")
+                        f"{len(seeds)} seeds {seeds[0]}..{seeds[-1]}, mean ± std")
         t.add_column("strategy")
         for _, h in METRICS:
             t.add_column(h, justify="right")
@@ -229,6 +305,8 @@ def _print_tables(summary: dict, levels, runs_strats, heldout: dict, gpus: int, 
                                        for k, v in g.items()))
         if lv in heldout:
             con.print("  held-out: " + heldout[lv]["text"])
+        if lv in tuned:
+            con.print(f"  srtf power {tuned[lv]['power']:g} chosen on tuning seeds {tune}; table on seeds {seeds}")
     con.print(f"wrote {out / 'table3.json'}, {out / 'table3.md'}, {out / 'jct.png'}")
 
 
@@ -239,11 +317,23 @@ def _print_tables(summary: dict, levels, runs_strats, heldout: dict, gpus: int, 
                    "or numbers (offered load = arrival rate x mean GPU-hours per job at 8 GPUs / GPUs).")
 @click.option("--strategies", default=",".join(STRATEGIES[:4]), show_default=True,
               help="Comma list of eight, precompute, exploratory, optimus, srtf (ours: shortest predicted "
-                   "remaining time first with rank-weighted doubling).")
+                   "remaining time first with rank-weighted doubling); precompute-rc, optimus-rc, srtf-rc: the "
+                   "same, growing a running job only when the gain over 10 resize costs exceeds the resize.")
 @click.option("--remaining", type=click.Choice(["eq1", "oracle"]), default="eq1", show_default=True,
               help="What policies know of a job's remaining work: the Eq. 1 prediction from its loss "
                    "curve so far, or the true value (oracle).")
-@click.option("--seeds", type=int, default=10, show_default=True, help="Seeds per level (seed 0..N-1).")
+@click.option("--seeds", type=int, default=10, show_default=True,
+              help="Seeds per level (seed 0..N-1) when --eval-seeds is not given.")
+@click.option("--tune-seeds", default=None,
+              help="Seeds (e.g. 0-4) on which srtf's weighting exponent is chosen from --srtf-powers, per "
+                   "level, on the --workload mix; the table then reports only --eval-seeds.")
+@click.option("--eval-seeds", default=None,
+              help="Seeds the table reports (e.g. 100-109); must not overlap --tune-seeds. Default 0..N-1.")
+@click.option("--srtf-powers", default="1,2,3", show_default=True,
+              help="Candidate exponents of srtf's rank weighting, tried on --tune-seeds.")
+@click.option("--eval-workload", "eval_workloads", multiple=True,
+              help="Held-out workload mix (repeatable): the evaluation runs draw jobs from these instead of "
+                   "--workload (tuning always uses --workload).")
 @click.option("--jobs", "n_jobs", type=int, default=200, show_default=True, help="Jobs per run.")
 @click.option("--workload", "workloads", multiple=True,
               help="Built-in workload name or path to a profile.json (repeatable; jobs drawn uniformly). "
@@ -257,8 +347,8 @@ def _print_tables(summary: dict, levels, runs_strats, heldout: dict, gpus: int, 
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/simulate", show_default=True,
               help="Folder for table3.json, table3.md, jct.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of the table.")
-def simulate(gpus, contention, strategies, remaining, seeds, n_jobs, workloads, plan_workload, resize_overhead,
-             min_hours, max_hours, out_dir, as_json):
+def simulate(gpus, contention, strategies, remaining, seeds, tune_seeds, eval_seeds, srtf_powers, eval_workloads,
+             n_jobs, workloads, plan_workload, resize_overhead, min_hours, max_hours, out_dir, as_json):
     """Simulate a GPU cluster under scheduling policies and print Table 3.
 
     Jobs arrive as a Poisson process; each job's size is its run time alone on 8 GPUs, log-uniform
@@ -285,7 +375,15 @@ def simulate(gpus, contention, strategies, remaining, seeds, n_jobs, workloads, 
     if "exploratory" in strats and gpus < 8:
         raise ConfigError("--strategies exploratory needs --gpus >= 8 (a new job measures itself on 8 GPUs)")
     overhead = DEFAULT_RESIZE_OVERHEAD_S if resize_overhead is None else resize_overhead
-    wls = [load_workload(w) for w in (workloads or ("resnet110-cifar10",))]
+    tune = _seed_list(tune_seeds, "--tune-seeds") if tune_seeds else []
+    evals = _seed_list(eval_seeds, "--eval-seeds") if eval_seeds else list(range(seeds))
+    overlap = sorted(set(tune) & set(evals))
+    if overlap:
+        raise ConfigError(f"--tune-seeds and --eval-seeds overlap on {overlap}: a constant tuned on a seed "
+                          f"cannot be reported on it")
+    powers = _powers(srtf_powers)
+    tune_wls = [load_workload(w) for w in (workloads or ("resnet110-cifar10",))]
+    wls = [load_workload(w) for w in eval_workloads] if eval_workloads else tune_wls
     true_models = {w.name: w.model for w in wls}
     plan = load_workload(plan_workload) if plan_workload else None
     plan_models = {k: plan.model for k in true_models} if plan else None
@@ -296,11 +394,21 @@ def simulate(gpus, contention, strategies, remaining, seeds, n_jobs, workloads, 
     base = dict(gpus=gpus, jobs=n_jobs, min_hours_at_8=min_hours, max_hours_at_8=max_hours,
                 resize_overhead_s=overhead, workloads=tuple(true_models), remaining=remaining)
     SimConfig(contention=1.0, **base)  # validate once before the long loop
-    rows = _run_all(levels, seeds, runs_strats, base, true_models, plan_models)
+    tuned, tune_rows = (_tune(levels, tune, powers, base, {w.name: w.model for w in tune_wls}, plan)
+                        if tune and "srtf" in strats else ({}, []))
+    rows = _run_all(levels, evals, runs_strats, base, true_models, plan_models, overhead, tuned)
 
     summary = _summarise(rows, levels, runs_strats)
     heldout = _heldout(summary, levels, plan, strats)
-    meta = {"gpus": gpus, "jobs": n_jobs, "seeds": seeds, "levels": {lv: rho for lv, rho in levels},
+    seed_split = {"tune_seeds": tune, "eval_seeds": evals, "tune_workloads": [w.name for w in tune_wls],
+                  "eval_workloads": [w.name for w in wls], "srtf_powers": powers if tuned else None,
+                  "tuned": tuned, "tuning_runs": tune_rows,
+                  "note": ("srtf's exponent chosen per level on the tuning seeds; every table figure is on the "
+                           "evaluation seeds" if tuned else
+                           "no tuning in this run: srtf uses its default exponent (2, chosen on seeds 0-9 of "
+                           "the built-in workload in an earlier run)")}
+    meta = {"gpus": gpus, "jobs": n_jobs, "seeds": len(evals), "levels": {lv: rho for lv, rho in levels},
+            "seed_split": seed_split,
             "strategies": runs_strats, "workloads": [w.name for w in wls],
             "workload_sources": {w.name: w.source for w in wls},
             "plan_workload": plan.name if plan else None, "resize_overhead_s": overhead, "remaining": remaining,
@@ -320,4 +428,4 @@ def simulate(gpus, contention, strategies, remaining, seeds, n_jobs, workloads, 
     if as_json:
         click.echo(json.dumps({"meta": meta, "summary": summary}, indent=1))
         return
-    _print_tables(summary, levels, runs_strats, heldout, gpus, n_jobs, seeds, out)
+    _print_tables(summary, levels, runs_strats, heldout, gpus, n_jobs, evals, out, tuned, tune)

@@ -8,9 +8,14 @@ the request ``elastic-ring resize`` writes; a stop is SIGTERM (the workers check
 agreed step and the controller exits with state interrupted).
 
 Slots. CPU, one host: ``--device cpu`` and ``--slots`` = the job's largest size, so the controller
-can be resized live up to it. GPUs: ``CUDA_VISIBLE_DEVICES`` = the job's slots, ``--slots`` = its
-size; several hosts: ``--hosts host:n,...`` of its slots. In these two cases a resize is a stop and
-a resume on the new slots (the visible devices and the host list are fixed for a controller's life).
+can be resized live up to it; the job's processes run on the cores of its slots (slot i -> the
+i-th core this scheduler may use, modulo their count), set before the controller starts and moved
+with the slots at every resize (:meth:`ProcessRunner.pin`), so ``protocol.cpu_threads`` gives each
+worker its share and two jobs side by side do not share cores (GPU jobs' CPU threads follow their
+slots the same way: slot i's GPU and core i). GPUs: ``CUDA_VISIBLE_DEVICES`` = the job's slots,
+``--slots`` = its size; several hosts: ``--hosts host:n,...`` of its slots. In these two cases a
+resize is a stop and a resume on the new slots (the visible devices and the host list are fixed for
+a controller's life).
 """
 
 from __future__ import annotations
@@ -145,16 +150,46 @@ class ProcessRunner:
             env.update(gpu_env(cfg.slot_table(), slots, cfg.multi_host))
         return cmd, env
 
+    # ------------------------------------------------------------------ CPU affinity
+    def cores(self, slots: list[int]) -> set[int]:
+        """The cores of ``slots`` (slot i -> the i-th of the cores this process may run on)."""
+        try:
+            mine = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return set()
+        return {mine[s % len(mine)] for s in slots} if slots and not self.config.multi_host else set()
+
+    def pin(self, job: dict[str, Any], slots: list[int]) -> bool:
+        """Move the job's controller and every process under it to the cores of ``slots``
+        (workers started later inherit it). False when the job has no live process."""
+        cores = self.cores(slots)
+        pid = self._pid(job)
+        if not cores or not pid:
+            return False
+        import psutil
+
+        try:
+            root = psutil.Process(pid)
+            procs = [root] + root.children(recursive=True)
+        except psutil.Error:
+            return False
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.cpu_affinity(sorted(cores))
+        return True
+
     # ------------------------------------------------------------------ Runner
     def start(self, job: dict[str, Any], slots: list[int], workers: int, resume: bool) -> int:
         cmd, env = self.command(job, slots, workers, resume)
+        cores = self.cores(slots)
         log = self.dir / "logs" / f"job-{job['id']}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as fh:
             fh.write(("$ " + " ".join(cmd) + "\n").encode())
             fh.flush()
             p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                 start_new_session=True)
+                                 start_new_session=True,
+                                 preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
         self._procs[job["id"]] = p
         return p.pid
 
@@ -215,6 +250,7 @@ class ProcessRunner:
             if k == "launch":
                 seen["launches"] += 1
                 seen["world"] = int(e.get("world_size", 0))
+                seen["work"] = [0.0, 0.0]  # images and seconds of this launch's windows
             elif k == "workers_exited":
                 seen["exits"] += 1
             elif k == "throughput":
@@ -223,6 +259,12 @@ class ProcessRunner:
                     sps, steps = float(e.get("steps_per_s", 0.0)), int(e.get("steps", 0))
                     secs = float(e["seconds"]) if "seconds" in e else (steps / sps if sps > 0 else 0.0)
                     windows.append((seen["launches"], int(e.get("world_size", 0)), steps, secs))
+                    # images/s shown by `jobs`: work over time at the current size, not the last window
+                    work = seen.setdefault("work", [0.0, 0.0])
+                    work[0] += float(e.get("images_per_s", 0.0)) * secs
+                    work[1] += secs
+                    if work[1] > 0:
+                        seen["ips"] = work[0] / work[1]
                 except (TypeError, ValueError, KeyError):
                     pass
                 if "loss" in e and "step" in e:

@@ -306,6 +306,7 @@ class Scheduler:
                 with self.store.transaction():
                     self.store.update(j["id"], resize_to=None, resize_mark=None, slots=keep)
                     self.store.event(j["id"], "resized", workers=obs.world_size, slots=keep)
+                self._pin(j, keep)
             if self.explores:
                 c = self._explore_act(j["id"], obs)
                 if c:
@@ -359,6 +360,12 @@ class Scheduler:
             self.store.event(j["id"], state.value, step=fields["step"], outcome=out)
         return cause
 
+    def _pin(self, j: dict[str, Any], slots: list[int]) -> None:
+        """The job's processes onto the cores of ``slots`` (a runner without ``pin``: nothing)."""
+        pin = getattr(self.runner, "pin", None)
+        if pin is not None:
+            pin(j, slots)
+
     def _stop(self, j: dict[str, Any], why: str) -> None:
         if j["state"] != JobState.RUNNING:
             return
@@ -392,7 +399,11 @@ class Scheduler:
                     self._stop(j, "resize")
                     continue
                 obs = self._obs.get(j["id"])
-                if obs is None or not self.runner.request_resize(j, want):
+                if obs is None:
+                    continue
+                self._pin(j, j["slots"] + free[: want - held])  # before its new workers start
+                if not self.runner.request_resize(j, want):
+                    self._pin(j, j["slots"])
                     continue
                 take, free = free[: want - held], free[want - held:]
                 with self.store.transaction():

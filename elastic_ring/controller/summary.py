@@ -1,9 +1,12 @@
 """Summary of a run, computed from its events alone (so `status` works while it runs).
 
-Per world size: median images/s and steps/s over the throughput windows; the scaling efficiency
-between consecutive sizes used, ``thr(w2) / (thr(w1) * w2 / w1)`` on median images/s, only when
-both sizes have at least ``MIN_WINDOWS`` windows, with its spread (the same ratio of the windows'
-quartiles: lower quartile over upper, upper over lower); each resize's
+Per world size: images/s and steps/s as work over time (the steps, and images, of its throughput
+windows divided by the seconds those windows took), with the windows' own steps/s spread beside it
+(min, median, max: two jobs sharing cores show up as work over time far below the median of
+their fastest windows); the scaling efficiency between consecutive sizes used,
+``thr(w2) / (thr(w1) * w2 / w1)`` on those images/s, only when both sizes have at least
+``MIN_WINDOWS`` windows, with its spread (the same ratio of the windows' quartiles: lower quartile
+over upper, upper over lower); each resize's
 overhead breakdown; each restart (cause, rank, steps redone, time lost); final train loss and test
 accuracy. Steps redone after a restart or a resume are counted once: a launch from step s drops
 the windows (or the parts of windows) after s that an earlier segment did not checkpoint.
@@ -57,7 +60,10 @@ def _kept_windows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if int(w["step"]) < start:
                     out.append(w)
                 elif first < start:
-                    out.append({**w, "steps": start - first, "step": start - 1})
+                    cut = {**w, "steps": start - first, "step": start - 1}
+                    if w.get("seconds") and int(w["steps"]) > 0:
+                        cut["seconds"] = float(w["seconds"]) * (start - first) / int(w["steps"])
+                    out.append(cut)
             kept = out
     return kept
 
@@ -85,10 +91,19 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
     sizes = []
     for w in sorted(by_w):
         ev = by_w[w]
-        ips = [e["images_per_s"] for e in ev]
-        sps = [e["steps_per_s"] for e in ev]
-        sizes.append({"workers": w, "images_per_s": statistics.median(ips),
-                      "steps_per_s": statistics.median(sps), "windows": len(ev),
+        ips = [float(e["images_per_s"]) for e in ev]
+        sps = [float(e["steps_per_s"]) for e in ev]
+        secs = [float(e["seconds"]) if e.get("seconds") else (int(e["steps"]) / r if r > 0 else 0.0)
+                for e, r in zip(ev, sps)]
+        total_s = sum(secs)
+        if total_s > 0:
+            steps_ps = sum(int(e["steps"]) for e in ev) / total_s
+            images_ps = sum(i * t for i, t in zip(ips, secs)) / total_s
+        else:
+            steps_ps, images_ps = statistics.median(sps), statistics.median(ips)
+        sizes.append({"workers": w, "images_per_s": images_ps, "steps_per_s": steps_ps, "windows": len(ev),
+                      "window_seconds": total_s,
+                      "window_steps_per_s": {"min": min(sps), "median": statistics.median(sps), "max": max(sps)},
                       "steps": done.get(w, 0), "ips": ips})
     eff = [scaling_efficiency(a, b) for a, b in zip(sizes, sizes[1:])]
     for sz in sizes:
@@ -137,9 +152,11 @@ def render(summary: dict[str, Any], total_steps: int | None = None) -> str:
     lines.append(f"state: {summary['state']}   step: {step}   workers: {summary['world_size']}"
                  + (f"   wall: {summary['wall_s']:.1f} s" if summary.get("wall_s") else ""))
     lines.append("")
-    lines.append(f"{'workers':>7} {'images/s':>10} {'steps/s':>9} {'windows':>7}")
+    lines.append(f"{'workers':>7} {'images/s':>10} {'steps/s':>9} {'windows':>7}  window steps/s min/median/max")
     for s in summary["sizes"]:
-        lines.append(f"{s['workers']:>7} {s['images_per_s']:>10.1f} {s['steps_per_s']:>9.3f} {s['windows']:>7}")
+        sp = s.get("window_steps_per_s") or {}
+        spread = f"{sp['min']:.3f}/{sp['median']:.3f}/{sp['max']:.3f}" if sp else ""
+        lines.append(f"{s['workers']:>7} {s['images_per_s']:>10.1f} {s['steps_per_s']:>9.3f} {s['windows']:>7}  {spread}")
     if summary["scaling_efficiency"]:
         lines.append("")
         for e in summary["scaling_efficiency"]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
 
+import numpy as np
+
 from elastic_ring.perfmodel.speed import SpeedModel
 
 # Seconds a job loses per resize. Our measurement: results/bench_resize.json (scripts/bench_resize.py,
@@ -72,3 +74,27 @@ class Policy(Protocol):
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
         """GPUs per job id; jobs left out wait. Must not exceed ``total_gpus`` in total."""
         ...
+
+
+class JobBatch(NamedTuple):
+    """The active jobs as arrays, in arrival order: what the simulator hands a policy's
+    ``allocate_batch(batch, total_gpus) -> GPUs per job (int array, same order)`` when the policy
+    has one (the same answer as ``allocate`` on the same jobs; the live scheduler calls ``allocate``).
+
+    ids, remaining, current, needs_exploration, exploring: as in :class:`JobView`, one entry per job
+        (remaining is None for a policy whose ``uses_remaining`` is False: FIFO Eight).
+    rows: each job's row in ``tables`` / ``rates`` / ``rate1`` (-1: no speed model yet).
+    tables: Eq. 6 gain tables (:func:`elastic_ring.sched.fast.gain_table`), one row per rate.
+    rates: the Rate of each row; rate1: each row's rate at 1 GPU; monotone: see the field.
+    """
+
+    ids: np.ndarray
+    remaining: np.ndarray | None
+    current: np.ndarray
+    rows: np.ndarray
+    needs_exploration: np.ndarray
+    exploring: np.ndarray
+    tables: np.ndarray
+    rates: Sequence[Rate]
+    rate1: np.ndarray
+    monotone: np.ndarray | None = None  # per row: passed fast.rows_monotone (None: unchecked)

@@ -37,10 +37,18 @@ from __future__ import annotations
 import heapq
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from elastic_ring.errors import ConfigError
-from elastic_ring.sched.api import JobView, Rate
+from elastic_ring.sched.api import JobBatch, JobView, Rate
+from elastic_ring.sched.fast import doubling_levels, unit_steps, unit_table
 
 EXPLORE_GPUS = 8
+# doubling_batch runs the heap below this many (job, level) cells: there a few hundred heap pops
+# cost less than the fixed cost of the array calls. Same answer either way.
+FAST_MIN_CELLS = 2048
+# Optimus.allocate_batch runs the unit-step heap below this many free GPUs (one pop per GPU).
+UNIT_FAST_MIN_FREE = 1024
 
 
 def _gain_double(q: float, rate: Rate, w: int) -> float:
@@ -128,6 +136,34 @@ def unit_greedy_allocate(jobs: Sequence[tuple[int, float, Rate]], total_gpus: in
     return alloc
 
 
+def doubling_batch(b: JobBatch, sel: np.ndarray, total_gpus: int, weights: np.ndarray | None = None,
+                   state: dict | None = None) -> np.ndarray:
+    """:func:`doubling_allocate` on the batch's jobs at positions ``sel`` (in that priority order):
+    GPUs per selected job, by :func:`~elastic_ring.sched.fast.doubling_levels` (the heap when its
+    check fails). Same answer as the heap, bit for bit."""
+    rows = b.rows[sel]
+    if (rows < 0).any():
+        bad = int(b.ids[sel][rows < 0][0])
+        raise ConfigError(f"job {bad} has no speed model; this policy needs one")
+    n = min(sel.size, total_gpus)
+    q = b.remaining[sel]
+    if weights is not None:
+        q = q * weights
+    out = np.zeros(sel.size, dtype=np.int64)
+    if n == 0:
+        return out
+    r = rows[:n]
+    levels = None if n * max(1, (total_gpus - n).bit_length()) < FAST_MIN_CELLS else doubling_levels(q[:n], b.tables[r], total_gpus - n, state,
+                             checked=b.monotone is not None and bool(b.monotone[r].all()))
+    if levels is not None:
+        out[:n] = 1 << levels
+        return out
+    jobs = [(i, float(q[i]), b.rates[rows[i]]) for i in range(sel.size)]
+    for i, w in doubling_allocate(jobs, total_gpus).items():
+        out[i] = w
+    return out
+
+
 def _planned(jobs: Sequence[JobView]) -> list[tuple[int, float, Rate]]:
     out = []
     for j in jobs:
@@ -142,6 +178,7 @@ class Eight:
 
     name = "eight"
     explores = False
+    uses_remaining = False  # allocate_batch gets JobBatch.remaining = None
 
     def __init__(self, gpus_per_job: int = 8):
         self.gpus_per_job = gpus_per_job
@@ -150,6 +187,12 @@ class Eight:
         per = min(self.gpus_per_job, total_gpus)
         return {j.id: per for j in jobs[: total_gpus // per]}
 
+    def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
+        per = min(self.gpus_per_job, total_gpus)
+        out = np.zeros(b.ids.size, dtype=np.int64)
+        out[: total_gpus // per] = per
+        return out
+
 
 class Precompute:
     """Eq. 6 doubling with the speed models known in advance."""
@@ -157,8 +200,14 @@ class Precompute:
     name = "precompute"
     explores = False
 
+    def __init__(self) -> None:
+        self._state: dict = {}
+
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
         return doubling_allocate(_planned(jobs), total_gpus)
+
+    def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
+        return doubling_batch(b, np.arange(b.ids.size), total_gpus, state=self._state)
 
 
 class SRTF:
@@ -169,11 +218,22 @@ class SRTF:
 
     def __init__(self, power: float = 2.0):
         self.power = power
+        self._state: dict = {}
 
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
         planned = sorted(_planned(jobs), key=lambda x: (x[1] / x[2](1), x[0]))[:total_gpus]
         n = len(planned)
         return doubling_allocate(planned, total_gpus, weights=[(n - r) ** self.power for r in range(n)])
+
+    def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
+        if (b.rows < 0).any():
+            raise ConfigError(f"job {int(b.ids[b.rows < 0][0])} has no speed model; this policy needs one")
+        order = np.lexsort((b.ids, b.remaining / b.rate1[b.rows]))[:total_gpus]
+        n = order.size
+        weights = np.arange(n, 0, -1, dtype=float) ** self.power
+        out = np.zeros(b.ids.size, dtype=np.int64)
+        out[order] = doubling_batch(b, order, total_gpus, weights=weights, state=self._state)
+        return out
 
 
 class Optimus:
@@ -182,8 +242,36 @@ class Optimus:
     name = "optimus"
     explores = False
 
+    def __init__(self) -> None:
+        self._state: dict = {}
+        self._unit: dict = {}  # id(rate) -> (rate, total_gpus, unit_table or None)
+
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
         return unit_greedy_allocate(_planned(jobs), total_gpus)
+
+    def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
+        if (b.rows < 0).any():
+            raise ConfigError(f"job {int(b.ids[b.rows < 0][0])} has no speed model; this policy needs one")
+        size = b.ids.size
+        n = min(size, total_gpus)
+        out = np.zeros(size, dtype=np.int64)
+        if n and total_gpus - n >= UNIT_FAST_MIN_FREE:
+            rows = b.rows[:n]
+            tables = [np.zeros(0)] * (int(rows.max()) + 1)
+            for r in np.unique(rows):
+                rate = b.rates[r]
+                hit = self._unit.get(id(rate))
+                if hit is None or hit[0] is not rate or hit[1] != total_gpus:
+                    hit = self._unit[id(rate)] = (rate, total_gpus, unit_table(rate, total_gpus))
+                tables[r] = hit[2]
+            if all(tables[r] is not None for r in np.unique(rows)):
+                out[:n] = 1 + unit_steps(b.remaining[:n], rows, tables, total_gpus - n, self._state)
+                return out
+        q = b.remaining
+        for jid, w in unit_greedy_allocate([(i, float(q[i]), b.rates[b.rows[i]]) for i in range(size)],
+                                           total_gpus).items():
+            out[jid] = w
+        return out
 
 
 class Exploratory:
@@ -198,6 +286,7 @@ class Exploratory:
         if explore_gpus < 1:
             raise ConfigError(f"explore_gpus must be >= 1, got {explore_gpus}")
         self.explore_gpus = explore_gpus
+        self._state: dict = {}
 
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
         alloc: dict[int, int] = {}
@@ -211,17 +300,71 @@ class Exploratory:
         alloc.update(doubling_allocate(_planned(ready), free))
         return alloc
 
+    def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
+        hold = self.explore_gpus
+        out = np.zeros(b.ids.size, dtype=np.int64)
+        flagged = np.flatnonzero(b.exploring | b.needs_exploration)
+        take = flagged[: total_gpus // hold]  # explorers in arrival order while >= hold GPUs are free
+        out[take] = hold
+        ready = np.flatnonzero(~(b.exploring | b.needs_exploration))
+        out[ready] = doubling_batch(b, ready, total_gpus - take.size * hold, state=self._state)
+        return out
+
+
+class ResizeAware:
+    """Another policy's answer, less the grows that do not pay for their resize (issue 22, point 3).
+
+    A running job that the inner policy grows from w to w' is grown only if the work it gains over
+    the horizon, ``(f(w') - f(w)) · min(H, Q/f(w'))``, exceeds the work the resize costs it,
+    ``f(w') · c`` (c: the resize cost in seconds, a model in the simulator; the live scheduler can
+    pass each job's measured one through ``costs``). Vetoed grows leave their GPUs free until the next
+    decision; shrinks, preemptions and starts are kept as the inner policy gave them (they are what
+    admits new jobs). H defaults to 10 c (not tuned: a fixed rule, so nothing to hold out).
+    """
+
+    explores = False
+
+    def __init__(self, inner, resize_cost_s: float, horizon_s: float | None = None,
+                 costs: Mapping[int, float] | None = None):
+        if resize_cost_s < 0:
+            raise ConfigError(f"resize cost must be >= 0 s, got {resize_cost_s}")
+        self.inner = inner
+        self.name = f"{inner.name}-rc"
+        self.resize_cost_s = resize_cost_s
+        self.horizon_s = 10.0 * resize_cost_s if horizon_s is None else horizon_s
+        self.costs = dict(costs or {})
+        self.vetoed = 0
+
+    def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
+        new = self.inner.allocate(jobs, total_gpus, current)
+        for j in jobs:
+            w0, w1 = j.current, new.get(j.id, 0)
+            if w0 > 0 and w1 > w0 and j.rate is not None:
+                c = self.costs.get(j.id, self.resize_cost_s)
+                f0, f1 = j.rate(w0), j.rate(w1)
+                gain = (f1 - f0) * min(self.horizon_s, j.remaining / f1)
+                if gain <= f1 * c:
+                    new[j.id] = w0
+                    self.vetoed += 1
+        return new
+
 
 POLICIES = {"eight": Eight, "precompute": Precompute, "exploratory": Exploratory, "optimus": Optimus,
             "srtf": SRTF}
 
 
-def make_policy(name: str):
-    """A policy by name (one of :data:`POLICIES`).
+def make_policy(name: str, resize_cost_s: float | None = None):
+    """A policy by name (one of :data:`POLICIES`); ``NAME-rc`` wraps it in :class:`ResizeAware`
+    with ``resize_cost_s`` (default: :data:`~elastic_ring.sched.api.DEFAULT_RESIZE_OVERHEAD_S`).
 
     Raises:
         ConfigError: unknown name.
     """
+    if name.endswith("-rc") and name[:-3] in POLICIES and name[:-3] not in ("eight", "exploratory"):
+        from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
+
+        cost = DEFAULT_RESIZE_OVERHEAD_S if resize_cost_s is None else resize_cost_s
+        return ResizeAware(POLICIES[name[:-3]](), cost)
     try:
         return POLICIES[name]()
     except KeyError:

@@ -44,10 +44,14 @@ import numpy as np
 from elastic_ring.errors import ElasticRingError
 from elastic_ring.perfmodel.convergence import predict_remaining
 from elastic_ring.perfmodel.speed import SpeedModel, fit_speed
-from elastic_ring.sched.api import JobView, Policy, Rate, model_rate
+from elastic_ring.sched.api import JobBatch, JobView, Policy, Rate, model_rate
+from elastic_ring.sched.fast import gain_table, rows_monotone
 from elastic_ring.sim.api import JobSpec, JobState, RunResult, SimConfig
 
 _INF = float("inf")
+# Decide on arrays (the policy's allocate_batch) from this many active jobs: below it, the
+# per-job Python loop is faster than the fixed cost of the array calls. Same answer either way.
+BATCH_MIN_JOBS = 64
 
 
 class SimError(ElasticRingError):
@@ -97,7 +101,7 @@ class SimJob:
     __slots__ = ("id", "arrival", "work", "work_done", "advanced_to", "gpus_held", "gpus_training",
                  "speed", "true_model", "true_rate", "plan_rate", "paused_until", "version", "state",
                  "explored", "phase", "measured", "finished_at", "resizes", "curve", "target_loss",
-                 "q_done", "q_total", "q_fits")
+                 "q_done", "q_total", "q_fits", "pos")
 
     def __init__(self, spec: JobSpec, true_model: SpeedModel, true_rate: Rate, plan_rate: Rate | None,
                  explored: bool):
@@ -121,6 +125,7 @@ class SimJob:
         self.q_done = 0.0  # work done at the last Eq. 1 fit
         self.q_total = float("nan")  # the total work that fit predicted
         self.q_fits = 0
+        self.pos = -1  # arrival index: the job's entry in the simulator's arrays
 
     def advance(self, t: float) -> None:
         """Add the work done between ``advanced_to`` and ``t`` (none before ``paused_until``)."""
@@ -152,7 +157,8 @@ class Simulator:
     """
 
     def __init__(self, config: SimConfig, policy: Policy, true_models: Mapping[str, SpeedModel],
-                 plan_models: Mapping[str, SpeedModel] | None = None, trace: list | None = None):
+                 plan_models: Mapping[str, SpeedModel] | None = None, trace: list | None = None,
+                 batch_min_jobs: int = BATCH_MIN_JOBS):
         self.config = config
         self.policy = policy
         self.gpus = config.gpus
@@ -165,6 +171,14 @@ class Simulator:
         plan_models = plan_models if plan_models is not None else true_models
         self.plan_rates = {k: model_rate(m) for k, m in plan_models.items()}
         self.trace = trace
+        self.batch = hasattr(policy, "allocate_batch")
+        self.batch_min_jobs = batch_min_jobs
+        # speed models the planner uses, one row each (a workload's, or a job's fitted one)
+        self._rates: list[Rate] = []
+        self._tables = np.zeros((0, gain_table(lambda w: 1.0, self.gpus).size))
+        self._rate1 = np.zeros(0)
+        self._monotone = np.zeros(0, dtype=bool)
+        self._plan_row = {k: self._add_rate(r) for k, r in self.plan_rates.items()}
         self._noise_rng = np.random.default_rng([config.seed, 1])
         # runtime state, (re)set by run()
         self._heap: list[Event] = []
@@ -192,6 +206,7 @@ class Simulator:
 
         arrivals = sorted(jobs, key=lambda s: (s.arrival, s.id))
         n_jobs = len(arrivals)
+        self._alloc_arrays(arrivals)
         finished: list[SimJob] = []
         t_first = arrivals[0].arrival if arrivals else 0.0
         accounted_to = t_first
@@ -239,10 +254,68 @@ class Simulator:
         return self._result(finished, n_jobs, t_first)
 
     # ------------------------------------------------------------------------------ event handlers
+    def _add_rate(self, rate: Rate) -> int:
+        table = gain_table(rate, self.gpus)
+        row = len(self._rates)
+        if row >= self._tables.shape[0]:  # grow by doubling: amortised O(1) per row
+            cap = max(8, 2 * row)
+            grown = np.zeros((cap, table.size))
+            grown[:row] = self._tables[:row]
+            self._tables = grown
+            self._rate1 = np.concatenate([self._rate1, np.zeros(cap - self._rate1.size)])
+            self._monotone = np.concatenate([self._monotone, np.zeros(cap - self._monotone.size, dtype=bool)])
+        self._tables[row] = table
+        self._rates.append(rate)
+        self._rate1[row] = rate(1)
+        self._monotone[row] = bool(rows_monotone(table[None, :])[0])
+        return row
+
+    def _alloc_arrays(self, arrivals: Sequence[JobSpec]) -> None:
+        """Per-job arrays (by arrival index) mirroring what a decision reads, and the active list."""
+        n = len(arrivals)
+        self._by_pos: list[SimJob | None] = [None] * n
+        self._a_id = np.array([s.id for s in arrivals], dtype=np.int64)
+        self._a_work = np.array([s.work for s in arrivals], dtype=float)
+        self._a_done = np.zeros(n)
+        self._a_speed = np.zeros(n)
+        self._a_adv = np.zeros(n)
+        self._a_pause = np.zeros(n)
+        self._a_held = np.zeros(n, dtype=np.int64)
+        self._a_row = np.full(n, -1, dtype=np.int64)
+        self._a_needs = np.zeros(n, dtype=bool)
+        self._a_expl = np.zeros(n, dtype=bool)
+        self._act = np.zeros(0, dtype=np.int64)  # arrival indices of the active jobs, in order
+        self._next_pos = 0
+        # The arrays are kept up to date only while decisions go through them ("live"): from
+        # batch_min_jobs active jobs on, until fewer than half that many remain; on the way in they
+        # are rebuilt from the jobs (the same values the updates would have written).
+        self._live = False
+
+    def _sync(self, j: SimJob) -> None:
+        if not self._live:
+            return
+        p = j.pos
+        self._a_done[p] = j.work_done
+        self._a_speed[p] = j.speed
+        self._a_adv[p] = j.advanced_to
+        self._a_pause[p] = j.paused_until
+        self._a_held[p] = j.gpus_held
+        exploring = j.state == JobState.EXPLORING
+        self._a_expl[p] = exploring
+        self._a_needs[p] = self.explores and not j.explored and not exploring
+
     def _arrive(self, spec: JobSpec, now: float) -> None:
         plan = None if self.explores else self.plan_rates[spec.workload]
-        self._active[spec.id] = SimJob(spec, self.true_models[spec.workload], self.true_rates[spec.workload],
-                                       plan, explored=not self.explores)
+        j = self._active[spec.id] = SimJob(spec, self.true_models[spec.workload], self.true_rates[spec.workload],
+                                           plan, explored=not self.explores)
+        j.pos = p = self._next_pos
+        self._next_pos += 1
+        self._by_pos[p] = j
+        if plan is not None:
+            self._a_row[p] = self._plan_row[spec.workload]
+        if self._live:
+            self._sync(j)
+            self._act = np.append(self._act, p)
 
     def _complete(self, j: SimJob, now: float) -> None:
         j.work_done = j.work
@@ -253,6 +326,8 @@ class Simulator:
         j.gpus_held = j.gpus_training = 0
         j.speed = 0.0
         del self._active[j.id]
+        if self._live:
+            self._act = self._act[self._act != j.pos]
 
     def _end_phase(self, j: SimJob, now: float) -> None:
         """Record the phase's measured speed; start the next phase, or fit Eq. 5 and decide."""
@@ -269,6 +344,7 @@ class Simulator:
             j.paused_until = now + self.config.resize_overhead_s
             self._set_training(j, phases[j.phase], now)
             self._push_phase_end(j, now)
+            self._sync(j)
             return
         ws = [m[0] for m in j.measured]
         fs = [max(m[1], 1e-12) for m in j.measured]
@@ -276,11 +352,35 @@ class Simulator:
         j.explored = True
         j.state = JobState.RUNNING
         j.phase = -1
+        if self.batch:
+            self._a_row[j.pos] = self._add_rate(j.plan_rate)
+        self._sync(j)
         self._decide(now)
 
     # ------------------------------------------------------------------------------ decisions
+    def _remaining_all(self, now: float) -> np.ndarray:
+        """:meth:`SimJob.remaining_at` of every active job (same floating-point operations)."""
+        act = self._act
+        work, done, speed = self._a_work[act], self._a_done[act], self._a_speed[act]
+        adv, pause = self._a_adv[act], self._a_pause[act]
+        start = np.where(adv > pause, adv, pause)
+        r = work - done - np.where(now > start, speed * (now - start), 0.0)
+        return np.where(speed > 0, np.where(r > 0.0, r, 0.0), work - done)
+
     def _decide(self, now: float) -> None:
         """Ask the policy, check its answer, apply it (shrinks first, so GPUs in use never exceed G)."""
+        if self.batch:
+            n = len(self._active)
+            if not self._live and n >= self.batch_min_jobs:
+                self._live = True
+                for j in self._active.values():
+                    self._sync(j)
+                self._act = np.fromiter((j.pos for j in self._active.values()), dtype=np.int64, count=n)
+            elif self._live and 2 * n < self.batch_min_jobs:
+                self._live = False
+            if self._live:
+                self._decide_batch(now)
+                return
         active, policy, explores, G = self._active, self.policy, self.explores, self.gpus
         exploring = JobState.EXPLORING
         views = []
@@ -312,6 +412,41 @@ class Simulator:
             w = int(new.get(j.id, 0))
             if w != j.gpus_held and (w > j.gpus_held or j.state == exploring):
                 self._apply(j, w, now)
+        if self.gpus_in_use > G:
+            raise SimError(f"{self.gpus_in_use} GPUs in use of {G}")
+        if self.gpus_in_use > self.max_gpus_in_use:
+            self.max_gpus_in_use = self.gpus_in_use
+        if self.trace is not None:
+            self.trace.append((now, self.gpus_in_use))
+
+    def _decide_batch(self, now: float) -> None:
+        """:meth:`_decide` through the policy's ``allocate_batch``: arrays in, arrays out, and only
+        the jobs whose count changes are touched (the per-event Python work no longer grows with
+        the number of active jobs)."""
+        policy, G, act = self.policy, self.gpus, self._act
+        uses_q = getattr(policy, "uses_remaining", True)
+        q = self._remaining_all(now) if uses_q else None
+        if uses_q and self.config.remaining == "eq1":
+            by_pos = self._by_pos
+            for i in range(act.size):
+                j = by_pos[act[i]]
+                if j.curve is not None:
+                    q[i] = self._predicted_remaining(j, j.work - float(q[i]))
+        held = self._a_held[act]
+        exploring = self._a_expl[act]
+        batch = JobBatch(self._a_id[act], q, held, self._a_row[act], self._a_needs[act], exploring,
+                         self._tables, self._rates, self._rate1, self._monotone)
+        new = np.asarray(policy.allocate_batch(batch, G))
+        if new.shape != act.shape or (act.size and (new.min() < 0)):
+            raise SimError(f"policy {policy.name} returned a bad allocation {new!r}")
+        total = int(new.sum())
+        if total > G:
+            raise SimError(f"policy {policy.name} allocated {total} GPUs of {G}")
+        by_pos = self._by_pos
+        for i in np.flatnonzero((new < held) & ~exploring):
+            self._apply(by_pos[act[i]], int(new[i]), now)
+        for i in np.flatnonzero((new != held) & ((new > held) | exploring)):
+            self._apply(by_pos[act[i]], int(new[i]), now)
         if self.gpus_in_use > G:
             raise SimError(f"{self.gpus_in_use} GPUs in use of {G}")
         if self.gpus_in_use > self.max_gpus_in_use:
@@ -351,6 +486,7 @@ class Simulator:
                                f"not {self.explore_hold}")
             j.advance(now)
             self._start_exploring(j, now)
+            self._sync(j)
             return
         j.advance(now)
         if j.gpus_held > 0:
@@ -365,6 +501,7 @@ class Simulator:
         self.gpus_in_use += w - j.gpus_held
         j.gpus_held = w
         self._set_training(j, w, now)
+        self._sync(j)
 
     def _start_exploring(self, j: SimJob, now: float) -> None:
         j.state = JobState.EXPLORING
@@ -404,10 +541,10 @@ class Simulator:
 
 def simulate(config: SimConfig, policy: Policy, jobs: Sequence[JobSpec],
              true_models: Mapping[str, SpeedModel], plan_models: Mapping[str, SpeedModel] | None = None,
-             trace: list | None = None) -> RunResult:
+             trace: list | None = None, batch_min_jobs: int = BATCH_MIN_JOBS) -> RunResult:
     """Run ``jobs`` on ``config.gpus`` GPUs under ``policy``: ``Simulator(...).run(jobs)``.
 
     Raises:
         SimError: a policy allocates more GPUs than exist, or no job can ever run.
     """
-    return Simulator(config, policy, true_models, plan_models, trace).run(jobs)
+    return Simulator(config, policy, true_models, plan_models, trace, batch_min_jobs).run(jobs)

@@ -33,7 +33,29 @@ def test_simulate_small_run_writes_table_json_and_plot(tmp_path, capsys):
     assert "| eight |" in (out / "table3.md").read_text()
 
 
+def test_simulate_tunes_on_tune_seeds_and_reports_eval_seeds(tmp_path, capsys):
+    """srtf's exponent is chosen on the tuning seeds and workload; the table holds the others only."""
+    out = tmp_path / "sim"
+    r = run_main(capsys, "simulate", "--gpus", "16", "--jobs", "10", "--strategies", "eight,srtf",
+                 "--tune-seeds", "0-1", "--eval-seeds", "7,9", "--srtf-powers", "0,2",
+                 "--eval-workload", "resnet50-imagenet", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    d = json.loads((out / "table3.json").read_text())
+    split = d["meta"]["seed_split"]
+    assert split["tune_seeds"] == [0, 1] and split["eval_seeds"] == [7, 9]
+    assert split["tune_workloads"] == ["resnet110-cifar10"] and split["eval_workloads"] == ["resnet50-imagenet"]
+    assert {run["seed"] for run in d["runs"]} == {7, 9}  # nothing reported on a tuning seed
+    assert {t["seed"] for t in split["tuning_runs"]} == {0, 1}
+    chosen = split["tuned"]["moderate"]
+    best = max(chosen["candidates"].items(), key=lambda kv: kv[1])
+    assert f"{chosen['power']:g}" == best[0]
+    assert "tuning seeds (constants chosen on these only): [0, 1]" in (out / "table3.md").read_text()
+
+
 @pytest.mark.parametrize("args, needle", [
+    (["--tune-seeds", "0-4", "--eval-seeds", "4-6"], "overlap on [4]"),
+    (["--tune-seeds", "a-b"], "'a-b' is not a seed"),
+    (["--srtf-powers", "x"], "--srtf-powers"),
     (["--strategies", "eight,fastest"], "unknown fastest"),
     (["--contention", "medium"], "'medium' is not one of"),
     (["--gpus", "0"], "--gpus must be >= 1"),

@@ -198,7 +198,10 @@ def test_summary_scaling_efficiency_and_overheads():
         {"kind": "evaluation", "step": 30, "test_accuracy": 0.9, "test_loss": 0.3},
     ]
     s = summarize(ev)
-    assert s["sizes"][0]["images_per_s"] == pytest.approx(105.0)
+    secs = 10 / 1.0 + 10 / 1.1  # the two 1-worker windows' seconds (steps / steps per s)
+    assert s["sizes"][0]["steps_per_s"] == pytest.approx(20 / secs)  # work over time, not a median
+    assert s["sizes"][0]["images_per_s"] == pytest.approx((100.0 * 10 + 110.0 * 10 / 1.1) / secs)
+    assert s["sizes"][0]["window_steps_per_s"] == {"min": 1.0, "median": pytest.approx(1.05), "max": 1.1}
     e = s["scaling_efficiency"][0]  # 2 windows and 1: too few to say
     assert e["efficiency"] is None and "too few throughput windows (2 and 1" in e["reason"]
     assert s["resizes"][0]["total_lost_s"] == 5.5
@@ -210,11 +213,27 @@ def test_summary_scaling_efficiency_and_overheads():
              "steps": 10, "step": 40 + 10 * i, "loss": 0.5}
             for i, (w, ips) in enumerate([(1, 90.0), (2, 170.0), (2, 260.0), (2, 200.0)])]
     e = summarize(ev + more)["scaling_efficiency"][0]
-    # medians 100 (90, 100, 110) and 190 (170, 180, 200, 260): 190 / 200
-    assert e["efficiency"] == pytest.approx(190 / 200) and e["windows"] == [3, 4]
+    # work over time (images over the windows' seconds = steps / steps per s), not the medians
+    one = (100.0 * 10 + 110.0 * 10 / 1.1 + 90.0 * 10) / (10 + 10 / 1.1 + 10)
+    two = (180.0 * 10 / 0.9 + 170.0 * 10 + 260.0 * 10 + 200.0 * 10) / (10 / 0.9 + 30)
+    assert e["efficiency"] == pytest.approx(two / (2 * one)) and e["windows"] == [3, 4]
     assert e["low"] < e["efficiency"] < e["high"]
     finished = summarize(ev + more + [{"kind": "finished", "step": 70, "wall_s": 9.0}])
     assert "final train loss: 0.5000" in render(finished, 70)
+
+
+def test_summary_rate_is_work_over_time_when_windows_disagree():
+    """Two jobs sharing cores: a few fast windows and one long slow one. The rate is the steps
+    over the seconds they took (the issue-22 case: median 159-184 steps/s, 47-50 steps/s of work)."""
+    ev = [{"kind": "launch", "world_size": 1, "time": 0}]
+    ev += [{"kind": "throughput", "world_size": 1, "images_per_s": 180.0 * 32, "steps_per_s": 180.0,
+            "steps": 100, "seconds": 100 / 180.0, "step": 100 * (i + 1), "loss": 1.0} for i in range(3)]
+    ev.append({"kind": "throughput", "world_size": 1, "images_per_s": 20.0 * 32, "steps_per_s": 20.0,
+               "steps": 1200, "seconds": 60.0, "step": 1500, "loss": 1.0})
+    size = summarize(ev)["sizes"][0]
+    assert size["window_steps_per_s"]["median"] == 180.0
+    assert size["steps_per_s"] == pytest.approx(1500 / (3 * 100 / 180.0 + 60.0))  # ~24.3
+    assert "24.3" in render(summarize(ev)).replace(" ", " ")
 
 
 def test_cpu_threads_share_the_allowed_cores_or_follow_the_override(monkeypatch):

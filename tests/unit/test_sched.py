@@ -111,3 +111,24 @@ def test_make_policy_names_and_overhead_default():
     assert lost and min(lost) - 0.25 <= DEFAULT_RESIZE_OVERHEAD_S <= max(lost) + 0.25
     with pytest.raises(ConfigError):
         Precompute().allocate([JobView(0, 1.0, None)], 8, {})
+
+
+def test_resize_aware_vetoes_only_grows_that_do_not_pay():
+    """A running job grown 1 -> 2 with a few seconds left gains less than the resize costs it: kept
+    at 1. A long job grown the same way keeps its grow; a queued job's start is never vetoed."""
+    from elastic_ring.sched.policies import ResizeAware
+
+    rate = lambda w: 100.0 * w  # noqa: E731 - samples/s, linear
+    class Grow:  # the inner policy: everyone to 2 GPUs
+        name = "grow"
+
+        def allocate(self, jobs, total_gpus, current):
+            return {j.id: 2 for j in jobs}
+
+    gate = ResizeAware(Grow(), resize_cost_s=10.0)  # horizon 100 s
+    jobs = [JobView(0, 100.0 * 5, rate, current=1),       # 2.5 s left at 2 GPUs: gain 250 < 2000
+            JobView(1, 100.0 * 1000, rate, current=1),    # gain 100 * 100 s = 10000 > 2000
+            JobView(2, 50.0, rate, current=0)]            # a start
+    assert gate.allocate(jobs, 8, {0: 1, 1: 1, 2: 0}) == {0: 1, 1: 2, 2: 2}
+    assert gate.vetoed == 1 and gate.name == "grow-rc"
+    assert make_policy("precompute-rc", 3.0).resize_cost_s == 3.0
