@@ -15,7 +15,7 @@ from typing import Any
 _REASONS = {
     "syntax": "a syntax error in the script: not retried",
     "import": "an import error in the script: not retried",
-    "usage": "the script rejected its arguments: not retried",
+    "usage": "not retried",  # the message already says the script rejected its arguments
     "contract": "not retried: the script breaks the worker library's contract",
     "pickling": "a registered object does not pickle: not retried",
     "setup": "the script failed before its first step: not retried",

@@ -12,7 +12,7 @@ stop may happen::
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05 * job.size),
                                    named_parameters=model.named_parameters())
     data = job.sampler(len(train_set), batch_size=32, seed=0)
-    job.register(model=model, optimizer=opt)      # plus any picklable extras
+    job.register(model=model, optimizer=opt)      # plus scheduler=..., picklable extras
     job.restore()                                 # or start; LR rescaled by Eq. 7 on a new size
     for step in job.steps():                      # stops where the controller asks
         idx = data.next_batch()                   # this rank's share of the global batch
@@ -30,10 +30,12 @@ whether the controller asked for an early stop (the vote travels with the next s
 and is read one check later: no blocking collective between steps). At the stop it writes a checkpoint and a
 ``segment_end`` event and all ranks leave together.
 
-The LR on a world-size change: by default every param group's ``lr`` restored from the checkpoint
-is rescaled by the run's rule (Eq. 7, ``lr_new = w_new / w_last * lr_last``); ``job.lr_factor`` is
-the product of all rescalings so far, for scripts that compute their LR themselves; or register a
-rule of your own with :meth:`Job.on_resize`.
+The LR on a world-size change: by default every param group's ``lr`` restored from the checkpoint,
+and everything the registered LR schedulers compute from (``base_lrs``, ``max_lr``...), is rescaled
+by the run's rule (Eq. 7, ``lr_new = w_new / w_last * lr_last``; :func:`elastic_ring.worker.lr.
+scale_lr_state`), so every later step's LR is Eq. 7 of the unresized schedule's; ``job.lr_factor``
+is the product of all rescalings so far, for scripts that compute their LR themselves; or register
+a rule of your own with :meth:`Job.on_resize`. ``job.finish()`` ends the job early.
 """
 
 from __future__ import annotations
