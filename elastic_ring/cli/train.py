@@ -81,6 +81,17 @@ def _resolve_device(device: str) -> tuple[str, int]:
                    "worker is ended by Horovod: its log shows an abort); a failed worker still restarts the "
                    "run from the last checkpoint. auto: prelaunch on GPUs, overlap on the CPU (where the new "
                    "workers' start-up would compete with training for the cores).")
+@click.option("--backend", type=click.Choice(["horovodrun", "ray"]), default="horovodrun", show_default=True,
+              help="ray: the workers are Ray actors in a placement group on a Ray cluster (--ray-address); "
+                   "they stay warm across resizes: survivors re-form the ring in their process, a joiner "
+                   "comes from pre-started spare actors (--warm-spares). --relaunch does not apply.")
+@click.option("--ray-address", default=None, metavar="ADDRESS",
+              help="Ray cluster to run on (--backend ray). [default: $RAY_ADDRESS, else a local Ray]")
+@click.option("--placement", type=click.Choice(["PACK", "SPREAD"]), default="PACK", show_default=True,
+              help="Ray placement group strategy of the workers: PACK (fewest nodes) or SPREAD.")
+@click.option("--warm-spares", type=int, default=None, metavar="N",
+              help="Spare Ray actors kept warm (torch and Horovod imported) for the next grow. "
+                   "[default: enough to grow to --slots]")
 @click.option("--checkpoint-every", type=int, default=None, metavar="STEPS",
               help="Also checkpoint every STEPS steps, in the background (0: off). [default: 0]")
 @click.option("--checkpoint-every-s", type=float, default=None, metavar="SECONDS",
@@ -107,8 +118,8 @@ def _resolve_device(device: str) -> tuple[str, int]:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
           data_dir, batch_size, lr, seed, resize_warmup, device, slots, hosts, hostfile,
-          network_interface, relaunch, checkpoint_every, checkpoint_every_s, keep, max_restarts,
-          stall_timeout, run_dir, resume_dir, script_args):
+          network_interface, relaunch, backend, ray_address, placement, warm_spares, checkpoint_every,
+          checkpoint_every_s, keep, max_restarts, stall_timeout, run_dir, resume_dir, script_args):
     """Train with Horovod (a CIFAR ResNet, or your --script); resize by checkpoint and relaunch.
 
     \b
@@ -142,7 +153,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
                      hostfile=hostfile, network_interface=network_interface, relaunch=relaunch,
                      checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s, keep=keep,
                      max_restarts=max_restarts, stall_timeout=stall_timeout, run_dir=run_dir,
-                     resume_dir=resume_dir)
+                     resume_dir=resume_dir, backend=backend, ray_address=ray_address, placement=placement,
+                     warm_spares=warm_spares)
     summary = start_or_resume(req, _echo)
     click.echo(render(summary, summary.get("total_steps")))
     if summary["state"] == "interrupted":

@@ -227,6 +227,7 @@ class Controller:
             if self._progress is not None:
                 self._progress.stop()
             self._kill_all()
+            self.backend.close()
             self._hb_stop.set()
             hb.join(timeout=5)
             if self._tb is not None:
@@ -351,6 +352,7 @@ class Controller:
         self._pending = None
         records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
         why, rank, rec = self._failure_cause(seg, rc, records)
+        detail = self.backend.failure_detail() or {}
         ck = self._checkpoint_step() or 0
         prog = protocol.read_json(protocol.control_dir(self.spec.run_dir) / protocol.PROGRESS_FILE) or {}
         last = max(int(prog.get("step", 0)), seg.last_step, seg.start_step)
@@ -380,7 +382,7 @@ class Controller:
                                   segment=seg.index, world_size=seg.world, from_step=ck,
                                   failed_at_step=last, steps_redone=redone,
                                   new_world_size=0 if give_up else new_world, gave_up=give_up,
-                                  time=t_detect))
+                                  node=detail.get("node"), time=t_detect))
         if give_up:
             if deterministic:
                 reason = deterministic
@@ -424,6 +426,9 @@ class Controller:
         if seg.stall is not None:  # killed by the watchdog: the others only lost their peer
             first = {"rank": seg.stall.rank, "type": "Stalled", "message": seg.stall.message,
                      "step": seg.stall.last_step + 1, "ranks": list(seg.stall.ranks)}
+        detail = self.backend.failure_detail()
+        if detail and seg.stall is None and (first is None or first.get("type") in (None, "Killed", "PeerLost")):
+            return detail["message"], detail.get("rank"), None  # the backend saw who went first
         if first is None and hr_first is not None:
             first = {"rank": hr_first, "type": None, "message": None}
         if first is None:

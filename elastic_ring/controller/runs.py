@@ -61,6 +61,10 @@ class RunRequest:
     run_dir: str | None = None
     resume_dir: str | None = None
     replace: bool = False  # clear an existing run folder first (runners redoing an unfinished run)
+    backend: str = "horovodrun"  # or "ray": workers as Ray actors (controller.backends.ray)
+    ray_address: str | None = None
+    placement: str = "PACK"
+    warm_spares: int | None = None
 
     def resnet_options(self) -> tuple[Any, ...]:
         return (self.depth, self.dataset, self.data_dir, self.batch_size, self.lr, self.seed,
@@ -110,6 +114,14 @@ def check(req: RunRequest) -> None:
     if req.relaunch == "inplace" and (req.hosts or req.hostfile):
         raise UserError("--relaunch inplace runs on one host: drop --hosts/--hostfile, or use "
                         "another relaunch mode")
+    if req.backend == "ray" and (req.hosts or req.hostfile):
+        raise UserError("--backend ray takes its nodes from the Ray cluster: drop --hosts/--hostfile")
+    if req.backend == "ray" and req.relaunch not in ("auto", "inplace"):
+        raise UserError(f"--backend ray resizes in place (warm workers): drop --relaunch {req.relaunch}")
+    if req.backend != "ray" and (req.ray_address or req.warm_spares is not None or req.placement != "PACK"):
+        raise UserError("--ray-address, --placement and --warm-spares go with --backend ray")
+    if req.warm_spares is not None and req.warm_spares < 0:
+        raise UserError(f"--warm-spares must be >= 0, got {req.warm_spares}")
     _check_numbers(req)
 
 
@@ -340,9 +352,19 @@ def start_or_resume(req: RunRequest, echo: Callable[[str], None], out: Callable[
     run = prepare(req, echo)
     for line in describe(run):
         echo(line)
+    backend = None
+    if req.backend == "ray":
+        from elastic_ring.controller.backends.ray import RayBackend
+
+        run.relaunch = "inplace"  # the Controller's in-place path; the backend forms the rings
+        backend = RayBackend(run.spec, address=req.ray_address, strategy=req.placement,
+                             warm_spares=req.warm_spares,
+                             gpus_per_worker=1.0 if run.spec.device == "cuda" else 0.0, out=echo)
+        echo(f"backend: Ray ({req.ray_address or os.environ.get('RAY_ADDRESS') or 'a local Ray'}), "
+             f"placement {req.placement}, warm workers across resizes")
     ctl = Controller(run.spec, lr_scaling=run.cfg.lr_scaling if run.cfg else "linear", out=out,
                      network_interface=req.network_interface, relaunch=run.relaunch,
                      max_restarts=req.max_restarts, plan=run.plan, stall_timeout=req.stall_timeout,
-                     show_progress=show_progress)
+                     show_progress=show_progress, backend=backend)
     summary = ctl.run(run.start_step, run.spec.workers, run.segment)
     return {**summary, "total_steps": run.spec.total_steps}

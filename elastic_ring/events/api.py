@@ -219,6 +219,7 @@ class Restart(Event):
     steps_redone: int
     new_world_size: int
     gave_up: bool = False
+    node: str | None = None  # where the first failure happened, when the backend knows (Ray)
 
 
 @register

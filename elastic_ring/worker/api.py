@@ -53,6 +53,15 @@ from elastic_ring.protocol import LaunchInfo
 
 _T_IMPORTED = time.time()
 INPLACE_ENV = "ELASTIC_RING_INPLACE"  # "1": running under Horovod Elastic (--relaunch inplace)
+# INPLACE_ENV = RING_BY_CONTROLLER: resized in place, but the controller re-forms the ring itself
+# (the Ray backend: it serves the rendezvous and hands every member its new Horovod environment)
+RING_BY_CONTROLLER = "controller"
+MEMBER_ENV = "ELASTIC_RING_MEMBER"  # this worker's name in a resize action's "members"
+
+
+class Retired(BaseException):
+    """Raised out of ``job.steps()`` in a worker whose slot a controller-driven in-place shrink
+    removed: it has left the ring; its process may serve again (the Ray backend's actor)."""
 
 
 def inplace_action_file(run_dir: Path, segment: int) -> Path:
@@ -284,7 +293,8 @@ class Job:
         self._beat = None  # this rank's heartbeat (controller.watchdog), opened at its first step
         self._beat_key: tuple[int, int] | None = None
         self._restored = False
-        self.inplace = os.environ.get(INPLACE_ENV) == "1"
+        self.inplace = os.environ.get(INPLACE_ENV) in ("1", RING_BY_CONTROLLER)
+        self.ring_by_controller = os.environ.get(INPLACE_ENV) == RING_BY_CONTROLLER
         self._hosts_updated_at: float | None = None
         self._decided = 0.0
         self.checkpoint_stalls: list[float] = []  # seconds on the training thread per checkpoint
@@ -318,7 +328,7 @@ class Job:
             self._marks["wait_for_go"] = time.time()
         self._hvd_init()
         hvd = self.hvd
-        if self.inplace:  # Horovod Elastic: the driver's assignment may be newer than the env's
+        if self.inplace and not self.ring_by_controller:  # Horovod Elastic: the driver's assignment may be newer than the env's
             self._set_rank(hvd)
             from horovod.common.elastic import notification_manager
 
@@ -679,8 +689,8 @@ class Job:
                 act = protocol.read_json(inplace_action_file(self.run_dir, self.segment))
                 updated = self._hosts_updated_at
                 if isinstance(act, dict) and (act.get("action") == "exit" or (
-                        act.get("action") == "resize" and updated is not None
-                        and updated >= float(act.get("hosts_written", 0.0)) - 1.0)):
+                        act.get("action") == "resize" and (self.ring_by_controller or (
+                            updated is not None and updated >= float(act.get("hosts_written", 0.0)) - 1.0)))):
                     decision = act
             decision = hvd.broadcast_object(decision, root_rank=0, name="inplace_action")
             if decision is not None:
@@ -703,6 +713,11 @@ class Job:
         meta = self._live_meta(next_segment=int(action["segment"]), stop_at=int(action["stop_at"]))
         hvd.shutdown()
         self._hosts_updated_at = None
+        if self.ring_by_controller:  # the controller names every member's new Horovod environment
+            mine = (action.get("members") or {}).get(os.environ.get(MEMBER_ENV, ""))
+            if mine is None:
+                raise Retired(f"not a member of segment {action['segment']}")
+            os.environ.update({k: str(v) for k, v in mine.items()})
         hvd.init()
         self._marks = {"reset_request": t0, "hvd_reinit": time.time()}
         self._t_start = t0

@@ -32,6 +32,9 @@ from elastic_ring import protocol
 from elastic_ring.protocol import LaunchInfo
 
 
+RETIRED = 3  # main(in_process=True): this worker left the ring at an in-place shrink
+
+
 class ScriptError(RuntimeError):
     """The script broke the library's contract (no init, returned early, exited non-zero)."""
 
@@ -151,7 +154,10 @@ def _run_target(target: str, args: list[str]) -> None:
         runpy.run_module(target, run_name="__main__", alter_sys=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, in_process: bool = False) -> int:
+    """Run the worker. ``in_process`` (a Ray actor): return 0 when the script is done, and
+    :data:`RETIRED` when an in-place shrink removed this worker, instead of ending the process
+    (a failure still ends it, after its crash record is written)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
         print("usage: python -m elastic_ring.worker.run OPTIONS -- TARGET [ARGS...]", file=sys.stderr)
@@ -169,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--controller-host", default="")
     p.add_argument("--inplace", action="store_true",
                    help="run under Horovod Elastic: resizes re-form the ring in this process")
+    p.add_argument("--ring-by-controller", action="store_true",
+                   help="resizes re-form the ring in this process, with the Horovod environment the "
+                        "controller names (the Ray backend)")
     a = p.parse_args(own)
     if not rest:
         p.error("no TARGET after --")
@@ -183,10 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     from elastic_ring.telemetry.gpu import apply_host_devices
 
     apply_host_devices()  # cluster jobs on several hosts: this host's GPUs, before CUDA starts
-    if a.inplace:
-        from elastic_ring.worker.api import INPLACE_ENV
+    if a.inplace or a.ring_by_controller:
+        from elastic_ring.worker.api import INPLACE_ENV, RING_BY_CONTROLLER
 
-        os.environ[INPLACE_ENV] = "1"
+        os.environ[INPLACE_ENV] = RING_BY_CONTROLLER if a.ring_by_controller else "1"
     stop = threading.Event()
     threading.Thread(target=_watchdog, args=(info, init_timeout_s, stop), daemon=True,
                      name="elastic-ring-watchdog").start()
@@ -194,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         _run_target(rest[0], rest[1:])
+    except api.Retired:
+        stop.set()
+        return RETIRED
     except SystemExit as e:
         if e.code not in (None, 0):
             if e.code == 2 and _ARG_ERROR:
@@ -210,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     stop.set()
     sys.stdout.flush()
     sys.stderr.flush()
+    if in_process:
+        return 0
     # Everything is on disk (checkpoint fsynced, events written): skip the interpreter's slow
     # teardown of torch and Horovod, which only delays the relaunch.
     os._exit(0)

@@ -76,6 +76,12 @@ class Backend(Protocol):
     def ask_exit(self, paused_segment: int, t: float) -> None:
         """The workers paused in place: checkpoint and leave (an interrupt)."""
 
+    def failure_detail(self) -> dict | None:
+        """What the backend saw of the last failure (``rank``, ``node``, ``message``), if anything."""
+
+    def close(self) -> None:
+        """The run is over: end whatever the backend still holds."""
+
 
 def worker_entry() -> list[str]:
     """The command that starts one worker process."""

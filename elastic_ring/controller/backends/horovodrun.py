@@ -166,3 +166,9 @@ class HorovodrunBackend:
 
     def ask_exit(self, paused_segment: int, t: float) -> None:  # pragma: no cover
         pass
+
+    def failure_detail(self) -> dict | None:
+        return None  # horovodrun's log and the crash records say it all
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,554 @@
+"""The Ray backend of ``elastic-ring train --backend ray``: workers are Ray actors, and they stay warm.
+
+- **Start.** A placement group of N one-worker bundles (``PACK``: fewest nodes, or ``SPREAD``), an
+  actor per bundle. The actor imports torch and Horovod when it is created, then runs the same
+  worker entry and library as horovodrun's workers, in its own process (``worker.run.main`` with
+  ``in_process``). The controller serves Horovod's Gloo rendezvous itself
+  (``horovod.runner.http.http_server.RendezvousServer``, one per ring); each actor gets the
+  environment of ``horovod.runner.gloo_run.create_run_env_vars`` / ``create_slot_env_vars`` for
+  its slot of ``get_host_assignments``, one Horovod host per Ray node ID, the network interface
+  being the one that carries that node's IP.
+- **Resize in place.** At a resize the workers pause between two steps (the worker library's
+  in-place mode). The backend starts a new rendezvous for the new ring and writes, in
+  ``control/inplace-<seg>.json``, every member's new Horovod environment: survivors keep their
+  process (imports, data, model) and re-form the ring; a worker whose slot goes leaves the ring
+  (``Retired``) and its actor is ended; a joiner comes from a pool of spare actors that already
+  imported torch and Horovod (``warm_spares``), runs the worker entry and syncs from rank 0.
+- **Failures.** ``ActorDiedError``, ``ActorUnavailableError`` or ``RayTaskError`` of any member is a
+  failed segment: the controller restarts from the newest checkpoint at the largest size the
+  live nodes hold (:meth:`RayBackend.usable_slots`); the node and rank are named in the restart.
+- **Run folder.** Checked at start from a task on every alive node: it must be one folder every
+  node sees (a shared filesystem on a real cluster).
+
+Not built: GPU bundles are requested (``gpus_per_worker``) but were not tried here (no GPU);
+joiners of a grow are spare actors outside the placement group (they hold their own CPUs), and
+a shrink's freed bundle stays reserved until the next restart.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elastic_ring import protocol
+from elastic_ring.controller.backends.api import BUILTIN_TARGET, SegmentLaunch, Started
+from elastic_ring.errors import UserError
+
+STRATEGIES = ("PACK", "SPREAD")
+RETIRED = 3  # elastic_ring.worker.run.RETIRED (not imported here: that module is the workers')
+_READY_TIMEOUT_S = 120.0
+_GRACE_S = 5.0  # after a member fails, how long to wait for the one that caused it to show
+
+
+def _iface_of(ip: str) -> str:
+    """The network interface that carries ``ip`` (``lo`` for a loopback address)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == ip for a in addrs):
+            return name
+    return "lo" if ip.startswith("127.") else "eth0"
+
+
+class WorkerActor:
+    """One warm worker process: torch and Horovod imported at creation; ``run`` runs the worker
+    entry in this process (output appended to ``log_path``)."""
+
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
+        t0 = time.time()
+        import importlib
+
+        import horovod.torch  # noqa: F401
+        import torch  # noqa: F401
+
+        for mod in ("elastic_ring.worker.api", "elastic_ring.worker.run", *preload):
+            try:  # a module target's own imports, so that a joiner only runs its code
+                importlib.import_module(mod)
+            except Exception:  # noqa: BLE001 - the run itself will report it
+                pass
+        self.import_s = time.time() - t0
+
+    def info(self) -> dict[str, Any]:
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ip, "iface": _iface_of(ip),
+                "pid": os.getpid(), "host": socket.gethostname(), "import_s": self.import_s}
+
+    def run(self, argv: list[str], env: dict[str, str], log_path: str) -> int:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        os.environ.update(env)
+        from elastic_ring.worker import run
+
+        return run.main(argv, in_process=True)
+
+
+def _handler(slots: dict[tuple[str, int], Any]):
+    """Horovod's rendezvous handler, plus the one question an elastic-mode worker asks at
+    ``hvd.init()``: its rank and sizes (``rank_and_size``, key ``host:local_rank``), answered from
+    this ring's slot assignment (what Horovod Elastic's driver would answer)."""
+    from horovod.runner.http.http_server import RendezvousHandler
+
+    class Handler(RendezvousHandler):
+        def _get_value(self, scope, key):
+            if scope == "rank_and_size":
+                host, local_rank = key.rsplit(":", 1)
+                slot = slots.get((host, int(local_rank)))
+                return None if slot is None else slot.to_response_string().encode("ascii")
+            return super()._get_value(scope, key)
+
+    return Handler
+
+
+def _sees(path: str, token: str) -> dict[str, Any]:
+    import ray
+
+    try:
+        ok = Path(path).read_text() == token
+    except OSError:
+        ok = False
+    return {"ok": ok, "node_id": ray.get_runtime_context().get_node_id(),
+            "ip": ray.util.get_node_ip_address()}
+
+
+@dataclass
+class Member:
+    name: str
+    actor: Any
+    info: dict[str, Any]
+    rank: int = -1
+    ref: Any = None  # the running ``run`` call
+    retiring: bool = False
+
+
+@dataclass
+class RayGroup:
+    """The workers of the running ring (a controller ``Handle``): ``poll`` is None while they run,
+    0 when all finished, 1 when any member failed (``failure`` says which)."""
+
+    backend: "RayBackend"
+    members: list[Member] = field(default_factory=list)
+    pid: int = 0
+    failure: dict[str, Any] | None = None
+    rc: int | None = None
+    t_start: float = field(default_factory=time.time)
+    _failed_seen: list[tuple[Member, Exception, float]] = field(default_factory=list)
+
+    def poll(self) -> int | None:
+        if self.rc is not None:
+            return self.rc
+        import ray
+
+        refs = [m.ref for m in self.members if m.ref is not None]
+        if not refs:
+            return None
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        done = set(ready)
+        for m in list(self.members):
+            if m.ref is None or m.ref not in done:
+                continue
+            try:
+                out = ray.get(m.ref)
+            except Exception as e:  # noqa: BLE001 - ActorDiedError, ActorUnavailableError, RayTaskError
+                self._failed_seen.append((m, e, time.time()))
+                m.ref = None
+                continue
+            if out == RETIRED or m.retiring:
+                self.members.remove(m)
+                self.backend._end_actor(m.actor)
+                continue
+            m.ref = None  # finished
+        if self._failed_seen:
+            return self._judge()
+        if all(m.ref is None for m in self.members):
+            self.rc = 0
+        return self.rc
+
+    def _judge(self) -> int | None:
+        """The failure that caused the others: a member whose node is gone, else one that died
+        without reporting only the loss of a peer; the others are given up to ``_GRACE_S`` to show
+        (a lost node surfaces ~2.5 s after a killed process)."""
+        peer_loss = {r.get("rank") for r in protocol.read_error_records(self.backend.spec.run_dir,
+                                                                         since=self.t_start)
+                     if r.get("peer_loss")}
+        seen = self._failed_seen
+        for m, e, _ in seen:
+            if "ActorUnavailableError" in type(e).__name__ or not self.backend._node_alive(m.info["node_id"]):
+                self._failed(m, e)
+                return self.rc
+        waited = time.time() - seen[0][2]
+        for m, e, _ in seen:
+            if m.rank not in peer_loss and waited > 0.5:
+                self._failed(m, e)
+                return self.rc
+        running = [m for m in self.members if m.ref is not None]
+        if waited > _GRACE_S or not running:
+            self._failed(*seen[0][:2])
+            return self.rc
+        return None
+
+    def _failed(self, m: Member, e: Exception) -> None:
+        node = m.info.get("node_id", "?")
+        kind = type(e).__name__
+        lost = "ActorUnavailableError" in kind or not self.backend._node_alive(node)
+        if lost:
+            self.backend.suspect_nodes.add(node)
+        self.failure = {"rank": m.rank, "node": f"{node[:12]} ({m.info.get('ip', '?')})", "type": kind,
+                        "message": f"worker rank {m.rank} on Ray node {node[:12]} ({m.info.get('ip', '?')}) "
+                                   f"failed: {kind}" + (" (node lost)" if lost else "")}
+        self.rc = 1
+
+    def kill(self) -> None:
+        for m in self.members:
+            self.backend._end_actor(m.actor)
+        if self.rc is None:
+            self.rc = -9
+
+
+class RayBackend:
+    """Workers as Ray actors; resizes in place with warm spares (see the module docstring)."""
+
+    name = "ray"
+    keeps_workers = True
+
+    def __init__(self, spec, address: str | None = None, strategy: str = "PACK",
+                 warm_spares: int | None = None, cpus_per_worker: float = 1.0,
+                 gpus_per_worker: float = 0.0, out=None) -> None:
+        if strategy not in STRATEGIES:
+            raise UserError(f"--placement must be one of {', '.join(STRATEGIES)}, got {strategy}")
+        if warm_spares is not None and warm_spares < 0:
+            raise UserError(f"--warm-spares must be >= 0, got {warm_spares}")
+        self.spec = spec
+        self.address = address
+        self.strategy = strategy
+        self.warm_spares = warm_spares
+        self.cpus = cpus_per_worker
+        self.gpus = gpus_per_worker
+        self.out = out or (lambda s: None)
+        self.suspect_nodes: set[str] = set()
+        self.group: RayGroup | None = None
+        self._spares: list[tuple[Any, Any]] = []  # (actor, its info() ref)
+        self._pg = None
+        self._servers: list[Any] = []
+        self._connected = False
+        self._checked = False
+        self._n = 0
+
+    # ------------------------------------------------------------------ Ray
+    def _connect(self) -> None:
+        if self._connected:
+            return
+        import ray
+
+        address = self.address or os.environ.get("RAY_ADDRESS") or None
+        kw: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False,
+                              "ignore_reinit_error": True}
+        if address is None:  # a local Ray, started here: a small object store (we store nothing)
+            kw["object_store_memory"] = 100 * 1024 * 1024
+        try:
+            ray.init(address=address, **kw)
+        except Exception as e:  # noqa: BLE001 - an unreachable address, a bad cluster
+            raise UserError(f"cannot connect to Ray at {address or 'a new local cluster'}: "
+                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        self._actor_cls = ray.remote(WorkerActor)
+        self._sees = ray.remote(_sees)
+        self._connected = True
+        self._check_run_dir()
+
+    def _node_alive(self, node_id: str) -> bool:
+        import ray
+
+        try:
+            return any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes())
+        except Exception:  # noqa: BLE001
+            return True
+
+    def _alive_nodes(self) -> list[dict[str, Any]]:
+        import ray
+
+        return [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in self.suspect_nodes]
+
+    def _check_run_dir(self) -> None:
+        """Every alive node must see the run folder (checkpoints and events live there)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        ctl = protocol.control_dir(self.spec.run_dir)
+        ctl.mkdir(parents=True, exist_ok=True)
+        token = uuid.uuid4().hex
+        probe = ctl / f".ray-visible-{token[:8]}"
+        probe.write_text(token)
+        try:
+            refs = [self._sees.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                n["NodeID"], soft=False)).remote(str(probe), token) for n in self._alive_nodes()]
+            res = ray.get(refs, timeout=_READY_TIMEOUT_S)
+        finally:
+            probe.unlink(missing_ok=True)
+        for r in res:
+            if not r["ok"]:
+                raise UserError(f"the run folder {self.spec.run_dir} is not visible from Ray node "
+                                f"{r['node_id'][:12]} ({r['ip']}): put it on a filesystem every node mounts")
+        self._checked = True
+
+    def _new_actor(self, **opts):
+        res: dict[str, Any] = {"num_cpus": self.cpus, "max_restarts": 0}
+        if self.gpus:
+            res["num_gpus"] = self.gpus
+        res.update(opts)
+        target = self.spec.script or BUILTIN_TARGET
+        preload = () if target.endswith(".py") or os.sep in target else (target,)
+        return self._actor_cls.options(**res).remote(preload)
+
+    def _end_actor(self, actor) -> None:
+        import ray
+
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    def _name(self) -> str:
+        self._n += 1
+        return f"w{self._n}"
+
+    # ------------------------------------------------------------------ spares
+    def _spares_wanted(self, world: int) -> int:
+        if self.warm_spares is not None:
+            return self.warm_spares
+        return max(0, self.spec.slots - world)  # enough for any grow up to the run's slots
+
+    def _top_up(self, world: int) -> None:
+        strategy = "SPREAD" if self.strategy == "SPREAD" else "DEFAULT"
+        while len(self._spares) < self._spares_wanted(world):
+            a = self._new_actor(scheduling_strategy=strategy)
+            self._spares.append((a, a.info.remote()))
+
+    def _take_spares(self, k: int) -> list[Member]:
+        """``k`` warm actors: spares that are ready first, then the others (waited for), then new."""
+        import ray
+
+        got: list[Member] = []
+        pending = list(self._spares)
+        self._spares = []
+        while pending and len(got) < k:
+            refs = [r for _, r in pending]
+            ready, _ = ray.wait(refs, num_returns=1, timeout=_READY_TIMEOUT_S)
+            if not ready:
+                break
+            i = refs.index(ready[0])
+            actor, ref = pending.pop(i)
+            try:
+                got.append(Member(self._name(), actor, ray.get(ref)))
+            except Exception:  # noqa: BLE001 - a spare that died: skip it
+                self._end_actor(actor)
+        self._spares = pending
+        while len(got) < k:  # no spare left: a cold actor
+            a = self._new_actor()
+            got.append(Member(self._name(), a, ray.get(a.info.remote(), timeout=_READY_TIMEOUT_S)))
+        return got
+
+    # ------------------------------------------------------------------ rings
+    def _argv(self, launch: SegmentLaunch) -> list[str]:
+        spec = self.spec
+        return ["--run-dir", str(spec.run_dir), "--segment", str(launch.segment), "--stop-at",
+                str(launch.stop_at), "--owner", launch.owner, "--controller-pid", str(os.getpid()),
+                "--controller-host", socket.gethostname(), "--ring-by-controller",
+                "--", spec.script or BUILTIN_TARGET, *spec.script_args]
+
+    def _ring(self, members: list[Member]) -> dict[str, dict[str, str]]:
+        """A new rendezvous for ``members`` (in rank order as far as nodes allow): each member's
+        Horovod environment. One Horovod host per Ray node ID."""
+        import ray
+        from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
+        from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+        from horovod.runner.http.http_server import RendezvousServer
+
+        order: list[str] = []
+        by_node: dict[str, list[Member]] = {}
+        for m in members:
+            node = m.info["node_id"]
+            if node not in by_node:
+                order.append(node)
+                by_node[node] = []
+            by_node[node].append(m)
+        slots = get_host_assignments([HostInfo(n, len(by_node[n])) for n in order], len(members))
+        server = RendezvousServer()
+        port = server.start(_handler({(s.hostname, s.local_rank): s for s in slots}))
+        server.init(slots)
+        for old in self._servers:  # the previous rings are formed: their rendezvous is done
+            old.stop()
+        self._servers = [server]
+        ip = ray.util.get_node_ip_address()
+        envs: dict[str, dict[str, str]] = {}
+        taken = {n: 0 for n in order}
+        for slot in slots:
+            m = by_node[slot.hostname][taken[slot.hostname]]
+            taken[slot.hostname] += 1
+            m.rank = slot.rank
+            # elastic=True: Horovod asks the rendezvous for its rank (served by _handler), and a
+            # DistributedOptimizer made at size 1 still allreduces once the ring grows
+            env = {k: str(v) for k, v in create_run_env_vars(ip, [m.info["iface"]], port, elastic=True).items()}
+            env.update({k: str(v) for k, v in create_slot_env_vars(slot).items()})
+            env["ELASTIC_RING_MEMBER"] = m.name
+            envs[m.name] = env
+        return envs
+
+    def _base_env(self, world: int) -> dict[str, str]:
+        env = {"PYTHONUNBUFFERED": "1", **self.spec.extra_env}
+        if self.spec.device == "cpu":
+            env["OMP_NUM_THREADS"] = str(protocol.cpu_threads(world))
+            env.setdefault("HOROVOD_CYCLE_TIME", "5")
+        for k in (protocol.CPU_THREADS_ENV,):
+            if k in os.environ:
+                env.setdefault(k, os.environ[k])
+        return env
+
+    def _run(self, m: Member, launch: SegmentLaunch, env: dict[str, str]) -> None:
+        log = self.spec.run_dir / "logs" / f"ray-{m.name}.log"
+        m.ref = m.actor.run.remote(self._argv(launch), {**self._base_env(launch.world), **env}, str(log))
+
+    def _note(self, log_path: Path, text: str) -> None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a") as f:
+            f.write(text + "\n")
+
+    # ------------------------------------------------------------------ Backend
+    def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
+        """A fresh ring of ``launch.world`` actors in a placement group (a first start, or a
+        restart after a failure: the previous actors and spares are ended first)."""
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self._connect()
+        self._drop_all()
+        bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+        pg = placement_group([dict(bundle) for _ in range(launch.world)], strategy=self.strategy)
+        try:
+            ray.get(pg.ready(), timeout=_READY_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - GetTimeoutError
+            remove_placement_group(pg)
+            raise UserError(f"the Ray cluster has no room for {launch.world} worker(s) of {bundle} "
+                            f"({self.strategy}) within {_READY_TIMEOUT_S:.0f} s") from None
+        self._pg = pg
+        actors = [self._new_actor(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i))
+                  for i in range(launch.world)]
+        infos = ray.get([a.info.remote() for a in actors], timeout=_READY_TIMEOUT_S)
+        members = [Member(self._name(), a, inf) for a, inf in zip(actors, infos)]
+        envs = self._ring(members)
+        members.sort(key=lambda m: m.rank)
+        for m in members:
+            self._run(m, launch, envs[m.name])
+        self.group = RayGroup(self, members)
+        self.group.pid = self._local_pid(members)
+        self._note(log_path, self._describe(members, launch))
+        self._top_up(launch.world)
+        return Started(self.group, self._command(launch))
+
+    def _local_pid(self, members: list[Member]) -> int:
+        """Rank 0's process where it runs on this host (telemetry), else the controller's."""
+        m = members[0]
+        return int(m.info["pid"]) if m.info.get("host") == socket.gethostname() else os.getpid()
+
+    def _command(self, launch: SegmentLaunch) -> list[str]:
+        return ["ray", f"--address={self.address or os.environ.get('RAY_ADDRESS') or 'local'}",
+                "-np", str(launch.world), "--placement", self.strategy, *self._argv(launch)]
+
+    def _describe(self, members: list[Member], launch: SegmentLaunch) -> str:
+        rows = ", ".join(f"rank {m.rank}: {m.name} pid {m.info['pid']} node {m.info['node_id'][:12]} "
+                         f"({m.info['ip']}, {m.info['iface']})" for m in members)
+        return f"[ray] segment {launch.segment}: {len(members)} worker(s): {rows}"
+
+    def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
+        group = self.group
+        assert group is not None
+        old = sorted(group.members, key=lambda m: m.rank)
+        keep, leave = old[:launch.world], old[launch.world:]
+        joiners = self._take_spares(launch.world - len(keep)) if launch.world > len(keep) else []
+        for m in leave:
+            m.retiring = True
+        members = keep + joiners
+        envs = self._ring(members)
+        action = {"action": "resize", "to": launch.world, "segment": launch.segment,
+                  "stop_at": launch.stop_at, "time": t_launch, "members": envs}
+        from elastic_ring.worker.api import inplace_action_file
+
+        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment), action)
+        for m in joiners:
+            self._run(m, launch, envs[m.name])
+        group.members = sorted(members, key=lambda m: m.rank) + leave
+        group.pid = self._local_pid(sorted(members, key=lambda m: m.rank))
+        log = self.spec.run_dir / "logs" / f"segment-{launch.segment:03d}-w{launch.world}.log"
+        self._note(log, self._describe(sorted(members, key=lambda m: m.rank), launch)
+                   + (f"; leaving: {', '.join(m.name for m in leave)}" if leave else "")
+                   + (f"; joined from spares: {', '.join(m.name for m in joiners)}" if joiners else ""))
+        self._top_up(launch.world)
+
+    def report_ahead(self, world: int) -> None:
+        pass  # the spares are already warm
+
+    def ask_exit(self, paused_segment: int, t: float) -> None:
+        from elastic_ring.worker.api import inplace_action_file
+
+        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment),
+                                   {"action": "exit", "time": t})
+
+    def usable_slots(self, want: int) -> int:
+        """Workers the live nodes hold (nodes whose actors became unavailable are left out)."""
+        self._connect()
+        total = 0
+        for n in self._alive_nodes():
+            res = n.get("Resources", {})
+            k = int(res.get("CPU", 0) // self.cpus) if self.cpus else want
+            if self.gpus:
+                k = min(k, int(res.get("GPU", 0) // self.gpus))
+            total += k
+        return min(self.spec.slots, total)
+
+    def first_failed_rank(self, log_path: Path | None) -> int | None:
+        g = self.group
+        return None if g is None or g.failure is None else g.failure["rank"]
+
+    def failure_detail(self) -> dict[str, Any] | None:
+        g = self.group
+        return None if g is None else g.failure
+
+    def _drop_all(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        if self.group is not None:
+            self.group.kill()
+            self.group = None
+        for a, _ in self._spares:
+            self._end_actor(a)
+        self._spares = []
+        if self._pg is not None:
+            try:
+                remove_placement_group(self._pg)
+            except Exception:  # noqa: BLE001
+                pass
+            self._pg = None
+
+    def close(self) -> None:
+        if not self._connected:
+            return
+        import ray
+
+        self._drop_all()
+        for s in self._servers:
+            s.stop()
+        self._servers = []
+        ray.shutdown()
+        self._connected = False
+
+
+__all__ = ["RayBackend", "STRATEGIES"]

@@ -1,0 +1,174 @@
+"""`elastic-ring train --backend ray` on a real two-node Ray cluster started here
+(``ray.cluster_utils.Cluster``: a head and a node of one CPU each, so that two workers sit on two
+nodes), with real Horovod rings formed by the controller: grow and shrink with warm workers against
+the horovodrun path's weights, kill -9 of a worker actor, a node removed mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from elastic_ring.data import SampleStream
+from elastic_ring.events import read_events
+from tests.conftest import BIN, ROOT, run_cli
+from tests.integration.test_train_resize import TINY, _final_model, _trace
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.integration, pytest.mark.ray]
+
+MB = 1024 * 1024
+ENV = {"ELASTIC_RING_CPU_THREADS": "1"}  # the same intra-op threads on both paths: bitwise equal
+PACED = str(ROOT / "tests" / "integration" / "scripts" / "paced.py")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A head and one node, one CPU each, small object stores; Ray's files under a short folder
+    (its socket paths must stay under ~107 characters)."""
+    from ray.cluster_utils import Cluster
+
+    base = tmp_path_factory.mktemp("ray")
+    tmp = base if len(str(base)) <= 40 else Path(tempfile.mkdtemp(prefix="er"))
+    old = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = str(tmp)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * MB,
+                                                       "include_dashboard": False})
+    c.add_node(num_cpus=1, object_store_memory=80 * MB)
+    c.wait_for_nodes()
+    try:
+        yield c
+    finally:
+        c.shutdown()
+        if old is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = old
+        if tmp != base:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _ray_args(c) -> list[str]:
+    return ["--backend", "ray", "--ray-address", c.address]
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    e = dict(os.environ, PYTHONUNBUFFERED="1", **ENV)
+    e["PATH"] = f"{BIN}{os.pathsep}{e.get('PATH', '')}"
+    return subprocess.Popen([sys.executable, "-m", "elastic_ring.cli.main", "train", *args], cwd=ROOT, env=e,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _ring(run: Path, segment: int) -> list[tuple[int, int, str]]:
+    """(rank, pid, node) of each worker of a segment, from the backend's line in its log."""
+    text = next((run / "logs").glob(f"segment-{segment:03d}-w*.log")).read_text()
+    return [(int(r), int(p), n) for r, p, n in re.findall(r"rank (\d+): \w+ pid (\d+) node (\w+)", text)]
+
+
+def _wait_step(run: Path, step: int, timeout: float = 240) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        try:
+            if json.loads((run / "control" / "progress.json").read_text())["step"] >= step:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def test_ray_grow_shrink_warm_across_nodes_equals_horovodrun(tmp_path, cluster):
+    """1 -> 2 -> 1 on Ray: at size 2 one worker per node; the survivor keeps its process, the
+    joiner is a warm spare; every step and sample once, Eq. 7, and the final weights bitwise equal
+    to the horovodrun (checkpoint and relaunch) path's."""
+    args = ["--gpus", "1", "--schedule", "6:2,12:1", "--steps", "18", *TINY]
+    run = tmp_path / "ray"
+    p = run_cli("train", *_ray_args(cluster), *args, "--run-dir", str(run), timeout=300, env=ENV)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+    steps = _trace(run)
+    assert sorted(steps) == list(range(1, 19))
+    flat = [i for s in sorted(steps) for i in steps[s]]
+    assert flat == SampleStream(40, seed=0).take(0, len(flat)).tolist()
+    world = {s: len(v) // 8 for s, v in steps.items()}
+    assert [world[s] for s in (1, 6, 7, 12, 13, 18)] == [1, 1, 2, 2, 1, 1]
+
+    r0, r1, r2 = _ring(run, 0), _ring(run, 1), _ring(run, 2)
+    assert len(r1) == 2 and len({n for _, _, n in r1}) == 2  # one worker per node
+    assert r0[0][1] == r1[0][1] == r2[0][1]  # rank 0 is the same process throughout (warm)
+    assert not read_events(run / "events.jsonl", kind="restart")
+    rel = read_events(run / "events.jsonl", kind="relaunched")
+    assert [(r["from_workers"], r["to_workers"]) for r in rel] == [(1, 2), (2, 1)]
+    for r, f in zip(rel, read_events(run / "events.jsonl", kind="first_step_after_resize")):
+        assert f["lr"] == pytest.approx(r["to_workers"] / r["from_workers"] * r["lr_last"])
+    ov = read_events(run / "events.jsonl", kind="resize_overhead")
+    assert len(ov) == 2 and all(o["checkpoint_s"] == 0 for o in ov)  # in place: no checkpoint
+
+    ref = tmp_path / "hvd"
+    p = run_cli("train", *args, "--relaunch", "overlap", "--run-dir", str(ref), timeout=300, env=ENV)
+    assert p.returncode == 0, p.stderr
+    a, b = _final_model(run), _final_model(ref)
+    assert a["step"] == b["step"] == 18 and a["cursor"] == b["cursor"] and a["lr_last"] == b["lr_last"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+
+
+def test_ray_kill_9_of_one_actor_restarts_by_itself(tmp_path, cluster):
+    run = tmp_path / "killed"
+    steps = 60
+    proc = _start([*_ray_args(cluster), "--script", PACED, "--steps", str(steps), "--gpus", "2", "--slots", "2",
+                   "--checkpoint-every", "5", "--run-dir", str(run), "--", "--step-s", "0.1"])
+    try:
+        _wait_step(run, 12)
+        (_, pid1, node1), = [x for x in _ring(run, 0) if x[0] == 1]
+        os.kill(pid1, signal.SIGKILL)  # the rank-1 actor's process
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert r["rank"] == 1 and r["node"].startswith(node1[:12]) and not r["gave_up"], r
+    assert "rank 1" in r["cause"] and "Ray node" in r["cause"]
+    assert r["new_world_size"] == 2 and r["from_step"] % 5 == 0
+    s = json.loads((run / "summary.json").read_text())
+    assert s["step"] == steps
+
+
+def test_ray_node_removed_mid_run_finishes_by_itself(tmp_path, cluster):
+    """A node whose worker is training goes away (its raylet and processes killed): the job
+    restarts from the newest checkpoint at the size the nodes left hold, redoing at most one
+    checkpoint interval, and finishes by itself."""
+    cluster.add_node(num_cpus=1, object_store_memory=80 * MB)  # the fixture keeps two nodes after it
+    cluster.wait_for_nodes()
+    run = tmp_path / "node"
+    steps, every = 60, 5
+    proc = _start([*_ray_args(cluster), "--script", PACED, "--steps", str(steps), "--gpus", "2", "--slots", "2",
+                   "--checkpoint-every", str(every), "--run-dir", str(run), "--", "--step-s", "0.1"])
+    try:
+        _wait_step(run, 12)
+        head = cluster.head_node.node_id
+        victim_id = next(n for _, _, n in _ring(run, 0) if not head.startswith(n))
+        victim = next(n for n in cluster.worker_nodes if n.node_id.startswith(victim_id))
+        cluster.remove_node(victim, allow_graceful=False)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert r["node"].startswith(victim_id[:12]) and not r["gave_up"], r
+    assert r["steps_redone"] <= every + 1, r  # at most one checkpoint interval (+ the step in flight)
+    assert 1 <= r["new_world_size"] <= 2
+    s = json.loads((run / "summary.json").read_text())
+    assert s["step"] == steps
