@@ -323,9 +323,17 @@ class Job:
         if getattr(self, "_connected", False):
             return
         self._marks["build"] = time.time()
+        go = None
         if self.info.go_file is not None:
-            self._wait_for_go(self.info.go_file)
+            go = self._wait_for_go(self.info.go_file)
             self._marks["wait_for_go"] = time.time()
+        if self.ring_by_controller and isinstance(go, dict) and go.get("env"):
+            # a warm spare joining a ring: its Horovod environment comes with the go (it was
+            # started with a placeholder rank), and it syncs from rank 0 in restore()
+            os.environ.update({k: str(v) for k, v in go["env"].items()})
+            env = os.environ
+            self.rank, self.size = int(env["HOROVOD_RANK"]), int(env["HOROVOD_SIZE"])
+            self.local_rank, self.local_size = int(env["HOROVOD_LOCAL_RANK"]), int(env["HOROVOD_LOCAL_SIZE"])
         self._hvd_init()
         hvd = self.hvd
         if self.inplace and not self.ring_by_controller:  # Horovod Elastic: the driver's assignment may be newer than the env's
@@ -338,20 +346,24 @@ class Job:
             raise RuntimeError(f"Horovod rank {hvd.rank()}/{hvd.size()} differs from the "
                                f"environment's {self.rank}/{self.size}")
         self._marks["hvd_init"] = time.time()
-        if self.info.go_file is not None:
+        if self.ring_by_controller:
+            self._set_rank(hvd)
+        elif self.info.go_file is not None:
             import torch
 
             self.stop_at = int(hvd.broadcast(torch.tensor([self.stop_at]), root_rank=0,
                                              name="stop_at").item())
         self._connected = True
 
-    def _wait_for_go(self, go: Path, timeout_s: float = 900.0) -> None:
+    def _wait_for_go(self, go: Path, timeout_s: float | None = None) -> dict[str, Any]:
+        if timeout_s is None:  # a warm spare may wait for a grow all run long
+            timeout_s = 7 * 24 * 3600.0 if self.ring_by_controller else 900.0
         t0 = time.time()
         while True:
             rec = protocol.read_json(go)
             if isinstance(rec, dict) and "stop_at" in rec:
                 self.stop_at = int(rec["stop_at"])
-                return
+                return rec
             if time.time() - t0 > timeout_s:
                 raise RuntimeError(f"no go from the controller within {timeout_s:.0f} s ({go} never appeared)")
             time.sleep(0.02)

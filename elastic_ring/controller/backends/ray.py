@@ -128,6 +128,16 @@ class Member:
     rank: int = -1
     ref: Any = None  # the running ``run`` call
     retiring: bool = False
+    go: Path | None = None  # a pre-started spare: it waits for this file, which brings its env
+
+
+@dataclass
+class Spare:
+    name: str
+    actor: Any
+    info_ref: Any
+    run_ref: Any
+    go: Path
 
 
 @dataclass
@@ -236,7 +246,7 @@ class RayBackend:
         self.out = out or (lambda s: None)
         self.suspect_nodes: set[str] = set()
         self.group: RayGroup | None = None
-        self._spares: list[tuple[Any, Any]] = []  # (actor, its info() ref)
+        self._spares: list[Spare] = []  # warm actors running the worker up to its wait for a go
         self._pg = None
         self._servers: list[Any] = []
         self._connected = False
@@ -326,30 +336,46 @@ class RayBackend:
             return self.warm_spares
         return max(0, self.spec.slots - world)  # enough for any grow up to the run's slots
 
-    def _top_up(self, world: int) -> None:
+    def _top_up(self, world: int, launch: SegmentLaunch) -> None:
+        """Keep the spares wanted at ``world``: each one runs the worker entry with a placeholder
+        rank up to its wait for a go (imports, the script's model and data done), so that joining
+        a ring is an ``hvd.init()`` and a sync from rank 0."""
         strategy = "SPREAD" if self.strategy == "SPREAD" else "DEFAULT"
         while len(self._spares) < self._spares_wanted(world):
             a = self._new_actor(scheduling_strategy=strategy)
-            self._spares.append((a, a.info.remote()))
+            name = self._name()
+            go = protocol.control_dir(self.spec.run_dir) / f"spare-{name}.json"
+            go.unlink(missing_ok=True)
+            env = {**self._base_env(world), "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
+                   "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1", "ELASTIC_RING_MEMBER": name}
+            argv = self._argv(launch)
+            argv[argv.index("--segment") + 1] = "-1"  # its segment comes with the sync from rank 0
+            cut = argv.index("--")
+            argv[cut:cut] = ["--go-file", str(go)]
+            log = self.spec.run_dir / "logs" / f"ray-{name}.log"
+            self._spares.append(Spare(name, a, a.info.remote(), a.run.remote(argv, env, str(log)), go))
 
     def _take_spares(self, k: int) -> list[Member]:
-        """``k`` warm actors: spares that are ready first, then the others (waited for), then new."""
+        """``k`` warm actors: pre-started spares that are ready first (waited for, if none is),
+        then cold new ones."""
         import ray
 
         got: list[Member] = []
         pending = list(self._spares)
         self._spares = []
         while pending and len(got) < k:
-            refs = [r for _, r in pending]
+            refs = [sp.info_ref for sp in pending]
             ready, _ = ray.wait(refs, num_returns=1, timeout=_READY_TIMEOUT_S)
             if not ready:
                 break
-            i = refs.index(ready[0])
-            actor, ref = pending.pop(i)
+            sp = pending.pop(refs.index(ready[0]))
+            done, _ = ray.wait([sp.run_ref], timeout=0)
             try:
-                got.append(Member(self._name(), actor, ray.get(ref)))
+                if done:  # it ended while waiting (an error): not usable
+                    raise RuntimeError("spare ended")
+                got.append(Member(sp.name, sp.actor, ray.get(sp.info_ref), ref=sp.run_ref, go=sp.go))
             except Exception:  # noqa: BLE001 - a spare that died: skip it
-                self._end_actor(actor)
+                self._end_actor(sp.actor)
         self._spares = pending
         while len(got) < k:  # no spare left: a cold actor
             a = self._new_actor()
@@ -451,7 +477,7 @@ class RayBackend:
         self.group = RayGroup(self, members)
         self.group.pid = self._local_pid(members)
         self._note(log_path, self._describe(members, launch))
-        self._top_up(launch.world)
+        self._top_up(launch.world, launch)
         return Started(self.group, self._command(launch))
 
     def _local_pid(self, members: list[Member]) -> int:
@@ -484,14 +510,19 @@ class RayBackend:
 
         protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment), action)
         for m in joiners:
-            self._run(m, launch, envs[m.name])
+            if m.go is not None:  # a pre-started spare: its go brings its place in the ring
+                protocol.write_json_atomic(m.go, {"stop_at": launch.stop_at, "time": t_launch,
+                                                  "env": envs[m.name]})
+            else:
+                self._run(m, launch, envs[m.name])
         group.members = sorted(members, key=lambda m: m.rank) + leave
         group.pid = self._local_pid(sorted(members, key=lambda m: m.rank))
         log = self.spec.run_dir / "logs" / f"segment-{launch.segment:03d}-w{launch.world}.log"
         self._note(log, self._describe(sorted(members, key=lambda m: m.rank), launch)
                    + (f"; leaving: {', '.join(m.name for m in leave)}" if leave else "")
-                   + (f"; joined from spares: {', '.join(m.name for m in joiners)}" if joiners else ""))
-        self._top_up(launch.world)
+                   + (f"; joined: {', '.join(m.name + (' (warm spare)' if m.go else ' (cold)') for m in joiners)}"
+                      if joiners else ""))
+        self._top_up(launch.world, launch)
 
     def report_ahead(self, world: int) -> None:
         pass  # the spares are already warm
@@ -528,8 +559,8 @@ class RayBackend:
         if self.group is not None:
             self.group.kill()
             self.group = None
-        for a, _ in self._spares:
-            self._end_actor(a)
+        for sp in self._spares:
+            self._end_actor(sp.actor)
         self._spares = []
         if self._pg is not None:
             try:
