@@ -81,6 +81,9 @@ class WorkerActor:
                 "pid": os.getpid(), "host": socket.gethostname(), "import_s": self.import_s}
 
     def run(self, argv: list[str], env: dict[str, str], log_path: str) -> int:
+        from elastic_ring.worker import api
+
+        api._JOB, api._INIT_CALLED = None, False  # a retired worker's process serving again
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
@@ -174,7 +177,7 @@ class RayGroup:
                 continue
             if out == RETIRED or m.retiring:
                 self.members.remove(m)
-                self.backend._end_actor(m.actor)
+                self.backend._recycle(m)  # its process (imports done) becomes a spare
                 continue
             m.ref = None  # finished
         if self._failed_seen:
@@ -252,6 +255,8 @@ class RayBackend:
         self._connected = False
         self._checked = False
         self._n = 0
+        self._world = 0
+        self._launch: SegmentLaunch | None = None
 
     # ------------------------------------------------------------------ Ray
     def _connect(self) -> None:
@@ -337,23 +342,38 @@ class RayBackend:
         return max(0, self.spec.slots - world)  # enough for any grow up to the run's slots
 
     def _top_up(self, world: int, launch: SegmentLaunch) -> None:
-        """Keep the spares wanted at ``world``: each one runs the worker entry with a placeholder
-        rank up to its wait for a go (imports, the script's model and data done), so that joining
-        a ring is an ``hvd.init()`` and a sync from rank 0."""
+        """Keep the spares wanted at ``world`` (new actors)."""
+        self._world, self._launch = world, launch
         strategy = "SPREAD" if self.strategy == "SPREAD" else "DEFAULT"
         while len(self._spares) < self._spares_wanted(world):
             a = self._new_actor(scheduling_strategy=strategy)
-            name = self._name()
-            go = protocol.control_dir(self.spec.run_dir) / f"spare-{name}.json"
-            go.unlink(missing_ok=True)
-            env = {**self._base_env(world), "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
-                   "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1", "ELASTIC_RING_MEMBER": name}
-            argv = self._argv(launch)
-            argv[argv.index("--segment") + 1] = "-1"  # its segment comes with the sync from rank 0
-            cut = argv.index("--")
-            argv[cut:cut] = ["--go-file", str(go)]
-            log = self.spec.run_dir / "logs" / f"ray-{name}.log"
-            self._spares.append(Spare(name, a, a.info.remote(), a.run.remote(argv, env, str(log)), go))
+            self._spares.append(self._prestart(self._name(), a, a.info.remote()))
+
+    def _prestart(self, name: str, actor, info_ref) -> Spare:
+        """Run the worker entry in ``actor`` with a placeholder rank up to its wait for a go
+        (imports, the script's model and data done), so that joining a ring is an ``hvd.init()``
+        and a sync from rank 0."""
+        world, launch = self._world, self._launch
+        go = protocol.control_dir(self.spec.run_dir) / f"spare-{name}.json"
+        go.unlink(missing_ok=True)
+        env = {**self._base_env(world), "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
+               "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1", "ELASTIC_RING_MEMBER": name}
+        argv = self._argv(launch)
+        argv[argv.index("--segment") + 1] = "-1"  # its segment comes with the sync from rank 0
+        cut = argv.index("--")
+        argv[cut:cut] = ["--go-file", str(go)]
+        log = self.spec.run_dir / "logs" / f"ray-{name}.log"
+        return Spare(name, actor, info_ref, actor.run.remote(argv, env, str(log)), go)
+
+    def _recycle(self, m: Member) -> None:
+        """A worker that left the ring at a shrink: a spare again if one is wanted (no new
+        process, no imports), else ended."""
+        if self._launch is not None and len(self._spares) < self._spares_wanted(self._world):
+            import ray
+
+            self._spares.append(self._prestart(self._name(), m.actor, ray.put(m.info)))
+        else:
+            self._end_actor(m.actor)
 
     def _take_spares(self, k: int) -> list[Member]:
         """``k`` warm actors: pre-started spares that are ready first (waited for, if none is),
@@ -430,12 +450,13 @@ class RayBackend:
 
     def _base_env(self, world: int) -> dict[str, str]:
         env = {"PYTHONUNBUFFERED": "1", **self.spec.extra_env}
+        # a worker's intra-op threads: its bundle's CPUs (several Ray nodes may share one machine,
+        # and a worker cannot see how many of its node's cores other workers hold)
+        threads = os.environ.get(protocol.CPU_THREADS_ENV) or str(max(1, int(self.cpus)))
+        env[protocol.CPU_THREADS_ENV] = threads
         if self.spec.device == "cpu":
-            env["OMP_NUM_THREADS"] = str(protocol.cpu_threads(world))
+            env["OMP_NUM_THREADS"] = threads
             env.setdefault("HOROVOD_CYCLE_TIME", "5")
-        for k in (protocol.CPU_THREADS_ENV,):
-            if k in os.environ:
-                env.setdefault(k, os.environ[k])
         return env
 
     def _run(self, m: Member, launch: SegmentLaunch, env: dict[str, str]) -> None:
@@ -522,7 +543,9 @@ class RayBackend:
                    + (f"; leaving: {', '.join(m.name for m in leave)}" if leave else "")
                    + (f"; joined: {', '.join(m.name + (' (warm spare)' if m.go else ' (cold)') for m in joiners)}"
                       if joiners else ""))
-        self._top_up(launch.world, launch)
+        self._world, self._launch = launch.world, launch
+        if not leave:  # a shrink's leavers become the spares (_recycle) once they are out
+            self._top_up(launch.world, launch)
 
     def report_ahead(self, world: int) -> None:
         pass  # the spares are already warm
