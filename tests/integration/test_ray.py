@@ -109,8 +109,9 @@ def test_ray_grow_shrink_warm_across_nodes_equals_horovodrun(tmp_path, cluster):
     assert not read_events(run / "events.jsonl", kind="restart")
     rel = read_events(run / "events.jsonl", kind="relaunched")
     assert [(r["from_workers"], r["to_workers"]) for r in rel] == [(1, 2), (2, 1)]
-    for r, f in zip(rel, read_events(run / "events.jsonl", kind="first_step_after_resize")):
-        assert f["lr"] == pytest.approx(r["to_workers"] / r["from_workers"] * r["lr_last"])
+    for t in read_events(run / "events.jsonl", kind="throughput"):  # Eq. 7 on the base LR, decays after 9, 14
+        decays = sum(t["step"] > d for d in (9, 14))
+        assert t["lr"] == pytest.approx(0.1 * 8 * t["world_size"] / 128 * 0.1 ** decays), t
     ov = read_events(run / "events.jsonl", kind="resize_overhead")
     assert len(ov) == 2 and all(o["checkpoint_s"] == 0 for o in ov)  # in place: no checkpoint
 

@@ -190,9 +190,10 @@ class RayGroup:
         """The failure that caused the others: a member whose node is gone, else one that died
         without reporting only the loss of a peer; the others are given up to ``_GRACE_S`` to show
         (a lost node surfaces ~2.5 s after a killed process)."""
-        peer_loss = {r.get("rank") for r in protocol.read_error_records(self.backend.spec.run_dir,
-                                                                         since=self.t_start)
-                     if r.get("peer_loss")}
+        records = protocol.read_error_records(self.backend.spec.run_dir, since=self.t_start)
+        # a rank that reported an error only lost its peer (or failed by itself with a record the
+        # controller reads); one that died without any record was killed: that one is the cause
+        peer_loss = {r.get("rank") for r in records}
         seen = self._failed_seen
         for m, e, _ in seen:
             if "ActorUnavailableError" in type(e).__name__ or not self.backend._node_alive(m.info["node_id"]):
