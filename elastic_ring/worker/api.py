@@ -280,6 +280,7 @@ class Job:
         self._extras: dict[str, Any] = {}
         self._finish_requested = False
         self._lr_used: float | None = None
+        self._lr_stepped: float | None = None
         self._sampler: Sampler | None = None
         self._resize_hooks: list[Callable[[int, int, int], None]] = []
         self._eval_hook: Callable[[int], dict[str, float] | None] | None = None
@@ -426,9 +427,17 @@ class Job:
         if model is not None:
             self._model = model
         if optimizer is not None:
+            if optimizer is not self._optimizer and hasattr(optimizer, "register_step_pre_hook"):
+                optimizer.register_step_pre_hook(self._on_optimizer_step)
             self._optimizer = optimizer
         self._schedulers.extend(s for s in scheds if all(s is not t for t in self._schedulers))
         self._extras.update(extras)
+
+    def _on_optimizer_step(self, opt, args, kwargs) -> None:
+        """The LR an optimizer step really runs with (the script may set it inside the step, or a
+        scheduler may move it after): recorded for the segment's ``first_step`` event."""
+        if opt.param_groups:
+            self._lr_stepped = float(opt.param_groups[0]["lr"])
 
     def finish(self) -> None:
         """End the job early (a target reached): the loop ends at the next point where all ranks
@@ -617,7 +626,8 @@ class Job:
             step += 1
             self._current = step
             if first:
-                self._lr_used = self.current_lr()  # the LR this step runs with (before sched.step())
+                self._lr_used = self.current_lr()  # before the step: what it runs with unless it
+                self._lr_stepped = None            # sets the LR itself (seen by the step hook)
             yield step
             self.step = step
             if loader is not None and loader._loader:
@@ -633,7 +643,9 @@ class Job:
                     phases[name] = round(t - prev, 4)
                     prev = t
                 self._emit(FirstStep(segment=self.segment, world_size=self.size, step=step,
-                                     since_launch_s=now - self._t_start, lr=self._lr_used,
+                                     since_launch_s=now - self._t_start,
+                                     lr=self._lr_stepped if self._lr_stepped is not None
+                                     else self._lr_used,
                                      phases=phases))
                 self._window = _Window(t0=time.time())
             elif w.steps >= info.throughput_window or step == self.stop_at:
