@@ -104,6 +104,12 @@ def test_judge_blames_the_killed_actor_not_the_survivor_that_lost_its_peer(tmp_p
     m0.ref = None
     assert g._judge() == 1 and g.failure["rank"] == 1, g.failure
 
+    g, (m0, m1) = _group(tmp_path)  # both processes seen gone by the poll, Ray reporting neither
+    for m in (m0, m1):
+        g._failed_seen.append((m, None, _t.time() - 1.0))
+        m.ref = None
+    assert g._judge() == 1 and g.failure["rank"] == 1 and "process is gone" in g.failure["message"], g.failure
+
     g, (m0, m1) = _group(tmp_path)  # never reported at all: after the grace, still not rank 0
     g._failed_seen.append((m0, _Died(), _t.time() - 60.0))
     m0.ref = None

@@ -170,7 +170,7 @@ class RayGroup:
     failure: dict[str, Any] | None = None
     rc: int | None = None
     t_start: float = field(default_factory=time.time)
-    _failed_seen: list[tuple[Member, Exception, float]] = field(default_factory=list)
+    _failed_seen: list[tuple[Member, Exception | None, float]] = field(default_factory=list)
 
     def poll(self) -> int | None:
         if self.rc is not None:
@@ -178,9 +178,9 @@ class RayGroup:
         import ray
 
         refs = [m.ref for m in self.members if m.ref is not None]
-        if not refs:
+        if not refs and not self._failed_seen:
             return None
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
         done = set(ready)
         for m in list(self.members):
             if m.ref is None or m.ref not in done:
@@ -196,6 +196,12 @@ class RayGroup:
                 self.backend._recycle(m)  # its process (imports done) becomes a spare
                 continue
             m.ref = None  # finished
+        now = time.time()
+        for m in self.members:  # Ray can be slow to report a dead actor on a loaded machine (seen:
+            # minutes): a member whose process is gone on this host has failed, reported or not
+            if m.ref is not None and self.backend._process_gone(m):
+                self._failed_seen.append((m, None, now))
+                m.ref = None
         if self._failed_seen:
             return self._judge()
         if all(m.ref is None for m in self.members):
@@ -214,7 +220,7 @@ class RayGroup:
         records = protocol.read_error_records(self.backend.spec.run_dir, since=self.t_start)
         seen = self._failed_seen
         for m, e, _ in seen:
-            if "ActorUnavailableError" in type(e).__name__ or not self.backend._node_alive(m.info["node_id"]):
+            if (e is not None and "ActorUnavailableError" in type(e).__name__) or not self.backend._node_alive(m.info["node_id"]):
                 self._failed(m, e)
                 return self.rc
         running = [m for m in self.members if m.ref is not None]
