@@ -41,3 +41,104 @@ def test_rendezvous_answers_rank_and_size_from_the_slot_plan():
     assert ask("nodeA:0").decode().split(",")[:2] == ["0", "3"]
     assert ask("nodeB:1").decode().split(",")[:4] == ["2", "3", "1", "2"]
     assert ask("nodeC:0") is None
+
+
+class _Died(Exception):
+    pass
+
+
+_Died.__name__ = "ActorDiedError"
+
+
+def _group(tmp_path, gone_pids=()):
+    """A two-member RayGroup whose backend sees every node alive and the processes ``gone_pids``
+    gone (no Ray: the judge only reads crash records and asks the backend)."""
+    from elastic_ring.controller.backends.ray import Member, RayGroup
+
+    spec = RunSpec(run_dir=tmp_path, workers=2, schedule=(), slots=2, device="cpu", total_steps=4)
+    b = RayBackend(spec)
+    b._node_alive = lambda node: True
+    b._process_gone = lambda m: m.info["pid"] in gone_pids
+    members = [Member(f"w{r + 1}", None, {"node_id": f"node{r}" * 4, "ip": "10.0.0.1", "pid": 100 + r,
+                                          "host": "h"}, rank=r, ref=object()) for r in range(2)]
+    g = RayGroup(b, members, t_start=0.0)
+    return g, members
+
+
+def _peer_loss_record(tmp_path, rank, pid):
+    from elastic_ring import protocol
+
+    try:
+        raise RuntimeError("Gloo: Connection reset by peer")
+    except RuntimeError as e:
+        protocol.write_error_record(tmp_path, e, rank, step=13)
+    rec = protocol.read_json(protocol.error_file(tmp_path, rank))
+    rec["pid"], rec["host"] = pid, "h"
+    protocol.write_json_atomic(protocol.error_file(tmp_path, rank), rec)
+
+
+def test_judge_blames_the_killed_actor_not_the_survivor_that_lost_its_peer(tmp_path):
+    """kill -9 of rank 1: rank 0 (a peer-loss record) is reported dead first; rank 1's death shows
+    later (or only as its process gone): rank 1 is the cause, never rank 0."""
+    import time as _t
+
+    _peer_loss_record(tmp_path, 0, 100)
+    g, (m0, m1) = _group(tmp_path)
+    g._failed_seen.append((m0, _Died(), _t.time() - 1.0))
+    m0.ref = None
+    assert g._judge() is None  # rank 1 not known dead yet: wait for it
+    g._failed_seen.append((m1, _Died(), _t.time()))
+    m1.ref = None
+    assert g._judge() == 1 and g.failure["rank"] == 1 and "rank 1" in g.failure["message"], g.failure
+
+    g, (m0, m1) = _group(tmp_path)  # both reported in one poll, the survivor listed first
+    for m in (m0, m1):
+        g._failed_seen.append((m, _Died(), _t.time()))
+        m.ref = None
+    assert g._judge() is None  # (a settle of 0.5 s: a lost node shows a little later)
+    g._failed_seen[0] = (m0, g._failed_seen[0][1], _t.time() - 1.0)
+    assert g._judge() == 1 and g.failure["rank"] == 1, g.failure
+
+    g, (m0, m1) = _group(tmp_path, gone_pids={101})  # Ray slow to report: its process is gone here
+    g._failed_seen.append((m0, _Died(), _t.time() - 1.0))
+    m0.ref = None
+    assert g._judge() == 1 and g.failure["rank"] == 1, g.failure
+
+    g, (m0, m1) = _group(tmp_path)  # both processes seen gone by the poll, Ray reporting neither
+    for m in (m0, m1):
+        g._failed_seen.append((m, None, _t.time() - 1.0))
+        m.ref = None
+    assert g._judge() == 1 and g.failure["rank"] == 1 and "process is gone" in g.failure["message"], g.failure
+
+    g, (m0, m1) = _group(tmp_path)  # never reported at all: after the grace, still not rank 0
+    g._failed_seen.append((m0, _Died(), _t.time() - 60.0))
+    m0.ref = None
+    assert g._judge() == 1 and g.failure["rank"] == 1, g.failure
+
+
+def test_judge_blames_an_own_error_and_never_a_peer_loss_only(tmp_path):
+    import time as _t
+
+    from elastic_ring import protocol
+
+    g, (m0, m1) = _group(tmp_path)
+    try:
+        raise ValueError("bad batch")
+    except ValueError as e:
+        protocol.write_error_record(tmp_path, e, 1, step=13)
+    rec = protocol.read_json(protocol.error_file(tmp_path, 1))
+    rec["pid"], rec["host"] = 101, "h"
+    protocol.write_json_atomic(protocol.error_file(tmp_path, 1), rec)
+    _peer_loss_record(tmp_path, 0, 100)
+    for m in (m0, m1):
+        g._failed_seen.append((m, _Died(), _t.time()))
+        m.ref = None
+    assert g._judge() == 1 and g.failure["rank"] == 1
+
+    (tmp_path / "logs" / "error-rank1.json").unlink()
+    _peer_loss_record(tmp_path, 1, 101)  # both only lost a peer: no rank
+    g, (m0, m1) = _group(tmp_path)
+    for m in (m0, m1):
+        g._failed_seen.append((m, _Died(), _t.time() - 10))
+        m.ref = None
+    assert g._judge() == 1 and g.failure["rank"] is None and g.failure["type"] == "PeerLost"

@@ -123,6 +123,22 @@ def _sees(path: str, token: str) -> dict[str, Any]:
             "ip": ray.util.get_node_ip_address()}
 
 
+def _record_of(m: "Member", records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """``m``'s crash record: the one its process wrote (host and pid), else its rank's."""
+    pid, host = m.info.get("pid"), m.info.get("host")
+    for r in reversed(records):
+        if r.get("pid") == pid and (host is None or r.get("host") in (None, host)):
+            return r
+    for r in reversed(records):
+        if r.get("pid") is None and r.get("rank") == m.rank:
+            return r
+    return None
+
+
+def _peer_loss(rec: dict[str, Any]) -> bool:
+    return bool(rec.get("peer_loss") or protocol.is_peer_loss(rec.get("type"), rec.get("message")))
+
+
 @dataclass
 class Member:
     name: str
@@ -154,7 +170,7 @@ class RayGroup:
     failure: dict[str, Any] | None = None
     rc: int | None = None
     t_start: float = field(default_factory=time.time)
-    _failed_seen: list[tuple[Member, Exception, float]] = field(default_factory=list)
+    _failed_seen: list[tuple[Member, Exception | None, float]] = field(default_factory=list)
 
     def poll(self) -> int | None:
         if self.rc is not None:
@@ -162,9 +178,9 @@ class RayGroup:
         import ray
 
         refs = [m.ref for m in self.members if m.ref is not None]
-        if not refs:
+        if not refs and not self._failed_seen:
             return None
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
         done = set(ready)
         for m in list(self.members):
             if m.ref is None or m.ref not in done:
@@ -180,6 +196,12 @@ class RayGroup:
                 self.backend._recycle(m)  # its process (imports done) becomes a spare
                 continue
             m.ref = None  # finished
+        now = time.time()
+        for m in self.members:  # Ray can be slow to report a dead actor on a loaded machine (seen:
+            # minutes): a member whose process is gone on this host has failed, reported or not
+            if m.ref is not None and self.backend._process_gone(m):
+                self._failed_seen.append((m, None, now))
+                m.ref = None
         if self._failed_seen:
             return self._judge()
         if all(m.ref is None for m in self.members):
@@ -187,38 +209,59 @@ class RayGroup:
         return self.rc
 
     def _judge(self) -> int | None:
-        """The failure that caused the others: a member whose node is gone, else one that died
-        without reporting only the loss of a peer; the others are given up to ``_GRACE_S`` to show
-        (a lost node surfaces ~2.5 s after a killed process)."""
+        """The failure that caused the others, the same rule as the controller's
+        (:func:`elastic_ring.protocol.first_failure`): a member whose node is gone; else one that
+        failed with an error of its own (a crash record that is not a peer loss); else one that
+        died without any record (kill -9, the OOM killer), whether Ray reported it yet or its
+        process is seen gone on this host. A member whose record says it only lost a peer
+        (HorovodInternalError, "Connection reset/closed by peer") is never the cause: while only
+        such members have failed, the others are given up to ``_GRACE_S`` to show; after that the
+        cause is a member that never reported (or no rank, when all of them only lost a peer)."""
         records = protocol.read_error_records(self.backend.spec.run_dir, since=self.t_start)
-        # a rank that reported an error only lost its peer (or failed by itself with a record the
-        # controller reads); one that died without any record was killed: that one is the cause
-        peer_loss = {r.get("rank") for r in records}
         seen = self._failed_seen
         for m, e, _ in seen:
-            if "ActorUnavailableError" in type(e).__name__ or not self.backend._node_alive(m.info["node_id"]):
-                self._failed(m, e)
-                return self.rc
-        waited = time.time() - seen[0][2]
-        for m, e, _ in seen:
-            if m.rank not in peer_loss and waited > 0.5:
+            if (e is not None and "ActorUnavailableError" in type(e).__name__) or not self.backend._node_alive(m.info["node_id"]):
                 self._failed(m, e)
                 return self.rc
         running = [m for m in self.members if m.ref is not None]
+        # failed members: those Ray reported, and those whose process is seen gone on this host
+        failed = [(m, e) for m, e, _ in seen] + [(m, None) for m in running if self.backend._process_gone(m)]
+        for m, e in failed:
+            r = _record_of(m, records)
+            if r is not None and not _peer_loss(r):
+                self._failed(m, e)
+                return self.rc
+        waited = time.time() - seen[0][2]
+        silent = [(m, e) for m, e in failed if _record_of(m, records) is None]
+        if silent:  # after 0.5 s: a lost node surfaces ~2.5 s after its processes (see above)
+            if waited > 0.5:
+                self._failed(*silent[0])
+                return self.rc
+            return None
         if waited > _GRACE_S or not running:
-            self._failed(*seen[0][:2])
+            if running:  # a member that never reported while its peers lost it
+                self._failed(running[0], None)
+            else:  # every member only lost a peer: no rank to blame
+                self._failed(None, seen[0][1])
             return self.rc
         return None
 
-    def _failed(self, m: Member, e: Exception) -> None:
+    def _failed(self, m: Member | None, e: Exception | None) -> None:
+        if m is None:  # every member that failed only lost a peer (a kill elsewhere, not seen)
+            self.failure = {"rank": None, "node": None, "type": "PeerLost",
+                            "message": "every worker that failed only lost a peer (no rank to blame): "
+                                       f"{type(e).__name__ if e is not None else 'lost'}"}
+            self.rc = 1
+            return
         node = m.info.get("node_id", "?")
-        kind = type(e).__name__
+        kind = type(e).__name__ if e is not None else "ActorDiedError"
         lost = "ActorUnavailableError" in kind or not self.backend._node_alive(node)
         if lost:
             self.backend.suspect_nodes.add(node)
+        how = " (node lost)" if lost else (" (its process is gone; no error reported)" if e is None else "")
         self.failure = {"rank": m.rank, "node": f"{node[:12]} ({m.info.get('ip', '?')})", "type": kind,
                         "message": f"worker rank {m.rank} on Ray node {node[:12]} ({m.info.get('ip', '?')}) "
-                                   f"failed: {kind}" + (" (node lost)" if lost else "")}
+                                   f"failed: {kind}{how}"}
         self.rc = 1
 
     def kill(self) -> None:
@@ -287,6 +330,20 @@ class RayBackend:
             return any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes())
         except Exception:  # noqa: BLE001
             return True
+
+    def _process_gone(self, m: Member) -> bool:
+        """True when ``m``'s process ran on this host and is gone (Ray may report a killed actor
+        seconds later than its peers' errors on a loaded machine)."""
+        if m.info.get("host") != socket.gethostname() or not m.info.get("pid"):
+            return False
+        import psutil
+
+        try:
+            return psutil.Process(int(m.info["pid"])).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+        except Exception:  # noqa: BLE001 - access denied etc.: not known to be gone
+            return False
 
     def _alive_nodes(self) -> list[dict[str, Any]]:
         import ray
