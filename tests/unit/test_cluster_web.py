@@ -93,6 +93,25 @@ def _get(url: str) -> tuple[int, str, str]:
         return e.code, "", ""
 
 
+def wait_answers(srv: WebServer, timeout: float = 120.0) -> None:
+    """Poll the server's page until it answers (any HTTP status): under load uvicorn's thread can
+    take many seconds to start serving. Fails with the last error, and whether the thread lives."""
+    t0, last = time.time(), None
+    while time.time() - t0 < timeout:
+        try:
+            with urllib.request.urlopen(srv.url, timeout=10) as r:
+                r.read()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError as e:  # refused, reset, timed out: not serving yet
+            last = e
+        time.sleep(0.2)
+    alive = srv.thread is not None and srv.thread.is_alive()
+    raise AssertionError(f"{srv.url} did not answer in {timeout:.0f} s (last: {last!r}; server thread "
+                         f"{'alive' if alive else 'ended'}, started={srv.server.started})")
+
+
 def test_server_page_state_metrics_and_no_actions(cluster):
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -100,10 +119,7 @@ def test_server_page_state_metrics_and_no_actions(cluster):
     srv = WebServer(d, bind("127.0.0.1", 0))
     srv.start()
     try:
-        for _ in range(200):
-            if srv.server.started:
-                break
-            time.sleep(0.05)
+        wait_answers(srv)
         code, ctype, page = _get(srv.url)
         assert code == 200 and "text/html" in ctype and "static/app.js" in page
         assert _get(srv.url + "static/app.js")[0] == 200
