@@ -85,9 +85,14 @@ def test_timeline_and_job_numbers(cluster):
     assert s["scheduler"]["alive"] is False and len(s["scheduler"]["gaps"]) == 1
 
 
+# requests to our own server on 127.0.0.1 never go through a proxy (http_proxy in the environment,
+# or a global opener some other test built while one was set)
+LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _get(url: str) -> tuple[int, str, str]:
     try:
-        with urllib.request.urlopen(url, timeout=10) as r:
+        with LOCAL.open(url, timeout=10) as r:
             return r.status, r.headers.get("content-type", ""), r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, "", ""
@@ -99,7 +104,7 @@ def wait_answers(srv: WebServer, timeout: float = 120.0) -> None:
     t0, last = time.time(), None
     while time.time() - t0 < timeout:
         try:
-            with urllib.request.urlopen(srv.url, timeout=10) as r:
+            with LOCAL.open(srv.url, timeout=10) as r:
                 r.read()
             return
         except urllib.error.HTTPError:
@@ -141,7 +146,7 @@ def test_server_page_state_metrics_and_no_actions(cluster):
         # read-only: anything but GET is refused
         req = urllib.request.Request(srv.url + "api/state", data=b"{}", method="POST")
         with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(req, timeout=10)
+            LOCAL.open(req, timeout=10)
         assert e.value.code == 405
     finally:
         srv.stop()
