@@ -393,6 +393,10 @@ class Scheduler:
         jobs = self.store.jobs(active_only=True)
         free = self._free(jobs)
         for j in jobs:  # in arrival order
+            if j["cancel"]:
+                # cancelled after this tick's decision (its target is stale): never started nor
+                # grown; the next tick settles or stops it
+                continue
             held, want = len(j["slots"]), j["target"]
             if j["state"] == JobState.RUNNING and j["resize_to"] is None and want > held and len(free) >= want - held:
                 if not self.live_resize:

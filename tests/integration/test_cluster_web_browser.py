@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import BIN, ROOT
 from tests.unit.test_cluster_web import cluster  # noqa: F401 - the hand-written store (a fixture)
+from tests.unit.test_cluster_web import wait_answers
 
 pytestmark = pytest.mark.integration
 
@@ -125,6 +126,7 @@ def test_markers_and_hover_texts_drawn(cluster, browser):
     srv = WebServer(d, bind("127.0.0.1", 0))
     srv.start()
     try:
+        wait_answers(srv)  # else, under load, Chromium may load an error page that never updates
         browser.get(srv.url)
         _wait(lambda: _js(browser, "return document.querySelectorAll('#timeline path.resize').length"), 30,
               "a resize mark")

@@ -221,6 +221,29 @@ def test_cancel_right_after_the_start_ends_cancelled_not_failed(tmp_path):
     assert [e["kind"] for e in store.events(a)][-1] == "cancelled"
 
 
+def test_cancel_landing_after_the_decision_never_starts_the_job(tmp_path):
+    """The cancel is written while the scheduler is in the tick that took the arrival (after its
+    decision gave the job slots, before it starts jobs): the job is not started, then cancelled."""
+    store, cfg, runner, sched = _setup(tmp_path, slots=2, policy="eight")
+    sched.recover()
+    a = _submit(store, "a", 10 ** 6)
+    orig = sched.decide
+
+    def decide_then_cancel(cause, jid):
+        out = orig(cause, jid)
+        if cause == "arrival":
+            assert out[a] > 0  # the decision gave it slots
+            store.update(a, cancel=1)
+        return out
+
+    sched.decide = decide_then_cancel
+    sched.tick()
+    assert runner.starts == [] and store.job(a)["slots"] == []
+    sched.tick()
+    assert store.job(a)["state"] == JobState.CANCELLED and runner.starts == []
+    assert "started" not in [e["kind"] for e in store.events(a)]
+
+
 def test_recovery_adopts_live_controllers_and_resumes_stopped_ones(tmp_path):
     store, cfg, runner, sched = _setup(tmp_path)
     a, b = _submit(store, "a", 300), _submit(store, "b", 300)

@@ -85,12 +85,36 @@ def test_timeline_and_job_numbers(cluster):
     assert s["scheduler"]["alive"] is False and len(s["scheduler"]["gaps"]) == 1
 
 
+# requests to our own server on 127.0.0.1 never go through a proxy (http_proxy in the environment,
+# or a global opener some other test built while one was set)
+LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _get(url: str) -> tuple[int, str, str]:
     try:
-        with urllib.request.urlopen(url, timeout=10) as r:
+        with LOCAL.open(url, timeout=10) as r:
             return r.status, r.headers.get("content-type", ""), r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, "", ""
+
+
+def wait_answers(srv: WebServer, timeout: float = 120.0) -> None:
+    """Poll the server's page until it answers (any HTTP status): under load uvicorn's thread can
+    take many seconds to start serving. Fails with the last error, and whether the thread lives."""
+    t0, last = time.time(), None
+    while time.time() - t0 < timeout:
+        try:
+            with LOCAL.open(srv.url, timeout=10) as r:
+                r.read()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError as e:  # refused, reset, timed out: not serving yet
+            last = e
+        time.sleep(0.2)
+    alive = srv.thread is not None and srv.thread.is_alive()
+    raise AssertionError(f"{srv.url} did not answer in {timeout:.0f} s (last: {last!r}; server thread "
+                         f"{'alive' if alive else 'ended'}, started={srv.server.started})")
 
 
 def test_server_page_state_metrics_and_no_actions(cluster):
@@ -100,10 +124,7 @@ def test_server_page_state_metrics_and_no_actions(cluster):
     srv = WebServer(d, bind("127.0.0.1", 0))
     srv.start()
     try:
-        for _ in range(200):
-            if srv.server.started:
-                break
-            time.sleep(0.05)
+        wait_answers(srv)
         code, ctype, page = _get(srv.url)
         assert code == 200 and "text/html" in ctype and "static/app.js" in page
         assert _get(srv.url + "static/app.js")[0] == 200
@@ -125,7 +146,7 @@ def test_server_page_state_metrics_and_no_actions(cluster):
         # read-only: anything but GET is refused
         req = urllib.request.Request(srv.url + "api/state", data=b"{}", method="POST")
         with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(req, timeout=10)
+            LOCAL.open(req, timeout=10)
         assert e.value.code == 405
     finally:
         srv.stop()

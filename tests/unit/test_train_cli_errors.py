@@ -8,6 +8,7 @@ entry point (``elastic_ring.cli.main.main``: the same one-line error path and ex
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import pytest
 import torch
@@ -112,6 +113,11 @@ def test_missing_and_corrupt_cifar10(run_cli, tmp_path, monkeypatch):
     data.mkdir()
     monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
     monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")
+    # the CLI runs in this process: torchvision's download builds urllib's global opener, whose
+    # ProxyHandler keeps the proxy above after the environment is restored, and every later
+    # urlopen in this pytest process (the cluster web tests on 127.0.0.1) was sent to port 9:
+    # "Connection refused". A fresh opener here, the previous one back at teardown.
+    monkeypatch.setattr(urllib.request, "_opener", None)
     p = run_cli("train", "--dataset", "cifar10", "--data-dir", str(data), "--run-dir", str(tmp_path / "r"))
     _assert_one_line_error(p, "CIFAR-10 not found", str(data))
     (data / "cifar-10-batches-py").mkdir()
