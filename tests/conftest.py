@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,14 @@ def run_inproc(capsys, *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture
 def cli_inproc(capsys):
     return lambda *args: run_inproc(capsys, *args)
+
+
+def wait_for(pred, timeout: float, what: str, poll: float = 0.3):
+    """Poll ``pred`` until it returns something true (returned) or ``timeout`` seconds pass."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        v = pred()
+        if v:
+            return v
+        time.sleep(poll)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -412,8 +412,12 @@ class Simulator:
             w = int(new.get(j.id, 0))
             if w != j.gpus_held and (w > j.gpus_held or j.state == exploring):
                 self._apply(j, w, now)
-        if self.gpus_in_use > G:
-            raise SimError(f"{self.gpus_in_use} GPUs in use of {G}")
+        self._account(now)
+
+    def _account(self, now: float) -> None:
+        """After a decision: the capacity check, the peak and the GPU trace."""
+        if self.gpus_in_use > self.gpus:
+            raise SimError(f"{self.gpus_in_use} GPUs in use of {self.gpus}")
         if self.gpus_in_use > self.max_gpus_in_use:
             self.max_gpus_in_use = self.gpus_in_use
         if self.trace is not None:
@@ -447,12 +451,7 @@ class Simulator:
             self._apply(by_pos[act[i]], int(new[i]), now)
         for i in np.flatnonzero((new != held) & ((new > held) | exploring)):
             self._apply(by_pos[act[i]], int(new[i]), now)
-        if self.gpus_in_use > G:
-            raise SimError(f"{self.gpus_in_use} GPUs in use of {G}")
-        if self.gpus_in_use > self.max_gpus_in_use:
-            self.max_gpus_in_use = self.gpus_in_use
-        if self.trace is not None:
-            self.trace.append((now, self.gpus_in_use))
+        self._account(now)
 
     def _predicted_remaining(self, j: SimJob, done: float) -> float:
         """Eq. 1's Q for ``j`` from its curve observed up to ``done`` samples (refitted only when

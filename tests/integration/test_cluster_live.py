@@ -11,12 +11,11 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -48,13 +47,9 @@ def _events(d: Path) -> list[tuple[int, str, dict]]:
         db.close()
 
 
+
 def _wait(pred, timeout, what):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if pred():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(pred, timeout, what, poll=0.5)
 
 
 def test_three_jobs_shrink_cancel_and_scheduler_kill9(tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, ROOT
+from tests.conftest import BIN, ROOT, wait_for
 from tests.unit.test_cluster_web import cluster  # noqa: F401 - the hand-written store (a fixture)
 from tests.unit.test_cluster_web import wait_answers
 
@@ -30,14 +30,9 @@ PACED = str(ROOT / "tests" / "integration" / "scripts" / "paced.py")
 EVIL = "<script>alert(1)</script>"
 
 
+
 def _wait(pred, timeout, what):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(pred, timeout, what, poll=0.3)
 
 
 def _js(browser, script: str):

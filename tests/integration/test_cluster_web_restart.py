@@ -9,26 +9,20 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.integration
 
 CLI = [sys.executable, "-m", "elastic_ring.cli.main"]
 
 
+
 def _wait(pred, timeout, what):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(pred, timeout, what, poll=0.2)
 
 
 def _get(url: str) -> str:
