@@ -42,6 +42,7 @@ from typing import Any, Callable
 from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec, RunState, check_transition
 from elastic_ring.controller.lock import RunLock
+from elastic_ring.controller.restart_rule import FailureHistory, append_traceback, not_retried
 from elastic_ring.controller.summary import summarize
 from elastic_ring.controller import watchdog as wdog
 from elastic_ring.errors import UserError, WorkerFailedError
@@ -167,7 +168,7 @@ class Controller:
         self._interrupts = 0
         self._pending: PendingResize | None = None
         self._restarting: _Restarting | None = None
-        self._failures: list[dict[str, Any]] = []  # consecutive failures (reset by progress)
+        self._failures = FailureHistory()  # consecutive failures (reset by saved progress)
         self._telemetry: Telemetry | None = None
         self._progress = None
         self._task = None
@@ -284,8 +285,8 @@ class Controller:
                 segment = seg.index + 1
                 continue
             step = int(seg.end["step"])
-            if self._failures and step > self._failures[-1]["from_step"]:
-                self._failures = []  # progress since the last failure: the count starts again
+            if self._failures.failures:  # a checkpoint newer than the restart's: count again
+                self._failures.progress_saved(self._checkpoint_step())
             if self._pending is not None and self._pending.t_first is not None:
                 self._drain(wait=True)  # may emit the overhead itself
                 if self._pending is not None:  # no full window at the new size: no steady step
@@ -365,16 +366,10 @@ class Controller:
         redone = max(0, last - ck)
         failure = {"from_step": ck, "type": rec.get("type") if rec else None,
                    "message": rec.get("message") if rec else why, "step": rec.get("step") if rec else None}
-        same = ("type", "message", "step", "from_step")  # the same error at the same point
-        repeated = bool(self._failures and rec and failure["type"]
-                        and all(self._failures[-1][k] == failure[k] for k in same))
-        self._failures.append(failure)
-        attempt = len(self._failures)
+        attempt, repeated = self._failures.record(failure)
         world = self.plan.world_after(ck)
         usable = self._usable_slots(world)
         new_world = min(world, usable)
-        from elastic_ring.controller.restart_rule import append_traceback, not_retried
-
         append_traceback(seg.log, rec)
         deterministic = not_retried(rec)
         give_up = bool(deterministic) or repeated or attempt > self.max_restarts or new_world < 1

@@ -3,14 +3,18 @@
 A restart costs a relaunch and the steps since the last checkpoint; for a failure that will come
 back at once it only doubles the time to fail. The worker's crash record says what kind of failure
 it was (``kind``, set by :mod:`elastic_ring.worker.run`); this module turns that into the reason
-the controller gives when it does not retry. Pure functions of the records (no I/O but
-:func:`append_traceback`).
+the controller gives when it does not retry, and keeps the run's recent failures
+(:class:`FailureHistory`: how many in a row, and whether the same error came back at the same
+step). Pure functions of the records (no I/O but :func:`append_traceback`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+REPEAT_KEY = ("type", "message", "step", "from_step")  # the same error at the same point
 
 _REASONS = {
     "syntax": "a syntax error in the script: not retried",
@@ -49,3 +53,39 @@ def append_traceback(log: Path | None, rec: dict[str, Any] | None) -> None:
             f.write(str(rec["traceback"]))
     except OSError:
         pass
+
+
+@dataclass
+class FailureHistory:
+    """The failures since the last saved progress.
+
+    A failure is a dict with ``type``, ``message``, ``step`` (the step it happened in, None before
+    the first) and ``from_step`` (the checkpoint the restart resumes from). The count starts again
+    only once a checkpoint newer than the last failure's ``from_step`` exists
+    (:meth:`progress_saved`): steps done and lost again are no progress. (Counting any finished
+    segment as progress let a deterministic error loop for ever under ``--relaunch inplace``,
+    where a resize writes no checkpoint: restart from step c, resize at step r > c, fail at the
+    same step again, counted as the first failure each time.)
+    """
+
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, failure: dict[str, Any]) -> tuple[int, bool]:
+        """Add ``failure``; returns (its attempt number, whether it repeats the previous one: the
+        same error type and message at the same step from the same checkpoint)."""
+        last = self.failures[-1] if self.failures else None
+        repeated = bool(last and failure.get("type")
+                        and all(last.get(k) == failure.get(k) for k in REPEAT_KEY))
+        self.failures.append(failure)
+        return len(self.failures), repeated
+
+    def progress_saved(self, checkpoint_step: int | None) -> bool:
+        """Forget the failures when the newest checkpoint lies beyond the last restart's; True
+        when it did."""
+        if self.failures and checkpoint_step is not None and checkpoint_step > self.failures[-1]["from_step"]:
+            self.failures = []
+            return True
+        return False
+
+    def __len__(self) -> int:
+        return len(self.failures)

@@ -301,3 +301,67 @@ def test_the_same_error_at_another_step_is_retried(tmp_path, monkeypatch):
     rs = read_events(tmp_path / "events.jsonl", kind="restart")
     assert [(r["gave_up"], r["from_step"]) for r in rs] == [(False, 10), (False, 10)]
     assert len(launcher.started) == 4  # segment 0, the failed 1, the failed retry, the good one
+
+
+class _FixedStepFailure(FakeLauncher):
+    """A deterministic error at step ``fail_at`` whatever the checkpoint; a segment's end writes no
+    checkpoint (as an in-place resize: the workers keep their state in memory). Each launch
+    restores from the newest checkpoint, as real workers do. More than ``cap`` launches: the
+    controller loops (the test fails instead of hanging)."""
+
+    def __init__(self, run_dir, total, fail_at, cap=12):
+        super().__init__(run_dir, total)
+        self.fail_at, self.cap = fail_at, cap
+        self.store = CheckpointStore(run_dir / "checkpoints")
+
+    def start(self, cmd, env, log_path):
+        assert len(self.started) < self.cap, f"{self.cap} launches: the restarts never end"
+        found = self.store.candidates()
+        self.state["step"] = int(found[0].stem.split("-")[1]) if found else 0
+        w = FakeWorkers(self.run_dir, cmd, self.state, None)
+        if self.state["step"] < self.fail_at <= w.stop_at:
+            w.fail_rank = 1
+            self.state["step"] = self.fail_at - 1  # the error record names the step it was in
+        w._stop = lambda start, lr, w=w: self._end_without_checkpoint(w)
+        self.started.append(w)
+        return w
+
+    def _end_without_checkpoint(self, w):
+        if w.polls < 5:
+            return None
+        w.log.write(SegmentEnd(segment=w.segment, world_size=w.world, step=w.stop_at, reason="scheduled",
+                               lr=0.1, stop_decided_at=time.time()))
+        w.rc = 0
+        return None
+
+
+def test_a_deterministic_error_after_an_unsaved_resize_is_not_retried_for_ever(tmp_path):
+    """Checkpoint at step 5; resizes at 10 and 20 save nothing; step 25 always fails. A segment
+    that ends (10 -> 20) after the restart is no saved progress: the second failure at step 25 from
+    the same checkpoint is the same error at the same step, and the run stops (it used to count
+    every finished segment as progress and restart for ever)."""
+    total = 30
+    spec = RunSpec(run_dir=tmp_path, workers=1, schedule=(Resize(10, 2), Resize(20, 1)), slots=4,
+                   device="cpu", total_steps=total)
+    launcher = _FixedStepFailure(tmp_path, total, fail_at=25)
+    launcher.store.save({"step": 5, "world_size": 1})
+    ctl = Controller(spec, launcher=launcher, out=lambda s: None, poll_s=0.0, show_progress=False,
+                     relaunch="sequential", max_restarts=3)
+    with pytest.raises(WorkerFailedError, match="the same error at step 25 twice: not retrying"):
+        ctl.run(5, 1, 0)
+    rs = read_events(tmp_path / "events.jsonl", kind="restart")
+    assert [(r["attempt"], r["from_step"], r["gave_up"]) for r in rs] == [(1, 5, False), (2, 5, True)]
+
+
+def test_failure_history_resets_only_on_a_newer_checkpoint():
+    from elastic_ring.controller.restart_rule import FailureHistory
+
+    h = FailureHistory()
+    f = {"type": "ValueError", "message": "boom", "step": 25, "from_step": 10}
+    assert h.record(dict(f)) == (1, False)
+    assert not h.progress_saved(10) and not h.progress_saved(None)  # steps done, nothing saved
+    assert h.record(dict(f)) == (2, True)
+    assert h.record({**f, "step": 26}) == (3, False)
+    assert h.record({**f, "type": None, "step": 26}) == (4, False)  # no crash record: never "the same"
+    assert h.progress_saved(15) and len(h) == 0
+    assert h.record(dict(f, from_step=15)) == (1, False)
