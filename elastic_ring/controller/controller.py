@@ -363,6 +363,8 @@ class Controller:
         for r in records:
             if isinstance(r.get("step"), int) and r["step"] - 1 > last:
                 last, t_last = r["step"] - 1, float(r.get("time", t_last))
+        if seg.stall is not None and seg.stall.last_step > last:  # the heartbeats are newer still
+            last, t_last = seg.stall.last_step, self.watchdog.t_progress
         redone = max(0, last - ck)
         failure = {"from_step": ck, "type": rec.get("type") if rec else None,
                    "message": rec.get("message") if rec else why, "step": rec.get("step") if rec else None}

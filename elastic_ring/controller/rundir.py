@@ -84,6 +84,19 @@ def update_worker_settings(run_dir: Path, **changes: Any) -> None:
     path = Path(run_dir) / "run.json"
     info = json.loads(path.read_text())
     info.setdefault("worker", {}).update({k: v for k, v in changes.items() if v is not None})
+    _replace_run_info(path, info)
+
+
+def update_run_info(run_dir: Path, **changes: Any) -> None:
+    """Change the controller's settings kept in ``run.json`` (e.g. ``--stall-timeout`` given at
+    --resume, which later resumes keep)."""
+    path = Path(run_dir) / "run.json"
+    info = json.loads(path.read_text())
+    info.update(changes)
+    _replace_run_info(path, info)
+
+
+def _replace_run_info(path: Path, info: dict[str, Any]) -> None:
     tmp = path.with_name(".run.json.tmp")
     tmp.write_text(json.dumps(info, indent=2))
     tmp.replace(path)

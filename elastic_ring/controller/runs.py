@@ -82,6 +82,7 @@ class PreparedRun:
     segment: int
     relaunch: str
     extra: dict[str, Any] = field(default_factory=dict)
+    stall_timeout: float | None = None  # given, or kept in run.json by the run's start (resumes)
 
 
 def check(req: RunRequest) -> None:
@@ -245,8 +246,9 @@ def _prepare_new(req: RunRequest, device: str, n_slots: int, sched: tuple[Resize
     with writing(rd):
         rd.mkdir(parents=True, exist_ok=True)
         RunLock(rd).acquire()
-    create_run_dir(spec, cfg, relaunch=relaunch)
-    return PreparedRun(spec, cfg, Plan.from_spec(spec.workers, spec.schedule), 0, 0, relaunch)
+    create_run_dir(spec, cfg, relaunch=relaunch, stall_timeout=req.stall_timeout)
+    return PreparedRun(spec, cfg, Plan.from_spec(spec.workers, spec.schedule), 0, 0, relaunch,
+                       stall_timeout=req.stall_timeout)
 
 
 def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Resize, ...],
@@ -254,7 +256,7 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
     from elastic_ring.ckpt import CheckpointStore
     from elastic_ring.config.api import load_config
     from elastic_ring.controller.lock import RunLock, stop_stale_workers
-    from elastic_ring.controller.rundir import update_worker_settings, worker_settings
+    from elastic_ring.controller.rundir import update_run_info, update_worker_settings, worker_settings
     from elastic_ring.events.api import read_events
 
     rd = Path(req.resume_dir)
@@ -288,8 +290,11 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
                    keep=keep_now)
     validate_resume(spec, start_step)
     update_worker_settings(rd, **worker_settings(spec, cfg))
+    stall = req.stall_timeout if req.stall_timeout is not None else run_info.get("stall_timeout")
+    if req.stall_timeout is not None:  # kept for later resumes (a cluster's stop and resume too)
+        update_run_info(rd, stall_timeout=req.stall_timeout)
     segment = len(read_events(rd / "events.jsonl", kind="launch"))
-    return PreparedRun(spec, cfg, plan, start_step, segment, req.relaunch)
+    return PreparedRun(spec, cfg, plan, start_step, segment, req.relaunch, stall_timeout=stall)
 
 
 def _resume_plan(rd: Path, run_info: dict[str, Any], start_step: int, workers: int | None,
@@ -364,7 +369,7 @@ def start_or_resume(req: RunRequest, echo: Callable[[str], None], out: Callable[
              f"placement {req.placement}, warm workers across resizes")
     ctl = Controller(run.spec, lr_scaling=run.cfg.lr_scaling if run.cfg else "linear", out=out,
                      network_interface=req.network_interface, relaunch=run.relaunch,
-                     max_restarts=req.max_restarts, plan=run.plan, stall_timeout=req.stall_timeout,
+                     max_restarts=req.max_restarts, plan=run.plan, stall_timeout=run.stall_timeout,
                      show_progress=show_progress, backend=backend)
     summary = ctl.run(run.start_step, run.spec.workers, run.segment)
     return {**summary, "total_steps": run.spec.total_steps}

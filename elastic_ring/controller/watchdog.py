@@ -16,8 +16,12 @@ restarts it from the newest checkpoint like any failure.
 
 Blame (:func:`blame`), first that applies: local workers in the stopped state or gone; ranks on
 hosts that no longer answer; the ranks Horovod's stall inspector names as missing in the log;
-the ranks whose heartbeat is oldest (a lower step, or none), when they are not all equal. Else
-no rank is named: a rank that is only waiting for a peer is never the culprit.
+the ranks whose heartbeat is oldest (:func:`beat_order`: a lower step, or the same step but not
+yet in phase ``sync``, which a rank enters when it has done its own forward and backward pass
+and waits at the optimizer's step for the other ranks' gradients; or no heartbeat at all), when
+they are not all equal. So a rank hung while running (a deadlocked data loader, a loop that never
+ends) is named although it is not stopped. Else no rank is named: a rank that is only waiting
+for a peer is never the culprit.
 
 Everything here is pure or takes its side effects as arguments; the controller's hook is
 ``Controller._check_stall``.
@@ -41,6 +45,7 @@ SLOW_PHASE_S = 120.0  # at least this long while checkpointing, evaluating, paus
 SLOW_PHASES = ("checkpoint", "eval", "paused", "ending")
 STOPPED_GRACE_S = 5.0  # a stopped (SIGSTOP) worker and no step for this long: a stall at once
 BEAT_WIDTH = 48  # bytes of one heartbeat record (fixed, so a rewrite in place is never torn short)
+WAITING_PHASE = "sync"  # a rank done with its part of the next step, waiting for the others' gradients
 
 _PREFIX = re.compile(r"^\[[\d,]+\]<std(?:out|err)>:")
 
@@ -181,6 +186,14 @@ class Stall:
         return self.ranks[0] if self.ranks else None
 
 
+def beat_order(b: Beat | None) -> tuple[int, int]:
+    """How far a rank got: its last step done, then whether it is already waiting for the others
+    in the next step's gradient exchange (phase ``sync``). No heartbeat at all: before anything."""
+    if b is None:
+        return (-1, 0)
+    return (b.step, 1 if b.phase == WAITING_PHASE else 0)
+
+
 def blame(beats: list[Beat], world: int, stopped: dict[int, str], dead_hosts: list[int],
           missing: list[int]) -> tuple[tuple[int, ...], str]:
     """(ranks to blame, how they were found); see the module docstring for the order."""
@@ -191,12 +204,12 @@ def blame(beats: list[Beat], world: int, stopped: dict[int, str], dead_hosts: li
         return tuple(sorted(dead_hosts)), "its host does not answer"
     if missing:
         return tuple(missing), "Horovod's stall inspector lists it as missing"
-    step = {b.rank: b.step for b in beats}
-    steps = [step.get(r, -1) for r in range(world)]
-    if world > 1 and min(steps) < max(steps):
-        low = min(steps)
-        return tuple(r for r in range(world) if steps[r] == low), "oldest heartbeat"
-    return (), "every rank reached the same step"
+    by_rank = {b.rank: b for b in beats}
+    got = [beat_order(by_rank.get(r)) for r in range(world)]
+    if world > 1 and min(got) < max(got):
+        low = min(got)
+        return tuple(r for r in range(world) if got[r] == low), "oldest heartbeat"
+    return (), "every rank reached the same point"
 
 
 @dataclass

@@ -434,8 +434,12 @@ class Job:
         self._extras.update(extras)
 
     def _on_optimizer_step(self, opt, args, kwargs) -> None:
-        """The LR an optimizer step really runs with (the script may set it inside the step, or a
-        scheduler may move it after): recorded for the segment's ``first_step`` event."""
+        """Before the registered optimizer's step (a pre-hook, so before Horovod waits there for
+        the other ranks' gradients): the heartbeat says this rank is done with its own part of
+        the step (phase ``sync``), so a rank hung in its data loader or its forward pass is told
+        apart from the ranks waiting for it. Also the LR the step really runs with (the script
+        may set it inside the step, or a scheduler may move it after), for ``first_step``."""
+        self._heartbeat(self.step, "sync")
         if opt.param_groups:
             self._lr_stepped = float(opt.param_groups[0]["lr"])
 

@@ -245,3 +245,38 @@ def test_a_stopped_rank_is_found_by_the_stall_watchdog_and_the_run_ends_exactly(
     assert r["from_step"] % 5 == 0 and r["new_world_size"] == 2
     assert _steps_once(run) == list(range(1, STEPS + 1))
     _assert_same_weights(_final(run), straight_2w)
+
+
+HUNG = """
+import time, torch, horovod.torch as hvd
+import elastic_ring.worker as elastic
+job = elastic.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(2, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+job.register(model=model, optimizer=opt)
+job.restore()
+for step in job.steps():
+    if step == 9 and job.rank == 1 and job.segment == 0:
+        time.sleep(3600)  # a data loader that never returns: the process sleeps (state S), not stopped
+    loss = model(torch.ones(4, 2)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    job.record(loss, samples=4)
+"""
+
+
+def test_a_rank_hung_while_running_is_named_by_its_heartbeat(tmp_path):
+    """Rank 1 sleeps for ever inside step 9 (not stopped: no /proc evidence): after the stall
+    timeout the watchdog names rank 1, whose heartbeat is older than rank 0's (which waits in its
+    optimizer step), restarts from the checkpoint and the run ends by itself."""
+    script = tmp_path / "hung.py"
+    script.write_text(HUNG)
+    run = tmp_path / "hung"
+    p = run_cli("train", "--script", str(script), "--steps", "14", "--gpus", "2", "--slots", "2",
+                "--checkpoint-every", "4", "--stall-timeout", "2", "--run-dir", str(run), timeout=300)
+    assert p.returncode == 0, p.stderr
+    (st,) = read_events(run / "events.jsonl", kind="stalled")
+    assert st["ranks"] == [1] and st["why"] == "oldest heartbeat" and st["last_step"] == 8, st
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert r["rank"] == 1 and r["from_step"] == 8 and not r["gave_up"], r
+    assert read_events(run / "events.jsonl", kind="finished")[0]["step"] == 14

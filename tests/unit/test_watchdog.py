@@ -62,6 +62,25 @@ def test_equal_steps_blame_no_one_rather_than_the_healthy_rank():
     assert s is not None and s.ranks == () and s.rank is None and "no rank stands out" in s.message
 
 
+def test_a_rank_hung_while_running_is_named_by_its_older_heartbeat():
+    """Rank 1 sleeps for ever in its data loader in step 11 (state S, not stopped): rank 0 did its
+    forward and backward pass and waits at the optimizer's step (phase sync). Both last finished
+    step 10; rank 1's heartbeat is the older one. It is named after the timeout, not rank 0."""
+    d = _dog(timeout=4.0)
+    d.observe([Beat(0, 10, "step"), Beat(1, 10, "step")], now=1.0)
+    d.observe([Beat(0, 10, "sync"), Beat(1, 10, "step")], now=1.1)
+    states = {0: "S", 1: "S"}
+    stopped = lambda: {r: s for r, s in states.items() if s in ("T", "Z")}  # noqa: E731
+    assert d.check(5.0, stopped=stopped) is None  # within the timeout: no grace for a sleeper
+    s = d.check(5.2, stopped=stopped)
+    assert s is not None and s.ranks == (1,) and s.why == "oldest heartbeat" and s.last_step == 10
+    # the other way round: rank 0 hung in its checkpoint write, rank 1 waits for it
+    assert wd.blame([Beat(0, 20, "checkpoint"), Beat(1, 20, "sync")], 2, {}, [], [])[0] == (0,)
+    # every rank waiting in the exchange (a hang inside the collective itself): no one stands out
+    assert wd.blame([Beat(0, 20, "sync"), Beat(1, 20, "sync")], 2, {}, [], [])[0] == ()
+    assert wd.beat_order(None) < wd.beat_order(Beat(0, 0, "step")) < wd.beat_order(Beat(0, 0, "sync"))
+
+
 def test_a_stopped_process_is_found_after_the_grace_even_with_a_long_timeout():
     d = _dog(timeout=120.0)
     d.observe([Beat(0, 50, "step"), Beat(1, 50, "step")], now=10.0)
@@ -161,3 +180,26 @@ def test_zero_timeout_turns_the_watchdog_off():
     d.reset(0, 2, 0.0)
     d.observe([Beat(0, 5, "step"), Beat(1, 5, "step")], now=0.0)
     assert d.check(1e6, stopped=lambda: {1: "T"}) is None
+
+
+def test_a_resume_keeps_the_runs_stall_timeout_unless_given_again(tmp_path):
+    """`--stall-timeout` is kept in run.json: a `--resume` (as the cluster's stop and resume runs
+    it, without the start's options) watches with the same timeout; one given at the resume wins
+    and is kept for the next."""
+    from elastic_ring.controller.lock import RunLock
+    from elastic_ring.controller.runs import RunRequest, prepare
+
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    rd = tmp_path / "run"
+    run = prepare(RunRequest(script=str(script), steps=10, device="cpu", slots=2, stall_timeout=7.5,
+                             run_dir=str(rd)), echo=lambda s: None)
+    assert run.stall_timeout == 7.5
+    RunLock(rd).release()
+    again = prepare(RunRequest(resume_dir=str(rd), device="cpu", slots=2), echo=lambda s: None)
+    assert again.stall_timeout == 7.5
+    RunLock(rd).release()
+    third = prepare(RunRequest(resume_dir=str(rd), device="cpu", slots=2, stall_timeout=0), echo=lambda s: None)
+    RunLock(rd).release()
+    assert third.stall_timeout == 0
+    assert prepare(RunRequest(resume_dir=str(rd), device="cpu", slots=2), echo=lambda s: None).stall_timeout == 0

@@ -291,3 +291,28 @@ def test_scheduler_registered_at_save_but_not_at_restore_is_an_error(tmp_path, m
     job2.register(model=model2, optimizer=opt2)
     with pytest.raises(api.ContractError, match="holds 1 scheduler.*registered 0"):
         job2.restore()
+
+
+def test_heartbeat_says_sync_once_the_rank_reaches_its_optimizer_step(tmp_path, monkeypatch):
+    """The stall watchdog tells a rank hung in its own work from the ranks waiting for it: the
+    heartbeat is (last step done, "step") until this rank calls the registered optimizer's step
+    (where Horovod waits for the others' gradients), then (last step done, "sync")."""
+    from elastic_ring.controller.watchdog import Beat, read_beats
+
+    job = make_job(tmp_path, monkeypatch, rank=1, size=2, stop_at=3)
+    model, opt, sched = build(0.1)
+    job.register(model=model, optimizer=opt, scheduler=sched)
+    job.restore()
+    seen = []
+    x = torch.ones(4, 4)
+    for step in job.steps():
+        before = read_beats(tmp_path, 0)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        seen.append((step, before, read_beats(tmp_path, 0)))
+    assert seen[0][2] == [Beat(1, 0, "sync")]
+    for step, before, after in seen[1:]:
+        assert before == [Beat(1, step - 1, "step")] and after == [Beat(1, step - 1, "sync")], step
