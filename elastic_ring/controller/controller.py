@@ -148,6 +148,7 @@ class Controller:
         self.watchdog = wdog.Watchdog(timeout_s=stall_timeout)
         self._t_beats = 0.0
         self._host_probe = host_probe or probe_hosts  # the watchdog asks which hosts still answer
+        self._hosts: wdog.HostMonitor | None = None  # asks them while the job runs (run())
         self.relaunch = relaunch
         self.max_restarts = max_restarts
         self.backend: Backend = backend or make_backend(relaunch, spec, launcher=launcher,
@@ -220,9 +221,14 @@ class Controller:
         self._hb_stop.clear()
         hb.start()
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        if self._run_hosts() and self.watchdog.timeout_s != 0:
+            self._hosts = wdog.HostMonitor(self._run_hosts(), self._host_probe, wdog.HOST_PROBE_EVERY_S)
+            self._hosts.start()
         try:
             return self._run(start_step, world, segment)
         finally:
+            if self._hosts is not None:
+                self._hosts.stop()
             for s, h in old.items():
                 signal.signal(s, h)
             if self._progress is not None:
@@ -379,7 +385,7 @@ class Controller:
                                   segment=seg.index, world_size=seg.world, from_step=ck,
                                   failed_at_step=last, steps_redone=redone,
                                   new_world_size=0 if give_up else new_world, gave_up=give_up,
-                                  node=detail.get("node"), time=t_detect))
+                                  node=detail.get("node") or self._stalled_hosts(seg), time=t_detect))
         if give_up:
             if deterministic:
                 reason = deterministic
@@ -401,6 +407,11 @@ class Controller:
         self.out(f"{why}: restart {attempt}/{self.max_restarts} from step {ck} with {new_world} "
                  f"worker(s) ({redone} step(s) to redo)")
         return ck, new_world
+
+    @staticmethod
+    def _stalled_hosts(seg: _Seg) -> str | None:
+        """The hosts that did not answer, when the watchdog stopped ``seg`` for that."""
+        return ", ".join(seg.stall.hosts) if seg.stall is not None and seg.stall.hosts else None
 
     def _usable_slots(self, want: int) -> int:
         """Slots usable now (the backend knows which hosts or nodes still answer)."""
@@ -621,7 +632,8 @@ class Controller:
         seg.stall = wd.check(
             now, stopped=lambda: wdog.stopped_ranks(protocol.read_pid_records(rd), seg.index, local),
             dead_hosts=lambda: self._dead_host_ranks(seg),
-            missing=lambda: wdog.missing_ranks(log_text()))
+            missing=lambda: wdog.missing_ranks(log_text()),
+            lost=lambda: self._dead_host_ranks(seg, silent=self._hosts_seen_silent()))
         if seg.stall is not None:
             st = seg.stall
             self.events.write(Stalled(segment=st.segment, last_step=st.last_step, idle_s=st.idle_s,
@@ -631,17 +643,28 @@ class Controller:
                      f"(allowed {seg.stall.allowed_s:.1f} s): killing the workers")
         return seg.stall is not None
 
-    def _dead_host_ranks(self, seg: _Seg) -> list[int]:
-        """Ranks of ``seg`` on hosts of --hosts/--hostfile that no longer answer."""
+    def _run_hosts(self) -> list[tuple[str, int]]:
+        """The hosts of --hosts/--hostfile ([] on one host)."""
         spec = self.spec
         if not (spec.hosts or spec.hostfile):
             return []
         from elastic_ring.controller.api import parse_hostfile, parse_hosts
 
-        hosts = parse_hosts(spec.hosts) if spec.hosts else parse_hostfile(spec.hostfile)
-        alive = {h for h, _ in self._host_probe(hosts)}
-        return wdog.ranks_on_dead_hosts(protocol.read_pid_records(spec.run_dir), seg.index, alive,
-                                        {h for h, _ in hosts})
+        return parse_hosts(spec.hosts) if spec.hosts else parse_hostfile(spec.hostfile)
+
+    def _hosts_seen_silent(self) -> frozenset[str]:
+        """The hosts the last round of the host monitor found silent (asks no one now)."""
+        return self._hosts.silent() if self._hosts is not None else frozenset()
+
+    def _dead_host_ranks(self, seg: _Seg, silent: frozenset[str] | None = None) -> dict[int, str]:
+        """rank -> host, for ranks of ``seg`` on hosts of --hosts/--hostfile that no longer answer
+        (``silent``: those hosts as already found; None: ask every host now)."""
+        hosts = self._run_hosts()
+        if not hosts or silent == frozenset():
+            return {}
+        names = {h for h, _ in hosts}
+        alive = names - silent if silent is not None else {h for h, _ in self._host_probe(hosts)}
+        return wdog.ranks_on_dead_hosts(protocol.read_pid_records(self.spec.run_dir), seg.index, alive, names)
 
     def _maybe_prelaunch(self, seg: _Seg) -> None:
         """Start the next workers early enough that they are ready when the old ones stop."""

@@ -12,7 +12,10 @@ the timeout (:func:`allowed_idle_s`: ``--stall-timeout``, default the larger of 
 step time and 30 s; longer while starting up, checkpointing, evaluating or ending), or a local
 worker sits in the stopped state (``T`` in ``/proc/PID/stat``) for a few seconds without a step,
 :meth:`Watchdog.check` returns a :class:`Stall`, and the controller kills the segment and
-restarts it from the newest checkpoint like any failure.
+restarts it from the newest checkpoint like any failure. The hosts of a ``--hosts``/``--hostfile``
+run are asked every few seconds while it runs (:class:`HostMonitor`): a host that stops answering
+is evidence like a stopped worker (the job is stalled once it made no step for a few seconds),
+and the restart goes on without it.
 
 Blame (:func:`blame`), first that applies: local workers in the stopped state or gone; ranks on
 hosts that no longer answer; the ranks Horovod's stall inspector names as missing in the log;
@@ -32,6 +35,7 @@ from __future__ import annotations
 import os
 import re
 import statistics
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -174,6 +178,7 @@ class Stall:
     allowed_s: float
     ranks: tuple[int, ...]  # blamed; empty when none stands out
     why: str  # how they were found
+    hosts: tuple[str, ...] = ()  # the hosts that do not answer, when that is why
 
     @property
     def message(self) -> str:
@@ -194,14 +199,16 @@ def beat_order(b: Beat | None) -> tuple[int, int]:
     return (b.step, 1 if b.phase == WAITING_PHASE else 0)
 
 
-def blame(beats: list[Beat], world: int, stopped: dict[int, str], dead_hosts: list[int],
+def blame(beats: list[Beat], world: int, stopped: dict[int, str], dead_hosts: dict[int, str],
           missing: list[int]) -> tuple[tuple[int, ...], str]:
-    """(ranks to blame, how they were found); see the module docstring for the order."""
+    """(ranks to blame, how they were found); see the module docstring for the order.
+    ``dead_hosts``: rank -> its host, for the ranks on hosts that do not answer."""
     if stopped:
         states = ", ".join(f"{r}:{s}" for r, s in sorted(stopped.items()))
         return tuple(sorted(stopped)), f"process stopped or gone ({states})"
     if dead_hosts:
-        return tuple(sorted(dead_hosts)), "its host does not answer"
+        names = ", ".join(sorted(set(dead_hosts.values())))
+        return tuple(sorted(dead_hosts)), f"its host does not answer ({names})"
     if missing:
         return tuple(missing), "Horovod's stall inspector lists it as missing"
     by_rank = {b.rank: b for b in beats}
@@ -248,10 +255,16 @@ class Watchdog:
         return max((b.step for b in self.beats.values()), default=0)
 
     def check(self, now: float, stopped: Callable[[], dict[int, str]],
-              dead_hosts: Callable[[], list[int]] = lambda: [],
-              missing: Callable[[], list[int]] = lambda: []) -> Stall | None:
-        """A :class:`Stall` when the job made no step for its allowance, else None. The callables
-        are asked only when needed (``stopped``: rank -> state of local workers stopped or gone)."""
+              dead_hosts: Callable[[], dict[int, str]] = dict,
+              missing: Callable[[], list[int]] = lambda: [],
+              lost: Callable[[], dict[int, str]] = dict) -> Stall | None:
+        """A :class:`Stall` when the job made no step for its allowance, else None.
+
+        The callables are asked only when needed: ``stopped`` (rank -> state of local workers
+        stopped or gone), ``lost`` (rank -> host, for ranks on hosts the :class:`HostMonitor`
+        already found silent: cheap), ``dead_hosts`` (the same, asking the hosts now) and
+        ``missing`` (Horovod's stall inspector). A stopped worker or a silent host is evidence
+        enough: the job is stalled once it made no step for the grace (``STOPPED_GRACE_S``)."""
         if self.timeout_s == 0:  # --stall-timeout 0: off
             return None
         idle = now - self.t_progress
@@ -262,13 +275,17 @@ class Watchdog:
         phases = [b.phase for b in self.beats.values()]
         allowed = allowed_idle_s(timeout, self.started, phases)
         st = stopped()
-        if idle < allowed and not any(s == "T" for s in st.values()):
+        gone = {} if st else lost()
+        evidence = any(s == "T" for s in st.values()) or bool(gone)
+        if idle < allowed and not evidence:
             return None
-        if st and idle < allowed:
+        if evidence and idle < allowed:
             allowed = grace
-        ranks, why = blame(list(self.beats.values()), self.world, st,
-                           dead_hosts() if not st else [], missing() if not st else [])
-        return Stall(self.segment, self.last_step(), idle, allowed, ranks, why)
+        dead = gone or (dead_hosts() if not st else {})
+        ranks, why = blame(list(self.beats.values()), self.world, st, dead,
+                           missing() if not (st or dead) else [])
+        hosts = tuple(sorted(set(dead.values()))) if dead and not st else ()
+        return Stall(self.segment, self.last_step(), idle, allowed, ranks, why, hosts)
 
 
 def stopped_ranks(pid_records: list[dict], segment: int, local_hosts: set[str],
@@ -285,8 +302,64 @@ def stopped_ranks(pid_records: list[dict], segment: int, local_hosts: set[str],
 
 
 def ranks_on_dead_hosts(pid_records: list[dict], segment: int, alive_hosts: set[str],
-                        all_hosts: set[str]) -> list[int]:
-    """Ranks of the segment whose host was asked and did not answer."""
+                        all_hosts: set[str]) -> dict[int, str]:
+    """rank -> host, for the ranks of the segment whose host was asked and did not answer."""
     dead = all_hosts - alive_hosts
-    return sorted(int(r["rank"]) for r in pid_records
-                  if r.get("segment") == segment and r.get("host") in dead)
+    return {int(r["rank"]): str(r["host"]) for r in pid_records
+            if r.get("segment") == segment and r.get("host") in dead}
+
+
+# ---------------------------------------------------------------------- hosts, while the job runs
+HOST_PROBE_EVERY_S = 5.0  # a --hosts/--hostfile run's hosts are asked this often while it runs
+
+
+class HostMonitor:
+    """Asks a run's hosts whether they still answer, every ``every_s``, on a thread of its own
+    (``probe``: the hosts -> those that answer; the real one runs ``ssh HOST true`` for a host
+    that is not this one, so a round may take seconds and must not hold up the controller's
+    loop). :meth:`silent` is the answer of the newest round: the controller's watchdog reads it
+    at every check, so a host that vanished mid-run (its sockets never closed, the ring waiting)
+    is found within about ``every_s`` plus the probe's own timeout, not only at a restart.
+
+    Nothing starts in the constructor; :meth:`start` and :meth:`stop` own the thread, and
+    :meth:`poll_once` is one round (what the tests call)."""
+
+    def __init__(self, hosts: list[tuple[str, int]],
+                 probe: Callable[[list[tuple[str, int]]], list[tuple[str, int]]],
+                 every_s: float = HOST_PROBE_EVERY_S) -> None:
+        self.hosts, self.probe, self.every_s = list(hosts), probe, every_s
+        self.rounds = 0
+        self._silent: frozenset[str] = frozenset()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll_once(self) -> frozenset[str]:
+        try:
+            alive = {h for h, _ in self.probe(self.hosts)}
+        except Exception:  # noqa: BLE001 - a failed round says nothing about the hosts
+            return self._silent
+        self._silent = frozenset(h for h, _ in self.hosts if h not in alive)
+        self.rounds += 1
+        return self._silent
+
+    def silent(self) -> frozenset[str]:
+        return self._silent
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="elastic-ring-hosts")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.poll_once()
+            if self._stop.wait(self.every_s):
+                return

@@ -365,3 +365,67 @@ def test_failure_history_resets_only_on_a_newer_checkpoint():
     assert h.record({**f, "type": None, "step": 26}) == (4, False)  # no crash record: never "the same"
     assert h.progress_saved(15) and len(h) == 0
     assert h.record(dict(f, from_step=15)) == (1, False)
+
+
+class _HungOnALostHost(FakeLauncher):
+    """Launch 0: two ranks, rank 1 on host ``gone``; both beat step 3, then nothing (the ring waits
+    for the vanished host; after ``gloo_s`` it gives up with status 1, as Gloo's timeout would).
+    Later launches: the usual fake workers."""
+
+    def __init__(self, run_dir, total, gloo_s=8.0):
+        super().__init__(run_dir, total)
+        self.gloo_s = gloo_s
+
+    def start(self, cmd, env, log_path):
+        import os
+
+        from elastic_ring import protocol
+        from elastic_ring.controller.watchdog import Heartbeat
+
+        w = FakeWorkers(self.run_dir, cmd, self.state, None)
+        self.started.append(w)
+        if len(self.started) > 1:
+            return w
+        for rank, host in ((0, "localhost"), (1, "gone")):
+            protocol.write_json_atomic(protocol.pid_dir(self.run_dir) / f"seg000-rank{rank}.json",
+                                       {"rank": rank, "pid": os.getpid(), "host": host, "segment": 0,
+                                        "created": time.time()})
+            hb = Heartbeat(self.run_dir, 0, rank)
+            hb.beat(3, "step", time.time())
+            hb.close()
+        t0 = time.time()
+
+        def poll():
+            if w.rc is None and time.time() - t0 > self.gloo_s:
+                w.rc = 1
+            return w.rc
+
+        w.poll = poll
+        return w
+
+
+def test_a_host_that_stops_answering_mid_run_is_found_while_the_job_runs(tmp_path, monkeypatch):
+    """--hosts localhost:1,gone:1; host gone stops answering while the job runs (its rank's
+    sockets never close: no exit). The host monitor's rounds find it, the watchdog stops the job
+    after the grace (not the 60 s timeout, nor Gloo's), blames rank 1 and the host, and the run
+    restarts on what still answers and finishes."""
+    import elastic_ring.controller.watchdog as wdog
+
+    monkeypatch.setattr(wdog, "STOPPED_GRACE_S", 0.3)
+    monkeypatch.setattr(wdog, "HOST_PROBE_EVERY_S", 0.05)
+    spec = RunSpec(run_dir=tmp_path, workers=2, schedule=(), slots=2, device="cpu", total_steps=30,
+                   hosts="localhost:1,gone:1")
+    launcher = _HungOnALostHost(tmp_path, 30)
+    ctl = Controller(spec, launcher=launcher, out=lambda s: None, poll_s=0.02, show_progress=False,
+                     relaunch="sequential", stall_timeout=60.0,
+                     host_probe=lambda hosts: [h for h in hosts if h[0] != "gone"])
+    t0 = time.time()
+    summary = ctl.run(0, 2, 0)
+    assert summary["state"] == "finished"
+    (st,) = read_events(tmp_path / "events.jsonl", kind="stalled")
+    assert st["ranks"] == [1] and st["why"] == "its host does not answer (gone)", st
+    assert st["time"] - t0 < launcher.gloo_s - 2, st  # found by the host monitor, not by the exit
+    (r,) = read_events(tmp_path / "events.jsonl", kind="restart")
+    assert (r["rank"], r["node"], r["new_world_size"]) == (1, "gone", 1), r
+    assert [w.world for w in launcher.started] == [2, 1]
+    assert "gone" not in launcher.started[1].cmd_line

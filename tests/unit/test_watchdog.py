@@ -75,9 +75,9 @@ def test_a_rank_hung_while_running_is_named_by_its_older_heartbeat():
     s = d.check(5.2, stopped=stopped)
     assert s is not None and s.ranks == (1,) and s.why == "oldest heartbeat" and s.last_step == 10
     # the other way round: rank 0 hung in its checkpoint write, rank 1 waits for it
-    assert wd.blame([Beat(0, 20, "checkpoint"), Beat(1, 20, "sync")], 2, {}, [], [])[0] == (0,)
+    assert wd.blame([Beat(0, 20, "checkpoint"), Beat(1, 20, "sync")], 2, {}, {}, [])[0] == (0,)
     # every rank waiting in the exchange (a hang inside the collective itself): no one stands out
-    assert wd.blame([Beat(0, 20, "sync"), Beat(1, 20, "sync")], 2, {}, [], [])[0] == ()
+    assert wd.blame([Beat(0, 20, "sync"), Beat(1, 20, "sync")], 2, {}, {}, [])[0] == ()
     assert wd.beat_order(None) < wd.beat_order(Beat(0, 0, "step")) < wd.beat_order(Beat(0, 0, "sync"))
 
 
@@ -91,13 +91,13 @@ def test_a_stopped_process_is_found_after_the_grace_even_with_a_long_timeout():
 
 
 def test_stopped_process_beats_other_evidence():
-    ranks, why = wd.blame([Beat(0, 3, "step"), Beat(1, 9, "step")], 2, {1: "T"}, [0], [0])
+    ranks, why = wd.blame([Beat(0, 3, "step"), Beat(1, 9, "step")], 2, {1: "T"}, {0: "h0"}, [0])
     assert ranks == (1,) and "stopped" in why
-    ranks, why = wd.blame([Beat(0, 3, "step"), Beat(1, 9, "step")], 2, {}, [1], [0])
-    assert ranks == (1,) and "host" in why
-    ranks, why = wd.blame([Beat(0, 3, "step"), Beat(1, 9, "step")], 2, {}, [], [1])
+    ranks, why = wd.blame([Beat(0, 3, "step"), Beat(1, 9, "step")], 2, {}, {1: "h1"}, [0])
+    assert ranks == (1,) and why == "its host does not answer (h1)"
+    ranks, why = wd.blame([Beat(0, 3, "step"), Beat(1, 9, "step")], 2, {}, {}, [1])
     assert ranks == (1,) and "missing" in why
-    assert wd.blame([Beat(0, 3, "step")], 2, {}, [], [])[0] == (1,)  # rank 1 never beat
+    assert wd.blame([Beat(0, 3, "step")], 2, {}, {}, [])[0] == (1,)  # rank 1 never beat
 
 
 def test_slow_phases_and_start_up_get_their_allowance():
@@ -156,7 +156,7 @@ def test_stopped_ranks_reads_the_state_of_local_workers_only():
             {"rank": 0, "pid": 13, "host": "me", "segment": 0}]
     states = {10: "S", 11: "T", 12: "T", 13: None}
     assert wd.stopped_ranks(recs, 1, {"me"}, state=states.get) == {1: "T"}
-    assert wd.ranks_on_dead_hosts(recs, 1, {"me"}, {"me", "other"}) == [2]
+    assert wd.ranks_on_dead_hosts(recs, 1, {"me"}, {"me", "other"}) == {2: "other"}
 
 
 def test_proc_state_of_a_real_stopped_process():
@@ -203,3 +203,46 @@ def test_a_resume_keeps_the_runs_stall_timeout_unless_given_again(tmp_path):
     RunLock(rd).release()
     assert third.stall_timeout == 0
     assert prepare(RunRequest(resume_dir=str(rd), device="cpu", slots=2), echo=lambda s: None).stall_timeout == 0
+
+
+def test_a_host_found_silent_while_the_job_runs_stalls_it_after_the_grace():
+    """The host monitor's newest round says host b is silent: once the job made no step for the
+    grace, the ranks on b are blamed, whatever the (long) timeout; while steps go on, nothing."""
+    d = _dog(timeout=120.0)
+    d.observe([Beat(0, 50, "sync"), Beat(1, 50, "step")], now=10.0)
+    lost = lambda: {1: "b"}  # noqa: E731
+    assert d.check(14.0, stopped=dict, lost=lost) is None  # within the grace
+    s = d.check(15.5, stopped=dict, lost=lost)
+    assert s is not None and s.ranks == (1,) and s.hosts == ("b",) and s.allowed_s == wd.STOPPED_GRACE_S
+    assert "its host does not answer (b)" in s.message
+    assert d.check(15.5, stopped=dict, lost=dict) is None  # every host answers: the timeout holds
+    d.observe([Beat(0, 51, "step"), Beat(1, 51, "step")], now=15.6)  # it steps: not stalled
+    assert d.check(16.0, stopped=dict, lost=lost) is None
+
+
+def test_host_monitor_rounds_and_thread():
+    import threading
+
+    answers = [{"a", "b"}, {"a"}, RuntimeError("ssh missing"), {"a", "b"}]
+    calls = []
+
+    def probe(hosts):
+        calls.append(list(hosts))
+        a = answers[min(len(calls), len(answers)) - 1]
+        if isinstance(a, Exception):
+            raise a
+        return [h for h in hosts if h[0] in a]
+
+    m = wd.HostMonitor([("a", 1), ("b", 2)], probe, every_s=0.01)
+    assert m.silent() == frozenset() and m.poll_once() == frozenset()
+    assert m.poll_once() == {"b"} and m.silent() == {"b"}
+    assert m.poll_once() == {"b"} and m.rounds == 2  # a failed round changes nothing
+    assert m.poll_once() == frozenset()
+    assert calls[0] == [("a", 1), ("b", 2)]
+    before = threading.active_count()
+    m.start()
+    t0 = time.time()
+    while m.rounds < 8 and time.time() - t0 < 5:
+        time.sleep(0.01)
+    m.stop()
+    assert m.rounds >= 8 and threading.active_count() == before
