@@ -547,64 +547,48 @@ def _reusable(design: Design, h: str, p: str, s: int) -> bool:
     return saved == want and bool(read_events(rdir / "events.jsonl", "ps_finished"))
 
 
-def run_experiment(design: Design, run: bool = True, echo: Callable[[str], None] = print,
-                   run_job: Callable | None = None) -> dict[str, Any]:
-    """Run (or reuse) every job, then write table1.json, table1.md and accuracy_vs_time.png.
-
-    The jobs of one seed run one after the other in one mpirun or process (saving the processes'
-    start-up), ``design.parallel`` such batches at a time. ``run_job(cfg, run_dir)``
-    replaces the launcher (tests); a failed job is reported and left out (its seed drops from the
-    pairs)."""
+def _run_batch(design: Design, group: list[tuple[str, str, int]], run_job: Callable | None,
+               echo: Callable[[str], None], failed: list[str]) -> None:
+    """Run the jobs of one seed (one mpirun or process for all); a failed job goes to ``failed``."""
     from elastic_ring.ps.runner import run_batch
 
-    design.out.mkdir(parents=True, exist_ok=True)
-    # Seed-major order: every cell of seed 0, then of seed 1, ...
-    jobs = [(h, p, s) for s in design.seeds for h in design.hets for p in design.paradigms]
-    todo = [j for j in jobs if not _reusable(design, *j)]
-    groups: dict[int, list[tuple[str, str, int]]] = {}
-    for h, p, s in todo:  # one batch per seed: the processes start once for all its runs
-        groups.setdefault(s, []).append((h, p, s))
-    failed: list[str] = []
+    specs = []
+    for h, p, s in group:
+        rdir = design.run_dir(h, p, s)
+        if (rdir / "events.jsonl").exists():
+            (rdir / "events.jsonl").unlink()
+        rdir.mkdir(parents=True, exist_ok=True)
+        cfg = design.cell(h, p).cfg.replace(seed=s)
+        (rdir / "ps_config.json").write_text(json.dumps(cfg.to_dict(), indent=1))  # what reuse compares
+        specs.append((cfg, rdir))
+    load0, t0, u0 = os.getloadavg()[0], time.monotonic(), time.time()
+    if run_job is None:
+        results = run_batch(specs, engine=design.engine)
+    else:
+        results = []
+        for cfg, rdir in specs:
+            try:
+                results.append(run_job(cfg, rdir))
+            except ElasticRingError as e:
+                results.append(e)
+    share = (time.monotonic() - t0) / len(group)
+    for (h, p, s), (cfg, rdir), res in zip(group, specs, results):
+        if isinstance(res, Exception):
+            failed.append(f"{h} {p} seed {s}: {res}")
+            echo(f"  FAILED {h} {p} seed {s}: {res}")
+            continue
+        (rdir / "meta.json").write_text(json.dumps({"load_start": load0, "load_end": os.getloadavg()[0],
+                                                    "job_wall_s": share, "start_unix": u0,
+                                                    "end_unix": time.time()}))
+        r = summarise_run(read_events(rdir / "events.jsonl"), design.targets)
+        tt = ", ".join(f"{k}: {'never' if v is None else f'{v:.1f}s'}" for k, v in r["time_to"].items())
+        echo(f"  {h} {p} seed {s}: {tt}; {r['updates']} updates; compute/base p99 "
+             f"{_f(r['compute_base']['p99'], 2)}; max gap {r['max_release_gap']}; real {_f(r['real_s'], 0)} s")
 
-    def batch(group: list[tuple[str, str, int]]) -> None:
-        specs = []
-        for h, p, s in group:
-            rdir = design.run_dir(h, p, s)
-            if (rdir / "events.jsonl").exists():
-                (rdir / "events.jsonl").unlink()
-            rdir.mkdir(parents=True, exist_ok=True)
-            cfg = design.cell(h, p).cfg.replace(seed=s)
-            (rdir / "ps_config.json").write_text(json.dumps(cfg.to_dict(), indent=1))  # what reuse compares
-            specs.append((cfg, rdir))
-        load0, t0, u0 = os.getloadavg()[0], time.monotonic(), time.time()
-        if run_job is None:
-            results = run_batch(specs, engine=design.engine)
-        else:
-            results = []
-            for cfg, rdir in specs:
-                try:
-                    results.append(run_job(cfg, rdir))
-                except ElasticRingError as e:
-                    results.append(e)
-        share = (time.monotonic() - t0) / len(group)
-        for (h, p, s), (cfg, rdir), res in zip(group, specs, results):
-            if isinstance(res, Exception):
-                failed.append(f"{h} {p} seed {s}: {res}")
-                echo(f"  FAILED {h} {p} seed {s}: {res}")
-                continue
-            (rdir / "meta.json").write_text(json.dumps({"load_start": load0, "load_end": os.getloadavg()[0],
-                                                        "job_wall_s": share, "start_unix": u0,
-                                                        "end_unix": time.time()}))
-            r = summarise_run(read_events(rdir / "events.jsonl"), design.targets)
-            tt = ", ".join(f"{k}: {'never' if v is None else f'{v:.1f}s'}" for k, v in r["time_to"].items())
-            echo(f"  {h} {p} seed {s}: {tt}; {r['updates']} updates; compute/base p99 "
-                 f"{_f(r['compute_base']['p99'], 2)}; max gap {r['max_release_gap']}; real {_f(r['real_s'], 0)} s")
 
-    if run and todo:
-        echo(f"running {len(todo)} of {len(jobs)} jobs in {len(groups)} batches, {design.parallel} at a time "
-             f"-> {design.out / 'runs'}")
-        with ThreadPoolExecutor(max_workers=design.parallel) as pool:
-            list(pool.map(batch, groups.values()))
+def _finished_runs(design: Design, jobs: list[tuple[str, str, int]]
+                   ) -> tuple[dict[tuple[str, str], dict[int, dict]], dict[str, Any]]:
+    """The summaries of the finished runs per cell and seed, and the timing of the runs."""
     runs: dict[tuple[str, str], dict[int, dict]] = {}
     loads, walls, spans = [], [], []
     for h, p, s in jobs:
@@ -616,13 +600,38 @@ def run_experiment(design: Design, run: bool = True, echo: Callable[[str], None]
                 loads.append(m["load_start"])
                 walls.append(m["job_wall_s"])
                 spans += [m["start_unix"], m["end_unix"]]
+    timing = {"runs": sum(len(v) for v in runs.values()), "parallel": design.parallel,
+              "runs_wall_s": float(sum(walls)), "span_s": (max(spans) - min(spans)) if spans else 0.0,
+              "load_min": min(loads, default=0.0), "load_max": max(loads, default=0.0)}
+    return runs, timing
+
+
+def run_experiment(design: Design, run: bool = True, echo: Callable[[str], None] = print,
+                   run_job: Callable | None = None) -> dict[str, Any]:
+    """Run (or reuse) every job, then write table1.json, table1.md and accuracy_vs_time.png.
+
+    The jobs of one seed run one after the other in one mpirun or process (saving the processes'
+    start-up), ``design.parallel`` such batches at a time. ``run_job(cfg, run_dir)``
+    replaces the launcher (tests); a failed job is reported and left out (its seed drops from the
+    pairs)."""
+    design.out.mkdir(parents=True, exist_ok=True)
+    # Seed-major order: every cell of seed 0, then of seed 1, ...
+    jobs = [(h, p, s) for s in design.seeds for h in design.hets for p in design.paradigms]
+    todo = [j for j in jobs if not _reusable(design, *j)]
+    groups: dict[int, list[tuple[str, str, int]]] = {}
+    for h, p, s in todo:  # one batch per seed: the processes start once for all its runs
+        groups.setdefault(s, []).append((h, p, s))
+    failed: list[str] = []
+    if run and todo:
+        echo(f"running {len(todo)} of {len(jobs)} jobs in {len(groups)} batches, {design.parallel} at a time "
+             f"-> {design.out / 'runs'}")
+        with ThreadPoolExecutor(max_workers=design.parallel) as pool:
+            list(pool.map(lambda g: _run_batch(design, g, run_job, echo, failed), groups.values()))
+    runs, timing = _finished_runs(design, jobs)
     if not runs:
         raise ConfigError(f"no finished runs in {design.out / 'runs'}")
     table = aggregate(design, runs)
-    table["timing"] = {"runs": sum(len(v) for v in runs.values()), "parallel": design.parallel,
-                       "runs_wall_s": float(sum(walls)),
-                       "span_s": (max(spans) - min(spans)) if spans else 0.0,
-                       "load_min": min(loads, default=0.0), "load_max": max(loads, default=0.0)}
+    table["timing"] = timing
     table["failed"] = failed
     table["runs"] = {f"{h} | {p}": {str(s): {k: v for k, v in r.items() if k != "accuracy_curve"} for s, r in per.items()}
                      for (h, p), per in runs.items()}

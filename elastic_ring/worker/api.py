@@ -41,7 +41,6 @@ a rule of your own with :meth:`Job.on_resize`. ``job.finish()`` ends the job ear
 from __future__ import annotations
 
 import os
-import random
 import sys
 import time
 from dataclasses import dataclass
@@ -50,6 +49,10 @@ from typing import Any, Callable, Iterator
 
 from elastic_ring import protocol
 from elastic_ring.protocol import LaunchInfo
+from elastic_ring.worker.errors import ContractError, NotLaunchedError  # noqa: F401 - re-exported
+from elastic_ring.worker.sampler import Sampler
+from elastic_ring.worker.state import (_bind_scheduler, _distributed_optimizers, _restore_in_place,  # noqa: F401
+                                       _rng_state, _saved_form, _set_rng_state)
 
 _T_IMPORTED = time.time()
 INPLACE_ENV = "ELASTIC_RING_INPLACE"  # "1": running under Horovod Elastic (--relaunch inplace)
@@ -70,159 +73,6 @@ def inplace_action_file(run_dir: Path, segment: int) -> Path:
     return protocol.control_dir(Path(run_dir)) / f"inplace-{segment}.json"
 
 _INIT_CALLED = False  # read by the entry point's watchdog: a script that never calls init()
-
-
-class NotLaunchedError(RuntimeError):
-    """The script was not started by elastic-ring (``elastic-ring train --script``)."""
-
-
-class ContractError(RuntimeError):
-    """The script uses the library in a way that would silently lose state or the schedule (an
-    unregistered optimizer, an unpicklable extra, ``hvd.init()`` before ``init()``...). The worker
-    fails at once with this one-line message and the controller does not retry it."""
-
-
-def _rng_state() -> dict[str, Any]:
-    import numpy as np
-    import torch
-
-    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # this rank's own device only:
-        st["cuda"] = torch.cuda.get_rng_state()  # one state per visible GPU breaks on fewer GPUs
-    return st
-
-
-def _set_rng_state(st: dict[str, Any]) -> None:
-    import numpy as np
-    import torch
-
-    torch.set_rng_state(st["torch"])
-    np.random.set_state(st["numpy"])
-    random.setstate(st["python"])
-    cuda = st.get("cuda")
-    if isinstance(cuda, (list, tuple)):  # older checkpoints: one state per GPU visible then
-        dev = torch.cuda.current_device() if cuda and torch.cuda.is_available() else -1
-        cuda = cuda[dev] if 0 <= dev < len(cuda) else None
-    if cuda is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(cuda)
-
-
-def _stateful(obj: Any) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
-
-
-def _saved_form(value: Any) -> Any:
-    """What a checkpoint holds for a registered extra: its ``state_dict()`` where it has one."""
-    return value.state_dict() if _stateful(value) else value
-
-
-def _restore_in_place(current: Any, saved: Any) -> Any:
-    """Put ``saved`` into the registered object ``current`` where it can be (a stateful object, a
-    dict, a list, a tensor); returns what ``job.extras`` holds from now on."""
-    if current is None or saved is current:  # rank 0 of an in-place reset sends its own objects:
-        return saved if current is None else current  # clearing one would empty the other
-    if _stateful(current):
-        current.load_state_dict(saved)
-        return current
-    if isinstance(current, dict) and isinstance(saved, dict):
-        current.clear()
-        current.update(saved)
-        return current
-    if isinstance(current, list) and isinstance(saved, list):
-        current[:] = saved
-        return current
-    if hasattr(current, "copy_") and hasattr(saved, "shape") and \
-            tuple(getattr(current, "shape", ())) == tuple(saved.shape):
-        import torch
-
-        with torch.no_grad():
-            current.copy_(saved)
-        return current
-    return saved
-
-
-def _distributed_optimizers() -> list[Any]:
-    """The ``hvd.DistributedOptimizer`` objects alive in this process (Horovod's wrapper class
-    carries ``_allreduce_grad_async``)."""
-    import gc
-
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return []
-    base = torch.optim.Optimizer
-    return [o for o in gc.get_objects()
-            if issubclass(type(o), base) and hasattr(type(o), "_allreduce_grad_async")]
-
-
-def _bind_scheduler(sched: Any, optimizer: Any) -> None:
-    """A scheduler built on the optimizer before ``hvd.DistributedOptimizer`` wrapped it shares
-    its param groups only until a checkpoint is loaded: point it (and the ones it chains) at the
-    registered optimizer. One built on an unrelated optimizer is an error."""
-    from elastic_ring.worker.lr import all_schedulers
-
-    for s in all_schedulers([sched]):
-        own = getattr(s, "optimizer", None)
-        if own is None or optimizer is None or own is optimizer:
-            continue
-        same = len(own.param_groups) == len(optimizer.param_groups) and all(
-            a is b for a, b in zip(own.param_groups, optimizer.param_groups))
-        if not same:
-            raise ContractError(f"scheduler {type(s).__name__} steps another optimizer than the "
-                                "registered one: build it on the registered optimizer")
-        s.optimizer = optimizer
-
-
-class Sampler:
-    """This rank's share of one endless, seeded stream of epoch permutations.
-
-    A step with ``w`` workers consumes the next ``w * batch_size`` positions; rank r takes the r-th
-    contiguous share. The cursor is saved in every checkpoint, so whatever the world sizes before
-    and after a resize, every sample of every epoch is used exactly once.
-    """
-
-    def __init__(self, job: "Job", size: int, batch_size: int, seed: int) -> None:
-        from elastic_ring.data.stream import SampleStream
-
-        self.job, self.batch_size = job, batch_size
-        self.stream = SampleStream(size, seed)
-        self.cursor = 0
-        self._loader = False  # iterated as a DataLoader's batch_sampler: the steps move the cursor
-
-    def next_batch(self):
-        """This rank's indices (a LongTensor) for the current step; advances the cursor."""
-        if self._loader:
-            raise ContractError("the sampler feeds a DataLoader (batch_sampler=): do not also call "
-                                "next_batch() on it")
-        start = self.cursor + self.job.rank * self.batch_size
-        idx = self.stream.take(start, self.batch_size)
-        self.last_start = start
-        self.cursor += self.batch_size * self.job.size
-        return idx
-
-    def __iter__(self):
-        """Use the sampler as a ``DataLoader``'s ``batch_sampler`` (any ``num_workers``, prefetch):
-        yields this rank's index list for this step, the next step, ... without moving the cursor;
-        :meth:`Job.steps` moves it by ``world * batch_size`` after each completed step. So the batches
-        a loader prefetched but the job did not train on are not lost at a stop: the next segment's
-        loader starts from the checkpointed cursor. One batch per step; create the loader's
-        iterator after :meth:`Job.restore`."""
-        if not self.job._restored:
-            raise ContractError("iterate the DataLoader (or the sampler) after job.restore(): the "
-                                "data position is restored there")
-        if self.job.inplace:  # the shares of batches prefetched before an in-place resize are stale
-            raise ContractError("a DataLoader over job.sampler() is not supported under --relaunch "
-                                "inplace: use data.next_batch()")
-        self._loader = True
-        cursor, world, rank, b = self.cursor, self.job.size, self.job.rank, self.batch_size
-        k = 0
-        while True:
-            yield self.stream.take(cursor + k * world * b + rank * b, b).tolist()
-            k += 1
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the cursor is in (0-based): for a scheduler stepped per epoch."""
-        return self.cursor // self.stream.size
 
 
 @dataclass
@@ -614,11 +464,7 @@ class Job:
 
     def _segment_steps(self) -> Iterator[int]:
         """The steps of one segment (one world size), up to ``stop_at`` or an agreed stop."""
-        import torch
-
-        from elastic_ring.events.api import FirstStep, Throughput
-
-        hvd, info = self.hvd, self.info
+        info = self.info
         self._window = _Window()
         last_loss = float("nan")
         step = self.step
@@ -642,41 +488,10 @@ class Job:
             now = time.time()
             if first:  # start-up cost ends with the first step of a segment
                 first = False
-                phases, prev = {}, self._t_start  # (after an in-place reset: its phases)
-                for name, t in self._marks.items():
-                    phases[name] = round(t - prev, 4)
-                    prev = t
-                self._emit(FirstStep(segment=self.segment, world_size=self.size, step=step,
-                                     since_launch_s=now - self._t_start,
-                                     lr=self._lr_stepped if self._lr_stepped is not None
-                                     else self._lr_used,
-                                     phases=phases))
-                self._window = _Window(t0=time.time())
+                self._emit_first_step(step, now)
             elif w.steps >= info.throughput_window or step == self.stop_at:
-                local = float(w.loss_sum) / w.loss_n if w.loss_n else float("nan")
-                mean_loss = float(hvd.allreduce(torch.tensor([local]), op=hvd.Average,
-                                                name="window_loss").item())
-                now = time.time()
-                dt = max(now - (w.t0 or now), 1e-9)
-                last_loss = mean_loss
-                epoch = self._sampler.epoch if self._sampler is not None else 0
-                self._emit(Throughput(segment=self.segment, world_size=self.size, step=step,
-                                      steps=w.steps, seconds=dt,
-                                      images_per_s=w.samples * self.size / dt, steps_per_s=w.steps / dt,
-                                      loss=mean_loss, lr=self.current_lr(), epoch=epoch))
-                self._window = _Window(t0=now)
-            if self._eval_every and step % self._eval_every == 0 and step < self.total_steps:
-                t_eval = time.time()
-                self._heartbeat(step, "eval")
-                self._evaluate(step)
-                if self._window.t0 is not None:  # keep the evaluation out of the window
-                    self._window.t0 += time.time() - t_eval
-            if self.rank == 0:
-                self._maybe_periodic_checkpoint(step)
-                if now - self._last_progress_t > 0.5:
-                    self._last_progress_t = now
-                    protocol.write_json_atomic(protocol.control_dir(self.run_dir) / protocol.PROGRESS_FILE,
-                                               {"step": step, "segment": self.segment, "time": now})
+                last_loss, now = self._close_window(step)
+            self._between_steps(step, now)
             if step < self.stop_at and step % info.control_every == 0:
                 # the vote started at the previous check has travelled with this step's gradients
                 if vote is not None:
@@ -693,6 +508,56 @@ class Job:
         self.stop_reason = reason
         self.finished = step >= self.total_steps or reason == "finished"
         self.last_loss = last_loss
+
+    def _emit_first_step(self, step: int, now: float) -> None:
+        """The segment's first step is done: its start-up phases (after an in-place reset: the
+        reset's) and the LR it ran with; the first throughput window starts now."""
+        from elastic_ring.events.api import FirstStep
+
+        phases, prev = {}, self._t_start
+        for name, t in self._marks.items():
+            phases[name] = round(t - prev, 4)
+            prev = t
+        self._emit(FirstStep(segment=self.segment, world_size=self.size, step=step,
+                             since_launch_s=now - self._t_start,
+                             lr=self._lr_stepped if self._lr_stepped is not None else self._lr_used,
+                             phases=phases))
+        self._window = _Window(t0=time.time())
+
+    def _close_window(self, step: int) -> tuple[float, float]:
+        """End the throughput window at ``step``: the ranks' mean loss (one allreduce), the
+        ``throughput`` event; returns (that loss, the time the next window starts)."""
+        import torch
+
+        from elastic_ring.events.api import Throughput
+
+        hvd, w = self.hvd, self._window
+        local = float(w.loss_sum) / w.loss_n if w.loss_n else float("nan")
+        mean_loss = float(hvd.allreduce(torch.tensor([local]), op=hvd.Average, name="window_loss").item())
+        now = time.time()
+        dt = max(now - (w.t0 or now), 1e-9)
+        epoch = self._sampler.epoch if self._sampler is not None else 0
+        self._emit(Throughput(segment=self.segment, world_size=self.size, step=step, steps=w.steps,
+                              seconds=dt, images_per_s=w.samples * self.size / dt,
+                              steps_per_s=w.steps / dt, loss=mean_loss, lr=self.current_lr(), epoch=epoch))
+        self._window = _Window(t0=now)
+        return mean_loss, now
+
+    def _between_steps(self, step: int, now: float) -> None:
+        """After ``step``: the evaluation when due (kept out of the throughput window); on rank 0
+        the periodic checkpoint and the progress file (at most twice a second)."""
+        if self._eval_every and step % self._eval_every == 0 and step < self.total_steps:
+            t_eval = time.time()
+            self._heartbeat(step, "eval")
+            self._evaluate(step)
+            if self._window.t0 is not None:
+                self._window.t0 += time.time() - t_eval
+        if self.rank == 0:
+            self._maybe_periodic_checkpoint(step)
+            if now - self._last_progress_t > 0.5:
+                self._last_progress_t = now
+                protocol.write_json_atomic(protocol.control_dir(self.run_dir) / protocol.PROGRESS_FILE,
+                                           {"step": step, "segment": self.segment, "time": now})
 
     # ------------------------------------------------------------------ in-place resize
     def on_hosts_updated(self, timestamp: float, update_res: Any) -> None:
