@@ -224,6 +224,9 @@ def write_pid_record(run_dir: Path, rank: int, owner: str, segment: int) -> None
         created = 0.0
     write_json_atomic(pid_dir(run_dir) / f"seg{segment:03d}-rank{rank}.json",
                       {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
+                       # the host's name in the launcher's host list (horovodrun's -H), which may
+                       # be an address or an alias: what the controller probes
+                       "launch_host": os.environ.get("HOROVOD_HOSTNAME"),
                        "owner": owner, "segment": segment, "created": created})
 
 

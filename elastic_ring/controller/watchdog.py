@@ -303,10 +303,15 @@ def stopped_ranks(pid_records: list[dict], segment: int, local_hosts: set[str],
 
 def ranks_on_dead_hosts(pid_records: list[dict], segment: int, alive_hosts: set[str],
                         all_hosts: set[str]) -> dict[int, str]:
-    """rank -> host, for the ranks of the segment whose host was asked and did not answer."""
+    """rank -> host, for the ranks of the segment whose host was asked and did not answer (a
+    record's host as the launcher's host list names it, else its own host name)."""
     dead = all_hosts - alive_hosts
-    return {int(r["rank"]): str(r["host"]) for r in pid_records
-            if r.get("segment") == segment and r.get("host") in dead}
+    out = {}
+    for r in pid_records:
+        host = r.get("launch_host") or r.get("host")
+        if r.get("segment") == segment and host in dead:
+            out[int(r["rank"])] = str(host)
+    return out
 
 
 # ---------------------------------------------------------------------- hosts, while the job runs

@@ -157,6 +157,9 @@ def test_stopped_ranks_reads_the_state_of_local_workers_only():
     states = {10: "S", 11: "T", 12: "T", 13: None}
     assert wd.stopped_ranks(recs, 1, {"me"}, state=states.get) == {1: "T"}
     assert wd.ranks_on_dead_hosts(recs, 1, {"me"}, {"me", "other"}) == {2: "other"}
+    # the host list names hosts by address: the record's launch_host (horovodrun's HOROVOD_HOSTNAME)
+    recs[2] = {**recs[2], "host": "node-b", "launch_host": "10.0.0.2"}
+    assert wd.ranks_on_dead_hosts(recs, 1, {"me"}, {"me", "10.0.0.2"}) == {2: "10.0.0.2"}
 
 
 def test_proc_state_of_a_real_stopped_process():
