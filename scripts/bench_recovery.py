@@ -16,57 +16,33 @@ For each repeat, alternating:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
-from benchlib import bare_start, write_results  # noqa: E402
-
-from elastic_ring import protocol  # noqa: E402
+from benchlib import TrainRun, bare_start, write_results  # noqa: E402
 
 
 def killed_run(kill_at: int, steps: int, every: int) -> dict:
-    with tempfile.TemporaryDirectory() as d:
-        run = Path(d) / "run"
-        cmd = [sys.executable, "-m", "elastic_ring.cli.main", "train", "--gpus", "2", "--steps", str(steps),
-               "--slots", "2", "--checkpoint-every", str(every), "--run-dir", str(run)]
-        env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            while True:
-                prog = protocol.read_json(run / "control" / protocol.PROGRESS_FILE)
-                if prog and prog["step"] >= kill_at:
-                    break
-                if p.poll() is not None:
-                    raise SystemExit(f"run ended before step {kill_at}: {p.stderr.read()[-2000:]}")
-                time.sleep(0.02)
-            pid = protocol.read_json(protocol.pid_dir(run) / "seg000-rank1.json")["pid"]
-            t_kill = time.time()
-            os.kill(pid, signal.SIGKILL)
-            _, err = p.communicate(timeout=600)
-        finally:
-            if p.poll() is None:
-                p.kill()
-        if p.returncode != 0:
-            raise SystemExit(f"the run did not recover:\n{err[-2000:]}")
-        ev = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
-        (rs,) = [e for e in ev if e["kind"] == "restart"]
-        (rc,) = [e for e in ev if e["kind"] == "recovered"]
+    with tempfile.TemporaryDirectory() as d, TrainRun(
+            ["--gpus", "2", "--steps", str(steps), "--slots", "2", "--checkpoint-every", str(every)],
+            Path(d) / "run") as run:
+        run.wait_step(kill_at)
+        t_kill = run.signal_rank(1, signal.SIGKILL)
+        run.finish("the killed run")
+        (rs,) = run.events("restart")
+        (rc,) = run.events("recovered")
         return {"kill_at": kill_at, "kill_to_first_step_s": rc["time"] - t_kill,
                 "detect_s": rs["time"] - t_kill, "detect_to_first_step_s": rc["detect_to_first_step_s"],
                 "steps_redone": rs["steps_redone"], "time_lost_s": rc["time_lost_s"],
-                "first_failed_rank": rs["rank"], "wall_s": [e for e in ev if e["kind"] == "finished"][-1]["wall_s"]}
+                "first_failed_rank": rs["rank"], "wall_s": run.events("finished")[-1]["wall_s"]}
 
 
 def main() -> None:

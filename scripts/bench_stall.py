@@ -18,64 +18,36 @@ to the first step after the restart, plus the redone steps), and the rank the re
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
-from benchlib import write_results  # noqa: E402
-
-from elastic_ring import protocol  # noqa: E402
+from benchlib import TrainRun, write_results  # noqa: E402
 
 ARMS = {"watchdog": [], "off": ["--stall-timeout", "0"]}
 
 
 def stopped_run(arm: str, stop_at: int, steps: int, every: int) -> dict:
-    with tempfile.TemporaryDirectory() as d:
-        run = Path(d) / "run"
-        cmd = [sys.executable, "-m", "elastic_ring.cli.main", "train", "--gpus", "2", "--steps", str(steps),
-               "--slots", "2", "--checkpoint-every", str(every), "--run-dir", str(run), *ARMS[arm]]
-        env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        pid = 0
-        try:
-            while True:
-                prog = protocol.read_json(run / "control" / protocol.PROGRESS_FILE)
-                if prog and prog["step"] >= stop_at:
-                    break
-                if p.poll() is not None:
-                    raise SystemExit(f"run ended before step {stop_at}: {p.stderr.read()[-2000:]}")
-                time.sleep(0.02)
-            pid = protocol.read_json(protocol.pid_dir(run) / "seg000-rank1.json")["pid"]
-            t_stop = time.time()
-            os.kill(pid, signal.SIGSTOP)
-            _, err = p.communicate(timeout=600)
-        finally:
-            if p.poll() is None:
-                p.kill()
-            if pid and protocol.pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        if p.returncode != 0:
-            raise SystemExit(f"the {arm} run did not recover:\n{err[-2000:]}")
-        ev = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
-        (rs,) = [e for e in ev if e["kind"] == "restart"]
-        (rc,) = [e for e in ev if e["kind"] == "recovered"]
-        st = [e for e in ev if e["kind"] == "stalled"]
+    with tempfile.TemporaryDirectory() as d, TrainRun(
+            ["--gpus", "2", "--steps", str(steps), "--slots", "2", "--checkpoint-every", str(every), *ARMS[arm]],
+            Path(d) / "run") as run:
+        run.wait_step(stop_at)
+        t_stop = run.signal_rank(1, signal.SIGSTOP)
+        run.finish(f"the {arm} run")
+        (rs,) = run.events("restart")
+        (rc,) = run.events("recovered")
+        st = run.events("stalled")
         return {"arm": arm, "stop_at": stop_at, "detect_s": rs["time"] - t_stop,
                 "last_step_to_detect_s": st[0]["idle_s"] if st else None,
                 "steps_redone": rs["steps_redone"], "time_lost_s": rc["time_lost_s"],
-                "blamed_rank": rs["rank"], "cause": rs["cause"],
-                "wall_s": [e for e in ev if e["kind"] == "finished"][-1]["wall_s"]}
+                "blamed_rank": rs["rank"], "cause": rs["cause"], "wall_s": run.events("finished")[-1]["wall_s"]}
 
 
 def main() -> None:

@@ -34,3 +34,88 @@ def write_results(path: Path, out: dict[str, Any], load_before: float) -> None:
     path.write_text(json.dumps(out, indent=2))
     print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path} "
           f"(load {load_before:.1f} -> {load_after:.1f})")
+
+
+def train_env() -> dict[str, str]:
+    """The environment of a benchmark's `elastic-ring train`: this venv's horovodrun on PATH."""
+    return dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
+
+
+class TrainRun:
+    """One `elastic-ring train ARGS --run-dir RUN` in the background, the loop every fault and
+    live-resize benchmark runs: wait for a step, act on it (a signal to a rank, a resize), let it
+    finish, read its events. A context manager: whatever happens, the run and any rank it stopped
+    are gone afterwards.
+
+    ``keep_output``: stdout and stderr merged and returned by :meth:`finish` (else stdout is
+    dropped and stderr only shown when the run fails). ``cli``: the command before ``train``
+    (default: this Python's ``-m elastic_ring.cli.main``)."""
+
+    def __init__(self, args: list[str], run: Path, keep_output: bool = False, cli: list[str] | None = None) -> None:
+        self.run = Path(run)
+        self.cmd = [*(cli or [sys.executable, "-m", "elastic_ring.cli.main"]), "train", *args, "--run-dir", str(run)]
+        self.p = subprocess.Popen(self.cmd, cwd=ROOT, env=train_env(), text=True,
+                                  stdout=subprocess.PIPE if keep_output else subprocess.DEVNULL,
+                                  stderr=subprocess.STDOUT if keep_output else subprocess.PIPE)
+        self._stopped: list[int] = []
+
+    def __enter__(self) -> "TrainRun":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        from elastic_ring import protocol
+
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+        for pid in self._stopped:
+            if protocol.pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+    def step(self) -> int:
+        from elastic_ring import protocol
+
+        prog = protocol.read_json(protocol.control_dir(self.run) / protocol.PROGRESS_FILE)
+        return int(prog["step"]) if isinstance(prog, dict) and "step" in prog else 0
+
+    def wait_step(self, step: int, poll_s: float = 0.02) -> int:
+        """Until the run has done ``step`` (its progress file); SystemExit if it ends before."""
+        while (now := self.step()) < step:
+            if self.p.poll() is not None:
+                raise SystemExit(f"the run ended before step {step}:\n{self._tail()}")
+            time.sleep(poll_s)
+        return now
+
+    def signal_rank(self, rank: int, sig: int, segment: int = 0) -> float:
+        """Send ``sig`` to a worker of ``segment``; returns the time it was sent."""
+        import signal
+
+        from elastic_ring import protocol
+
+        pid = int(protocol.read_json(protocol.pid_dir(self.run) / f"seg{segment:03d}-rank{rank}.json")["pid"])
+        if sig == signal.SIGSTOP:
+            self._stopped.append(pid)
+        t = time.time()
+        os.kill(pid, sig)
+        return t
+
+    def finish(self, what: str = "the run", timeout: float = 900) -> str:
+        """Wait for the end; SystemExit unless it succeeded. Returns the kept output ("" if none)."""
+        out, err = self.p.communicate(timeout=timeout)
+        self._out = (out or "") + (err or "")
+        if self.p.returncode != 0:
+            raise SystemExit(f"{what} failed (exit {self.p.returncode}):\n{self._out[-2000:]}")
+        return out or ""
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        ev = [json.loads(line) for line in (self.run / "events.jsonl").read_text().splitlines() if line.strip()]
+        return [e for e in ev if kind is None or e["kind"] == kind]
+
+    def _tail(self) -> str:
+        try:
+            out, err = self.p.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            return ""
+        return ((out or "") + (err or ""))[-2000:]

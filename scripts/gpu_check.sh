@@ -73,7 +73,15 @@ export PATH="$(dirname "$PY"):${PATH}"
 cd "$ROOT"
 LEFT=$(( 585 - ($(date +%s) - T_START) ))  # the whole command stays under 10 minutes
 [[ "$LEFT" -gt 60 ]] || { echo "gpu_check: only ${LEFT} s left after the kit's install" >&2; exit 1; }
-exec timeout "$LEFT" "$PY" - "$DEVICE" "$OUT" $MODES <<'PYEOF'
+# the runs' folders: one temporary folder, removed however the check ends (an error, its time
+# limit, Ctrl-C); the Python part finds it in GPU_CHECK_TMP
+GPU_CHECK_TMP="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-XXXXXX")"
+export GPU_CHECK_TMP
+trap 'rm -rf "$GPU_CHECK_TMP"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+set +e
+timeout "$LEFT" "$PY" - "$DEVICE" "$OUT" $MODES <<'PYEOF'
 import json, os, signal, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
@@ -96,7 +104,7 @@ if gpu:
     lines += [f"GPU: {smi.stdout.strip() or 'nvidia-smi not found'}", ""]
     from elastic_ring.telemetry.gpu import probe
     lines += [f"elastic-ring's detection: {probe().line()}", ""]
-tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+tmp = Path(os.environ.get("GPU_CHECK_TMP") or tempfile.mkdtemp(prefix="gpu-check-"))  # the shell removes it
 env = dict(os.environ, PYTHONUNBUFFERED="1")
 failures = []  # checks that failed: the report is written, then the exit status is 1
 launcher = [py, "-m", "elastic_ring.controller.hvdrun"]  # our launcher (the controller's)
@@ -232,3 +240,4 @@ print(f"written {out}", file=sys.stderr)
 if failures:
     sys.exit(1)
 PYEOF
+exit $?

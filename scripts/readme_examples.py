@@ -15,7 +15,6 @@ before and after) and ``<name>-summary.json`` (the run's ``summary.json``).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -27,52 +26,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 OUT = ROOT / "results" / "readme"
+RUN_NAMES = {"demo": "demo", "live": "mlp"}
+sys.path.insert(0, str(ROOT))
+
+from benchlib import TrainRun, train_env  # noqa: E402
 
 
 def _cli(*args: str) -> list[str]:
     return [str(BIN / "elastic-ring"), *args]
 
 
-def _env() -> dict[str, str]:
-    return dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", PYTHONUNBUFFERED="1")
-
-
-def _step(run: Path) -> int:
-    try:
-        return int(json.loads((run / "control" / "progress.json").read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
 def demo(run: Path) -> tuple[list[str], str]:
     cmd = _cli("train", "--gpus", "1", "--resize-at", "60", "--to", "2", "--slots", "2", "--run-dir", str(run))
-    p = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True)
+    p = subprocess.run(cmd, cwd=ROOT, env=train_env(), capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"demo failed:\n{p.stderr[-2000:]}")
     return [" ".join(cmd[1:])], p.stderr + p.stdout
 
 
 def live(run: Path) -> tuple[list[str], str]:
-    cmd = _cli("train", "--script", "examples/mlp_digits.py", "--steps", "3000", "--gpus", "1", "--slots", "2",
-               "--run-dir", str(run))
-    p = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     asked = []
-    try:
+    with TrainRun(["--script", "examples/mlp_digits.py", "--steps", "3000", "--gpus", "1", "--slots", "2"], run,
+                  keep_output=True, cli=_cli()) as tr:
         for at, to in ((600, 2), (1800, 1)):
-            while _step(run) < at:
-                if p.poll() is not None:
-                    raise SystemExit(f"the run ended before step {at}:\n{p.stdout.read()[-2000:]}")
-                time.sleep(0.05)
-            r = subprocess.run(_cli("resize", str(run), "--to", str(to)), cwd=ROOT, env=_env(),
+            tr.wait_step(at, poll_s=0.05)
+            r = subprocess.run(_cli("resize", str(run), "--to", str(to)), cwd=ROOT, env=train_env(),
                                capture_output=True, text=True)
-            asked.append(f"# at step {_step(run)}: elastic-ring resize {run.name} --to {to}\n{r.stdout}{r.stderr}")
-        out, _ = p.communicate(timeout=900)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    if p.returncode != 0:
-        raise SystemExit(f"live example failed:\n{out[-2000:]}")
-    return [" ".join(cmd[1:]), *asked], out
+            asked.append(f"# at step {tr.step()}: elastic-ring resize runs/{run.name} --to {to}\n{r.stdout}{r.stderr}")
+        out = tr.finish("the live example")
+    return [" ".join(tr.cmd[1:]), *asked], out
 
 
 def main() -> None:
@@ -81,16 +63,16 @@ def main() -> None:
     for name in names:
         load0 = os.getloadavg()[0]
         with tempfile.TemporaryDirectory() as d:
-            run = Path(d) / name
+            run = Path(d) / RUN_NAMES[name]  # the README's run folder: runs/<it>
             t0 = time.time()
             cmds, out = {"demo": demo, "live": live}[name](run)
             wall = time.time() - t0
             shutil.copy(run / "summary.json", OUT / f"{name}-summary.json")
-        text = out.replace(str(run), f"runs/{name}").replace(str(ROOT), "<repo>")
+        head = "".join(f"$ elastic-ring {c}\n" if not c.startswith("#") else c for c in cmds)
+        text = (head + "\n" + out).replace(str(run), f"runs/{run.name}").replace(str(ROOT), "<repo>")
         (OUT / f"{name}.txt").write_text(
             f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  wall {wall:.1f} s  load {load0:.1f} -> "
-            f"{os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)\n"
-            + "".join(f"$ elastic-ring {c}\n" if not c.startswith("#") else c for c in cmds) + "\n" + text)
+            f"{os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)\n" + text)
         print(f"wrote results/readme/{name}.txt ({wall:.1f} s)")
 
 
