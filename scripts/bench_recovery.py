@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchlib import TrainRun, bare_start, write_results  # noqa: E402
+from benchlib import TrainRun, bare_start, exit_on_sigterm, write_results  # noqa: E402
 
 
 def killed_run(kill_at: int, steps: int, every: int) -> dict:
@@ -46,6 +46,7 @@ def killed_run(kill_at: int, steps: int, every: int) -> dict:
 
 
 def main() -> None:
+    exit_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=400)

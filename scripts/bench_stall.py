@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchlib import TrainRun, write_results  # noqa: E402
+from benchlib import TrainRun, exit_on_sigterm, write_results  # noqa: E402
 
 ARMS = {"watchdog": [], "off": ["--stall-timeout", "0"]}
 
@@ -51,6 +51,7 @@ def stopped_run(arm: str, stop_at: int, steps: int, every: int) -> dict:
 
 
 def main() -> None:
+    exit_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=240)

@@ -36,6 +36,14 @@ def write_results(path: Path, out: dict[str, Any], load_before: float) -> None:
           f"(load {load_before:.1f} -> {load_after:.1f})")
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM (a `timeout`, the quiet wrapper's limit) exits through Python, so that every
+    TrainRun still ends its run and the ranks it stopped. Call it first in a script's main()."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def train_env() -> dict[str, str]:
     """The environment of a benchmark's `elastic-ring train`: this venv's horovodrun on PATH."""
     return dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")

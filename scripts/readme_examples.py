@@ -29,7 +29,7 @@ OUT = ROOT / "results" / "readme"
 RUN_NAMES = {"demo": "demo", "live": "mlp"}
 sys.path.insert(0, str(ROOT))
 
-from benchlib import TrainRun, train_env  # noqa: E402
+from benchlib import TrainRun, exit_on_sigterm, train_env  # noqa: E402
 
 
 def _cli(*args: str) -> list[str]:
@@ -58,6 +58,7 @@ def live(run: Path) -> tuple[list[str], str]:
 
 
 def main() -> None:
+    exit_on_sigterm()
     names = sys.argv[1:] or ["demo", "live"]
     OUT.mkdir(parents=True, exist_ok=True)
     for name in names:
