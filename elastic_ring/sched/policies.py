@@ -153,8 +153,12 @@ def doubling_batch(b: JobBatch, sel: np.ndarray, total_gpus: int, weights: np.nd
     if n == 0:
         return out
     r = rows[:n]
-    levels = None if n * max(1, (total_gpus - n).bit_length()) < FAST_MIN_CELLS else doubling_levels(q[:n], b.tables[r], total_gpus - n, state,
-                             checked=b.monotone is not None and bool(b.monotone[r].all()))
+    levels = None
+    if n * max(1, (total_gpus - n).bit_length()) >= FAST_MIN_CELLS:
+        one = bool((r == r[0]).all())  # one table for every job: no per-job copy of it
+        d = b.tables[r[:1]] if one else b.tables[r]
+        levels = doubling_levels(q[:n], d, total_gpus - n, state,
+                                 checked=b.monotone is not None and bool(b.monotone[r[:1] if one else r].all()))
     if levels is not None:
         out[:n] = 1 << levels
         return out

@@ -86,6 +86,27 @@ def test_array_doubling_equals_the_heap():
             assert {i: int(2 ** levels[i]) for i in range(n)} == want
 
 
+def test_array_doubling_one_table_equals_the_heap():
+    """Jobs sharing one gain table (a (1, L) table: the jobs sorted by Q, edges by binary search):
+    random Q with ties and zeros, each of three curves, clusters 16..16,384 GPUs."""
+    rates = [model_rate(load_workload(w).model) for w in ("resnet110-cifar10", "resnet50-imagenet", "vgg16-imagenet")]
+    rng = np.random.default_rng(11)
+    state: dict = {}
+    for trial in range(150):
+        g = int(rng.choice([16, 100, 1024, 16384]))
+        rate = rates[trial % len(rates)]
+        n_jobs = int(rng.integers(1, max(2, g // int(rng.choice([2, 4, 10, 40]))) + 3))
+        q = rng.exponential(1e6, size=n_jobs) * (rng.random(n_jobs) < 0.9)
+        if trial % 3 == 0:
+            q = np.round(q, -5)  # runs of equal Q: equal gains, broken by position
+        want = doubling_allocate([(i, float(q[i]), rate) for i in range(n_jobs)], g)
+        n = min(n_jobs, g)
+        d = gain_table(rate, g)[None, :]
+        assert rows_monotone(d).all()
+        levels = doubling_levels(q[:n], d, g - n, state, checked=True)
+        assert {i: int(2 ** levels[i]) for i in range(n)} == want
+
+
 def test_array_doubling_declines_gains_that_grow():
     """A curve whose per-GPU gain grows with the level: the caller must fall back to the heap."""
     d = np.array([[1.0, 4.0, 0.5]])
