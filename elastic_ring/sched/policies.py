@@ -338,9 +338,26 @@ class ResizeAware:
         self.horizon_s = 10.0 * resize_cost_s if horizon_s is None else horizon_s
         self.costs = dict(costs or {})
         self.vetoed = 0
+        if not hasattr(inner, "allocate_batch"):
+            self.allocate_batch = None  # the simulator then asks allocate (see Simulator.batch)
 
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
-        new = self.inner.allocate(jobs, total_gpus, current)
+        return self._gate(jobs, self.inner.allocate(jobs, total_gpus, current))
+
+    def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
+        """:meth:`allocate` on arrays: the inner policy's ``allocate_batch``, then the gate on the
+        grows alone (a few jobs per decision), so the simulator's array path serves ``NAME-rc`` too."""
+        new = np.array(self.inner.allocate_batch(b, total_gpus), dtype=np.int64)
+        grow = np.flatnonzero((b.current > 0) & (new > b.current) & (b.rows >= 0))
+        if grow.size:
+            views = [JobView(int(b.ids[i]), float(b.remaining[i]), b.rates[b.rows[i]], int(b.current[i]))
+                     for i in grow]
+            kept = self._gate(views, {v.id: int(new[i]) for v, i in zip(views, grow)})
+            new[grow] = [kept[v.id] for v in views]
+        return new
+
+    def _gate(self, jobs: Sequence[JobView], new: dict[int, int]) -> dict[int, int]:
+        """``new`` less the grows of ``jobs`` that do not pay for their resize (counted in ``vetoed``)."""
         for j in jobs:
             w0, w1 = j.current, new.get(j.id, 0)
             if w0 > 0 and w1 > w0 and j.rate is not None:

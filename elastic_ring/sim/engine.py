@@ -171,7 +171,7 @@ class Simulator:
         plan_models = plan_models if plan_models is not None else true_models
         self.plan_rates = {k: model_rate(m) for k, m in plan_models.items()}
         self.trace = trace
-        self.batch = hasattr(policy, "allocate_batch")
+        self.batch = getattr(policy, "allocate_batch", None) is not None
         self.batch_min_jobs = batch_min_jobs
         # speed models the planner uses, one row each (a workload's, or a job's fitted one)
         self._rates: list[Rate] = []

@@ -136,3 +136,22 @@ def test_array_unit_steps_equal_the_heap():
 def test_unit_table_declines_a_node_step():
     """8 -> 9 GPUs crosses a node on the two-node curve: not a sorted order, so no table."""
     assert unit_table(model_rate(load_workload("resnet110-2node").model), 64) is None
+
+
+@pytest.mark.parametrize("policy", ["precompute-rc", "srtf-rc", "optimus-rc"])
+def test_resize_aware_on_arrays_equals_the_per_job_path(policy, monkeypatch):
+    """NAME-rc through allocate_batch (the inner policy on arrays, the gate on the grows) gives the
+    per-job path's results, trace and vetoes: one workload at high load, two with Eq. 1's Q."""
+    monkeypatch.setattr(policies, "FAST_MIN_CELLS", 0)
+    monkeypatch.setattr(policies, "UNIT_FAST_MIN_FREE", 0)
+    for jobs, gpus, cont, rem, wls in [(300, 128, "high", "oracle", ONE), (200, 64, "moderate", "eq1", MIX)]:
+        models = {w: load_workload(w).model for w in wls}
+        cfg = SimConfig(gpus=gpus, contention=CONTENTION[cont], jobs=jobs, seed=1, remaining=rem, workloads=wls,
+                        resize_overhead_s=30.0)
+        out = []
+        for batch_min_jobs in (0, 10**9):  # every decision on arrays / every one by the per-job loop
+            pol, trace = make_policy(policy, resize_cost_s=30.0), []
+            r = simulate(cfg, pol, make_jobs(cfg, models), models, trace=trace, batch_min_jobs=batch_min_jobs)
+            out.append((r, r.jct_s, trace, pol.vetoed))
+        assert out[0][3] > 0  # the gate did veto grows
+        assert out[0] == out[1]
