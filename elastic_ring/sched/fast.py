@@ -83,30 +83,34 @@ class _SortedGains:
         self.qa = q[self.order]
         self.d = d[0, :L]
         self.w = (1 << np.arange(L)).astype(float)
-        self.k = np.arange(L)
         self.top = float((self.qa[-1] * self.d[0]) / self.w[0])
+        # levels with a positive gain come first (the table passed rows_monotone); the others never
+        # exceed a threshold > 0. q padded with -inf / +inf: the edge checks need no bounds.
+        lp = int(np.count_nonzero(self.d > 0))
+        self.dp, self.wp, self.x = self.d[:lp], self.w[:lp], self.w[:lp] / self.d[:lp]
+        self.tail = np.full(L - lp, self.n, dtype=np.int64)
+        self.qp = np.concatenate(([-np.inf], self.qa, [np.inf]))
         self._edges: dict[float, np.ndarray] = {}
 
-    def _above(self, i: np.ndarray, k: np.ndarray, tau: float) -> np.ndarray:
-        return (self.qa[i] * self.d[k]) / self.w[k] > tau
-
     def edges(self, tau: float) -> np.ndarray:
-        """Per level, the first position (in ascending q) whose gain exceeds ``tau``."""
+        """Per level, the first position (in ascending q) whose gain exceeds ``tau``: a binary
+        search on an estimate of the q at which the gain crosses ``tau``, then the exact gains on
+        either side of the edge (the heap's operations), moved until they agree."""
         e = self._edges.get(tau)
         if e is not None:
             return e
-        n, k = self.n, self.k
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            x = np.where(self.d > 0, tau * self.w / self.d, np.inf)
-        e = np.searchsorted(self.qa, x, side="right")
-        for _ in range(8):  # the exact gains on either side of the edge
-            down = (e > 0) & self._above(np.maximum(e - 1, 0), k, tau)
-            up = (e < n) & ~self._above(np.minimum(e, n - 1), k, tau)
+        dp, wp, qp = self.dp, self.wp, self.qp
+        e = np.searchsorted(self.qa, tau * self.x, side="right")
+        for _ in range(8):
+            down = (qp[e] * dp) / wp > tau  # the one below the edge is above tau: move down
+            up = ~((qp[e + 1] * dp) / wp > tau)  # the one at the edge is not: move up
             if not (down.any() or up.any()):
                 break
             e = e - down + up
         else:  # a long run of equal q at the edge: count it out
-            e = np.array([n - np.count_nonzero((self.qa * self.d[i]) / self.w[i] > tau) for i in k])
+            e = np.array([self.n - np.count_nonzero((self.qa * dp[i]) / wp[i] > tau) for i in range(dp.size)],
+                         dtype=np.int64)
+        e = np.concatenate((e, self.tail))
         self._edges[tau] = e
         return e
 

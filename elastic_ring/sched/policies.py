@@ -46,7 +46,7 @@ from elastic_ring.sched.fast import doubling_levels, unit_steps, unit_table
 EXPLORE_GPUS = 8
 # doubling_batch runs the heap below this many (job, level) cells: there a few hundred heap pops
 # cost less than the fixed cost of the array calls. Same answer either way.
-FAST_MIN_CELLS = 2048
+FAST_MIN_CELLS = 256
 # Optimus.allocate_batch runs the unit-step heap below this many free GPUs (one pop per GPU).
 UNIT_FAST_MIN_FREE = 1024
 
