@@ -257,26 +257,63 @@ def unit_table(rate, max_gpus: int) -> np.ndarray | None:
     return u[:p]
 
 
-def _count_above(q: np.ndarray, rows: np.ndarray, tables: list[np.ndarray], tau: float) -> np.ndarray:
-    """Per job, how many of its unit steps have gain ``q·u_w > tau`` (exact products)."""
-    c = np.zeros(q.size, dtype=np.int64)
-    for r in np.unique(rows):
-        sel = np.flatnonzero(rows == r)
-        u = tables[r]
-        if u.size == 0:
-            continue
-        qs = q[sel]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            k = np.searchsorted(-u, -(tau / qs), side="left").astype(np.int64)
-        k[~(qs > 0)] = 0
-        for _ in range(4):  # exact fix-up of the rounding at the boundary
-            dn = (k > 0) & (qs * u[np.maximum(k - 1, 0)] <= tau)
-            up = (k < u.size) & (qs * u[np.minimum(k, u.size - 1)] > tau)
-            if not (dn.any() or up.any()):
-                break
-            k = k - dn + up
-        c[sel] = k
-    return c
+def distinct(rows: np.ndarray) -> np.ndarray:
+    """``np.unique(rows)``, without its sort when every entry is the same (one workload)."""
+    if rows.size and bool((rows == rows[0]).all()):
+        return rows[:1].copy()
+    return np.unique(rows)
+
+
+class _UnitCounts:
+    """Per job, how many of its unit steps have gain ``q·u_w > tau`` (exact products): a binary
+    search per job on an estimate, then the exact products on either side of the edge. The jobs
+    are grouped by table once per decision, and each threshold's answer is kept."""
+
+    def __init__(self, q: np.ndarray, rows: np.ndarray, tables: list[np.ndarray]):
+        self.n = q.size
+        self.groups = []
+        uniq = distinct(rows)
+        for r in uniq:
+            u = tables[r]
+            if u.size == 0:
+                continue
+            sel = None if uniq.size == 1 else np.flatnonzero(rows == r)
+            qs = q if sel is None else q[sel]
+            with np.errstate(divide="ignore"):
+                inv = np.where(qs > 0, 1.0 / qs, 0.0)  # 1/q: only the estimate; q <= 0 counts 0
+            pad = np.concatenate(([np.inf], u, [-np.inf]))  # the edges need no bounds checks
+            off = ~(qs > 0)
+            self.groups.append((sel, np.where(off, 1.0, qs), inv, -u, pad, off))
+        self._seen: dict[float, np.ndarray] = {}
+
+    def __call__(self, tau: float) -> np.ndarray:
+        c = self._seen.get(tau)
+        if c is not None:
+            return c
+        c = np.zeros(self.n, dtype=np.int64)
+        if not tau < np.inf:
+            return c
+        for sel, qs, inv, neg_u, pad, off in self.groups:
+            k = np.searchsorted(neg_u, -(tau * inv), side="left").astype(np.int64)
+            k[off] = 0
+            for _ in range(8):  # exact fix-up of the rounding at the boundary
+                dn = qs * pad[k] <= tau  # the step below the edge does not gain more than tau
+                up = qs * pad[k + 1] > tau  # the step at the edge does
+                dn &= ~off
+                up &= ~off
+                if not (dn.any() or up.any()):
+                    break
+                k = k - dn + up
+            else:  # count them out
+                u = pad[1:-1]
+                k = np.array([0 if o else int(np.count_nonzero(x * u > tau)) for x, o in zip(qs.tolist(), off.tolist())],
+                             dtype=np.int64)
+            if sel is None:
+                c = k
+            else:
+                c[sel] = k
+        self._seen[tau] = c
+        return c
 
 
 def unit_steps(q: np.ndarray, rows: np.ndarray, tables: list[np.ndarray], free: int,
@@ -287,35 +324,35 @@ def unit_steps(q: np.ndarray, rows: np.ndarray, tables: list[np.ndarray], free: 
     n = q.size
     if n == 0 or free <= 0:
         return np.zeros(n, dtype=np.int64)
-    total = _count_above(q, rows, tables, 0.0)
+    count = _UnitCounts(q, rows, tables)
+    total = count(0.0)
     if int(total.sum()) <= free:
         return total
     tau = (state or {}).get("tau", 0.0)
     if not (tau > 0 and np.isfinite(tau)):
         tau = float(np.max(q * np.array([t[0] if t is not None and t.size else 0.0 for t in tables])[rows])) / 2
-    hi_c = _count_above(q, rows, tables, tau)
-    lo, hi = 0.0, np.inf
-    if int(hi_c.sum()) <= free:
-        hi = tau
-        lo_t = tau / 2
-        while lo_t > 0 and int(_count_above(q, rows, tables, lo_t).sum()) <= free:
-            hi, lo_t = lo_t, lo_t / 2
-        lo = lo_t
+    # bracket the threshold, in steps that start small (the last decision's threshold is usually
+    # close) and square: a narrow bracket leaves few candidates to narrow down
+    step = 1.05
+    if int(count(tau).sum()) <= free:
+        hi, lo = tau, tau / step
+        while lo > 0 and int(count(lo).sum()) <= free:
+            step *= step
+            hi, lo = lo, lo / step
     else:
-        lo = tau
-        hi_t = tau * 2
-        while int(_count_above(q, rows, tables, hi_t).sum()) > free:
-            lo, hi_t = hi_t, hi_t * 2
-        hi = hi_t
-    c_hi = _count_above(q, rows, tables, hi)
-    c_lo = _count_above(q, rows, tables, lo)
+        lo, hi = tau, tau * step
+        while int(count(hi).sum()) > free:
+            step *= step
+            lo, hi = hi, hi * step
+    c_hi = count(hi)
+    c_lo = count(lo)
     for _ in range(60):  # narrow (lo, hi] to a few candidates per job
         if int(c_lo.sum() - c_hi.sum()) <= max(64, n) or not (lo > 0):
             break
         mid = float(np.sqrt(lo * hi))
         if not (lo < mid < hi):
             break
-        c_mid = _count_above(q, rows, tables, mid)
+        c_mid = count(mid)
         if int(c_mid.sum()) <= free:
             hi, c_hi = mid, c_mid
         else:
@@ -329,7 +366,7 @@ def unit_steps(q: np.ndarray, rows: np.ndarray, tables: list[np.ndarray], free: 
     offs = np.arange(jj.size) - np.repeat(np.cumsum(extra) - extra, extra)
     ww = starts + offs
     u_at = np.empty(jj.size)
-    for r in np.unique(rows[jj]):
+    for r in distinct(rows[jj]):
         m = rows[jj] == r
         u_at[m] = tables[r][ww[m]]
     vals = q[jj] * u_at

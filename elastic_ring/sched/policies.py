@@ -41,7 +41,7 @@ import numpy as np
 
 from elastic_ring.errors import ConfigError
 from elastic_ring.sched.api import JobBatch, JobView, Rate
-from elastic_ring.sched.fast import doubling_levels, unit_steps, unit_table
+from elastic_ring.sched.fast import distinct, doubling_levels, unit_steps, unit_table
 
 EXPLORE_GPUS = 8
 # doubling_batch runs the heap below this many (job, level) cells: there a few hundred heap pops
@@ -261,14 +261,15 @@ class Optimus:
         out = np.zeros(size, dtype=np.int64)
         if n and total_gpus - n >= UNIT_FAST_MIN_FREE:
             rows = b.rows[:n]
-            tables = [np.zeros(0)] * (int(rows.max()) + 1)
-            for r in np.unique(rows):
+            uniq = distinct(rows)
+            tables = [np.zeros(0)] * (int(uniq.max()) + 1)
+            for r in uniq:
                 rate = b.rates[r]
                 hit = self._unit.get(id(rate))
                 if hit is None or hit[0] is not rate or hit[1] != total_gpus:
                     hit = self._unit[id(rate)] = (rate, total_gpus, unit_table(rate, total_gpus))
                 tables[r] = hit[2]
-            if all(tables[r] is not None for r in np.unique(rows)):
+            if all(tables[r] is not None for r in uniq):
                 out[:n] = 1 + unit_steps(b.remaining[:n], rows, tables, total_gpus - n, self._state)
                 return out
         q = b.remaining
