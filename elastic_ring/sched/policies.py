@@ -232,7 +232,12 @@ class SRTF:
     def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
         if (b.rows < 0).any():
             raise ConfigError(f"job {int(b.ids[b.rows < 0][0])} has no speed model; this policy needs one")
-        order = np.lexsort((b.ids, b.remaining / b.rate1[b.rows]))[:total_gpus]
+        key = b.remaining / b.rate1[b.rows]
+        order = np.argsort(key)
+        ks = key[order]
+        if ks.size > 1 and bool((ks[1:] == ks[:-1]).any()):  # equal times: the lower id first
+            order = np.lexsort((b.ids, key))
+        order = order[:total_gpus]
         n = order.size
         weights = np.arange(n, 0, -1, dtype=float) ** self.power
         out = np.zeros(b.ids.size, dtype=np.int64)
