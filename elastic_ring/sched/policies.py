@@ -136,20 +136,22 @@ def unit_greedy_allocate(jobs: Sequence[tuple[int, float, Rate]], total_gpus: in
     return alloc
 
 
-def doubling_batch(b: JobBatch, sel: np.ndarray, total_gpus: int, weights: np.ndarray | None = None,
+def doubling_batch(b: JobBatch, sel: np.ndarray | None, total_gpus: int, weights: np.ndarray | None = None,
                    state: dict | None = None) -> np.ndarray:
-    """:func:`doubling_allocate` on the batch's jobs at positions ``sel`` (in that priority order):
-    GPUs per selected job, by :func:`~elastic_ring.sched.fast.doubling_levels` (the heap when its
-    check fails). Same answer as the heap, bit for bit."""
-    rows = b.rows[sel]
+    """:func:`doubling_allocate` on the batch's jobs at positions ``sel`` (in that priority order;
+    None: all, in the batch's order): GPUs per selected job, by
+    :func:`~elastic_ring.sched.fast.doubling_levels` (the heap when its check fails). Same answer
+    as the heap, bit for bit."""
+    rows = b.rows if sel is None else b.rows[sel]
     if (rows < 0).any():
-        bad = int(b.ids[sel][rows < 0][0])
+        bad = int((b.ids if sel is None else b.ids[sel])[rows < 0][0])
         raise ConfigError(f"job {bad} has no speed model; this policy needs one")
-    n = min(sel.size, total_gpus)
-    q = b.remaining[sel]
+    size = rows.size
+    n = min(size, total_gpus)
+    q = b.remaining if sel is None else b.remaining[sel]
     if weights is not None:
         q = q * weights
-    out = np.zeros(sel.size, dtype=np.int64)
+    out = np.zeros(size, dtype=np.int64)
     if n == 0:
         return out
     r = rows[:n]
@@ -162,7 +164,7 @@ def doubling_batch(b: JobBatch, sel: np.ndarray, total_gpus: int, weights: np.nd
     if levels is not None:
         out[:n] = 1 << levels
         return out
-    jobs = [(i, float(q[i]), b.rates[rows[i]]) for i in range(sel.size)]
+    jobs = [(i, float(q[i]), b.rates[rows[i]]) for i in range(size)]
     for i, w in doubling_allocate(jobs, total_gpus).items():
         out[i] = w
     return out
@@ -211,7 +213,7 @@ class Precompute:
         return doubling_allocate(_planned(jobs), total_gpus)
 
     def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
-        return doubling_batch(b, np.arange(b.ids.size), total_gpus, state=self._state)
+        return doubling_batch(b, None, total_gpus, state=self._state)
 
 
 class SRTF:
