@@ -100,6 +100,8 @@ def main() -> None:
     ap.add_argument("--before", default=None, help="results file of an earlier engine to compare with (its runs)")
     ap.add_argument("--before-note", default=None, help="where the --before file came from (recorded)")
     ap.add_argument("--profile", type=int, default=0, help="profile each run: store its N top functions")
+    ap.add_argument("--first", type=int, default=0,
+                    help="play only the first N jobs of each size's stream (a shorter horizon, for --profile)")
     ap.add_argument("--cap-s", type=float, default=300.0)
     ap.add_argument("--merge", default=None,
                     help="run nothing: take the rows of this results file (a run of the newer engine) and "
@@ -166,6 +168,8 @@ def main() -> None:
     for n_jobs, gpus in ([] if a.merge else sizes):
         cfg = SimConfig(gpus=gpus, contention=CONTENTION[a.contention], jobs=n_jobs, seed=0)
         jobs = make_jobs(cfg, models)
+        if a.first:
+            jobs = jobs[: a.first]
         for s in strategies:
             if s in capped:
                 rows.append({"strategy": s, "jobs": n_jobs, "gpus": gpus,
@@ -173,6 +177,8 @@ def main() -> None:
                 print(f"{s:>12}: {n_jobs} jobs on {gpus} GPUs skipped (over the cap at a smaller size)", flush=True)
                 continue
             row = run_one(cfg, s, jobs, models, a.profile)
+            if a.first:
+                row["first_jobs"] = len(jobs)
             rows.append(row)
             if row["cpu_s"] > a.cap_s:
                 capped.add(s)
