@@ -39,6 +39,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
+
 from elastic_ring.sched.policies import make_policy
 from elastic_ring.sim import CONTENTION, SimConfig, load_workload, make_jobs, simulate
 
@@ -84,6 +86,49 @@ def run_one(cfg: SimConfig, strategy: str, jobs, models, profile: int = 0) -> di
             **({"profile": _top(prof, profile)} if prof else {})}
 
 
+def _child_run(tree: str, strategy: str, n_jobs: int, gpus: int, contention: str) -> dict:
+    """One run in a fresh interpreter on the code at ``tree`` (a checkout of the package)."""
+    code = (
+        "import hashlib, json, sys, time\n"
+        "from elastic_ring.sched.policies import make_policy\n"
+        "from elastic_ring.sim import CONTENTION, SimConfig, load_workload, make_jobs, simulate\n"
+        f"wl = load_workload('resnet110-cifar10'); models = {{wl.name: wl.model}}\n"
+        f"cfg = SimConfig(gpus={gpus}, contention=CONTENTION[{contention!r}], jobs={n_jobs}, seed=0)\n"
+        "jobs = make_jobs(cfg, models)\n"
+        "t, c = time.perf_counter(), time.process_time()\n"
+        f"r = simulate(cfg, make_policy({strategy!r}), jobs, models)\n"
+        "wall, cpu = time.perf_counter() - t, time.process_time() - c\n"
+        "d = hashlib.sha256(repr((r.avg_jct_s, r.p99_jct_s, r.makespan_s, r.utilisation, r.resizes,\n"
+        "    r.max_gpus_in_use, r.jct_s)).encode()).hexdigest()[:16]\n"
+        "print(json.dumps({'wall_s': wall, 'cpu_s': cpu, 'digest': d}))\n")
+    env = dict(os.environ, PYTHONPATH=tree)
+    out = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def side_by_side(old_tree: str, sizes, strategies, contention: str, rounds: int) -> list[dict]:
+    """The code at ``old_tree`` and this checkout, alternating, ``rounds`` times each: medians and
+    the ratio old/new of CPU and wall seconds, and whether the digests match."""
+    here = str(Path(__file__).resolve().parent.parent)
+    out = []
+    for n_jobs, gpus in sizes:
+        for s in strategies:
+            runs: dict[str, list[dict]] = {"old": [], "new": []}
+            for _ in range(rounds):
+                for name, tree in (("old", old_tree), ("new", here)):
+                    runs[name].append(_child_run(tree, s, n_jobs, gpus, contention))
+            med = {k: {m: round(float(np.median([r[m] for r in v])), 3) for m in ("wall_s", "cpu_s")}
+                   for k, v in runs.items()}
+            row = {"strategy": s, "jobs": n_jobs, "gpus": gpus, "rounds": rounds, "old": med["old"], "new": med["new"],
+                   "cpu_ratio_old_over_new": round(med["old"]["cpu_s"] / max(med["new"]["cpu_s"], 1e-9), 2),
+                   "wall_ratio_old_over_new": round(med["old"]["wall_s"] / max(med["new"]["wall_s"], 1e-9), 2),
+                   "identical": len({r["digest"] for v in runs.values() for r in v}) == 1, "load_after": _load()}
+            print(f"{s:>12} {n_jobs}x{gpus}: CPU old {med['old']['cpu_s']:.2f} s, new {med['new']['cpu_s']:.2f} s "
+                  f"({row['cpu_ratio_old_over_new']}x), identical: {row['identical']}", flush=True)
+            out.append(row)
+    return out
+
+
 def parse_sizes(text: str) -> list[tuple[int, int]]:
     out = []
     for part in text.split(","):
@@ -106,8 +151,20 @@ def main() -> None:
     ap.add_argument("--merge", default=None,
                     help="run nothing: take the rows of this results file (a run of the newer engine) and "
                          "write them with --before's rows into --out")
+    ap.add_argument("--ab", default=None, metavar="OLD_TREE",
+                    help="side by side: the package at OLD_TREE (e.g. `git archive main` unpacked) and this "
+                         "checkout, alternating, --rounds times each, in fresh interpreters; writes only that")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="results/bench_sim.json")
     a = ap.parse_args()
+    if a.ab:
+        load0 = [round(x, 2) for x in os.getloadavg()]
+        rows_ab = side_by_side(a.ab, parse_sizes(a.sizes), a.strategies.split(","), a.contention, a.rounds)
+        Path(a.out).write_text(json.dumps({"machine": platform.platform(), "cpus": os.cpu_count(), "commit": _commit(),
+                                           "old_tree": a.ab, "load_at_start_1_5_15min": load0,
+                                           "contention": a.contention, "side_by_side": rows_ab}, indent=2) + "\n")
+        print(f"wrote {a.out}")
+        return
     wl = load_workload("resnet110-cifar10")
     models = {wl.name: wl.model}
     strategies = a.strategies.split(",")
