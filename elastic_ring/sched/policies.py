@@ -41,12 +41,12 @@ import numpy as np
 
 from elastic_ring.errors import ConfigError
 from elastic_ring.sched.api import JobBatch, JobView, Rate
-from elastic_ring.sched.fast import doubling_levels, unit_steps, unit_table
+from elastic_ring.sched.fast import distinct, doubling_levels, unit_steps, unit_table
 
 EXPLORE_GPUS = 8
 # doubling_batch runs the heap below this many (job, level) cells: there a few hundred heap pops
 # cost less than the fixed cost of the array calls. Same answer either way.
-FAST_MIN_CELLS = 2048
+FAST_MIN_CELLS = 256
 # Optimus.allocate_batch runs the unit-step heap below this many free GPUs (one pop per GPU).
 UNIT_FAST_MIN_FREE = 1024
 
@@ -136,29 +136,35 @@ def unit_greedy_allocate(jobs: Sequence[tuple[int, float, Rate]], total_gpus: in
     return alloc
 
 
-def doubling_batch(b: JobBatch, sel: np.ndarray, total_gpus: int, weights: np.ndarray | None = None,
+def doubling_batch(b: JobBatch, sel: np.ndarray | None, total_gpus: int, weights: np.ndarray | None = None,
                    state: dict | None = None) -> np.ndarray:
-    """:func:`doubling_allocate` on the batch's jobs at positions ``sel`` (in that priority order):
-    GPUs per selected job, by :func:`~elastic_ring.sched.fast.doubling_levels` (the heap when its
-    check fails). Same answer as the heap, bit for bit."""
-    rows = b.rows[sel]
+    """:func:`doubling_allocate` on the batch's jobs at positions ``sel`` (in that priority order;
+    None: all, in the batch's order): GPUs per selected job, by
+    :func:`~elastic_ring.sched.fast.doubling_levels` (the heap when its check fails). Same answer
+    as the heap, bit for bit."""
+    rows = b.rows if sel is None else b.rows[sel]
     if (rows < 0).any():
-        bad = int(b.ids[sel][rows < 0][0])
+        bad = int((b.ids if sel is None else b.ids[sel])[rows < 0][0])
         raise ConfigError(f"job {bad} has no speed model; this policy needs one")
-    n = min(sel.size, total_gpus)
-    q = b.remaining[sel]
+    size = rows.size
+    n = min(size, total_gpus)
+    q = b.remaining if sel is None else b.remaining[sel]
     if weights is not None:
         q = q * weights
-    out = np.zeros(sel.size, dtype=np.int64)
+    out = np.zeros(size, dtype=np.int64)
     if n == 0:
         return out
     r = rows[:n]
-    levels = None if n * max(1, (total_gpus - n).bit_length()) < FAST_MIN_CELLS else doubling_levels(q[:n], b.tables[r], total_gpus - n, state,
-                             checked=b.monotone is not None and bool(b.monotone[r].all()))
+    levels = None
+    if n * max(1, (total_gpus - n).bit_length()) >= FAST_MIN_CELLS:
+        one = bool((r == r[0]).all())  # one table for every job: no per-job copy of it
+        d = b.tables[r[:1]] if one else b.tables[r]
+        levels = doubling_levels(q[:n], d, total_gpus - n, state,
+                                 checked=b.monotone is not None and bool(b.monotone[r[:1] if one else r].all()))
     if levels is not None:
         out[:n] = 1 << levels
         return out
-    jobs = [(i, float(q[i]), b.rates[rows[i]]) for i in range(sel.size)]
+    jobs = [(i, float(q[i]), b.rates[rows[i]]) for i in range(size)]
     for i, w in doubling_allocate(jobs, total_gpus).items():
         out[i] = w
     return out
@@ -207,7 +213,7 @@ class Precompute:
         return doubling_allocate(_planned(jobs), total_gpus)
 
     def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
-        return doubling_batch(b, np.arange(b.ids.size), total_gpus, state=self._state)
+        return doubling_batch(b, None, total_gpus, state=self._state)
 
 
 class SRTF:
@@ -228,7 +234,12 @@ class SRTF:
     def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
         if (b.rows < 0).any():
             raise ConfigError(f"job {int(b.ids[b.rows < 0][0])} has no speed model; this policy needs one")
-        order = np.lexsort((b.ids, b.remaining / b.rate1[b.rows]))[:total_gpus]
+        key = b.remaining / b.rate1[b.rows]
+        order = np.argsort(key)
+        ks = key[order]
+        if ks.size > 1 and bool((ks[1:] == ks[:-1]).any()):  # equal times: the lower id first
+            order = np.lexsort((b.ids, key))
+        order = order[:total_gpus]
         n = order.size
         weights = np.arange(n, 0, -1, dtype=float) ** self.power
         out = np.zeros(b.ids.size, dtype=np.int64)
@@ -257,14 +268,15 @@ class Optimus:
         out = np.zeros(size, dtype=np.int64)
         if n and total_gpus - n >= UNIT_FAST_MIN_FREE:
             rows = b.rows[:n]
-            tables = [np.zeros(0)] * (int(rows.max()) + 1)
-            for r in np.unique(rows):
+            uniq = distinct(rows)
+            tables = [np.zeros(0)] * (int(uniq.max()) + 1)
+            for r in uniq:
                 rate = b.rates[r]
                 hit = self._unit.get(id(rate))
                 if hit is None or hit[0] is not rate or hit[1] != total_gpus:
                     hit = self._unit[id(rate)] = (rate, total_gpus, unit_table(rate, total_gpus))
                 tables[r] = hit[2]
-            if all(tables[r] is not None for r in np.unique(rows)):
+            if all(tables[r] is not None for r in uniq):
                 out[:n] = 1 + unit_steps(b.remaining[:n], rows, tables, total_gpus - n, self._state)
                 return out
         q = b.remaining
@@ -334,9 +346,26 @@ class ResizeAware:
         self.horizon_s = 10.0 * resize_cost_s if horizon_s is None else horizon_s
         self.costs = dict(costs or {})
         self.vetoed = 0
+        if not hasattr(inner, "allocate_batch"):
+            self.allocate_batch = None  # the simulator then asks allocate (see Simulator.batch)
 
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
-        new = self.inner.allocate(jobs, total_gpus, current)
+        return self._gate(jobs, self.inner.allocate(jobs, total_gpus, current))
+
+    def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
+        """:meth:`allocate` on arrays: the inner policy's ``allocate_batch``, then the gate on the
+        grows alone (a few jobs per decision), so the simulator's array path serves ``NAME-rc`` too."""
+        new = np.array(self.inner.allocate_batch(b, total_gpus), dtype=np.int64)
+        grow = np.flatnonzero((b.current > 0) & (new > b.current) & (b.rows >= 0))
+        if grow.size:
+            views = [JobView(int(b.ids[i]), float(b.remaining[i]), b.rates[b.rows[i]], int(b.current[i]))
+                     for i in grow]
+            kept = self._gate(views, {v.id: int(new[i]) for v, i in zip(views, grow)})
+            new[grow] = [kept[v.id] for v in views]
+        return new
+
+    def _gate(self, jobs: Sequence[JobView], new: dict[int, int]) -> dict[int, int]:
+        """``new`` less the grows of ``jobs`` that do not pay for their resize (counted in ``vetoed``)."""
         for j in jobs:
             w0, w1 = j.current, new.get(j.id, 0)
             if w0 > 0 and w1 > w0 and j.rate is not None:

@@ -171,7 +171,7 @@ class Simulator:
         plan_models = plan_models if plan_models is not None else true_models
         self.plan_rates = {k: model_rate(m) for k, m in plan_models.items()}
         self.trace = trace
-        self.batch = hasattr(policy, "allocate_batch")
+        self.batch = getattr(policy, "allocate_batch", None) is not None
         self.batch_min_jobs = batch_min_jobs
         # speed models the planner uses, one row each (a workload's, or a job's fitted one)
         self._rates: list[Rate] = []
@@ -275,11 +275,9 @@ class Simulator:
         n = len(arrivals)
         self._by_pos: list[SimJob | None] = [None] * n
         self._a_id = np.array([s.id for s in arrivals], dtype=np.int64)
-        self._a_work = np.array([s.work for s in arrivals], dtype=float)
-        self._a_done = np.zeros(n)
+        self._a_wd = np.zeros(n)  # work left at _a_start (work - work done)
         self._a_speed = np.zeros(n)
-        self._a_adv = np.zeros(n)
-        self._a_pause = np.zeros(n)
+        self._a_start = np.zeros(n)  # when progress starts again: max(advanced_to, paused_until)
         self._a_held = np.zeros(n, dtype=np.int64)
         self._a_row = np.full(n, -1, dtype=np.int64)
         self._a_needs = np.zeros(n, dtype=bool)
@@ -295,14 +293,14 @@ class Simulator:
         if not self._live:
             return
         p = j.pos
-        self._a_done[p] = j.work_done
+        self._a_wd[p] = j.work - j.work_done
         self._a_speed[p] = j.speed
-        self._a_adv[p] = j.advanced_to
-        self._a_pause[p] = j.paused_until
+        self._a_start[p] = j.advanced_to if j.advanced_to > j.paused_until else j.paused_until
         self._a_held[p] = j.gpus_held
-        exploring = j.state == JobState.EXPLORING
-        self._a_expl[p] = exploring
-        self._a_needs[p] = self.explores and not j.explored and not exploring
+        if self.explores:
+            exploring = j.state == JobState.EXPLORING
+            self._a_expl[p] = exploring
+            self._a_needs[p] = not j.explored and not exploring
 
     def _arrive(self, spec: JobSpec, now: float) -> None:
         plan = None if self.explores else self.plan_rates[spec.workload]
@@ -359,13 +357,16 @@ class Simulator:
 
     # ------------------------------------------------------------------------------ decisions
     def _remaining_all(self, now: float) -> np.ndarray:
-        """:meth:`SimJob.remaining_at` of every active job (same floating-point operations)."""
+        """:meth:`SimJob.remaining_at` of every active job (the same floating-point operations: the
+        work left minus speed x the time since progress started again, none before it, at least 0;
+        a job not training has speed 0, and its work left is never negative)."""
         act = self._act
-        work, done, speed = self._a_work[act], self._a_done[act], self._a_speed[act]
-        adv, pause = self._a_adv[act], self._a_pause[act]
-        start = np.where(adv > pause, adv, pause)
-        r = work - done - np.where(now > start, speed * (now - start), 0.0)
-        return np.where(speed > 0, np.where(r > 0.0, r, 0.0), work - done)
+        wd, speed = self._a_wd[act], self._a_speed[act]
+        x = now - self._a_start[act]
+        np.maximum(x, 0.0, out=x)
+        x *= speed
+        r = wd - x
+        return np.where(r > 0.0, r, 0.0)
 
     def _decide(self, now: float) -> None:
         """Ask the policy, check its answer, apply it (shrinks first, so GPUs in use never exceed G)."""
@@ -436,21 +437,28 @@ class Simulator:
                 j = by_pos[act[i]]
                 if j.curve is not None:
                     q[i] = self._predicted_remaining(j, j.work - float(q[i]))
-        held = self._a_held[act]
-        exploring = self._a_expl[act]
-        batch = JobBatch(self._a_id[act], q, held, self._a_row[act], self._a_needs[act], exploring,
-                         self._tables, self._rates, self._rate1, self._monotone)
+        ids, rows, held = self._a_id[act], self._a_row[act], self._a_held[act]
+        if self.explores:
+            needs, exploring = self._a_needs[act], self._a_expl[act]
+        else:
+            needs = exploring = np.zeros(act.size, dtype=bool)
+        batch = JobBatch(ids, q, held, rows, needs, exploring, self._tables, self._rates, self._rate1,
+                         self._monotone)
         new = np.asarray(policy.allocate_batch(batch, G))
         if new.shape != act.shape or (act.size and (new.min() < 0)):
             raise SimError(f"policy {policy.name} returned a bad allocation {new!r}")
         total = int(new.sum())
         if total > G:
             raise SimError(f"policy {policy.name} allocated {total} GPUs of {G}")
-        by_pos = self._by_pos
-        for i in np.flatnonzero((new < held) & ~exploring):
-            self._apply(by_pos[act[i]], int(new[i]), now)
-        for i in np.flatnonzero((new != held) & ((new > held) | exploring)):
-            self._apply(by_pos[act[i]], int(new[i]), now)
+        by_pos, apply = self._by_pos, self._apply
+        if self.explores:
+            shrink = np.flatnonzero((new < held) & ~exploring)
+            grow = np.flatnonzero((new != held) & ((new > held) | exploring))
+        else:
+            shrink, grow = np.flatnonzero(new < held), np.flatnonzero(new > held)
+        for idx in (shrink, grow):
+            for p, w in zip(act[idx].tolist(), new[idx].astype(np.int64).tolist()):
+                apply(by_pos[p], w, now)
         self._account(now)
 
     def _predicted_remaining(self, j: SimJob, done: float) -> float:

@@ -86,6 +86,27 @@ def test_array_doubling_equals_the_heap():
             assert {i: int(2 ** levels[i]) for i in range(n)} == want
 
 
+def test_array_doubling_one_table_equals_the_heap():
+    """Jobs sharing one gain table (a (1, L) table: the jobs sorted by Q, edges by binary search):
+    random Q with ties and zeros, each of three curves, clusters 16..16,384 GPUs."""
+    rates = [model_rate(load_workload(w).model) for w in ("resnet110-cifar10", "resnet50-imagenet", "vgg16-imagenet")]
+    rng = np.random.default_rng(11)
+    state: dict = {}
+    for trial in range(150):
+        g = int(rng.choice([16, 100, 1024, 16384]))
+        rate = rates[trial % len(rates)]
+        n_jobs = int(rng.integers(1, max(2, g // int(rng.choice([2, 4, 10, 40]))) + 3))
+        q = rng.exponential(1e6, size=n_jobs) * (rng.random(n_jobs) < 0.9)
+        if trial % 3 == 0:
+            q = np.round(q, -5)  # runs of equal Q: equal gains, broken by position
+        want = doubling_allocate([(i, float(q[i]), rate) for i in range(n_jobs)], g)
+        n = min(n_jobs, g)
+        d = gain_table(rate, g)[None, :]
+        assert rows_monotone(d).all()
+        levels = doubling_levels(q[:n], d, g - n, state, checked=True)
+        assert {i: int(2 ** levels[i]) for i in range(n)} == want
+
+
 def test_array_doubling_declines_gains_that_grow():
     """A curve whose per-GPU gain grows with the level: the caller must fall back to the heap."""
     d = np.array([[1.0, 4.0, 0.5]])
@@ -115,3 +136,22 @@ def test_array_unit_steps_equal_the_heap():
 def test_unit_table_declines_a_node_step():
     """8 -> 9 GPUs crosses a node on the two-node curve: not a sorted order, so no table."""
     assert unit_table(model_rate(load_workload("resnet110-2node").model), 64) is None
+
+
+@pytest.mark.parametrize("policy", ["precompute-rc", "srtf-rc", "optimus-rc"])
+def test_resize_aware_on_arrays_equals_the_per_job_path(policy, monkeypatch):
+    """NAME-rc through allocate_batch (the inner policy on arrays, the gate on the grows) gives the
+    per-job path's results, trace and vetoes: one workload at high load, two with Eq. 1's Q."""
+    monkeypatch.setattr(policies, "FAST_MIN_CELLS", 0)
+    monkeypatch.setattr(policies, "UNIT_FAST_MIN_FREE", 0)
+    for jobs, gpus, cont, rem, wls in [(300, 128, "high", "oracle", ONE), (200, 64, "moderate", "eq1", MIX)]:
+        models = {w: load_workload(w).model for w in wls}
+        cfg = SimConfig(gpus=gpus, contention=CONTENTION[cont], jobs=jobs, seed=1, remaining=rem, workloads=wls,
+                        resize_overhead_s=30.0)
+        out = []
+        for batch_min_jobs in (0, 10**9):  # every decision on arrays / every one by the per-job loop
+            pol, trace = make_policy(policy, resize_cost_s=30.0), []
+            r = simulate(cfg, pol, make_jobs(cfg, models), models, trace=trace, batch_min_jobs=batch_min_jobs)
+            out.append((r, r.jct_s, trace, pol.vetoed))
+        assert out[0][3] > 0  # the gate did veto grows
+        assert out[0] == out[1]
