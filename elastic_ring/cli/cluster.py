@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from elastic_ring.cluster.api import LIVE_POLICIES
 from elastic_ring.errors import UserError
 
 CTX = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -83,11 +84,15 @@ def cluster() -> None:
 @click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Slots on several hosts, 'host slots=N' per line; jobs get horovodrun -H lists "
                    "(resizes are then stop + resume on the new hosts).")
-@click.option("--policy", type=click.Choice(["eight", "precompute", "exploratory", "optimus", "srtf"]), default=None,
+@click.option("--policy", type=click.Choice(list(LIVE_POLICIES)), default=None,
               help="Allocation policy of elastic_ring.sched (the simulator's). Default precompute, or "
                    "the folder's. exploratory: a new job holds the largest power of two <= min(8, slots) "
                    "slots and is resized through 1, 2, 4, ... on them, measured from its own throughput "
-                   "(first window after each launch skipped), then planned with the Eq. 5 fit.")
+                   "(first window after each launch skipped), then planned with the Eq. 5 fit. "
+                   "precompute-rc, optimus-rc, srtf-rc: grow a running job only when the steps gained over "
+                   "10 resize costs exceed the steps the resize costs, with each job's cost measured from "
+                   "its resize_overhead events (before the first: all jobs' median, else 3.5 s on CPU, 10 s "
+                   "on GPUs); vetoed grows are grow_vetoed events.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
               help="Slot kind (default cpu, or the folder's). cuda: each job's GPUs via CUDA_VISIBLE_DEVICES.")
 @click.option("--network-interface", default=None, help="Passed to every job's horovodrun (e.g. lo).")
@@ -147,7 +152,7 @@ def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet,
     store.set_meta("down", False)
     store.set_meta("scheduler_pid", os.getpid())
     runner = ProcessRunner(d, cfg)
-    sched = Scheduler(store, cfg, live_policy(cfg.policy, cfg.slots), runner, rate_for=_rate_for(cfg))
+    sched = Scheduler(store, cfg, live_policy(cfg.policy, cfg.slots, cfg.device), runner, rate_for=_rate_for(cfg))
     stop = {"n": 0}
 
     def on_signal(signum, frame):  # only sets a flag

@@ -319,7 +319,9 @@ class ResizeAware:
     ``f(w') · c`` (c: the resize cost in seconds, a model in the simulator; the live scheduler can
     pass each job's measured one through ``costs``). Vetoed grows leave their GPUs free until the next
     decision; shrinks, preemptions and starts are kept as the inner policy gave them (they are what
-    admits new jobs). H defaults to 10 c (not tuned: a fixed rule, so nothing to hold out).
+    admits new jobs). H defaults to 10 c, with each job's own c (not tuned: a fixed rule, so nothing
+    to hold out). Units: whatever the views use (samples and samples/s in the simulator, steps and
+    steps/s live); the test compares work with work.
     """
 
     explores = False
@@ -331,21 +333,27 @@ class ResizeAware:
         self.inner = inner
         self.name = f"{inner.name}-rc"
         self.resize_cost_s = resize_cost_s
+        self._horizon_fixed = horizon_s
         self.horizon_s = 10.0 * resize_cost_s if horizon_s is None else horizon_s
-        self.costs = dict(costs or {})
+        self.costs = dict(costs or {})  # job id -> measured seconds (the live scheduler refreshes it)
         self.vetoed = 0
+        # the last decision's vetoed grows: (job id, held, asked, work gained over H, work the resize costs)
+        self.last_vetoed: list[tuple[int, int, int, float, float]] = []
 
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
         new = self.inner.allocate(jobs, total_gpus, current)
+        self.last_vetoed = []
         for j in jobs:
             w0, w1 = j.current, new.get(j.id, 0)
             if w0 > 0 and w1 > w0 and j.rate is not None:
                 c = self.costs.get(j.id, self.resize_cost_s)
+                horizon = 10.0 * c if self._horizon_fixed is None else self._horizon_fixed
                 f0, f1 = j.rate(w0), j.rate(w1)
-                gain = (f1 - f0) * min(self.horizon_s, j.remaining / f1)
+                gain = (f1 - f0) * min(horizon, j.remaining / f1)
                 if gain <= f1 * c:
                     new[j.id] = w0
                     self.vetoed += 1
+                    self.last_vetoed.append((j.id, w0, w1, gain, f1 * c))
         return new
 
 
