@@ -262,7 +262,7 @@ class Scheduler:
             unexplored = self._exploring(j)
             views.append(JobView(j["id"], self._remaining(j), self._rate(j), len(j["slots"]),
                                  needs_exploration=unexplored and not j["slots"],
-                                 exploring=unexplored and bool(j["slots"])))
+                                 exploring=unexplored and bool(j["slots"]), done=float(j["step"])))
         current = {j["id"]: len(j["slots"]) for j in jobs}
         if hasattr(self.policy, "costs"):  # a -rc policy: each job's measured resize cost
             self.policy.costs = self.resize_costs.table(current)

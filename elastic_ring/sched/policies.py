@@ -362,18 +362,22 @@ POLICIES = {"eight": Eight, "precompute": Precompute, "exploratory": Exploratory
 
 
 def make_policy(name: str, resize_cost_s: float | None = None):
-    """A policy by name (one of :data:`POLICIES`); ``NAME-rc`` wraps it in :class:`ResizeAware`
-    with ``resize_cost_s`` (default: :data:`~elastic_ring.sched.api.DEFAULT_RESIZE_OVERHEAD_S`).
+    """A policy by name (one of :data:`POLICIES`, or an anchor of :mod:`elastic_ring.sched.anchors`:
+    ``las``, ``pollux``); ``NAME-rc`` wraps it in :class:`ResizeAware` with ``resize_cost_s``
+    (default: :data:`~elastic_ring.sched.api.DEFAULT_RESIZE_OVERHEAD_S`).
 
     Raises:
         ConfigError: unknown name.
     """
-    if name.endswith("-rc") and name[:-3] in POLICIES and name[:-3] not in ("eight", "exploratory"):
+    from elastic_ring.sched.anchors import ANCHORS
+
+    known = {**POLICIES, **ANCHORS}
+    if name.endswith("-rc") and name[:-3] in known and name[:-3] not in ("eight", "exploratory"):
         from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
 
         cost = DEFAULT_RESIZE_OVERHEAD_S if resize_cost_s is None else resize_cost_s
-        return ResizeAware(POLICIES[name[:-3]](), cost)
+        return ResizeAware(known[name[:-3]](), cost)
     try:
-        return POLICIES[name]()
+        return known[name]()
     except KeyError:
-        raise ConfigError(f"unknown strategy {name!r}; choose from {', '.join(POLICIES)}") from None
+        raise ConfigError(f"unknown strategy {name!r}; choose from {', '.join(known)}") from None
