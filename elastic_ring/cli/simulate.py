@@ -364,23 +364,15 @@ def simulate(gpus, contention, strategies, remaining, seeds, tune_seeds, eval_se
     from elastic_ring.sim.api import SimConfig
     from elastic_ring.sim.workload import load_workload
 
-    if gpus < 1:
-        raise ConfigError(f"--gpus must be >= 1, got {gpus}")
-    if seeds < 1:
-        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
-    if n_jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1, got {n_jobs}")
+    for flag, v in (("--gpus", gpus), ("--seeds", seeds), ("--jobs", n_jobs)):
+        if v < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {v}")
     levels = _levels(contention)
     strats = _strategies(strategies)
     if "exploratory" in strats and gpus < 8:
         raise ConfigError("--strategies exploratory needs --gpus >= 8 (a new job measures itself on 8 GPUs)")
     overhead = DEFAULT_RESIZE_OVERHEAD_S if resize_overhead is None else resize_overhead
-    tune = _seed_list(tune_seeds, "--tune-seeds") if tune_seeds else []
-    evals = _seed_list(eval_seeds, "--eval-seeds") if eval_seeds else list(range(seeds))
-    overlap = sorted(set(tune) & set(evals))
-    if overlap:
-        raise ConfigError(f"--tune-seeds and --eval-seeds overlap on {overlap}: a constant tuned on a seed "
-                          f"cannot be reported on it")
+    tune, evals = _split_seeds(tune_seeds, eval_seeds, seeds)
     powers = _powers(srtf_powers)
     tune_wls = [load_workload(w) for w in (workloads or ("resnet110-cifar10",))]
     wls = [load_workload(w) for w in eval_workloads] if eval_workloads else tune_wls
@@ -415,7 +407,26 @@ def simulate(gpus, contention, strategies, remaining, seeds, tune_seeds, eval_se
             "min_hours_at_8": min_hours, "max_hours_at_8": max_hours,
             "command": "elastic-ring simulate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else []),
             "heldout": heldout}
-    out = Path(out_dir)
+    out = _write_outputs(Path(out_dir), meta, summary, rows, levels, runs_strats)
+    if as_json:
+        click.echo(json.dumps({"meta": meta, "summary": summary}, indent=1))
+        return
+    _print_tables(summary, levels, runs_strats, heldout, gpus, n_jobs, evals, out, tuned, tune)
+
+
+def _split_seeds(tune_seeds: str | None, eval_seeds: str | None, seeds: int) -> tuple[list[int], list[int]]:
+    """The tuning and the evaluation seeds; overlapping ones are refused."""
+    tune = _seed_list(tune_seeds, "--tune-seeds") if tune_seeds else []
+    evals = _seed_list(eval_seeds, "--eval-seeds") if eval_seeds else list(range(seeds))
+    overlap = sorted(set(tune) & set(evals))
+    if overlap:
+        raise ConfigError(f"--tune-seeds and --eval-seeds overlap on {overlap}: a constant tuned on a seed "
+                          f"cannot be reported on it")
+    return tune, evals
+
+
+def _write_outputs(out: Path, meta: dict, summary: dict, rows: list[dict], levels, runs_strats) -> Path:
+    """table3.json, table3.md and jct.png in ``out``."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -424,8 +435,4 @@ def simulate(gpus, contention, strategies, remaining, seeds, tune_seeds, eval_se
     (out / "table3.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=1) + "\n")
     (out / "table3.md").write_text(_markdown(summary, lvnames, runs_strats, meta))
     _plot(summary, lvnames, runs_strats, out / "jct.png")
-
-    if as_json:
-        click.echo(json.dumps({"meta": meta, "summary": summary}, indent=1))
-        return
-    _print_tables(summary, levels, runs_strats, heldout, gpus, n_jobs, evals, out, tuned, tune)
+    return out
