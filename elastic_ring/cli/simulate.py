@@ -25,8 +25,8 @@ import click
 
 from elastic_ring.errors import ConfigError
 
-STRATEGIES = ("eight", "precompute", "exploratory", "optimus", "srtf")
-RC_STRATEGIES = ("precompute", "optimus", "srtf")  # NAME-rc: grows only when they pay for their resize
+STRATEGIES = ("eight", "precompute", "exploratory", "optimus", "srtf", "las", "pollux", "hesrpt")
+RC_STRATEGIES = ("precompute", "optimus", "srtf", "las", "pollux", "hesrpt")  # NAME-rc: grows only when they pay for their resize
 METRICS = (("avg_jct_h", "avg JCT (h)"), ("p99_jct_h", "p99 JCT (h)"), ("makespan_h", "makespan (h)"),
            ("utilisation", "GPU util"), ("resizes", "resizes"))
 
@@ -317,8 +317,10 @@ def _print_tables(summary: dict, levels, runs_strats, heldout: dict, gpus: int, 
                    "or numbers (offered load = arrival rate x mean GPU-hours per job at 8 GPUs / GPUs).")
 @click.option("--strategies", default=",".join(STRATEGIES[:4]), show_default=True,
               help="Comma list of eight, precompute, exploratory, optimus, srtf (ours: shortest predicted "
-                   "remaining time first with rank-weighted doubling); precompute-rc, optimus-rc, srtf-rc: the "
-                   "same, growing a running job only when the gain over 10 resize costs exceeds the resize.")
+                   "remaining time first with rank-weighted doubling), and the anchors of "
+                   "elastic_ring.sched.anchors: las (Tiresias least attained service), pollux (goodput "
+                   "re-optimisation), hesrpt (SRPT for concave speed-ups); NAME-rc (not eight, exploratory): "
+                   "the same, growing a running job only when the gain over 10 resize costs exceeds the resize.")
 @click.option("--remaining", type=click.Choice(["eq1", "oracle"]), default="eq1", show_default=True,
               help="What policies know of a job's remaining work: the Eq. 1 prediction from its loss "
                    "curve so far, or the true value (oracle).")
