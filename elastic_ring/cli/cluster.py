@@ -113,7 +113,6 @@ def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet,
     re-attaches to the controllers that still run and resumes the others from their checkpoints.
     Ctrl-C or SIGTERM drains, as `cluster down` does.
     """
-    from elastic_ring.cluster.api import ClusterConfig
     from elastic_ring.cluster.runner import ProcessRunner
     from elastic_ring.cluster.scheduler import Scheduler, live_policy
     from elastic_ring.cluster.store import Store
@@ -134,18 +133,8 @@ def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet,
         sock = bind(*parse_bind(web))
     store = Store(d, create=True)
     old = store.config()
-    if hostfile:
-        hosts = _parse_hostfile(hostfile)
-    elif slots is not None:
-        hosts = (("localhost", slots),)
-    elif old is not None:
-        hosts = old.hosts
-    else:
-        raise UserError("a new cluster needs --slots N or --hostfile PATH")
-    cfg = ClusterConfig(hosts=hosts, policy=policy or (old.policy if old else "precompute"),
-                        device=device or (old.device if old else "cpu"),
-                        network_interface=network_interface or (old.network_interface if old else None),
-                        poll_s=poll, profile=str(Path(profile).resolve()) if profile else (old.profile if old else None))
+    cfg = _cluster_config(old, slots, hostfile, policy, device, network_interface, poll, profile)
+    hosts = cfg.hosts
     if old is not None and any(len(j["slots"]) and max(j["slots"]) >= cfg.slots for j in store.jobs(active_only=True)):
         raise UserError(f"jobs of {d} hold slots beyond the {cfg.slots} asked; start with the same slots")
     store.set_meta("config", cfg.to_dict())
@@ -193,6 +182,24 @@ def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet,
             click.echo("cluster down: every job stopped at a checkpoint (continue with `cluster up`)")
             return
         time.sleep(cfg.poll_s)
+
+
+def _cluster_config(old, slots, hostfile, policy, device, network_interface, poll, profile):
+    """`cluster up`'s ClusterConfig: the flags given, else the folder's (``old``), else defaults."""
+    from elastic_ring.cluster.api import ClusterConfig
+
+    if hostfile:
+        hosts = _parse_hostfile(hostfile)
+    elif slots is not None:
+        hosts = (("localhost", slots),)
+    elif old is not None:
+        hosts = old.hosts
+    else:
+        raise UserError("a new cluster needs --slots N or --hostfile PATH")
+    return ClusterConfig(hosts=hosts, policy=policy or (old.policy if old else "precompute"),
+                         device=device or (old.device if old else "cpu"),
+                         network_interface=network_interface or (old.network_interface if old else None),
+                         poll_s=poll, profile=str(Path(profile).resolve()) if profile else (old.profile if old else None))
 
 
 def _rate_for(cfg):
