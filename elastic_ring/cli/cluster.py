@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from elastic_ring.cluster.api import LIVE_POLICIES
 from elastic_ring.errors import UserError
 
 CTX = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -83,11 +84,15 @@ def cluster() -> None:
 @click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Slots on several hosts, 'host slots=N' per line; jobs get horovodrun -H lists "
                    "(resizes are then stop + resume on the new hosts).")
-@click.option("--policy", type=click.Choice(["eight", "precompute", "exploratory", "optimus", "srtf"]), default=None,
+@click.option("--policy", type=click.Choice(list(LIVE_POLICIES)), default=None,
               help="Allocation policy of elastic_ring.sched (the simulator's). Default precompute, or "
                    "the folder's. exploratory: a new job holds the largest power of two <= min(8, slots) "
                    "slots and is resized through 1, 2, 4, ... on them, measured from its own throughput "
-                   "(first window after each launch skipped), then planned with the Eq. 5 fit.")
+                   "(first window after each launch skipped), then planned with the Eq. 5 fit. "
+                   "precompute-rc, optimus-rc, srtf-rc: grow a running job only when the steps gained over "
+                   "10 resize costs exceed the steps the resize costs, with each job's cost measured from "
+                   "its resize_overhead events (before the first: all jobs' median, else 3.5 s on CPU, 10 s "
+                   "on GPUs); vetoed grows are grow_vetoed events.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
               help="Slot kind (default cpu, or the folder's). cuda: each job's GPUs via CUDA_VISIBLE_DEVICES.")
 @click.option("--network-interface", default=None, help="Passed to every job's horovodrun (e.g. lo).")
@@ -108,7 +113,6 @@ def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet,
     re-attaches to the controllers that still run and resumes the others from their checkpoints.
     Ctrl-C or SIGTERM drains, as `cluster down` does.
     """
-    from elastic_ring.cluster.api import ClusterConfig
     from elastic_ring.cluster.runner import ProcessRunner
     from elastic_ring.cluster.scheduler import Scheduler, live_policy
     from elastic_ring.cluster.store import Store
@@ -129,25 +133,15 @@ def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet,
         sock = bind(*parse_bind(web))
     store = Store(d, create=True)
     old = store.config()
-    if hostfile:
-        hosts = _parse_hostfile(hostfile)
-    elif slots is not None:
-        hosts = (("localhost", slots),)
-    elif old is not None:
-        hosts = old.hosts
-    else:
-        raise UserError("a new cluster needs --slots N or --hostfile PATH")
-    cfg = ClusterConfig(hosts=hosts, policy=policy or (old.policy if old else "precompute"),
-                        device=device or (old.device if old else "cpu"),
-                        network_interface=network_interface or (old.network_interface if old else None),
-                        poll_s=poll, profile=str(Path(profile).resolve()) if profile else (old.profile if old else None))
+    cfg = _cluster_config(old, slots, hostfile, policy, device, network_interface, poll, profile)
+    hosts = cfg.hosts
     if old is not None and any(len(j["slots"]) and max(j["slots"]) >= cfg.slots for j in store.jobs(active_only=True)):
         raise UserError(f"jobs of {d} hold slots beyond the {cfg.slots} asked; start with the same slots")
     store.set_meta("config", cfg.to_dict())
     store.set_meta("down", False)
     store.set_meta("scheduler_pid", os.getpid())
     runner = ProcessRunner(d, cfg)
-    sched = Scheduler(store, cfg, live_policy(cfg.policy, cfg.slots), runner, rate_for=_rate_for(cfg))
+    sched = Scheduler(store, cfg, live_policy(cfg.policy, cfg.slots, cfg.device), runner, rate_for=_rate_for(cfg))
     stop = {"n": 0}
 
     def on_signal(signum, frame):  # only sets a flag
@@ -188,6 +182,24 @@ def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet,
             click.echo("cluster down: every job stopped at a checkpoint (continue with `cluster up`)")
             return
         time.sleep(cfg.poll_s)
+
+
+def _cluster_config(old, slots, hostfile, policy, device, network_interface, poll, profile):
+    """`cluster up`'s ClusterConfig: the flags given, else the folder's (``old``), else defaults."""
+    from elastic_ring.cluster.api import ClusterConfig
+
+    if hostfile:
+        hosts = _parse_hostfile(hostfile)
+    elif slots is not None:
+        hosts = (("localhost", slots),)
+    elif old is not None:
+        hosts = old.hosts
+    else:
+        raise UserError("a new cluster needs --slots N or --hostfile PATH")
+    return ClusterConfig(hosts=hosts, policy=policy or (old.policy if old else "precompute"),
+                         device=device or (old.device if old else "cpu"),
+                         network_interface=network_interface or (old.network_interface if old else None),
+                         poll_s=poll, profile=str(Path(profile).resolve()) if profile else (old.profile if old else None))
 
 
 def _rate_for(cfg):

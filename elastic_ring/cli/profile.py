@@ -39,8 +39,8 @@ def profile(counts, steps, warmup_windows, config_path, overrides, device, slots
         elastic-ring profile --gpus 1,2,4,8 --steps 400
 
     Each count is one training run in OUT/runs/w<N>/. The first --warmup-windows throughput windows
-    of each run (and a short last window) are dropped; the point is the median over the remaining
-    windows, with their interquartile range as spread. Prints Table 1 (images/s, steps/s, speedup,
+    of each run (and a short last window) are dropped; the point is the remaining windows' steps
+    (images) divided by the seconds they took, with the interquartile range of their steps/s as spread. Prints Table 1 (images/s, steps/s, speedup,
     scaling efficiency against the smallest count and against the previous one) and the Eq. 5 fit
     by NNLS with its residuals; writes OUT/profile.json (read by `elastic-ring simulate --workload`)
     and OUT/table1.md. Eq. 5 has 4 parameters: with fewer than 4 counts the profile is still written,

@@ -25,8 +25,8 @@ import click
 
 from elastic_ring.errors import ConfigError
 
-STRATEGIES = ("eight", "precompute", "exploratory", "optimus", "srtf")
-RC_STRATEGIES = ("precompute", "optimus", "srtf")  # NAME-rc: grows only when they pay for their resize
+STRATEGIES = ("eight", "precompute", "exploratory", "optimus", "srtf", "las", "pollux", "hesrpt")
+RC_STRATEGIES = ("precompute", "optimus", "srtf", "las", "pollux", "hesrpt")  # NAME-rc: grows only when they pay for their resize
 METRICS = (("avg_jct_h", "avg JCT (h)"), ("p99_jct_h", "p99 JCT (h)"), ("makespan_h", "makespan (h)"),
            ("utilisation", "GPU util"), ("resizes", "resizes"))
 
@@ -317,8 +317,10 @@ def _print_tables(summary: dict, levels, runs_strats, heldout: dict, gpus: int, 
                    "or numbers (offered load = arrival rate x mean GPU-hours per job at 8 GPUs / GPUs).")
 @click.option("--strategies", default=",".join(STRATEGIES[:4]), show_default=True,
               help="Comma list of eight, precompute, exploratory, optimus, srtf (ours: shortest predicted "
-                   "remaining time first with rank-weighted doubling); precompute-rc, optimus-rc, srtf-rc: the "
-                   "same, growing a running job only when the gain over 10 resize costs exceeds the resize.")
+                   "remaining time first with rank-weighted doubling), and the anchors of "
+                   "elastic_ring.sched.anchors: las (Tiresias least attained service), pollux (goodput "
+                   "re-optimisation), hesrpt (SRPT for concave speed-ups); NAME-rc (not eight, exploratory): "
+                   "the same, growing a running job only when the gain over 10 resize costs exceeds the resize.")
 @click.option("--remaining", type=click.Choice(["eq1", "oracle"]), default="eq1", show_default=True,
               help="What policies know of a job's remaining work: the Eq. 1 prediction from its loss "
                    "curve so far, or the true value (oracle).")
@@ -364,23 +366,15 @@ def simulate(gpus, contention, strategies, remaining, seeds, tune_seeds, eval_se
     from elastic_ring.sim.api import SimConfig
     from elastic_ring.sim.workload import load_workload
 
-    if gpus < 1:
-        raise ConfigError(f"--gpus must be >= 1, got {gpus}")
-    if seeds < 1:
-        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
-    if n_jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1, got {n_jobs}")
+    for flag, v in (("--gpus", gpus), ("--seeds", seeds), ("--jobs", n_jobs)):
+        if v < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {v}")
     levels = _levels(contention)
     strats = _strategies(strategies)
     if "exploratory" in strats and gpus < 8:
         raise ConfigError("--strategies exploratory needs --gpus >= 8 (a new job measures itself on 8 GPUs)")
     overhead = DEFAULT_RESIZE_OVERHEAD_S if resize_overhead is None else resize_overhead
-    tune = _seed_list(tune_seeds, "--tune-seeds") if tune_seeds else []
-    evals = _seed_list(eval_seeds, "--eval-seeds") if eval_seeds else list(range(seeds))
-    overlap = sorted(set(tune) & set(evals))
-    if overlap:
-        raise ConfigError(f"--tune-seeds and --eval-seeds overlap on {overlap}: a constant tuned on a seed "
-                          f"cannot be reported on it")
+    tune, evals = _split_seeds(tune_seeds, eval_seeds, seeds)
     powers = _powers(srtf_powers)
     tune_wls = [load_workload(w) for w in (workloads or ("resnet110-cifar10",))]
     wls = [load_workload(w) for w in eval_workloads] if eval_workloads else tune_wls
@@ -415,7 +409,26 @@ def simulate(gpus, contention, strategies, remaining, seeds, tune_seeds, eval_se
             "min_hours_at_8": min_hours, "max_hours_at_8": max_hours,
             "command": "elastic-ring simulate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else []),
             "heldout": heldout}
-    out = Path(out_dir)
+    out = _write_outputs(Path(out_dir), meta, summary, rows, levels, runs_strats)
+    if as_json:
+        click.echo(json.dumps({"meta": meta, "summary": summary}, indent=1))
+        return
+    _print_tables(summary, levels, runs_strats, heldout, gpus, n_jobs, evals, out, tuned, tune)
+
+
+def _split_seeds(tune_seeds: str | None, eval_seeds: str | None, seeds: int) -> tuple[list[int], list[int]]:
+    """The tuning and the evaluation seeds; overlapping ones are refused."""
+    tune = _seed_list(tune_seeds, "--tune-seeds") if tune_seeds else []
+    evals = _seed_list(eval_seeds, "--eval-seeds") if eval_seeds else list(range(seeds))
+    overlap = sorted(set(tune) & set(evals))
+    if overlap:
+        raise ConfigError(f"--tune-seeds and --eval-seeds overlap on {overlap}: a constant tuned on a seed "
+                          f"cannot be reported on it")
+    return tune, evals
+
+
+def _write_outputs(out: Path, meta: dict, summary: dict, rows: list[dict], levels, runs_strats) -> Path:
+    """table3.json, table3.md and jct.png in ``out``."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -424,8 +437,4 @@ def simulate(gpus, contention, strategies, remaining, seeds, tune_seeds, eval_se
     (out / "table3.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=1) + "\n")
     (out / "table3.md").write_text(_markdown(summary, lvnames, runs_strats, meta))
     _plot(summary, lvnames, runs_strats, out / "jct.png")
-
-    if as_json:
-        click.echo(json.dumps({"meta": meta, "summary": summary}, indent=1))
-        return
-    _print_tables(summary, levels, runs_strats, heldout, gpus, n_jobs, evals, out, tuned, tune)
+    return out

@@ -17,7 +17,10 @@ from elastic_ring.errors import UserError
 
 DB_FILE = "cluster.db"
 LOCK_FILE = "scheduler.lock"
-LIVE_POLICIES = ("eight", "precompute", "exploratory", "optimus", "srtf")
+LIVE_POLICIES = ("eight", "precompute", "exploratory", "optimus", "srtf", "precompute-rc", "optimus-rc",
+                 "srtf-rc")
+"""``NAME-rc``: NAME, growing a running job only when the gain over 10 resize costs exceeds the resize,
+with each job's cost measured from its ``resize_overhead`` events (:mod:`elastic_ring.sched.resize_cost`)."""
 
 
 class ClusterError(UserError):
@@ -150,6 +153,8 @@ class Observation:
     throughput: the ``throughput`` windows read since the previous observation, each
     (launches so far, world_size, steps, seconds): what ``exploratory`` measures a job with (the
     launch count tells the first window after each launch, a warm-up, apart).
+    resize_lost_s: ``total_lost_s`` of the ``resize_overhead`` events read since the previous
+    observation (each resize's seconds without training): what the ``-rc`` policies weigh.
     """
 
     alive: bool
@@ -163,3 +168,4 @@ class Observation:
     outcome: str | None = None
     losses: list[tuple[float, float]] = field(default_factory=list)
     throughput: list[tuple[int, int, int, float]] = field(default_factory=list)
+    resize_lost_s: list[float] = field(default_factory=list)

@@ -245,9 +245,12 @@ class ProcessRunner:
         seen = self._seen.setdefault(jid, {"launches": 0, "exits": 0, "world": 0, "ips": 0.0, "losses": []})
         tail = self._tails.setdefault(jid, _Tail(rd / "events.jsonl"))
         windows: list[tuple[int, int, int, float]] = []
+        lost: list[float] = []
         for e in tail.new():
             k = e.get("kind")
-            if k == "launch":
+            if k == "resize_overhead" and isinstance(e.get("total_lost_s"), (int, float)):
+                lost.append(float(e["total_lost_s"]))
+            elif k == "launch":
                 seen["launches"] += 1
                 seen["world"] = int(e.get("world_size", 0))
                 seen["work"] = [0.0, 0.0]  # images and seconds of this launch's windows
@@ -280,4 +283,5 @@ class ProcessRunner:
         return Observation(alive=alive, state=ctl.get("state"), world_size=seen["world"],
                            step=int(prog.get("step", 0) or 0), total=int(run.get("total_steps") or 0),
                            images_per_s=seen["ips"], launches=seen["launches"], exits=seen["exits"],
-                           outcome=outcome, losses=list(seen["losses"]), throughput=windows)
+                           outcome=outcome, losses=list(seen["losses"]), throughput=windows,
+                           resize_lost_s=lost)

@@ -52,6 +52,7 @@ from elastic_ring.perfmodel.convergence import predict_remaining
 from elastic_ring.perfmodel.speed import FitError, SpeedModel, fit_speed_few
 from elastic_ring.sched.api import JobView
 from elastic_ring.sched.policies import EXPLORE_GPUS, Exploratory, make_policy
+from elastic_ring.sched.resize_cost import ResizeCosts, default_resize_cost
 
 _LIVE = (JobState.RUNNING, JobState.STOPPING)
 EXPLORE_WINDOWS = 2  # steady throughput windows measured at each exploration size
@@ -65,9 +66,12 @@ def explore_hold(slots: int) -> int:
     return h
 
 
-def live_policy(name: str, slots: int) -> Any:
-    """The policy ``name`` for a live node of ``slots`` (exploratory holds :func:`explore_hold`)."""
-    return Exploratory(explore_hold(slots)) if name == "exploratory" else make_policy(name)
+def live_policy(name: str, slots: int, device: str = "cpu") -> Any:
+    """The policy ``name`` for a live node of ``slots`` (exploratory holds :func:`explore_hold`; a
+    ``-rc`` policy starts from the device's default resize cost, then each job's measured one)."""
+    if name == "exploratory":
+        return Exploratory(explore_hold(slots))
+    return make_policy(name, default_resize_cost(device)) if name.endswith("-rc") else make_policy(name)
 
 
 def explore_sizes(hold: int, min_workers: int) -> list[int]:
@@ -127,6 +131,8 @@ class Scheduler:
             raise ClusterError(f"policy {policy.name} holds {self.hold} slots per exploring job; the cluster "
                                f"has {config.slots}")
         self._explore: dict[int, _Exploration] = {}
+        # each job's resize cost, from its resize_overhead events (the -rc policies weigh it)
+        self.resize_costs = ResizeCosts(float(getattr(policy, "resize_cost_s", default_resize_cost(config.device))))
 
     # ------------------------------------------------------------------ helpers
     def _free(self, jobs: list[dict[str, Any]]) -> list[int]:
@@ -155,6 +161,15 @@ class Scheduler:
             else:
                 r = self._rates[j["id"]] = self.rate_for(j)
         return r
+
+    def _observe(self, j: dict[str, Any]) -> Observation:
+        """Read the job's progress; keep its measured resize costs and exploration windows."""
+        obs = self.runner.observe(j)
+        self._obs[j["id"]] = obs
+        for lost in obs.resize_lost_s:
+            self.resize_costs.add(j["id"], lost)
+        self._explore_collect(j, obs)
+        return obs
 
     # ------------------------------------------------------------------ exploration
     def _xs(self, j: dict[str, Any]) -> _Exploration | None:
@@ -247,8 +262,10 @@ class Scheduler:
             unexplored = self._exploring(j)
             views.append(JobView(j["id"], self._remaining(j), self._rate(j), len(j["slots"]),
                                  needs_exploration=unexplored and not j["slots"],
-                                 exploring=unexplored and bool(j["slots"])))
+                                 exploring=unexplored and bool(j["slots"]), done=float(j["step"])))
         current = {j["id"]: len(j["slots"]) for j in jobs}
+        if hasattr(self.policy, "costs"):  # a -rc policy: each job's measured resize cost
+            self.policy.costs = self.resize_costs.table(current)
         alloc = self.policy.allocate(views, self.config.slots, current) if views else {}
         out = {}
         for j in jobs:
@@ -265,6 +282,10 @@ class Scheduler:
             for jid_, w in out.items():
                 self.store.update(jid_, target=w)
             self.store.decision(cause, jid, out)
+            for vid, w0, w1, gain, cost in getattr(self.policy, "last_vetoed", ()) if views else ():
+                c, src = self.resize_costs.cost(vid)
+                self.store.event(vid, "grow_vetoed", held=w0, asked=w1, gain_steps=gain, cost_steps=cost,
+                                 resize_cost_s=c, cost_source=src)
         return out
 
     # ------------------------------------------------------------------ the loop
@@ -272,9 +293,7 @@ class Scheduler:
         """After a restart: re-attach to controllers that still run, settle the others."""
         for j in self.store.jobs(active_only=True):
             if j["state"] in _LIVE:
-                obs = self.runner.observe(j)
-                self._obs[j["id"]] = obs
-                self._explore_collect(j, obs)
+                obs = self._observe(j)
                 if obs.alive:
                     self.store.event(j["id"], "adopted", pid=j["pid"], workers=obs.world_size)
                 else:
@@ -288,9 +307,7 @@ class Scheduler:
         for j in self.store.jobs(active_only=True):
             if j["state"] not in _LIVE:
                 continue
-            obs = self.runner.observe(j)
-            self._obs[j["id"]] = obs
-            self._explore_collect(j, obs)
+            obs = self._observe(j)
             if not obs.alive:
                 cause = self._settle(j, obs)
                 if cause != "paused":

@@ -163,7 +163,12 @@ def fit_speed(workers: Any, steps_per_s: Any, batch_per_worker: float, n_params:
 def load_profile(path: str | Path) -> tuple[SpeedModel, dict[str, Any]]:
     """Read a ``profile.json`` (as ``elastic-ring profile`` writes it) -> (speed model, the dict).
 
-    Uses the file's ``speed_model`` when present; otherwise fits Eq. 5 to its ``points``.
+    Uses the file's ``speed_model`` when present; otherwise fits Eq. 5 to its ``points``. A profile
+    written before rates were work over time (points whose ``rate`` is not ``work_over_time`` but
+    that keep their steady windows, each with steps and seconds) is read as work over time: each
+    point's steps/s becomes its windows' steps / their seconds (the median of window rates it holds
+    overstates a job that shares its cores, issue 22) and Eq. 5 is refitted to those; the returned
+    dict carries the corrected points.
 
     Raises:
         FitError: missing file, bad JSON, or missing / bad fields.
@@ -177,6 +182,8 @@ def load_profile(path: str | Path) -> tuple[SpeedModel, dict[str, Any]]:
         raise FitError(f"cannot read profile {p}: {e}") from None
     if not isinstance(d, dict):
         raise FitError(f"profile {p} is not a JSON object")
+    if _to_work_over_time(d):
+        d["speed_model"] = None  # fitted to medians of window rates: refit below
     if isinstance(d.get("speed_model"), dict):
         return SpeedModel.from_dict(d["speed_model"]), d
     try:
@@ -189,6 +196,30 @@ def load_profile(path: str | Path) -> tuple[SpeedModel, dict[str, Any]]:
         raise FitError(f"profile {p} needs points[].workers, points[].steps_per_s, batch_per_worker, "
                        f"n_params: missing or bad {e}") from None
     return fit_speed(w, f, b, n).model, d
+
+
+def _to_work_over_time(d: dict[str, Any]) -> bool:
+    """Rewrite, in place, the points of an older profile as work over time (see :func:`load_profile`).
+    Returns True when any point changed."""
+    changed = False
+    pts = d.get("points")
+    for pt in pts if isinstance(pts, list) else ():
+        if not isinstance(pt, dict) or pt.get("rate") == "work_over_time":
+            continue
+        try:
+            wins = [(float(x["steps"]), float(x["seconds"]), float(x.get("images_per_s", 0.0)))
+                    for x in pt.get("windows") or []]
+        except (KeyError, TypeError, ValueError):
+            continue
+        secs = sum(t for _, t, _ in wins)
+        if not wins or not secs > 0:
+            continue
+        pt["steps_per_s_median"] = pt.get("steps_per_s")
+        pt["steps_per_s"] = sum(n for n, _, _ in wins) / secs
+        pt["images_per_s"] = sum(i * t for _, t, i in wins) / secs
+        pt["rate"] = "work_over_time"
+        changed = True
+    return changed
 
 
 # Eq. 5's terms that a fit from few worker counts keeps, in the order they are admitted: the

@@ -7,8 +7,11 @@ Steady state. The worker emits one ``throughput`` event per ``throughput_window`
 step of a segment (start-up: process launch, data load, first allreduce) is never inside a window.
 :func:`steady_windows` further drops the first ``warmup_windows`` windows of every segment (caches,
 allocator and gloo buffers still settling) and a last window shorter than the configured length
-(the tail of the schedule: few steps, a noisy rate). What remains gives the point's median
-steps/s and images/s and the spread (interquartile range, plus min and max) of steps/s.
+(the tail of the schedule: few steps, a noisy rate). What remains gives the point's rate as work
+over time — steps/s = the windows' steps / the seconds they took, images/s = their images / the same
+seconds — and, beside it, the spread of the windows' own steps/s (interquartile range, min, median,
+max). A median of window rates is not a rate: a short fast window and a long slow one have a median
+far above the steps the run did per second (issue 22, point 5).
 
 Table 1 columns, on images/s (at a fixed per-worker batch, images/s = batch * w * steps/s):
 
@@ -17,9 +20,10 @@ Table 1 columns, on images/s (at a fixed per-worker batch, images/s = batch * w 
 * efficiency vs previous = thr(w) / (thr(w_prev) * w / w_prev), w_prev the next smaller count
   (the paper's "94.5% from 4 to 8 GPUs").
 
-``profile.json`` (what :func:`build_profile` returns; :func:`elastic_ring.perfmodel.load_profile`
-and the simulator read it): ``points`` (workers, steps_per_s, images_per_s, steps_per_s_spread,
-windows), ``batch_per_worker``, ``n_params``, ``speed_model`` (Eq. 5 parameters, or ``null`` when the
+``profile.json`` (what :func:`build_profile` returns; :func:`elastic_ring.perfmodel.load_profile`,
+the simulator and the live scheduler's ``--profile`` read it): ``points`` (workers, steps_per_s and
+images_per_s as work over time, steps_per_s_spread, steps_per_s_min / _median / _max of the windows,
+windows, ``rate: "work_over_time"``), ``batch_per_worker``, ``n_params``, ``speed_model`` (Eq. 5 parameters, or ``null`` when the
 fit is refused), ``residuals`` (measured - predicted steps/s per point, or ``null``), ``fit``
 (status ``ok`` / ``refused`` and a message), ``table1`` and ``source``.
 """
@@ -37,16 +41,18 @@ from elastic_ring.errors import UserError
 
 @dataclass(frozen=True)
 class ProfilePoint:
-    """The measurement at one worker count (medians over steady windows)."""
+    """The measurement at one worker count: work over time of the steady windows, and their spread."""
 
     workers: int
-    steps_per_s: float
-    images_per_s: float
+    steps_per_s: float  # the steady windows' steps / their seconds
+    images_per_s: float  # their images / their seconds
     steps_per_s_spread: float  # interquartile range of the windows' steps/s
     steps_per_s_min: float
     steps_per_s_max: float
     windows: list[dict[str, float]] = field(default_factory=list)  # the steady windows used
     warmup_windows_dropped: int = 0
+    steps_per_s_median: float = float("nan")  # the windows' median steps/s (beside the rate, not it)
+    rate: str = "work_over_time"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,9 +110,17 @@ def _quantile(xs: list[float], q: float) -> float:
     return float(np.quantile(np.asarray(xs, dtype=float), q))
 
 
+def _seconds(e: dict[str, Any]) -> float:
+    """A window's seconds (older events without ``seconds``: its steps / its steps/s)."""
+    if "seconds" in e:
+        return float(e["seconds"])
+    sps = float(e["steps_per_s"])
+    return float(e["steps"]) / sps if sps > 0 else 0.0
+
+
 def measure_point(workers: int, events: Iterable[dict[str, Any]], warmup_windows: int = 1,
                   window: int | None = None) -> ProfilePoint:
-    """Median and spread of the steady windows of one run at ``workers`` workers.
+    """Work over time and spread of the steady windows of one run at ``workers`` workers.
 
     Raises:
         UserError: no window left after the warm-up (the run was too short: more --steps).
@@ -118,14 +132,19 @@ def measure_point(workers: int, events: Iterable[dict[str, Any]], warmup_windows
         raise UserError(f"no throughput window left at {workers} worker(s) after dropping "
                         f"{dropped} warm-up window(s): run more steps (--steps)")
     sps = [float(e["steps_per_s"]) for e in kept]
-    ips = [float(e["images_per_s"]) for e in kept]
+    secs = [_seconds(e) for e in kept]
+    total_s = sum(secs)
+    if not total_s > 0:
+        raise UserError(f"the throughput windows at {workers} worker(s) took no time: no rate")
+    steps = sum(float(e["steps"]) for e in kept)
+    images = sum(float(e["images_per_s"]) * t for e, t in zip(kept, secs))
     return ProfilePoint(
-        workers=workers, steps_per_s=statistics.median(sps), images_per_s=statistics.median(ips),
+        workers=workers, steps_per_s=steps / total_s, images_per_s=images / total_s,
         steps_per_s_spread=_quantile(sps, 0.75) - _quantile(sps, 0.25),
-        steps_per_s_min=min(sps), steps_per_s_max=max(sps),
-        windows=[{"step": int(e["step"]), "steps": int(e["steps"]), "seconds": float(e["seconds"]),
+        steps_per_s_min=min(sps), steps_per_s_max=max(sps), steps_per_s_median=statistics.median(sps),
+        windows=[{"step": int(e["step"]), "steps": int(e["steps"]), "seconds": t,
                   "steps_per_s": float(e["steps_per_s"]), "images_per_s": float(e["images_per_s"])}
-                 for e in kept],
+                 for e, t in zip(kept, secs)],
         warmup_windows_dropped=dropped)
 
 

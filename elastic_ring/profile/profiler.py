@@ -107,7 +107,7 @@ def run_profile(cfg: TrainConfig, counts: list[int], out_dir: Path, slots: int, 
         "steps_per_count": cfg.total_steps, "throughput_window": cfg.throughput_window,
         "warmup_windows": warmup_windows, "cpu_count": os.cpu_count(),
         "source": (f"MEASURED by elastic-ring profile on this machine ({device}, {os.cpu_count()} CPU "
-                   f"cores): median steps/s over steady throughput windows per worker count"),
+                   f"cores): steps/s per worker count = the steady throughput windows' steps / their seconds"),
         "config": config_to_dict(cfg), **(meta or {}),
     }
     prof = build_profile(points, cfg.batch_size, count_params(cfg), info)

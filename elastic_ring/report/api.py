@@ -3,7 +3,7 @@
 What a folder holds decides what is written (several may apply):
 
 * ``profile.json`` (``elastic-ring profile``): ``report.md`` with Table 1 and the Eq. 5 fit with its
-  residuals; ``throughput.png`` — measured images/s and steps/s per worker count (median, with
+  residuals; ``throughput.png`` — measured images/s and steps/s per worker count (work over time, with
   the steady windows and their spread), the fitted f(w) of Eq. 5 and linear scaling.
 * ``table2.json`` (``elastic-ring experiment resize``): ``report.md`` with Table 2 and an Eq. 1 fit
   per run; ``loss_vs_time.png`` — training loss against wall time for the baselines and the
@@ -86,9 +86,9 @@ def plot_profile(prof: dict[str, Any], path: Path) -> Path:
     lo = np.array([p.get("steps_per_s_min", p["steps_per_s"]) for p in pts])
     hi = np.array([p.get("steps_per_s_max", p["steps_per_s"]) for p in pts])
     a2.errorbar(w, sps, yerr=[sps - lo, hi - sps], fmt="o", color=COLORS[0], capsize=3,
-                label="measured (median, min-max of windows)", zorder=3)
+                label="measured (work over time, min-max of windows)", zorder=3)
     a1.errorbar(w, ips, yerr=[(sps - lo) * b * w, (hi - sps) * b * w], fmt="o", color=COLORS[0],
-                capsize=3, label="measured (median, min-max)", zorder=3)
+                capsize=3, label="measured (work over time, min-max of windows)", zorder=3)
     grid = np.linspace(1, max(w.max(), 1) * 1.25, 200)
     a1.plot(grid, ips[0] * grid / w[0], ls=":", c="0.4", label=f"linear from {int(w[0])} worker(s)")
     if prof.get("speed_model"):
@@ -125,7 +125,7 @@ def report_profile(d: Path) -> tuple[str, list[Path]]:
           f"{prof.get('model')}/{prof.get('width')} on {prof.get('dataset')}, {prof.get('device')}, "
           f"batch {prof['batch_per_worker']}/worker, {prof.get('steps_per_count')} steps per count, "
           f"{prof.get('warmup_windows')} warm-up window(s) of {prof.get('throughput_window')} steps "
-          f"dropped; medians over the steady windows.", "",
+          f"dropped; rates are the steady windows' work over the seconds they took.", "",
           render_table1(rows, markdown=True), "", render_fit(prof, markdown=True), "",
           f"![throughput]({png.name})", ""]
     return "\n".join(md), [png]

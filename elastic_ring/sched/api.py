@@ -57,6 +57,8 @@ class JobView(NamedTuple):
     current: GPUs held now (0 = waiting).
     needs_exploration: Exploratory only: the job has not measured its speed yet.
     exploring: Exploratory only: the job is in its measuring phase (holds 8 GPUs).
+    done: work done so far, in the units of ``remaining`` (exact, not predicted): the attained
+        service that least-attained-service policies rank by.
     """
 
     id: int
@@ -65,6 +67,7 @@ class JobView(NamedTuple):
     current: int = 0
     needs_exploration: bool = False
     exploring: bool = False
+    done: float = 0.0
 
 
 class Policy(Protocol):

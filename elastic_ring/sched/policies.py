@@ -331,7 +331,9 @@ class ResizeAware:
     ``f(w') · c`` (c: the resize cost in seconds, a model in the simulator; the live scheduler can
     pass each job's measured one through ``costs``). Vetoed grows leave their GPUs free until the next
     decision; shrinks, preemptions and starts are kept as the inner policy gave them (they are what
-    admits new jobs). H defaults to 10 c (not tuned: a fixed rule, so nothing to hold out).
+    admits new jobs). H defaults to 10 c, with each job's own c (not tuned: a fixed rule, so nothing
+    to hold out). Units: whatever the views use (samples and samples/s in the simulator, steps and
+    steps/s live); the test compares work with work.
     """
 
     explores = False
@@ -343,9 +345,12 @@ class ResizeAware:
         self.inner = inner
         self.name = f"{inner.name}-rc"
         self.resize_cost_s = resize_cost_s
+        self._horizon_fixed = horizon_s
         self.horizon_s = 10.0 * resize_cost_s if horizon_s is None else horizon_s
-        self.costs = dict(costs or {})
+        self.costs = dict(costs or {})  # job id -> measured seconds (the live scheduler refreshes it)
         self.vetoed = 0
+        # the last decision's vetoed grows: (job id, held, asked, work gained over H, work the resize costs)
+        self.last_vetoed: list[tuple[int, int, int, float, float]] = []
         if not hasattr(inner, "allocate_batch"):
             self.allocate_batch = None  # the simulator then asks allocate (see Simulator.batch)
 
@@ -366,15 +371,18 @@ class ResizeAware:
 
     def _gate(self, jobs: Sequence[JobView], new: dict[int, int]) -> dict[int, int]:
         """``new`` less the grows of ``jobs`` that do not pay for their resize (counted in ``vetoed``)."""
+        self.last_vetoed = []
         for j in jobs:
             w0, w1 = j.current, new.get(j.id, 0)
             if w0 > 0 and w1 > w0 and j.rate is not None:
                 c = self.costs.get(j.id, self.resize_cost_s)
+                horizon = 10.0 * c if self._horizon_fixed is None else self._horizon_fixed
                 f0, f1 = j.rate(w0), j.rate(w1)
-                gain = (f1 - f0) * min(self.horizon_s, j.remaining / f1)
+                gain = (f1 - f0) * min(horizon, j.remaining / f1)
                 if gain <= f1 * c:
                     new[j.id] = w0
                     self.vetoed += 1
+                    self.last_vetoed.append((j.id, w0, w1, gain, f1 * c))
         return new
 
 
@@ -383,18 +391,22 @@ POLICIES = {"eight": Eight, "precompute": Precompute, "exploratory": Exploratory
 
 
 def make_policy(name: str, resize_cost_s: float | None = None):
-    """A policy by name (one of :data:`POLICIES`); ``NAME-rc`` wraps it in :class:`ResizeAware`
-    with ``resize_cost_s`` (default: :data:`~elastic_ring.sched.api.DEFAULT_RESIZE_OVERHEAD_S`).
+    """A policy by name (one of :data:`POLICIES`, or an anchor of :mod:`elastic_ring.sched.anchors`:
+    ``las``, ``pollux``); ``NAME-rc`` wraps it in :class:`ResizeAware` with ``resize_cost_s``
+    (default: :data:`~elastic_ring.sched.api.DEFAULT_RESIZE_OVERHEAD_S`).
 
     Raises:
         ConfigError: unknown name.
     """
-    if name.endswith("-rc") and name[:-3] in POLICIES and name[:-3] not in ("eight", "exploratory"):
+    from elastic_ring.sched.anchors import ANCHORS
+
+    known = {**POLICIES, **ANCHORS}
+    if name.endswith("-rc") and name[:-3] in known and name[:-3] not in ("eight", "exploratory"):
         from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
 
         cost = DEFAULT_RESIZE_OVERHEAD_S if resize_cost_s is None else resize_cost_s
-        return ResizeAware(POLICIES[name[:-3]](), cost)
+        return ResizeAware(known[name[:-3]](), cost)
     try:
-        return POLICIES[name]()
+        return known[name]()
     except KeyError:
-        raise ConfigError(f"unknown strategy {name!r}; choose from {', '.join(POLICIES)}") from None
+        raise ConfigError(f"unknown strategy {name!r}; choose from {', '.join(known)}") from None

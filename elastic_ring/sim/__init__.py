@@ -4,6 +4,7 @@
   :class:`RunResult`, the contention levels.
 * :mod:`.engine` — :class:`Simulator` (the event loop; :func:`simulate` runs one in a call).
 * :mod:`.workload` — workload profiles (true Eq. 5 curves) and the seeded job stream.
+* :mod:`.bound` — lower bounds on any policy's average JCT (SRPT at linear speed-up, each job alone).
 
 Speeds come from :class:`elastic_ring.perfmodel.speed.SpeedModel`; policies from
 :mod:`elastic_ring.sched`.

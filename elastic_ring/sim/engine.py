@@ -390,11 +390,12 @@ class Simulator:
         for j in active.values():
             current[j.id] = j.gpus_held
             q = j.remaining_at(now)
+            done = j.work - q
             if eq1 and j.curve is not None:
-                q = self._predicted_remaining(j, j.work - q)
+                q = self._predicted_remaining(j, done)
             views.append(JobView(j.id, q, j.plan_rate, j.gpus_held,
                                  explores and not j.explored and j.state != exploring,
-                                 j.state == exploring))
+                                 j.state == exploring, done))
         new = policy.allocate(views, G, current)
         total = 0
         for jid, w in new.items():

@@ -54,4 +54,4 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
     cfg = SimConfig(gpus=slots, jobs=len(specs), resize_overhead_s=resize_overhead_s,
                     start_overhead_s=start_overhead_s, explore_phase_s=max(150.0, resize_overhead_s + 1),
                     remaining="oracle")
-    return simulate(cfg, make_policy(policy), specs, models, plans)
+    return simulate(cfg, make_policy(policy, resize_overhead_s), specs, models, plans)  # -rc: the measured cost

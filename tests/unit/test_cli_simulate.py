@@ -33,6 +33,16 @@ def test_simulate_small_run_writes_table_json_and_plot(tmp_path, capsys):
     assert "| eight |" in (out / "table3.md").read_text()
 
 
+def test_simulate_runs_the_anchor_policies(tmp_path, capsys):
+    out = tmp_path / "sim"
+    r = run_main(capsys, "simulate", "--gpus", "16", "--jobs", "8", "--seeds", "1", "--strategies",
+                 "eight,las,pollux,hesrpt,pollux-rc", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    runs = json.loads((out / "table3.json").read_text())["runs"]
+    assert [x["strategy"] for x in runs] == ["eight", "las", "pollux", "hesrpt", "pollux-rc"]
+    assert all(x["completed"] == 8 for x in runs)
+
+
 def test_simulate_tunes_on_tune_seeds_and_reports_eval_seeds(tmp_path, capsys):
     """srtf's exponent is chosen on the tuning seeds and workload; the table holds the others only."""
     out = tmp_path / "sim"

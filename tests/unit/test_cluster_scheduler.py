@@ -33,6 +33,10 @@ class FakeRunner:
         # window (launches, world, steps, seconds), the first after each launch 10x too slow (warm-up)
         self.speed = speed
         self.windows: dict[tuple[int, int], int] = {}  # (job, launch) -> windows reported
+        # lost: job id -> seconds each of its resizes "loses": the resize_overhead events reported
+        # at the end of a resize (what the -rc policies weigh)
+        self.lost: dict[int, float] = {}
+        self.pending_lost: dict[int, list[float]] = {}
 
     def start(self, job, slots, workers, resume):
         self.starts.append((job["id"], workers, resume))
@@ -69,6 +73,8 @@ class FakeRunner:
                     fj.world, fj.pending = to, None
                     fj.launches += 1
                     fj.exits += 1
+                    if job["id"] in self.lost:
+                        self.pending_lost.setdefault(job["id"], []).append(self.lost[job["id"]])
                 else:
                     fj.pending = (to, left - 1)
             else:
@@ -83,7 +89,8 @@ class FakeRunner:
                                        total=fj.total, launches=fj.launches, exits=fj.exits, outcome=fj.outcome,
                                        throughput=thr)
         return Observation(alive=fj.alive, state="running", world_size=fj.world, step=fj.step, total=fj.total,
-                           launches=fj.launches, exits=fj.exits, outcome=fj.outcome)
+                           launches=fj.launches, exits=fj.exits, outcome=fj.outcome,
+                           resize_lost_s=self.pending_lost.pop(job["id"], []))
 
 
 def _setup(tmp_path, slots=4, policy="precompute", lag=2):
@@ -287,3 +294,63 @@ def test_bad_requests_are_user_errors(tmp_path):
         ClusterConfig(hosts=(("localhost", 2),), policy="nope")
     with pytest.raises(ClusterError):
         Store(tmp_path / "none")
+
+
+# ---------------------------------------------------------------- resize costs (issue 22, point 3)
+def test_resize_costs_own_median_then_cluster_median_then_default():
+    from elastic_ring.sched.resize_cost import ResizeCosts, default_resize_cost
+
+    c = ResizeCosts(3.5)
+    assert c.cost(1) == (3.5, "default")
+    assert c.add(1, 2.0) and c.add(1, 9.0) and c.add(1, 4.0)
+    assert not c.add(1, float("nan")) and not c.add(1, -1.0) and not c.add(1, "x")
+    assert c.cost(1) == (4.0, "job")  # the median: one slow resize does not dominate
+    assert c.cost(2) == (4.0, "cluster")  # no measurement of its own yet: every job's median
+    c.add(2, 1.0)
+    assert c.cost(2) == (1.0, "job") and c.table([1, 2, 3]) == {1: 4.0, 2: 1.0, 3: 3.0}
+    assert default_resize_cost("cuda") == 10.0 and default_resize_cost("cpu") == 3.5
+
+
+def _grow_after_completion(tmp_path, lost_s: float | None):
+    """a (500 steps) runs alone on 4 slots, b (20 steps) arrives: a shrinks to 2 (a resize that
+    reports ``lost_s`` seconds lost), b ends: precompute-rc decides whether a grows back to 4."""
+    store, cfg, runner, sched = _setup(tmp_path, policy="precompute-rc")
+    a = _submit(store, "a", 500)
+    if lost_s is not None:
+        runner.lost[a] = lost_s
+    sched.recover()
+    sched.tick()
+    _submit(store, "b", 20)
+    _run(store, sched, runner, 4)
+    grows = [e for e in store.events(a) if e["kind"] == "resize_requested" and e["data"]["to"] > e["data"]["frm"]]
+    return store, sched, a, grows
+
+
+def test_rc_policy_uses_each_jobs_measured_resize_cost(tmp_path):
+    # a costly measured resize (1000 s): growing a for the rest of its run does not pay -> vetoed
+    store, sched, a, grows = _grow_after_completion(tmp_path / "slow", 1000.0)
+    assert sched.resize_costs.cost(a) == (1000.0, "job")
+    assert not grows
+    veto = [e for e in store.events(a) if e["kind"] == "grow_vetoed"]
+    assert veto and veto[0]["data"]["cost_source"] == "job" and veto[0]["data"]["resize_cost_s"] == 1000.0
+    assert veto[0]["data"]["held"] == 2 and veto[0]["data"]["asked"] == 4
+    # a cheap one (1 ms): the same grow pays and happens
+    store, sched, a, grows = _grow_after_completion(tmp_path / "fast", 0.001)
+    assert sched.resize_costs.cost(a) == (0.001, "job")
+    assert grows and not [e for e in store.events(a) if e["kind"] == "grow_vetoed"]
+
+
+def test_rc_policy_falls_back_to_the_default_cost_before_a_measurement(tmp_path):
+    # no resize_overhead event ever: the default (3.5 s on CPU) decides; a 500-step job at ~2-4
+    # steps/s has ~100 s left, so growing 2 -> 4 pays against 3.5 s
+    store, sched, a, grows = _grow_after_completion(tmp_path, None)
+    assert sched.resize_costs.cost(a) == (3.5, "default")
+    assert grows
+
+
+def test_cluster_up_offers_the_rc_policies():
+    from elastic_ring.cluster.scheduler import live_policy
+
+    p = live_policy("srtf-rc", 4, "cuda")
+    assert p.name == "srtf-rc" and p.resize_cost_s == 10.0
+    assert ClusterConfig(hosts=(("localhost", 2),), policy="optimus-rc").policy == "optimus-rc"

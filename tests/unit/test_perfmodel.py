@@ -138,3 +138,34 @@ def test_losses_from_events_reads_throughput_events_and_skips_a_truncated_line(t
     p.write_text("\n".join(lines))
     k, l = losses_from_events(p)
     assert k.tolist() == [10, 20] and l.tolist() == [2.0, 1.5]
+
+
+def test_load_profile_reads_an_older_median_profile_as_work_over_time(tmp_path):
+    # points written as the median of window rates, with their windows: two fast short windows and
+    # one slow long one per point. The scheduler must learn the work over time, not the median.
+    true = SpeedModel(0.0008, 0.0015, 8e-10, 0.001, 128, 1727962)
+    pts = []
+    for w in (1, 2, 4, 8):
+        f = float(true.predict(w))
+        # steps (10, 10, 70) at rates (3f, 3f, x) chosen so that 90 steps take 90 / f seconds
+        slow = 70.0 / (90.0 / f - 20.0 / (3 * f))
+        fast = {"steps": 10, "seconds": 10 / (3 * f), "steps_per_s": 3 * f, "images_per_s": 3 * f * 128 * w}
+        wins = [fast, dict(fast),
+                {"steps": 70, "seconds": 70 / slow, "steps_per_s": slow, "images_per_s": slow * 128 * w}]
+        med = sorted(x["steps_per_s"] for x in wins)[1]
+        pts.append({"workers": w, "steps_per_s": med, "images_per_s": med * 128 * w, "windows": wins})
+    wrong = SpeedModel(0.0001, 0.0, 0.0, 0.0, 128, 1727962)  # what a fit to the medians could say
+    p = tmp_path / "profile.json"
+    p.write_text(json.dumps({"points": pts, "batch_per_worker": 128, "n_params": 1727962,
+                             "speed_model": wrong.to_dict()}))
+    model, d = load_profile(p)
+    for w, pt in zip((1, 2, 4, 8), d["points"]):
+        assert pt["rate"] == "work_over_time" and pt["steps_per_s"] == pytest.approx(true.predict(w))
+        assert pt["steps_per_s_median"] > pt["steps_per_s"]
+        assert model.predict(w) == pytest.approx(true.predict(w), rel=1e-3)
+    # a profile already in work over time is read as written (its speed_model kept)
+    for pt in pts:
+        pt["rate"] = "work_over_time"
+    p.write_text(json.dumps({"points": pts, "batch_per_worker": 128, "n_params": 1727962,
+                             "speed_model": wrong.to_dict()}))
+    assert load_profile(p)[0] == wrong

@@ -32,14 +32,41 @@ def test_steady_windows_drop_warmup_per_segment_and_short_tail():
     assert len(kept) == 6 and dropped == 0
 
 
-def test_measure_point_median_and_spread_exclude_warmup():
+def test_measure_point_is_work_over_time_with_the_spread_beside_it_and_excludes_warmup():
     ev = [thr(11, 0.5, w=2)] + [thr(11 + 10 * i, s, w=2) for i, s in enumerate([2.0, 4.0, 3.0, 5.0], 1)]
     p = measure_point(2, ev, warmup_windows=1, window=10)
-    assert p.steps_per_s == pytest.approx(3.5)  # median of 2, 4, 3, 5 (0.5 dropped)
-    assert p.images_per_s == pytest.approx(3.5 * 32 * 2)
+    # 40 steps in 10/2 + 10/4 + 10/3 + 10/5 s (the 0.5 steps/s warm-up window dropped)
+    rate = 40 / (10 / 2 + 10 / 4 + 10 / 3 + 10 / 5)
+    assert p.steps_per_s == pytest.approx(rate) and rate < 3.5  # below the windows' median, 3.5
+    assert p.images_per_s == pytest.approx(rate * 32 * 2)
+    assert p.steps_per_s_median == pytest.approx(3.5) and p.rate == "work_over_time"
     assert p.steps_per_s_spread == pytest.approx(np.quantile([2, 3, 4, 5], .75) - np.quantile([2, 3, 4, 5], .25))
     assert (p.steps_per_s_min, p.steps_per_s_max) == (2.0, 5.0)
     assert len(p.windows) == 4 and p.warmup_windows_dropped == 1
+
+
+def test_measure_point_two_jobs_side_by_side_case_of_issue_22():
+    # the issue's case: short fast windows and long slow ones; 1,500 steps in 31 s is ~48 steps/s,
+    # while the median of the windows' rates says 170
+    ev = [thr(10, 100.0, steps=10)]  # warm-up
+    step = 10
+    for sps, steps in [(170.0, 100), (180.0, 100), (175.0, 100), (10.0, 150), (165.0, 100), (12.0, 150)] * 2:
+        step += steps
+        ev.append(thr(step, sps, steps=steps))
+    p = measure_point(1, ev, warmup_windows=1)
+    steps = sum(e["steps"] for e in ev[1:])
+    secs = sum(e["seconds"] for e in ev[1:])
+    assert p.steps_per_s == pytest.approx(steps / secs)
+    assert p.steps_per_s < 0.5 * p.steps_per_s_median
+    assert p.steps_per_s_min <= p.steps_per_s <= p.steps_per_s_max
+
+
+def test_profile_from_windows_without_seconds_uses_steps_over_rate():
+    ev = [thr(11, 1.0), {"kind": "throughput", "world_size": 1, "step": 21, "steps": 10, "steps_per_s": 4.0,
+                         "images_per_s": 128.0}, thr(31, 2.0)]
+    p = measure_point(1, ev, warmup_windows=1)
+    assert p.steps_per_s == pytest.approx(20 / (10 / 4 + 10 / 2))
+    assert p.windows[0]["seconds"] == pytest.approx(2.5)
 
 
 def test_measure_point_too_short_is_a_user_error():

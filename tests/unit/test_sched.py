@@ -132,3 +132,61 @@ def test_resize_aware_vetoes_only_grows_that_do_not_pay():
     assert gate.allocate(jobs, 8, {0: 1, 1: 1, 2: 0}) == {0: 1, 1: 2, 2: 2}
     assert gate.vetoed == 1 and gate.name == "grow-rc"
     assert make_policy("precompute-rc", 3.0).resize_cost_s == 3.0
+
+
+# ---------------------------------------------------------------- anchors (issue 22, point 2)
+def concave(w: int) -> float:
+    return float(w) ** 0.8
+
+
+def test_las_ranks_by_attained_service_in_discrete_queues_not_by_remaining_work():
+    from elastic_ring.sched.anchors import LAS, las_queue
+
+    assert [las_queue(x, 100.0) for x in (0, 99, 100, 199, 200, 400, 1000)] == [0, 0, 1, 1, 2, 3, 4]
+    # 3 jobs, 2 GPUs: the one with the most attained service (job 0, 500 s at 1 GPU) waits
+    jobs = [JobView(0, 1.0, linear, done=500.0), JobView(1, 1e9, linear, done=10.0), JobView(2, 5.0, linear, done=0.0)]
+    assert LAS(first_queue_s=100.0).allocate(jobs, 2, {}) == {1: 1, 2: 1}
+    # remaining work is not used: the same answer whatever it says
+    jobs2 = [j._replace(remaining=r) for j, r in zip(jobs, (1e9, 1.0, 7.0))]
+    assert LAS(first_queue_s=100.0).allocate(jobs2, 2, {}) == {1: 1, 2: 1}
+    # within a queue, arrival order (FIFO): jobs 1 and 2 are both in queue 0
+    jobs3 = [JobView(0, 1.0, linear, done=50.0), JobView(1, 1.0, linear, done=5.0)]
+    a = LAS(power=3.0, first_queue_s=100.0).allocate(jobs3, 16, {})
+    assert a[0] >= a[1] and sum(a.values()) <= 16
+
+
+def test_pollux_balances_speedups_over_the_fair_share():
+    from elastic_ring.sched.anchors import Pollux
+
+    flat = lambda w: min(float(w), 2.0)  # noqa: E731 - stops scaling at 2 GPUs
+    a = Pollux().allocate([JobView(0, 1.0, flat), JobView(1, 1.0, linear)], 8, {})
+    assert a[0] == 2 and a[1] == 6  # GPUs beyond 2 do nothing for job 0
+    b = Pollux().allocate([JobView(i, 1.0, concave) for i in range(4)], 8, {})
+    assert sorted(b.values()) == [2, 2, 2, 2]  # identical jobs: the fair share
+    assert Pollux().allocate([], 8, {}) == {}
+
+
+def test_hesrpt_gives_the_shortest_job_the_largest_share_and_every_gpu():
+    from elastic_ring.sched.anchors import HeSRPT
+
+    jobs = [JobView(0, 900.0, concave), JobView(1, 100.0, concave), JobView(2, 500.0, concave)]
+    a = HeSRPT(scale=1.0).allocate(jobs, 32, {})
+    assert sum(a.values()) == 32 and a[1] > a[2] > a[0] >= 1
+    # p = 0.8: a = 5, the smallest of 3 gets 1 - (2/3)^5 = 86.8% of 32 GPUs = 27.8, the middle one
+    # 12.8% = 4.1, the largest 0.4% = 0.1 -> its 1-GPU floor takes the remainder: 27 + 4 + 1
+    assert (a[1], a[2], a[0]) == (27, 4, 1)
+    # a smaller scale spreads the GPUs more evenly
+    b = HeSRPT(scale=0.25).allocate(jobs, 32, {})
+    assert b[1] < a[1] and sum(b.values()) == 32
+    # more jobs than GPUs: the G shortest get 1 each
+    many = [JobView(i, float(i + 1), concave) for i in range(5)]
+    assert HeSRPT().allocate(many, 3, {}) == {0: 1, 1: 1, 2: 1}
+    with pytest.raises(ConfigError):
+        HeSRPT(scale=0)
+
+
+def test_make_policy_knows_the_anchors_and_their_rc_variants():
+    assert make_policy("las").name == "las" and make_policy("pollux").name == "pollux"
+    assert make_policy("hesrpt-rc", 2.0).name == "hesrpt-rc"
+    with pytest.raises(ConfigError, match="las"):
+        make_policy("nope")

@@ -218,3 +218,32 @@ def test_doubling_crosses_the_node_boundary_where_unit_steps_stop():
     assert opt.jct_s[0] == pytest.approx(3600.0)
     assert pre.jct_s[0] == pytest.approx(work / m.samples_per_s(16))
     assert pre.jct_s[0] < 0.65 * opt.jct_s[0]
+
+
+# ---------------------------------------------------------------- bounds (issue 22, point 2)
+class _Lin:
+    """samples/s = w (a linear curve, 1 sample per GPU-second)."""
+
+    def samples_per_s(self, w):
+        return float(w)
+
+
+def test_srpt_bound_by_hand():
+    from elastic_ring.sim.bound import alone_bound, srpt_bound
+
+    # 2 GPUs; A (10 GPU-s) at t=0, B (2 GPU-s) at t=1. A does 2 by t=1 (8 left); B is shorter:
+    # done at t=2 (JCT 1); A then needs 8/2 = 4 s: done at t=6 (JCT 6)
+    jobs = [JobSpec(0, 0.0, 10.0, "lin"), JobSpec(1, 1.0, 2.0, "lin")]
+    assert list(srpt_bound(jobs, 2, {"lin": _Lin()})) == pytest.approx([6.0, 1.0])
+    assert list(alone_bound(jobs, 2, {"lin": _Lin()})) == pytest.approx([5.0, 1.0])
+
+
+@pytest.mark.parametrize("strategy", ["eight", "precompute", "optimus", "srtf", "las", "pollux", "hesrpt"])
+def test_no_policy_beats_the_bounds(models, strategy):
+    from elastic_ring.sim.bound import alone_bound, srpt_bound
+
+    cfg = SimConfig(gpus=16, contention=0.9, jobs=30, seed=3, resize_overhead_s=0.0, remaining="oracle")
+    jobs = make_jobs(cfg, models)
+    r = simulate(cfg, make_policy(strategy), jobs, models)
+    assert r.avg_jct_s >= srpt_bound(jobs, 16, models).mean() * (1 - 1e-9)
+    assert all(a >= b * (1 - 1e-9) for a, b in zip(r.jct_s, alone_bound(jobs, 16, models)))
