@@ -77,6 +77,12 @@ class SimConfig:
     # Seconds of a job's very first start without progress, slots held (0: the paper's simulator).
     # The live check (scripts/cluster_check_sim.py) sets the measured launch + shutdown time of a job.
     start_overhead_s: float = 0.0
+    # Seconds more of a start or resize per worker of the new size beyond the first (0: the paper's
+    # simulator). The live check fits it to the calibration's resizes (launching W processes).
+    overhead_per_worker_s: float = 0.0
+    # A resize of a job still launching begins when that launch is done, and GPUs given back by a
+    # shrink or preemption are free only then, as live (False: the paper's instant hand-over).
+    resize_after_launch: bool = False
     explore_gpus: tuple[int, ...] = (1, 2, 4, 8)
     explore_phase_s: float = 150.0
     explore_noise: float = 0.02  # relative std of a measured speed during exploration
@@ -104,6 +110,8 @@ class SimConfig:
             raise ConfigError(f"resize overhead must be >= 0 s, got {self.resize_overhead_s}")
         if not (self.start_overhead_s >= 0 and math.isfinite(self.start_overhead_s)):
             raise ConfigError(f"start overhead must be >= 0 s, got {self.start_overhead_s}")
+        if not (self.overhead_per_worker_s >= 0 and math.isfinite(self.overhead_per_worker_s)):
+            raise ConfigError(f"overhead per worker must be >= 0 s, got {self.overhead_per_worker_s}")
         if self.explore_phase_s <= self.resize_overhead_s:
             raise ConfigError("an exploration phase must last longer than one resize overhead")
         if self.explore_noise < 0:
