@@ -270,16 +270,29 @@ def side_by_side(jobs: list[dict], cal: dict[int, float]) -> list[dict]:
 
 def simulate_run(run: dict, policy: str, slots: int, cal: dict) -> dict:
     """The live run's arrivals replayed with the calibration's speeds and overheads; the planner
-    sees linear speed-up, as the live scheduler does for jobs without a profile."""
+    sees linear speed-up, as the live scheduler does for jobs without a profile. Beside it, a
+    diagnostic replay (``launch_from_run``) with the same speeds but the start and resize times
+    the jobs had in the live run (their means): what is left of the error when the launch costs
+    are right."""
     trace = [(j["arrival_s"], j["steps"]) for j in run["jobs"]]
     table = {int(w): r for w, r in cal["rates_steps_per_s"].items()}
-    sim = replay(trace, policy, slots, table, cal["start_overhead_s"], cal["resize_overhead_s"],
-                 plan={w: float(w) for w in range(1, slots + 1)},
-                 overhead_per_worker_s=cal["overhead_per_worker_s"], explore_steps=EXPLORE_STEPS)
+    plan = {w: float(w) for w in range(1, slots + 1)}
+    rc_cost = statistics.median(x["lost_s"] for x in cal["measured_resizes"])
+    sim = replay(trace, policy, slots, table, cal["start_overhead_s"], cal["resize_overhead_s"], plan=plan,
+                 overhead_per_worker_s=cal["overhead_per_worker_s"], explore_steps=EXPLORE_STEPS,
+                 resize_cost_s=rc_cost)
+    lost = [x for j in run["jobs"] for x in j["resize_lost_s"]]
+    start_run = statistics.mean(j["start_overhead_s"] for j in run["jobs"])
+    resize_run = statistics.mean(lost) if lost else cal["resize_overhead_s"]
+    diag = replay(trace, policy, slots, table, start_run, resize_run, plan=plan, explore_steps=EXPLORE_STEPS,
+                  resize_cost_s=rc_cost)
     err = lambda s, l: (s - l) / l  # noqa: E731
     return {"avg_jct_s": sim.avg_jct_s, "makespan_s": sim.makespan_s, "resizes": sim.resizes,
             "jct_s": list(sim.jct_s), "avg_jct_err": err(sim.avg_jct_s, run["avg_jct_s"]),
-            "makespan_err": err(sim.makespan_s, run["makespan_s"])}
+            "makespan_err": err(sim.makespan_s, run["makespan_s"]),
+            "launch_from_run": {"start_overhead_s": start_run, "resize_overhead_s": resize_run,
+                                "avg_jct_s": diag.avg_jct_s, "avg_jct_err": err(diag.avg_jct_s, run["avg_jct_s"]),
+                                "makespan_s": diag.makespan_s, "resizes": diag.resizes}}
 
 
 def check(policy: str, slots: int, step_s: float, cal_file: str | None, out: Path, timeout: float,
@@ -315,6 +328,19 @@ def check(policy: str, slots: int, step_s: float, cal_file: str | None, out: Pat
     if not keep:
         shutil.rmtree(work, ignore_errors=True)
     return res
+
+
+def resim(f: Path) -> None:
+    """The simulator's part of a results file again (the live run and calibration as recorded)."""
+    res = json.loads(f.read_text())
+    sim = simulate_run(res["live"], res["policy"], res["slots"], res["calibration"])
+    for j, s in zip(res["live"]["jobs"], sim["jct_s"]):
+        j["sim_jct_s"] = s
+    res["sim"] = sim
+    f.write_text(json.dumps(res, indent=1))
+    print(f"{res['policy']}: live avg JCT {res['live']['avg_jct_s']:.1f} s, simulator {sim['avg_jct_s']:.1f} s "
+          f"({100 * sim['avg_jct_err']:+.1f}%); resizes {res['live']['resizes']} / {sim['resizes']}; with the run's "
+          f"launch times {sim['launch_from_run']['avg_jct_s']:.1f} s ({100 * sim['launch_from_run']['avg_jct_err']:+.1f}%); {f}")
 
 
 def calibrate_only(slots: int, step_s: float, out: Path, keep: str | None) -> None:
@@ -364,6 +390,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--policy", help=f"the live cluster's policy ({', '.join(POLICIES)}, or one the cluster accepts)")
     p.add_argument("--summary", action="store_true", help="only the table of results/cluster/live12_*.json")
+    p.add_argument("--resim", nargs="+", metavar="FILE", default=None,
+                   help="replay again the live runs of these results files with the current simulator "
+                        "(their own calibration), rewriting their sim part")
     p.add_argument("--calibrate", action="store_true",
                    help="only the calibration, to results/cluster/live12_calibration.json (for --calibration)")
     p.add_argument("--slots", type=int, default=4, help="CPU worker slots (paced jobs need little CPU; default 4)")
@@ -378,6 +407,10 @@ def main() -> None:
         files = sorted(f for f in RESULTS.glob("live12_*.json")
                        if f.name not in ("live12_summary.json", "live12_calibration.json"))
         summary(files, RESULTS / "live12_summary.json")
+        return
+    if a.resim:
+        for f in a.resim:
+            resim(Path(f))
         return
     if a.calibrate:
         calibrate_only(a.slots, a.step_s, Path(a.out or RESULTS / "live12_calibration.json"), a.work)

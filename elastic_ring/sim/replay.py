@@ -53,7 +53,7 @@ def explore_sizes(slots: int) -> tuple[int, ...]:
 def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Mapping[int, float] | Sequence[Mapping[int, float]],
            start_overhead_s: float, resize_overhead_s: float, plan: Mapping[int, float] | None = None,
            overhead_per_worker_s: float = 0.0, explore_steps: int = 60,
-           resize_after_launch: bool = True) -> RunResult:
+           resize_after_launch: bool = True, resize_cost_s: float | None = None) -> RunResult:
     """Simulate ``jobs`` ((arrival s, steps), in submission order) on ``slots`` under ``policy``.
 
     ``speed``: the true steps/s table of every job, or one per job. ``plan``: the table the
@@ -62,7 +62,8 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
     resize to W workers costs its overhead + ``overhead_per_worker_s`` x (W - 1). With
     ``resize_after_launch`` (the live scheduler's hand-over) a resize of a job still launching
     begins when that launch is done and the slots it gives back are free only then.
-    ``NAME-rc`` policies get ``resize_overhead_s`` as their resize cost.
+    ``NAME-rc`` policies are told ``resize_cost_s`` as the cost of a resize (default
+    ``resize_overhead_s``).
     """
     tables = list(speed) if isinstance(speed, (list, tuple)) else [speed] * len(jobs)
     if len(tables) != len(jobs):
@@ -79,5 +80,6 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
                     resize_after_launch=resize_after_launch,
                     explore_gpus=sizes, explore_phase_s=max(phase, resize_overhead_s * 1.01 + 1e-3),
                     remaining="oracle")
-    pol = Exploratory(sizes[-1]) if policy == "exploratory" else make_policy(policy, resize_overhead_s)
+    pol = Exploratory(sizes[-1]) if policy == "exploratory" else make_policy(
+        policy, resize_overhead_s if resize_cost_s is None else resize_cost_s)
     return simulate(cfg, pol, specs, models, plans)
