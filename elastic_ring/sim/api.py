@@ -83,6 +83,9 @@ class SimConfig:
     # A resize of a job still launching begins when that launch is done, and GPUs given back by a
     # shrink or preemption are free only then, as live (False: the paper's instant hand-over).
     resize_after_launch: bool = False
+    # overhead_per_worker_s counts the workers of every other job still launching then, too (the
+    # launches of one CPU node share its cores). False: only the job's own workers.
+    launches_share_node: bool = False
     explore_gpus: tuple[int, ...] = (1, 2, 4, 8)
     explore_phase_s: float = 150.0
     explore_noise: float = 0.02  # relative std of a measured speed during exploration

@@ -15,6 +15,8 @@ measured launch time). Either cost grows by ``overhead_per_worker_s`` per worker
 beyond the first (0 by default; on a CPU node launching W worker processes takes longer with W).
 ``resize_after_launch`` (off by default): a resize of a job still launching begins when that
 launch is done, and the GPUs it gives back are free only then (what the live scheduler does).
+``launches_share_node`` (off by default): the per-worker cost counts the workers of every other
+job still launching at that moment too (launches on one CPU node share its cores).
 
 Exploration (``policy.explores``): the job holds 8 GPUs and trains ``explore_phase_s`` at each of
 ``explore_gpus`` (1, 2, 4, 8) in turn, measuring its speed (true speed times 1 + N(0, noise));
@@ -347,7 +349,7 @@ class Simulator:
             j.phase += 1
             j.resizes += 1
             self.resizes += 1
-            j.paused_until = now + self._launch_cost(phases[j.phase], self.config.resize_overhead_s)
+            j.paused_until = now + self._launch_cost(phases[j.phase], self.config.resize_overhead_s, now, j)
             self._set_training(j, phases[j.phase], now)
             self._push_phase_end(j, now)
             self._sync(j)
@@ -499,10 +501,10 @@ class Simulator:
             j.resizes += 1
             self.resizes += 1
             if w > 0:
-                j.paused_until = t0 + self._launch_cost(w, self.config.resize_overhead_s)
+                j.paused_until = t0 + self._launch_cost(w, self.config.resize_overhead_s, t0, j)
         elif w > 0:
             j.paused_until = t0 + self._launch_cost(w, self.config.start_overhead_s if j.work_done == 0
-                                                    else self.config.resize_overhead_s)
+                                                    else self.config.resize_overhead_s, t0, j)
         j.state = JobState.RUNNING if w > 0 else JobState.QUEUED
         self.gpus_in_use += w - j.gpus_held
         j.gpus_held = w
@@ -540,15 +542,20 @@ class Simulator:
         j.gpus_held = self.explore_hold
         first = self.config.explore_gpus[0]
         j.paused_until = now + self._launch_cost(first, self.config.start_overhead_s if j.work_done == 0
-                                                 else self.config.resize_overhead_s)
+                                                 else self.config.resize_overhead_s, now, j)
         self._set_training(j, first, now)
         self._push_phase_end(j, now)
 
-    def _launch_cost(self, w: int, base: float) -> float:
+    def _launch_cost(self, w: int, base: float, t0: float | None = None, j: SimJob | None = None) -> float:
         """Seconds without progress of a start or resize to ``w`` workers (``base``: the start or
-        resize overhead)."""
+        resize overhead). With ``config.launches_share_node`` the workers of every other job still
+        launching at ``t0`` count too (launches on one node share its cores)."""
         per = self.config.overhead_per_worker_s
-        return base + per * (w - 1) if per else base
+        if not per:
+            return base
+        if self.config.launches_share_node and t0 is not None:
+            w += sum(o.gpus_training for o in self._active.values() if o is not j and o.paused_until > t0)
+        return base + per * (w - 1)
 
     def _set_training(self, j: SimJob, gpus: int, now: float) -> None:
         """Train on ``gpus`` from ``now`` (after any pause): new speed, new completion event."""

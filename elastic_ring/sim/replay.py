@@ -53,7 +53,8 @@ def explore_sizes(slots: int) -> tuple[int, ...]:
 def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Mapping[int, float] | Sequence[Mapping[int, float]],
            start_overhead_s: float, resize_overhead_s: float, plan: Mapping[int, float] | None = None,
            overhead_per_worker_s: float = 0.0, explore_steps: int = 60,
-           resize_after_launch: bool = True, resize_cost_s: float | None = None) -> RunResult:
+           resize_after_launch: bool = True, resize_cost_s: float | None = None,
+           launches_share_node: bool = True) -> RunResult:
     """Simulate ``jobs`` ((arrival s, steps), in submission order) on ``slots`` under ``policy``.
 
     ``speed``: the true steps/s table of every job, or one per job. ``plan``: the table the
@@ -61,7 +62,9 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
     the oracle (steps left of the budget, as the live scheduler without a target loss). A start or
     resize to W workers costs its overhead + ``overhead_per_worker_s`` x (W - 1). With
     ``resize_after_launch`` (the live scheduler's hand-over) a resize of a job still launching
-    begins when that launch is done and the slots it gives back are free only then.
+    begins when that launch is done and the slots it gives back are free only then; with
+    ``launches_share_node`` the per-worker cost counts the workers of every launch in progress
+    (the node's cores are shared by the launches side by side).
     ``NAME-rc`` policies are told ``resize_cost_s`` as the cost of a resize (default
     ``resize_overhead_s``).
     """
@@ -77,7 +80,7 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
                 for w in sizes) / len(sizes)
     cfg = SimConfig(gpus=slots, jobs=len(specs), resize_overhead_s=resize_overhead_s,
                     start_overhead_s=start_overhead_s, overhead_per_worker_s=overhead_per_worker_s,
-                    resize_after_launch=resize_after_launch,
+                    resize_after_launch=resize_after_launch, launches_share_node=launches_share_node,
                     explore_gpus=sizes, explore_phase_s=max(phase, resize_overhead_s * 1.01 + 1e-3),
                     remaining="oracle")
     pol = Exploratory(sizes[-1]) if policy == "exploratory" else make_policy(

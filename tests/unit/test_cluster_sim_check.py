@@ -62,6 +62,17 @@ def test_overhead_per_worker_and_exploratory_on_a_small_node():
     assert r.completed == 2 and r.resizes >= 2
 
 
+def test_launches_side_by_side_share_the_per_worker_cost():
+    # two 1-worker jobs start together on 2 slots: the second launch counts the first one's worker
+    # (2 + 1 s), the first saw none (2 s); 10 steps at 10/s each (2 workers no faster: no grow)
+    speeds = {1: 10.0, 2: 10.0}
+    r = replay([(0, 10), (0, 10)], "optimus", 2, speeds, 2.0, 1.0, overhead_per_worker_s=1.0)
+    assert sorted(r.jct_s) == pytest.approx([3.0, 4.0])
+    r = replay([(0, 10), (0, 10)], "optimus", 2, speeds, 2.0, 1.0, overhead_per_worker_s=1.0,
+               launches_share_node=False)
+    assert r.jct_s == pytest.approx((3.0, 3.0))
+
+
 def test_table_speed_and_bad_input():
     t = TableSpeed({1: 10.0, 2: 12.0})
     assert t.samples_per_s(1) == 10.0 and t.samples_per_s(4) == 12.0
