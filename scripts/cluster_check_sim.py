@@ -58,8 +58,9 @@ POLICIES = ("eight", "precompute", "srtf", "optimus", "exploratory")
 TRACE = [(0, 160), (5, 40), (10, 100), (25, 60), (30, 200), (45, 40),
          (70, 120), (75, 80), (80, 40), (110, 140), (120, 60), (125, 100)]
 CAL_SEGMENT = 40  # steps at each size in the calibration
-# steps an explorer trains at each size live: the warm-up window, then the measured windows
-EXPLORE_STEPS = (1 + EXPLORE_WINDOWS) * LaunchInfo.__dataclass_fields__["throughput_window"].default
+# steps an explorer trains at each size live: the first step (before any window), the warm-up
+# window, then the measured windows
+EXPLORE_STEPS = 1 + (1 + EXPLORE_WINDOWS) * LaunchInfo.__dataclass_fields__["throughput_window"].default
 
 
 def _events(path: Path) -> list[dict]:

@@ -88,6 +88,9 @@ class SimConfig:
     launches_share_node: bool = False
     explore_gpus: tuple[int, ...] = (1, 2, 4, 8)
     explore_phase_s: float = 150.0
+    # > 0: a phase lasts its launch, then this much work (samples; steps in the live replay), as
+    # the live scheduler measures a number of throughput windows; 0: explore_phase_s seconds.
+    explore_phase_work: float = 0.0
     explore_noise: float = 0.02  # relative std of a measured speed during exploration
     workloads: tuple[str, ...] = field(default=("resnet110-cifar10",))
     # Remaining work told to the policies (REMAINING). The engine's default stays the oracle (the
@@ -117,6 +120,8 @@ class SimConfig:
             raise ConfigError(f"overhead per worker must be >= 0 s, got {self.overhead_per_worker_s}")
         if self.explore_phase_s <= self.resize_overhead_s:
             raise ConfigError("an exploration phase must last longer than one resize overhead")
+        if not (self.explore_phase_work >= 0 and math.isfinite(self.explore_phase_work)):
+            raise ConfigError(f"explore_phase_work must be >= 0, got {self.explore_phase_work}")
         if self.explore_noise < 0:
             raise ConfigError("explore_noise must be >= 0")
         if not self.workloads:

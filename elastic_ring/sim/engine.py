@@ -18,7 +18,8 @@ launch is done, and the GPUs it gives back are free only then (what the live sch
 ``launches_share_node`` (off by default): the per-worker cost counts the workers of every other
 job still launching at that moment too (launches on one CPU node share its cores).
 
-Exploration (``policy.explores``): the job holds 8 GPUs and trains ``explore_phase_s`` at each of
+Exploration (``policy.explores``): the job holds 8 GPUs and trains ``explore_phase_s`` (or, with
+``explore_phase_work``, its launch and then that much work, as the live scheduler) at each of
 ``explore_gpus`` (1, 2, 4, 8) in turn, measuring its speed (true speed times 1 + N(0, noise));
 then Eq. 5 is fitted (:func:`~elastic_ring.perfmodel.speed.fit_speed_few`: :func:`fit_speed` from 4
 worker counts, fewer terms from fewer, as the live scheduler does) and the policy plans with
@@ -568,8 +569,14 @@ class Simulator:
                                              next(self._seq), j.id, j.version))
 
     def _push_phase_end(self, j: SimJob, now: float) -> None:
-        heapq.heappush(self._heap, Event(now + self.config.explore_phase_s, _PHASE_END, next(self._seq),
-                                         j.id, j.phase))
+        """The end of the phase begun at ``now``: ``explore_phase_s`` later, or, with
+        ``explore_phase_work``, once its launch is done and that much work is trained."""
+        work = self.config.explore_phase_work
+        if work > 0 and j.speed > 0:
+            end = (now if now > j.paused_until else j.paused_until) + work / j.speed
+        else:
+            end = now + self.config.explore_phase_s
+        heapq.heappush(self._heap, Event(end, _PHASE_END, next(self._seq), j.id, j.phase))
 
     # ------------------------------------------------------------------------------ result
     def _result(self, finished: list[SimJob], n_jobs: int, t_first: float) -> RunResult:

@@ -8,7 +8,7 @@ so the table is handed to the engine as a "model" whose ``samples_per_s`` is ste
 Exploratory is replayed as the live scheduler runs it on a node of S slots: an explorer holds the
 largest power of two <= min(8, S) slots and is measured at 1, 2, 4, ... up to it; a phase lasts the
 launch at that size plus ``explore_steps`` steps (the live scheduler's warm-up window and measured
-windows), given to the engine as one phase length, the mean over the sizes.
+windows; ``SimConfig.explore_phase_work``).
 """
 
 from __future__ import annotations
@@ -75,14 +75,10 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
     plans = {k: TableSpeed(plan) for k in models} if plan is not None else None
     specs = [JobSpec(id=i, arrival=float(a), work=float(s), workload=f"job{i}") for i, (a, s) in enumerate(jobs)]
     sizes = explore_sizes(slots)
-    first = TableSpeed(tables[0])
-    phase = sum(resize_overhead_s + overhead_per_worker_s * (w - 1) + explore_steps / first.samples_per_s(w)
-                for w in sizes) / len(sizes)
     cfg = SimConfig(gpus=slots, jobs=len(specs), resize_overhead_s=resize_overhead_s,
                     start_overhead_s=start_overhead_s, overhead_per_worker_s=overhead_per_worker_s,
                     resize_after_launch=resize_after_launch, launches_share_node=launches_share_node,
-                    explore_gpus=sizes, explore_phase_s=max(phase, resize_overhead_s * 1.01 + 1e-3),
-                    remaining="oracle")
+                    explore_gpus=sizes, explore_phase_work=float(explore_steps), remaining="oracle")
     pol = Exploratory(sizes[-1]) if policy == "exploratory" else make_policy(
         policy, resize_overhead_s if resize_cost_s is None else resize_cost_s)
     return simulate(cfg, pol, specs, models, plans)
