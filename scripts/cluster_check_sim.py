@@ -51,6 +51,7 @@ from elastic_ring.sim.replay import replay  # noqa: E402
 
 CLI = [sys.executable, "-m", "elastic_ring.cli.main"]
 PACED = str(ROOT / "examples" / "paced.py")
+SCRIPT = PACED  # the jobs' script (--example mlp: examples/mlp_digits.py)
 RESULTS = ROOT / "results" / "cluster"
 POLICIES = ("eight", "precompute", "srtf", "optimus", "exploratory")
 # (arrival offset s, steps): 12 jobs of different lengths, staggered so that the queue builds up,
@@ -58,6 +59,8 @@ POLICIES = ("eight", "precompute", "srtf", "optimus", "exploratory")
 TRACE = [(0, 160), (5, 40), (10, 100), (25, 60), (30, 200), (45, 40),
          (70, 120), (75, 80), (80, 40), (110, 140), (120, 60), (125, 100)]
 CAL_SEGMENT = 40  # steps at each size in the calibration
+# --example mlp: two long unpaced jobs side by side (point 5)
+TRACE_MLP = [(0, 8000), (3, 8000), (6, 4000)]
 # steps an explorer trains at each size live: the first step (before any window), the warm-up
 # window, then the measured windows
 EXPLORE_STEPS = 1 + (1 + EXPLORE_WINDOWS) * LaunchInfo.__dataclass_fields__["throughput_window"].default
@@ -124,7 +127,7 @@ class LoadSampler(threading.Thread):
 
 def _train(rd: Path, script_args: list[str], steps: int, start: int, slots: int, schedule: str) -> tuple[list, float]:
     t0 = time.time()
-    r = subprocess.run([*CLI, "train", "--script", PACED, "--steps", str(steps), "--gpus", str(start),
+    r = subprocess.run([*CLI, "train", "--script", SCRIPT, "--steps", str(steps), "--gpus", str(start),
                         "--slots", str(slots), "--device", "cpu", "--schedule", schedule, "--run-dir", str(rd),
                         "--", *script_args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     t1 = time.time()
@@ -154,8 +157,12 @@ def calibrate(work: Path, slots: int, script_args: list[str]) -> dict:
     seg = CAL_SEGMENT
     up_sched = ",".join(f"{seg * i}:{i + 1}" for i in range(1, slots))
     ev_up, start_1 = _train(work / "cal-up", script_args, seg * slots, 1, slots, up_sched)
-    ev_down, start_s = _train(work / "cal-down", script_args, 4 * seg, slots, slots,
-                              f"{seg}:1,{2 * seg}:{slots},{3 * seg}:2")
+    down, prev = [], slots
+    for i, w in enumerate((1, slots, 2), 1):  # S -> 1 -> S -> 2 (no step to the size it is at)
+        if w != prev:
+            down.append(f"{i * seg}:{w}")
+            prev = w
+    ev_down, start_s = _train(work / "cal-down", script_args, 4 * seg, slots, slots, ",".join(down))
     up, down = rates(ev_up), rates(ev_down)
     table = {w: statistics.mean([r[w] for r in (up, down) if w in r]) for w in sorted(set(up) | set(down))}
     lost = [{"from": e["from_workers"], "to": e["to_workers"], "lost_s": e["total_lost_s"]}
@@ -177,7 +184,7 @@ def _submit_and_wait(d: Path, trace: list, script_args: list[str], timeout: floa
     for i, (at, steps) in enumerate(trace):
         while time.time() - t0 < at:
             time.sleep(0.05)
-        _cli("submit", PACED, "--name", f"j{i}", "--steps", str(steps), "--dir", str(d), "--", *script_args)
+        _cli("submit", SCRIPT, "--name", f"j{i}", "--steps", str(steps), "--dir", str(d), "--", *script_args)
     while True:  # read the database directly: a `jobs` process a second would load the cores
         db = sqlite3.connect(str(d / "cluster.db"))
         states = [s for (s,) in db.execute("SELECT state FROM jobs")]
@@ -306,7 +313,7 @@ def check(policy: str, slots: int, step_s: float, cal_file: str | None, out: Pat
     load = LoadSampler()
     load.start()
     t_all = time.time()
-    args = ["--step-s", str(step_s)]
+    args = ["--step-s", str(step_s)] if SCRIPT == PACED else ["--hidden", "32"]
     if cal_file:
         cal = json.loads(Path(cal_file).read_text())["calibration"]
         cal["reused_from"] = str(cal_file)
@@ -319,7 +326,7 @@ def check(policy: str, slots: int, step_s: float, cal_file: str | None, out: Pat
     for j, s in zip(run["jobs"], sim["jct_s"]):
         j["sim_jct_s"] = s
     load.halt.set()
-    res = {"policy": policy, "slots": slots, "cores": os.cpu_count(), "script": "examples/paced.py",
+    res = {"policy": policy, "slots": slots, "cores": os.cpu_count(), "script": str(Path(SCRIPT).relative_to(ROOT)),
            "script_args": args, "trace": TRACE, "machine_load_1min": load.summary(), "calibration": cal,
            "live": run, "sim": sim,
            "side_by_side": side_by_side(run["jobs"], {int(w): r for w, r in cal["rates_steps_per_s"].items()}),
@@ -408,6 +415,9 @@ def main() -> None:
                    help="only the calibration, to results/cluster/live12_calibration.json (for --calibration)")
     p.add_argument("--slots", type=int, default=4, help="CPU worker slots (paced jobs need little CPU; default 4)")
     p.add_argument("--step-s", type=float, default=0.3, help="a paced step's seconds at 1 worker (default 0.3)")
+    p.add_argument("--example", choices=("paced", "mlp"), default="paced",
+                   help="mlp: examples/mlp_digits.py jobs (real compute, no pacing: point 5's check that jobs "
+                        "side by side run at their calibrated speed; use --slots 2 = the cores)")
     p.add_argument("--jobs", type=int, default=len(TRACE), help="the first N jobs of the trace (development)")
     p.add_argument("--calibration", default=None, help="reuse the calibration of this results file")
     p.add_argument("--out", default=None, help="default results/cluster/live12_<policy>.json")
@@ -430,6 +440,10 @@ def main() -> None:
         p.error("give --policy, --calibrate or --summary")
     if a.slots < 2 or a.step_s <= 0 or not 1 <= a.jobs <= len(TRACE):
         p.error(f"need --slots >= 2, --step-s > 0 and 1 <= --jobs <= {len(TRACE)}")
+    if a.example == "mlp":
+        global SCRIPT, CAL_SEGMENT
+        SCRIPT, CAL_SEGMENT = str(ROOT / "examples" / "mlp_digits.py"), 1000
+        TRACE[:] = TRACE_MLP
     del TRACE[a.jobs:]
     check(a.policy, a.slots, a.step_s, a.calibration, Path(a.out or RESULTS / f"live12_{a.policy}.json"),
           a.timeout, a.work)
