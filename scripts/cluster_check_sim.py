@@ -316,7 +316,8 @@ def check(policy: str, slots: int, step_s: float, cal_file: str | None, out: Pat
     args = ["--step-s", str(step_s)] if SCRIPT == PACED else ["--hidden", "32"]
     if cal_file:
         cal = json.loads(Path(cal_file).read_text())["calibration"]
-        cal["reused_from"] = str(cal_file)
+        cf = Path(cal_file).resolve()
+        cal["reused_from"] = str(cf.relative_to(ROOT)) if cf.is_relative_to(ROOT) else cf.name
     else:
         cal = calibrate(work, slots, args)
     print(f"calibration: steps/s {cal['rates_steps_per_s']}, start {cal['start_overhead_s']:.1f} s, resize "
