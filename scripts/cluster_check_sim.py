@@ -1,18 +1,30 @@
-"""The simulator checked against the live scheduler on this machine (issue 11).
+"""The simulator checked against the live scheduler on this machine (issue 22, points 5 and 6).
 
-1. Calibrate: one MLP job (examples/mlp_digits.py) alone under `train`, at 1 worker then resized
-   to 2: its steps/s at each size (median of the steady throughput windows), its launch +
-   shutdown time (the start overhead) and the time lost in the resize. These become the job
-   profile (profile.json, Eq. 5 with t3 = step time at 1 and t1 the extra per worker) that the
-   live `precompute` plans with, and the simulator's true speed and overheads.
-2. Live: `elastic-ring cluster up --slots S` under `eight`, then under `precompute`; a trace of
-   jobs of different lengths submitted at staggered times; JCT = finished - submitted.
-3. Replay each live run in the simulator (`elastic_ring.sim.replay`) with the measured arrivals,
-   the calibration's speed table and overheads; also a second replay with each job's own speeds
-   and overheads as measured in the live run (isolates the scheduling model from speed noise).
-4. Per-job and average JCT error, the machine's load; results/cluster/sim_vs_live.json.
+One policy per call (a few minutes each):
 
-    .venv/bin/python scripts/cluster_check_sim.py            # ~6-10 min on 2 loaded cores
+1. Calibrate, before the live run: one paced job (examples/paced.py: each step lasts
+   --step-s / W seconds at W workers, set by a sleep, so the machine's load matters little) alone
+   under `train`, started at 1 worker and resized 1 -> 2 -> ... -> S, then a second run started
+   at S workers and shrunk to 1: its steps/s at each size (work over time: the steps of each
+   segment over the seconds they took), the launch + shutdown time at 1 and at S workers (the
+   start overhead) and the time each resize lost (`resize_overhead` events). `--calibration FILE`
+   reuses an earlier run's calibration instead.
+2. Live: `elastic-ring cluster up --slots S --policy P` (no profile: the scheduler plans with
+   linear speed-up, as for any job without one) and a trace of 12 paced jobs of different lengths
+   submitted at staggered times; JCT = finished - submitted, makespan = last finish - first
+   submission, resizes = the scheduler's resize requests, exploration steps and preemptions.
+3. Replay the same arrivals in the simulator (`elastic_ring.sim.replay`) with the CALIBRATION's
+   speeds and overheads (never the speeds the jobs had in the live run) and the live planner's
+   view (linear speed-up); compare average JCT, makespan and resizes.
+4. Each job's own steps/s at each size in the live run (work over time) against the calibration's
+   at that size, with the number of jobs that ran beside it (point 5: jobs side by side must run
+   at their calibrated speed).
+
+Writes results/cluster/live12_<policy>.json; `--summary` reads every live12_<policy>.json and
+writes results/cluster/live12_summary.json and prints the table.
+
+    .venv/bin/python scripts/cluster_check_sim.py --policy precompute     # ~4-6 min on 2 cores
+    .venv/bin/python scripts/cluster_check_sim.py --summary
 """
 
 from __future__ import annotations
@@ -33,14 +45,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from elastic_ring.perfmodel.speed import load_profile  # noqa: E402
+from elastic_ring.cluster.scheduler import EXPLORE_WINDOWS  # noqa: E402
+from elastic_ring.protocol import LaunchInfo  # noqa: E402
 from elastic_ring.sim.replay import replay  # noqa: E402
 
 CLI = [sys.executable, "-m", "elastic_ring.cli.main"]
-MLP = str(ROOT / "examples" / "mlp_digits.py")
-SCRIPT_ARGS = ["--hidden", "32"]
-# (arrival offset s, steps): six jobs of different lengths, staggered
-TRACE = [(0, 1500), (6, 600), (12, 1000), (18, 400), (24, 1200), (30, 800)]
+PACED = str(ROOT / "examples" / "paced.py")
+SCRIPT = PACED  # the jobs' script (--example mlp: examples/mlp_digits.py)
+RESULTS = ROOT / "results" / "cluster"
+POLICIES = ("eight", "precompute", "srtf", "optimus", "exploratory")
+# (arrival offset s, steps): 12 jobs of different lengths, staggered so that the queue builds up,
+# empties and refills (jobs arrive while others run: shrinks at arrivals, grows at completions)
+TRACE = [(0, 160), (5, 40), (10, 100), (25, 60), (30, 200), (45, 40),
+         (70, 120), (75, 80), (80, 40), (110, 140), (120, 60), (125, 100)]
+CAL_SEGMENT = 40  # steps at each size in the calibration
+# --example mlp: two long unpaced jobs side by side (point 5)
+TRACE_MLP = [(0, 8000), (3, 8000), (6, 4000)]
+# steps an explorer trains at each size live: the first step (before any window), the warm-up
+# window, then the measured windows
+EXPLORE_STEPS = 1 + (1 + EXPLORE_WINDOWS) * LaunchInfo.__dataclass_fields__["throughput_window"].default
 
 
 def _events(path: Path) -> list[dict]:
@@ -54,10 +77,9 @@ def _events(path: Path) -> list[dict]:
     return out
 
 
-def _rates(ev: list[dict]) -> dict[int, float]:
-    """Steps/s per world size as the job ran: steps trained / seconds from each segment's first
-    step to its last throughput window (a time average: the speed on this loaded machine swings
-    by 10x between windows, so a median of windows overstates it)."""
+def rates(ev: list[dict]) -> dict[int, float]:
+    """Steps/s per world size: the steps of each segment from its first step to its last
+    throughput window over the seconds they took, summed per size (work over time)."""
     steps: dict[int, float] = {}
     secs: dict[int, float] = {}
     first: dict = {}
@@ -69,11 +91,11 @@ def _rates(ev: list[dict]) -> dict[int, float]:
         elif e.get("kind") == "throughput" and seg in first:
             last[seg] = e
     for seg, f in first.items():
-        if seg in last:
+        if seg in last and last[seg]["step"] > f["step"]:
             w = int(f["world_size"])
             steps[w] = steps.get(w, 0.0) + last[seg]["step"] - f["step"]
             secs[w] = secs.get(w, 0.0) + last[seg]["time"] - f["time"]
-    return {w: steps[w] / secs[w] for w in steps if secs[w] > 0 and steps[w] > 0}
+    return {w: steps[w] / secs[w] for w in steps if secs[w] > 0}
 
 
 def _first_step(ev: list[dict]) -> float:
@@ -85,6 +107,8 @@ def _last_step(ev: list[dict]) -> float:
 
 
 class LoadSampler(threading.Thread):
+    """The machine's 1-min load average every 2 s while the check runs."""
+
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.samples: list[float] = []
@@ -97,34 +121,55 @@ class LoadSampler(threading.Thread):
 
     def summary(self) -> dict:
         s = self.samples or [os.getloadavg()[0]]
-        return {"mean": round(statistics.mean(s), 1), "min": round(min(s), 1), "max": round(max(s), 1),
-                "cores": os.cpu_count()}
+        return {"start": round(s[0], 2), "mean": round(statistics.mean(s), 2), "min": round(min(s), 2),
+                "max": round(max(s), 2), "cores": os.cpu_count()}
 
 
-def calibrate(work: Path, slots: int, steps: int) -> dict:
-    rd = work / "calibration"
+def _train(rd: Path, script_args: list[str], steps: int, start: int, slots: int, schedule: str) -> tuple[list, float]:
     t0 = time.time()
-    r = subprocess.run([*CLI, "train", "--script", MLP, "--steps", str(steps), "--gpus", "1", "--slots", str(slots),
-                        "--device", "cpu", "--schedule", f"{steps // 2}:{slots}", "--run-dir", str(rd), "--",
-                        *SCRIPT_ARGS], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([*CLI, "train", "--script", SCRIPT, "--steps", str(steps), "--gpus", str(start),
+                        "--slots", str(slots), "--device", "cpu", "--schedule", schedule, "--run-dir", str(rd),
+                        "--", *script_args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     t1 = time.time()
     if r.returncode != 0:
         raise SystemExit(f"calibration run failed: {r.stderr[-2000:]}")
     ev = _events(rd / "events.jsonl")
-    rates = _rates(ev)
-    start = (_first_step(ev) - t0) + (t1 - _last_step(ev))
-    lost = [e["total_lost_s"] for e in ev if e.get("kind") == "resize_overhead"]
-    st1 = 1.0 / rates[1]
-    stn = 1.0 / rates.get(slots, rates[1])
-    profile = {"source": "MEASURED by scripts/cluster_check_sim.py (calibration run of examples/mlp_digits.py)",
-               "batch_per_worker": 32, "n_params": 64 * 32 + 32 + 32 * 10 + 10,
-               "points": [{"workers": w, "steps_per_s": v} for w, v in sorted(rates.items())],
-               # Eq. 5 with t0 = t2 = 0: step time t3 at 1 worker, + t1 per extra worker (>= 0)
-               "speed_model": {"t0": 0.0, "t1": max(stn - st1, 0.0) / max(slots - 1, 1), "t2": 0.0, "t3": st1,
-                               "m": 32.0, "n": 64 * 32 + 32 + 32 * 10 + 10}}
-    (work / "profile.json").write_text(json.dumps(profile, indent=1))
-    return {"steps": steps, "rates_steps_per_s": rates, "start_overhead_s": start,
-            "resize_overhead_s": statistics.mean(lost) if lost else 0.0, "wall_s": t1 - t0}
+    return ev, (_first_step(ev) - t0) + (t1 - _last_step(ev))
+
+
+def launch_costs(resizes: list[tuple[int, float]], starts: list[tuple[int, float]]) -> dict:
+    """The simulator's launch costs from the calibration: a resize to W workers loses
+    a + b (W - 1) seconds (least squares on the measured resizes, b >= 0: launching W worker
+    processes takes longer with W), a first start at W workers s + b (W - 1)."""
+    xs = [w - 1.0 for w, _ in resizes]
+    ys = [c for _, c in resizes]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    b = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var) if var > 0 else 0.0
+    a = max(0.0, my - b * mx)
+    s = max(0.0, statistics.mean(c - b * (w - 1) for w, c in starts))
+    return {"resize_overhead_s": a, "overhead_per_worker_s": b, "start_overhead_s": s}
+
+
+def calibrate(work: Path, slots: int, script_args: list[str]) -> dict:
+    """Two runs of one paced job alone: started at 1, grown 1 -> 2 -> ... -> S; started at S,
+    shrunk to 1, grown back to S and shrunk to 2."""
+    seg = CAL_SEGMENT
+    up_sched = ",".join(f"{seg * i}:{i + 1}" for i in range(1, slots))
+    ev_up, start_1 = _train(work / "cal-up", script_args, seg * slots, 1, slots, up_sched)
+    down, prev = [], slots
+    for i, w in enumerate((1, slots, 2), 1):  # S -> 1 -> S -> 2 (no step to the size it is at)
+        if w != prev:
+            down.append(f"{i * seg}:{w}")
+            prev = w
+    ev_down, start_s = _train(work / "cal-down", script_args, 4 * seg, slots, slots, ",".join(down))
+    up, down = rates(ev_up), rates(ev_down)
+    table = {w: statistics.mean([r[w] for r in (up, down) if w in r]) for w in sorted(set(up) | set(down))}
+    lost = [{"from": e["from_workers"], "to": e["to_workers"], "lost_s": e["total_lost_s"]}
+            for e in ev_up + ev_down if e.get("kind") == "resize_overhead"]
+    costs = launch_costs([(x["to"], x["lost_s"]) for x in lost], [(1, start_1), (slots, start_s)])
+    return {"segment_steps": seg, "rates_steps_per_s": table, "rates_grow_run": up, "rates_shrink_run": down,
+            "measured_start_s": {"1": start_1, str(slots): start_s}, "measured_resizes": lost, **costs}
 
 
 def _cli(*args: str) -> str:
@@ -134,33 +179,37 @@ def _cli(*args: str) -> str:
     return r.stdout
 
 
-def live(work: Path, policy: str, slots: int, profile: Path, timeout: float) -> dict:
+def _submit_and_wait(d: Path, trace: list, script_args: list[str], timeout: float) -> list[dict]:
+    t0 = time.time()
+    for i, (at, steps) in enumerate(trace):
+        while time.time() - t0 < at:
+            time.sleep(0.05)
+        _cli("submit", SCRIPT, "--name", f"j{i}", "--steps", str(steps), "--dir", str(d), "--", *script_args)
+    while True:  # read the database directly: a `jobs` process a second would load the cores
+        db = sqlite3.connect(str(d / "cluster.db"))
+        states = [s for (s,) in db.execute("SELECT state FROM jobs")]
+        db.close()
+        if len(states) == len(trace) and all(s in ("succeeded", "failed", "cancelled") for s in states):
+            return json.loads(_cli("jobs", "--dir", str(d), "--json"))
+        if time.time() - t0 > timeout:
+            raise SystemExit(f"jobs not done after {timeout:.0f} s")
+        time.sleep(1.0)
+
+
+def live(work: Path, policy: str, slots: int, trace: list, script_args: list[str], timeout: float) -> dict:
+    """One `cluster up` under ``policy`` with ``trace`` submitted live; the jobs' outcome."""
     d = work / policy
     log = open(work / f"{policy}.log", "wb")
     sched = subprocess.Popen([*CLI, "cluster", "up", "--dir", str(d), "--slots", str(slots), "--policy", policy,
-                              "--profile", str(profile), "--quiet", "--poll", "0.3"], cwd=ROOT, stdout=log,
-                             stderr=subprocess.STDOUT, start_new_session=True)
+                              "--quiet", "--poll", "0.3"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
     try:
         t_wait = time.time()
         while not (d / "cluster.db").exists():
             if time.time() - t_wait > 60 or sched.poll() is not None:
                 raise SystemExit(f"cluster up did not start (see {work / (policy + '.log')})")
             time.sleep(0.3)
-        t0 = time.time()
-        for i, (at, steps) in enumerate(TRACE):
-            while time.time() - t0 < at:
-                time.sleep(0.1)
-            _cli("submit", MLP, "--name", f"j{i}", "--steps", str(steps), "--dir", str(d), "--", *SCRIPT_ARGS)
-        while True:  # read the database directly: a `jobs` process a second would load the cores
-            db = sqlite3.connect(str(d / "cluster.db"))
-            states = [s for (s,) in db.execute("SELECT state FROM jobs")]
-            db.close()
-            if len(states) == len(TRACE) and all(s in ("succeeded", "failed", "cancelled") for s in states):
-                jobs = json.loads(_cli("jobs", "--dir", str(d), "--json"))
-                break
-            if time.time() - t0 > timeout:
-                raise SystemExit(f"{policy}: jobs not done after {timeout:.0f} s")
-            time.sleep(1.0)
+        jobs = _submit_and_wait(d, trace, script_args, timeout)
     finally:
         if sched.poll() is None:
             subprocess.run([*CLI, "cluster", "down", "--dir", str(d), "--timeout", "60"], cwd=ROOT,
@@ -172,88 +221,233 @@ def live(work: Path, policy: str, slots: int, profile: Path, timeout: float) -> 
         log.close()
     bad = [j["name"] for j in jobs if j["state"] != "succeeded"]
     if bad:
-        raise SystemExit(f"{policy}: jobs {bad} did not succeed")
-    db = sqlite3.connect(str(d / "cluster.db"))
-    started = {}
-    resizes = 0
-    for jid, kind, t in db.execute("SELECT job_id, kind, time FROM events ORDER BY id"):
+        raise SystemExit(f"{policy}: jobs {bad} did not succeed (see {d})")
+    return _outcome(d, jobs)
+
+
+def _resizes(db: sqlite3.Connection) -> tuple[dict[int, float], dict[str, int]]:
+    """Each job's first start time and the resizes: requests, exploration steps, preemptions."""
+    started: dict[int, float] = {}
+    n = {"resize_requested": 0, "explore_step": 0, "preempted": 0}
+    for jid, kind, t, data in db.execute("SELECT job_id, kind, time, data FROM events ORDER BY id"):
+        data = json.loads(data) if data else {}
         if kind == "started":
             started.setdefault(jid, t)
-        resizes += kind == "resize_requested"
+        elif kind == "resize_requested":
+            n["resize_requested"] += 1
+        elif kind == "explore_step" and data.get("frm", 0) > 0:
+            n["explore_step"] += 1
+        elif kind == "stop" and data.get("why") == "preempt":
+            n["preempted"] += 1
+    return started, n
+
+
+def _outcome(d: Path, jobs: list[dict]) -> dict:
+    db = sqlite3.connect(str(d / "cluster.db"))
+    started, n = _resizes(db)
     db.close()
     jobs.sort(key=lambda j: j["submitted"])
     first = jobs[0]["submitted"]
     out = []
     for j in jobs:
         ev = _events(d / "jobs" / str(j["id"]) / "events.jsonl")
-        lost = [e["total_lost_s"] for e in ev if e.get("kind") == "resize_overhead"]
         out.append({"name": j["name"], "steps": j["total"], "arrival_s": j["submitted"] - first,
-                    "jct_s": j["finished"] - j["submitted"], "rates_steps_per_s": _rates(ev),
+                    "started_s": started[j["id"]] - first, "finished_s": j["finished"] - first,
+                    "jct_s": j["finished"] - j["submitted"], "rates_steps_per_s": rates(ev),
                     "start_overhead_s": (_first_step(ev) - started[j["id"]]) + (j["finished"] - _last_step(ev)),
-                    "resize_lost_s": lost})
-    return {"jobs": out, "resizes": resizes, "wall_s": time.time() - t0}
+                    "resize_lost_s": [e["total_lost_s"] for e in ev if e.get("kind") == "resize_overhead"],
+                    "resize_relaunch_s": [e["relaunch_to_first_step_s"] for e in ev
+                                          if e.get("kind") == "resize_overhead"]})
+    return {"jobs": out, "resizes": sum(n.values()), "resize_kinds": n,
+            "avg_jct_s": statistics.mean(j["jct_s"] for j in out),
+            "makespan_s": max(j["finished_s"] for j in out)}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--slots", type=int, default=2, help="CPU worker slots of the live cluster (default 2 = cores)")
-    p.add_argument("--calibration-steps", type=int, default=1200)
-    p.add_argument("--out", default=str(ROOT / "results" / "cluster" / "sim_vs_live.json"))
-    p.add_argument("--work", default=None, help="keep the cluster folders here (default: a temporary folder)")
-    p.add_argument("--timeout", type=float, default=600, help="per live run, seconds")
-    a = p.parse_args()
-    if a.slots < 2:
-        p.error("--slots must be >= 2")
-    if a.calibration_steps < 100:
-        p.error("--calibration-steps must be >= 100")
-    work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="cluster-check-"))
+def side_by_side(jobs: list[dict], cal: dict[int, float]) -> list[dict]:
+    """Point 5: each job's work-over-time steps/s at each size against the calibration's, with the
+    time-averaged number of jobs running beside it (started -> finished of every other job)."""
+    out = []
+    for j in jobs:
+        life = j["finished_s"] - j["started_s"]
+        beside = sum(max(0.0, min(j["finished_s"], o["finished_s"]) - max(j["started_s"], o["started_s"]))
+                     for o in jobs if o is not j) / life if life > 0 else 0.0
+        for w, r in sorted(j["rates_steps_per_s"].items(), key=lambda x: int(x[0])):
+            c = cal.get(int(w))
+            out.append({"job": j["name"], "workers": int(w), "steps_per_s": r, "calibrated_steps_per_s": c,
+                        "ratio": r / c if c else None, "jobs_beside": beside})
+    return out
+
+
+def simulate_run(run: dict, policy: str, slots: int, cal: dict) -> dict:
+    """The live run's arrivals replayed with the calibration's speeds and overheads; the planner
+    sees linear speed-up, as the live scheduler does for jobs without a profile. Beside it, a
+    diagnostic replay (``launch_from_run``) with the same speeds but the start and relaunch times
+    the jobs had in the live run (their means): what is left of the error when the launch costs
+    are right."""
+    trace = [(j["arrival_s"], j["steps"]) for j in run["jobs"]]
+    table = {int(w): r for w, r in cal["rates_steps_per_s"].items()}
+    plan = {w: float(w) for w in range(1, slots + 1)}
+    rc_cost = statistics.median(x["lost_s"] for x in cal["measured_resizes"])
+    sim = replay(trace, policy, slots, table, cal["start_overhead_s"], cal["resize_overhead_s"], plan=plan,
+                 overhead_per_worker_s=cal["overhead_per_worker_s"], explore_steps=EXPLORE_STEPS,
+                 resize_cost_s=rc_cost)
+    # the relaunch part of each resize (its wait for a launch in flight is the simulator's own)
+    lost = [x for j in run["jobs"] for x in j.get("resize_relaunch_s", [])]
+    start_run = statistics.mean(j["start_overhead_s"] for j in run["jobs"])
+    resize_run = statistics.mean(lost) if lost else cal["resize_overhead_s"]
+    diag = replay(trace, policy, slots, table, start_run, resize_run, plan=plan, explore_steps=EXPLORE_STEPS,
+                  resize_cost_s=rc_cost)
+    err = lambda s, l: (s - l) / l  # noqa: E731
+    return {"avg_jct_s": sim.avg_jct_s, "makespan_s": sim.makespan_s, "resizes": sim.resizes,
+            "jct_s": list(sim.jct_s), "avg_jct_err": err(sim.avg_jct_s, run["avg_jct_s"]),
+            "makespan_err": err(sim.makespan_s, run["makespan_s"]),
+            "launch_from_run": {"start_overhead_s": start_run, "resize_overhead_s": resize_run,
+                                "avg_jct_s": diag.avg_jct_s, "avg_jct_err": err(diag.avg_jct_s, run["avg_jct_s"]),
+                                "makespan_s": diag.makespan_s, "resizes": diag.resizes}}
+
+
+def check(policy: str, slots: int, step_s: float, cal_file: str | None, out: Path, timeout: float,
+          keep: str | None) -> dict:
+    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="cluster-check-"))
     work.mkdir(parents=True, exist_ok=True)
     load = LoadSampler()
     load.start()
     t_all = time.time()
-    cal = calibrate(work, a.slots, a.calibration_steps)
-    print(f"calibration: steps/s {cal['rates_steps_per_s']}, start overhead {cal['start_overhead_s']:.1f} s, "
-          f"resize overhead {cal['resize_overhead_s']:.1f} s", flush=True)
-    model, _ = load_profile(work / "profile.json")
-    table = {w: float(model.predict(w)) for w in range(1, a.slots + 1)}
-    results = {}
-    for policy in ("eight", "precompute"):
-        run = live(work, policy, a.slots, work / "profile.json", a.timeout)
-        trace = [(j["arrival_s"], j["steps"]) for j in run["jobs"]]
-        sim_cal = replay(trace, policy, a.slots, table, cal["start_overhead_s"], cal["resize_overhead_s"], plan=table)
-        own = [{w: r for w, r in j["rates_steps_per_s"].items()} or table for j in run["jobs"]]
-        own = [{**table, **{int(w): r for w, r in o.items()}} for o in own]
-        lost = [x for j in run["jobs"] for x in j["resize_lost_s"]]
-        sim_own = replay(trace, policy, a.slots, own, statistics.mean(j["start_overhead_s"] for j in run["jobs"]),
-                         statistics.mean(lost) if lost else cal["resize_overhead_s"], plan=table)
-        live_avg = statistics.mean(j["jct_s"] for j in run["jobs"])
-        for j, s1, s2 in zip(run["jobs"], sim_cal.jct_s, sim_own.jct_s):
-            j["sim_jct_s"], j["sim_err"] = s1, (s1 - j["jct_s"]) / j["jct_s"]
-            j["sim_run_jct_s"], j["sim_run_err"] = s2, (s2 - j["jct_s"]) / j["jct_s"]
-        results[policy] = {**run, "live_avg_jct_s": live_avg, "sim_avg_jct_s": sim_cal.avg_jct_s,
-                           "avg_err": (sim_cal.avg_jct_s - live_avg) / live_avg, "sim_resizes": sim_cal.resizes,
-                           "sim_run_avg_jct_s": sim_own.avg_jct_s,
-                           "avg_err_run": (sim_own.avg_jct_s - live_avg) / live_avg}
-        print(f"{policy}: live avg JCT {live_avg:.1f} s, simulator {sim_cal.avg_jct_s:.1f} s "
-              f"({100 * results[policy]['avg_err']:+.1f}%)", flush=True)
+    args = ["--step-s", str(step_s)] if SCRIPT == PACED else ["--hidden", "32"]
+    if cal_file:
+        cal = json.loads(Path(cal_file).read_text())["calibration"]
+        cf = Path(cal_file).resolve()
+        cal["reused_from"] = str(cf.relative_to(ROOT)) if cf.is_relative_to(ROOT) else cf.name
+    else:
+        cal = calibrate(work, slots, args)
+    print(f"calibration: steps/s {cal['rates_steps_per_s']}, start {cal['start_overhead_s']:.1f} s, resize "
+          f"{cal['resize_overhead_s']:.1f} s, + {cal['overhead_per_worker_s']:.2f} s per worker beyond 1", flush=True)
+    run = live(work, policy, slots, TRACE, args, timeout)
+    sim = simulate_run(run, policy, slots, cal)
+    for j, s in zip(run["jobs"], sim["jct_s"]):
+        j["sim_jct_s"] = s
     load.halt.set()
-    out = {"machine_load_1min": load.summary(), "slots": a.slots, "trace": TRACE, "script_args": SCRIPT_ARGS,
-           "calibration": cal, "policies": results, "wall_s": time.time() - t_all}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1))
-    print(f"\nload (1-min average) mean {out['machine_load_1min']['mean']} on {os.cpu_count()} cores; "
-          f"{out['wall_s']:.0f} s in all; {a.out}\n")
-    print("| policy | job | steps | arrival s | live JCT s | sim JCT s | error | sim (run speeds) s | error |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for policy, r in results.items():
-        for j in r["jobs"]:
-            print(f"| {policy} | {j['name']} | {j['steps']} | {j['arrival_s']:.1f} | {j['jct_s']:.1f} | "
-                  f"{j['sim_jct_s']:.1f} | {100 * j['sim_err']:+.0f}% | {j['sim_run_jct_s']:.1f} | "
-                  f"{100 * j['sim_run_err']:+.0f}% |")
-        print(f"| {policy} | **average** | | | {r['live_avg_jct_s']:.1f} | {r['sim_avg_jct_s']:.1f} | "
-              f"**{100 * r['avg_err']:+.1f}%** | {r['sim_run_avg_jct_s']:.1f} | {100 * r['avg_err_run']:+.1f}% |")
-    if not a.work:
+    res = {"policy": policy, "slots": slots, "cores": os.cpu_count(), "script": str(Path(SCRIPT).relative_to(ROOT)),
+           "script_args": args, "trace": TRACE, "machine_load_1min": load.summary(), "calibration": cal,
+           "live": run, "sim": sim,
+           "side_by_side": side_by_side(run["jobs"], {int(w): r for w, r in cal["rates_steps_per_s"].items()}),
+           "wall_s": time.time() - t_all}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1))
+    print(f"{policy}: live avg JCT {run['avg_jct_s']:.1f} s, simulator {sim['avg_jct_s']:.1f} s "
+          f"({100 * sim['avg_jct_err']:+.1f}%); makespan {run['makespan_s']:.1f} / {sim['makespan_s']:.1f} s; "
+          f"resizes {run['resizes']} / {sim['resizes']}; load {res['machine_load_1min']}; {out}", flush=True)
+    if not keep:
         shutil.rmtree(work, ignore_errors=True)
+    return res
+
+
+def resim(f: Path) -> None:
+    """The simulator's part of a results file again (the live run and calibration as recorded)."""
+    res = json.loads(f.read_text())
+    sim = simulate_run(res["live"], res["policy"], res["slots"], res["calibration"])
+    for j, s in zip(res["live"]["jobs"], sim["jct_s"]):
+        j["sim_jct_s"] = s
+    res["sim"] = sim
+    f.write_text(json.dumps(res, indent=1))
+    print(f"{res['policy']}: live avg JCT {res['live']['avg_jct_s']:.1f} s, simulator {sim['avg_jct_s']:.1f} s "
+          f"({100 * sim['avg_jct_err']:+.1f}%); resizes {res['live']['resizes']} / {sim['resizes']}; with the run's "
+          f"launch times {sim['launch_from_run']['avg_jct_s']:.1f} s ({100 * sim['launch_from_run']['avg_jct_err']:+.1f}%); {f}")
+
+
+def calibrate_only(slots: int, step_s: float, out: Path, keep: str | None) -> None:
+    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="cluster-cal-"))
+    work.mkdir(parents=True, exist_ok=True)
+    load = LoadSampler()
+    load.start()
+    cal = calibrate(work, slots, ["--step-s", str(step_s)])
+    load.halt.set()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"slots": slots, "script": "examples/paced.py", "script_args": ["--step-s", str(step_s)],
+                               "machine_load_1min": load.summary(), "calibration": cal}, indent=1))
+    print(json.dumps(cal, indent=1))
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def summary(files: list[Path], out: Path) -> dict:
+    rows = []
+    for f in files:
+        r = json.loads(f.read_text())
+        sbs = [x["ratio"] for x in r["side_by_side"] if x["ratio"] is not None and x["jobs_beside"] >= 1]
+        rows.append({"policy": r["policy"], "file": f.name, "load_start": r["machine_load_1min"]["start"],
+                     "load_mean": r["machine_load_1min"]["mean"], "jobs": len(r["live"]["jobs"]),
+                     "live_avg_jct_s": r["live"]["avg_jct_s"], "sim_avg_jct_s": r["sim"]["avg_jct_s"],
+                     "avg_jct_err": r["sim"]["avg_jct_err"], "live_makespan_s": r["live"]["makespan_s"],
+                     "sim_makespan_s": r["sim"]["makespan_s"], "makespan_err": r["sim"]["makespan_err"],
+                     "live_resizes": r["live"]["resizes"], "sim_resizes": r["sim"]["resizes"],
+                     "diag_avg_jct_err": r["sim"].get("launch_from_run", {}).get("avg_jct_err"),
+                     "live_start_s_mean": statistics.mean(j["start_overhead_s"] for j in r["live"]["jobs"]),
+                     "live_resize_lost_s_mean": statistics.mean(lost) if (lost := [
+                         x for j in r["live"]["jobs"] for x in j["resize_lost_s"]]) else None,
+                     "side_by_side_ratio_median": statistics.median(sbs) if sbs else None,
+                     "side_by_side_ratio_min": min(sbs) if sbs else None})
+    res = {"runs": rows, "max_abs_avg_jct_err": max(abs(r["avg_jct_err"]) for r in rows) if rows else None}
+    out.write_text(json.dumps(res, indent=1))
+    print("| policy | load (start / mean) | live avg JCT s | sim avg JCT s | error | live makespan s | sim makespan s "
+          "| error | resizes live / sim | launch s live: start, resize | error with the run's launch times "
+          "| steps/s beside others / calibrated (median, min) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        sb = (f"{r['side_by_side_ratio_median']:.2f}, {r['side_by_side_ratio_min']:.2f}"
+              if r["side_by_side_ratio_median"] is not None else "-")
+        print(f"| {r['file'][len('live12_'):-len('.json')]} | {r['load_start']:.1f} / {r['load_mean']:.1f} | {r['live_avg_jct_s']:.1f} | "
+              f"{r['sim_avg_jct_s']:.1f} | {100 * r['avg_jct_err']:+.1f}% | {r['live_makespan_s']:.1f} | "
+              f"{r['sim_makespan_s']:.1f} | {100 * r['makespan_err']:+.1f}% | {r['live_resizes']} / "
+              f"{r['sim_resizes']} | {r['live_start_s_mean']:.1f}, "
+              f"{'-' if r['live_resize_lost_s_mean'] is None else format(r['live_resize_lost_s_mean'], '.1f')} | "
+              f"{'-' if r['diag_avg_jct_err'] is None else format(100 * r['diag_avg_jct_err'], '+.1f') + '%'} | {sb} |")
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--policy", help=f"the live cluster's policy ({', '.join(POLICIES)}, or one the cluster accepts)")
+    p.add_argument("--summary", action="store_true", help="only the table of results/cluster/live12_*.json")
+    p.add_argument("--resim", nargs="+", metavar="FILE", default=None,
+                   help="replay again the live runs of these results files with the current simulator "
+                        "(their own calibration), rewriting their sim part")
+    p.add_argument("--calibrate", action="store_true",
+                   help="only the calibration, to results/cluster/live12_calibration.json (for --calibration)")
+    p.add_argument("--slots", type=int, default=4, help="CPU worker slots (paced jobs need little CPU; default 4)")
+    p.add_argument("--step-s", type=float, default=0.3, help="a paced step's seconds at 1 worker (default 0.3)")
+    p.add_argument("--example", choices=("paced", "mlp"), default="paced",
+                   help="mlp: examples/mlp_digits.py jobs (real compute, no pacing: point 5's check that jobs "
+                        "side by side run at their calibrated speed; use --slots 2 = the cores)")
+    p.add_argument("--jobs", type=int, default=len(TRACE), help="the first N jobs of the trace (development)")
+    p.add_argument("--calibration", default=None, help="reuse the calibration of this results file")
+    p.add_argument("--out", default=None, help="default results/cluster/live12_<policy>.json")
+    p.add_argument("--work", default=None, help="keep the cluster folders here (default: a temporary folder)")
+    p.add_argument("--timeout", type=float, default=900, help="live run, seconds")
+    a = p.parse_args()
+    if a.summary:
+        files = sorted(f for f in RESULTS.glob("live12_*.json")
+                       if f.name not in ("live12_summary.json", "live12_calibration.json"))
+        summary(files, RESULTS / "live12_summary.json")
+        return
+    if a.resim:
+        for f in a.resim:
+            resim(Path(f))
+        return
+    if a.calibrate:
+        calibrate_only(a.slots, a.step_s, Path(a.out or RESULTS / "live12_calibration.json"), a.work)
+        return
+    if not a.policy:
+        p.error("give --policy, --calibrate or --summary")
+    if a.slots < 2 or a.step_s <= 0 or not 1 <= a.jobs <= len(TRACE):
+        p.error(f"need --slots >= 2, --step-s > 0 and 1 <= --jobs <= {len(TRACE)}")
+    if a.example == "mlp":
+        global SCRIPT, CAL_SEGMENT
+        SCRIPT, CAL_SEGMENT = str(ROOT / "examples" / "mlp_digits.py"), 1000
+        TRACE[:] = TRACE_MLP
+    del TRACE[a.jobs:]
+    check(a.policy, a.slots, a.step_s, a.calibration, Path(a.out or RESULTS / f"live12_{a.policy}.json"),
+          a.timeout, a.work)
 
 
 if __name__ == "__main__":

@@ -125,7 +125,7 @@ class ProcessRunner:
         live = cfg.device == "cpu" and not cfg.multi_host
         n_slots = max_w if live else workers
         cmd = [self.python, "-m", "elastic_ring.cli.main", "train"]
-        if resume:
+        if resume or (rd / "run.json").exists():  # (a job stopped before its first launch: its folder)
             cmd += ["--resume", str(rd)]
         elif req.kind == "script":
             cmd += ["--script", req.path, "--steps", str(req.steps), "--run-dir", str(rd)]

@@ -363,6 +363,10 @@ class Scheduler:
             # stopped by us, or a controller killed without a summary after it had launched
             # workers: resume from its last checkpoint (never from scratch, never twice at once)
             state, cause = JobState.PAUSED, "paused"
+        elif out is None and j["message"] in ("preempt", "resize", "explore"):
+            # stopped by us before its controller launched anything (a preemption seconds after
+            # the start, seen live under srtf): back to the queue, not a failure
+            state, cause = JobState.QUEUED, "paused"
         else:
             state, cause = JobState.FAILED, "completion"
         step = obs.total if state == JobState.SUCCEEDED and obs.total else max(obs.step, j["step"])

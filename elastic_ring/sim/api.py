@@ -77,8 +77,20 @@ class SimConfig:
     # Seconds of a job's very first start without progress, slots held (0: the paper's simulator).
     # The live check (scripts/cluster_check_sim.py) sets the measured launch + shutdown time of a job.
     start_overhead_s: float = 0.0
+    # Seconds more of a start or resize per worker of the new size beyond the first (0: the paper's
+    # simulator). The live check fits it to the calibration's resizes (launching W processes).
+    overhead_per_worker_s: float = 0.0
+    # A resize of a job still launching begins when that launch is done, and GPUs given back by a
+    # shrink or preemption are free only then, as live (False: the paper's instant hand-over).
+    resize_after_launch: bool = False
+    # overhead_per_worker_s counts the workers of every other job still launching then, too (the
+    # launches of one CPU node share its cores). False: only the job's own workers.
+    launches_share_node: bool = False
     explore_gpus: tuple[int, ...] = (1, 2, 4, 8)
     explore_phase_s: float = 150.0
+    # > 0: a phase lasts its launch, then this much work (samples; steps in the live replay), as
+    # the live scheduler measures a number of throughput windows; 0: explore_phase_s seconds.
+    explore_phase_work: float = 0.0
     explore_noise: float = 0.02  # relative std of a measured speed during exploration
     workloads: tuple[str, ...] = field(default=("resnet110-cifar10",))
     # Remaining work told to the policies (REMAINING). The engine's default stays the oracle (the
@@ -104,8 +116,12 @@ class SimConfig:
             raise ConfigError(f"resize overhead must be >= 0 s, got {self.resize_overhead_s}")
         if not (self.start_overhead_s >= 0 and math.isfinite(self.start_overhead_s)):
             raise ConfigError(f"start overhead must be >= 0 s, got {self.start_overhead_s}")
+        if not (self.overhead_per_worker_s >= 0 and math.isfinite(self.overhead_per_worker_s)):
+            raise ConfigError(f"overhead per worker must be >= 0 s, got {self.overhead_per_worker_s}")
         if self.explore_phase_s <= self.resize_overhead_s:
             raise ConfigError("an exploration phase must last longer than one resize overhead")
+        if not (self.explore_phase_work >= 0 and math.isfinite(self.explore_phase_work)):
+            raise ConfigError(f"explore_phase_work must be >= 0, got {self.explore_phase_work}")
         if self.explore_noise < 0:
             raise ConfigError("explore_noise must be >= 0")
         if not self.workloads:

@@ -11,11 +11,18 @@ Resize accounting: any change of the GPU count of a job that has already started
 preemption to 0 and each step of an exploration) counts as one resize. A resize, or a resume from
 a checkpoint after a preemption, costs ``resize_overhead_s`` without progress; a job's very first
 start costs ``start_overhead_s`` (0 by default: the same for every policy; the live check sets the
-measured launch time).
+measured launch time). Either cost grows by ``overhead_per_worker_s`` per worker of the new size
+beyond the first (0 by default; on a CPU node launching W worker processes takes longer with W).
+``resize_after_launch`` (off by default): a resize of a job still launching begins when that
+launch is done, and the GPUs it gives back are free only then (what the live scheduler does).
+``launches_share_node`` (off by default): the per-worker cost counts the workers of every other
+job still launching at that moment too (launches on one CPU node share its cores).
 
-Exploration (``policy.explores``): the job holds 8 GPUs and trains ``explore_phase_s`` at each of
+Exploration (``policy.explores``): the job holds 8 GPUs and trains ``explore_phase_s`` (or, with
+``explore_phase_work``, its launch and then that much work, as the live scheduler) at each of
 ``explore_gpus`` (1, 2, 4, 8) in turn, measuring its speed (true speed times 1 + N(0, noise));
-then Eq. 5 is fitted (:func:`~elastic_ring.perfmodel.speed.fit_speed`) and the policy plans with
+then Eq. 5 is fitted (:func:`~elastic_ring.perfmodel.speed.fit_speed_few`: :func:`fit_speed` from 4
+worker counts, fewer terms from fewer, as the live scheduler does) and the policy plans with
 the fit.
 
 Remaining work (``config.remaining``): ``oracle`` tells the policy each job's true remaining Q;
@@ -43,7 +50,7 @@ import numpy as np
 
 from elastic_ring.errors import ElasticRingError
 from elastic_ring.perfmodel.convergence import predict_remaining
-from elastic_ring.perfmodel.speed import SpeedModel, fit_speed
+from elastic_ring.perfmodel.speed import SpeedModel, fit_speed_few
 from elastic_ring.sched.api import JobBatch, JobView, Policy, Rate, model_rate
 from elastic_ring.sched.fast import gain_table, rows_monotone
 from elastic_ring.sim.api import JobSpec, JobState, RunResult, SimConfig
@@ -186,6 +193,7 @@ class Simulator:
         self._active: dict[int, SimJob] = {}
         self.gpus_in_use = 0
         self.max_gpus_in_use = 0
+        self._pending: list[list] = []  # [time, GPUs]: given back by launching jobs, free from time
         self.gpu_seconds = 0.0
         self.resizes = 0
 
@@ -203,6 +211,7 @@ class Simulator:
         self._noise_rng = np.random.default_rng([config.seed, 1])
         self.gpus_in_use = self.max_gpus_in_use = self.resizes = 0
         self.gpu_seconds = 0.0
+        self._pending = []
 
         arrivals = sorted(jobs, key=lambda s: (s.arrival, s.id))
         n_jobs = len(arrivals)
@@ -339,14 +348,14 @@ class Simulator:
             j.phase += 1
             j.resizes += 1
             self.resizes += 1
-            j.paused_until = now + self.config.resize_overhead_s
+            j.paused_until = now + self._launch_cost(phases[j.phase], self.config.resize_overhead_s, now, j)
             self._set_training(j, phases[j.phase], now)
             self._push_phase_end(j, now)
             self._sync(j)
             return
         ws = [m[0] for m in j.measured]
         fs = [max(m[1], 1e-12) for m in j.measured]
-        j.plan_rate = model_rate(fit_speed(ws, fs, j.true_model.m, j.true_model.n).model)
+        j.plan_rate = model_rate(fit_speed_few(ws, fs, j.true_model.m, j.true_model.n)[0].model)
         j.explored = True
         j.state = JobState.RUNNING
         j.phase = -1
@@ -488,12 +497,13 @@ class Simulator:
         """Give job ``j`` ``w`` GPUs (``w != j.gpus_held``): a start, resize, preemption or exploration."""
         if j.state == JobState.EXPLORING:
             raise SimError(f"policy {self.policy.name} changed exploring job {j.id} to {w} GPUs")
+        t0 = self._handover(j, w, now) if self.config.resize_after_launch else now
         if self.explores and not j.explored:
             if w != self.explore_hold:
                 raise SimError(f"policy {self.policy.name} gave unexplored job {j.id} {w} GPUs, "
                                f"not {self.explore_hold}")
             j.advance(now)
-            self._start_exploring(j, now)
+            self._start_exploring(j, t0)
             self._sync(j)
             return
         j.advance(now)
@@ -501,24 +511,61 @@ class Simulator:
             j.resizes += 1
             self.resizes += 1
             if w > 0:
-                j.paused_until = now + self.config.resize_overhead_s
+                j.paused_until = t0 + self._launch_cost(w, self.config.resize_overhead_s, t0, j)
         elif w > 0:
-            j.paused_until = (now + self.config.start_overhead_s if j.work_done == 0
-                              else now + self.config.resize_overhead_s)
+            j.paused_until = t0 + self._launch_cost(w, self.config.start_overhead_s if j.work_done == 0
+                                                    else self.config.resize_overhead_s, t0, j)
         j.state = JobState.RUNNING if w > 0 else JobState.QUEUED
         self.gpus_in_use += w - j.gpus_held
         j.gpus_held = w
         self._set_training(j, w, now)
         self._sync(j)
 
+    def _handover(self, j: SimJob, w: int, now: float) -> float:
+        """``config.resize_after_launch``: when the change of ``j`` to ``w`` GPUs can begin. A job
+        still launching (or resizing) acts on a resize only once that launch is done, and the GPUs
+        a shrink or preemption gives back are free from then on (``_pending``); a start or grow
+        takes free GPUs first, then pending ones in the order they are released, and begins when
+        the last one it needs is free (the live scheduler's slot hand-over)."""
+        pending = [p for p in self._pending if p[0] > now]
+        t0 = now if now > j.paused_until or j.gpus_held == 0 else j.paused_until
+        if w < j.gpus_held:
+            if t0 > now:
+                pending.append([t0, j.gpus_held - w])
+            self._pending = pending
+            return t0
+        need = w - j.gpus_held - max(0, self.gpus - self.gpus_in_use - sum(n for _, n in pending))
+        for p in sorted(pending):
+            if need <= 0:
+                break
+            k = min(need, p[1])
+            p[1] -= k
+            need -= k
+            t0 = max(t0, p[0])
+        self._pending = [p for p in pending if p[1] > 0]
+        return t0
+
     def _start_exploring(self, j: SimJob, now: float) -> None:
         j.state = JobState.EXPLORING
         j.phase = 0
         self.gpus_in_use += self.explore_hold - j.gpus_held
         j.gpus_held = self.explore_hold
-        j.paused_until = now if j.work_done == 0 else now + self.config.resize_overhead_s
-        self._set_training(j, self.config.explore_gpus[0], now)
+        first = self.config.explore_gpus[0]
+        j.paused_until = now + self._launch_cost(first, self.config.start_overhead_s if j.work_done == 0
+                                                 else self.config.resize_overhead_s, now, j)
+        self._set_training(j, first, now)
         self._push_phase_end(j, now)
+
+    def _launch_cost(self, w: int, base: float, t0: float | None = None, j: SimJob | None = None) -> float:
+        """Seconds without progress of a start or resize to ``w`` workers (``base``: the start or
+        resize overhead). With ``config.launches_share_node`` the workers of every other job still
+        launching at ``t0`` count too (launches on one node share its cores)."""
+        per = self.config.overhead_per_worker_s
+        if not per:
+            return base
+        if self.config.launches_share_node and t0 is not None:
+            w += sum(o.gpus_training for o in self._active.values() if o is not j and o.paused_until > t0)
+        return base + per * (w - 1)
 
     def _set_training(self, j: SimJob, gpus: int, now: float) -> None:
         """Train on ``gpus`` from ``now`` (after any pause): new speed, new completion event."""
@@ -531,8 +578,14 @@ class Simulator:
                                              next(self._seq), j.id, j.version))
 
     def _push_phase_end(self, j: SimJob, now: float) -> None:
-        heapq.heappush(self._heap, Event(now + self.config.explore_phase_s, _PHASE_END, next(self._seq),
-                                         j.id, j.phase))
+        """The end of the phase begun at ``now``: ``explore_phase_s`` later, or, with
+        ``explore_phase_work``, once its launch is done and that much work is trained."""
+        work = self.config.explore_phase_work
+        if work > 0 and j.speed > 0:
+            end = (now if now > j.paused_until else j.paused_until) + work / j.speed
+        else:
+            end = now + self.config.explore_phase_s
+        heapq.heappush(self._heap, Event(end, _PHASE_END, next(self._seq), j.id, j.phase))
 
     # ------------------------------------------------------------------------------ result
     def _result(self, finished: list[SimJob], n_jobs: int, t_first: float) -> RunResult:

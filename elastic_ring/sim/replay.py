@@ -4,6 +4,11 @@ A live trace is a list of jobs (arrival time in seconds from the first arrival, 
 measured speed table (steps/s at each worker count). Work is counted in steps and speed in
 steps/s (the live scheduler's units: a job's step budget does not depend on its worker count),
 so the table is handed to the engine as a "model" whose ``samples_per_s`` is steps/s.
+
+Exploratory is replayed as the live scheduler runs it on a node of S slots: an explorer holds the
+largest power of two <= min(8, S) slots and is measured at 1, 2, 4, ... up to it; a phase lasts the
+launch at that size plus ``explore_steps`` steps (the live scheduler's warm-up window and measured
+windows; ``SimConfig.explore_phase_work``).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import math
 from typing import Mapping, Sequence
 
 from elastic_ring.errors import ConfigError
-from elastic_ring.sched.policies import make_policy
+from elastic_ring.sched.policies import Exploratory, make_policy
 from elastic_ring.sim.api import JobSpec, RunResult, SimConfig
 from elastic_ring.sim.engine import simulate
 
@@ -22,7 +27,7 @@ class TableSpeed:
     nearest measured size at or below (a job never runs faster than measured)."""
 
     m = 1.0
-    n = 0.0
+    n = 1.0  # b = n = 1 in an exploration's fit, as the live scheduler's (predictions do not depend on them)
 
     def __init__(self, steps_per_s: Mapping[int, float]) -> None:
         if not steps_per_s or any(w < 1 or not (r > 0 and math.isfinite(r)) for w, r in steps_per_s.items()):
@@ -37,13 +42,31 @@ class TableSpeed:
     predict = samples_per_s
 
 
+def explore_sizes(slots: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to the largest power of two <= min(8, ``slots``) (the live exploration)."""
+    out = [1]
+    while out[-1] * 2 <= min(8, slots):
+        out.append(out[-1] * 2)
+    return tuple(out)
+
+
 def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Mapping[int, float] | Sequence[Mapping[int, float]],
-           start_overhead_s: float, resize_overhead_s: float, plan: Mapping[int, float] | None = None) -> RunResult:
+           start_overhead_s: float, resize_overhead_s: float, plan: Mapping[int, float] | None = None,
+           overhead_per_worker_s: float = 0.0, explore_steps: int = 60,
+           resize_after_launch: bool = True, resize_cost_s: float | None = None,
+           launches_share_node: bool = True) -> RunResult:
     """Simulate ``jobs`` ((arrival s, steps), in submission order) on ``slots`` under ``policy``.
 
     ``speed``: the true steps/s table of every job, or one per job. ``plan``: the table the
     planner sees (the live scheduler's profile; default: each job's true table). Remaining work is
-    the oracle (steps left of the budget, as the live scheduler without a target loss).
+    the oracle (steps left of the budget, as the live scheduler without a target loss). A start or
+    resize to W workers costs its overhead + ``overhead_per_worker_s`` x (W - 1). With
+    ``resize_after_launch`` (the live scheduler's hand-over) a resize of a job still launching
+    begins when that launch is done and the slots it gives back are free only then; with
+    ``launches_share_node`` the per-worker cost counts the workers of every launch in progress
+    (the node's cores are shared by the launches side by side).
+    ``NAME-rc`` policies are told ``resize_cost_s`` as the cost of a resize (default
+    ``resize_overhead_s``).
     """
     tables = list(speed) if isinstance(speed, (list, tuple)) else [speed] * len(jobs)
     if len(tables) != len(jobs):
@@ -51,7 +74,11 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
     models = {f"job{i}": TableSpeed(t) for i, t in enumerate(tables)}
     plans = {k: TableSpeed(plan) for k in models} if plan is not None else None
     specs = [JobSpec(id=i, arrival=float(a), work=float(s), workload=f"job{i}") for i, (a, s) in enumerate(jobs)]
+    sizes = explore_sizes(slots)
     cfg = SimConfig(gpus=slots, jobs=len(specs), resize_overhead_s=resize_overhead_s,
-                    start_overhead_s=start_overhead_s, explore_phase_s=max(150.0, resize_overhead_s + 1),
-                    remaining="oracle")
-    return simulate(cfg, make_policy(policy, resize_overhead_s), specs, models, plans)  # -rc: the measured cost
+                    start_overhead_s=start_overhead_s, overhead_per_worker_s=overhead_per_worker_s,
+                    resize_after_launch=resize_after_launch, launches_share_node=launches_share_node,
+                    explore_gpus=sizes, explore_phase_work=float(explore_steps), remaining="oracle")
+    pol = Exploratory(sizes[-1]) if policy == "exploratory" else make_policy(
+        policy, resize_overhead_s if resize_cost_s is None else resize_cost_s)
+    return simulate(cfg, pol, specs, models, plans)

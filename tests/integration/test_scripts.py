@@ -1,6 +1,6 @@
 """`elastic-ring train --script`: users' own scripts on the worker library, with real horovodrun.
 
-Each example of ``examples/`` is resized 1 -> 2 -> 1: every step once (the segments tile the run
+Each example of ``examples/`` is resized 1 -> 2 -> 1 (the paced one 1 -> 2): every step once (the segments tile the run
 and the sample cursor of the final checkpoint is exactly the samples the schedule consumes), Eq. 7
 at each relaunch, and a final loss that shows it learned. Then the contract's bad inputs.
 """
@@ -71,6 +71,23 @@ def test_char_transformer_resized_1_2_1_learns(tmp_path):
     assert last["test_loss"] < 0.5 * math.log(34), last  # far below a uniform guess over ~34 chars
     s = json.loads((run / "summary.json").read_text())
     assert [x["workers"] for x in s["sizes"]] == [1, 2] and len(s["resizes"]) == 2
+
+
+def test_paced_example_keeps_its_pace_and_speeds_up_with_workers(tmp_path):
+    # examples/paced.py: a step lasts --step-s / W (a sleep after the real step), so steps/s is
+    # about W / step_s: never faster than the pace, and nearly twice as fast at 2 workers
+    run = tmp_path / "paced"
+    p = run_cli("train", "--script", str(ROOT / "examples" / "paced.py"), "--steps", "48", "--gpus", "1",
+                "--schedule", "24:2", "--slots", "2", "--run-dir", str(run), "--", "--step-s", "0.4", timeout=300)
+    assert p.returncode == 0, p.stderr
+    ev = _check_elastic_run(run, 48, [(24, 2)], batch=8)
+    by_size: dict[int, list[float]] = {}
+    for e in ev:
+        if e["kind"] == "throughput" and e["steps"] >= 10:
+            by_size.setdefault(e["world_size"], []).append(e["steps"] / e["seconds"])
+    r1, r2 = max(by_size[1]), max(by_size[2])
+    assert r1 <= 1 / 0.4 * 1.02 and r2 <= 2 / 0.4 * 1.02, by_size  # the sleep sets a floor on the step
+    assert r2 > 1.4 * r1, by_size  # (the real step and the allreduce of the 2 workers take a little)
 
 
 RAISES_EARLY = """

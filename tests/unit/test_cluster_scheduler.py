@@ -228,6 +228,25 @@ def test_cancel_right_after_the_start_ends_cancelled_not_failed(tmp_path):
     assert [e["kind"] for e in store.events(a)][-1] == "cancelled"
 
 
+def test_preempted_before_its_first_launch_goes_back_to_the_queue_not_failed(tmp_path):
+    """srtf preempted a job 3 s after its start, before its controller launched workers (seen
+    live): the controller ends with no summary and no launch; the job is queued again and later
+    runs to the end."""
+    store, cfg, runner, sched = _setup(tmp_path, slots=2, policy="eight")
+    a = _submit(store, "a", 40)
+    sched.recover()
+    sched.tick()
+    runner.jobs[a].launches = 0
+    sched._stop(store.job(a), "preempt")
+    runner.jobs[a].stopping = 0
+    runner.jobs[a].alive, runner.jobs[a].outcome = False, None  # killed before any summary
+    sched.tick()
+    assert store.job(a)["state"] in (JobState.QUEUED, JobState.RUNNING)
+    assert "failed" not in [e["kind"] for e in store.events(a)]
+    _run(store, sched, runner, 2)
+    assert store.job(a)["state"] == JobState.SUCCEEDED
+
+
 def test_cancel_landing_after_the_decision_never_starts_the_job(tmp_path):
     """The cancel is written while the scheduler is in the tick that took the arrival (after its
     decision gave the job slots, before it starts jobs): the job is not started, then cancelled."""
