@@ -203,3 +203,18 @@ def test_ray_jobs_run_train_on_the_same_cluster_without_pinning(tmp_path):
     jid2 = _submit(store, "b", 50, max_workers=3)
     cmd, _ = r.command(store.job(jid2), [0], 1, resume=True)
     assert cmd[cmd.index("--slots") + 1] == "3" and "--resume" in cmd and "ray" in cmd
+
+
+def test_an_address_where_nothing_listens_is_one_line_at_once():
+    import socket
+
+    import pytest
+
+    from elastic_ring.cluster.api import ClusterError
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    with pytest.raises(ClusterError, match=f"cannot connect to Ray at 127.0.0.1:{port}"):
+        RaySlots(f"127.0.0.1:{port}").connect()
