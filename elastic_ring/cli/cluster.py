@@ -10,6 +10,7 @@ folder. Nothing listens on a network port unless asked: ``cluster up --web [HOST
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -84,6 +85,10 @@ def cluster() -> None:
 @click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Slots on several hosts, 'host slots=N' per line; jobs get horovodrun -H lists "
                    "(resizes are then stop + resume on the new hosts).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None, metavar="[ADDRESS]",
+              help="Slots from a Ray cluster's alive nodes (their CPUs, or GPUs with --device cuda), read "
+                   "at every pass: jobs grow onto a node that joins; they run with --backend ray. "
+                   "ADDRESS: default $RAY_ADDRESS, else a local Ray started here.")
 @click.option("--policy", type=click.Choice(list(LIVE_POLICIES)), default=None,
               help="Allocation policy of elastic_ring.sched (the simulator's). Default precompute, or "
                    "the folder's. exploratory: a new job holds the largest power of two <= min(8, slots) "
@@ -104,26 +109,23 @@ def cluster() -> None:
               help="Also serve the read-only cluster page and Prometheus /metrics on this address "
                    "(host 127.0.0.1 unless given; reach it from elsewhere through an ssh tunnel).")
 @dir_option
-def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet, web, cluster_dir):
+def up(slots, hostfile, ray_address, policy, device, network_interface, profile, poll, quiet, web, cluster_dir):
     """Start the scheduler on the cluster folder (creating it), in the foreground.
 
     It takes submitted jobs, decides allocations at every arrival, completion and cancellation
     with the policy, starts each job under its own `train` controller and resizes it live. Its
     state is in DIR/cluster.db: after a crash (even kill -9), `cluster up` on the same folder
     re-attaches to the controllers that still run and resumes the others from their checkpoints.
-    Ctrl-C or SIGTERM drains, as `cluster down` does.
+    Ctrl-C or SIGTERM drains, as `cluster down` does. With --ray the slots are the Ray cluster's,
+    and the policy decides again whenever a node joins or leaves.
     """
+    from elastic_ring.cluster.ray_slots import slot_source
     from elastic_ring.cluster.runner import ProcessRunner
     from elastic_ring.cluster.scheduler import Scheduler, live_policy
     from elastic_ring.cluster.store import Store
 
     d = Path(cluster_dir)
-    if slots is not None and slots < 1:
-        raise UserError(f"--slots must be >= 1, got {slots}")
-    if slots is not None and hostfile:
-        raise UserError("give --slots or --hostfile, not both")
-    if poll <= 0:
-        raise UserError(f"--poll must be > 0, got {poll}")
+    _check_up(slots, hostfile, ray_address, poll)
     lock = _SchedulerLock(d)
     lock.acquire()
     sock = None
@@ -132,16 +134,85 @@ def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet,
 
         sock = bind(*parse_bind(web))
     store = Store(d, create=True)
+    cfg = _config(store, slots, hostfile, ray_address, policy, device, network_interface, profile, poll)
+    source = slot_source(cfg)
+    address = source.connect() if cfg.ray is not None else None
+    try:
+        if cfg.ray is not None:  # the nodes seen now (what `jobs` shows until the scheduler's next pass)
+            cfg = dataclasses.replace(cfg, hosts=tuple((n.name, n.slots) for n in source.capacity().nodes))
+            store.set_meta("nodes", [list(h) for h in cfg.hosts])
+        elif any(len(j["slots"]) and max(j["slots"]) >= cfg.slots for j in store.jobs(active_only=True)):
+            raise UserError(f"jobs of {d} hold slots beyond the {cfg.slots} asked; start with the same slots")
+        store.set_meta("config", cfg.to_dict())
+        store.set_meta("down", False)
+        store.set_meta("scheduler_pid", os.getpid())
+        runner = ProcessRunner(d, cfg, ray_address=address)
+        sched = Scheduler(store, cfg, live_policy(cfg.policy, max(cfg.slots, 1), cfg.device), runner, rate_for=_rate_for(cfg),
+                          slots=source)
+        click.echo(_banner(cfg, d, address))
+        if sock is not None:
+            from elastic_ring.cluster.web import WebServer
+
+            server = WebServer(d, sock)
+            server.start()
+            click.echo(f"web page: {server.url} (metrics: {server.url}metrics)")
+        _loop(store, sched, cfg.poll_s, quiet)
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
+
+
+def _check_up(slots, hostfile, ray_address, poll) -> None:
+    if slots is not None and slots < 1:
+        raise UserError(f"--slots must be >= 1, got {slots}")
+    if sum(x is not None for x in (slots, hostfile, ray_address)) > 1:
+        raise UserError("give one of --slots, --hostfile and --ray")
+    if poll <= 0:
+        raise UserError(f"--poll must be > 0, got {poll}")
+
+
+def _config(store, slots, hostfile, ray_address, policy, device, network_interface, profile, poll):
+    """The cluster's config: the options given, else the folder's previous one."""
+    from elastic_ring.cluster.api import ClusterConfig
+
     old = store.config()
-    cfg = _cluster_config(old, slots, hostfile, policy, device, network_interface, poll, profile)
-    hosts = cfg.hosts
-    if old is not None and any(len(j["slots"]) and max(j["slots"]) >= cfg.slots for j in store.jobs(active_only=True)):
-        raise UserError(f"jobs of {d} hold slots beyond the {cfg.slots} asked; start with the same slots")
-    store.set_meta("config", cfg.to_dict())
-    store.set_meta("down", False)
-    store.set_meta("scheduler_pid", os.getpid())
-    runner = ProcessRunner(d, cfg)
-    sched = Scheduler(store, cfg, live_policy(cfg.policy, cfg.slots, cfg.device), runner, rate_for=_rate_for(cfg))
+    ray = None
+    if ray_address is not None:
+        hosts, ray = (), ray_address  # "": $RAY_ADDRESS, else a local Ray
+    elif hostfile:
+        hosts = _parse_hostfile(hostfile)
+    elif slots is not None:
+        hosts = (("localhost", slots),)
+    elif old is not None:
+        hosts, ray = old.hosts, old.ray
+    else:
+        raise UserError("a new cluster needs --slots N, --hostfile PATH or --ray [ADDRESS]")
+    if old is not None and (old.ray is None) != (ray is None) and store.jobs(active_only=True):
+        raise UserError(f"jobs of {store.dir} run {'on Ray' if old.ray is not None else 'on fixed hosts'}: "
+                        f"start with the same kind of slots")
+    return ClusterConfig(hosts=hosts, policy=policy or (old.policy if old else "precompute"),
+                         device=device or (old.device if old else "cpu"),
+                         network_interface=network_interface or (old.network_interface if old else None),
+                         poll_s=poll, profile=str(Path(profile).resolve()) if profile else (old.profile if old else None),
+                         ray=ray)
+
+
+def _banner(cfg, d: Path, address: str | None) -> str:
+    kind = "GPU" if cfg.device == "cuda" else "CPU worker"
+    where = ", ".join(f"{h}:{n}" for h, n in cfg.hosts)
+    if address is not None:
+        return (f"elastic-ring cluster: {cfg.slots} {kind} slot(s) on Ray {address} "
+                f"({len(cfg.hosts)} node(s): {where or 'none'}; read at every pass), policy {cfg.policy}, "
+                f"folder {d.resolve()}")
+    cpus = os.cpu_count() or 1
+    return (f"elastic-ring cluster: {cfg.slots} {kind} slot(s) on {where}, policy {cfg.policy}, folder {d.resolve()}"
+            + (f" ({cfg.slots} slots on {cpus} cores: jobs share the cores)"
+               if cfg.device == "cpu" and cfg.slots > cpus else ""))
+
+
+def _loop(store, sched, poll_s: float, quiet: bool) -> None:
+    """The scheduler's passes until `cluster down` (or Ctrl-C, SIGTERM) has drained every job."""
     stop = {"n": 0}
 
     def on_signal(signum, frame):  # only sets a flag
@@ -149,25 +220,16 @@ def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet,
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    cpus = os.cpu_count() or 1
-    kind = "GPU" if cfg.device == "cuda" else "CPU worker"
-    click.echo(f"elastic-ring cluster: {cfg.slots} {kind} slot(s) on {', '.join(f'{h}:{n}' for h, n in hosts)}, "
-               f"policy {cfg.policy}, folder {d.resolve()}"
-               + (f" ({cfg.slots} slots on {cpus} cores: jobs share the cores)"
-                  if cfg.device == "cpu" and cfg.slots > cpus else ""))
-    if sock is not None:
-        from elastic_ring.cluster.web import WebServer
-
-        server = WebServer(d, sock)
-        server.start()
-        click.echo(f"web page: {server.url} (metrics: {server.url}metrics)")
     sched.recover()
-    last_event, last_table = 0, ""
+    last_event, last_table, last_nodes = 0, "", sched.capacity.nodes
     while True:
         if stop["n"] and not store.get_meta("down"):
             store.set_meta("down", True)
             click.echo("draining: running jobs checkpoint and stop")
         more = sched.tick()
+        if sched.capacity.nodes != last_nodes:
+            last_nodes = sched.capacity.nodes
+            click.echo(f"{time.strftime('%H:%M:%S')} nodes: {_nodes_line([(n.name, n.slots) for n in last_nodes])}")
         for e in store.events():
             if e["id"] > last_event:
                 last_event = e["id"]
@@ -181,25 +243,11 @@ def up(slots, hostfile, policy, device, network_interface, profile, poll, quiet,
         if not more:
             click.echo("cluster down: every job stopped at a checkpoint (continue with `cluster up`)")
             return
-        time.sleep(cfg.poll_s)
+        time.sleep(poll_s)
 
 
-def _cluster_config(old, slots, hostfile, policy, device, network_interface, poll, profile):
-    """`cluster up`'s ClusterConfig: the flags given, else the folder's (``old``), else defaults."""
-    from elastic_ring.cluster.api import ClusterConfig
-
-    if hostfile:
-        hosts = _parse_hostfile(hostfile)
-    elif slots is not None:
-        hosts = (("localhost", slots),)
-    elif old is not None:
-        hosts = old.hosts
-    else:
-        raise UserError("a new cluster needs --slots N or --hostfile PATH")
-    return ClusterConfig(hosts=hosts, policy=policy or (old.policy if old else "precompute"),
-                         device=device or (old.device if old else "cpu"),
-                         network_interface=network_interface or (old.network_interface if old else None),
-                         poll_s=poll, profile=str(Path(profile).resolve()) if profile else (old.profile if old else None))
+def _nodes_line(nodes) -> str:
+    return (", ".join(f"{h}:{n}" for h, n in nodes) or "none") + f" ({sum(n for _, n in nodes)} slot(s))"
 
 
 def _rate_for(cfg):
@@ -298,9 +346,10 @@ def submit(target, name, steps, min_workers, max_workers, sets, profile, target_
         raise ClusterError("--set is for configs; give a script its own arguments after --")
     store = Store(Path(cluster_dir))
     cfg = store.config()
-    if cfg and max_workers > cfg.slots:
+    fixed = cfg is not None and cfg.ray is None  # a Ray cluster's slots change as nodes join
+    if fixed and max_workers > cfg.slots:
         raise ClusterError(f"--max-workers {max_workers} is more than the cluster's {cfg.slots} slots")
-    if cfg and min_workers > cfg.slots:
+    if fixed and min_workers > cfg.slots:
         raise ClusterError(f"--min-workers {min_workers} is more than the cluster's {cfg.slots} slots")
     train_args = ("--checkpoint-every", str(checkpoint_every)) if checkpoint_every else ()
     req = JobRequest(name=name or p.stem, kind=kind, path=str(p), steps=steps, min_workers=min_workers,
@@ -337,6 +386,9 @@ def jobs(as_json, cluster_dir):
                for j in rows]
         click.echo(json.dumps(out, indent=1))
     else:
+        cfg = store.config()
+        if cfg is not None and cfg.ray is not None:
+            click.echo(f"Ray nodes: {_nodes_line(store.get_meta('nodes') or [list(h) for h in cfg.hosts])}")
         click.echo(_table(rows))
 
 

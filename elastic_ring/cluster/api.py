@@ -3,7 +3,9 @@
 Slots are the units a policy hands out: GPUs on a GPU node (a job gets its own set through
 ``CUDA_VISIBLE_DEVICES``), CPU worker processes on a CPU machine (there may be more slots than
 cores: the jobs then share the cores, as any oversubscribed machine does). With a hostfile the
-slots span several hosts and a job gets a horovodrun ``-H host:n,...`` list of its slots.
+slots span several hosts and a job gets a horovodrun ``-H host:n,...`` list of its slots. On a Ray
+cluster (``ray``) the slots are the alive nodes' CPUs or GPUs, read at every pass
+(:mod:`elastic_ring.cluster.ray_slots`); ``hosts`` is then the nodes seen last.
 """
 
 from __future__ import annotations
@@ -99,7 +101,11 @@ class JobRequest:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Blueprint of one cluster: its slots (host, count per host), the device kind, the policy."""
+    """Blueprint of one cluster: its slots (host, count per host), the device kind, the policy.
+
+    ray: None (fixed hosts), or the Ray cluster whose nodes give the slots ("": $RAY_ADDRESS, else
+    a local Ray); ``hosts`` is then the nodes seen last (it may be empty: a head without CPUs).
+    """
 
     hosts: tuple[tuple[str, int], ...]
     policy: str = "precompute"
@@ -107,9 +113,10 @@ class ClusterConfig:
     network_interface: str | None = None
     poll_s: float = 0.5
     profile: str | None = None  # default profile for jobs without one
+    ray: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.hosts or any(n < 1 for _, n in self.hosts):
+        if self.ray is None and (not self.hosts or any(n < 1 for _, n in self.hosts)):
             raise ClusterError("a cluster needs at least one slot")
         if self.policy not in LIVE_POLICIES:
             raise ClusterError(f"unknown policy {self.policy!r} for the live scheduler; choose from "
@@ -123,7 +130,8 @@ class ClusterConfig:
 
     @property
     def multi_host(self) -> bool:
-        return len(self.hosts) > 1
+        """Several fixed hosts (horovodrun -H lists); never for Ray (Ray places the workers)."""
+        return self.ray is None and len(self.hosts) > 1
 
     def slot_table(self) -> list[tuple[str, int]]:
         """Slot index -> (host, index on that host)."""
@@ -155,6 +163,8 @@ class Observation:
     launch count tells the first window after each launch, a warm-up, apart).
     resize_lost_s: ``total_lost_s`` of the ``resize_overhead`` events read since the previous
     observation (each resize's seconds without training): what the ``-rc`` policies weigh.
+    restarts: launches that followed a ``restart`` event (a failure: the controller relaunched from
+    its checkpoint, on a Ray cluster perhaps on fewer workers).
     """
 
     alive: bool
@@ -169,3 +179,4 @@ class Observation:
     losses: list[tuple[float, float]] = field(default_factory=list)
     throughput: list[tuple[int, int, int, float]] = field(default_factory=list)
     resize_lost_s: list[float] = field(default_factory=list)
+    restarts: int = 0

@@ -16,6 +16,12 @@ slots the same way: slot i's GPU and core i). GPUs: ``CUDA_VISIBLE_DEVICES`` = t
 ``--slots`` = its size; several hosts: ``--hosts host:n,...`` of its slots. In these two cases a
 resize is a stop and a resume on the new slots (the visible devices and the host list are fixed for
 a controller's life).
+
+Ray (``cluster up --ray``): every job runs ``train --backend ray --ray-address`` the scheduler's
+cluster, with ``--slots`` = its --max-workers (else :data:`RAY_SLOTS`: it may grow onto any node
+that joins) and ``--warm-spares 0`` (a spare actor would hold a CPU or GPU the scheduler gives to
+another job); Ray places the workers, so there is no core pinning and no CUDA_VISIBLE_DEVICES, and
+every resize is live.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ from elastic_ring.cluster.api import ClusterConfig, Observation
 from elastic_ring.controller.lock import holder_pid, is_locked
 from elastic_ring.errors import UserError
 from elastic_ring.telemetry.tensorboard import ENV_DIR as TB_ENV_DIR
+
+
+RAY_SLOTS = 1024  # a Ray job's --slots without --max-workers: the scheduler's allocation bounds it
 
 
 def run_dir(cluster_dir: Path, jid: int) -> Path:
@@ -103,10 +112,12 @@ class _Tail:
 class ProcessRunner:
     """The real side effects of :class:`~elastic_ring.cluster.scheduler.Scheduler`."""
 
-    def __init__(self, cluster_dir: Path, config: ClusterConfig, python: str = sys.executable) -> None:
+    def __init__(self, cluster_dir: Path, config: ClusterConfig, python: str = sys.executable,
+                 ray_address: str | None = None) -> None:
         self.dir = Path(cluster_dir).resolve()
         self.config = config
         self.python = python
+        self.ray_address = ray_address  # the Ray cluster the jobs join (config.ray set)
         self._procs: dict[int, subprocess.Popen] = {}
         self._tails: dict[int, _Tail] = {}
         self._seen: dict[int, dict[str, Any]] = {}
@@ -121,9 +132,11 @@ class ProcessRunner:
         req = job["request"]
         rd = run_dir(self.dir, job["id"])
         cfg = self.config
-        max_w = min(req.max_workers or cfg.slots, cfg.slots)
-        live = cfg.device == "cpu" and not cfg.multi_host
-        n_slots = max_w if live else workers
+        if cfg.ray is not None:
+            n_slots = req.max_workers or RAY_SLOTS
+        else:
+            max_w = min(req.max_workers or cfg.slots, cfg.slots)
+            n_slots = max_w if cfg.device == "cpu" and not cfg.multi_host else workers
         cmd = [self.python, "-m", "elastic_ring.cli.main", "train"]
         if resume or (rd / "run.json").exists():  # (a job stopped before its first launch: its folder)
             cmd += ["--resume", str(rd)]
@@ -138,6 +151,8 @@ class ProcessRunner:
         cmd += ["--gpus", str(workers), "--slots", str(n_slots), "--device", cfg.device]
         if cfg.multi_host:
             cmd += ["--hosts", self._hosts(slots)]
+        if cfg.ray is not None:
+            cmd += ["--backend", "ray", "--ray-address", self.ray_address or cfg.ray or "auto", "--warm-spares", "0"]
         if cfg.network_interface:
             cmd += ["--network-interface", cfg.network_interface]
         if not resume:
@@ -146,7 +161,7 @@ class ProcessRunner:
                 cmd += ["--", *req.args]
         env = dict(os.environ)
         env[TB_ENV_DIR] = str(tensorboard_dir(self.dir, job))
-        if cfg.device == "cuda":
+        if cfg.device == "cuda" and cfg.ray is None:
             env.update(gpu_env(cfg.slot_table(), slots, cfg.multi_host))
         return cmd, env
 
@@ -157,7 +172,9 @@ class ProcessRunner:
             mine = sorted(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             return set()
-        return {mine[s % len(mine)] for s in slots} if slots and not self.config.multi_host else set()
+        if not slots or self.config.multi_host or self.config.ray is not None:
+            return set()  # other hosts' cores, or Ray's nodes: not ours to pin
+        return {mine[s % len(mine)] for s in slots}
 
     def pin(self, job: dict[str, Any], slots: list[int]) -> bool:
         """Move the job's controller and every process under it to the cores of ``slots``
@@ -242,7 +259,8 @@ class ProcessRunner:
         jid = job["id"]
         rd = run_dir(self.dir, jid)
         alive = self.alive(job)
-        seen = self._seen.setdefault(jid, {"launches": 0, "exits": 0, "world": 0, "ips": 0.0, "losses": []})
+        seen = self._seen.setdefault(jid, {"launches": 0, "exits": 0, "world": 0, "ips": 0.0, "losses": [],
+                                           "restarts": 0, "restarting": False})
         tail = self._tails.setdefault(jid, _Tail(rd / "events.jsonl"))
         windows: list[tuple[int, int, int, float]] = []
         lost: list[float] = []
@@ -250,8 +268,12 @@ class ProcessRunner:
             k = e.get("kind")
             if k == "resize_overhead" and isinstance(e.get("total_lost_s"), (int, float)):
                 lost.append(float(e["total_lost_s"]))
+            elif k == "restart" and not e.get("gave_up"):
+                seen["restarting"] = True
             elif k == "launch":
                 seen["launches"] += 1
+                if seen["restarting"]:
+                    seen["restarts"], seen["restarting"] = seen["restarts"] + 1, False
                 seen["world"] = int(e.get("world_size", 0))
                 seen["work"] = [0.0, 0.0]  # images and seconds of this launch's windows
             elif k == "workers_exited":
@@ -284,4 +306,4 @@ class ProcessRunner:
                            step=int(prog.get("step", 0) or 0), total=int(run.get("total_steps") or 0),
                            images_per_s=seen["ips"], launches=seen["launches"], exits=seen["exits"],
                            outcome=outcome, losses=list(seen["losses"]), throughput=windows,
-                           resize_lost_s=lost)
+                           resize_lost_s=lost, restarts=seen["restarts"])

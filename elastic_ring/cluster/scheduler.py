@@ -38,7 +38,15 @@ rate in the policy's doubling. The measurements and the fit are events in the st
 restarted scheduler continues an exploration where it was. A job whose --min-workers exceeds
 ``hold`` is not explored (its profile, else linear speed-up).
 
-Side effects (processes, time) come from ``runner`` and ``clock``.
+Slots come from a :class:`~elastic_ring.cluster.ray_slots.SlotSource`, asked at every pass: fixed
+hosts, or a Ray cluster's nodes. When the count changes (a Ray node joined or left), the policy
+decides again (cause ``capacity``): a job grows onto a new node through the same live resize, and
+a job whose Ray backend restarted on fewer workers after losing a node gives back the slots it no
+longer uses (a ``restarted_smaller`` event) once its controller reports the restart's launch. A
+Ray slot is a count (Ray places the workers), and a start or grow also waits until Ray could
+place it (its free resources), whatever the scheduler's accounts say.
+
+Side effects (processes, time, the slots) come from ``runner``, ``clock`` and ``slots``.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from elastic_ring.cluster.api import ClusterConfig, ClusterError, JobState, Observation
+from elastic_ring.cluster.ray_slots import Capacity, FixedSlots, SlotSource
 from elastic_ring.cluster.store import Store
 from elastic_ring.perfmodel.convergence import predict_remaining
 from elastic_ring.perfmodel.speed import FitError, SpeedModel, fit_speed_few
@@ -116,28 +125,44 @@ RateFor = Callable[[dict[str, Any]], Callable[[int], float]]
 class Scheduler:
     """Args:
         rate_for: job row -> its speed in steps/s as a function of its worker count.
+        slots: where the slots come from (default: the config's fixed hosts).
     """
 
     def __init__(self, store: Store, config: ClusterConfig, policy: Any, runner: Runner, rate_for: RateFor,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, slots: SlotSource | None = None) -> None:
         self.store, self.config, self.policy, self.runner = store, config, policy, runner
         self.rate_for, self.clock = rate_for, clock
+        self.source: SlotSource = slots if slots is not None else FixedSlots(config)
+        self.capacity: Capacity = self.source.capacity()
         self._rates: dict[int, Callable[[int], float]] = {}
         self._obs: dict[int, Observation] = {}
-        self.live_resize = config.device == "cpu" and not config.multi_host
+        self._marks: dict[int, int] = {}  # job -> its restarts (Observation.restarts) already handled
+        self.live_resize = self.source.live_resize
         self.explores = bool(getattr(policy, "explores", False))
         self.hold = int(getattr(policy, "explore_gpus", EXPLORE_GPUS))
-        if self.explores and self.hold > config.slots:
+        if self.explores and not self.source.elastic and self.hold > self.slots:
             raise ClusterError(f"policy {policy.name} holds {self.hold} slots per exploring job; the cluster "
-                               f"has {config.slots}")
+                               f"has {self.slots}")
         self._explore: dict[int, _Exploration] = {}
         # each job's resize cost, from its resize_overhead events (the -rc policies weigh it)
         self.resize_costs = ResizeCosts(float(getattr(policy, "resize_cost_s", default_resize_cost(config.device))))
 
+    @property
+    def slots(self) -> int:
+        """The slots now (fixed hosts: always the same; Ray: as of the last pass)."""
+        return self.capacity.total
+
     # ------------------------------------------------------------------ helpers
     def _free(self, jobs: list[dict[str, Any]]) -> list[int]:
+        """The lowest slot numbers nobody holds, as many as the slots not held (on fixed hosts:
+        those of range(slots); a Ray job may hold numbers beyond the slots after a node left)."""
         held = {s for j in jobs for s in j["slots"]}
-        return [s for s in range(self.config.slots) if s not in held]
+        n, out, s = self.slots - len(held), [], 0
+        while len(out) < n:
+            if s not in held:
+                out.append(s)
+            s += 1
+        return out
 
     def _remaining(self, j: dict[str, Any]) -> float:
         req = j["request"]
@@ -179,7 +204,7 @@ class Scheduler:
         x = self._explore.get(j["id"])
         if x is None:
             req = j["request"]
-            hold = min(self.hold, req.max_workers or self.config.slots)
+            hold = min(self.hold, req.max_workers or max(self.slots, 1))
             x = self._explore[j["id"]] = _Exploration(explore_sizes(hold, req.min_workers))
             for e in self.store.events(j["id"]):
                 if e["kind"] == "explore_measured":
@@ -266,18 +291,18 @@ class Scheduler:
         current = {j["id"]: len(j["slots"]) for j in jobs}
         if hasattr(self.policy, "costs"):  # a -rc policy: each job's measured resize cost
             self.policy.costs = self.resize_costs.table(current)
-        alloc = self.policy.allocate(views, self.config.slots, current) if views else {}
+        alloc = self.policy.allocate(views, self.slots, current) if views and self.slots > 0 else {}
         out = {}
         for j in jobs:
             req = j["request"]
             w = int(alloc.get(j["id"], 0))
-            hi = min(req.max_workers or self.config.slots, self.config.slots)
+            hi = min(req.max_workers or self.slots, self.slots)
             w = min(w, hi)
             if 0 < w < req.min_workers:
                 w = 0
             out[j["id"]] = w
-        if sum(out.values()) > self.config.slots:
-            raise RuntimeError(f"policy {self.policy.name} allocated {sum(out.values())} of {self.config.slots} slots")
+        if sum(out.values()) > self.slots:
+            raise RuntimeError(f"policy {self.policy.name} allocated {sum(out.values())} of {self.slots} slots")
         with self.store.transaction():
             for jid_, w in out.items():
                 self.store.update(jid_, target=w)
@@ -294,6 +319,7 @@ class Scheduler:
         for j in self.store.jobs(active_only=True):
             if j["state"] in _LIVE:
                 obs = self._observe(j)
+                self._marks[j["id"]] = obs.restarts
                 if obs.alive:
                     self.store.event(j["id"], "adopted", pid=j["pid"], workers=obs.world_size)
                 else:
@@ -304,6 +330,8 @@ class Scheduler:
         """One pass; False once `cluster down` has drained every job."""
         causes: list[tuple[str, int | None]] = []
         down = bool(self.store.get_meta("down"))
+        if self._refresh():
+            causes.append(("capacity", None))
         for j in self.store.jobs(active_only=True):
             if j["state"] not in _LIVE:
                 continue
@@ -315,15 +343,20 @@ class Scheduler:
                 continue
             self.store.update(j["id"], step=obs.step, total=obs.total or j["total"], workers=obs.world_size,
                               images_per_s=obs.images_per_s)
-            if j["resize_to"] is not None and obs.world_size == j["resize_to"] and obs.exits > (j["resize_mark"] or 0):
+            if j["resize_to"] is not None and obs.world_size == j["resize_to"] and (
+                    obs.exits > (j["resize_mark"] or 0) or self.source.elastic):
                 # the old workers are gone: a shrink's slots are free now (an exploring job keeps
-                # the slots it holds for its next sizes)
+                # the slots it holds for its next sizes). On Ray the workers resize in place (no
+                # exit): the new ring's launch ends the resize, and Ray's free resources tell when
+                # a leaver's CPU or GPU can be placed again
                 n = max(j["resize_to"], j["target"]) if self._exploring(j) else j["resize_to"]
                 keep = j["slots"][:n]
                 with self.store.transaction():
                     self.store.update(j["id"], resize_to=None, resize_mark=None, slots=keep)
                     self.store.event(j["id"], "resized", workers=obs.world_size, slots=keep)
                 self._pin(j, keep)
+            elif self._restarted(j, obs):
+                causes.append(("restart", j["id"]))
             if self.explores:
                 c = self._explore_act(j["id"], obs)
                 if c:
@@ -347,6 +380,31 @@ class Scheduler:
         for cause, jid in causes:
             self.decide(cause, jid)
         self._apply()
+        return True
+
+    def _refresh(self) -> bool:
+        """Ask the slot source for the slots now; True when their count changed (recorded in the
+        store: meta ``nodes``, and a ``capacity`` event)."""
+        old = self.capacity
+        self.capacity = self.source.capacity()
+        if self.capacity.nodes != old.nodes:
+            self.store.set_meta("nodes", [[n.name, n.slots] for n in self.capacity.nodes])
+        return self.capacity.total != old.total
+
+    def _restarted(self, j: dict[str, Any], obs: Observation) -> bool:
+        """On nodes that may leave: the job's controller relaunched after a failure (its Ray backend
+        lost a node), perhaps on fewer workers than it holds: a resize in flight is over, and the
+        slots it no longer uses are given back. True when its slots changed."""
+        jid = j["id"]
+        if not self.source.elastic or obs.restarts <= self._marks.get(jid, 0) or self._exploring(j):
+            return False
+        self._marks[jid] = obs.restarts
+        if obs.world_size >= len(j["slots"]) and j["resize_to"] is None:
+            return False
+        keep = j["slots"][:min(obs.world_size, len(j["slots"]))]
+        with self.store.transaction():
+            self.store.update(jid, slots=keep, resize_to=None, resize_mark=None)
+            self.store.event(jid, "restarted_smaller", workers=obs.world_size, slots=keep)
         return True
 
     def _settle(self, j: dict[str, Any], obs: Observation) -> str:
@@ -419,7 +477,8 @@ class Scheduler:
                 # grown; the next tick settles or stops it
                 continue
             held, want = len(j["slots"]), j["target"]
-            if j["state"] == JobState.RUNNING and j["resize_to"] is None and want > held and len(free) >= want - held:
+            if (j["state"] == JobState.RUNNING and j["resize_to"] is None and want > held and len(free) >= want - held
+                    and self.capacity.can_place(want - held)):
                 if not self.live_resize:
                     self._stop(j, "resize")
                     continue
@@ -431,16 +490,23 @@ class Scheduler:
                     self._pin(j, j["slots"])
                     continue
                 take, free = free[: want - held], free[want - held:]
+                self.capacity = self.capacity.placed(want - held)
                 with self.store.transaction():
                     self.store.update(j["id"], slots=j["slots"] + take, resize_to=want, resize_mark=obs.exits)
                     self.store.event(j["id"], "resize_requested", frm=held, to=want, slots=j["slots"] + take)
-            elif j["state"] in (JobState.QUEUED, JobState.PAUSED) and want > 0 and len(free) >= want:
+            elif (j["state"] in (JobState.QUEUED, JobState.PAUSED) and want > 0 and len(free) >= want
+                  and self.capacity.can_place(want)):
                 take, free = free[:want], free[want:]
+                self.capacity = self.capacity.placed(want)
                 resume = j["state"] == JobState.PAUSED
                 x = self._xs(j)
                 workers = min(want, x.next_size() or want) if x is not None and not x.done else want
                 if x is not None and j["id"] in self._obs:
                     x.mark = self._obs[j["id"]].launches
+                if self.source.elastic:  # the restarts its run folder already records are not new
+                    if j["id"] not in self._obs:
+                        self._observe(j)
+                    self._marks[j["id"]] = self._obs[j["id"]].restarts
                 with self.store.transaction():  # slots are ours before the process exists
                     self.store.update(j["id"], slots=take, state=JobState.RUNNING, message="",
                                       started=j["started"] or self.clock())

@@ -169,7 +169,8 @@ class ClusterView:
         finally:
             con.close()
         cfg = meta.get("config") or {}
-        total_slots = sum(int(n) for _, n in cfg.get("hosts", []))
+        hosts = meta.get("nodes") if cfg.get("ray") is not None and meta.get("nodes") is not None else cfg.get("hosts", [])
+        total_slots = sum(int(n) for _, n in hosts)  # a Ray cluster's: its nodes at the last pass
         sched_pid = meta.get("scheduler_pid")
         alive = _pid_alive(sched_pid) if sched_pid else False
         if alive:
@@ -208,7 +209,7 @@ class ClusterView:
         return {
             "now": now, "dir": str(self.dir),
             "cluster": {"slots": total_slots, "policy": cfg.get("policy"), "device": cfg.get("device"),
-                        "hosts": cfg.get("hosts", []), "down_requested": bool(meta.get("down"))},
+                        "hosts": hosts, "down_requested": bool(meta.get("down"))},
             "scheduler": {"pid": sched_pid, "alive": alive,
                           "gaps": [{"from": a, "to": b} for a, b in self._gaps]},
             "slots_used": sum(j["slots"] for j in out_jobs),

@@ -19,7 +19,7 @@ import torch
 
 from elastic_ring.data import SampleStream
 from elastic_ring.events import read_events
-from tests.conftest import BIN, ROOT, run_cli
+from tests.conftest import BIN, ROOT, run_cli, wait_for
 from tests.integration.test_train_resize import TINY, _final_model, _trace
 
 ray = pytest.importorskip("ray")
@@ -203,3 +203,78 @@ def test_ray_node_removed_mid_run_finishes_by_itself(tmp_path, cluster):
     assert 1 <= r["new_world_size"] <= 2
     s = json.loads((run / "summary.json").read_text())
     assert s["step"] == steps
+
+
+def test_cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path, cluster):
+    """`cluster up --ray` on the head alone (1 CPU slot): a job that wants 2 workers is started on 1;
+    a node added while the job runs (it joins while the job's first actor starts, the cheapest
+    moment for the test) gives the scheduler a slot, which grows the job onto it by a live resize
+    after steps at size 1 (one worker per node), and the job finishes at size 2."""
+    import sqlite3
+
+    for node in list(cluster.worker_nodes):  # the head alone (the test leaves head + one node)
+        cluster.remove_node(node, allow_graceful=True)
+    cluster.wait_for_nodes()
+    d, log = tmp_path / "cl", tmp_path / "scheduler.log"
+    steps = 100
+    e = dict(os.environ, PYTHONUNBUFFERED="1", **ENV)
+    e["PATH"] = f"{BIN}{os.pathsep}{e.get('PATH', '')}"
+    with open(log, "w") as out:
+        sched = subprocess.Popen([sys.executable, "-m", "elastic_ring.cli.main", "cluster", "up", "--ray", cluster.address,
+                                  "--dir", str(d), "--quiet", "--poll", "0.3"], cwd=ROOT, env=e, stdout=out,
+                                 stderr=subprocess.STDOUT)
+
+    def events() -> list[tuple[str, dict]]:
+        db = sqlite3.connect(str(d / "cluster.db"))
+        try:
+            return [(k, json.loads(x)) for k, x in db.execute("SELECT kind, data FROM events ORDER BY id")]
+        finally:
+            db.close()
+
+    try:
+        wait_for(lambda: (d / "cluster.db").exists() or sched.poll() is not None, 60, "the cluster database")
+        p = run_cli("submit", PACED, "--steps", str(steps), "--max-workers", "2", "--dir", str(d), "--",
+                    "--step-s", "0.05")
+        assert p.returncode == 0, p.stderr
+        run = d / "jobs" / "1"
+        wait_for(lambda: any(k == "started" for k, _ in events()) or sched.poll() is not None, 60, "the start")
+        assert sched.poll() is None, log.read_text()
+        assert [(x["workers"], x["slots"]) for k, x in events() if k == "started"] == [(1, [0])]
+        cluster.add_node(num_cpus=1, object_store_memory=80 * MB)  # a node joins while the job runs
+        cluster.wait_for_nodes()
+        wait_for(lambda: any(k in ("succeeded", "failed") for k, _ in events()) or sched.poll() is not None, 180,
+                 "the job's end")
+        jobs = run_cli("jobs", "--dir", str(d))
+        down = run_cli("cluster", "down", "--dir", str(d), timeout=60)
+        sched.wait(timeout=60)
+    finally:
+        if sched.poll() is None:
+            sched.kill()
+            sched.wait()
+    text = log.read_text()
+    assert sched.returncode == 0 and down.returncode == 0, text[-3000:]
+    ev = events()
+    kinds = [k for k, _ in ev]
+    assert "succeeded" in kinds and "failed" not in kinds, text[-3000:]
+    assert ("resize_requested", {"frm": 1, "to": 2, "slots": [0, 1]}) in ev, ev
+    assert ("resized", {"workers": 2, "slots": [0, 1]}) in ev, ev
+    db = sqlite3.connect(str(d / "cluster.db"))
+    try:
+        causes = [c for (c,) in db.execute("SELECT cause FROM decisions ORDER BY id")]
+        (t_resized,), = db.execute("SELECT time FROM events WHERE kind='resized'")
+    finally:
+        db.close()
+    assert "capacity" in causes, causes  # the policy decided again when the node joined
+    # the resize ended at the new ring's launch, while the job trained (not at its workers' exit)
+    assert t_resized < read_events(run / "events.jsonl", kind="throughput")[-1]["time"]
+    assert re.search(r"nodes: .*:1, .*:1 \(2 slot\(s\)\)", text), text[-3000:]
+    assert re.search(r"Ray nodes: .*:1, .*:1 \(2 slot\(s\)\)", jobs.stdout), jobs.stdout
+    rel = read_events(run / "events.jsonl", kind="relaunched")
+    assert [(r["from_workers"], r["to_workers"]) for r in rel] == [(1, 2)]
+    assert not read_events(run / "events.jsonl", kind="restart")
+    r0, r1 = _ring(run, 0), _ring(run, 1)
+    assert len(r0) == 1 and len(r1) == 2 and len({n for _, _, n in r1}) == 2  # one worker per node
+    assert r0[0][1] == next(p for rk, p, _ in r1 if rk == 0)  # rank 0 kept its process (warm)
+    assert 1 <= rel[0]["step"] < steps  # steps at size 1, then the rest at size 2
+    assert 2 in {t["world_size"] for t in read_events(run / "events.jsonl", kind="throughput")}
+    assert json.loads((run / "summary.json").read_text())["step"] == steps

@@ -117,6 +117,16 @@ def wait_answers(srv: WebServer, timeout: float = 120.0) -> None:
                          f"{'alive' if alive else 'ended'}, started={srv.server.started})")
 
 
+def test_a_ray_clusters_slots_are_its_nodes_at_the_last_pass(cluster):
+    d, a, b = cluster
+    st = Store(d)
+    st.set_meta("config", ClusterConfig(hosts=(("10.0.0.1/aa", 1),), ray="").to_dict())  # the nodes at `up`
+    st.set_meta("nodes", [["10.0.0.1/aa", 1], ["10.0.0.2/bb", 3]])  # a node joined since
+    st.close()
+    s = ClusterView(d, clock=lambda: 1060.0).state()
+    assert s["cluster"]["slots"] == 4 and s["cluster"]["hosts"] == [["10.0.0.1/aa", 1], ["10.0.0.2/bb", 3]]
+
+
 def test_server_page_state_metrics_and_no_actions(cluster):
     from prometheus_client.parser import text_string_to_metric_families
 
