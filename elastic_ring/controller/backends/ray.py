@@ -14,6 +14,10 @@
   process (imports, data, model) and re-form the ring; a worker whose slot goes leaves the ring
   (``Retired``) and its actor is ended; a joiner comes from a pool of spare actors that already
   imported torch and Horovod (``warm_spares``), runs the worker entry and syncs from rank 0.
+- **Formed ahead.** For a scheduled resize the next ring (spares taken, rendezvous served, every
+  member's environment) is formed while the segment trains and its action written ahead
+  (:meth:`RayBackend.report_ahead`): rank 0 takes it at the pause, or the controller withdraws it
+  (:meth:`RayBackend.retract_ahead`): one rename decides.
 - **Failures.** ``ActorDiedError``, ``ActorUnavailableError`` or ``RayTaskError`` of any member is a
   failed segment: the controller restarts from the newest checkpoint at the largest size the
   live nodes hold (:meth:`RayBackend.usable_slots`); the node and rank are named in the restart.
