@@ -99,6 +99,7 @@ class _Seg:
     live_target: int | None = None
     t_live: float | None = None
     start_step: int = 0  # the last step done before this segment
+    deferred_stop: bool = False  # an interrupt came after the workers took a resize written ahead
     go_file: Path | None = None  # set when pre-launched: the workers wait for this file
     cmd: list[str] = field(default_factory=list)
     last_step: int = 0
@@ -297,7 +298,7 @@ class Controller:
                 self._drain(wait=True)  # may emit the overhead itself
                 if self._pending is not None:  # no full window at the new size: no steady step
                     self._emit_overhead(steady_step_s=self._pending.steady_step_s or 0.0)
-            if self._interrupts and seg.end["reason"] != "finished":
+            if self._interrupts and seg.end["reason"] != "finished" and not seg.deferred_stop:
                 return self._interrupted(seg, killed=False)
             if seg.end["reason"] == "finished":
                 self._cancel_next()
@@ -539,7 +540,8 @@ class Controller:
         second for the discovery."""
         r = self._scheduled_target(seg.stop_at)
         if r is not None:
-            self.backend.report_ahead(r.to)
+            self.backend.report_ahead(r.to, SegmentLaunch(r.to, seg.index + 1, self._next_stop(seg.stop_at),
+                                                          self.owner))
 
     def _launch(self, seg: _Seg, step: int) -> None:
         self._set_state(RunState.LAUNCHING, step=step, world_size=seg.world, segment=seg.index)
@@ -585,12 +587,15 @@ class Controller:
             self._relay()
             self._drain()
             self._check_live_request(seg)
-            if self._interrupts and not asked_stop:
+            if self._interrupts and not asked_stop and not seg.deferred_stop:
+                if self.in_place and not self.backend.retract_ahead(seg.index):
+                    seg.deferred_stop = True  # the workers took the scheduled resize: stop the next segment
+                    continue
                 asked_stop = True
                 stop_file(self.spec.run_dir, seg.index).touch()
                 self._set_state(RunState.STOPPING, world_size=seg.world, segment=seg.index)
                 self.out("stopping: workers will checkpoint at the next agreed step (Ctrl-C again to kill)")
-            if (self.in_place and self._interrupts and seg.end is not None
+            if (self.in_place and self._interrupts and seg.end is not None and not seg.deferred_stop
                     and seg.end["reason"] != "finished" and not exit_sent):
                 exit_sent = True  # paused in place: checkpoint and leave
                 self.backend.ask_exit(seg.index, self.clock())
@@ -604,7 +609,7 @@ class Controller:
             if rc is not None:
                 return rc
             if (self.relaunch != "sequential" and seg.end is not None and seg.end["reason"] != "finished"
-                    and not self._interrupts):
+                    and (not self._interrupts or seg.deferred_stop)):
                 return None
             if self.relaunch == "prelaunch" and self._next is None and not self._interrupts:
                 self._maybe_prelaunch(seg)
@@ -693,6 +698,8 @@ class Controller:
         path = self.spec.run_dir / "control" / REQUEST_FILE
         if not path.exists():
             return
+        if self.in_place and not self.backend.retract_ahead(seg.index):
+            return  # the workers already took the scheduled resize: the request is read next segment
         try:
             req = json.loads(path.read_text())
             rid = str(req["id"])
@@ -728,12 +735,17 @@ class Controller:
         end = data.rfind(b"\n")
         if end < 0:
             return
-        self._wpos += end + 1
-        for line in data[:end + 1].splitlines():
+        seg = getattr(self, "_seg", None)
+        for line in data[:end + 1].splitlines(keepends=True):
             try:
                 ev = json.loads(line)
             except json.JSONDecodeError:
+                self._wpos += len(line)
                 continue
+            if (seg is not None and seg.end is not None and isinstance(ev.get("segment"), int)
+                    and ev["segment"] > seg.index):
+                return  # workers that took a resize written ahead are past the segment: wait for it
+            self._wpos += len(line)
             self._on_worker_event(ev)
 
     def _on_worker_event(self, ev: dict[str, Any]) -> None:

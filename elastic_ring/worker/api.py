@@ -69,8 +69,28 @@ class Retired(BaseException):
 
 def inplace_action_file(run_dir: Path, segment: int) -> Path:
     """The controller's word to paused in-place workers at the end of ``segment`` (a JSON object:
-    ``{"action": "exit"}`` or ``{"action": "resize", "to": N, "segment": S, "stop_at": T}``)."""
+    ``{"action": "exit"}`` or ``{"action": "resize", "to": N, "segment": S, "stop_at": T}``).
+
+    A resize written *ahead* (before the pause, for a scheduled resize) also names ``at_step``,
+    the step it applies at: rank 0 takes it only at a scheduled stop at that step, and only by
+    renaming the file to :func:`taken_action_file` (the controller withdraws it the same way, so
+    exactly one of the two wins; see :func:`take_ahead_action`)."""
     return protocol.control_dir(Path(run_dir)) / f"inplace-{segment}.json"
+
+
+def taken_action_file(run_dir: Path, segment: int) -> Path:
+    """Where rank 0 moves an action written ahead when it takes it."""
+    return protocol.control_dir(Path(run_dir)) / f"inplace-{segment}.taken.json"
+
+
+def take_ahead_action(run_dir: Path, segment: int) -> bool:
+    """Rank 0 takes the action written ahead for ``segment`` (True), unless the controller
+    withdrew it first (the file is gone: False). One rename of the same file: one winner."""
+    try:
+        os.rename(inplace_action_file(run_dir, segment), taken_action_file(run_dir, segment))
+    except FileNotFoundError:
+        return False
+    return True
 
 _INIT_CALLED = False  # read by the entry point's watchdog: a script that never calls init()
 
@@ -360,15 +380,17 @@ class Job:
         self._restored = True
         return self.resumed
 
-    def _sync(self, meta: dict[str, Any] | None) -> None:
+    def _sync(self, meta: dict[str, Any] | None, local: bool = False) -> None:
         """Rank 0's ``meta`` (counters), optimizer state and weights to every rank; then apply them
-        (and Eq. 7 when the world size differs from the one ``meta`` was saved at)."""
+        (and Eq. 7 when the world size differs from the one ``meta`` was saved at). ``local``: this
+        process is rank 0 of a ring of one, resized in place: nothing to send, only apply."""
         hvd = self.hvd
-        meta = hvd.broadcast_object(meta, root_rank=0, name="resume_meta")
-        if meta is not None and self._optimizer is not None:
-            hvd.broadcast_optimizer_state(self._optimizer, root_rank=0)
-        if self._model is not None:
-            hvd.broadcast_parameters(self._model.state_dict(), root_rank=0)
+        if not local:
+            meta = hvd.broadcast_object(meta, root_rank=0, name="resume_meta")
+            if meta is not None and self._optimizer is not None:
+                hvd.broadcast_optimizer_state(self._optimizer, root_rank=0)
+            if self._model is not None:
+                hvd.broadcast_parameters(self._model.state_dict(), root_rank=0)
         self._marks["restore_broadcast"] = time.time()
         if meta is not None:
             self.resumed = True
@@ -581,7 +603,13 @@ class Job:
             if self.rank == 0:
                 act = protocol.read_json(inplace_action_file(self.run_dir, self.segment))
                 updated = self._hosts_updated_at
-                if isinstance(act, dict) and (act.get("action") == "exit" or (
+                if isinstance(act, dict) and "at_step" in act:  # written ahead (ring by controller)
+                    if (act.get("action") == "resize" and int(act["at_step"]) == self.step
+                            and self.stop_reason == "scheduled" and take_ahead_action(self.run_dir, self.segment)):
+                        decision = act
+                        for go, rec in (act.get("go_files") or {}).items():  # its joiners' word
+                            protocol.write_json_atomic(Path(go), rec)
+                elif isinstance(act, dict) and (act.get("action") == "exit" or (
                         act.get("action") == "resize" and (self.ring_by_controller or (
                             updated is not None and updated >= float(act.get("hosts_written", 0.0)) - 1.0)))):
                     decision = act
@@ -615,7 +643,8 @@ class Job:
         self._marks = {"reset_request": t0, "hvd_reinit": time.time()}
         self._t_start = t0
         self._set_rank(hvd)
-        self._sync(meta if self.rank == 0 else None)
+        # a ring of one: rank 0 alone, whose state is the state (a broadcast to itself is a no-op)
+        self._sync(meta if self.rank == 0 else None, local=hvd.size() == 1 and self.ring_by_controller)
         self._marks["sync"] = time.time()
 
     def _live_meta(self, next_segment: int, stop_at: int) -> dict[str, Any]:

@@ -145,6 +145,8 @@ def test_ray_grow_shrink_warm_across_nodes_equals_horovodrun(tmp_path, cluster):
         assert t["lr"] == pytest.approx(0.1 * 8 * t["world_size"] / 128 * 0.1 ** decays), t
     ov = read_events(run / "events.jsonl", kind="resize_overhead")
     assert len(ov) == 2 and all(o["checkpoint_s"] == 0 for o in ov)  # in place: no checkpoint
+    # the shrink's ring was formed while segment 1 trained: rank 0 took its action at the pause
+    assert (run / "control" / "inplace-1.taken.json").exists()
 
     a, b = _final_model(run), _final_model(ref)
     assert a["step"] == b["step"] == 18 and a["cursor"] == b["cursor"] and a["lr_last"] == b["lr_last"]

@@ -142,3 +142,44 @@ def test_judge_blames_an_own_error_and_never_a_peer_loss_only(tmp_path):
         g._failed_seen.append((m, _Died(), _t.time() - 10))
         m.ref = None
     assert g._judge() == 1 and g.failure["rank"] is None and g.failure["type"] == "PeerLost"
+
+
+class _Server:
+    stopped = False
+
+    def stop(self):
+        self.stopped = True
+
+
+def _ahead_backend(tmp_path):
+    from elastic_ring import protocol
+    from elastic_ring.controller.backends.api import SegmentLaunch
+    from elastic_ring.controller.backends.ray import Ahead, Spare
+    from elastic_ring.worker.api import inplace_action_file
+
+    spec = RunSpec(run_dir=tmp_path, workers=1, schedule=(), slots=2, device="cpu", total_steps=20)
+    b = RayBackend(spec)
+    srv = _Server()
+    spare = Spare("w9", object(), None, None, tmp_path / "go")
+    b._ahead = Ahead(3, SegmentLaunch(2, 4, 20, "me"), [], [], [], [spare], srv)
+    b._servers = [srv]
+    protocol.control_dir(tmp_path).mkdir(parents=True, exist_ok=True)
+    protocol.write_json_atomic(inplace_action_file(tmp_path, 3), {"action": "resize", "at_step": 10})
+    return b, srv, spare
+
+
+def test_a_ring_written_ahead_is_taken_or_withdrawn_never_both(tmp_path):
+    """The action written ahead for a scheduled resize: rank 0 takes it by renaming the file, the
+    controller withdraws it the same way; whichever renames first wins, and the other knows."""
+    from elastic_ring.worker.api import take_ahead_action
+
+    b, srv, spare = _ahead_backend(tmp_path)
+    assert b.retract_ahead(2)  # another segment's: nothing to withdraw
+    assert take_ahead_action(tmp_path, 3)  # rank 0 first
+    assert not b.retract_ahead(3) and b._ahead is not None and not srv.stopped  # too late: it goes ahead
+    assert not b.retract_ahead(3)  # and stays taken
+
+    b, srv, spare = _ahead_backend(tmp_path / "2")
+    assert b.retract_ahead(3)  # the controller first (a live request came)
+    assert not take_ahead_action(tmp_path / "2", 3)  # rank 0 then waits for the controller's word
+    assert b._ahead is None and srv.stopped and b._servers == [] and b._spares == [spare]  # spare kept

@@ -67,8 +67,14 @@ class Backend(Protocol):
         """The rank the launcher saw fail first, from its log, if it says."""
 
     # only for keeps_workers backends
-    def report_ahead(self, world: int) -> None:
-        """A resize to ``world`` is coming: prepare it while the workers train."""
+    def report_ahead(self, world: int, launch: SegmentLaunch | None = None) -> None:
+        """A scheduled resize to ``world`` (the next segment: ``launch``) is coming at the end of
+        the running segment: prepare it while the workers train."""
+
+    def retract_ahead(self, segment: int) -> bool:
+        """Withdraw what ``report_ahead`` prepared for the end of ``segment`` (a live request or an
+        interrupt came first). False when the workers already acted on it (then the request or
+        interrupt waits for the next segment)."""
 
     def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
         """The workers paused at the end of ``paused_segment``: go on as ``launch`` says."""

@@ -79,12 +79,15 @@ class ElasticBackend:
     def first_failed_rank(self, log_path: Path | None) -> int | None:
         return first_failed_rank(log_path)
 
-    def report_ahead(self, world: int) -> None:
+    def report_ahead(self, world: int, launch: SegmentLaunch | None = None) -> None:
         """Horovod's driver notices the new count while the workers train (it starts or ends no
         process before they reset), so at the stop the workers re-form the ring at once instead
         of waiting up to a second for the discovery."""
         if write_hosts(self.spec.run_dir, world):
             self.hosts_written = time.time()
+
+    def retract_ahead(self, segment: int) -> bool:
+        return True  # the discovery only reports a count: the workers act on the controller's word
 
     def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
         """Tell the paused workers the new size and change what the discovery script reports:

@@ -158,8 +158,11 @@ class HorovodrunBackend:
     def first_failed_rank(self, log_path: Path | None) -> int | None:
         return first_failed_rank(log_path)
 
-    def report_ahead(self, world: int) -> None:  # pragma: no cover - keeps_workers is False
-        pass
+    def report_ahead(self, world: int, launch: SegmentLaunch | None = None) -> None:  # pragma: no cover
+        pass  # keeps_workers is False
+
+    def retract_ahead(self, segment: int) -> bool:  # pragma: no cover - keeps_workers is False
+        return True
 
     def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
         raise NotImplementedError("horovodrun relaunches: no resize in place")

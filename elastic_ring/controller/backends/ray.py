@@ -14,6 +14,10 @@
   process (imports, data, model) and re-form the ring; a worker whose slot goes leaves the ring
   (``Retired``) and its actor is ended; a joiner comes from a pool of spare actors that already
   imported torch and Horovod (``warm_spares``), runs the worker entry and syncs from rank 0.
+- **Formed ahead.** For a scheduled resize the next ring (spares taken, rendezvous served, every
+  member's environment) is formed while the segment trains and its action written ahead
+  (:meth:`RayBackend.report_ahead`): rank 0 takes it at the pause, or the controller withdraws it
+  (:meth:`RayBackend.retract_ahead`): one rename decides.
 - **Failures.** ``ActorDiedError``, ``ActorUnavailableError`` or ``RayTaskError`` of any member is a
   failed segment: the controller restarts from the newest checkpoint at the largest size the
   live nodes hold (:meth:`RayBackend.usable_slots`); the node and rank are named in the restart.
@@ -157,6 +161,22 @@ class Spare:
     info_ref: Any
     run_ref: Any
     go: Path
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Ahead:
+    """The next ring, formed while the running segment trains (a scheduled resize): its action is
+    written ahead, and rank 0 takes it at the pause (or the controller withdraws it)."""
+
+    segment: int  # the running segment, at whose last step it applies
+    launch: SegmentLaunch  # the next segment
+    members: list[Member]  # the next ring: survivors, then joiners
+    leave: list[Member]
+    joiners: list[Member]
+    spares: list[Spare]  # the joiners as they were (given back if withdrawn)
+    server: Any
+    taken: bool = False
 
 
 @dataclass
@@ -177,6 +197,10 @@ class RayGroup:
             return self.rc
         import ray
 
+        want = self.backend._want_ahead
+        if want is not None and not self._failed_seen and self.backend._launch is not None \
+                and want[0] == self.backend._launch.segment:
+            self.backend.report_ahead(want[1].world, want[1])
         refs = [m.ref for m in self.members if m.ref is not None]
         if not refs and not self._failed_seen:
             return None
@@ -301,6 +325,8 @@ class RayBackend:
         self._n = 0
         self._world = 0
         self._launch: SegmentLaunch | None = None
+        self._ahead: Ahead | None = None
+        self._want_ahead: tuple[int, SegmentLaunch] | None = None  # spares were not up yet
 
     # ------------------------------------------------------------------ Ray
     def _connect(self) -> None:
@@ -426,7 +452,8 @@ class RayBackend:
     def _recycle(self, m: Member) -> None:
         """A worker that left the ring at a shrink: a spare again if one is wanted (no new
         process, no imports), else ended."""
-        if self._launch is not None and len(self._spares) < self._spares_wanted(self._world):
+        world = self._ahead.launch.world if self._ahead is not None else self._world
+        if self._launch is not None and len(self._spares) < self._spares_wanted(world):
             import ray
 
             self._spares.append(self._prestart(self._name(), m.actor, ray.put(m.info)))
@@ -488,9 +515,7 @@ class RayBackend:
         server = RendezvousServer()
         port = server.start(_handler({(s.hostname, s.local_rank): s for s in slots}))
         server.init(slots)
-        for old in self._servers:  # the previous rings are formed: their rendezvous is done
-            old.stop()
-        self._servers = [server]
+        self._servers.append(server)  # the older ones are stopped once this ring is in use
         ip = ray.util.get_node_ip_address()
         envs: dict[str, dict[str, str]] = {}
         taken = {n: 0 for n in order}
@@ -573,10 +598,9 @@ class RayBackend:
                          f"({m.info['ip']}, {m.info['iface']})" for m in members)
         return f"[ray] segment {launch.segment}: {len(members)} worker(s): {rows}"
 
-    def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
-        group = self.group
-        assert group is not None
-        old = sorted(group.members, key=lambda m: m.rank)
+    def _ring_now(self, paused_segment: int, launch: SegmentLaunch, t_launch: float):
+        """The paused workers' new ring, formed now: (members, leavers, joiners)."""
+        old = self._serving()
         keep, leave = old[:launch.world], old[launch.world:]
         joiners = self._take_spares(launch.world - len(keep)) if launch.world > len(keep) else []
         for m in leave:
@@ -594,6 +618,97 @@ class RayBackend:
                                                   "env": envs[m.name]})
             else:
                 self._run(m, launch, envs[m.name])
+        return members, leave, joiners
+
+    def _serving(self) -> list[Member]:
+        return sorted((m for m in self.group.members if not m.retiring), key=lambda m: m.rank)
+
+    def report_ahead(self, world: int, launch: SegmentLaunch | None = None) -> None:
+        """A scheduled resize to ``launch`` at the end of the running segment: form its ring now
+        (spares taken, its rendezvous served, every member's environment) and write the action
+        ahead, with the step it applies at and the joiners' go files. At the pause rank 0 takes it
+        (:func:`elastic_ring.worker.api.take_ahead_action`) and the ring re-forms without waiting
+        for the controller. Not done when a joiner would have to be a cold actor."""
+        if launch is None or self.group is None or self._launch is None or self._ahead is not None:
+            return
+        cur, old = self._launch, self._serving()
+        keep, leave = old[:launch.world], old[launch.world:]
+        spares = self._ready_spares(launch.world - len(keep))
+        self._want_ahead = (cur.segment, launch) if spares is None else None
+        if spares is None:  # tried again at each poll until the spares are up
+            return
+        joiners = [Member(sp.name, sp.actor, sp.info, ref=sp.run_ref, go=sp.go) for sp in spares]
+        members = keep + joiners
+        envs = self._ring(members)
+        go_files = {str(m.go): {"stop_at": launch.stop_at, "time": time.time(), "env": envs[m.name]}
+                    for m in joiners}
+        from elastic_ring.worker.api import inplace_action_file
+
+        self._ahead = Ahead(cur.segment, launch, members, leave, joiners, spares, self._servers[-1])
+        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, cur.segment), {
+            "action": "resize", "to": launch.world, "segment": launch.segment, "stop_at": launch.stop_at,
+            "time": time.time(), "members": envs, "at_step": cur.stop_at, "go_files": go_files})
+
+    def _ready_spares(self, k: int) -> list[Spare] | None:
+        """``k`` spares whose actor is up now (taken out of the pool), or None if fewer are."""
+        import ray
+
+        if k <= 0:
+            return []
+        ready, _ = ray.wait([sp.info_ref for sp in self._spares], num_returns=len(self._spares), timeout=0)
+        done = set(ready)
+        got = [sp for sp in self._spares if sp.info_ref in done][:k]
+        if len(got) < k:
+            return None
+        for sp in got:
+            sp.info = ray.get(sp.info_ref)
+        self._spares = [sp for sp in self._spares if sp not in got]
+        return got
+
+    def retract_ahead(self, segment: int) -> bool:
+        """Withdraw the action written ahead for ``segment`` (a live request or an interrupt came):
+        True when withdrawn or none was written; False when rank 0 has already taken it (the
+        workers go on at the scheduled size: the request waits for the next segment)."""
+        if self._want_ahead is not None and self._want_ahead[0] == segment:
+            self._want_ahead = None
+        a = self._ahead
+        if a is None or a.segment != segment:
+            return True
+        if not a.taken:
+            from elastic_ring.worker.api import inplace_action_file
+
+            src = inplace_action_file(self.spec.run_dir, segment)
+            try:
+                os.rename(src, src.with_name(f"inplace-{segment}.withdrawn.json"))
+            except FileNotFoundError:
+                a.taken = True
+        if a.taken:
+            return False
+        self._ahead = None
+        self._spares[:0] = a.spares  # still waiting for their go
+        a.server.stop()
+        self._servers.remove(a.server)
+        return True
+
+    def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
+        group = self.group
+        assert group is not None
+        if self.retract_ahead(paused_segment):  # none ahead, or not taken: form the ring now
+            members, leave, joiners = self._ring_now(paused_segment, launch, t_launch)
+        else:  # rank 0 took the ring formed ahead: the workers are already on their way
+            a = self._ahead
+            assert a is not None
+            if (a.launch.world, a.launch.segment, a.launch.stop_at) != (launch.world, launch.segment, launch.stop_at):
+                raise RuntimeError(f"the workers took the resize to {a.launch.world} written ahead for "
+                                   f"segment {a.launch.segment}, the controller decided {launch}")
+            self._ahead = None
+            members, joiners = a.members, a.joiners
+            leave = [m for m in a.leave if m in group.members]  # those not retired yet
+            for m in leave:
+                m.retiring = True
+        for s in self._servers[:-1]:  # the new ring is forming on the newest rendezvous
+            s.stop()
+        self._servers = self._servers[-1:]
         group.members = sorted(members, key=lambda m: m.rank) + leave
         group.pid = self._local_pid(sorted(members, key=lambda m: m.rank))
         log = self.spec.run_dir / "logs" / f"segment-{launch.segment:03d}-w{launch.world}.log"
@@ -604,9 +719,6 @@ class RayBackend:
         self._world, self._launch = launch.world, launch
         if not leave:  # a shrink's leavers become the spares (_recycle) once they are out
             self._top_up(launch.world, launch)
-
-    def report_ahead(self, world: int) -> None:
-        pass  # the spares are already warm
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
         from elastic_ring.worker.api import inplace_action_file
@@ -640,9 +752,16 @@ class RayBackend:
         if self.group is not None:
             self.group.kill()
             self.group = None
+        self._want_ahead = None
+        if self._ahead is not None:  # a ring formed ahead: its joiners are not in the group yet
+            self._spares += self._ahead.spares
+            self._ahead = None
         for sp in self._spares:
             self._end_actor(sp.actor)
         self._spares = []
+        for srv in self._servers:
+            srv.stop()
+        self._servers = []
         if self._pg is not None:
             try:
                 remove_placement_group(self._pg)
