@@ -13,8 +13,11 @@ demo: setup
 
 # The full test suite (unit + real horovodrun/mpirun integration tests on the CPU), two at a time:
 # the integration tests spend much of their time starting processes and waiting on them.
+# A short temporary folder of its own (kept when a test fails): Ray's socket paths under it must stay
+# under 107 characters, and pytest's default (/tmp/pytest-of-USER/pytest-NNN/...) grows with each run.
 test: setup
-	$(PY) -m pytest -q -n 2 --dist worksteal --durations=25 tests
+	@bt=$$(mktemp -d /tmp/ert.XXXXXX) && $(PY) -m pytest -q -n 2 --dist worksteal --durations=25 --basetemp=$$bt tests \
+	  && rm -rf $$bt || { echo "make test: failed; the tests' files are kept in $$bt"; exit 1; }
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit
