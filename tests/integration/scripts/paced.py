@@ -1,34 +1,19 @@
 """A tiny script on the worker library whose steps take at least --step-s seconds (a sleep), so
 tests of scheduling can rely on a job still running when the next one arrives, on a quiet machine
-as on a loaded one."""
+as on a loaded one.
+
+It is ``examples/paced.py`` with the whole step unshared by the workers: its ``--serial-s`` is this
+``--step-s`` and its shared part is 0 (the same model, data and loop, one copy of them)."""
 
 import argparse
-import time
-
-import horovod.torch as hvd
-import torch
-
-import elastic_ring.worker as elastic
+import runpy
+import sys
+from pathlib import Path
 
 p = argparse.ArgumentParser()
 p.add_argument("--step-s", type=float, default=0.05)
 a = p.parse_args()
 
-job = elastic.init()
-torch.manual_seed(0)
-model = torch.nn.Linear(8, 2)
-opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * job.size),
-                               named_parameters=model.named_parameters())
-data = job.sampler(256, batch_size=8, seed=0)
-x, y = torch.randn(256, 8), torch.randint(0, 2, (256,))
-job.register(model=model, optimizer=opt)
-job.restore()
-for step in job.steps():
-    t0 = time.perf_counter()
-    idx = data.next_batch()
-    loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    job.record(loss, samples=len(idx))
-    time.sleep(max(0.0, a.step_s - (time.perf_counter() - t0)))
+example = Path(__file__).resolve().parents[3] / "examples" / "paced.py"
+sys.argv = [str(example), "--serial-s", str(a.step_s), "--step-s", "0"]
+runpy.run_path(str(example), run_name="__main__")
