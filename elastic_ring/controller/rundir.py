@@ -21,7 +21,6 @@ import yaml
 
 from elastic_ring.config.api import TrainConfig, config_to_dict
 from elastic_ring.controller.api import RunSpec
-from elastic_ring.data import materialize
 from elastic_ring.errors import UserError
 
 
@@ -103,5 +102,7 @@ def _replace_run_info(path: Path, info: dict[str, Any]) -> None:
 
 
 def ensure_dataset_cache(run_dir: Path, cfg: TrainConfig) -> None:
+    from elastic_ring.data import materialize  # imports torch: only a run of the built-in model needs it
+
     with writing(run_dir / "cache"):
         materialize(cfg.dataset, run_dir / "cache", cfg.data_dir, cfg.synthetic_size, cfg.seed)

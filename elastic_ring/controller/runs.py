@@ -225,7 +225,6 @@ def _prepare_new(req: RunRequest, device: str, n_slots: int, sched: tuple[Resize
                  relaunch: str, echo: Callable[[str], None], rep: Any = None) -> PreparedRun:
     from elastic_ring.controller.lock import RunLock
     from elastic_ring.controller.rundir import create_run_dir, writing
-    from elastic_ring.data import check_dataset
 
     rd = _fresh_folder(req, echo)
     cfg = None if req.script else _config(req, device)
@@ -241,7 +240,9 @@ def _prepare_new(req: RunRequest, device: str, n_slots: int, sched: tuple[Resize
 
         check_cpu_fallback([r.step for r in sched], total, rep)
     spec.validate()
-    if cfg is not None:
+    if cfg is not None:  # the built-in model (a --script run's controller never imports torch)
+        from elastic_ring.data import check_dataset
+
         check_dataset(cfg.dataset, cfg.data_dir)
     with writing(rd):
         rd.mkdir(parents=True, exist_ok=True)

@@ -65,12 +65,12 @@ def test_full_disk_while_the_run_folder_is_created_is_one_line(run_cli, tmp_path
     import errno
     import os
 
-    import elastic_ring.controller.rundir as rundir
+    import elastic_ring.data as data
 
     def full(name, cache_dir, *a, **k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(cache_dir / "digits-train.pt"))
 
-    monkeypatch.setattr(rundir, "materialize", full)
+    monkeypatch.setattr(data, "materialize", full)  # the controller imports it when it needs it
     run = tmp_path / "run"
     p = run_cli("train", "--run-dir", str(run), "--slots", "2")
     _assert_one_line_error(p, str(run / "cache" / "digits-train.pt"), "No space left on device")
