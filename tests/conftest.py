@@ -83,6 +83,30 @@ def cli_inproc(capsys):
     return lambda *args: run_inproc(capsys, *args)
 
 
+def shared_dir(tmp_path_factory, name: str, produce) -> Path:
+    """A folder made once per test session by ``produce(folder)`` (which raises on failure), shared
+    by the tests that need the same expensive reference run, also across pytest-xdist's worker
+    processes (each has a session of its own: a module-scoped fixture would run once in each).
+
+    The first caller makes it under a file lock; the others wait for it, then read it (read only).
+    A failed ``produce`` leaves nothing marked done: the next caller tries again (and fails with
+    its own error)."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the session's folder, above gw0/, gw1/ ...
+    folder, done = base / f"shared-{name}", base / f"shared-{name}.done"
+    with open(base / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            produce(folder)
+            done.touch()
+    return folder
+
+
 def wait_for(pred, timeout: float, what: str, poll: float = 0.3):
     """Poll ``pred`` until it returns something true (returned) or ``timeout`` seconds pass."""
     t0 = time.time()
