@@ -11,17 +11,17 @@ import torch
 
 from elastic_ring.data import SampleStream
 from tests.conftest import run_cli
-from tests.integration.test_train_resize import TINY, _events, _final_model, _start_train, _trace, _wait_for
+from tests.integration.test_train_resize import (RESIZE_1_2_1, TINY, _events, _final_model, _start_train, _trace,
+                                                 _wait_for, resize_1_2_1_auto)
 
 pytestmark = pytest.mark.integration
 
 
-def test_inplace_grow_and_shrink_equals_checkpoint_relaunch(tmp_path):
+def test_inplace_grow_and_shrink_equals_checkpoint_relaunch(tmp_path, tmp_path_factory):
     """1 -> 2 -> 1 in place: one horovodrun for the whole run, every step and every sample once,
     Eq. 7 at each resize, and the same final weights as the checkpoint-and-relaunch run."""
-    args = ["train", "--gpus", "1", "--schedule", "6:2,12:1", "--steps", "18", *TINY]
     run = tmp_path / "inplace"
-    p = run_cli(*args, "--relaunch", "inplace", "--run-dir", str(run), timeout=400)
+    p = run_cli(*RESIZE_1_2_1, "--relaunch", "inplace", "--run-dir", str(run), timeout=400)
     assert p.returncode == 0, p.stdout + p.stderr
 
     steps = _trace(run)
@@ -49,9 +49,11 @@ def test_inplace_grow_and_shrink_equals_checkpoint_relaunch(tmp_path):
     phases = [e["phases"] for e in _events(run, "first_step")[1:]]
     assert all("hvd_reinit" in ph and "restore_broadcast" in ph for ph in phases)
 
-    ref = tmp_path / "overlap"
-    p = run_cli(*args, "--relaunch", "overlap", "--run-dir", str(ref), timeout=400)
+    # the reference: the same run with a checkpoint and a relaunch at each resize (test_train_resize
+    # checks it too; it is run once for both)
+    ref, p = resize_1_2_1_auto(tmp_path_factory)
     assert p.returncode == 0, p.stderr
+    assert json.loads((ref / "run.json").read_text())["relaunch"] == "overlap"
     a, b = _final_model(run), _final_model(ref)
     assert a["step"] == b["step"] == 18 and a["cursor"] == b["cursor"] and a["lr_last"] == b["lr_last"]
     for k in a["model"]:
