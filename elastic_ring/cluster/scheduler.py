@@ -465,7 +465,14 @@ class Scheduler:
             elif want < held:
                 if not self.live_resize:
                     self._stop(j, "resize")  # resumed at the new size on other slots
-                elif self.runner.request_resize(j, want):
+                else:
+                    # the cores it keeps before the controller relaunches: its new workers take
+                    # cpu_threads from their affinity at launch (pinned after the exit, a 2 -> 1
+                    # shrink ran 2 threads on 1 core); the old workers share them until they stop
+                    self._pin(j, j["slots"][:want])
+                    if not self.runner.request_resize(j, want):
+                        self._pin(j, j["slots"])
+                        continue
                     with self.store.transaction():
                         self.store.update(j["id"], resize_to=want, resize_mark=self._obs[j["id"]].exits)
                         self.store.event(j["id"], "resize_requested", frm=held, to=want)
