@@ -410,7 +410,15 @@ def summary(files: list[Path], out: Path) -> dict:
                      "live_resize_lost_s_mean": statistics.mean(lost) if (lost := [
                          x for j in r["live"]["jobs"] for x in j["resize_lost_s"]]) else None,
                      "side_by_side_ratio_median": statistics.median(sbs) if sbs else None,
-                     "side_by_side_ratio_min": min(sbs) if sbs else None})
+                     "side_by_side_ratio_min": min(sbs) if sbs else None,
+                     # point 3: resizes per job and the seconds they lost (the run's resize events:
+                     # total_lost_s, a wait for a launch in flight included; the simulator: each
+                     # resize's launch at its new size)
+                     "live_resizes_per_job": r["live"]["resizes"] / len(r["live"]["jobs"]),
+                     "live_resize_lost_s_total": sum(x for j in r["live"]["jobs"] for x in j["resize_lost_s"]),
+                     "sim_resizes_per_job": r["sim"]["resizes"] / len(r["live"]["jobs"]),
+                     "sim_resize_lost_s_total": (sum(r["sim"]["resize_lost_s"]) if "resize_lost_s" in r["sim"]
+                                                 else None)})
     res = {"runs": rows, "max_abs_avg_jct_err": max(abs(r["avg_jct_err"]) for r in rows) if rows else None}
     out.write_text(json.dumps(res, indent=1))
     print("| policy | load (start / mean) | live avg JCT s | sim avg JCT s | error | live makespan s | sim makespan s "
@@ -426,6 +434,13 @@ def summary(files: list[Path], out: Path) -> dict:
               f"{r['sim_resizes']} | {r['live_start_s_mean']:.1f}, "
               f"{'-' if r['live_resize_lost_s_mean'] is None else format(r['live_resize_lost_s_mean'], '.1f')} | "
               f"{'-' if r['diag_avg_jct_err'] is None else format(100 * r['diag_avg_jct_err'], '+.1f') + '%'} | {sb} |")
+    print("\n| run | resizes/job live / sim | seconds lost to resizes live / sim | avg JCT s live / sim |")
+    print("|---|---|---|---|")
+    for r in rows:
+        sl = "-" if r["sim_resize_lost_s_total"] is None else f"{r['sim_resize_lost_s_total']:.1f}"
+        print(f"| {r['file'][len('live12_'):-len('.json')]} | {r['live_resizes_per_job']:.2f} / "
+              f"{r['sim_resizes_per_job']:.2f} | {r['live_resize_lost_s_total']:.1f} / {sl} | "
+              f"{r['live_avg_jct_s']:.1f} / {r['sim_avg_jct_s']:.1f} |")
     return res
 
 
