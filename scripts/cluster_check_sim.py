@@ -20,8 +20,13 @@ One policy per call (a few minutes each):
    at that size, with the number of jobs that ran beside it (point 5: jobs side by side must run
    at their calibrated speed).
 
+`--example mlp --slots 2` (point 5 unpaced): examples/mlp_digits.py jobs, real compute; the
+calibration's speeds then come from one run per size pinned to its slots' cores, as the cluster
+runs a job on W slots. Any policy `cluster up` accepts (the -rc ones too).
+
 Writes results/cluster/live12_<policy>.json; `--summary` reads every live12_<policy>.json and
-writes results/cluster/live12_summary.json and prints the table.
+writes results/cluster/live12_summary.json and prints the table, then resizes per job and the
+seconds lost to them, live and simulated (point 3).
 
     .venv/bin/python scripts/cluster_check_sim.py --policy precompute     # ~4-6 min on 2 cores
     .venv/bin/python scripts/cluster_check_sim.py --summary
