@@ -20,8 +20,13 @@ One policy per call (a few minutes each):
    at that size, with the number of jobs that ran beside it (point 5: jobs side by side must run
    at their calibrated speed).
 
+`--example mlp --slots 2` (point 5 unpaced): examples/mlp_digits.py jobs, real compute; the
+calibration's speeds then come from one run per size pinned to its slots' cores, as the cluster
+runs a job on W slots. Any policy `cluster up` accepts (the -rc ones too).
+
 Writes results/cluster/live12_<policy>.json; `--summary` reads every live12_<policy>.json and
-writes results/cluster/live12_summary.json and prints the table.
+writes results/cluster/live12_summary.json and prints the table, then resizes per job and the
+seconds lost to them, live and simulated (point 3).
 
     .venv/bin/python scripts/cluster_check_sim.py --policy precompute     # ~4-6 min on 2 cores
     .venv/bin/python scripts/cluster_check_sim.py --summary
@@ -125,11 +130,15 @@ class LoadSampler(threading.Thread):
                 "max": round(max(s), 2), "cores": os.cpu_count()}
 
 
-def _train(rd: Path, script_args: list[str], steps: int, start: int, slots: int, schedule: str) -> tuple[list, float]:
+def _train(rd: Path, script_args: list[str], steps: int, start: int, slots: int, schedule: str,
+           cores: list[int] | None = None) -> tuple[list, float]:
+    """One `train` run; ``cores``: its CPU affinity (what the cluster gives a job on that many slots)."""
     t0 = time.time()
+    sched = ["--schedule", schedule] if schedule else []
     r = subprocess.run([*CLI, "train", "--script", SCRIPT, "--steps", str(steps), "--gpus", str(start),
-                        "--slots", str(slots), "--device", "cpu", "--schedule", schedule, "--run-dir", str(rd),
-                        "--", *script_args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                        "--slots", str(slots), "--device", "cpu", *sched, "--run-dir", str(rd),
+                        "--", *script_args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
     t1 = time.time()
     if r.returncode != 0:
         raise SystemExit(f"calibration run failed: {r.stderr[-2000:]}")
@@ -151,9 +160,23 @@ def launch_costs(resizes: list[tuple[int, float]], starts: list[tuple[int, float
     return {"resize_overhead_s": a, "overhead_per_worker_s": b, "start_overhead_s": s}
 
 
-def calibrate(work: Path, slots: int, script_args: list[str]) -> dict:
+def pinned_rates(work: Path, slots: int, script_args: list[str], steps: int) -> dict[int, float]:
+    """Steps/s of one job alone at each size W, W workers on W slots pinned to the first W cores
+    the cluster would give it (slot i: the i-th core of this process's affinity), so that each
+    worker has the threads it has in the cluster (cpu_threads: the affinity's cores / workers)."""
+    mine = sorted(os.sched_getaffinity(0))
+    out = {}
+    for w in range(1, slots + 1):
+        ev, _ = _train(work / f"cal-pinned-{w}", script_args, steps, w, w, "", [mine[i % len(mine)] for i in range(w)])
+        out.update({k: v for k, v in rates(ev).items() if k == w})
+    return out
+
+
+def calibrate(work: Path, slots: int, script_args: list[str], pinned: bool = False) -> dict:
     """Two runs of one paced job alone: started at 1, grown 1 -> 2 -> ... -> S; started at S,
-    shrunk to 1, grown back to S and shrunk to 2."""
+    shrunk to 1, grown back to S and shrunk to 2. ``pinned`` (unpaced jobs, whose speed depends
+    on the cores they get): the speeds come from one run per size on its own slots' cores
+    (:func:`pinned_rates`) instead; the two resize runs still give the launch and resize costs."""
     seg = CAL_SEGMENT
     up_sched = ",".join(f"{seg * i}:{i + 1}" for i in range(1, slots))
     ev_up, start_1 = _train(work / "cal-up", script_args, seg * slots, 1, slots, up_sched)
@@ -168,7 +191,11 @@ def calibrate(work: Path, slots: int, script_args: list[str]) -> dict:
     lost = [{"from": e["from_workers"], "to": e["to_workers"], "lost_s": e["total_lost_s"]}
             for e in ev_up + ev_down if e.get("kind") == "resize_overhead"]
     costs = launch_costs([(x["to"], x["lost_s"]) for x in lost], [(1, start_1), (slots, start_s)])
-    return {"segment_steps": seg, "rates_steps_per_s": table, "rates_grow_run": up, "rates_shrink_run": down,
+    extra = {}
+    if pinned:
+        extra = {"rates_unpinned_runs": table, "rates_from": "one run per size on its slots' cores"}
+        table = pinned_rates(work, slots, script_args, 2 * seg)
+    return {"segment_steps": seg, "rates_steps_per_s": table, **extra, "rates_grow_run": up, "rates_shrink_run": down,
             "measured_start_s": {"1": start_1, str(slots): start_s}, "measured_resizes": lost, **costs}
 
 
@@ -288,9 +315,10 @@ def simulate_run(run: dict, policy: str, slots: int, cal: dict) -> dict:
     table = {int(w): r for w, r in cal["rates_steps_per_s"].items()}
     plan = {w: float(w) for w in range(1, slots + 1)}
     rc_cost = statistics.median(x["lost_s"] for x in cal["measured_resizes"])
+    sim_lost: list[float] = []
     sim = replay(trace, policy, slots, table, cal["start_overhead_s"], cal["resize_overhead_s"], plan=plan,
                  overhead_per_worker_s=cal["overhead_per_worker_s"], explore_steps=EXPLORE_STEPS,
-                 resize_cost_s=rc_cost)
+                 resize_cost_s=rc_cost, lost=sim_lost)
     # the relaunch part of each resize (its wait for a launch in flight is the simulator's own)
     lost = [x for j in run["jobs"] for x in j.get("resize_relaunch_s", [])]
     start_run = statistics.mean(j["start_overhead_s"] for j in run["jobs"])
@@ -299,6 +327,7 @@ def simulate_run(run: dict, policy: str, slots: int, cal: dict) -> dict:
                   resize_cost_s=rc_cost)
     err = lambda s, l: (s - l) / l  # noqa: E731
     return {"avg_jct_s": sim.avg_jct_s, "makespan_s": sim.makespan_s, "resizes": sim.resizes,
+            "resize_lost_s": sim_lost,
             "jct_s": list(sim.jct_s), "avg_jct_err": err(sim.avg_jct_s, run["avg_jct_s"]),
             "makespan_err": err(sim.makespan_s, run["makespan_s"]),
             "launch_from_run": {"start_overhead_s": start_run, "resize_overhead_s": resize_run,
@@ -319,7 +348,7 @@ def check(policy: str, slots: int, step_s: float, cal_file: str | None, out: Pat
         cf = Path(cal_file).resolve()
         cal["reused_from"] = str(cf.relative_to(ROOT)) if cf.is_relative_to(ROOT) else cf.name
     else:
-        cal = calibrate(work, slots, args)
+        cal = calibrate(work, slots, args, pinned=SCRIPT != PACED)
     print(f"calibration: steps/s {cal['rates_steps_per_s']}, start {cal['start_overhead_s']:.1f} s, resize "
           f"{cal['resize_overhead_s']:.1f} s, + {cal['overhead_per_worker_s']:.2f} s per worker beyond 1", flush=True)
     run = live(work, policy, slots, TRACE, args, timeout)
@@ -386,7 +415,15 @@ def summary(files: list[Path], out: Path) -> dict:
                      "live_resize_lost_s_mean": statistics.mean(lost) if (lost := [
                          x for j in r["live"]["jobs"] for x in j["resize_lost_s"]]) else None,
                      "side_by_side_ratio_median": statistics.median(sbs) if sbs else None,
-                     "side_by_side_ratio_min": min(sbs) if sbs else None})
+                     "side_by_side_ratio_min": min(sbs) if sbs else None,
+                     # point 3: resizes per job and the seconds they lost (the run's resize events:
+                     # total_lost_s, a wait for a launch in flight included; the simulator: each
+                     # resize's launch at its new size)
+                     "live_resizes_per_job": r["live"]["resizes"] / len(r["live"]["jobs"]),
+                     "live_resize_lost_s_total": sum(x for j in r["live"]["jobs"] for x in j["resize_lost_s"]),
+                     "sim_resizes_per_job": r["sim"]["resizes"] / len(r["live"]["jobs"]),
+                     "sim_resize_lost_s_total": (sum(r["sim"]["resize_lost_s"]) if "resize_lost_s" in r["sim"]
+                                                 else None)})
     res = {"runs": rows, "max_abs_avg_jct_err": max(abs(r["avg_jct_err"]) for r in rows) if rows else None}
     out.write_text(json.dumps(res, indent=1))
     print("| policy | load (start / mean) | live avg JCT s | sim avg JCT s | error | live makespan s | sim makespan s "
@@ -402,6 +439,13 @@ def summary(files: list[Path], out: Path) -> dict:
               f"{r['sim_resizes']} | {r['live_start_s_mean']:.1f}, "
               f"{'-' if r['live_resize_lost_s_mean'] is None else format(r['live_resize_lost_s_mean'], '.1f')} | "
               f"{'-' if r['diag_avg_jct_err'] is None else format(100 * r['diag_avg_jct_err'], '+.1f') + '%'} | {sb} |")
+    print("\n| run | resizes/job live / sim | seconds lost to resizes live / sim | avg JCT s live / sim |")
+    print("|---|---|---|---|")
+    for r in rows:
+        sl = "-" if r["sim_resize_lost_s_total"] is None else f"{r['sim_resize_lost_s_total']:.1f}"
+        print(f"| {r['file'][len('live12_'):-len('.json')]} | {r['live_resizes_per_job']:.2f} / "
+              f"{r['sim_resizes_per_job']:.2f} | {r['live_resize_lost_s_total']:.1f} / {sl} | "
+              f"{r['live_avg_jct_s']:.1f} / {r['sim_avg_jct_s']:.1f} |")
     return res
 
 

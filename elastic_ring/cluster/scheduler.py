@@ -32,9 +32,11 @@ the next size on the slots it holds). At each size it reads the job's own ``thro
 skips the first window after each launch (warm-up) and takes ``EXPLORE_WINDOWS`` windows: steps/s
 = their steps / their seconds (an ``explore_measured`` event). With every size measured it fits
 Eq. 5 (:func:`~elastic_ring.perfmodel.speed.fit_speed_few`: the full fit from 4 worker counts;
-from 1-3 counts, as on a node with < 8 slots, only as many of Eq. 5's terms as counts), records an
-``explore_fit`` event and decides again (cause ``explored``); the fitted steps/s is then the job's
-rate in the policy's doubling. The measurements and the fit are events in the store, so a
+from 1-3 counts, as on a node with < 8 slots, only as many of Eq. 5's terms as counts) on the
+steps/s and on the steps/s per worker, and keeps the one that reproduces the measurement
+(:func:`fit_explored`: a fixed per-worker or a fixed global batch), records an ``explore_fit``
+event and decides again (cause ``explored``); the fitted steps/s is then the job's rate in the
+policy's doubling. The measurements and the fit are events in the store, so a
 restarted scheduler continues an exploration where it was. A job whose --min-workers exceeds
 ``hold`` is not explored (its profile, else linear speed-up).
 
@@ -93,6 +95,36 @@ def explore_sizes(hold: int, min_workers: int) -> list[int]:
     return out
 
 
+def fit_explored(ws: list[int], fs: list[float]) -> tuple[SpeedModel, str, bool, float]:
+    """Eq. 5 for a job measured at ``ws`` workers, ``fs`` steps/s: (model, method, per_worker,
+    rmse in steps/s). A job's step budget is counted in steps whatever its size, so its rate is
+    steps/s; what a step is at w workers depends on the job. A fixed per-worker batch (this
+    library's jobs): the same work per worker at every size, Eq. 5 on steps/s (``f(w)``, which
+    cannot rise with w). A fixed global batch (the paper's t0·m/w with m global; examples/paced.py):
+    the step's work is shared, Eq. 5 on steps/s per worker and the rate ``w·f(w)`` (the
+    simulator's exploration, sim/engine.py). Both are fitted (b = n = 1: the predictions do not
+    depend on them); the one that reproduces the measured steps/s better is kept (a tie, as from
+    one count: the per-worker batch, no speed-up assumed)."""
+    a, ma = fit_speed_few(ws, fs, 1.0, 1.0)
+    b, mb = fit_speed_few(ws, [f / w for f, w in zip(fs, ws)], 1.0, 1.0)
+
+    def rmse(rate: Callable[[int], float]) -> float:
+        return (sum((rate(w) - f) ** 2 for w, f in zip(ws, fs)) / len(ws)) ** 0.5
+
+    ea = rmse(lambda w: float(a.model.predict(w)))
+    eb = rmse(lambda w: w * float(b.model.predict(w)))
+    if eb < ea - 1e-9 * max(fs):
+        return b.model, mb, True, eb
+    return a.model, ma, False, ea
+
+
+def explored_rate(model: SpeedModel, per_worker: bool) -> Callable[[int], float]:
+    """Steps/s of ``w`` from :func:`fit_explored`'s model."""
+    if per_worker:
+        return lambda w: w * float(model.predict(w))
+    return lambda w: float(model.predict(w))
+
+
 class _Exploration:
     """One job's exploration: the sizes to measure, what is measured, the fitted model."""
 
@@ -102,6 +134,7 @@ class _Exploration:
         self.windows: dict[int, list[tuple[int, float]]] = {}  # workers -> (steps, seconds) so far
         self.warm: set[int] = set()  # launches whose first window was skipped
         self.model: SpeedModel | None = None
+        self.per_worker = False  # the model is per worker: the rate is w·f(w) (fit_explored)
         self.mark = -1  # launches seen when the last size was asked for: act only after a new launch
 
     @property
@@ -182,7 +215,7 @@ class Scheduler:
             if x is not None and not x.done:
                 return None  # not measured yet
             if x is not None and x.model is not None:
-                r = self._rates[j["id"]] = lambda w, m=x.model: float(m.predict(w))
+                r = self._rates[j["id"]] = explored_rate(x.model, x.per_worker)
             else:
                 r = self._rates[j["id"]] = self.rate_for(j)
         return r
@@ -211,6 +244,7 @@ class Scheduler:
                     x.measured[int(e["data"]["workers"])] = float(e["data"]["steps_per_s"])
                 elif e["kind"] == "explore_fit":
                     x.model = SpeedModel.from_dict(e["data"]["model"])
+                    x.per_worker = bool(e["data"].get("per_worker", False))
         return x
 
     def _exploring(self, j: dict[str, Any]) -> bool:
@@ -248,17 +282,15 @@ class Scheduler:
             ws = sorted(x.measured)
             fs = [x.measured[w] for w in ws]
             try:
-                # b = n = 1: f(w)'s predictions do not depend on them (b is collinear with the
-                # constant, n only scales t2)
-                fit, method = fit_speed_few(ws, fs, 1.0, 1.0)
+                model, method, per_worker, rmse = fit_explored(ws, fs)
             except FitError as e:
                 x.sizes = []  # done: the job plans with its profile, else linear speed-up
                 self.store.event(jid, "explore_fit_failed", error=str(e))
                 return "explored"
-            x.model = fit.model
+            x.model, x.per_worker = model, per_worker
             self._rates.pop(jid, None)
-            self.store.event(jid, "explore_fit", method=method, model=fit.model.to_dict(), rmse=fit.rmse,
-                             points=[[w, f] for w, f in zip(ws, fs)])
+            self.store.event(jid, "explore_fit", method=method, model=model.to_dict(), rmse=rmse,
+                             per_worker=per_worker, points=[[w, f] for w, f in zip(ws, fs)])
             return "explored"
         if obs.world_size == nxt or (obs.world_size in x.sizes and obs.world_size not in x.measured):
             return None  # still measuring this size
@@ -465,7 +497,14 @@ class Scheduler:
             elif want < held:
                 if not self.live_resize:
                     self._stop(j, "resize")  # resumed at the new size on other slots
-                elif self.runner.request_resize(j, want):
+                else:
+                    # the cores it keeps before the controller relaunches: its new workers take
+                    # cpu_threads from their affinity at launch (pinned after the exit, a 2 -> 1
+                    # shrink ran 2 threads on 1 core); the old workers share them until they stop
+                    self._pin(j, j["slots"][:want])
+                    if not self.runner.request_resize(j, want):
+                        self._pin(j, j["slots"])
+                        continue
                     with self.store.transaction():
                         self.store.update(j["id"], resize_to=want, resize_mark=self._obs[j["id"]].exits)
                         self.store.event(j["id"], "resize_requested", frm=held, to=want)

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 from elastic_ring.errors import ConfigError
 from elastic_ring.sched.policies import Exploratory, make_policy
 from elastic_ring.sim.api import JobSpec, RunResult, SimConfig
-from elastic_ring.sim.engine import simulate
+from elastic_ring.sim.engine import Simulator
 
 
 class TableSpeed:
@@ -42,6 +42,22 @@ class TableSpeed:
     predict = samples_per_s
 
 
+class _Replay(Simulator):
+    """The simulator, keeping the seconds each resize of a running job costs it (its launch at the
+    new size, the resize overhead with the per-worker and shared-launch parts): what a live
+    resize's ``total_lost_s`` is compared with."""
+
+    def __init__(self, *a, lost: list | None = None, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.lost = lost
+
+    def _launch_cost(self, w, base, t0=None, j=None):  # noqa: ANN001 - the engine's signature
+        c = super()._launch_cost(w, base, t0, j)
+        if self.lost is not None and j is not None and j.gpus_held > 0 and base == self.config.resize_overhead_s:
+            self.lost.append(c)
+        return c
+
+
 def explore_sizes(slots: int) -> tuple[int, ...]:
     """1, 2, 4, ... up to the largest power of two <= min(8, ``slots``) (the live exploration)."""
     out = [1]
@@ -54,7 +70,7 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
            start_overhead_s: float, resize_overhead_s: float, plan: Mapping[int, float] | None = None,
            overhead_per_worker_s: float = 0.0, explore_steps: int = 60,
            resize_after_launch: bool = True, resize_cost_s: float | None = None,
-           launches_share_node: bool = True) -> RunResult:
+           launches_share_node: bool = True, lost: list | None = None) -> RunResult:
     """Simulate ``jobs`` ((arrival s, steps), in submission order) on ``slots`` under ``policy``.
 
     ``speed``: the true steps/s table of every job, or one per job. ``plan``: the table the
@@ -66,7 +82,7 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
     ``launches_share_node`` the per-worker cost counts the workers of every launch in progress
     (the node's cores are shared by the launches side by side).
     ``NAME-rc`` policies are told ``resize_cost_s`` as the cost of a resize (default
-    ``resize_overhead_s``).
+    ``resize_overhead_s``). ``lost``: a list to append the seconds each resize cost to.
     """
     tables = list(speed) if isinstance(speed, (list, tuple)) else [speed] * len(jobs)
     if len(tables) != len(jobs):
@@ -81,4 +97,4 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
                     explore_gpus=sizes, explore_phase_work=float(explore_steps), remaining="oracle")
     pol = Exploratory(sizes[-1]) if policy == "exploratory" else make_policy(
         policy, resize_overhead_s if resize_cost_s is None else resize_cost_s)
-    return simulate(cfg, pol, specs, models, plans)
+    return _Replay(cfg, pol, models, plans, lost=lost).run(specs)

@@ -200,3 +200,31 @@ def test_exploratory_needs_its_hold(tmp_path):
     cfg = ClusterConfig(hosts=(("localhost", 4),), policy="exploratory")
     with pytest.raises(ClusterError):
         Scheduler(store, cfg, Exploratory(8), FakeRunner(), rate_for=lambda j: (lambda w: float(w)))
+
+
+def test_a_job_whose_steps_get_faster_with_workers_is_planned_wider(tmp_path):
+    """A fixed global batch (examples/paced.py): steps/s rises with w, which Eq. 5 on steps/s
+    cannot follow (it fitted a constant, and doubling never grew such a job live). The fit on
+    steps/s per worker, rate w·f(w) (the simulator's exploration), reproduces it: the lone job
+    gets all 4 slots; a restarted scheduler plans it the same way from the stored fit."""
+    from elastic_ring.cluster.scheduler import fit_explored
+
+    speed = lambda w: 3.3 * w * 0.9 ** (w - 1)  # noqa: E731
+    store, cfg, runner, sched = _setup(tmp_path, slots=4)
+    runner.speed = speed
+    a = _submit(store, "a", 10 ** 6)
+    sched.recover()
+    for _ in range(200):
+        sched.tick()
+        if _kinds(store, a, "explore_fit"):
+            break
+    fit = _kinds(store, a, "explore_fit")[0]["data"]
+    assert fit["per_worker"] is True
+    assert store.decisions()[-1]["cause"] == "explored" and store.decisions()[-1]["allocation"] == {a: 4}
+    for w in (1, 2, 4):
+        assert sched._rate(store.job(a))(w) == pytest.approx(speed(w), rel=0.02)
+    again = Scheduler(store, cfg, live_policy("exploratory", 4), runner, rate_for=lambda j: (lambda w: 1.0))
+    assert again._rate(store.job(a))(4) == pytest.approx(speed(4), rel=0.02)
+    # a fixed per-worker batch (steps/s falls): Eq. 5 on steps/s, as before
+    model, method, per_worker, rmse = fit_explored([1, 2, 4], [float(TRUE.predict(w)) for w in (1, 2, 4)])
+    assert not per_worker and method == "eq5-3-terms" and rmse < 1e-9

@@ -373,3 +373,33 @@ def test_cluster_up_offers_the_rc_policies():
     p = live_policy("srtf-rc", 4, "cuda")
     assert p.name == "srtf-rc" and p.resize_cost_s == 10.0
     assert ClusterConfig(hosts=(("localhost", 2),), policy="optimus-rc").policy == "optimus-rc"
+
+
+def test_a_shrink_pins_the_job_to_the_slots_it_keeps_before_its_new_workers_launch(tmp_path):
+    """The new workers of a shrink take their threads from the affinity they launch with: the job
+    must be on the cores it keeps when the resize is asked for, not only after the old ones exit."""
+    store, cfg, runner, sched = _setup(tmp_path)
+    pins = []  # (job, slots, the fake controller's resize pending at that moment)
+    runner.pin = lambda job, slots: pins.append((job["id"], list(slots), runner.jobs[job["id"]].pending)) or True
+    a = _submit(store, "a", 400)
+    sched.recover()
+    for _ in range(3):
+        sched.tick()
+    assert len(store.job(a)["slots"]) == 4
+    _submit(store, "b", 400)
+    for _ in range(3):
+        sched.tick()
+    asked = [e for e in store.events(a) if e["kind"] == "resize_requested"]
+    assert asked and asked[0]["data"]["to"] < 4
+    to = asked[0]["data"]["to"]
+    first = next(p for p in pins if p[0] == a)
+    assert first[1] == [0, 1, 2, 3][:to] and first[2] is None  # pinned before the request
+    # a refused request puts it back on all its slots
+    pins.clear()
+    runner.refuse_resize = True
+    _submit(store, "c", 400)
+    for _ in range(6):
+        sched.tick()
+    mine = [p[1] for p in pins if p[0] == a]
+    assert len(mine) >= 2 and len(mine[0]) < len(store.job(a)["slots"])  # asked, refused
+    assert mine[-1] == store.job(a)["slots"]  # back on every slot it still holds

@@ -80,3 +80,12 @@ def test_table_speed_and_bad_input():
         TableSpeed({1: 0.0})
     with pytest.raises(ConfigError):
         SimConfig(start_overhead_s=-1)
+
+
+def test_replay_keeps_the_seconds_each_resize_cost():
+    # the shrink at t=5 (to 1 worker) and the grow at t=6 (to 2): 5 s each, + 1 s per worker
+    # beyond the first; the first start (start overhead) is not a resize
+    lost = []
+    r = replay([(0, 100), (5, 10)], "precompute", 2, {1: 10.0, 2: 15.0}, 3.0, 5.0, resize_after_launch=False,
+               overhead_per_worker_s=1.0, launches_share_node=False, lost=lost)
+    assert r.resizes == 2 and lost == pytest.approx([5.0, 6.0])
