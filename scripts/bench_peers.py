@@ -82,6 +82,27 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float, what: str) -> None
         raise BenchError(f"{what} failed (status {p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
 
 
+def _run_driven(cmd: list[str], env: dict[str, str], log: Path, what: str, drive=lambda proc: None,
+                clock=time.time, tail: int = 2000, timeout: float = 1800) -> tuple[float, float, object]:
+    """Run ``cmd`` in its own process group, output to ``log``; ``drive(proc)`` acts on it while it
+    runs (the resizes, the node changes), then it is waited for. Killed with its group whatever
+    happens. Returns (start time and wall seconds by ``clock``, what ``drive`` returned);
+    BenchError with the log's last ``tail`` characters when it exits non-zero."""
+    t0 = clock()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        got = drive(proc)
+        rc = proc.wait(timeout=timeout)
+    finally:
+        _kill(proc)
+    wall = clock() - t0
+    if rc != 0:
+        raise BenchError(f"{what} failed (status {rc}):\n{log.read_text()[-tail:]}")
+    return t0, wall, got
+
+
 def _model_args(a) -> list[str]:
     return ["--depth", str(a.depth), "--width", str(a.width), "--batch-size", str(a.batch_size),
             "--device", a.device]
@@ -322,22 +343,16 @@ def resize_hvd_elastic(a, resize: bool, tmp: Path) -> dict:
            "--host-discovery-script", str(script), "--network-interface", "lo", "--gloo",
            sys.executable, "-u", str(LAUNCH / "peer_elastic.py"), *_model_args(a),
            "--steps", str(3 * s), "--out", str(out)]
-    t0 = time.perf_counter()
-    with open(d / "log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(OMP_NUM_THREADS=_threads(1)), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+
+    def drive(proc: subprocess.Popen) -> None:
         if resize:
             _wait_step(out, lambda r: r["step"] >= s, proc, 600, "horovod elastic")
             hosts.write_text("localhost:2\n")
             _wait_step(out, lambda r: r["step"] >= 2 * s and r["world"] == 2, proc, 600, "horovod elastic")
             hosts.write_text("localhost:1\n")
-        rc = proc.wait(timeout=1800)
-    finally:
-        _kill(proc)
-    wall = time.perf_counter() - t0
-    if rc != 0:
-        raise BenchError(f"horovod elastic failed (status {rc}):\n{(d / 'log').read_text()[-2000:]}")
+
+    _, wall, _ = _run_driven(cmd, _env(OMP_NUM_THREADS=_threads(1)), d / "log", "horovod elastic", drive,
+                             clock=time.perf_counter)
     return {"wall_s": wall, "resizes": _losses(_read(out))}
 
 

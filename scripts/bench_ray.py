@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_peers import (BenchError, _env, _kill, _losses, _read, _run, _train_cmd,  # noqa: E402
+from bench_peers import (BenchError, _env, _losses, _read, _run, _run_driven, _train_cmd,  # noqa: E402
                          _wait_step, resize_hvd_elastic, resize_ours)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,22 +166,16 @@ def node_kill_ray(a, b: Bench, tmp: Path) -> dict:
     s = a.resize_steps
     run = tmp / f"ray-kill-{time.time_ns()}"
     extra = ["--backend", "ray", "--ray-address", b.address, "--checkpoint-every", str(a.ckpt_every)]
-    t0 = time.time()
-    with open(tmp / "node-kill.log", "w") as log:
-        proc = subprocess.Popen(_train_cmd(a, run, 3 * s, 2, extra), cwd=ROOT, env=_env(), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+
+    def drive(proc: subprocess.Popen) -> float:
         while _progress(run) < s:
             if proc.poll() is not None:
                 raise BenchError(f"node-kill run exited (status {proc.returncode}) before step {s}")
             time.sleep(0.05)
-        t_kill = b.remove_node2()
-        rc = proc.wait(timeout=1800)
-    finally:
-        _kill(proc)
-    wall = time.time() - t0
-    if rc != 0:
-        raise BenchError(f"node-kill run failed (status {rc}):\n{(tmp / 'node-kill.log').read_text()[-2000:]}")
+        return b.remove_node2()
+
+    t0, wall, t_kill = _run_driven(_train_cmd(a, run, 3 * s, 2, extra), _env(), tmp / "node-kill.log",
+                                   "node-kill run", drive)
     evs = _read(run / "events.jsonl")
     shutil.rmtree(run, ignore_errors=True)
     firsts = [e for e in evs if e["kind"] == "first_step"]
@@ -205,24 +199,19 @@ def ray_train(a, b: Bench, tmp: Path) -> dict:
            "--batch-size", str(a.batch_size), "--steps", str(3 * s), "--out", str(out),
            "--monitor-s", str(a.monitor_s), "--ckpt-every", str(a.ckpt_every), "--threads", "1"]
     env = _env(RAY_TRAIN_V2_ENABLED="1", RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=str(a.health_s))
-    t0 = time.time()
-    with open(d / "log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    t_start = time.time()
+
+    def drive(proc: subprocess.Popen) -> tuple[float, float]:
         try:
             _wait_step(out, lambda r: r["step"] >= s, proc, 300, "ray train")
             t_free = b.add_node2()  # capacity appears: a node joins, the monitor grows the group
             _wait_step(out, lambda r: r["step"] >= 2 * s and r["world"] == 2, proc, 300, "ray train")
         except BenchError as e:
             seen = out.read_text()[-400:] if out.exists() else "no step records"
-            raise BenchError(f"{e} after {time.time() - t0:.1f} s; {seen}\n{(d / 'log').read_text()[-3000:]}") from None
-        t_kill = b.remove_node2()  # a node lost: the group restarts at 1
-        rc = proc.wait(timeout=1800)
-    finally:
-        _kill(proc)
-    wall = time.time() - t0
-    if rc != 0:
-        raise BenchError(f"ray train failed (status {rc}):\n{(d / 'log').read_text()[-3000:]}")
+            raise BenchError(f"{e} after {time.time() - t_start:.1f} s; {seen}\n{(d / 'log').read_text()[-3000:]}") from None
+        return t_free, b.remove_node2()  # a node lost: the group restarts at 1
+
+    t0, wall, (t_free, t_kill) = _run_driven(cmd, env, d / "log", "ray train", drive, tail=3000)
     recs = _read(out)
     steps = [r for r in recs if r["kind"] == "step"]
     first2 = next(r for r in steps if r["world"] == 2)

@@ -64,3 +64,24 @@ def test_commands(bp, tmp_path: Path):
     assert cmd[cmd.index("--ckpt-at") + 1] == "15,30" and cmd[cmd.index("--steps") + 1] == "45"
     el = bp._torchrun(a, tmp_path / "o", tmp_path, 29555, 145)
     assert el[el.index("--nnodes") + 1] == "1:2" and el[el.index("--rdzv-backend") + 1] == "c10d"
+
+
+def test_run_driven(bp, tmp_path: Path):
+    """The harness runner: hands back what ``drive`` found; a failure raises with the log's tail;
+    a process still running when ``drive`` gives up is killed with its group."""
+    import sys
+
+    py = sys.executable
+    t0, wall, got = bp._run_driven([py, "-c", "print('ok')"], {}, tmp_path / "a.log", "ok", lambda p: p.pid)
+    assert wall >= 0 and isinstance(got, int) and (tmp_path / "a.log").read_text() == "ok\n"
+    with pytest.raises(bp.BenchError, match=r"(?s)bad failed \(status 3\):\n.*the tail"):
+        bp._run_driven([py, "-c", "print('the tail'); raise SystemExit(3)"], {}, tmp_path / "b.log", "bad")
+    seen = []
+
+    def give_up(proc):
+        seen.append(proc)
+        raise bp.BenchError("gave up")
+
+    with pytest.raises(bp.BenchError, match="gave up"):
+        bp._run_driven([py, "-c", "import time; time.sleep(60)"], {}, tmp_path / "c.log", "slow", give_up)
+    assert seen[0].returncode is not None  # killed and reaped, not left running
