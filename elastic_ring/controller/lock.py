@@ -3,7 +3,8 @@ primitives, :func:`try_lock` and :func:`held_by_other`, guard a cluster folder's
 
 The lock dies with its process (kill -9 included), so a stale lock never blocks a resume; the
 workers of a dead controller are stopped by :func:`stop_stale_workers` (and stop by themselves
-when the controller's heartbeat stands still, see :mod:`elastic_ring.worker.run`).
+when the controller's heartbeat, :class:`OwnerHeartbeat`, stands still, see
+:mod:`elastic_ring.worker.run`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -70,6 +72,40 @@ class RunLock:
         fd = _HELD.pop(str(self.path), None)
         if fd is not None:
             os.close(fd)
+
+
+class OwnerHeartbeat:
+    """The owner's heartbeat: ``control/HEARTBEAT_FILE`` rewritten every ``HEARTBEAT_EVERY_S`` by a
+    thread from :meth:`start` to :meth:`stop`; the workers exit when it stands still or names
+    another owner."""
+
+    def __init__(self, run_dir: Path, owner: str) -> None:
+        self.path = protocol.control_dir(run_dir) / protocol.HEARTBEAT_FILE
+        self.owner = owner
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, daemon=True, name="elastic-ring-heartbeat")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _beat(self) -> None:
+        seq = 0
+        while True:
+            seq += 1
+            try:
+                protocol.write_json_atomic(self.path, {"owner": self.owner, "seq": seq, "pid": os.getpid(),
+                                                       "time": time.time()})
+            except OSError:
+                pass
+            if self._stop.wait(protocol.HEARTBEAT_EVERY_S):
+                return
 
 
 def holder_pid(run_dir: Path) -> int | None:

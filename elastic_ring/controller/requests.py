@@ -1,5 +1,6 @@
 """Requests to a running controller through its run folder (no controller code imported: `resize`
-and the cluster scheduler use it while another process runs the job)."""
+and the cluster scheduler use it while another process runs the job); :func:`take_request` is the
+controller's side."""
 
 from __future__ import annotations
 
@@ -44,3 +45,22 @@ def request_resize(run_dir: str | Path, target: int) -> str:
     tmp.write_text(json.dumps({"to": target, "time": time.time(), "id": uuid.uuid4().hex}))
     os.replace(tmp, req)
     return f"resize to {target} requested for {rd} (currently {ctl.get('world_size')} workers)"
+
+
+def take_request(run_dir: Path, seen: set[str]) -> tuple[int, float | None] | None:
+    """The resize request waiting in ``run_dir`` as (workers, time asked), taken (the file removed,
+    its id added to ``seen``); None when there is none, it is being written, or it was seen."""
+    from elastic_ring.protocol import REQUEST_FILE
+
+    path = Path(run_dir) / "control" / REQUEST_FILE
+    try:
+        req = json.loads(path.read_text())
+        rid, target = str(req["id"]), int(req["to"])
+    except (OSError, ValueError, KeyError, json.JSONDecodeError):
+        return None  # none, or being written: read next time
+    if rid in seen:
+        return None
+    seen.add(rid)
+    path.unlink(missing_ok=True)
+    t = req.get("time")
+    return target, float(t) if t is not None else None

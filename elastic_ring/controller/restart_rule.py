@@ -89,3 +89,23 @@ class FailureHistory:
 
     def __len__(self) -> int:
         return len(self.failures)
+
+
+def give_up_reason(rec: dict[str, Any] | None, failure: dict[str, Any], attempt: int, repeated: bool,
+                   max_restarts: int, new_world: int) -> str | None:
+    """Why the run ends after ``failure`` (its crash record ``rec``, its ``attempt`` number and
+    whether it ``repeated`` the previous one, from :meth:`FailureHistory.record`), or None: restart
+    at ``new_world`` workers. First that applies: a deterministic error, the same error at the
+    same point twice, no slot left, ``max_restarts`` used up."""
+    deterministic = not_retried(rec)
+    if deterministic:
+        return deterministic
+    if repeated:
+        where = (f"at step {failure['step']}" if failure.get("step") is not None
+                 else f"before the first step after step {failure['from_step']}")
+        return f"the same error {where} twice: not retrying"
+    if new_world < 1:
+        return "no slot answers"
+    if attempt > max_restarts:
+        return f"{max_restarts} restart(s) tried"
+    return None

@@ -14,11 +14,13 @@ the windows (or the parts of windows) after s that an earlier segment did not ch
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 from pathlib import Path
 from typing import Any
 
-from elastic_ring.events.api import read_events
+from elastic_ring.events.api import EventLog, Finished, read_events
 
 MIN_WINDOWS = 3  # windows per size before a scaling efficiency is reported
 
@@ -194,3 +196,22 @@ def render(summary: dict[str, Any], total_steps: int | None = None) -> str:
             f" (window ending at step {at})" if tl is not None and at is not None else "")
     lines.append(f"{loss}   test accuracy: {'n/a' if ta is None else f'{100 * ta:.2f}%'}")
     return "\n".join(lines)
+
+
+def write_summary(run_dir: Path, events: EventLog, now: float, interrupted: bool = False) -> dict[str, Any]:
+    """The run ended: write its ``finished`` event (unless ``interrupted``) and
+    ``RUN_DIR/summary.json`` (atomically); returns the summary."""
+    evs = read_events(run_dir / "events.jsonl")
+    if not interrupted:
+        launches = [e for e in evs if e["kind"] == "launch"] or [{"time": now}]
+        s0 = summarize(evs)
+        events.write(Finished(step=s0["step"], wall_s=now - launches[0]["time"], train_loss=s0["train_loss"],
+                              test_accuracy=s0["test_accuracy"], test_loss=s0["test_loss"]))
+        evs = read_events(run_dir / "events.jsonl")
+    summary = summarize(evs)
+    if interrupted:
+        summary["state"] = "interrupted"
+    tmp = run_dir / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2))
+    os.replace(tmp, run_dir / "summary.json")
+    return summary

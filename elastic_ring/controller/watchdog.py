@@ -27,7 +27,7 @@ ends) is named although it is not stopped. Else no rank is named: a rank that is
 for a peer is never the culprit.
 
 Everything here is pure or takes its side effects as arguments; the controller's hook is
-``Controller._check_stall``.
+``Diagnosis.check_stall`` (:mod:`.diagnose`).
 """
 
 from __future__ import annotations

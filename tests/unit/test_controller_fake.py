@@ -252,7 +252,7 @@ def test_a_prelaunched_workers_crash_record_is_not_dropped(tmp_path):
     """Its record is older than the go (which the relaunch is measured from), not than its start."""
     ctl, launcher = _controller(tmp_path, (Resize(10, 2),), relaunch="prelaunch", fail_launches=(1,),
                                 max_restarts=0)
-    ctl._startup_s = [1000.0]  # pre-launch at once
+    ctl.meter.startup_s = [1000.0]  # pre-launch at once
     with pytest.raises(WorkerFailedError, match="worker rank 1 failed: MemoryError: building the model"):
         ctl.run(0, 1, 0)
     assert launcher.started[1].go is not None

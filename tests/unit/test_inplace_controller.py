@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from elastic_ring.controller.api import Resize, RunSpec
-from elastic_ring.controller.controller import (Controller, discovery_files, elastic_horovodrun_command,
-                                                write_hosts)
+from elastic_ring.controller.backends.elastic import discovery_files, elastic_horovodrun_command, write_hosts
+from elastic_ring.controller.controller import Controller
 from elastic_ring.errors import UserError
 
 

@@ -1,0 +1,65 @@
+"""The workers' events into the run's ``events.jsonl``.
+
+Every rank appends its events to ``RUN_DIR/WORKER_EVENTS``; the controller calls :meth:`Relay.poll`
+while it watches a segment: each complete new line is copied into the run's event log (a throughput
+window with a telemetry sample of the workers' processes added) and handed to the controller's
+callback, in order. The TensorBoard sink, when the run has one, is fed from the same log.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from elastic_ring.events.api import EventLog
+from elastic_ring.protocol import WORKER_EVENTS
+from elastic_ring.telemetry import Telemetry
+from elastic_ring.telemetry.tensorboard import sink_for_run as tensorboard_sink
+
+
+class Relay:
+    def __init__(self, run_dir: Path, events: EventLog) -> None:
+        self.events = events
+        self.path = run_dir / WORKER_EVENTS
+        self.pos = self.path.stat().st_size if self.path.exists() else 0  # a resume relays what is new
+        self.telemetry: Telemetry | None = None
+        self._tb = tensorboard_sink(run_dir)  # TensorBoard curves, fed from events.jsonl
+
+    def sample(self, pid: int, gpus: bool) -> None:
+        """Sample the processes under ``pid`` (a segment's launcher) from now on."""
+        self.telemetry = Telemetry(pid, gpus=gpus)
+
+    def poll(self, on_event: Callable[[dict[str, Any]], None],
+             hold: Callable[[dict[str, Any]], bool] = lambda ev: False) -> None:
+        """Relay the complete lines written since the last call, in order; stop before the first
+        event that ``hold`` holds back (asked of each in turn, after the ones before it were
+        handled: workers that took a resize written ahead are past the segment that just ended,
+        and their events wait until the controller is at theirs)."""
+        if self._tb is not None:
+            self._tb.sync()
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as f:
+            f.seek(self.pos)
+            data = f.read()
+        end = data.rfind(b"\n")
+        if end < 0:
+            return
+        for line in data[:end + 1].splitlines(keepends=True):
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                self.pos += len(line)
+                continue
+            if hold(ev):
+                return
+            self.pos += len(line)
+            if ev.get("kind") == "throughput" and self.telemetry is not None:
+                ev["telemetry"] = self.telemetry.sample()
+            self.events.write(ev)
+            on_event(ev)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
