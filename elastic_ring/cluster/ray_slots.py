@@ -16,11 +16,11 @@ default), so a slot number held by a job names no node and no core.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from elastic_ring.cluster.api import ClusterConfig, ClusterError
+from elastic_ring.controller.backends.ray import check_answers
 
 AUTO = ""  # ``cluster up --ray`` without an address: $RAY_ADDRESS, else a local Ray started here
 LOCAL_OBJECT_STORE = 100 * 1024 * 1024  # a local Ray's object store (the jobs store nothing in it)
@@ -137,7 +137,7 @@ class RaySlots:
             raise ClusterError("cluster up --ray needs Ray: pip install 'ray[default]'") from None
         address = self.requested or os.environ.get("RAY_ADDRESS") or None
         if address is not None:
-            _answers(address)
+            check_answers(address, error=ClusterError)  # not minutes of Ray's retries
         kw: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False, "ignore_reinit_error": True}
         if address is None:
             kw["object_store_memory"] = LOCAL_OBJECT_STORE
@@ -167,22 +167,6 @@ class RaySlots:
 
             ray.shutdown()
             self._connected = False
-
-
-def _answers(address: str, timeout_s: float = 5.0) -> None:
-    """A ``host:port`` address must accept a connection (``ray.init`` would retry for minutes);
-    other forms (``auto``, ``ray://...``) are left to Ray.
-
-    Raises:
-        ClusterError: nothing listens there.
-    """
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or "/" in host:
-        return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as e:
-        raise ClusterError(f"cannot connect to Ray at {address}: {e.strerror or e}") from None
 
 
 def slot_source(config: ClusterConfig) -> FixedSlots | RaySlots:

@@ -173,6 +173,10 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
     from elastic_ring.telemetry.gpu import exclusive_fallback
 
     check(req)
+    if req.backend == "ray":  # before anything is made: not minutes of Ray's retries at the start
+        from elastic_ring.controller.backends.ray import check_answers
+
+        check_answers(req.ray_address or os.environ.get("RAY_ADDRESS"))
     device, ngpu, rep = resolve_device(req.device, echo)
     n_slots = _slots(req, device, ngpu)
     sched = _schedule(req)

@@ -60,6 +60,29 @@ def test_train_bad_input(run_cli, tmp_path, args, needles):
     assert not run.exists()  # nothing started, nothing written
 
 
+@pytest.mark.parametrize("via_env", [False, True])
+def test_backend_ray_where_nothing_listens_is_one_line_at_once(run_cli, tmp_path, monkeypatch, via_env):
+    """``--backend ray --ray-address HOST:PORT`` (or ``$RAY_ADDRESS``) where nothing listens: one
+    line and exit 2 within seconds, before the run folder is made (not minutes of Ray's retries)."""
+    import socket
+    import time
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    address = f"127.0.0.1:{port}"
+    if via_env:
+        monkeypatch.setenv("RAY_ADDRESS", address)
+    run = tmp_path / "run"
+    t0 = time.time()
+    p = run_cli("train", "--backend", "ray", *([] if via_env else ["--ray-address", address]),
+                "--run-dir", str(run))
+    _assert_one_line_error(p, f"cannot connect to Ray at {address}")
+    assert time.time() - t0 < 30
+    assert not run.exists()
+
+
 def test_full_disk_while_the_run_folder_is_created_is_one_line(run_cli, tmp_path, monkeypatch):
     """A fake full disk under the dataset cache: the path and the OS's reason, exit 2."""
     import errno

@@ -49,6 +49,24 @@ _READY_TIMEOUT_S = 120.0
 _GRACE_S = 5.0  # after a member fails, how long to wait for the one that caused it to show
 
 
+def check_answers(address: str | None, timeout_s: float = 5.0, error: type[Exception] = UserError) -> None:
+    """A ``host:port`` Ray address must accept a TCP connection: ``ray.init`` would retry it for
+    minutes. Other forms (None, ``auto``, ``ray://...``) are left to Ray.
+
+    Raises:
+        error: nothing listens there (one line: the address and the socket's reason).
+    """
+    if not address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "/" in host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise error(f"cannot connect to Ray at {address}: {e.strerror or e}") from None
+
+
 def _iface_of(ip: str) -> str:
     """The network interface that carries ``ip`` (``lo`` for a loopback address)."""
     import psutil
@@ -782,4 +800,4 @@ class RayBackend:
         self._connected = False
 
 
-__all__ = ["RayBackend", "STRATEGIES"]
+__all__ = ["RayBackend", "STRATEGIES", "check_answers"]
