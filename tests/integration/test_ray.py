@@ -1,7 +1,14 @@
 """`elastic-ring train --backend ray` on a real two-node Ray cluster started here
 (``ray.cluster_utils.Cluster``: a head and a node of one CPU each, so that two workers sit on two
 nodes), with real Horovod rings formed by the controller: grow and shrink with warm workers against
-the horovodrun path's weights, kill -9 of a worker actor, a node removed mid-run."""
+the horovodrun path's weights; kill -9 of a worker actor, then a node removed, in one run; and
+`cluster up --ray` growing a job onto a node that joins.
+
+One test on one cluster: ``make test`` runs the tests two at a time (``-n 2 --dist worksteal``),
+and pytest-xdist's work stealing may hand tests of one module to both workers, each of which would
+then start a cluster of its own (13 s of CPU here, and the memory of four more Ray processes).
+The phases run in an order that needs no node started for them alone: the failures phase ends with
+the head alone, which is where the `cluster up --ray` phase starts."""
 
 from __future__ import annotations
 
@@ -108,15 +115,25 @@ def _wait_step(run: Path, step: int, timeout: float = 240) -> None:
     raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
-def test_ray_grow_shrink_warm_across_nodes_equals_horovodrun(tmp_path, cluster):
+def _workers(cluster, n: int) -> None:
+    """Exactly ``n`` worker nodes besides the head (one CPU each), added or removed."""
+    for x in list(cluster.worker_nodes)[n:]:
+        cluster.remove_node(x, allow_graceful=True)
+    for _ in range(n - len(cluster.worker_nodes)):
+        cluster.add_node(num_cpus=1, object_store_memory=80 * MB)
+    cluster.wait_for_nodes()
+
+
+def _grow_shrink_warm_across_nodes_equals_horovodrun(tmp_path: Path, cluster) -> None:
     """1 -> 2 -> 1 on Ray: at size 2 one worker per node; the survivor keeps its process, the
     joiner is a warm spare; every step and sample once, Eq. 7, and the final weights bitwise equal
     to the horovodrun (checkpoint and relaunch) path's."""
     args = ["--gpus", "1", "--schedule", "6:2,12:1", "--steps", "18", *TINY]
     run, ref = tmp_path / "ray", tmp_path / "hvd"
-    # the horovodrun reference runs beside the Ray run (both mostly wait on imports and starts)
+    # the horovodrun reference runs beside the Ray run (both mostly wait on imports and starts);
+    # --relaunch prelaunch: its three segments' processes start at once, not one after the other
     hvd_out = tmp_path / "hvd.out"
-    hvd = _start([*args, "--relaunch", "overlap", "--run-dir", str(ref)], out=hvd_out)
+    hvd = _start([*args, "--relaunch", "prelaunch", "--run-dir", str(ref)], out=hvd_out)
     try:
         p = run_cli("train", *_ray_args(cluster), *args, "--run-dir", str(run), timeout=300, env=ENV)
         hvd.wait(timeout=300)
@@ -154,43 +171,28 @@ def test_ray_grow_shrink_warm_across_nodes_equals_horovodrun(tmp_path, cluster):
         assert torch.equal(a["model"][k], b["model"][k]), k
 
 
-def test_ray_kill_9_of_one_actor_restarts_by_itself(tmp_path, cluster):
-    run = tmp_path / "killed"
-    steps, every = 30, 4
+def _kill_9_then_node_removed_each_restarts_by_itself(tmp_path: Path, cluster) -> None:
+    """One run of 2 workers, one per node, that loses a worker twice and finishes by itself:
+    kill -9 of the rank-1 actor's process (the restart names rank 1 and its node, never rank 0,
+    which only lost its peer; it restarts at 2 from a checkpoint); then the node holding the
+    non-head worker is removed (its raylet and processes killed): it restarts from the newest
+    checkpoint, redoing at most one checkpoint interval, at the size the cluster's free resources
+    hold now (the head alone: 1)."""
+    _workers(cluster, 1)
+    run = tmp_path / "failures"
+    steps, every = 36, 4
     proc = _start([*_ray_args(cluster), "--script", PACED, "--steps", str(steps), "--gpus", "2", "--slots", "2",
                    "--checkpoint-every", str(every), "--run-dir", str(run), "--", "--step-s", "0.1"])
     try:
-        _wait_step(run, 10)
+        _wait_step(run, 6)
         (_, pid1, node1), = [x for x in _ring(run, 0) if x[0] == 1]
         os.kill(pid1, signal.SIGKILL)  # the rank-1 actor's process
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
-    (r,) = read_events(run / "events.jsonl", kind="restart")
-    assert r["rank"] == 1 and r["node"].startswith(node1[:12]) and not r["gave_up"], r
-    assert "rank 1" in r["cause"] and "Ray node" in r["cause"]
-    assert r["new_world_size"] == 2 and r["from_step"] % every == 0 and r["from_step"] >= every
-    s = json.loads((run / "summary.json").read_text())
-    assert s["step"] == steps
-
-
-def test_ray_node_removed_mid_run_finishes_by_itself(tmp_path, cluster):
-    """A node whose worker is training goes away (its raylet and processes killed): the job
-    restarts from the newest checkpoint at the size the nodes left hold, redoing at most one
-    checkpoint interval, and finishes by itself."""
-    cluster.add_node(num_cpus=1, object_store_memory=80 * MB)  # the fixture keeps two nodes after it
-    cluster.wait_for_nodes()
-    run = tmp_path / "node"
-    steps, every = 30, 4
-    proc = _start([*_ray_args(cluster), "--script", PACED, "--steps", str(steps), "--gpus", "2", "--slots", "2",
-                   "--checkpoint-every", str(every), "--run-dir", str(run), "--", "--step-s", "0.1"])
-    try:
-        _wait_step(run, 10)
+        wait_for(lambda: read_events(run / "events.jsonl", kind="recovered") or proc.poll() is not None, 240,
+                 "the restart after the kill -9")
+        (first,) = read_events(run / "events.jsonl", kind="restart")
+        _wait_step(run, first["from_step"] + 6)
         head = cluster.head_node.node_id
-        victim_id = next(n for _, _, n in _ring(run, 0) if not head.startswith(n))
+        victim_id = next(n for _, _, n in _ring(run, 1) if not head.startswith(n))
         victim = next(n for n in cluster.worker_nodes if n.node_id.startswith(victim_id))
         cluster.remove_node(victim, allow_graceful=False)
         out, err = proc.communicate(timeout=240)
@@ -199,24 +201,24 @@ def test_ray_node_removed_mid_run_finishes_by_itself(tmp_path, cluster):
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, err
-    (r,) = read_events(run / "events.jsonl", kind="restart")
-    assert r["node"].startswith(victim_id[:12]) and not r["gave_up"], r
-    assert r["steps_redone"] <= every + 1, r  # at most one checkpoint interval (+ the step in flight)
-    assert 1 <= r["new_world_size"] <= 2
-    s = json.loads((run / "summary.json").read_text())
-    assert s["step"] == steps
+    r1, r2 = read_events(run / "events.jsonl", kind="restart")
+    assert r1["rank"] == 1 and r1["node"].startswith(node1[:12]) and not r1["gave_up"], r1
+    assert "rank 1" in r1["cause"] and "Ray node" in r1["cause"]
+    assert r1["new_world_size"] == 2 and r1["from_step"] % every == 0 and r1["from_step"] >= every
+    assert r2["node"].startswith(victim_id[:12]) and not r2["gave_up"], r2
+    assert r2["steps_redone"] <= every + 1, r2  # at most one checkpoint interval (+ the step in flight)
+    assert r2["new_world_size"] == 1, r2  # the head alone is left
+    assert json.loads((run / "summary.json").read_text())["step"] == steps
 
 
-def test_cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path, cluster):
+def _cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path: Path, cluster) -> None:
     """`cluster up --ray` on the head alone (1 CPU slot): a job that wants 2 workers is started on 1;
     a node added while the job runs (it joins while the job's first actor starts, the cheapest
     moment for the test) gives the scheduler a slot, which grows the job onto it by a live resize
     after steps at size 1 (one worker per node), and the job finishes at size 2."""
     import sqlite3
 
-    for node in list(cluster.worker_nodes):  # the head alone (the test leaves head + one node)
-        cluster.remove_node(node, allow_graceful=True)
-    cluster.wait_for_nodes()
+    _workers(cluster, 0)  # the head alone (the failures phase left it so)
     d, log = tmp_path / "cl", tmp_path / "scheduler.log"
     steps = 100
     e = dict(os.environ, PYTHONUNBUFFERED="1", **ENV)
@@ -242,8 +244,7 @@ def test_cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path, cluster):
         wait_for(lambda: any(k == "started" for k, _ in events()) or sched.poll() is not None, 60, "the start")
         assert sched.poll() is None, log.read_text()
         assert [(x["workers"], x["slots"]) for k, x in events() if k == "started"] == [(1, [0])]
-        cluster.add_node(num_cpus=1, object_store_memory=80 * MB)  # a node joins while the job runs
-        cluster.wait_for_nodes()
+        _workers(cluster, 1)  # a node joins while the job runs
         wait_for(lambda: any(k in ("succeeded", "failed") for k, _ in events()) or sched.poll() is not None, 180,
                  "the job's end")
         jobs = run_cli("jobs", "--dir", str(d))
@@ -280,3 +281,12 @@ def test_cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path, cluster):
     assert 1 <= rel[0]["step"] < steps  # steps at size 1, then the rest at size 2
     assert 2 in {t["world_size"] for t in read_events(run / "events.jsonl", kind="throughput")}
     assert json.loads((run / "summary.json").read_text())["step"] == steps
+
+
+def test_ray_on_a_real_two_node_cluster(tmp_path, cluster):
+    """The phases on one cluster, in this order (see the module's docstring)."""
+    for d in ("grow", "fail", "up"):
+        (tmp_path / d).mkdir()
+    _grow_shrink_warm_across_nodes_equals_horovodrun(tmp_path / "grow", cluster)
+    _kill_9_then_node_removed_each_restarts_by_itself(tmp_path / "fail", cluster)
+    _cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path / "up", cluster)

@@ -20,7 +20,8 @@
   (:meth:`RayBackend.retract_ahead`): one rename decides.
 - **Failures.** ``ActorDiedError``, ``ActorUnavailableError`` or ``RayTaskError`` of any member is a
   failed segment: the controller restarts from the newest checkpoint at the largest size the
-  live nodes hold (:meth:`RayBackend.usable_slots`); the node and rank are named in the restart.
+  cluster's free resources hold now, placed before it is chosen (:meth:`RayBackend.usable_slots`);
+  the node and rank are named in the restart.
 - **Run folder.** Checked at start from a task on every alive node: it must be one folder every
   node sees (a shared filesystem on a real cluster).
 
@@ -47,6 +48,8 @@ STRATEGIES = ("PACK", "SPREAD")
 RETIRED = 3  # elastic_ring.worker.run.RETIRED (not imported here: that module is the workers')
 _READY_TIMEOUT_S = 120.0
 _GRACE_S = 5.0  # after a member fails, how long to wait for the one that caused it to show
+_FREE_WAIT_S = 3.0  # at a restart, how long released resources may take to show as free
+_PLACE_TRY_S = 5.0  # at a restart, how long a placement of a size may take before one fewer is tried
 
 
 def check_answers(address: str | None, timeout_s: float = 5.0, error: type[Exception] = UserError) -> None:
@@ -337,6 +340,7 @@ class RayBackend:
         self.group: RayGroup | None = None
         self._spares: list[Spare] = []  # warm actors running the worker up to its wait for a go
         self._pg = None
+        self._reserved: tuple[Any, int] | None = None  # (placement group, size) kept for the restart
         self._servers: list[Any] = []
         self._connected = False
         self._checked = False
@@ -574,19 +578,22 @@ class RayBackend:
         """A fresh ring of ``launch.world`` actors in a placement group (a first start, or a
         restart after a failure: the previous actors and spares are ended first)."""
         import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.placement_group import remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self._connect()
         self._drop_all()
-        bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
-        pg = placement_group([dict(bundle) for _ in range(launch.world)], strategy=self.strategy)
-        try:
-            ray.get(pg.ready(), timeout=_READY_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - GetTimeoutError
-            remove_placement_group(pg)
-            raise UserError(f"the Ray cluster has no room for {launch.world} worker(s) of {bundle} "
-                            f"({self.strategy}) within {_READY_TIMEOUT_S:.0f} s") from None
+        reserved, self._reserved = self._reserved, None
+        if reserved is not None and reserved[1] == launch.world:  # a restart: placed by usable_slots
+            pg = reserved[0]
+        else:
+            if reserved is not None:
+                remove_placement_group(reserved[0])
+            pg = self._placed(launch.world, _READY_TIMEOUT_S)
+            if pg is None:
+                bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+                raise UserError(f"the Ray cluster has no room for {launch.world} worker(s) of {bundle} "
+                                f"({self.strategy}) within {_READY_TIMEOUT_S:.0f} s")
         self._pg = pg
         actors = [self._new_actor(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i))
                   for i in range(launch.world)]
@@ -745,16 +752,66 @@ class RayBackend:
                                    {"action": "exit", "time": t})
 
     def usable_slots(self, want: int) -> int:
-        """Workers the live nodes hold (nodes whose actors became unavailable are left out)."""
+        """The largest ring (at most ``want`` and ``--slots``) the cluster's **free** resources hold
+        now, reserved for the restart that follows (:meth:`start` takes it): this run's own actors,
+        spares and placement group are released first; nodes whose actors became unavailable are
+        left out, and so are resources another user's actors hold. A count from the resource view
+        is checked by placing it: a node lost without Ray knowing it yet (it is marked dead ~12 s
+        after its raylet is killed) cannot take a bundle, so the size steps down until one places."""
+        from ray.util.placement_group import remove_placement_group
+
         self._connect()
-        total = 0
-        for n in self._alive_nodes():
-            res = n.get("Resources", {})
-            k = int(res.get("CPU", 0) // self.cpus) if self.cpus else want
+        self._drop_all()
+        want = min(want, self.spec.slots)
+        t_end = time.time() + _FREE_WAIT_S
+        k, cap = self._free_slots(), self._free_slots(total=True)
+        while k < min(want, cap) and time.time() < t_end:  # what was just released shows within ~1 s
+            time.sleep(0.2)
+            k = max(k, self._free_slots())
+        for n in range(min(k, want), 0, -1):
+            pg = self._placed(n, _PLACE_TRY_S)
+            if pg is not None:
+                self._reserved = (pg, n)
+                return n
+        if self._reserved is not None:
+            remove_placement_group(self._reserved[0])
+            self._reserved = None
+        return 0
+
+    def _free_slots(self, total: bool = False) -> int:
+        """Workers the free resources of the live nodes hold (Ray's resource view, now); with
+        ``total``, their whole resources."""
+        from ray._private.state import available_resources_per_node
+
+        nodes = self._alive_nodes()
+        avail = {n["NodeID"]: n.get("Resources", {}) for n in nodes}
+        if not total:
+            try:
+                avail = available_resources_per_node()
+            except Exception:  # noqa: BLE001 - an older Ray: the totals, as before
+                pass
+        count = 0
+        for n in nodes:
+            res = avail.get(n["NodeID"], {})
+            k = int(res.get("CPU", 0) // self.cpus) if self.cpus else 1 << 20
             if self.gpus:
                 k = min(k, int(res.get("GPU", 0) // self.gpus))
-            total += k
-        return min(self.spec.slots, total)
+            count += k
+        return count
+
+    def _placed(self, n: int, timeout_s: float):
+        """A placement group of ``n`` worker bundles, ready within ``timeout_s`` (else None)."""
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+        pg = placement_group([dict(bundle) for _ in range(n)], strategy=self.strategy)
+        try:
+            ray.get(pg.ready(), timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - GetTimeoutError
+            remove_placement_group(pg)
+            return None
+        return pg
 
     def first_failed_rank(self, log_path: Path | None) -> int | None:
         g = self.group
@@ -793,6 +850,11 @@ class RayBackend:
         import ray
 
         self._drop_all()
+        if self._reserved is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._reserved[0])
+            self._reserved = None
         for s in self._servers:
             s.stop()
         self._servers = []
