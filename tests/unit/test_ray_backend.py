@@ -183,3 +183,44 @@ def test_a_ring_written_ahead_is_taken_or_withdrawn_never_both(tmp_path):
     assert b.retract_ahead(3)  # the controller first (a live request came)
     assert not take_ahead_action(tmp_path / "2", 3)  # rank 0 then waits for the controller's word
     assert b._ahead is None and srv.stopped and b._servers == [] and b._spares == [spare]  # spare kept
+
+
+def test_restart_size_is_what_the_free_resources_place_now(tmp_path, monkeypatch):
+    """``usable_slots`` at a restart: the run's own holdings released first, the free count (not the
+    nodes' totals), then that size placed; a size that does not place within its try (a node lost
+    before Ray marks it dead) steps down to one fewer; the placed group is kept for ``start``."""
+    import sys
+    import types
+
+    import elastic_ring.controller.backends.ray as rb
+
+    removed = []
+    pgmod = types.ModuleType("ray.util.placement_group")
+    pgmod.remove_placement_group = removed.append
+    monkeypatch.setitem(sys.modules, "ray.util.placement_group", pgmod)
+    monkeypatch.setattr(rb, "_FREE_WAIT_S", 0.0)
+    spec = RunSpec(run_dir=tmp_path, workers=2, schedule=(), slots=2, device="cpu", total_steps=4)
+    b = RayBackend(spec)
+    calls: list[str] = []
+    tried: list[int] = []
+    monkeypatch.setattr(b, "_connect", lambda: None)
+    monkeypatch.setattr(b, "_drop_all", lambda: calls.append("drop"))
+    free = {"now": 2, "total": 2}
+    monkeypatch.setattr(b, "_free_slots", lambda total=False: free["total" if total else "now"])
+    placeable = {"n": 1}
+
+    def placed(n, timeout_s):
+        tried.append(n)
+        calls.append(f"place {n}")
+        return f"pg{n}" if n <= placeable["n"] else None
+
+    monkeypatch.setattr(b, "_placed", placed)
+    assert b.usable_slots(2) == 1 and tried == [2, 1] and calls[0] == "drop"  # released before counted
+    assert b._reserved == ("pg1", 1)
+    tried.clear()
+    free["now"] = 1  # another user's actor holds a CPU: the totals are not free
+    assert b.usable_slots(4) == 1 and tried == [1]  # never above the free count, nor --slots
+    assert removed == ["pg1"]  # the first reservation, not taken by a start, is given back
+    tried.clear()
+    placeable["n"] = 0
+    assert b.usable_slots(2) == 0 and b._reserved is None and removed == ["pg1", "pg1"]  # none kept

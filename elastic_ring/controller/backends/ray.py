@@ -762,6 +762,9 @@ class RayBackend:
 
         self._connect()
         self._drop_all()
+        if self._reserved is not None:  # an earlier one, not taken by a start
+            remove_placement_group(self._reserved[0])
+            self._reserved = None
         want = min(want, self.spec.slots)
         t_end = time.time() + _FREE_WAIT_S
         k, cap = self._free_slots(), self._free_slots(total=True)
@@ -773,9 +776,6 @@ class RayBackend:
             if pg is not None:
                 self._reserved = (pg, n)
                 return n
-        if self._reserved is not None:
-            remove_placement_group(self._reserved[0])
-            self._reserved = None
         return 0
 
     def _free_slots(self, total: bool = False) -> int:
