@@ -314,7 +314,8 @@ def _losses(records: list[dict]) -> list[float]:
         steady = statistics.median(gaps) if gaps else 0.0
         out.append({"from": steps[i - 1]["world"], "to": new["world"],
                     "lost_s": max(0.0, new["time"] - kept[-1]["time"] - steady),
-                    "redone_steps": steps[i - 1]["step"] - kept[-1]["step"]})
+                    "redone_steps": steps[i - 1]["step"] - kept[-1]["step"],
+                    "t_kept": kept[-1]["time"], "t_new": new["time"]})
     return out
 
 

@@ -194,17 +194,23 @@ def ray_train(a, b: Bench, tmp: Path) -> dict:
     d = tmp / f"ray-train-{time.time_ns()}"
     d.mkdir()
     out = d / "steps.jsonl"
+    hold = d / "hold"
     cmd = [sys.executable, "-u", str(ROOT / "launch" / "peer_raytrain.py"), "--address", b.address,
            "--storage", str(d / "storage"), "--depth", str(a.depth), "--width", str(a.width),
            "--batch-size", str(a.batch_size), "--steps", str(3 * s), "--out", str(out),
-           "--monitor-s", str(a.monitor_s), "--ckpt-every", str(a.ckpt_every), "--threads", "1"]
+           "--monitor-s", str(a.monitor_s), "--tick-s", str(a.tick_s), "--ckpt-every", str(a.ckpt_every),
+           "--threads", "1", "--hold-file", str(hold)]
     env = _env(RAY_TRAIN_V2_ENABLED="1", RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=str(a.health_s))
     t_start = time.time()
 
     def drive(proc: subprocess.Popen) -> tuple[float, float]:
         try:
             _wait_step(out, lambda r: r["step"] >= s, proc, 300, "ray train")
-            t_free = b.add_node2()  # capacity appears: a node joins, the monitor grows the group
+            hold.touch()  # the loop waits while the node starts (else the run may end first)
+            b.add_node2()  # capacity appears: a node joins, the monitor grows the group
+            b.c.wait_for_nodes()
+            t_free = time.time()
+            hold.unlink()
             _wait_step(out, lambda r: r["step"] >= 2 * s and r["world"] == 2, proc, 300, "ray train")
         except BenchError as e:
             seen = out.read_text()[-400:] if out.exists() else "no step records"
@@ -216,7 +222,15 @@ def ray_train(a, b: Bench, tmp: Path) -> dict:
     steps = [r for r in recs if r["kind"] == "step"]
     first2 = next(r for r in steps if r["world"] == 2)
     after = next(r for r in steps if r["time"] > t_kill and r["world"] == 1)
-    res = {"wall_s": wall, "resizes": _losses(recs),
+    holds = [(r["start"], r["time"]) for r in recs if r["kind"] == "hold"]
+    resizes = _losses(recs)
+    for z in resizes:  # the loop held while the node started: not the resize's time
+        z["lost_s"] = max(0.0, z["lost_s"] - sum(max(0.0, min(e, z["t_new"]) - max(b0, z["t_kept"]))
+                                                  for b0, e in holds))
+    held = sum(e - b0 for b0, e in holds)
+    cfg = next((r for r in recs if r["kind"] == "config"), {})
+    res = {"wall_s": wall - held, "held_s": held, "coordinator_tick_s": cfg.get("coordinator_tick_s"),
+           "resizes": resizes,
            "grow": {"node_added_to_first_step_at_2_s": first2["time"] - t_free},
            "recovery": {"kill_to_first_step_s": after["time"] - t_kill, "bare_start_s": steps[0]["time"] - t0,
                         "steps_redone": max(r["step"] for r in steps if r["time"] < t_kill) - (after["step"] - 1),
@@ -385,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ckpt-every", type=int, default=5, help="Ray Train's and the node-kill run's checkpoints")
     ap.add_argument("--monitor-s", type=float, default=1.0, help="Ray Train's elastic_resize_monitor_interval_s")
     ap.add_argument("--health-s", type=float, default=0.5, help="RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
+    ap.add_argument("--tick-s", type=float, default=1.0,
+                    help="the tick of Ray Data's AutoscalingCoordinator, where Ray Train sees the nodes (Ray: 20 s)")
     ap.add_argument("--merge", type=Path, nargs="*", help="combine these results files (no runs)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_ray.json")
     a = ap.parse_args(argv)
