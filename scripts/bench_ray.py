@@ -15,7 +15,11 @@ Every harness trains the same model (CIFAR ResNet ``--depth``/``--width``, synth
 * ``ray-train``: Ray Train's elastic ``TorchTrainer`` (Ray Train V2, ``launch/peer_raytrain.py``,
   DDP, ``num_workers=(1, 2)``, a checkpoint every ``--ckpt-every`` steps). **Its monitor interval is
   set low for the measurement** (``elastic_resize_monitor_interval_s=--monitor-s``, default 1 s
-  instead of 60 s; ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=--health-s``, default 0.5 s instead of 2 s).
+  instead of 60 s; ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=--health-s``, default 0.5 s instead of 2 s;
+  the tick of Ray Data's ``AutoscalingCoordinator``, where its elastic policy reads the nodes,
+  ``--tick-s``, default 1 s instead of 20 s: with 20 s a joining node was not seen before the run
+  ended). The loop is held while the joining node starts; the held time is taken out of the time
+  lost and the wall time.
   Ray Train cannot be told to resize: the grow is capacity appearing (an actor that held the second
   node's CPU is ended after step S: the monitor then restarts the group at 2 from the newest
   checkpoint); the shrink is a node lost (the second node is removed after step 2S at size 2: a
