@@ -20,10 +20,28 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("ELASTIC_RING_CPU_THREADS", "1")
 
 
+_LONGEST_FIRST = (
+    "test_three_jobs_shrink_cancel_and_scheduler_kill9", "test_resized_run_learns_as_well_as_unresized_on_real_digits",
+    "test_ray_on_a_real_two_node_cluster",
+    "test_death_between_two_resizes_resumes_at_the_right_size_with_the_rest_of_the_schedule",
+    "test_gpu_check_dry_run_on_the_cpu", "test_profile_refused_then_accepted_fit_and_report",
+    "test_tiny_design_end_to_end", "test_experiment_resize_tiny_one_repeat_and_report",
+    "test_live_resize_from_another_shell_then_interrupt_and_resume",
+    "test_curves_equal_events_across_a_resize_and_a_resume", "test_interrupt_and_resume_equals_uninterrupted_run",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     # integration tests first: under `pytest -n 2` (make test) the long ones start early and the
     # short unit tests fill the gaps at the end instead of a long test running alone last
-    items.sort(key=lambda it: "integration" not in it.keywords)
+    # the longest integration tests first (longest-first keeps the two workers' ends close together;
+    # names from the `--durations` list of the fresh-clone CI run, results/ci/fresh_clone_ci.txt)
+    def order(it):
+        if "integration" not in it.keywords:
+            return (1, 0)
+        name = it.name.split("[")[0]
+        return (0, _LONGEST_FIRST.index(name) if name in _LONGEST_FIRST else len(_LONGEST_FIRST))
+    items.sort(key=order)
     try:
         import torch
         has_cuda = torch.cuda.is_available()
