@@ -34,6 +34,14 @@ def _kinds(store, jid, *kinds):
     return [e for e in store.events(jid) if e["kind"] in kinds]
 
 
+def _tick_until(sched, done, ticks: int = 200) -> None:
+    """Scheduler passes until ``done()`` holds (at most ``ticks``)."""
+    for _ in range(ticks):
+        sched.tick()
+        if done():
+            return
+
+
 def test_hold_and_sizes():
     assert [explore_hold(s) for s in (1, 2, 3, 4, 6, 8, 16)] == [1, 2, 2, 4, 4, 8, 8]
     assert explore_sizes(8, 1) == [1, 2, 4, 8] and explore_sizes(8, 3) == [4, 8] and explore_sizes(4, 5) == []
@@ -79,10 +87,7 @@ def test_fitted_rate_drives_the_doubling(tmp_path):
     store, cfg, runner, sched = _setup(tmp_path, slots=16)
     a = _submit(store, "a", 10 ** 6)
     sched.recover()
-    for _ in range(200):
-        sched.tick()
-        if _kinds(store, a, "explore_fit"):
-            break
+    _tick_until(sched, lambda: _kinds(store, a, "explore_fit"))
     model = SpeedModel.from_dict(_kinds(store, a, "explore_fit")[0]["data"]["model"])
     alloc = store.decisions()[-1]["allocation"]
     q = max(10 ** 6 - store.job(a)["step"], 1)
@@ -98,10 +103,7 @@ def test_small_node_explores_up_to_its_slots(tmp_path, slots, sizes, method):
     store, cfg, runner, sched = _setup(tmp_path, slots=slots)
     a = _submit(store, "a", 10 ** 6)
     sched.recover()
-    for _ in range(200):
-        sched.tick()
-        if _kinds(store, a, "explore_fit"):
-            break
+    _tick_until(sched, lambda: _kinds(store, a, "explore_fit"))
     assert [e["data"]["to"] for e in _kinds(store, a, "explore_step")] == sizes
     fit = _kinds(store, a, "explore_fit")[0]["data"]
     assert fit["method"] == method
@@ -153,16 +155,10 @@ def test_restart_continues_an_exploration(tmp_path):
     store, cfg, runner, sched = _setup(tmp_path)
     a = _submit(store, "a", 10 ** 6)
     sched.recover()
-    for _ in range(200):
-        sched.tick()
-        if len(_kinds(store, a, "explore_measured")) == 2:
-            break
+    _tick_until(sched, lambda: len(_kinds(store, a, "explore_measured")) == 2)
     sched2 = Scheduler(store, cfg, live_policy("exploratory", 8), runner, rate_for=lambda j: (lambda w: float(w)))
     sched2.recover()
-    for _ in range(200):
-        sched2.tick()
-        if _kinds(store, a, "explore_fit"):
-            break
+    _tick_until(sched2, lambda: _kinds(store, a, "explore_fit"))
     assert sorted(e["data"]["workers"] for e in _kinds(store, a, "explore_measured")) == [1, 2, 4, 8]
     assert [e["data"]["to"] for e in _kinds(store, a, "explore_step")] == [1, 2, 4, 8]
 
@@ -214,10 +210,7 @@ def test_a_job_whose_steps_get_faster_with_workers_is_planned_wider(tmp_path):
     runner.speed = speed
     a = _submit(store, "a", 10 ** 6)
     sched.recover()
-    for _ in range(200):
-        sched.tick()
-        if _kinds(store, a, "explore_fit"):
-            break
+    _tick_until(sched, lambda: _kinds(store, a, "explore_fit"))
     fit = _kinds(store, a, "explore_fit")[0]["data"]
     assert fit["per_worker"] is True
     assert store.decisions()[-1]["cause"] == "explored" and store.decisions()[-1]["allocation"] == {a: 4}
