@@ -578,21 +578,17 @@ class RayBackend:
         """A fresh ring of ``launch.world`` actors in a placement group (a first start, or a
         restart after a failure: the previous actors and spares are ended first)."""
         import ray
-        from ray.util.placement_group import remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self._connect()
         self._drop_all()
-        reserved, self._reserved = self._reserved, None
-        if reserved is not None and reserved[1] == launch.world:  # a restart: placed by usable_slots
-            pg = reserved[0]
+        if self._reserved is not None and self._reserved[1] == launch.world:  # a restart: placed by usable_slots
+            pg, self._reserved = self._reserved[0], None
         else:
-            if reserved is not None:
-                remove_placement_group(reserved[0])
+            self._release_reserved()
             pg = self._placed(launch.world, _READY_TIMEOUT_S)
             if pg is None:
-                bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
-                raise UserError(f"the Ray cluster has no room for {launch.world} worker(s) of {bundle} "
+                raise UserError(f"the Ray cluster has no room for {launch.world} worker(s) of {self._bundle()} "
                                 f"({self.strategy}) within {_READY_TIMEOUT_S:.0f} s")
         self._pg = pg
         actors = [self._new_actor(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i))
@@ -758,13 +754,9 @@ class RayBackend:
         left out, and so are resources another user's actors hold. A count from the resource view
         is checked by placing it: a node lost without Ray knowing it yet (it is marked dead ~12 s
         after its raylet is killed) cannot take a bundle, so the size steps down until one places."""
-        from ray.util.placement_group import remove_placement_group
-
         self._connect()
         self._drop_all()
-        if self._reserved is not None:  # an earlier one, not taken by a start
-            remove_placement_group(self._reserved[0])
-            self._reserved = None
+        self._release_reserved()  # an earlier one, not taken by a start
         want = min(want, self.spec.slots)
         t_end = time.time() + _FREE_WAIT_S
         k, cap = self._free_slots(), self._free_slots(total=True)
@@ -804,14 +796,25 @@ class RayBackend:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
 
-        bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
-        pg = placement_group([dict(bundle) for _ in range(n)], strategy=self.strategy)
+        pg = placement_group([self._bundle() for _ in range(n)], strategy=self.strategy)
         try:
             ray.get(pg.ready(), timeout=timeout_s)
         except Exception:  # noqa: BLE001 - GetTimeoutError
             remove_placement_group(pg)
             return None
         return pg
+
+    def _bundle(self) -> dict[str, int]:
+        """One worker's resources in a placement group."""
+        return {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+
+    def _release_reserved(self) -> None:
+        """Give back the placement group :meth:`usable_slots` kept, if a start did not take it."""
+        if self._reserved is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._reserved[0])
+            self._reserved = None
 
     def first_failed_rank(self, log_path: Path | None) -> int | None:
         g = self.group
@@ -850,11 +853,7 @@ class RayBackend:
         import ray
 
         self._drop_all()
-        if self._reserved is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(self._reserved[0])
-            self._reserved = None
+        self._release_reserved()
         for s in self._servers:
             s.stop()
         self._servers = []
