@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from elastic_ring import protocol
 from elastic_ring.controller import watchdog as wdog
+from elastic_ring.heartbeat import read_beats
 from elastic_ring.controller.api import RunSpec, parse_hostfile, parse_hosts
 from elastic_ring.controller.backends.api import Backend
 from elastic_ring.controller.segment import Segment
@@ -66,7 +67,7 @@ class Diagnosis:
         wd, rd = self.watchdog, self.spec.run_dir
         if wd.segment != seg.index:
             wd.reset(seg.index, seg.world, seg.t_launch)
-        wd.observe(wdog.read_beats(rd, seg.index), now)
+        wd.observe(read_beats(rd, seg.index), now)
         local = {socket.gethostname(), socket.getfqdn(), "localhost", "127.0.0.1", "::1"}
 
         def log_text() -> str:

@@ -32,7 +32,6 @@ Everything here is pure or takes its side effects as arguments; the controller's
 
 from __future__ import annotations
 
-import os
 import re
 import statistics
 import threading
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from elastic_ring import protocol
+from elastic_ring.heartbeat import Beat
 
 FLOOR_S = 30.0  # the default timeout is never shorter than this
 STEP_FACTOR = 10.0  # ... nor than this many median step times
@@ -48,81 +48,9 @@ STARTUP_S = 300.0  # allowance before a segment's first step (Horovod's own star
 SLOW_PHASE_S = 120.0  # at least this long while checkpointing, evaluating, pausing or ending
 SLOW_PHASES = ("checkpoint", "eval", "paused", "ending")
 STOPPED_GRACE_S = 5.0  # a stopped (SIGSTOP) worker and no step for this long: a stall at once
-BEAT_WIDTH = 48  # bytes of one heartbeat record (fixed, so a rewrite in place is never torn short)
 WAITING_PHASE = "sync"  # a rank done with its part of the next step, waiting for the others' gradients
 
 _PREFIX = re.compile(r"^\[[\d,]+\]<std(?:out|err)>:")
-
-
-# ---------------------------------------------------------------------- heartbeats (worker side)
-def beat_dir(run_dir: Path) -> Path:
-    return protocol.control_dir(run_dir) / "beats"
-
-
-def beat_file(run_dir: Path, segment: int, rank: int) -> Path:
-    return beat_dir(run_dir) / f"seg{segment:03d}-rank{rank}"
-
-
-def format_beat(step: int, phase: str, t: float) -> bytes:
-    line = f"{step} {phase} {t:.3f}"
-    return line.ljust(BEAT_WIDTH - 1).encode()[:BEAT_WIDTH - 1] + b"\n"
-
-
-class Heartbeat:
-    """One rank's heartbeat file, kept open; :meth:`beat` costs one ``pwrite``."""
-
-    def __init__(self, run_dir: Path, segment: int, rank: int) -> None:
-        path = beat_file(run_dir, segment, rank)
-        self._fd: int | None = None
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        except OSError:
-            self._fd = None  # no heartbeat: the watchdog still has its timeout and /proc
-
-    def beat(self, step: int, phase: str, t: float) -> None:
-        if self._fd is None:
-            return
-        try:
-            os.pwrite(self._fd, format_beat(step, phase, t), 0)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-# ---------------------------------------------------------------------- reading (controller side)
-@dataclass(frozen=True)
-class Beat:
-    rank: int
-    step: int
-    phase: str
-
-
-def parse_beat(rank: int, raw: bytes) -> Beat | None:
-    parts = raw.decode(errors="replace").split()
-    if len(parts) < 2:
-        return None
-    try:
-        return Beat(rank, int(parts[0]), parts[1])
-    except ValueError:
-        return None
-
-
-def read_beats(run_dir: Path, segment: int) -> list[Beat]:
-    out = []
-    for f in beat_dir(run_dir).glob(f"seg{segment:03d}-rank*"):
-        try:
-            rank = int(f.name.rsplit("rank", 1)[1])
-            b = parse_beat(rank, f.read_bytes()[:BEAT_WIDTH])
-        except (OSError, ValueError):
-            continue
-        if b is not None:
-            out.append(b)
-    return sorted(out, key=lambda b: b.rank)
 
 
 def proc_state(pid: int) -> str | None:

@@ -753,7 +753,7 @@ class Job:
         """Tell the controller's stall watchdog this rank's step and phase (one ``pwrite``)."""
         key = (self.segment, self.rank)
         if self._beat is None or self._beat_key != key:
-            from elastic_ring.controller.watchdog import Heartbeat
+            from elastic_ring.heartbeat import Heartbeat
 
             if self._beat is not None:
                 self._beat.close()

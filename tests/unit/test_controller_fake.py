@@ -380,7 +380,7 @@ class _HungOnALostHost(FakeLauncher):
         import os
 
         from elastic_ring import protocol
-        from elastic_ring.controller.watchdog import Heartbeat
+        from elastic_ring.heartbeat import Heartbeat
 
         w = FakeWorkers(self.run_dir, cmd, self.state, None)
         self.started.append(w)

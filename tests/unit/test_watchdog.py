@@ -7,7 +7,8 @@ import sys
 import time
 
 from elastic_ring.controller import watchdog as wd
-from elastic_ring.controller.watchdog import Beat, Heartbeat, Watchdog
+from elastic_ring.controller.watchdog import Watchdog
+from elastic_ring.heartbeat import Beat, Heartbeat, parse_beat, read_beats
 
 
 def test_default_timeout_is_ten_median_steps_with_a_floor():
@@ -28,9 +29,9 @@ def test_heartbeat_file_is_rewritten_in_place_and_read_back(tmp_path):
     hb.beat(123456, "step", 1.5)
     hb.beat(7, "eval", 2.5)  # shorter: the fixed width leaves nothing of the longer record
     hb.close()
-    assert wd.read_beats(tmp_path, 2) == [Beat(1, 7, "eval")]
-    assert wd.read_beats(tmp_path, 3) == []
-    assert wd.parse_beat(0, b"garbage") is None
+    assert read_beats(tmp_path, 2) == [Beat(1, 7, "eval")]
+    assert read_beats(tmp_path, 3) == []
+    assert parse_beat(0, b"garbage") is None
 
 
 def _dog(timeout=4.0):

@@ -297,7 +297,7 @@ def test_heartbeat_says_sync_once_the_rank_reaches_its_optimizer_step(tmp_path, 
     """The stall watchdog tells a rank hung in its own work from the ranks waiting for it: the
     heartbeat is (last step done, "step") until this rank calls the registered optimizer's step
     (where Horovod waits for the others' gradients), then (last step done, "sync")."""
-    from elastic_ring.controller.watchdog import Beat, read_beats
+    from elastic_ring.heartbeat import Beat, read_beats
 
     job = make_job(tmp_path, monkeypatch, rank=1, size=2, stop_at=3)
     model, opt, sched = build(0.1)
