@@ -18,10 +18,14 @@ true Q), on three job mixes:
 Rows: eight, precompute, optimus (Optimus: marginal gain per GPU), pollux, las and hesrpt (anchors,
 :mod:`elastic_ring.sched.anchors`), srtf (tuned), ``srtf-oracleQ`` (the same srtf told the true
 remaining work: what Eq. 1's errors cost), and the two lower bounds of :mod:`elastic_ring.sim.bound`
-(oracle sizes, zero resize cost; Eight / bound = an upper bound on any policy's gain) and, per
-seed, the tighter of the two (the larger average JCT).
+(oracle sizes, zero resize cost; Eight / bound = an upper bound on any policy's gain), the bound
+that keeps the concave speed-up curve (``curve_bound``: the time-indexed LP, intervals of at most
+``--lp-step`` seconds; certified by its dual) and, per seed, the tighter of the three (the largest
+average JCT). On the first evaluation seed of each mix the curve bound is also solved at every step
+of ``--refine`` (nested grids: it rises toward its limit, which is at most step/2 above it).
 
     python scripts/sim_bound.py [--tune-seeds 0-4] [--eval-seeds 100-109] [--gpus 64] [--jobs 200]
+                                [--lp-step 225] [--refine 3600,1800,900,450,225]
 
 Writes ``results/sim_bound.json`` (every run, the tuning runs, the load average at the start).
 """
@@ -42,7 +46,7 @@ from elastic_ring.perfmodel.speed import SpeedModel
 from elastic_ring.sched.anchors import LAS, HeSRPT
 from elastic_ring.sched.policies import SRTF, make_policy
 from elastic_ring.sim import SimConfig, load_workload, make_jobs, simulate
-from elastic_ring.sim.bound import alone_bound, srpt_bound
+from elastic_ring.sim.bound import alone_bound, curve_bound, srpt_bound
 
 P99_BAR = 1.2
 RHO = 0.9
@@ -120,15 +124,48 @@ def evaluate(a, seeds: list[int], mix: str, models: dict, tuned: dict) -> list[d
             rows.append({"mix": mix, "seed": seed, "policy": name, "avg_jct_s": r.avg_jct_s, "p99_jct_s": r.p99_jct_s,
                          "resizes_per_job": r.resizes / r.jobs, "gain": e.avg_jct_s / r.avg_jct_s,
                          "p99_ratio": r.p99_jct_s / e.p99_jct_s})
-        bounds = [("bound: SRPT, linear speed-up", srpt_bound(jobs, a.gpus, models)),
-                  ("bound: each job alone", alone_bound(jobs, a.gpus, models))]
-        bounds.append(("bound: the tighter", max((b[1] for b in bounds), key=lambda x: float(x.mean()))))
-        for name, jct in bounds:
-            rows.append({"mix": mix, "seed": seed, "policy": name, "avg_jct_s": float(jct.mean()),
-                         "p99_jct_s": float(np.percentile(jct, 99)), "resizes_per_job": 0.0,
-                         "gain": e.avg_jct_s / float(jct.mean()),
-                         "p99_ratio": float(np.percentile(jct, 99)) / e.p99_jct_s})
+        rows.extend(_bound_rows(a, mix, seed, jobs, models, e))
     return rows
+
+
+def _bound_rows(a, mix: str, seed: int, jobs, models: dict, e) -> list[dict]:
+    """The three bounds of one run and, per seed, the tighter (largest average JCT)."""
+    per_job = [("bound: SRPT, linear speed-up", srpt_bound(jobs, a.gpus, models)),
+               ("bound: each job alone", alone_bound(jobs, a.gpus, models))]
+    rows = [{"policy": name, "avg_jct_s": float(jct.mean()), "p99_jct_s": float(np.percentile(jct, 99))}
+            for name, jct in per_job]
+    cb = curve_bound(jobs, a.gpus, models, step_s=a.lp_step)
+    rows.append({"policy": "bound: concave curve (LP)", "avg_jct_s": cb.avg_jct_s, "p99_jct_s": None,
+                 "lp": {"step_s": a.lp_step, "primal_avg_jct_s": cb.primal_avg_jct_s, "status": cb.status,
+                        "intervals": cb.intervals, "columns": cb.columns, "late_share": cb.late_share,
+                        "solve_s": round(cb.solve_s, 1),
+                        "gain_at_limit_min": e.avg_jct_s / (cb.avg_jct_s + a.lp_step / 2)}})
+    print(f"{mix} seed {seed}: curve bound {cb.avg_jct_s:.0f} s (Eight / bound {e.avg_jct_s / cb.avg_jct_s:.2f}), "
+          f"{cb.columns} columns, {cb.solve_s:.1f} s", flush=True)
+    tight = max(rows, key=lambda r: r["avg_jct_s"])
+    rows.append({"policy": "bound: the tighter", "avg_jct_s": tight["avg_jct_s"], "p99_jct_s": tight["p99_jct_s"],
+                 "which": tight["policy"]})
+    for r in rows:
+        r.update(mix=mix, seed=seed, resizes_per_job=0.0, gain=e.avg_jct_s / r["avg_jct_s"],
+                 p99_ratio=None if r["p99_jct_s"] is None else r["p99_jct_s"] / e.p99_jct_s)
+    return rows
+
+
+def refine(a, seed: int, mix: str, models: dict, steps: list[float]) -> list[dict]:
+    """The curve bound of one run on nested grids (module docstring)."""
+    cfg = _cfg(a, seed, models, "eq1")
+    jobs = make_jobs(cfg, models)
+    eight = simulate(cfg, make_policy("eight"), jobs, models).avg_jct_s
+    out = []
+    for step in steps:
+        cb = curve_bound(jobs, a.gpus, models, step_s=step)
+        out.append({"mix": mix, "seed": seed, "step_s": step, "intervals": cb.intervals, "columns": cb.columns,
+                    "avg_jct_s": cb.avg_jct_s, "gain": eight / cb.avg_jct_s,
+                    "gain_at_limit_min": eight / (cb.avg_jct_s + step / 2), "solve_s": round(cb.solve_s, 1)})
+        print(f"refine {mix} seed {seed} step {step:g} s: {cb.intervals} intervals, bound {cb.avg_jct_s:.0f} s, "
+              f"Eight / bound {out[-1]['gain']:.3f} (Eight / the limit >= {out[-1]['gain_at_limit_min']:.3f}), "
+              f"{cb.solve_s:.1f} s", flush=True)
+    return out
 
 
 def summarise(rows: list[dict]) -> list[dict]:
@@ -138,8 +175,10 @@ def summarise(rows: list[dict]) -> list[dict]:
             sel = [r for r in rows if r["mix"] == mix and r["policy"] == pol]
             g = [r["gain"] for r in sel]
             q = [r["p99_ratio"] for r in sel]
+            has_q = None not in q  # the LP bound has no per-job JCTs
             out.append({"mix": mix, "policy": pol, "gain_mean": statistics.mean(g), "gain_sd": statistics.stdev(g),
-                        "p99_ratio_mean": statistics.mean(q), "p99_ratio_sd": statistics.stdev(q),
+                        "p99_ratio_mean": statistics.mean(q) if has_q else None,
+                        "p99_ratio_sd": statistics.stdev(q) if has_q else None,
                         "resizes_per_job": statistics.mean(r["resizes_per_job"] for r in sel),
                         "seeds_over_2x": sum(x > 2 for x in g), "seeds": len(sel)})
     return out
@@ -153,8 +192,12 @@ def main() -> None:
     ap.add_argument("--scales", default="0.125,0.25,0.5,1")
     ap.add_argument("--gpus", type=int, default=64)
     ap.add_argument("--jobs", type=int, default=200)
+    ap.add_argument("--lp-step", type=float, default=225.0, help="the curve bound's interval (s)")
+    ap.add_argument("--refine", default="3600,1800,900,450,225", help="steps (s) of the refinement study")
     ap.add_argument("--out", default="results/sim_bound.json")
     a = ap.parse_args()
+    if a.lp_step <= 0 or a.gpus < 1 or a.jobs < 2:
+        ap.error("need --lp-step > 0, --gpus >= 1 and --jobs >= 2")
     tune_seeds, eval_seeds = _seeds(a.tune_seeds), _seeds(a.eval_seeds)
     if set(tune_seeds) & set(eval_seeds):
         sys.exit("tuning and evaluation seeds overlap")
@@ -163,19 +206,22 @@ def main() -> None:
     tuned, tune_rows = tune(a, tune_seeds, [float(x) for x in a.powers.split(",")],
                             [float(x) for x in a.scales.split(",")], mixes["resnet110"])
     rows = [r for mix, models in mixes.items() for r in evaluate(a, eval_seeds, mix, models, tuned)]
+    refinement = [r for mix, models in mixes.items()
+                  for r in refine(a, eval_seeds[0], mix, models, [float(x) for x in a.refine.split(",") if x])]
     summary = summarise(rows)
     print("| mix | policy | Eight / policy, avg JCT | policy / Eight, p99 JCT | resizes/job | seeds > 2x |")
     print("|---|---|---|---|---|---|")
     for s in summary:
-        print(f"| {s['mix']} | {s['policy']} | {s['gain_mean']:.2f} ± {s['gain_sd']:.2f} | "
-              f"{s['p99_ratio_mean']:.2f} ± {s['p99_ratio_sd']:.2f} | {s['resizes_per_job']:.2f} | "
-              f"{s['seeds_over_2x']}/{s['seeds']} |")
+        p99 = "-" if s["p99_ratio_mean"] is None else f"{s['p99_ratio_mean']:.2f} ± {s['p99_ratio_sd']:.2f}"
+        print(f"| {s['mix']} | {s['policy']} | {s['gain_mean']:.2f} ± {s['gain_sd']:.2f} | {p99} | "
+              f"{s['resizes_per_job']:.2f} | {s['seeds_over_2x']}/{s['seeds']} |")
     out = {"command": "python scripts/sim_bound.py " + " ".join(sys.argv[1:]), "offered_load": RHO,
            "gpus": a.gpus, "jobs_per_run": a.jobs, "remaining": "eq1 (srtf-oracleQ and the bounds: oracle)",
            "tune_seeds": tune_seeds, "tune_workloads": list(mixes["resnet110"]), "eval_seeds": eval_seeds,
            "eval_mixes": {k: list(v) for k, v in mixes.items()}, "p99_bar": P99_BAR, "tuned_powers": tuned,
            "load_at_start": [round(x, 2) for x in load], "wall_s": round(time.time() - t0, 1),
-           "summary": summary, "runs": rows, "tuning_runs": tune_rows}
+           "lp_step_s": a.lp_step, "summary": summary, "runs": rows, "refinement": refinement,
+           "tuning_runs": tune_rows}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {a.out}")

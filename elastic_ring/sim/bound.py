@@ -1,7 +1,8 @@
 """Lower bounds on the average JCT of any policy: how much better than Eight a policy could do at all.
 
-Both bounds use the true remaining work (an oracle), zero resize cost, and speed-ups no policy
-can beat; so Eight's average JCT divided by a bound is an upper bound on any policy's gain.
+Every bound uses the true remaining work (an oracle) and zero resize cost, and allows every
+schedule the simulator can run (integer GPU counts, a job's rate ``f_j(w)`` at ``w`` GPUs); so Eight's
+average JCT divided by a bound is an upper bound on any policy's gain.
 
 :func:`srpt_bound`  Preemptive SRPT on one server as fast as the whole cluster with LINEAR speed-up
                     from one GPU: every job's rate at w GPUs is at most ``w·f(1)`` (the curves are
@@ -9,22 +10,71 @@ can beat; so Eight's average JCT divided by a bound is an upper bound on any pol
                     one-GPU-seconds of work per second, and SRPT minimises the average response time
                     of a single server (Schrage 1968) — any split of that capacity between jobs does
                     no better. A job's size is its work in one-GPU seconds, ``work / f(1)``.
-:func:`alone_bound` Every job alone on the whole cluster from its arrival: ``work / f(G)``.
+:func:`alone_bound` Every job alone on the whole cluster from its arrival: ``work / R`` with
+                    ``R = max_{w<=G} f(w)``.
+:func:`curve_bound` Keeps the concave curve: a time-indexed relaxation of the optimal schedule with
+                    arrivals, solved as an LP.
 
-Neither is achievable on a concave curve (a job cannot get the whole cluster at 1-GPU efficiency);
-the gap between a policy and the bound is what the speed-up curve and the remaining-work
-prediction cost together.
+The curve bound, proof sketch. Job ``j``: arrival ``a_j``, work ``W_j`` samples, top rate
+``R_j = max_{w<=G} f_j(w)``; in a schedule its rate is ``r_j(t) <= R_j``, 0 before ``a_j``.
+
+1. Mean busy time. ``M_j = (1/W_j)∫ t r_j(t) dt``. Given its completion ``C_j``, ``M_j`` is largest
+   when the work is packed at the end at rate ``R_j``, where it is ``C_j - W_j/(2R_j)``; so
+   ``C_j >= M_j + W_j/(2R_j)`` and  avg JCT >= (1/n)·[Σ_j M_j + Σ_j (W_j/(2R_j) - a_j)].
+2. Rate envelope. ``fhat_j`` (:func:`rate_envelope`) is the least concave non-decreasing function on
+   [0, G] with ``fhat_j(0) = 0`` and ``fhat_j >= f_j`` at the integers; ``g_j`` is the lower envelope
+   of some of its supporting lines plus the flat line at ``R_j`` (:data:`SUPPORT`), so
+   ``g_j >= fhat_j`` on [0, G]. A job may hold GPUs it does not train on (exploration): its rate at
+   ``w`` held GPUs is then still at most ``fhat_j(w)`` (non-decreasing).
+3. Intervals. Cut time at every arrival and every ``step_s`` (interval ``t``: start ``s_t``, length
+   ``Δ_t``). In interval ``t``, let ``ω_jt`` be job ``j``'s average GPU count and ``y_jt`` its work:
+   by Jensen, ``y_jt = ∫ f_j(w(t)) dt <= Δ_t·fhat_j(ω_jt) <= Δ_t·g_j(ω_jt)``, and
+   ``Σ_j Δ_t·ω_jt <= G·Δ_t``. Write ``g_j`` by its segments (rate increments ``c_k`` costing ``γ_k``
+   GPUs per unit rate, ``γ_k`` increasing): filling them in order up to ``y_jt`` uses at most
+   ``Δ_t·ω_jt`` GPU-seconds. Within the interval the rate is at most ``R_j``, so
+   ``∫_interval t r dt >= s_t·y + y²/(2R_j) >= Σ_k x_k·(s_t + Δ_t·Σ_{i<k} c_i / R_j)`` for the
+   in-order fill ``x_k`` (the integrand ``s_t + u/R_j`` at the lowest ``u`` of segment ``k``).
+4. The LP. Variables: the share of ``W_j`` in each (interval, segment), at most ``Δ_t·c_k/W_j``;
+   each job's shares sum to 1; each interval's GPU-seconds ``Σ x·W_j·γ_k <= G·Δ_t``; cost as in 3.
+   Work after job ``j``'s window end ``E_j`` (a relaxation of the horizon) takes one column with no
+   GPU use and cost ``E_j`` (all later work costs at least ``E_j``). Every real schedule maps to a
+   feasible point of cost ``<= Σ_j M_j``, so the LP minimum is a lower bound on ``Σ_j M_j``
+   (windows only change how weak it is; the LP reports the work it put after them).
+5. Certificate. The solver's duals, clipped to a dual-feasible point (capacity prices <= 0, each
+   job's price <= its ``E_j``), give by weak duality ``Σ μ_j + Σ λ_t·G·Δ_t + Σ min(0, reduced
+   cost)·upper bound`` <= the LP minimum: that value, not the solver's primal objective, is the bound.
+
+Refining a grid (nested: steps dividing 3600 s, the same windows) only raises the LP value; and
+spreading each interval's LP work evenly over it is a fluid schedule of cost at most ``Δ/2`` more,
+so the limit of the refinement (the fluid relaxation with ``g``) is at most the value at step
+``Δ`` plus ``Δ/2`` in the average.
+
+None is achievable in general (the curve bound relaxes integrality within an interval and the
+relations between intervals); the gap between a policy and a bound is what the speed-up curve, the
+remaining-work prediction and the policy cost together.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Mapping, Sequence
+import time
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
+import scipy.sparse as sp
+from scipy.optimize import linprog
 
+from elastic_ring.errors import ElasticRingError
 from elastic_ring.perfmodel.speed import SpeedModel
 from elastic_ring.sim.api import JobSpec
+
+# GPU counts w whose piece [w-1, w] of a job's rate envelope the curve bound keeps as a supporting line.
+WINDOW_UNIT_S = 3600.0  # the curve bound's job windows end on whole hours
+SUPPORT = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 56, 64)
+
+
+class BoundError(ElasticRingError):
+    """The LP of the curve bound was not solved (infeasible, unbounded or the solver failed)."""
 
 
 def srpt_bound(jobs: Sequence[JobSpec], gpus: int, models: Mapping[str, SpeedModel]) -> np.ndarray:
@@ -55,5 +105,149 @@ def srpt_bound(jobs: Sequence[JobSpec], gpus: int, models: Mapping[str, SpeedMod
 
 
 def alone_bound(jobs: Sequence[JobSpec], gpus: int, models: Mapping[str, SpeedModel]) -> np.ndarray:
-    """Per-job JCTs (s, in job id order) if every job had the whole cluster from its arrival."""
-    return np.array([j.work / models[j.workload].samples_per_s(gpus) for j in sorted(jobs, key=lambda j: j.id)])
+    """Per-job JCTs (s, in job id order) if every job ran at its top rate on at most ``gpus`` GPUs from
+    its arrival."""
+    top = {w: max(m.samples_per_s(k) for k in range(1, gpus + 1)) for w, m in models.items()}
+    return np.array([j.work / top[j.workload] for j in sorted(jobs, key=lambda j: j.id)])
+
+
+# --------------------------------------------------------------------------------------------------
+# The bound that keeps the concave speed-up curve: a time-indexed relaxation, solved as an LP.
+
+
+def rate_envelope(model: SpeedModel, gpus: int) -> tuple[np.ndarray, np.ndarray]:
+    """Vertices (w, rate) of ``fhat``: the least concave, non-decreasing function on [0, gpus] with
+    ``fhat(0) = 0`` and ``fhat(w) >= f(w)`` at every integer ``w`` (upper hull of the points
+    (w, f(w)), w = 0..gpus, flat after its highest point)."""
+    w = np.arange(gpus + 1, dtype=float)
+    f = np.array([0.0] + [model.samples_per_s(k) for k in range(1, gpus + 1)])
+    top = int(np.argmax(f))
+    hull: list[int] = []
+    for i in range(top + 1):  # monotone chain, upper hull of the points up to the highest one
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            if (f[b] - f[a]) * (i - a) <= (f[i] - f[a]) * (b - a):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return w[hull], f[hull]
+
+
+def _segments(model: SpeedModel, gpus: int, support: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Rate increments ``c_k`` (samples/s) and GPUs per unit of rate ``g_k`` of the segments of ``g``,
+    the lower envelope of some supporting lines of ``fhat`` (those of its pieces over the intervals
+    [w-1, w] for ``w`` in ``support``, the first piece and the flat line at the top rate): ``g >= fhat``
+    on [0, gpus] (an outer approximation: the relaxation stays a relaxation)."""
+    vw, vf = rate_envelope(model, gpus)
+    slopes = np.diff(vf) / np.diff(vw)
+    piece = {0, len(slopes) - 1} | {int(np.searchsorted(vw, w) - 1) for w in support if 1 <= w <= vw[-1]}
+    lines = [(slopes[k], vf[k] - slopes[k] * vw[k]) for k in sorted(piece) if k >= 0]
+    lines.append((0.0, float(vf[-1])))
+    xs, ys = [0.0], [0.0]
+    for (s1, b1), (s2, b2) in zip(lines, lines[1:]):
+        if s1 - s2 <= 0:
+            continue
+        x = (b2 - b1) / (s1 - s2)
+        if x > xs[-1]:
+            xs.append(x)
+            ys.append(s2 * x + b2)  # the last one is exactly the top rate (s2 = 0)
+    c = np.diff(ys) * (1 + 1e-9)  # rounding of the intersections: err on the side of a larger g
+    keep = c > 0
+    return c[keep], (np.diff(xs) / np.where(keep, c, 1.0))[keep]
+
+
+class CurveBound(NamedTuple):
+    """:func:`curve_bound`'s answer. ``avg_jct_s``: the certified lower bound on the average JCT (from
+    a dual-feasible point: valid whatever the solver's tolerance); ``primal_avg_jct_s``: the same
+    from the LP's primal objective (equal up to the solver's tolerance); ``late_share``: the share of
+    the work the LP put after the job windows (0: the windows did not bind)."""
+
+    avg_jct_s: float
+    primal_avg_jct_s: float
+    status: str
+    intervals: int
+    columns: int
+    late_share: float
+    solve_s: float
+
+
+def _grid(jobs: Sequence[JobSpec], ends: np.ndarray, step_s: float) -> np.ndarray:
+    """Interval starts: every arrival, every window end, and every multiple of ``step_s`` between."""
+    a = np.array([j.arrival for j in jobs])
+    ticks = np.arange(np.floor(a.min() / step_s), np.ceil(ends.max() / step_s) + 1) * step_s
+    return np.unique(np.concatenate([a, ends, ticks[(ticks > a.min()) & (ticks < ends.max())]]))
+
+
+def _columns(jobs: Sequence[JobSpec], gpus: int, models: Mapping[str, SpeedModel], starts: np.ndarray,
+             ends: np.ndarray, support: Sequence[int]) -> dict[str, np.ndarray]:
+    """The LP's columns: for job ``j``, interval ``t`` in its window and segment ``k`` of its ``g``, the
+    share of its work done there (cost: the interval's start plus the part of the interval the
+    segments below ``k`` fill at the top rate; bound: ``Δ_t·c_k / W_j``; GPU-seconds per share:
+    ``W_j·g_k``); then one column per job for the work after its window (cost: the window's end)."""
+    lens = np.diff(starts)
+    segs = {w: _segments(m, gpus, support) for w, m in models.items()}
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("cost", "ub", "row_j", "row_t", "gpu_s")}
+    for jn, j in enumerate(jobs):
+        c, g = segs[j.workload]
+        below = np.concatenate([[0.0], np.cumsum(c)[:-1]]) / c.sum()
+        ts = np.arange(np.searchsorted(starts, j.arrival), np.searchsorted(starts, ends[jn]))
+        shape = (len(ts), len(c))
+        parts["cost"].append((starts[ts, None] + lens[ts, None] * below[None, :]).ravel())
+        parts["ub"].append((lens[ts, None] * c[None, :] / j.work).ravel())
+        parts["row_j"].append(np.full(shape[0] * shape[1], jn))
+        parts["row_t"].append(np.broadcast_to(ts[:, None], shape).ravel())
+        parts["gpu_s"].append(np.broadcast_to(j.work * g[None, :], shape).ravel())
+    out = {k: np.concatenate(v) for k, v in parts.items()}
+    out["late_cost"] = np.asarray(ends, dtype=float)
+    return out
+
+
+def _solve(cols: dict[str, np.ndarray], starts: np.ndarray, gpus: int) -> tuple[float, float, np.ndarray, str]:
+    """Solve the LP (HiGHS); return its certified lower bound (the dual value of a dual-feasible point
+    made from the solver's duals), its primal objective, the late shares and the status."""
+    n_jobs, n_cols, n_t = len(cols["late_cost"]), len(cols["cost"]), len(starts) - 1
+    cap = gpus * np.diff(starts)
+    a_ub = sp.csr_matrix((cols["gpu_s"], (cols["row_t"], np.arange(n_cols))), shape=(n_t, n_cols + n_jobs))
+    a_eq = sp.csr_matrix((np.ones(n_cols + n_jobs), (np.concatenate([cols["row_j"], np.arange(n_jobs)]),
+                                                      np.arange(n_cols + n_jobs))), shape=(n_jobs, n_cols + n_jobs))
+    ub = np.concatenate([cols["ub"], np.full(n_jobs, np.inf)])
+    res = linprog(np.concatenate([cols["cost"], cols["late_cost"]]), A_ub=a_ub, b_ub=cap, A_eq=a_eq,
+                  b_eq=np.ones(n_jobs), bounds=np.column_stack([np.zeros_like(ub), ub]), method="highs")
+    if res.status != 0:
+        raise BoundError(f"the LP of the curve bound was not solved: {res.message}")
+    lam = np.minimum(res.ineqlin.marginals, 0.0)
+    mu = np.minimum(res.eqlin.marginals, cols["late_cost"])  # late columns: reduced cost >= 0
+    red = cols["cost"] - mu[cols["row_j"]] - lam[cols["row_t"]] * cols["gpu_s"]
+    dual = float(mu.sum() + lam @ cap + np.minimum(red, 0.0) @ cols["ub"])
+    return dual, float(res.fun), res.x[n_cols:], res.message
+
+
+def curve_bound(jobs: Sequence[JobSpec], gpus: int, models: Mapping[str, SpeedModel], step_s: float = 225.0,
+                support: Sequence[int] = SUPPORT, window_s: float = 12 * 3600.0, rounds: int = 4) -> CurveBound:
+    """A lower bound on the average JCT of any schedule of ``jobs`` on ``gpus`` GPUs that keeps each
+    job's concave speed-up curve (module docstring). Intervals of at most ``step_s``, every arrival a
+    breakpoint; job ``j``'s window ends at its arrival plus twice its run time at 8 GPUs plus
+    ``window_s``, rounded up to a whole hour (so grids of ``step_s`` dividing 3600 s are nested),
+    its length doubled (up to ``rounds`` solves) for the jobs the LP put work after it."""
+    if not (step_s > 0 and window_s >= 0 and rounds >= 1 and gpus >= 1 and jobs):
+        raise BoundError("need jobs, gpus >= 1, step_s > 0, window_s >= 0 and rounds >= 1")
+    jobs = sorted(jobs, key=lambda j: j.id)
+    top = {w: float(rate_envelope(m, gpus)[1][-1]) for w, m in models.items()}
+    a = np.array([j.arrival for j in jobs])
+    tail = sum(j.work / (2 * top[j.workload]) for j in jobs) - a.sum()
+    span = np.array([2 * j.work / models[j.workload].samples_per_s(8) for j in jobs]) + window_s
+    t0, best = time.perf_counter(), None
+    for _ in range(rounds):
+        ends = np.ceil((a + span) / WINDOW_UNIT_S) * WINDOW_UNIT_S
+        starts = _grid(jobs, ends, step_s)
+        cols = _columns(jobs, gpus, models, starts, ends, support)
+        dual, primal, late, status = _solve(cols, starts, gpus)
+        if best is None or dual > best[0]:
+            best = (dual, primal, str(status), len(starts) - 1, len(cols["cost"]), float(late.mean()))
+        if not (late > 1e-9).any():
+            break
+        span = np.where(late > 1e-9, 2 * span, span)
+    n = len(jobs)
+    return CurveBound(float((best[0] + tail) / n), float((best[1] + tail) / n), best[2], int(best[3]), int(best[4]),
+                      best[5], time.perf_counter() - t0)
