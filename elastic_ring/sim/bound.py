@@ -1,8 +1,9 @@
 """Lower bounds on the average JCT of any policy: how much better than Eight a policy could do at all.
 
-Every bound uses the true remaining work (an oracle) and zero resize cost, and allows every
-schedule the simulator can run (integer GPU counts, a job's rate ``f_j(w)`` at ``w`` GPUs); so Eight's
-average JCT divided by a bound is an upper bound on any policy's gain.
+Every bound uses the true remaining work (an oracle) and free resizes (it holds for any resize cost:
+a paused job only slows), and allows every schedule the simulator can run (integer GPU counts, a
+job's rate ``f_j(w)`` at ``w`` GPUs); so Eight's average JCT divided by a bound is an upper bound on
+any policy's gain.
 
 :func:`srpt_bound`  Preemptive SRPT on one server as fast as the whole cluster with LINEAR speed-up
                     from one GPU: every job's rate at w GPUs is at most ``w·f(1)`` (the curves are
@@ -25,7 +26,8 @@ The curve bound, proof sketch. Job ``j``: arrival ``a_j``, work ``W_j`` samples,
    [0, G] with ``fhat_j(0) = 0`` and ``fhat_j >= f_j`` at the integers; ``g_j`` is the lower envelope
    of some of its supporting lines plus the flat line at ``R_j`` (:data:`SUPPORT`), so
    ``g_j >= fhat_j`` on [0, G]. A job may hold GPUs it does not train on (exploration): its rate at
-   ``w`` held GPUs is then still at most ``fhat_j(w)`` (non-decreasing).
+   ``w`` held GPUs is then still at most ``fhat_j(w)`` (non-decreasing), and so is its rate 0 while a
+   resize or start overhead pauses it: the bound holds for any overhead, zero being its tightest case.
 3. Intervals. Cut time at every arrival and every ``step_s`` (interval ``t``: start ``s_t``, length
    ``Δ_t``). In interval ``t``, let ``ω_jt`` be job ``j``'s average GPU count and ``y_jt`` its work:
    by Jensen, ``y_jt = ∫ f_j(w(t)) dt <= Δ_t·fhat_j(ω_jt) <= Δ_t·g_j(ω_jt)``, and
@@ -68,8 +70,8 @@ from elastic_ring.errors import ElasticRingError
 from elastic_ring.perfmodel.speed import SpeedModel
 from elastic_ring.sim.api import JobSpec
 
-# GPU counts w whose piece [w-1, w] of a job's rate envelope the curve bound keeps as a supporting line.
 WINDOW_UNIT_S = 3600.0  # the curve bound's job windows end on whole hours
+# GPU counts w whose piece [w-1, w] of a job's rate envelope the curve bound keeps as a supporting line.
 SUPPORT = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 56, 64)
 
 
