@@ -21,8 +21,10 @@ remaining work: what Eq. 1's errors cost), and the two lower bounds of :mod:`ela
 (oracle sizes, zero resize cost; Eight / bound = an upper bound on any policy's gain), the bound
 that keeps the concave speed-up curve (``curve_bound``: the time-indexed LP, intervals of at most
 ``--lp-step`` seconds; certified by its dual) and, per seed, the tighter of the three (the largest
-average JCT). On the first evaluation seed of each mix the curve bound is also solved at every step
-of ``--refine`` (nested grids: it rises toward its limit, which is at most step/2 above it).
+average JCT); the curve bound gives two rows, the LP's certified value and the Lagrangian bound at
+the LP's prices raised by ``--price-steps`` subgradient steps toward the run's best policy (module
+docstring of :mod:`elastic_ring.sim.bound`). On the first evaluation seed of each mix the curve bound is also solved at every step
+of ``--refine`` (nested grids: the LP's value rises toward its limit, at most step/2 above it).
 
     python scripts/sim_bound.py [--tune-seeds 0-4] [--eval-seeds 100-109] [--gpus 64] [--jobs 200]
                                 [--lp-step 225] [--refine 3600,1800,900,450,225]
@@ -124,23 +126,27 @@ def evaluate(a, seeds: list[int], mix: str, models: dict, tuned: dict) -> list[d
             rows.append({"mix": mix, "seed": seed, "policy": name, "avg_jct_s": r.avg_jct_s, "p99_jct_s": r.p99_jct_s,
                          "resizes_per_job": r.resizes / r.jobs, "gain": e.avg_jct_s / r.avg_jct_s,
                          "p99_ratio": r.p99_jct_s / e.p99_jct_s})
-        rows.extend(_bound_rows(a, mix, seed, jobs, models, e))
+        target = min(r["avg_jct_s"] for r in rows if r["seed"] == seed)
+        rows.extend(_bound_rows(a, mix, seed, jobs, models, e, target))
     return rows
 
 
-def _bound_rows(a, mix: str, seed: int, jobs, models: dict, e) -> list[dict]:
-    """The three bounds of one run and, per seed, the tighter (largest average JCT)."""
+def _bound_rows(a, mix: str, seed: int, jobs, models: dict, e, target: float) -> list[dict]:
+    """The three bounds of one run and, per seed, the tighter (largest average JCT); ``target``: the
+    best policy's average JCT on this run (the Lagrangian's subgradient steps aim at it)."""
     per_job = [("bound: SRPT, linear speed-up", srpt_bound(jobs, a.gpus, models)),
                ("bound: each job alone", alone_bound(jobs, a.gpus, models))]
     rows = [{"policy": name, "avg_jct_s": float(jct.mean()), "p99_jct_s": float(np.percentile(jct, 99))}
             for name, jct in per_job]
-    cb = curve_bound(jobs, a.gpus, models, step_s=a.lp_step)
-    rows.append({"policy": "bound: concave curve (LP)", "avg_jct_s": cb.avg_jct_s, "p99_jct_s": None,
+    cb = curve_bound(jobs, a.gpus, models, step_s=a.lp_step, target_avg_s=target, price_steps=a.price_steps)
+    rows.append({"policy": "bound: concave curve, LP", "avg_jct_s": cb.lp_avg_jct_s, "p99_jct_s": None,
                  "lp": {"step_s": a.lp_step, "primal_avg_jct_s": cb.primal_avg_jct_s, "status": cb.status,
                         "intervals": cb.intervals, "columns": cb.columns, "late_share": cb.late_share,
                         "solve_s": round(cb.solve_s, 1),
-                        "gain_at_limit_min": e.avg_jct_s / (cb.avg_jct_s + a.lp_step / 2)}})
-    print(f"{mix} seed {seed}: curve bound {cb.avg_jct_s:.0f} s (Eight / bound {e.avg_jct_s / cb.avg_jct_s:.2f}), "
+                        "gain_at_limit_min": e.avg_jct_s / (cb.lp_avg_jct_s + a.lp_step / 2)}})
+    rows.append({"policy": "bound: concave curve, Lagrangian", "avg_jct_s": cb.lagrangian_avg_jct_s, "p99_jct_s": None})
+    print(f"{mix} seed {seed}: curve bound, LP {cb.lp_avg_jct_s:.0f} s (Eight / bound {e.avg_jct_s / cb.lp_avg_jct_s:.2f}),"
+          f" Lagrangian {cb.lagrangian_avg_jct_s:.0f} s ({e.avg_jct_s / cb.lagrangian_avg_jct_s:.2f}), "
           f"{cb.columns} columns, {cb.solve_s:.1f} s", flush=True)
     tight = max(rows, key=lambda r: r["avg_jct_s"])
     rows.append({"policy": "bound: the tighter", "avg_jct_s": tight["avg_jct_s"], "p99_jct_s": tight["p99_jct_s"],
@@ -160,11 +166,13 @@ def refine(a, seed: int, mix: str, models: dict, steps: list[float]) -> list[dic
     for step in steps:
         cb = curve_bound(jobs, a.gpus, models, step_s=step)
         out.append({"mix": mix, "seed": seed, "step_s": step, "intervals": cb.intervals, "columns": cb.columns,
-                    "avg_jct_s": cb.avg_jct_s, "gain": eight / cb.avg_jct_s,
-                    "gain_at_limit_min": eight / (cb.avg_jct_s + step / 2), "solve_s": round(cb.solve_s, 1)})
-        print(f"refine {mix} seed {seed} step {step:g} s: {cb.intervals} intervals, bound {cb.avg_jct_s:.0f} s, "
-              f"Eight / bound {out[-1]['gain']:.3f} (Eight / the limit >= {out[-1]['gain_at_limit_min']:.3f}), "
-              f"{cb.solve_s:.1f} s", flush=True)
+                    "lp_avg_jct_s": cb.lp_avg_jct_s, "lp_gain": eight / cb.lp_avg_jct_s,
+                    "lp_gain_at_limit_min": eight / (cb.lp_avg_jct_s + step / 2),
+                    "lagrangian_avg_jct_s": cb.lagrangian_avg_jct_s, "lagrangian_gain": eight / cb.lagrangian_avg_jct_s,
+                    "solve_s": round(cb.solve_s, 1)})
+        print(f"refine {mix} seed {seed} step {step:g} s: {cb.intervals} intervals, Eight / LP bound "
+              f"{out[-1]['lp_gain']:.3f} (Eight / its limit >= {out[-1]['lp_gain_at_limit_min']:.3f}), "
+              f"Eight / Lagrangian bound {out[-1]['lagrangian_gain']:.3f}, {cb.solve_s:.1f} s", flush=True)
     return out
 
 
@@ -193,11 +201,12 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=64)
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--lp-step", type=float, default=225.0, help="the curve bound's interval (s)")
+    ap.add_argument("--price-steps", type=int, default=6, help="subgradient steps of the Lagrangian bound")
     ap.add_argument("--refine", default="3600,1800,900,450,225", help="steps (s) of the refinement study")
     ap.add_argument("--out", default="results/sim_bound.json")
     a = ap.parse_args()
-    if a.lp_step <= 0 or a.gpus < 1 or a.jobs < 2:
-        ap.error("need --lp-step > 0, --gpus >= 1 and --jobs >= 2")
+    if a.lp_step <= 0 or a.gpus < 1 or a.jobs < 2 or a.price_steps < 0:
+        ap.error("need --lp-step > 0, --gpus >= 1, --jobs >= 2 and --price-steps >= 0")
     tune_seeds, eval_seeds = _seeds(a.tune_seeds), _seeds(a.eval_seeds)
     if set(tune_seeds) & set(eval_seeds):
         sys.exit("tuning and evaluation seeds overlap")
@@ -220,7 +229,7 @@ def main() -> None:
            "tune_seeds": tune_seeds, "tune_workloads": list(mixes["resnet110"]), "eval_seeds": eval_seeds,
            "eval_mixes": {k: list(v) for k, v in mixes.items()}, "p99_bar": P99_BAR, "tuned_powers": tuned,
            "load_at_start": [round(x, 2) for x in load], "wall_s": round(time.time() - t0, 1),
-           "lp_step_s": a.lp_step, "summary": summary, "runs": rows, "refinement": refinement,
+           "lp_step_s": a.lp_step, "price_steps": a.price_steps, "summary": summary, "runs": rows, "refinement": refinement,
            "tuning_runs": tune_rows}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")

@@ -14,7 +14,7 @@ any policy's gain.
 :func:`alone_bound` Every job alone on the whole cluster from its arrival: ``work / R`` with
                     ``R = max_{w<=G} f(w)``.
 :func:`curve_bound` Keeps the concave curve: a time-indexed relaxation of the optimal schedule with
-                    arrivals, solved as an LP.
+                    arrivals, solved as an LP, then the Lagrangian bound (below) at the LP's prices.
 
 The curve bound, proof sketch. Job ``j``: arrival ``a_j``, work ``W_j`` samples, top rate
 ``R_j = max_{w<=G} f_j(w)``; in a schedule its rate is ``r_j(t) <= R_j``, 0 before ``a_j``.
@@ -45,6 +45,17 @@ The curve bound, proof sketch. Job ``j``: arrival ``a_j``, work ``W_j`` samples,
 5. Certificate. The solver's duals, clipped to a dual-feasible point (capacity prices <= 0, each
    job's price <= its ``E_j``), give by weak duality ``Σ μ_j + Σ λ_t·G·Δ_t + Σ min(0, reduced
    cost)·upper bound`` <= the LP minimum: that value, not the solver's primal objective, is the bound.
+
+6. The Lagrangian bound (:func:`lagrangian_bound`) keeps true completion times. Price each
+   GPU-second of interval ``t`` at ``p_t >= 0``. For any schedule, Σ_j (C_j - a_j) >=
+   Σ_j [C_j - a_j + Σ_t p_t·(GPU-seconds of j in t)] - Σ_t p_t·G·Δ_t, and each job's bracket is
+   at least the least, over its completion interval ``τ``, of ``s_τ - a_j`` + ``y_τ/R_j`` (its work
+   in ``τ`` takes that long) + the priced GPU-seconds of its work (3's in-order fill; in ``τ`` over
+   the whole interval, which needs no more GPU-seconds: ``L·φ(y/L)`` falls with ``L`` for convex ``φ``
+   with ``φ(0) = 0``): a fractional knapsack, the cheapest pieces first (:func:`_job_value`); a
+   completion after the job's window end ``E_j`` costs at least ``E_j - a_j``. Any prices give a
+   bound; :func:`improve_prices` raises it by projected subgradient steps. A job that spreads its
+   work thin pays for it in ``C_j`` here, where the mean-busy-time LP only charges ``W_j/(2R_j)``.
 
 Refining a grid (nested: steps dividing 3600 s, the same windows) only raises the LP value; and
 spreading each interval's LP work evenly over it is a fluid schedule of cost at most ``Δ/2`` more,
@@ -160,12 +171,16 @@ def _segments(model: SpeedModel, gpus: int, support: Sequence[int]) -> tuple[np.
 
 
 class CurveBound(NamedTuple):
-    """:func:`curve_bound`'s answer. ``avg_jct_s``: the certified lower bound on the average JCT (from
-    a dual-feasible point: valid whatever the solver's tolerance); ``primal_avg_jct_s``: the same
-    from the LP's primal objective (equal up to the solver's tolerance); ``late_share``: the share of
-    the work the LP put after the job windows (0: the windows did not bind)."""
+    """:func:`curve_bound`'s answer. ``avg_jct_s``: the bound, the larger of ``lp_avg_jct_s`` (the
+    LP's certified value: from a dual-feasible point, valid whatever the solver's tolerance) and
+    ``lagrangian_avg_jct_s`` (the Lagrangian bound at the LP's prices: valid for any prices);
+    ``primal_avg_jct_s``: the LP's primal objective (equal to its certified value up to the solver's
+    tolerance); ``late_share``: the share of the work the LP put after the job windows (0: the
+    windows did not bind)."""
 
     avg_jct_s: float
+    lp_avg_jct_s: float
+    lagrangian_avg_jct_s: float
     primal_avg_jct_s: float
     status: str
     intervals: int
@@ -205,9 +220,11 @@ def _columns(jobs: Sequence[JobSpec], gpus: int, models: Mapping[str, SpeedModel
     return out
 
 
-def _solve(cols: dict[str, np.ndarray], starts: np.ndarray, gpus: int) -> tuple[float, float, np.ndarray, str]:
+def _solve(cols: dict[str, np.ndarray], starts: np.ndarray,
+           gpus: int) -> tuple[float, float, np.ndarray, str, np.ndarray]:
     """Solve the LP (HiGHS); return its certified lower bound (the dual value of a dual-feasible point
-    made from the solver's duals), its primal objective, the late shares and the status."""
+    made from the solver's duals), its primal objective, the late shares, the status and the prices
+    of a GPU-second in each interval (the capacity duals, >= 0)."""
     n_jobs, n_cols, n_t = len(cols["late_cost"]), len(cols["cost"]), len(starts) - 1
     cap = gpus * np.diff(starts)
     a_ub = sp.csr_matrix((cols["gpu_s"], (cols["row_t"], np.arange(n_cols))), shape=(n_t, n_cols + n_jobs))
@@ -222,16 +239,108 @@ def _solve(cols: dict[str, np.ndarray], starts: np.ndarray, gpus: int) -> tuple[
     mu = np.minimum(res.eqlin.marginals, cols["late_cost"])  # late columns: reduced cost >= 0
     red = cols["cost"] - mu[cols["row_j"]] - lam[cols["row_t"]] * cols["gpu_s"]
     dual = float(mu.sum() + lam @ cap + np.minimum(red, 0.0) @ cols["ub"])
-    return dual, float(res.fun), res.x[n_cols:], res.message
+    return dual, float(res.fun), res.x[n_cols:], res.message, -lam
+
+
+def _job_value(starts: np.ndarray, lens: np.ndarray, price: np.ndarray, seg: tuple[np.ndarray, np.ndarray],
+               job: JobSpec, end: float) -> tuple[float, np.ndarray]:
+    """A lower bound on ``C_j - a_j`` + the price of its GPU-seconds over every schedule of one job
+    (module docstring, the Lagrangian bound): the least over its completion interval ``τ`` of
+    ``s_τ - a_j`` + the cheapest ``W_j`` from the pieces (interval < ``τ``, segment) at ``price·γ_k``
+    per sample and (``τ``, segment) at ``price·γ_k + 1/R_j``; ``end - a_j`` for completions after
+    ``end``. Also the GPU-seconds per interval of the least (zero for the latter)."""
+    c, g = seg
+    n_t, k = len(starts), len(c)
+    t_of = np.tile(np.repeat(np.arange(n_t), k), 2)
+    cap = np.tile((lens[:, None] * c[None, :]).ravel(), 2)
+    gam = np.tile(g, 2 * n_t)
+    base = (price[:, None] * g[None, :]).ravel()
+    cost = np.concatenate([base, base + 1.0 / c.sum()])
+    last = np.repeat([False, True], n_t * k)
+    o = np.argsort(cost, kind="stable")
+    t_of, cap, cost, last, gam = t_of[o], cap[o], cost[o], last[o], gam[o]
+    best, arg = end - job.arrival, None
+    first = int(np.searchsorted(np.cumsum(lens * c.sum()), job.work * (1 - 1e-9)))  # earlier: too little time
+    for lo in range(first, n_t, 32):  # 32 completion intervals at a time: (32, 2·n_t·k) arrays
+        if starts[lo] - job.arrival >= best:
+            break  # the rest complete later than the best already costs
+        tau = np.arange(lo, min(n_t, lo + 32))[:, None]
+        use = cap * np.where(last, t_of == tau, t_of < tau)
+        cum = np.cumsum(use, axis=1)
+        ok = cum[:, -1] >= job.work
+        if not ok.any():
+            continue
+        idx = np.argmax(cum >= job.work, axis=1)
+        rows = np.arange(len(idx))
+        spent = np.cumsum(use * cost, axis=1)
+        below_cap = np.where(idx > 0, cum[rows, idx - 1], 0.0)
+        below_cost = np.where(idx > 0, spent[rows, idx - 1], 0.0)
+        val = np.where(ok, starts[tau[:, 0]] - job.arrival + below_cost + (job.work - below_cap) * cost[idx], np.inf)
+        r = int(np.argmin(val))
+        if val[r] < best:
+            amount = use[r, : idx[r] + 1].copy()
+            amount[-1] = job.work - below_cap[r]
+            best, arg = float(val[r]), (t_of[: idx[r] + 1], amount * gam[: idx[r] + 1])
+    usage = np.zeros(n_t) if arg is None else np.bincount(arg[0], weights=arg[1], minlength=n_t)
+    return best, usage
+
+
+def lagrangian_bound(jobs: Sequence[JobSpec], gpus: int, models: Mapping[str, SpeedModel], starts: np.ndarray,
+                     ends: np.ndarray, price: np.ndarray,
+                     support: Sequence[int] = SUPPORT) -> tuple[float, np.ndarray]:
+    """The Lagrangian bound on the average JCT (module docstring) at ``price[t] >= 0`` per GPU-second of
+    interval ``t`` (intervals from ``starts``; job ``j`` (in id order) considered up to ``ends[j]``),
+    and its subgradient (GPU-seconds used minus the capacity, per interval)."""
+    if np.any(price < 0) or len(price) != len(starts) - 1:
+        raise BoundError("need one price >= 0 per interval")
+    jobs = sorted(jobs, key=lambda j: j.id)
+    lens = np.diff(starts)
+    segs = {w: _segments(m, gpus, support) for w, m in models.items()}
+    total, used = 0.0, np.zeros(len(lens))
+    for jn, j in enumerate(jobs):
+        lo, hi = np.searchsorted(starts, j.arrival), np.searchsorted(starts, ends[jn])
+        v, u = _job_value(starts[lo:hi], lens[lo:hi], price[lo:hi], segs[j.workload], j, float(ends[jn]))
+        total += v
+        used[lo:hi] += u
+    return (total - float(price @ (gpus * lens))) / len(jobs), used - gpus * lens
+
+
+def improve_prices(jobs: Sequence[JobSpec], gpus: int, models: Mapping[str, SpeedModel], starts: np.ndarray,
+                   ends: np.ndarray, price: np.ndarray, target_avg_s: float, steps: int,
+                   support: Sequence[int] = SUPPORT) -> tuple[float, list[float]]:
+    """Projected subgradient ascent on the Lagrangian bound from ``price`` (Polyak steps toward
+    ``target_avg_s``, an average JCT some schedule reaches, scaled by 1/4 and halved after two steps
+    without gain).
+    Returns the best bound met and the bound at every step (each one valid on its own)."""
+    n, theta, trace = len(jobs), 0.25, []
+    best, since = -np.inf, 0
+    for _ in range(steps + 1):
+        val, sub = lagrangian_bound(jobs, gpus, models, starts, ends, price, support)
+        trace.append(val)
+        if val > best:
+            best, since = val, 0
+        else:
+            since += 1
+            if since >= 2:
+                theta, since = theta / 2, 0
+        norm = float(sub @ sub)
+        if norm == 0 or target_avg_s <= val:
+            break
+        price = np.maximum(0.0, price + theta * (target_avg_s - val) * n / norm * sub)
+    return best, trace
 
 
 def curve_bound(jobs: Sequence[JobSpec], gpus: int, models: Mapping[str, SpeedModel], step_s: float = 225.0,
-                support: Sequence[int] = SUPPORT, window_s: float = 12 * 3600.0, rounds: int = 4) -> CurveBound:
+                support: Sequence[int] = SUPPORT, window_s: float = 12 * 3600.0, rounds: int = 4,
+                target_avg_s: float | None = None, price_steps: int = 0) -> CurveBound:
     """A lower bound on the average JCT of any schedule of ``jobs`` on ``gpus`` GPUs that keeps each
-    job's concave speed-up curve (module docstring). Intervals of at most ``step_s``, every arrival a
-    breakpoint; job ``j``'s window ends at its arrival plus twice its run time at 8 GPUs plus
-    ``window_s``, rounded up to a whole hour (so grids of ``step_s`` dividing 3600 s are nested),
-    its length doubled (up to ``rounds`` solves) for the jobs the LP put work after it."""
+    job's concave speed-up curve (module docstring): the LP, then the Lagrangian bound at its prices.
+    Intervals of at most ``step_s``, every arrival a breakpoint; job ``j``'s window ends at its
+    arrival plus twice its run time at 8 GPUs plus ``window_s``, rounded up to a whole hour (so grids
+    of ``step_s`` dividing 3600 s are nested), its length doubled (up to ``rounds`` solves) for the
+    jobs the LP put work after it. With ``target_avg_s`` (an average JCT some schedule reaches) and
+    ``price_steps`` > 0, the Lagrangian bound is then raised by that many subgradient steps
+    (:func:`improve_prices`)."""
     if not (step_s > 0 and window_s >= 0 and rounds >= 1 and gpus >= 1 and jobs):
         raise BoundError("need jobs, gpus >= 1, step_s > 0, window_s >= 0 and rounds >= 1")
     jobs = sorted(jobs, key=lambda j: j.id)
@@ -239,17 +348,22 @@ def curve_bound(jobs: Sequence[JobSpec], gpus: int, models: Mapping[str, SpeedMo
     a = np.array([j.arrival for j in jobs])
     tail = sum(j.work / (2 * top[j.workload]) for j in jobs) - a.sum()
     span = np.array([2 * j.work / models[j.workload].samples_per_s(8) for j in jobs]) + window_s
-    t0, best = time.perf_counter(), None
+    t0, best, n = time.perf_counter(), None, len(jobs)
     for _ in range(rounds):
         ends = np.ceil((a + span) / WINDOW_UNIT_S) * WINDOW_UNIT_S
         starts = _grid(jobs, ends, step_s)
         cols = _columns(jobs, gpus, models, starts, ends, support)
-        dual, primal, late, status = _solve(cols, starts, gpus)
+        dual, primal, late, status, price = _solve(cols, starts, gpus)
         if best is None or dual > best[0]:
-            best = (dual, primal, str(status), len(starts) - 1, len(cols["cost"]), float(late.mean()))
+            best = (dual, primal, str(status), len(starts) - 1, len(cols["cost"]), float(late.mean()),
+                    starts, ends, price)
         if not (late > 1e-9).any():
             break
         span = np.where(late > 1e-9, 2 * span, span)
-    n = len(jobs)
-    return CurveBound(float((best[0] + tail) / n), float((best[1] + tail) / n), best[2], int(best[3]), int(best[4]),
+    lp = float((best[0] + tail) / n)
+    if target_avg_s is not None and price_steps > 0:
+        lag = improve_prices(jobs, gpus, models, best[6], best[7], best[8], target_avg_s, price_steps, support)[0]
+    else:
+        lag = lagrangian_bound(jobs, gpus, models, best[6], best[7], best[8], support)[0]
+    return CurveBound(max(lp, lag), lp, lag, float((best[1] + tail) / n), best[2], int(best[3]), int(best[4]),
                       best[5], time.perf_counter() - t0)

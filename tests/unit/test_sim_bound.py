@@ -1,5 +1,6 @@
-"""The curve bound (elastic_ring.sim.bound.curve_bound): below every policy's simulated run, tight for
-a job alone, below SRPT on a linear curve, rising as its grid is refined."""
+"""The curve bound (elastic_ring.sim.bound.curve_bound: the LP and the Lagrangian bound): below every
+policy's simulated run, tight for a job alone, below SRPT on a linear curve, the LP rising as its grid
+is refined."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 from elastic_ring.perfmodel.speed import SpeedModel
 from elastic_ring.sched import make_policy
 from elastic_ring.sim import JobSpec, SimConfig, load_workload, make_jobs, simulate
-from elastic_ring.sim.bound import BoundError, _segments, curve_bound, rate_envelope, srpt_bound
+from elastic_ring.sim.bound import (BoundError, _grid, _segments, alone_bound, curve_bound, lagrangian_bound,
+                                    rate_envelope, srpt_bound)
 
 POLICIES = ("eight", "precompute", "exploratory", "optimus", "srtf", "las", "pollux", "hesrpt")
 MIXES = {"resnet110": ("resnet110-cifar10",), "mix": ("resnet50-imagenet", "vgg16-imagenet")}
@@ -29,7 +31,8 @@ def _instance(mix: str, seed: int, gpus: int, jobs: int):
     cfg = SimConfig(gpus=gpus, contention=0.9, jobs=jobs, seed=seed, workloads=tuple(models),
                     resize_overhead_s=0.0, remaining="oracle")  # the bound assumes zero resize cost
     js = make_jobs(cfg, models)
-    return cfg, js, models, curve_bound(js, gpus, models, step_s=600.0)
+    target = simulate(cfg, make_policy("hesrpt"), js, models).avg_jct_s  # the Lagrangian's step target
+    return cfg, js, models, curve_bound(js, gpus, models, step_s=600.0, target_avg_s=target, price_steps=3)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{m}-s{s}-g{g}-n{n}" for m, s, g, n in CASES])
@@ -37,27 +40,44 @@ def _instance(mix: str, seed: int, gpus: int, jobs: int):
 def test_no_policy_beats_the_curve_bound(case, policy):
     cfg, jobs, models, b = _instance(*case)
     assert "Optimal" in b.status and b.late_share < 1e-9
+    assert b.avg_jct_s == max(b.lp_avg_jct_s, b.lagrangian_avg_jct_s)
     # the certificate never exceeds the LP value, and is tight at the solver's optimum
-    assert b.primal_avg_jct_s * (1 - 1e-6) <= b.avg_jct_s <= b.primal_avg_jct_s * (1 + 1e-9)
+    assert b.primal_avg_jct_s * (1 - 1e-6) <= b.lp_avg_jct_s <= b.primal_avg_jct_s * (1 + 1e-9)
     r = simulate(cfg, make_policy(policy), jobs, models)
     assert r.completed == len(jobs) and r.resizes >= 0
     assert b.avg_jct_s <= r.avg_jct_s * (1 - 1e-9), (b.avg_jct_s, r.avg_jct_s)
 
 
 def test_a_job_alone_gets_its_top_rate():
-    # alone, a job's best JCT is W/R; the bound reaches it up to the grid (and the flat top's segments)
+    # alone, a job's best JCT is W/R: the Lagrangian bound gives it exactly (its completion time is
+    # exact), the LP up to half a step
     m = load_workload("resnet50-imagenet").model
     models = {"r50": m}
     top = max(m.samples_per_s(w) for w in range(1, 17))
     job = JobSpec(0, 100.0, work=top * 7000.0, workload="r50")
     for step in (3600.0, 60.0):
         b = curve_bound([job], 16, models, step_s=step)
-        assert b.avg_jct_s <= 7000.0 * (1 + 1e-9)
-        assert b.avg_jct_s >= 7000.0 - step / 2
-    assert curve_bound([job], 16, models, step_s=60.0).avg_jct_s == pytest.approx(7000.0, rel=2e-3)
+        assert b.avg_jct_s == pytest.approx(7000.0, rel=1e-7) and b.lagrangian_avg_jct_s <= 7000.0 * (1 + 1e-9)
+        assert 7000.0 - step / 2 <= b.lp_avg_jct_s <= 7000.0 * (1 + 1e-9)
     # two jobs far apart do not meet: the mean of their alone JCTs
     far = [job, JobSpec(1, 1e6, work=top * 3000.0, workload="r50")]
-    assert curve_bound(far, 16, models, step_s=30.0).avg_jct_s == pytest.approx(5000.0, rel=2e-3)
+    assert curve_bound(far, 16, models, step_s=600.0).avg_jct_s == pytest.approx(5000.0, rel=1e-7)
+
+
+def test_lagrangian_at_zero_prices_is_each_job_alone():
+    # free GPUs: every job runs at its top rate from its arrival
+    _, jobs, models, _ = _instance("mix", 3, 16, 10)
+    ends = np.array([j.arrival + 40 * 3600.0 for j in sorted(jobs, key=lambda j: j.id)])
+    starts = _grid(jobs, ends, 900.0)
+    val, sub = lagrangian_bound(jobs, 16, models, starts, ends, np.zeros(len(starts) - 1))
+    assert val == pytest.approx(alone_bound(jobs, 16, models).mean(), rel=1e-7)
+    assert sub.max() > 0  # alone, the jobs together overfill some interval: the prices must rise there
+    # windows too short to finish in: each job counts only until its window's end
+    short = np.array([j.arrival + 60.0 for j in sorted(jobs, key=lambda j: j.id)])
+    starts = _grid(jobs, short, 900.0)
+    assert lagrangian_bound(jobs, 16, models, starts, short, np.zeros(len(starts) - 1))[0] == pytest.approx(60.0)
+    with pytest.raises(BoundError):
+        lagrangian_bound(jobs, 16, models, starts, short, -np.ones(len(starts) - 1))
 
 
 def test_linear_curve_stays_below_srpt():
@@ -75,7 +95,7 @@ def test_linear_curve_stays_below_srpt():
 
 def test_refining_the_grid_raises_the_bound():
     _, jobs, models, _ = _instance("mix", 2, 8, 16)
-    vals = [curve_bound(jobs, 8, models, step_s=s).avg_jct_s for s in (3600.0, 1800.0, 900.0, 450.0)]
+    vals = [curve_bound(jobs, 8, models, step_s=s).lp_avg_jct_s for s in (3600.0, 1800.0, 900.0, 450.0)]
     assert all(b >= a * (1 - 1e-7) for a, b in zip(vals, vals[1:])), vals
     assert vals[-1] - vals[0] <= 3600.0 / 2  # the limit is within step/2 of any grid's value
 
