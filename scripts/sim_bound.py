@@ -18,16 +18,17 @@ true Q), on three job mixes:
 Rows: eight, precompute, optimus (Optimus: marginal gain per GPU), pollux, las and hesrpt (anchors,
 :mod:`elastic_ring.sched.anchors`), srtf (tuned), ``srtf-oracleQ`` (the same srtf told the true
 remaining work: what Eq. 1's errors cost), and the two lower bounds of :mod:`elastic_ring.sim.bound`
-(oracle sizes, zero resize cost; Eight / bound = an upper bound on any policy's gain), the bound
+(oracle sizes, any resize cost; Eight / bound = an upper bound on any policy's gain), the bound
 that keeps the concave speed-up curve (``curve_bound``: the time-indexed LP, intervals of at most
 ``--lp-step`` seconds; certified by its dual) and, per seed, the tighter of the three (the largest
 average JCT); the curve bound gives two rows, the LP's certified value and the Lagrangian bound at
 the LP's prices raised by ``--price-steps`` subgradient steps toward the run's best policy (module
-docstring of :mod:`elastic_ring.sim.bound`). On the first evaluation seed of each mix the curve bound is also solved at every step
-of ``--refine`` (nested grids: the LP's value rises toward its limit, at most step/2 above it).
+docstring of :mod:`elastic_ring.sim.bound`). On the first evaluation seed of each mix the curve
+bound is also solved at every step of ``--refine`` (nested grids: the LP's value rises toward its
+limit, at most step/2 above it; the Lagrangian there at the LP's prices, no subgradient steps).
 
     python scripts/sim_bound.py [--tune-seeds 0-4] [--eval-seeds 100-109] [--gpus 64] [--jobs 200]
-                                [--lp-step 225] [--refine 3600,1800,900,450,225]
+                                [--lp-step 225] [--price-steps 6] [--refine 3600,1800,900,450,225]
 
 Writes ``results/sim_bound.json`` (every run, the tuning runs, the load average at the start).
 """

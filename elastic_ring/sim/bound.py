@@ -74,8 +74,6 @@ import time
 from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
-import scipy.sparse as sp
-from scipy.optimize import linprog
 
 from elastic_ring.errors import ElasticRingError
 from elastic_ring.perfmodel.speed import SpeedModel
@@ -225,6 +223,9 @@ def _solve(cols: dict[str, np.ndarray], starts: np.ndarray,
     """Solve the LP (HiGHS); return its certified lower bound (the dual value of a dual-feasible point
     made from the solver's duals), its primal objective, the late shares, the status and the prices
     of a GPU-second in each interval (the capacity duals, >= 0)."""
+    import scipy.sparse as sp
+    from scipy.optimize import linprog
+
     n_jobs, n_cols, n_t = len(cols["late_cost"]), len(cols["cost"]), len(starts) - 1
     cap = gpus * np.diff(starts)
     a_ub = sp.csr_matrix((cols["gpu_s"], (cols["row_t"], np.arange(n_cols))), shape=(n_t, n_cols + n_jobs))
