@@ -68,7 +68,8 @@ CAL_SEGMENT = 40  # steps at each size in the calibration
 TRACE_MLP = [(0, 8000), (3, 8000), (6, 4000)]
 # steps an explorer trains at each size live: the first step (before any window), the warm-up
 # window, then the measured windows
-EXPLORE_STEPS = 1 + (1 + EXPLORE_WINDOWS) * LaunchInfo.__dataclass_fields__["throughput_window"].default
+WINDOW = LaunchInfo.__dataclass_fields__["throughput_window"].default
+EXPLORE_STEPS = 1 + (1 + EXPLORE_WINDOWS) * WINDOW
 
 
 def _events(path: Path) -> list[dict]:
@@ -269,12 +270,29 @@ def _resizes(db: sqlite3.Connection) -> tuple[dict[int, float], dict[str, int]]:
     return started, n
 
 
+# the scheduler's events kept per job in a results file (job by job against the replay's changes)
+SCHED_KINDS = ("started", "resumed", "resize_requested", "resized", "stop", "grow_vetoed", "explore_step",
+               "succeeded", "paused", "queued")
+
+
+def sched_events(db: sqlite3.Connection, first: float) -> dict[str, list]:
+    """Each job's (by name) scheduler events: [seconds from the first submission, kind, data]."""
+    names = dict(db.execute("SELECT id, name FROM jobs"))
+    out: dict[str, list] = {}
+    for jid, kind, t, data in db.execute("SELECT job_id, kind, time, data FROM events ORDER BY id"):
+        if kind in SCHED_KINDS and jid in names:
+            d = {k: v for k, v in (json.loads(data) if data else {}).items() if k not in ("pid", "slots")}
+            out.setdefault(names[jid], []).append([round(t - first, 2), kind, d])
+    return out
+
+
 def _outcome(d: Path, jobs: list[dict]) -> dict:
-    db = sqlite3.connect(str(d / "cluster.db"))
-    started, n = _resizes(db)
-    db.close()
     jobs.sort(key=lambda j: j["submitted"])
     first = jobs[0]["submitted"]
+    db = sqlite3.connect(str(d / "cluster.db"))
+    started, n = _resizes(db)
+    events = sched_events(db, first)
+    db.close()
     out = []
     for j in jobs:
         ev = _events(d / "jobs" / str(j["id"]) / "events.jsonl")
@@ -284,7 +302,8 @@ def _outcome(d: Path, jobs: list[dict]) -> dict:
                     "start_overhead_s": (_first_step(ev) - started[j["id"]]) + (j["finished"] - _last_step(ev)),
                     "resize_lost_s": [e["total_lost_s"] for e in ev if e.get("kind") == "resize_overhead"],
                     "resize_relaunch_s": [e["relaunch_to_first_step_s"] for e in ev
-                                          if e.get("kind") == "resize_overhead"]})
+                                          if e.get("kind") == "resize_overhead"],
+                    "events": events.get(j["name"], [])})
     return {"jobs": out, "resizes": sum(n.values()), "resize_kinds": n,
             "avg_jct_s": statistics.mean(j["jct_s"] for j in out),
             "makespan_s": max(j["finished_s"] for j in out)}
@@ -314,20 +333,24 @@ def simulate_run(run: dict, policy: str, slots: int, cal: dict) -> dict:
     trace = [(j["arrival_s"], j["steps"]) for j in run["jobs"]]
     table = {int(w): r for w, r in cal["rates_steps_per_s"].items()}
     plan = {w: float(w) for w in range(1, slots + 1)}
-    rc_cost = statistics.median(x["lost_s"] for x in cal["measured_resizes"])
     sim_lost: list[float] = []
+    changes: list[tuple] = []
+    # the -rc gate as live: the scheduler's default cost, then each job's (simulated) resizes
     sim = replay(trace, policy, slots, table, cal["start_overhead_s"], cal["resize_overhead_s"], plan=plan,
                  overhead_per_worker_s=cal["overhead_per_worker_s"], explore_steps=EXPLORE_STEPS,
-                 resize_cost_s=rc_cost, lost=sim_lost)
+                 window_steps=WINDOW, lost=sim_lost, changes=changes)
     # the relaunch part of each resize (its wait for a launch in flight is the simulator's own)
     lost = [x for j in run["jobs"] for x in j.get("resize_relaunch_s", [])]
     start_run = statistics.mean(j["start_overhead_s"] for j in run["jobs"])
     resize_run = statistics.mean(lost) if lost else cal["resize_overhead_s"]
     diag = replay(trace, policy, slots, table, start_run, resize_run, plan=plan, explore_steps=EXPLORE_STEPS,
-                  resize_cost_s=rc_cost)
+                  window_steps=WINDOW)
     err = lambda s, l: (s - l) / l  # noqa: E731
+    names = [j["name"] for j in run["jobs"]]
     return {"avg_jct_s": sim.avg_jct_s, "makespan_s": sim.makespan_s, "resizes": sim.resizes,
             "resize_lost_s": sim_lost,
+            # each start, resize and stop: [asked at s, job, from, to workers, trains from s]
+            "changes": [[round(t, 2), names[i], a, b, round(u, 2)] for t, i, a, b, u in changes],
             "jct_s": list(sim.jct_s), "avg_jct_err": err(sim.avg_jct_s, run["avg_jct_s"]),
             "makespan_err": err(sim.makespan_s, run["makespan_s"]),
             "launch_from_run": {"start_overhead_s": start_run, "resize_overhead_s": resize_run,
@@ -371,9 +394,18 @@ def check(policy: str, slots: int, step_s: float, cal_file: str | None, out: Pat
     return res
 
 
-def resim(f: Path) -> None:
-    """The simulator's part of a results file again (the live run and calibration as recorded)."""
+def resim(f: Path, work: str | None = None, per_job: bool = False) -> None:
+    """The simulator's part of a results file again (the live run and calibration as recorded).
+    ``work``: the run's kept cluster folders (``--work``): its scheduler events are added to the
+    live part. ``per_job``: print each job's JCT and changes, live and simulated."""
     res = json.loads(f.read_text())
+    if work:
+        db = sqlite3.connect(str(Path(work) / res["policy"] / "cluster.db"))
+        first = min(t for (t,) in db.execute("SELECT submitted FROM jobs"))
+        events = sched_events(db, first)
+        db.close()
+        for j in res["live"]["jobs"]:
+            j["events"] = events.get(j["name"], [])
     sim = simulate_run(res["live"], res["policy"], res["slots"], res["calibration"])
     for j, s in zip(res["live"]["jobs"], sim["jct_s"]):
         j["sim_jct_s"] = s
@@ -382,6 +414,14 @@ def resim(f: Path) -> None:
     print(f"{res['policy']}: live avg JCT {res['live']['avg_jct_s']:.1f} s, simulator {sim['avg_jct_s']:.1f} s "
           f"({100 * sim['avg_jct_err']:+.1f}%); resizes {res['live']['resizes']} / {sim['resizes']}; with the run's "
           f"launch times {sim['launch_from_run']['avg_jct_s']:.1f} s ({100 * sim['launch_from_run']['avg_jct_err']:+.1f}%); {f}")
+    if per_job:
+        for j in res["live"]["jobs"]:
+            live = [f"{e[1]} {e[2].get('frm', '')}->{e[2].get('to', e[2].get('workers', ''))}@{e[0]:.1f}"
+                    for e in j.get("events", []) if e[1] in ("started", "resumed", "resize_requested", "stop",
+                                                             "grow_vetoed")]
+            simc = [f"{a}->{b}@{t:.1f}" for t, n, a, b, _ in sim["changes"] if n == j["name"]]
+            print(f"  {j['name']}: JCT {j['jct_s']:.1f} / {j['sim_jct_s']:.1f} s; resizes (resize_overhead) "
+                  f"{len(j['resize_lost_s'])}; live: {', '.join(live) or '-'}; sim: {', '.join(simc)}")
 
 
 def calibrate_only(slots: int, step_s: float, out: Path, keep: str | None) -> None:
@@ -455,7 +495,8 @@ def main() -> None:
     p.add_argument("--summary", action="store_true", help="only the table of results/cluster/live12_*.json")
     p.add_argument("--resim", nargs="+", metavar="FILE", default=None,
                    help="replay again the live runs of these results files with the current simulator "
-                        "(their own calibration), rewriting their sim part")
+                        "(their own calibration), rewriting their sim part; with one file, each job's changes "
+                        "live and simulated; --work DIR: add the scheduler's events from that run's kept folders")
     p.add_argument("--calibrate", action="store_true",
                    help="only the calibration, to results/cluster/live12_calibration.json (for --calibration)")
     p.add_argument("--slots", type=int, default=4, help="CPU worker slots (paced jobs need little CPU; default 4)")
@@ -475,8 +516,10 @@ def main() -> None:
         summary(files, RESULTS / "live12_summary.json")
         return
     if a.resim:
+        if a.work and len(a.resim) != 1:
+            p.error("--work with --resim: one results file")
         for f in a.resim:
-            resim(Path(f))
+            resim(Path(f), a.work, per_job=len(a.resim) == 1)
         return
     if a.calibrate:
         calibrate_only(a.slots, a.step_s, Path(a.out or RESULTS / "live12_calibration.json"), a.work)

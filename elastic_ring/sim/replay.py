@@ -13,13 +13,17 @@ windows; ``SimConfig.explore_phase_work``).
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Mapping, Sequence
 
+from elastic_ring.cluster.scheduler import live_policy
 from elastic_ring.errors import ConfigError
-from elastic_ring.sched.policies import Exploratory, make_policy
-from elastic_ring.sim.api import JobSpec, RunResult, SimConfig
-from elastic_ring.sim.engine import Simulator
+from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
+from elastic_ring.sched.policies import make_policy
+from elastic_ring.sched.resize_cost import ResizeCosts
+from elastic_ring.sim.api import JobSpec, JobState, RunResult, SimConfig
+from elastic_ring.sim.engine import Event, SimJob, Simulator
 
 
 class TableSpeed:
@@ -42,20 +46,133 @@ class TableSpeed:
     predict = samples_per_s
 
 
+# The engine's loop hands an event of a kind it does not know to ``_end_phase``; _Replay's wake-ups
+# use this kind (between a completion and a phase end at the same instant) and are told apart from
+# phase ends by (job, time).
+_WAKE = 0.5
+
+
 class _Replay(Simulator):
-    """The simulator, keeping the seconds each resize of a running job costs it (its launch at the
-    new size, the resize overhead with the per-worker and shared-launch parts): what a live
-    resize's ``total_lost_s`` is compared with."""
+    """The simulator, handing each decision to the jobs as the live scheduler does
+    (:meth:`Scheduler._apply <elastic_ring.cluster.scheduler.Scheduler._apply>`), and keeping the
+    seconds each resize of a running job cost it.
 
-    def __init__(self, *a, lost: list | None = None, **kw) -> None:
+    1. A change is asked of a job only once its previous change has begun (live: a job with a
+       resize in flight is skipped until its relaunch begins) and, for a start or a grow, once the
+       slots it needs are free (live: a start or grow waits for free slots). Until then it is only
+       the job's target: a later decision replaces it at no cost, and a job waiting to grow trains
+       on at its size. (Committed at each decision, as before, a start waiting for slots at 2
+       workers and set to 1 by the next arrival paid a relaunch it never had live, and a job set
+       to 2, 3, 4, then 2 workers by four decisions within one launch paid four resizes in a row,
+       where live asks one and, once its relaunch has begun, the latest target.)
+    2. The ``-rc`` gate weighs what the live scheduler knew at each decision
+       (:class:`~elastic_ring.sched.resize_cost.ResizeCosts`, the live code): the default until a
+       resize is measured, then each resize's seconds lost (from its request to the end of its
+       relaunch, as ``total_lost_s``) from when live reads them (one throughput window of
+       ``window_steps`` steps at the new size later).
+    """
+
+    def __init__(self, *a, lost: list | None = None, window_steps: int = 20, live_costs: bool = True,
+                 changes: list | None = None, **kw) -> None:
         super().__init__(*a, **kw)
-        self.lost = lost
+        self.lost, self.changes = lost, changes
+        self.window_steps = window_steps
+        self.live_costs = live_costs and hasattr(self.policy, "costs")
 
-    def _launch_cost(self, w, base, t0=None, j=None):  # noqa: ANN001 - the engine's signature
-        c = super()._launch_cost(w, base, t0, j)
-        if self.lost is not None and j is not None and j.gpus_held > 0 and base == self.config.resize_overhead_s:
-            self.lost.append(c)
-        return c
+    def run(self, jobs):  # noqa: ANN001, ANN201 - the engine's signature
+        self._begin: dict[int, float] = {}  # job -> when its last change began
+        self._want: dict[int, int] = {}  # job -> its target, not yet asked of it
+        self._wakes: set[tuple[int, float]] = set()  # (job, time) of the wake-ups pushed
+        self._known: list[tuple[float, int, float]] = []  # heap: (read live at, job, seconds lost)
+        self._touched: set[int] = set()
+        self._t0 = 0.0
+        self.costs = ResizeCosts(float(getattr(self.policy, "resize_cost_s", DEFAULT_RESIZE_OVERHEAD_S)))
+        return super().run(jobs)
+
+    def _decide(self, now: float) -> None:
+        if self.live_costs:
+            while self._known and self._known[0][0] <= now:
+                _, jid, s = heapq.heappop(self._known)
+                self.costs.add(jid, s)
+            self.policy.costs = self.costs.table(list(self._active))
+        self._touched = set()
+        super()._decide(now)
+        for jid in [k for k in self._want if k not in self._touched]:
+            del self._want[jid]  # the decision left it at its size: nothing to ask
+
+    def _ready_at(self, j: SimJob, w: int, now: float) -> float:
+        """When the live scheduler would ask ``j`` to change to ``w``: once its previous change has
+        begun and, for a start or grow, once the slots it needs are free (inf: not before another
+        change is asked)."""
+        t = max(now, self._begin.get(j.id, now))
+        need = (self.explore_hold if self.explores and not j.explored else w) - j.gpus_held
+        if need <= 0:
+            return t
+        pending = sorted((p[0], p[1]) for p in self._pending if p[0] > now)
+        need -= self.gpus - self.gpus_in_use - sum(n for _, n in pending)
+        at = now
+        for p_at, n in pending:
+            if need <= 0:
+                break
+            need, at = need - n, p_at
+        return max(t, at) if need <= 0 else float("inf")
+
+    def _apply(self, j: SimJob, w: int, now: float) -> None:
+        self._touched.add(j.id)
+        if j.state == JobState.EXPLORING:
+            return super()._apply(j, w, now)  # refused there
+        at = self._ready_at(j, w, now) if self.config.resize_after_launch else now  # else: the paper's hand-over
+        if at > now:
+            self._want[j.id] = w
+            if at < float("inf") and (j.id, at) not in self._wakes:
+                self._wakes.add((j.id, at))
+                heapq.heappush(self._heap, Event(at, _WAKE, next(self._seq), j.id, 0))
+            return
+        self._want.pop(j.id, None)
+        held, self._t0 = j.gpus_held, now
+        super()._apply(j, w, now)
+        self._begin[j.id] = self._t0
+        if self.changes is not None:  # (asked at, job, from, to, trains from)
+            self.changes.append((now, j.id, held, w, j.paused_until))
+        if held > 0 and w > 0:
+            self._resized(j, j.paused_until - now)
+
+    def _resized(self, j: SimJob, lost: float) -> None:
+        """A resize of ``j`` asked now, lost ``lost`` s (to the end of its relaunch)."""
+        if self.lost is not None:
+            self.lost.append(lost)
+        if self.live_costs and j.speed > 0:
+            heapq.heappush(self._known, (j.paused_until + self.window_steps / j.speed, j.id, lost))
+
+    def _handover(self, j: SimJob, w: int, now: float) -> float:
+        self._t0 = super()._handover(j, w, now)
+        return self._t0
+
+    def _end_phase(self, j: SimJob, now: float) -> None:
+        if (j.id, now) not in self._wakes:
+            phase = j.phase
+            super()._end_phase(j, now)
+            if j.state == JobState.EXPLORING and j.phase != phase:  # the next size of its exploration
+                self._begin[j.id] = now
+                if self.lost is not None:
+                    self.lost.append(j.paused_until - now)
+            return
+        self._wakes.discard((j.id, now))
+        moved = True
+        while moved:  # the waiting changes, in arrival order, until none can be asked
+            moved = False
+            for o in sorted((self._active[k] for k in self._want if k in self._active), key=lambda o: o.pos):
+                w = self._want.get(o.id)
+                if w is None or w == o.gpus_held:
+                    self._want.pop(o.id, None)
+                    continue
+                self._apply(o, w, now)
+                moved = moved or o.id not in self._want
+        self._account(now)
+
+    def _complete(self, j: SimJob, now: float) -> None:
+        super()._complete(j, now)
+        self._want.pop(j.id, None)
 
 
 def explore_sizes(slots: int) -> tuple[int, ...]:
@@ -70,7 +187,8 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
            start_overhead_s: float, resize_overhead_s: float, plan: Mapping[int, float] | None = None,
            overhead_per_worker_s: float = 0.0, explore_steps: int = 60,
            resize_after_launch: bool = True, resize_cost_s: float | None = None,
-           launches_share_node: bool = True, lost: list | None = None) -> RunResult:
+           launches_share_node: bool = True, lost: list | None = None, window_steps: int = 20,
+           live_costs: bool = True, changes: list | None = None) -> RunResult:
     """Simulate ``jobs`` ((arrival s, steps), in submission order) on ``slots`` under ``policy``.
 
     ``speed``: the true steps/s table of every job, or one per job. ``plan``: the table the
@@ -78,11 +196,16 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
     the oracle (steps left of the budget, as the live scheduler without a target loss). A start or
     resize to W workers costs its overhead + ``overhead_per_worker_s`` x (W - 1). With
     ``resize_after_launch`` (the live scheduler's hand-over) a resize of a job still launching
-    begins when that launch is done and the slots it gives back are free only then; with
-    ``launches_share_node`` the per-worker cost counts the workers of every launch in progress
-    (the node's cores are shared by the launches side by side).
-    ``NAME-rc`` policies are told ``resize_cost_s`` as the cost of a resize (default
-    ``resize_overhead_s``). ``lost``: a list to append the seconds each resize cost to.
+    begins when that launch is done and the slots it gives back are free only then, and each
+    decision is handed to the jobs as live (:class:`_Replay`); with ``launches_share_node`` the
+    per-worker cost counts the workers of every launch in progress (the node's cores are shared by
+    the launches side by side). The policy is the live node's (:func:`live_policy`); a ``NAME-rc``
+    policy's gate starts from ``resize_cost_s`` (default: the live scheduler's, 3.5 s on CPU
+    slots) and, with ``live_costs``, weighs each job's simulated resizes as the live scheduler
+    weighs its measured ones (read ``window_steps`` steps after the relaunch). ``lost``: a list
+    to append the seconds each resize lost to (request to the end of its relaunch); ``changes``: a
+    list to append each start, resize and stop to (asked at s, job index, from, to workers, trains
+    from s), exploration steps aside.
     """
     tables = list(speed) if isinstance(speed, (list, tuple)) else [speed] * len(jobs)
     if len(tables) != len(jobs):
@@ -95,6 +218,7 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
                     start_overhead_s=start_overhead_s, overhead_per_worker_s=overhead_per_worker_s,
                     resize_after_launch=resize_after_launch, launches_share_node=launches_share_node,
                     explore_gpus=sizes, explore_phase_work=float(explore_steps), remaining="oracle")
-    pol = Exploratory(sizes[-1]) if policy == "exploratory" else make_policy(
-        policy, resize_overhead_s if resize_cost_s is None else resize_cost_s)
-    return _Replay(cfg, pol, models, plans, lost=lost).run(specs)
+    pol = live_policy(policy, slots, "cpu") if resize_cost_s is None or not policy.endswith("-rc") else \
+        make_policy(policy, resize_cost_s)
+    return _Replay(cfg, pol, models, plans, lost=lost, window_steps=window_steps, live_costs=live_costs,
+                   changes=changes).run(specs)

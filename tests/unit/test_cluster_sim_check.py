@@ -89,3 +89,112 @@ def test_replay_keeps_the_seconds_each_resize_cost():
     r = replay([(0, 100), (5, 10)], "precompute", 2, {1: 10.0, 2: 15.0}, 3.0, 5.0, resize_after_launch=False,
                overhead_per_worker_s=1.0, launches_share_node=False, lost=lost)
     assert r.resizes == 2 and lost == pytest.approx([5.0, 6.0])
+
+
+class _Scripted:
+    """A policy answering each decision from a script: (call number, active job ids) -> allocation;
+    it records the resize costs it was given (the -rc gate's ``costs``)."""
+
+    name = "scripted"
+    explores = False
+    resize_cost_s = 3.5
+
+    def __init__(self, script):
+        self.script, self.calls, self.costs, self.seen = script, 0, {}, []
+
+    def allocate(self, jobs, total_gpus, current):
+        self.calls += 1
+        self.seen.append(dict(self.costs))
+        return self.script(self.calls, sorted(j.id for j in jobs))
+
+
+def _replay_scripted(jobs, script, gpus, start_s, resize_s, lost=None):
+    from elastic_ring.sim.api import JobSpec
+    from elastic_ring.sim.replay import _Replay
+
+    cfg = SimConfig(gpus=gpus, jobs=len(jobs), start_overhead_s=start_s, resize_overhead_s=resize_s,
+                    resize_after_launch=True, launches_share_node=False, remaining="oracle")
+    models = {"t": TableSpeed({1: 10.0, 2: 20.0, 4: 40.0})}
+    pol = _Scripted(script)
+    specs = [JobSpec(id=i, arrival=float(a), work=float(w), workload="t") for i, (a, w) in enumerate(jobs)]
+    return _Replay(cfg, pol, models, lost=lost).run(specs), pol
+
+
+def test_a_start_waiting_for_slots_takes_the_latest_target_at_no_cost():
+    # t=0: job 0 on 2 slots (10 s launch). t=1: job 0 set to 1 (its slot free once launched, t=10)
+    # and job 1 to 1, which waits for that slot. t=2: job 1 set to 0, job 2 to 1: live, job 1 never
+    # started (no resize); job 2 starts at 10 (10 s launch), 10 steps at 10/s: done at 21. Then job 1
+    # starts on job 2's slot at 21: done at 32. One resize in all (job 0's 2 -> 1).
+    plans = {1: {0: 2}, 2: {0: 1, 1: 1}, 3: {0: 1, 1: 0, 2: 1}}
+    r, _ = _replay_scripted([(0, 1000), (1, 10), (2, 10)],
+                            lambda n, ids: plans.get(n, {i: 1 for i in ids[:2]}), 2, 10.0, 5.0)
+    assert r.resizes == 1
+    assert r.jct_s[2] == pytest.approx(21 - 2) and r.jct_s[1] == pytest.approx(32 - 1)
+
+
+def test_changes_asked_while_a_change_is_in_flight_collapse_into_the_latest():
+    # job 0 launches on 4 slots until t=10; set to 1 at t=1 (asked at once: begins at 10, 5 s of
+    # relaunch), to 2 at t=2 and back to 1 at t=3: live, the last two are targets of a job with a
+    # resize in flight and never asked. One resize; job 0 trains from 15: 100 steps, done at 25.
+    def script(n, ids):
+        return {1: {0: 4}, 2: {0: 1}, 3: {0: 2}}.get(n, {0: 1})
+    r, _ = _replay_scripted([(0, 100), (1, 10), (2, 10), (3, 10)], lambda n, ids: {
+        **{i: (1 if n >= 4 else 0) for i in ids}, **script(n, ids)}, 4, 10.0, 5.0)
+    assert r.resizes == 1 and r.jct_s[0] == pytest.approx(25.0)
+
+
+def test_a_grow_waiting_for_slots_trains_on_at_its_size():
+    # job 0 starts on 1 slot (10 s launch, 10 steps/s from t=10); job 1 starts on the other at 12
+    # (launch until 22); t=13: job 1 stopped, job 0 set to 2: the slot is free only once job 1's
+    # launch is done (22). Live, job 0 trains at 1 worker until 22 (120 steps), then 5 s of resize,
+    # then 180 steps at 20/s: done at 36 (committed at t=13 it paused from 13: done at 40.5).
+    plans = {1: {0: 1}, 2: {0: 1, 1: 1}, 3: {0: 2, 1: 0, 2: 0}}
+    r, _ = _replay_scripted([(0, 300), (12, 10), (13, 10)],
+                            lambda n, ids: plans.get(n, {i: 1 for i in ids if i != 0}), 2, 10.0, 5.0)
+    assert r.jct_s[0] == pytest.approx(36.0)
+
+
+def test_the_resize_cost_gate_weighs_what_the_live_scheduler_had_measured():
+    # job 0 (2 slots, launched at 10) shrunk to 1 at t=12 when job 1 arrives: 5 s lost (12 -> 17),
+    # read live one throughput window (20 steps at 10/s) later, t=19. The decision at t=18 still
+    # has the default (3.5 s) for every job; the one at t=20 job 0's 5 s, and the other jobs the
+    # median of every job's measured costs (the live ResizeCosts).
+    lost = []
+    plans = {1: {0: 2}, 2: {0: 1, 1: 1}, 3: {0: 1, 1: 1}, 4: {0: 1, 1: 1}}
+    _, pol = _replay_scripted([(0, 1000), (12, 10), (18, 10), (20, 10)],
+                              lambda n, ids: plans.get(n, {0: 1, ids[-1]: 1}), 2, 10.0, 5.0, lost)
+    assert lost[0] == pytest.approx(5.0)
+    assert pol.seen[2] == {0: 3.5, 1: 3.5, 2: 3.5}
+    assert pol.seen[3] == {0: 5.0, 1: 5.0, 2: 5.0, 3: 5.0}
+
+
+def test_the_check_keeps_each_jobs_scheduler_events_by_name(tmp_path):
+    # scripts/cluster_check_sim.py: the live run's starts, resize requests, stops and vetoed grows
+    # per job, timed from the first submission (what the replay's changes are compared with)
+    import importlib.util
+    import sqlite3
+    from pathlib import Path
+
+    from elastic_ring.cluster.api import JobRequest
+    from elastic_ring.cluster.store import Store
+
+    spec = importlib.util.spec_from_file_location(
+        "cluster_check_sim", Path(__file__).resolve().parents[2] / "scripts" / "cluster_check_sim.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    now = [100.0]
+    store = Store(tmp_path, create=True, clock=lambda: now[0])
+    a = store.submit(JobRequest(name="j0", kind="script", path="x.py", steps=10))
+    b = store.submit(JobRequest(name="j1", kind="script", path="x.py", steps=10))
+    for t, jid, kind, data in [(103.0, a, "started", {"workers": 2, "slots": [0, 1], "pid": 7}),
+                               (104.5, a, "resize_requested", {"frm": 2, "to": 1}),
+                               (106.0, b, "grow_vetoed", {"held": 1, "asked": 2}),
+                               (107.0, b, "throughput", {})]:  # the last: not a scheduler event
+        now[0] = t
+        store.event(jid, kind, **data)
+    store.close()
+    db = sqlite3.connect(str(tmp_path / "cluster.db"))
+    ev = mod.sched_events(db, 100.0)
+    db.close()
+    assert ev == {"j0": [[3.0, "started", {"workers": 2}], [4.5, "resize_requested", {"frm": 2, "to": 1}]],
+                  "j1": [[6.0, "grow_vetoed", {"held": 1, "asked": 2}]]}
