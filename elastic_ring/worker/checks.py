@@ -1,0 +1,68 @@
+"""The worker library's misuse checks: a mistake that would lose state at a resize is an error
+at once (:class:`~elastic_ring.worker.errors.ContractError`), never a silent loss later."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from typing import Any, Callable
+
+from elastic_ring.worker.errors import ContractError
+from elastic_ring.worker.state import _bind_scheduler, _saved_form
+
+
+def check_registration(model, optimizer, scheduler, extras: dict[str, Any], registered_optimizer,
+                       distributed_optimizers: Callable[[], list]) -> list[Any]:
+    """What ``Job.register`` is given, checked before anything is kept; returns the schedulers as a
+    list (each bound to the optimizer it will be saved with). ``distributed_optimizers``: the
+    ``hvd.DistributedOptimizer`` objects alive in the process.
+
+    Raises:
+        ContractError: no ``optimizer`` while a ``hvd.DistributedOptimizer`` exists, a scheduler
+            bound to another optimizer or not a scheduler, an extra that does not pickle (named).
+    """
+    if optimizer is None and model is not None and registered_optimizer is None:
+        dist = distributed_optimizers()
+        if dist:
+            raise ContractError("register(optimizer=...) is missing while a "
+                                "hvd.DistributedOptimizer exists: its state and Eq. 7 would be "
+                                "lost at every resize")
+    scheds = [] if scheduler is None else list(scheduler) if isinstance(scheduler, (list, tuple)) \
+        else [scheduler]
+    opt = optimizer if optimizer is not None else registered_optimizer
+    for sch in scheds:
+        if not hasattr(sch, "state_dict") or not hasattr(sch, "load_state_dict"):
+            raise ContractError(f"scheduler={type(sch).__name__}: not an LR scheduler "
+                                "(no state_dict/load_state_dict)")
+        _bind_scheduler(sch, opt)
+    for key, value in extras.items():
+        if key in ("model", "optimizer", "scheduler"):
+            continue
+        try:
+            pickle.dumps(_saved_form(value))
+        except Exception as e:  # noqa: BLE001 - any pickling failure
+            raise ContractError(f"register(): extra {key!r} ({type(value).__name__}) does not "
+                                f"pickle ({type(e).__name__}: {e}); register its state instead"
+                                ) from None
+    return scheds
+
+
+def check_scheduler_count(saved: list[Any], registered: list[Any]) -> None:
+    """A checkpoint's schedulers and the script's registered ones, one for one."""
+    if len(saved) != len(registered):
+        raise ContractError(f"the checkpoint holds {len(saved)} scheduler(s), the "
+                            f"script registered {len(registered)}")
+
+
+def check_hvd_not_initialised(in_place_elastic: bool) -> None:
+    """``elastic_ring.worker.init()`` initialises Horovod: the script must not have done it first
+    (except under Horovod Elastic, ``in_place_elastic``, whose entry point may have)."""
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is not None and not in_place_elastic:
+        try:
+            own_init = hvd.is_initialized()
+        except Exception:  # noqa: BLE001
+            own_init = False
+        if own_init:
+            raise ContractError("the script called hvd.init() before elastic_ring.worker.init(): "
+                                "call only elastic_ring.worker.init() (it initialises Horovod)")
