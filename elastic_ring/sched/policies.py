@@ -41,7 +41,7 @@ import numpy as np
 
 from elastic_ring.errors import ConfigError
 from elastic_ring.sched.api import JobBatch, JobView, Rate
-from elastic_ring.sched.fast import distinct, doubling_levels, unit_steps, unit_table
+from elastic_ring.sched.fast import compiled, distinct, doubling_rows, stack_unit_tables, unit_steps_rows, unit_table
 
 EXPLORE_GPUS = 8
 # doubling_batch runs the heap below this many (job, level) cells: there a few hundred heap pops
@@ -139,9 +139,9 @@ def unit_greedy_allocate(jobs: Sequence[tuple[int, float, Rate]], total_gpus: in
 def doubling_batch(b: JobBatch, sel: np.ndarray | None, total_gpus: int, weights: np.ndarray | None = None,
                    state: dict | None = None) -> np.ndarray:
     """:func:`doubling_allocate` on the batch's jobs at positions ``sel`` (in that priority order;
-    None: all, in the batch's order): GPUs per selected job, by
-    :func:`~elastic_ring.sched.fast.doubling_levels` (the heap when its check fails). Same answer
-    as the heap, bit for bit."""
+    None: all, in the batch's order): GPUs per selected job, by the compiled kernel of
+    :func:`~elastic_ring.sched.fast.doubling_rows` (the heap when its check fails, and for small
+    decisions). Same answer as the heap, bit for bit."""
     rows = b.rows if sel is None else b.rows[sel]
     if (rows < 0).any():
         bad = int((b.ids if sel is None else b.ids[sel])[rows < 0][0])
@@ -154,13 +154,9 @@ def doubling_batch(b: JobBatch, sel: np.ndarray | None, total_gpus: int, weights
     out = np.zeros(size, dtype=np.int64)
     if n == 0:
         return out
-    r = rows[:n]
     levels = None
     if n * max(1, (total_gpus - n).bit_length()) >= FAST_MIN_CELLS:
-        one = bool((r == r[0]).all())  # one table for every job: no per-job copy of it
-        d = b.tables[r[:1]] if one else b.tables[r]
-        levels = doubling_levels(q[:n], d, total_gpus - n, state,
-                                 checked=b.monotone is not None and bool(b.monotone[r[:1] if one else r].all()))
+        levels = doubling_rows(q[:n], rows[:n], b.tables, total_gpus - n, state)
     if levels is not None:
         out[:n] = 1 << levels
         return out
@@ -256,6 +252,7 @@ class Optimus:
     def __init__(self) -> None:
         self._state: dict = {}
         self._unit: dict = {}  # id(rate) -> (rate, total_gpus, unit_table or None)
+        self._stacked: dict = {}  # (rows, ids of their rates, total_gpus) -> (rates, stacked tables or None)
 
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
         return unit_greedy_allocate(_planned(jobs), total_gpus)
@@ -266,24 +263,40 @@ class Optimus:
         size = b.ids.size
         n = min(size, total_gpus)
         out = np.zeros(size, dtype=np.int64)
-        if n and total_gpus - n >= UNIT_FAST_MIN_FREE:
-            rows = b.rows[:n]
-            uniq = distinct(rows)
-            tables = [np.zeros(0)] * (int(uniq.max()) + 1)
-            for r in uniq:
-                rate = b.rates[r]
-                hit = self._unit.get(id(rate))
-                if hit is None or hit[0] is not rate or hit[1] != total_gpus:
-                    hit = self._unit[id(rate)] = (rate, total_gpus, unit_table(rate, total_gpus))
-                tables[r] = hit[2]
-            if all(tables[r] is not None for r in uniq):
-                out[:n] = 1 + unit_steps(b.remaining[:n], rows, tables, total_gpus - n, self._state)
-                return out
         q = b.remaining
+        if n and total_gpus - n >= UNIT_FAST_MIN_FREE and bool(np.isfinite(q[:n]).all()):
+            tabs = self._tables(b, b.rows[:n], total_gpus)
+            if tabs is not None:
+                rows, utab, ulen = tabs
+                out[:n] = 1 + unit_steps_rows(q[:n], rows, utab, ulen, total_gpus - n, self._state)
+                return out
         for jid, w in unit_greedy_allocate([(i, float(q[i]), b.rates[b.rows[i]]) for i in range(size)],
                                            total_gpus).items():
             out[jid] = w
         return out
+
+    def _tables(self, b: JobBatch, rows: np.ndarray, total_gpus: int):
+        """(rows renumbered, stacked unit tables, their lengths) for the kernel, or None when a
+        table is not a sorted order (:func:`~elastic_ring.sched.fast.unit_table`): the heap runs."""
+        uniq = distinct(rows)
+        key = (tuple(uniq.tolist()), tuple(id(b.rates[r]) for r in uniq.tolist()), total_gpus)
+        hit = self._stacked.get(key)
+        if hit is None or any(h is not b.rates[r] for h, r in zip(hit[0], uniq.tolist())):
+            tables = []
+            for r in uniq.tolist():
+                rate = b.rates[r]
+                one = self._unit.get(id(rate))
+                if one is None or one[0] is not rate or one[1] != total_gpus:
+                    one = self._unit[id(rate)] = (rate, total_gpus, unit_table(rate, total_gpus))
+                tables.append(one[2])
+            stacked = None if any(t is None for t in tables) else stack_unit_tables(tables)
+            if len(self._stacked) > 64:
+                self._stacked.clear()
+            hit = self._stacked[key] = ([b.rates[r] for r in uniq.tolist()], stacked)
+        if hit[1] is None:
+            return None
+        renum = np.zeros(rows.size, dtype=np.int64) if uniq.size == 1 else np.searchsorted(uniq, rows)
+        return renum, hit[1][0], hit[1][1]
 
 
 class Exploratory:
@@ -351,6 +364,10 @@ class ResizeAware:
         self.vetoed = 0
         # the last decision's vetoed grows: (job id, held, asked, work gained over H, work the resize costs)
         self.last_vetoed: list[tuple[int, int, int, float, float]] = []
+        # allocate_batch's rates: rtab[row, w] = the rate at w GPUs (NaN: not computed yet)
+        self._rtab = np.full((0, 64), np.nan)
+        self._rtab_rates: list = []
+        self._rtab_row: dict[int, int] = {}
         if not hasattr(inner, "allocate_batch"):
             self.allocate_batch = None  # the simulator then asks allocate (see Simulator.batch)
 
@@ -363,11 +380,50 @@ class ResizeAware:
         new = np.array(self.inner.allocate_batch(b, total_gpus), dtype=np.int64)
         grow = np.flatnonzero((b.current > 0) & (new > b.current) & (b.rows >= 0))
         if grow.size:
-            views = [JobView(int(b.ids[i]), float(b.remaining[i]), b.rates[b.rows[i]], int(b.current[i]))
-                     for i in grow]
-            kept = self._gate(views, {v.id: int(new[i]) for v, i in zip(views, grow)})
-            new[grow] = [kept[v.id] for v in views]
+            self._gate_arrays(b, grow, new)
         return new
+
+    def _gate_arrays(self, b: JobBatch, grow: np.ndarray, new: np.ndarray) -> None:
+        """:meth:`_gate` on the grown jobs ``grow`` of ``new`` (changed in place), by the compiled
+        kernel: the same floating-point operations, rates from a table per rate (filled on demand)."""
+        self.last_vetoed = []
+        w0, w1, ids = b.current[grow].astype(np.int64), new[grow], b.ids[grow]
+        rows = np.empty(grow.size, dtype=np.int64)
+        for r in distinct(b.rows[grow]).tolist():
+            rows[b.rows[grow] == r] = self._rate_row(b.rates[r], max(int(w1.max()), int(w0.max())))
+        if self.costs:
+            cost = np.array([self.costs.get(int(i), self.resize_cost_s) for i in ids], dtype=np.float64)
+        else:
+            cost = np.full(grow.size, float(self.resize_cost_s))
+        horizon = 10.0 * cost if self._horizon_fixed is None else np.full(grow.size, float(self._horizon_fixed))
+        remaining = np.ascontiguousarray(b.remaining[grow], dtype=np.float64)
+        gate = compiled().gate
+        while True:
+            veto, gain, missing = gate(remaining, w0, w1, rows, self._rtab, cost, horizon)
+            if missing < 0:
+                break
+            rate = self._rtab_rates[rows[missing]]
+            for w in (int(w0[missing]), int(w1[missing])):
+                self._rtab[rows[missing], w] = rate(w)
+        if veto.any():
+            for i in np.flatnonzero(veto).tolist():
+                f1 = self._rtab[rows[i], w1[i]]
+                self.last_vetoed.append((int(ids[i]), int(w0[i]), int(w1[i]), float(gain[i]), float(f1 * cost[i])))
+            self.vetoed += int(veto.sum())
+            new[grow[veto]] = w0[veto]
+
+    def _rate_row(self, rate, max_w: int) -> int:
+        """The row of ``rate`` in the rate table (NaN: not computed yet), at least ``max_w + 1`` wide."""
+        row = self._rtab_row.get(id(rate))
+        if row is None or self._rtab_rates[row] is not rate:
+            row = self._rtab_row[id(rate)] = len(self._rtab_rates)
+            self._rtab_rates.append(rate)
+            self._rtab = np.vstack([self._rtab, np.full((1, self._rtab.shape[1]), np.nan)])
+        if max_w >= self._rtab.shape[1]:
+            wider = np.full((self._rtab.shape[0], max(2 * self._rtab.shape[1], max_w + 1)), np.nan)
+            wider[:, : self._rtab.shape[1]] = self._rtab
+            self._rtab = wider
+        return row
 
     def _gate(self, jobs: Sequence[JobView], new: dict[int, int]) -> dict[int, int]:
         """``new`` less the grows of ``jobs`` that do not pay for their resize (counted in ``vetoed``)."""

@@ -81,7 +81,7 @@ def test_array_doubling_equals_the_heap():
         n = min(n_jobs, g)
         d = np.array([gain_table(r, g) for r in rates])[which[:n]]
         for checked in (False, bool(rows_monotone(d).all())):
-            levels = doubling_levels(q[:n], d, g - n, state, checked=checked)
+            levels = doubling_levels(q[:n], d, g - n, state)
             assert levels is not None
             assert {i: int(2 ** levels[i]) for i in range(n)} == want
 
@@ -103,7 +103,7 @@ def test_array_doubling_one_table_equals_the_heap():
         n = min(n_jobs, g)
         d = gain_table(rate, g)[None, :]
         assert rows_monotone(d).all()
-        levels = doubling_levels(q[:n], d, g - n, state, checked=True)
+        levels = doubling_levels(q[:n], d, g - n, state)
         assert {i: int(2 ** levels[i]) for i in range(n)} == want
 
 
