@@ -25,7 +25,10 @@ pointer walks the table down); the threshold is bracketed and narrowed to a few 
 are sorted exactly (gain, then job) and the first ``free`` taken.
 
 Gate (:func:`gate`): :class:`~elastic_ring.sched.policies.ResizeAware`'s test on the grown jobs,
-the same operations as ``ResizeAware._gate``.
+the same operations as ``ResizeAware._gate``, one pass over the batch.
+
+SRTF and Optimus rank the jobs (:func:`ordered`): the last decision's order, by job id, finished by
+an insertion sort (two decisions' orders differ by a few swaps and the jobs that came or went).
 """
 
 from __future__ import annotations
@@ -55,21 +58,29 @@ def _gain_cells(q, rows, tables, L):
             one = False
             break
     bad = False
-    for k in range(L):
-        s = 1.0 / (1 << k)
-        cur = g[k]
-        prev = g[k - 1] if k > 0 else g[0]
-        if one:
+    if one:  # one table: level by level
+        for k in range(L):
+            s = 1.0 / (1 << k)
             dk = tables[rows[0], k]
+            cur, prev = g[k], g[max(k - 1, 0)]
             for j in range(n):
                 x = (q[j] * dk) * s
                 cur[j] = x
                 bad |= ((x - x) != 0.0) | ((x > prev[j]) & (x > 0.0))
-        else:
-            for j in range(n):
-                x = (q[j] * tables[rows[j], k]) * s
-                cur[j] = x
-                bad |= ((x - x) != 0.0) | ((x > prev[j]) & (x > 0.0))
+        return g, not bad
+    inv = np.empty(L)
+    for k in range(L):
+        inv[k] = 1.0 / (1 << k)
+    for j in range(n):  # a row per job: each job's row in order
+        d = tables[rows[j]]
+        x = q[j] * d[0]
+        g[0, j] = x
+        bad |= (x - x) != 0.0
+        for k in range(1, L):
+            y = (q[j] * d[k]) * inv[k]
+            g[k, j] = y
+            bad |= ((y - y) != 0.0) | ((y > x) & (y > 0.0))
+            x = y
     return g, not bad
 
 
@@ -167,6 +178,7 @@ def _heap_greedy(g, levels, free, L, lo):
         if k < lf and g[k, j] > lo:
             hg[size], hj[size] = g[k, j], j
             size += 1
+    root = size - size  # an int64 variable, not a literal 0: one compiled _sift_down
     for i in range(size // 2 - 1, -1, -1):
         _sift_down(hg, hj, size, i)
     while size > 0 and free > 0:
@@ -178,12 +190,12 @@ def _heap_greedy(g, levels, free, L, lo):
             k += 1
             if k < L and (1 << k) <= free and g[k, j] > lo:
                 hg[0] = g[k, j]
-                _sift_down(hg, hj, size, 0)
+                _sift_down(hg, hj, size, root)
                 continue
         size -= 1  # the job is done (or does not fit): drop it
         if size > 0:
             hg[0], hj[0] = hg[size], hj[size]
-            _sift_down(hg, hj, size, 0)
+            _sift_down(hg, hj, size, root)
     return free
 
 
@@ -225,19 +237,19 @@ def doubling(q, rows, tables, free, tau0):
 
 
 @njit(cache=True)
-def _unit_counts(tau, q, order, starts, rows, utab, ulen, out):
-    """Per job, its unit steps with ``q·u_w > tau``; the total. ``order``: the jobs sorted by
-    ascending q within each table's group (``starts``: the groups' bounds); walked from the
-    largest q down, the counts only fall, so one pointer moves down the table."""
+def _unit_counts(tau, qs, starts, rs, utab, ulen, out):
+    """Per job, its unit steps with ``q·u_w > tau``; the total. The jobs in sorted order: ``qs``
+    ascending within each table's group (``starts``: the groups' bounds, ``rs``: their tables);
+    walked from the largest q down, the counts only fall, so one pointer moves down the table."""
     total = 0
     for gi in range(starts.size - 1):
         a, b = starts[gi], starts[gi + 1]
         if a == b:
             continue
-        r = rows[order[b - 1]]
+        r = rs[b - 1]
         u = utab[r]
         # the largest q by binary search: its count is the first w with q·u_w <= tau
-        x = q[order[b - 1]]
+        x = qs[b - 1]
         lo, hi = 0, ulen[r]
         while lo < hi:
             mid = (lo + hi) // 2
@@ -247,11 +259,10 @@ def _unit_counts(tau, q, order, starts, rows, utab, ulen, out):
                 hi = mid
         p = lo
         for i in range(b - 1, a - 1, -1):
-            j = order[i]
-            x = q[j]
+            x = qs[i]
             while p > 0 and not (x * u[p - 1] > tau):
                 p -= 1
-            out[j] = p
+            out[i] = p
             total += p
     return total
 
@@ -260,65 +271,92 @@ def _unit_counts(tau, q, order, starts, rows, utab, ulen, out):
 def unit_steps(q, order, starts, rows, utab, ulen, free, tau0):
     """GPUs added per job by the unit-step greedy: the ``free`` largest positive ``q_j·u_w`` in
     (gain descending, job ascending) order, each job's steps w = 1, 2, ... (``utab[rows[j]]``,
-    ``ulen``: each table's strictly falling positive part). Returns (steps, tau for the next call)."""
+    ``ulen``: each table's strictly falling positive part). ``order``: the jobs by ascending q
+    within each table's group (``starts``). Returns (steps, tau for the next call)."""
     n = q.size
-    c_hi = np.zeros(n, dtype=np.int64)
-    total = _unit_counts(0.0, q, order, starts, rows, utab, ulen, c_hi)
-    if total <= free:
-        return c_hi, tau0
-    top = 0.0
-    for j in range(n):
-        if ulen[rows[j]] > 0:
-            top = max(top, q[j] * utab[rows[j], 0])
+    qs = np.empty(n)
+    rs = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        qs[i], rs[i] = q[order[i]], rows[order[i]]
+    c_hi = np.zeros(n, dtype=np.int64)  # counts per sorted position
+    total = _unit_counts(0.0, qs, starts, rs, utab, ulen, c_hi)
+    add = np.empty(n, dtype=np.int64)
+    if total <= free:  # every positive step fits
+        for i in range(n):
+            add[order[i]] = c_hi[i]
+        return add, tau0
     c_lo = c_hi.copy()  # counts above lo = 0: more than free
+    lo, n_lo, hi, n_hi = _unit_bracket(qs, starts, rs, utab, ulen, free, tau0, total, c_lo, c_hi)
+    lo_j = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        add[order[i]] = c_hi[i]
+        lo_j[order[i]] = c_lo[i]
+    return _unit_take(q, rows, utab, lo_j, add, free - n_hi), hi
+
+
+@njit(cache=True)
+def _copy(dst, src):
+    for i in range(src.size):
+        dst[i] = src[i]
+
+
+@njit(cache=True)
+def _unit_bracket(qs, starts, rs, utab, ulen, free, tau0, total, c_lo, c_hi):
+    """(lo, count above lo, hi, count above hi): at most ``free`` steps gain more than hi, more
+    than ``free`` more than lo, and few between (``c_lo``, ``c_hi``: the counts, filled in).
+    Searched from ``tau0`` in steps that start at 1% and square, then narrowed by halving."""
+    n = qs.size
+    top = 0.0
+    for gi in range(starts.size - 1):
+        if starts[gi + 1] > starts[gi] and ulen[rs[starts[gi + 1] - 1]] > 0:
+            top = max(top, qs[starts[gi + 1] - 1] * utab[rs[starts[gi + 1] - 1], 0])
     lo, n_lo = 0.0, total
-    tau = tau0 if (tau0 > 0.0 and tau0 < top) else top / 2.0
-    step = 1.05
-    c = np.empty(n, dtype=np.int64)
     hi, n_hi = top, 0
-    # bracket from tau: squaring steps
-    t = _unit_counts(tau, q, order, starts, rows, utab, ulen, c)
+    tau = tau0 if (tau0 > 0.0 and tau0 < top) else top / 2.0
+    step = 1.01
+    c = np.empty(n, dtype=np.int64)
+    t = _unit_counts(tau, qs, starts, rs, utab, ulen, c)
     if t <= free:
         hi, n_hi = tau, t
-        c_hi[:] = c
+        _copy(c_hi, c)
         while True:
             x = hi / step
-            t = _unit_counts(x, q, order, starts, rows, utab, ulen, c)
+            t = _unit_counts(x, qs, starts, rs, utab, ulen, c)
             if t > free:
                 lo, n_lo = x, t
-                c_lo[:] = c
+                _copy(c_lo, c)
                 break
             hi, n_hi = x, t
-            c_hi[:] = c
+            _copy(c_hi, c)
             step *= step
     else:
         lo, n_lo = tau, t
-        c_lo[:] = c
-        c_hi[:] = 0
+        _copy(c_lo, c)
+        c_hi.fill(0)
         while True:
             x = lo * step
             if x >= top:
                 break
-            t = _unit_counts(x, q, order, starts, rows, utab, ulen, c)
+            t = _unit_counts(x, qs, starts, rs, utab, ulen, c)
             if t <= free:
                 hi, n_hi = x, t
-                c_hi[:] = c
+                _copy(c_hi, c)
                 break
             lo, n_lo = x, t
-            c_lo[:] = c
+            _copy(c_lo, c)
             step *= step
     while n_lo - n_hi > _CANDIDATES:
         mid = math.sqrt(lo * hi) if lo > 0.0 else hi * 1e-3
         if not (lo < mid < hi):
             break
-        t = _unit_counts(mid, q, order, starts, rows, utab, ulen, c)
+        t = _unit_counts(mid, qs, starts, rs, utab, ulen, c)
         if t <= free:
             hi, n_hi = mid, t
-            c_hi[:] = c
+            _copy(c_hi, c)
         else:
             lo, n_lo = mid, t
-            c_lo[:] = c
-    return _unit_take(q, rows, utab, c_lo, c_hi, free - n_hi), hi
+            _copy(c_lo, c)
+    return lo, n_lo, hi, n_hi
 
 
 @njit(cache=True)
@@ -334,10 +372,10 @@ def _unit_take(q, rows, utab, c_lo, c_hi, need):
     for j in range(q.size):
         u = utab[rows[j]]
         for w in range(c_hi[j], c_lo[j]):
-            gains[i] = -(q[j] * u[w])
+            gains[i] = -(q[j] * u[w])  # ascending: the largest gain first
             jobs[i] = j
             i += 1
-    order = np.argsort(gains, kind="mergesort")
+    order = _sort_by(gains, jobs)  # jobs ascending: equal gains by job
     out = c_hi.copy()
     for i in range(min(need, m)):
         out[jobs[order[i]]] += 1
@@ -345,19 +383,160 @@ def _unit_take(q, rows, utab, c_lo, c_hi, need):
 
 
 @njit(cache=True)
-def gate(remaining, w0, w1, rows, rtab, cost, horizon):
-    """ResizeAware's test on grown jobs: ``gain = (f1 - f0)·min(H, Q/f1)`` against ``f1·c``
-    (``rtab[row, w]``: the rate at w GPUs, NaN where not computed yet). Returns (veto, gain, first
-    job whose rate is missing or -1)."""
-    n = remaining.size
-    veto = np.zeros(n, dtype=np.bool_)
-    gain = np.zeros(n)
+def gate(current, new, rows, remaining, rtab, cost, horizon):
+    """ResizeAware's test on the grown jobs (held > 0, ``new`` more, a speed model): the work
+    gained over the horizon, ``(f1 - f0)·min(H, Q/f1)``, against the work the resize costs,
+    ``f1·c`` (``rtab[row, w]``: the rate at w GPUs, NaN where not computed yet). A grow that does
+    not pay is set back in ``new``. Returns (grown count, vetoed positions, the GPUs they were
+    given, their gains, their ``f1·c``, missing rates as (row, w) pairs: when any, nothing is
+    changed; fill them and call again)."""
+    n = current.size
+    grown = 0
+    miss = 0
     for i in range(n):
-        f0, f1 = rtab[rows[i], w0[i]], rtab[rows[i], w1[i]]
-        if math.isnan(f0) or math.isnan(f1):
-            return veto, gain, i
-        x = remaining[i] / f1
-        h = horizon[i]
-        gain[i] = (f1 - f0) * (x if x < h else h)  # Python's min(h, x): h unless x < h
-        veto[i] = gain[i] <= f1 * cost[i]
-    return veto, gain, -1
+        if current[i] > 0 and new[i] > current[i] and rows[i] >= 0:
+            grown += 1
+            miss += math.isnan(rtab[rows[i], current[i]]) + math.isnan(rtab[rows[i], new[i]])
+    missing = np.empty((miss, 2), dtype=np.int64)
+    if miss:
+        m = 0
+        for i in range(n):
+            if current[i] > 0 and new[i] > current[i] and rows[i] >= 0:
+                for w in (current[i], new[i]):
+                    if math.isnan(rtab[rows[i], w]):
+                        missing[m, 0], missing[m, 1] = rows[i], w
+                        m += 1
+        return grown, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0), np.empty(0), missing
+    pos = np.empty(grown, dtype=np.int64)
+    asked = np.empty(grown, dtype=np.int64)
+    gains = np.empty(grown)
+    costs = np.empty(grown)
+    v = 0
+    for i in range(n):
+        if current[i] > 0 and new[i] > current[i] and rows[i] >= 0:
+            f0, f1 = rtab[rows[i], current[i]], rtab[rows[i], new[i]]
+            x = remaining[i] / f1
+            gain = (f1 - f0) * (x if x < horizon else horizon)  # Python's min(H, x): H unless x < H
+            if gain <= f1 * cost:
+                pos[v], asked[v], gains[v], costs[v] = i, new[i], gain, f1 * cost
+                new[i] = current[i]
+                v += 1
+    return grown, pos[:v], asked[:v], gains[:v], costs[:v], missing
+
+
+@njit(cache=True)
+def _key_before(ka, ia, kb, ib):
+    return ka < kb or (ka == kb and ia < ib)
+
+
+@njit(cache=True)
+def _sort_by(keys, ties):
+    """Positions sorted by (key ascending, tie ascending): a bottom-up merge sort."""
+    n = keys.size
+    a = np.arange(n)
+    b = np.empty(n, dtype=np.int64)
+    width = 1
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid, hi = min(lo + width, n), min(lo + 2 * width, n)
+            i, j = lo, mid
+            for t in range(lo, hi):
+                if i < mid and (j >= hi or not _key_before(keys[a[j]], ties[a[j]], keys[a[i]], ties[a[i]])):
+                    b[t] = a[i]
+                    i += 1
+                else:
+                    b[t] = a[j]
+                    j += 1
+        a, b = b, a
+        width *= 2
+    return a
+
+
+@njit(cache=True)
+def ordered(keys, ids, prev, slot):
+    """Positions sorted by (key ascending, id ascending), started from ``prev`` (the ids in the
+    last call's order: the order changes little between two decisions) and finished by an
+    insertion sort; a full sort when it would move too much. ``slot``: scratch indexed by job id
+    (ids not below its size get the full sort). Returns (order, largest id)."""
+    n = keys.size
+    order = np.empty(n, dtype=np.int64)
+    top, low = -1, 0
+    for p in range(n):
+        top = max(top, ids[p])
+        low = min(low, ids[p])
+    m = 0
+    if n and top < slot.size and low >= 0:
+        for p in range(n):
+            slot[ids[p]] = p
+        seen = np.zeros(n, dtype=np.bool_)
+        for t in range(prev.size):
+            i = prev[t]
+            if 0 <= i < slot.size:
+                p = slot[i]
+                if 0 <= p < n and ids[p] == i and not seen[p]:
+                    seen[p] = True
+                    order[m] = p
+                    m += 1
+        for p in range(n):  # new jobs, in arrival order
+            if not seen[p]:
+                order[m] = p
+                m += 1
+        budget = 16 * n + 64
+        for a in range(1, n):
+            p = order[a]
+            k, i = keys[p], ids[p]
+            b = a - 1
+            while b >= 0 and _key_before(k, i, keys[order[b]], ids[order[b]]):
+                order[b + 1] = order[b]
+                b -= 1
+                budget -= 1
+            order[b + 1] = p
+            if budget < 0:
+                break
+        if budget >= 0:
+            return order, top
+    order = _sort_by(keys, ids)
+    return order, top
+
+
+@njit(cache=True)
+def srtf(remaining, rate1, rows, ids, weights, tables, total_gpus, tau0, prev, slot):
+    """SRTF's decision: the jobs ranked by predicted time alone ``Q/f(1)`` (ties: lower id),
+    the first ``total_gpus`` admitted at 1 GPU, Eq. 6 doubling with each job's Q times its rank's
+    weight (``weights[r]``). Returns (GPUs per job, order, status, tau, ids in order, largest
+    id); status 1: a gain is not finite or grows with the level (the caller runs the heap on
+    ``order``), 2: a time is NaN (no order: the caller ranks the jobs itself)."""
+    n = remaining.size
+    keys = np.empty(n)
+    out = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        keys[i] = remaining[i] / rate1[rows[i]]
+        if math.isnan(keys[i]):
+            return out, ids, 2, tau0, ids, -1
+    order, top = ordered(keys, ids, prev, slot)
+    m = min(n, total_gpus)
+    q = np.empty(m)
+    r = np.empty(m, dtype=np.int64)
+    for t in range(m):
+        q[t] = remaining[order[t]] * weights[t]
+        r[t] = rows[order[t]]
+    levels, ok, tau = doubling(q, r, tables, total_gpus - m, tau0)
+    for t in range(m):
+        out[order[t]] = 1 << levels[t]
+    by_id = np.empty(n, dtype=np.int64)
+    for t in range(n):
+        by_id[t] = ids[order[t]]
+    return out, order, 0 if ok else 1, tau, by_id, top
+
+
+@njit(cache=True)
+def unit_steps_one(q, ids, rows, utab, ulen, free, tau0, prev, slot):
+    """:func:`unit_steps` for jobs that share one table, ordered by :func:`ordered` from the last
+    call's order (``prev``). Returns (steps, tau, ids in order, largest id)."""
+    order, top = ordered(q, ids, prev, slot)
+    starts = np.array([0, q.size], dtype=np.int64)
+    add, tau = unit_steps(q, order, starts, rows, utab, ulen, free, tau0)
+    by_id = np.empty(q.size, dtype=np.int64)
+    for t in range(q.size):
+        by_id[t] = ids[order[t]]
+    return add, tau, by_id, top

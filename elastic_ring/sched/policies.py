@@ -49,6 +49,10 @@ EXPLORE_GPUS = 8
 FAST_MIN_CELLS = 256
 # Optimus.allocate_batch runs the unit-step heap below this many free GPUs (one pop per GPU).
 UNIT_FAST_MIN_FREE = 1024
+# SRTF and Optimus keep the last order of the jobs (by job id) in a scratch array indexed by id
+# up to this size; larger ids get a full sort at every decision.
+_SLOT_MAX = 1 << 26
+_NO_SLOT = np.zeros(0, dtype=np.int64)
 
 
 def _gain_double(q: float, rate: Rate, w: int) -> float:
@@ -221,6 +225,7 @@ class SRTF:
     def __init__(self, power: float = 2.0):
         self.power = power
         self._state: dict = {}
+        self._w: dict[int, np.ndarray] = {}
 
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
         planned = sorted(_planned(jobs), key=lambda x: (x[1] / x[2](1), x[0]))[:total_gpus]
@@ -230,17 +235,41 @@ class SRTF:
     def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
         if (b.rows < 0).any():
             raise ConfigError(f"job {int(b.ids[b.rows < 0][0])} has no speed model; this policy needs one")
-        key = b.remaining / b.rate1[b.rows]
-        order = np.argsort(key)
-        ks = key[order]
-        if ks.size > 1 and bool((ks[1:] == ks[:-1]).any()):  # equal times: the lower id first
-            order = np.lexsort((b.ids, key))
-        order = order[:total_gpus]
-        n = order.size
-        weights = np.arange(n, 0, -1, dtype=float) ** self.power
-        out = np.zeros(b.ids.size, dtype=np.int64)
-        out[order] = doubling_batch(b, order, total_gpus, weights=weights, state=self._state)
+        st = self._state
+        n = min(b.ids.size, total_gpus)
+        weights = self._weights(n)
+        slot = st.get("slot", _NO_SLOT)
+        out, order, status, tau, by_id, top = compiled().srtf(
+            np.ascontiguousarray(b.remaining, dtype=np.float64), b.rate1, np.ascontiguousarray(b.rows, dtype=np.int64),
+            np.ascontiguousarray(b.ids, dtype=np.int64), weights, b.tables, total_gpus, float(st.get("tau", 0.0)),
+            st.get("prev", _NO_SLOT), slot)
+        if slot.size <= top < _SLOT_MAX:  # the order-keeping scratch, by job id
+            st["slot"] = np.full(max(2 * top + 2, 1024), -1, dtype=np.int64)
+        if status == 2:  # a NaN time: NumPy's ranking (NaN last)
+            key = b.remaining / b.rate1[b.rows]
+            order = np.argsort(key)
+            ks = key[order]
+            if ks.size > 1 and bool((ks[1:] == ks[:-1]).any()):  # equal times: the lower id first
+                order = np.lexsort((b.ids, key))
+            out = np.zeros(b.ids.size, dtype=np.int64)
+            out[order[:n]] = doubling_batch(b, order[:n], total_gpus, weights=weights, state=st)
+            return out
+        st["prev"], st["tau"] = by_id, tau
+        if status == 1:  # the heap, on the same order and weights
+            jobs = [(i, float(b.remaining[i]), b.rates[b.rows[i]]) for i in order[:n].tolist()]
+            out = np.zeros(b.ids.size, dtype=np.int64)
+            for i, w in doubling_allocate(jobs, total_gpus, weights=weights.tolist()).items():
+                out[i] = w
         return out
+
+    def _weights(self, n: int) -> np.ndarray:
+        """``(n - r)**power`` for ranks r = 0 .. n-1 (kept for the last few n)."""
+        w = self._w.get(n)
+        if w is None:
+            if len(self._w) > 64:
+                self._w.clear()
+            w = self._w[n] = np.arange(n, 0, -1, dtype=float) ** self.power
+        return w
 
 
 class Optimus:
@@ -268,7 +297,17 @@ class Optimus:
             tabs = self._tables(b, b.rows[:n], total_gpus)
             if tabs is not None:
                 rows, utab, ulen = tabs
-                out[:n] = 1 + unit_steps_rows(q[:n], rows, utab, ulen, total_gpus - n, self._state)
+                if utab.shape[0] == 1:  # one table: the jobs kept in order of Q between decisions
+                    st = self._state
+                    slot = st.get("slot", _NO_SLOT)
+                    add, st["tau"], st["prev"], top = compiled().unit_steps_one(
+                        np.ascontiguousarray(q[:n], dtype=np.float64), np.ascontiguousarray(b.ids[:n], dtype=np.int64),
+                        rows, utab, ulen, total_gpus - n, float(st.get("tau", 0.0)), st.get("prev", _NO_SLOT), slot)
+                    if slot.size <= top < _SLOT_MAX:
+                        st["slot"] = np.full(max(2 * top + 2, 1024), -1, dtype=np.int64)
+                else:
+                    add = unit_steps_rows(q[:n], rows, utab, ulen, total_gpus - n, self._state)
+                out[:n] = 1 + add
                 return out
         for jid, w in unit_greedy_allocate([(i, float(q[i]), b.rates[b.rows[i]]) for i in range(size)],
                                            total_gpus).items():
@@ -364,10 +403,10 @@ class ResizeAware:
         self.vetoed = 0
         # the last decision's vetoed grows: (job id, held, asked, work gained over H, work the resize costs)
         self.last_vetoed: list[tuple[int, int, int, float, float]] = []
-        # allocate_batch's rates: rtab[row, w] = the rate at w GPUs (NaN: not computed yet)
-        self._rtab = np.full((0, 64), np.nan)
-        self._rtab_rates: list = []
-        self._rtab_row: dict[int, int] = {}
+        # allocate_batch's rates: rtab[row, w] = b.rates[row](w) (NaN: not looked up yet)
+        self._rtab = np.full((0, 1), np.nan)
+        self._rtab_of = None  # the batches' list of rates the table is for
+        self._rtab_n, self._rtab_last = 0, None
         if not hasattr(inner, "allocate_batch"):
             self.allocate_batch = None  # the simulator then asks allocate (see Simulator.batch)
 
@@ -378,52 +417,45 @@ class ResizeAware:
         """:meth:`allocate` on arrays: the inner policy's ``allocate_batch``, then the gate on the
         grows alone (a few jobs per decision), so the simulator's array path serves ``NAME-rc`` too."""
         new = np.array(self.inner.allocate_batch(b, total_gpus), dtype=np.int64)
-        grow = np.flatnonzero((b.current > 0) & (new > b.current) & (b.rows >= 0))
-        if grow.size:
-            self._gate_arrays(b, grow, new)
+        if self.costs:  # per-job costs (the live scheduler's): the per-job path
+            grow = np.flatnonzero((b.current > 0) & (new > b.current) & (b.rows >= 0))
+            if grow.size:
+                views = [JobView(int(b.ids[i]), float(b.remaining[i]), b.rates[b.rows[i]], int(b.current[i]))
+                         for i in grow]
+                kept = self._gate(views, {v.id: int(new[i]) for v, i in zip(views, grow)})
+                new[grow] = [kept[v.id] for v in views]
+            return new
+        c = float(self.resize_cost_s)
+        horizon = 10.0 * c if self._horizon_fixed is None else float(self._horizon_fixed)
+        rtab = self._rate_table(b, total_gpus)
+        args = (np.ascontiguousarray(b.current, dtype=np.int64), new, np.ascontiguousarray(b.rows, dtype=np.int64),
+                np.ascontiguousarray(b.remaining, dtype=np.float64), rtab, c, horizon)
+        grown, pos, asked, gains, costs, missing = compiled().gate(*args)
+        if missing.size:  # rates not looked up yet: fill them, decide again
+            for r, w in missing.tolist():
+                rtab[r, w] = b.rates[r](w)
+            grown, pos, asked, gains, costs, missing = compiled().gate(*args)
+        if grown:
+            self.last_vetoed = [(int(b.ids[i]), int(b.current[i]), w1, g, fc) for i, w1, g, fc in
+                                zip(pos.tolist(), asked.tolist(), gains.tolist(), costs.tolist())]
+            self.vetoed += pos.size
         return new
 
-    def _gate_arrays(self, b: JobBatch, grow: np.ndarray, new: np.ndarray) -> None:
-        """:meth:`_gate` on the grown jobs ``grow`` of ``new`` (changed in place), by the compiled
-        kernel: the same floating-point operations, rates from a table per rate (filled on demand)."""
-        self.last_vetoed = []
-        w0, w1, ids = b.current[grow].astype(np.int64), new[grow], b.ids[grow]
-        rows = np.empty(grow.size, dtype=np.int64)
-        for r in distinct(b.rows[grow]).tolist():
-            rows[b.rows[grow] == r] = self._rate_row(b.rates[r], max(int(w1.max()), int(w0.max())))
-        if self.costs:
-            cost = np.array([self.costs.get(int(i), self.resize_cost_s) for i in ids], dtype=np.float64)
-        else:
-            cost = np.full(grow.size, float(self.resize_cost_s))
-        horizon = 10.0 * cost if self._horizon_fixed is None else np.full(grow.size, float(self._horizon_fixed))
-        remaining = np.ascontiguousarray(b.remaining[grow], dtype=np.float64)
-        gate = compiled().gate
-        while True:
-            veto, gain, missing = gate(remaining, w0, w1, rows, self._rtab, cost, horizon)
-            if missing < 0:
-                break
-            rate = self._rtab_rates[rows[missing]]
-            for w in (int(w0[missing]), int(w1[missing])):
-                self._rtab[rows[missing], w] = rate(w)
-        if veto.any():
-            for i in np.flatnonzero(veto).tolist():
-                f1 = self._rtab[rows[i], w1[i]]
-                self.last_vetoed.append((int(ids[i]), int(w0[i]), int(w1[i]), float(gain[i]), float(f1 * cost[i])))
-            self.vetoed += int(veto.sum())
-            new[grow[veto]] = w0[veto]
-
-    def _rate_row(self, rate, max_w: int) -> int:
-        """The row of ``rate`` in the rate table (NaN: not computed yet), at least ``max_w + 1`` wide."""
-        row = self._rtab_row.get(id(rate))
-        if row is None or self._rtab_rates[row] is not rate:
-            row = self._rtab_row[id(rate)] = len(self._rtab_rates)
-            self._rtab_rates.append(rate)
-            self._rtab = np.vstack([self._rtab, np.full((1, self._rtab.shape[1]), np.nan)])
-        if max_w >= self._rtab.shape[1]:
-            wider = np.full((self._rtab.shape[0], max(2 * self._rtab.shape[1], max_w + 1)), np.nan)
-            wider[:, : self._rtab.shape[1]] = self._rtab
-            self._rtab = wider
-        return row
+    def _rate_table(self, b: JobBatch, total_gpus: int) -> np.ndarray:
+        """``rtab[row, w]``: ``b.rates[row](w)`` for w <= total_gpus, NaN until looked up; kept
+        while the batches bring the same list of rates (the simulator appends to it)."""
+        rates = b.rates
+        if self._rtab_of is not rates or self._rtab.shape[1] <= total_gpus or (
+                self._rtab_n and rates[self._rtab_n - 1] is not self._rtab_last):
+            self._rtab_of, self._rtab_n = rates, 0
+            self._rtab = np.full((0, total_gpus + 1), np.nan)
+        if len(rates) > self._rtab.shape[0]:
+            grown = np.full((max(2 * self._rtab.shape[0], len(rates)), self._rtab.shape[1]), np.nan)
+            grown[: self._rtab.shape[0]] = self._rtab
+            self._rtab = grown
+        if len(rates) != self._rtab_n:
+            self._rtab_n, self._rtab_last = len(rates), rates[-1]
+        return self._rtab
 
     def _gate(self, jobs: Sequence[JobView], new: dict[int, int]) -> dict[int, int]:
         """``new`` less the grows of ``jobs`` that do not pay for their resize (counted in ``vetoed``)."""
