@@ -86,7 +86,7 @@ def run_one(cfg: SimConfig, strategy: str, jobs, models, profile: int = 0) -> di
             **({"profile": _top(prof, profile)} if prof else {})}
 
 
-def _child_run(tree: str, strategy: str, n_jobs: int, gpus: int, contention: str) -> dict:
+def _child_run(tree: str, strategy: str, n_jobs: int, gpus: int, contention: str, first: int = 0) -> dict:
     """One run in a fresh interpreter on the code at ``tree`` (a checkout of the package)."""
     code = (
         "import hashlib, json, sys, time\n"
@@ -95,6 +95,7 @@ def _child_run(tree: str, strategy: str, n_jobs: int, gpus: int, contention: str
         f"wl = load_workload('resnet110-cifar10'); models = {{wl.name: wl.model}}\n"
         f"cfg = SimConfig(gpus={gpus}, contention=CONTENTION[{contention!r}], jobs={n_jobs}, seed=0)\n"
         "jobs = make_jobs(cfg, models)\n"
+        f"jobs = jobs[:{first}] if {first} else jobs\n"
         "t, c = time.perf_counter(), time.process_time()\n"
         f"r = simulate(cfg, make_policy({strategy!r}), jobs, models)\n"
         "wall, cpu = time.perf_counter() - t, time.process_time() - c\n"
@@ -106,7 +107,7 @@ def _child_run(tree: str, strategy: str, n_jobs: int, gpus: int, contention: str
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def side_by_side(old_tree: str, sizes, strategies, contention: str, rounds: int) -> list[dict]:
+def side_by_side(old_tree: str, sizes, strategies, contention: str, rounds: int, first: int = 0) -> list[dict]:
     """The code at ``old_tree`` and this checkout, alternating, ``rounds`` times each: medians and
     the ratio old/new of CPU and wall seconds, and whether the digests match."""
     here = str(Path(__file__).resolve().parent.parent)
@@ -116,10 +117,11 @@ def side_by_side(old_tree: str, sizes, strategies, contention: str, rounds: int)
             runs: dict[str, list[dict]] = {"old": [], "new": []}
             for _ in range(rounds):
                 for name, tree in (("old", old_tree), ("new", here)):
-                    runs[name].append(_child_run(tree, s, n_jobs, gpus, contention))
+                    runs[name].append(_child_run(tree, s, n_jobs, gpus, contention, first))
             med = {k: {m: round(float(np.median([r[m] for r in v])), 3) for m in ("wall_s", "cpu_s")}
                    for k, v in runs.items()}
-            row = {"strategy": s, "jobs": n_jobs, "gpus": gpus, "rounds": rounds, "old": med["old"], "new": med["new"],
+            row = {"strategy": s, "jobs": n_jobs, "gpus": gpus, **({"first_jobs": first} if first else {}),
+                   "rounds": rounds, "old": med["old"], "new": med["new"],
                    "cpu_ratio_old_over_new": round(med["old"]["cpu_s"] / max(med["new"]["cpu_s"], 1e-9), 2),
                    "wall_ratio_old_over_new": round(med["old"]["wall_s"] / max(med["new"]["wall_s"], 1e-9), 2),
                    "identical": len({r["digest"] for v in runs.values() for r in v}) == 1, "load_after": _load()}
@@ -143,7 +145,7 @@ def main() -> None:
     ap.add_argument("--contention", default="moderate", choices=list(CONTENTION))
     ap.add_argument("--strategies", default="eight,precompute,srtf,optimus,exploratory,precompute-rc,srtf-rc,optimus-rc")
     ap.add_argument("--before", default=None, help="results file of an earlier engine to compare with (its runs)")
-    ap.add_argument("--before-note", default=None, help="where the --before file came from (recorded)")
+    ap.add_argument("--before-note", default=None, help="where the --before file (or the --ab tree) came from (recorded)")
     ap.add_argument("--profile", type=int, default=0, help="profile each run: store its N top functions")
     ap.add_argument("--first", type=int, default=0,
                     help="play only the first N jobs of each size's stream (a shorter horizon, for --profile)")
@@ -159,9 +161,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.ab:
         load0 = [round(x, 2) for x in os.getloadavg()]
-        rows_ab = side_by_side(a.ab, parse_sizes(a.sizes), a.strategies.split(","), a.contention, a.rounds)
+        rows_ab = side_by_side(a.ab, parse_sizes(a.sizes), a.strategies.split(","), a.contention, a.rounds, a.first)
         Path(a.out).write_text(json.dumps({"machine": platform.platform(), "cpus": os.cpu_count(), "commit": _commit(),
-                                           "old_tree": a.ab, "load_at_start_1_5_15min": load0,
+                                           "old_tree": a.before_note or Path(a.ab).name, "load_at_start_1_5_15min": load0,
+                                           **({"first_jobs": a.first} if a.first else {}),
                                            "contention": a.contention, "side_by_side": rows_ab}, indent=2) + "\n")
         print(f"wrote {a.out}")
         return
