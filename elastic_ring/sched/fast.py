@@ -39,8 +39,8 @@ def gain_table(rate, max_gpus: int) -> np.ndarray:
 
 def rows_monotone(d: np.ndarray) -> np.ndarray:
     """Per table row: its per-GPU gains ``d_k/2^k`` fall by more than rounding can undo (a margin
-    of 1e-12), so ``(q·d_k)/2^k`` cannot increase with k for any q >= 0 (the check
-    :func:`doubling_levels` otherwise makes on every call)."""
+    of 1e-12), so ``(q·d_k)/2^k`` cannot increase with k for any q >= 0 (``JobBatch.monotone``;
+    the doubling kernel checks every gain it computes anyway)."""
     if d.shape[1] < 2:
         return np.ones(d.shape[0], dtype=bool)
     e = d / (1 << np.arange(d.shape[1])).astype(float)

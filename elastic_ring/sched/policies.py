@@ -241,9 +241,11 @@ class SRTF:
         n = min(b.ids.size, total_gpus)
         weights = self._weights(n)
         slot = st.get("slot", _NO_SLOT)
+        f64, i64 = np.float64, np.int64
         out, order, status, tau, by_id, top = compiled().srtf(
-            np.ascontiguousarray(b.remaining, dtype=np.float64), b.rate1, np.ascontiguousarray(b.rows, dtype=np.int64),
-            np.ascontiguousarray(b.ids, dtype=np.int64), weights, b.tables, total_gpus, float(st.get("tau", 0.0)),
+            np.ascontiguousarray(b.remaining, dtype=f64), np.ascontiguousarray(b.rate1, dtype=f64),
+            np.ascontiguousarray(b.rows, dtype=i64), np.ascontiguousarray(b.ids, dtype=i64), weights,
+            np.ascontiguousarray(b.tables, dtype=f64), int(total_gpus), float(st.get("tau", 0.0)),
             st.get("prev", _NO_SLOT), slot)
         if slot.size <= top < _SLOT_MAX:  # the order-keeping scratch, by job id
             st["slot"] = np.full(max(2 * top + 2, 1024), -1, dtype=np.int64)
