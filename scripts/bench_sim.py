@@ -10,7 +10,11 @@ digests match). The machine's load (``os.getloadavg()``) is recorded before and 
 
     .venv/bin/python scripts/bench_sim.py [--sizes 2500x256,5000x512,10000x1024,100000x16384]
         [--strategies eight,precompute,srtf,optimus,exploratory,precompute-rc,srtf-rc,optimus-rc]
-        [--before FILE] [--before-note TEXT] [--cap-s 300] [--profile N] [--out results/bench_sim.json]
+        [--before FILE] [--before-note TEXT] [--cap-s 300] [--profile N] [--first N] [--out results/bench_sim.json]
+    .venv/bin/python scripts/bench_sim.py --ab OLD_TREE [--before-note TEXT] [--rounds 3] [--first N] ...
+
+``--first N`` plays only the first N jobs of each size's stream (a shorter horizon at the same cluster
+size), in the in-process runs and in ``--ab``'s side-by-side runs alike.
 
 The default sizes are the ones of the committed results, so that ``--before`` (an earlier run's
 file) has a digest to compare at each of them. ``--profile N`` runs each under cProfile and stores
