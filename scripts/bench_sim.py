@@ -105,10 +105,17 @@ def _child_run(tree: str, strategy: str, n_jobs: int, gpus: int, contention: str
         "wall, cpu = time.perf_counter() - t, time.process_time() - c\n"
         "d = hashlib.sha256(repr((r.avg_jct_s, r.p99_jct_s, r.makespan_s, r.utilisation, r.resizes,\n"
         "    r.max_gpus_in_use, r.jct_s)).encode()).hexdigest()[:16]\n"
-        "print(json.dumps({'wall_s': wall, 'cpu_s': cpu, 'digest': d}))\n")
+        "import elastic_ring\n"
+        "print(json.dumps({'wall_s': wall, 'cpu_s': cpu, 'digest': d, 'package': elastic_ring.__file__}))\n")
     env = dict(os.environ, PYTHONPATH=tree)
-    out = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    # cwd=tree: `python -c` puts the working directory first on sys.path, before PYTHONPATH (run from
+    # this checkout, the old tree's side would import this checkout's package)
+    out = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
+                         cwd=tree)
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    if not Path(row.pop("package")).resolve().is_relative_to(Path(tree).resolve()):
+        raise RuntimeError(f"the run for {tree} did not import its package")
+    return row
 
 
 def side_by_side(old_tree: str, sizes, strategies, contention: str, rounds: int, first: int = 0) -> list[dict]:
