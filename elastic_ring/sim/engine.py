@@ -1,11 +1,14 @@
 """The event-driven cluster simulator: :class:`Simulator` (and :func:`simulate`, one run in a call).
 
-Events (:class:`Event`: a job's completion, the end of one of its exploration phases) live in a
-heap, with lazy deletion by stamp, next to the sorted arrival list. The policy decides at every
-arrival, every completion and every end of an exploration; between events each job progresses at
-its TRUE speed at its GPU count, except during a resize overhead (no progress, GPUs held). A job's
-completion time only changes when its allocation changes, so one decision costs the policy's time
-plus O(changed jobs · log events).
+Events: arrivals (the sorted job list), completions (each active job's completion time, kept in
+the per-job arrays of :mod:`.state`; the next one is the minimum over the active jobs) and the
+ends of exploration phases (:class:`Event` s in a heap, with lazy deletion by stamp). The policy
+decides at every arrival, every completion and every end of an exploration; between events each
+job progresses at its TRUE speed at its GPU count, except during a resize overhead (no progress,
+GPUs held). A job's completion time only changes when its allocation changes. From
+``batch_min_jobs`` active jobs on, decisions go through the policy's ``allocate_batch`` and are
+applied on the arrays in one compiled call (:func:`.state.apply_batch`), the same floating-point
+operations per job as the per-job code below.
 
 Resize accounting: any change of the GPU count of a job that has already started (including a
 preemption to 0 and each step of an exploration) counts as one resize. A resize, or a resume from
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from enum import IntEnum
 from typing import Mapping, NamedTuple, Sequence
 
@@ -50,10 +54,12 @@ import numpy as np
 
 from elastic_ring.errors import ElasticRingError
 from elastic_ring.perfmodel.convergence import predict_remaining
-from elastic_ring.perfmodel.speed import SpeedModel, fit_speed_few
+from elastic_ring.perfmodel.speed import N_PARAMS, SpeedModel, _features, fit_speed_few
 from elastic_ring.sched.api import JobBatch, JobView, Policy, Rate, model_rate
-from elastic_ring.sched.fast import gain_table, rows_monotone
+from elastic_ring.sched.fast import gain_table
+from elastic_ring.sim import state
 from elastic_ring.sim.api import JobSpec, JobState, RunResult, SimConfig
+from elastic_ring.sim.state import ADV, DONE_W, EXPLORED, HELD, PAUSE, RESIZES, ROW, SPEED, STATE, TC, TRAIN
 
 _INF = float("inf")
 # Decide on arrays (the policy's allocate_batch) from this many active jobs: below it, the
@@ -66,7 +72,8 @@ class SimError(ElasticRingError):
 
 
 class EventKind(IntEnum):
-    """What happens at an :class:`Event`. At equal times a completion is handled first."""
+    """What happens at an :class:`Event`. At equal times a completion is handled first (completions
+    are no longer heap events: :mod:`.state` keeps each job's completion time)."""
 
     COMPLETION = 0  # the job's work is done (at its current speed and pause)
     PHASE_END = 1  # the end of one of the job's exploration phases
@@ -86,8 +93,38 @@ class Event(NamedTuple):
     stamp: int
 
 
-_COMPLETION = EventKind.COMPLETION
 _PHASE_END = EventKind.PHASE_END
+_STATES = {state.QUEUED: JobState.QUEUED, state.RUNNING: JobState.RUNNING, state.EXPLORING: JobState.EXPLORING,
+           state.DONE: JobState.DONE}
+_CODE = {v: k for k, v in _STATES.items()}
+
+
+def _row_monotone(d: np.ndarray) -> bool:
+    """:func:`~elastic_ring.sched.fast.rows_monotone` of one table row, in scalar steps (the same
+    floating-point operations: ``d_k / 2^k``, then ``e_k·(1 + 1e-12) < e_(k-1)``)."""
+    e = [x / float(1 << k) for k, x in enumerate(d.tolist())]
+    if len(e) < 2:
+        return True
+    return all(math.isfinite(x) for x in e) and all(e[k] * (1 + 1e-12) < e[k - 1] for k in range(1, len(e)))
+
+
+def _fit_model(ws: list[int], fs: list[float], b: float, n: float) -> SpeedModel:
+    """``fit_speed_few(ws, fs, b, n)[0].model`` without the fit's residuals: with 4 or more distinct
+    worker counts, :func:`~elastic_ring.perfmodel.speed.fit_speed`'s operations up to its model (an
+    exploration's fit, once per job); otherwise, or on values it refuses, ``fit_speed_few`` itself."""
+    if len(set(ws)) < N_PARAMS or b <= 0 or n <= 0 or not all(w >= 1 and math.isfinite(w) for w in ws) or \
+            not all(f > 0 and math.isfinite(f) for f in fs):
+        return fit_speed_few(ws, fs, b, n)[0].model
+    from scipy.optimize import nnls
+
+    w = np.asarray(ws, dtype=float).ravel()
+    X = _features(w, float(b), float(n))
+    y = 1.0 / np.asarray(fs, dtype=float).ravel()
+    scale = np.linalg.norm(X, axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(X / scale, y)
+    t = np.maximum(coef / scale, 0.0)
+    return SpeedModel(float(t[0]), float(t[1]), float(t[2]), float(t[3]), float(b), float(n))
 
 
 class SimJob:
@@ -180,6 +217,12 @@ class Simulator:
         self.trace = trace
         self.batch = getattr(policy, "allocate_batch", None) is not None
         self.batch_min_jobs = batch_min_jobs
+        # A decision on arrays is applied by the compiled step (state.apply_batch) unless a job's
+        # change depends on other jobs (hand-over after a launch, launches sharing a node) or a
+        # subclass changes how a change is applied; then by _apply, one job at a time.
+        cls = type(self)
+        self._compiled_apply = not (config.resize_after_launch or config.launches_share_node) and all(
+            getattr(cls, m) is getattr(Simulator, m) for m in ("_launch_cost", "_apply", "_set_training"))
         # speed models the planner uses, one row each (a workload's, or a job's fitted one)
         self._rates: list[Rate] = []
         self._tables = np.zeros((0, gain_table(lambda w: 1.0, self.gpus).size))
@@ -188,7 +231,7 @@ class Simulator:
         self._plan_row = {k: self._add_rate(r) for k, r in self.plan_rates.items()}
         self._noise_rng = np.random.default_rng([config.seed, 1])
         # runtime state, (re)set by run()
-        self._heap: list[Event] = []
+        self._heap: list[Event] = []  # phase ends (completions: the F[TC] column of each job)
         self._seq = itertools.count(1)
         self._active: dict[int, SimJob] = {}
         self.gpus_in_use = 0
@@ -221,48 +264,43 @@ class Simulator:
         accounted_to = t_first
         next_arrival = 0
         while len(finished) < n_jobs:
-            while heap:  # drop stale events
+            while heap:  # drop stale phase ends
                 ev = heap[0]
                 j = active.get(ev.job_id)
-                if j is None or (ev.kind == _COMPLETION and ev.stamp != j.version) or \
-                        (ev.kind == _PHASE_END and (j.state != JobState.EXPLORING or ev.stamp != j.phase)):
+                if j is None or j.state != JobState.EXPLORING or ev.stamp != j.phase:
                     heapq.heappop(heap)
                     continue
                 break
+            if self._t_dirty:
+                self._t_next = state.next_completion(self._act, self._n_act, self._F)
+                self._t_dirty = False
             t_arr = arrivals[next_arrival].arrival if next_arrival < n_jobs else _INF
+            t_done = self._t_next
             t_ev = heap[0].time if heap else _INF
-            if t_arr == _INF and t_ev == _INF:
+            if t_arr == _INF and t_done == _INF and t_ev == _INF:
                 raise SimError(f"deadlock: {n_jobs - len(finished)} jobs can never run under {self.policy.name}")
-            if t_arr <= t_ev:
-                now = t_arr
-                self.gpu_seconds += self.gpus_in_use * (now - accounted_to)
-                accounted_to = now
+            now = min(t_arr, t_done, t_ev)
+            self.gpu_seconds += self.gpus_in_use * (now - accounted_to)
+            accounted_to = now
+            if t_arr == now:  # arrivals first at equal times, then completions, then phase ends
                 while next_arrival < n_jobs and arrivals[next_arrival].arrival == now:
                     self._arrive(arrivals[next_arrival], now)  # jobs arriving together: one decision
                     next_arrival += 1
                 self._decide(now)
-                continue
-            ev = heapq.heappop(heap)
-            now = ev.time
-            self.gpu_seconds += self.gpus_in_use * (now - accounted_to)
-            accounted_to = now
-            j = active[ev.job_id]
-            if ev.kind == _COMPLETION:
-                self._complete(j, now)
-                finished.append(j)
-                while heap and heap[0].time == now and heap[0].kind == _COMPLETION:
-                    ev2 = heapq.heappop(heap)  # another job done at this instant: before deciding
-                    j2 = active.get(ev2.job_id)
-                    if j2 is not None and ev2.stamp == j2.version:
-                        self._complete(j2, now)
-                        finished.append(j2)
+            elif t_done == now:  # every job done at this instant, before one decision
+                self._n_act, done = state.pop_completed(self._act, self._n_act, self._F, now)
+                self._t_dirty = True
+                for p in done.tolist():
+                    j = self._by_pos[p]
+                    self._complete(j, now)
+                    finished.append(j)
                 if active or next_arrival < n_jobs:
                     self._decide(now)
             else:
-                self._end_phase(j, now)
+                self._end_phase(active[heapq.heappop(heap).job_id], now)
         return self._result(finished, n_jobs, t_first)
 
-    # ------------------------------------------------------------------------------ event handlers
+    # ------------------------------------------------------------------------------ job state
     def _add_rate(self, rate: Rate) -> int:
         table = gain_table(rate, self.gpus)
         row = len(self._rates)
@@ -276,41 +314,66 @@ class Simulator:
         self._tables[row] = table
         self._rates.append(rate)
         self._rate1[row] = rate(1)
-        self._monotone[row] = bool(rows_monotone(table[None, :])[0])
+        self._monotone[row] = _row_monotone(table)
         return row
 
     def _alloc_arrays(self, arrivals: Sequence[JobSpec]) -> None:
-        """Per-job arrays (by arrival index) mirroring what a decision reads, and the active list."""
+        """Per-job arrays (by arrival index, see :mod:`.state`) and the active list."""
         n = len(arrivals)
         self._by_pos: list[SimJob | None] = [None] * n
-        self._a_id = np.array([s.id for s in arrivals], dtype=np.int64)
-        self._a_wd = np.zeros(n)  # work left at _a_start (work - work done)
-        self._a_speed = np.zeros(n)
-        self._a_start = np.zeros(n)  # when progress starts again: max(advanced_to, paused_until)
-        self._a_held = np.zeros(n, dtype=np.int64)
-        self._a_row = np.full(n, -1, dtype=np.int64)
-        self._a_needs = np.zeros(n, dtype=bool)
-        self._a_expl = np.zeros(n, dtype=bool)
-        self._act = np.zeros(0, dtype=np.int64)  # arrival indices of the active jobs, in order
+        self._wrow = {k: i for i, k in enumerate(self.true_rates)}
+        plan = self._plan_row if not self.explores else {}
+        self._F, self._I = state.new_state([s.id for s in arrivals], [s.arrival for s in arrivals],
+                                           [s.work for s in arrivals], [self._wrow[s.workload] for s in arrivals],
+                                           [plan.get(s.workload, -1) for s in arrivals], not self.explores)
+        self._act = np.zeros(n, dtype=np.int64)  # act[:n_act]: columns of the active jobs, in order
+        self._n_act = 0
         self._next_pos = 0
-        # The arrays are kept up to date only while decisions go through them ("live"): from
-        # batch_min_jobs active jobs on, until fewer than half that many remain; on the way in they
-        # are rebuilt from the jobs (the same values the updates would have written).
+        self._t_next, self._t_dirty = _INF, False  # the next completion time (dirty: to recompute)
+        self._speed_tab: np.ndarray | None = None  # true samples/s by (workload row, GPUs)
+        # While decisions go through arrays ("live": from batch_min_jobs active jobs on, until fewer
+        # than half that many remain) F and I are the truth and a SimJob is brought up to date
+        # (_load) only where per-job code reads it; otherwise the SimJobs are, and F and I are
+        # written from them (_store) on the way in. F[TC] and the active list are always kept.
         self._live = False
 
-    def _sync(self, j: SimJob) -> None:
+    def _store(self, j: SimJob) -> None:
+        """Write ``j``'s runtime state into the arrays (while they are the truth)."""
         if not self._live:
             return
-        p = j.pos
-        self._a_wd[p] = j.work - j.work_done
-        self._a_speed[p] = j.speed
-        self._a_start[p] = j.advanced_to if j.advanced_to > j.paused_until else j.paused_until
-        self._a_held[p] = j.gpus_held
-        if self.explores:
-            exploring = j.state == JobState.EXPLORING
-            self._a_expl[p] = exploring
-            self._a_needs[p] = not j.explored and not exploring
+        p, F, I = j.pos, self._F, self._I
+        F[DONE_W, p] = j.work_done
+        F[ADV, p] = j.advanced_to
+        F[PAUSE, p] = j.paused_until
+        F[SPEED, p] = j.speed
+        I[HELD, p] = j.gpus_held
+        I[TRAIN, p] = j.gpus_training
+        I[STATE, p] = _CODE[j.state]
+        I[RESIZES, p] = j.resizes
+        I[EXPLORED, p] = j.explored
 
+    def _load(self, j: SimJob) -> None:
+        """Bring ``j`` up to date from the arrays (while they are the truth)."""
+        if not self._live:
+            return
+        p, F, I = j.pos, self._F, self._I
+        j.work_done, j.advanced_to, j.paused_until, j.speed = (float(x) for x in F[DONE_W:SPEED + 1, p])
+        j.gpus_held, j.gpus_training, code, j.resizes = (int(x) for x in I[HELD:RESIZES + 1, p])
+        j.state = _STATES[code]
+
+    def _go_live(self, live: bool) -> None:
+        if live:
+            if self._speed_tab is None:
+                self._speed_tab = state.speed_table(list(self.true_rates.values()), self.gpus)
+            self._live = True
+            for j in self._active.values():
+                self._store(j)
+        else:
+            for j in self._active.values():
+                self._load(j)
+            self._live = False
+
+    # ------------------------------------------------------------------------------ event handlers
     def _arrive(self, spec: JobSpec, now: float) -> None:
         plan = None if self.explores else self.plan_rates[spec.workload]
         j = self._active[spec.id] = SimJob(spec, self.true_models[spec.workload], self.true_rates[spec.workload],
@@ -318,13 +381,12 @@ class Simulator:
         j.pos = p = self._next_pos
         self._next_pos += 1
         self._by_pos[p] = j
-        if plan is not None:
-            self._a_row[p] = self._plan_row[spec.workload]
-        if self._live:
-            self._sync(j)
-            self._act = np.append(self._act, p)
+        self._act[self._n_act] = p  # columns grow with arrival order: act stays in arrival order
+        self._n_act += 1
 
     def _complete(self, j: SimJob, now: float) -> None:
+        """``j`` is done (already out of the active list)."""
+        self._load(j)
         j.work_done = j.work
         j.advanced_to = now
         j.finished_at = now
@@ -333,11 +395,10 @@ class Simulator:
         j.gpus_held = j.gpus_training = 0
         j.speed = 0.0
         del self._active[j.id]
-        if self._live:
-            self._act = self._act[self._act != j.pos]
 
     def _end_phase(self, j: SimJob, now: float) -> None:
         """Record the phase's measured speed; start the next phase, or fit Eq. 5 and decide."""
+        self._load(j)
         j.advance(now)
         phases = self.config.explore_gpus
         w = phases[j.phase]
@@ -351,43 +412,28 @@ class Simulator:
             j.paused_until = now + self._launch_cost(phases[j.phase], self.config.resize_overhead_s, now, j)
             self._set_training(j, phases[j.phase], now)
             self._push_phase_end(j, now)
-            self._sync(j)
+            self._store(j)
             return
         ws = [m[0] for m in j.measured]
         fs = [max(m[1], 1e-12) for m in j.measured]
-        j.plan_rate = model_rate(fit_speed_few(ws, fs, j.true_model.m, j.true_model.n)[0].model)
+        j.plan_rate = model_rate(_fit_model(ws, fs, j.true_model.m, j.true_model.n))
         j.explored = True
         j.state = JobState.RUNNING
         j.phase = -1
         if self.batch:
-            self._a_row[j.pos] = self._add_rate(j.plan_rate)
-        self._sync(j)
+            self._I[ROW, j.pos] = self._add_rate(j.plan_rate)
+        self._store(j)
         self._decide(now)
 
     # ------------------------------------------------------------------------------ decisions
-    def _remaining_all(self, now: float) -> np.ndarray:
-        """:meth:`SimJob.remaining_at` of every active job (the same floating-point operations: the
-        work left minus speed x the time since progress started again, none before it, at least 0;
-        a job not training has speed 0, and its work left is never negative)."""
-        act = self._act
-        wd, speed = self._a_wd[act], self._a_speed[act]
-        x = now - self._a_start[act]
-        np.maximum(x, 0.0, out=x)
-        x *= speed
-        r = wd - x
-        return np.where(r > 0.0, r, 0.0)
-
     def _decide(self, now: float) -> None:
         """Ask the policy, check its answer, apply it (shrinks first, so GPUs in use never exceed G)."""
         if self.batch:
             n = len(self._active)
             if not self._live and n >= self.batch_min_jobs:
-                self._live = True
-                for j in self._active.values():
-                    self._sync(j)
-                self._act = np.fromiter((j.pos for j in self._active.values()), dtype=np.int64, count=n)
+                self._go_live(True)
             elif self._live and 2 * n < self.batch_min_jobs:
-                self._live = False
+                self._go_live(False)
             if self._live:
                 self._decide_batch(now)
                 return
@@ -435,27 +481,55 @@ class Simulator:
             self.trace.append((now, self.gpus_in_use))
 
     def _decide_batch(self, now: float) -> None:
-        """:meth:`_decide` through the policy's ``allocate_batch``: arrays in, arrays out, and only
-        the jobs whose count changes are touched (the per-event Python work no longer grows with
-        the number of active jobs)."""
-        policy, G, act = self.policy, self.gpus, self._act
-        uses_q = getattr(policy, "uses_remaining", True)
-        q = self._remaining_all(now) if uses_q else None
-        if uses_q and self.config.remaining == "eq1":
+        """:meth:`_decide` through the policy's ``allocate_batch``: arrays in, arrays out, and the
+        changes applied on the arrays in one compiled call (no Python step per job)."""
+        policy, G, act, n = self.policy, self.gpus, self._act, self._n_act
+        q, ids, held, rows, needs, exploring = state.batch_arrays(act, n, self._F, self._I, now)
+        if not getattr(policy, "uses_remaining", True):
+            q = None
+        elif self.config.remaining == "eq1":
             by_pos = self._by_pos
-            for i in range(act.size):
+            for i in range(n):
                 j = by_pos[act[i]]
                 if j.curve is not None:
                     q[i] = self._predicted_remaining(j, j.work - float(q[i]))
-        ids, rows, held = self._a_id[act], self._a_row[act], self._a_held[act]
-        if self.explores:
-            needs, exploring = self._a_needs[act], self._a_expl[act]
-        else:
-            needs = exploring = np.zeros(act.size, dtype=bool)
         batch = JobBatch(ids, q, held, rows, needs, exploring, self._tables, self._rates, self._rate1,
                          self._monotone)
         new = np.asarray(policy.allocate_batch(batch, G))
-        if new.shape != act.shape or (act.size and (new.min() < 0)):
+        if new.shape != (n,):
+            raise SimError(f"policy {policy.name} returned a bad allocation {new!r}")
+        if not self._compiled_apply or new.dtype.kind not in "iu":
+            self._apply_listed(new, held, exploring, now)
+            return
+        cfg = self.config
+        code, idx, val, dg, nres, t_next, starts = state.apply_batch(
+            act, n, new.astype(np.int64, copy=False), self._F, self._I, self._speed_tab, now, G, self.explores,
+            self.explore_hold, cfg.resize_overhead_s, cfg.start_overhead_s, cfg.overhead_per_worker_s)
+        if code != state.OK:
+            self._refuse(code, new, int(ids[idx]), int(val))
+        self.gpus_in_use += int(dg)
+        self.resizes += int(nres)
+        self._t_next, self._t_dirty = t_next, False
+        for p in starts.tolist():  # jobs starting to explore, in the order the per-job code takes them
+            self._apply(self._by_pos[p], self.explore_hold, now)
+        self._account(now)
+
+    def _refuse(self, code: int, new: np.ndarray, job_id: int, w: int) -> None:
+        """The SimError of a decision that ``state.apply_batch`` refused (the per-job code's words)."""
+        name = self.policy.name
+        if code == state.BAD:
+            raise SimError(f"policy {name} returned a bad allocation {new!r}")
+        if code == state.OVER:
+            raise SimError(f"policy {name} allocated {w} GPUs of {self.gpus}")
+        if code == state.CHANGED_EXPLORING:
+            raise SimError(f"policy {name} changed exploring job {job_id} to {w} GPUs")
+        raise SimError(f"policy {name} gave unexplored job {job_id} {w} GPUs, not {self.explore_hold}")
+
+    def _apply_listed(self, new: np.ndarray, held: np.ndarray, exploring: np.ndarray, now: float) -> None:
+        """A decision on arrays applied by :meth:`_apply`, one changed job at a time (the cases
+        ``state.apply_batch`` leaves out)."""
+        policy, G, act = self.policy, self.gpus, self._act[:self._n_act]
+        if act.size and new.min() < 0:
             raise SimError(f"policy {policy.name} returned a bad allocation {new!r}")
         total = int(new.sum())
         if total > G:
@@ -495,6 +569,11 @@ class Simulator:
 
     def _apply(self, j: SimJob, w: int, now: float) -> None:
         """Give job ``j`` ``w`` GPUs (``w != j.gpus_held``): a start, resize, preemption or exploration."""
+        self._load(j)
+        self._apply_job(j, w, now)
+        self._store(j)
+
+    def _apply_job(self, j: SimJob, w: int, now: float) -> None:
         if j.state == JobState.EXPLORING:
             raise SimError(f"policy {self.policy.name} changed exploring job {j.id} to {w} GPUs")
         t0 = self._handover(j, w, now) if self.config.resize_after_launch else now
@@ -504,7 +583,6 @@ class Simulator:
                                f"not {self.explore_hold}")
             j.advance(now)
             self._start_exploring(j, t0)
-            self._sync(j)
             return
         j.advance(now)
         if j.gpus_held > 0:
@@ -519,7 +597,6 @@ class Simulator:
         self.gpus_in_use += w - j.gpus_held
         j.gpus_held = w
         self._set_training(j, w, now)
-        self._sync(j)
 
     def _handover(self, j: SimJob, w: int, now: float) -> float:
         """``config.resize_after_launch``: when the change of ``j`` to ``w`` GPUs can begin. A job
@@ -564,18 +641,26 @@ class Simulator:
         if not per:
             return base
         if self.config.launches_share_node and t0 is not None:
-            w += sum(o.gpus_training for o in self._active.values() if o is not j and o.paused_until > t0)
+            if self._live:  # the other jobs' state is in the arrays
+                act = self._act[:self._n_act]
+                if j is not None:
+                    act = act[act != j.pos]
+                w += int(self._I[TRAIN, act][self._F[PAUSE, act] > t0].sum())
+            else:
+                w += sum(o.gpus_training for o in self._active.values() if o is not j and o.paused_until > t0)
         return base + per * (w - 1)
 
     def _set_training(self, j: SimJob, gpus: int, now: float) -> None:
-        """Train on ``gpus`` from ``now`` (after any pause): new speed, new completion event."""
+        """Train on ``gpus`` from ``now`` (after any pause): new speed, new completion time."""
         j.gpus_training = gpus
         j.speed = j.true_rate(gpus) if gpus > 0 else 0.0
         j.version += 1
         if j.speed > 0:
             start = now if now > j.paused_until else j.paused_until
-            heapq.heappush(self._heap, Event(start + (j.work - j.work_done) / j.speed, _COMPLETION,
-                                             next(self._seq), j.id, j.version))
+            self._F[TC, j.pos] = start + (j.work - j.work_done) / j.speed
+        else:
+            self._F[TC, j.pos] = _INF
+        self._t_dirty = True
 
     def _push_phase_end(self, j: SimJob, now: float) -> None:
         """The end of the phase begun at ``now``: ``explore_phase_s`` later, or, with
