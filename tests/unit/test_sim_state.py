@@ -1,0 +1,93 @@
+"""The engine's per-job arrays (elastic_ring/sim/state.py, issue 22) give the per-job engine's results.
+
+Digests (sha256 of the RunResult, its per-job JCTs and the GPU trace) were computed with the engine
+before the arrays became the truth (main at c52baec: a heap event per completion, every change
+applied by the per-job code), for each SimConfig option the live replay uses. The engine now must
+reproduce each one with every decision on arrays (batch_min_jobs=0), with the arrays switched on
+and off as the active count crosses 8 (batch_min_jobs=8), and with no decision on arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from elastic_ring.perfmodel.speed import fit_speed_few
+from elastic_ring.sched.api import model_rate
+from elastic_ring.sched.fast import gain_table, rows_monotone
+from elastic_ring.sched.policies import make_policy
+from elastic_ring.sim import CONTENTION, SimConfig, Simulator, load_workload, make_jobs, simulate
+from elastic_ring.sim.engine import _fit_model, _row_monotone
+
+ONE = ("resnet110-cifar10",)
+MIX = ("resnet110-cifar10", "resnet50-imagenet")
+OPTS = {  # name -> (SimConfig options, workloads)
+    "per_worker": (dict(start_overhead_s=20.0, overhead_per_worker_s=2.0), ONE),
+    "after_launch": (dict(resize_after_launch=True, start_overhead_s=20.0, overhead_per_worker_s=1.5), ONE),
+    "share_node": (dict(launches_share_node=True, start_overhead_s=10.0, overhead_per_worker_s=1.0), MIX),
+    "live_like": (dict(resize_after_launch=True, launches_share_node=True, start_overhead_s=15.0,
+                       overhead_per_worker_s=0.5, explore_phase_work=2.0e6), ONE),
+}
+POLICIES = ("eight", "precompute", "srtf", "optimus", "exploratory", "precompute-rc", "srtf-rc", "optimus-rc")
+WANT = {  # the engine before this change, 120 jobs on 32 GPUs, high load, seed 2
+    "per_worker": ("a165d1e37056ffd9", "f397da30b783b799", "58d187ff3c1707fe", "fad11199e6af599b",
+                   "6842266f81b2abf6", "8b8331edffd811b5", "b28788bb793a2d21", "f84aeade0a107b10"),
+    "after_launch": ("0cf3e63b754b72e2", "493acb92efd87e03", "5690366d621b48d8", "89f6ed05e6b16e77",
+                     "e9aebbf87b00bbbe", "7b152622614c35ab", "e837d9c1a9f7c575", "0f9b9de9964a04e6"),
+    "share_node": ("3ce713e90062df72", "31f0ab06b7c6b888", "419f596c58bec945", "2ba218a8d41e20fb",
+                   "7cc7d0793090aecc", "2949998d8470fcfc", "e44fa127437bca95", "be08a18e45948842"),
+    "live_like": ("8c94b68e91677bd1", "4dbfa07c1c3ca709", "f5a92fb038bb1511", "21db67877bafa4b3",
+                  "f9dd9f8636948eda", "2dac559f11456db0", "bb26da619616d759", "f5249b8f81006f59"),
+}
+
+
+@pytest.mark.parametrize("opt", list(OPTS))
+def test_arrays_equal_the_per_job_engine_under_each_option(opt):
+    kw, wls = OPTS[opt]
+    models = {w: load_workload(w).model for w in wls}
+    cfg = SimConfig(gpus=32, contention=CONTENTION["high"], jobs=120, seed=2, workloads=wls, **kw)
+    jobs = make_jobs(cfg, models)
+    for policy, want in zip(POLICIES, WANT[opt]):
+        for batch_min_jobs in (0, 8, 10**9):
+            trace: list = []
+            r = simulate(cfg, make_policy(policy), jobs, models, trace=trace, batch_min_jobs=batch_min_jobs)
+            got = hashlib.sha256(repr((r, r.jct_s, trace)).encode()).hexdigest()[:16]
+            assert got == want, (policy, batch_min_jobs)
+
+
+def test_compiled_apply_only_where_a_change_is_one_jobs_own():
+    models = {ONE[0]: load_workload(ONE[0]).model}
+    pol = make_policy("srtf")
+    assert Simulator(SimConfig(overhead_per_worker_s=1.0), pol, models)._compiled_apply
+    assert not Simulator(SimConfig(resize_after_launch=True), pol, models)._compiled_apply
+    assert not Simulator(SimConfig(launches_share_node=True), pol, models)._compiled_apply
+
+    class Costly(Simulator):
+        def _launch_cost(self, w, base, t0=None, j=None):  # noqa: ANN001
+            return base + 1.0
+
+    assert not Costly(SimConfig(), pol, models)._compiled_apply
+
+
+def test_exploration_fit_equals_fit_speed_few():
+    """The fit without residuals gives fit_speed_few's model to the bit (4 counts, noisy speeds,
+    repeats), and falls back to it for fewer counts."""
+    m = load_workload("resnet110-cifar10").model
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        ws = [1, 2, 4, 8] if trial % 3 else [int(x) for x in rng.choice([1, 2, 3, 4, 8, 16], size=rng.integers(1, 7))]
+        fs = [max(m.samples_per_s(w) / (m.m * w) * (1 + 0.05 * rng.standard_normal()), 1e-12) for w in ws]
+        assert _fit_model(ws, fs, m.m, m.n) == fit_speed_few(ws, fs, m.m, m.n)[0].model
+
+
+def test_row_monotone_equals_rows_monotone():
+    rates = [model_rate(load_workload(w).model) for w in
+             ("resnet110-cifar10", "resnet50-imagenet", "vgg16-imagenet", "resnet110-2node")]
+    rng = np.random.default_rng(3)
+    rows = [gain_table(r, g) for r in rates for g in (1, 2, 8, 64, 16384)]
+    rows += [rng.standard_normal(int(rng.integers(1, 15))) for _ in range(100)]
+    rows += [np.array([1.0, 0.5 * (1 - 1e-13)]), np.array([1.0, np.inf]), np.array([2.0, 0.999])]
+    for d in rows:
+        assert _row_monotone(d) == bool(rows_monotone(d[None, :])[0]), d
