@@ -102,10 +102,18 @@ _CODE = {v: k for k, v in _STATES.items()}
 def _row_monotone(d: np.ndarray) -> bool:
     """:func:`~elastic_ring.sched.fast.rows_monotone` of one table row, in scalar steps (the same
     floating-point operations: ``d_k / 2^k``, then ``e_k·(1 + 1e-12) < e_(k-1)``)."""
-    e = [x / float(1 << k) for k, x in enumerate(d.tolist())]
-    if len(e) < 2:
+    if len(d) < 2:
         return True
-    return all(math.isfinite(x) for x in e) and all(e[k] * (1 + 1e-12) < e[k - 1] for k in range(1, len(e)))
+    prev = None
+    ok = True
+    for k, x in enumerate(d.tolist()):
+        e = x / float(1 << k)
+        if not math.isfinite(e):
+            return False
+        if prev is not None and not e * (1 + 1e-12) < prev:
+            ok = False
+        prev = e
+    return ok
 
 
 def _fit_model(ws: list[int], fs: list[float], b: float, n: float) -> SpeedModel:
@@ -357,8 +365,8 @@ class Simulator:
         if not self._live:
             return
         p, F, I = j.pos, self._F, self._I
-        j.work_done, j.advanced_to, j.paused_until, j.speed = (float(x) for x in F[DONE_W:SPEED + 1, p])
-        j.gpus_held, j.gpus_training, code, j.resizes = (int(x) for x in I[HELD:RESIZES + 1, p])
+        j.work_done, j.advanced_to, j.paused_until, j.speed = F[DONE_W:SPEED + 1, p].tolist()
+        j.gpus_held, j.gpus_training, code, j.resizes = I[HELD:RESIZES + 1, p].tolist()
         j.state = _STATES[code]
 
     def _go_live(self, live: bool) -> None:

@@ -88,6 +88,7 @@ def test_row_monotone_equals_rows_monotone():
     rng = np.random.default_rng(3)
     rows = [gain_table(r, g) for r in rates for g in (1, 2, 8, 64, 16384)]
     rows += [rng.standard_normal(int(rng.integers(1, 15))) for _ in range(100)]
-    rows += [np.array([1.0, 0.5 * (1 - 1e-13)]), np.array([1.0, np.inf]), np.array([2.0, 0.999])]
+    rows += [np.array([1.0, 0.5 * (1 - 1e-13)]), np.array([1.0, np.inf]), np.array([2.0, 0.999]),
+             np.array([np.inf]), np.array([]), np.array([np.nan, 1.0])]
     for d in rows:
         assert _row_monotone(d) == bool(rows_monotone(d[None, :])[0]), d
