@@ -272,10 +272,10 @@ class Simulator:
         accounted_to = t_first
         next_arrival = 0
         while len(finished) < n_jobs:
-            while heap:  # drop stale phase ends
+            while heap:  # drop stale events (a subclass may push kinds of its own: kept)
                 ev = heap[0]
                 j = active.get(ev.job_id)
-                if j is None or j.state != JobState.EXPLORING or ev.stamp != j.phase:
+                if j is None or (ev.kind == _PHASE_END and (j.state != JobState.EXPLORING or ev.stamp != j.phase)):
                     heapq.heappop(heap)
                     continue
                 break
@@ -340,10 +340,12 @@ class Simulator:
         self._t_next, self._t_dirty = _INF, False  # the next completion time (dirty: to recompute)
         self._speed_tab: np.ndarray | None = None  # true samples/s by (workload row, GPUs)
         # While decisions go through arrays ("live": from batch_min_jobs active jobs on, until fewer
-        # than half that many remain) F and I are the truth and a SimJob is brought up to date
-        # (_load) only where per-job code reads it; otherwise the SimJobs are, and F and I are
-        # written from them (_store) on the way in. F[TC] and the active list are always kept.
-        self._live = False
+        # than half that many remain) F and I are written from the SimJobs on the way in and after
+        # every per-job change (_store). With the compiled apply they are then the truth ("_truth")
+        # and a SimJob is brought up to date (_load) only where per-job code reads it; otherwise
+        # (hand-over, shared launches, a subclass's own _apply) the SimJobs stay the truth and the
+        # arrays mirror them, as before. F[TC] and the active list are always kept.
+        self._live = self._truth = False
 
     def _store(self, j: SimJob) -> None:
         """Write ``j``'s runtime state into the arrays (while they are the truth)."""
@@ -362,7 +364,7 @@ class Simulator:
 
     def _load(self, j: SimJob) -> None:
         """Bring ``j`` up to date from the arrays (while they are the truth)."""
-        if not self._live:
+        if not self._truth:
             return
         p, F, I = j.pos, self._F, self._I
         j.work_done, j.advanced_to, j.paused_until, j.speed = F[DONE_W:SPEED + 1, p].tolist()
@@ -376,10 +378,11 @@ class Simulator:
             self._live = True
             for j in self._active.values():
                 self._store(j)
+            self._truth = self._compiled_apply
         else:
             for j in self._active.values():
                 self._load(j)
-            self._live = False
+            self._live = self._truth = False
 
     # ------------------------------------------------------------------------------ event handlers
     def _arrive(self, spec: JobSpec, now: float) -> None:
@@ -648,14 +651,8 @@ class Simulator:
         per = self.config.overhead_per_worker_s
         if not per:
             return base
-        if self.config.launches_share_node and t0 is not None:
-            if self._live:  # the other jobs' state is in the arrays
-                act = self._act[:self._n_act]
-                if j is not None:
-                    act = act[act != j.pos]
-                w += int(self._I[TRAIN, act][self._F[PAUSE, act] > t0].sum())
-            else:
-                w += sum(o.gpus_training for o in self._active.values() if o is not j and o.paused_until > t0)
+        if self.config.launches_share_node and t0 is not None:  # (never with the arrays the truth)
+            w += sum(o.gpus_training for o in self._active.values() if o is not j and o.paused_until > t0)
         return base + per * (w - 1)
 
     def _set_training(self, j: SimJob, gpus: int, now: float) -> None:
