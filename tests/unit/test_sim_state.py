@@ -92,3 +92,28 @@ def test_row_monotone_equals_rows_monotone():
              np.array([np.inf]), np.array([]), np.array([np.nan, 1.0])]
     for d in rows:
         assert _row_monotone(d) == bool(rows_monotone(d[None, :])[0]), d
+
+
+@pytest.mark.parametrize("policy", ["precompute", "srtf-rc", "optimus", "exploratory"])
+def test_replay_on_arrays_equals_the_per_job_replay(policy, monkeypatch):
+    """The live replay (its own _apply, wake-up events, hand-over, shared launches) with every
+    decision on arrays gives the per-job replay's result, changes and seconds lost."""
+    from elastic_ring.sim import replay as replay_mod
+
+    rng = np.random.default_rng(11)
+    jobs = [(float(t), int(s)) for t, s in zip(np.cumsum(rng.exponential(4.0, 40)), rng.integers(200, 2000, 40))]
+    speed = {1: 10.0, 2: 18.0, 4: 30.0, 8: 45.0}
+    out = []
+    for arrays in (False, True):
+        if arrays:
+            class OnArrays(replay_mod._Replay):
+                def __init__(self, *a, **kw):  # noqa: ANN002, ANN003
+                    super().__init__(*a, batch_min_jobs=0, **kw)
+
+            monkeypatch.setattr(replay_mod, "_Replay", OnArrays)
+        lost, changes = [], []
+        r = replay_mod.replay(jobs, policy, 8, speed, start_overhead_s=3.0, resize_overhead_s=2.0,
+                              overhead_per_worker_s=0.5, explore_steps=30, lost=lost, changes=changes)
+        out.append((r, r.jct_s, lost, changes))
+    assert out[0][3]  # changes happened
+    assert out[0] == out[1]
