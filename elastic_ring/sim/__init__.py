@@ -3,6 +3,7 @@
 * :mod:`.api` — value types: :class:`SimConfig` (blueprint), :class:`JobSpec`, :class:`JobState`,
   :class:`RunResult`, the contention levels.
 * :mod:`.engine` — :class:`Simulator` (the event loop; :func:`simulate` runs one in a call).
+* :mod:`.state` — the engine's per-job state as arrays and the compiled steps on it (numba).
 * :mod:`.workload` — workload profiles (true Eq. 5 curves) and the seeded job stream.
 * :mod:`.bound` — lower bounds on any policy's average JCT (SRPT at linear speed-up, each job alone).
 
