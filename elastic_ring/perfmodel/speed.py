@@ -122,6 +122,21 @@ def _features(w: np.ndarray, b: float, n: float) -> np.ndarray:
     return np.column_stack([np.full_like(w, b), w - 1.0, (w - 1.0) * n / w, np.ones_like(w)])
 
 
+def nnls_model(w: np.ndarray, f: np.ndarray, batch_per_worker: float, n_params: float) -> SpeedModel:
+    """Eq. 5 by NNLS on 1/f = [b, w-1, (w-1)·n/w, 1] · t, columns scaled for conditioning: the
+    model alone, on values :func:`fit_speed` has checked (float arrays, w >= 1, f > 0, 4 or more
+    distinct w; the simulator's exploration fit calls it directly, without the residuals)."""
+    from scipy.optimize import nnls
+
+    X = _features(w, float(batch_per_worker), float(n_params))
+    y = 1.0 / f
+    scale = np.linalg.norm(X, axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(X / scale, y)
+    t = np.maximum(coef / scale, 0.0)
+    return SpeedModel(float(t[0]), float(t[1]), float(t[2]), float(t[3]), float(batch_per_worker), float(n_params))
+
+
 def fit_speed(workers: Any, steps_per_s: Any, batch_per_worker: float, n_params: float) -> SpeedFit:
     """Fit Eq. 5 by NNLS on 1/f = [b, w-1, (w-1)·n/w, 1] · t (columns scaled for conditioning).
 
@@ -134,8 +149,6 @@ def fit_speed(workers: Any, steps_per_s: Any, batch_per_worker: float, n_params:
     Raises:
         FitError: fewer than 4 distinct worker counts, or non-positive / non-finite values.
     """
-    from scipy.optimize import nnls
-
     w = np.asarray(workers, dtype=float).ravel()
     f = np.asarray(steps_per_s, dtype=float).ravel()
     if w.shape != f.shape:
@@ -148,13 +161,7 @@ def fit_speed(workers: Any, steps_per_s: Any, batch_per_worker: float, n_params:
     if distinct < N_PARAMS:
         raise FitError(f"speed fit (Eq. 5) has {N_PARAMS} parameters and needs measurements at >= "
                        f"{N_PARAMS} distinct worker counts, got {distinct} ({sorted(set(w.astype(int).tolist()))})")
-    X = _features(w, float(batch_per_worker), float(n_params))
-    y = 1.0 / f
-    scale = np.linalg.norm(X, axis=0)
-    scale[scale == 0] = 1.0
-    coef, _ = nnls(X / scale, y)
-    t = np.maximum(coef / scale, 0.0)
-    model = SpeedModel(float(t[0]), float(t[1]), float(t[2]), float(t[3]), float(batch_per_worker), float(n_params))
+    model = nnls_model(w, f, batch_per_worker, n_params)
     pred = np.asarray(model.predict(w), dtype=float)
     res = f - pred
     return SpeedFit(model, res, res / f, float(np.sqrt(np.mean(res ** 2))))

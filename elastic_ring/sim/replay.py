@@ -23,7 +23,8 @@ from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
 from elastic_ring.sched.policies import make_policy
 from elastic_ring.sched.resize_cost import ResizeCosts
 from elastic_ring.sim.api import JobSpec, JobState, RunResult, SimConfig
-from elastic_ring.sim.engine import Event, SimJob, Simulator
+from elastic_ring.sim.engine import Event, Simulator
+from elastic_ring.sim.job import SimJob
 
 
 class TableSpeed:

@@ -8,7 +8,7 @@ the row of the true-speed table, the planner's row, the id and whether the job i
 
 While the engine decides on arrays these are the source of truth: a decision's changes are applied
 here in one compiled call, with the same floating-point operations per job as
-:meth:`~elastic_ring.sim.engine.SimJob.advance`, ``Simulator._apply`` and ``_set_training`` (so the
+:meth:`~elastic_ring.sim.job.SimJob.advance`, ``Simulator._apply`` and ``_set_training`` (so the
 results are bit-identical to the per-job code); the completion time of every job is kept here, and
 the next completion is the minimum over the active jobs.
 """

@@ -19,7 +19,7 @@ from elastic_ring.sched.api import model_rate
 from elastic_ring.sched.fast import gain_table, rows_monotone
 from elastic_ring.sched.policies import make_policy
 from elastic_ring.sim import CONTENTION, SimConfig, Simulator, load_workload, make_jobs, simulate
-from elastic_ring.sim.engine import _fit_model, _row_monotone
+from elastic_ring.sim.job import _fit_model, _row_monotone
 
 ONE = ("resnet110-cifar10",)
 MIX = ("resnet110-cifar10", "resnet50-imagenet")
