@@ -44,21 +44,19 @@ class TimedPolicy:
     def __getattr__(self, name: str):  # noqa: ANN204 - name, explores, uses_remaining, ...
         return getattr(self._p, name)
 
-    def allocate(self, *a):  # noqa: ANN002, ANN201
+    def _timed(self, call, a):  # noqa: ANN001, ANN202
         t = time.perf_counter()
         try:
-            return self._p.allocate(*a)
+            return call(*a)
         finally:
             self.seconds += time.perf_counter() - t
             self.calls += 1
 
+    def allocate(self, *a):  # noqa: ANN002, ANN201
+        return self._timed(self._p.allocate, a)
+
     def allocate_batch(self, *a):  # noqa: ANN002, ANN201, F811
-        t = time.perf_counter()
-        try:
-            return self._p.allocate_batch(*a)
-        finally:
-            self.seconds += time.perf_counter() - t
-            self.calls += 1
+        return self._timed(self._p.allocate_batch, a)
 
 
 def _timed_fit(name: str) -> dict:
