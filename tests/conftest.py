@@ -20,17 +20,24 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("ELASTIC_RING_CPU_THREADS", "1")
 
 
-# The longest integration tests first, by their seconds in the fresh-clone CI run
-# (results/ci/fresh_clone_ci.txt). Under `make test` (-n 2 --dist worksteal) the first worker runs this
+# The integration tests in this order first, longest first (seconds: the fresh-clone CI run,
+# results/ci/fresh_clone_ci.txt). Under `make test` (-n 2 --dist worksteal) the first worker runs the
 # list from the front while the second runs unit tests, then takes work from the end of the first's
-# queue; so the tests that share a session-wide run (shared_dir) sit together here, one after the
-# other on the same worker, and none waits on the other worker's lock while it makes the run:
-# test_ray's reference is the 1 -> 2 -> 1 overlap run of test_resize...[auto] and test_inplace's
-# reference; the live resize run is test_tensorboard's; the straight 2-worker run is the reference
-# of three test_recovery tests.
+# queue. The tests that share a session-wide run (shared_dir) lead the list, each group in a row:
+# the first worker runs them one after the other before the second worker ever reaches them, so
+# none waits on the other worker's lock while it makes the run (in the last CI run
+# test_resize...[auto] took 26 s that way, waiting for test_ray's run). The groups: test_ray's
+# reference is the 1 -> 2 -> 1 overlap run of test_resize...[auto] and test_inplace's reference;
+# the live resize run is test_tensorboard's; the straight 2-worker run is the reference of three
+# test_recovery tests.
 _LONGEST_FIRST = (
     "test_ray_on_a_real_two_node_cluster",  # 111 s
     "test_resize_1_to_2_to_1_exact_resume_eq7_and_overheads", "test_inplace_grow_and_shrink_equals_checkpoint_relaunch",
+    "test_live_resize_from_another_shell_then_interrupt_and_resume",  # 35 s
+    "test_curves_equal_events_across_a_resize_and_a_resume",
+    "test_kill_9_of_one_rank_restarts_by_itself_exactly",
+    "test_a_stopped_rank_is_found_by_the_stall_watchdog_and_the_run_ends_exactly",
+    "test_kill_9_of_the_controller_leaves_no_orphan_and_resume_is_exact",
     "test_gpu_check_dry_run_on_the_cpu",  # 65 s
     "test_death_between_two_resizes_resumes_at_the_right_size_with_the_rest_of_the_schedule",  # 62 s
     "test_tiny_design_end_to_end",  # 54 s
@@ -39,11 +46,6 @@ _LONGEST_FIRST = (
     "test_interrupt_and_resume_equals_uninterrupted_run",  # 44 s
     "test_three_jobs_shrink_cancel_and_scheduler_kill9",  # 57 s before its jobs had 2 workers at most
     "test_experiment_resize_tiny_one_repeat_and_report",  # 40 s
-    "test_live_resize_from_another_shell_then_interrupt_and_resume",  # 35 s
-    "test_curves_equal_events_across_a_resize_and_a_resume",
-    "test_kill_9_of_one_rank_restarts_by_itself_exactly",
-    "test_a_stopped_rank_is_found_by_the_stall_watchdog_and_the_run_ends_exactly",
-    "test_kill_9_of_the_controller_leaves_no_orphan_and_resume_is_exact",
     "test_recipes_example_resized_twice_exact_data_lr_and_early_stop",  # 33 s
     "test_paced_example_keeps_its_pace_and_speeds_up_with_workers",  # 33 s with 0.4 s steps
     "test_mlp_on_digits_resized_1_2_1_learns", "test_char_transformer_resized_1_2_1_learns",  # 27 s, 26 s
