@@ -39,6 +39,17 @@ def _jobs(d: Path) -> list[dict]:
     return json.loads(_cli("jobs", "--dir", str(d), "--json").stdout)
 
 
+def _polled(d: Path) -> list[dict]:
+    """The jobs' rows read here, for the waits (what `jobs --json` prints, without a process per poll)."""
+    from elastic_ring.cluster.store import Store
+
+    store = Store(d)
+    try:
+        return [dict(j, state=j["state"].value) for j in store.jobs()]
+    finally:
+        store.close()
+
+
 def _events(d: Path) -> list[tuple[int, str, dict]]:
     db = sqlite3.connect(str(d / "cluster.db"))
     try:
@@ -57,13 +68,16 @@ def test_three_jobs_shrink_cancel_and_scheduler_kill9(tmp_path):
     sched = _up(d, log, "--slots", "4", "--policy", "precompute")
     try:
         _wait(lambda: (d / "cluster.db").exists(), 60, "the cluster database")
+        # two workers at most per job: a and b fill the 4 slots (2 + 2) as they arrive, with no
+        # 4-worker start on 2 cores (4 torch imports) and no shrink of a just-started job. 160
+        # steps of >= 50 ms: a and b still run when c arrives (submitted once both passed step 5)
         for name in ("a", "b"):
-            _cli("submit", PACED, "--name", name, "--steps", "300", "--max-workers", "4", "--checkpoint-every", "20",
+            _cli("submit", PACED, "--name", name, "--steps", "160", "--max-workers", "2", "--checkpoint-every", "20",
                  "--dir", str(d))
-        _wait(lambda: all(j["state"] == "running" and j["step"] > 5 for j in _jobs(d)), 180, "a and b running")
+        _wait(lambda: all(j["state"] == "running" and j["step"] > 5 for j in _polled(d)), 180, "a and b running")
         assert sum(len(j["slots"]) for j in _jobs(d)) == 4
-        _cli("submit", PACED, "--name", "c", "--steps", "200", "--max-workers", "4", "--dir", str(d))
-        _wait(lambda: any(j["name"] == "c" and j["state"] == "running" for j in _jobs(d)), 180, "c started")
+        _cli("submit", PACED, "--name", "c", "--steps", "60", "--max-workers", "2", "--dir", str(d))
+        _wait(lambda: any(j["name"] == "c" and j["state"] == "running" for j in _polled(d)), 180, "c started")
         # kill -9 of the scheduler while jobs run; their controllers go on
         os.kill(sched.pid, signal.SIGKILL)
         sched.wait(timeout=30)
@@ -73,7 +87,7 @@ def test_three_jobs_shrink_cancel_and_scheduler_kill9(tmp_path):
         _cli("submit", PACED, "--name", "d", "--steps", "5000", "--dir", str(d))
         _cli("cancel", "d", "--dir", str(d))
         sched = _up(d, log)
-        _wait(lambda: all(j["state"] in ("succeeded", "failed", "cancelled") for j in _jobs(d)), 420, "all done")
+        _wait(lambda: all(j["state"] in ("succeeded", "failed", "cancelled") for j in _polled(d)), 420, "all done")
         jobs = {j["name"]: j for j in _jobs(d)}
         assert {n: j["state"] for n, j in jobs.items()} == {"a": "succeeded", "b": "succeeded", "c": "succeeded",
                                                              "d": "cancelled"}, log.read_text()[-3000:]

@@ -1,16 +1,16 @@
 """TensorBoard curves of a real run (horovodrun, gloo, CPU), read back with TensorBoard's own
-readers and compared, scalar by scalar, with ``events.jsonl``: across a resize and a ``--resume``."""
+readers and compared, scalar by scalar, with ``events.jsonl``: across a resize and a ``--resume``.
+
+The run is test_train_resize's live resize, Ctrl-C and resume (made once per session for both:
+1 worker resized live to 2, an evaluation every 50 steps, stopped, resumed at 2 workers)."""
 
 from __future__ import annotations
-
-import signal
 
 import pytest
 
 from elastic_ring.events import read_events
 from elastic_ring.telemetry.tensorboard import scalars_of
-from tests.integration.test_train_resize import TINY, _start_train, _wait_for
-from tests.conftest import run_cli
+from tests.integration.test_train_resize import LIVE_STEPS, live_resize_run
 
 pytestmark = pytest.mark.integration
 
@@ -55,31 +55,21 @@ def _check(run) -> dict:
     return got
 
 
-def test_curves_equal_events_across_a_resize_and_a_resume(tmp_path):
-    run = tmp_path / "run"
-    proc = _start_train(["--gpus", "1", "--schedule", "6:2", "--steps", "60", *TINY,
-                         "--set", "eval_every=10", "--run-dir", str(run)])
-    try:
-        _wait_for(lambda: read_events(run / "events.jsonl", "resize_overhead")
-                  and [t for t in read_events(run / "events.jsonl", "throughput") if t["step"] >= 16],
-                  180, "a resize and step 16")
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130
-    first = _check(run)
+def test_curves_equal_events_across_a_resize_and_a_resume(tmp_path_factory):
+    folder, out = live_resize_run(tmp_path_factory)
+    assert out["resize"][0] == 0, out["resize"][1]
+    assert out["interrupted"][0] == 130, out["interrupted"][1]
+    first = _check(folder / "before")  # the curves of the first controller, before the resume
     tags = {t for t, _ in first}
     assert {"train/loss", "train/lr", "train/images_per_s", "train/world_size", "test/loss", "test/accuracy",
             "resize/total_lost_s", "resize/checkpoint_s", "resize/stop_latency_s"} <= tags
     assert {v for (t, _), (v, _) in first.items() if t == "train/world_size"} == {1.0, 2.0}
     stopped = max(s for t, s in first if t == "train/loss")
 
-    r = run_cli("train", "--resume", str(run), "--slots", "2", timeout=400)
-    assert r.returncode == 0, r.stderr
+    assert out["resume"][0] == 0, out["resume"][1]
+    run = folder / "run"
     assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 2  # one per controller
     after = _check(run)
     steps = sorted(s for t, s in after if t == "train/loss")
-    assert steps[-1] == 60 and any(s > stopped for s in steps)
+    assert steps[-1] == LIVE_STEPS and any(s > stopped for s in steps)
     assert {k: v for k, v in after.items() if k in first} == first  # the first part unchanged

@@ -146,40 +146,83 @@ def _start_train(args: list[str]) -> subprocess.Popen:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_live_resize_from_another_shell_then_interrupt_and_resume(tmp_path):
-    # the Ctrl-C (after a live resize and a refused one, each a CLI call) landed at step 156 (and 186
-    # with 600 steps) at load ~9 on two cores: 300 steps leave room, and the resume runs the rest at
-    # 2 workers
-    STEPS = 300
-    run = tmp_path / "live"
-    proc = _start_train(["--gpus", "1", "--steps", str(STEPS), *TINY, "--run-dir", str(run)])
+# the Ctrl-C (after a live resize and a refused one, each a CLI call) landed at step 156 (and 186
+# with 600 steps) at load ~9 on two cores: 300 steps leave room, and the resume runs the rest at 2
+# workers. An evaluation every 50 steps: test curves for test_tensorboard, which checks this run.
+LIVE_STEPS = 300
+
+
+def _live_resize_then_interrupt(folder: Path) -> None:
+    """1 worker, resized live to 2 from another shell (then a resize to the same size), Ctrl-C once
+    a window at 2 workers and an evaluation are in, a resize of the stopped run, and the resume: in
+    ``folder / "run"``; what each command returned in ``result.json``; ``before/`` holds the run's
+    events.jsonl and TensorBoard folder as they were before the resume. Made once per session
+    (test_live_resize... and test_tensorboard check it); a step that never comes raises."""
+    import shutil
+
+    run = folder / "run"
+    out: dict = {}
+    proc = _start_train(["--gpus", "1", "--steps", str(LIVE_STEPS), *TINY, "--set", "eval_every=50",
+                         "--run-dir", str(run)])
     try:
         _wait_for(lambda: _events(run, "throughput"), 120, "first throughput window")
         r = run_cli("resize", str(run), "--to", "2")
-        assert r.returncode == 0, r.stderr
+        out["resize"] = [r.returncode, r.stderr]
+        if r.returncode != 0:  # the tests report it
+            (folder / "result.json").write_text(json.dumps(out))
+            return
         _wait_for(lambda: _events(run, "resize_overhead"), 120, "the live resize")
-        req = _events(run, "resize_requested")
-        assert req and req[0]["source"] == "live" and req[0]["to_workers"] == 2
-        # a resize to the current size is refused with exit 2
-        same = run_cli("resize", str(run), "--to", "2")
-        assert same.returncode == 2 and "already has 2" in same.stderr
+        out["requested"] = _events(run, "resize_requested")
+        same = run_cli("resize", str(run), "--to", "2")  # the size it has now
+        out["same"] = [same.returncode, same.stderr]
+        _wait_for(lambda: _events(run, "evaluation") and [t for t in _events(run, "throughput") if t["world_size"] == 2],
+                  120, "an evaluation and a window at 2 workers")
         proc.send_signal(signal.SIGINT)  # graceful: checkpoint at the next agreed step
-        out, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
-    assert "--resume" in err
-    stopped = json.loads((run / "checkpoints" / "latest.json").read_text())["step"]
-    assert 0 < stopped < STEPS
-    # not running any more: a live resize is refused
+    out["interrupted"] = [proc.returncode, err]
+    out["stopped"] = json.loads((run / "checkpoints" / "latest.json").read_text())["step"]
     nr = run_cli("resize", str(run), "--to", "1")
-    assert nr.returncode == 2 and "not running" in nr.stderr and len(nr.stderr.strip().splitlines()) == 1
-    # resume continues from the checkpoint at 2 workers to the end, nothing repeated
+    out["not_running"] = [nr.returncode, nr.stderr]
+    (folder / "before").mkdir()
+    shutil.copy(run / "events.jsonl", folder / "before" / "events.jsonl")
+    shutil.copytree(run / "tensorboard", folder / "before" / "tensorboard")
     res = run_cli("train", "--resume", str(run), "--slots", "2", timeout=400)
-    assert res.returncode == 0, res.stderr
+    out["resume"] = [res.returncode, res.stderr]
+    (folder / "result.json").write_text(json.dumps(out))
+
+
+def live_resize_run(tmp_path_factory) -> tuple[Path, dict]:
+    """The run folder of :func:`_live_resize_then_interrupt` (made once per session) and its result.json."""
+    folder = shared_dir(tmp_path_factory, "live-resize-interrupt", _live_resize_then_interrupt)
+    return folder, json.loads((folder / "result.json").read_text())
+
+
+def test_live_resize_from_another_shell_then_interrupt_and_resume(tmp_path_factory):
+    folder, out = live_resize_run(tmp_path_factory)
+    run = folder / "run"
+    rc, err = out["resize"]
+    assert rc == 0, err
+    req = out["requested"]
+    assert req and req[0]["source"] == "live" and req[0]["to_workers"] == 2
+    # a resize to the current size is refused with exit 2
+    rc, err = out["same"]
+    assert rc == 2 and "already has 2" in err
+    rc, err = out["interrupted"]
+    assert rc == 130, err
+    assert "--resume" in err
+    stopped = out["stopped"]
+    assert 0 < stopped < LIVE_STEPS
+    # not running any more: a live resize is refused
+    rc, err = out["not_running"]
+    assert rc == 2 and "not running" in err and len(err.strip().splitlines()) == 1
+    # resume continues from the checkpoint at 2 workers to the end, nothing repeated
+    rc, err = out["resume"]
+    assert rc == 0, err
     steps = _trace(run)
-    assert sorted(steps) == list(range(1, STEPS + 1))
+    assert sorted(steps) == list(range(1, LIVE_STEPS + 1))
     assert _events(run, "launch")[-1]["world_size"] == 2
     assert _events(run, "launch")[-1]["start_step"] == stopped + 1
 
