@@ -149,6 +149,46 @@ def _train(rd: Path, script_args: list[str], steps: int, start: int, slots: int,
     return ev, (_first_step(ev) - t0) + (t1 - _last_step(ev))
 
 
+def _train_pair(work: Path, tag: str, script_args: list[str], steps: int, slots: int) -> list[float]:
+    """Two 1-worker `train` runs started at the same moment (two jobs launching side by side, as
+    live at an arrival): each one's start cost (launch + shutdown, as :func:`_train`)."""
+    t0 = time.time()
+    runs = []
+    for k in (0, 1):
+        rd = work / f"cal-pair{tag}-{k}"
+        rd.mkdir(parents=True, exist_ok=True)
+        err = open(rd.parent / f"cal-pair{tag}-{k}.err", "wb")
+        runs.append((rd, err, subprocess.Popen(
+            [*CLI, "train", "--script", SCRIPT, "--steps", str(steps), "--gpus", "1", "--slots", str(slots),
+             "--device", "cpu", "--run-dir", str(rd), "--", *script_args], cwd=ROOT, stdout=subprocess.DEVNULL,
+            stderr=err)))
+    ends: dict[int, float] = {}
+    while len(ends) < 2:
+        for k, (_, _, p) in enumerate(runs):
+            if k not in ends and p.poll() is not None:
+                ends[k] = time.time()
+        if time.time() - t0 > 600:
+            raise SystemExit("calibration pair did not end in 600 s")
+        time.sleep(0.05)
+    out = []
+    for k, (rd, err, p) in enumerate(runs):
+        err.close()
+        if p.returncode != 0:
+            raise SystemExit(f"calibration pair run failed: see {err.name}")
+        ev = _events(rd / "events.jsonl")
+        out.append((_first_step(ev) - t0) + (ends[k] - _last_step(ev)))
+    return out
+
+
+def launch_extra(pair_s: float, alone_s: float, cores: int) -> float:
+    """The processes a launch keeps busy besides its worker, from a 1-worker start alone
+    (``alone_s``) and two side by side (``pair_s`` each) on ``cores`` cores, if launches share the
+    cores (:func:`elastic_ring.sim.replay.shared_launch_ends`: two launches of 1 + h processes each
+    run at max(C, 1 + h) / max(C, 2 + 2h), so h = C r / 2 - 1 with r = pair / alone, h <= C - 1)."""
+    r = pair_s / alone_s if alone_s > 0 else 1.0
+    return min(max(0.0, cores * r / 2 - 1), cores - 1.0)
+
+
 def launch_costs(resizes: list[tuple[int, float]], starts: list[tuple[int, float]]) -> dict:
     """The simulator's launch costs from the calibration: a resize to W workers loses
     a + b (W - 1) seconds (least squares on the measured resizes, b >= 0: launching W worker
@@ -212,6 +252,8 @@ def calibrate(work: Path, slots: int, script_args: list[str], pinned: bool = Fal
     for i in range(2, repeats):
         for w in (1, slots):
             samples[w].append(_train(work / f"cal-start{w}-{i}", script_args, START_STEPS, w, slots, "")[1])
+    pairs = [x for i in range(repeats if repeats > 1 else 0)
+             for x in _train_pair(work, str(i), script_args, START_STEPS, slots)]
     lost = [{"from": e["from_workers"], "to": e["to_workers"], "lost_s": e["total_lost_s"], "repeat": r}
             for r, e in evs if e.get("kind") == "resize_overhead"]
     starts = {w: statistics.median(v) for w, v in samples.items()}
@@ -223,6 +265,9 @@ def calibrate(work: Path, slots: int, script_args: list[str], pinned: bool = Fal
     if repeats > 1:
         extra["repeats"] = repeats
         extra["measured_start_samples_s"] = {str(w): v for w, v in samples.items()}
+        cores = len(os.sched_getaffinity(0))
+        extra.update(pair_start_samples_s=pairs, cores=cores,
+                     launch_extra_processes=launch_extra(statistics.median(pairs), starts[1], cores))
     return {"segment_steps": seg, "rates_steps_per_s": table, **extra, "rates_grow_run": up, "rates_shrink_run": down,
             "measured_start_s": {str(w): v for w, v in starts.items()}, "measured_resizes": lost, **costs}
 
@@ -353,8 +398,12 @@ def side_by_side(jobs: list[dict], cal: dict[int, float]) -> list[dict]:
 
 def simulate_run(run: dict, policy: str, slots: int, cal: dict, cores: int | None = None) -> dict:
     """The live run's arrivals replayed with the calibration's speeds and overheads; the planner
-    sees linear speed-up, as the live scheduler does for jobs without a profile. Beside it, a
-    diagnostic replay (``launch_from_run``) with the same speeds but the start and relaunch times
+    sees linear speed-up, as the live scheduler does for jobs without a profile. The launch model:
+    with a calibration that measured starts side by side (``launch_extra_processes``), launches
+    share the node's cores (``shared_cores``: :func:`~elastic_ring.sim.replay.shared_launch_ends`);
+    otherwise the engine's per-worker cost (``per_worker``); the other one is reported beside
+    (sharing ``cores`` cores with no extra process when the calibration has no pair). Beside it too,
+    a diagnostic replay (``launch_from_run``) with the same speeds but the start and relaunch times
     the jobs had in the live run (their means): what is left of the error when the launch costs
     are right."""
     trace = [(j["arrival_s"], j["steps"]) for j in run["jobs"]]
@@ -362,24 +411,30 @@ def simulate_run(run: dict, policy: str, slots: int, cal: dict, cores: int | Non
     plan = {w: float(w) for w in range(1, slots + 1)}
     sim_lost: list[float] = []
     changes: list[tuple] = []
+    err = lambda s, l: (s - l) / l  # noqa: E731
+    h = cal.get("launch_extra_processes")
+    share = {"cores": cal.get("cores", cores), "launch_extra": h or 0.0} if h is not None or cores else None
+    kw = dict(plan=plan, overhead_per_worker_s=cal["overhead_per_worker_s"], explore_steps=EXPLORE_STEPS,
+              window_steps=WINDOW)
     # the -rc gate as live: the scheduler's default cost, then each job's (simulated) resizes
-    sim = replay(trace, policy, slots, table, cal["start_overhead_s"], cal["resize_overhead_s"], plan=plan,
-                 overhead_per_worker_s=cal["overhead_per_worker_s"], explore_steps=EXPLORE_STEPS,
-                 window_steps=WINDOW, lost=sim_lost, changes=changes)
+    sim = replay(trace, policy, slots, table, cal["start_overhead_s"], cal["resize_overhead_s"], lost=sim_lost,
+                 changes=changes, **kw, **(share if h is not None else {}))
+    other = None  # the other launch model: per worker beside sharing, or sharing (h = 0) beside per worker
+    if h is not None or share:
+        other = replay(trace, policy, slots, table, cal["start_overhead_s"], cal["resize_overhead_s"], **kw,
+                       **(share if h is None else {}))
+    models = {"shared_cores" if h is not None else "per_worker": sim}
+    if other is not None:
+        models["per_worker" if h is not None else "shared_cores"] = other
     # the relaunch part of each resize (its wait for a launch in flight is the simulator's own)
     lost = [x for j in run["jobs"] for x in j.get("resize_relaunch_s", [])]
     start_run = statistics.mean(j["start_overhead_s"] for j in run["jobs"])
     resize_run = statistics.mean(lost) if lost else cal["resize_overhead_s"]
     diag = replay(trace, policy, slots, table, start_run, resize_run, plan=plan, explore_steps=EXPLORE_STEPS,
                   window_steps=WINDOW)
-    err = lambda s, l: (s - l) / l  # noqa: E731
     names = [j["name"] for j in run["jobs"]]
-    # the other launch model, reported beside: the launches in flight share the node's cores
-    # (processor sharing, elastic_ring.sim.replay.shared_launch_ends), same calibration
-    shared = replay(trace, policy, slots, table, cal["start_overhead_s"], cal["resize_overhead_s"], plan=plan,
-                    overhead_per_worker_s=cal["overhead_per_worker_s"], explore_steps=EXPLORE_STEPS,
-                    window_steps=WINDOW, cores=cores) if cores else None
     return {"avg_jct_s": sim.avg_jct_s, "makespan_s": sim.makespan_s, "resizes": sim.resizes,
+            "launch_model": "shared_cores" if h is not None else "per_worker",
             "resize_lost_s": sim_lost,
             # each start, resize and stop: [asked at s, job, from, to workers, trains from s]
             "changes": [[round(t, 2), names[i], a, b, round(u, 2)] for t, i, a, b, u in changes],
@@ -388,8 +443,8 @@ def simulate_run(run: dict, policy: str, slots: int, cal: dict, cores: int | Non
             "launch_from_run": {"start_overhead_s": start_run, "resize_overhead_s": resize_run,
                                 "avg_jct_s": diag.avg_jct_s, "avg_jct_err": err(diag.avg_jct_s, run["avg_jct_s"]),
                                 "makespan_s": diag.makespan_s, "resizes": diag.resizes},
-            **({"shared_cores": {"cores": cores, "avg_jct_s": shared.avg_jct_s, "resizes": shared.resizes,
-                                 "avg_jct_err": err(shared.avg_jct_s, run["avg_jct_s"])}} if shared else {})}
+            **{k: {**(share if k == "shared_cores" else {}), "avg_jct_s": r.avg_jct_s, "resizes": r.resizes,
+                   "avg_jct_err": err(r.avg_jct_s, run["avg_jct_s"])} for k, r in models.items()}}
 
 
 def check(policy: str, slots: int, step_s: float, cal_file: str | None, out: Path, timeout: float,
@@ -536,7 +591,10 @@ def summary(files: list[Path], out: Path) -> dict:
                      "sim_makespan_s": r["sim"]["makespan_s"], "makespan_err": r["sim"]["makespan_err"],
                      "live_resizes": r["live"]["resizes"], "sim_resizes": r["sim"]["resizes"],
                      "diag_avg_jct_err": r["sim"].get("launch_from_run", {}).get("avg_jct_err"),
+                     "launch_model": r["sim"].get("launch_model", "per_worker"),
+                     "per_worker_avg_jct_err": r["sim"].get("per_worker", r["sim"])["avg_jct_err"],
                      "shared_cores_avg_jct_err": r["sim"].get("shared_cores", {}).get("avg_jct_err"),
+                     "launch_extra_processes": r["calibration"].get("launch_extra_processes"),
                      "calibration_repeats": r["calibration"].get("repeats", 1),
                      "calibration_start_s": r["calibration"]["measured_start_s"],
                      "live_start_s_mean": statistics.mean(j["start_overhead_s"] for j in r["live"]["jobs"]),
@@ -557,8 +615,8 @@ def summary(files: list[Path], out: Path) -> dict:
     print("| policy | load (start / mean) | live avg JCT s | sim avg JCT s | error | live makespan s | sim makespan s "
           "| error | resizes live / sim | launch s live: start, resize | error with the run's launch times "
           "| steps/s beside others / calibrated (median, min) | calibration: starts per size, start s at 1 / S "
-          "| error, launches sharing the cores |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| launch model (error above) | error, per-worker cost | error, launches sharing the cores (h) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         sb = (f"{r['side_by_side_ratio_median']:.2f}, {r['side_by_side_ratio_min']:.2f}"
               if r["side_by_side_ratio_median"] is not None else "-")
@@ -569,7 +627,9 @@ def summary(files: list[Path], out: Path) -> dict:
               f"{'-' if r['live_resize_lost_s_mean'] is None else format(r['live_resize_lost_s_mean'], '.1f')} | "
               f"{'-' if r['diag_avg_jct_err'] is None else format(100 * r['diag_avg_jct_err'], '+.1f') + '%'} | {sb} | "
               f"{r['calibration_repeats']}, {' / '.join(format(v, '.1f') for v in r['calibration_start_s'].values())} | "
-              f"{'-' if r['shared_cores_avg_jct_err'] is None else format(100 * r['shared_cores_avg_jct_err'], '+.1f') + '%'} |")
+              f"{r['launch_model'].replace('_', ' ')} | {100 * r['per_worker_avg_jct_err']:+.1f}% | "
+              f"{'-' if r['shared_cores_avg_jct_err'] is None else format(100 * r['shared_cores_avg_jct_err'], '+.1f') + '%'}"
+              f" ({r['launch_extra_processes'] or 0:.2f}) |")
     print("\n| run | resizes/job live / sim | seconds lost to resizes live / sim | avg JCT s live / sim |")
     print("|---|---|---|---|")
     for r in rows:

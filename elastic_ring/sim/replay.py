@@ -117,12 +117,13 @@ class _Replay(Simulator):
     """
 
     def __init__(self, *a, lost: list | None = None, window_steps: int = 20, live_costs: bool = True,
-                 changes: list | None = None, cores: int | None = None, **kw) -> None:
+                 changes: list | None = None, cores: int | None = None, launch_extra: float = 0.0, **kw) -> None:
         super().__init__(*a, **kw)
         self.lost, self.changes = lost, changes
         self.window_steps = window_steps
         self.live_costs = live_costs and hasattr(self.policy, "costs")
         self.cores = cores  # launches share these cores (shared_launch_ends); None: the engine's cost
+        self.launch_extra = launch_extra  # processes a launch keeps busy besides its workers
 
     def run(self, jobs):  # noqa: ANN001, ANN201 - the engine's signature
         self._begin: dict[int, float] = {}  # job -> when its last change began
@@ -147,7 +148,8 @@ class _Replay(Simulator):
             return super()._launch_cost(w, base, t0, j)
         prev = self._last.get(j.id)
         follows = prev if prev is not None and self._ends[prev] >= t0 - 1e-9 else -1
-        self._launches.append([t0, base + self.config.overhead_per_worker_s * (w - 1), w, follows, math.inf])
+        self._launches.append([t0, base + self.config.overhead_per_worker_s * (w - 1), w + self.launch_extra,
+                               follows, math.inf])
         self._owner.append(j.id)
         self._last[j.id] = len(self._launches) - 1
         self._share(t0, j)
@@ -279,7 +281,8 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
            overhead_per_worker_s: float = 0.0, explore_steps: int = 60,
            resize_after_launch: bool = True, resize_cost_s: float | None = None,
            launches_share_node: bool = True, lost: list | None = None, window_steps: int = 20,
-           live_costs: bool = True, changes: list | None = None, cores: int | None = None) -> RunResult:
+           live_costs: bool = True, changes: list | None = None, cores: int | None = None,
+           launch_extra: float = 0.0) -> RunResult:
     """Simulate ``jobs`` ((arrival s, steps), in submission order) on ``slots`` under ``policy``.
 
     ``speed``: the true steps/s table of every job, or one per job. ``plan``: the table the
@@ -299,10 +302,11 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
     from s), exploration steps aside. ``cores``: the launches in flight share the node's cores
     instead (:func:`shared_launch_ends`: each launch's cost above is its time alone, and every
     launch overlapping others slows while their worker processes outnumber the cores;
-    ``launches_share_node`` is then ignored).
+    ``launches_share_node`` is then ignored); a launch of W workers counts as W + ``launch_extra``
+    processes (its launcher and controller, measured by the calibration's starts side by side).
     """
-    if cores is not None and cores < 1:
-        raise ConfigError(f"cores must be >= 1, got {cores}")
+    if cores is not None and cores < 1 or not launch_extra >= 0:
+        raise ConfigError(f"need cores >= 1 and launch_extra >= 0, got {cores}, {launch_extra}")
     tables = list(speed) if isinstance(speed, (list, tuple)) else [speed] * len(jobs)
     if len(tables) != len(jobs):
         raise ConfigError("one speed table per job, or one for all")
@@ -318,4 +322,4 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
     pol = live_policy(policy, slots, "cpu") if resize_cost_s is None or not policy.endswith("-rc") else \
         make_policy(policy, resize_cost_s)
     return _Replay(cfg, pol, models, plans, lost=lost, window_steps=window_steps, live_costs=live_costs,
-                   changes=changes, cores=cores).run(specs)
+                   changes=changes, cores=cores, launch_extra=launch_extra).run(specs)

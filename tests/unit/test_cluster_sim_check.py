@@ -287,7 +287,14 @@ def test_calibration_takes_the_median_start_of_each_size(tmp_path, monkeypatch):
         return ev, starts[start].pop(0)
 
     monkeypatch.setattr(mod, "_train", fake_train)
+    # 1-worker starts side by side: 6.0-8.0 s each (median 7.5 against 5 alone: r = 1.5); on 2
+    # cores two launches of 1 + h processes run at 1 / (1 + h): h = 0.5
+    pairs = [[6.0, 7.5], [8.0, 7.5], [7.5, 7.0]]
+    monkeypatch.setattr(mod, "_train_pair", lambda work, tag, args, steps, slots: pairs.pop(0))
+    monkeypatch.setattr(mod.os, "sched_getaffinity", lambda pid: {0, 1})
     cal = mod.calibrate(tmp_path, 4, [], repeats=3)
+    assert cal["pair_start_samples_s"] == [6.0, 7.5, 8.0, 7.5, 7.5, 7.0] and cal["cores"] == 2
+    assert cal["launch_extra_processes"] == pytest.approx(0.5)
     assert cal["measured_start_s"] == {"1": 5.0, "4": 11.0}
     assert cal["measured_start_samples_s"] == {"1": [9.0, 4.0, 5.0], "4": [10.0, 30.0, 11.0]}
     assert len(cal["measured_resizes"]) == 12  # two resize runs of 3 resizes, twice
@@ -295,3 +302,33 @@ def test_calibration_takes_the_median_start_of_each_size(tmp_path, monkeypatch):
     assert cal["start_overhead_s"] == pytest.approx(5.75)
     # the second pair's segments are REPEAT_SEGMENT steps; the last starts are START_STEPS steps, no resize
     assert [c[1] for c in calls[4:]] == [mod.START_STEPS] * 2 and calls[2][3].startswith(f"{mod.REPEAT_SEGMENT}:")
+
+
+def test_launch_extra_inverts_the_shared_cores_model():
+    # two 1-worker launches of 1 + h processes, each 4 s alone, side by side on 2 cores: the model's
+    # pair time gives back h; no slowdown gives 0; slower than the model can be: at most cores - 1
+    from elastic_ring.sim.replay import shared_launch_ends
+
+    mod = _script_module()
+    for h in (0.0, 0.3, 0.8):
+        pair = shared_launch_ends([(0, 4.0, 1 + h, -1, INF)] * 2, 2)[0]
+        assert mod.launch_extra(pair, 4.0, 2) == pytest.approx(h)
+    assert mod.launch_extra(3.5, 4.0, 2) == 0.0 and mod.launch_extra(40.0, 4.0, 2) == 1.0
+
+
+def test_the_calibrations_pair_picks_the_shared_cores_model():
+    # a calibration with launch_extra_processes replays with launches sharing its cores (primary),
+    # the engine's per-worker cost beside; one without keeps the per-worker cost, sharing beside
+    mod = _script_module()
+    jobs = [{"name": f"j{i}", "arrival_s": a, "steps": n, "start_overhead_s": 5.0, "resize_relaunch_s": []}
+            for i, (a, n) in enumerate([(0, 40), (0, 40), (1, 40)])]
+    run = {"jobs": jobs, "avg_jct_s": 20.0, "makespan_s": 25.0}
+    cal = {"rates_steps_per_s": {"1": 3.3, "2": 6.6, "3": 9.9, "4": 13.2}, "start_overhead_s": 4.0,
+           "resize_overhead_s": 3.0, "overhead_per_worker_s": 2.0}
+    old = mod.simulate_run(run, "precompute", 4, cal, cores=2)
+    new = mod.simulate_run(run, "precompute", 4, {**cal, "launch_extra_processes": 0.5, "cores": 2})
+    assert old["launch_model"] == "per_worker" and old["shared_cores"]["launch_extra"] == 0.0
+    assert new["launch_model"] == "shared_cores" and new["shared_cores"]["launch_extra"] == 0.5
+    assert new["per_worker"]["avg_jct_s"] == pytest.approx(old["avg_jct_s"])
+    assert new["avg_jct_s"] == pytest.approx(new["shared_cores"]["avg_jct_s"])
+    assert new["avg_jct_s"] > old["shared_cores"]["avg_jct_s"]  # 1.5 processes a launch: more sharing
