@@ -353,7 +353,7 @@ def sched_events(db: sqlite3.Connection, first: float) -> dict[str, list]:
     out: dict[str, list] = {}
     for jid, kind, t, data in db.execute("SELECT job_id, kind, time, data FROM events ORDER BY id"):
         if kind in SCHED_KINDS and jid in names:
-            d = {k: v for k, v in (json.loads(data) if data else {}).items() if k not in ("pid", "slots")}
+            d = {k: v for k, v in (json.loads(data) if data else {}).items() if k != "pid"}
             out.setdefault(names[jid], []).append([round(t - first, 2), kind, d])
     return out
 
@@ -513,7 +513,7 @@ def resim(f: Path, work: str | None = None, per_job: bool = False) -> None:
                   f"{len(j['resize_lost_s'])}; live: {', '.join(live) or '-'}; sim: {', '.join(simc)}")
 
 
-def launch_table(res: dict) -> list[dict]:
+def launch_table(res: dict, cores: int = 2) -> list[dict]:
     """Each launch of a live run (with its scheduler events): a first start (its start + shutdown
     time), a resize's relaunch (from the old workers gone to the first step at the new size) or a
     resume (not timed), with W and what overlapped it: the worker processes of other launches in
@@ -522,12 +522,13 @@ def launch_table(res: dict) -> list[dict]:
     for j in res["live"]["jobs"]:
         relaunch = list(j.get("resize_relaunch_s", []))
         for t, kind, d in j.get("events", []):
+            x = {"job": j["name"], "t": t, "w": d.get("workers"), "slots": d.get("slots")}
             if kind == "started":
-                out.append({"job": j["name"], "kind": "start", "t": t, "w": d["workers"], "s": j["start_overhead_s"]})
+                out.append({**x, "kind": "start", "s": j["start_overhead_s"]})
             elif kind == "resized" and relaunch:
-                out.append({"job": j["name"], "kind": "resize", "t": t, "w": d["workers"], "s": relaunch.pop(0)})
+                out.append({**x, "kind": "resize", "s": relaunch.pop(0)})
             elif kind == "resumed":
-                out.append({"job": j["name"], "kind": "resume", "t": t, "w": d["workers"], "s": None})
+                out.append({**x, "kind": "resume", "s": None})
     timed = [x["s"] for x in out if x["kind"] == "start"]
     for x in out:  # a resume's length is not in the events: the run's median first start
         x["span"] = x["s"] if x["s"] is not None else (statistics.median(timed) if timed else 0.0)
@@ -536,18 +537,45 @@ def launch_table(res: dict) -> list[dict]:
         ov = [(o, max(0.0, min(b, o["t"] + o["span"]) - max(a, o["t"]))) for o in out if o is not x]
         x["other_workers"] = sum(o["w"] * v for o, v in ov) / (b - a) if b > a else 0.0
         x["other_launches"] = sum(v for _, v in ov) / (b - a) if b > a else 0.0
+        if x["slots"] is not None and all(o["slots"] is not None for o, _ in ov):
+            # the cluster pins slot i to core i mod the cores: the other launches' workers on this
+            # launch's cores, and on the others
+            mine = {s % cores for s in x["slots"]}
+            same = sum(sum(1 for s in o["slots"] if s % cores in mine) * v for o, v in ov)
+            x["same_core_workers"] = same / (b - a) if b > a else 0.0
+            x["other_core_workers"] = x["other_workers"] - x["same_core_workers"]
     return out
+
+
+def _core_fit(rows: list[dict]) -> tuple:
+    """Least squares of the launches' seconds on (start, resize, W - 1, other launching workers on
+    the same cores, on the other cores), and on every core alike: coefficients, residual SDs, n."""
+    import numpy as np
+
+    x = np.array([[x["kind"] == "start", x["kind"] == "resize", x["w"] - 1, x["same_core_workers"],
+                   x["other_core_workers"]] for x in rows], float)
+    y = np.array([x["s"] for x in rows])
+    c = np.linalg.lstsq(x, y, rcond=None)[0]
+    x2 = np.c_[x[:, :3], x[:, 3] + x[:, 4]]
+    c2 = np.linalg.lstsq(x2, y, rcond=None)[0]
+    sd = lambda a, k: float(np.sqrt(np.mean((y - a @ k) ** 2)))  # noqa: E731
+    return ([*c.tolist(), float(c2[3]), sd(x2, c2)], sd(x, c), len(y))
 
 
 def launches(files: list[Path]) -> None:
     """The launches of the runs with scheduler events, by kind, W and alone / overlapped, against
     each run's calibration samples (point 6's launch-cost analysis)."""
     groups: dict[tuple, list] = {}
+    fits: dict[str, tuple] = {}
+    pooled: list[dict] = []
     for f in files:
         res = json.loads(f.read_text())
-        rows = [x for x in launch_table(res) if x["s"] is not None]
+        rows = [x for x in launch_table(res, res.get("cores") or 2) if x["s"] is not None]
         if not rows:
             continue
+        if all("same_core_workers" in x for x in rows):
+            fits[f.name] = _core_fit(rows)
+            pooled += rows
         cal = res["calibration"]
         alone1 = [x["s"] for x in rows if x["kind"] == "start" and x["w"] == 1 and x["other_workers"] < 0.2]
         print(f"{f.name}: calibration starts {cal['measured_start_s']} (samples "
@@ -556,6 +584,15 @@ def launches(files: list[Path]) -> None:
         for x in rows:
             alone = x["other_workers"] < 0.2
             groups.setdefault((x["kind"], x["w"], alone), []).append((x["s"], x["other_workers"]))
+    if len(fits) > 1:
+        fits["all of them"] = _core_fit(pooled)
+    if fits:
+        print("least squares, s = start + resize + b (W - 1) + per other launching worker on the launch's cores, "
+              "+ per one on the other cores:")
+        for name, (c, res_sd, n) in fits.items():
+            print(f"  {name}: start {c[0]:.2f}, resize {c[1]:.2f}, b {c[2]:.2f}, same core {c[3]:.2f}, other core "
+                  f"{c[4]:.2f} (residual {res_sd:.2f} s, {n} launches); every core alike: {c[5]:.2f} a worker "
+                  f"(residual {c[6]:.2f} s)")
     print("| launch | W | overlapped | n | median s | min-max s | other launching workers (mean) |")
     print("|---|---|---|---|---|---|---|")
     for (k, w, alone), v in sorted(groups.items()):

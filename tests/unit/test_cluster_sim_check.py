@@ -196,7 +196,7 @@ def test_the_check_keeps_each_jobs_scheduler_events_by_name(tmp_path):
     db = sqlite3.connect(str(tmp_path / "cluster.db"))
     ev = mod.sched_events(db, 100.0)
     db.close()
-    assert ev == {"j0": [[3.0, "started", {"workers": 2}], [4.5, "resize_requested", {"frm": 2, "to": 1}]],
+    assert ev == {"j0": [[3.0, "started", {"workers": 2, "slots": [0, 1]}], [4.5, "resize_requested", {"frm": 2, "to": 1}]],
                   "j1": [[6.0, "grow_vetoed", {"held": 1, "asked": 2}]]}
 
 
@@ -332,3 +332,22 @@ def test_the_calibrations_pair_picks_the_shared_cores_model():
     assert new["per_worker"]["avg_jct_s"] == pytest.approx(old["avg_jct_s"])
     assert new["avg_jct_s"] == pytest.approx(new["shared_cores"]["avg_jct_s"])
     assert new["avg_jct_s"] > old["shared_cores"]["avg_jct_s"]  # 1.5 processes a launch: more sharing
+
+
+def test_launch_table_counts_what_overlapped_each_launch_and_on_which_core():
+    # j0 starts on slots 0, 1 at 0 s (10 s); j1 starts on slot 2 (core 0 of 2) at 5 s (5 s), so half
+    # of j0's start overlaps one worker on its core 0; j1's whole start overlaps j0's 2 workers, one
+    # on its core (slot 0) and one on the other (slot 1); j1's resize to slots 2, 3 at 20 s: alone
+    mod = _script_module()
+    res = {"live": {"jobs": [
+        {"name": "j0", "start_overhead_s": 10.0, "resize_relaunch_s": [],
+         "events": [[0.0, "started", {"workers": 2, "slots": [0, 1]}]]},
+        {"name": "j1", "start_overhead_s": 5.0, "resize_relaunch_s": [4.0],
+         "events": [[5.0, "started", {"workers": 1, "slots": [2]}], [20.0, "resized", {"workers": 2, "slots": [2, 3]}]]},
+    ]}}
+    t = {(x["job"], x["kind"]): x for x in mod.launch_table(res, cores=2)}
+    assert t["j0", "start"]["other_workers"] == pytest.approx(0.5)
+    assert t["j0", "start"]["same_core_workers"] == pytest.approx(0.5)
+    assert t["j1", "start"]["other_workers"] == pytest.approx(2.0)
+    assert t["j1", "start"]["same_core_workers"] == pytest.approx(1.0)
+    assert t["j1", "resize"]["s"] == 4.0 and t["j1", "resize"]["other_workers"] == 0.0
