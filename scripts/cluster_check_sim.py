@@ -64,6 +64,8 @@ POLICIES = ("eight", "precompute", "srtf", "optimus", "exploratory")
 TRACE = [(0, 160), (5, 40), (10, 100), (25, 60), (30, 200), (45, 40),
          (70, 120), (75, 80), (80, 40), (110, 140), (120, 60), (125, 100)]
 CAL_SEGMENT = 40  # steps at each size in the calibration
+REPEAT_SEGMENT = 25  # steps at each size in the calibration's repeated resize runs (> one throughput window)
+START_STEPS = 5  # steps of a calibration run that only measures a start
 # --example mlp: two long unpaced jobs side by side (point 5)
 TRACE_MLP = [(0, 8000), (3, 8000), (6, 4000)]
 # steps an explorer trains at each size live: the first step (before any window), the warm-up
@@ -147,6 +149,46 @@ def _train(rd: Path, script_args: list[str], steps: int, start: int, slots: int,
     return ev, (_first_step(ev) - t0) + (t1 - _last_step(ev))
 
 
+def _train_pair(work: Path, tag: str, script_args: list[str], steps: int, slots: int) -> list[float]:
+    """Two 1-worker `train` runs started at the same moment (two jobs launching side by side, as
+    live at an arrival): each one's start cost (launch + shutdown, as :func:`_train`)."""
+    t0 = time.time()
+    runs = []
+    for k in (0, 1):
+        rd = work / f"cal-pair{tag}-{k}"
+        rd.mkdir(parents=True, exist_ok=True)
+        err = open(rd.parent / f"cal-pair{tag}-{k}.err", "wb")
+        runs.append((rd, err, subprocess.Popen(
+            [*CLI, "train", "--script", SCRIPT, "--steps", str(steps), "--gpus", "1", "--slots", str(slots),
+             "--device", "cpu", "--run-dir", str(rd), "--", *script_args], cwd=ROOT, stdout=subprocess.DEVNULL,
+            stderr=err)))
+    ends: dict[int, float] = {}
+    while len(ends) < 2:
+        for k, (_, _, p) in enumerate(runs):
+            if k not in ends and p.poll() is not None:
+                ends[k] = time.time()
+        if time.time() - t0 > 600:
+            raise SystemExit("calibration pair did not end in 600 s")
+        time.sleep(0.05)
+    out = []
+    for k, (rd, err, p) in enumerate(runs):
+        err.close()
+        if p.returncode != 0:
+            raise SystemExit(f"calibration pair run failed: see {err.name}")
+        ev = _events(rd / "events.jsonl")
+        out.append((_first_step(ev) - t0) + (ends[k] - _last_step(ev)))
+    return out
+
+
+def launch_extra(pair_s: float, alone_s: float, cores: int) -> float:
+    """The processes a launch keeps busy besides its worker, from a 1-worker start alone
+    (``alone_s``) and two side by side (``pair_s`` each) on ``cores`` cores, if launches share the
+    cores (:func:`elastic_ring.sim.replay.shared_launch_ends`: two launches of 1 + h processes each
+    run at max(C, 1 + h) / max(C, 2 + 2h), so h = C r / 2 - 1 with r = pair / alone, h <= C - 1)."""
+    r = pair_s / alone_s if alone_s > 0 else 1.0
+    return min(max(0.0, cores * r / 2 - 1), cores - 1.0)
+
+
 def launch_costs(resizes: list[tuple[int, float]], starts: list[tuple[int, float]]) -> dict:
     """The simulator's launch costs from the calibration: a resize to W workers loses
     a + b (W - 1) seconds (least squares on the measured resizes, b >= 0: launching W worker
@@ -173,31 +215,61 @@ def pinned_rates(work: Path, slots: int, script_args: list[str], steps: int) -> 
     return out
 
 
-def calibrate(work: Path, slots: int, script_args: list[str], pinned: bool = False) -> dict:
-    """Two runs of one paced job alone: started at 1, grown 1 -> 2 -> ... -> S; started at S,
-    shrunk to 1, grown back to S and shrunk to 2. ``pinned`` (unpaced jobs, whose speed depends
-    on the cores they get): the speeds come from one run per size on its own slots' cores
-    (:func:`pinned_rates`) instead; the two resize runs still give the launch and resize costs."""
-    seg = CAL_SEGMENT
+def _resize_pair(work: Path, tag: str, slots: int, script_args: list[str], seg: int) -> tuple[list, float, list, float]:
+    """The two resize runs: started at 1, grown 1 -> 2 -> ... -> S; started at S, shrunk to 1, grown
+    back to S and shrunk to 2 (``seg`` steps a size). Their events and start costs."""
     up_sched = ",".join(f"{seg * i}:{i + 1}" for i in range(1, slots))
-    ev_up, start_1 = _train(work / "cal-up", script_args, seg * slots, 1, slots, up_sched)
+    ev_up, start_1 = _train(work / f"cal-up{tag}", script_args, seg * slots, 1, slots, up_sched)
     down, prev = [], slots
     for i, w in enumerate((1, slots, 2), 1):  # S -> 1 -> S -> 2 (no step to the size it is at)
         if w != prev:
             down.append(f"{i * seg}:{w}")
             prev = w
-    ev_down, start_s = _train(work / "cal-down", script_args, 4 * seg, slots, slots, ",".join(down))
+    ev_down, start_s = _train(work / f"cal-down{tag}", script_args, 4 * seg, slots, slots, ",".join(down))
+    return ev_up, start_1, ev_down, start_s
+
+
+def calibrate(work: Path, slots: int, script_args: list[str], pinned: bool = False, repeats: int = 1) -> dict:
+    """One paced job alone (:func:`_resize_pair`): its steps/s at each size, its start costs at 1
+    and S workers and the seconds each resize lost. ``repeats`` > 1: the pair again
+    (``REPEAT_SEGMENT`` steps a size), then starts alone at 1 and at S workers of
+    ``START_STEPS`` steps until each size has ``repeats`` starts; a start costs the MEDIAN of its
+    size's samples (one launch alone on 2 shared cores varies by up to 2x from one to the next),
+    the resize line is fitted on every resize. ``pinned`` (unpaced jobs, whose speed depends on the
+    cores they get): the speeds come from one run per size on its own slots' cores
+    (:func:`pinned_rates`) instead; the resize runs still give the launch and resize costs."""
+    seg = CAL_SEGMENT
+    ev_up, start_1, ev_down, start_s = _resize_pair(work, "", slots, script_args, seg)
     up, down = rates(ev_up), rates(ev_down)
     table = {w: statistics.mean([r[w] for r in (up, down) if w in r]) for w in sorted(set(up) | set(down))}
-    lost = [{"from": e["from_workers"], "to": e["to_workers"], "lost_s": e["total_lost_s"]}
-            for e in ev_up + ev_down if e.get("kind") == "resize_overhead"]
-    costs = launch_costs([(x["to"], x["lost_s"]) for x in lost], [(1, start_1), (slots, start_s)])
+    samples = {1: [start_1], slots: [start_s]}
+    evs = [(0, e) for e in ev_up + ev_down]
+    if repeats > 1:
+        ev_up2, s1, ev_down2, ss = _resize_pair(work, "-2", slots, script_args, REPEAT_SEGMENT)
+        samples[1].append(s1)
+        samples[slots].append(ss)
+        evs += [(1, e) for e in ev_up2 + ev_down2]
+    for i in range(2, repeats):
+        for w in (1, slots):
+            samples[w].append(_train(work / f"cal-start{w}-{i}", script_args, START_STEPS, w, slots, "")[1])
+    pairs = [x for i in range(repeats if repeats > 1 else 0)
+             for x in _train_pair(work, str(i), script_args, START_STEPS, slots)]
+    lost = [{"from": e["from_workers"], "to": e["to_workers"], "lost_s": e["total_lost_s"], "repeat": r}
+            for r, e in evs if e.get("kind") == "resize_overhead"]
+    starts = {w: statistics.median(v) for w, v in samples.items()}
+    costs = launch_costs([(x["to"], x["lost_s"]) for x in lost], list(starts.items()))
     extra = {}
     if pinned:
         extra = {"rates_unpinned_runs": table, "rates_from": "one run per size on its slots' cores"}
         table = pinned_rates(work, slots, script_args, 2 * seg)
+    if repeats > 1:
+        extra["repeats"] = repeats
+        extra["measured_start_samples_s"] = {str(w): v for w, v in samples.items()}
+        cores = len(os.sched_getaffinity(0))
+        extra.update(pair_start_samples_s=pairs, cores=cores,
+                     launch_extra_processes=launch_extra(statistics.median(pairs), starts[1], cores))
     return {"segment_steps": seg, "rates_steps_per_s": table, **extra, "rates_grow_run": up, "rates_shrink_run": down,
-            "measured_start_s": {"1": start_1, str(slots): start_s}, "measured_resizes": lost, **costs}
+            "measured_start_s": {str(w): v for w, v in starts.items()}, "measured_resizes": lost, **costs}
 
 
 def _cli(*args: str) -> str:
@@ -281,7 +353,7 @@ def sched_events(db: sqlite3.Connection, first: float) -> dict[str, list]:
     out: dict[str, list] = {}
     for jid, kind, t, data in db.execute("SELECT job_id, kind, time, data FROM events ORDER BY id"):
         if kind in SCHED_KINDS and jid in names:
-            d = {k: v for k, v in (json.loads(data) if data else {}).items() if k not in ("pid", "slots")}
+            d = {k: v for k, v in (json.loads(data) if data else {}).items() if k != "pid"}
             out.setdefault(names[jid], []).append([round(t - first, 2), kind, d])
     return out
 
@@ -324,10 +396,14 @@ def side_by_side(jobs: list[dict], cal: dict[int, float]) -> list[dict]:
     return out
 
 
-def simulate_run(run: dict, policy: str, slots: int, cal: dict) -> dict:
+def simulate_run(run: dict, policy: str, slots: int, cal: dict, cores: int | None = None) -> dict:
     """The live run's arrivals replayed with the calibration's speeds and overheads; the planner
-    sees linear speed-up, as the live scheduler does for jobs without a profile. Beside it, a
-    diagnostic replay (``launch_from_run``) with the same speeds but the start and relaunch times
+    sees linear speed-up, as the live scheduler does for jobs without a profile. The launch model:
+    with a calibration that measured starts side by side (``launch_extra_processes``), launches
+    share the node's cores (``shared_cores``: :func:`~elastic_ring.sim.replay.shared_launch_ends`);
+    otherwise the engine's per-worker cost (``per_worker``); the other one is reported beside
+    (sharing ``cores`` cores with no extra process when the calibration has no pair). Beside it too,
+    a diagnostic replay (``launch_from_run``) with the same speeds but the start and relaunch times
     the jobs had in the live run (their means): what is left of the error when the launch costs
     are right."""
     trace = [(j["arrival_s"], j["steps"]) for j in run["jobs"]]
@@ -335,19 +411,30 @@ def simulate_run(run: dict, policy: str, slots: int, cal: dict) -> dict:
     plan = {w: float(w) for w in range(1, slots + 1)}
     sim_lost: list[float] = []
     changes: list[tuple] = []
+    err = lambda s, l: (s - l) / l  # noqa: E731
+    h = cal.get("launch_extra_processes")
+    share = {"cores": cal.get("cores", cores), "launch_extra": h or 0.0} if h is not None or cores else None
+    kw = dict(plan=plan, overhead_per_worker_s=cal["overhead_per_worker_s"], explore_steps=EXPLORE_STEPS,
+              window_steps=WINDOW)
     # the -rc gate as live: the scheduler's default cost, then each job's (simulated) resizes
-    sim = replay(trace, policy, slots, table, cal["start_overhead_s"], cal["resize_overhead_s"], plan=plan,
-                 overhead_per_worker_s=cal["overhead_per_worker_s"], explore_steps=EXPLORE_STEPS,
-                 window_steps=WINDOW, lost=sim_lost, changes=changes)
+    sim = replay(trace, policy, slots, table, cal["start_overhead_s"], cal["resize_overhead_s"], lost=sim_lost,
+                 changes=changes, **kw, **(share if h is not None else {}))
+    other = None  # the other launch model: per worker beside sharing, or sharing (h = 0) beside per worker
+    if h is not None or share:
+        other = replay(trace, policy, slots, table, cal["start_overhead_s"], cal["resize_overhead_s"], **kw,
+                       **(share if h is None else {}))
+    models = {"shared_cores" if h is not None else "per_worker": sim}
+    if other is not None:
+        models["per_worker" if h is not None else "shared_cores"] = other
     # the relaunch part of each resize (its wait for a launch in flight is the simulator's own)
     lost = [x for j in run["jobs"] for x in j.get("resize_relaunch_s", [])]
     start_run = statistics.mean(j["start_overhead_s"] for j in run["jobs"])
     resize_run = statistics.mean(lost) if lost else cal["resize_overhead_s"]
     diag = replay(trace, policy, slots, table, start_run, resize_run, plan=plan, explore_steps=EXPLORE_STEPS,
                   window_steps=WINDOW)
-    err = lambda s, l: (s - l) / l  # noqa: E731
     names = [j["name"] for j in run["jobs"]]
     return {"avg_jct_s": sim.avg_jct_s, "makespan_s": sim.makespan_s, "resizes": sim.resizes,
+            "launch_model": "shared_cores" if h is not None else "per_worker",
             "resize_lost_s": sim_lost,
             # each start, resize and stop: [asked at s, job, from, to workers, trains from s]
             "changes": [[round(t, 2), names[i], a, b, round(u, 2)] for t, i, a, b, u in changes],
@@ -355,11 +442,13 @@ def simulate_run(run: dict, policy: str, slots: int, cal: dict) -> dict:
             "makespan_err": err(sim.makespan_s, run["makespan_s"]),
             "launch_from_run": {"start_overhead_s": start_run, "resize_overhead_s": resize_run,
                                 "avg_jct_s": diag.avg_jct_s, "avg_jct_err": err(diag.avg_jct_s, run["avg_jct_s"]),
-                                "makespan_s": diag.makespan_s, "resizes": diag.resizes}}
+                                "makespan_s": diag.makespan_s, "resizes": diag.resizes},
+            **{k: {**(share if k == "shared_cores" else {}), "avg_jct_s": r.avg_jct_s, "resizes": r.resizes,
+                   "avg_jct_err": err(r.avg_jct_s, run["avg_jct_s"])} for k, r in models.items()}}
 
 
 def check(policy: str, slots: int, step_s: float, cal_file: str | None, out: Path, timeout: float,
-          keep: str | None) -> dict:
+          keep: str | None, repeats: int = 1) -> dict:
     work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="cluster-check-"))
     work.mkdir(parents=True, exist_ok=True)
     load = LoadSampler()
@@ -371,11 +460,11 @@ def check(policy: str, slots: int, step_s: float, cal_file: str | None, out: Pat
         cf = Path(cal_file).resolve()
         cal["reused_from"] = str(cf.relative_to(ROOT)) if cf.is_relative_to(ROOT) else cf.name
     else:
-        cal = calibrate(work, slots, args, pinned=SCRIPT != PACED)
+        cal = calibrate(work, slots, args, pinned=SCRIPT != PACED, repeats=repeats)
     print(f"calibration: steps/s {cal['rates_steps_per_s']}, start {cal['start_overhead_s']:.1f} s, resize "
           f"{cal['resize_overhead_s']:.1f} s, + {cal['overhead_per_worker_s']:.2f} s per worker beyond 1", flush=True)
     run = live(work, policy, slots, TRACE, args, timeout)
-    sim = simulate_run(run, policy, slots, cal)
+    sim = simulate_run(run, policy, slots, cal, os.cpu_count())
     for j, s in zip(run["jobs"], sim["jct_s"]):
         j["sim_jct_s"] = s
     load.halt.set()
@@ -406,7 +495,7 @@ def resim(f: Path, work: str | None = None, per_job: bool = False) -> None:
         db.close()
         for j in res["live"]["jobs"]:
             j["events"] = events.get(j["name"], [])
-    sim = simulate_run(res["live"], res["policy"], res["slots"], res["calibration"])
+    sim = simulate_run(res["live"], res["policy"], res["slots"], res["calibration"], res.get("cores"))
     for j, s in zip(res["live"]["jobs"], sim["jct_s"]):
         j["sim_jct_s"] = s
     res["sim"] = sim
@@ -424,12 +513,100 @@ def resim(f: Path, work: str | None = None, per_job: bool = False) -> None:
                   f"{len(j['resize_lost_s'])}; live: {', '.join(live) or '-'}; sim: {', '.join(simc)}")
 
 
-def calibrate_only(slots: int, step_s: float, out: Path, keep: str | None) -> None:
+def launch_table(res: dict, cores: int = 2) -> list[dict]:
+    """Each launch of a live run (with its scheduler events): a first start (its start + shutdown
+    time), a resize's relaunch (from the old workers gone to the first step at the new size) or a
+    resume (not timed), with W and what overlapped it: the worker processes of other launches in
+    flight (time-averaged over the launch) and how many launches."""
+    out = []
+    for j in res["live"]["jobs"]:
+        relaunch = list(j.get("resize_relaunch_s", []))
+        for t, kind, d in j.get("events", []):
+            x = {"job": j["name"], "t": t, "w": d.get("workers"), "slots": d.get("slots")}
+            if kind == "started":
+                out.append({**x, "kind": "start", "s": j["start_overhead_s"]})
+            elif kind == "resized" and relaunch:
+                out.append({**x, "kind": "resize", "s": relaunch.pop(0)})
+            elif kind == "resumed":
+                out.append({**x, "kind": "resume", "s": None})
+    timed = [x["s"] for x in out if x["kind"] == "start"]
+    for x in out:  # a resume's length is not in the events: the run's median first start
+        x["span"] = x["s"] if x["s"] is not None else (statistics.median(timed) if timed else 0.0)
+    for x in out:
+        a, b = x["t"], x["t"] + x["span"]
+        ov = [(o, max(0.0, min(b, o["t"] + o["span"]) - max(a, o["t"]))) for o in out if o is not x]
+        x["other_workers"] = sum(o["w"] * v for o, v in ov) / (b - a) if b > a else 0.0
+        x["other_launches"] = sum(v for _, v in ov) / (b - a) if b > a else 0.0
+        if x["slots"] is not None and all(o["slots"] is not None for o, _ in ov):
+            # the cluster pins slot i to core i mod the cores: the other launches' workers on this
+            # launch's cores, and on the others
+            mine = {s % cores for s in x["slots"]}
+            same = sum(sum(1 for s in o["slots"] if s % cores in mine) * v for o, v in ov)
+            x["same_core_workers"] = same / (b - a) if b > a else 0.0
+            x["other_core_workers"] = x["other_workers"] - x["same_core_workers"]
+    return out
+
+
+def _core_fit(rows: list[dict]) -> tuple:
+    """Least squares of the launches' seconds on (start, resize, W - 1, other launching workers on
+    the same cores, on the other cores), and on every core alike: coefficients, residual SDs, n."""
+    import numpy as np
+
+    x = np.array([[x["kind"] == "start", x["kind"] == "resize", x["w"] - 1, x["same_core_workers"],
+                   x["other_core_workers"]] for x in rows], float)
+    y = np.array([x["s"] for x in rows])
+    c = np.linalg.lstsq(x, y, rcond=None)[0]
+    x2 = np.c_[x[:, :3], x[:, 3] + x[:, 4]]
+    c2 = np.linalg.lstsq(x2, y, rcond=None)[0]
+    sd = lambda a, k: float(np.sqrt(np.mean((y - a @ k) ** 2)))  # noqa: E731
+    return ([*c.tolist(), float(c2[3]), sd(x2, c2)], sd(x, c), len(y))
+
+
+def launches(files: list[Path]) -> None:
+    """The launches of the runs with scheduler events, by kind, W and alone / overlapped, against
+    each run's calibration samples (point 6's launch-cost analysis)."""
+    groups: dict[tuple, list] = {}
+    fits: dict[str, tuple] = {}
+    pooled: list[dict] = []
+    for f in files:
+        res = json.loads(f.read_text())
+        rows = [x for x in launch_table(res, res.get("cores") or 2) if x["s"] is not None]
+        if not rows:
+            continue
+        if all("same_core_workers" in x for x in rows):
+            fits[f.name] = _core_fit(rows)
+            pooled += rows
+        cal = res["calibration"]
+        alone1 = [x["s"] for x in rows if x["kind"] == "start" and x["w"] == 1 and x["other_workers"] < 0.2]
+        print(f"{f.name}: calibration starts {cal['measured_start_s']} (samples "
+              f"{cal.get('measured_start_samples_s', '-')}); the run's 1-worker starts alone: "
+              f"{sorted(round(v, 1) for v in alone1)}")
+        for x in rows:
+            alone = x["other_workers"] < 0.2
+            groups.setdefault((x["kind"], x["w"], alone), []).append((x["s"], x["other_workers"]))
+    if len(fits) > 1:
+        fits["all of them"] = _core_fit(pooled)
+    if fits:
+        print("least squares, s = start + resize + b (W - 1) + per other launching worker on the launch's cores, "
+              "+ per one on the other cores:")
+        for name, (c, res_sd, n) in fits.items():
+            print(f"  {name}: start {c[0]:.2f}, resize {c[1]:.2f}, b {c[2]:.2f}, same core {c[3]:.2f}, other core "
+                  f"{c[4]:.2f} (residual {res_sd:.2f} s, {n} launches); every core alike: {c[5]:.2f} a worker "
+                  f"(residual {c[6]:.2f} s)")
+    print("| launch | W | overlapped | n | median s | min-max s | other launching workers (mean) |")
+    print("|---|---|---|---|---|---|---|")
+    for (k, w, alone), v in sorted(groups.items()):
+        ss = [s for s, _ in v]
+        print(f"| {k} | {w} | {'no' if alone else 'yes'} | {len(v)} | {statistics.median(ss):.1f} | "
+              f"{min(ss):.1f}-{max(ss):.1f} | {statistics.mean(o for _, o in v):.2f} |")
+
+
+def calibrate_only(slots: int, step_s: float, out: Path, keep: str | None, repeats: int = 1) -> None:
     work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="cluster-cal-"))
     work.mkdir(parents=True, exist_ok=True)
     load = LoadSampler()
     load.start()
-    cal = calibrate(work, slots, ["--step-s", str(step_s)])
+    cal = calibrate(work, slots, ["--step-s", str(step_s)], repeats=repeats)
     load.halt.set()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"slots": slots, "script": "examples/paced.py", "script_args": ["--step-s", str(step_s)],
@@ -451,6 +628,12 @@ def summary(files: list[Path], out: Path) -> dict:
                      "sim_makespan_s": r["sim"]["makespan_s"], "makespan_err": r["sim"]["makespan_err"],
                      "live_resizes": r["live"]["resizes"], "sim_resizes": r["sim"]["resizes"],
                      "diag_avg_jct_err": r["sim"].get("launch_from_run", {}).get("avg_jct_err"),
+                     "launch_model": r["sim"].get("launch_model", "per_worker"),
+                     "per_worker_avg_jct_err": r["sim"].get("per_worker", r["sim"])["avg_jct_err"],
+                     "shared_cores_avg_jct_err": r["sim"].get("shared_cores", {}).get("avg_jct_err"),
+                     "launch_extra_processes": r["calibration"].get("launch_extra_processes"),
+                     "calibration_repeats": r["calibration"].get("repeats", 1),
+                     "calibration_start_s": r["calibration"]["measured_start_s"],
                      "live_start_s_mean": statistics.mean(j["start_overhead_s"] for j in r["live"]["jobs"]),
                      "live_resize_lost_s_mean": statistics.mean(lost) if (lost := [
                          x for j in r["live"]["jobs"] for x in j["resize_lost_s"]]) else None,
@@ -468,8 +651,9 @@ def summary(files: list[Path], out: Path) -> dict:
     out.write_text(json.dumps(res, indent=1))
     print("| policy | load (start / mean) | live avg JCT s | sim avg JCT s | error | live makespan s | sim makespan s "
           "| error | resizes live / sim | launch s live: start, resize | error with the run's launch times "
-          "| steps/s beside others / calibrated (median, min) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| steps/s beside others / calibrated (median, min) | calibration: starts per size, start s at 1 / S "
+          "| launch model (error above) | error, per-worker cost | error, launches sharing the cores (h) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         sb = (f"{r['side_by_side_ratio_median']:.2f}, {r['side_by_side_ratio_min']:.2f}"
               if r["side_by_side_ratio_median"] is not None else "-")
@@ -478,7 +662,11 @@ def summary(files: list[Path], out: Path) -> dict:
               f"{r['sim_makespan_s']:.1f} | {100 * r['makespan_err']:+.1f}% | {r['live_resizes']} / "
               f"{r['sim_resizes']} | {r['live_start_s_mean']:.1f}, "
               f"{'-' if r['live_resize_lost_s_mean'] is None else format(r['live_resize_lost_s_mean'], '.1f')} | "
-              f"{'-' if r['diag_avg_jct_err'] is None else format(100 * r['diag_avg_jct_err'], '+.1f') + '%'} | {sb} |")
+              f"{'-' if r['diag_avg_jct_err'] is None else format(100 * r['diag_avg_jct_err'], '+.1f') + '%'} | {sb} | "
+              f"{r['calibration_repeats']}, {' / '.join(format(v, '.1f') for v in r['calibration_start_s'].values())} | "
+              f"{r['launch_model'].replace('_', ' ')} | {100 * r['per_worker_avg_jct_err']:+.1f}% | "
+              f"{'-' if r['shared_cores_avg_jct_err'] is None else format(100 * r['shared_cores_avg_jct_err'], '+.1f') + '%'}"
+              f" ({r['launch_extra_processes'] or 0:.2f}) |")
     print("\n| run | resizes/job live / sim | seconds lost to resizes live / sim | avg JCT s live / sim |")
     print("|---|---|---|---|")
     for r in rows:
@@ -497,6 +685,9 @@ def main() -> None:
                    help="replay again the live runs of these results files with the current simulator "
                         "(their own calibration), rewriting their sim part; with one file, each job's changes "
                         "live and simulated; --work DIR: add the scheduler's events from that run's kept folders")
+    p.add_argument("--launches", nargs="+", metavar="FILE", default=None,
+                   help="the launches of these runs (those with scheduler events): duration against W and "
+                        "what overlapped them, and the calibration's start samples")
     p.add_argument("--calibrate", action="store_true",
                    help="only the calibration, to results/cluster/live12_calibration.json (for --calibration)")
     p.add_argument("--slots", type=int, default=4, help="CPU worker slots (paced jobs need little CPU; default 4)")
@@ -509,11 +700,19 @@ def main() -> None:
     p.add_argument("--out", default=None, help="default results/cluster/live12_<policy>.json")
     p.add_argument("--work", default=None, help="keep the cluster folders here (default: a temporary folder)")
     p.add_argument("--timeout", type=float, default=900, help="live run, seconds")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="calibration: starts per size and resize runs repeated (medians of the starts; default 3; "
+                        "1: one of each, as the runs before 2026-12-01 18:00)")
     a = p.parse_args()
+    if a.repeats < 1:
+        p.error("need --repeats >= 1")
     if a.summary:
         files = sorted(f for f in RESULTS.glob("live12_*.json")
                        if f.name not in ("live12_summary.json", "live12_calibration.json"))
         summary(files, RESULTS / "live12_summary.json")
+        return
+    if a.launches:
+        launches([Path(f) for f in a.launches])
         return
     if a.resim:
         if a.work and len(a.resim) != 1:
@@ -522,7 +721,7 @@ def main() -> None:
             resim(Path(f), a.work, per_job=len(a.resim) == 1)
         return
     if a.calibrate:
-        calibrate_only(a.slots, a.step_s, Path(a.out or RESULTS / "live12_calibration.json"), a.work)
+        calibrate_only(a.slots, a.step_s, Path(a.out or RESULTS / "live12_calibration.json"), a.work, a.repeats)
         return
     if not a.policy:
         p.error("give --policy, --calibrate or --summary")
@@ -534,7 +733,7 @@ def main() -> None:
         TRACE[:] = TRACE_MLP
     del TRACE[a.jobs:]
     check(a.policy, a.slots, a.step_s, a.calibration, Path(a.out or RESULTS / f"live12_{a.policy}.json"),
-          a.timeout, a.work)
+          a.timeout, a.work, a.repeats)
 
 
 if __name__ == "__main__":

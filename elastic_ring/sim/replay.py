@@ -47,6 +47,49 @@ class TableSpeed:
     predict = samples_per_s
 
 
+def shared_launch_ends(launches: Sequence[tuple[float, float, int, int, float]], cores: int) -> list[float]:
+    """When each launch ends if the launches in flight share the node's ``cores`` (processor sharing).
+
+    ``launches``: (begin s, seconds it takes alone, worker processes W, index of the launch it
+    follows or -1, killed at s or inf). A launch that follows another (a resize asked of a job
+    still launching) begins when that one ends. A launch alone gets its W processes' share of the
+    cores it had in the calibration; with D processes launching on the node, each gets
+    min(1, cores / D) of a core, so a launch progresses at max(cores, W) / max(cores, D) of its
+    speed alone: launches on fewer processes than cores do not slow each other, and past that every
+    launch in flight slows, the earlier ones too. The launch's seconds alone are all CPU work (a
+    start of W workers alone is W processes importing torch and Horovod).
+    """
+    n = len(launches)
+    end: list[float | None] = [None] * n
+    rem = [max(0.0, x[1]) for x in launches]
+    started = [False] * n
+    active: list[int] = []
+    t = -math.inf
+    while True:
+        ready = [(launches[i][0] if launches[i][3] < 0 else end[launches[i][3]], i) for i in range(n)
+                 if not started[i] and (launches[i][3] < 0 or end[launches[i][3]] is not None)]
+        d = sum(launches[i][2] for i in active)
+        rate = {i: max(cores, launches[i][2]) / max(cores, d) for i in active}
+        t_next = min([b for b, _ in ready] + [t + rem[i] / rate[i] for i in active]
+                     + [launches[i][4] for i in active], default=math.inf)
+        if t_next == math.inf:
+            break
+        for i in active:
+            rem[i] -= rate[i] * (t_next - t) if t > -math.inf else 0.0
+        t = t_next
+        for i in [i for i in active if rem[i] <= 1e-9 * max(1.0, launches[i][1]) or launches[i][4] <= t]:
+            end[i] = t
+            active.remove(i)
+        for b, i in ready:
+            if b <= t:
+                started[i] = True
+                if rem[i] <= 0.0 or launches[i][4] <= t:
+                    end[i] = t
+                else:
+                    active.append(i)
+    return [e if e is not None else math.inf for e in end]
+
+
 # The engine's loop hands an event of a kind it does not know to ``_end_phase``; _Replay's wake-ups
 # use this kind (between a completion and a phase end at the same instant) and are told apart from
 # phase ends by (job, time).
@@ -74,11 +117,13 @@ class _Replay(Simulator):
     """
 
     def __init__(self, *a, lost: list | None = None, window_steps: int = 20, live_costs: bool = True,
-                 changes: list | None = None, **kw) -> None:
+                 changes: list | None = None, cores: int | None = None, launch_extra: float = 0.0, **kw) -> None:
         super().__init__(*a, **kw)
         self.lost, self.changes = lost, changes
         self.window_steps = window_steps
         self.live_costs = live_costs and hasattr(self.policy, "costs")
+        self.cores = cores  # launches share these cores (shared_launch_ends); None: the engine's cost
+        self.launch_extra = launch_extra  # processes a launch keeps busy besides its workers
 
     def run(self, jobs):  # noqa: ANN001, ANN201 - the engine's signature
         self._begin: dict[int, float] = {}  # job -> when its last change began
@@ -88,7 +133,48 @@ class _Replay(Simulator):
         self._touched: set[int] = set()
         self._t0 = 0.0
         self.costs = ResizeCosts(float(getattr(self.policy, "resize_cost_s", DEFAULT_RESIZE_OVERHEAD_S)))
+        self._launches: list[list] = []  # [begin, seconds alone, workers, follows, killed at]
+        self._owner: list[int] = []  # the job of each launch
+        self._ends: list[float] = []  # each launch's end, launches sharing the cores
+        self._last: dict[int, int] = {}  # job -> its latest launch
+        self._due: dict[int, float] = {}  # exploring job -> the end of its current phase
         return super().run(jobs)
+
+    def _launch_cost(self, w: int, base: float, t0: float | None = None, j: SimJob | None = None) -> float:
+        """With ``cores``: the launch's seconds alone (the engine's overhead + per worker), stretched
+        while the launches in flight have more worker processes than the node has cores
+        (:func:`shared_launch_ends`); the launches it overlaps end later too."""
+        if self.cores is None or t0 is None or j is None:
+            return super()._launch_cost(w, base, t0, j)
+        prev = self._last.get(j.id)
+        follows = prev if prev is not None and self._ends[prev] >= t0 - 1e-9 else -1
+        self._launches.append([t0, base + self.config.overhead_per_worker_s * (w - 1), w + self.launch_extra,
+                               follows, math.inf])
+        self._owner.append(j.id)
+        self._last[j.id] = len(self._launches) - 1
+        self._share(t0, j)
+        return self._ends[-1] - t0
+
+    def _share(self, now: float, caller: SimJob | None = None) -> None:
+        """Recompute every launch's end; a job (other than ``caller``) whose latest launch now ends
+        at another time trains from then (its completion, or its exploration phase's end, moves)."""
+        old, self._ends = self._ends, shared_launch_ends([tuple(x) for x in self._launches], self.cores)
+        for jid, k in self._last.items():
+            o = self._active.get(jid)
+            if o is None or o is caller or k >= len(old) or abs(self._ends[k] - old[k]) < 1e-9 \
+                    or self._launches[k][4] < math.inf or o.gpus_held == 0:
+                continue
+            o.paused_until = self._ends[k]
+            self._set_training(o, o.gpus_training, now)
+            if o.state == JobState.EXPLORING:
+                self._push_phase_end(o, now)
+            self._store(o)
+
+    def _push_phase_end(self, j: SimJob, now: float) -> None:
+        work = self.config.explore_phase_work  # the engine's end time, kept: an earlier one is stale
+        self._due[j.id] = (max(now, j.paused_until) + work / j.speed if work > 0 and j.speed > 0
+                           else now + self.config.explore_phase_s)
+        super()._push_phase_end(j, now)
 
     def _decide(self, now: float) -> None:
         if self.live_costs:
@@ -130,6 +216,10 @@ class _Replay(Simulator):
                 heapq.heappush(self._heap, Event(at, _WAKE, next(self._seq), j.id, 0))
             return
         self._want.pop(j.id, None)
+        k = self._last.get(j.id) if self.cores is not None and w == 0 else None
+        if k is not None and self._ends[k] > now and self._launches[k][4] == math.inf:
+            self._launches[k][4] = now  # stopped while launching: its processes are gone
+            self._share(now, j)
         held, self._t0 = j.gpus_held, now
         super()._apply(j, w, now)
         self._begin[j.id] = self._t0
@@ -151,6 +241,8 @@ class _Replay(Simulator):
 
     def _end_phase(self, j: SimJob, now: float) -> None:
         if (j.id, now) not in self._wakes:
+            if now < self._due.get(j.id, now) - 1e-9:
+                return  # a phase end its launch's sharing has moved later (pushed again)
             phase = j.phase
             super()._end_phase(j, now)
             if j.state == JobState.EXPLORING and j.phase != phase:  # the next size of its exploration
@@ -189,7 +281,8 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
            overhead_per_worker_s: float = 0.0, explore_steps: int = 60,
            resize_after_launch: bool = True, resize_cost_s: float | None = None,
            launches_share_node: bool = True, lost: list | None = None, window_steps: int = 20,
-           live_costs: bool = True, changes: list | None = None) -> RunResult:
+           live_costs: bool = True, changes: list | None = None, cores: int | None = None,
+           launch_extra: float = 0.0) -> RunResult:
     """Simulate ``jobs`` ((arrival s, steps), in submission order) on ``slots`` under ``policy``.
 
     ``speed``: the true steps/s table of every job, or one per job. ``plan``: the table the
@@ -206,8 +299,14 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
     weighs its measured ones (read ``window_steps`` steps after the relaunch). ``lost``: a list
     to append the seconds each resize lost to (request to the end of its relaunch); ``changes``: a
     list to append each start, resize and stop to (asked at s, job index, from, to workers, trains
-    from s), exploration steps aside.
+    from s), exploration steps aside. ``cores``: the launches in flight share the node's cores
+    instead (:func:`shared_launch_ends`: each launch's cost above is its time alone, and every
+    launch overlapping others slows while their worker processes outnumber the cores;
+    ``launches_share_node`` is then ignored); a launch of W workers counts as W + ``launch_extra``
+    processes (its launcher and controller, measured by the calibration's starts side by side).
     """
+    if cores is not None and cores < 1 or not launch_extra >= 0:
+        raise ConfigError(f"need cores >= 1 and launch_extra >= 0, got {cores}, {launch_extra}")
     tables = list(speed) if isinstance(speed, (list, tuple)) else [speed] * len(jobs)
     if len(tables) != len(jobs):
         raise ConfigError("one speed table per job, or one for all")
@@ -217,9 +316,10 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
     sizes = explore_sizes(slots)
     cfg = SimConfig(gpus=slots, jobs=len(specs), resize_overhead_s=resize_overhead_s,
                     start_overhead_s=start_overhead_s, overhead_per_worker_s=overhead_per_worker_s,
-                    resize_after_launch=resize_after_launch, launches_share_node=launches_share_node,
+                    resize_after_launch=resize_after_launch,
+                    launches_share_node=launches_share_node and cores is None,
                     explore_gpus=sizes, explore_phase_work=float(explore_steps), remaining="oracle")
     pol = live_policy(policy, slots, "cpu") if resize_cost_s is None or not policy.endswith("-rc") else \
         make_policy(policy, resize_cost_s)
     return _Replay(cfg, pol, models, plans, lost=lost, window_steps=window_steps, live_costs=live_costs,
-                   changes=changes).run(specs)
+                   changes=changes, cores=cores, launch_extra=launch_extra).run(specs)

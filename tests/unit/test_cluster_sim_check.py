@@ -196,5 +196,158 @@ def test_the_check_keeps_each_jobs_scheduler_events_by_name(tmp_path):
     db = sqlite3.connect(str(tmp_path / "cluster.db"))
     ev = mod.sched_events(db, 100.0)
     db.close()
-    assert ev == {"j0": [[3.0, "started", {"workers": 2}], [4.5, "resize_requested", {"frm": 2, "to": 1}]],
+    assert ev == {"j0": [[3.0, "started", {"workers": 2, "slots": [0, 1]}], [4.5, "resize_requested", {"frm": 2, "to": 1}]],
                   "j1": [[6.0, "grow_vetoed", {"held": 1, "asked": 2}]]}
+
+
+# ---- launches sharing the node's cores, and the calibration's repeated starts (issue 22, point 6)
+
+INF = float("inf")
+
+
+def test_shared_launch_ends_slow_launches_only_past_the_cores():
+    from elastic_ring.sim.replay import shared_launch_ends
+
+    # two 1-worker launches of 4 s on 2 cores: 2 processes, no slowdown; three: 3 on 2, each 2/3
+    assert shared_launch_ends([(0, 4, 1, -1, INF)] * 2, 2) == pytest.approx([4, 4])
+    assert shared_launch_ends([(0, 4, 1, -1, INF)] * 3, 2) == pytest.approx([6, 6, 6])
+    # a 2-worker launch joins at 2 s: 3 processes, both at 2/3; the first's last 2 s take 3 (ends
+    # at 5), the second has 2 of 4 s done then and ends alone at 7: the earlier launch slows too
+    assert shared_launch_ends([(0, 4, 1, -1, INF), (2, 4, 2, -1, INF)], 2) == pytest.approx([5, 7])
+    # a 4-worker launch alone is at its calibrated speed (its own processes are in its time alone)
+    assert shared_launch_ends([(0, 9, 4, -1, INF)], 2) == pytest.approx([9])
+
+
+def test_shared_launch_ends_follow_and_kill():
+    from elastic_ring.sim.replay import shared_launch_ends
+
+    # launch 1 follows launch 0 (a resize asked while it launches); launch 2 (2 workers) from 1 s:
+    # 0 ends at 5.5, then 1 and 2 run side by side (4 processes, half speed each)
+    ends = shared_launch_ends([(0, 4, 1, -1, INF), (0, 3, 2, 0, INF), (1, 4, 2, -1, INF)], 2)
+    assert ends == pytest.approx([5.5, 9.5, 7.5])
+    # a 4-worker launch stopped at 2 s: the 1-worker launch beside it (from 1 s, 4 s alone) runs at
+    # 2/5 for 1 s, then alone: ends at 2 + 3.6
+    assert shared_launch_ends([(0, 4, 4, -1, 2.0), (1, 4, 1, -1, INF)], 2) == pytest.approx([2.0, 5.6])
+
+
+def test_replay_with_cores_slows_every_launch_in_flight():
+    # one core: two 1-worker starts (2 s alone each) side by side take 4 s each (then 1 s of steps);
+    # the engine's per-worker model charged only the second (3 s, 4 s); on 2 cores, no slowdown
+    speeds = {1: 10.0, 2: 10.0}
+    kw = dict(overhead_per_worker_s=1.0)
+    assert replay([(0, 10), (0, 10)], "optimus", 2, speeds, 2.0, 1.0, cores=1, **kw).jct_s == pytest.approx((5, 5))
+    assert replay([(0, 10), (0, 10)], "optimus", 2, speeds, 2.0, 1.0, cores=2, **kw).jct_s == pytest.approx((3, 3))
+    # a start joining at 1 s moves the first job's launch end (and so its completion) too:
+    # 0-1 s alone (1 s of 2 done), 1-3 s both at 1/2, job 0 ends its launch at 3, job 1 at 4
+    r = replay([(0, 10), (1, 10)], "optimus", 2, speeds, 2.0, 1.0, cores=1, **kw)
+    assert r.jct_s == pytest.approx((4.0, 4.0))
+    with pytest.raises(ConfigError):
+        replay([(0, 10)], "optimus", 2, speeds, 2.0, 1.0, cores=0)
+
+
+def test_replay_with_cores_explores_to_the_end():
+    # exploration phases whose launches are stretched by a later launch: their ends move, the
+    # earlier phase-end events are dropped, every job finishes, and on many cores nothing moves
+    jobs = [(0, 300), (2, 200), (3, 100)]
+    t = {1: 10.0, 2: 20.0, 4: 40.0}
+    r1 = replay(jobs, "exploratory", 4, t, 3.0, 2.0, overhead_per_worker_s=1.0, cores=1)
+    r64 = replay(jobs, "exploratory", 4, t, 3.0, 2.0, overhead_per_worker_s=1.0, cores=64)
+    base = replay(jobs, "exploratory", 4, t, 3.0, 2.0, overhead_per_worker_s=1.0, launches_share_node=False)
+    assert r1.completed == r64.completed == 3
+    assert r64.jct_s == pytest.approx(base.jct_s)
+    assert r1.avg_jct_s > r64.avg_jct_s
+
+
+def _script_module():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "cluster_check_sim", Path(__file__).resolve().parents[2] / "scripts" / "cluster_check_sim.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_calibration_takes_the_median_start_of_each_size(tmp_path, monkeypatch):
+    # 3 starts per size: at 1 worker 9, 4, 5 s (median 5: the 9 s one is outvoted); at 4 workers
+    # 10, 30, 11 (median 11). Every resize loses 2 + 1.5 (W - 1) s: a = 2, b = 1.5, and the start
+    # line s = mean(5 - 0, 11 - 3 b) = 5.75
+    mod = _script_module()
+    starts = {1: [9.0, 4.0, 5.0], 4: [10.0, 30.0, 11.0]}
+    calls = []
+
+    def fake_train(rd, args, steps, start, slots, schedule, cores=None):
+        calls.append((rd.name, steps, start, schedule))
+        ev, w = [], start
+        for part in filter(None, schedule.split(",")):
+            to = int(part.split(":")[1])
+            ev.append({"kind": "resize_overhead", "from_workers": w, "to_workers": to, "total_lost_s": 2 + 1.5 * (to - 1)})
+            w = to
+        return ev, starts[start].pop(0)
+
+    monkeypatch.setattr(mod, "_train", fake_train)
+    # 1-worker starts side by side: 6.0-8.0 s each (median 7.5 against 5 alone: r = 1.5); on 2
+    # cores two launches of 1 + h processes run at 1 / (1 + h): h = 0.5
+    pairs = [[6.0, 7.5], [8.0, 7.5], [7.5, 7.0]]
+    monkeypatch.setattr(mod, "_train_pair", lambda work, tag, args, steps, slots: pairs.pop(0))
+    monkeypatch.setattr(mod.os, "sched_getaffinity", lambda pid: {0, 1})
+    cal = mod.calibrate(tmp_path, 4, [], repeats=3)
+    assert cal["pair_start_samples_s"] == [6.0, 7.5, 8.0, 7.5, 7.5, 7.0] and cal["cores"] == 2
+    assert cal["launch_extra_processes"] == pytest.approx(0.5)
+    assert cal["measured_start_s"] == {"1": 5.0, "4": 11.0}
+    assert cal["measured_start_samples_s"] == {"1": [9.0, 4.0, 5.0], "4": [10.0, 30.0, 11.0]}
+    assert len(cal["measured_resizes"]) == 12  # two resize runs of 3 resizes, twice
+    assert cal["resize_overhead_s"] == pytest.approx(2.0) and cal["overhead_per_worker_s"] == pytest.approx(1.5)
+    assert cal["start_overhead_s"] == pytest.approx(5.75)
+    # the second pair's segments are REPEAT_SEGMENT steps; the last starts are START_STEPS steps, no resize
+    assert [c[1] for c in calls[4:]] == [mod.START_STEPS] * 2 and calls[2][3].startswith(f"{mod.REPEAT_SEGMENT}:")
+
+
+def test_launch_extra_inverts_the_shared_cores_model():
+    # two 1-worker launches of 1 + h processes, each 4 s alone, side by side on 2 cores: the model's
+    # pair time gives back h; no slowdown gives 0; slower than the model can be: at most cores - 1
+    from elastic_ring.sim.replay import shared_launch_ends
+
+    mod = _script_module()
+    for h in (0.0, 0.3, 0.8):
+        pair = shared_launch_ends([(0, 4.0, 1 + h, -1, INF)] * 2, 2)[0]
+        assert mod.launch_extra(pair, 4.0, 2) == pytest.approx(h)
+    assert mod.launch_extra(3.5, 4.0, 2) == 0.0 and mod.launch_extra(40.0, 4.0, 2) == 1.0
+
+
+def test_the_calibrations_pair_picks_the_shared_cores_model():
+    # a calibration with launch_extra_processes replays with launches sharing its cores (primary),
+    # the engine's per-worker cost beside; one without keeps the per-worker cost, sharing beside
+    mod = _script_module()
+    jobs = [{"name": f"j{i}", "arrival_s": a, "steps": n, "start_overhead_s": 5.0, "resize_relaunch_s": []}
+            for i, (a, n) in enumerate([(0, 40), (0, 40), (1, 40)])]
+    run = {"jobs": jobs, "avg_jct_s": 20.0, "makespan_s": 25.0}
+    cal = {"rates_steps_per_s": {"1": 3.3, "2": 6.6, "3": 9.9, "4": 13.2}, "start_overhead_s": 4.0,
+           "resize_overhead_s": 3.0, "overhead_per_worker_s": 2.0}
+    old = mod.simulate_run(run, "precompute", 4, cal, cores=2)
+    new = mod.simulate_run(run, "precompute", 4, {**cal, "launch_extra_processes": 0.5, "cores": 2})
+    assert old["launch_model"] == "per_worker" and old["shared_cores"]["launch_extra"] == 0.0
+    assert new["launch_model"] == "shared_cores" and new["shared_cores"]["launch_extra"] == 0.5
+    assert new["per_worker"]["avg_jct_s"] == pytest.approx(old["avg_jct_s"])
+    assert new["avg_jct_s"] == pytest.approx(new["shared_cores"]["avg_jct_s"])
+    assert new["avg_jct_s"] > old["shared_cores"]["avg_jct_s"]  # 1.5 processes a launch: more sharing
+
+
+def test_launch_table_counts_what_overlapped_each_launch_and_on_which_core():
+    # j0 starts on slots 0, 1 at 0 s (10 s); j1 starts on slot 2 (core 0 of 2) at 5 s (5 s), so half
+    # of j0's start overlaps one worker on its core 0; j1's whole start overlaps j0's 2 workers, one
+    # on its core (slot 0) and one on the other (slot 1); j1's resize to slots 2, 3 at 20 s: alone
+    mod = _script_module()
+    res = {"live": {"jobs": [
+        {"name": "j0", "start_overhead_s": 10.0, "resize_relaunch_s": [],
+         "events": [[0.0, "started", {"workers": 2, "slots": [0, 1]}]]},
+        {"name": "j1", "start_overhead_s": 5.0, "resize_relaunch_s": [4.0],
+         "events": [[5.0, "started", {"workers": 1, "slots": [2]}], [20.0, "resized", {"workers": 2, "slots": [2, 3]}]]},
+    ]}}
+    t = {(x["job"], x["kind"]): x for x in mod.launch_table(res, cores=2)}
+    assert t["j0", "start"]["other_workers"] == pytest.approx(0.5)
+    assert t["j0", "start"]["same_core_workers"] == pytest.approx(0.5)
+    assert t["j1", "start"]["other_workers"] == pytest.approx(2.0)
+    assert t["j1", "start"]["same_core_workers"] == pytest.approx(1.0)
+    assert t["j1", "resize"]["s"] == 4.0 and t["j1", "resize"]["other_workers"] == 0.0
