@@ -119,7 +119,12 @@ class SpeedFit(NamedTuple):
 
 
 def _features(w: np.ndarray, b: float, n: float) -> np.ndarray:
-    return np.column_stack([np.full_like(w, b), w - 1.0, (w - 1.0) * n / w, np.ones_like(w)])
+    X = np.empty((w.size, N_PARAMS))
+    X[:, 0] = b
+    X[:, 1] = w - 1.0
+    X[:, 2] = (w - 1.0) * n / w
+    X[:, 3] = 1.0
+    return X
 
 
 def nnls_model(w: np.ndarray, f: np.ndarray, batch_per_worker: float, n_params: float) -> SpeedModel:
@@ -129,12 +134,11 @@ def nnls_model(w: np.ndarray, f: np.ndarray, batch_per_worker: float, n_params: 
     from scipy.optimize import nnls
 
     X = _features(w, float(batch_per_worker), float(n_params))
-    y = 1.0 / f
-    scale = np.linalg.norm(X, axis=0)
+    scale = np.sqrt(np.add.reduce(X * X, axis=0))  # np.linalg.norm(X, axis=0): its operations
     scale[scale == 0] = 1.0
-    coef, _ = nnls(X / scale, y)
-    t = np.maximum(coef / scale, 0.0)
-    return SpeedModel(float(t[0]), float(t[1]), float(t[2]), float(t[3]), float(batch_per_worker), float(n_params))
+    coef, _ = nnls(X / scale, 1.0 / f)
+    t0, t1, t2, t3 = np.maximum(coef / scale, 0.0).tolist()
+    return SpeedModel(t0, t1, t2, t3, float(batch_per_worker), float(n_params))
 
 
 def fit_speed(workers: Any, steps_per_s: Any, batch_per_worker: float, n_params: float) -> SpeedFit:
