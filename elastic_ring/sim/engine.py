@@ -55,7 +55,7 @@ from elastic_ring.errors import ElasticRingError
 from elastic_ring.perfmodel.convergence import predict_remaining
 from elastic_ring.perfmodel.speed import SpeedModel
 from elastic_ring.sched.api import JobBatch, JobView, Policy, Rate, model_rate
-from elastic_ring.sched.fast import gain_table
+from elastic_ring.sched.fast import gain_table, model_gain_table, table_powers
 from elastic_ring.sim import state
 from elastic_ring.sim.api import JobSpec, JobState, RunResult, SimConfig
 from elastic_ring.sim.job import SimJob, _fit_model, _row_monotone
@@ -137,6 +137,7 @@ class Simulator:
             getattr(cls, m) is getattr(Simulator, m) for m in ("_launch_cost", "_apply", "_set_training"))
         # speed models the planner uses, one row each (a workload's, or a job's fitted one)
         self._rates: list[Rate] = []
+        self._powers = table_powers(self.gpus)
         self._tables = np.zeros((0, gain_table(lambda w: 1.0, self.gpus).size))
         self._rate1 = np.zeros(0)
         self._monotone = np.zeros(0, dtype=bool)
@@ -213,8 +214,11 @@ class Simulator:
         return self._result(finished, n_jobs, t_first)
 
     # ------------------------------------------------------------------------------ job state
-    def _add_rate(self, rate: Rate) -> int:
-        table = gain_table(rate, self.gpus)
+    def _add_rate(self, rate: Rate, model: SpeedModel | None = None) -> int:
+        """A row of the planner's tables for ``rate`` (``model_rate(model)`` when a model is
+        given: its table from one array call of the model, the same numbers)."""
+        made = model_gain_table(model, self._powers) if model is not None else None
+        table, rate1 = made if made is not None else (gain_table(rate, self.gpus), rate(1))
         row = len(self._rates)
         if row >= self._tables.shape[0]:  # grow by doubling: amortised O(1) per row
             cap = max(8, 2 * row)
@@ -225,7 +229,7 @@ class Simulator:
             self._monotone = np.concatenate([self._monotone, np.zeros(cap - self._monotone.size, dtype=bool)])
         self._tables[row] = table
         self._rates.append(rate)
-        self._rate1[row] = rate(1)
+        self._rate1[row] = rate1
         self._monotone[row] = _row_monotone(table)
         return row
 
@@ -340,12 +344,13 @@ class Simulator:
         j.advance(now)
         ws = [m[0] for m in j.measured]
         fs = [max(m[1], 1e-12) for m in j.measured]
-        j.plan_rate = model_rate(_fit_model(ws, fs, j.true_model.m, j.true_model.n))
+        model = _fit_model(ws, fs, j.true_model.m, j.true_model.n)
+        j.plan_rate = model_rate(model)
         j.explored = True
         j.state = JobState.RUNNING
         j.phase = -1
         if self.batch:
-            self._I[ROW, j.pos] = self._add_rate(j.plan_rate)
+            self._I[ROW, j.pos] = self._add_rate(j.plan_rate, model)
         self._store(j)
         self._decide(now)
 
