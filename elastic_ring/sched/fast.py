@@ -37,25 +37,6 @@ def gain_table(rate, max_gpus: int) -> np.ndarray:
     return np.array([inv[k] - inv[k + 1] for k in range(len(inv) - 1)], dtype=float)
 
 
-def table_powers(max_gpus: int) -> np.ndarray:
-    """1, 2, 4, ... (floats): the GPU counts :func:`gain_table` calls the rate at."""
-    k = 0
-    while 2 << k <= max(max_gpus, 2):
-        k += 1
-    return np.ldexp(1.0, np.arange(k + 1))
-
-
-def model_gain_table(model, powers: np.ndarray) -> tuple[np.ndarray, float] | None:
-    """:func:`gain_table` of ``model_rate(model)`` (a SpeedModel) and that rate at 1 GPU, from one
-    call of ``model.samples_per_s`` on :func:`table_powers` (the same floating-point operations as
-    its scalar calls, so the same numbers); None where a rate is not finite (call the rate)."""
-    rate = model.samples_per_s(powers)
-    if not bool(np.isfinite(rate).all()):
-        return None
-    inv = 1.0 / rate
-    return inv[:-1] - inv[1:], float(rate[0])
-
-
 def rows_monotone(d: np.ndarray) -> np.ndarray:
     """Per table row: its per-GPU gains ``d_k/2^k`` fall by more than rounding can undo (a margin
     of 1e-12), so ``(q·d_k)/2^k`` cannot increase with k for any q >= 0 (``JobBatch.monotone``;

@@ -46,6 +46,8 @@ _RATIO = 1.05
 _CANDIDATES = 64
 # explore: job ids at or above this are not cached (its slot-by-id array would be too large)
 _ID_MAX = 1 << 26
+# explore: bounds that keep a sure row's gains finite and normal (see _slot_gains)
+_HUGE, _TINY = 2.0 ** 1000, 2.0 ** -990
 
 
 @njit(cache=True)
@@ -579,10 +581,11 @@ EXPLORE_OK, EXPLORE_OTHER, EXPLORE_GROW = range(3)
 
 
 @njit(cache=True)
-def _explore_slots(ids, rows, ready, n, tables, by_id, slots, E):
+def _explore_slots(ids, rows, ready, n, tables, by_id, slots, E, M):
     """Give each ready job (``ready[:n]``) its cache slot, whose column of ``E`` (level-major)
-    holds its table row; a job new to the cache (or whose row changed) is copied in, a slot whose
-    job is gone is emptied (zeros). ``slots``: per slot its job id (-1: empty), row, seen flag.
+    holds its table row; a job new to the cache (or whose row changed) is copied in (with its
+    bounds in ``M``: :func:`_row_bounds`), a slot whose job is gone is emptied (zeros).
+    ``slots``: per slot its job id (-1: empty), row, seen flag.
     Returns the slots per ready job, or an empty array when two jobs share an id."""
     cap = slots.shape[1]
     sl = np.empty(n, dtype=np.int64)
@@ -612,24 +615,52 @@ def _explore_slots(ids, rows, ready, n, tables, by_id, slots, E):
             by_id[ids[i]] = p
             for k in range(E.shape[0]):
                 E[k, p] = tables[rows[i], k]
+            _row_bounds(E, p, M)
             sl[j] = p
     return sl
 
 
 @njit(cache=True)
-def _slot_gains(q, ready, sl, E, G, L):
+def _row_bounds(E, p, M):
+    """``M[:, p]`` for the row in column p of ``E``: whether it is sure (finite, |d_k| <= 2^1000,
+    ``d_k <= 2·d_(k-1)`` at every level: per-GPU gains ``d_k/2^k`` that do not grow), its largest
+    |d_k| and its smallest positive d_k (see :func:`_slot_gains`)."""
+    sure, big, small = 1.0, 0.0, np.inf
+    for k in range(E.shape[0]):
+        d = E[k, p]
+        if not (abs(d) <= _HUGE) or (k > 0 and not (d <= 2.0 * E[k - 1, p])):
+            sure = 0.0
+        big = max(big, abs(d))
+        if d > 0.0:
+            small = min(small, d)
+    M[0, p], M[1, p], M[2, p] = sure, big, small
+
+
+@njit(cache=True)
+def _slot_gains(q, ready, sl, E, M, G, L):
     """``G[k, s] = (q_j·d_jk)·2^-k`` for the job j in slot s (0 in empty slots) and whether the
     greedy order is a sort: :func:`_gain_cells`'s operations and checks, on the cache (level by
     level, each a loop the compiler vectorises)."""
     cap = G.shape[1]
     qs = np.zeros(cap)
+    sure = True
     for j in range(sl.size):
-        qs[sl[j]] = q[ready[j]]
+        c = sl[j]
+        x = q[ready[j]]
+        qs[c] = x
+        # (q·d_k)·2^-k cannot be infinite, nor above the previous level's where positive, for a
+        # sure row and 0 <= q with q·max|d| <= 2^1000 and q·(smallest d > 0) >= 2^-990 (no
+        # overflow; every positive q·d_(k-1) normal, so rounding 2·q·d_(k-1) is twice rounding
+        # it, and monotone rounding keeps d_k <= 2·d_(k-1) for the computed gains)
+        sure &= M[0, c] == 1.0 and 0.0 <= x <= _HUGE and x * M[1, c] <= _HUGE and (
+            x == 0.0 or x * M[2, c] >= _TINY)
     for k in range(L):
         s = 1.0 / (1 << k)
         e, cur = E[k], G[k]
         for c in range(cap):
             cur[c] = (qs[c] * e[c]) * s
+    if sure:
+        return True
     bad = 0
     for c in range(cap):
         x = G[0, c]
@@ -643,12 +674,12 @@ def _slot_gains(q, ready, sl, E, G, L):
 
 
 @njit(cache=True)
-def explore(ids, q, rows, needs, exploring, tables, total_gpus, hold, tau0, by_id, slots, E, G):
+def explore(ids, q, rows, needs, exploring, tables, total_gpus, hold, tau0, by_id, slots, E, M, G):
     """Exploratory's decision: explorers (exploring or needing exploration) ``hold`` GPUs each in
     arrival order while that many are free; the other jobs share the rest by Eq. 6 doubling on
     their own tables (:func:`doubling`'s answer), computed on a cache of their table rows kept
-    between decisions (``by_id``: slot per job id; ``slots``, ``E``: see :func:`_explore_slots`;
-    ``G``: scratch gains, E's shape). Returns (GPUs per job, code, tau, largest id)."""
+    between decisions (``by_id``: slot per job id; ``slots``, ``E``, ``M``: see
+    :func:`_explore_slots`; ``G``: scratch gains, E's shape). Returns (GPUs per job, code, tau, largest id)."""
     n_all = ids.size
     out = np.zeros(n_all, dtype=np.int64)
     ready = np.empty(n_all, dtype=np.int64)
@@ -676,8 +707,8 @@ def explore(ids, q, rows, needs, exploring, tables, total_gpus, hold, tau0, by_i
         for j in range(n):
             out[ready[j]] = 1
         return out, EXPLORE_OK, tau0, top
-    sl = _explore_slots(ids, rows, ready, n, tables, by_id, slots, E)
-    if sl.size < n or not _slot_gains(q, ready, sl, E, G, L):
+    sl = _explore_slots(ids, rows, ready, n, tables, by_id, slots, E, M)
+    if sl.size < n or not _slot_gains(q, ready, sl, E, M, G, L):
         return out, EXPLORE_OTHER, tau0, top
     levels, tau = _double_cells(G, sl, free, L, tau0)
     for j in range(n):

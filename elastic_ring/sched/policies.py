@@ -390,8 +390,8 @@ class Exploratory:
         return self._allocate_arrays(b, total_gpus)
 
     def _cache_for(self, b: JobBatch) -> tuple:
-        """The row cache of ``kernels.explore`` (slot by id, slots, rows, scratch), emptied when
-        the batches bring another list of rates (a list the simulator only appends to)."""
+        """The row cache of ``kernels.explore`` (slot by id, slots, rows, their bounds, scratch),
+        emptied when the batches bring another list of rates (a list the simulator only appends to)."""
         c = self._cache
         if c is None or c["rates"] is not b.rates or len(b.rates) < c["n_rates"] or (
                 c["n_rates"] and b.rates[c["n_rates"] - 1] is not c["last"]):
@@ -403,7 +403,7 @@ class Exploratory:
     def _cache_arrays(ids: int, cap: int, width: int) -> tuple:
         slots = np.zeros((3, cap), dtype=np.int64)
         slots[0] = -1
-        return np.full(ids, -1, dtype=np.int64), slots, np.zeros((width, cap)), np.zeros((width, cap))
+        return np.full(ids, -1, dtype=np.int64), slots, np.zeros((width, cap)), np.zeros((3, cap)), np.zeros((width, cap))
 
     def _grow_cache(self, b: JobBatch, top: int) -> None:
         """A cache for ids up to ``top`` and every job of ``b`` (the slots start empty again)."""

@@ -55,7 +55,7 @@ from elastic_ring.errors import ElasticRingError
 from elastic_ring.perfmodel.convergence import predict_remaining
 from elastic_ring.perfmodel.speed import SpeedModel
 from elastic_ring.sched.api import JobBatch, JobView, Policy, Rate, model_rate
-from elastic_ring.sched.fast import gain_table, model_gain_table, table_powers
+from elastic_ring.sched.fast import gain_table
 from elastic_ring.sim import state
 from elastic_ring.sim.api import JobSpec, JobState, RunResult, SimConfig
 from elastic_ring.sim.job import SimJob, _fit_model, _row_monotone
@@ -137,7 +137,6 @@ class Simulator:
             getattr(cls, m) is getattr(Simulator, m) for m in ("_launch_cost", "_apply", "_set_training"))
         # speed models the planner uses, one row each (a workload's, or a job's fitted one)
         self._rates: list[Rate] = []
-        self._powers = table_powers(self.gpus)
         self._tables = np.zeros((0, gain_table(lambda w: 1.0, self.gpus).size))
         self._rate1 = np.zeros(0)
         self._monotone = np.zeros(0, dtype=bool)
@@ -215,10 +214,11 @@ class Simulator:
 
     # ------------------------------------------------------------------------------ job state
     def _add_rate(self, rate: Rate, model: SpeedModel | None = None) -> int:
-        """A row of the planner's tables for ``rate`` (``model_rate(model)`` when a model is
-        given: its table from one array call of the model, the same numbers)."""
-        made = model_gain_table(model, self._powers) if model is not None else None
-        table, rate1 = made if made is not None else (gain_table(rate, self.gpus), rate(1))
+        """A row of the planner's tables for ``rate`` (``model_rate(model)`` when a model is given:
+        the table is then made from the model's own ``samples_per_s``, the numbers the rate caches,
+        without the cache's lookups)."""
+        of = rate if model is None else model.samples_per_s
+        table, rate1 = gain_table(of, self.gpus), of(1)
         row = len(self._rates)
         if row >= self._tables.shape[0]:  # grow by doubling: amortised O(1) per row
             cap = max(8, 2 * row)

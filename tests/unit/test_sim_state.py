@@ -82,12 +82,10 @@ def test_exploration_fit_equals_fit_speed_few():
         assert _fit_model(ws, fs, m.m, m.n) == fit_speed_few(ws, fs, m.m, m.n)[0].model
 
 
-def test_compiled_fit_inputs_and_model_tables_equal_numpys():
-    """The exploration's compiled NNLS inputs give nnls_model's model with NumPy's inputs, and a
-    fitted model's table from one array call equals gain_table's scalar calls, to the bit (random
-    models and measurements over wide ranges; a model whose rate is not finite is declined)."""
-    from elastic_ring.perfmodel.speed import SpeedModel, _scaled_features, nnls_model
-    from elastic_ring.sched.fast import model_gain_table, table_powers
+def test_compiled_fit_inputs_equal_numpys():
+    """The exploration's compiled NNLS inputs are NumPy's to the bit, and give nnls_model's model
+    (random measurements over wide ranges)."""
+    from elastic_ring.perfmodel.speed import _scaled_features, nnls_model
     from elastic_ring.sim import job
 
     rng = np.random.default_rng(8)
@@ -98,15 +96,6 @@ def test_compiled_fit_inputs_and_model_tables_equal_numpys():
             assert x.tobytes() == y.tobytes()
         if np.unique(w).size >= 4:
             assert nnls_model(w, f, b, n, scaled=job._scaled_features) == nnls_model(w, f, b, n)
-        t = 10 ** rng.uniform(-12, 1, 4) * (rng.random(4) < 0.7)
-        m = SpeedModel(*t, b, n)
-        gpus = int(rng.choice([1, 2, 8, 100, 16384]))
-        made = model_gain_table(m, table_powers(gpus))
-        rate = model_rate(m)
-        if made is None:  # a step time of 0 (the rate is inf there): the scalar path
-            assert not all(np.isfinite(rate(int(x))) for x in table_powers(gpus))
-            continue
-        assert made[0].tobytes() == gain_table(rate, gpus).tobytes() and made[1] == rate(1)
 
 
 def test_row_monotone_equals_rows_monotone():
