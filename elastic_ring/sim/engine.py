@@ -327,10 +327,14 @@ class Simulator:
             self.resizes += 1
             w = phases[j.phase]
             if self._truth:  # the arrays are the truth: the step in one compiled call
-                speed, paused = state.next_phase(j.pos, w, now, self._F, self._I, self._speed_tab,
-                                                 self.config.resize_overhead_s, self.config.overhead_per_worker_s)
+                speed, paused, tc0, tc1 = state.next_phase(j.pos, w, now, self._F, self._I, self._speed_tab,
+                                                           self.config.resize_overhead_s,
+                                                           self.config.overhead_per_worker_s)
                 j.version += 1
-                self._t_dirty = True
+                if not self._t_dirty and tc0 > self._t_next:  # it was not the next to complete
+                    self._t_next = min(self._t_next, tc1)  # (next_completion's answer: the first least)
+                else:
+                    self._t_dirty = True
                 self._push_phase_end(j, now, speed, paused)
                 return
             j.advance(now)

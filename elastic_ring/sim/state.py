@@ -165,12 +165,14 @@ def _apply_one(p, w, now, F, I, tab, resize_oh, start_oh, per):
 def next_phase(p, w, now, F, I, tab, resize_oh, per):
     """``Simulator._end_phase``'s step of an exploring job (column ``p``) to its next phase, on
     ``w`` GPUs from ``now`` (own launch cost only): it advances, counts a resize, pauses for the
-    relaunch and trains on w. Returns its speed and the end of its pause."""
+    relaunch and trains on w. Returns its speed, the end of its pause, and its completion time
+    before and after."""
+    before = F[TC, p]
     _advance(p, now, F)
     I[RESIZES, p] += 1
     F[PAUSE, p] = now + _launch_cost(w, resize_oh, per)
     _train(p, w, now, F, I, tab)
-    return F[SPEED, p], F[PAUSE, p]
+    return F[SPEED, p], F[PAUSE, p], before, F[TC, p]
 
 
 @njit(cache=True)
