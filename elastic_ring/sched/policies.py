@@ -403,13 +403,14 @@ class Exploratory:
     def _cache_arrays(ids: int, cap: int, width: int) -> tuple:
         slots = np.zeros((3, cap), dtype=np.int64)
         slots[0] = -1
-        return np.full(ids, -1, dtype=np.int64), slots, np.zeros((width, cap)), np.zeros((3, cap)), np.zeros((width, cap))
+        by_id = np.full(ids, -1, dtype=np.int64)
+        return by_id, slots, np.zeros((width, cap)), np.zeros((3, cap)), np.zeros((width, cap))
 
     def _grow_cache(self, b: JobBatch, top: int) -> None:
         """A cache for ids up to ``top`` and every job of ``b`` (the slots start empty again)."""
         by_id, slots = self._cache["arrays"][:2]
-        self._cache["arrays"] = self._cache_arrays(max(by_id.size, 2 * top + 2), max(slots.shape[1], b.ids.size + b.ids.size // 8 + 64),
-                                                   b.tables.shape[1])
+        cap = max(slots.shape[1], b.ids.size + b.ids.size // 8 + 64)
+        self._cache["arrays"] = self._cache_arrays(max(by_id.size, 2 * top + 2), cap, b.tables.shape[1])
 
     def _allocate_arrays(self, b: JobBatch, total_gpus: int) -> np.ndarray:
         hold = self.explore_gpus

@@ -91,7 +91,8 @@ def test_compiled_fit_inputs_equal_numpys():
     rng = np.random.default_rng(8)
     for trial in range(400):
         w = rng.choice([1.0, 2.0, 3.0, 4.0, 8.0, 16.0], size=int(rng.integers(4, 9)))
-        f, b, n = 10 ** rng.uniform(-3, 4, w.size), float(rng.choice([1.0, 32.0, 128.0])), float(10 ** rng.uniform(0, 9))
+        f = 10 ** rng.uniform(-3, 4, w.size)
+        b, n = float(rng.choice([1.0, 32.0, 128.0])), float(10 ** rng.uniform(0, 9))
         for x, y in zip(job._scaled_features(w, f, b, n), _scaled_features(w, f, b, n)):
             assert x.tobytes() == y.tobytes()
         if np.unique(w).size >= 4:
