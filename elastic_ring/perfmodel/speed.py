@@ -119,22 +119,35 @@ class SpeedFit(NamedTuple):
 
 
 def _features(w: np.ndarray, b: float, n: float) -> np.ndarray:
-    return np.column_stack([np.full_like(w, b), w - 1.0, (w - 1.0) * n / w, np.ones_like(w)])
+    X = np.empty((w.size, N_PARAMS))
+    X[:, 0] = b
+    X[:, 1] = w - 1.0
+    X[:, 2] = (w - 1.0) * n / w
+    X[:, 3] = 1.0
+    return X
 
 
-def nnls_model(w: np.ndarray, f: np.ndarray, batch_per_worker: float, n_params: float) -> SpeedModel:
+def _scaled_features(w: np.ndarray, f: np.ndarray, b: float, n: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The NNLS problem of Eq. 5: the features scaled by their column norms (a norm of 0 taken as
+    1), the targets 1/f, and the norms."""
+    X = _features(w, b, n)
+    scale = np.sqrt(np.add.reduce(X * X, axis=0))  # np.linalg.norm(X, axis=0): its operations
+    scale[scale == 0] = 1.0
+    return X / scale, 1.0 / f, scale
+
+
+def nnls_model(w: np.ndarray, f: np.ndarray, batch_per_worker: float, n_params: float,
+               scaled=_scaled_features) -> SpeedModel:
     """Eq. 5 by NNLS on 1/f = [b, w-1, (w-1)·n/w, 1] · t, columns scaled for conditioning: the
     model alone, on values :func:`fit_speed` has checked (float arrays, w >= 1, f > 0, 4 or more
-    distinct w; the simulator's exploration fit calls it directly, without the residuals)."""
+    distinct w; the simulator's exploration fit calls it directly, without the residuals, with a
+    compiled ``scaled``: :func:`_scaled_features`'s operations)."""
     from scipy.optimize import nnls
 
-    X = _features(w, float(batch_per_worker), float(n_params))
-    y = 1.0 / f
-    scale = np.linalg.norm(X, axis=0)
-    scale[scale == 0] = 1.0
-    coef, _ = nnls(X / scale, y)
-    t = np.maximum(coef / scale, 0.0)
-    return SpeedModel(float(t[0]), float(t[1]), float(t[2]), float(t[3]), float(batch_per_worker), float(n_params))
+    Xs, y, scale = scaled(w, f, float(batch_per_worker), float(n_params))
+    coef, _ = nnls(Xs, y)
+    t0, t1, t2, t3 = np.maximum(coef / scale, 0.0).tolist()
+    return SpeedModel(t0, t1, t2, t3, float(batch_per_worker), float(n_params))
 
 
 def fit_speed(workers: Any, steps_per_s: Any, batch_per_worker: float, n_params: float) -> SpeedFit:

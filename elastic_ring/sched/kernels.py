@@ -44,6 +44,10 @@ _STEP = 1.03
 _RATIO = 1.05
 # unit steps: narrow the bracket until at most this many candidate steps are left (then sorted)
 _CANDIDATES = 64
+# explore: job ids at or above this are not cached (its slot-by-id array would be too large)
+_ID_MAX = 1 << 26
+# explore: bounds that keep a sure row's gains finite and normal (see _slot_gains)
+_HUGE, _TINY = 2.0 ** 1000, 2.0 ** -990
 
 
 @njit(cache=True)
@@ -86,7 +90,9 @@ def _gain_cells(q, rows, tables, L):
 
 @njit(cache=True)
 def _cost_above(g, tau, lf):
-    """GPUs the doublings at levels < ``lf`` gaining more than ``tau`` cost together."""
+    """GPUs the doublings at levels < ``lf`` gaining more than ``tau`` (>= 0) cost together. A
+    level with none stops the count: no job's gain grows with the level where it is positive
+    (checked before), so no higher level has one either."""
     c = 0
     for k in range(lf):
         m = 0
@@ -94,6 +100,8 @@ def _cost_above(g, tau, lf):
         for j in range(row.size):
             if row[j] > tau:
                 m += 1
+        if m == 0:
+            break
         c += m << k
     return c
 
@@ -165,9 +173,10 @@ def _sift_down(hg, hj, size, i):
 
 
 @njit(cache=True)
-def _heap_greedy(g, levels, free, L, lo):
+def _heap_greedy(g, col, levels, free, L, lo):
     """The heap's greedy from the current ``levels``: each job's next doubling above ``lo`` in a
-    binary heap; pop the best, take it iff it fits, push the job's next one. Returns GPUs left."""
+    binary heap; pop the best, take it iff it fits, push the job's next one. Job j's gains are
+    column ``col[j]`` of ``g``. Returns GPUs left."""
     n = levels.size
     hg = np.empty(n)
     hj = np.empty(n, dtype=np.int64)
@@ -175,8 +184,8 @@ def _heap_greedy(g, levels, free, L, lo):
     lf = _live(free, L)
     for j in range(n):
         k = levels[j]
-        if k < lf and g[k, j] > lo:
-            hg[size], hj[size] = g[k, j], j
+        if k < lf and g[k, col[j]] > lo:
+            hg[size], hj[size] = g[k, col[j]], j
             size += 1
     root = size - size  # an int64 variable, not a literal 0: one compiled _sift_down
     for i in range(size // 2 - 1, -1, -1):
@@ -188,8 +197,8 @@ def _heap_greedy(g, levels, free, L, lo):
             free -= 1 << k
             levels[j] = k + 1
             k += 1
-            if k < L and (1 << k) <= free and g[k, j] > lo:
-                hg[0] = g[k, j]
+            if k < L and (1 << k) <= free and g[k, col[j]] > lo:
+                hg[0] = g[k, col[j]]
                 _sift_down(hg, hj, size, root)
                 continue
         size -= 1  # the job is done (or does not fit): drop it
@@ -208,32 +217,56 @@ def doubling(q, rows, tables, free, tau0):
     caller then runs the heap); tau: the threshold to start the next decision's search from.
     """
     n = q.size
-    levels = np.zeros(n, dtype=np.int64)
     L = _live(free, tables.shape[1])
     if n == 0 or L == 0:
-        return levels, True, tau0
+        return np.zeros(n, dtype=np.int64), True, tau0
     g, ok = _gain_cells(q, rows, tables, L)
     if not ok:
-        return levels, False, tau0
+        return np.zeros(n, dtype=np.int64), False, tau0
+    levels, tau = _double_cells(g, np.arange(n), free, L, tau0)
+    return levels, True, tau
+
+
+@njit(cache=True)
+def _double_cells(g, col, free, L, tau0):
+    """:func:`doubling` from its gain cells: job j's gains are column ``col[j]`` of ``g``
+    (level-major; other columns only gains <= 0, which never count). Returns (levels, tau)."""
+    n, m = col.size, g.shape[1]
+    lev = np.zeros(m, dtype=np.int64)  # per column, then per job
+    levels = np.empty(n, dtype=np.int64)
     if _cost_above(g, 0.0, L) <= free:  # every positive doubling fits
         for k in range(L):
-            for j in range(n):
-                if g[k, j] > 0.0:
-                    levels[j] += 1
-        return levels, True, tau0
+            row = g[k]
+            m_k = 0
+            for c in range(m):
+                above = row[c] > 0.0
+                lev[c] += above
+                m_k += above
+            if m_k == 0:  # none higher either (see _cost_above)
+                break
+        for j in range(n):
+            levels[j] = lev[col[j]]
+        return levels, tau0
     top = 0.0
-    for j in range(n):
-        top = max(top, g[0, j])
+    for c in range(m):
+        top = max(top, g[0, c])
     lo, hi = _bracket(g, free, L, top, tau0)
     for k in range(L):  # everything above hi fits: taken at once
-        for j in range(n):
-            if g[k, j] > hi:
-                levels[j] += 1
-                free -= 1 << k
-    free = _heap_greedy(g, levels, free, L, lo)
+        row = g[k]
+        m_k = 0
+        for c in range(m):
+            above = row[c] > hi
+            lev[c] += above
+            m_k += above
+        if m_k == 0:
+            break
+        free -= m_k << k
+    for j in range(n):
+        levels[j] = lev[col[j]]
+    free = _heap_greedy(g, col, levels, free, L, lo)
     if free > 0 and lo > 0.0:
-        _heap_greedy(g, levels, free, L, 0.0)
-    return levels, True, hi
+        _heap_greedy(g, col, levels, free, L, 0.0)
+    return levels, hi
 
 
 @njit(cache=True)
@@ -540,3 +573,144 @@ def unit_steps_one(q, ids, rows, utab, ulen, free, tau0, prev, slot):
     for t in range(q.size):
         by_id[t] = ids[order[t]]
     return add, tau, by_id, top
+
+
+# explore's answer codes: decided; the caller decides another way (the doubling's heap, fewer
+# GPUs than ready jobs, a job without a speed model, ids the cache cannot hold); grow the cache
+EXPLORE_OK, EXPLORE_OTHER, EXPLORE_GROW = range(3)
+
+
+@njit(cache=True)
+def _explore_slots(ids, rows, ready, n, tables, by_id, slots, E, M):
+    """Give each ready job (``ready[:n]``) its cache slot, whose column of ``E`` (level-major)
+    holds its table row; a job new to the cache (or whose row changed) is copied in (with its
+    bounds in ``M``: :func:`_row_bounds`), a slot whose job is gone is emptied (zeros).
+    ``slots``: per slot its job id (-1: empty), row, seen flag.
+    Returns the slots per ready job, or an empty array when two jobs share an id."""
+    cap = slots.shape[1]
+    sl = np.empty(n, dtype=np.int64)
+    slots[2].fill(0)
+    for j in range(n):
+        i = ready[j]
+        s = by_id[ids[i]]
+        if s >= 0 and slots[0, s] == ids[i] and slots[1, s] == rows[i]:
+            if slots[2, s]:
+                return sl[:0]
+            slots[2, s] = 1
+            sl[j] = s
+        else:
+            sl[j] = -1
+    for s in range(cap):  # jobs gone: their slots emptied
+        if slots[0, s] >= 0 and not slots[2, s]:
+            slots[0, s] = -1
+            for k in range(E.shape[0]):
+                E[k, s] = 0.0
+    p = 0
+    for j in range(n):  # jobs new to the cache: the first empty slots
+        if sl[j] < 0:
+            i = ready[j]
+            while slots[0, p] >= 0:
+                p += 1
+            slots[0, p], slots[1, p], slots[2, p] = ids[i], rows[i], 1
+            by_id[ids[i]] = p
+            for k in range(E.shape[0]):
+                E[k, p] = tables[rows[i], k]
+            _row_bounds(E, p, M)
+            sl[j] = p
+    return sl
+
+
+@njit(cache=True)
+def _row_bounds(E, p, M):
+    """``M[:, p]`` for the row in column p of ``E``: whether it is sure (finite, |d_k| <= 2^1000,
+    ``d_k <= 2·d_(k-1)`` at every level: per-GPU gains ``d_k/2^k`` that do not grow), its largest
+    |d_k| and its smallest positive d_k (see :func:`_slot_gains`)."""
+    sure, big, small = 1.0, 0.0, np.inf
+    for k in range(E.shape[0]):
+        d = E[k, p]
+        if not (abs(d) <= _HUGE) or (k > 0 and not (d <= 2.0 * E[k - 1, p])):
+            sure = 0.0
+        big = max(big, abs(d))
+        if d > 0.0:
+            small = min(small, d)
+    M[0, p], M[1, p], M[2, p] = sure, big, small
+
+
+@njit(cache=True)
+def _slot_gains(q, ready, sl, E, M, G, L):
+    """``G[k, s] = (q_j·d_jk)·2^-k`` for the job j in slot s (0 in empty slots) and whether the
+    greedy order is a sort: :func:`_gain_cells`'s operations and checks, on the cache (level by
+    level, each a loop the compiler vectorises)."""
+    cap = G.shape[1]
+    qs = np.zeros(cap)
+    sure = True
+    for j in range(sl.size):
+        c = sl[j]
+        x = q[ready[j]]
+        qs[c] = x
+        # (q·d_k)·2^-k cannot be infinite, nor above the previous level's where positive, for a
+        # sure row and 0 <= q with q·max|d| <= 2^1000 and q·(smallest d > 0) >= 2^-990 (no
+        # overflow; every positive q·d_(k-1) normal, so rounding 2·q·d_(k-1) is twice rounding
+        # it, and monotone rounding keeps d_k <= 2·d_(k-1) for the computed gains)
+        sure &= M[0, c] == 1.0 and 0.0 <= x <= _HUGE and x * M[1, c] <= _HUGE and (
+            x == 0.0 or x * M[2, c] >= _TINY)
+    for k in range(L):
+        s = 1.0 / (1 << k)
+        e, cur = E[k], G[k]
+        for c in range(cap):
+            cur[c] = (qs[c] * e[c]) * s
+    if sure:
+        return True
+    bad = 0
+    for c in range(cap):
+        x = G[0, c]
+        bad += (x - x) != 0.0
+    for k in range(1, L):
+        cur, prev = G[k], G[k - 1]
+        for c in range(cap):
+            x = cur[c]
+            bad += ((x - x) != 0.0) | ((x > prev[c]) & (x > 0.0))
+    return bad == 0
+
+
+@njit(cache=True)
+def explore(ids, q, rows, needs, exploring, tables, total_gpus, hold, tau0, by_id, slots, E, M, G):
+    """Exploratory's decision: explorers (exploring or needing exploration) ``hold`` GPUs each in
+    arrival order while that many are free; the other jobs share the rest by Eq. 6 doubling on
+    their own tables (:func:`doubling`'s answer), computed on a cache of their table rows kept
+    between decisions (``by_id``: slot per job id; ``slots``, ``E``, ``M``: see
+    :func:`_explore_slots`; ``G``: scratch gains, E's shape). Returns (GPUs per job, code, tau, largest id)."""
+    n_all = ids.size
+    out = np.zeros(n_all, dtype=np.int64)
+    ready = np.empty(n_all, dtype=np.int64)
+    n, taken, top, low = 0, 0, -1, 0
+    for i in range(n_all):
+        if exploring[i] or needs[i]:
+            if (taken + 1) * hold <= total_gpus:
+                out[i] = hold
+                taken += 1
+        else:
+            ready[n] = i
+            n += 1
+            top, low = max(top, ids[i]), min(low, ids[i])
+            if rows[i] < 0:
+                return out, EXPLORE_OTHER, tau0, top
+    free = total_gpus - taken * hold - n
+    if n == 0:
+        return out, EXPLORE_OK, tau0, top
+    if free < 0 or low < 0 or top >= _ID_MAX:
+        return out, EXPLORE_OTHER, tau0, top
+    if top >= by_id.size or n > slots.shape[1] or E.shape[0] != tables.shape[1]:
+        return out, EXPLORE_GROW, tau0, top
+    L = _live(free, tables.shape[1])
+    if L == 0:
+        for j in range(n):
+            out[ready[j]] = 1
+        return out, EXPLORE_OK, tau0, top
+    sl = _explore_slots(ids, rows, ready, n, tables, by_id, slots, E, M)
+    if sl.size < n or not _slot_gains(q, ready, sl, E, M, G, L):
+        return out, EXPLORE_OTHER, tau0, top
+    levels, tau = _double_cells(G, sl, free, L, tau0)
+    for j in range(n):
+        out[ready[j]] = 1 << levels[j]
+    return out, EXPLORE_OK, tau, top

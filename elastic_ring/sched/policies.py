@@ -355,6 +355,7 @@ class Exploratory:
             raise ConfigError(f"explore_gpus must be >= 1, got {explore_gpus}")
         self.explore_gpus = explore_gpus
         self._state: dict = {}
+        self._cache: dict | None = None  # allocate_batch's table rows, kept between decisions
 
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
         alloc: dict[int, int] = {}
@@ -369,6 +370,49 @@ class Exploratory:
         return alloc
 
     def allocate_batch(self, b: JobBatch, total_gpus: int) -> np.ndarray:
+        """:meth:`allocate` on arrays: one compiled call (``kernels.explore``) on a cache of the
+        measured jobs' table rows kept between decisions (a row of a batch's ``rates`` list never
+        changes); :meth:`_allocate_arrays` where that call declines. Same answer either way."""
+        k = compiled()
+        for _ in range(2):
+            c = self._cache_for(b)
+            out, code, tau, top = k.explore(
+                np.ascontiguousarray(b.ids, dtype=np.int64), np.ascontiguousarray(b.remaining, dtype=np.float64),
+                np.ascontiguousarray(b.rows, dtype=np.int64), np.ascontiguousarray(b.needs_exploration, dtype=bool),
+                np.ascontiguousarray(b.exploring, dtype=bool), np.ascontiguousarray(b.tables, dtype=np.float64),
+                int(total_gpus), int(self.explore_gpus), float(self._state.get("tau", 0.0)), *c)
+            if code == k.EXPLORE_OK:
+                self._state["tau"] = tau
+                return out
+            if code != k.EXPLORE_GROW:
+                break
+            self._grow_cache(b, top)
+        return self._allocate_arrays(b, total_gpus)
+
+    def _cache_for(self, b: JobBatch) -> tuple:
+        """The row cache of ``kernels.explore`` (slot by id, slots, rows, their bounds, scratch),
+        emptied when the batches bring another list of rates (a list the simulator only appends to)."""
+        c = self._cache
+        if c is None or c["rates"] is not b.rates or len(b.rates) < c["n_rates"] or (
+                c["n_rates"] and b.rates[c["n_rates"] - 1] is not c["last"]):
+            c = self._cache = {"rates": b.rates, "arrays": self._cache_arrays(1024, 64, b.tables.shape[1])}
+        c["n_rates"], c["last"] = len(b.rates), (b.rates[-1] if len(b.rates) else None)
+        return c["arrays"]
+
+    @staticmethod
+    def _cache_arrays(ids: int, cap: int, width: int) -> tuple:
+        slots = np.zeros((3, cap), dtype=np.int64)
+        slots[0] = -1
+        by_id = np.full(ids, -1, dtype=np.int64)
+        return by_id, slots, np.zeros((width, cap)), np.zeros((3, cap)), np.zeros((width, cap))
+
+    def _grow_cache(self, b: JobBatch, top: int) -> None:
+        """A cache for ids up to ``top`` and every job of ``b`` (the slots start empty again)."""
+        by_id, slots = self._cache["arrays"][:2]
+        cap = max(slots.shape[1], b.ids.size + b.ids.size // 8 + 64)
+        self._cache["arrays"] = self._cache_arrays(max(by_id.size, 2 * top + 2), cap, b.tables.shape[1])
+
+    def _allocate_arrays(self, b: JobBatch, total_gpus: int) -> np.ndarray:
         hold = self.explore_gpus
         out = np.zeros(b.ids.size, dtype=np.int64)
         flagged = np.flatnonzero(b.exploring | b.needs_exploration)

@@ -213,8 +213,12 @@ class Simulator:
         return self._result(finished, n_jobs, t_first)
 
     # ------------------------------------------------------------------------------ job state
-    def _add_rate(self, rate: Rate) -> int:
-        table = gain_table(rate, self.gpus)
+    def _add_rate(self, rate: Rate, model: SpeedModel | None = None) -> int:
+        """A row of the planner's tables for ``rate`` (``model_rate(model)`` when a model is given:
+        the table is then made from the model's own ``samples_per_s``, the numbers the rate caches,
+        without the cache's lookups)."""
+        of = rate if model is None else model.samples_per_s
+        table, rate1 = gain_table(of, self.gpus), of(1)
         row = len(self._rates)
         if row >= self._tables.shape[0]:  # grow by doubling: amortised O(1) per row
             cap = max(8, 2 * row)
@@ -225,7 +229,7 @@ class Simulator:
             self._monotone = np.concatenate([self._monotone, np.zeros(cap - self._monotone.size, dtype=bool)])
         self._tables[row] = table
         self._rates.append(rate)
-        self._rate1[row] = rate(1)
+        self._rate1[row] = rate1
         self._monotone[row] = _row_monotone(table)
         return row
 
@@ -313,8 +317,6 @@ class Simulator:
 
     def _end_phase(self, j: SimJob, now: float) -> None:
         """Record the phase's measured speed; start the next phase, or fit Eq. 5 and decide."""
-        self._load(j)
-        j.advance(now)
         phases = self.config.explore_gpus
         w = phases[j.phase]
         steps_per_s = j.true_rate(w) / (j.true_model.m * w)
@@ -322,21 +324,37 @@ class Simulator:
         j.measured.append((w, steps_per_s * (1.0 + noise)))
         if j.phase + 1 < len(phases):
             j.phase += 1
-            j.resizes += 1
             self.resizes += 1
-            j.paused_until = now + self._launch_cost(phases[j.phase], self.config.resize_overhead_s, now, j)
-            self._set_training(j, phases[j.phase], now)
-            self._push_phase_end(j, now)
+            w = phases[j.phase]
+            if self._truth:  # the arrays are the truth: the step in one compiled call
+                speed, paused, tc0, tc1 = state.next_phase(j.pos, w, now, self._F, self._I, self._speed_tab,
+                                                           self.config.resize_overhead_s,
+                                                           self.config.overhead_per_worker_s)
+                j.version += 1
+                if not self._t_dirty and tc0 > self._t_next:  # it was not the next to complete
+                    self._t_next = min(self._t_next, tc1)  # (next_completion's answer: the first least)
+                else:
+                    self._t_dirty = True
+                self._push_phase_end(j, now, speed, paused)
+                return
+            j.advance(now)
+            j.resizes += 1
+            j.paused_until = now + self._launch_cost(w, self.config.resize_overhead_s, now, j)
+            self._set_training(j, w, now)
+            self._push_phase_end(j, now, j.speed, j.paused_until)
             self._store(j)
             return
+        self._load(j)
+        j.advance(now)
         ws = [m[0] for m in j.measured]
         fs = [max(m[1], 1e-12) for m in j.measured]
-        j.plan_rate = model_rate(_fit_model(ws, fs, j.true_model.m, j.true_model.n))
+        model = _fit_model(ws, fs, j.true_model.m, j.true_model.n)
+        j.plan_rate = model_rate(model)
         j.explored = True
         j.state = JobState.RUNNING
         j.phase = -1
         if self.batch:
-            self._I[ROW, j.pos] = self._add_rate(j.plan_rate)
+            self._I[ROW, j.pos] = self._add_rate(j.plan_rate, model)
         self._store(j)
         self._decide(now)
 
@@ -546,7 +564,7 @@ class Simulator:
         j.paused_until = now + self._launch_cost(first, self.config.start_overhead_s if j.work_done == 0
                                                  else self.config.resize_overhead_s, now, j)
         self._set_training(j, first, now)
-        self._push_phase_end(j, now)
+        self._push_phase_end(j, now, j.speed, j.paused_until)
 
     def _launch_cost(self, w: int, base: float, t0: float | None = None, j: SimJob | None = None) -> float:
         """Seconds without progress of a start or resize to ``w`` workers (``base``: the start or
@@ -571,12 +589,13 @@ class Simulator:
             self._F[TC, j.pos] = _INF
         self._t_dirty = True
 
-    def _push_phase_end(self, j: SimJob, now: float) -> None:
-        """The end of the phase begun at ``now``: ``explore_phase_s`` later, or, with
-        ``explore_phase_work``, once its launch is done and that much work is trained."""
+    def _push_phase_end(self, j: SimJob, now: float, speed: float, paused_until: float) -> None:
+        """The end of the phase begun at ``now`` (``j`` trains at ``speed`` from ``paused_until``):
+        ``explore_phase_s`` later, or, with ``explore_phase_work``, once its launch is done and that
+        much work is trained."""
         work = self.config.explore_phase_work
-        if work > 0 and j.speed > 0:
-            end = (now if now > j.paused_until else j.paused_until) + work / j.speed
+        if work > 0 and speed > 0:
+            end = (now if now > paused_until else paused_until) + work / speed
         else:
             end = now + self.config.explore_phase_s
         heapq.heappush(self._heap, Event(end, _PHASE_END, next(self._seq), j.id, j.phase))

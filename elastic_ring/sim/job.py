@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numba import njit
 
 from elastic_ring.perfmodel.speed import N_PARAMS, SpeedModel, fit_speed_few, nnls_model
 from elastic_ring.sched.api import Rate
@@ -30,6 +31,35 @@ def _row_monotone(d: np.ndarray) -> bool:
     return ok
 
 
+@njit(cache=True)
+def _scaled_features(w, f, b, n):
+    """:func:`elastic_ring.perfmodel.speed._scaled_features` compiled (an exploration's fit, once
+    per job): the same floating-point operations in the same order (each column's sum of squares
+    row by row, as NumPy's reduction over the first axis)."""
+    k = w.size
+    X = np.empty((k, 4))
+    for i in range(k):
+        X[i, 0] = b
+        X[i, 1] = w[i] - 1.0
+        X[i, 2] = (w[i] - 1.0) * n / w[i]
+        X[i, 3] = 1.0
+    scale = np.empty(4)
+    for c in range(4):
+        s = X[0, c] * X[0, c]
+        for i in range(1, k):
+            s = s + X[i, c] * X[i, c]
+        scale[c] = math.sqrt(s)
+        if scale[c] == 0:
+            scale[c] = 1.0
+    Xs = np.empty((k, 4))
+    y = np.empty(k)
+    for i in range(k):
+        for c in range(4):
+            Xs[i, c] = X[i, c] / scale[c]
+        y[i] = 1.0 / f[i]
+    return Xs, y, scale
+
+
 def _fit_model(ws: list[int], fs: list[float], b: float, n: float) -> SpeedModel:
     """``fit_speed_few(ws, fs, b, n)[0].model`` without the fit's residuals: with 4 or more distinct
     worker counts, :func:`~elastic_ring.perfmodel.speed.nnls_model` (``fit_speed``'s model; an
@@ -37,7 +67,8 @@ def _fit_model(ws: list[int], fs: list[float], b: float, n: float) -> SpeedModel
     if len(set(ws)) < N_PARAMS or b <= 0 or n <= 0 or not all(w >= 1 and math.isfinite(w) for w in ws) or \
             not all(f > 0 and math.isfinite(f) for f in fs):
         return fit_speed_few(ws, fs, b, n)[0].model
-    return nnls_model(np.asarray(ws, dtype=float).ravel(), np.asarray(fs, dtype=float).ravel(), b, n)
+    return nnls_model(np.asarray(ws, dtype=float).ravel(), np.asarray(fs, dtype=float).ravel(), b, n,
+                      scaled=_scaled_features)
 
 
 class SimJob:

@@ -114,10 +114,8 @@ def _launch_cost(w, base, per):
 
 
 @njit(cache=True)
-def _apply_one(p, w, now, F, I, tab, resize_oh, start_oh, per):
-    """``Simulator._apply`` of an explored job (no hand-over, own launch cost only): returns
-    (change of GPUs in use, resizes counted)."""
-    # SimJob.advance(now)
+def _advance(p, now, F):
+    """:meth:`~elastic_ring.sim.job.SimJob.advance` of column ``p`` to ``now``."""
     sp = F[SPEED, p]
     if sp > 0:
         a, b = F[ADV, p], F[PAUSE, p]
@@ -127,6 +125,27 @@ def _apply_one(p, w, now, F, I, tab, resize_oh, start_oh, per):
             work = F[WORK, p]
             F[DONE_W, p] = x if x < work else work
     F[ADV, p] = now
+
+
+@njit(cache=True)
+def _train(p, w, now, F, I, tab):
+    """``Simulator._set_training(w, now)`` of column ``p``: new speed, new completion time."""
+    I[TRAIN, p] = w
+    sp = tab[I[WROW, p], w] if w > 0 else 0.0
+    F[SPEED, p] = sp
+    if sp > 0:
+        pause = F[PAUSE, p]
+        start = now if now > pause else pause
+        F[TC, p] = start + (F[WORK, p] - F[DONE_W, p]) / sp
+    else:
+        F[TC, p] = np.inf
+
+
+@njit(cache=True)
+def _apply_one(p, w, now, F, I, tab, resize_oh, start_oh, per):
+    """``Simulator._apply`` of an explored job (no hand-over, own launch cost only): returns
+    (change of GPUs in use, resizes counted)."""
+    _advance(p, now, F)
     h = I[HELD, p]
     nres = 0
     if h > 0:
@@ -138,17 +157,22 @@ def _apply_one(p, w, now, F, I, tab, resize_oh, start_oh, per):
         F[PAUSE, p] = now + _launch_cost(w, start_oh if F[DONE_W, p] == 0 else resize_oh, per)
     I[STATE, p] = RUNNING if w > 0 else QUEUED
     I[HELD, p] = w
-    # _set_training(w, now)
-    I[TRAIN, p] = w
-    sp = tab[I[WROW, p], w] if w > 0 else 0.0
-    F[SPEED, p] = sp
-    if sp > 0:
-        pause = F[PAUSE, p]
-        start = now if now > pause else pause
-        F[TC, p] = start + (F[WORK, p] - F[DONE_W, p]) / sp
-    else:
-        F[TC, p] = np.inf
+    _train(p, w, now, F, I, tab)
     return w - h, nres
+
+
+@njit(cache=True)
+def next_phase(p, w, now, F, I, tab, resize_oh, per):
+    """``Simulator._end_phase``'s step of an exploring job (column ``p``) to its next phase, on
+    ``w`` GPUs from ``now`` (own launch cost only): it advances, counts a resize, pauses for the
+    relaunch and trains on w. Returns its speed, the end of its pause, and its completion time
+    before and after."""
+    before = F[TC, p]
+    _advance(p, now, F)
+    I[RESIZES, p] += 1
+    F[PAUSE, p] = now + _launch_cost(w, resize_oh, per)
+    _train(p, w, now, F, I, tab)
+    return F[SPEED, p], F[PAUSE, p], before, F[TC, p]
 
 
 @njit(cache=True)
@@ -176,37 +200,37 @@ def _check(act, n, new, I, gpus, explores, hold):
 
 @njit(cache=True)
 def apply_batch(act, n, new, F, I, tab, now, gpus, explores, hold, resize_oh, start_oh, per):
-    """Check and apply a decision ``new`` (GPUs per job of ``act[:n]``): shrinks first, then grows,
-    in ``act`` order, as ``Simulator._decide``. Jobs that start exploring are left to the caller
-    (returned, in order). Returns (code, index, value, change of GPUs in use, resizes, next
-    completion time over the active jobs, the columns that start exploring)."""
+    """Check and apply a decision ``new`` (GPUs per job of ``act[:n]``): shrinks and grows, as
+    ``Simulator._decide`` (which applies the shrinks first: each change touches its own job's
+    column alone, so one pass in ``act`` order gives the same arrays). Jobs that start exploring
+    are left to the caller (returned, in order). Returns (code, index, value, change of GPUs in
+    use, resizes, next completion time over the active jobs, the columns that start exploring)."""
     code, idx, val = _check(act, n, new, I, gpus, explores, hold)
     starts = np.empty(0, dtype=np.int64)
     if code != OK:
         return code, idx, val, 0, 0, np.inf, starts
     dg = 0
     nres = 0
-    for i in range(n):  # shrinks (never an exploring job, never one not explored: they hold 0)
-        p = act[i]
-        w = new[i]
-        if w < I[HELD, p] and I[STATE, p] != EXPLORING:
-            d, r = _apply_one(p, w, now, F, I, tab, resize_oh, start_oh, per)
-            dg += d
-            nres += r
     starts = np.empty(n, dtype=np.int64)
     k = 0
-    for i in range(n):  # grows (an exploring job here was refused by _check)
+    t = np.inf
+    for i in range(n):
         p = act[i]
-        w = new[i]
-        if w > I[HELD, p]:
-            if I[EXPLORED, p] == 0:
+        w, h = new[i], I[HELD, p]
+        # a shrink never touches an exploring job, nor one not explored (they hold 0); a grow of
+        # an exploring job was refused by _check
+        if (w < h and I[STATE, p] != EXPLORING) or w > h:
+            if w > h and I[EXPLORED, p] == 0:
                 starts[k] = p
                 k += 1
             else:
                 d, r = _apply_one(p, w, now, F, I, tab, resize_oh, start_oh, per)
                 dg += d
                 nres += r
-    return OK, 0, 0, dg, nres, next_completion(act, n, F), starts[:k]
+        c = F[TC, p]
+        if c < t:
+            t = c
+    return OK, 0, 0, dg, nres, t, starts[:k]
 
 
 def speed_table(rates, gpus: int) -> np.ndarray:

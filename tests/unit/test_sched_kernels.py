@@ -168,3 +168,71 @@ def test_unit_steps_at_cluster_scale_equal_the_heap():
         got = pol.allocate_batch(b, 16384)
         want = ref.allocate(_views(b), 16384, {})
         assert [int(x) for x in got] == [want.get(int(i), 0) for i in ids]
+
+
+def _explored_stream(rng, gpus: int, steps: int):
+    """Exploratory's decisions as the simulator makes them: jobs arrive unexplored, explore, then
+    get a fitted curve of their own (a new row appended to the one list of rates); some leave."""
+    from elastic_ring.perfmodel.speed import SpeedModel
+
+    rates: list = []
+    jobs: dict[int, dict] = {}
+    next_id = 5000  # beyond the cache's first slot-by-id array: it grows
+    for step in range(steps):
+        for i in list(jobs):
+            if jobs[i]["row"] >= 0 and rng.random() < 0.05:
+                del jobs[i]
+        for _ in range(int(rng.integers(0, max(3, gpus // (40 if step < 3 else 400))))):
+            jobs[next_id] = {"q": float(rng.exponential(1e6)), "row": -1, "exploring": False}
+            next_id += 1
+        for job in jobs.values():
+            if job["exploring"] and rng.random() < 0.5:  # explored: a curve of its own
+                m = SpeedModel(*(rng.uniform(0.1, 2.0, 4) * [1e-4, 1e-3, 1e-9, 1e-2]), 128.0, 1.7e6)
+                rates.append(model_rate(m))
+                job["row"], job["exploring"] = len(rates) - 1, False
+            elif job["row"] < 0 and not job["exploring"] and rng.random() < 0.6:
+                job["exploring"] = True
+            elif job["row"] >= 0:
+                job["q"] = max(0.0, job["q"] - float(rng.uniform(0, 5e4)))
+        ids = np.array(sorted(jobs), dtype=np.int64)
+        rows = np.array([jobs[i]["row"] for i in ids], dtype=np.int64)
+        exploring = np.array([jobs[i]["exploring"] for i in ids], dtype=bool)
+        yield ids, np.array([jobs[i]["q"] for i in ids]), rows, ~exploring & (rows < 0), exploring, rates
+
+
+def test_exploratory_cache_equals_the_heaps_over_a_stream():
+    """Exploratory's compiled decision on its cache of table rows (kept between decisions) gives the
+    heaps' answer: jobs with a row each and jobs sharing one, jobs leaving (their slots reused), ids
+    beyond the cache, a job whose row changes, a row whose gain grows with the level or a Q of inf
+    (the kernel declines: the heap), Q out of the bounds that spare the gains' check (0, tiny,
+    huge), more ready jobs than GPUs, and a new list of rates (the cache emptied)."""
+    rng = np.random.default_rng(11)
+    for gpus in (64, 4096):
+        pol, ref = make_policy("exploratory"), make_policy("exploratory")
+        declined = []
+        step = 0
+        pol._allocate_arrays = lambda b, g, inner=pol._allocate_arrays: declined.append(step) or inner(b, g)
+        for step, (ids, q, rows, needs, exploring, rates) in enumerate(_explored_stream(rng, gpus, 40)):
+            if step in (20, 21):  # remaining work out of the bounds that spare the check: checked
+                q = q.copy()
+                q[np.flatnonzero(rows >= 0)[:2]] = (5e-324, 1e300) if step == 20 else (0.0, np.inf)
+            if step == 25:  # a row that pays more per GPU at a higher level: not a sort
+                rates.append(lambda w: 1.0 if w < 4 else 1e6)  # (appended: the list the cache keeps)
+                rows = rows.copy()
+                rows[np.flatnonzero(rows >= 0)[:1]] = len(rates) - 1
+            if step == 30:  # a job's row changes (to a curve that scales perfectly)
+                rates.append(lambda w: 1e4 * w)
+                rows[np.flatnonzero(rows >= 0)[1:2]] = len(rates) - 1
+            if step == 33:  # a new list of rates, whose row of a cached job is another curve
+                rates = list(rates)
+                rates[rows[rows >= 0][0]] = lambda w: 1e4 * w
+            b = _batch(ids, q, np.zeros(ids.size, dtype=np.int64), rows, rates or [lambda w: 1.0], gpus,
+                       needs=needs, exploring=exploring)
+            got = pol.allocate_batch(b, gpus)
+            want = ref.allocate(_views(b), gpus, {})
+            assert [int(x) for x in got] == [want.get(int(i), 0) for i in ids], (gpus, step)
+            if step == 35:  # fewer GPUs than ready jobs
+                few = max(1, int((rows >= 0).sum()) - 1)
+                want = ref.allocate(_views(b), few, {})
+                assert [int(x) for x in pol.allocate_batch(b, few)] == [want.get(int(i), 0) for i in ids]
+        assert {21, 25, 35} <= set(declined) and len(declined) < 10, declined  # the cache decided the others

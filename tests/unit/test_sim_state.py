@@ -82,6 +82,23 @@ def test_exploration_fit_equals_fit_speed_few():
         assert _fit_model(ws, fs, m.m, m.n) == fit_speed_few(ws, fs, m.m, m.n)[0].model
 
 
+def test_compiled_fit_inputs_equal_numpys():
+    """The exploration's compiled NNLS inputs are NumPy's to the bit, and give nnls_model's model
+    (random measurements over wide ranges)."""
+    from elastic_ring.perfmodel.speed import _scaled_features, nnls_model
+    from elastic_ring.sim import job
+
+    rng = np.random.default_rng(8)
+    for trial in range(400):
+        w = rng.choice([1.0, 2.0, 3.0, 4.0, 8.0, 16.0], size=int(rng.integers(4, 9)))
+        f = 10 ** rng.uniform(-3, 4, w.size)
+        b, n = float(rng.choice([1.0, 32.0, 128.0])), float(10 ** rng.uniform(0, 9))
+        for x, y in zip(job._scaled_features(w, f, b, n), _scaled_features(w, f, b, n)):
+            assert x.tobytes() == y.tobytes()
+        if np.unique(w).size >= 4:
+            assert nnls_model(w, f, b, n, scaled=job._scaled_features) == nnls_model(w, f, b, n)
+
+
 def test_row_monotone_equals_rows_monotone():
     rates = [model_rate(load_workload(w).model) for w in
              ("resnet110-cifar10", "resnet50-imagenet", "vgg16-imagenet", "resnet110-2node")]
