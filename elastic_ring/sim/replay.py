@@ -167,14 +167,14 @@ class _Replay(Simulator):
             o.paused_until = self._ends[k]
             self._set_training(o, o.gpus_training, now)
             if o.state == JobState.EXPLORING:
-                self._push_phase_end(o, now)
+                self._push_phase_end(o, now, o.speed, o.paused_until)
             self._store(o)
 
-    def _push_phase_end(self, j: SimJob, now: float) -> None:
+    def _push_phase_end(self, j: SimJob, now: float, speed: float, paused_until: float) -> None:
         work = self.config.explore_phase_work  # the engine's end time, kept: an earlier one is stale
-        self._due[j.id] = (max(now, j.paused_until) + work / j.speed if work > 0 and j.speed > 0
+        self._due[j.id] = (max(now, paused_until) + work / speed if work > 0 and speed > 0
                            else now + self.config.explore_phase_s)
-        super()._push_phase_end(j, now)
+        super()._push_phase_end(j, now, speed, paused_until)
 
     def _decide(self, now: float) -> None:
         if self.live_costs:
