@@ -39,7 +39,7 @@ ENV CUDA_HOME=/usr/local/cuda HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHAR
 ENV SETUP_BROWSER=0
 # Dependencies first, from what declares them: an empty package stands in for the source, so the
 # editable install brings every dependency; the real source replaces it below.
-COPY pyproject.toml /app/
+COPY pyproject.toml constraints.txt /app/
 COPY scripts/setup.sh scripts/find_nccl.py /app/scripts/
 RUN mkdir -p elastic_ring && touch elastic_ring/__init__.py && bash scripts/setup.sh
 COPY . /app

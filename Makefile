@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 DEMO_DIR ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: setup demo test test-unit bench clean
+.PHONY: setup demo test test-unit bench clean lock
 
 setup:
 	bash scripts/setup.sh
@@ -21,6 +21,13 @@ test: setup
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit
+
+# Refresh constraints.txt (the versions setup.sh installs): a fresh venv resolved to the newest
+# compatible releases, then its package list. Run `make test` before committing the new file.
+lock:
+	rm -rf .venv-lock && VENV=$(CURDIR)/.venv-lock SETUP_UNLOCKED=1 SETUP_BROWSER=0 bash scripts/setup.sh
+	.venv-lock/bin/python scripts/lock.py > constraints.txt && rm -rf .venv-lock
+	@echo "constraints.txt refreshed; run make test before committing it"
 
 clean:
 	rm -rf runs .pytest_cache

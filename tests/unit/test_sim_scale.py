@@ -1,13 +1,14 @@
-"""The array engine (issue 22) gives exactly the results of the engine before it.
+"""The array engine gives exactly the results of the engine before it.
 
-The digests below were computed with the simulator as it was before the per-decision work became
-arrays (commit d18db4e): a sha256 of each run's RunResult, its per-job JCTs and its GPU trace.
-Any change of a decision, an event time or an accounting step changes them.
+The reference is the engine and the policies as they were before the per-decision work became
+arrays (commit d18db4e), kept under tests/oracle/ and run here, on the machine the test runs on:
+both runs are compared field by field (the RunResult, its per-job JCTs and its GPU trace), so any
+change of a decision, an event time or an accounting step fails the test, while a CPU whose
+floating-point library rounds differently (numpy's SIMD paths differ between AVX-512 and AVX2)
+changes both runs alike.
 """
 
 from __future__ import annotations
-
-import hashlib
 
 import numpy as np
 import pytest
@@ -18,50 +19,64 @@ from elastic_ring.sched.fast import doubling_levels, gain_table, rows_monotone, 
 from elastic_ring.sched.policies import doubling_allocate, make_policy, unit_greedy_allocate
 from elastic_ring.sim import CONTENTION, SimConfig, load_workload, make_jobs, simulate
 from elastic_ring.sim.engine import BATCH_MIN_JOBS
+from tests.oracle import engine as oracle_engine, policies as oracle_policies
 
 ONE = ("resnet110-cifar10",)
 MIX = ("resnet110-cifar10", "resnet50-imagenet")
 STEP = ("resnet110-2node", "vgg16-imagenet")
-CASES = {  # (jobs, gpus, contention, remaining, workloads) -> digest per policy, old engine
-    (200, 64, "moderate", "oracle", ONE): {
-        "eight": "9b7ddcca434c6e89", "precompute": "ff7fa3c4a28bea54", "exploratory": "acb49377aa02c738",
-        "optimus": "6a742d7d12153726", "srtf": "ab7666168d1e20b5"},
-    (600, 128, "high", "oracle", ONE): {
-        "eight": "7393240aa6b22455", "precompute": "3c7375c9c62fcb9c", "exploratory": "2eca0dcf821188cb",
-        "optimus": "6159ba42b1c8ab3c", "srtf": "78500919a64cbca9"},
-    (300, 64, "moderate", "eq1", MIX): {
-        "eight": "3d04eb37c1cd2891", "precompute": "f9f1491e88dec33b", "exploratory": "c0511edf9ed2db8a",
-        "optimus": "6f1f8ca614738b58", "srtf": "3f26b6b14cb7ea9c"},
-    (300, 64, "high", "oracle", STEP): {
-        "eight": "c1640f06c459fe65", "precompute": "1decfa7976889d0c", "exploratory": "49a23f2ab267ebaa",
-        "optimus": "0025ac083ddcae6c", "srtf": "ef10447256f907f8"},
-}
+POLICIES = ("eight", "precompute", "exploratory", "optimus", "srtf")
+CASES = [  # (jobs, gpus, contention, remaining, workloads)
+    (200, 64, "moderate", "oracle", ONE),
+    (600, 128, "high", "oracle", ONE),
+    (300, 64, "moderate", "eq1", MIX),
+    (300, 64, "high", "oracle", STEP),
+]
 
 
-def _digest(jobs: int, gpus: int, cont: str, rem: str, wls: tuple[str, ...], policy: str,
-            batch_min_jobs: int = 0) -> str:
+def _config(jobs: int, gpus: int, cont: str, rem: str, wls: tuple[str, ...]) -> tuple[SimConfig, dict]:
     models = {w: load_workload(w).model for w in wls}
-    cfg = SimConfig(gpus=gpus, contention=CONTENTION[cont], jobs=jobs, seed=1, remaining=rem, workloads=wls)
+    return SimConfig(gpus=gpus, contention=CONTENTION[cont], jobs=jobs, seed=1, remaining=rem, workloads=wls), models
+
+
+def run_engine(case: tuple, policy: str, batch_min_jobs: int = 0) -> tuple:
+    """The current engine's (RunResult, per-job JCTs, GPU trace) for one case and policy."""
+    cfg, models = _config(*case)
     trace: list = []
     r = simulate(cfg, make_policy(policy), make_jobs(cfg, models), models, trace=trace,
                  batch_min_jobs=batch_min_jobs)
-    return hashlib.sha256(repr((r, r.jct_s, trace)).encode()).hexdigest()[:16]
+    return repr(r), list(r.jct_s), trace
 
 
-@pytest.mark.parametrize("case", list(CASES), ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}-{c[3]}-{len(c[4])}wl")
+def run_oracle(case: tuple, policy: str) -> tuple:
+    """The same run by the reference engine and policies (tests/oracle)."""
+    cfg, models = _config(*case)
+    trace: list = []
+    r = oracle_engine.simulate(cfg, oracle_policies.make_policy(policy), make_jobs(cfg, models), models,
+                               trace=trace)
+    return repr(r), list(r.jct_s), trace
+
+
+def assert_same_run(got: tuple, want: tuple, what: object) -> None:
+    assert got[0] == want[0], (what, "RunResult", got[0], want[0])
+    assert got[1] == want[1], (what, "per-job JCTs")
+    assert len(got[2]) == len(want[2]), (what, "trace length")
+    assert got[2] == want[2], (what, "GPU trace")
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}-{c[3]}-{len(c[4])}wl")
 def test_engine_bit_identical_to_the_old_engine(case, monkeypatch):
     """Every decision on arrays (batch_min_jobs=0) and every doubling by the array code."""
     monkeypatch.setattr(policies, "FAST_MIN_CELLS", 0)
     monkeypatch.setattr(policies, "UNIT_FAST_MIN_FREE", 0)
-    for policy, want in CASES[case].items():
-        assert _digest(*case, policy) == want, policy
+    for policy in POLICIES:
+        assert_same_run(run_engine(case, policy), run_oracle(case, policy), policy)
 
 
 def test_engine_default_switch_points_identical():
     """With the default switch points (small decisions by the per-job loop and the heap)."""
-    case = (600, 128, "high", "oracle", ONE)
+    case = CASES[1]
     for policy in ("precompute", "srtf"):
-        assert _digest(*case, policy, batch_min_jobs=BATCH_MIN_JOBS) == CASES[case][policy]
+        assert_same_run(run_engine(case, policy, batch_min_jobs=BATCH_MIN_JOBS), run_oracle(case, policy), policy)
 
 
 def test_array_doubling_equals_the_heap():
@@ -154,3 +169,51 @@ def test_resize_aware_on_arrays_equals_the_per_job_path(policy, monkeypatch):
             out.append((r, r.jct_s, trace, pol.vetoed))
         assert out[0][3] > 0  # the gate did veto grows
         assert out[0] == out[1]
+
+
+def _values(run: tuple) -> tuple:
+    """A run's results as plain Python values (without the JIT a kernel may hand back np.float64)."""
+    r, jct, trace = run
+    return r, [float(x) for x in jct], [(float(t), int(g)) for t, g in trace]
+
+
+_NOJIT = """
+import json, sys
+from elastic_ring.sched import policies
+from tests.unit import test_sim_scale as t
+policies.FAST_MIN_CELLS = 0
+policies.UNIT_FAST_MIN_FREE = 0
+case = tuple(json.loads(sys.argv[1]))
+case = case[:4] + (tuple(case[4]),)
+print(json.dumps({p: t._values(t.run_engine(case, p)) for p in t.POLICIES}))
+"""
+
+
+def test_engine_agrees_with_numba_jit_disabled(monkeypatch):
+    """Another machine's compiled kernels stand-in: the same runs with numba's JIT off (the kernels
+    as plain Python, NUMBA_DISABLE_JIT=1, in a fresh process) give the same values as the compiled
+    kernels and the reference engine here. (Compiling for a generic x86-64 CPU instead,
+    NUMBA_CPU_NAME=generic, also agreed when tried; it costs ~20 s of compilation, so it is not run.)"""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    case = (120, 32, "high", "oracle", ONE)
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1", PYTHONPATH=os.pathsep.join(
+        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    out = subprocess.run([sys.executable, "-c", _NOJIT, json.dumps(case)], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    nojit = json.loads(out.stdout.strip().splitlines()[-1])
+    monkeypatch.setattr(policies, "FAST_MIN_CELLS", 0)
+    monkeypatch.setattr(policies, "UNIT_FAST_MIN_FREE", 0)
+    for policy in POLICIES:
+        jit = _values(run_engine(case, policy))
+        assert_same_run(jit, _values(run_oracle(case, policy)), policy)
+        got = nojit[policy]
+        assert got[0] == jit[0], (policy, "RunResult without the JIT", got[0], jit[0])
+        assert got[1] == jit[1], (policy, "per-job JCTs without the JIT")
+        assert [tuple(x) for x in got[2]] == jit[2], (policy, "GPU trace without the JIT")
