@@ -58,7 +58,8 @@ def launch_groups(names: list[str]) -> list[dict]:
             groups.setdefault((x["kind"], x["w"], x["other_workers"] < 0.2), []).append(x)
     return [{"launch": k, "workers": w, "overlapped": not alone, "n": len(v),
              "median_s": statistics.median(x["s"] for x in v), "min_s": min(x["s"] for x in v),
-             "max_s": max(x["s"] for x in v), "other_launching_workers_mean": statistics.mean(x["other_workers"] for x in v)}
+             "max_s": max(x["s"] for x in v),
+             "other_launching_workers_mean": statistics.mean(x["other_workers"] for x in v)}
             for (k, w, alone), v in sorted(groups.items())]
 
 
@@ -130,8 +131,9 @@ def sharing(names: list[str]) -> dict:
         rows.append(row)
 
     def stats(sel: list[dict]) -> dict:
-        return {k: {"mean_abs_err": statistics.mean(abs(r[k]) for r in sel), "mean_err": statistics.mean(r[k] for r in sel),
-                    "misses": sum(abs(r[k]) > BAR for r in sel)} for k in ("per_worker", "shared_h0", "shared_h05")}
+        return {k: {"mean_abs_err": statistics.mean(abs(r[k]) for r in sel),
+                    "mean_err": statistics.mean(r[k] for r in sel), "misses": sum(abs(r[k]) > BAR for r in sel)}
+                for k in ("per_worker", "shared_h0", "shared_h05")}
 
     quiet = [r for r in rows if "quiet" in r["run"] or r["run"] == "eight"]
     return {"runs": rows, "quiet_and_eight": {"n": len(quiet), **stats(quiet)}, "all": {"n": len(rows), **stats(rows)}}
