@@ -234,11 +234,29 @@ class ProcessRunner:
         rd = run_dir(self.dir, job["id"])
         if is_locked(rd):
             return holder_pid(rd)
-        return int(job["pid"]) if job.get("pid") and self.alive(job) else None
+        if job.get("pid"):
+            return int(job["pid"]) if self.alive(job) else None
+        return self.find_controller(job)
+
+    def find_controller(self, job: dict[str, Any]) -> int | None:
+        """The pid of a live ``train`` controller of the job's run folder started by the command of
+        :meth:`command`, or None: a controller started by a scheduler killed before it stored the
+        pid, and not yet holding the folder's lock."""
+        import psutil
+
+        rd = str(run_dir(self.dir, job["id"]))
+        for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+            args = proc.info["cmdline"] or []
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or rd not in args:
+                continue
+            if any(a == "elastic_ring.cli.main" and args[i + 1:i + 2] == ["train"] for i, a in enumerate(args)):
+                return int(proc.info["pid"])
+        return None
 
     def alive(self, job: dict[str, Any]) -> bool:
         """Our child: it has not exited. Another scheduler's (after a restart): its run folder is
-        locked, or the recorded pid is still a `train` of this folder (not yet holding the lock)."""
+        locked, or the recorded pid is still a `train` of this folder (not yet holding the lock),
+        or, no pid recorded, a `train` of this folder runs (:meth:`find_controller`)."""
         p = self._procs.get(job["id"])
         if p is not None:
             return p.poll() is None
@@ -253,7 +271,7 @@ class ProcessRunner:
                 return proc.status() != psutil.STATUS_ZOMBIE and str(rd) in " ".join(proc.cmdline())
             except psutil.Error:
                 return False
-        return False
+        return self.find_controller(job) is not None
 
     def observe(self, job: dict[str, Any]) -> Observation:
         jid = job["id"]

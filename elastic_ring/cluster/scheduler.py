@@ -21,7 +21,11 @@ Invariants (what the unit tests check with a fake runner):
   has ended; a grow or a start takes only slots that are free then;
 * state lives in the store (SQLite); after a crash, :meth:`recover` re-attaches to controllers that
   still run and settles the others (a paused job is resumed from its checkpoint later), so no job
-  is lost or run twice (the run folder's lock refuses a second controller).
+  is lost or run twice (the run folder's lock refuses a second controller). A start stores the job
+  as running with its slots *before* its controller exists (the slots are its own from then on), then
+  the controller's pid: a crash in between leaves a running job whose controller never started, and
+  recovery puts it back in the queue (it has nothing to lose). The fault point of
+  :func:`injected_fault` lets a test kill the scheduler there, and after the start before the pid.
 
 Exploration live (policy ``exploratory``): a job without a speed model first measures itself.
 The policy gives it ``hold`` slots (8 in the paper; here the largest power of two <= min(8, S) on
@@ -53,6 +57,8 @@ Side effects (processes, time, the slots) come from ``runner``, ``clock`` and ``
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any, Callable, Protocol
 
@@ -67,6 +73,35 @@ from elastic_ring.sched.resize_cost import ResizeCosts, default_resize_cost
 
 _LIVE = (JobState.RUNNING, JobState.STOPPING)
 EXPLORE_WINDOWS = 2  # steady throughput windows measured at each exploration size
+FAULT_ENV = "ELASTIC_RING_CLUSTER_FAULT"
+FAULT_POINTS = ("after_store_running", "after_start")
+"""Where a start may be cut: after the job is stored as running (its controller not started yet),
+and after its controller started (its pid not stored yet)."""
+
+
+def injected_fault(environ: dict[str, str] | None = None) -> Callable[[str], None]:
+    """The scheduler's fault point for tests: ``ELASTIC_RING_CLUSTER_FAULT=POINT[:N]`` (POINT one of
+    :data:`FAULT_POINTS`) makes the scheduler kill itself with SIGKILL the N-th time (default 1) it
+    passes POINT, as a kill -9 from outside would at that instant. Unset: nothing happens.
+
+    Raises:
+        ClusterError: the value names no fault point or its count is not a positive integer.
+    """
+    raw = (os.environ if environ is None else environ).get(FAULT_ENV, "").strip()
+    if not raw:
+        return lambda point: None
+    point, _, n = raw.partition(":")
+    if point not in FAULT_POINTS or not (n or "1").isdigit() or int(n or "1") < 1:
+        raise ClusterError(f"{FAULT_ENV}={raw!r}: expected POINT[:N], POINT one of {', '.join(FAULT_POINTS)}")
+    left = {"n": int(n or "1")}
+
+    def fault(at: str) -> None:
+        if at == point:
+            left["n"] -= 1
+            if left["n"] == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return fault
 
 
 def explore_hold(slots: int) -> int:
@@ -159,12 +194,16 @@ class Scheduler:
     """Args:
         rate_for: job row -> its speed in steps/s as a function of its worker count.
         slots: where the slots come from (default: the config's fixed hosts).
+        fault: called with each of :data:`FAULT_POINTS` as a start passes it (default:
+            :func:`injected_fault`, from the environment); a test's hook may raise there.
     """
 
     def __init__(self, store: Store, config: ClusterConfig, policy: Any, runner: Runner, rate_for: RateFor,
-                 clock: Callable[[], float] = time.time, slots: SlotSource | None = None) -> None:
+                 clock: Callable[[], float] = time.time, slots: SlotSource | None = None,
+                 fault: Callable[[str], None] | None = None) -> None:
         self.store, self.config, self.policy, self.runner = store, config, policy, runner
         self.rate_for, self.clock = rate_for, clock
+        self.fault = fault if fault is not None else injected_fault()
         self.source: SlotSource = slots if slots is not None else FixedSlots(config)
         self.capacity: Capacity = self.source.capacity()
         self._rates: dict[int, Callable[[int], float]] = {}
@@ -347,7 +386,10 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the loop
     def recover(self) -> None:
-        """After a restart: re-attach to controllers that still run, settle the others."""
+        """After a restart: re-attach to controllers that still run, settle the others. A running
+        job without a pid and without a controller was stored as running by a scheduler killed
+        before it started the controller: it goes back to the queue (or to paused, when an earlier
+        controller of it launched workers: resumed from its checkpoint), not to failed."""
         for j in self.store.jobs(active_only=True):
             if j["state"] in _LIVE:
                 obs = self._observe(j)
@@ -355,7 +397,7 @@ class Scheduler:
                 if obs.alive:
                     self.store.event(j["id"], "adopted", pid=j["pid"], workers=obs.world_size)
                 else:
-                    self._settle(j, obs)
+                    self._settle(j, obs, unstarted=j["state"] == JobState.RUNNING and not j["pid"])
         self.decide("restart", None)
 
     def tick(self) -> bool:
@@ -439,8 +481,9 @@ class Scheduler:
             self.store.event(jid, "restarted_smaller", workers=obs.world_size, slots=keep)
         return True
 
-    def _settle(self, j: dict[str, Any], obs: Observation) -> str:
-        """The controller of ``j`` has ended: record how, give back its slots. Returns the cause."""
+    def _settle(self, j: dict[str, Any], obs: Observation, unstarted: bool = False) -> str:
+        """The controller of ``j`` has ended: record how, give back its slots. Returns the cause.
+        ``unstarted``: no controller of this start ever ran (found at recovery: see :meth:`recover`)."""
         now = self.clock()
         out = obs.outcome
         if out in ("succeeded", "finished"):
@@ -456,6 +499,10 @@ class Scheduler:
         elif out is None and j["message"] in ("preempt", "resize", "explore"):
             # stopped by us before its controller launched anything (a preemption seconds after
             # the start, seen live under srtf): back to the queue, not a failure
+            state, cause = JobState.QUEUED, "paused"
+        elif out is None and unstarted:
+            # stored as running, but its controller never started (the scheduler was killed between
+            # the two) and launched nothing: back to the queue, nothing lost
             state, cause = JobState.QUEUED, "paused"
         else:
             state, cause = JobState.FAILED, "completion"
@@ -549,7 +596,9 @@ class Scheduler:
                 with self.store.transaction():  # slots are ours before the process exists
                     self.store.update(j["id"], slots=take, state=JobState.RUNNING, message="",
                                       started=j["started"] or self.clock())
+                self.fault("after_store_running")
                 pid = self.runner.start(j, take, workers, resume)
+                self.fault("after_start")
                 with self.store.transaction():
                     self.store.update(j["id"], pid=pid)
                     self.store.event(j["id"], "resumed" if resume else "started", workers=workers, slots=take,

@@ -302,6 +302,68 @@ def test_recovery_adopts_live_controllers_and_resumes_stopped_ones(tmp_path):
     assert runner.jobs[b].step == 300
 
 
+class _Killed(BaseException):
+    """The scheduler's process ends here, as under a kill -9 at a fault point."""
+
+
+def _killed_at(point):
+    def fault(at):
+        if at == point:
+            raise _Killed(point)
+    return fault
+
+
+@pytest.mark.parametrize("point", ["after_store_running", "after_start"])
+def test_a_kill_inside_a_start_loses_nothing_and_starts_the_job_once(tmp_path, point):
+    """A start stores the job as running with its slots, starts its controller, then stores the
+    pid. Killed after the first step (no controller), the restarted scheduler puts the job back in
+    the queue, not in failed; after the second (a controller, no pid), it adopts the controller.
+    Either way the job runs to its end, started from scratch once."""
+    store, cfg, runner, sched = _setup(tmp_path, slots=2, policy="eight")
+    sched.fault = _killed_at(point)
+    a = _submit(store, "a", 40)
+    sched.recover()
+    with pytest.raises(_Killed):
+        sched.tick()
+    row = store.job(a)
+    assert row["state"] == JobState.RUNNING and row["slots"] and row["pid"] is None  # inside the window
+    assert (a in runner.jobs) == (point == "after_start")  # the controller exists only after the start
+    sched2 = Scheduler(store, cfg, make_policy("eight"), runner, rate_for=lambda j: (lambda w: float(w)),
+                       fault=lambda at: None)
+    sched2.recover()
+    kinds = [e["kind"] for e in store.events(a)]
+    assert "failed" not in kinds
+    if point == "after_store_running":
+        assert store.job(a)["state"] == JobState.QUEUED and store.job(a)["slots"] == [] and "queued" in kinds
+    else:
+        assert store.job(a)["state"] == JobState.RUNNING and "adopted" in kinds
+    _run(store, sched2, runner, 2)
+    assert store.job(a)["state"] == JobState.SUCCEEDED and runner.jobs[a].step == 40
+    assert [(s[0], s[2]) for s in runner.starts] == [(a, False)]
+
+
+def test_the_fault_point_comes_from_the_environment(monkeypatch):
+    import os
+    import signal
+
+    from elastic_ring.cluster import scheduler as sm
+    from elastic_ring.cluster.api import ClusterError
+
+    kills = []
+    monkeypatch.setattr(sm.os, "kill", lambda pid, sig: kills.append((pid, sig)))
+    fault = sm.injected_fault({sm.FAULT_ENV: "after_start:2"})
+    fault("after_store_running")
+    fault("after_start")
+    assert kills == []
+    fault("after_start")  # the second pass
+    assert kills == [(os.getpid(), signal.SIGKILL)]
+    sm.injected_fault({})("after_start")
+    assert len(kills) == 1
+    for bad in ("nowhere", "after_start:0", "after_start:x"):
+        with pytest.raises(ClusterError, match=sm.FAULT_ENV):
+            sm.injected_fault({sm.FAULT_ENV: bad})
+
+
 def test_bad_requests_are_user_errors(tmp_path):
     from elastic_ring.cluster.api import ClusterError
 

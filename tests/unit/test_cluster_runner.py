@@ -1,0 +1,33 @@
+"""The cluster's process runner against real processes: a job's controller is found by its run
+folder when the scheduler that started it was killed before it stored the pid."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from elastic_ring.cluster.api import ClusterConfig
+from elastic_ring.cluster.runner import ProcessRunner, run_dir
+
+SLEEP = "import time; time.sleep(60)"
+
+
+def test_a_controller_without_a_stored_pid_is_found_by_its_run_folder(tmp_path):
+    runner = ProcessRunner(tmp_path, ClusterConfig(hosts=(("localhost", 2),)))
+    job = {"id": 3, "pid": None}
+    rd = str(run_dir(runner.dir, 3))
+    assert not runner.alive(job) and runner._pid(job) is None
+    # the same arguments as a start's command line (python -m elastic_ring.cli.main train --run-dir D),
+    # after a -c that only sleeps; another command naming the folder is not a controller
+    other = subprocess.Popen([sys.executable, "-c", SLEEP, "tail", rd])
+    ctl = subprocess.Popen([sys.executable, "-c", SLEEP, "-m", "elastic_ring.cli.main", "train", "--run-dir", rd])
+    try:
+        assert runner.alive(job) and runner._pid(job) == ctl.pid
+        assert not runner.alive({"id": 4, "pid": None})  # another job's folder
+        ctl.kill()
+        ctl.wait()
+        assert not runner.alive(job) and runner._pid(job) is None
+    finally:
+        for p in (other, ctl):
+            p.kill()
+            p.wait()
