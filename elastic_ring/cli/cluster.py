@@ -178,7 +178,7 @@ def _check_folder(d: Path, new_slots: bool) -> None:
 
     if (d / DB_FILE).exists():
         return
-    marks = [m for m in ("run.json", "ps_config.json", "events.jsonl") if (d / m).exists()]
+    marks = [m for m in ("run.json", "ps_config.json", "events.jsonl", "checkpoints") if (d / m).exists()]
     if marks:
         raise UserError(f"{d} is a training run's folder ({marks[0]}), not a cluster folder: give "
                         f"`cluster up` another --dir")

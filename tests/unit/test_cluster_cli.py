@@ -101,11 +101,14 @@ def test_cluster_up_on_a_new_folder_without_slots_leaves_nothing(capsys, tmp_pat
     _one_line_error(r, "no cluster in")
 
 
-@pytest.mark.parametrize("mark", ["run.json", "ps_config.json"])
+@pytest.mark.parametrize("mark", ["run.json", "ps_config.json", "checkpoints"])
 def test_cluster_up_refuses_a_run_folder(capsys, tmp_path, mark):
     run = tmp_path / "run"
     run.mkdir()
-    (run / mark).write_text("{}")
+    if mark == "checkpoints":
+        (run / mark).mkdir()
+    else:
+        (run / mark).write_text("{}")
     r = run_inproc(capsys, "cluster", "up", "--slots", "2", "--dir", str(run))
     _one_line_error(r, "training run's folder", mark)
     assert sorted(p.name for p in run.iterdir()) == [mark]
