@@ -148,7 +148,7 @@ def test_missing_and_corrupt_cifar10(run_cli, tmp_path, monkeypatch):
     p = run_cli("train", "--dataset", "cifar10", "--run-dir", str(tmp_path / "r"))  # --data-dir: data
     _assert_one_line_error(p, "CIFAR-10 not found in data", "cifar-10-python.tar.gz", "cifar-10-batches-py/",
                            "nothing is downloaded")
-    assert time.time() - t0 < 30
+    assert time.time() - t0 < 60  # torchvision's first import, on a loaded machine; no network wait
     assert not (tmp_path / "data").exists() and not (tmp_path / "r").exists()
     data = tmp_path / "mine"
     data.mkdir()
