@@ -286,23 +286,36 @@ class BackgroundWriter:
             raise err
 
 
-def load(path: str | Path) -> dict[str, Any]:
+def load(path: str | Path, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
     """A checkpoint's contents, verified, for use outside the tool (export, inference, analysis).
 
     ``path``: a checkpoint file (``ckpt-<step>.pt``), a run's ``checkpoints`` folder or a run
-    folder (then the newest kept checkpoint that verifies). Returns the dict the worker saved:
-    ``model`` (the model's ``state_dict``), ``optimizer``, ``schedulers`` (their state dicts),
-    ``extras``, ``step``, ``world_size``, ``cursor``, ``lr_factor``, ``rng``. A plain
-    ``torch.load`` fails on these files: they start with a magic and a checksum.
+    folder (then the newest checkpoint that verifies: the kept ones newest first, then any older
+    ``ckpt-*.pt`` left in the folder; skipping a corrupt one is said through ``warn``, naming both).
+    Returns the dict the worker saved: ``model`` (the model's ``state_dict``), ``optimizer``,
+    ``schedulers`` (their state dicts), ``extras``, ``step``, ``world_size``, ``cursor``,
+    ``lr_factor``, ``rng``. A plain ``torch.load`` fails on these files: they start with a magic
+    and a checksum.
 
     Raises:
-        CheckpointError: no checkpoint there, or none that verifies (the message says which).
+        CheckpointError: no checkpoint there, or none that verifies (the message names each and why).
     """
     p = Path(path)
-    if p.is_dir():
-        folder = p / "checkpoints" if (p / "checkpoints").is_dir() else p
-        state = CheckpointStore(folder).load_latest()
-        if state is None:
-            raise CheckpointError(f"no checkpoint in {folder}")
+    if not p.is_dir():
+        return load_verified(p)
+    folder = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+    paths = CheckpointStore(folder).candidates()
+    paths += [f for f in sorted(folder.glob("ckpt-*.pt"), reverse=True) if f not in paths]
+    if not paths:
+        raise CheckpointError(f"no checkpoint in {folder}")
+    problems: list[str] = []
+    for f in paths:
+        try:
+            state = load_verified(f)
+        except CheckpointError as e:
+            problems.append(str(e))
+            continue
+        if problems and warn is not None:
+            warn(f"warning: {'; '.join(problems)}; using the older checkpoint {f} (step {state.get('step')})")
         return state
-    return load_verified(p)
+    raise CheckpointError(f"no checkpoint in {folder} loads: {'; '.join(problems)}")

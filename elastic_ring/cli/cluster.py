@@ -123,16 +123,15 @@ def up(slots, hostfile, ray_address, policy, device, network_interface, profile,
     from elastic_ring.cluster.runner import ProcessRunner
     from elastic_ring.cluster.scheduler import Scheduler, live_policy
     from elastic_ring.cluster.store import Store
+    from elastic_ring.cluster.web import bind, parse_bind
 
     d = Path(cluster_dir)
     _check_up(slots, hostfile, ray_address, poll)
+    _check_folder(d, new_slots=any(x is not None for x in (slots, hostfile, ray_address)))
+    web_addr = parse_bind(web, "--web") if web is not None else None
     lock = _SchedulerLock(d)
     lock.acquire()
-    sock = None
-    if web is not None:
-        from elastic_ring.cluster.web import bind, parse_bind
-
-        sock = bind(*parse_bind(web))
+    sock = bind(*web_addr) if web_addr is not None else None
     store = Store(d, create=True)
     cfg = _config(store, slots, hostfile, ray_address, policy, device, network_interface, profile, poll)
     source = slot_source(cfg)
@@ -170,6 +169,22 @@ def _check_up(slots, hostfile, ray_address, poll) -> None:
         raise UserError("give one of --slots, --hostfile and --ray")
     if poll <= 0:
         raise UserError(f"--poll must be > 0, got {poll}")
+
+
+def _check_folder(d: Path, new_slots: bool) -> None:
+    """Before anything is written: refuse a run folder of `train` or `ps` (a cluster's files would
+    mix with the run's), and a new cluster without its slots (no cluster.db or lock left behind)."""
+    from elastic_ring.cluster.api import DB_FILE
+
+    if (d / DB_FILE).exists():
+        return
+    marks = [m for m in ("run.json", "ps_config.json", "events.jsonl", "checkpoints") if (d / m).exists()]
+    if marks:
+        raise UserError(f"{d} is a training run's folder ({marks[0]}), not a cluster folder: give "
+                        f"`cluster up` another --dir")
+    if not new_slots:
+        raise UserError(f"no cluster in {d} yet: a new cluster needs --slots N, --hostfile PATH or "
+                        f"--ray [ADDRESS]")
 
 
 def _config(store, slots, hostfile, ray_address, policy, device, network_interface, profile, poll):
@@ -236,7 +251,7 @@ def _loop(store, sched, poll_s: float, quiet: bool) -> None:
                 click.echo(f"{time.strftime('%H:%M:%S', time.localtime(e['time']))} job {e['job_id']}: "
                            f"{e['kind']} {json.dumps(e['data']) if e['data'] else ''}".rstrip())
         if not quiet:
-            table = _table(store.jobs())
+            table = _table(store.jobs(), store.dir)
             if table != last_table:
                 click.echo(table)
                 last_table = table
@@ -283,7 +298,7 @@ def web(address, cluster_dir):
 
     d = Path(cluster_dir)
     check_dir(d)
-    sock = bind(*parse_bind(address))
+    sock = bind(*parse_bind(address, "--bind"))
     server = WebServer(d, sock)
     click.echo(f"web page: {server.url} (metrics: {server.url}metrics), reading {d.resolve()}")
     server.serve()
@@ -351,25 +366,76 @@ def submit(target, name, steps, min_workers, max_workers, sets, profile, target_
         raise ClusterError(f"--max-workers {max_workers} is more than the cluster's {cfg.slots} slots")
     if fixed and min_workers > cfg.slots:
         raise ClusterError(f"--min-workers {min_workers} is more than the cluster's {cfg.slots} slots")
+    if checkpoint_every is not None and checkpoint_every < 0:
+        raise ClusterError(f"--checkpoint-every must be >= 0, got {checkpoint_every}")
     train_args = ("--checkpoint-every", str(checkpoint_every)) if checkpoint_every else ()
     req = JobRequest(name=name or p.stem, kind=kind, path=str(p), steps=steps, min_workers=min_workers,
                      max_workers=max_workers, sets=tuple(sets), args=tuple(script_args),
                      profile=str(Path(profile).resolve()) if profile else None, target_loss=target_loss,
                      train_args=train_args)
+    if kind == "config":
+        _check_config(req, cfg.device if cfg is not None else "cpu")
     jid = store.submit(req)
     click.echo(f"job {jid} ({req.name}) submitted to {cluster_dir}")
+    if not _SchedulerLock(Path(cluster_dir)).held_by_other():
+        click.echo(f"elastic-ring: warning: no scheduler runs on {cluster_dir}: job {jid} waits in the queue "
+                   f"until `elastic-ring cluster up --dir {cluster_dir}`", err=True)
 
 
-def _table(jobs) -> str:
+def _check_config(req, device: str) -> None:
+    """A config job's config as its `train` will read it (file, --set, --steps), so that a bad key
+    or value is refused here, in one line, and not found later in the job's log."""
+    from elastic_ring.config.api import load_config
+    from elastic_ring.config.base import parse_overrides
+
+    overrides = parse_overrides(req.sets)
+    if req.steps:
+        overrides["total_steps"] = req.steps
+    load_config(req.path, overrides, device=device)
+
+
+# why the scheduler stopped a job (the store's message), as `jobs` says it
+_STOP_WORDS = {"cancel": "cancel requested", "preempt": "preempted", "resize": "moving to other slots",
+               "explore": "next exploration size", "down": "cluster down"}
+
+
+def _state_text(j) -> str:
+    """The state column: the state, and why for a stopping or paused job (a failed job's reason is
+    printed under the table, a cancelled job's is its state)."""
+    state, msg = j["state"], j["message"]
+    if not msg or state.terminal:
+        return state.value
+    return f"{state.value} ({_STOP_WORDS.get(msg, msg)})"
+
+
+def _table(jobs, cluster_dir: Path | None = None) -> str:
+    from elastic_ring.cluster.api import JobState, job_log
+
     rows = [("id", "name", "state", "workers", "step/total", "images/s", "submitted", "JCT")]
+    notes = []
     for j in jobs:
         total = j["total"] or j["request"].steps or "?"
         jct = f"{j['finished'] - j['submitted']:.1f} s" if j["finished"] else ""
-        rows.append((str(j["id"]), j["name"], j["state"].value + (f" ({j['message']})" if j["message"] else ""),
+        rows.append((str(j["id"]), j["name"], _state_text(j),
                      str(j["workers"] or len(j["slots"])), f"{j['step']}/{total}", f"{j['images_per_s']:.0f}",
                      time.strftime("%H:%M:%S", time.localtime(j["submitted"])), jct))
+        if j["state"] == JobState.FAILED:
+            log = job_log(cluster_dir, j["id"]) if cluster_dir is not None else None
+            notes.append(f"job {j['id']} failed: {j['message'] or 'no reason recorded'}"
+                         + (f" (log: {log})" if log is not None and log.exists() else ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return "\n".join(["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows] + notes)
+
+
+def _job_json(j, cluster_dir: Path) -> dict:
+    """One job for `jobs --json`: the store's row, with its run folder and log where they exist."""
+    from elastic_ring.cluster.api import job_dir, job_log
+
+    out = {k: (v.value if k == "state" else v.to_dict() if k == "request" else v) for k, v in j.items()}
+    rd, log = job_dir(cluster_dir, j["id"]), job_log(cluster_dir, j["id"])
+    out["run_dir"] = out["run_dir"] or (str(rd.resolve()) if rd.is_dir() else None)
+    out["log"] = str(log.resolve()) if log.exists() else None
+    return out
 
 
 @click.command(context_settings=CTX)
@@ -382,14 +448,12 @@ def jobs(as_json, cluster_dir):
     store = Store(Path(cluster_dir))
     rows = store.jobs()
     if as_json:
-        out = [{k: (v.value if k == "state" else v.to_dict() if k == "request" else v) for k, v in j.items()}
-               for j in rows]
-        click.echo(json.dumps(out, indent=1))
+        click.echo(json.dumps([_job_json(j, Path(cluster_dir)) for j in rows], indent=1))
     else:
         cfg = store.config()
         if cfg is not None and cfg.ray is not None:
             click.echo(f"Ray nodes: {_nodes_line(store.get_meta('nodes') or [list(h) for h in cfg.hosts])}")
-        click.echo(_table(rows))
+        click.echo(_table(rows, Path(cluster_dir)))
 
 
 @click.command(context_settings=CTX)

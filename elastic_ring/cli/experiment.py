@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from elastic_ring.errors import UserError
+from elastic_ring.words import count
 
 
 @click.group(context_settings={"max_content_width": 100})
@@ -63,7 +64,7 @@ def resize(design_path, repeats, out_dir, overrides, slots, device, relaunch):
     need = max(design.w_init, design.w_new)
     n_slots = slots or design.slots or (ngpu if dev == "cuda" else max(need, os.cpu_count() or 1))
     if n_slots < need:
-        raise UserError(f"{need} workers needed but only {n_slots} slot(s)")
+        raise UserError(f"{count(need, 'worker')} needed but only {n_slots} slot(s)")
     if dev == "cuda" and need > ngpu:
         raise UserError(f"the design needs {need} GPUs but {ngpu} are visible")
     check_dataset(cfg.dataset, cfg.data_dir)

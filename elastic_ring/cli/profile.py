@@ -11,9 +11,9 @@ from elastic_ring.errors import UserError
 
 
 @click.command(context_settings={"max_content_width": 100})
-@click.option("--gpus", "counts", default="1,2,4,8", show_default=True, metavar="N[,N...]",
-              help="Worker counts to measure (GPUs on a GPU node, CPU processes otherwise); "
-                   "any counts, e.g. 1,2,3,4.")
+@click.option("--workers", "--gpus", "counts", default="1,2,4,8", show_default=True, metavar="N[,N...]",
+              help="Worker counts to measure (a GPU each on a GPU node, a CPU process each otherwise); "
+                   "any counts, e.g. 1,2,3,4 (--gpus is the same option).")
 @click.option("--steps", type=int, default=None,
               help="Steps per count. [default: enough for 6 windows after the warm-up]")
 @click.option("--warmup-windows", type=int, default=1, show_default=True,
@@ -34,9 +34,9 @@ def profile(counts, steps, warmup_windows, config_path, overrides, device, slots
 
     \b
     CPU scale (ResNet-20/8 on digits, gloo):
-        elastic-ring profile --gpus 1,2,3,4 --out results/profile_cpu
+        elastic-ring profile --workers 1,2,3,4 --out results/profile_cpu
     8-GPU node (ResNet-110 on CIFAR-10):
-        elastic-ring profile --gpus 1,2,4,8 --steps 400
+        elastic-ring profile --workers 1,2,4,8 --steps 400
 
     Each count is one training run in OUT/runs/w<N>/. The first --warmup-windows throughput windows
     of each run (and a short last window) are dropped; the point is the remaining windows' steps
@@ -58,7 +58,7 @@ def profile(counts, steps, warmup_windows, config_path, overrides, device, slots
         raise UserError(f"--warmup-windows must be >= 0, got {warmup_windows}")
     device, ngpu = _resolve_device(device)
     if device == "cuda" and max(ws) > ngpu:
-        raise UserError(f"--gpus asks for {max(ws)} workers but only {ngpu} GPU(s) are visible")
+        raise UserError(f"--workers asks for {max(ws)} workers but only {ngpu} GPU(s) are visible")
     ov = parse_overrides(overrides)
     cfg = load_config(config_path, ov, device=device)
     if steps is None:

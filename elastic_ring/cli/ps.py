@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from elastic_ring.errors import ConfigError
+from elastic_ring.errors import ConfigError, UserError
 
 SYNC_HELP = ("bsp | asp | ssp | dssp (Algorithm 2 of the paper, unchanged) | dssp-exact (the allowance "
              "minimising the predicted wait at the worker's next check, assuming no refill, with the hard "
@@ -54,7 +54,8 @@ def build_config(config: str | None, sets: tuple[str, ...], **flags):
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override any setting (eval_every_s, momentum, weight_decay, data_dir, ...). Repeatable.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
-              help="Output folder (default runs/ps/<sync>-<time>): events.jsonl, ps_config.json, mpirun.log.")
+              help="Output folder, new or empty (default runs/ps/<sync>-<time>): events.jsonl, ps_config.json, "
+                   "mpirun.log.")
 @click.pass_context
 def ps(ctx: click.Context, config, sets, run_dir, **flags) -> None:
     """Parameter-server training (arXiv 1908.11848) with MPI ranks: rank 0 is the server
@@ -80,6 +81,9 @@ def ps(ctx: click.Context, config, sets, run_dir, **flags) -> None:
     from elastic_ring.ps.runner import run_job
 
     out = Path(run_dir) if run_dir else Path("runs") / "ps" / f"{cfg.sync}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        # a second job's events would mix with the first one's (two ps_finished, the old workers' rows)
+        raise UserError(f"run folder {out} already exists and is not empty (pick another --run-dir)")
     click.echo(f"elastic-ring ps: {cfg.policy.label()}, {cfg.workers} worker(s), slowdown "
                f"{','.join(f'{s:g}' for s in cfg.slowdowns)}, run dir {out}")
     res = run_job(cfg, out)

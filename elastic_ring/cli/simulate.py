@@ -24,6 +24,8 @@ from pathlib import Path
 import click
 
 from elastic_ring.errors import ConfigError
+from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
+from elastic_ring.sim.workload import builtin_workloads
 
 STRATEGIES = ("eight", "precompute", "exploratory", "optimus", "srtf", "las", "pollux", "hesrpt")
 RC_STRATEGIES = ("precompute", "optimus", "srtf", "las", "pollux", "hesrpt")  # NAME-rc: grows only when they pay for their resize
@@ -317,8 +319,8 @@ def _print_tables(summary: dict, levels, runs_strats, heldout: dict, gpus: int, 
                    "or numbers (offered load = arrival rate x mean GPU-hours per job at 8 GPUs / GPUs).")
 @click.option("--strategies", default=",".join(STRATEGIES[:4]), show_default=True,
               help="Comma list of eight, precompute, exploratory, optimus, srtf (ours: shortest predicted "
-                   "remaining time first with rank-weighted doubling), and the anchors of "
-                   "elastic_ring.sched.anchors: las (Tiresias least attained service), pollux (goodput "
+                   "remaining time first with rank-weighted doubling), and three published schedulers for "
+                   "comparison: las (Tiresias least attained service), pollux (goodput "
                    "re-optimisation), hesrpt (SRPT for concave speed-ups); NAME-rc (not eight, exploratory): "
                    "the same, growing a running job only when the gain over 10 resize costs exceeds the resize.")
 @click.option("--remaining", type=click.Choice(["eq1", "oracle"]), default="eq1", show_default=True,
@@ -339,11 +341,12 @@ def _print_tables(summary: dict, levels, runs_strats, heldout: dict, gpus: int, 
 @click.option("--jobs", "n_jobs", type=int, default=200, show_default=True, help="Jobs per run.")
 @click.option("--workload", "workloads", multiple=True,
               help="Built-in workload name or path to a profile.json (repeatable; jobs drawn uniformly). "
-                   "Default resnet110-cifar10. Built-ins: resnet110-cifar10, resnet50-imagenet, vgg16-imagenet.")
+                   f"Default resnet110-cifar10. Built-ins: {', '.join(builtin_workloads())}.")
 @click.option("--plan-workload", default=None,
               help="Held-out check: the planner uses this workload's speed model for every job.")
-@click.option("--resize-overhead", type=float, default=None,
-              help="Seconds lost per resize (default: elastic_ring.sched.api.DEFAULT_RESIZE_OVERHEAD_S).")
+@click.option("--resize-overhead", type=float, default=None, metavar="SECONDS",
+              help=f"Seconds lost per resize. [default: {DEFAULT_RESIZE_OVERHEAD_S:g}, measured on the CPU; "
+                   "the paper's GPUs: about 10]")
 @click.option("--min-hours", type=float, default=0.25, show_default=True, help="Shortest job: hours alone on 8 GPUs.")
 @click.option("--max-hours", type=float, default=8.0, show_default=True, help="Longest job: hours alone on 8 GPUs.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/simulate", show_default=True,
@@ -362,13 +365,13 @@ def simulate(gpus, contention, strategies, remaining, seeds, tune_seeds, eval_se
 
     Example: elastic-ring simulate --gpus 64 --contention all --seeds 10
     """
-    from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
     from elastic_ring.sim.api import SimConfig
     from elastic_ring.sim.workload import load_workload
 
     for flag, v in (("--gpus", gpus), ("--seeds", seeds), ("--jobs", n_jobs)):
         if v < 1:
             raise ConfigError(f"{flag} must be >= 1, got {v}")
+    _check_flags(min_hours, max_hours, resize_overhead)
     levels = _levels(contention)
     strats = _strategies(strategies)
     if "exploratory" in strats and gpus < 8:
@@ -414,6 +417,16 @@ def simulate(gpus, contention, strategies, remaining, seeds, tune_seeds, eval_se
         click.echo(json.dumps({"meta": meta, "summary": summary}, indent=1))
         return
     _print_tables(summary, levels, runs_strats, heldout, gpus, n_jobs, evals, out, tuned, tune)
+
+
+def _check_flags(min_hours: float, max_hours: float, resize_overhead: float | None) -> None:
+    """The checks of SimConfig that concern a flag, said with the flag's name (not the field's)."""
+    if not (0 < min_hours and math.isfinite(max_hours)):
+        raise ConfigError(f"--min-hours must be > 0 and --max-hours finite, got {min_hours:g} and {max_hours:g}")
+    if min_hours > max_hours:
+        raise ConfigError(f"--min-hours {min_hours:g} is above --max-hours {max_hours:g}")
+    if resize_overhead is not None and not (resize_overhead >= 0 and math.isfinite(resize_overhead)):
+        raise ConfigError(f"--resize-overhead must be >= 0 seconds, got {resize_overhead:g}")
 
 
 def _split_seeds(tune_seeds: str | None, eval_seeds: str | None, seeds: int) -> tuple[list[int], list[int]]:

@@ -35,15 +35,16 @@ def _resolve_device(device: str) -> tuple[str, int]:
 
 
 @click.command(context_settings={"max_content_width": 100})
-@click.option("--gpus", "workers", type=int, default=None,
-              help="Workers to start with: GPUs on a GPU node, CPU processes otherwise. [default: 1; "
-                   "at --resume: the size the run was at or was going to]")
+@click.option("--workers", "--gpus", "workers", type=int, default=None, metavar="N",
+              help="Workers to start with: one GPU each on a GPU node, a CPU process each otherwise "
+                   "(--gpus is the same option). [default: 1; at --resume: the size the run was at or "
+                   "was going to]")
 @click.option("--script", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Run your own Horovod script (written with elastic_ring.worker) instead of the "
                    "built-in ResNet; its own arguments go after `--`. Needs --steps.")
 @click.option("--resize-at", type=int, default=None, metavar="STEP",
               help="Resize after this step completes (with --to).")
-@click.option("--to", "resize_to", type=int, default=None, metavar="N", help="Worker count after --resize-at.")
+@click.option("--to", "resize_to", type=int, default=None, metavar="N", help="Workers after --resize-at.")
 @click.option("--schedule", default=None, metavar="STEP:N[,STEP:N...]",
               help="Several resizes, e.g. 5000:8,10000:4 (steps increasing).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
@@ -54,7 +55,9 @@ def _resolve_device(device: str) -> tuple[str, int]:
 @click.option("--depth", type=int, default=None, help="ResNet depth 6n+2: 20, 32, 44, 56, 110.")
 @click.option("--dataset", type=click.Choice(["cifar10", "synthetic", "digits"]), default=None,
               help="Training data (config: dataset).")
-@click.option("--data-dir", default=None, type=click.Path(file_okay=False), help="Where CIFAR-10 lives.")
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False),
+              help="Where CIFAR-10 lives: cifar-10-python.tar.gz or its cifar-10-batches-py/ folder "
+                   "(nothing is downloaded). [default: data]")
 @click.option("--batch-size", type=int, default=None, help="Per-worker batch (config: batch_size).")
 @click.option("--lr", type=float, default=None, help="LR per lr_reference_batch images (config: lr).")
 @click.option("--seed", type=int, default=None, help="Seed of data order, augmentation and weights.")
@@ -163,7 +166,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
 
 @click.command()
 @click.argument("run_dir", type=click.Path(file_okay=False))
-@click.option("--to", "target", type=int, required=True, help="New worker count.")
+@click.option("--to", "target", type=int, required=True, metavar="N", help="Workers after the resize.")
 def resize(run_dir, target):
     """Ask the running `elastic-ring train` in RUN_DIR to resize to N workers now.
 

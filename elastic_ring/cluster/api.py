@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from elastic_ring.errors import UserError
@@ -25,6 +26,17 @@ LIVE_POLICIES = ("eight", "precompute", "exploratory", "optimus", "srtf", "preco
 with each job's cost measured from its ``resize_overhead`` events (:mod:`elastic_ring.sched.resize_cost`)."""
 
 
+def job_dir(cluster_dir: str | Path, jid: int) -> Path:
+    """A job's run folder: ``CLUSTER/jobs/<id>``."""
+    return Path(cluster_dir) / "jobs" / str(jid)
+
+
+def job_log(cluster_dir: str | Path, jid: int) -> Path:
+    """A job's controller output (its `train` command line, its progress and its error line):
+    ``CLUSTER/logs/job-<id>.log``."""
+    return Path(cluster_dir) / "logs" / f"job-{jid}.log"
+
+
 class ClusterError(UserError):
     """A user mistake about the cluster (bad folder, bad job, no scheduler): one line, exit 2."""
 
@@ -32,24 +44,30 @@ class ClusterError(UserError):
 class JobState(str, Enum):
     """Lifecycle of a cluster job.
 
-    QUEUED -> RUNNING (its controller started) -> SUCCEEDED | FAILED.
+    QUEUED -> RUNNING (its controller started) -> FINISHED | FAILED.
     RUNNING -> STOPPING (preempted to 0 slots, cancelled, or `cluster down`) -> PAUSED (stopped at a
-    checkpoint; resumed later with ``train --resume``) | CANCELLED | SUCCEEDED (it ended first).
+    checkpoint; resumed later with ``train --resume``) | CANCELLED | FINISHED (it ended first).
     PAUSED -> RUNNING (resumed). QUEUED | PAUSED -> CANCELLED.
     A resize happens while RUNNING (``resize_to`` set while it is in flight).
+    A job that ran all its steps is ``finished``, the word ``elastic-ring status`` uses for a run
+    (stores written before the rename hold ``succeeded``, read as FINISHED).
     """
 
     QUEUED = "queued"
     RUNNING = "running"
     STOPPING = "stopping"
     PAUSED = "paused"
-    SUCCEEDED = "succeeded"
+    FINISHED = "finished"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
+    @classmethod
+    def _missing_(cls, value: object) -> "JobState | None":
+        return cls.FINISHED if value == "succeeded" else None
+
     @property
     def terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+        return self in (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -165,6 +183,8 @@ class Observation:
     observation (each resize's seconds without training): what the ``-rc`` policies weigh.
     restarts: launches that followed a ``restart`` event (a failure: the controller relaunched from
     its checkpoint, on a Ray cluster perhaps on fewer workers).
+    error: once the controller is gone without finishing, why, in one line (its error line in the
+    job's log, else its last error event), or None.
     """
 
     alive: bool
@@ -180,3 +200,4 @@ class Observation:
     throughput: list[tuple[int, int, int, float]] = field(default_factory=list)
     resize_lost_s: list[float] = field(default_factory=list)
     restarts: int = 0
+    error: str | None = None

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_ring import protocol
-from elastic_ring.cluster.api import ClusterConfig, Observation
+from elastic_ring.cluster.api import ClusterConfig, Observation, job_dir, job_log
 from elastic_ring.controller.lock import holder_pid, is_locked
 from elastic_ring.errors import UserError
 from elastic_ring.telemetry.tensorboard import ENV_DIR as TB_ENV_DIR
@@ -49,7 +49,35 @@ RAY_SLOTS = 1024  # a Ray job's --slots without --max-workers: the scheduler's a
 
 
 def run_dir(cluster_dir: Path, jid: int) -> Path:
-    return Path(cluster_dir) / "jobs" / str(jid)
+    return job_dir(cluster_dir, jid)
+
+
+_ERROR_LINE = re.compile(r"^elastic-ring(?: [a-z-]+)?: error: (.+)$")
+
+
+def failure_reason(log: Path, events: Path) -> str | None:
+    """Why a job's controller ended without finishing, in one line: the ``elastic-ring: error:``
+    line of its log (what `train` printed: a bad config key, a failed rank), else the last error
+    event of its run, else the last line of a traceback in the log; None when nothing says."""
+    text = ""
+    with contextlib.suppress(OSError), open(log, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, fh.tell() - 65536))
+        text = fh.read().decode(errors="replace")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        m = _ERROR_LINE.match(line)
+        if m:
+            return m.group(1)
+    from elastic_ring.events.api import read_events
+
+    with contextlib.suppress(Exception):  # a damaged events file: fall through to the log
+        errs = [e for e in read_events(events, kind="error") if e.get("message")]
+        if errs:
+            return str(errs[-1]["message"])
+    if any(line.startswith("Traceback") for line in lines):
+        return lines[-1][:300]
+    return None
 
 
 def gpu_env(table: list[tuple[str, int]], slots: list[int], multi_host: bool,
@@ -148,7 +176,7 @@ class ProcessRunner:
                 cmd += ["--set", s]
             if req.steps:
                 cmd += ["--steps", str(req.steps)]
-        cmd += ["--gpus", str(workers), "--slots", str(n_slots), "--device", cfg.device]
+        cmd += ["--workers", str(workers), "--slots", str(n_slots), "--device", cfg.device]
         if cfg.multi_host:
             cmd += ["--hosts", self._hosts(slots)]
         if cfg.ray is not None:
@@ -199,7 +227,7 @@ class ProcessRunner:
     def start(self, job: dict[str, Any], slots: list[int], workers: int, resume: bool) -> int:
         cmd, env = self.command(job, slots, workers, resume)
         cores = self.cores(slots)
-        log = self.dir / "logs" / f"job-{job['id']}.log"
+        log = job_log(self.dir, job["id"])
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as fh:
             fh.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -315,13 +343,15 @@ class ProcessRunner:
         ctl = protocol.read_json(rd / protocol.CONTROLLER_FILE) or {}
         prog = protocol.read_json(rd / "control" / protocol.PROGRESS_FILE) or {}
         run = protocol.read_json(rd / "run.json") or {}
-        outcome = None
+        outcome, error = None, None
         if not alive:
             summ = protocol.read_json(rd / "summary.json") or {}
             outcome = summ.get("state") or (ctl.get("state") if ctl.get("state") in
-                                            ("succeeded", "failed", "interrupted") else None)
+                                            ("succeeded", "finished", "failed", "interrupted") else None)
+            if outcome not in ("succeeded", "finished", "interrupted"):
+                error = failure_reason(job_log(self.dir, jid), rd / "events.jsonl")
         return Observation(alive=alive, state=ctl.get("state"), world_size=seen["world"],
                            step=int(prog.get("step", 0) or 0), total=int(run.get("total_steps") or 0),
                            images_per_s=seen["ips"], launches=seen["launches"], exits=seen["exits"],
                            outcome=outcome, losses=list(seen["losses"]), throughput=windows,
-                           resize_lost_s=lost, restarts=seen["restarts"])
+                           resize_lost_s=lost, restarts=seen["restarts"], error=error)

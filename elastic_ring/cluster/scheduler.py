@@ -3,7 +3,7 @@
 One :meth:`Scheduler.tick` (every ``poll_s``):
 
 1. observe every job that has a controller (progress, exit, the end of a resize in flight);
-   a job whose controller ended is settled (succeeded, failed, paused after a stop, cancelled)
+   a job whose controller ended is settled (finished, failed, paused after a stop, cancelled)
    and gives back its slots — a *completion*;
 2. take new submissions (*arrivals*) and cancellations from the store;
 3. at every arrival, completion and cancellation, ask the policy for an allocation (a *decision*,
@@ -62,7 +62,7 @@ import signal
 import time
 from typing import Any, Callable, Protocol
 
-from elastic_ring.cluster.api import ClusterConfig, ClusterError, JobState, Observation
+from elastic_ring.cluster.api import ClusterConfig, ClusterError, JobState, Observation, job_dir
 from elastic_ring.cluster.ray_slots import Capacity, FixedSlots, SlotSource
 from elastic_ring.cluster.store import Store
 from elastic_ring.perfmodel.convergence import predict_remaining
@@ -487,7 +487,7 @@ class Scheduler:
         now = self.clock()
         out = obs.outcome
         if out in ("succeeded", "finished"):
-            state, cause = JobState.SUCCEEDED, "completion"
+            state, cause = JobState.FINISHED, "completion"
         elif j["cancel"] or j["message"] == "cancel":
             # cancelled by the user: whatever the controller managed to write (a summary after the
             # stop, or none when the stop came before its first launch), the job is cancelled
@@ -506,13 +506,13 @@ class Scheduler:
             state, cause = JobState.QUEUED, "paused"
         else:
             state, cause = JobState.FAILED, "completion"
-        step = obs.total if state == JobState.SUCCEEDED and obs.total else max(obs.step, j["step"])
+        step = obs.total if state == JobState.FINISHED and obs.total else max(obs.step, j["step"])
         fields: dict[str, Any] = dict(state=state, slots=[], resize_to=None, resize_mark=None, pid=None,
                                       step=step, workers=0)
         if state.terminal:
             fields["finished"] = now
         if state == JobState.FAILED:
-            fields["message"] = f"controller ended with {out or 'no summary'}"
+            fields["message"] = obs.error or f"controller ended with {out or 'no summary'}"
         with self.store.transaction():
             self.store.update(j["id"], **fields)
             self.store.event(j["id"], state.value, step=fields["step"], outcome=out)
@@ -600,7 +600,7 @@ class Scheduler:
                 pid = self.runner.start(j, take, workers, resume)
                 self.fault("after_start")
                 with self.store.transaction():
-                    self.store.update(j["id"], pid=pid)
+                    self.store.update(j["id"], pid=pid, run_dir=str(job_dir(self.store.dir.resolve(), j["id"])))
                     self.store.event(j["id"], "resumed" if resume else "started", workers=workers, slots=take,
                                      pid=pid)
                     if x is not None and not x.done:

@@ -86,7 +86,7 @@ class Store:
     def jobs(self, active_only: bool = False) -> list[dict[str, Any]]:
         q = "SELECT * FROM jobs"
         if active_only:
-            q += " WHERE state NOT IN ('succeeded', 'failed', 'cancelled')"
+            q += " WHERE state NOT IN ('finished', 'succeeded', 'failed', 'cancelled')"  # succeeded: older stores
         return [self._row(r) for r in self.db.execute(q + " ORDER BY id")]
 
     def job(self, jid: int) -> dict[str, Any]:

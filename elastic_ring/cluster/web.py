@@ -25,15 +25,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from elastic_ring.cluster.api import DB_FILE, ClusterError
+from elastic_ring.cluster.api import DB_FILE, ClusterError, JobState, job_dir, job_log
 
 STATIC = Path(__file__).with_name("web_static")
-TERMINAL = ("succeeded", "failed", "cancelled")
+TERMINAL = ("finished", "failed", "cancelled")
 _CURVE_POINTS = 400  # per job and curve, the newest kept
 
 
-def parse_bind(value: str) -> tuple[str, int]:
-    """``PORT`` or ``HOST:PORT`` -> (host, port); host 127.0.0.1 by default.
+def parse_bind(value: str, flag: str = "--web") -> tuple[str, int]:
+    """``PORT`` or ``HOST:PORT`` -> (host, port); host 127.0.0.1 by default. ``flag``: the option
+    the value came from, named in the error.
 
     Raises:
         ClusterError: not a port number in 0..65535.
@@ -43,9 +44,9 @@ def parse_bind(value: str) -> tuple[str, int]:
     try:
         p = int(port)
     except ValueError:
-        raise ClusterError(f"--web wants [HOST:]PORT, got {value!r}") from None
+        raise ClusterError(f"{flag} wants [HOST:]PORT, got {value!r}") from None
     if not 0 <= p <= 65535:
-        raise ClusterError(f"--web port must be 0..65535, got {p}")
+        raise ClusterError(f"{flag} port must be 0..65535, got {p}")
     return host, p
 
 
@@ -183,14 +184,16 @@ class ClusterView:
         out_jobs = []
         for j in jobs:
             jid = int(j["id"])
+            rd = Path(j["run_dir"]) if j["run_dir"] else job_dir(self.dir, jid)
             tail = self._tails.get(jid)
             if tail is None:
-                rd = Path(j["run_dir"]) if j["run_dir"] else self.dir / "jobs" / str(jid)
                 tail = self._tails[jid] = _Tail(rd / "events.jsonl")
             tail.update()
             slots = json.loads(j["slots"] or "[]")
             step, total = int(j["step"] or 0), int(j["total"] or 0)
+            j["state"] = JobState(j["state"]).value  # a store of before the rename: succeeded -> finished
             running = j["state"] == "running"
+            log = job_log(self.dir, jid)
             remaining = ((total - step) / tail.steps_per_s
                          if running and total and tail.steps_per_s > 0 else None)
             jct = (j["finished"] - j["submitted"]) if j["finished"] and j["state"] in TERMINAL else None
@@ -203,6 +206,7 @@ class ClusterView:
                 "restarts": len(tail.restarts), "resizes": len(tail.resizes),
                 "resize_lost_s": sum(float(r.get("total_lost_s") or 0.0) for r in tail.resizes),
                 "message": j["message"],
+                "run_dir": str(rd) if rd.is_dir() else None, "log": str(log) if log.exists() else None,
                 "curves": {"loss": tail.loss, "images_per_s": tail.ips},
                 "resize_events": tail.resizes, "restart_events": tail.restarts,
             })
@@ -245,7 +249,7 @@ def timeline(events: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
             set_count(jid, t, len(data["slots"]))
         elif kind == "adopted":
             set_count(jid, t, int(data.get("workers") or 0))
-        elif kind in ("succeeded", "failed", "cancelled", "paused"):
+        elif kind in ("finished", "succeeded", "failed", "cancelled", "paused"):
             set_count(jid, t, 0)
     for jid, (t0, n) in held.items():
         if n > 0:

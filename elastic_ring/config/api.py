@@ -46,7 +46,7 @@ class TrainConfig(ConfigModel):
         width: channels of the first stage (16 in He et al.; smaller for tests).
         dataset: ``cifar10``, ``synthetic`` (CIFAR-shaped random tensors) or ``digits``
             (scikit-learn's 8x8 digits, upsampled to 32x32x3; real and offline).
-        data_dir: where CIFAR-10 lives or is downloaded to.
+        data_dir: where CIFAR-10 lives (its archive or its extracted folder; nothing is downloaded).
         batch_size: per-worker minibatch.
         lr: learning rate per ``lr_reference_batch`` images of global batch.
         total_steps: length of the schedule in optimizer steps, whatever the world size.

@@ -102,13 +102,13 @@ class RunSpec:
     def validate(self) -> None:
         """Raises UserError for any request that cannot run (before anything starts)."""
         if self.workers < 1:
-            raise UserError(f"--gpus must be >= 1, got {self.workers}")
+            raise UserError(f"--workers must be >= 1, got {self.workers}")
         if self.checkpoint_every < 0 or self.checkpoint_every_s < 0:
             raise UserError("--checkpoint-every and --checkpoint-every-s must be >= 0")
         if self.keep < 1:
             raise UserError(f"--keep must be >= 1, got {self.keep}")
         if self.workers > self.slots:
-            raise UserError(f"--gpus {self.workers} is more than the {self.slots} slot(s) available"
+            raise UserError(f"--workers {self.workers} is more than the {self.slots} slot(s) available"
                             f"{' (declare more with --slots)' if self.device == 'cpu' else ''}")
         prev_step, prev_w = 0, self.workers
         for r in self.schedule:
@@ -205,15 +205,19 @@ def parse_schedule(text: str) -> tuple[Resize, ...]:
 
 
 def parse_hosts(text: str) -> list[tuple[str, int]]:
-    """``"h1:8,h2:8"`` -> [("h1", 8), ("h2", 8)] (slots default to 1 when omitted)."""
+    """``"h1:8,h2:8"`` -> [("h1", 8), ("h2", 8)]. Every host needs its ``:SLOTS``: horovodrun -H
+    refuses a bare name (``Invalid host input``), so it is refused here, before the run starts."""
     hosts = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
-        name, _, slots = part.partition(":")
+        name, sep, slots = part.partition(":")
+        if not sep:
+            raise UserError(f"--hosts expects HOST:SLOTS[,HOST:SLOTS...], got {part!r} (no :SLOTS; "
+                            f"e.g. {part}:1)")
         try:
-            n = int(slots) if slots else 1
+            n = int(slots)
         except ValueError:
             raise UserError(f"--hosts expects HOST:SLOTS[,HOST:SLOTS...], got {part!r}") from None
         if not name or n < 1:

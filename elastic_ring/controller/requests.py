@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 from elastic_ring.errors import UserError
+from elastic_ring.words import count
 
 
 def request_resize(run_dir: str | Path, target: int) -> str:
@@ -38,13 +39,14 @@ def request_resize(run_dir: str | Path, target: int) -> str:
     if target > slots:
         raise UserError(f"--to {target} is more than the run's {slots} slot(s)")
     if target == ctl.get("world_size"):
-        raise UserError(f"the run already has {target} workers")
+        raise UserError(f"the run already has {count(target, 'worker')}")
     req = rd / "control" / REQUEST_FILE
     req.parent.mkdir(parents=True, exist_ok=True)
     tmp = req.with_name(f".{req.name}.tmp")
     tmp.write_text(json.dumps({"to": target, "time": time.time(), "id": uuid.uuid4().hex}))
     os.replace(tmp, req)
-    return f"resize to {target} requested for {rd} (currently {ctl.get('world_size')} workers)"
+    now = ctl.get("world_size")
+    return f"resize to {target} requested for {rd} (currently {count(now, 'worker') if now else 'no workers'})"
 
 
 def take_request(run_dir: Path, seen: set[str]) -> tuple[int, float | None] | None:

@@ -239,7 +239,11 @@ def _prepare_new(req: RunRequest, device: str, n_slots: int, sched: tuple[Resize
                    script_args=tuple(req.script_args), checkpoint_every=req.checkpoint_every or 0,
                    checkpoint_every_s=60.0 if req.checkpoint_every_s is None else req.checkpoint_every_s,
                    keep=req.keep or 2)
-    if device == "cpu" and rep is not None:  # --device auto chose the CPU: say so
+    steps_given = (req.steps is not None or req.config_path or req.config is not None
+                   or any(o.partition("=")[0].strip() == "total_steps" for o in req.overrides))
+    if device == "cpu" and rep is not None and not steps_given:
+        # --device auto chose the CPU and the CPU default config's steps apply: say so (with --steps
+        # or a config of the user's own, the plain check of spec.validate() names the limit)
         from elastic_ring.telemetry.gpu import check_cpu_fallback
 
         check_cpu_fallback([r.step for r in sched], total, rep)
@@ -271,7 +275,7 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
     stale = stop_stale_workers(rd)
     if stale:
         echo(f"stopped {len(stale)} process(es) the previous controller left running")
-    run_info = json.loads((rd / "run.json").read_text())
+    run_info = read_run_info(rd)
     script = run_info.get("script")
     cfg = None if script else load_config(rd / "config.yaml")
     total = int(run_info.get("total_steps") or (cfg.total_steps if cfg else 0))
@@ -300,6 +304,27 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
         update_run_info(rd, stall_timeout=req.stall_timeout)
     segment = len(read_events(rd / "events.jsonl", kind="launch"))
     return PreparedRun(spec, cfg, plan, start_step, segment, req.relaunch, stall_timeout=stall)
+
+
+def read_run_info(rd: Path) -> dict[str, Any]:
+    """A run folder's ``run.json``.
+
+    Raises:
+        UserError: unreadable, not JSON, or not a JSON object (one line naming the file).
+    """
+    path = rd / "run.json"
+    try:
+        info = json.loads(path.read_text())
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+        where = f" (line {e.lineno}, column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
+        raise UserError(f"{path} is damaged: not valid JSON{where}; the run cannot be resumed from "
+                        f"this folder") from None
+    if not isinstance(info, dict):
+        raise UserError(f"{path} is damaged: a JSON {type(info).__name__}, not an object; the run "
+                        f"cannot be resumed from this folder")
+    return info
 
 
 def _resume_plan(rd: Path, run_info: dict[str, Any], start_step: int, workers: int | None,

@@ -1,8 +1,11 @@
 """In-memory image datasets as uint8 tensors, with batch-level augmentation.
 
-- ``cifar10``: torchvision's CIFAR-10 in ``data_dir``, downloaded when missing and the network
-  allows; otherwise :class:`DatasetError` says where to put the files. torchvision checks the
-  files' md5 sums, so a corrupt copy is reported as such.
+- ``cifar10``: torchvision's CIFAR-10 in ``data_dir``: its extracted ``cifar-10-batches-py/``
+  folder, or the ``cifar-10-python.tar.gz`` archive (checked and unpacked there once). Nothing is
+  downloaded: a missing set is a :class:`DatasetError` at once saying where to put the files
+  (a download from the run's start-up would hang on a machine without network, and leave an
+  empty folder behind). torchvision checks the files' md5 sums, so a corrupt copy is reported as
+  such.
 - ``synthetic``: CIFAR-shaped random images and labels (for benchmarks and tests; nothing to learn).
 - ``digits``: scikit-learn's 1,797 handwritten 8x8 digits (real data, shipped with scikit-learn,
   works offline), upsampled x4 (nearest) to 32x32 and repeated over 3 channels. A fixed split,
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,33 +52,42 @@ class ArrayDataset:
         return ArrayDataset(self.images.to(device), self.labels.to(device), self.mean, self.std, self.name)
 
 
-def _cifar10(data_dir: str, train: bool, download: bool = True) -> ArrayDataset:
+CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
+
+
+def _cifar10(data_dir: str, train: bool, unpack: bool = True) -> ArrayDataset:
+    """CIFAR-10 from ``data_dir`` (``unpack``: a ``cifar-10-python.tar.gz`` there is checked and
+    unpacked first when the folder is missing).
+
+    Raises:
+        DatasetError: missing (saying where to put the files) or corrupt.
+    """
     import torchvision  # heavy; imported only when CIFAR is used
+    from torchvision.datasets.utils import check_integrity, extract_archive
 
     root = Path(data_dir)
     folder = root / "cifar-10-batches-py"
     cls = torchvision.datasets.CIFAR10
+    archive = root / cls.filename
+    if not folder.exists() and unpack and archive.is_file():
+        if not check_integrity(str(archive), cls.tgz_md5):
+            raise DatasetError(f"{archive} is corrupt or incomplete (md5 check failed): put a fresh copy "
+                               f"(from {CIFAR_URL}) there")
+        try:
+            extract_archive(str(archive), str(root))
+        except Exception as e:  # noqa: BLE001 - a damaged archive or a full disk: one line
+            raise DatasetError(f"cannot unpack {archive}: {e}") from None
+    if not folder.exists():
+        raise DatasetError(
+            f"CIFAR-10 not found in {root}: put cifar-10-python.tar.gz (from {CIFAR_URL}) or its "
+            f"extracted cifar-10-batches-py/ folder into {root} (or point --data-dir at them); "
+            f"nothing is downloaded")
     try:
         ds = cls(str(root), train=train, download=False)
     except RuntimeError:
-        if folder.exists():
-            raise DatasetError(
-                f"CIFAR-10 in {folder} is corrupt or incomplete (md5 check failed): "
-                f"delete it and put a fresh cifar-10-python.tar.gz into {root}") from None
-        if not download:
-            raise DatasetError(f"CIFAR-10 not found in {root}") from None
-        old = socket.getdefaulttimeout()
-        socket.setdefaulttimeout(20)
-        try:
-            ds = cls(str(root), train=train, download=True)
-        except Exception as e:  # no network, refused, partial download...
-            reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
-            raise DatasetError(
-                f"CIFAR-10 not found in {root} and the download failed ({reason}): put "
-                f"cifar-10-python.tar.gz (from https://www.cs.toronto.edu/~kriz/cifar.html) or its "
-                f"extracted cifar-10-batches-py/ folder into {root}") from None
-        finally:
-            socket.setdefaulttimeout(old)
+        raise DatasetError(
+            f"CIFAR-10 in {folder} is corrupt or incomplete (md5 check failed): "
+            f"delete it and put a fresh cifar-10-python.tar.gz into {root}") from None
     images = torch.from_numpy(np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2)))
     labels = torch.as_tensor(ds.targets, dtype=torch.int64)
     return ArrayDataset(images, labels, CIFAR_MEAN, CIFAR_STD, "cifar10")
@@ -141,8 +152,11 @@ def load_dataset(name: str, train: bool, data_dir: str = "data", synthetic_size:
                  seed: int = 0, download: bool = True, cache_dir: str | Path | None = None) -> ArrayDataset:
     """Load a dataset into memory (from ``cache_dir`` when :func:`materialize` filled it).
 
+    ``download``: whether CIFAR-10's archive in ``data_dir`` may be unpacked there (the controller
+    does it once; workers read the run's cache). Nothing is fetched from the network.
+
     Raises:
-        DatasetError: unknown name, or CIFAR-10 missing (and not downloadable) or corrupt.
+        DatasetError: unknown name, or CIFAR-10 missing or corrupt.
     """
     if cache_dir is not None:
         path = _cache_file(cache_dir, name, train, synthetic_size, seed)
@@ -150,7 +164,7 @@ def load_dataset(name: str, train: bool, data_dir: str = "data", synthetic_size:
             d = torch.load(path, weights_only=False)
             return ArrayDataset(d["images"], d["labels"], tuple(d["mean"]), tuple(d["std"]), d["name"])
     if name == "cifar10":
-        return _cifar10(data_dir, train, download=download)
+        return _cifar10(data_dir, train, unpack=download)
     if name == "digits":
         return _digits(train)
     if name == "synthetic":
@@ -161,8 +175,8 @@ def load_dataset(name: str, train: bool, data_dir: str = "data", synthetic_size:
 def check_dataset(name: str, data_dir: str = "data") -> None:
     """Fail fast, before any worker starts, when the dataset cannot be loaded.
 
-    For CIFAR-10 this downloads it when missing (once, in the controller), so the workers never race
-    to download it. Raises :class:`DatasetError`.
+    For CIFAR-10 this unpacks its archive when only the archive is there (once, in the controller),
+    so the workers never race to do it. Raises :class:`DatasetError`.
     """
     if name == "cifar10":
         _cifar10(data_dir, train=True)

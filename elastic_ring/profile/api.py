@@ -72,14 +72,14 @@ def parse_worker_counts(text: str) -> list[int]:
         try:
             w = int(part)
         except ValueError:
-            raise UserError(f"--gpus expects worker counts like 1,2,3,4, got {part!r}") from None
+            raise UserError(f"--workers expects worker counts like 1,2,3,4, got {part!r}") from None
         if w < 1:
-            raise UserError(f"--gpus: worker counts must be >= 1, got {w}")
+            raise UserError(f"--workers: worker counts must be >= 1, got {w}")
         if w in out:
-            raise UserError(f"--gpus: worker count {w} given twice")
+            raise UserError(f"--workers: worker count {w} given twice")
         out.append(w)
     if not out:
-        raise UserError("--gpus is empty (give worker counts like 1,2,3,4)")
+        raise UserError("--workers is empty (give worker counts like 1,2,3,4)")
     return sorted(out)
 
 

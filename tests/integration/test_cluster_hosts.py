@@ -40,12 +40,12 @@ def test_hostfile_two_local_hosts(tmp_path):
              "--", "--hidden", "16")
         while True:
             (job,) = json.loads(_cli("jobs", "--dir", str(d), "--json"))
-            if job["state"] in ("succeeded", "failed", "cancelled"):
+            if job["state"] in ("finished", "failed", "cancelled"):
                 break
             assert time.time() - t0 < 300, log.read_text()[-2000:]
             time.sleep(1)
         rd = d / "jobs" / str(job["id"])
-        assert job["state"] == "succeeded", (rd.parent.parent / "logs" / f"job-{job['id']}.log").read_text()[-3000:]
+        assert job["state"] == "finished", (rd.parent.parent / "logs" / f"job-{job['id']}.log").read_text()[-3000:]
         launches = [json.loads(x) for x in (rd / "events.jsonl").read_text().splitlines() if '"kind":"launch"' in x]
         assert len(launches) == 1 and launches[0]["world_size"] == 2
         cmd = launches[0]["command"]

@@ -96,9 +96,9 @@ def test_three_jobs_shrink_cancel_and_scheduler_kill9(tmp_path):
         _cli("submit", PACED, "--name", "d", "--steps", "5000", "--dir", str(d))
         _cli("cancel", "d", "--dir", str(d))
         sched = _up(d, log)
-        _wait(lambda: all(j["state"] in ("succeeded", "failed", "cancelled") for j in _polled(d)), 420, "all done")
+        _wait(lambda: all(j["state"] in ("finished", "failed", "cancelled") for j in _polled(d)), 420, "all done")
         jobs = {j["name"]: j for j in _jobs(d)}
-        assert {n: j["state"] for n, j in jobs.items()} == {"a": "succeeded", "b": "succeeded", "c": "succeeded",
+        assert {n: j["state"] for n, j in jobs.items()} == {"a": "finished", "b": "finished", "c": "finished",
                                                              "d": "cancelled"}, log.read_text()[-3000:]
         ev = _events(d)
         # the third arrival shrank a running job live, and c got only slots that shrink had freed

@@ -89,10 +89,10 @@ def test_live_page_rows_bars_escaping_and_update_without_reload(tmp_path, browse
         _wait(lambda: _js(browser, "return document.querySelectorAll('#curves .curve polyline').length"), 60,
               "a curve")
         # the short job ends: its row changes state without a reload
-        _wait(lambda: _js(browser, "return document.querySelectorAll(\"tr[data-job='1'][data-state='succeeded']\")"
-                                   ".length"), 90, "job 1 succeeded on the page")
+        _wait(lambda: _js(browser, "return document.querySelectorAll(\"tr[data-job='1'][data-state='finished']\")"
+                                   ".length"), 90, "job 1 finished on the page")
         assert _js(browser, "return window.__sameDocument") == "yes"
-        assert "succeeded" in _js(browser, "return document.querySelector(\"tr[data-job='1'] td.state\").textContent")
+        assert "finished" in _js(browser, "return document.querySelector(\"tr[data-job='1'] td.state\").textContent")
         widths = _js(browser, "return [...document.querySelectorAll(\"#timeline rect.bar[data-job='1']\")]"
                               ".map(e => parseFloat(e.getAttribute('width')))")
         assert widths and all(w > 1 for w in widths)

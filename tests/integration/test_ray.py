@@ -262,7 +262,7 @@ def _cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path: Path, cluster) 
         assert sched.poll() is None, log.read_text()
         assert [(x["workers"], x["slots"]) for k, x in events() if k == "started"] == [(1, [0])]
         _workers(cluster, 1)  # a node joins while the job runs
-        wait_for(lambda: any(k in ("succeeded", "failed") for k, _ in events()) or sched.poll() is not None, 180,
+        wait_for(lambda: any(k in ("finished", "failed") for k, _ in events()) or sched.poll() is not None, 180,
                  "the job's end")
         jobs = run_cli("jobs", "--dir", str(d))
         down = run_cli("cluster", "down", "--dir", str(d), timeout=60)
@@ -275,7 +275,7 @@ def _cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path: Path, cluster) 
     assert sched.returncode == 0 and down.returncode == 0, text[-3000:]
     ev = events()
     kinds = [k for k, _ in ev]
-    assert "succeeded" in kinds and "failed" not in kinds, text[-3000:]
+    assert "finished" in kinds and "failed" not in kinds, text[-3000:]
     assert ("resize_requested", {"frm": 1, "to": 2, "slots": [0, 1]}) in ev, ev
     assert ("resized", {"workers": 2, "slots": [0, 1]}) in ev, ev
     db = sqlite3.connect(str(d / "cluster.db"))

@@ -71,6 +71,9 @@ def test_simulate_tunes_on_tune_seeds_and_reports_eval_seeds(tmp_path, capsys):
     (["--gpus", "0"], "--gpus must be >= 1"),
     (["--workload", "nope.json"], "unknown workload"),
     (["--seeds", "x"], "'x' is not a valid integer"),
+    (["--min-hours", "5", "--max-hours", "1"], "--min-hours 5 is above --max-hours 1"),
+    (["--min-hours", "0"], "--min-hours must be > 0"),
+    (["--resize-overhead", "-1"], "--resize-overhead must be >= 0 seconds"),
 ])
 def test_simulate_bad_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
     r = run_main(capsys, "simulate", "--out", str(tmp_path / "out"), *args)
@@ -88,3 +91,23 @@ def test_console_script_bad_input_is_one_line_exit_2_end_to_end(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("elastic-ring: error: --strategies: unknown fastest; choose from eight,")
     assert r.stdout == ""
+
+
+def test_simulate_errors_and_help_use_the_flags_words(tmp_path, capsys):
+    """Errors name the flag, not SimConfig's field; --help shows the default's value and every
+    built-in workload the error would list."""
+    from elastic_ring.sim.workload import builtin_workloads
+
+    r = run_main(capsys, "simulate", "--min-hours", "5", "--max-hours", "1", "--out", str(tmp_path / "o"))
+    assert "hours_at_8" not in r.stderr
+    r = run_main(capsys, "simulate", "--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "elastic_ring." not in text and "DEFAULT_" not in text  # no Python names
+    assert f"[default: {DEFAULT_RESIZE_OVERHEAD_S:g}," in text
+    assert len(builtin_workloads()) >= 4
+    squeezed = "".join(r.stdout.split())  # help wraps lines, at hyphens too
+    for name in builtin_workloads():
+        assert name in squeezed, name
+    bad = run_main(capsys, "simulate", "--workload", "nope", "--out", str(tmp_path / "o"))
+    assert all(name in bad.stderr for name in builtin_workloads())

@@ -143,7 +143,7 @@ def test_invariants_with_explorers_arriving(tmp_path):
         sched.tick()
     ids += [_submit(store, "b", 120), _submit(store, "c", 60)]
     _run(store, sched, runner, 8, ticks=1000)  # checks: no slot held twice, slots cover the workers
-    assert [j["state"] for j in store.jobs()] == [JobState.SUCCEEDED] * 3
+    assert [j["state"] for j in store.jobs()] == [JobState.FINISHED] * 3
     assert asked
     for jid in ids:
         steps = [e["data"]["to"] for e in _kinds(store, jid, "explore_step")]

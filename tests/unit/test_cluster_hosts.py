@@ -24,7 +24,7 @@ def test_two_hosts_of_one_slot(tmp_path, slots, hosts):
     cfg = ClusterConfig(hosts=(("localhost", 1), ("127.0.0.1", 1)), network_interface="lo")
     cmd, env = ProcessRunner(tmp_path, cfg).command(_job(), slots, len(slots), resume=False)
     assert _arg(cmd, "--hosts") == hosts
-    assert _arg(cmd, "--gpus") == _arg(cmd, "--slots") == str(len(slots))  # no live resize across hosts
+    assert _arg(cmd, "--workers") == _arg(cmd, "--slots") == str(len(slots))  # no live resize across hosts
     assert _arg(cmd, "--network-interface") == "lo"
 
 

@@ -19,6 +19,7 @@ class FakeJob:
         self.launches, self.exits = 1, 0
         self.pending: tuple[int, int] | None = None  # (new size, ticks left)
         self.stopping = 0
+        self.error: str | None = None  # why its controller ended, as the runner reads it
 
 
 class FakeRunner:
@@ -90,7 +91,7 @@ class FakeRunner:
                                        throughput=thr)
         return Observation(alive=fj.alive, state="running", world_size=fj.world, step=fj.step, total=fj.total,
                            launches=fj.launches, exits=fj.exits, outcome=fj.outcome,
-                           resize_lost_s=self.pending_lost.pop(job["id"], []))
+                           resize_lost_s=self.pending_lost.pop(job["id"], []), error=fj.error)
 
 
 def _setup(tmp_path, slots=4, policy="precompute", lag=2):
@@ -157,7 +158,7 @@ def test_third_arrival_shrinks_a_running_job_and_waits_for_the_exit(tmp_path):
     assert started_while_shrinking == [False]  # c started only after the old workers exited
     ev = store.events()
     assert any(e["kind"] == "resize_requested" and e["data"]["to"] < e["data"]["frm"] for e in ev)
-    assert [j["state"] for j in store.jobs()] == [JobState.SUCCEEDED] * 3
+    assert [j["state"] for j in store.jobs()] == [JobState.FINISHED] * 3
     causes = [d["cause"] for d in store.decisions()]
     assert causes.count("arrival") == 3 and causes.count("completion") == 3
     assert sorted(s[0] for s in runner.starts if not s[2]) == [a, b, c]  # each started once
@@ -244,7 +245,31 @@ def test_preempted_before_its_first_launch_goes_back_to_the_queue_not_failed(tmp
     assert store.job(a)["state"] in (JobState.QUEUED, JobState.RUNNING)
     assert "failed" not in [e["kind"] for e in store.events(a)]
     _run(store, sched, runner, 2)
-    assert store.job(a)["state"] == JobState.SUCCEEDED
+    assert store.job(a)["state"] == JobState.FINISHED
+
+
+def test_a_failed_job_keeps_its_controllers_reason_and_its_run_folder(tmp_path):
+    """A controller that ends on an error before any launch (a bad config key): the job is failed
+    with the error's line as its message, not "controller ended with no summary"; the store knows
+    its run folder from the start."""
+    store, cfg, runner, sched = _setup(tmp_path, slots=2, policy="eight")
+    a = _submit(store, "a", 40)
+    sched.recover()
+    sched.tick()
+    assert store.job(a)["run_dir"] == str((tmp_path / "jobs" / str(a)).resolve())
+    fj = runner.jobs[a]
+    fj.launches, fj.alive, fj.outcome = 0, False, None
+    fj.error = "unknown key 'bogus' (known: batch_size, depth, ...)"
+    sched.tick()
+    job = store.job(a)
+    assert job["state"] == JobState.FAILED and job["message"] == fj.error
+    fj.error = None  # and with nothing to say, the old words
+    b = _submit(store, "b", 40)
+    sched.tick()
+    fb = runner.jobs[b]
+    fb.launches, fb.alive, fb.outcome = 0, False, None
+    sched.tick()
+    assert store.job(b)["message"] == "controller ended with no summary"
 
 
 def test_cancel_landing_after_the_decision_never_starts_the_job(tmp_path):
@@ -293,7 +318,7 @@ def test_recovery_adopts_live_controllers_and_resumes_stopped_ones(tmp_path):
     sched2.recover()
     assert any(e["kind"] == "adopted" and e["job_id"] == a for e in store.events())
     _run(store, sched2, runner, 4)
-    assert [j["state"] for j in store.jobs()] == [JobState.SUCCEEDED] * 2
+    assert [j["state"] for j in store.jobs()] == [JobState.FINISHED] * 2
     fresh = [s for s in runner.starts if not s[2]]
     assert sorted(s[0] for s in fresh) == [a, b]  # never started from scratch twice
     # after the crash: a (alive) adopted, not started again; b resumed once, from its step

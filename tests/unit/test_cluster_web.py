@@ -49,7 +49,7 @@ def cluster(tmp_path):
     st.update(a, slots=[0, 1])
     st.event(b, "started", workers=2, slots=[2, 3])
     clock.t = 1040.0
-    st.update(b, state=JobState.SUCCEEDED, finished=1040.0, step=50, total=50)
+    st.update(b, state=JobState.FINISHED, finished=1040.0, step=50, total=50)
     st.event(b, "succeeded", step=50, outcome="succeeded")
     run = tmp_path / "jobs" / str(a)
     run.mkdir(parents=True)
@@ -117,6 +117,25 @@ def wait_answers(srv: WebServer, timeout: float = 120.0) -> None:
                          f"{'alive' if alive else 'ended'}, started={srv.server.started})")
 
 
+def test_a_failed_jobs_reason_and_log_and_the_end_state_word(cluster):
+    """The page gets a failed job's one-line reason and its log's path; a job that ran its steps is
+    "finished" (the word of `status` and `jobs`), also in a store written as "succeeded"."""
+    d, a, b = cluster
+    st = Store(d)
+    c = st.submit(JobRequest(name="c", kind="config", path="c.yaml"))
+    st.update(c, state=JobState.FAILED, finished=1045.0, message="unknown key 'bogus'")
+    (d / "logs").mkdir()
+    (d / "logs" / f"job-{c}.log").write_text("elastic-ring: error: unknown key 'bogus'\n")
+    st.db.execute("UPDATE jobs SET state='succeeded' WHERE id=?", (b,))
+    st.close()
+    s = ClusterView(d, clock=lambda: 1060.0).state()
+    jobs = {j["id"]: j for j in s["jobs"]}
+    assert jobs[c]["state"] == "failed" and jobs[c]["message"] == "unknown key 'bogus'"
+    assert jobs[c]["log"] == str((d / "logs" / f"job-{c}.log").resolve())
+    assert jobs[a]["run_dir"] == str((d / "jobs" / str(a)).resolve()) and jobs[a]["log"] is None
+    assert jobs[b]["state"] == "finished" and jobs[b]["jct_s"] == 40.0
+
+
 def test_a_ray_clusters_slots_are_its_nodes_at_the_last_pass(cluster):
     d, a, b = cluster
     st = Store(d)
@@ -144,7 +163,7 @@ def test_server_page_state_metrics_and_no_actions(cluster):
         assert code == 200 and ctype.startswith("text/plain")
         fam = {f.name: f for f in text_string_to_metric_families(text)}
         jobs = {s.labels["state"]: s.value for s in fam["elastic_ring_jobs"].samples}
-        assert jobs["running"] == 1 and jobs["succeeded"] == 1 and jobs["queued"] == 0
+        assert jobs["running"] == 1 and jobs["finished"] == 1 and jobs["queued"] == 0
         assert fam["elastic_ring_slots_total"].samples[0].value == 4
         assert fam["elastic_ring_slots_used"].samples[0].value == 2
         assert fam["elastic_ring_resizes"].samples[0].value == 1
@@ -187,6 +206,6 @@ def test_bad_input_one_line_exit_2(tmp_path, cluster):
     finally:
         taken.close()
     r = run_cli("cluster", "web", "--dir", str(d), "--bind", "nope")
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--bind wants" in r.stderr
     with pytest.raises(Exception):
         check_dir(tmp_path / "none")

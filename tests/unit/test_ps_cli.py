@@ -65,3 +65,19 @@ def test_design_file_loads():
     assert len(names) == 7 and len(d.hets) == 3
     syncs = {d.cell(d.hets[0], p).cfg.sync for p in d.paradigms}
     assert syncs == {"bsp", "asp", "ssp", "dssp", "dssp-exact"}
+
+
+def test_an_existing_run_folder_is_refused_and_left_as_it_was(tmp_path):
+    """A second job into a used folder would append to its events.jsonl and overwrite its
+    ps_config.json: refused like `train --run-dir` (one line, exit 2, nothing touched)."""
+    run_dir = tmp_path / "old"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_text('{"kind": "ps_finished"}\n')
+    (run_dir / "ps_config.json").write_text("{}")
+    r = run_cli("ps", "--sync", "asp", "--workers", "2", "--run-dir", str(run_dir), timeout=60)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "already exists" in lines[0] and str(run_dir) in lines[0], r.stderr
+    assert (run_dir / "events.jsonl").read_text() == '{"kind": "ps_finished"}\n'
+    assert (run_dir / "ps_config.json").read_text() == "{}"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["events.jsonl", "ps_config.json"]

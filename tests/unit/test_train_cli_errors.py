@@ -41,6 +41,9 @@ def _assert_one_line_error(p, *needles):
     (["--checkpoint-every", "-1"], ["--checkpoint-every", "must be >= 0"]),
     (["stray"], ["unexpected argument 'stray'"]),
     (["--gpus", "3", "--slots", "2"], ["more than the 2 slot"]),
+    (["--workers", "3", "--slots", "2"], ["--workers 3 is more than the 2 slot"]),
+    (["--hosts", "garbage"], ["--hosts expects HOST:SLOTS", "'garbage' (no :SLOTS"]),
+    (["--hosts", "localhost:1,garbage"], ["'garbage' (no :SLOTS"]),
     (["--gpus", "1", "--resize-at", "5", "--to", "3", "--slots", "2"], ["only 2 slot"]),
     (["--resize-at", "500", "--to", "2", "--steps", "100", "--slots", "2"], ["not before the last step"]),
     (["--schedule", "50:2,40:1", "--steps", "100", "--slots", "2"], ["increasing"]),
@@ -132,17 +135,27 @@ def test_unreadable_yaml_config(run_cli, tmp_path):
 
 
 def test_missing_and_corrupt_cifar10(run_cli, tmp_path, monkeypatch):
-    data = tmp_path / "data"
+    """A missing set is said at once (where to put the files; no download, which would hang on a
+    machine without network and leave an empty data/ in the working folder); a corrupt one too."""
+    import time
+
+    def no_network(*a, **k):
+        raise AssertionError("CIFAR-10 must not be downloaded")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    monkeypatch.chdir(tmp_path)
+    t0 = time.time()
+    p = run_cli("train", "--dataset", "cifar10", "--run-dir", str(tmp_path / "r"))  # --data-dir: data
+    _assert_one_line_error(p, "CIFAR-10 not found in data", "cifar-10-python.tar.gz", "cifar-10-batches-py/",
+                           "nothing is downloaded")
+    assert time.time() - t0 < 60  # torchvision's first import, on a loaded machine; no network wait
+    assert not (tmp_path / "data").exists() and not (tmp_path / "r").exists()
+    data = tmp_path / "mine"
     data.mkdir()
-    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
-    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")
-    # the CLI runs in this process: torchvision's download builds urllib's global opener, whose
-    # ProxyHandler keeps the proxy above after the environment is restored, and every later
-    # urlopen in this pytest process (the cluster web tests on 127.0.0.1) was sent to port 9:
-    # "Connection refused". A fresh opener here, the previous one back at teardown.
-    monkeypatch.setattr(urllib.request, "_opener", None)
+    (data / "cifar-10-python.tar.gz").write_bytes(b"not an archive")
     p = run_cli("train", "--dataset", "cifar10", "--data-dir", str(data), "--run-dir", str(tmp_path / "r"))
-    _assert_one_line_error(p, "CIFAR-10 not found", str(data))
+    _assert_one_line_error(p, str(data / "cifar-10-python.tar.gz"), "corrupt")
+    (data / "cifar-10-python.tar.gz").unlink()
     (data / "cifar-10-batches-py").mkdir()
     (data / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"not a pickle")
     p = run_cli("train", "--dataset", "cifar10", "--data-dir", str(data), "--run-dir", str(tmp_path / "r"))
@@ -174,6 +187,29 @@ def test_resume_with_corrupt_checkpoint_loses_nothing(run_cli, tmp_path):
     assert before == after  # the corrupt file and the previous one are both still there
 
 
+@pytest.mark.parametrize("text,needle", [("{bad", "not valid JSON (line 1, column 2)"),
+                                          ("[1, 2]", "a JSON list, not an object")])
+def test_resume_with_a_damaged_run_json_is_one_line(run_cli, tmp_path, text, needle):
+    run, _ = _fake_run(tmp_path)
+    (run / "run.json").write_text(text)
+    p = run_cli("train", "--resume", str(run), "--slots", "2")
+    _assert_one_line_error(p, str(run / "run.json"), "damaged", needle)
+    assert (run / "run.json").read_text() == text
+
+
+def test_a_resize_past_the_given_steps_names_the_steps_only(run_cli, tmp_path):
+    """With --steps given, the error is the limit; it does not suggest --steps/--config (that hint
+    is for the CPU default config's steps, when --device auto found no GPU)."""
+    p = run_cli("train", "--resize-at", "200", "--to", "2", "--steps", "100", "--slots", "2",
+                "--run-dir", str(tmp_path / "r"))
+    _assert_one_line_error(p, "resize at step 200 is not before the last step (100)")
+    assert "--steps/--config" not in p.stderr
+    p = run_cli("train", "--resize-at", "200", "--to", "2", "--set", "total_steps=100", "--slots", "2",
+                "--run-dir", str(tmp_path / "r"))
+    _assert_one_line_error(p, "resize at step 200 is not before the last step (100)")
+    assert "--steps/--config" not in p.stderr
+
+
 def test_resize_and_status_of_a_run_that_is_not_running(run_cli, tmp_path):
     run, _ = _fake_run(tmp_path)
     p = run_cli("resize", str(run), "--to", "2")
@@ -189,6 +225,7 @@ def test_resize_and_status_of_a_run_that_is_not_running(run_cli, tmp_path):
 def test_help_is_complete(run_cli):
     p = run_cli("train", "--help")
     assert p.returncode == 0
+    assert "--workers, --gpus N" in p.stdout  # one option, two names
     for flag in ("--gpus", "--resize-at", "--to", "--schedule", "--device", "--slots", "--hosts",
                  "--hostfile", "--resume", "--relaunch", "--config", "--set"):
         assert flag in p.stdout
@@ -202,6 +239,24 @@ def test_resize_of_a_finished_run_uses_status_words(run_cli, tmp_path):
     (run / "controller.json").write_text(json.dumps({"state": "succeeded", "world_size": 1}))
     p = run_cli("resize", str(run), "--to", "2")
     _assert_one_line_error(p, "not running (state: finished)")
+
+
+def test_resize_counts_one_worker_in_the_singular(run_cli, tmp_path):
+    from elastic_ring.controller.lock import RunLock
+
+    run, _ = _fake_run(tmp_path)
+    (run / "controller.json").write_text(json.dumps({"state": "running", "world_size": 1}))
+    lock = RunLock(run)
+    lock.acquire()
+    try:
+        same = run_cli("resize", str(run), "--to", "1")
+        grow = run_cli("resize", str(run), "--to", "2")
+    finally:
+        lock.release()
+    _assert_one_line_error(same, "the run already has 1 worker")
+    assert "1 workers" not in same.stderr
+    assert grow.returncode == 0, grow.stderr
+    assert grow.stdout.strip().endswith("(currently 1 worker)"), grow.stdout
 
 
 def test_status_of_a_running_run_shows_the_newest_step_and_no_final_loss(run_cli, tmp_path):

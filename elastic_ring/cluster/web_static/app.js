@@ -34,6 +34,12 @@ function drawJobs(st) {
       [j.resizes + (j.resizes ? " (" + dur(j.resize_lost_s) + ")" : "")],
     ];
     for (const [text, cls] of cells) tr.appendChild(el("td", cls ? {"class": cls} : {}, text));
+    if (j.state === "failed" && (j.message || j.log)) {  // why, and where the whole story is
+      const why = el("div", {"class": "why"});
+      if (j.message) why.appendChild(el("div", {"class": "reason"}, j.message));
+      if (j.log) why.appendChild(el("div", {"class": "log"}, "log: " + j.log));
+      tr.querySelector("td.state").appendChild(why);
+    }
     rows.push(tr);
   }
   body.replaceChildren(...rows);
