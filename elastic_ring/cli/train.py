@@ -179,32 +179,18 @@ def resize(run_dir, target):
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def status(run_dir, as_json):
-    """Print the summary table of a running or finished run."""
-    from elastic_ring.controller.lock import is_locked
-    from elastic_ring.controller.summary import render, summarize_run
-    from elastic_ring.protocol import CONTROLLER_FILE, PROGRESS_FILE, read_json
+    """Print the state and summary table of a run: starting, running, resizing A -> B, restarting,
+    stopping, finished, failed, stopped (Ctrl-C, or aborted during start-up) or crashed (its
+    controller is gone: continue with --resume)."""
+    from elastic_ring.controller.status import read_status
+    from elastic_ring.controller.summary import render, summarize
+    from elastic_ring.events.api import read_events
 
     rd = Path(run_dir)
-    if not (rd / "run.json").exists():
-        raise UserError(f"{rd} is not an elastic-ring run folder (no run.json)")
-    s = summarize_run(rd)
-    ctl = read_json(rd / CONTROLLER_FILE)
-    if isinstance(ctl, dict) and ctl.get("state") not in ("succeeded", "failed", "interrupted", None):
-        # the newest step: rank 0's progress file (twice a second), not the last throughput window
-        prog = read_json(rd / "control" / PROGRESS_FILE) or {}
-        last = max(int(prog.get("step", 0)), int(s.get("step") or 0))
-        s["step"] = last
-        if is_locked(rd):
-            s["state"] = ctl.get("state", "running")
-        else:
-            s["state"] = (f"controller gone (last step {last}; continue with: "
-                          f"elastic-ring train --resume {rd})")
-    elif isinstance(ctl, dict) and ctl.get("state") in ("failed", "interrupted"):
-        s["state"] = ctl["state"]
-    total = (read_json(rd / "run.json") or {}).get("total_steps")
-    if total is None:
-        try:
-            total = yaml.safe_load((rd / "config.yaml").read_text()).get("total_steps")
-        except (OSError, yaml.YAMLError, AttributeError):
-            pass
-    click.echo(json.dumps(s, indent=2) if as_json else render(s, total))
+    evs = read_events(rd / "events.jsonl")
+    st = read_status(rd, evs)
+    s = summarize(evs)
+    s.update(state=st.line(), step=st.step, world_size=st.world_size)
+    if as_json:
+        s.update(phase=st.phase.value, total_steps=st.total_steps, pid=st.pid)
+    click.echo(json.dumps(s, indent=2) if as_json else render(s, st.total_steps))
