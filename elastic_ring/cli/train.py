@@ -135,7 +135,18 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
     (lr_new = w_new / w_last * lr_last). While it runs, `elastic-ring resize RUN_DIR --to N` resizes
     live from another shell and `elastic-ring status RUN_DIR` shows progress. Everything lands in
     RUN_DIR: events.jsonl (typed events, incl. each resize's overhead breakdown), logs/, checkpoints/,
-    summary.json. Ctrl-C stops at the next step with a checkpoint; --resume continues.
+    summary.json. Ctrl-C stops at the next step with a checkpoint; --resume continues, and
+    --resume RUN_DIR --steps N takes a run (a finished one too) on to N steps in all.
+
+    \b
+    The summary's resize table, per resize:
+      stop s      resize asked (a scheduled one: its step done) -> the old workers exited,
+                  the checkpoint write (ckpt s) included
+      relaunch s  the new workers started -> their first step; started before the old ones
+                  exit (all modes but sequential), it overlaps the stop and can exceed lost s
+      lost s      resize asked -> first step at the new size, less one steady step: the
+                  training time the resize cost
+    wall is the time the run ran; a run stopped and resumed also shows the elapsed time.
 
     A worker that dies is restarted from the last checkpoint (--max-restarts), and so is a job that
     makes no step for --stall-timeout (a hung worker); checkpoints are also
@@ -156,7 +167,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
                      resume_dir=resume_dir, backend=backend, ray_address=ray_address, placement=placement,
                      warm_spares=warm_spares)
     summary = start_or_resume(req, _echo)
-    click.echo(render(summary, summary.get("total_steps")))
+    shown = {**summary, "state": "stopped"} if summary["state"] == "interrupted" else summary  # status's word
+    click.echo(render(shown, summary.get("total_steps")))
     if summary["state"] == "interrupted":
         sys.exit(130)
 
