@@ -50,7 +50,9 @@ def _resolve_device(device: str) -> tuple[str, int]:
               help="YAML config. [default: configs/paper.yaml on GPUs, configs/cpu_small.yaml on the CPU]")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override any config key (repeatable), e.g. --set depth=56.")
-@click.option("--steps", type=int, default=None, help="Total steps of the schedule (config: total_steps).")
+@click.option("--steps", type=int, default=None,
+              help="Total steps of the schedule (config: total_steps); with --resume, the run's new total "
+                   "(its LR decays stay at their steps).")
 @click.option("--depth", type=int, default=None, help="ResNet depth 6n+2: 20, 32, 44, 56, 110.")
 @click.option("--dataset", type=click.Choice(["cifar10", "synthetic", "digits"]), default=None,
               help="Training data (config: dataset).")
@@ -114,7 +116,7 @@ def _resolve_device(device: str) -> tuple[str, int]:
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False), default=None,
               help="Continue the run in this folder from its last checkpoint, at the size it was at "
                    "or was going to, with its remaining resizes (stops workers a killed controller "
-                   "left behind).")
+                   "left behind); with --steps N, on to N steps (a finished run too).")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
           data_dir, batch_size, lr, seed, resize_warmup, device, slots, hosts, hostfile,
@@ -137,6 +139,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
     RUN_DIR: events.jsonl (typed events, incl. each resize's overhead breakdown), logs/, checkpoints/,
     summary.json. Ctrl-C stops at the next step with a checkpoint; --resume continues, and
     --resume RUN_DIR --steps N takes a run (a finished one too) on to N steps in all.
+    `elastic-ring runs` lists the runs under runs/; `elastic-ring logs RUN_DIR -f` follows one.
 
     \b
     The summary's resize table, per resize:
@@ -146,6 +149,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
                   exit (all modes but sequential), it overlaps the stop and can exceed lost s
       lost s      resize asked -> first step at the new size, less one steady step: the
                   training time the resize cost
+
     wall is the time the run ran; a run stopped and resumed also shows the elapsed time.
 
     A worker that dies is restarted from the last checkpoint (--max-restarts), and so is a job that
