@@ -25,7 +25,9 @@ def request_resize(run_dir: str | Path, target: int) -> str:
     if st.phase is Phase.RESIZING:
         raise UserError(f"run {rd} is {st.line()}: ask again once it has made a step at the new size")
     if st.phase not in (Phase.STARTING, Phase.RUNNING, Phase.RESTARTING):
-        raise UserError(f"run {rd} is not running (state: {st.line()})")
+        way = (f"; continue with: elastic-ring train --resume {rd}"
+               if st.phase in (Phase.STOPPED, Phase.CRASHED) and st.step < (st.total_steps or 0) else "")
+        raise UserError(f"run {rd} is not running (state: {st.phase.value}{way})")
     from elastic_ring.protocol import read_json
 
     slots = (read_json(rd / "run.json") or {}).get("slots")
