@@ -170,3 +170,16 @@ def _last_step(rd: Path, evs: list[dict[str, Any]]) -> int:
         elif k == "restart":
             best = max(best, _int(e.get("failed_at_step")) or 0)
     return best
+
+
+def live_note(run_dir: str | Path | None) -> str | None:
+    """What a running cluster job's run is doing when that is not plain stepping (``starting``,
+    ``resizing A -> B``, ``restarting``, ``stopping``), for `jobs` and the web page to show beside
+    the scheduler's ``running``; None otherwise (or when the folder cannot be read)."""
+    if not run_dir:
+        return None
+    try:
+        st = read_status(run_dir)
+    except UserError:
+        return None
+    return st.line() if st.phase.live and st.phase is not Phase.RUNNING else None

@@ -184,3 +184,20 @@ def test_finished_event_keeps_old_readers_working(tmp_path):
     from elastic_ring.controller.summary import summarize_run
 
     assert summarize_run(tmp_path)["wall_s"] == 2.0
+
+
+def test_a_cluster_job_can_show_what_its_run_is_doing(tmp_path):
+    from elastic_ring.controller.status import live_note
+
+    run = _folder(tmp_path)
+    assert live_note(None) is None and live_note(tmp_path / "nope") is None
+    (run / "controller.json").write_text(json.dumps({"state": "stopping", "phase": "resizing", "world_size": 2,
+                                                     "resize_from": 2, "pending_world": 1}))
+    lock = RunLock(run)
+    lock.acquire()
+    try:
+        assert live_note(run) == "resizing 2 -> 1"
+        (run / "controller.json").write_text(json.dumps({"state": "running", "phase": "running"}))
+        assert live_note(run) is None
+    finally:
+        lock.release()
