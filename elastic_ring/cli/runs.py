@@ -183,6 +183,8 @@ def _follow(rd: Path, path: Path | None, segment: int | None, poll_s: float = 0.
     from elastic_ring.controller.status import read_status
 
     offset = 0
+    if path is not None:
+        click.echo(f"==> {path} <==", err=True)
     try:
         while True:
             if path is not None:
