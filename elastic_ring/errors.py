@@ -24,6 +24,13 @@ class UserError(ElasticRingError):
     exit_code = EXIT_USER_ERROR
 
 
+class Interrupted(ElasticRingError):
+    """Ctrl-C (or SIGTERM) before the workers started: printed as one line naming what was kept
+    and how to go on, exit status 130."""
+
+    exit_code = 130
+
+
 class ConfigError(UserError):
     """An unreadable, unknown or invalid configuration value."""
 

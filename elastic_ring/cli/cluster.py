@@ -399,10 +399,18 @@ _STOP_WORDS = {"cancel": "cancel requested", "preempt": "preempted", "resize": "
                "explore": "next exploration size", "down": "cluster down"}
 
 
-def _state_text(j) -> str:
+def _state_text(j, cluster_dir: Path | None = None) -> str:
     """The state column: the state, and why for a stopping or paused job (a failed job's reason is
-    printed under the table, a cancelled job's is its state)."""
+    printed under the table, a cancelled job's is its state); for a running job, what its run says
+    when it is not plain stepping (``running (resizing 1 -> 2)``), from the run's own state."""
+    from elastic_ring.cluster.api import JobState, job_dir
+    from elastic_ring.controller.status import live_note
+
     state, msg = j["state"], j["message"]
+    if state == JobState.RUNNING and not msg:
+        rd = j.get("run_dir") or (job_dir(cluster_dir, j["id"]) if cluster_dir is not None else None)
+        note = live_note(rd) if rd is not None and Path(rd).is_dir() else None
+        return f"{state.value} ({note})" if note else state.value
     if not msg or state.terminal:
         return state.value
     return f"{state.value} ({_STOP_WORDS.get(msg, msg)})"
@@ -416,7 +424,7 @@ def _table(jobs, cluster_dir: Path | None = None) -> str:
     for j in jobs:
         total = j["total"] or j["request"].steps or "?"
         jct = f"{j['finished'] - j['submitted']:.1f} s" if j["finished"] else ""
-        rows.append((str(j["id"]), j["name"], _state_text(j),
+        rows.append((str(j["id"]), j["name"], _state_text(j, cluster_dir),
                      str(j["workers"] or len(j["slots"])), f"{j['step']}/{total}", f"{j['images_per_s']:.0f}",
                      time.strftime("%H:%M:%S", time.localtime(j["submitted"])), jct))
         if j["state"] == JobState.FAILED:

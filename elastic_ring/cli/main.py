@@ -13,13 +13,15 @@ import sys
 
 import click
 
-from elastic_ring.errors import ElasticRingError, EXIT_USER_ERROR
+from elastic_ring.errors import ElasticRingError, EXIT_USER_ERROR, Interrupted
 
 # name -> (module, attribute, one-line help shown in `elastic-ring --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("elastic_ring.cli.train", "train", "Train with Horovod; resize by checkpoint and relaunch."),
     "resize": ("elastic_ring.cli.train", "resize", "Ask a running `train` to resize now."),
     "status": ("elastic_ring.cli.train", "status", "Show the summary table of a running or finished run."),
+    "runs": ("elastic_ring.cli.runs", "runs", "List the runs under a folder with their state and last step."),
+    "logs": ("elastic_ring.cli.runs", "logs", "Print (or follow) a run's worker log."),
     "profile": ("elastic_ring.cli.profile", "profile", "Measure throughput per worker count (Table 1), fit Eq. 5."),
     "experiment": ("elastic_ring.cli.experiment", "experiment", "Run experiment designs (Table 2)."),
     "report": ("elastic_ring.cli.report", "report", "Write Markdown tables and PNG plots for a results folder."),
@@ -87,6 +89,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as e:
         click.echo(f"elastic-ring: error: {_one_line(e.format_message())}", err=True)
         sys.exit(EXIT_USER_ERROR)
+    except Interrupted as e:
+        click.echo(f"elastic-ring: {_one_line(str(e))}", err=True)
+        sys.exit(e.exit_code)
     except ElasticRingError as e:
         click.echo(f"elastic-ring: error: {_one_line(str(e))}", err=True)
         sys.exit(e.exit_code)

@@ -88,10 +88,12 @@ def ps(ctx: click.Context, config, sets, run_dir, **flags) -> None:
                f"{','.join(f'{s:g}' for s in cfg.slowdowns)}, run dir {out}")
     res = run_job(cfg, out)
     f = res.finished
-    bound = "none" if f["release_bound"] is None else f"{f['release_bound']:g}"
+    bound = ("unbounded under this policy" if f["release_bound"] is None
+             else f"the policy's bound: {f['release_bound']:g}")
     click.echo(f"stopped ({f['reason']}) after {f['wall_s']:.1f} s, {f['version']} updates; test accuracy "
                f"{f['test_accuracy']:.4f} (best {f['best_accuracy']:.4f})")
-    click.echo(f"max gap at release {f['max_release_gap']} (bound {bound}), max staleness {f['max_staleness']}")
+    click.echo(f"largest push gap at a release: {f['max_release_gap']} ({bound}), "
+               f"max staleness {f['max_staleness']}")
     click.echo(f"{'worker':>6} {'slowdown':>8} {'pushes':>7} {'compute_s':>9} {'sleep_s':>8} {'held_s':>7} "
                f"{'blocked_s':>9} {'staleness max/mean':>18}")
     for s in res.summaries:

@@ -51,7 +51,9 @@ def _resolve_device(device: str) -> tuple[str, int]:
               help="YAML config. [default: configs/paper.yaml on GPUs, configs/cpu_small.yaml on the CPU]")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override any config key (repeatable), e.g. --set depth=56.")
-@click.option("--steps", type=int, default=None, help="Total steps of the schedule (config: total_steps).")
+@click.option("--steps", type=int, default=None,
+              help="Total steps of the schedule (config: total_steps); with --resume, the run's new total "
+                   "(its LR decays stay at their steps).")
 @click.option("--depth", type=int, default=None, help="ResNet depth 6n+2: 20, 32, 44, 56, 110.")
 @click.option("--dataset", type=click.Choice(["cifar10", "synthetic", "digits"]), default=None,
               help="Training data (config: dataset).")
@@ -117,7 +119,7 @@ def _resolve_device(device: str) -> tuple[str, int]:
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False), default=None,
               help="Continue the run in this folder from its last checkpoint, at the size it was at "
                    "or was going to, with its remaining resizes (stops workers a killed controller "
-                   "left behind).")
+                   "left behind); with --steps N, on to N steps (a finished run too).")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
           data_dir, batch_size, lr, seed, resize_warmup, device, slots, hosts, hostfile,
@@ -138,7 +140,20 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
     (lr_new = w_new / w_last * lr_last). While it runs, `elastic-ring resize RUN_DIR --to N` resizes
     live from another shell and `elastic-ring status RUN_DIR` shows progress. Everything lands in
     RUN_DIR: events.jsonl (typed events, incl. each resize's overhead breakdown), logs/, checkpoints/,
-    summary.json. Ctrl-C stops at the next step with a checkpoint; --resume continues.
+    summary.json. Ctrl-C stops at the next step with a checkpoint; --resume continues, and
+    --resume RUN_DIR --steps N takes a run (a finished one too) on to N steps in all.
+    `elastic-ring runs` lists the runs under runs/; `elastic-ring logs RUN_DIR -f` follows one.
+
+    \b
+    The summary's resize table, per resize:
+      stop s      resize asked (a scheduled one: its step done) -> the old workers exited,
+                  the checkpoint write (ckpt s) included
+      relaunch s  the new workers started -> their first step; started before the old ones
+                  exit (all modes but sequential), it overlaps the stop and can exceed lost s
+      lost s      resize asked -> first step at the new size, less one steady step: the
+                  training time the resize cost
+
+    wall is the time the run ran; a run stopped and resumed also shows the elapsed time.
 
     A worker that dies is restarted from the last checkpoint (--max-restarts), and so is a job that
     makes no step for --stall-timeout (a hung worker); checkpoints are also
@@ -159,7 +174,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
                      resume_dir=resume_dir, backend=backend, ray_address=ray_address, placement=placement,
                      warm_spares=warm_spares)
     summary = start_or_resume(req, _echo)
-    click.echo(render(summary, summary.get("total_steps")))
+    shown = {**summary, "state": "stopped"} if summary["state"] == "interrupted" else summary  # status's word
+    click.echo(render(shown, summary.get("total_steps")))
     if summary["state"] == "interrupted":
         sys.exit(130)
 
@@ -182,32 +198,18 @@ def resize(run_dir, target):
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def status(run_dir, as_json):
-    """Print the summary table of a running or finished run."""
-    from elastic_ring.controller.lock import is_locked
-    from elastic_ring.controller.summary import render, summarize_run
-    from elastic_ring.protocol import CONTROLLER_FILE, PROGRESS_FILE, read_json
+    """Print the state and summary table of a run: starting, running, resizing A -> B, restarting,
+    stopping, finished, failed, stopped (Ctrl-C, or aborted during start-up) or crashed (its
+    controller is gone: continue with --resume)."""
+    from elastic_ring.controller.status import read_status
+    from elastic_ring.controller.summary import render, summarize
+    from elastic_ring.events.api import read_events
 
     rd = Path(run_dir)
-    if not (rd / "run.json").exists():
-        raise UserError(f"{rd} is not an elastic-ring run folder (no run.json)")
-    s = summarize_run(rd)
-    ctl = read_json(rd / CONTROLLER_FILE)
-    if isinstance(ctl, dict) and ctl.get("state") not in ("succeeded", "failed", "interrupted", None):
-        # the newest step: rank 0's progress file (twice a second), not the last throughput window
-        prog = read_json(rd / "control" / PROGRESS_FILE) or {}
-        last = max(int(prog.get("step", 0)), int(s.get("step") or 0))
-        s["step"] = last
-        if is_locked(rd):
-            s["state"] = ctl.get("state", "running")
-        else:
-            s["state"] = (f"controller gone (last step {last}; continue with: "
-                          f"elastic-ring train --resume {rd})")
-    elif isinstance(ctl, dict) and ctl.get("state") in ("failed", "interrupted"):
-        s["state"] = ctl["state"]
-    total = (read_json(rd / "run.json") or {}).get("total_steps")
-    if total is None:
-        try:
-            total = yaml.safe_load((rd / "config.yaml").read_text()).get("total_steps")
-        except (OSError, yaml.YAMLError, AttributeError):
-            pass
-    click.echo(json.dumps(s, indent=2) if as_json else render(s, total))
+    evs = read_events(rd / "events.jsonl")
+    st = read_status(rd, evs)
+    s = summarize(evs)
+    s.update(state=st.line(), step=st.step, world_size=st.world_size)
+    if as_json:
+        s.update(phase=st.phase.value, total_steps=st.total_steps, pid=st.pid)
+    click.echo(json.dumps(s, indent=2) if as_json else render(s, st.total_steps))

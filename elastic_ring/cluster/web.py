@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_ring.cluster.api import DB_FILE, ClusterError, JobState, job_dir, job_log
+from elastic_ring.controller.status import live_note
 
 STATIC = Path(__file__).with_name("web_static")
 TERMINAL = ("finished", "failed", "cancelled")
@@ -206,6 +207,8 @@ class ClusterView:
                 "restarts": len(tail.restarts), "resizes": len(tail.resizes),
                 "resize_lost_s": sum(float(r.get("total_lost_s") or 0.0) for r in tail.resizes),
                 "message": j["message"],
+                # what the run itself says while the scheduler says running: resizing 1 -> 2, ...
+                "run_state": live_note(rd) if running and rd.is_dir() else None,
                 "run_dir": str(rd) if rd.is_dir() else None, "log": str(log) if log.exists() else None,
                 "curves": {"loss": tail.loss, "images_per_s": tail.ips},
                 "resize_events": tail.resizes, "restart_events": tail.restarts,

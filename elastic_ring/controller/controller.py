@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 from elastic_ring import protocol
 from elastic_ring.controller import watchdog as wdog
-from elastic_ring.controller.api import Plan, RunSpec, RunState, check_options, check_transition
+from elastic_ring.controller.api import TERMINAL, Plan, RunSpec, RunState, check_options, check_transition
 from elastic_ring.controller.backends import Backend, make_backend
 from elastic_ring.controller.backends.api import Launcher, SegmentLaunch
 from elastic_ring.controller.backends.horovodrun import probe_hosts
@@ -69,8 +69,9 @@ class Controller:
                  max_restarts: int = 3,
                  host_probe: Callable[[list[tuple[str, int]]], list[tuple[str, int]]] | None = None,
                  plan: Plan | None = None, backend: Backend | None = None,
-                 stall_timeout: float | None = None) -> None:
+                 stall_timeout: float | None = None, lr_decays: tuple[int, ...] = ()) -> None:
         check_options(spec, relaunch, max_restarts, stall_timeout)
+        self.lr_decays = tuple(lr_decays)  # steps after which the schedule decays the LR (shown at a resize)
         self.spec, self.rule, self.clock, self.poll_s = spec, RULES[lr_scaling], clock, poll_s
         self.out = out or (lambda s: print(s, file=sys.stderr, flush=True))
         self.relaunch, self.max_restarts = relaunch, max_restarts
@@ -98,6 +99,10 @@ class Controller:
         self._failures = FailureHistory()  # consecutive failures (reset by saved progress)
         self._seen_requests: set[str] = set()
         self._state_info: dict[str, Any] = {}
+        # what the workers are doing between a launch and its first step: starting (the run's
+        # first launch), resizing, restarting; None once they step (see _phase)
+        self._transition: str | None = "starting"
+        self._launched = False  # this controller's first launch is the start of a session
 
     # ------------------------------------------------------------------ state
     def _set_state(self, state: RunState, **extra: Any) -> None:
@@ -108,8 +113,25 @@ class Controller:
         self.state = state
         self._state_info.update(extra)
         info = {**self._state_info, "pid": os.getpid(), "owner": self.owner, "state": state.value,
-                "time": self.clock()}
+                "phase": self._phase(state), "time": self.clock()}
         protocol.write_json_atomic(self.spec.run_dir / CONTROLLER_FILE, info)
+
+    def _phase(self, state: RunState) -> str:
+        """The word a user sees for ``state`` (``controller.status.Phase``): a launch is
+        ``starting``, ``resizing`` or ``restarting`` until its workers' first step."""
+        if state in TERMINAL:
+            return {RunState.SUCCEEDED: "finished", RunState.FAILED: "failed"}.get(state, "stopped")
+        if state is RunState.RESTARTING:
+            return "restarting"
+        if state is RunState.STOPPING:
+            return "resizing" if self._state_info.get("pending_world") is not None else "stopping"
+        return self._transition or "running"
+
+    def _stepping(self) -> None:
+        """The watched segment's workers made their first step: the launch's transition is over."""
+        if self._transition is not None:
+            self._transition = None
+            self._set_state(self.state, pending_world=None, resize_from=None)
 
     def _save_plan(self) -> None:
         protocol.write_json_atomic(self.spec.run_dir / protocol.PLAN_FILE, self.plan.to_dict())
@@ -225,8 +247,9 @@ class Controller:
                                            checkpoint_s=0.0 if inplace else seg.ckpt_s,
                                            t_exit=now if rc is not None or inplace else None,
                                            segment=seg.index)
+        self._transition = "resizing"
         self._set_state(RunState.STOPPING, step=step, world_size=world, pending_world=target,
-                        segment=seg.index)
+                        resize_from=world, segment=seg.index)
         if self._next is not None and self._next.world != target:
             self._cancel_next()  # pre-launched for another size than the one decided
         return target
@@ -295,7 +318,9 @@ class Controller:
             self.plan.add(ck, new_world, "restart")
             self._save_plan()
             self.out(f"only {usable} slot(s) answer: restarting at {new_world} worker(s) (LR by Eq. 7)")
-        self._set_state(RunState.RESTARTING, step=ck, world_size=new_world, segment=seg.index + 1)
+        self._transition = "restarting"
+        self._set_state(RunState.RESTARTING, step=ck, world_size=new_world, segment=seg.index + 1,
+                        pending_world=None, resize_from=None)
         self.meter.restarting = Restarting(attempt, t_detect, t_last, redone, ck, seg.index + 1)
         self.out(f"{why}: restart {attempt}/{self.max_restarts} from step {ck} with {new_world} "
                  f"worker(s) ({redone} step(s) to redo)")
@@ -327,15 +352,20 @@ class Controller:
         self._next = None
 
     def _announce(self, seg: Segment, step: int, prelaunched_s: float = 0.0) -> None:
-        self.meter.relaunched(seg.index, seg.t_launch)
+        rel = self.meter.relaunched(seg.index, seg.t_launch)
         self.events.write(Launch(segment=seg.index, world_size=seg.world, start_step=step + 1,
                                  stop_step=seg.stop_at, command=seg.cmd, device=self.spec.device,
-                                 prelaunched_s=prelaunched_s, time=seg.t_launch))
+                                 prelaunched_s=prelaunched_s, session_start=not self._launched,
+                                 time=seg.t_launch))
+        self._launched = True
         assert seg.handle is not None
         self.relay.sample(seg.handle.pid, gpus=self.spec.device == "cuda")
         self._set_state(RunState.RUNNING, step=step, world_size=seg.world, segment=seg.index)
         self.display.segment(seg.index, seg.world, step + 1, seg.stop_at,
-                             segment_log(self.spec.run_dir, seg.index, seg.world))
+                             seg.log or segment_log(self.spec.run_dir, seg.index, seg.world))
+        if rel is not None:
+            self.display.resized(rel.from_workers, rel.to_workers, rel.step, rel.lr_last, rel.lr_new,
+                                 self.lr_decays)
 
     def _resize_inplace(self, seg: Segment, step: int) -> None:
         """The workers paused at the end of the last segment go on at the new size: the backend
@@ -450,6 +480,7 @@ class Controller:
         if mine:
             seg.observe(ev)
         if kind == "first_step" and mine:
+            self._stepping()
             if self.in_place:
                 self._inplace_lead(seg)
             self.meter.first_step(seg.index, ev, seg.t_launch, prelaunched=seg.go_file is not None)

@@ -75,16 +75,18 @@ class Meter:
             return (seg.stop_at - seg.start_step) / speed
         return (seg.stop_at - (seg.last_step + (now - seg.last_step_t) * speed)) / speed
 
-    def relaunched(self, segment: int, t_launch: float) -> None:
-        """The new workers of the pending resize were started (or released) at ``t_launch``."""
+    def relaunched(self, segment: int, t_launch: float) -> Relaunched | None:
+        """The new workers of the pending resize were started (or released) at ``t_launch``; the
+        event written (None: no resize pending)."""
         p = self.pending
         if p is None:
-            return
+            return None
         p.t_launch = t_launch
-        self.events.write(Relaunched(segment=segment, from_workers=p.from_workers,
-                                     to_workers=p.to_workers, step=p.step, lr_last=p.lr_last,
-                                     lr_new=self.rule.scale(p.lr_last, p.from_workers, p.to_workers),
-                                     time=t_launch))
+        ev = Relaunched(segment=segment, from_workers=p.from_workers, to_workers=p.to_workers, step=p.step,
+                        lr_last=p.lr_last, lr_new=self.rule.scale(p.lr_last, p.from_workers, p.to_workers),
+                        time=t_launch)
+        self.events.write(ev)
+        return ev
 
     def first_step(self, segment: int, ev: dict[str, Any], t_launch: float, prelaunched: bool) -> None:
         """The running segment's first step (``ev``): ends the restart being measured, and the

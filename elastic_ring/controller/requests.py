@@ -18,34 +18,34 @@ def request_resize(run_dir: str | Path, target: int) -> str:
     """Ask the running `elastic-ring train` in ``run_dir`` to resize to ``target`` workers now:
     writes ``control/REQUEST_FILE``, after the checks a user would want (raises ``UserError``).
     Returns the line to show."""
-    from elastic_ring.controller.lock import is_locked
-    from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE
+    from elastic_ring.controller.status import Phase, read_status
+    from elastic_ring.protocol import REQUEST_FILE
 
     rd = Path(run_dir)
-    if not (rd / "run.json").exists():
-        raise UserError(f"{rd} is not an elastic-ring run folder (no run.json)")
-    try:
-        ctl = json.loads((rd / CONTROLLER_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        raise UserError(f"run {rd} is not running (no controller state)") from None
-    state = ctl.get("state")
-    if state not in ("running", "launching") or not is_locked(rd):
-        word = {"running": "controller gone", "launching": "controller gone",
-                "succeeded": "finished"}.get(state, state)  # status's words
-        raise UserError(f"run {rd} is not running (state: {word})")
-    slots = json.loads((rd / "run.json").read_text())["slots"]
+    st = read_status(rd)  # the same answer as `elastic-ring status`
+    if st.phase is Phase.RESIZING:
+        raise UserError(f"run {rd} is {st.line()}: ask again once it has made a step at the new size")
+    if st.phase not in (Phase.STARTING, Phase.RUNNING, Phase.RESTARTING):
+        way = (f"; continue with: elastic-ring train --resume {rd}"
+               if st.phase in (Phase.STOPPED, Phase.CRASHED) and st.step < (st.total_steps or 0) else "")
+        raise UserError(f"run {rd} is not running (state: {st.phase.value}{way})")
+    from elastic_ring.protocol import read_json
+
+    slots = (read_json(rd / "run.json") or {}).get("slots")
+    if slots is None:
+        raise UserError(f"run {rd} is still being set up: ask again once it has started")
     if target < 1:
         raise UserError(f"--to must be >= 1, got {target}")
     if target > slots:
         raise UserError(f"--to {target} is more than the run's {slots} slot(s)")
-    if target == ctl.get("world_size"):
+    if target == st.world_size:
         raise UserError(f"the run already has {count(target, 'worker')}")
     req = rd / "control" / REQUEST_FILE
     req.parent.mkdir(parents=True, exist_ok=True)
     tmp = req.with_name(f".{req.name}.tmp")
     tmp.write_text(json.dumps({"to": target, "time": time.time(), "id": uuid.uuid4().hex}))
     os.replace(tmp, req)
-    now = ctl.get("world_size")
+    now = st.world_size
     return f"resize to {target} requested for {rd} (currently {count(now, 'worker') if now else 'no workers'})"
 
 

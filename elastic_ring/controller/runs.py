@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from elastic_ring.controller.api import Plan, Resize, RunSpec
-from elastic_ring.errors import UserError
+from elastic_ring.errors import Interrupted, UserError
 
 RELAUNCH_CHOICES = ("auto", "prelaunch", "overlap", "sequential", "inplace")
 
@@ -89,9 +91,11 @@ def check(req: RunRequest) -> None:
     """The checks that need nothing but the request (raises UserError)."""
     resnet = any(v is not None for v in req.resnet_options())
     if req.resume_dir and (req.config_path or req.overrides or req.config is not None or req.script
-                           or req.script_args or req.steps is not None or resnet):
+                           or req.script_args or resnet):
         raise UserError("--resume continues a run with its own config and script: drop the config "
-                        "and script options")
+                        "and script options (--steps N is the one that applies: the run's new total)")
+    if req.resume_dir and req.steps is not None and req.steps < 1:
+        raise UserError(f"--steps must be >= 1, got {req.steps}")
     if req.script_args and not req.script:
         raise UserError(f"unexpected argument {req.script_args[0]!r} (script arguments go after "
                         f"`--script PATH --`)")
@@ -170,10 +174,46 @@ def _schedule(req: RunRequest) -> tuple[Resize, ...]:
 
 def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
     """Check ``req`` and get its run folder ready (a new one created, a resumed one taken over)."""
+    check(req)
+    if req.resume_dir:
+        check_resumable(Path(req.resume_dir), req.steps)  # before anything slow (torch, the GPUs)
+    claimed = None if req.resume_dir else _claim(req, echo)
+    try:
+        with preparing(claimed[0] if claimed else Path(req.resume_dir or "."), bool(req.resume_dir)):
+            return _prepare(req, echo, claimed[0] if claimed else None)
+    except KeyboardInterrupt:
+        if claimed is not None:
+            _unclaim(*claimed)
+        raise _interrupted(req, claimed[0] if claimed else None) from None
+    except BaseException:
+        if claimed is not None:
+            _unclaim(*claimed)
+        raise
+
+
+@contextmanager
+def preparing(rd: Path, resume: bool, stream: Any = None) -> Iterator[None]:
+    """On a terminal, one line saying what the seconds before the launch go to (the config, torch's
+    import, the dataset cache, the checkpoint), erased when they are over: nothing stays behind,
+    not even before a one-line error. Elsewhere (a log, a pipe) nothing is written."""
+    stream = stream or sys.stderr
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    if tty:
+        what = "checking its checkpoint" if resume else "config, torch and the dataset cache"
+        stream.write(f"elastic-ring: preparing {rd} ({what}) ...")
+        stream.flush()
+    try:
+        yield
+    finally:
+        if tty:
+            stream.write("\r\033[K")
+            stream.flush()
+
+
+def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> PreparedRun:
     from elastic_ring.telemetry.gpu import exclusive_fallback
 
-    check(req)
-    if req.backend == "ray":  # before anything is made: not minutes of Ray's retries at the start
+    if req.backend == "ray":  # before anything slow: not minutes of Ray's retries at the start
         from elastic_ring.controller.backends.ray import check_answers
 
         check_answers(req.ray_address or os.environ.get("RAY_ADDRESS"))
@@ -182,10 +222,10 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
     sched = _schedule(req)
     relaunch = req.relaunch if req.relaunch != "auto" else ("prelaunch" if device == "cuda" else "overlap")
     relaunch, why = exclusive_fallback(relaunch, device, rep)
-    if req.resume_dir:
+    if rd is None:
         run = _prepare_resume(req, device, n_slots, sched, echo)
     else:
-        run = _prepare_new(req, device, n_slots, sched, relaunch, echo, rep)
+        run = _prepare_new(req, rd, device, n_slots, sched, relaunch, echo, rep)
     run.relaunch = relaunch
     run.extra.update(gpu_report=rep, relaunch_note=why)
     if run.cfg is not None:
@@ -225,12 +265,41 @@ def _fresh_folder(req: RunRequest, echo: Callable[[str], None]) -> Path:
     return rd
 
 
-def _prepare_new(req: RunRequest, device: str, n_slots: int, sched: tuple[Resize, ...],
-                 relaunch: str, echo: Callable[[str], None], rep: Any = None) -> PreparedRun:
+def _claim(req: RunRequest, echo: Callable[[str], None]) -> tuple[Path, bool]:
+    """A new run's folder, made and locked before anything slow: `status` says "starting" from
+    here on. Returns (folder, whether it was made here)."""
     from elastic_ring.controller.lock import RunLock
-    from elastic_ring.controller.rundir import create_run_dir, writing
+    from elastic_ring.controller.rundir import writing
 
     rd = _fresh_folder(req, echo)
+    made = not rd.exists()
+    with writing(rd):
+        rd.mkdir(parents=True, exist_ok=True)
+        RunLock(rd).acquire()
+    return rd, made
+
+
+def _unclaim(rd: Path, made: bool) -> None:
+    """Bad input or Ctrl-C before the run was recorded (run.json): leave no folder that would block
+    a retry. A recorded run stays, to be resumed."""
+    from elastic_ring.controller.lock import RunLock
+    from elastic_ring.protocol import LOCK_FILE
+
+    if (rd / "run.json").exists():
+        return
+    RunLock(rd).release()
+    if made:
+        import shutil
+
+        shutil.rmtree(rd, ignore_errors=True)
+    else:
+        (rd / LOCK_FILE).unlink(missing_ok=True)
+
+
+def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tuple[Resize, ...],
+                 relaunch: str, echo: Callable[[str], None], rep: Any) -> PreparedRun:
+    from elastic_ring.controller.rundir import create_run_dir
+
     cfg = None if req.script else _config(req, device)
     total = req.steps if req.script else cfg.total_steps
     spec = RunSpec(run_dir=rd.resolve(), workers=req.workers if req.workers is not None else 1,
@@ -252,9 +321,6 @@ def _prepare_new(req: RunRequest, device: str, n_slots: int, sched: tuple[Resize
         from elastic_ring.data import check_dataset
 
         check_dataset(cfg.dataset, cfg.data_dir)
-    with writing(rd):
-        rd.mkdir(parents=True, exist_ok=True)
-        RunLock(rd).acquire()
     create_run_dir(spec, cfg, relaunch=relaunch, stall_timeout=req.stall_timeout)
     return PreparedRun(spec, cfg, Plan.from_spec(spec.workers, spec.schedule), 0, 0, relaunch,
                        stall_timeout=req.stall_timeout)
@@ -284,8 +350,17 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
     start_step = int(ckpt["step"]) if ckpt else 0
     if ckpt is None:
         echo(f"elastic-ring: no checkpoint in {rd / 'checkpoints'}: the run starts again at step 1")
+    old_total = total
+    if req.steps is not None:
+        if req.steps <= start_step:
+            raise UserError(f"--steps {req.steps} is not after the run's checkpoint (step {start_step}): "
+                            f"give the new total, more than {start_step}")
+        total = req.steps
+        if cfg is not None:
+            cfg = extended_config(cfg, total)
     if start_step >= total:
-        raise UserError(f"run {rd} already finished (step {start_step} of {total})")
+        raise UserError(f"run {rd} already finished (step {start_step} of {total}); "
+                        f"train it further with: elastic-ring train --resume {rd} --steps N")
     plan = _resume_plan(rd, run_info, start_step, req.workers, sched)
     old_ws = run_info.get("worker", {})
     spec = RunSpec(run_dir=rd.resolve(), workers=plan.world_after(start_step),
@@ -298,6 +373,11 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
                                             else old_ws.get("checkpoint_every_s", 60.0)),
                    keep=keep_now)
     validate_resume(spec, start_step)
+    if total != old_total:
+        _write_new_total(rd, cfg, total)
+        echo(f"elastic-ring: run {rd}: {old_total} -> {total} steps"
+             + (f" (LR decays stay at steps {', '.join(map(str, cfg.decay_steps))})"
+                if cfg is not None and cfg.decay_steps else ""))
     update_worker_settings(rd, **worker_settings(spec, cfg))
     stall = req.stall_timeout if req.stall_timeout is not None else run_info.get("stall_timeout")
     if req.stall_timeout is not None:  # kept for later resumes (a cluster's stop and resume too)
@@ -325,6 +405,55 @@ def read_run_info(rd: Path) -> dict[str, Any]:
         raise UserError(f"{path} is damaged: a JSON {type(info).__name__}, not an object; the run "
                         f"cannot be resumed from this folder")
     return info
+
+
+def check_resumable(rd: Path, steps: int | None) -> None:
+    """The checks of ``--resume`` that need no torch (a finished run answers at once): a run that
+    has reached its last step (its newest checkpoint that passes its checksum) resumes only with a
+    new total (``steps``). Raises UserError."""
+    from elastic_ring.ckpt.store import newest_valid
+    from elastic_ring.protocol import read_json
+
+    info = read_json(rd / "run.json")
+    if not isinstance(info, dict) or not isinstance(info.get("total_steps"), int):
+        return  # _prepare_resume says what is wrong with the folder
+    found = newest_valid(rd / "checkpoints")
+    at, total = (found[1] if found else 0), int(info["total_steps"])
+    if steps is not None and steps <= at:
+        raise UserError(f"--steps {steps} is not after the run's checkpoint (step {at}): give the new "
+                        f"total, more than {at}")
+    if steps is None and at >= total:
+        raise UserError(f"run {rd} already finished (step {at} of {total}); train it further with: "
+                        f"elastic-ring train --resume {rd} --steps N")
+
+
+def extended_config(cfg: Any, total: int) -> Any:
+    """``cfg`` with ``total`` steps and its LR decays at the same steps as before (a fraction of
+    the new total each; those at or after ``total`` dropped): a longer run goes on at the LR it
+    ended at, a shorter one keeps the decays it has passed."""
+    from elastic_ring.config.api import TrainConfig, config_to_dict
+
+    d = config_to_dict(cfg)
+    d.update(total_steps=total, decay_at=[s / total for s in cfg.decay_steps if 0 < s < total])
+    new = TrainConfig.model_validate(d)
+    if tuple(new.decay_steps) != tuple(s for s in cfg.decay_steps if 0 < s < total):
+        raise UserError(f"cannot keep the LR decays at steps {list(cfg.decay_steps)} with {total} steps")
+    return new
+
+
+def _write_new_total(rd: Path, cfg: Any, total: int) -> None:
+    """Record a resumed run's new total steps (``--resume DIR --steps N``) in its folder."""
+    import yaml
+
+    from elastic_ring.config.api import config_to_dict
+    from elastic_ring.controller.rundir import update_run_info, writing
+
+    with writing(rd):
+        update_run_info(rd, total_steps=total)
+        if cfg is not None:
+            tmp = rd / ".config.yaml.tmp"
+            tmp.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+            tmp.replace(rd / "config.yaml")
 
 
 def _resume_plan(rd: Path, run_info: dict[str, Any], start_step: int, workers: int | None,
@@ -381,10 +510,34 @@ def start_or_resume(req: RunRequest, echo: Callable[[str], None], out: Callable[
     Raises:
         UserError: bad input (nothing started).
         WorkerFailedError: the run failed (restarts exhausted or not retried).
+        Interrupted: Ctrl-C before the workers started.
     """
-    from elastic_ring.controller.controller import Controller
+    from elastic_ring.controller.lock import RunLock
 
     run = prepare(req, echo)
+    try:
+        return _start(req, run, echo, out, show_progress)
+    except KeyboardInterrupt:  # before the controller's own handler took Ctrl-C
+        raise _interrupted(req, run.spec.run_dir) from None
+    finally:
+        RunLock(run.spec.run_dir).release()  # (the controller releases its own; this is prepare's)
+
+
+def _interrupted(req: RunRequest, rd: Path | None) -> Interrupted:
+    """Ctrl-C before the workers started: what was kept, and the way on."""
+    if req.resume_dir:
+        return Interrupted(f"interrupted during start-up: run folder {req.resume_dir} left as it was; "
+                           f"continue with: elastic-ring train --resume {req.resume_dir}")
+    if rd is not None and (rd / "run.json").exists():
+        return Interrupted(f"interrupted during start-up: run folder {rd} kept (no step was run); "
+                           f"start it with: elastic-ring train --resume {rd}")
+    return Interrupted("interrupted during start-up: nothing was kept")
+
+
+def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: Callable[[str], None] | None,
+           show_progress: bool | None) -> dict[str, Any]:
+    from elastic_ring.controller.controller import Controller
+
     for line in describe(run):
         echo(line)
     backend = None
@@ -400,6 +553,7 @@ def start_or_resume(req: RunRequest, echo: Callable[[str], None], out: Callable[
     ctl = Controller(run.spec, lr_scaling=run.cfg.lr_scaling if run.cfg else "linear", out=out,
                      network_interface=req.network_interface, relaunch=run.relaunch,
                      max_restarts=req.max_restarts, plan=run.plan, stall_timeout=run.stall_timeout,
-                     show_progress=show_progress, backend=backend)
+                     show_progress=show_progress, backend=backend,
+                     lr_decays=tuple(run.cfg.decay_steps) if run.cfg else ())
     summary = ctl.run(run.start_step, run.spec.workers, run.segment)
     return {**summary, "total_steps": run.spec.total_steps}

@@ -87,8 +87,9 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
     windows = _kept_windows(events)
     for e in windows:
         by_w.setdefault(int(e["world_size"]), []).append(e)
-    last_step = max((e.get("step") or 0 for e in events if e["kind"] in
-                     ("throughput", "segment_end", "first_step", "finished")), default=0)
+    last_step = max([e.get("step") or 0 for e in events if e["kind"] in
+                     ("throughput", "segment_end", "first_step", "finished")]
+                    + [e.get("failed_at_step") or 0 for e in events if e["kind"] == "restart"], default=0)
     done = _steps_by_size(events, last_step)
     sizes = []
     for w in sorted(by_w):
@@ -119,6 +120,7 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
     restarts = [{"attempt": e["attempt"], "cause": e["cause"], "rank": e["rank"],
                  "from_step": e["from_step"], "steps_redone": e["steps_redone"],
                  "world_size": e["new_world_size"], "gave_up": e.get("gave_up", False),
+                 "failed_at_step": e.get("failed_at_step"),
                  "time_lost_s": rec.get(e["attempt"], {}).get("time_lost_s"),
                  "detect_to_first_step_s": rec.get(e["attempt"], {}).get("detect_to_first_step_s")}
                 for e in events if e["kind"] == "restart"]
@@ -140,6 +142,7 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
         "test_accuracy": evals[-1]["test_accuracy"] if evals else None,
         "test_loss": evals[-1]["test_loss"] if evals else None,
         "wall_s": fin[-1]["wall_s"] if fin else None,
+        "elapsed_s": fin[-1].get("elapsed_s") if fin else None,
     }
 
 
@@ -147,12 +150,25 @@ def summarize_run(run_dir: str | Path) -> dict[str, Any]:
     return summarize(read_events(Path(run_dir) / "events.jsonl"))
 
 
+# what the resize table's columns measure, printed under it (and in `train --help`)
+RESIZE_COLUMNS = (
+    "stop s: resize asked (a scheduled one: its step done) -> old workers exited; ckpt s (the checkpoint) is in it",
+    "relaunch s: new workers started -> their first step; started before the old ones exit (all but --relaunch",
+    "  sequential), it overlaps the stop, so it can exceed lost s",
+    "lost s: resize asked -> first step at the new size, less one steady step: the training time the resize cost",
+)
+
+
 def render(summary: dict[str, Any], total_steps: int | None = None) -> str:
     """Plain-text tables (also what `status` prints)."""
     lines = []
     step = f"{summary['step']}" + (f"/{total_steps}" if total_steps else "")
-    lines.append(f"state: {summary['state']}   step: {step}   workers: {summary['world_size']}"
-                 + (f"   wall: {summary['wall_s']:.1f} s" if summary.get("wall_s") else ""))
+    workers = "-" if summary.get("world_size") is None else summary["world_size"]
+    wall, elapsed = summary.get("wall_s"), summary.get("elapsed_s")
+    lines.append(f"state: {summary['state']}   step: {step}   workers: {workers}"
+                 + (f"   wall: {wall:.1f} s" if wall else "")
+                 + (f" (elapsed {elapsed:.1f} s, of which {elapsed - wall:.1f} s stopped)"
+                    if wall and elapsed and elapsed - wall >= 1.0 else ""))
     lines.append("")
     lines.append(f"{'workers':>7} {'images/s':>10} {'steps/s':>9} {'windows':>7}  window steps/s min/median/max")
     for s in summary["sizes"]:
@@ -177,14 +193,21 @@ def render(summary: dict[str, Any], total_steps: int | None = None) -> str:
             lines.append(f"{r['from_workers']:>3} -> {r['to_workers']:<2} {r['step']:>7} "
                          f"{r['stop_latency_s']:>7.2f} {r['checkpoint_s']:>7.3f} "
                          f"{r['relaunch_to_first_step_s']:>10.2f} {r['total_lost_s']:>7.2f}")
-    if summary.get("restarts"):
+        lines.extend(RESIZE_COLUMNS)
+    done = [r for r in summary.get("restarts") or [] if not r.get("gave_up")]
+    if done:
         lines.append("")
         lines.append(f"{'restart':>7} {'from step':>9} {'redone':>6} {'workers':>7} {'lost s':>7}  cause")
-        for r in summary["restarts"]:
+        for r in done:
             lost = r.get("time_lost_s")
-            lines.append(f"{r['attempt']:>7} {r['from_step']:>9} {r['steps_redone']:>6} "
-                         f"{'-' if r.get('gave_up') else r['world_size']:>7} "
+            lines.append(f"{r['attempt']:>7} {r['from_step']:>9} {r['steps_redone']:>6} {r['world_size']:>7} "
                          f"{'n/a' if lost is None else f'{lost:.2f}':>7}  {r['cause']}")
+    for r in summary.get("restarts") or []:
+        if r.get("gave_up"):  # the failure that ended the run: not a restart
+            at = r.get("failed_at_step")
+            lines.append("")
+            lines.append(f"not restarted{f' after step {at}' if at is not None else ''} "
+                         f"({len(done)} restart(s) before): {r['cause']}")
     lines.append("")
     tl = summary.get("train_loss")
     ta = summary.get("test_accuracy")
@@ -198,14 +221,34 @@ def render(summary: dict[str, Any], total_steps: int | None = None) -> str:
     return "\n".join(lines)
 
 
+def run_times(events: list[dict[str, Any]], now: float) -> tuple[float, float]:
+    """(running, elapsed) seconds of a run ending at ``now``: elapsed from its first launch;
+    running without the gaps between a controller's end (its last event) and the next one's first
+    launch (a ``--resume`` after a stop or a dead controller)."""
+    running, start, last = 0.0, None, None
+    for e in events:
+        t = e.get("time")
+        if not isinstance(t, (int, float)):
+            continue
+        if e.get("kind") == "launch" and (start is None or e.get("session_start")):
+            if start is not None and last is not None:
+                running += max(0.0, last - start)
+            start = t
+        last = t
+    if start is None:
+        return 0.0, 0.0
+    first = next(e["time"] for e in events if e.get("kind") == "launch")
+    return running + max(0.0, now - start), max(0.0, now - first)
+
+
 def write_summary(run_dir: Path, events: EventLog, now: float, interrupted: bool = False) -> dict[str, Any]:
     """The run ended: write its ``finished`` event (unless ``interrupted``) and
     ``RUN_DIR/summary.json`` (atomically); returns the summary."""
     evs = read_events(run_dir / "events.jsonl")
     if not interrupted:
-        launches = [e for e in evs if e["kind"] == "launch"] or [{"time": now}]
         s0 = summarize(evs)
-        events.write(Finished(step=s0["step"], wall_s=now - launches[0]["time"], train_loss=s0["train_loss"],
+        running, elapsed = run_times(evs, now)
+        events.write(Finished(step=s0["step"], wall_s=running, elapsed_s=elapsed, train_loss=s0["train_loss"],
                               test_accuracy=s0["test_accuracy"], test_loss=s0["test_loss"]))
         evs = read_events(run_dir / "events.jsonl")
     summary = summarize(evs)

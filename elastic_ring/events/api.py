@@ -57,6 +57,7 @@ class Launch(Event):
     command: list[str]
     device: str
     prelaunched_s: float = 0.0  # processes started this long before the go (pre-launch)
+    session_start: bool = False  # the first launch of a controller (a new run, or a --resume)
 
 
 @register
@@ -193,12 +194,17 @@ class Evaluation(Event):
 @register
 @dataclass(frozen=True)
 class Finished(Event):
+    """The end of the schedule. wall_s: the time the run ran, from its first launch to the end
+    without the time between a stop (Ctrl-C, a dead controller) and its resume; elapsed_s: from
+    its first launch to the end, that time included."""
+
     kind: ClassVar[str] = "finished"
     step: int
     wall_s: float
     train_loss: float | None
     test_accuracy: float | None
     test_loss: float | None
+    elapsed_s: float | None = None
 
 
 @register

@@ -41,7 +41,10 @@ a rule of your own with :meth:`Job.on_resize`. ``job.finish()`` ends the job ear
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -58,6 +61,32 @@ from elastic_ring.worker.resume import CheckpointMixin
 from elastic_ring.worker.sampler import Sampler
 from elastic_ring.worker.state import (_bind_scheduler, _distributed_optimizers, _restore_in_place,  # noqa: F401
                                        _rng_state, _saved_form, _set_rng_state)
+
+def warm_imports() -> None:
+    """Import what a worker's first optimizer step would import lazily on its critical path:
+    ``torch.optim`` imports ``torch._dynamo`` at the first ``step()`` or ``load_state_dict()``
+    (seconds in a fresh process; Horovod's optimizer-state broadcast is such a first step)."""
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:  # noqa: BLE001 - the lazy import later raises it where it matters
+        pass
+
+
+@contextmanager
+def _warming_meanwhile() -> Iterator[None]:
+    """Run :func:`warm_imports` in a thread while the caller waits in C code that imports nothing
+    (``hvd.init()``, which holds no GIL while the ring's rendezvous waits for the other ranks);
+    joined before the caller goes on, so no import of the caller's runs beside it."""
+    if "torch._dynamo" in sys.modules:
+        yield
+        return
+    t = threading.Thread(target=warm_imports, daemon=True, name="elastic-ring-warm-imports")
+    t.start()
+    try:
+        yield
+    finally:
+        t.join()
+
 
 _T_IMPORTED = time.time()
 _INIT_CALLED = False  # read by the entry point's watchdog: a script that never calls init()
@@ -149,7 +178,8 @@ class Job(ProgressMixin, CheckpointMixin, InPlaceMixin, StepLoopMixin):
 
         self.hvd = hvd
         if not hvd.is_initialized():
-            hvd.init()
+            with _warming_meanwhile():
+                hvd.init()
 
     def connect(self) -> None:
         """Wait for the go of a pre-launched segment, then ``hvd.init()`` (idempotent).
@@ -196,6 +226,7 @@ class Job(ProgressMixin, CheckpointMixin, InPlaceMixin, StepLoopMixin):
         if timeout_s is None:  # a warm spare may wait for a grow all run long
             timeout_s = 7 * 24 * 3600.0 if self.ring_by_controller else 900.0
         t0 = time.time()
+        warm_imports()  # the first step's imports, off the critical path while the old workers train
         while True:
             rec = protocol.read_json(go)
             if isinstance(rec, dict) and "stop_at" in rec:

@@ -35,3 +35,33 @@ def test_write_hosts_reports_whether_the_count_changed(tmp_path):
 def test_inplace_refuses_several_hosts(tmp_path):
     with pytest.raises(UserError, match="one host"):
         Controller(_spec(tmp_path, hosts="a:1,b:1"), relaunch="inplace")
+
+
+def test_a_resize_in_place_prints_the_log_its_workers_write(tmp_path):
+    """The workers of an in-place resize go on in the first segment's processes: the line printed
+    for the new segment names that segment's log, the one that is written."""
+    import os
+    from types import SimpleNamespace
+
+    from elastic_ring.controller.api import RunState
+    from elastic_ring.controller.segment import Segment, segment_log
+
+    class KeepsWorkers:
+        name, keeps_workers = "fake-elastic", True
+
+        def resize_in_place(self, paused_segment, launch, t_launch):
+            self.resized = (paused_segment, launch.world)
+
+        def close(self):
+            pass
+
+    backend = KeepsWorkers()
+    lines: list[str] = []
+    ctl = Controller(_spec(tmp_path), backend=backend, relaunch="inplace", out=lines.append,
+                     show_progress=False)
+    first = segment_log(tmp_path, 0, 1)
+    ctl._elastic = Segment(0, 1, 5, handle=SimpleNamespace(pid=os.getpid()), log=first)
+    ctl.state = RunState.STOPPING
+    seg = ctl._begin(5, 2, 1)
+    assert backend.resized == (0, 2) and seg.log == first
+    assert lines == [f"segment 1: 2 worker(s) from step 6 to 10 (log: {first})"], lines

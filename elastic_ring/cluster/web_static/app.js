@@ -28,7 +28,7 @@ function drawJobs(st) {
   for (const j of st.jobs) {
     const tr = el("tr", {"class": "job st-" + j.state, "data-job": String(j.id), "data-state": j.state});
     const cells = [
-      [String(j.id)], [j.name, "name"], [j.state, "state"], [String(j.workers)],
+      [String(j.id)], [j.name, "name"], [j.run_state ? j.state + " (" + j.run_state + ")" : j.state, "state"], [String(j.workers)],
       [j.step + " / " + (j.total || "?")], [j.state === "running" ? j.images_per_s.toFixed(1) : "-"],
       [dur(j.remaining_s)], [dur(j.jct_s)], [String(j.restarts)],
       [j.resizes + (j.resizes ? " (" + dur(j.resize_lost_s) + ")" : "")],

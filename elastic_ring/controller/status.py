@@ -1,0 +1,185 @@
+"""What state a run is in, read from its folder: the one answer `status`, `resize`, `runs` and the
+cluster give (torch-free and quick, so those commands start fast).
+
+The controller is the source: its state machine (``controller.api.RunState``) writes
+``controller.json`` with the state and the phase a user sees (starting, running, resizing,
+restarting, stopping, and at the end finished, failed or stopped). Only the controller's liveness
+is judged here: a folder whose lock (``.lock``, an ``flock`` that dies with its process) no one
+holds has no live controller, whatever ``controller.json`` last said. So:
+
+=============  ================================================================================
+starting       a live controller before the run's first step (also: the folder is being made)
+running        a live controller, workers stepping
+resizing       a live controller between a resize's decision and the first step at the new size
+restarting     a live controller restarting failed workers from the last checkpoint
+stopping       a live controller asked to stop (Ctrl-C): the workers checkpoint and exit
+finished       the schedule's last step is done
+failed         the controller gave up (restarts exhausted, or an error not worth a retry)
+stopped        stopped on purpose (Ctrl-C, SIGTERM), or aborted before its workers started
+crashed        the controller is gone without saying how it ended (killed, or its state file
+               unreadable): ``--resume`` continues from the last checkpoint
+=============  ================================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from elastic_ring import protocol
+from elastic_ring.errors import UserError
+
+
+class Phase(str, Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    RESIZING = "resizing"
+    RESTARTING = "restarting"
+    STOPPING = "stopping"
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    CRASHED = "crashed"
+
+    @property
+    def live(self) -> bool:
+        return self in LIVE
+
+
+LIVE = frozenset({Phase.STARTING, Phase.RUNNING, Phase.RESIZING, Phase.RESTARTING, Phase.STOPPING})
+
+# the controller's RunState (controller.json "state") -> the phase, where the file names no phase
+_BY_STATE = {"pending": Phase.STARTING, "launching": Phase.STARTING, "running": Phase.RUNNING,
+             "stopping": Phase.STOPPING, "restarting": Phase.RESTARTING, "succeeded": Phase.FINISHED,
+             "failed": Phase.FAILED, "interrupted": Phase.STOPPED}
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """A run's state as one value; :meth:`line` is the word(s) `status` prints after ``state:``."""
+
+    run_dir: Path
+    phase: Phase
+    step: int  # the newest step known done (rank 0's progress file, else the events)
+    total_steps: int | None
+    world_size: int | None
+    resize_from: int | None = None  # resizing: from -> to
+    resize_to: int | None = None
+    pid: int | None = None  # the live controller's
+    why: str = ""  # crashed, stopped before any launch: a few words on why this state was chosen
+
+    def line(self) -> str:
+        if self.phase is Phase.RESIZING and self.resize_from and self.resize_to:
+            return f"resizing {self.resize_from} -> {self.resize_to}"
+        if self.phase is Phase.CRASHED:
+            return (f"crashed: {self.why or 'controller gone'} (last step {self.step}; continue with: "
+                    f"elastic-ring train --resume {self.run_dir})")
+        if self.phase is Phase.STOPPED and self.step < (self.total_steps or 0):
+            how = f"{self.why}; " if self.why else ""
+            return f"stopped ({how}continue with: elastic-ring train --resume {self.run_dir})"
+        return self.phase.value
+
+
+def is_run_folder(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run (``run.json``) or is one being made (its lock held)."""
+    from elastic_ring.controller.lock import is_locked
+
+    rd = Path(run_dir)
+    return (rd / "run.json").exists() or ((rd / protocol.LOCK_FILE).exists() and is_locked(rd))
+
+
+def read_status(run_dir: str | Path, events: list[dict[str, Any]] | None = None) -> RunStatus:
+    """The state of the run in ``run_dir`` (``events``: its events if already read).
+
+    Raises:
+        UserError: ``run_dir`` is not a run folder and no controller is making one there.
+    """
+    from elastic_ring.controller.lock import holder_pid, is_locked
+    from elastic_ring.events.api import read_events
+
+    rd = Path(run_dir)
+    alive = (rd / protocol.LOCK_FILE).exists() and is_locked(rd)
+    info = protocol.read_json(rd / "run.json")
+    if info is None and not alive:
+        if (rd / "run.json").exists():
+            raise UserError(f"{rd}/run.json is unreadable: not a usable elastic-ring run folder")
+        raise UserError(f"{rd} is not an elastic-ring run folder (no run.json)")
+    info = info if isinstance(info, dict) else {}
+    total = info.get("total_steps")
+    total = int(total) if isinstance(total, (int, float)) else _config_total(rd)
+    ctl = protocol.read_json(rd / protocol.CONTROLLER_FILE)
+    ctl = ctl if isinstance(ctl, dict) and ctl.get("state") in _BY_STATE else None
+    evs = read_events(rd / "events.jsonl") if events is None else events
+    step = _last_step(rd, evs)
+    world = _int(ctl.get("world_size")) if ctl else None
+    if world is None:
+        launches = [e for e in evs if e.get("kind") == "launch"]
+        world = _int(launches[-1].get("world_size")) if launches else _int(info.get("workers"))
+    kw: dict[str, Any] = dict(run_dir=rd, step=step, total_steps=total, world_size=world)
+    finished = any(e.get("kind") == "finished" for e in evs)
+    if ctl is None:
+        if alive:
+            return RunStatus(phase=Phase.STARTING, pid=holder_pid(rd), **kw)
+        if finished:
+            return RunStatus(phase=Phase.FINISHED, **kw)
+        if (rd / protocol.CONTROLLER_FILE).exists():
+            return RunStatus(phase=Phase.CRASHED, why="controller gone, its state file unreadable", **kw)
+        return RunStatus(phase=Phase.STOPPED, why="aborted before its workers started", **kw)
+    phase = _phase(ctl)
+    if phase.live and not alive:
+        return RunStatus(phase=Phase.CRASHED, why=f"controller gone while {phase.value}", **kw)
+    if phase is Phase.RESIZING:
+        kw.update(resize_from=_int(ctl.get("resize_from")), resize_to=_int(ctl.get("pending_world")))
+    return RunStatus(phase=phase, pid=_int(ctl.get("pid")) if alive else None, **kw)
+
+
+def _phase(ctl: dict[str, Any]) -> Phase:
+    try:
+        return Phase(ctl.get("phase"))
+    except ValueError:
+        return _BY_STATE[ctl["state"]]
+
+
+def _config_total(rd: Path) -> int | None:
+    import yaml
+
+    try:
+        return _int((yaml.safe_load((rd / "config.yaml").read_text()) or {}).get("total_steps"))
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _last_step(rd: Path, evs: list[dict[str, Any]]) -> int:
+    """The newest step known done: rank 0's progress file (written twice a second) or the newest
+    step an event names (a failure's ``failed_at_step`` included)."""
+    prog = protocol.read_json(rd / "control" / protocol.PROGRESS_FILE)
+    best = _int(prog.get("step")) or 0 if isinstance(prog, dict) else 0
+    for e in evs:
+        k = e.get("kind")
+        if k in ("throughput", "segment_end", "first_step", "finished"):
+            best = max(best, _int(e.get("step")) or 0)
+        elif k == "restart":
+            best = max(best, _int(e.get("failed_at_step")) or 0)
+    return best
+
+
+def live_note(run_dir: str | Path | None) -> str | None:
+    """What a running cluster job's run is doing when that is not plain stepping (``starting``,
+    ``resizing A -> B``, ``restarting``, ``stopping``), for `jobs` and the web page to show beside
+    the scheduler's ``running``; None otherwise (or when the folder cannot be read)."""
+    if not run_dir:
+        return None
+    try:
+        st = read_status(run_dir)
+    except UserError:
+        return None
+    return st.line() if st.phase.live and st.phase is not Phase.RUNNING else None

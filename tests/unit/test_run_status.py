@@ -1,0 +1,203 @@
+"""One answer to "what state is this run in": `status`, `resize` and `runs` read it from the
+controller's state file and its lock (``elastic_ring.controller.status``), and the controller
+writes the phase a user sees (starting, resizing, restarting) as its state machine moves."""
+
+from __future__ import annotations
+
+import json
+
+from elastic_ring.controller.api import Resize
+from elastic_ring.controller.lock import RunLock
+from elastic_ring.controller.status import Phase, read_status
+from elastic_ring.events import EventLog, Finished, Launch, Restart, Throughput
+from tests.unit.test_controller_fake import _controller
+
+
+def _folder(tmp_path, total=60, workers=1):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"workers": workers, "schedule": [], "slots": 2,
+                                              "total_steps": total, "script": None}))
+    return run
+
+
+def _status(cli_inproc, run):
+    p = cli_inproc("status", str(run))
+    assert p.returncode == 0, p.stderr
+    return p.stdout.splitlines()[0]
+
+
+def test_a_folder_left_by_a_ctrl_c_during_start_up_is_stopped_not_running(tmp_path, cli_inproc):
+    run = _folder(tmp_path)  # config.yaml and run.json only: no controller ever ran
+    line = _status(cli_inproc, run)
+    assert line.startswith("state: stopped (aborted before its workers started; continue with: "
+                           f"elastic-ring train --resume {run})"), line
+    assert "workers: 1" in line and "None" not in line
+    assert "not running (state: stopped" in cli_inproc("resize", str(run), "--to", "2").stderr
+
+
+def test_a_garbage_controller_file_is_never_running_and_resize_says_the_same(tmp_path, cli_inproc):
+    run = _folder(tmp_path)
+    (run / "controller.json").write_text("{garbage")
+    line = _status(cli_inproc, run)
+    assert "running" not in line and line.startswith("state: crashed"), line
+    p = cli_inproc("resize", str(run), "--to", "2")
+    assert p.returncode == 2 and "not running (state: crashed" in p.stderr, p.stderr
+    lock = RunLock(run)  # a live controller that has not written its state yet: starting
+    lock.acquire()
+    try:
+        assert _status(cli_inproc, run).startswith("state: starting")
+    finally:
+        lock.release()
+
+
+def test_a_live_controller_is_told_from_a_dead_one_by_its_lock(tmp_path, cli_inproc):
+    run = _folder(tmp_path)
+    (run / "controller.json").write_text(json.dumps({"state": "running", "phase": "running", "world_size": 1,
+                                                     "pid": 1}))
+    assert read_status(run).phase is Phase.CRASHED
+    lock = RunLock(run)
+    lock.acquire()
+    try:
+        assert read_status(run).phase is Phase.RUNNING
+    finally:
+        lock.release()
+
+
+def test_a_resize_in_progress_shows_both_sizes(tmp_path, cli_inproc):
+    run = _folder(tmp_path)
+    (run / "controller.json").write_text(json.dumps({"state": "launching", "phase": "resizing", "world_size": 2,
+                                                     "resize_from": 1, "pending_world": 2}))
+    lock = RunLock(run)
+    lock.acquire()
+    try:
+        line = _status(cli_inproc, run)
+        p = cli_inproc("resize", str(run), "--to", "1")
+    finally:
+        lock.release()
+    assert line.startswith("state: resizing 1 -> 2 "), line
+    assert p.returncode == 2 and "resizing 1 -> 2" in p.stderr
+
+
+def test_a_folder_being_made_is_starting_not_a_non_run_folder(tmp_path, cli_inproc):
+    run = tmp_path / "new"
+    run.mkdir()
+    lock = RunLock(run)  # what `train` takes first, before its config, torch and dataset cache
+    lock.acquire()
+    try:
+        line = _status(cli_inproc, run)
+    finally:
+        lock.release()
+    assert line.startswith("state: starting"), line
+    p = cli_inproc("status", str(run))  # the lock released, no run.json: not a run folder
+    assert p.returncode == 2 and "not an elastic-ring run folder" in p.stderr
+
+
+def test_the_controller_writes_starting_resizing_and_running_phases(tmp_path):
+    ctl, _ = _controller(tmp_path, (Resize(10, 2),), relaunch="overlap", total=20)
+    seen = []
+    set_state = ctl._set_state
+
+    def spy(state, **extra):
+        set_state(state, **extra)
+        d = json.loads((tmp_path / "controller.json").read_text())
+        seen.append((d["state"], d["phase"], d.get("resize_from"), d.get("pending_world")))
+    ctl._set_state = spy
+    ctl.run(0, 1, 0)
+    phases = [p for _, p, _, _ in seen]
+    first_running = phases.index("running")
+    assert set(phases[:first_running]) == {"starting"}  # the launch, until the first step
+    resizing = [s for s in seen if s[1] == "resizing"]
+    assert resizing and all((f, t) == (1, 2) for _, _, f, t in resizing), seen
+    # resizing lasts from the decision to the first step at the new size, launch included
+    assert {s for s, _, _, _ in resizing} >= {"stopping", "running"}, seen
+    assert phases[-1] == "finished" and "running" in phases[phases.index("resizing"):]
+
+
+def test_a_failed_run_shows_the_last_step_reached_and_only_the_restarts_that_happened(tmp_path):
+    from elastic_ring.controller.summary import render, summarize
+
+    log = EventLog(tmp_path / "events.jsonl")
+    log.write(Launch(segment=0, world_size=2, start_step=1, stop_step=200, command=[], device="cpu"))
+    log.write(Throughput(segment=0, world_size=2, step=20, steps=20, seconds=2.0, images_per_s=1.0,
+                         steps_per_s=10.0, loss=1.0, lr=0.1, epoch=0))
+    log.write(Restart(attempt=1, cause="rank 1: ValueError", rank=1, returncode=1, segment=0, world_size=2,
+                      from_step=10, failed_at_step=27, steps_redone=17, new_world_size=2))
+    log.write(Launch(segment=1, world_size=2, start_step=11, stop_step=200, command=[], device="cpu"))
+    log.write(Throughput(segment=1, world_size=2, step=41, steps=20, seconds=2.0, images_per_s=1.0,
+                         steps_per_s=10.0, loss=1.0, lr=0.1, epoch=0))
+    log.write(Restart(attempt=2, cause="rank 1: ValueError", rank=1, returncode=1, segment=1, world_size=2,
+                      from_step=40, failed_at_step=49, steps_redone=9, new_world_size=0, gave_up=True))
+    text = render(summarize([json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]), 200)
+    assert "step: 49/200" in text.splitlines()[0], text
+    rows = text[text.index("restart from step"):].splitlines()
+    assert rows[1].split()[0] == "1" and not any(r.split() and r.split()[0] == "2" for r in rows[2:]), text
+    assert "not restarted after step 49 (1 restart(s) before): rank 1: ValueError" in text
+
+
+def test_wall_time_leaves_out_the_stop_before_a_resume(tmp_path):
+    from elastic_ring.controller.summary import render, summarize, write_summary
+    from elastic_ring.events import read_events
+
+    log = EventLog(tmp_path / "events.jsonl")
+    t0 = 1000.0
+    log.write(Launch(segment=0, world_size=1, start_step=1, stop_step=60, command=[], device="cpu",
+                     session_start=True, time=t0))
+    log.write(Throughput(segment=0, world_size=1, step=30, steps=30, seconds=9.0, images_per_s=1.0,
+                         steps_per_s=3.0, loss=1.0, lr=0.1, epoch=0, time=t0 + 10))
+    # stopped here (Ctrl-C); resumed 480 s later
+    log.write(Launch(segment=1, world_size=1, start_step=31, stop_step=60, command=[], device="cpu",
+                     session_start=True, time=t0 + 490))
+    write_summary(tmp_path, log, t0 + 498)
+    fin = read_events(tmp_path / "events.jsonl", kind="finished")[-1]
+    assert fin["wall_s"] == 18.0 and fin["elapsed_s"] == 498.0
+    line = render(summarize(read_events(tmp_path / "events.jsonl")), 60).splitlines()[0]
+    assert "wall: 18.0 s (elapsed 498.0 s, of which 480.0 s stopped)" in line, line
+
+
+def test_resize_table_says_what_its_columns_measure():
+    from elastic_ring.controller.summary import render
+
+    s = {"state": "finished", "step": 120, "world_size": 2, "sizes": [], "scaling_efficiency": [],
+         "resizes": [{"from_workers": 1, "to_workers": 2, "step": 60, "stop_latency_s": 0.2,
+                      "checkpoint_s": 0.01, "relaunch_to_first_step_s": 4.13, "total_lost_s": 4.12,
+                      "steady_step_s": 0.1}], "restarts": []}
+    text = render(s, 120)
+    for col in ("stop s:", "relaunch s:", "lost s:"):
+        assert col in text
+
+
+def test_a_resize_that_meets_a_decay_says_both(tmp_path):
+    ctl, _ = _controller(tmp_path, (Resize(10, 2),), relaunch="overlap", total=20)
+    lines: list[str] = []
+    ctl.out = lines.append
+    ctl.lr_decays = (10, 15)
+    ctl.run(0, 1, 0)
+    resize = [ln for ln in lines if ln.startswith("resize 1 -> 2 after step 10")]
+    assert len(resize) == 1 and "(Eq. 7: x2)" in resize[0], lines
+    assert "decay after step 10 applies from step 11 as well" in resize[0]
+
+
+def test_finished_event_keeps_old_readers_working(tmp_path):
+    log = EventLog(tmp_path / "events.jsonl")
+    log.write(Finished(step=1, wall_s=2.0, train_loss=None, test_accuracy=None, test_loss=None))
+    from elastic_ring.controller.summary import summarize_run
+
+    assert summarize_run(tmp_path)["wall_s"] == 2.0
+
+
+def test_a_cluster_job_can_show_what_its_run_is_doing(tmp_path):
+    from elastic_ring.controller.status import live_note
+
+    run = _folder(tmp_path)
+    assert live_note(None) is None and live_note(tmp_path / "nope") is None
+    (run / "controller.json").write_text(json.dumps({"state": "stopping", "phase": "resizing", "world_size": 2,
+                                                     "resize_from": 2, "pending_world": 1}))
+    lock = RunLock(run)
+    lock.acquire()
+    try:
+        assert live_note(run) == "resizing 2 -> 1"
+        (run / "controller.json").write_text(json.dumps({"state": "running", "phase": "running"}))
+        assert live_note(run) is None
+    finally:
+        lock.release()
