@@ -363,7 +363,7 @@ def test_a_kill_inside_a_start_loses_nothing_and_starts_the_job_once(tmp_path, p
     else:
         assert store.job(a)["state"] == JobState.RUNNING and "adopted" in kinds
     _run(store, sched2, runner, 2)
-    assert store.job(a)["state"] == JobState.SUCCEEDED and runner.jobs[a].step == 40
+    assert store.job(a)["state"] == JobState.FINISHED and runner.jobs[a].step == 40
     assert [(s[0], s[2]) for s in runner.starts] == [(a, False)]
 
 
