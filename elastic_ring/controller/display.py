@@ -9,7 +9,10 @@ from typing import Any, Callable
 
 class Display:
     def __init__(self, out: Callable[[str], None], total_steps: int, bar: bool) -> None:
-        self.out, self.total_steps, self.bar = out, total_steps, bar
+        from elastic_ring.protocol import NO_STEP_LIMIT
+
+        self.out, self.bar = out, bar
+        self.total_steps = total_steps if total_steps < NO_STEP_LIMIT else None  # None: the script's loop says
         self._progress = None
         self._task = None
 
@@ -38,7 +41,8 @@ class Display:
             self._progress.update(self._task, completed=ev["step"], world=ev["world_size"],
                                   ips=f"{ev['images_per_s']:.0f}", loss=f"{ev['loss']:.3f}")
         else:
-            self.out(f"step {ev['step']}/{self.total_steps}  workers {ev['world_size']}  "
+            of = f"/{self.total_steps}" if self.total_steps else ""
+            self.out(f"step {ev['step']}{of}  workers {ev['world_size']}  "
                      f"{ev['images_per_s']:.1f} img/s  {ev['steps_per_s']:.2f} steps/s  "
                      f"loss {ev['loss']:.4f}  lr {ev['lr']:.4g}")
 
