@@ -73,6 +73,8 @@ def main() -> None:
     job.register(model=model, optimizer=optimizer, scheduler=scheduler)
     job.restore()
     trace = Path(args.trace, f"trace-rank{hvd.rank()}.jsonl") if args.trace else None
+    if trace:
+        trace.parent.mkdir(parents=True, exist_ok=True)
 
     def train(epoch: int) -> None:
         model.train()

@@ -13,6 +13,7 @@ class Display:
 
         self.out, self.bar = out, bar
         self.total_steps = total_steps if total_steps < NO_STEP_LIMIT else None  # None: the script's loop says
+        self._unbounded = NO_STEP_LIMIT
         self._progress = None
         self._task = None
 
@@ -34,7 +35,8 @@ class Display:
         if self._progress is not None:
             self._progress.update(self._task, world=world)
         else:
-            self.out(f"segment {index}: {world} worker(s) from step {first_step} to {stop_at} (log: {log})")
+            to = f"to {stop_at}" if self.total_steps is not None or stop_at < self._unbounded else "on"
+            self.out(f"segment {index}: {world} worker(s) from step {first_step} {to} (log: {log})")
 
     def throughput(self, ev: dict[str, Any]) -> None:
         if self._progress is not None:
@@ -44,7 +46,8 @@ class Display:
             of = f"/{self.total_steps}" if self.total_steps else ""
             self.out(f"step {ev['step']}{of}  workers {ev['world_size']}  "
                      f"{ev['images_per_s']:.1f} img/s  {ev['steps_per_s']:.2f} steps/s  "
-                     f"loss {ev['loss']:.4f}  lr {ev['lr']:.4g}")
+                     + (f"loss {ev['loss']:.4f}  " if ev["loss"] == ev["loss"] else "")  # nan: not recorded
+                     + f"lr {ev['lr']:.4g}")
 
     def evaluation(self, ev: dict[str, Any]) -> None:
         self.out(f"test accuracy {100 * ev['test_accuracy']:.2f}% (loss {ev['test_loss']:.4f}) "

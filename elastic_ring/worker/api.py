@@ -120,6 +120,7 @@ class Job(ProgressMixin, CheckpointMixin, InPlaceMixin, StepLoopMixin):
         self._threads_warned = False
         self._syncing = False
         self._resume_rng: dict[str, Any] | None = None
+        self._step_depth = 0  # inside the registered optimizer's step (its hooks may nest)
         self.step = 0
         self.resumed = False
         self.previous_world: int | None = None
@@ -275,14 +276,17 @@ class Job(ProgressMixin, CheckpointMixin, InPlaceMixin, StepLoopMixin):
         self._extras.update(extras)
 
     def _before_optimizer_step(self, opt, args, kwargs) -> None:
-        if self._syncing:
+        # Horovod's step calls the wrapped optimizer class's step, hooked again: the outer one counts
+        self._step_depth += 1
+        if self._syncing or self._step_depth > 1:
             return
         if not self._flat:
             self._hooked.before_step()  # may end the segment here (StopSegment)
         self._on_optimizer_step(opt, args, kwargs)
 
     def _after_optimizer_step(self, opt, args, kwargs) -> None:
-        if not self._flat and not self._syncing:
+        self._step_depth -= 1
+        if not self._flat and not self._syncing and self._step_depth == 0:
             self._hooked.after_step()
 
     def _adopt_distributed_optimizer(self) -> None:

@@ -63,6 +63,8 @@ class PlainJob:
         self._eval_hook: Callable[[int], Any] | None = None
         self._eval_every = 0
         self._in_steps = False
+        self._step_depth = 0
+        self._syncing = False
 
     # the names of Job, with Horovod's plain meaning
     def connect(self) -> None:
@@ -78,13 +80,18 @@ class PlainJob:
         if optimizer is not None and optimizer is not self._optimizer:
             self._optimizer = optimizer
             if hasattr(optimizer, "register_step_post_hook"):
+                optimizer.register_step_pre_hook(self._before_optimizer_step)
                 optimizer.register_step_post_hook(self._after_optimizer_step)
         if scheduler is not None:
             self._schedulers.extend(scheduler if isinstance(scheduler, (list, tuple)) else [scheduler])
         self._extras.update(extras)
 
+    def _before_optimizer_step(self, opt, args, kwargs) -> None:
+        self._step_depth += 1  # Horovod's step runs the wrapped class's step, hooked too
+
     def _after_optimizer_step(self, opt, args, kwargs) -> None:
-        if not self._in_steps:  # an epoch loop: job.step counts the optimizer's steps
+        self._step_depth -= 1
+        if not self._in_steps and self._step_depth == 0 and not self._syncing:  # an epoch loop: job.step counts the steps
             self.step += 1
 
     @property
@@ -97,7 +104,11 @@ class PlainJob:
             if self._model is not None:
                 self.hvd.broadcast_parameters(self._model.state_dict(), root_rank=0)
             if self._optimizer is not None:
-                self.hvd.broadcast_optimizer_state(self._optimizer, root_rank=0)
+                self._syncing = True  # Horovod steps a fresh optimizer once to create its state
+                try:
+                    self.hvd.broadcast_optimizer_state(self._optimizer, root_rank=0)
+                finally:
+                    self._syncing = False
         self._restored = True
         return False
 
