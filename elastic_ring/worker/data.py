@@ -93,15 +93,20 @@ class DistributedSampler:
         self._start = 0  # the position this epoch's iteration started at
         self._pulled = self._pulled_at_step = 0  # indices handed out by the iteration (at the last step)
         self._loader_batch: int | None = None
+        self.iterating = False  # an iteration of the epoch is under way (its start fixes len())
         self.job._samplers.append(self)
 
     # ------------------------------------------------------------------ torch's interface
     def set_epoch(self, epoch: int) -> None:
         """The epoch's permutation is drawn from ``seed + epoch``, as torch's sampler does."""
+        if epoch != self.epoch:
+            self.iterating = False
         self.epoch = epoch
 
     def __len__(self) -> int:
-        rest = len(self.dataset) - self._position_now()
+        """This rank's indices in the epoch from where its iteration starts (started): stable
+        while the loop runs, so ``batch_idx / len(loader)`` is the progress of the loop."""
+        rest = len(self.dataset) - (self._start if self.iterating else self._position_now())
         w = self.num_replicas
         return rest // w if self.drop_last else math.ceil(rest / w)
 
@@ -120,6 +125,7 @@ class DistributedSampler:
                 _set_rng_state(rng)  # seed, drawn again by this new iterator, would shift it)
                 self.job._resume_rng = None
         self._start, self._pulled, self._pulled_at_step = start, 0, 0
+        self.iterating = True
         return self._indices(start)
 
     # ------------------------------------------------------------------ the elastic part

@@ -157,6 +157,8 @@ class HookedSteps:
                 pos.epoch, pos.pos = epoch, 0
             yield epoch
             pos.epoch, pos.pos = epoch + 1, 0  # the epoch and its end-of-epoch code are done
+            for s in job._samplers:
+                s.iterating = False
             if self.first_step is not None and not self.ended:
                 self.between(job.step)
         if not self.ended:

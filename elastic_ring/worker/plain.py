@@ -91,7 +91,8 @@ class PlainJob:
 
     def _after_optimizer_step(self, opt, args, kwargs) -> None:
         self._step_depth -= 1
-        if not self._in_steps and self._step_depth == 0 and not self._syncing:  # an epoch loop: job.step counts the steps
+        if not self._in_steps and self._step_depth == 0 and not self._syncing:
+            # an epoch loop: job.step counts the optimizer's steps
             self.step += 1
 
     @property

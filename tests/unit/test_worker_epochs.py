@@ -155,6 +155,7 @@ def _run_script(job, trace: list, epochs: int = 3):
         per_rank = math.ceil((N - job._position.pos) / job.size)  # the rest of the epoch at this size
         assert len(sampler) == per_rank and len(loader) == math.ceil(per_rank / B)
         for ids, xb in loader:
+            assert len(sampler) == per_rank  # stable while the epoch runs (a progress print's total)
             opt.zero_grad()
             model(xb).pow(2).mean().backward()
             lr = opt.param_groups[0]["lr"]
