@@ -338,3 +338,29 @@ def test_evaluating_is_kept_out_of_the_throughput_window(tmp_path, monkeypatch):
     with job.evaluating():
         time.sleep(0.05)
     assert job._window.t0 >= 100.04
+
+
+def test_epoch_loop_stop_requested_cap_and_finish(tmp_path, monkeypatch, distributed):
+    from elastic_ring import protocol
+
+    # a stop asked by the controller (live resize, Ctrl-C): voted after step 1, agreed at step 2's
+    # pre-hook, so the segment ends after step 1
+    job = make_job(tmp_path / "a", monkeypatch, size=1, stop_at=10**9, total=10**9)
+    monkeypatch.setattr(api, "_JOB", job)
+    protocol.stop_file(job.run_dir, 0).parent.mkdir(parents=True, exist_ok=True)
+    protocol.stop_file(job.run_dir, 0).touch()
+    with pytest.raises(StopSegment):
+        _run_script(job, [])
+    assert (job.step, job.stop_reason, job.finished) == (1, "requested", False)
+    # --steps as a cap: the run ends at that step, inside an epoch
+    job = make_job(tmp_path / "b", monkeypatch, size=1, stop_at=8, total=8)
+    monkeypatch.setattr(api, "_JOB", job)
+    with pytest.raises(StopSegment):
+        _run_script(job, [])
+    assert (job.step, job.stop_reason, job.finished) == (8, "finished", True)
+    # job.steps() needs a length, and does not mix with an epoch loop
+    with pytest.raises(api.ContractError, match="one of them"):
+        next(iter(job.steps()))
+    job = make_job(tmp_path / "c", monkeypatch, size=1, stop_at=10**9, total=protocol.NO_STEP_LIMIT)
+    with pytest.raises(api.ContractError, match="--steps"):
+        next(iter(job.steps()))
