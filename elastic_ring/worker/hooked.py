@@ -71,7 +71,7 @@ class HookedSteps:
         step = job.step + 1
         job.step = job._current = step
         self.count += 1
-        sampler = job._iterated
+        sampler = self.training_sampler()
         if sampler is not None and job.elastic:
             sampler.advance()
         job._heartbeat(step, "step")
@@ -90,6 +90,16 @@ class HookedSteps:
             self.pending = "scheduled"
         elif self.vote is None and step % info.control_every == 0:
             self.vote = job._start_stop_vote()
+
+    def training_sampler(self):
+        """The drop-in sampler that feeds the steps: the one that fed them before (restored with
+        the checkpoint), else the one iterated last (a test set's sampler iterated in the middle
+        of an epoch does not take over once training has claimed one)."""
+        job = self.job
+        i = job._position.sampler_index
+        if i is not None and 0 <= i < len(job._samplers):
+            return job._samplers[i]
+        return job._iterated
 
     def _samples(self, sampler) -> int:
         if sampler is None:

@@ -144,6 +144,7 @@ def _run_script(job, trace: list, epochs: int = 3):
     data = torch.utils.data.TensorDataset(torch.arange(N), x)
     sampler = DistributedSampler(data)
     loader = torch.utils.data.DataLoader(data, batch_size=B, sampler=sampler)
+    test_loader = torch.utils.data.DataLoader(x[:5], batch_size=2, sampler=DistributedSampler(x[:5]))
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
@@ -161,6 +162,11 @@ def _run_script(job, trace: list, epochs: int = 3):
             lr = opt.param_groups[0]["lr"]
             opt.step()
             trace.append(("step", job.step, epoch, ids.tolist(), lr))
+            if job.step % 6 == 2:  # a test inside the epoch, over a drop-in sampler of its own
+                model.eval()
+                with torch.no_grad(), job.evaluating():
+                    trace.append(("inline", [model(xt).sum().item() for xt in test_loader]))
+                model.train()
         trace.append(("test", epoch, job.step))
         sched.step()
     return model
