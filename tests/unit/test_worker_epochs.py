@@ -244,35 +244,34 @@ def test_epoch_loop_resize_rescales_and_splits_the_rest(tmp_path, monkeypatch, d
     assert steps[5][2] == 2 and steps[5][4] == pytest.approx(2 * 0.1 * 0.5)
 
 
-def test_flat_recipe_per_epoch_scheduler_exact_at_an_epochs_last_step(tmp_path, monkeypatch):
+def test_flat_recipe_per_epoch_scheduler_exact_across_resizes_at_an_epochs_last_step(tmp_path, monkeypatch):
     """``while sched.last_epoch < data.epoch: sched.step()`` after taking the step's batch, with
-    ``next_batch()`` and with a DataLoader, stopped at the step that completes an epoch."""
+    ``next_batch()`` and with a DataLoader, resized 1 -> 2 -> 1 at the steps that complete epochs
+    0 and 1 (16 samples, 4 per worker: 4 steps an epoch at 1 worker, 2 at 2)."""
+    total, plan = 14, [(4, 1), (6, 2), (14, 1)]  # (stop, world) per segment
+    world = {s: 1 if s <= 4 or s > 6 else 2 for s in range(1, total + 1)}
+    epoch = {s: 0 if s <= 4 else 1 if s <= 6 else 2 + (s - 7) // 4 for s in world}
     for loader in (False, True):
-        runs = []
-        for stops in ([10**9], [4, 8]):  # 4 steps per epoch
-            lrs, total = [], 12
-            for seg, stop in enumerate(stops + [10**9]):
-                job = make_job(tmp_path / f"{loader}-{len(stops)}", monkeypatch, size=1, segment=seg,
-                               stop_at=min(stop, total), total=total)
-                model = torch.nn.Linear(1, 1)
-                opt = torch.optim.SGD(model.parameters(), lr=1.0)
-                sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-                data = job.sampler(16, batch_size=4, seed=0)
-                job.register(model=model, optimizer=opt, scheduler=sched)
-                job.restore()
-                batches = iter(torch.utils.data.DataLoader(list(range(16)), batch_sampler=data)) if loader else None
-                for step in job.steps():
-                    idx = next(batches) if loader else data.next_batch()
-                    assert data.epoch == (step - 1) // 4  # the epoch of the batch being trained
-                    while sched.last_epoch < data.epoch:
-                        sched.step()
-                    lrs.append(opt.param_groups[0]["lr"])
-                    opt.step()
-                    assert len(idx) == 4
-                if job.finished:
-                    break
-            runs.append(lrs)
-        assert runs[0] == runs[1] == [0.5 ** (s // 4) for s in range(12)]
+        lrs, epochs = {}, {}
+        for seg, (stop, w) in enumerate(plan):
+            job = make_job(tmp_path / str(loader), monkeypatch, size=w, segment=seg, stop_at=stop, total=total)
+            model = torch.nn.Linear(1, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=1.0)
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+            data = job.sampler(16, batch_size=4, seed=0)
+            job.register(model=model, optimizer=opt, scheduler=sched)
+            job.restore()
+            batches = iter(torch.utils.data.DataLoader(list(range(16)), batch_sampler=data)) if loader else None
+            for step in job.steps():
+                idx = next(batches) if loader else data.next_batch()
+                epochs[step] = data.epoch  # the epoch of the batch being trained
+                while sched.last_epoch < data.epoch:
+                    sched.step()
+                lrs[step] = opt.param_groups[0]["lr"]
+                opt.step()
+                assert len(idx) == 4
+        assert epochs == epoch
+        assert lrs == pytest.approx({s: world[s] * 0.5 ** epoch[s] for s in world}, rel=1e-12)  # Eq. 7
 
 
 # ---------------------------------------------------------------------- outside the tool, edges
