@@ -305,6 +305,7 @@ class Job(ProgressMixin, CheckpointMixin, InPlaceMixin, StepLoopMixin):
                 self.register(optimizer=d)
                 for s in self._schedulers:
                     _bind_scheduler(s, d)
+                self._undo_rescale_for_adasum()
                 return
 
     def epochs(self, start: int, stop: int) -> Iterator[int]:

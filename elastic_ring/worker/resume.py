@@ -82,16 +82,32 @@ class CheckpointMixin:
 
         rule = RULES[self.info.lr_scaling]
         if not self._resize_hooks and is_adasum(self._optimizer, getattr(self, "hvd", None)):
-            if self.rank == 0:  # the script chose a rule that does not scale: keep it
-                print("elastic-ring worker: the optimizer combines gradients with Adasum, whose update "
-                      "does not grow with the workers: no Eq. 7, the LR stays", file=sys.stderr, flush=True)
+            self._say_adasum()  # the script chose a reduction that does not scale: keep its LR
             return
+        self._unscaled = (self.lr_factor, rule_factor(rule, old, new))
         self.lr_factor = rule.scale(self.lr_factor, old, new)
         if self._resize_hooks:
+            self._unscaled = None
             for fn in self._resize_hooks:
                 fn(old, new, self.step)
         elif self._optimizer is not None or self._schedulers:
             scale_lr_state(self._optimizer, self._schedulers, rule_factor(rule, old, new))
+
+    def _say_adasum(self) -> None:
+        if self.rank == 0:
+            print("elastic-ring worker: the optimizer combines gradients with Adasum, whose update does not "
+                  "grow with the workers: no Eq. 7, the LR stays", file=sys.stderr, flush=True)
+
+    def _undo_rescale_for_adasum(self) -> None:
+        """The optimizer registered at ``restore()`` was the one ``hvd.DistributedOptimizer(...,
+        op=hvd.Adasum)`` wrapped afterwards: take back the Eq. 7 applied to it."""
+        from elastic_ring.worker.lr import scale_lr_state
+
+        if getattr(self, "_unscaled", None) and is_adasum(self._optimizer, getattr(self, "hvd", None)):
+            before, factor = self._unscaled
+            scale_lr_state(self._optimizer, self._schedulers, 1.0 / factor)
+            self.lr_factor, self._unscaled = before, None
+            self._say_adasum()
 
     def _maybe_periodic_checkpoint(self, step: int) -> None:
         info = self.info

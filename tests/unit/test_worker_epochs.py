@@ -333,6 +333,23 @@ def test_adasum_gets_no_eq7(tmp_path, monkeypatch, capsys):
     assert opt.param_groups[0]["lr"] == pytest.approx(0.2)
 
 
+def test_adasum_wrapper_after_restore_takes_eq7_back(tmp_path, monkeypatch, distributed):
+    """A plain script registers and restores its optimizer before ``hvd.DistributedOptimizer(...,
+    op=hvd.Adasum)`` wraps it: the Eq. 7 applied at the restore is taken back when the wrapper is
+    adopted."""
+    job = make_job(tmp_path, monkeypatch)
+    job.hvd.Adasum = "adasum"
+    opt = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
+    job.register(optimizer=opt)
+    job._rescale(1, 2)  # what restore() does on a checkpoint of another size
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.2)
+    wrapper = FakeDistributed(opt)
+    wrapper.op = "adasum"
+    job._adopt_distributed_optimizer()
+    assert job._optimizer is wrapper and wrapper.param_groups[0]["lr"] == pytest.approx(0.1)
+    assert job.lr_factor == 1.0
+
+
 def test_evaluating_is_kept_out_of_the_throughput_window(tmp_path, monkeypatch):
     import time
 
