@@ -36,6 +36,12 @@ by the run's rule (Eq. 7, ``lr_new = w_new / w_last * lr_last``; :func:`elastic_
 scale_lr_state`), so every later step's LR is Eq. 7 of the unresized schedule's; ``job.lr_factor``
 is the product of all rescalings so far, for scripts that compute their LR themselves; or register
 a rule of your own with :meth:`Job.on_resize`. ``job.finish()`` ends the job early.
+
+A plain Horovod script keeps its own epoch loop instead of ``job.steps()``: ``for epoch in
+job.epochs(1, args.epochs + 1)`` over a DataLoader with ``elastic.DistributedSampler``; its stop
+points are the registered optimizer's steps (:mod:`elastic_ring.worker.hooked`,
+:mod:`elastic_ring.worker.data`). Outside the tool ``init()`` returns the plain job
+(:mod:`elastic_ring.worker.plain`).
 """
 
 from __future__ import annotations
