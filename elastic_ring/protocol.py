@@ -43,6 +43,9 @@ PROGRESS_FILE = "progress.json"
 HEARTBEAT_EVERY_S = 1.0
 HEARTBEAT_TIMEOUT_S = 15.0  # workers exit when the controller's heartbeat stood still this long
 EXIT_ORPHANED = 75  # a worker's exit status when its controller is gone or replaced
+# The run length of a --script run without --steps: the script's own loop ends the run
+# (``job.epochs()`` running out); no step reaches it.
+NO_STEP_LIMIT = 2**62
 
 # Exception types that a rank raises because a *peer* died (not a failure of its own), and the
 # words of a collective that broke because the other end went away (Gloo, NCCL, sockets).

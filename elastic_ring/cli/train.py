@@ -41,7 +41,8 @@ def _resolve_device(device: str) -> tuple[str, int]:
                    "was going to]")
 @click.option("--script", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Run your own Horovod script (written with elastic_ring.worker) instead of the "
-                   "built-in ResNet; its own arguments go after `--`. Needs --steps.")
+                   "built-in ResNet; its own arguments go after `--`. The run ends with the script's "
+                   "`job.epochs()` loop, or at --steps (needed by a `job.steps()` loop).")
 @click.option("--resize-at", type=int, default=None, metavar="STEP",
               help="Resize after this step completes (with --to).")
 @click.option("--to", "resize_to", type=int, default=None, metavar="N", help="Workers after --resize-at.")

@@ -9,7 +9,11 @@ from typing import Any, Callable
 
 class Display:
     def __init__(self, out: Callable[[str], None], total_steps: int, bar: bool) -> None:
-        self.out, self.total_steps, self.bar = out, total_steps, bar
+        from elastic_ring.protocol import NO_STEP_LIMIT
+
+        self.out, self.bar = out, bar
+        self.total_steps = total_steps if total_steps < NO_STEP_LIMIT else None  # None: the script's loop says
+        self._unbounded = NO_STEP_LIMIT
         self._progress = None
         self._task = None
 
@@ -31,7 +35,8 @@ class Display:
         if self._progress is not None:
             self._progress.update(self._task, world=world)
         else:
-            self.out(f"segment {index}: {world} worker(s) from step {first_step} to {stop_at} (log: {log})")
+            to = f"to {stop_at}" if self.total_steps is not None or stop_at < self._unbounded else "on"
+            self.out(f"segment {index}: {world} worker(s) from step {first_step} {to} (log: {log})")
 
     def resized(self, from_workers: int, to_workers: int, step: int, lr_last: float, lr_new: float,
                 decays: tuple[int, ...] = ()) -> None:
@@ -49,9 +54,11 @@ class Display:
             self._progress.update(self._task, completed=ev["step"], world=ev["world_size"],
                                   ips=f"{ev['images_per_s']:.0f}", loss=f"{ev['loss']:.3f}")
         else:
-            self.out(f"step {ev['step']}/{self.total_steps}  workers {ev['world_size']}  "
+            of = f"/{self.total_steps}" if self.total_steps else ""
+            self.out(f"step {ev['step']}{of}  workers {ev['world_size']}  "
                      f"{ev['images_per_s']:.1f} img/s  {ev['steps_per_s']:.2f} steps/s  "
-                     f"loss {ev['loss']:.4f}  lr {ev['lr']:.4g}")
+                     + (f"loss {ev['loss']:.4f}  " if ev["loss"] == ev["loss"] else "")  # nan: not recorded
+                     + f"lr {ev['lr']:.4g}")
 
     def evaluation(self, ev: dict[str, Any]) -> None:
         self.out(f"test accuracy {100 * ev['test_accuracy']:.2f}% (loss {ev['test_loss']:.4f}) "

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec
 from elastic_ring.errors import Interrupted, UserError
 
@@ -106,8 +107,6 @@ def check(req: RunRequest) -> None:
             raise UserError("--script runs your own model: the ResNet options (--config, --set, --depth, "
                             "--dataset, --batch-size, --lr, ...) do not apply; pass your script's "
                             "own options after --")
-        if req.steps is None:
-            raise UserError("--script needs --steps (the total steps of the run)")
     if (req.resize_at is None) != (req.resize_to is None):
         raise UserError("--resize-at and --to go together")
     if sum(bool(x) for x in (req.schedule, req.resize_at is not None, req.resizes)) > 1:
@@ -301,7 +300,7 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
     from elastic_ring.controller.rundir import create_run_dir
 
     cfg = None if req.script else _config(req, device)
-    total = req.steps if req.script else cfg.total_steps
+    total = (req.steps if req.steps is not None else protocol.NO_STEP_LIMIT) if req.script else cfg.total_steps
     spec = RunSpec(run_dir=rd.resolve(), workers=req.workers if req.workers is not None else 1,
                    schedule=sched, slots=n_slots, device=device, total_steps=total, hosts=req.hosts,
                    hostfile=req.hostfile, script=str(Path(req.script).resolve()) if req.script else None,
@@ -494,7 +493,9 @@ def describe(run: PreparedRun) -> list[str]:
                  f"run folder {spec.run_dir}")
     what = (f"script {spec.script}" if spec.script else
             f"model ResNet-{cfg.depth} (width {cfg.width}) on {cfg.dataset}, batch {cfg.batch_size}/worker")
-    second = (f"{what}, {spec.total_steps} steps"
+    length = (f"{spec.total_steps} steps" if spec.total_steps < protocol.NO_STEP_LIMIT
+              else "until the script's loop ends")
+    second = (f"{what}, {length}"
               + (f", from step {run.start_step + 1}" if run.start_step else "") + ", schedule: "
               + (", ".join(f"step {r.step} -> {r.to}" for r in spec.schedule) or "no resize"))
     lines += [first, second]
@@ -556,4 +557,5 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
                      show_progress=show_progress, backend=backend,
                      lr_decays=tuple(run.cfg.decay_steps) if run.cfg else ())
     summary = ctl.run(run.start_step, run.spec.workers, run.segment)
-    return {**summary, "total_steps": run.spec.total_steps}
+    total = run.spec.total_steps
+    return {**summary, "total_steps": total if total < protocol.NO_STEP_LIMIT else None}

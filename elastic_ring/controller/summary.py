@@ -162,7 +162,9 @@ RESIZE_COLUMNS = (
 def render(summary: dict[str, Any], total_steps: int | None = None) -> str:
     """Plain-text tables (also what `status` prints)."""
     lines = []
-    step = f"{summary['step']}" + (f"/{total_steps}" if total_steps else "")
+    from elastic_ring.protocol import NO_STEP_LIMIT
+
+    step = f"{summary['step']}" + (f"/{total_steps}" if total_steps and total_steps < NO_STEP_LIMIT else "")
     workers = "-" if summary.get("world_size") is None else summary["world_size"]
     wall, elapsed = summary.get("wall_s"), summary.get("elapsed_s")
     lines.append(f"state: {summary['state']}   step: {step}   workers: {workers}"

@@ -36,6 +36,12 @@ by the run's rule (Eq. 7, ``lr_new = w_new / w_last * lr_last``; :func:`elastic_
 scale_lr_state`), so every later step's LR is Eq. 7 of the unresized schedule's; ``job.lr_factor``
 is the product of all rescalings so far, for scripts that compute their LR themselves; or register
 a rule of your own with :meth:`Job.on_resize`. ``job.finish()`` ends the job early.
+
+A plain Horovod script keeps its own epoch loop instead of ``job.steps()``: ``for epoch in
+job.epochs(1, args.epochs + 1)`` over a DataLoader with ``elastic.DistributedSampler``; its stop
+points are the registered optimizer's steps (:mod:`elastic_ring.worker.hooked`,
+:mod:`elastic_ring.worker.data`). Outside the tool ``init()`` returns the plain job
+(:mod:`elastic_ring.worker.plain`).
 """
 
 from __future__ import annotations
@@ -46,12 +52,14 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from elastic_ring import protocol
 from elastic_ring.protocol import LaunchInfo
 from elastic_ring.worker.checks import check_hvd_not_initialised, check_registration
+from elastic_ring.worker.data import DataPosition, DistributedSampler  # noqa: F401 - re-exported
 from elastic_ring.worker.errors import ContractError, NotLaunchedError  # noqa: F401 - re-exported
+from elastic_ring.worker.hooked import HookedSteps, StopSegment  # noqa: F401 - re-exported
 from elastic_ring.worker.inplace import (INPLACE_ENV, MEMBER_ENV, RING_BY_CONTROLLER,  # noqa: F401 - re-exported
                                          InPlaceMixin, Retired, inplace_action_file,
                                          take_ahead_action, taken_action_file)
@@ -61,6 +69,9 @@ from elastic_ring.worker.resume import CheckpointMixin
 from elastic_ring.worker.sampler import Sampler
 from elastic_ring.worker.state import (_bind_scheduler, _distributed_optimizers, _restore_in_place,  # noqa: F401
                                        _rng_state, _saved_form, _set_rng_state)
+
+if TYPE_CHECKING:
+    from elastic_ring.worker.plain import PlainJob
 
 def warm_imports() -> None:
     """Import what a worker's first optimizer step would import lazily on its critical path:
@@ -133,6 +144,17 @@ class Job(ProgressMixin, CheckpointMixin, InPlaceMixin, StepLoopMixin):
         else:
             self.device = torch.device("cpu")
         torch.set_num_threads(protocol.cpu_threads(self.local_size))  # on GPUs too: cores launch kernels
+        self.elastic = True  # under the controller (the plain job of a script run without it: False)
+        self._samplers: list[DistributedSampler] = []  # the drop-in samplers, in creation order
+        self._iterated: DistributedSampler | None = None  # the one iterated last (feeds the steps)
+        self._position = DataPosition()  # the epoch loop's data position
+        self._hooked = HookedSteps(self)  # the steps counted at the optimizer's (an epoch loop)
+        self._flat = False  # the script runs job.steps()
+        self._saved_rng: dict[str, Any] | None = None  # the RNG state to checkpoint (epoch loop)
+        self._threads_warned = False
+        self._syncing = False
+        self._resume_rng: dict[str, Any] | None = None
+        self._step_depth = 0  # inside the registered optimizer's step (its hooks may nest)
         self.step = 0
         self.resumed = False
         self.previous_world: int | None = None
@@ -283,10 +305,73 @@ class Job(ProgressMixin, CheckpointMixin, InPlaceMixin, StepLoopMixin):
             self._model = model
         if optimizer is not None:
             if optimizer is not self._optimizer and hasattr(optimizer, "register_step_pre_hook"):
-                optimizer.register_step_pre_hook(self._on_optimizer_step)
+                optimizer.register_step_pre_hook(self._before_optimizer_step)
+                optimizer.register_step_post_hook(self._after_optimizer_step)
             self._optimizer = optimizer
         self._schedulers.extend(s for s in scheds if all(s is not t for t in self._schedulers))
         self._extras.update(extras)
+
+    def _before_optimizer_step(self, opt, args, kwargs) -> None:
+        # Horovod's step calls the wrapped optimizer class's step, hooked again: the outer one counts
+        self._step_depth += 1
+        if self._syncing or self._step_depth > 1:
+            return
+        if not self._flat:
+            self._hooked.before_step()  # may end the segment here (StopSegment)
+        self._on_optimizer_step(opt, args, kwargs)
+
+    def _after_optimizer_step(self, opt, args, kwargs) -> None:
+        self._step_depth -= 1
+        if not self._flat and not self._syncing and self._step_depth == 0:
+            self._hooked.after_step()
+
+    def _adopt_distributed_optimizer(self) -> None:
+        """A plain Horovod script broadcasts (so registers and restores) its optimizer before
+        ``hvd.DistributedOptimizer`` wraps it: the wrapper, which shares its param groups, is the
+        one that steps and holds the momentum from then on. Register it instead, with the state
+        restored into the wrapped one, and the schedulers re-pointed."""
+        opt = self._optimizer
+        if opt is None or hasattr(type(opt), "_allreduce_grad_async"):
+            return
+        for d in _distributed_optimizers():
+            if len(d.param_groups) == len(opt.param_groups) and all(
+                    a is b for a, b in zip(d.param_groups, opt.param_groups)):
+                for p, st in opt.state.items():
+                    d.state[p] = st
+                self.register(optimizer=d)
+                for s in self._schedulers:
+                    _bind_scheduler(s, d)
+                self._undo_rescale_for_adasum()
+                return
+
+    def epochs(self, start: int, stop: int) -> Iterator[int]:
+        """``range(start, stop)`` that a relaunch resumes at the epoch in progress (AdaptDL's
+        ``remaining_epochs_until``): ``for epoch in job.epochs(1, args.epochs + 1):``.
+
+        The stop points are the registered optimizer's steps (:mod:`elastic_ring.worker.hooked`):
+        a stop inside an epoch resumes at its next batch (the ``elastic.DistributedSampler`` yields
+        only the epoch's unused indices), a stop at its last step after the script's end-of-epoch
+        code. When the range runs out the run is finished (final checkpoint) and the script goes
+        on after its loop, with ``job.finished`` True.
+        """
+        if self._flat:
+            raise ContractError("job.epochs() and job.steps() in one script: use one of them")
+        self._adopt_distributed_optimizer()
+        return self._hooked.epochs(start, stop)
+
+    @contextmanager
+    def evaluating(self):
+        """``with job.evaluating(): test()``: an evaluation inside the script's own loop, kept out
+        of the throughput windows and given the controller's watchdog the allowance of one."""
+        t0 = time.time()
+        self._heartbeat(self.step, "eval")
+        try:
+            yield
+        finally:
+            w = getattr(self, "_window", None)
+            if w is not None and w.t0 is not None:
+                w.t0 += time.time() - t0
+            self._heartbeat(self.step, "step")
 
     def finish(self) -> None:
         """End the job early (a target reached): the loop ends at the next point where all ranks
@@ -331,9 +416,14 @@ class Job(ProgressMixin, CheckpointMixin, InPlaceMixin, StepLoopMixin):
                 self._optimizer.load_state_dict(ckpt["optimizer"])
             if ckpt.get("rng") is not None:
                 _set_rng_state(ckpt["rng"])
+                self._resume_rng = ckpt["rng"]  # again where an epoch loop's loader resumes (data.py)
             meta = {k: ckpt.get(k) for k in ("step", "cursor", "world_size", "lr_factor", "extras",
-                                             "schedulers")}
-        self._sync(meta)
+                                             "schedulers", "data_position")}
+        self._syncing = True  # Horovod's broadcast of a fresh optimizer's state steps it once
+        try:
+            self._sync(meta)
+        finally:
+            self._syncing = False
         self._restored = True
         return self.resumed
 
@@ -346,8 +436,9 @@ class Job(ProgressMixin, CheckpointMixin, InPlaceMixin, StepLoopMixin):
             "world_size": self.size, "lr_factor": self.lr_factor, "lr_last": self.current_lr(),
             "model": self._model.state_dict() if self._model is not None else None,
             "optimizer": self._optimizer.state_dict() if self._optimizer is not None else None,
-            "rng": _rng_state(), "extras": self._saved_extras(), "segment": self.segment,
+            "rng": self._saved_rng or _rng_state(), "extras": self._saved_extras(), "segment": self.segment,
             "schedulers": [sch.state_dict() for sch in self._schedulers],
+            "data_position": self._position.state(),
         })
 
     # ------------------------------------------------------------------ the step loop
@@ -373,6 +464,11 @@ class Job(ProgressMixin, CheckpointMixin, InPlaceMixin, StepLoopMixin):
         Horovod Elastic re-forms the ring at the new size (:meth:`_reset_inplace`), and the loop
         goes on with the next segment in the same processes.
         """
+        if self._hooked.count:
+            raise ContractError("job.steps() after steps of an epoch loop: use one of them")
+        if self.total_steps >= protocol.NO_STEP_LIMIT:
+            raise ContractError("job.steps() needs the run's length: give `elastic-ring train --steps N`")
+        self._flat = True
         if not self._restored:
             self.restore()
         import torch
@@ -406,28 +502,28 @@ class Job(ProgressMixin, CheckpointMixin, InPlaceMixin, StepLoopMixin):
         self.hvd.allreduce(torch.tensor([0.0]), name="exit_barrier")  # leave together
 
 
-_JOB: Job | None = None
+_JOB: "Job | PlainJob | None" = None
 
 
-def init(lazy: bool = False) -> Job:
+def init(lazy: bool = False) -> "Job | PlainJob":
     """Start this worker's part of the elastic job (call once, first thing).
 
     Sets the device (one GPU per local rank, or ``cores / local workers`` CPU threads), waits for
     the go of a pre-launched segment and calls ``hvd.init()``; with ``lazy=True`` the last two wait
     for :meth:`Job.connect` (or :meth:`Job.restore`), so that the script can build its model and data
-    first.
-
-    Raises:
-        NotLaunchedError: the script was not started by ``elastic-ring train --script``.
+    first. Outside ``elastic-ring train --script`` (plain ``horovodrun`` or ``python``) it returns
+    a :class:`~elastic_ring.worker.plain.PlainJob`: the script runs as plain Horovod.
     """
     global _JOB, _INIT_CALLED
     if _JOB is not None:
         return _JOB
-    check_hvd_not_initialised(os.environ.get(INPLACE_ENV) == "1")
     info = LaunchInfo.from_env()
     if info is None:
-        raise NotLaunchedError("this script uses elastic_ring.worker: run it with "
-                               "`elastic-ring train --script SCRIPT`")
+        from elastic_ring.worker.plain import PlainJob
+
+        _JOB = PlainJob()
+        return _JOB
+    check_hvd_not_initialised(os.environ.get(INPLACE_ENV) == "1")
     _INIT_CALLED = True
     _JOB = Job(info, lazy=lazy)
     return _JOB

@@ -64,6 +64,7 @@ class ProgressMixin:
         reset's) and the LR it ran with; the first throughput window starts now."""
         from elastic_ring.events.api import FirstStep
 
+        self._check_threads()
         phases, prev = {}, self._t_start
         for name, t in self._marks.items():
             phases[name] = round(t - prev, 4)
@@ -73,6 +74,21 @@ class ProgressMixin:
                              lr=self._lr_stepped if self._lr_stepped is not None else self._lr_used,
                              phases=phases))
         self._window = _Window(t0=time.time())
+
+    def _check_threads(self) -> None:
+        """Warn once when the script set torch's thread count over the library's (the cores of
+        this host shared by its workers): more threads than cores slow every worker down."""
+        import torch
+
+        if self._threads_warned:
+            return
+        ours, now = protocol.cpu_threads(self.local_size), torch.get_num_threads()
+        if now != ours:
+            self._threads_warned = True
+            if self.rank == 0:
+                print(f"elastic-ring worker: the script set torch's threads to {now}; the library's "
+                      f"{ours} ({protocol.CPU_THREADS_ENV} sets it) shares this host's cores among its "
+                      f"{self.local_size} worker(s)", file=sys.stderr, flush=True)
 
     def _close_window(self, step: int) -> tuple[float, float]:
         """End the throughput window at ``step``: the ranks' mean loss (one allreduce), the

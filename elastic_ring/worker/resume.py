@@ -7,6 +7,7 @@ script's objects, and how it is put back, is :mod:`elastic_ring.worker.state`.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,17 @@ from typing import Any
 from elastic_ring import protocol
 from elastic_ring.worker.checks import check_scheduler_count
 from elastic_ring.worker.state import _restore_in_place, _saved_form
+
+
+def is_adasum(optimizer: Any, hvd: Any) -> bool:
+    """Whether ``optimizer`` is a ``hvd.DistributedOptimizer(..., op=hvd.Adasum)`` (at one worker
+    Horovod's usual wrapper with ``op``; at more its Adasum class, told by its methods)."""
+    if optimizer is None:
+        return False
+    if hvd is not None and getattr(optimizer, "op", None) == getattr(hvd, "Adasum", object()):
+        return True
+    fn = getattr(type(optimizer), "synchronize", None)
+    return getattr(fn, "__qualname__", "").startswith("_DistributedAdasumOptimizer")
 
 
 class CheckpointMixin:
@@ -55,6 +67,7 @@ class CheckpointMixin:
                 sch.load_state_dict(st)
             if self._sampler is not None:
                 self._sampler.cursor = int(meta.get("cursor") or 0)
+            self._position.load(meta.get("data_position"))
             if meta.get("segment") is not None:  # an in-place reset: the segment goes on here
                 self.segment, self.stop_at = int(meta["segment"]), int(meta["stop_at"])
             if self.previous_world != self.size:
@@ -68,12 +81,33 @@ class CheckpointMixin:
         from elastic_ring.worker.lr import RULES, rule_factor, scale_lr_state
 
         rule = RULES[self.info.lr_scaling]
+        if not self._resize_hooks and is_adasum(self._optimizer, getattr(self, "hvd", None)):
+            self._say_adasum()  # the script chose a reduction that does not scale: keep its LR
+            return
+        self._unscaled = (self.lr_factor, rule_factor(rule, old, new))
         self.lr_factor = rule.scale(self.lr_factor, old, new)
         if self._resize_hooks:
+            self._unscaled = None
             for fn in self._resize_hooks:
                 fn(old, new, self.step)
         elif self._optimizer is not None or self._schedulers:
             scale_lr_state(self._optimizer, self._schedulers, rule_factor(rule, old, new))
+
+    def _say_adasum(self) -> None:
+        if self.rank == 0:
+            print("elastic-ring worker: the optimizer combines gradients with Adasum, whose update does not "
+                  "grow with the workers: no Eq. 7, the LR stays", file=sys.stderr, flush=True)
+
+    def _undo_rescale_for_adasum(self) -> None:
+        """The optimizer registered at ``restore()`` was the one ``hvd.DistributedOptimizer(...,
+        op=hvd.Adasum)`` wrapped afterwards: take back the Eq. 7 applied to it."""
+        from elastic_ring.worker.lr import scale_lr_state
+
+        if getattr(self, "_unscaled", None) and is_adasum(self._optimizer, getattr(self, "hvd", None)):
+            before, factor = self._unscaled
+            scale_lr_state(self._optimizer, self._schedulers, 1.0 / factor)
+            self.lr_factor, self._unscaled = before, None
+            self._say_adasum()
 
     def _maybe_periodic_checkpoint(self, step: int) -> None:
         info = self.info

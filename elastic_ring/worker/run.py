@@ -203,9 +203,14 @@ def main(argv: list[str] | None = None, in_process: bool = False) -> int:
 
     try:
         _run_target(rest[0], rest[1:])
+        job = api._JOB
+        if job is not None and not job._flat and job._hooked.count and not job._hooked.ended:
+            job._hooked.end("finished")  # an epoch loop without job.epochs(): the script's end ends the run
     except api.Retired:
         stop.set()
         return RETIRED
+    except api.StopSegment:
+        pass  # the segment stopped at an agreed step of the script's own loop (checkpoint written)
     except SystemExit as e:
         if e.code not in (None, 0):
             if e.code == 2 and _ARG_ERROR:
@@ -216,9 +221,12 @@ def main(argv: list[str] | None = None, in_process: bool = False) -> int:
         _die(info, e)
     if not api.init_called():
         _die(info, ScriptError("the script ended without calling elastic_ring.worker.init()"))
-    if api._JOB is not None and api._JOB.stop_reason is None:
+    if api._JOB is not None and api._JOB._flat and api._JOB.stop_reason is None:
         _die(info, ScriptError("the script ended before its job.steps() loop did (break or return "
                                "inside the loop?): no checkpoint was written for this segment"))
+    if api._JOB is not None and not api._JOB._flat and api._JOB.stop_reason is None:
+        _die(info, ScriptError("the script ended without a step of its registered optimizer (no "
+                               "job.steps() or job.epochs() loop?)"))
     stop.set()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -25,6 +25,7 @@ class Sampler:
         self.job, self.batch_size = job, batch_size
         self.stream = SampleStream(size, seed)
         self.cursor = 0
+        self._batch_start: int | None = None  # where the batch next_batch() took last starts
         self._loader = False  # iterated as a DataLoader's batch_sampler: the steps move the cursor
 
     def next_batch(self):
@@ -35,8 +36,20 @@ class Sampler:
         start = self.cursor + self.job.rank * self.batch_size
         idx = self.stream.take(start, self.batch_size)
         self.last_start = start
-        self.cursor += self.batch_size * self.job.size
+        cursor = self.cursor
+        self.cursor = cursor + self.batch_size * self.job.size
+        self._batch_start = cursor
         return idx
+
+    @property
+    def cursor(self) -> int:
+        """Positions of the stream used by completed steps (taken ones, with ``next_batch()``)."""
+        return self._cursor
+
+    @cursor.setter
+    def cursor(self, value: int) -> None:
+        self._cursor = value
+        self._batch_start = None  # restored, or moved past a DataLoader's batch
 
     def __iter__(self):
         """Use the sampler as a ``DataLoader``'s ``batch_sampler`` (any ``num_workers``, prefetch):
@@ -60,5 +73,11 @@ class Sampler:
 
     @property
     def epoch(self) -> int:
-        """The epoch the cursor is in (0-based): for a scheduler stepped per epoch."""
-        return self.cursor // self.stream.size
+        """The epoch (0-based) of the batch being trained: the one ``next_batch()`` took last, or
+        the DataLoader's batch of this step (the cursor moves after the step); before the first
+        batch of a segment, the next one's. Where a batch straddles two epochs, the epoch of its
+        first sample. For a scheduler stepped per epoch, after taking the step's batch:
+        ``while sched.last_epoch < data.epoch: sched.step()``, exact across resizes (the
+        scheduler's own count is restored with it)."""
+        start = self._batch_start if self._batch_start is not None and not self._loader else self.cursor
+        return start // self.stream.size

@@ -259,6 +259,8 @@ def test_hvd_init_before_init_is_an_error(monkeypatch):
     fake = types.SimpleNamespace(is_initialized=lambda: True)
     monkeypatch.setitem(sys.modules, "horovod.torch", fake)
     monkeypatch.setattr(api, "_JOB", None)
+    for k, v in LaunchInfo(run_dir="/nonexistent", segment=0, stop_at=1, total_steps=1).to_env().items():
+        monkeypatch.setenv(k, v)  # under the tool (outside it, hvd.init() first is plain Horovod)
     with pytest.raises(api.ContractError, match="hvd.init\\(\\) before"):
         api.init()
 

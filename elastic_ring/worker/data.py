@@ -1,0 +1,183 @@
+"""Drop-ins for a plain Horovod script's epoch loop: ``elastic.DistributedSampler`` and the data
+position of the epoch being trained (:class:`DataPosition`).
+
+``elastic.DistributedSampler(dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
+drop_last=False)`` takes ``torch.utils.data.distributed.DistributedSampler``'s arguments and gives
+its order: epoch ``e``'s permutation is drawn from ``seed + e`` (``set_epoch(e)``), padded to a
+multiple of the world size by repeating its first indices (or cut, with ``drop_last``), and rank
+``r`` takes every ``world``-th index from the r-th. A ``DataLoader(..., batch_size=b,
+sampler=sampler)`` over it trains, at step j of an epoch, the contiguous block
+``[j * world * b, (j + 1) * world * b)`` of the epoch's permutation (each rank its stride of it).
+
+Under ``elastic-ring train`` the sampler that feeds the registered optimizer's steps (the one
+iterated last before a step: a test sampler is not) keeps the epoch's position: each step moves it
+by ``world * b``, the checkpoint holds it, and after a resize inside the epoch the sampler yields
+only the epoch's not-yet-used indices, split over the new world size as above. So every sample of
+the epoch is used once across any number of resizes (plus the padding, as with torch's sampler,
+when the rest of the epoch is not a multiple of the new world size). ``b`` is read from the
+``DataLoader``'s batch sampler when it iterates this sampler (or give ``batch_size=``).
+
+``len(sampler)`` is the number of indices this rank takes in the current epoch from the current
+position, so ``len(loader)`` is the number of batches left in the epoch at this world size: after a
+resize inside an epoch, the rest of that epoch, and a full epoch again from the next one.
+Outside the tool (plain ``horovodrun`` or ``python``) it is torch's sampler.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from elastic_ring.worker.errors import ContractError
+
+
+@dataclass
+class DataPosition:
+    """Where the training data stands, saved in every checkpoint of a script with an epoch loop.
+
+    ``epoch``: the script's epoch in progress (``job.epochs()``'s value; None when it does not
+    use it). ``sampler_epoch``: the training sampler's ``set_epoch`` value (its permutation).
+    ``pos``: positions of that epoch's permutation used by completed steps (all ranks together).
+    ``sampler_index``: which drop-in sampler of the script (by creation order) is the training one.
+    """
+
+    epoch: int | None = None
+    sampler_epoch: int = 0
+    pos: int = 0
+    sampler_index: int | None = None
+
+    def state(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "sampler_epoch": self.sampler_epoch, "pos": self.pos,
+                "sampler_index": self.sampler_index}
+
+    def load(self, st: dict[str, Any] | None) -> None:
+        if st:
+            self.epoch, self.sampler_epoch = st.get("epoch"), int(st.get("sampler_epoch") or 0)
+            self.pos, self.sampler_index = int(st.get("pos") or 0), st.get("sampler_index")
+
+
+def _caller_batch_sampler(frame) -> Any:
+    """The ``torch.utils.data.BatchSampler`` whose ``__iter__`` is calling ``iter()`` on us (a
+    ``DataLoader`` batching this sampler), or None."""
+    torch = sys.modules.get("torch")
+    if torch is None or frame is None:
+        return None
+    owner = frame.f_locals.get("self")
+    return owner if isinstance(owner, torch.utils.data.BatchSampler) else None
+
+
+class DistributedSampler:
+    """``torch.utils.data.distributed.DistributedSampler``'s drop-in, elastic under elastic-ring
+    (see the module docstring). ``batch_size``: the per-rank batch, when no ``DataLoader``
+    batches this sampler (it is read from the loader otherwise)."""
+
+    def __init__(self, dataset, num_replicas: int | None = None, rank: int | None = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 batch_size: int | None = None) -> None:
+        from elastic_ring.worker import api
+
+        self.dataset, self.shuffle, self.seed, self.drop_last = dataset, shuffle, seed, drop_last
+        self.epoch = 0
+        self.batch_size = batch_size
+        self.job = api._JOB
+        if self.job is None:
+            raise ContractError("elastic.DistributedSampler needs elastic.init() first")
+        self.num_replicas = self.job.size if num_replicas is None else int(num_replicas)
+        self.rank = self.job.rank if rank is None else int(rank)
+        if (self.num_replicas, self.rank) != (self.job.size, self.job.rank):
+            raise ContractError(f"DistributedSampler(num_replicas={self.num_replicas}, rank={self.rank}): "
+                                f"this worker is rank {self.job.rank} of {self.job.size}")
+        self.index = len(self.job._samplers)  # the script creates its samplers in the same order
+        self._start = 0  # the position this epoch's iteration started at
+        self._pulled = self._pulled_at_step = 0  # indices handed out by the iteration (at the last step)
+        self._loader_batch: int | None = None
+        self.iterating = False  # an iteration of the epoch is under way (its start fixes len())
+        self.job._samplers.append(self)
+
+    # ------------------------------------------------------------------ torch's interface
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch's permutation is drawn from ``seed + epoch``, as torch's sampler does."""
+        if epoch != self.epoch:
+            self.iterating = False
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        """This rank's indices in the epoch from where its iteration starts (started): stable
+        while the loop runs, so ``batch_idx / len(loader)`` is the progress of the loop."""
+        rest = len(self.dataset) - (self._start if self.iterating else self._position_now())
+        w = self.num_replicas
+        return rest // w if self.drop_last else math.ceil(rest / w)
+
+    def __iter__(self) -> Iterator[int]:
+        owner = _caller_batch_sampler(sys._getframe(1))
+        if owner is not None:
+            self._loader_batch = int(owner.batch_size)
+        self.job._iterated = self
+        start = self._position_now()
+        if self._tracked():
+            pos = self.job._position
+            pos.sampler_epoch, pos.pos = self.epoch, start
+            rng = getattr(self.job, "_resume_rng", None)
+            if start and rng is not None:  # resumed inside the epoch: the RNG as right after the
+                from elastic_ring.worker.state import _set_rng_state  # step (the loader's own
+                _set_rng_state(rng)  # seed, drawn again by this new iterator, would shift it)
+                self.job._resume_rng = None
+        self._start, self._pulled, self._pulled_at_step = start, 0, 0
+        self.iterating = True
+        return self._indices(start)
+
+    # ------------------------------------------------------------------ the elastic part
+    def _tracked(self) -> bool:
+        """Whether this sampler keeps the job's data position (the training one, under the tool)."""
+        return self.job.elastic and self.job._position.sampler_index == self.index
+
+    def _position_now(self) -> int:
+        """Where this rank's next iteration of the epoch starts (0 but for the training sampler
+        inside an epoch a resize interrupted)."""
+        if not self._tracked():
+            return 0
+        pos = self.job._position
+        if pos.sampler_epoch != self.epoch or pos.pos >= len(self.dataset):
+            return 0  # a new epoch (set_epoch), or this one's data is used up: a new pass
+        return pos.pos
+
+    def _indices(self, start: int) -> Iterator[int]:
+        import torch
+
+        n = len(self.dataset)
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(n, generator=g).tolist()
+        else:
+            order = list(range(n))
+        rest = order[start:]
+        w = self.num_replicas
+        if self.drop_last:
+            rest = rest[:len(rest) - len(rest) % w]
+        elif rest and len(rest) % w:
+            pad = w - len(rest) % w
+            rest += (rest * math.ceil(pad / len(rest)))[:pad]
+        for i in rest[self.rank::w]:
+            self._pulled += 1
+            yield i
+
+    def step_samples(self, per_rank_pulled: int, passes: int) -> int:
+        """Positions of the epoch one optimizer step used (all ranks): ``world * b`` per backward
+        pass, ``b`` the loader's batch (or, with no loader, the indices pulled since the last step)."""
+        b = self.batch_size or self._loader_batch
+        per_rank = b * passes if b else per_rank_pulled
+        return per_rank * self.num_replicas
+
+    def advance(self) -> None:
+        """A step of the registered optimizer trained this sampler's next batch: it is the training
+        sampler (claimed at its first step), and the epoch's position moves by that step's samples."""
+        pos = self.job._position
+        if pos.sampler_index != self.index:
+            pos.sampler_index, pos.sampler_epoch, pos.pos = self.index, self.epoch, self._start
+        passes = int(getattr(self.job._optimizer, "backward_passes_per_step", 1) or 1)
+        used = self.step_samples(self._pulled - self._pulled_at_step, passes)
+        self._pulled_at_step = self._pulled
+        pos.pos = min(len(self.dataset), pos.pos + used)
