@@ -39,8 +39,9 @@ def _resolve_device(device: str) -> tuple[str, int]:
               help="Workers to start with: GPUs on a GPU node, CPU processes otherwise. [default: 1; "
                    "at --resume: the size the run was at or was going to]")
 @click.option("--script", type=click.Path(dir_okay=False), default=None, metavar="PATH",
-              help="Run your own Horovod script (written with elastic_ring.worker) instead of the "
-                   "built-in ResNet; its own arguments go after `--`. Needs --steps.")
+              help="Run your own Horovod script (written with elastic_ring.worker, or for Horovod "
+                   "Elastic as it is) instead of the built-in ResNet; its own arguments go after `--`. "
+                   "Needs --steps (a Horovod Elastic script: optional, a cap).")
 @click.option("--resize-at", type=int, default=None, metavar="STEP",
               help="Resize after this step completes (with --to).")
 @click.option("--to", "resize_to", type=int, default=None, metavar="N", help="Worker count after --resize-at.")

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from elastic_ring.controller.api import Plan, Resize, RunSpec
 from elastic_ring.errors import UserError
+from elastic_ring.worker.hvd_elastic import NO_STEP_CAP, uses_horovod_elastic
 
 RELAUNCH_CHOICES = ("auto", "prelaunch", "overlap", "sequential", "inplace")
 
@@ -102,7 +103,7 @@ def check(req: RunRequest) -> None:
             raise UserError("--script runs your own model: the ResNet options (--config, --set, --depth, "
                             "--dataset, --batch-size, --lr, ...) do not apply; pass your script's "
                             "own options after --")
-        if req.steps is None:
+        if req.steps is None and not uses_horovod_elastic(req.script):
             raise UserError("--script needs --steps (the total steps of the run)")
     if (req.resize_at is None) != (req.resize_to is None):
         raise UserError("--resize-at and --to go together")
@@ -232,7 +233,7 @@ def _prepare_new(req: RunRequest, device: str, n_slots: int, sched: tuple[Resize
 
     rd = _fresh_folder(req, echo)
     cfg = None if req.script else _config(req, device)
-    total = req.steps if req.script else cfg.total_steps
+    total = (NO_STEP_CAP if req.steps is None else req.steps) if req.script else cfg.total_steps
     spec = RunSpec(run_dir=rd.resolve(), workers=req.workers if req.workers is not None else 1,
                    schedule=sched, slots=n_slots, device=device, total_steps=total, hosts=req.hosts,
                    hostfile=req.hostfile, script=str(Path(req.script).resolve()) if req.script else None,

@@ -75,6 +75,9 @@ def uses_horovod_elastic(target: str) -> bool:
         return False
 
 
+# The run length of a Horovod Elastic script run without --steps: its function's return ends it.
+NO_STEP_CAP = 1_000_000_000
+
 _ORIGINAL: dict[str, Any] = {}
 _SESSION: "Session | None" = None
 

@@ -92,3 +92,12 @@ def test_relaunched_reports_the_lr_the_first_step_used_when_the_script_sets_it(t
     assert rel["time"] == 101.0 and rel["step"] == 10
     kinds = [e["kind"] for e in read_events(tmp_path / "events.jsonl")]
     assert kinds.index("relaunched") < kinds.index("first_step_after_resize")
+
+
+def test_steps_is_optional_for_a_horovod_elastic_script_only():
+    from elastic_ring.controller.runs import RunRequest, check
+    from elastic_ring.errors import UserError
+
+    check(RunRequest(script=str(ROOT / "examples" / "hvd_elastic_mlp.py")))  # its function's return ends it
+    with pytest.raises(UserError, match="--script needs --steps"):
+        check(RunRequest(script=str(ROOT / "examples" / "mlp_digits.py")))
