@@ -9,12 +9,14 @@ Elastic itself (``horovodrun --min-np 1 --max-np 2 --host-discovery-script ...``
 is the script's ``--epochs``; ``--steps`` above is only a cap. The state (model, optimizer, the
 sampler's position, epoch) is committed after every batch; a reset callback sets the LR for the
 new number of workers. ``--log-samples DIR`` writes every rank's sample indices and LR per step
-(one JSON line each), for checking that each sample of an epoch is used exactly once.
+(one JSON line each, with the time the step ended), for checking that each sample of an epoch is
+used exactly once, and for timing resizes.
 """
 
 import argparse
 import json
 import os
+import time
 
 import horovod.torch as hvd
 import torch
@@ -81,7 +83,7 @@ def main():
                 state.batch += 1
                 if log is not None:
                     log.write(json.dumps({"epoch": state.epoch, "rank": hvd.rank(), "size": hvd.size(),
-                                          "lr": lr, "idx": idx.tolist()}) + "\n")
+                                          "lr": lr, "idx": idx.tolist(), "t": time.time()}) + "\n")
                     log.flush()
                 state.commit()
             state.epoch, state.batch = state.epoch + 1, 0
