@@ -9,7 +9,11 @@ from typing import Any, Callable
 
 class Display:
     def __init__(self, out: Callable[[str], None], total_steps: int, bar: bool) -> None:
+        from elastic_ring.worker.hvd_elastic import NO_STEP_CAP
+
         self.out, self.total_steps, self.bar = out, total_steps, bar
+        no_cap = isinstance(total_steps, int) and total_steps >= NO_STEP_CAP  # the script's return ends it
+        self._of = "" if no_cap else f"/{total_steps}"
         self._progress = None
         self._task = None
 
@@ -31,14 +35,15 @@ class Display:
         if self._progress is not None:
             self._progress.update(self._task, world=world)
         else:
-            self.out(f"segment {index}: {world} worker(s) from step {first_step} to {stop_at} (log: {log})")
+            to = f"to {stop_at}" if self._of or stop_at < self.total_steps else "on"
+            self.out(f"segment {index}: {world} worker(s) from step {first_step} {to} (log: {log})")
 
     def throughput(self, ev: dict[str, Any]) -> None:
         if self._progress is not None:
             self._progress.update(self._task, completed=ev["step"], world=ev["world_size"],
                                   ips=f"{ev['images_per_s']:.0f}", loss=f"{ev['loss']:.3f}")
         else:
-            self.out(f"step {ev['step']}/{self.total_steps}  workers {ev['world_size']}  "
+            self.out(f"step {ev['step']}{self._of}  workers {ev['world_size']}  "
                      f"{ev['images_per_s']:.1f} img/s  {ev['steps_per_s']:.2f} steps/s  "
                      f"loss {ev['loss']:.4f}  lr {ev['lr']:.4g}")
 

@@ -341,7 +341,8 @@ def describe(run: PreparedRun) -> list[str]:
                  f"run folder {spec.run_dir}")
     what = (f"script {spec.script}" if spec.script else
             f"model ResNet-{cfg.depth} (width {cfg.width}) on {cfg.dataset}, batch {cfg.batch_size}/worker")
-    second = (f"{what}, {spec.total_steps} steps"
+    length = f"{spec.total_steps} steps" if spec.total_steps < NO_STEP_CAP else "until its function returns"
+    second = (f"{what}, {length}"
               + (f", from step {run.start_step + 1}" if run.start_step else "") + ", schedule: "
               + (", ".join(f"step {r.step} -> {r.to}" for r in spec.schedule) or "no resize"))
     lines += [first, second]

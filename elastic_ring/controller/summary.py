@@ -150,7 +150,9 @@ def summarize_run(run_dir: str | Path) -> dict[str, Any]:
 def render(summary: dict[str, Any], total_steps: int | None = None) -> str:
     """Plain-text tables (also what `status` prints)."""
     lines = []
-    step = f"{summary['step']}" + (f"/{total_steps}" if total_steps else "")
+    from elastic_ring.worker.hvd_elastic import NO_STEP_CAP
+
+    step = f"{summary['step']}" + (f"/{total_steps}" if total_steps and total_steps < NO_STEP_CAP else "")
     lines.append(f"state: {summary['state']}   step: {step}   workers: {summary['world_size']}"
                  + (f"   wall: {summary['wall_s']:.1f} s" if summary.get("wall_s") else ""))
     lines.append("")
