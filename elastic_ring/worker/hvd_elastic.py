@@ -34,7 +34,6 @@ from __future__ import annotations
 import copy
 import functools
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -78,7 +77,8 @@ def uses_horovod_elastic(target: str) -> bool:
 # The run length of a Horovod Elastic script run without --steps: its function's return ends it.
 NO_STEP_CAP = 1_000_000_000
 
-_ORIGINAL: dict[str, Any] = {}
+_ORIGINAL: dict[str, Any] = {}  # Horovod's own functions behind the names install() replaces
+_IN_LIBRARY = False  # the worker library's own hvd.init() call is under way
 _SESSION: "Session | None" = None
 
 
@@ -106,12 +106,13 @@ def _init(*args: Any, **kwargs: Any) -> None:
     shut Horovod down to re-form the ring."""
     from elastic_ring.worker import api
 
-    if api._JOB is None and not _ORIGINAL.get("in_library"):
-        _ORIGINAL["in_library"] = True
+    global _IN_LIBRARY
+    if api._JOB is None and not _IN_LIBRARY:
+        _IN_LIBRARY = True
         try:
             api.init()
         finally:
-            _ORIGINAL["in_library"] = False
+            _IN_LIBRARY = False
         return
     import horovod.torch as hvd
 
@@ -370,7 +371,3 @@ class Session:
                                      reason=job.stop_reason, lr=job.current_lr(),
                                      stop_decided_at=job._decided))
         job.hvd.allreduce(torch.tensor([0.0]), name="exit_barrier")
-
-
-def installed() -> bool:
-    return bool(_ORIGINAL) and "horovod.torch" in sys.modules
