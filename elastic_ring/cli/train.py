@@ -40,9 +40,10 @@ def _resolve_device(device: str) -> tuple[str, int]:
                    "(--gpus is the same option). [default: 1; at --resume: the size the run was at or "
                    "was going to]")
 @click.option("--script", type=click.Path(dir_okay=False), default=None, metavar="PATH",
-              help="Run your own Horovod script (written with elastic_ring.worker) instead of the "
-                   "built-in ResNet; its own arguments go after `--`. The run ends with the script's "
-                   "`job.epochs()` loop, or at --steps (needed by a `job.steps()` loop).")
+              help="Run your own Horovod script (written with elastic_ring.worker, or for Horovod "
+                   "Elastic as it is) instead of the built-in ResNet; its own arguments go after `--`. "
+                   "The run ends with the script's `job.epochs()` loop or its @hvd.elastic.run function, "
+                   "or at --steps (needed by a `job.steps()` loop; otherwise a cap).")
 @click.option("--resize-at", type=int, default=None, metavar="STEP",
               help="Resize after this step completes (with --to).")
 @click.option("--to", "resize_to", type=int, default=None, metavar="N", help="Workers after --resize-at.")

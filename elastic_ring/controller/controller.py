@@ -56,6 +56,7 @@ from elastic_ring.controller.summary import write_summary
 from elastic_ring.errors import WorkerFailedError
 from elastic_ring.events.api import ErrorEvent, EventLog, Launch, ResizeRequested, Restart
 from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, stop_file
+from elastic_ring.worker.hvd_elastic import uses_horovod_elastic
 from elastic_ring.worker.lr import RULES
 
 DEFAULT_STARTUP_S = 10.0  # start-up estimate before the first launch has been measured
@@ -89,7 +90,8 @@ class Controller:
                                    say, clock, keeps_processes=relaunch == "inplace")
         self.procs = Processes(self.backend, spec.run_dir, self.owner, clock, self.events)
         self.relay = Relay(spec.run_dir, self.events)
-        self.meter = Meter(self.events, self.rule)
+        by_script = bool(spec.script) and uses_horovod_elastic(spec.script)  # its reset callbacks set the LR
+        self.meter = Meter(self.events, self.rule, lr_by_script=by_script)
         self.display = Display(say, spec.total_steps,
                                sys.stderr.isatty() if show_progress is None else show_progress)
         self._seg: Segment | None = None  # the segment being watched
@@ -237,6 +239,8 @@ class Controller:
             self._save_plan()
         else:
             r = self.plan.resize_at(step)
+            if r is None and seg.end.get("reason") == "scheduled" and step > seg.stop_at:
+                r = self.plan.resize_at(seg.stop_at)  # stopped at the first commit after the step
             if r is None:
                 self._fail(seg, rc, f"workers stopped at step {step} with no resize pending")
             target, t_req = r.to, float(seg.end["stop_decided_at"])

@@ -51,8 +51,12 @@ class Meter:
     """The resize and the restart being measured; ``rule`` (a :mod:`elastic_ring.worker.lr` rule)
     gives the new LR that ``relaunched`` events report."""
 
-    def __init__(self, events: EventLog, rule) -> None:
+    def __init__(self, events: EventLog, rule, lr_by_script: bool = False) -> None:
         self.events, self.rule = events, rule
+        # the script sets the LR itself at a resize (Horovod Elastic's reset callbacks): the
+        # ``relaunched`` event waits for the first step, and reports the LR that step used
+        self.lr_by_script = lr_by_script
+        self._relaunched: tuple[int, float] | None = None
         self.pending: PendingResize | None = None
         self.restarting: Restarting | None = None
         self.startup_s: list[float] = []  # measured launch -> first step, for the pre-launch lead
@@ -82,9 +86,16 @@ class Meter:
         if p is None:
             return None
         p.t_launch = t_launch
+        if self.lr_by_script:  # written at the first step, with the LR the script's callbacks set
+            self._relaunched = (segment, t_launch)
+            return None
+        return self._write_relaunched(segment, self.rule.scale(p.lr_last, p.from_workers, p.to_workers), t_launch)
+
+    def _write_relaunched(self, segment: int, lr_new: float, t_launch: float) -> Relaunched:
+        p = self.pending
+        assert p is not None
         ev = Relaunched(segment=segment, from_workers=p.from_workers, to_workers=p.to_workers, step=p.step,
-                        lr_last=p.lr_last, lr_new=self.rule.scale(p.lr_last, p.from_workers, p.to_workers),
-                        time=t_launch)
+                        lr_last=p.lr_last, lr_new=lr_new, time=t_launch)
         self.events.write(ev)
         return ev
 
@@ -105,6 +116,9 @@ class Meter:
                                         + rs.steps_redone * step_s, time=t_first))
             self.restarting = None
         p = self.pending
+        if p is not None and self._relaunched is not None:
+            self._write_relaunched(self._relaunched[0], float(ev["lr"]), self._relaunched[1])
+            self._relaunched = None
         if p is not None:
             p.t_first = t_first
             self.events.write(FirstStepAfterResize(segment=segment, world_size=ev["world_size"],

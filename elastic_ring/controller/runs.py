@@ -494,7 +494,7 @@ def describe(run: PreparedRun) -> list[str]:
     what = (f"script {spec.script}" if spec.script else
             f"model ResNet-{cfg.depth} (width {cfg.width}) on {cfg.dataset}, batch {cfg.batch_size}/worker")
     length = (f"{spec.total_steps} steps" if spec.total_steps < protocol.NO_STEP_LIMIT
-              else "until the script's loop ends")
+              else "until the script ends")
     second = (f"{what}, {length}"
               + (f", from step {run.start_step + 1}" if run.start_step else "") + ", schedule: "
               + (", ".join(f"step {r.step} -> {r.to}" for r in spec.schedule) or "no resize"))

@@ -150,6 +150,7 @@ class Job(ProgressMixin, CheckpointMixin, InPlaceMixin, StepLoopMixin):
         self._position = DataPosition()  # the epoch loop's data position
         self._hooked = HookedSteps(self)  # the steps counted at the optimizer's (an epoch loop)
         self._flat = False  # the script runs job.steps()
+        self._by_commit = False  # a Horovod Elastic script: its commits are the stop points (hvd_elastic)
         self._saved_rng: dict[str, Any] | None = None  # the RNG state to checkpoint (epoch loop)
         self._threads_warned = False
         self._syncing = False
@@ -316,13 +317,13 @@ class Job(ProgressMixin, CheckpointMixin, InPlaceMixin, StepLoopMixin):
         self._step_depth += 1
         if self._syncing or self._step_depth > 1:
             return
-        if not self._flat:
+        if not self._flat and not self._by_commit:
             self._hooked.before_step()  # may end the segment here (StopSegment)
         self._on_optimizer_step(opt, args, kwargs)
 
     def _after_optimizer_step(self, opt, args, kwargs) -> None:
         self._step_depth -= 1
-        if not self._flat and not self._syncing and self._step_depth == 0:
+        if not self._flat and not self._by_commit and not self._syncing and self._step_depth == 0:
             self._hooked.after_step()
 
     def _adopt_distributed_optimizer(self) -> None:

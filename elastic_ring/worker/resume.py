@@ -68,6 +68,7 @@ class CheckpointMixin:
             if self._sampler is not None:
                 self._sampler.cursor = int(meta.get("cursor") or 0)
             self._position.load(meta.get("data_position"))
+            self.joined_live = meta.get("segment") is not None  # from the ring, not a checkpoint
             if meta.get("segment") is not None:  # an in-place reset: the segment goes on here
                 self.segment, self.stop_at = int(meta["segment"]), int(meta["stop_at"])
             if self.previous_world != self.size:

@@ -8,6 +8,8 @@ entry point:
 
 - hands the launch settings to the worker library (``ELASTIC_RING_*`` variables; the rest of them
   come from the ``worker`` entry of ``DIR/run.json``);
+- runs a script written for Horovod Elastic (``@hvd.elastic.run``) unchanged, with elastic-ring
+  behind those names (:mod:`elastic_ring.worker.hvd_elastic`);
 - watches, in a thread, that the script calls ``elastic_ring.worker.init()`` (a script that calls
   ``hvd.init()`` itself, or not at all within ``init_timeout_s``, fails with a clear error) and
   that its controller is alive and still owns the folder (otherwise the worker exits with status
@@ -199,8 +201,10 @@ def main(argv: list[str] | None = None, in_process: bool = False) -> int:
     stop = threading.Event()
     threading.Thread(target=_watchdog, args=(info, init_timeout_s, stop), daemon=True,
                      name="elastic-ring-watchdog").start()
-    from elastic_ring.worker import api
+    from elastic_ring.worker import api, hvd_elastic
 
+    if hvd_elastic.uses_horovod_elastic(rest[0]):
+        hvd_elastic.install()  # a Horovod Elastic script: its hvd.init() and @hvd.elastic.run are ours
     try:
         _run_target(rest[0], rest[1:])
         job = api._JOB
@@ -211,6 +215,8 @@ def main(argv: list[str] | None = None, in_process: bool = False) -> int:
         return RETIRED
     except api.StopSegment:
         pass  # the segment stopped at an agreed step of the script's own loop (checkpoint written)
+    except hvd_elastic.SegmentDone:
+        pass  # its segment ended at a commit, checkpointed: the worker leaves
     except SystemExit as e:
         if e.code not in (None, 0):
             if e.code == 2 and _ARG_ERROR:

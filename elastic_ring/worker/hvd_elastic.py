@@ -1,0 +1,374 @@
+"""Horovod Elastic's API, served by elastic-ring: a script written for ``hvd.elastic`` runs unchanged.
+
+    elastic-ring train --script train_elastic.py --gpus 1 --schedule 100:2,200:1 --relaunch inplace
+
+A script that uses ``@hvd.elastic.run``, ``hvd.elastic.TorchState`` / ``ObjectState``,
+``state.commit()``, ``state.register_reset_callbacks()`` and ``hvd.elastic.ElasticSampler`` already
+has the contract this tool needs: the decorated function is where training happens, the state
+object holds what survives a resize, and a commit marks a consistent point. The worker entry point
+(:mod:`elastic_ring.worker.run`) finds such a script by its source (:func:`uses_horovod_elastic`)
+and, before running it, :func:`install` puts elastic-ring behind those names on the real
+``horovod.torch`` module:
+
+- ``hvd.init()`` starts the worker library (:func:`elastic_ring.worker.api.init`); later calls,
+  and the library's own re-initialisation at an in-place resize, reach Horovod's.
+- ``@hvd.elastic.run`` restores the newest checkpoint (model, optimizer, every other object the
+  state tracks: its samplers' positions, schedulers and plain attributes, as last committed) or
+  starts fresh with Horovod's ``state.sync()``, then calls the function.
+- ``state.commit()`` saves the state as Horovod does and is the only stop point: a scheduled stop
+  happens at the first commit at or after its step (a step is one step of the state's optimizer),
+  a live or policy stop at the commit after rank 0 saw the request (the ranks agree through one
+  vote that travels with the next step's gradients). The periodic background checkpoints are
+  taken at commits too, so every checkpoint holds a committed state.
+- At a stop the committed state is checkpointed. With ``--relaunch inplace`` the same processes
+  re-form the ring at the new size, run the state's reset callbacks, sync the state from rank 0
+  and call the function again, as under Horovod Elastic; with the other relaunch modes the
+  workers exit and the new ones restore the checkpoint, and the reset callbacks run there when
+  the world size changed. The reset callbacks own the LR: no Eq. 7 on top.
+- ``state.check_host_updates()`` never interrupts: a host change is taken at the next commit.
+- The run ends when the decorated function returns (``--steps``, if given, is a cap).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from elastic_ring import protocol
+
+# A script that names one of these is written for Horovod Elastic.
+_ELASTIC_NAMES = re.compile(r"\belastic\.run\b|\bhvd\.elastic\b|\bhorovod\.torch\.elastic\b|\bTorchState\b"
+                            r"|\bObjectState\b|\bElasticSampler\b")
+
+
+class SegmentDone(BaseException):
+    """Raised out of the decorated function in a worker whose segment ended at a stop (the
+    checkpoint is written): the worker exits, and the script's code after the call does not run.
+    A ``BaseException``, so a script's ``except Exception`` does not swallow it."""
+
+
+class _Stop(BaseException):
+    """Raised by ``state.commit()`` when all ranks agreed to stop there."""
+
+
+def uses_horovod_elastic(target: str) -> bool:
+    """Whether the script (a path, or a module name) uses Horovod Elastic's API."""
+    path = Path(target)
+    if not path.is_file():
+        try:
+            import importlib.util
+
+            spec = importlib.util.find_spec(target)
+        except (ImportError, ValueError):
+            return False
+        if spec is None or not spec.origin or not Path(spec.origin).is_file():
+            return False
+        path = Path(spec.origin)
+    try:
+        return bool(_ELASTIC_NAMES.search(path.read_text(errors="replace")))
+    except OSError:
+        return False
+
+
+# The run length of a Horovod Elastic script run without --steps: its function's return ends it.
+NO_STEP_CAP = protocol.NO_STEP_LIMIT
+
+_ORIGINAL: dict[str, Any] = {}  # Horovod's own functions behind the names install() replaces
+_IN_LIBRARY = False  # the worker library's own hvd.init() call is under way
+_SESSION: "Session | None" = None
+
+
+def install() -> None:
+    """Put elastic-ring behind Horovod Elastic's names on the real ``horovod.torch`` (idempotent)."""
+    if _ORIGINAL:
+        return
+    import horovod.common.elastic as common_elastic
+    import horovod.torch as hvd
+    import horovod.torch.elastic as hvd_elastic
+
+    _ORIGINAL.update(init=hvd.init, run=hvd_elastic.run, commit=common_elastic.State.commit,
+                     check_host_updates=common_elastic.State.check_host_updates,
+                     record_batch=hvd_elastic.ElasticSampler.record_batch)
+    hvd_elastic.ElasticSampler.record_batch = _record_batch
+    hvd.init = _init
+    hvd_elastic.run = run
+    common_elastic.State.commit = _commit
+    common_elastic.State.check_host_updates = _check_host_updates
+
+
+def _init(*args: Any, **kwargs: Any) -> None:
+    """``hvd.init()``: the script's first call starts the worker library (which initialises Horovod
+    through this same name, then reaches Horovod's own); later calls are no-ops unless the library
+    shut Horovod down to re-form the ring."""
+    from elastic_ring.worker import api
+
+    global _IN_LIBRARY
+    if api._JOB is None and not _IN_LIBRARY:
+        _IN_LIBRARY = True
+        try:
+            api.init()
+        finally:
+            _IN_LIBRARY = False
+        return
+    import horovod.torch as hvd
+
+    if not hvd.is_initialized():
+        _ORIGINAL["init"](*args, **kwargs)
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``@hvd.elastic.run``: the function, run by elastic-ring (see the module docstring)."""
+
+    @functools.wraps(func)
+    def wrapper(state, *args: Any, **kwargs: Any) -> Any:
+        global _SESSION
+        from elastic_ring.worker import api
+
+        job = api._JOB if api._JOB is not None else api.init()
+        session = Session(job, state)
+        _SESSION = session
+        try:
+            return session.run(func, args, kwargs)
+        finally:
+            _SESSION = None
+
+    return wrapper
+
+
+def _commit(state) -> None:
+    """``state.commit()``: Horovod's save, then elastic-ring's stop point."""
+    state.save()
+    session = _SESSION
+    if session is not None and session.state is state:
+        session.commit_point()
+
+
+def _record_batch(sampler, batch_idx: int, batch_size: int) -> None:
+    """``ElasticSampler.record_batch``: Horovod's, and this rank's samples for the throughput."""
+    _ORIGINAL["record_batch"](sampler, batch_idx, batch_size)
+    session = _SESSION
+    if session is not None and session.counting:
+        session.job._window.samples += int(batch_size)
+
+
+def _check_host_updates(state) -> None:
+    """``state.check_host_updates()``: a host change waits for the next commit."""
+
+
+class _CommittedState:
+    """What a checkpoint holds of a Horovod Elastic state besides the model and the optimizer that
+    the job saves itself: the state's plain attributes and every other tracked object (samplers,
+    schedulers, more models...), each as last committed. Registered with the job as an extra."""
+
+    def __init__(self, state, skip: set[str]) -> None:
+        self.state, self.skip = state, skip
+
+    def _handlers(self) -> dict[str, Any]:
+        return {k: h for k, h in getattr(self.state, "_handlers", {}).items() if k not in self.skip}
+
+    @staticmethod
+    def _saved_attr(handler) -> str | None:
+        return next((k for k in vars(handler) if k.startswith("_saved_")), None)
+
+    def state_dict(self) -> dict[str, Any]:
+        handlers = {}
+        for name, h in self._handlers().items():
+            attr = self._saved_attr(h)
+            handlers[name] = getattr(h, attr) if attr else h.value.state_dict()
+        return {"objects": dict(getattr(self.state, "_saved_state", {})), "handlers": handlers}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        for name, h in self._handlers().items():
+            if name in saved["handlers"]:
+                value = saved["handlers"][name]
+                h.value.load_state_dict(copy.deepcopy(value))
+                attr = self._saved_attr(h)
+                if attr:
+                    setattr(h, attr, copy.deepcopy(value))
+        if hasattr(self.state, "_saved_state"):
+            self.state._saved_state = dict(saved["objects"])
+            self.state._set_attrs()
+
+
+class Session:
+    """One call of a ``@hvd.elastic.run`` function under elastic-ring: the state bound to the job
+    (what the checkpoints hold), the optimizer's steps counted, the stop points at commits."""
+
+    def __init__(self, job, state) -> None:
+        import torch
+
+        from elastic_ring.worker.errors import ContractError
+
+        if job.ring_by_controller:
+            raise ContractError("a Horovod Elastic script (@hvd.elastic.run) does not run on the Ray "
+                                "backend yet: use --backend horovodrun (any --relaunch mode)")
+        self.job, self.state = job, state
+        handlers = getattr(state, "_handlers", {})
+        model = next((k for k, h in handlers.items() if isinstance(h.value, torch.nn.Module)), None)
+        opt = next((k for k, h in handlers.items() if isinstance(h.value, torch.optim.Optimizer)), None)
+        self.own = {k: handlers[k] for k in (model, opt) if k is not None}  # saved by the job itself
+        if not job._resize_hooks:
+            job.on_resize(lambda old, new, step: None)  # no Eq. 7 on top of them
+        job._by_commit = True  # steps and stops are this adapter's, not the epoch loop's hooks
+        job.register(model=handlers[model].value if model else None,
+                     optimizer=handlers[opt].value if opt else None,
+                     hvd_elastic_state=_CommittedState(state, set(self.own)))
+        self.optimizer = handlers[opt].value if opt else None
+        if self.optimizer is not None and not getattr(self.optimizer, "_elastic_ring_hooked", False):
+            self.optimizer.register_step_pre_hook(self._before_step)
+            self.optimizer.register_step_post_hook(self._after_step)
+            self.optimizer._elastic_ring_hooked = True
+        self.vote = None
+        self._first = True
+        self.counting = False
+        self._depth = 0
+
+    # ------------------------------------------------------------------ the segment
+    def run(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        job, state = self.job, self.state
+        job.restore()
+        if job.resumed:
+            for h in self.own.values():
+                h.save()  # the restored model and optimizer are the committed ones
+            if job.previous_world != job.size and not getattr(job, "joined_live", False):
+                state.on_reset()  # from a checkpoint at another size: the reset callbacks (LR)
+        else:
+            state.sync()  # a fresh start: rank 0's state, as Horovod Elastic starts
+        self._begin_segment()
+        while True:
+            self.counting = True  # the optimizer steps of the function are the job's steps
+            try:
+                result = func(state, *args, **kwargs)
+            except _Stop:
+                self.counting = False  # (a broadcast of the optimizer state steps it too)
+                if self._pause_and_reset():
+                    continue
+                self._end()
+                raise SegmentDone() from None
+            self.counting = False
+            self.job.stop_reason = "finished"
+            self._end()
+            return result
+
+    def _begin_segment(self) -> None:
+        from elastic_ring.worker.progress import _Window
+
+        self.job._window = _Window()
+        self.job._lr_stepped = None
+        self._first = True
+        self.vote = None
+
+    def _before_step(self, opt, args, kwargs) -> None:
+        self._depth += 1  # Horovod's optimizer steps its base class inside its own step: both hook
+        if not self.counting or self._depth > 1:
+            return
+        job = self.job
+        job._current = job.step + 1
+        if self._first:
+            job._lr_used = job.current_lr()  # (the job's own hook, run before, saw the LR stepped)
+
+    def _after_step(self, opt, args, kwargs) -> None:
+        """One step done: the heartbeat, the first-step event, the throughput windows."""
+        self._depth -= 1
+        if not self.counting or self._depth > 0:
+            return
+        job = self.job
+        job.step += 1
+        job._heartbeat(job.step, "step")
+        job._window.steps += 1
+        now = time.time()
+        if self._first:
+            self._first = False
+            job._emit_first_step(job.step, now)
+        elif job._window.steps >= job.info.throughput_window:
+            job._close_window(job.step)
+        if job.rank == 0 and now - job._last_progress_t > 0.5:
+            job._last_progress_t = now
+            protocol.write_json_atomic(protocol.control_dir(job.run_dir) / protocol.PROGRESS_FILE,
+                                       {"step": job.step, "segment": job.segment, "time": now})
+
+    # ------------------------------------------------------------------ commits
+    def commit_point(self) -> None:
+        """After Horovod's save: stop here if all ranks agree (raises :class:`_Stop`), else take the
+        periodic checkpoint when due and start the next stop vote."""
+        job = self.job
+        asked = early = False
+        if self.vote is not None:
+            asked, early = job._vote_result(self.vote)
+            self.vote = None
+        step = job.step
+        if step >= job.total_steps:
+            reason = "finished"  # --steps caps the run
+        elif step >= job.stop_at:
+            reason = "scheduled"
+        elif asked or early:
+            reason = "finished" if early else "requested"
+        else:
+            reason = None
+        if reason is None:
+            if job.rank == 0:
+                job._maybe_periodic_checkpoint(step)
+            self.vote = job._start_stop_vote()
+            return
+        job._decided = time.time()
+        job.stop_reason = reason
+        job.finished = reason == "finished"
+        raise _Stop()
+
+    def _pause_and_reset(self) -> bool:
+        """Under ``--relaunch inplace``: pause, and on the controller's word re-form the ring at the
+        new size (Horovod Elastic's reset: reset callbacks, then the state from rank 0). True when
+        the function is to run again in this process."""
+        job = self.job
+        if not job.inplace or job.ring_by_controller or job.finished:
+            return False
+        from elastic_ring.events.api import SegmentEnd
+
+        if job.rank == 0:
+            job._emit(SegmentEnd(segment=job.segment, world_size=job.size, step=job.step,
+                                 reason=job.stop_reason, lr=job.current_lr(), stop_decided_at=job._decided))
+        job._heartbeat(job.step, "paused")
+        action = job._pause_inplace()
+        if action.get("action") != "resize":
+            return False
+        hvd = job.hvd
+        t0 = time.time()
+        meta = job._live_meta(next_segment=int(action["segment"]), stop_at=int(action["stop_at"]))
+        hvd.shutdown()
+        job._hosts_updated_at = None
+        hvd.init()
+        job._marks = {"reset_request": t0, "hvd_reinit": time.time()}
+        job._t_start = t0
+        job._set_rank(hvd)
+        self.state.on_reset()  # before the sync, as Horovod Elastic: rank 0's result is what is sent
+        job._sync(meta if job.rank == 0 else None)
+        job._marks["sync"] = time.time()
+        job.stop_reason = None
+        self._begin_segment()
+        return True
+
+    def _end(self) -> None:
+        """The segment's end: the final checkpoint and ``segment_end`` (rank 0), then all leave."""
+        import torch
+
+        from elastic_ring.events.api import SegmentEnd
+
+        job = self.job
+        if self.vote is not None:  # every rank has the same vote in flight: complete it
+            job._vote_result(self.vote)
+            self.vote = None
+        if job.stop_reason == "finished":
+            job.finished = True
+            job._decided = time.time()
+        job._heartbeat(job.step, "ending")
+        if job.rank == 0:
+            job._checkpoint(job.step, wait=True)
+            if not job.inplace or job.finished:
+                job._emit(SegmentEnd(segment=job.segment, world_size=job.size, step=job.step,
+                                     reason=job.stop_reason, lr=job.current_lr(),
+                                     stop_decided_at=job._decided))
+        job.hvd.allreduce(torch.tensor([0.0]), name="exit_barrier")
