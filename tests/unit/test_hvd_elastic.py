@@ -94,10 +94,12 @@ def test_relaunched_reports_the_lr_the_first_step_used_when_the_script_sets_it(t
     assert kinds.index("relaunched") < kinds.index("first_step_after_resize")
 
 
-def test_steps_is_optional_for_a_horovod_elastic_script_only():
+def test_steps_is_optional_for_a_horovod_elastic_script():
+    """Its function's return ends the run (a job.steps() loop without --steps is refused by the
+    worker library at its first step instead: tests/unit/test_worker_epochs.py)."""
     from elastic_ring.controller.runs import RunRequest, check
     from elastic_ring.errors import UserError
 
-    check(RunRequest(script=str(ROOT / "examples" / "hvd_elastic_mlp.py")))  # its function's return ends it
-    with pytest.raises(UserError, match="--script needs --steps"):
-        check(RunRequest(script=str(ROOT / "examples" / "mlp_digits.py")))
+    check(RunRequest(script=str(ROOT / "examples" / "hvd_elastic_mlp.py")))
+    with pytest.raises(UserError, match="--steps must be"):
+        check(RunRequest(script=str(ROOT / "examples" / "hvd_elastic_mlp.py"), steps=0))
