@@ -98,8 +98,5 @@ def test_steps_is_optional_for_a_horovod_elastic_script():
     """Its function's return ends the run (a job.steps() loop without --steps is refused by the
     worker library at its first step instead: tests/unit/test_worker_epochs.py)."""
     from elastic_ring.controller.runs import RunRequest, check
-    from elastic_ring.errors import UserError
 
     check(RunRequest(script=str(ROOT / "examples" / "hvd_elastic_mlp.py")))
-    with pytest.raises(UserError, match="--steps must be"):
-        check(RunRequest(script=str(ROOT / "examples" / "hvd_elastic_mlp.py"), steps=0))
