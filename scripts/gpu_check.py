@@ -249,7 +249,8 @@ def stage_setup(c: Check) -> tuple[list[str], str, list[str]]:
     if c.kit is not None:
         target = Path(os.environ.get("KIT_TARGET") or gpu_kit.DEFAULT_TARGET)
         try:
-            done = gpu_kit.install(c.kit, target, python=c.py, machine=c.machine,
+            # the build may use all but 90 s: a late build skips stages, and a rerun finds its wheel
+            done = gpu_kit.install(c.kit, target, python=c.py, machine=c.machine, build_timeout=max(30, c.left() - 90),
                                    log=lambda s: print(s, file=sys.stderr, flush=True))
         except gpu_kit.BuildFailed as e:
             raise StageFailed(str(e), build_log=e.log) from None

@@ -36,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -446,18 +447,24 @@ def make_links(links: dict[str, str]) -> None:
 
 
 _ERROR_LINE = re.compile(r"error:|error \(|CMake Error|FAILED:|fatal error|undefined reference|\*\*\* \[|"
-                         r"ninja: build stopped|make(\[\d+\])?: \*\*\*|Compatibility with CMake", re.IGNORECASE)
+                         r"ninja: build stopped|make(\[\d+\])?: \*\*\*|Could NOT find", re.IGNORECASE)
 
 
-_COMPILER_ERROR = re.compile(r": (fatal )?error:|CMake Error|undefined reference|Compatibility with CMake")
+_COMPILER_ERROR = re.compile(r": (fatal )?error:|CMake Error|undefined reference")
 
 
 def first_error(text: str) -> str:
     """The build log's first compiler or CMake error (not pip's own "error:" about its child)."""
     lines = text.splitlines()
-    found = next((ln for ln in lines if _COMPILER_ERROR.search(ln)), None) or \
-        next((ln for ln in lines if _ERROR_LINE.search(ln)), "no error line")
-    return found.strip()[:300]
+    i = next((i for i, ln in enumerate(lines) if _COMPILER_ERROR.search(ln)), None)
+    if i is None:
+        i = next((i for i, ln in enumerate(lines) if _ERROR_LINE.search(ln)), None)
+    if i is None:
+        return "no error line"
+    found = lines[i].strip()
+    if found.endswith(":") and i + 1 < len(lines):  # "CMake Error at X (message):" then the message
+        found += " " + lines[i + 1].strip()
+    return found[:300]
 
 
 def summarize_build_log(text: str, max_errors: int = 80, tail: int = 30) -> str:
@@ -495,10 +502,11 @@ class Installed:
 
 
 def install(kit: Path, target: Path, python: str = sys.executable, log=print,
-            machine: Machine | None = None) -> Installed:
+            machine: Machine | None = None, build_timeout: float | None = None) -> Installed:
     """On the GPU machine: the wheels into ``target``, then Horovod built there and installed into
     it. Once per target: a stamp records what is installed, and the built wheel stays in
-    ``<target>-build/dist`` (a rerun with the same kit and torch skips the build)."""
+    ``<target>-build/dist`` (a rerun with the same kit and torch skips the build). A build stopped
+    at ``build_timeout`` seconds leaves its folder, and a rerun continues it."""
     problems = check_manifest(kit)
     if problems:
         raise KitError("the kit does not match its manifest: " + "; ".join(problems[:3]))
@@ -532,11 +540,15 @@ def install(kit: Path, target: Path, python: str = sys.executable, log=print,
         built = "wheel from an earlier build"
         log(f"gpu_kit: Horovod's wheel from an earlier build ({whl.name})")
     else:
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        with tarfile.open(kit / "src" / SDIST) as tf:
-            tf.extractall(work, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         src = work / SDIST[:-len(".tar.gz")]
+        if (work / "KEY").exists() and (work / "KEY").read_text() == key and src.is_dir():
+            log(f"gpu_kit: continuing the unfinished build in {work}")  # CMake's and ninja's own state
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            with tarfile.open(kit / "src" / SDIST) as tf:
+                tf.extractall(work, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            (work / "KEY").write_text(key)
         patches = patch_source(src)
         nccl_vars: dict[str, str] = {}
         if m.torch_cuda:
@@ -553,11 +565,23 @@ def install(kit: Path, target: Path, python: str = sys.executable, log=print,
             f"{plan.env.get('HOROVOD_BUILD_CUDA_CC_LIST', 'none')}, log {work / 'build.log'})")
         t0 = time.time()
         with open(work / "build.log", "w") as fh:
-            r = subprocess.run([python, "-m", "pip", "--disable-pip-version-check", "wheel", "--no-deps",
-                                "--no-build-isolation", str(src), "-w", str(dist)],
-                               stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ, **plan.env))
+            proc = subprocess.Popen([python, "-m", "pip", "--disable-pip-version-check", "wheel", "--no-deps",
+                                     "--no-build-isolation", str(src), "-w", str(dist)],
+                                    stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ, **plan.env),
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout=build_timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # the compilers too
+                proc.wait()
+                raise BuildFailed(f"the Horovod build did not end in {build_timeout:.0f} s (a rerun continues it)",
+                                  work / "build.log") from None
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
         whl = next(iter(sorted(dist.glob("horovod-*.whl"))), None)
-        if r.returncode != 0 or whl is None:
+        if proc.returncode != 0 or whl is None:
             raise BuildFailed(f"the Horovod build failed after {time.time() - t0:.0f} s: "
                               f"{first_error((work / 'build.log').read_text(errors='replace'))}", work / "build.log")
         wheel_key.write_text(key)

@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -205,6 +206,14 @@ def test_a_failed_build_s_summary_has_its_error_lines_not_only_the_tail():
     assert "601: CMake Error at third_party/gloo" in text
     assert text.rstrip().endswith("error: subprocess-exited-with-error")
     assert "Building CXX object x100.o" not in text and "-- 4 error line(s) in 902 lines" in text
+    cmake = ["CMake Warning (deprecated) at third_party/gloo/CMakeLists.txt:1 (cmake_minimum_required):",
+             "  Compatibility with CMake < 3.10 will be removed from a future version of", "",
+             "  error: subprocess-exited-with-error",
+             "CMake Error at FindPackageHandleStandardArgs.cmake:290 (message):",
+             "  Could NOT find CUDAToolkit (missing: CUDA_CUDART)"]
+    assert kit_mod.first_error("\n".join(cmake)) == ("CMake Error at FindPackageHandleStandardArgs.cmake:290 "
+                                                     "(message): Could NOT find CUDAToolkit (missing: CUDA_CUDART)")
+    assert kit_mod.first_error("all good") == "no error line"
 
 
 _FAKE_SETUP = """import os, sys
@@ -212,6 +221,9 @@ from setuptools import setup
 with open(os.environ["FAKE_BUILD_RECORD"], "a") as f:
     for k in ("CMAKE_GENERATOR", "CMAKE_POLICY_VERSION_MINIMUM", "HOROVOD_WITH_PYTORCH"):
         f.write(f"{k}={os.environ.get(k, '')}\\n")
+if os.environ.get("FAKE_BUILD_SLEEP"):
+    import time
+    time.sleep(float(os.environ["FAKE_BUILD_SLEEP"]))
 if os.environ.get("FAKE_BUILD_FAIL"):
     print("horovod/common/x.cc:1:1: error: failed on purpose")
     sys.exit(1)
@@ -290,6 +302,22 @@ def test_a_failed_build_names_its_first_error_and_keeps_the_log(tmp_path, monkey
         kit_mod.install(kit, tmp_path / "site", python=sys.executable, log=lambda s: None, machine=machine)
     assert "error: failed on purpose" in kit_mod.summarize_build_log(e.value.log.read_text())
     assert not (tmp_path / "site" / ".elastic-ring-kit").exists()
+
+
+def test_a_build_past_its_time_is_stopped_and_a_rerun_continues_it(tmp_path, monkeypatch):
+    kit, machine, _ = _buildable_kit(tmp_path, monkeypatch)
+    monkeypatch.setenv("FAKE_BUILD_SLEEP", "60")
+    t0 = time.monotonic()
+    with pytest.raises(kit_mod.BuildFailed, match="did not end in 3 s"):
+        kit_mod.install(kit, tmp_path / "site", python=sys.executable, log=lambda s: None, machine=machine,
+                        build_timeout=3)
+    assert time.monotonic() - t0 < 30
+    assert (tmp_path / "site-build" / "KEY").exists()  # the stopped build's folder stays
+    monkeypatch.delenv("FAKE_BUILD_SLEEP")
+    said = []
+    done = kit_mod.install(kit, tmp_path / "site", python=sys.executable, log=said.append, machine=machine)
+    assert done.built.startswith("built in ") and any("continuing the unfinished build" in s for s in said)
+    assert done.patches == []  # the same source, patched once
 
 
 def test_probe_reads_this_machine(tmp_path):
