@@ -273,6 +273,10 @@ def stage_setup(c: Check) -> tuple[list[str], str, list[str]]:
     else:
         raise StageFailed(f"horovod.torch does not import in {c.py}: give the kit (--kit .kit)")
     lines.append(f"{c.horovod}, imported with the environment the stages use.")
+    if c.gpu:
+        code = "from elastic_ring.telemetry.gpu import probe; print(probe().line())"
+        p = c.run([c.py, "-c", code], 60, "elastic-ring's GPU detection")
+        lines += ["", f"elastic-ring's detection: {p.stdout.strip() or _tail(p.stderr, 1)}"]
     return lines, result, []
 
 
@@ -511,6 +515,23 @@ def _report_path(device: str, out: str | None) -> tuple[Path, int]:
     return ROOT / "results" / name, 0
 
 
+ONE_GPU = ("With one GPU this check cannot show: a gradient allreduce between workers (at one worker there is no "
+           "peer: the one-rank allreduce below is NCCL's set-up and a copy), nor a resize between GPUs (1 -> 2 "
+           "needs a second GPU: the relaunch modes' time lost on GPUs is not measured).")
+
+
+def header_lines(machine: gpu_kit.Machine, device: str, found: str, smi: str, args: str) -> list[str]:
+    """The report's head: what ran where, what was found, and what one GPU cannot show."""
+    gpu = device == "cuda"
+    lines = [f"# GPU check ({f'CUDA, {machine.gpus} GPU(s)' if gpu else 'CPU dry run: tiny sizes'})", "",
+             f"{time.strftime('%Y-%m-%d %H:%M')}, `scripts/gpu_check.sh {args}`", "", f"Found: {found}", ""]
+    if gpu:
+        lines += [f"GPU: {smi}", ""]
+    if gpu and machine.gpus == 1:
+        lines += [ONE_GPU, ""]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     p = _Parser(prog="scripts/gpu_check.sh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -547,18 +568,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu_check: found: {found}", file=sys.stderr, flush=True)
     path, reserved = _report_path(a.device, a.out)
     gpu = a.device == "cuda"
-    header = [f"# GPU check ({f'CUDA, {machine.gpus} GPU(s)' if gpu else 'CPU dry run: tiny sizes'})", "",
-              f"{time.strftime('%Y-%m-%d %H:%M')}, `scripts/gpu_check.sh {' '.join(argv or sys.argv[1:])}`", "",
-              f"Found: {found}", ""]
+    smi = ""
     if gpu:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True)
-        header += [f"GPU: {smi.stdout.strip() or 'nvidia-smi not found'}", ""]
-    if gpu and machine.gpus == 1:
-        header += ["With one GPU this check cannot show: a gradient allreduce between workers (at one worker "
-                   "there is no peer: the one-rank allreduce below is NCCL's set-up and a copy), nor a resize "
-                   "between GPUs (1 -> 2 needs a second GPU: the relaunch modes' time lost on GPUs is not "
-                   "measured).", ""]
+                             capture_output=True, text=True).stdout.strip() or "nvidia-smi not found"
+    header = header_lines(machine, a.device, found, smi, " ".join(sys.argv[1:] if argv is None else argv))
     report = Report(path, header, reserved=reserved)
     tmp = Path(tempfile.mkdtemp(prefix="gpu-check-", dir=os.environ.get("TMPDIR") or None))
     env = dict(os.environ, PYTHONUNBUFFERED="1", GPU_CHECK_TMP=str(tmp))

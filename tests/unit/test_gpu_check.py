@@ -202,8 +202,24 @@ def test_the_runs_folder_is_removed_however_the_check_ends(tmp_path, monkeypatch
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmpdir))
+    monkeypatch.setattr(gc.gpu_kit, "probe", lambda py: gc.gpu_kit.Machine(python="3.11.7", python_exe=py,
+                                                                           torch="2.14.1"))
     status = gc.main(["--device", "cpu", "--stages", "setup", "--fail-at", "setup", "--out", str(tmp_path / "r.md")])
     assert status == 1 and list(tmpdir.iterdir()) == []
     text = (tmp_path / "r.md").read_text()
     assert "**FAILED**: failed on purpose" in text and "Found: no kit | python" in text
-    assert "Measured with torch" in text
+    assert "Measured with torch 2.14.1 (CUDA none), Python 3.11.7." in text
+
+
+def test_the_report_says_which_torch_it_measured_and_what_one_gpu_cannot_show(tmp_path):
+    m = gc.gpu_kit.Machine(python="3.12.3", python_exe="python3", torch="2.11.0+cu130", torch_cuda="13.0", gpus=1)
+    head = "\n".join(gc.header_lines(m, "cuda", "kit .kit | python 3.12.3", "NVIDIA H200, 580.95, 143771 MiB",
+                                     "--kit .kit"))
+    assert "# GPU check (CUDA, 1 GPU(s))" in head and "GPU: NVIDIA H200" in head
+    assert "no peer" in head and "nor a resize between GPUs" in head
+    c = _check(tmp_path)
+    c.machine, c.horovod = m, "Horovod 0.28.1 (NCCL built: yes)"
+    assert c.measured() == "Measured with torch 2.11.0+cu130 (CUDA 13.0), Python 3.12.3, Horovod 0.28.1 (NCCL built: yes)."
+    two = gc.gpu_kit.Machine(python="3.12.3", python_exe="python3", torch="2.11.0+cu130", gpus=2)
+    assert "cannot show" not in "\n".join(gc.header_lines(two, "cuda", "", "", ""))
+    assert "cannot show" not in "\n".join(gc.header_lines(m, "cpu", "", "", ""))
