@@ -39,7 +39,7 @@ ignored build/gpu-kit/, so a rerun on the same machine skips it). The kit folder
 a device tool that copies only the tracked tree must be told to carry it. With the tool of this
 project's workplace, one call of at most 10 minutes:
 
-  run(command='set -o pipefail; PYTHONUNBUFFERED=1 bash scripts/gpu_check.sh --kit .kit 2>&1 | tee "$OUT/gpu_check.log"',
+  run(command='set -o pipefail; bash scripts/gpu_check.sh --kit .kit 2>&1 | tee "$OUT/gpu_check.log"',
       carry=[".kit"], timeout_s=600)
 
 --stages picks stages (a rerun of one that failed); --fail-at STAGE makes that stage's last
@@ -552,8 +552,8 @@ def main(argv: list[str] | None = None) -> int:
         if s not in STAGES:
             p.error(f"unknown stage '{s}' in --stages ({' '.join(STAGES)})")
     if a.kit is not None and not (a.kit / gpu_kit.MANIFEST).is_file():
-        return _refuse(f"--kit {a.kit} holds no {gpu_kit.MANIFEST}: make it with scripts/gpu_kit.py build, and carry "
-                "that ignored folder to the GPU machine (carry=[\".kit\"])")
+        return _refuse(f"--kit {a.kit} holds no {gpu_kit.MANIFEST}: make it with scripts/gpu_kit.py build, and "
+                       "carry that ignored folder to the GPU machine (carry=[\".kit\"])")
     a.python = sys.executable  # gpu_check.sh chose it (--python, else .venv's, else python3)
     machine = gpu_kit.probe(a.python)
     if a.device == "cuda" and machine.gpus < 1:
@@ -570,8 +570,12 @@ def main(argv: list[str] | None = None) -> int:
     gpu = a.device == "cuda"
     smi = ""
     if gpu:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip() or "nvidia-smi not found"
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        smi = smi or "nvidia-smi did not answer"
     header = header_lines(machine, a.device, found, smi, " ".join(sys.argv[1:] if argv is None else argv))
     report = Report(path, header, reserved=reserved)
     tmp = Path(tempfile.mkdtemp(prefix="gpu-check-", dir=os.environ.get("TMPDIR") or None))

@@ -9,7 +9,7 @@
 # Everything else, and the full help (--help), is scripts/gpu_check.py's. On a lent GPU machine
 # whose device tool carries git-ignored folders only when named, carry the kit:
 #
-#   run(command='set -o pipefail; PYTHONUNBUFFERED=1 bash scripts/gpu_check.sh --kit .kit 2>&1 | tee "$OUT/gpu_check.log"',
+#   run(command='set -o pipefail; bash scripts/gpu_check.sh --kit .kit 2>&1 | tee "$OUT/gpu_check.log"',
 #       carry=[".kit"], timeout_s=600)
 set -euo pipefail
 

@@ -174,6 +174,8 @@ def patch_source(src: Path) -> list[str]:
       or the link fails (multiple definition of gloo's kDefaultTimeout);
     - ``CMAKE_CUDA_STANDARD 11`` -> 17 for Horovod's CUDA kernels: the host headers of gcc 14 and
       newer, and CUDA 13's own, no longer compile as C++11;
+    - setup.py passes make's ``VERBOSE=1`` to the build tool, which Ninja (used where there is no
+      make) takes for a target: only with make;
     - ``#include <cstdint>`` in gloo's ``types.h``, which uses ``uint8_t`` and gets it through
       ``<iostream>`` only up to gcc 14;
     - ``cmake_minimum_required(VERSION x)`` with x < 3.5 (gloo's 2.8.12) raised to 3.5: CMake 4
@@ -195,6 +197,13 @@ def patch_source(src: Path) -> list[str]:
     if p.exists() and "set(CMAKE_CUDA_STANDARD 11)" in p.read_text():
         p.write_text(p.read_text().replace("set(CMAKE_CUDA_STANDARD 11)", "set(CMAKE_CUDA_STANDARD 17)"))
         done.append(f"{rel}: CUDA C++11 -> C++17")
+    rel = "setup.py"  # make's VERBOSE=1 is a target to ninja ("unknown target"): only for make
+    p = src / rel
+    old = "        if self.verbose:\n            make_args.append('VERBOSE=1')"
+    if p.exists() and old in p.read_text():
+        p.write_text(p.read_text().replace(old, "        if self.verbose and os.environ.get('CMAKE_GENERATOR') != "
+                                                "'Ninja':\n            make_args.append('VERBOSE=1')"))
+        done.append(f"{rel}: no VERBOSE=1 for Ninja")
     rel = "third_party/gloo/gloo/types.h"
     p = src / rel
     if p.exists() and "<cstdint>" not in p.read_text():
@@ -350,7 +359,8 @@ def probe(python: str = sys.executable) -> Machine:
     if nccl is None and cuda and (Path(cuda) / "include" / "nccl.h").exists():
         nccl = f"CUDA include ({Path(cuda) / 'include'})"
     return Machine(**seen, cmake=_version(["cmake", "--version"]), make=shutil.which("make") is not None,
-                   ninja=_version(["ninja", "--version"]), gcc=_version(["gcc", "-dumpfullversion"], r"(\d+(?:\.\d+)*)"),
+                   ninja=_version(["ninja", "--version"]),
+                   gcc=_version(["gcc", "-dumpfullversion"], r"(\d+(?:\.\d+)*)"),
                    nvcc=_version([nvcc, "--version"], r"release (\d+\.\d+)"), cuda_home=cuda,
                    cc_list=_cc_list() if seen.get("torch_cuda") else None, nccl_header=nccl,
                    cpus=os.cpu_count() or 2)
@@ -447,7 +457,7 @@ def make_links(links: dict[str, str]) -> None:
 
 
 _ERROR_LINE = re.compile(r"error:|error \(|CMake Error|FAILED:|fatal error|undefined reference|\*\*\* \[|"
-                         r"ninja: build stopped|make(\[\d+\])?: \*\*\*|Could NOT find", re.IGNORECASE)
+                         r"ninja: build stopped|make(\[\d+\])?: \*\*\*", re.IGNORECASE)
 
 
 _COMPILER_ERROR = re.compile(r": (fatal )?error:|CMake Error|undefined reference")

@@ -33,7 +33,8 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path):
     assert [f.name for f in tmp_path.iterdir()] == ["gpu_check_cpu.md"]  # under $OUT, nothing else
     text = (tmp_path / "gpu_check_cpu.md").read_text()
     assert p.stdout.strip() == text.strip()
-    for section in ("## Horovod", "## Bare start", "## Steady state", "## Stop with checkpoint", "## Resize per relaunch"):
+    for section in ("## Horovod", "## Bare start", "## Steady state", "## Stop with checkpoint",
+                    "## Resize per relaunch"):
         assert section in text, section
     assert f"Measured with torch {torch.__version__}" in text and "Horovod 0.28.1" in text
     assert "Status: **finished**" in text and "All checks passed." in text

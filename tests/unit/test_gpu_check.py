@@ -219,7 +219,8 @@ def test_the_report_says_which_torch_it_measured_and_what_one_gpu_cannot_show(tm
     assert "no peer" in head and "nor a resize between GPUs" in head
     c = _check(tmp_path)
     c.machine, c.horovod = m, "Horovod 0.28.1 (NCCL built: yes)"
-    assert c.measured() == "Measured with torch 2.11.0+cu130 (CUDA 13.0), Python 3.12.3, Horovod 0.28.1 (NCCL built: yes)."
+    assert c.measured() == ("Measured with torch 2.11.0+cu130 (CUDA 13.0), Python 3.12.3, "
+                            "Horovod 0.28.1 (NCCL built: yes).")
     two = gc.gpu_kit.Machine(python="3.12.3", python_exe="python3", torch="2.11.0+cu130", gpus=2)
     assert "cannot show" not in "\n".join(gc.header_lines(two, "cuda", "", "", ""))
     assert "cannot show" not in "\n".join(gc.header_lines(m, "cpu", "", "", ""))

@@ -154,7 +154,8 @@ def _sdist_tree(root):
              "horovod/common/ops/cuda/CMakeLists.txt": "set(CMAKE_CUDA_STANDARD 11)\n",
              "third_party/gloo/CMakeLists.txt": "cmake_minimum_required(VERSION 2.8.12 FATAL_ERROR)\n",
              "third_party/gloo/gloo/types.h": "#pragma once\n\n#include <iostream>\n\nuint8_t x;\n",
-             "third_party/eigen/bench/CMakeLists.txt": "cmake_minimum_required(VERSION 2.6.2)\n"}
+             "third_party/eigen/bench/CMakeLists.txt": "cmake_minimum_required(VERSION 2.6.2)\n",
+             "setup.py": "        if self.verbose:\n            make_args.append('VERBOSE=1')\n"}
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
@@ -163,7 +164,7 @@ def _sdist_tree(root):
 def test_the_source_patches_for_cmake_4_gcc_15_and_torch(tmp_path):
     _sdist_tree(tmp_path)
     done = kit_mod.patch_source(tmp_path)
-    assert len(done) == 5, done
+    assert len(done) == 6, done
     assert kit_mod.patch_source(tmp_path) == []  # idempotent
     for rel in ("CMakeLists.txt", "horovod/torch/CMakeLists.txt"):
         assert "set(CMAKE_CXX_STANDARD 20)" in (tmp_path / rel).read_text()
@@ -173,6 +174,7 @@ def test_the_source_patches_for_cmake_4_gcc_15_and_torch(tmp_path):
     assert (tmp_path / "third_party/gloo/CMakeLists.txt").read_text().startswith("cmake_minimum_required(VERSION 3.5 ")
     assert "VERSION 3.13" in (tmp_path / "CMakeLists.txt").read_text()  # 3.5 or newer: untouched
     assert "2.6.2" in (tmp_path / "third_party/eigen/bench/CMakeLists.txt").read_text()  # not configured
+    assert "if self.verbose and os.environ.get('CMAKE_GENERATOR') != 'Ninja':" in (tmp_path / "setup.py").read_text()
     (tmp_path / "horovod/torch/CMakeLists.txt").write_text("set(CMAKE_CXX_STANDARD 17)\n")
     with pytest.raises(kit_mod.KitError, match="the C\\+\\+ standard line to patch is not there"):
         kit_mod.patch_source(tmp_path)
@@ -189,7 +191,7 @@ def test_the_patches_apply_to_the_real_sdist(tmp_path):
         tf.extractall(tmp_path, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     done = "\n".join(kit_mod.patch_source(tmp_path / kit_mod.SDIST[:-len(".tar.gz")]))
     for what in ("CMakeLists.txt: C++14 -> C++20", "horovod/torch/CMakeLists.txt: C++14 -> C++20",
-                 "CUDA C++11 -> C++17", "gloo/types.h: #include <cstdint>",
+                 "CUDA C++11 -> C++17", "gloo/types.h: #include <cstdint>", "setup.py: no VERBOSE=1 for Ninja",
                  "third_party/gloo/CMakeLists.txt: cmake_minimum_required -> 3.5"):
         assert what in done, what
 
