@@ -30,7 +30,8 @@ what came before. A failed stage also leaves beside it (at most 8 files in all, 
 log of the output included): its run's events.jsonl, the tail of the failing command's output
 and, for a failed Horovod build, build.log's error lines. Exit status: 0, 1 when a check failed
 (the report says which), 2 for bad options, no GPU (one line: run it on a GPU node, or
---device cpu) or a --kit folder without a kit.
+--device cpu) or a --kit folder without a kit, 130/143 after Ctrl-C/SIGTERM (the report says in
+which stage). Each stage starts only with its minimum time left of the command's 585 s.
 
 --kit DIR: a machine without Horovod or pydantic and without a package index (the lent GPU
 machine): install the kit made by `scripts/gpu_kit.py build` first (its wheels, and Horovod built
