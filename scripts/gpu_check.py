@@ -259,7 +259,7 @@ def stage_setup(c: Check) -> tuple[list[str], str, list[str]]:
             raise StageFailed(f"the kit did not install: {e}") from None
         c.env.update(done.exports)
         result = f"kit: Horovod {done.built}"
-        lines += [f"Kit {c.kit}: Horovod {done.built}, installed in `{target}`.", "",
+        lines += [f"Kit {c.kit}: Horovod {done.built} (target `{target}`).", "",
                   *[f"- fallback: {n}" for n in done.plan.notes],
                   *[f"- patched: {p}" for p in done.patches], ""]
         code = ("import horovod, horovod.torch as h; "
