@@ -156,7 +156,6 @@ class Check:
     machine: gpu_kit.Machine | None = None
     horovod: str = ""
     current_run: Path | None = None
-    steps_per_s: float | None = None  # one worker's, from the throughput stage
 
     @property
     def gpu(self) -> bool:
@@ -326,7 +325,6 @@ def stage_throughput(c: Check) -> tuple[list[str], str, list[str]]:
     if not thr:
         raise StageFailed("no throughput window after the warm-up steps", run)
     ips = sum(e["images_per_s"] * e["seconds"] for e in thr) / sum(e["seconds"] for e in thr)
-    c.steps_per_s = ips / batch
     ck = _events(run, "checkpoint_written")
     tel = [e.get("telemetry") or {} for e in _events(run, "throughput")]
     gpu_keys = sorted({k for t in tel for k in t if "gpu" in k.lower()})
@@ -349,56 +347,63 @@ def stage_throughput(c: Check) -> tuple[list[str], str, list[str]]:
     return lines, f"{ips:.0f} images/s", failures
 
 
-def _restart_steps(c: Check) -> int:
-    """Steps of the stopped run: the Ctrl-C (after the first 5-step window) must land before the
-    end, and on the CPU the resume should not run much longer than that: about 6 s of steps at the
-    rate the throughput stage measured, at least 24 (144 when it did not run)."""
-    steps = _sizes(c)[3]
-    if c.gpu:
-        return 2 * steps
-    if not c.steps_per_s:
-        return 12 * steps
-    return max(24, 5 + int(6 * c.steps_per_s))
+RESTART_STEPS = 100_000  # never reached: each segment is stopped by a Ctrl-C, whatever the speed
+
+
+def _until_then_ctrl_c(c: Check, cmd: list[str], ready: Callable[[], bool], err_file: Path,
+                       what: str) -> tuple[int, float, float]:
+    """Start ``cmd``, wait until ``ready()`` (or its end), then Ctrl-C it as a user would and wait
+    for its exit. Returns (exit status, seconds to the Ctrl-C, seconds from it to the exit)."""
+    t0 = time.monotonic()
+    with open(err_file, "w") as err_fh:  # a file, not a pipe nobody reads while it runs
+        proc = subprocess.Popen(cmd, stdout=err_fh, stderr=subprocess.STDOUT, env=c.env, cwd=ROOT,
+                                start_new_session=True)
+        try:
+            while not ready() and proc.poll() is None:
+                if time.monotonic() - t0 > min(240, c.left() - 30):
+                    raise StageFailed(f"{what}: not ready after {time.monotonic() - t0:.0f} s", c.current_run,
+                                      err_file.read_text())
+                time.sleep(0.3)
+            t_sig = time.monotonic()
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=min(120, max(5, c.left() - 20)))
+        except subprocess.TimeoutExpired:
+            raise StageFailed(f"{what}: no exit {time.monotonic() - t_sig:.0f} s after its Ctrl-C", c.current_run,
+                              err_file.read_text()) from None
+        finally:
+            if proc.poll() is None:
+                _stop(proc)
+    return proc.returncode, t_sig - t0, time.monotonic() - t_sig
 
 
 def stage_restart(c: Check) -> tuple[list[str], str, list[str]]:
     run = c.tmp / "restart"
     c.current_run = run
-    cmd = _train_cmd(c, run, "--gpus", "1", "--steps", str(_restart_steps(c)),
-                     "--set", "throughput_window=5")
-    err_file = c.tmp / "restart-first-segment.err"  # a file, not a pipe nobody reads while it runs
-    t0 = time.monotonic()
-    with open(err_file, "w") as err_fh:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_fh, env=c.env, cwd=ROOT,
-                                start_new_session=True)
-        try:
-            while not _events(run, "throughput") and time.monotonic() - t0 < min(180, c.left() - 30) \
-                    and proc.poll() is None:
-                time.sleep(0.3)
-            t_sig = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=min(120, max(5, c.left() - 20)))
-        except subprocess.TimeoutExpired:
-            _stop(proc)
-            raise StageFailed("the Ctrl-C'd training did not stop in time", run, err_file.read_text()) from None
-        finally:
-            if proc.poll() is None:
-                _stop(proc)
-    t_stopped = time.monotonic()
-    if not (run / "run.json").exists():
-        err = err_file.read_text()
-        raise StageFailed(f"the first segment wrote no run (exit {proc.returncode}): {_tail(err, 1)}", run, err)
-    p = c.run(c.inject("restart", [c.py, "-m", "elastic_ring.cli.main", "train", "--resume", str(run),
-                                   *([] if c.gpu else ["--slots", "2"])]), 300, "the resume")
-    firsts = _events(run, "first_step")
+    cmd = _train_cmd(c, run, "--gpus", "1", "--steps", str(RESTART_STEPS), "--set", "throughput_window=5")
+    first_err = c.tmp / "restart-first.log"
+    rc, t_first, t_stop = _until_then_ctrl_c(c, cmd, lambda: bool(_events(run, "throughput")), first_err,
+                                             "the first segment")
     seg_end = [e for e in _events(run, "segment_end") if e["segment"] == 0]
-    if p.returncode != 0 or len(firsts) < 2:
-        raise StageFailed(f"the resume exited {p.returncode}: {_tail(p.stderr, 1)}", run, f"{p.stdout}\n{p.stderr}")
+    if rc not in (0, 130) or not (run / "run.json").exists():
+        out = first_err.read_text()
+        raise StageFailed(f"the first segment exited {rc}: {_tail(out, 1)}", run, out)
+    resume = c.inject("restart", [c.py, "-m", "elastic_ring.cli.main", "train", "--resume", str(run),
+                                  *([] if c.gpu else ["--slots", "2"])])
+    resume_err = c.tmp / "restart-resume.log"
+    # the restarted worker's first step is the figure: the resume is stopped too once it is there
+    rc, t_resume, t_stop2 = _until_then_ctrl_c(c, resume, lambda: len(_events(run, "first_step")) >= 2,
+                                               resume_err, "the resume")
+    firsts = _events(run, "first_step")
+    if rc not in (0, 130) or len(firsts) < 2:
+        out = resume_err.read_text()
+        raise StageFailed(f"the resume exited {rc}: {_tail(out, 1)}", run, out)
     lines = [f"Ctrl-C stopped at step {seg_end[0]['step'] if seg_end else '?'}; the restarted worker's first step "
              f"{firsts[1]['since_launch_s']:.2f} s after it started; phases: "
              + ", ".join(f"{k} {v:.2f} s" for k, v in firsts[1]["phases"].items()), "",
-             f"Wall time: Ctrl-C {t_sig - t0:.1f} s after the start, the controller out {t_stopped - t_sig:.1f} s "
-             f"later; the resume to its end {time.monotonic() - t_stopped:.1f} s"]
+             f"Wall time: Ctrl-C {t_first:.1f} s after the start, the controller out {t_stop:.1f} s later; "
+             f"the resume's first step {t_resume:.1f} s after its start (then stopped the same way, "
+             f"{t_stop2:.1f} s)"]
     return lines, f"first step {firsts[1]['since_launch_s']:.2f} s after the restart", []
 
 

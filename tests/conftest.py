@@ -39,7 +39,6 @@ _LONGEST_FIRST = (
     "test_a_stopped_rank_is_found_by_the_stall_watchdog_and_the_run_ends_exactly",
     "test_kill_9_of_the_controller_leaves_no_orphan_and_resume_is_exact",
     "test_gpu_check_dry_run_on_the_cpu",  # 65 s
-    "test_a_late_failure_keeps_the_earlier_sections_that_run_s_events_and_its_output",  # the GPU check's, ~30 s
     "test_death_between_two_resizes_resumes_at_the_right_size_with_the_rest_of_the_schedule",  # 62 s
     "test_tiny_design_end_to_end",  # 54 s
     "test_resized_run_learns_as_well_as_unresized_on_real_digits",  # 50 s
