@@ -142,3 +142,36 @@ def test_the_runner_observes_why_a_dead_controller_ended(cl):
     job_log(cl, jid).write_text("elastic-ring: error: unknown key 'bogus'\n")
     obs = ProcessRunner(cl, ClusterConfig(hosts=(("localhost", 2),))).observe(job)
     assert not obs.alive and obs.outcome is None and obs.error == "unknown key 'bogus'"
+
+
+def test_jobs_and_the_page_say_what_a_running_jobs_run_is_doing(capsys, cl):
+    """The scheduler says running; the run itself (its controller's state file, its lock held)
+    says resizing: `jobs` and the page's state show both, and plain running once it steps."""
+    from elastic_ring.cluster.web import ClusterView
+    from elastic_ring.controller.lock import RunLock
+
+    st = Store(cl)
+    jid = st.submit(JobRequest(name="grows", kind="script", path="x.py", steps=10))
+    st.update(jid, state=JobState.RUNNING, workers=1, slots=json.dumps([["localhost", 0], ["localhost", 1]]))
+    st.close()
+    run = job_dir(cl, jid)
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"workers": 1, "schedule": [], "slots": 2, "total_steps": 10,
+                                              "script": "x.py"}))
+    (run / "controller.json").write_text(json.dumps({"state": "stopping", "phase": "resizing", "world_size": 1,
+                                                     "resize_from": 1, "pending_world": 2}))
+    lock = RunLock(run)
+    lock.acquire()
+    try:
+        r = run_inproc(capsys, "jobs", "--dir", str(cl))
+        assert r.returncode == 0, r.stderr
+        assert "running (resizing 1 -> 2)" in r.stdout, r.stdout
+        (page_job,) = ClusterView(cl).state()["jobs"]
+        assert page_job["state"] == "running" and page_job["run_state"] == "resizing 1 -> 2"
+        (run / "controller.json").write_text(json.dumps({"state": "running", "phase": "running", "world_size": 2}))
+        r = run_inproc(capsys, "jobs", "--dir", str(cl))
+        assert "running (" not in r.stdout, r.stdout
+        (page_job,) = ClusterView(cl).state()["jobs"]
+        assert page_job["run_state"] is None
+    finally:
+        lock.release()
