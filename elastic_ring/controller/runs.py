@@ -264,21 +264,25 @@ def _fresh_folder(req: RunRequest, echo: Callable[[str], None]) -> Path:
     return rd
 
 
-def _claim(req: RunRequest, echo: Callable[[str], None]) -> tuple[Path, bool]:
+def _claim(req: RunRequest, echo: Callable[[str], None]) -> tuple[Path, Path | None]:
     """A new run's folder, made and locked before anything slow: `status` says "starting" from
-    here on. Returns (folder, whether it was made here)."""
+    here on. Returns (folder, the outermost folder made here for it: None if it existed)."""
     from elastic_ring.controller.lock import RunLock
     from elastic_ring.controller.rundir import writing
 
     rd = _fresh_folder(req, echo)
-    made = not rd.exists()
+    made = None
+    for p in (rd, *rd.parents):  # runs/ for the default runs/DATE-TIME, too
+        if p.exists():
+            break
+        made = p
     with writing(rd):
         rd.mkdir(parents=True, exist_ok=True)
         RunLock(rd).acquire()
     return rd, made
 
 
-def _unclaim(rd: Path, made: bool) -> None:
+def _unclaim(rd: Path, made: Path | None) -> None:
     """Bad input or Ctrl-C before the run was recorded (run.json): leave no folder that would block
     a retry. A recorded run stays, to be resumed."""
     from elastic_ring.controller.lock import RunLock
@@ -287,10 +291,10 @@ def _unclaim(rd: Path, made: bool) -> None:
     if (rd / "run.json").exists():
         return
     RunLock(rd).release()
-    if made:
+    if made is not None:
         import shutil
 
-        shutil.rmtree(rd, ignore_errors=True)
+        shutil.rmtree(made, ignore_errors=True)
     else:
         (rd / LOCK_FILE).unlink(missing_ok=True)
 

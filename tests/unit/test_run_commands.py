@@ -156,6 +156,10 @@ def test_bad_input_found_after_the_folder_is_claimed_leaves_no_folder(tmp_path, 
                    "--gpus", "3", "--run-dir", str(rd))
     assert p.returncode == 2 and "more than the 2 slot(s)" in p.stderr
     assert not rd.exists()
+    nested = tmp_path / "runs" / "a"  # folders above the run's, made for it (the default runs/DATE-TIME)
+    p = cli_inproc("train", "--script", SCRIPT, "--steps", "10", "--slots", "2", "--device", "cpu",
+                   "--gpus", "3", "--run-dir", str(nested))
+    assert p.returncode == 2 and not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("bound, words", [(None, "unbounded under this policy"), (15.0, "the policy's bound: 15")])
