@@ -25,6 +25,12 @@ def discovery_files(run_dir: Path) -> tuple[Path, Path]:
     return ctl / "discover.sh", ctl / "hosts"
 
 
+def discovery_script_text(hosts: Path) -> str:
+    """The discovery script: it prints the hosts file (the horovodrun this tool starts reads that
+    file itself instead: :func:`elastic_ring.controller.hvdrun.read_hosts_directly`)."""
+    return f"#!/bin/sh\ncat '{hosts}'\n"
+
+
 def write_hosts(run_dir: Path, world: int) -> bool:
     """What the discovery script reports from now on: ``world`` slots on this host. Returns False
     when it already did (Horovod's driver then sees no change and sends no notification)."""
@@ -45,7 +51,7 @@ def elastic_horovodrun_command(spec, world: int, segment: int, stop_at: int,
     at ``world`` workers; the controller resizes by changing what the discovery script prints."""
     script, hosts = discovery_files(spec.run_dir)
     script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(f"#!/bin/sh\ncat '{hosts}'\n")
+    script.write_text(discovery_script_text(hosts))
     script.chmod(0o755)
     write_hosts(spec.run_dir, world)
     return [*hvdrun.command_prefix(), "-np", str(world), "--min-np", "1",
