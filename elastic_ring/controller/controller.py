@@ -373,12 +373,15 @@ class Controller:
 
     def _resize_inplace(self, seg: Segment, step: int) -> None:
         """The workers paused at the end of the last segment go on at the new size: the backend
-        tells them (and whatever re-forms their ring)."""
+        tells them (and whatever re-forms their ring). When rank 0 took the action written ahead,
+        they went on at the segment's end, not now: the relaunch is timed from there."""
         old = self._elastic
         assert old is not None and old.handle is not None
         self._elastic = None
         seg.handle, seg.log, seg.cmd, seg.t_started = old.handle, old.log, old.cmd, old.t_started
         seg.t_launch = self.clock()
+        if not self.backend.retract_ahead(old.index) and old.end is not None and old.end.get("time"):
+            seg.t_launch = min(seg.t_launch, float(old.end["time"]))
         self.backend.resize_in_place(old.index, seg.launch(self.owner), seg.t_launch)
         self._announce(seg, step)
 

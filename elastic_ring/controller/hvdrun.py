@@ -10,6 +10,13 @@ path, size and modification time; a reinstalled Horovod asks again) in
 ``$ELASTIC_RING_CACHE/horovod-build.json`` (default ``~/.cache/elastic-ring``). A "no" is not
 remembered: Horovod's own error follows, as from horovodrun.
 
+Under Horovod Elastic (``--relaunch inplace``) a second difference: when the host discovery script
+is the one the controller wrote (it only prints ``control/hosts``), the driver reads that file
+itself, every 0.05 s, instead of running the script in a subprocess once a second. The paused
+workers of an in-place resize wait for the driver to see the new host list; a file read is cheap
+enough to poll often, so they wait tens of milliseconds instead of up to a second. Another
+discovery script is run as horovodrun runs it.
+
 The controller uses it for every segment; ``ELASTIC_RING_PLAIN_HOROVODRUN=1`` makes it launch the
 plain ``horovodrun`` instead (for comparisons: ``scripts/bench_launcher.py``).
 """
@@ -90,10 +97,47 @@ def command_prefix(plain: bool | None = None) -> list[str]:
     return [sys.executable, "-m", "elastic_ring.controller.hvdrun"]
 
 
+DISCOVERY_POLL_S = 0.05  # how often the driver reads the controller's host list
+
+
+def hosts_file_of(script: str | os.PathLike) -> Path | None:
+    """The file the controller's discovery script prints (``cat 'FILE'``), or None when the script
+    is another one."""
+    from elastic_ring.controller.backends.elastic import discovery_script_text
+
+    try:
+        text = Path(script).read_text()
+    except (OSError, ValueError):
+        return None
+    hosts = Path(script).with_name("hosts")
+    return hosts if text == discovery_script_text(hosts) else None
+
+
+def read_hosts_directly() -> None:
+    """Horovod Elastic's driver reads the controller's host list itself, often (see the module
+    docstring); any other discovery script runs as before, at Horovod's own interval."""
+    from horovod.runner.elastic import discovery, driver
+
+    run_script = discovery.HostDiscoveryScript._execute_discovery_script
+    if getattr(run_script, "_elastic_ring", False):
+        return
+
+    def execute(self) -> str:
+        hosts = hosts_file_of(self._discovery_script)
+        if hosts is None:
+            return run_script(self)
+        driver.DISCOVER_HOSTS_FREQUENCY_SECS = DISCOVERY_POLL_S
+        return hosts.read_text()
+
+    execute._elastic_ring = True  # type: ignore[attr-defined]
+    discovery.HostDiscoveryScript._execute_discovery_script = execute
+
+
 def main() -> None:
     from horovod.runner import launch
 
     launch.gloo_built = cached_check(launch.gloo_built)
+    read_hosts_directly()
     sys.argv[0] = "horovodrun"
     sys.exit(launch.run_commandline())
 

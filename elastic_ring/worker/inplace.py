@@ -67,7 +67,10 @@ class InPlaceMixin:
         Rank 0 reads ``control/inplace-<segment>.json``: ``{"action": "exit"}`` (a Ctrl-C: checkpoint
         and leave), or ``{"action": "resize", "to": N, "segment": S, "stop_at": T}``, acted on once
         Horovod's driver has told rank 0 that the hosts changed (then the driver has the new slot
-        assignment, and a new worker is being started). Rank 0's decision is broadcast each poll.
+        assignment, and a new worker is being started). An action written ahead names ``at_step``:
+        rank 0 takes it at a scheduled stop at that step (under Horovod Elastic, once the driver has
+        reported the hosts), else waits for the controller's word. Rank 0's decision is broadcast
+        each poll.
         The notification must be for the discovery file the action refers to (``hosts_written``:
         Horovod stamps it with the second the driver saw the change; a notification about a slot
         count reported ahead for a scheduled resize may arrive before the pause, which is fine).
@@ -78,9 +81,11 @@ class InPlaceMixin:
             if self.rank == 0:
                 act = protocol.read_json(inplace_action_file(self.run_dir, self.segment))
                 updated = self._hosts_updated_at
-                if isinstance(act, dict) and "at_step" in act:  # written ahead (ring by controller)
+                if isinstance(act, dict) and "at_step" in act:  # written ahead
                     if (act.get("action") == "resize" and int(act["at_step"]) == self.step
-                            and self.stop_reason == "scheduled" and take_ahead_action(self.run_dir, self.segment)):
+                            and self.stop_reason == "scheduled" and (self.ring_by_controller or (
+                                updated is not None and updated >= float(act.get("hosts_written", 0.0)) - 1.0))
+                            and take_ahead_action(self.run_dir, self.segment)):
                         decision = act
                         for go, rec in (act.get("go_files") or {}).items():  # its joiners' word
                             protocol.write_json_atomic(Path(go), rec)

@@ -77,3 +77,32 @@ def test_command_prefix_and_the_plain_horovodrun_switch(monkeypatch):
 def test_cache_path_follows_elastic_ring_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ELASTIC_RING_CACHE", str(tmp_path))
     assert hvdrun.cache_path() == tmp_path / "horovod-build.json"
+
+
+def test_the_driver_reads_the_controllers_host_list_itself_and_runs_other_scripts(tmp_path, monkeypatch):
+    from horovod.runner.elastic import discovery, driver
+
+    from elastic_ring.controller.backends.elastic import discovery_files, elastic_horovodrun_command, write_hosts
+
+    class Spec:
+        run_dir, slots, script, script_args = tmp_path, 2, None, []
+
+    monkeypatch.setattr(discovery.HostDiscoveryScript, "_execute_discovery_script",
+                        discovery.HostDiscoveryScript._execute_discovery_script)
+    monkeypatch.setattr(driver, "DISCOVER_HOSTS_FREQUENCY_SECS", driver.DISCOVER_HOSTS_FREQUENCY_SECS)
+    monkeypatch.setattr("elastic_ring.controller.backends.elastic.worker_args", lambda *a: [])
+    elastic_horovodrun_command(Spec, 1, 1, 10)
+    script, hosts = discovery_files(tmp_path)
+    other = tmp_path / "other.sh"
+    other.write_text("#!/bin/sh\necho otherhost:3\n")
+    other.chmod(0o755)
+    assert hvdrun.hosts_file_of(script) == hosts and hvdrun.hosts_file_of(other) is None
+    hvdrun.read_hosts_directly()
+    hvdrun.read_hosts_directly()  # twice: still one layer
+    assert discovery.HostDiscoveryScript(str(other), 1).find_available_hosts_and_slots() == {"otherhost": 3}
+    assert driver.DISCOVER_HOSTS_FREQUENCY_SECS == 1.0  # another script: Horovod's own interval
+    ours = discovery.HostDiscoveryScript(str(script), 1)
+    assert ours.find_available_hosts_and_slots() == {"localhost": 1}
+    write_hosts(tmp_path, 2)
+    assert ours.find_available_hosts_and_slots() == {"localhost": 2}
+    assert driver.DISCOVER_HOSTS_FREQUENCY_SECS == hvdrun.DISCOVERY_POLL_S

@@ -3,8 +3,9 @@
 workers pause between two steps; the backend writes the new size into
 ``control/inplace-<seg>.json`` and into what the discovery script prints, and Horovod's driver
 re-forms the ring (a new worker syncs from rank 0; a removed one is ended by Horovod); survivors
-keep their processes. A scheduled resize's slot count is reported ahead (:meth:`report_ahead`),
-once the segment runs, so that the driver has seen it when the workers pause.
+keep their processes. A scheduled resize's slot count and action are reported ahead
+(:meth:`report_ahead`), once the segment runs, so that the driver has seen it when the workers
+pause and rank 0 need not wait for the controller.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ def discovery_files(run_dir: Path) -> tuple[Path, Path]:
     """(the discovery script Horovod Elastic runs, the file it prints: ``localhost:N``)."""
     ctl = protocol.control_dir(run_dir)
     return ctl / "discover.sh", ctl / "hosts"
+
+
+def discovery_script_text(hosts: Path) -> str:
+    """The discovery script: it prints the hosts file (the horovodrun this tool starts reads that
+    file itself instead: :func:`elastic_ring.controller.hvdrun.read_hosts_directly`)."""
+    return f"#!/bin/sh\ncat '{hosts}'\n"
 
 
 def write_hosts(run_dir: Path, world: int) -> bool:
@@ -45,7 +52,7 @@ def elastic_horovodrun_command(spec, world: int, segment: int, stop_at: int,
     at ``world`` workers; the controller resizes by changing what the discovery script prints."""
     script, hosts = discovery_files(spec.run_dir)
     script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(f"#!/bin/sh\ncat '{hosts}'\n")
+    script.write_text(discovery_script_text(hosts))
     script.chmod(0o755)
     write_hosts(spec.run_dir, world)
     return [*hvdrun.command_prefix(), "-np", str(world), "--min-np", "1",
@@ -64,6 +71,9 @@ class ElasticBackend:
         self.launcher = launcher or SubprocessLauncher()
         self.network_interface = network_interface
         self.hosts_written = 0.0  # when the discovery file last changed
+        self._launch: SegmentLaunch | None = None  # the running segment's
+        self._ahead: SegmentLaunch | None = None  # the resize whose action is written ahead
+        self._ahead_taken = False  # rank 0 took it (renamed the file)
 
     def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
         cmd = elastic_horovodrun_command(self.spec, launch.world, launch.segment, launch.stop_at,
@@ -71,6 +81,7 @@ class ElasticBackend:
         env = worker_env(self.spec, launch.world, elastic=True)
         handle = self.launcher.start(cmd, env, log_path)
         self.hosts_written = time.time()
+        self._launch, self._ahead = launch, None
         return Started(handle, cmd)
 
     def usable_slots(self, want: int) -> int:
@@ -82,19 +93,58 @@ class ElasticBackend:
     def report_ahead(self, world: int, launch: SegmentLaunch | None = None) -> None:
         """Horovod's driver notices the new count while the workers train (it starts or ends no
         process before they reset), so at the stop the workers re-form the ring at once instead
-        of waiting up to a second for the discovery."""
+        of waiting for the discovery. With the next segment known (``launch``) its action is written
+        ahead too, naming the step it applies at: at the pause rank 0 takes it
+        (:func:`elastic_ring.worker.api.take_ahead_action`) once the driver has reported the new
+        host list, without waiting for the controller to see the segment's end."""
         if write_hosts(self.spec.run_dir, world):
             self.hosts_written = time.time()
+        cur = self._launch
+        if launch is None or cur is None or self._ahead is not None or launch.segment != cur.segment + 1:
+            return
+        from elastic_ring.worker.api import inplace_action_file
+
+        self._ahead, self._ahead_taken = launch, False
+        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, cur.segment), {
+            "action": "resize", "to": launch.world, "segment": launch.segment, "stop_at": launch.stop_at,
+            "time": time.time(), "at_step": cur.stop_at, "hosts_written": self.hosts_written})
 
     def retract_ahead(self, segment: int) -> bool:
-        return True  # the discovery only reports a count: the workers act on the controller's word
+        """Withdraw the action written ahead for ``segment``: True when withdrawn or none was
+        written; False when rank 0 has already taken it (the workers go on at the scheduled size).
+        The discovery keeps the count reported ahead until the controller's next word."""
+        a, cur = self._ahead, self._launch
+        if a is None or cur is None or cur.segment != segment:
+            return True
+        if not self._ahead_taken:
+            from elastic_ring.worker.api import inplace_action_file
+
+            src = inplace_action_file(self.spec.run_dir, segment)
+            try:
+                os.rename(src, src.with_name(f"inplace-{segment}.withdrawn.json"))
+            except FileNotFoundError:
+                self._ahead_taken = True
+        if self._ahead_taken:
+            return False
+        self._ahead = None
+        return True
 
     def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
         """Tell the paused workers the new size and change what the discovery script reports:
-        Horovod's driver notices within a second, starts a worker for a new slot (or ends the one
-        whose slot went), and the survivors re-form the ring in their processes."""
+        Horovod's driver notices, starts a worker for a new slot (or ends the one whose slot went),
+        and the survivors re-form the ring in their processes. When rank 0 took the action
+        written ahead, the workers are already on their way."""
         from elastic_ring.worker.api import inplace_action_file
 
+        if not self.retract_ahead(paused_segment):
+            a = self._ahead
+            assert a is not None
+            if (a.world, a.segment, a.stop_at) != (launch.world, launch.segment, launch.stop_at):
+                raise RuntimeError(f"the workers took the resize to {a.world} written ahead for "
+                                   f"segment {a.segment}, the controller decided {launch}")
+            self._launch, self._ahead = launch, None
+            return
+        self._launch = launch
         if write_hosts(self.spec.run_dir, launch.world):
             self.hosts_written = time.time()
         protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment),
