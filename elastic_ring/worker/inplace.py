@@ -39,6 +39,18 @@ def inplace_action_file(run_dir: Path, segment: int) -> Path:
     return protocol.control_dir(Path(run_dir)) / f"inplace-{segment}.json"
 
 
+def withdraw_action_ahead(run_dir: Path, segment: int) -> bool:
+    """Withdraw the in-place action the controller wrote ahead for ``segment`` (renamed aside, so
+    rank 0 never takes it): True when withdrawn, False when rank 0 has taken it already (the file
+    is gone)."""
+    src = inplace_action_file(run_dir, segment)
+    try:
+        os.rename(src, src.with_name(f"inplace-{segment}.withdrawn.json"))
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def taken_action_file(run_dir: Path, segment: int) -> Path:
     """Where rank 0 moves an action written ahead when it takes it."""
     return protocol.control_dir(Path(run_dir)) / f"inplace-{segment}.taken.json"

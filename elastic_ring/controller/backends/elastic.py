@@ -117,13 +117,9 @@ class ElasticBackend:
         if a is None or cur is None or cur.segment != segment:
             return True
         if not self._ahead_taken:
-            from elastic_ring.worker.api import inplace_action_file
+            from elastic_ring.worker.inplace import withdraw_action_ahead
 
-            src = inplace_action_file(self.spec.run_dir, segment)
-            try:
-                os.rename(src, src.with_name(f"inplace-{segment}.withdrawn.json"))
-            except FileNotFoundError:
-                self._ahead_taken = True
+            self._ahead_taken = not withdraw_action_ahead(self.spec.run_dir, segment)
         if self._ahead_taken:
             return False
         self._ahead = None

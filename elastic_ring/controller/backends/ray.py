@@ -200,13 +200,9 @@ class RayBackend(ClusterMixin, SparePoolMixin, RingMixin):
         if a is None or a.segment != segment:
             return True
         if not a.taken:
-            from elastic_ring.worker.api import inplace_action_file
+            from elastic_ring.worker.inplace import withdraw_action_ahead
 
-            src = inplace_action_file(self.spec.run_dir, segment)
-            try:
-                os.rename(src, src.with_name(f"inplace-{segment}.withdrawn.json"))
-            except FileNotFoundError:
-                a.taken = True
+            a.taken = not withdraw_action_ahead(self.spec.run_dir, segment)
         if a.taken:
             return False
         self._ahead = None
