@@ -109,6 +109,15 @@ def cli():
     return run_cli
 
 
+def one_line_error(r: subprocess.CompletedProcess, *needles: str) -> None:
+    """A user mistake's answer: exit status 2, one line on stderr (no traceback) holding each needle."""
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
 def run_inproc(capsys, *args: str) -> subprocess.CompletedProcess:
     """``elastic-ring ARGS`` in this process, through the console script's entry point
     (``elastic_ring.cli.main.main``: the same one-line error path and exit status): returns what

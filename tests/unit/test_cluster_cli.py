@@ -11,7 +11,7 @@ import pytest
 from elastic_ring.cluster.api import ClusterConfig, JobRequest, JobState, job_dir, job_log
 from elastic_ring.cluster.runner import ProcessRunner, failure_reason
 from elastic_ring.cluster.store import Store
-from tests.conftest import ROOT, run_inproc
+from tests.conftest import ROOT, one_line_error, run_inproc
 
 CPU_SMALL = str(ROOT / "configs" / "cpu_small.yaml")
 
@@ -26,21 +26,13 @@ def cl(tmp_path):
     return d
 
 
-def _one_line_error(r, *needles):
-    assert r.returncode == 2, (r.stdout, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
-
-
 def test_submit_checks_a_config_as_train_would(capsys, cl):
     r = run_inproc(capsys, "submit", CPU_SMALL, "--set", "bogus=1", "--dir", str(cl))
-    _one_line_error(r, "unknown key 'bogus'")
+    one_line_error(r, "unknown key 'bogus'")
     r = run_inproc(capsys, "submit", CPU_SMALL, "--set", "depth=21", "--dir", str(cl))
-    _one_line_error(r, "depth")
+    one_line_error(r, "depth")
     r = run_inproc(capsys, "submit", CPU_SMALL, "--checkpoint-every", "-1", "--dir", str(cl))
-    _one_line_error(r, "--checkpoint-every must be >= 0")
+    one_line_error(r, "--checkpoint-every must be >= 0")
     assert Store(cl).jobs() == []  # nothing queued
 
 
@@ -95,10 +87,10 @@ def test_jobs_json_gives_each_jobs_run_folder_and_log(capsys, cl):
 def test_cluster_up_on_a_new_folder_without_slots_leaves_nothing(capsys, tmp_path):
     d = tmp_path / "new"
     r = run_inproc(capsys, "cluster", "up", "--dir", str(d))
-    _one_line_error(r, "--slots")
+    one_line_error(r, "--slots")
     assert not d.exists()  # no cluster.db, no scheduler.lock
     r = run_inproc(capsys, "jobs", "--dir", str(d))
-    _one_line_error(r, "no cluster in")
+    one_line_error(r, "no cluster in")
 
 
 @pytest.mark.parametrize("mark", ["run.json", "ps_config.json", "checkpoints"])
@@ -110,15 +102,15 @@ def test_cluster_up_refuses_a_run_folder(capsys, tmp_path, mark):
     else:
         (run / mark).write_text("{}")
     r = run_inproc(capsys, "cluster", "up", "--slots", "2", "--dir", str(run))
-    _one_line_error(r, "training run's folder", mark)
+    one_line_error(r, "training run's folder", mark)
     assert sorted(p.name for p in run.iterdir()) == [mark]
 
 
 def test_cluster_web_bind_out_of_range_names_bind(capsys, cl):
     r = run_inproc(capsys, "cluster", "web", "--bind", "99999", "--dir", str(cl))
-    _one_line_error(r, "--bind port must be 0..65535, got 99999")
+    one_line_error(r, "--bind port must be 0..65535, got 99999")
     r = run_inproc(capsys, "cluster", "up", "--web", "99999", "--dir", str(cl))
-    _one_line_error(r, "--web port must be 0..65535")
+    one_line_error(r, "--web port must be 0..65535")
 
 
 def test_failure_reason_reads_the_error_line_then_the_error_event(tmp_path):

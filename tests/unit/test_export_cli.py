@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from elastic_ring.ckpt import CheckpointStore
-from tests.conftest import run_inproc
+from tests.conftest import one_line_error, run_inproc
 
 
 def _run(tmp_path, keep=2):
@@ -25,14 +25,6 @@ def _corrupt(path):
     path.write_bytes(bytes(data))
 
 
-def _one_line_error(r, *needles):
-    assert r.returncode == 2, (r.stdout, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
-
-
 def test_export_writes_the_newest_model(capsys, tmp_path):
     run, _ = _run(tmp_path)
     out = tmp_path / "sub" / "model.pt"
@@ -46,7 +38,7 @@ def test_export_writes_the_newest_model(capsys, tmp_path):
 def test_export_to_a_folder_is_one_line(capsys, tmp_path):
     run, _ = _run(tmp_path)
     r = run_inproc(capsys, "export", str(run), "--out", str(tmp_path))
-    _one_line_error(r, f"--out {tmp_path} is a folder", "model.pt")
+    one_line_error(r, f"--out {tmp_path} is a folder", "model.pt")
 
 
 def test_export_keeps_an_existing_file_unless_forced(capsys, tmp_path):
@@ -54,7 +46,7 @@ def test_export_keeps_an_existing_file_unless_forced(capsys, tmp_path):
     out = tmp_path / "model.pt"
     out.write_bytes(b"precious")
     r = run_inproc(capsys, "export", str(run), "--out", str(out))
-    _one_line_error(r, f"{out} already exists", "--force")
+    one_line_error(r, f"{out} already exists", "--force")
     assert out.read_bytes() == b"precious"
     r = run_inproc(capsys, "export", str(run), "--out", str(out), "--force")
     assert r.returncode == 0, r.stderr
@@ -65,7 +57,7 @@ def test_export_an_unwritable_out_is_one_line(capsys, tmp_path):
     run, _ = _run(tmp_path)
     (tmp_path / "file").write_text("x")
     r = run_inproc(capsys, "export", str(run), "--out", str(tmp_path / "file" / "model.pt"))
-    _one_line_error(r, "cannot write")
+    one_line_error(r, "cannot write")
 
 
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_older_one_and_says_so(capsys, tmp_path):
@@ -99,7 +91,7 @@ def test_no_checkpoint_loads_is_one_line_naming_each(capsys, tmp_path, keep):
         _corrupt(p)
     out = tmp_path / "model.pt"
     r = run_inproc(capsys, "export", str(run), "--out", str(out))
-    _one_line_error(r, "no checkpoint in", "loads", "SHA-256", "--checkpoint FILE")
+    one_line_error(r, "no checkpoint in", "loads", "SHA-256", "--checkpoint FILE")
     assert "start a new run" not in r.stderr
     for p in store.candidates():
         assert p.name in r.stderr
