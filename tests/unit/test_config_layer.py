@@ -244,4 +244,8 @@ def test_the_default_configs_are_package_data(tmp_path, monkeypatch):
     assert packaged_config("cpu_small.yaml").resolve().parent == pkg / "configs"
     assert load_config(None).dataset == "digits"
     assert load_config(None, device="cuda").depth == 110
+    # the docs' relative configs/NAME also names the packaged file outside a checkout
+    assert load_config("configs/paper.yaml").depth == 110
+    with pytest.raises(ConfigError, match="cannot read config configs/nope.yaml"):
+        load_config("configs/nope.yaml")
 
