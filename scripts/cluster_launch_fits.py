@@ -1,4 +1,4 @@
-"""The launch-cost figures of docs/cluster.md ("Launch costs launch by launch"), derived from the
+"""The launch-cost figures of docs/reports/cluster.md ("Launch costs launch by launch"), derived from the
 committed live runs (results/cluster/live12_*.json) and written to one file, so that each figure
 has a file behind it. Nothing is measured: it reads the runs and replays them (seconds).
 

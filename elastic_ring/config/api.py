@@ -1,6 +1,6 @@
 """Training configuration: one frozen model, validated on construction.
 
-Settings come from a YAML file under ``configs/`` (``paper.yaml``: ResNet-110 / CIFAR-10 at the
+Settings come from a YAML file; the package carries two in ``elastic_ring/configs/`` (``paper.yaml``: ResNet-110 / CIFAR-10 at the
 scale of He et al. 2016 on an 8-GPU node; ``cpu_small.yaml``: a small ResNet on the offline digits
 set that finishes in minutes on two CPU cores), then from ``--set key=value`` and the dedicated
 flags of the CLI. An unknown key is an error, as is a value of the wrong type or range; the
@@ -14,6 +14,7 @@ with the global batch ``batch_size * workers``; decays by ``decay_factor`` at th
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Sequence, get_args
 
@@ -21,7 +22,6 @@ from pydantic import AfterValidator, Field, field_validator
 
 from elastic_ring.config.base import Bool, ConfigModel, Float, FloatTuple, Int, Str, load
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 DEFAULT_CONFIGS = {"cuda": "paper.yaml", "cpu": "cpu_small.yaml"}
 
 Dataset = Literal["cifar10", "synthetic", "digits"]
@@ -111,14 +111,20 @@ def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
     return cfg.to_dict()
 
 
+def packaged_config(name: str) -> Path:
+    """A config file the package carries (``elastic_ring/configs/NAME``, installed with it as
+    package data), so that the defaults need no checkout of the repository."""
+    return Path(str(resources.files("elastic_ring") / "configs" / name))
+
+
 def load_config(path: str | Path | None = None,
                 overrides: Sequence[str] | Mapping[str, Any] = (), device: str = "cpu") -> TrainConfig:
     """:func:`~elastic_ring.config.base.load` of a :class:`TrainConfig`; with no ``path``, the
-    default file for ``device`` (``configs/paper.yaml`` on cuda, ``configs/cpu_small.yaml`` else).
+    packaged default for ``device`` (``paper.yaml`` on cuda, ``cpu_small.yaml`` else; :func:`packaged_config`).
 
     Raises:
         ConfigError: unreadable file, invalid YAML, unknown key, wrong type or invalid value.
     """
     if path is None:
-        path = CONFIG_DIR / DEFAULT_CONFIGS["cuda" if device == "cuda" else "cpu"]
+        path = packaged_config(DEFAULT_CONFIGS["cuda" if device == "cuda" else "cpu"])
     return load(TrainConfig, path, overrides or ())

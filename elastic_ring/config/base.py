@@ -25,6 +25,7 @@ types, defaults and ranges; the layer does the rest the same way for all of them
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Mapping, Sequence, TypeVar
 
@@ -153,9 +154,22 @@ def load(cls: type[M], path: str | Path | None = None,
     return build(cls, values, source)
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping, raising :class:`ConfigError` with one line on any problem."""
+def config_file(path: str | Path) -> Path:
+    """``path`` as given; a relative ``configs/NAME`` that does not exist from here is the file the
+    package carries (``elastic_ring/configs/NAME``), so that the commands of the docs run from any
+    folder once the package is installed (in a checkout, ``configs/`` links to the same files)."""
     p = Path(path)
+    if not p.is_absolute() and p.parts[:1] == ("configs",) and not p.exists():
+        packaged = Path(str(resources.files("elastic_ring"))) / p
+        if packaged.is_file():
+            return packaged
+    return p
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping (:func:`config_file` finds it), raising :class:`ConfigError` with one line
+    on any problem."""
+    p = config_file(path)
     try:
         text = p.read_text()
     except OSError as e:

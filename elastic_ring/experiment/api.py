@@ -45,7 +45,7 @@ from pydantic import Field, field_validator, model_validator
 
 from elastic_ring.config.base import Bool, ConfigModel, Int, IntTuple, Section, Str, load, parse_overrides
 
-ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = Path(__file__).resolve().parents[1]  # elastic_ring/: its configs/ travel with it when installed
 
 
 class ResizeDesign(ConfigModel):
@@ -94,11 +94,12 @@ class ResizeDesign(ConfigModel):
 
 
 def resolve_path(p: str, base: Path) -> Path:
-    """A path as given, else relative to ``base`` (the design's folder), else to the project root."""
+    """A path as given, else relative to ``base`` (the design's folder), else to the package
+    (``configs/cpu_small.yaml`` is the packaged ``elastic_ring/configs/cpu_small.yaml``)."""
     path = Path(p)
     if path.is_absolute() or path.exists():
         return path
-    for b in (base, ROOT):
+    for b in (base, PACKAGE):
         if (b / path).exists():
             return b / path
     return path

@@ -7,7 +7,7 @@ a grid over [0, min(loss)), ``1/(l - b2) = b0·k + b1`` is linear, so NNLS gives
 candidate with the smallest squared error in loss space is then refined by bounded least squares
 (scipy ``least_squares``, bounds b >= 0, b2 < min(loss)), and the better of the two is kept.
 ``refine=False`` skips the refinement and solves every grid candidate at once in numpy (the
-simulator refits each job's curve many times per run; ~0.1 ms a fit instead of ~10 ms).
+simulator refits each job's curve many times per run, and the bounded refinement is the costly part).
 
 :func:`predict_remaining` is the scheduler's use of Eq. 1, the same for the live scheduler and the
 simulator: fit the loss curve seen so far, and predict the work still needed to reach the job's

@@ -187,7 +187,7 @@ def load_profile(path: str | Path) -> tuple[SpeedModel, dict[str, Any]]:
     written before rates were work over time (points whose ``rate`` is not ``work_over_time`` but
     that keep their steady windows, each with steps and seconds) is read as work over time: each
     point's steps/s becomes its windows' steps / their seconds (the median of window rates it holds
-    overstates a job that shares its cores, issue 22) and Eq. 5 is refitted to those; the returned
+    overstates a job that shares its cores) and Eq. 5 is refitted to those; the returned
     dict carries the corrected points.
 
     Raises:

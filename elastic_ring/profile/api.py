@@ -11,7 +11,7 @@ allocator and gloo buffers still settling) and a last window shorter than the co
 over time — steps/s = the windows' steps / the seconds they took, images/s = their images / the same
 seconds — and, beside it, the spread of the windows' own steps/s (interquartile range, min, median,
 max). A median of window rates is not a rate: a short fast window and a long slow one have a median
-far above the steps the run did per second (issue 22, point 5).
+far above the steps the run did per second.
 
 Table 1 columns, on images/s (at a fixed per-worker batch, images/s = batch * w * steps/s):
 

@@ -11,9 +11,10 @@
                    ``inprocess`` (the workers' gradients computed in the server's process, virtual
                    clock; the same loop, so the same events)
 - ``worker``       ranks 1..K (``WorkerCompute``: the gradient step both transports use)
+- ``mpi_main``     what mpirun executes in every rank (``python -m elastic_ring.ps.mpi_main``)
 - ``runner``       launches mpirun (or the in-process engine) and reads a failed rank's crash
                    record: the one format of ``train`` (``elastic_ring.protocol``,
-                   ``RUN_DIR/logs/error-rank<R>.json``), written by ``launch/ps_main.py`` and
+                   ``RUN_DIR/logs/error-rank<R>.json``), written by ``elastic_ring.ps.mpi_main`` and
                    ``inprocess``
 - ``events``       the ``ps_*`` event kinds (keyword-only records); ``experiment`` the Table I
                    design (paired seeds, bootstrap ratios, a verdict per paper comparison)

@@ -22,8 +22,8 @@ from elastic_ring.errors import WorkerFailedError
 from elastic_ring.events.api import EventLog, ErrorEvent, read_events
 from elastic_ring.ps.api import PSConfig
 
-ROOT = Path(__file__).resolve().parents[2]
-ENTRY = ROOT / "launch" / "ps_main.py"
+ROOT = Path(__file__).resolve().parents[2]  # the folder that holds the elastic_ring package
+ENTRY = ["-m", "elastic_ring.ps.mpi_main"]  # what mpirun executes in every rank
 
 
 def mpirun_path() -> str:
@@ -41,7 +41,7 @@ def mpirun_path() -> str:
 def mpirun_command(cfg: PSConfig, run_dir: Path | list[Path]) -> list[str]:
     dirs = run_dir if isinstance(run_dir, list) else [run_dir]
     return [mpirun_path(), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-            "-np", str(cfg.workers + 1), sys.executable, str(ENTRY), *map(str, dirs)]
+            "-np", str(cfg.workers + 1), sys.executable, *ENTRY, *map(str, dirs)]
 
 
 def default_timeout(cfg: PSConfig) -> float:

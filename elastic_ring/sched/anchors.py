@@ -1,4 +1,4 @@
-"""Policies of the scheduling literature the issue names as anchors (issue 22, point 2), in our model.
+"""Policies of the scheduling literature, in our model: the anchors our own policies are compared with.
 
 LAS (Tiresias)  least attained service, for when remaining work is unknown (Gu et al., NSDI 2019).
                 A job's attained service is the work it has done, in seconds of one GPU

@@ -23,10 +23,10 @@ import numpy as np
 
 from elastic_ring.perfmodel.speed import SpeedModel
 
-# Seconds a job loses per resize. Our measurement: results/bench_resize.json (scripts/bench_resize.py,
-# ResNet-20/8 on 2 CPU cores, gloo): median time lost per resize 3.3-3.5 s with the overlapped
-# relaunch (`train`'s CPU default), 3.6-3.7 s sequential, 0.2 s pre-launched. We take 3.5 s. The
-# paper reports ~10 s on GPUs (CUDA start-up adds to it); `simulate --resize-overhead 10` uses that.
+# Seconds a job loses per resize: the median time lost with the overlapped relaunch (`train`'s CPU
+# default) as scripts/bench_resize.py measured it on 2 CPU cores (results/bench_resize.json;
+# docs/reports/resize.md). The paper reports ~10 s on GPUs (CUDA start-up adds to it);
+# `simulate --resize-overhead 10` uses that.
 DEFAULT_RESIZE_OVERHEAD_S = 3.5
 
 Rate = Callable[[int], float]

@@ -2,8 +2,8 @@
 :mod:`elastic_ring.sched.policies`, bit for bit, without a Python step per doubling or per GPU.
 
 At cluster scale (16,384 GPUs, ~1,500 active jobs) a decision makes thousands of doublings (Eq. 6)
-or unit steps (Optimus); as NumPy calls on ~1,500-element arrays it cost ~0.3-0.5 ms, most of it
-per-call overhead. Here each decision is a few compiled loops. No ``fastmath``: every gain is the
+or unit steps (Optimus); as NumPy calls on arrays of the active jobs most of the time goes to
+per-call overhead. Here each decision is a few compiled loops (timings: docs/reports/simulate.md). No ``fastmath``: every gain is the
 heap's floating-point operations in the heap's order, so the comparisons (and the ties) are the same.
 
 Doubling (:func:`doubling`). Level k of a job takes it from 2^k to 2^(k+1) GPUs (cost 2^k), gain

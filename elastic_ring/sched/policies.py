@@ -19,9 +19,9 @@ SRTF         ours: shortest predicted remaining time first, with Eq. 6's doublin
              (N admitted jobs, rank 0 the shortest): when a job ends sooner, every job ranked after
              it gets GPUs sooner, so a second saved on the shortest job saves up to N seconds of
              total JCT (the weighting of heSRPT, Berg et al. 2020, applied to Eq. 6's doublings);
-             the square favours the shortest more (Table 3 seeds, Eq. 1 Q: exponent 1 gave 1.48x
-             / 1.21x Eight at moderate / high load, 2 gives 1.56x / 1.32x with p99 unchanged, 3
-             gives 1.59x / 1.37x but a worse p99: 1.39x Eight's at high load).
+             the square favours the shortest more, and a higher exponent trades the tail (p99) for
+             the average; ``simulate --tune-seeds`` picks it on seeds the table does not report
+             (the figures per exponent: docs/reports/simulate.md).
 Optimus      unit-step greedy: start at 1 GPU each, repeatedly add ONE GPU to the job with the
              largest time saving ``Q/f(w) - Q/f(w+1)``, stop when none saves time. It is stuck
              where w -> w+1 does not pay but w -> 2w does (e.g. 8 -> 9 crosses a node boundary).
@@ -46,8 +46,8 @@ from elastic_ring.sched.fast import compiled, distinct, doubling_rows, stack_uni
 EXPLORE_GPUS = 8
 # doubling_batch runs the heap below this many (job, level) cells, Optimus.allocate_batch below
 # this many free GPUs. The compiled kernels are faster than the heaps at every size measured
-# (8 jobs on 64 GPUs: 8 us against 25 us; 64 jobs on 1,024 GPUs: 8 / 17 us against 227 / 679 us),
-# so the heaps run only where a kernel declines (a curve whose greedy order is not a sort) and in
+# (docs/reports/simulate.md, "The policies' decisions compiled"), so the heaps run only where a
+# kernel declines (a curve whose greedy order is not a sort) and in
 # the tests, as the reference. Same answer either way.
 FAST_MIN_CELLS = 0
 UNIT_FAST_MIN_FREE = 0
@@ -424,7 +424,7 @@ class Exploratory:
 
 
 class ResizeAware:
-    """Another policy's answer, less the grows that do not pay for their resize (issue 22, point 3).
+    """Another policy's answer, less the grows that do not pay for their resize.
 
     A running job that the inner policy grows from w to w' is grown only if the work it gains over
     the horizon, ``(f(w') - f(w)) · min(H, Q/f(w'))``, exceeds the work the resize costs it,

@@ -1,8 +1,8 @@
 """A tiny Table I design through `elastic-ring ps experiment` with real mpirun jobs (1 server + 2
 workers, two paradigms, two paired seeds, 4 emulated seconds each) on the virtual clock: every step
 lasts exactly its drawn length whatever the machine's load, the seeds are paired, the report
-carries the ratios and the compute/base ratio. The full design runs outside CI (docs/ps.md says
-how long it took)."""
+carries the ratios and the compute/base ratio. The full design runs outside CI (docs/reports/ps.md
+says how long it took)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -231,3 +232,20 @@ def test_cli_bad_set_is_one_line_exit_2(cli_inproc, tmp_path, argv, needle):
 def test_every_command_that_loads_a_config_takes_set(cli_inproc, cmd):
     p = cli_inproc(*cmd, "--help")
     assert p.returncode == 0 and re.search(r"--set\s+KEY=VALUE", p.stdout), p.stdout
+
+
+def test_the_default_configs_are_package_data(tmp_path, monkeypatch):
+    """With no path, the config comes from the package itself, not from a checkout's folder."""
+    import elastic_ring
+    from elastic_ring.config.api import packaged_config
+
+    monkeypatch.chdir(tmp_path)  # no configs/ here
+    pkg = Path(elastic_ring.__file__).resolve().parent
+    assert packaged_config("cpu_small.yaml").resolve().parent == pkg / "configs"
+    assert load_config(None).dataset == "digits"
+    assert load_config(None, device="cuda").depth == 110
+    # the docs' relative configs/NAME also names the packaged file outside a checkout
+    assert load_config("configs/paper.yaml").depth == 110
+    with pytest.raises(ConfigError, match="cannot read config configs/nope.yaml"):
+        load_config("configs/nope.yaml")
+

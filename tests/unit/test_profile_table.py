@@ -209,12 +209,15 @@ def test_mean_sd():
 
 
 # ---------------------------------------------------------------------------- design file
-def test_design_files_shipped_are_valid():
-    from elastic_ring.experiment.api import ROOT
+def test_design_files_shipped_are_valid(tmp_path, monkeypatch):
+    from elastic_ring.experiment.api import PACKAGE, resolve_path
 
-    paper = load_design(ROOT / "configs" / "table2.yaml")
+    paper = load_design(PACKAGE / "configs" / "table2.yaml")
     assert (paper.w_init, paper.w_new, paper.resize_steps) == (4, 8, (5000, 10000))
-    cpu = load_design(ROOT / "configs" / "table2_cpu.yaml")
+    cpu = load_design(PACKAGE / "configs" / "table2_cpu.yaml")
+    # the design's training config is found inside the package, wherever the command runs
+    monkeypatch.chdir(tmp_path)
+    assert resolve_path(cpu.config, tmp_path) == PACKAGE / "configs" / "cpu_small.yaml"
     assert cpu.w_init < cpu.w_new and len(cpu.resize_steps) >= 2
     assert paper.relaunch == cpu.relaunch == "sequential"  # the paper's stop-checkpoint-restart
 

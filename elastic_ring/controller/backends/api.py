@@ -90,10 +90,8 @@ class Backend(Protocol):
 
 
 def worker_entry() -> list[str]:
-    """The command that starts one worker process."""
-    script = ROOT / "launch" / "worker.py"
-    if script.exists():
-        return [sys.executable, "-u", str(script)]
+    """The command that starts one worker process: a module of the package, so that it runs the same
+    from a checkout and from an installed wheel."""
     return [sys.executable, "-u", "-m", "elastic_ring.worker.run"]
 
 
@@ -107,6 +105,6 @@ def worker_env(spec, world: int, elastic: bool = False) -> dict[str, str]:
     env["OMP_NUM_THREADS"] = str(protocol.cpu_threads(world))  # GPU workers too: cores launch kernels
     if spec.device == "cpu":
         # Horovod's background cycle: 5 ms instead of 1 ms fuses more gradients per gloo
-        # allreduce and wakes less on busy cores: +13% images/s at 2 CPU workers (docs/peers.md)
+        # allreduce and wakes less on busy cores: +13% images/s at 2 CPU workers (docs/reports/peers.md)
         env.setdefault("HOROVOD_CYCLE_TIME", "5")
     return env

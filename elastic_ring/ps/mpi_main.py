@@ -1,10 +1,10 @@
-"""Entry script that ``mpirun`` executes for ``elastic-ring ps``: rank 0 is the parameter
+"""The module that ``mpirun`` executes for ``elastic-ring ps``: rank 0 is the parameter
 server, ranks 1..K are the workers.
 
 Usage (the CLI builds this; by hand only for debugging)::
 
     mpirun --allow-run-as-root --oversubscribe --bind-to none -np K+1 \\
-        python launch/ps_main.py RUN_DIR [RUN_DIR ...]
+        python -m elastic_ring.ps.mpi_main RUN_DIR [RUN_DIR ...]
 
 ``RUN_DIR/ps_config.json`` holds the :class:`~elastic_ring.ps.api.PSConfig`; the server writes
 ``RUN_DIR/events.jsonl``. Several run folders (all with K workers) run one after the other in the
@@ -25,11 +25,10 @@ from pathlib import Path
 
 def main(argv: list[str]) -> None:
     if not argv:
-        sys.stderr.write("usage: ps_main.py RUN_DIR [RUN_DIR ...]\n")
+        sys.stderr.write("usage: python -m elastic_ring.ps.mpi_main RUN_DIR [RUN_DIR ...]\n")
         sys.exit(2)
     from mpi4py import MPI
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from elastic_ring.protocol import write_error_record
 
     comm = MPI.COMM_WORLD
