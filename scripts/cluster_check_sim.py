@@ -13,7 +13,7 @@ One policy per call (a few minutes each):
    linear speed-up, as for any job without one) and a trace of 12 paced jobs of different lengths
    submitted at staggered times; JCT = finished - submitted, makespan = last finish - first
    submission, resizes = the scheduler's resize requests, exploration steps and preemptions.
-3. Replay the same arrivals in the simulator (`elastic_ring.sim.replay`) with the CALIBRATION's
+3. Replay the same arrivals in the simulator (`elastic_ring.experiment.replay`) with the CALIBRATION's
    speeds and overheads (never the speeds the jobs had in the live run) and the live planner's
    view (linear speed-up); compare average JCT, makespan and resizes.
 4. Each job's own steps/s at each size in the live run (work over time) against the calibration's
@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from elastic_ring.cluster.scheduler import EXPLORE_WINDOWS  # noqa: E402
 from elastic_ring.protocol import LaunchInfo  # noqa: E402
-from elastic_ring.sim.replay import replay  # noqa: E402
+from elastic_ring.experiment.replay import replay  # noqa: E402
 
 CLI = [sys.executable, "-m", "elastic_ring.cli.main"]
 PACED = str(ROOT / "examples" / "paced.py")
@@ -183,7 +183,7 @@ def _train_pair(work: Path, tag: str, script_args: list[str], steps: int, slots:
 def launch_extra(pair_s: float, alone_s: float, cores: int) -> float:
     """The processes a launch keeps busy besides its worker, from a 1-worker start alone
     (``alone_s``) and two side by side (``pair_s`` each) on ``cores`` cores, if launches share the
-    cores (:func:`elastic_ring.sim.replay.shared_launch_ends`: two launches of 1 + h processes each
+    cores (:func:`elastic_ring.experiment.replay.shared_launch_ends`: two launches of 1 + h processes each
     run at max(C, 1 + h) / max(C, 2 + 2h), so h = C r / 2 - 1 with r = pair / alone, h <= C - 1)."""
     r = pair_s / alone_s if alone_s > 0 else 1.0
     return min(max(0.0, cores * r / 2 - 1), cores - 1.0)
@@ -400,7 +400,7 @@ def simulate_run(run: dict, policy: str, slots: int, cal: dict, cores: int | Non
     """The live run's arrivals replayed with the calibration's speeds and overheads; the planner
     sees linear speed-up, as the live scheduler does for jobs without a profile. The launch model:
     with a calibration that measured starts side by side (``launch_extra_processes``), launches
-    share the node's cores (``shared_cores``: :func:`~elastic_ring.sim.replay.shared_launch_ends`);
+    share the node's cores (``shared_cores``: :func:`~elastic_ring.experiment.replay.shared_launch_ends`);
     otherwise the engine's per-worker cost (``per_worker``); the other one is reported beside
     (sharing ``cores`` cores with no extra process when the calibration has no pair). Beside it too,
     a diagnostic replay (``launch_from_run``) with the same speeds but the start and relaunch times
