@@ -1,4 +1,4 @@
-"""The replay used by the simulator-against-live check (scripts/cluster_check_sim.py): step-counted
+"""The replay used by the simulator-against-live check (elastic_ring.experiment.live_check): step-counted
 jobs on measured speed tables, a start overhead, hand-checked."""
 
 from __future__ import annotations
@@ -169,19 +169,15 @@ def test_the_resize_cost_gate_weighs_what_the_live_scheduler_had_measured():
 
 
 def test_the_check_keeps_each_jobs_scheduler_events_by_name(tmp_path):
-    # scripts/cluster_check_sim.py: the live run's starts, resize requests, stops and vetoed grows
-    # per job, timed from the first submission (what the replay's changes are compared with)
-    import importlib.util
+    # the live check: the live run's starts, resize requests, stops and vetoed grows per job,
+    # timed from the first submission (what the replay's changes are compared with)
     import sqlite3
-    from pathlib import Path
 
     from elastic_ring.cluster.api import JobRequest
     from elastic_ring.cluster.store import Store
 
-    spec = importlib.util.spec_from_file_location(
-        "cluster_check_sim", Path(__file__).resolve().parents[2] / "scripts" / "cluster_check_sim.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from elastic_ring.experiment import live_check as mod
+
     now = [100.0]
     store = Store(tmp_path, create=True, clock=lambda: now[0])
     a = store.submit(JobRequest(name="j0", kind="script", path="x.py", steps=10))
@@ -259,14 +255,9 @@ def test_replay_with_cores_explores_to_the_end():
 
 
 def _script_module():
-    import importlib.util
-    from pathlib import Path
+    from elastic_ring.experiment import live_check
 
-    spec = importlib.util.spec_from_file_location(
-        "cluster_check_sim", Path(__file__).resolve().parents[2] / "scripts" / "cluster_check_sim.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return live_check
 
 
 def test_calibration_takes_the_median_start_of_each_size(tmp_path, monkeypatch):
