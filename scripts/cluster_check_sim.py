@@ -33,7 +33,7 @@ def main() -> None:
     p.add_argument("--slots", type=int, default=4, help="CPU worker slots (paced jobs need little CPU; default 4)")
     p.add_argument("--step-s", type=float, default=0.3, help="a paced step's seconds at 1 worker (default 0.3)")
     p.add_argument("--example", choices=("paced", "mlp"), default="paced",
-                   help="mlp: examples/mlp_digits.py jobs (real compute, no pacing: point 5's check that jobs "
+                   help="mlp: examples/mlp_digits.py jobs (real compute, no pacing: the check that jobs "
                         "side by side run at their calibrated speed; use --slots 2 = the cores)")
     p.add_argument("--jobs", type=int, default=len(TRACE), help="the first N jobs of the trace (development)")
     p.add_argument("--calibration", default=None, help="reuse the calibration of this results file")

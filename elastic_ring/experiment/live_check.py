@@ -17,16 +17,16 @@ One policy per call (a few minutes each):
    speeds and overheads (never the speeds the jobs had in the live run) and the live planner's
    view (linear speed-up); compare average JCT, makespan and resizes.
 4. Each job's own steps/s at each size in the live run (work over time) against the calibration's
-   at that size, with the number of jobs that ran beside it (point 5: jobs side by side must run
-   at their calibrated speed).
+   at that size, with the number of jobs that ran beside it (jobs side by side must run at their
+   calibrated speed).
 
-`--example mlp --slots 2` (point 5 unpaced): examples/mlp_digits.py jobs, real compute; the
+`--example mlp --slots 2` (the same, unpaced): examples/mlp_digits.py jobs, real compute; the
 calibration's speeds then come from one run per size pinned to its slots' cores, as the cluster
 runs a job on W slots. Any policy `cluster up` accepts (the -rc ones too).
 
 Writes results/cluster/live12_<policy>.json; `--summary` reads every live12_<policy>.json and
 writes results/cluster/live12_summary.json and prints the table, then resizes per job and the
-seconds lost to them, live and simulated (point 3).
+seconds lost to them, live and simulated.
 
     .venv/bin/python scripts/cluster_check_sim.py --policy precompute     # ~4-6 min on 2 cores
     .venv/bin/python scripts/cluster_check_sim.py --summary
@@ -64,7 +64,7 @@ TRACE = [(0, 160), (5, 40), (10, 100), (25, 60), (30, 200), (45, 40),
 CAL_SEGMENT = 40  # steps at each size in the calibration
 REPEAT_SEGMENT = 25  # steps at each size in the calibration's repeated resize runs (> one throughput window)
 START_STEPS = 5  # steps of a calibration run that only measures a start
-# --example mlp: two long unpaced jobs side by side (point 5)
+# --example mlp: two long unpaced jobs side by side
 TRACE_MLP = [(0, 8000), (3, 8000), (6, 4000)]
 EXAMPLES = ("paced", "mlp")
 # steps an explorer trains at each size live: the first step (before any window), the warm-up
@@ -381,7 +381,7 @@ def _outcome(d: Path, jobs: list[dict]) -> dict:
 
 
 def side_by_side(jobs: list[dict], cal: dict[int, float]) -> list[dict]:
-    """Point 5: each job's work-over-time steps/s at each size against the calibration's, with the
+    """Each job's work-over-time steps/s at each size against the calibration's, with the
     time-averaged number of jobs running beside it (started -> finished of every other job)."""
     out = []
     for j in jobs:
@@ -563,7 +563,7 @@ def core_fit(rows: list[dict]) -> tuple:
 
 def launches(files: list[Path]) -> None:
     """The launches of the runs with scheduler events, by kind, W and alone / overlapped, against
-    each run's calibration samples (point 6's launch-cost analysis)."""
+    each run's calibration samples (the launch-cost analysis)."""
     groups: dict[tuple, list] = {}
     fits: dict[str, tuple] = {}
     pooled: list[dict] = []
@@ -638,7 +638,7 @@ def summary(files: list[Path], out: Path) -> dict:
                          x for j in r["live"]["jobs"] for x in j["resize_lost_s"]]) else None,
                      "side_by_side_ratio_median": statistics.median(sbs) if sbs else None,
                      "side_by_side_ratio_min": min(sbs) if sbs else None,
-                     # point 3: resizes per job and the seconds they lost (the run's resize events:
+                     # resizes per job and the seconds they lost (the run's resize events:
                      # total_lost_s, a wait for a launch in flight included; the simulator: each
                      # resize's launch at its new size)
                      "live_resizes_per_job": r["live"]["resizes"] / len(r["live"]["jobs"]),
