@@ -4,13 +4,13 @@ has a file behind it. Nothing is measured: it reads the runs and replays them (s
 
 1. The launches of the 12 runs that keep the scheduler's events (the 5 older quiet runs and the 7
    of the calibration-of-3 protocol), by kind, W and alone / overlapped
-   (:func:`cluster_check_sim.launch_table`, as ``--launches`` prints it).
+   (:func:`elastic_ring.experiment.live_check.launch_table`, as ``--launches`` prints it).
 2. Least squares of a launch's seconds over the 5 older runs (no slots recorded): a start and a
    resize intercept, per own worker beyond 1, per other launching worker, and per worker of the
    other jobs that were training (not launching) meanwhile.
 3. The same with the other launching workers on the launch's cores and on the other core (the runs
    that record each launch's slots and had overlaps), per run and pooled
-   (:func:`cluster_check_sim._core_fit`).
+   (:func:`elastic_ring.experiment.live_check.core_fit`).
 4. The 18 older runs (no start pairs in their calibration) replayed with the engine's per-worker
    launch cost, with launches sharing the 2 cores at h = 0 and at h = 0.5 (h chosen on these same
    runs: not a prediction), beside the diagnostic replay with the run's own launch times; average
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import cluster_check_sim as ccs  # noqa: E402
+from elastic_ring.experiment import live_check as ccs  # noqa: E402
 
 OLDER = ["exploratory-quiet", "optimus-quiet", "srtf-quiet2", "srtf-rc-quiet2", "srtf-rc-quiet3"]
 PROTOCOL = ["eight-q5", "optimus-q5", "optimus-rc-q5", "precompute-q5", "precompute-rc-q5", "srtf-q4", "srtf-rc-q4"]
@@ -107,7 +107,7 @@ def older_fit(names: list[str]) -> dict:
 
 def core_fits(names: list[str]) -> dict:
     def one(rows: list[dict]) -> dict:
-        c, res_sd, n = ccs._core_fit(rows)
+        c, res_sd, n = ccs.core_fit(rows)
         return {"launches": n, "start_s": c[0], "resize_s": c[1], "per_own_worker_beyond_1_s": c[2],
                 "same_core_worker_s": c[3], "other_core_worker_s": c[4], "residual_s": res_sd,
                 "every_core_alike_worker_s": c[5], "every_core_alike_residual_s": c[6]}

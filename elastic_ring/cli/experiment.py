@@ -1,14 +1,9 @@
-"""`elastic-ring experiment resize`: the Table 2 design (baselines and resized runs)."""
+"""`elastic-ring experiment resize`: the Table 2 design (baselines and resized runs; the experiment:
+:mod:`elastic_ring.experiment.resize_runs`)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import click
-
-from elastic_ring.errors import UserError
-from elastic_ring.words import count
 
 
 @click.group(context_settings={"max_content_width": 100})
@@ -46,37 +41,8 @@ def resize(design_path, repeats, out_dir, overrides, slots, device, relaunch):
     seed + r unless vary_seed: false). Finished runs with the same config are reused, so a rerun
     with more --repeats only adds runs. Then: elastic-ring report OUT.
     """
-    from elastic_ring.cli.train import _resolve_device
-    from elastic_ring.config.api import load_config
-    from elastic_ring.config.base import parse_overrides
-    from elastic_ring.data import check_dataset
-    from elastic_ring.experiment.api import load_design, render_table2, resolve_path
-    from elastic_ring.experiment.runner import run_design
+    from elastic_ring.experiment.resize_runs import run_table2
 
-    flags = {k: v for k, v in (("repeats", repeats), ("relaunch", relaunch)) if v is not None}
-    design = load_design(design_path, parse_overrides(overrides) | flags)
-    dev, ngpu = _resolve_device(device or design.device)
-    cfg_path = resolve_path(design.config, Path(design_path).resolve().parent)
-    cfg = load_config(cfg_path, design.overrides, device=dev)
-    last = max(design.resize_steps)
-    if last >= cfg.total_steps:
-        raise UserError(f"resize step {last} is not before the last step ({cfg.total_steps})")
-    need = max(design.w_init, design.w_new)
-    n_slots = slots or design.slots or (ngpu if dev == "cuda" else max(need, os.cpu_count() or 1))
-    if n_slots < need:
-        raise UserError(f"{count(need, 'worker')} needed but only {n_slots} slot(s)")
-    if dev == "cuda" and need > ngpu:
-        raise UserError(f"the design needs {need} GPUs but {ngpu} are visible")
-    check_dataset(cfg.dataset, cfg.data_dir)
-    out = Path(out_dir or design.out)
-    if dev == "cpu" and need > (os.cpu_count() or 1):
-        click.echo(f"elastic-ring: note: {need} workers on {os.cpu_count()} CPU cores oversubscribe them",
-                   err=True)
-    result = run_design(design, cfg, out, n_slots, dev, design_path=str(design_path))
-    click.echo(f"Table 2: {design.w_init} -> {design.w_new} workers, ResNet-{cfg.depth}/{cfg.width} on "
-               f"{cfg.dataset} ({dev}), {cfg.total_steps} steps, batch {cfg.batch_size}/worker, "
-               f"relaunch {design.relaunch}; "
-               f"mean ± sd over {design.repeats} repeat(s)")
-    click.echo(render_table2(result["rows"]))
-    click.echo("")
-    click.echo(f"wrote {out / 'table2.json'} and {out / 'table2.md'}; plots: elastic-ring report {out}")
+    t2 = run_table2(design_path, repeats, out_dir, overrides, slots, device, relaunch,
+                    note=lambda m: click.echo(m, err=True))
+    click.echo(t2.text())

@@ -20,20 +20,6 @@ def _echo(msg: str) -> None:
     click.echo(msg, err=True)
 
 
-def _resolve_device_report(device: str):
-    """(device, usable GPUs, GPU report or None: its line is printed once the run starts); on cuda,
-    Horovod must have NCCL (elastic_ring.telemetry.gpu)."""
-    from elastic_ring.telemetry import gpu
-
-    device, n, rep = gpu.resolve_device(device)
-    gpu.check_nccl(device, warn=_echo)
-    return device, n, rep
-
-
-def _resolve_device(device: str) -> tuple[str, int]:
-    return _resolve_device_report(device)[:2]
-
-
 @click.command(context_settings={"max_content_width": 100})
 @click.option("--workers", "--gpus", "workers", type=int, default=None, metavar="N",
               help="Workers to start with: one GPU each on a GPU node, a CPU process each otherwise "

@@ -6,4 +6,6 @@ resizes them live with the policies of :mod:`elastic_ring.sched` (the simulator'
 * :mod:`.store` — the durable state: SQLite (WAL) in the cluster folder.
 * :mod:`.scheduler` — :class:`Scheduler`, the loop (side effects passed in, unit-tested with fakes).
 * :mod:`.runner` — :class:`ProcessRunner`, which runs each job under its own ``train`` controller.
+* :mod:`.daemon` — ``cluster up`` and ``cluster down``: the scheduler's process (lock, config, loop, drain).
+* :mod:`.client` — what any shell does to the folder: submit, cancel, the job table.
 """

@@ -1,11 +1,18 @@
-"""Experiment designs: Table 2 of arXiv 1908.08082 (resize a run mid-training, measure what it saves).
+"""The experiments of the papers, one module each; every command that runs one parses its flags,
+calls the module's one entry function and prints what it returns.
 
-* :mod:`.api` — the design file (:class:`ResizeDesign`, :func:`load_design`) and the table's
-  arithmetic from events (:func:`run_metrics`, :func:`table2_rows`, :func:`render_table2`).
-* :mod:`.runner` — runs every row and repeat with real horovodrun runs and writes the tables.
+* :mod:`.throughput` — Table 1 of arXiv 1908.08082: throughput per worker count and the Eq. 5 fit
+  (``elastic-ring profile``; the runs themselves: :mod:`elastic_ring.profile.profiler`).
+* :mod:`.resize` — Table 2: the resize design file and the table's arithmetic from events;
+  :mod:`.resize_runs` runs every row and repeat (``elastic-ring experiment resize``).
+* :mod:`.cluster_sim` — Table 3: the simulated cluster under the scheduling policies, with tuning
+  and held-out seeds (``elastic-ring simulate``).
+* :mod:`.ps_sync` — Table I of arXiv 1908.11848: BSP, ASP, SSP and DSSP on a heterogeneous
+  cluster, paired seeds and bootstrap ratios (``elastic-ring ps experiment``).
+* :mod:`.replay` — a measured job trace replayed in the simulator with the live scheduler's
+  hand-over (:class:`~elastic_ring.experiment.replay.LiveHandover`, a launch model of the engine);
+  :mod:`.live_check` — the simulator checked against the live scheduler on this machine
+  (calibration, live run, replay; ``scripts/cluster_check_sim.py``).
+
+Nothing is imported here: each module brings only what its experiment needs.
 """
-
-from elastic_ring.experiment.api import (ResizeDesign, load_design, mean_sd, render_table2,
-                                         run_metrics, table2_rows)
-
-__all__ = ["ResizeDesign", "load_design", "mean_sd", "render_table2", "run_metrics", "table2_rows"]

@@ -16,8 +16,10 @@
                    record: the one format of ``train`` (``elastic_ring.protocol``,
                    ``RUN_DIR/logs/error-rank<R>.json``), written by ``elastic_ring.ps.mpi_main`` and
                    ``inprocess``
-- ``events``       the ``ps_*`` event kinds (keyword-only records); ``experiment`` the Table I
-                   design (paired seeds, bootstrap ratios, a verdict per paper comparison)
+- ``events``       the ``ps_*`` event kinds (keyword-only records)
+
+The Table I design (paired seeds, bootstrap ratios, a verdict per paper comparison) is
+:mod:`elastic_ring.experiment.ps_sync`, with the other experiments.
 
 Nothing happens at import time.
 """

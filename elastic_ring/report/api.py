@@ -242,7 +242,7 @@ def _conv_table(groups: list[tuple[str, list[Path]]]) -> str:
 
 
 def report_table2(d: Path) -> tuple[str, list[Path]]:
-    from elastic_ring.experiment.api import render_table2
+    from elastic_ring.experiment.resize import render_table2
 
     res = json.loads((d / "table2.json").read_text())
     groups = []

@@ -47,7 +47,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from enum import IntEnum
-from typing import Mapping, NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -73,10 +73,12 @@ class SimError(ElasticRingError):
 
 class EventKind(IntEnum):
     """What happens at an :class:`Event`. At equal times a completion is handled first (completions
-    are no longer heap events: :mod:`.state` keeps each job's completion time)."""
+    are no longer heap events: :mod:`.state` keeps each job's completion time), then wake-ups, then
+    phase ends."""
 
     COMPLETION = 0  # the job's work is done (at its current speed and pause)
-    PHASE_END = 1  # the end of one of the job's exploration phases
+    WAKE = 1  # a wake-up asked by the launch model (Simulator.wake_at): Launches.wake handles it
+    PHASE_END = 2  # the end of one of the job's exploration phases
 
 
 class Event(NamedTuple):
@@ -94,9 +96,47 @@ class Event(NamedTuple):
 
 
 _PHASE_END = EventKind.PHASE_END
+_WAKE = EventKind.WAKE
 _STATES = {state.QUEUED: JobState.QUEUED, state.RUNNING: JobState.RUNNING, state.EXPLORING: JobState.EXPLORING,
            state.DONE: JobState.DONE}
 _CODE = {v: k for k, v in _STATES.items()}
+
+
+class Launches(Protocol):
+    """How a decision reaches the jobs and what a launch costs, when it is not the engine's own way
+    (each change applied at the decision; a start or resize to W workers costs its overhead +
+    ``overhead_per_worker_s`` (W - 1): :meth:`Simulator.launch_cost`). The engine calls these at
+    fixed points and nowhere else; a model acts on the engine through its public methods
+    (:meth:`~Simulator.change`, :meth:`~Simulator.wake_at`, :meth:`~Simulator.retime`,
+    :meth:`~Simulator.account`). With a model, decisions are applied one job at a time (never by the
+    compiled step). The live replay (:mod:`elastic_ring.experiment.replay`) is one.
+    """
+
+    def reset(self, sim: Simulator) -> None:
+        """A run begins (forget the previous one's state)."""
+
+    def cost(self, sim: Simulator, j: SimJob, w: int, base: float, t0: float) -> float:
+        """Seconds without progress of ``j``'s start or resize to ``w`` workers beginning at ``t0``
+        (``base``: the start or resize overhead)."""
+
+    def deciding(self, sim: Simulator, now: float) -> None:
+        """The policy is about to decide at ``now``."""
+
+    def decided(self, sim: Simulator, now: float) -> None:
+        """The decision at ``now`` has been handed to the jobs."""
+
+    def ask(self, sim: Simulator, j: SimJob, w: int, now: float) -> bool:
+        """A decision changes ``j`` to ``w`` GPUs: True applies it now; False keeps it for later
+        (the model then asks the engine for a wake-up and applies it with :meth:`Simulator.change`)."""
+
+    def began(self, sim: Simulator, j: SimJob, held: int, w: int, now: float, t0: float) -> None:
+        """``j``'s change from ``held`` to ``w`` GPUs, asked at ``now``, began at ``t0``."""
+
+    def explored(self, sim: Simulator, j: SimJob, now: float) -> None:
+        """The exploring job ``j`` moved on to its next size at ``now``."""
+
+    def wake(self, sim: Simulator, j: SimJob, now: float) -> None:
+        """A wake-up of ``j`` asked with :meth:`Simulator.wake_at` is due."""
 
 
 class Simulator:
@@ -107,6 +147,8 @@ class Simulator:
         plan_models: workload name -> the model the planner believes (default: the true ones;
             the held-out check passes another workload's fitted model here).
         trace: if a list, (time, GPUs in use) is appended after every decision.
+        launches: how decisions reach the jobs and what launches cost (:class:`Launches`);
+            default: each change at once, at the engine's cost.
 
     Raises:
         SimError: exploration needs more GPUs than the cluster has.
@@ -114,8 +156,9 @@ class Simulator:
 
     def __init__(self, config: SimConfig, policy: Policy, true_models: Mapping[str, SpeedModel],
                  plan_models: Mapping[str, SpeedModel] | None = None, trace: list | None = None,
-                 batch_min_jobs: int = BATCH_MIN_JOBS):
+                 batch_min_jobs: int = BATCH_MIN_JOBS, launches: Launches | None = None):
         self.config = config
+        self.launches = launches
         self.policy = policy
         self.gpus = config.gpus
         self.explores = bool(getattr(policy, "explores", False))
@@ -131,10 +174,8 @@ class Simulator:
         self.batch_min_jobs = batch_min_jobs
         # A decision on arrays is applied by the compiled step (state.apply_batch) unless a job's
         # change depends on other jobs (hand-over after a launch, launches sharing a node) or a
-        # subclass changes how a change is applied; then by _apply, one job at a time.
-        cls = type(self)
-        self._compiled_apply = not (config.resize_after_launch or config.launches_share_node) and all(
-            getattr(cls, m) is getattr(Simulator, m) for m in ("_launch_cost", "_apply", "_set_training"))
+        # launch model decides how a change is applied; then by _apply, one job at a time.
+        self._compiled_apply = not (config.resize_after_launch or config.launches_share_node) and launches is None
         # speed models the planner uses, one row each (a workload's, or a job's fitted one)
         self._rates: list[Rate] = []
         self._tables = np.zeros((0, gain_table(lambda w: 1.0, self.gpus).size))
@@ -143,7 +184,8 @@ class Simulator:
         self._plan_row = {k: self._add_rate(r) for k, r in self.plan_rates.items()}
         self._noise_rng = np.random.default_rng([config.seed, 1])
         # runtime state, (re)set by run()
-        self._heap: list[Event] = []  # phase ends (completions: the F[TC] column of each job)
+        self._heap: list[Event] = []  # phase ends, wake-ups (completions: the F[TC] column of each job)
+        self._due: dict[int, float] = {}  # exploring job -> the end of its current phase
         self._seq = itertools.count(1)
         self._active: dict[int, SimJob] = {}
         self.gpus_in_use = 0
@@ -160,7 +202,10 @@ class Simulator:
             SimError: a policy allocates more GPUs than exist, or no job can ever run.
         """
         config = self.config
+        if self.launches is not None:
+            self.launches.reset(self)
         self._heap = heap = []
+        self._due = {}
         self._seq = itertools.count(1)
         self._active = active = {}
         self._noise_rng = np.random.default_rng([config.seed, 1])
@@ -176,7 +221,7 @@ class Simulator:
         accounted_to = t_first
         next_arrival = 0
         while len(finished) < n_jobs:
-            while heap:  # drop stale events (a subclass may push kinds of its own: kept)
+            while heap:  # drop stale events (wake-ups of active jobs are kept)
                 ev = heap[0]
                 j = active.get(ev.job_id)
                 if j is None or (ev.kind == _PHASE_END and (j.state != JobState.EXPLORING or ev.stamp != j.phase)):
@@ -209,8 +254,44 @@ class Simulator:
                 if active or next_arrival < n_jobs:
                     self._decide(now)
             else:
-                self._end_phase(active[heapq.heappop(heap).job_id], now)
+                ev = heapq.heappop(heap)
+                if ev.kind == _WAKE:
+                    self.launches.wake(self, active[ev.job_id], now)
+                else:
+                    self._end_phase(active[ev.job_id], now)
         return self._result(finished, n_jobs, t_first)
+
+    # ------------------------------------------------------------------------------ for launch models
+    @property
+    def active(self) -> Mapping[int, SimJob]:
+        """The jobs arrived and not done, by id, in arrival order (read only)."""
+        return self._active
+
+    def pending(self, now: float) -> list[tuple[float, int]]:
+        """(time, GPUs) given back by launching jobs and free only from that time, after ``now``."""
+        return sorted((p[0], p[1]) for p in self._pending if p[0] > now)
+
+    def change(self, j: SimJob, w: int, now: float) -> None:
+        """Give ``j`` ``w`` GPUs now, as a decision does (the launch model is asked again)."""
+        self._apply(j, w, now)
+
+    def wake_at(self, t: float, j: SimJob) -> None:
+        """Call the launch model's ``wake`` for ``j`` at ``t`` (after completions at ``t``, before
+        phase ends), unless ``j`` is done by then."""
+        heapq.heappush(self._heap, Event(t, _WAKE, next(self._seq), j.id, 0))
+
+    def retime(self, j: SimJob, paused_until: float, now: float) -> None:
+        """``j``'s launch in progress ends at ``paused_until`` instead: it trains from then (its
+        completion, or the end of its exploration phase, moves)."""
+        j.paused_until = paused_until
+        self._set_training(j, j.gpus_training, now)
+        if j.state == JobState.EXPLORING:
+            self._push_phase_end(j, now, j.speed, j.paused_until)
+        self._store(j)
+
+    def account(self, now: float) -> None:
+        """After changes made outside a decision: the capacity check, the peak and the GPU trace."""
+        self._account(now)
 
     # ------------------------------------------------------------------------------ job state
     def _add_rate(self, rate: Rate, model: SpeedModel | None = None) -> int:
@@ -251,7 +332,7 @@ class Simulator:
         # than half that many remain) F and I are written from the SimJobs on the way in and after
         # every per-job change (_store). With the compiled apply they are then the truth ("_truth")
         # and a SimJob is brought up to date (_load) only where per-job code reads it; otherwise
-        # (hand-over, shared launches, a subclass's own _apply) the SimJobs stay the truth and the
+        # (hand-over, shared launches, a launch model) the SimJobs stay the truth and the
         # arrays mirror them, as before. F[TC] and the active list are always kept.
         self._live = self._truth = False
 
@@ -317,6 +398,8 @@ class Simulator:
 
     def _end_phase(self, j: SimJob, now: float) -> None:
         """Record the phase's measured speed; start the next phase, or fit Eq. 5 and decide."""
+        if now < self._due.get(j.id, now) - 1e-9:
+            return  # a phase end its launch model has moved later (pushed again): stale
         phases = self.config.explore_gpus
         w = phases[j.phase]
         steps_per_s = j.true_rate(w) / (j.true_model.m * w)
@@ -343,6 +426,8 @@ class Simulator:
             self._set_training(j, w, now)
             self._push_phase_end(j, now, j.speed, j.paused_until)
             self._store(j)
+            if self.launches is not None:
+                self.launches.explored(self, j, now)
             return
         self._load(j)
         j.advance(now)
@@ -361,6 +446,15 @@ class Simulator:
     # ------------------------------------------------------------------------------ decisions
     def _decide(self, now: float) -> None:
         """Ask the policy, check its answer, apply it (shrinks first, so GPUs in use never exceed G)."""
+        launches = self.launches
+        if launches is None:
+            self._decide_now(now)
+            return
+        launches.deciding(self, now)
+        self._decide_now(now)
+        launches.decided(self, now)
+
+    def _decide_now(self, now: float) -> None:
         if self.batch:
             n = len(self._active)
             if not self._live and n >= self.batch_min_jobs:
@@ -501,12 +595,24 @@ class Simulator:
         return self.config.mean_hours_at_8 * 3600.0 * j.true_rate(8)
 
     def _apply(self, j: SimJob, w: int, now: float) -> None:
-        """Give job ``j`` ``w`` GPUs (``w != j.gpus_held``): a start, resize, preemption or exploration."""
+        """Give job ``j`` ``w`` GPUs (``w != j.gpus_held``): a start, resize, preemption or exploration
+        (with a launch model: when it says so)."""
+        launches = self.launches
+        if launches is None:
+            self._load(j)
+            self._apply_job(j, w, now)
+            self._store(j)
+            return
+        if not launches.ask(self, j, w, now):
+            return
         self._load(j)
-        self._apply_job(j, w, now)
+        held = j.gpus_held
+        t0 = self._apply_job(j, w, now)
         self._store(j)
+        launches.began(self, j, held, w, now, t0)
 
-    def _apply_job(self, j: SimJob, w: int, now: float) -> None:
+    def _apply_job(self, j: SimJob, w: int, now: float) -> float:
+        """The change of :meth:`_apply`; returns when it begins (``now``, or later at a hand-over)."""
         if j.state == JobState.EXPLORING:
             raise SimError(f"policy {self.policy.name} changed exploring job {j.id} to {w} GPUs")
         t0 = self._handover(j, w, now) if self.config.resize_after_launch else now
@@ -516,7 +622,7 @@ class Simulator:
                                f"not {self.explore_hold}")
             j.advance(now)
             self._start_exploring(j, t0)
-            return
+            return t0
         j.advance(now)
         if j.gpus_held > 0:
             j.resizes += 1
@@ -530,6 +636,7 @@ class Simulator:
         self.gpus_in_use += w - j.gpus_held
         j.gpus_held = w
         self._set_training(j, w, now)
+        return t0
 
     def _handover(self, j: SimJob, w: int, now: float) -> float:
         """``config.resize_after_launch``: when the change of ``j`` to ``w`` GPUs can begin. A job
@@ -566,10 +673,15 @@ class Simulator:
         self._set_training(j, first, now)
         self._push_phase_end(j, now, j.speed, j.paused_until)
 
-    def _launch_cost(self, w: int, base: float, t0: float | None = None, j: SimJob | None = None) -> float:
-        """Seconds without progress of a start or resize to ``w`` workers (``base``: the start or
-        resize overhead). With ``config.launches_share_node`` the workers of every other job still
-        launching at ``t0`` count too (launches on one node share its cores)."""
+    def _launch_cost(self, w: int, base: float, t0: float, j: SimJob) -> float:
+        if self.launches is not None:
+            return self.launches.cost(self, j, w, base, t0)
+        return self.launch_cost(w, base, t0, j)
+
+    def launch_cost(self, w: int, base: float, t0: float | None = None, j: SimJob | None = None) -> float:
+        """The engine's seconds without progress of a start or resize to ``w`` workers (``base``: the
+        start or resize overhead). With ``config.launches_share_node`` the workers of every other job
+        still launching at ``t0`` count too (launches on one node share its cores)."""
         per = self.config.overhead_per_worker_s
         if not per:
             return base
@@ -598,6 +710,7 @@ class Simulator:
             end = (now if now > paused_until else paused_until) + work / speed
         else:
             end = now + self.config.explore_phase_s
+        self._due[j.id] = end
         heapq.heappush(self._heap, Event(end, _PHASE_END, next(self._seq), j.id, j.phase))
 
     # ------------------------------------------------------------------------------ result

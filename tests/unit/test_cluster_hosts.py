@@ -7,7 +7,7 @@ import pytest
 from elastic_ring.cluster.api import ClusterConfig, JobRequest
 from elastic_ring.cluster.runner import ProcessRunner
 from elastic_ring.cluster.scheduler import Scheduler
-from elastic_ring.cli.cluster import _parse_hostfile
+from elastic_ring.cluster.daemon import hostfile_slots as _parse_hostfile
 
 
 def _job(jid=1, max_workers=0):

@@ -1,4 +1,4 @@
-"""The replay used by the simulator-against-live check (scripts/cluster_check_sim.py): step-counted
+"""The replay used by the simulator-against-live check (elastic_ring.experiment.live_check): step-counted
 jobs on measured speed tables, a start overhead, hand-checked."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from elastic_ring.errors import ConfigError
 from elastic_ring.sim.api import SimConfig
-from elastic_ring.sim.replay import TableSpeed, replay
+from elastic_ring.experiment.replay import TableSpeed, replay
 
 
 def test_eight_on_two_slots_runs_jobs_one_after_another_with_the_start_overhead():
@@ -110,14 +110,14 @@ class _Scripted:
 
 def _replay_scripted(jobs, script, gpus, start_s, resize_s, lost=None):
     from elastic_ring.sim.api import JobSpec
-    from elastic_ring.sim.replay import _Replay
+    from elastic_ring.experiment.replay import live_simulator
 
     cfg = SimConfig(gpus=gpus, jobs=len(jobs), start_overhead_s=start_s, resize_overhead_s=resize_s,
                     resize_after_launch=True, launches_share_node=False, remaining="oracle")
     models = {"t": TableSpeed({1: 10.0, 2: 20.0, 4: 40.0})}
     pol = _Scripted(script)
     specs = [JobSpec(id=i, arrival=float(a), work=float(w), workload="t") for i, (a, w) in enumerate(jobs)]
-    return _Replay(cfg, pol, models, lost=lost).run(specs), pol
+    return live_simulator(cfg, pol, models, lost=lost).run(specs), pol
 
 
 def test_a_start_waiting_for_slots_takes_the_latest_target_at_no_cost():
@@ -169,19 +169,15 @@ def test_the_resize_cost_gate_weighs_what_the_live_scheduler_had_measured():
 
 
 def test_the_check_keeps_each_jobs_scheduler_events_by_name(tmp_path):
-    # scripts/cluster_check_sim.py: the live run's starts, resize requests, stops and vetoed grows
-    # per job, timed from the first submission (what the replay's changes are compared with)
-    import importlib.util
+    # the live check: the live run's starts, resize requests, stops and vetoed grows per job,
+    # timed from the first submission (what the replay's changes are compared with)
     import sqlite3
-    from pathlib import Path
 
     from elastic_ring.cluster.api import JobRequest
     from elastic_ring.cluster.store import Store
 
-    spec = importlib.util.spec_from_file_location(
-        "cluster_check_sim", Path(__file__).resolve().parents[2] / "scripts" / "cluster_check_sim.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from elastic_ring.experiment import live_check as mod
+
     now = [100.0]
     store = Store(tmp_path, create=True, clock=lambda: now[0])
     a = store.submit(JobRequest(name="j0", kind="script", path="x.py", steps=10))
@@ -206,7 +202,7 @@ INF = float("inf")
 
 
 def test_shared_launch_ends_slow_launches_only_past_the_cores():
-    from elastic_ring.sim.replay import shared_launch_ends
+    from elastic_ring.experiment.replay import shared_launch_ends
 
     # two 1-worker launches of 4 s on 2 cores: 2 processes, no slowdown; three: 3 on 2, each 2/3
     assert shared_launch_ends([(0, 4, 1, -1, INF)] * 2, 2) == pytest.approx([4, 4])
@@ -219,7 +215,7 @@ def test_shared_launch_ends_slow_launches_only_past_the_cores():
 
 
 def test_shared_launch_ends_follow_and_kill():
-    from elastic_ring.sim.replay import shared_launch_ends
+    from elastic_ring.experiment.replay import shared_launch_ends
 
     # launch 1 follows launch 0 (a resize asked while it launches); launch 2 (2 workers) from 1 s:
     # 0 ends at 5.5, then 1 and 2 run side by side (4 processes, half speed each)
@@ -259,14 +255,9 @@ def test_replay_with_cores_explores_to_the_end():
 
 
 def _script_module():
-    import importlib.util
-    from pathlib import Path
+    from elastic_ring.experiment import live_check
 
-    spec = importlib.util.spec_from_file_location(
-        "cluster_check_sim", Path(__file__).resolve().parents[2] / "scripts" / "cluster_check_sim.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return live_check
 
 
 def test_calibration_takes_the_median_start_of_each_size(tmp_path, monkeypatch):
@@ -307,7 +298,7 @@ def test_calibration_takes_the_median_start_of_each_size(tmp_path, monkeypatch):
 def test_launch_extra_inverts_the_shared_cores_model():
     # two 1-worker launches of 1 + h processes, each 4 s alone, side by side on 2 cores: the model's
     # pair time gives back h; no slowdown gives 0; slower than the model can be: at most cores - 1
-    from elastic_ring.sim.replay import shared_launch_ends
+    from elastic_ring.experiment.replay import shared_launch_ends
 
     mod = _script_module()
     for h in (0.0, 0.3, 0.8):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from elastic_ring.errors import ConfigError, UserError
-from elastic_ring.experiment.api import (ResizeDesign, load_design, mean_sd, render_table2,
+from elastic_ring.experiment.resize import (ResizeDesign, load_design, mean_sd, render_table2,
                                          run_metrics, table2_rows)
 from elastic_ring.perfmodel import SpeedModel, load_profile
 from elastic_ring.profile.api import (build_profile, measure_point, parse_worker_counts,
@@ -210,7 +210,7 @@ def test_mean_sd():
 
 # ---------------------------------------------------------------------------- design file
 def test_design_files_shipped_are_valid(tmp_path, monkeypatch):
-    from elastic_ring.experiment.api import PACKAGE, resolve_path
+    from elastic_ring.experiment.resize import PACKAGE, resolve_path
 
     paper = load_design(PACKAGE / "configs" / "table2.yaml")
     assert (paper.w_init, paper.w_new, paper.resize_steps) == (4, 8, (5000, 10000))

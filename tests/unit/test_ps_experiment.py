@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from elastic_ring.events.api import EventLog
-from elastic_ring.ps import experiment as ex
+from elastic_ring.experiment import ps_sync as ex
 from elastic_ring.ps.api import PSConfig
 from elastic_ring.ps.events import PSAccuracy, PSFinished, PSLaunch, PSPush, PSWorkerSummary
 from elastic_ring.ps.worker import step_plan

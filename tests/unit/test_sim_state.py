@@ -60,11 +60,11 @@ def test_compiled_apply_only_where_a_change_is_one_jobs_own():
     assert not Simulator(SimConfig(resize_after_launch=True), pol, models)._compiled_apply
     assert not Simulator(SimConfig(launches_share_node=True), pol, models)._compiled_apply
 
-    class Costly(Simulator):
-        def _launch_cost(self, w, base, t0=None, j=None):  # noqa: ANN001
+    class Costly:  # a launch model of its own (elastic_ring.sim.engine.Launches)
+        def cost(self, sim, j, w, base, t0):  # noqa: ANN001
             return base + 1.0
 
-    assert not Costly(SimConfig(), pol, models)._compiled_apply
+    assert not Simulator(SimConfig(), pol, models, launches=Costly())._compiled_apply
 
 
 def test_exploration_fit_equals_fit_speed_few():
@@ -109,9 +109,9 @@ def test_row_monotone_equals_rows_monotone():
 
 @pytest.mark.parametrize("policy", ["precompute", "srtf-rc", "optimus", "exploratory"])
 def test_replay_on_arrays_equals_the_per_job_replay(policy, monkeypatch):
-    """The live replay (its own _apply, wake-up events, hand-over, shared launches) with every
+    """The live replay (its launch model: wake-up events, hand-over, shared launches) with every
     decision on arrays gives the per-job replay's result, changes and seconds lost."""
-    from elastic_ring.sim import replay as replay_mod
+    from elastic_ring.experiment import replay as replay_mod
 
     rng = np.random.default_rng(11)
     jobs = [(float(t), int(s)) for t, s in zip(np.cumsum(rng.exponential(4.0, 40)), rng.integers(200, 2000, 40))]
@@ -119,11 +119,11 @@ def test_replay_on_arrays_equals_the_per_job_replay(policy, monkeypatch):
     out = []
     for arrays in (False, True):
         if arrays:
-            class OnArrays(replay_mod._Replay):
+            class OnArrays(replay_mod.Simulator):
                 def __init__(self, *a, **kw):  # noqa: ANN002, ANN003
                     super().__init__(*a, batch_min_jobs=0, **kw)
 
-            monkeypatch.setattr(replay_mod, "_Replay", OnArrays)
+            monkeypatch.setattr(replay_mod, "Simulator", OnArrays)
         lost, changes = [], []
         r = replay_mod.replay(jobs, policy, 8, speed, start_overhead_s=3.0, resize_overhead_s=2.0,
                               overhead_per_worker_s=0.5, explore_steps=30, lost=lost, changes=changes)

@@ -1,4 +1,4 @@
-"""Run a Table 2 design: every row, every repeat, then ``table2.json`` and ``table2.md``.
+"""Run a Table 2 design (:mod:`.resize`): every row, every repeat, then ``table2.json`` and ``table2.md``.
 
 Runs go to ``OUT/runs/<row>-r<repeat>/`` (each an ordinary training run with events.jsonl). The
 order interleaves rows within a repeat (repeat 0: all rows, then repeat 1: all rows, ...), so a
@@ -12,15 +12,77 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import yaml
 
 from elastic_ring.config.api import TrainConfig, config_to_dict
 from elastic_ring.controller.api import Resize
+from elastic_ring.errors import UserError
 from elastic_ring.events.api import read_events
-from elastic_ring.experiment.api import ResizeDesign, render_table2, run_metrics, table2_rows
+from elastic_ring.experiment.resize import ResizeDesign, render_table2, run_metrics, table2_rows
 from elastic_ring.profile.profiler import run_finished, say, start_run, train_set_size
+from elastic_ring.words import count
+
+
+@dataclass(frozen=True)
+class Table2:
+    """A Table 2 experiment run: ``table2.json``'s dict and what it was run on."""
+
+    design: ResizeDesign
+    config: TrainConfig
+    device: str
+    out: Path
+    result: dict[str, Any]
+
+    def text(self) -> str:
+        """What ``elastic-ring experiment resize`` prints: the heading, the table, the files written."""
+        d, c = self.design, self.config
+        return "\n".join([
+            f"Table 2: {d.w_init} -> {d.w_new} workers, ResNet-{c.depth}/{c.width} on {c.dataset} "
+            f"({self.device}), {c.total_steps} steps, batch {c.batch_size}/worker, relaunch {d.relaunch}; "
+            f"mean ± sd over {d.repeats} repeat(s)",
+            render_table2(self.result["rows"]), "",
+            f"wrote {self.out / 'table2.json'} and {self.out / 'table2.md'}; plots: elastic-ring report {self.out}"])
+
+
+def run_table2(design_path: str, repeats: int | None = None, out_dir: str | None = None,
+               overrides: Sequence[str] = (), slots: int | None = None, device: str | None = None,
+               relaunch: str | None = None, note: Callable[[str], None] = say) -> Table2:
+    """Read the design (``--set`` ``overrides`` and the flags given on top), check it against the
+    config, the device and the slots, then run (or reuse) every run and write the tables. ``note``
+    gets the warnings (a GPU without NCCL, more workers than CPU cores).
+
+    Raises:
+        UserError: a design the config or the machine cannot run (one line).
+    """
+    from elastic_ring.config.api import load_config
+    from elastic_ring.config.base import parse_overrides
+    from elastic_ring.controller.runs import resolve_device
+    from elastic_ring.data import check_dataset
+    from elastic_ring.experiment.resize import load_design, resolve_path
+
+    flags = {k: v for k, v in (("repeats", repeats), ("relaunch", relaunch)) if v is not None}
+    design = load_design(design_path, parse_overrides(overrides) | flags)
+    dev, ngpu, _ = resolve_device(device or design.device, note)
+    cfg_path = resolve_path(design.config, Path(design_path).resolve().parent)
+    cfg = load_config(cfg_path, design.overrides, device=dev)
+    last = max(design.resize_steps)
+    if last >= cfg.total_steps:
+        raise UserError(f"resize step {last} is not before the last step ({cfg.total_steps})")
+    need = max(design.w_init, design.w_new)
+    n_slots = slots or design.slots or (ngpu if dev == "cuda" else max(need, os.cpu_count() or 1))
+    if n_slots < need:
+        raise UserError(f"{count(need, 'worker')} needed but only {n_slots} slot(s)")
+    if dev == "cuda" and need > ngpu:
+        raise UserError(f"the design needs {need} GPUs but {ngpu} are visible")
+    check_dataset(cfg.dataset, cfg.data_dir)
+    out = Path(out_dir or design.out)
+    if dev == "cpu" and need > (os.cpu_count() or 1):
+        note(f"elastic-ring: note: {need} workers on {os.cpu_count()} CPU cores oversubscribe them")
+    result = run_design(design, cfg, out, n_slots, dev, design_path=str(design_path))
+    return Table2(design, cfg, dev, out, result)
 
 
 def run_design(design: ResizeDesign, cfg: TrainConfig, out_dir: Path, slots: int, device: str,

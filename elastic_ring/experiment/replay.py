@@ -19,11 +19,12 @@ from typing import Mapping, Sequence
 
 from elastic_ring.cluster.scheduler import live_policy
 from elastic_ring.errors import ConfigError
-from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
+from elastic_ring.perfmodel.speed import SpeedModel
+from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S, Policy
 from elastic_ring.sched.policies import make_policy
 from elastic_ring.sched.resize_cost import ResizeCosts
 from elastic_ring.sim.api import JobSpec, JobState, RunResult, SimConfig
-from elastic_ring.sim.engine import Event, Simulator
+from elastic_ring.sim.engine import Simulator
 from elastic_ring.sim.job import SimJob
 
 
@@ -90,113 +91,97 @@ def shared_launch_ends(launches: Sequence[tuple[float, float, int, int, float]],
     return [e if e is not None else math.inf for e in end]
 
 
-# The engine's loop hands an event of a kind it does not know to ``_end_phase``; _Replay's wake-ups
-# use this kind (between a completion and a phase end at the same instant) and are told apart from
-# phase ends by (job, time).
-_WAKE = 0.5
-
-
-class _Replay(Simulator):
-    """The simulator, handing each decision to the jobs as the live scheduler does
-    (:meth:`Scheduler._apply <elastic_ring.cluster.scheduler.Scheduler._apply>`), and keeping the
-    seconds each resize of a running job cost it.
+class LiveHandover:
+    """The simulator's launch model (:class:`~elastic_ring.sim.engine.Launches`) of the live
+    scheduler: each decision handed to the jobs as
+    :meth:`Scheduler._apply <elastic_ring.cluster.scheduler.Scheduler._apply>` hands it, and the
+    seconds each resize of a running job cost it kept.
 
     1. A change is asked of a job only once its previous change has begun (live: a job with a
        resize in flight is skipped until its relaunch begins) and, for a start or a grow, once the
        slots it needs are free (live: a start or grow waits for free slots). Until then it is only
        the job's target: a later decision replaces it at no cost, and a job waiting to grow trains
-       on at its size. (Committed at each decision, as before, a start waiting for slots at 2
-       workers and set to 1 by the next arrival paid a relaunch it never had live, and a job set
-       to 2, 3, 4, then 2 workers by four decisions within one launch paid four resizes in a row,
-       where live asks one and, once its relaunch has begun, the latest target.)
+       on at its size. (Committed at each decision, a start waiting for slots at 2 workers and set
+       to 1 by the next arrival would pay a relaunch it never had live, and a job set to 2, 3, 4,
+       then 2 workers by four decisions within one launch would pay four resizes in a row, where
+       live asks one and, once its relaunch has begun, the latest target.)
     2. The ``-rc`` gate weighs what the live scheduler knew at each decision
        (:class:`~elastic_ring.sched.resize_cost.ResizeCosts`, the live code): the default until a
        resize is measured, then each resize's seconds lost (from its request to the end of its
        relaunch, as ``total_lost_s``) from when live reads them (one throughput window of
        ``window_steps`` steps at the new size later).
+    3. With ``cores``, the launches in flight share the node's cores (:func:`shared_launch_ends`);
+       without, a launch costs the engine's :meth:`~elastic_ring.sim.engine.Simulator.launch_cost`.
     """
 
-    def __init__(self, *a, lost: list | None = None, window_steps: int = 20, live_costs: bool = True,
-                 changes: list | None = None, cores: int | None = None, launch_extra: float = 0.0, **kw) -> None:
-        super().__init__(*a, **kw)
+    def __init__(self, lost: list | None = None, window_steps: int = 20, live_costs: bool = True,
+                 changes: list | None = None, cores: int | None = None, launch_extra: float = 0.0) -> None:
         self.lost, self.changes = lost, changes
         self.window_steps = window_steps
-        self.live_costs = live_costs and hasattr(self.policy, "costs")
+        self.want_live_costs = live_costs
         self.cores = cores  # launches share these cores (shared_launch_ends); None: the engine's cost
         self.launch_extra = launch_extra  # processes a launch keeps busy besides its workers
 
-    def run(self, jobs):  # noqa: ANN001, ANN201 - the engine's signature
+    def reset(self, sim: Simulator) -> None:
+        self.live_costs = self.want_live_costs and hasattr(sim.policy, "costs")
         self._begin: dict[int, float] = {}  # job -> when its last change began
         self._want: dict[int, int] = {}  # job -> its target, not yet asked of it
-        self._wakes: set[tuple[int, float]] = set()  # (job, time) of the wake-ups pushed
+        self._wakes: set[tuple[int, float]] = set()  # (job, time) of the wake-ups asked
         self._known: list[tuple[float, int, float]] = []  # heap: (read live at, job, seconds lost)
         self._touched: set[int] = set()
-        self._t0 = 0.0
-        self.costs = ResizeCosts(float(getattr(self.policy, "resize_cost_s", DEFAULT_RESIZE_OVERHEAD_S)))
+        self.costs = ResizeCosts(float(getattr(sim.policy, "resize_cost_s", DEFAULT_RESIZE_OVERHEAD_S)))
         self._launches: list[list] = []  # [begin, seconds alone, workers, follows, killed at]
-        self._owner: list[int] = []  # the job of each launch
         self._ends: list[float] = []  # each launch's end, launches sharing the cores
         self._last: dict[int, int] = {}  # job -> its latest launch
-        self._due: dict[int, float] = {}  # exploring job -> the end of its current phase
-        return super().run(jobs)
 
-    def _launch_cost(self, w: int, base: float, t0: float | None = None, j: SimJob | None = None) -> float:
+    def cost(self, sim: Simulator, j: SimJob, w: int, base: float, t0: float) -> float:
         """With ``cores``: the launch's seconds alone (the engine's overhead + per worker), stretched
         while the launches in flight have more worker processes than the node has cores
         (:func:`shared_launch_ends`); the launches it overlaps end later too."""
-        if self.cores is None or t0 is None or j is None:
-            return super()._launch_cost(w, base, t0, j)
+        if self.cores is None:
+            return sim.launch_cost(w, base, t0, j)
         prev = self._last.get(j.id)
         follows = prev if prev is not None and self._ends[prev] >= t0 - 1e-9 else -1
-        self._launches.append([t0, base + self.config.overhead_per_worker_s * (w - 1), w + self.launch_extra,
+        self._launches.append([t0, base + sim.config.overhead_per_worker_s * (w - 1), w + self.launch_extra,
                                follows, math.inf])
-        self._owner.append(j.id)
         self._last[j.id] = len(self._launches) - 1
-        self._share(t0, j)
+        self._share(sim, t0, j)
         return self._ends[-1] - t0
 
-    def _share(self, now: float, caller: SimJob | None = None) -> None:
+    def _share(self, sim: Simulator, now: float, caller: SimJob | None = None) -> None:
         """Recompute every launch's end; a job (other than ``caller``) whose latest launch now ends
         at another time trains from then (its completion, or its exploration phase's end, moves)."""
         old, self._ends = self._ends, shared_launch_ends([tuple(x) for x in self._launches], self.cores)
+        active = sim.active
         for jid, k in self._last.items():
-            o = self._active.get(jid)
+            o = active.get(jid)
             if o is None or o is caller or k >= len(old) or abs(self._ends[k] - old[k]) < 1e-9 \
                     or self._launches[k][4] < math.inf or o.gpus_held == 0:
                 continue
-            o.paused_until = self._ends[k]
-            self._set_training(o, o.gpus_training, now)
-            if o.state == JobState.EXPLORING:
-                self._push_phase_end(o, now, o.speed, o.paused_until)
-            self._store(o)
+            sim.retime(o, self._ends[k], now)
 
-    def _push_phase_end(self, j: SimJob, now: float, speed: float, paused_until: float) -> None:
-        work = self.config.explore_phase_work  # the engine's end time, kept: an earlier one is stale
-        self._due[j.id] = (max(now, paused_until) + work / speed if work > 0 and speed > 0
-                           else now + self.config.explore_phase_s)
-        super()._push_phase_end(j, now, speed, paused_until)
-
-    def _decide(self, now: float) -> None:
+    def deciding(self, sim: Simulator, now: float) -> None:
         if self.live_costs:
             while self._known and self._known[0][0] <= now:
                 _, jid, s = heapq.heappop(self._known)
                 self.costs.add(jid, s)
-            self.policy.costs = self.costs.table(list(self._active))
+            sim.policy.costs = self.costs.table(list(sim.active))
         self._touched = set()
-        super()._decide(now)
+
+    def decided(self, sim: Simulator, now: float) -> None:
         for jid in [k for k in self._want if k not in self._touched]:
             del self._want[jid]  # the decision left it at its size: nothing to ask
 
-    def _ready_at(self, j: SimJob, w: int, now: float) -> float:
+    def _ready_at(self, sim: Simulator, j: SimJob, w: int, now: float) -> float:
         """When the live scheduler would ask ``j`` to change to ``w``: once its previous change has
         begun and, for a start or grow, once the slots it needs are free (inf: not before another
         change is asked)."""
         t = max(now, self._begin.get(j.id, now))
-        need = (self.explore_hold if self.explores and not j.explored else w) - j.gpus_held
+        need = (sim.explore_hold if sim.explores and not j.explored else w) - j.gpus_held
         if need <= 0:
             return t
-        pending = sorted((p[0], p[1]) for p in self._pending if p[0] > now)
-        need -= self.gpus - self.gpus_in_use - sum(n for _, n in pending)
+        pending = sim.pending(now)
+        need -= sim.gpus - sim.gpus_in_use - sum(n for _, n in pending)
         at = now
         for p_at, n in pending:
             if need <= 0:
@@ -204,25 +189,26 @@ class _Replay(Simulator):
             need, at = need - n, p_at
         return max(t, at) if need <= 0 else float("inf")
 
-    def _apply(self, j: SimJob, w: int, now: float) -> None:
+    def ask(self, sim: Simulator, j: SimJob, w: int, now: float) -> bool:
         self._touched.add(j.id)
         if j.state == JobState.EXPLORING:
-            return super()._apply(j, w, now)  # refused there
-        at = self._ready_at(j, w, now) if self.config.resize_after_launch else now  # else: the paper's hand-over
+            return True  # refused by the engine
+        at = self._ready_at(sim, j, w, now) if sim.config.resize_after_launch else now  # else: the paper's hand-over
         if at > now:
             self._want[j.id] = w
             if at < float("inf") and (j.id, at) not in self._wakes:
                 self._wakes.add((j.id, at))
-                heapq.heappush(self._heap, Event(at, _WAKE, next(self._seq), j.id, 0))
-            return
+                sim.wake_at(at, j)
+            return False
         self._want.pop(j.id, None)
         k = self._last.get(j.id) if self.cores is not None and w == 0 else None
         if k is not None and self._ends[k] > now and self._launches[k][4] == math.inf:
             self._launches[k][4] = now  # stopped while launching: its processes are gone
-            self._share(now, j)
-        held, self._t0 = j.gpus_held, now
-        super()._apply(j, w, now)
-        self._begin[j.id] = self._t0
+            self._share(sim, now, j)
+        return True
+
+    def began(self, sim: Simulator, j: SimJob, held: int, w: int, now: float, t0: float) -> None:
+        self._begin[j.id] = t0
         if self.changes is not None:  # (asked at, job, from, to, trains from)
             self.changes.append((now, j.id, held, w, j.paused_until))
         if held > 0 and w > 0:
@@ -235,37 +221,33 @@ class _Replay(Simulator):
         if self.live_costs and j.speed > 0:
             heapq.heappush(self._known, (j.paused_until + self.window_steps / j.speed, j.id, lost))
 
-    def _handover(self, j: SimJob, w: int, now: float) -> float:
-        self._t0 = super()._handover(j, w, now)
-        return self._t0
+    def explored(self, sim: Simulator, j: SimJob, now: float) -> None:
+        self._begin[j.id] = now  # the next size of its exploration
+        if self.lost is not None:
+            self.lost.append(j.paused_until - now)
 
-    def _end_phase(self, j: SimJob, now: float) -> None:
-        if (j.id, now) not in self._wakes:
-            if now < self._due.get(j.id, now) - 1e-9:
-                return  # a phase end its launch's sharing has moved later (pushed again)
-            phase = j.phase
-            super()._end_phase(j, now)
-            if j.state == JobState.EXPLORING and j.phase != phase:  # the next size of its exploration
-                self._begin[j.id] = now
-                if self.lost is not None:
-                    self.lost.append(j.paused_until - now)
-            return
+    def wake(self, sim: Simulator, j: SimJob, now: float) -> None:
+        """The waiting changes, in arrival order, until none can be asked."""
         self._wakes.discard((j.id, now))
+        active = sim.active
         moved = True
-        while moved:  # the waiting changes, in arrival order, until none can be asked
+        while moved:
             moved = False
-            for o in sorted((self._active[k] for k in self._want if k in self._active), key=lambda o: o.pos):
+            for o in sorted((active[k] for k in self._want if k in active), key=lambda o: o.pos):
                 w = self._want.get(o.id)
                 if w is None or w == o.gpus_held:
                     self._want.pop(o.id, None)
                     continue
-                self._apply(o, w, now)
+                sim.change(o, w, now)
                 moved = moved or o.id not in self._want
-        self._account(now)
+        sim.account(now)
 
-    def _complete(self, j: SimJob, now: float) -> None:
-        super()._complete(j, now)
-        self._want.pop(j.id, None)
+
+def live_simulator(config: SimConfig, policy: Policy, true_models: Mapping[str, SpeedModel],
+                   plan_models: Mapping[str, SpeedModel] | None = None, **kw) -> Simulator:
+    """A :class:`~elastic_ring.sim.engine.Simulator` with the live scheduler's hand-over
+    (:class:`LiveHandover`; ``kw``: its arguments)."""
+    return Simulator(config, policy, true_models, plan_models, launches=LiveHandover(**kw))
 
 
 def explore_sizes(slots: int) -> tuple[int, ...]:
@@ -291,7 +273,7 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
     resize to W workers costs its overhead + ``overhead_per_worker_s`` x (W - 1). With
     ``resize_after_launch`` (the live scheduler's hand-over) a resize of a job still launching
     begins when that launch is done and the slots it gives back are free only then, and each
-    decision is handed to the jobs as live (:class:`_Replay`); with ``launches_share_node`` the
+    decision is handed to the jobs as live (:class:`LiveHandover`); with ``launches_share_node`` the
     per-worker cost counts the workers of every launch in progress (the node's cores are shared by
     the launches side by side). The policy is the live node's (:func:`live_policy`); a ``NAME-rc``
     policy's gate starts from ``resize_cost_s`` (default: the live scheduler's, 3.5 s on CPU
@@ -321,5 +303,5 @@ def replay(jobs: Sequence[tuple[float, int]], policy: str, slots: int, speed: Ma
                     explore_gpus=sizes, explore_phase_work=float(explore_steps), remaining="oracle")
     pol = live_policy(policy, slots, "cpu") if resize_cost_s is None or not policy.endswith("-rc") else \
         make_policy(policy, resize_cost_s)
-    return _Replay(cfg, pol, models, plans, lost=lost, window_steps=window_steps, live_costs=live_costs,
-                   changes=changes, cores=cores, launch_extra=launch_extra).run(specs)
+    return live_simulator(cfg, pol, models, plans, lost=lost, window_steps=window_steps, live_costs=live_costs,
+                          changes=changes, cores=cores, launch_extra=launch_extra).run(specs)

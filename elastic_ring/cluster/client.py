@@ -1,0 +1,171 @@
+"""What any shell does to a cluster folder without the scheduler: queue a job (:func:`submit`),
+cancel one (:func:`cancel`) and read the jobs (:func:`jobs_view`, :func:`jobs_table`). These
+only write to or read the folder's database; the scheduler (:mod:`.daemon`) acts on them at its
+next pass.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+# why the scheduler stopped a job (the store's message), as `jobs` says it
+STOP_WORDS = {"cancel": "cancel requested", "preempt": "preempted", "resize": "moving to other slots",
+              "explore": "next exploration size", "down": "cluster down"}
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A job queued by :func:`submit`."""
+
+    job_id: int
+    name: str
+    scheduler_running: bool  # False: it waits in the queue until `cluster up`
+
+
+def submit(cluster_dir: str | Path, target: str, name: str | None = None, steps: int | None = None,
+           min_workers: int = 1, max_workers: int = 0, sets: Sequence[str] = (), profile: str | None = None,
+           target_loss: float | None = None, checkpoint_every: int | None = None,
+           script_args: Sequence[str] = ()) -> Submitted:
+    """Queue a job: a user script (.py, run with `train --script` and ``script_args``) or a config
+    (.yaml, the built-in ResNet, with ``sets``). A config is read now as its `train` will read it.
+
+    Raises:
+        ClusterError: the job does not fit the cluster or mixes a script's and a config's options.
+    """
+    from elastic_ring.cluster.api import LOCK_FILE, ClusterError, JobRequest
+    from elastic_ring.cluster.store import Store
+    from elastic_ring.controller.lock import held_by_other
+
+    p = Path(target).resolve()
+    kind = "script" if p.suffix == ".py" else "config" if p.suffix in (".yaml", ".yml") else None
+    if kind is None:
+        raise ClusterError(f"{target}: submit a script (.py) or a config (.yaml)")
+    if kind == "config" and script_args:
+        raise ClusterError("arguments after -- are for scripts; a config takes --set KEY=VALUE")
+    if kind == "script" and sets:
+        raise ClusterError("--set is for configs; give a script its own arguments after --")
+    store = Store(Path(cluster_dir))
+    cfg = store.config()
+    fixed = cfg is not None and cfg.ray is None  # a Ray cluster's slots change as nodes join
+    if fixed and max_workers > cfg.slots:
+        raise ClusterError(f"--max-workers {max_workers} is more than the cluster's {cfg.slots} slots")
+    if fixed and min_workers > cfg.slots:
+        raise ClusterError(f"--min-workers {min_workers} is more than the cluster's {cfg.slots} slots")
+    if checkpoint_every is not None and checkpoint_every < 0:
+        raise ClusterError(f"--checkpoint-every must be >= 0, got {checkpoint_every}")
+    train_args = ("--checkpoint-every", str(checkpoint_every)) if checkpoint_every else ()
+    req = JobRequest(name=name or p.stem, kind=kind, path=str(p), steps=steps, min_workers=min_workers,
+                     max_workers=max_workers, sets=tuple(sets), args=tuple(script_args),
+                     profile=str(Path(profile).resolve()) if profile else None, target_loss=target_loss,
+                     train_args=train_args)
+    if kind == "config":
+        check_config(req, cfg.device if cfg is not None else "cpu")
+    jid = store.submit(req)
+    return Submitted(jid, req.name, held_by_other(Path(cluster_dir) / LOCK_FILE))
+
+
+def check_config(req: Any, device: str) -> None:
+    """A config job's config as its `train` will read it (file, --set, --steps), so that a bad key
+    or value is refused here, in one line, and not found later in the job's log."""
+    from elastic_ring.config.api import load_config
+    from elastic_ring.config.base import parse_overrides
+
+    overrides = parse_overrides(req.sets)
+    if req.steps:
+        overrides["total_steps"] = req.steps
+    load_config(req.path, overrides, device=device)
+
+
+def cancel(cluster_dir: str | Path, job: str) -> str:
+    """Cancel a job by id or name (a queued one is dropped, a running one stops at a checkpoint);
+    returns what to print.
+
+    Raises:
+        ClusterError: no such job, or it has already ended.
+    """
+    from elastic_ring.cluster.api import ClusterError
+    from elastic_ring.cluster.store import Store
+
+    store = Store(Path(cluster_dir))
+    j = store.find(job)
+    if j["state"].terminal:
+        raise ClusterError(f"job {j['id']} is already {j['state'].value}")
+    store.update(j["id"], cancel=1)
+    store.event(j["id"], "cancel_requested")
+    return f"job {j['id']} ({j['name']}): cancel requested"
+
+
+def jobs_view(cluster_dir: str | Path, as_json: bool = False) -> str:
+    """What `elastic-ring jobs` prints: the job table (with a Ray cluster's nodes above it), or the
+    jobs as JSON."""
+    from elastic_ring.cluster.store import Store
+
+    d = Path(cluster_dir)
+    store = Store(d)
+    rows = store.jobs()
+    if as_json:
+        return json.dumps([job_json(j, d) for j in rows], indent=1)
+    cfg = store.config()
+    lines = []
+    if cfg is not None and cfg.ray is not None:
+        lines.append(f"Ray nodes: {nodes_line(store.get_meta('nodes') or [list(h) for h in cfg.hosts])}")
+    lines.append(jobs_table(rows, d))
+    return "\n".join(lines)
+
+
+def nodes_line(nodes: Sequence[Sequence[Any]]) -> str:
+    """``host:slots, ... (N slot(s))``."""
+    return (", ".join(f"{h}:{n}" for h, n in nodes) or "none") + f" ({sum(n for _, n in nodes)} slot(s))"
+
+
+def state_text(j: Any, cluster_dir: Path | None = None) -> str:
+    """The state column: the state, and why for a stopping or paused job (a failed job's reason is
+    printed under the table, a cancelled job's is its state); for a running job, what its run says
+    when it is not plain stepping (``running (resizing 1 -> 2)``), from the run's own state."""
+    from elastic_ring.cluster.api import JobState, job_dir
+    from elastic_ring.controller.status import live_note
+
+    state, msg = j["state"], j["message"]
+    if state == JobState.RUNNING and not msg:
+        rd = j.get("run_dir") or (job_dir(cluster_dir, j["id"]) if cluster_dir is not None else None)
+        note = live_note(rd) if rd is not None and Path(rd).is_dir() else None
+        return f"{state.value} ({note})" if note else state.value
+    if not msg or state.terminal:
+        return state.value
+    return f"{state.value} ({STOP_WORDS.get(msg, msg)})"
+
+
+def jobs_table(jobs: Sequence[Any], cluster_dir: Path | None = None) -> str:
+    """The job table (id, name, state, workers, step/total, images/s, submitted, JCT), with a line
+    for each failed job under it."""
+    from elastic_ring.cluster.api import JobState, job_log
+
+    rows = [("id", "name", "state", "workers", "step/total", "images/s", "submitted", "JCT")]
+    notes = []
+    for j in jobs:
+        total = j["total"] or j["request"].steps or "?"
+        jct = f"{j['finished'] - j['submitted']:.1f} s" if j["finished"] else ""
+        rows.append((str(j["id"]), j["name"], state_text(j, cluster_dir),
+                     str(j["workers"] or len(j["slots"])), f"{j['step']}/{total}", f"{j['images_per_s']:.0f}",
+                     time.strftime("%H:%M:%S", time.localtime(j["submitted"])), jct))
+        if j["state"] == JobState.FAILED:
+            log = job_log(cluster_dir, j["id"]) if cluster_dir is not None else None
+            notes.append(f"job {j['id']} failed: {j['message'] or 'no reason recorded'}"
+                         + (f" (log: {log})" if log is not None and log.exists() else ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows] + notes)
+
+
+def job_json(j: Any, cluster_dir: Path) -> dict:
+    """One job for `jobs --json`: the store's row, with its run folder and log where they exist."""
+    from elastic_ring.cluster.api import job_dir, job_log
+
+    out = {k: (v.value if k == "state" else v.to_dict() if k == "request" else v) for k, v in j.items()}
+    rd, log = job_dir(cluster_dir, j["id"]), job_log(cluster_dir, j["id"])
+    out["run_dir"] = out["run_dir"] or (str(rd.resolve()) if rd.is_dir() else None)
+    out["log"] = str(log.resolve()) if log.exists() else None
+    return out
