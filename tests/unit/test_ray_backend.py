@@ -270,3 +270,42 @@ def test_restart_size_is_what_the_free_resources_place_now(tmp_path, monkeypatch
     tried.clear()
     placeable["n"] = 0
     assert b.usable_slots(2) == 0 and b.cluster.reserved is None and removed == ["pg1", "pg1"]  # none kept
+
+
+def test_between_two_polls_the_backend_recycles_leavers_and_leaves_a_lost_node_out(tmp_path):
+    """The group only reports (members that left the ring, the node of a lost member); the backend,
+    given a fake cluster view and a fake pool, acts on it: a leaver goes back to the pool (as a spare
+    for the running segment's size), a lost node is left out of later placements, and a ring ahead
+    that waited for its spares is formed at the next poll, not after a failure."""
+    from types import SimpleNamespace
+
+    from elastic_ring.controller.backends.api import SegmentLaunch
+    from elastic_ring.controller.backends.ray import RayBackend, _RingHandle
+
+    class Pool:
+        def __init__(self):
+            self.recycled = []
+
+        def recycle(self, m, launch, world):
+            self.recycled.append((m.name, launch.segment, world))
+
+    spec = RunSpec(run_dir=tmp_path, workers=2, schedule=(), slots=3, device="cpu", total_steps=20)
+    cluster = SimpleNamespace(suspect_nodes=set())
+    b = RayBackend(spec, cluster, Pool(), RingFormer())
+    g, (m0, m1) = _group(tmp_path)
+    b.group, b.launch = g, SegmentLaunch(2, 1, 10, "me")
+    g.left.append(m1)
+    g.lost_node = "nodeX"
+    b._after_poll(g)
+    assert b.pool.recycled == [("w2", 1, 2)] and g.left == [] and cluster.suspect_nodes == {"nodeX"}
+
+    asked = []
+    b.report_ahead = asked.append
+    nxt = SegmentLaunch(3, 2, 20, "me")
+    b._want_ahead = (1, nxt)
+    b._form_wanted_ahead(g)
+    assert asked == [nxt]
+    g._failed_seen.append((m0, None, 0.0))  # a member failed: no ring is formed ahead any more
+    b._form_wanted_ahead(g)
+    assert asked == [nxt]
+    assert _RingHandle(b, g).pid == g.pid

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from elastic_ring import protocol
 from elastic_ring.controller import hvdrun
+from elastic_ring.controller.hvdrun import discovery_script_text
 from elastic_ring.controller.backends.api import BUILTIN_TARGET, Launcher, SegmentLaunch, Started, worker_env
 from elastic_ring.controller.backends.horovodrun import SubprocessLauncher, first_failed_rank, worker_args
 
@@ -24,12 +25,6 @@ def discovery_files(run_dir: Path) -> tuple[Path, Path]:
     """(the discovery script Horovod Elastic runs, the file it prints: ``localhost:N``)."""
     ctl = protocol.control_dir(run_dir)
     return ctl / "discover.sh", ctl / "hosts"
-
-
-def discovery_script_text(hosts: Path) -> str:
-    """The discovery script: it prints the hosts file (the horovodrun this tool starts reads that
-    file itself instead: :func:`elastic_ring.controller.hvdrun.read_hosts_directly`)."""
-    return f"#!/bin/sh\ncat '{hosts}'\n"
 
 
 def write_hosts(run_dir: Path, world: int) -> bool:
