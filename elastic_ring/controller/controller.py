@@ -2,11 +2,13 @@
 
 Launching is a backend's job (:mod:`.backends`): ``horovodrun`` per segment for ``--relaunch
 prelaunch|overlap|sequential`` (on one host, or the user's ``--hosts``/``--hostfile``), one long-lived
-Horovod Elastic job for ``--relaunch inplace``. The controller relays the workers' events into
-``RUN_DIR/events.jsonl`` with telemetry added, shows progress, and at each resize point lets the
-workers checkpoint and exit, then has the backend start them at the new size (or, for a backend
-that keeps its workers, tells the paused workers the new size); the workers rescale the LR by
-Eq. 7 on resume. It measures every resize: stop latency, checkpoint write, relaunch to first step,
+Horovod Elastic job for ``--relaunch inplace``, Ray actors for ``--backend ray``. How a resize is
+done is the run's resize strategy (:mod:`.backends.resize`, built with the backend by
+:func:`~.backends.make_launch`): new workers (started after the old ones exit, while they exit, or
+before they stop), or the same workers re-forming their ring in place. The controller relays the
+workers' events into ``RUN_DIR/events.jsonl`` with telemetry added, shows progress, and at each
+resize point lets the workers checkpoint and stop, then asks the strategy to go on at the new
+size; the workers rescale the LR by Eq. 7 on resume. It measures every resize: stop latency, checkpoint write, relaunch to first step,
 total time lost.
 
 When a worker dies (an exception, kill -9, the OOM killer) or its launcher exits non-zero, it
@@ -24,8 +26,8 @@ the processes still held), :mod:`.relay` (the workers' events into ``events.json
 :mod:`.meter` (what each resize and restart cost), :mod:`.diagnose` (why a segment failed, whether
 one hangs), :mod:`.display` (what the terminal shows), :mod:`.restart_rule` (when to give up).
 
-Side effects are passed in: ``launcher`` starts processes (or a whole ``backend``), ``clock``
-reads time, ``out`` prints. Unit tests drive the loop with fakes; integration tests run real
+Side effects are passed in: ``launcher`` starts processes (or a whole ``backend`` with its
+``resize`` strategy), ``clock`` reads time, ``out`` prints. Unit tests drive the loop with fakes; integration tests run real
 horovodrun.
 """
 
