@@ -28,7 +28,7 @@ import os
 import socket
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +62,20 @@ def is_peer_loss(type_name: str | None, message: str | None) -> bool:
 CPU_THREADS_ENV = "ELASTIC_RING_CPU_THREADS"
 
 
-def cpu_threads(local_workers: int) -> int:
-    """Intra-op threads of one worker (CPU or GPU: a GPU worker's host threads launch its kernels): ``$ELASTIC_RING_CPU_THREADS`` if set, else the cores
-    this process may run on (its CPU affinity, not the machine's count) shared by the workers of
-    this host. Controller (``OMP_NUM_THREADS``) and worker (``torch.set_num_threads``) both use it."""
+def cpu_threads(local_workers: int, cores: float | None = None) -> int:
+    """Intra-op threads of one worker (CPU or GPU: a GPU worker's host threads launch its kernels):
+    ``$ELASTIC_RING_CPU_THREADS`` if set; else the ``cores`` it was given (a Ray bundle's CPUs: a
+    worker cannot see how many of its node's cores other workers hold); else the cores this process
+    may run on (its CPU affinity, not the machine's count) shared by the workers of this host. The
+    launchers (``OMP_NUM_THREADS``) and the worker (``torch.set_num_threads``) all use it."""
     raw = os.environ.get(CPU_THREADS_ENV, "").strip()
     if raw:
         try:
             return max(1, int(raw))
         except ValueError:
             pass
+    if cores is not None:
+        return max(1, int(cores))
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -194,26 +198,73 @@ def read_error_records(run_dir: Path, since: float = 0.0) -> list[dict[str, Any]
     return out
 
 
-def first_failure(records: list[dict[str, Any]], dead_ranks: list[int]) -> dict[str, Any] | None:
-    """The failure that caused the others.
+@dataclass(frozen=True)
+class Failure:
+    """The failure that caused a segment's end, as the controller names it: the ``rank`` that failed
+    (None when every worker that failed only lost a peer), what it was (``type``: the exception's
+    name, ``Killed``, ``PeerLost``, ``Stalled``, a Ray error), a one-line ``message``, the ``step``
+    it happened in, the Ray ``node`` it ran on, and the crash ``record`` it was read from (the JSON
+    on disk; None when the worker left none)."""
 
-    The earliest record that is not a peer loss; else a rank that died without a record (kill -9,
-    OOM killer: ``dead_ranks``, first known first). A rank that only lost a peer is never the
-    culprit: when every record is a peer loss and no silent death is known, the failure has no
-    rank (``rank`` None, ``type`` "PeerLost").
-    """
-    own = [r for r in records if not (r.get("peer_loss") or is_peer_loss(r.get("type"), r.get("message")))]
-    if own:
-        return own[0]
-    if dead_ranks:
-        return {"rank": dead_ranks[0], "type": "Killed",
-                "message": f"rank {dead_ranks[0]} died without an error (killed by a signal or "
-                           f"the OOM killer)"}
+    rank: int | None
+    type: str | None
+    message: str | None
+    step: int | None = None
+    node: str | None = None
+    record: dict[str, Any] | None = field(default=None, compare=False)
+
+    @classmethod
+    def of_record(cls, rec: dict[str, Any]) -> "Failure":
+        return cls(rec.get("rank"), rec.get("type"), rec.get("message"), rec.get("step"), record=rec)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A worker seen failed: its ``rank``, its crash ``record`` (None: it died without one), whether
+    its ``node_lost``, and ``who`` it is to the caller (a Ray member, say)."""
+
+    rank: int | None
+    record: dict[str, Any] | None = field(default=None, compare=False)
+    node_lost: bool = False
+    who: Any = field(default=None, compare=False)
+
+    @property
+    def peer_loss(self) -> bool:
+        r = self.record
+        return r is not None and bool(r.get("peer_loss") or is_peer_loss(r.get("type"), r.get("message")))
+
+
+def blame(seen: list[Seen]) -> Seen | None:
+    """The failure that caused the others, among the workers ``seen`` failed (in the order seen):
+    one whose node is lost; else one that failed with an error of its own (a crash record that is
+    not a peer loss); else one that died without a record (kill -9, the OOM killer). A worker that
+    only lost a peer is never the cause: None when only such workers are known."""
+    for s in seen:
+        if s.node_lost:
+            return s
+    for s in seen:
+        if s.record is not None and not s.peer_loss:
+            return s
+    for s in seen:
+        if s.record is None:
+            return s
+    return None
+
+
+def first_failure(records: list[dict[str, Any]], dead_ranks: list[int]) -> Failure | None:
+    """The failure that caused the others (:func:`blame`) among the crash ``records`` (oldest
+    first) and the ranks that died without a record (``dead_ranks``, first known first): when every
+    record is a peer loss and no silent death is known, the failure has no rank (``PeerLost``)."""
+    s = blame([Seen(r.get("rank"), r) for r in records] + [Seen(rank) for rank in dead_ranks])
+    if s is not None and s.record is not None:
+        return Failure.of_record(s.record)
+    if s is not None:
+        return Failure(s.rank, "Killed", f"rank {s.rank} died without an error (killed by a signal or "
+                                         f"the OOM killer)")
     if records:
         ranks = sorted({r.get("rank") for r in records if r.get("rank") is not None})
-        return {"rank": None, "type": "PeerLost", "step": records[0].get("step"),
-                "message": f"a worker was lost without a trace (rank(s) {', '.join(map(str, ranks))} "
-                           f"only lost a peer: {records[0].get('message')})"}
+        return Failure(None, "PeerLost", f"a worker was lost without a trace (rank(s) {', '.join(map(str, ranks))} "
+                                         f"only lost a peer: {records[0].get('message')})", records[0].get("step"))
     return None
 
 

@@ -58,22 +58,6 @@ def check_transition(old: RunState, new: RunState) -> None:
         raise IllegalTransition(f"run state {old.value} -> {new.value} is not allowed")
 
 
-RELAUNCH_MODES = ("prelaunch", "overlap", "sequential", "inplace")
-
-
-def check_options(spec: RunSpec, relaunch: str, max_restarts: int, stall_timeout: float | None) -> None:
-    """Raises UserError for controller options that cannot run with ``spec``."""
-    if relaunch not in RELAUNCH_MODES:
-        raise UserError(f"relaunch mode must be one of {', '.join(RELAUNCH_MODES)}")
-    if relaunch == "inplace" and (spec.hosts or spec.hostfile):
-        raise UserError("--relaunch inplace runs on one host: drop --hosts/--hostfile, or use "
-                        "another relaunch mode")
-    if max_restarts < 0:
-        raise UserError(f"--max-restarts must be >= 0, got {max_restarts}")
-    if stall_timeout is not None and stall_timeout < 0:
-        raise UserError(f"--stall-timeout must be >= 0 seconds (0: off), got {stall_timeout}")
-
-
 @dataclass(frozen=True)
 class Resize:
     step: int  # resize after this step completes

@@ -2,11 +2,13 @@
 
 Launching is a backend's job (:mod:`.backends`): ``horovodrun`` per segment for ``--relaunch
 prelaunch|overlap|sequential`` (on one host, or the user's ``--hosts``/``--hostfile``), one long-lived
-Horovod Elastic job for ``--relaunch inplace``. The controller relays the workers' events into
-``RUN_DIR/events.jsonl`` with telemetry added, shows progress, and at each resize point lets the
-workers checkpoint and exit, then has the backend start them at the new size (or, for a backend
-that keeps its workers, tells the paused workers the new size); the workers rescale the LR by
-Eq. 7 on resume. It measures every resize: stop latency, checkpoint write, relaunch to first step,
+Horovod Elastic job for ``--relaunch inplace``, Ray actors for ``--backend ray``. How a resize is
+done is the run's resize strategy (:mod:`.backends.resize`, built with the backend by
+:func:`~.backends.make_launch`): new workers (started after the old ones exit, while they exit, or
+before they stop), or the same workers re-forming their ring in place. The controller relays the
+workers' events into ``RUN_DIR/events.jsonl`` with telemetry added, shows progress, and at each
+resize point lets the workers checkpoint and stop, then asks the strategy to go on at the new
+size; the workers rescale the LR by Eq. 7 on resume. It measures every resize: stop latency, checkpoint write, relaunch to first step,
 total time lost.
 
 When a worker dies (an exception, kill -9, the OOM killer) or its launcher exits non-zero, it
@@ -24,8 +26,8 @@ the processes still held), :mod:`.relay` (the workers' events into ``events.json
 :mod:`.meter` (what each resize and restart cost), :mod:`.diagnose` (why a segment failed, whether
 one hangs), :mod:`.display` (what the terminal shows), :mod:`.restart_rule` (when to give up).
 
-Side effects are passed in: ``launcher`` starts processes (or a whole ``backend``), ``clock``
-reads time, ``out`` prints. Unit tests drive the loop with fakes; integration tests run real
+Side effects are passed in: ``launcher`` starts processes (or a whole ``backend`` with its
+``resize`` strategy), ``clock`` reads time, ``out`` prints. Unit tests drive the loop with fakes; integration tests run real
 horovodrun.
 """
 
@@ -40,8 +42,8 @@ from typing import Any, Callable
 
 from elastic_ring import protocol
 from elastic_ring.controller import watchdog as wdog
-from elastic_ring.controller.api import TERMINAL, Plan, RunSpec, RunState, check_options, check_transition
-from elastic_ring.controller.backends import Backend, make_backend
+from elastic_ring.controller.api import TERMINAL, Plan, RunSpec, RunState, check_transition
+from elastic_ring.controller.backends import Backend, LaunchOptions, ResizeStrategy, make_launch
 from elastic_ring.controller.backends.api import Launcher, SegmentLaunch
 from elastic_ring.controller.backends.horovodrun import probe_hosts
 from elastic_ring.controller.diagnose import Diagnosis
@@ -69,17 +71,18 @@ class Controller:
                  show_progress: bool | None = None, relaunch: str = "prelaunch",
                  max_restarts: int = 3,
                  host_probe: Callable[[list[tuple[str, int]]], list[tuple[str, int]]] | None = None,
-                 plan: Plan | None = None, backend: Backend | None = None,
+                 plan: Plan | None = None, backend: Backend | None = None, resize: ResizeStrategy | None = None,
                  stall_timeout: float | None = None, lr_decays: tuple[int, ...] = ()) -> None:
-        check_options(spec, relaunch, max_restarts, stall_timeout)
         self.lr_decays = tuple(lr_decays)  # steps after which the schedule decays the LR (shown at a resize)
         self.spec, self.rule, self.clock, self.poll_s = spec, RULES[lr_scaling], clock, poll_s
         self.out = out or (lambda s: print(s, file=sys.stderr, flush=True))
-        self.relaunch, self.max_restarts = relaunch, max_restarts
-        self.backend: Backend = backend or make_backend(relaunch, spec, launcher=launcher,
-                                                        network_interface=network_interface,
-                                                        host_probe=host_probe)
-        self.in_place = self.backend.keeps_workers  # a resize re-forms the ring in the same workers
+        self.max_restarts = max_restarts
+        if backend is None:  # the options were checked at the request (RunRequest.check)
+            backend, resize = make_launch(LaunchOptions(relaunch, network_interface=network_interface), spec,
+                                          launcher=launcher, host_probe=host_probe)
+        assert resize is not None, "a backend comes with its resize strategy (backends.make_launch)"
+        self.backend: Backend = backend
+        self.resize: ResizeStrategy = resize  # how a resize is done: new workers, or the same ones in place
         self.plan = plan or Plan.from_spec(spec.workers, spec.schedule)
         self.owner = uuid.uuid4().hex
         self.state = RunState.PENDING
@@ -87,7 +90,7 @@ class Controller:
         self.watchdog = wdog.Watchdog(timeout_s=stall_timeout)
         say = lambda line: self.out(line)  # noqa: E731 - self.out may be replaced later
         self.diagnosis = Diagnosis(spec, self.backend, self.watchdog, host_probe or probe_hosts, self.events,
-                                   say, clock, keeps_processes=relaunch == "inplace")
+                                   say, clock, keeps_processes=resize.keeps_workers)
         self.procs = Processes(self.backend, spec.run_dir, self.owner, clock, self.events)
         self.relay = Relay(spec.run_dir, self.events)
         by_script = bool(spec.script) and uses_horovod_elastic(spec.script)  # its reset callbacks set the LR
@@ -183,7 +186,7 @@ class Controller:
             self._relay()
             now = self.clock()
             if rc is None:  # checkpoint on disk: relaunch now, the old workers exit meanwhile
-                if self.in_place:
+                if self.resize.keeps_workers:
                     self._elastic = seg  # paused between two steps, waiting for the new size
                 else:
                     self.procs.draining.append(seg)
@@ -298,13 +301,14 @@ class Controller:
         self._drain(wait=True, timeout=10.0)
         self.meter.pending = None
         records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
-        why, rank, rec = self.diagnosis.failure_cause(seg, rc, records)
-        detail = self.backend.failure_detail() or {}
+        why, rank, blamed = self.diagnosis.failure_cause(seg, rc, records)
+        rec = blamed.record if blamed is not None else None  # the crash record on disk, if one
+        seen = self.backend.failure_detail()
         ck = self._checkpoint_step() or 0
         last, t_last = self.diagnosis.failed_at(seg, records)
         redone = max(0, last - ck)
-        failure = {"from_step": ck, "type": rec.get("type") if rec else None,
-                   "message": rec.get("message") if rec else why, "step": rec.get("step") if rec else None}
+        failure = {"from_step": ck, "type": blamed.type if blamed else None,
+                   "message": blamed.message if blamed else why, "step": blamed.step if blamed else None}
         attempt, repeated = self._failures.record(failure)
         world = self.plan.world_after(ck)
         usable = self.backend.usable_slots(world)  # the backend knows which hosts or nodes answer
@@ -315,7 +319,8 @@ class Controller:
                                   segment=seg.index, world_size=seg.world, from_step=ck,
                                   failed_at_step=last, steps_redone=redone,
                                   new_world_size=0 if reason is not None else new_world, gave_up=reason is not None,
-                                  node=detail.get("node") or self.diagnosis.stalled_hosts(seg), time=t_detect))
+                                  node=(seen.node if seen else None) or self.diagnosis.stalled_hosts(seg),
+                                  time=t_detect))
         if reason is not None:
             self._fail(seg, rc, f"{why} ({reason})", rank=rank)
         if new_world < world:
@@ -380,21 +385,18 @@ class Controller:
         self._elastic = None
         seg.handle, seg.log, seg.cmd, seg.t_started = old.handle, old.log, old.cmd, old.t_started
         seg.t_launch = self.clock()
-        if not self.backend.retract_ahead(old.index) and old.end is not None and old.end.get("time"):
+        if not self.resize.withdraw_ahead(old.index) and old.end is not None and old.end.get("time"):
             seg.t_launch = min(seg.t_launch, float(old.end["time"]))
-        self.backend.resize_in_place(old.index, seg.launch(self.owner), seg.t_launch)
+        self.resize.resize(old.index, seg.launch(self.owner), seg.t_launch)
         self._announce(seg, step)
 
-    def _inplace_lead(self, seg: Segment) -> None:
-        """A scheduled resize ahead: report its slot count once the segment's first step is done
-        (the ring is formed: earlier, the driver could start at or skip to that count). Horovod's
-        driver notices it while the workers train (it starts or ends no process before they
-        reset), so at the stop the workers re-form the ring at once instead of waiting up to a
-        second for the discovery."""
+    def _prepare_ahead(self, seg: Segment) -> None:
+        """A scheduled resize ahead: the strategy prepares it once the segment's first step is done
+        (the ring is formed: earlier, Horovod Elastic's driver could start at or skip to that
+        count), so that at the stop the workers in place re-form the ring at once."""
         r = self.plan.resize_at(seg.stop_at)
         if r is not None:
-            self.backend.report_ahead(r.to, SegmentLaunch(r.to, seg.index + 1, self._next_stop(seg.stop_at),
-                                                          self.owner))
+            self.resize.prepare_ahead(SegmentLaunch(r.to, seg.index + 1, self._next_stop(seg.stop_at), self.owner))
 
     # ------------------------------------------------------------------ watching a segment
     def _watch(self, seg: Segment) -> int | None:
@@ -408,17 +410,17 @@ class Controller:
             self._drain()
             self._check_live_request(seg)
             if self._interrupts and not asked_stop and not seg.deferred_stop:
-                if self.in_place and not self.backend.retract_ahead(seg.index):
+                if not self.resize.withdraw_ahead(seg.index):
                     seg.deferred_stop = True  # the workers took the scheduled resize: stop the next segment
                     continue
                 asked_stop = True
                 stop_file(self.spec.run_dir, seg.index).touch()
                 self._set_state(RunState.STOPPING, world_size=seg.world, segment=seg.index)
                 self.out("stopping: workers will checkpoint at the next agreed step (Ctrl-C again to kill)")
-            if (self.in_place and self._interrupts and seg.end is not None and not seg.deferred_stop
+            if (self.resize.keeps_workers and self._interrupts and seg.end is not None and not seg.deferred_stop
                     and seg.end["reason"] != "finished" and not exit_sent):
                 exit_sent = True  # paused in place: checkpoint and leave
-                self.backend.ask_exit(seg.index, self.clock())
+                self.resize.ask_exit(seg.index, self.clock())
             if self._interrupts > 1:
                 seg.handle.kill()
             rc = seg.handle.poll()
@@ -428,10 +430,10 @@ class Controller:
                     time.sleep(0.05)
             if rc is not None:
                 return rc
-            if (self.relaunch != "sequential" and seg.end is not None and seg.end["reason"] != "finished"
+            if (self.resize.overlaps_exit and seg.end is not None and seg.end["reason"] != "finished"
                     and (not self._interrupts or seg.deferred_stop)):
                 return None
-            if self.relaunch == "prelaunch" and self._next is None and not self._interrupts:
+            if self.resize.prelaunches and self._next is None and not self._interrupts:
                 self._maybe_prelaunch(seg)
             time.sleep(self.poll_s)
 
@@ -450,7 +452,7 @@ class Controller:
     def _check_live_request(self, seg: Segment) -> None:
         if not (self.spec.run_dir / "control" / REQUEST_FILE).exists():
             return
-        if self.in_place and not self.backend.retract_ahead(seg.index):
+        if not self.resize.withdraw_ahead(seg.index):
             return  # the workers already took the scheduled resize: the request is read next segment
         req = take_request(self.spec.run_dir, self._seen_requests)
         if req is None:
@@ -488,8 +490,7 @@ class Controller:
             seg.observe(ev)
         if kind == "first_step" and mine:
             self._stepping()
-            if self.in_place:
-                self._inplace_lead(seg)
+            self._prepare_ahead(seg)
             self.meter.first_step(seg.index, ev, seg.t_launch, prelaunched=seg.go_file is not None)
         elif kind == "throughput":
             if ev.get("steps"):

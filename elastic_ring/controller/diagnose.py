@@ -22,7 +22,7 @@ from elastic_ring.controller.segment import Segment
 from elastic_ring.events.api import EventLog, Stalled
 
 Hosts = list[tuple[str, int]]
-Cause = tuple[str, "int | None", "dict[str, Any] | None"]  # (one line, first failed rank, its record)
+Cause = tuple[str, "int | None", "protocol.Failure | None"]  # (one line, first failed rank, the failure)
 
 
 def run_hosts(spec: RunSpec) -> Hosts:
@@ -124,31 +124,30 @@ class Diagnosis:
         return last, t_last
 
     def failure_cause(self, seg: Segment, rc: int, records: list[dict[str, Any]] | None = None) -> Cause:
-        """(one-line cause, first failed rank, its crash record) of a failed segment."""
+        """(one-line cause, first failed rank, the failure blamed) of a failed segment."""
         if records is None:
             records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
         hr_first = self.backend.first_failed_rank(seg.log)
         first = protocol.first_failure(records, self._dead_ranks(seg, records, hr_first))
         if seg.stall is not None:  # killed by the watchdog: the others only lost their peer
-            first = {"rank": seg.stall.rank, "type": "Stalled", "message": seg.stall.message,
-                     "step": seg.stall.last_step + 1, "ranks": list(seg.stall.ranks)}
-        detail = self.backend.failure_detail()
-        if detail and seg.stall is None and (first is None or first.get("type") in (None, "Killed", "PeerLost")):
-            return detail["message"], detail.get("rank"), None  # the backend saw who went first
+            first = protocol.Failure(seg.stall.rank, "Stalled", seg.stall.message, seg.stall.last_step + 1)
+        seen = self.backend.failure_detail()
+        if seen and seg.stall is None and (first is None or first.type in (None, "Killed", "PeerLost")):
+            return seen.message or "", seen.rank, None  # the backend saw who went first
         if first is None and hr_first is not None:
-            first = {"rank": hr_first, "type": None, "message": None}
+            first = protocol.Failure(hr_first, None, None)
         if first is None:
             return f"horovodrun exited with status {rc} before the workers checkpointed", None, None
-        rank, kind = first.get("rank"), first.get("type")
+        rank, kind = first.rank, first.type
         if kind == "Stalled":
-            return first["message"], rank, first
+            return first.message or "", rank, first
         if kind == "Killed":
-            return first["message"], rank, None
+            return first.message or "", rank, None
         if kind == "PeerLost":
-            return first["message"], None, first
+            return first.message or "", None, first
         if kind is None:
             return f"worker rank {rank} exited first (horovodrun status {rc})", rank, None
-        return f"worker rank {rank} failed: {first.get('message')}", rank, first
+        return f"worker rank {rank} failed: {first.message}", rank, first
 
     def _dead_ranks(self, seg: Segment, records: list[dict[str, Any]], hr_first: int | None) -> list[int]:
         """The ranks that died without a crash record: the one the launcher names, else those

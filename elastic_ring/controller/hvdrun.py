@@ -100,11 +100,15 @@ def command_prefix(plain: bool | None = None) -> list[str]:
 DISCOVERY_POLL_S = 0.05  # how often the driver reads the controller's host list
 
 
+def discovery_script_text(hosts: Path) -> str:
+    """The discovery script of ``--relaunch inplace``: it prints the hosts file (the horovodrun this
+    tool starts reads that file itself instead: :func:`read_hosts_directly`)."""
+    return f"#!/bin/sh\ncat '{hosts}'\n"
+
+
 def hosts_file_of(script: str | os.PathLike) -> Path | None:
     """The file the controller's discovery script prints (``cat 'FILE'``), or None when the script
     is another one."""
-    from elastic_ring.controller.backends.elastic import discovery_script_text
-
     try:
         text = Path(script).read_text()
     except (OSError, ValueError):

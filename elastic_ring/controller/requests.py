@@ -1,6 +1,7 @@
-"""Requests to a running controller through its run folder (no controller code imported: `resize`
-and the cluster scheduler use it while another process runs the job); :func:`take_request` is the
-controller's side."""
+"""Requests: a run asked for (:class:`RunRequest`, the options of `elastic-ring train`, and
+:func:`check`, the one check of them), and a resize asked of a running controller through its run
+folder (:func:`request_resize`; nothing slow imported: `resize` and the cluster scheduler use it
+while another process runs the job; :func:`take_request` is the controller's side)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,127 @@ import json
 import os
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from elastic_ring.controller.api import Resize
+from elastic_ring.controller.backends.resize import MODES
 from elastic_ring.errors import UserError
 from elastic_ring.words import count
+
+RELAUNCH_CHOICES = ("auto", *MODES)  # auto: prelaunch on GPUs, overlap on the CPU
+BACKENDS = ("horovodrun", "ray")
+PLACEMENTS = ("PACK", "SPREAD")  # Ray placement groups: fewest nodes, or spread over them
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a caller asks for (the options of `elastic-ring train`; None: not given)."""
+
+    workers: int | None = None
+    script: str | None = None
+    script_args: tuple[str, ...] = ()
+    resize_at: int | None = None
+    resize_to: int | None = None
+    schedule: str | None = None
+    resizes: tuple[Resize, ...] = ()  # a parsed schedule (runners), instead of resize_at/schedule
+    config_path: str | None = None
+    overrides: tuple[str, ...] = ()
+    config: Any = None  # a resolved TrainConfig (runners); excludes config_path/overrides/ResNet options
+    steps: int | None = None
+    depth: int | None = None
+    dataset: str | None = None
+    data_dir: str | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    seed: int | None = None
+    resize_warmup: int | None = None
+    device: str = "auto"
+    slots: int | None = None
+    hosts: str | None = None
+    hostfile: str | None = None
+    network_interface: str | None = None
+    relaunch: str = "auto"
+    checkpoint_every: int | None = None
+    checkpoint_every_s: float | None = None
+    keep: int | None = None
+    max_restarts: int = 3
+    stall_timeout: float | None = None
+    run_dir: str | None = None
+    resume_dir: str | None = None
+    replace: bool = False  # clear an existing run folder first (runners redoing an unfinished run)
+    backend: str = "horovodrun"  # or "ray": workers as Ray actors (controller.backends.ray)
+    ray_address: str | None = None
+    placement: str = "PACK"
+    warm_spares: int | None = None
+
+    def resnet_options(self) -> tuple[Any, ...]:
+        return (self.depth, self.dataset, self.data_dir, self.batch_size, self.lr, self.seed,
+                self.resize_warmup)
+
+
+def check(req: RunRequest) -> None:
+    """The one check of a request's options, before anything starts: those that need nothing but
+    the request (the run's spec is validated once prepared: ``RunSpec.validate``).
+
+    Raises:
+        UserError: the first option that cannot run (one line naming it).
+    """
+    resnet = any(v is not None for v in req.resnet_options())
+    if req.resume_dir and (req.config_path or req.overrides or req.config is not None or req.script
+                           or req.script_args or resnet):
+        raise UserError("--resume continues a run with its own config and script: drop the config "
+                        "and script options (--steps N is the one that applies: the run's new total)")
+    if req.resume_dir and req.steps is not None and req.steps < 1:
+        raise UserError(f"--steps must be >= 1, got {req.steps}")
+    if req.script_args and not req.script:
+        raise UserError(f"unexpected argument {req.script_args[0]!r} (script arguments go after "
+                        f"`--script PATH --`)")
+    if req.script:
+        if not Path(req.script).is_file():
+            raise UserError(f"script {req.script} does not exist")
+        if req.config_path or req.overrides or req.config is not None or resnet:
+            raise UserError("--script runs your own model: the ResNet options (--config, --set, --depth, "
+                            "--dataset, --batch-size, --lr, ...) do not apply; pass your script's "
+                            "own options after --")
+    if (req.resize_at is None) != (req.resize_to is None):
+        raise UserError("--resize-at and --to go together")
+    if sum(bool(x) for x in (req.schedule, req.resize_at is not None, req.resizes)) > 1:
+        raise UserError("use either --resize-at/--to or --schedule, not both")
+    if req.hosts and req.hostfile:
+        raise UserError("use either --hosts or --hostfile, not both")
+    if req.backend not in BACKENDS:
+        raise UserError(f"--backend must be one of {', '.join(BACKENDS)}, got {req.backend}")
+    if req.relaunch not in RELAUNCH_CHOICES:
+        raise UserError(f"--relaunch must be one of {', '.join(RELAUNCH_CHOICES)}")
+    if req.relaunch == "inplace" and (req.hosts or req.hostfile):
+        raise UserError("--relaunch inplace runs on one host: drop --hosts/--hostfile, or use "
+                        "another relaunch mode")
+    if req.backend == "ray" and (req.hosts or req.hostfile):
+        raise UserError("--backend ray takes its nodes from the Ray cluster: drop --hosts/--hostfile")
+    if req.backend == "ray" and req.relaunch not in ("auto", "inplace"):
+        raise UserError(f"--backend ray resizes in place (warm workers): drop --relaunch {req.relaunch}")
+    if req.backend != "ray" and (req.ray_address or req.warm_spares is not None or req.placement != "PACK"):
+        raise UserError("--ray-address, --placement and --warm-spares go with --backend ray")
+    if req.warm_spares is not None and req.warm_spares < 0:
+        raise UserError(f"--warm-spares must be >= 0, got {req.warm_spares}")
+    if req.placement not in PLACEMENTS:
+        raise UserError(f"--placement must be one of {', '.join(PLACEMENTS)}, got {req.placement}")
+    _check_numbers(req)
+
+
+def _check_numbers(req: RunRequest) -> None:
+    if req.slots is not None and req.slots < 1:
+        raise UserError(f"--slots must be >= 1, got {req.slots}")
+    if req.max_restarts < 0:
+        raise UserError(f"--max-restarts must be >= 0, got {req.max_restarts}")
+    if req.stall_timeout is not None and req.stall_timeout < 0:
+        raise UserError(f"--stall-timeout must be >= 0 seconds (0: off), got {req.stall_timeout}")
+    if req.keep is not None and req.keep < 1:
+        raise UserError(f"--keep must be >= 1, got {req.keep}")
+
+
 
 
 def request_resize(run_dir: str | Path, target: int) -> str:

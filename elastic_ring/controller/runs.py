@@ -23,55 +23,8 @@ from typing import Any, Callable, Iterator
 
 from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec
+from elastic_ring.controller.requests import RunRequest, check
 from elastic_ring.errors import Interrupted, UserError
-
-RELAUNCH_CHOICES = ("auto", "prelaunch", "overlap", "sequential", "inplace")
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    """What a caller asks for (the options of `elastic-ring train`; None: not given)."""
-
-    workers: int | None = None
-    script: str | None = None
-    script_args: tuple[str, ...] = ()
-    resize_at: int | None = None
-    resize_to: int | None = None
-    schedule: str | None = None
-    resizes: tuple[Resize, ...] = ()  # a parsed schedule (runners), instead of resize_at/schedule
-    config_path: str | None = None
-    overrides: tuple[str, ...] = ()
-    config: Any = None  # a resolved TrainConfig (runners); excludes config_path/overrides/ResNet options
-    steps: int | None = None
-    depth: int | None = None
-    dataset: str | None = None
-    data_dir: str | None = None
-    batch_size: int | None = None
-    lr: float | None = None
-    seed: int | None = None
-    resize_warmup: int | None = None
-    device: str = "auto"
-    slots: int | None = None
-    hosts: str | None = None
-    hostfile: str | None = None
-    network_interface: str | None = None
-    relaunch: str = "auto"
-    checkpoint_every: int | None = None
-    checkpoint_every_s: float | None = None
-    keep: int | None = None
-    max_restarts: int = 3
-    stall_timeout: float | None = None
-    run_dir: str | None = None
-    resume_dir: str | None = None
-    replace: bool = False  # clear an existing run folder first (runners redoing an unfinished run)
-    backend: str = "horovodrun"  # or "ray": workers as Ray actors (controller.backends.ray)
-    ray_address: str | None = None
-    placement: str = "PACK"
-    warm_spares: int | None = None
-
-    def resnet_options(self) -> tuple[Any, ...]:
-        return (self.depth, self.dataset, self.data_dir, self.batch_size, self.lr, self.seed,
-                self.resize_warmup)
 
 
 @dataclass
@@ -86,58 +39,6 @@ class PreparedRun:
     relaunch: str
     extra: dict[str, Any] = field(default_factory=dict)
     stall_timeout: float | None = None  # given, or kept in run.json by the run's start (resumes)
-
-
-def check(req: RunRequest) -> None:
-    """The checks that need nothing but the request (raises UserError)."""
-    resnet = any(v is not None for v in req.resnet_options())
-    if req.resume_dir and (req.config_path or req.overrides or req.config is not None or req.script
-                           or req.script_args or resnet):
-        raise UserError("--resume continues a run with its own config and script: drop the config "
-                        "and script options (--steps N is the one that applies: the run's new total)")
-    if req.resume_dir and req.steps is not None and req.steps < 1:
-        raise UserError(f"--steps must be >= 1, got {req.steps}")
-    if req.script_args and not req.script:
-        raise UserError(f"unexpected argument {req.script_args[0]!r} (script arguments go after "
-                        f"`--script PATH --`)")
-    if req.script:
-        if not Path(req.script).is_file():
-            raise UserError(f"script {req.script} does not exist")
-        if req.config_path or req.overrides or req.config is not None or resnet:
-            raise UserError("--script runs your own model: the ResNet options (--config, --set, --depth, "
-                            "--dataset, --batch-size, --lr, ...) do not apply; pass your script's "
-                            "own options after --")
-    if (req.resize_at is None) != (req.resize_to is None):
-        raise UserError("--resize-at and --to go together")
-    if sum(bool(x) for x in (req.schedule, req.resize_at is not None, req.resizes)) > 1:
-        raise UserError("use either --resize-at/--to or --schedule, not both")
-    if req.hosts and req.hostfile:
-        raise UserError("use either --hosts or --hostfile, not both")
-    if req.relaunch not in RELAUNCH_CHOICES:
-        raise UserError(f"--relaunch must be one of {', '.join(RELAUNCH_CHOICES)}")
-    if req.relaunch == "inplace" and (req.hosts or req.hostfile):
-        raise UserError("--relaunch inplace runs on one host: drop --hosts/--hostfile, or use "
-                        "another relaunch mode")
-    if req.backend == "ray" and (req.hosts or req.hostfile):
-        raise UserError("--backend ray takes its nodes from the Ray cluster: drop --hosts/--hostfile")
-    if req.backend == "ray" and req.relaunch not in ("auto", "inplace"):
-        raise UserError(f"--backend ray resizes in place (warm workers): drop --relaunch {req.relaunch}")
-    if req.backend != "ray" and (req.ray_address or req.warm_spares is not None or req.placement != "PACK"):
-        raise UserError("--ray-address, --placement and --warm-spares go with --backend ray")
-    if req.warm_spares is not None and req.warm_spares < 0:
-        raise UserError(f"--warm-spares must be >= 0, got {req.warm_spares}")
-    _check_numbers(req)
-
-
-def _check_numbers(req: RunRequest) -> None:
-    if req.slots is not None and req.slots < 1:
-        raise UserError(f"--slots must be >= 1, got {req.slots}")
-    if req.max_restarts < 0:
-        raise UserError(f"--max-restarts must be >= 0, got {req.max_restarts}")
-    if req.stall_timeout is not None and req.stall_timeout < 0:
-        raise UserError(f"--stall-timeout must be >= 0 seconds (0: off), got {req.stall_timeout}")
-    if req.keep is not None and req.keep < 1:
-        raise UserError(f"--keep must be >= 1, got {req.keep}")
 
 
 def resolve_device(device: str, echo: Callable[[str], None] | None = None):
@@ -545,20 +446,18 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
 
     for line in describe(run):
         echo(line)
-    backend = None
-    if req.backend == "ray":
-        from elastic_ring.controller.backends.ray import RayBackend
+    from elastic_ring.controller.backends import LaunchOptions, make_launch
 
-        run.relaunch = "inplace"  # the Controller's in-place path; the backend forms the rings
-        backend = RayBackend(run.spec, address=req.ray_address, strategy=req.placement,
-                             warm_spares=req.warm_spares,
-                             gpus_per_worker=1.0 if run.spec.device == "cuda" else 0.0, out=echo)
+    options = LaunchOptions(relaunch=run.relaunch, backend=req.backend, network_interface=req.network_interface,
+                            ray_address=req.ray_address, placement=req.placement, warm_spares=req.warm_spares,
+                            gpus_per_worker=1.0 if run.spec.device == "cuda" else 0.0)
+    backend, resize = make_launch(options, run.spec)
+    if req.backend == "ray":
         echo(f"backend: Ray ({req.ray_address or os.environ.get('RAY_ADDRESS') or 'a local Ray'}), "
              f"placement {req.placement}, warm workers across resizes")
     ctl = Controller(run.spec, lr_scaling=run.cfg.lr_scaling if run.cfg else "linear", out=out,
-                     network_interface=req.network_interface, relaunch=run.relaunch,
                      max_restarts=req.max_restarts, plan=run.plan, stall_timeout=run.stall_timeout,
-                     show_progress=show_progress, backend=backend,
+                     show_progress=show_progress, backend=backend, resize=resize,
                      lr_decays=tuple(run.cfg.decay_steps) if run.cfg else ())
     summary = ctl.run(run.start_step, run.spec.workers, run.segment)
     total = run.spec.total_steps

@@ -126,10 +126,10 @@ def check_run(run_dir: Path, rc: int, since: float = 0.0) -> JobResult:
     log = EventLog(run_dir / "events.jsonl")
     fail = protocol.first_failure(protocol.read_error_records(run_dir, since=since), [])
     if fail is not None:
-        rank = fail["rank"]
-        msg = f"rank {rank} failed: {fail['message']} (traceback in {protocol.error_file(run_dir, rank)})"
+        rank = fail.rank
+        msg = f"rank {rank} failed: {fail.message} (traceback in {protocol.error_file(run_dir, rank)})"
         log.write(ErrorEvent(msg, rank=rank))
-        raise WorkerFailedError(msg, rank=rank, cause=fail["message"])
+        raise WorkerFailedError(msg, rank=rank, cause=fail.message)
     if rc != 0:
         why = "timed out" if rc == -9 else f"exited with status {rc}"
         msg = f"mpirun {why}; see {run_dir / 'mpirun.log'}"

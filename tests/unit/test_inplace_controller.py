@@ -33,8 +33,27 @@ def test_write_hosts_reports_whether_the_count_changed(tmp_path):
 
 
 def test_inplace_refuses_several_hosts(tmp_path):
+    from elastic_ring.controller.requests import RunRequest, check
+
     with pytest.raises(UserError, match="one host"):
-        Controller(_spec(tmp_path, hosts="a:1,b:1"), relaunch="inplace")
+        check(RunRequest(relaunch="inplace", hosts="a:1,b:1"))
+
+
+def test_one_factory_gives_each_mode_its_backend_and_resize_strategy(tmp_path):
+    from elastic_ring.controller.backends import InPlace, LaunchOptions, Relaunch, make_launch
+
+    spec = _spec(tmp_path)
+    for mode, overlaps, prelaunches in (("sequential", False, False), ("overlap", True, False),
+                                        ("prelaunch", True, True)):
+        backend, resize = make_launch(LaunchOptions(mode), spec)
+        assert backend.name == "horovodrun" and resize == Relaunch(mode) and not resize.keeps_workers
+        assert (resize.overlaps_exit, resize.prelaunches) == (overlaps, prelaunches)
+        assert resize.withdraw_ahead(3)  # nothing is ever written ahead
+    backend, resize = make_launch(LaunchOptions("inplace"), spec)
+    assert backend.name == "elastic" and isinstance(resize, InPlace) and resize.ring is backend
+    backend, resize = make_launch(LaunchOptions("overlap", backend="ray"), spec)  # Ray resizes in place
+    assert backend.name == "ray" and isinstance(resize, InPlace) and resize.ring is backend
+    assert resize.keeps_workers and resize.overlaps_exit and not resize.prelaunches
 
 
 def test_a_resize_in_place_prints_the_log_its_workers_write(tmp_path):
@@ -46,8 +65,10 @@ def test_a_resize_in_place_prints_the_log_its_workers_write(tmp_path):
     from elastic_ring.controller.api import RunState
     from elastic_ring.controller.segment import Segment, segment_log
 
+    from elastic_ring.controller.backends import InPlace
+
     class KeepsWorkers:
-        name, keeps_workers = "fake-elastic", True
+        name = "fake-elastic"
 
         def resize_in_place(self, paused_segment, launch, t_launch):
             self.resized = (paused_segment, launch.world)
@@ -60,7 +81,7 @@ def test_a_resize_in_place_prints_the_log_its_workers_write(tmp_path):
 
     backend = KeepsWorkers()
     lines: list[str] = []
-    ctl = Controller(_spec(tmp_path), backend=backend, relaunch="inplace", out=lines.append,
+    ctl = Controller(_spec(tmp_path), backend=backend, resize=InPlace(backend), out=lines.append,
                      show_progress=False)
     first = segment_log(tmp_path, 0, 1)
     ctl._elastic = Segment(0, 1, 5, handle=SimpleNamespace(pid=os.getpid()), log=first)
@@ -84,7 +105,7 @@ def test_the_elastic_backend_writes_a_scheduled_action_ahead_and_rank_0_or_the_c
     b = ElasticBackend(_spec(tmp_path), launcher=Launcher())
     b.start(SegmentLaunch(2, 0, 10, ""), tmp_path / "log")
     nxt = SegmentLaunch(1, 1, 30, "")
-    b.report_ahead(1, nxt)
+    b.report_ahead(nxt)
     act = json.loads(inplace_action_file(tmp_path, 0).read_text())
     assert (act["to"], act["segment"], act["stop_at"], act["at_step"]) == (1, 1, 30, 10)
     assert discovery_files(tmp_path)[1].read_text() == "localhost:1\n"
@@ -94,7 +115,7 @@ def test_the_elastic_backend_writes_a_scheduled_action_ahead_and_rank_0_or_the_c
     b.resize_in_place(0, nxt, 1.0)  # the workers are on their way: no new action
     assert not inplace_action_file(tmp_path, 0).exists()
     later = SegmentLaunch(2, 2, 40, "")
-    b.report_ahead(2, later)
+    b.report_ahead(later)
     assert b.retract_ahead(1) and not take_ahead_action(tmp_path, 1)  # the controller first
     b.resize_in_place(1, SegmentLaunch(2, 2, 35, ""), 2.0)  # its own word instead, without at_step
     act = json.loads(inplace_action_file(tmp_path, 1).read_text())

@@ -137,10 +137,10 @@ def test_background_writer_writes_a_snapshot_and_reraises_errors(tmp_path):
 def test_first_failure_prefers_own_errors_then_the_silent_dead_rank():
     peer = {"rank": 0, "type": "HorovodInternalError", "message": "x", "peer_loss": True, "time": 1}
     own = {"rank": 2, "type": "ValueError", "message": "ValueError: boom", "peer_loss": False, "time": 2}
-    assert protocol.first_failure([peer, own], [1])["rank"] == 2
-    assert protocol.first_failure([peer], [1])["rank"] == 1
+    assert protocol.first_failure([peer, own], [1]).rank == 2
+    assert protocol.first_failure([peer], [1]).rank == 1
     lost = protocol.first_failure([peer], [])  # only a victim reported: no rank is blamed
-    assert lost["rank"] is None and lost["type"] == "PeerLost" and "rank(s) 0 only lost a peer" in lost["message"]
+    assert lost.rank is None and lost.type == "PeerLost" and "rank(s) 0 only lost a peer" in lost.message
     assert protocol.first_failure([], []) is None
 
 
@@ -150,10 +150,10 @@ def test_a_connection_reset_by_peer_is_a_peer_loss_whatever_its_type():
              "message": "RuntimeError: Gloo error: Read error [127.0.0.1]:4242: Connection reset by peer"}
     assert protocol.is_peer_loss(reset["type"], reset["message"])
     assert not protocol.is_peer_loss("ValueError", "ValueError: boom")
-    assert protocol.first_failure([reset], [1])["rank"] == 1
-    assert protocol.first_failure([reset], [])["rank"] is None
+    assert protocol.first_failure([reset], [1]).rank == 1
+    assert protocol.first_failure([reset], []).rank is None
     own = {"rank": 1, "type": "ValueError", "message": "ValueError: boom", "time": 2}
-    assert protocol.first_failure([reset, own], [])["rank"] == 1  # later, but its own error
+    assert protocol.first_failure([reset, own], []).rank == 1  # later, but its own error
 
 
 def test_launch_info_round_trips_through_the_environment(tmp_path):
@@ -228,3 +228,15 @@ def test_an_event_kind_is_declared_once():
         @dataclass(frozen=True)
         class Another(Event):
             kind: ClassVar[str] = "restart"
+
+
+def test_the_blame_rule_a_lost_node_then_an_own_error_then_a_silent_death_never_a_peer_loss():
+    """One rule for every launcher (the crash records of horovodrun's workers, the members of a
+    Ray ring): in the order seen, the strongest cause wins; a worker that only lost a peer never does."""
+    peer = protocol.Seen(0, {"type": "HorovodInternalError", "message": "x"})
+    own = protocol.Seen(1, {"type": "ValueError", "message": "ValueError: boom"})
+    silent, lost = protocol.Seen(2), protocol.Seen(3, None, node_lost=True)
+    assert protocol.blame([peer, silent, own, lost]) is lost
+    assert protocol.blame([peer, silent, own]) is own
+    assert protocol.blame([peer, silent]) is silent
+    assert protocol.blame([peer]) is None and protocol.blame([]) is None

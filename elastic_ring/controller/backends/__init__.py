@@ -1,29 +1,58 @@
-"""How the controller starts and reshapes workers: one module per launch backend.
+"""How the controller starts and reshapes workers: one module per launch backend, and the one
+factory that builds a run's backend and resize strategy from its options (:func:`make_launch`).
 
-:mod:`.api` holds the interface (:class:`~.api.Backend`) and its value types; :mod:`.horovodrun`
-starts one ``horovodrun`` per segment (``--relaunch prelaunch|overlap|sequential``, also on
-``--hosts``/``--hostfile``); :mod:`.elastic` keeps one Horovod Elastic job alive across resizes
-(``--relaunch inplace``). The controller (:mod:`elastic_ring.controller.controller`) decides when;
-a backend only does what it is told.
+:mod:`.api` holds the interfaces (:class:`~.api.Backend`, :class:`~.api.InPlaceRing`) and their
+value types; :mod:`.resize` the resize strategies; :mod:`.horovodrun` starts one ``horovodrun`` per
+segment (``--relaunch prelaunch|overlap|sequential``, also on ``--hosts``/``--hostfile``);
+:mod:`.elastic` keeps one Horovod Elastic job alive across resizes (``--relaunch inplace``);
+:mod:`.ray` runs the workers as Ray actors that stay across resizes (``--backend ray``). The
+controller (:mod:`elastic_ring.controller.controller`) decides when; a backend only does what it
+is told.
 """
 
 from __future__ import annotations
 
-from elastic_ring.controller.backends.api import Backend, Handle, Launcher, SegmentLaunch, Started
+from dataclasses import dataclass
+
+from elastic_ring.controller.backends.api import Backend, Handle, InPlaceRing, Launcher, SegmentLaunch, Started
+from elastic_ring.controller.backends.resize import InPlace, Relaunch, ResizeStrategy
 
 
-def make_backend(relaunch: str, spec, launcher: Launcher | None = None,
-                 network_interface: str | None = None, host_probe=None) -> Backend:
-    """The backend of a relaunch mode: ``inplace`` runs on Horovod Elastic, the others on one
-    ``horovodrun`` per segment."""
-    if relaunch == "inplace":
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How a run's workers are launched, as checked at the request (``RunRequest.check``):
+    ``relaunch`` is a resolved mode (``prelaunch``, ``overlap``, ``sequential``, ``inplace``; the
+    Ray backend resizes in place)."""
+
+    relaunch: str = "prelaunch"
+    backend: str = "horovodrun"  # or "ray"
+    network_interface: str | None = None
+    ray_address: str | None = None
+    placement: str = "PACK"
+    warm_spares: int | None = None
+    gpus_per_worker: float = 0.0
+
+
+def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
+                host_probe=None) -> tuple[Backend, ResizeStrategy]:
+    """The backend and the resize strategy of a run: Ray actors (in place), one Horovod Elastic job
+    (``inplace``), or one ``horovodrun`` per segment (the relaunch modes)."""
+    if options.backend == "ray":
+        from elastic_ring.controller.backends.ray import make_ray_backend
+
+        ray = make_ray_backend(spec, address=options.ray_address, strategy=options.placement,
+                               warm_spares=options.warm_spares, gpus_per_worker=options.gpus_per_worker)
+        return ray, InPlace(ray)
+    if options.relaunch == "inplace":
         from elastic_ring.controller.backends.elastic import ElasticBackend
 
-        return ElasticBackend(spec, launcher=launcher, network_interface=network_interface)
+        elastic = ElasticBackend(spec, launcher=launcher, network_interface=options.network_interface)
+        return elastic, InPlace(elastic)
     from elastic_ring.controller.backends.horovodrun import HorovodrunBackend
 
-    return HorovodrunBackend(spec, launcher=launcher, network_interface=network_interface,
-                             host_probe=host_probe)
+    return (HorovodrunBackend(spec, launcher=launcher, network_interface=options.network_interface,
+                              host_probe=host_probe), Relaunch(options.relaunch))
 
 
-__all__ = ["Backend", "Handle", "Launcher", "SegmentLaunch", "Started", "make_backend"]
+__all__ = ["Backend", "Handle", "InPlace", "InPlaceRing", "Launcher", "LaunchOptions", "Relaunch",
+           "ResizeStrategy", "SegmentLaunch", "Started", "make_launch"]

@@ -2,8 +2,9 @@
 
 The controller owns the segment loop and every decision (when to stop, which size, restart or
 give up); a :class:`Backend` owns the processes: it starts a segment's workers, reports what is
-usable, and (when ``keeps_workers``) tells paused workers their new size instead of starting new
-ones. Value types: :class:`SegmentLaunch` (what to start) and :class:`Started` (what came up).
+usable, and says whom it blamed for a failure. A backend whose workers stay across a resize is
+also an :class:`InPlaceRing` (it tells paused workers their new size instead of starting new ones).
+Value types: :class:`SegmentLaunch` (what to start) and :class:`Started` (what came up).
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ class Started:
 
 
 class Backend(Protocol):
+    """What starts a segment's workers and knows what happened to them."""
+
     name: str
-    keeps_workers: bool  # True: a resize re-forms the ring in the running workers (resize_in_place)
 
     def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
         """Start a segment's workers."""
@@ -66,10 +68,21 @@ class Backend(Protocol):
     def first_failed_rank(self, log_path: Path | None) -> int | None:
         """The rank the launcher saw fail first, from its log, if it says."""
 
-    # only for keeps_workers backends
-    def report_ahead(self, world: int, launch: SegmentLaunch | None = None) -> None:
-        """A scheduled resize to ``world`` (the next segment: ``launch``) is coming at the end of
-        the running segment: prepare it while the workers train."""
+    def failure_detail(self) -> protocol.Failure | None:
+        """The failure the backend itself blamed (its rank, node and message), if it did."""
+
+    def close(self) -> None:
+        """The run is over: end whatever the backend still holds."""
+
+
+class InPlaceRing(Protocol):
+    """A backend whose workers stay across a resize: paused between two steps, they re-form their
+    ring at the new size (Horovod Elastic's driver, or a ring the controller forms on Ray). Used by
+    the controller's in-place resize strategy (:class:`elastic_ring.controller.resize.InPlace`)."""
+
+    def report_ahead(self, launch: SegmentLaunch) -> None:
+        """A scheduled resize to ``launch`` (the next segment) is coming at the end of the running
+        segment: prepare it while the workers train."""
 
     def retract_ahead(self, segment: int) -> bool:
         """Withdraw what ``report_ahead`` prepared for the end of ``segment`` (a live request or an
@@ -82,17 +95,22 @@ class Backend(Protocol):
     def ask_exit(self, paused_segment: int, t: float) -> None:
         """The workers paused in place: checkpoint and leave (an interrupt)."""
 
-    def failure_detail(self) -> dict | None:
-        """What the backend saw of the last failure (``rank``, ``node``, ``message``), if anything."""
-
-    def close(self) -> None:
-        """The run is over: end whatever the backend still holds."""
-
 
 def worker_entry() -> list[str]:
     """The command that starts one worker process: a module of the package, so that it runs the same
     from a checkout and from an installed wheel."""
     return [sys.executable, "-u", "-m", "elastic_ring.worker.run"]
+
+
+def threads_env(device: str, threads: int) -> dict[str, str]:
+    """The thread settings of a worker given ``threads`` cores (:func:`elastic_ring.protocol.cpu_threads`),
+    the same under every launcher."""
+    env = {"OMP_NUM_THREADS": str(threads)}  # GPU workers too: cores launch kernels
+    if device == "cpu":
+        # Horovod's background cycle: 5 ms instead of 1 ms fuses more gradients per gloo
+        # allreduce and wakes less on busy cores (measured: docs/reports/peers.md)
+        env["HOROVOD_CYCLE_TIME"] = "5"
+    return env
 
 
 def worker_env(spec, world: int, elastic: bool = False) -> dict[str, str]:
@@ -102,9 +120,6 @@ def worker_env(spec, world: int, elastic: bool = False) -> dict[str, str]:
     env.setdefault("PYTHONUNBUFFERED", "1")
     if elastic:  # a joining worker's start-up happens inside the ring's init
         env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "300")
-    env["OMP_NUM_THREADS"] = str(protocol.cpu_threads(world))  # GPU workers too: cores launch kernels
-    if spec.device == "cpu":
-        # Horovod's background cycle: 5 ms instead of 1 ms fuses more gradients per gloo
-        # allreduce and wakes less on busy cores: +13% images/s at 2 CPU workers (docs/reports/peers.md)
-        env.setdefault("HOROVOD_CYCLE_TIME", "5")
+    for k, v in threads_env(spec.device, protocol.cpu_threads(world)).items():
+        env[k] = env.get(k, v) if k == "HOROVOD_CYCLE_TIME" else v  # a cycle time of the user's stays
     return env

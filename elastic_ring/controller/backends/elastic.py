@@ -16,6 +16,7 @@ from pathlib import Path
 
 from elastic_ring import protocol
 from elastic_ring.controller import hvdrun
+from elastic_ring.controller.hvdrun import discovery_script_text
 from elastic_ring.controller.backends.api import BUILTIN_TARGET, Launcher, SegmentLaunch, Started, worker_env
 from elastic_ring.controller.backends.horovodrun import SubprocessLauncher, first_failed_rank, worker_args
 
@@ -24,12 +25,6 @@ def discovery_files(run_dir: Path) -> tuple[Path, Path]:
     """(the discovery script Horovod Elastic runs, the file it prints: ``localhost:N``)."""
     ctl = protocol.control_dir(run_dir)
     return ctl / "discover.sh", ctl / "hosts"
-
-
-def discovery_script_text(hosts: Path) -> str:
-    """The discovery script: it prints the hosts file (the horovodrun this tool starts reads that
-    file itself instead: :func:`elastic_ring.controller.hvdrun.read_hosts_directly`)."""
-    return f"#!/bin/sh\ncat '{hosts}'\n"
 
 
 def write_hosts(run_dir: Path, world: int) -> bool:
@@ -63,8 +58,9 @@ def elastic_horovodrun_command(spec, world: int, segment: int, stop_at: int,
 
 
 class ElasticBackend:
+    """One Horovod Elastic job for the whole run; an :class:`~.api.InPlaceRing` (see the module docstring)."""
+
     name = "elastic"
-    keeps_workers = True
 
     def __init__(self, spec, launcher: Launcher | None = None, network_interface: str | None = None) -> None:
         self.spec = spec
@@ -90,17 +86,17 @@ class ElasticBackend:
     def first_failed_rank(self, log_path: Path | None) -> int | None:
         return first_failed_rank(log_path)
 
-    def report_ahead(self, world: int, launch: SegmentLaunch | None = None) -> None:
+    def report_ahead(self, launch: SegmentLaunch) -> None:
         """Horovod's driver notices the new count while the workers train (it starts or ends no
         process before they reset), so at the stop the workers re-form the ring at once instead
-        of waiting for the discovery. With the next segment known (``launch``) its action is written
-        ahead too, naming the step it applies at: at the pause rank 0 takes it
-        (:func:`elastic_ring.worker.api.take_ahead_action`) once the driver has reported the new
-        host list, without waiting for the controller to see the segment's end."""
-        if write_hosts(self.spec.run_dir, world):
+        of waiting for the discovery. The next segment's (``launch``) action is written ahead too,
+        naming the step it applies at: at the pause rank 0 takes it
+        (:func:`elastic_ring.worker.api.take_ahead_action`) once the driver has reported the new host
+        list, without waiting for the controller to see the segment's end."""
+        if write_hosts(self.spec.run_dir, launch.world):
             self.hosts_written = time.time()
         cur = self._launch
-        if launch is None or cur is None or self._ahead is not None or launch.segment != cur.segment + 1:
+        if cur is None or self._ahead is not None or launch.segment != cur.segment + 1:
             return
         from elastic_ring.worker.api import inplace_action_file
 
@@ -154,7 +150,7 @@ class ElasticBackend:
         protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment),
                                    {"action": "exit", "time": t})
 
-    def failure_detail(self) -> dict | None:
+    def failure_detail(self) -> None:
         return None  # horovodrun's log and the crash records say it all
 
     def close(self) -> None:

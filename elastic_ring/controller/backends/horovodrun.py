@@ -122,7 +122,6 @@ class HorovodrunBackend:
     """A fresh horovodrun per segment; after a failure, only the hosts that still answer."""
 
     name = "horovodrun"
-    keeps_workers = False
 
     def __init__(self, spec, launcher: Launcher | None = None, network_interface: str | None = None,
                  host_probe: Callable[[list[tuple[str, int]]], list[tuple[str, int]]] | None = None) -> None:
@@ -158,19 +157,7 @@ class HorovodrunBackend:
     def first_failed_rank(self, log_path: Path | None) -> int | None:
         return first_failed_rank(log_path)
 
-    def report_ahead(self, world: int, launch: SegmentLaunch | None = None) -> None:  # pragma: no cover
-        pass  # keeps_workers is False
-
-    def retract_ahead(self, segment: int) -> bool:  # pragma: no cover - keeps_workers is False
-        return True
-
-    def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
-        raise NotImplementedError("horovodrun relaunches: no resize in place")
-
-    def ask_exit(self, paused_segment: int, t: float) -> None:  # pragma: no cover
-        pass
-
-    def failure_detail(self) -> dict | None:
+    def failure_detail(self) -> None:
         return None  # horovodrun's log and the crash records say it all
 
     def close(self) -> None:

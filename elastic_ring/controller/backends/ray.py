@@ -29,10 +29,11 @@ Not built: GPU bundles are requested (``gpus_per_worker``) but were not tried he
 joiners of a grow are spare actors outside the placement group (they hold their own CPUs), and
 a shrink's freed bundle stays reserved until the next restart.
 
-The parts: :mod:`.ray_actor` (the actor, the rendezvous handler, the run-folder probe),
-:mod:`.ray_group` (members, spares, the ring formed ahead, the running group and its failure),
-:mod:`.ray_spares` (actors and the spare pool), :mod:`.ray_ring` (rendezvous and environments),
-:mod:`.ray_cluster` (nodes, run-folder check, placement); this module is the backend itself.
+The parts, each given to the backend, which orchestrates them: :class:`~.ray_cluster.RayCluster`
+(nodes, free slots, placement, the run-folder check), :class:`~.ray_actors.ActorPool` (actors and
+the warm spares), :class:`~.ray_ring.RingFormer` (members -> ranks, rendezvous and environments)
+and :class:`~.ray_group.RayGroup` (the running ring: poll, kill, the failure); :mod:`.ray_members`
+holds their records and :mod:`.ray_worker` what runs on the nodes.
 """
 
 from __future__ import annotations
@@ -41,20 +42,17 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 from elastic_ring import protocol
-from elastic_ring.controller.backends.api import BUILTIN_TARGET, SegmentLaunch, Started  # noqa: F401
-from elastic_ring.controller.backends.ray_actor import (_READY_TIMEOUT_S, WorkerActor, _handler,  # noqa: F401 - re-exported
-                                                        _iface_of, _sees)
-from elastic_ring.controller.backends.ray_cluster import ClusterMixin
-from elastic_ring.controller.backends.ray_group import (_GRACE_S, RETIRED, Ahead, Member, RayGroup, Spare,  # noqa: F401
-                                                        _peer_loss, _record_of)
-from elastic_ring.controller.backends.ray_ring import RingMixin
-from elastic_ring.controller.backends.ray_spares import SparePoolMixin
+from elastic_ring.controller.backends.api import SegmentLaunch, Started
+from elastic_ring.controller.backends.ray_actors import ActorPool, worker_argv
+from elastic_ring.controller.backends.ray_cluster import RayCluster, remove_pg
+from elastic_ring.controller.backends.ray_group import RayGroup
+from elastic_ring.controller.backends.ray_members import Ahead, Member
+from elastic_ring.controller.backends.ray_ring import RingFormer
+from elastic_ring.controller.backends.ray_worker import READY_TIMEOUT_S
 from elastic_ring.errors import UserError
 
-STRATEGIES = ("PACK", "SPREAD")
 _FREE_WAIT_S = 3.0  # at a restart, how long released resources may take to show as free
 _PLACE_TRY_S = 5.0  # at a restart, how long a placement of a size may take before one fewer is tried
 
@@ -77,60 +75,69 @@ def check_answers(address: str | None, timeout_s: float = 5.0, error: type[Excep
         raise error(f"cannot connect to Ray at {address}: {e.strerror or e}") from None
 
 
-class RayBackend(ClusterMixin, SparePoolMixin, RingMixin):
-    """Workers as Ray actors; resizes in place with warm spares (see the module docstring)."""
+def _note(log_path: Path, text: str) -> None:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as f:
+        f.write(text + "\n")
+
+
+def _local_pid(members: list[Member]) -> int:
+    """Rank 0's process where it runs on this host (telemetry), else the controller's."""
+    m = members[0]
+    return int(m.info["pid"]) if m.info.get("host") == socket.gethostname() else os.getpid()
+
+
+def _describe(members: list[Member], launch: SegmentLaunch) -> str:
+    rows = ", ".join(f"rank {m.rank}: {m.name} pid {m.info['pid']} node {m.info['node_id'][:12]} "
+                     f"({m.info['ip']}, {m.info['iface']})" for m in members)
+    return f"[ray] segment {launch.segment}: {len(members)} worker(s): {rows}"
+
+
+def _by_rank(members: list[Member]) -> list[Member]:
+    return sorted(members, key=lambda m: m.rank)
+
+
+class _RingHandle:
+    """The controller's handle of a Ray ring: :class:`RayGroup`'s poll, after which the backend
+    does what waits for a poll (a ring ahead whose spares are now up; members that left the ring
+    recycled; a lost node left out of later placements)."""
+
+    def __init__(self, backend: "RayBackend", group: RayGroup) -> None:
+        self.backend, self.group = backend, group
+
+    @property
+    def pid(self) -> int:
+        return self.group.pid
+
+    def poll(self) -> int | None:
+        g = self.group
+        if g.rc is not None:
+            return g.rc
+        self.backend._form_wanted_ahead(g)
+        rc = g.poll()
+        self.backend._after_poll(g)
+        return rc
+
+    def kill(self) -> None:
+        self.group.kill()
+
+
+class RayBackend:
+    """Workers as Ray actors; resizes in place with warm spares (see the module docstring). An
+    :class:`~.api.InPlaceRing`; its parts are passed in (:func:`make_ray_backend` builds them)."""
 
     name = "ray"
-    keeps_workers = True
 
-    def __init__(self, spec, address: str | None = None, strategy: str = "PACK",
-                 warm_spares: int | None = None, cpus_per_worker: float = 1.0,
-                 gpus_per_worker: float = 0.0, out=None) -> None:
-        if strategy not in STRATEGIES:
-            raise UserError(f"--placement must be one of {', '.join(STRATEGIES)}, got {strategy}")
-        if warm_spares is not None and warm_spares < 0:
-            raise UserError(f"--warm-spares must be >= 0, got {warm_spares}")
-        self.spec = spec
-        self.address = address
-        self.strategy = strategy
-        self.warm_spares = warm_spares
-        self.cpus = cpus_per_worker
-        self.gpus = gpus_per_worker
-        self.out = out or (lambda s: None)
-        self.suspect_nodes: set[str] = set()
+    def __init__(self, spec, cluster: RayCluster, pool: ActorPool, rings: RingFormer | None = None) -> None:
+        self.spec, self.cluster, self.pool, self.rings = spec, cluster, pool, rings or RingFormer()
         self.group: RayGroup | None = None
-        self._spares: list[Spare] = []  # warm actors running the worker up to its wait for a go
+        self.launch: SegmentLaunch | None = None  # the running segment's
         self._pg = None
-        self._reserved: tuple[Any, int] | None = None  # (placement group, size) kept for the restart
-        self._servers: list[Any] = []
-        self._connected = False
-        self._checked = False
-        self._n = 0
-        self._world = 0
-        self._launch: SegmentLaunch | None = None
         self._ahead: Ahead | None = None
         self._want_ahead: tuple[int, SegmentLaunch] | None = None  # spares were not up yet
 
-    # ------------------------------------------------------------------ Ray
     def _connect(self) -> None:
-        if self._connected:
-            return
-        import ray
-
-        address = self.address or os.environ.get("RAY_ADDRESS") or None
-        kw: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False,
-                              "ignore_reinit_error": True}
-        if address is None:  # a local Ray, started here: a small object store (we store nothing)
-            kw["object_store_memory"] = 100 * 1024 * 1024
-        try:
-            ray.init(address=address, **kw)
-        except Exception as e:  # noqa: BLE001 - an unreachable address, a bad cluster
-            raise UserError(f"cannot connect to Ray at {address or 'a new local cluster'}: "
-                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-        self._actor_cls = ray.remote(WorkerActor)
-        self._sees = ray.remote(_sees)
-        self._connected = True
-        self._check_run_dir()
+        self.cluster.connect(self.spec.run_dir)
 
     # ------------------------------------------------------------------ Backend
     def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
@@ -141,51 +148,87 @@ class RayBackend(ClusterMixin, SparePoolMixin, RingMixin):
 
         self._connect()
         self._drop_all()
-        if self._reserved is not None and self._reserved[1] == launch.world:  # a restart: placed by usable_slots
-            pg, self._reserved = self._reserved[0], None
-        else:
-            self._release_reserved()
-            pg = self._placed(launch.world, _READY_TIMEOUT_S)
+        pg = self.cluster.take_reserved(launch.world)  # a restart: placed by usable_slots
+        if pg is None:
+            pg = self.cluster.place(launch.world, READY_TIMEOUT_S)
             if pg is None:
-                raise UserError(f"the Ray cluster has no room for {launch.world} worker(s) of {self._bundle()} "
-                                f"({self.strategy}) within {_READY_TIMEOUT_S:.0f} s")
+                raise UserError(f"the Ray cluster has no room for {launch.world} worker(s) of "
+                                f"{self.cluster.bundle()} ({self.cluster.strategy}) within {READY_TIMEOUT_S:.0f} s")
         self._pg = pg
-        actors = [self._new_actor(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i))
-                  for i in range(launch.world)]
-        infos = ray.get([a.info.remote() for a in actors], timeout=_READY_TIMEOUT_S)
-        members = [Member(self._name(), a, inf) for a, inf in zip(actors, infos)]
-        envs = self._ring(members)
-        members.sort(key=lambda m: m.rank)
+        actors = [self.pool.new_actor(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            pg, placement_group_bundle_index=i)) for i in range(launch.world)]
+        infos = ray.get([a.info.remote() for a in actors], timeout=READY_TIMEOUT_S)
+        members = [Member(self.pool.name(), a, inf) for a, inf in zip(actors, infos)]
+        envs = self.rings.form(members)
+        members = _by_rank(members)
         for m in members:
-            self._run(m, launch, envs[m.name])
-        self.group = RayGroup(self, members)
-        self.group.pid = self._local_pid(members)
-        self._note(log_path, self._describe(members, launch))
-        self._top_up(launch.world, launch)
-        return Started(self.group, self._command(launch))
+            self.pool.run(m, launch, envs[m.name])
+        self.group = RayGroup(self.cluster, self.spec.run_dir, self.pool.end, members, pid=_local_pid(members))
+        _note(log_path, _describe(members, launch))
+        self.launch = launch
+        self.pool.top_up(launch)
+        return Started(_RingHandle(self, self.group), self._command(launch))
 
-    def report_ahead(self, world: int, launch: SegmentLaunch | None = None) -> None:
+    def usable_slots(self, want: int) -> int:
+        """The largest ring (at most ``want`` and ``--slots``) the cluster's **free** resources hold
+        now, reserved for the restart that follows (:meth:`start` takes it): this run's own actors,
+        spares and placement group are released first; nodes whose actors became unavailable are
+        left out, and so are resources another user's actors hold. A count from the resource view
+        is checked by placing it: a node lost without Ray knowing it yet (it is marked dead ~12 s
+        after its raylet is killed) cannot take a bundle, so the size steps down until one places."""
+        self._connect()
+        self._drop_all()
+        self.cluster.release_reserved()  # an earlier one, not taken by a start
+        want = min(want, self.spec.slots)
+        t_end = time.time() + _FREE_WAIT_S
+        k, cap = self.cluster.free_slots(), self.cluster.free_slots(total=True)
+        while k < min(want, cap) and time.time() < t_end:  # what was just released shows within ~1 s
+            time.sleep(0.2)
+            k = max(k, self.cluster.free_slots())
+        for n in range(min(k, want), 0, -1):
+            pg = self.cluster.place(n, _PLACE_TRY_S)
+            if pg is not None:
+                self.cluster.reserve(pg, n)
+                return n
+        return 0
+
+    def first_failed_rank(self, log_path: Path | None) -> int | None:
+        f = self.failure_detail()
+        return None if f is None else f.rank
+
+    def failure_detail(self) -> protocol.Failure | None:
+        return None if self.group is None else self.group.failure
+
+    def close(self) -> None:
+        if not self.cluster.connected:
+            return
+        self._drop_all()
+        self.cluster.disconnect()
+
+    # ------------------------------------------------------------------ InPlaceRing
+    def report_ahead(self, launch: SegmentLaunch) -> None:
         """A scheduled resize to ``launch`` at the end of the running segment: form its ring now
         (spares taken, its rendezvous served, every member's environment) and write the action
         ahead, with the step it applies at and the joiners' go files. At the pause rank 0 takes it
         (:func:`elastic_ring.worker.api.take_ahead_action`) and the ring re-forms without waiting
-        for the controller. Not done when a joiner would have to be a cold actor."""
-        if launch is None or self.group is None or self._launch is None or self._ahead is not None:
+        for the controller. Not done while a joiner would have to be a cold actor: tried again at
+        each poll until the spares are up."""
+        if self.group is None or self.launch is None or self._ahead is not None:
             return
-        cur, old = self._launch, self._serving()
+        cur, old = self.launch, self._serving()
         keep, leave = old[:launch.world], old[launch.world:]
-        spares = self._ready_spares(launch.world - len(keep))
+        spares = self.pool.take_ready(launch.world - len(keep))
         self._want_ahead = (cur.segment, launch) if spares is None else None
-        if spares is None:  # tried again at each poll until the spares are up
+        if spares is None:
             return
-        joiners = [Member(sp.name, sp.actor, sp.info, ref=sp.run_ref, go=sp.go) for sp in spares]
+        joiners = [sp.member() for sp in spares]
         members = keep + joiners
-        envs = self._ring(members)
+        envs = self.rings.form(members)
         go_files = {str(m.go): {"stop_at": launch.stop_at, "time": time.time(), "env": envs[m.name]}
                     for m in joiners}
         from elastic_ring.worker.api import inplace_action_file
 
-        self._ahead = Ahead(cur.segment, launch, members, leave, joiners, spares, self._servers[-1])
+        self._ahead = Ahead(cur.segment, launch, members, leave, joiners, spares, self.rings.newest)
         protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, cur.segment), {
             "action": "resize", "to": launch.world, "segment": launch.segment, "stop_at": launch.stop_at,
             "time": time.time(), "members": envs, "at_step": cur.stop_at, "go_files": go_files})
@@ -206,9 +249,8 @@ class RayBackend(ClusterMixin, SparePoolMixin, RingMixin):
         if a.taken:
             return False
         self._ahead = None
-        self._spares[:0] = a.spares  # still waiting for their go
-        a.server.stop()
-        self._servers.remove(a.server)
+        self.pool.give_back(a.spares)
+        self.rings.withdraw(a.server)
         return True
 
     def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
@@ -227,19 +269,18 @@ class RayBackend(ClusterMixin, SparePoolMixin, RingMixin):
             leave = [m for m in a.leave if m in group.members]  # those not retired yet
             for m in leave:
                 m.retiring = True
-        for s in self._servers[:-1]:  # the new ring is forming on the newest rendezvous
-            s.stop()
-        self._servers = self._servers[-1:]
-        group.members = sorted(members, key=lambda m: m.rank) + leave
-        group.pid = self._local_pid(sorted(members, key=lambda m: m.rank))
+        self.rings.in_use()
+        ring = _by_rank(members)
+        group.members = ring + leave
+        group.pid = _local_pid(ring)
         log = self.spec.run_dir / "logs" / f"segment-{launch.segment:03d}-w{launch.world}.log"
-        self._note(log, self._describe(sorted(members, key=lambda m: m.rank), launch)
-                   + (f"; leaving: {', '.join(m.name for m in leave)}" if leave else "")
-                   + (f"; joined: {', '.join(m.name + (' (warm spare)' if m.go else ' (cold)') for m in joiners)}"
-                      if joiners else ""))
-        self._world, self._launch = launch.world, launch
-        if not leave:  # a shrink's leavers become the spares (_recycle) once they are out
-            self._top_up(launch.world, launch)
+        _note(log, _describe(ring, launch)
+              + (f"; leaving: {', '.join(m.name for m in leave)}" if leave else "")
+              + (f"; joined: {', '.join(m.name + (' (warm spare)' if m.go else ' (cold)') for m in joiners)}"
+                 if joiners else ""))
+        self.launch = launch
+        if not leave:  # a shrink's leavers become the spares (recycled) once they are out
+            self.pool.top_up(launch)
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
         from elastic_ring.worker.api import inplace_action_file
@@ -247,72 +288,78 @@ class RayBackend(ClusterMixin, SparePoolMixin, RingMixin):
         protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment),
                                    {"action": "exit", "time": t})
 
-    def usable_slots(self, want: int) -> int:
-        """The largest ring (at most ``want`` and ``--slots``) the cluster's **free** resources hold
-        now, reserved for the restart that follows (:meth:`start` takes it): this run's own actors,
-        spares and placement group are released first; nodes whose actors became unavailable are
-        left out, and so are resources another user's actors hold. A count from the resource view
-        is checked by placing it: a node lost without Ray knowing it yet (it is marked dead ~12 s
-        after its raylet is killed) cannot take a bundle, so the size steps down until one places."""
-        self._connect()
-        self._drop_all()
-        self._release_reserved()  # an earlier one, not taken by a start
-        want = min(want, self.spec.slots)
-        t_end = time.time() + _FREE_WAIT_S
-        k, cap = self._free_slots(), self._free_slots(total=True)
-        while k < min(want, cap) and time.time() < t_end:  # what was just released shows within ~1 s
-            time.sleep(0.2)
-            k = max(k, self._free_slots())
-        for n in range(min(k, want), 0, -1):
-            pg = self._placed(n, _PLACE_TRY_S)
-            if pg is not None:
-                self._reserved = (pg, n)
-                return n
-        return 0
+    # ------------------------------------------------------------------ between polls
+    def _form_wanted_ahead(self, group: RayGroup) -> None:
+        """A ring ahead that waited for its spares: form it once they are up."""
+        want = self._want_ahead
+        if want is not None and not group.failing and self.launch is not None and want[0] == self.launch.segment:
+            self.report_ahead(want[1])
 
-    def first_failed_rank(self, log_path: Path | None) -> int | None:
-        g = self.group
-        return None if g is None or g.failure is None else g.failure["rank"]
+    def _after_poll(self, group: RayGroup) -> None:
+        world = self._ahead.launch.world if self._ahead is not None else (self.launch.world if self.launch else 0)
+        while group.left:  # left the ring at a shrink: a spare again if one is wanted
+            self.pool.recycle(group.left.pop(0), self.launch, world)
+        if group.lost_node is not None:
+            self.cluster.suspect_nodes.add(group.lost_node)
 
-    def failure_detail(self) -> dict[str, Any] | None:
-        g = self.group
-        return None if g is None else g.failure
+    # ------------------------------------------------------------------ rings
+    def _serving(self) -> list[Member]:
+        assert self.group is not None
+        return _by_rank([m for m in self.group.members if not m.retiring])
+
+    def _ring_now(self, paused_segment: int, launch: SegmentLaunch, t_launch: float):
+        """The paused workers' new ring, formed now: (members, leavers, joiners)."""
+        old = self._serving()
+        keep, leave = old[:launch.world], old[launch.world:]
+        joiners = self.pool.take(launch.world - len(keep)) if launch.world > len(keep) else []
+        for m in leave:
+            m.retiring = True
+        members = keep + joiners
+        envs = self.rings.form(members)
+        action = {"action": "resize", "to": launch.world, "segment": launch.segment,
+                  "stop_at": launch.stop_at, "time": t_launch, "members": envs}
+        from elastic_ring.worker.api import inplace_action_file
+
+        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment), action)
+        for m in joiners:
+            if m.go is not None:  # a pre-started spare: its go brings its place in the ring
+                protocol.write_json_atomic(m.go, {"stop_at": launch.stop_at, "time": t_launch,
+                                                  "env": envs[m.name]})
+            else:
+                self.pool.run(m, launch, envs[m.name])
+        return members, leave, joiners
+
+    def _command(self, launch: SegmentLaunch) -> list[str]:
+        return ["ray", f"--address={self.cluster.where()}", "-np", str(launch.world),
+                "--placement", self.cluster.strategy, *worker_argv(self.spec, launch)]
 
     def _drop_all(self) -> None:
-        from ray.util.placement_group import remove_placement_group
-
+        """End this run's actors (the ring, a ring formed ahead, the spares), rendezvous and
+        placement group."""
         if self.group is not None:
             self.group.kill()
             self.group = None
         self._want_ahead = None
         if self._ahead is not None:  # a ring formed ahead: its joiners are not in the group yet
-            self._spares += self._ahead.spares
+            self.pool.give_back(self._ahead.spares)
             self._ahead = None
-        for sp in self._spares:
-            self._end_actor(sp.actor)
-        self._spares = []
-        for srv in self._servers:
-            srv.stop()
-        self._servers = []
+        self.pool.end_spares()
+        self.rings.stop_all()
         if self._pg is not None:
             try:
-                remove_placement_group(self._pg)
+                remove_pg(self._pg)
             except Exception:  # noqa: BLE001
                 pass
             self._pg = None
 
-    def close(self) -> None:
-        if not self._connected:
-            return
-        import ray
 
-        self._drop_all()
-        self._release_reserved()
-        for s in self._servers:
-            s.stop()
-        self._servers = []
-        ray.shutdown()
-        self._connected = False
+def make_ray_backend(spec, address: str | None = None, strategy: str = "PACK", warm_spares: int | None = None,
+                     cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0) -> RayBackend:
+    """The Ray backend of a run, its parts built from the options (checked at the request:
+    :func:`elastic_ring.controller.requests.check`)."""
+    cluster = RayCluster(address, strategy, cpus_per_worker, gpus_per_worker)
+    pool = ActorPool(spec, cpus_per_worker, gpus_per_worker, warm_spares, strategy)
+    return RayBackend(spec, cluster, pool)
 
 
-__all__ = ["RayBackend", "STRATEGIES", "check_answers"]
+__all__ = ["RayBackend", "check_answers", "make_ray_backend"]

@@ -1,25 +1,63 @@
-"""The Ray backend's view of the cluster: which nodes are alive, whether a member's process is
-gone, whether every node sees the run folder, and how many workers the free resources place
-(:class:`ClusterMixin`, mixed into :class:`~elastic_ring.controller.backends.ray.RayBackend`,
-whose attributes it uses).
+"""The Ray backend's view of the cluster (:class:`RayCluster`): the connection, which nodes are
+alive, whether a worker's process is gone, whether every node sees the run folder, how many
+workers the free resources hold, and placement groups of worker bundles (one kept for a restart).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import uuid
+from pathlib import Path
 from typing import Any
 
 from elastic_ring import protocol
-from elastic_ring.controller.backends.ray_actor import _READY_TIMEOUT_S
-from elastic_ring.controller.backends.ray_group import Member
+from elastic_ring.controller.backends.ray_worker import READY_TIMEOUT_S, sees_file
 from elastic_ring.errors import UserError
 
+class RayCluster:
+    """The Ray cluster as this run sees it: nodes (those whose actors became unavailable left
+    out), free slots of ``cpus``/``gpus`` per worker, and placement (``strategy``)."""
 
-class ClusterMixin:
-    """Nodes, the run folder's visibility and placement (part of :class:`~elastic_ring.controller.backends.ray.RayBackend`)."""
+    def __init__(self, address: str | None, strategy: str = "PACK", cpus: float = 1.0, gpus: float = 0.0) -> None:
+        self.address, self.strategy, self.cpus, self.gpus = address, strategy, cpus, gpus
+        self.suspect_nodes: set[str] = set()  # nodes whose actors became unavailable
+        self.connected = False
+        self._reserved: tuple[Any, int] | None = None  # (placement group, size) kept for the restart
 
-    def _node_alive(self, node_id: str) -> bool:
+    def where(self) -> str:
+        return self.address or os.environ.get("RAY_ADDRESS") or "local"
+
+    def connect(self, run_dir: Path) -> bool:
+        """Join (or start) the Ray cluster and check that every node sees ``run_dir``; False when
+        already connected."""
+        if self.connected:
+            return False
+        import ray
+
+        address = self.address or os.environ.get("RAY_ADDRESS") or None
+        kw: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False,
+                              "ignore_reinit_error": True}
+        if address is None:  # a local Ray, started here: a small object store (we store nothing)
+            kw["object_store_memory"] = 100 * 1024 * 1024
+        try:
+            ray.init(address=address, **kw)
+        except Exception as e:  # noqa: BLE001 - an unreachable address, a bad cluster
+            raise UserError(f"cannot connect to Ray at {address or 'a new local cluster'}: "
+                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        self.connected = True
+        self.check_run_dir(run_dir)
+        return True
+
+    def disconnect(self) -> None:
+        import ray
+
+        self.release_reserved()
+        ray.shutdown()
+        self.connected = False
+
+    # ------------------------------------------------------------------ nodes and processes
+    def node_alive(self, node_id: str) -> bool:
         import ray
 
         try:
@@ -27,53 +65,58 @@ class ClusterMixin:
         except Exception:  # noqa: BLE001
             return True
 
-    def _process_gone(self, m: Member) -> bool:
-        """True when ``m``'s process ran on this host and is gone (Ray may report a killed actor
-        seconds later than its peers' errors on a loaded machine)."""
-        if m.info.get("host") != socket.gethostname() or not m.info.get("pid"):
+    def process_gone(self, info: dict[str, Any]) -> bool:
+        """True when the process of an actor (its ``info``) ran on this host and is gone (Ray may
+        report a killed actor seconds later than its peers' errors on a loaded machine)."""
+        if info.get("host") != socket.gethostname() or not info.get("pid"):
             return False
         import psutil
 
         try:
-            return psutil.Process(int(m.info["pid"])).status() == psutil.STATUS_ZOMBIE
+            return psutil.Process(int(info["pid"])).status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return True
         except Exception:  # noqa: BLE001 - access denied etc.: not known to be gone
             return False
 
-    def _alive_nodes(self) -> list[dict[str, Any]]:
+    def alive_nodes(self) -> list[dict[str, Any]]:
         import ray
 
         return [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in self.suspect_nodes]
 
-    def _check_run_dir(self) -> None:
-        """Every alive node must see the run folder (checkpoints and events live there)."""
+    def check_run_dir(self, run_dir: Path) -> None:
+        """Every alive node must see the run folder (checkpoints and events live there).
+
+        Raises:
+            UserError: a node does not see it (one line naming the node).
+        """
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        ctl = protocol.control_dir(self.spec.run_dir)
+        ctl = protocol.control_dir(run_dir)
         ctl.mkdir(parents=True, exist_ok=True)
         token = uuid.uuid4().hex
         probe = ctl / f".ray-visible-{token[:8]}"
         probe.write_text(token)
+        sees = ray.remote(sees_file)
         try:
-            refs = [self._sees.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-                n["NodeID"], soft=False)).remote(str(probe), token) for n in self._alive_nodes()]
-            res = ray.get(refs, timeout=_READY_TIMEOUT_S)
+            refs = [sees.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                n["NodeID"], soft=False)).remote(str(probe), token) for n in self.alive_nodes()]
+            res = ray.get(refs, timeout=READY_TIMEOUT_S)
         finally:
             probe.unlink(missing_ok=True)
         for r in res:
             if not r["ok"]:
-                raise UserError(f"the run folder {self.spec.run_dir} is not visible from Ray node "
+                raise UserError(f"the run folder {run_dir} is not visible from Ray node "
                                 f"{r['node_id'][:12]} ({r['ip']}): put it on a filesystem every node mounts")
-        self._checked = True
 
-    def _free_slots(self, total: bool = False) -> int:
+    # ------------------------------------------------------------------ resources and placement
+    def free_slots(self, total: bool = False) -> int:
         """Workers the free resources of the live nodes hold (Ray's resource view, now); with
         ``total``, their whole resources."""
         from ray._private.state import available_resources_per_node
 
-        nodes = self._alive_nodes()
+        nodes = self.alive_nodes()
         avail = {n["NodeID"]: n.get("Resources", {}) for n in nodes}
         if not total:
             try:
@@ -89,12 +132,16 @@ class ClusterMixin:
             count += k
         return count
 
-    def _placed(self, n: int, timeout_s: float):
+    def bundle(self) -> dict[str, float]:
+        """One worker's resources in a placement group."""
+        return {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+
+    def place(self, n: int, timeout_s: float):
         """A placement group of ``n`` worker bundles, ready within ``timeout_s`` (else None)."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
 
-        pg = placement_group([self._bundle() for _ in range(n)], strategy=self.strategy)
+        pg = placement_group([self.bundle() for _ in range(n)], strategy=self.strategy)
         try:
             ray.get(pg.ready(), timeout=timeout_s)
         except Exception:  # noqa: BLE001 - GetTimeoutError
@@ -102,14 +149,31 @@ class ClusterMixin:
             return None
         return pg
 
-    def _bundle(self) -> dict[str, int]:
-        """One worker's resources in a placement group."""
-        return {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+    def reserve(self, pg, n: int) -> None:
+        """Keep placement group ``pg`` of ``n`` bundles for the next start."""
+        self._reserved = (pg, n)
 
-    def _release_reserved(self) -> None:
-        """Give back the placement group :meth:`usable_slots` kept, if a start did not take it."""
+    def take_reserved(self, n: int):
+        """The placement group kept for a start of ``n`` workers, if one is (else None, and any
+        other kept one is given back)."""
+        if self._reserved is not None and self._reserved[1] == n:
+            pg, self._reserved = self._reserved[0], None
+            return pg
+        self.release_reserved()
+        return None
+
+    @property
+    def reserved(self) -> tuple[Any, int] | None:
+        return self._reserved
+
+    def release_reserved(self) -> None:
+        """Give back the placement group kept for a restart, if a start did not take it."""
         if self._reserved is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(self._reserved[0])
+            remove_pg(self._reserved[0])
             self._reserved = None
+
+
+def remove_pg(pg) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    remove_placement_group(pg)

@@ -1,6 +1,7 @@
-"""The Ray backend's worker side: the actor that runs a worker (:class:`WorkerActor`), Horovod's
-rendezvous handler for a ring the controller forms (:func:`_handler`), and the run-folder probe
-(:func:`_sees`). Ray ships these to the workers by module path (the package is installed there).
+"""What runs on the Ray nodes: the actor that runs a worker (:class:`WorkerActor`), Horovod's
+rendezvous handler for a ring the controller forms (:func:`rendezvous_handler`), and the run-folder
+probe (:func:`sees_file`). Ray ships these to the workers by module path (the package is installed
+there).
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-_READY_TIMEOUT_S = 120.0  # how long an actor (or a probe) may take to answer
+READY_TIMEOUT_S = 120.0  # how long an actor (or a probe) may take to answer
 
 
-def _iface_of(ip: str) -> str:
+def iface_of(ip: str) -> str:
     """The network interface that carries ``ip`` (``lo`` for a loopback address)."""
     import psutil
 
@@ -46,7 +47,7 @@ class WorkerActor:
         import ray
 
         ip = ray.util.get_node_ip_address()
-        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ip, "iface": _iface_of(ip),
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ip, "iface": iface_of(ip),
                 "pid": os.getpid(), "host": socket.gethostname(), "import_s": self.import_s}
 
     def run(self, argv: list[str], env: dict[str, str], log_path: str) -> int:
@@ -64,7 +65,7 @@ class WorkerActor:
         return run.main(argv, in_process=True)
 
 
-def _handler(slots: dict[tuple[str, int], Any]):
+def rendezvous_handler(slots: dict[tuple[str, int], Any]):
     """Horovod's rendezvous handler, plus the one question an elastic-mode worker asks at
     ``hvd.init()``: its rank and sizes (``rank_and_size``, key ``host:local_rank``), answered from
     this ring's slot assignment (what Horovod Elastic's driver would answer)."""
@@ -81,7 +82,8 @@ def _handler(slots: dict[tuple[str, int], Any]):
     return Handler
 
 
-def _sees(path: str, token: str) -> dict[str, Any]:
+def sees_file(path: str, token: str) -> dict[str, Any]:
+    """Whether this node reads ``token`` in ``path`` (the run folder is one folder every node sees)."""
     import ray
 
     try:

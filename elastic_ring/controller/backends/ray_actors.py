@@ -1,0 +1,169 @@
+"""The Ray backend's actors (:class:`ActorPool`): it starts and ends worker actors, runs the worker
+entry in them, and keeps a pool of warm spares: actors that already imported torch and Horovod and
+ran the worker entry up to its wait for a go, so that joining a ring is an ``hvd.init()`` and a
+sync from rank 0.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from elastic_ring import protocol
+from elastic_ring.controller.backends.api import BUILTIN_TARGET, SegmentLaunch, threads_env
+from elastic_ring.controller.backends.ray_members import Member, Spare
+from elastic_ring.controller.backends.ray_worker import READY_TIMEOUT_S, WorkerActor
+
+
+def worker_argv(spec, launch: SegmentLaunch) -> list[str]:
+    """The worker entry's arguments of a Ray member in segment ``launch``."""
+    return ["--run-dir", str(spec.run_dir), "--segment", str(launch.segment), "--stop-at",
+            str(launch.stop_at), "--owner", launch.owner, "--controller-pid", str(os.getpid()),
+            "--controller-host", socket.gethostname(), "--ring-by-controller",
+            "--", spec.script or BUILTIN_TARGET, *spec.script_args]
+
+
+def base_env(spec, cpus: float) -> dict[str, str]:
+    """A member's environment before its ring's: its threads are its bundle's CPUs (several Ray
+    nodes may share one machine, and a worker cannot see how many of its node's cores others hold)."""
+    threads = protocol.cpu_threads(1, cores=max(1.0, cpus))
+    env = {"PYTHONUNBUFFERED": "1", **spec.extra_env, protocol.CPU_THREADS_ENV: str(threads)}
+    for k, v in threads_env(spec.device, threads).items():
+        env[k] = env.get(k, v) if k == "HOROVOD_CYCLE_TIME" else v
+    return env
+
+
+class ActorPool:
+    """Worker actors of ``cpus``/``gpus`` each, named ``w1``, ``w2``, ...; ``warm_spares`` of them
+    kept warm (None: enough for any grow up to the run's slots)."""
+
+    def __init__(self, spec, cpus: float = 1.0, gpus: float = 0.0, warm_spares: int | None = None,
+                 strategy: str = "PACK") -> None:
+        self.spec, self.cpus, self.gpus, self.warm_spares = spec, cpus, gpus, warm_spares
+        self.spread = strategy == "SPREAD"
+        self.spares: list[Spare] = []  # warm actors running the worker up to its wait for a go
+        self._n = 0
+        self._cls: Any = None
+
+    # ------------------------------------------------------------------ actors
+    def new_actor(self, **opts):
+        import ray
+
+        if self._cls is None:
+            self._cls = ray.remote(WorkerActor)
+        res: dict[str, Any] = {"num_cpus": self.cpus, "max_restarts": 0}
+        if self.gpus:
+            res["num_gpus"] = self.gpus
+        res.update(opts)
+        target = self.spec.script or BUILTIN_TARGET
+        preload = () if target.endswith(".py") or os.sep in target else (target,)
+        return self._cls.options(**res).remote(preload)
+
+    def end(self, actor) -> None:
+        import ray
+
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    def name(self) -> str:
+        self._n += 1
+        return f"w{self._n}"
+
+    def log(self, name: str) -> Path:
+        return self.spec.run_dir / "logs" / f"ray-{name}.log"
+
+    def run(self, m: Member, launch: SegmentLaunch, env: dict[str, str]) -> None:
+        """Run the worker entry of segment ``launch`` in ``m``'s actor with its ring's ``env``."""
+        m.ref = m.actor.run.remote(worker_argv(self.spec, launch), {**base_env(self.spec, self.cpus), **env},
+                                   str(self.log(m.name)))
+
+    # ------------------------------------------------------------------ spares
+    def wanted(self, world: int) -> int:
+        if self.warm_spares is not None:
+            return self.warm_spares
+        return max(0, self.spec.slots - world)  # enough for any grow up to the run's slots
+
+    def top_up(self, launch: SegmentLaunch) -> None:
+        """Keep the spares wanted at ``launch.world`` (new actors, pre-started for ``launch``)."""
+        while len(self.spares) < self.wanted(launch.world):
+            a = self.new_actor(scheduling_strategy="SPREAD" if self.spread else "DEFAULT")
+            self.spares.append(self._prestart(self.name(), a, a.info.remote(), launch))
+
+    def _prestart(self, name: str, actor, info_ref, launch: SegmentLaunch) -> Spare:
+        """Run the worker entry in ``actor`` with a placeholder rank up to its wait for a go
+        (imports, the script's model and data done), so that joining a ring is an ``hvd.init()``
+        and a sync from rank 0."""
+        go = protocol.control_dir(self.spec.run_dir) / f"spare-{name}.json"
+        go.unlink(missing_ok=True)
+        env = {**base_env(self.spec, self.cpus), "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
+               "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1", "ELASTIC_RING_MEMBER": name}
+        argv = worker_argv(self.spec, launch)
+        argv[argv.index("--segment") + 1] = "-1"  # its segment comes with the sync from rank 0
+        cut = argv.index("--")
+        argv[cut:cut] = ["--go-file", str(go)]
+        return Spare(name, actor, info_ref, actor.run.remote(argv, env, str(self.log(name))), go)
+
+    def recycle(self, m: Member, launch: SegmentLaunch | None, world: int) -> None:
+        """A worker that left the ring at a shrink: a spare again (for ``launch``, the spares wanted
+        at ``world``) if one is wanted (no new process, no imports), else ended."""
+        if launch is not None and len(self.spares) < self.wanted(world):
+            import ray
+
+            self.spares.append(self._prestart(self.name(), m.actor, ray.put(m.info), launch))
+        else:
+            self.end(m.actor)
+
+    def take(self, k: int) -> list[Member]:
+        """``k`` warm actors: pre-started spares that are ready first (waited for, if none is),
+        then cold new ones."""
+        import ray
+
+        got: list[Member] = []
+        pending, self.spares = self.spares, []
+        while pending and len(got) < k:
+            refs = [sp.info_ref for sp in pending]
+            ready, _ = ray.wait(refs, num_returns=1, timeout=READY_TIMEOUT_S)
+            if not ready:
+                break
+            sp = pending.pop(refs.index(ready[0]))
+            done, _ = ray.wait([sp.run_ref], timeout=0)
+            try:
+                if done:  # it ended while waiting (an error): not usable
+                    raise RuntimeError("spare ended")
+                got.append(Member(sp.name, sp.actor, ray.get(sp.info_ref), ref=sp.run_ref, go=sp.go))
+            except Exception:  # noqa: BLE001 - a spare that died: skip it
+                self.end(sp.actor)
+        self.spares = pending
+        while len(got) < k:  # no spare left: a cold actor
+            a = self.new_actor()
+            got.append(Member(self.name(), a, ray.get(a.info.remote(), timeout=READY_TIMEOUT_S)))
+        return got
+
+    def take_ready(self, k: int) -> list[Spare] | None:
+        """``k`` spares whose actor is up now (taken out of the pool), or None if fewer are."""
+        import ray
+
+        if k <= 0:
+            return []
+        ready, _ = ray.wait([sp.info_ref for sp in self.spares], num_returns=len(self.spares), timeout=0)
+        done = set(ready)
+        got = [sp for sp in self.spares if sp.info_ref in done][:k]
+        if len(got) < k:
+            return None
+        for sp in got:
+            sp.info = ray.get(sp.info_ref)
+        self.spares = [sp for sp in self.spares if sp not in got]
+        return got
+
+    def give_back(self, spares: list[Spare]) -> None:
+        """Spares taken for a ring that was withdrawn: first in line again (still waiting for their go)."""
+        self.spares[:0] = spares
+
+    def end_spares(self) -> None:
+        for sp in self.spares:
+            self.end(sp.actor)
+        self.spares = []
