@@ -42,6 +42,8 @@ from elastic_ring import protocol
 from elastic_ring.cluster.api import ClusterConfig, Observation, job_dir, job_log
 from elastic_ring.controller.lock import holder_pid, is_locked
 from elastic_ring.errors import UserError
+from elastic_ring.events.api import (ErrorEvent, Event, Launch, ResizeOverhead, Restart, Throughput, WorkersExited,
+                                     as_event, read_events)
 from elastic_ring.telemetry.tensorboard import ENV_DIR as TB_ENV_DIR
 
 
@@ -69,12 +71,10 @@ def failure_reason(log: Path, events: Path) -> str | None:
         m = _ERROR_LINE.match(line)
         if m:
             return m.group(1)
-    from elastic_ring.events.api import read_events
-
     with contextlib.suppress(Exception):  # a damaged events file: fall through to the log
-        errs = [e for e in read_events(events, kind="error") if e.get("message")]
+        errs = [e for e in read_events(events, ErrorEvent) if e.message]
         if errs:
-            return str(errs[-1]["message"])
+            return str(errs[-1].message)
     if any(line.startswith("Traceback") for line in lines):
         return lines[-1][:300]
     return None
@@ -115,7 +115,7 @@ class _Tail:
     def __init__(self, path: Path) -> None:
         self.path, self.offset, self.buf = path, 0, b""
 
-    def new(self) -> list[dict[str, Any]]:
+    def new(self) -> list[Event]:
         try:
             with open(self.path, "rb") as fh:
                 fh.seek(self.offset)
@@ -133,7 +133,7 @@ class _Tail:
             except ValueError:
                 continue
             if isinstance(d, dict):
-                out.append(d)
+                out.append(as_event(d))
         return out
 
 
@@ -311,35 +311,34 @@ class ProcessRunner:
         windows: list[tuple[int, int, int, float]] = []
         lost: list[float] = []
         for e in tail.new():
-            k = e.get("kind")
-            if k == "resize_overhead" and isinstance(e.get("total_lost_s"), (int, float)):
-                lost.append(float(e["total_lost_s"]))
-            elif k == "restart" and not e.get("gave_up"):
+            if isinstance(e, ResizeOverhead) and isinstance(e.total_lost_s, (int, float)):
+                lost.append(float(e.total_lost_s))
+            elif isinstance(e, Restart) and not e.gave_up:
                 seen["restarting"] = True
-            elif k == "launch":
+            elif isinstance(e, Launch):
                 seen["launches"] += 1
                 if seen["restarting"]:
                     seen["restarts"], seen["restarting"] = seen["restarts"] + 1, False
-                seen["world"] = int(e.get("world_size", 0))
+                seen["world"] = int(e.world_size or 0)
                 seen["work"] = [0.0, 0.0]  # images and seconds of this launch's windows
-            elif k == "workers_exited":
+            elif isinstance(e, WorkersExited):
                 seen["exits"] += 1
-            elif k == "throughput":
-                seen["ips"] = float(e.get("images_per_s", 0.0))
+            elif isinstance(e, Throughput):
+                seen["ips"] = float(e.images_per_s or 0.0)
                 try:
-                    sps, steps = float(e.get("steps_per_s", 0.0)), int(e.get("steps", 0))
-                    secs = float(e["seconds"]) if "seconds" in e else (steps / sps if sps > 0 else 0.0)
-                    windows.append((seen["launches"], int(e.get("world_size", 0)), steps, secs))
+                    sps, steps = float(e.steps_per_s or 0.0), int(e.steps or 0)
+                    secs = float(e.seconds) if e.seconds is not None else (steps / sps if sps > 0 else 0.0)
+                    windows.append((seen["launches"], int(e.world_size or 0), steps, secs))
                     # images/s shown by `jobs`: work over time at the current size, not the last window
                     work = seen.setdefault("work", [0.0, 0.0])
-                    work[0] += float(e.get("images_per_s", 0.0)) * secs
+                    work[0] += float(e.images_per_s or 0.0) * secs
                     work[1] += secs
                     if work[1] > 0:
                         seen["ips"] = work[0] / work[1]
-                except (TypeError, ValueError, KeyError):
+                except (TypeError, ValueError):
                     pass
-                if "loss" in e and "step" in e:
-                    seen["losses"].append((float(e["step"]), float(e["loss"])))
+                if e.loss is not None and e.step is not None:
+                    seen["losses"].append((float(e.step), float(e.loss)))
         ctl = protocol.read_json(rd / protocol.CONTROLLER_FILE) or {}
         prog = protocol.read_json(rd / "control" / protocol.PROGRESS_FILE) or {}
         run = protocol.read_json(rd / "run.json") or {}
