@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_ring import protocol
-from elastic_ring.cluster.api import ClusterConfig, Observation, job_dir, job_log
+from elastic_ring.cluster.api import ClusterConfig, JobRow, Observation, job_dir, job_log
 from elastic_ring.controller.lock import holder_pid, is_locked
 from elastic_ring.errors import UserError
 from elastic_ring.events.api import (ErrorEvent, Event, Launch, ResizeOverhead, Restart, Throughput, WorkersExited,
@@ -103,10 +103,10 @@ def gpu_env(table: list[tuple[str, int]], slots: list[int], multi_host: bool,
     return {HOST_DEVICES_ENV: host_devices_env(devs), "CUDA_VISIBLE_DEVICES": ",".join(mine)}
 
 
-def tensorboard_dir(cluster_dir: Path, job: dict[str, Any]) -> Path:
+def tensorboard_dir(cluster_dir: Path, job: JobRow) -> Path:
     """``CLUSTER/tensorboard/<id>-<name>``: the job's curves (the name reduced to a safe file name)."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(job.get("name") or "")).strip("._")[:60]
-    return Path(cluster_dir) / "tensorboard" / (f"{job['id']}-{safe}" if safe else str(job["id"]))
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(job.name or "")).strip("._")[:60]
+    return Path(cluster_dir) / "tensorboard" / (f"{job.id}-{safe}" if safe else str(job.id))
 
 
 class _Tail:
@@ -156,9 +156,9 @@ class ProcessRunner:
         c = Counter(table[s][0] for s in slots)
         return ",".join(f"{h}:{n}" for h, n in c.items())
 
-    def command(self, job: dict[str, Any], slots: list[int], workers: int, resume: bool) -> tuple[list[str], dict]:
-        req = job["request"]
-        rd = run_dir(self.dir, job["id"])
+    def command(self, job: JobRow, slots: list[int], workers: int, resume: bool) -> tuple[list[str], dict]:
+        req = job.request
+        rd = run_dir(self.dir, job.id)
         cfg = self.config
         if cfg.ray is not None:
             n_slots = req.max_workers or RAY_SLOTS
@@ -204,7 +204,7 @@ class ProcessRunner:
             return set()  # other hosts' cores, or Ray's nodes: not ours to pin
         return {mine[s % len(mine)] for s in slots}
 
-    def pin(self, job: dict[str, Any], slots: list[int]) -> bool:
+    def pin(self, job: JobRow, slots: list[int]) -> bool:
         """Move the job's controller and every process under it to the cores of ``slots``
         (workers started later inherit it). False when the job has no live process."""
         cores = self.cores(slots)
@@ -224,10 +224,10 @@ class ProcessRunner:
         return True
 
     # ------------------------------------------------------------------ Runner
-    def start(self, job: dict[str, Any], slots: list[int], workers: int, resume: bool) -> int:
+    def start(self, job: JobRow, slots: list[int], workers: int, resume: bool) -> int:
         cmd, env = self.command(job, slots, workers, resume)
         cores = self.cores(slots)
-        log = job_log(self.dir, job["id"])
+        log = job_log(self.dir, job.id)
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as fh:
             fh.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -235,44 +235,44 @@ class ProcessRunner:
             p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                  start_new_session=True,
                                  preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
-        self._procs[job["id"]] = p
+        self._procs[job.id] = p
         return p.pid
 
-    def request_resize(self, job: dict[str, Any], to: int) -> bool:
+    def request_resize(self, job: JobRow, to: int) -> bool:
         """Ask for a live resize through ``elastic-ring resize`` (its checks included); False when
         the controller cannot take it now (still launching, already that size, ...)."""
         from elastic_ring.controller.requests import request_resize
 
         try:
-            request_resize(run_dir(self.dir, job["id"]), to)
+            request_resize(run_dir(self.dir, job.id), to)
         except UserError:
             return False
         return True
 
-    def stop(self, job: dict[str, Any]) -> None:
+    def stop(self, job: JobRow) -> None:
         pid = self._pid(job)
         if pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
 
-    def _pid(self, job: dict[str, Any]) -> int | None:
-        p = self._procs.get(job["id"])
+    def _pid(self, job: JobRow) -> int | None:
+        p = self._procs.get(job.id)
         if p is not None:
             return p.pid if p.poll() is None else None
-        rd = run_dir(self.dir, job["id"])
+        rd = run_dir(self.dir, job.id)
         if is_locked(rd):
             return holder_pid(rd)
-        if job.get("pid"):
-            return int(job["pid"]) if self.alive(job) else None
+        if job.pid:
+            return int(job.pid) if self.alive(job) else None
         return self.find_controller(job)
 
-    def find_controller(self, job: dict[str, Any]) -> int | None:
+    def find_controller(self, job: JobRow) -> int | None:
         """The pid of a live ``train`` controller of the job's run folder started by the command of
         :meth:`command`, or None: a controller started by a scheduler killed before it stored the
         pid, and not yet holding the folder's lock."""
         import psutil
 
-        rd = str(run_dir(self.dir, job["id"]))
+        rd = str(run_dir(self.dir, job.id))
         for proc in psutil.process_iter(["pid", "cmdline", "status"]):
             args = proc.info["cmdline"] or []
             if proc.info["status"] == psutil.STATUS_ZOMBIE or rd not in args:
@@ -281,28 +281,28 @@ class ProcessRunner:
                 return int(proc.info["pid"])
         return None
 
-    def alive(self, job: dict[str, Any]) -> bool:
+    def alive(self, job: JobRow) -> bool:
         """Our child: it has not exited. Another scheduler's (after a restart): its run folder is
         locked, or the recorded pid is still a `train` of this folder (not yet holding the lock),
         or, no pid recorded, a `train` of this folder runs (:meth:`find_controller`)."""
-        p = self._procs.get(job["id"])
+        p = self._procs.get(job.id)
         if p is not None:
             return p.poll() is None
-        rd = run_dir(self.dir, job["id"])
+        rd = run_dir(self.dir, job.id)
         if is_locked(rd):
             return True
-        if job.get("pid"):
+        if job.pid:
             import psutil
 
             try:
-                proc = psutil.Process(int(job["pid"]))
+                proc = psutil.Process(int(job.pid))
                 return proc.status() != psutil.STATUS_ZOMBIE and str(rd) in " ".join(proc.cmdline())
             except psutil.Error:
                 return False
         return self.find_controller(job) is not None
 
-    def observe(self, job: dict[str, Any]) -> Observation:
-        jid = job["id"]
+    def observe(self, job: JobRow) -> Observation:
+        jid = job.id
         rd = run_dir(self.dir, jid)
         alive = self.alive(job)
         seen = self._seen.setdefault(jid, {"launches": 0, "exits": 0, "world": 0, "ips": 0.0, "losses": [],
