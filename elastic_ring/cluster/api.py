@@ -169,8 +169,51 @@ class ClusterConfig:
         return cls(**d)
 
 
+class _RowView:
+    """``row["column"]``, ``row.get``, ``keys`` and ``items`` on a frozen row dataclass: the dict the
+    store gave before its rows were typed, for the callers not yet converted."""
+
+    @classmethod
+    def columns(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.columns():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in self.columns() else default
+
+    def keys(self) -> tuple[str, ...]:
+        return self.columns()
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, self[k]) for k in self.columns()]
+
+
 @dataclass(frozen=True)
-class JobRow:
+class JobEvent(_RowView):
+    """One entry of the store's history (its ``events`` table): an action on a job (``submitted``,
+    ``started``, ``resize_requested``, ``explore_measured``, ...) or on the cluster (``job_id``
+    None), with its details in ``data``."""
+
+    id: int
+    time: float
+    job_id: int | None
+    kind: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_columns(cls, row: Mapping[str, Any]) -> "JobEvent":
+        """A row of the ``events`` table (``data`` still JSON text, or already decoded)."""
+        data = row["data"]
+        return cls(id=row["id"], time=row["time"], job_id=row["job_id"], kind=row["kind"],
+                   data=json.loads(data) if isinstance(data, str) else dict(data or {}))
+
+
+@dataclass(frozen=True)
+class JobRow(_RowView):
     """One job as the store holds it (a row of its ``jobs`` table), read back typed.
 
     request: what was submitted. slots: the slot numbers it holds now (a resize in flight keeps
@@ -181,8 +224,7 @@ class JobRow:
     ``resize``, ``cancel``, ``down``, ``explore``) or why it failed.
 
     A row is a value: the store changes the job (:meth:`~elastic_ring.cluster.store.Store.update`),
-    and :meth:`replace` gives the row with some fields changed. ``row["field"]`` and ``row.get``
-    read it as the dict rows were before, for the callers not yet converted.
+    and :meth:`replace` gives the row with some fields changed.
     """
 
     id: int
@@ -206,10 +248,6 @@ class JobRow:
     message: str = ""
 
     @classmethod
-    def columns(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
-    @classmethod
     def from_columns(cls, row: Mapping[str, Any]) -> "JobRow":
         """The row of a ``jobs`` table read as a mapping (its JSON columns still text). A column
         this version does not know (a newer store's) is left out; one it lacks takes its default."""
@@ -224,21 +262,9 @@ class JobRow:
         """This row with ``changes`` (field names of the row)."""
         return dataclasses.replace(self, **changes)
 
-    # the dict view: what the store's dict rows gave (slots as a list)
     def __getitem__(self, key: str) -> Any:
-        if key not in self.columns():
-            raise KeyError(key)
-        v = getattr(self, key)
-        return list(v) if key == "slots" else v
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self[key] if key in self.columns() else default
-
-    def keys(self) -> tuple[str, ...]:
-        return self.columns()
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(k, self[k]) for k in self.columns()]
+        v = super().__getitem__(key)
+        return list(v) if key == "slots" else v  # a list, as the dict rows held it
 
 
 @dataclass

@@ -280,11 +280,11 @@ class Scheduler:
             hold = min(self.hold, req.max_workers or max(self.slots, 1))
             x = self._explore[j.id] = _Exploration(explore_sizes(hold, req.min_workers))
             for e in self.store.events(j.id):
-                if e["kind"] == "explore_measured":
-                    x.measured[int(e["data"]["workers"])] = float(e["data"]["steps_per_s"])
-                elif e["kind"] == "explore_fit":
-                    x.model = SpeedModel.from_dict(e["data"]["model"])
-                    x.per_worker = bool(e["data"].get("per_worker", False))
+                if e.kind == "explore_measured":
+                    x.measured[int(e.data["workers"])] = float(e.data["steps_per_s"])
+                elif e.kind == "explore_fit":
+                    x.model = SpeedModel.from_dict(e.data["model"])
+                    x.per_worker = bool(e.data.get("per_worker", False))
         return x
 
     def _exploring(self, j: JobRow) -> bool:
@@ -438,7 +438,7 @@ class Scheduler:
                 if c:
                     causes.append((c, j.id))
         for j in self.store.jobs(active_only=True):
-            if j.state == JobState.QUEUED and not any(e["kind"] == "arrived" for e in self.store.events(j.id)):
+            if j.state == JobState.QUEUED and not any(e.kind == "arrived" for e in self.store.events(j.id)):
                 self.store.event(j.id, "arrived")
                 causes.append(("arrival", j.id))
             if j.cancel and j.state in (JobState.QUEUED, JobState.PAUSED):

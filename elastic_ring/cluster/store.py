@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from elastic_ring.cluster.api import DB_FILE, ClusterConfig, ClusterError, JobRequest, JobRow, JobState
+from elastic_ring.cluster.api import DB_FILE, ClusterConfig, ClusterError, JobEvent, JobRequest, JobRow, JobState
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -125,11 +125,11 @@ class Store:
         self.db.execute("INSERT INTO decisions(time, cause, job_id, allocation) VALUES(?, ?, ?, ?)",
                         (self.clock(), cause, jid, json.dumps({str(k): v for k, v in allocation.items()})))
 
-    def events(self, jid: int | None = None) -> list[dict[str, Any]]:
+    def events(self, jid: int | None = None) -> list[JobEvent]:
         q, args = "SELECT * FROM events", ()
         if jid is not None:
             q, args = q + " WHERE job_id=?", (jid,)
-        return [dict(r, data=json.loads(r["data"])) for r in self.db.execute(q + " ORDER BY id", args)]
+        return [JobEvent.from_columns(r) for r in self.db.execute(q + " ORDER BY id", args)]
 
     def decisions(self) -> list[dict[str, Any]]:
         return [dict(r, allocation={int(k): v for k, v in json.loads(r["allocation"]).items()})
