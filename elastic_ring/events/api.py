@@ -88,6 +88,12 @@ class Event:
     def keys(self) -> list[str]:
         return list(self.to_dict())
 
+    def items(self) -> list[tuple[str, Any]]:
+        return list(self.to_dict().items())
+
+    def values(self) -> list[Any]:
+        return list(self.to_dict().values())
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
 
