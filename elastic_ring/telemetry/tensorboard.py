@@ -24,8 +24,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from elastic_ring.events.api import (CheckpointWritten, Evaluation, Event, Recovered, ResizeOverhead, Restart, Throughput,
-                                     as_event)
+from elastic_ring.events.api import (CheckpointWritten, Evaluation, Event, Recovered, ResizeOverhead, Restart,
+                                     Throughput, as_event)
 
 ENV_DIR = "ELASTIC_RING_TENSORBOARD_DIR"
 ENV_ON = "ELASTIC_RING_TENSORBOARD"
