@@ -26,6 +26,7 @@ first_step -> ``recovered`` (time lost).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -62,11 +63,7 @@ class Event:
 
     @classmethod
     def _view_fields(cls) -> frozenset[str]:
-        names = cls.__dict__.get("_VIEW")
-        if names is None:
-            names = frozenset(f.name for f in dataclasses.fields(cls) if f.name != "extra")
-            cls._VIEW = names  # type: ignore[attr-defined]
-        return names
+        return _declared(cls)
 
     # the dict view: what reading the line as a dict gave (callers not yet converted)
     def __getitem__(self, key: str) -> Any:
@@ -96,6 +93,11 @@ class Event:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
+
+
+@functools.cache
+def _declared(cls: type[Event]) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.name != "extra")
 
 
 @dataclass(frozen=True)
