@@ -35,8 +35,8 @@ import socket
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from elastic_ring import protocol
 from elastic_ring.cluster.api import ClusterConfig, JobRow, Observation, job_dir, job_log
@@ -137,6 +137,21 @@ class _Tail:
         return out
 
 
+@dataclass
+class _Tally:
+    """What the events of one job's run read so far add up to (see :class:`Observation`)."""
+
+    launches: int = 0
+    exits: int = 0
+    world: int = 0
+    ips: float = 0.0
+    images: float = 0.0  # images and seconds of the current launch's windows
+    seconds: float = 0.0
+    losses: list[tuple[float, float]] = field(default_factory=list)
+    restarts: int = 0
+    restarting: bool = False  # a restart was read; the next launch is its relaunch
+
+
 class ProcessRunner:
     """The real side effects of :class:`~elastic_ring.cluster.scheduler.Scheduler`."""
 
@@ -148,7 +163,7 @@ class ProcessRunner:
         self.ray_address = ray_address  # the Ray cluster the jobs join (config.ray set)
         self._procs: dict[int, subprocess.Popen] = {}
         self._tails: dict[int, _Tail] = {}
-        self._seen: dict[int, dict[str, Any]] = {}
+        self._seen: dict[int, _Tally] = {}
 
     # ------------------------------------------------------------------ commands
     def _hosts(self, slots: list[int]) -> str:
@@ -305,8 +320,7 @@ class ProcessRunner:
         jid = job.id
         rd = run_dir(self.dir, jid)
         alive = self.alive(job)
-        seen = self._seen.setdefault(jid, {"launches": 0, "exits": 0, "world": 0, "ips": 0.0, "losses": [],
-                                           "restarts": 0, "restarting": False})
+        seen = self._seen.setdefault(jid, _Tally())
         tail = self._tails.setdefault(jid, _Tail(rd / "events.jsonl"))
         windows: list[tuple[int, int, int, float]] = []
         lost: list[float] = []
@@ -314,31 +328,30 @@ class ProcessRunner:
             if isinstance(e, ResizeOverhead) and isinstance(e.total_lost_s, (int, float)):
                 lost.append(float(e.total_lost_s))
             elif isinstance(e, Restart) and not e.gave_up:
-                seen["restarting"] = True
+                seen.restarting = True
             elif isinstance(e, Launch):
-                seen["launches"] += 1
-                if seen["restarting"]:
-                    seen["restarts"], seen["restarting"] = seen["restarts"] + 1, False
-                seen["world"] = int(e.world_size or 0)
-                seen["work"] = [0.0, 0.0]  # images and seconds of this launch's windows
+                seen.launches += 1
+                if seen.restarting:
+                    seen.restarts, seen.restarting = seen.restarts + 1, False
+                seen.world = int(e.world_size or 0)
+                seen.images, seen.seconds = 0.0, 0.0
             elif isinstance(e, WorkersExited):
-                seen["exits"] += 1
+                seen.exits += 1
             elif isinstance(e, Throughput):
-                seen["ips"] = float(e.images_per_s or 0.0)
+                seen.ips = float(e.images_per_s or 0.0)
                 try:
                     sps, steps = float(e.steps_per_s or 0.0), int(e.steps or 0)
                     secs = float(e.seconds) if e.seconds is not None else (steps / sps if sps > 0 else 0.0)
-                    windows.append((seen["launches"], int(e.world_size or 0), steps, secs))
+                    windows.append((seen.launches, int(e.world_size or 0), steps, secs))
                     # images/s shown by `jobs`: work over time at the current size, not the last window
-                    work = seen.setdefault("work", [0.0, 0.0])
-                    work[0] += float(e.images_per_s or 0.0) * secs
-                    work[1] += secs
-                    if work[1] > 0:
-                        seen["ips"] = work[0] / work[1]
+                    seen.images += float(e.images_per_s or 0.0) * secs
+                    seen.seconds += secs
+                    if seen.seconds > 0:
+                        seen.ips = seen.images / seen.seconds
                 except (TypeError, ValueError):
                     pass
                 if e.loss is not None and e.step is not None:
-                    seen["losses"].append((float(e.step), float(e.loss)))
+                    seen.losses.append((float(e.step), float(e.loss)))
         ctl = protocol.read_json(rd / protocol.CONTROLLER_FILE) or {}
         prog = protocol.read_json(rd / "control" / protocol.PROGRESS_FILE) or {}
         run = protocol.read_json(rd / "run.json") or {}
@@ -349,8 +362,8 @@ class ProcessRunner:
                                             ("succeeded", "finished", "failed", "interrupted") else None)
             if outcome not in ("succeeded", "finished", "interrupted"):
                 error = failure_reason(job_log(self.dir, jid), rd / "events.jsonl")
-        return Observation(alive=alive, state=ctl.get("state"), world_size=seen["world"],
+        return Observation(alive=alive, state=ctl.get("state"), world_size=seen.world,
                            step=int(prog.get("step", 0) or 0), total=int(run.get("total_steps") or 0),
-                           images_per_s=seen["ips"], launches=seen["launches"], exits=seen["exits"],
-                           outcome=outcome, losses=list(seen["losses"]), throughput=windows,
-                           resize_lost_s=lost, restarts=seen["restarts"], error=error)
+                           images_per_s=seen.ips, launches=seen.launches, exits=seen.exits,
+                           outcome=outcome, losses=list(seen.losses), throughput=windows,
+                           resize_lost_s=lost, restarts=seen.restarts, error=error)
