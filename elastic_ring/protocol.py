@@ -43,6 +43,7 @@ PROGRESS_FILE = "progress.json"
 HEARTBEAT_EVERY_S = 1.0
 HEARTBEAT_TIMEOUT_S = 15.0  # workers exit when the controller's heartbeat stood still this long
 EXIT_ORPHANED = 75  # a worker's exit status when its controller is gone or replaced
+RETIRED = 3  # what an in-process worker's main returns when an in-place shrink took it out of the ring
 # The run length of a --script run without --steps: the script's own loop ends the run
 # (``job.epochs()`` running out); no step reaches it.
 NO_STEP_LIMIT = 2**62

@@ -10,11 +10,13 @@ cluster (``ray``) the slots are the alive nodes' CPUs or GPUs, read at every pas
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from elastic_ring.errors import UserError
 
@@ -165,6 +167,104 @@ class ClusterConfig:
         d = dict(d)
         d["hosts"] = tuple((str(h), int(n)) for h, n in d["hosts"])
         return cls(**d)
+
+
+class _RowView:
+    """``row["column"]``, ``row.get``, ``keys`` and ``items`` on a frozen row dataclass: the dict the
+    store gave before its rows were typed, for the callers not yet converted."""
+
+    @classmethod
+    def columns(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.columns():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in self.columns() else default
+
+    def keys(self) -> tuple[str, ...]:
+        return self.columns()
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, self[k]) for k in self.columns()]
+
+
+@dataclass(frozen=True)
+class JobEvent(_RowView):
+    """One entry of the store's history (its ``events`` table): an action on a job (``submitted``,
+    ``started``, ``resize_requested``, ``explore_measured``, ...) or on the cluster (``job_id``
+    None), with its details in ``data``."""
+
+    id: int
+    time: float
+    job_id: int | None
+    kind: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_columns(cls, row: Mapping[str, Any]) -> "JobEvent":
+        """A row of the ``events`` table (``data`` still JSON text, or already decoded)."""
+        data = row["data"]
+        return cls(id=row["id"], time=row["time"], job_id=row["job_id"], kind=row["kind"],
+                   data=json.loads(data) if isinstance(data, str) else dict(data or {}))
+
+
+@dataclass(frozen=True)
+class JobRow(_RowView):
+    """One job as the store holds it (a row of its ``jobs`` table), read back typed.
+
+    request: what was submitted. slots: the slot numbers it holds now (a resize in flight keeps
+    the old ones until the old workers exit). target: the policy's last allocation. resize_to /
+    resize_mark: the size of the resize in flight, and the controller's ``workers_exited`` count
+    when it was asked (None: none in flight). cancel: 1 once a cancel was asked. step / total /
+    workers / images_per_s: the progress last observed. message: why it stopped (``preempt``,
+    ``resize``, ``cancel``, ``down``, ``explore``) or why it failed.
+
+    A row is a value: the store changes the job (:meth:`~elastic_ring.cluster.store.Store.update`),
+    and :meth:`replace` gives the row with some fields changed.
+    """
+
+    id: int
+    name: str
+    request: JobRequest
+    state: JobState
+    submitted: float
+    started: float | None = None
+    finished: float | None = None
+    slots: tuple[int, ...] = ()
+    target: int = 0
+    resize_to: int | None = None
+    resize_mark: int | None = None
+    pid: int | None = None
+    run_dir: str | None = None
+    cancel: int = 0
+    step: int = 0
+    total: int = 0
+    workers: int = 0
+    images_per_s: float = 0.0
+    message: str = ""
+
+    @classmethod
+    def from_columns(cls, row: Mapping[str, Any]) -> "JobRow":
+        """The row of a ``jobs`` table read as a mapping (its JSON columns still text). A column
+        this version does not know (a newer store's) is left out; one it lacks takes its default."""
+        known = set(cls.columns())
+        d = {k: row[k] for k in row.keys() if k in known}
+        d["slots"] = tuple(json.loads(d.get("slots") or "[]"))
+        d["request"] = JobRequest.from_dict(json.loads(d["request"]))
+        d["state"] = JobState(d["state"])
+        return cls(**d)
+
+    def replace(self, **changes: Any) -> "JobRow":
+        """This row with ``changes`` (field names of the row)."""
+        return dataclasses.replace(self, **changes)
+
+    def __getitem__(self, key: str) -> Any:
+        v = super().__getitem__(key)
+        return list(v) if key == "slots" else v  # a list, as the dict rows held it
 
 
 @dataclass

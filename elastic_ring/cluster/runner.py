@@ -35,13 +35,15 @@ import socket
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from elastic_ring import protocol
-from elastic_ring.cluster.api import ClusterConfig, Observation, job_dir, job_log
+from elastic_ring.cluster.api import ClusterConfig, JobRow, Observation, job_dir, job_log
 from elastic_ring.controller.lock import holder_pid, is_locked
 from elastic_ring.errors import UserError
+from elastic_ring.events.api import (ErrorEvent, Event, Launch, ResizeOverhead, Restart, Throughput, WorkersExited,
+                                     as_event, read_events)
 from elastic_ring.telemetry.tensorboard import ENV_DIR as TB_ENV_DIR
 
 
@@ -69,12 +71,10 @@ def failure_reason(log: Path, events: Path) -> str | None:
         m = _ERROR_LINE.match(line)
         if m:
             return m.group(1)
-    from elastic_ring.events.api import read_events
-
     with contextlib.suppress(Exception):  # a damaged events file: fall through to the log
-        errs = [e for e in read_events(events, kind="error") if e.get("message")]
+        errs = [e for e in read_events(events, ErrorEvent) if e.message]
         if errs:
-            return str(errs[-1]["message"])
+            return str(errs[-1].message)
     if any(line.startswith("Traceback") for line in lines):
         return lines[-1][:300]
     return None
@@ -103,10 +103,10 @@ def gpu_env(table: list[tuple[str, int]], slots: list[int], multi_host: bool,
     return {HOST_DEVICES_ENV: host_devices_env(devs), "CUDA_VISIBLE_DEVICES": ",".join(mine)}
 
 
-def tensorboard_dir(cluster_dir: Path, job: dict[str, Any]) -> Path:
+def tensorboard_dir(cluster_dir: Path, job: JobRow) -> Path:
     """``CLUSTER/tensorboard/<id>-<name>``: the job's curves (the name reduced to a safe file name)."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(job.get("name") or "")).strip("._")[:60]
-    return Path(cluster_dir) / "tensorboard" / (f"{job['id']}-{safe}" if safe else str(job["id"]))
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(job.name or "")).strip("._")[:60]
+    return Path(cluster_dir) / "tensorboard" / (f"{job.id}-{safe}" if safe else str(job.id))
 
 
 class _Tail:
@@ -115,7 +115,7 @@ class _Tail:
     def __init__(self, path: Path) -> None:
         self.path, self.offset, self.buf = path, 0, b""
 
-    def new(self) -> list[dict[str, Any]]:
+    def new(self) -> list[Event]:
         try:
             with open(self.path, "rb") as fh:
                 fh.seek(self.offset)
@@ -133,8 +133,23 @@ class _Tail:
             except ValueError:
                 continue
             if isinstance(d, dict):
-                out.append(d)
+                out.append(as_event(d))
         return out
+
+
+@dataclass
+class _Tally:
+    """What the events of one job's run read so far add up to (see :class:`Observation`)."""
+
+    launches: int = 0
+    exits: int = 0
+    world: int = 0
+    ips: float = 0.0
+    images: float = 0.0  # images and seconds of the current launch's windows
+    seconds: float = 0.0
+    losses: list[tuple[float, float]] = field(default_factory=list)
+    restarts: int = 0
+    restarting: bool = False  # a restart was read; the next launch is its relaunch
 
 
 class ProcessRunner:
@@ -148,7 +163,7 @@ class ProcessRunner:
         self.ray_address = ray_address  # the Ray cluster the jobs join (config.ray set)
         self._procs: dict[int, subprocess.Popen] = {}
         self._tails: dict[int, _Tail] = {}
-        self._seen: dict[int, dict[str, Any]] = {}
+        self._seen: dict[int, _Tally] = {}
 
     # ------------------------------------------------------------------ commands
     def _hosts(self, slots: list[int]) -> str:
@@ -156,9 +171,9 @@ class ProcessRunner:
         c = Counter(table[s][0] for s in slots)
         return ",".join(f"{h}:{n}" for h, n in c.items())
 
-    def command(self, job: dict[str, Any], slots: list[int], workers: int, resume: bool) -> tuple[list[str], dict]:
-        req = job["request"]
-        rd = run_dir(self.dir, job["id"])
+    def command(self, job: JobRow, slots: list[int], workers: int, resume: bool) -> tuple[list[str], dict]:
+        req = job.request
+        rd = run_dir(self.dir, job.id)
         cfg = self.config
         if cfg.ray is not None:
             n_slots = req.max_workers or RAY_SLOTS
@@ -204,7 +219,7 @@ class ProcessRunner:
             return set()  # other hosts' cores, or Ray's nodes: not ours to pin
         return {mine[s % len(mine)] for s in slots}
 
-    def pin(self, job: dict[str, Any], slots: list[int]) -> bool:
+    def pin(self, job: JobRow, slots: list[int]) -> bool:
         """Move the job's controller and every process under it to the cores of ``slots``
         (workers started later inherit it). False when the job has no live process."""
         cores = self.cores(slots)
@@ -224,10 +239,10 @@ class ProcessRunner:
         return True
 
     # ------------------------------------------------------------------ Runner
-    def start(self, job: dict[str, Any], slots: list[int], workers: int, resume: bool) -> int:
+    def start(self, job: JobRow, slots: list[int], workers: int, resume: bool) -> int:
         cmd, env = self.command(job, slots, workers, resume)
         cores = self.cores(slots)
-        log = job_log(self.dir, job["id"])
+        log = job_log(self.dir, job.id)
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as fh:
             fh.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -235,44 +250,44 @@ class ProcessRunner:
             p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                  start_new_session=True,
                                  preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
-        self._procs[job["id"]] = p
+        self._procs[job.id] = p
         return p.pid
 
-    def request_resize(self, job: dict[str, Any], to: int) -> bool:
+    def request_resize(self, job: JobRow, to: int) -> bool:
         """Ask for a live resize through ``elastic-ring resize`` (its checks included); False when
         the controller cannot take it now (still launching, already that size, ...)."""
         from elastic_ring.controller.requests import request_resize
 
         try:
-            request_resize(run_dir(self.dir, job["id"]), to)
+            request_resize(run_dir(self.dir, job.id), to)
         except UserError:
             return False
         return True
 
-    def stop(self, job: dict[str, Any]) -> None:
+    def stop(self, job: JobRow) -> None:
         pid = self._pid(job)
         if pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
 
-    def _pid(self, job: dict[str, Any]) -> int | None:
-        p = self._procs.get(job["id"])
+    def _pid(self, job: JobRow) -> int | None:
+        p = self._procs.get(job.id)
         if p is not None:
             return p.pid if p.poll() is None else None
-        rd = run_dir(self.dir, job["id"])
+        rd = run_dir(self.dir, job.id)
         if is_locked(rd):
             return holder_pid(rd)
-        if job.get("pid"):
-            return int(job["pid"]) if self.alive(job) else None
+        if job.pid:
+            return int(job.pid) if self.alive(job) else None
         return self.find_controller(job)
 
-    def find_controller(self, job: dict[str, Any]) -> int | None:
+    def find_controller(self, job: JobRow) -> int | None:
         """The pid of a live ``train`` controller of the job's run folder started by the command of
         :meth:`command`, or None: a controller started by a scheduler killed before it stored the
         pid, and not yet holding the folder's lock."""
         import psutil
 
-        rd = str(run_dir(self.dir, job["id"]))
+        rd = str(run_dir(self.dir, job.id))
         for proc in psutil.process_iter(["pid", "cmdline", "status"]):
             args = proc.info["cmdline"] or []
             if proc.info["status"] == psutil.STATUS_ZOMBIE or rd not in args:
@@ -281,65 +296,62 @@ class ProcessRunner:
                 return int(proc.info["pid"])
         return None
 
-    def alive(self, job: dict[str, Any]) -> bool:
+    def alive(self, job: JobRow) -> bool:
         """Our child: it has not exited. Another scheduler's (after a restart): its run folder is
         locked, or the recorded pid is still a `train` of this folder (not yet holding the lock),
         or, no pid recorded, a `train` of this folder runs (:meth:`find_controller`)."""
-        p = self._procs.get(job["id"])
+        p = self._procs.get(job.id)
         if p is not None:
             return p.poll() is None
-        rd = run_dir(self.dir, job["id"])
+        rd = run_dir(self.dir, job.id)
         if is_locked(rd):
             return True
-        if job.get("pid"):
+        if job.pid:
             import psutil
 
             try:
-                proc = psutil.Process(int(job["pid"]))
+                proc = psutil.Process(int(job.pid))
                 return proc.status() != psutil.STATUS_ZOMBIE and str(rd) in " ".join(proc.cmdline())
             except psutil.Error:
                 return False
         return self.find_controller(job) is not None
 
-    def observe(self, job: dict[str, Any]) -> Observation:
-        jid = job["id"]
+    def observe(self, job: JobRow) -> Observation:
+        jid = job.id
         rd = run_dir(self.dir, jid)
         alive = self.alive(job)
-        seen = self._seen.setdefault(jid, {"launches": 0, "exits": 0, "world": 0, "ips": 0.0, "losses": [],
-                                           "restarts": 0, "restarting": False})
+        seen = self._seen.setdefault(jid, _Tally())
         tail = self._tails.setdefault(jid, _Tail(rd / "events.jsonl"))
         windows: list[tuple[int, int, int, float]] = []
         lost: list[float] = []
         for e in tail.new():
-            k = e.get("kind")
-            if k == "resize_overhead" and isinstance(e.get("total_lost_s"), (int, float)):
-                lost.append(float(e["total_lost_s"]))
-            elif k == "restart" and not e.get("gave_up"):
-                seen["restarting"] = True
-            elif k == "launch":
-                seen["launches"] += 1
-                if seen["restarting"]:
-                    seen["restarts"], seen["restarting"] = seen["restarts"] + 1, False
-                seen["world"] = int(e.get("world_size", 0))
-                seen["work"] = [0.0, 0.0]  # images and seconds of this launch's windows
-            elif k == "workers_exited":
-                seen["exits"] += 1
-            elif k == "throughput":
-                seen["ips"] = float(e.get("images_per_s", 0.0))
+            if isinstance(e, ResizeOverhead) and isinstance(e.total_lost_s, (int, float)):
+                lost.append(float(e.total_lost_s))
+            elif isinstance(e, Restart) and not e.gave_up:
+                seen.restarting = True
+            elif isinstance(e, Launch):
+                seen.launches += 1
+                if seen.restarting:
+                    seen.restarts, seen.restarting = seen.restarts + 1, False
+                seen.world = int(e.world_size or 0)
+                seen.images, seen.seconds = 0.0, 0.0
+            elif isinstance(e, WorkersExited):
+                seen.exits += 1
+            elif isinstance(e, Throughput):
+                seen.ips = float(e.images_per_s or 0.0)
                 try:
-                    sps, steps = float(e.get("steps_per_s", 0.0)), int(e.get("steps", 0))
-                    secs = float(e["seconds"]) if "seconds" in e else (steps / sps if sps > 0 else 0.0)
-                    windows.append((seen["launches"], int(e.get("world_size", 0)), steps, secs))
+                    sps, steps = float(e.steps_per_s or 0.0), int(e.steps or 0)
+                    secs = float(e.seconds) if e.seconds is not None else (steps / sps if sps > 0 else 0.0)
+                    windows.append((seen.launches, int(e.world_size or 0), steps, secs))
                     # images/s shown by `jobs`: work over time at the current size, not the last window
-                    work = seen.setdefault("work", [0.0, 0.0])
-                    work[0] += float(e.get("images_per_s", 0.0)) * secs
-                    work[1] += secs
-                    if work[1] > 0:
-                        seen["ips"] = work[0] / work[1]
-                except (TypeError, ValueError, KeyError):
+                    seen.images += float(e.images_per_s or 0.0) * secs
+                    seen.seconds += secs
+                    if seen.seconds > 0:
+                        seen.ips = seen.images / seen.seconds
+                except (TypeError, ValueError):
                     pass
-                if "loss" in e and "step" in e:
-                    seen["losses"].append((float(e["step"]), float(e["loss"])))
+                if e.loss is not None and e.step is not None:
+                    seen.losses.append((float(e.step), float(e.loss)))
         ctl = protocol.read_json(rd / protocol.CONTROLLER_FILE) or {}
         prog = protocol.read_json(rd / "control" / protocol.PROGRESS_FILE) or {}
         run = protocol.read_json(rd / "run.json") or {}
@@ -350,8 +362,8 @@ class ProcessRunner:
                                             ("succeeded", "finished", "failed", "interrupted") else None)
             if outcome not in ("succeeded", "finished", "interrupted"):
                 error = failure_reason(job_log(self.dir, jid), rd / "events.jsonl")
-        return Observation(alive=alive, state=ctl.get("state"), world_size=seen["world"],
+        return Observation(alive=alive, state=ctl.get("state"), world_size=seen.world,
                            step=int(prog.get("step", 0) or 0), total=int(run.get("total_steps") or 0),
-                           images_per_s=seen["ips"], launches=seen["launches"], exits=seen["exits"],
-                           outcome=outcome, losses=list(seen["losses"]), throughput=windows,
-                           resize_lost_s=lost, restarts=seen["restarts"], error=error)
+                           images_per_s=seen.ips, launches=seen.launches, exits=seen.exits,
+                           outcome=outcome, losses=list(seen.losses), throughput=windows,
+                           resize_lost_s=lost, restarts=seen.restarts, error=error)

@@ -62,12 +62,12 @@ import signal
 import time
 from typing import Any, Callable, Protocol
 
-from elastic_ring.cluster.api import ClusterConfig, ClusterError, JobState, Observation, job_dir
+from elastic_ring.cluster.api import ClusterConfig, ClusterError, JobRow, JobState, Observation, job_dir
 from elastic_ring.cluster.ray_slots import Capacity, FixedSlots, SlotSource
 from elastic_ring.cluster.store import Store
 from elastic_ring.perfmodel.convergence import predict_remaining
 from elastic_ring.perfmodel.speed import FitError, SpeedModel, fit_speed_few
-from elastic_ring.sched.api import JobView
+from elastic_ring.sched.api import CostAwarePolicy, ExploringPolicy, JobView, Policy
 from elastic_ring.sched.policies import EXPLORE_GPUS, Exploratory, make_policy
 from elastic_ring.sched.resize_cost import ResizeCosts, default_resize_cost
 
@@ -112,7 +112,7 @@ def explore_hold(slots: int) -> int:
     return h
 
 
-def live_policy(name: str, slots: int, device: str = "cpu") -> Any:
+def live_policy(name: str, slots: int, device: str = "cpu") -> Policy:
     """The policy ``name`` for a live node of ``slots`` (exploratory holds :func:`explore_hold`; a
     ``-rc`` policy starts from the device's default resize cost, then each job's measured one)."""
     if name == "exploratory":
@@ -181,13 +181,13 @@ class _Exploration:
 
 
 class Runner(Protocol):
-    def start(self, job: dict[str, Any], slots: list[int], workers: int, resume: bool) -> int: ...
-    def request_resize(self, job: dict[str, Any], to: int) -> bool: ...
-    def stop(self, job: dict[str, Any]) -> None: ...
-    def observe(self, job: dict[str, Any]) -> Observation: ...
+    def start(self, job: JobRow, slots: list[int], workers: int, resume: bool) -> int: ...
+    def request_resize(self, job: JobRow, to: int) -> bool: ...
+    def stop(self, job: JobRow) -> None: ...
+    def observe(self, job: JobRow) -> Observation: ...
 
 
-RateFor = Callable[[dict[str, Any]], Callable[[int], float]]
+RateFor = Callable[[JobRow], Callable[[int], float]]
 
 
 class Scheduler:
@@ -198,7 +198,7 @@ class Scheduler:
             :func:`injected_fault`, from the environment); a test's hook may raise there.
     """
 
-    def __init__(self, store: Store, config: ClusterConfig, policy: Any, runner: Runner, rate_for: RateFor,
+    def __init__(self, store: Store, config: ClusterConfig, policy: Policy, runner: Runner, rate_for: RateFor,
                  clock: Callable[[], float] = time.time, slots: SlotSource | None = None,
                  fault: Callable[[str], None] | None = None) -> None:
         self.store, self.config, self.policy, self.runner = store, config, policy, runner
@@ -210,14 +210,15 @@ class Scheduler:
         self._obs: dict[int, Observation] = {}
         self._marks: dict[int, int] = {}  # job -> its restarts (Observation.restarts) already handled
         self.live_resize = self.source.live_resize
-        self.explores = bool(getattr(policy, "explores", False))
-        self.hold = int(getattr(policy, "explore_gpus", EXPLORE_GPUS))
+        self.explores = bool(policy.explores)
+        self.hold = int(policy.explore_gpus) if isinstance(policy, ExploringPolicy) else EXPLORE_GPUS
         if self.explores and not self.source.elastic and self.hold > self.slots:
             raise ClusterError(f"policy {policy.name} holds {self.hold} slots per exploring job; the cluster "
                                f"has {self.slots}")
         self._explore: dict[int, _Exploration] = {}
         # each job's resize cost, from its resize_overhead events (the -rc policies weigh it)
-        self.resize_costs = ResizeCosts(float(getattr(policy, "resize_cost_s", default_resize_cost(config.device))))
+        self.resize_costs = ResizeCosts(float(policy.resize_cost_s if isinstance(policy, CostAwarePolicy)
+                                              else default_resize_cost(config.device)))
 
     @property
     def slots(self) -> int:
@@ -225,10 +226,10 @@ class Scheduler:
         return self.capacity.total
 
     # ------------------------------------------------------------------ helpers
-    def _free(self, jobs: list[dict[str, Any]]) -> list[int]:
+    def _free(self, jobs: list[JobRow]) -> list[int]:
         """The lowest slot numbers nobody holds, as many as the slots not held (on fixed hosts:
         those of range(slots); a Ray job may hold numbers beyond the slots after a node left)."""
-        held = {s for j in jobs for s in j["slots"]}
+        held = {s for j in jobs for s in j.slots}
         n, out, s = self.slots - len(held), [], 0
         while len(out) < n:
             if s not in held:
@@ -236,61 +237,61 @@ class Scheduler:
             s += 1
         return out
 
-    def _remaining(self, j: dict[str, Any]) -> float:
-        req = j["request"]
-        total = j["total"] or req.steps or 0
-        left = max(total - j["step"], 1)
-        obs = self._obs.get(j["id"])
+    def _remaining(self, j: JobRow) -> float:
+        req = j.request
+        total = j.total or req.steps or 0
+        left = max(total - j.step, 1)
+        obs = self._obs.get(j.id)
         if req.target_loss is None or obs is None or not obs.losses:
             return float(left)
         steps = [s for s, _ in obs.losses]
         losses = [l for _, l in obs.losses]
-        return min(predict_remaining(float(j["step"]), steps, losses, req.target_loss, prior=left), float(left))
+        return min(predict_remaining(float(j.step), steps, losses, req.target_loss, prior=left), float(left))
 
-    def _rate(self, j: dict[str, Any]) -> Callable[[int], float] | None:
-        r = self._rates.get(j["id"])
+    def _rate(self, j: JobRow) -> Callable[[int], float] | None:
+        r = self._rates.get(j.id)
         if r is None:
             x = self._xs(j)
             if x is not None and not x.done:
                 return None  # not measured yet
             if x is not None and x.model is not None:
-                r = self._rates[j["id"]] = explored_rate(x.model, x.per_worker)
+                r = self._rates[j.id] = explored_rate(x.model, x.per_worker)
             else:
-                r = self._rates[j["id"]] = self.rate_for(j)
+                r = self._rates[j.id] = self.rate_for(j)
         return r
 
-    def _observe(self, j: dict[str, Any]) -> Observation:
+    def _observe(self, j: JobRow) -> Observation:
         """Read the job's progress; keep its measured resize costs and exploration windows."""
         obs = self.runner.observe(j)
-        self._obs[j["id"]] = obs
+        self._obs[j.id] = obs
         for lost in obs.resize_lost_s:
-            self.resize_costs.add(j["id"], lost)
+            self.resize_costs.add(j.id, lost)
         self._explore_collect(j, obs)
         return obs
 
     # ------------------------------------------------------------------ exploration
-    def _xs(self, j: dict[str, Any]) -> _Exploration | None:
+    def _xs(self, j: JobRow) -> _Exploration | None:
         """The job's exploration (None unless the policy explores); rebuilt from the store's events."""
         if not self.explores:
             return None
-        x = self._explore.get(j["id"])
+        x = self._explore.get(j.id)
         if x is None:
-            req = j["request"]
+            req = j.request
             hold = min(self.hold, req.max_workers or max(self.slots, 1))
-            x = self._explore[j["id"]] = _Exploration(explore_sizes(hold, req.min_workers))
-            for e in self.store.events(j["id"]):
-                if e["kind"] == "explore_measured":
-                    x.measured[int(e["data"]["workers"])] = float(e["data"]["steps_per_s"])
-                elif e["kind"] == "explore_fit":
-                    x.model = SpeedModel.from_dict(e["data"]["model"])
-                    x.per_worker = bool(e["data"].get("per_worker", False))
+            x = self._explore[j.id] = _Exploration(explore_sizes(hold, req.min_workers))
+            for e in self.store.events(j.id):
+                if e.kind == "explore_measured":
+                    x.measured[int(e.data["workers"])] = float(e.data["steps_per_s"])
+                elif e.kind == "explore_fit":
+                    x.model = SpeedModel.from_dict(e.data["model"])
+                    x.per_worker = bool(e.data.get("per_worker", False))
         return x
 
-    def _exploring(self, j: dict[str, Any]) -> bool:
+    def _exploring(self, j: JobRow) -> bool:
         x = self._xs(j)
         return x is not None and not x.done
 
-    def _explore_collect(self, j: dict[str, Any], obs: Observation) -> None:
+    def _explore_collect(self, j: JobRow, obs: Observation) -> None:
         """Take the job's new throughput windows; a size with EXPLORE_WINDOWS of them is measured."""
         x = self._xs(j)
         if x is None or x.done:
@@ -306,13 +307,13 @@ class Scheduler:
             if len(win) >= EXPLORE_WINDOWS:
                 sps = sum(s for s, _ in win) / sum(t for _, t in win)
                 x.measured[world] = sps
-                self.store.event(j["id"], "explore_measured", workers=world, steps_per_s=sps, windows=len(win))
+                self.store.event(j.id, "explore_measured", workers=world, steps_per_s=sps, windows=len(win))
 
     def _explore_act(self, jid: int, obs: Observation) -> str | None:
         """Move an exploring job on: to its next size, or fit Eq. 5. Returns "explored" after a fit."""
         j = self.store.job(jid)
         x = self._xs(j)
-        if x is None or x.done or j["state"] != JobState.RUNNING or j["resize_to"] is not None:
+        if x is None or x.done or j.state != JobState.RUNNING or j.resize_to is not None:
             return None
         if obs.world_size <= 0 or obs.launches <= x.mark:
             return None  # the size asked for has not launched yet
@@ -333,7 +334,7 @@ class Scheduler:
             return "explored"
         if obs.world_size == nxt or (obs.world_size in x.sizes and obs.world_size not in x.measured):
             return None  # still measuring this size
-        if nxt > len(j["slots"]):
+        if nxt > len(j.slots):
             return None  # holds fewer slots than the next size (the policy shrank it): wait
         held = obs.world_size
         if self.live_resize:
@@ -352,33 +353,34 @@ class Scheduler:
     def decide(self, cause: str, jid: int | None) -> dict[int, int]:
         """Ask the policy and store each job's target (its allocation, clamped to its limits)."""
         jobs = [j for j in self.store.jobs(active_only=True)
-                if not j["cancel"] and not (j["state"] == JobState.STOPPING and j["message"] in ("cancel", "down"))]
+                if not j.cancel and not (j.state == JobState.STOPPING and j.message in ("cancel", "down"))]
         views = []
         for j in jobs:
             unexplored = self._exploring(j)
-            views.append(JobView(j["id"], self._remaining(j), self._rate(j), len(j["slots"]),
-                                 needs_exploration=unexplored and not j["slots"],
-                                 exploring=unexplored and bool(j["slots"]), done=float(j["step"])))
-        current = {j["id"]: len(j["slots"]) for j in jobs}
-        if hasattr(self.policy, "costs"):  # a -rc policy: each job's measured resize cost
+            views.append(JobView(j.id, self._remaining(j), self._rate(j), len(j.slots),
+                                 needs_exploration=unexplored and not j.slots,
+                                 exploring=unexplored and bool(j.slots), done=float(j.step)))
+        current = {j.id: len(j.slots) for j in jobs}
+        cost_aware = isinstance(self.policy, CostAwarePolicy)
+        if cost_aware:  # a -rc policy: each job's measured resize cost
             self.policy.costs = self.resize_costs.table(current)
         alloc = self.policy.allocate(views, self.slots, current) if views and self.slots > 0 else {}
         out = {}
         for j in jobs:
-            req = j["request"]
-            w = int(alloc.get(j["id"], 0))
+            req = j.request
+            w = int(alloc.get(j.id, 0))
             hi = min(req.max_workers or self.slots, self.slots)
             w = min(w, hi)
             if 0 < w < req.min_workers:
                 w = 0
-            out[j["id"]] = w
+            out[j.id] = w
         if sum(out.values()) > self.slots:
             raise RuntimeError(f"policy {self.policy.name} allocated {sum(out.values())} of {self.slots} slots")
         with self.store.transaction():
             for jid_, w in out.items():
                 self.store.update(jid_, target=w)
             self.store.decision(cause, jid, out)
-            for vid, w0, w1, gain, cost in getattr(self.policy, "last_vetoed", ()) if views else ():
+            for vid, w0, w1, gain, cost in self.policy.last_vetoed if views and cost_aware else ():
                 c, src = self.resize_costs.cost(vid)
                 self.store.event(vid, "grow_vetoed", held=w0, asked=w1, gain_steps=gain, cost_steps=cost,
                                  resize_cost_s=c, cost_source=src)
@@ -391,13 +393,13 @@ class Scheduler:
         before it started the controller: it goes back to the queue (or to paused, when an earlier
         controller of it launched workers: resumed from its checkpoint), not to failed."""
         for j in self.store.jobs(active_only=True):
-            if j["state"] in _LIVE:
+            if j.state in _LIVE:
                 obs = self._observe(j)
-                self._marks[j["id"]] = obs.restarts
+                self._marks[j.id] = obs.restarts
                 if obs.alive:
-                    self.store.event(j["id"], "adopted", pid=j["pid"], workers=obs.world_size)
+                    self.store.event(j.id, "adopted", pid=j.pid, workers=obs.world_size)
                 else:
-                    self._settle(j, obs, unstarted=j["state"] == JobState.RUNNING and not j["pid"])
+                    self._settle(j, obs, unstarted=j.state == JobState.RUNNING and not j.pid)
         self.decide("restart", None)
 
     def tick(self) -> bool:
@@ -407,48 +409,48 @@ class Scheduler:
         if self._refresh():
             causes.append(("capacity", None))
         for j in self.store.jobs(active_only=True):
-            if j["state"] not in _LIVE:
+            if j.state not in _LIVE:
                 continue
             obs = self._observe(j)
             if not obs.alive:
                 cause = self._settle(j, obs)
                 if cause != "paused":
-                    causes.append((cause, j["id"]))
+                    causes.append((cause, j.id))
                 continue
-            self.store.update(j["id"], step=obs.step, total=obs.total or j["total"], workers=obs.world_size,
+            self.store.update(j.id, step=obs.step, total=obs.total or j.total, workers=obs.world_size,
                               images_per_s=obs.images_per_s)
-            if j["resize_to"] is not None and obs.world_size == j["resize_to"] and (
-                    obs.exits > (j["resize_mark"] or 0) or self.source.elastic):
+            if j.resize_to is not None and obs.world_size == j.resize_to and (
+                    obs.exits > (j.resize_mark or 0) or self.source.elastic):
                 # the old workers are gone: a shrink's slots are free now (an exploring job keeps
                 # the slots it holds for its next sizes). On Ray the workers resize in place (no
                 # exit): the new ring's launch ends the resize, and Ray's free resources tell when
                 # a leaver's CPU or GPU can be placed again
-                n = max(j["resize_to"], j["target"]) if self._exploring(j) else j["resize_to"]
-                keep = j["slots"][:n]
+                n = max(j.resize_to, j.target) if self._exploring(j) else j.resize_to
+                keep = list(j.slots[:n])
                 with self.store.transaction():
-                    self.store.update(j["id"], resize_to=None, resize_mark=None, slots=keep)
-                    self.store.event(j["id"], "resized", workers=obs.world_size, slots=keep)
+                    self.store.update(j.id, resize_to=None, resize_mark=None, slots=keep)
+                    self.store.event(j.id, "resized", workers=obs.world_size, slots=keep)
                 self._pin(j, keep)
             elif self._restarted(j, obs):
-                causes.append(("restart", j["id"]))
+                causes.append(("restart", j.id))
             if self.explores:
-                c = self._explore_act(j["id"], obs)
+                c = self._explore_act(j.id, obs)
                 if c:
-                    causes.append((c, j["id"]))
+                    causes.append((c, j.id))
         for j in self.store.jobs(active_only=True):
-            if j["state"] == JobState.QUEUED and not any(e["kind"] == "arrived" for e in self.store.events(j["id"])):
-                self.store.event(j["id"], "arrived")
-                causes.append(("arrival", j["id"]))
-            if j["cancel"] and j["state"] in (JobState.QUEUED, JobState.PAUSED):
-                self.store.update(j["id"], state=JobState.CANCELLED, finished=self.clock(), target=0)
-                self.store.event(j["id"], "cancelled")
-                causes.append(("cancel", j["id"]))
-            elif j["cancel"] and j["state"] == JobState.RUNNING:
+            if j.state == JobState.QUEUED and not any(e.kind == "arrived" for e in self.store.events(j.id)):
+                self.store.event(j.id, "arrived")
+                causes.append(("arrival", j.id))
+            if j.cancel and j.state in (JobState.QUEUED, JobState.PAUSED):
+                self.store.update(j.id, state=JobState.CANCELLED, finished=self.clock(), target=0)
+                self.store.event(j.id, "cancelled")
+                causes.append(("cancel", j.id))
+            elif j.cancel and j.state == JobState.RUNNING:
                 self._stop(j, "cancel")
         if down:
-            live = [j for j in self.store.jobs(active_only=True) if j["state"] in _LIVE]
+            live = [j for j in self.store.jobs(active_only=True) if j.state in _LIVE]
             for j in live:
-                if j["state"] == JobState.RUNNING:
+                if j.state == JobState.RUNNING:
                     self._stop(j, "down")
             return bool(live)
         for cause, jid in causes:
@@ -465,30 +467,30 @@ class Scheduler:
             self.store.set_meta("nodes", [[n.name, n.slots] for n in self.capacity.nodes])
         return self.capacity.total != old.total
 
-    def _restarted(self, j: dict[str, Any], obs: Observation) -> bool:
+    def _restarted(self, j: JobRow, obs: Observation) -> bool:
         """On nodes that may leave: the job's controller relaunched after a failure (its Ray backend
         lost a node), perhaps on fewer workers than it holds: a resize in flight is over, and the
         slots it no longer uses are given back. True when its slots changed."""
-        jid = j["id"]
+        jid = j.id
         if not self.source.elastic or obs.restarts <= self._marks.get(jid, 0) or self._exploring(j):
             return False
         self._marks[jid] = obs.restarts
-        if obs.world_size >= len(j["slots"]) and j["resize_to"] is None:
+        if obs.world_size >= len(j.slots) and j.resize_to is None:
             return False
-        keep = j["slots"][:min(obs.world_size, len(j["slots"]))]
+        keep = list(j.slots[:min(obs.world_size, len(j.slots))])
         with self.store.transaction():
             self.store.update(jid, slots=keep, resize_to=None, resize_mark=None)
             self.store.event(jid, "restarted_smaller", workers=obs.world_size, slots=keep)
         return True
 
-    def _settle(self, j: dict[str, Any], obs: Observation, unstarted: bool = False) -> str:
+    def _settle(self, j: JobRow, obs: Observation, unstarted: bool = False) -> str:
         """The controller of ``j`` has ended: record how, give back its slots. Returns the cause.
         ``unstarted``: no controller of this start ever ran (found at recovery: see :meth:`recover`)."""
         now = self.clock()
         out = obs.outcome
         if out in ("succeeded", "finished"):
             state, cause = JobState.FINISHED, "completion"
-        elif j["cancel"] or j["message"] == "cancel":
+        elif j.cancel or j.message == "cancel":
             # cancelled by the user: whatever the controller managed to write (a summary after the
             # stop, or none when the stop came before its first launch), the job is cancelled
             state, cause = JobState.CANCELLED, "cancel"
@@ -496,7 +498,7 @@ class Scheduler:
             # stopped by us, or a controller killed without a summary after it had launched
             # workers: resume from its last checkpoint (never from scratch, never twice at once)
             state, cause = JobState.PAUSED, "paused"
-        elif out is None and j["message"] in ("preempt", "resize", "explore"):
+        elif out is None and j.message in ("preempt", "resize", "explore"):
             # stopped by us before its controller launched anything (a preemption seconds after
             # the start, seen live under srtf): back to the queue, not a failure
             state, cause = JobState.QUEUED, "paused"
@@ -506,7 +508,7 @@ class Scheduler:
             state, cause = JobState.QUEUED, "paused"
         else:
             state, cause = JobState.FAILED, "completion"
-        step = obs.total if state == JobState.FINISHED and obs.total else max(obs.step, j["step"])
+        step = obs.total if state == JobState.FINISHED and obs.total else max(obs.step, j.step)
         fields: dict[str, Any] = dict(state=state, slots=[], resize_to=None, resize_mark=None, pid=None,
                                       step=step, workers=0)
         if state.terminal:
@@ -514,31 +516,31 @@ class Scheduler:
         if state == JobState.FAILED:
             fields["message"] = obs.error or f"controller ended with {out or 'no summary'}"
         with self.store.transaction():
-            self.store.update(j["id"], **fields)
-            self.store.event(j["id"], state.value, step=fields["step"], outcome=out)
+            self.store.update(j.id, **fields)
+            self.store.event(j.id, state.value, step=fields["step"], outcome=out)
         return cause
 
-    def _pin(self, j: dict[str, Any], slots: list[int]) -> None:
+    def _pin(self, j: JobRow, slots: list[int]) -> None:
         """The job's processes onto the cores of ``slots`` (a runner without ``pin``: nothing)."""
         pin = getattr(self.runner, "pin", None)
         if pin is not None:
             pin(j, slots)
 
-    def _stop(self, j: dict[str, Any], why: str) -> None:
-        if j["state"] != JobState.RUNNING:
+    def _stop(self, j: JobRow, why: str) -> None:
+        if j.state != JobState.RUNNING:
             return
         self.runner.stop(j)
         with self.store.transaction():
-            self.store.update(j["id"], state=JobState.STOPPING, message=why)
-            self.store.event(j["id"], "stop", why=why)
+            self.store.update(j.id, state=JobState.STOPPING, message=why)
+            self.store.event(j.id, "stop", why=why)
 
     def _apply(self) -> None:
         """Move jobs toward their targets: stops and shrinks first, then grows and starts."""
         jobs = self.store.jobs(active_only=True)
         for j in jobs:
-            if j["state"] != JobState.RUNNING or j["resize_to"] is not None:
+            if j.state != JobState.RUNNING or j.resize_to is not None:
                 continue
-            held, want = len(j["slots"]), j["target"]
+            held, want = len(j.slots), j.target
             if want == 0:
                 self._stop(j, "preempt")
             elif want < held:
@@ -548,60 +550,60 @@ class Scheduler:
                     # the cores it keeps before the controller relaunches: its new workers take
                     # cpu_threads from their affinity at launch (pinned after the exit, a 2 -> 1
                     # shrink ran 2 threads on 1 core); the old workers share them until they stop
-                    self._pin(j, j["slots"][:want])
+                    self._pin(j, list(j.slots[:want]))
                     if not self.runner.request_resize(j, want):
-                        self._pin(j, j["slots"])
+                        self._pin(j, list(j.slots))
                         continue
                     with self.store.transaction():
-                        self.store.update(j["id"], resize_to=want, resize_mark=self._obs[j["id"]].exits)
-                        self.store.event(j["id"], "resize_requested", frm=held, to=want)
+                        self.store.update(j.id, resize_to=want, resize_mark=self._obs[j.id].exits)
+                        self.store.event(j.id, "resize_requested", frm=held, to=want)
         jobs = self.store.jobs(active_only=True)
         free = self._free(jobs)
         for j in jobs:  # in arrival order
-            if j["cancel"]:
+            if j.cancel:
                 # cancelled after this tick's decision (its target is stale): never started nor
                 # grown; the next tick settles or stops it
                 continue
-            held, want = len(j["slots"]), j["target"]
-            if (j["state"] == JobState.RUNNING and j["resize_to"] is None and want > held and len(free) >= want - held
+            held, want = len(j.slots), j.target
+            if (j.state == JobState.RUNNING and j.resize_to is None and want > held and len(free) >= want - held
                     and self.capacity.can_place(want - held)):
                 if not self.live_resize:
                     self._stop(j, "resize")
                     continue
-                obs = self._obs.get(j["id"])
+                obs = self._obs.get(j.id)
                 if obs is None:
                     continue
-                self._pin(j, j["slots"] + free[: want - held])  # before its new workers start
+                self._pin(j, [*j.slots, *free[: want - held]])  # before its new workers start
                 if not self.runner.request_resize(j, want):
-                    self._pin(j, j["slots"])
+                    self._pin(j, list(j.slots))
                     continue
                 take, free = free[: want - held], free[want - held:]
                 self.capacity = self.capacity.placed(want - held)
                 with self.store.transaction():
-                    self.store.update(j["id"], slots=j["slots"] + take, resize_to=want, resize_mark=obs.exits)
-                    self.store.event(j["id"], "resize_requested", frm=held, to=want, slots=j["slots"] + take)
-            elif (j["state"] in (JobState.QUEUED, JobState.PAUSED) and want > 0 and len(free) >= want
+                    self.store.update(j.id, slots=[*j.slots, *take], resize_to=want, resize_mark=obs.exits)
+                    self.store.event(j.id, "resize_requested", frm=held, to=want, slots=[*j.slots, *take])
+            elif (j.state in (JobState.QUEUED, JobState.PAUSED) and want > 0 and len(free) >= want
                   and self.capacity.can_place(want)):
                 take, free = free[:want], free[want:]
                 self.capacity = self.capacity.placed(want)
-                resume = j["state"] == JobState.PAUSED
+                resume = j.state == JobState.PAUSED
                 x = self._xs(j)
                 workers = min(want, x.next_size() or want) if x is not None and not x.done else want
-                if x is not None and j["id"] in self._obs:
-                    x.mark = self._obs[j["id"]].launches
+                if x is not None and j.id in self._obs:
+                    x.mark = self._obs[j.id].launches
                 if self.source.elastic:  # the restarts its run folder already records are not new
-                    if j["id"] not in self._obs:
+                    if j.id not in self._obs:
                         self._observe(j)
-                    self._marks[j["id"]] = self._obs[j["id"]].restarts
+                    self._marks[j.id] = self._obs[j.id].restarts
                 with self.store.transaction():  # slots are ours before the process exists
-                    self.store.update(j["id"], slots=take, state=JobState.RUNNING, message="",
-                                      started=j["started"] or self.clock())
+                    self.store.update(j.id, slots=take, state=JobState.RUNNING, message="",
+                                      started=j.started or self.clock())
                 self.fault("after_store_running")
                 pid = self.runner.start(j, take, workers, resume)
                 self.fault("after_start")
                 with self.store.transaction():
-                    self.store.update(j["id"], pid=pid, run_dir=str(job_dir(self.store.dir.resolve(), j["id"])))
-                    self.store.event(j["id"], "resumed" if resume else "started", workers=workers, slots=take,
+                    self.store.update(j.id, pid=pid, run_dir=str(job_dir(self.store.dir.resolve(), j.id)))
+                    self.store.event(j.id, "resumed" if resume else "started", workers=workers, slots=take,
                                      pid=pid)
                     if x is not None and not x.done:
-                        self.store.event(j["id"], "explore_step", frm=0, to=workers)
+                        self.store.event(j.id, "explore_step", frm=0, to=workers)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from elastic_ring.cluster.api import DB_FILE, ClusterConfig, ClusterError, JobRequest, JobState
+from elastic_ring.cluster.api import DB_FILE, ClusterConfig, ClusterError, JobEvent, JobRequest, JobRow, JobState
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -33,9 +33,7 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
-JOB_FIELDS = ("id", "name", "request", "state", "submitted", "started", "finished", "slots", "target",
-              "resize_to", "resize_mark", "pid", "run_dir", "cancel", "step", "total", "workers",
-              "images_per_s", "message")
+JOB_FIELDS = JobRow.columns()
 
 
 class Store:
@@ -83,42 +81,35 @@ class Store:
         self.event(jid, "submitted", name=req.name)
         return jid
 
-    def jobs(self, active_only: bool = False) -> list[dict[str, Any]]:
+    def jobs(self, active_only: bool = False) -> list[JobRow]:
         q = "SELECT * FROM jobs"
         if active_only:
             q += " WHERE state NOT IN ('finished', 'succeeded', 'failed', 'cancelled')"  # succeeded: older stores
-        return [self._row(r) for r in self.db.execute(q + " ORDER BY id")]
+        return [JobRow.from_columns(r) for r in self.db.execute(q + " ORDER BY id")]
 
-    def job(self, jid: int) -> dict[str, Any]:
+    def job(self, jid: int) -> JobRow:
         r = self.db.execute("SELECT * FROM jobs WHERE id=?", (jid,)).fetchone()
         if r is None:
             raise ClusterError(f"no job {jid} in {self.dir}")
-        return self._row(r)
+        return JobRow.from_columns(r)
 
-    def find(self, ref: str) -> dict[str, Any]:
+    def find(self, ref: str) -> JobRow:
         """A job by id or by name (the newest of that name)."""
         if ref.isdigit():
             return self.job(int(ref))
         r = self.db.execute("SELECT * FROM jobs WHERE name=? ORDER BY id DESC LIMIT 1", (ref,)).fetchone()
         if r is None:
             raise ClusterError(f"no job named {ref!r} in {self.dir}")
-        return self._row(r)
-
-    @staticmethod
-    def _row(r: sqlite3.Row) -> dict[str, Any]:
-        d = dict(r)
-        d["slots"] = json.loads(d["slots"])
-        d["request"] = JobRequest.from_dict(json.loads(d["request"]))
-        d["state"] = JobState(d["state"])
-        return d
+        return JobRow.from_columns(r)
 
     def update(self, jid: int, **fields: Any) -> None:
+        """Change job ``jid``'s columns (any field of :class:`JobRow` but ``id`` and ``request``)."""
         if not fields:
             return
         for k in fields:
             if k not in JOB_FIELDS or k in ("id", "request"):
                 raise KeyError(k)
-        vals = [json.dumps(v) if k == "slots" else (v.value if isinstance(v, JobState) else v)
+        vals = [json.dumps(list(v)) if k == "slots" else (v.value if isinstance(v, JobState) else v)
                 for k, v in fields.items()]
         self.db.execute(f"UPDATE jobs SET {', '.join(f'{k}=?' for k in fields)} WHERE id=?", (*vals, jid))
 
@@ -134,11 +125,11 @@ class Store:
         self.db.execute("INSERT INTO decisions(time, cause, job_id, allocation) VALUES(?, ?, ?, ?)",
                         (self.clock(), cause, jid, json.dumps({str(k): v for k, v in allocation.items()})))
 
-    def events(self, jid: int | None = None) -> list[dict[str, Any]]:
+    def events(self, jid: int | None = None) -> list[JobEvent]:
         q, args = "SELECT * FROM events", ()
         if jid is not None:
             q, args = q + " WHERE job_id=?", (jid,)
-        return [dict(r, data=json.loads(r["data"])) for r in self.db.execute(q + " ORDER BY id", args)]
+        return [JobEvent.from_columns(r) for r in self.db.execute(q + " ORDER BY id", args)]
 
     def decisions(self) -> list[dict[str, Any]]:
         return [dict(r, allocation={int(k): v for k, v in json.loads(r["allocation"]).items()})
@@ -158,6 +149,6 @@ class _Tx:
         self.db.execute("COMMIT" if et is None else "ROLLBACK")
 
 
-def iter_slots(jobs: list[dict[str, Any]]) -> Iterator[int]:
+def iter_slots(jobs: list[JobRow]) -> Iterator[int]:
     for j in jobs:
-        yield from j["slots"]
+        yield from j.slots

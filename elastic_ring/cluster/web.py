@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from elastic_ring.cluster.api import DB_FILE, ClusterError, JobState, job_dir, job_log
+from elastic_ring.cluster.api import DB_FILE, ClusterError, JobEvent, JobRow, JobState, job_dir, job_log
 from elastic_ring.controller.status import live_note
+from elastic_ring.events.api import Launch, ResizeOverhead, Restart, Throughput, as_event
 
 STATIC = Path(__file__).with_name("web_static")
 TERMINAL = ("finished", "failed", "cancelled")
@@ -107,25 +108,27 @@ class _Tail:
         self.offset += end + 1
         for line in data[:end + 1].splitlines():
             try:
-                e = json.loads(line)
+                d = json.loads(line)
             except ValueError:
                 continue
-            k = e.get("kind") if isinstance(e, dict) else None
+            if not isinstance(d, dict):
+                continue
+            e = as_event(d)
             try:
-                if k == "throughput":
-                    self.loss.append((float(e["time"]), float(e["loss"])))
-                    self.ips.append((float(e["time"]), float(e["images_per_s"])))
-                    self.steps_per_s, self.world = float(e["steps_per_s"]), int(e["world_size"])
-                elif k == "resize_overhead":
-                    self.resizes.append({k2: e.get(k2) for k2 in (
+                if isinstance(e, Throughput):
+                    self.loss.append((float(e.time), float(e.loss)))
+                    self.ips.append((float(e.time), float(e.images_per_s)))
+                    self.steps_per_s, self.world = float(e.steps_per_s), int(e.world_size)
+                elif isinstance(e, ResizeOverhead):
+                    self.resizes.append({k: getattr(e, k) for k in (
                         "time", "from_workers", "to_workers", "step", "stop_latency_s", "checkpoint_s",
                         "relaunch_to_first_step_s", "total_lost_s")})
-                elif k == "restart":
-                    self.restarts.append({k2: e.get(k2) for k2 in (
+                elif isinstance(e, Restart):
+                    self.restarts.append({k: getattr(e, k) for k in (
                         "time", "attempt", "cause", "rank", "failed_at_step", "steps_redone", "gave_up")})
-                elif k == "launch":
-                    self.world = int(e["world_size"])
-            except (KeyError, TypeError, ValueError):
+                elif isinstance(e, Launch):
+                    self.world = int(e.world_size)
+            except (TypeError, ValueError):
                 continue
         del self.loss[:-_CURVE_POINTS], self.ips[:-_CURVE_POINTS]
 
@@ -165,8 +168,8 @@ class ClusterView:
         con = self._connect()
         try:
             meta = {r["key"]: json.loads(r["value"]) for r in con.execute("SELECT key, value FROM meta")}
-            jobs = [dict(r) for r in con.execute("SELECT * FROM jobs ORDER BY id")]
-            events = [dict(r) for r in con.execute("SELECT * FROM events ORDER BY id")]
+            jobs = [JobRow.from_columns(r) for r in con.execute("SELECT * FROM jobs ORDER BY id")]
+            events = [JobEvent.from_columns(r) for r in con.execute("SELECT * FROM events ORDER BY id")]
             decisions = [dict(r) for r in con.execute("SELECT * FROM decisions ORDER BY id")]
         finally:
             con.close()
@@ -184,29 +187,28 @@ class ClusterView:
 
         out_jobs = []
         for j in jobs:
-            jid = int(j["id"])
-            rd = Path(j["run_dir"]) if j["run_dir"] else job_dir(self.dir, jid)
+            jid = j.id
+            rd = Path(j.run_dir) if j.run_dir else job_dir(self.dir, jid)
             tail = self._tails.get(jid)
             if tail is None:
                 tail = self._tails[jid] = _Tail(rd / "events.jsonl")
             tail.update()
-            slots = json.loads(j["slots"] or "[]")
-            step, total = int(j["step"] or 0), int(j["total"] or 0)
-            j["state"] = JobState(j["state"]).value  # a store of before the rename: succeeded -> finished
-            running = j["state"] == "running"
+            step, total = int(j.step or 0), int(j.total or 0)
+            state = j.state.value  # a store of before the rename holds succeeded: read as finished
+            running = j.state == JobState.RUNNING
             log = job_log(self.dir, jid)
             remaining = ((total - step) / tail.steps_per_s
                          if running and total and tail.steps_per_s > 0 else None)
-            jct = (j["finished"] - j["submitted"]) if j["finished"] and j["state"] in TERMINAL else None
+            jct = (j.finished - j.submitted) if j.finished and state in TERMINAL else None
             out_jobs.append({
-                "id": jid, "name": j["name"], "state": j["state"], "workers": int(j["workers"] or 0),
-                "slots": len(slots), "step": step, "total": total,
-                "images_per_s": float(j["images_per_s"] or 0.0) if running else 0.0,
-                "remaining_s": remaining, "jct_s": jct, "submitted": j["submitted"],
-                "started": j["started"], "finished": j["finished"],
+                "id": jid, "name": j.name, "state": state, "workers": int(j.workers or 0),
+                "slots": len(j.slots), "step": step, "total": total,
+                "images_per_s": float(j.images_per_s or 0.0) if running else 0.0,
+                "remaining_s": remaining, "jct_s": jct, "submitted": j.submitted,
+                "started": j.started, "finished": j.finished,
                 "restarts": len(tail.restarts), "resizes": len(tail.resizes),
                 "resize_lost_s": sum(float(r.get("total_lost_s") or 0.0) for r in tail.resizes),
-                "message": j["message"],
+                "message": j.message,
                 # what the run itself says while the scheduler says running: resizing 1 -> 2, ...
                 "run_state": live_note(rd) if running and rd.is_dir() else None,
                 "run_dir": str(rd) if rd.is_dir() else None, "log": str(log) if log.exists() else None,
@@ -227,7 +229,7 @@ class ClusterView:
         }
 
 
-def timeline(events: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+def timeline(events: list[JobEvent], now: float) -> list[dict[str, Any]]:
     """Slots held per job over time, from the store's events: ``[{job_id, from, to, slots}]``
     (``to`` None: still held)."""
     held: dict[int, tuple[float, int]] = {}
@@ -242,10 +244,9 @@ def timeline(events: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
         held[jid] = (t, n)
 
     for e in events:
-        jid, kind, t = e["job_id"], e["kind"], float(e["time"])
+        jid, kind, t, data = e.job_id, e.kind, float(e.time), e.data
         if jid is None:
             continue
-        data = json.loads(e["data"]) if isinstance(e["data"], str) else (e["data"] or {})
         if kind in ("started", "resumed", "resized") and "slots" in data:
             set_count(jid, t, len(data["slots"]))
         elif kind == "resize_requested" and "slots" in data:  # a grow claims its slots at once

@@ -4,7 +4,9 @@ line per throughput window; a line per segment and per evaluation either way."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
+
+from elastic_ring.events.api import Evaluation, Throughput
 
 
 class Display:
@@ -49,20 +51,19 @@ class Display:
             line += f"; the schedule's LR decay after step {step} applies from step {step + 1} as well"
         self.out(line)
 
-    def throughput(self, ev: dict[str, Any]) -> None:
+    def throughput(self, ev: Throughput) -> None:
         if self._progress is not None:
-            self._progress.update(self._task, completed=ev["step"], world=ev["world_size"],
-                                  ips=f"{ev['images_per_s']:.0f}", loss=f"{ev['loss']:.3f}")
+            self._progress.update(self._task, completed=ev.step, world=ev.world_size,
+                                  ips=f"{ev.images_per_s:.0f}", loss=f"{ev.loss:.3f}")
         else:
             of = f"/{self.total_steps}" if self.total_steps else ""
-            self.out(f"step {ev['step']}{of}  workers {ev['world_size']}  "
-                     f"{ev['images_per_s']:.1f} img/s  {ev['steps_per_s']:.2f} steps/s  "
-                     + (f"loss {ev['loss']:.4f}  " if ev["loss"] == ev["loss"] else "")  # nan: not recorded
-                     + f"lr {ev['lr']:.4g}")
+            self.out(f"step {ev.step}{of}  workers {ev.world_size}  "
+                     f"{ev.images_per_s:.1f} img/s  {ev.steps_per_s:.2f} steps/s  "
+                     + (f"loss {ev.loss:.4f}  " if ev.loss == ev.loss else "")  # nan: not recorded
+                     + f"lr {ev.lr:.4g}")
 
-    def evaluation(self, ev: dict[str, Any]) -> None:
-        self.out(f"test accuracy {100 * ev['test_accuracy']:.2f}% (loss {ev['test_loss']:.4f}) "
-                 f"at step {ev['step']}")
+    def evaluation(self, ev: Evaluation) -> None:
+        self.out(f"test accuracy {100 * ev.test_accuracy:.2f}% (loss {ev.test_loss:.4f}) at step {ev.step}")
 
     def stop(self) -> None:
         if self._progress is not None:

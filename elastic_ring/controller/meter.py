@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
-
 from elastic_ring.controller.segment import Segment
-from elastic_ring.events.api import EventLog, FirstStepAfterResize, Recovered, Relaunched, ResizeOverhead
+from elastic_ring.events.api import (EventLog, FirstStep, FirstStepAfterResize, Recovered, Relaunched, ResizeOverhead,
+                                     Throughput)
 
 
 @dataclass
@@ -99,17 +98,17 @@ class Meter:
         self.events.write(ev)
         return ev
 
-    def first_step(self, segment: int, ev: dict[str, Any], t_launch: float, prelaunched: bool) -> None:
+    def first_step(self, segment: int, ev: FirstStep, t_launch: float, prelaunched: bool) -> None:
         """The running segment's first step (``ev``): ends the restart being measured, and the
         relaunch part of the pending resize."""
-        t_first = float(ev["time"])
+        t_first = float(ev.time)
         if not prelaunched and 0 < t_first - t_launch < 3600:  # ignore clock skew between hosts
             self.startup_s.append(t_first - t_launch)
         rs = self.restarting
         if rs is not None:
             step_s = 1.0 / self.last_speed if self.last_speed > 0 else 0.0
-            self.events.write(Recovered(attempt=rs.attempt, segment=segment, world_size=ev["world_size"],
-                                        step=ev["step"], from_step=rs.from_step,
+            self.events.write(Recovered(attempt=rs.attempt, segment=segment, world_size=ev.world_size,
+                                        step=ev.step, from_step=rs.from_step,
                                         steps_redone=rs.steps_redone,
                                         detect_to_first_step_s=t_first - rs.t_detect,
                                         time_lost_s=max(0.0, t_first - rs.t_last_progress)
@@ -117,23 +116,23 @@ class Meter:
             self.restarting = None
         p = self.pending
         if p is not None and self._relaunched is not None:
-            self._write_relaunched(self._relaunched[0], float(ev["lr"]), self._relaunched[1])
+            self._write_relaunched(self._relaunched[0], float(ev.lr), self._relaunched[1])
             self._relaunched = None
         if p is not None:
             p.t_first = t_first
-            self.events.write(FirstStepAfterResize(segment=segment, world_size=ev["world_size"],
-                                                   step=ev["step"], lr=ev["lr"],
+            self.events.write(FirstStepAfterResize(segment=segment, world_size=ev.world_size,
+                                                   step=ev.step, lr=ev.lr,
                                                    since_launch_s=t_first - (p.t_launch or t_first),
                                                    time=t_first))
 
-    def throughput(self, ev: dict[str, Any], running: bool) -> None:
+    def throughput(self, ev: Throughput, running: bool) -> None:
         """A throughput window (of the running segment when ``running``): the first one after a
         resize gives its steady step time."""
         if running:
-            self.last_speed = float(ev["steps_per_s"])
+            self.last_speed = float(ev.steps_per_s)
         p = self.pending
         if p is not None and p.t_first is not None and p.steady_step_s is None:
-            p.steady_step_s = ev["seconds"] / max(1, ev["steps"])
+            p.steady_step_s = ev.seconds / max(1, ev.steps)
             if p.t_exit is not None:
                 self._overhead(p.steady_step_s)
 

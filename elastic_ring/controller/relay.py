@@ -3,16 +3,18 @@
 Every rank appends its events to ``RUN_DIR/WORKER_EVENTS``; the controller calls :meth:`Relay.poll`
 while it watches a segment: each complete new line is copied into the run's event log (a throughput
 window with a telemetry sample of the workers' processes added) and handed to the controller's
-callback, in order. The TensorBoard sink, when the run has one, is fed from the same log.
+callback, in order, as its typed record (:func:`~elastic_ring.events.api.as_event`). The line
+itself is written as the worker wrote it. The TensorBoard sink, when the run has one, is fed from the same log.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from elastic_ring.events.api import EventLog
+from elastic_ring.events.api import Event, EventLog, Throughput, as_event
 from elastic_ring.protocol import WORKER_EVENTS
 from elastic_ring.telemetry import Telemetry
 from elastic_ring.telemetry.tensorboard import sink_for_run as tensorboard_sink
@@ -30,8 +32,7 @@ class Relay:
         """Sample the processes under ``pid`` (a segment's launcher) from now on."""
         self.telemetry = Telemetry(pid, gpus=gpus)
 
-    def poll(self, on_event: Callable[[dict[str, Any]], None],
-             hold: Callable[[dict[str, Any]], bool] = lambda ev: False) -> None:
+    def poll(self, on_event: Callable[[Event], None], hold: Callable[[Event], bool] = lambda ev: False) -> None:
         """Relay the complete lines written since the last call, in order; stop before the first
         event that ``hold`` holds back (asked of each in turn, after the ones before it were
         handled: workers that took a resize written ahead are past the segment that just ended,
@@ -48,16 +49,18 @@ class Relay:
             return
         for line in data[:end + 1].splitlines(keepends=True):
             try:
-                ev = json.loads(line)
-            except json.JSONDecodeError:
+                d = json.loads(line)
+                ev = as_event(d)
+            except (json.JSONDecodeError, AttributeError, TypeError):  # not an event object
                 self.pos += len(line)
                 continue
             if hold(ev):
                 return
             self.pos += len(line)
-            if ev.get("kind") == "throughput" and self.telemetry is not None:
-                ev["telemetry"] = self.telemetry.sample()
-            self.events.write(ev)
+            if isinstance(ev, Throughput) and self.telemetry is not None:
+                d["telemetry"] = self.telemetry.sample()
+                ev = dataclasses.replace(ev, telemetry=d["telemetry"])
+            self.events.write(d)
             on_event(ev)
 
     def close(self) -> None:

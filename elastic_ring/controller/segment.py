@@ -19,7 +19,7 @@ from typing import Any, Callable
 from elastic_ring import protocol
 from elastic_ring.controller import watchdog as wdog
 from elastic_ring.controller.backends.api import Backend, Handle, SegmentLaunch
-from elastic_ring.events.api import ErrorEvent, EventLog, WorkersExited
+from elastic_ring.events.api import ErrorEvent, Event, EventLog, FirstStep, SegmentEnd, Throughput, WorkersExited
 
 
 def segment_log(run_dir: Path, index: int, world: int) -> Path:
@@ -37,7 +37,7 @@ class Segment:
     handle: Handle | None = None
     t_launch: float = 0.0  # relaunch -> first step is measured from here (the go, if pre-launched)
     t_started: float = 0.0  # when its processes really started (crash records are newer)
-    end: dict[str, Any] | None = None
+    end: SegmentEnd | None = None
     ckpt_s: float = 0.0
     live_target: int | None = None
     t_live: float | None = None
@@ -52,14 +52,13 @@ class Segment:
     stall: wdog.Stall | None = None  # set when the watchdog killed it
     pids: list[dict[str, Any]] = field(default_factory=list)  # process records at its exit
 
-    def observe(self, ev: dict[str, Any]) -> None:
+    def observe(self, ev: Event) -> None:
         """Take the progress one of this segment's own worker events shows."""
-        kind = ev.get("kind")
-        if kind in ("first_step", "throughput"):
-            self.last_step, self.last_step_t = int(ev["step"]), float(ev["time"])
-        if kind == "throughput":
-            self.steps_per_s = float(ev["steps_per_s"])
-        elif kind == "segment_end":
+        if isinstance(ev, (FirstStep, Throughput)):
+            self.last_step, self.last_step_t = int(ev.step), float(ev.time)
+        if isinstance(ev, Throughput):
+            self.steps_per_s = float(ev.steps_per_s)
+        elif isinstance(ev, SegmentEnd):
             self.end = ev
 
     def launch(self, owner: str) -> SegmentLaunch:

@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from elastic_ring import protocol
+from elastic_ring.controller.summary import last_step
 from elastic_ring.errors import UserError
+from elastic_ring.events.api import Event, Finished, Launch, read_events
 
 
 class Phase(str, Enum):
@@ -90,15 +92,13 @@ def is_run_folder(run_dir: Path) -> bool:
     return (rd / "run.json").exists() or ((rd / protocol.LOCK_FILE).exists() and is_locked(rd))
 
 
-def read_status(run_dir: str | Path, events: list[dict[str, Any]] | None = None) -> RunStatus:
+def read_status(run_dir: str | Path, events: list[Event] | None = None) -> RunStatus:
     """The state of the run in ``run_dir`` (``events``: its events if already read).
 
     Raises:
         UserError: ``run_dir`` is not a run folder and no controller is making one there.
     """
     from elastic_ring.controller.lock import holder_pid, is_locked
-    from elastic_ring.events.api import read_events
-
     rd = Path(run_dir)
     alive = (rd / protocol.LOCK_FILE).exists() and is_locked(rd)
     info = protocol.read_json(rd / "run.json")
@@ -115,10 +115,10 @@ def read_status(run_dir: str | Path, events: list[dict[str, Any]] | None = None)
     step = _last_step(rd, evs)
     world = _int(ctl.get("world_size")) if ctl else None
     if world is None:
-        launches = [e for e in evs if e.get("kind") == "launch"]
-        world = _int(launches[-1].get("world_size")) if launches else _int(info.get("workers"))
+        launches = [e for e in evs if isinstance(e, Launch)]
+        world = _int(launches[-1].world_size) if launches else _int(info.get("workers"))
     kw: dict[str, Any] = dict(run_dir=rd, step=step, total_steps=total, world_size=world)
-    finished = any(e.get("kind") == "finished" for e in evs)
+    finished = any(isinstance(e, Finished) for e in evs)
     if ctl is None:
         if alive:
             return RunStatus(phase=Phase.STARTING, pid=holder_pid(rd), **kw)
@@ -158,18 +158,12 @@ def _int(v: Any) -> int | None:
         return None
 
 
-def _last_step(rd: Path, evs: list[dict[str, Any]]) -> int:
+def _last_step(rd: Path, evs: list[Event]) -> int:
     """The newest step known done: rank 0's progress file (written twice a second) or the newest
     step an event names (a failure's ``failed_at_step`` included)."""
     prog = protocol.read_json(rd / "control" / protocol.PROGRESS_FILE)
     best = _int(prog.get("step")) or 0 if isinstance(prog, dict) else 0
-    for e in evs:
-        k = e.get("kind")
-        if k in ("throughput", "segment_end", "first_step", "finished"):
-            best = max(best, _int(e.get("step")) or 0)
-        elif k == "restart":
-            best = max(best, _int(e.get("failed_at_step")) or 0)
-    return best
+    return max(best, last_step(evs))
 
 
 def live_note(run_dir: str | Path | None) -> str | None:

@@ -14,13 +14,17 @@ the windows (or the parts of windows) after s that an earlier segment did not ch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping, TypeVar
 
-from elastic_ring.events.api import EventLog, Finished, read_events
+from elastic_ring.events.api import (ErrorEvent, Evaluation, Event, EventLog, Finished, FirstStep, Launch, Recovered,
+                                     ResizeOverhead, Restart, SegmentEnd, Throughput, as_event, read_events)
+
+E = TypeVar("E", bound=Event)
 
 MIN_WINDOWS = 3  # windows per size before a scaling efficiency is reported
 
@@ -49,58 +53,71 @@ def scaling_efficiency(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _kept_windows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    kept: list[dict[str, Any]] = []
+def _kept_windows(events: list[Event]) -> list[Throughput]:
+    kept: list[Throughput] = []
     for e in events:
-        if e["kind"] == "throughput":
+        if isinstance(e, Throughput):
             kept.append(e)
-        elif e["kind"] == "launch":
-            start = int(e.get("start_step", 1))
+        elif isinstance(e, Launch):
+            start = _int(e.start_step, 1)
             out = []
             for w in kept:
-                first = int(w["step"]) - int(w["steps"]) + 1
-                if int(w["step"]) < start:
+                first = w.step - w.steps + 1
+                if w.step < start:
                     out.append(w)
                 elif first < start:
-                    cut = {**w, "steps": start - first, "step": start - 1}
-                    if w.get("seconds") and int(w["steps"]) > 0:
-                        cut["seconds"] = float(w["seconds"]) * (start - first) / int(w["steps"])
-                    out.append(cut)
+                    secs = w.seconds * (start - first) / w.steps if w.seconds and w.steps > 0 else w.seconds
+                    out.append(dataclasses.replace(w, steps=start - first, step=start - 1, seconds=secs))
             kept = out
     return kept
 
 
-def _steps_by_size(events: list[dict[str, Any]], last_step: int) -> dict[int, int]:
+def _int(v: Any, default: int) -> int:
+    return default if v is None else int(v)
+
+
+def _steps_by_size(launches: list[Launch], last_step: int) -> dict[int, int]:
     """Steps done at each size, each step once: launch i covers its start step up to the next
     launch's start (a restart or resume starts again after its checkpoint) or the last step."""
-    launches = [e for e in events if e["kind"] == "launch"]
     out: dict[int, int] = {}
-    for a, b in zip(launches, launches[1:] + [None]):
-        end = int(b.get("start_step", 1)) - 1 if b is not None else last_step
-        n = max(0, end - int(a.get("start_step", 1)) + 1)
-        out[int(a["world_size"])] = out.get(int(a["world_size"]), 0) + n
+    for a, b in zip(launches, [*launches[1:], None]):
+        end = _int(b.start_step, 1) - 1 if b is not None else last_step
+        n = max(0, end - _int(a.start_step, 1) + 1)
+        out[int(a.world_size)] = out.get(int(a.world_size), 0) + n
     return out
 
 
-def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
-    by_w: dict[int, list[dict[str, Any]]] = {}
+def _of(events: list[Event], kind: type[E]) -> list[E]:
+    return [e for e in events if isinstance(e, kind)]
+
+
+def last_step(events: list[Event]) -> int:
+    """The newest step the events name: a window's, a segment end's, a first step's, the finish's,
+    or the last step known done before a failure."""
+    return max([e.step or 0 for e in events if isinstance(e, (Throughput, SegmentEnd, FirstStep, Finished))]
+               + [e.failed_at_step or 0 for e in _of(events, Restart)], default=0)
+
+
+def summarize(events: Iterable[Event | Mapping[str, Any]]) -> dict[str, Any]:
+    """The summary of a run from its events (records, or their JSON objects)."""
+    events = [as_event(e) for e in events]
+    by_w: dict[int, list[Throughput]] = {}
     windows = _kept_windows(events)
     for e in windows:
-        by_w.setdefault(int(e["world_size"]), []).append(e)
-    last_step = max([e.get("step") or 0 for e in events if e["kind"] in
-                     ("throughput", "segment_end", "first_step", "finished")]
-                    + [e.get("failed_at_step") or 0 for e in events if e["kind"] == "restart"], default=0)
-    done = _steps_by_size(events, last_step)
+        by_w.setdefault(int(e.world_size), []).append(e)
+    last = last_step(events)
+    launches = _of(events, Launch)
+    done = _steps_by_size(launches, last)
     sizes = []
     for w in sorted(by_w):
         ev = by_w[w]
-        ips = [float(e["images_per_s"]) for e in ev]
-        sps = [float(e["steps_per_s"]) for e in ev]
-        secs = [float(e["seconds"]) if e.get("seconds") else (int(e["steps"]) / r if r > 0 else 0.0)
+        ips = [float(e.images_per_s) for e in ev]
+        sps = [float(e.steps_per_s) for e in ev]
+        secs = [float(e.seconds) if e.seconds else (int(e.steps) / r if r > 0 else 0.0)
                 for e, r in zip(ev, sps)]
         total_s = sum(secs)
         if total_s > 0:
-            steps_ps = sum(int(e["steps"]) for e in ev) / total_s
+            steps_ps = sum(int(e.steps) for e in ev) / total_s
             images_ps = sum(i * t for i, t in zip(ips, secs)) / total_s
         else:
             steps_ps, images_ps = statistics.median(sps), statistics.median(ips)
@@ -111,38 +128,37 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
     eff = [scaling_efficiency(a, b) for a, b in zip(sizes, sizes[1:])]
     for sz in sizes:
         del sz["ips"]
-    overheads = [{k: e[k] for k in ("from_workers", "to_workers", "step", "stop_latency_s",
-                                    "checkpoint_s", "relaunch_to_first_step_s", "total_lost_s",
-                                    "steady_step_s")}
-                 for e in events if e["kind"] == "resize_overhead"]
+    overheads = [{k: getattr(e, k) for k in ("from_workers", "to_workers", "step", "stop_latency_s",
+                                             "checkpoint_s", "relaunch_to_first_step_s", "total_lost_s",
+                                             "steady_step_s")}
+                 for e in _of(events, ResizeOverhead)]
     thr = windows
-    rec = {e["attempt"]: e for e in events if e["kind"] == "recovered"}
-    restarts = [{"attempt": e["attempt"], "cause": e["cause"], "rank": e["rank"],
-                 "from_step": e["from_step"], "steps_redone": e["steps_redone"],
-                 "world_size": e["new_world_size"], "gave_up": e.get("gave_up", False),
-                 "failed_at_step": e.get("failed_at_step"),
-                 "time_lost_s": rec.get(e["attempt"], {}).get("time_lost_s"),
-                 "detect_to_first_step_s": rec.get(e["attempt"], {}).get("detect_to_first_step_s")}
-                for e in events if e["kind"] == "restart"]
-    evals = [e for e in events if e["kind"] == "evaluation"]
-    fin = [e for e in events if e["kind"] == "finished"]
-    launches = [e for e in events if e["kind"] == "launch"]
-    state = "finished" if fin else ("failed" if any(e["kind"] == "error" for e in events) else "running")
+    rec = {e.attempt: e for e in _of(events, Recovered)}
+    restarts = [{"attempt": e.attempt, "cause": e.cause, "rank": e.rank,
+                 "from_step": e.from_step, "steps_redone": e.steps_redone,
+                 "world_size": e.new_world_size, "gave_up": e.gave_up,
+                 "failed_at_step": e.failed_at_step,
+                 "time_lost_s": rec[e.attempt].time_lost_s if e.attempt in rec else None,
+                 "detect_to_first_step_s": rec[e.attempt].detect_to_first_step_s if e.attempt in rec else None}
+                for e in _of(events, Restart)]
+    evals = _of(events, Evaluation)
+    fin = _of(events, Finished)
+    state = "finished" if fin else ("failed" if _of(events, ErrorEvent) else "running")
     return {
         "state": state,
-        "step": last_step,
-        "world_size": launches[-1]["world_size"] if launches else None,
+        "step": last,
+        "world_size": launches[-1].world_size if launches else None,
         "sizes": sizes,
         "scaling_efficiency": eff,
         "resizes": overheads,
         "restarts": restarts,
         "steps_trained": sum(done.values()),
-        "train_loss": thr[-1]["loss"] if thr else None,
-        "train_loss_step": thr[-1]["step"] if thr else None,  # the last window's last step
-        "test_accuracy": evals[-1]["test_accuracy"] if evals else None,
-        "test_loss": evals[-1]["test_loss"] if evals else None,
-        "wall_s": fin[-1]["wall_s"] if fin else None,
-        "elapsed_s": fin[-1].get("elapsed_s") if fin else None,
+        "train_loss": thr[-1].loss if thr else None,
+        "train_loss_step": thr[-1].step if thr else None,  # the last window's last step
+        "test_accuracy": evals[-1].test_accuracy if evals else None,
+        "test_loss": evals[-1].test_loss if evals else None,
+        "wall_s": fin[-1].wall_s if fin else None,
+        "elapsed_s": fin[-1].elapsed_s if fin else None,
     }
 
 
@@ -223,23 +239,23 @@ def render(summary: dict[str, Any], total_steps: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def run_times(events: list[dict[str, Any]], now: float) -> tuple[float, float]:
+def run_times(events: list[Event], now: float) -> tuple[float, float]:
     """(running, elapsed) seconds of a run ending at ``now``: elapsed from its first launch;
     running without the gaps between a controller's end (its last event) and the next one's first
     launch (a ``--resume`` after a stop or a dead controller)."""
     running, start, last = 0.0, None, None
     for e in events:
-        t = e.get("time")
+        t = e.time
         if not isinstance(t, (int, float)):
             continue
-        if e.get("kind") == "launch" and (start is None or e.get("session_start")):
+        if isinstance(e, Launch) and (start is None or e.session_start):
             if start is not None and last is not None:
                 running += max(0.0, last - start)
             start = t
         last = t
     if start is None:
         return 0.0, 0.0
-    first = next(e["time"] for e in events if e.get("kind") == "launch")
+    first = next(e.time for e in events if isinstance(e, Launch))
     return running + max(0.0, now - start), max(0.0, now - first)
 
 

@@ -5,6 +5,14 @@ append whole lines with a single ``write`` and flush, so a crash leaves at most 
 line, which :func:`read_events` skips. Other subsystems (the parameter server) define their own
 kinds with :func:`register` and use the same writer and reader.
 
+Reading back goes through the same registry: :func:`read_events` (and :func:`as_event` for one
+line) gives the typed record of each line's kind, so readers test ``isinstance(e, Launch)`` and
+read ``e.world_size``. A run folder written by an older or newer version still reads: a field the
+record does not declare is kept in ``extra``, a declared field the line lacks reads as None (its
+default, when it has one), and a kind nobody registered comes back as :class:`UnknownEvent`.
+Records also answer ``e["field"]`` and ``e.get("field")``, as the dicts they were before, for the
+callers not yet converted; new code reads attributes.
+
 Kinds of ``elastic-ring train`` (in the order a run emits them)::
 
     launch -> first_step -> throughput* -> resize_requested -> checkpoint_written -> segment_end
@@ -18,12 +26,13 @@ first_step -> ``recovered`` (time lost).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, Mapping
 
 _REGISTRY: dict[str, type["Event"]] = {}
 
@@ -39,11 +48,75 @@ def register(cls: type["Event"]) -> type["Event"]:
 
 @dataclass(frozen=True)
 class Event:
+    """The base of every kind: ``time`` (Unix seconds) and ``extra``, the fields of a line read
+    back that this version's record does not declare (empty for a record made here)."""
+
     kind: ClassVar[str] = "event"
     time: float = field(default_factory=time.time, kw_only=True)
+    extra: dict[str, Any] = field(default_factory=dict, kw_only=True, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, **dataclasses.asdict(self)}
+        """The JSON object of the line: ``kind``, ``time``, the declared fields, then ``extra``."""
+        d = dataclasses.asdict(self)
+        extra = d.pop("extra")
+        return {"kind": self.kind, **d, **extra}
+
+    @classmethod
+    def _view_fields(cls) -> frozenset[str]:
+        return _declared(cls)
+
+    # the dict view: what reading the line as a dict gave (callers not yet converted)
+    def __getitem__(self, key: str) -> Any:
+        if key == "kind":
+            return self.kind
+        if key in self._view_fields():
+            return getattr(self, key)
+        return self.extra[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: object) -> bool:
+        return key == "kind" or key in self._view_fields() or key in self.extra
+
+    def keys(self) -> list[str]:
+        return list(self.to_dict())
+
+    def items(self) -> list[tuple[str, Any]]:
+        return list(self.to_dict().items())
+
+    def values(self) -> list[Any]:
+        return list(self.to_dict().values())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+
+@functools.cache
+def _declared(cls: type[Event]) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.name != "extra")
+
+
+@dataclass(frozen=True)
+class UnknownEvent(Event):
+    """A line of a kind not registered in this process (a newer version's, or a subsystem's whose
+    module was not imported): its kind in ``name``, its fields in ``extra``."""
+
+    name: str = "?"
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return self.name
+
+    @classmethod
+    def _view_fields(cls) -> frozenset[str]:
+        return frozenset({"time"})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.name, "time": self.time, **self.extra}
 
 
 @register
@@ -291,6 +364,8 @@ class EventLog:
 
 
 def _json_default(o: Any) -> Any:
+    if isinstance(o, Event):
+        return o.to_dict()
     if hasattr(o, "item"):
         return o.item()
     if isinstance(o, (set, tuple)):
@@ -314,6 +389,32 @@ def iter_event_dicts(path: str | Path) -> Iterator[dict[str, Any]]:
                 continue
 
 
-def read_events(path: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
-    """All events of a file (optionally of one kind), as dicts."""
-    return [d for d in iter_event_dicts(path) if kind is None or d.get("kind") == kind]
+def as_event(d: Mapping[str, Any] | Event) -> Event:
+    """The typed record of one event line (see the module docstring for what an older or newer
+    line reads as); a record is returned as it is."""
+    if isinstance(d, Event):
+        return d
+    kind = d.get("kind")
+    cls = _REGISTRY.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        rest = {k: v for k, v in d.items() if k not in ("kind", "time")}
+        return UnknownEvent(name=str(kind), time=d.get("time"), extra=rest)
+    kw: dict[str, Any] = {}
+    declared = set()
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name == "extra":
+            continue
+        declared.add(f.name)
+        if f.name in d:
+            kw[f.name] = d[f.name]
+        elif f.name == "time" or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING):
+            kw[f.name] = None  # not written by the version that wrote the line
+    extra = {k: v for k, v in d.items() if k != "kind" and k not in declared}
+    return cls(**kw, extra=extra)
+
+
+def read_events(path: str | Path, kind: str | type[Event] | None = None) -> list[Event]:
+    """All events of a file as typed records (:func:`as_event`), in order; with ``kind`` (a record
+    class, or a kind's name) only those of that kind."""
+    name = kind if isinstance(kind, str) or kind is None else kind.kind
+    return [as_event(d) for d in iter_event_dicts(path) if name is None or d.get("kind") == name]

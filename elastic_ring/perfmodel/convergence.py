@@ -16,13 +16,13 @@ target loss (see its docstring for the rules when the fit cannot answer).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from elastic_ring.events.api import Throughput, read_events
 from elastic_ring.perfmodel.speed import FitError
 
 
@@ -182,16 +182,11 @@ def losses_from_events(events_jsonl_path: str | Path) -> tuple[np.ndarray, np.nd
     if not p.exists():
         raise FitError(f"events file not found: {p}")
     steps, losses = [], []
-    with p.open() as fh:
-        for line in fh:
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(d, dict) and d.get("kind") == "throughput" and "step" in d and "loss" in d:
-                try:
-                    steps.append(float(d["step"]))
-                    losses.append(float(d["loss"]))
-                except (TypeError, ValueError):
-                    continue
+    for e in read_events(p, Throughput):
+        try:
+            step, loss = float(e.step), float(e.loss)
+        except (TypeError, ValueError):  # not written (an older line) or not a number
+            continue
+        steps.append(step)
+        losses.append(loss)
     return np.asarray(steps, dtype=float), np.asarray(losses, dtype=float)

@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from elastic_ring.errors import UserError
+from elastic_ring.events.api import Event, Throughput, as_event
 
 
 @dataclass(frozen=True)
@@ -83,24 +84,34 @@ def parse_worker_counts(text: str) -> list[int]:
     return sorted(out)
 
 
-def steady_windows(events: Iterable[dict[str, Any]], warmup_windows: int = 1,
-                   window: int | None = None) -> tuple[list[dict[str, Any]], int]:
+def _windows(events: Iterable[Event | Mapping[str, Any]]) -> list[Throughput]:
+    """The throughput windows of ``events``: records, or JSON objects (one without a ``kind`` is a
+    window); other kinds are left out."""
+    out = []
+    for e in events:
+        e = as_event(e if isinstance(e, Event) or "kind" in e else {"kind": Throughput.kind, **e})
+        if isinstance(e, Throughput):
+            out.append(e)
+    return out
+
+
+def steady_windows(events: Iterable[Event | Mapping[str, Any]], warmup_windows: int = 1,
+                   window: int | None = None) -> tuple[list[Throughput], int]:
     """The ``throughput`` events of steady state, and how many were dropped as warm-up.
 
     Per segment: drop the first ``warmup_windows`` windows; drop a final window with fewer than
     ``window`` steps (when ``window`` is given) unless it is the only one left.
     """
-    by_seg: dict[int, list[dict[str, Any]]] = {}
-    for e in events:
-        if e.get("kind", "throughput") == "throughput":
-            by_seg.setdefault(int(e.get("segment", 0)), []).append(e)
+    by_seg: dict[int, list[Throughput]] = {}
+    for e in _windows(events):
+        by_seg.setdefault(int(e.segment or 0), []).append(e)
     kept, dropped = [], 0
     for seg in sorted(by_seg):
-        ev = sorted(by_seg[seg], key=lambda e: e["step"])
+        ev = sorted(by_seg[seg], key=lambda e: e.step)
         n_drop = min(warmup_windows, len(ev))
         dropped += n_drop
         ev = ev[n_drop:]
-        if window is not None and len(ev) > 1 and ev[-1]["steps"] < window:
+        if window is not None and len(ev) > 1 and ev[-1].steps < window:
             ev = ev[:-1]
         kept.extend(ev)
     return kept, dropped
@@ -110,40 +121,39 @@ def _quantile(xs: list[float], q: float) -> float:
     return float(np.quantile(np.asarray(xs, dtype=float), q))
 
 
-def _seconds(e: dict[str, Any]) -> float:
+def _seconds(e: Throughput) -> float:
     """A window's seconds (older events without ``seconds``: its steps / its steps/s)."""
-    if "seconds" in e:
-        return float(e["seconds"])
-    sps = float(e["steps_per_s"])
-    return float(e["steps"]) / sps if sps > 0 else 0.0
+    if e.seconds is not None:
+        return float(e.seconds)
+    sps = float(e.steps_per_s)
+    return float(e.steps) / sps if sps > 0 else 0.0
 
 
-def measure_point(workers: int, events: Iterable[dict[str, Any]], warmup_windows: int = 1,
+def measure_point(workers: int, events: Iterable[Event | Mapping[str, Any]], warmup_windows: int = 1,
                   window: int | None = None) -> ProfilePoint:
     """Work over time and spread of the steady windows of one run at ``workers`` workers.
 
     Raises:
         UserError: no window left after the warm-up (the run was too short: more --steps).
     """
-    evs = [e for e in events if e.get("kind", "throughput") == "throughput"
-           and int(e.get("world_size", workers)) == workers]
+    evs = [e for e in _windows(events) if (workers if e.world_size is None else int(e.world_size)) == workers]
     kept, dropped = steady_windows(evs, warmup_windows, window)
     if not kept:
         raise UserError(f"no throughput window left at {workers} worker(s) after dropping "
                         f"{dropped} warm-up window(s): run more steps (--steps)")
-    sps = [float(e["steps_per_s"]) for e in kept]
+    sps = [float(e.steps_per_s) for e in kept]
     secs = [_seconds(e) for e in kept]
     total_s = sum(secs)
     if not total_s > 0:
         raise UserError(f"the throughput windows at {workers} worker(s) took no time: no rate")
-    steps = sum(float(e["steps"]) for e in kept)
-    images = sum(float(e["images_per_s"]) * t for e, t in zip(kept, secs))
+    steps = sum(float(e.steps) for e in kept)
+    images = sum(float(e.images_per_s) * t for e, t in zip(kept, secs))
     return ProfilePoint(
         workers=workers, steps_per_s=steps / total_s, images_per_s=images / total_s,
         steps_per_s_spread=_quantile(sps, 0.75) - _quantile(sps, 0.25),
         steps_per_s_min=min(sps), steps_per_s_max=max(sps), steps_per_s_median=statistics.median(sps),
-        windows=[{"step": int(e["step"]), "steps": int(e["steps"]), "seconds": t,
-                  "steps_per_s": float(e["steps_per_s"]), "images_per_s": float(e["images_per_s"])}
+        windows=[{"step": int(e.step), "steps": int(e.steps), "seconds": t,
+                  "steps_per_s": float(e.steps_per_s), "images_per_s": float(e.images_per_s)}
                  for e, t in zip(kept, secs)],
         warmup_windows_dropped=dropped)
 

@@ -20,7 +20,7 @@ import yaml
 
 from elastic_ring.config.api import TrainConfig, config_to_dict
 from elastic_ring.errors import UserError
-from elastic_ring.events.api import read_events
+from elastic_ring.events.api import Finished, Throughput, read_events
 from elastic_ring.profile.api import ProfilePoint, build_profile, measure_point
 
 
@@ -45,7 +45,7 @@ def train_set_size(cfg: TrainConfig) -> int:
 
 
 def run_finished(run_dir: Path) -> bool:
-    return bool(read_events(run_dir / "events.jsonl", kind="finished"))
+    return bool(read_events(run_dir / "events.jsonl", Finished))
 
 
 def start_run(run_dir: Path, cfg: TrainConfig, workers: int, schedule: tuple = (), slots: int = 1,
@@ -96,7 +96,7 @@ def run_profile(cfg: TrainConfig, counts: list[int], out_dir: Path, slots: int, 
             out(f"profile [{i + 1}/{len(counts)}]: {w} worker(s), {cfg.total_steps} steps{over}; "
                 f"run folder {rd}")
             start_run(rd, cfg, w, (), max(slots, w), device, out=out, show_progress=show_progress)
-        pt = measure_point(w, read_events(rd / "events.jsonl", kind="throughput"), warmup_windows,
+        pt = measure_point(w, read_events(rd / "events.jsonl", Throughput), warmup_windows,
                            cfg.throughput_window)
         out(f"profile [{i + 1}/{len(counts)}]: {w} worker(s): {pt.images_per_s:.1f} images/s, "
             f"{pt.steps_per_s:.3f} steps/s (IQR {pt.steps_per_s_spread:.3f}, "

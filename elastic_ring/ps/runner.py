@@ -21,6 +21,7 @@ from elastic_ring import protocol
 from elastic_ring.errors import WorkerFailedError
 from elastic_ring.events.api import EventLog, ErrorEvent, read_events
 from elastic_ring.ps.api import PSConfig
+from elastic_ring.ps.events import PSFinished, PSWorkerSummary
 
 ROOT = Path(__file__).resolve().parents[2]  # the folder that holds the elastic_ring package
 ENTRY = ["-m", "elastic_ring.ps.mpi_main"]  # what mpirun executes in every rank
@@ -68,8 +69,8 @@ def launch_mpirun(cmd: list[str], run_dir: Path, timeout: float | None) -> int:
 class JobResult:
     run_dir: Path
     returncode: int
-    finished: dict
-    summaries: list[dict]
+    finished: PSFinished
+    summaries: list[PSWorkerSummary]
 
 
 def run_job(cfg: PSConfig, run_dir: str | Path, timeout: float | None = None,
@@ -112,7 +113,7 @@ def run_batch(jobs: list[tuple[PSConfig, Path]], launch: Callable[[list[str], Pa
     out: list[JobResult | WorkerFailedError] = []
     for d in dirs:
         try:
-            out.append(check_run(d, rc if not read_events(d / "events.jsonl", "ps_finished") else 0, since=started))
+            out.append(check_run(d, rc if not read_events(d / "events.jsonl", PSFinished) else 0, since=started))
         except WorkerFailedError as e:
             out.append(e)
     return out
@@ -135,7 +136,7 @@ def check_run(run_dir: Path, rc: int, since: float = 0.0) -> JobResult:
         msg = f"mpirun {why}; see {run_dir / 'mpirun.log'}"
         log.write(ErrorEvent(msg))
         raise WorkerFailedError(msg)
-    fin = read_events(run_dir / "events.jsonl", "ps_finished")
+    fin = read_events(run_dir / "events.jsonl", PSFinished)
     if not fin:
         raise WorkerFailedError(f"the server wrote no ps_finished event; see {run_dir / 'mpirun.log'}")
-    return JobResult(run_dir, rc, fin[-1], read_events(run_dir / "events.jsonl", "ps_worker_summary"))
+    return JobResult(run_dir, rc, fin[-1], read_events(run_dir / "events.jsonl", PSWorkerSummary))

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from elastic_ring.errors import UserError
-from elastic_ring.events.api import read_events
+from elastic_ring.events.api import (Evaluation, Event, Finished, FirstStepAfterResize, Launch, ResizeRequested,
+                                     Throughput, read_events)
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
@@ -132,21 +133,21 @@ def report_profile(d: Path) -> tuple[str, list[Path]]:
 
 
 # ---------------------------------------------------------------------------- runs
-def _run_curve(events: list[dict[str, Any]]) -> dict[str, Any]:
-    launches = [e for e in events if e["kind"] == "launch"]
-    t0 = launches[0]["time"] if launches else 0.0
-    thr = [e for e in events if e["kind"] == "throughput"]
-    req = [e for e in events if e["kind"] == "resize_requested"]
-    first = [e for e in events if e["kind"] == "first_step_after_resize"]
-    fin = [e for e in events if e["kind"] == "finished"]
-    ev = [e for e in events if e["kind"] == "evaluation"]
-    return {"t": [e["time"] - t0 for e in thr], "step": [e["step"] for e in thr],
-            "loss": [e["loss"] for e in thr],
-            "resizes": [(r["time"] - t0, (f["time"] - t0) if i < len(first) else None, r.get("at_step"))
-                        for i, (r, f) in enumerate(zip(req, first + [None] * len(req)))],
-            "wall_s": fin[-1]["wall_s"] if fin else None,
-            "accuracy": ev[-1]["test_accuracy"] if ev else None,
-            "acc_t": [e["time"] - t0 for e in ev], "acc": [100 * e["test_accuracy"] for e in ev]}
+def _run_curve(events: list[Event]) -> dict[str, Any]:
+    launches = [e for e in events if isinstance(e, Launch)]
+    t0 = launches[0].time if launches else 0.0
+    thr = [e for e in events if isinstance(e, Throughput)]
+    req = [e for e in events if isinstance(e, ResizeRequested)]
+    first = [e for e in events if isinstance(e, FirstStepAfterResize)]
+    fin = [e for e in events if isinstance(e, Finished)]
+    ev = [e for e in events if isinstance(e, Evaluation)]
+    return {"t": [e.time - t0 for e in thr], "step": [e.step for e in thr],
+            "loss": [e.loss for e in thr],
+            "resizes": [(r.time - t0, f.time - t0 if f is not None else None, r.at_step)
+                        for r, f in zip(req, first + [None] * len(req))],
+            "wall_s": fin[-1].wall_s if fin else None,
+            "accuracy": ev[-1].test_accuracy if ev else None,
+            "acc_t": [e.time - t0 for e in ev], "acc": [100 * e.test_accuracy for e in ev]}
 
 
 def plot_runs(groups: list[tuple[str, list[Path]]], d: Path) -> list[Path]:

@@ -17,7 +17,7 @@ Every change of a running job's GPU count is a stop / checkpoint / restart that 
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
+from typing import Callable, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -77,6 +77,25 @@ class Policy(Protocol):
     def allocate(self, jobs: Sequence[JobView], total_gpus: int, current: Mapping[int, int]) -> dict[int, int]:
         """GPUs per job id; jobs left out wait. Must not exceed ``total_gpus`` in total."""
         ...
+
+
+@runtime_checkable
+class ExploringPolicy(Policy, Protocol):
+    """A policy whose new jobs measure themselves first, each on ``explore_gpus`` slots."""
+
+    explore_gpus: int
+
+
+@runtime_checkable
+class CostAwarePolicy(Policy, Protocol):
+    """A policy that weighs what a resize costs (the ``-rc`` ones): ``resize_cost_s`` by default,
+    ``costs`` (job id -> seconds, set before each decision) where a job's own cost was measured;
+    ``last_vetoed`` lists the grows its last decision refused (job id, held, asked, work gained,
+    work the resize costs)."""
+
+    resize_cost_s: float
+    costs: dict[int, float]
+    last_vetoed: list[tuple[int, int, int, float, float]]
 
 
 class JobBatch(NamedTuple):

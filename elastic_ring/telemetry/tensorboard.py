@@ -22,45 +22,49 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
+
+from elastic_ring.events.api import (CheckpointWritten, Evaluation, Event, Recovered, ResizeOverhead, Restart,
+                                     Throughput, as_event)
 
 ENV_DIR = "ELASTIC_RING_TENSORBOARD_DIR"
 ENV_ON = "ELASTIC_RING_TENSORBOARD"
 OFFSET_FILE = ".events-offset"
 
-# event kind -> (the field holding its step, [(tag, field)])
-SCALARS: dict[str, tuple[str, list[tuple[str, str]]]] = {
-    "throughput": ("step", [("train/loss", "loss"), ("train/lr", "lr"),
+# event record -> (the field holding its step, [(tag, field)])
+SCALARS: dict[type[Event], tuple[str, list[tuple[str, str]]]] = {
+    Throughput: ("step", [("train/loss", "loss"), ("train/lr", "lr"),
                             ("train/images_per_s", "images_per_s"), ("train/steps_per_s", "steps_per_s"),
                             ("train/world_size", "world_size")]),
-    "evaluation": ("step", [("test/loss", "test_loss"), ("test/accuracy", "test_accuracy")]),
-    "resize_overhead": ("step", [("resize/stop_latency_s", "stop_latency_s"),
+    Evaluation: ("step", [("test/loss", "test_loss"), ("test/accuracy", "test_accuracy")]),
+    ResizeOverhead: ("step", [("resize/stop_latency_s", "stop_latency_s"),
                                  ("resize/checkpoint_s", "checkpoint_s"),
                                  ("resize/relaunch_to_first_step_s", "relaunch_to_first_step_s"),
                                  ("resize/total_lost_s", "total_lost_s"),
                                  ("resize/from_workers", "from_workers"),
                                  ("resize/to_workers", "to_workers")]),
-    "restart": ("failed_at_step", [("restart/attempt", "attempt"), ("restart/steps_redone", "steps_redone"),
+    Restart: ("failed_at_step", [("restart/attempt", "attempt"), ("restart/steps_redone", "steps_redone"),
                                    ("restart/new_world_size", "new_world_size")]),
-    "recovered": ("step", [("restart/time_lost_s", "time_lost_s"),
+    Recovered: ("step", [("restart/time_lost_s", "time_lost_s"),
                            ("restart/detect_to_first_step_s", "detect_to_first_step_s")]),
-    "checkpoint_written": ("step", [("checkpoint/seconds", "seconds"), ("checkpoint/stall_s", "stall_s")]),
+    CheckpointWritten: ("step", [("checkpoint/seconds", "seconds"), ("checkpoint/stall_s", "stall_s")]),
 }
 
 
-def scalars_of(ev: dict[str, Any]) -> Iterator[tuple[str, float, int, float]]:
-    """(tag, value, step, wall time) of one ``events.jsonl`` record; nothing for other kinds.
-    The run's count of restarts so far is ``restart/attempt``'s points."""
-    spec = SCALARS.get(ev.get("kind", ""))
+def scalars_of(ev: Event | Mapping[str, Any]) -> Iterator[tuple[str, float, int, float]]:
+    """(tag, value, step, wall time) of one ``events.jsonl`` record (or its JSON object); nothing
+    for other kinds. The run's count of restarts so far is ``restart/attempt``'s points."""
+    ev = as_event(ev)
+    spec = SCALARS.get(type(ev))
     if spec is None:
         return
     step_key, fields = spec
     try:
-        step, wall = int(ev[step_key]), float(ev["time"])
-    except (KeyError, TypeError, ValueError):
+        step, wall = int(getattr(ev, step_key)), float(ev.time)
+    except (TypeError, ValueError):
         return
     for tag, key in fields:
-        v = ev.get(key)
+        v = getattr(ev, key)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             yield tag, float(v), step, wall
 

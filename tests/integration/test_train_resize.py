@@ -172,7 +172,7 @@ def _live_resize_then_interrupt(folder: Path) -> None:
             (folder / "result.json").write_text(json.dumps(out))
             return
         _wait_for(lambda: _events(run, "resize_overhead"), 120, "the live resize")
-        out["requested"] = _events(run, "resize_requested")
+        out["requested"] = [e.to_dict() for e in _events(run, "resize_requested")]  # kept as JSON
         same = run_cli("resize", str(run), "--to", "2")  # the size it has now
         out["same"] = [same.returncode, same.stderr]
         _wait_for(lambda: _events(run, "evaluation") and [t for t in _events(run, "throughput") if t["world_size"] == 2],

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from elastic_ring.cluster.api import ClusterConfig
+from elastic_ring.cluster.api import ClusterConfig, JobRequest, JobRow, JobState
 from elastic_ring.cluster.runner import ProcessRunner
 
 needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores in this process's affinity")
@@ -20,12 +20,18 @@ needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="n
 TREE = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"
 
 
+def _row(jid: int) -> JobRow:
+    """A job row as the store gives it (queued, never started)."""
+    return JobRow(id=jid, name="j", request=JobRequest(name="j", kind="script", path="x.py", steps=10),
+                  state=JobState.QUEUED, submitted=0.0)
+
+
 @needs_two_cores
 def test_two_jobs_side_by_side_get_disjoint_cores_that_follow_a_resize(tmp_path, monkeypatch):
     runner = ProcessRunner(tmp_path, ClusterConfig(hosts=(("localhost", 2),), device="cpu"))
     monkeypatch.setattr(runner, "command", lambda job, slots, workers, resume: ([sys.executable, "-c", TREE],
                                                                                  dict(os.environ)))
-    jobs = [{"id": 1, "request": None}, {"id": 2, "request": None}]
+    jobs = [_row(1), _row(2)]
     try:
         runner.start(jobs[0], [0], 1, False)
         runner.start(jobs[1], [1], 1, False)
@@ -69,8 +75,8 @@ def test_jobs_rate_is_work_over_time_of_the_current_size(tmp_path):
           {"kind": "throughput", "world_size": 2, "images_per_s": 1000.0, "steps_per_s": 15.6, "steps": 156,
            "seconds": 10.0, "step": 456}]
     (rd / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev[:3]))
-    obs = runner.observe({"id": 5, "pid": None})
+    obs = runner.observe(_row(5))
     assert obs.images_per_s == pytest.approx((6400 * 0.5 + 640 * 10) / 10.5)
     with open(rd / "events.jsonl", "a") as fh:
         fh.write("".join(json.dumps(e) + "\n" for e in ev[3:]))
-    assert runner.observe({"id": 5, "pid": None}).images_per_s == pytest.approx(1000.0)  # new size, new sums
+    assert runner.observe(_row(5)).images_per_s == pytest.approx(1000.0)  # new size, new sums

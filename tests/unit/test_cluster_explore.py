@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from elastic_ring.cluster.api import ClusterConfig, ClusterError, JobState
+from elastic_ring.cluster.api import ClusterConfig, ClusterError, JobRequest, JobRow, JobState
 from elastic_ring.cluster.runner import ProcessRunner, run_dir
 from elastic_ring.cluster.scheduler import EXPLORE_WINDOWS, Scheduler, explore_hold, explore_sizes, live_policy
 from elastic_ring.cluster.store import Store
@@ -16,6 +16,12 @@ from elastic_ring.perfmodel.speed import SpeedModel, fit_speed_few
 from elastic_ring.sched.policies import Exploratory, doubling_allocate
 
 from .test_cluster_scheduler import FakeRunner, _run, _submit
+
+
+def _row(jid: int) -> JobRow:
+    """A job row as the store gives it (queued, never started)."""
+    return JobRow(id=jid, name="j", request=JobRequest(name="j", kind="script", path="x.py", steps=10),
+                  state=JobState.QUEUED, submitted=0.0)
 
 TRUE = SpeedModel(t0=0.0, t1=0.004, t2=0.03, t3=0.02, m=1.0, n=1.0)  # steps/s falls from 50 at 1 worker
 
@@ -174,7 +180,7 @@ def test_runner_reads_throughput_windows_with_launch_counts(tmp_path):
           {"kind": "launch", "world_size": 2},
           {"kind": "throughput", "world_size": 2, "steps": 10, "seconds": 1.0, "steps_per_s": 10.0, "step": 50}]
     (rd / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev))
-    job = {"id": 7, "pid": None}
+    job = _row(7)
     obs = runner.observe(job)
     assert obs.throughput == [(1, 1, 20, 4.0), (1, 1, 20, 1.0), (2, 2, 10, 1.0)]
     assert runner.observe(job).throughput == []  # only new windows

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_ring.cluster.api import ClusterConfig, JobRequest
+from elastic_ring.cluster.api import ClusterConfig, JobRequest, JobRow, JobState
 from elastic_ring.cluster.runner import ProcessRunner
 from elastic_ring.cluster.scheduler import Scheduler
 from elastic_ring.cluster.daemon import hostfile_slots as _parse_hostfile
+from elastic_ring.sched.policies import make_policy
 
 
 def _job(jid=1, max_workers=0):
-    return {"id": jid, "request": JobRequest(name="j", kind="script", path="x.py", steps=10, max_workers=max_workers)}
+    return JobRow(id=jid, name="j", request=JobRequest(name="j", kind="script", path="x.py", steps=10,
+                                                       max_workers=max_workers), state=JobState.QUEUED, submitted=0.0)
 
 
 def _arg(cmd, flag):
@@ -43,4 +45,4 @@ def test_hostfile_parsing_and_no_live_resize(tmp_path):
     assert hosts == (("localhost", 1), ("127.0.0.1", 1))
     cfg = ClusterConfig(hosts=hosts)
     assert cfg.slots == 2 and cfg.multi_host
-    assert Scheduler(None, cfg, None, None, rate_for=lambda j: (lambda w: w)).live_resize is False
+    assert Scheduler(None, cfg, make_policy("eight"), None, rate_for=lambda j: (lambda w: w)).live_resize is False

@@ -6,15 +6,21 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from elastic_ring.cluster.api import ClusterConfig
+from elastic_ring.cluster.api import ClusterConfig, JobRequest, JobRow, JobState
 from elastic_ring.cluster.runner import ProcessRunner, run_dir
 
 SLEEP = "import time; time.sleep(60)"
 
 
+def _row(jid: int) -> JobRow:
+    """A job row as the store gives it (queued, never started)."""
+    return JobRow(id=jid, name="j", request=JobRequest(name="j", kind="script", path="x.py", steps=10),
+                  state=JobState.QUEUED, submitted=0.0)
+
+
 def test_a_controller_without_a_stored_pid_is_found_by_its_run_folder(tmp_path):
     runner = ProcessRunner(tmp_path, ClusterConfig(hosts=(("localhost", 2),)))
-    job = {"id": 3, "pid": None}
+    job = _row(3)
     rd = str(run_dir(runner.dir, 3))
     assert not runner.alive(job) and runner._pid(job) is None
     # the same arguments as a start's command line (python -m elastic_ring.cli.main train --run-dir D),
@@ -23,7 +29,7 @@ def test_a_controller_without_a_stored_pid_is_found_by_its_run_folder(tmp_path):
     ctl = subprocess.Popen([sys.executable, "-c", SLEEP, "-m", "elastic_ring.cli.main", "train", "--run-dir", rd])
     try:
         assert runner.alive(job) and runner._pid(job) == ctl.pid
-        assert not runner.alive({"id": 4, "pid": None})  # another job's folder
+        assert not runner.alive(_row(4))  # another job's folder
         ctl.kill()
         ctl.wait()
         assert not runner.alive(job) and runner._pid(job) is None

@@ -13,9 +13,13 @@ from elastic_ring.controller.relay import Relay
 from elastic_ring.controller.requests import take_request
 from elastic_ring.controller.restart_rule import give_up_reason
 from elastic_ring.controller.segment import Processes, Segment
-from elastic_ring.events.api import EventLog, read_events
+from elastic_ring.events.api import EventLog, as_event, read_events
 from elastic_ring.protocol import REQUEST_FILE, WORKER_EVENTS
 from elastic_ring.worker.lr import RULES
+
+
+def _first(**kw):
+    return as_event({"kind": "first_step", **kw})
 
 
 def _meter(tmp_path) -> Meter:
@@ -31,8 +35,8 @@ def test_a_resize_is_measured_once_its_exit_and_a_steady_step_are_known(tmp_path
     m = _meter(tmp_path)
     m.pending = PendingResize(1, 2, step=10, t_request=100.0, lr_last=0.1, checkpoint_s=0.5, segment=0)
     m.relaunched(1, t_launch=101.0)
-    m.first_step(1, {"time": 104.0, "world_size": 2, "step": 11, "lr": 0.2}, t_launch=101.0, prelaunched=False)
-    window = {"seconds": 2.0, "steps": 4, "steps_per_s": 2.0}
+    m.first_step(1, _first(time=104.0, world_size=2, step=11, lr=0.2), t_launch=101.0, prelaunched=False)
+    window = as_event({"kind": "throughput", "seconds": 2.0, "steps": 4, "steps_per_s": 2.0})
     if exit_first:
         m.exited(0, 102.0)
         assert m.pending is not None  # no steady step yet
@@ -54,7 +58,7 @@ def test_a_resize_without_a_full_window_is_flushed_with_no_steady_step(tmp_path)
     m = _meter(tmp_path)
     m.flush()  # nothing pending: nothing written
     m.pending = PendingResize(2, 1, step=10, t_request=100.0, lr_last=0.2, t_exit=100.5, segment=0)
-    m.first_step(1, {"time": 103.0, "world_size": 1, "step": 11, "lr": 0.1}, t_launch=101.0, prelaunched=True)
+    m.first_step(1, _first(time=103.0, world_size=1, step=11, lr=0.1), t_launch=101.0, prelaunched=True)
     m.flush()
     (ov,) = read_events(tmp_path / "events.jsonl", kind="resize_overhead")
     assert ov["steady_step_s"] == 0.0 and ov["total_lost_s"] == 3.0 and m.startup_s == []  # pre-launched
@@ -64,7 +68,7 @@ def test_a_restart_is_measured_to_its_first_step(tmp_path):
     m = _meter(tmp_path)
     m.last_speed = 4.0  # 0.25 s a step
     m.restarting = Restarting(attempt=1, t_detect=50.0, t_last_progress=49.0, steps_redone=8, from_step=10)
-    m.first_step(2, {"time": 60.0, "world_size": 1, "step": 11, "lr": 0.1}, t_launch=52.0, prelaunched=False)
+    m.first_step(2, _first(time=60.0, world_size=1, step=11, lr=0.1), t_launch=52.0, prelaunched=False)
     (r,) = read_events(tmp_path / "events.jsonl", kind="recovered")
     assert r["detect_to_first_step_s"] == 10.0 and r["time_lost_s"] == pytest.approx(11.0 + 8 * 0.25)
     assert m.restarting is None

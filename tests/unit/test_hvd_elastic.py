@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from elastic_ring.controller.meter import Meter, PendingResize
-from elastic_ring.events import read_events
+from elastic_ring.events import as_event, read_events
 from elastic_ring.events.api import EventLog
 from elastic_ring.worker.hvd_elastic import _CommittedState, uses_horovod_elastic
 from elastic_ring.worker.lr import RULES
@@ -86,7 +86,8 @@ def test_relaunched_reports_the_lr_the_first_step_used_when_the_script_sets_it(t
     m.relaunched(1, t_launch=101.0)
     before = read_events(tmp_path / "events.jsonl", kind="relaunched")
     assert len(before) == (0 if by_script else 1)  # the script's LR is known at its first step only
-    m.first_step(1, {"time": 104.0, "world_size": 2, "step": 11, "lr": 0.15}, t_launch=101.0, prelaunched=False)
+    first = as_event({"kind": "first_step", "time": 104.0, "world_size": 2, "step": 11, "lr": 0.15})
+    m.first_step(1, first, t_launch=101.0, prelaunched=False)
     (rel,) = read_events(tmp_path / "events.jsonl", kind="relaunched")
     assert rel["lr_new"] == pytest.approx(0.15 if by_script else 0.2)  # else Eq. 7: 2 / 1 * 0.1
     assert rel["time"] == 101.0 and rel["step"] == 10
