@@ -49,7 +49,7 @@ def _model_of(rate):
 
 def capture(strategy: str, first: int, start: int, count: int) -> list:
     """The inputs of decisions ``start .. start+count-1`` of the stream's first ``first`` jobs."""
-    from elastic_ring.sched.policies import make_policy
+    from elastic_ring.sched.registry import make_policy
     from elastic_ring.sim import CONTENTION, SimConfig, load_workload, make_jobs, simulate
 
     caps: list = []
@@ -87,7 +87,7 @@ def capture(strategy: str, first: int, start: int, count: int) -> list:
 def replay(path: str, strategy: str) -> dict:
     """Child side: the decisions of ``path`` on the package found first on sys.path."""
     from elastic_ring.sched.api import JobBatch, model_rate
-    from elastic_ring.sched.policies import make_policy
+    from elastic_ring.sched.registry import make_policy
 
     caps = pickle.loads(Path(path).read_bytes())
     rates: dict = {}

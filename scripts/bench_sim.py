@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastic_ring.sched.policies import make_policy
+from elastic_ring.sched.registry import make_policy
 from elastic_ring.sim import CONTENTION, SimConfig, load_workload, make_jobs, simulate
 
 LIMIT_S = 60.0
@@ -94,7 +94,7 @@ def _child_run(tree: str, strategy: str, n_jobs: int, gpus: int, contention: str
     """One run in a fresh interpreter on the code at ``tree`` (a checkout of the package)."""
     code = (
         "import hashlib, json, sys, time\n"
-        "from elastic_ring.sched.policies import make_policy\n"
+        "from elastic_ring.sched.registry import make_policy\n"
         "from elastic_ring.sim import CONTENTION, SimConfig, load_workload, make_jobs, simulate\n"
         f"wl = load_workload('resnet110-cifar10'); models = {{wl.name: wl.model}}\n"
         f"cfg = SimConfig(gpus={gpus}, contention=CONTENTION[{contention!r}], jobs={n_jobs}, seed=0)\n"

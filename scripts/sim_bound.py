@@ -47,7 +47,8 @@ import numpy as np
 
 from elastic_ring.perfmodel.speed import SpeedModel
 from elastic_ring.sched.anchors import LAS, HeSRPT
-from elastic_ring.sched.policies import SRTF, make_policy
+from elastic_ring.sched.policies import SRTF
+from elastic_ring.sched.registry import make_policy
 from elastic_ring.sim import SimConfig, load_workload, make_jobs, simulate
 from elastic_ring.sim.bound import alone_bound, curve_bound, srpt_bound
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import elastic_ring
-from elastic_ring.sched.policies import make_policy
+from elastic_ring.sched.registry import make_policy
 from elastic_ring.sim import CONTENTION, SimConfig, load_workload, make_jobs, simulate
 from elastic_ring.sim import engine
 

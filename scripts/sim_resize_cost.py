@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastic_ring.sched.policies import make_policy
+from elastic_ring.sched.registry import make_policy
 from elastic_ring.sim import CONTENTION, SimConfig, load_workload, make_jobs, simulate
 
 SIZES = {"paper (0.25-8 h at 8 GPUs)": (0.25, 8.0), "short (36 s-6 min at 8 GPUs)": (0.01, 0.1)}

@@ -68,7 +68,8 @@ from elastic_ring.cluster.store import Store
 from elastic_ring.perfmodel.convergence import predict_remaining
 from elastic_ring.perfmodel.speed import FitError, SpeedModel, fit_speed_few
 from elastic_ring.sched.api import CostAwarePolicy, ExploringPolicy, JobView, Policy
-from elastic_ring.sched.policies import EXPLORE_GPUS, Exploratory, make_policy
+from elastic_ring.sched.policies import EXPLORE_GPUS, Exploratory
+from elastic_ring.sched.registry import make_policy
 from elastic_ring.sched.resize_cost import ResizeCosts, default_resize_cost
 
 _LIVE = (JobState.RUNNING, JobState.STOPPING)

@@ -178,7 +178,8 @@ def _markdown(summary: dict, levels: list[str], strategies: list[str], meta: dic
 def _tune(levels, tune: list[int], powers: list[float], base: dict, tune_models: dict, plan) -> tuple[dict, list]:
     """srtf's exponent per level, chosen on the tuning seeds and workloads only: the candidate with
     the best mean Eight/srtf ratio of average JCT there (ties: the smaller exponent)."""
-    from elastic_ring.sched.policies import SRTF, make_policy
+    from elastic_ring.sched.policies import SRTF
+    from elastic_ring.sched.registry import make_policy
     from elastic_ring.sim.api import SimConfig
     from elastic_ring.sim.engine import simulate as run_sim
     from elastic_ring.sim.workload import make_jobs
@@ -211,7 +212,8 @@ def _run_all(levels, seeds: list[int], runs_strats, base, true_models, plan_mode
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from elastic_ring.sched.policies import SRTF, make_policy
+    from elastic_ring.sched.policies import SRTF
+    from elastic_ring.sched.registry import make_policy
     from elastic_ring.sim.api import SimConfig
     from elastic_ring.sim.engine import simulate as run_sim
     from elastic_ring.sim.workload import make_jobs

@@ -21,7 +21,7 @@ from elastic_ring.cluster.scheduler import live_policy
 from elastic_ring.errors import ConfigError
 from elastic_ring.perfmodel.speed import SpeedModel
 from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S, Policy
-from elastic_ring.sched.policies import make_policy
+from elastic_ring.sched.registry import make_policy
 from elastic_ring.sched.resize_cost import ResizeCosts
 from elastic_ring.sim.api import JobSpec, JobState, RunResult, SimConfig
 from elastic_ring.sim.engine import Simulator

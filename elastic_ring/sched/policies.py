@@ -524,25 +524,3 @@ class ResizeAware:
 
 POLICIES = {"eight": Eight, "precompute": Precompute, "exploratory": Exploratory, "optimus": Optimus,
             "srtf": SRTF}
-
-
-def make_policy(name: str, resize_cost_s: float | None = None):
-    """A policy by name (one of :data:`POLICIES`, or an anchor of :mod:`elastic_ring.sched.anchors`:
-    ``las``, ``pollux``); ``NAME-rc`` wraps it in :class:`ResizeAware` with ``resize_cost_s``
-    (default: :data:`~elastic_ring.sched.api.DEFAULT_RESIZE_OVERHEAD_S`).
-
-    Raises:
-        ConfigError: unknown name.
-    """
-    from elastic_ring.sched.anchors import ANCHORS
-
-    known = {**POLICIES, **ANCHORS}
-    if name.endswith("-rc") and name[:-3] in known and name[:-3] not in ("eight", "exploratory"):
-        from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
-
-        cost = DEFAULT_RESIZE_OVERHEAD_S if resize_cost_s is None else resize_cost_s
-        return ResizeAware(known[name[:-3]](), cost)
-    try:
-        return known[name]()
-    except KeyError:
-        raise ConfigError(f"unknown strategy {name!r}; choose from {', '.join(known)}") from None

@@ -8,7 +8,7 @@ from elastic_ring.cluster.api import ClusterConfig, JobRequest, JobRow, JobState
 from elastic_ring.cluster.runner import ProcessRunner
 from elastic_ring.cluster.scheduler import Scheduler
 from elastic_ring.cluster.daemon import hostfile_slots as _parse_hostfile
-from elastic_ring.sched.policies import make_policy
+from elastic_ring.sched.registry import make_policy
 
 
 def _job(jid=1, max_workers=0):

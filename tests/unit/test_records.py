@@ -15,7 +15,8 @@ from elastic_ring.cluster.store import Store
 from elastic_ring.controller.summary import summarize
 from elastic_ring.events.api import EventLog, Launch, Throughput, UnknownEvent, as_event, read_events
 from elastic_ring.sched.api import CostAwarePolicy, ExploringPolicy
-from elastic_ring.sched.policies import Exploratory, make_policy
+from elastic_ring.sched.policies import Exploratory
+from elastic_ring.sched.registry import make_policy
 
 
 def _launch(**kw) -> Launch:

@@ -15,7 +15,8 @@ import pytest
 from elastic_ring.sched import kernels
 from elastic_ring.sched.api import JobBatch, JobView, model_rate
 from elastic_ring.sched.fast import doubling_levels, gain_table, rows_monotone
-from elastic_ring.sched.policies import ResizeAware, doubling_allocate, make_policy
+from elastic_ring.sched.policies import ResizeAware, doubling_allocate
+from elastic_ring.sched.registry import make_policy
 from elastic_ring.sim import load_workload
 
 CURVES = ("resnet110-cifar10", "resnet50-imagenet", "vgg16-imagenet")

@@ -16,7 +16,8 @@ import pytest
 from elastic_ring.sched.api import model_rate
 from elastic_ring.sched import policies
 from elastic_ring.sched.fast import doubling_levels, gain_table, rows_monotone, unit_steps, unit_table
-from elastic_ring.sched.policies import doubling_allocate, make_policy, unit_greedy_allocate
+from elastic_ring.sched.policies import doubling_allocate, unit_greedy_allocate
+from elastic_ring.sched.registry import make_policy
 from elastic_ring.sim import CONTENTION, SimConfig, load_workload, make_jobs, simulate
 from elastic_ring.sim.engine import BATCH_MIN_JOBS
 from tests.oracle import engine as oracle_engine, policies as oracle_policies

@@ -15,7 +15,7 @@ import pytest
 from elastic_ring.perfmodel.speed import fit_speed_few
 from elastic_ring.sched.api import model_rate
 from elastic_ring.sched.fast import gain_table, rows_monotone
-from elastic_ring.sched.policies import make_policy
+from elastic_ring.sched.registry import make_policy
 from elastic_ring.sim import CONTENTION, SimConfig, Simulator, load_workload, make_jobs, simulate
 from elastic_ring.sim.job import _fit_model, _row_monotone
 
