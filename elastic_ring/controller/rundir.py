@@ -102,6 +102,8 @@ def _replace_run_info(path: Path, info: dict[str, Any]) -> None:
 
 
 def ensure_dataset_cache(run_dir: Path, cfg: TrainConfig) -> None:
+    if cfg.dataset == "synthetic":  # made by each worker from its seed in milliseconds, the same tensors
+        return  # (no cache to write, so this controller never imports torch)
     from elastic_ring.data import materialize  # imports torch: only a run of the built-in model needs it
 
     with writing(run_dir / "cache"):

@@ -221,7 +221,7 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
 
         check_cpu_fallback([r.step for r in sched], total, rep)
     spec.validate()
-    if cfg is not None:  # the built-in model (a --script run's controller never imports torch)
+    if cfg is not None and cfg.dataset != "synthetic":  # a --script or synthetic run never imports torch
         from elastic_ring.data import check_dataset
 
         check_dataset(cfg.dataset, cfg.data_dir)

@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -102,13 +103,18 @@ def _plain(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_epoch_loop_script_runs_as_plain_horovod_and_as_one_process(tmp_path):
+    cmds = {}
     for n in (2, 1):
         cwd = tmp_path / f"np{n}"
         cwd.mkdir()
         args = [str(SCRIPT), "--epochs", "1", "--trace", str(cwd / "trace")]
-        cmd = ([tool("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, *args]
-               if n == 2 else [sys.executable, *args])
-        p = _plain(cmd, cwd)
+        cmds[n] = ([tool("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, *args]
+                   if n == 2 else [sys.executable, *args])
+    with ThreadPoolExecutor(2) as side_by_side:  # the two runs are independent: both at once
+        done = {n: side_by_side.submit(_plain, cmd, tmp_path / f"np{n}") for n, cmd in cmds.items()}
+    for n in (2, 1):
+        cwd = tmp_path / f"np{n}"
+        p = done[n].result()
         assert p.returncode == 0, p.stderr[-3000:]
         by_step, tests = _trace(cwd / "trace")
         world = _check_epochs(by_step, 1)  # torch's DistributedSampler's order, every sample once

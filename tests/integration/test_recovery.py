@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -132,17 +133,19 @@ def test_death_between_two_resizes_resumes_at_the_right_size_with_the_rest_of_th
     # 2 workers to step 30, 1 to step 100, 2 to step 130; the kill lands in the middle segment
     sched = ["--gpus", "2", "--schedule", "30:1,100:2", "--steps", "130", *TINY, "--checkpoint-every", "5"]
     straight = tmp_path / "straight"
-    p = run_cli("train", *sched, "--run-dir", str(straight), timeout=400)
-    assert p.returncode == 0, p.stderr
     run = tmp_path / "killed"
-    proc = _start([*sched, "--run-dir", str(run)])
-    try:
-        _wait_step(run, 50, segment=1)  # after the resize 2 -> 1, 50 steps before the resize 1 -> 2
-        os.kill(_pid_of(run, 1, 0), signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    with ThreadPoolExecutor(1) as beside:  # the uninterrupted reference runs beside the killed run
+        ref = beside.submit(run_cli, "train", *sched, "--run-dir", str(straight), timeout=400)
+        proc = _start([*sched, "--run-dir", str(run)])
+        try:
+            _wait_step(run, 50, segment=1)  # after the resize 2 -> 1, 50 steps before the resize 1 -> 2
+            os.kill(_pid_of(run, 1, 0), signal.SIGKILL)
+            out, err = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        p = ref.result()
+    assert p.returncode == 0, p.stderr
     assert proc.returncode == 0, err
     (r,) = read_events(run / "events.jsonl", kind="restart")
     assert r["new_world_size"] == 1 and 30 <= r["from_step"] < 100

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -256,23 +257,25 @@ def test_interrupt_and_resume_equals_uninterrupted_run(tmp_path):
     STEPS = 300
     args = ["--gpus", "1", "--steps", str(STEPS), *TINY]
     straight = tmp_path / "straight"
-    p = run_cli("train", *args, "--run-dir", str(straight), timeout=400)
-    assert p.returncode == 0, p.stderr
     cut = tmp_path / "cut"
-    proc = _start_train([*args, "--run-dir", str(cut)])
-    try:
-        _wait_for(lambda: _started_step(cut) >= 20, 120, "step 20", poll=0.02)
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130
-    stopped = json.loads((cut / "checkpoints" / "latest.json").read_text())["step"]
-    assert 20 <= stopped < STEPS
-    mid = _final_model(cut)  # the checkpoint the resume starts from
-    r = run_cli("train", "--resume", str(cut), "--slots", "2", timeout=400)
-    assert r.returncode == 0, r.stderr
+    with ThreadPoolExecutor(1) as beside:  # the uninterrupted reference runs beside the stop and resume
+        ref = beside.submit(run_cli, "train", *args, "--run-dir", str(straight), timeout=400)
+        proc = _start_train([*args, "--run-dir", str(cut)])
+        try:
+            _wait_for(lambda: _started_step(cut) >= 20, 120, "step 20", poll=0.02)
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 130
+        stopped = json.loads((cut / "checkpoints" / "latest.json").read_text())["step"]
+        assert 20 <= stopped < STEPS
+        mid = _final_model(cut)  # the checkpoint the resume starts from
+        r = run_cli("train", "--resume", str(cut), "--slots", "2", timeout=400)
+        assert r.returncode == 0, r.stderr
+        p = ref.result()
+    assert p.returncode == 0, p.stderr
     a, b = _final_model(straight), _final_model(cut)
     assert a["step"] == b["step"] == STEPS and a["cursor"] == b["cursor"]
     for k in a["model"]:
@@ -309,11 +312,13 @@ def test_resized_run_learns_as_well_as_unresized_on_real_digits(tmp_path):
     """
     common = ["--steps", "80", "--depth", "14", "--slots", "2", "--set", "throughput_window=20"]
     base = tmp_path / "base"
-    p = run_cli("train", "--gpus", "2", *common, "--run-dir", str(base), timeout=600)
-    assert p.returncode == 0, p.stderr
     rs = tmp_path / "resized"
-    p = run_cli("train", "--gpus", "1", "--resize-at", "27", "--to", "2", *common, "--run-dir", str(rs),
-                timeout=600)
+    with ThreadPoolExecutor(1) as beside:  # the two runs side by side (each waits on starts and rings)
+        b = beside.submit(run_cli, "train", "--gpus", "2", *common, "--run-dir", str(base), timeout=600)
+        p = run_cli("train", "--gpus", "1", "--resize-at", "27", "--to", "2", *common, "--run-dir", str(rs),
+                    timeout=600)
+        assert p.returncode == 0, p.stderr
+        p = b.result()
     assert p.returncode == 0, p.stderr
     acc_base = json.loads((base / "summary.json").read_text())["test_accuracy"]
     acc_rs = json.loads((rs / "summary.json").read_text())["test_accuracy"]
