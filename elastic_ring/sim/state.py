@@ -1,4 +1,4 @@
-"""The simulator's per-job state as arrays, and the compiled steps that work on it (issue 22).
+"""The simulator's per-job state as arrays, and the compiled steps that work on it.
 
 One column per job (its arrival index ``p``), one row per field: ``F`` (float64) holds the work,
 the work done, the time progress was last accounted to, the restart time after a pause, the true
