@@ -2,28 +2,11 @@
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
 import click
-
-from elastic_ring.errors import ConfigError, UserError
 
 SYNC_HELP = ("bsp | asp | ssp | dssp (Algorithm 2 of the paper, unchanged) | dssp-exact (the allowance "
              "minimising the predicted wait at the worker's next check, assuming no refill, with the hard "
              "cap gap <= hi)")
-
-
-def build_config(config: str | None, sets: tuple[str, ...], **flags):
-    """Config file, then ``--set key=value``, then the dedicated flags. Raises a UserError."""
-    from elastic_ring.config.base import load, parse_overrides, read_yaml
-    from elastic_ring.ps.api import PSConfig
-
-    if config and {"paradigms", "seeds", "targets", "out", "base", "heterogeneity", "references"} & set(read_yaml(config)):
-        raise ConfigError(f"{config} looks like an experiment design; use `elastic-ring ps experiment --config`")
-    if flags.get("sync") is not None and flags.get("staleness") is None:
-        flags["staleness"] = ""  # a file's staleness belongs to the file's sync
-    return load(PSConfig, config, parse_overrides(sets) | {k: v for k, v in flags.items() if v is not None})
 
 
 @click.group("ps", invoke_without_command=True, context_settings={"max_content_width": 100})
@@ -77,13 +60,11 @@ def ps(ctx: click.Context, config, sets, run_dir, **flags) -> None:
             raise click.UsageError("job options go before no subcommand: `elastic-ring ps [OPTIONS]` runs a "
                                    "job, `elastic-ring ps experiment --config FILE` runs a design")
         return
-    cfg = build_config(config, sets, **flags)
-    from elastic_ring.ps.runner import run_job
+    from elastic_ring.ps.api import build_config
+    from elastic_ring.ps.runner import new_run_dir, run_job
 
-    out = Path(run_dir) if run_dir else Path("runs") / "ps" / f"{cfg.sync}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        # a second job's events would mix with the first one's (two ps_finished, the old workers' rows)
-        raise UserError(f"run folder {out} already exists and is not empty (pick another --run-dir)")
+    cfg = build_config(config, sets, **flags)
+    out = new_run_dir(cfg, run_dir)
     click.echo(f"elastic-ring ps: {cfg.policy.label()}, {cfg.workers} worker(s), slowdown "
                f"{','.join(f'{s:g}' for s in cfg.slowdowns)}, run dir {out}")
     res = run_job(cfg, out)

@@ -30,7 +30,7 @@ from pydantic import Field, field_validator, model_validator
 
 from elastic_ring.config.api import Dataset, ResNetDepth
 from elastic_ring.config.base import Bool, ConfigModel, Float, FloatTuple, Int, Str, build
-from elastic_ring.errors import UserError
+from elastic_ring.errors import ConfigError, UserError
 
 Sync = Literal["bsp", "asp", "ssp", "dssp", "dssp-exact"]
 SYNCS = get_args(Sync)
@@ -315,3 +315,15 @@ def config_from_dict(values: Mapping[str, Any], source: str = "config") -> PSCon
         ConfigError: unknown key, wrong type or invalid value, in one line.
     """
     return build(PSConfig, values, source)
+
+
+def build_config(config: str | None, sets: tuple[str, ...], **flags):
+    """A job's settings: the YAML file ``config``, then ``--set key=value`` (``sets``), then the
+    command's own flags (``None``: not given). Raises a UserError (a ConfigError) naming the problem."""
+    from elastic_ring.config.base import load, parse_overrides, read_yaml
+
+    if config and {"paradigms", "seeds", "targets", "out", "base", "heterogeneity", "references"} & set(read_yaml(config)):
+        raise ConfigError(f"{config} looks like an experiment design; use `elastic-ring ps experiment --config`")
+    if flags.get("sync") is not None and flags.get("staleness") is None:
+        flags["staleness"] = ""  # a file's staleness belongs to the file's sync
+    return load(PSConfig, config, parse_overrides(sets) | {k: v for k, v in flags.items() if v is not None})

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from elastic_ring import protocol
-from elastic_ring.errors import WorkerFailedError
+from elastic_ring.errors import UserError, WorkerFailedError
 from elastic_ring.events.api import EventLog, ErrorEvent, read_events
 from elastic_ring.ps.api import PSConfig
 from elastic_ring.ps.events import PSFinished, PSWorkerSummary
@@ -71,6 +71,15 @@ class JobResult:
     returncode: int
     finished: PSFinished
     summaries: list[PSWorkerSummary]
+
+
+def new_run_dir(cfg: PSConfig, run_dir: str | Path | None) -> Path:
+    """The folder of a new job (default ``runs/ps/<sync>-<time>``); it must be new or empty, because a
+    second job's events would mix with the first one's (two ps_finished, the old workers' rows)."""
+    out = Path(run_dir) if run_dir else Path("runs") / "ps" / f"{cfg.sync}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"run folder {out} already exists and is not empty (pick another --run-dir)")
+    return out
 
 
 def run_job(cfg: PSConfig, run_dir: str | Path, timeout: float | None = None,

@@ -48,7 +48,8 @@ def release_gaps(ev):
 
 def _config(args: list[str]):
     """The PSConfig that `elastic-ring ps ARGS` runs: its own option parsing and build_config."""
-    from elastic_ring.cli.ps import build_config, ps
+    from elastic_ring.cli.ps import ps
+    from elastic_ring.ps.api import build_config
 
     params = dict(ps.make_context("ps", list(args)).params)
     params.pop("run_dir")

@@ -188,7 +188,7 @@ def test_replace_revalidates_and_to_dict_round_trips():
 
 
 def test_ps_flags_do_not_mask_set():
-    from elastic_ring.cli.ps import build_config
+    from elastic_ring.ps.api import build_config
 
     cfg = build_config(None, ("workers=3", "lr=0.3"), workers=None, lr=None, sync=None, staleness=None)
     assert (cfg.workers, cfg.lr) == (3, 0.3)
