@@ -10,7 +10,10 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from elastic_ring.cluster.api import JobRow
 
 # why the scheduler stopped a job (the store's message), as `jobs` says it
 STOP_WORDS = {"cancel": "cancel requested", "preempt": "preempted", "resize": "moving to other slots",
@@ -92,11 +95,11 @@ def cancel(cluster_dir: str | Path, job: str) -> str:
 
     store = Store(Path(cluster_dir))
     j = store.find(job)
-    if j["state"].terminal:
-        raise ClusterError(f"job {j['id']} is already {j['state'].value}")
-    store.update(j["id"], cancel=1)
-    store.event(j["id"], "cancel_requested")
-    return f"job {j['id']} ({j['name']}): cancel requested"
+    if j.state.terminal:
+        raise ClusterError(f"job {j.id} is already {j.state.value}")
+    store.update(j.id, cancel=1)
+    store.event(j.id, "cancel_requested")
+    return f"job {j.id} ({j.name}): cancel requested"
 
 
 def jobs_view(cluster_dir: str | Path, as_json: bool = False) -> str:
@@ -122,16 +125,16 @@ def nodes_line(nodes: Sequence[Sequence[Any]]) -> str:
     return (", ".join(f"{h}:{n}" for h, n in nodes) or "none") + f" ({sum(n for _, n in nodes)} slot(s))"
 
 
-def state_text(j: Any, cluster_dir: Path | None = None) -> str:
+def state_text(j: JobRow, cluster_dir: Path | None = None) -> str:
     """The state column: the state, and why for a stopping or paused job (a failed job's reason is
     printed under the table, a cancelled job's is its state); for a running job, what its run says
     when it is not plain stepping (``running (resizing 1 -> 2)``), from the run's own state."""
     from elastic_ring.cluster.api import JobState, job_dir
     from elastic_ring.controller.status import live_note
 
-    state, msg = j["state"], j["message"]
+    state, msg = j.state, j.message
     if state == JobState.RUNNING and not msg:
-        rd = j.get("run_dir") or (job_dir(cluster_dir, j["id"]) if cluster_dir is not None else None)
+        rd = j.run_dir or (job_dir(cluster_dir, j.id) if cluster_dir is not None else None)
         note = live_note(rd) if rd is not None and Path(rd).is_dir() else None
         return f"{state.value} ({note})" if note else state.value
     if not msg or state.terminal:
@@ -139,7 +142,7 @@ def state_text(j: Any, cluster_dir: Path | None = None) -> str:
     return f"{state.value} ({STOP_WORDS.get(msg, msg)})"
 
 
-def jobs_table(jobs: Sequence[Any], cluster_dir: Path | None = None) -> str:
+def jobs_table(jobs: Sequence[JobRow], cluster_dir: Path | None = None) -> str:
     """The job table (id, name, state, workers, step/total, images/s, submitted, JCT), with a line
     for each failed job under it."""
     from elastic_ring.cluster.api import JobState, job_log
@@ -147,25 +150,26 @@ def jobs_table(jobs: Sequence[Any], cluster_dir: Path | None = None) -> str:
     rows = [("id", "name", "state", "workers", "step/total", "images/s", "submitted", "JCT")]
     notes = []
     for j in jobs:
-        total = j["total"] or j["request"].steps or "?"
-        jct = f"{j['finished'] - j['submitted']:.1f} s" if j["finished"] else ""
-        rows.append((str(j["id"]), j["name"], state_text(j, cluster_dir),
-                     str(j["workers"] or len(j["slots"])), f"{j['step']}/{total}", f"{j['images_per_s']:.0f}",
-                     time.strftime("%H:%M:%S", time.localtime(j["submitted"])), jct))
-        if j["state"] == JobState.FAILED:
-            log = job_log(cluster_dir, j["id"]) if cluster_dir is not None else None
-            notes.append(f"job {j['id']} failed: {j['message'] or 'no reason recorded'}"
+        total = j.total or j.request.steps or "?"
+        jct = f"{j.finished - j.submitted:.1f} s" if j.finished else ""
+        rows.append((str(j.id), j.name, state_text(j, cluster_dir),
+                     str(j.workers or len(j.slots)), f"{j.step}/{total}", f"{j.images_per_s:.0f}",
+                     time.strftime("%H:%M:%S", time.localtime(j.submitted)), jct))
+        if j.state == JobState.FAILED:
+            log = job_log(cluster_dir, j.id) if cluster_dir is not None else None
+            notes.append(f"job {j.id} failed: {j.message or 'no reason recorded'}"
                          + (f" (log: {log})" if log is not None and log.exists() else ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows] + notes)
 
 
-def job_json(j: Any, cluster_dir: Path) -> dict:
+def job_json(j: JobRow, cluster_dir: Path) -> dict:
     """One job for `jobs --json`: the store's row, with its run folder and log where they exist."""
     from elastic_ring.cluster.api import job_dir, job_log
 
-    out = {k: (v.value if k == "state" else v.to_dict() if k == "request" else v) for k, v in j.items()}
-    rd, log = job_dir(cluster_dir, j["id"]), job_log(cluster_dir, j["id"])
-    out["run_dir"] = out["run_dir"] or (str(rd.resolve()) if rd.is_dir() else None)
+    out = {k: getattr(j, k) for k in j.columns()}
+    out.update(state=j.state.value, request=j.request.to_dict(), slots=list(j.slots))
+    rd, log = job_dir(cluster_dir, j.id), job_log(cluster_dir, j.id)
+    out["run_dir"] = j.run_dir or (str(rd.resolve()) if rd.is_dir() else None)
     out["log"] = str(log.resolve()) if log.exists() else None
     return out

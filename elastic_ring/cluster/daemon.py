@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from elastic_ring.cluster.api import ClusterConfig
+from elastic_ring.cluster.api import ClusterConfig, JobRow
 from elastic_ring.cluster.client import jobs_table, nodes_line
 from elastic_ring.errors import UserError
 
@@ -93,7 +93,7 @@ def run(cluster_dir: str | Path, slots: int | None = None, hostfile: str | None 
         if cfg.ray is not None:  # the nodes seen now (what `jobs` shows until the scheduler's next pass)
             cfg = dataclasses.replace(cfg, hosts=tuple((n.name, n.slots) for n in source.capacity().nodes))
             store.set_meta("nodes", [list(h) for h in cfg.hosts])
-        elif any(len(j["slots"]) and max(j["slots"]) >= cfg.slots for j in store.jobs(active_only=True)):
+        elif any(len(j.slots) and max(j.slots) >= cfg.slots for j in store.jobs(active_only=True)):
             raise UserError(f"jobs of {d} hold slots beyond the {cfg.slots} asked; start with the same slots")
         store.set_meta("config", cfg.to_dict())
         store.set_meta("down", False)
@@ -202,10 +202,10 @@ def loop(store: Any, sched: Any, poll_s: float, quiet: bool, echo: Echo = print)
             last_nodes = sched.capacity.nodes
             echo(f"{time.strftime('%H:%M:%S')} nodes: {nodes_line([(n.name, n.slots) for n in last_nodes])}")
         for e in store.events():
-            if e["id"] > last_event:
-                last_event = e["id"]
-                echo(f"{time.strftime('%H:%M:%S', time.localtime(e['time']))} job {e['job_id']}: "
-                     f"{e['kind']} {json.dumps(e['data']) if e['data'] else ''}".rstrip())
+            if e.id > last_event:
+                last_event = e.id
+                echo(f"{time.strftime('%H:%M:%S', time.localtime(e.time))} job {e.job_id}: "
+                     f"{e.kind} {json.dumps(e.data) if e.data else ''}".rstrip())
         if not quiet:
             table = jobs_table(store.jobs(), store.dir)
             if table != last_table:
@@ -217,12 +217,12 @@ def loop(store: Any, sched: Any, poll_s: float, quiet: bool, echo: Echo = print)
         time.sleep(poll_s)
 
 
-def rate_for(cfg: ClusterConfig) -> Callable[[Any], Callable[[int], float]]:
+def rate_for(cfg: ClusterConfig) -> Callable[[JobRow], Callable[[int], float]]:
     """Job row -> steps/s by worker count: its profile's Eq. 5 model, else linear (assumed)."""
     from elastic_ring.perfmodel.speed import load_profile
 
-    def rate(job):
-        path = job["request"].profile or cfg.profile
+    def rate(job: JobRow) -> Callable[[int], float]:
+        path = job.request.profile or cfg.profile
         if path:
             try:
                 model, _ = load_profile(Path(path))

@@ -56,7 +56,8 @@ from elastic_ring.controller.restart_rule import FailureHistory, append_tracebac
 from elastic_ring.controller.segment import Processes, Segment, segment_log
 from elastic_ring.controller.summary import write_summary
 from elastic_ring.errors import WorkerFailedError
-from elastic_ring.events.api import ErrorEvent, EventLog, Launch, ResizeRequested, Restart
+from elastic_ring.events.api import (CheckpointWritten, ErrorEvent, Evaluation, Event, EventLog, FirstStep, Launch,
+                                     ResizeRequested, Restart, Throughput)
 from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, stop_file
 from elastic_ring.worker.hvd_elastic import uses_horovod_elastic
 from elastic_ring.worker.lr import RULES
@@ -199,15 +200,15 @@ class Controller:
                 step, world = self._recover(seg, rc)
                 segment = seg.index + 1
                 continue
-            step = int(seg.end["step"])
+            step = int(seg.end.step)
             if self._failures.failures:  # a checkpoint newer than the restart's: count again
                 self._failures.progress_saved(self._checkpoint_step())
             if self.meter.pending is not None and self.meter.pending.t_first is not None:
                 self._drain(wait=True)  # may emit the overhead itself
                 self.meter.flush()  # no full window at the new size: no steady step
-            if self._interrupts and seg.end["reason"] != "finished" and not seg.deferred_stop:
+            if self._interrupts and seg.end.reason != "finished" and not seg.deferred_stop:
                 return self._interrupted(seg, killed=False)
-            if seg.end["reason"] == "finished":
+            if seg.end.reason == "finished":
                 self._cancel_next()
                 break
             world, segment = self._decide_resize(seg, step, world, rc, now), segment + 1
@@ -242,15 +243,15 @@ class Controller:
             self._save_plan()
         else:
             r = self.plan.resize_at(step)
-            if r is None and seg.end.get("reason") == "scheduled" and step > seg.stop_at:
+            if r is None and seg.end.reason == "scheduled" and step > seg.stop_at:
                 r = self.plan.resize_at(seg.stop_at)  # stopped at the first commit after the step
             if r is None:
                 self._fail(seg, rc, f"workers stopped at step {step} with no resize pending")
-            target, t_req = r.to, float(seg.end["stop_decided_at"])
+            target, t_req = r.to, float(seg.end.stop_decided_at)
             self.events.write(ResizeRequested(from_workers=world, to_workers=target,
                                               source="schedule", at_step=step, time=t_req))
         inplace = self._elastic is not None
-        self.meter.pending = PendingResize(world, target, step, t_req, float(seg.end["lr"]),
+        self.meter.pending = PendingResize(world, target, step, t_req, float(seg.end.lr),
                                            checkpoint_s=0.0 if inplace else seg.ckpt_s,
                                            t_exit=now if rc is not None or inplace else None,
                                            segment=seg.index)
@@ -385,8 +386,8 @@ class Controller:
         self._elastic = None
         seg.handle, seg.log, seg.cmd, seg.t_started = old.handle, old.log, old.cmd, old.t_started
         seg.t_launch = self.clock()
-        if not self.resize.withdraw_ahead(old.index) and old.end is not None and old.end.get("time"):
-            seg.t_launch = min(seg.t_launch, float(old.end["time"]))
+        if not self.resize.withdraw_ahead(old.index) and old.end is not None and old.end.time:
+            seg.t_launch = min(seg.t_launch, float(old.end.time))
         self.resize.resize(old.index, seg.launch(self.owner), seg.t_launch)
         self._announce(seg, step)
 
@@ -418,7 +419,7 @@ class Controller:
                 self._set_state(RunState.STOPPING, world_size=seg.world, segment=seg.index)
                 self.out("stopping: workers will checkpoint at the next agreed step (Ctrl-C again to kill)")
             if (self.resize.keeps_workers and self._interrupts and seg.end is not None and not seg.deferred_stop
-                    and seg.end["reason"] != "finished" and not exit_sent):
+                    and seg.end.reason != "finished" and not exit_sent):
                 exit_sent = True  # paused in place: checkpoint and leave
                 self.resize.ask_exit(seg.index, self.clock())
             if self._interrupts > 1:
@@ -430,7 +431,7 @@ class Controller:
                     time.sleep(0.05)
             if rc is not None:
                 return rc
-            if (self.resize.overlaps_exit and seg.end is not None and seg.end["reason"] != "finished"
+            if (self.resize.overlaps_exit and seg.end is not None and seg.end.reason != "finished"
                     and (not self._interrupts or seg.deferred_stop)):
                 return None
             if self.resize.prelaunches and self._next is None and not self._interrupts:
@@ -475,29 +476,29 @@ class Controller:
     def _relay(self) -> None:
         self.relay.poll(self._on_worker_event, hold=self._ahead)
 
-    def _ahead(self, ev: dict[str, Any]) -> bool:
+    def _ahead(self, ev: Event) -> bool:
         """An event of a segment after the one that just ended (workers that took a resize written
         ahead): it waits until that segment is watched."""
-        seg, n = self._seg, ev.get("segment")
+        seg, n = self._seg, getattr(ev, "segment", None)
         return seg is not None and seg.end is not None and isinstance(n, int) and n > seg.index
 
-    def _on_worker_event(self, ev: dict[str, Any]) -> None:
+    def _on_worker_event(self, ev: Event) -> None:
         """React to one worker event (already in ``events.jsonl``): the running segment's progress,
         the measurements, the display."""
-        seg, kind = self._seg, ev.get("kind")
-        mine = seg is not None and ev.get("segment") == seg.index
+        seg = self._seg
+        mine = seg is not None and getattr(ev, "segment", None) == seg.index
         if mine:
             seg.observe(ev)
-        if kind == "first_step" and mine:
+        if isinstance(ev, FirstStep) and mine:
             self._stepping()
             self._prepare_ahead(seg)
             self.meter.first_step(seg.index, ev, seg.t_launch, prelaunched=seg.go_file is not None)
-        elif kind == "throughput":
-            if ev.get("steps"):
-                self.watchdog.add_step_time(float(ev["seconds"]) / int(ev["steps"]))
+        elif isinstance(ev, Throughput):
+            if ev.steps:
+                self.watchdog.add_step_time(float(ev.seconds) / int(ev.steps))
             self.meter.throughput(ev, running=mine)
             self.display.throughput(ev)
-        elif kind == "checkpoint_written" and seg is not None:
-            seg.ckpt_s = float(ev["seconds"])
-        elif kind == "evaluation":
+        elif isinstance(ev, CheckpointWritten) and seg is not None:
+            seg.ckpt_s = float(ev.seconds)
+        elif isinstance(ev, Evaluation):
             self.display.evaluation(ev)

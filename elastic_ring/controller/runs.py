@@ -236,7 +236,7 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
     from elastic_ring.config.api import load_config
     from elastic_ring.controller.lock import RunLock, stop_stale_workers
     from elastic_ring.controller.rundir import update_run_info, update_worker_settings, worker_settings
-    from elastic_ring.events.api import read_events
+    from elastic_ring.events.api import Launch, read_events
 
     rd = Path(req.resume_dir)
     if not (rd / "run.json").exists():
@@ -286,7 +286,7 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
     stall = req.stall_timeout if req.stall_timeout is not None else run_info.get("stall_timeout")
     if req.stall_timeout is not None:  # kept for later resumes (a cluster's stop and resume too)
         update_run_info(rd, stall_timeout=req.stall_timeout)
-    segment = len(read_events(rd / "events.jsonl", kind="launch"))
+    segment = len(read_events(rd / "events.jsonl", Launch))
     return PreparedRun(spec, cfg, plan, start_step, segment, req.relaunch, stall_timeout=stall)
 
 

@@ -50,8 +50,9 @@ from pydantic import Field, field_validator, model_validator
 
 from elastic_ring.config.base import ConfigModel, Float, FloatTuple, Int, IntTuple, Section, Str, build, load
 from elastic_ring.errors import ConfigError, ElasticRingError
-from elastic_ring.events.api import read_events
+from elastic_ring.events.api import Event, as_event, read_events
 from elastic_ring.ps.api import PSConfig
+from elastic_ring.ps.events import PSAccuracy, PSController, PSFinished, PSLaunch, PSPush, PSWorkerSummary
 
 # Table I of arXiv 1908.11848 (ResNet-110 / CIFAR-100, GTX 1060 + GTX 1080 Ti): seconds to test
 # accuracy 0.67, the column every paradigm reached. Keyed by (sync, staleness).
@@ -198,9 +199,10 @@ def load_design(path: str | Path, overrides: Sequence[str] | Mapping[str, Any] =
 # ------------------------------------------------------------------------------------- statistics
 
 
-def _first_at_targets(events: list[dict], targets: Sequence[float], field: str) -> dict[str, Any]:
+def _first_at_targets(events: Sequence[Event | Mapping[str, Any]], targets: Sequence[float],
+                      field: str) -> dict[str, Any]:
     """``field`` of the first evaluation at or above each target (None: never reached)."""
-    acc = sorted((e["t"], e[field], e["test_accuracy"]) for e in events if e["kind"] == "ps_accuracy")
+    acc = sorted((e.t, getattr(e, field), e.test_accuracy) for e in map(as_event, events) if isinstance(e, PSAccuracy))
     out = {}
     for tgt in targets:
         hit = [x for _, x, a in acc if a >= tgt - 1e-12]
@@ -208,12 +210,12 @@ def _first_at_targets(events: list[dict], targets: Sequence[float], field: str) 
     return out
 
 
-def time_to_targets(events: list[dict], targets: Sequence[float]) -> dict[str, float | None]:
+def time_to_targets(events: Sequence[Event | Mapping[str, Any]], targets: Sequence[float]) -> dict[str, float | None]:
     """Seconds (since the server started) of the first evaluation at or above each target."""
     return _first_at_targets(events, targets, "t")
 
 
-def updates_to_targets(events: list[dict], targets: Sequence[float]) -> dict[str, int | None]:
+def updates_to_targets(events: Sequence[Event | Mapping[str, Any]], targets: Sequence[float]) -> dict[str, int | None]:
     """Server version (applied pushes) at the first evaluation at or above each target."""
     return _first_at_targets(events, targets, "version")
 
@@ -285,42 +287,43 @@ def direction(lo: float, hi: float, paper_ratio: float, margin: float) -> str:
 # ----------------------------------------------------------------------------------------- per run
 
 
-def summarise_run(events: list[dict], targets: Sequence[float]) -> dict[str, Any]:
-    fin = next(e for e in events if e["kind"] == "ps_finished")
-    summ = sorted((e for e in events if e["kind"] == "ps_worker_summary"), key=lambda e: e["worker"])
-    pushes = [e for e in events if e["kind"] == "ps_push"]
-    launch = next((e for e in events if e["kind"] == "ps_launch"), {})
-    cfg = launch.get("config") or {}
+def summarise_run(events: Sequence[Event | Mapping[str, Any]], targets: Sequence[float]) -> dict[str, Any]:
+    events = [as_event(e) for e in events]
+    fin = next(e for e in events if isinstance(e, PSFinished))
+    summ = sorted((e for e in events if isinstance(e, PSWorkerSummary)), key=lambda e: e.worker)
+    pushes = [e for e in events if isinstance(e, PSPush)]
+    launch = next((e for e in events if isinstance(e, PSLaunch)), None)
+    cfg = (launch.config if launch is not None else None) or {}
     base = float(cfg.get("base_step_s") or 0.0)
-    compute = np.array([p["compute_s"] for p in pushes]) if pushes else np.zeros(0)
-    virtual = fin.get("clock", "wall") == "virtual"  # the step length is emulated: nothing to overrun
-    over = 0 if virtual else sum(1 for p in pushes if p.get("target_s", 0) > 0 and p["compute_s"] > p["target_s"])
+    compute = np.array([p.compute_s for p in pushes]) if pushes else np.zeros(0)
+    virtual = fin.clock == "virtual"  # the step length is emulated: nothing to overrun
+    over = 0 if virtual else sum(1 for p in pushes if (p.target_s or 0) > 0 and p.compute_s > p.target_s)
     ratio = compute / base if base > 0 and compute.size else np.zeros(0)
-    fast = min(summ, key=lambda s: (s["slowdown"], s["worker"])) if summ else None
-    ctl = [e for e in events if e["kind"] == "ps_controller"]
+    fast = min(summ, key=lambda s: (s.slowdown, s.worker)) if summ else None
+    ctl = [e for e in events if isinstance(e, PSController)]
     return {
         "time_to": time_to_targets(events, targets),
         "updates_to": updates_to_targets(events, targets),
-        "budget_s": float(cfg.get("time_budget_s") or fin["wall_s"]),
-        "wall_s": fin["wall_s"],
-        "clock": fin.get("clock", "wall"),
-        "real_s": fin.get("real_s"),
-        "updates": fin["version"],
-        "best_accuracy": fin["best_accuracy"],
-        "max_release_gap": fin["max_release_gap"],
-        "max_staleness": fin["max_staleness"],
-        "mean_staleness": float(np.mean([p["staleness"] for p in pushes])) if pushes else 0.0,
+        "budget_s": float(cfg.get("time_budget_s") or fin.wall_s),
+        "wall_s": fin.wall_s,
+        "clock": fin.clock,
+        "real_s": fin.real_s,
+        "updates": fin.version,
+        "best_accuracy": fin.best_accuracy,
+        "max_release_gap": fin.max_release_gap,
+        "max_staleness": fin.max_staleness,
+        "mean_staleness": float(np.mean([p.staleness for p in pushes])) if pushes else 0.0,
         "compute_base": {"median": float(np.median(ratio)) if ratio.size else None,
                          "p99": float(np.quantile(ratio, 0.99)) if ratio.size else None,
                          "max": float(ratio.max()) if ratio.size else None},
         "overruns": over,
         "pushes": len(pushes),
         # transfer + apply per push, as the workers saw it (blocked minus held): the load-dependent rest
-        "overhead_per_push_s": float(np.mean([(s["blocked_s"] - s["held_s"]) / max(s["pushes"], 1) for s in summ]))
+        "overhead_per_push_s": float(np.mean([(s.blocked_s - s.held_s) / max(s.pushes, 1) for s in summ]))
         if summ else None,
-        "fast_held_frac": fast["held_s"] / max(fin["wall_s"], 1e-9) if fast else None,
-        "mean_allowance": float(np.mean([c["r"] for c in ctl])) if ctl else None,
-        "accuracy_curve": [(e["t"], e["test_accuracy"]) for e in events if e["kind"] == "ps_accuracy"],
+        "fast_held_frac": fast.held_s / max(fin.wall_s, 1e-9) if fast else None,
+        "mean_allowance": float(np.mean([c.r for c in ctl])) if ctl else None,
+        "accuracy_curve": [(e.t, e.test_accuracy) for e in events if isinstance(e, PSAccuracy)],
     }
 
 
@@ -544,7 +547,7 @@ def _reusable(design: Design, h: str, p: str, s: int) -> bool:
     except (OSError, ValueError):
         return False
     want = json.loads(json.dumps(design.cell(h, p).cfg.replace(seed=s).to_dict()))
-    return saved == want and bool(read_events(rdir / "events.jsonl", "ps_finished"))
+    return saved == want and bool(read_events(rdir / "events.jsonl", PSFinished))
 
 
 def _run_batch(design: Design, group: list[tuple[str, str, int]], run_job: Callable | None,

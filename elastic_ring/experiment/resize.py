@@ -44,6 +44,8 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 from pydantic import Field, field_validator, model_validator
 
 from elastic_ring.config.base import Bool, ConfigModel, Int, IntTuple, Section, Str, load, parse_overrides
+from elastic_ring.events.api import (Evaluation, Event, Finished, Launch, ResizeOverhead, SegmentEnd, Throughput,
+                                     as_event)
 
 PACKAGE = Path(__file__).resolve().parents[1]  # elastic_ring/: its configs/ travel with it when installed
 
@@ -122,35 +124,38 @@ def load_design(path: str | Path, overrides: Sequence[str] | Mapping[str, Any] =
 
 
 # ---------------------------------------------------------------------------- per-run numbers
-def run_metrics(events: list[dict[str, Any]], batch_size: int, train_size: int) -> dict[str, Any]:
-    """The numbers of one finished run, from its events (module docstring)."""
-    launches = sorted((e for e in events if e["kind"] == "launch"), key=lambda e: e["segment"])
-    ends = {e["segment"]: e for e in events if e["kind"] == "segment_end"}
+def run_metrics(events: Iterable[Event | Mapping[str, Any]], batch_size: int, train_size: int) -> dict[str, Any]:
+    """The numbers of one finished run, from its events (module docstring); an event given as its
+    line's dict is read as its typed record."""
+    recs = [as_event(e) for e in events]
+    launches = sorted((e for e in recs if isinstance(e, Launch)), key=lambda e: e.segment)
+    ends = {e.segment: e for e in recs if isinstance(e, SegmentEnd)}
     samples, steps = 0, 0
     for ln in launches:
-        end = ends.get(ln["segment"])
+        end = ends.get(ln.segment)
         if end is None:
             continue
-        n = int(end["step"]) - (int(ln["start_step"]) - 1)
+        n = int(end.step) - (int(ln.start_step) - 1)
         steps += n
-        samples += n * batch_size * int(ln["world_size"])
-    fin = [e for e in events if e["kind"] == "finished"]
-    evals = [e for e in events if e["kind"] == "evaluation"]
-    thr = [e for e in events if e["kind"] == "throughput"]
-    ov = [e for e in events if e["kind"] == "resize_overhead"]
+        samples += n * batch_size * int(ln.world_size)
+    fin = [e for e in recs if isinstance(e, Finished)]
+    evals = [e for e in recs if isinstance(e, Evaluation)]
+    thr = [e for e in recs if isinstance(e, Throughput)]
+    ov = [e for e in recs if isinstance(e, ResizeOverhead)]
     return {
         "finished": bool(fin),
         "steps": steps,
         "samples": samples,
         "epochs": samples / train_size if train_size else None,
-        "wall_s": float(fin[-1]["wall_s"]) if fin else None,
-        "resizes": [{k: e[k] for k in ("from_workers", "to_workers", "step", "stop_latency_s",
-                                       "checkpoint_s", "relaunch_to_first_step_s", "total_lost_s")}
+        "wall_s": float(fin[-1].wall_s) if fin else None,
+        "resizes": [{"from_workers": e.from_workers, "to_workers": e.to_workers, "step": e.step,
+                     "stop_latency_s": e.stop_latency_s, "checkpoint_s": e.checkpoint_s,
+                     "relaunch_to_first_step_s": e.relaunch_to_first_step_s, "total_lost_s": e.total_lost_s}
                     for e in ov],
-        "overhead_s": sum(float(e["total_lost_s"]) for e in ov) if ov else None,
-        "test_accuracy": float(evals[-1]["test_accuracy"]) if evals else None,
-        "test_loss": float(evals[-1]["test_loss"]) if evals else None,
-        "train_loss": float(thr[-1]["loss"]) if thr else None,
+        "overhead_s": sum(float(e.total_lost_s) for e in ov) if ov else None,
+        "test_accuracy": float(evals[-1].test_accuracy) if evals else None,
+        "test_loss": float(evals[-1].test_loss) if evals else None,
+        "train_loss": float(thr[-1].loss) if thr else None,
     }
 
 

@@ -12,8 +12,8 @@ from typing import Any, Callable, Protocol
 
 from elastic_ring import protocol
 from elastic_ring.controller.backends.ray_members import Member
+from elastic_ring.protocol import RETIRED
 
-RETIRED = 3  # elastic_ring.worker.run.RETIRED (not imported here: that module is the workers')
 GRACE_S = 5.0  # after a member fails, how long to wait for the one that caused it to show
 SETTLE_S = 0.5  # a lost node surfaces ~2.5 s after its processes: a silent death waits this long
 
