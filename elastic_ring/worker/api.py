@@ -101,14 +101,15 @@ class Job:
     ``vote`` (:class:`~elastic_ring.worker.segment.StopVote`), ``state``
     (:class:`~elastic_ring.worker.sync.StateSync`), ``checkpoints``
     (:class:`~elastic_ring.worker.checkpoints.Checkpoints`) and ``progress``
-    (:class:`~elastic_ring.worker.progress.Progress`). ``ring``: a ring already formed (a job
-    started over in a ring re-formed in place), else this launch's, from the environment.
+    (:class:`~elastic_ring.worker.progress.Progress`). ``ring``: the ring (default: this
+    launch's, from the environment); ``rejoined``: the job starts over in this process, in
+    ``ring`` re-formed in place (``start``: the reset's start-up phases so far).
     """
 
     elastic = True  # under the controller (the plain job of a script run without it: False)
 
     def __init__(self, info: LaunchInfo, lazy: bool = False, ring: Ring | None = None,
-                 start: StartUp | None = None) -> None:
+                 start: StartUp | None = None, rejoined: bool = False) -> None:
         import torch
 
         self.info, self.run_dir = info, Path(info.run_dir)
@@ -124,7 +125,7 @@ class Job:
         self.hooked = HookedSteps(self)  # the steps counted at the optimizer's (an epoch loop)
         self.form = "optimizer"  # where the steps are: "optimizer" (its steps), "steps" (job.steps()),
         #                          "commits" (a Horovod Elastic script's)
-        self.rejoined = ring is not None  # started over in a ring re-formed in place
+        self.rejoined = rejoined  # started over in this process, in the ring re-formed in place
         self.restored = False
         self._step_depth = 0  # inside the registered optimizer's step (its hooks may nest)
         if info.device == "cuda":
@@ -427,7 +428,7 @@ def init(lazy: bool = False) -> "Job | PlainJob":
     else:  # the script run again in this process, in the ring re-formed in place
         ring, segment, stop_at, start = carried
         job = Job(replace(info, segment=segment, stop_at=stop_at, go_file=None), lazy=lazy, ring=ring,
-                  start=start)
+                  start=start, rejoined=True)
     session.started(job)
     return job
 

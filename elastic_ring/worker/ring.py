@@ -187,8 +187,9 @@ class Ring:
         raise NotImplementedError(f"{type(self).__name__} does not resize in place")
 
     def alone(self) -> bool:
-        """This process is the whole re-formed ring, its state the state: nothing to broadcast."""
-        return False
+        """This process is the whole ring re-formed in place, its live state the state: nothing
+        to broadcast (a shrink to one worker syncs without a collective)."""
+        return self.in_place and self.size == 1
 
 
 class RelaunchRing(Ring):
@@ -254,9 +255,6 @@ class ControllerRing(Ring):
         os.environ.update({k: str(v) for k, v in mine.items()})
         self.hvd.init()
         self.adopt_ranks()
-
-    def alone(self) -> bool:
-        return self.size == 1
 
 
 def ring_from_env() -> Ring:
