@@ -10,6 +10,8 @@ entry point:
   come from the ``worker`` entry of ``DIR/run.json``);
 - runs a script written for Horovod Elastic (``@hvd.elastic.run``) unchanged, with elastic-ring
   behind those names (:mod:`elastic_ring.worker.hvd_elastic`);
+- runs an epoch-loop script again in this process for each segment it joins in a ring re-formed
+  in place (:class:`~elastic_ring.worker.hooked.Rejoin`);
 - watches, in a thread, that the script calls ``elastic_ring.worker.init()`` (a script that calls
   ``hvd.init()`` itself, or not at all within ``init_timeout_s``, fails with a clear error) and
   that its controller is alive and still owns the folder (otherwise the worker exits with status
