@@ -37,7 +37,7 @@ def _state(depth: int, width: int):
     import torch.nn.functional as F
 
     from elastic_ring.nn import resnet
-    from elastic_ring.worker.api import _rng_state
+    from elastic_ring.worker.state import _rng_state
 
     torch.manual_seed(0)
     model = resnet(depth, width, 10)

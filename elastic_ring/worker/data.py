@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from elastic_ring.worker.errors import ContractError
@@ -58,6 +58,27 @@ class DataPosition:
             self.pos, self.sampler_index = int(st.get("pos") or 0), st.get("sampler_index")
 
 
+@dataclass
+class EpochData:
+    """A job's drop-in samplers (in creation order: the script creates them in the same order
+    in every segment), the one iterated last, the data position, and the RNG state to put back
+    where the training loader resumes inside an epoch."""
+
+    samplers: list["DistributedSampler"] = field(default_factory=list)
+    iterated: "DistributedSampler | None" = None
+    position: DataPosition = field(default_factory=DataPosition)
+    resume_rng: dict[str, Any] | None = None
+
+    def training_sampler(self) -> "DistributedSampler | None":
+        """The drop-in sampler that feeds the steps: the one that fed them before (restored with
+        the checkpoint), else the one iterated last (a test set's sampler iterated in the middle
+        of an epoch does not take over once training has claimed one)."""
+        i = self.position.sampler_index
+        if i is not None and 0 <= i < len(self.samplers):
+            return self.samplers[i]
+        return self.iterated
+
+
 def _caller_batch_sampler(frame) -> Any:
     """The ``torch.utils.data.BatchSampler`` whose ``__iter__`` is calling ``iter()`` on us (a
     ``DataLoader`` batching this sampler), or None."""
@@ -76,12 +97,12 @@ class DistributedSampler:
     def __init__(self, dataset, num_replicas: int | None = None, rank: int | None = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                  batch_size: int | None = None) -> None:
-        from elastic_ring.worker import api
+        from elastic_ring.worker.session import current
 
         self.dataset, self.shuffle, self.seed, self.drop_last = dataset, shuffle, seed, drop_last
         self.epoch = 0
         self.batch_size = batch_size
-        self.job = api._JOB
+        self.job = current()
         if self.job is None:
             raise ContractError("elastic.DistributedSampler needs elastic.init() first")
         self.num_replicas = self.job.size if num_replicas is None else int(num_replicas)
@@ -89,12 +110,13 @@ class DistributedSampler:
         if (self.num_replicas, self.rank) != (self.job.size, self.job.rank):
             raise ContractError(f"DistributedSampler(num_replicas={self.num_replicas}, rank={self.rank}): "
                                 f"this worker is rank {self.job.rank} of {self.job.size}")
-        self.index = len(self.job._samplers)  # the script creates its samplers in the same order
+        self.data = self.job.epoch_data
+        self.index = len(self.data.samplers)  # the script creates its samplers in the same order
         self._start = 0  # the position this epoch's iteration started at
         self._pulled = self._pulled_at_step = 0  # indices handed out by the iteration (at the last step)
         self._loader_batch: int | None = None
         self.iterating = False  # an iteration of the epoch is under way (its start fixes len())
-        self.job._samplers.append(self)
+        self.data.samplers.append(self)
 
     # ------------------------------------------------------------------ torch's interface
     def set_epoch(self, epoch: int) -> None:
@@ -114,16 +136,16 @@ class DistributedSampler:
         owner = _caller_batch_sampler(sys._getframe(1))
         if owner is not None:
             self._loader_batch = int(owner.batch_size)
-        self.job._iterated = self
+        self.data.iterated = self
         start = self._position_now()
         if self._tracked():
-            pos = self.job._position
+            pos = self.data.position
             pos.sampler_epoch, pos.pos = self.epoch, start
-            rng = getattr(self.job, "_resume_rng", None)
+            rng = self.data.resume_rng
             if start and rng is not None:  # resumed inside the epoch: the RNG as right after the
                 from elastic_ring.worker.state import _set_rng_state  # step (the loader's own
                 _set_rng_state(rng)  # seed, drawn again by this new iterator, would shift it)
-                self.job._resume_rng = None
+                self.data.resume_rng = None
         self._start, self._pulled, self._pulled_at_step = start, 0, 0
         self.iterating = True
         return self._indices(start)
@@ -131,14 +153,14 @@ class DistributedSampler:
     # ------------------------------------------------------------------ the elastic part
     def _tracked(self) -> bool:
         """Whether this sampler keeps the job's data position (the training one, under the tool)."""
-        return self.job.elastic and self.job._position.sampler_index == self.index
+        return self.job.elastic and self.data.position.sampler_index == self.index
 
     def _position_now(self) -> int:
         """Where this rank's next iteration of the epoch starts (0 but for the training sampler
         inside an epoch a resize interrupted)."""
         if not self._tracked():
             return 0
-        pos = self.job._position
+        pos = self.data.position
         if pos.sampler_epoch != self.epoch or pos.pos >= len(self.dataset):
             return 0  # a new epoch (set_epoch), or this one's data is used up: a new pass
         return pos.pos
@@ -171,13 +193,13 @@ class DistributedSampler:
         per_rank = b * passes if b else per_rank_pulled
         return per_rank * self.num_replicas
 
-    def advance(self) -> None:
-        """A step of the registered optimizer trained this sampler's next batch: it is the training
-        sampler (claimed at its first step), and the epoch's position moves by that step's samples."""
-        pos = self.job._position
+    def advance(self, passes: int = 1) -> None:
+        """A step of the registered optimizer (of ``passes`` backward passes) trained this
+        sampler's next batch: it is the training sampler (claimed at its first step), and the
+        epoch's position moves by that step's samples."""
+        pos = self.data.position
         if pos.sampler_index != self.index:
             pos.sampler_index, pos.sampler_epoch, pos.pos = self.index, self.epoch, self._start
-        passes = int(getattr(self.job._optimizer, "backward_passes_per_step", 1) or 1)
         used = self.step_samples(self._pulled - self._pulled_at_step, passes)
         self._pulled_at_step = self._pulled
         pos.pos = min(len(self.dataset), pos.pos + used)

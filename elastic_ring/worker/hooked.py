@@ -15,6 +15,11 @@ batch of the same epoch, or at the next epoch. So the state saved is always that
 of iterations; the price is one batch's forward and backward computed again after a stop inside
 an epoch.
 
+Where the ring is re-formed in place (the Ray backend, ``--relaunch inplace``), a stop for a resize
+writes the same checkpoint, pauses for the controller's word and re-forms the ring; then
+:class:`Rejoin` ends this run of the script, and the entry point runs it again in the same process
+over the new ring, as a relaunch would run it in a new one (no process start, no imports).
+
 When ``job.epochs()`` runs out the run is finished: the final checkpoint, the ``finished`` segment
 end, and the script goes on after its loop (its final test and save).
 """
@@ -22,14 +27,9 @@ end, and the script goes on after its loop (its final test and save).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import Any, Iterator
 
-from elastic_ring.worker.errors import ContractError
-from elastic_ring.worker.progress import _Window
 from elastic_ring.worker.state import _rng_state
-
-if TYPE_CHECKING:
-    from elastic_ring.worker.api import Job
 
 
 class StopSegment(BaseException):
@@ -38,10 +38,19 @@ class StopSegment(BaseException):
     ``BaseException``, so that a script's ``except Exception`` does not catch it."""
 
 
+class Rejoin(StopSegment):
+    """The segment stopped and this process is a member of the ring re-formed in place for the
+    next one: the entry point runs the script again here (:func:`elastic_ring.worker.session.start_over`)."""
+
+    def __init__(self, ring: Any, segment: int, stop_at: int, start: Any) -> None:
+        super().__init__(f"rejoin at segment {segment}")
+        self.ring, self.segment, self.stop_at, self.start = ring, segment, stop_at, start
+
+
 class HookedSteps:
     """The segment's steps counted at the registered optimizer's steps (see the module docstring)."""
 
-    def __init__(self, job: "Job") -> None:
+    def __init__(self, job: Any) -> None:
         self.job = job
         self.count = 0  # steps counted by the hooks in this process
         self.pending: str | None = None  # a stop decided, acted on at the next point between steps
@@ -55,51 +64,37 @@ class HookedSteps:
         """Pre-hook: the script's code since the last step has run; stop here if agreed."""
         job = self.job
         if self.first_step is None:  # the segment's first step
-            if job.inplace:
-                raise ContractError("an epoch loop (steps counted at optimizer.step()) is not supported "
-                                    "under --relaunch inplace or --backend ray: use job.steps()")
             self.first_step = job.step + 1
-            job._window = _Window()
-            job._lr_used, job._lr_stepped = job.current_lr(), None
+            job.progress.begin_segment(job.current_lr())
             return
         self.between(job.step)
 
     def after_step(self) -> None:
         """Post-hook: count the step, move the data position, time it, start the stop vote."""
         job = self.job
-        info = job.info
-        step = job.step + 1
-        job.step = job._current = step
+        seg, progress, info = job.seg, job.progress, job.info
+        step = seg.step + 1
+        seg.step = seg.current = step
         self.count += 1
-        sampler = self.training_sampler()
+        sampler = job.epoch_data.training_sampler()
         if sampler is not None and job.elastic:
-            sampler.advance()
-        job._heartbeat(step, "step")
-        w = job._window
+            sampler.advance(int(getattr(job.state.optimizer, "backward_passes_per_step", 1) or 1))
+        progress.heartbeat(step, "step")
+        w = progress.window
         w.steps += 1
         w.samples += self._samples(sampler)
         now = time.time()
         if step == self.first_step:
-            job._emit_first_step(step, now)
-        elif w.steps >= info.throughput_window or step == job.stop_at:
-            job.last_loss, now = job._close_window(step)
-        job._saved_rng = _rng_state()  # what a checkpoint before the next step holds
-        if step >= job.total_steps:
+            progress.first_step(step, now)
+        elif w.steps >= info.throughput_window or step == seg.stop_at:
+            progress.last_loss, now = progress.close_window(step)
+        job.state.saved_rng = _rng_state()  # what a checkpoint before the next step holds
+        if step >= seg.total_steps:
             self.pending = "finished"
-        elif step >= job.stop_at:
+        elif step >= seg.stop_at:
             self.pending = "scheduled"
         elif self.vote is None and step % info.control_every == 0:
-            self.vote = job._start_stop_vote()
-
-    def training_sampler(self):
-        """The drop-in sampler that feeds the steps: the one that fed them before (restored with
-        the checkpoint), else the one iterated last (a test set's sampler iterated in the middle
-        of an epoch does not take over once training has claimed one)."""
-        job = self.job
-        i = job._position.sampler_index
-        if i is not None and 0 <= i < len(job._samplers):
-            return job._samplers[i]
-        return job._iterated
+            self.vote = job.vote.start()
 
     def _samples(self, sampler) -> int:
         if sampler is None:
@@ -114,65 +109,69 @@ class HookedSteps:
         job = self.job
         if step > self.between_done:
             self.between_done = step
-            job._between_steps(step, time.time())
+            job.between_steps(step, time.time())
         if self.pending is None and self.vote is not None:
-            stop, early = job._vote_result(self.vote)
+            stop, early = job.vote.result(self.vote)
             self.vote = None
             self.pending = "finished" if early else "requested" if stop else None
         if self.pending is not None:
             self.stop(self.pending)
 
-    def stop(self, reason: str) -> None:
-        """Checkpoint (rank 0), the segment's end, all ranks leave together: :class:`StopSegment`."""
-        job = self.job
+    def _complete_vote(self) -> None:
         if self.vote is not None:  # every rank has the same vote in flight: complete it
-            job._vote_result(self.vote)
+            self.job.vote.result(self.vote)
             self.vote = None
-        self.end(reason)
+
+    def stop(self, reason: str) -> None:
+        """Checkpoint (rank 0), the segment's end, all ranks leave together: :class:`StopSegment`;
+        or, resized in place, :class:`Rejoin` once the ring is re-formed."""
+        job = self.job
+        self._complete_vote()
+        checkpointed = False
+        if job.ring.in_place and reason != "finished":
+            self.ended = True
+            job.seg.stopped(reason, time.time())
+            if job.rank == 0:
+                job.checkpoints.write(job.step, wait=True)
+            checkpointed = True
+            action = job.pause()
+            if action.get("action") == "resize":
+                start = job.progress.start
+                t0 = time.time()
+                job.ring.reform(action)  # a worker left out retires here
+                start.restart(t0)
+                start.mark("hvd_reinit")
+                raise Rejoin(job.ring, int(action["segment"]), int(action["stop_at"]), start)
+            self.ended = False
+        self.end(reason, checkpoint=not checkpointed)
         raise StopSegment(reason)
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: str, checkpoint: bool = True) -> None:
         """The segment's end (also the run's, ``finished``): what ``job.steps()`` does after its loop."""
-        from elastic_ring.events.api import SegmentEnd
-
-        job = self.job
         if self.ended:
             return
         self.ended = True
-        job._decided = time.time()
-        job.stop_reason = reason
-        job.finished = reason == "finished"
-        job._heartbeat(job.step, "ending")
-        if job.finished:
-            job._heartbeat(job.step, "eval")
-            job._evaluate(job.step)
-        if job.rank == 0:
-            job._checkpoint(job.step, wait=True)
-            job._emit(SegmentEnd(segment=job.segment, world_size=job.size, step=job.step, reason=reason,
-                                 lr=job.current_lr(), stop_decided_at=job._decided))
-        import torch
-
-        job.hvd.allreduce(torch.tensor([0.0]), name="exit_barrier")  # leave together
+        self.job.seg.stopped(reason, time.time())
+        self.job.end_segment(checkpoint=checkpoint)
 
     # ------------------------------------------------------------------ the epoch loop
     def epochs(self, start: int, stop: int) -> Iterator[int]:
         """``range(start, stop)`` from the restored epoch: see :meth:`Job.epochs`."""
         job = self.job
-        if not job._restored:
+        if not job.restored:
             job.restore()
-        pos = job._position
+        data = job.epoch_data
+        pos = data.position
         first = start if pos.epoch is None else max(start, pos.epoch)
         for epoch in range(first, stop):
             if pos.epoch != epoch:  # a new epoch: its data from the start
                 pos.epoch, pos.pos = epoch, 0
             yield epoch
             pos.epoch, pos.pos = epoch + 1, 0  # the epoch and its end-of-epoch code are done
-            for s in job._samplers:
+            for s in data.samplers:
                 s.iterating = False
             if self.first_step is not None and not self.ended:
                 self.between(job.step)
         if not self.ended:
-            if self.vote is not None:
-                job._vote_result(self.vote)
-                self.vote = None
+            self._complete_vote()
             self.end("finished")

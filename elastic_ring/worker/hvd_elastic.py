@@ -20,9 +20,10 @@ and, before running it, :func:`install` puts elastic-ring behind those names on 
   a live or policy stop at the commit after rank 0 saw the request (the ranks agree through one
   vote that travels with the next step's gradients). The periodic background checkpoints are
   taken at commits too, so every checkpoint holds a committed state.
-- At a stop the committed state is checkpointed. With ``--relaunch inplace`` the same processes
-  re-form the ring at the new size, run the state's reset callbacks, sync the state from rank 0
-  and call the function again, as under Horovod Elastic; with the other relaunch modes the
+- At a stop the committed state is checkpointed. Where the ring is re-formed in place
+  (``--relaunch inplace``, the Ray backend) the same processes re-form the ring at the new size,
+  run the state's reset callbacks, sync the state from rank 0 and call the function again, as
+  under Horovod Elastic; with the other relaunch modes the
   workers exit and the new ones restore the checkpoint, and the reset callbacks run there when
   the world size changed. The reset callbacks own the LR: no Eq. 7 on top.
 - ``state.check_host_updates()`` never interrupts: a host change is taken at the next commit.
@@ -104,10 +105,10 @@ def _init(*args: Any, **kwargs: Any) -> None:
     """``hvd.init()``: the script's first call starts the worker library (which initialises Horovod
     through this same name, then reaches Horovod's own); later calls are no-ops unless the library
     shut Horovod down to re-form the ring."""
-    from elastic_ring.worker import api
+    from elastic_ring.worker import api, session
 
     global _IN_LIBRARY
-    if api._JOB is None and not _IN_LIBRARY:
+    if session.current() is None and not _IN_LIBRARY:
         _IN_LIBRARY = True
         try:
             api.init()
@@ -128,7 +129,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
         global _SESSION
         from elastic_ring.worker import api
 
-        job = api._JOB if api._JOB is not None else api.init()
+        job = api.init()  # the job hvd.init() started (or, without it, a new one)
         session = Session(job, state)
         _SESSION = session
         try:
@@ -152,7 +153,7 @@ def _record_batch(sampler, batch_idx: int, batch_size: int) -> None:
     _ORIGINAL["record_batch"](sampler, batch_idx, batch_size)
     session = _SESSION
     if session is not None and session.counting:
-        session.job._window.samples += int(batch_size)
+        session.job.progress.window.samples += int(batch_size)
 
 
 def _check_host_updates(state) -> None:
@@ -201,19 +202,14 @@ class Session:
     def __init__(self, job, state) -> None:
         import torch
 
-        from elastic_ring.worker.errors import ContractError
-
-        if job.ring_by_controller:
-            raise ContractError("a Horovod Elastic script (@hvd.elastic.run) does not run on the Ray "
-                                "backend yet: use --backend horovodrun (any --relaunch mode)")
         self.job, self.state = job, state
         handlers = getattr(state, "_handlers", {})
         model = next((k for k, h in handlers.items() if isinstance(h.value, torch.nn.Module)), None)
         opt = next((k for k, h in handlers.items() if isinstance(h.value, torch.optim.Optimizer)), None)
         self.own = {k: handlers[k] for k in (model, opt) if k is not None}  # saved by the job itself
-        if not job._resize_hooks:
+        if not job.state.resize_hooks:
             job.on_resize(lambda old, new, step: None)  # no Eq. 7 on top of them
-        job._by_commit = True  # steps and stops are this adapter's, not the epoch loop's hooks
+        job.form = "commits"  # steps and stops are this adapter's, not the epoch loop's hooks
         job.register(model=handlers[model].value if model else None,
                      optimizer=handlers[opt].value if opt else None,
                      hvd_elastic_state=_CommittedState(state, set(self.own)))
@@ -234,7 +230,7 @@ class Session:
         if job.resumed:
             for h in self.own.values():
                 h.save()  # the restored model and optimizer are the committed ones
-            if job.previous_world != job.size and not getattr(job, "joined_live", False):
+            if job.previous_world != job.size and not job.state.joined_live:
                 state.on_reset()  # from a checkpoint at another size: the reset callbacks (LR)
         else:
             state.sync()  # a fresh start: rank 0's state, as Horovod Elastic starts
@@ -250,15 +246,13 @@ class Session:
                 self._end()
                 raise SegmentDone() from None
             self.counting = False
-            self.job.stop_reason = "finished"
+            self.job.seg.stop_reason = "finished"
             self._end()
             return result
 
     def _begin_segment(self) -> None:
-        from elastic_ring.worker.progress import _Window
-
-        self.job._window = _Window()
-        self.job._lr_stepped = None
+        progress = self.job.progress
+        progress.begin_segment(progress.lr_used)
         self._first = True
         self.vote = None
 
@@ -267,29 +261,26 @@ class Session:
         if not self.counting or self._depth > 1:
             return
         job = self.job
-        job._current = job.step + 1
+        job.seg.current = job.step + 1
         if self._first:
-            job._lr_used = job.current_lr()  # (the job's own hook, run before, saw the LR stepped)
+            job.progress.lr_used = job.current_lr()  # (the job's own hook, run before, saw the LR stepped)
 
     def _after_step(self, opt, args, kwargs) -> None:
         """One step done: the heartbeat, the first-step event, the throughput windows."""
         self._depth -= 1
         if not self.counting or self._depth > 0:
             return
-        job = self.job
-        job.step += 1
-        job._heartbeat(job.step, "step")
-        job._window.steps += 1
+        job, progress = self.job, self.job.progress
+        job.seg.step += 1
+        progress.heartbeat(job.step, "step")
+        progress.window.steps += 1
         now = time.time()
         if self._first:
             self._first = False
-            job._emit_first_step(job.step, now)
-        elif job._window.steps >= job.info.throughput_window:
-            job._close_window(job.step)
-        if job.rank == 0 and now - job._last_progress_t > 0.5:
-            job._last_progress_t = now
-            protocol.write_json_atomic(protocol.control_dir(job.run_dir) / protocol.PROGRESS_FILE,
-                                       {"step": job.step, "segment": job.segment, "time": now})
+            progress.first_step(job.step, now)
+        elif progress.window.steps >= job.info.throughput_window:
+            progress.close_window(job.step)
+        progress.write_progress(job.step, now)
 
     # ------------------------------------------------------------------ commits
     def commit_point(self) -> None:
@@ -298,7 +289,7 @@ class Session:
         job = self.job
         asked = early = False
         if self.vote is not None:
-            asked, early = job._vote_result(self.vote)
+            asked, early = job.vote.result(self.vote)
             self.vote = None
         step = job.step
         if step >= job.total_steps:
@@ -311,64 +302,34 @@ class Session:
             reason = None
         if reason is None:
             if job.rank == 0:
-                job._maybe_periodic_checkpoint(step)
-            self.vote = job._start_stop_vote()
+                job.checkpoints.maybe_periodic(step, job.stop_at)
+            self.vote = job.vote.start()
             return
-        job._decided = time.time()
-        job.stop_reason = reason
-        job.finished = reason == "finished"
+        job.seg.stopped(reason, time.time())
         raise _Stop()
 
     def _pause_and_reset(self) -> bool:
-        """Under ``--relaunch inplace``: pause, and on the controller's word re-form the ring at the
-        new size (Horovod Elastic's reset: reset callbacks, then the state from rank 0). True when
-        the function is to run again in this process."""
+        """Where the ring is re-formed in place: pause, and on the controller's word re-form the
+        ring at the new size (Horovod Elastic's reset: reset callbacks, then the state from rank
+        0). True when the function is to run again in this process."""
         job = self.job
-        if not job.inplace or job.ring_by_controller or job.finished:
+        if not job.ring.in_place or job.finished:
             return False
-        from elastic_ring.events.api import SegmentEnd
-
-        if job.rank == 0:
-            job._emit(SegmentEnd(segment=job.segment, world_size=job.size, step=job.step,
-                                 reason=job.stop_reason, lr=job.current_lr(), stop_decided_at=job._decided))
-        job._heartbeat(job.step, "paused")
-        action = job._pause_inplace()
+        action = job.pause()
         if action.get("action") != "resize":
             return False
-        hvd = job.hvd
-        t0 = time.time()
-        meta = job._live_meta(next_segment=int(action["segment"]), stop_at=int(action["stop_at"]))
-        hvd.shutdown()
-        job._hosts_updated_at = None
-        hvd.init()
-        job._marks = {"reset_request": t0, "hvd_reinit": time.time()}
-        job._t_start = t0
-        job._set_rank(hvd)
-        self.state.on_reset()  # before the sync, as Horovod Elastic: rank 0's result is what is sent
-        job._sync(meta if job.rank == 0 else None)
-        job._marks["sync"] = time.time()
-        job.stop_reason = None
+        # the reset callbacks before the sync, as Horovod Elastic: rank 0's result is what is sent
+        job.reform(action, before_sync=self.state.on_reset)
+        job.seg.stop_reason = None
         self._begin_segment()
         return True
 
     def _end(self) -> None:
         """The segment's end: the final checkpoint and ``segment_end`` (rank 0), then all leave."""
-        import torch
-
-        from elastic_ring.events.api import SegmentEnd
-
         job = self.job
         if self.vote is not None:  # every rank has the same vote in flight: complete it
-            job._vote_result(self.vote)
+            job.vote.result(self.vote)
             self.vote = None
         if job.stop_reason == "finished":
-            job.finished = True
-            job._decided = time.time()
-        job._heartbeat(job.step, "ending")
-        if job.rank == 0:
-            job._checkpoint(job.step, wait=True)
-            if not job.inplace or job.finished:
-                job._emit(SegmentEnd(segment=job.segment, world_size=job.size, step=job.step,
-                                     reason=job.stop_reason, lr=job.current_lr(),
-                                     stop_decided_at=job._decided))
-        job.hvd.allreduce(torch.tensor([0.0]), name="exit_barrier")
+            job.seg.stopped("finished", time.time())
+        job.end_segment(evaluate=False)

@@ -14,7 +14,7 @@ import os
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from elastic_ring.worker.data import DataPosition
+from elastic_ring.worker.data import EpochData
 from elastic_ring.worker.errors import NotLaunchedError
 from elastic_ring.worker.sampler import Sampler
 
@@ -54,11 +54,9 @@ class PlainJob:
         self._model = self._optimizer = None
         self._schedulers: list[Any] = []
         self._extras: dict[str, Any] = {}
-        self._samplers: list[Any] = []
-        self._iterated = None
-        self._position = DataPosition()
+        self.epoch_data = EpochData()  # the drop-in samplers (torch's order here: no position kept)
         self._sampler: Sampler | None = None
-        self._restored = False
+        self.restored = False
         self._finish_requested = False
         self._eval_hook: Callable[[int], Any] | None = None
         self._eval_every = 0
@@ -110,7 +108,7 @@ class PlainJob:
                     self.hvd.broadcast_optimizer_state(self._optimizer, root_rank=0)
                 finally:
                     self._syncing = False
-        self._restored = True
+        self.restored = True
         return False
 
     def epochs(self, start: int, stop: int) -> Iterator[int]:
@@ -120,7 +118,7 @@ class PlainJob:
         if self.total_steps is None:
             raise NotLaunchedError(f"job.steps() outside elastic-ring needs the run's length: set "
                                    f"{STEPS_ENV}=N (or run it with `elastic-ring train --script`)")
-        if not self._restored:
+        if not self.restored:
             self.restore()
         self._in_steps = True
         for step in range(1, self.total_steps + 1):

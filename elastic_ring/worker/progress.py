@@ -1,6 +1,5 @@
-"""What a worker tells while it trains: throughput windows, first-step phases, evaluations,
-the progress file and its heartbeat (:class:`ProgressMixin`, mixed into
-:class:`elastic_ring.worker.api.Job`, whose attributes it uses).
+"""What a worker tells while it trains (:class:`Progress`): throughput windows, first-step phases,
+evaluations, the progress file and its heartbeat.
 
 Rank 0 writes the events (``events.api``); every rank writes its own heartbeat for the
 controller's stall watchdog (``heartbeat``).
@@ -10,10 +9,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
 
 from elastic_ring import protocol
+from elastic_ring.worker.segment import Segment
 
 
 @dataclass
@@ -25,22 +27,72 @@ class _Window:
     loss_n: int = 0
 
 
-class ProgressMixin:
-    """Events, throughput windows, evaluations and heartbeats (part of :class:`~elastic_ring.worker.api.Job`)."""
+@dataclass
+class StartUp:
+    """When this segment's start-up phases ended (``marks``, in order), counted from ``t_start``
+    (the process's start, or the in-place reset's request); reported with the first step."""
 
-    def _emit(self, event) -> None:
+    t_start: float
+    marks: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = time.time()
+
+    def restart(self, t0: float) -> None:
+        """An in-place reset requested at ``t0``: its phases replace the launch's."""
+        self.t_start, self.marks = t0, {"reset_request": t0}
+
+    def phases(self) -> dict[str, float]:
+        out, prev = {}, self.t_start
+        for name, t in self.marks.items():
+            out[name] = round(t - prev, 4)
+            prev = t
+        return out
+
+
+class Progress:
+    """Events, throughput windows, evaluations and heartbeats of one worker.
+
+    ``ring``: its rank and sizes (they change at an in-place resize); ``seg``: the job's counters;
+    ``window_steps``: steps per throughput window; ``current_lr``: the LR the optimizer holds now.
+    """
+
+    def __init__(self, run_dir: Path, ring: Any, seg: Segment, start: StartUp, window_steps: int,
+                 eval_every: int, current_lr: Callable[[], float]) -> None:
+        self.run_dir, self.ring, self.seg, self.start = run_dir, ring, seg, start
+        self.window_steps, self.eval_every, self.current_lr = window_steps, eval_every, current_lr
+        self.window = _Window()
+        self.eval_hook: Callable[[int], dict[str, float] | None] | None = None
+        self.lr_used: float | None = None  # the LR before the segment's first step
+        self.lr_stepped: float | None = None  # the LR its optimizer step really ran with
+        self.last_loss = float("nan")
+        self._events = None
+        self._beat = None  # this rank's heartbeat (controller.watchdog), opened at its first step
+        self._beat_key: tuple[int, int] | None = None
+        self._last_progress_t = 0.0
+        self._threads_warned = False
+        self.open_events()
+
+    def open_events(self) -> None:
+        """Rank 0 writes the events (called again once an in-place reset made this rank 0)."""
+        if self.ring.rank == 0 and self._events is None:
+            from elastic_ring.events.api import EventLog
+
+            self._events = EventLog(self.run_dir / protocol.WORKER_EVENTS)
+
+    def emit(self, event) -> None:
         if self._events is not None:
             self._events.write(event)
 
-    def _warn(self, msg: str) -> None:
+    def warn(self, msg: str) -> None:
         print(f"elastic-ring worker: {msg}", file=sys.stderr, flush=True)
         from elastic_ring.events.api import ErrorEvent
 
-        self._emit(ErrorEvent(message=msg, rank=self.rank, segment=self.segment))
+        self.emit(ErrorEvent(message=msg, rank=self.ring.rank, segment=self.seg.number))
 
-    def _heartbeat(self, step: int, phase: str) -> None:
+    def heartbeat(self, step: int, phase: str) -> None:
         """Tell the controller's stall watchdog this rank's step and phase (one ``pwrite``)."""
-        key = (self.segment, self.rank)
+        key = (self.seg.number, self.ring.rank)
         if self._beat is None or self._beat_key != key:
             from elastic_ring.heartbeat import Heartbeat
 
@@ -49,89 +101,99 @@ class ProgressMixin:
             self._beat, self._beat_key = Heartbeat(self.run_dir, *key), key
         self._beat.beat(step, phase, time.time())
 
-    def _on_optimizer_step(self, opt, args, kwargs) -> None:
+    def begin_segment(self, lr_used: float | None = None) -> None:
+        """A segment's steps start: a new window; the LR its first step runs with unless the step
+        sets it itself (seen by :meth:`optimizer_step`)."""
+        self.window = _Window()
+        self.lr_used, self.lr_stepped = lr_used, None
+
+    def optimizer_step(self, opt) -> None:
         """Before the registered optimizer's step (a pre-hook, so before Horovod waits there for
         the other ranks' gradients): the heartbeat says this rank is done with its own part of
         the step (phase ``sync``), so a rank hung in its data loader or its forward pass is told
         apart from the ranks waiting for it. Also the LR the step really runs with (the script
         may set it inside the step, or a scheduler may move it after), for ``first_step``."""
-        self._heartbeat(self.step, "sync")
+        self.heartbeat(self.seg.step, "sync")
         if opt.param_groups:
-            self._lr_stepped = float(opt.param_groups[0]["lr"])
+            self.lr_stepped = float(opt.param_groups[0]["lr"])
 
-    def _emit_first_step(self, step: int, now: float) -> None:
+    def first_step(self, step: int, now: float) -> None:
         """The segment's first step is done: its start-up phases (after an in-place reset: the
         reset's) and the LR it ran with; the first throughput window starts now."""
         from elastic_ring.events.api import FirstStep
 
-        self._check_threads()
-        phases, prev = {}, self._t_start
-        for name, t in self._marks.items():
-            phases[name] = round(t - prev, 4)
-            prev = t
-        self._emit(FirstStep(segment=self.segment, world_size=self.size, step=step,
-                             since_launch_s=now - self._t_start,
-                             lr=self._lr_stepped if self._lr_stepped is not None else self._lr_used,
-                             phases=phases))
-        self._window = _Window(t0=time.time())
+        self.check_threads()
+        self.emit(FirstStep(segment=self.seg.number, world_size=self.ring.size, step=step,
+                            since_launch_s=now - self.start.t_start,
+                            lr=self.lr_stepped if self.lr_stepped is not None else self.lr_used,
+                            phases=self.start.phases()))
+        self.window = _Window(t0=time.time())
 
-    def _check_threads(self) -> None:
+    def check_threads(self) -> None:
         """Warn once when the script set torch's thread count over the library's (the cores of
         this host shared by its workers): more threads than cores slow every worker down."""
         import torch
 
         if self._threads_warned:
             return
-        ours, now = protocol.cpu_threads(self.local_size), torch.get_num_threads()
+        local_size = self.ring.local_size
+        ours, now = protocol.cpu_threads(local_size), torch.get_num_threads()
         if now != ours:
             self._threads_warned = True
-            if self.rank == 0:
+            if self.ring.rank == 0:
                 print(f"elastic-ring worker: the script set torch's threads to {now}; the library's "
                       f"{ours} ({protocol.CPU_THREADS_ENV} sets it) shares this host's cores among its "
-                      f"{self.local_size} worker(s)", file=sys.stderr, flush=True)
+                      f"{local_size} worker(s)", file=sys.stderr, flush=True)
 
-    def _close_window(self, step: int) -> tuple[float, float]:
+    def close_window(self, step: int, epoch: int = 0) -> tuple[float, float]:
         """End the throughput window at ``step``: the ranks' mean loss (one allreduce), the
         ``throughput`` event; returns (that loss, the time the next window starts)."""
         import torch
 
         from elastic_ring.events.api import Throughput
 
-        hvd, w = self.hvd, self._window
+        hvd, w, size = self.ring.hvd, self.window, self.ring.size
         local = float(w.loss_sum) / w.loss_n if w.loss_n else float("nan")
         mean_loss = float(hvd.allreduce(torch.tensor([local]), op=hvd.Average, name="window_loss").item())
         now = time.time()
         dt = max(now - (w.t0 or now), 1e-9)
-        epoch = self._sampler.epoch if self._sampler is not None else 0
-        self._emit(Throughput(segment=self.segment, world_size=self.size, step=step, steps=w.steps,
-                              seconds=dt, images_per_s=w.samples * self.size / dt,
-                              steps_per_s=w.steps / dt, loss=mean_loss, lr=self.current_lr(), epoch=epoch))
-        self._window = _Window(t0=now)
+        self.emit(Throughput(segment=self.seg.number, world_size=size, step=step, steps=w.steps,
+                             seconds=dt, images_per_s=w.samples * size / dt, steps_per_s=w.steps / dt,
+                             loss=mean_loss, lr=self.current_lr(), epoch=epoch))
+        self.window = _Window(t0=now)
         return mean_loss, now
 
-    def _between_steps(self, step: int, now: float) -> None:
-        """After ``step``: the evaluation when due (kept out of the throughput window); on rank 0
-        the periodic checkpoint and the progress file (at most twice a second)."""
-        if self._eval_every and step % self._eval_every == 0 and step < self.total_steps:
-            t_eval = time.time()
-            self._heartbeat(step, "eval")
-            self._evaluate(step)
-            if self._window.t0 is not None:
-                self._window.t0 += time.time() - t_eval
-        if self.rank == 0:
-            self._maybe_periodic_checkpoint(step)
-            if now - self._last_progress_t > 0.5:
-                self._last_progress_t = now
-                protocol.write_json_atomic(protocol.control_dir(self.run_dir) / protocol.PROGRESS_FILE,
-                                           {"step": step, "segment": self.segment, "time": now})
+    def write_progress(self, step: int, now: float) -> None:
+        """Rank 0: the progress file the controller reads (at most twice a second)."""
+        if self.ring.rank == 0 and now - self._last_progress_t > 0.5:
+            self._last_progress_t = now
+            protocol.write_json_atomic(protocol.control_dir(self.run_dir) / protocol.PROGRESS_FILE,
+                                       {"step": step, "segment": self.seg.number, "time": now})
 
-    def _evaluate(self, step: int) -> None:
-        if self._eval_hook is None:
+    def evaluation_due(self, step: int) -> bool:
+        return bool(self.eval_every) and step % self.eval_every == 0 and step < self.seg.total_steps
+
+    def evaluate(self, step: int) -> None:
+        """The script's evaluation hook (every rank); its result an ``evaluation`` event."""
+        if self.eval_hook is None:
             return
-        res = self._eval_hook(step)
-        if res and self.rank == 0:
+        res = self.eval_hook(step)
+        if res and self.ring.rank == 0:
             from elastic_ring.events.api import Evaluation
 
-            self._emit(Evaluation(step=step, test_loss=float(res.get("test_loss", float("nan"))),
-                                  test_accuracy=float(res.get("test_accuracy", float("nan"))),
-                                  samples=int(res.get("samples", 0))))
+            self.emit(Evaluation(step=step, test_loss=float(res.get("test_loss", float("nan"))),
+                                 test_accuracy=float(res.get("test_accuracy", float("nan"))),
+                                 samples=int(res.get("samples", 0))))
+
+    @contextmanager
+    def evaluating(self):
+        """An evaluation kept out of the throughput window, with the watchdog's allowance."""
+        t0 = time.time()
+        self.heartbeat(self.seg.step, "eval")
+        try:
+            yield
+        finally:
+            w = self.window
+            if w.t0 is not None:
+                w.t0 += time.time() - t0
+            self.heartbeat(self.seg.step, "step")

@@ -10,6 +10,8 @@ entry point:
   come from the ``worker`` entry of ``DIR/run.json``);
 - runs a script written for Horovod Elastic (``@hvd.elastic.run``) unchanged, with elastic-ring
   behind those names (:mod:`elastic_ring.worker.hvd_elastic`);
+- runs an epoch-loop script again in this process for each segment it joins in a ring re-formed
+  in place (:class:`~elastic_ring.worker.hooked.Rejoin`);
 - watches, in a thread, that the script calls ``elastic_ring.worker.init()`` (a script that calls
   ``hvd.init()`` itself, or not at all within ``init_timeout_s``, fails with a clear error) and
   that its controller is alive and still owns the folder (otherwise the worker exits with status
@@ -65,7 +67,7 @@ def _where(exc: BaseException) -> str | None:
 def _kind(exc: BaseException, step: int | None) -> str | None:
     """What makes a failure deterministic, for the controller's restart rule
     (:mod:`elastic_ring.controller.restart_rule`); None: it may be transient."""
-    from elastic_ring.worker import api
+    from elastic_ring.worker.errors import ContractError
 
     if isinstance(exc, SyntaxError):
         return "syntax"
@@ -73,7 +75,7 @@ def _kind(exc: BaseException, step: int | None) -> str | None:
         return "import"
     if isinstance(exc, ScriptError) and _ARG_ERROR:
         return "usage"
-    if isinstance(exc, (ScriptError, api.ContractError)):
+    if isinstance(exc, (ScriptError, ContractError)):
         return "contract"
     if type(exc).__name__ == "PicklingError" or "pickle" in str(exc).lower():
         return "pickling"
@@ -86,9 +88,10 @@ def _kind(exc: BaseException, step: int | None) -> str | None:
 
 
 def _die(info: LaunchInfo, exc: BaseException, status: int = 1) -> None:
-    from elastic_ring.worker import api
+    from elastic_ring.worker import session
 
-    step = getattr(api._JOB, "_current", None) if api._JOB is not None else None
+    seg = getattr(session.current(), "seg", None)  # the plain job has none
+    step = seg.current if seg is not None else None
     kind = _kind(exc, step)
     where = None if isinstance(exc, ScriptError) else _where(exc)
     text = exc.msg if isinstance(exc, SyntaxError) else str(exc)
@@ -102,7 +105,7 @@ def _die(info: LaunchInfo, exc: BaseException, status: int = 1) -> None:
 
 
 def _watchdog(info: LaunchInfo, init_timeout_s: float, stop: threading.Event) -> None:
-    from elastic_ring.worker import api
+    from elastic_ring.worker import session
 
     t0 = last_change = time.time()
     last_seq = None
@@ -110,7 +113,7 @@ def _watchdog(info: LaunchInfo, init_timeout_s: float, stop: threading.Event) ->
     local = info.controller_host == socket.gethostname()
     while not stop.wait(0.5):
         now = time.time()
-        if not api.init_called():
+        if not session.init_called():
             hvd = sys.modules.get("horovod.torch")
             try:
                 own_init = hvd is not None and hvd.is_initialized()
@@ -147,7 +150,9 @@ def _run_target(target: str, args: list[str]) -> None:
         _ARG_ERROR.append(message)
         error(parser, message)
 
-    argparse.ArgumentParser.error = remember
+    if not getattr(error, "remembers", False):  # once: the script may run again in this process
+        remember.remembers = True
+        argparse.ArgumentParser.error = remember
     if target.endswith(".py") or os.path.sep in target or Path(target).is_file():
         path = Path(target)
         sys.path.insert(0, str(path.resolve().parent))
@@ -156,14 +161,7 @@ def _run_target(target: str, args: list[str]) -> None:
         runpy.run_module(target, run_name="__main__", alter_sys=True)
 
 
-def main(argv: list[str] | None = None, in_process: bool = False) -> int:
-    """Run the worker. ``in_process`` (a Ray actor): return 0 when the script is done, and
-    :data:`RETIRED` when an in-place shrink removed this worker, instead of ending the process
-    (a failure still ends it, after its crash record is written)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--" not in argv:
-        print("usage: python -m elastic_ring.worker.run OPTIONS -- TARGET [ARGS...]", file=sys.stderr)
-        return 2
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     cut = argv.index("--")
     own, rest = argv[:cut], argv[cut + 1:]
     p = argparse.ArgumentParser(prog="python -m elastic_ring.worker.run",
@@ -183,6 +181,14 @@ def main(argv: list[str] | None = None, in_process: bool = False) -> int:
     a = p.parse_args(own)
     if not rest:
         p.error("no TARGET after --")
+    return a, rest
+
+
+def _launch_info(a: argparse.Namespace) -> tuple[LaunchInfo, float]:
+    """The launch settings (the arguments, and the ``worker`` entry of ``run.json``), put into
+    this process's environment for the worker library; and the script's allowance to call init."""
+    from elastic_ring.worker.ring import INPLACE_ENV, RING_BY_CONTROLLER
+
     run_info = protocol.read_json(a.run_dir / "run.json") or {}
     ws = dict(run_info.get("worker") or {})
     init_timeout_s = float(ws.pop("init_timeout_s", 120.0))
@@ -191,29 +197,73 @@ def main(argv: list[str] | None = None, in_process: bool = False) -> int:
                       controller_host=a.controller_host,
                       **{k: v for k, v in ws.items() if k in LaunchInfo.__dataclass_fields__})
     os.environ.update(info.to_env())
+    if a.inplace or a.ring_by_controller:  # the ring's kind (worker.ring.ring_from_env)
+        os.environ[INPLACE_ENV] = RING_BY_CONTROLLER if a.ring_by_controller else "1"
+    return info, init_timeout_s
+
+
+def _run_script(target: str, args: list[str]) -> None:
+    """Run the script; again in this process for each segment it joins in a ring re-formed in
+    place (an epoch loop's :class:`~elastic_ring.worker.hooked.Rejoin`)."""
+    from elastic_ring.worker import session
+    from elastic_ring.worker.hooked import Rejoin
+
+    while True:
+        try:
+            _run_target(target, args)
+        except Rejoin as r:
+            session.start_over(r.ring, r.segment, r.stop_at, r.start)
+            continue
+        job = session.current()
+        if job is not None and job.elastic and job.form == "optimizer" and job.hooked.count \
+                and not job.hooked.ended:
+            job.hooked.end("finished")  # an epoch loop without job.epochs(): the script's end ends the run
+        return
+
+
+def _check_ended(info: LaunchInfo) -> None:
+    """The script ended: it must have run its loop to the segment's end."""
+    from elastic_ring.worker import session
+
+    job = session.current()
+    if not session.init_called():
+        _die(info, ScriptError("the script ended without calling elastic_ring.worker.init()"))
+    if job is not None and job.elastic and job.stop_reason is None:
+        if job.form == "steps":
+            _die(info, ScriptError("the script ended before its job.steps() loop did (break or return "
+                                   "inside the loop?): no checkpoint was written for this segment"))
+        _die(info, ScriptError("the script ended without a step of its registered optimizer (no "
+                               "job.steps() or job.epochs() loop?)"))
+
+
+def main(argv: list[str] | None = None, in_process: bool = False) -> int:
+    """Run the worker. ``in_process`` (a Ray actor): return 0 when the script is done, and
+    :data:`RETIRED` when an in-place shrink removed this worker, instead of ending the process
+    (a failure still ends it, after its crash record is written)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        print("usage: python -m elastic_ring.worker.run OPTIONS -- TARGET [ARGS...]", file=sys.stderr)
+        return 2
+    a, rest = _parse(argv)
+    info, init_timeout_s = _launch_info(a)
     from elastic_ring.telemetry.gpu import apply_host_devices
 
     apply_host_devices()  # cluster jobs on several hosts: this host's GPUs, before CUDA starts
-    if a.inplace or a.ring_by_controller:
-        from elastic_ring.worker.api import INPLACE_ENV, RING_BY_CONTROLLER
-
-        os.environ[INPLACE_ENV] = RING_BY_CONTROLLER if a.ring_by_controller else "1"
     stop = threading.Event()
     threading.Thread(target=_watchdog, args=(info, init_timeout_s, stop), daemon=True,
                      name="elastic-ring-watchdog").start()
-    from elastic_ring.worker import api, hvd_elastic
+    from elastic_ring.worker import hvd_elastic
+    from elastic_ring.worker.hooked import StopSegment
+    from elastic_ring.worker.ring import Retired
 
     if hvd_elastic.uses_horovod_elastic(rest[0]):
         hvd_elastic.install()  # a Horovod Elastic script: its hvd.init() and @hvd.elastic.run are ours
     try:
-        _run_target(rest[0], rest[1:])
-        job = api._JOB
-        if job is not None and not job._flat and job._hooked.count and not job._hooked.ended:
-            job._hooked.end("finished")  # an epoch loop without job.epochs(): the script's end ends the run
-    except api.Retired:
+        _run_script(rest[0], rest[1:])
+    except Retired:
         stop.set()
         return RETIRED
-    except api.StopSegment:
+    except StopSegment:
         pass  # the segment stopped at an agreed step of the script's own loop (checkpoint written)
     except hvd_elastic.SegmentDone:
         pass  # its segment ended at a commit, checkpointed: the worker leaves
@@ -225,14 +275,7 @@ def main(argv: list[str] | None = None, in_process: bool = False) -> int:
     except BaseException as e:  # noqa: BLE001 - every failure must reach the controller
         traceback.print_exc()
         _die(info, e)
-    if not api.init_called():
-        _die(info, ScriptError("the script ended without calling elastic_ring.worker.init()"))
-    if api._JOB is not None and api._JOB._flat and api._JOB.stop_reason is None:
-        _die(info, ScriptError("the script ended before its job.steps() loop did (break or return "
-                               "inside the loop?): no checkpoint was written for this segment"))
-    if api._JOB is not None and not api._JOB._flat and api._JOB.stop_reason is None:
-        _die(info, ScriptError("the script ended without a step of its registered optimizer (no "
-                               "job.steps() or job.epochs() loop?)"))
+    _check_ended(info)
     stop.set()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -3,12 +3,9 @@ permutations, saved in every checkpoint (see :class:`Sampler`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from elastic_ring.worker.errors import ContractError
-
-if TYPE_CHECKING:
-    from elastic_ring.worker.api import Job
 
 
 class Sampler:
@@ -19,7 +16,7 @@ class Sampler:
     and after a resize, every sample of every epoch is used exactly once.
     """
 
-    def __init__(self, job: "Job", size: int, batch_size: int, seed: int) -> None:
+    def __init__(self, job: Any, size: int, batch_size: int, seed: int) -> None:
         from elastic_ring.data.stream import SampleStream
 
         self.job, self.batch_size = job, batch_size
@@ -58,7 +55,7 @@ class Sampler:
         a loader prefetched but the job did not train on are not lost at a stop: the next segment's
         loader starts from the checkpointed cursor. One batch per step; create the loader's
         iterator after :meth:`Job.restore`."""
-        if not self.job._restored:
+        if not self.job.restored:
             raise ContractError("iterate the DataLoader (or the sampler) after job.restore(): the "
                                 "data position is restored there")
         if self.job.inplace:  # the shares of batches prefetched before an in-place resize are stale

@@ -3,7 +3,9 @@
 a StepLR stepped after each epoch, a test after each epoch), run three ways.
 
 Under ``elastic-ring train`` (no ``--steps``: the script's epochs end the run), resized 1 -> 2
-inside epoch 1 and 2 -> 1 at the step that completes it. From the script's trace (each rank writes
+inside epoch 1 and 2 -> 1 at the step that completes it: by checkpoint and relaunch (``overlap``),
+and on the Ray backend (a local Ray the controller starts), where the survivors re-form the ring in
+their processes and run the script again there. From the script's trace (each rank writes
 each step's sample ids and LR, and each test) and the run folder: every step once, every sample of
 every epoch once and in the order of the epoch's permutation across both resizes, the LR of every
 step = its world size x the per-epoch schedule (Eq. 7), each epoch's test once, Eq. 7 in the
@@ -64,10 +66,14 @@ def _check_epochs(by_step: dict[int, dict[int, dict]], epochs: int) -> dict[int,
     return world
 
 
-def test_epoch_loop_script_resized_1_2_1_exact_samples_lr_and_tests(tmp_path):
+@pytest.mark.parametrize("mode", ["overlap", pytest.param("ray", marks=pytest.mark.ray)])
+def test_epoch_loop_script_resized_1_2_1_exact_samples_lr_and_tests(tmp_path, mode):
     run, trace = tmp_path / "run", tmp_path / "trace"
+    if mode == "ray":
+        pytest.importorskip("ray")
+    launch = ["--backend", "ray"] if mode == "ray" else ["--relaunch", mode]
     p = run_cli("train", "--script", str(SCRIPT), "--gpus", "1", "--schedule", "10:2,17:1", "--slots", "2",
-                "--relaunch", "overlap", "--run-dir", str(run), "--", "--epochs", "3", "--trace", str(trace),
+                *launch, "--run-dir", str(run), "--", "--epochs", "3", "--trace", str(trace),
                 timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     ev = read_events(run / "events.jsonl")

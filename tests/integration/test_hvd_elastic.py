@@ -2,8 +2,10 @@
 
 ``examples/hvd_elastic_mlp.py`` uses only Horovod Elastic's API (``hvd.init()``, ``@hvd.elastic.run``,
 ``TorchState``, ``ElasticSampler``, ``state.commit()`` after every batch, a reset callback that sets
-the LR to ``0.05 * size``). It is resized 1 -> 2 -> 1, by checkpoint and relaunch (``overlap``) and
-in place (``inplace``): every sample of each epoch is used exactly once across the resizes, every
+the LR to ``0.05 * size``). It is resized 1 -> 2 -> 1, by checkpoint and relaunch (``overlap``),
+in place under Horovod Elastic (``inplace``) and in place on the Ray backend (a local Ray the
+controller starts; the ring re-formed by the controller): every sample of each epoch is used
+exactly once across the resizes, every
 step ran at the LR its world size gives (the script's own log and the events), the run ends when
 the script's function returns, and it learns. The same file runs under plain ``horovodrun``.
 """
@@ -58,20 +60,28 @@ def _check_run(run: Path, samples: Path) -> None:
     committed = final["extras"]["hvd_elastic_state"]
     assert committed["objects"]["epoch"] == EPOCHS and committed["objects"]["batch"] == 0
     assert committed["handlers"]["sampler"] == {"epoch": EPOCHS, "processed_num": 0}
-    log = sorted((run / "logs").glob("segment-*.log"))[-1].read_text()
-    acc = float(log.split("final test accuracy ")[1].split()[0])
+    logs = [f.read_text() for f in sorted((run / "logs").glob("*.log"))]  # Ray: the actors' own logs
+    log = [t for t in logs if "final test accuracy " in t][-1]
+    acc = float(log.split("final test accuracy ")[-1].split()[0])
     assert acc > 0.5, acc  # learned in 40 small steps (chance: 0.1)
 
 
-@pytest.mark.parametrize("relaunch", ["overlap", "inplace"])
+@pytest.mark.parametrize("relaunch", ["overlap", "inplace", pytest.param("ray", marks=pytest.mark.ray)])
 def test_hvd_elastic_script_resized_1_2_1_unchanged(tmp_path, relaunch):
     run, samples = tmp_path / "r", tmp_path / "s"
     cap = ["--steps", "1000"] if relaunch == "overlap" else []  # a cap only: the script's return ends it
+    mode = ["--backend", "ray"] if relaunch == "ray" else ["--relaunch", relaunch]
+    if relaunch == "ray":
+        pytest.importorskip("ray")
     p = run_cli("train", "--script", str(SCRIPT), *cap, "--gpus", "1", "--schedule", "8:2,16:1",
-                "--slots", "2", "--relaunch", relaunch, "--run-dir", str(run),
+                "--slots", "2", *mode, "--run-dir", str(run),
                 "--", "--epochs", str(EPOCHS), "--log-samples", str(samples), timeout=400)
     assert p.returncode == 0, p.stdout + p.stderr
     _check_run(run, samples)
+    if relaunch == "ray":  # the first worker trained the segments at 1 and 2 in one process (one log)
+        assert [f for f in samples.glob("samples-*.jsonl") if '"size": 1' in f.read_text()] == \
+            [f for f in samples.glob("samples-*.jsonl") if '"rank": 0' in f.read_text()]
+        assert len(list(samples.glob("samples-*.jsonl"))) == 2
     if relaunch == "inplace":  # one process tree for the whole run
         launches = [e for e in read_events(run / "events.jsonl") if e["kind"] == "launch"]
         assert len(launches) == 3 and len({tuple(e["command"]) for e in launches}) == 1

@@ -207,7 +207,7 @@ class FakeCuda:
 
 
 def test_cuda_rng_is_the_ranks_own_device(monkeypatch):
-    from elastic_ring.worker import api
+    from elastic_ring.worker import state as api  # the RNG state a checkpoint holds
 
     fake = FakeCuda(current=0)
     for name in ("is_available", "is_initialized", "current_device", "get_rng_state",
@@ -281,7 +281,7 @@ def test_gpu_workers_get_the_cpu_thread_cap(monkeypatch):
 def test_in_place_reset_keeps_rank_0s_own_extras():
     """Rank 0 of an in-place reset restores from meta built of its own objects (found by the CPU
     dry run of gpu_check.sh: the LR state dict was cleared, then `LRState(**{})` failed)."""
-    from elastic_ring.worker.api import _restore_in_place
+    from elastic_ring.worker.state import _restore_in_place
 
     lr = {"base": 0.1, "start": 0.1}
     assert _restore_in_place(lr, lr) is lr and lr == {"base": 0.1, "start": 0.1}

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from elastic_ring.ckpt import CheckpointStore
-from elastic_ring.worker import api
-from elastic_ring.worker.data import DataPosition, DistributedSampler
+from elastic_ring.worker import api, session, sync
+from elastic_ring.worker.data import DataPosition, DistributedSampler, EpochData
 from elastic_ring.worker.hooked import StopSegment
 from tests.unit.test_worker_library import FakeHvd, make_job
 
@@ -28,12 +28,17 @@ class StubJob:
 
     def __init__(self, rank: int, size: int, elastic: bool = True, position: DataPosition | None = None):
         self.rank, self.size, self.elastic = rank, size, elastic
-        self._position = position or DataPosition()
-        self._samplers, self._iterated, self._optimizer = [], None, None
+        self.epoch_data = EpochData(position=position or DataPosition())
+        self._position = self.epoch_data.position
+
+
+def _current(monkeypatch, job) -> None:
+    """``job`` is this process's job (what elastic.init() returned)."""
+    monkeypatch.setattr(session, "_PROCESS", session._Process(job=job, init_called=True))
 
 
 def _sampler(monkeypatch, job, n, **kw) -> DistributedSampler:
-    monkeypatch.setattr(api, "_JOB", job)
+    _current(monkeypatch, job)
     return DistributedSampler(list(range(n)), **kw)
 
 
@@ -118,7 +123,7 @@ def test_test_sampler_is_not_the_training_one(monkeypatch):
     list(test)  # a test before training: no optimizer step follows it
     it = iter(torch.utils.data.DataLoader(list(range(30)), batch_size=4, sampler=train))
     next(it)
-    job._iterated.advance()
+    job.epoch_data.iterated.advance()
     assert job._position.sampler_index == train.index and job._position.pos == 4
     assert list(test) == list(range(10))  # the test set from its start, whatever the position
 
@@ -153,7 +158,7 @@ def _run_script(job, trace: list, epochs: int = 3):
     opt = FakeDistributed(opt)
     for epoch in job.epochs(1, epochs + 1):
         sampler.set_epoch(epoch)
-        per_rank = math.ceil((N - job._position.pos) / job.size)  # the rest of the epoch at this size
+        per_rank = math.ceil((N - job.epoch_data.position.pos) / job.size)  # the rest of the epoch at this size
         assert len(sampler) == per_rank and len(loader) == math.ceil(per_rank / B)
         for ids, xb in loader:
             assert len(sampler) == per_rank  # stable while the epoch runs (a progress print's total)
@@ -194,13 +199,13 @@ def distributed(monkeypatch):
         live.append(self)
 
     monkeypatch.setattr(FakeDistributed, "__init__", init)
-    monkeypatch.setattr(api, "_distributed_optimizers", lambda: live)
+    monkeypatch.setattr(sync, "_distributed_optimizers", lambda: live)
     return live
 
 
 def _segment(tmp_path, monkeypatch, segment, stop_at, trace):
     job = make_job(tmp_path, monkeypatch, size=1, segment=segment, stop_at=stop_at, total=10**9)
-    monkeypatch.setattr(api, "_JOB", job)
+    _current(monkeypatch, job)
     try:
         model = _run_script(job, trace)
     except StopSegment:
@@ -233,7 +238,7 @@ def test_epoch_loop_resize_rescales_and_splits_the_rest(tmp_path, monkeypatch, d
     trace: list = []
     _segment(tmp_path, monkeypatch, 0, 3, trace)
     job = make_job(tmp_path, monkeypatch, rank=0, size=2, segment=1, stop_at=10**9, total=10**9)
-    monkeypatch.setattr(api, "_JOB", job)
+    _current(monkeypatch, job)
     _run_script(job, trace)
     steps = [t for t in trace if t[0] == "step"]
     assert [len(t[3]) for t in steps[:3]] == [4] * 3
@@ -285,7 +290,7 @@ def test_plain_job_is_plain_horovod(monkeypatch):
     monkeypatch.setitem(sys.modules, "horovod.torch", fake)
     monkeypatch.setitem(sys.modules, "horovod", types.SimpleNamespace(torch=fake))
     monkeypatch.delenv("ELASTIC_RING_RUN_DIR", raising=False)
-    monkeypatch.setattr(api, "_JOB", None)
+    monkeypatch.setattr(session, "_PROCESS", session._Process())
     job = api.init()
     assert not job.elastic and (job.rank, job.size) == (1, 2) and calls == ["init"]
     model = torch.nn.Linear(2, 1)
@@ -308,11 +313,11 @@ def test_thread_override_warned_once(tmp_path, monkeypatch, capsys):
     job = make_job(tmp_path, monkeypatch)
     before = torch.get_num_threads()
     try:
-        job._check_threads()
+        job.progress.check_threads()
         assert capsys.readouterr().err == ""
         torch.set_num_threads(before + 1)
-        job._check_threads()
-        job._check_threads()
+        job.progress.check_threads()
+        job.progress.check_threads()
         err = capsys.readouterr().err
         assert err.count("set torch's threads to") == 1, err
     finally:
@@ -321,15 +326,15 @@ def test_thread_override_warned_once(tmp_path, monkeypatch, capsys):
 
 def test_adasum_gets_no_eq7(tmp_path, monkeypatch, capsys):
     job = make_job(tmp_path, monkeypatch)
-    job.hvd.Adasum = "adasum"
+    job.ring.hvd.Adasum = "adasum"
     opt = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
     opt.op = "adasum"
     job.register(optimizer=opt)
-    job._rescale(1, 2)
+    job.state.rescale(1, 2)
     assert opt.param_groups[0]["lr"] == 0.1 and job.lr_factor == 1.0
     assert "Adasum" in capsys.readouterr().err
     opt.op = "average"
-    job._rescale(1, 2)
+    job.state.rescale(1, 2)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.2)
 
 
@@ -338,15 +343,15 @@ def test_adasum_wrapper_after_restore_takes_eq7_back(tmp_path, monkeypatch, dist
     op=hvd.Adasum)`` wraps it: the Eq. 7 applied at the restore is taken back when the wrapper is
     adopted."""
     job = make_job(tmp_path, monkeypatch)
-    job.hvd.Adasum = "adasum"
+    job.ring.hvd.Adasum = "adasum"
     opt = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
     job.register(optimizer=opt)
-    job._rescale(1, 2)  # what restore() does on a checkpoint of another size
+    job.state.rescale(1, 2)  # what restore() does on a checkpoint of another size
     assert opt.param_groups[0]["lr"] == pytest.approx(0.2)
     wrapper = FakeDistributed(opt)
     wrapper.op = "adasum"
-    job._adopt_distributed_optimizer()
-    assert job._optimizer is wrapper and wrapper.param_groups[0]["lr"] == pytest.approx(0.1)
+    job.state.adopt_distributed_optimizer()
+    assert job.state.optimizer is wrapper and wrapper.param_groups[0]["lr"] == pytest.approx(0.1)
     assert job.lr_factor == 1.0
 
 
@@ -356,10 +361,10 @@ def test_evaluating_is_kept_out_of_the_throughput_window(tmp_path, monkeypatch):
     job = make_job(tmp_path, monkeypatch)
     from elastic_ring.worker.progress import _Window
 
-    job._window = _Window(t0=100.0)
+    job.progress.window = _Window(t0=100.0)
     with job.evaluating():
         time.sleep(0.05)
-    assert job._window.t0 >= 100.04
+    assert job.progress.window.t0 >= 100.04
 
 
 def test_epoch_loop_stop_requested_cap_and_finish(tmp_path, monkeypatch, distributed):
@@ -368,7 +373,7 @@ def test_epoch_loop_stop_requested_cap_and_finish(tmp_path, monkeypatch, distrib
     # a stop asked by the controller (live resize, Ctrl-C): voted after step 1, agreed at step 2's
     # pre-hook, so the segment ends after step 1
     job = make_job(tmp_path / "a", monkeypatch, size=1, stop_at=10**9, total=10**9)
-    monkeypatch.setattr(api, "_JOB", job)
+    _current(monkeypatch, job)
     protocol.stop_file(job.run_dir, 0).parent.mkdir(parents=True, exist_ok=True)
     protocol.stop_file(job.run_dir, 0).touch()
     with pytest.raises(StopSegment):
@@ -376,7 +381,7 @@ def test_epoch_loop_stop_requested_cap_and_finish(tmp_path, monkeypatch, distrib
     assert (job.step, job.stop_reason, job.finished) == (1, "requested", False)
     # --steps as a cap: the run ends at that step, inside an epoch
     job = make_job(tmp_path / "b", monkeypatch, size=1, stop_at=8, total=8)
-    monkeypatch.setattr(api, "_JOB", job)
+    _current(monkeypatch, job)
     with pytest.raises(StopSegment):
         _run_script(job, [])
     assert (job.step, job.stop_reason, job.finished) == (8, "finished", True)

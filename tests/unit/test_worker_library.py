@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from elastic_ring.protocol import LaunchInfo
-from elastic_ring.worker import api
+from elastic_ring.worker import api, session, sync
 
 
 class FakeHvd:
@@ -58,8 +58,8 @@ def make_job(tmp_path, monkeypatch, *, rank=0, size=1, segment=0, stop_at=5, tot
     info = LaunchInfo(run_dir=tmp_path, segment=segment, stop_at=stop_at, total_steps=total,
                       checkpoint_every=ckpt_every, throughput_window=1000)
     job = api.Job(info, lazy=True)
-    job.hvd = FakeHvd()
-    job._connected = True
+    job.ring.hvd = FakeHvd()
+    job.ring.connected = True
     return job
 
 
@@ -258,7 +258,7 @@ def test_misuse_fails_at_once(tmp_path, monkeypatch):
 def test_hvd_init_before_init_is_an_error(monkeypatch):
     fake = types.SimpleNamespace(is_initialized=lambda: True)
     monkeypatch.setitem(sys.modules, "horovod.torch", fake)
-    monkeypatch.setattr(api, "_JOB", None)
+    monkeypatch.setattr(session, "_PROCESS", session._Process())  # no job yet in this process
     for k, v in LaunchInfo(run_dir="/nonexistent", segment=0, stop_at=1, total_steps=1).to_env().items():
         monkeypatch.setenv(k, v)  # under the tool (outside it, hvd.init() first is plain Horovod)
     with pytest.raises(api.ContractError, match="hvd.init\\(\\) before"):
@@ -268,7 +268,7 @@ def test_hvd_init_before_init_is_an_error(monkeypatch):
 def test_finish_ends_the_loop_at_the_next_agreement(tmp_path, monkeypatch):
     job = make_job(tmp_path, monkeypatch, stop_at=20, total=20)
     # a DistributedOptimizer left alive by another test in this process is not this job's
-    monkeypatch.setattr(api, "_distributed_optimizers", lambda: [])
+    monkeypatch.setattr(sync, "_distributed_optimizers", lambda: [])
     job.register(model=torch.nn.Linear(1, 1))
     job.restore()
     done = []

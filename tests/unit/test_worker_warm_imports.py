@@ -9,7 +9,7 @@ import threading
 import time
 import types
 
-from elastic_ring.worker import api
+from elastic_ring.worker import ring
 
 
 def _recorder(monkeypatch, seconds: float = 0.0) -> list[tuple[str, float, float]]:
@@ -19,7 +19,7 @@ def _recorder(monkeypatch, seconds: float = 0.0) -> list[tuple[str, float, float
         t0 = time.time()
         time.sleep(seconds)
         calls.append((threading.current_thread().name, t0, time.time()))
-    monkeypatch.setattr(api, "warm_imports", warm)
+    monkeypatch.setattr(ring, "warm_imports", warm)
     monkeypatch.delitem(sys.modules, "torch._dynamo", raising=False)  # as in a fresh worker
     return calls
 
@@ -35,9 +35,9 @@ def test_hvd_init_imports_meanwhile_and_returns_with_it_done(monkeypatch):
     hvd.init, hvd.is_initialized = init, lambda: state["init"] is not None
     monkeypatch.setitem(sys.modules, "horovod", types.ModuleType("horovod"))
     monkeypatch.setitem(sys.modules, "horovod.torch", hvd)
-    job = api.Job.__new__(api.Job)
+    r = ring.Ring.__new__(ring.Ring)
     t0 = time.time()
-    job._hvd_init()
+    r.init_horovod()
     took = time.time() - t0
     assert len(calls) == 1 and calls[0][0] == "elastic-ring-warm-imports"
     assert calls[0][1] < state["init"]  # started while init waited, not after it
@@ -48,8 +48,7 @@ def test_a_prelaunched_worker_imports_while_it_waits_for_its_go(tmp_path, monkey
     calls = _recorder(monkeypatch)
     go = tmp_path / "go-1"
     go.write_text('{"stop_at": 7}')
-    job = api.Job.__new__(api.Job)
-    job.ring_by_controller = False
-    job._wait_for_go(go)
-    assert len(calls) == 1 and job.stop_at == 7
+    r = ring.RelaunchRing.__new__(ring.RelaunchRing)
+    rec = r.wait_for_go(go)
+    assert len(calls) == 1 and rec["stop_at"] == 7
 

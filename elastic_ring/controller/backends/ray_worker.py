@@ -53,7 +53,7 @@ class WorkerActor:
     def run(self, argv: list[str], env: dict[str, str], log_path: str) -> int:
         from elastic_ring.worker import api
 
-        api._JOB, api._INIT_CALLED = None, False  # a retired worker's process serving again
+        api.reset()  # a new job in this process (a retired worker's, serving again)
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)

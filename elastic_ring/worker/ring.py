@@ -1,0 +1,272 @@
+"""This worker's Horovod ring, and how this launch forms it and re-forms it at a resize.
+
+Three launches, one object each, chosen once at start from the environment the entry point sets
+(:func:`ring_from_env`):
+
+- :class:`RelaunchRing` (horovodrun, every relaunch mode but ``inplace``): horovodrun gives the
+  rank; a resize ends these processes and new ones form the next ring. A pre-launched worker
+  waits for its go, and rank 0's stop step is broadcast once the ring is formed.
+- :class:`ElasticRing` (``--relaunch inplace``, Horovod Elastic): Horovod's driver assigns the
+  ranks (``hvd.init()`` asks it, so they may be newer than the environment's) and tells rank 0
+  when the hosts change; a resize re-forms the ring in these processes (``hvd.shutdown()`` +
+  ``hvd.init()``), and the controller's word is acted on once the driver has reported the hosts.
+- :class:`ControllerRing` (the Ray backend): the controller serves the rendezvous and names every
+  member's Horovod environment, in the go of a warm spare and in the resize action; a worker it
+  leaves out of the new ring has retired (:class:`Retired`), and its process may serve again.
+
+A ring knows its rank, size and local size, and nothing about training; the job
+(:class:`elastic_ring.worker.api.Job`) holds one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from elastic_ring import protocol
+from elastic_ring.worker.inplace import inplace_action_file, take_ahead_action
+
+INPLACE_ENV = "ELASTIC_RING_INPLACE"  # "1": Horovod Elastic (--relaunch inplace)
+RING_BY_CONTROLLER = "controller"  # INPLACE_ENV's value on the Ray backend (the controller forms the ring)
+MEMBER_ENV = "ELASTIC_RING_MEMBER"  # this worker's name in a resize action's "members"
+_HVD_KEYS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
+
+
+class Retired(BaseException):
+    """Raised at an in-place resize in a worker the controller left out of the new ring: it has
+    left the ring; its process may serve again (the Ray backend's actor)."""
+
+
+def warm_imports() -> None:
+    """Import what a worker's first optimizer step would import lazily on its critical path:
+    ``torch.optim`` imports ``torch._dynamo`` at the first ``step()`` or ``load_state_dict()``
+    (seconds in a fresh process; Horovod's optimizer-state broadcast is such a first step)."""
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:  # noqa: BLE001 - the lazy import later raises it where it matters
+        pass
+
+
+@contextmanager
+def _warming_meanwhile() -> Iterator[None]:
+    """Run :func:`warm_imports` in a thread while the caller waits in C code that imports nothing
+    (``hvd.init()``, which holds no GIL while the ring's rendezvous waits for the other ranks);
+    joined before the caller goes on, so no import of the caller's runs beside it."""
+    if "torch._dynamo" in sys.modules:
+        yield
+        return
+    t = threading.Thread(target=lambda: warm_imports(), daemon=True, name="elastic-ring-warm-imports")
+    t.start()
+    try:
+        yield
+    finally:
+        t.join()
+
+
+class Ring:
+    """The ring as horovodrun forms it (the base of the three launches; see the module docstring)."""
+
+    in_place = False  # a resize keeps this process: pause, re-form, sync from rank 0
+    go_timeout_s = 900.0
+
+    def __init__(self) -> None:
+        self.hvd: Any = None
+        self.connected = False
+        self.rank = self.size = self.local_rank = self.local_size = 0
+        self.hosts_updated_at: float | None = None  # Horovod Elastic's driver: the hosts changed then
+        env = os.environ
+        if all(k in env for k in _HVD_KEYS):
+            self._ranks_from_env()
+        else:  # not under horovodrun's environment (e.g. mpirun): ask Horovod now
+            self.init_horovod()
+            self.adopt_ranks()
+
+    def _ranks_from_env(self) -> None:
+        env = os.environ
+        self.rank, self.size = int(env["HOROVOD_RANK"]), int(env["HOROVOD_SIZE"])
+        self.local_rank, self.local_size = int(env["HOROVOD_LOCAL_RANK"]), int(env["HOROVOD_LOCAL_SIZE"])
+
+    def init_horovod(self) -> None:
+        """``hvd.init()`` unless done, with the first step's imports warmed meanwhile."""
+        import horovod.torch as hvd
+
+        self.hvd = hvd
+        if not hvd.is_initialized():
+            with _warming_meanwhile():
+                hvd.init()
+
+    def adopt_ranks(self) -> None:
+        """Rank and sizes as Horovod has them now, and the CPU threads of this host's share."""
+        import torch
+
+        hvd = self.hvd
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        torch.set_num_threads(protocol.cpu_threads(self.local_size))  # CPU and GPU workers alike
+
+    def _check_ranks(self) -> None:
+        if (self.hvd.rank(), self.hvd.size()) != (self.rank, self.size):
+            raise RuntimeError(f"Horovod rank {self.hvd.rank()}/{self.hvd.size()} differs from the "
+                               f"environment's {self.rank}/{self.size}")
+
+    def wait_for_go(self, go: Path, timeout_s: float | None = None) -> dict[str, Any]:
+        """The controller's go record of a pre-launched worker (``{"stop_at": S, ...}``)."""
+        timeout_s = self.go_timeout_s if timeout_s is None else timeout_s
+        t0 = time.time()
+        warm_imports()  # the first step's imports, off the critical path while the old workers train
+        while True:
+            rec = protocol.read_json(go)
+            if isinstance(rec, dict) and "stop_at" in rec:
+                return rec
+            if time.time() - t0 > timeout_s:
+                raise RuntimeError(f"no go from the controller within {timeout_s:.0f} s ({go} never appeared)")
+            time.sleep(0.02)
+
+    def connect(self, go: dict[str, Any] | None, stop_at: int) -> int:
+        """Form the ring (``go``: the go record a pre-launched worker waited for); returns the
+        segment's stop step."""
+        if go is not None:
+            stop_at = self._went(go)
+        self.init_horovod()
+        self._formed()
+        if go is not None and self.broadcasts_stop:
+            import torch
+
+            stop_at = int(self.hvd.broadcast(torch.tensor([stop_at]), root_rank=0, name="stop_at").item())
+        self.connected = True
+        return stop_at
+
+    broadcasts_stop = True  # rank 0's stop step to all, once formed (pre-launched workers' go may differ)
+
+    def _went(self, go: dict[str, Any]) -> int:
+        return int(go["stop_at"])
+
+    def _formed(self) -> None:
+        self._check_ranks()
+
+    # ------------------------------------------------------------------ in-place resizes
+    def takes(self, action: dict[str, Any]) -> bool:
+        """Whether rank 0 may act on the controller's resize ``action`` now."""
+        return True
+
+    def await_action(self, run_dir: Path, segment: int, step: int, scheduled: bool,
+                     poll_s: float = 0.05) -> dict[str, Any]:
+        """All ranks wait, between two steps, for the controller's word on ``segment``'s end.
+
+        Rank 0 reads ``control/inplace-<segment>.json``: ``{"action": "exit"}`` (a Ctrl-C: checkpoint
+        and leave), or ``{"action": "resize", "to": N, "segment": S, "stop_at": T}``, acted on when
+        :meth:`takes` allows. An action written ahead names ``at_step``: rank 0 takes it (renaming it,
+        so the controller cannot withdraw it too) at a scheduled stop at that step, and first writes
+        its joiners' go records. Rank 0's decision is broadcast each poll.
+        """
+        while True:
+            decision = None
+            if self.rank == 0:
+                act = protocol.read_json(inplace_action_file(run_dir, segment))
+                if isinstance(act, dict) and "at_step" in act:  # written ahead
+                    if (act.get("action") == "resize" and int(act["at_step"]) == step and scheduled
+                            and self.takes(act) and take_ahead_action(run_dir, segment)):
+                        decision = act
+                        for go, rec in (act.get("go_files") or {}).items():  # its joiners' word
+                            protocol.write_json_atomic(Path(go), rec)
+                elif isinstance(act, dict) and (act.get("action") == "exit" or (
+                        act.get("action") == "resize" and self.takes(act))):
+                    decision = act
+            decision = self.hvd.broadcast_object(decision, root_rank=0, name="inplace_action")
+            if decision is not None:
+                return decision
+            time.sleep(poll_s)
+
+    def reform(self, action: dict[str, Any]) -> None:
+        """Re-form the ring at the new size in this process (``hvd.shutdown()`` + ``hvd.init()``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not resize in place")
+
+    def alone(self) -> bool:
+        """This process is the whole ring re-formed in place, its live state the state: nothing
+        to broadcast (a shrink to one worker syncs without a collective)."""
+        return self.in_place and self.size == 1
+
+
+class RelaunchRing(Ring):
+    """horovodrun's ring: a resize ends these processes (see the module docstring)."""
+
+
+class ElasticRing(Ring):
+    """Horovod Elastic's ring: the driver assigns ranks and reports host changes to rank 0."""
+
+    in_place = True
+
+    def _formed(self) -> None:
+        self.adopt_ranks()  # the driver's assignment may be newer than the environment's
+        from horovod.common.elastic import notification_manager
+
+        notification_manager.init()
+        notification_manager.register_listener(self)
+
+    def on_hosts_updated(self, timestamp: float, update_res: Any) -> None:
+        """Horovod Elastic's driver (on rank 0): the discovery script reports other slots now."""
+        self.hosts_updated_at = timestamp
+
+    def takes(self, action: dict[str, Any]) -> bool:
+        """Once the driver has told rank 0 that the hosts changed, for the discovery file the
+        action refers to (``hosts_written``; Horovod stamps the notification with the second the
+        driver saw the change): then the driver has the new slot assignment."""
+        updated = self.hosts_updated_at
+        return updated is not None and updated >= float(action.get("hosts_written", 0.0)) - 1.0
+
+    def reform(self, action: dict[str, Any]) -> None:
+        """The driver assigns the new ranks (a worker whose slot was removed is ended by Horovod
+        inside ``hvd.init()``)."""
+        self.hvd.shutdown()
+        self.hosts_updated_at = None
+        self.hvd.init()
+        self.adopt_ranks()
+
+
+class ControllerRing(Ring):
+    """The ring the controller forms (the Ray backend): it names every member's environment."""
+
+    in_place = True
+    go_timeout_s = 7 * 24 * 3600.0  # a warm spare may wait for a grow all run long
+
+    broadcasts_stop = False  # every member's go names it
+
+    def _went(self, go: dict[str, Any]) -> int:
+        if go.get("env"):  # a warm spare joining a ring: started with a placeholder rank
+            os.environ.update({k: str(v) for k, v in go["env"].items()})
+            self._ranks_from_env()
+        return int(go["stop_at"])
+
+    def _formed(self) -> None:
+        self._check_ranks()
+        self.adopt_ranks()
+
+    def reform(self, action: dict[str, Any]) -> None:
+        """Raises :class:`Retired` where the action names no environment for this worker."""
+        self.hvd.shutdown()
+        mine = (action.get("members") or {}).get(os.environ.get(MEMBER_ENV, ""))
+        if mine is None:
+            raise Retired(f"not a member of segment {action['segment']}")
+        os.environ.update({k: str(v) for k, v in mine.items()})
+        self.hvd.init()
+        self.adopt_ranks()
+
+
+def ring_from_env() -> Ring:
+    """The ring of this launch, from the mode the entry point wrote to ``ELASTIC_RING_INPLACE``."""
+    mode = os.environ.get(INPLACE_ENV)
+    if mode == RING_BY_CONTROLLER:
+        return ControllerRing()
+    if mode == "1":
+        return ElasticRing()
+    return RelaunchRing()
+
+
+def launched_under_horovod_elastic() -> bool:
+    """Horovod Elastic's entry may have initialised Horovod before the script's ``init()``."""
+    return os.environ.get(INPLACE_ENV) == "1"
