@@ -67,7 +67,6 @@ from elastic_ring.worker.checks import check_hvd_not_initialised
 from elastic_ring.worker.data import DistributedSampler
 from elastic_ring.worker.errors import ContractError, NotLaunchedError
 from elastic_ring.worker.hooked import HookedSteps
-from elastic_ring.worker.inplace import inplace_action_file, take_ahead_action
 from elastic_ring.worker.progress import Progress, StartUp
 from elastic_ring.worker.ring import Ring, launched_under_horovod_elastic, ring_from_env
 from elastic_ring.worker.sampler import Sampler
@@ -77,9 +76,7 @@ from elastic_ring.worker.sync import StateSync
 if TYPE_CHECKING:
     from elastic_ring.worker.plain import PlainJob
 
-# the controller's side names these here (its action files for paused workers)
-__all__ = ["ContractError", "DistributedSampler", "Job", "NotLaunchedError", "Sampler", "init",
-           "inplace_action_file", "reset", "take_ahead_action"]
+__all__ = ["ContractError", "DistributedSampler", "Job", "NotLaunchedError", "Sampler", "init", "reset"]
 
 _T_IMPORTED = time.time()
 

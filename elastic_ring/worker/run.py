@@ -33,10 +33,7 @@ import traceback
 from pathlib import Path
 
 from elastic_ring import protocol
-from elastic_ring.protocol import LaunchInfo
-
-
-RETIRED = 3  # main(in_process=True): this worker left the ring at an in-place shrink
+from elastic_ring.protocol import RETIRED, LaunchInfo  # RETIRED: main(in_process=True) after an in-place shrink
 
 
 class ScriptError(RuntimeError):

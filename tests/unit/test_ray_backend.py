@@ -201,7 +201,7 @@ class _Server:
 def _ahead_backend(tmp_path):
     from elastic_ring import protocol
     from elastic_ring.controller.backends.api import SegmentLaunch
-    from elastic_ring.worker.api import inplace_action_file
+    from elastic_ring.worker.inplace import inplace_action_file
 
     spec = RunSpec(run_dir=tmp_path, workers=1, schedule=(), slots=2, device="cpu", total_steps=20)
     b = make_ray_backend(spec)
@@ -217,7 +217,7 @@ def _ahead_backend(tmp_path):
 def test_a_ring_written_ahead_is_taken_or_withdrawn_never_both(tmp_path):
     """The action written ahead for a scheduled resize: rank 0 takes it by renaming the file, the
     controller withdraws it the same way; whichever renames first wins, and the other knows."""
-    from elastic_ring.worker.api import take_ahead_action
+    from elastic_ring.worker.inplace import take_ahead_action
 
     b, srv, spare = _ahead_backend(tmp_path)
     assert b.retract_ahead(2)  # another segment's: nothing to withdraw

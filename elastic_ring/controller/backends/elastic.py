@@ -91,14 +91,14 @@ class ElasticBackend:
         process before they reset), so at the stop the workers re-form the ring at once instead
         of waiting for the discovery. The next segment's (``launch``) action is written ahead too,
         naming the step it applies at: at the pause rank 0 takes it
-        (:func:`elastic_ring.worker.api.take_ahead_action`) once the driver has reported the new host
+        (:func:`elastic_ring.worker.inplace.take_ahead_action`) once the driver has reported the new host
         list, without waiting for the controller to see the segment's end."""
         if write_hosts(self.spec.run_dir, launch.world):
             self.hosts_written = time.time()
         cur = self._launch
         if cur is None or self._ahead is not None or launch.segment != cur.segment + 1:
             return
-        from elastic_ring.worker.api import inplace_action_file
+        from elastic_ring.worker.inplace import inplace_action_file
 
         self._ahead, self._ahead_taken = launch, False
         protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, cur.segment), {
@@ -126,7 +126,7 @@ class ElasticBackend:
         Horovod's driver notices, starts a worker for a new slot (or ends the one whose slot went),
         and the survivors re-form the ring in their processes. When rank 0 took the action
         written ahead, the workers are already on their way."""
-        from elastic_ring.worker.api import inplace_action_file
+        from elastic_ring.worker.inplace import inplace_action_file
 
         if not self.retract_ahead(paused_segment):
             a = self._ahead
@@ -145,7 +145,7 @@ class ElasticBackend:
                                     "hosts_written": self.hosts_written})
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
-        from elastic_ring.worker.api import inplace_action_file
+        from elastic_ring.worker.inplace import inplace_action_file
 
         protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment),
                                    {"action": "exit", "time": t})

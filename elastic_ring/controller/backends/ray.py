@@ -210,7 +210,7 @@ class RayBackend:
         """A scheduled resize to ``launch`` at the end of the running segment: form its ring now
         (spares taken, its rendezvous served, every member's environment) and write the action
         ahead, with the step it applies at and the joiners' go files. At the pause rank 0 takes it
-        (:func:`elastic_ring.worker.api.take_ahead_action`) and the ring re-forms without waiting
+        (:func:`elastic_ring.worker.inplace.take_ahead_action`) and the ring re-forms without waiting
         for the controller. Not done while a joiner would have to be a cold actor: tried again at
         each poll until the spares are up."""
         if self.group is None or self.launch is None or self._ahead is not None:
@@ -226,7 +226,7 @@ class RayBackend:
         envs = self.rings.form(members)
         go_files = {str(m.go): {"stop_at": launch.stop_at, "time": time.time(), "env": envs[m.name]}
                     for m in joiners}
-        from elastic_ring.worker.api import inplace_action_file
+        from elastic_ring.worker.inplace import inplace_action_file
 
         self._ahead = Ahead(cur.segment, launch, members, leave, joiners, spares, self.rings.newest)
         protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, cur.segment), {
@@ -283,7 +283,7 @@ class RayBackend:
             self.pool.top_up(launch)
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
-        from elastic_ring.worker.api import inplace_action_file
+        from elastic_ring.worker.inplace import inplace_action_file
 
         protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment),
                                    {"action": "exit", "time": t})
@@ -318,7 +318,7 @@ class RayBackend:
         envs = self.rings.form(members)
         action = {"action": "resize", "to": launch.world, "segment": launch.segment,
                   "stop_at": launch.stop_at, "time": t_launch, "members": envs}
-        from elastic_ring.worker.api import inplace_action_file
+        from elastic_ring.worker.inplace import inplace_action_file
 
         protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment), action)
         for m in joiners:
