@@ -32,6 +32,7 @@ import elastic_ring.worker as elastic
 from elastic_ring.config.api import load_config
 from elastic_ring.data import load_dataset, make_batch
 from elastic_ring.nn import resnet
+from elastic_ring.train.optim import SGD
 from elastic_ring.worker.lr import RULES, LRState, initial_base_lr
 
 
@@ -86,11 +87,11 @@ def evaluate(job: elastic.Job, model: torch.nn.Module, test_ds, cfg) -> dict[str
 
 
 def main() -> int:
-    job = elastic.init(lazy=True)
+    job = elastic.init(lazy=True, warm_compile=False)  # its SGD never imports torch._dynamo
     cfg = load_config(job.run_dir / "config.yaml")
     torch.manual_seed(cfg.seed)
     model = resnet(cfg.depth, cfg.width, cfg.num_classes).to(job.device)
-    base_opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+    base_opt = SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay)
     cache = job.run_dir / "cache"
     train_ds = load_dataset(cfg.dataset, True, cfg.data_dir, cfg.synthetic_size, cfg.seed,

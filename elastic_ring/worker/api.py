@@ -106,11 +106,12 @@ class Job:
     elastic = True  # under the controller (the plain job of a script run without it: False)
 
     def __init__(self, info: LaunchInfo, lazy: bool = False, ring: Ring | None = None,
-                 start: StartUp | None = None, rejoined: bool = False) -> None:
+                 start: StartUp | None = None, rejoined: bool = False, warm_compile: bool = True) -> None:
         import torch
 
         self.info, self.run_dir = info, Path(info.run_dir)
         self.ring = ring if ring is not None else ring_from_env()
+        self.ring.warms_compile = warm_compile
         self.seg = Segment(info.segment, info.stop_at, info.total_steps)
         self.state = StateSync(self.ring, self.seg, info.lr_scaling)
         start = start or StartUp(_process_start(), {"imports": _T_IMPORTED})
@@ -398,7 +399,7 @@ class Job:
         self.hvd.allreduce(torch.tensor([0.0]), name="exit_barrier")  # leave together
 
 
-def init(lazy: bool = False) -> "Job | PlainJob":
+def init(lazy: bool = False, warm_compile: bool = True) -> "Job | PlainJob":
     """Start this worker's part of the elastic job (call once, first thing).
 
     Sets the device (one GPU per local rank, or ``cores / local workers`` CPU threads), waits for
@@ -406,6 +407,10 @@ def init(lazy: bool = False) -> "Job | PlainJob":
     for :meth:`Job.connect` (or :meth:`Job.restore`), so that the script can build its model and data
     first. Outside ``elastic-ring train --script`` (plain ``horovodrun`` or ``python``) it returns
     a :class:`~elastic_ring.worker.plain.PlainJob`: the script runs as plain Horovod.
+
+    ``warm_compile``: import ``torch._dynamo`` while the ring forms (or while a pre-launched worker
+    waits), off the first step's path: torch's optimizers import it at their first call. False for
+    a script whose optimizer never does (the built-in trainer's :class:`elastic_ring.train.optim.SGD`).
     """
     job = session.current()
     if job is not None:
@@ -421,11 +426,11 @@ def init(lazy: bool = False) -> "Job | PlainJob":
     if carried is None:
         check_hvd_not_initialised(launched_under_horovod_elastic())
         session.init_begins()
-        job = Job(info, lazy=lazy)
+        job = Job(info, lazy=lazy, warm_compile=warm_compile)
     else:  # the script run again in this process, in the ring re-formed in place
         ring, segment, stop_at, start = carried
         job = Job(replace(info, segment=segment, stop_at=stop_at, go_file=None), lazy=lazy, ring=ring,
-                  start=start, rejoined=True)
+                  start=start, rejoined=True, warm_compile=warm_compile)
     session.started(job)
     return job
 

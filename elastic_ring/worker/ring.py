@@ -53,11 +53,11 @@ def warm_imports() -> None:
 
 
 @contextmanager
-def _warming_meanwhile() -> Iterator[None]:
+def _warming_meanwhile(warm: bool = True) -> Iterator[None]:
     """Run :func:`warm_imports` in a thread while the caller waits in C code that imports nothing
     (``hvd.init()``, which holds no GIL while the ring's rendezvous waits for the other ranks);
     joined before the caller goes on, so no import of the caller's runs beside it."""
-    if "torch._dynamo" in sys.modules:
+    if not warm or "torch._dynamo" in sys.modules:
         yield
         return
     t = threading.Thread(target=lambda: warm_imports(), daemon=True, name="elastic-ring-warm-imports")
@@ -73,6 +73,7 @@ class Ring:
 
     in_place = False  # a resize keeps this process: pause, re-form, sync from rank 0
     go_timeout_s = 900.0
+    warms_compile = True  # warm_imports() before the first step (False: the script's optimizer never needs it)
 
     def __init__(self) -> None:
         self.hvd: Any = None
@@ -97,7 +98,7 @@ class Ring:
 
         self.hvd = hvd
         if not hvd.is_initialized():
-            with _warming_meanwhile():
+            with _warming_meanwhile(self.warms_compile):
                 hvd.init()
 
     def adopt_ranks(self) -> None:
@@ -118,7 +119,8 @@ class Ring:
         """The controller's go record of a pre-launched worker (``{"stop_at": S, ...}``)."""
         timeout_s = self.go_timeout_s if timeout_s is None else timeout_s
         t0 = time.time()
-        warm_imports()  # the first step's imports, off the critical path while the old workers train
+        if self.warms_compile:
+            warm_imports()  # the first step's imports, off the critical path while the old workers train
         while True:
             rec = protocol.read_json(go)
             if isinstance(rec, dict) and "stop_at" in rec:
