@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -128,6 +129,7 @@ def main() -> None:
         _, alive = psutil.wait_procs(started, timeout=15)
         for p in alive:  # by pid: only what this cluster started
             p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
 
     def med(survive: bool, key: str) -> float:
         return statistics.median(r[key] for r in runs if r["survive"] == survive)
