@@ -85,6 +85,11 @@ def _echo(msg: str) -> None:
 @click.option("--warm-spares", type=int, default=None, metavar="N",
               help="Spare Ray actors kept warm (torch and Horovod imported) for the next grow. "
                    "[default: enough to grow to --slots]")
+@click.option("--survive", is_flag=True, default=False,
+              help="--backend ray: a failed worker is a shrink, not a restart: the other workers keep their "
+                   "processes, roll back to the last step they all completed (a copy of its state kept in "
+                   "memory) and go on without it; a restart from the checkpoint when they cannot (a lost "
+                   "node, no common step). Failures still count toward --max-restarts.")
 @click.option("--checkpoint-every", type=int, default=None, metavar="STEPS",
               help="Also checkpoint every STEPS steps, in the background (0: off). [default: 0]")
 @click.option("--checkpoint-every-s", type=float, default=None, metavar="SECONDS",
@@ -111,8 +116,8 @@ def _echo(msg: str) -> None:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
           data_dir, batch_size, lr, seed, resize_warmup, device, slots, hosts, hostfile,
-          network_interface, relaunch, backend, ray_address, placement, warm_spares, checkpoint_every,
-          checkpoint_every_s, keep, max_restarts, stall_timeout, run_dir, resume_dir, script_args):
+          network_interface, relaunch, backend, ray_address, placement, warm_spares, survive,
+          checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, run_dir, resume_dir, script_args):
     """Train with Horovod (a CIFAR ResNet, or your --script); resize by checkpoint and relaunch.
 
     \b
@@ -160,7 +165,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
                      checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s, keep=keep,
                      max_restarts=max_restarts, stall_timeout=stall_timeout, run_dir=run_dir,
                      resume_dir=resume_dir, backend=backend, ray_address=ray_address, placement=placement,
-                     warm_spares=warm_spares)
+                     warm_spares=warm_spares, survive=survive)
     summary = start_or_resume(req, _echo)
     shown = {**summary, "state": "stopped"} if summary["state"] == "interrupted" else summary  # status's word
     click.echo(render(shown, summary.get("total_steps")))

@@ -16,7 +16,9 @@ restarts the workers from the last checkpoint (``max_restarts`` failures in a ro
 error that repeats at the same step is not retried), at the size the plan says for that step or,
 when the backend reports fewer usable slots (hosts that no longer answer), at the largest count
 that fits. Each restart is an event with its cause, the rank that failed first, the steps redone
-and the time lost.
+and the time lost. Where the backend keeps the survivors (Ray with ``--survive``), a failure is a
+shrink instead: the survivors go on in their processes from the last step they all hold in memory
+(:meth:`Controller._survivors`), counted as a restart is.
 
 It owns the run folder while it runs (a lock, and a heartbeat its workers watch: they exit by
 themselves within seconds when it is gone or replaced).
@@ -186,6 +188,10 @@ class Controller:
             rc = self._watch(seg)
             self._relay()
             now = self.clock()
+            survived = self._survivors(seg, rc) if rc not in (None, 0) and not self._interrupts else None
+            if survived is not None:  # a failure taken as a shrink: the survivors go on in place
+                (step, world), segment = survived, seg.index + 1
+                continue
             if rc is None:  # checkpoint on disk: relaunch now, the old workers exit meanwhile
                 if self.resize.keeps_workers:
                     self._elastic = seg  # paused between two steps, waiting for the new size
@@ -335,6 +341,50 @@ class Controller:
         self.out(f"{why}: restart {attempt}/{self.max_restarts} from step {ck} with {new_world} "
                  f"worker(s) ({redone} step(s) to redo)")
         return ck, new_world
+
+    def _survivors(self, seg: Segment, rc: int) -> tuple[int, int] | None:
+        """A segment failed, and the backend may keep its survivors (the Ray backend with
+        ``--survive``): they go on in their processes from the last step they all hold in memory,
+        at their number, as after a scheduled shrink there (the next segment is an in-place resize).
+        The failure counts as a restart's does (``max_restarts``, the same error twice) and is a
+        ``restart`` event with ``path`` "memory". Returns (that step, the survivors' number), or
+        None: restart from the checkpoint (:meth:`_recover`)."""
+        ask = getattr(self.backend, "survivors", None)
+        if ask is None or not self.resize.keeps_workers or seg.stall is not None:
+            return None
+        t_detect = self.clock()
+        s = ask()
+        if s is None:
+            return None
+        self._cancel_next()
+        self.meter.pending = None
+        f = s.failure
+        records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
+        last, t_last = self.diagnosis.failed_at(seg, records)
+        redone = max(0, last - s.step)
+        why = f.message or f"worker rank {f.rank} failed"
+        failure = {"from_step": s.step, "type": f.type, "message": f.message,
+                   "step": f.step if f.step is not None else last + 1}
+        attempt, repeated = self._failures.record(failure)
+        rec = f.record or next((r for r in records if r.get("rank") == f.rank and not r.get("peer_loss")), None)
+        reason = give_up_reason(rec, failure, attempt, repeated, self.max_restarts, s.world)
+        self.events.write(Restart(attempt=attempt, cause=why, rank=f.rank, returncode=rc, segment=seg.index,
+                                  world_size=seg.world, from_step=s.step, failed_at_step=last, steps_redone=redone,
+                                  new_world_size=0 if reason is not None else s.world, gave_up=reason is not None,
+                                  node=f.node, path="memory", time=t_detect))
+        if reason is not None:
+            self._fail(seg, rc, f"{why} ({reason})", rank=f.rank)
+        self.plan.add(s.step, s.world, "failure")
+        self._save_plan()
+        self._elastic = seg  # its survivors wait, paused, for their new ring
+        self._transition = "restarting"
+        self._set_state(self.state, step=s.step, world_size=s.world, segment=seg.index + 1, pending_world=None,
+                        resize_from=None)  # the phase says restarting; the workers never stopped running
+        self.meter.restarting = Restarting(attempt, t_detect, t_last, redone, s.step, seg.index + 1, path="memory")
+        joined = f" with {s.joiners} warm spare(s) in the failed worker(s)' place" if s.joiners else ""
+        self.out(f"{why}: restart {attempt}/{self.max_restarts} in memory: {s.world - s.joiners} survivor(s) go "
+                 f"on from step {s.step}{joined} ({redone} step(s) to redo)")
+        return s.step, s.world
 
     # ------------------------------------------------------------------ processes
     def _start_processes(self, seg: Segment) -> None:

@@ -44,6 +44,7 @@ class Restarting:
     steps_redone: int
     from_step: int
     segment: int = -1
+    path: str = "disk"  # or "memory": the survivors of the failure went on in their processes
 
 
 class Meter:
@@ -112,7 +113,7 @@ class Meter:
                                         steps_redone=rs.steps_redone,
                                         detect_to_first_step_s=t_first - rs.t_detect,
                                         time_lost_s=max(0.0, t_first - rs.t_last_progress)
-                                        + rs.steps_redone * step_s, time=t_first))
+                                        + rs.steps_redone * step_s, path=rs.path, time=t_first))
             self.restarting = None
         p = self.pending
         if p is not None and self._relaunched is not None:

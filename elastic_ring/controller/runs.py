@@ -450,7 +450,7 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
 
     options = LaunchOptions(relaunch=run.relaunch, backend=req.backend, network_interface=req.network_interface,
                             ray_address=req.ray_address, placement=req.placement, warm_spares=req.warm_spares,
-                            gpus_per_worker=1.0 if run.spec.device == "cuda" else 0.0)
+                            gpus_per_worker=1.0 if run.spec.device == "cuda" else 0.0, survive=req.survive)
     backend, resize = make_launch(options, run.spec)
     if req.backend == "ray":
         echo(f"backend: Ray ({req.ray_address or os.environ.get('RAY_ADDRESS') or 'a local Ray'}), "

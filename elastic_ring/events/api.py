@@ -284,7 +284,8 @@ class Finished(Event):
 @dataclass(frozen=True)
 class Restart(Event):
     """A segment failed; the controller restarts the workers from the last checkpoint (or gives
-    up: ``gave_up``). ``time`` is when the failure was detected."""
+    up: ``gave_up``), or the survivors go on from a step they hold in memory (``path`` "memory";
+    ``from_step`` is that step). ``time`` is when the failure was detected."""
 
     kind: ClassVar[str] = "restart"
     attempt: int  # consecutive failures so far, this one included
@@ -299,6 +300,7 @@ class Restart(Event):
     new_world_size: int
     gave_up: bool = False
     node: str | None = None  # where the first failure happened, when the backend knows (Ray)
+    path: str = "disk"  # "memory": the survivors went on from the step they hold in memory (--survive)
 
 
 @register
@@ -335,6 +337,7 @@ class Recovered(Event):
     steps_redone: int
     detect_to_first_step_s: float
     time_lost_s: float
+    path: str = "disk"  # "memory": the survivors went on from the step they hold in memory (--survive)
 
 
 @register

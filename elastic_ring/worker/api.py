@@ -71,6 +71,7 @@ from elastic_ring.worker.progress import Progress, StartUp
 from elastic_ring.worker.ring import Ring, launched_under_horovod_elastic, ring_from_env
 from elastic_ring.worker.sampler import Sampler
 from elastic_ring.worker.segment import Segment, StopVote
+from elastic_ring.worker.survive import take_rollback
 from elastic_ring.worker.sync import StateSync
 
 if TYPE_CHECKING:
@@ -274,11 +275,13 @@ class Job:
     # ------------------------------------------------------------------ restore
     def restore(self) -> bool:
         """Load the newest checkpoint on rank 0 (falling back past a corrupt one) and broadcast it;
-        or start fresh with rank 0's weights. Returns True when resumed."""
+        or start fresh with rank 0's weights. Survivors of a failure load instead the copy of the
+        step they all hold in memory (:mod:`elastic_ring.worker.survive`). Returns True when resumed."""
         self.connect()
         meta = None
+        kept = take_rollback()  # survivors of a failure: the step they all hold, kept in memory
         if self.rank == 0:
-            ckpt = self.checkpoints.load_latest()
+            ckpt = kept if kept is not None else self.checkpoints.load_latest()
             if ckpt is not None:
                 meta = self.state.load(ckpt)
                 if self.rejoined:  # a joiner of the re-formed ring learns the segment from rank 0

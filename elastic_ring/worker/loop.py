@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any, Iterator
 
+from elastic_ring.worker.survive import memory_copy
+
 
 def flat_steps(job: Any) -> Iterator[int]:
     """The steps of every segment this process runs; see :meth:`elastic_ring.worker.api.Job.steps`."""
@@ -32,7 +34,10 @@ def _segment_steps(job: Any) -> Iterator[int]:
     first = True
     handle = None  # the stop vote in flight
     sampler = job.state.sampler
+    copy = memory_copy(job)  # the last completed steps' state, where survivors go on after a failure
     while step < seg.stop_at:
+        if copy is not None:
+            copy.keep(step)
         step += 1
         seg.current = step
         if first:  # before the step: the LR it runs with, unless it sets the LR itself

@@ -202,7 +202,7 @@ def _launch_info(a: argparse.Namespace) -> tuple[LaunchInfo, float]:
 def _run_script(target: str, args: list[str]) -> None:
     """Run the script; again in this process for each segment it joins in a ring re-formed in
     place (an epoch loop's :class:`~elastic_ring.worker.hooked.Rejoin`)."""
-    from elastic_ring.worker import session
+    from elastic_ring.worker import session, survive
     from elastic_ring.worker.hooked import Rejoin
 
     while True:
@@ -210,6 +210,12 @@ def _run_script(target: str, args: list[str]) -> None:
             _run_target(target, args)
         except Rejoin as r:
             session.start_over(r.ring, r.segment, r.stop_at, r.start)
+            continue
+        except Exception as e:  # a peer lost: the survivors may go on from their copy in memory
+            carried = survive.survived(e)
+            if carried is None:
+                raise
+            session.start_over(*carried)
             continue
         job = session.current()
         if job is not None and job.elastic and job.form == "optimizer" and job.hooked.count \

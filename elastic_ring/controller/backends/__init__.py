@@ -31,6 +31,7 @@ class LaunchOptions:
     placement: str = "PACK"
     warm_spares: int | None = None
     gpus_per_worker: float = 0.0
+    survive: bool = False  # Ray: the survivors of a failed worker go on from their copy in memory
 
 
 def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
@@ -41,7 +42,8 @@ def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
         from elastic_ring.controller.backends.ray import make_ray_backend
 
         ray = make_ray_backend(spec, address=options.ray_address, strategy=options.placement,
-                               warm_spares=options.warm_spares, gpus_per_worker=options.gpus_per_worker)
+                               warm_spares=options.warm_spares, gpus_per_worker=options.gpus_per_worker,
+                               survive=options.survive)
         return ray, InPlace(ray)
     if options.relaunch == "inplace":
         from elastic_ring.controller.backends.elastic import ElasticBackend

@@ -96,6 +96,30 @@ class InPlaceRing(Protocol):
         """The workers paused in place: checkpoint and leave (an interrupt)."""
 
 
+@dataclass(frozen=True)
+class Survival:
+    """The survivors of a failed worker go on in their processes (a backend that keeps them: the
+    Ray backend with ``--survive``): they roll back to ``step``, the last step they all hold in
+    memory, and re-form their ring at ``world`` workers when the controller resizes them in place
+    (:meth:`InPlaceRing.resize_in_place`), of which ``joiners`` are warm spares that take the
+    failed workers' places. ``failure``: the failure, named as for a restart."""
+
+    step: int
+    world: int
+    failure: protocol.Failure
+    joiners: int = 0
+    waited_s: float = 0.0  # from the failure's detection to every survivor's record
+
+
+class SurvivingRing(Protocol):
+    """A backend that may keep the survivors of a failed worker (the Ray backend with ``--survive``);
+    the controller asks it after a failure, before it restarts anything."""
+
+    def survivors(self) -> Survival | None:
+        """The survivors go on (the failed members ended; the next in-place resize rolls them back
+        to ``Survival.step``), or None: restart from the checkpoint."""
+
+
 def worker_entry() -> list[str]:
     """The command that starts one worker process: a module of the package, so that it runs the same
     from a checkout and from an installed wheel."""

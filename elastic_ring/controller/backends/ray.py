@@ -22,6 +22,12 @@
   failed segment: the controller restarts from the newest checkpoint at the largest size the
   cluster's free resources hold now, placed before it is chosen (:meth:`RayBackend.usable_slots`);
   the node and rank are named in the restart.
+- **Survivors go on** (``--survive``). The workers keep their last two completed steps' state in
+  memory (:mod:`elastic_ring.worker.survive`); after a failure the others say which steps they
+  hold, and when they hold one in common (:meth:`RayBackend.survivors`) the failure is a shrink:
+  the failed members are ended, the survivors keep their processes, and the in-place resize that
+  follows re-forms their ring and rolls them back to that step (``rollback_to`` in the action).
+  Otherwise (a lost node, no answer, no common step) the restart from the checkpoint above.
 - **Run folder.** Checked at start from a task on every alive node: it must be one folder every
   node sees (a shared filesystem on a real cluster).
 
@@ -44,7 +50,7 @@ import time
 from pathlib import Path
 
 from elastic_ring import protocol
-from elastic_ring.controller.backends.api import SegmentLaunch, Started
+from elastic_ring.controller.backends.api import SegmentLaunch, Started, Survival
 from elastic_ring.controller.backends.ray_actors import ActorPool, worker_argv
 from elastic_ring.controller.backends.ray_cluster import RayCluster, remove_pg
 from elastic_ring.controller.backends.ray_group import RayGroup
@@ -55,6 +61,7 @@ from elastic_ring.errors import UserError
 
 _FREE_WAIT_S = 3.0  # at a restart, how long released resources may take to show as free
 _PLACE_TRY_S = 5.0  # at a restart, how long a placement of a size may take before one fewer is tried
+_SURVIVE_WAIT_S = 5.0  # after a failure, how long the survivors may take to say which steps they hold
 
 
 def check_answers(address: str | None, timeout_s: float = 5.0, error: type[Exception] = UserError) -> None:
@@ -128,8 +135,11 @@ class RayBackend:
 
     name = "ray"
 
-    def __init__(self, spec, cluster: RayCluster, pool: ActorPool, rings: RingFormer | None = None) -> None:
+    def __init__(self, spec, cluster: RayCluster, pool: ActorPool, rings: RingFormer | None = None,
+                 survive: bool = False) -> None:
         self.spec, self.cluster, self.pool, self.rings = spec, cluster, pool, rings or RingFormer()
+        self.survive = survive  # survivors of a failure go on from their copy in memory
+        self._rollback: int | None = None  # the step the next in-place resize rolls the survivors back to
         self.group: RayGroup | None = None
         self.launch: SegmentLaunch | None = None  # the running segment's
         self._pg = None
@@ -198,6 +208,49 @@ class RayBackend:
 
     def failure_detail(self) -> protocol.Failure | None:
         return None if self.group is None else self.group.failure
+
+    def survivors(self, wait_s: float = _SURVIVE_WAIT_S) -> Survival | None:
+        """After a failure of the running ring: whether the other members go on in their processes,
+        from the last step they all hold in memory. Waits up to ``wait_s`` for each of them to say
+        which steps it holds (:func:`elastic_ring.worker.survive.survivor_file`). None (the restart
+        from the checkpoint) when the run does not keep survivors (``--survive``), the failure names
+        no rank or lost a node, a ring formed ahead was already taken, no member is left, one is
+        gone or silent, or they hold no step in common (:func:`~elastic_ring.worker.survive.common_step`).
+        Otherwise the ring goes on with them (the failed members ended), and the in-place resize
+        the controller asks next rolls them back to that step; warm spares that are up now take the
+        failed members' places (up to the size the ring had), synced from the survivors' rank 0."""
+        from elastic_ring.worker.survive import common_step, survivor_file
+
+        g = self.group
+        if not self.survive or g is None or g.failure is None or g.failure.rank is None or g.lost_node:
+            return None
+        if self.launch is not None and not self.retract_ahead(self.launch.segment):
+            return None  # rank 0 took a scheduled resize before the failure: the restart
+        failure, t0 = g.failure, time.time()
+        alive = g.running()
+        records: dict[str, dict] = {}
+        while alive and len(records) < len(alive) and time.time() - t0 < wait_s:
+            if any(self.cluster.process_gone(m.info) for m in alive):
+                break
+            for m in alive:
+                rec = protocol.read_json(survivor_file(self.spec.run_dir, m.name))
+                if (isinstance(rec, dict) and rec.get("pid") == m.info.get("pid")
+                        and float(rec.get("time", 0.0)) >= g.t_start):
+                    records[m.name] = rec
+            time.sleep(0.02)
+        for m in alive:
+            survivor_file(self.spec.run_dir, m.name).unlink(missing_ok=True)
+        segment = self.launch.segment if self.launch is not None else None
+        if not alive or len(records) < len(alive) or any(r.get("segment") != segment for r in records.values()):
+            return None  # (a survivor of another segment: a failure at a resize)
+        step = common_step([list(records[m.name].get("held") or []) for m in alive])
+        if step is None:
+            return None
+        g.go_on(alive)
+        self._rollback = step
+        want = self.launch.world if self.launch is not None else len(alive)
+        joiners = min(max(0, want - len(alive)), self.pool.ready())  # warm spares take the dead's places
+        return Survival(step, len(alive) + joiners, failure, joiners, time.time() - t0)
 
     def close(self) -> None:
         if not self.cluster.connected:
@@ -318,6 +371,8 @@ class RayBackend:
         envs = self.rings.form(members)
         action = {"action": "resize", "to": launch.world, "segment": launch.segment,
                   "stop_at": launch.stop_at, "time": t_launch, "members": envs}
+        if self._rollback is not None:  # survivors of a failure: the step they all hold in memory
+            action["rollback_to"], self._rollback = self._rollback, None
         from elastic_ring.worker.inplace import inplace_action_file
 
         protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment), action)
@@ -354,12 +409,15 @@ class RayBackend:
 
 
 def make_ray_backend(spec, address: str | None = None, strategy: str = "PACK", warm_spares: int | None = None,
-                     cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0) -> RayBackend:
+                     cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0, survive: bool = False) -> RayBackend:
     """The Ray backend of a run, its parts built from the options (checked at the request:
     :func:`elastic_ring.controller.requests.check`)."""
+    from elastic_ring.worker.survive import SURVIVE_ENV
+
     cluster = RayCluster(address, strategy, cpus_per_worker, gpus_per_worker)
-    pool = ActorPool(spec, cpus_per_worker, gpus_per_worker, warm_spares, strategy)
-    return RayBackend(spec, cluster, pool)
+    pool = ActorPool(spec, cpus_per_worker, gpus_per_worker, warm_spares, strategy,
+                     env={SURVIVE_ENV: "1"} if survive else None)
+    return RayBackend(spec, cluster, pool, survive=survive)
 
 
 __all__ = ["RayBackend", "check_answers", "make_ray_backend"]

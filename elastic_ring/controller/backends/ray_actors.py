@@ -37,11 +37,13 @@ def base_env(spec, cpus: float) -> dict[str, str]:
 
 class ActorPool:
     """Worker actors of ``cpus``/``gpus`` each, named ``w1``, ``w2``, ...; ``warm_spares`` of them
-    kept warm (None: enough for any grow up to the run's slots)."""
+    kept warm (None: enough for any grow up to the run's slots); ``env``: more environment for
+    every worker (the run's worker-library switches)."""
 
     def __init__(self, spec, cpus: float = 1.0, gpus: float = 0.0, warm_spares: int | None = None,
-                 strategy: str = "PACK") -> None:
+                 strategy: str = "PACK", env: dict[str, str] | None = None) -> None:
         self.spec, self.cpus, self.gpus, self.warm_spares = spec, cpus, gpus, warm_spares
+        self.env = dict(env or {})
         self.spread = strategy == "SPREAD"
         self.spares: list[Spare] = []  # warm actors running the worker up to its wait for a go
         self._n = 0
@@ -78,8 +80,8 @@ class ActorPool:
 
     def run(self, m: Member, launch: SegmentLaunch, env: dict[str, str]) -> None:
         """Run the worker entry of segment ``launch`` in ``m``'s actor with its ring's ``env``."""
-        m.ref = m.actor.run.remote(worker_argv(self.spec, launch), {**base_env(self.spec, self.cpus), **env},
-                                   str(self.log(m.name)))
+        m.ref = m.actor.run.remote(worker_argv(self.spec, launch),
+                                   {**base_env(self.spec, self.cpus), **self.env, **env}, str(self.log(m.name)))
 
     # ------------------------------------------------------------------ spares
     def wanted(self, world: int) -> int:
@@ -99,7 +101,7 @@ class ActorPool:
         and a sync from rank 0."""
         go = protocol.control_dir(self.spec.run_dir) / f"spare-{name}.json"
         go.unlink(missing_ok=True)
-        env = {**base_env(self.spec, self.cpus), "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
+        env = {**base_env(self.spec, self.cpus), **self.env, "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
                "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1", "ELASTIC_RING_MEMBER": name}
         argv = worker_argv(self.spec, launch)
         argv[argv.index("--segment") + 1] = "-1"  # its segment comes with the sync from rank 0
@@ -158,6 +160,15 @@ class ActorPool:
             sp.info = ray.get(sp.info_ref)
         self.spares = [sp for sp in self.spares if sp not in got]
         return got
+
+    def ready(self) -> int:
+        """How many spares are up now (their actor answered; not taken)."""
+        import ray
+
+        if not self.spares:
+            return 0
+        done, _ = ray.wait([sp.info_ref for sp in self.spares], num_returns=len(self.spares), timeout=0)
+        return len(done)
 
     def give_back(self, spares: list[Spare]) -> None:
         """Spares taken for a ring that was withdrawn: first in line again (still waiting for their go)."""

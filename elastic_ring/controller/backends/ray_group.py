@@ -145,6 +145,22 @@ class RayGroup:
                                         node=where)
         self.rc = 1
 
+    def running(self) -> list[Member]:
+        """The members still in the ring and running (after a failure: the survivors)."""
+        failed = {id(m) for m, _, _ in self._failed_seen}
+        return [m for m in self.members if m.ref is not None and not m.retiring and id(m) not in failed]
+
+    def go_on(self, survivors: list[Member]) -> None:
+        """The ring goes on with ``survivors`` (a failure taken as a shrink): the others are ended
+        and the failure forgotten; the group is watched again from now."""
+        for m in self.members:
+            if m not in survivors:
+                self.end(m.actor)
+        self.members = list(survivors)
+        self.failure, self.lost_node, self.rc = None, None, None
+        self._failed_seen = []
+        self.t_start = time.time()
+
     def kill(self) -> None:
         for m in self.members:
             self.end(m.actor)

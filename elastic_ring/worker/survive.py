@@ -1,0 +1,158 @@
+"""Survivors go on after a failure (the Ray backend with ``--survive``): a lost peer is a shrink, not
+a restart.
+
+Every rank keeps, in memory, the state of its last two completed steps (:class:`MemoryCopy`: the
+same CPU snapshot a checkpoint holds, taken at the step boundary before the next step starts:
+model, optimizer, schedulers, RNG, data position, extras). Two, because with three or more workers
+the survivors of a death inside a step's allreduce may differ by one step (one received the whole
+reduction and applied it, another did not): the step every survivor holds is then the older one.
+
+When a collective fails because a peer died (Horovod raises ``HorovodInternalError`` out of the
+script's step), the entry point asks :func:`survived`: this rank writes which steps it holds
+(:func:`survivor_file`), and waits for the controller's word for its segment
+(:func:`elastic_ring.worker.inplace.inplace_action_file`): the new ring of the survivors and the
+step they all hold (``rollback_to``, the largest in every survivor's record: :func:`common_step`).
+It re-forms its ring in this process (:meth:`~elastic_ring.worker.ring.ControllerRing.reform`),
+and the script runs again here over it; its ``job.restore()`` loads the kept copy of that step
+instead of the newest checkpoint on disk (:func:`take_rollback`), rank 0 broadcasts it as after a
+checkpoint, and Eq. 7 rescales the LR for the size that is left: the segment goes on as a
+scheduled shrink at that step would; a warm spare that takes a dead worker's place receives the
+state by the same broadcast. With no word in time, or ``exit``, the error goes on up (the
+controller restarts from the disk checkpoint). The copy is kept by the flat loop (``job.steps()``);
+an epoch loop or a Horovod Elastic script keeps none, and its failures restart from the checkpoint.
+
+Memory: two CPU copies of the registered state (for SGD with momentum about 4x the model's
+parameters, plus its buffers); time: one copy of it per step, on the training thread.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elastic_ring import protocol
+
+SURVIVE_ENV = "ELASTIC_RING_SURVIVE"  # "1": keep the in-memory copy, and go on after a peer's loss
+WAIT_S = 30.0  # how long a survivor waits for the controller's word before it fails as before
+
+
+def enabled() -> bool:
+    """Whether this run keeps survivors going (the controller sets :data:`SURVIVE_ENV`)."""
+    return os.environ.get(SURVIVE_ENV) == "1"
+
+
+def survivor_file(run_dir: Path, member: str) -> Path:
+    """Where a survivor says which steps it holds (``{"member", "rank", "held", "pid", "time"}``)."""
+    return protocol.control_dir(Path(run_dir)) / f"survivor-{member}.json"
+
+
+def common_step(held: list[list[int]]) -> int | None:
+    """The step every survivor can roll back to: the largest one in every survivor's list of held
+    steps; None when there is no survivor or no step they all hold (the disk checkpoint then)."""
+    if not held:
+        return None
+    common = set(held[0]).intersection(*map(set, held[1:]))
+    return max(common) if common else None
+
+
+class MemoryCopy:
+    """The state of this rank's last ``keep`` completed steps, in memory (``take(step)`` makes one:
+    the job's :meth:`~elastic_ring.worker.sync.StateSync.snapshot`)."""
+
+    def __init__(self, take, keep: int = 2) -> None:
+        self.take, self.keep_n = take, keep
+        self.copies: dict[int, dict[str, Any]] = {}
+
+    def keep(self, step: int) -> None:
+        """``step`` is complete on this rank (the next one has not started): copy its state."""
+        if step in self.copies:
+            return
+        self.copies[step] = self.take(step)
+        for old in sorted(self.copies)[:-self.keep_n]:
+            del self.copies[old]
+
+    def held(self) -> list[int]:
+        return sorted(self.copies)
+
+
+@dataclass
+class _Process:
+    copy: MemoryCopy | None = None  # this process's copies (one job at a time)
+    rollback: dict[str, Any] | None = None  # the copy the next restore() loads
+
+
+_P = _Process()
+
+
+def memory_copy(job: Any) -> MemoryCopy | None:
+    """This process's copy, kept by ``job`` (the one running now), when the run keeps survivors
+    going and the ring is the controller's (the Ray backend); else None."""
+    from elastic_ring.worker.ring import ControllerRing
+
+    if not enabled() or not isinstance(job.ring, ControllerRing):
+        return None
+    if _P.copy is None:
+        _P.copy = MemoryCopy(job.state.snapshot)
+    _P.copy.take = job.state.snapshot  # the script's new objects after a rerun
+    return _P.copy
+
+
+def take_rollback() -> dict[str, Any] | None:
+    """The kept copy the survivors rolled back to, once (every rank takes it; rank 0 loads it)."""
+    r, _P.rollback = _P.rollback, None
+    return r
+
+
+def reset() -> None:
+    """Forget the copies (a new job in this process)."""
+    _P.copy, _P.rollback = None, None
+
+
+def _peer_loss(exc: BaseException) -> bool:
+    return isinstance(exc, Exception) and protocol.is_peer_loss(type(exc).__name__, str(exc))
+
+
+def survived(exc: BaseException) -> tuple | None:
+    """After the script raised ``exc``: where this rank goes on, as the carried ring of
+    :func:`elastic_ring.worker.session.start_over` ``(ring, segment, stop_at, start-up)``; None when
+    it does not (not a peer's loss, no copy, no word from the controller in time, an exit asked).
+
+    Raises:
+        Retired: the controller left this worker out of the new ring.
+    """
+    from elastic_ring.worker import session
+    from elastic_ring.worker.inplace import inplace_action_file
+    from elastic_ring.worker.ring import MEMBER_ENV
+
+    job, copy = session.current(), _P.copy
+    if not _peer_loss(exc) or copy is None or job is None or not copy.held() or not job.ring.in_place:
+        return None
+    t0 = time.time()
+    run_dir, seg = job.run_dir, job.seg.number
+    member = os.environ.get(MEMBER_ENV, str(job.rank))
+    protocol.write_json_atomic(survivor_file(run_dir, member), {
+        "member": member, "rank": job.rank, "held": copy.held(), "pid": os.getpid(), "time": t0,
+        "segment": seg, "step": job.seg.step, "error": f"{type(exc).__name__}: {exc}"[:300]})
+    print(f"elastic-ring worker rank {job.rank}: a peer was lost ({type(exc).__name__}); holding steps "
+          f"{copy.held()} in memory, waiting for the controller", flush=True)
+    action = None
+    while time.time() - t0 < WAIT_S:
+        act = protocol.read_json(inplace_action_file(run_dir, seg))
+        if isinstance(act, dict) and "at_step" not in act and (
+                act.get("action") == "exit" or "rollback_to" in act):
+            action = act
+            break
+        time.sleep(0.02)
+    if action is None or action.get("action") != "resize" or int(action["rollback_to"]) not in copy.copies:
+        return None
+    _P.rollback = copy.copies[int(action["rollback_to"])]
+    copy.copies.clear()  # the steps after the rollback are taken again
+    start = job.progress.start
+    start.restart(t0)
+    job.ring.reform(action)  # Retired where this worker is not in the new ring
+    job.ring.connected = True
+    start.mark("hvd_reinit")
+    return job.ring, int(action["segment"]), int(action["stop_at"]), start

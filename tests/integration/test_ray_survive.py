@@ -1,0 +1,142 @@
+"""`elastic-ring train --backend ray --survive` on a real local Ray cluster (one node of three CPUs,
+started and stopped here as ``test_ray`` does: Ray's files under the tests' short temporary
+folder, a small object store, only its own processes stopped): kill -9 of rank 1's actor process;
+rank 0 keeps its process, rolls back to the last step both completed (kept in memory) and goes on
+alone, without a restart from the checkpoint; its final weights equal, bitwise, those of an
+uninterrupted run with a scheduled shrink 2 -> 1 at the step it rolled back to. With a warm spare
+(``--slots 3``) the spare takes the dead worker's place at that step, synced from rank 0 over the
+ring: the final weights equal those of a run that never lost a worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from elastic_ring.events import read_events
+
+ray = pytest.importorskip("ray")
+
+from tests.integration.test_ray import MB, PACED, _ray_args, _ring, _start, _wait_step  # noqa: E402
+from tests.integration.test_train_resize import _final_model  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.ray]
+
+STEPS = 14
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory):
+    """A Ray cluster of one node with three CPUs (two workers and a spare), for the module; every
+    process it started is stopped at the end (by pid) and checked gone."""
+    import psutil
+    from ray.cluster_utils import Cluster
+
+    tmp = tmp_path_factory.getbasetemp() / "ray"
+    if len(str(tmp)) > 40:
+        pytest.skip(f"the pytest temporary folder {tmp} is too long for Ray's socket paths: run with a short "
+                    f"--basetemp")
+    tmp.mkdir(exist_ok=True)
+    old = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = str(tmp)
+    c = None
+    try:
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "object_store_memory": 80 * MB,
+                                                           "include_dashboard": False})
+        c.wait_for_nodes()
+        yield c
+    finally:
+        started = psutil.Process().children(recursive=True)
+        try:
+            if c is not None:
+                c.shutdown()
+        finally:
+            _, alive = psutil.wait_procs(started, timeout=15)
+            for p in alive:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            psutil.wait_procs(alive, timeout=5)
+            if old is None:
+                os.environ.pop("RAY_TMPDIR", None)
+            else:
+                os.environ["RAY_TMPDIR"] = old
+        assert not alive, f"Ray processes left after the cluster's shutdown: {[p.pid for p in alive]}"
+
+
+def _train(cluster, run, *extra: str, slots: int = 2, steps: int = STEPS):
+    return _start([*_ray_args(cluster), *extra, "--script", PACED, "--steps", str(steps), "--gpus", "2",
+                   "--slots", str(slots), "--run-dir", str(run), "--", "--step-s", "0.2"])
+
+
+def _kill_rank_1(run, proc, after_step: int, ready=lambda: True):
+    """kill -9 of rank 1 once ``after_step`` is done and ``ready()``; the run's end; (rank 0's pid,
+    rank 1's node, the kill's time)."""
+    try:
+        _wait_step(run, after_step)
+        t0 = time.time()
+        while not ready() and time.time() - t0 < 120:
+            time.sleep(0.1)
+        (_, pid0, _), = [x for x in _ring(run, 0) if x[0] == 0]
+        (_, pid1, node1), = [x for x in _ring(run, 0) if x[0] == 1]
+        t_kill = time.time()
+        os.kill(pid1, signal.SIGKILL)  # the rank-1 actor's process
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    return pid0, node1, t_kill
+
+
+def _same_weights(a_run, b_run, steps: int = STEPS) -> None:
+    a, b = _final_model(a_run), _final_model(b_run)
+    assert a["step"] == b["step"] == steps and a["cursor"] == b["cursor"] and a["lr_last"] == b["lr_last"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+
+
+def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_as_a_scheduled_shrink(tmp_path, one_node):
+    cluster = one_node
+    run, ref = tmp_path / "survive", tmp_path / "shrink"
+    pid0, node1, t_kill = _kill_rank_1(run, _train(cluster, run, "--survive"), 4)
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert r["path"] == "memory" and r["rank"] == 1 and r["node"].startswith(node1[:12]), r
+    assert r["new_world_size"] == 1 and not r["gave_up"] and r["steps_redone"] <= 1, r
+    (rec,) = read_events(run / "events.jsonl", kind="recovered")
+    assert rec["path"] == "memory" and rec["from_step"] == r["from_step"] and rec["world_size"] == 1, rec
+    assert [(rk, p) for rk, p, _ in _ring(run, 1)] == [(0, pid0)]  # the survivor kept its process
+    first = [e for e in read_events(run / "events.jsonl", kind="first_step") if e["segment"] == 1]
+    print(f"kill -9 -> the survivor's next completed step: {first[0]['time'] - t_kill:.2f} s; "
+          f"detected -> step {rec['detect_to_first_step_s']:.2f} s; rolled back to step {r['from_step']}")
+    assert json.loads((run / "summary.json").read_text())["step"] == STEPS
+
+    p = _train(cluster, ref, "--resize-at", str(r["from_step"]), "--to", "1")  # the same shrink, scheduled
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err
+    assert not read_events(ref / "events.jsonl", kind="restart")
+    _same_weights(run, ref)
+
+
+def test_kill_9_of_rank_1_a_warm_spare_takes_its_place_as_if_nothing_happened(tmp_path, one_node):
+    cluster = one_node
+    run, ref = tmp_path / "replace", tmp_path / "straight"
+    spare_up = lambda: (run / "logs" / "ray-w3.log").exists()  # noqa: E731 - its actor is up, waiting
+    steps = 3 * STEPS  # time for the spare to start (its imports) before the kill
+    pid0, node1, t_kill = _kill_rank_1(run, _train(cluster, run, "--survive", slots=3, steps=steps), 4, spare_up)
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert r["path"] == "memory" and r["rank"] == 1 and r["new_world_size"] == 2 and r["steps_redone"] <= 1, r
+    ring = _ring(run, 1)
+    assert len(ring) == 2 and (0, pid0) in [(rk, p) for rk, p, _ in ring]  # rank 0 kept its process
+    (rec,) = read_events(run / "events.jsonl", kind="recovered")
+    print(f"kill -9 -> the next completed step with the spare: {rec['time'] - t_kill:.2f} s")
+    p = _train(cluster, ref, steps=steps)
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err
+    _same_weights(run, ref, steps)

@@ -1,0 +1,290 @@
+"""Survivors go on after a failure (``--survive``), without processes: the agreement on the step
+every survivor holds, the copy kept in memory, the Ray backend's side (the survivors' records read,
+the ring going on without the failed member, the rollback step in its action) and the worker's
+side (its record, the controller's word, the copy the next restore loads), with fakes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from elastic_ring import protocol
+from elastic_ring.controller.api import RunSpec
+from elastic_ring.controller.backends.api import SegmentLaunch
+from elastic_ring.controller.backends.ray import make_ray_backend
+from elastic_ring.controller.backends.ray_group import RayGroup
+from elastic_ring.controller.backends.ray_members import Member
+from elastic_ring.controller.backends.ray_ring import RingFormer
+from elastic_ring.worker import session, survive
+from elastic_ring.worker.inplace import inplace_action_file
+from elastic_ring.worker.survive import MemoryCopy, common_step, survivor_file
+
+
+@pytest.mark.parametrize("held, step", [
+    ([[4, 5]], 5),  # one survivor: its newest step
+    ([[4, 5], [4, 5]], 5),
+    ([[5, 6], [4, 5]], 5),  # one applied step 6, the other did not: the older step, redone by both
+    ([[5, 6], [4, 5], [5, 6]], 5),
+    ([[3, 4], [5, 6]], None),  # no step in common: the disk checkpoint
+    ([], None),  # no survivor
+    ([[4, 5], []], None),
+])
+def test_the_survivors_agree_on_the_newest_step_they_all_hold(held, step):
+    assert common_step(held) == step
+
+
+def test_the_memory_copy_keeps_the_last_two_completed_steps():
+    taken = []
+    copy = MemoryCopy(lambda s: taken.append(s) or {"step": s})
+    for s in (0, 1, 1, 2, 3):
+        copy.keep(s)
+    assert copy.held() == [2, 3] and taken == [0, 1, 2, 3]  # a step kept again is not copied again
+    assert copy.copies[3] == {"step": 3}
+
+
+class _Nodes:
+    def __init__(self, gone=()):
+        self.gone = set(gone)
+
+    def node_alive(self, node_id):
+        return True
+
+    def process_gone(self, info):
+        return info["pid"] in self.gone
+
+
+class _Server:
+    def stop(self):
+        pass
+
+
+def _backend(tmp_path, survive_on=True, gone=()):
+    """A Ray backend of two members whose rank 1 was killed (the group has named it), over a fake
+    cluster view and ring former; ``ended``: the actors it ended."""
+    spec = RunSpec(run_dir=tmp_path, workers=2, schedule=(), slots=2, device="cpu", total_steps=20)
+    b = make_ray_backend(spec, warm_spares=0, survive=survive_on)
+    b.rings = RingFormer(serve=lambda slots: (_Server(), 4000), ip=lambda: "10.0.0.9")
+    b.cluster.process_gone = _Nodes(gone).process_gone
+    members = [Member(f"w{r + 1}", f"actor{r}", {"node_id": f"node{r}" * 4, "ip": "10.0.0.1", "iface": "lo",
+                                                 "pid": 100 + r, "host": "h"}, rank=r, ref=object())
+               for r in range(2)]
+    ended = []
+    g = RayGroup(_Nodes(gone), tmp_path, ended.append, members, t_start=time.time() - 5)
+    g._failed_seen.append((members[1], None, time.time() - 1))
+    members[1].ref = None
+    g.failure = protocol.Failure(1, "ActorDiedError", "worker rank 1 on Ray node node1 failed", node="node1")
+    g.rc = 1
+    b.group, b.launch = g, SegmentLaunch(2, 0, 20, "me")
+    protocol.control_dir(tmp_path).mkdir(parents=True, exist_ok=True)
+    return b, g, members, ended
+
+
+def _say_held(tmp_path, member, pid, held, segment=0):
+    protocol.write_json_atomic(survivor_file(tmp_path, member), {"member": member, "pid": pid, "held": held,
+                                                                 "time": time.time(), "segment": segment})
+
+
+def test_the_backend_takes_a_failure_as_a_shrink_when_the_survivors_hold_a_common_step(tmp_path):
+    b, g, (m0, m1), ended = _backend(tmp_path)
+    _say_held(tmp_path, "w1", 100, [6, 7])
+    s = b.survivors(wait_s=2.0)
+    assert s is not None and (s.step, s.world, s.failure.rank, s.failure.node) == (7, 1, 1, "node1")
+    assert g.members == [m0] and g.rc is None and g.failure is None and ended == ["actor1"]
+    assert not g.failing
+    assert not survivor_file(tmp_path, "w1").exists()  # read once
+    # the in-place resize that follows: the survivors' ring, rolled back to the step they hold
+    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
+    act = protocol.read_json(inplace_action_file(tmp_path, 0))
+    assert act["rollback_to"] == 7 and act["to"] == 1 and set(act["members"]) == {"w1"}
+    assert act["members"]["w1"]["HOROVOD_RANK"] == "0" and act["members"]["w1"]["HOROVOD_SIZE"] == "1"
+
+
+@pytest.mark.parametrize("case", ["off", "silent", "gone", "no rank", "stale record", "other segment"])
+def test_the_backend_falls_back_to_the_checkpoint(tmp_path, case):
+    b, g, (m0, m1), ended = _backend(tmp_path, survive_on=case != "off", gone={100} if case == "gone" else ())
+    if case == "no rank":
+        g.failure = protocol.Failure(None, "PeerLost", "no rank")
+    if case not in ("silent", "stale record", "other segment"):
+        _say_held(tmp_path, "w1", 100, [6, 7])
+    if case == "other segment":  # it failed while the ring was re-formed for the next one
+        _say_held(tmp_path, "w1", 100, [6, 7], segment=1)
+    if case == "stale record":  # another process's (an earlier ring's) record
+        _say_held(tmp_path, "w1", 999, [6, 7])
+    assert b.survivors(wait_s=0.3) is None
+    assert g.rc == 1 and g.members == [m0, m1] and not ended  # untouched: the restart ends them
+
+
+def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_path, monkeypatch):
+    """The worker's side: a peer's loss (not its own error) writes its record, waits for the word
+    naming the new ring and the step, re-forms its ring, and leaves that step's copy to the next
+    restore; a word without this member retires it (the ring's ``reform`` raises)."""
+    class HorovodInternalError(RuntimeError):
+        pass
+
+    class Ring:
+        in_place, connected, reformed = True, True, None
+
+        def reform(self, action):
+            self.reformed = action
+
+    class Start:
+        def restart(self, t0):
+            self.t0 = t0
+
+        def mark(self, name):
+            self.mark_ = name
+
+    class Job:
+        run_dir, rank, ring = tmp_path, 0, Ring()
+        seg = type("Seg", (), {"number": 3, "step": 8})()
+        progress = type("P", (), {"start": Start()})()
+
+    monkeypatch.setenv("ELASTIC_RING_MEMBER", "w1")
+    monkeypatch.setattr(survive, "WAIT_S", 0.3)
+    job = Job()
+    session.reset()
+    survive.reset()
+    session.started(job)
+    try:
+        survive._P.copy = MemoryCopy(lambda s: {"step": s})
+        for s in (6, 7, 8):
+            survive._P.copy.keep(s)
+        assert survive.survived(ValueError("its own bug")) is None  # not a peer's loss
+        assert survive.survived(HorovodInternalError("gloo: connection closed")) is None  # no word in time
+        rec = protocol.read_json(survivor_file(tmp_path, "w1"))
+        assert rec["held"] == [7, 8] and rec["segment"] == 3 and rec["rank"] == 0
+        protocol.write_json_atomic(inplace_action_file(tmp_path, 3), {
+            "action": "resize", "to": 1, "segment": 4, "stop_at": 20, "rollback_to": 7, "members": {"w1": {}}})
+        ring, segment, stop_at, start = survive.survived(HorovodInternalError("gloo: connection closed"))
+        assert ring is job.ring and (segment, stop_at) == (4, 20) and ring.reformed["rollback_to"] == 7
+        assert survive.take_rollback() == {"step": 7} and survive.take_rollback() is None
+        assert survive._P.copy.held() == []  # the steps after the rollback are copied again
+    finally:
+        session.reset()
+        survive.reset()
+
+
+def test_survive_goes_with_the_ray_backend(capsys, tmp_path):
+    from tests.conftest import run_inproc
+
+    p = run_inproc(capsys, "train", "--gpus", "1", "--steps", "4", "--survive", "--run-dir", str(tmp_path / "r"))
+    assert p.returncode == 2 and "--survive goes with --backend ray" in p.stderr and "Traceback" not in p.stderr
+
+
+class _Ring:
+    """A fake Ray ring for the controller: segment 0 (2 workers) fails after step 5 with rank 1
+    dead; its survivor holds step 4; the in-place resize to the survivors' segment finishes the run."""
+
+    pid = 4242
+
+    def __init__(self, run_dir, total):
+        from elastic_ring.events import EventLog
+
+        self.run_dir, self.total = run_dir, total
+        self.log = EventLog(run_dir / protocol.WORKER_EVENTS)
+        self.segment, self.world, self.start, self.polls, self.rc = 0, 2, 0, 0, None
+
+    def poll(self):
+        from elastic_ring.events import FirstStep, SegmentEnd
+
+        if self.rc is not None:
+            return self.rc
+        self.polls += 1
+        if self.polls == 1:
+            self.log.write(FirstStep(segment=self.segment, world_size=self.world, step=self.start + 1,
+                                     since_launch_s=0.5, lr=0.1 * self.world))
+        elif self.segment == 0 and self.polls == 2:
+            protocol.write_json_atomic(protocol.control_dir(self.run_dir) / protocol.PROGRESS_FILE,
+                                       {"step": 5, "time": time.time()})
+            self.rc = 1
+        elif self.segment > 0 and self.polls == 2:
+            self.log.write(SegmentEnd(segment=self.segment, world_size=self.world, step=self.total,
+                                      reason="finished", lr=0.1, stop_decided_at=time.time()))
+        elif self.segment > 0:
+            self.rc = 0
+        return self.rc
+
+    def kill(self):
+        self.rc = -9 if self.rc is None else self.rc
+
+
+class _Backend:
+    name = "fake-ray"
+
+    def __init__(self, run_dir, total):
+        self.run_dir, self.total, self.ring, self.resized = run_dir, total, None, []
+
+    def start(self, launch, log_path):
+        from elastic_ring.controller.backends.api import Started
+
+        self.ring = _Ring(self.run_dir, self.total)
+        return Started(self.ring, ["fake"])
+
+    def survivors(self):
+        from elastic_ring.controller.backends.api import Survival
+
+        self.ring.rc = None  # the ring goes on without rank 1
+        return Survival(4, 1, protocol.Failure(1, "ActorDiedError", "worker rank 1 on Ray node n1 failed",
+                                               node="n1 (10.0.0.2)"))
+
+    def resize_in_place(self, paused_segment, launch, t_launch):
+        self.resized.append((paused_segment, launch.world, launch.segment, launch.stop_at))
+        r = self.ring
+        r.segment, r.world, r.start, r.polls = launch.segment, launch.world, 4, 0
+
+    def report_ahead(self, launch):
+        pass
+
+    def retract_ahead(self, segment):
+        return True
+
+    def ask_exit(self, paused_segment, t):
+        pass
+
+    def usable_slots(self, want):
+        return want
+
+    def first_failed_rank(self, log_path):
+        return None
+
+    def failure_detail(self):
+        return None
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("max_restarts", [3, 0])
+def test_the_controller_takes_a_failure_with_survivors_as_a_shrink(tmp_path, max_restarts):
+    """No restart from the checkpoint: a ``restart`` event with path "memory" (the dead rank and node,
+    the step rolled back to, the steps redone, the survivors' count), an in-place resize of the
+    paused segment to the survivors' size from that step, a ``failure`` entry in the plan and a
+    ``recovered`` event; the failure still counts toward ``--max-restarts``."""
+    from elastic_ring.controller.backends.resize import InPlace
+    from elastic_ring.controller.controller import Controller
+    from elastic_ring.errors import WorkerFailedError
+    from elastic_ring.events import read_events
+
+    total = 10
+    spec = RunSpec(run_dir=tmp_path, workers=2, schedule=(), slots=2, device="cpu", total_steps=total)
+    b = _Backend(tmp_path, total)
+    ctl = Controller(spec, out=lambda s: None, poll_s=0.0, show_progress=False, backend=b, resize=InPlace(b),
+                     max_restarts=max_restarts)
+    if max_restarts == 0:
+        with pytest.raises(WorkerFailedError, match="rank 1"):
+            ctl.run(0, 2, 0)
+    else:
+        ctl.run(0, 2, 0)
+    (r,) = read_events(tmp_path / "events.jsonl", kind="restart")
+    assert (r["path"], r["rank"], r["node"], r["from_step"], r["failed_at_step"], r["steps_redone"]) == \
+        ("memory", 1, "n1 (10.0.0.2)", 4, 5, 1), r
+    if max_restarts == 0:
+        assert r["gave_up"] and not b.resized
+        return
+    assert r["new_world_size"] == 1 and not r["gave_up"]
+    assert b.resized == [(0, 1, 1, total)]  # segment 0's survivors go on as segment 1, at 1 worker
+    (rec,) = read_events(tmp_path / "events.jsonl", kind="recovered")
+    assert rec["path"] == "memory" and rec["from_step"] == 4 and rec["world_size"] == 1
+    assert [4, 1, "failure"] in json.loads((tmp_path / protocol.PLAN_FILE).read_text())["changes"]
