@@ -32,6 +32,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # test_recovery tests.
 _LONGEST_FIRST = (
     "test_ray_on_a_real_two_node_cluster",  # 98 s
+    "test_kill_9_of_rank_1_a_warm_spare_takes_its_place_as_if_nothing_happened",
+    "test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_as_a_scheduled_shrink",
+    "test_hvd_elastic_script_resized_1_2_1_unchanged", "test_epoch_loop_script_resized_1_2_1_exact_samples_lr_and_tests",
     "test_resize_1_to_2_to_1_exact_resume_eq7_and_overheads", "test_inplace_grow_and_shrink_equals_checkpoint_relaunch",
     "test_live_resize_from_another_shell_then_interrupt_and_resume",  # 43 s
     "test_curves_equal_events_across_a_resize_and_a_resume",

@@ -1,4 +1,4 @@
-"""`elastic-ring train --backend ray --survive` on a real local Ray cluster (one node of three CPUs,
+"""`elastic-ring train --backend ray --survive` on a real local Ray cluster (one node of five CPUs,
 started and stopped here as ``test_ray`` does: Ray's files under the tests' short temporary
 folder, a small object store, only its own processes stopped): kill -9 of rank 1's actor process;
 rank 0 keeps its process, rolls back to the last step both completed (kept in memory) and goes on
@@ -31,8 +31,9 @@ STEPS = 14
 
 @pytest.fixture(scope="module")
 def one_node(tmp_path_factory):
-    """A Ray cluster of one node with three CPUs (two workers and a spare), for the module; every
-    process it started is stopped at the end (by pid) and checked gone."""
+    """A Ray cluster of one node with five CPUs (two workers and a spare, and a reference run's two
+    workers beside them), for the module; every process it started is stopped at the end (by pid)
+    and checked gone."""
     import psutil
     from ray.cluster_utils import Cluster
 
@@ -45,7 +46,7 @@ def one_node(tmp_path_factory):
     os.environ["RAY_TMPDIR"] = str(tmp)
     c = None
     try:
-        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "object_store_memory": 80 * MB,
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 5, "object_store_memory": 80 * MB,
                                                            "include_dashboard": False})
         c.wait_for_nodes()
         yield c
@@ -129,14 +130,17 @@ def test_kill_9_of_rank_1_a_warm_spare_takes_its_place_as_if_nothing_happened(tm
     run, ref = tmp_path / "replace", tmp_path / "straight"
     spare_up = lambda: (run / "logs" / "ray-w3.log").exists()  # noqa: E731 - its actor is up, waiting
     steps = 3 * STEPS  # time for the spare to start (its imports) before the kill
-    pid0, node1, t_kill = _kill_rank_1(run, _train(cluster, run, "--survive", slots=3, steps=steps), 4, spare_up)
+    p = _train(cluster, ref, steps=steps)  # the reference, a run that never lost a worker, meanwhile
+    try:
+        pid0, node1, t_kill = _kill_rank_1(run, _train(cluster, run, "--survive", slots=3, steps=steps), 4,
+                                           spare_up)
+    finally:
+        out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err
     (r,) = read_events(run / "events.jsonl", kind="restart")
     assert r["path"] == "memory" and r["rank"] == 1 and r["new_world_size"] == 2 and r["steps_redone"] <= 1, r
     ring = _ring(run, 1)
     assert len(ring) == 2 and (0, pid0) in [(rk, p) for rk, p, _ in ring]  # rank 0 kept its process
     (rec,) = read_events(run / "events.jsonl", kind="recovered")
     print(f"kill -9 -> the next completed step with the spare: {rec['time'] - t_kill:.2f} s")
-    p = _train(cluster, ref, steps=steps)
-    out, err = p.communicate(timeout=240)
-    assert p.returncode == 0, err
     _same_weights(run, ref, steps)
