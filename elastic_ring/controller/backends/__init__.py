@@ -5,7 +5,8 @@ factory that builds a run's backend and resize strategy from its options (:func:
 value types; :mod:`.resize` the resize strategies; :mod:`.horovodrun` starts one ``horovodrun`` per
 segment (``--relaunch prelaunch|overlap|sequential``, also on ``--hosts``/``--hostfile``);
 :mod:`.elastic` keeps one Horovod Elastic job alive across resizes (``--relaunch inplace``);
-:mod:`.ray` runs the workers as Ray actors that stay across resizes (``--backend ray``). The
+:mod:`.ray` runs the workers as Ray actors that stay across resizes (``--backend ray``);
+:mod:`.local` starts one process per worker on this host for ``--collective torch``. The
 controller (:mod:`elastic_ring.controller.controller`) decides when; a backend only does what it
 is told.
 """
@@ -31,18 +32,24 @@ class LaunchOptions:
     placement: str = "PACK"
     warm_spares: int | None = None
     gpus_per_worker: float = 0.0
+    collective: str = "horovod"  # or "torch": the local launcher (backends.local), no horovodrun
 
 
 def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
                 host_probe=None) -> tuple[Backend, ResizeStrategy]:
-    """The backend and the resize strategy of a run: Ray actors (in place), one Horovod Elastic job
-    (``inplace``), or one ``horovodrun`` per segment (the relaunch modes)."""
+    """The backend and the resize strategy of a run: Ray actors (in place), the local launcher per
+    segment (``--collective torch``), one Horovod Elastic job (``inplace``), or one ``horovodrun``
+    per segment (the relaunch modes)."""
     if options.backend == "ray":
         from elastic_ring.controller.backends.ray import make_ray_backend
 
         ray = make_ray_backend(spec, address=options.ray_address, strategy=options.placement,
                                warm_spares=options.warm_spares, gpus_per_worker=options.gpus_per_worker)
         return ray, InPlace(ray)
+    if options.collective == "torch":
+        from elastic_ring.controller.backends.local import LocalBackend
+
+        return LocalBackend(spec, launcher=launcher), Relaunch(options.relaunch)
     if options.relaunch == "inplace":
         from elastic_ring.controller.backends.elastic import ElasticBackend
 
