@@ -33,6 +33,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 _LONGEST_FIRST = (
     "test_ray_on_a_real_two_node_cluster",  # 98 s
     "test_resize_1_to_2_to_1_exact_resume_eq7_and_overheads", "test_inplace_grow_and_shrink_equals_checkpoint_relaunch",
+    "test_torch_resize_1_2_1_overlap_is_exact_and_equals_the_horovod_run",  # shares that reference run
     "test_live_resize_from_another_shell_then_interrupt_and_resume",  # 43 s
     "test_curves_equal_events_across_a_resize_and_a_resume",
     "test_kill_9_of_one_rank_restarts_by_itself_exactly",
