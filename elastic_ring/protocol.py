@@ -140,6 +140,7 @@ class LaunchInfo:
     eval_every: int = 0
     controller_pid: int = 0
     controller_host: str = ""
+    collective: str = "horovod"  # or "torch" (worker.collective)
 
     def to_env(self) -> dict[str, str]:
         out = {}

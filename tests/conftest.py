@@ -36,6 +36,7 @@ _LONGEST_FIRST = (
     "test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_as_a_scheduled_shrink",
     "test_hvd_elastic_script_resized_1_2_1_unchanged", "test_epoch_loop_script_resized_1_2_1_exact_samples_lr_and_tests",
     "test_resize_1_to_2_to_1_exact_resume_eq7_and_overheads", "test_inplace_grow_and_shrink_equals_checkpoint_relaunch",
+    "test_torch_resize_1_2_1_overlap_is_exact_and_equals_the_horovod_run",  # shares that reference run
     "test_live_resize_from_another_shell_then_interrupt_and_resume",  # 43 s
     "test_curves_equal_events_across_a_resize_and_a_resume",
     "test_kill_9_of_one_rank_restarts_by_itself_exactly",

@@ -78,6 +78,11 @@ def _echo(msg: str) -> None:
               help="ray: the workers are Ray actors in a placement group on a Ray cluster (--ray-address); "
                    "they stay warm across resizes: survivors re-form the ring in their process, a joiner "
                    "comes from pre-started spare actors (--warm-spares). --relaunch does not apply.")
+@click.option("--collective", type=click.Choice(["horovod", "torch"]), default=None,
+              help="The workers' collectives: horovod (horovodrun, or Horovod on Ray), or torch "
+                   "(torch.distributed: gloo on the CPU, NCCL on GPUs; one process per worker on this "
+                   "host, no horovodrun; the built-in ResNet uses DistributedDataParallel; --relaunch "
+                   "prelaunch, overlap or sequential). [default: horovod; at --resume: the run's own]")
 @click.option("--ray-address", default=None, metavar="ADDRESS",
               help="Ray cluster to run on (--backend ray). [default: $RAY_ADDRESS, else a local Ray]")
 @click.option("--placement", type=click.Choice(["PACK", "SPREAD"]), default="PACK", show_default=True,
@@ -116,7 +121,7 @@ def _echo(msg: str) -> None:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
           data_dir, batch_size, lr, seed, resize_warmup, device, slots, hosts, hostfile,
-          network_interface, relaunch, backend, ray_address, placement, warm_spares, survive,
+          network_interface, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
           checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, run_dir, resume_dir, script_args):
     """Train with Horovod (a CIFAR ResNet, or your --script); resize by checkpoint and relaunch.
 
@@ -165,7 +170,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
                      checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s, keep=keep,
                      max_restarts=max_restarts, stall_timeout=stall_timeout, run_dir=run_dir,
                      resume_dir=resume_dir, backend=backend, ray_address=ray_address, placement=placement,
-                     warm_spares=warm_spares, survive=survive)
+                     warm_spares=warm_spares, survive=survive, collective=collective)
     summary = start_or_resume(req, _echo)
     shown = {**summary, "state": "stopped"} if summary["state"] == "interrupted" else summary  # status's word
     click.echo(render(shown, summary.get("total_steps")))

@@ -21,6 +21,7 @@ from elastic_ring.words import count
 RELAUNCH_CHOICES = ("auto", *MODES)  # auto: prelaunch on GPUs, overlap on the CPU
 BACKENDS = ("horovodrun", "ray")
 PLACEMENTS = ("PACK", "SPREAD")  # Ray placement groups: fewest nodes, or spread over them
+COLLECTIVES = ("horovod", "torch")  # the workers' collectives (worker.collective)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class RunRequest:
     placement: str = "PACK"
     warm_spares: int | None = None
     survive: bool = False  # the survivors of a failed worker go on from memory (--backend ray)
+    collective: str | None = None  # horovod (None: a new run's default, a resumed run's own) or torch
 
     def resnet_options(self) -> tuple[Any, ...]:
         return (self.depth, self.dataset, self.data_dir, self.batch_size, self.lr, self.seed,
@@ -119,7 +121,43 @@ def check(req: RunRequest) -> None:
         raise UserError(f"--warm-spares must be >= 0, got {req.warm_spares}")
     if req.placement not in PLACEMENTS:
         raise UserError(f"--placement must be one of {', '.join(PLACEMENTS)}, got {req.placement}")
+    _check_collective(req)
     _check_numbers(req)
+
+
+def _check_collective(req: RunRequest) -> None:
+    """``--collective``: a known one, with the launches it has, and a script written for it."""
+    if req.collective is not None and req.collective not in COLLECTIVES:
+        raise UserError(f"--collective must be one of {', '.join(COLLECTIVES)}, got {req.collective}")
+    if req.collective == "torch":
+        check_torch_launch(req)
+    if req.script and not req.resume_dir:
+        from elastic_ring.controller.backends.local import script_collective
+
+        uses = script_collective(req.script)
+        mine = req.collective or "horovod"
+        if uses == "horovod" and mine == "torch":
+            raise UserError(f"--collective torch, but {req.script} calls hvd.init(): run it without "
+                            f"--collective torch (Horovod), or use torch.distributed in it")
+        if uses == "torch":  # elastic_ring.worker.init() forms the group
+            raise UserError(f"{req.script} calls torch.distributed's init_process_group() itself: replace "
+                            f"the call with elastic_ring.worker.init(), which forms the process group"
+                            + (", and add --collective torch" if mine == "horovod" else ""))
+
+
+def check_torch_launch(req: RunRequest) -> None:
+    """The launch options a ``--collective torch`` run has (also a resumed one's).
+
+    Raises:
+        UserError: one it does not have (one line naming it).
+    """
+    if req.backend == "ray":
+        raise UserError("--collective torch runs on this host's local launcher: drop --backend ray")
+    if req.hosts or req.hostfile:
+        raise UserError("--collective torch runs on one host: drop --hosts/--hostfile")
+    if req.relaunch == "inplace":
+        raise UserError("--relaunch inplace is Horovod Elastic's: with --collective torch use "
+                        "prelaunch, overlap or sequential")
 
 
 def _check_numbers(req: RunRequest) -> None:

@@ -40,7 +40,7 @@ def worker_settings(spec: RunSpec, cfg: TrainConfig | None) -> dict[str, Any]:
     return {
         "total_steps": spec.total_steps, "device": spec.device,
         "checkpoint_every": spec.checkpoint_every, "checkpoint_every_s": spec.checkpoint_every_s,
-        "keep": spec.keep,
+        "keep": spec.keep, "collective": spec.collective,
         "lr_scaling": cfg.lr_scaling if cfg else "linear",
         "control_every": cfg.control_every if cfg else 1,
         "throughput_window": cfg.throughput_window if cfg else 20,

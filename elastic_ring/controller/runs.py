@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec
-from elastic_ring.controller.requests import RunRequest, check
+from elastic_ring.controller.requests import RunRequest, check, check_torch_launch
 from elastic_ring.errors import Interrupted, UserError
 
 
@@ -41,13 +41,23 @@ class PreparedRun:
     stall_timeout: float | None = None  # given, or kept in run.json by the run's start (resumes)
 
 
-def resolve_device(device: str, echo: Callable[[str], None] | None = None):
-    """(cpu|cuda, usable GPUs, the GPU report or None); on cuda, Horovod must have NCCL
-    (``elastic_ring.telemetry.gpu``)."""
+def resolve_device(device: str, echo: Callable[[str], None] | None = None, collective: str = "horovod"):
+    """(cpu|cuda, usable GPUs, the GPU report or None); on cuda, the collective must have NCCL
+    (Horovod's build, or torch's: ``elastic_ring.telemetry.gpu``)."""
     from elastic_ring.telemetry import gpu
 
-    device, n, rep = gpu.resolve_device(device)
-    gpu.check_nccl(device, warn=echo)
+    try:
+        device, n, rep = gpu.resolve_device(device)
+    except UserError as e:
+        if collective != "torch":
+            raise
+        raise UserError(f"--collective torch asks for NCCL with {e}") from None
+    if collective != "torch":
+        gpu.check_nccl(device, warn=echo)
+    elif device == "cuda":
+        from elastic_ring.controller.backends.local import check_torch_nccl
+
+        check_torch_nccl()
     return device, n, rep
 
 
@@ -117,7 +127,8 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
         from elastic_ring.controller.backends.ray import check_answers
 
         check_answers(req.ray_address or os.environ.get("RAY_ADDRESS"))
-    device, ngpu, rep = resolve_device(req.device, echo)
+    collective = req.collective or _resumed_collective(req) or "horovod"
+    device, ngpu, rep = resolve_device(req.device, echo, collective)
     n_slots = _slots(req, device, ngpu)
     sched = _schedule(req)
     relaunch = req.relaunch if req.relaunch != "auto" else ("prelaunch" if device == "cuda" else "overlap")
@@ -133,6 +144,13 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
 
         ensure_dataset_cache(run.spec.run_dir, run.cfg)  # a resumed run's cache may have been deleted
     return run
+
+
+def _resumed_collective(req: RunRequest) -> str | None:
+    """A resumed run's collective (``run.json``; its damage is named later, by the resume)."""
+    info = protocol.read_json(Path(req.resume_dir) / "run.json") if req.resume_dir else None
+    ws = info.get("worker") if isinstance(info, dict) else None
+    return ws.get("collective") if isinstance(ws, dict) else None
 
 
 def _config(req: RunRequest, device: str):
@@ -211,7 +229,7 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
                    hostfile=req.hostfile, script=str(Path(req.script).resolve()) if req.script else None,
                    script_args=tuple(req.script_args), checkpoint_every=req.checkpoint_every or 0,
                    checkpoint_every_s=60.0 if req.checkpoint_every_s is None else req.checkpoint_every_s,
-                   keep=req.keep or 2)
+                   keep=req.keep or 2, collective=req.collective or "horovod")
     steps_given = (req.steps is not None or req.config_path or req.config is not None
                    or any(o.partition("=")[0].strip() == "total_steps" for o in req.overrides))
     if device == "cpu" and rep is not None and not steps_given:
@@ -275,7 +293,12 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
                                         else old_ws.get("checkpoint_every", 0)),
                    checkpoint_every_s=float(req.checkpoint_every_s if req.checkpoint_every_s is not None
                                             else old_ws.get("checkpoint_every_s", 60.0)),
-                   keep=keep_now)
+                   keep=keep_now, collective=old_ws.get("collective", "horovod"))
+    if req.collective is not None and req.collective != spec.collective:
+        raise UserError(f"--resume continues run {rd} with its own collective ({spec.collective}): "
+                        f"drop --collective {req.collective}")
+    if spec.collective == "torch":
+        check_torch_launch(req)
     validate_resume(spec, start_step)
     if total != old_total:
         _write_new_total(rd, cfg, total)
@@ -404,6 +427,9 @@ def describe(run: PreparedRun) -> list[str]:
               + (f", from step {run.start_step + 1}" if run.start_step else "") + ", schedule: "
               + (", ".join(f"step {r.step} -> {r.to}" for r in spec.schedule) or "no resize"))
     lines += [first, second]
+    if spec.collective == "torch":
+        lines.append("elastic-ring: collective torch.distributed "
+                     f"({'NCCL' if spec.device == 'cuda' else 'gloo'}), one local process per worker")
     if run.extra.get("relaunch_note"):
         lines.append(f"elastic-ring: {run.extra['relaunch_note']}")
     return lines
@@ -450,7 +476,8 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
 
     options = LaunchOptions(relaunch=run.relaunch, backend=req.backend, network_interface=req.network_interface,
                             ray_address=req.ray_address, placement=req.placement, warm_spares=req.warm_spares,
-                            gpus_per_worker=1.0 if run.spec.device == "cuda" else 0.0, survive=req.survive)
+                            gpus_per_worker=1.0 if run.spec.device == "cuda" else 0.0, survive=req.survive,
+                            collective=run.spec.collective)
     backend, resize = make_launch(options, run.spec)
     if req.backend == "ray":
         echo(f"backend: Ray ({req.ray_address or os.environ.get('RAY_ADDRESS') or 'a local Ray'}), "

@@ -1,8 +1,9 @@
 """The built-in training script: a CIFAR ResNet (He et al. 2016) on the worker library.
 
 It is a script like any user's (``elastic-ring train --script`` runs those the same way): the
-library (:mod:`elastic_ring.worker`) owns Horovod's start, the checkpointed state, the sample
-stream, the stop protocol and the events; this file owns the model, the data and the LR recipe.
+library (:mod:`elastic_ring.worker`) owns the collective's start (Horovod, or torch.distributed with
+``--collective torch``), the checkpointed state, the sample stream, the stop protocol and the
+events; this file owns the model, the data and the LR recipe.
 
 The recipe is read from ``RUN_DIR/config.yaml`` (:class:`~elastic_ring.config.api.TrainConfig`).
 The LR is a pure function of the step and a saved :class:`~elastic_ring.worker.lr.LRState`
@@ -68,7 +69,6 @@ def warm_up(model: torch.nn.Module, ds, batch_size: int, augment: bool, device: 
 
 def evaluate(job: elastic.Job, model: torch.nn.Module, test_ds, cfg) -> dict[str, float]:
     """Test loss and accuracy, each rank a strided share of the test set, summed by allreduce."""
-    hvd = job.hvd
     n = len(test_ds) if cfg.max_test_samples == 0 else min(len(test_ds), cfg.max_test_samples)
     mine = torch.arange(job.rank, n, job.size)
     model.eval()
@@ -80,8 +80,8 @@ def evaluate(job: elastic.Job, model: torch.nn.Module, test_ds, cfg) -> dict[str
             y = y.to(job.device)
             loss_sum += float(F.cross_entropy(out, y, reduction="sum"))
             correct += int((out.argmax(1) == y).sum())
-    tot = hvd.allreduce(torch.tensor([loss_sum, float(correct)], dtype=torch.float64), op=hvd.Sum,
-                        name="eval")
+    tot = job.collective.allreduce(torch.tensor([loss_sum, float(correct)], dtype=torch.float64), "sum",
+                                   name="eval")
     model.train()
     return {"test_loss": float(tot[0]) / n, "test_accuracy": float(tot[1]) / n, "samples": n}
 
@@ -103,9 +103,10 @@ def main() -> int:
     warm_up(model, train_ds, cfg.batch_size, cfg.augment, job.device)
 
     job.connect()
-    # hvd.DistributedOptimizer builds a new optimizer over the same parameter groups with its own
-    # (empty) state: `opt` holds the momentum buffers; register `opt`, not `base_opt`.
-    opt = job.distributed_optimizer(base_opt, model)  # op=Average; one allreduce group on CPUs
+    # Horovod: hvd.DistributedOptimizer builds a new optimizer over the same parameter groups with
+    # its own (empty) state: `opt` holds the momentum buffers; register `opt`, not `base_opt`.
+    # torch.distributed: `net` is DistributedDataParallel(model) and `opt` is `base_opt`.
+    net, opt = job.parallel(model, base_opt)  # average the gradients with the job's collective
     base = initial_base_lr(cfg.lr, cfg.lr_reference_batch, cfg.batch_size, job.size)
     start = LRState(base, base / job.size, 0, cfg.warmup_steps) if cfg.warmup_steps else LRState(base)
     job.register(model=model, optimizer=opt, lr_state=vars(start).copy())
@@ -142,7 +143,7 @@ def main() -> int:
         x, y = make_batch(train_ds, idx, cfg.augment, _aug_generator(cfg.seed, data.last_start))
         x, y = x.to(job.device, non_blocking=True), y.to(job.device, non_blocking=True)  # no-op on GPU data
         opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
+        loss = F.cross_entropy(net(x), y)
         loss.backward()
         opt.step()
         job.record(loss, samples=b)

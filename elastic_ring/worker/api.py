@@ -43,7 +43,10 @@ vote (:mod:`elastic_ring.worker.segment`), the registered state and its sync
 (:mod:`elastic_ring.worker.sync`), the checkpoints (:mod:`elastic_ring.worker.checkpoints`) and
 the progress it reports (:mod:`elastic_ring.worker.progress`); the loops that drive a segment are
 :mod:`elastic_ring.worker.loop` (``job.steps()``), :mod:`elastic_ring.worker.hooked` (an epoch
-loop) and :mod:`elastic_ring.worker.hvd_elastic` (a Horovod Elastic script).
+loop) and :mod:`elastic_ring.worker.hvd_elastic` (a Horovod Elastic script). The parts' collectives
+go through the ring's :mod:`elastic_ring.worker.collective`: Horovod's, or ``torch.distributed``'s
+with ``elastic-ring train --collective torch`` (then ``init()`` forms the process group and
+:meth:`Job.parallel` wraps the model in ``DistributedDataParallel``).
 
 A plain Horovod script keeps its own epoch loop instead of ``job.steps()``: ``for epoch in
 job.epochs(1, args.epochs + 1)`` over a DataLoader with ``elastic.DistributedSampler``; its stop
@@ -64,6 +67,7 @@ from elastic_ring.protocol import LaunchInfo
 from elastic_ring.worker import session
 from elastic_ring.worker.checkpoints import Checkpoints
 from elastic_ring.worker.checks import check_hvd_not_initialised
+from elastic_ring.worker.collective import check_no_process_group
 from elastic_ring.worker.data import DistributedSampler
 from elastic_ring.worker.errors import ContractError, NotLaunchedError
 from elastic_ring.worker.hooked import HookedSteps
@@ -144,6 +148,7 @@ class Job:
     local_rank = property(lambda self: self.ring.local_rank)
     local_size = property(lambda self: self.ring.local_size)
     hvd = property(lambda self: self.ring.hvd)
+    collective = property(lambda self: self.ring.coll, doc="the job's collectives (worker.collective)")
     inplace = property(lambda self: self.ring.in_place, doc="resized in place: the processes stay")
     segment = property(lambda self: self.seg.number)
     stop_at = property(lambda self: self.seg.stop_at)
@@ -189,10 +194,22 @@ class Job:
         except where the ring is re-formed in place, where a grouped allreduce does not survive
         Horovod's re-initialisation (the ring hangs at the first step after a grow). Keyword
         arguments go to Horovod and win over these defaults. Register the result."""
+        if self.collective.name != "horovod":
+            raise ContractError("job.distributed_optimizer() is Horovod's: with --collective torch wrap the "
+                                "model in DistributedDataParallel (or use job.parallel(model, optimizer))")
         kwargs.setdefault("op", self.hvd.Average)
         if self.device.type == "cpu" and not self.ring.in_place:
             kwargs.setdefault("groups", 1)
         return self.hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), **kwargs)
+
+    def parallel(self, model, optimizer, **kwargs: Any) -> tuple[Any, Any]:
+        """(the module to call, the optimizer to step and register) averaging the gradients over the
+        ranks with the job's collective: ``DistributedDataParallel(model)`` and ``optimizer`` on
+        ``torch.distributed``, ``model`` and :meth:`distributed_optimizer` on Horovod. Keyword
+        arguments go to the wrapper. Register ``model`` (not the DDP wrapper) and the optimizer."""
+        if self.collective.name == "torch":
+            return self.collective.data_parallel(model, **kwargs), optimizer
+        return model, self.distributed_optimizer(optimizer, model, **kwargs)
 
     def register(self, model=None, optimizer=None, scheduler=None, **extras: Any) -> None:
         """What a checkpoint holds, restored in place at :meth:`restore`.
@@ -383,8 +400,6 @@ class Job:
         """The segment's end, once its stop is agreed (``seg.stop_reason``): the final evaluation
         of a finished run, the checkpoint and ``segment_end`` (rank 0; a segment resized in place
         told its end at the pause), and all ranks leave together."""
-        import torch
-
         from elastic_ring.events.api import SegmentEnd
 
         seg = self.seg
@@ -399,7 +414,7 @@ class Job:
                 self.progress.emit(SegmentEnd(segment=seg.number, world_size=self.size, step=seg.step,
                                               reason=seg.stop_reason, lr=self.current_lr(),
                                               stop_decided_at=seg.decided))
-        self.hvd.allreduce(torch.tensor([0.0]), name="exit_barrier")  # leave together
+        self.ring.coll.barrier(name="exit_barrier")  # leave together
 
 
 def init(lazy: bool = False, warm_compile: bool = True) -> "Job | PlainJob":
@@ -428,6 +443,7 @@ def init(lazy: bool = False, warm_compile: bool = True) -> "Job | PlainJob":
     carried = session.take_carried()
     if carried is None:
         check_hvd_not_initialised(launched_under_horovod_elastic())
+        check_no_process_group(info.collective)
         session.init_begins()
         job = Job(info, lazy=lazy, warm_compile=warm_compile)
     else:  # the script run again in this process, in the ring re-formed in place

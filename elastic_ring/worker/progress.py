@@ -152,9 +152,9 @@ class Progress:
 
         from elastic_ring.events.api import Throughput
 
-        hvd, w, size = self.ring.hvd, self.window, self.ring.size
+        w, size = self.window, self.ring.size
         local = float(w.loss_sum) / w.loss_n if w.loss_n else float("nan")
-        mean_loss = float(hvd.allreduce(torch.tensor([local]), op=hvd.Average, name="window_loss").item())
+        mean_loss = float(self.ring.coll.allreduce(torch.tensor([local]), "mean", name="window_loss").item())
         now = time.time()
         dt = max(now - (w.t0 or now), 1e-9)
         self.emit(Throughput(segment=self.seg.number, world_size=size, step=step, steps=w.steps,

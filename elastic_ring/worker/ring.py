@@ -77,6 +77,7 @@ class Ring:
 
     def __init__(self) -> None:
         self.hvd: Any = None
+        self._coll: Any = None
         self.connected = False
         self.rank = self.size = self.local_rank = self.local_size = 0
         self.hosts_updated_at: float | None = None  # Horovod Elastic's driver: the hosts changed then
@@ -86,6 +87,16 @@ class Ring:
         else:  # not under horovodrun's environment (e.g. mpirun): ask Horovod now
             self.init_horovod()
             self.adopt_ranks()
+
+    @property
+    def coll(self) -> Any:
+        """The job's collectives (:mod:`elastic_ring.worker.collective`): Horovod's, over ``hvd``."""
+        c = self._coll
+        if c is None or (c.name == "horovod" and c.hvd is not self.hvd):
+            from elastic_ring.worker.collective import HorovodCollective
+
+            c = self._coll = HorovodCollective(self.hvd)
+        return c
 
     def _ranks_from_env(self) -> None:
         env = os.environ
@@ -139,7 +150,7 @@ class Ring:
         if go is not None and self.broadcasts_stop:
             import torch
 
-            stop_at = int(self.hvd.broadcast(torch.tensor([stop_at]), root_rank=0, name="stop_at").item())
+            stop_at = int(self.coll.broadcast(torch.tensor([stop_at]), 0, name="stop_at").item())
         self.connected = True
         return stop_at
 
@@ -179,7 +190,7 @@ class Ring:
                 elif isinstance(act, dict) and (act.get("action") == "exit" or (
                         act.get("action") == "resize" and self.takes(act))):
                     decision = act
-            decision = self.hvd.broadcast_object(decision, root_rank=0, name="inplace_action")
+            decision = self.coll.broadcast_object(decision, 0, name="inplace_action")
             if decision is not None:
                 return decision
             time.sleep(poll_s)
@@ -261,6 +272,10 @@ class ControllerRing(Ring):
 
 def ring_from_env() -> Ring:
     """The ring of this launch, from the mode the entry point wrote to ``ELASTIC_RING_INPLACE``."""
+    if os.environ.get("ELASTIC_RING_COLLECTIVE") == "torch":  # torch.distributed (worker.collective)
+        from elastic_ring.worker.collective import TorchRing
+
+        return TorchRing()
     mode = os.environ.get(INPLACE_ENV)
     if mode == RING_BY_CONTROLLER:
         return ControllerRing()

@@ -1,4 +1,5 @@
-"""The entry point horovodrun executes for every worker: ``python -m elastic_ring.worker.run``.
+"""The entry point horovodrun (or, with ``--collective torch``, the local launcher) executes for
+every worker: ``python -m elastic_ring.worker.run``.
 
     python -m elastic_ring.worker.run --run-dir DIR --segment N --stop-at S --owner ID \\
         [--go-file F] [--controller-pid P --controller-host H] [--inplace] -- TARGET [SCRIPT ARGS...]
@@ -41,7 +42,7 @@ class ScriptError(RuntimeError):
 
 
 def _rank() -> int | None:
-    r = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK"))
+    r = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK")))
     return int(r) if r is not None and r.isdigit() else None
 
 

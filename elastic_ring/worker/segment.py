@@ -43,7 +43,7 @@ class StopVote:
         """Start, without waiting, the allreduce of rank 0's stop flag (the stop file exists).
 
         It is completed at the next check (:meth:`result`), one check later: meanwhile it is
-        negotiated and reduced by Horovod's background thread together with the next step's
+        negotiated and reduced by the collective's background thread together with the next step's
         gradients, so the agreement costs no collective of its own on the training thread (a
         blocking allreduce between steps did: a full negotiation round, ~5-8% of a step on a
         loaded CPU). Every rank starts and completes the same votes at the same steps, so all
@@ -51,12 +51,11 @@ class StopVote:
         """
         import torch
 
-        hvd = self.ring.hvd
         asked = self.ring.rank == 0 and protocol.stop_file(self.run_dir, self.seg.number).exists()
         flags = torch.tensor([1.0 if asked else 0.0, 1.0 if self.finish_requested else 0.0])
-        return hvd.allreduce_async(flags, op=hvd.Sum, name="stop_flag")
+        return self.ring.coll.allreduce_async(flags, name="stop_flag")
 
     def result(self, handle) -> tuple[bool, bool]:
         """(the controller asked for a stop, some rank called job.finish())."""
-        v = self.ring.hvd.synchronize(handle)
+        v = self.ring.coll.wait(handle)
         return bool(v[0].item() > 0), bool(v[1].item() > 0)

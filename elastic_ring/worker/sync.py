@@ -135,15 +135,15 @@ class StateSync:
         """Rank 0's ``meta`` (counters), optimizer state and weights to every rank; then apply them
         (and the LR rule when the world size differs from the one ``meta`` was saved at). ``local``:
         this process is the whole ring, resized in place: nothing to send, only apply."""
-        hvd = self.ring.hvd
+        coll = self.ring.coll
         self.syncing = True  # Horovod's broadcast of a fresh optimizer's state steps it once
         try:
             if not local:
-                meta = hvd.broadcast_object(meta, root_rank=0, name="resume_meta")
+                meta = coll.broadcast_object(meta, 0, name="resume_meta")
                 if meta is not None and self.optimizer is not None:
-                    hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+                    coll.broadcast_optimizer_state(self.optimizer, 0)
                 if self.model is not None:
-                    hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+                    coll.broadcast_parameters(self.model.state_dict(), 0)
         finally:
             self.syncing = False
         if meta is not None:

@@ -5,7 +5,8 @@ factory that builds a run's backend and resize strategy from its options (:func:
 value types; :mod:`.resize` the resize strategies; :mod:`.horovodrun` starts one ``horovodrun`` per
 segment (``--relaunch prelaunch|overlap|sequential``, also on ``--hosts``/``--hostfile``);
 :mod:`.elastic` keeps one Horovod Elastic job alive across resizes (``--relaunch inplace``);
-:mod:`.ray` runs the workers as Ray actors that stay across resizes (``--backend ray``). The
+:mod:`.ray` runs the workers as Ray actors that stay across resizes (``--backend ray``);
+:mod:`.local` starts one process per worker on this host for ``--collective torch``. The
 controller (:mod:`elastic_ring.controller.controller`) decides when; a backend only does what it
 is told.
 """
@@ -32,12 +33,14 @@ class LaunchOptions:
     warm_spares: int | None = None
     gpus_per_worker: float = 0.0
     survive: bool = False  # Ray: the survivors of a failed worker go on from their copy in memory
+    collective: str = "horovod"  # or "torch": the local launcher (backends.local), no horovodrun
 
 
 def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
                 host_probe=None) -> tuple[Backend, ResizeStrategy]:
-    """The backend and the resize strategy of a run: Ray actors (in place), one Horovod Elastic job
-    (``inplace``), or one ``horovodrun`` per segment (the relaunch modes)."""
+    """The backend and the resize strategy of a run: Ray actors (in place), the local launcher per
+    segment (``--collective torch``), one Horovod Elastic job (``inplace``), or one ``horovodrun``
+    per segment (the relaunch modes)."""
     if options.backend == "ray":
         from elastic_ring.controller.backends.ray import make_ray_backend
 
@@ -45,6 +48,10 @@ def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
                                warm_spares=options.warm_spares, gpus_per_worker=options.gpus_per_worker,
                                survive=options.survive)
         return ray, InPlace(ray)
+    if options.collective == "torch":
+        from elastic_ring.controller.backends.local import LocalBackend
+
+        return LocalBackend(spec, launcher=launcher), Relaunch(options.relaunch)
     if options.relaunch == "inplace":
         from elastic_ring.controller.backends.elastic import ElasticBackend
 

@@ -1,0 +1,260 @@
+"""The collectives the worker library makes, behind one small interface with two implementations:
+Horovod (:class:`HorovodCollective`) and ``torch.distributed`` (:class:`TorchCollective`: gloo on
+the CPU, NCCL on GPUs), chosen per job (``elastic-ring train --collective horovod|torch``).
+
+The library needs few of them: the stop vote (an allreduce started between two steps and read one
+check later), rank 0's state sent to all at a start or a reset (an object, the optimizer's state,
+the model's tensors), the mean of a metric, a sum for an evaluation, and a barrier at a segment's
+end. The gradients are the script's: ``hvd.DistributedOptimizer`` or ``DistributedDataParallel``
+(:meth:`TorchCollective.data_parallel`); :meth:`elastic_ring.worker.api.Job.parallel` picks the
+one of the job's collective.
+
+:class:`TorchRing` is the ring of a job on ``torch.distributed``: the controller's local launcher
+names every worker's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and the
+segment's rendezvous (``MASTER_ADDR``/``MASTER_PORT``; rank 0 hosts its store); a resize ends the
+processes and new ones form the next group, as under horovodrun.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from typing import Any, Protocol
+
+from elastic_ring.worker.errors import ContractError
+from elastic_ring.worker.ring import Ring, _warming_meanwhile
+
+COLLECTIVE_ENV = "ELASTIC_RING_COLLECTIVE"  # "torch": the job's collectives are torch.distributed
+COLLECTIVES = ("horovod", "torch")
+_TORCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+PG_TIMEOUT_S = 300.0  # a new group's rendezvous and a collective may wait this long for a peer
+
+
+class Collective(Protocol):
+    """What the worker library asks of a job's collectives (every rank calls each in the same
+    order). ``name`` labels the operation (Horovod matches operations by it)."""
+
+    name: str
+
+    def allreduce(self, tensor: Any, op: str = "sum", name: str = "") -> Any:
+        """The ranks' ``tensor`` summed (``op="sum"``) or averaged (``"mean"``); a new tensor."""
+
+    def allreduce_async(self, tensor: Any, name: str = "") -> Any:
+        """Start the sum of ``tensor`` without waiting; :meth:`wait` returns it."""
+
+    def wait(self, handle: Any) -> Any:
+        """The result of an :meth:`allreduce_async`."""
+
+    def broadcast(self, tensor: Any, root: int = 0, name: str = "") -> Any:
+        """Rank ``root``'s ``tensor`` on every rank (a new tensor)."""
+
+    def broadcast_object(self, obj: Any, root: int = 0, name: str = "") -> Any:
+        """Rank ``root``'s picklable ``obj`` on every rank."""
+
+    def broadcast_parameters(self, state: dict[str, Any], root: int = 0) -> None:
+        """Rank ``root``'s tensors of a module's ``state_dict()`` into every rank's (in place)."""
+
+    def broadcast_optimizer_state(self, optimizer: Any, root: int = 0) -> None:
+        """Rank ``root``'s optimizer state (momentum buffers, param groups) into every rank's."""
+
+    def barrier(self, name: str = "") -> None:
+        """All ranks get here before any goes on."""
+
+
+class HorovodCollective:
+    """The collectives on Horovod (``hvd``: ``horovod.torch``)."""
+
+    name = "horovod"
+
+    def __init__(self, hvd: Any) -> None:
+        self.hvd = hvd
+
+    def allreduce(self, tensor: Any, op: str = "sum", name: str = "") -> Any:
+        hvd = self.hvd
+        return hvd.allreduce(tensor, op=hvd.Average if op == "mean" else hvd.Sum, name=name or None)
+
+    def allreduce_async(self, tensor: Any, name: str = "") -> Any:
+        return self.hvd.allreduce_async(tensor, op=self.hvd.Sum, name=name or None)
+
+    def wait(self, handle: Any) -> Any:
+        return self.hvd.synchronize(handle)
+
+    def broadcast(self, tensor: Any, root: int = 0, name: str = "") -> Any:
+        return self.hvd.broadcast(tensor, root_rank=root, name=name or None)
+
+    def broadcast_object(self, obj: Any, root: int = 0, name: str = "") -> Any:
+        return self.hvd.broadcast_object(obj, root_rank=root, name=name or None)
+
+    def broadcast_parameters(self, state: dict[str, Any], root: int = 0) -> None:
+        self.hvd.broadcast_parameters(state, root_rank=root)
+
+    def broadcast_optimizer_state(self, optimizer: Any, root: int = 0) -> None:
+        self.hvd.broadcast_optimizer_state(optimizer, root_rank=root)
+
+    def barrier(self, name: str = "") -> None:
+        import torch
+
+        self.hvd.allreduce(torch.tensor([0.0]), name=name or "barrier")
+
+
+class TorchCollective:
+    """The collectives on ``torch.distributed``'s default process group (``dist``: the module,
+    passed in so that the logic is tested with a fake); ``device``: where the backend's tensors
+    live (the CPU for gloo, this rank's GPU for NCCL)."""
+
+    name = "torch"
+
+    def __init__(self, dist: Any, device: Any) -> None:
+        self.dist, self.device = dist, device
+
+    def _here(self, tensor: Any) -> Any:
+        return tensor.detach().clone().to(self.device)
+
+    def allreduce(self, tensor: Any, op: str = "sum", name: str = "") -> Any:
+        t = self._here(tensor)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM)
+        if op == "mean":
+            t = t / self.dist.get_world_size()
+        return t.to(tensor.device)
+
+    def allreduce_async(self, tensor: Any, name: str = "") -> Any:
+        t = self._here(tensor)
+        return self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM, async_op=True), t, tensor.device
+
+    def wait(self, handle: Any) -> Any:
+        work, t, device = handle
+        work.wait()
+        return t.to(device)
+
+    def broadcast(self, tensor: Any, root: int = 0, name: str = "") -> Any:
+        t = self._here(tensor)
+        self.dist.broadcast(t, src=root)
+        return t.to(tensor.device)
+
+    def broadcast_object(self, obj: Any, root: int = 0, name: str = "") -> Any:
+        box = [obj]
+        self.dist.broadcast_object_list(box, src=root, device=self.device)
+        return box[0]
+
+    def broadcast_parameters(self, state: dict[str, Any], root: int = 0) -> None:
+        """One broadcast per dtype: the tensors flattened into one buffer, copied back after."""
+        import torch
+
+        by_dtype: dict[Any, list[Any]] = {}
+        for t in state.values():
+            if isinstance(t, torch.Tensor):
+                by_dtype.setdefault(t.dtype, []).append(t)
+        for dtype in sorted(by_dtype, key=str):  # the same order on every rank
+            ts = by_dtype[dtype]
+            flat = torch.cat([t.detach().reshape(-1).to(self.device) for t in ts])
+            self.dist.broadcast(flat, src=root)
+            at = 0
+            with torch.no_grad():
+                for t in ts:
+                    n = t.numel()
+                    t.copy_(flat[at:at + n].view_as(t))
+                    at += n
+
+    def broadcast_optimizer_state(self, optimizer: Any, root: int = 0) -> None:
+        """Rank ``root``'s ``state_dict()`` (param groups' LRs included) loaded by the others."""
+        st = optimizer.state_dict() if self.dist.get_rank() == root else None
+        st = self.broadcast_object(st, root)
+        if self.dist.get_rank() != root:
+            optimizer.load_state_dict(st)
+
+    def barrier(self, name: str = "") -> None:
+        import torch
+
+        self.allreduce(torch.tensor([0.0]), name=name)
+
+    def data_parallel(self, model: Any, **kwargs: Any) -> Any:
+        """``DistributedDataParallel(model)`` on this rank's device (rank 0's weights to all)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if self.device.type == "cuda":
+            kwargs.setdefault("device_ids", [self.device.index])
+        return DistributedDataParallel(model, **kwargs)
+
+
+def torch_backend(device: str) -> str:
+    """The process group's backend of a job on ``device``: NCCL on GPUs, gloo on the CPU."""
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def check_no_process_group(collective: str = "torch") -> None:
+    """``elastic_ring.worker.init()`` forms the job's process group: the script must not have
+    (on Horovod, ``collective``, a process group of the script's is another collective's).
+
+    Raises:
+        ContractError: the script initialised one (or, on torch, Horovod) before ``init()``.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        if collective != "torch":
+            raise ContractError("the script initialised a torch.distributed process group in a Horovod "
+                                "job: run it with --collective torch (and call only elastic_ring.worker.init())")
+        raise ContractError("the script initialised a torch.distributed process group before "
+                            "elastic_ring.worker.init(): call only elastic_ring.worker.init() (with "
+                            "--collective torch it forms the process group)")
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is None or collective != "torch":
+        return
+    try:
+        own = hvd.is_initialized()
+    except Exception:  # noqa: BLE001
+        own = False
+    if own:
+        raise ContractError("the script called hvd.init() in a --collective torch job: use "
+                            "torch.distributed (DistributedDataParallel), or drop --collective torch")
+
+
+class TorchRing(Ring):
+    """The process group of a job on ``torch.distributed``, formed by these processes for one
+    segment (see the module docstring); a resize ends them."""
+
+    def __init__(self) -> None:
+        self.hvd: Any = None
+        self._coll: Any = None
+        self.connected = False
+        self.hosts_updated_at = None
+        env = os.environ
+        missing = [k for k in _TORCH_KEYS if k not in env]
+        if missing:
+            raise ContractError(f"a --collective torch worker needs {', '.join(missing)} in its "
+                                "environment (the controller's launcher sets them)")
+        self.rank, self.size = int(env["RANK"]), int(env["WORLD_SIZE"])
+        self.local_rank, self.local_size = int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])
+
+    @property
+    def coll(self) -> Any:
+        if self._coll is None:
+            raise ContractError("the process group is not formed yet: call job.connect() (or job.restore()) "
+                                "before the collectives")
+        return self._coll
+
+    def init_horovod(self) -> None:
+        """Form the process group (``init_process_group`` from the environment's rendezvous)."""
+        import torch
+        import torch.distributed as dist
+
+        check_no_process_group()
+        device = os.environ.get("ELASTIC_RING_DEVICE", "cpu")
+        backend = torch_backend(device)
+        if backend == "nccl" and not (torch.cuda.is_available() and dist.is_nccl_available()):
+            raise ContractError("NCCL asked for (--device cuda) where torch has no usable CUDA/NCCL")
+        dev = torch.device("cuda", self.local_rank) if backend == "nccl" else torch.device("cpu")
+        with _warming_meanwhile():
+            dist.init_process_group(backend, init_method="env://", rank=self.rank, world_size=self.size,
+                                    timeout=timedelta(seconds=PG_TIMEOUT_S))
+        self._coll = TorchCollective(dist, dev)
+
+    def adopt_ranks(self) -> None:
+        pass  # the launcher's environment is the group's
+
+    def _check_ranks(self) -> None:
+        import torch.distributed as dist
+
+        if (dist.get_rank(), dist.get_world_size()) != (self.rank, self.size):
+            raise RuntimeError(f"process group rank {dist.get_rank()}/{dist.get_world_size()} differs "
+                               f"from the environment's {self.rank}/{self.size}")
