@@ -9,7 +9,7 @@ end. The gradients are the script's: ``hvd.DistributedOptimizer`` or ``Distribut
 (:meth:`TorchCollective.data_parallel`); :meth:`elastic_ring.worker.api.Job.parallel` picks the
 one of the job's collective.
 
-:class:`TorchRing` is the ring of a job on ``torch.distributed``: the controller's local launcher
+:class:`elastic_ring.worker.ring.TorchRing` is the ring of a job on ``torch.distributed``: the controller's local launcher
 names every worker's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and the
 segment's rendezvous (``MASTER_ADDR``/``MASTER_PORT``; rank 0 hosts its store); a resize ends the
 processes and new ones form the next group, as under horovodrun.
@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import timedelta
 from typing import Any, Protocol
 
 from elastic_ring.worker.errors import ContractError
-from elastic_ring.worker.ring import Ring, _warming_meanwhile
 
 COLLECTIVE_ENV = "ELASTIC_RING_COLLECTIVE"  # "torch": the job's collectives are torch.distributed
 COLLECTIVES = ("horovod", "torch")
-_TORCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+TORCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 PG_TIMEOUT_S = 300.0  # a new group's rendezvous and a collective may wait this long for a peer
 
 
@@ -207,54 +205,3 @@ def check_no_process_group(collective: str = "torch") -> None:
     if own:
         raise ContractError("the script called hvd.init() in a --collective torch job: use "
                             "torch.distributed (DistributedDataParallel), or drop --collective torch")
-
-
-class TorchRing(Ring):
-    """The process group of a job on ``torch.distributed``, formed by these processes for one
-    segment (see the module docstring); a resize ends them."""
-
-    def __init__(self) -> None:
-        self.hvd: Any = None
-        self._coll: Any = None
-        self.connected = False
-        self.hosts_updated_at = None
-        env = os.environ
-        missing = [k for k in _TORCH_KEYS if k not in env]
-        if missing:
-            raise ContractError(f"a --collective torch worker needs {', '.join(missing)} in its "
-                                "environment (the controller's launcher sets them)")
-        self.rank, self.size = int(env["RANK"]), int(env["WORLD_SIZE"])
-        self.local_rank, self.local_size = int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])
-
-    @property
-    def coll(self) -> Any:
-        if self._coll is None:
-            raise ContractError("the process group is not formed yet: call job.connect() (or job.restore()) "
-                                "before the collectives")
-        return self._coll
-
-    def init_horovod(self) -> None:
-        """Form the process group (``init_process_group`` from the environment's rendezvous)."""
-        import torch
-        import torch.distributed as dist
-
-        check_no_process_group()
-        device = os.environ.get("ELASTIC_RING_DEVICE", "cpu")
-        backend = torch_backend(device)
-        if backend == "nccl" and not (torch.cuda.is_available() and dist.is_nccl_available()):
-            raise ContractError("NCCL asked for (--device cuda) where torch has no usable CUDA/NCCL")
-        dev = torch.device("cuda", self.local_rank) if backend == "nccl" else torch.device("cpu")
-        with _warming_meanwhile():
-            dist.init_process_group(backend, init_method="env://", rank=self.rank, world_size=self.size,
-                                    timeout=timedelta(seconds=PG_TIMEOUT_S))
-        self._coll = TorchCollective(dist, dev)
-
-    def adopt_ranks(self) -> None:
-        pass  # the launcher's environment is the group's
-
-    def _check_ranks(self) -> None:
-        import torch.distributed as dist
-
-        if (dist.get_rank(), dist.get_world_size()) != (self.rank, self.size):
-            raise RuntimeError(f"process group rank {dist.get_rank()}/{dist.get_world_size()} differs "
-                               f"from the environment's {self.rank}/{self.size}")

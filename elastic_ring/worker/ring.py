@@ -25,10 +25,14 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator
 
 from elastic_ring import protocol
+from elastic_ring.worker.collective import (COLLECTIVE_ENV, PG_TIMEOUT_S, TORCH_KEYS, TorchCollective,
+                                            check_no_process_group, torch_backend)
+from elastic_ring.worker.errors import ContractError
 from elastic_ring.worker.inplace import inplace_action_file, take_ahead_action
 
 INPLACE_ENV = "ELASTIC_RING_INPLACE"  # "1": Horovod Elastic (--relaunch inplace)
@@ -270,11 +274,60 @@ class ControllerRing(Ring):
         self.adopt_ranks()
 
 
+class TorchRing(Ring):
+    """The process group of a job on ``torch.distributed``, formed by these processes for one
+    segment (see the module docstring); a resize ends them."""
+
+    def __init__(self) -> None:
+        self.hvd: Any = None
+        self._coll: Any = None
+        self.connected = False
+        self.hosts_updated_at = None
+        env = os.environ
+        missing = [k for k in TORCH_KEYS if k not in env]
+        if missing:
+            raise ContractError(f"a --collective torch worker needs {', '.join(missing)} in its "
+                                "environment (the controller's launcher sets them)")
+        self.rank, self.size = int(env["RANK"]), int(env["WORLD_SIZE"])
+        self.local_rank, self.local_size = int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])
+
+    @property
+    def coll(self) -> Any:
+        if self._coll is None:
+            raise ContractError("the process group is not formed yet: call job.connect() (or job.restore()) "
+                                "before the collectives")
+        return self._coll
+
+    def init_horovod(self) -> None:
+        """Form the process group (``init_process_group`` from the environment's rendezvous)."""
+        import torch
+        import torch.distributed as dist
+
+        check_no_process_group()
+        device = os.environ.get("ELASTIC_RING_DEVICE", "cpu")
+        backend = torch_backend(device)
+        if backend == "nccl" and not (torch.cuda.is_available() and dist.is_nccl_available()):
+            raise ContractError("NCCL asked for (--device cuda) where torch has no usable CUDA/NCCL")
+        dev = torch.device("cuda", self.local_rank) if backend == "nccl" else torch.device("cpu")
+        with _warming_meanwhile(self.warms_compile):
+            dist.init_process_group(backend, init_method="env://", rank=self.rank, world_size=self.size,
+                                    timeout=timedelta(seconds=PG_TIMEOUT_S))
+        self._coll = TorchCollective(dist, dev)
+
+    def adopt_ranks(self) -> None:
+        pass  # the launcher's environment is the group's
+
+    def _check_ranks(self) -> None:
+        import torch.distributed as dist
+
+        if (dist.get_rank(), dist.get_world_size()) != (self.rank, self.size):
+            raise RuntimeError(f"process group rank {dist.get_rank()}/{dist.get_world_size()} differs "
+                               f"from the environment's {self.rank}/{self.size}")
+
+
 def ring_from_env() -> Ring:
     """The ring of this launch, from the mode the entry point wrote to ``ELASTIC_RING_INPLACE``."""
-    if os.environ.get("ELASTIC_RING_COLLECTIVE") == "torch":  # torch.distributed (worker.collective)
-        from elastic_ring.worker.collective import TorchRing
-
+    if os.environ.get(COLLECTIVE_ENV) == "torch":  # torch.distributed (worker.collective)
         return TorchRing()
     mode = os.environ.get(INPLACE_ENV)
     if mode == RING_BY_CONTROLLER:

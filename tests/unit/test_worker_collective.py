@@ -158,13 +158,13 @@ def test_a_process_group_or_horovod_of_the_script_is_refused(monkeypatch):
 
 
 def test_the_torch_ring_takes_torchruns_variables(monkeypatch):
-    from elastic_ring.worker.ring import ring_from_env
+    from elastic_ring.worker.ring import TorchRing, ring_from_env
 
     monkeypatch.setenv(coll_mod.COLLECTIVE_ENV, "torch")
     for k, v in dict(RANK="1", WORLD_SIZE="3", LOCAL_RANK="1", LOCAL_WORLD_SIZE="3").items():
         monkeypatch.setenv(k, v)
     ring = ring_from_env()
-    assert isinstance(ring, coll_mod.TorchRing) and (ring.rank, ring.size, ring.local_size) == (1, 3, 3)
+    assert isinstance(ring, TorchRing) and (ring.rank, ring.size, ring.local_size) == (1, 3, 3)
     with pytest.raises(ContractError, match="not formed yet"):
         ring.coll
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
