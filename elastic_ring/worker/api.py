@@ -190,7 +190,7 @@ class Job:
         """``hvd.DistributedOptimizer`` over ``model``'s parameters with elastic-ring's defaults:
         ``op=Average``, and on CPUs ``groups=1`` (every gradient in one allreduce once the backward
         pass has produced them all, as DDP's single bucket does for a small model, instead of many
-        small gloo allreduces while it runs: 1.05-1.18x images/s at 2 CPU workers, docs/peers.md),
+        small gloo allreduces while it runs: faster on CPUs, measured in docs/reports/peers.md),
         except where the ring is re-formed in place, where a grouped allreduce does not survive
         Horovod's re-initialisation (the ring hangs at the first step after a grow). Keyword
         arguments go to Horovod and win over these defaults. Register the result."""
