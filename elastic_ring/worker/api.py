@@ -66,8 +66,7 @@ from elastic_ring import protocol
 from elastic_ring.protocol import LaunchInfo
 from elastic_ring.worker import session
 from elastic_ring.worker.checkpoints import Checkpoints
-from elastic_ring.worker.checks import check_hvd_not_initialised
-from elastic_ring.worker.collective import check_no_process_group
+from elastic_ring.worker.checks import check_collectives_untouched
 from elastic_ring.worker.data import DistributedSampler
 from elastic_ring.worker.errors import ContractError, NotLaunchedError
 from elastic_ring.worker.hooked import HookedSteps
@@ -442,8 +441,7 @@ def init(lazy: bool = False, warm_compile: bool = True) -> "Job | PlainJob":
         return job
     carried = session.take_carried()
     if carried is None:
-        check_hvd_not_initialised(launched_under_horovod_elastic())
-        check_no_process_group(info.collective)
+        check_collectives_untouched(info.collective, launched_under_horovod_elastic())
         session.init_begins()
         job = Job(info, lazy=lazy, warm_compile=warm_compile)
     else:  # the script run again in this process, in the ring re-formed in place

@@ -54,15 +54,34 @@ def check_scheduler_count(saved: list[Any], registered: list[Any]) -> None:
                             f"script registered {len(registered)}")
 
 
-def check_hvd_not_initialised(in_place_elastic: bool) -> None:
-    """``elastic_ring.worker.init()`` initialises Horovod: the script must not have done it first
-    (except under Horovod Elastic, ``in_place_elastic``, whose entry point may have)."""
+def check_collectives_untouched(collective: str, in_place_elastic: bool = False) -> None:
+    """``elastic_ring.worker.init()`` starts the job's collective (``"horovod"``: ``hvd.init()``;
+    ``"torch"``: the process group): the script must not have started either before it, except
+    Horovod under Horovod Elastic (``in_place_elastic``), whose entry point may have.
+
+    Raises:
+        ContractError: a torch.distributed process group or Horovod already initialised; the message
+            says which and what to do in a job of ``collective``.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        if collective == "torch":
+            raise ContractError("the script initialised a torch.distributed process group before "
+                                "elastic_ring.worker.init(): call only elastic_ring.worker.init() (with "
+                                "--collective torch it forms the process group)")
+        raise ContractError("the script initialised a torch.distributed process group in a Horovod "
+                            "job: run it with --collective torch (and call only elastic_ring.worker.init())")
     hvd = sys.modules.get("horovod.torch")
-    if hvd is not None and not in_place_elastic:
-        try:
-            own_init = hvd.is_initialized()
-        except Exception:  # noqa: BLE001
-            own_init = False
-        if own_init:
-            raise ContractError("the script called hvd.init() before elastic_ring.worker.init(): "
-                                "call only elastic_ring.worker.init() (it initialises Horovod)")
+    if hvd is None or (collective != "torch" and in_place_elastic):
+        return
+    try:
+        started = hvd.is_initialized()
+    except Exception:  # noqa: BLE001 - a Horovod built without its extension, or half torn down
+        started = False
+    if not started:
+        return
+    if collective == "torch":
+        raise ContractError("the script called hvd.init() in a --collective torch job: use "
+                            "torch.distributed (DistributedDataParallel), or drop --collective torch")
+    raise ContractError("the script called hvd.init() before elastic_ring.worker.init(): "
+                        "call only elastic_ring.worker.init() (it initialises Horovod)")

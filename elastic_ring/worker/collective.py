@@ -18,7 +18,6 @@ processes and new ones form the next group, as under horovodrun.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, Protocol
 
 from elastic_ring.worker.errors import ContractError
@@ -178,30 +177,3 @@ class TorchCollective:
 def torch_backend(device: str) -> str:
     """The process group's backend of a job on ``device``: NCCL on GPUs, gloo on the CPU."""
     return "nccl" if device == "cuda" else "gloo"
-
-
-def check_no_process_group(collective: str = "torch") -> None:
-    """``elastic_ring.worker.init()`` forms the job's process group: the script must not have
-    (on Horovod, ``collective``, a process group of the script's is another collective's).
-
-    Raises:
-        ContractError: the script initialised one (or, on torch, Horovod) before ``init()``.
-    """
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        if collective != "torch":
-            raise ContractError("the script initialised a torch.distributed process group in a Horovod "
-                                "job: run it with --collective torch (and call only elastic_ring.worker.init())")
-        raise ContractError("the script initialised a torch.distributed process group before "
-                            "elastic_ring.worker.init(): call only elastic_ring.worker.init() (with "
-                            "--collective torch it forms the process group)")
-    hvd = sys.modules.get("horovod.torch")
-    if hvd is None or collective != "torch":
-        return
-    try:
-        own = hvd.is_initialized()
-    except Exception:  # noqa: BLE001
-        own = False
-    if own:
-        raise ContractError("the script called hvd.init() in a --collective torch job: use "
-                            "torch.distributed (DistributedDataParallel), or drop --collective torch")

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from elastic_ring import protocol
-from elastic_ring.worker.collective import (COLLECTIVE_ENV, PG_TIMEOUT_S, TORCH_KEYS, TorchCollective,
-                                            check_no_process_group, torch_backend)
+from elastic_ring.worker.checks import check_collectives_untouched
+from elastic_ring.worker.collective import COLLECTIVE_ENV, PG_TIMEOUT_S, TORCH_KEYS, TorchCollective, torch_backend
 from elastic_ring.worker.errors import ContractError
 from elastic_ring.worker.inplace import inplace_action_file, take_ahead_action
 
@@ -303,7 +303,7 @@ class TorchRing(Ring):
         import torch
         import torch.distributed as dist
 
-        check_no_process_group()
+        check_collectives_untouched("torch")
         device = os.environ.get("ELASTIC_RING_DEVICE", "cpu")
         backend = torch_backend(device)
         if backend == "nccl" and not (torch.cuda.is_available() and dist.is_nccl_available()):

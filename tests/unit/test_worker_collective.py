@@ -9,6 +9,7 @@ rank 1 holds afterwards is rank 0's) without a process group.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import types
@@ -22,7 +23,8 @@ from elastic_ring.controller.backends.api import SegmentLaunch
 from elastic_ring.controller.requests import RunRequest, check
 from elastic_ring.errors import UserError
 from elastic_ring.worker import collective as coll_mod
-from elastic_ring.worker.collective import HorovodCollective, TorchCollective
+from elastic_ring.worker.checks import check_collectives_untouched
+from elastic_ring.worker.collective import COLLECTIVES, HorovodCollective, TorchCollective
 from elastic_ring.worker.errors import ContractError
 
 
@@ -143,18 +145,37 @@ def test_horovod_collective_maps_to_hvd_with_op_and_name():
                          ("allreduce", {"name": "exit_barrier"})]
 
 
-def test_a_process_group_or_horovod_of_the_script_is_refused(monkeypatch):
-    fake = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True)
-    monkeypatch.setitem(sys.modules, "torch.distributed", fake)
-    with pytest.raises(ContractError, match="process group before elastic_ring.worker.init"):
-        coll_mod.check_no_process_group("torch")
-    with pytest.raises(ContractError, match="with --collective torch"):
-        coll_mod.check_no_process_group("horovod")
-    fake.is_initialized = lambda: False
-    monkeypatch.setitem(sys.modules, "horovod.torch", types.SimpleNamespace(is_initialized=lambda: True))
-    with pytest.raises(ContractError, match="hvd.init"):
-        coll_mod.check_no_process_group("torch")
-    coll_mod.check_no_process_group("horovod")  # Horovod's own check is elsewhere (checks.py)
+@pytest.mark.parametrize("collective,in_place_elastic,pg,hvd,needle", [
+    ("torch", False, True, False, "process group before elastic_ring.worker.init()"),
+    ("horovod", False, True, False, "in a Horovod job: run it with --collective torch"),
+    ("torch", False, False, True, "hvd.init() in a --collective torch job"),
+    ("torch", True, False, True, "hvd.init() in a --collective torch job"),
+    ("horovod", False, False, True, "hvd.init() before elastic_ring.worker.init(): call only"),
+    ("horovod", True, False, True, None),  # Horovod Elastic's entry point may have called hvd.init()
+    ("horovod", False, False, False, None),
+    ("torch", False, False, False, None),
+])
+def test_a_collective_the_script_started_first_is_refused_with_what_to_do(monkeypatch, collective,
+                                                                            in_place_elastic, pg, hvd, needle):
+    monkeypatch.setitem(sys.modules, "torch.distributed",
+                        types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: pg))
+    monkeypatch.setitem(sys.modules, "horovod.torch", types.SimpleNamespace(is_initialized=lambda: hvd))
+    if needle is None:
+        check_collectives_untouched(collective, in_place_elastic)
+    else:
+        with pytest.raises(ContractError, match=re.escape(needle)):
+            check_collectives_untouched(collective, in_place_elastic)
+
+
+def test_a_horovod_that_cannot_say_counts_as_not_started(monkeypatch):
+    def broken():
+        raise ValueError("Horovod has not been initialized; use hvd.init().")
+
+    monkeypatch.setitem(sys.modules, "torch.distributed",
+                        types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: False))
+    monkeypatch.setitem(sys.modules, "horovod.torch", types.SimpleNamespace(is_initialized=broken))
+    for collective in COLLECTIVES:
+        check_collectives_untouched(collective)
 
 
 def test_the_torch_ring_takes_torchruns_variables(monkeypatch):
