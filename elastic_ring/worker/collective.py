@@ -177,3 +177,27 @@ class TorchCollective:
 def torch_backend(device: str) -> str:
     """The process group's backend of a job on ``device``: NCCL on GPUs, gloo on the CPU."""
     return "nccl" if device == "cuda" else "gloo"
+
+
+def rendezvous_store(rank: int, world: int, timeout_s: float = PG_TIMEOUT_S) -> Any:
+    """The segment's store at torchrun's ``MASTER_ADDR``/``MASTER_PORT``: served by rank 0, on the
+    listening socket the local launcher bound and handed over where there is one (its descriptor in
+    ``ELASTIC_RING_STORE_FD``, taken once: the port held since the launcher picked it), else bound
+    by rank 0 itself; the other ranks connect to it.
+
+    Raises:
+        ContractError: no ``MASTER_PORT`` in the environment.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from elastic_ring.protocol import STORE_FD_ENV
+
+    if not os.environ.get("MASTER_PORT", "").isdigit():
+        raise ContractError("a --collective torch worker needs MASTER_PORT in its environment (the "
+                            "controller's launcher sets it)")
+    raw = os.environ.pop(STORE_FD_ENV, "") if rank == 0 else ""
+    return dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]), world,
+                         is_master=rank == 0, timeout=timedelta(seconds=timeout_s),
+                         master_listen_fd=int(raw) if raw.isdigit() else None)

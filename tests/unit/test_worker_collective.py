@@ -9,7 +9,10 @@ rank 1 holds afterwards is rank 0's) without a process group.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import socket
 import subprocess
 import sys
 import types
@@ -22,6 +25,7 @@ from elastic_ring.controller.backends import local
 from elastic_ring.controller.backends.api import SegmentLaunch
 from elastic_ring.controller.requests import RunRequest, check
 from elastic_ring.errors import UserError
+from elastic_ring.protocol import STORE_FD_ENV
 from elastic_ring.worker import collective as coll_mod
 from elastic_ring.worker.checks import check_collectives_untouched
 from elastic_ring.worker.collective import COLLECTIVES, HorovodCollective, TorchCollective
@@ -204,8 +208,55 @@ def test_make_launch_gives_the_local_backend_for_torch(tmp_path):
     assert "horovodrun" not in " ".join(cmd) and "elastic_ring.controller.hvdrun" not in cmd
     assert cmd[cmd.index("--segment") + 1] == "3" and cmd[cmd.index("--go-file") + 1] == str(tmp_path / "go")
     assert cmd[-3:] == ["--", "elastic_ring.train.worker", "--x"]
-    env = local.rank_env(1, 2, 1234, base={})
+    env = local.rank_env(1, 2, 1234, base={STORE_FD_ENV: "9"}, store_fd=7)
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_PORT"]) == ("1", "2", "1", "1234")
+    assert STORE_FD_ENV not in env and local.rank_env(0, 2, 1234, base={}, store_fd=7)[STORE_FD_ENV] == "7"
+
+
+def test_the_rendezvous_port_is_held_from_the_pick_to_rank_0s_store(monkeypatch):
+    """The launcher's socket listens from the pick: another process cannot bind the port, a rank's
+    connection waits in the backlog, and rank 0's store serves on the very socket it is handed."""
+    sock = local.rendezvous_socket()
+    port = sock.getsockname()[1]
+    for reuse in (0, 1):
+        with socket.socket() as thief:
+            thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, reuse)
+            with pytest.raises(OSError) as e:
+                thief.bind((local.MASTER_ADDR, port))
+            assert e.value.errno == errno.EADDRINUSE
+    early = socket.create_connection((local.MASTER_ADDR, port), timeout=5)  # before anyone serves
+    early.close()
+    monkeypatch.setenv("MASTER_ADDR", local.MASTER_ADDR)
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv(STORE_FD_ENV, str(sock.detach()))
+    master = coll_mod.rendezvous_store(0, 1, timeout_s=10)
+    assert STORE_FD_ENV not in os.environ and master.port == port  # taken once
+    master.set("who", "rank 0")
+    assert coll_mod.rendezvous_store(1, 1, timeout_s=10).get("who") == b"rank 0"
+    monkeypatch.delenv("MASTER_PORT")
+    with pytest.raises(ContractError, match="MASTER_PORT"):
+        coll_mod.rendezvous_store(1, 2)
+
+
+_FD_CHECK = '''
+import os, socket
+from elastic_ring.protocol import STORE_FD_ENV
+port = int(os.environ["MASTER_PORT"])
+if os.environ["RANK"] == "0":
+    s = socket.socket(fileno=int(os.environ[STORE_FD_ENV]))
+    assert s.getsockname()[1] == port
+    conn, _ = s.accept()
+    assert conn.recv(16) == b"rank 1"
+else:
+    assert STORE_FD_ENV not in os.environ
+    socket.create_connection(("127.0.0.1", port)).sendall(b"rank 1")
+'''
+
+
+def test_the_launcher_hands_the_listening_socket_to_rank_0_only():
+    p = subprocess.run([sys.executable, "-m", "elastic_ring.controller.backends.local", "--nproc", "2", "--",
+                        sys.executable, "-c", _FD_CHECK], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
 
 
 def test_the_launcher_ends_the_others_at_the_first_failure(tmp_path, capsys):
