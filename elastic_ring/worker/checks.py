@@ -3,6 +3,7 @@ at once (:class:`~elastic_ring.worker.errors.ContractError`), never a silent los
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 from typing import Any, Callable
@@ -54,6 +55,25 @@ def check_scheduler_count(saved: list[Any], registered: list[Any]) -> None:
                             f"script registered {len(registered)}")
 
 
+_EARLY_GROUP = ("the script initialised a torch.distributed process group before elastic_ring.worker.init(): "
+                "call only elastic_ring.worker.init() (with --collective torch it forms the process group)")
+
+
+def explain_port_clash(exc: BaseException) -> BaseException:
+    """A failure of rank 0 of a ``--collective torch`` segment to bind its rendezvous port while the
+    launcher's socket on it is still unused by the library (``ELASTIC_RING_STORE_FD`` not taken):
+    only a process group the script formed itself before ``elastic_ring.worker.init()`` binds that
+    port, so the failure is that mistake, said as :func:`check_collectives_untouched` says it (a
+    :class:`ContractError` with ``exc``'s traceback); any other ``exc`` is returned as it is."""
+    from elastic_ring.protocol import STORE_FD_ENV
+
+    port = os.environ.get("MASTER_PORT", "")
+    text = str(exc)
+    if STORE_FD_ENV in os.environ and port and f"port: {port}," in text and "EADDRINUSE" in text:
+        return ContractError(_EARLY_GROUP).with_traceback(exc.__traceback__)
+    return exc
+
+
 def check_collectives_untouched(collective: str, in_place_elastic: bool = False) -> None:
     """``elastic_ring.worker.init()`` starts the job's collective (``"horovod"``: ``hvd.init()``;
     ``"torch"``: the process group): the script must not have started either before it, except
@@ -66,9 +86,7 @@ def check_collectives_untouched(collective: str, in_place_elastic: bool = False)
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         if collective == "torch":
-            raise ContractError("the script initialised a torch.distributed process group before "
-                                "elastic_ring.worker.init(): call only elastic_ring.worker.init() (with "
-                                "--collective torch it forms the process group)")
+            raise ContractError(_EARLY_GROUP)
         raise ContractError("the script initialised a torch.distributed process group in a Horovod "
                             "job: run it with --collective torch (and call only elastic_ring.worker.init())")
     hvd = sys.modules.get("horovod.torch")

@@ -171,6 +171,24 @@ def test_a_collective_the_script_started_first_is_refused_with_what_to_do(monkey
             check_collectives_untouched(collective, in_place_elastic)
 
 
+def test_rank_0_failing_to_bind_the_launchers_port_is_a_group_formed_before_init(monkeypatch):
+    """The script's own ``init_process_group()`` (env://) on rank 0 meets the port the launcher holds
+    for the library: said as the early process group it is; once the library took the socket, or on
+    another port, the error stays what it is."""
+    from elastic_ring.worker.checks import explain_port_clash
+
+    monkeypatch.setenv("MASTER_PORT", "50369")
+    monkeypatch.setenv(STORE_FD_ENV, "5")
+    clash = RuntimeError("The server socket has failed to listen on any local network address. port: 50369, "
+                         "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+    said = explain_port_clash(clash)
+    assert isinstance(said, ContractError) and "process group before elastic_ring.worker.init()" in str(said)
+    other = RuntimeError(str(clash).replace("50369", "50370"))
+    assert explain_port_clash(other) is other
+    monkeypatch.delenv(STORE_FD_ENV)
+    assert explain_port_clash(clash) is clash
+
+
 def test_a_horovod_that_cannot_say_counts_as_not_started(monkeypatch):
     def broken():
         raise ValueError("Horovod has not been initialized; use hvd.init().")
