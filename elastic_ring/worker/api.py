@@ -422,8 +422,9 @@ def init(lazy: bool = False, warm_compile: bool = True) -> "Job | PlainJob":
     Sets the device (one GPU per local rank, or ``cores / local workers`` CPU threads), waits for
     the go of a pre-launched segment and calls ``hvd.init()``; with ``lazy=True`` the last two wait
     for :meth:`Job.connect` (or :meth:`Job.restore`), so that the script can build its model and data
-    first. Outside ``elastic-ring train --script`` (plain ``horovodrun`` or ``python``) it returns
-    a :class:`~elastic_ring.worker.plain.PlainJob`: the script runs as plain Horovod.
+    first. Outside ``elastic-ring train --script`` (plain ``horovodrun``, ``torchrun`` or ``python``)
+    it returns a :class:`~elastic_ring.worker.plain.PlainJob`: the script runs as plain Horovod or
+    plain torch.distributed.
 
     ``warm_compile``: import ``torch._dynamo`` while the ring forms (or while a pre-launched worker
     waits), off the first step's path: torch's optimizers import it at their first call. False for
