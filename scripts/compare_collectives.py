@@ -51,7 +51,8 @@ def run_one(a, seed: int, collective: str, run: Path) -> dict:
     ev = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
     fin = [e for e in ev if e["kind"] == "finished"][-1]
     return {
-        "collective": collective, "seed": seed, "start": a.start, "command_wall_s": round(wall, 2), "run_wall_s": fin["wall_s"],
+        "collective": collective, "seed": seed, "start": a.start, "command_wall_s": round(wall, 2),
+        "run_wall_s": fin["wall_s"],
         "final_step": fin["step"], "test_accuracy": fin["test_accuracy"], "test_loss": fin["test_loss"],
         "train_loss": fin["train_loss"],
         "sizes": [[e["step"], e["to_workers"]] for e in ev if e["kind"] == "relaunched"],
