@@ -61,6 +61,7 @@ def is_peer_loss(type_name: str | None, message: str | None) -> bool:
 
 
 CPU_THREADS_ENV = "ELASTIC_RING_CPU_THREADS"
+STORE_FD_ENV = "ELASTIC_RING_STORE_FD"  # rank 0 of a --collective torch segment: the rendezvous socket it inherits
 
 
 def cpu_threads(local_workers: int, cores: float | None = None) -> int:

@@ -9,7 +9,12 @@ DistributedSampler, a StepLR stepped after each epoch and a test after each epoc
         --slots 2 -- --epochs 3
 
 The run ends with the last epoch (no ``--steps``); a resize inside an epoch resumes at its next
-batch, one at its end after its test and scheduler step.
+batch, one at its end after its test and scheduler step. Without the tool the same file is the plain
+torchrun script (``elastic.init()`` is its ``init_process_group()``; no stop, no checkpoint), or, in
+one process, a process group of one:
+
+    torchrun --standalone --nproc_per_node 2 examples/ddp_epochs.py --epochs 3
+    python examples/ddp_epochs.py --epochs 3
 """
 
 import argparse

@@ -66,8 +66,7 @@ from elastic_ring import protocol
 from elastic_ring.protocol import LaunchInfo
 from elastic_ring.worker import session
 from elastic_ring.worker.checkpoints import Checkpoints
-from elastic_ring.worker.checks import check_hvd_not_initialised
-from elastic_ring.worker.collective import check_no_process_group
+from elastic_ring.worker.checks import check_collectives_untouched
 from elastic_ring.worker.data import DistributedSampler
 from elastic_ring.worker.errors import ContractError, NotLaunchedError
 from elastic_ring.worker.hooked import HookedSteps
@@ -423,8 +422,9 @@ def init(lazy: bool = False, warm_compile: bool = True) -> "Job | PlainJob":
     Sets the device (one GPU per local rank, or ``cores / local workers`` CPU threads), waits for
     the go of a pre-launched segment and calls ``hvd.init()``; with ``lazy=True`` the last two wait
     for :meth:`Job.connect` (or :meth:`Job.restore`), so that the script can build its model and data
-    first. Outside ``elastic-ring train --script`` (plain ``horovodrun`` or ``python``) it returns
-    a :class:`~elastic_ring.worker.plain.PlainJob`: the script runs as plain Horovod.
+    first. Outside ``elastic-ring train --script`` (plain ``horovodrun``, ``torchrun`` or ``python``)
+    it returns a :class:`~elastic_ring.worker.plain.PlainJob`: the script runs as plain Horovod or
+    plain torch.distributed.
 
     ``warm_compile``: import ``torch._dynamo`` while the ring forms (or while a pre-launched worker
     waits), off the first step's path: torch's optimizers import it at their first call. False for
@@ -442,8 +442,7 @@ def init(lazy: bool = False, warm_compile: bool = True) -> "Job | PlainJob":
         return job
     carried = session.take_carried()
     if carried is None:
-        check_hvd_not_initialised(launched_under_horovod_elastic())
-        check_no_process_group(info.collective)
+        check_collectives_untouched(info.collective, launched_under_horovod_elastic())
         session.init_begins()
         job = Job(info, lazy=lazy, warm_compile=warm_compile)
     else:  # the script run again in this process, in the ring re-formed in place

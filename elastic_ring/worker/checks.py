@@ -3,6 +3,7 @@ at once (:class:`~elastic_ring.worker.errors.ContractError`), never a silent los
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 from typing import Any, Callable
@@ -54,15 +55,51 @@ def check_scheduler_count(saved: list[Any], registered: list[Any]) -> None:
                             f"script registered {len(registered)}")
 
 
-def check_hvd_not_initialised(in_place_elastic: bool) -> None:
-    """``elastic_ring.worker.init()`` initialises Horovod: the script must not have done it first
-    (except under Horovod Elastic, ``in_place_elastic``, whose entry point may have)."""
+_EARLY_GROUP = ("the script initialised a torch.distributed process group before elastic_ring.worker.init(): "
+                "call only elastic_ring.worker.init() (with --collective torch it forms the process group)")
+
+
+def explain_port_clash(exc: BaseException) -> BaseException:
+    """A failure of rank 0 of a ``--collective torch`` segment to bind its rendezvous port while the
+    launcher's socket on it is still unused by the library (``ELASTIC_RING_STORE_FD`` not taken):
+    only a process group the script formed itself before ``elastic_ring.worker.init()`` binds that
+    port, so the failure is that mistake, said as :func:`check_collectives_untouched` says it (a
+    :class:`ContractError` with ``exc``'s traceback); any other ``exc`` is returned as it is."""
+    from elastic_ring.protocol import STORE_FD_ENV
+
+    port = os.environ.get("MASTER_PORT", "")
+    text = str(exc)
+    if STORE_FD_ENV in os.environ and port and f"port: {port}," in text and "EADDRINUSE" in text:
+        return ContractError(_EARLY_GROUP).with_traceback(exc.__traceback__)
+    return exc
+
+
+def check_collectives_untouched(collective: str, in_place_elastic: bool = False) -> None:
+    """``elastic_ring.worker.init()`` starts the job's collective (``"horovod"``: ``hvd.init()``;
+    ``"torch"``: the process group): the script must not have started either before it, except
+    Horovod under Horovod Elastic (``in_place_elastic``), whose entry point may have.
+
+    Raises:
+        ContractError: a torch.distributed process group or Horovod already initialised; the message
+            says which and what to do in a job of ``collective``.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        if collective == "torch":
+            raise ContractError(_EARLY_GROUP)
+        raise ContractError("the script initialised a torch.distributed process group in a Horovod "
+                            "job: run it with --collective torch (and call only elastic_ring.worker.init())")
     hvd = sys.modules.get("horovod.torch")
-    if hvd is not None and not in_place_elastic:
-        try:
-            own_init = hvd.is_initialized()
-        except Exception:  # noqa: BLE001
-            own_init = False
-        if own_init:
-            raise ContractError("the script called hvd.init() before elastic_ring.worker.init(): "
-                                "call only elastic_ring.worker.init() (it initialises Horovod)")
+    if hvd is None or (collective != "torch" and in_place_elastic):
+        return
+    try:
+        started = hvd.is_initialized()
+    except Exception:  # noqa: BLE001 - a Horovod built without its extension, or half torn down
+        started = False
+    if not started:
+        return
+    if collective == "torch":
+        raise ContractError("the script called hvd.init() in a --collective torch job: use "
+                            "torch.distributed (DistributedDataParallel), or drop --collective torch")
+    raise ContractError("the script called hvd.init() before elastic_ring.worker.init(): "
+                        "call only elastic_ring.worker.init() (it initialises Horovod)")

@@ -18,7 +18,6 @@ processes and new ones form the next group, as under horovodrun.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, Protocol
 
 from elastic_ring.worker.errors import ContractError
@@ -180,28 +179,25 @@ def torch_backend(device: str) -> str:
     return "nccl" if device == "cuda" else "gloo"
 
 
-def check_no_process_group(collective: str = "torch") -> None:
-    """``elastic_ring.worker.init()`` forms the job's process group: the script must not have
-    (on Horovod, ``collective``, a process group of the script's is another collective's).
+def rendezvous_store(rank: int, world: int, timeout_s: float = PG_TIMEOUT_S) -> Any:
+    """The segment's store at torchrun's ``MASTER_ADDR``/``MASTER_PORT``: served by rank 0, on the
+    listening socket the local launcher bound and handed over where there is one (its descriptor in
+    ``ELASTIC_RING_STORE_FD``, taken once: the port held since the launcher picked it), else bound
+    by rank 0 itself; the other ranks connect to it.
 
     Raises:
-        ContractError: the script initialised one (or, on torch, Horovod) before ``init()``.
+        ContractError: no ``MASTER_PORT`` in the environment.
     """
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        if collective != "torch":
-            raise ContractError("the script initialised a torch.distributed process group in a Horovod "
-                                "job: run it with --collective torch (and call only elastic_ring.worker.init())")
-        raise ContractError("the script initialised a torch.distributed process group before "
-                            "elastic_ring.worker.init(): call only elastic_ring.worker.init() (with "
-                            "--collective torch it forms the process group)")
-    hvd = sys.modules.get("horovod.torch")
-    if hvd is None or collective != "torch":
-        return
-    try:
-        own = hvd.is_initialized()
-    except Exception:  # noqa: BLE001
-        own = False
-    if own:
-        raise ContractError("the script called hvd.init() in a --collective torch job: use "
-                            "torch.distributed (DistributedDataParallel), or drop --collective torch")
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from elastic_ring.protocol import STORE_FD_ENV
+
+    if not os.environ.get("MASTER_PORT", "").isdigit():
+        raise ContractError("a --collective torch worker needs MASTER_PORT in its environment (the "
+                            "controller's launcher sets it)")
+    raw = os.environ.pop(STORE_FD_ENV, "") if rank == 0 else ""
+    return dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]), world,
+                         is_master=rank == 0, timeout=timedelta(seconds=timeout_s),
+                         master_listen_fd=int(raw) if raw.isdigit() else None)

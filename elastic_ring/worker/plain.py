@@ -1,28 +1,61 @@
-"""The job of a script run without elastic-ring: plain ``horovodrun -np N python script.py`` or
-``python script.py`` (:class:`PlainJob`, what ``elastic.init()`` returns there).
+"""The job of a script run without elastic-ring (:class:`PlainJob`, what ``elastic.init()`` returns
+there): plain ``horovodrun -np N python script.py``, plain ``torchrun --nproc_per_node N
+script.py``, or ``python script.py``.
 
-The same script then behaves as the plain Horovod script it came from: ``hvd.init()``, one GPU per
-local rank, ``restore()`` broadcasts rank 0's weights and optimizer state (the broadcasts it
-replaced), ``job.epochs(a, b)`` is ``range(a, b)``, the drop-in sampler is torch's
-``DistributedSampler``; no stop, no checkpoint, no event. ``job.steps()`` needs a length there:
-``ELASTIC_RING_STEPS`` (the flat loop's ``--steps``).
+The same script then behaves as the plain script it came from, on its collective
+(:func:`plain_collective`): on Horovod ``hvd.init()``; on ``torch.distributed``
+``init_process_group()`` from torchrun's variables (gloo on the CPU, NCCL on GPUs), or, in one
+process, a process group of one (so that ``DistributedDataParallel`` and ``dist.get_rank()`` work
+as under torchrun with one worker). One GPU per local rank; ``restore()`` broadcasts rank 0's
+weights and optimizer state (the broadcasts it replaced), ``job.epochs(a, b)`` is ``range(a, b)``,
+the drop-in sampler is torch's ``DistributedSampler``; no stop, no checkpoint, no event.
+``job.steps()`` needs a length there: ``ELASTIC_RING_STEPS`` (the flat loop's ``--steps``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
+from elastic_ring.worker.collective import COLLECTIVE_ENV, COLLECTIVES, HorovodCollective, TorchCollective
 from elastic_ring.worker.data import EpochData
-from elastic_ring.worker.errors import NotLaunchedError
+from elastic_ring.worker.errors import ContractError, NotLaunchedError
 from elastic_ring.worker.sampler import Sampler
 
 STEPS_ENV = "ELASTIC_RING_STEPS"
+_HOROVODRUN_KEYS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")  # horovodrun's, mpirun's ranks
+_TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def plain_collective(env: Mapping[str, str] | None = None, modules: Mapping[str, Any] | None = None) -> str:
+    """The collective of a script run without the tool: ``ELASTIC_RING_COLLECTIVE`` where set; else
+    the launcher's, read from the variables it sets (horovodrun's or mpirun's ranks: ``"horovod"``;
+    torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``: ``"torch"``); in one
+    process, ``"horovod"`` where the script imported ``horovod.torch``, else ``"torch"``.
+
+    Raises:
+        ContractError: ``ELASTIC_RING_COLLECTIVE`` names neither collective.
+    """
+    env = os.environ if env is None else env
+    modules = sys.modules if modules is None else modules
+    named = env.get(COLLECTIVE_ENV, "").strip()
+    if named:
+        if named not in COLLECTIVES:
+            raise ContractError(f"{COLLECTIVE_ENV}={named}: must be one of {', '.join(COLLECTIVES)}")
+        return named
+    if any(k in env for k in _HOROVODRUN_KEYS):
+        return "horovod"
+    if all(k in env for k in _TORCHRUN_KEYS):
+        return "torch"
+    return "horovod" if "horovod.torch" in modules else "torch"
 
 
 class PlainJob:
-    """``job`` outside the controller: Horovod's own behaviour, with the library's names."""
+    """``job`` outside the controller: the plain behaviour of the script's collective
+    (``collective``: ``"horovod"`` or ``"torch"``; default :func:`plain_collective`), with the
+    library's names."""
 
     elastic = False
     inplace = False
@@ -31,20 +64,12 @@ class PlainJob:
     lr_factor = 1.0
     segment = 0
 
-    def __init__(self) -> None:
-        import horovod.torch as hvd
-        import torch
-
-        self.hvd = hvd
-        if not hvd.is_initialized():
-            hvd.init()
-        self.rank, self.size = hvd.rank(), hvd.size()
-        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
-        if torch.cuda.is_available():
-            torch.cuda.set_device(self.local_rank)
-            self.device = torch.device("cuda", self.local_rank)
+    def __init__(self, collective: str | None = None) -> None:
+        self.hvd: Any = None
+        if (collective or plain_collective()) == "torch":
+            self._start_torch()
         else:
-            self.device = torch.device("cpu")
+            self._start_horovod()
         raw = os.environ.get(STEPS_ENV, "").strip()
         self.total_steps = int(raw) if raw.isdigit() else None
         self.stop_at = self.total_steps
@@ -64,13 +89,53 @@ class PlainJob:
         self._step_depth = 0
         self._syncing = False
 
-    # the names of Job, with Horovod's plain meaning
+    def _start_horovod(self) -> None:
+        import horovod.torch as hvd
+
+        self.hvd = hvd
+        if not hvd.is_initialized():
+            hvd.init()
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        self.device = _device(self.local_rank)
+        self.collective: Any = HorovodCollective(hvd)
+
+    def _start_torch(self) -> None:
+        """The script's process group: torchrun's (``init_process_group()`` from its variables), or
+        one of this process alone; one the script formed first is taken as it is."""
+        import torch
+        import torch.distributed as dist
+
+        env = os.environ
+        torchrun = all(k in env for k in _TORCHRUN_KEYS)
+        self.local_rank = int(env.get("LOCAL_RANK", "0")) if torchrun else 0
+        self.device = _device(self.local_rank)
+        backend = "nccl" if self.device.type == "cuda" and dist.is_nccl_available() else "gloo"
+        if not dist.is_initialized():
+            if torchrun:
+                dist.init_process_group(backend)
+            else:
+                dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.local_size = int(env.get("LOCAL_WORLD_SIZE", self.size)) if torchrun else 1
+        on = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.collective = TorchCollective(dist, on)
+
+    # the names of Job, with the plain meaning of the script's collective
     def connect(self) -> None:
         pass
 
     def distributed_optimizer(self, optimizer, model, **kwargs: Any):
+        if self.hvd is None:
+            raise ContractError("job.distributed_optimizer() is Horovod's: on torch.distributed wrap the "
+                                "model in DistributedDataParallel (or use job.parallel(model, optimizer))")
         kwargs.setdefault("op", self.hvd.Average)
         return self.hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), **kwargs)
+
+    def parallel(self, model, optimizer, **kwargs: Any) -> tuple[Any, Any]:
+        if self.collective.name == "torch":
+            return self.collective.data_parallel(model, **kwargs), optimizer
+        return model, self.distributed_optimizer(optimizer, model, **kwargs)
 
     def register(self, model=None, optimizer=None, scheduler=None, **extras: Any) -> None:
         if model is not None:
@@ -101,11 +166,11 @@ class PlainJob:
         """Rank 0's weights and optimizer state to every rank (what the plain script broadcast)."""
         if self.size > 1:
             if self._model is not None:
-                self.hvd.broadcast_parameters(self._model.state_dict(), root_rank=0)
+                self.collective.broadcast_parameters(self._model.state_dict(), 0)
             if self._optimizer is not None:
                 self._syncing = True  # Horovod steps a fresh optimizer once to create its state
                 try:
-                    self.hvd.broadcast_optimizer_state(self._optimizer, root_rank=0)
+                    self.collective.broadcast_optimizer_state(self._optimizer, 0)
                 finally:
                     self._syncing = False
         self.restored = True
@@ -157,3 +222,13 @@ class PlainJob:
         if self._optimizer is not None and self._optimizer.param_groups:
             return float(self._optimizer.param_groups[0]["lr"])
         return float("nan")
+
+
+def _device(local_rank: int) -> Any:
+    """One GPU per local rank (made the current one), or the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")

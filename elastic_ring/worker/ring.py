@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from elastic_ring import protocol
+from elastic_ring.worker.checks import check_collectives_untouched
 from elastic_ring.worker.collective import (COLLECTIVE_ENV, PG_TIMEOUT_S, TORCH_KEYS, TorchCollective,
-                                            check_no_process_group, torch_backend)
+                                            rendezvous_store, torch_backend)
 from elastic_ring.worker.errors import ContractError
 from elastic_ring.worker.inplace import inplace_action_file, take_ahead_action
 
@@ -303,15 +304,15 @@ class TorchRing(Ring):
         import torch
         import torch.distributed as dist
 
-        check_no_process_group()
+        check_collectives_untouched("torch")
         device = os.environ.get("ELASTIC_RING_DEVICE", "cpu")
         backend = torch_backend(device)
         if backend == "nccl" and not (torch.cuda.is_available() and dist.is_nccl_available()):
             raise ContractError("NCCL asked for (--device cuda) where torch has no usable CUDA/NCCL")
         dev = torch.device("cuda", self.local_rank) if backend == "nccl" else torch.device("cpu")
         with _warming_meanwhile(self.warms_compile):
-            dist.init_process_group(backend, init_method="env://", rank=self.rank, world_size=self.size,
-                                    timeout=timedelta(seconds=PG_TIMEOUT_S))
+            dist.init_process_group(backend, store=rendezvous_store(self.rank, self.size), rank=self.rank,
+                                    world_size=self.size, timeout=timedelta(seconds=PG_TIMEOUT_S))
         self._coll = TorchCollective(dist, dev)
 
     def adopt_ranks(self) -> None:

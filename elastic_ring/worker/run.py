@@ -87,7 +87,9 @@ def _kind(exc: BaseException, step: int | None) -> str | None:
 
 def _die(info: LaunchInfo, exc: BaseException, status: int = 1) -> None:
     from elastic_ring.worker import session
+    from elastic_ring.worker.checks import explain_port_clash
 
+    exc = explain_port_clash(exc)  # a process group of the script's own, on the launcher's port
     seg = getattr(session.current(), "seg", None)  # the plain job has none
     step = seg.current if seg is not None else None
     kind = _kind(exc, step)

@@ -3,12 +3,15 @@ local launcher (no horovodrun), resized by checkpoint and relaunch."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 import torch
 
 from elastic_ring.data import SampleStream
 from elastic_ring.events import read_events
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, tool
 from tests.integration.test_train_resize import RESIZE_1_2_1, _final_model, _trace, resize_1_2_1_auto
 
 pytestmark = pytest.mark.integration
@@ -47,6 +50,12 @@ def test_torch_resize_1_2_1_overlap_is_exact_and_equals_the_horovod_run(tmp_path
         assert torch.equal(a["model"][k], b["model"][k]), k
     for k, s in a["optimizer"]["state"].items():
         assert torch.equal(s["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"]), k
+    # the same test accuracy and loss at one worker (steps 6 and 18); at two, rank 1's BatchNorm statistics
+    # differ (DDP broadcasts rank 0's buffers at every forward, Horovod keeps each rank's), so step 12's may
+    ref_evals = {e["step"]: e for e in read_events(ref / "events.jsonl", kind="evaluation")}
+    for e in (evals[0], evals[-1]):
+        assert (e["test_accuracy"], e["test_loss"]) == (ref_evals[e["step"]]["test_accuracy"],
+                                                        ref_evals[e["step"]]["test_loss"]), e["step"]
 
 
 def test_a_process_group_formed_by_the_script_first_is_one_line_not_retried(tmp_path):
@@ -85,3 +94,21 @@ def test_ddp_epoch_script_resized_1_2_1_resumes_inside_the_epoch_and_learns(tmp_
     tests = [ln.split() for ln in logs.splitlines() if ln.startswith("epoch ") and " test loss " in ln]
     assert [int(t[1]) for t in tests] == [1, 2]
     assert float(tests[-1][-1]) > 0.7 and float(tests[-1][4]) < float(tests[0][4])  # it learned
+
+
+def test_ddp_epoch_script_runs_under_plain_torchrun(tmp_path):
+    """examples/ddp_epochs.py without the tool, under ``torchrun --nproc_per_node 2``: elastic.init()
+    is torchrun's ``init_process_group()``, the drop-in sampler torch's (720 samples a rank: 12
+    batches of 64), one test; nothing written (no run folder, no checkpoint). (In one process, a
+    group of one: tests/unit/test_worker_epochs.py.)"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTIC_RING_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    cmd = [tool("torchrun"), "--standalone", "--nproc_per_node", "2", str(ROOT / "examples" / "ddp_epochs.py"),
+           "--epochs", "1"]
+    p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    assert [ln.split()[3] for ln in lines if " batch " in ln] == ["0/12", "10/12"]  # rank 0's only
+    (test,) = [ln.split() for ln in lines if " test loss " in ln]
+    assert test[1] == "1" and 0.0 <= float(test[-1]) <= 1.0
+    assert list(tmp_path.iterdir()) == []

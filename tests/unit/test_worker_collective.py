@@ -9,6 +9,10 @@ rank 1 holds afterwards is rank 0's) without a process group.
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+import socket
 import subprocess
 import sys
 import types
@@ -21,8 +25,10 @@ from elastic_ring.controller.backends import local
 from elastic_ring.controller.backends.api import SegmentLaunch
 from elastic_ring.controller.requests import RunRequest, check
 from elastic_ring.errors import UserError
+from elastic_ring.protocol import STORE_FD_ENV
 from elastic_ring.worker import collective as coll_mod
-from elastic_ring.worker.collective import HorovodCollective, TorchCollective
+from elastic_ring.worker.checks import check_collectives_untouched
+from elastic_ring.worker.collective import COLLECTIVES, HorovodCollective, TorchCollective
 from elastic_ring.worker.errors import ContractError
 
 
@@ -143,18 +149,55 @@ def test_horovod_collective_maps_to_hvd_with_op_and_name():
                          ("allreduce", {"name": "exit_barrier"})]
 
 
-def test_a_process_group_or_horovod_of_the_script_is_refused(monkeypatch):
-    fake = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True)
-    monkeypatch.setitem(sys.modules, "torch.distributed", fake)
-    with pytest.raises(ContractError, match="process group before elastic_ring.worker.init"):
-        coll_mod.check_no_process_group("torch")
-    with pytest.raises(ContractError, match="with --collective torch"):
-        coll_mod.check_no_process_group("horovod")
-    fake.is_initialized = lambda: False
-    monkeypatch.setitem(sys.modules, "horovod.torch", types.SimpleNamespace(is_initialized=lambda: True))
-    with pytest.raises(ContractError, match="hvd.init"):
-        coll_mod.check_no_process_group("torch")
-    coll_mod.check_no_process_group("horovod")  # Horovod's own check is elsewhere (checks.py)
+@pytest.mark.parametrize("collective,in_place_elastic,pg,hvd,needle", [
+    ("torch", False, True, False, "process group before elastic_ring.worker.init()"),
+    ("horovod", False, True, False, "in a Horovod job: run it with --collective torch"),
+    ("torch", False, False, True, "hvd.init() in a --collective torch job"),
+    ("torch", True, False, True, "hvd.init() in a --collective torch job"),
+    ("horovod", False, False, True, "hvd.init() before elastic_ring.worker.init(): call only"),
+    ("horovod", True, False, True, None),  # Horovod Elastic's entry point may have called hvd.init()
+    ("horovod", False, False, False, None),
+    ("torch", False, False, False, None),
+])
+def test_a_collective_the_script_started_first_is_refused_with_what_to_do(monkeypatch, collective,
+                                                                            in_place_elastic, pg, hvd, needle):
+    monkeypatch.setitem(sys.modules, "torch.distributed",
+                        types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: pg))
+    monkeypatch.setitem(sys.modules, "horovod.torch", types.SimpleNamespace(is_initialized=lambda: hvd))
+    if needle is None:
+        check_collectives_untouched(collective, in_place_elastic)
+    else:
+        with pytest.raises(ContractError, match=re.escape(needle)):
+            check_collectives_untouched(collective, in_place_elastic)
+
+
+def test_rank_0_failing_to_bind_the_launchers_port_is_a_group_formed_before_init(monkeypatch):
+    """The script's own ``init_process_group()`` (env://) on rank 0 meets the port the launcher holds
+    for the library: said as the early process group it is; once the library took the socket, or on
+    another port, the error stays what it is."""
+    from elastic_ring.worker.checks import explain_port_clash
+
+    monkeypatch.setenv("MASTER_PORT", "50369")
+    monkeypatch.setenv(STORE_FD_ENV, "5")
+    clash = RuntimeError("The server socket has failed to listen on any local network address. port: 50369, "
+                         "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+    said = explain_port_clash(clash)
+    assert isinstance(said, ContractError) and "process group before elastic_ring.worker.init()" in str(said)
+    other = RuntimeError(str(clash).replace("50369", "50370"))
+    assert explain_port_clash(other) is other
+    monkeypatch.delenv(STORE_FD_ENV)
+    assert explain_port_clash(clash) is clash
+
+
+def test_a_horovod_that_cannot_say_counts_as_not_started(monkeypatch):
+    def broken():
+        raise ValueError("Horovod has not been initialized; use hvd.init().")
+
+    monkeypatch.setitem(sys.modules, "torch.distributed",
+                        types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: False))
+    monkeypatch.setitem(sys.modules, "horovod.torch", types.SimpleNamespace(is_initialized=broken))
+    for collective in COLLECTIVES:
+        check_collectives_untouched(collective)
 
 
 def test_the_torch_ring_takes_torchruns_variables(monkeypatch):
@@ -183,8 +226,55 @@ def test_make_launch_gives_the_local_backend_for_torch(tmp_path):
     assert "horovodrun" not in " ".join(cmd) and "elastic_ring.controller.hvdrun" not in cmd
     assert cmd[cmd.index("--segment") + 1] == "3" and cmd[cmd.index("--go-file") + 1] == str(tmp_path / "go")
     assert cmd[-3:] == ["--", "elastic_ring.train.worker", "--x"]
-    env = local.rank_env(1, 2, 1234, base={})
+    env = local.rank_env(1, 2, 1234, base={STORE_FD_ENV: "9"}, store_fd=7)
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_PORT"]) == ("1", "2", "1", "1234")
+    assert STORE_FD_ENV not in env and local.rank_env(0, 2, 1234, base={}, store_fd=7)[STORE_FD_ENV] == "7"
+
+
+def test_the_rendezvous_port_is_held_from_the_pick_to_rank_0s_store(monkeypatch):
+    """The launcher's socket listens from the pick: another process cannot bind the port, a rank's
+    connection waits in the backlog, and rank 0's store serves on the very socket it is handed."""
+    sock = local.rendezvous_socket()
+    port = sock.getsockname()[1]
+    for reuse in (0, 1):
+        with socket.socket() as thief:
+            thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, reuse)
+            with pytest.raises(OSError) as e:
+                thief.bind((local.MASTER_ADDR, port))
+            assert e.value.errno == errno.EADDRINUSE
+    early = socket.create_connection((local.MASTER_ADDR, port), timeout=5)  # before anyone serves
+    early.close()
+    monkeypatch.setenv("MASTER_ADDR", local.MASTER_ADDR)
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv(STORE_FD_ENV, str(sock.detach()))
+    master = coll_mod.rendezvous_store(0, 1, timeout_s=10)
+    assert STORE_FD_ENV not in os.environ and master.port == port  # taken once
+    master.set("who", "rank 0")
+    assert coll_mod.rendezvous_store(1, 1, timeout_s=10).get("who") == b"rank 0"
+    monkeypatch.delenv("MASTER_PORT")
+    with pytest.raises(ContractError, match="MASTER_PORT"):
+        coll_mod.rendezvous_store(1, 2)
+
+
+_FD_CHECK = '''
+import os, socket
+from elastic_ring.protocol import STORE_FD_ENV
+port = int(os.environ["MASTER_PORT"])
+if os.environ["RANK"] == "0":
+    s = socket.socket(fileno=int(os.environ[STORE_FD_ENV]))
+    assert s.getsockname()[1] == port
+    conn, _ = s.accept()
+    assert conn.recv(16) == b"rank 1"
+else:
+    assert STORE_FD_ENV not in os.environ
+    socket.create_connection(("127.0.0.1", port)).sendall(b"rank 1")
+'''
+
+
+def test_the_launcher_hands_the_listening_socket_to_rank_0_only():
+    p = subprocess.run([sys.executable, "-m", "elastic_ring.controller.backends.local", "--nproc", "2", "--",
+                        sys.executable, "-c", _FD_CHECK], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
 
 
 def test_the_launcher_ends_the_others_at_the_first_failure(tmp_path, capsys):

@@ -309,6 +309,64 @@ def test_plain_job_is_plain_horovod(monkeypatch):
         pass
 
 
+@pytest.mark.parametrize("env,modules,want", [
+    ({"ELASTIC_RING_COLLECTIVE": "torch", "HOROVOD_RANK": "0"}, {"horovod.torch": 1}, "torch"),  # named
+    ({"ELASTIC_RING_COLLECTIVE": "horovod"}, {}, "horovod"),
+    ({"HOROVOD_RANK": "1", "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, {}, "horovod"),
+    ({"OMPI_COMM_WORLD_RANK": "0"}, {}, "horovod"),  # mpirun
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, {"horovod.torch": 1}, "torch"),
+    ({}, {"horovod.torch": 1}, "horovod"),  # one process: the script imported Horovod
+    ({}, {}, "torch"),
+])
+def test_plain_collective_is_the_launchers_or_the_scripts(env, modules, want):
+    from elastic_ring.worker.plain import plain_collective
+
+    assert plain_collective(env, modules) == want
+
+
+def test_plain_collective_named_wrong_is_an_error():
+    from elastic_ring.worker.plain import plain_collective
+
+    with pytest.raises(api.ContractError, match="ELASTIC_RING_COLLECTIVE=mpi: must be one of horovod, torch"):
+        plain_collective({"ELASTIC_RING_COLLECTIVE": "mpi"}, {})
+
+
+def test_plain_job_on_torch_in_one_process_is_a_group_of_one(monkeypatch):
+    """``python script.py`` of a torch-path script: a real gloo group of this process alone, so that
+    the script's ``DistributedDataParallel`` and ``dist.get_rank()`` work; the drop-ins are plain."""
+    import torch.distributed as dist
+
+    for k in ("ELASTIC_RING_RUN_DIR", "ELASTIC_RING_COLLECTIVE", "RANK", "WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.delitem(sys.modules, "horovod.torch", raising=False)
+    monkeypatch.setattr(session, "_PROCESS", session._Process())
+    assert not dist.is_initialized()
+    try:
+        job = api.init()
+        assert not job.elastic and job.collective.name == "torch" and job.hvd is None
+        assert (job.rank, job.size, job.local_rank, job.local_size) == (0, 1, 0, 1)
+        assert (dist.get_rank(), dist.get_world_size()) == (0, 1)
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        net, same = job.parallel(model, opt)
+        assert isinstance(net, torch.nn.parallel.DistributedDataParallel) and same is opt
+        with pytest.raises(api.ContractError, match="Horovod's"):
+            job.distributed_optimizer(opt, model)
+        job.register(model=model, optimizer=opt)
+        assert job.restore() is False
+        s = DistributedSampler(list(range(9)))
+        assert sorted(s) == list(range(9))
+        for epoch in job.epochs(1, 3):
+            net(torch.ones(4, 2)).sum().backward()
+            opt.step()
+        assert epoch == 2 and job.step == 2 and job.finished
+        assert job.collective.allreduce(torch.tensor([3.0])).item() == 3.0
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def test_thread_override_warned_once(tmp_path, monkeypatch, capsys):
     job = make_job(tmp_path, monkeypatch)
     before = torch.get_num_threads()

@@ -4,10 +4,15 @@ horovodrun (used by ``--relaunch prelaunch|overlap|sequential``: new processes p
 :class:`LocalBackend` starts one small launcher per segment, ``python -m
 elastic_ring.controller.backends.local --nproc N -- WORKER COMMAND`` (through the same
 :class:`~.horovodrun.SubprocessLauncher` as horovodrun: its own process group, output to the
-segment's log). The launcher imports nothing but the standard library; it picks a free port for
-the segment's rendezvous and starts ``N`` workers, each told, as torchrun tells them, ``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``: the
-worker library's ``init_process_group`` forms the group there, rank 0 hosting its store. When one
+segment's log). The launcher imports nothing but the standard library (and the protocol's names);
+it binds the segment's rendezvous socket to a free port and listens on it (:func:`rendezvous_socket`)
+and starts ``N`` workers, each told, as torchrun tells them, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``: the worker library's
+``init_process_group`` forms the group there, rank 0 hosting its store on the socket it inherits
+(its descriptor in ``ELASTIC_RING_STORE_FD``). So the port stays bound from the moment it is picked
+until the store serves on it: no other process can take it in between (as one could between a
+probe of a free port and rank 0's bind, seconds later, after its imports), and the other ranks'
+connections wait in the socket's backlog until rank 0 is up. When one
 worker fails the launcher ends the others and exits with that worker's status, naming its rank in
 the log (:func:`first_failed_rank`), as horovodrun does; when all exit 0, so does it.
 """
@@ -25,6 +30,7 @@ from pathlib import Path
 
 from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Launcher, SegmentLaunch, Started,
                                                   worker_env)
+from elastic_ring.protocol import STORE_FD_ENV
 
 # a statement that calls it (not a comment's or a docstring's mention)
 _HVD_INIT = re.compile(r"^[ \t]*hvd\.init\s*\(", re.M)
@@ -112,19 +118,40 @@ def check_torch_nccl() -> None:
 
 
 # ---------------------------------------------------------------------- the launcher process
-def free_port(host: str = MASTER_ADDR) -> int:
-    """A TCP port free on ``host`` now (the segment's rendezvous; rank 0 binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+def rendezvous_socket(host: str = MASTER_ADDR, backlog: int = 1024) -> socket.socket:
+    """The segment's rendezvous socket: bound to a port free on ``host`` and listening, so that the
+    port is this segment's from now on; rank 0 inherits it and serves its store on it, the other
+    ranks' connections wait in its backlog until then."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
         s.bind((host, 0))
-        return int(s.getsockname()[1])
+        s.listen(backlog)
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
-def rank_env(rank: int, world: int, port: int, base: dict[str, str] | None = None) -> dict[str, str]:
-    """A worker's environment: torchrun's names for its rank and the segment's rendezvous."""
+def rank_env(rank: int, world: int, port: int, base: dict[str, str] | None = None,
+             store_fd: int | None = None) -> dict[str, str]:
+    """A worker's environment: torchrun's names for its rank and the segment's rendezvous; rank 0's
+    also names the descriptor of the rendezvous socket it inherits (``store_fd``)."""
     env = dict(os.environ if base is None else base)
+    env.pop(STORE_FD_ENV, None)
     env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                GROUP_RANK="0", MASTER_ADDR=MASTER_ADDR, MASTER_PORT=str(port))
+    if rank == 0 and store_fd is not None:
+        env[STORE_FD_ENV] = str(store_fd)
     return env
+
+
+def start_workers(cmd: list[str], world: int) -> list[subprocess.Popen]:
+    """The segment's ``world`` workers, rank 0 handed the rendezvous socket (see the module
+    docstring); the launcher's own copy is closed once they run."""
+    with rendezvous_socket() as sock:
+        port, fd = int(sock.getsockname()[1]), sock.fileno()
+        return [subprocess.Popen(cmd, env=rank_env(r, world, port, store_fd=fd), pass_fds=(fd,) if r == 0 else ())
+                for r in range(world)]
 
 
 def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05) -> int:
@@ -152,8 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m elastic_ring.controller.backends.local --nproc N -- COMMAND...", file=sys.stderr)
         return 2
     world, cmd = int(argv[1]), argv[3:]
-    port = free_port()
-    procs = [subprocess.Popen(cmd, env=rank_env(r, world, port)) for r in range(world)]
+    procs = start_workers(cmd, world)
 
     def end(signum, frame):  # the controller ends the segment: the workers first
         for p in procs:
