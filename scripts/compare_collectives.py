@@ -173,7 +173,7 @@ def main() -> None:
     acc = {c: [r["test_accuracy"] for r in runs if r["collective"] == c] for c in COLLECTIVES}
     out = {
         "command": "elastic-ring " + " ".join(train_args(a, a.seeds[0], "horovod")) + " [--collective torch]",
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+        "settings": {k: (os.path.relpath(v, ROOT) if isinstance(v, Path) else v) for k, v in vars(a).items()},
         "summary": {"horovod_median_accuracy": statistics.median(acc["horovod"]),
                     "torch_median_accuracy": statistics.median(acc["torch"]),
                     "accuracy_diff_per_seed": diffs, "seeds_weights_equal": equal},
