@@ -14,6 +14,7 @@ batch, one at its end after its test and scheduler step.
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -88,7 +89,7 @@ def main() -> None:
             if trace:
                 with trace.open("a") as f:
                     f.write(json.dumps({"step": job.step, "rank": hvd.rank(), "world": hvd.size(), "epoch": epoch,
-                                        "ids": train_set.fetched, "lr": lr}) + "\n")
+                                        "ids": train_set.fetched, "lr": lr, "pid": os.getpid()}) + "\n")
                 train_set.fetched = []
             if batch_idx % args.log_interval == 0 and hvd.rank() == 0:
                 print(f"epoch {epoch} batch {batch_idx}/{len(train_loader)} loss {loss.item():.4f}")

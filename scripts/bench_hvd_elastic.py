@@ -14,7 +14,11 @@ time each step ended). Each round runs both harnesses, in an order reversed ever
 Time lost per resize, the same for both, from rank 0's step records: the first step at the new size
 ends ``gap`` seconds after the last step at the old size; the time lost is ``gap`` minus the median
 step time at the new size (its next steps). For elastic-ring the controller's own ``total_lost_s``
-is kept beside it. Medians over the rounds, and elastic-ring / Horovod Elastic per resize.
+is kept beside it. Medians over the rounds, and elastic-ring / Horovod Elastic per resize. Both
+sides run Horovod with its default cycle time (1 ms): until in-place rings dropped the controller's
+5 ms, elastic-ring's side waited up to 5 ms per negotiation round of a reset (the pause's broadcast,
+the shutdown, the first step) where Horovod Elastic's waited 1 ms, so results from before that
+change are not comparable.
 
     .venv/bin/python scripts/bench_hvd_elastic.py --repeats 3
 """
@@ -75,7 +79,11 @@ def _script_args(a, log: Path) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    # Horovod's default cycle time on both sides: elastic-ring's in-place workers drop a
+    # HOROVOD_CYCLE_TIME (elastic_ring.worker.ring), so Horovod Elastic's must not get one either
+    env.pop("HOROVOD_CYCLE_TIME", None)
+    return env
 
 
 def ours(a, tmp: Path) -> dict:

@@ -73,6 +73,24 @@ def _warming_meanwhile(warm: bool = True) -> Iterator[None]:
         t.join()
 
 
+def _drop_fixed_cycle_time() -> None:
+    """Leave Horovod's cycle time at its default in a process that will re-initialise Horovod.
+
+    Horovod 0.28 keeps its tunable parameters across ``hvd.shutdown()`` + ``hvd.init()``. Each
+    ``init()`` first sets the fusion threshold (128 MB) and the cycle time (1 ms) as tunable
+    values, then fixes the ones named in the environment; a fixed value leaves the vector of
+    tunable values, but a later ``init()`` still writes its default into that vector, at the slot
+    of the variable's missing index (slot 0). With ``HOROVOD_CYCLE_TIME`` set (the controller sets
+    5 ms on CPUs) a re-initialised survivor therefore gets a 1 MB fusion threshold, where a new
+    worker has 128 MB; once the responses are cached each rank fuses them itself, so the two fuse
+    different gradients into one allreduce (gloo: ``op.preamble.length <= op.nbytes``); with
+    ``HOROVOD_FUSION_THRESHOLD`` set too the vector is empty and the write crashes ``init()``.
+    Without ``HOROVOD_CYCLE_TIME`` every rank has the same threshold (the user's fixed one, or
+    128 MB) and a 1 ms cycle, as under Horovod Elastic. Called before this process's first
+    ``hvd.init()``, whose environment (read in C) is the one that fixes values."""
+    os.environ.pop("HOROVOD_CYCLE_TIME", None)
+
+
 class Ring:
     """The ring as horovodrun forms it (the base of the three launches; see the module docstring)."""
 
@@ -114,6 +132,8 @@ class Ring:
 
         self.hvd = hvd
         if not hvd.is_initialized():
+            if self.in_place:
+                _drop_fixed_cycle_time()
             with _warming_meanwhile(self.warms_compile):
                 hvd.init()
 
@@ -242,6 +262,7 @@ class ElasticRing(Ring):
         inside ``hvd.init()``)."""
         self.hvd.shutdown()
         self.hosts_updated_at = None
+        _drop_fixed_cycle_time()
         self.hvd.init()
         self.adopt_ranks()
 
@@ -271,6 +292,7 @@ class ControllerRing(Ring):
         if mine is None:
             raise Retired(f"not a member of segment {action['segment']}")
         os.environ.update({k: str(v) for k, v in mine.items()})
+        _drop_fixed_cycle_time()
         self.hvd.init()
         self.adopt_ranks()
 

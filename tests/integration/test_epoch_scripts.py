@@ -4,8 +4,9 @@ a StepLR stepped after each epoch, a test after each epoch), run three ways.
 
 Under ``elastic-ring train`` (no ``--steps``: the script's epochs end the run), resized 1 -> 2
 inside epoch 1 and 2 -> 1 at the step that completes it: by checkpoint and relaunch (``overlap``),
-and on the Ray backend (a local Ray the controller starts), where the survivors re-form the ring in
-their processes and run the script again there. From the script's trace (each rank writes
+in place under Horovod Elastic (``inplace``) and on the Ray backend (a local Ray the controller
+starts), where the survivors re-form the ring in their processes and run the script again there
+(under ``inplace`` rank 0 keeps its process for the whole run). From the script's trace (each rank writes
 each step's sample ids and LR, and each test) and the run folder: every step once, every sample of
 every epoch once and in the order of the epoch's permutation across both resizes, the LR of every
 step = its world size x the per-epoch schedule (Eq. 7), each epoch's test once, Eq. 7 in the
@@ -66,7 +67,7 @@ def _check_epochs(by_step: dict[int, dict[int, dict]], epochs: int) -> dict[int,
     return world
 
 
-@pytest.mark.parametrize("mode", ["overlap", pytest.param("ray", marks=pytest.mark.ray)])
+@pytest.mark.parametrize("mode", ["overlap", "inplace", pytest.param("ray", marks=pytest.mark.ray)])
 def test_epoch_loop_script_resized_1_2_1_exact_samples_lr_and_tests(tmp_path, mode):
     run, trace = tmp_path / "run", tmp_path / "trace"
     if mode == "ray":
@@ -99,6 +100,11 @@ def test_epoch_loop_script_resized_1_2_1_exact_samples_lr_and_tests(tmp_path, mo
     final = CheckpointStore(run / "checkpoints").load_latest()
     assert final["step"] == 63 and final["data_position"]["epoch"] == 4
     assert json.loads((run / "summary.json").read_text())["state"] == "finished"
+    rank0_pids = {r["pid"] for ranks in by_step.values() for rank, r in ranks.items() if rank == 0}
+    if mode == "overlap":  # each segment's workers are new processes
+        assert len(rank0_pids) == 3
+    elif mode == "inplace":  # rank 0 trained all three segments in one process, the script run again in it
+        assert len(rank0_pids) == 1
 
 
 def _plain(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:

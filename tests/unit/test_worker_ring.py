@@ -79,6 +79,43 @@ def test_controller_ring_takes_the_members_environment_and_retires_the_others(mo
     assert r.hvd.calls[-1] == "shutdown"  # it left the ring: no init
 
 
+def test_in_place_rings_initialise_horovod_without_a_fixed_cycle_time(monkeypatch):
+    """Horovod 0.28's re-initialisation gives a process whose earlier init fixed the cycle time a
+    1 MB fusion threshold (a new worker has 128 MB): rings re-formed in place leave it unset, at
+    their first init and at every re-init; a ring that is relaunched keeps it."""
+    import os
+    import sys
+
+    import horovod
+
+    seen = []
+
+    class Hvd(RingHvd):
+        def is_initialized(self):
+            return False
+
+        def init(self):
+            seen.append(os.environ.get("HOROVOD_CYCLE_TIME"))
+
+    for mode, kept in ((None, "5"), ("1", None), (ring.RING_BY_CONTROLLER, None)):
+        _env(monkeypatch, 0, 1, mode)
+        monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")
+        fake = Hvd(monkeypatch)
+        monkeypatch.setitem(sys.modules, "horovod.torch", fake)
+        monkeypatch.setattr(horovod, "torch", fake, raising=False)
+        r = ring.ring_from_env()
+        r.warms_compile = False
+        r.init_horovod()
+        assert seen[-1] == kept, mode
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")  # (put back by another part of the process)
+    r.reform({"segment": 1, "members": {"": {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "1"}}})
+    elastic = ring.ElasticRing()
+    elastic.hvd = fake
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")
+    elastic.reform({"segment": 2})
+    assert seen[-2:] == [None, None]
+
+
 def test_who_may_act_on_an_action_and_when(tmp_path, monkeypatch):
     _env(monkeypatch, 0, 1, "1")
     he = ring.ring_from_env()
