@@ -288,3 +288,29 @@ def test_the_controller_takes_a_failure_with_survivors_as_a_shrink(tmp_path, max
     (rec,) = read_events(tmp_path / "events.jsonl", kind="recovered")
     assert rec["path"] == "memory" and rec["from_step"] == 4 and rec["world_size"] == 1
     assert [4, 1, "failure"] in json.loads((tmp_path / protocol.PLAN_FILE).read_text())["changes"]
+
+
+def test_survive_is_kept_in_run_json_for_a_resume(tmp_path):
+    """``--survive`` is kept in run.json (as the collective is): a ``--resume`` without it (as the
+    cluster's stop and resume runs it) keeps the survivors going; given at a resume of a run
+    started without it, it is kept from then on."""
+    from elastic_ring.controller.lock import RunLock
+    from elastic_ring.controller.runs import RunRequest, prepare
+
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+
+    def again(rd, **kw):
+        run = prepare(RunRequest(resume_dir=str(rd), device="cpu", slots=2, backend="ray", **kw), echo=lambda s: None)
+        RunLock(rd).release()
+        return run.survive
+
+    for on in (True, False):
+        rd = tmp_path / f"run-{on}"
+        run = prepare(RunRequest(script=str(script), steps=10, device="cpu", slots=2, backend="ray", survive=on,
+                                 run_dir=str(rd)), echo=lambda s: None)
+        RunLock(rd).release()
+        assert run.survive is on and json.loads((rd / "run.json").read_text())["survive"] is on
+        assert again(rd) is on
+    rd = tmp_path / "run-False"
+    assert again(rd, survive=True) and again(rd)  # given once at a resume: kept for the next
