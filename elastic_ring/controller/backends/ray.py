@@ -266,8 +266,9 @@ class RayBackend:
     def heal_target(self) -> int | None:
         """After a failure the survivors went on fewer: the size to grow back to now, because a
         warm worker waits for its go (imports and build done) for a failed member's place (a new
-        actor in its bundle, or a spare that came up since), or None. The controller asks it at every poll and grows the ring at the
-        next step boundary, as a live resize: the joiner is synced from rank 0 over the ring.
+        actor in its bundle, or a spare that came up since), or None. The controller asks it at
+        every poll and grows the ring at the next step boundary, as a live resize: the joiner is
+        synced from rank 0 over the ring.
         None with ``--warm-spares 0`` (as under `elastic-ring cluster`, whose scheduler decides
         the sizes: the actor in the freed bundle waits for the grow it asks)."""
         if self._heal_to is None or self.launch is None or self.group is None or self.group.failing:
