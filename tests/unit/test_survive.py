@@ -318,9 +318,9 @@ def test_survive_is_kept_in_run_json_for_a_resume(tmp_path):
 
 @pytest.mark.parametrize("spares", [None, 0])
 def test_a_failed_members_bundle_gets_a_warm_worker_that_grows_the_ring_back(tmp_path, monkeypatch, spares):
-    """The failed member's bundle of the placement group gets a new actor at the survivors' resize;
-    once one is up, the backend asks to grow back to the size the ring had. With ``--warm-spares 0``
-    (a cluster scheduler decides the sizes) the actor waits for a grow the scheduler asks."""
+    """The failed member's bundle of the placement group gets a new actor at the survivors' resize
+    (with ``--warm-spares 0`` too: the bundle is the ring's already); once it waits for its go, the
+    backend asks to grow back to the size the ring had."""
     b, g, (m0, m1), ended = _backend(tmp_path)
     m0.bundle, m1.bundle = 0, 1
     b.pool.warm_spares = spares
@@ -337,7 +337,7 @@ def test_a_failed_members_bundle_gets_a_warm_worker_that_grows_the_ring_back(tmp
     assert refilled == [(1, 1)]  # a new actor in rank 1's bundle
     assert b.heal_target() is None  # not up yet
     up.append("w3")
-    assert b.heal_target() == (None if spares == 0 else 2)
+    assert b.heal_target() == 2
     b.launch = SegmentLaunch(2, 2, 20, "me")  # grown back: nothing more asked
     assert b.heal_target() is None and b._heal_to is None
 

@@ -268,15 +268,12 @@ class RayBackend:
         warm worker waits for its go (imports and build done) for a failed member's place (a new
         actor in its bundle, or a spare that came up since), or None. The controller asks it at
         every poll and grows the ring at the next step boundary, as a live resize: the joiner is
-        synced from rank 0 over the ring.
-        None with ``--warm-spares 0`` (as under `elastic-ring cluster`, whose scheduler decides
-        the sizes: the actor in the freed bundle waits for the grow it asks)."""
+        synced from rank 0 over the ring. Under `elastic-ring cluster` too (``--warm-spares 0``):
+        the actor runs on the bundle the ring still holds, and the scheduler sees the grow."""
         if self._heal_to is None or self.launch is None or self.group is None or self.group.failing:
             return None
         if self.launch.world >= self._heal_to:
             self._heal_to = None
-            return None
-        if self.pool.warm_spares == 0:
             return None
         k = self.pool.waiting()
         return min(self._heal_to, self.launch.world + k) if k else None
