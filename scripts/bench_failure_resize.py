@@ -10,6 +10,12 @@ in-memory copy that makes it possible costs a step.
    killed at a step; alternating rounds with ``--survive`` (the survivor goes on from memory) and
    without (restart from the checkpoint, ``--checkpoint-every 10``): the time from the kill to
    the first step done after it, the steps redone, and the ``recovered`` event's time lost.
+3. The grow back (``--survive``, the same runs): a new actor in the killed worker's bundle starts
+   after the kill, and once it waits for its go the ring grows back to 2 at a step boundary: the
+   time from the kill to the first step at 2 again, when the joiner was ready, and the training
+   time that grow lost more than the survivors' path (its ``resize_overhead`` ``total_lost_s``:
+   the survivor's stop at the step boundary, the ring's re-forming and the sync of the joiner).
+   A survive run is stopped (Ctrl-C) a few steps after the grow, whatever ``--steps``.
 
     .venv/bin/python scripts/bench_failure_resize.py [--rounds 2]   -> results/bench_failure_resize.json
 """
@@ -78,25 +84,51 @@ def copy_cost(rounds: int, steps: int) -> dict:
             "copy_of_step_pct": 100 * statistics.median(copy_s) / m_off, "memory_bytes_two_copies": nbytes}
 
 
+def _grown_back(run: TrainRun) -> dict | None:
+    """The first step at 2 workers after the survivors' segment (None before the grow)."""
+    return next((e for e in run.events("first_step") if e["segment"] >= 2 and e["world_size"] == 2), None)
+
+
+def grow_back(run: TrainRun, t_kill: float, timeout_s: float = 600.0) -> dict:
+    """Wait for the grow back, stop the run with Ctrl-C a few steps later; what the grow cost."""
+    t0 = time.time()
+    while (first := _grown_back(run)) is None:
+        if run.p.poll() is not None or time.time() - t0 > timeout_s:
+            raise SystemExit("the survive run did not grow back to 2 workers (raise --steps on a slow machine)")
+        time.sleep(0.1)
+    run.wait_step(int(first["step"]) + 3)
+    run.p.send_signal(signal.SIGINT)
+    run.p.communicate(timeout=300)
+    (req,) = [e for e in run.events("resize_requested") if e.get("source") == "heal"]
+    (ov,) = [e for e in run.events("resize_overhead") if e["to_workers"] == 2]
+    return {"joiner_ready_s": req["time"] - t_kill, "kill_to_back_at_2_s": first["time"] - t_kill,
+            "grow_lost_s": ov["total_lost_s"], "grow_at_step": ov["step"],
+            "grow_hvd_reinit_s": (first.get("phases") or {}).get("hvd_reinit")}
+
+
 def killed_run(address: str, survive: bool, kill_at: int, steps: int) -> dict:
     args = ["--backend", "ray", "--ray-address", address, "--gpus", "2", "--slots", "2", "--steps", str(steps),
             "--checkpoint-every", "10", *(["--survive"] if survive else [])]
     with tempfile.TemporaryDirectory(dir="/tmp") as d, TrainRun(args, Path(d) / "run") as run:
         run.wait_step(kill_at)
         t_kill = run.signal_rank(1, signal.SIGKILL)
-        run.finish("the killed run")
+        grown = grow_back(run, t_kill) if survive else {}
+        if not survive:
+            run.finish("the killed run")
         (rs,) = run.events("restart")
         (rc,) = run.events("recovered")
         return {"survive": survive, "path": rs.get("path", "disk"), "kill_at": kill_at,
                 "kill_to_next_step_s": rc["time"] - t_kill, "steps_redone": rs["steps_redone"],
-                "time_lost_s": rc["time_lost_s"], "rank": rs["rank"]}
+                "time_lost_s": rc["time_lost_s"], "rank": rs["rank"], **grown}
 
 
 def main() -> None:
     exit_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=60, help="steps of a restart run")
+    ap.add_argument("--survive-steps", type=int, default=2000,
+                    help="steps of a survive run (stopped a few steps after its grow back)")
     ap.add_argument("--kill-at", type=int, default=25)
     ap.add_argument("--copy-steps", type=int, default=15, help="steps per round of the copy's cost")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_failure_resize.json")
@@ -119,10 +151,12 @@ def main() -> None:
         c.wait_for_nodes()
         for _ in range(a.rounds):
             for survive in (True, False):
-                r = killed_run(c.address, survive, a.kill_at, a.steps)
+                r = killed_run(c.address, survive, a.kill_at, a.survive_steps if survive else a.steps)
                 runs.append(r)
                 print(f"{'survive' if survive else 'restart'}: kill -> next step {r['kill_to_next_step_s']:.2f} s, "
-                      f"{r['steps_redone']} step(s) redone, path {r['path']}")
+                      f"{r['steps_redone']} step(s) redone, path {r['path']}"
+                      + (f"; joiner ready {r['joiner_ready_s']:.2f} s, back at 2 {r['kill_to_back_at_2_s']:.2f} s "
+                         f"after the kill, the grow lost {r['grow_lost_s']:.2f} s" if survive else ""))
     finally:
         started = psutil.Process().children(recursive=True)
         c.shutdown()
@@ -137,6 +171,7 @@ def main() -> None:
     out = {"copy_cost": cost, "runs": runs, "medians": {
         name: {k: med(s, k) for k in ("kill_to_next_step_s", "steps_redone", "time_lost_s")}
         for name, s in (("survive", True), ("restart", False))}}
+    out["medians"]["grow_back"] = {k: med(True, k) for k in ("joiner_ready_s", "kill_to_back_at_2_s", "grow_lost_s")}
     write_results(a.out, out, load0)
 
 

@@ -26,8 +26,10 @@
   memory (:mod:`elastic_ring.worker.survive`); after a failure the others say which steps they
   hold, and when they hold one in common (:meth:`RayBackend.survivors`) the failure is a shrink:
   the failed members are ended, the survivors keep their processes, and the in-place resize that
-  follows re-forms their ring and rolls them back to that step (``rollback_to`` in the action).
-  Otherwise (a lost node, no answer, no common step) the restart from the checkpoint above.
+  follows re-forms their ring and rolls them back to that step (``rollback_to`` in the action); a
+  lost node's members have all failed, those on the other nodes go on. A new actor in each failed
+  member's bundle then grows the ring back once it waits for its go (:meth:`RayBackend.heal_target`).
+  Otherwise (no answer, no common step) the restart from the checkpoint above.
 - **Run folder.** Checked at start from a task on every alive node: it must be one folder every
   node sees (a shared filesystem on a real cluster).
 
