@@ -78,3 +78,50 @@ def test_a_lost_node_is_blamed_as_a_whole_and_the_other_nodes_go_on(tmp_path):
     s = b.survivors(wait_s=1.0)
     assert s is not None and s.world == 1 and g.members == [m0] and sorted(ended) == ["actor1", "actor2"]
     assert "rank(s) 1, 2 on it lost" in s.failure.message and s.failure.rank == 1
+
+
+def test_the_controller_grows_the_survivors_back_when_a_warm_worker_is_up(tmp_path):
+    """After the survivors' shrink, the backend says a warm worker waits for a failed one's place:
+    the controller asks the grow back as a live resize (a ``resize_requested`` event of source
+    ``heal``, the segment's stop file), and the in-place resize that follows brings the ring back to
+    2 workers at the step the survivors stopped at; the plan keeps the shrink and the grow."""
+    from elastic_ring import protocol
+    from elastic_ring.controller.api import RunSpec
+    from elastic_ring.controller.backends.resize import InPlace
+    from elastic_ring.controller.controller import Controller
+    from elastic_ring.events import SegmentEnd, read_events
+    from tests.unit.test_survive import _Backend, _Ring
+
+    total = 10
+
+    class Ring(_Ring):
+        def poll(self):
+            if self.rc is None and self.segment == 1 and self.polls >= 1:  # the survivors' segment, stepping
+                if self.polls == 1 and protocol.stop_file(self.run_dir, 1).exists():  # the controller's stop
+                    self.polls = 2
+                    self.log.write(SegmentEnd(segment=1, world_size=1, step=7, reason="requested", lr=0.1,
+                                              stop_decided_at=time.time()))
+                return None  # paused until the in-place resize
+            return super().poll()
+
+    class Backend(_Backend):
+        asked = 0
+
+        def start(self, launch, log_path):
+            started = super().start(launch, log_path)
+            self.ring.__class__ = Ring
+            return started
+
+        def heal_target(self):
+            self.asked += 1
+            return 2 if self.ring.segment == 1 and self.asked > 3 else None
+
+    spec = RunSpec(run_dir=tmp_path, workers=2, schedule=(), slots=2, device="cpu", total_steps=total)
+    b = Backend(tmp_path, total)
+    ctl = Controller(spec, out=lambda s: None, poll_s=0.0, show_progress=False, backend=b, resize=InPlace(b))
+    ctl.run(0, 2, 0)
+    (req,) = [e for e in read_events(tmp_path / "events.jsonl", kind="resize_requested") if e["source"] == "heal"]
+    assert (req["from_workers"], req["to_workers"]) == (1, 2)
+    assert b.resized == [(0, 1, 1, total), (1, 2, 2, total)]  # the shrink at the failure, then the grow back
+    changes = json.loads((tmp_path / protocol.PLAN_FILE).read_text())["changes"]
+    assert [4, 1, "failure"] in changes and [7, 2, "live"] in changes
