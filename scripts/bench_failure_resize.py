@@ -136,7 +136,7 @@ def grow_back(run: TrainRun, t_kill: float, timeout_s: float = 600.0) -> dict:
     run.wait_step(int(first["step"]) + 3)
     run.p.send_signal(signal.SIGINT)
     run.p.communicate(timeout=300)
-    (req,) = [e for e in run.events("resize_requested") if e.get("source") == "heal"]
+    (req,) = [e for e in run.events("resize_requested") if e.get("source") == "joiner"]
     (ov,) = [e for e in run.events("resize_overhead") if e["to_workers"] == 2]
     return {"joiner_ready_s": req["time"] - t_kill, "kill_to_back_at_2_s": first["time"] - t_kill,
             "grow_lost_s": ov["total_lost_s"], "grow_at_step": ov["step"],

@@ -527,7 +527,7 @@ class Controller:
         """The survivors of a failure went on fewer, and the backend has a warm worker for a failed
         one's place now (Ray with ``--survive``: ``heal_target``): it joins at the next step
         boundary, as a live resize to that size does (a ``resize_requested`` event of source
-        ``heal``)."""
+        ``joiner``)."""
         heal = getattr(self.backend, "heal_target", None)
         if heal is None or seg.live_target is not None or self._next is not None or self._interrupts or \
                 seg.end is not None:
@@ -536,7 +536,7 @@ class Controller:
         if target is None or target == seg.world or not self.resize.withdraw_ahead(seg.index):
             return
         seg.live_target, seg.t_live = target, self.clock()
-        self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source="heal", time=seg.t_live))
+        self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source="joiner", time=seg.t_live))
         stop_file(self.spec.run_dir, seg.index).touch()
         self.out(f"a warm worker is up for the failed worker's place: {seg.world} -> {target} workers")
 

@@ -147,7 +147,7 @@ def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows
     print(f"kill -9 -> the survivor's next completed step: {first[0]['time'] - t_kill:.2f} s; "
           f"detected -> step {rec['detect_to_first_step_s']:.2f} s; rolled back to step {r['from_step']}")
     # the new actor in rank 1's bundle came up and joined at a step boundary: back at 2, no restart
-    (req,) = [e for e in read_events(run / "events.jsonl", kind="resize_requested") if e["source"] == "heal"]
+    (req,) = [e for e in read_events(run / "events.jsonl", kind="resize_requested") if e["source"] == "joiner"]
     (grow,) = read_events(run / "events.jsonl", kind="relaunched")
     assert (req["from_workers"], req["to_workers"], grow["from_workers"], grow["to_workers"]) == (1, 2, 1, 2), grow
     ring = _ring(run, 2)

@@ -83,7 +83,7 @@ def test_a_lost_node_is_blamed_as_a_whole_and_the_other_nodes_go_on(tmp_path):
 def test_the_controller_grows_the_survivors_back_when_a_warm_worker_is_up(tmp_path):
     """After the survivors' shrink, the backend says a warm worker waits for a failed one's place:
     the controller asks the grow back as a live resize (a ``resize_requested`` event of source
-    ``heal``, the segment's stop file), and the in-place resize that follows brings the ring back to
+    ``joiner``, the segment's stop file), and the in-place resize that follows brings the ring back to
     2 workers at the step the survivors stopped at; the plan keeps the shrink and the grow."""
     from elastic_ring import protocol
     from elastic_ring.controller.api import RunSpec
@@ -120,7 +120,7 @@ def test_the_controller_grows_the_survivors_back_when_a_warm_worker_is_up(tmp_pa
     b = Backend(tmp_path, total)
     ctl = Controller(spec, out=lambda s: None, poll_s=0.0, show_progress=False, backend=b, resize=InPlace(b))
     ctl.run(0, 2, 0)
-    (req,) = [e for e in read_events(tmp_path / "events.jsonl", kind="resize_requested") if e["source"] == "heal"]
+    (req,) = [e for e in read_events(tmp_path / "events.jsonl", kind="resize_requested") if e["source"] == "joiner"]
     assert (req["from_workers"], req["to_workers"]) == (1, 2)
     assert b.resized == [(0, 1, 1, total), (1, 2, 2, total)]  # the shrink at the failure, then the grow back
     changes = json.loads((tmp_path / protocol.PLAN_FILE).read_text())["changes"]
