@@ -98,6 +98,12 @@ def go_file(run_dir: Path, segment: int) -> Path:
     return control_dir(run_dir) / f"go-{segment}"
 
 
+def waiting_file(go: Path) -> Path:
+    """Where a pre-launched worker says it waits for its go ``go`` (its imports and build done):
+    ``{"pid", "time"}``."""
+    return go.with_name(go.name + ".waiting")
+
+
 def pid_dir(run_dir: Path) -> Path:
     return control_dir(run_dir) / "pids"
 

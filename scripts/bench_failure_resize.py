@@ -10,13 +10,35 @@ in-memory copy that makes it possible costs a step.
    killed at a step; alternating rounds with ``--survive`` (the survivor goes on from memory) and
    without (restart from the checkpoint, ``--checkpoint-every 10``): the time from the kill to
    the first step done after it, the steps redone, and the ``recovered`` event's time lost.
+3. The same on one host with ``--relaunch inplace`` (one Horovod Elastic job): rank 1's process
+   killed, alternating rounds with ``--survive`` and without (``--side inplace`` runs only this
+   part, ``--side ray`` only part 2; the copy's cost is measured either way).
+4. The grow back (Ray, the ``--survive`` runs of part 2): a new actor in the killed worker's bundle
+   starts after the kill, and once it waits for its go the ring grows back to 2 at a step
+   boundary: the time from the kill to the first step at 2 again, when the joiner was ready, and
+   the training time that grow lost more than the survivors' path (its ``resize_overhead``
+   ``total_lost_s``: the survivor's stop at the step boundary, the ring's re-forming and the
+   joiner's sync). Such a run is stopped (Ctrl-C) a few steps after the grow (``--survive-steps``
+   only bounds it).
+5. Horovod Elastic's own recovery of the same kill (``--horovod-elastic``): ``horovodrun -np 2
+   --min-np 1 --max-np 2`` of ``examples/hvd_elastic_mlp.py`` (it commits after every batch) on two
+   host names of this machine (``localhost:1``, ``127.0.0.1:1``: Horovod blacklists the host of a
+   failed worker, so the survivor needs a host of its own), ``--blacklist-cooldown-range 1 2`` so
+   that the killed worker's host comes back; rank 1 killed once rank 0 has done ``--kill-at``
+   steps: rank 0 rolls back to its last ``commit()`` and goes on alone, and a cold joiner brings it
+   back to 2. From rank 0's step records: the kill to its next step, the kill to its first step at
+   2 again, and the time each change of size lost (``bench_hvd_elastic.losses``). Another model than
+   parts 2-4 (an MLP on digits: a Horovod Elastic script keeps no copy under ``--survive``), so the
+   comparison is of the recovery's own seconds, not of the step times.
 
-    .venv/bin/python scripts/bench_failure_resize.py [--rounds 2]   -> results/bench_failure_resize.json
+    .venv/bin/python scripts/bench_failure_resize.py [--rounds 2] [--side both|ray|inplace]
+        -> results/bench_failure_resize.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -78,34 +100,174 @@ def copy_cost(rounds: int, steps: int) -> dict:
             "copy_of_step_pct": 100 * statistics.median(copy_s) / m_off, "memory_bytes_two_copies": nbytes}
 
 
-def killed_run(address: str, survive: bool, kill_at: int, steps: int) -> dict:
-    args = ["--backend", "ray", "--ray-address", address, "--gpus", "2", "--slots", "2", "--steps", str(steps),
+def killed_run(address: str | None, survive: bool, kill_at: int, steps: int) -> dict:
+    """One run whose rank 1 is killed at ``kill_at``: on the Ray cluster at ``address``, or (None) on
+    this host under ``--relaunch inplace``."""
+    where = ["--backend", "ray", "--ray-address", address] if address else ["--relaunch", "inplace"]
+    args = [*where, "--gpus", "2", "--slots", "2", "--steps", str(steps),
             "--checkpoint-every", "10", *(["--survive"] if survive else [])]
+    heals = bool(address) and survive  # on Ray the survivors grow back to 2 (part 4)
     with tempfile.TemporaryDirectory(dir="/tmp") as d, TrainRun(args, Path(d) / "run") as run:
         run.wait_step(kill_at)
         t_kill = run.signal_rank(1, signal.SIGKILL)
-        run.finish("the killed run")
+        grown = grow_back(run, t_kill) if heals else {}
+        if not heals:
+            run.finish("the killed run")
         (rs,) = run.events("restart")
         (rc,) = run.events("recovered")
         return {"survive": survive, "path": rs.get("path", "disk"), "kill_at": kill_at,
                 "kill_to_next_step_s": rc["time"] - t_kill, "steps_redone": rs["steps_redone"],
-                "time_lost_s": rc["time_lost_s"], "rank": rs["rank"]}
+                "time_lost_s": rc["time_lost_s"], "rank": rs["rank"], **grown}
+
+
+def _grown_back(run: TrainRun) -> dict | None:
+    """The first step at 2 workers after the survivors' segment (None before the grow)."""
+    return next((e for e in run.events("first_step") if e["segment"] >= 2 and e["world_size"] == 2), None)
+
+
+def grow_back(run: TrainRun, t_kill: float, timeout_s: float = 600.0) -> dict:
+    """Wait for the grow back, stop the run with Ctrl-C a few steps later; what the grow cost."""
+    t0 = time.time()
+    while (first := _grown_back(run)) is None:
+        if run.p.poll() is not None or time.time() - t0 > timeout_s:
+            raise SystemExit("the survive run did not grow back to 2 workers (raise --survive-steps on a slow "
+                             "machine)")
+        time.sleep(0.1)
+    run.wait_step(int(first["step"]) + 3)
+    run.p.send_signal(signal.SIGINT)
+    run.p.communicate(timeout=300)
+    (req,) = [e for e in run.events("resize_requested") if e.get("source") == "joiner"]
+    (ov,) = [e for e in run.events("resize_overhead") if e["to_workers"] == 2]
+    return {"joiner_ready_s": req["time"] - t_kill, "kill_to_back_at_2_s": first["time"] - t_kill,
+            "grow_lost_s": ov["total_lost_s"], "grow_at_step": ov["step"],
+            "grow_hvd_reinit_s": (first.get("phases") or {}).get("hvd_reinit")}
+
+
+def horovod_elastic_kill(a: argparse.Namespace, tmp: Path) -> dict:
+    """Part 5: one Horovod Elastic run whose rank 1 is killed (see the module docstring)."""
+    import subprocess
+
+    from bench_hvd_elastic import BIN, SCRIPT, losses
+
+    d = Path(tempfile.mkdtemp(prefix="hek", dir=tmp))
+    hosts, disc, log = d / "hosts", d / "discover.sh", d / "log"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    disc.write_text(f"#!/bin/sh\ncat '{hosts}'\n")
+    disc.chmod(0o755)
+    cmd = [str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
+           str(disc), "--blacklist-cooldown-range", "1", "2", "--network-interface", "lo", "--gloo",
+           sys.executable, "-u", str(SCRIPT), "--epochs", "1000", "--train-size", "384", "--log-samples", str(log)]
+
+    def rows() -> list[dict]:
+        out = []
+        for f in log.glob("samples-*.jsonl"):
+            for ln in f.read_text().splitlines():
+                try:
+                    out.append({**json.loads(ln), "pid": int(f.stem.split("-")[1])})
+                except (json.JSONDecodeError, ValueError):
+                    pass
+        return sorted(out, key=lambda r: r["t"])
+
+    # a cold joiner may take more than Gloo's 30 s to start on a loaded machine: the survivor would abort
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1",
+               HOROVOD_GLOO_TIMEOUT_SECONDS="300")
+    t0 = time.time()
+    with open(d / "out.txt", "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            def wait(until, what: str) -> list[dict]:
+                while not until(r := rows()):
+                    if proc.poll() is not None or time.time() - t0 > 1200:
+                        raise SystemExit(f"horovod elastic: {what} not seen: {(d / 'out.txt').read_text()[-2000:]}")
+                    time.sleep(0.05)
+                return r
+
+            r = wait(lambda r: sum(x["rank"] == 0 and x["size"] == 2 for x in r) >= a.kill_at, "the steps at 2")
+            pid0, pid1 = (next(x["pid"] for x in reversed(r) if x["rank"] == k) for k in (0, 1))
+            t_kill = time.time()
+            os.kill(pid1, signal.SIGKILL)
+            r = wait(lambda r: any(x["rank"] == 0 and x["t"] > t_kill and x["size"] == 2 and (x["pid"] != pid0 or any(
+                y["rank"] == 0 and t_kill < y["t"] < x["t"] and y["size"] == 1 for y in r)) for x in r),
+                "the grow back to 2")
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    r0 = [x for x in r if x["rank"] == 0]
+    after = [x for x in r0 if x["t"] > t_kill]
+    back = next(x for i, x in enumerate(after) if x["size"] == 2 and (x["pid"] != pid0 or any(
+        y["size"] == 1 for y in after[:i])))
+    shutil.rmtree(d, ignore_errors=True)
+    return {"kill_to_next_step_s": after[0]["t"] - t_kill, "kill_to_back_at_2_s": back["t"] - t_kill,
+            "survivor_kept": all(x["pid"] == pid0 for x in after),  # else rank 0 died too: no recovery in memory
+            "resizes": losses(r0[len(r0) - len(after) - 1:])}  # from the last step before the kill
 
 
 def main() -> None:
     exit_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=60, help="steps of a run (a Ray --survive run: --survive-steps)")
+    ap.add_argument("--survive-steps", type=int, default=2000,
+                    help="steps of a Ray --survive run (stopped a few steps after its grow back)")
     ap.add_argument("--kill-at", type=int, default=25)
     ap.add_argument("--copy-steps", type=int, default=15, help="steps per round of the copy's cost")
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_failure_resize.json")
+    ap.add_argument("--horovod-elastic", action="store_true",
+                    help="also Horovod Elastic's own recovery of the same kill (part 5), --rounds runs")
+    ap.add_argument("--side", choices=("both", "ray", "inplace"), default="both",
+                    help="which kill -9 comparison to run: on Ray, on one host in place, or both")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="[default: results/bench_failure_resize.json; with --side inplace "
+                         "results/bench_failure_resize_inplace.json]")
     a = ap.parse_args()
+    if a.out is None:
+        a.out = ROOT / "results" / ("bench_failure_resize_inplace.json" if a.side == "inplace"
+                                    else "bench_failure_resize.json")
     load0 = os.getloadavg()[0]
     cost = copy_cost(2 * a.rounds, a.copy_steps)
     print(f"copy: {cost['copy_ms']:.2f} ms of a {cost['step_ms_without']:.1f} ms step "
           f"({cost['overhead_pct']:+.1f}% measured), {cost['memory_bytes_two_copies'] / MB:.1f} MB kept")
 
+    out: dict = {"copy_cost": cost}
+    if a.side in ("both", "inplace"):
+        out["inplace"] = kill_rounds(None, a)
+    if a.side in ("both", "ray"):
+        out.update(ray_side(a))
+    if a.horovod_elastic:
+        runs = []
+        for _ in range(a.rounds):
+            runs.append(horovod_elastic_kill(a, Path(tempfile.gettempdir())))
+            print(f"horovod elastic: kill -> next step {runs[-1]['kill_to_next_step_s']:.2f} s, back at 2 "
+                  f"{runs[-1]['kill_to_back_at_2_s']:.2f} s after the kill; {runs[-1]['resizes']}")
+        out["horovod_elastic"] = {"runs": runs, "medians": {k: statistics.median(r[k] for r in runs)
+                                                            for k in ("kill_to_next_step_s", "kill_to_back_at_2_s")}}
+    write_results(a.out, out, load0)
+
+
+def kill_rounds(address: str | None, a: argparse.Namespace) -> dict:
+    """Alternating rounds with and without ``--survive``: the runs and their medians."""
+    runs = []
+    for _ in range(a.rounds):
+        for survive in (True, False):
+            r = killed_run(address, survive, a.kill_at, a.survive_steps if address and survive else a.steps)
+            runs.append(r)
+            print(f"{'ray' if address else 'inplace'} {'survive' if survive else 'restart'}: kill -> next step "
+                  f"{r['kill_to_next_step_s']:.2f} s, {r['steps_redone']} step(s) redone, path {r['path']}"
+                  + (f"; joiner ready {r['joiner_ready_s']:.2f} s, back at 2 {r['kill_to_back_at_2_s']:.2f} s "
+                     f"after the kill, the grow lost {r['grow_lost_s']:.2f} s" if "grow_lost_s" in r else ""))
+
+    def med(survive: bool, key: str) -> float:
+        return statistics.median(r[key] for r in runs if r["survive"] == survive)
+
+    medians = {name: {k: med(s, k) for k in ("kill_to_next_step_s", "steps_redone", "time_lost_s")}
+               for name, s in (("survive", True), ("restart", False))}
+    if address:
+        medians["grow_back"] = {k: med(True, k) for k in ("joiner_ready_s", "kill_to_back_at_2_s", "grow_lost_s")}
+    return {"runs": runs, "medians": medians}
+
+
+def ray_side(a: argparse.Namespace) -> dict:
+    """Part 2: the kill -9 rounds on a local Ray cluster of two one-CPU nodes started here."""
     import psutil
     from ray.cluster_utils import Cluster
 
@@ -113,16 +275,10 @@ def main() -> None:
     os.environ["RAY_TMPDIR"] = str(tmp)
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * MB,
                                                        "include_dashboard": False})
-    runs = []
     try:
         c.add_node(num_cpus=1, object_store_memory=80 * MB)
         c.wait_for_nodes()
-        for _ in range(a.rounds):
-            for survive in (True, False):
-                r = killed_run(c.address, survive, a.kill_at, a.steps)
-                runs.append(r)
-                print(f"{'survive' if survive else 'restart'}: kill -> next step {r['kill_to_next_step_s']:.2f} s, "
-                      f"{r['steps_redone']} step(s) redone, path {r['path']}")
+        return kill_rounds(c.address, a)
     finally:
         started = psutil.Process().children(recursive=True)
         c.shutdown()
@@ -130,14 +286,6 @@ def main() -> None:
         for p in alive:  # by pid: only what this cluster started
             p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
-
-    def med(survive: bool, key: str) -> float:
-        return statistics.median(r[key] for r in runs if r["survive"] == survive)
-
-    out = {"copy_cost": cost, "runs": runs, "medians": {
-        name: {k: med(s, k) for k in ("kill_to_next_step_s", "steps_redone", "time_lost_s")}
-        for name, s in (("survive", True), ("restart", False))}}
-    write_results(a.out, out, load0)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ hosts, or a Ray cluster's nodes. When the count changes (a Ray node joined or le
 decides again (cause ``capacity``): a job grows onto a new node through the same live resize, and
 a job whose Ray backend restarted on fewer workers after losing a node gives back the slots it no
 longer uses (a ``restarted_smaller`` event) once its controller reports the restart's launch. A
+failure its survivors went on from (``--survive``) is seen the same way (a restart at their
+number), and the policy decides again; a job that then grew back by itself (a warm worker in the
+failed one's place) takes free slots back (a ``resized`` event). A
 Ray slot is a count (Ray places the workers), and a start or grow also waits until Ray could
 place it (its free resources), whatever the scheduler's accounts say.
 
@@ -432,7 +435,7 @@ class Scheduler:
                     self.store.update(j.id, resize_to=None, resize_mark=None, slots=keep)
                     self.store.event(j.id, "resized", workers=obs.world_size, slots=keep)
                 self._pin(j, keep)
-            elif self._restarted(j, obs):
+            elif self._restarted(j, obs) or self._grew_back(j, obs):
                 causes.append(("restart", j.id))
             if self.explores:
                 c = self._explore_act(j.id, obs)
@@ -482,6 +485,22 @@ class Scheduler:
         with self.store.transaction():
             self.store.update(jid, slots=keep, resize_to=None, resize_mark=None)
             self.store.event(jid, "restarted_smaller", workers=obs.world_size, slots=keep)
+        return True
+
+    def _grew_back(self, j: JobRow, obs: Observation) -> bool:
+        """On nodes that may leave: a job whose survivors of a failure went on fewer grew back by
+        itself (``--survive``: a warm worker took the failed one's place, on the resources its Ray
+        placement group still held): it holds the slots it uses again, as far as slots are free (a
+        ``resized`` event). True when its slots changed."""
+        if not self.source.elastic or j.resize_to is not None or obs.world_size <= len(j.slots) or self._exploring(j):
+            return False
+        take = self._free(self.store.jobs(active_only=True))[:obs.world_size - len(j.slots)]
+        if not take:
+            return False
+        keep = [*j.slots, *take]
+        with self.store.transaction():
+            self.store.update(j.id, slots=keep)
+            self.store.event(j.id, "resized", workers=obs.world_size, slots=keep)
         return True
 
     def _settle(self, j: JobRow, obs: Observation, unstarted: bool = False) -> str:

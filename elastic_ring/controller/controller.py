@@ -460,6 +460,7 @@ class Controller:
             self._relay()
             self._drain()
             self._check_live_request(seg)
+            self._check_heal(seg)
             if self._interrupts and not asked_stop and not seg.deferred_stop:
                 if not self.resize.withdraw_ahead(seg.index):
                     seg.deferred_stop = True  # the workers took the scheduled resize: stop the next segment
@@ -521,6 +522,23 @@ class Controller:
                                           time=seg.t_live))
         stop_file(self.spec.run_dir, seg.index).touch()
         self.out(f"live resize requested: {seg.world} -> {target} workers")
+
+    def _check_heal(self, seg: Segment) -> None:
+        """The survivors of a failure went on fewer, and the backend has a warm worker for a failed
+        one's place now (Ray with ``--survive``: ``heal_target``): it joins at the next step
+        boundary, as a live resize to that size does (a ``resize_requested`` event of source
+        ``joiner``)."""
+        heal = getattr(self.backend, "heal_target", None)
+        if heal is None or seg.live_target is not None or self._next is not None or self._interrupts or \
+                seg.end is not None:
+            return
+        target = heal()
+        if target is None or target == seg.world or not self.resize.withdraw_ahead(seg.index):
+            return
+        seg.live_target, seg.t_live = target, self.clock()
+        self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source="joiner", time=seg.t_live))
+        stop_file(self.spec.run_dir, seg.index).touch()
+        self.out(f"a warm worker is up for the failed worker's place: {seg.world} -> {target} workers")
 
     # ------------------------------------------------------------------ the workers' events
     def _relay(self) -> None:

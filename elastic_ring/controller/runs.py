@@ -39,6 +39,7 @@ class PreparedRun:
     relaunch: str
     extra: dict[str, Any] = field(default_factory=dict)
     stall_timeout: float | None = None  # given, or kept in run.json by the run's start (resumes)
+    survive: bool = False  # given, or kept in run.json (--survive stays on at a resume)
 
 
 def resolve_device(device: str, echo: Callable[[str], None] | None = None, collective: str = "horovod"):
@@ -243,9 +244,9 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
         from elastic_ring.data import check_dataset
 
         check_dataset(cfg.dataset, cfg.data_dir)
-    create_run_dir(spec, cfg, relaunch=relaunch, stall_timeout=req.stall_timeout)
+    create_run_dir(spec, cfg, relaunch=relaunch, stall_timeout=req.stall_timeout, survive=req.survive)
     return PreparedRun(spec, cfg, Plan.from_spec(spec.workers, spec.schedule), 0, 0, relaunch,
-                       stall_timeout=req.stall_timeout)
+                       stall_timeout=req.stall_timeout, survive=req.survive)
 
 
 def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Resize, ...],
@@ -309,8 +310,11 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
     stall = req.stall_timeout if req.stall_timeout is not None else run_info.get("stall_timeout")
     if req.stall_timeout is not None:  # kept for later resumes (a cluster's stop and resume too)
         update_run_info(rd, stall_timeout=req.stall_timeout)
+    survive = req.survive or bool(run_info.get("survive"))  # kept, as the collective is
+    if req.survive and not run_info.get("survive"):
+        update_run_info(rd, survive=True)
     segment = len(read_events(rd / "events.jsonl", Launch))
-    return PreparedRun(spec, cfg, plan, start_step, segment, req.relaunch, stall_timeout=stall)
+    return PreparedRun(spec, cfg, plan, start_step, segment, req.relaunch, stall_timeout=stall, survive=survive)
 
 
 def read_run_info(rd: Path) -> dict[str, Any]:
@@ -476,7 +480,7 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
 
     options = LaunchOptions(relaunch=run.relaunch, backend=req.backend, network_interface=req.network_interface,
                             ray_address=req.ray_address, placement=req.placement, warm_spares=req.warm_spares,
-                            gpus_per_worker=1.0 if run.spec.device == "cuda" else 0.0, survive=req.survive,
+                            gpus_per_worker=1.0 if run.spec.device == "cuda" else 0.0, survive=run.survive,
                             collective=run.spec.collective)
     backend, resize = make_launch(options, run.spec)
     if req.backend == "ray":

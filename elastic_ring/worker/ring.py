@@ -157,6 +157,7 @@ class Ring:
         t0 = time.time()
         if self.warms_compile:
             warm_imports()  # the first step's imports, off the critical path while the old workers train
+        protocol.write_json_atomic(protocol.waiting_file(go), {"pid": os.getpid(), "time": time.time()})
         while True:
             rec = protocol.read_json(go)
             if isinstance(rec, dict) and "stop_at" in rec:

@@ -1,7 +1,8 @@
 """`elastic-ring train --backend ray` on a real two-node Ray cluster started here
 (``ray.cluster_utils.Cluster``: a head and a node of one CPU each, so that two workers sit on two
 nodes), with real Horovod rings formed by the controller: grow and shrink with warm workers against
-the horovodrun path's weights; kill -9 of a worker actor, then a node removed, in one run; and
+the horovodrun path's weights; kill -9 of a worker actor, then a node removed, in one run; a node
+removed under ``--survive`` (the survivor on the other node goes on from memory); and
 `cluster up --ray` growing a job onto a node that joins.
 
 One test on one cluster: ``make test`` runs the tests two at a time (``-n 2 --dist worksteal``),
@@ -228,6 +229,36 @@ def _kill_9_then_node_removed_each_restarts_by_itself(tmp_path: Path, cluster) -
     assert json.loads((run / "summary.json").read_text())["step"] == steps
 
 
+def _node_removed_the_survivor_on_the_other_node_goes_on(tmp_path: Path, cluster) -> None:
+    """``--survive``, 2 workers, one per node: the node holding the non-head worker is removed (its
+    raylet and processes killed); the rank on it is blamed with its node, and the survivor on the head
+    goes on from the step it holds in memory (no restart from the checkpoint), alone, to the end."""
+    _workers(cluster, 1)
+    run = tmp_path / "survive"
+    steps = 20
+    proc = _start([*_ray_args(cluster), "--survive", "--script", PACED, "--steps", str(steps), "--gpus", "2",
+                   "--slots", "2", "--run-dir", str(run), "--", "--step-s", "0.2"])
+    try:
+        _wait_step(run, 3)
+        head = cluster.head_node.node_id
+        ring = _ring(run, 0)
+        (victim_rank, _, victim_id), = [x for x in ring if not head.startswith(x[2])]
+        (_, pid_head, _), = [x for x in ring if head.startswith(x[2])]
+        victim = next(n for n in cluster.worker_nodes if n.node_id.startswith(victim_id))
+        cluster.remove_node(victim, allow_graceful=False)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert r["path"] == "memory" and r["rank"] == victim_rank and r["node"].startswith(victim_id[:12]), r
+    assert r["new_world_size"] == 1 and not r["gave_up"] and r["steps_redone"] <= 1, r
+    assert [p for _, p, _ in _ring(run, 1)] == [pid_head]  # the survivor on the head kept its process
+    assert json.loads((run / "summary.json").read_text())["step"] == steps
+
+
 def _cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path: Path, cluster) -> None:
     """`cluster up --ray` on the head alone (1 CPU slot): a job that wants 2 workers is started on 1;
     a node added while the job runs (it joins while the job's first actor starts, the cheapest
@@ -302,8 +333,9 @@ def _cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path: Path, cluster) 
 
 def test_ray_on_a_real_two_node_cluster(tmp_path, tmp_path_factory, cluster):
     """The phases on one cluster, in this order (see the module's docstring)."""
-    for d in ("grow", "fail", "up"):
+    for d in ("grow", "fail", "lost", "up"):
         (tmp_path / d).mkdir()
     _grow_shrink_warm_across_nodes_equals_horovodrun(tmp_path / "grow", tmp_path_factory, cluster)
     _kill_9_then_node_removed_each_restarts_by_itself(tmp_path / "fail", cluster)
+    _node_removed_the_survivor_on_the_other_node_goes_on(tmp_path / "lost", cluster)
     _cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path / "up", cluster)

@@ -2,8 +2,10 @@
 started and stopped here as ``test_ray`` does: Ray's files under the tests' short temporary
 folder, a small object store, only its own processes stopped): kill -9 of rank 1's actor process;
 rank 0 keeps its process, rolls back to the last step both completed (kept in memory) and goes on
-alone, without a restart from the checkpoint; its final weights equal, bitwise, those of an
-uninterrupted run with a scheduled shrink 2 -> 1 at the step it rolled back to. With a warm spare
+alone, without a restart from the checkpoint; a new actor in the dead one's bundle joins once it
+is up, synced from rank 0 over the ring, and the job is back at 2. Its final weights equal,
+bitwise, those of an uninterrupted run with a scheduled shrink 2 -> 1 at the step rank 0 rolled
+back to and a scheduled grow 1 -> 2 at the step the joiner came in. With a warm spare
 (``--slots 3``) the spare takes the dead worker's place at that step, synced from rank 0 over the
 ring: the final weights equal those of a run that never lost a worker."""
 
@@ -18,6 +20,7 @@ import pytest
 import torch
 
 from elastic_ring.events import read_events
+from tests.conftest import wait_for
 
 ray = pytest.importorskip("ray")
 
@@ -70,14 +73,14 @@ def one_node(tmp_path_factory):
         assert not alive, f"Ray processes left after the cluster's shutdown: {[p.pid for p in alive]}"
 
 
-def _train(cluster, run, *extra: str, slots: int = 2, steps: int = STEPS):
+def _train(cluster, run, *extra: str, slots: int = 2, steps: int = STEPS, step_s: float = 0.2):
     return _start([*_ray_args(cluster), *extra, "--script", PACED, "--steps", str(steps), "--gpus", "2",
-                   "--slots", str(slots), "--run-dir", str(run), "--", "--step-s", "0.2"])
+                   "--slots", str(slots), "--run-dir", str(run), "--", "--step-s", str(step_s)])
 
 
-def _kill_rank_1(run, proc, after_step: int, ready=lambda: True):
-    """kill -9 of rank 1 once ``after_step`` is done and ``ready()``; the run's end; (rank 0's pid,
-    rank 1's node, the kill's time)."""
+def _kill_rank_1(run, proc, after_step: int, ready=lambda: True, wait: bool = True):
+    """kill -9 of rank 1 once ``after_step`` is done and ``ready()``; the run's end (with ``wait``);
+    (rank 0's pid, rank 1's node, the kill's time)."""
     try:
         _wait_step(run, after_step)
         t0 = time.time()
@@ -87,9 +90,11 @@ def _kill_rank_1(run, proc, after_step: int, ready=lambda: True):
         (_, pid1, node1), = [x for x in _ring(run, 0) if x[0] == 1]
         t_kill = time.time()
         os.kill(pid1, signal.SIGKILL)  # the rank-1 actor's process
+        if not wait:
+            return pid0, node1, t_kill
         out, err = proc.communicate(timeout=240)
     finally:
-        if proc.poll() is None:
+        if wait and proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, err
@@ -103,10 +108,35 @@ def _same_weights(a_run, b_run, steps: int = STEPS) -> None:
         assert torch.equal(a["model"][k], b["model"][k]), k
 
 
-def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_as_a_scheduled_shrink(tmp_path, one_node):
+def _stop_after_the_grow(run, proc, timeout: float = 240):
+    """Ctrl-C (SIGINT to the controller) once the ring grew back and did a step at 2: the workers
+    checkpoint at the next agreed step and the run ends interrupted (exit 130)."""
+    try:
+        wait_for(lambda: any(e["world_size"] == 2 for e in read_events(run / "events.jsonl", kind="first_step")
+                             if e["segment"] > 1) or proc.poll() is not None, timeout, "the grow back")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+
+
+def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows_it_back(tmp_path, one_node):
+    """The run is long (its joiner's start may take half a minute on a loaded machine) and stopped by
+    Ctrl-C once the ring is back at 2; the reference runs to that checkpoint's step without the pace
+    (a sleep: the same steps, the same weights)."""
     cluster = one_node
     run, ref = tmp_path / "survive", tmp_path / "shrink"
-    pid0, node1, t_kill = _kill_rank_1(run, _train(cluster, run, "--survive"), 4)
+    proc = _train(cluster, run, "--survive", steps=2000, step_s=0.15)
+    try:
+        pid0, node1, t_kill = _kill_rank_1(run, proc, 4, wait=False)
+        _stop_after_the_grow(run, proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     (r,) = read_events(run / "events.jsonl", kind="restart")
     assert r["path"] == "memory" and r["rank"] == 1 and r["node"].startswith(node1[:12]), r
     assert r["new_world_size"] == 1 and not r["gave_up"] and r["steps_redone"] <= 1, r
@@ -116,13 +146,23 @@ def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_as_a_scheduled_shrink
     first = [e for e in read_events(run / "events.jsonl", kind="first_step") if e["segment"] == 1]
     print(f"kill -9 -> the survivor's next completed step: {first[0]['time'] - t_kill:.2f} s; "
           f"detected -> step {rec['detect_to_first_step_s']:.2f} s; rolled back to step {r['from_step']}")
-    assert json.loads((run / "summary.json").read_text())["step"] == STEPS
+    # the new actor in rank 1's bundle came up and joined at a step boundary: back at 2, no restart
+    (req,) = [e for e in read_events(run / "events.jsonl", kind="resize_requested") if e["source"] == "joiner"]
+    (grow,) = read_events(run / "events.jsonl", kind="relaunched")
+    assert (req["from_workers"], req["to_workers"], grow["from_workers"], grow["to_workers"]) == (1, 2, 1, 2), grow
+    ring = _ring(run, 2)
+    assert len(ring) == 2 and (0, pid0) in [(rk, p) for rk, p, _ in ring]  # rank 0 kept its process
+    (ov,) = read_events(run / "events.jsonl", kind="resize_overhead")
+    print(f"kill -9 -> the joiner asked {req['time'] - t_kill:.2f} s; the grow back lost {ov['total_lost_s']:.2f} s "
+          f"at step {grow['step']}")
+    end = _final_model(run)["step"]
+    assert end > grow["step"] and len(read_events(run / "events.jsonl", kind="restart")) == 1
 
-    p = _train(cluster, ref, "--resize-at", str(r["from_step"]), "--to", "1")  # the same shrink, scheduled
-    out, err = p.communicate(timeout=240)
+    p = _train(cluster, ref, "--schedule", f"{r['from_step']}:1,{grow['step']}:2", steps=end, step_s=0.0)
+    out, err = p.communicate(timeout=240)  # the same shrink and grow, scheduled
     assert p.returncode == 0, err
     assert not read_events(ref / "events.jsonl", kind="restart")
-    _same_weights(run, ref)
+    _same_weights(run, ref, end)
 
 
 def test_kill_9_of_rank_1_a_warm_spare_takes_its_place_as_if_nothing_happened(tmp_path, one_node):

@@ -218,3 +218,58 @@ def test_an_address_where_nothing_listens_is_one_line_at_once():
     s.close()  # nothing listens there now
     with pytest.raises(ClusterError, match=f"cannot connect to Ray at 127.0.0.1:{port}"):
         RaySlots(f"127.0.0.1:{port}").connect()
+
+
+def test_a_survived_failure_is_seen_as_a_shrink_and_the_freed_slot_goes_to_the_policy(tmp_path):
+    """A Ray job with ``--survive`` loses a worker, no node leaves. Its run folder says so as for a
+    restart: a ``restart`` event (path memory) and the survivors' launch at 1 worker, which the runner
+    reads as a restart at 1; a later grow is a launch at 2 and no restart. The scheduler takes back
+    the slot the job no longer uses (``restarted_smaller``), the policy decides again (cause
+    ``restart``) and gives it back by a resize, which the job takes as any grow."""
+    from elastic_ring.cluster.api import job_dir
+    from elastic_ring.events.api import EventLog, Launch, Restart
+
+    ray = FakeRay(_node(1), _node(2))
+    store, runner, sched = _setup(tmp_path, ray)
+    a = _submit(store, "a", 10 ** 6, max_workers=2)
+    log = EventLog(job_dir(tmp_path, a) / "events.jsonl")
+    reader = ProcessRunner(tmp_path, ClusterConfig(hosts=(), ray="fake"))
+
+    def launch(seg: int, world: int) -> None:
+        log.write(Launch(segment=seg, world_size=world, start_step=1, stop_step=100, command=["ray"], device="cpu"))
+
+    launch(0, 2)
+    log.write(Restart(attempt=1, cause="worker rank 1 failed", rank=1, returncode=1, segment=0, world_size=2,
+                      from_step=6, failed_at_step=6, steps_redone=0, new_world_size=1, path="memory"))
+    launch(1, 1)
+    obs = reader.observe(store.job(a))
+    assert (obs.world_size, obs.restarts, obs.launches) == (1, 1, 2)
+    launch(2, 2)  # the grow back
+    obs = reader.observe(store.job(a))
+    assert (obs.world_size, obs.restarts, obs.launches) == (2, 1, 3)
+
+    sched.recover()
+    _ticks(sched, store, 3)
+    assert store.job(a)["slots"] == [0, 1] and runner.jobs[a].world == 2
+    runner.restart(a, 1)  # its survivor went on alone
+    _ticks(sched, store, 1)
+    ev = [e for e in store.events(a) if e["kind"] == "restarted_smaller"]
+    assert len(ev) == 1 and ev[0]["data"] == {"workers": 1, "slots": [0]}
+    assert "restart" in [d["cause"] for d in store.decisions()]
+    _ticks(sched, store, 6)
+    kinds = [e["kind"] for e in store.events(a)]
+    assert kinds.index("restarted_smaller") < kinds.index("resize_requested") < kinds.index("resized")
+    assert store.job(a)["slots"] == [0, 1] and runner.jobs[a].world == 2 and _held(store) == 2
+
+    # again, where Ray shows the CPU as held (the job's placement group keeps the failed worker's
+    # bundle): the scheduler cannot grow it, and the job grows back by itself into that bundle
+    ray.free = 0
+    runner.restart(a, 1)
+    _ticks(sched, store, 2)
+    assert store.job(a)["slots"] == [0] and store.job(a)["resize_to"] is None
+    runner.jobs[a].world = 2
+    _ticks(sched, store, 1)
+    ev = [e for e in store.events(a) if e["kind"] == "resized"]
+    assert ev[-1]["data"] == {"workers": 2, "slots": [0, 1]} and store.job(a)["slots"] == [0, 1]
+    _ticks(sched, store, 3)
+    assert store.job(a)["slots"] == [0, 1] and _held(store) == 2

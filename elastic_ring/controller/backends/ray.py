@@ -26,8 +26,10 @@
   memory (:mod:`elastic_ring.worker.survive`); after a failure the others say which steps they
   hold, and when they hold one in common (:meth:`RayBackend.survivors`) the failure is a shrink:
   the failed members are ended, the survivors keep their processes, and the in-place resize that
-  follows re-forms their ring and rolls them back to that step (``rollback_to`` in the action).
-  Otherwise (a lost node, no answer, no common step) the restart from the checkpoint above.
+  follows re-forms their ring and rolls them back to that step (``rollback_to`` in the action); a
+  lost node's members have all failed, those on the other nodes go on. A new actor in each failed
+  member's bundle then grows the ring back once it waits for its go (:meth:`RayBackend.heal_target`).
+  Otherwise (no answer, no common step) the restart from the checkpoint above.
 - **Run folder.** Checked at start from a task on every alive node: it must be one folder every
   node sees (a shared filesystem on a real cluster).
 
@@ -47,6 +49,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from elastic_ring import protocol
@@ -140,6 +143,8 @@ class RayBackend:
         self.spec, self.cluster, self.pool, self.rings = spec, cluster, pool, rings or RingFormer()
         self.survive = survive  # survivors of a failure go on from their copy in memory
         self._rollback: int | None = None  # the step the next in-place resize rolls the survivors back to
+        self._freed: list[int] = []  # bundles of failed members, refilled at the survivors' resize
+        self._heal_to: int | None = None  # the size the ring had before a failure, until it is back
         self.group: RayGroup | None = None
         self.launch: SegmentLaunch | None = None  # the running segment's
         self._pg = None
@@ -168,12 +173,13 @@ class RayBackend:
         actors = [self.pool.new_actor(scheduling_strategy=PlacementGroupSchedulingStrategy(
             pg, placement_group_bundle_index=i)) for i in range(launch.world)]
         infos = ray.get([a.info.remote() for a in actors], timeout=READY_TIMEOUT_S)
-        members = [Member(self.pool.name(), a, inf) for a, inf in zip(actors, infos)]
+        members = [Member(self.pool.name(), a, inf, bundle=i) for i, (a, inf) in enumerate(zip(actors, infos))]
         envs = self.rings.form(members)
         members = _by_rank(members)
         for m in members:
             self.pool.run(m, launch, envs[m.name])
         self.group = RayGroup(self.cluster, self.spec.run_dir, self.pool.end, members, pid=_local_pid(members))
+        self._freed, self._heal_to = [], None
         _note(log_path, _describe(members, launch))
         self.launch = launch
         self.pool.top_up(launch)
@@ -218,16 +224,18 @@ class RayBackend:
         gone or silent, or they hold no step in common (:func:`~elastic_ring.worker.survive.common_step`).
         Otherwise the ring goes on with them (the failed members ended), and the in-place resize
         the controller asks next rolls them back to that step; warm spares that are up now take the
-        failed members' places (up to the size the ring had), synced from the survivors' rank 0."""
+        failed members' places (up to the size the ring had), synced from the survivors' rank 0.
+        A lost node is blamed as a whole: every member on it has failed, those on the other nodes
+        go on. The failed members' bundles get new actors at that resize (:meth:`heal_target`)."""
         from elastic_ring.worker.survive import common_step, survivor_file
 
         g = self.group
-        if not self.survive or g is None or g.failure is None or g.failure.rank is None or g.lost_node:
+        if not self.survive or g is None or g.failure is None or g.failure.rank is None:
             return None
         if self.launch is not None and not self.retract_ahead(self.launch.segment):
             return None  # rank 0 took a scheduled resize before the failure: the restart
-        failure, t0 = g.failure, time.time()
-        alive = g.running()
+        failure, t0, lost = g.failure, time.time(), g.lost_node
+        alive = [m for m in g.running() if lost is None or m.info.get("node_id") != lost]
         records: dict[str, dict] = {}
         while alive and len(records) < len(alive) and time.time() - t0 < wait_s:
             if any(self.cluster.process_gone(m.info) for m in alive):
@@ -246,11 +254,31 @@ class RayBackend:
         step = common_step([list(records[m.name].get("held") or []) for m in alive])
         if step is None:
             return None
+        if lost is not None:  # blamed by node: every rank that ran there
+            on = sorted(m.rank for m in g.members if m.info.get("node_id") == lost)
+            failure = replace(failure, message=f"{failure.message}: rank(s) {', '.join(map(str, on))} on it lost")
+        self._freed += [m.bundle for m in g.members if m not in alive and m.bundle is not None]
         g.go_on(alive)
         self._rollback = step
         want = self.launch.world if self.launch is not None else len(alive)
         joiners = min(max(0, want - len(alive)), self.pool.ready())  # warm spares take the dead's places
+        self._heal_to = want if len(alive) + joiners < want else None
         return Survival(step, len(alive) + joiners, failure, joiners, time.time() - t0)
+
+    def heal_target(self) -> int | None:
+        """After a failure the survivors went on fewer: the size to grow back to now, because a
+        warm worker waits for its go (imports and build done) for a failed member's place (a new
+        actor in its bundle, or a spare that came up since), or None. The controller asks it at
+        every poll and grows the ring at the next step boundary, as a live resize: the joiner is
+        synced from rank 0 over the ring. Under `elastic-ring cluster` too (``--warm-spares 0``):
+        the actor runs on the bundle the ring still holds, and the scheduler sees the grow."""
+        if self._heal_to is None or self.launch is None or self.group is None or self.group.failing:
+            return None
+        if self.launch.world >= self._heal_to:
+            self._heal_to = None
+            return None
+        k = self.pool.waiting()
+        return min(self._heal_to, self.launch.world + k) if k else None
 
     def close(self) -> None:
         if not self.cluster.connected:
@@ -332,8 +360,21 @@ class RayBackend:
               + (f"; joined: {', '.join(m.name + (' (warm spare)' if m.go else ' (cold)') for m in joiners)}"
                  if joiners else ""))
         self.launch = launch
+        self._refill(launch)
         if not leave:  # a shrink's leavers become the spares (recycled) once they are out
             self.pool.top_up(launch)
+
+    def _refill(self, launch: SegmentLaunch) -> None:
+        """The survivors' ring of a failure is forming: a new actor in each failed member's bundle
+        (its resources are the ring's already), pre-started as a spare, while the ring is below the
+        size it had (else the bundle stays free)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        freed, self._freed = self._freed, []
+        if self._pg is None or self._heal_to is None:
+            return
+        for b in freed[:max(0, self._heal_to - launch.world)]:
+            self.pool.refill(b, PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=b), launch)
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
         from elastic_ring.worker.inplace import inplace_action_file

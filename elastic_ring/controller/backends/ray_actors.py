@@ -101,6 +101,7 @@ class ActorPool:
         and a sync from rank 0."""
         go = protocol.control_dir(self.spec.run_dir) / f"spare-{name}.json"
         go.unlink(missing_ok=True)
+        protocol.waiting_file(go).unlink(missing_ok=True)
         env = {**base_env(self.spec, self.cpus), **self.env, "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
                "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1", "ELASTIC_RING_MEMBER": name}
         argv = worker_argv(self.spec, launch)
@@ -109,13 +110,24 @@ class ActorPool:
         argv[cut:cut] = ["--go-file", str(go)]
         return Spare(name, actor, info_ref, actor.run.remote(argv, env, str(self.log(name))), go)
 
+    def refill(self, bundle: int, strategy, launch: SegmentLaunch) -> None:
+        """A new actor in a failed member's ``bundle`` of the placement group (``strategy`` places it
+        there), pre-started for ``launch`` and first in line: the warm worker that takes the failed
+        one's place, on the resources the ring already holds."""
+        a = self.new_actor(scheduling_strategy=strategy)
+        sp = self._prestart(self.name(), a, a.info.remote(), launch)
+        sp.bundle = bundle
+        self.spares.insert(0, sp)
+
     def recycle(self, m: Member, launch: SegmentLaunch | None, world: int) -> None:
         """A worker that left the ring at a shrink: a spare again (for ``launch``, the spares wanted
         at ``world``) if one is wanted (no new process, no imports), else ended."""
         if launch is not None and len(self.spares) < self.wanted(world):
             import ray
 
-            self.spares.append(self._prestart(self.name(), m.actor, ray.put(m.info), launch))
+            sp = self._prestart(self.name(), m.actor, ray.put(m.info), launch)
+            sp.bundle = m.bundle
+            self.spares.append(sp)
         else:
             self.end(m.actor)
 
@@ -136,7 +148,8 @@ class ActorPool:
             try:
                 if done:  # it ended while waiting (an error): not usable
                     raise RuntimeError("spare ended")
-                got.append(Member(sp.name, sp.actor, ray.get(sp.info_ref), ref=sp.run_ref, go=sp.go))
+                got.append(Member(sp.name, sp.actor, ray.get(sp.info_ref), ref=sp.run_ref, go=sp.go,
+                                  bundle=sp.bundle))
             except Exception:  # noqa: BLE001 - a spare that died: skip it
                 self.end(sp.actor)
         self.spares = pending
@@ -169,6 +182,11 @@ class ActorPool:
             return 0
         done, _ = ray.wait([sp.info_ref for sp in self.spares], num_returns=len(self.spares), timeout=0)
         return len(done)
+
+    def waiting(self) -> int:
+        """How many spares wait for their go now (their worker's imports and build done: joining is
+        an ``hvd.init()`` and a sync)."""
+        return sum(protocol.waiting_file(sp.go).exists() for sp in self.spares)
 
     def give_back(self, spares: list[Spare]) -> None:
         """Spares taken for a ring that was withdrawn: first in line again (still waiting for their go)."""

@@ -23,6 +23,7 @@ class Member:
     ref: Any = None  # the running ``run`` call
     retiring: bool = False
     go: Path | None = None  # a pre-started spare: it waits for this file, which brings its env
+    bundle: int | None = None  # its bundle in the run's placement group (None: an actor outside it)
 
 
 @dataclass
@@ -35,9 +36,10 @@ class Spare:
     run_ref: Any
     go: Path
     info: dict[str, Any] = field(default_factory=dict)
+    bundle: int | None = None  # a failed member's bundle it was started in (None: outside the group)
 
     def member(self) -> Member:
-        return Member(self.name, self.actor, self.info, ref=self.run_ref, go=self.go)
+        return Member(self.name, self.actor, self.info, ref=self.run_ref, go=self.go, bundle=self.bundle)
 
 
 @dataclass
