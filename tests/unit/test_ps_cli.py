@@ -1,10 +1,13 @@
-"""`elastic-ring ps`: bad input is one line on stderr and exit status 2, before anything starts."""
+"""`elastic-ring ps`: bad input is one line on stderr and exit status 2, before anything starts.
+
+The cases run in this process through the console script's entry point (the same one-line error
+path and exit status as a process of its own); the first also as a real process."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_inproc
 
 BAD = [
     (["--sync", "foo"], "sync: must be one of"),
@@ -28,9 +31,12 @@ BAD = [
 
 
 @pytest.mark.parametrize("args,needle", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_input_is_one_line_exit_2(args, needle, tmp_path):
+def test_bad_input_is_one_line_exit_2(args, needle, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    r = run_cli("ps", *args, "--run-dir", str(run_dir), timeout=60)
+    if args == BAD[0][0]:
+        r = run_cli("ps", *args, "--run-dir", str(run_dir), timeout=60)
+    else:
+        r = run_inproc(capsys, "ps", *args, "--run-dir", str(run_dir))
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "error" in lines[0] and needle in lines[0], r.stderr
