@@ -16,11 +16,11 @@ import json
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 from torch.utils.data import DataLoader, TensorDataset
 
 import elastic_ring.worker as elastic
+from elastic_ring.data import load_digits  # scikit-learn's digits, read without importing it
 
 
 def make_scheduler(opt, total_steps: int, warmup: int):
@@ -50,7 +50,7 @@ def main() -> None:
     a = p.parse_args()
 
     job = elastic.init()
-    x, y = load_digits(return_X_y=True)
+    x, y = load_digits()
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
     x = torch.tensor(x, dtype=torch.float32)[order].reshape(-1, 1, 8, 8) / 16.0
     y = torch.tensor(y)[order]

@@ -22,15 +22,15 @@ import argparse
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 import elastic_ring.worker as elastic
+from elastic_ring.data import load_digits  # scikit-learn's digits, read without importing it
 
 
 def datasets():
-    x, y = load_digits(return_X_y=True)
+    x, y = load_digits()
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))  # a fixed split
     x, y = torch.tensor(x, dtype=torch.float32)[order] / 16.0, torch.tensor(y)[order]
     split = 1440  # 80% to train, the rest to test

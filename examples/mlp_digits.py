@@ -13,9 +13,9 @@ import argparse
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 
 import elastic_ring.worker as elastic
+from elastic_ring.data import load_digits  # scikit-learn's digits, read without importing it
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
     a = p.parse_args()
 
     job = elastic.init()
-    x, y = load_digits(return_X_y=True)
+    x, y = load_digits()
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))  # a fixed split
     x, y = torch.tensor(x, dtype=torch.float32)[order] / 16.0, torch.tensor(y)[order]
     split = len(x) * 4 // 5  # 80% to train, 20% to test

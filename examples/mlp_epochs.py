@@ -20,10 +20,10 @@ from pathlib import Path
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
 
 import elastic_ring.worker as elastic
+from elastic_ring.data import load_digits  # scikit-learn's digits, read without importing it
 
 
 class Traced(TensorDataset):
@@ -37,7 +37,7 @@ class Traced(TensorDataset):
 
 
 def datasets(traced: bool):
-    x, y = load_digits(return_X_y=True)
+    x, y = load_digits()
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))  # a fixed split
     x, y = torch.tensor(x, dtype=torch.float32)[order] / 16.0, torch.tensor(y)[order]
     split = 1440  # 80% to train (a multiple of the batches of 1 and 2 workers), the rest to test

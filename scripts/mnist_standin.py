@@ -20,9 +20,9 @@ def write(folder: Path, train: int = 1440) -> Path:
     import numpy as np
     import torch
     import torch.nn.functional as F
-    from sklearn.datasets import load_digits
+    from elastic_ring.data import load_digits  # scikit-learn's digits, read without importing it
 
-    x, y = load_digits(return_X_y=True)
+    x, y = load_digits()
     img = F.interpolate(torch.tensor(x, dtype=torch.float32).reshape(-1, 1, 8, 8), size=(28, 28),
                         mode="bilinear")
     img = (img / 16.0 * 255).clamp(0, 255).round().to(torch.uint8).reshape(-1, 28, 28).numpy()

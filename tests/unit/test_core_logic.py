@@ -246,3 +246,24 @@ def test_cpu_threads_share_the_allowed_cores_or_follow_the_override(monkeypatch)
     assert protocol.cpu_threads(4) == 2
     monkeypatch.setenv(protocol.CPU_THREADS_ENV, "lots")  # unreadable: the default rule
     assert protocol.cpu_threads(2) == 3
+
+
+def test_digits_read_without_scikit_learn_equal_its_loader_and_import_nothing_of_it():
+    """``elastic_ring.data.load_digits`` gives exactly scikit-learn's ``load_digits(return_X_y=True)``
+    (values, dtypes, shapes), and a fresh process that calls it never imports scikit-learn."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    from sklearn.datasets import load_digits as sk_load
+
+    from elastic_ring.data import load_digits
+
+    x, y = load_digits()
+    want_x, want_y = sk_load(return_X_y=True)
+    assert x.dtype == want_x.dtype and y.dtype == want_y.dtype and x.shape == (1797, 64)
+    assert np.array_equal(x, want_x) and np.array_equal(y, want_y)
+    code = ("import sys; from elastic_ring.data import load_digits; x, y = load_digits(); "
+            "print(len(y), any(m == 'sklearn' or m.startswith('sklearn.') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["1797", "False"], out.stderr
