@@ -16,9 +16,10 @@ restarts the workers from the last checkpoint (``max_restarts`` failures in a ro
 error that repeats at the same step is not retried), at the size the plan says for that step or,
 when the backend reports fewer usable slots (hosts that no longer answer), at the largest count
 that fits. Each restart is an event with its cause, the rank that failed first, the steps redone
-and the time lost. Where the backend keeps the survivors (Ray with ``--survive``), a failure is a
-shrink instead: the survivors go on in their processes from the last step they all hold in memory
-(:meth:`Controller._survivors`), counted as a restart is.
+and the time lost. Where the backend keeps the survivors (Ray or ``--relaunch inplace`` with
+``--survive``), a failure is a shrink instead: the survivors go on in their processes from the last
+step they all hold in memory (:meth:`Controller._survivors`), counted as a restart is; a stall whose
+ranks are named ends only those ranks, and the others go on the same way.
 
 It owns the run folder while it runs (a lock, and a heartbeat its workers watch: they exit by
 themselves within seconds when it is gone or replaced).
@@ -65,6 +66,7 @@ from elastic_ring.worker.hvd_elastic import uses_horovod_elastic
 from elastic_ring.worker.lr import RULES
 
 DEFAULT_STARTUP_S = 10.0  # start-up estimate before the first launch has been measured
+STALLED_END_S = 15.0  # stalled ranks ended alone: how long the others may take to speak before all are ended
 
 
 class Controller:
@@ -110,6 +112,7 @@ class Controller:
         # what the workers are doing between a launch and its first step: starting (the run's
         # first launch), resizing, restarting; None once they step (see _phase)
         self._transition: str | None = "starting"
+        self._stall_ended = 0.0  # when the stalled ranks alone were ended (the others go on: _end_stalled)
         self._launched = False  # this controller's first launch is the start of a session
 
     # ------------------------------------------------------------------ state
@@ -343,16 +346,18 @@ class Controller:
         return ck, new_world
 
     def _survivors(self, seg: Segment, rc: int) -> tuple[int, int] | None:
-        """A segment failed, and the backend may keep its survivors (the Ray backend with
-        ``--survive``): they go on in their processes from the last step they all hold in memory,
-        at their number, as after a scheduled shrink there (the next segment is an in-place resize).
+        """A segment failed (or its stalled ranks were ended: :meth:`_end_stalled`), and the backend
+        may keep its survivors (the Ray backend or ``--relaunch inplace`` with ``--survive``): they go
+        on in their processes from the last step they all hold in memory, at their number, as after a
+        scheduled shrink there (the next segment is an in-place resize).
         The failure counts as a restart's does (``max_restarts``, the same error twice) and is a
         ``restart`` event with ``path`` "memory". Returns (that step, the survivors' number), or
         None: restart from the checkpoint (:meth:`_recover`)."""
         ask = getattr(self.backend, "survivors", None)
-        if ask is None or not self.resize.keeps_workers or seg.stall is not None:
+        if ask is None or not self.resize.keeps_workers or (seg.stall is not None and not self._stall_ended):
             return None
         t_detect = self.clock()
+        self._stall_ended = 0.0
         s = ask()
         if s is None:
             return None
@@ -362,8 +367,9 @@ class Controller:
         records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
         last, t_last = self.diagnosis.failed_at(seg, records)
         redone = max(0, last - s.step)
-        why = f.message or f"worker rank {f.rank} failed"
-        failure = {"from_step": s.step, "type": f.type, "message": f.message,
+        stalled = seg.stall is not None
+        why = seg.stall.message if stalled else f.message or f"worker rank {f.rank} failed"
+        failure = {"from_step": s.step, "type": "Stalled" if stalled else f.type, "message": why,
                    "step": f.step if f.step is not None else last + 1}
         attempt, repeated = self._failures.record(failure)
         rec = f.record or next((r for r in records if r.get("rank") == f.rank and not r.get("peer_loss")), None)
@@ -475,8 +481,15 @@ class Controller:
             if self._interrupts > 1:
                 seg.handle.kill()
             rc = seg.handle.poll()
-            if rc is None and self._interrupts < 2 and self.diagnosis.check_stall(seg):
-                seg.handle.kill()
+            if rc is None and self._interrupts < 2 and seg.stall is None and self.diagnosis.check_stall(seg):
+                self._stall_ended = self._end_stalled(seg)
+                if not self._stall_ended:
+                    seg.handle.kill()
+                    while (rc := seg.handle.poll()) is None:
+                        time.sleep(0.05)
+            elif rc is None and seg.stall is not None and self.clock() - self._stall_ended > STALLED_END_S:
+                seg.handle.kill()  # the stalled ranks were ended, yet no survivor spoke: end them all
+                self._stall_ended = 0.0
                 while (rc := seg.handle.poll()) is None:
                     time.sleep(0.05)
             if rc is not None:
@@ -487,6 +500,17 @@ class Controller:
             if self.resize.prelaunches and self._next is None and not self._interrupts:
                 self._maybe_prelaunch(seg)
             time.sleep(self.poll_s)
+
+    def _end_stalled(self, seg: Segment) -> float:
+        """A stall whose ranks are named, and a backend that keeps survivors (``--survive``): only
+        the stalled ranks are ended; the others lose a peer and go on from memory as after its
+        death (:meth:`_survivors`). Returns when (0.0: not done; the caller kills the whole job)."""
+        st, end = seg.stall, getattr(self.backend, "end_ranks", None)
+        if (st is None or end is None or not self.resize.keeps_workers or not st.ranks
+                or len(st.ranks) >= seg.world or not end(list(st.ranks))):
+            return 0.0
+        self.out(f"ended the stalled rank(s) {', '.join(map(str, st.ranks))} only: the others go on from memory")
+        return self.clock()
 
     def _maybe_prelaunch(self, seg: Segment) -> None:
         """Start the next workers early enough that they are ready when the old ones stop."""

@@ -1,5 +1,5 @@
-"""Survivors go on after a failure (the Ray backend with ``--survive``): a lost peer is a shrink, not
-a restart.
+"""Survivors go on after a failure (``--survive``, on the Ray backend and on ``--relaunch inplace``): a
+lost peer is a shrink, not a restart.
 
 Every rank keeps, in memory, the state of its last two completed steps (:class:`MemoryCopy`: the
 same CPU snapshot a checkpoint holds, taken at the step boundary before the next step starts:
@@ -89,10 +89,8 @@ _P = _Process()
 
 def memory_copy(job: Any) -> MemoryCopy | None:
     """This process's copy, kept by ``job`` (the one running now), when the run keeps survivors
-    going and the ring is the controller's (the Ray backend); else None."""
-    from elastic_ring.worker.ring import ControllerRing
-
-    if not enabled() or not isinstance(job.ring, ControllerRing):
+    going and the ring is re-formed in place (the Ray backend's, or Horovod Elastic's); else None."""
+    if not enabled() or not job.ring.in_place:
         return None
     if _P.copy is None:
         _P.copy = MemoryCopy(job.state.snapshot)

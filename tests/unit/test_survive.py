@@ -166,11 +166,13 @@ def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_pa
         survive.reset()
 
 
-def test_survive_goes_with_the_ray_backend(capsys, tmp_path):
+def test_survive_goes_with_the_ray_backend_or_inplace(capsys, tmp_path):
     from tests.conftest import run_inproc
 
-    p = run_inproc(capsys, "train", "--gpus", "1", "--steps", "4", "--survive", "--run-dir", str(tmp_path / "r"))
-    assert p.returncode == 2 and "--survive goes with --backend ray" in p.stderr and "Traceback" not in p.stderr
+    p = run_inproc(capsys, "train", "--gpus", "1", "--steps", "4", "--survive", "--relaunch", "overlap",
+                   "--run-dir", str(tmp_path / "r"))
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "--survive goes with --backend ray or --relaunch inplace" in p.stderr
 
 
 class _Ring:

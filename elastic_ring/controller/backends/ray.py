@@ -252,6 +252,19 @@ class RayBackend:
         joiners = min(max(0, want - len(alive)), self.pool.ready())  # warm spares take the dead's places
         return Survival(step, len(alive) + joiners, failure, joiners, time.time() - t0)
 
+    def end_ranks(self, ranks: list[int]) -> bool:
+        """End these ranks' actors only (a stall the watchdog found: the others lose a peer and go on
+        as after its death, :meth:`survivors`); False when the run does not keep survivors."""
+        g = self.group
+        if not self.survive or g is None:
+            return False
+        ending = [m for m in g.running() if m.rank in ranks]
+        if len(ending) != len(set(ranks)):
+            return False
+        for m in ending:
+            g.end(m.actor)
+        return True
+
     def close(self) -> None:
         if not self.cluster.connected:
             return
