@@ -10,8 +10,12 @@ in-memory copy that makes it possible costs a step.
    killed at a step; alternating rounds with ``--survive`` (the survivor goes on from memory) and
    without (restart from the checkpoint, ``--checkpoint-every 10``): the time from the kill to
    the first step done after it, the steps redone, and the ``recovered`` event's time lost.
+3. The same on one host with ``--relaunch inplace`` (one Horovod Elastic job): rank 1's process
+   killed, alternating rounds with ``--survive`` and without (``--side inplace`` runs only this
+   part, ``--side ray`` only part 2; the copy's cost is measured either way).
 
-    .venv/bin/python scripts/bench_failure_resize.py [--rounds 2]   -> results/bench_failure_resize.json
+    .venv/bin/python scripts/bench_failure_resize.py [--rounds 2] [--side both|ray|inplace]
+        -> results/bench_failure_resize.json
 """
 
 from __future__ import annotations
@@ -78,8 +82,11 @@ def copy_cost(rounds: int, steps: int) -> dict:
             "copy_of_step_pct": 100 * statistics.median(copy_s) / m_off, "memory_bytes_two_copies": nbytes}
 
 
-def killed_run(address: str, survive: bool, kill_at: int, steps: int) -> dict:
-    args = ["--backend", "ray", "--ray-address", address, "--gpus", "2", "--slots", "2", "--steps", str(steps),
+def killed_run(address: str | None, survive: bool, kill_at: int, steps: int) -> dict:
+    """One run whose rank 1 is killed at ``kill_at``: on the Ray cluster at ``address``, or (None) on
+    this host under ``--relaunch inplace``."""
+    where = ["--backend", "ray", "--ray-address", address] if address else ["--relaunch", "inplace"]
+    args = [*where, "--gpus", "2", "--slots", "2", "--steps", str(steps),
             "--checkpoint-every", "10", *(["--survive"] if survive else [])]
     with tempfile.TemporaryDirectory(dir="/tmp") as d, TrainRun(args, Path(d) / "run") as run:
         run.wait_step(kill_at)
@@ -99,13 +106,48 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--kill-at", type=int, default=25)
     ap.add_argument("--copy-steps", type=int, default=15, help="steps per round of the copy's cost")
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_failure_resize.json")
+    ap.add_argument("--side", choices=("both", "ray", "inplace"), default="both",
+                    help="which kill -9 comparison to run: on Ray, on one host in place, or both")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="[default: results/bench_failure_resize.json; with --side inplace "
+                         "results/bench_failure_resize_inplace.json]")
     a = ap.parse_args()
+    if a.out is None:
+        a.out = ROOT / "results" / ("bench_failure_resize_inplace.json" if a.side == "inplace"
+                                    else "bench_failure_resize.json")
     load0 = os.getloadavg()[0]
     cost = copy_cost(2 * a.rounds, a.copy_steps)
     print(f"copy: {cost['copy_ms']:.2f} ms of a {cost['step_ms_without']:.1f} ms step "
           f"({cost['overhead_pct']:+.1f}% measured), {cost['memory_bytes_two_copies'] / MB:.1f} MB kept")
 
+    out: dict = {"copy_cost": cost}
+    if a.side in ("both", "inplace"):
+        out["inplace"] = kill_rounds(None, a)
+    if a.side in ("both", "ray"):
+        out.update(ray_side(a))
+    write_results(a.out, out, load0)
+
+
+def kill_rounds(address: str | None, a: argparse.Namespace) -> dict:
+    """Alternating rounds with and without ``--survive``: the runs and their medians."""
+    runs = []
+    for _ in range(a.rounds):
+        for survive in (True, False):
+            r = killed_run(address, survive, a.kill_at, a.steps)
+            runs.append(r)
+            print(f"{'ray' if address else 'inplace'} {'survive' if survive else 'restart'}: kill -> next step "
+                  f"{r['kill_to_next_step_s']:.2f} s, {r['steps_redone']} step(s) redone, path {r['path']}")
+
+    def med(survive: bool, key: str) -> float:
+        return statistics.median(r[key] for r in runs if r["survive"] == survive)
+
+    return {"runs": runs, "medians": {
+        name: {k: med(s, k) for k in ("kill_to_next_step_s", "steps_redone", "time_lost_s")}
+        for name, s in (("survive", True), ("restart", False))}}
+
+
+def ray_side(a: argparse.Namespace) -> dict:
+    """Part 2: the kill -9 rounds on a local Ray cluster of two one-CPU nodes started here."""
     import psutil
     from ray.cluster_utils import Cluster
 
@@ -113,16 +155,10 @@ def main() -> None:
     os.environ["RAY_TMPDIR"] = str(tmp)
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * MB,
                                                        "include_dashboard": False})
-    runs = []
     try:
         c.add_node(num_cpus=1, object_store_memory=80 * MB)
         c.wait_for_nodes()
-        for _ in range(a.rounds):
-            for survive in (True, False):
-                r = killed_run(c.address, survive, a.kill_at, a.steps)
-                runs.append(r)
-                print(f"{'survive' if survive else 'restart'}: kill -> next step {r['kill_to_next_step_s']:.2f} s, "
-                      f"{r['steps_redone']} step(s) redone, path {r['path']}")
+        return kill_rounds(c.address, a)
     finally:
         started = psutil.Process().children(recursive=True)
         c.shutdown()
@@ -130,14 +166,6 @@ def main() -> None:
         for p in alive:  # by pid: only what this cluster started
             p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
-
-    def med(survive: bool, key: str) -> float:
-        return statistics.median(r[key] for r in runs if r["survive"] == survive)
-
-    out = {"copy_cost": cost, "runs": runs, "medians": {
-        name: {k: med(s, k) for k in ("kill_to_next_step_s", "steps_redone", "time_lost_s")}
-        for name, s in (("survive", True), ("restart", False))}}
-    write_results(a.out, out, load0)
 
 
 if __name__ == "__main__":
