@@ -45,6 +45,7 @@ holds their records and :mod:`.ray_worker` what runs on the nodes.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -262,6 +263,11 @@ class RayBackend:
         if len(ending) != len(set(ranks)):
             return False
         for m in ending:
+            if m.info.get("host") == socket.gethostname():  # at once: a stopped process answers no RPC
+                try:
+                    os.kill(int(m.info["pid"]), signal.SIGKILL)
+                except (OSError, KeyError, ValueError):
+                    pass
             g.end(m.actor)
         return True
 
