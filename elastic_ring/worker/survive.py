@@ -19,7 +19,10 @@ checkpoint, and Eq. 7 rescales the LR for the size that is left: the segment goe
 scheduled shrink at that step would; a warm spare that takes a dead worker's place receives the
 state by the same broadcast. With no word in time, or ``exit``, the error goes on up (the
 controller restarts from the disk checkpoint). The copy is kept by the flat loop (``job.steps()``);
-an epoch loop or a Horovod Elastic script keeps none, and its failures restart from the checkpoint.
+a Horovod Elastic script needs none: it holds the step of its last ``state.commit()`` (Horovod's
+save) and rolls back to it (:meth:`elastic_ring.worker.hvd_elastic.Session._roll_back`, through the
+same word: :func:`rollback_word`); an epoch loop keeps none, and its failures restart from the
+checkpoint.
 
 Memory: two CPU copies of the registered state (for SGD with momentum about 4x the model's
 parameters, plus its buffers); time: one copy of it per step, on the training thread.
