@@ -257,8 +257,10 @@ class Controller:
             if r is None:
                 self._fail(seg, rc, f"workers stopped at step {step} with no resize pending")
             target, t_req = r.to, float(seg.end.stop_decided_at)
+            source = next((src for s, _, src in self.plan.changes if s == r.step), "schedule")
             self.events.write(ResizeRequested(from_workers=world, to_workers=target,
-                                              source="schedule", at_step=step, time=t_req))
+                                              source="joiner" if source == "joiner" else "schedule", at_step=step,
+                                              time=t_req))
         inplace = self._elastic is not None
         self.meter.pending = PendingResize(world, target, step, t_req, float(seg.end.lr),
                                            checkpoint_s=0.0 if inplace else seg.ckpt_s,
@@ -380,7 +382,12 @@ class Controller:
                                   node=f.node, path="memory", time=t_detect))
         if reason is not None:
             self._fail(seg, rc, f"{why} ({reason})", rank=f.rank)
+        planned = self.plan.world_after(s.step + 1)  # the size the job was to have after the next step
         self.plan.add(s.step, s.world, "failure")
+        joins = (getattr(self.backend, "rejoins", False) and reason is None and planned > s.world
+                 and s.step + 1 < self.spec.total_steps and self.plan.world_after(s.step + 1) == s.world)
+        if joins:  # a new worker takes the dead one's place after the survivors' next step
+            self.plan.add(s.step + 1, planned, "joiner")
         self._save_plan()
         self._elastic = seg  # its survivors wait, paused, for their new ring
         self._transition = "restarting"
@@ -388,6 +395,9 @@ class Controller:
                         resize_from=None)  # the phase says restarting; the workers never stopped running
         self.meter.restarting = Restarting(attempt, t_detect, t_last, redone, s.step, seg.index + 1, path="memory")
         joined = f" with {s.joiners} warm spare(s) in the failed worker(s)' place" if s.joiners else ""
+        if joins:
+            joined += (f"; {planned - s.world} new worker(s) join after step {s.step + 1}, the state by broadcast "
+                       f"from a survivor")
         self.out(f"{why}: restart {attempt}/{self.max_restarts} in memory: {s.world - s.joiners} survivor(s) go "
                  f"on from step {s.step}{joined} ({redone} step(s) to redo)")
         return s.step, s.world

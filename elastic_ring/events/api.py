@@ -168,7 +168,7 @@ class ResizeRequested(Event):
     kind: ClassVar[str] = "resize_requested"
     from_workers: int
     to_workers: int
-    source: str  # "schedule" | "live"
+    source: str  # "schedule" | "live" | "joiner" (a new worker in a failed one's place: --survive)
     at_step: int | None = None
 
 

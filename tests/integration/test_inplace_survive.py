@@ -1,13 +1,15 @@
 """`elastic-ring train --relaunch inplace --survive` (one Horovod Elastic job on this host) with real
-horovodrun: rank 1 of two workers dies at the start of step 7, by kill -9, or stops (SIGSTOP) and
-the stall watchdog ends it. Rank 0 keeps its process, rolls back to step 6 (the last step both
-completed, kept in memory) and goes on alone, without a restart from the checkpoint; its final
-weights, momentum, data position and LR equal, bitwise, those of an uninterrupted run with a
-scheduled shrink 2 -> 1 at step 6. The three runs go side by side."""
+horovodrun. The flat loop: rank 1 of two workers is killed (kill -9) at the start of step 3; rank 0
+keeps its process, rolls back to step 2 (the last step both completed, kept in memory) and does
+step 3 alone; then a new worker takes the dead one's place (its state by broadcast from rank 0, not
+from disk) and the two go on; that joiner stops (SIGSTOP) in the last step, the stall watchdog ends
+it, and rank 0 rolls back again and finishes alone. Its final weights, momentum, data position and
+LR equal, bitwise, those of an uninterrupted run with those resizes scheduled: 2 -> 1 at step 2,
+back to 2 at step 3, 2 -> 1 at step 5. A Horovod Elastic script rolls back to its last commit the
+same way. Each failing run goes side by side with its reference."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 
@@ -20,7 +22,7 @@ from tests.integration.test_train_resize import _final_model, _start_train
 
 pytestmark = pytest.mark.integration
 
-STEPS, AT = 10, 7
+STEPS, KILL = 6, 3  # rank 1 is killed in step KILL; its successor stops in the last step
 
 SCRIPT = """
 import os, signal, sys, torch, horovod.torch as hvd
@@ -38,73 +40,93 @@ job.restore()
 for step in job.steps():
     with open(os.path.join(out, f"rank{job.rank}.txt"), "a") as f:
         f.write(f"{step} {os.getpid()} {job.size}\\n")
-    if step == %d and job.rank == 1 and how != "none":
-        os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+    if job.rank == 1 and how == "fail" and step in (%d, %d):
+        os.kill(os.getpid(), signal.SIGKILL if step == %d else signal.SIGSTOP)
     idx = data.next_batch()
     loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
     opt.zero_grad()
     loss.backward()
     opt.step()
     job.record(loss, samples=len(idx))
-""" % AT
+""" % (KILL, STEPS, KILL)
 
 
-def _rows(run) -> list[tuple[int, int, int]]:
-    """(step, pid, size) of each step rank 0 began, in order."""
-    return [tuple(map(int, ln.split())) for ln in (run / "rank0.txt").read_text().splitlines()]
+def _rows(run, rank: int = 0) -> list[tuple[int, int, int]]:
+    """(step, pid, size) of each step the rank began, in order."""
+    return [tuple(map(int, ln.split())) for ln in (run / f"rank{rank}.txt").read_text().splitlines()]
 
 
-def test_rank_1_killed_or_stalled_rank_0_goes_on_from_memory_as_a_scheduled_shrink(tmp_path):
-    script = tmp_path / "dies.py"
-    script.write_text(SCRIPT)
-    runs = {how: tmp_path / how for how in ("kill", "stop", "none")}
-    procs = {}
-    for how, run in runs.items():
-        run.mkdir()
-        extra = (["--survive", "--stall-timeout", "2"] if how != "none" else
-                 ["--resize-at", str(AT - 1), "--to", "1"])  # the reference: the same shrink, scheduled
-        procs[how] = _start_train(["--relaunch", "inplace", "--gpus", "2", "--slots", "2", "--steps", str(STEPS),
-                                   *extra, "--script", str(script), "--run-dir", str(run / "r"), "--",
-                                   how, str(run)])
+def _side_by_side(tmp_path, script_text: str, runs: dict[str, list[str]], steps: int) -> dict:
+    """Start one run per entry (its name -> its own options) of the script side by side; wait for all."""
+    script = tmp_path / "script.py"
+    script.write_text(script_text)
+    procs, dirs = {}, {how: tmp_path / how for how in runs}
+    for how, extra in runs.items():
+        dirs[how].mkdir()
+        procs[how] = _start_train(["--relaunch", "inplace", "--gpus", "2", "--slots", "2", "--steps", str(steps),
+                                   *extra, "--script", str(script), "--run-dir", str(dirs[how] / "r"), "--",
+                                   how, str(dirs[how])])
     try:
-        outs = {how: p.communicate(timeout=300) for how, p in procs.items()}
+        outs = {how: p.communicate(timeout=240) for how, p in procs.items()}
     finally:
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
-        for run in runs.values():  # a stopped rank 1 left behind by a failed test
-            for rec in protocol.read_pid_records(run / "r"):
-                if rec["rank"] == 1 and protocol.pid_alive(rec["pid"]):
+        for d in dirs.values():  # a stopped worker left behind by a failed test
+            for rec in protocol.read_pid_records(d / "r"):
+                if rec["rank"] != 0 and protocol.pid_alive(rec["pid"]):
                     os.kill(rec["pid"], signal.SIGKILL)
     for how, p in procs.items():
         assert p.returncode == 0, (how, outs[how][1])
-    ref = runs["none"] / "r"
-    assert not read_events(ref / "events.jsonl", kind="restart")
-    b = _final_model(ref)
-    for how in ("kill", "stop"):
-        run = runs[how] / "r"
-        (r,) = read_events(run / "events.jsonl", kind="restart")
-        assert (r["path"], r["rank"], r["from_step"], r["new_world_size"], r["gave_up"]) == \
-            ("memory", 1, AT - 1, 1, False), r
-        assert r["steps_redone"] <= 1, r
-        (rec,) = read_events(run / "events.jsonl", kind="recovered")
-        assert rec["path"] == "memory" and rec["from_step"] == AT - 1 and rec["world_size"] == 1, rec
-        if how == "stop":
-            (st,) = read_events(run / "events.jsonl", kind="stalled")
-            assert st["ranks"] == [1] and "stall" in r["cause"], (st, r)
-        rows = _rows(runs[how])
-        assert [s for s, _, _ in rows] == [*range(1, AT + 1), *range(AT, STEPS + 1)]  # step 7 redone once
-        assert len({pid for _, pid, _ in rows}) == 1 and rows[-1][2] == 1  # rank 0 kept its process
-        print(f"{how}: restart -> next step {rec['detect_to_first_step_s']:.2f} s, lost {rec['time_lost_s']:.2f} s")
-        a = _final_model(run)
-        assert a["step"] == b["step"] == STEPS and a["cursor"] == b["cursor"] and a["lr_last"] == b["lr_last"]
-        for k in a["model"]:
-            assert torch.equal(a["model"][k], b["model"][k]), (how, k)
-        ma = [s["momentum_buffer"] for s in a["optimizer"]["state"].values()]
-        mb = [s["momentum_buffer"] for s in b["optimizer"]["state"].values()]
-        assert ma and all(torch.equal(x, y) for x, y in zip(ma, mb)), how
-    assert json.loads((runs["kill"] / "r" / "summary.json").read_text())["step"] == STEPS
+    return dirs
 
+
+def _assert_same_final_state(a: dict, b: dict) -> None:
+    assert a["step"] == b["step"] and a["cursor"] == b["cursor"] and a["lr_last"] == b["lr_last"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    ma = [s["momentum_buffer"] for s in a["optimizer"]["state"].values()]
+    mb = [s["momentum_buffer"] for s in b["optimizer"]["state"].values()]
+    assert ma and all(torch.equal(x, y) for x, y in zip(ma, mb))
+
+
+def test_rank_1_killed_then_a_warm_joiner_then_its_stall_as_scheduled_resizes(tmp_path):
+    dirs = _side_by_side(tmp_path, SCRIPT, {
+        "fail": ["--survive", "--stall-timeout", "2"],
+        "none": ["--schedule", f"{KILL - 1}:1,{KILL}:2,{STEPS - 1}:1"]},  # the reference: the same resizes
+        STEPS)
+    run, ref = dirs["fail"] / "r", dirs["none"] / "r"
+    assert not read_events(ref / "events.jsonl", kind="restart")
+    killed, stalled = read_events(run / "events.jsonl", kind="restart")
+    for r, at in ((killed, KILL), (stalled, STEPS)):
+        assert (r["path"], r["rank"], r["from_step"], r["new_world_size"], r["gave_up"]) == \
+            ("memory", 1, at - 1, 1, False), r
+        assert r["steps_redone"] <= 1, r
+    (st,) = read_events(run / "events.jsonl", kind="stalled")
+    assert st["ranks"] == [1] and "stall" in stalled["cause"] and "stall" not in killed["cause"], (st, stalled)
+    recs = read_events(run / "events.jsonl", kind="recovered")
+    assert [(x["path"], x["from_step"], x["world_size"]) for x in recs] == [("memory", KILL - 1, 1),
+                                                                           ("memory", STEPS - 1, 1)], recs
+    # the joiner: a grow back to 2 after the survivor's step KILL, asked by no schedule
+    (req,) = [e for e in read_events(run / "events.jsonl", kind="resize_requested") if e["to_workers"] == 2]
+    assert (req["source"], req["from_workers"], req["at_step"]) == ("joiner", 1, KILL), req
+    (back,) = [e for e in read_events(run / "events.jsonl", kind="first_step_after_resize") if e["world_size"] == 2]
+    assert back["step"] == KILL + 1, back
+    rows, joiner = _rows(dirs["fail"]), _rows(dirs["fail"], 1)
+    assert [s for s, _, _ in rows] == [*range(1, KILL + 1), *range(KILL, STEPS + 1), STEPS]  # each failed step redone
+    assert len({pid for _, pid, _ in rows}) == 1  # rank 0 kept its process throughout
+    assert [size for _, _, size in rows] == [2] * KILL + [1] + [2] * (STEPS - KILL) + [1]
+    assert [s for s, _, _ in joiner] == [*range(1, KILL + 1), *range(KILL + 1, STEPS + 1)]
+    assert len({pid for s, pid, _ in joiner if s > KILL}) == 1 and joiner[-1][1] != joiner[0][1]  # a new process
+    print(f"kill: restart -> next step {recs[0]['detect_to_first_step_s']:.2f} s, lost {recs[0]['time_lost_s']:.2f} s;"
+          f" back at 2 workers {back['time'] - killed['time']:.2f} s after the kill was seen; "
+          f"stall: restart -> next step {recs[1]['detect_to_first_step_s']:.2f} s")
+    a, b = _final_model(run), _final_model(ref)
+    assert a["step"] == b["step"] == STEPS
+    _assert_same_final_state(a, b)
+
+
+HE_STEPS = 6  # rank 1 is killed in the last step: no joiner comes (no step left for it)
 
 HVD_ELASTIC = """
 import os, signal, sys, torch, horovod.torch as hvd
@@ -132,7 +154,7 @@ def train(state):
             state.n += 1
             with open(os.path.join(out, f"rank{hvd.rank()}.txt"), "a") as f:
                 f.write(f"{state.n} {os.getpid()} {hvd.size()}\\n")
-            if state.n == %d and hvd.rank() == 1 and how == "kill":
+            if state.n == %d and hvd.rank() == 1 and how == "fail":
                 os.kill(os.getpid(), signal.SIGKILL)
             loss = F.cross_entropy(model(xb), yb)
             opt.zero_grad()
@@ -147,41 +169,23 @@ def train(state):
 state = hvd.elastic.TorchState(model=model, optimizer=opt, sampler=sampler, epoch=0, batch=0, n=0)
 state.register_reset_callbacks([set_lr])
 train(state)
-""" % AT
+""" % HE_STEPS
 
 
 def test_a_horovod_elastic_script_rolls_back_to_its_last_commit_in_memory(tmp_path):
-    """``@hvd.elastic.run`` with ``state.commit()`` after every batch: rank 1 is killed in step 7;
-    rank 0 restores its commit of step 6 (Horovod's save, in memory), re-forms the ring alone, runs
-    the reset callback and calls the function again, as Horovod Elastic would, instead of a restart
-    from the checkpoint; the final weights and momentum equal those of a scheduled shrink at step 6."""
-    script = tmp_path / "hvd_elastic_dies.py"
-    script.write_text(HVD_ELASTIC)
-    runs = {how: tmp_path / how for how in ("kill", "none")}
-    procs = {}
-    for how, run in runs.items():
-        run.mkdir()
-        extra = ["--survive"] if how == "kill" else ["--resize-at", str(AT - 1), "--to", "1"]
-        procs[how] = _start_train(["--relaunch", "inplace", "--gpus", "2", "--slots", "2", "--steps", "100",
-                                   *extra, "--script", str(script), "--run-dir", str(run / "r"), "--",
-                                   how, str(run)])
-    try:
-        outs = {how: p.communicate(timeout=300) for how, p in procs.items()}
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-    for how, p in procs.items():
-        assert p.returncode == 0, (how, outs[how][1])
-    run = runs["kill"] / "r"
+    """``@hvd.elastic.run`` with ``state.commit()`` after every batch: rank 1 is killed in the last
+    step; rank 0 restores its commit of the step before (Horovod's save, in memory), re-forms the
+    ring alone, runs the reset callback and calls the function again, as Horovod Elastic would,
+    instead of a restart from the checkpoint; the final weights and momentum equal those of a
+    scheduled shrink at that step."""
+    dirs = _side_by_side(tmp_path, HVD_ELASTIC, {"fail": ["--survive"],
+                                                 "none": ["--resize-at", str(HE_STEPS - 1), "--to", "1"]}, HE_STEPS)
+    run = dirs["fail"] / "r"
     (r,) = read_events(run / "events.jsonl", kind="restart")
-    assert (r["path"], r["rank"], r["from_step"], r["new_world_size"]) == ("memory", 1, AT - 1, 1), r
-    rows = _rows(runs["kill"])
-    assert [s for s, _, _ in rows] == [*range(1, AT + 1), *range(AT, 11)] and len({p for _, p, _ in rows}) == 1
-    a, b = _final_model(run), _final_model(runs["none"] / "r")
-    assert a["step"] == b["step"] == 10
-    for k in a["model"]:
-        assert torch.equal(a["model"][k], b["model"][k]), k
-    ma = [s["momentum_buffer"] for s in a["optimizer"]["state"].values()]
-    mb = [s["momentum_buffer"] for s in b["optimizer"]["state"].values()]
-    assert ma and all(torch.equal(x, y) for x, y in zip(ma, mb))
+    assert (r["path"], r["rank"], r["from_step"], r["new_world_size"]) == ("memory", 1, HE_STEPS - 1, 1), r
+    assert not [e for e in read_events(run / "events.jsonl", kind="resize_requested") if e["source"] == "joiner"]
+    rows = _rows(dirs["fail"])
+    assert [s for s, _, _ in rows] == [*range(1, HE_STEPS + 1), HE_STEPS] and len({p for _, p, _ in rows}) == 1
+    a, b = _final_model(run), _final_model(dirs["none"] / "r")
+    assert a["step"] == b["step"] == HE_STEPS
+    _assert_same_final_state(a, b)

@@ -292,6 +292,25 @@ def test_the_controller_takes_a_failure_with_survivors_as_a_shrink(tmp_path, max
     assert [4, 1, "failure"] in json.loads((tmp_path / protocol.PLAN_FILE).read_text())["changes"]
 
 
+@pytest.mark.parametrize("total, joins", [(10, True), (5, False)])
+def test_a_new_worker_takes_the_dead_ones_place_after_the_survivors_next_step(tmp_path, total, joins):
+    """A backend that starts a new worker on a grow (``rejoins``: Horovod Elastic's host discovery
+    gives the slot back): the plan grows back to the size it had, after the survivors' first step
+    at the size left (a ``joiner`` entry), unless no step is left for it."""
+    from elastic_ring.controller.backends.resize import InPlace
+    from elastic_ring.controller.controller import Controller
+
+    spec = RunSpec(run_dir=tmp_path, workers=2, schedule=(), slots=2, device="cpu", total_steps=total)
+    b = _Backend(tmp_path, total)
+    b.rejoins = True
+    said = []
+    Controller(spec, out=said.append, poll_s=0.0, show_progress=False, backend=b, resize=InPlace(b)).run(0, 2, 0)
+    changes = json.loads((tmp_path / protocol.PLAN_FILE).read_text())["changes"]
+    assert changes == ([[4, 1, "failure"], [5, 2, "joiner"]] if joins else [[4, 1, "failure"]])
+    assert b.resized[0] == (0, 1, 1, 5 if joins else total)  # the survivors' segment stops for the joiner
+    assert any("join after step 5" in line for line in said) == joins
+
+
 # ---------------------------------------------------------------------- --relaunch inplace (Horovod Elastic)
 class _Horovodrun:
     """horovodrun's handle: running until killed."""

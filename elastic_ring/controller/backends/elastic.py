@@ -142,6 +142,7 @@ class ElasticBackend:
     """One Horovod Elastic job for the whole run; an :class:`~.api.InPlaceRing` (see the module docstring)."""
 
     name = "elastic"
+    rejoins = True  # after survivors went on (--survive), a grow back to the planned size starts a new worker
 
     def __init__(self, spec, launcher: Launcher | None = None, network_interface: str | None = None,
                  survive: bool = False) -> None:
