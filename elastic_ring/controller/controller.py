@@ -353,8 +353,10 @@ class Controller:
         on in their processes from the last step they all hold in memory, at their number, as after a
         scheduled shrink there (the next segment is an in-place resize).
         The failure counts as a restart's does (``max_restarts``, the same error twice) and is a
-        ``restart`` event with ``path`` "memory". Returns (that step, the survivors' number), or
-        None: restart from the checkpoint (:meth:`_recover`)."""
+        ``restart`` event with ``path`` "memory". Where the backend starts a new worker on a grow
+        (``rejoins``), the plan grows back to the size it had after the survivors' next step (a
+        ``joiner`` entry). Returns (that step, the survivors' number), or None: restart from the
+        checkpoint (:meth:`_recover`)."""
         ask = getattr(self.backend, "survivors", None)
         if ask is None or not self.resize.keeps_workers or (seg.stall is not None and not self._stall_ended):
             return None

@@ -14,7 +14,10 @@ when a worker dies; its peers say which steps they hold in memory
 is a shrink (:meth:`ElasticBackend.survivors`): the in-place resize that follows writes the new
 slot count and rolls them back to that step. The driver numbers slots by their place on the host,
 so only the highest ranks can go: the death of a lower rank (its slot would leave a hole) is a
-restart from the checkpoint, as is no common step or a silent survivor.
+restart from the checkpoint, as is no common step or a silent survivor. The dead worker's slot
+comes back (:attr:`ElasticBackend.rejoins`): the controller plans a grow back to the job's size
+after the survivors' next step, and the driver starts a new worker there, which receives the state
+by broadcast from rank 0 as at any in-place grow.
 """
 
 from __future__ import annotations
