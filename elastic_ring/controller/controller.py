@@ -113,6 +113,7 @@ class Controller:
         # first launch), resizing, restarting; None once they step (see _phase)
         self._transition: str | None = "starting"
         self._stall_ended = 0.0  # when the stalled ranks alone were ended (the others go on: _end_stalled)
+        self._t_failure = 0.0  # when the last failure that a joiner heals was seen (_survivors)
         self._launched = False  # this controller's first launch is the start of a session
 
     # ------------------------------------------------------------------ state
@@ -246,6 +247,7 @@ class Controller:
     def _decide_resize(self, seg: Segment, step: int, world: int, rc: int | None, now: float) -> int:
         """The workers of ``seg`` stopped at ``step`` for a resize: the size to go on at (a live
         request first, else the plan); the resize is measured from here."""
+        source = "live"
         if seg.live_target is not None:
             target, t_req = seg.live_target, seg.t_live or now
             self.plan.add(step, target, "live")
@@ -265,7 +267,7 @@ class Controller:
         self.meter.pending = PendingResize(world, target, step, t_req, float(seg.end.lr),
                                            checkpoint_s=0.0 if inplace else seg.ckpt_s,
                                            t_exit=now if rc is not None or inplace else None,
-                                           segment=seg.index)
+                                           segment=seg.index, t_failure=self._t_failure if source == "joiner" else None)
         self._transition = "resizing"
         self._set_state(RunState.STOPPING, step=step, world_size=world, pending_world=target,
                         resize_from=world, segment=seg.index)
@@ -390,6 +392,7 @@ class Controller:
                  and s.step + 1 < self.spec.total_steps and self.plan.world_after(s.step + 1) == s.world)
         if joins:  # a new worker takes the dead one's place after the survivors' next step
             self.plan.add(s.step + 1, planned, "joiner")
+            self._t_failure = t_detect
         self._save_plan()
         self._elastic = seg  # its survivors wait, paused, for their new ring
         self._transition = "restarting"

@@ -311,6 +311,23 @@ def test_a_new_worker_takes_the_dead_ones_place_after_the_survivors_next_step(tm
     assert any("join after step 5" in line for line in said) == joins
 
 
+@pytest.mark.parametrize("t_failure", [90.0, None])
+def test_the_joiners_first_step_says_the_time_from_the_failure_and_the_broadcast(tmp_path, t_failure):
+    """The first step back at the size after a joiner's grow: ``since_failure_s`` (the failure seen to
+    the job back at its size) and ``joiner`` "broadcast"; neither for any other resize."""
+    from elastic_ring.controller.meter import Meter, PendingResize
+    from elastic_ring.events import EventLog, FirstStep, read_events
+    from elastic_ring.worker.lr import RULES
+
+    m = Meter(EventLog(tmp_path / "events.jsonl"), RULES["linear"])
+    m.pending = PendingResize(1, 2, step=4, t_request=100.0, lr_last=0.1, segment=1, t_failure=t_failure)
+    m.relaunched(2, t_launch=100.5)
+    m.first_step(2, FirstStep(segment=2, world_size=2, step=5, since_launch_s=3.0, lr=0.2, time=103.5),
+                 t_launch=100.5, prelaunched=False)
+    (ev,) = read_events(tmp_path / "events.jsonl", kind="first_step_after_resize")
+    assert (ev["since_failure_s"], ev["joiner"]) == ((13.5, "broadcast") if t_failure else (None, None))
+
+
 # ---------------------------------------------------------------------- --relaunch inplace (Horovod Elastic)
 class _Horovodrun:
     """horovodrun's handle: running until killed."""
