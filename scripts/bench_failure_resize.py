@@ -11,8 +11,10 @@ in-memory copy that makes it possible costs a step.
    without (restart from the checkpoint, ``--checkpoint-every 10``): the time from the kill to
    the first step done after it, the steps redone, and the ``recovered`` event's time lost.
 3. The same on one host with ``--relaunch inplace`` (one Horovod Elastic job): rank 1's process
-   killed, alternating rounds with ``--survive`` and without (``--side inplace`` runs only this
-   part, ``--side ray`` only part 2; the copy's cost is measured either way).
+   killed, alternating rounds with ``--survive`` and without, with the survive rounds' time from the
+   kill to the job back at 2 workers (the warm joiner's first step) and the training time that grow
+   lost (``--side inplace`` runs only this part, ``--side ray`` only part 2; the copy's cost is
+   measured either way).
 4. The grow back (Ray, the ``--survive`` runs of part 2): a new actor in the killed worker's bundle
    starts after the kill, and once it waits for its go the ring grows back to 2 at a step
    boundary: the time from the kill to the first step at 2 again, when the joiner was ready, and
@@ -115,9 +117,13 @@ def killed_run(address: str | None, survive: bool, kill_at: int, steps: int) -> 
             run.finish("the killed run")
         (rs,) = run.events("restart")
         (rc,) = run.events("recovered")
+        back = [e for e in run.events("first_step_after_resize") if e.get("joiner")]  # inplace: the warm joiner
         return {"survive": survive, "path": rs.get("path", "disk"), "kill_at": kill_at,
                 "kill_to_next_step_s": rc["time"] - t_kill, "steps_redone": rs["steps_redone"],
-                "time_lost_s": rc["time_lost_s"], "rank": rs["rank"], **grown}
+                "time_lost_s": rc["time_lost_s"], "rank": rs["rank"], **grown,
+                "kill_to_back_at_size_s": back[0]["time"] - t_kill if back else None,
+                "joiner_grow_lost_s": next((e["total_lost_s"] for e in run.events("resize_overhead")
+                                            if back and e["step"] == back[0]["step"] - 1), None)}
 
 
 def _grown_back(run: TrainRun) -> dict | None:
@@ -256,10 +262,12 @@ def kill_rounds(address: str | None, a: argparse.Namespace) -> dict:
                   + (f"; joiner ready {r['joiner_ready_s']:.2f} s, back at 2 {r['kill_to_back_at_2_s']:.2f} s "
                      f"after the kill, the grow lost {r['grow_lost_s']:.2f} s" if "grow_lost_s" in r else ""))
 
-    def med(survive: bool, key: str) -> float:
-        return statistics.median(r[key] for r in runs if r["survive"] == survive)
+    def med(survive: bool, key: str) -> float | None:
+        got = [r[key] for r in runs if r["survive"] == survive and r.get(key) is not None]
+        return statistics.median(got) if got else None
 
-    medians = {name: {k: med(s, k) for k in ("kill_to_next_step_s", "steps_redone", "time_lost_s")}
+    medians = {name: {k: med(s, k) for k in ("kill_to_next_step_s", "steps_redone", "time_lost_s",
+                                             "kill_to_back_at_size_s", "joiner_grow_lost_s")}
                for name, s in (("survive", True), ("restart", False))}
     if address:
         medians["grow_back"] = {k: med(True, k) for k in ("joiner_ready_s", "kill_to_back_at_2_s", "grow_lost_s")}

@@ -16,9 +16,10 @@ restarts the workers from the last checkpoint (``max_restarts`` failures in a ro
 error that repeats at the same step is not retried), at the size the plan says for that step or,
 when the backend reports fewer usable slots (hosts that no longer answer), at the largest count
 that fits. Each restart is an event with its cause, the rank that failed first, the steps redone
-and the time lost. Where the backend keeps the survivors (Ray with ``--survive``), a failure is a
-shrink instead: the survivors go on in their processes from the last step they all hold in memory
-(:meth:`Controller._survivors`), counted as a restart is.
+and the time lost. Where the backend keeps the survivors (Ray or ``--relaunch inplace`` with
+``--survive``), a failure is a shrink instead: the survivors go on in their processes from the last
+step they all hold in memory (:meth:`Controller._survivors`), counted as a restart is; a stall whose
+ranks are named ends only those ranks, and the others go on the same way.
 
 It owns the run folder while it runs (a lock, and a heartbeat its workers watch: they exit by
 themselves within seconds when it is gone or replaced).
@@ -65,6 +66,7 @@ from elastic_ring.worker.hvd_elastic import uses_horovod_elastic
 from elastic_ring.worker.lr import RULES
 
 DEFAULT_STARTUP_S = 10.0  # start-up estimate before the first launch has been measured
+STALLED_END_S = 15.0  # stalled ranks ended alone: how long the others may take to speak before all are ended
 
 
 class Controller:
@@ -110,6 +112,8 @@ class Controller:
         # what the workers are doing between a launch and its first step: starting (the run's
         # first launch), resizing, restarting; None once they step (see _phase)
         self._transition: str | None = "starting"
+        self._stall_ended = 0.0  # when the stalled ranks alone were ended (the others go on: _end_stalled)
+        self._t_failure = 0.0  # when the last failure that a joiner heals was seen (_survivors)
         self._launched = False  # this controller's first launch is the start of a session
 
     # ------------------------------------------------------------------ state
@@ -243,6 +247,7 @@ class Controller:
     def _decide_resize(self, seg: Segment, step: int, world: int, rc: int | None, now: float) -> int:
         """The workers of ``seg`` stopped at ``step`` for a resize: the size to go on at (a live
         request first, else the plan); the resize is measured from here."""
+        source = "live"
         if seg.live_target is not None:
             target, t_req = seg.live_target, seg.t_live or now
             self.plan.add(step, target, "live")
@@ -254,13 +259,15 @@ class Controller:
             if r is None:
                 self._fail(seg, rc, f"workers stopped at step {step} with no resize pending")
             target, t_req = r.to, float(seg.end.stop_decided_at)
+            source = next((src for s, _, src in self.plan.changes if s == r.step), "schedule")
             self.events.write(ResizeRequested(from_workers=world, to_workers=target,
-                                              source="schedule", at_step=step, time=t_req))
+                                              source="joiner" if source == "joiner" else "schedule", at_step=step,
+                                              time=t_req))
         inplace = self._elastic is not None
         self.meter.pending = PendingResize(world, target, step, t_req, float(seg.end.lr),
                                            checkpoint_s=0.0 if inplace else seg.ckpt_s,
                                            t_exit=now if rc is not None or inplace else None,
-                                           segment=seg.index)
+                                           segment=seg.index, t_failure=self._t_failure if source == "joiner" else None)
         self._transition = "resizing"
         self._set_state(RunState.STOPPING, step=step, world_size=world, pending_world=target,
                         resize_from=world, segment=seg.index)
@@ -343,16 +350,20 @@ class Controller:
         return ck, new_world
 
     def _survivors(self, seg: Segment, rc: int) -> tuple[int, int] | None:
-        """A segment failed, and the backend may keep its survivors (the Ray backend with
-        ``--survive``): they go on in their processes from the last step they all hold in memory,
-        at their number, as after a scheduled shrink there (the next segment is an in-place resize).
+        """A segment failed (or its stalled ranks were ended: :meth:`_end_stalled`), and the backend
+        may keep its survivors (the Ray backend or ``--relaunch inplace`` with ``--survive``): they go
+        on in their processes from the last step they all hold in memory, at their number, as after a
+        scheduled shrink there (the next segment is an in-place resize).
         The failure counts as a restart's does (``max_restarts``, the same error twice) and is a
-        ``restart`` event with ``path`` "memory". Returns (that step, the survivors' number), or
-        None: restart from the checkpoint (:meth:`_recover`)."""
+        ``restart`` event with ``path`` "memory". Where the backend starts a new worker on a grow
+        (``rejoins``), the plan grows back to the size it had after the survivors' next step (a
+        ``joiner`` entry). Returns (that step, the survivors' number), or None: restart from the
+        checkpoint (:meth:`_recover`)."""
         ask = getattr(self.backend, "survivors", None)
-        if ask is None or not self.resize.keeps_workers or seg.stall is not None:
+        if ask is None or not self.resize.keeps_workers or (seg.stall is not None and not self._stall_ended):
             return None
         t_detect = self.clock()
+        self._stall_ended = 0.0
         s = ask()
         if s is None:
             return None
@@ -362,8 +373,9 @@ class Controller:
         records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
         last, t_last = self.diagnosis.failed_at(seg, records)
         redone = max(0, last - s.step)
-        why = f.message or f"worker rank {f.rank} failed"
-        failure = {"from_step": s.step, "type": f.type, "message": f.message,
+        stalled = seg.stall is not None
+        why = seg.stall.message if stalled else f.message or f"worker rank {f.rank} failed"
+        failure = {"from_step": s.step, "type": "Stalled" if stalled else f.type, "message": why,
                    "step": f.step if f.step is not None else last + 1}
         attempt, repeated = self._failures.record(failure)
         rec = f.record or next((r for r in records if r.get("rank") == f.rank and not r.get("peer_loss")), None)
@@ -374,7 +386,13 @@ class Controller:
                                   node=f.node, path="memory", time=t_detect))
         if reason is not None:
             self._fail(seg, rc, f"{why} ({reason})", rank=f.rank)
+        planned = self.plan.world_after(s.step + 1)  # the size the job was to have after the next step
         self.plan.add(s.step, s.world, "failure")
+        joins = (getattr(self.backend, "rejoins", False) and reason is None and planned > s.world
+                 and s.step + 1 < self.spec.total_steps and self.plan.world_after(s.step + 1) == s.world)
+        if joins:  # a new worker takes the dead one's place after the survivors' next step
+            self.plan.add(s.step + 1, planned, "joiner")
+            self._t_failure = t_detect
         self._save_plan()
         self._elastic = seg  # its survivors wait, paused, for their new ring
         self._transition = "restarting"
@@ -382,6 +400,9 @@ class Controller:
                         resize_from=None)  # the phase says restarting; the workers never stopped running
         self.meter.restarting = Restarting(attempt, t_detect, t_last, redone, s.step, seg.index + 1, path="memory")
         joined = f" with {s.joiners} warm spare(s) in the failed worker(s)' place" if s.joiners else ""
+        if joins:
+            joined += (f"; {planned - s.world} new worker(s) join after step {s.step + 1}, the state by broadcast "
+                       f"from a survivor")
         self.out(f"{why}: restart {attempt}/{self.max_restarts} in memory: {s.world - s.joiners} survivor(s) go "
                  f"on from step {s.step}{joined} ({redone} step(s) to redo)")
         return s.step, s.world
@@ -476,8 +497,15 @@ class Controller:
             if self._interrupts > 1:
                 seg.handle.kill()
             rc = seg.handle.poll()
-            if rc is None and self._interrupts < 2 and self.diagnosis.check_stall(seg):
-                seg.handle.kill()
+            if rc is None and self._interrupts < 2 and seg.stall is None and self.diagnosis.check_stall(seg):
+                self._stall_ended = self._end_stalled(seg)
+                if not self._stall_ended:
+                    seg.handle.kill()
+                    while (rc := seg.handle.poll()) is None:
+                        time.sleep(0.05)
+            elif rc is None and seg.stall is not None and self.clock() - self._stall_ended > STALLED_END_S:
+                seg.handle.kill()  # the stalled ranks were ended, yet no survivor spoke: end them all
+                self._stall_ended = 0.0
                 while (rc := seg.handle.poll()) is None:
                     time.sleep(0.05)
             if rc is not None:
@@ -488,6 +516,17 @@ class Controller:
             if self.resize.prelaunches and self._next is None and not self._interrupts:
                 self._maybe_prelaunch(seg)
             time.sleep(self.poll_s)
+
+    def _end_stalled(self, seg: Segment) -> float:
+        """A stall whose ranks are named, and a backend that keeps survivors (``--survive``): only
+        the stalled ranks are ended; the others lose a peer and go on from memory as after its
+        death (:meth:`_survivors`). Returns when (0.0: not done; the caller kills the whole job)."""
+        st, end = seg.stall, getattr(self.backend, "end_ranks", None)
+        if (st is None or end is None or not self.resize.keeps_workers or not st.ranks
+                or len(st.ranks) >= seg.world or not end(list(st.ranks))):
+            return 0.0
+        self.out(f"ended the stalled rank(s) {', '.join(map(str, st.ranks))} only: the others go on from memory")
+        return self.clock()
 
     def _maybe_prelaunch(self, seg: Segment) -> None:
         """Start the next workers early enough that they are ready when the old ones stop."""

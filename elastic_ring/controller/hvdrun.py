@@ -17,6 +17,10 @@ workers of an in-place resize wait for the driver to see the new host list; a fi
 enough to poll often, so they wait tens of milliseconds instead of up to a second. Another
 discovery script is run as horovodrun runs it.
 
+With ``--survive`` (``ELASTIC_RING_SURVIVE=1`` in its environment) a third: a worker's failure no
+longer blacklists its host (on one host that would end the job). The survivors go on in their
+processes, and the controller shrinks the slot count in the host list (:func:`keep_hosts_on_failure`).
+
 The controller uses it for every segment; ``ELASTIC_RING_PLAIN_HOROVODRUN=1`` makes it launch the
 plain ``horovodrun`` instead (for comparisons: ``scripts/bench_launcher.py``).
 """
@@ -137,11 +141,37 @@ def read_hosts_directly() -> None:
     discovery.HostDiscoveryScript._execute_discovery_script = execute
 
 
+def keep_hosts_on_failure() -> None:
+    """Horovod Elastic's driver keeps a host whose worker failed, and reads the host list again
+    before it assigns the ranks of the next ring: the survivors of ``--survive`` re-form their ring
+    at the slot count the controller wrote for them (see the module docstring)."""
+    from horovod.runner.elastic import driver
+    from horovod.runner.elastic.discovery import HostManager
+
+    if getattr(driver.ElasticDriver.resume, "_elastic_ring", False):
+        return
+    resume = driver.ElasticDriver.resume
+
+    def no_blacklist(self, host):
+        return None
+
+    def resume_with_hosts_read(self):
+        with self._wait_hosts_cond:
+            self._host_manager.update_available_hosts()
+        resume(self)
+
+    resume_with_hosts_read._elastic_ring = True  # type: ignore[attr-defined]
+    driver.ElasticDriver.resume = resume_with_hosts_read
+    HostManager.blacklist = no_blacklist
+
+
 def main() -> None:
     from horovod.runner import launch
 
     launch.gloo_built = cached_check(launch.gloo_built)
     read_hosts_directly()
+    if os.environ.get("ELASTIC_RING_SURVIVE") == "1":
+        keep_hosts_on_failure()
     sys.argv[0] = "horovodrun"
     sys.exit(launch.run_commandline())
 

@@ -32,6 +32,7 @@ class PendingResize:
     t_first: float | None = None
     steady_step_s: float | None = None
     segment: int = -1  # the segment whose workers are being stopped
+    t_failure: float | None = None  # a joiner's grow (--survive): when the failure it heals was seen
 
 
 @dataclass
@@ -124,6 +125,9 @@ class Meter:
             self.events.write(FirstStepAfterResize(segment=segment, world_size=ev.world_size,
                                                    step=ev.step, lr=ev.lr,
                                                    since_launch_s=t_first - (p.t_launch or t_first),
+                                                   since_failure_s=None if p.t_failure is None
+                                                   else t_first - p.t_failure,
+                                                   joiner="broadcast" if p.t_failure is not None else None,
                                                    time=t_first))
 
     def throughput(self, ev: Throughput, running: bool) -> None:

@@ -64,7 +64,7 @@ class RunRequest:
     ray_address: str | None = None
     placement: str = "PACK"
     warm_spares: int | None = None
-    survive: bool = False  # the survivors of a failed worker go on from memory (--backend ray)
+    survive: bool = False  # the survivors of a failed worker go on from memory (--backend ray, --relaunch inplace)
     collective: str | None = None  # horovod (None: a new run's default, a resumed run's own) or torch
 
     def resnet_options(self) -> tuple[Any, ...]:
@@ -115,8 +115,8 @@ def check(req: RunRequest) -> None:
         raise UserError(f"--backend ray resizes in place (warm workers): drop --relaunch {req.relaunch}")
     if req.backend != "ray" and (req.ray_address or req.warm_spares is not None or req.placement != "PACK"):
         raise UserError("--ray-address, --placement and --warm-spares go with --backend ray")
-    if req.survive and req.backend != "ray":
-        raise UserError("--survive goes with --backend ray")
+    if req.survive and req.backend != "ray" and req.relaunch != "inplace":
+        raise UserError("--survive goes with --backend ray or --relaunch inplace")
     if req.warm_spares is not None and req.warm_spares < 0:
         raise UserError(f"--warm-spares must be >= 0, got {req.warm_spares}")
     if req.placement not in PLACEMENTS:

@@ -12,7 +12,8 @@ the timeout (:func:`allowed_idle_s`: ``--stall-timeout``, default the larger of 
 step time and 30 s; longer while starting up, checkpointing, evaluating or ending), or a local
 worker sits in the stopped state (``T`` in ``/proc/PID/stat``) for a few seconds without a step,
 :meth:`Watchdog.check` returns a :class:`Stall`, and the controller kills the segment and
-restarts it from the newest checkpoint like any failure. The hosts of a ``--hosts``/``--hostfile``
+restarts it from the newest checkpoint like any failure (with ``--survive``, where the stall names
+some ranks but not all, only those are ended: the others go on from memory as after a death). The hosts of a ``--hosts``/``--hostfile``
 run are asked every few seconds while it runs (:class:`HostMonitor`): a host that stops answering
 is evidence like a stopped worker (the job is stalled once it made no step for a few seconds),
 and the restart goes on without it.

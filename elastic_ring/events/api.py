@@ -228,6 +228,10 @@ class FirstStepAfterResize(Event):
     step: int
     lr: float
     since_launch_s: float
+    # a new worker in a failed one's place (--survive): the failure seen -> this step (the job back at
+    # its size), and how the joiner got the state ("broadcast": from a live peer, not from disk)
+    since_failure_s: float | None = None
+    joiner: str | None = None
 
 
 @register

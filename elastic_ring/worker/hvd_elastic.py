@@ -27,6 +27,9 @@ and, before running it, :func:`install` puts elastic-ring behind those names on 
   workers exit and the new ones restore the checkpoint, and the reset callbacks run there when
   the world size changed. The reset callbacks own the LR: no Eq. 7 on top.
 - ``state.check_host_updates()`` never interrupts: a host change is taken at the next commit.
+- With ``--survive`` (the ring re-formed in place) a lost peer rolls the others back to their last
+  commit, in memory, as Horovod Elastic does; they re-form the ring at the size left and call the
+  function again (:meth:`Session._roll_back`), instead of a restart from the checkpoint.
 - The run ends when the decorated function returns (``--steps``, if given, is a cap).
 """
 
@@ -222,6 +225,7 @@ class Session:
         self._first = True
         self.counting = False
         self._depth = 0
+        self.committed: int | None = None  # the step of the state's last commit (kept by Horovod's save)
 
     # ------------------------------------------------------------------ the segment
     def run(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -234,6 +238,7 @@ class Session:
                 state.on_reset()  # from a checkpoint at another size: the reset callbacks (LR)
         else:
             state.sync()  # a fresh start: rank 0's state, as Horovod Elastic starts
+        self.committed = job.step
         self._begin_segment()
         while True:
             self.counting = True  # the optimizer steps of the function are the job's steps
@@ -245,6 +250,11 @@ class Session:
                     continue
                 self._end()
                 raise SegmentDone() from None
+            except Exception as e:  # a peer lost: with --survive, go on from the last commit
+                self.counting, self._depth = False, 0
+                if self._roll_back(e):
+                    continue
+                raise
             self.counting = False
             self.job.seg.stop_reason = "finished"
             self._end()
@@ -287,6 +297,7 @@ class Session:
         """After Horovod's save: stop here if all ranks agree (raises :class:`_Stop`), else take the
         periodic checkpoint when due and start the next stop vote."""
         job = self.job
+        self.committed = job.step
         asked = early = False
         if self.vote is not None:
             asked, early = job.vote.result(self.vote)
@@ -319,6 +330,27 @@ class Session:
         if action.get("action") != "resize":
             return False
         # the reset callbacks before the sync, as Horovod Elastic: rank 0's result is what is sent
+        job.reform(action, before_sync=self.state.on_reset)
+        job.seg.stop_reason = None
+        self._begin_segment()
+        return True
+
+    def _roll_back(self, exc: Exception) -> bool:
+        """A peer was lost (``exc``) where survivors go on (``--survive``, the ring re-formed in
+        place): as Horovod Elastic does, back to the last commit, kept in memory by Horovod's save.
+        This rank says it holds that step; on the controller's word it restores the committed
+        state, re-forms the ring at the size left, runs the reset callbacks and syncs the state from
+        rank 0 (:meth:`_pause_and_reset`'s reset). True when the function is to run again here."""
+        from elastic_ring.worker import survive
+
+        job = self.job
+        if not survive.enabled() or self.committed is None:
+            return False
+        action = survive.rollback_word(exc, job, [self.committed])
+        if action is None:
+            return False
+        self.state.restore()
+        job.seg.step = job.seg.current = self.committed
         job.reform(action, before_sync=self.state.on_reset)
         job.seg.stop_reason = None
         self._begin_segment()

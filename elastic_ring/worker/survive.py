@@ -1,5 +1,5 @@
-"""Survivors go on after a failure (the Ray backend with ``--survive``): a lost peer is a shrink, not
-a restart.
+"""Survivors go on after a failure (``--survive``, on the Ray backend and on ``--relaunch inplace``): a
+lost peer is a shrink, not a restart.
 
 Every rank keeps, in memory, the state of its last two completed steps (:class:`MemoryCopy`: the
 same CPU snapshot a checkpoint holds, taken at the step boundary before the next step starts:
@@ -19,7 +19,10 @@ checkpoint, and Eq. 7 rescales the LR for the size that is left: the segment goe
 scheduled shrink at that step would; a warm spare that takes a dead worker's place receives the
 state by the same broadcast. With no word in time, or ``exit``, the error goes on up (the
 controller restarts from the disk checkpoint). The copy is kept by the flat loop (``job.steps()``);
-an epoch loop or a Horovod Elastic script keeps none, and its failures restart from the checkpoint.
+a Horovod Elastic script needs none: it holds the step of its last ``state.commit()`` (Horovod's
+save) and rolls back to it (:meth:`elastic_ring.worker.hvd_elastic.Session._roll_back`, through the
+same word: :func:`rollback_word`); an epoch loop keeps none, and its failures restart from the
+checkpoint.
 
 Memory: two CPU copies of the registered state (for SGD with momentum about 4x the model's
 parameters, plus its buffers); time: one copy of it per step, on the training thread.
@@ -89,10 +92,8 @@ _P = _Process()
 
 def memory_copy(job: Any) -> MemoryCopy | None:
     """This process's copy, kept by ``job`` (the one running now), when the run keeps survivors
-    going and the ring is the controller's (the Ray backend); else None."""
-    from elastic_ring.worker.ring import ControllerRing
-
-    if not enabled() or not isinstance(job.ring, ControllerRing):
+    going and the ring is re-formed in place (the Ray backend's, or Horovod Elastic's); else None."""
+    if not enabled() or not job.ring.in_place:
         return None
     if _P.copy is None:
         _P.copy = MemoryCopy(job.state.snapshot)
@@ -115,6 +116,33 @@ def _peer_loss(exc: BaseException) -> bool:
     return isinstance(exc, Exception) and protocol.is_peer_loss(type(exc).__name__, str(exc))
 
 
+def rollback_word(exc: BaseException, job: Any, held: list[int]) -> dict[str, Any] | None:
+    """After a peer's loss (``exc``): say which steps this rank holds in memory (``held``), and wait
+    for the controller's word on this segment. Returns the resize action whose ``rollback_to`` is
+    one of them, or None (not a peer's loss, no word in time, an exit asked)."""
+    from elastic_ring.worker.inplace import inplace_action_file
+    from elastic_ring.worker.ring import MEMBER_ENV
+
+    if not _peer_loss(exc) or not held or not job.ring.in_place:
+        return None
+    t0 = time.time()
+    run_dir, seg = job.run_dir, job.seg.number
+    member = os.environ.get(MEMBER_ENV, str(job.rank))
+    protocol.write_json_atomic(survivor_file(run_dir, member), {
+        "member": member, "rank": job.rank, "held": list(held), "pid": os.getpid(), "time": t0,
+        "segment": seg, "step": job.seg.step, "error": f"{type(exc).__name__}: {exc}"[:300]})
+    print(f"elastic-ring worker rank {job.rank}: a peer was lost ({type(exc).__name__}); holding steps "
+          f"{list(held)} in memory, waiting for the controller", flush=True)
+    while time.time() - t0 < WAIT_S:
+        act = protocol.read_json(inplace_action_file(run_dir, seg))
+        if isinstance(act, dict) and "at_step" not in act and (
+                act.get("action") == "exit" or "rollback_to" in act):
+            ok = act.get("action") == "resize" and int(act["rollback_to"]) in held
+            return act if ok else None
+        time.sleep(0.02)
+    return None
+
+
 def survived(exc: BaseException) -> tuple | None:
     """After the script raised ``exc``: where this rank goes on, as the carried ring of
     :func:`elastic_ring.worker.session.start_over` ``(ring, segment, stop_at, start-up)``; None when
@@ -124,29 +152,13 @@ def survived(exc: BaseException) -> tuple | None:
         Retired: the controller left this worker out of the new ring.
     """
     from elastic_ring.worker import session
-    from elastic_ring.worker.inplace import inplace_action_file
-    from elastic_ring.worker.ring import MEMBER_ENV
 
     job, copy = session.current(), _P.copy
     if not _peer_loss(exc) or copy is None or job is None or not copy.held() or not job.ring.in_place:
         return None
     t0 = time.time()
-    run_dir, seg = job.run_dir, job.seg.number
-    member = os.environ.get(MEMBER_ENV, str(job.rank))
-    protocol.write_json_atomic(survivor_file(run_dir, member), {
-        "member": member, "rank": job.rank, "held": copy.held(), "pid": os.getpid(), "time": t0,
-        "segment": seg, "step": job.seg.step, "error": f"{type(exc).__name__}: {exc}"[:300]})
-    print(f"elastic-ring worker rank {job.rank}: a peer was lost ({type(exc).__name__}); holding steps "
-          f"{copy.held()} in memory, waiting for the controller", flush=True)
-    action = None
-    while time.time() - t0 < WAIT_S:
-        act = protocol.read_json(inplace_action_file(run_dir, seg))
-        if isinstance(act, dict) and "at_step" not in act and (
-                act.get("action") == "exit" or "rollback_to" in act):
-            action = act
-            break
-        time.sleep(0.02)
-    if action is None or action.get("action") != "resize" or int(action["rollback_to"]) not in copy.copies:
+    action = rollback_word(exc, job, copy.held())
+    if action is None:
         return None
     _P.rollback = copy.copies[int(action["rollback_to"])]
     copy.copies.clear()  # the steps after the rollback are taken again

@@ -166,11 +166,13 @@ def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_pa
         survive.reset()
 
 
-def test_survive_goes_with_the_ray_backend(capsys, tmp_path):
+def test_survive_goes_with_the_ray_backend_or_inplace(capsys, tmp_path):
     from tests.conftest import run_inproc
 
-    p = run_inproc(capsys, "train", "--gpus", "1", "--steps", "4", "--survive", "--run-dir", str(tmp_path / "r"))
-    assert p.returncode == 2 and "--survive goes with --backend ray" in p.stderr and "Traceback" not in p.stderr
+    p = run_inproc(capsys, "train", "--gpus", "1", "--steps", "4", "--survive", "--relaunch", "overlap",
+                   "--run-dir", str(tmp_path / "r"))
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "--survive goes with --backend ray or --relaunch inplace" in p.stderr
 
 
 class _Ring:
@@ -288,3 +290,203 @@ def test_the_controller_takes_a_failure_with_survivors_as_a_shrink(tmp_path, max
     (rec,) = read_events(tmp_path / "events.jsonl", kind="recovered")
     assert rec["path"] == "memory" and rec["from_step"] == 4 and rec["world_size"] == 1
     assert [4, 1, "failure"] in json.loads((tmp_path / protocol.PLAN_FILE).read_text())["changes"]
+
+
+@pytest.mark.parametrize("total, joins", [(10, True), (5, False)])
+def test_a_new_worker_takes_the_dead_ones_place_after_the_survivors_next_step(tmp_path, total, joins):
+    """A backend that starts a new worker on a grow (``rejoins``: Horovod Elastic's host discovery
+    gives the slot back): the plan grows back to the size it had, after the survivors' first step
+    at the size left (a ``joiner`` entry), unless no step is left for it."""
+    from elastic_ring.controller.backends.resize import InPlace
+    from elastic_ring.controller.controller import Controller
+
+    spec = RunSpec(run_dir=tmp_path, workers=2, schedule=(), slots=2, device="cpu", total_steps=total)
+    b = _Backend(tmp_path, total)
+    b.rejoins = True
+    said = []
+    Controller(spec, out=said.append, poll_s=0.0, show_progress=False, backend=b, resize=InPlace(b)).run(0, 2, 0)
+    changes = json.loads((tmp_path / protocol.PLAN_FILE).read_text())["changes"]
+    assert changes == ([[4, 1, "failure"], [5, 2, "joiner"]] if joins else [[4, 1, "failure"]])
+    assert b.resized[0] == (0, 1, 1, 5 if joins else total)  # the survivors' segment stops for the joiner
+    assert any("join after step 5" in line for line in said) == joins
+
+
+@pytest.mark.parametrize("t_failure", [90.0, None])
+def test_the_joiners_first_step_says_the_time_from_the_failure_and_the_broadcast(tmp_path, t_failure):
+    """The first step back at the size after a joiner's grow: ``since_failure_s`` (the failure seen to
+    the job back at its size) and ``joiner`` "broadcast"; neither for any other resize."""
+    from elastic_ring.controller.meter import Meter, PendingResize
+    from elastic_ring.events import EventLog, FirstStep, read_events
+    from elastic_ring.worker.lr import RULES
+
+    m = Meter(EventLog(tmp_path / "events.jsonl"), RULES["linear"])
+    m.pending = PendingResize(1, 2, step=4, t_request=100.0, lr_last=0.1, segment=1, t_failure=t_failure)
+    m.relaunched(2, t_launch=100.5)
+    m.first_step(2, FirstStep(segment=2, world_size=2, step=5, since_launch_s=3.0, lr=0.2, time=103.5),
+                 t_launch=100.5, prelaunched=False)
+    (ev,) = read_events(tmp_path / "events.jsonl", kind="first_step_after_resize")
+    assert (ev["since_failure_s"], ev["joiner"]) == ((13.5, "broadcast") if t_failure else (None, None))
+
+
+# ---------------------------------------------------------------------- --relaunch inplace (Horovod Elastic)
+class _Horovodrun:
+    """horovodrun's handle: running until killed."""
+
+    pid = 4343
+
+    def __init__(self):
+        self.rc = None
+
+    def poll(self):
+        return self.rc
+
+    def kill(self):
+        self.rc = -9
+
+
+def _elastic(tmp_path, pids, world=2):
+    """An Elastic backend with --survive, its horovodrun (a fake) running segment 0 at ``world`` workers
+    whose ranks' processes are ``pids``."""
+    from elastic_ring.controller.backends.elastic import ElasticBackend
+
+    spec = RunSpec(run_dir=tmp_path, workers=world, schedule=(), slots=world, device="cpu", total_steps=20)
+    launched = []
+
+    class Launcher:
+        def start(self, cmd, env, log_path):
+            launched.append(env)
+            return _Horovodrun()
+
+    b = ElasticBackend(spec, launcher=Launcher(), survive=True)
+    started = b.start(SegmentLaunch(world, 0, 20, "me"), tmp_path / "seg.log")
+    assert launched[0][survive.SURVIVE_ENV] == "1"
+    for r, pid in enumerate(pids):
+        protocol.write_json_atomic(protocol.pid_dir(tmp_path) / f"seg000-rank{r}.json",
+                                   {"rank": r, "pid": pid, "segment": 0})
+    return b, started.handle
+
+
+def _said(tmp_path, rank, pid, held, segment=0):
+    protocol.write_json_atomic(survivor_file(tmp_path, str(rank)), {
+        "member": str(rank), "rank": rank, "pid": pid, "held": held, "time": time.time(), "segment": segment})
+
+
+def test_inplace_a_worker_lost_is_seen_and_the_survivors_go_on_from_the_step_they_hold(tmp_path):
+    """horovodrun stays up (its driver keeps the host); the handle reports the failure once a
+    survivor has spoken; rank 1's process is gone: rank 0 goes on alone from step 7, the resize
+    that follows writes the slot count and the rollback step, and the job is watched again."""
+    import os
+
+    from elastic_ring.controller.backends.elastic import discovery_files
+
+    b, h = _elastic(tmp_path, [os.getpid(), 999_999_999])
+    assert h.poll() is None
+    _said(tmp_path, 0, os.getpid(), [6, 7])
+    assert h.poll() == 1
+    s = b.survivors(wait_s=2.0)
+    assert s is not None and (s.step, s.world, s.failure.rank, s.failure.type) == (7, 1, 1, "Killed")
+    assert h.poll() is None and h.inner.rc is None  # the job goes on
+    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
+    act = protocol.read_json(inplace_action_file(tmp_path, 0))
+    assert act["rollback_to"] == 7 and act["to"] == 1 and act["segment"] == 1
+    assert discovery_files(tmp_path)[1].read_text() == "localhost:1\n"
+
+
+@pytest.mark.parametrize("case", ["rank 0 lost", "silent", "no common step", "off"])
+def test_inplace_the_restart_from_the_checkpoint_when_the_survivors_cannot_go_on(tmp_path, case):
+    """A lost rank below a survivor's (its slot would leave a hole), a survivor that never speaks,
+    no step in common: the job is ended (the controller restarts it from the checkpoint)."""
+    import os
+
+    alive, dead = os.getpid(), 999_999_999
+    pids = {"rank 0 lost": [dead, alive], "off": [alive, dead]}.get(case, [alive, alive, dead])
+    b, h = _elastic(tmp_path, pids, world=len(pids))
+    if case == "off":
+        b.survive = False
+    if case == "rank 0 lost":
+        _said(tmp_path, 1, alive, [6, 7])
+    elif case == "silent":  # rank 1 is alive and never says
+        _said(tmp_path, 0, alive, [6, 7])
+    else:
+        _said(tmp_path, 0, alive, [3, 4])
+        _said(tmp_path, 1, alive, [5, 6])
+    assert b.survivors(wait_s=0.3) is None
+    if case != "off":
+        assert h.inner.rc == -9  # ended
+
+
+def test_inplace_the_driver_keeps_a_host_whose_worker_failed(monkeypatch):
+    """Under --survive horovodrun's driver blacklists no host (on one host that would end the job)
+    and reads the host list again before it assigns the next ring's ranks."""
+    from horovod.runner.elastic import driver
+    from horovod.runner.elastic.discovery import HostManager
+
+    from elastic_ring.controller import hvdrun
+
+    monkeypatch.setattr(HostManager, "blacklist", HostManager.blacklist)
+    monkeypatch.setattr(driver.ElasticDriver, "resume", driver.ElasticDriver.resume)
+    hvdrun.keep_hosts_on_failure()
+    hvdrun.keep_hosts_on_failure()  # once
+    assert HostManager.blacklist(object(), "localhost") is None
+    seen = []
+
+    class Hosts:
+        def update_available_hosts(self):
+            seen.append("read")
+
+    class Driver:
+        _wait_hosts_cond = __import__("threading").Condition()
+        _host_manager = Hosts()
+        _min_num_proc = 1
+
+        def _activate_workers(self, n):
+            seen.append(("activate", n))
+
+    driver.ElasticDriver.resume(Driver())
+    assert seen == ["read", ("activate", 1)]
+
+
+class _Stalls:
+    """A backend that can end single ranks (``--survive``)."""
+
+    name = "fake"
+
+    def __init__(self, ok=True):
+        self.ok, self.ended = ok, []
+
+    def end_ranks(self, ranks):
+        self.ended.append(ranks)
+        return self.ok
+
+    def report_ahead(self, launch):
+        pass
+
+    def retract_ahead(self, segment):
+        return True
+
+
+@pytest.mark.parametrize("ranks, ok, ends", [((1,), True, True), ((), True, False), ((0, 1), True, False),
+                                             ((1,), False, False)])
+def test_a_stall_ends_only_the_stalled_ranks_where_the_others_can_go_on(tmp_path, ranks, ok, ends):
+    """The watchdog named some ranks, not all, and the backend ended them: the others lose a peer and
+    go on from memory (the controller's survivors path); otherwise the whole job is ended as before."""
+    from elastic_ring.controller.backends.resize import InPlace
+    from elastic_ring.controller.controller import Controller
+    from elastic_ring.controller.segment import Segment
+    from elastic_ring.controller.watchdog import Stall
+
+    spec = RunSpec(run_dir=tmp_path, workers=2, schedule=(), slots=2, device="cpu", total_steps=10)
+    b = _Stalls(ok)
+    ctl = Controller(spec, out=lambda s: None, poll_s=0.0, show_progress=False, backend=b, resize=InPlace(b))
+    seg = Segment(0, 2, 10)
+    seg.stall = Stall(0, 5, 3.0, 2.0, ranks, "process stopped or gone (1:T)")
+    assert bool(ctl._end_stalled(seg)) is ends
+    assert b.ended == ([list(ranks)] if ranks and len(ranks) < 2 else [])
+
+
+def test_the_ray_backend_ends_a_stalled_rank_alone(tmp_path):
+    b, g, (m0, m1), ended = _backend(tmp_path)
+    g._failed_seen, g.failure, g.rc, m1.ref = [], None, None, object()  # both running
+    assert b.end_ranks([1]) and ended == ["actor1"]
+    b.survive = False
+    assert not b.end_ranks([1])

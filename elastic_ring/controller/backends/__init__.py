@@ -32,7 +32,7 @@ class LaunchOptions:
     placement: str = "PACK"
     warm_spares: int | None = None
     gpus_per_worker: float = 0.0
-    survive: bool = False  # Ray: the survivors of a failed worker go on from their copy in memory
+    survive: bool = False  # Ray, inplace: the survivors of a failed worker go on from their copy in memory
     collective: str = "horovod"  # or "torch": the local launcher (backends.local), no horovodrun
 
 
@@ -55,7 +55,8 @@ def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
     if options.relaunch == "inplace":
         from elastic_ring.controller.backends.elastic import ElasticBackend
 
-        elastic = ElasticBackend(spec, launcher=launcher, network_interface=options.network_interface)
+        elastic = ElasticBackend(spec, launcher=launcher, network_interface=options.network_interface,
+                                 survive=options.survive)
         return elastic, InPlace(elastic)
     from elastic_ring.controller.backends.horovodrun import HorovodrunBackend
 

@@ -112,12 +112,16 @@ class Survival:
 
 
 class SurvivingRing(Protocol):
-    """A backend that may keep the survivors of a failed worker (the Ray backend with ``--survive``);
-    the controller asks it after a failure, before it restarts anything."""
+    """A backend that may keep the survivors of a failed worker (the Ray backend or ``--relaunch
+    inplace`` with ``--survive``); the controller asks it after a failure, before it restarts anything."""
 
     def survivors(self) -> Survival | None:
         """The survivors go on (the failed members ended; the next in-place resize rolls them back
         to ``Survival.step``), or None: restart from the checkpoint."""
+
+    def end_ranks(self, ranks: list[int]) -> bool:
+        """End only these ranks' workers (a stall the watchdog found): the others lose a peer and
+        the failure goes on as a death would. False when not done (the whole job is then ended)."""
 
 
 def worker_entry() -> list[str]:

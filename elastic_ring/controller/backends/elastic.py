@@ -6,6 +6,18 @@ re-forms the ring (a new worker syncs from rank 0; a removed one is ended by Hor
 keep their processes. A scheduled resize's slot count and action are reported ahead
 (:meth:`report_ahead`), once the segment runs, so that the driver has seen it when the workers
 pause and rank 0 need not wait for the controller.
+
+Survivors go on (``--survive``): Horovod Elastic's driver, told not to blacklist this host for a
+worker's failure (:func:`elastic_ring.controller.hvdrun.keep_hosts_on_failure`), keeps the job up
+when a worker dies; its peers say which steps they hold in memory
+(:func:`elastic_ring.worker.survive.survivor_file`), and when they hold one in common the failure
+is a shrink (:meth:`ElasticBackend.survivors`): the in-place resize that follows writes the new
+slot count and rolls them back to that step. The driver numbers slots by their place on the host,
+so only the highest ranks can go: the death of a lower rank (its slot would leave a hole) is a
+restart from the checkpoint, as is no common step or a silent survivor. The dead worker's slot
+comes back (:attr:`ElasticBackend.rejoins`): the controller plans a grow back to the job's size
+after the survivors' next step, and the driver starts a new worker there, which receives the state
+by broadcast from rank 0 as at any in-place grow.
 """
 
 from __future__ import annotations
@@ -17,8 +29,12 @@ from pathlib import Path
 from elastic_ring import protocol
 from elastic_ring.controller import hvdrun
 from elastic_ring.controller.hvdrun import discovery_script_text
-from elastic_ring.controller.backends.api import BUILTIN_TARGET, Launcher, SegmentLaunch, Started, worker_env
+from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Handle, Launcher, SegmentLaunch, Started, Survival,
+                                                  worker_env)
 from elastic_ring.controller.backends.horovodrun import SubprocessLauncher, first_failed_rank, worker_args
+
+
+_SURVIVE_WAIT_S = 5.0  # after a failure, how long the survivors may take to say which steps they hold
 
 
 def discovery_files(run_dir: Path) -> tuple[Path, Path]:
@@ -57,13 +73,86 @@ def elastic_horovodrun_command(spec, world: int, segment: int, stop_at: int,
             "--", spec.script or BUILTIN_TARGET, *spec.script_args]
 
 
+def _current_pids(run_dir: Path, segment: int) -> dict[int, int]:
+    """rank -> the pid of the process that holds it in ``segment``: each rank's record of the
+    latest segment up to this one (a worker that stayed across in-place resizes wrote it when it
+    started)."""
+    best: dict[int, tuple[int, int]] = {}
+    for rec in protocol.read_pid_records(run_dir):
+        try:
+            r, s, pid = int(rec["rank"]), int(rec["segment"]), int(rec["pid"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if s <= segment and s >= best.get(r, (-1, 0))[0]:
+            best[r] = (s, pid)
+    return {r: pid for r, (_, pid) in best.items()}
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie not reaped yet counts as exited)."""
+    if not protocol.pid_alive(pid):
+        return True
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except Exception:  # noqa: BLE001 - gone meanwhile
+        return True
+
+
+class _Watched:
+    """horovodrun's handle, with a worker's loss seen while the job stays up (``--survive``: the
+    driver no longer ends it): ``poll`` is 1 once a survivor has said so, until the backend lets
+    the survivors go on (:meth:`go_on`) or ends the job."""
+
+    def __init__(self, inner: Handle, run_dir: Path, t_start: float) -> None:
+        self.inner, self.run_dir, self.t_start = inner, run_dir, t_start
+        self.pid = inner.pid
+        self.failed = False
+
+    def poll(self) -> int | None:
+        rc = self.inner.poll()
+        if rc is not None:
+            return rc
+        if not self.failed:
+            self.failed = bool(survivor_records(self.run_dir, self.t_start))
+        return 1 if self.failed else None
+
+    def go_on(self) -> None:
+        self.failed = False
+
+    def kill(self) -> None:
+        self.inner.kill()
+
+    def end(self) -> None:
+        """Kill the job and wait until horovodrun has exited."""
+        self.inner.kill()
+        while self.inner.poll() is None:
+            time.sleep(0.05)
+
+
+def survivor_records(run_dir: Path, since: float) -> list[dict]:
+    """The survivors' records (:func:`elastic_ring.worker.survive.survivor_file`) newer than ``since``."""
+    out = []
+    for f in protocol.control_dir(run_dir).glob("survivor-*.json"):
+        rec = protocol.read_json(f)
+        if isinstance(rec, dict) and float(rec.get("time", 0.0)) >= since:
+            out.append(rec)
+    return out
+
+
 class ElasticBackend:
     """One Horovod Elastic job for the whole run; an :class:`~.api.InPlaceRing` (see the module docstring)."""
 
     name = "elastic"
+    rejoins = True  # after survivors went on (--survive), a grow back to the planned size starts a new worker
 
-    def __init__(self, spec, launcher: Launcher | None = None, network_interface: str | None = None) -> None:
+    def __init__(self, spec, launcher: Launcher | None = None, network_interface: str | None = None,
+                 survive: bool = False) -> None:
         self.spec = spec
+        self.survive = survive  # survivors of a failure go on from their copy in memory
+        self._rollback: int | None = None  # the step the next in-place resize rolls the survivors back to
+        self._handle: _Watched | None = None
         self.launcher = launcher or SubprocessLauncher()
         self.network_interface = network_interface
         self.hosts_written = 0.0  # when the discovery file last changed
@@ -75,9 +164,18 @@ class ElasticBackend:
         cmd = elastic_horovodrun_command(self.spec, launch.world, launch.segment, launch.stop_at,
                                          launch.owner, self.network_interface)
         env = worker_env(self.spec, launch.world, elastic=True)
+        if self.survive:
+            from elastic_ring.worker.survive import SURVIVE_ENV
+
+            env[SURVIVE_ENV] = "1"  # the workers keep their copies; the driver keeps the host (hvdrun)
+        if self._handle is not None and self._handle.inner.poll() is None:
+            self._handle.end()  # a restart after a failure the survivors could not take
+        t0 = time.time()
         handle = self.launcher.start(cmd, env, log_path)
         self.hosts_written = time.time()
         self._launch, self._ahead = launch, None
+        if self.survive:
+            handle = self._handle = _Watched(handle, self.spec.run_dir, t0)
         return Started(handle, cmd)
 
     def usable_slots(self, want: int) -> int:
@@ -139,10 +237,11 @@ class ElasticBackend:
         self._launch = launch
         if write_hosts(self.spec.run_dir, launch.world):
             self.hosts_written = time.time()
-        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment),
-                                   {"action": "resize", "to": launch.world, "segment": launch.segment,
-                                    "stop_at": launch.stop_at, "time": t_launch,
-                                    "hosts_written": self.hosts_written})
+        action = {"action": "resize", "to": launch.world, "segment": launch.segment, "stop_at": launch.stop_at,
+                  "time": t_launch, "hosts_written": self.hosts_written}
+        if self._rollback is not None:  # survivors of a failure: the step they all hold in memory
+            action["rollback_to"], self._rollback = self._rollback, None
+        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment), action)
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
         from elastic_ring.worker.inplace import inplace_action_file
@@ -153,5 +252,68 @@ class ElasticBackend:
     def failure_detail(self) -> None:
         return None  # horovodrun's log and the crash records say it all
 
+    def survivors(self, wait_s: float = _SURVIVE_WAIT_S) -> Survival | None:
+        """After a worker's loss: whether the others go on in their processes, from the last step
+        they all hold in memory. Waits up to ``wait_s`` until every rank of the running segment has
+        either said which steps it holds or is gone. None (the job is ended: the restart from the
+        checkpoint) when the run does not keep survivors, horovodrun itself exited, rank 0 took a
+        scheduled resize already, a survivor is silent, none is gone or left, a rank below a
+        survivor's is gone (its slot would leave a hole), or they hold no step in common."""
+        from elastic_ring.worker.survive import common_step, survivor_file
+
+        h, cur = self._handle, self._launch
+        if not self.survive or h is None or cur is None or h.inner.poll() is not None:
+            return None
+        run_dir, t0 = self.spec.run_dir, time.time()
+        pids = _current_pids(run_dir, cur.segment)
+        records: dict[int, dict] = {}
+        gone: set[int] = set()
+        while time.time() - t0 < wait_s:
+            for rec in survivor_records(run_dir, h.t_start):
+                r = rec.get("rank")
+                if isinstance(r, int) and rec.get("pid") == pids.get(r) and rec.get("segment") == cur.segment:
+                    records[r] = rec
+            gone = {r for r in range(cur.world) if r not in records and _gone(pids.get(r, 0))}
+            if len(records) + len(gone) >= cur.world:
+                break
+            time.sleep(0.02)
+        for r in range(cur.world):
+            survivor_file(run_dir, str(r)).unlink(missing_ok=True)
+        step = common_step([list(records[r].get("held") or []) for r in sorted(records)])
+        left = len(records)
+        if (not self.retract_ahead(cur.segment) or not gone or not left or left + len(gone) < cur.world
+                or sorted(records) != list(range(left)) or step is None):
+            h.end()
+            return None
+        rank = min(gone)
+        errors = [r for r in protocol.read_error_records(run_dir, since=h.t_start)
+                  if r.get("rank") == rank and not r.get("peer_loss")]
+        failure = (protocol.Failure.of_record(errors[-1]) if errors else
+                   protocol.Failure(rank, "Killed", f"worker rank {rank} died (its process is gone)"))
+        h.go_on()
+        self._rollback = step
+        return Survival(step, left, failure, 0, time.time() - t0)
+
+    def end_ranks(self, ranks: list[int]) -> bool:
+        """End these ranks' processes only (a stall the watchdog found: the others lose a peer and
+        go on as after its death); False when the run does not keep survivors or a rank's process
+        is not known here."""
+        import signal
+
+        cur = self._launch
+        if not self.survive or cur is None:
+            return False
+        pids = _current_pids(self.spec.run_dir, cur.segment)
+        if any(not pids.get(r) for r in ranks):
+            return False
+        for r in ranks:
+            try:
+                os.kill(pids[r], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return True
+
     def close(self) -> None:
-        pass
+        h = self._handle
+        if h is not None and h.inner.poll() is None:
+            h.end()  # a job whose failure was seen here but not taken (an interrupt came first)

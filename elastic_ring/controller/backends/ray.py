@@ -47,6 +47,7 @@ holds their records and :mod:`.ray_worker` what runs on the nodes.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 from dataclasses import replace
@@ -279,6 +280,24 @@ class RayBackend:
             return None
         k = self.pool.waiting()
         return min(self._heal_to, self.launch.world + k) if k else None
+
+    def end_ranks(self, ranks: list[int]) -> bool:
+        """End these ranks' actors only (a stall the watchdog found: the others lose a peer and go on
+        as after its death, :meth:`survivors`); False when the run does not keep survivors."""
+        g = self.group
+        if not self.survive or g is None:
+            return False
+        ending = [m for m in g.running() if m.rank in ranks]
+        if len(ending) != len(set(ranks)):
+            return False
+        for m in ending:
+            if m.info.get("host") == socket.gethostname():  # at once: a stopped process answers no RPC
+                try:
+                    os.kill(int(m.info["pid"]), signal.SIGKILL)
+                except (OSError, KeyError, ValueError):
+                    pass
+            g.end(m.actor)
+        return True
 
     def close(self) -> None:
         if not self.cluster.connected:

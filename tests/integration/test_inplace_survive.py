@@ -1,0 +1,192 @@
+"""`elastic-ring train --relaunch inplace --survive` (one Horovod Elastic job on this host) with real
+horovodrun. The flat loop: rank 1 of two workers is killed (kill -9) at the start of step 3; rank 0
+keeps its process, rolls back to step 2 (the last step both completed, kept in memory) and does
+step 3 alone; then a new worker takes the dead one's place (its state by broadcast from rank 0, not
+from disk) and the two go on; that joiner stops (SIGSTOP) in the last step, the stall watchdog ends
+it, and rank 0 rolls back again and finishes alone. Its final weights, momentum, data position and
+LR equal, bitwise, those of an uninterrupted run with those resizes scheduled: 2 -> 1 at step 2,
+back to 2 at step 3, 2 -> 1 at step 5. A Horovod Elastic script rolls back to its last commit the
+same way. Each failing run goes side by side with its reference."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from elastic_ring import protocol
+from elastic_ring.events import read_events
+from tests.integration.test_train_resize import _final_model, _start_train
+
+pytestmark = pytest.mark.integration
+
+STEPS, KILL = 6, 3  # rank 1 is killed in step KILL; its successor stops in the last step
+
+SCRIPT = """
+import os, signal, sys, torch, horovod.torch as hvd
+import elastic_ring.worker as elastic
+how, out = sys.argv[1], sys.argv[2]
+job = elastic.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 2)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * job.size, momentum=0.9),
+                               named_parameters=model.named_parameters())
+data = job.sampler(64, batch_size=4, seed=0)
+x, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
+job.register(model=model, optimizer=opt)
+job.restore()
+for step in job.steps():
+    with open(os.path.join(out, f"rank{job.rank}.txt"), "a") as f:
+        f.write(f"{step} {os.getpid()} {job.size}\\n")
+    if job.rank == 1 and how == "fail" and step in (%d, %d):
+        os.kill(os.getpid(), signal.SIGKILL if step == %d else signal.SIGSTOP)
+    idx = data.next_batch()
+    loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    job.record(loss, samples=len(idx))
+""" % (KILL, STEPS, KILL)
+
+
+def _rows(run, rank: int = 0) -> list[tuple[int, int, int]]:
+    """(step, pid, size) of each step the rank began, in order."""
+    return [tuple(map(int, ln.split())) for ln in (run / f"rank{rank}.txt").read_text().splitlines()]
+
+
+def _side_by_side(tmp_path, script_text: str, runs: dict[str, list[str]], steps: int) -> dict:
+    """Start one run per entry (its name -> its own options) of the script side by side; wait for all."""
+    script = tmp_path / "script.py"
+    script.write_text(script_text)
+    procs, dirs = {}, {how: tmp_path / how for how in runs}
+    for how, extra in runs.items():
+        dirs[how].mkdir()
+        procs[how] = _start_train(["--relaunch", "inplace", "--gpus", "2", "--slots", "2", "--steps", str(steps),
+                                   *extra, "--script", str(script), "--run-dir", str(dirs[how] / "r"), "--",
+                                   how, str(dirs[how])])
+    try:
+        outs = {how: p.communicate(timeout=240) for how, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+        for d in dirs.values():  # a stopped worker left behind by a failed test
+            for rec in protocol.read_pid_records(d / "r"):
+                if rec["rank"] != 0 and protocol.pid_alive(rec["pid"]):
+                    os.kill(rec["pid"], signal.SIGKILL)
+    for how, p in procs.items():
+        assert p.returncode == 0, (how, outs[how][1])
+    return dirs
+
+
+def _assert_same_final_state(a: dict, b: dict) -> None:
+    assert a["step"] == b["step"] and a["cursor"] == b["cursor"] and a["lr_last"] == b["lr_last"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    ma = [s["momentum_buffer"] for s in a["optimizer"]["state"].values()]
+    mb = [s["momentum_buffer"] for s in b["optimizer"]["state"].values()]
+    assert ma and all(torch.equal(x, y) for x, y in zip(ma, mb))
+
+
+def test_rank_1_killed_then_a_warm_joiner_then_its_stall_as_scheduled_resizes(tmp_path):
+    dirs = _side_by_side(tmp_path, SCRIPT, {
+        "fail": ["--survive", "--stall-timeout", "2"],
+        "none": ["--schedule", f"{KILL - 1}:1,{KILL}:2,{STEPS - 1}:1"]},  # the reference: the same resizes
+        STEPS)
+    run, ref = dirs["fail"] / "r", dirs["none"] / "r"
+    assert not read_events(ref / "events.jsonl", kind="restart")
+    killed, stalled = read_events(run / "events.jsonl", kind="restart")
+    for r, at in ((killed, KILL), (stalled, STEPS)):
+        assert (r["path"], r["rank"], r["from_step"], r["new_world_size"], r["gave_up"]) == \
+            ("memory", 1, at - 1, 1, False), r
+        assert r["steps_redone"] <= 1, r
+    (st,) = read_events(run / "events.jsonl", kind="stalled")
+    assert st["ranks"] == [1] and "stall" in stalled["cause"] and "stall" not in killed["cause"], (st, stalled)
+    recs = read_events(run / "events.jsonl", kind="recovered")
+    assert [(x["path"], x["from_step"], x["world_size"]) for x in recs] == [("memory", KILL - 1, 1),
+                                                                           ("memory", STEPS - 1, 1)], recs
+    # the joiner: a grow back to 2 after the survivor's step KILL, asked by no schedule
+    (req,) = [e for e in read_events(run / "events.jsonl", kind="resize_requested") if e["to_workers"] == 2]
+    assert (req["source"], req["from_workers"], req["at_step"]) == ("joiner", 1, KILL), req
+    (back,) = [e for e in read_events(run / "events.jsonl", kind="first_step_after_resize") if e["world_size"] == 2]
+    assert back["step"] == KILL + 1 and back["joiner"] == "broadcast", back
+    assert 0 < back["since_failure_s"] == pytest.approx(back["time"] - killed["time"], abs=0.5), back
+    rows, joiner = _rows(dirs["fail"]), _rows(dirs["fail"], 1)
+    assert [s for s, _, _ in rows] == [*range(1, KILL + 1), *range(KILL, STEPS + 1), STEPS]  # each failed step redone
+    assert len({pid for _, pid, _ in rows}) == 1  # rank 0 kept its process throughout
+    assert [size for _, _, size in rows] == [2] * KILL + [1] + [2] * (STEPS - KILL) + [1]
+    assert [s for s, _, _ in joiner] == [*range(1, KILL + 1), *range(KILL + 1, STEPS + 1)]
+    assert len({pid for s, pid, _ in joiner if s > KILL}) == 1 and joiner[-1][1] != joiner[0][1]  # a new process
+    print(f"kill: restart -> next step {recs[0]['detect_to_first_step_s']:.2f} s, lost {recs[0]['time_lost_s']:.2f} s;"
+          f" back at 2 workers {back['since_failure_s']:.2f} s after the kill was seen; "
+          f"stall: restart -> next step {recs[1]['detect_to_first_step_s']:.2f} s")
+    a, b = _final_model(run), _final_model(ref)
+    assert a["step"] == b["step"] == STEPS
+    _assert_same_final_state(a, b)
+
+
+HE_STEPS = 6  # rank 1 is killed in the last step: no joiner comes (no step left for it)
+
+HVD_ELASTIC = """
+import os, signal, sys, torch, horovod.torch as hvd
+import torch.nn.functional as F
+how, out = sys.argv[1], sys.argv[2]
+hvd.init()
+torch.manual_seed(0)
+data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+model = torch.nn.Linear(8, 2)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9),
+                               named_parameters=model.named_parameters())
+sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=0)
+loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=sampler)
+
+
+def set_lr():
+    for g in opt.param_groups:
+        g["lr"] = 0.01 * hvd.size()
+
+
+@hvd.elastic.run
+def train(state):
+    while state.epoch < 1:
+        for xb, yb in loader:
+            state.n += 1
+            with open(os.path.join(out, f"rank{hvd.rank()}.txt"), "a") as f:
+                f.write(f"{state.n} {os.getpid()} {hvd.size()}\\n")
+            if state.n == %d and hvd.rank() == 1 and how == "fail":
+                os.kill(os.getpid(), signal.SIGKILL)
+            loss = F.cross_entropy(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            state.sampler.record_batch(state.batch, 4)
+            state.batch += 1
+            state.commit()
+        state.epoch, state.batch = state.epoch + 1, 0
+
+
+state = hvd.elastic.TorchState(model=model, optimizer=opt, sampler=sampler, epoch=0, batch=0, n=0)
+state.register_reset_callbacks([set_lr])
+train(state)
+""" % HE_STEPS
+
+
+def test_a_horovod_elastic_script_rolls_back_to_its_last_commit_in_memory(tmp_path):
+    """``@hvd.elastic.run`` with ``state.commit()`` after every batch: rank 1 is killed in the last
+    step; rank 0 restores its commit of the step before (Horovod's save, in memory), re-forms the
+    ring alone, runs the reset callback and calls the function again, as Horovod Elastic would,
+    instead of a restart from the checkpoint; the final weights and momentum equal those of a
+    scheduled shrink at that step."""
+    dirs = _side_by_side(tmp_path, HVD_ELASTIC, {"fail": ["--survive"],
+                                                 "none": ["--resize-at", str(HE_STEPS - 1), "--to", "1"]}, HE_STEPS)
+    run = dirs["fail"] / "r"
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert (r["path"], r["rank"], r["from_step"], r["new_world_size"]) == ("memory", 1, HE_STEPS - 1, 1), r
+    assert not [e for e in read_events(run / "events.jsonl", kind="resize_requested") if e["source"] == "joiner"]
+    rows = _rows(dirs["fail"])
+    assert [s for s, _, _ in rows] == [*range(1, HE_STEPS + 1), HE_STEPS] and len({p for _, p, _ in rows}) == 1
+    a, b = _final_model(run), _final_model(dirs["none"] / "r")
+    assert a["step"] == b["step"] == HE_STEPS
+    _assert_same_final_state(a, b)
