@@ -14,6 +14,11 @@ Three launches, one object each, chosen once at start from the environment the e
   member's Horovod environment, in the go of a warm spare and in the resize action; a worker it
   leaves out of the new ring has retired (:class:`Retired`), and its process may serve again.
 
+On ``torch.distributed`` (``--collective torch``) the same two ways: :class:`TorchRing` (the local
+launcher names every worker's rank and the segment's rendezvous; a resize ends the processes) and
+:class:`TorchControllerRing` (``--relaunch inplace`` or the Ray backend: the controller serves each
+group's store and names the ranks; a resize destroys the group and forms the next in place).
+
 A ring knows its rank, size and local size, and nothing about training; the job
 (:class:`elastic_ring.worker.api.Job`) holds one.
 """

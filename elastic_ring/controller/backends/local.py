@@ -1,5 +1,6 @@
 """The local launcher of a ``--collective torch`` job: one process per worker on this host, no
-horovodrun (used by ``--relaunch prelaunch|overlap|sequential``: new processes per segment).
+horovodrun (used by ``--relaunch prelaunch|overlap|sequential``: new processes per segment); and
+:class:`LocalRingBackend`, the same job's workers kept across resizes (``--relaunch inplace``).
 
 :class:`LocalBackend` starts one small launcher per segment, ``python -m
 elastic_ring.controller.backends.local --nproc N -- WORKER COMMAND`` (through the same
