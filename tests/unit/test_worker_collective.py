@@ -329,12 +329,22 @@ def test_local_ring_withdraws_ahead_and_a_failure_ends_the_others(tmp_path):
     ring.report_ahead(SegmentLaunch(2, 1, 12, "me"))
     joiner = launcher.started[1]
     assert ring.retract_ahead(0) and joiner.killed and not inplace_action_file(tmp_path, 0).exists()
+    assert group.poll() is None  # a joiner withdrawn and ended is no failure
     ring.resize_in_place(0, SegmentLaunch(2, 1, 12, "me"), 0.0)  # formed now: a new process
     r0, r1 = launcher.started[0], launcher.started[2]
     assert "--go-file" not in r1.cmd and r1.env["RANK"] == "1"
     r1.rc = 1
     assert group.poll() == 1 and r0.killed and ring.first_failed_rank(None) == 1
     assert "rank 1 exited with status 1" in (tmp_path / "logs" / "segment-001-w2.log").read_text()
+
+
+def test_a_joiner_started_ahead_that_fails_fails_the_group(tmp_path):
+    ring, launcher = _local_ring(tmp_path)
+    group = ring.start(SegmentLaunch(1, 0, 6, "me"), tmp_path / "seg.log").handle
+    ring.report_ahead(SegmentLaunch(2, 1, 12, "me"))
+    r0, joiner = launcher.started
+    joiner.rc = 0  # it ended before its go: it cannot have joined
+    assert group.poll() == 1 and r0.killed and ring.first_failed_rank(None) == 1
 
 
 def test_the_launcher_ends_the_others_at_the_first_failure(tmp_path, capsys):

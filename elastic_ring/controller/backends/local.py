@@ -114,10 +114,12 @@ class LocalMember:
 class LocalGroup:
     """The worker processes of a group resized in place, one handle for the controller: ``poll`` is
     None while they run, 0 once all finished, the status of the first that failed (the others are
-    then ended). A member that left the group at a shrink exits with ``RETIRED``, not a failure."""
+    then ended). A member that left the group at a shrink exits with ``RETIRED``, not a failure.
+    ``waiting``: joiners started ahead of a resize, not members yet; one that fails fails the group."""
 
     def __init__(self, members: list[LocalMember], log_path: Path) -> None:
         self.members, self.log_path = members, log_path
+        self.waiting: list[LocalMember] = []
         self.rc: int | None = None
         self.failed_rank: int | None = None
 
@@ -131,11 +133,16 @@ class LocalGroup:
 
         if self.rc is not None:
             return self.rc
-        for m in list(self.members):
+        for m in [*self.members, *self.waiting]:
             rc = m.handle.poll() if m.handle is not None else None
-            if rc == RETIRED or (rc == 0 and m.retiring):
+            if rc is None:
+                continue
+            if m in self.waiting:
+                rc = rc or 1  # a joiner cannot end before it has joined
+            elif rc == RETIRED or (rc == 0 and m.retiring):
                 self.members.remove(m)  # left the group at a shrink
-            elif rc is not None and rc != 0:
+                continue
+            if rc != 0:
                 self.failed_rank = m.rank
                 try:
                     with open(self.log_path, "a") as f:
@@ -150,7 +157,7 @@ class LocalGroup:
         return self.rc
 
     def kill(self) -> None:
-        for m in self.members:
+        for m in [*self.members, *self.waiting]:
             if m.handle is not None:
                 m.handle.kill()
         if self.rc is None:
@@ -252,9 +259,7 @@ class LocalRingBackend:
 
     def close(self) -> None:
         if self._ahead is not None:
-            for m in self._ahead.joiners:
-                if m.handle is not None:
-                    m.handle.kill()
+            self._end_waiting(self._ahead.joiners)
             self._ahead = None
         if self.group is not None and self.group.poll() is None:
             self.group.kill()
@@ -283,6 +288,7 @@ class LocalRingBackend:
             go.unlink(missing_ok=True)
             self._spawn(m, launch, envs[m.name], self._log(launch), go)
             go_files[str(go)] = {"stop_at": launch.stop_at, "time": time.time()}
+        self.group.waiting += joiners
         self._ahead = _Ahead(cur.segment, launch, keep + joiners, leave, joiners, self.rings.newest)
         protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, cur.segment), {
             "action": "resize", "to": launch.world, "segment": launch.segment, "stop_at": launch.stop_at,
@@ -301,11 +307,17 @@ class LocalRingBackend:
         if a.taken:
             return False
         self._ahead = None
-        for m in a.joiners:
-            if m.handle is not None:
-                m.handle.kill()
+        self._end_waiting(a.joiners)
         self.rings.withdraw(a.server)
         return True
+
+    def _end_waiting(self, joiners: list[LocalMember]) -> None:
+        """Joiners started ahead for a group that will not form: no longer watched, then ended."""
+        if self.group is not None:
+            self.group.waiting = [m for m in self.group.waiting if m not in joiners]
+        for m in joiners:
+            if m.handle is not None:
+                m.handle.kill()
 
     def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
         """The paused workers go on as ``launch``: the group formed ahead (rank 0 took it), or one
@@ -333,6 +345,7 @@ class LocalRingBackend:
                                    f"segment {a.launch.segment}, the controller decided {launch}")
             self._ahead = None
             members, leave, joiners = a.members, a.leave, a.joiners
+            group.waiting = [m for m in group.waiting if m not in joiners]
         for m in leave:
             m.retiring = True
         self.rings.in_use()
