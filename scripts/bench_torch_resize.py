@@ -8,8 +8,9 @@ data as ``scripts/bench_peers.py``'s resize part, whose harnesses this script ru
 
 * ``torch-inplace``: ``elastic-ring train --collective torch --relaunch inplace`` (the survivors
   keep their processes and re-form their process group; the joiner is started ahead);
-* ``torch-ray`` (with ``--ray``): ``elastic-ring train --collective torch --backend ray`` on a
-  local Ray started by the run (warm actors);
+* ``torch-ray`` (with ``--ray``): ``elastic-ring train --collective torch --backend ray`` (warm
+  actors) on ``--ray-address``, else on a one-node Ray cluster this script starts for all its runs
+  and stops at the end (``ray.cluster_utils.Cluster``: only its own processes);
 * ``horovod-inplace``: ``elastic-ring train --relaunch inplace`` (Horovod Elastic), and
   ``horovod-ray`` with ``--ray``: our Horovod path's same resizes;
 * ``torchrun-relaunch``: ``launch/peer_ddp.py`` (DistributedDataParallel) under ``torchrun
@@ -22,7 +23,7 @@ controller's ``resize_overhead.total_lost_s``, which is that. Per round, each to
 time lost over torchrun-relaunch's and over the Horovod path's (same backend), per resize kind;
 medians over the rounds. Target: at most 0.2x torchrun's.
 
-    .venv/bin/python scripts/bench_torch_resize.py --repeats 3 [--ray]
+    .venv/bin/python scripts/bench_torch_resize.py --repeats 3 [--ray [--ray-address HOST:PORT]]
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import ROOT, exit_on_sigterm, write_results  # noqa: E402
@@ -45,6 +48,7 @@ OURS = {"torch-inplace": ["--collective", "torch", "--relaunch", "inplace"],
         "torch-ray": ["--collective", "torch", "--backend", "ray"],
         "horovod-inplace": ["--relaunch", "inplace"],
         "horovod-ray": ["--backend", "ray"]}
+RAY_CPUS = 4  # the bench's own Ray node: two workers, a spare, and room for a restarted one
 PEER = "torchrun-relaunch"
 KINDS = ("grow", "shrink")
 
@@ -54,6 +58,26 @@ def _peers():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@contextmanager
+def ray_cluster(a, tmp: Path) -> Iterator[str | None]:
+    """The Ray address the Ray harnesses use: ``--ray-address``, or a one-node cluster started here
+    (Ray's files under ``tmp``: its socket paths must stay short) and stopped at the end."""
+    if not a.ray or a.ray_address:
+        yield a.ray_address
+        return
+    from ray.cluster_utils import Cluster
+
+    os.environ["RAY_TMPDIR"] = str(tmp / "ray")
+    (tmp / "ray").mkdir(exist_ok=True)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": RAY_CPUS, "include_dashboard": False,
+                                                       "object_store_memory": 80 * 1024 * 1024})
+    try:
+        c.wait_for_nodes()
+        yield c.address
+    finally:
+        c.shutdown()
 
 
 def resize_ours(a, bp, flags: list[str], tmp: Path) -> dict:
@@ -102,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3, help="alternating rounds (>= 1)")
     p.add_argument("--resize-steps", type=int, default=20, help="S: grow after step S, shrink after 2S, 3S steps")
-    p.add_argument("--ray", action="store_true", help="also the Ray backend (a local Ray per run)")
+    p.add_argument("--ray", action="store_true", help="also the Ray backend")
+    p.add_argument("--ray-address", default=None, help="with --ray: a running cluster (else one started here)")
+    p.add_argument("--harnesses", nargs="*", default=None, choices=[*OURS, PEER],
+                   help="only these (default: all; the Ray ones with --ray)")
     p.add_argument("--depth", type=int, default=20)
     p.add_argument("--width", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
@@ -114,18 +141,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     bp = _peers()
     names = ["torch-inplace", "horovod-inplace", *(["torch-ray", "horovod-ray"] if a.ray else []), PEER]
+    if a.harnesses:
+        names = [h for h in ("torch-inplace", "horovod-inplace", "torch-ray", "horovod-ray", PEER) if h in a.harnesses]
+        a.ray = any(h.endswith("-ray") for h in names)
     load_before = os.getloadavg()[0]
     rounds: list[dict] = []
     errors: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="btr") as t:
+    with tempfile.TemporaryDirectory(prefix="btr") as t, ray_cluster(a, Path(t)) as address:
         tmp = Path(t)
+        ray_flags = ["--ray-address", address] if address else []
         for i in range(a.repeats):
             order = names if i % 2 == 0 else names[::-1]
             r: dict = {}
             for h in order:
                 try:
-                    r[h] = (bp.resize_torchrun_relaunch(a, True, tmp) if h == PEER
-                            else resize_ours(a, bp, OURS[h], tmp))
+                    r[h] = (bp.resize_torchrun_relaunch(a, True, tmp) if h == PEER else
+                            resize_ours(a, bp, OURS[h] + (ray_flags if h.endswith("-ray") else []), tmp))
                 except (bp.BenchError, subprocess.TimeoutExpired) as e:  # recorded, not fatal
                     errors.append(f"round {i + 1} {h}: {str(e)[:1500]}")
                     print(f"round {i + 1} {h}: FAILED: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)

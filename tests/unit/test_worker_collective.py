@@ -178,6 +178,7 @@ def test_the_torch_ring_formed_by_the_controller_adopts_its_go_and_retires_when_
     monkeypatch.setenv(coll_mod.COLLECTIVE_ENV, "torch")
     monkeypatch.setenv(ring_mod.INPLACE_ENV, ring_mod.RING_BY_CONTROLLER)
     monkeypatch.setenv(ring_mod.MEMBER_ENV, "w2")
+    monkeypatch.setenv(ring_mod.STORE_ENV, "")  # restored after the go's update
     for k, v in dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1").items():
         monkeypatch.setenv(k, v)
     ring = ring_mod.ring_from_env()
@@ -283,9 +284,10 @@ def test_make_launch_gives_the_local_ring_for_torch_inplace(tmp_path):
 
 
 def test_local_ring_grows_ahead_and_shrinks_now_keeping_rank_0(tmp_path):
-    """Start at 1; a grow reported ahead starts the joiner with a go file and writes the action with
-    every member's environment over a new store; rank 0 takes it; the shrink formed at the pause
-    leaves the joiner out, which then exits RETIRED without failing the group."""
+    """Start at 1 with a warm spare for the free slot; a grow reported ahead takes the spare and
+    writes the action with every member's environment over a new store and the spare's go (its
+    rank and store); rank 0 takes it; the shrink formed at the pause leaves the joiner out, which
+    then exits RETIRED without failing the group, and a new spare is started for the freed slot."""
     from elastic_ring import protocol
     from elastic_ring.worker.inplace import inplace_action_file, take_ahead_action
     from elastic_ring.worker.ring import STORE_ENV
@@ -293,17 +295,19 @@ def test_local_ring_grows_ahead_and_shrinks_now_keeping_rank_0(tmp_path):
     ring, launcher = _local_ring(tmp_path)
     started = ring.start(SegmentLaunch(1, 0, 6, "me"), tmp_path / "logs" / "segment-000-w1.log")
     group = started.handle
-    (r0,) = launcher.started
+    r0, joiner = launcher.started
     assert "--ring-by-controller" in started.cmd and r0.env["RANK"] == "0" and r0.env[STORE_ENV].endswith(":5001")
+    assert joiner.cmd[joiner.cmd.index("--segment") + 1] == "-1" and STORE_ENV not in joiner.env  # a spare
     assert group.pid == r0.pid and group.poll() is None
 
     ring.report_ahead(SegmentLaunch(2, 1, 12, "me"))
-    joiner = launcher.started[1]
+    assert len(launcher.started) == 2  # the spare joins: no new process
     act = protocol.read_json(inplace_action_file(tmp_path, 0))
     assert act["at_step"] == 6 and act["to"] == 2 and set(act["members"]) == {"w1", "w2"}
     assert act["members"]["w1"]["RANK"] == "0" and act["members"]["w2"]["RANK"] == "1"
     assert act["members"]["w1"][STORE_ENV].endswith(":5002")
-    assert joiner.cmd[joiner.cmd.index("--go-file") + 1] in act["go_files"]
+    go = act["go_files"][joiner.cmd[joiner.cmd.index("--go-file") + 1]]
+    assert go["stop_at"] == 12 and go["env"] == act["members"]["w2"]
     assert take_ahead_action(tmp_path, 0)  # rank 0 takes it at the pause
     ring.resize_in_place(0, SegmentLaunch(2, 1, 12, "me"), 0.0)
     assert ring._ahead is None and not inplace_action_file(tmp_path, 0).exists()
@@ -312,7 +316,7 @@ def test_local_ring_grows_ahead_and_shrinks_now_keeping_rank_0(tmp_path):
     ring.resize_in_place(1, SegmentLaunch(1, 2, 18, "me"), 0.0)  # a shrink, formed at the pause
     act = protocol.read_json(inplace_action_file(tmp_path, 1))
     assert set(act["members"]) == {"w1"} and act["members"]["w1"]["WORLD_SIZE"] == "1"
-    assert len(launcher.started) == 2  # no new process for a shrink
+    assert len(launcher.started) == 3 and launcher.started[2].env["RANK"] == "1"  # a spare for the freed slot
     joiner.rc = protocol.RETIRED
     assert group.poll() is None and [m.name for m in group.members] == ["w1"]
     r0.rc = 0
@@ -326,13 +330,14 @@ def test_local_ring_withdraws_ahead_and_a_failure_ends_the_others(tmp_path):
 
     ring, launcher = _local_ring(tmp_path)
     group = ring.start(SegmentLaunch(1, 0, 6, "me"), tmp_path / "seg.log").handle
+    r0, spare = launcher.started
     ring.report_ahead(SegmentLaunch(2, 1, 12, "me"))
-    joiner = launcher.started[1]
-    assert ring.retract_ahead(0) and joiner.killed and not inplace_action_file(tmp_path, 0).exists()
-    assert group.poll() is None  # a joiner withdrawn and ended is no failure
-    ring.resize_in_place(0, SegmentLaunch(2, 1, 12, "me"), 0.0)  # formed now: a new process
-    r0, r1 = launcher.started[0], launcher.started[2]
-    assert "--go-file" not in r1.cmd and r1.env["RANK"] == "1"
+    assert ring.retract_ahead(0) and not spare.killed and not inplace_action_file(tmp_path, 0).exists()
+    assert group.poll() is None and ring.spares[0].handle is spare  # withdrawn: a spare again
+    spare.rc = 1  # the spare died meanwhile: the resize formed now starts a new process
+    ring.resize_in_place(0, SegmentLaunch(2, 1, 12, "me"), 0.0)
+    r1 = launcher.started[2]
+    assert "--go-file" not in r1.cmd and r1.env["RANK"] == "1" and group.poll() is None
     r1.rc = 1
     assert group.poll() == 1 and r0.killed and ring.first_failed_rank(None) == 1
     assert "rank 1 exited with status 1" in (tmp_path / "logs" / "segment-001-w2.log").read_text()
@@ -342,7 +347,7 @@ def test_a_joiner_started_ahead_that_fails_fails_the_group(tmp_path):
     ring, launcher = _local_ring(tmp_path)
     group = ring.start(SegmentLaunch(1, 0, 6, "me"), tmp_path / "seg.log").handle
     ring.report_ahead(SegmentLaunch(2, 1, 12, "me"))
-    r0, joiner = launcher.started
+    r0, joiner = launcher.started  # the spare, taken for the group ahead
     joiner.rc = 0  # it ended before its go: it cannot have joined
     assert group.poll() == 1 and r0.killed and ring.first_failed_rank(None) == 1
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from elastic_ring import protocol
 from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Handle, Launcher, SegmentLaunch, Started,
                                                   worker_env)
+from elastic_ring.worker.ring import MEMBER_ENV
 
 # a statement that calls it (not a comment's or a docstring's mention)
 _HVD_INIT = re.compile(r"^[ \t]*hvd\.init\s*\(", re.M)
@@ -109,6 +110,7 @@ class LocalMember:
     rank: int = -1
     retiring: bool = False
     info: dict = field(default_factory=dict)  # no node: one host
+    go: Path | None = None  # a warm spare: it waits for this file, which brings its rank and store
 
 
 class LocalGroup:
@@ -198,10 +200,12 @@ class LocalRingBackend:
     The controller serves each group's ``TCPStore`` (:class:`~.torch_ring.TorchRingFormer`) and
     names every member's rank, size and store. At a resize the workers pause between two steps and
     read the action (``control/inplace-<seg>.json``): survivors destroy their group and form the
-    new one (rank 0 stays rank 0 and keeps its process), a member left out exits (``RETIRED``),
-    and joiners are new processes. For a scheduled resize the joiners are started ahead, while the
-    segment trains: they build their model and data and wait for the go rank 0 writes when it
-    takes the action written ahead, so that the re-form waits for no process start."""
+    new one (rank 0 stays rank 0 and keeps its process), a member left out exits (``RETIRED``).
+    A joiner is a warm spare: a process started beside the group (as many as the slots the group
+    leaves free) that built its model and data and waits for a go naming its rank and store; when
+    none is left, a new process. For a scheduled resize the group is formed ahead, while the
+    segment trains, and rank 0 writes the joiners' go when it takes the action written ahead, so
+    that the re-form waits for no process start."""
 
     name = "local"
 
@@ -215,6 +219,7 @@ class LocalRingBackend:
         self.group: LocalGroup | None = None
         self.launch: SegmentLaunch | None = None  # the running segment's
         self._ahead: _Ahead | None = None
+        self.spares: list[LocalMember] = []
         self._n = 0
 
     def _member(self) -> LocalMember:
@@ -246,7 +251,31 @@ class LocalRingBackend:
         cmds = [self._spawn(m, launch, envs[m.name], log_path) for m in members]
         self.group, self.launch = LocalGroup(members, log_path), launch
         _note(log_path, describe(members, launch))
+        self._top_up(launch)
         return Started(self.group, cmds[0])
+
+    # ------------------------------------------------------------------ warm spares
+    def _top_up(self, launch: SegmentLaunch) -> None:
+        """Keep a spare for every slot the group leaves free: the worker entry with a placeholder
+        rank, up to its wait for a go (its segment comes with the sync from rank 0)."""
+        while len(self.spares) < max(0, self.spec.slots - launch.world):
+            m = self._member()
+            m.go = protocol.control_dir(self.spec.run_dir) / f"spare-{m.name}.json"
+            m.go.unlink(missing_ok=True)
+            env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", MEMBER_ENV: m.name}
+            self._spawn(m, SegmentLaunch(launch.world, -1, launch.stop_at, launch.owner), env,
+                        self.spec.run_dir / "logs" / f"spare-{m.name}.log", m.go)
+            self.spares.append(m)
+
+    def _joiners(self, k: int) -> list[LocalMember]:
+        """``k`` joiners: the spares still running first, then new members (no process yet)."""
+        self.spares = [m for m in self.spares if m.handle is None or m.handle.poll() is None]
+        got, self.spares = self.spares[:k], self.spares[k:]
+        return got + [self._member() for _ in range(k - len(got))]
+
+    def _go(self, m: LocalMember, launch: SegmentLaunch, env: dict[str, str], t: float) -> dict:
+        """A joiner's go record: a spare's names its rank and store."""
+        return {"stop_at": launch.stop_at, "time": t, **({"env": env} if m.handle is not None else {})}
 
     def usable_slots(self, want: int) -> int:
         return self.spec.slots
@@ -261,6 +290,10 @@ class LocalRingBackend:
         if self._ahead is not None:
             self._end_waiting(self._ahead.joiners)
             self._ahead = None
+        for m in self.spares:
+            if m.handle is not None:
+                m.handle.kill()
+        self.spares = []
         if self.group is not None and self.group.poll() is None:
             self.group.kill()
         self.rings.stop_all()
@@ -280,14 +313,16 @@ class LocalRingBackend:
             return
         old = self._serving()
         keep, leave = old[:launch.world], old[launch.world:]
-        joiners = [self._member() for _ in range(launch.world - len(keep))]
+        joiners = self._joiners(launch.world - len(keep))
         envs = self.rings.form(keep + joiners)
         go_files = {}
         for m in joiners:
-            go = protocol.control_dir(self.spec.run_dir) / f"go-{m.name}.json"
-            go.unlink(missing_ok=True)
-            self._spawn(m, launch, envs[m.name], self._log(launch), go)
-            go_files[str(go)] = {"stop_at": launch.stop_at, "time": time.time()}
+            rec = self._go(m, launch, envs[m.name], time.time())
+            if m.handle is None:  # no spare left: a new process, waiting for the same go
+                m.go = protocol.control_dir(self.spec.run_dir) / f"go-{m.name}.json"
+                m.go.unlink(missing_ok=True)
+                self._spawn(m, launch, envs[m.name], self._log(launch), m.go)
+            go_files[str(m.go)] = rec
         self.group.waiting += joiners
         self._ahead = _Ahead(cur.segment, launch, keep + joiners, leave, joiners, self.rings.newest)
         protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, cur.segment), {
@@ -312,12 +347,11 @@ class LocalRingBackend:
         return True
 
     def _end_waiting(self, joiners: list[LocalMember]) -> None:
-        """Joiners started ahead for a group that will not form: no longer watched, then ended."""
+        """Joiners taken for a group that will not form: no longer watched; spares again (each
+        still waits for its go, withdrawn with the action)."""
         if self.group is not None:
             self.group.waiting = [m for m in self.group.waiting if m not in joiners]
-        for m in joiners:
-            if m.handle is not None:
-                m.handle.kill()
+        self.spares[:0] = [m for m in joiners if m.handle is not None]
 
     def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
         """The paused workers go on as ``launch``: the group formed ahead (rank 0 took it), or one
@@ -329,14 +363,17 @@ class LocalRingBackend:
         if self.retract_ahead(paused_segment):
             old = self._serving()
             keep, leave = old[:launch.world], old[launch.world:]
-            joiners = [self._member() for _ in range(launch.world - len(keep))]
+            joiners = self._joiners(launch.world - len(keep))
             members = keep + joiners
             envs = self.rings.form(members)
             protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment), {
                 "action": "resize", "to": launch.world, "segment": launch.segment,
                 "stop_at": launch.stop_at, "time": t_launch, "members": envs})
             for m in joiners:
-                self._spawn(m, launch, envs[m.name], self._log(launch))
+                if m.handle is not None and m.go is not None:  # a waiting process: its go brings its place
+                    protocol.write_json_atomic(m.go, self._go(m, launch, envs[m.name], t_launch))
+                else:
+                    self._spawn(m, launch, envs[m.name], self._log(launch))
         else:
             a = self._ahead
             assert a is not None
@@ -354,6 +391,7 @@ class LocalRingBackend:
         group.members = [*members, *(m for m in leave if m in group.members)]
         group.log_path = self._log(launch)
         self.launch = launch
+        self._top_up(launch)
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
         from elastic_ring.worker.inplace import inplace_action_file
