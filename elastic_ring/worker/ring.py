@@ -356,6 +356,16 @@ class TorchControllerRing(TorchRing):
         super().__init__()
         self.generation = 0
 
+    @property
+    def warms_compile(self) -> bool:
+        """Always: ``DistributedDataParallel`` imports ``torch._dynamo`` when it is first built (seconds),
+        which a joiner would otherwise do on the first step of the group it joins."""
+        return True
+
+    @warms_compile.setter
+    def warms_compile(self, value: bool) -> None:
+        pass
+
     def _went(self, go: dict[str, Any]) -> int:
         if go.get("env"):  # a warm spare joining a group: started with a placeholder rank
             os.environ.update({k: str(v) for k, v in go["env"].items()})
