@@ -81,8 +81,9 @@ def _echo(msg: str) -> None:
 @click.option("--collective", type=click.Choice(["horovod", "torch"]), default=None,
               help="The workers' collectives: horovod (horovodrun, or Horovod on Ray), or torch "
                    "(torch.distributed: gloo on the CPU, NCCL on GPUs; one process per worker on this "
-                   "host, no horovodrun; the built-in ResNet uses DistributedDataParallel; --relaunch "
-                   "prelaunch, overlap or sequential). [default: horovod; at --resume: the run's own]")
+                   "host, no horovodrun, or Ray actors with --backend ray; the built-in ResNet uses "
+                   "DistributedDataParallel; every --relaunch mode: inplace keeps the processes and "
+                   "re-forms the process group). [default: horovod; at --resume: the run's own]")
 @click.option("--ray-address", default=None, metavar="ADDRESS",
               help="Ray cluster to run on (--backend ray). [default: $RAY_ADDRESS, else a local Ray]")
 @click.option("--placement", type=click.Choice(["PACK", "SPREAD"]), default="PACK", show_default=True,

@@ -151,13 +151,10 @@ def check_torch_launch(req: RunRequest) -> None:
     Raises:
         UserError: one it does not have (one line naming it).
     """
-    if req.backend == "ray":
-        raise UserError("--collective torch runs on this host's local launcher: drop --backend ray")
+    if req.survive:
+        raise UserError("--survive is Horovod's on Ray: drop it with --collective torch")
     if req.hosts or req.hostfile:
         raise UserError("--collective torch runs on one host: drop --hosts/--hostfile")
-    if req.relaunch == "inplace":
-        raise UserError("--relaunch inplace is Horovod Elastic's: with --collective torch use "
-                        "prelaunch, overlap or sequential")
 
 
 def _check_numbers(req: RunRequest) -> None:

@@ -433,7 +433,8 @@ def describe(run: PreparedRun) -> list[str]:
     lines += [first, second]
     if spec.collective == "torch":
         lines.append("elastic-ring: collective torch.distributed "
-                     f"({'NCCL' if spec.device == 'cuda' else 'gloo'}), one local process per worker")
+                     f"({'NCCL' if spec.device == 'cuda' else 'gloo'}), one process per worker"
+                     + (", kept across resizes (the group re-formed in place)" if run.relaunch == "inplace" else ""))
     if run.extra.get("relaunch_note"):
         lines.append(f"elastic-ring: {run.extra['relaunch_note']}")
     return lines

@@ -205,8 +205,14 @@ class Job:
         """(the module to call, the optimizer to step and register) averaging the gradients over the
         ranks with the job's collective: ``DistributedDataParallel(model)`` and ``optimizer`` on
         ``torch.distributed``, ``model`` and :meth:`distributed_optimizer` on Horovod. Keyword
-        arguments go to the wrapper. Register ``model`` (not the DDP wrapper) and the optimizer."""
+        arguments go to the wrapper. Register ``model`` (not the DDP wrapper) and the optimizer.
+        Where the process group is re-formed in place the module is a
+        :class:`~elastic_ring.worker.reformed.ReformedDDP`: DDP rebuilt over each new group."""
         if self.collective.name == "torch":
+            if self.ring.in_place:
+                from elastic_ring.worker.reformed import ReformedDDP
+
+                return ReformedDDP(self.ring, model, **kwargs), optimizer
             return self.collective.data_parallel(model, **kwargs), optimizer
         return model, self.distributed_optimizer(optimizer, model, **kwargs)
 

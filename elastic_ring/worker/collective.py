@@ -12,7 +12,9 @@ one of the job's collective.
 :class:`elastic_ring.worker.ring.TorchRing` is the ring of a job on ``torch.distributed``: the controller's local launcher
 names every worker's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and the
 segment's rendezvous (``MASTER_ADDR``/``MASTER_PORT``; rank 0 hosts its store); a resize ends the
-processes and new ones form the next group, as under horovodrun.
+processes and new ones form the next group, as under horovodrun. Resized in place (``--relaunch
+inplace``, the Ray backend), :class:`elastic_ring.worker.ring.TorchControllerRing` forms each group
+over a store the controller serves, in the same processes.
 """
 
 from __future__ import annotations

@@ -14,6 +14,11 @@ Three launches, one object each, chosen once at start from the environment the e
   member's Horovod environment, in the go of a warm spare and in the resize action; a worker it
   leaves out of the new ring has retired (:class:`Retired`), and its process may serve again.
 
+On ``torch.distributed`` (``--collective torch``) the same two ways: :class:`TorchRing` (the local
+launcher names every worker's rank and the segment's rendezvous; a resize ends the processes) and
+:class:`TorchControllerRing` (``--relaunch inplace`` or the Ray backend: the controller serves each
+group's store and names the ranks; a resize destroys the group and forms the next in place).
+
 A ring knows its rank, size and local size, and nothing about training; the job
 (:class:`elastic_ring.worker.api.Job`) holds one.
 """
@@ -39,6 +44,7 @@ from elastic_ring.worker.inplace import inplace_action_file, take_ahead_action
 INPLACE_ENV = "ELASTIC_RING_INPLACE"  # "1": Horovod Elastic (--relaunch inplace)
 RING_BY_CONTROLLER = "controller"  # INPLACE_ENV's value on the Ray backend (the controller forms the ring)
 MEMBER_ENV = "ELASTIC_RING_MEMBER"  # this worker's name in a resize action's "members"
+STORE_ENV = "ELASTIC_RING_STORE"  # host:port of the store the controller serves for a torch group
 _HVD_KEYS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
 
 
@@ -307,6 +313,9 @@ class TorchRing(Ring):
         self._coll: Any = None
         self.connected = False
         self.hosts_updated_at = None
+        self._ranks_from_env()
+
+    def _ranks_from_env(self) -> None:
         env = os.environ
         missing = [k for k in TORCH_KEYS if k not in env]
         if missing:
@@ -334,9 +343,13 @@ class TorchRing(Ring):
             raise ContractError("NCCL asked for (--device cuda) where torch has no usable CUDA/NCCL")
         dev = torch.device("cuda", self.local_rank) if backend == "nccl" else torch.device("cpu")
         with _warming_meanwhile(self.warms_compile):
-            dist.init_process_group(backend, store=rendezvous_store(self.rank, self.size), rank=self.rank,
-                                    world_size=self.size, timeout=timedelta(seconds=PG_TIMEOUT_S))
+            self._init_group(dist, backend)
         self._coll = TorchCollective(dist, dev)
+
+    def _init_group(self, dist: Any, backend: str) -> None:
+        """``init_process_group`` at the launcher's rendezvous (rank 0 hosts the store)."""
+        dist.init_process_group(backend, store=rendezvous_store(self.rank, self.size), rank=self.rank,
+                                world_size=self.size, timeout=timedelta(seconds=PG_TIMEOUT_S))
 
     def adopt_ranks(self) -> None:
         pass  # the launcher's environment is the group's
@@ -349,11 +362,86 @@ class TorchRing(Ring):
                                f"from the environment's {self.rank}/{self.size}")
 
 
+class TorchControllerRing(TorchRing):
+    """The process group the controller forms for each segment of a ``--collective torch`` job
+    that resizes in place (``--relaunch inplace`` on one host, or the Ray backend): it hosts each
+    segment's store (``ELASTIC_RING_STORE``: ``host:port``) and names every member's rank and
+    sizes, in the go of a warm joiner and in the resize action. A resize destroys the group and
+    forms the next one in these processes; ``generation`` counts the groups formed, so that a
+    ``DistributedDataParallel`` built over an older one is rebuilt
+    (:class:`elastic_ring.worker.reformed.ReformedDDP`). A worker the action leaves out has
+    retired (:class:`Retired`)."""
+
+    in_place = True
+    go_timeout_s = 7 * 24 * 3600.0  # a warm spare may wait for a grow all run long
+    broadcasts_stop = False  # every member's go names it
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generation = 0
+
+    @property
+    def warms_compile(self) -> bool:
+        """Always: ``DistributedDataParallel`` imports ``torch._dynamo`` when it is first built (seconds),
+        which a joiner would otherwise do on the first step of the group it joins."""
+        return True
+
+    @warms_compile.setter
+    def warms_compile(self, value: bool) -> None:
+        pass
+
+    def _went(self, go: dict[str, Any]) -> int:
+        if go.get("env"):  # a warm spare joining a group: started with a placeholder rank
+            os.environ.update({k: str(v) for k, v in go["env"].items()})
+            self._ranks_from_env()
+        return int(go["stop_at"])
+
+    def _init_group(self, dist: Any, backend: str) -> None:
+        """``init_process_group`` over the store the controller serves for this segment."""
+        where = os.environ.get(STORE_ENV)
+        if not where:
+            raise ContractError(f"a worker resized in place needs {STORE_ENV} (host:port of the store the "
+                                "controller serves) in its environment")
+        host, _, port = where.rpartition(":")
+        timeout = timedelta(seconds=PG_TIMEOUT_S)
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout)
+
+    def _formed(self) -> None:
+        self._check_ranks()
+        self.adopt_ranks()
+
+    def adopt_ranks(self) -> None:
+        """This host's share of the CPU threads at the group's local size (as a new process's)."""
+        import torch
+
+        torch.set_num_threads(protocol.cpu_threads(self.local_size))
+
+    def reform(self, action: dict[str, Any]) -> None:
+        """Destroy the group and form the one the action names for this worker.
+
+        Raises:
+            Retired: the action names no environment for this worker.
+        """
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        self._coll = None
+        mine = (action.get("members") or {}).get(os.environ.get(MEMBER_ENV, ""))
+        if mine is None:
+            raise Retired(f"not a member of segment {action['segment']}")
+        os.environ.update({k: str(v) for k, v in mine.items()})
+        self._ranks_from_env()
+        self.init_horovod()
+        self._formed()
+        self.generation += 1
+
+
 def ring_from_env() -> Ring:
     """The ring of this launch, from the mode the entry point wrote to ``ELASTIC_RING_INPLACE``."""
-    if os.environ.get(COLLECTIVE_ENV) == "torch":  # torch.distributed (worker.collective)
-        return TorchRing()
     mode = os.environ.get(INPLACE_ENV)
+    if os.environ.get(COLLECTIVE_ENV) == "torch":  # torch.distributed (worker.collective)
+        return TorchControllerRing() if mode == RING_BY_CONTROLLER else TorchRing()
     if mode == RING_BY_CONTROLLER:
         return ControllerRing()
     if mode == "1":

@@ -1,9 +1,10 @@
 """`elastic-ring train --backend ray` on a real two-node Ray cluster started here
 (``ray.cluster_utils.Cluster``: a head and a node of one CPU each, so that two workers sit on two
 nodes), with real Horovod rings formed by the controller: grow and shrink with warm workers against
-the horovodrun path's weights; kill -9 of a worker actor, then a node removed, in one run; a node
-removed under ``--survive`` (the survivor on the other node goes on from memory); and
-`cluster up --ray` growing a job onto a node that joins.
+the horovodrun path's weights, and the same on torch.distributed (``--collective torch``); kill -9
+of a worker actor, then a node removed, in one run; a node removed under ``--survive`` (the
+survivor on the other node goes on from memory); and `cluster up --ray` growing a job onto a node
+that joins.
 
 One test on one cluster: ``make test`` runs the tests two at a time (``-n 2 --dist worksteal``),
 and pytest-xdist's work stealing may hand tests of one module to both workers, each of which would
@@ -189,6 +190,30 @@ def _grow_shrink_warm_across_nodes_equals_horovodrun(tmp_path: Path, tmp_path_fa
         assert torch.equal(a["model"][k], b["model"][k]), k
 
 
+def _grow_shrink_torch_equals_the_horovod_ray_run(tmp_path: Path, hvd_run: Path, cluster) -> None:
+    """The same 1 -> 2 -> 1 with --collective torch: the controller serves a store per process group
+    and names the ranks; the survivor keeps its actor process, the joiner is a warm spare; the final
+    weights bitwise equal to the Horovod Ray run's (itself equal to the horovodrun path's)."""
+    run = tmp_path / "ray-torch"
+    p = run_cli("train", *_ray_args(cluster), *RESIZE_1_2_1[1:], "--collective", "torch", "--run-dir", str(run),
+                timeout=300, env=ENV)
+    assert p.returncode == 0, p.stdout + p.stderr
+    steps = _trace(run)
+    assert sorted(steps) == list(range(1, 19))
+    assert [len(steps[s]) // 8 for s in (1, 6, 7, 12, 13, 18)] == [1, 1, 2, 2, 1, 1]
+    r0, r1, r2 = _ring(run, 0), _ring(run, 1), _ring(run, 2)
+    assert len(r1) == 2 and r0[0][1] == r1[0][1] == r2[0][1]  # rank 0 is the same process throughout
+    assert not read_events(run / "events.jsonl", kind="restart")
+    rel = read_events(run / "events.jsonl", kind="relaunched")
+    assert [(r["from_workers"], r["to_workers"]) for r in rel] == [(1, 2), (2, 1)]
+    for r, f in zip(rel, read_events(run / "events.jsonl", kind="first_step_after_resize")):
+        assert f["lr"] == pytest.approx(r["to_workers"] / r["from_workers"] * r["lr_last"])
+    a, b = _final_model(run), _final_model(hvd_run)
+    assert a["step"] == b["step"] == 18 and a["cursor"] == b["cursor"] and a["lr_last"] == b["lr_last"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+
+
 def _kill_9_then_node_removed_each_restarts_by_itself(tmp_path: Path, cluster) -> None:
     """One run of 2 workers, one per node, that loses a worker twice and finishes by itself:
     kill -9 of the rank-1 actor's process (the restart names rank 1 and its node, never rank 0,
@@ -336,6 +361,7 @@ def test_ray_on_a_real_two_node_cluster(tmp_path, tmp_path_factory, cluster):
     for d in ("grow", "fail", "lost", "up"):
         (tmp_path / d).mkdir()
     _grow_shrink_warm_across_nodes_equals_horovodrun(tmp_path / "grow", tmp_path_factory, cluster)
+    _grow_shrink_torch_equals_the_horovod_ray_run(tmp_path / "grow", tmp_path / "grow" / "ray", cluster)
     _kill_9_then_node_removed_each_restarts_by_itself(tmp_path / "fail", cluster)
     _node_removed_the_survivor_on_the_other_node_goes_on(tmp_path / "lost", cluster)
     _cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path / "up", cluster)

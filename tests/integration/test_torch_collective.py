@@ -1,9 +1,11 @@
 """`elastic-ring train --collective torch`: real gloo process groups, launched by the controller's
-local launcher (no horovodrun), resized by checkpoint and relaunch."""
+local launcher (no horovodrun), resized by checkpoint and relaunch, or in place (the processes
+stay and re-form their process group)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import pytest
@@ -17,19 +19,10 @@ from tests.integration.test_train_resize import RESIZE_1_2_1, _final_model, _tra
 pytestmark = pytest.mark.integration
 
 
-def test_torch_resize_1_2_1_overlap_is_exact_and_equals_the_horovod_run(tmp_path, tmp_path_factory):
-    """The built-in ResNet on DistributedDataParallel, 1 -> 2 -> 1 with --relaunch overlap: every
-    step and sample once, Eq. 7 at each relaunch, and the final weights bitwise those of the same
-    schedule on Horovod (at two workers both average two gradients exactly: a halving is exact)."""
-    run = tmp_path / "run"
-    p = run_cli(*RESIZE_1_2_1, "--collective", "torch", "--relaunch", "overlap", "--run-dir", str(run),
-                timeout=400)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "collective torch.distributed (gloo)" in p.stderr
-    launches = read_events(run / "events.jsonl", kind="launch")
-    assert len(launches) == 3
-    assert all("elastic_ring.controller.backends.local" in e["command"] for e in launches)
-    assert not any("hvdrun" in c or "horovodrun" in c for e in launches for c in e["command"])
+def _exact_1_2_1_equal_to_the_horovod_run(run, tmp_path_factory):
+    """Every step and sample once, Eq. 7 at each resize, and the final weights and momentum bitwise
+    those of the same schedule on Horovod (at two workers both average two gradients exactly: a
+    halving is exact)."""
     steps = _trace(run)
     assert sorted(steps) == list(range(1, 19))
     assert [len(steps[s]) // 8 for s in (1, 6, 7, 12, 13, 18)] == [1, 1, 2, 2, 1, 1]
@@ -48,14 +41,60 @@ def test_torch_resize_1_2_1_overlap_is_exact_and_equals_the_horovod_run(tmp_path
     assert a["step"] == b["step"] == 18 and a["cursor"] == b["cursor"] and a["lr_last"] == b["lr_last"]
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
-    for k, s in a["optimizer"]["state"].items():
-        assert torch.equal(s["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"]), k
+    for k, st in a["optimizer"]["state"].items():
+        assert torch.equal(st["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"]), k
     # the same test accuracy and loss at one worker (steps 6 and 18); at two, rank 1's BatchNorm statistics
     # differ (DDP broadcasts rank 0's buffers at every forward, Horovod keeps each rank's), so step 12's may
     ref_evals = {e["step"]: e for e in read_events(ref / "events.jsonl", kind="evaluation")}
     for e in (evals[0], evals[-1]):
         assert (e["test_accuracy"], e["test_loss"]) == (ref_evals[e["step"]]["test_accuracy"],
                                                         ref_evals[e["step"]]["test_loss"]), e["step"]
+
+
+def test_torch_resize_1_2_1_overlap_is_exact_and_equals_the_horovod_run(tmp_path, tmp_path_factory):
+    """The built-in ResNet on DistributedDataParallel, 1 -> 2 -> 1 with --relaunch overlap: new
+    processes per segment from the local launcher, exact (:func:`_exact_1_2_1_equal_to_the_horovod_run`)."""
+    run = tmp_path / "run"
+    p = run_cli(*RESIZE_1_2_1, "--collective", "torch", "--relaunch", "overlap", "--run-dir", str(run),
+                timeout=400)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "collective torch.distributed (gloo)" in p.stderr
+    launches = read_events(run / "events.jsonl", kind="launch")
+    assert len(launches) == 3
+    assert all("elastic_ring.controller.backends.local" in e["command"] for e in launches)
+    assert not any("hvdrun" in c or "horovodrun" in c for e in launches for c in e["command"])
+    _exact_1_2_1_equal_to_the_horovod_run(run, tmp_path_factory)
+
+
+def _members(run) -> list[dict[int, int]]:
+    """Per segment, rank -> pid, from the local in-place backend's lines in the segment logs."""
+    rows = []
+    for f in sorted((run / "logs").glob("segment-*.log")):
+        for line in f.read_text().splitlines():
+            if line.startswith("[local] segment "):
+                rows.append({int(r): int(p) for r, p in re.findall(r"rank (\d+): w\d+ pid (\d+)", line)})
+    return rows
+
+
+def test_torch_resize_1_2_1_inplace_keeps_rank_0_and_equals_the_horovod_run(tmp_path, tmp_path_factory):
+    """--relaunch inplace on torch.distributed: the processes stay; at each resize the group is
+    destroyed and formed again at the new size over a new store the controller serves, DDP rebuilt
+    over the same module; the joiner is a new process started ahead, the leaver exits. Rank 0 keeps
+    its process throughout, no checkpoint is written for a resize, and the run is exact."""
+    run = tmp_path / "run"
+    p = run_cli(*RESIZE_1_2_1, "--collective", "torch", "--relaunch", "inplace", "--run-dir", str(run),
+                timeout=400)
+    assert p.returncode == 0, p.stdout + p.stderr
+    launches = read_events(run / "events.jsonl", kind="launch")
+    assert len(launches) == 3 and "--ring-by-controller" in launches[0]["command"]
+    assert not any("hvdrun" in c or "horovodrun" in c for e in launches for c in e["command"])
+    assert [e["returncode"] for e in read_events(run / "events.jsonl", kind="workers_exited")] == [0]
+    segs = _members(run)
+    assert [sorted(m) for m in segs] == [[0], [0, 1], [0]]
+    assert len({m[0] for m in segs}) == 1 and segs[1][1] != segs[0][0]  # rank 0 kept; a new joiner
+    for o in read_events(run / "events.jsonl", kind="resize_overhead"):
+        assert o["checkpoint_s"] == 0
+    _exact_1_2_1_equal_to_the_horovod_run(run, tmp_path_factory)
 
 
 def test_a_process_group_formed_by_the_script_first_is_one_line_not_retried(tmp_path):

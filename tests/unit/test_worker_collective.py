@@ -215,6 +215,27 @@ def test_the_torch_ring_takes_torchruns_variables(monkeypatch):
         ring_from_env()
 
 
+def test_the_torch_ring_formed_by_the_controller_adopts_its_go_and_retires_when_left_out(monkeypatch):
+    from elastic_ring.worker import ring as ring_mod
+
+    monkeypatch.setenv(coll_mod.COLLECTIVE_ENV, "torch")
+    monkeypatch.setenv(ring_mod.INPLACE_ENV, ring_mod.RING_BY_CONTROLLER)
+    monkeypatch.setenv(ring_mod.MEMBER_ENV, "w2")
+    monkeypatch.setenv(ring_mod.STORE_ENV, "")  # restored after the go's update
+    for k, v in dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1").items():
+        monkeypatch.setenv(k, v)
+    ring = ring_mod.ring_from_env()
+    assert isinstance(ring, ring_mod.TorchControllerRing) and ring.in_place and ring.generation == 0
+    env = dict(RANK="2", WORLD_SIZE="3", LOCAL_RANK="2", LOCAL_WORLD_SIZE="3")
+    env[ring_mod.STORE_ENV] = "127.0.0.1:1"
+    assert ring._went({"stop_at": 12, "env": env}) == 12 and (ring.rank, ring.size, ring.local_size) == (2, 3, 3)
+    destroyed = []
+    monkeypatch.setattr("torch.distributed.destroy_process_group", lambda: destroyed.append(1))
+    with pytest.raises(ring_mod.Retired):
+        ring.reform({"segment": 3, "members": {"w1": {}}})
+    assert destroyed == [1] and ring._coll is None
+
+
 # ---------------------------------------------------------------------- the launcher and the request
 def test_make_launch_gives_the_local_backend_for_torch(tmp_path):
     spec = types.SimpleNamespace(run_dir=tmp_path, script=None, script_args=("--x",), extra_env={},
@@ -277,6 +298,150 @@ def test_the_launcher_hands_the_listening_socket_to_rank_0_only():
     assert p.returncode == 0, p.stderr
 
 
+def test_torch_inplace_and_ray_requests_pass_the_check():
+    check(RunRequest(collective="torch", relaunch="inplace"))
+    check(RunRequest(collective="torch", backend="ray"))
+
+
+# ---------------------------------------------------------------------- in place: the controller's groups
+class FakeHandle:
+    _pid = 100
+
+    def __init__(self, cmd, env) -> None:
+        FakeHandle._pid += 1
+        self.pid, self.cmd, self.env, self.rc, self.killed = FakeHandle._pid, cmd, env, None, False
+
+    def poll(self):
+        return self.rc
+
+    def kill(self) -> None:
+        self.killed, self.rc = True, -9 if self.rc is None else self.rc
+
+
+class FakeLauncher:
+    def __init__(self) -> None:
+        self.started: list[FakeHandle] = []
+
+    def start(self, cmd, env, log_path):
+        h = FakeHandle(cmd, env)
+        self.started.append(h)
+        return h
+
+
+class FakeStores:
+    """A TorchRingFormer whose stores are numbers (port 5000 + n)."""
+
+    def __init__(self) -> None:
+        from elastic_ring.controller.backends.torch_ring import TorchRingFormer
+
+        self.n = 0
+
+        def serve(host):
+            self.n += 1
+            return f"store{self.n}", 5000 + self.n
+
+        self.former = TorchRingFormer(lambda: "127.0.0.1", serve)
+
+
+def test_torch_envs_rank_members_in_order_with_local_ranks_per_node():
+    from elastic_ring.controller.backends.torch_ring import torch_envs
+    from elastic_ring.worker.ring import MEMBER_ENV, STORE_ENV
+
+    ms = [types.SimpleNamespace(name=f"w{i}", info={"node_id": n}, rank=-1) for i, n in enumerate("aba")]
+    envs = torch_envs(ms, "10.0.0.1:7000")
+    assert [m.rank for m in ms] == [0, 1, 2]
+    assert [(e["RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["GROUP_RANK"]) for e in envs.values()] == [
+        ("0", "0", "2", "0"), ("1", "0", "1", "1"), ("2", "1", "2", "0")]
+    assert all(e["WORLD_SIZE"] == "3" and e[STORE_ENV] == "10.0.0.1:7000" for e in envs.values())
+    assert envs["w1"][MEMBER_ENV] == "w1" and envs["w1"]["MASTER_PORT"] == "7000"
+
+
+def _local_ring(tmp_path):
+    from elastic_ring.controller.backends.local import LocalRingBackend
+
+    spec = types.SimpleNamespace(run_dir=tmp_path, script=None, script_args=(), extra_env={}, device="cpu",
+                                 slots=2)
+    launcher, stores = FakeLauncher(), FakeStores()
+    return LocalRingBackend(spec, launcher=launcher, rings=stores.former), launcher
+
+
+def test_make_launch_gives_the_local_ring_for_torch_inplace(tmp_path):
+    from elastic_ring.controller.backends import InPlace
+
+    spec = types.SimpleNamespace(run_dir=tmp_path, script=None, script_args=(), extra_env={}, device="cpu", slots=2)
+    backend, resize = make_launch(LaunchOptions(relaunch="inplace", collective="torch"), spec)
+    assert isinstance(backend, local.LocalRingBackend) and isinstance(resize, InPlace)
+
+
+def test_local_ring_grows_ahead_and_shrinks_now_keeping_rank_0(tmp_path):
+    """Start at 1 with a warm spare for the free slot; a grow reported ahead takes the spare and
+    writes the action with every member's environment over a new store and the spare's go (its
+    rank and store); rank 0 takes it; the shrink formed at the pause leaves the joiner out, which
+    then exits RETIRED without failing the group, and a new spare is started for the freed slot."""
+    from elastic_ring import protocol
+    from elastic_ring.worker.inplace import inplace_action_file, take_ahead_action
+    from elastic_ring.worker.ring import STORE_ENV
+
+    ring, launcher = _local_ring(tmp_path)
+    started = ring.start(SegmentLaunch(1, 0, 6, "me"), tmp_path / "logs" / "segment-000-w1.log")
+    group = started.handle
+    r0, joiner = launcher.started
+    assert "--ring-by-controller" in started.cmd and r0.env["RANK"] == "0" and r0.env[STORE_ENV].endswith(":5001")
+    assert joiner.cmd[joiner.cmd.index("--segment") + 1] == "-1" and STORE_ENV not in joiner.env  # a spare
+    assert group.pid == r0.pid and group.poll() is None
+
+    ring.report_ahead(SegmentLaunch(2, 1, 12, "me"))
+    assert len(launcher.started) == 2  # the spare joins: no new process
+    act = protocol.read_json(inplace_action_file(tmp_path, 0))
+    assert act["at_step"] == 6 and act["to"] == 2 and set(act["members"]) == {"w1", "w2"}
+    assert act["members"]["w1"]["RANK"] == "0" and act["members"]["w2"]["RANK"] == "1"
+    assert act["members"]["w1"][STORE_ENV].endswith(":5002")
+    go = act["go_files"][joiner.cmd[joiner.cmd.index("--go-file") + 1]]
+    assert go["stop_at"] == 12 and go["env"] == act["members"]["w2"]
+    assert take_ahead_action(tmp_path, 0)  # rank 0 takes it at the pause
+    ring.resize_in_place(0, SegmentLaunch(2, 1, 12, "me"), 0.0)
+    assert ring._ahead is None and not inplace_action_file(tmp_path, 0).exists()
+    assert [m.rank for m in group.members] == [0, 1] and group.pid == r0.pid
+
+    ring.resize_in_place(1, SegmentLaunch(1, 2, 18, "me"), 0.0)  # a shrink, formed at the pause
+    act = protocol.read_json(inplace_action_file(tmp_path, 1))
+    assert set(act["members"]) == {"w1"} and act["members"]["w1"]["WORLD_SIZE"] == "1"
+    assert len(launcher.started) == 3 and launcher.started[2].env["RANK"] == "1"  # a spare for the freed slot
+    joiner.rc = protocol.RETIRED
+    assert group.poll() is None and [m.name for m in group.members] == ["w1"]
+    r0.rc = 0
+    assert group.poll() == 0
+    logs = (tmp_path / "logs" / "segment-002-w1.log").read_text()
+    assert f"rank 0: w1 pid {r0.pid}" in logs and "leaving: w2" in logs
+
+
+def test_local_ring_withdraws_ahead_and_a_failure_ends_the_others(tmp_path):
+    from elastic_ring.worker.inplace import inplace_action_file
+
+    ring, launcher = _local_ring(tmp_path)
+    group = ring.start(SegmentLaunch(1, 0, 6, "me"), tmp_path / "seg.log").handle
+    r0, spare = launcher.started
+    ring.report_ahead(SegmentLaunch(2, 1, 12, "me"))
+    assert ring.retract_ahead(0) and not spare.killed and not inplace_action_file(tmp_path, 0).exists()
+    assert group.poll() is None and ring.spares[0].handle is spare  # withdrawn: a spare again
+    spare.rc = 1  # the spare died meanwhile: the resize formed now starts a new process
+    ring.resize_in_place(0, SegmentLaunch(2, 1, 12, "me"), 0.0)
+    r1 = launcher.started[2]
+    assert "--go-file" not in r1.cmd and r1.env["RANK"] == "1" and group.poll() is None
+    r1.rc = 1
+    assert group.poll() == 1 and r0.killed and ring.first_failed_rank(None) == 1
+    assert "rank 1 exited with status 1" in (tmp_path / "logs" / "segment-001-w2.log").read_text()
+
+
+def test_a_joiner_started_ahead_that_fails_fails_the_group(tmp_path):
+    ring, launcher = _local_ring(tmp_path)
+    group = ring.start(SegmentLaunch(1, 0, 6, "me"), tmp_path / "seg.log").handle
+    ring.report_ahead(SegmentLaunch(2, 1, 12, "me"))
+    r0, joiner = launcher.started  # the spare, taken for the group ahead
+    joiner.rc = 0  # it ended before its go: it cannot have joined
+    assert group.poll() == 1 and r0.killed and ring.first_failed_rank(None) == 1
+
+
 def test_the_launcher_ends_the_others_at_the_first_failure(tmp_path, capsys):
     slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     bad = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
@@ -302,9 +467,8 @@ def test_script_collective_reads_the_scripts_own_init(tmp_path):
 
 @pytest.mark.parametrize("kw,needle", [
     (dict(collective="mpi"), "--collective must be one of horovod, torch"),
-    (dict(collective="torch", backend="ray"), "drop --backend ray"),
+    (dict(collective="torch", backend="ray", survive=True), "--survive is Horovod's on Ray"),
     (dict(collective="torch", hosts="a:1,b:1"), "runs on one host"),
-    (dict(collective="torch", relaunch="inplace"), "--relaunch inplace is Horovod Elastic's"),
 ])
 def test_request_checks_the_collective(kw, needle):
     with pytest.raises(UserError, match=needle.replace("(", r"\(")):
@@ -340,8 +504,8 @@ def test_bad_collective_input_is_one_line_exit_2(cli_inproc, tmp_path):
                          "--run-dir", str(tmp_path / "a")), "calls hvd.init()")
     _one_line(cli_inproc("train", "--script", str(pg_script), "--steps", "4", "--run-dir", str(tmp_path / "b")),
               "add --collective torch")
-    _one_line(cli_inproc("train", "--collective", "torch", "--relaunch", "inplace", "--run-dir",
-                         str(tmp_path / "c")), "--relaunch inplace is Horovod Elastic's")
+    _one_line(cli_inproc("train", "--collective", "torch", "--hosts", "a:1,b:1", "--run-dir",
+                         str(tmp_path / "c")), "--collective torch runs on one host")
     assert not any((tmp_path / d).exists() for d in "abc")  # refused before a run folder was made
 
 

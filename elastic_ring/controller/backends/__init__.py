@@ -39,18 +39,22 @@ class LaunchOptions:
 def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
                 host_probe=None) -> tuple[Backend, ResizeStrategy]:
     """The backend and the resize strategy of a run: Ray actors (in place), the local launcher per
-    segment (``--collective torch``), one Horovod Elastic job (``inplace``), or one ``horovodrun``
+    segment (``--collective torch``; with ``inplace`` its processes stay and re-form their
+    process group), one Horovod Elastic job (``inplace``), or one ``horovodrun``
     per segment (the relaunch modes)."""
     if options.backend == "ray":
         from elastic_ring.controller.backends.ray import make_ray_backend
 
         ray = make_ray_backend(spec, address=options.ray_address, strategy=options.placement,
                                warm_spares=options.warm_spares, gpus_per_worker=options.gpus_per_worker,
-                               survive=options.survive)
+                               survive=options.survive, collective=options.collective)
         return ray, InPlace(ray)
     if options.collective == "torch":
-        from elastic_ring.controller.backends.local import LocalBackend
+        from elastic_ring.controller.backends.local import LocalBackend, LocalRingBackend
 
+        if options.relaunch == "inplace":
+            ring = LocalRingBackend(spec, launcher=launcher)
+            return ring, InPlace(ring)
         return LocalBackend(spec, launcher=launcher), Relaunch(options.relaunch)
     if options.relaunch == "inplace":
         from elastic_ring.controller.backends.elastic import ElasticBackend

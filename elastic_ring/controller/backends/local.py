@@ -1,5 +1,6 @@
 """The local launcher of a ``--collective torch`` job: one process per worker on this host, no
-horovodrun (used by ``--relaunch prelaunch|overlap|sequential``: new processes per segment).
+horovodrun (used by ``--relaunch prelaunch|overlap|sequential``: new processes per segment); and
+:class:`LocalRingBackend`, the same job's workers kept across resizes (``--relaunch inplace``).
 
 :class:`LocalBackend` starts one small launcher per segment, ``python -m
 elastic_ring.controller.backends.local --nproc N -- WORKER COMMAND`` (through the same
@@ -26,11 +27,14 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Launcher, SegmentLaunch, Started,
+from elastic_ring import protocol
+from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Handle, Launcher, SegmentLaunch, Started,
                                                   worker_env)
 from elastic_ring.protocol import STORE_FD_ENV
+from elastic_ring.worker.ring import MEMBER_ENV
 
 # a statement that calls it (not a comment's or a docstring's mention)
 _HVD_INIT = re.compile(r"^[ \t]*hvd\.init\s*\(", re.M)
@@ -100,6 +104,306 @@ class LocalBackend:
 
     def close(self) -> None:
         pass
+
+
+@dataclass
+class LocalMember:
+    """One worker process of :class:`LocalRingBackend`: its name (``ELASTIC_RING_MEMBER``), rank in
+    the current group, process handle, and whether the group it serves has left it (a shrink)."""
+
+    name: str
+    handle: Handle | None = None
+    rank: int = -1
+    retiring: bool = False
+    info: dict = field(default_factory=dict)  # no node: one host
+    go: Path | None = None  # a warm spare: it waits for this file, which brings its rank and store
+
+
+class LocalGroup:
+    """The worker processes of a group resized in place, one handle for the controller: ``poll`` is
+    None while they run, 0 once all finished, the status of the first that failed (the others are
+    then ended). A member that left the group at a shrink exits with ``RETIRED``, not a failure.
+    ``waiting``: joiners started ahead of a resize, not members yet; one that fails fails the group."""
+
+    def __init__(self, members: list[LocalMember], log_path: Path) -> None:
+        self.members, self.log_path = members, log_path
+        self.waiting: list[LocalMember] = []
+        self.rc: int | None = None
+        self.failed_rank: int | None = None
+
+    @property
+    def pid(self) -> int:
+        live = [m for m in self.members if not m.retiring and m.handle is not None]
+        return min(live, key=lambda m: m.rank).handle.pid if live else 0
+
+    def poll(self) -> int | None:
+        from elastic_ring.protocol import RETIRED
+
+        if self.rc is not None:
+            return self.rc
+        for m in [*self.members, *self.waiting]:
+            rc = m.handle.poll() if m.handle is not None else None
+            if rc is None:
+                continue
+            if m in self.waiting:
+                rc = rc or 1  # a joiner cannot end before it has joined
+            elif rc == RETIRED or (rc == 0 and m.retiring):
+                self.members.remove(m)  # left the group at a shrink
+                continue
+            if rc != 0:
+                self.failed_rank = m.rank
+                try:
+                    with open(self.log_path, "a") as f:
+                        f.write(_FAILED.format(rank=m.rank, rc=rc) + "\n")
+                except OSError:
+                    pass
+                self.kill()
+                self.rc = rc if rc > 0 else 128 - rc
+                return self.rc
+        if all(m.handle is not None and m.handle.poll() == 0 for m in self.members):
+            self.rc = 0
+        return self.rc
+
+    def kill(self) -> None:
+        for m in [*self.members, *self.waiting]:
+            if m.handle is not None:
+                m.handle.kill()
+        if self.rc is None:
+            self.rc = -9
+
+
+def describe(members: list[LocalMember], launch: SegmentLaunch) -> str:
+    """The segment log's line naming each member's rank and process."""
+    rows = ", ".join(f"rank {m.rank}: {m.name} pid {m.handle.pid if m.handle is not None else '?'}"
+                     for m in sorted(members, key=lambda m: m.rank))
+    return f"[local] segment {launch.segment}: {len(members)} worker(s): {rows}"
+
+
+def _note(log_path: Path, text: str) -> None:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as f:
+        f.write(text + "\n")
+
+
+@dataclass
+class _Ahead:
+    """The next group, formed while the running segment trains (a scheduled resize): its joiners
+    started and waiting for their go, its action written ahead."""
+
+    segment: int
+    launch: SegmentLaunch
+    members: list[LocalMember]
+    leave: list[LocalMember]
+    joiners: list[LocalMember]
+    server: object
+    taken: bool = False
+
+
+class LocalRingBackend:
+    """``--collective torch --relaunch inplace`` on this host: the worker processes stay across
+    resizes and re-form their process group in place; an :class:`~.api.InPlaceRing`.
+
+    The controller serves each group's ``TCPStore`` (:class:`~.torch_ring.TorchRingFormer`) and
+    names every member's rank, size and store. At a resize the workers pause between two steps and
+    read the action (``control/inplace-<seg>.json``): survivors destroy their group and form the
+    new one (rank 0 stays rank 0 and keeps its process), a member left out exits (``RETIRED``).
+    A joiner is a warm spare: a process started beside the group (as many as the slots the group
+    leaves free) that built its model and data and waits for a go naming its rank and store; when
+    none is left, a new process. For a scheduled resize the group is formed ahead, while the
+    segment trains, and rank 0 writes the joiners' go when it takes the action written ahead, so
+    that the re-form waits for no process start."""
+
+    name = "local"
+
+    def __init__(self, spec, launcher: Launcher | None = None, rings=None) -> None:
+        from elastic_ring.controller.backends.horovodrun import SubprocessLauncher
+        from elastic_ring.controller.backends.torch_ring import TorchRingFormer
+
+        self.spec = spec
+        self.launcher = launcher or SubprocessLauncher()
+        self.rings = rings or TorchRingFormer(lambda: MASTER_ADDR)
+        self.group: LocalGroup | None = None
+        self.launch: SegmentLaunch | None = None  # the running segment's
+        self._ahead: _Ahead | None = None
+        self.spares: list[LocalMember] = []
+        self._n = 0
+
+    def _member(self) -> LocalMember:
+        self._n += 1
+        return LocalMember(f"w{self._n}")
+
+    def _command(self, launch: SegmentLaunch, go: Path | None = None) -> list[str]:
+        from elastic_ring.controller.backends.horovodrun import worker_args
+
+        cmd = [*worker_args(self.spec, launch.segment, launch.stop_at, launch.owner), "--ring-by-controller"]
+        if go is not None:
+            cmd += ["--go-file", str(go)]
+        return [*cmd, "--", self.spec.script or BUILTIN_TARGET, *self.spec.script_args]
+
+    def _spawn(self, m: LocalMember, launch: SegmentLaunch, env: dict[str, str], log_path: Path,
+               go: Path | None = None) -> list[str]:
+        cmd = self._command(launch, go)
+        m.handle = self.launcher.start(cmd, {**worker_env(self.spec, launch.world), **env}, log_path)
+        return cmd
+
+    def _log(self, launch: SegmentLaunch) -> Path:
+        return self.spec.run_dir / "logs" / f"segment-{launch.segment:03d}-w{launch.world}.log"
+
+    # ------------------------------------------------------------------ Backend
+    def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
+        self.close()
+        members = [self._member() for _ in range(launch.world)]
+        envs = self.rings.form(members)
+        cmds = [self._spawn(m, launch, envs[m.name], log_path) for m in members]
+        self.group, self.launch = LocalGroup(members, log_path), launch
+        _note(log_path, describe(members, launch))
+        self._top_up(launch)
+        return Started(self.group, cmds[0])
+
+    # ------------------------------------------------------------------ warm spares
+    def _top_up(self, launch: SegmentLaunch) -> None:
+        """Keep a spare for every slot the group leaves free: the worker entry with a placeholder
+        rank, up to its wait for a go (its segment comes with the sync from rank 0)."""
+        while len(self.spares) < max(0, self.spec.slots - launch.world):
+            m = self._member()
+            m.go = protocol.control_dir(self.spec.run_dir) / f"spare-{m.name}.json"
+            m.go.unlink(missing_ok=True)
+            env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", MEMBER_ENV: m.name}
+            self._spawn(m, SegmentLaunch(launch.world, -1, launch.stop_at, launch.owner), env,
+                        self.spec.run_dir / "logs" / f"spare-{m.name}.log", m.go)
+            self.spares.append(m)
+
+    def _joiners(self, k: int) -> list[LocalMember]:
+        """``k`` joiners: the spares still running first, then new members (no process yet)."""
+        self.spares = [m for m in self.spares if m.handle is None or m.handle.poll() is None]
+        got, self.spares = self.spares[:k], self.spares[k:]
+        return got + [self._member() for _ in range(k - len(got))]
+
+    def _go(self, m: LocalMember, launch: SegmentLaunch, env: dict[str, str], t: float) -> dict:
+        """A joiner's go record: a spare's names its rank and store."""
+        return {"stop_at": launch.stop_at, "time": t, **({"env": env} if m.handle is not None else {})}
+
+    def usable_slots(self, want: int) -> int:
+        return self.spec.slots
+
+    def first_failed_rank(self, log_path: Path | None) -> int | None:
+        return self.group.failed_rank if self.group is not None else first_failed_rank(log_path)
+
+    def failure_detail(self) -> None:
+        return None  # the failure line and the crash records say it all
+
+    def close(self) -> None:
+        if self._ahead is not None:
+            self._end_waiting(self._ahead.joiners)
+            self._ahead = None
+        for m in self.spares:
+            if m.handle is not None:
+                m.handle.kill()
+        self.spares = []
+        if self.group is not None and self.group.poll() is None:
+            self.group.kill()
+        self.rings.stop_all()
+
+    # ------------------------------------------------------------------ InPlaceRing
+    def _serving(self) -> list[LocalMember]:
+        assert self.group is not None
+        return sorted((m for m in self.group.members if not m.retiring), key=lambda m: m.rank)
+
+    def report_ahead(self, launch: SegmentLaunch) -> None:
+        """Form the next group now (its store served, its joiners started with a go file) and
+        write its action ahead, naming the step it applies at and the joiners' go records."""
+        from elastic_ring.worker.inplace import inplace_action_file
+
+        cur = self.launch
+        if self.group is None or cur is None or self._ahead is not None or launch.segment != cur.segment + 1:
+            return
+        old = self._serving()
+        keep, leave = old[:launch.world], old[launch.world:]
+        joiners = self._joiners(launch.world - len(keep))
+        envs = self.rings.form(keep + joiners)
+        go_files = {}
+        for m in joiners:
+            rec = self._go(m, launch, envs[m.name], time.time())
+            if m.handle is None:  # no spare left: a new process, waiting for the same go
+                m.go = protocol.control_dir(self.spec.run_dir) / f"go-{m.name}.json"
+                m.go.unlink(missing_ok=True)
+                self._spawn(m, launch, envs[m.name], self._log(launch), m.go)
+            go_files[str(m.go)] = rec
+        self.group.waiting += joiners
+        self._ahead = _Ahead(cur.segment, launch, keep + joiners, leave, joiners, self.rings.newest)
+        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, cur.segment), {
+            "action": "resize", "to": launch.world, "segment": launch.segment, "stop_at": launch.stop_at,
+            "time": time.time(), "members": envs, "at_step": cur.stop_at, "go_files": go_files})
+
+    def retract_ahead(self, segment: int) -> bool:
+        """Withdraw the action written ahead for ``segment`` (its joiners ended): True when withdrawn
+        or none was written; False when rank 0 has taken it already."""
+        a = self._ahead
+        if a is None or a.segment != segment:
+            return True
+        if not a.taken:
+            from elastic_ring.worker.inplace import withdraw_action_ahead
+
+            a.taken = not withdraw_action_ahead(self.spec.run_dir, segment)
+        if a.taken:
+            return False
+        self._ahead = None
+        self._end_waiting(a.joiners)
+        self.rings.withdraw(a.server)
+        return True
+
+    def _end_waiting(self, joiners: list[LocalMember]) -> None:
+        """Joiners taken for a group that will not form: no longer watched; spares again (each
+        still waits for its go, withdrawn with the action)."""
+        if self.group is not None:
+            self.group.waiting = [m for m in self.group.waiting if m not in joiners]
+        self.spares[:0] = [m for m in joiners if m.handle is not None]
+
+    def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
+        """The paused workers go on as ``launch``: the group formed ahead (rank 0 took it), or one
+        formed now (survivors first, then new processes for the joiners)."""
+        from elastic_ring.worker.inplace import inplace_action_file
+
+        group = self.group
+        assert group is not None
+        if self.retract_ahead(paused_segment):
+            old = self._serving()
+            keep, leave = old[:launch.world], old[launch.world:]
+            joiners = self._joiners(launch.world - len(keep))
+            members = keep + joiners
+            envs = self.rings.form(members)
+            protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment), {
+                "action": "resize", "to": launch.world, "segment": launch.segment,
+                "stop_at": launch.stop_at, "time": t_launch, "members": envs})
+            for m in joiners:
+                if m.handle is not None and m.go is not None:  # a waiting process: its go brings its place
+                    protocol.write_json_atomic(m.go, self._go(m, launch, envs[m.name], t_launch))
+                else:
+                    self._spawn(m, launch, envs[m.name], self._log(launch))
+        else:
+            a = self._ahead
+            assert a is not None
+            if (a.launch.world, a.launch.segment, a.launch.stop_at) != (launch.world, launch.segment, launch.stop_at):
+                raise RuntimeError(f"the workers took the resize to {a.launch.world} written ahead for "
+                                   f"segment {a.launch.segment}, the controller decided {launch}")
+            self._ahead = None
+            members, leave, joiners = a.members, a.leave, a.joiners
+            group.waiting = [m for m in group.waiting if m not in joiners]
+        for m in leave:
+            m.retiring = True
+        self.rings.in_use()
+        _note(self._log(launch), describe(members, launch) + "".join(
+            f"; leaving: {m.name}" for m in leave) + "".join(f"; joined: {m.name}" for m in joiners))
+        group.members = [*members, *(m for m in leave if m in group.members)]
+        group.log_path = self._log(launch)
+        self.launch = launch
+        self._top_up(launch)
+
+    def ask_exit(self, paused_segment: int, t: float) -> None:
+        from elastic_ring.worker.inplace import inplace_action_file
+
+        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment),
+                                   {"action": "exit", "time": t})
 
 
 def check_torch_nccl() -> None:

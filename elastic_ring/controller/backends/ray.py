@@ -469,15 +469,25 @@ class RayBackend:
 
 
 def make_ray_backend(spec, address: str | None = None, strategy: str = "PACK", warm_spares: int | None = None,
-                     cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0, survive: bool = False) -> RayBackend:
+                     cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0, survive: bool = False,
+                     collective: str = "horovod") -> RayBackend:
     """The Ray backend of a run, its parts built from the options (checked at the request:
-    :func:`elastic_ring.controller.requests.check`)."""
+    :func:`elastic_ring.controller.requests.check`). ``collective="torch"``: the controller forms a
+    ``torch.distributed`` process group per segment (:class:`~.torch_ring.TorchRingFormer`: a
+    store it serves, each member's rank), and a spare waits with a placeholder rank."""
     from elastic_ring.worker.survive import SURVIVE_ENV
 
     cluster = RayCluster(address, strategy, cpus_per_worker, gpus_per_worker)
-    pool = ActorPool(spec, cpus_per_worker, gpus_per_worker, warm_spares, strategy,
-                     env={SURVIVE_ENV: "1"} if survive else None)
-    return RayBackend(spec, cluster, pool, survive=survive)
+    env = {SURVIVE_ENV: "1"} if survive else {}
+    rings = None
+    if collective == "torch":
+        from elastic_ring.controller.backends.ray_ring import _controller_ip
+        from elastic_ring.controller.backends.torch_ring import TorchRingFormer
+
+        rings = TorchRingFormer(_controller_ip)
+        env.update(RANK="1", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")  # a spare's placeholder
+    pool = ActorPool(spec, cpus_per_worker, gpus_per_worker, warm_spares, strategy, env=env or None)
+    return RayBackend(spec, cluster, pool, rings=rings, survive=survive)
 
 
 __all__ = ["RayBackend", "check_answers", "make_ray_backend"]
