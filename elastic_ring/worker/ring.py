@@ -292,6 +292,16 @@ class TorchRing(Ring):
         self.local_rank, self.local_size = int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])
 
     @property
+    def warms_compile(self) -> bool:
+        """Always: ``DistributedDataParallel(model)`` imports ``torch._dynamo`` (seconds of CPU)
+        whatever the script's optimizer, so it is warmed while the group forms or the go is awaited."""
+        return True
+
+    @warms_compile.setter
+    def warms_compile(self, value: bool) -> None:
+        pass
+
+    @property
     def coll(self) -> Any:
         if self._coll is None:
             raise ContractError("the process group is not formed yet: call job.connect() (or job.restore()) "

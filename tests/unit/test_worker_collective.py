@@ -278,3 +278,13 @@ def test_bad_collective_input_is_one_line_exit_2(cli_inproc, tmp_path):
 def test_nccl_on_a_cpu_machine_is_one_line_exit_2(cli_inproc, tmp_path):
     _one_line(cli_inproc("train", "--collective", "torch", "--device", "cuda", "--run-dir", str(tmp_path / "r")),
               "--collective torch asks for NCCL with --device cuda but no NVIDIA GPU")
+
+
+def test_the_torch_ring_warms_the_import_ddp_makes_even_for_a_script_that_never_compiles(monkeypatch):
+    from elastic_ring.worker.ring import TorchRing
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(k, v)
+    ring = TorchRing()
+    ring.warms_compile = False  # init(warm_compile=False): the built-in trainer's SGD
+    assert ring.warms_compile is True
