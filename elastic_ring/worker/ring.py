@@ -322,8 +322,8 @@ class TorchRing(Ring):
         with _warming_meanwhile(self.warms_compile):
             dist.init_process_group(backend, init_method="env://", rank=self.rank, world_size=self.size,
                                     timeout=timedelta(seconds=PG_TIMEOUT_S))
-            # the library's host-side collectives (stop votes, metrics) on a gloo group of their own
-            control = dist.new_group(backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
+        # the library's host-side collectives (stop votes, metrics) on a gloo group of their own
+        control = dist.new_group(backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
         self._coll = TorchCollective(dist, dev, control)
 
     def adopt_ranks(self) -> None:
