@@ -20,8 +20,8 @@ architecture, libcuda, distutils, NCCL's header). Then, each a stage:
   3. torch: the same training on the torch.distributed path (`--collective torch`: NCCL on GPUs,
      gloo on the CPU, DistributedDataParallel, no Horovod): its start-up phases (the process
      group's rendezvous included) and images/s beside the Horovod figure of stage 2; with 2+ GPUs,
-     one resize 1 -> 2 -> 1 in each relaunch mode of --modes the torch path has (the first of them
-     only where the budget is short);
+     one resize 1 -> 2 -> 1 in the first relaunch mode of --modes the torch path has (overlap where
+     none: inplace is Horovod's), leaving the budget's rest to stage 5;
   4. restart: a stop with checkpoint (Ctrl-C) and a restart (--resume) on the GPU: the restarted
      worker's start-up phases and launch -> first step;
   5. resize: with 2+ GPUs, one resize 1 -> 2 -> 1 with each relaunch mode (prelaunch, overlap,
@@ -444,17 +444,14 @@ def stage_resize(c: Check) -> tuple[list[str], str, list[str]]:
     return rows, f"{len(rows) - 2} resizes", []
 
 
-TORCH_RESIZE_NEED_S = 90  # a torch resize run is started with at least this much of the budget left
-
-
 def stage_torch(c: Check) -> tuple[list[str], str, list[str]]:
-    """The torch.distributed path: the same run as the throughput stage's, and with 2+ GPUs its
-    resizes (``--collective torch``; the run itself checks that this torch has NCCL)."""
+    """The torch.distributed path: the throughput stage's run (its periodic checkpoints too) with
+    ``--collective torch`` (the run itself checks that this torch has NCCL), and with 2+ GPUs a resize."""
     depth, batch, _, steps = _sizes(c)
     backend = "NCCL" if c.gpu else "gloo"
     run = c.tmp / "torch"
     _train(c, "torch", run, "--collective", "torch", "--gpus", "1", "--steps", str(steps),
-           *([] if c.gpu else ["--set", "throughput_window=4"]))
+           "--checkpoint-every", str(steps // 3), *([] if c.gpu else ["--set", "throughput_window=4"]))
     ips, thr = _images_per_s(c, run)
     first = _events(run, "first_step")[0]
     hvd = c.figures.get("throughput")
@@ -469,13 +466,8 @@ def stage_torch(c: Check) -> tuple[list[str], str, list[str]]:
         return [*lines, "Resize: skipped, one GPU (NCCL puts no two ranks on one GPU)."], result, []
     if not c.gpu:
         return [*lines, "Resize: on GPUs only (the resize stage runs the CPU's)."], result, []
-    modes = [m for m in c.modes if m in TORCH_MODES] or ["overlap"]
-    rows = list(RESIZE_HEAD)
-    for i, mode in enumerate(modes):
-        if i and c.left() < TORCH_RESIZE_NEED_S:
-            lines.append(f"Not run for lack of time: {', '.join(modes[i:])}.")
-            break
-        rows += _resize_rows(c, "torch", mode, "--collective", "torch")
+    mode = next((m for m in c.modes if m in TORCH_MODES), "overlap")  # one: the resize stage needs the rest
+    rows = [*RESIZE_HEAD, *_resize_rows(c, "torch", mode, "--collective", "torch")]
     return [*lines, f"Resizes on the torch path ({backend}):", "", *rows], f"{result}, {len(rows) - 2} resizes", []
 
 
