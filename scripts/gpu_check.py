@@ -17,9 +17,14 @@ architecture, libcuda, distutils, NCCL's header). Then, each a stage:
      batch gathered, augmented and normalised as in training), batch 128 on one GPU: images/s of
      `elastic-ring train`, its checkpoint write (background stall and write seconds), and the NVML
      telemetry the controller adds to the throughput events (the check FAILS when it lists no GPU);
-  3. restart: a stop with checkpoint (Ctrl-C) and a restart (--resume) on the GPU: the restarted
+  3. torch: the same training on the torch.distributed path (`--collective torch`: NCCL on GPUs,
+     gloo on the CPU, DistributedDataParallel, no Horovod): its start-up phases (the process
+     group's rendezvous included) and images/s beside the Horovod figure of stage 2; with 2+ GPUs,
+     one resize 1 -> 2 -> 1 in the first relaunch mode of --modes the torch path has (overlap where
+     none: inplace is Horovod's), leaving the budget's rest to stage 5;
+  4. restart: a stop with checkpoint (Ctrl-C) and a restart (--resume) on the GPU: the restarted
      worker's start-up phases and launch -> first step;
-  4. resize: with 2+ GPUs, one resize 1 -> 2 -> 1 with each relaunch mode (prelaunch, overlap,
+  5. resize: with 2+ GPUs, one resize 1 -> 2 -> 1 with each relaunch mode (prelaunch, overlap,
      sequential, inplace; --modes picks some): each resize's time lost and its breakdown.
 
 The report (Markdown) says which torch and Horovod it measured, each stage's seconds against the
@@ -70,8 +75,9 @@ import gpu_kit  # noqa: E402  (beside this file; standard library only)
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 585  # the whole command, under a device tool's 10-minute limit with a margin
-STAGES = ("setup", "bare", "throughput", "restart", "resize")
+STAGES = ("setup", "bare", "throughput", "torch", "restart", "resize")
 MODES = ("prelaunch", "overlap", "sequential", "inplace")
+TORCH_MODES = ("prelaunch", "overlap", "sequential")  # the relaunch modes --collective torch has here
 MAX_FILES = 8  # what a device tool brings back from its results folder
 FAIL_OPTION = "--fail-here-on-purpose"  # what --fail-at appends to a stage's last command (click: exit 2)
 
@@ -156,6 +162,7 @@ class Check:
     machine: gpu_kit.Machine | None = None
     horovod: str = ""
     current_run: Path | None = None
+    figures: dict[str, float] = field(default_factory=dict)  # what a later stage compares with
 
     @property
     def gpu(self) -> bool:
@@ -321,10 +328,8 @@ def stage_throughput(c: Check) -> tuple[list[str], str, list[str]]:
     run = c.tmp / "thr"
     _train(c, "throughput", run, "--gpus", "1", "--steps", str(steps), "--checkpoint-every", str(steps // 3),
            *([] if c.gpu else ["--set", "throughput_window=4"]))
-    thr = [e for e in _events(run, "throughput") if e["step"] - e["steps"] >= (20 if c.gpu else 4)]
-    if not thr:
-        raise StageFailed("no throughput window after the warm-up steps", run)
-    ips = sum(e["images_per_s"] * e["seconds"] for e in thr) / sum(e["seconds"] for e in thr)
+    ips, thr = _images_per_s(c, run)
+    c.figures["throughput"] = ips
     ck = _events(run, "checkpoint_written")
     tel = [e.get("telemetry") or {} for e in _events(run, "throughput")]
     gpu_keys = sorted({k for t in tel for k in t if "gpu" in k.lower()})
@@ -345,6 +350,14 @@ def stage_throughput(c: Check) -> tuple[list[str], str, list[str]]:
     if c.gpu and gpus_listed == 0:
         failures.append("the telemetry of the throughput events lists no GPU (NVML)")
     return lines, f"{ips:.0f} images/s", failures
+
+
+def _images_per_s(c: Check, run: Path) -> tuple[float, list[dict]]:
+    """Images/s of a run's throughput windows after the warm-up steps (images over their time)."""
+    thr = [e for e in _events(run, "throughput") if e["step"] - e["steps"] >= (20 if c.gpu else 4)]
+    if not thr:
+        raise StageFailed("no throughput window after the warm-up steps", run)
+    return sum(e["images_per_s"] * e["seconds"] for e in thr) / sum(e["seconds"] for e in thr), thr
 
 
 RESTART_STEPS = 100_000  # never reached: each segment is stopped by a Ctrl-C, whatever the speed
@@ -407,20 +420,55 @@ def stage_restart(c: Check) -> tuple[list[str], str, list[str]]:
     return lines, f"first step {firsts[1]['since_launch_s']:.2f} s after the restart", []
 
 
+RESIZE_HEAD = ["| relaunch mode | resize | stop (s) | checkpoint (s) | relaunch to 1st step (s) | time lost (s) |",
+               "|---|---|---|---|---|---|"]
+
+
+def _resize_rows(c: Check, stage: str, mode: str, *extra: str) -> list[str]:
+    """One run resized 1 -> 2 -> 1 in relaunch ``mode``: a table row per resize."""
+    rs = 100 if c.gpu else 4
+    run = c.tmp / f"{stage}-{mode}"
+    _train(c, stage, run, "--gpus", "1", "--schedule", f"{rs}:2,{2 * rs}:1", "--steps", str(3 * rs),
+           "--relaunch", mode, "--set", "throughput_window=4", *extra)
+    return [f"| {mode} | {o['from_workers']} -> {o['to_workers']} | {o['stop_latency_s']:.2f} | "
+            f"{o['checkpoint_s']:.3f} | {o['relaunch_to_first_step_s']:.2f} | {o['total_lost_s']:.2f} |"
+            for o in _events(run, "resize_overhead")]
+
+
 def stage_resize(c: Check) -> tuple[list[str], str, list[str]]:
     if c.gpu and c.ngpu < 2:
         return ["Skipped: one GPU (a resize 1 -> 2 needs two)."], "skipped: one GPU", []
-    rs = 100 if c.gpu else 4
-    rows = ["| relaunch mode | resize | stop (s) | checkpoint (s) | relaunch to 1st step (s) | time lost (s) |",
-            "|---|---|---|---|---|---|"]
+    rows = list(RESIZE_HEAD)
     for mode in c.modes:
-        run = c.tmp / f"resize-{mode}"
-        _train(c, "resize", run, "--gpus", "1", "--schedule", f"{rs}:2,{2 * rs}:1", "--steps", str(3 * rs),
-               "--relaunch", mode, "--set", "throughput_window=4")
-        for o in _events(run, "resize_overhead"):
-            rows.append(f"| {mode} | {o['from_workers']} -> {o['to_workers']} | {o['stop_latency_s']:.2f} | "
-                        f"{o['checkpoint_s']:.3f} | {o['relaunch_to_first_step_s']:.2f} | {o['total_lost_s']:.2f} |")
+        rows += _resize_rows(c, "resize", mode)
     return rows, f"{len(rows) - 2} resizes", []
+
+
+def stage_torch(c: Check) -> tuple[list[str], str, list[str]]:
+    """The torch.distributed path: the throughput stage's run (its periodic checkpoints too) with
+    ``--collective torch`` (the run itself checks that this torch has NCCL), and with 2+ GPUs a resize."""
+    depth, batch, _, steps = _sizes(c)
+    backend = "NCCL" if c.gpu else "gloo"
+    run = c.tmp / "torch"
+    _train(c, "torch", run, "--collective", "torch", "--gpus", "1", "--steps", str(steps),
+           "--checkpoint-every", str(steps // 3), *([] if c.gpu else ["--set", "throughput_window=4"]))
+    ips, thr = _images_per_s(c, run)
+    first = _events(run, "first_step")[0]
+    hvd = c.figures.get("throughput")
+    beside = f" ({ips / hvd:.2f}x the Horovod path's {hvd:.0f} images/s of stage 2)" if hvd else ""
+    lines = [f"`elastic-ring train --collective torch` ({backend}, DistributedDataParallel), ResNet-{depth}, "
+             f"batch {batch}, one worker, the throughput stage's data: **{ips:.0f} images/s**{beside}; "
+             f"{len(thr)} windows after the warm-up", "",
+             f"First step {first['since_launch_s']:.2f} s after the worker started; phases (hvd_init: the "
+             "process group's rendezvous): " + ", ".join(f"{k} {v:.2f} s" for k, v in first["phases"].items()), ""]
+    result = f"{ips:.0f} images/s"
+    if c.gpu and c.ngpu < 2:
+        return [*lines, "Resize: skipped, one GPU (NCCL puts no two ranks on one GPU)."], result, []
+    if not c.gpu:
+        return [*lines, "Resize: on GPUs only (the resize stage runs the CPU's)."], result, []
+    mode = next((m for m in c.modes if m in TORCH_MODES), "overlap")  # one: the resize stage needs the rest
+    rows = [*RESIZE_HEAD, *_resize_rows(c, "torch", mode, "--collective", "torch")]
+    return [*lines, f"Resizes on the torch path ({backend}):", "", *rows], f"{result}, {len(rows) - 2} resizes", []
 
 
 @dataclass(frozen=True)
@@ -436,6 +484,7 @@ STAGE_LIST = (
     Stage("setup", "Horovod", 20, True, stage_setup),
     Stage("bare", "Bare start of one worker", 20, True, stage_bare),
     Stage("throughput", "Steady state, one worker", 40, False, stage_throughput),
+    Stage("torch", "The torch.distributed path", 40, False, stage_torch),
     Stage("restart", "Stop with checkpoint, restart on the device", 60, False, stage_restart),
     Stage("resize", "Resize per relaunch mode", 60, False, stage_resize),
 )

@@ -413,6 +413,7 @@ class Job:
             self.progress.heartbeat(seg.step, "eval")
             self.progress.evaluate(seg.step)
         if self.rank == 0:
+            self.progress.flush_progress()
             if checkpoint:
                 self.checkpoints.write(seg.step, wait=True)
             if not self.ring.in_place or seg.finished:

@@ -100,26 +100,39 @@ class HorovodCollective:
 class TorchCollective:
     """The collectives on ``torch.distributed``'s default process group (``dist``: the module,
     passed in so that the logic is tested with a fake); ``device``: where the backend's tensors
-    live (the CPU for gloo, this rank's GPU for NCCL)."""
+    live (the CPU for gloo, this rank's GPU for NCCL).
+
+    ``control``: a gloo group of the same ranks for the library's host-side values (the stop vote,
+    a metric's mean, a barrier, a pickled object: whatever is given as a CPU tensor or an object).
+    They then never queue behind the gradients' allreduces on the default group, and on GPUs
+    reading them back does not wait for the GPU to finish the steps queued meanwhile (a vote
+    read from NCCL is a copy from the device, behind every kernel of the next step). Without it
+    (None) everything goes on the default group."""
 
     name = "torch"
 
-    def __init__(self, dist: Any, device: Any) -> None:
-        self.dist, self.device = dist, device
+    def __init__(self, dist: Any, device: Any, control: Any = None) -> None:
+        self.dist, self.device, self.control = dist, device, control
+
+    def _on(self, tensor: Any) -> tuple[Any, Any]:
+        """(the group, a copy of ``tensor`` where that group reduces it)."""
+        if self.control is not None and tensor.device.type == "cpu":
+            return self.control, tensor.detach().clone()
+        return None, self._here(tensor)
 
     def _here(self, tensor: Any) -> Any:
         return tensor.detach().clone().to(self.device)
 
     def allreduce(self, tensor: Any, op: str = "sum", name: str = "") -> Any:
-        t = self._here(tensor)
-        self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM)
+        group, t = self._on(tensor)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM, group=group)
         if op == "mean":
             t = t / self.dist.get_world_size()
         return t.to(tensor.device)
 
     def allreduce_async(self, tensor: Any, name: str = "") -> Any:
-        t = self._here(tensor)
-        return self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM, async_op=True), t, tensor.device
+        group, t = self._on(tensor)
+        return self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM, group=group, async_op=True), t, tensor.device
 
     def wait(self, handle: Any) -> Any:
         work, t, device = handle
@@ -133,7 +146,12 @@ class TorchCollective:
 
     def broadcast_object(self, obj: Any, root: int = 0, name: str = "") -> Any:
         box = [obj]
-        self.dist.broadcast_object_list(box, src=root, device=self.device)
+        if self.control is not None:
+            import torch
+
+            self.dist.broadcast_object_list(box, src=root, group=self.control, device=torch.device("cpu"))
+        else:
+            self.dist.broadcast_object_list(box, src=root, device=self.device)
         return box[0]
 
     def broadcast_parameters(self, state: dict[str, Any], root: int = 0) -> None:

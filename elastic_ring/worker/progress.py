@@ -8,6 +8,7 @@ controller's stall watchdog (``heartbeat``).
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +26,49 @@ class _Window:
     samples: int = 0
     loss_sum: Any = 0.0
     loss_n: int = 0
+
+
+class ProgressWriter:
+    """Writes rank 0's progress file in a thread of its own, started at the first record: a file
+    created and renamed on the training thread can wait for the file system (a journal commit, a
+    busy disk), and every rank waits for rank 0 at the next step's collectives. Only the newest
+    record is written; :meth:`flush` waits until it is on disk. The thread ends after ``idle_s``
+    without a record (a process whose job ended leaves none behind)."""
+
+    def __init__(self, path: Path, idle_s: float = 10.0) -> None:
+        self.path, self.idle_s = path, idle_s
+        self._cv = threading.Condition()
+        self._pending: dict[str, Any] | None = None
+        self._busy = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, record: dict[str, Any]) -> None:
+        with self._cv:
+            self._pending = record
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True, name="elastic-ring-progress")
+                self._thread.start()
+            self._cv.notify()
+
+    def flush(self, timeout: float = 5.0) -> None:
+        with self._cv:
+            self._cv.wait_for(lambda: self._pending is None and not self._busy, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                if not self._cv.wait_for(lambda: self._pending is not None, self.idle_s):
+                    self._thread = None  # the next submit starts another
+                    return
+                record, self._pending, self._busy = self._pending, None, True
+            try:
+                protocol.write_json_atomic(self.path, record)
+            except OSError:
+                pass  # the controller reads the next one
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
 
 
 @dataclass
@@ -70,6 +114,7 @@ class Progress:
         self._beat = None  # this rank's heartbeat (controller.watchdog), opened at its first step
         self._beat_key: tuple[int, int] | None = None
         self._last_progress_t = 0.0
+        self._progress_writer = ProgressWriter(protocol.control_dir(run_dir) / protocol.PROGRESS_FILE)
         self._threads_warned = False
         self.open_events()
 
@@ -164,11 +209,15 @@ class Progress:
         return mean_loss, now
 
     def write_progress(self, step: int, now: float) -> None:
-        """Rank 0: the progress file the controller reads (at most twice a second)."""
+        """Rank 0: the progress file the controller reads (at most twice a second), written off
+        the training thread (:class:`ProgressWriter`)."""
         if self.ring.rank == 0 and now - self._last_progress_t > 0.5:
             self._last_progress_t = now
-            protocol.write_json_atomic(protocol.control_dir(self.run_dir) / protocol.PROGRESS_FILE,
-                                       {"step": step, "segment": self.seg.number, "time": now})
+            self._progress_writer.submit({"step": step, "segment": self.seg.number, "time": now})
+
+    def flush_progress(self) -> None:
+        """The last progress record on disk (a segment's end)."""
+        self._progress_writer.flush()
 
     def evaluation_due(self, step: int) -> bool:
         return bool(self.eval_every) and step % self.eval_every == 0 and step < self.seg.total_steps

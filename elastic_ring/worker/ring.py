@@ -325,6 +325,16 @@ class TorchRing(Ring):
         self.local_rank, self.local_size = int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])
 
     @property
+    def warms_compile(self) -> bool:
+        """Always: ``DistributedDataParallel(model)`` imports ``torch._dynamo`` (seconds of CPU)
+        whatever the script's optimizer, so it is warmed while the group forms or the go is awaited."""
+        return True
+
+    @warms_compile.setter
+    def warms_compile(self, value: bool) -> None:
+        pass
+
+    @property
     def coll(self) -> Any:
         if self._coll is None:
             raise ContractError("the process group is not formed yet: call job.connect() (or job.restore()) "
@@ -344,7 +354,9 @@ class TorchRing(Ring):
         dev = torch.device("cuda", self.local_rank) if backend == "nccl" else torch.device("cpu")
         with _warming_meanwhile(self.warms_compile):
             self._init_group(dist, backend)
-        self._coll = TorchCollective(dist, dev)
+        # the library's host-side collectives (stop votes, metrics) on a gloo group of their own
+        control = dist.new_group(backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
+        self._coll = TorchCollective(dist, dev, control)
 
     def _init_group(self, dist: Any, backend: str) -> None:
         """``init_process_group`` at the launcher's rendezvous (rank 0 hosts the store)."""

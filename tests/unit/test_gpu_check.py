@@ -9,9 +9,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+
+from pathlib import Path
 
 import pytest
 
@@ -224,3 +227,38 @@ def test_the_report_says_which_torch_it_measured_and_what_one_gpu_cannot_show(tm
     two = gc.gpu_kit.Machine(python="3.12.3", python_exe="python3", torch="2.11.0+cu130", gpus=2)
     assert "cannot show" not in "\n".join(gc.header_lines(two, "cuda", "", "", ""))
     assert "cannot show" not in "\n".join(gc.header_lines(m, "cpu", "", "", ""))
+
+
+def test_the_torch_stage_on_two_gpus_runs_nccl_beside_horovod_and_one_torch_resize(tmp_path):
+    (tmp_path / "runs").mkdir()
+    c = gc.Check("cuda", sys.executable, tmp_path / "runs", time.monotonic() + 500, ["inplace", "sequential"],
+                 ngpu=2, env=dict(os.environ))
+    c.figures["throughput"] = 1000.0  # the Horovod path's figure of the throughput stage
+    cmds = []
+
+    def fake_run(cmd, limit, what):  # the controller's events of a run, as a GPU run writes them
+        cmds.append(cmd)
+        run = Path(cmd[cmd.index("--run-dir") + 1])
+        run.mkdir(parents=True)
+        evs = [{"kind": "first_step", "since_launch_s": 6.5, "phases": {"imports": 2.0, "hvd_init": 1.5}}]
+        evs += [{"kind": "throughput", "step": s, "steps": 20, "images_per_s": 1100.0, "seconds": 2.0}
+                for s in range(40, 301, 20)]
+        if "--schedule" in cmd:
+            evs += [{"kind": "resize_overhead", "from_workers": a, "to_workers": b, "stop_latency_s": 0.1,
+                     "checkpoint_s": 0.2, "relaunch_to_first_step_s": 3.0, "total_lost_s": 3.5}
+                    for a, b in ((1, 2), (2, 1))]
+        (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evs))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    c.run = fake_run
+    lines, result, failed = gc.stage_torch(c)
+    text = "\n".join(lines)
+    assert failed == [] and result == "1100 images/s, 2 resizes"
+    assert "(NCCL, DistributedDataParallel), ResNet-110" in text and "1.10x the Horovod path's 1000" in text
+    assert all(cmd[cmd.index("--collective") + 1] == "torch" and "cuda" in cmd for cmd in cmds)
+    assert len(cmds) == 2 and cmds[1][cmds[1].index("--relaunch") + 1] == "sequential"  # inplace is Horovod's
+    assert "| sequential | 1 -> 2 |" in text and "| sequential | 2 -> 1 |" in text
+    shutil.rmtree(c.tmp / "torch")
+    c.ngpu, cmds[:] = 1, []
+    lines, _, _ = gc.stage_torch(c)
+    assert len(cmds) == 1 and "Resize: skipped, one GPU" in "\n".join(lines)

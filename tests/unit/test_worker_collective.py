@@ -42,6 +42,7 @@ class FakeDist:
     def __init__(self, rank: int, wire: list, other=None) -> None:
         self.rank, self.wire, self.other = rank, wire, other
         self.calls: list[str] = []
+        self.groups: list = []  # the group of each all_reduce / broadcast_object_list
 
     def get_rank(self) -> int:
         return self.rank
@@ -49,8 +50,9 @@ class FakeDist:
     def get_world_size(self) -> int:
         return 2
 
-    def all_reduce(self, t, op=None, async_op=False):
+    def all_reduce(self, t, op=None, group=None, async_op=False):
         self.calls.append(f"all_reduce:{op}:{async_op}")
+        self.groups.append(group)
         t.add_(self.other)
         if async_op:
             return types.SimpleNamespace(wait=lambda: self.calls.append("wait"))
@@ -63,18 +65,20 @@ class FakeDist:
         else:
             t.copy_(self.wire.pop(0))
 
-    def broadcast_object_list(self, box, src=0, device=None):
+    def broadcast_object_list(self, box, src=0, group=None, device=None):
         self.calls.append("broadcast_object_list")
+        self.groups.append((group, str(device)))
         if self.rank == src:
             self.wire.append(box[0])
         else:
             box[0] = self.wire.pop(0)
 
 
-def _pair(other=None):
+def _pair(other=None, control=None):
     wire: list = []
     cpu = torch.device("cpu")
-    return (TorchCollective(FakeDist(0, wire, other), cpu), TorchCollective(FakeDist(1, wire, other), cpu))
+    return (TorchCollective(FakeDist(0, wire, other), cpu, control),
+            TorchCollective(FakeDist(1, wire, other), cpu, control))
 
 
 def _net(seed: int) -> torch.nn.Module:
@@ -90,6 +94,21 @@ def test_torch_allreduce_sums_or_averages_and_leaves_the_input():
     assert torch.equal(x, torch.tensor([1.0, 1.0]))
     h = c.allreduce_async(x, name="stop_flag")
     assert torch.equal(c.wait(h), torch.tensor([4.0, 6.0])) and c.dist.calls[-2:] == ["all_reduce:sum:True", "wait"]
+
+
+def test_host_side_values_go_on_the_control_group_where_there_is_one():
+    control = object()
+    c, _ = _pair(other=torch.tensor([1.0]), control=control)
+    h = c.allreduce_async(torch.tensor([1.0, 0.0]), name="stop_flag")  # the stop vote
+    assert torch.equal(c.wait(h), torch.tensor([2.0, 1.0]))
+    c.allreduce(torch.tensor([1.0, 0.0]), "mean", name="window_loss")
+    c.barrier(name="exit_barrier")
+    c.broadcast_object({"step": 3})
+    assert c.dist.groups == [control, control, control, (control, "cpu")]
+    plain, _ = _pair(other=torch.tensor([1.0]))  # no control group: the default one
+    plain.allreduce(torch.tensor([1.0, 0.0]))
+    plain.broadcast_object({})
+    assert plain.dist.groups == [None, (None, "cpu")]
 
 
 def test_torch_broadcast_parameters_gives_every_tensor_of_the_root_in_place():
@@ -513,3 +532,13 @@ def test_bad_collective_input_is_one_line_exit_2(cli_inproc, tmp_path):
 def test_nccl_on_a_cpu_machine_is_one_line_exit_2(cli_inproc, tmp_path):
     _one_line(cli_inproc("train", "--collective", "torch", "--device", "cuda", "--run-dir", str(tmp_path / "r")),
               "--collective torch asks for NCCL with --device cuda but no NVIDIA GPU")
+
+
+def test_the_torch_ring_warms_the_import_ddp_makes_even_for_a_script_that_never_compiles(monkeypatch):
+    from elastic_ring.worker.ring import TorchRing
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(k, v)
+    ring = TorchRing()
+    ring.warms_compile = False  # init(warm_compile=False): the built-in trainer's SGD
+    assert ring.warms_compile is True
