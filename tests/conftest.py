@@ -30,35 +30,63 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # reference is the 1 -> 2 -> 1 overlap run of test_resize...[auto] and test_inplace's reference;
 # the live resize run is test_tensorboard's; the straight 2-worker run is the reference of three
 # test_recovery tests.
-_LONGEST_FIRST = (
-    "test_ray_on_a_real_two_node_cluster",  # 98 s
-    "test_kill_9_of_rank_1_a_warm_spare_takes_its_place_as_if_nothing_happened",
-    "test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_as_a_scheduled_shrink",
-    "test_hvd_elastic_script_resized_1_2_1_unchanged", "test_epoch_loop_script_resized_1_2_1_exact_samples_lr_and_tests",
-    "test_resize_1_to_2_to_1_exact_resume_eq7_and_overheads", "test_inplace_grow_and_shrink_equals_checkpoint_relaunch",
-    "test_torch_resize_1_2_1_overlap_is_exact_and_equals_the_horovod_run",  # shares that reference run
-    "test_live_resize_from_another_shell_then_interrupt_and_resume",  # 43 s
-    "test_curves_equal_events_across_a_resize_and_a_resume",
-    "test_kill_9_of_one_rank_restarts_by_itself_exactly",
-    "test_a_stopped_rank_is_found_by_the_stall_watchdog_and_the_run_ends_exactly",
-    "test_kill_9_of_the_controller_leaves_no_orphan_and_resume_is_exact",
-    "test_death_between_two_resizes_resumes_at_the_right_size_with_the_rest_of_the_schedule",  # 79 s
-    "test_resized_run_learns_as_well_as_unresized_on_real_digits",  # 69 s at ResNet-20 (now 14)
-    "test_gpu_check_dry_run_on_the_cpu",  # 54 s
-    "test_three_jobs_shrink_cancel_and_scheduler_kill9",  # 49 s
-    "test_tiny_design_end_to_end",  # 47 s
-    "test_profile_refused_then_accepted_fit_and_report",  # 43 s
-    "test_paradigms_on_the_virtual_clock_in_one_mpirun_and_bounds_hold",  # 41 s (five runs in one mpirun)
-    "test_interrupt_and_resume_equals_uninterrupted_run",  # 47 s at 600 steps (now 300)
-    "test_recipes_example_resized_twice_exact_data_lr_and_early_stop",  # 37 s
-    "test_mlp_on_digits_resized_1_2_1_learns",  # 35 s
-    "test_experiment_resize_tiny_one_repeat_and_report",  # 33 s
-    "test_char_transformer_resized_1_2_1_learns",  # 30 s
-    "test_a_stopped_rank_of_a_cluster_job_is_restarted_and_the_job_finishes",  # 28 s
-    "test_paced_example_keeps_its_pace_and_speeds_up_with_workers",  # 26 s
-    "test_a_rank_hung_while_running_is_named_by_its_heartbeat", "test_bsp_on_the_wall_clock_through_the_ps_command",
-    "test_inplace_live_shrink_then_interrupt",  # 20 s each
-    "test_corrupt_latest_checkpoint_resumes_from_the_previous_one", "test_restarts_exhausted_exit_1_with_one_line",
+_LONGEST_FIRST = (  # times: one whole-suite run (-n 3 on 2 cores, so longer than alone)
+    "test_ray_on_a_real_two_node_cluster",  # 301 s
+    "test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows_it_back",  # 67 s
+    "test_kill_9_of_rank_1_a_warm_spare_takes_its_place_as_if_nothing_happened",  # 46 s
+    "test_hvd_elastic_script_resized_1_2_1_unchanged",  # 40 s
+    "test_epoch_loop_script_resized_1_2_1_exact_samples_lr_and_tests",  # 37 s
+    "test_resize_1_to_2_to_1_exact_resume_eq7_and_overheads",  # 19 s
+    "test_inplace_grow_and_shrink_equals_checkpoint_relaunch",  # 10 s
+    "test_torch_resize_1_2_1_overlap_is_exact_and_equals_the_horovod_run",  # 47 s
+    "test_torch_resize_1_2_1_inplace_keeps_rank_0_and_equals_the_horovod_run",  # 17 s
+    "test_live_resize_from_another_shell_then_interrupt_and_resume",  # 0 s
+    "test_curves_equal_events_across_a_resize_and_a_resume",  # 47 s
+    "test_kill_9_of_one_rank_restarts_by_itself_exactly",  # 24 s
+    "test_a_stopped_rank_is_found_by_the_stall_watchdog_and_the_run_ends_exactly",  # 24 s
+    "test_kill_9_of_the_controller_leaves_no_orphan_and_resume_is_exact",  # 24 s
+    # the others by their time in that run
+    "test_three_jobs_shrink_cancel_and_scheduler_kill9",  # 81 s
+    "test_gpu_check_dry_run_on_the_cpu",  # 61 s
+    "test_profile_refused_then_accepted_fit_and_report",  # 53 s
+    "test_tiny_design_end_to_end",  # 48 s
+    "test_interrupt_and_resume_equals_uninterrupted_run",  # 47 s
+    "test_status_through_a_run_then_runs_logs_and_an_extension",  # 45 s
+    "test_recipes_example_resized_twice_exact_data_lr_and_early_stop",  # 44 s
+    "test_char_transformer_resized_1_2_1_learns",  # 39 s
+    "test_rank_1_killed_then_a_warm_joiner_then_its_stall_as_scheduled_resizes",  # 38 s
+    "test_paced_example_keeps_its_pace_and_speeds_up_with_workers",  # 37 s
+    "test_experiment_resize_tiny_one_repeat_and_report",  # 37 s
+    "test_a_late_failure_keeps_the_earlier_sections_that_run_s_events_and_its_output",  # 36 s
+    "test_a_stopped_rank_of_a_cluster_job_is_restarted_and_the_job_finishes",  # 34 s
+    "test_bsp_on_the_wall_clock_through_the_ps_command",  # 34 s
+    "test_death_between_two_resizes_resumes_at_the_right_size_with_the_rest_of_the_schedule",  # 32 s
+    "test_a_rank_hung_while_running_is_named_by_its_heartbeat",  # 30 s
+    "test_ddp_epoch_script_resized_1_2_1_resumes_inside_the_epoch_and_learns",  # 30 s
+    "test_same_script_runs_under_plain_horovodrun",  # 29 s
+    "test_epoch_loop_script_runs_as_plain_horovod_and_as_one_process",  # 29 s
+    "test_resized_run_learns_as_well_as_unresized_on_real_digits",  # 27 s
+    "test_mlp_on_digits_resized_1_2_1_learns",  # 26 s
+    "test_ddp_epoch_script_runs_under_plain_torchrun",  # 26 s
+    "test_live_page_rows_bars_escaping_and_update_without_reload",  # 25 s
+    "test_a_horovod_elastic_script_rolls_back_to_its_last_commit_in_memory",  # 24 s
+    "test_paradigms_on_the_virtual_clock_in_one_mpirun_and_bounds_hold",  # 24 s
+    "test_inplace_live_shrink_then_interrupt",  # 18 s
+    "test_horovod_check_build_lists_torch_and_gloo",  # 18 s
+    "test_rank_failure_is_reported_in_one_line",  # 15 s
+    "test_restarts_exhausted_exit_1_with_one_line",  # 15 s
+    "test_horovodrun_two_gloo_ranks_allreduce",  # 15 s
+    "test_corrupt_latest_checkpoint_resumes_from_the_previous_one",  # 14 s
+    "test_hostfile_two_local_hosts",  # 12 s
+    "test_script_that_raises_before_its_first_step",  # 10 s
+    "test_script_that_never_calls_the_library_fails_fast",  # 8 s
+    "test_two_hosts_localhost_and_127_0_0_1",  # 7 s
+    "test_a_process_group_formed_by_the_script_first_is_one_line_not_retried",  # 7 s
+    "test_page_and_metrics_survive_a_scheduler_kill9_and_show_the_gap",  # 3 s
+    "test_markers_and_hover_texts_drawn",  # 3 s
+    "test_inplace_refuses_several_hosts",  # 2 s
+    "test_mpirun_three_ranks_mpi4py",  # 2 s
+    "test_missing_script_is_a_one_line_error",  # 0 s
 )
 
 
