@@ -11,13 +11,12 @@ setup:
 demo: setup
 	.venv/bin/elastic-ring train --gpus 1 --resize-at 60 --to 2 --slots 2 --run-dir $(DEMO_DIR)
 
-# The full test suite (unit + real horovodrun/mpirun integration tests on the CPU), three at a time
-# on 2 cores: the integration tests spend much of their time starting processes and waiting on them
-# (a whole run here: 743 s at -n 3 against 821 s at -n 2, the same 895 tests; results/ci/).
+# The full test suite (unit + real horovodrun/mpirun integration tests on the CPU), two at a time:
+# the integration tests spend much of their time starting processes and waiting on them.
 # A short temporary folder of its own (kept when a test fails): Ray's socket paths under it must stay
 # under 107 characters, and pytest's default (/tmp/pytest-of-USER/pytest-NNN/...) grows with each run.
 test: setup
-	@bt=$$(mktemp -d /tmp/ert.XXXXXX) && $(PY) -m pytest -q -n 3 --dist worksteal --durations=25 --basetemp=$$bt tests \
+	@bt=$$(mktemp -d /tmp/ert.XXXXXX) && $(PY) -m pytest -q -n 2 --dist worksteal --durations=25 --basetemp=$$bt tests \
 	  && rm -rf $$bt || { echo "make test: failed; the tests' files are kept in $$bt"; exit 1; }
 
 test-unit: setup

@@ -20,10 +20,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("ELASTIC_RING_CPU_THREADS", "1")
 
 
-# The integration tests in this order first, longest first (seconds: a whole-suite run at -n 3).
-# Under `make test` (-n 3 --dist worksteal) the first worker runs the list from the front while the
-# others run unit tests, then take work from the end of the first's queue. The tests that share a session-wide run (shared_dir) lead the list, each group in a row:
-# the first worker runs them one after the other before another worker ever reaches them, so
+# The integration tests in this order first, longest first (seconds: the fresh-clone CI run,
+# results/ci/fresh_clone_ci.txt). Under `make test` (-n 2 --dist worksteal) the first worker runs the
+# list from the front while the second runs unit tests, then takes work from the end of the first's
+# queue. The tests that share a session-wide run (shared_dir) lead the list, each group in a row:
+# the first worker runs them one after the other before the second worker ever reaches them, so
 # none waits on the other worker's lock while it makes the run (in the last CI run
 # test_resize...[auto] took 26 s that way, waiting for test_ray's run). The groups: test_ray's
 # reference is the 1 -> 2 -> 1 overlap run of test_resize...[auto] and test_inplace's reference;
@@ -90,7 +91,7 @@ _LONGEST_FIRST = (  # times: one whole-suite run (-n 3 on 2 cores, so longer tha
 
 
 def pytest_collection_modifyitems(config, items):
-    # integration tests first: under `pytest -n 3` (make test) the long ones start early and the
+    # integration tests first: under `pytest -n 2` (make test) the long ones start early and the
     # short unit tests fill the gaps at the end instead of a long test running alone last; the
     # integration tests in the order of _LONGEST_FIRST, then the others (shorter) in file order
     def order(it):
