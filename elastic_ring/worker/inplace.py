@@ -26,6 +26,16 @@ def inplace_action_file(run_dir: Path, segment: int) -> Path:
     return protocol.control_dir(Path(run_dir)) / f"inplace-{segment}.json"
 
 
+def write_resize_action(run_dir: Path, segment: int, launch, t: float, **extra) -> None:
+    """Write the controller's resize word for the end of ``segment`` (atomically): the new ring's
+    size, segment and stop step of ``launch`` (a :class:`~elastic_ring.controller.backends.api.
+    SegmentLaunch`), the time ``t``, and what the backend adds (``members``, ``at_step`` for one
+    written ahead, ``go_files``, ``hosts_written``, ``rollback_to``)."""
+    protocol.write_json_atomic(inplace_action_file(run_dir, segment), {
+        "action": "resize", "to": launch.world, "segment": launch.segment, "stop_at": launch.stop_at,
+        "time": t, **extra})
+
+
 def withdraw_action_ahead(run_dir: Path, segment: int) -> bool:
     """Withdraw the in-place action the controller wrote ahead for ``segment`` (renamed aside, so
     rank 0 never takes it): True when withdrawn, False when rank 0 has taken it already (the file

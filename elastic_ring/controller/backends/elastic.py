@@ -196,12 +196,11 @@ class ElasticBackend:
         cur = self._launch
         if cur is None or self._ahead is not None or launch.segment != cur.segment + 1:
             return
-        from elastic_ring.worker.inplace import inplace_action_file
+        from elastic_ring.worker.inplace import write_resize_action
 
         self._ahead, self._ahead_taken = launch, False
-        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, cur.segment), {
-            "action": "resize", "to": launch.world, "segment": launch.segment, "stop_at": launch.stop_at,
-            "time": time.time(), "at_step": cur.stop_at, "hosts_written": self.hosts_written})
+        write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), at_step=cur.stop_at,
+                            hosts_written=self.hosts_written)
 
     def retract_ahead(self, segment: int) -> bool:
         """Withdraw the action written ahead for ``segment``: True when withdrawn or none was
@@ -224,7 +223,7 @@ class ElasticBackend:
         Horovod's driver notices, starts a worker for a new slot (or ends the one whose slot went),
         and the survivors re-form the ring in their processes. When rank 0 took the action
         written ahead, the workers are already on their way."""
-        from elastic_ring.worker.inplace import inplace_action_file
+        from elastic_ring.worker.inplace import write_resize_action
 
         if not self.retract_ahead(paused_segment):
             a = self._ahead
@@ -237,11 +236,10 @@ class ElasticBackend:
         self._launch = launch
         if write_hosts(self.spec.run_dir, launch.world):
             self.hosts_written = time.time()
-        action = {"action": "resize", "to": launch.world, "segment": launch.segment, "stop_at": launch.stop_at,
-                  "time": t_launch, "hosts_written": self.hosts_written}
+        extra = {"hosts_written": self.hosts_written}
         if self._rollback is not None:  # survivors of a failure: the step they all hold in memory
-            action["rollback_to"], self._rollback = self._rollback, None
-        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment), action)
+            extra["rollback_to"], self._rollback = self._rollback, None
+        write_resize_action(self.spec.run_dir, paused_segment, launch, t_launch, **extra)
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
         from elastic_ring.worker.inplace import inplace_action_file

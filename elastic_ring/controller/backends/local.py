@@ -312,7 +312,7 @@ class LocalRingBackend:
     def report_ahead(self, launch: SegmentLaunch) -> None:
         """Form the next group now (its store served, its joiners started with a go file) and
         write its action ahead, naming the step it applies at and the joiners' go records."""
-        from elastic_ring.worker.inplace import inplace_action_file
+        from elastic_ring.worker.inplace import write_resize_action
 
         cur = self.launch
         if self.group is None or cur is None or self._ahead is not None or launch.segment != cur.segment + 1:
@@ -331,9 +331,8 @@ class LocalRingBackend:
             go_files[str(m.go)] = rec
         self.group.waiting += joiners
         self._ahead = _Ahead(cur.segment, launch, keep + joiners, leave, joiners, self.rings.newest)
-        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, cur.segment), {
-            "action": "resize", "to": launch.world, "segment": launch.segment, "stop_at": launch.stop_at,
-            "time": time.time(), "members": envs, "at_step": cur.stop_at, "go_files": go_files})
+        write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), members=envs, at_step=cur.stop_at,
+                            go_files=go_files)
 
     def retract_ahead(self, segment: int) -> bool:
         """Withdraw the action written ahead for ``segment`` (its joiners ended): True when withdrawn
@@ -362,7 +361,7 @@ class LocalRingBackend:
     def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
         """The paused workers go on as ``launch``: the group formed ahead (rank 0 took it), or one
         formed now (survivors first, then new processes for the joiners)."""
-        from elastic_ring.worker.inplace import inplace_action_file
+        from elastic_ring.worker.inplace import write_resize_action
 
         group = self.group
         assert group is not None
@@ -372,9 +371,7 @@ class LocalRingBackend:
             joiners = self._joiners(launch.world - len(keep))
             members = keep + joiners
             envs = self.rings.form(members)
-            protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment), {
-                "action": "resize", "to": launch.world, "segment": launch.segment,
-                "stop_at": launch.stop_at, "time": t_launch, "members": envs})
+            write_resize_action(self.spec.run_dir, paused_segment, launch, t_launch, members=envs)
             for m in joiners:
                 if m.handle is not None and m.go is not None:  # a waiting process: its go brings its place
                     protocol.write_json_atomic(m.go, self._go(m, launch, envs[m.name], t_launch))

@@ -326,12 +326,11 @@ class RayBackend:
         envs = self.rings.form(members)
         go_files = {str(m.go): {"stop_at": launch.stop_at, "time": time.time(), "env": envs[m.name]}
                     for m in joiners}
-        from elastic_ring.worker.inplace import inplace_action_file
+        from elastic_ring.worker.inplace import write_resize_action
 
         self._ahead = Ahead(cur.segment, launch, members, leave, joiners, spares, self.rings.newest)
-        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, cur.segment), {
-            "action": "resize", "to": launch.world, "segment": launch.segment, "stop_at": launch.stop_at,
-            "time": time.time(), "members": envs, "at_step": cur.stop_at, "go_files": go_files})
+        write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), members=envs, at_step=cur.stop_at,
+                            go_files=go_files)
 
     def retract_ahead(self, segment: int) -> bool:
         """Withdraw the action written ahead for ``segment`` (a live request or an interrupt came):
@@ -429,13 +428,12 @@ class RayBackend:
             m.retiring = True
         members = keep + joiners
         envs = self.rings.form(members)
-        action = {"action": "resize", "to": launch.world, "segment": launch.segment,
-                  "stop_at": launch.stop_at, "time": t_launch, "members": envs}
+        extra = {"members": envs}
         if self._rollback is not None:  # survivors of a failure: the step they all hold in memory
-            action["rollback_to"], self._rollback = self._rollback, None
-        from elastic_ring.worker.inplace import inplace_action_file
+            extra["rollback_to"], self._rollback = self._rollback, None
+        from elastic_ring.worker.inplace import write_resize_action
 
-        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment), action)
+        write_resize_action(self.spec.run_dir, paused_segment, launch, t_launch, **extra)
         for m in joiners:
             if m.go is not None:  # a pre-started spare: its go brings its place in the ring
                 protocol.write_json_atomic(m.go, {"stop_at": launch.stop_at, "time": t_launch,
