@@ -1,6 +1,22 @@
-"""Datasets (CIFAR-10, synthetic, offline digits) and the exact-resume sample stream."""
+"""Datasets (CIFAR-10, synthetic, offline digits) and the exact-resume sample stream.
 
-from elastic_ring.data.datasets import ArrayDataset, load_dataset, load_digits, check_dataset, make_batch, materialize
-from elastic_ring.data.stream import SampleStream
+The names load on first use (PEP 562), so that ``from elastic_ring.data import check_dataset`` in the
+controller does not import torch."""
 
-__all__ = ["ArrayDataset", "load_dataset", "load_digits", "check_dataset", "make_batch", "materialize", "SampleStream"]
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {"ArrayDataset": "datasets", "load_dataset": "datasets", "load_digits": "datasets",
+          "make_batch": "datasets", "materialize": "datasets", "check_dataset": "check",
+          "SampleStream": "stream"}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value

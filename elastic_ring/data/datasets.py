@@ -186,19 +186,6 @@ def load_dataset(name: str, train: bool, data_dir: str = "data", synthetic_size:
     raise DatasetError(f"unknown dataset {name!r} (choose cifar10, synthetic or digits)")
 
 
-def check_dataset(name: str, data_dir: str = "data") -> None:
-    """Fail fast, before any worker starts, when the dataset cannot be loaded.
-
-    For CIFAR-10 this unpacks its archive when only the archive is there (once, in the controller),
-    so the workers never race to do it. Raises :class:`DatasetError`.
-    """
-    if name == "cifar10":
-        _cifar10(data_dir, train=True)
-        _cifar10(data_dir, train=False)
-    elif name not in ("digits", "synthetic"):
-        raise DatasetError(f"unknown dataset {name!r} (choose cifar10, synthetic or digits)")
-
-
 def make_batch(ds: ArrayDataset, indices: torch.Tensor, augment: bool,
                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Gather ``indices``, augment (pad-4 random crop + horizontal flip) and normalise, on the device
