@@ -37,8 +37,9 @@ CACHE_FILE = "horovod-build.json"
 
 
 def cache_path() -> Path:
-    root = os.environ.get("ELASTIC_RING_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "elastic-ring")
-    return Path(root) / CACHE_FILE
+    from elastic_ring.data.check import machine_cache_root
+
+    return machine_cache_root() / CACHE_FILE
 
 
 def install_key() -> str:

@@ -104,7 +104,14 @@ def _replace_run_info(path: Path, info: dict[str, Any]) -> None:
 def ensure_dataset_cache(run_dir: Path, cfg: TrainConfig) -> None:
     if cfg.dataset == "synthetic":  # made by each worker from its seed in milliseconds, the same tensors
         return  # (no cache to write, so this controller never imports torch)
-    from elastic_ring.data import materialize  # imports torch: only a run of the built-in model needs it
+    from elastic_ring.data.check import copy_machine_digits, keep_machine_digits
 
-    with writing(run_dir / "cache"):
-        materialize(cfg.dataset, run_dir / "cache", cfg.data_dir, cfg.synthetic_size, cfg.seed)
+    cache = run_dir / "cache"
+    with writing(cache):
+        if cfg.dataset == "digits" and copy_machine_digits(cache):
+            return  # the machine's copy: no torch in this process
+        from elastic_ring.data import materialize  # imports torch
+
+        materialize(cfg.dataset, cache, cfg.data_dir, cfg.synthetic_size, cfg.seed)
+        if cfg.dataset == "digits":
+            keep_machine_digits(cache)

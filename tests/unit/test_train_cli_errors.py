@@ -97,6 +97,7 @@ def test_full_disk_while_the_run_folder_is_created_is_one_line(run_cli, tmp_path
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(cache_dir / "digits-train.pt"))
 
     monkeypatch.setattr(data, "materialize", full)  # the controller imports it when it needs it
+    monkeypatch.setenv("ELASTIC_RING_CACHE", str(tmp_path / "machine"))  # no machine copy to take
     run = tmp_path / "run"
     p = run_cli("train", "--run-dir", str(run), "--slots", "2")
     _assert_one_line_error(p, str(run / "cache" / "digits-train.pt"), "No space left on device")
