@@ -72,7 +72,6 @@ _LONGEST_FIRST = (  # times: one whole-suite run (-n 3 on 2 cores, so longer tha
     "test_a_horovod_elastic_script_rolls_back_to_its_last_commit_in_memory",  # 24 s
     "test_paradigms_on_the_virtual_clock_in_one_mpirun_and_bounds_hold",  # 24 s
     "test_inplace_live_shrink_then_interrupt",  # 18 s
-    "test_horovod_check_build_lists_torch_and_gloo",  # 18 s
     "test_rank_failure_is_reported_in_one_line",  # 15 s
     "test_restarts_exhausted_exit_1_with_one_line",  # 15 s
     "test_horovodrun_two_gloo_ranks_allreduce",  # 15 s

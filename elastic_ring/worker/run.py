@@ -293,4 +293,9 @@ def main(argv: list[str] | None = None, in_process: bool = False) -> int:
 
 
 if __name__ == "__main__":
+    from elastic_ring.worker import zygote
+
+    if len(sys.argv) >= 3 and sys.argv[1] == "--zygote":  # the fork server (zygote.py), not a worker
+        sys.exit(zygote.serve(sys.argv[2], int(sys.argv[4]) if len(sys.argv) >= 5 else None))
+    zygote.hand_over("elastic_ring.worker.run", sys.argv[1:])  # returns where no zygote answers
     sys.exit(main())

@@ -22,7 +22,12 @@ _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 
 
 class SubprocessLauncher:
-    """Starts horovodrun in its own process group, output to a log file."""
+    """Starts horovodrun in its own process group, output to a log file. ``fork_server``: the
+    workers it starts on this host fork from this controller's zygote
+    (:mod:`elastic_ring.worker.zygote`; CPU runs)."""
+
+    def __init__(self, fork_server: bool = False) -> None:
+        self.fork_server = fork_server
 
     class _H:
         def __init__(self, p: subprocess.Popen, log) -> None:
@@ -54,6 +59,12 @@ class SubprocessLauncher:
 
     def start(self, cmd: list[str], env: dict[str, str], log_path: Path) -> Handle:
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        from elastic_ring.worker import zygote
+
+        env = {k: v for k, v in env.items() if k != zygote.ENV}  # only this controller's own
+        name = zygote.ensure() if self.fork_server else None
+        if name is not None:
+            env[zygote.ENV] = name
         log = open(log_path, "ab")
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                              start_new_session=True, cwd=str(ROOT))
@@ -126,7 +137,7 @@ class HorovodrunBackend:
     def __init__(self, spec, launcher: Launcher | None = None, network_interface: str | None = None,
                  host_probe: Callable[[list[tuple[str, int]]], list[tuple[str, int]]] | None = None) -> None:
         self.spec = spec
-        self.launcher = launcher or SubprocessLauncher()
+        self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu")
         self.network_interface = network_interface
         self.host_probe = host_probe or probe_hosts
         self.hosts_override: str | None = None

@@ -87,7 +87,7 @@ class LocalBackend:
         from elastic_ring.controller.backends.horovodrun import SubprocessLauncher
 
         self.spec = spec
-        self.launcher = launcher or SubprocessLauncher()
+        self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu")
 
     def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
         cmd = launcher_command(self.spec, launch)
@@ -220,7 +220,7 @@ class LocalRingBackend:
         from elastic_ring.controller.backends.torch_ring import TorchRingFormer
 
         self.spec = spec
-        self.launcher = launcher or SubprocessLauncher()
+        self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu")
         self.rings = rings or TorchRingFormer(lambda: MASTER_ADDR)
         self.group: LocalGroup | None = None
         self.launch: SegmentLaunch | None = None  # the running segment's

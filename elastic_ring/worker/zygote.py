@@ -1,0 +1,327 @@
+"""A fork server for CPU workers on the controller's host: worker processes that start in
+milliseconds instead of seconds.
+
+A worker process spends most of its start importing torch and Horovod (about 2 s of CPU on a
+small machine, at every launch, relaunch and restart). The controller of a CPU run starts one
+*zygote* (``python -u -m elastic_ring.worker.run --zygote NAME``): it imports them once, then
+listens on an abstract Unix socket. Each worker that horovodrun (or the local launcher) starts
+runs ``python -u -m elastic_ring.worker.run ...`` as before; that command, before it imports
+anything heavy, finds ``$ELASTIC_RING_ZYGOTE`` and hands its arguments, environment, working
+folder and standard streams to the zygote, which forks a child that runs the worker
+(:func:`elastic_ring.worker.run.main`) with them. The command's process stays as the child's
+stand-in for its launcher: it forwards the signals it gets and ends as the child ended (its exit
+status, or killed by the same signal), and the child ends itself when its stand-in is gone
+(a launcher's kill -9 of its process group). The worker's own pid (its records, its logs) is the
+child's.
+
+Nothing changes where the zygote does not answer (not started yet, another host, another user:
+the socket checks its peer's uid): the command then starts the worker in its own process as
+before. GPU runs do not use it (a fork must come before CUDA starts; the controller starts it for
+CPU runs only).
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+
+ENV = "ELASTIC_RING_ZYGOTE"  # the zygote's abstract socket name, in the workers' environment
+_PRELOAD = ("torch", "torch.distributed", "horovod.torch", "elastic_ring.worker.api", "elastic_ring.worker.ring",
+            "elastic_ring.worker.hooked", "elastic_ring.worker.hvd_elastic", "elastic_ring.worker.survive",
+            "elastic_ring.telemetry.gpu", "elastic_ring.config.api", "elastic_ring.data.datasets",
+            "elastic_ring.data.stream", "elastic_ring.nn.resnet", "elastic_ring.train.optim", "elastic_ring.worker.lr")
+# (the built-in worker's own imports, not the module itself: runpy runs it as __main__ afresh)
+_LEN = struct.Struct("!I")
+_STATUS = struct.Struct("!i")
+
+
+def _address(name: str) -> str:
+    return "\0elastic-ring-zygote-" + name
+
+
+# ------------------------------------------------------------------ the worker command's side
+def hand_over(module: str, argv: list[str]) -> None:
+    """In ``python -m MODULE ARGV`` (the worker entry), before anything heavy: when a zygote
+    answers at ``$ELASTIC_RING_ZYGOTE``, have it fork ``MODULE`` run as ``__main__`` with ``ARGV``,
+    stand in for it and end as it ended (this function then never returns). Returns at once when
+    there is no zygote to ask."""
+    name = os.environ.get(ENV)
+    if not name:
+        return
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(_address(name))
+        env = {k: v for k, v in os.environ.items() if k != ENV}
+        fds = [0, 1, 2, *_passed_fds(env)]
+        payload = json.dumps({"module": module, "argv": argv, "env": env, "cwd": os.getcwd(),
+                              "fds": fds}).encode()
+        s.sendmsg([_LEN.pack(len(payload)) + payload],
+                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        pid = _STATUS.unpack(_recv_exact(s, _STATUS.size))[0]
+    except OSError:
+        s.close()
+        return  # no zygote (or it went away before it forked): start the worker here
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda signum, frame: _forward(pid, signum))
+    try:
+        raw = _recv_exact(s, _STATUS.size)
+    except OSError:
+        raw = b""
+    if len(raw) < _STATUS.size:  # the zygote died first (its controller was killed): wait for the child
+        while _alive(pid):
+            time.sleep(0.2)
+        os._exit(1)
+    status = _STATUS.unpack(raw)[0]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        time.sleep(1)
+        os._exit(128 + sig)
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+def _passed_fds(env: dict[str, str]) -> list[int]:
+    """Descriptors a launcher handed this process besides the standard streams (the local
+    launcher's rendezvous socket for rank 0)."""
+    v = env.get("ELASTIC_RING_STORE_FD", "")
+    return [int(v)] if v.isdigit() and int(v) > 2 else []
+
+
+def _forward(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is gone for our purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+# ------------------------------------------------------------------ the zygote's side
+def serve(name: str, parent_pid: int | None = None) -> None:
+    """The zygote: import what every worker imports, then fork one child per request until the
+    controller (``parent_pid``) is gone."""
+    import importlib
+
+    for mod in _PRELOAD:
+        try:
+            importlib.import_module(mod)
+        except Exception:  # noqa: BLE001 - a module the run does not need (no Horovod, say)
+            pass
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(_address(name))
+    srv.listen(64)
+    sys.stdout.write("ready\n")  # the controller waits for this line before its first launch
+    sys.stdout.flush()
+    children: dict[int, socket.socket] = {}
+    while parent_pid is None or os.getppid() == parent_pid:  # until the controller is gone
+        ready, _, _ = select.select([srv], [], [], 0.05)
+        if ready:
+            try:
+                conn, _ = srv.accept()
+                request, fds = _read_request(conn)
+            except (OSError, ValueError):
+                continue
+            if request is None:
+                conn.close()
+                for fd in fds:
+                    os.close(fd)
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                srv.close()
+                for c in children.values():
+                    c.close()
+                _child(conn, fds, request)  # never returns
+            for fd in fds:
+                os.close(fd)
+            try:
+                conn.sendall(_STATUS.pack(pid))
+            except OSError:
+                pass
+            children[pid] = conn
+        _reap(children)
+    os._exit(0)  # no teardown of torch: nothing of the zygote's own is left to write
+
+
+def _read_request(conn: socket.socket) -> tuple[dict | None, list[int]]:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    fds: list[int] = []
+    msg, anc, _, _ = conn.recvmsg(1 << 20, socket.CMSG_LEN(8 * array.array("i").itemsize))
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            a = array.array("i")
+            a.frombytes(data[:len(data) - len(data) % a.itemsize])
+            fds.extend(a)
+    if uid != os.getuid() or len(fds) < 3 or len(msg) < _LEN.size:
+        return None, fds
+    n = _LEN.unpack(msg[:_LEN.size])[0]
+    body = msg[_LEN.size:]
+    while len(body) < n:
+        chunk = conn.recv(n - len(body))
+        if not chunk:
+            return None, fds
+        body += chunk
+    request = json.loads(body)
+    if len(request.get("fds", ())) != len(fds):
+        return None, fds
+    return request, fds
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is not None:
+            try:
+                conn.sendall(_STATUS.pack(status))
+            except OSError:
+                pass
+            conn.close()
+
+
+def _child(conn: socket.socket, fds: list[int], request: dict) -> None:
+    code = 1
+    try:
+        env = dict(request["env"])
+        for fd, number in zip(fds, request["fds"]):
+            if number <= 2:  # the standard streams, in their places
+                os.dup2(fd, number)
+                os.close(fd)
+            else:  # a launcher's socket: here under the number it was received as
+                env["ELASTIC_RING_STORE_FD"] = str(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(env)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _fresh_random()
+        threads = env.get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(int(threads))  # read at start-up by a fresh process
+        threading.Thread(target=_end_with_stand_in, args=(conn,), daemon=True,
+                         name="elastic-ring-stand-in").start()
+        sys.path[0] = request["cwd"]  # as `python -m` sets it
+        sys.argv = [sys.argv[0], *request["argv"]]
+        import runpy
+
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code if isinstance(code, int) else 1)
+
+
+def _fresh_random() -> None:
+    """What a new interpreter draws from the OS: Python's and NumPy's global generators (torch's
+    default generator starts from a fixed seed in every process, as it did in the zygote)."""
+    import random
+
+    random.seed()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+
+
+def _end_with_stand_in(conn: socket.socket) -> None:
+    """The command's process (the launcher's child) is gone: end as it would have."""
+    try:
+        while conn.recv(1):
+            pass
+    except OSError:
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+_RUNNING: list = []  # [(Popen, name)] of this process's zygote, once started
+_REFUSED: list = []  # a zygote that did not start: not tried again by this process
+NO_ZYGOTE_ENV = "ELASTIC_RING_NO_ZYGOTE"  # set (to anything): workers start in their own processes
+
+
+def ensure(timeout: float = 60.0) -> str | None:
+    """This process's zygote (started at the first call, which waits for its imports: the time
+    the first workers would have spent on them): its name, or None when it cannot start."""
+    import subprocess
+    import uuid
+
+    if os.environ.get(NO_ZYGOTE_ENV) or _REFUSED:
+        return None
+    if _RUNNING and _RUNNING[0][0].poll() is None:
+        return _RUNNING[0][1]
+    _RUNNING.clear()
+    name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    p = subprocess.Popen([sys.executable, "-u", "-m", "elastic_ring.worker.run", "--zygote", name,
+                          "--zygote-parent", str(os.getpid())],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    ready, _, _ = select.select([p.stdout], [], [], timeout)
+    if not ready or p.stdout.readline().strip() != b"ready":
+        p.kill()
+        p.wait()
+        _REFUSED.append(name)
+        return None
+    import atexit
+
+    atexit.register(stop)
+    _RUNNING.append((p, name))
+    return name
+
+
+def stop() -> None:
+    """End this process's zygote (the workers it forked are not its to end)."""
+    for p, _ in _RUNNING:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    _RUNNING.clear()

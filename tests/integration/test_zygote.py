@@ -1,0 +1,92 @@
+"""The fork server (elastic_ring.worker.zygote): a real zygote, real commands handed to it. The
+child runs with the command's arguments, environment, folder and streams; the command ends as the
+child ended (status, or the same signal); signals to the command reach the child; the child ends
+when the command is killed; without a zygote the command runs by itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from elastic_ring.worker import zygote
+from tests.conftest import ROOT, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def name():
+    n = zygote.ensure()
+    assert n is not None, "the zygote did not start"
+    yield n
+    zygote.stop()
+
+
+def _probe(env_name: str | None, *args: str, cwd=ROOT) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != zygote.ENV}
+    env["PROBE"] = "seen"
+    if env_name is not None:
+        env[zygote.ENV] = env_name
+    return subprocess.Popen([sys.executable, "-m", "tests.integration.zygote_probe", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _first_line(p: subprocess.Popen) -> dict:
+    return json.loads(p.stdout.readline())
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_the_child_runs_the_command_and_the_command_ends_with_its_status(name, tmp_path):
+    p = _probe(name, "exit", "3", cwd=ROOT)
+    seen = _first_line(p)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 3, err
+    assert seen["torch"] is True  # forked from the zygote, which imported torch: not a fresh interpreter
+    assert seen["pid"] != p.pid and seen["argv"] == ["exit", "3"] and seen["probe"] == "seen"
+    assert seen["cwd"] == str(ROOT) and seen["zygote_env"] is False  # its workers start no zygote of theirs
+    assert err.strip().endswith("to stderr")  # the command's own stderr
+
+
+def test_kill_9_of_the_child_ends_the_command_by_the_same_signal(name):
+    p = _probe(name, "sleep")
+    child = _first_line(p)["pid"]
+    os.kill(child, signal.SIGKILL)
+    p.wait(timeout=30)
+    assert p.returncode == -signal.SIGKILL
+
+
+def test_sigterm_to_the_command_reaches_the_child(name):
+    p = _probe(name, "sleep")
+    child = _first_line(p)["pid"]
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=30)
+    assert p.returncode == -signal.SIGTERM
+    wait_for(lambda: _gone(child), 10, "the child's end")
+
+
+def test_kill_9_of_the_command_ends_the_child(name):
+    p = _probe(name, "sleep")
+    child = _first_line(p)["pid"]
+    p.kill()
+    p.wait(timeout=30)
+    wait_for(lambda: _gone(child), 10, "the child's end after its command was killed")
+
+
+def test_without_an_answering_zygote_the_command_runs_by_itself():
+    p = _probe("no-such-zygote", "exit", "4")
+    seen = _first_line(p)
+    p.communicate(timeout=60)
+    assert p.returncode == 4 and seen["pid"] == p.pid and seen["torch"] is False
