@@ -123,11 +123,17 @@ def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_pa
     class HorovodInternalError(RuntimeError):
         pass
 
+    import torch
+
+    from elastic_ring.worker.ring import Ring as RealRing
+
     class Ring:
-        in_place, connected, reformed = True, True, None
+        in_place, connected, reformed, threads = True, True, None, None
+        keep_threads = RealRing.keep_threads
 
         def reform(self, action):
             self.reformed = action
+            torch.set_num_threads(threads_before + 1)  # a smaller ring's share of the host's cores
 
     class Start:
         def restart(self, t0):
@@ -147,6 +153,7 @@ def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_pa
     session.reset()
     survive.reset()
     session.started(job)
+    threads_before = torch.get_num_threads()
     try:
         survive._P.copy = MemoryCopy(lambda s: {"step": s})
         for s in (6, 7, 8):
@@ -159,9 +166,12 @@ def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_pa
             "action": "resize", "to": 1, "segment": 4, "stop_at": 20, "rollback_to": 7, "members": {"w1": {}}})
         ring, segment, stop_at, start = survive.survived(HorovodInternalError("gloo: connection closed"))
         assert ring is job.ring and (segment, stop_at) == (4, 20) and ring.reformed["rollback_to"] == 7
+        # the survivor keeps its intra-op threads (not the smaller ring's share), and says so to its job
+        assert torch.get_num_threads() == threads_before and ring.threads == threads_before
         assert survive.take_rollback() == {"step": 7} and survive.take_rollback() is None
         assert survive._P.copy.held() == []  # the steps after the rollback are copied again
     finally:
+        torch.set_num_threads(threads_before)
         session.reset()
         survive.reset()
 
