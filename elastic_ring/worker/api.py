@@ -182,6 +182,8 @@ class Job:
             go = self.ring.wait_for_go(self.info.go_file)
             start.mark("wait_for_go")
         self.seg.stop_at = self.ring.connect(go, self.seg.stop_at)
+        if go is not None and "pid_segment" in go:  # a warm joiner: its rank's record, as a cold one writes
+            protocol.write_pid_record(self.run_dir, self.rank, self.info.owner, int(go["pid_segment"]))
         start.mark("hvd_init")
         self.progress.open_events()
 

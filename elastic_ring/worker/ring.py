@@ -256,6 +256,17 @@ class ElasticRing(Ring):
     """Horovod Elastic's ring: the driver assigns ranks and reports host changes to rank 0."""
 
     in_place = True
+    go_timeout_s = 7 * 24 * 3600.0  # the warm joiner (controller.hvdrun.Spare) may wait all run long
+
+    def _went(self, go: dict[str, Any]) -> int:
+        """The warm joiner's go: the slot's Horovod environment the driver would have started a
+        worker with; it joins a ring re-formed in place, whose rank 0 sends the stop step with the
+        state (no broadcast of its own)."""
+        if go.get("env"):
+            os.environ.update({k: str(v) for k, v in go["env"].items()})
+            self._ranks_from_env()
+            self.broadcasts_stop = False
+        return int(go["stop_at"])
 
     def _formed(self) -> None:
         self.adopt_ranks()  # the driver's assignment may be newer than the environment's
