@@ -125,7 +125,11 @@ def killed_run(address: str | None, survive: bool, kill_at: int, steps: int) -> 
                 "time_lost_s": rc["time_lost_s"], "rank": rs["rank"], **grown,
                 "kill_to_back_at_size_s": back[0]["time"] - t_kill if back else None,
                 "joiner_grow_lost_s": next((e["total_lost_s"] for e in run.events("resize_overhead")
-                                            if back and e["step"] == back[0]["step"] - 1), None)}
+                                            if back and e["step"] == back[0]["step"] - 1), None),
+                # rank 0's first step back at the size: the ring's re-forming (a joiner still starting
+                # is waited for there) and the state's broadcast
+                "joiner_grow_phases": next((e.get("phases") for e in run.events("first_step")
+                                            if back and e["segment"] == back[0]["segment"]), None)}
 
 
 def _grown_back(run: TrainRun) -> dict | None:

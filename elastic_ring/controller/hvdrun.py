@@ -237,6 +237,7 @@ class Spare:
         import time
 
         p, self.proc = self.proc, None
+        print(f"elastic-ring hvdrun: the warm joiner (pid {p.pid}) takes rank {slot_env.get('HOROVOD_RANK')}", flush=True)
         go = {"stop_at": 0, "time": time.time(), "env": slot_env, "pid_segment": self.segment}
         tmp = self.go.with_name(f".{self.go.name}.tmp")
         tmp.write_text(json.dumps(go))
