@@ -456,6 +456,68 @@ def test_inplace_the_driver_keeps_a_host_whose_worker_failed(monkeypatch):
     assert seen == ["read", ("activate", 1)]
 
 
+def test_inplace_the_driver_hands_the_next_slot_to_the_warm_joiner(tmp_path, monkeypatch):
+    """Under --survive the driver's worker factory keeps one spare (the workers' command with a
+    placeholder rank, segment -1 and a go file); when the driver starts a worker for a slot and the
+    spare waits, the slot's Horovod environment goes into the spare's go file and the driver waits
+    for the spare's exit as for its own worker's; with no spare up, the cold worker as before."""
+    import threading
+
+    from horovod.runner import gloo_run
+
+    from elastic_ring.controller import hvdrun
+
+    run_dir = tmp_path / "run"
+    (run_dir / "control").mkdir(parents=True)
+    cold_calls, started = [], []
+
+    def make(exec_command, run_command, env, event):
+        return lambda slot_info, events: cold_calls.append(slot_info.rank) or (0, 1.0)
+
+    class Proc:  # the spare's process: it exits 0 once it has read its go
+        pid, rc = 777, None
+
+        def poll(self):
+            if self.rc is None and spare.go.exists():
+                self.rc = 0
+            return self.rc
+
+    def popen(argv, env):
+        started.append((argv, env))
+        return Proc()
+
+    monkeypatch.setattr(gloo_run, "_create_elastic_worker_fn", make)
+    monkeypatch.setattr(hvdrun, "_SPARES", [])
+    monkeypatch.setattr("subprocess.Popen", popen)
+    hvdrun.warm_joiner()
+    hvdrun.warm_joiner()  # once
+    run_command = (f"HOROVOD_GLOO_RENDEZVOUS_ADDR=127.0.0.1 HOROVOD_GLOO_RENDEZVOUS_PORT=4242 HOROVOD_ELASTIC=1 "
+                   f"python -m elastic_ring.worker.run --run-dir {run_dir} --segment 3 --stop-at 9 --inplace "
+                   f"-- elastic_ring.train.worker --x 1")
+    shutdown = threading.Event()
+    create = gloo_run._create_elastic_worker_fn(None, run_command, {"PATH": "/bin"}, shutdown)
+    (spare,) = hvdrun._SPARES
+    slot = type("Slot", (), {"hostname": "localhost", "rank": 1, "size": 2, "local_rank": 1, "local_size": 2,
+                             "cross_rank": 0, "cross_size": 1})()
+    assert create(slot, []) == (0, 1.0) and cold_calls == [1]  # the ring does not train yet: no spare, a cold one
+    (run_dir / "control" / "progress.json").write_text("{}")
+    for _ in range(200):
+        if spare.proc is not None:
+            break
+        threading.Event().wait(0.01)
+    (argv, env), = started
+    assert argv[argv.index("--segment") + 1] == "-1" and argv[argv.index("--go-file") + 1] == str(spare.go)
+    assert argv.index("--go-file") < argv.index("--") and argv[-3:] == ["elastic_ring.train.worker", "--x", "1"]
+    assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "4242" and env["HOROVOD_RANK"] == "1" and env["PATH"] == "/bin"
+    spare.go.with_name(spare.go.name + ".waiting").write_text("{}")  # imports and build done
+    rc, _ = create(slot, [])
+    go = protocol.read_json(spare.go)
+    assert rc == 0 and cold_calls == [1]  # the slot went to the spare
+    assert go["env"]["HOROVOD_RANK"] == "1" and go["env"]["HOROVOD_LOCAL_SIZE"] == "2" and go["pid_segment"] == 3
+    assert create(slot, []) == (0, 1.0) and cold_calls == [1, 1]  # one spare per run: the next is cold
+    shutdown.set()
+
+
 class _Stalls:
     """A backend that can end single ranks (``--survive``)."""
 
