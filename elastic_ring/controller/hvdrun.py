@@ -37,6 +37,7 @@ import json
 import os
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 CACHE_FILE = "horovod-build.json"
@@ -182,8 +183,9 @@ def _flag(argv: list[str], name: str) -> str | None:
 
 class Spare:
     """The warm joiner of :func:`warm_joiner`: the workers' command, run with a placeholder rank,
-    segment -1 (it writes no record of a rank) and a go file; started once the ring trains (the
-    run's progress file exists), so that its imports do not slow the ring's own start."""
+    segment -1 (its pid record is under a segment no watch reads) and a go file; started once this
+    job's ring trains (the run's progress file is newer than the job), so that its imports do not
+    slow the ring's own start, and it is never handed a slot of the job's first ring."""
 
     def __init__(self, run_command: str, env: dict[str, str]) -> None:
         import shlex
@@ -201,6 +203,7 @@ class Spare:
         self.argv = [*argv[:cut], "--go-file", str(self.go), *argv[cut:]]
         self.env = {**env, **self.run_env, "PYTHONUNBUFFERED": "1"}
         self.proc = None
+        self.t0 = time.time()
 
     def start_when_training(self, shutdown) -> None:
         import subprocess
@@ -208,21 +211,20 @@ class Spare:
 
         def run() -> None:
             progress = self.run_dir / "control" / "progress.json"
-            while not progress.exists():
+            while not (progress.exists() and progress.stat().st_mtime >= self.t0):  # (a resumed run's is older)
                 if shutdown.wait(0.2):
                     return
             self.go.unlink(missing_ok=True)
             self.go.with_name(self.go.name + ".waiting").unlink(missing_ok=True)
             local = str(max(2, int(self.env.get("HOROVOD_LOCAL_SIZE", "2"))))
-            self.proc = subprocess.Popen(self.argv, env={**self.env, **PLACEHOLDER_RANK, "HOROVOD_LOCAL_SIZE": local})
+            self.proc = subprocess.Popen(self.argv, env={**self.env, **PLACEHOLDER_RANK,
+                                                         "HOROVOD_LOCAL_SIZE": local})
 
         threading.Thread(target=run, daemon=True, name="elastic-ring-spare").start()
 
     def ready(self, events: list) -> bool:
         """Whether the spare takes the slot: it waits for its go (imports and build done), or it
         was started and is on its way there (then it is waited for: it is ahead of a cold start)."""
-        import time
-
         p = self.proc
         while p is not None and p.poll() is None and not any(e.is_set() for e in events):
             if self.go.with_name(self.go.name + ".waiting").exists():
@@ -234,10 +236,10 @@ class Spare:
         """Hand the spare the slot's environment; wait for it as for the driver's own worker (its
         exit status; ended when the job or its host is)."""
         import json
-        import time
 
         p, self.proc = self.proc, None
-        print(f"elastic-ring hvdrun: the warm joiner (pid {p.pid}) takes rank {slot_env.get('HOROVOD_RANK')}", flush=True)
+        print(f"elastic-ring hvdrun: the warm joiner (pid {p.pid}) takes rank {slot_env.get('HOROVOD_RANK')}",
+              flush=True)
         go = {"stop_at": 0, "time": time.time(), "env": slot_env, "pid_segment": self.segment}
         tmp = self.go.with_name(f".{self.go.name}.tmp")
         tmp.write_text(json.dumps(go))

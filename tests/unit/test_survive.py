@@ -6,6 +6,7 @@ side (its record, the controller's word, the copy the next restore loads), with 
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -495,12 +496,17 @@ def test_inplace_the_driver_hands_the_next_slot_to_the_warm_joiner(tmp_path, mon
                    f"python -m elastic_ring.worker.run --run-dir {run_dir} --segment 3 --stop-at 9 --inplace "
                    f"-- elastic_ring.train.worker --x 1")
     shutdown = threading.Event()
+    old = run_dir / "control" / "progress.json"  # a resumed run's, older than this job: not its ring
+    old.write_text("{}")
+    os.utime(old, (1.0, 1.0))
     create = gloo_run._create_elastic_worker_fn(None, run_command, {"PATH": "/bin"}, shutdown)
     (spare,) = hvdrun._SPARES
     slot = type("Slot", (), {"hostname": "localhost", "rank": 1, "size": 2, "local_rank": 1, "local_size": 2,
                              "cross_rank": 0, "cross_size": 1})()
+    threading.Event().wait(0.5)
+    assert spare.proc is None and not started
     assert create(slot, []) == (0, 1.0) and cold_calls == [1]  # the ring does not train yet: no spare, a cold one
-    (run_dir / "control" / "progress.json").write_text("{}")
+    (run_dir / "control" / "progress.json").write_text("{}")  # this job's ring trains
     for _ in range(200):
         if spare.proc is not None:
             break
