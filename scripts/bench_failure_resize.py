@@ -19,9 +19,10 @@ in-memory copy that makes it possible costs a step.
    starts after the kill, and once it waits for its go the ring grows back to 2 at a step
    boundary: the time from the kill to the first step at 2 again, when the joiner was ready, and
    the training time that grow lost more than the survivors' path (its ``resize_overhead``
-   ``total_lost_s``: the survivor's stop at the step boundary, the ring's re-forming and the
-   joiner's sync). Such a run is stopped (Ctrl-C) a few steps after the grow (``--survive-steps``
-   only bounds it).
+   ``total_lost_s``: from the survivors' pause at the step boundary, as a scheduled grow is
+   measured, to the first step at 2, less one steady step at 2: the ring's re-forming and the
+   joiner's sync). Such a run is stopped (Ctrl-C) once the first throughput window at 2 is done
+   (the steady step it gives; ``--survive-steps`` only bounds the run).
 5. Horovod Elastic's own recovery of the same kill (``--horovod-elastic``): ``horovodrun -np 2
    --min-np 1 --max-np 2`` of ``examples/hvd_elastic_mlp.py`` (it commits after every batch) on two
    host names of this machine (``localhost:1``, ``127.0.0.1:1``: Horovod blacklists the host of a
@@ -56,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 from benchlib import TrainRun, exit_on_sigterm, write_results  # noqa: E402
 
 MB = 1024 * 1024
+THROUGHPUT_WINDOW = 20  # steps per throughput event (the default config)
 
 
 def copy_cost(rounds: int, steps: int) -> dict:
@@ -123,7 +125,11 @@ def killed_run(address: str | None, survive: bool, kill_at: int, steps: int) -> 
                 "time_lost_s": rc["time_lost_s"], "rank": rs["rank"], **grown,
                 "kill_to_back_at_size_s": back[0]["time"] - t_kill if back else None,
                 "joiner_grow_lost_s": next((e["total_lost_s"] for e in run.events("resize_overhead")
-                                            if back and e["step"] == back[0]["step"] - 1), None)}
+                                            if back and e["step"] == back[0]["step"] - 1), None),
+                # rank 0's first step back at the size: the ring's re-forming (a joiner still starting
+                # is waited for there) and the state's broadcast
+                "joiner_grow_phases": next((e.get("phases") for e in run.events("first_step")
+                                            if back and e["segment"] == back[0]["segment"]), None)}
 
 
 def _grown_back(run: TrainRun) -> dict | None:
@@ -139,13 +145,15 @@ def grow_back(run: TrainRun, t_kill: float, timeout_s: float = 600.0) -> dict:
             raise SystemExit("the survive run did not grow back to 2 workers (raise --survive-steps on a slow "
                              "machine)")
         time.sleep(0.1)
-    run.wait_step(int(first["step"]) + 3)
+    # past the first throughput window at 2 (its steady step is what the overhead subtracts)
+    run.wait_step(int(first["step"]) + THROUGHPUT_WINDOW + 2)
     run.p.send_signal(signal.SIGINT)
     run.p.communicate(timeout=300)
     (req,) = [e for e in run.events("resize_requested") if e.get("source") == "joiner"]
     (ov,) = [e for e in run.events("resize_overhead") if e["to_workers"] == 2]
     return {"joiner_ready_s": req["time"] - t_kill, "kill_to_back_at_2_s": first["time"] - t_kill,
-            "grow_lost_s": ov["total_lost_s"], "grow_at_step": ov["step"],
+            "grow_lost_s": ov["total_lost_s"], "grow_at_step": ov["step"], "grow_steady_step_s": ov["steady_step_s"],
+            "grow_relaunch_to_first_step_s": ov["relaunch_to_first_step_s"],
             "grow_hvd_reinit_s": (first.get("phases") or {}).get("hvd_reinit")}
 
 

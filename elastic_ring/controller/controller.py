@@ -249,8 +249,10 @@ class Controller:
         request first, else the plan); the resize is measured from here."""
         source = "live"
         if seg.live_target is not None:
-            target, t_req = seg.live_target, seg.t_live or now
-            self.plan.add(step, target, "live")
+            target, t_req, source = seg.live_target, seg.t_live or now, seg.live_source
+            if source == "joiner":  # measured from the survivors' pause, as a scheduled grow: the
+                t_req = float(seg.end.stop_decided_at) or t_req  # steps while the stop was agreed are not lost
+            self.plan.add(step, target, source)
             self._save_plan()
         else:
             r = self.plan.resize_at(step)
@@ -390,9 +392,9 @@ class Controller:
         self.plan.add(s.step, s.world, "failure")
         joins = (getattr(self.backend, "rejoins", False) and reason is None and planned > s.world
                  and s.step + 1 < self.spec.total_steps and self.plan.world_after(s.step + 1) == s.world)
+        self._t_failure = t_detect  # a joiner's grow back says how long after the failure it came
         if joins:  # a new worker takes the dead one's place after the survivors' next step
             self.plan.add(s.step + 1, planned, "joiner")
-            self._t_failure = t_detect
         self._save_plan()
         self._elastic = seg  # its survivors wait, paused, for their new ring
         self._transition = "restarting"
@@ -574,7 +576,7 @@ class Controller:
         target = heal()
         if target is None or target == seg.world or not self.resize.withdraw_ahead(seg.index):
             return
-        seg.live_target, seg.t_live = target, self.clock()
+        seg.live_target, seg.t_live, seg.live_source = target, self.clock(), "joiner"
         self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source="joiner", time=seg.t_live))
         stop_file(self.spec.run_dir, seg.index).touch()
         self.out(f"a warm worker is up for the failed worker's place: {seg.world} -> {target} workers")

@@ -20,6 +20,12 @@ discovery script is run as horovodrun runs it.
 With ``--survive`` (``ELASTIC_RING_SURVIVE=1`` in its environment) a third: a worker's failure no
 longer blacklists its host (on one host that would end the job). The survivors go on in their
 processes, and the controller shrinks the slot count in the host list (:func:`keep_hosts_on_failure`).
+And a fourth: a warm joiner (:func:`warm_joiner`). Once the ring trains, the driver starts one
+spare worker process beside it, which imports torch and Horovod, builds the script's model and data
+and waits for a go; when the driver next starts a worker for a slot (the grow back after a failure),
+it hands that slot's Horovod environment to the spare instead of starting a cold process, and
+waits for the spare as for its own worker. Only the ring's re-forming and the state's broadcast are
+left on the survivors' path.
 
 The controller uses it for every segment; ``ELASTIC_RING_PLAIN_HOROVODRUN=1`` makes it launch the
 plain ``horovodrun`` instead (for comparisons: ``scripts/bench_launcher.py``).
@@ -31,6 +37,7 @@ import json
 import os
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 CACHE_FILE = "horovod-build.json"
@@ -166,6 +173,121 @@ def keep_hosts_on_failure() -> None:
     HostManager.blacklist = no_blacklist
 
 
+SPARE_GO = "spare-hvd.json"  # the warm joiner's go file, in the run's control folder
+PLACEHOLDER_RANK = {"HOROVOD_HOSTNAME": "localhost", "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
+                    "HOROVOD_LOCAL_RANK": "1", "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"}
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv[:-1] else None
+
+
+class Spare:
+    """The warm joiner of :func:`warm_joiner`: the workers' command, run with a placeholder rank,
+    segment -1 (its pid record is under a segment no watch reads) and a go file; started once this
+    job's ring trains (the run's progress file is newer than the job), so that its imports do not
+    slow the ring's own start, and it is never handed a slot of the job's first ring."""
+
+    def __init__(self, run_command: str, env: dict[str, str]) -> None:
+        import shlex
+
+        words = shlex.split(run_command)
+        cut = next(i for i, w in enumerate(words) if "=" not in w or w.startswith("-"))
+        self.run_env = dict(w.split("=", 1) for w in words[:cut])
+        argv = words[cut:]
+        self.run_dir = Path(_flag(argv, "--run-dir") or ".")
+        self.segment = int(_flag(argv, "--segment") or 0)  # a cold joiner's record names it
+        self.go = self.run_dir / "control" / SPARE_GO
+        i = argv.index("--segment")
+        argv[i + 1] = "-1"
+        cut = argv.index("--")
+        self.argv = [*argv[:cut], "--go-file", str(self.go), *argv[cut:]]
+        self.env = {**env, **self.run_env, "PYTHONUNBUFFERED": "1"}
+        self.proc = None
+        self.t0 = time.time()
+
+    def start_when_training(self, shutdown) -> None:
+        import subprocess
+        import threading
+
+        def run() -> None:
+            progress = self.run_dir / "control" / "progress.json"
+            while not (progress.exists() and progress.stat().st_mtime >= self.t0):  # (a resumed run's is older)
+                if shutdown.wait(0.2):
+                    return
+            self.go.unlink(missing_ok=True)
+            self.go.with_name(self.go.name + ".waiting").unlink(missing_ok=True)
+            local = str(max(2, int(self.env.get("HOROVOD_LOCAL_SIZE", "2"))))
+            self.proc = subprocess.Popen(self.argv, env={**self.env, **PLACEHOLDER_RANK,
+                                                         "HOROVOD_LOCAL_SIZE": local})
+
+        threading.Thread(target=run, daemon=True, name="elastic-ring-spare").start()
+
+    def ready(self, events: list) -> bool:
+        """Whether the spare takes the slot: it waits for its go (imports and build done), or it
+        was started and is on its way there (then it is waited for: it is ahead of a cold start)."""
+        p = self.proc
+        while p is not None and p.poll() is None and not any(e.is_set() for e in events):
+            if self.go.with_name(self.go.name + ".waiting").exists():
+                return True
+            time.sleep(0.02)
+        return False
+
+    def join(self, slot_env: dict[str, str], events: list) -> tuple[int, float]:
+        """Hand the spare the slot's environment; wait for it as for the driver's own worker (its
+        exit status; ended when the job or its host is)."""
+        import json
+
+        p, self.proc = self.proc, None
+        print(f"elastic-ring hvdrun: the warm joiner (pid {p.pid}) takes rank {slot_env.get('HOROVOD_RANK')}",
+              flush=True)
+        go = {"stop_at": 0, "time": time.time(), "env": slot_env, "pid_segment": self.segment}
+        tmp = self.go.with_name(f".{self.go.name}.tmp")
+        tmp.write_text(json.dumps(go))
+        os.replace(tmp, self.go)
+        while (rc := p.poll()) is None:
+            if any(e.is_set() for e in events):
+                p.kill()
+            time.sleep(0.05)
+        if rc != 0:
+            print(f"Process {slot_env.get('HOROVOD_RANK')} exit with status code {rc}.", flush=True)
+        return rc, time.time()
+
+    def end(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+
+
+_SPARES: list[Spare] = []
+
+
+def warm_joiner() -> None:
+    """The driver's next worker for a slot is a warm spare when one waits (see the module
+    docstring); otherwise it starts a cold one as before. One spare per run."""
+    from horovod.runner import gloo_run
+
+    make = gloo_run._create_elastic_worker_fn
+    if getattr(make, "_elastic_ring", False):
+        return
+
+    def create_fn(exec_command, run_command, env, event):
+        cold = make(exec_command, run_command, env, event)
+        spare = Spare(run_command, env)
+        _SPARES.append(spare)
+        spare.start_when_training(event)
+
+        def create_worker(slot_info, events):
+            every = [event, *(events or [])]
+            if spare.ready(every):
+                return spare.join(gloo_run.create_slot_env_vars(slot_info), every)
+            return cold(slot_info, events)
+
+        return create_worker
+
+    create_fn._elastic_ring = True  # type: ignore[attr-defined]
+    gloo_run._create_elastic_worker_fn = create_fn
+
+
 def main() -> None:
     from horovod.runner import launch
 
@@ -173,8 +295,13 @@ def main() -> None:
     read_hosts_directly()
     if os.environ.get("ELASTIC_RING_SURVIVE") == "1":
         keep_hosts_on_failure()
+        warm_joiner()
     sys.argv[0] = "horovodrun"
-    sys.exit(launch.run_commandline())
+    try:
+        sys.exit(launch.run_commandline())
+    finally:
+        for s in _SPARES:
+            s.end()
 
 
 if __name__ == "__main__":

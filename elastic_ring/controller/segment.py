@@ -41,6 +41,7 @@ class Segment:
     ckpt_s: float = 0.0
     live_target: int | None = None
     t_live: float | None = None
+    live_source: str = "live"  # or "joiner": a warm worker for a failed one's place (Controller._check_heal)
     start_step: int = 0  # the last step done before this segment
     deferred_stop: bool = False  # an interrupt came after the workers took a resize written ahead
     go_file: Path | None = None  # set when pre-launched: the workers wait for this file

@@ -74,7 +74,7 @@ from elastic_ring.worker.progress import Progress, StartUp
 from elastic_ring.worker.ring import Ring, launched_under_horovod_elastic, ring_from_env
 from elastic_ring.worker.sampler import Sampler
 from elastic_ring.worker.segment import Segment, StopVote
-from elastic_ring.worker.survive import take_rollback
+from elastic_ring.worker.survive import reform_survivors, take_rollback
 from elastic_ring.worker.sync import StateSync
 
 if TYPE_CHECKING:
@@ -136,7 +136,8 @@ class Job:
             torch.backends.cudnn.benchmark = True
         else:
             self.device = torch.device("cpu")
-        torch.set_num_threads(protocol.cpu_threads(self.local_size))  # on GPUs too: cores launch kernels
+        # on GPUs too: cores launch kernels; a ring re-formed in place says how many it keeps
+        torch.set_num_threads(self.ring.threads or protocol.cpu_threads(self.local_size))
         protocol.write_pid_record(self.run_dir, self.rank, info.owner, info.segment)
         if not lazy:
             self.connect()
@@ -181,6 +182,8 @@ class Job:
             go = self.ring.wait_for_go(self.info.go_file)
             start.mark("wait_for_go")
         self.seg.stop_at = self.ring.connect(go, self.seg.stop_at)
+        if go is not None and "pid_segment" in go:  # a warm joiner: its rank's record, as a cold one writes
+            protocol.write_pid_record(self.run_dir, self.rank, self.info.owner, int(go["pid_segment"]))
         start.mark("hvd_init")
         self.progress.open_events()
 
@@ -390,7 +393,10 @@ class Job:
         """
         t0 = time.time()
         meta = self.state.live_meta(next_segment=int(action["segment"]), stop_at=int(action["stop_at"]))
-        self.ring.reform(action)
+        if "rollback_to" in action:  # the survivors of a failure (a Horovod Elastic script's)
+            reform_survivors(self.ring, action)
+        else:
+            self.ring.reform(action)
         start = self.progress.start
         start.restart(t0)
         start.mark("hvd_reinit")

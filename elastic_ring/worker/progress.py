@@ -182,7 +182,7 @@ class Progress:
         if self._threads_warned:
             return
         local_size = self.ring.local_size
-        ours, now = protocol.cpu_threads(local_size), torch.get_num_threads()
+        ours, now = self.ring.threads or protocol.cpu_threads(local_size), torch.get_num_threads()
         if now != ours:
             self._threads_warned = True
             if self.ring.rank == 0:

@@ -108,6 +108,7 @@ class Ring:
         self.hvd: Any = None
         self._coll: Any = None
         self.connected = False
+        self.threads: int | None = None  # torch's intra-op threads here, once the ring is formed
         self.rank = self.size = self.local_rank = self.local_size = 0
         self.hosts_updated_at: float | None = None  # Horovod Elastic's driver: the hosts changed then
         env = os.environ
@@ -150,7 +151,17 @@ class Ring:
         hvd = self.hvd
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
-        torch.set_num_threads(protocol.cpu_threads(self.local_size))  # CPU and GPU workers alike
+        self.threads = protocol.cpu_threads(self.local_size)  # CPU and GPU workers alike
+        torch.set_num_threads(self.threads)
+
+    def keep_threads(self, n: int) -> None:
+        """Train on with ``n`` intra-op threads whatever the local size (the survivors of a
+        failure: :func:`elastic_ring.worker.survive.survived`); the next :meth:`adopt_ranks` sets
+        the share again."""
+        import torch
+
+        self.threads = n
+        torch.set_num_threads(n)
 
     def _check_ranks(self) -> None:
         if (self.hvd.rank(), self.hvd.size()) != (self.rank, self.size):
@@ -245,6 +256,17 @@ class ElasticRing(Ring):
     """Horovod Elastic's ring: the driver assigns ranks and reports host changes to rank 0."""
 
     in_place = True
+    go_timeout_s = 7 * 24 * 3600.0  # the warm joiner (controller.hvdrun.Spare) may wait all run long
+
+    def _went(self, go: dict[str, Any]) -> int:
+        """The warm joiner's go: the slot's Horovod environment the driver would have started a
+        worker with; it joins a ring re-formed in place, whose rank 0 sends the stop step with the
+        state (no broadcast of its own)."""
+        if go.get("env"):
+            os.environ.update({k: str(v) for k, v in go["env"].items()})
+            self._ranks_from_env()
+            self.broadcasts_stop = False
+        return int(go["stop_at"])
 
     def _formed(self) -> None:
         self.adopt_ranks()  # the driver's assignment may be newer than the environment's
@@ -313,6 +335,7 @@ class TorchRing(Ring):
         self._coll: Any = None
         self.connected = False
         self.hosts_updated_at = None
+        self.threads: int | None = None
         self._ranks_from_env()
 
     def _ranks_from_env(self) -> None:
@@ -427,7 +450,8 @@ class TorchControllerRing(TorchRing):
         """This host's share of the CPU threads at the group's local size (as a new process's)."""
         import torch
 
-        torch.set_num_threads(protocol.cpu_threads(self.local_size))
+        self.threads = protocol.cpu_threads(self.local_size)
+        torch.set_num_threads(self.threads)
 
     def reform(self, action: dict[str, Any]) -> None:
         """Destroy the group and form the one the action names for this worker.

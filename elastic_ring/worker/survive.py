@@ -143,6 +143,20 @@ def rollback_word(exc: BaseException, job: Any, held: list[int]) -> dict[str, An
     return None
 
 
+def reform_survivors(ring: Any, action: dict[str, Any]) -> None:
+    """Re-form the survivors' ring (``action`` rolls them back) keeping the intra-op threads they
+    trained with, not the share of a smaller ring (``cores / local workers``): with more OpenMP
+    threads than the host has idle cores, each parallel region of a step waits at its barrier for
+    a thread the scheduler has not run yet (measured: a survivor alone on 2 cores, 1 -> 2 threads
+    at load 10: its first step 1.2-3.3 s, 0.1-0.4 s with 1 thread). The dead worker's cores are
+    its joiner's (under ``elastic-ring cluster``, the policy's); the next resize sets the share."""
+    import torch
+
+    threads = torch.get_num_threads()
+    ring.reform(action)
+    ring.keep_threads(threads)
+
+
 def survived(exc: BaseException) -> tuple | None:
     """After the script raised ``exc``: where this rank goes on, as the carried ring of
     :func:`elastic_ring.worker.session.start_over` ``(ring, segment, stop_at, start-up)``; None when
@@ -164,7 +178,7 @@ def survived(exc: BaseException) -> tuple | None:
     copy.copies.clear()  # the steps after the rollback are taken again
     start = job.progress.start
     start.restart(t0)
-    job.ring.reform(action)  # Retired where this worker is not in the new ring
+    reform_survivors(job.ring, action)  # Retired where this worker is not in the new ring
     job.ring.connected = True
     start.mark("hvd_reinit")
     return job.ring, int(action["segment"]), int(action["stop_at"]), start

@@ -1,16 +1,18 @@
 """`elastic-ring train --relaunch inplace --survive` (one Horovod Elastic job on this host) with real
 horovodrun. The flat loop: rank 1 of two workers is killed (kill -9) at the start of step 3; rank 0
 keeps its process, rolls back to step 2 (the last step both completed, kept in memory) and does
-step 3 alone; then a new worker takes the dead one's place (its state by broadcast from rank 0, not
-from disk) and the two go on; that joiner stops (SIGSTOP) in the last step, the stall watchdog ends
-it, and rank 0 rolls back again and finishes alone. Its final weights, momentum, data position and
-LR equal, bitwise, those of an uninterrupted run with those resizes scheduled: 2 -> 1 at step 2,
-back to 2 at step 3, 2 -> 1 at step 5. A Horovod Elastic script rolls back to its last commit the
+step 3 alone; then a warm worker (a spare process started while the ring trained) takes the dead
+one's place (its state by broadcast from rank 0, not from disk) and the two go on; that joiner
+stops (SIGSTOP) in the last step, the stall watchdog ends it, and rank 0 rolls back again and
+finishes alone. Its final weights, momentum, data position and LR equal, bitwise, those of an
+uninterrupted run with those resizes scheduled: 2 -> 1 at step 2, back to 2 at step 3, 2 -> 1 at
+step 5. A Horovod Elastic script rolls back to its last commit the
 same way. Each failing run goes side by side with its reference."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 import pytest
@@ -119,6 +121,9 @@ def test_rank_1_killed_then_a_warm_joiner_then_its_stall_as_scheduled_resizes(tm
     assert [size for _, _, size in rows] == [2] * KILL + [1] + [2] * (STEPS - KILL) + [1]
     assert [s for s, _, _ in joiner] == [*range(1, KILL + 1), *range(KILL + 1, STEPS + 1)]
     assert len({pid for s, pid, _ in joiner if s > KILL}) == 1 and joiner[-1][1] != joiner[0][1]  # a new process
+    # ... the warm one: the spare our horovodrun started while the ring trained, handed rank 1's slot
+    handed = re.findall(r"the warm joiner \(pid (\d+)\) takes rank 1", (run / "logs" / "segment-000-w2.log").read_text())
+    assert [int(x) for x in handed] == [joiner[-1][1]], handed
     print(f"kill: restart -> next step {recs[0]['detect_to_first_step_s']:.2f} s, lost {recs[0]['time_lost_s']:.2f} s;"
           f" back at 2 workers {back['since_failure_s']:.2f} s after the kill was seen; "
           f"stall: restart -> next step {recs[1]['detect_to_first_step_s']:.2f} s")

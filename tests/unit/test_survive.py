@@ -6,6 +6,7 @@ side (its record, the controller's word, the copy the next restore loads), with 
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -123,11 +124,17 @@ def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_pa
     class HorovodInternalError(RuntimeError):
         pass
 
+    import torch
+
+    from elastic_ring.worker.ring import Ring as RealRing
+
     class Ring:
-        in_place, connected, reformed = True, True, None
+        in_place, connected, reformed, threads = True, True, None, None
+        keep_threads = RealRing.keep_threads
 
         def reform(self, action):
             self.reformed = action
+            torch.set_num_threads(threads_before + 1)  # a smaller ring's share of the host's cores
 
     class Start:
         def restart(self, t0):
@@ -147,6 +154,7 @@ def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_pa
     session.reset()
     survive.reset()
     session.started(job)
+    threads_before = torch.get_num_threads()
     try:
         survive._P.copy = MemoryCopy(lambda s: {"step": s})
         for s in (6, 7, 8):
@@ -159,9 +167,12 @@ def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_pa
             "action": "resize", "to": 1, "segment": 4, "stop_at": 20, "rollback_to": 7, "members": {"w1": {}}})
         ring, segment, stop_at, start = survive.survived(HorovodInternalError("gloo: connection closed"))
         assert ring is job.ring and (segment, stop_at) == (4, 20) and ring.reformed["rollback_to"] == 7
+        # the survivor keeps its intra-op threads (not the smaller ring's share), and says so to its job
+        assert torch.get_num_threads() == threads_before and ring.threads == threads_before
         assert survive.take_rollback() == {"step": 7} and survive.take_rollback() is None
         assert survive._P.copy.held() == []  # the steps after the rollback are copied again
     finally:
+        torch.set_num_threads(threads_before)
         session.reset()
         survive.reset()
 
@@ -444,6 +455,73 @@ def test_inplace_the_driver_keeps_a_host_whose_worker_failed(monkeypatch):
 
     driver.ElasticDriver.resume(Driver())
     assert seen == ["read", ("activate", 1)]
+
+
+def test_inplace_the_driver_hands_the_next_slot_to_the_warm_joiner(tmp_path, monkeypatch):
+    """Under --survive the driver's worker factory keeps one spare (the workers' command with a
+    placeholder rank, segment -1 and a go file); when the driver starts a worker for a slot and the
+    spare waits, the slot's Horovod environment goes into the spare's go file and the driver waits
+    for the spare's exit as for its own worker's; with no spare up, the cold worker as before."""
+    import threading
+
+    from horovod.runner import gloo_run
+
+    from elastic_ring.controller import hvdrun
+
+    run_dir = tmp_path / "run"
+    (run_dir / "control").mkdir(parents=True)
+    cold_calls, started = [], []
+
+    def make(exec_command, run_command, env, event):
+        return lambda slot_info, events: cold_calls.append(slot_info.rank) or (0, 1.0)
+
+    class Proc:  # the spare's process: it exits 0 once it has read its go
+        pid, rc = 777, None
+
+        def poll(self):
+            if self.rc is None and spare.go.exists():
+                self.rc = 0
+            return self.rc
+
+    def popen(argv, env):
+        started.append((argv, env))
+        return Proc()
+
+    monkeypatch.setattr(gloo_run, "_create_elastic_worker_fn", make)
+    monkeypatch.setattr(hvdrun, "_SPARES", [])
+    monkeypatch.setattr("subprocess.Popen", popen)
+    hvdrun.warm_joiner()
+    hvdrun.warm_joiner()  # once
+    run_command = (f"HOROVOD_GLOO_RENDEZVOUS_ADDR=127.0.0.1 HOROVOD_GLOO_RENDEZVOUS_PORT=4242 HOROVOD_ELASTIC=1 "
+                   f"python -m elastic_ring.worker.run --run-dir {run_dir} --segment 3 --stop-at 9 --inplace "
+                   f"-- elastic_ring.train.worker --x 1")
+    shutdown = threading.Event()
+    old = run_dir / "control" / "progress.json"  # a resumed run's, older than this job: not its ring
+    old.write_text("{}")
+    os.utime(old, (1.0, 1.0))
+    create = gloo_run._create_elastic_worker_fn(None, run_command, {"PATH": "/bin"}, shutdown)
+    (spare,) = hvdrun._SPARES
+    slot = type("Slot", (), {"hostname": "localhost", "rank": 1, "size": 2, "local_rank": 1, "local_size": 2,
+                             "cross_rank": 0, "cross_size": 1})()
+    threading.Event().wait(0.5)
+    assert spare.proc is None and not started
+    assert create(slot, []) == (0, 1.0) and cold_calls == [1]  # the ring does not train yet: no spare, a cold one
+    (run_dir / "control" / "progress.json").write_text("{}")  # this job's ring trains
+    for _ in range(200):
+        if spare.proc is not None:
+            break
+        threading.Event().wait(0.01)
+    (argv, env), = started
+    assert argv[argv.index("--segment") + 1] == "-1" and argv[argv.index("--go-file") + 1] == str(spare.go)
+    assert argv.index("--go-file") < argv.index("--") and argv[-3:] == ["elastic_ring.train.worker", "--x", "1"]
+    assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "4242" and env["HOROVOD_RANK"] == "1" and env["PATH"] == "/bin"
+    spare.go.with_name(spare.go.name + ".waiting").write_text("{}")  # imports and build done
+    rc, _ = create(slot, [])
+    go = protocol.read_json(spare.go)
+    assert rc == 0 and cold_calls == [1]  # the slot went to the spare
+    assert go["env"]["HOROVOD_RANK"] == "1" and go["env"]["HOROVOD_LOCAL_SIZE"] == "2" and go["pid_segment"] == 3
+    assert create(slot, []) == (0, 1.0) and cold_calls == [1, 1]  # one spare per run: the next is cold
+    shutdown.set()
 
 
 class _Stalls:

@@ -84,7 +84,8 @@ def test_the_controller_grows_the_survivors_back_when_a_warm_worker_is_up(tmp_pa
     """After the survivors' shrink, the backend says a warm worker waits for a failed one's place:
     the controller asks the grow back as a live resize (a ``resize_requested`` event of source
     ``joiner``, the segment's stop file), and the in-place resize that follows brings the ring back to
-    2 workers at the step the survivors stopped at; the plan keeps the shrink and the grow."""
+    2 workers at the step the survivors stopped at; the plan keeps the shrink and the grow (a
+    ``joiner`` entry)."""
     from elastic_ring import protocol
     from elastic_ring.controller.api import RunSpec
     from elastic_ring.controller.backends.resize import InPlace
@@ -93,14 +94,17 @@ def test_the_controller_grows_the_survivors_back_when_a_warm_worker_is_up(tmp_pa
     from tests.unit.test_survive import _Backend, _Ring
 
     total = 10
+    paused: list[float] = []  # when the survivors' stop for the grow was agreed
 
     class Ring(_Ring):
         def poll(self):
             if self.rc is None and self.segment == 1 and self.polls >= 1:  # the survivors' segment, stepping
                 if self.polls == 1 and protocol.stop_file(self.run_dir, 1).exists():  # the controller's stop
                     self.polls = 2
+                    time.sleep(0.05)  # a step trained while the stop is agreed
+                    paused.append(time.time())
                     self.log.write(SegmentEnd(segment=1, world_size=1, step=7, reason="requested", lr=0.1,
-                                              stop_decided_at=time.time()))
+                                              stop_decided_at=paused[0]))
                 return None  # paused until the in-place resize
             return super().poll()
 
@@ -124,4 +128,11 @@ def test_the_controller_grows_the_survivors_back_when_a_warm_worker_is_up(tmp_pa
     assert (req["from_workers"], req["to_workers"]) == (1, 2)
     assert b.resized == [(0, 1, 1, total), (1, 2, 2, total)]  # the shrink at the failure, then the grow back
     changes = json.loads((tmp_path / protocol.PLAN_FILE).read_text())["changes"]
-    assert [4, 1, "failure"] in changes and [7, 2, "live"] in changes
+    assert [4, 1, "failure"] in changes and [7, 2, "joiner"] in changes  # the grow back, named as such
+    # its cost is measured from the survivors' pause, as a scheduled grow's: the steps they trained
+    # while the stop was agreed are not lost; the first step at 2 says how long after the failure
+    events = read_events(tmp_path / "events.jsonl")
+    (back,) = [e for e in events if e["kind"] == "first_step_after_resize" and e["world_size"] == 2]
+    (ov,) = [e for e in events if e["kind"] == "resize_overhead" and e["to_workers"] == 2]
+    assert back["joiner"] == "broadcast" and back["since_failure_s"] > 0
+    assert back["time"] - ov["steady_step_s"] - ov["total_lost_s"] == pytest.approx(paused[0], abs=1e-3)
