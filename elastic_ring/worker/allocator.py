@@ -19,7 +19,6 @@ another allocator preloaded) is left as it is, as is a C library other than glib
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from typing import Any, Mapping
 
@@ -32,9 +31,11 @@ USER_KEYS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD
 
 
 def _glibc() -> Any:
-    """The process's C library where it is glibc (it has ``mallopt`` and ``gnu_get_libc_version``)."""
+    """The process's C library where it is glibc (it has ``mallopt`` and ``gnu_get_libc_version``):
+    the symbols the process already has, found without a search (``ctypes.util.find_library`` would
+    run ``ldconfig`` in a child process)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)
     except OSError:
         return None
     return libc if hasattr(libc, "mallopt") and hasattr(libc, "gnu_get_libc_version") else None
