@@ -9,7 +9,10 @@ data as ``scripts/bench_peers.py``'s steady state, whose harnesses this script r
   DistributedDataParallel, every option at its default: the stop vote, throughput windows, events,
   periodic checkpoints); images/s from its throughput events after ``--warmup`` steps;
 * ``ddp``: ``launch/peer_ddp.py`` under ``torchrun --standalone``;
-* ``ours-horovod`` (with ``--with-horovod``): ``elastic-ring train`` on Horovod, for reference.
+* ``ours-horovod`` (with ``--with-horovod``): ``elastic-ring train`` on Horovod, for reference;
+* ``ddp-allocator`` (with ``--with-ddp-allocator``): ``ddp`` with glibc's thresholds that
+  elastic-ring's CPU workers set (``elastic_ring.worker.allocator``), given in its environment: how
+  much of ours-torch/ddp is the allocator's, for reference (the ratio stays against ``ddp``).
 
 Ratios ours-torch/ddp per round (who goes first alternates), medians; written to ``--out``.
 
@@ -26,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,18 +43,24 @@ def _peers():
 
 
 def measure(a, bp, tmp: Path) -> dict:
-    names = ["ours-torch", "ddp"] + (["ours-horovod"] if a.with_horovod else [])
+    names = (["ours-torch", "ddp"] + (["ours-horovod"] if a.with_horovod else [])
+             + (["ddp-allocator"] if a.with_ddp_allocator else []))
     res: dict[str, dict[int, list[float]]] = {h: {n: [] for n in a.workers} for h in names}
+    loads: list[float] = []
     for i in range(a.repeats):
         order = names if i % 2 == 0 else list(reversed(names))
         for n in a.workers:
             for h in order:
                 if h == "ddp":
                     v = bp.steady_peer(a, "ddp", n, tmp)
+                elif h == "ddp-allocator":
+                    with _allocator_env():
+                        v = bp.steady_peer(a, "ddp", n, tmp)
                 else:
                     a.extra = ["--collective", "torch"] if h == "ours-torch" else []
                     v = _ours(a, bp, n, tmp)
                 res[h][n].append(v)
+                loads.append(os.getloadavg()[0])
                 print(f"round {i + 1}/{a.repeats} {h} x{n}: {v:.1f} img/s (load {os.getloadavg()[0]:.1f})",
                       file=sys.stderr, flush=True)
     rows = []
@@ -60,11 +70,34 @@ def measure(a, bp, tmp: Path) -> dict:
             r[f"{h}_images_per_s"], r[f"{h}_median"] = res[h][n], statistics.median(res[h][n])
         ratios = [o / d for o, d in zip(res["ours-torch"][n], res["ddp"][n])]
         r["ours_torch_over_ddp"], r["ours_torch_over_ddp_median"] = ratios, statistics.median(ratios)
+        if "ddp-allocator" in res:
+            ra = [o / d for o, d in zip(res["ours-torch"][n], res["ddp-allocator"][n])]
+            r["ours_torch_over_ddp_allocator"] = ra
+            r["ours_torch_over_ddp_allocator_median"] = statistics.median(ra)
         rows.append(r)
         print(f"x{n}: ours-torch {r['ours-torch_median']:.1f} img/s, ddp {r['ddp_median']:.1f} img/s, "
               f"ours-torch/ddp {r['ours_torch_over_ddp_median']:.3f} (per round "
               f"{', '.join(f'{x:.3f}' for x in ratios)})")
-    return {"rows": rows}
+    return {"rows": rows, "loadavg_1min_after_each_run": loads}
+
+
+@contextmanager
+def _allocator_env():
+    """The environment variables that give a process the allocator thresholds of ours."""
+    from elastic_ring.worker import allocator
+
+    extra = {"MALLOC_MMAP_THRESHOLD_": str(allocator.MMAP_THRESHOLD),
+             "MALLOC_TRIM_THRESHOLD_": str(allocator.TRIM_THRESHOLD)}
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _ours(a, bp, n: int, tmp: Path) -> float:
@@ -92,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=20, help="steps left out")
     ap.add_argument("--workers", type=int, nargs="+", default=[2])
     ap.add_argument("--with-horovod", action="store_true", help="also elastic-ring on Horovod")
+    ap.add_argument("--with-ddp-allocator", action="store_true",
+                    help="also the DDP script with our CPU workers' allocator thresholds (reference)")
     ap.add_argument("--depth", type=int, default=20)
     ap.add_argument("--width", type=int, default=16)
     ap.add_argument("--batch-size", type=int, default=32, help="per worker")

@@ -152,7 +152,8 @@ def check_torch_launch(req: RunRequest) -> None:
         UserError: one it does not have (one line naming it).
     """
     if req.survive:
-        raise UserError("--survive is Horovod's on Ray: drop it with --collective torch")
+        raise UserError("--survive keeps Horovod's survivors only (on Ray or --relaunch inplace): "
+                        "drop it with --collective torch")
     if req.hosts or req.hostfile:
         raise UserError("--collective torch runs on one host: drop --hosts/--hostfile")
 

@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from elastic_ring import protocol
 from elastic_ring.protocol import LaunchInfo
 from elastic_ring.worker import session
+from elastic_ring.worker.allocator import keep_freed_memory
 from elastic_ring.worker.checkpoints import Checkpoints
 from elastic_ring.worker.checks import check_collectives_untouched
 from elastic_ring.worker.data import DistributedSampler
@@ -136,6 +137,7 @@ class Job:
             torch.backends.cudnn.benchmark = True
         else:
             self.device = torch.device("cpu")
+            keep_freed_memory()  # a step's activations reuse the last step's memory: no page faults
         # on GPUs too: cores launch kernels; a ring re-formed in place says how many it keeps
         torch.set_num_threads(self.ring.threads or protocol.cpu_threads(self.local_size))
         protocol.write_pid_record(self.run_dir, self.rank, info.owner, info.segment)

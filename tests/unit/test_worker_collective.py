@@ -486,7 +486,8 @@ def test_script_collective_reads_the_scripts_own_init(tmp_path):
 
 @pytest.mark.parametrize("kw,needle", [
     (dict(collective="mpi"), "--collective must be one of horovod, torch"),
-    (dict(collective="torch", backend="ray", survive=True), "--survive is Horovod's on Ray"),
+    (dict(collective="torch", backend="ray", survive=True), "--survive keeps Horovod's survivors only"),
+    (dict(collective="torch", relaunch="inplace", survive=True), "--survive keeps Horovod's survivors only"),
     (dict(collective="torch", hosts="a:1,b:1"), "runs on one host"),
 ])
 def test_request_checks_the_collective(kw, needle):
