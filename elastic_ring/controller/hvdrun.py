@@ -239,7 +239,11 @@ class Spare:
         import json
 
         p, self.proc = self.proc, None
-        print(f"elastic-ring hvdrun: the warm joiner (pid {p.pid}) takes rank {slot_env.get('HOROVOD_RANK')}",
+        try:  # the worker's own pid, which it wrote (forked from the zygote, it is not p's)
+            pid = int(json.loads(self.go.with_name(self.go.name + ".waiting").read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pid = p.pid
+        print(f"elastic-ring hvdrun: the warm joiner (pid {pid}) takes rank {slot_env.get('HOROVOD_RANK')}",
               flush=True)
         go = {"stop_at": 0, "time": time.time(), "env": slot_env, "pid_segment": self.segment}
         tmp = self.go.with_name(f".{self.go.name}.tmp")
