@@ -10,6 +10,7 @@ Value types: :class:`SegmentLaunch` (what to start) and :class:`Started` (what c
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,18 @@ class SurvivingRing(Protocol):
     def end_ranks(self, ranks: list[int]) -> bool:
         """End only these ranks' workers (a stall the watchdog found): the others lose a peer and
         the failure goes on as a death would. False when not done (the whole job is then ended)."""
+
+
+def rank_named_in_log(log_path: Path | None, pattern: re.Pattern[str]) -> int | None:
+    """The rank a launcher's line in a segment's log names (``pattern``'s first group): the first
+    to fail, as horovodrun and the local launcher each say it; None without a log or a line."""
+    if log_path is None:
+        return None
+    try:
+        m = pattern.search(log_path.read_text(errors="replace"))
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
 
 
 def worker_entry() -> list[str]:

@@ -15,7 +15,7 @@ from typing import Callable
 
 from elastic_ring.controller import hvdrun
 from elastic_ring.controller.backends.api import (BUILTIN_TARGET, ROOT, Handle, Launcher, SegmentLaunch,
-                                                  Started, worker_entry, worker_env)
+                                                  Started, rank_named_in_log, worker_entry, worker_env)
 
 _FIRST_FAILED = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
@@ -120,13 +120,7 @@ def probe_hosts(hosts: list[tuple[str, int]], timeout_s: float = 5.0) -> list[tu
 
 def first_failed_rank(log_path: Path | None) -> int | None:
     """The rank horovodrun names in "Terminating remaining workers after failure of Process N"."""
-    if log_path is None:
-        return None
-    try:
-        m = _FIRST_FAILED.search(log_path.read_text(errors="replace"))
-    except OSError:
-        return None
-    return int(m.group(1)) if m else None
+    return rank_named_in_log(log_path, _FIRST_FAILED)
 
 
 class HorovodrunBackend:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from elastic_ring import protocol
 from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Handle, Launcher, SegmentLaunch, Started,
-                                                  worker_env)
+                                                  rank_named_in_log, worker_env)
 from elastic_ring.protocol import STORE_FD_ENV
 from elastic_ring.worker.ring import MEMBER_ENV
 
@@ -69,13 +69,7 @@ def script_collective(script: str | Path) -> str | None:
 
 def first_failed_rank(log_path: Path | None) -> int | None:
     """The rank the local launcher names as the first to fail, from the segment's log."""
-    if log_path is None:
-        return None
-    try:
-        m = _FIRST_FAILED.search(log_path.read_text(errors="replace"))
-    except OSError:
-        return None
-    return int(m.group(1)) if m else None
+    return rank_named_in_log(log_path, _FIRST_FAILED)
 
 
 class LocalBackend:
