@@ -66,9 +66,9 @@ def hand_over(module: str, argv: list[str]) -> None:
         s.sendmsg([_LEN.pack(len(payload)) + payload],
                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
         pid = _STATUS.unpack(_recv_exact(s, _STATUS.size))[0]
-    except OSError:
+    except (OSError, struct.error):
         s.close()
-        return  # no zygote (or it went away before it forked): start the worker here
+        return  # no zygote (or it went away, or could not fork): start the worker here
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda signum, frame: _forward(pid, signum))
     try:
@@ -152,8 +152,12 @@ def serve(name: str, parent_pid: int | None = None) -> None:
         if ready:
             try:
                 conn, _ = srv.accept()
+            except OSError:
+                continue
+            try:
                 request, fds = _read_request(conn)
             except (OSError, ValueError):
+                conn.close()
                 continue
             if request is None:
                 conn.close()
@@ -162,7 +166,13 @@ def serve(name: str, parent_pid: int | None = None) -> None:
                 continue
             sys.stdout.flush()
             sys.stderr.flush()
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError:  # no process to be had: the command starts the worker itself
+                conn.close()
+                for fd in fds:
+                    os.close(fd)
+                continue
             if pid == 0:
                 srv.close()
                 for c in children.values():
