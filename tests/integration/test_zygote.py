@@ -90,3 +90,33 @@ def test_without_an_answering_zygote_the_command_runs_by_itself():
     seen = _first_line(p)
     p.communicate(timeout=60)
     assert p.returncode == 4 and seen["pid"] == p.pid and seen["torch"] is False
+
+
+def test_a_zygote_that_closes_before_it_forks_leaves_the_command_to_run_by_itself():
+    import socket
+    import threading
+
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind("\0elastic-ring-zygote-closing-test")
+    srv.listen(1)
+
+    def close_one():
+        conn, _ = srv.accept()
+        conn.settimeout(1.0)
+        try:
+            while conn.recv(65536):  # the whole request read (a close with unread data would be a reset)
+                pass
+        except OSError:
+            pass
+        conn.close()
+
+    t = threading.Thread(target=close_one, daemon=True)
+    t.start()
+    try:
+        p = _probe("closing-test", "exit", "5")
+        seen = _first_line(p)
+        _, err = p.communicate(timeout=60)
+    finally:
+        srv.close()
+    assert p.returncode == 5 and seen["pid"] == p.pid and seen["torch"] is False, err
+    assert "Traceback" not in err
