@@ -377,6 +377,18 @@ def _watch_loss(c, node_id: str, pid: int, t0: float, timeout_s: float = 90.0) -
     return th, seen
 
 
+def _end_if_left(pid: int, before: float) -> None:
+    """Kill ``pid`` if it is still the Ray worker that was running before ``before`` (not a reused pid)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        if p.create_time() < before and "ray" in " ".join(p.cmdline()):
+            p.kill()
+    except psutil.Error:
+        pass
+
+
 def lost_node_run(c, survive: bool, kill_at: int, steps: int) -> dict:
     """Part 6: one run whose rank 1's node is removed at step ``kill_at``; it runs to its end."""
     args = ["--backend", "ray", "--ray-address", c.address, "--gpus", "2", "--slots", "2", "--steps", str(steps),
@@ -389,11 +401,14 @@ def lost_node_run(c, survive: bool, kill_at: int, steps: int) -> dict:
             raise SystemExit(f"rank 1's node {prefix} is not one of the cluster's worker nodes")
         at_step = run.step()
         t_remove = time.time()
+        watcher, seen = _watch_loss(c, victims[0].node_id, pid, t_remove)
         c.remove_node(victims[0], allow_graceful=False)
         remove_call_s = time.time() - t_remove
-        watcher, seen = _watch_loss(c, victims[0].node_id, pid, t_remove)
-        run.finish("the lost-node run")
-        watcher.join()
+        try:
+            run.finish("the lost-node run")
+        finally:
+            watcher.join()
+            _end_if_left(pid, t_remove)  # the removed node's worker, if it outlived its raylet
         (rs,) = run.events("restart")
         (rc,) = run.events("recovered")
         return {"survive": survive, "path": rs.get("path", "disk"), "removed_at_step": at_step,
@@ -412,7 +427,12 @@ def lost_node_side(a: argparse.Namespace) -> dict:
                 while len(c.worker_nodes) < 2:  # the node removed in the last run, back
                     c.add_node(num_cpus=1, object_store_memory=80 * MB)
                 c.wait_for_nodes(timeout=120)
-                r = lost_node_run(c, survive, a.kill_at, a.steps)
+                try:
+                    r = lost_node_run(c, survive, a.kill_at, a.steps)
+                except SystemExit as e:  # a failed round is recorded, the others still run
+                    runs.append({"survive": survive, "error": str(e)[-2000:]})
+                    print(f"lost node, {'survive' if survive else 'restart'}: FAILED: {str(e)[-500:]}")
+                    continue
                 runs.append(r)
                 print(f"lost node, {'survive' if survive else 'restart'}: removal -> restart event "
                       f"{r['remove_to_restart_s']:.2f} s, -> next step {r['remove_to_next_step_s']:.2f} s, "
@@ -429,6 +449,7 @@ def lost_node_side(a: argparse.Namespace) -> dict:
                        "(Cluster.remove_node, allow_graceful=False)",
             "runs": runs, "medians": {name: {k: med(s, k) for k in keys}
                                       for name, s in (("survive", True), ("restart", False))}}
+
 
 if __name__ == "__main__":
     main()
