@@ -43,8 +43,8 @@ in-memory copy that makes it possible costs a step.
    checkpoint, at the size the node left holds). From the removal: the controller's ``restart``
    event (its detection; its ``cause`` says whether Ray reported the node lost or the worker's
    process was seen gone on this host), the survivors' next completed step (the ``recovered``
-   event), when the removed node's worker process was gone, and when Ray's GCS marked the node dead
-   (its node table, polled). A node is added back before the next round.
+   event), when the removed node's worker process was gone, and when Ray's GCS marked that worker's
+   actor and the node dead (its actor and node tables, polled). A node is added back before the next round.
 
     .venv/bin/python scripts/bench_failure_resize.py [--rounds 2] [--side both|ray|inplace]
         -> results/bench_failure_resize.json
@@ -353,23 +353,29 @@ def _rank_node(run: Path, rank: int, timeout_s: float = 60.0) -> tuple[int, str]
 
 
 def _watch_loss(c, node_id: str, pid: int, t0: float, timeout_s: float = 90.0) -> tuple[threading.Thread, dict]:
-    """A thread noting when the worker process ``pid`` is gone and when Ray's GCS marks ``node_id``
-    dead (the cluster's node table, polled every 0.1 s), in seconds after ``t0``."""
+    """A thread noting when the worker process ``pid`` is gone, and when Ray's GCS marks its actor and
+    ``node_id`` dead (the cluster's actor and node tables, polled every 0.1 s), in seconds after ``t0``."""
     import psutil
 
-    seen: dict = {"worker_gone_s": None, "gcs_node_dead_s": None}
+    seen: dict = {"worker_gone_s": None, "gcs_actor_dead_s": None, "gcs_node_dead_s": None}
 
     def watch() -> None:
-        while time.time() - t0 < timeout_s and seen["gcs_node_dead_s"] is None:
+        while time.time() - t0 < timeout_s and None in (seen["gcs_node_dead_s"], seen["gcs_actor_dead_s"]):
             now = time.time()
             if seen["worker_gone_s"] is None and not psutil.pid_exists(pid):
                 seen["worker_gone_s"] = now - t0
             try:
                 rows = c.global_state.node_table()
+                actors = c.global_state.actor_table(None).values()
             except Exception:  # noqa: BLE001 - the GCS busy: ask again
-                rows = []
-            if any(r.get("NodeID") == node_id and not r.get("Alive") for r in rows):
-                seen["gcs_node_dead_s"] = time.time() - t0
+                rows, actors = [], []
+            now = time.time()
+            if seen["gcs_node_dead_s"] is None and any(r.get("NodeID") == node_id and not r.get("Alive")
+                                                       for r in rows):
+                seen["gcs_node_dead_s"] = now - t0
+            if seen["gcs_actor_dead_s"] is None and any(x.get("Pid") == pid and x.get("State") == "DEAD"
+                                                        for x in actors):
+                seen["gcs_actor_dead_s"] = now - t0  # what the actor's owner (the controller) hears from Ray
             time.sleep(0.1)
 
     th = threading.Thread(target=watch, daemon=True)
@@ -437,14 +443,15 @@ def lost_node_side(a: argparse.Namespace) -> dict:
                 print(f"lost node, {'survive' if survive else 'restart'}: removal -> restart event "
                       f"{r['remove_to_restart_s']:.2f} s, -> next step {r['remove_to_next_step_s']:.2f} s, "
                       f"{r['steps_redone']} step(s) redone, path {r['path']}; worker gone {r['worker_gone_s']} s, "
-                      f"GCS node dead {r['gcs_node_dead_s']} s after the removal; cause: {r['cause']}")
+                      f"GCS actor dead {r['gcs_actor_dead_s']} s, node dead {r['gcs_node_dead_s']} s after the "
+                      f"removal; cause: {r['cause']}")
 
     def med(survive: bool, key: str) -> float | None:
         got = [r[key] for r in runs if r["survive"] == survive and r.get(key) is not None]
         return statistics.median(got) if got else None
 
     keys = ("remove_to_restart_s", "remove_to_next_step_s", "restart_to_next_step_s", "steps_redone",
-            "time_lost_s", "worker_gone_s", "gcs_node_dead_s")
+            "time_lost_s", "worker_gone_s", "gcs_actor_dead_s", "gcs_node_dead_s")
     return {"cluster": "a head of 0 CPUs (the controller's) and two one-CPU nodes; rank 1's node removed "
                        "(Cluster.remove_node, allow_graceful=False)",
             "runs": runs, "medians": {name: {k: med(s, k) for k in keys}
