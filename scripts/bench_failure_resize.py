@@ -357,7 +357,8 @@ def _watch_loss(c, node_id: str, pid: int, t0: float, timeout_s: float = 90.0) -
     ``node_id`` dead (the cluster's actor and node tables, polled every 0.1 s), in seconds after ``t0``."""
     import psutil
 
-    seen: dict = {"worker_gone_s": None, "gcs_actor_dead_s": None, "gcs_node_dead_s": None}
+    seen: dict = {"worker_gone_s": None, "gcs_actor_dead_s": None, "gcs_actor_death_cause": None,
+                  "gcs_node_dead_s": None}
 
     def watch() -> None:
         while time.time() - t0 < timeout_s and None in (seen["gcs_node_dead_s"], seen["gcs_actor_dead_s"]):
@@ -373,9 +374,10 @@ def _watch_loss(c, node_id: str, pid: int, t0: float, timeout_s: float = 90.0) -
             if seen["gcs_node_dead_s"] is None and any(r.get("NodeID") == node_id and not r.get("Alive")
                                                        for r in rows):
                 seen["gcs_node_dead_s"] = now - t0
-            if seen["gcs_actor_dead_s"] is None and any(x.get("Pid") == pid and x.get("State") == "DEAD"
-                                                        for x in actors):
-                seen["gcs_actor_dead_s"] = now - t0  # what the actor's owner (the controller) hears from Ray
+            dead = [x for x in actors if x.get("Pid") == pid and x.get("State") == "DEAD"]
+            if seen["gcs_actor_dead_s"] is None and dead:  # Ray's word on it, or the controller's own kill
+                seen["gcs_actor_dead_s"] = now - t0
+                seen["gcs_actor_death_cause"] = " ".join(str(dead[0].get("DeathCause")).split())[:300]
             time.sleep(0.1)
 
     th = threading.Thread(target=watch, daemon=True)
