@@ -33,9 +33,23 @@ in-memory copy that makes it possible costs a step.
    2 again, and the time each change of size lost (``bench_hvd_elastic.losses``). Another model than
    parts 2-4 (an MLP on digits: a Horovod Elastic script keeps no copy under ``--survive``), so the
    comparison is of the recovery's own seconds, not of the step times.
+6. A lost Ray node (``--lost-node``: only this part, in its own results file): the same 2-worker
+   Ray run on a local cluster of a head with no CPU (the controller's node, never the lost one) and
+   two one-CPU nodes, one worker each; once the run has done ``--kill-at`` steps, the node of rank 1
+   is removed the way ``tests/integration/test_ray.py`` removes one (``Cluster.remove_node(node,
+   allow_graceful=False)``: that node's raylet and its other Ray processes SIGKILLed, the worker on
+   it ending with its raylet: a machine that died, not a network partition), alternating rounds with
+   ``--survive`` (the survivor goes on alone from memory) and without (the restart from the
+   checkpoint, at the size the node left holds). From the removal: the controller's ``restart``
+   event (its detection; its ``cause`` says whether Ray reported the node lost or the worker's
+   process was seen gone on this host), the survivors' next completed step (the ``recovered``
+   event), when the removed node's worker process was gone, and when Ray's GCS marked that worker's
+   actor and the node dead (its actor and node tables, polled). A node is added back before the next round.
 
     .venv/bin/python scripts/bench_failure_resize.py [--rounds 2] [--side both|ray|inplace]
         -> results/bench_failure_resize.json
+    .venv/bin/python scripts/bench_failure_resize.py --lost-node [--rounds 2]
+        -> results/bench_lost_node.json
 """
 
 from __future__ import annotations
@@ -48,7 +62,9 @@ import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,14 +246,23 @@ def main() -> None:
                     help="also Horovod Elastic's own recovery of the same kill (part 5), --rounds runs")
     ap.add_argument("--side", choices=("both", "ray", "inplace"), default="both",
                     help="which kill -9 comparison to run: on Ray, on one host in place, or both")
+    ap.add_argument("--lost-node", action="store_true",
+                    help="only part 6: a lost Ray node, with and without --survive (results/bench_lost_node.json)")
     ap.add_argument("--out", type=Path, default=None,
                     help="[default: results/bench_failure_resize.json; with --side inplace "
-                         "results/bench_failure_resize_inplace.json]")
+                         "results/bench_failure_resize_inplace.json; with --lost-node results/bench_lost_node.json]")
     a = ap.parse_args()
+    if a.lost_node and (a.side == "inplace" or a.horovod_elastic):
+        ap.exit(2, "bench_failure_resize.py: --lost-node is a Ray part: not with --side inplace or --horovod-elastic\n")
+    if a.rounds < 1 or a.kill_at < 1 or a.steps <= a.kill_at:
+        ap.exit(2, "bench_failure_resize.py: --rounds and --kill-at must be at least 1, --steps above --kill-at\n")
     if a.out is None:
-        a.out = ROOT / "results" / ("bench_failure_resize_inplace.json" if a.side == "inplace"
-                                    else "bench_failure_resize.json")
+        a.out = ROOT / "results" / ("bench_lost_node.json" if a.lost_node else "bench_failure_resize_inplace.json"
+                                    if a.side == "inplace" else "bench_failure_resize.json")
     load0 = os.getloadavg()[0]
+    if a.lost_node:
+        write_results(a.out, {"lost_node": lost_node_side(a)}, load0)
+        return
     cost = copy_cost(2 * a.rounds, a.copy_steps)
     print(f"copy: {cost['copy_ms']:.2f} ms of a {cost['step_ms_without']:.1f} ms step "
           f"({cost['overhead_pct']:+.1f}% measured), {cost['memory_bytes_two_copies'] / MB:.1f} MB kept")
@@ -282,19 +307,22 @@ def kill_rounds(address: str | None, a: argparse.Namespace) -> dict:
     return {"runs": runs, "medians": medians}
 
 
-def ray_side(a: argparse.Namespace) -> dict:
-    """Part 2: the kill -9 rounds on a local Ray cluster of two one-CPU nodes started here."""
+@contextmanager
+def local_ray_cluster(head_cpus: int, nodes: int):
+    """A local Ray cluster started here: a head of ``head_cpus`` CPUs and ``nodes`` one-CPU nodes, small
+    object stores, its files in a folder of its own; at the end every process it started is gone."""
     import psutil
     from ray.cluster_utils import Cluster
 
     tmp = Path(tempfile.mkdtemp(prefix="bfr", dir="/tmp"))
     os.environ["RAY_TMPDIR"] = str(tmp)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * MB,
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, "object_store_memory": 80 * MB,
                                                        "include_dashboard": False})
     try:
-        c.add_node(num_cpus=1, object_store_memory=80 * MB)
+        for _ in range(nodes):
+            c.add_node(num_cpus=1, object_store_memory=80 * MB)
         c.wait_for_nodes()
-        return kill_rounds(c.address, a)
+        yield c
     finally:
         started = psutil.Process().children(recursive=True)
         c.shutdown()
@@ -302,6 +330,134 @@ def ray_side(a: argparse.Namespace) -> dict:
         for p in alive:  # by pid: only what this cluster started
             p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ray_side(a: argparse.Namespace) -> dict:
+    """Part 2: the kill -9 rounds on a local Ray cluster of two one-CPU nodes started here."""
+    with local_ray_cluster(1, 1) as c:
+        return kill_rounds(c.address, a)
+
+
+def _rank_node(run: Path, rank: int, timeout_s: float = 60.0) -> tuple[int, str]:
+    """(pid, node id prefix) of ``rank`` in segment 0, from the backend's line in its log."""
+    import re
+
+    t0 = time.time()
+    while time.time() - t0 < timeout_s:
+        for f in (run / "logs").glob("segment-000-w*.log"):
+            for r, pid, node in re.findall(r"rank (\d+): \w+ pid (\d+) node (\w+)", f.read_text()):
+                if int(r) == rank:
+                    return int(pid), node
+        time.sleep(0.1)
+    raise SystemExit(f"rank {rank}'s node is not named in {run / 'logs'}")
+
+
+def _watch_loss(c, node_id: str, pid: int, t0: float, timeout_s: float = 90.0) -> tuple[threading.Thread, dict]:
+    """A thread noting when the worker process ``pid`` is gone, and when Ray's GCS marks its actor and
+    ``node_id`` dead (the cluster's actor and node tables, polled every 0.1 s), in seconds after ``t0``."""
+    import psutil
+
+    seen: dict = {"worker_gone_s": None, "gcs_actor_dead_s": None, "gcs_actor_death_cause": None,
+                  "gcs_node_dead_s": None}
+
+    def watch() -> None:
+        while time.time() - t0 < timeout_s and None in (seen["gcs_node_dead_s"], seen["gcs_actor_dead_s"]):
+            now = time.time()
+            if seen["worker_gone_s"] is None and not psutil.pid_exists(pid):
+                seen["worker_gone_s"] = now - t0
+            try:
+                rows = c.global_state.node_table()
+                actors = c.global_state.actor_table(None).values()
+            except Exception:  # noqa: BLE001 - the GCS busy: ask again
+                rows, actors = [], []
+            now = time.time()
+            if seen["gcs_node_dead_s"] is None and any(r.get("NodeID") == node_id and not r.get("Alive")
+                                                       for r in rows):
+                seen["gcs_node_dead_s"] = now - t0
+            dead = [x for x in actors if x.get("Pid") == pid and x.get("State") == "DEAD"]
+            if seen["gcs_actor_dead_s"] is None and dead:  # Ray's word on it, or the controller's own kill
+                seen["gcs_actor_dead_s"] = now - t0
+                seen["gcs_actor_death_cause"] = " ".join(str(dead[0].get("DeathCause")).split())[:300]
+            time.sleep(0.1)
+
+    th = threading.Thread(target=watch, daemon=True)
+    th.start()
+    return th, seen
+
+
+def _end_if_left(pid: int, before: float) -> None:
+    """Kill ``pid`` if it is still the Ray worker that was running before ``before`` (not a reused pid)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        if p.create_time() < before and "ray" in " ".join(p.cmdline()):
+            p.kill()
+    except psutil.Error:
+        pass
+
+
+def lost_node_run(c, survive: bool, kill_at: int, steps: int) -> dict:
+    """Part 6: one run whose rank 1's node is removed at step ``kill_at``; it runs to its end."""
+    args = ["--backend", "ray", "--ray-address", c.address, "--gpus", "2", "--slots", "2", "--steps", str(steps),
+            "--checkpoint-every", "10", *(["--survive"] if survive else [])]
+    with tempfile.TemporaryDirectory(dir="/tmp") as d, TrainRun(args, Path(d) / "run") as run:
+        run.wait_step(kill_at)
+        pid, prefix = _rank_node(run.run, 1)
+        victims = [n for n in c.worker_nodes if n.node_id.startswith(prefix)]
+        if len(victims) != 1:
+            raise SystemExit(f"rank 1's node {prefix} is not one of the cluster's worker nodes")
+        at_step = run.step()
+        t_remove = time.time()
+        watcher, seen = _watch_loss(c, victims[0].node_id, pid, t_remove)
+        c.remove_node(victims[0], allow_graceful=False)
+        remove_call_s = time.time() - t_remove
+        try:
+            run.finish("the lost-node run")
+        finally:
+            watcher.join()
+            _end_if_left(pid, t_remove)  # the removed node's worker, if it outlived its raylet
+        (rs,) = run.events("restart")
+        (rc,) = run.events("recovered")
+        return {"survive": survive, "path": rs.get("path", "disk"), "removed_at_step": at_step,
+                "rank": rs["rank"], "cause": rs["cause"], "remove_call_s": remove_call_s, **seen,
+                "remove_to_restart_s": rs["time"] - t_remove, "remove_to_next_step_s": rc["time"] - t_remove,
+                "restart_to_next_step_s": rc["time"] - rs["time"], "steps_redone": rs["steps_redone"],
+                "new_world_size": rs["new_world_size"], "time_lost_s": rc["time_lost_s"]}
+
+
+def lost_node_side(a: argparse.Namespace) -> dict:
+    """Part 6: alternating rounds with and without ``--survive``; the runs and their medians."""
+    runs = []
+    with local_ray_cluster(0, 2) as c:
+        for _ in range(a.rounds):
+            for survive in (True, False):
+                while len(c.worker_nodes) < 2:  # the node removed in the last run, back
+                    c.add_node(num_cpus=1, object_store_memory=80 * MB)
+                c.wait_for_nodes(timeout=120)
+                try:
+                    r = lost_node_run(c, survive, a.kill_at, a.steps)
+                except SystemExit as e:  # a failed round is recorded, the others still run
+                    runs.append({"survive": survive, "error": str(e)[-2000:]})
+                    print(f"lost node, {'survive' if survive else 'restart'}: FAILED: {str(e)[-500:]}")
+                    continue
+                runs.append(r)
+                print(f"lost node, {'survive' if survive else 'restart'}: removal -> restart event "
+                      f"{r['remove_to_restart_s']:.2f} s, -> next step {r['remove_to_next_step_s']:.2f} s, "
+                      f"{r['steps_redone']} step(s) redone, path {r['path']}; worker gone {r['worker_gone_s']} s, "
+                      f"GCS actor dead {r['gcs_actor_dead_s']} s, node dead {r['gcs_node_dead_s']} s after the "
+                      f"removal; cause: {r['cause']}")
+
+    def med(survive: bool, key: str) -> float | None:
+        got = [r[key] for r in runs if r["survive"] == survive and r.get(key) is not None]
+        return statistics.median(got) if got else None
+
+    keys = ("remove_to_restart_s", "remove_to_next_step_s", "restart_to_next_step_s", "steps_redone",
+            "time_lost_s", "worker_gone_s", "gcs_actor_dead_s", "gcs_node_dead_s")
+    return {"cluster": "a head of 0 CPUs (the controller's) and two one-CPU nodes; rank 1's node removed "
+                       "(Cluster.remove_node, allow_graceful=False)",
+            "runs": runs, "medians": {name: {k: med(s, k) for k in keys}
+                                      for name, s in (("survive", True), ("restart", False))}}
 
 
 if __name__ == "__main__":
