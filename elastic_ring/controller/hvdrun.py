@@ -40,6 +40,8 @@ import sysconfig
 import time
 from pathlib import Path
 
+from elastic_ring.protocol import read_json, waiting_file, write_json_atomic
+
 CACHE_FILE = "horovod-build.json"
 
 
@@ -216,7 +218,7 @@ class Spare:
                 if shutdown.wait(0.2):
                     return
             self.go.unlink(missing_ok=True)
-            self.go.with_name(self.go.name + ".waiting").unlink(missing_ok=True)
+            waiting_file(self.go).unlink(missing_ok=True)
             local = str(max(2, int(self.env.get("HOROVOD_LOCAL_SIZE", "2"))))
             self.proc = subprocess.Popen(self.argv, env={**self.env, **PLACEHOLDER_RANK,
                                                          "HOROVOD_LOCAL_SIZE": local})
@@ -228,7 +230,7 @@ class Spare:
         was started and is on its way there (then it is waited for: it is ahead of a cold start)."""
         p = self.proc
         while p is not None and p.poll() is None and not any(e.is_set() for e in events):
-            if self.go.with_name(self.go.name + ".waiting").exists():
+            if waiting_file(self.go).exists():
                 return True
             time.sleep(0.02)
         return False
@@ -236,19 +238,15 @@ class Spare:
     def join(self, slot_env: dict[str, str], events: list) -> tuple[int, float]:
         """Hand the spare the slot's environment; wait for it as for the driver's own worker (its
         exit status; ended when the job or its host is)."""
-        import json
-
         p, self.proc = self.proc, None
         try:  # the worker's own pid, which it wrote (forked from the zygote, it is not p's)
-            pid = int(json.loads(self.go.with_name(self.go.name + ".waiting").read_text())["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
+            pid = int(read_json(waiting_file(self.go))["pid"])
+        except (ValueError, KeyError, TypeError):
             pid = p.pid
         print(f"elastic-ring hvdrun: the warm joiner (pid {pid}) takes rank {slot_env.get('HOROVOD_RANK')}",
               flush=True)
-        go = {"stop_at": 0, "time": time.time(), "env": slot_env, "pid_segment": self.segment}
-        tmp = self.go.with_name(f".{self.go.name}.tmp")
-        tmp.write_text(json.dumps(go))
-        os.replace(tmp, self.go)
+        write_json_atomic(self.go, {"stop_at": 0, "time": time.time(), "env": slot_env,
+                                    "pid_segment": self.segment})
         while (rc := p.poll()) is None:
             if any(e.is_set() for e in events):
                 p.kill()

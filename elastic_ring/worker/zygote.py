@@ -33,6 +33,8 @@ import sys
 import threading
 import time
 
+from elastic_ring import protocol
+
 ENV = "ELASTIC_RING_ZYGOTE"  # the zygote's abstract socket name, in the workers' environment
 _PRELOAD = ("torch", "torch.distributed", "horovod.torch", "elastic_ring.worker.api", "elastic_ring.worker.ring",
             "elastic_ring.worker.hooked", "elastic_ring.worker.hvd_elastic", "elastic_ring.worker.survive",
@@ -95,7 +97,7 @@ def hand_over(module: str, argv: list[str]) -> None:
 def _passed_fds(env: dict[str, str]) -> list[int]:
     """Descriptors a launcher handed this process besides the standard streams (the local
     launcher's rendezvous socket for rank 0)."""
-    v = env.get("ELASTIC_RING_STORE_FD", "")
+    v = env.get(protocol.STORE_FD_ENV, "")
     return [int(v)] if v.isdigit() and int(v) > 2 else []
 
 
@@ -107,13 +109,10 @@ def _forward(pid: int, signum: int) -> None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    """:func:`elastic_ring.protocol.pid_alive`, and not a zombie (gone, for the stand-in)."""
+    if not protocol.pid_alive(pid):
         return False
-    except PermissionError:
-        return True
-    try:  # a zombie is gone for our purpose
+    try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
@@ -240,7 +239,7 @@ def _child(conn: socket.socket, fds: list[int], request: dict) -> None:
                 os.dup2(fd, number)
                 os.close(fd)
             else:  # a launcher's socket: here under the number it was received as
-                env["ELASTIC_RING_STORE_FD"] = str(fd)
+                env[protocol.STORE_FD_ENV] = str(fd)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(env)
