@@ -19,6 +19,7 @@ import time
 import pytest
 import torch
 
+from elastic_ring import protocol
 from elastic_ring.events import read_events
 from tests.conftest import wait_for
 
@@ -108,12 +109,12 @@ def _same_weights(a_run, b_run, steps: int = STEPS) -> None:
         assert torch.equal(a["model"][k], b["model"][k]), k
 
 
-def _stop_after_the_grow(run, proc, timeout: float = 240):
-    """Ctrl-C (SIGINT to the controller) once the ring grew back and did a step at 2: the workers
-    checkpoint at the next agreed step and the run ends interrupted (exit 130)."""
+def _stop_after_the_grow(run, proc, timeout: float = 240, segment: int = 2):
+    """Ctrl-C (SIGINT to the controller) once the ring is back at 2 (from ``segment`` on) and did a
+    step: the workers checkpoint at the next agreed step and the run ends interrupted (exit 130)."""
     try:
         wait_for(lambda: any(e["world_size"] == 2 for e in read_events(run / "events.jsonl", kind="first_step")
-                             if e["segment"] > 1) or proc.poll() is not None, timeout, "the grow back")
+                             if e["segment"] >= segment) or proc.poll() is not None, timeout, "the grow back")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=240)
     finally:
@@ -166,21 +167,31 @@ def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows
 
 
 def test_kill_9_of_rank_1_a_warm_spare_takes_its_place_as_if_nothing_happened(tmp_path, one_node):
+    """The spare is warm at the kill (its worker waits for its go: imports and build done), so it
+    takes the dead worker's place at once. The run is long and stopped by Ctrl-C once the spare did
+    a step in the ring (a loaded machine may take long to start the spare); the reference runs to
+    that checkpoint's step without the pace and never loses a worker."""
     cluster = one_node
     run, ref = tmp_path / "replace", tmp_path / "straight"
-    spare_up = lambda: (run / "logs" / "ray-w3.log").exists()  # noqa: E731 - its actor is up, waiting
-    steps = 3 * STEPS  # time for the spare to start (its imports) before the kill
-    p = _train(cluster, ref, steps=steps)  # the reference, a run that never lost a worker, meanwhile
+    go = protocol.control_dir(run) / "spare-w3.json"  # the spare's actor is the run's third
+    proc = _train(cluster, run, "--survive", slots=3, steps=2000, step_s=0.15)
     try:
-        pid0, node1, t_kill = _kill_rank_1(run, _train(cluster, run, "--survive", slots=3, steps=steps), 4,
-                                           spare_up)
+        wait_for(lambda: protocol.waiting_file(go).exists() or proc.poll() is not None, 240, "the warm spare")
+        pid0, node1, t_kill = _kill_rank_1(run, proc, 4, wait=False)
+        _stop_after_the_grow(run, proc, segment=1)
     finally:
-        out, err = p.communicate(timeout=240)
-    assert p.returncode == 0, err
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     (r,) = read_events(run / "events.jsonl", kind="restart")
     assert r["path"] == "memory" and r["rank"] == 1 and r["new_world_size"] == 2 and r["steps_redone"] <= 1, r
     ring = _ring(run, 1)
     assert len(ring) == 2 and (0, pid0) in [(rk, p) for rk, p, _ in ring]  # rank 0 kept its process
+    assert not read_events(run / "events.jsonl", kind="relaunched")  # no grow back: never below 2 but a moment
     (rec,) = read_events(run / "events.jsonl", kind="recovered")
     print(f"kill -9 -> the next completed step with the spare: {rec['time'] - t_kill:.2f} s")
-    _same_weights(run, ref, steps)
+    end = _final_model(run)["step"]
+    p = _train(cluster, ref, steps=end, step_s=0.0)  # a run that never lost a worker
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err
+    _same_weights(run, ref, end)

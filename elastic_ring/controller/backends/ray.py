@@ -225,7 +225,8 @@ class RayBackend:
         gone or silent, or they hold no step in common (:func:`~elastic_ring.worker.survive.common_step`).
         Otherwise the ring goes on with them (the failed members ended), and the in-place resize
         the controller asks next rolls them back to that step; warm spares that are up now take the
-        failed members' places (up to the size the ring had), synced from the survivors' rank 0.
+        failed members' places (up to the size the ring had), synced from the survivors' rank 0; a
+        spare whose worker still imports joins later, as the new actors do.
         A lost node is blamed as a whole: every member on it has failed, those on the other nodes
         go on. The failed members' bundles get new actors at that resize (:meth:`heal_target`)."""
         from elastic_ring.worker.survive import common_step, survivor_file
@@ -262,7 +263,9 @@ class RayBackend:
         g.go_on(alive)
         self._rollback = step
         want = self.launch.world if self.launch is not None else len(alive)
-        joiners = min(max(0, want - len(alive)), self.pool.ready())  # warm spares take the dead's places
+        # warm spares (waiting for their go: imports and build done) take the dead's places now; one
+        # still starting joins later, once it waits (heal_target), and the survivors go on meanwhile
+        joiners = min(max(0, want - len(alive)), self.pool.waiting())
         self._heal_to = want if len(alive) + joiners < want else None
         return Survival(step, len(alive) + joiners, failure, joiners, time.time() - t0)
 

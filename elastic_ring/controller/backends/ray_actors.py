@@ -159,14 +159,16 @@ class ActorPool:
         return got
 
     def take_ready(self, k: int) -> list[Spare] | None:
-        """``k`` spares whose actor is up now (taken out of the pool), or None if fewer are."""
+        """``k`` spares whose actor is up now (taken out of the pool; those whose worker waits for its
+        go first), or None if fewer are."""
         import ray
 
         if k <= 0:
             return []
         ready, _ = ray.wait([sp.info_ref for sp in self.spares], num_returns=len(self.spares), timeout=0)
         done = set(ready)
-        got = [sp for sp in self.spares if sp.info_ref in done][:k]
+        up = [sp for sp in self.spares if sp.info_ref in done]
+        got = sorted(up, key=lambda sp: not protocol.waiting_file(sp.go).exists())[:k]  # warm ones first
         if len(got) < k:
             return None
         for sp in got:
