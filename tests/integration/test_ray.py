@@ -30,57 +30,21 @@ import torch
 from elastic_ring.data import SampleStream
 from elastic_ring.events import read_events
 from tests.conftest import BIN, ROOT, run_cli, wait_for
+from tests.integration.ray_cluster import MB, local_cluster
 from tests.integration.test_train_resize import RESIZE_1_2_1, _final_model, _trace, resize_1_2_1_auto
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
-MB = 1024 * 1024
 ENV = {"ELASTIC_RING_CPU_THREADS": "1"}  # the same intra-op threads on both paths: bitwise equal
 PACED = str(ROOT / "tests" / "integration" / "scripts" / "paced.py")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """One cluster for the module: a head and one node, one CPU each, small object stores. Ray's
-    files (RAY_TMPDIR) under the tests' temporary folder, at its top: Ray's socket paths
-    (``<tmp>/ray/session_<date>_<pid>/sockets/raylet.N``) must stay under 107 characters. At the
-    end every process it started (GCS, raylets, agents, actors) is stopped, and checked gone."""
-    import psutil
-    from ray.cluster_utils import Cluster
-
-    tmp = tmp_path_factory.getbasetemp() / "ray"
-    if len(str(tmp)) > 40:
-        pytest.skip(f"the pytest temporary folder {tmp} is too long for Ray's socket paths: "
-                    f"run with a short --basetemp")
-    tmp.mkdir(exist_ok=True)
-    old = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = str(tmp)
-    c = None
-    try:
-        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * MB,
-                                                           "include_dashboard": False})
-        c.add_node(num_cpus=1, object_store_memory=80 * MB)
-        c.wait_for_nodes()
+    """One cluster for the module: a head and one node, one CPU each (:mod:`.ray_cluster`)."""
+    with local_cluster(tmp_path_factory, 1, (1,)) as c:
         yield c
-    finally:
-        started = psutil.Process().children(recursive=True)  # Ray's: the tests' own jobs have ended
-        try:
-            if c is not None:
-                c.shutdown()
-        finally:
-            _, alive = psutil.wait_procs(started, timeout=15)
-            for p in alive:  # by pid: only the processes this cluster started
-                try:
-                    p.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            psutil.wait_procs(alive, timeout=5)
-            if old is None:
-                os.environ.pop("RAY_TMPDIR", None)
-            else:
-                os.environ["RAY_TMPDIR"] = old
-        assert not alive, f"Ray processes left after the cluster's shutdown: {[p.pid for p in alive]}"
 
 
 def _ray_args(c) -> list[str]:

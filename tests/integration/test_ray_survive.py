@@ -25,7 +25,8 @@ from tests.conftest import wait_for
 
 ray = pytest.importorskip("ray")
 
-from tests.integration.test_ray import MB, PACED, _ray_args, _ring, _start, _wait_step  # noqa: E402
+from tests.integration.ray_cluster import local_cluster  # noqa: E402
+from tests.integration.test_ray import PACED, _ray_args, _ring, _start, _wait_step  # noqa: E402
 from tests.integration.test_train_resize import _final_model  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
@@ -36,42 +37,9 @@ STEPS = 14
 @pytest.fixture(scope="module")
 def one_node(tmp_path_factory):
     """A Ray cluster of one node with five CPUs (two workers and a spare, and a reference run's two
-    workers beside them), for the module; every process it started is stopped at the end (by pid)
-    and checked gone."""
-    import psutil
-    from ray.cluster_utils import Cluster
-
-    tmp = tmp_path_factory.getbasetemp() / "ray"
-    if len(str(tmp)) > 40:
-        pytest.skip(f"the pytest temporary folder {tmp} is too long for Ray's socket paths: run with a short "
-                    f"--basetemp")
-    tmp.mkdir(exist_ok=True)
-    old = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = str(tmp)
-    c = None
-    try:
-        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 5, "object_store_memory": 80 * MB,
-                                                           "include_dashboard": False})
-        c.wait_for_nodes()
+    workers beside them), for the module (:mod:`.ray_cluster`)."""
+    with local_cluster(tmp_path_factory, 5) as c:
         yield c
-    finally:
-        started = psutil.Process().children(recursive=True)
-        try:
-            if c is not None:
-                c.shutdown()
-        finally:
-            _, alive = psutil.wait_procs(started, timeout=15)
-            for p in alive:
-                try:
-                    p.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            psutil.wait_procs(alive, timeout=5)
-            if old is None:
-                os.environ.pop("RAY_TMPDIR", None)
-            else:
-                os.environ["RAY_TMPDIR"] = old
-        assert not alive, f"Ray processes left after the cluster's shutdown: {[p.pid for p in alive]}"
 
 
 def _train(cluster, run, *extra: str, slots: int = 2, steps: int = STEPS, step_s: float = 0.2):

@@ -1,0 +1,57 @@
+"""A real local Ray cluster for a test module (``test_ray``, ``test_ray_survive``): Ray's files
+(``RAY_TMPDIR``) under the tests' temporary folder, at its top (Ray's socket paths,
+``<tmp>/ray/session_<date>_<pid>/sockets/raylet.N``, must stay under 107 characters), small object
+stores, no dashboard. At the end every process it started (GCS, raylets, agents, actors) is
+stopped by pid, and checked gone; no other Ray on the machine is touched."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+import pytest
+
+MB = 1024 * 1024
+
+
+@contextlib.contextmanager
+def local_cluster(tmp_path_factory, head_cpus: int, node_cpus: tuple[int, ...] = ()) -> Iterator:
+    """A head of ``head_cpus`` CPUs and one node per entry of ``node_cpus``; skips the test when
+    the pytest temporary folder is too long for Ray's socket paths."""
+    import psutil
+    from ray.cluster_utils import Cluster
+
+    tmp = tmp_path_factory.getbasetemp() / "ray"
+    if len(str(tmp)) > 40:
+        pytest.skip(f"the pytest temporary folder {tmp} is too long for Ray's socket paths: "
+                    f"run with a short --basetemp")
+    tmp.mkdir(exist_ok=True)
+    old = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = str(tmp)
+    c = None
+    try:
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, "object_store_memory": 80 * MB,
+                                                           "include_dashboard": False})
+        for n in node_cpus:
+            c.add_node(num_cpus=n, object_store_memory=80 * MB)
+        c.wait_for_nodes()
+        yield c
+    finally:
+        started = psutil.Process().children(recursive=True)  # Ray's: the tests' own jobs have ended
+        try:
+            if c is not None:
+                c.shutdown()
+        finally:
+            _, alive = psutil.wait_procs(started, timeout=15)
+            for p in alive:  # by pid: only the processes this cluster started
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            psutil.wait_procs(alive, timeout=5)
+            if old is None:
+                os.environ.pop("RAY_TMPDIR", None)
+            else:
+                os.environ["RAY_TMPDIR"] = old
+        assert not alive, f"Ray processes left after the cluster's shutdown: {[p.pid for p in alive]}"
