@@ -154,8 +154,6 @@ def check_torch_launch(req: RunRequest) -> None:
     if req.survive:
         raise UserError("--survive keeps Horovod's survivors only (on Ray or --relaunch inplace): "
                         "drop it with --collective torch")
-    if req.hosts or req.hostfile:
-        raise UserError("--collective torch runs on one host: drop --hosts/--hostfile")
 
 
 def _check_numbers(req: RunRequest) -> None:

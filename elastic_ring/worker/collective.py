@@ -12,7 +12,10 @@ one of the job's collective.
 :class:`elastic_ring.worker.ring.TorchRing` is the ring of a job on ``torch.distributed``: the controller's local launcher
 names every worker's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and the
 segment's rendezvous (``MASTER_ADDR``/``MASTER_PORT``; rank 0 hosts its store); a resize ends the
-processes and new ones form the next group, as under horovodrun. Resized in place (``--relaunch
+processes and new ones form the next group, as under horovodrun. On several hosts (``--hosts``,
+``--hostfile``) horovodrun launches the workers (its ssh and its host list) without Horovod being
+used: :func:`torchrun_env_from_horovodrun` gives them torchrun's names for the ranks horovodrun
+set, and the group forms over a store the controller serves (``ELASTIC_RING_STORE``). Resized in place (``--relaunch
 inplace``, the Ray backend), :class:`elastic_ring.worker.ring.TorchControllerRing` forms each group
 over a store the controller serves, in the same processes.
 """
@@ -27,6 +30,9 @@ from elastic_ring.worker.errors import ContractError
 COLLECTIVE_ENV = "ELASTIC_RING_COLLECTIVE"  # "torch": the job's collectives are torch.distributed
 COLLECTIVES = ("horovod", "torch")
 TORCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+# horovodrun's names of the same, and of the host's place (torchrun's GROUP_RANK)
+_FROM_HOROVODRUN = (("RANK", "HOROVOD_RANK"), ("WORLD_SIZE", "HOROVOD_SIZE"), ("LOCAL_RANK", "HOROVOD_LOCAL_RANK"),
+                    ("LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE"), ("GROUP_RANK", "HOROVOD_CROSS_RANK"))
 PG_TIMEOUT_S = 300.0  # a new group's rendezvous and a collective may wait this long for a peer
 
 
@@ -221,3 +227,18 @@ def rendezvous_store(rank: int, world: int, timeout_s: float = PG_TIMEOUT_S) -> 
     return dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]), world,
                          is_master=rank == 0, timeout=timedelta(seconds=timeout_s),
                          master_listen_fd=int(raw) if raw.isdigit() else None)
+
+
+def torchrun_env_from_horovodrun(env: dict[str, str] | None = None) -> bool:
+    """A ``--collective torch`` worker that horovodrun launched (``--hosts``/``--hostfile``): set
+    torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``GROUP_RANK``
+    from horovodrun's ranks, as a script written for torchrun reads them (``env``: default
+    ``os.environ``, changed in place). Returns whether it did (horovodrun's ranks there, torchrun's
+    not)."""
+    env = os.environ if env is None else env
+    if env.get(COLLECTIVE_ENV) != "torch" or "RANK" in env or "HOROVOD_RANK" not in env:
+        return False
+    for mine, hvd in _FROM_HOROVODRUN:
+        if hvd in env:
+            env[mine] = env[hvd]
+    return True

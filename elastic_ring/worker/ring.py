@@ -326,6 +326,21 @@ class ControllerRing(Ring):
         self.adopt_ranks()
 
 
+def controller_store(dist: Any) -> Any:
+    """A client of the store the controller serves for this group (``ELASTIC_RING_STORE``:
+    ``host:port``).
+
+    Raises:
+        ContractError: the environment names none.
+    """
+    where = os.environ.get(STORE_ENV)
+    if not where:
+        raise ContractError(f"this worker needs {STORE_ENV} (host:port of the store the controller serves) "
+                            "in its environment")
+    host, _, port = where.rpartition(":")
+    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=PG_TIMEOUT_S))
+
+
 class TorchRing(Ring):
     """The process group of a job on ``torch.distributed``, formed by these processes for one
     segment (see the module docstring); a resize ends them."""
@@ -382,9 +397,12 @@ class TorchRing(Ring):
         self._coll = TorchCollective(dist, dev, control)
 
     def _init_group(self, dist: Any, backend: str) -> None:
-        """``init_process_group`` at the launcher's rendezvous (rank 0 hosts the store)."""
-        dist.init_process_group(backend, store=rendezvous_store(self.rank, self.size), rank=self.rank,
-                                world_size=self.size, timeout=timedelta(seconds=PG_TIMEOUT_S))
+        """``init_process_group`` at the launcher's rendezvous (rank 0 hosts the store), or over
+        the store the controller serves where it names one (launched by horovodrun on several
+        hosts: :func:`~elastic_ring.worker.collective.torchrun_env_from_horovodrun`)."""
+        store = controller_store(dist) if os.environ.get(STORE_ENV) else rendezvous_store(self.rank, self.size)
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.size,
+                                timeout=timedelta(seconds=PG_TIMEOUT_S))
 
     def adopt_ranks(self) -> None:
         pass  # the launcher's environment is the group's
@@ -433,14 +451,8 @@ class TorchControllerRing(TorchRing):
 
     def _init_group(self, dist: Any, backend: str) -> None:
         """``init_process_group`` over the store the controller serves for this segment."""
-        where = os.environ.get(STORE_ENV)
-        if not where:
-            raise ContractError(f"a worker resized in place needs {STORE_ENV} (host:port of the store the "
-                                "controller serves) in its environment")
-        host, _, port = where.rpartition(":")
-        timeout = timedelta(seconds=PG_TIMEOUT_S)
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout)
+        dist.init_process_group(backend, store=controller_store(dist), rank=self.rank, world_size=self.size,
+                                timeout=timedelta(seconds=PG_TIMEOUT_S))
 
     def _formed(self) -> None:
         self._check_ranks()

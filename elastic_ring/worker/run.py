@@ -197,6 +197,9 @@ def _launch_info(a: argparse.Namespace) -> tuple[LaunchInfo, float]:
                       controller_host=a.controller_host,
                       **{k: v for k, v in ws.items() if k in LaunchInfo.__dataclass_fields__})
     os.environ.update(info.to_env())
+    from elastic_ring.worker.collective import torchrun_env_from_horovodrun
+
+    torchrun_env_from_horovodrun()  # --collective torch on several hosts: launched by horovodrun
     if a.inplace or a.ring_by_controller:  # the ring's kind (worker.ring.ring_from_env)
         os.environ[INPLACE_ENV] = RING_BY_CONTROLLER if a.ring_by_controller else "1"
     return info, init_timeout_s

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -19,10 +20,8 @@ from tests.integration.test_train_resize import RESIZE_1_2_1, _final_model, _tra
 pytestmark = pytest.mark.integration
 
 
-def _exact_1_2_1_equal_to_the_horovod_run(run, tmp_path_factory):
-    """Every step and sample once, Eq. 7 at each resize, and the final weights and momentum bitwise
-    those of the same schedule on Horovod (at two workers both average two gradients exactly: a
-    halving is exact)."""
+def _exact_1_2_1(run) -> list[dict]:
+    """Every step and sample once, Eq. 7 at each resize, an evaluation every 6 steps (returned)."""
     steps = _trace(run)
     assert sorted(steps) == list(range(1, 19))
     assert [len(steps[s]) // 8 for s in (1, 6, 7, 12, 13, 18)] == [1, 1, 2, 2, 1, 1]
@@ -34,7 +33,23 @@ def _exact_1_2_1_equal_to_the_horovod_run(run, tmp_path_factory):
         assert f["lr"] == pytest.approx(r["to_workers"] / r["from_workers"] * r["lr_last"])
     evals = read_events(run / "events.jsonl", kind="evaluation")
     assert [e["step"] for e in evals] == [6, 12, 18] and all(e["samples"] == 512 for e in evals)
+    return evals
 
+
+def _same_final(run, ref) -> None:
+    """The final weights and momentum bitwise equal."""
+    a, b = _final_model(run), _final_model(ref)
+    assert a["step"] == b["step"] == 18 and a["cursor"] == b["cursor"] and a["lr_last"] == b["lr_last"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for k, st in a["optimizer"]["state"].items():
+        assert torch.equal(st["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"]), k
+
+
+def _exact_1_2_1_equal_to_the_horovod_run(run, tmp_path_factory):
+    """:func:`_exact_1_2_1`, and the final weights and momentum bitwise those of the same schedule
+    on Horovod (at two workers both average two gradients exactly: a halving is exact)."""
+    evals = _exact_1_2_1(run)
     ref, q = resize_1_2_1_auto(tmp_path_factory)  # the Horovod run of the same schedule (overlap)
     assert q.returncode == 0, q.stderr
     a, b = _final_model(run), _final_model(ref)
@@ -64,6 +79,30 @@ def test_torch_resize_1_2_1_overlap_is_exact_and_equals_the_horovod_run(tmp_path
     assert all("elastic_ring.controller.backends.local" in e["command"] for e in launches)
     assert not any("hvdrun" in c or "horovodrun" in c for e in launches for c in e["command"])
     _exact_1_2_1_equal_to_the_horovod_run(run, tmp_path_factory)
+
+
+def test_torch_on_two_hosts_launched_by_horovodrun_is_exact_and_equals_the_horovod_run(tmp_path, tmp_path_factory):
+    """--collective torch --hosts (two names of this machine): horovodrun launches each segment's
+    workers (one per host), which take torchrun's names from its ranks and form their gloo group
+    over a store the controller serves; 1 -> 2 -> 1 is exact, and its final weights equal those of
+    the local launcher's run beside it (one intra-op thread in both: each worker here is alone on
+    its "host", so its share of the cores would differ)."""
+    run, ref = tmp_path / "run", tmp_path / "ref"
+    one = {"ELASTIC_RING_CPU_THREADS": "1"}
+    with ThreadPoolExecutor(1) as beside:
+        q = beside.submit(run_cli, *RESIZE_1_2_1, "--collective", "torch", "--run-dir", str(ref), env=one, timeout=400)
+        p = run_cli(*RESIZE_1_2_1, "--collective", "torch", "--relaunch", "overlap", "--hosts",
+                    "localhost:1,127.0.0.1:1", "--run-dir", str(run), env=one, timeout=400)
+        q = q.result()
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert q.returncode == 0, q.stdout + q.stderr
+    assert "collective torch.distributed (gloo)" in p.stderr
+    launches = read_events(run / "events.jsonl", kind="launch")
+    assert [e["command"][e["command"].index("-H") + 1] for e in launches] == \
+        ["localhost:1", "localhost:1,127.0.0.1:1", "localhost:1"]  # the slots each segment uses
+    assert all("elastic_ring.controller.hvdrun" in e["command"] for e in launches)
+    _exact_1_2_1(run)
+    _same_final(run, ref)
 
 
 def _members(run) -> list[dict[int, int]]:

@@ -229,14 +229,18 @@ def test_live_resize_from_another_shell_then_interrupt_and_resume(tmp_path_facto
 
 
 def test_two_hosts_localhost_and_127_0_0_1(tmp_path):
+    """Two workers on two hosts, then one: horovodrun is given only the slots a segment uses (it
+    starts a worker in every slot it is given, whatever -np says: before, the 1-worker segment ran
+    two workers, 16 samples a step)."""
     run = tmp_path / "hosts"
-    p = run_cli("train", "--gpus", "2", "--steps", "6", *TINY, "--hosts", "localhost:1,127.0.0.1:1",
-                "--run-dir", str(run), timeout=300)
+    p = run_cli("train", "--gpus", "2", "--steps", "6", "--resize-at", "3", "--to", "1", *TINY,
+                "--hosts", "localhost:1,127.0.0.1:1", "--run-dir", str(run), timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    launch = _events(run, "launch")[0]
-    assert "localhost:1,127.0.0.1:1" in launch["command"]
+    launches = _events(run, "launch")
+    assert "localhost:1,127.0.0.1:1" in launches[0]["command"]
+    assert launches[1]["command"][launches[1]["command"].index("-H") + 1] == "localhost:1"
     steps = _trace(run)
-    assert sorted(steps) == list(range(1, 7)) and all(len(v) == 16 for v in steps.values())
+    assert sorted(steps) == list(range(1, 7)) and [len(steps[s]) for s in range(1, 7)] == [16] * 3 + [8] * 3
 
 
 def _final_model(run: Path) -> dict:

@@ -258,7 +258,7 @@ def test_the_torch_ring_formed_by_the_controller_adopts_its_go_and_retires_when_
 # ---------------------------------------------------------------------- the launcher and the request
 def test_make_launch_gives_the_local_backend_for_torch(tmp_path):
     spec = types.SimpleNamespace(run_dir=tmp_path, script=None, script_args=("--x",), extra_env={},
-                                 device="cpu", slots=2)
+                                 device="cpu", slots=2, hosts=None, hostfile=None)
     backend, resize = make_launch(LaunchOptions(relaunch="overlap", collective="torch"), spec)
     assert isinstance(backend, local.LocalBackend) and resize == Relaunch("overlap")
     cmd = local.launcher_command(spec, SegmentLaunch(2, 3, 40, "me", go_file=tmp_path / "go"))
@@ -379,6 +379,7 @@ def _local_ring(tmp_path):
     from elastic_ring.controller.backends.local import LocalRingBackend
 
     spec = types.SimpleNamespace(run_dir=tmp_path, script=None, script_args=(), extra_env={}, device="cpu",
+                                 hosts=None, hostfile=None,
                                  slots=2)
     launcher, stores = FakeLauncher(), FakeStores()
     return LocalRingBackend(spec, launcher=launcher, rings=stores.former), launcher
@@ -387,7 +388,8 @@ def _local_ring(tmp_path):
 def test_make_launch_gives_the_local_ring_for_torch_inplace(tmp_path):
     from elastic_ring.controller.backends import InPlace
 
-    spec = types.SimpleNamespace(run_dir=tmp_path, script=None, script_args=(), extra_env={}, device="cpu", slots=2)
+    spec = types.SimpleNamespace(run_dir=tmp_path, script=None, script_args=(), extra_env={}, device="cpu", slots=2,
+                                 hosts=None, hostfile=None)
     backend, resize = make_launch(LaunchOptions(relaunch="inplace", collective="torch"), spec)
     assert isinstance(backend, local.LocalRingBackend) and isinstance(resize, InPlace)
 
@@ -488,7 +490,7 @@ def test_script_collective_reads_the_scripts_own_init(tmp_path):
     (dict(collective="mpi"), "--collective must be one of horovod, torch"),
     (dict(collective="torch", backend="ray", survive=True), "--survive keeps Horovod's survivors only"),
     (dict(collective="torch", relaunch="inplace", survive=True), "--survive keeps Horovod's survivors only"),
-    (dict(collective="torch", hosts="a:1,b:1"), "runs on one host"),
+    (dict(collective="torch", relaunch="inplace", hosts="a:1,b:1"), "--relaunch inplace runs on one host"),
 ])
 def test_request_checks_the_collective(kw, needle):
     with pytest.raises(UserError, match=needle.replace("(", r"\(")):
@@ -524,8 +526,8 @@ def test_bad_collective_input_is_one_line_exit_2(cli_inproc, tmp_path):
                          "--run-dir", str(tmp_path / "a")), "calls hvd.init()")
     _one_line(cli_inproc("train", "--script", str(pg_script), "--steps", "4", "--run-dir", str(tmp_path / "b")),
               "add --collective torch")
-    _one_line(cli_inproc("train", "--collective", "torch", "--hosts", "a:1,b:1", "--run-dir",
-                         str(tmp_path / "c")), "--collective torch runs on one host")
+    _one_line(cli_inproc("train", "--collective", "torch", "--relaunch", "inplace", "--hosts", "a:1,b:1",
+                         "--run-dir", str(tmp_path / "c")), "--relaunch inplace runs on one host")
     assert not any((tmp_path / d).exists() for d in "abc")  # refused before a run folder was made
 
 
@@ -543,3 +545,75 @@ def test_the_torch_ring_warms_the_import_ddp_makes_even_for_a_script_that_never_
     ring = TorchRing()
     ring.warms_compile = False  # init(warm_compile=False): the built-in trainer's SGD
     assert ring.warms_compile is True
+
+
+def test_torchrun_names_from_horovodrun_ranks():
+    """A --collective torch worker launched by horovodrun (--hosts) reads torchrun's names; nothing
+    changes for a worker that has torchrun's already or runs on Horovod."""
+    from elastic_ring.worker.collective import torchrun_env_from_horovodrun
+
+    env = {"ELASTIC_RING_COLLECTIVE": "torch", "HOROVOD_RANK": "3", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1",
+           "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": "1"}
+    assert torchrun_env_from_horovodrun(env)
+    assert [env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")] == \
+        ["3", "4", "1", "2", "1"]
+    mine = {"ELASTIC_RING_COLLECTIVE": "torch", "HOROVOD_RANK": "3", "RANK": "0"}
+    assert not torchrun_env_from_horovodrun(mine) and mine["RANK"] == "0"
+    hvd = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}
+    assert not torchrun_env_from_horovodrun(hvd) and "RANK" not in hvd
+
+
+def test_store_address_of_the_hosts():
+    from elastic_ring.controller.backends.torch_hosts import store_address
+
+    assert store_address(["localhost", "127.0.0.1"]) == "127.0.0.1"
+    assert store_address(["localhost", "192.0.2.77"]) not in ("127.0.0.1", "")  # the route's own address
+
+
+def test_make_launch_on_several_hosts_for_torch_launches_by_horovodrun_over_a_store_of_its_own(tmp_path):
+    """--collective torch --hosts: horovodrun launches (its -H), each segment's workers are told a
+    new store this controller serves (ELASTIC_RING_STORE and torchrun's MASTER_ADDR/PORT); the
+    newest two stores are kept (a segment's outlives it by one, for --relaunch overlap)."""
+    from elastic_ring.controller.backends.torch_hosts import TorchHostsBackend
+    from elastic_ring.worker.ring import STORE_ENV
+
+    spec = types.SimpleNamespace(run_dir=tmp_path, script=None, script_args=(), extra_env={}, device="cpu", slots=2,
+                                 hosts="localhost:1,127.0.0.1:1", hostfile=None, network_interface=None)
+    started = []
+
+    class Launcher:
+        def start(self, cmd, env, log_path):
+            started.append((cmd, env))
+            return object()
+
+    ports = iter(range(5000, 5010))
+    backend, resize = make_launch(LaunchOptions(relaunch="overlap", collective="torch"), spec, launcher=Launcher())
+    assert isinstance(backend, TorchHostsBackend) and resize == Relaunch("overlap")
+    backend.serve = lambda host: (f"store@{host}", next(ports))
+    for seg in range(3):
+        backend.start(SegmentLaunch(2, seg, 10 * (seg + 1), "me"), tmp_path / f"{seg}.log")
+    cmd, env = started[0]
+    assert "-H" in cmd and cmd[cmd.index("-H") + 1] == "localhost:1,127.0.0.1:1" and "--gloo" in cmd
+    assert (env[STORE_ENV], env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1:5000", "127.0.0.1", "5000")
+    assert [e[STORE_ENV] for _, e in started] == ["127.0.0.1:5000", "127.0.0.1:5001", "127.0.0.1:5002"]
+    assert backend.stores == ["store@127.0.0.1", "store@127.0.0.1"] and len(started) == 3
+
+
+def test_horovodrun_gets_only_the_slots_of_the_segment(tmp_path):
+    """horovodrun's Gloo launch fills every slot of -H whatever -np says: a segment's -H holds its
+    first ``world`` slots, from --hosts, --hostfile or a restart's override."""
+    from elastic_ring.controller.backends.horovodrun import first_slots, horovodrun_command
+
+    assert first_slots([("a", 2), ("b", 2)], 3) == "a:2,b:1"
+    assert first_slots([("a", 2), ("b", 2)], 1) == "a:1"
+    assert first_slots([("a", 1), ("b", 1)], 2) == "a:1,b:1"
+    hf = tmp_path / "hostfile"
+    hf.write_text("# two hosts\nh1 slots=2\nh2 slots=2\n")
+    spec = types.SimpleNamespace(run_dir=tmp_path, script=None, script_args=(), hosts=None, hostfile=str(hf))
+    cmd = horovodrun_command(spec, 3, 0, 10)
+    assert cmd[cmd.index("-H") + 1] == "h1:2,h2:1" and "--hostfile" not in cmd
+    cmd = horovodrun_command(types.SimpleNamespace(**{**vars(spec), "hostfile": None, "hosts": "x:4"}), 2, 0, 10,
+                             hosts="y:1,z:1")
+    assert cmd[cmd.index("-H") + 1] == "y:1,z:1"
+    cmd = horovodrun_command(types.SimpleNamespace(**{**vars(spec), "hostfile": None}), 2, 0, 10)
+    assert cmd[cmd.index("-H") + 1] == "localhost:2"

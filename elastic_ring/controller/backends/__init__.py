@@ -40,7 +40,7 @@ def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
                 host_probe=None) -> tuple[Backend, ResizeStrategy]:
     """The backend and the resize strategy of a run: Ray actors (in place), the local launcher per
     segment (``--collective torch``; with ``inplace`` its processes stay and re-form their
-    process group), one Horovod Elastic job (``inplace``), or one ``horovodrun``
+    process group; on several hosts horovodrun launches them, :mod:`.torch_hosts`), one Horovod Elastic job (``inplace``), or one ``horovodrun``
     per segment (the relaunch modes)."""
     if options.backend == "ray":
         from elastic_ring.controller.backends.ray import make_ray_backend
@@ -49,6 +49,11 @@ def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
                                warm_spares=options.warm_spares, gpus_per_worker=options.gpus_per_worker,
                                survive=options.survive, collective=options.collective)
         return ray, InPlace(ray)
+    if options.collective == "torch" and (spec.hosts or spec.hostfile):  # horovodrun launches, torch reduces
+        from elastic_ring.controller.backends.torch_hosts import TorchHostsBackend
+
+        return (TorchHostsBackend(spec, launcher=launcher, network_interface=options.network_interface,
+                                  host_probe=host_probe), Relaunch(options.relaunch))
     if options.collective == "torch":
         from elastic_ring.controller.backends.local import LocalBackend, LocalRingBackend
 

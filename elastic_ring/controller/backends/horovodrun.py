@@ -83,13 +83,12 @@ def horovodrun_command(spec, world: int, segment: int, stop_at: int,
                        owner: str = "", hosts: str | None = None) -> list[str]:
     """The horovodrun command of one segment; ``hosts`` overrides the spec's (a restart on the
     hosts that still answer)."""
+    from elastic_ring.controller.api import parse_hostfile, parse_hosts
+
     cmd = [*hvdrun.command_prefix(), "-np", str(world)]
-    if hosts:
-        cmd += ["-H", hosts]
-    elif spec.hostfile:
-        cmd += ["--hostfile", spec.hostfile]
-    else:
-        cmd += ["-H", spec.hosts or f"localhost:{world}"]
+    given = hosts or spec.hosts
+    pairs = parse_hosts(given) if given else parse_hostfile(spec.hostfile) if spec.hostfile else []
+    cmd += ["-H", first_slots(pairs, world) if pairs else f"localhost:{world}"]
     cmd += ["--gloo", "--start-timeout", "120"]
     if network_interface:
         cmd += ["--network-interface", network_interface]
@@ -98,6 +97,20 @@ def horovodrun_command(spec, world: int, segment: int, stop_at: int,
         cmd += ["--go-file", str(go_file)]
     cmd += ["--", spec.script or BUILTIN_TARGET, *spec.script_args]
     return cmd
+
+
+def first_slots(hosts: list[tuple[str, int]], world: int) -> str:
+    """The ``-H`` of a segment of ``world`` workers: the first ``world`` slots of ``hosts``, in
+    their order. horovodrun's Gloo launch starts a worker in every slot it is given, whatever
+    ``-np`` says (Horovod 0.28.1: ``gloo_run`` assigns ranks with ``get_host_assignments(hosts,
+    num_proc)``, no maximum), so a 1-worker segment given two one-slot hosts ran two workers."""
+    out, left = [], world
+    for name, n in hosts:
+        if left <= 0:
+            break
+        out.append(f"{name}:{min(n, left)}")
+        left -= min(n, left)
+    return ",".join(out)
 
 
 def probe_hosts(hosts: list[tuple[str, int]], timeout_s: float = 5.0) -> list[tuple[str, int]]:
