@@ -163,3 +163,38 @@ def test_kill_9_of_rank_1_a_warm_spare_takes_its_place_as_if_nothing_happened(tm
     out, err = p.communicate(timeout=240)
     assert p.returncode == 0, err
     _same_weights(run, ref, end)
+
+
+def test_a_horovod_elastic_script_on_ray_rolls_back_to_its_last_commit_in_memory(tmp_path, one_node):
+    """A Horovod Elastic script (``@hvd.elastic.run``, ``state.commit()`` after every batch) on Ray:
+    rank 1's actor process kills itself in the last step; rank 0 restores its last commit
+    (Horovod's save, in memory), re-forms the ring alone and finishes, without a restart from the
+    checkpoint; the final weights and momentum equal those of a scheduled shrink at that step,
+    run beside it on the same cluster."""
+    from tests.integration.test_inplace_survive import HE_STEPS, HVD_ELASTIC, _assert_same_final_state, _rows
+
+    script = tmp_path / "script.py"
+    script.write_text(HVD_ELASTIC)
+    procs, dirs = {}, {how: tmp_path / how for how in ("fail", "none")}
+    extra = {"fail": ["--survive"], "none": ["--resize-at", str(HE_STEPS - 1), "--to", "1"]}
+    for how in dirs:
+        dirs[how].mkdir()
+        procs[how] = _start([*_ray_args(one_node), *extra[how], "--gpus", "2", "--slots", "2", "--steps", str(HE_STEPS),
+                             "--script", str(script), "--run-dir", str(dirs[how] / "r"), "--", how, str(dirs[how])])
+    try:
+        outs = {how: p.communicate(timeout=240) for how, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for how, p in procs.items():
+        assert p.returncode == 0, (how, outs[how][1])
+    run = dirs["fail"] / "r"
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert (r["path"], r["rank"], r["from_step"], r["new_world_size"]) == ("memory", 1, HE_STEPS - 1, 1), r
+    rows = _rows(dirs["fail"])
+    assert [s for s, _, _ in rows] == [*range(1, HE_STEPS + 1), HE_STEPS] and len({p for _, p, _ in rows}) == 1
+    a, b = _final_model(run), _final_model(dirs["none"] / "r")
+    assert a["step"] == b["step"] == HE_STEPS
+    _assert_same_final_state(a, b)
