@@ -34,6 +34,8 @@ _LONGEST_FIRST = (  # times: one whole-suite run (-n 3 on 2 cores, so longer tha
     "test_ray_on_a_real_two_node_cluster",  # 301 s
     "test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows_it_back",  # 67 s
     "test_kill_9_of_rank_1_a_warm_spare_takes_its_place_as_if_nothing_happened",  # 46 s
+    "test_a_horovod_elastic_script_on_ray_rolls_back_to_its_last_commit_in_memory",  # 39 s (alone, under load)
+    "test_torch_on_two_hosts_launched_by_horovodrun_is_exact_and_equals_the_horovod_run",  # 29 s (alone, under load)
     "test_hvd_elastic_script_resized_1_2_1_unchanged",  # 40 s
     "test_epoch_loop_script_resized_1_2_1_exact_samples_lr_and_tests",  # 37 s
     "test_resize_1_to_2_to_1_exact_resume_eq7_and_overheads",  # 19 s
