@@ -81,7 +81,8 @@ def _echo(msg: str) -> None:
 @click.option("--collective", type=click.Choice(["horovod", "torch"]), default=None,
               help="The workers' collectives: horovod (horovodrun, or Horovod on Ray), or torch "
                    "(torch.distributed: gloo on the CPU, NCCL on GPUs; one process per worker on this "
-                   "host, no horovodrun, or Ray actors with --backend ray; the built-in ResNet uses "
+                   "host, no horovodrun; with --hosts/--hostfile horovodrun only launches them; or Ray "
+                   "actors with --backend ray; the built-in ResNet uses "
                    "DistributedDataParallel; every --relaunch mode: inplace keeps the processes and "
                    "re-forms the process group). [default: horovod; at --resume: the run's own]")
 @click.option("--ray-address", default=None, metavar="ADDRESS",

@@ -6,7 +6,8 @@ value types; :mod:`.resize` the resize strategies; :mod:`.horovodrun` starts one
 segment (``--relaunch prelaunch|overlap|sequential``, also on ``--hosts``/``--hostfile``);
 :mod:`.elastic` keeps one Horovod Elastic job alive across resizes (``--relaunch inplace``);
 :mod:`.ray` runs the workers as Ray actors that stay across resizes (``--backend ray``);
-:mod:`.local` starts one process per worker on this host for ``--collective torch``. The
+:mod:`.local` starts one process per worker on this host for ``--collective torch``, and
+:mod:`.torch_hosts` has horovodrun launch them on ``--hosts``/``--hostfile``. The
 controller (:mod:`elastic_ring.controller.controller`) decides when; a backend only does what it
 is told.
 """
