@@ -25,7 +25,8 @@ spare worker process beside it, which imports torch and Horovod, builds the scri
 and waits for a go; when the driver next starts a worker for a slot (the grow back after a failure),
 it hands that slot's Horovod environment to the spare instead of starting a cold process, and
 waits for the spare as for its own worker. Only the ring's re-forming and the state's broadcast are
-left on the survivors' path.
+left on the survivors' path. Once the ring trains again, the next spare is started, so a second
+failure's joiner is warm too.
 
 The controller uses it for every segment; ``ELASTIC_RING_PLAIN_HOROVODRUN=1`` makes it launch the
 plain ``horovodrun`` instead (for comparisons: ``scripts/bench_launcher.py``).
@@ -207,10 +208,15 @@ class Spare:
         self.env = {**env, **self.run_env, "PYTHONUNBUFFERED": "1"}
         self.proc = None
         self.t0 = time.time()
+        self.shutdown = None
 
     def start_when_training(self, shutdown) -> None:
+        """Start the spare once the ring trains (a step after ``self.t0``) from a thread of its own;
+        ``shutdown`` (the job's end) stops the wait."""
         import subprocess
         import threading
+
+        self.shutdown = shutdown
 
         def run() -> None:
             progress = self.run_dir / "control" / "progress.json"
@@ -247,6 +253,9 @@ class Spare:
               flush=True)
         write_json_atomic(self.go, {"stop_at": 0, "time": time.time(), "env": slot_env,
                                     "pid_segment": self.segment})
+        if self.shutdown is not None:  # the next spare, for the next failure, once the ring trains again
+            self.t0 = time.time()
+            self.start_when_training(self.shutdown)
         while (rc := p.poll()) is None:
             if any(e.is_set() for e in events):
                 p.kill()
@@ -265,7 +274,8 @@ _SPARES: list[Spare] = []
 
 def warm_joiner() -> None:
     """The driver's next worker for a slot is a warm spare when one waits (see the module
-    docstring); otherwise it starts a cold one as before. One spare per run."""
+    docstring); otherwise it starts a cold one as before. One spare at a time: once one is handed a
+    slot, the next is started when the ring trains again (a step completed after the hand-over)."""
     from horovod.runner import gloo_run
 
     make = gloo_run._create_elastic_worker_fn

@@ -3,10 +3,11 @@ horovodrun. The flat loop: rank 1 of two workers is killed (kill -9) at the star
 keeps its process, rolls back to step 2 (the last step both completed, kept in memory) and does
 step 3 alone; then a warm worker (a spare process started while the ring trained) takes the dead
 one's place (its state by broadcast from rank 0, not from disk) and the two go on; that joiner
-stops (SIGSTOP) in the last step, the stall watchdog ends it, and rank 0 rolls back again and
-finishes alone. Its final weights, momentum, data position and LR equal, bitwise, those of an
-uninterrupted run with those resizes scheduled: 2 -> 1 at step 2, back to 2 at step 3, 2 -> 1 at
-step 5. A Horovod Elastic script rolls back to its last commit the
+stops (SIGSTOP) in step 5, the stall watchdog ends it, rank 0 rolls back again and does step 5
+alone, and a second warm joiner (the next spare, started once the ring trained again) brings it
+back to 2 for the last two steps. Its final weights, momentum, data position and LR equal,
+bitwise, those of an uninterrupted run with those resizes scheduled: 2 -> 1 at step 2, back to 2
+at step 3, 2 -> 1 at step 4, back to 2 at step 5. A Horovod Elastic script rolls back to its last commit the
 same way. Each failing run goes side by side with its reference."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tests.integration.test_train_resize import _final_model, _start_train
 
 pytestmark = pytest.mark.integration
 
-STEPS, KILL = 6, 3  # rank 1 is killed in step KILL; its successor stops in the last step
+STEPS, KILL, STALL = 7, 3, 5  # rank 1 is killed in step KILL; its successor stops in step STALL
 
 SCRIPT = """
 import os, signal, sys, torch, horovod.torch as hvd
@@ -50,7 +51,7 @@ for step in job.steps():
     loss.backward()
     opt.step()
     job.record(loss, samples=len(idx))
-""" % (KILL, STEPS, KILL)
+""" % (KILL, STALL, KILL)
 
 
 def _rows(run, rank: int = 0) -> list[tuple[int, int, int]]:
@@ -95,12 +96,12 @@ def _assert_same_final_state(a: dict, b: dict) -> None:
 def test_rank_1_killed_then_a_warm_joiner_then_its_stall_as_scheduled_resizes(tmp_path):
     dirs = _side_by_side(tmp_path, SCRIPT, {
         "fail": ["--survive", "--stall-timeout", "2"],
-        "none": ["--schedule", f"{KILL - 1}:1,{KILL}:2,{STEPS - 1}:1"]},  # the reference: the same resizes
+        "none": ["--schedule", f"{KILL - 1}:1,{KILL}:2,{STALL - 1}:1,{STALL}:2"]},  # the reference: the same resizes
         STEPS)
     run, ref = dirs["fail"] / "r", dirs["none"] / "r"
     assert not read_events(ref / "events.jsonl", kind="restart")
     killed, stalled = read_events(run / "events.jsonl", kind="restart")
-    for r, at in ((killed, KILL), (stalled, STEPS)):
+    for r, at in ((killed, KILL), (stalled, STALL)):
         assert (r["path"], r["rank"], r["from_step"], r["new_world_size"], r["gave_up"]) == \
             ("memory", 1, at - 1, 1, False), r
         assert r["steps_redone"] <= 1, r
@@ -108,25 +109,28 @@ def test_rank_1_killed_then_a_warm_joiner_then_its_stall_as_scheduled_resizes(tm
     assert st["ranks"] == [1] and "stall" in stalled["cause"] and "stall" not in killed["cause"], (st, stalled)
     recs = read_events(run / "events.jsonl", kind="recovered")
     assert [(x["path"], x["from_step"], x["world_size"]) for x in recs] == [("memory", KILL - 1, 1),
-                                                                           ("memory", STEPS - 1, 1)], recs
-    # the joiner: a grow back to 2 after the survivor's step KILL, asked by no schedule
-    (req,) = [e for e in read_events(run / "events.jsonl", kind="resize_requested") if e["to_workers"] == 2]
-    assert (req["source"], req["from_workers"], req["at_step"]) == ("joiner", 1, KILL), req
-    (back,) = [e for e in read_events(run / "events.jsonl", kind="first_step_after_resize") if e["world_size"] == 2]
-    assert back["step"] == KILL + 1 and back["joiner"] == "broadcast", back
-    assert 0 < back["since_failure_s"] == pytest.approx(back["time"] - killed["time"], abs=0.5), back
+                                                                           ("memory", STALL - 1, 1)], recs
+    # the joiners: a grow back to 2 after the survivor's step KILL, and again after STALL, asked by no schedule
+    reqs = [e for e in read_events(run / "events.jsonl", kind="resize_requested") if e["to_workers"] == 2]
+    assert [(e["source"], e["from_workers"], e["at_step"]) for e in reqs] == [("joiner", 1, KILL), ("joiner", 1, STALL)]
+    backs = [e for e in read_events(run / "events.jsonl", kind="first_step_after_resize") if e["world_size"] == 2]
+    assert [(e["step"], e["joiner"]) for e in backs] == [(KILL + 1, "broadcast"), (STALL + 1, "broadcast")], backs
+    for e, failure in zip(backs, (killed, stalled)):
+        assert 0 < e["since_failure_s"] == pytest.approx(e["time"] - failure["time"], abs=0.5), e
     rows, joiner = _rows(dirs["fail"]), _rows(dirs["fail"], 1)
-    assert [s for s, _, _ in rows] == [*range(1, KILL + 1), *range(KILL, STEPS + 1), STEPS]  # each failed step redone
-    assert len({pid for _, pid, _ in rows}) == 1  # rank 0 kept its process throughout
-    assert [size for _, _, size in rows] == [2] * KILL + [1] + [2] * (STEPS - KILL) + [1]
-    assert [s for s, _, _ in joiner] == [*range(1, KILL + 1), *range(KILL + 1, STEPS + 1)]
-    assert len({pid for s, pid, _ in joiner if s > KILL}) == 1 and joiner[-1][1] != joiner[0][1]  # a new process
-    # ... the warm one: the spare our horovodrun started while the ring trained, handed rank 1's slot
+    assert [s for s, _, _ in rows] == [*range(1, KILL + 1), *range(KILL, STALL + 1), *range(STALL, STEPS + 1)]
+    assert len({pid for _, pid, _ in rows}) == 1  # rank 0 kept its process throughout (each failed step redone)
+    assert [size for _, _, size in rows] == [2] * KILL + [1] + [2] * (STALL - KILL) + [1] + [2] * (STEPS - STALL)
+    assert [s for s, _, _ in joiner] == list(range(1, STEPS + 1))
+    pids = [{pid for s, pid, _ in joiner if lo < s <= hi} for lo, hi in ((0, KILL), (KILL, STALL), (STALL, STEPS))]
+    assert all(len(p) == 1 for p in pids) and len(set.union(*pids)) == 3  # two new processes
+    # ... both warm: spares our horovodrun started while the ring trained, each handed rank 1's slot
     handed = re.findall(r"the warm joiner \(pid (\d+)\) takes rank 1", (run / "logs" / "segment-000-w2.log").read_text())
-    assert [int(x) for x in handed] == [joiner[-1][1]], handed
+    assert [int(x) for x in handed] == [min(pids[1]), min(pids[2])], handed
     print(f"kill: restart -> next step {recs[0]['detect_to_first_step_s']:.2f} s, lost {recs[0]['time_lost_s']:.2f} s;"
-          f" back at 2 workers {back['since_failure_s']:.2f} s after the kill was seen; "
-          f"stall: restart -> next step {recs[1]['detect_to_first_step_s']:.2f} s")
+          f" back at 2 workers {backs[0]['since_failure_s']:.2f} s after the kill was seen; "
+          f"stall: restart -> next step {recs[1]['detect_to_first_step_s']:.2f} s, back at 2 "
+          f"{backs[1]['since_failure_s']:.2f} s after")
     a, b = _final_model(run), _final_model(ref)
     assert a["step"] == b["step"] == STEPS
     _assert_same_final_state(a, b)
