@@ -47,18 +47,18 @@ def _train(cluster, run, *extra: str, slots: int = 2, steps: int = STEPS, step_s
                    "--slots", str(slots), "--run-dir", str(run), "--", "--step-s", str(step_s)])
 
 
-def _kill_rank_1(run, proc, after_step: int, ready=lambda: True, wait: bool = True):
-    """kill -9 of rank 1 once ``after_step`` is done and ``ready()``; the run's end (with ``wait``);
-    (rank 0's pid, rank 1's node, the kill's time)."""
+def _kill_rank_1(run, proc, after_step: int, ready=lambda: True, wait: bool = True, rank: int = 1):
+    """kill -9 of rank 1 (or ``rank``, of two) once ``after_step`` is done and ``ready()``; the run's
+    end (with ``wait``); (the other rank's pid, the killed rank's node, the kill's time)."""
     try:
         _wait_step(run, after_step)
         t0 = time.time()
         while not ready() and time.time() - t0 < 120:
             time.sleep(0.1)
-        (_, pid0, _), = [x for x in _ring(run, 0) if x[0] == 0]
-        (_, pid1, node1), = [x for x in _ring(run, 0) if x[0] == 1]
+        (_, pid0, _), = [x for x in _ring(run, 0) if x[0] == 1 - rank]
+        (_, pid1, node1), = [x for x in _ring(run, 0) if x[0] == rank]
         t_kill = time.time()
-        os.kill(pid1, signal.SIGKILL)  # the rank-1 actor's process
+        os.kill(pid1, signal.SIGKILL)  # the rank's actor process
         if not wait:
             return pid0, node1, t_kill
         out, err = proc.communicate(timeout=240)
@@ -92,22 +92,24 @@ def _stop_after_the_grow(run, proc, timeout: float = 240, segment: int = 2):
     assert proc.returncode == 130, err
 
 
-def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows_it_back(tmp_path, one_node):
+@pytest.mark.parametrize("killed", [1, 0])
+def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows_it_back(tmp_path, one_node, killed):
     """The run is long (its joiner's start may take half a minute on a loaded machine) and stopped by
     Ctrl-C once the ring is back at 2; the reference runs to that checkpoint's step without the pace
-    (a sleep: the same steps, the same weights)."""
+    (a sleep: the same steps, the same weights). With rank 0 killed the survivor, rank 1, goes on as
+    rank 0 (it holds the same copy as rank 0 held)."""
     cluster = one_node
     run, ref = tmp_path / "survive", tmp_path / "shrink"
     proc = _train(cluster, run, "--survive", steps=2000, step_s=0.15)
     try:
-        pid0, node1, t_kill = _kill_rank_1(run, proc, 4, wait=False)
+        pid0, node1, t_kill = _kill_rank_1(run, proc, 4, wait=False, rank=killed)
         _stop_after_the_grow(run, proc)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     (r,) = read_events(run / "events.jsonl", kind="restart")
-    assert r["path"] == "memory" and r["rank"] == 1 and r["node"].startswith(node1[:12]), r
+    assert r["path"] == "memory" and r["rank"] == killed and r["node"].startswith(node1[:12]), r
     assert r["new_world_size"] == 1 and not r["gave_up"] and r["steps_redone"] <= 1, r
     (rec,) = read_events(run / "events.jsonl", kind="recovered")
     assert rec["path"] == "memory" and rec["from_step"] == r["from_step"] and rec["world_size"] == 1, rec
