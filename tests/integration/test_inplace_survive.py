@@ -7,7 +7,8 @@ stops (SIGSTOP) in the last step, the stall watchdog ends it, and rank 0 rolls b
 finishes alone. Its final weights, momentum, data position and LR equal, bitwise, those of an
 uninterrupted run with those resizes scheduled: 2 -> 1 at step 2, back to 2 at step 3, 2 -> 1 at
 step 5. A Horovod Elastic script rolls back to its last commit the
-same way. Each failing run goes side by side with its reference."""
+same way, and an epoch-loop script (``job.epochs()``) to the copy of its last step, its position in
+the epoch included. Each failing run goes side by side with its reference."""
 
 from __future__ import annotations
 
