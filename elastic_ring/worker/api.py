@@ -315,6 +315,7 @@ class Job:
                     meta.update(segment=self.segment, stop_at=self.stop_at)
         self._sync(meta)
         self.restored = True
+        self.hooked.restored()
         return self.resumed
 
     def _sync(self, meta: dict[str, Any] | None, local: bool = False) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from elastic_ring.worker.errors import ContractError
 
@@ -62,12 +62,16 @@ class DataPosition:
 class EpochData:
     """A job's drop-in samplers (in creation order: the script creates them in the same order
     in every segment), the one iterated last, the data position, and the RNG state to put back
-    where the training loader resumes inside an epoch."""
+    where the training loader resumes inside an epoch. ``before_batch``: called when the training
+    sampler hands out the first index after a completed step (the loader fetches the next batch:
+    the script's code after the step has run, the next step's collectives have not started), where
+    ``--survive`` keeps its copy of the step (:meth:`elastic_ring.worker.hooked.HookedSteps.keep_copy`)."""
 
     samplers: list["DistributedSampler"] = field(default_factory=list)
     iterated: "DistributedSampler | None" = None
     position: DataPosition = field(default_factory=DataPosition)
     resume_rng: dict[str, Any] | None = None
+    before_batch: Callable[[], None] | None = None
 
     def training_sampler(self) -> "DistributedSampler | None":
         """The drop-in sampler that feeds the steps: the one that fed them before (restored with
@@ -183,6 +187,9 @@ class DistributedSampler:
             pad = w - len(rest) % w
             rest += (rest * math.ceil(pad / len(rest)))[:pad]
         for i in rest[self.rank::w]:
+            if self._pulled == self._pulled_at_step and self.data.before_batch is not None \
+                    and self.data.training_sampler() is self:  # the next batch's first index
+                self.data.before_batch()
             self._pulled += 1
             yield i
 

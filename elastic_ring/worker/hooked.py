@@ -22,6 +22,16 @@ over the new ring, as a relaunch would run it in a new one (no process start, no
 
 When ``job.epochs()`` runs out the run is finished: the final checkpoint, the ``finished`` segment
 end, and the script goes on after its loop (its final test and save).
+
+Under ``--survive`` (a ring re-formed in place) every completed step's state is also kept in memory
+(:class:`~elastic_ring.worker.survive.MemoryCopy`, the last two; :meth:`HookedSteps.keep_copy`):
+what a checkpoint at that point holds (data position in the epoch, schedulers, RNG as right after
+the step). It is taken once per step, at the first of: the training sampler handing out the next
+batch's first index (the script's code after the step has run, the next step's forward and the
+allreduces its backward starts have not: a peer lost there is met only after the copy), the next
+step's pre-hook, or ``job.epochs()`` taking the next epoch (after the end-of-epoch code; the copy of
+an epoch's last step resumes at the next epoch). Survivors of a failure roll back to it as the flat
+loop's do (:func:`elastic_ring.worker.survive.survived`).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from __future__ import annotations
 import time
 from typing import Any, Iterator
 
+from elastic_ring.worker import survive
 from elastic_ring.worker.state import _rng_state
 
 
@@ -58,6 +69,35 @@ class HookedSteps:
         self.between_done = -1  # the last step whose between-steps work is done
         self.first_step: int | None = None
         self.ended = False
+        self.copy = None  # --survive: the last completed steps' state in memory (started once)
+        self.copies_started = False
+        self.rng_at_restore = None  # the RNG right after restore(): the restored step's, for its copy
+
+    # ------------------------------------------------------------------ --survive: the copy in memory
+    def restored(self) -> None:
+        """``job.restore()`` is done: remember the RNG of the restored step (for its copy, taken
+        after the script's loader and forward have drawn from it), where copies are kept."""
+        if survive.enabled() and self.job.ring.in_place:
+            self.rng_at_restore = _rng_state()
+
+    def start_copies(self) -> None:
+        """Keep a copy of each completed step from now on, where the run keeps survivors going."""
+        if self.copies_started:
+            return
+        self.copies_started = True
+        self.copy = survive.memory_copy(self.job)
+        if self.copy is not None:
+            self.job.epoch_data.before_batch = self.keep_copy
+
+    def keep_copy(self) -> None:
+        """The last completed step is done with (the script's code after it has run) and the next
+        one has not started: copy its state (once per step; see the module docstring)."""
+        if self.copy is None or self.ended:
+            return
+        state = self.job.state
+        if state.saved_rng is None:  # no step yet in this job: the RNG as restored
+            state.saved_rng = self.rng_at_restore
+        self.copy.keep(self.job.step)
 
     # ------------------------------------------------------------------ the optimizer's hooks
     def before_step(self) -> None:
@@ -66,6 +106,8 @@ class HookedSteps:
         if self.first_step is None:  # the segment's first step
             self.first_step = job.step + 1
             job.progress.begin_segment(job.current_lr())
+            self.start_copies()
+            self.keep_copy()
             return
         self.between(job.step)
 
@@ -107,6 +149,7 @@ class HookedSteps:
         """After the script's code of ``step``: evaluation, periodic checkpoint, the vote (started
         after the step, it has travelled with the next step's gradients); the stop, if agreed."""
         job = self.job
+        self.keep_copy()
         if step > self.between_done:
             self.between_done = step
             job.between_steps(step, time.time())
@@ -162,6 +205,7 @@ class HookedSteps:
             job.restore()
         data = job.epoch_data
         pos = data.position
+        self.start_copies()
         first = start if pos.epoch is None else max(start, pos.epoch)
         for epoch in range(first, stop):
             if pos.epoch != epoch:  # a new epoch: its data from the start

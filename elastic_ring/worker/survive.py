@@ -18,14 +18,17 @@ instead of the newest checkpoint on disk (:func:`take_rollback`), rank 0 broadca
 checkpoint, and Eq. 7 rescales the LR for the size that is left: the segment goes on as a
 scheduled shrink at that step would; a warm spare that takes a dead worker's place receives the
 state by the same broadcast. With no word in time, or ``exit``, the error goes on up (the
-controller restarts from the disk checkpoint). The copy is kept by the flat loop (``job.steps()``);
-a Horovod Elastic script needs none: it holds the step of its last ``state.commit()`` (Horovod's
-save) and rolls back to it (:meth:`elastic_ring.worker.hvd_elastic.Session._roll_back`, through the
-same word: :func:`rollback_word`); an epoch loop keeps none, and its failures restart from the
-checkpoint.
+controller restarts from the disk checkpoint). The copy is kept by the flat loop (``job.steps()``,
+before it yields the next step) and by an epoch loop (``job.epochs()``: once per step, when the
+training sampler hands out the next batch's first index, else at the next optimizer step's
+pre-hook, and after the end-of-epoch code for an epoch's last step; the data position is the one
+inside the epoch: :class:`elastic_ring.worker.hooked.HookedSteps`); a Horovod Elastic script needs
+none: it holds the step of its last ``state.commit()`` (Horovod's save) and rolls back to it
+(:meth:`elastic_ring.worker.hvd_elastic.Session._roll_back`, through the same word:
+:func:`rollback_word`).
 
 Memory: two CPU copies of the registered state (for SGD with momentum about 4x the model's
-parameters, plus its buffers); time: one copy of it per step, on the training thread.
+parameters, plus its buffers); time: one copy of it per step, on the training thread (either loop).
 """
 
 from __future__ import annotations
@@ -91,8 +94,9 @@ _P = _Process()
 
 
 def memory_copy(job: Any) -> MemoryCopy | None:
-    """This process's copy, kept by ``job`` (the one running now), when the run keeps survivors
-    going and the ring is re-formed in place (the Ray backend's, or Horovod Elastic's); else None."""
+    """This process's copy, kept by ``job`` (the one running now: its flat loop or its epoch loop),
+    when the run keeps survivors going and the ring is re-formed in place (the Ray backend's, or
+    Horovod Elastic's); else None."""
     if not enabled() or not job.ring.in_place:
         return None
     if _P.copy is None:

@@ -7,14 +7,16 @@ stops (SIGSTOP) in step 5, the stall watchdog ends it, rank 0 rolls back again a
 alone, and a second warm joiner (the next spare, started once the ring trained again) brings it
 back to 2 for the last two steps. Its final weights, momentum, data position and LR equal,
 bitwise, those of an uninterrupted run with those resizes scheduled: 2 -> 1 at step 2, back to 2
-at step 3, 2 -> 1 at step 4, back to 2 at step 5. A Horovod Elastic script rolls back to its last commit the
-same way. Each failing run goes side by side with its reference."""
+at step 3, 2 -> 1 at step 4, back to 2 at step 5. A Horovod Elastic script rolls back to its last
+commit the same way, and an epoch-loop script (``job.epochs()``) to the copy of its last step, its
+position in the epoch included. Each failing run goes side by side with its reference."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,12 +65,18 @@ def _side_by_side(tmp_path, script_text: str, runs: dict[str, list[str]], steps:
     """Start one run per entry (its name -> its own options) of the script side by side; wait for all."""
     script = tmp_path / "script.py"
     script.write_text(script_text)
+    return _runs_side_by_side(tmp_path, {how: ["--steps", str(steps), *extra, "--script", str(script), "--run-dir",
+                                               str(tmp_path / how / "r"), "--", how, str(tmp_path / how)]
+                                         for how, extra in runs.items()})
+
+
+def _runs_side_by_side(tmp_path, runs: dict[str, list[str]]) -> dict:
+    """Start one ``train --relaunch inplace`` of two workers per entry (its name -> the rest of its
+    command line; its run folder ``tmp_path/name/r``) side by side; wait for all."""
     procs, dirs = {}, {how: tmp_path / how for how in runs}
-    for how, extra in runs.items():
+    for how, args in runs.items():
         dirs[how].mkdir()
-        procs[how] = _start_train(["--relaunch", "inplace", "--gpus", "2", "--slots", "2", "--steps", str(steps),
-                                   *extra, "--script", str(script), "--run-dir", str(dirs[how] / "r"), "--",
-                                   how, str(dirs[how])])
+        procs[how] = _start_train(["--relaunch", "inplace", "--gpus", "2", "--slots", "2", *args])
     try:
         outs = {how: p.communicate(timeout=240) for how, p in procs.items()}
     finally:
@@ -198,4 +206,53 @@ def test_a_horovod_elastic_script_rolls_back_to_its_last_commit_in_memory(tmp_pa
     assert [s for s, _, _ in rows] == [*range(1, HE_STEPS + 1), HE_STEPS] and len({p for _, p, _ in rows}) == 1
     a, b = _final_model(run), _final_model(dirs["none"] / "r")
     assert a["step"] == b["step"] == HE_STEPS
+    _assert_same_final_state(a, b)
+
+
+EPOCH_LOOP = Path(__file__).parent / "scripts" / "epoch_loop.py"
+E_KILL = 3  # rank 1 is killed at the start of step 3 of 8 of epoch 1 (64 samples, 2 x 4 a step)
+
+
+def test_an_epoch_loop_survives_a_kill_inside_an_epoch_as_scheduled_resizes(tmp_path):
+    """``for epoch in job.epochs(...)`` over ``elastic.DistributedSampler``: rank 1 is killed inside
+    epoch 1; rank 0 keeps its process, rolls back to the step before (its copy in memory, with the
+    position in the epoch), redoes the failed step alone, a joiner grows the ring back, and the run
+    crosses into epoch 2. Every step's batch, the final weights, momentum, data position and LR
+    schedule equal, bitwise, those of a run with the same resizes scheduled (2 -> 1 at step 2, back
+    to 2 at step 3)."""
+    def args(how: str, extra: list[str], kill: list[str]) -> list[str]:
+        return [*extra, "--script", str(EPOCH_LOOP), "--run-dir", str(tmp_path / how / "r"), "--",
+                "--out", str(tmp_path / how), "--epochs", "2", *kill]
+
+    dirs = _runs_side_by_side(tmp_path, {
+        "fail": args("fail", ["--survive"], ["--kill-step", str(E_KILL)]),
+        "none": args("none", ["--schedule", f"{E_KILL - 1}:1,{E_KILL}:2"], [])})
+    run, ref = dirs["fail"] / "r", dirs["none"] / "r"
+    assert not read_events(ref / "events.jsonl", kind="restart")
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert (r["path"], r["rank"], r["from_step"], r["new_world_size"], r["gave_up"]) == \
+        ("memory", 1, E_KILL - 1, 1, False), r
+    assert r["steps_redone"] <= 1, r
+    (rec,) = read_events(run / "events.jsonl", kind="recovered")
+    assert (rec["path"], rec["from_step"], rec["world_size"]) == ("memory", E_KILL - 1, 1), rec
+    (req,) = [e for e in read_events(run / "events.jsonl", kind="resize_requested") if e["to_workers"] == 2]
+    assert (req["source"], req["from_workers"], req["at_step"]) == ("joiner", 1, E_KILL), req
+    (back,) = [e for e in read_events(run / "events.jsonl", kind="first_step_after_resize") if e["world_size"] == 2]
+    assert back["step"] == E_KILL + 1 and back["joiner"] == "broadcast", back
+    # 16 + 4 samples of epoch 1 by step 3, its 44 left at two workers: steps 4-9; epoch 2: steps 10-17
+    last, epoch_end = 17, 9
+    rows = [tuple(map(int, ln.split())) for ln in (dirs["fail"] / "rank0.txt").read_text().splitlines()]
+    # (step, size) of each step rank 0 began: the failed step 3 again alone, then step 4 begun alone and
+    # stopped at its optimizer step for the grow back (the epoch loop's stop point), begun again at 2
+    assert [(s, size) for s, _, size, _ in rows] == [(1, 2), (2, 2), (3, 2), (3, 1), (4, 1),
+                                                     *((s, 2) for s in range(4, last + 1))]
+    assert len({pid for _, pid, _, _ in rows}) == 1  # rank 0 kept its process throughout
+    assert {s: e for s, _, _, e in rows} == {s: 1 if s <= epoch_end else 2 for s in range(1, last + 1)}
+    ref_rows = [tuple(map(int, ln.split())) for ln in (dirs["none"] / "rank0.txt").read_text().splitlines()]
+    assert [r[2:] for r in ref_rows] == [r[2:] for r in rows] and [r[0] for r in ref_rows] == [r[0] for r in rows]
+    print(f"kill: restart -> next step {rec['detect_to_first_step_s']:.2f} s, lost {rec['time_lost_s']:.2f} s; "
+          f"back at 2 workers {back['since_failure_s']:.2f} s after the kill was seen")
+    a, b = _final_model(run), _final_model(ref)
+    assert a["step"] == b["step"] == last and a["data_position"] == b["data_position"]
+    assert a["data_position"]["epoch"] == 3 and a["schedulers"] == b["schedulers"]
     _assert_same_final_state(a, b)

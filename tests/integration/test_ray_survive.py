@@ -7,7 +7,8 @@ is up, synced from rank 0 over the ring, and the job is back at 2. Its final wei
 bitwise, those of an uninterrupted run with a scheduled shrink 2 -> 1 at the step rank 0 rolled
 back to and a scheduled grow 1 -> 2 at the step the joiner came in. With a warm spare
 (``--slots 3``) the spare takes the dead worker's place at that step, synced from rank 0 over the
-ring: the final weights equal those of a run that never lost a worker."""
+ring: the final weights equal those of a run that never lost a worker. An epoch-loop script
+(``job.epochs()``) killed inside an epoch goes on from memory the same way."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -200,3 +202,52 @@ def test_a_horovod_elastic_script_on_ray_rolls_back_to_its_last_commit_in_memory
     a, b = _final_model(run), _final_model(dirs["none"] / "r")
     assert a["step"] == b["step"] == HE_STEPS
     _assert_same_final_state(a, b)
+
+
+EPOCH_LOOP = str(Path(__file__).parent / "scripts" / "epoch_loop.py")
+
+
+def test_an_epoch_loop_killed_inside_an_epoch_goes_on_from_memory_and_grows_back(tmp_path, one_node):
+    """``job.epochs()`` over ``elastic.DistributedSampler`` (8 steps an epoch at 2 workers): rank 1
+    kills itself (SIGKILL) at the start of step 5 of epoch 1; rank 0 keeps its process and rolls back
+    to step 4 from memory (its position in the epoch), a new actor grows the ring back, and Ctrl-C
+    ends the run in a later epoch. The final weights, momentum, data position and scheduler equal,
+    bitwise, those of a run with that shrink and grow scheduled."""
+    cluster = one_node
+    run, ref = tmp_path / "survive", tmp_path / "shrink"
+
+    def train(run_dir, *extra: str, step_s: float, kill: int = 0):
+        out = tmp_path / f"rows-{run_dir.name}"
+        out.mkdir()
+        return _start([*_ray_args(cluster), *extra, "--script", EPOCH_LOOP, "--gpus", "2", "--slots", "2",
+                       "--run-dir", str(run_dir), "--", "--out", str(out), "--epochs", "500",
+                       "--step-s", str(step_s), "--kill-step", str(kill)])
+
+    proc = train(run, "--survive", step_s=0.15, kill=5)
+    try:
+        _stop_after_the_grow(run, proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert (r["path"], r["rank"], r["from_step"], r["new_world_size"], r["gave_up"]) == ("memory", 1, 4, 1, False), r
+    assert r["steps_redone"] <= 1, r
+    (grow,) = read_events(run / "events.jsonl", kind="relaunched")
+    assert (grow["from_workers"], grow["to_workers"]) == (1, 2), grow
+    rows = [tuple(map(int, ln.split())) for ln in (tmp_path / "rows-survive" / "rank0.txt").read_text().splitlines()]
+    assert len({pid for _, pid, _, _ in rows}) == 1  # rank 0 kept its process throughout
+    end = _final_model(run)["step"]
+    assert rows[-1][3] > 1 and end > grow["step"]  # the run went on into a later epoch
+    p = train(ref, "--schedule", f"{r['from_step']}:1,{grow['step']}:2", "--steps", str(end), step_s=0.0)
+    out, err = p.communicate(timeout=240)  # the same shrink and grow, scheduled
+    assert p.returncode == 0, err
+    assert not read_events(ref / "events.jsonl", kind="restart")
+    a, b = _final_model(run), _final_model(ref)
+    assert a["step"] == b["step"] == end and a["data_position"] == b["data_position"]
+    assert a["schedulers"] == b["schedulers"] and a["lr_last"] == b["lr_last"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    ma = [s["momentum_buffer"] for s in a["optimizer"]["state"].values()]
+    mb = [s["momentum_buffer"] for s in b["optimizer"]["state"].values()]
+    assert ma and all(torch.equal(x, y) for x, y in zip(ma, mb))
