@@ -94,17 +94,16 @@ def _stop_after_the_grow(run, proc, timeout: float = 240, segment: int = 2):
     assert proc.returncode == 130, err
 
 
-@pytest.mark.parametrize("killed", [1, 0])
-def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows_it_back(tmp_path, one_node, killed):
+def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows_it_back(tmp_path, one_node):
     """The run is long (its joiner's start may take half a minute on a loaded machine) and stopped by
     Ctrl-C once the ring is back at 2; the reference runs to that checkpoint's step without the pace
-    (a sleep: the same steps, the same weights). With rank 0 killed the survivor, rank 1, goes on as
-    rank 0 (it holds the same copy as rank 0 held)."""
+    (a sleep: the same steps, the same weights)."""
+    killed = 1
     cluster = one_node
     run, ref = tmp_path / "survive", tmp_path / "shrink"
     proc = _train(cluster, run, "--survive", steps=2000, step_s=0.15)
     try:
-        pid0, node1, t_kill = _kill_rank_1(run, proc, 4, wait=False, rank=killed)
+        pid0, node1, t_kill = _kill_rank_1(run, proc, 4, wait=False)
         _stop_after_the_grow(run, proc)
     finally:
         if proc.poll() is None:
@@ -138,27 +137,29 @@ def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows
     _same_weights(run, ref, end)
 
 
-def test_kill_9_of_rank_1_a_warm_spare_takes_its_place_as_if_nothing_happened(tmp_path, one_node):
+@pytest.mark.parametrize("killed", [1, 0])
+def test_kill_9_of_rank_1_a_warm_spare_takes_its_place_as_if_nothing_happened(tmp_path, one_node, killed):
     """The spare is warm at the kill (its worker waits for its go: imports and build done), so it
     takes the dead worker's place at once. The run is long and stopped by Ctrl-C once the spare did
     a step in the ring (a loaded machine may take long to start the spare); the reference runs to
-    that checkpoint's step without the pace and never loses a worker."""
+    that checkpoint's step without the pace and never loses a worker. With rank 0 killed, rank 1
+    goes on as rank 0 (it holds the copy rank 0 held) and sends the state to the spare."""
     cluster = one_node
     run, ref = tmp_path / "replace", tmp_path / "straight"
     go = protocol.control_dir(run) / "spare-w3.json"  # the spare's actor is the run's third
     proc = _train(cluster, run, "--survive", slots=3, steps=2000, step_s=0.15)
     try:
         wait_for(lambda: protocol.waiting_file(go).exists() or proc.poll() is not None, 240, "the warm spare")
-        pid0, node1, t_kill = _kill_rank_1(run, proc, 4, wait=False)
+        pid0, node1, t_kill = _kill_rank_1(run, proc, 4, wait=False, rank=killed)
         _stop_after_the_grow(run, proc, segment=1)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     (r,) = read_events(run / "events.jsonl", kind="restart")
-    assert r["path"] == "memory" and r["rank"] == 1 and r["new_world_size"] == 2 and r["steps_redone"] <= 1, r
+    assert r["path"] == "memory" and r["rank"] == killed and r["new_world_size"] == 2 and r["steps_redone"] <= 1, r
     ring = _ring(run, 1)
-    assert len(ring) == 2 and (0, pid0) in [(rk, p) for rk, p, _ in ring]  # rank 0 kept its process
+    assert len(ring) == 2 and (0, pid0) in [(rk, p) for rk, p, _ in ring]  # the survivor kept its process, as rank 0
     assert not read_events(run / "events.jsonl", kind="relaunched")  # no grow back: never below 2 but a moment
     (rec,) = read_events(run / "events.jsonl", kind="recovered")
     print(f"kill -9 -> the next completed step with the spare: {rec['time'] - t_kill:.2f} s")
