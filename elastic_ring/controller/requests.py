@@ -151,11 +151,20 @@ def check_torch_launch(req: RunRequest) -> None:
     Raises:
         UserError: one it does not have (one line naming it).
     """
-    if req.survive:
-        raise UserError("--survive keeps Horovod's survivors only (on Ray or --relaunch inplace): "
-                        "drop it with --collective torch")
     if req.hosts or req.hostfile:
         raise UserError("--collective torch runs on one host: drop --hosts/--hostfile")
+
+
+def check_torch_survive(device: str, survive: bool) -> None:
+    """``--survive`` with ``--collective torch`` on the resolved ``device``: survivors go on over
+    gloo (the CPU); NCCL's communicators after a peer's death are not handled.
+
+    Raises:
+        UserError: ``--survive`` on GPUs (one line).
+    """
+    if survive and device == "cuda":
+        raise UserError("--survive with --collective torch keeps survivors on gloo (--device cpu) only: NCCL "
+                        "after a peer's death is not handled; drop --survive or use --collective horovod")
 
 
 def _check_numbers(req: RunRequest) -> None:

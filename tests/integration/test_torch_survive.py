@@ -1,0 +1,98 @@
+"""`elastic-ring train --collective torch --survive` (real gloo process groups, real processes).
+
+``--relaunch inplace``: kill -9 of rank 1 of two workers; rank 0 keeps its process, sees the peer's
+loss in a gloo collective (DDP's backward hook or the stop vote), destroys the broken group, rolls
+back to the last step both completed (kept in memory) and goes on alone in a new group at one
+worker (Eq. 7 LR); after its next step a warm spare (a process started for the free slot) joins,
+its state by broadcast from rank 0, and the run is stopped by Ctrl-C once back at two. Its final
+weights equal, bitwise, those of an uninterrupted run with the same shrink and grow scheduled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from elastic_ring import protocol
+from elastic_ring.events import read_events
+from tests.conftest import ROOT, wait_for
+from tests.integration.test_torch_collective import _members
+from tests.integration.test_train_resize import _final_model, _start_train
+
+pytestmark = pytest.mark.integration
+
+PACED = str(ROOT / "tests" / "integration" / "scripts" / "paced_torch.py")
+
+
+def _train(run, *extra: str, steps: int, step_s: float):
+    return _start_train(["--collective", "torch", "--relaunch", "inplace", "--gpus", "2", "--slots", "2",
+                         "--steps", str(steps), *extra, "--script", PACED, "--run-dir", str(run), "--",
+                         "--step-s", str(step_s)])
+
+
+def _step(run) -> int:
+    rec = protocol.read_json(run / "control" / "progress.json")
+    return int(rec["step"]) if isinstance(rec, dict) else 0
+
+
+def _pid(run, segment: int, rank: int) -> int:
+    """The worker's own pid (its record; not its launcher's stand-in)."""
+    rec = protocol.read_json(protocol.pid_dir(run) / f"seg{segment:03d}-rank{rank}.json")
+    return int(rec["pid"])
+
+
+def _same_weights(a_run, b_run, steps: int) -> None:
+    a, b = _final_model(a_run), _final_model(b_run)
+    assert a["step"] == b["step"] == steps and a["cursor"] == b["cursor"] and a["lr_last"] == b["lr_last"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    ma = [s["momentum_buffer"] for s in a["optimizer"]["state"].values()]
+    mb = [s["momentum_buffer"] for s in b["optimizer"]["state"].values()]
+    assert ma and all(torch.equal(x, y) for x, y in zip(ma, mb))
+
+
+def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_spare_grows_it_back(tmp_path):
+    run, ref = tmp_path / "survive", tmp_path / "scheduled"
+    proc = _train(run, "--survive", steps=2000, step_s=0.15)
+    try:
+        wait_for(lambda: _step(run) >= 4 or proc.poll() is not None, 120, "step 4")
+        pid0, pid1 = _pid(run, 0, 0), _pid(run, 0, 1)
+        t_kill = time.time()
+        os.kill(pid1, signal.SIGKILL)
+        wait_for(lambda: any(e["world_size"] == 2 for e in read_events(run / "events.jsonl", kind="first_step")
+                             if e["segment"] >= 2) or proc.poll() is not None, 120, "the grow back")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert (r["path"], r["rank"], r["new_world_size"], r["gave_up"]) == ("memory", 1, 1, False), r
+    assert r["steps_redone"] <= 1, r
+    (rec,) = read_events(run / "events.jsonl", kind="recovered")
+    assert rec["path"] == "memory" and rec["from_step"] == r["from_step"] and rec["world_size"] == 1, rec
+    assert _pid(run, 1, 0) == pid0  # the survivor kept its process
+    (req,) = [e for e in read_events(run / "events.jsonl", kind="resize_requested") if e["source"] == "joiner"]
+    (grow,) = [e for e in read_events(run / "events.jsonl", kind="relaunched") if e["to_workers"] == 2]
+    assert (req["from_workers"], req["to_workers"], grow["from_workers"], grow["step"]) == \
+        (1, 2, 1, r["from_step"] + 1), (req, grow)
+    segs = _members(run)  # rank -> its launcher's stand-in, per segment: rank 0's kept, a new rank 1
+    assert [sorted(m) for m in segs] == [[0, 1], [0], [0, 1]] and len({m[0] for m in segs}) == 1, segs
+    assert segs[2][1] != segs[0][1]
+    first = [e for e in read_events(run / "events.jsonl", kind="first_step") if e["segment"] == 1]
+    print(f"kill -9 -> the survivor's next completed step: {first[0]['time'] - t_kill:.2f} s; "
+          f"detected -> step {rec['detect_to_first_step_s']:.2f} s; rolled back to step {r['from_step']}")
+    end = _final_model(run)["step"]
+    assert end > grow["step"]
+
+    p = _train(ref, "--schedule", f"{r['from_step']}:1,{grow['step']}:2", steps=end, step_s=0.0)
+    out, err = p.communicate(timeout=120)  # the same shrink and grow, scheduled
+    assert p.returncode == 0, err
+    assert not read_events(ref / "events.jsonl", kind="restart")
+    _same_weights(run, ref, end)
