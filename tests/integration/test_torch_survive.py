@@ -1,5 +1,10 @@
 """`elastic-ring train --collective torch --survive` (real gloo process groups, real processes).
 
+First what the survivor sees: two processes in a gloo group (and a gloo control group, as the
+worker library forms them), rank 1 killed in DDP's backward pass or in the stop vote's allreduce;
+rank 0's error is a peer's loss, destroying the broken group returns at once, and a new group of
+one forms over a new store with DDP rebuilt.
+
 ``--relaunch inplace``: kill -9 of rank 1 of two workers; rank 0 keeps its process, sees the peer's
 loss in a gloo collective (DDP's backward hook or the stop vote), destroys the broken group, rolls
 back to the last step both completed (kept in memory) and goes on alone in a new group at one
@@ -10,6 +15,7 @@ weights equal, bitwise, those of an uninterrupted run with the same shrink and g
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -53,6 +59,70 @@ def _same_weights(a_run, b_run, steps: int) -> None:
     ma = [s["momentum_buffer"] for s in a["optimizer"]["state"].values()]
     mb = [s["momentum_buffer"] for s in b["optimizer"]["state"].values()]
     assert ma and all(torch.equal(x, y) for x, y in zip(ma, mb))
+
+
+SURVIVOR = """
+import json, os, signal, sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+from elastic_ring.worker import survive
+how, rank, port, port2 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+t = timedelta(seconds=60)
+dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", port, is_master=False, timeout=t), rank=rank,
+                        world_size=2, timeout=t)
+control = dist.new_group(backend="gloo", timeout=t)
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 2)
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+try:
+    for step in range(1, 6):
+        if how == "vote":  # the stop vote: started on the control group, read one step later
+            vote = dist.all_reduce(torch.zeros(1), group=control, async_op=True)
+        if rank == 1 and step == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        ddp(torch.randn(4, 8)).sum().backward()
+        if how == "vote":
+            vote.wait()
+    raise SystemExit("no error")
+except RuntimeError as e:
+    t0 = time.time()
+    dist.destroy_process_group()
+    destroyed = time.time() - t0
+    dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", port2, is_master=False, timeout=t), rank=0,
+                            world_size=1, timeout=t)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp(torch.randn(4, 8)).sum().backward()
+    print(json.dumps({"peer_loss": survive._peer_loss(e), "error": str(e)[:200], "destroy_s": destroyed,
+                      "step": step}), flush=True)
+    os._exit(0)  # as the worker entry does: no interpreter teardown
+"""
+
+
+@pytest.mark.parametrize("how", ["backward", "vote"])
+def test_the_survivor_of_a_killed_peer_sees_a_peer_loss_and_forms_a_new_group(tmp_path, how):
+    import subprocess
+    import sys
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    stores = [dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+              for _ in range(2)]
+    script = tmp_path / "survivor.py"
+    script.write_text(SURVIVOR)
+    procs = [subprocess.Popen([sys.executable, str(script), how, str(r), *(str(s.port) for s in stores)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        out, err = procs[0].communicate(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert procs[0].returncode == 0 and procs[1].returncode == -signal.SIGKILL, err
+    rec = json.loads(out.strip().splitlines()[-1])
+    assert rec["peer_loss"] and rec["step"] == 3, rec
+    assert rec["destroy_s"] < 2.0, rec
 
 
 def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_spare_grows_it_back(tmp_path):
