@@ -296,6 +296,9 @@ def write_pid_record(run_dir: Path, rank: int, owner: str, segment: int) -> None
                        # the host's name in the launcher's host list (horovodrun's -H), which may
                        # be an address or an alias: what the controller probes
                        "launch_host": os.environ.get("HOROVOD_HOSTNAME"),
+                       # the name an in-place backend gave this process (worker.ring.MEMBER_ENV): its
+                       # rank may change at an in-place resize, the name does not
+                       "member": os.environ.get("ELASTIC_RING_MEMBER"),
                        "owner": owner, "segment": segment, "created": created})
 
 

@@ -5,12 +5,14 @@ worker library forms them), rank 1 killed in DDP's backward pass or in the stop 
 rank 0's error is a peer's loss, destroying the broken group returns at once, and a new group of
 one forms over a new store with DDP rebuilt.
 
-``--relaunch inplace``: kill -9 of rank 1 of two workers; rank 0 keeps its process, sees the peer's
-loss in a gloo collective (DDP's backward hook or the stop vote), destroys the broken group, rolls
-back to the last step both completed (kept in memory) and goes on alone in a new group at one
+Then ``--relaunch inplace``: kill -9 of rank 1 of two workers; rank 0 keeps its process, sees the
+peer's loss in a gloo collective (DDP's backward hook or the stop vote), destroys the broken group,
+rolls back to the last step both completed (kept in memory) and goes on alone in a new group at one
 worker (Eq. 7 LR); after its next step a warm spare (a process started for the free slot) joins,
-its state by broadcast from rank 0, and the run is stopped by Ctrl-C once back at two. Its final
-weights equal, bitwise, those of an uninterrupted run with the same shrink and grow scheduled.
+its state by broadcast from rank 0. That joiner is then stopped (SIGSTOP): the stall watchdog ends
+it alone and rank 0 goes on from memory again, and the next spare grows it back; the run is
+stopped by Ctrl-C. Its final weights equal, bitwise, those of an uninterrupted run with the same
+shrinks and grows scheduled.
 """
 
 from __future__ import annotations
@@ -59,6 +61,18 @@ def _same_weights(a_run, b_run, steps: int) -> None:
     ma = [s["momentum_buffer"] for s in a["optimizer"]["state"].values()]
     mb = [s["momentum_buffer"] for s in b["optimizer"]["state"].values()]
     assert ma and all(torch.equal(x, y) for x, y in zip(ma, mb))
+
+
+def _names(run) -> list[dict[str, int]]:
+    """Per segment, member name -> rank, from the local in-place backend's lines in the segment logs."""
+    import re
+
+    rows = []
+    for f in sorted((run / "logs").glob("segment-*.log")):
+        for line in f.read_text().splitlines():
+            if line.startswith("[local] segment "):
+                rows.append({n: int(r) for r, n in re.findall(r"rank (\d+): (w\d+) pid", line)})
+    return rows
 
 
 SURVIVOR = """
@@ -125,44 +139,70 @@ def test_the_survivor_of_a_killed_peer_sees_a_peer_loss_and_forms_a_new_group(tm
     assert rec["destroy_s"] < 2.0, rec
 
 
-def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_spare_grows_it_back(tmp_path):
+def _member_pid(run, name: str) -> int:
+    """The own pid of the worker the local backend named ``name`` (its newest pid record)."""
+    recs = [r for r in protocol.read_pid_records(run) if r.get("member") == name]
+    return int(max(recs, key=lambda r: r["segment"])["pid"])
+
+
+def _back_at_2(run, proc, segment: int) -> None:
+    wait_for(lambda: any(e["world_size"] == 2 for e in read_events(run / "events.jsonl", kind="first_step")
+                         if e["segment"] >= segment) or proc.poll() is not None, 120, f"2 workers from segment {segment}")
+
+
+def test_kill_9_of_rank_1_then_a_stall_of_its_joiner_the_survivor_goes_on_from_memory_each_time(tmp_path):
+    """kill -9 of rank 1 after step 4; the spare joins; then that joiner is stopped (SIGSTOP) and
+    ``--stall-timeout 2`` ends it alone: rank 0 goes on from memory again, and the next spare grows
+    it back. A Ctrl-C ends the run; the reference runs to its checkpoint with the four resizes
+    scheduled, without the pace (a sleep: the same steps, the same weights)."""
     run, ref = tmp_path / "survive", tmp_path / "scheduled"
-    proc = _train(run, "--survive", steps=2000, step_s=0.15)
+    proc = _train(run, "--survive", "--stall-timeout", "2", steps=2000, step_s=0.15)
+    stopped = None
     try:
         wait_for(lambda: _step(run) >= 4 or proc.poll() is not None, 120, "step 4")
         pid0, pid1 = _pid(run, 0, 0), _pid(run, 0, 1)
         t_kill = time.time()
         os.kill(pid1, signal.SIGKILL)
-        wait_for(lambda: any(e["world_size"] == 2 for e in read_events(run / "events.jsonl", kind="first_step")
-                             if e["segment"] >= 2) or proc.poll() is not None, 120, "the grow back")
+        _back_at_2(run, proc, 2)
+        stopped = _member_pid(run, next(n for n in _names(run)[2] if _names(run)[2][n] == 1))
+        os.kill(stopped, signal.SIGSTOP)
+        _back_at_2(run, proc, 4)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if stopped is not None and protocol.pid_alive(stopped):
+            os.kill(stopped, signal.SIGKILL)
     assert proc.returncode == 130, err
-    (r,) = read_events(run / "events.jsonl", kind="restart")
-    assert (r["path"], r["rank"], r["new_world_size"], r["gave_up"]) == ("memory", 1, 1, False), r
-    assert r["steps_redone"] <= 1, r
-    (rec,) = read_events(run / "events.jsonl", kind="recovered")
-    assert rec["path"] == "memory" and rec["from_step"] == r["from_step"] and rec["world_size"] == 1, rec
-    assert _pid(run, 1, 0) == pid0  # the survivor kept its process
-    (req,) = [e for e in read_events(run / "events.jsonl", kind="resize_requested") if e["source"] == "joiner"]
-    (grow,) = [e for e in read_events(run / "events.jsonl", kind="relaunched") if e["to_workers"] == 2]
-    assert (req["from_workers"], req["to_workers"], grow["from_workers"], grow["step"]) == \
-        (1, 2, 1, r["from_step"] + 1), (req, grow)
-    segs = _members(run)  # rank -> its launcher's stand-in, per segment: rank 0's kept, a new rank 1
-    assert [sorted(m) for m in segs] == [[0, 1], [0], [0, 1]] and len({m[0] for m in segs}) == 1, segs
-    assert segs[2][1] != segs[0][1]
+    killed, stalled = read_events(run / "events.jsonl", kind="restart")
+    for r in (killed, stalled):
+        assert (r["path"], r["rank"], r["new_world_size"], r["gave_up"]) == ("memory", 1, 1, False), r
+        assert r["steps_redone"] <= 1, r
+    assert "stall" in stalled["cause"] and "stall" not in killed["cause"], (killed, stalled)
+    (st,) = read_events(run / "events.jsonl", kind="stalled")
+    assert st["ranks"] == [1], st
+    recs = read_events(run / "events.jsonl", kind="recovered")
+    assert [(x["path"], x["from_step"], x["world_size"]) for x in recs] == [
+        ("memory", killed["from_step"], 1), ("memory", stalled["from_step"], 1)], recs
+    assert _pid(run, 1, 0) == _pid(run, 3, 0) == pid0  # the survivor kept its process throughout
+    reqs = [e for e in read_events(run / "events.jsonl", kind="resize_requested") if e["source"] == "joiner"]
+    grows = [e for e in read_events(run / "events.jsonl", kind="relaunched") if e["to_workers"] == 2]
+    assert [(e["from_workers"], e["to_workers"]) for e in reqs] == [(1, 2), (1, 2)], reqs
+    assert [e["step"] for e in grows] == [killed["from_step"] + 1, stalled["from_step"] + 1], grows
+    segs = _members(run)  # rank -> its launcher's stand-in, per segment: rank 0's kept, a new rank 1 each time
+    assert [sorted(m) for m in segs] == [[0, 1], [0], [0, 1], [0], [0, 1]] and len({m[0] for m in segs}) == 1, segs
+    assert len({segs[0][1], segs[2][1], segs[4][1]}) == 3
     first = [e for e in read_events(run / "events.jsonl", kind="first_step") if e["segment"] == 1]
     print(f"kill -9 -> the survivor's next completed step: {first[0]['time'] - t_kill:.2f} s; "
-          f"detected -> step {rec['detect_to_first_step_s']:.2f} s; rolled back to step {r['from_step']}")
+          f"detected -> step {recs[0]['detect_to_first_step_s']:.2f} s (stall: {recs[1]['detect_to_first_step_s']:.2f} s)")
     end = _final_model(run)["step"]
-    assert end > grow["step"]
+    assert end > grows[-1]["step"]
 
-    p = _train(ref, "--schedule", f"{r['from_step']}:1,{grow['step']}:2", steps=end, step_s=0.0)
-    out, err = p.communicate(timeout=120)  # the same shrink and grow, scheduled
+    p = _train(ref, "--schedule", f"{killed['from_step']}:1,{grows[0]['step']}:2,{stalled['from_step']}:1,"
+                                  f"{grows[1]['step']}:2", steps=end, step_s=0.0)
+    out, err = p.communicate(timeout=120)  # the same shrinks and grows, scheduled
     assert p.returncode == 0, err
     assert not read_events(ref / "events.jsonl", kind="restart")
     _same_weights(run, ref, end)

@@ -672,8 +672,24 @@ def test_local_ring_restarts_from_the_checkpoint_when_the_survivors_cannot_go_on
 
 
 def test_local_ring_without_survive_still_ends_the_others_and_a_stall_ends_only_its_rank(tmp_path):
+    """The stalled rank's own process (its pid record names its member) is killed with its launcher's
+    stand-in: a stopped worker forked by the zygote would outlive the stand-in."""
+    from elastic_ring import protocol
+
     ring, group, (r0, r1) = _surviving_ring(tmp_path)
-    assert ring.end_ranks([1]) and r1.killed and not r0.killed
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for rank, name, p in ((1, "w2", stopped), (0, "w1", other)):
+            protocol.write_json_atomic(protocol.pid_dir(tmp_path) / f"seg000-rank{rank}.json",
+                                       {"rank": rank, "pid": p.pid, "member": name, "owner": "me", "segment": 0})
+        assert ring.end_ranks([1]) and r1.killed and not r0.killed
+        assert stopped.wait(timeout=10) == -9 and other.poll() is None
+    finally:
+        for p in (stopped, other):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
     assert not ring.end_ranks([5])
     ring.survive = False
     assert not ring.end_ranks([0])

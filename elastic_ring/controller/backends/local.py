@@ -397,6 +397,14 @@ class LocalRingBackend:
         ending = [m for m in self._serving() if m.rank in ranks and m.handle is not None]
         if len(ending) != len(set(ranks)):
             return False
+        names = {m.name for m in ending}
+        for rec in protocol.read_pid_records(self.spec.run_dir):  # the workers' own processes: a worker
+            # forked by the zygote outlives its launcher's stand-in while it is stopped
+            if rec.get("member") in names and rec.get("owner") in (None, self.launch.owner if self.launch else None):
+                try:
+                    os.kill(int(rec["pid"]), signal.SIGKILL)
+                except (OSError, KeyError, ValueError):
+                    pass
         for m in ending:
             m.handle.kill()
         return True
