@@ -127,8 +127,9 @@ def test_the_survivor_of_a_killed_peer_sees_a_peer_loss_and_forms_a_new_group(tm
     for how in ("backward", "vote"):
         stores = [dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                 timeout=timedelta(seconds=60)) for _ in range(2)]
-        pairs[how] = stores, [subprocess.Popen([sys.executable, str(script), how, str(r), *(str(s.port) for s in stores)],
-                                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ports = [str(s.port) for s in stores]
+        pairs[how] = stores, [subprocess.Popen([sys.executable, str(script), how, str(r), *ports], cwd=ROOT,
+                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                               for r in range(2)]
     try:
         outs = {how: procs[0].communicate(timeout=60) for how, (_, procs) in pairs.items()}
@@ -154,7 +155,8 @@ def _member_pid(run, name: str) -> int:
 
 def _back_at_2(run, proc, segment: int) -> None:
     wait_for(lambda: any(e["world_size"] == 2 for e in read_events(run / "events.jsonl", kind="first_step")
-                         if e["segment"] >= segment) or proc.poll() is not None, 120, f"2 workers from segment {segment}")
+                         if e["segment"] >= segment) or proc.poll() is not None, 120,
+             f"2 workers from segment {segment}")
 
 
 def test_kill_9_of_rank_1_then_a_stall_of_its_joiner_the_survivor_goes_on_from_memory_each_time(tmp_path):
@@ -203,7 +205,8 @@ def test_kill_9_of_rank_1_then_a_stall_of_its_joiner_the_survivor_goes_on_from_m
     assert len({segs[0][1], segs[2][1], segs[4][1]}) == 3
     first = [e for e in read_events(run / "events.jsonl", kind="first_step") if e["segment"] == 1]
     print(f"kill -9 -> the survivor's next completed step: {first[0]['time'] - t_kill:.2f} s; "
-          f"detected -> step {recs[0]['detect_to_first_step_s']:.2f} s (stall: {recs[1]['detect_to_first_step_s']:.2f} s)")
+          f"detected -> step {recs[0]['detect_to_first_step_s']:.2f} s "
+          f"(stall: {recs[1]['detect_to_first_step_s']:.2f} s)")
     end = _final_model(run)["step"]
     assert end > grows[-1]["step"]
 

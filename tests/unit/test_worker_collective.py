@@ -499,7 +499,8 @@ def test_script_collective_reads_the_scripts_own_init(tmp_path):
 
 @pytest.mark.parametrize("kw,needle", [
     (dict(collective="mpi"), "--collective must be one of horovod, torch"),
-    (dict(collective="torch", relaunch="overlap", survive=True), "--survive goes with --backend ray or --relaunch inplace"),
+    (dict(collective="torch", relaunch="overlap", survive=True),
+     "--survive goes with --backend ray or --relaunch inplace"),
     (dict(collective="torch", hosts="a:1,b:1"), "runs on one host"),
 ])
 def test_request_checks_the_collective(kw, needle):
