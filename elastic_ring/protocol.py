@@ -50,8 +50,14 @@ NO_STEP_LIMIT = 2**62
 
 # Exception types that a rank raises because a *peer* died (not a failure of its own), and the
 # words of a collective that broke because the other end went away (Gloo, NCCL, sockets).
+# torch.distributed's gloo raises a plain RuntimeError (DistBackendError in some versions) whose
+# text names the socket's end (seen with torch 2.14 when the peer was killed: "Read error
+# [addr]: Connection reset by peer", "Connection closed by peer [addr]", from DDP's backward hooks
+# and from any collective; and, when the peer stops answering, "Timed out waiting 300000ms for
+# recv operation to complete").
 PEER_LOSS_TYPES = ("HorovodInternalError", "HostsUpdatedInterrupt")
-PEER_LOSS_WORDS = ("Connection reset by peer", "Connection closed by peer", "ncclRemoteError")
+PEER_LOSS_WORDS = ("Connection reset by peer", "Connection closed by peer", "ncclRemoteError",
+                   "ms for recv operation to complete", "ms for send operation to complete")
 
 
 def is_peer_loss(type_name: str | None, message: str | None) -> bool:
@@ -290,6 +296,9 @@ def write_pid_record(run_dir: Path, rank: int, owner: str, segment: int) -> None
                        # the host's name in the launcher's host list (horovodrun's -H), which may
                        # be an address or an alias: what the controller probes
                        "launch_host": os.environ.get("HOROVOD_HOSTNAME"),
+                       # the name an in-place backend gave this process (worker.ring.MEMBER_ENV): its
+                       # rank may change at an in-place resize, the name does not
+                       "member": os.environ.get("ELASTIC_RING_MEMBER"),
                        "owner": owner, "segment": segment, "created": created})
 
 

@@ -126,11 +126,9 @@ def check(req: RunRequest) -> None:
 
 
 def _check_collective(req: RunRequest) -> None:
-    """``--collective``: a known one, with the launches it has, and a script written for it."""
+    """``--collective``: a known one, and a script written for it (every launch has both)."""
     if req.collective is not None and req.collective not in COLLECTIVES:
         raise UserError(f"--collective must be one of {', '.join(COLLECTIVES)}, got {req.collective}")
-    if req.collective == "torch":
-        check_torch_launch(req)
     if req.script and not req.resume_dir:
         from elastic_ring.controller.backends.local import script_collective
 
@@ -145,15 +143,16 @@ def _check_collective(req: RunRequest) -> None:
                             + (", and add --collective torch" if mine == "horovod" else ""))
 
 
-def check_torch_launch(req: RunRequest) -> None:
-    """The launch options a ``--collective torch`` run has (also a resumed one's).
+def check_torch_survive(device: str, survive: bool) -> None:
+    """``--survive`` with ``--collective torch`` on the resolved ``device``: survivors go on over
+    gloo (the CPU); NCCL's communicators after a peer's death are not handled.
 
     Raises:
-        UserError: one it does not have (one line naming it).
+        UserError: ``--survive`` on GPUs (one line).
     """
-    if req.survive:
-        raise UserError("--survive keeps Horovod's survivors only (on Ray or --relaunch inplace): "
-                        "drop it with --collective torch")
+    if survive and device == "cuda":
+        raise UserError("--survive with --collective torch keeps survivors on gloo (--device cpu) only: NCCL "
+                        "after a peer's death is not handled; drop --survive or use --collective horovod")
 
 
 def _check_numbers(req: RunRequest) -> None:

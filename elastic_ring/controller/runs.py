@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec
-from elastic_ring.controller.requests import RunRequest, check, check_torch_launch
+from elastic_ring.controller.requests import RunRequest, check, check_torch_survive
 from elastic_ring.errors import Interrupted, UserError
 
 
@@ -130,6 +130,9 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
         check_answers(req.ray_address or os.environ.get("RAY_ADDRESS"))
     collective = req.collective or _resumed_collective(req) or "horovod"
     device, ngpu, rep = resolve_device(req.device, echo, collective)
+    if collective == "torch":  # (a resumed run keeps its --survive)
+        resumed = protocol.read_json(Path(req.resume_dir) / "run.json") if req.resume_dir else None
+        check_torch_survive(device, req.survive or (isinstance(resumed, dict) and bool(resumed.get("survive"))))
     n_slots = _slots(req, device, ngpu)
     sched = _schedule(req)
     relaunch = req.relaunch if req.relaunch != "auto" else ("prelaunch" if device == "cuda" else "overlap")
@@ -298,8 +301,6 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
     if req.collective is not None and req.collective != spec.collective:
         raise UserError(f"--resume continues run {rd} with its own collective ({spec.collective}): "
                         f"drop --collective {req.collective}")
-    if spec.collective == "torch":
-        check_torch_launch(req)
     validate_resume(spec, start_step)
     if total != old_total:
         _write_new_total(rd, cfg, total)

@@ -8,11 +8,15 @@ the survivors of a death inside a step's allreduce may differ by one step (one r
 reduction and applied it, another did not): the step every survivor holds is then the older one.
 
 When a collective fails because a peer died (Horovod raises ``HorovodInternalError`` out of the
-script's step), the entry point asks :func:`survived`: this rank writes which steps it holds
+script's step; ``torch.distributed``'s gloo a ``RuntimeError`` naming the closed socket, from DDP's
+backward hooks or the library's own collectives: :func:`elastic_ring.protocol.is_peer_loss`), the
+entry point asks :func:`survived`: this rank writes which steps it holds
 (:func:`survivor_file`), and waits for the controller's word for its segment
 (:func:`elastic_ring.worker.inplace.inplace_action_file`): the new ring of the survivors and the
 step they all hold (``rollback_to``, the largest in every survivor's record: :func:`common_step`).
-It re-forms its ring in this process (:meth:`~elastic_ring.worker.ring.ControllerRing.reform`),
+It re-forms its ring in this process (:meth:`~elastic_ring.worker.ring.ControllerRing.reform`; on
+``--collective torch`` :meth:`~elastic_ring.worker.ring.TorchControllerRing.reform` destroys the
+broken process group, which returns at once after the peer's death, and forms the survivors' one),
 and the script runs again here over it; its ``job.restore()`` loads the kept copy of that step
 instead of the newest checkpoint on disk (:func:`take_rollback`), rank 0 broadcasts it as after a
 checkpoint, and Eq. 7 rescales the LR for the size that is left: the segment goes on as a

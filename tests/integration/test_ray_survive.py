@@ -44,9 +44,15 @@ def one_node(tmp_path_factory):
         yield c
 
 
-def _train(cluster, run, *extra: str, slots: int = 2, steps: int = STEPS, step_s: float = 0.2):
-    return _start([*_ray_args(cluster), *extra, "--script", PACED, "--steps", str(steps), "--gpus", "2",
-                   "--slots", str(slots), "--run-dir", str(run), "--", "--step-s", str(step_s)])
+PACED_TORCH = str(Path(PACED).with_name("paced_torch.py"))  # the same on torch.distributed (DDP)
+COLLECTIVE = {"horovod": (), "torch": ("--collective", "torch")}
+
+
+def _train(cluster, run, *extra: str, slots: int = 2, steps: int = STEPS, step_s: float = 0.2,
+           collective: str = "horovod"):
+    script = PACED_TORCH if collective == "torch" else PACED
+    return _start([*_ray_args(cluster), *COLLECTIVE[collective], *extra, "--script", script, "--steps", str(steps),
+                   "--gpus", "2", "--slots", str(slots), "--run-dir", str(run), "--", "--step-s", str(step_s)])
 
 
 def _kill_rank_1(run, proc, after_step: int, ready=lambda: True, wait: bool = True, rank: int = 1):
@@ -94,14 +100,22 @@ def _stop_after_the_grow(run, proc, timeout: float = 240, segment: int = 2):
     assert proc.returncode == 130, err
 
 
-def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows_it_back(tmp_path, one_node):
+@pytest.mark.parametrize("collective", ["horovod", "torch"])
+def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows_it_back(tmp_path, one_node,
+                                                                                         collective):
     """The run is long (its joiner's start may take half a minute on a loaded machine) and stopped by
     Ctrl-C once the ring is back at 2; the reference runs to that checkpoint's step without the pace
+<<<<<<< HEAD
     (a sleep: the same steps, the same weights)."""
     killed = 1
+=======
+    (a sleep: the same steps, the same weights). On Horovod and on torch.distributed (gloo process
+    groups over the stores the controller serves; the survivor's broken group destroyed, DDP
+    rebuilt over the new one)."""
+>>>>>>> torchsurv
     cluster = one_node
     run, ref = tmp_path / "survive", tmp_path / "shrink"
-    proc = _train(cluster, run, "--survive", steps=2000, step_s=0.15)
+    proc = _train(cluster, run, "--survive", steps=2000, step_s=0.15, collective=collective)
     try:
         pid0, node1, t_kill = _kill_rank_1(run, proc, 4, wait=False)
         _stop_after_the_grow(run, proc)
@@ -130,7 +144,8 @@ def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows
     end = _final_model(run)["step"]
     assert end > grow["step"] and len(read_events(run / "events.jsonl", kind="restart")) == 1
 
-    p = _train(cluster, ref, "--schedule", f"{r['from_step']}:1,{grow['step']}:2", steps=end, step_s=0.0)
+    p = _train(cluster, ref, "--schedule", f"{r['from_step']}:1,{grow['step']}:2", steps=end, step_s=0.0,
+               collective=collective)
     out, err = p.communicate(timeout=240)  # the same shrink and grow, scheduled
     assert p.returncode == 0, err
     assert not read_events(ref / "events.jsonl", kind="restart")

@@ -15,6 +15,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -320,6 +321,18 @@ def test_the_launcher_hands_the_listening_socket_to_rank_0_only():
 def test_torch_inplace_and_ray_requests_pass_the_check():
     check(RunRequest(collective="torch", relaunch="inplace"))
     check(RunRequest(collective="torch", backend="ray"))
+    check(RunRequest(collective="torch", relaunch="inplace", survive=True))
+    check(RunRequest(collective="torch", backend="ray", survive=True))
+
+
+def test_torch_survive_is_refused_on_gpus_in_one_line():
+    from elastic_ring.controller.requests import check_torch_survive
+
+    check_torch_survive("cpu", True)
+    check_torch_survive("cuda", False)
+    with pytest.raises(UserError, match=r"^--survive with --collective torch keeps survivors on gloo \(--device cpu\) "
+                                        r"only: NCCL after a peer's death is not handled"):
+        check_torch_survive("cuda", True)
 
 
 # ---------------------------------------------------------------------- in place: the controller's groups
@@ -488,9 +501,15 @@ def test_script_collective_reads_the_scripts_own_init(tmp_path):
 
 @pytest.mark.parametrize("kw,needle", [
     (dict(collective="mpi"), "--collective must be one of horovod, torch"),
+<<<<<<< HEAD
     (dict(collective="torch", backend="ray", survive=True), "--survive keeps Horovod's survivors only"),
     (dict(collective="torch", relaunch="inplace", survive=True), "--survive keeps Horovod's survivors only"),
     (dict(collective="torch", relaunch="inplace", hosts="a:1,b:1"), "--relaunch inplace runs on one host"),
+=======
+    (dict(collective="torch", relaunch="overlap", survive=True),
+     "--survive goes with --backend ray or --relaunch inplace"),
+    (dict(collective="torch", hosts="a:1,b:1"), "runs on one host"),
+>>>>>>> torchsurv
 ])
 def test_request_checks_the_collective(kw, needle):
     with pytest.raises(UserError, match=needle.replace("(", r"\(")):
@@ -547,6 +566,7 @@ def test_the_torch_ring_warms_the_import_ddp_makes_even_for_a_script_that_never_
     assert ring.warms_compile is True
 
 
+<<<<<<< HEAD
 def test_torchrun_names_from_horovodrun_ranks():
     """A --collective torch worker launched by horovodrun (--hosts) reads torchrun's names; nothing
     changes for a worker that has torchrun's already or runs on Horovod."""
@@ -617,3 +637,146 @@ def test_horovodrun_gets_only_the_slots_of_the_segment(tmp_path):
     assert cmd[cmd.index("-H") + 1] == "y:1,z:1"
     cmd = horovodrun_command(types.SimpleNamespace(**{**vars(spec), "hostfile": None}), 2, 0, 10)
     assert cmd[cmd.index("-H") + 1] == "localhost:2"
+=======
+# ---------------------------------------------------------------------- in place: survivors (--survive)
+def _surviving_ring(tmp_path, world=2):
+    from elastic_ring.controller.backends.local import LocalRingBackend
+
+    spec = types.SimpleNamespace(run_dir=tmp_path, script=None, script_args=(), extra_env={}, device="cpu",
+                                 slots=world)
+    launcher, stores = FakeLauncher(), FakeStores()
+    ring = LocalRingBackend(spec, launcher=launcher, rings=stores.former, survive=True)
+    group = ring.start(SegmentLaunch(world, 0, 20, "me"), tmp_path / "logs" / "segment-000-w2.log").handle
+    return ring, group, launcher.started
+
+
+def _holds(tmp_path, member, held, segment=0):
+    from elastic_ring import protocol
+    from elastic_ring.worker.survive import survivor_file
+
+    protocol.write_json_atomic(survivor_file(tmp_path, member), {"member": member, "held": held, "pid": 1,
+                                                                 "time": time.time(), "segment": segment})
+
+
+def _error(tmp_path, rank, exc):
+    from elastic_ring import protocol
+
+    protocol.write_error_record(tmp_path, exc, rank, segment=0)
+
+
+GLOO_RESET = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:6038: Connection "
+              "reset by peer. This is typically caused by a remote worker hanging or bugs in the application. "
+              "Check the logs of the remote worker before reporting an error. GLHF!")
+GLOO_CLOSED = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+               "[127.0.0.1]:1729. This is typically caused by a remote worker crashing. Check the logs of the "
+               "remote worker before reporting an error. GLHF!")
+GLOO_TIMEOUT = ("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 300000ms "
+                "for recv operation to complete")
+
+
+@pytest.mark.parametrize("message", [GLOO_RESET, GLOO_CLOSED, GLOO_TIMEOUT])
+@pytest.mark.parametrize("kind", ["RuntimeError", "DistBackendError"])
+def test_torch_gloo_errors_of_a_lost_peer_are_a_peer_loss(kind, message):
+    """What torch 2.14's gloo raised in the survivor when its peer was killed (DDP's backward hook,
+    the stop vote's allreduce on the control group, a broadcast) or stopped answering; older torch
+    raises the same text as a ``DistBackendError``."""
+    from elastic_ring import protocol
+    from elastic_ring.worker import survive
+
+    assert protocol.is_peer_loss(kind, f"{kind}: {message}")
+    exc = type(kind, (RuntimeError,), {})(message)
+    assert survive._peer_loss(exc)
+    own = f"{kind}: [/pytorch/third_party/gloo/gloo/allreduce.cc:42] Invalid argument: tensor sizes differ"
+    assert not protocol.is_peer_loss(kind, own)
+
+
+def test_local_ring_with_survive_keeps_the_survivors_and_blames_the_dead_rank(tmp_path):
+    """rank 1 is killed (no record of its own); rank 0's collective broke (a peer-loss record, as
+    a survivor that could not go on writes) and it says it holds steps 6 and 7: a shrink from
+    step 7, rank 1 blamed, rank 0 never; the resize that follows rolls rank 0 back alone."""
+    from elastic_ring import protocol
+    from elastic_ring.worker.inplace import inplace_action_file
+    from elastic_ring.worker.survive import SURVIVE_ENV, survivor_file
+
+    ring, group, (r0, r1) = _surviving_ring(tmp_path)
+    assert r0.env[SURVIVE_ENV] == "1" and r1.env[SURVIVE_ENV] == "1"
+    r1.rc = -9
+    assert group.poll() == 137 and not r0.killed  # failed, the survivor left running
+    _error(tmp_path, 0, RuntimeError(GLOO_CLOSED))
+    _holds(tmp_path, "w1", [6, 7])
+    s = ring.survivors(wait_s=2.0)
+    assert s is not None and (s.step, s.world, s.joiners) == (7, 1, 0), s
+    assert (s.failure.rank, s.failure.type) == (1, "Killed"), s.failure
+    assert group.poll() is None and [m.name for m in group.members] == ["w1"] and not r0.killed
+    assert not survivor_file(tmp_path, "w1").exists()
+    ring.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
+    act = protocol.read_json(inplace_action_file(tmp_path, 0))
+    assert act["rollback_to"] == 7 and act["to"] == 1 and act["members"]["w1"]["RANK"] == "0"
+    assert "rank 1 (w2) gone; rank 0 (w1) go on from step 7" in (tmp_path / "logs" / "segment-000-w2.log").read_text()
+
+
+def test_local_ring_survivors_of_a_lost_rank_0_are_renumbered_and_its_own_error_is_named(tmp_path):
+    from elastic_ring import protocol
+    from elastic_ring.worker.inplace import inplace_action_file
+
+    ring, group, (r0, r1, r2) = _surviving_ring(tmp_path, world=3)
+    _error(tmp_path, 0, ValueError("boom"))  # rank 0's own error; the others only lost it
+    _error(tmp_path, 2, RuntimeError(GLOO_RESET))
+    r0.rc = 1
+    assert group.poll() == 1
+    _holds(tmp_path, "w2", [5, 6])
+    _holds(tmp_path, "w3", [6, 7])  # a step ahead: the reduction reached it
+    s = ring.survivors(wait_s=2.0)
+    assert s is not None and (s.step, s.world) == (6, 2) and (s.failure.rank, s.failure.type) == (0, "ValueError")
+    ring.resize_in_place(0, SegmentLaunch(2, 1, 20, "me"), time.time())
+    act = protocol.read_json(inplace_action_file(tmp_path, 0))
+    assert act["rollback_to"] == 6 and [act["members"][n]["RANK"] for n in ("w2", "w3")] == ["0", "1"]
+
+
+@pytest.mark.parametrize("case", ["off", "silent", "no common step", "other segment", "all alive"])
+def test_local_ring_restarts_from_the_checkpoint_when_the_survivors_cannot_go_on(tmp_path, case):
+    ring, group, (r0, r1, r2) = _surviving_ring(tmp_path, world=3)
+    ring.survive = case != "off"
+    r2.rc = -9
+    if case == "all alive":
+        r2.rc = None
+        group.rc = 1
+    assert group.poll() in (1, 137)
+    if case != "silent":  # rank 1 says nothing: alive and silent
+        _holds(tmp_path, "w1", [6, 7], segment=1 if case == "other segment" else 0)
+        _holds(tmp_path, "w2", [4, 5] if case == "no common step" else [6, 7])
+    if case == "all alive":
+        _holds(tmp_path, "w3", [6, 7])
+    assert ring.survivors(wait_s=0.3) is None
+    if case != "off":
+        assert r0.killed and r1.killed  # ended: the controller restarts from the checkpoint
+
+
+def test_local_ring_without_survive_still_ends_the_others_and_a_stall_ends_only_its_rank(tmp_path):
+    """The stalled rank's own process (its pid record names its member) is killed with its launcher's
+    stand-in: a stopped worker forked by the zygote would outlive the stand-in."""
+    from elastic_ring import protocol
+
+    ring, group, (r0, r1) = _surviving_ring(tmp_path)
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for rank, name, p in ((1, "w2", stopped), (0, "w1", other)):
+            protocol.write_json_atomic(protocol.pid_dir(tmp_path) / f"seg000-rank{rank}.json",
+                                       {"rank": rank, "pid": p.pid, "member": name, "owner": "me", "segment": 0})
+        assert ring.end_ranks([1]) and r1.killed and not r0.killed
+        assert stopped.wait(timeout=10) == -9 and other.poll() is None
+    finally:
+        for p in (stopped, other):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert not ring.end_ranks([5])
+    ring.survive = False
+    assert not ring.end_ranks([0])
+    plain, launcher = _local_ring(tmp_path / "plain")
+    g = plain.start(SegmentLaunch(2, 0, 20, "me"), tmp_path / "plain.log").handle
+    a, b = launcher.started
+    b.rc = -9
+    assert g.poll() == 137 and a.killed and plain.survivors() is None
+>>>>>>> torchsurv

@@ -59,7 +59,7 @@ def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
         from elastic_ring.controller.backends.local import LocalBackend, LocalRingBackend
 
         if options.relaunch == "inplace":
-            ring = LocalRingBackend(spec, launcher=launcher)
+            ring = LocalRingBackend(spec, launcher=launcher, survive=options.survive)
             return ring, InPlace(ring)
         return LocalBackend(spec, launcher=launcher), Relaunch(options.relaunch)
     if options.relaunch == "inplace":

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastic_ring import protocol
-from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Handle, Launcher, SegmentLaunch, Started,
+from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Handle, Launcher, SegmentLaunch, Started, Survival,
                                                   rank_named_in_log, worker_env)
 from elastic_ring.protocol import STORE_FD_ENV
 from elastic_ring.worker.ring import MEMBER_ENV
@@ -42,6 +42,7 @@ _PG_INIT = re.compile(r"^[ \t]*(?:[\w.]+\.)?init_process_group\s*\(", re.M)
 _FAILED = "elastic-ring local launcher: rank {rank} exited with status {rc}"
 _FIRST_FAILED = re.compile(r"elastic-ring local launcher: rank (\d+) exited with status")
 MASTER_ADDR = "127.0.0.1"
+_SURVIVE_WAIT_S = 5.0  # after a failure, how long the survivors may take to say which steps they hold
 
 
 def launcher_command(spec, launch: SegmentLaunch) -> list[str]:
@@ -116,14 +117,18 @@ class LocalMember:
 class LocalGroup:
     """The worker processes of a group resized in place, one handle for the controller: ``poll`` is
     None while they run, 0 once all finished, the status of the first that failed (the others are
-    then ended). A member that left the group at a shrink exits with ``RETIRED``, not a failure.
-    ``waiting``: joiners started ahead of a resize, not members yet; one that fails fails the group."""
+    then ended, unless ``keeps_survivors``: ``--survive``, where the backend decides whether they go
+    on, :meth:`LocalRingBackend.survivors`). A member that left the group at a shrink exits with
+    ``RETIRED``, not a failure. ``waiting``: joiners started ahead of a resize, not members yet; one
+    that fails fails the group."""
 
-    def __init__(self, members: list[LocalMember], log_path: Path) -> None:
+    def __init__(self, members: list[LocalMember], log_path: Path, keeps_survivors: bool = False) -> None:
         self.members, self.log_path = members, log_path
+        self.keeps_survivors = keeps_survivors
         self.waiting: list[LocalMember] = []
         self.rc: int | None = None
         self.failed_rank: int | None = None
+        self.t_start = time.time()  # since when the group is watched (survivors' records are newer)
 
     @property
     def pid(self) -> int:
@@ -151,7 +156,8 @@ class LocalGroup:
                         f.write(_FAILED.format(rank=m.rank, rc=rc) + "\n")
                 except OSError:
                     pass
-                self.kill()
+                if not self.keeps_survivors or m in self.waiting:
+                    self.kill()
                 self.rc = rc if rc > 0 else 128 - rc
                 return self.rc
         if all(m.handle is not None and m.handle.poll() == 0 for m in self.members):
@@ -164,6 +170,16 @@ class LocalGroup:
                 m.handle.kill()
         if self.rc is None:
             self.rc = -9
+
+    def go_on(self, survivors: list[LocalMember]) -> None:
+        """The group goes on with ``survivors`` (a failure taken as a shrink): the other members
+        are ended and the failure forgotten; the group is watched again from now."""
+        for m in self.members:
+            if m not in survivors and m.handle is not None and m.handle.poll() is None:
+                m.handle.kill()
+        self.members = list(survivors)
+        self.rc, self.failed_rank = None, None
+        self.t_start = time.time()
 
 
 def describe(members: list[LocalMember], launch: SegmentLaunch) -> str:
@@ -205,17 +221,28 @@ class LocalRingBackend:
     leaves free) that built its model and data and waits for a go naming its rank and store; when
     none is left, a new process. For a scheduled resize the group is formed ahead, while the
     segment trains, and rank 0 writes the joiners' go when it takes the action written ahead, so
-    that the re-form waits for no process start."""
+    that the re-form waits for no process start.
+
+    Survivors go on (``survive``: ``--survive``): a member's failure no longer ends the others; they
+    say which steps they hold in memory (:func:`elastic_ring.worker.survive.survivor_file`), and when
+    they hold one in common the failure is a shrink (:meth:`survivors`): the in-place resize that
+    follows forms their new group (any rank may die: the survivors are renumbered from 0) and rolls
+    them back to that step. The dead worker's slot comes back (:attr:`rejoins`): the controller
+    plans a grow back after the survivors' next step, and a spare started for the free slot joins
+    then, its state by broadcast."""
 
     name = "local"
+    rejoins = True  # after survivors went on (--survive), a grow back to the planned size takes a spare
 
-    def __init__(self, spec, launcher: Launcher | None = None, rings=None) -> None:
+    def __init__(self, spec, launcher: Launcher | None = None, rings=None, survive: bool = False) -> None:
         from elastic_ring.controller.backends.horovodrun import SubprocessLauncher
         from elastic_ring.controller.backends.torch_ring import TorchRingFormer
 
         self.spec = spec
         self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu")
         self.rings = rings or TorchRingFormer(lambda: MASTER_ADDR)
+        self.survive = survive  # survivors of a failure go on from their copy in memory
+        self._rollback: int | None = None  # the step the next in-place resize rolls the survivors back to
         self.group: LocalGroup | None = None
         self.launch: SegmentLaunch | None = None  # the running segment's
         self._ahead: _Ahead | None = None
@@ -237,7 +264,12 @@ class LocalRingBackend:
     def _spawn(self, m: LocalMember, launch: SegmentLaunch, env: dict[str, str], log_path: Path,
                go: Path | None = None) -> list[str]:
         cmd = self._command(launch, go)
-        m.handle = self.launcher.start(cmd, {**worker_env(self.spec, launch.world), **env}, log_path)
+        base = worker_env(self.spec, launch.world)
+        if self.survive:
+            from elastic_ring.worker.survive import SURVIVE_ENV
+
+            base[SURVIVE_ENV] = "1"  # the workers keep their last steps' state in memory
+        m.handle = self.launcher.start(cmd, {**base, **env}, log_path)
         return cmd
 
     def _log(self, launch: SegmentLaunch) -> Path:
@@ -249,7 +281,8 @@ class LocalRingBackend:
         members = [self._member() for _ in range(launch.world)]
         envs = self.rings.form(members)
         cmds = [self._spawn(m, launch, envs[m.name], log_path) for m in members]
-        self.group, self.launch = LocalGroup(members, log_path), launch
+        self.group, self.launch = LocalGroup(members, log_path, keeps_survivors=self.survive), launch
+        self._rollback = None
         _note(log_path, describe(members, launch))
         self._top_up(launch)
         return Started(self.group, cmds[0])
@@ -294,9 +327,87 @@ class LocalRingBackend:
             if m.handle is not None:
                 m.handle.kill()
         self.spares = []
-        if self.group is not None and self.group.poll() is None:
-            self.group.kill()
+        if self.group is not None and (self.group.poll() is None or self.group.keeps_survivors):
+            self.group.kill()  # (survivors of a failure that was not taken may still run)
         self.rings.stop_all()
+
+    # ------------------------------------------------------------------ SurvivingRing
+    def survivors(self, wait_s: float = _SURVIVE_WAIT_S) -> Survival | None:
+        """After a member's failure: whether the others go on in their processes, from the last step
+        they all hold in memory. Waits up to ``wait_s`` until every member of the running group has
+        either said which steps it holds or is gone. None (the group is ended: the restart from the
+        checkpoint) when the run does not keep survivors, rank 0 took a resize written ahead
+        already, a survivor is silent, none is gone or left, or they hold no step in common. The
+        failure is the gone member's own error, else its death (``Killed``): a member that only
+        lost a peer is never blamed (:func:`elastic_ring.protocol.blame`)."""
+        from elastic_ring.worker.survive import common_step, survivor_file
+
+        g, cur = self.group, self.launch
+        if not self.survive or g is None or cur is None or g.rc in (None, 0):
+            return None
+        if not self.retract_ahead(cur.segment):
+            g.kill()
+            return None  # rank 0 took a scheduled resize before the failure: the restart
+        run_dir, t0 = self.spec.run_dir, time.time()
+        serving = self._serving()
+        records: dict[str, dict] = {}
+        gone: list[LocalMember] = []
+        while time.time() - t0 < wait_s:
+            for m in serving:
+                rec = protocol.read_json(survivor_file(run_dir, m.name))
+                if (isinstance(rec, dict) and rec.get("segment") == cur.segment
+                        and float(rec.get("time", 0.0)) >= g.t_start):
+                    records[m.name] = rec
+            gone = [m for m in serving if m.name not in records and (m.handle is None or m.handle.poll() is not None)]
+            if len(records) + len(gone) >= len(serving):
+                break
+            time.sleep(0.02)
+        for m in serving:
+            survivor_file(run_dir, m.name).unlink(missing_ok=True)
+        alive = [m for m in serving if m.name in records]
+        step = common_step([list(records[m.name].get("held") or []) for m in alive])
+        if not gone or not alive or len(alive) + len(gone) < len(serving) or step is None:
+            g.kill()
+            return None
+        errors = protocol.read_error_records(run_dir, since=g.t_start)
+        culprit = protocol.blame([protocol.Seen(m.rank, next((r for r in reversed(errors) if r.get("rank") == m.rank),
+                                                             None), who=m) for m in gone])
+        if culprit is None:  # every gone member only lost a peer: no survivor is blamed either
+            failure = protocol.Failure(None, "PeerLost", f"rank(s) {', '.join(str(m.rank) for m in gone)} "
+                                       f"only lost a peer")
+        elif culprit.record is not None:
+            failure = protocol.Failure.of_record(culprit.record)
+        else:
+            failure = protocol.Failure(culprit.rank, "Killed", f"worker rank {culprit.rank} died (its process is "
+                                       f"gone, no error reported)")
+        _note(g.log_path, f"[local] failure in segment {cur.segment}: "
+              + ", ".join(f"rank {m.rank} ({m.name})" for m in gone) + " gone; "
+              + ", ".join(f"rank {m.rank} ({m.name})" for m in alive) + f" go on from step {step}, held in memory")
+        g.go_on(alive)
+        self._rollback = step
+        return Survival(step, len(alive), failure, 0, time.time() - t0)
+
+    def end_ranks(self, ranks: list[int]) -> bool:
+        """End these ranks' processes only (a stall the watchdog found: the others lose a peer and
+        go on as after its death, :meth:`survivors`); False when the run does not keep survivors or
+        a rank is not a running member."""
+        g = self.group
+        if not self.survive or g is None:
+            return False
+        ending = [m for m in self._serving() if m.rank in ranks and m.handle is not None]
+        if len(ending) != len(set(ranks)):
+            return False
+        names = {m.name for m in ending}
+        for rec in protocol.read_pid_records(self.spec.run_dir):  # the workers' own processes: a worker
+            # forked by the zygote outlives its launcher's stand-in while it is stopped
+            if rec.get("member") in names and rec.get("owner") in (None, self.launch.owner if self.launch else None):
+                try:
+                    os.kill(int(rec["pid"]), signal.SIGKILL)
+                except (OSError, KeyError, ValueError):
+                    pass
+        for m in ending:
+            m.handle.kill()
+        return True
 
     # ------------------------------------------------------------------ InPlaceRing
     def _serving(self) -> list[LocalMember]:
@@ -365,7 +476,10 @@ class LocalRingBackend:
             joiners = self._joiners(launch.world - len(keep))
             members = keep + joiners
             envs = self.rings.form(members)
-            write_resize_action(self.spec.run_dir, paused_segment, launch, t_launch, members=envs)
+            extra = {}
+            if self._rollback is not None:  # survivors of a failure: the step they all hold in memory
+                extra["rollback_to"], self._rollback = self._rollback, None
+            write_resize_action(self.spec.run_dir, paused_segment, launch, t_launch, members=envs, **extra)
             for m in joiners:
                 if m.handle is not None and m.go is not None:  # a waiting process: its go brings its place
                     protocol.write_json_atomic(m.go, self._go(m, launch, envs[m.name], t_launch))
