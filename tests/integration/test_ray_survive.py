@@ -105,14 +105,10 @@ def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows
                                                                                          collective):
     """The run is long (its joiner's start may take half a minute on a loaded machine) and stopped by
     Ctrl-C once the ring is back at 2; the reference runs to that checkpoint's step without the pace
-<<<<<<< HEAD
-    (a sleep: the same steps, the same weights)."""
-    killed = 1
-=======
     (a sleep: the same steps, the same weights). On Horovod and on torch.distributed (gloo process
     groups over the stores the controller serves; the survivor's broken group destroyed, DDP
     rebuilt over the new one)."""
->>>>>>> torchsurv
+    killed = 1
     cluster = one_node
     run, ref = tmp_path / "survive", tmp_path / "shrink"
     proc = _train(cluster, run, "--survive", steps=2000, step_s=0.15, collective=collective)

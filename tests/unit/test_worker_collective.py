@@ -501,15 +501,9 @@ def test_script_collective_reads_the_scripts_own_init(tmp_path):
 
 @pytest.mark.parametrize("kw,needle", [
     (dict(collective="mpi"), "--collective must be one of horovod, torch"),
-<<<<<<< HEAD
-    (dict(collective="torch", backend="ray", survive=True), "--survive keeps Horovod's survivors only"),
-    (dict(collective="torch", relaunch="inplace", survive=True), "--survive keeps Horovod's survivors only"),
-    (dict(collective="torch", relaunch="inplace", hosts="a:1,b:1"), "--relaunch inplace runs on one host"),
-=======
     (dict(collective="torch", relaunch="overlap", survive=True),
      "--survive goes with --backend ray or --relaunch inplace"),
-    (dict(collective="torch", hosts="a:1,b:1"), "runs on one host"),
->>>>>>> torchsurv
+    (dict(collective="torch", relaunch="inplace", hosts="a:1,b:1"), "--relaunch inplace runs on one host"),
 ])
 def test_request_checks_the_collective(kw, needle):
     with pytest.raises(UserError, match=needle.replace("(", r"\(")):
@@ -566,7 +560,6 @@ def test_the_torch_ring_warms_the_import_ddp_makes_even_for_a_script_that_never_
     assert ring.warms_compile is True
 
 
-<<<<<<< HEAD
 def test_torchrun_names_from_horovodrun_ranks():
     """A --collective torch worker launched by horovodrun (--hosts) reads torchrun's names; nothing
     changes for a worker that has torchrun's already or runs on Horovod."""
@@ -637,7 +630,8 @@ def test_horovodrun_gets_only_the_slots_of_the_segment(tmp_path):
     assert cmd[cmd.index("-H") + 1] == "y:1,z:1"
     cmd = horovodrun_command(types.SimpleNamespace(**{**vars(spec), "hostfile": None}), 2, 0, 10)
     assert cmd[cmd.index("-H") + 1] == "localhost:2"
-=======
+
+
 # ---------------------------------------------------------------------- in place: survivors (--survive)
 def _surviving_ring(tmp_path, world=2):
     from elastic_ring.controller.backends.local import LocalRingBackend
@@ -779,4 +773,3 @@ def test_local_ring_without_survive_still_ends_the_others_and_a_stall_ends_only_
     a, b = launcher.started
     b.rc = -9
     assert g.poll() == 137 and a.killed and plain.survivors() is None
->>>>>>> torchsurv
