@@ -166,9 +166,9 @@ def test_stopped_ranks_reads_the_state_of_local_workers_only():
 def test_proc_state_of_a_real_stopped_process():
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        assert wd.proc_state(p.pid) in ("S", "R")
+        assert wd.proc_state(p.pid) in ("S", "R", "D")  # D: reading its files, on a loaded machine
         os.kill(p.pid, signal.SIGSTOP)
-        for _ in range(50):
+        for _ in range(500):  # the stop lands when the scheduler next runs it (seconds, under load)
             if wd.proc_state(p.pid) == "T":
                 break
             time.sleep(0.02)
