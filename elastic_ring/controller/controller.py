@@ -475,7 +475,11 @@ class Controller:
     # ------------------------------------------------------------------ watching a segment
     def _watch(self, seg: Segment) -> int | None:
         """Watch a segment; returns horovodrun's exit status, or None when the workers have
-        checkpointed for a resize and the relaunch may overlap their exit."""
+        checkpointed for a resize and the relaunch may overlap their exit, or have paused in place
+        for one. Also None when they exited after a scheduled stop whose next ring rank 0 took
+        (written ahead): they ran the next segment (a short last one may end before this sees the
+        stop) and the controller follows them there in place; before, it saw a plain exit and
+        relaunched that segment on a cold worker, which redid it from its final checkpoint."""
         assert seg.handle is not None
         self._seg = seg
         asked_stop = exit_sent = False
@@ -511,6 +515,9 @@ class Controller:
                 while (rc := seg.handle.poll()) is None:
                     time.sleep(0.05)
             if rc is not None:
+                if (rc == 0 and self.resize.keeps_workers and seg.end is not None and seg.end.reason != "finished"
+                        and not self._interrupts and not self.resize.withdraw_ahead(seg.index)):
+                    return None  # rank 0 took the ring written ahead and its workers ran on, to their exit
                 return rc
             if (self.resize.overlaps_exit and seg.end is not None and seg.end.reason != "finished"
                     and (not self._interrupts or seg.deferred_stop)):

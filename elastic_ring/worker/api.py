@@ -372,16 +372,21 @@ class Job:
 
     def pause(self) -> dict[str, Any]:
         """A segment resized in place ends: its ``segment_end`` (rank 0), then all ranks wait for
-        the controller's word (:meth:`Ring.await_action`)."""
+        the controller's word (:meth:`Ring.await_action`). At a scheduled stop rank 0 first takes
+        the next ring written ahead, if one is: the controller follows the workers once it reads
+        the ``segment_end``, and before, it could withdraw that ring between the event and rank
+        0's take (seen on a loaded machine: the test's ``inplace-1.taken.json`` missing)."""
         from elastic_ring.events.api import SegmentEnd
 
         seg = self.seg
+        scheduled, taken = seg.stop_reason == "scheduled", None
         if self.rank == 0:
+            taken = self.ring.take_ahead(self.run_dir, seg.number, seg.step, scheduled)
             self.progress.emit(SegmentEnd(segment=seg.number, world_size=self.size, step=seg.step,
                                           reason=seg.stop_reason, lr=self.current_lr(),
                                           stop_decided_at=seg.decided))
         self.progress.heartbeat(seg.step, "paused")
-        return self.ring.await_action(self.run_dir, seg.number, seg.step, seg.stop_reason == "scheduled")
+        return self.ring.await_action(self.run_dir, seg.number, seg.step, scheduled, taken=taken)
 
     def reform(self, action: dict[str, Any], before_sync: Callable[[], None] | None = None) -> None:
         """Re-form the ring at the new size in this process, then sync rank 0's live state.

@@ -210,26 +210,38 @@ class Ring:
         """Whether rank 0 may act on the controller's resize ``action`` now."""
         return True
 
+    def take_ahead(self, run_dir: Path, segment: int, step: int, scheduled: bool) -> dict[str, Any] | None:
+        """Rank 0 at a scheduled stop at ``step``: the action written ahead for it, taken (renamed,
+        so the controller cannot withdraw it too) and its joiners' go records written; None when
+        there is none for this stop, it is not this ring's to take, or the controller withdrew it."""
+        act = protocol.read_json(inplace_action_file(run_dir, segment))
+        if not (isinstance(act, dict) and "at_step" in act and act.get("action") == "resize"
+                and int(act["at_step"]) == step and scheduled and self.takes(act)
+                and take_ahead_action(run_dir, segment)):
+            return None
+        for go, rec in (act.get("go_files") or {}).items():  # its joiners' word
+            protocol.write_json_atomic(Path(go), rec)
+        return act
+
     def await_action(self, run_dir: Path, segment: int, step: int, scheduled: bool,
-                     poll_s: float = 0.05) -> dict[str, Any]:
+                     poll_s: float = 0.05, taken: dict[str, Any] | None = None) -> dict[str, Any]:
         """All ranks wait, between two steps, for the controller's word on ``segment``'s end.
 
         Rank 0 reads ``control/inplace-<segment>.json``: ``{"action": "exit"}`` (a Ctrl-C: checkpoint
         and leave), or ``{"action": "resize", "to": N, "segment": S, "stop_at": T}``, acted on when
         :meth:`takes` allows. An action written ahead names ``at_step``: rank 0 takes it (renaming it,
         so the controller cannot withdraw it too) at a scheduled stop at that step, and first writes
-        its joiners' go records. Rank 0's decision is broadcast each poll.
+        its joiners' go records (:meth:`take_ahead`; ``taken``: rank 0 took it already, before its
+        ``segment_end``). Rank 0's decision is broadcast each poll.
         """
         while True:
             decision = None
-            if self.rank == 0:
+            if self.rank == 0 and taken is not None:
+                decision, taken = taken, None
+            elif self.rank == 0:
                 act = protocol.read_json(inplace_action_file(run_dir, segment))
                 if isinstance(act, dict) and "at_step" in act:  # written ahead
-                    if (act.get("action") == "resize" and int(act["at_step"]) == step and scheduled
-                            and self.takes(act) and take_ahead_action(run_dir, segment)):
-                        decision = act
-                        for go, rec in (act.get("go_files") or {}).items():  # its joiners' word
-                            protocol.write_json_atomic(Path(go), rec)
+                    decision = self.take_ahead(run_dir, segment, step, scheduled)
                 elif isinstance(act, dict) and (act.get("action") == "exit" or (
                         act.get("action") == "resize" and self.takes(act))):
                     decision = act

@@ -120,3 +120,36 @@ def test_the_elastic_backend_writes_a_scheduled_action_ahead_and_rank_0_or_the_c
     b.resize_in_place(1, SegmentLaunch(2, 2, 35, ""), 2.0)  # its own word instead, without at_step
     act = json.loads(inplace_action_file(tmp_path, 1).read_text())
     assert "at_step" not in act and act["stop_at"] == 35
+
+
+def test_workers_that_ran_on_through_a_ring_written_ahead_are_followed_in_place(tmp_path):
+    """An in-place segment whose workers exited (status 0) after a scheduled stop: when rank 0 took
+    the next ring written ahead, they ran that segment too (a short last one can end before the
+    controller sees the stop), so the controller follows them in place (None) instead of taking
+    it as a plain exit and relaunching that segment on a new worker; when the ring was not taken
+    (withdrawn now), the exit is the exit (0)."""
+    from types import SimpleNamespace
+
+    from elastic_ring.controller.backends import InPlace
+    from elastic_ring.controller.segment import Segment
+    from elastic_ring.events.api import SegmentEnd
+
+    class Ring:
+        name = "fake-ring"
+        taken = True
+
+        def retract_ahead(self, segment):
+            return not self.taken
+
+        def close(self):
+            pass
+
+    for taken, want in ((True, None), (False, 0)):
+        backend = Ring()
+        backend.taken = taken
+        ctl = Controller(_spec(tmp_path), backend=backend, resize=InPlace(backend), out=lambda s: None,
+                         show_progress=False)
+        ctl.diagnosis.check_stall = lambda seg: False
+        seg = Segment(0, 2, 5, handle=SimpleNamespace(pid=1, poll=lambda: 0, kill=lambda: None))
+        seg.end = SegmentEnd(segment=0, world_size=2, step=5, reason="scheduled", lr=0.1, stop_decided_at=1.0)
+        assert ctl._watch(seg) == want, taken
