@@ -184,7 +184,13 @@ def test_ddp_epoch_script_runs_under_plain_torchrun(tmp_path):
     cmd = [tool("torchrun"), "--standalone", "--nproc_per_node", "2", str(ROOT / "examples" / "ddp_epochs.py"),
            "--epochs", "1"]
     p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    # torch's own abort at the interpreter's exit (gloo threads torn down late: "terminate called
+    # without an active exception", SIGABRT) after the script's work and output: seen here in 1 of
+    # 12 runs at load 3 of a minimal DDP script on torch alone that calls destroy_process_group()
+    # itself (pytorch/pytorch#179291 is about it), and in one CI run of this test; not ours, so
+    # taken as an exit once the output below is whole
+    torch_abort = p.returncode != 0 and "terminate called without an active exception" in p.stderr
+    assert p.returncode == 0 or torch_abort, p.stderr[-3000:]
     lines = p.stdout.splitlines()
     assert [ln.split()[3] for ln in lines if " batch " in ln] == ["0/12", "10/12"]  # rank 0's only
     (test,) = [ln.split() for ln in lines if " test loss " in ln]
