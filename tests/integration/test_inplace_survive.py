@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 STEPS, KILL, STALL = 7, 3, 5  # rank 1 is killed in step KILL; its successor stops in step STALL
 
 SCRIPT = """
-import os, signal, sys, torch, horovod.torch as hvd
+import os, signal, sys, time, torch, horovod.torch as hvd
 import elastic_ring.worker as elastic
 how, out = sys.argv[1], sys.argv[2]
 job = elastic.init()
@@ -46,6 +46,10 @@ for step in job.steps():
     with open(os.path.join(out, f"rank{job.rank}.txt"), "a") as f:
         f.write(f"{step} {os.getpid()} {job.size}\\n")
     if job.rank == 1 and how == "fail" and step in (%d, %d):
+        t0 = time.time()  # once rank 0 began this step too (it holds the step before in memory)
+        while time.time() - t0 < 30 and not any(ln.split()[0] == str(step) for ln in
+                                                 open(os.path.join(out, "rank0.txt")).read().splitlines()):
+            time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL if step == %d else signal.SIGSTOP)
     idx = data.next_batch()
     loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])

@@ -2,7 +2,8 @@
 ``elastic.DistributedSampler``, SGD with momentum, a StepLR stepped after each epoch), for tests of
 failures inside an epoch: each rank writes ``step pid size epoch`` to ``OUT/rank<r>.txt`` for every
 step it begins, and rank 1 kills itself (SIGKILL) at the start of step ``--kill-step`` (before its
-batch's forward) when ``--kill-step`` is given. ``--step-s``: a sleep per step (pacing).
+batch's forward; once rank 0 began that step too, so that rank 0 holds the step before in memory;
+only once in a run: not the joiner that takes its place) when ``--kill-step`` is given. ``--step-s``: a sleep per step (pacing).
 
     elastic-ring train --script tests/integration/scripts/epoch_loop.py --gpus 2 --relaunch inplace \\
         --survive -- --out OUT --kill-step 3
@@ -43,7 +44,12 @@ for epoch in job.epochs(1, a.epochs + 1):
         step = job.step + 1
         with open(os.path.join(a.out, f"rank{hvd.rank()}.txt"), "a") as f:
             f.write(f"{step} {os.getpid()} {hvd.size()} {epoch}\n")
-        if hvd.rank() == 1 and step == a.kill_step:
+        if hvd.rank() == 1 and step == a.kill_step and not os.path.exists(os.path.join(a.out, "killed")):
+            open(os.path.join(a.out, "killed"), "w").close()  # once: not its joiner, should it reach the step
+            t0 = time.time()  # once rank 0 began this step too (it holds the step before in memory)
+            while time.time() - t0 < 30 and not any(ln.split()[0] == str(step) for ln in
+                                                     open(os.path.join(a.out, "rank0.txt")).read().splitlines()):
+                time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(a.step_s)
         loss = F.cross_entropy(model(xb), yb)
