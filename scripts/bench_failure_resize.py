@@ -50,6 +50,8 @@ in-memory copy that makes it possible costs a step.
         -> results/bench_failure_resize.json
     .venv/bin/python scripts/bench_failure_resize.py --lost-node [--rounds 2]
         -> results/bench_lost_node.json
+    .venv/bin/python scripts/bench_failure_resize.py --side inplace --collective torch
+        -> results/bench_failure_resize_inplace_torch.json (parts 1 and 3 on torch.distributed, gloo)
 """
 
 from __future__ import annotations
@@ -120,11 +122,11 @@ def copy_cost(rounds: int, steps: int) -> dict:
             "copy_of_step_pct": 100 * statistics.median(copy_s) / m_off, "memory_bytes_two_copies": nbytes}
 
 
-def killed_run(address: str | None, survive: bool, kill_at: int, steps: int) -> dict:
+def killed_run(address: str | None, survive: bool, kill_at: int, steps: int, collective: str = "horovod") -> dict:
     """One run whose rank 1 is killed at ``kill_at``: on the Ray cluster at ``address``, or (None) on
-    this host under ``--relaunch inplace``."""
+    this host under ``--relaunch inplace``; on ``collective``'s workers."""
     where = ["--backend", "ray", "--ray-address", address] if address else ["--relaunch", "inplace"]
-    args = [*where, "--gpus", "2", "--slots", "2", "--steps", str(steps),
+    args = [*where, "--collective", collective, "--gpus", "2", "--slots", "2", "--steps", str(steps),
             "--checkpoint-every", "10", *(["--survive"] if survive else [])]
     heals = bool(address) and survive  # on Ray the survivors grow back to 2 (part 4)
     with tempfile.TemporaryDirectory(dir="/tmp") as d, TrainRun(args, Path(d) / "run") as run:
@@ -136,7 +138,7 @@ def killed_run(address: str | None, survive: bool, kill_at: int, steps: int) -> 
         (rs,) = run.events("restart")
         (rc,) = run.events("recovered")
         back = [e for e in run.events("first_step_after_resize") if e.get("joiner")]  # inplace: the warm joiner
-        return {"survive": survive, "path": rs.get("path", "disk"), "kill_at": kill_at,
+        return {"survive": survive, "collective": collective, "path": rs.get("path", "disk"), "kill_at": kill_at,
                 "kill_to_next_step_s": rc["time"] - t_kill, "steps_redone": rs["steps_redone"],
                 "time_lost_s": rc["time_lost_s"], "rank": rs["rank"], **grown,
                 "kill_to_back_at_size_s": back[0]["time"] - t_kill if back else None,
@@ -246,19 +248,23 @@ def main() -> None:
                     help="also Horovod Elastic's own recovery of the same kill (part 5), --rounds runs")
     ap.add_argument("--side", choices=("both", "ray", "inplace"), default="both",
                     help="which kill -9 comparison to run: on Ray, on one host in place, or both")
+    ap.add_argument("--collective", choices=("horovod", "torch"), default="horovod",
+                    help="the workers' collective in the kill -9 rounds (parts 2-4) [default: horovod]")
     ap.add_argument("--lost-node", action="store_true",
                     help="only part 6: a lost Ray node, with and without --survive (results/bench_lost_node.json)")
     ap.add_argument("--out", type=Path, default=None,
                     help="[default: results/bench_failure_resize.json; with --side inplace "
-                         "results/bench_failure_resize_inplace.json; with --lost-node results/bench_lost_node.json]")
+                         "results/bench_failure_resize_inplace.json; _torch before .json with --collective torch; "
+                         "with --lost-node results/bench_lost_node.json]")
     a = ap.parse_args()
     if a.lost_node and (a.side == "inplace" or a.horovod_elastic):
         ap.exit(2, "bench_failure_resize.py: --lost-node is a Ray part: not with --side inplace or --horovod-elastic\n")
     if a.rounds < 1 or a.kill_at < 1 or a.steps <= a.kill_at:
         ap.exit(2, "bench_failure_resize.py: --rounds and --kill-at must be at least 1, --steps above --kill-at\n")
     if a.out is None:
-        a.out = ROOT / "results" / ("bench_lost_node.json" if a.lost_node else "bench_failure_resize_inplace.json"
-                                    if a.side == "inplace" else "bench_failure_resize.json")
+        torch = "_torch" if a.collective == "torch" else ""
+        a.out = ROOT / "results" / ("bench_lost_node.json" if a.lost_node else f"bench_failure_resize_inplace{torch}.json"
+                                    if a.side == "inplace" else f"bench_failure_resize{torch}.json")
     load0 = os.getloadavg()[0]
     if a.lost_node:
         write_results(a.out, {"lost_node": lost_node_side(a)}, load0)
@@ -267,7 +273,7 @@ def main() -> None:
     print(f"copy: {cost['copy_ms']:.2f} ms of a {cost['step_ms_without']:.1f} ms step "
           f"({cost['overhead_pct']:+.1f}% measured), {cost['memory_bytes_two_copies'] / MB:.1f} MB kept")
 
-    out: dict = {"copy_cost": cost}
+    out: dict = {"copy_cost": cost, "collective": a.collective}
     if a.side in ("both", "inplace"):
         out["inplace"] = kill_rounds(None, a)
     if a.side in ("both", "ray"):
@@ -288,7 +294,8 @@ def kill_rounds(address: str | None, a: argparse.Namespace) -> dict:
     runs = []
     for _ in range(a.rounds):
         for survive in (True, False):
-            r = killed_run(address, survive, a.kill_at, a.survive_steps if address and survive else a.steps)
+            r = killed_run(address, survive, a.kill_at, a.survive_steps if address and survive else a.steps,
+                           a.collective)
             runs.append(r)
             print(f"{'ray' if address else 'inplace'} {'survive' if survive else 'restart'}: kill -> next step "
                   f"{r['kill_to_next_step_s']:.2f} s, {r['steps_redone']} step(s) redone, path {r['path']}"
