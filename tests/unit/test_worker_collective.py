@@ -641,7 +641,9 @@ def _surviving_ring(tmp_path, world=2):
     launcher, stores = FakeLauncher(), FakeStores()
     ring = LocalRingBackend(spec, launcher=launcher, rings=stores.former, survive=True)
     group = ring.start(SegmentLaunch(world, 0, 20, "me"), tmp_path / "logs" / "segment-000-w2.log").handle
-    return ring, group, launcher.started
+    spares = launcher.started[world:]  # --survive keeps one warm spare beside a full ring
+    assert len(spares) == 1 and "--go-file" in spares[0].cmd
+    return ring, group, launcher.started[:world]
 
 
 def _holds(tmp_path, member, held, segment=0):

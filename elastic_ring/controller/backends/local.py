@@ -290,8 +290,13 @@ class LocalRingBackend:
     # ------------------------------------------------------------------ warm spares
     def _top_up(self, launch: SegmentLaunch) -> None:
         """Keep a spare for every slot the group leaves free: the worker entry with a placeholder
-        rank, up to its wait for a go (its segment comes with the sync from rank 0)."""
-        while len(self.spares) < max(0, self.spec.slots - launch.world):
+        rank, up to its wait for a go (its segment comes with the sync from rank 0). Under
+        ``--survive`` at least one, as the Horovod path's horovodrun keeps: a failed worker's
+        joiner is then warm (before, the spare for the freed slot started after the failure and
+        the grow back waited for its start-up: 1.26 s lost, `results/bench_failure_resize_inplace_torch.json`
+        of that tree)."""
+        want = max(0, self.spec.slots - launch.world) or (1 if self.survive else 0)
+        while len(self.spares) < want:
             m = self._member()
             m.go = protocol.control_dir(self.spec.run_dir) / f"spare-{m.name}.json"
             m.go.unlink(missing_ok=True)
@@ -307,8 +312,10 @@ class LocalRingBackend:
         return got + [self._member() for _ in range(k - len(got))]
 
     def _go(self, m: LocalMember, launch: SegmentLaunch, env: dict[str, str], t: float) -> dict:
-        """A joiner's go record: a spare's names its rank and store."""
-        return {"stop_at": launch.stop_at, "time": t, **({"env": env} if m.handle is not None else {})}
+        """A joiner's go record: a spare's names its rank and store, and the segment of the pid
+        record it writes then (its placeholder's, segment -1, is shared by every spare's)."""
+        spare = {"env": env, "pid_segment": launch.segment} if m.handle is not None else {}
+        return {"stop_at": launch.stop_at, "time": t, **spare}
 
     def usable_slots(self, want: int) -> int:
         return self.spec.slots
