@@ -65,22 +65,27 @@ def _rows(run, rank: int = 0) -> list[tuple[int, int, int]]:
     return [tuple(map(int, ln.split())) for ln in (run / f"rank{rank}.txt").read_text().splitlines()]
 
 
-def _side_by_side(tmp_path, script_text: str, runs: dict[str, list[str]], steps: int) -> dict:
+def _inplace(args: list[str]):
+    return _start_train(["--relaunch", "inplace", *args])
+
+
+def _side_by_side(tmp_path, script_text: str, runs: dict[str, list[str]], steps: int, start=_inplace) -> dict:
     """Start one run per entry (its name -> its own options) of the script side by side; wait for all."""
     script = tmp_path / "script.py"
     script.write_text(script_text)
     return _runs_side_by_side(tmp_path, {how: ["--steps", str(steps), *extra, "--script", str(script), "--run-dir",
                                                str(tmp_path / how / "r"), "--", how, str(tmp_path / how)]
-                                         for how, extra in runs.items()})
+                                         for how, extra in runs.items()}, start)
 
 
-def _runs_side_by_side(tmp_path, runs: dict[str, list[str]]) -> dict:
-    """Start one ``train --relaunch inplace`` of two workers per entry (its name -> the rest of its
-    command line; its run folder ``tmp_path/name/r``) side by side; wait for all."""
+def _runs_side_by_side(tmp_path, runs: dict[str, list[str]], start=_inplace) -> dict:
+    """Start one ``train`` of two workers per entry (its name -> the rest of its command line; its
+    run folder ``tmp_path/name/r``) side by side, by ``start`` (default: ``--relaunch inplace`` on
+    this host); wait for all."""
     procs, dirs = {}, {how: tmp_path / how for how in runs}
     for how, args in runs.items():
         dirs[how].mkdir()
-        procs[how] = _start_train(["--relaunch", "inplace", "--gpus", "2", "--slots", "2", *args])
+        procs[how] = start(["--gpus", "2", "--slots", "2", *args])
     try:
         outs = {how: p.communicate(timeout=240) for how, p in procs.items()}
     finally:

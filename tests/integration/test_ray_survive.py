@@ -187,25 +187,12 @@ def test_a_horovod_elastic_script_on_ray_rolls_back_to_its_last_commit_in_memory
     (Horovod's save, in memory), re-forms the ring alone and finishes, without a restart from the
     checkpoint; the final weights and momentum equal those of a scheduled shrink at that step,
     run beside it on the same cluster."""
-    from tests.integration.test_inplace_survive import HE_STEPS, HVD_ELASTIC, _assert_same_final_state, _rows
+    from tests.integration.test_inplace_survive import (HE_STEPS, HVD_ELASTIC, _assert_same_final_state, _rows,
+                                                        _side_by_side)
 
-    script = tmp_path / "script.py"
-    script.write_text(HVD_ELASTIC)
-    procs, dirs = {}, {how: tmp_path / how for how in ("fail", "none")}
-    extra = {"fail": ["--survive"], "none": ["--resize-at", str(HE_STEPS - 1), "--to", "1"]}
-    for how in dirs:
-        dirs[how].mkdir()
-        procs[how] = _start([*_ray_args(one_node), *extra[how], "--gpus", "2", "--slots", "2", "--steps", str(HE_STEPS),
-                             "--script", str(script), "--run-dir", str(dirs[how] / "r"), "--", how, str(dirs[how])])
-    try:
-        outs = {how: p.communicate(timeout=240) for how, p in procs.items()}
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for how, p in procs.items():
-        assert p.returncode == 0, (how, outs[how][1])
+    dirs = _side_by_side(tmp_path, HVD_ELASTIC, {"fail": ["--survive"],
+                                                 "none": ["--resize-at", str(HE_STEPS - 1), "--to", "1"]}, HE_STEPS,
+                         start=lambda args: _start([*_ray_args(one_node), *args]))
     run = dirs["fail"] / "r"
     (r,) = read_events(run / "events.jsonl", kind="restart")
     assert (r["path"], r["rank"], r["from_step"], r["new_world_size"]) == ("memory", 1, HE_STEPS - 1, 1), r

@@ -52,12 +52,7 @@ def _exact_1_2_1_equal_to_the_horovod_run(run, tmp_path_factory):
     evals = _exact_1_2_1(run)
     ref, q = resize_1_2_1_auto(tmp_path_factory)  # the Horovod run of the same schedule (overlap)
     assert q.returncode == 0, q.stderr
-    a, b = _final_model(run), _final_model(ref)
-    assert a["step"] == b["step"] == 18 and a["cursor"] == b["cursor"] and a["lr_last"] == b["lr_last"]
-    for k in a["model"]:
-        assert torch.equal(a["model"][k], b["model"][k]), k
-    for k, st in a["optimizer"]["state"].items():
-        assert torch.equal(st["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"]), k
+    _same_final(run, ref)
     # the same test accuracy and loss at one worker (steps 6 and 18); at two, rank 1's BatchNorm statistics
     # differ (DDP broadcasts rank 0's buffers at every forward, Horovod keeps each rank's), so step 12's may
     ref_evals = {e["step"]: e for e in read_events(ref / "events.jsonl", kind="evaluation")}
