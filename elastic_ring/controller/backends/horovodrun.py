@@ -83,11 +83,8 @@ def horovodrun_command(spec, world: int, segment: int, stop_at: int,
                        owner: str = "", hosts: str | None = None) -> list[str]:
     """The horovodrun command of one segment; ``hosts`` overrides the spec's (a restart on the
     hosts that still answer)."""
-    from elastic_ring.controller.api import parse_hostfile, parse_hosts
-
     cmd = [*hvdrun.command_prefix(), "-np", str(world)]
-    given = hosts or spec.hosts
-    pairs = parse_hosts(given) if given else parse_hostfile(spec.hostfile) if spec.hostfile else []
+    pairs = host_slots(spec, hosts)
     cmd += ["-H", first_slots(pairs, world) if pairs else f"localhost:{world}"]
     cmd += ["--gloo", "--start-timeout", "120"]
     if network_interface:
@@ -97,6 +94,15 @@ def horovodrun_command(spec, world: int, segment: int, stop_at: int,
         cmd += ["--go-file", str(go_file)]
     cmd += ["--", spec.script or BUILTIN_TARGET, *spec.script_args]
     return cmd
+
+
+def host_slots(spec, hosts: str | None = None) -> list[tuple[str, int]]:
+    """(host, slots) of ``hosts`` (a restart's override), else of the spec's ``--hosts`` or
+    ``--hostfile``; [] on this host alone."""
+    from elastic_ring.controller.api import parse_hostfile, parse_hosts
+
+    given = hosts or spec.hosts
+    return parse_hosts(given) if given else parse_hostfile(spec.hostfile) if spec.hostfile else []
 
 
 def first_slots(hosts: list[tuple[str, int]], world: int) -> str:
@@ -153,17 +159,18 @@ class HorovodrunBackend:
         cmd = horovodrun_command(self.spec, launch.world, launch.segment, launch.stop_at,
                                  self.network_interface, launch.go_file, owner=launch.owner,
                                  hosts=self.hosts_override)
-        env = worker_env(self.spec, launch.world)
-        return Started(self.launcher.start(cmd, env, log_path), cmd)
+        return Started(self.launcher.start(cmd, self.segment_env(launch), log_path), cmd)
+
+    def segment_env(self, launch: SegmentLaunch) -> dict[str, str]:
+        """The environment of a segment's workers."""
+        return worker_env(self.spec, launch.world)
 
     def usable_slots(self, want: int) -> int:
         """Slots that answer now (only hosts of --hosts/--hostfile can go away)."""
         spec = self.spec
         if not (spec.hosts or spec.hostfile):
             return spec.slots
-        from elastic_ring.controller.api import parse_hostfile, parse_hosts
-
-        hosts = parse_hosts(spec.hosts) if spec.hosts else parse_hostfile(spec.hostfile)
+        hosts = host_slots(spec)
         alive = self.host_probe(hosts)
         total = sum(n for _, n in alive)
         if total < sum(n for _, n in hosts):

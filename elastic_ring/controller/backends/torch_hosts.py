@@ -13,11 +13,10 @@ machine that the first remote host is reached from (127.0.0.1 when every host is
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 from typing import Any, Callable
 
-from elastic_ring.controller.backends.api import SegmentLaunch, Started, worker_env
-from elastic_ring.controller.backends.horovodrun import _LOCAL_HOSTS, HorovodrunBackend, horovodrun_command
+from elastic_ring.controller.backends.api import SegmentLaunch
+from elastic_ring.controller.backends.horovodrun import _LOCAL_HOSTS, HorovodrunBackend, host_slots
 from elastic_ring.controller.backends.torch_ring import serve_store
 from elastic_ring.worker.ring import STORE_ENV
 
@@ -49,24 +48,14 @@ class TorchHostsBackend(HorovodrunBackend):
         self.serve = serve
         self.stores: list[Any] = []  # the newest last; a segment's outlives it by one (overlap)
 
-    def _hosts(self) -> list[str]:
-        from elastic_ring.controller.api import parse_hostfile, parse_hosts
-
-        spec = self.spec
-        given = self.hosts_override or spec.hosts
-        pairs = parse_hosts(given) if given else parse_hostfile(spec.hostfile) if spec.hostfile else []
-        return [h for h, _ in pairs]
-
-    def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
-        host = store_address(self._hosts())
+    def segment_env(self, launch: SegmentLaunch) -> dict[str, str]:
+        """The workers' environment, with a new store served here for the segment's group."""
+        host = store_address([h for h, _ in host_slots(self.spec, self.hosts_override)])
         store, port = self.serve(host)
         self.stores = [*self.stores[-1:], store]
-        cmd = horovodrun_command(self.spec, launch.world, launch.segment, launch.stop_at,
-                                 self.network_interface, launch.go_file, owner=launch.owner,
-                                 hosts=self.hosts_override)
-        env = worker_env(self.spec, launch.world)
+        env = super().segment_env(launch)
         env.update({STORE_ENV: f"{host}:{port}", "MASTER_ADDR": host, "MASTER_PORT": str(port)})
-        return Started(self.launcher.start(cmd, env, log_path), cmd)
+        return env
 
     def close(self) -> None:
         self.stores = []
