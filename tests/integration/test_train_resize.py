@@ -148,9 +148,10 @@ def _start_train(args: list[str]) -> subprocess.Popen:
 
 
 # the Ctrl-C (after a live resize and a refused one, each a CLI call) landed at step 156 (and 186
-# with 600 steps) at load ~9 on two cores: 300 steps leave room, and the resume runs the rest at 2
-# workers. An evaluation every 50 steps: test curves for test_tensorboard, which checks this run.
-LIVE_STEPS = 300
+# with 600 steps) at load ~9 on two cores, and the resume runs the rest at 2 workers. 300 steps were
+# too few on a quiet machine (130 steps/s at 1 worker): one fresh-clone run finished them before
+# the Ctrl-C landed. An evaluation every 50 steps: test curves for test_tensorboard, which checks this run.
+LIVE_STEPS = 600
 
 
 def _live_resize_then_interrupt(folder: Path) -> None:
