@@ -67,6 +67,7 @@ def is_peer_loss(type_name: str | None, message: str | None) -> bool:
 
 
 CPU_THREADS_ENV = "ELASTIC_RING_CPU_THREADS"
+SLOT_HOSTS_ENV = "ELASTIC_RING_SLOT_HOSTS"  # "1": each worker slot is a host name of its own, all on this host
 STORE_FD_ENV = "ELASTIC_RING_STORE_FD"  # rank 0 of a --collective torch segment: the rendezvous socket it inherits
 
 

@@ -28,6 +28,14 @@ waits for the spare as for its own worker. Only the ring's re-forming and the st
 left on the survivors' path. Once the ring trains again, the next spare is started, so a second
 failure's joiner is warm too.
 
+And with ``--survive`` on CPUs a fifth: every worker slot is a host of its own, named
+``slot<N>.elastic-ring.invalid`` (:func:`slot_host`; the ``.invalid`` domain never resolves), which
+this horovodrun starts on this machine (:func:`slot_hosts_are_local`). Horovod Elastic's driver keys
+each worker by (host, local rank) and numbers a host's slots 0..K-1, so on one ``localhost:K`` only
+the highest ranks could go: a survivor at local rank 1 has no slot in a ring of one. With a host per
+slot, the controller drops the dead worker's host from the list and any survivor keeps its own key:
+rank 0 may die, and the survivors are numbered from 0 again in their order.
+
 The controller uses it for every segment; ``ELASTIC_RING_PLAIN_HOROVODRUN=1`` makes it launch the
 plain ``horovodrun`` instead (for comparisons: ``scripts/bench_launcher.py``).
 """
@@ -41,7 +49,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-from elastic_ring.protocol import read_json, waiting_file, write_json_atomic
+from elastic_ring.protocol import SLOT_HOSTS_ENV, read_json, waiting_file, write_json_atomic
 
 CACHE_FILE = "horovod-build.json"
 
@@ -176,6 +184,34 @@ def keep_hosts_on_failure() -> None:
     HostManager.blacklist = no_blacklist
 
 
+SLOT_DOMAIN = "elastic-ring.invalid"  # RFC 2606: a name under .invalid never resolves
+
+
+def slot_host(i: int) -> str:
+    """The host name of worker slot ``i`` on this machine (see the module docstring)."""
+    return f"slot{i}.{SLOT_DOMAIN}"
+
+
+def is_slot_host(name: str) -> bool:
+    return name.endswith("." + SLOT_DOMAIN) and name.startswith("slot")
+
+
+def slot_hosts_are_local() -> None:
+    """The slot hosts (:func:`slot_host`) are this machine: horovodrun starts their workers here
+    (no ssh) and finds no remote host among them."""
+    from horovod.runner.util import network
+
+    resolve = network.resolve_host_address
+    if getattr(resolve, "_elastic_ring", False):
+        return
+
+    def resolve_slot(host_name):
+        return "127.0.0.1" if is_slot_host(host_name) else resolve(host_name)
+
+    resolve_slot._elastic_ring = True  # type: ignore[attr-defined]
+    network.resolve_host_address = resolve_slot
+
+
 SPARE_GO = "spare-hvd.json"  # the warm joiner's go file, in the run's control folder
 PLACEHOLDER_RANK = {"HOROVOD_HOSTNAME": "localhost", "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
                     "HOROVOD_LOCAL_RANK": "1", "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"}
@@ -308,6 +344,8 @@ def main() -> None:
     if os.environ.get("ELASTIC_RING_SURVIVE") == "1":
         keep_hosts_on_failure()
         warm_joiner()
+    if os.environ.get(SLOT_HOSTS_ENV) == "1":
+        slot_hosts_are_local()
     sys.argv[0] = "horovodrun"
     try:
         sys.exit(launch.run_commandline())

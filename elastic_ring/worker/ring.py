@@ -132,6 +132,14 @@ class Ring:
         env = os.environ
         self.rank, self.size = int(env["HOROVOD_RANK"]), int(env["HOROVOD_SIZE"])
         self.local_rank, self.local_size = int(env["HOROVOD_LOCAL_RANK"]), int(env["HOROVOD_LOCAL_SIZE"])
+        self._slots_of_one_host()
+
+    def _slots_of_one_host(self) -> None:
+        """Where each worker slot is a host name of its own (``--relaunch inplace --survive`` on
+        CPUs: :func:`elastic_ring.controller.hvdrun.slot_host`), all on this host: its local rank
+        and size are the ring's, not Horovod's (0 of 1), so each worker takes its share of the cores."""
+        if os.environ.get(protocol.SLOT_HOSTS_ENV) == "1":
+            self.local_rank, self.local_size = self.rank, self.size
 
     def init_horovod(self) -> None:
         """``hvd.init()`` unless done, with the first step's imports warmed meanwhile."""
@@ -151,6 +159,7 @@ class Ring:
         hvd = self.hvd
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        self._slots_of_one_host()
         self.threads = protocol.cpu_threads(self.local_size)  # CPU and GPU workers alike
         torch.set_num_threads(self.threads)
 

@@ -1,15 +1,17 @@
 """`elastic-ring train --relaunch inplace --survive` (one Horovod Elastic job on this host) with real
-horovodrun. The flat loop: rank 1 of two workers is killed (kill -9) at the start of step 3; rank 0
-keeps its process, rolls back to step 2 (the last step both completed, kept in memory) and does
+horovodrun. The flat loop: rank 0 of two workers is killed (kill -9) at the start of step 3; rank 1
+keeps its process, becomes rank 0 (each worker slot is a host name of its own, so the survivor
+keeps its slot), rolls back to step 2 (the last step both completed, kept in memory) and does
 step 3 alone; then a warm worker (a spare process started while the ring trained) takes the dead
-one's place (its state by broadcast from rank 0, not from disk) and the two go on; that joiner
-stops (SIGSTOP) in step 5, the stall watchdog ends it, rank 0 rolls back again and does step 5
-alone, and a second warm joiner (the next spare, started once the ring trained again) brings it
-back to 2 for the last two steps. Its final weights, momentum, data position and LR equal,
+one's place as rank 1 (its state by broadcast from rank 0, not from disk) and the two go on; that
+joiner stops (SIGSTOP) in step 5, the stall watchdog ends it, rank 0 rolls back again and does
+step 5 alone, and a second warm joiner (the next spare, started once the ring trained again) brings
+it back to 2 for the last two steps. Its final weights, momentum, data position and LR equal,
 bitwise, those of an uninterrupted run with those resizes scheduled: 2 -> 1 at step 2, back to 2
 at step 3, 2 -> 1 at step 4, back to 2 at step 5. A Horovod Elastic script rolls back to its last
-commit the same way, and an epoch-loop script (``job.epochs()``) to the copy of its last step, its
-position in the epoch included. Each failing run goes side by side with its reference."""
+commit the same way (rank 1 killed), and an epoch-loop script (``job.epochs()``) to the copy of its
+last step, its position in the epoch included. Each failing run goes side by side with its
+reference."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from tests.integration.test_train_resize import _final_model, _start_train
 
 pytestmark = pytest.mark.integration
 
-STEPS, KILL, STALL = 7, 3, 5  # rank 1 is killed in step KILL; its successor stops in step STALL
+STEPS, KILL, STALL = 7, 3, 5  # rank 0 is killed in step KILL; the joiner (rank 1) stops in step STALL
 
 SCRIPT = """
 import os, signal, sys, time, torch, horovod.torch as hvd
@@ -42,14 +44,19 @@ data = job.sampler(64, batch_size=4, seed=0)
 x, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
 job.register(model=model, optimizer=opt)
 job.restore()
+
+
+def once_the_peer_began(step):  # (it holds the step before in memory)
+    peer, t0 = os.path.join(out, f"rank{1 - job.rank}.txt"), time.time()
+    while time.time() - t0 < 30 and not any(ln.split()[0] == str(step) for ln in open(peer).read().splitlines()):
+        time.sleep(0.01)
+
+
 for step in job.steps():
     with open(os.path.join(out, f"rank{job.rank}.txt"), "a") as f:
         f.write(f"{step} {os.getpid()} {job.size}\\n")
-    if job.rank == 1 and how == "fail" and step in (%d, %d):
-        t0 = time.time()  # once rank 0 began this step too (it holds the step before in memory)
-        while time.time() - t0 < 30 and not any(ln.split()[0] == str(step) for ln in
-                                                 open(os.path.join(out, "rank0.txt")).read().splitlines()):
-            time.sleep(0.01)
+    if how == "fail" and job.size == 2 and (job.rank, step) in ((0, %d), (1, %d)):
+        once_the_peer_began(step)  # rank 0 is killed (once: the survivor is rank 0 then), the joiner stopped
         os.kill(os.getpid(), signal.SIGKILL if step == %d else signal.SIGSTOP)
     idx = data.next_batch()
     loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
@@ -110,7 +117,7 @@ def _assert_same_final_state(a: dict, b: dict) -> None:
     assert ma and all(torch.equal(x, y) for x, y in zip(ma, mb))
 
 
-def test_rank_1_killed_then_a_warm_joiner_then_its_stall_as_scheduled_resizes(tmp_path):
+def test_rank_0_killed_then_a_warm_joiner_then_its_stall_as_scheduled_resizes(tmp_path):
     dirs = _side_by_side(tmp_path, SCRIPT, {
         "fail": ["--survive", "--stall-timeout", "2"],
         "none": ["--schedule", f"{KILL - 1}:1,{KILL}:2,{STALL - 1}:1,{STALL}:2"]},  # the reference: the same resizes
@@ -118,9 +125,9 @@ def test_rank_1_killed_then_a_warm_joiner_then_its_stall_as_scheduled_resizes(tm
     run, ref = dirs["fail"] / "r", dirs["none"] / "r"
     assert not read_events(ref / "events.jsonl", kind="restart")
     killed, stalled = read_events(run / "events.jsonl", kind="restart")
-    for r, at in ((killed, KILL), (stalled, STALL)):
+    for r, rank, at in ((killed, 0, KILL), (stalled, 1, STALL)):
         assert (r["path"], r["rank"], r["from_step"], r["new_world_size"], r["gave_up"]) == \
-            ("memory", 1, at - 1, 1, False), r
+            ("memory", rank, at - 1, 1, False), r
         assert r["steps_redone"] <= 1, r
     (st,) = read_events(run / "events.jsonl", kind="stalled")
     assert st["ranks"] == [1] and "stall" in stalled["cause"] and "stall" not in killed["cause"], (st, stalled)
@@ -136,11 +143,13 @@ def test_rank_1_killed_then_a_warm_joiner_then_its_stall_as_scheduled_resizes(tm
         assert 0 < e["since_failure_s"] == pytest.approx(e["time"] - failure["time"], abs=0.5), e
     rows, joiner = _rows(dirs["fail"]), _rows(dirs["fail"], 1)
     assert [s for s, _, _ in rows] == [*range(1, KILL + 1), *range(KILL, STALL + 1), *range(STALL, STEPS + 1)]
-    assert len({pid for _, pid, _ in rows}) == 1  # rank 0 kept its process throughout (each failed step redone)
     assert [size for _, _, size in rows] == [2] * KILL + [1] + [2] * (STALL - KILL) + [1] + [2] * (STEPS - STALL)
     assert [s for s, _, _ in joiner] == list(range(1, STEPS + 1))
     pids = [{pid for s, pid, _ in joiner if lo < s <= hi} for lo, hi in ((0, KILL), (KILL, STALL), (STALL, STEPS))]
-    assert all(len(p) == 1 for p in pids) and len(set.union(*pids)) == 3  # two new processes
+    assert all(len(p) == 1 for p in pids) and len(set.union(*pids)) == 3  # the survivor, then two new processes
+    # the dead rank 0's process did steps 1..KILL; rank 1's went on as rank 0 (each failed step redone)
+    (dead,), (survivor,) = {pid for _, pid, _ in rows[:KILL]}, pids[0]
+    assert dead != survivor and {pid for _, pid, _ in rows[KILL:]} == {survivor}
     # ... both warm: spares our horovodrun started while the ring trained, each handed rank 1's slot
     handed = re.findall(r"the warm joiner \(pid (\d+)\) takes rank 1", (run / "logs" / "segment-000-w2.log").read_text())
     assert [int(x) for x in handed] == [min(pids[1]), min(pids[2])], handed

@@ -355,12 +355,13 @@ class _Horovodrun:
         self.rc = -9
 
 
-def _elastic(tmp_path, pids, world=2):
+def _elastic(tmp_path, pids, world=2, device="cpu", hosts=None):
     """An Elastic backend with --survive, its horovodrun (a fake) running segment 0 at ``world`` workers
-    whose ranks' processes are ``pids``."""
+    whose ranks' processes are ``pids`` (on CPUs rank r on slot host ``hosts[r]``, by default slot r)."""
+    from elastic_ring.controller import hvdrun
     from elastic_ring.controller.backends.elastic import ElasticBackend
 
-    spec = RunSpec(run_dir=tmp_path, workers=world, schedule=(), slots=world, device="cpu", total_steps=20)
+    spec = RunSpec(run_dir=tmp_path, workers=world, schedule=(), slots=world, device=device, total_steps=20)
     launched = []
 
     class Launcher:
@@ -371,10 +372,19 @@ def _elastic(tmp_path, pids, world=2):
     b = ElasticBackend(spec, launcher=Launcher(), survive=True)
     started = b.start(SegmentLaunch(world, 0, 20, "me"), tmp_path / "seg.log")
     assert launched[0][survive.SURVIVE_ENV] == "1"
+    assert launched[0].get(protocol.SLOT_HOSTS_ENV) == ("1" if device == "cpu" else None)
+    hosts = hosts or [hvdrun.slot_host(r) for r in range(world)]
     for r, pid in enumerate(pids):
         protocol.write_json_atomic(protocol.pid_dir(tmp_path) / f"seg000-rank{r}.json",
-                                   {"rank": r, "pid": pid, "segment": 0})
+                                   {"rank": r, "pid": pid, "segment": 0,
+                                    "launch_host": hosts[r] if device == "cpu" else "localhost"})
     return b, started.handle
+
+
+def _hosts_file(tmp_path) -> list[str]:
+    from elastic_ring.controller.backends.elastic import discovery_files
+
+    return discovery_files(tmp_path)[1].read_text().splitlines()
 
 
 def _said(tmp_path, rank, pid, held, segment=0):
@@ -382,15 +392,19 @@ def _said(tmp_path, rank, pid, held, segment=0):
         "member": str(rank), "rank": rank, "pid": pid, "held": held, "time": time.time(), "segment": segment})
 
 
-def test_inplace_a_worker_lost_is_seen_and_the_survivors_go_on_from_the_step_they_hold(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_inplace_a_worker_lost_is_seen_and_the_survivors_go_on_from_the_step_they_hold(tmp_path, device):
     """horovodrun stays up (its driver keeps the host); the handle reports the failure once a
     survivor has spoken; rank 1's process is gone: rank 0 goes on alone from step 7, the resize
-    that follows writes the slot count and the rollback step, and the job is watched again."""
+    that follows writes the host list (on CPUs rank 0's slot host; on GPUs ``localhost:1``) and
+    the rollback step, and the job is watched again."""
     import os
 
-    from elastic_ring.controller.backends.elastic import discovery_files
+    from elastic_ring.controller import hvdrun
 
-    b, h = _elastic(tmp_path, [os.getpid(), 999_999_999])
+    b, h = _elastic(tmp_path, [os.getpid(), 999_999_999], device=device)
+    assert _hosts_file(tmp_path) == ([f"{hvdrun.slot_host(0)}:1", f"{hvdrun.slot_host(1)}:1"] if device == "cpu"
+                                     else ["localhost:2"])
     assert h.poll() is None
     _said(tmp_path, 0, os.getpid(), [6, 7])
     assert h.poll() == 1
@@ -400,21 +414,57 @@ def test_inplace_a_worker_lost_is_seen_and_the_survivors_go_on_from_the_step_the
     b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
     act = protocol.read_json(inplace_action_file(tmp_path, 0))
     assert act["rollback_to"] == 7 and act["to"] == 1 and act["segment"] == 1
-    assert discovery_files(tmp_path)[1].read_text() == "localhost:1\n"
+    assert _hosts_file(tmp_path) == ([f"{hvdrun.slot_host(0)}:1"] if device == "cpu" else ["localhost:1"])
 
 
-@pytest.mark.parametrize("case", ["rank 0 lost", "silent", "no common step", "off"])
+def test_inplace_on_cpus_rank_0_lost_the_survivor_keeps_its_slot_host_and_the_joiner_gets_a_new_one(tmp_path):
+    """Each worker slot a host of its own: rank 0 (on slot host 1 here: Horovod orders the hosts)
+    dies; rank 1 goes on alone from step 7 on its own slot host, the dead one's host is dropped,
+    and the grow back adds a slot host no worker held (never the dead one's)."""
+    import os
+
+    from elastic_ring.controller import hvdrun
+
+    b, h = _elastic(tmp_path, [999_999_999, os.getpid()], hosts=[hvdrun.slot_host(1), hvdrun.slot_host(0)])
+    _said(tmp_path, 1, os.getpid(), [6, 7])
+    s = b.survivors(wait_s=2.0)
+    assert s is not None and (s.step, s.world, s.failure.rank) == (7, 1, 0)
+    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
+    assert protocol.read_json(inplace_action_file(tmp_path, 0))["rollback_to"] == 7
+    assert _hosts_file(tmp_path) == [f"{hvdrun.slot_host(0)}:1"]
+    protocol.write_json_atomic(protocol.pid_dir(tmp_path) / "seg001-rank0.json",  # the survivor, now rank 0
+                               {"rank": 0, "pid": os.getpid(), "segment": 1, "launch_host": hvdrun.slot_host(0)})
+    b.resize_in_place(1, SegmentLaunch(2, 2, 20, "me"), time.time())
+    assert _hosts_file(tmp_path) == [f"{hvdrun.slot_host(0)}:1", f"{hvdrun.slot_host(2)}:1"]
+
+
+def test_inplace_on_cpus_a_scheduled_shrink_keeps_the_lowest_ranks_slot_hosts(tmp_path):
+    """As Horovod on ``localhost:K`` ends the highest ranks at a shrink, the slot hosts kept are
+    ranks 0..K-1's (from their pid records), whatever order the hosts were listed in."""
+    import os
+
+    from elastic_ring.controller import hvdrun
+
+    me = os.getpid()
+    b, _ = _elastic(tmp_path, [me, me, me], world=3,
+                    hosts=[hvdrun.slot_host(2), hvdrun.slot_host(0), hvdrun.slot_host(1)])
+    b.resize_in_place(0, SegmentLaunch(2, 1, 20, "me"), time.time())
+    assert sorted(_hosts_file(tmp_path)) == [f"{hvdrun.slot_host(0)}:1", f"{hvdrun.slot_host(2)}:1"]
+
+
+@pytest.mark.parametrize("case", ["rank 0 lost on GPUs", "silent", "no common step", "off"])
 def test_inplace_the_restart_from_the_checkpoint_when_the_survivors_cannot_go_on(tmp_path, case):
-    """A lost rank below a survivor's (its slot would leave a hole), a survivor that never speaks,
-    no step in common: the job is ended (the controller restarts it from the checkpoint)."""
+    """A lost rank below a survivor's on ``localhost:K`` (a GPU run: its slot would leave a hole),
+    a survivor that never speaks, no step in common: the job is ended (the controller restarts it
+    from the checkpoint)."""
     import os
 
     alive, dead = os.getpid(), 999_999_999
-    pids = {"rank 0 lost": [dead, alive], "off": [alive, dead]}.get(case, [alive, alive, dead])
-    b, h = _elastic(tmp_path, pids, world=len(pids))
+    pids = {"rank 0 lost on GPUs": [dead, alive], "off": [alive, dead]}.get(case, [alive, alive, dead])
+    b, h = _elastic(tmp_path, pids, world=len(pids), device="cuda" if "GPUs" in case else "cpu")
     if case == "off":
         b.survive = False
-    if case == "rank 0 lost":
+    if case == "rank 0 lost on GPUs":
         _said(tmp_path, 1, alive, [6, 7])
     elif case == "silent":  # rank 1 is alive and never says
         _said(tmp_path, 0, alive, [6, 7])
@@ -424,6 +474,23 @@ def test_inplace_the_restart_from_the_checkpoint_when_the_survivors_cannot_go_on
     assert b.survivors(wait_s=0.3) is None
     if case != "off":
         assert h.inner.rc == -9  # ended
+
+
+def test_slot_hosts_are_this_machine_for_horovodrun(monkeypatch):
+    """horovodrun resolves a slot host to this machine (no ssh, not a remote host); other names as before."""
+    from horovod.runner.util import network
+
+    from elastic_ring.controller import hvdrun
+
+    monkeypatch.setattr(network, "resolve_host_address", network.resolve_host_address)
+    hvdrun.slot_hosts_are_local()
+    hvdrun.slot_hosts_are_local()  # once
+    assert network.resolve_host_address(hvdrun.slot_host(3)) == "127.0.0.1"
+    assert network.resolve_host_address("localhost") == "127.0.0.1"
+    assert network.resolve_host_address("no-such-host.invalid") is None
+    assert network.filter_local_addresses([hvdrun.slot_host(0), hvdrun.slot_host(7), "no-such-host.invalid"]) == \
+        ["no-such-host.invalid"]
+    assert hvdrun.is_slot_host(hvdrun.slot_host(12)) and not hvdrun.is_slot_host("elastic-ring.invalid")
 
 
 def test_inplace_the_driver_keeps_a_host_whose_worker_failed(monkeypatch):

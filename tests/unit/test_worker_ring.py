@@ -79,6 +79,34 @@ def test_controller_ring_takes_the_members_environment_and_retires_the_others(mo
     assert r.hvd.calls[-1] == "shutdown"  # it left the ring: no init
 
 
+def test_slot_hosts_of_one_host_share_its_cores_as_one_ring(monkeypatch):
+    """Under ``--relaunch inplace --survive`` on CPUs each worker slot is a host name of its own, so
+    Horovod says local rank 0 of 1 to every worker; the ring's local rank and size are its rank and
+    size (all on this host), at the start and after a re-form, and the threads the share of them."""
+    from elastic_ring import protocol
+
+    class SlotHvd(RingHvd):
+        def local_rank(self):
+            return 0
+
+        def local_size(self):
+            return 1
+
+    _env(monkeypatch, 1, 2, "1")
+    monkeypatch.setenv("HOROVOD_LOCAL_RANK", "0")
+    monkeypatch.setenv("HOROVOD_LOCAL_SIZE", "1")
+    assert (ring.ring_from_env().local_rank, ring.ring_from_env().local_size) == (0, 1)  # without: Horovod's
+    monkeypatch.setenv(protocol.SLOT_HOSTS_ENV, "1")
+    r = ring.ring_from_env()
+    assert (r.local_rank, r.local_size) == (1, 2)
+    r.hvd = SlotHvd(monkeypatch)
+    monkeypatch.setenv("HOROVOD_RANK", "0")
+    monkeypatch.setenv("HOROVOD_SIZE", "3")
+    r.reform({"segment": 1})
+    assert (r.rank, r.size, r.local_rank, r.local_size) == (0, 3, 0, 3)
+    assert r.threads == protocol.cpu_threads(3)
+
+
 def test_in_place_rings_initialise_horovod_without_a_fixed_cycle_time(monkeypatch):
     """Horovod 0.28's re-initialisation gives a process whose earlier init fixed the cycle time a
     1 MB fusion threshold (a new worker has 128 MB): rings re-formed in place leave it unset, at

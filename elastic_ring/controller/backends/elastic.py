@@ -12,9 +12,13 @@ worker's failure (:func:`elastic_ring.controller.hvdrun.keep_hosts_on_failure`),
 when a worker dies; its peers say which steps they hold in memory
 (:func:`elastic_ring.worker.survive.survivor_file`), and when they hold one in common the failure
 is a shrink (:meth:`ElasticBackend.survivors`): the in-place resize that follows writes the new
-slot count and rolls them back to that step. The driver numbers slots by their place on the host,
-so only the highest ranks can go: the death of a lower rank (its slot would leave a hole) is a
-restart from the checkpoint, as is no common step or a silent survivor. The dead worker's slot
+host list and rolls them back to that step. On CPUs each worker slot is a host of its own
+(:func:`elastic_ring.controller.hvdrun.slot_host`): the list names the survivors' slots in their
+order, so any rank may die, rank 0 included, and the survivors are numbered from 0 again. With
+``--device cuda`` the list stays ``localhost:K`` (each worker's GPU is its local rank): the driver
+numbers a host's slots by their place, so only the highest ranks can go there, and the death of a
+lower rank (its slot would leave a hole) is a restart from the checkpoint. No common step or a
+silent survivor is a restart from the checkpoint too. The dead worker's slot
 comes back (:attr:`ElasticBackend.rejoins`): the controller plans a grow back to the job's size
 after the survivors' next step, and the driver starts a new worker there, which receives the state
 by broadcast from rank 0 as at any in-place grow.
@@ -38,16 +42,18 @@ _SURVIVE_WAIT_S = 5.0  # after a failure, how long the survivors may take to say
 
 
 def discovery_files(run_dir: Path) -> tuple[Path, Path]:
-    """(the discovery script Horovod Elastic runs, the file it prints: ``localhost:N``)."""
+    """(the discovery script Horovod Elastic runs, the file it prints: ``localhost:N``, or one
+    slot host per line)."""
     ctl = protocol.control_dir(run_dir)
     return ctl / "discover.sh", ctl / "hosts"
 
 
-def write_hosts(run_dir: Path, world: int) -> bool:
-    """What the discovery script reports from now on: ``world`` slots on this host. Returns False
-    when it already did (Horovod's driver then sees no change and sends no notification)."""
+def write_hosts(run_dir: Path, world: int, names: list[str] | None = None) -> bool:
+    """What the discovery script reports from now on: ``world`` slots on this host, or the slot
+    hosts ``names`` (one slot each, in rank order). Returns False when it already did (Horovod's
+    driver then sees no change and sends no notification)."""
     _, hosts = discovery_files(run_dir)
-    text = f"localhost:{world}\n"
+    text = "".join(f"{n}:1\n" for n in names) if names else f"localhost:{world}\n"
     if hosts.exists() and hosts.read_text() == text:
         return False
     hosts.parent.mkdir(parents=True, exist_ok=True)
@@ -58,14 +64,16 @@ def write_hosts(run_dir: Path, world: int) -> bool:
 
 
 def elastic_horovodrun_command(spec, world: int, segment: int, stop_at: int,
-                               owner: str = "", network_interface: str | None = None) -> list[str]:
+                               owner: str = "", network_interface: str | None = None,
+                               names: list[str] | None = None) -> list[str]:
     """The one long-lived horovodrun of ``--relaunch inplace`` (Horovod Elastic, gloo): it starts
-    at ``world`` workers; the controller resizes by changing what the discovery script prints."""
+    at ``world`` workers (on the slot hosts ``names`` where given); the controller resizes by
+    changing what the discovery script prints."""
     script, hosts = discovery_files(spec.run_dir)
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(discovery_script_text(hosts))
     script.chmod(0o755)
-    write_hosts(spec.run_dir, world)
+    write_hosts(spec.run_dir, world, names)
     return [*hvdrun.command_prefix(), "-np", str(world), "--min-np", "1",
             "--max-np", str(spec.slots), "--host-discovery-script", str(script),
             "--network-interface", network_interface or "lo", "--gloo", "--start-timeout", "120",
@@ -73,19 +81,25 @@ def elastic_horovodrun_command(spec, world: int, segment: int, stop_at: int,
             "--", spec.script or BUILTIN_TARGET, *spec.script_args]
 
 
-def _current_pids(run_dir: Path, segment: int) -> dict[int, int]:
-    """rank -> the pid of the process that holds it in ``segment``: each rank's record of the
-    latest segment up to this one (a worker that stayed across in-place resizes wrote it when it
-    started)."""
-    best: dict[int, tuple[int, int]] = {}
+def _current_records(run_dir: Path, segment: int) -> dict[int, dict]:
+    """rank -> the pid record of the process that holds it in ``segment``: each rank's record of
+    the latest segment up to this one (a worker that stayed across in-place resizes wrote it when
+    it started)."""
+    best: dict[int, tuple[int, dict]] = {}
     for rec in protocol.read_pid_records(run_dir):
         try:
-            r, s, pid = int(rec["rank"]), int(rec["segment"]), int(rec["pid"])
+            r, s = int(rec["rank"]), int(rec["segment"])
+            int(rec["pid"])
         except (KeyError, TypeError, ValueError):
             continue
-        if s <= segment and s >= best.get(r, (-1, 0))[0]:
-            best[r] = (s, pid)
-    return {r: pid for r, (_, pid) in best.items()}
+        if s <= segment and s >= best.get(r, (-1, {}))[0]:
+            best[r] = (s, rec)
+    return {r: rec for r, (_, rec) in best.items()}
+
+
+def _current_pids(run_dir: Path, segment: int) -> dict[int, int]:
+    """rank -> the pid of the process that holds it in ``segment`` (:func:`_current_records`)."""
+    return {r: int(rec["pid"]) for r, rec in _current_records(run_dir, segment).items()}
 
 
 def _gone(pid: int) -> bool:
@@ -159,15 +173,57 @@ class ElasticBackend:
         self._launch: SegmentLaunch | None = None  # the running segment's
         self._ahead: SegmentLaunch | None = None  # the resize whose action is written ahead
         self._ahead_taken = False  # rank 0 took it (renamed the file)
+        # a host per worker slot (hvdrun.slot_host): any rank may die; on GPUs the local rank is the device
+        self.slot_hosts = survive and spec.device == "cpu"
+        self._live: list[str] = []  # the running ring's slot hosts (Horovod orders them, not this list)
+        self._dead: set[str] = set()  # slot hosts of failed workers: never given again
+
+    def _hosts_by_rank(self) -> dict[int, str]:
+        """rank -> slot host of the running ring, from the workers' pid records."""
+        cur = self._launch
+        if cur is None:
+            return {}
+        recs = _current_records(self.spec.run_dir, cur.segment)
+        return {r: str(rec.get("launch_host")) for r, rec in recs.items() if r < cur.world}
+
+    def _names(self, world: int) -> list[str] | None:
+        """The slot hosts of a ring of ``world`` (None: ``localhost:world``): a shrink keeps the
+        hosts of ranks 0..world-1 (Horovod on ``localhost:K`` ends the highest ranks too), a grow
+        adds the lowest slots no live or failed worker holds."""
+        if not self.slot_hosts:
+            return None
+        names = list(self._live)
+        if world < len(names):
+            by_rank = self._hosts_by_rank()
+            keep = [by_rank.get(r) for r in range(world)]
+            names = keep if set(keep) <= set(names) and len(set(keep)) == world else names[:world]  # type: ignore[assignment]
+        i = 0
+        while len(names) < world:
+            n = hvdrun.slot_host(i)
+            if n not in names and n not in self._dead:
+                names.append(n)
+            i += 1
+        return names
+
+    def _write_hosts(self, world: int) -> list[str] | None:
+        names = self._names(world)
+        if write_hosts(self.spec.run_dir, world, names):
+            self.hosts_written = time.time()
+        return names
 
     def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
+        self._live, self._dead = [], set()
+        names = self._names(launch.world)
         cmd = elastic_horovodrun_command(self.spec, launch.world, launch.segment, launch.stop_at,
-                                         launch.owner, self.network_interface)
+                                         launch.owner, self.network_interface, names)
+        self._live = names or []
         env = worker_env(self.spec, launch.world, elastic=True)
         if self.survive:
             from elastic_ring.worker.survive import SURVIVE_ENV
 
             env[SURVIVE_ENV] = "1"  # the workers keep their copies; the driver keeps the host (hvdrun)
+        if self.slot_hosts:
+            env[protocol.SLOT_HOSTS_ENV] = "1"  # hvdrun starts the slot hosts here; a worker's local rank is its rank
         if self._handle is not None and self._handle.inner.poll() is None:
             self._handle.end()  # a restart after a failure the survivors could not take
         t0 = time.time()
@@ -191,8 +247,7 @@ class ElasticBackend:
         naming the step it applies at: at the pause rank 0 takes it
         (:func:`elastic_ring.worker.inplace.take_ahead_action`) once the driver has reported the new host
         list, without waiting for the controller to see the segment's end."""
-        if write_hosts(self.spec.run_dir, launch.world):
-            self.hosts_written = time.time()
+        self._write_hosts(launch.world)
         cur = self._launch
         if cur is None or self._ahead is not None or launch.segment != cur.segment + 1:
             return
@@ -231,11 +286,11 @@ class ElasticBackend:
             if (a.world, a.segment, a.stop_at) != (launch.world, launch.segment, launch.stop_at):
                 raise RuntimeError(f"the workers took the resize to {a.world} written ahead for "
                                    f"segment {a.segment}, the controller decided {launch}")
+            self._live = self._names(launch.world) or []
             self._launch, self._ahead = launch, None
             return
+        self._live = self._write_hosts(launch.world) or []
         self._launch = launch
-        if write_hosts(self.spec.run_dir, launch.world):
-            self.hosts_written = time.time()
         extra = {"hosts_written": self.hosts_written}
         if self._rollback is not None:  # survivors of a failure: the step they all hold in memory
             extra["rollback_to"], self._rollback = self._rollback, None
@@ -255,8 +310,9 @@ class ElasticBackend:
         they all hold in memory. Waits up to ``wait_s`` until every rank of the running segment has
         either said which steps it holds or is gone. None (the job is ended: the restart from the
         checkpoint) when the run does not keep survivors, horovodrun itself exited, rank 0 took a
-        scheduled resize already, a survivor is silent, none is gone or left, a rank below a
-        survivor's is gone (its slot would leave a hole), or they hold no step in common."""
+        scheduled resize already, a survivor is silent, none is gone or left, on ``localhost:K`` (a
+        GPU run) a rank below a survivor's is gone (its slot would leave a hole), or they hold no
+        step in common."""
         from elastic_ring.worker.survive import common_step, survivor_file
 
         h, cur = self._handle, self._launch
@@ -279,10 +335,19 @@ class ElasticBackend:
             survivor_file(run_dir, str(r)).unlink(missing_ok=True)
         step = common_step([list(records[r].get("held") or []) for r in sorted(records)])
         left = len(records)
+        holes = not self.slot_hosts and sorted(records) != list(range(left))  # localhost:K: top ranks only
         if (not self.retract_ahead(cur.segment) or not gone or not left or left + len(gone) < cur.world
-                or sorted(records) != list(range(left)) or step is None):
+                or holes or step is None):
             h.end()
             return None
+        if self.slot_hosts:  # the dead workers' slot hosts go; the survivors are ranks 0.. again, in their order
+            by_rank = self._hosts_by_rank()
+            dead = {by_rank.get(r) for r in gone}
+            live = [n for n in self._live if n not in dead]
+            if None in dead or len(live) != left:
+                h.end()
+                return None
+            self._live, self._dead = live, self._dead | dead  # type: ignore[operator]
         rank = min(gone)
         errors = [r for r in protocol.read_error_records(run_dir, since=h.t_start)
                   if r.get("rank") == rank and not r.get("peer_loss")]
