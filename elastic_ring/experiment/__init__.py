@@ -14,7 +14,9 @@ calls the module's one entry function and prints what it returns.
 * :mod:`.replay` — a measured job trace replayed in the simulator with the live scheduler's
   hand-over (:class:`~elastic_ring.experiment.replay.LiveHandover`, a launch model of the engine);
   :mod:`.live_check` — the simulator checked against the live scheduler on this machine
-  (calibration, live run, replay; ``scripts/cluster_check_sim.py``).
+  (calibration, live run, replay; ``scripts/cluster_check_sim.py``), with :mod:`.live_records`
+  (a run's events and database read back), :mod:`.live_launches` (launch costs) and
+  :mod:`.live_results` (the replay and the results files).
 
 Nothing is imported here: each module brings only what its experiment needs.
 """
