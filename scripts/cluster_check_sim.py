@@ -14,7 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from elastic_ring.experiment.live_check import (POLICIES, RESULTS, TRACE, calibrate_only, check,  # noqa: E402
-                                                launches, resim, summary, use_example)
+                                                use_example)
+from elastic_ring.experiment.live_launches import launches  # noqa: E402
+from elastic_ring.experiment.live_results import resim, summary  # noqa: E402
 
 
 def main() -> None:

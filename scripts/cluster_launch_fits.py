@@ -4,13 +4,13 @@ has a file behind it. Nothing is measured: it reads the runs and replays them (s
 
 1. The launches of the 12 runs that keep the scheduler's events (the 5 older quiet runs and the 7
    of the calibration-of-3 protocol), by kind, W and alone / overlapped
-   (:func:`elastic_ring.experiment.live_check.launch_table`, as ``--launches`` prints it).
+   (:func:`elastic_ring.experiment.live_launches.launch_table`, as ``--launches`` prints it).
 2. Least squares of a launch's seconds over the 5 older runs (no slots recorded): a start and a
    resize intercept, per own worker beyond 1, per other launching worker, and per worker of the
    other jobs that were training (not launching) meanwhile.
 3. The same with the other launching workers on the launch's cores and on the other core (the runs
    that record each launch's slots and had overlaps), per run and pooled
-   (:func:`elastic_ring.experiment.live_check.core_fit`).
+   (:func:`elastic_ring.experiment.live_launches.core_fit`).
 4. The 18 older runs (no start pairs in their calibration) replayed with the engine's per-worker
    launch cost, with launches sharing the 2 cores at h = 0 and at h = 0.5 (h chosen on these same
    runs: not a prediction), beside the diagnostic replay with the run's own launch times; average
@@ -32,7 +32,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from elastic_ring.experiment import live_check as ccs  # noqa: E402
+from elastic_ring.experiment.live_check import RESULTS  # noqa: E402
+from elastic_ring.experiment.live_launches import core_fit, launch_table  # noqa: E402
+from elastic_ring.experiment.live_results import simulate_run  # noqa: E402
 
 OLDER = ["exploratory-quiet", "optimus-quiet", "srtf-quiet2", "srtf-rc-quiet2", "srtf-rc-quiet3"]
 PROTOCOL = ["eight-q5", "optimus-q5", "optimus-rc-q5", "precompute-q5", "precompute-rc-q5", "srtf-q4", "srtf-rc-q4"]
@@ -44,11 +46,11 @@ BAR = 0.15  # the live check's bar on average JCT
 
 
 def _run(name: str) -> dict:
-    return json.loads((ccs.RESULTS / f"live12_{name}.json").read_text())
+    return json.loads((RESULTS / f"live12_{name}.json").read_text())
 
 
 def _timed(res: dict) -> list[dict]:
-    return [x for x in ccs.launch_table(res, res.get("cores") or 2) if x["s"] is not None]
+    return [x for x in launch_table(res, res.get("cores") or 2) if x["s"] is not None]
 
 
 def launch_groups(names: list[str]) -> list[dict]:
@@ -92,7 +94,7 @@ def older_fit(names: list[str]) -> dict:
     rows, ys = [], []
     for n in names:
         res = _run(n)
-        table = ccs.launch_table(res, 2)
+        table = launch_table(res, 2)
         for x in table:
             if x["s"] is not None:
                 rows.append([x["kind"] == "start", x["kind"] == "resize", x["w"] - 1, x["other_workers"],
@@ -107,7 +109,7 @@ def older_fit(names: list[str]) -> dict:
 
 def core_fits(names: list[str]) -> dict:
     def one(rows: list[dict]) -> dict:
-        c, res_sd, n = ccs.core_fit(rows)
+        c, res_sd, n = core_fit(rows)
         return {"launches": n, "start_s": c[0], "resize_s": c[1], "per_own_worker_beyond_1_s": c[2],
                 "same_core_worker_s": c[3], "other_core_worker_s": c[4], "residual_s": res_sd,
                 "every_core_alike_worker_s": c[5], "every_core_alike_residual_s": c[6]}
@@ -125,7 +127,7 @@ def sharing(names: list[str]) -> dict:
             cal = copy.deepcopy(res["calibration"])
             if h is not None:
                 cal.update(launch_extra_processes=h, cores=2)
-            sim = ccs.simulate_run(res["live"], res["policy"], res["slots"], cal)
+            sim = simulate_run(res["live"], res["policy"], res["slots"], cal)
             row[key] = sim["avg_jct_err"]
         row["run_launch_times"] = sim["launch_from_run"]["avg_jct_err"]
         rows.append(row)
@@ -141,7 +143,7 @@ def sharing(names: list[str]) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=str(ccs.RESULTS / "launch_fits.json"))
+    p.add_argument("--out", default=str(RESULTS / "launch_fits.json"))
     a = p.parse_args()
     out = {"launches": {"runs": OLDER + PROTOCOL, "table": launch_groups(OLDER + PROTOCOL)},
            "older_fit": older_fit(OLDER), "core_fits": core_fits(OVERLAPPED), "sharing": sharing(STORED)}

@@ -102,7 +102,8 @@ def experiment(config, sets, out, seeds, only, parallel, report_only) -> None:
     the output folder (runs under OUT/runs/). A run already finished (its events.jsonl has
     ps_finished) is reused, so an interrupted experiment resumes."""
     from elastic_ring.config.base import parse_overrides
-    from elastic_ring.experiment.ps_sync import load_design, run_experiment
+    from elastic_ring.experiment.ps_design import load_design
+    from elastic_ring.experiment.ps_sync import run_experiment
 
     overrides = parse_overrides(sets) | {k: v for k, v in (("out", out), ("parallel", parallel)) if v is not None}
     design = load_design(config, overrides, seeds=seeds, only=only)

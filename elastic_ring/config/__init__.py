@@ -6,7 +6,7 @@
 - :mod:`.api` — the training config :class:`TrainConfig` and :func:`load_config`.
 
 The other configs live with their subsystems: ``elastic_ring.ps.api.PSConfig``,
-``elastic_ring.experiment.resize.ResizeDesign`` and ``elastic_ring.experiment.ps_sync.DesignSpec``.
+``elastic_ring.experiment.resize.ResizeDesign`` and ``elastic_ring.experiment.ps_design.DesignSpec``.
 """
 
 from elastic_ring.config.api import DEFAULT_CONFIGS, TrainConfig, config_to_dict, load_config

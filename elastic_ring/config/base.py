@@ -3,7 +3,7 @@
 Every configuration of the project is a :class:`ConfigModel`: :class:`~elastic_ring.config.api.TrainConfig`
 (``train``, ``profile``, ``experiment resize``'s runs), :class:`~elastic_ring.ps.api.PSConfig`
 (``ps``), :class:`~elastic_ring.experiment.resize.ResizeDesign` (``experiment resize``) and
-:class:`~elastic_ring.experiment.ps_sync.DesignSpec` (``ps experiment``). A model declares its keys,
+:class:`~elastic_ring.experiment.ps_design.DesignSpec` (``ps experiment``). A model declares its keys,
 types, defaults and ranges; the layer does the rest the same way for all of them:
 
 - :func:`load` reads a YAML mapping, applies ``--set key=value`` overrides (values read as YAML

@@ -176,7 +176,7 @@ def test_the_check_keeps_each_jobs_scheduler_events_by_name(tmp_path):
     from elastic_ring.cluster.api import JobRequest
     from elastic_ring.cluster.store import Store
 
-    from elastic_ring.experiment import live_check as mod
+    from elastic_ring.experiment import live_records as mod
 
     now = [100.0]
     store = Store(tmp_path, create=True, clock=lambda: now[0])
@@ -298,26 +298,27 @@ def test_calibration_takes_the_median_start_of_each_size(tmp_path, monkeypatch):
 def test_launch_extra_inverts_the_shared_cores_model():
     # two 1-worker launches of 1 + h processes, each 4 s alone, side by side on 2 cores: the model's
     # pair time gives back h; no slowdown gives 0; slower than the model can be: at most cores - 1
+    from elastic_ring.experiment.live_launches import launch_extra
     from elastic_ring.experiment.replay import shared_launch_ends
 
-    mod = _script_module()
     for h in (0.0, 0.3, 0.8):
         pair = shared_launch_ends([(0, 4.0, 1 + h, -1, INF)] * 2, 2)[0]
-        assert mod.launch_extra(pair, 4.0, 2) == pytest.approx(h)
-    assert mod.launch_extra(3.5, 4.0, 2) == 0.0 and mod.launch_extra(40.0, 4.0, 2) == 1.0
+        assert launch_extra(pair, 4.0, 2) == pytest.approx(h)
+    assert launch_extra(3.5, 4.0, 2) == 0.0 and launch_extra(40.0, 4.0, 2) == 1.0
 
 
 def test_the_calibrations_pair_picks_the_shared_cores_model():
     # a calibration with launch_extra_processes replays with launches sharing its cores (primary),
     # the engine's per-worker cost beside; one without keeps the per-worker cost, sharing beside
-    mod = _script_module()
+    from elastic_ring.experiment.live_results import simulate_run
+
     jobs = [{"name": f"j{i}", "arrival_s": a, "steps": n, "start_overhead_s": 5.0, "resize_relaunch_s": []}
             for i, (a, n) in enumerate([(0, 40), (0, 40), (1, 40)])]
     run = {"jobs": jobs, "avg_jct_s": 20.0, "makespan_s": 25.0}
     cal = {"rates_steps_per_s": {"1": 3.3, "2": 6.6, "3": 9.9, "4": 13.2}, "start_overhead_s": 4.0,
            "resize_overhead_s": 3.0, "overhead_per_worker_s": 2.0}
-    old = mod.simulate_run(run, "precompute", 4, cal, cores=2)
-    new = mod.simulate_run(run, "precompute", 4, {**cal, "launch_extra_processes": 0.5, "cores": 2})
+    old = simulate_run(run, "precompute", 4, cal, cores=2)
+    new = simulate_run(run, "precompute", 4, {**cal, "launch_extra_processes": 0.5, "cores": 2})
     assert old["launch_model"] == "per_worker" and old["shared_cores"]["launch_extra"] == 0.0
     assert new["launch_model"] == "shared_cores" and new["shared_cores"]["launch_extra"] == 0.5
     assert new["per_worker"]["avg_jct_s"] == pytest.approx(old["avg_jct_s"])
@@ -329,14 +330,15 @@ def test_launch_table_counts_what_overlapped_each_launch_and_on_which_core():
     # j0 starts on slots 0, 1 at 0 s (10 s); j1 starts on slot 2 (core 0 of 2) at 5 s (5 s), so half
     # of j0's start overlaps one worker on its core 0; j1's whole start overlaps j0's 2 workers, one
     # on its core (slot 0) and one on the other (slot 1); j1's resize to slots 2, 3 at 20 s: alone
-    mod = _script_module()
+    from elastic_ring.experiment.live_launches import launch_table
+
     res = {"live": {"jobs": [
         {"name": "j0", "start_overhead_s": 10.0, "resize_relaunch_s": [],
          "events": [[0.0, "started", {"workers": 2, "slots": [0, 1]}]]},
         {"name": "j1", "start_overhead_s": 5.0, "resize_relaunch_s": [4.0],
          "events": [[5.0, "started", {"workers": 1, "slots": [2]}], [20.0, "resized", {"workers": 2, "slots": [2, 3]}]]},
     ]}}
-    t = {(x["job"], x["kind"]): x for x in mod.launch_table(res, cores=2)}
+    t = {(x["job"], x["kind"]): x for x in launch_table(res, cores=2)}
     assert t["j0", "start"]["other_workers"] == pytest.approx(0.5)
     assert t["j0", "start"]["same_core_workers"] == pytest.approx(0.5)
     assert t["j1", "start"]["other_workers"] == pytest.approx(2.0)

@@ -17,7 +17,7 @@ from elastic_ring.config.base import build, load
 from elastic_ring.errors import ConfigError
 from elastic_ring.experiment.resize import ResizeDesign, load_design as load_resize
 from elastic_ring.ps.api import PSConfig
-from elastic_ring.experiment.ps_sync import DesignSpec, load_design as load_ps_design
+from elastic_ring.experiment.ps_design import DesignSpec, load_design as load_ps_design
 
 
 def _train(path, sets):

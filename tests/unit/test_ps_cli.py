@@ -64,7 +64,7 @@ def test_help_is_complete():
 
 
 def test_design_file_loads():
-    from elastic_ring.experiment.ps_sync import load_design
+    from elastic_ring.experiment.ps_design import load_design
 
     d = load_design("configs/dssp_table1.yaml")
     names = list(d.paradigms)

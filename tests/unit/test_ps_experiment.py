@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from elastic_ring.events.api import EventLog
-from elastic_ring.experiment import ps_sync as ex
+from elastic_ring.experiment import ps_design, ps_stats, ps_sync as ex
 from elastic_ring.ps.api import PSConfig
 from elastic_ring.ps.events import PSAccuracy, PSFinished, PSLaunch, PSPush, PSWorkerSummary
 from elastic_ring.ps.worker import step_plan
@@ -42,17 +42,17 @@ def test_a_compute_longer_than_its_target_is_an_overrun():
 
 
 def test_bootstrap_ci_brackets_the_geometric_mean_and_narrows_with_agreement():
-    g, lo, hi = ex.bootstrap_ci(np.log([0.5] * 10))
+    g, lo, hi = ps_stats.bootstrap_ci(np.log([0.5] * 10))
     assert g == pytest.approx(0.5) and lo == pytest.approx(0.5) and hi == pytest.approx(0.5)
     rng = np.random.default_rng(1)
     wide = np.log(0.7) + 0.5 * rng.standard_normal(10)
     narrow = np.log(0.7) + 0.05 * rng.standard_normal(10)
-    gw, lw, hw = ex.bootstrap_ci(wide)
-    gn, ln, hn = ex.bootstrap_ci(narrow)
+    gw, lw, hw = ps_stats.bootstrap_ci(wide)
+    gn, ln, hn = ps_stats.bootstrap_ci(narrow)
     assert lw < gw < hw and ln < gn < hn
     assert hn - ln < (hw - lw) / 4
     assert hn < 1  # ten seeds agreeing on 0.7 +- 5 %: faster, significantly
-    assert ex.bootstrap_ci(wide, seed=3) == ex.bootstrap_ci(wide, seed=3)
+    assert ps_stats.bootstrap_ci(wide, seed=3) == ps_stats.bootstrap_ci(wide, seed=3)
 
 
 def test_pairing_removes_the_seed_to_seed_spread():
@@ -60,18 +60,18 @@ def test_pairing_removes_the_seed_to_seed_spread():
     ref = [10.0, 80.0, 20.0, 40.0, 15.0, 60.0, 30.0, 12.0, 70.0, 25.0]
     rng = np.random.default_rng(2)
     x = [r * 0.5 * math.exp(0.05 * rng.standard_normal()) for r in ref]
-    r = ex.paired_ratio(x, ref, 100, 100)
+    r = ps_stats.paired_ratio(x, ref, 100, 100)
     assert r["n"] == 10 and r["censored"] == 0
     assert 0.45 < r["lo"] < 0.5 < r["hi"] < 0.55
     # the pairing is what narrows it: the same numbers paired with the wrong seeds (shifted by
     # one) give the same geometric mean but an interval over 10 times as wide
-    wrong = ex.paired_ratio(x, ref[1:] + ref[:1], 100, 100)
+    wrong = ps_stats.paired_ratio(x, ref[1:] + ref[:1], 100, 100)
     assert wrong["geomean"] == pytest.approx(r["geomean"])
     assert wrong["hi"] - wrong["lo"] > 10 * (r["hi"] - r["lo"])
 
 
 def test_censored_runs_count_as_their_budget_and_double_misses_drop():
-    r = ex.paired_ratio([5.0, None, None, 8.0], [10.0, 20.0, None, None], budget_x=40, budget_ref=50)
+    r = ps_stats.paired_ratio([5.0, None, None, 8.0], [10.0, 20.0, None, None], budget_x=40, budget_ref=50)
     assert r["n"] == 3 and r["censored"] == 2
     assert r["per_seed"] == [0.5, 2.0, None, 8.0 / 50]
 
@@ -87,7 +87,7 @@ def test_censored_runs_count_as_their_budget_and_double_misses_drop():
     (math.nan, math.nan, 0.53, "cannot tell"),
 ])
 def test_verdict(lo, hi, paper, expect):
-    assert ex.verdict(lo, hi, paper, 1.25) == expect
+    assert ps_stats.verdict(lo, hi, paper, 1.25) == expect
 
 
 # ------------------------------------------------------------------------------- whole report
@@ -142,7 +142,7 @@ def fake_run_job(cfg: PSConfig, run_dir):
 def test_report_from_fake_runs(tmp_path):
     path = tmp_path / "design.yaml"
     path.write_text(DESIGN.format(out=tmp_path / "out"))
-    design = ex.load_design(path)
+    design = ps_design.load_design(path)
     lines = []
     res = ex.run_experiment(design, echo=lines.append, run_job=fake_run_job)
     het = res["table"]["hets"][0]
@@ -168,7 +168,7 @@ def test_report_from_fake_runs(tmp_path):
 
 
 def test_design_file_is_the_issue_design():
-    d = ex.load_design("configs/dssp_table1.yaml")
+    d = ps_design.load_design("configs/dssp_table1.yaml")
     assert len(d.seeds) >= 10 and d.references == ("SSP s=3", "ASP")
     syncs = sorted((d.cell(d.hets[0], p).cfg.sync, d.cell(d.hets[0], p).cfg.staleness) for p in d.paradigms)
     assert syncs == sorted([("bsp", ""), ("asp", ""), ("ssp", "3"), ("ssp", "6"), ("ssp", "15"),
@@ -188,13 +188,13 @@ def test_bad_designs_are_one_line_errors(tmp_path):
     p = tmp_path / "d.yaml"
     p.write_text(DESIGN.format(out=tmp_path).replace('references: ["SSP s=3", ASP]', "references: [SSP]"))
     with pytest.raises(ConfigError, match="reference"):
-        ex.load_design(p)
+        ps_design.load_design(p)
     p.write_text(DESIGN.format(out=tmp_path).replace("seeds: [0, 1, 2, 3, 4, 5]", "seeds: [1, 1]"))
     with pytest.raises(ConfigError, match="each once"):
-        ex.load_design(p)
+        ps_design.load_design(p)
     p.write_text(DESIGN.format(out=tmp_path).replace("eval_every_s: 0.5", "eval_every_s: 0.5, stop_accuracy: 0.9"))
     with pytest.raises(ConfigError, match="stop_accuracy needs"):
-        ex.load_design(p)
+        ps_design.load_design(p)
 
 
 def test_inprocess_engine_needs_the_virtual_clock(tmp_path):
@@ -207,10 +207,10 @@ def test_inprocess_engine_needs_the_virtual_clock(tmp_path):
     p = tmp_path / "d.yaml"
     p.write_text(DESIGN.format(out=tmp_path) + "engine: inprocess\n")
     with pytest.raises(ConfigError, match="engine inprocess needs clock: virtual"):
-        ex.load_design(p)
+        ps_design.load_design(p)
     p.write_text(DESIGN.format(out=tmp_path) + "engine: gpu\n")
     with pytest.raises(ConfigError, match="engine: must be one of"):
-        ex.load_design(p)
+        ps_design.load_design(p)
 
 
 @pytest.mark.parametrize("lo,hi,paper,expect", [
@@ -221,12 +221,12 @@ def test_inprocess_engine_needs_the_virtual_clock(tmp_path):
     (0.9, 1.1, 1.01, "-"),          # an "as fast" claim has no direction
 ])
 def test_direction(lo, hi, paper, expect):
-    assert ex.direction(lo, hi, paper, 1.25) == expect
+    assert ps_stats.direction(lo, hi, paper, 1.25) == expect
 
 
 def test_equal_speeds_are_a_control_without_verdicts(tmp_path):
     path = tmp_path / "design.yaml"
     path.write_text(DESIGN.format(out=tmp_path / "out").replace("slowdown: [1, 2]", "slowdown: [1, 1]"))
-    res = ex.run_experiment(ex.load_design(path), echo=lambda _: None, run_job=fake_run_job)
+    res = ex.run_experiment(ps_design.load_design(path), echo=lambda _: None, run_job=fake_run_job)
     het = res["table"]["hets"][0]
     assert het["control"] and het["verdicts"] == [] and "control" in res["markdown"]
