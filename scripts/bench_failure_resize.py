@@ -11,7 +11,7 @@ in-memory copy that makes it possible costs a step.
    without (restart from the checkpoint, ``--checkpoint-every 10``): the time from the kill to
    the first step done after it, the steps redone, and the ``recovered`` event's time lost.
 3. The same on one host with ``--relaunch inplace`` (one Horovod Elastic job): rank 1's process
-   killed, alternating rounds with ``--survive`` and without, with the survive rounds' time from the
+   (``--kill-rank 0``: rank 0's; the survivor then goes on as rank 0) killed, alternating rounds with ``--survive`` and without, with the survive rounds' time from the
    kill to the job back at 2 workers (the warm joiner's first step) and the training time that grow
    lost (``--side inplace`` runs only this part, ``--side ray`` only part 2; the copy's cost is
    measured either way).
@@ -122,8 +122,9 @@ def copy_cost(rounds: int, steps: int) -> dict:
             "copy_of_step_pct": 100 * statistics.median(copy_s) / m_off, "memory_bytes_two_copies": nbytes}
 
 
-def killed_run(address: str | None, survive: bool, kill_at: int, steps: int, collective: str = "horovod") -> dict:
-    """One run whose rank 1 is killed at ``kill_at``: on the Ray cluster at ``address``, or (None) on
+def killed_run(address: str | None, survive: bool, kill_at: int, steps: int, collective: str = "horovod",
+               rank: int = 1) -> dict:
+    """One run whose ``rank`` is killed at ``kill_at``: on the Ray cluster at ``address``, or (None) on
     this host under ``--relaunch inplace``; on ``collective``'s workers."""
     where = ["--backend", "ray", "--ray-address", address] if address else ["--relaunch", "inplace"]
     args = [*where, "--collective", collective, "--gpus", "2", "--slots", "2", "--steps", str(steps),
@@ -131,7 +132,7 @@ def killed_run(address: str | None, survive: bool, kill_at: int, steps: int, col
     heals = bool(address) and survive  # on Ray the survivors grow back to 2 (part 4)
     with tempfile.TemporaryDirectory(dir="/tmp") as d, TrainRun(args, Path(d) / "run") as run:
         run.wait_step(kill_at)
-        t_kill = run.signal_rank(1, signal.SIGKILL)
+        t_kill = run.signal_rank(rank, signal.SIGKILL)
         grown = grow_back(run, t_kill) if heals else {}
         if not heals:
             run.finish("the killed run")
@@ -243,6 +244,8 @@ def main() -> None:
     ap.add_argument("--survive-steps", type=int, default=2000,
                     help="steps of a Ray --survive run (stopped a few steps after its grow back)")
     ap.add_argument("--kill-at", type=int, default=25)
+    ap.add_argument("--kill-rank", type=int, choices=(0, 1), default=1,
+                    help="the rank killed in the kill -9 rounds (parts 2-4) [default: 1]")
     ap.add_argument("--copy-steps", type=int, default=15, help="steps per round of the copy's cost")
     ap.add_argument("--horovod-elastic", action="store_true",
                     help="also Horovod Elastic's own recovery of the same kill (part 5), --rounds runs")
@@ -254,7 +257,8 @@ def main() -> None:
                     help="only part 6: a lost Ray node, with and without --survive (results/bench_lost_node.json)")
     ap.add_argument("--out", type=Path, default=None,
                     help="[default: results/bench_failure_resize.json; with --side inplace "
-                         "results/bench_failure_resize_inplace.json; _torch before .json with --collective torch; "
+                         "results/bench_failure_resize_inplace.json; _torch before .json with --collective torch, "
+                         "_rank0 with --kill-rank 0; "
                          "with --lost-node results/bench_lost_node.json]")
     a = ap.parse_args()
     if a.lost_node and (a.side == "inplace" or a.horovod_elastic):
@@ -262,7 +266,7 @@ def main() -> None:
     if a.rounds < 1 or a.kill_at < 1 or a.steps <= a.kill_at:
         ap.exit(2, "bench_failure_resize.py: --rounds and --kill-at must be at least 1, --steps above --kill-at\n")
     if a.out is None:
-        torch = "_torch" if a.collective == "torch" else ""
+        torch = ("_torch" if a.collective == "torch" else "") + ("_rank0" if a.kill_rank == 0 else "")
         a.out = ROOT / "results" / ("bench_lost_node.json" if a.lost_node else f"bench_failure_resize_inplace{torch}.json"
                                     if a.side == "inplace" else f"bench_failure_resize{torch}.json")
     load0 = os.getloadavg()[0]
@@ -273,7 +277,7 @@ def main() -> None:
     print(f"copy: {cost['copy_ms']:.2f} ms of a {cost['step_ms_without']:.1f} ms step "
           f"({cost['overhead_pct']:+.1f}% measured), {cost['memory_bytes_two_copies'] / MB:.1f} MB kept")
 
-    out: dict = {"copy_cost": cost, "collective": a.collective}
+    out: dict = {"copy_cost": cost, "collective": a.collective, "killed_rank": a.kill_rank}
     if a.side in ("both", "inplace"):
         out["inplace"] = kill_rounds(None, a)
     if a.side in ("both", "ray"):
@@ -295,7 +299,7 @@ def kill_rounds(address: str | None, a: argparse.Namespace) -> dict:
     for _ in range(a.rounds):
         for survive in (True, False):
             r = killed_run(address, survive, a.kill_at, a.survive_steps if address and survive else a.steps,
-                           a.collective)
+                           a.collective, a.kill_rank)
             runs.append(r)
             print(f"{'ray' if address else 'inplace'} {'survive' if survive else 'restart'}: kill -> next step "
                   f"{r['kill_to_next_step_s']:.2f} s, {r['steps_redone']} step(s) redone, path {r['path']}"
