@@ -4,7 +4,9 @@ in-memory copy that makes it possible costs a step.
 1. The copy's cost: the built-in ResNet (ResNet-20 width 16, batch 32, SGD with momentum, one
    torch thread), rounds of training steps alternating with and without the copy the workers keep
    of each completed step (``worker.survive.MemoryCopy`` over the same CPU snapshot a checkpoint
-   holds); medians of the step times, and the bytes of the two copies kept.
+   holds); medians of the step times, the median over the rounds of each round's median with the
+   copy over the next round's without it (``--copy-steps 1``: every other step), and the bytes of
+   the two copies kept. ``--copy-only`` measures only this (``results/bench_survive_copy.json``).
 2. kill -9 -> the next completed step: a 2-worker ``elastic-ring train --backend ray`` of the CPU
    default (ResNet-20/8 on digits) on a local Ray cluster of two one-CPU nodes started here, rank 1
    killed at a step; alternating rounds with ``--survive`` (the survivor goes on from memory) and
@@ -87,15 +89,18 @@ def copy_cost(rounds: int, steps: int) -> dict:
     from elastic_ring.worker.state import _rng_state
     from elastic_ring.worker.survive import MemoryCopy
 
+    from elastic_ring.worker.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as a CPU worker does (its Job): freed memory reused, no page faults per copy
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = resnet(20, 16, 10)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
 
-    def take(step: int) -> dict:  # what StateSync.snapshot copies
+    def take(step: int, into: dict | None) -> dict:  # what StateSync.snapshot copies
         return snapshot({"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                         "rng": _rng_state()})
+                         "rng": _rng_state()}, into)
 
     copy = MemoryCopy(take)
     on, off, copy_s = [], [], []
@@ -116,7 +121,12 @@ def copy_cost(rounds: int, steps: int) -> dict:
                  for part in (c["model"], *c["optimizer"]["state"].values()) for t in part.values()
                  if torch.is_tensor(t))
     m_on, m_off = statistics.median(on), statistics.median(off)
-    return {"model": "ResNet-20 width 16, batch 32, 1 thread", "steps_each": len(on),
+    # each round with the copy beside the round without it that follows: the drift of a shared machine cancels
+    per_round = [statistics.median(on[i * steps:(i + 1) * steps]) / statistics.median(off[i * steps:(i + 1) * steps])
+                 for i in range(min(len(on), len(off)) // steps)]
+    return {"model": "ResNet-20 width 16, batch 32, 1 thread", "steps_each": len(on), "steps_per_round": steps,
+            "paired_ratio_median": statistics.median(per_round),
+            "paired_overhead_pct": 100 * (statistics.median(per_round) - 1),
             "step_ms_with_copy": 1000 * m_on, "step_ms_without": 1000 * m_off,
             "copy_ms": 1000 * statistics.median(copy_s), "overhead_pct": 100 * (m_on - m_off) / m_off,
             "copy_of_step_pct": 100 * statistics.median(copy_s) / m_off, "memory_bytes_two_copies": nbytes}
@@ -247,6 +257,10 @@ def main() -> None:
     ap.add_argument("--kill-rank", type=int, choices=(0, 1), default=1,
                     help="the rank killed in the kill -9 rounds (parts 2-4) [default: 1]")
     ap.add_argument("--copy-steps", type=int, default=15, help="steps per round of the copy's cost")
+    ap.add_argument("--copy-rounds", type=int, default=0,
+                    help="rounds of the copy's cost, each way, alternating [default: 2 x --rounds]")
+    ap.add_argument("--copy-only", action="store_true",
+                    help="only the copy's cost (part 1), into results/bench_survive_copy.json")
     ap.add_argument("--horovod-elastic", action="store_true",
                     help="also Horovod Elastic's own recovery of the same kill (part 5), --rounds runs")
     ap.add_argument("--side", choices=("both", "ray", "inplace"), default="both",
@@ -263,19 +277,25 @@ def main() -> None:
     a = ap.parse_args()
     if a.lost_node and (a.side == "inplace" or a.horovod_elastic):
         ap.exit(2, "bench_failure_resize.py: --lost-node is a Ray part: not with --side inplace or --horovod-elastic\n")
+    if a.copy_steps < 1 or a.copy_rounds < 0:
+        ap.exit(2, "bench_failure_resize.py: --copy-steps must be at least 1, --copy-rounds at least 0\n")
     if a.rounds < 1 or a.kill_at < 1 or a.steps <= a.kill_at:
         ap.exit(2, "bench_failure_resize.py: --rounds and --kill-at must be at least 1, --steps above --kill-at\n")
     if a.out is None:
         torch = ("_torch" if a.collective == "torch" else "") + ("_rank0" if a.kill_rank == 0 else "")
-        a.out = ROOT / "results" / ("bench_lost_node.json" if a.lost_node else f"bench_failure_resize_inplace{torch}.json"
+        a.out = ROOT / "results" / ("bench_survive_copy.json" if a.copy_only else "bench_lost_node.json" if a.lost_node else f"bench_failure_resize_inplace{torch}.json"
                                     if a.side == "inplace" else f"bench_failure_resize{torch}.json")
     load0 = os.getloadavg()[0]
     if a.lost_node:
         write_results(a.out, {"lost_node": lost_node_side(a)}, load0)
         return
-    cost = copy_cost(2 * a.rounds, a.copy_steps)
+    cost = copy_cost(a.copy_rounds or 2 * a.rounds, a.copy_steps)
     print(f"copy: {cost['copy_ms']:.2f} ms of a {cost['step_ms_without']:.1f} ms step "
-          f"({cost['overhead_pct']:+.1f}% measured), {cost['memory_bytes_two_copies'] / MB:.1f} MB kept")
+          f"({cost['overhead_pct']:+.1f}% measured; paired rounds {cost['paired_overhead_pct']:+.1f}%), "
+          f"{cost['memory_bytes_two_copies'] / MB:.1f} MB kept")
+    if a.copy_only:
+        write_results(a.out, {"copy_cost": cost}, load0)
+        return
 
     out: dict = {"copy_cost": cost, "collective": a.collective, "killed_rank": a.kill_rank}
     if a.side in ("both", "inplace"):

@@ -219,28 +219,51 @@ def newest_valid(folder: str | Path) -> tuple[Path, int] | None:
     return None
 
 
-def snapshot(obj: Any) -> Any:
+def snapshot(obj: Any, into: Any = None) -> Any:
     """A deep copy with every tensor copied to the CPU: what a background write may serialise
     while training goes on changing the originals in place (a GPU tensor's copy to the host is the
-    only part that waits for the device)."""
+    only part that waits for the device).
+
+    ``into``: an earlier snapshot nobody holds any more (the survivors' oldest copy in memory,
+    :class:`elastic_ring.worker.survive.MemoryCopy`), whose CPU tensors are reused where the new
+    one has a tensor of the same shape, dtype and layout at the same place: one ``_foreach_copy_``
+    into them instead of a new tensor each (measured on the built-in ResNet after a training step:
+    1.05 ms against 1.85 ms for its 175 tensors). Its tensors are overwritten."""
     import torch
 
-    return _snap(obj, torch.Tensor)
+    dst: list = []
+    src: list = []
+    out = _snap(obj, torch.Tensor, into, dst, src)
+    if dst:
+        torch._foreach_copy_(dst, src)
+    return out
 
 
 _IMMUTABLE = (int, float, str, bool, bytes, type(None))
 
 
-def _snap(obj: Any, tensor: type) -> Any:
+def _reusable(old: Any, t: Any, tensor: type) -> bool:
+    return (isinstance(old, tensor) and old.device.type == "cpu" and old.shape == t.shape
+            and old.dtype == t.dtype and old.stride() == t.stride() and not old.is_sparse and not t.is_sparse)
+
+
+def _snap(obj: Any, tensor: type, old: Any = None, dst: list | None = None, src: list | None = None) -> Any:
     if isinstance(obj, tensor):
         t = obj.detach()
+        if dst is not None and src is not None and _reusable(old, t, tensor):
+            dst.append(old)
+            src.append(t)
+            return old
         return t.clone() if t.device.type == "cpu" else t.to("cpu")
     if isinstance(obj, dict):
-        return {k: _snap(v, tensor) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_snap(v, tensor) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_snap(v, tensor) for v in obj)
+        o = old if isinstance(old, dict) else {}
+        return {k: _snap(v, tensor, o.get(k), dst, src) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        if all(type(v) in _IMMUTABLE for v in obj):  # (Python's RNG state: 625 ints) one pass, no recursion
+            return list(obj) if isinstance(obj, list) else obj
+        o = old if isinstance(old, (list, tuple)) and len(old) == len(obj) else (None,) * len(obj)
+        items = [_snap(v, tensor, ov, dst, src) for v, ov in zip(obj, o)]
+        return items if isinstance(obj, list) else tuple(items)
     if isinstance(obj, _IMMUTABLE):
         return obj
     return copy.deepcopy(obj)

@@ -69,8 +69,10 @@ def common_step(held: list[list[int]]) -> int | None:
 
 
 class MemoryCopy:
-    """The state of this rank's last ``keep`` completed steps, in memory (``take(step)`` makes one:
-    the job's :meth:`~elastic_ring.worker.sync.StateSync.snapshot`)."""
+    """The state of this rank's last ``keep`` completed steps, in memory (``take(step, into)`` makes
+    one: the job's :meth:`~elastic_ring.worker.sync.StateSync.snapshot`; ``into`` is the oldest copy,
+    let go, whose tensors the new one reuses, or None). A copy handed out for a rollback is taken
+    out of :attr:`copies` first (:func:`survived`), so it is never reused."""
 
     def __init__(self, take, keep: int = 2) -> None:
         self.take, self.keep_n = take, keep
@@ -80,9 +82,10 @@ class MemoryCopy:
         """``step`` is complete on this rank (the next one has not started): copy its state."""
         if step in self.copies:
             return
-        self.copies[step] = self.take(step)
-        for old in sorted(self.copies)[:-self.keep_n]:
-            del self.copies[old]
+        into = None
+        while len(self.copies) >= self.keep_n:
+            into = self.copies.pop(min(self.copies))
+        self.copies[step] = self.take(step, into)
 
     def held(self) -> list[int]:
         return sorted(self.copies)

@@ -106,8 +106,9 @@ class StateSync:
             self.epoch_data.resume_rng = ckpt["rng"]  # again where an epoch loop's loader resumes (data.py)
         return {k: ckpt.get(k) for k in _META_KEYS}
 
-    def snapshot(self, step: int) -> dict[str, Any]:
-        """A CPU snapshot of everything a resume needs (taken on the training thread)."""
+    def snapshot(self, step: int, into: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A CPU snapshot of everything a resume needs (taken on the training thread); ``into``: an
+        earlier one nobody holds any more, whose tensors it reuses (:func:`elastic_ring.ckpt.snapshot`)."""
         from elastic_ring.ckpt import snapshot
 
         return snapshot({
@@ -118,7 +119,7 @@ class StateSync:
             "rng": self.saved_rng or _rng_state(), "extras": self.saved_extras(), "segment": self.seg.number,
             "schedulers": [sch.state_dict() for sch in self.schedulers],
             "data_position": self.epoch_data.position.state(),
-        })
+        }, into)
 
     def live_meta(self, next_segment: int, stop_at: int) -> dict[str, Any]:
         """Rank 0's counters for an in-place reset (the ring's state is the live one)."""

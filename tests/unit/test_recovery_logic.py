@@ -117,6 +117,29 @@ def test_failed_write_on_a_full_disk(tmp_path, monkeypatch):
     assert store.load_latest()["step"] == 5 and newest_valid(tmp_path)[1] == 5
 
 
+def test_a_snapshot_into_an_earlier_one_reuses_its_tensors_where_they_fit():
+    """The survivors' copy each step: the oldest copy's tensors are overwritten with the new values
+    (same shape, dtype and strides at the same place), anything else is a new tensor; the result
+    equals a fresh snapshot and does not follow the source's later changes."""
+    a, b = torch.arange(6.0).reshape(2, 3), torch.ones(4)
+    state = {"model": {"w": a, "b": b}, "opt": [{"m": a * 2}], "rng": (3, tuple(range(625)), None), "n": 1}
+    old = snapshot(state)
+    a += 10
+    b2 = torch.zeros(5)  # another shape at the same place: not reused
+    state["model"]["b"] = b2
+    new = snapshot(state, into=old)
+    fresh = snapshot(state)
+    assert new["model"]["w"] is old["model"]["w"] and new["opt"][0]["m"] is old["opt"][0]["m"]
+    assert new["model"]["b"] is not old["model"]["b"] and new["model"]["b"] is not b2
+    for x, y in ((new["model"]["w"], fresh["model"]["w"]), (new["model"]["b"], fresh["model"]["b"]),
+                 (new["opt"][0]["m"], fresh["opt"][0]["m"])):
+        assert torch.equal(x, y)
+    assert new["rng"] == state["rng"] and new["n"] == 1
+    a += 1
+    assert torch.equal(new["model"]["w"], fresh["model"]["w"])  # a copy, not the source
+    assert new["model"]["w"] is not a
+
+
 def test_background_writer_writes_a_snapshot_and_reraises_errors(tmp_path):
     store = CheckpointStore(tmp_path)
     w = BackgroundWriter(store)

@@ -37,12 +37,13 @@ def test_the_survivors_agree_on_the_newest_step_they_all_hold(held, step):
 
 
 def test_the_memory_copy_keeps_the_last_two_completed_steps():
-    taken = []
-    copy = MemoryCopy(lambda s: taken.append(s) or {"step": s})
+    taken, given = [], []
+    copy = MemoryCopy(lambda s, into: taken.append(s) or given.append(into) or {"step": s})
     for s in (0, 1, 1, 2, 3):
         copy.keep(s)
     assert copy.held() == [2, 3] and taken == [0, 1, 2, 3]  # a step kept again is not copied again
     assert copy.copies[3] == {"step": 3}
+    assert given == [None, None, {"step": 0}, {"step": 1}]  # the oldest copy let go, its tensors reused
 
 
 class _Nodes:
@@ -156,7 +157,7 @@ def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_pa
     session.started(job)
     threads_before = torch.get_num_threads()
     try:
-        survive._P.copy = MemoryCopy(lambda s: {"step": s})
+        survive._P.copy = MemoryCopy(lambda s, into: {"step": s})
         for s in (6, 7, 8):
             survive._P.copy.keep(s)
         assert survive.survived(ValueError("its own bug")) is None  # not a peer's loss
