@@ -146,6 +146,12 @@ def test_judge_blames_the_killed_actor_not_the_survivor_that_lost_its_peer(tmp_p
     g._failed_seen[0] = (m0, g._failed_seen[0][1], _t.time() - 1.0)
     assert g._judge() == 1 and g.failure.rank == 1, g.failure
 
+    g, (m0, m1) = _group(tmp_path, gone_pids={101})  # both reported just now, rank 1's process gone here:
+    for m in (m0, m1):  # no settle (nothing more can show of a process that is gone)
+        g._failed_seen.append((m, _Died(), _t.time()))
+        m.ref = None
+    assert g._judge() == 1 and g.failure.rank == 1, g.failure
+
     g, (m0, m1) = _group(tmp_path, gone_pids={101})  # Ray slow to report: its process is gone here
     g._failed_seen.append((m0, _Died(), _t.time() - 1.0))
     m0.ref = None

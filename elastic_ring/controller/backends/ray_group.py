@@ -15,7 +15,7 @@ from elastic_ring.controller.backends.ray_members import Member
 from elastic_ring.protocol import RETIRED
 
 GRACE_S = 5.0  # after a member fails, how long to wait for the one that caused it to show
-SETTLE_S = 0.5  # a lost node surfaces ~2.5 s after its processes: a silent death waits this long
+SETTLE_S = 0.5  # a silent death Ray reported waits this long for a record or a lost node to show
 
 
 class Nodes(Protocol):
@@ -103,22 +103,26 @@ class RayGroup:
     def _judge(self) -> int | None:
         """Name the failure that caused the others once it shows (:func:`elastic_ring.protocol.blame`
         over the failed members in the order seen: a lost node, an own error, a death without a
-        record). A silent death waits ``SETTLE_S`` (a lost node shows a little later). While only
+        record). A silent death Ray reported waits ``SETTLE_S`` for a lost node or a late record to
+        show; one whose process is seen gone on this host does not (nothing more can show: a process
+        that is gone wrote its record before, and its node is this host's). While only
         members that lost a peer have failed, the others get up to ``GRACE_S`` to show; after that
         the cause is a member that never reported, or no rank when all of them only lost a peer."""
-        records = protocol.read_error_records(self.run_dir, since=self.t_start)
         seen = self._failed_seen
         running = [m for m in self.members if m.ref is not None]
+        # gone on this host before the records are read: whatever record such a process wrote is read
+        gone = {id(m) for m in self.members if self.nodes.process_gone(m.info)}
+        records = protocol.read_error_records(self.run_dir, since=self.t_start)
         # failed members: those Ray reported, and those whose process is seen gone on this host
         failed = [protocol.Seen(m.rank, record_of(m, records),
                                 _unavailable(e) or not self.nodes.node_alive(m.info["node_id"]), who=(m, e))
                   for m, e, _ in seen]
-        failed += [protocol.Seen(m.rank, record_of(m, records), who=(m, None))
-                   for m in running if self.nodes.process_gone(m.info)]
+        failed += [protocol.Seen(m.rank, record_of(m, records), who=(m, None)) for m in running if id(m) in gone]
         waited = time.time() - seen[0][2]
         culprit = protocol.blame(failed)
         if culprit is not None:
-            if culprit.record is None and not culprit.node_lost and waited <= SETTLE_S:
+            settled = waited > SETTLE_S or id(culprit.who[0]) in gone
+            if culprit.record is None and not culprit.node_lost and not settled:
                 return None
             self._failed(*culprit.who)
             return self.rc
