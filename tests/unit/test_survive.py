@@ -146,6 +146,7 @@ def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_pa
 
     class Job:
         run_dir, rank, ring = tmp_path, 0, Ring()
+        state = type("State", (), {"model": None})()
         seg = type("Seg", (), {"number": 3, "step": 8})()
         progress = type("P", (), {"start": Start()})()
 
@@ -164,6 +165,7 @@ def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_pa
         assert survive.survived(HorovodInternalError("gloo: connection closed")) is None  # no word in time
         rec = protocol.read_json(survivor_file(tmp_path, "w1"))
         assert rec["held"] == [7, 8] and rec["segment"] == 3 and rec["rank"] == 0
+        assert sorted(rec["digests"]) == ["7", "8"] and rec["digests"]["7"] != rec["digests"]["8"]  # each copy's
         protocol.write_json_atomic(inplace_action_file(tmp_path, 3), {
             "action": "resize", "to": 1, "segment": 4, "stop_at": 20, "rollback_to": 7, "members": {"w1": {}}})
         ring, segment, stop_at, start = survive.survived(HorovodInternalError("gloo: connection closed"))
@@ -636,3 +638,54 @@ def test_the_ray_backend_ends_a_stalled_rank_alone(tmp_path):
     assert b.end_ranks([1]) and ended == ["actor1"]
     b.survive = False
     assert not b.end_ranks([1])
+
+
+def test_a_survivor_whose_copy_differs_from_the_others_is_broken_the_disk_checkpoint_then():
+    """The fingerprint of a copy covers what every data-parallel rank holds alike (the parameters and
+    the optimizer's momentum, not BatchNorm's running statistics, each rank's own): equal copies
+    agree on the newest common step; a copy whose weights or momentum differ makes the survivors
+    fall back to the disk (no step), as do copies of another step number."""
+    import torch
+
+    from elastic_ring.worker.survive import agreed_step, state_digest
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(8, 4)).sum().backward()
+    opt.step()
+    params = {k for k, _ in model.named_parameters()}
+
+    def copy(step, bump_buffer=0.0, bump_weight=0.0, bump_momentum=0.0):
+        from elastic_ring.ckpt import snapshot
+
+        snap = snapshot({"step": step, "model": model.state_dict(), "optimizer": opt.state_dict()})
+        snap["model"]["1.running_mean"] += bump_buffer
+        snap["model"]["0.weight"][0, 0] += bump_weight
+        snap["optimizer"]["state"][0]["momentum_buffer"][0, 0] += bump_momentum
+        return state_digest(snap, params)
+
+    def rec(held, **digests):
+        return {"held": held, "digests": {str(s): d for s, d in digests.items()}}
+
+    same = copy(5)
+    assert copy(5, bump_buffer=1.0) == same  # each rank's own BatchNorm statistics: no matter
+    assert copy(6) != same and copy(5, bump_weight=1e-6) != same and copy(5, bump_momentum=1e-6) != same
+    assert agreed_step([{"held": [4, 5], "digests": {"4": copy(4), "5": same}},
+                        {"held": [5, 6], "digests": {"5": copy(5, bump_buffer=2.0), "6": copy(6)}}]) == 5
+    assert agreed_step([{"held": [4, 5], "digests": {"5": same}},
+                        {"held": [4, 5], "digests": {"5": copy(5, bump_weight=1e-3)}}]) is None
+    assert agreed_step([{"held": [5]}, {"held": [4, 5]}]) == 5  # (no fingerprints: a Horovod Elastic commit)
+
+
+def test_inplace_survivors_with_differing_copies_are_ended_the_restart_from_the_checkpoint(tmp_path):
+    import os
+
+    b, h = _elastic(tmp_path, [os.getpid(), os.getpid(), 999_999_999], world=3)
+    protocol.write_json_atomic(survivor_file(tmp_path, "0"), {
+        "member": "0", "rank": 0, "pid": os.getpid(), "held": [6, 7], "time": time.time(), "segment": 0,
+        "digests": {"6": "a", "7": "b"}})
+    protocol.write_json_atomic(survivor_file(tmp_path, "1"), {
+        "member": "1", "rank": 1, "pid": os.getpid(), "held": [6, 7], "time": time.time(), "segment": 0,
+        "digests": {"6": "a", "7": "c"}})
+    assert b.survivors(wait_s=1.0) is None and h.inner.rc == -9

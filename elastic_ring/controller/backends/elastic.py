@@ -312,8 +312,8 @@ class ElasticBackend:
         checkpoint) when the run does not keep survivors, horovodrun itself exited, rank 0 took a
         scheduled resize already, a survivor is silent, none is gone or left, on ``localhost:K`` (a
         GPU run) a rank below a survivor's is gone (its slot would leave a hole), or they hold no
-        step in common."""
-        from elastic_ring.worker.survive import common_step, survivor_file
+        step in common or their copies of it differ (:func:`~elastic_ring.worker.survive.agreed_step`)."""
+        from elastic_ring.worker.survive import agreed_step, survivor_file
 
         h, cur = self._handle, self._launch
         if not self.survive or h is None or cur is None or h.inner.poll() is not None:
@@ -333,7 +333,7 @@ class ElasticBackend:
             time.sleep(0.02)
         for r in range(cur.world):
             survivor_file(run_dir, str(r)).unlink(missing_ok=True)
-        step = common_step([list(records[r].get("held") or []) for r in sorted(records)])
+        step = agreed_step([records[r] for r in sorted(records)])
         left = len(records)
         holes = not self.slot_hosts and sorted(records) != list(range(left))  # localhost:K: top ranks only
         if (not self.retract_ahead(cur.segment) or not gone or not left or left + len(gone) < cur.world

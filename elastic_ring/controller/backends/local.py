@@ -344,10 +344,11 @@ class LocalRingBackend:
         they all hold in memory. Waits up to ``wait_s`` until every member of the running group has
         either said which steps it holds or is gone. None (the group is ended: the restart from the
         checkpoint) when the run does not keep survivors, rank 0 took a resize written ahead
-        already, a survivor is silent, none is gone or left, or they hold no step in common. The
+        already, a survivor is silent, none is gone or left, or they hold no step in common (or its
+        copies differ: :func:`~elastic_ring.worker.survive.agreed_step`). The
         failure is the gone member's own error, else its death (``Killed``): a member that only
         lost a peer is never blamed (:func:`elastic_ring.protocol.blame`)."""
-        from elastic_ring.worker.survive import common_step, survivor_file
+        from elastic_ring.worker.survive import agreed_step, survivor_file
 
         g, cur = self.group, self.launch
         if not self.survive or g is None or cur is None or g.rc in (None, 0):
@@ -372,7 +373,7 @@ class LocalRingBackend:
         for m in serving:
             survivor_file(run_dir, m.name).unlink(missing_ok=True)
         alive = [m for m in serving if m.name in records]
-        step = common_step([list(records[m.name].get("held") or []) for m in alive])
+        step = agreed_step([records[m.name] for m in alive])
         if not gone or not alive or len(alive) + len(gone) < len(serving) or step is None:
             g.kill()
             return None

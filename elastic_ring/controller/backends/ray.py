@@ -222,14 +222,15 @@ class RayBackend:
         which steps it holds (:func:`elastic_ring.worker.survive.survivor_file`). None (the restart
         from the checkpoint) when the run does not keep survivors (``--survive``), the failure names
         no rank or lost a node, a ring formed ahead was already taken, no member is left, one is
-        gone or silent, or they hold no step in common (:func:`~elastic_ring.worker.survive.common_step`).
+        gone or silent, or they hold no step in common or their copies of it differ
+        (:func:`~elastic_ring.worker.survive.agreed_step`).
         Otherwise the ring goes on with them (the failed members ended), and the in-place resize
         the controller asks next rolls them back to that step; warm spares that are up now take the
         failed members' places (up to the size the ring had), synced from the survivors' rank 0; a
         spare whose worker still imports joins later, as the new actors do.
         A lost node is blamed as a whole: every member on it has failed, those on the other nodes
         go on. The failed members' bundles get new actors at that resize (:meth:`heal_target`)."""
-        from elastic_ring.worker.survive import common_step, survivor_file
+        from elastic_ring.worker.survive import agreed_step, survivor_file
 
         g = self.group
         if not self.survive or g is None or g.failure is None or g.failure.rank is None:
@@ -253,7 +254,7 @@ class RayBackend:
         segment = self.launch.segment if self.launch is not None else None
         if not alive or len(records) < len(alive) or any(r.get("segment") != segment for r in records.values()):
             return None  # (a survivor of another segment: a failure at a resize)
-        step = common_step([list(records[m.name].get("held") or []) for m in alive])
+        step = agreed_step([records[m.name] for m in alive])
         if step is None:
             return None
         if lost is not None:  # blamed by node: every rank that ran there
