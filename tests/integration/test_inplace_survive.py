@@ -9,7 +9,7 @@ step 5 alone, and a second warm joiner (the next spare, started once the ring tr
 it back to 2 for the last two steps. Its final weights, momentum, data position and LR equal,
 bitwise, those of an uninterrupted run with those resizes scheduled: 2 -> 1 at step 2, back to 2
 at step 3, 2 -> 1 at step 4, back to 2 at step 5. A Horovod Elastic script rolls back to its last
-commit the same way (rank 1 killed), and an epoch-loop script (``job.epochs()``) to the copy of its
+commit the same way (rank 0 killed), and an epoch-loop script (``job.epochs()``) to the copy of its
 last step, its position in the epoch included. Each failing run goes side by side with its
 reference."""
 
@@ -162,7 +162,7 @@ def test_rank_0_killed_then_a_warm_joiner_then_its_stall_as_scheduled_resizes(tm
     _assert_same_final_state(a, b)
 
 
-HE_STEPS = 6  # rank 1 is killed in the last step: no joiner comes (no step left for it)
+HE_STEPS = 6  # rank 0 is killed in the last step: no joiner comes (no step left for it)
 
 HVD_ELASTIC = """
 import os, signal, sys, torch, horovod.torch as hvd
@@ -190,7 +190,7 @@ def train(state):
             state.n += 1
             with open(os.path.join(out, f"rank{hvd.rank()}.txt"), "a") as f:
                 f.write(f"{state.n} {os.getpid()} {hvd.size()}\\n")
-            if state.n == %d and hvd.rank() == 1 and how == "fail":
+            if state.n == %d and hvd.rank() == 0 and hvd.size() == 2 and how == "fail":
                 os.kill(os.getpid(), signal.SIGKILL)
             loss = F.cross_entropy(model(xb), yb)
             opt.zero_grad()
@@ -209,19 +209,23 @@ train(state)
 
 
 def test_a_horovod_elastic_script_rolls_back_to_its_last_commit_in_memory(tmp_path):
-    """``@hvd.elastic.run`` with ``state.commit()`` after every batch: rank 1 is killed in the last
-    step; rank 0 restores its commit of the step before (Horovod's save, in memory), re-forms the
-    ring alone, runs the reset callback and calls the function again, as Horovod Elastic would,
-    instead of a restart from the checkpoint; the final weights and momentum equal those of a
-    scheduled shrink at that step."""
+    """``@hvd.elastic.run`` with ``state.commit()`` after every batch: rank 0 is killed in the last
+    step; rank 1 restores its commit of the step before (Horovod's save, in memory), re-forms the
+    ring alone as rank 0 (its own slot host), runs the reset callback and calls the function again,
+    as Horovod Elastic would, instead of a restart from the checkpoint; the final weights and
+    momentum equal those of a scheduled shrink at that step. (On Ray the same script loses rank 1:
+    test_ray_survive.py.)"""
     dirs = _side_by_side(tmp_path, HVD_ELASTIC, {"fail": ["--survive"],
                                                  "none": ["--resize-at", str(HE_STEPS - 1), "--to", "1"]}, HE_STEPS)
     run = dirs["fail"] / "r"
     (r,) = read_events(run / "events.jsonl", kind="restart")
-    assert (r["path"], r["rank"], r["from_step"], r["new_world_size"]) == ("memory", 1, HE_STEPS - 1, 1), r
+    assert (r["path"], r["rank"], r["from_step"], r["new_world_size"]) == ("memory", 0, HE_STEPS - 1, 1), r
     assert not [e for e in read_events(run / "events.jsonl", kind="resize_requested") if e["source"] == "joiner"]
-    rows = _rows(dirs["fail"])
-    assert [s for s, _, _ in rows] == [*range(1, HE_STEPS + 1), HE_STEPS] and len({p for _, p, _ in rows}) == 1
+    rows, survivor = _rows(dirs["fail"]), _rows(dirs["fail"], 1)
+    assert [s for s, _, _ in rows] == [*range(1, HE_STEPS + 1), HE_STEPS]
+    assert [s for s, _, _ in survivor] == list(range(1, HE_STEPS + 1)) and len({p for _, p, _ in survivor}) == 1
+    # the dead rank 0 did steps 1..6; rank 1's process redid step 6 alone, as rank 0
+    assert {p for _, p, _ in rows[:-1]} != {survivor[0][1]} and rows[-1][1:] == (survivor[0][1], 1)
     a, b = _final_model(run), _final_model(dirs["none"] / "r")
     assert a["step"] == b["step"] == HE_STEPS
     _assert_same_final_state(a, b)

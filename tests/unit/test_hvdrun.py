@@ -106,3 +106,44 @@ def test_the_driver_reads_the_controllers_host_list_itself_and_runs_other_script
     write_hosts(tmp_path, 2)
     assert ours.find_available_hosts_and_slots() == {"localhost": 2}
     assert driver.DISCOVER_HOSTS_FREQUENCY_SECS == hvdrun.DISCOVERY_POLL_S
+
+
+def test_the_late_exit_of_a_worker_whose_slot_was_removed_is_not_its_next_workers_failure():
+    """A shrink removes slot 1, a grow gives it back and a new worker starts there; then the old
+    worker's abort is handled: ignored (it would have blacklisted the host). The new worker's own
+    failure, and a worker whose slot was never removed, still count."""
+    from collections import namedtuple
+
+    Slot = namedtuple("Slot", "hostname local_rank")
+
+    class Driver:  # the three methods the patch wraps, as Horovod's ElasticDriver has them
+        def __init__(self):
+            self._host_assignments, self.exits, self.started = {}, [], []
+
+        def _start_worker_process(self, slot_info):
+            self.started.append(slot_info)
+
+        def _update_host_assignments(self, n):
+            self._host_assignments = {"localhost": [Slot("localhost", i) for i in range(n)]}
+            return []
+
+        def _handle_worker_exit(self, slot_info, exit_code, timestamp):
+            self.exits.append((slot_info.local_rank, exit_code))
+
+    hvdrun.ignore_exits_of_removed_workers(Driver)
+    hvdrun.ignore_exits_of_removed_workers(Driver)  # once
+    d = Driver()
+    d._update_host_assignments(2)
+    old0, old1 = d._host_assignments["localhost"]
+    d._start_worker_process(old0)
+    d._start_worker_process(old1)
+    d._update_host_assignments(1)  # the shrink: slot 1 removed
+    d._update_host_assignments(2)  # the grow: slot 1 back, a new worker there
+    new1 = d._host_assignments["localhost"][1]
+    d._start_worker_process(new1)
+    d._handle_worker_exit(old1, 134, 0.0)  # the old worker's late abort
+    assert d.exits == []
+    d._handle_worker_exit(old1, 134, 0.0)  # (once retired, once ignored: then as before)
+    d._handle_worker_exit(new1, 1, 0.0)
+    d._handle_worker_exit(old0, 1, 0.0)
+    assert d.exits == [(1, 134), (1, 1), (0, 1)]
