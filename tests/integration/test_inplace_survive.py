@@ -190,7 +190,7 @@ def train(state):
             state.n += 1
             with open(os.path.join(out, f"rank{hvd.rank()}.txt"), "a") as f:
                 f.write(f"{state.n} {os.getpid()} {hvd.size()}\\n")
-            if state.n == %d and hvd.rank() == 0 and hvd.size() == 2 and how == "fail":
+            if state.n == %d and hvd.rank() == %d and hvd.size() == 2 and how == "fail":
                 os.kill(os.getpid(), signal.SIGKILL)
             loss = F.cross_entropy(model(xb), yb)
             opt.zero_grad()
@@ -205,7 +205,12 @@ def train(state):
 state = hvd.elastic.TorchState(model=model, optimizer=opt, sampler=sampler, epoch=0, batch=0, n=0)
 state.register_reset_callbacks([set_lr])
 train(state)
-""" % HE_STEPS
+"""
+
+
+def hvd_elastic_script(killed: int) -> str:
+    """The Horovod Elastic script whose rank ``killed`` kills itself in the last step (at 2 workers)."""
+    return HVD_ELASTIC % (HE_STEPS, killed)
 
 
 def test_a_horovod_elastic_script_rolls_back_to_its_last_commit_in_memory(tmp_path):
@@ -215,7 +220,7 @@ def test_a_horovod_elastic_script_rolls_back_to_its_last_commit_in_memory(tmp_pa
     as Horovod Elastic would, instead of a restart from the checkpoint; the final weights and
     momentum equal those of a scheduled shrink at that step. (On Ray the same script loses rank 1:
     test_ray_survive.py.)"""
-    dirs = _side_by_side(tmp_path, HVD_ELASTIC, {"fail": ["--survive"],
+    dirs = _side_by_side(tmp_path, hvd_elastic_script(killed=0), {"fail": ["--survive"],
                                                  "none": ["--resize-at", str(HE_STEPS - 1), "--to", "1"]}, HE_STEPS)
     run = dirs["fail"] / "r"
     (r,) = read_events(run / "events.jsonl", kind="restart")

@@ -187,10 +187,10 @@ def test_a_horovod_elastic_script_on_ray_rolls_back_to_its_last_commit_in_memory
     (Horovod's save, in memory), re-forms the ring alone and finishes, without a restart from the
     checkpoint; the final weights and momentum equal those of a scheduled shrink at that step,
     run beside it on the same cluster."""
-    from tests.integration.test_inplace_survive import (HE_STEPS, HVD_ELASTIC, _assert_same_final_state, _rows,
-                                                        _side_by_side)
+    from tests.integration.test_inplace_survive import (HE_STEPS, _assert_same_final_state, _rows, _side_by_side,
+                                                        hvd_elastic_script)
 
-    dirs = _side_by_side(tmp_path, HVD_ELASTIC, {"fail": ["--survive"],
+    dirs = _side_by_side(tmp_path, hvd_elastic_script(killed=1), {"fail": ["--survive"],
                                                  "none": ["--resize-at", str(HE_STEPS - 1), "--to", "1"]}, HE_STEPS,
                          start=lambda args: _start([*_ray_args(one_node), *args]))
     run = dirs["fail"] / "r"
