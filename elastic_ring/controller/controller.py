@@ -113,6 +113,7 @@ class Controller:
         # first launch), resizing, restarting; None once they step (see _phase)
         self._transition: str | None = "starting"
         self._stall_ended = 0.0  # when the stalled ranks alone were ended (the others go on: _end_stalled)
+        self._refused: str | None = None  # why the backend's survivors did not go on (the next restart says)
         self._t_failure = 0.0  # when the last failure that a joiner heals was seen (_survivors)
         self._launched = False  # this controller's first launch is the start of a session
 
@@ -331,12 +332,13 @@ class Controller:
         new_world = min(world, usable)
         append_traceback(seg.log, rec)
         reason = give_up_reason(rec, failure, attempt, repeated, self.max_restarts, new_world)
+        refused, self._refused = self._refused, None
         self.events.write(Restart(attempt=attempt, cause=why, rank=rank, returncode=rc,
                                   segment=seg.index, world_size=seg.world, from_step=ck,
                                   failed_at_step=last, steps_redone=redone,
                                   new_world_size=0 if reason is not None else new_world, gave_up=reason is not None,
                                   node=(seen.node if seen else None) or self.diagnosis.stalled_hosts(seg),
-                                  time=t_detect))
+                                  memory_refused=refused, time=t_detect))
         if reason is not None:
             self._fail(seg, rc, f"{why} ({reason})", rank=rank)
         if new_world < world:
@@ -348,7 +350,7 @@ class Controller:
                         pending_world=None, resize_from=None)
         self.meter.restarting = Restarting(attempt, t_detect, t_last, redone, ck, seg.index + 1)
         self.out(f"{why}: restart {attempt}/{self.max_restarts} from step {ck} with {new_world} "
-                 f"worker(s) ({redone} step(s) to redo)")
+                 f"worker(s) ({redone} step(s) to redo)" + (f"; not from memory: {refused}" if refused else ""))
         return ck, new_world
 
     def _survivors(self, seg: Segment, rc: int) -> tuple[int, int] | None:
@@ -368,6 +370,7 @@ class Controller:
         self._stall_ended = 0.0
         s = ask()
         if s is None:
+            self._refused = getattr(self.backend, "refused", None)  # for the restart that follows
             return None
         self._cancel_next()
         self.meter.pending = None

@@ -305,6 +305,7 @@ class Restart(Event):
     gave_up: bool = False
     node: str | None = None  # where the first failure happened, when the backend knows (Ray)
     path: str = "disk"  # "memory": the survivors went on from the step they hold in memory (--survive)
+    memory_refused: str | None = None  # under --survive, why the survivors did not go on from memory
 
 
 @register

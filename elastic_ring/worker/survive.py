@@ -83,6 +83,25 @@ def agreed_step(records: list[dict[str, Any]]) -> int | None:
     return step if len(prints) <= 1 else None
 
 
+def refusal(records: list[dict[str, Any]], silent: int = 0, gone: int = 1) -> str | None:
+    """Why the survivors whose records are ``records`` do not go on from memory (the restart's
+    ``memory_refused``), or None when they can: ``silent`` workers neither spoke nor are gone,
+    ``gone`` workers are."""
+    if silent:
+        return f"{silent} worker(s) neither said which steps they hold nor were gone within the wait"
+    if not records:
+        return "no survivor is left"
+    if not gone:
+        return "no worker is gone"
+    step = common_step([list(r.get("held") or []) for r in records])
+    if step is None:
+        held = "; ".join(str(sorted(r.get("held") or [])) for r in records)
+        return f"the survivors hold no step in common (they hold {held})"
+    if agreed_step(records) is None:
+        return f"the survivors' copies of step {step} differ (one's state is not the others')"
+    return None
+
+
 def _tensor_bytes(t: Any) -> bytes:
     import torch
 

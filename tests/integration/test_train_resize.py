@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from elastic_ring import protocol
 from elastic_ring.data import SampleStream
 from elastic_ring.events import read_events
 from tests.conftest import BIN, ROOT, run_cli, shared_dir
@@ -250,16 +251,20 @@ def _final_model(run: Path) -> dict:
     return CheckpointStore(run / "checkpoints").load_latest()
 
 
-def test_interrupt_and_resume_equals_uninterrupted_run(tmp_path):
+def test_interrupt_and_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
     """Momentum buffers, RNG, sample cursor and LR survive a stop/resume exactly: the final
     weights of an interrupted-and-resumed run equal those of a run that never stopped."""
     # The Ctrl-C goes once rank 0 has started step 20 (its sample trace, written at each step: no
     # lag; the controller's SIGINT handler is in place before it launches workers); it lands within
-    # a few steps (stopped at 21, 22 and 38 at load 15 on two cores), 280 steps before the end.
+    # a few steps (stopped at 21, 22 and 38 at load 15 on two cores), long before the end.
     # (Waiting also for a throughput window relayed by the controller let a fresh-clone run of 400
     # steps, 4 s of steps at 15 ms, finish before the Ctrl-C landed; waiting for step 100 in
-    # events.jsonl, the relay, did the same earlier.)
-    STEPS = 300
+    # events.jsonl, the relay, did the same earlier; and 300 steps at 9 ms each on a quiet machine were
+    # all done 2.7 s after the first, before the Ctrl-C landed, in one fresh-clone run: now 1000.)
+    STEPS = 1000
+    # one intra-op thread each: the two runs side by side on two cores (two threads each spun at
+    # every parallel region's barrier: 0.2 s a step instead of 10 ms, seen here)
+    monkeypatch.setenv(protocol.CPU_THREADS_ENV, "1")
     args = ["--gpus", "1", "--steps", str(STEPS), *TINY]
     straight = tmp_path / "straight"
     cut = tmp_path / "cut"

@@ -116,6 +116,10 @@ def test_the_backend_falls_back_to_the_checkpoint(tmp_path, case):
         _say_held(tmp_path, "w1", 999, [6, 7])
     assert b.survivors(wait_s=0.3) is None
     assert g.rc == 1 and g.members == [m0, m1] and not ended  # untouched: the restart ends them
+    said = {"off": None, "silent": "1 worker(s) neither said", "gone": "rank(s) [0] died too",
+            "no rank": "the failure names no rank", "stale record": "1 worker(s) neither said",
+            "other segment": "a survivor spoke of another segment"}[case]
+    assert b.refused == said if said is None else b.refused.startswith(said), b.refused
 
 
 def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_path, monkeypatch):
@@ -306,6 +310,31 @@ def test_the_controller_takes_a_failure_with_survivors_as_a_shrink(tmp_path, max
     assert [4, 1, "failure"] in json.loads((tmp_path / protocol.PLAN_FILE).read_text())["changes"]
 
 
+def test_a_restart_says_why_the_survivors_did_not_go_on_from_memory(tmp_path):
+    """Under --survive, when the backend's survivors cannot go on, the restart from the checkpoint
+    that follows says why (``memory_refused``), in its event and in its line."""
+    from elastic_ring.controller.backends.resize import InPlace
+    from elastic_ring.controller.controller import Controller
+    from elastic_ring.errors import WorkerFailedError
+    from elastic_ring.events import read_events
+
+    class Refusing(_Backend):
+        refused = None
+
+        def survivors(self):
+            self.refused = "the survivors hold no step in common (they hold [3, 4]; [5, 6])"
+            return None
+
+    spec = RunSpec(run_dir=tmp_path, workers=2, schedule=(), slots=2, device="cpu", total_steps=10)
+    b, said = Refusing(tmp_path, 10), []
+    with pytest.raises(WorkerFailedError):  # (the fake ring fails the same way again: given up)
+        Controller(spec, out=said.append, poll_s=0.0, show_progress=False, backend=b, resize=InPlace(b),
+                   max_restarts=1).run(0, 2, 0)
+    first = read_events(tmp_path / "events.jsonl", kind="restart")[0]
+    assert first["path"] == "disk" and first["memory_refused"] == b.refused
+    assert any(line.endswith(f"not from memory: {b.refused}") for line in said), said
+
+
 @pytest.mark.parametrize("total, joins", [(10, True), (5, False)])
 def test_a_new_worker_takes_the_dead_ones_place_after_the_survivors_next_step(tmp_path, total, joins):
     """A backend that starts a new worker on a grow (``rejoins``: Horovod Elastic's host discovery
@@ -477,6 +506,11 @@ def test_inplace_the_restart_from_the_checkpoint_when_the_survivors_cannot_go_on
     assert b.survivors(wait_s=0.3) is None
     if case != "off":
         assert h.inner.rc == -9  # ended
+    # what the restart's memory_refused says
+    assert b.refused == {"rank 0 lost on GPUs": "rank(s) [0] below a survivor's are gone (one host's slots, a GPU run)",
+                         "silent": "1 worker(s) neither said which steps they hold nor were gone within the wait",
+                         "no common step": "the survivors hold no step in common (they hold [3, 4]; [5, 6])",
+                         "off": None}[case]
 
 
 def test_slot_hosts_are_this_machine_for_horovodrun(monkeypatch):
@@ -689,3 +723,4 @@ def test_inplace_survivors_with_differing_copies_are_ended_the_restart_from_the_
         "member": "1", "rank": 1, "pid": os.getpid(), "held": [6, 7], "time": time.time(), "segment": 0,
         "digests": {"6": "a", "7": "c"}})
     assert b.survivors(wait_s=1.0) is None and h.inner.rc == -9
+    assert b.refused == "the survivors' copies of step 7 differ (one's state is not the others')"

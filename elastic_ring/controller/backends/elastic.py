@@ -170,6 +170,7 @@ class ElasticBackend:
         self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu")
         self.network_interface = network_interface
         self.hosts_written = 0.0  # when the discovery file last changed
+        self.refused: str | None = None  # why the last failure's survivors did not go on from memory
         self._launch: SegmentLaunch | None = None  # the running segment's
         self._ahead: SegmentLaunch | None = None  # the resize whose action is written ahead
         self._ahead_taken = False  # rank 0 took it (renamed the file)
@@ -313,10 +314,12 @@ class ElasticBackend:
         scheduled resize already, a survivor is silent, none is gone or left, on ``localhost:K`` (a
         GPU run) a rank below a survivor's is gone (its slot would leave a hole), or they hold no
         step in common or their copies of it differ (:func:`~elastic_ring.worker.survive.agreed_step`)."""
-        from elastic_ring.worker.survive import agreed_step, survivor_file
+        from elastic_ring.worker.survive import agreed_step, refusal, survivor_file
 
         h, cur = self._handle, self._launch
+        self.refused = None
         if not self.survive or h is None or cur is None or h.inner.poll() is not None:
+            self.refused = "horovodrun exited" if self.survive and h is not None else None
             return None
         run_dir, t0 = self.spec.run_dir, time.time()
         pids = _current_pids(run_dir, cur.segment)
@@ -336,8 +339,13 @@ class ElasticBackend:
         step = agreed_step([records[r] for r in sorted(records)])
         left = len(records)
         holes = not self.slot_hosts and sorted(records) != list(range(left))  # localhost:K: top ranks only
-        if (not self.retract_ahead(cur.segment) or not gone or not left or left + len(gone) < cur.world
-                or holes or step is None):
+        if not self.retract_ahead(cur.segment):
+            self.refused = "rank 0 had taken the scheduled resize written ahead"
+        elif holes and gone and left:
+            self.refused = f"rank(s) {sorted(gone)} below a survivor's are gone (one host's slots, a GPU run)"
+        else:
+            self.refused = refusal([records[r] for r in sorted(records)], cur.world - left - len(gone), len(gone))
+        if self.refused is not None or step is None:
             h.end()
             return None
         if self.slot_hosts:  # the dead workers' slot hosts go; the survivors are ranks 0.. again, in their order
@@ -345,6 +353,7 @@ class ElasticBackend:
             dead = {by_rank.get(r) for r in gone}
             live = [n for n in self._live if n not in dead]
             if None in dead or len(live) != left:
+                self.refused = "the dead workers' slot hosts are not known"
                 h.end()
                 return None
             self._live, self._dead = live, self._dead | dead  # type: ignore[operator]

@@ -242,6 +242,7 @@ class LocalRingBackend:
         self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu")
         self.rings = rings or TorchRingFormer(lambda: MASTER_ADDR)
         self.survive = survive  # survivors of a failure go on from their copy in memory
+        self.refused: str | None = None  # why the last failure's survivors did not go on from memory
         self._rollback: int | None = None  # the step the next in-place resize rolls the survivors back to
         self.group: LocalGroup | None = None
         self.launch: SegmentLaunch | None = None  # the running segment's
@@ -348,12 +349,14 @@ class LocalRingBackend:
         copies differ: :func:`~elastic_ring.worker.survive.agreed_step`). The
         failure is the gone member's own error, else its death (``Killed``): a member that only
         lost a peer is never blamed (:func:`elastic_ring.protocol.blame`)."""
-        from elastic_ring.worker.survive import agreed_step, survivor_file
+        from elastic_ring.worker.survive import agreed_step, refusal, survivor_file
 
         g, cur = self.group, self.launch
+        self.refused = None
         if not self.survive or g is None or cur is None or g.rc in (None, 0):
             return None
         if not self.retract_ahead(cur.segment):
+            self.refused = "rank 0 had taken the scheduled resize written ahead"
             g.kill()
             return None  # rank 0 took a scheduled resize before the failure: the restart
         run_dir, t0 = self.spec.run_dir, time.time()
@@ -374,7 +377,8 @@ class LocalRingBackend:
             survivor_file(run_dir, m.name).unlink(missing_ok=True)
         alive = [m for m in serving if m.name in records]
         step = agreed_step([records[m.name] for m in alive])
-        if not gone or not alive or len(alive) + len(gone) < len(serving) or step is None:
+        self.refused = refusal([records[m.name] for m in alive], len(serving) - len(alive) - len(gone), len(gone))
+        if self.refused is not None or step is None:
             g.kill()
             return None
         errors = protocol.read_error_records(run_dir, since=g.t_start)

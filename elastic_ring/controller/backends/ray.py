@@ -143,6 +143,7 @@ class RayBackend:
                  survive: bool = False) -> None:
         self.spec, self.cluster, self.pool, self.rings = spec, cluster, pool, rings or RingFormer()
         self.survive = survive  # survivors of a failure go on from their copy in memory
+        self.refused: str | None = None  # why the last failure's survivors did not go on from memory
         self._rollback: int | None = None  # the step the next in-place resize rolls the survivors back to
         self._freed: list[int] = []  # bundles of failed members, refilled at the survivors' resize
         self._heal_to: int | None = None  # the size the ring had before a failure, until it is back
@@ -230,12 +231,16 @@ class RayBackend:
         spare whose worker still imports joins later, as the new actors do.
         A lost node is blamed as a whole: every member on it has failed, those on the other nodes
         go on. The failed members' bundles get new actors at that resize (:meth:`heal_target`)."""
-        from elastic_ring.worker.survive import agreed_step, survivor_file
+        from elastic_ring.worker.survive import agreed_step, refusal, survivor_file
 
         g = self.group
+        self.refused = None
         if not self.survive or g is None or g.failure is None or g.failure.rank is None:
+            if self.survive and g is not None and g.failure is not None:
+                self.refused = "the failure names no rank"
             return None
         if self.launch is not None and not self.retract_ahead(self.launch.segment):
+            self.refused = "rank 0 had taken the scheduled resize written ahead"
             return None  # rank 0 took a scheduled resize before the failure: the restart
         failure, t0, lost = g.failure, time.time(), g.lost_node
         alive = [m for m in g.running() if lost is None or m.info.get("node_id") != lost]
@@ -252,9 +257,13 @@ class RayBackend:
         for m in alive:
             survivor_file(self.spec.run_dir, m.name).unlink(missing_ok=True)
         segment = self.launch.segment if self.launch is not None else None
-        if not alive or len(records) < len(alive) or any(r.get("segment") != segment for r in records.values()):
-            return None  # (a survivor of another segment: a failure at a resize)
-        step = agreed_step([records[m.name] for m in alive])
+        if any(r.get("segment") != segment for r in records.values()):
+            self.refused = "a survivor spoke of another segment (a failure at a resize)"
+            return None
+        also = [m.rank for m in alive if m.name not in records and self.cluster.process_gone(m.info)]
+        self.refused = (f"rank(s) {also} died too" if also else
+                        refusal([records[m.name] for m in alive if m.name in records], len(alive) - len(records)))
+        step = agreed_step([records[m.name] for m in alive]) if self.refused is None else None
         if step is None:
             return None
         if lost is not None:  # blamed by node: every rank that ran there
