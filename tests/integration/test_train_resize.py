@@ -262,8 +262,9 @@ def test_interrupt_and_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
     # events.jsonl, the relay, did the same earlier; and 300 steps at 9 ms each on a quiet machine were
     # all done 2.7 s after the first, before the Ctrl-C landed, in one fresh-clone run: now 1000.)
     STEPS = 1000
-    # one intra-op thread each: the two runs side by side on two cores (two threads each spun at
-    # every parallel region's barrier: 0.2 s a step instead of 10 ms, seen here)
+    # one intra-op thread each, as `make test` sets for the whole suite: the two runs side by side on
+    # two cores (run alone with pytest, two threads each spun at every parallel region's barrier:
+    # 0.2 s a step instead of 10 ms)
     monkeypatch.setenv(protocol.CPU_THREADS_ENV, "1")
     args = ["--gpus", "1", "--steps", str(STEPS), *TINY]
     straight = tmp_path / "straight"
