@@ -32,6 +32,7 @@ def local_cluster(tmp_path_factory, head_cpus: int, node_cpus: tuple[int, ...] =
     old = os.environ.get("RAY_TMPDIR")
     os.environ["RAY_TMPDIR"] = str(tmp)
     c, still = None, []
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # another test's, not this cluster's
     try:
         c = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, "object_store_memory": 80 * MB,
                                                            "include_dashboard": False})
@@ -40,7 +41,8 @@ def local_cluster(tmp_path_factory, head_cpus: int, node_cpus: tuple[int, ...] =
         c.wait_for_nodes()
         yield c
     finally:
-        started = psutil.Process().children(recursive=True)  # Ray's: the tests' own jobs have ended
+        # Ray's (the tests' own jobs have ended); a process up before the cluster is not its own
+        started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
         try:
             if c is not None:
                 c.shutdown()
@@ -55,8 +57,10 @@ def local_cluster(tmp_path_factory, head_cpus: int, node_cpus: tuple[int, ...] =
                     pass
             _, still = psutil.wait_procs(alive, timeout=10)
             if names:  # (one, once, in a CI run at load: which, is not known yet)
-                print(f"ray_cluster: killed {len(names)} process(es) still up 15 s after the shutdown: {names}",
-                      file=sys.stderr)
+                line = f"ray_cluster: killed {len(names)} process(es) still up 15 s after the shutdown: {names}"
+                print(line, file=sys.stderr)
+                with open(tmp_path_factory.getbasetemp() / "ray_cluster_killed.txt", "a") as f:
+                    f.write(line + "\n")  # kept with the tests' files (a passing test's stderr is not shown)
             if old is None:
                 os.environ.pop("RAY_TMPDIR", None)
             else:
