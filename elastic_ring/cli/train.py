@@ -96,8 +96,9 @@ def _echo(msg: str) -> None:
               help="--backend ray or --relaunch inplace: a failed worker (or one the stall watchdog ends) is a "
                    "shrink, not a restart: the other workers keep their processes, roll back to the last step "
                    "they all completed (a copy of its state kept in memory) and go on without it; a restart "
-                   "from the checkpoint when they cannot (a lost node, no common step; inplace on Horovod: a "
-                   "lost rank below a survivor's). Inplace: a new worker then takes the dead one's place after "
+                   "from the checkpoint when they cannot (no step in common or copies of it that differ, a "
+                   "survivor silent or dead too; inplace on Horovod with --device cuda: a lost rank below a "
+                   "survivor's), and the restart says why. Inplace: a new worker then takes the dead one's place after "
                    "the survivors' next step, its state by broadcast. Both collectives (with --collective "
                    "torch: gloo only, not --device cuda). Failures still count toward --max-restarts.")
 @click.option("--checkpoint-every", type=int, default=None, metavar="STEPS",

@@ -197,7 +197,8 @@ class ElasticBackend:
         if world < len(names):
             by_rank = self._hosts_by_rank()
             keep = [by_rank.get(r) for r in range(world)]
-            names = keep if set(keep) <= set(names) and len(set(keep)) == world else names[:world]  # type: ignore[assignment]
+            fits = set(keep) <= set(names) and len(set(keep)) == world
+            names = keep if fits else names[:world]  # type: ignore[assignment]
         i = 0
         while len(names) < world:
             n = hvdrun.slot_host(i)

@@ -222,7 +222,7 @@ class RayBackend:
         from the last step they all hold in memory. Waits up to ``wait_s`` for each of them to say
         which steps it holds (:func:`elastic_ring.worker.survive.survivor_file`). None (the restart
         from the checkpoint) when the run does not keep survivors (``--survive``), the failure names
-        no rank or lost a node, a ring formed ahead was already taken, no member is left, one is
+        no rank, a ring formed ahead was already taken, no member is left, one is
         gone or silent, or they hold no step in common or their copies of it differ
         (:func:`~elastic_ring.worker.survive.agreed_step`).
         Otherwise the ring goes on with them (the failed members ended), and the in-place resize
