@@ -14,7 +14,7 @@ entry point asks :func:`survived`: this rank writes which steps it holds
 (:func:`survivor_file`), and waits for the controller's word for its segment
 (:func:`elastic_ring.worker.inplace.inplace_action_file`): the new ring of the survivors and the
 step they all hold (``rollback_to``, the largest in every survivor's record whose copies agree:
-:func:`agreed_step`).
+:func:`agreement`).
 It re-forms its ring in this process (:meth:`~elastic_ring.worker.ring.ControllerRing.reform`; on
 ``--collective torch`` :meth:`~elastic_ring.worker.ring.TorchControllerRing.reform` destroys the
 broken process group, which returns at once after the peer's death, and forms the survivors' one),
@@ -69,37 +69,33 @@ def common_step(held: list[list[int]]) -> int | None:
     return max(common) if common else None
 
 
-def agreed_step(records: list[dict[str, Any]]) -> int | None:
-    """The step the survivors (their records, :func:`rollback_word`) roll back to: :func:`common_step`
-    of what they hold, where every survivor that gave a fingerprint of that step's copy
-    (:func:`state_digest`) gave the same one. None (the disk checkpoint) when they hold no step in
-    common or their copies of it differ: a survivor whose state is not the others' is broken, and
-    which one is right is not known."""
-    step = common_step([list(r.get("held") or []) for r in records])
-    if step is None:
-        return None
-    prints = {r["digests"].get(str(step)) for r in records if isinstance(r.get("digests"), dict)}
-    prints.discard(None)
-    return step if len(prints) <= 1 else None
-
-
-def refusal(records: list[dict[str, Any]], silent: int = 0, gone: int = 1) -> str | None:
-    """Why the survivors whose records are ``records`` do not go on from memory (the restart's
-    ``memory_refused``), or None when they can: ``silent`` workers neither spoke nor are gone,
-    ``gone`` workers are."""
+def agreement(records: list[dict[str, Any]], silent: int = 0, gone: int = 1) -> tuple[int | None, str | None]:
+    """Whether the survivors whose records (:func:`rollback_word`) are ``records`` go on from memory:
+    ``(step, None)``, the step they roll back to, or ``(None, why not)``, the restart's
+    ``memory_refused``. ``silent`` workers neither spoke nor are gone, ``gone`` workers are. The
+    step is :func:`common_step` of what they hold, where every survivor that gave a fingerprint of
+    that step's copy (:func:`state_digest`) gave the same one: a survivor whose state is not the
+    others' is broken, and which one is right is not known."""
     if silent:
-        return f"{silent} worker(s) neither said which steps they hold nor were gone within the wait"
+        return None, f"{silent} worker(s) neither said which steps they hold nor were gone within the wait"
     if not records:
-        return "no survivor is left"
+        return None, "no survivor is left"
     if not gone:
-        return "no worker is gone"
+        return None, "no worker is gone"
     step = common_step([list(r.get("held") or []) for r in records])
     if step is None:
         held = "; ".join(str(sorted(r.get("held") or [])) for r in records)
-        return f"the survivors hold no step in common (they hold {held})"
-    if agreed_step(records) is None:
-        return f"the survivors' copies of step {step} differ (one's state is not the others')"
-    return None
+        return None, f"the survivors hold no step in common (they hold {held})"
+    prints = {r["digests"].get(str(step)) for r in records if isinstance(r.get("digests"), dict)}
+    prints.discard(None)
+    if len(prints) > 1:
+        return None, f"the survivors' copies of step {step} differ (one's state is not the others')"
+    return step, None
+
+
+def agreed_step(records: list[dict[str, Any]]) -> int | None:
+    """The step survivors with these records roll back to, or None (:func:`agreement`)."""
+    return agreement(records)[0]
 
 
 def _tensor_bytes(t: Any) -> bytes:

@@ -185,7 +185,7 @@ class ElasticBackend:
         if cur is None:
             return {}
         recs = _current_records(self.spec.run_dir, cur.segment)
-        return {r: str(rec.get("launch_host")) for r, rec in recs.items() if r < cur.world}
+        return {r: rec["launch_host"] for r, rec in recs.items() if r < cur.world and rec.get("launch_host")}
 
     def _names(self, world: int) -> list[str] | None:
         """The slot hosts of a ring of ``world`` (None: ``localhost:world``): a shrink keeps the
@@ -314,8 +314,8 @@ class ElasticBackend:
         checkpoint) when the run does not keep survivors, horovodrun itself exited, rank 0 took a
         scheduled resize already, a survivor is silent, none is gone or left, on ``localhost:K`` (a
         GPU run) a rank below a survivor's is gone (its slot would leave a hole), or they hold no
-        step in common or their copies of it differ (:func:`~elastic_ring.worker.survive.agreed_step`)."""
-        from elastic_ring.worker.survive import agreed_step, refusal, survivor_file
+        step in common or their copies of it differ (:func:`~elastic_ring.worker.survive.agreement`)."""
+        from elastic_ring.worker.survive import agreement, survivor_file
 
         h, cur = self._handle, self._launch
         self.refused = None
@@ -337,16 +337,16 @@ class ElasticBackend:
             time.sleep(0.02)
         for r in range(cur.world):
             survivor_file(run_dir, str(r)).unlink(missing_ok=True)
-        step = agreed_step([records[r] for r in sorted(records)])
-        left = len(records)
+        left, step = len(records), None
         holes = not self.slot_hosts and sorted(records) != list(range(left))  # localhost:K: top ranks only
         if not self.retract_ahead(cur.segment):
             self.refused = "rank 0 had taken the scheduled resize written ahead"
         elif holes and gone and left:
             self.refused = f"rank(s) {sorted(gone)} below a survivor's are gone (one host's slots, a GPU run)"
         else:
-            self.refused = refusal([records[r] for r in sorted(records)], cur.world - left - len(gone), len(gone))
-        if self.refused is not None or step is None:
+            step, self.refused = agreement([records[r] for r in sorted(records)], cur.world - left - len(gone),
+                                           len(gone))
+        if step is None:
             h.end()
             return None
         if self.slot_hosts:  # the dead workers' slot hosts go; the survivors are ranks 0.. again, in their order

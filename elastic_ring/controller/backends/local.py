@@ -346,10 +346,10 @@ class LocalRingBackend:
         either said which steps it holds or is gone. None (the group is ended: the restart from the
         checkpoint) when the run does not keep survivors, rank 0 took a resize written ahead
         already, a survivor is silent, none is gone or left, or they hold no step in common (or its
-        copies differ: :func:`~elastic_ring.worker.survive.agreed_step`). The
+        copies differ: :func:`~elastic_ring.worker.survive.agreement`). The
         failure is the gone member's own error, else its death (``Killed``): a member that only
         lost a peer is never blamed (:func:`elastic_ring.protocol.blame`)."""
-        from elastic_ring.worker.survive import agreed_step, refusal, survivor_file
+        from elastic_ring.worker.survive import agreement, survivor_file
 
         g, cur = self.group, self.launch
         self.refused = None
@@ -376,9 +376,9 @@ class LocalRingBackend:
         for m in serving:
             survivor_file(run_dir, m.name).unlink(missing_ok=True)
         alive = [m for m in serving if m.name in records]
-        step = agreed_step([records[m.name] for m in alive])
-        self.refused = refusal([records[m.name] for m in alive], len(serving) - len(alive) - len(gone), len(gone))
-        if self.refused is not None or step is None:
+        step, self.refused = agreement([records[m.name] for m in alive], len(serving) - len(alive) - len(gone),
+                                       len(gone))
+        if step is None:
             g.kill()
             return None
         errors = protocol.read_error_records(run_dir, since=g.t_start)

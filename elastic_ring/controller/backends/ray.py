@@ -224,14 +224,14 @@ class RayBackend:
         from the checkpoint) when the run does not keep survivors (``--survive``), the failure names
         no rank, a ring formed ahead was already taken, no member is left, one is
         gone or silent, or they hold no step in common or their copies of it differ
-        (:func:`~elastic_ring.worker.survive.agreed_step`).
+        (:func:`~elastic_ring.worker.survive.agreement`).
         Otherwise the ring goes on with them (the failed members ended), and the in-place resize
         the controller asks next rolls them back to that step; warm spares that are up now take the
         failed members' places (up to the size the ring had), synced from the survivors' rank 0; a
         spare whose worker still imports joins later, as the new actors do.
         A lost node is blamed as a whole: every member on it has failed, those on the other nodes
         go on. The failed members' bundles get new actors at that resize (:meth:`heal_target`)."""
-        from elastic_ring.worker.survive import agreed_step, refusal, survivor_file
+        from elastic_ring.worker.survive import agreement, survivor_file
 
         g = self.group
         self.refused = None
@@ -261,9 +261,10 @@ class RayBackend:
             self.refused = "a survivor spoke of another segment (a failure at a resize)"
             return None
         also = [m.rank for m in alive if m.name not in records and self.cluster.process_gone(m.info)]
-        self.refused = (f"rank(s) {also} died too" if also else
-                        refusal([records[m.name] for m in alive if m.name in records], len(alive) - len(records)))
-        step = agreed_step([records[m.name] for m in alive]) if self.refused is None else None
+        if also:
+            self.refused = f"rank(s) {also} died too"
+            return None
+        step, self.refused = agreement([records[m.name] for m in alive if m.name in records], len(alive) - len(records))
         if step is None:
             return None
         if lost is not None:  # blamed by node: every rank that ran there
