@@ -85,20 +85,36 @@ def check_config(req: Any, device: str) -> None:
 
 def cancel(cluster_dir: str | Path, job: str) -> str:
     """Cancel a job by id or name (a queued one is dropped, a running one stops at a checkpoint);
-    returns what to print.
+    returns what to print. With no scheduler running (the cluster is down) a queued or paused job,
+    which has no process, is cancelled here at once; any other waits for `cluster up`, and the
+    line says so.
 
     Raises:
         ClusterError: no such job, or it has already ended.
     """
-    from elastic_ring.cluster.api import ClusterError
+    from elastic_ring.cluster.api import LOCK_FILE, ClusterError, JobState
     from elastic_ring.cluster.store import Store
+    from elastic_ring.controller.lock import held_by_other
 
-    store = Store(Path(cluster_dir))
+    d = Path(cluster_dir)
+    store = Store(d)
     j = store.find(job)
     if j.state.terminal:
         raise ClusterError(f"job {j.id} is already {j.state.value}")
-    store.update(j.id, cancel=1)
-    store.event(j.id, "cancel_requested")
+    up = held_by_other(d / LOCK_FILE)
+    with store.transaction():
+        j = store.find(str(j.id))
+        if j.state.terminal:
+            raise ClusterError(f"job {j.id} is already {j.state.value}")
+        store.update(j.id, cancel=1)
+        store.event(j.id, "cancel_requested")
+        if not up and j.state in (JobState.QUEUED, JobState.PAUSED):  # nothing runs it: done here
+            store.update(j.id, state=JobState.CANCELLED, finished=store.clock(), target=0)
+            store.event(j.id, "cancelled")
+            return f"job {j.id} ({j.name}): cancelled"
+    if not up:
+        return (f"job {j.id} ({j.name}): cancel requested; the cluster is down: it is cancelled when "
+                f"the scheduler runs again (elastic-ring cluster up)")
     return f"job {j.id} ({j.name}): cancel requested"
 
 
