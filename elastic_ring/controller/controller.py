@@ -124,6 +124,8 @@ class Controller:
         if state is not self.state:
             check_transition(self.state, state)
         self.state = state
+        if "pending_world" in extra:  # a live resize asked is decided, or no longer pending
+            self._state_info.pop("live_target", None)
         self._state_info.update(extra)
         info = {**self._state_info, "pid": os.getpid(), "owner": self.owner, "state": state.value,
                 "phase": self._phase(state), "time": self.clock()}
@@ -572,6 +574,7 @@ class Controller:
         self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source="live",
                                           time=seg.t_live))
         stop_file(self.spec.run_dir, seg.index).touch()
+        self._set_state(self.state, live_target=target)  # `resize` sees it pending
         self.out(f"live resize requested: {seg.world} -> {target} workers")
 
     def _check_heal(self, seg: Segment) -> None:

@@ -180,8 +180,7 @@ def request_resize(run_dir: str | Path, target: int) -> str:
     if st.phase is Phase.RESIZING:
         raise UserError(f"run {rd} is {st.line()}: ask again once it has made a step at the new size")
     if st.phase not in (Phase.STARTING, Phase.RUNNING, Phase.RESTARTING):
-        way = (f"; continue with: elastic-ring train --resume {rd}"
-               if st.phase in (Phase.STOPPED, Phase.CRASHED) and st.step < (st.total_steps or 0) else "")
+        way = f"; {st.resume_hint()}" if st.phase in (Phase.STOPPED, Phase.CRASHED) and st.unfinished else ""
         raise UserError(f"run {rd} is not running (state: {st.phase.value}{way})")
     from elastic_ring.protocol import read_json
 
@@ -192,15 +191,47 @@ def request_resize(run_dir: str | Path, target: int) -> str:
         raise UserError(f"--to must be >= 1, got {target}")
     if target > slots:
         raise UserError(f"--to {target} is more than the run's {slots} slot(s)")
-    if target == st.world_size:
-        raise UserError(f"the run already has {count(target, 'worker')}")
     req = rd / "control" / REQUEST_FILE
+    pending = _pending_target(rd, req)
+    if pending is not None and pending[1]:  # the controller took it: the workers are stopping for it
+        if target == pending[0]:
+            raise UserError(f"run {rd} is already resizing {st.world_size} -> {pending[0]}")
+        raise UserError(f"run {rd} is resizing {st.world_size} -> {pending[0]} (asked live): ask again once "
+                        f"it has made a step at the new size")
+    if pending is not None and target == pending[0]:
+        raise UserError(f"a resize to {count(target, 'worker')} is already requested for {rd}")
+    if target == st.world_size:
+        if pending is None:
+            raise UserError(f"the run already has {count(target, 'worker')}")
+        try:  # withdraw the request not yet taken: the run stays at its size
+            req.unlink()
+        except FileNotFoundError:
+            raise UserError(f"run {rd} is resizing {st.world_size} -> {pending[0]}: ask again once it has "
+                            f"made a step at the new size") from None
+        return (f"the pending resize to {pending[0]} withdrawn for {rd}: it stays at "
+                f"{count(target, 'worker')}")
     req.parent.mkdir(parents=True, exist_ok=True)
     tmp = req.with_name(f".{req.name}.tmp")
     tmp.write_text(json.dumps({"to": target, "time": time.time(), "id": uuid.uuid4().hex}))
     os.replace(tmp, req)
     now = st.world_size
-    return f"resize to {target} requested for {rd} (currently {count(now, 'worker') if now else 'no workers'})"
+    instead = f"; it replaces the pending request for {pending[0]}" if pending is not None else ""
+    return (f"resize to {target} requested for {rd} (currently {count(now, 'worker') if now else 'no workers'}"
+            f"{instead})")
+
+
+def _pending_target(rd: Path, req: Path) -> tuple[int, bool] | None:
+    """A live resize asked and not yet done: (its target, whether the controller took it:
+    ``controller.json``'s ``live_target``) or None."""
+    from elastic_ring.protocol import CONTROLLER_FILE, read_json
+
+    ctl = read_json(rd / CONTROLLER_FILE)
+    if isinstance(ctl, dict) and isinstance(ctl.get("live_target"), int):
+        return ctl["live_target"], True
+    asked = read_json(req)
+    if isinstance(asked, dict) and isinstance(asked.get("to"), int):
+        return asked["to"], False
+    return None
 
 
 def take_request(run_dir: Path, seen: set[str]) -> tuple[int, float | None] | None:
