@@ -325,6 +325,7 @@ class Controller:
         seen = self.backend.failure_detail()
         ck = self._checkpoint_step() or 0
         last, t_last = self.diagnosis.failed_at(seg, records)
+        last = max(last, ck)  # the progress file may lag behind the checkpoint's step
         redone = max(0, last - ck)
         failure = {"from_step": ck, "type": blamed.type if blamed else None,
                    "message": blamed.message if blamed else why, "step": blamed.step if blamed else None}
@@ -379,6 +380,7 @@ class Controller:
         f = s.failure
         records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
         last, t_last = self.diagnosis.failed_at(seg, records)
+        last = max(last, s.step)  # the survivors all hold s.step done: the progress file may lag behind
         redone = max(0, last - s.step)
         stalled = seg.stall is not None
         why = seg.stall.message if stalled else f.message or f"worker rank {f.rank} failed"
