@@ -293,3 +293,22 @@ def test_summary_loss_is_the_last_recorded_one_and_says_when_none_is():
                    {"kind": "evaluation", "step": 40, "test_accuracy": 0.5, "test_loss": 1.0}])
     assert "final train loss: 1.0000   test accuracy: 50.00%" in render(s, 40)
     assert "train loss: no throughput window yet" in render(summarize(ev[:1]), 40)
+
+
+def test_report_marks_a_live_resize_at_the_step_it_came_after():
+    """A live resize's request names no step (``at_step`` None): its marker is the step before the
+    first at the new size, never "resize @ None"."""
+    from elastic_ring.events import as_event
+    from elastic_ring.report.api import _run_curve
+
+    ev = [as_event(e) for e in [
+        {"kind": "launch", "time": 10.0, "segment": 0, "world_size": 1, "start_step": 1, "stop_step": 100,
+         "command": []},
+        {"kind": "resize_requested", "time": 12.0, "from_workers": 1, "to_workers": 2, "source": "live"},
+        {"kind": "first_step_after_resize", "time": 14.0, "segment": 1, "world_size": 2, "step": 31, "lr": 0.2,
+         "since_launch_s": 1.0},
+        {"kind": "resize_requested", "time": 20.0, "from_workers": 2, "to_workers": 1, "source": "schedule",
+         "at_step": 60},
+        {"kind": "resize_requested", "time": 30.0, "from_workers": 1, "to_workers": 2, "source": "live"},
+    ]]
+    assert [r[2] for r in _run_curve(ev)["resizes"]] == ["resize @ 30", "resize @ 60", "resize 1 -> 2"]
