@@ -57,6 +57,7 @@ points are the registered optimizer's steps (:mod:`elastic_ring.worker.hooked`,
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -95,6 +96,28 @@ def _process_start() -> float:
         return _T_IMPORTED
 
 
+def startup_marks(own_start: float, t_imported: float, env: dict[str, str]) -> StartUp:
+    """Where a worker's start-up phases are counted from: the controller's launch of its launcher
+    (``LAUNCHED_AT_ENV``; phase ``launcher``: up to the start of the command the launcher ran), and
+    for a worker forked from the fork server, that command's start (``PROCESS_START_ENV``), not
+    the fork: its ``imports`` (done in the fork server, before) is then the hand-over to the fork."""
+    def num(name: str) -> float | None:
+        try:
+            return float(env[name])
+        except (KeyError, ValueError):
+            return None
+    proc = num(protocol.PROCESS_START_ENV) or own_start
+    launched = num(protocol.LAUNCHED_AT_ENV)
+    marks: dict[str, float] = {}
+    if launched is not None and -2.0 < proc - launched < 600:  # this host's launch (a process start
+        marks["launcher"] = proc = max(proc, launched)          # is known to about a second)
+        t_start = launched
+    else:
+        t_start = proc
+    marks["imports"] = max(t_imported, own_start, proc)
+    return StartUp(t_start, marks)
+
+
 class Job:
     """One worker process's view of the elastic job (see the module docstring).
 
@@ -119,7 +142,7 @@ class Job:
         self.ring.warms_compile = warm_compile
         self.seg = Segment(info.segment, info.stop_at, info.total_steps)
         self.state = StateSync(self.ring, self.seg, info.lr_scaling)
-        start = start or StartUp(_process_start(), {"imports": _T_IMPORTED})
+        start = start or startup_marks(_process_start(), _T_IMPORTED, dict(os.environ))
         self.progress = Progress(self.run_dir, self.ring, self.seg, start, info.throughput_window,
                                  info.eval_every, self.state.current_lr)
         self.checkpoints = Checkpoints(info, self.state.snapshot, self.progress, lambda: self.ring.size,
