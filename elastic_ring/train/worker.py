@@ -3,7 +3,8 @@
 It is a script like any user's (``elastic-ring train --script`` runs those the same way): the
 library (:mod:`elastic_ring.worker`) owns the collective's start (Horovod, or torch.distributed with
 ``--collective torch``), the checkpointed state, the sample stream, the stop protocol and the
-events; this file owns the model, the data and the LR recipe.
+events; this file owns the model, the data and the LR recipe. Rank 0 prints a line at the first
+step of each segment and every throughput window (what `elastic-ring logs` shows).
 
 The recipe is read from ``RUN_DIR/config.yaml`` (:class:`~elastic_ring.config.api.TrainConfig`).
 The LR is a pure function of the step and a saved :class:`~elastic_ring.worker.lr.LRState`
@@ -134,6 +135,8 @@ def main() -> int:
     lr_state = LRState(**lr_dict)
     decay_steps, factor, b = cfg.decay_steps, cfg.decay_factor, cfg.batch_size
     model.train()
+    every = max(1, job.info.throughput_window)  # rank 0's log line: at the first step, then every window
+    first = job.step + 1
     for step in job.steps():
         if job.extras["lr_state"] is not lr_dict:  # rescaled in place (--relaunch inplace)
             lr_dict = job.extras["lr_state"]
@@ -151,6 +154,9 @@ def main() -> int:
         loss.backward()
         opt.step()
         job.record(loss, samples=b)
+        if job.rank == 0 and (step == first or step % every == 0 or step == job.stop_at):
+            print(f"step {step}/{job.total_steps}  workers {job.size}  loss {float(loss):.4f}  lr {lr:.4g}",
+                  flush=True)
     return 0
 
 

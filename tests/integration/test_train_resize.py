@@ -121,6 +121,8 @@ def test_resize_1_to_2_to_1_exact_resume_eq7_and_overheads(tmp_path, tmp_path_fa
     assert summary["test_accuracy"] is not None and len(summary["resizes"]) == 2
     st = run_cli("status", str(run))
     assert st.returncode == 0 and "scaling efficiency 1 -> 2" in st.stdout
+    lg = run_cli("logs", str(run), "--segment", "1")  # the built-in model's log is not empty
+    assert lg.returncode == 0 and "step 7/18  workers 2  loss " in lg.stdout and "step 12/18" in lg.stdout, lg
 
 
 def _wait_for(pred, timeout: float, what: str, poll: float = 0.3):
