@@ -77,9 +77,11 @@ def _kind(exc: BaseException, step: int | None) -> str | None:
         return "contract"
     if type(exc).__name__ == "PicklingError" or "pickle" in str(exc).lower():
         return "pickling"
-    transient = (OSError, MemoryError, TimeoutError)
+    # a file or folder that is not there (or not allowed) stays so: not one of the OS errors that may pass
+    missing = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+    transient = isinstance(exc, (OSError, MemoryError, TimeoutError)) and not isinstance(exc, missing)
     in_horovod = any("horovod" in f.filename for f in traceback.extract_tb(exc.__traceback__))
-    if step is None and not isinstance(exc, transient) and not in_horovod \
+    if step is None and not transient and not in_horovod \
             and type(exc).__name__ not in protocol.PEER_LOSS_TYPES:
         return "setup"  # the script's own code failed before its first step
     return None

@@ -53,6 +53,14 @@ def test_user_exception_before_first_step_names_its_line(tmp_path):
     assert not_retried(rec) == "the script failed before its first step: not retried"
 
 
+def test_a_missing_file_before_the_first_step_is_not_retried(tmp_path):
+    """docs/worker.md: an exception in the script's own code before its first step is not retried;
+    a FileNotFoundError (a wrong --train-dir) was taken for a passing OS error and retried once."""
+    rec, _ = _run_worker(tmp_path, "open('../no/such/train/dir/labels.txt')\n")
+    assert rec["kind"] == "setup" and rec["type"] == "FileNotFoundError", rec
+    assert not_retried(rec) == "the script failed before its first step: not retried"
+
+
 def test_import_error_is_not_retried(tmp_path):
     rec, _ = _run_worker(tmp_path, "import no_such_module_here\n")
     assert rec["kind"] == "import" and not_retried(rec)
