@@ -43,3 +43,16 @@ def test_the_processes_started_are_modules_of_the_package():
 
     assert worker_entry()[-2:] == ["-m", "elastic_ring.worker.run"]
     assert ENTRY == ["-m", "elastic_ring.ps.mpi_main"]
+
+
+def test_the_readme_names_the_folder_make_demo_writes():
+    """`make demo` writes runs/demo-DATE-TIME (the Makefile's DEMO_DIR), not runs/demo: every run
+    folder the README shows for it has the date and time."""
+    import re
+
+    make = (ROOT / "Makefile").read_text()
+    prefix = re.search(r"^DEMO_DIR \?= (\S+?)\$\(shell date", make, re.M).group(1)
+    assert prefix == "runs/demo-"
+    readme = (ROOT / "README.md").read_text()
+    named = re.findall(r"runs/demo\S*", readme)
+    assert named and all(re.match(r"runs/demo-(DATE-TIME|\d{8}-\d{6})\b", n) for n in named), named
