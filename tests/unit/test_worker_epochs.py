@@ -378,6 +378,8 @@ def test_thread_override_warned_once(tmp_path, monkeypatch, capsys):
         job.progress.check_threads()
         err = capsys.readouterr().err
         assert err.count("set torch's threads to") == 1, err
+        # which count applies: the script's, per worker, not the library's
+        assert f"threads to {before + 1}: its {before + 1} per worker apply, not the library's " in err, err
     finally:
         torch.set_num_threads(before)
 
