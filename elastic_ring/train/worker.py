@@ -155,7 +155,7 @@ def main() -> int:
         opt.step()
         job.record(loss, samples=b)
         if job.rank == 0 and (step == first or step % every == 0 or step == job.stop_at):
-            print(f"step {step}/{job.total_steps}  workers {job.size}  loss {float(loss):.4f}  lr {lr:.4g}",
+            print(f"step {step}/{job.total_steps}  workers {job.size}  loss {loss.detach().item():.4f}  lr {lr:.4g}",
                   flush=True)
     return 0
 
