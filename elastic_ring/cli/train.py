@@ -192,6 +192,7 @@ def resize(run_dir, target):
 
     The workers stop at the next step boundary all ranks agree on, checkpoint, and are relaunched
     at the new count (LR rescaled by Eq. 7). Returns at once; watch with `elastic-ring status`.
+    A request not yet taken is replaced by a new one, and withdrawn by one to the current size.
     """
     from elastic_ring.controller.requests import request_resize
 
