@@ -68,6 +68,7 @@ def name_process(run_dir: Path, rank: int | None) -> str:
 
 
 _LIB_DIR = str(Path(__file__).resolve().parents[1])  # the elastic_ring package
+_T_ENTRY = time.time()  # the worker command runs (its start-up phases: elastic_ring.worker.api.startup_marks)
 _ARG_ERROR: list[str] = []  # the message of the script's argparse error, if it rejected its arguments
 
 
@@ -278,8 +279,9 @@ def main(argv: list[str] | None = None, in_process: bool = False) -> int:
         return 2
     a, rest = _parse(argv)
     info, init_timeout_s = _launch_info(a)
-    if not in_process:  # a Ray actor's process is Ray's to name
+    if not in_process:  # a Ray actor's process is Ray's to name, and started before this segment
         name_process(info.run_dir, _rank())
+        os.environ.setdefault(protocol.PROCESS_START_ENV, repr(_T_ENTRY))  # forked: the command's, kept
     from elastic_ring.telemetry.gpu import apply_host_devices
 
     apply_host_devices()  # cluster jobs on several hosts: this host's GPUs, before CUDA starts

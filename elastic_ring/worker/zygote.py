@@ -50,17 +50,6 @@ def _address(name: str) -> str:
 
 
 # ------------------------------------------------------------------ the worker command's side
-def _own_start() -> float:
-    """When this process started (the launcher started it; a forked child's start-up counts from
-    here, not from the fork)."""
-    try:
-        import psutil
-
-        return psutil.Process().create_time()
-    except Exception:  # noqa: BLE001
-        return time.time()
-
-
 def hand_over(module: str, argv: list[str]) -> None:
     """In ``python -m MODULE ARGV`` (the worker entry), before anything heavy: when a zygote
     answers at ``$ELASTIC_RING_ZYGOTE``, have it fork ``MODULE`` run as ``__main__`` with ``ARGV``,
@@ -73,7 +62,7 @@ def hand_over(module: str, argv: list[str]) -> None:
     try:
         s.connect(_address(name))
         env = {k: v for k, v in os.environ.items() if k != ENV}
-        env[protocol.PROCESS_START_ENV] = repr(_own_start())  # the child's start-up counts from here
+        env[protocol.PROCESS_START_ENV] = repr(time.time())  # the launched command runs: the child's start
         fds = [0, 1, 2, *_passed_fds(env)]
         payload = json.dumps({"module": module, "argv": argv, "env": env, "cwd": os.getcwd(),
                               "fds": fds}).encode()
