@@ -60,7 +60,7 @@ from elastic_ring.controller.segment import Processes, Segment, segment_log
 from elastic_ring.controller.summary import write_summary
 from elastic_ring.errors import WorkerFailedError
 from elastic_ring.events.api import (CheckpointWritten, ErrorEvent, Evaluation, Event, EventLog, FirstStep, Launch,
-                                     ResizeRequested, Restart, Throughput)
+                                     Notice, ResizeRequested, Restart, Throughput)
 from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, stop_file
 from elastic_ring.worker.hvd_elastic import uses_horovod_elastic
 from elastic_ring.worker.lr import RULES
@@ -621,3 +621,5 @@ class Controller:
             seg.ckpt_s = float(ev.seconds)
         elif isinstance(ev, Evaluation):
             self.display.evaluation(ev)
+        elif isinstance(ev, Notice):
+            self.display.notice(ev.message)

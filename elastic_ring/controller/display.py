@@ -65,6 +65,9 @@ class Display:
     def evaluation(self, ev: Evaluation) -> None:
         self.out(f"test accuracy {100 * ev.test_accuracy:.2f}% (loss {ev.test_loss:.4f}) at step {ev.step}")
 
+    def notice(self, message: str) -> None:
+        self.out(f"note: {message}")
+
     def stop(self) -> None:
         if self._progress is not None:
             self._progress.stop()

@@ -354,6 +354,17 @@ class ErrorEvent(Event):
     segment: int | None = None
 
 
+@register
+@dataclass(frozen=True)
+class Notice(Event):
+    """Something a worker decided that the user must know, not a failure (e.g. the restored
+    position taken over a script's own resume)."""
+    kind: ClassVar[str] = "notice"
+    message: str
+    rank: int | None = None
+    segment: int | None = None
+
+
 class EventLog:
     """Append-only JSON-lines writer."""
 

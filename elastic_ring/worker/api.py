@@ -315,6 +315,7 @@ class Job:
                     meta.update(segment=self.segment, stop_at=self.stop_at)
         self._sync(meta)
         self.restored = True
+        self.state.remember_restored_weights()
         self.hooked.restored()
         return self.resumed
 

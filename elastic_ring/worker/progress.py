@@ -135,6 +135,16 @@ class Progress:
 
         self.emit(ErrorEvent(message=msg, rank=self.ring.rank, segment=self.seg.number))
 
+    def notice(self, msg: str) -> None:
+        """Something the user must know that is not a failure (rank 0: the console and a ``notice``
+        event; the other ranks stay quiet, as they take the same decision)."""
+        if self.ring.rank != 0:
+            return
+        print(f"elastic-ring worker: {msg}", file=sys.stderr, flush=True)
+        from elastic_ring.events.api import Notice
+
+        self.emit(Notice(message=msg, rank=self.ring.rank, segment=self.seg.number))
+
     def heartbeat(self, step: int, phase: str) -> None:
         """Tell the controller's stall watchdog this rank's step and phase (one ``pwrite``)."""
         key = (self.seg.number, self.ring.rank)

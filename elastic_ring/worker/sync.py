@@ -32,6 +32,14 @@ def is_adasum(optimizer: Any, hvd: Any) -> bool:
     return getattr(fn, "__qualname__", "").startswith("_DistributedAdasumOptimizer")
 
 
+def _weights_sum(p: Any) -> float:
+    """The sum of a tensor's values in float64: the same tensor gives the same sum."""
+    import torch
+
+    with torch.no_grad():
+        return float(p.detach().double().sum().item())
+
+
 class StateSync:
     """The registered state and its sync over ``ring`` (rank 0's to all); ``seg``: the job's
     counters (set from the synced state); ``lr_rule``: the run's rule name (``lr.RULES``)."""
@@ -52,6 +60,24 @@ class StateSync:
         self.saved_rng: dict[str, Any] | None = None  # the RNG state to checkpoint (epoch loop)
         self.syncing = False  # inside a broadcast, which steps a fresh optimizer once
         self._unscaled: tuple[float, float] | None = None
+        self._restored_weights: list[tuple[Any, int, float]] | None = None
+
+    # ------------------------------------------------------------------ the restored weights kept
+    def remember_restored_weights(self) -> None:
+        """After a resume: note each registered parameter's version counter and sum, so that
+        :meth:`restored_weights_overwritten` can tell whether the script wrote other weights over
+        the restored ones (its own checkpoint loaded after ``restore()``). Costs one pass over the
+        weights per resume."""
+        self._restored_weights = None
+        if self.resumed and self.model is not None and hasattr(self.model, "parameters"):
+            self._restored_weights = [(p, p._version, _weights_sum(p)) for p in self.model.parameters()]
+
+    def restored_weights_overwritten(self) -> bool:
+        """True once, if a parameter restored by the last resume now holds other values (an
+        in-place write that leaves the values, such as a broadcast of equal weights, does not
+        count). Asked before the first optimizer step after the resume."""
+        kept, self._restored_weights = self._restored_weights, None
+        return any(p._version != v and _weights_sum(p) != d for p, v, d in kept or ())
 
     # ------------------------------------------------------------------ registration
     def register(self, model=None, optimizer=None, scheduler=None, hooks: tuple = (), **extras: Any) -> None:
