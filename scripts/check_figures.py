@@ -23,7 +23,7 @@ after a path aggregates a list; terms joined by `/`, `*`, `+`, `-` are computed 
 `x=` scales the file's value (1000 for seconds written as ms, 100 for a fraction written as %,
 1/60 for minutes). `r=` rounds to that many decimals instead of the figure's own; `tol=` accepts
 that absolute (or relative, with %) difference; `bound=max` says the figure is an upper bound
-(the file's value must not exceed it: "under 60 s"), `bound=min` a lower bound.
+(the file's values must not exceed it: "under 60 s" for a list of runs), `bound=min` a lower bound.
 
 Staleness: `code=` names the code the figure measures (paths or folders). If git's newest commit
 touching that code is newer than the newest commit touching FILE, the figure is stale and fails,
@@ -340,6 +340,8 @@ class Checker:
         """None if the figure agrees with the file's values, else why not."""
         scale = parse_scale(opts.get("x", "1"))
         vals = [v * scale for v in vals]
+        if opts.get("bound") and len(fig) == 1:
+            fig = fig * len(vals)  # "under 60 s under every policy": one bound for each value
         if len(vals) != len(fig):
             return f"the figure has {len(fig)} value(s), the file gives {len(vals)}: {_fmt(vals)}"
         if "r" in opts:
