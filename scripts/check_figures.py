@@ -8,7 +8,7 @@ The figure is the number (or range "A-B", or "N min M s") written just before th
 same line; it must equal the file's value rounded to as many decimals as the figure shows (0.71
 matches 0.7149, not 0.716), unless an option says otherwise. The grammar, all on one line:
 
-    <!-- fig: FILE[#KEYS] [re=REGEX] [x=SCALE] [r=DECIMALS] [tol=ABS|tol=PCT%] [bound=max|min]
+    <!-- fig: FILE[#KEYS] [re=REGEX [agg=AGG]] [x=SCALE] [r=DECIMALS] [tol=ABS|tol=PCT%] [bound=max|min|abs]
               [code=PATH,PATH] [admits=YYYY-MM-DD|admits=Nd] [note="..."] -->
     <!-- fig: none: why the figure has no file -->
     <!-- fig-block: FILE -->        (on a line before a ``` block: each of its lines, "..." lines
@@ -19,11 +19,14 @@ dotted keys, `[3]` an index, `[field=value]` the list item whose field is value 
 `[odd-key]` or `["odd.key"]` a key with dashes or dots (write `[a-b]`, not `a-b`, which subtracts); a `|median`, `|min`, `|max`, `|mean`, `|sum`, `|len` or `|range`
 after a path aggregates a list; terms joined by `/`, `*`, `+`, `-` are computed left to right
 (`a/b` for a ratio, `a/b-1` for a change; a term may be a plain number); `,` gives several values (a range "A-B" needs two, or one `|range`).
-`re=` (text files, and JSON read as text) takes the regex's first match, group 1 if it has one.
+`re=` (text files, and JSON read as text) takes the regex's first match, group 1 if it has one;
+`agg=median|min|max|mean|sum|len|range` aggregates every match of `re=`, or every value KEYS
+gives. A source with spaces in a selector is written in double quotes: "FILE#a[k=x y].b".
 `x=` scales the file's value (1000 for seconds written as ms, 100 for a fraction written as %,
 1/60 for minutes). `r=` rounds to that many decimals instead of the figure's own; `tol=` accepts
 that absolute (or relative, with %) difference; `bound=max` says the figure is an upper bound
-(the file's values must not exceed it: "under 60 s" for a list of runs), `bound=min` a lower bound.
+(the file's values must not exceed it: "under 60 s" for a list of runs), `bound=min` a lower bound, `bound=abs` a bound
+on the size ("within 15%": every value between -15 and 15).
 
 Staleness: `code=` names the code the figure measures (paths or folders). If git's newest commit
 touching that code is newer than the newest commit touching FILE, the figure is stale and fails,
@@ -173,7 +176,7 @@ def _step(node, step: str, spread: bool):
         if inner[:1] in "\"'":
             return node[inner[1:-1]]
         if "=" in inner:
-            conds = [c.split("=", 1) for c in inner.split(",")]
+            conds = [c.split("=", 1) for c in re.split(r",(?=[\w-]+=)", inner)]
             for item in node:
                 if isinstance(item, dict) and all(str(item.get(k)) == v for k, v in conds):
                     return item
@@ -323,18 +326,28 @@ class Checker:
         rel, _, keys = source.partition("#")
         if "re" in opts:
             text = self._read(rel, as_json=False)
-            m = re.search(opts["re"], text, re.MULTILINE)
-            if not m:
+            found = [m.group(1) if m.groups() else m.group(0) for m in re.finditer(opts["re"], text, re.MULTILINE)]
+            if not found:
                 raise FigureError(f"regex {opts['re']!r} finds nothing in {rel}")
-            got = m.group(1) if m.groups() else m.group(0)
             try:
-                return [parse_number(got.strip())[0]]
+                nums = [parse_number(g.strip())[0] for g in found]
             except ValueError:
-                raise FigureError(f"regex {opts['re']!r} in {rel} gives {got!r}, not a number") from None
+                raise FigureError(f"regex {opts['re']!r} in {rel} gives {found[0]!r}, not a number") from None
+            return self._aggregate(nums, opts) if opts.get("agg") else nums[:1]
         if not keys:
             self._read(rel, as_json=False)
             raise FigureError(f"marker names {rel} but no #KEY or re=")
-        return eval_keys(self._read(rel, as_json=True), keys)
+        return self._aggregate(eval_keys(self._read(rel, as_json=True), keys), opts)
+
+    @staticmethod
+    def _aggregate(nums: list[float], opts: dict[str, str]) -> list[float]:
+        agg = opts.get("agg")
+        if not agg:
+            return nums
+        if agg not in AGGREGATES:
+            raise FigureError(f"unknown aggregate agg={agg} (known: {', '.join(AGGREGATES)})")
+        got = AGGREGATES[agg](nums)
+        return got if isinstance(got, list) else [got]
 
     def compare(self, fig: list[float], dec: int, vals: list[float], opts: dict[str, str]) -> str | None:
         """None if the figure agrees with the file's values, else why not."""
@@ -348,12 +361,15 @@ class Checker:
             dec = int(opts["r"])
         for f, v in zip(fig, vals):
             bound = opts.get("bound")
+            if bound == "abs" and abs(v) <= f:
+                continue
             if bound == "max" and v <= f:
                 continue
             if bound == "min" and v >= f:
                 continue
-            if bound in ("max", "min"):
-                return f"the file's {_fmt([v])} is {'above' if bound == 'max' else 'below'} the bound {f:g}"
+            if bound in ("max", "min", "abs"):
+                side = "below" if bound == "min" else "above"
+                return f"the file's {_fmt([v])} is {side} the bound {'±' if bound == 'abs' else ''}{f:g}"
             tol = opts.get("tol")
             if tol:
                 allowed = abs(v) * float(tol[:-1]) / 100 if tol.endswith("%") else float(tol)
@@ -455,17 +471,17 @@ class Checker:
             return
         if body.count('"') % 2:
             raise FigureError("marker does not parse (an unclosed quote)")
-        tokens = re.findall(r'(\w+)="([^"]*)"|(\S+)', body)
-        if not tokens or not tokens[0][2]:
+        tokens = re.findall(r'(\w+)="([^"]*)"|"([^"]*)"|(\S+)', body)
+        if not tokens or tokens[0][0] or not (tokens[0][2] or tokens[0][3]):
             raise FigureError("marker names no file first")
-        source, opts = tokens[0][2], {}
-        for quoted_key, quoted, plain in tokens[1:]:
+        source, opts = tokens[0][2] or tokens[0][3], {}
+        for quoted_key, quoted, _, plain in tokens[1:]:
             k, eq, v = (quoted_key, "=", quoted) if quoted_key else plain.partition("=")
-            if not eq or k not in ("re", "x", "r", "tol", "bound", "code", "admits", "note"):
+            if not eq or k not in ("re", "agg", "x", "r", "tol", "bound", "code", "admits", "note"):
                 raise FigureError(f"unknown marker option {plain or quoted_key!r}")
             opts[k] = v
-        if opts.get("bound", "max") not in ("max", "min"):
-            raise FigureError(f"bound={opts['bound']}: max or min")
+        if opts.get("bound", "max") not in ("max", "min", "abs"):
+            raise FigureError(f"bound={opts['bound']}: max, min or abs")
         fig, dec = figure_before(re.sub(r"<!--.*?-->", "", before))
         vals = self.file_values(source, opts)
         counts.checked += 1

@@ -96,14 +96,17 @@ def test_aggregates_ranges_selectors_scales_and_composite_times(cf, tmp_path):
         "61% lower<!-- fig: results/b.json#median.lost_s/median.bare_s-1 x=-100 -->\n"
         "11 min 17 s<!-- fig: results/b.json#n -->\n"
         "under 5 s<!-- fig: results/b.json#rows[*].lost_s[0] bound=max -->\n"
+        "within 4<!-- fig: results/b.json#rows[*].lost_s[0] bound=abs -->\n"
     )
     c = _check(cf, tmp_path, doc)
-    assert c.problems == [] and c.checked == 7 + 1
+    assert c.problems == [] and c.checked == 7 + 2
     wrong = "11 min 16 s<!-- fig: results/b.json#n -->\nunder 2 s<!-- fig: results/b.json#rows[*].lost_s[0] bound=max -->\n"
+    wrong += "within 0.8<!-- fig: results/b.json#rows[*].lost_s[0] bound=abs -->\n"
     c = _check(cf, tmp_path, wrong)
-    assert len(c.problems) == 2
+    assert len(c.problems) == 3
     assert "figure 676 but the file gives 676.9 (write 677)" in c.problems[0]
     assert "is above the bound 2" in c.problems[1]
+    assert "the file's 3 is above the bound ±0.8" in c.problems[2]
 
 
 def test_a_regex_in_a_text_file_a_tolerance_and_a_verbatim_block(cf, tmp_path):
