@@ -21,7 +21,7 @@ after a path aggregates a list; terms joined by `/`, `*`, `+`, `-` are computed 
 (`a/b` for a ratio, `a/b-1` for a change; a term may be a plain number); `,` gives several values (a range "A-B" needs two, or one `|range`).
 `re=` (text files, and JSON read as text) takes the regex's first match, group 1 if it has one;
 `agg=median|min|max|mean|sum|len|range` aggregates every match of `re=`, or every value KEYS
-gives. A source with spaces in a selector is written in double quotes: "FILE#a[k=x y].b".
+gives (in a table row write `agg=`: a `|` would split the cell). A source with spaces in a selector is written in double quotes: "FILE#a[k=x y].b".
 `x=` scales the file's value (1000 for seconds written as ms, 100 for a fraction written as %,
 1/60 for minutes). `r=` rounds to that many decimals instead of the figure's own; `tol=` accepts
 that absolute (or relative, with %) difference; `bound=max` says the figure is an upper bound
@@ -441,6 +441,8 @@ class Checker:
                 counts.unmarked += _unmarked(visible[last : m.start()], kind == "fig")
                 last = m.end()
                 try:
+                    if "|" in body and line.lstrip().startswith("|"):
+                        raise FigureError("a '|' in a marker splits the table's cell: write agg=NAME, not |NAME")
                     if kind == "fig-block":
                         pending_block = (where, body)
                         continue

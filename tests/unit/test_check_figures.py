@@ -121,6 +121,15 @@ def test_a_regex_in_a_text_file_a_tolerance_and_a_verbatim_block(cf, tmp_path):
     assert len(c.problems) == 1 and "block line not in results/out.txt: 'lost 0.72'" in c.problems[0]
 
 
+def test_a_pipe_in_a_table_rows_marker_is_refused_agg_is_not(cf, tmp_path):
+    doc = (
+        "| a | b |\n|---|---|\n| x | 0.85<!-- fig: results/b.json#rows[0].lost_s|median --> |\n"
+        "| y | 0.85<!-- fig: results/b.json#rows[0].lost_s agg=median --> |\n"
+    )
+    c = _check(cf, tmp_path, doc)
+    assert c.checked == 1 and len(c.problems) == 1 and c.problems[0].startswith("docs/a.md:3: a '|' in a marker")
+
+
 def test_markers_inside_code_are_examples_not_markers(cf, tmp_path):
     doc = "write `0.9 s<!-- fig: results/b.json#nope -->` beside it\n```\n1 s<!-- fig: results/x.json#k -->\n```\n"
     c = _check(cf, tmp_path, doc)
