@@ -4,8 +4,8 @@ A figure in Markdown names its source with an HTML comment right after it (invis
 
     the grow lost 0.71 s<!-- fig: results/bench_zygote.json#medians.zygote.lost_s -->
 
-The figure is the number (or range "A-B", or "N min M s") written just before the marker on the
-same line; it must equal the file's value rounded to as many decimals as the figure shows (0.71
+The figure is the number (or range "A-B", or "N min M s", or a number word up to "twelve",
+optionally followed by one noun: "four runs") written just before the marker on the same line; it must equal the file's value rounded to as many decimals as the figure shows (0.71
 matches 0.7149, not 0.716), unless an option says otherwise. The grammar, all on one line:
 
     <!-- fig: FILE[#KEYS] [re=REGEX [agg=AGG]] [x=SCALE] [r=DECIMALS] [tol=ABS|tol=PCT%] [bound=max|min|abs]
@@ -64,6 +64,7 @@ FIGURE = re.compile(
 UNMARKED = re.compile(
     r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:ms|s|min|h|%|x|×|MB|GB|KB|img/s|steps/s|points)(?![\w/])"
 )
+NUMBER_WORDS = "zero one two three four five six seven eight nine ten eleven twelve".split()
 AGGREGATES = {
     "median": statistics.median,
     "min": min,
@@ -108,6 +109,9 @@ def figure_before(text: str) -> tuple[list[float], int]:
         sec, dec = parse_number(m["s"])
         return [int(m["m"]) * 60 + sec], dec
     m = FIGURE.search(text)
+    word = re.search(r"\b([A-Za-z]+)(?:\s+[A-Za-z]+)?[\s*_`|)\],;:.]*$", text)
+    if not m and word and word.group(1).lower() in NUMBER_WORDS:
+        return [float(NUMBER_WORDS.index(word.group(1).lower()))], 0
     if not m:
         raise FigureError(f"no figure before the marker (text ends {text[-30:]!r})")
     a, da = parse_number(m["a"])
@@ -216,7 +220,7 @@ def _num(v, what: str) -> float:
     return float(v)
 
 
-def eval_keys(data, keys: str) -> list[float]:
+def eval_keys(data, keys: str) -> list:
     """KEYS: comma-separated expressions of terms joined by / * + - (left to right); a lone term
     that is a list (a `[*]` path, `|range`) gives each of its items."""
     values: list[float] = []
@@ -224,7 +228,7 @@ def eval_keys(data, keys: str) -> list[float]:
         terms = _split_top(expr, "/*+-")
         first = json_value(data, terms[0][1])
         if len(terms) == 1 and isinstance(first, list):
-            values.extend(_num(x, expr) for x in first)
+            values.extend(first)  # numbers, or anything agg=len counts
             continue
         acc = _num(first, terms[0][1])
         for op, term in terms[1:]:
@@ -337,7 +341,10 @@ class Checker:
         if not keys:
             self._read(rel, as_json=False)
             raise FigureError(f"marker names {rel} but no #KEY or re=")
-        return self._aggregate(eval_keys(self._read(rel, as_json=True), keys), opts)
+        values = eval_keys(self._read(rel, as_json=True), keys)
+        if opts.get("agg") == "len":
+            return [float(len(values))]
+        return self._aggregate([_num(v, keys) for v in values], opts)
 
     @staticmethod
     def _aggregate(nums: list[float], opts: dict[str, str]) -> list[float]:
