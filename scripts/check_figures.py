@@ -256,7 +256,8 @@ def parse_scale(text: str) -> float:
 
 
 class History:
-    """The newest commit time of each path, from one `git log` over the repository."""
+    """The newest commit time of each path, from one `git log` over the repository: author dates,
+    which a rebase or a cherry-pick keeps (the committer date would move a measurement's age)."""
 
     def __init__(self, root: Path):
         self.times: dict[str, int] = {}
@@ -264,7 +265,7 @@ class History:
         self.ok = False
         try:
             log = subprocess.run(
-                ["git", "-C", str(root), "log", "--format=%x01%ct", "--name-only"],
+                ["git", "-C", str(root), "log", "--format=%x01%at", "--name-only"],
                 capture_output=True, text=True, check=True, timeout=60,
             ).stdout
             status = subprocess.run(
