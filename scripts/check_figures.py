@@ -15,7 +15,8 @@ matches 0.7149, not 0.716), unless an option says otherwise. The grammar, all on
                                      excepted, must be a line of FILE)
 
 KEYS (JSON files) is a path such as `resize.rows[harness=ours:overlap].grow_lost_median_s`:
-dotted keys, `[3]` an index, `[field=value]` the list item whose field is value (`[f=a,g=b]`: both; `[f~a]`: whose f contains a), `[*]` every item,
+dotted keys, `[3]` an index, `[field=value]` the list item whose field is value (`[f=a,g=b]`: both; `[f~a]`: whose f contains a; `[?f=a]`: the list of every such item,
+and a key after a list takes it from every item: `runs[?survive=True].lost_s[1]`), `[*]` every item,
 `[odd-key]` or `["odd.key"]` a key with dashes or dots (write `[a-b]`, not `a-b`, which subtracts); a `|median`, `|min`, `|max`, `|mean`, `|sum`, `|len` or `|range`
 after a path aggregates a list; terms joined by `/`, `*`, `+`, `-` are computed left to right
 (`a/b` for a ratio, `a/b-1` for a change; a term may be a plain number); `,` gives several values (a range "A-B" needs two, or one `|range`).
@@ -179,19 +180,26 @@ def _step(node, step: str, spread: bool):
             return list(node.values()) if isinstance(node, dict) else list(node)
         if inner[:1] in "\"'":
             return node[inner[1:-1]]
-        if re.match(r"[\w-]+[=~]", inner):
-            conds = [re.match(r"([\w-]+)([=~])(.*)", c).groups() for c in re.split(r",(?=[\w-]+[=~])", inner)]
-            for item in node:
-                if isinstance(item, dict) and all(
-                    str(item.get(k)) == v if op == "=" else v in str(item.get(k)) for k, op, v in conds
-                ):
-                    return item
+        if re.match(r"\??[\w-]+[=~]", inner):
+            every = inner.startswith("?")
+            conds = [re.match(r"([\w-]+)([=~])(.*)", c).groups() for c in re.split(r",(?=[\w-]+[=~])", inner.lstrip("?"))]
+            found = [
+                item for item in node
+                if isinstance(item, dict)
+                and all(str(item.get(k)) == v if op == "=" else v in str(item.get(k)) for k, op, v in conds)
+            ]
+            if every:
+                return found
+            if found:
+                return found[0]
             raise KeyError(step)
         if isinstance(node, list):
             return node[int(inner)]
         return node[inner]
     if isinstance(node, list):
-        return node[int(step)]
+        if step.isdigit():
+            return node[int(step)]
+        return [item[step] for item in node]  # a key of every item: runs[?survive=True].lost_s
     return node[step]
 
 
