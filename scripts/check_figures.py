@@ -2,37 +2,45 @@
 
 A figure in Markdown names its source with an HTML comment right after it (invisible once rendered):
 
-    the grow lost 0.71 s<!-- fig: results/bench_zygote.json#medians.zygote.lost_s -->
+    the grow lost 0.85 s<!-- fig: results/bench_zygote.json#medians.zygote.lost_s -->
 
-The figure is the number (or range "A-B", or "N min M s", or a number word up to "twelve",
-optionally followed by one noun: "four runs") written just before the marker on the same line; it must equal the file's value rounded to as many decimals as the figure shows (0.71
-matches 0.7149, not 0.716), unless an option says otherwise. The grammar, all on one line:
+The figure is the number written just before the marker on the same line (or a range "A-B" or
+"A to B", "N min M s", a number word up to "twelve" with at most one noun after it: "four runs").
+It must equal the file's value rounded to as many decimals as the figure shows (0.71 matches
+0.7149, not 0.716), unless an option says otherwise. The grammar, all on one line:
 
-    <!-- fig: FILE[#KEYS] [re=REGEX [agg=AGG]] [x=SCALE] [r=DECIMALS] [tol=ABS|tol=PCT%] [bound=max|min|abs]
-              [code=PATH,PATH] [admits=YYYY-MM-DD|admits=Nd] [note="..."] -->
+    <!-- fig: FILE[#KEYS] [re=REGEX] [agg=AGG] [x=SCALE] [r=DECIMALS] [tol=ABS|tol=PCT%]
+              [bound=max|min|abs] [code=PATH,PATH] [admits=YYYY-MM-DD|admits=Nd] [note="..."] -->
     <!-- fig: none: why the figure has no file -->
-    <!-- fig-block: FILE -->        (on a line before a ``` block: each of its lines, "..." lines
-                                     excepted, must be a line of FILE)
+    <!-- fig-block: FILE -->   (on a line before a ``` block: each of its lines, "..." lines
+                                excepted, must be a line of FILE)
 
 KEYS (JSON files) is a path such as `resize.rows[harness=ours:overlap].grow_lost_median_s`:
-dotted keys, `[3]` an index, `[field=value]` the list item whose field is value (`[f=a,g=b]`: both; `[f~a]`: whose f contains a; `[?f=a]`: the list of every such item,
-and a key after a list takes it from every item: `runs[?survive=True].lost_s[1]`), `[*]` every item,
-`[odd-key]` or `["odd.key"]` a key with dashes or dots (write `[a-b]`, not `a-b`, which subtracts); a `|median`, `|min`, `|max`, `|mean`, `|sum`, `|len` or `|range`
-after a path aggregates a list; terms joined by `/`, `*`, `+`, `-` are computed left to right
-(`a/b` for a ratio, `a/b-1` for a change; a term may be a plain number); `,` gives several values (a range "A-B" needs two, or one `|range`).
-`re=` (text files, and JSON read as text) takes the regex's first match, group 1 if it has one;
-`agg=median|min|max|mean|sum|len|range` aggregates every match of `re=`, or every value KEYS
-gives (in a table row write `agg=`: a `|` would split the cell). A source with spaces in a selector is written in double quotes: "FILE#a[k=x y].b".
+- dotted keys; `[3]` an index; `[odd-key]` or `["odd.key"]` a key with dashes or dots (write
+  `[a-b]`, not `a-b`, which subtracts);
+- `[field=value]` the first list item whose field is value (`[f=a,g=b]`: both; `[f~a]`: whose f
+  contains a); `[?f=a]` the list of every such item; a key after a list takes it from every
+  item (`runs[?survive=True].lost_s[1]`: the second such run's); `[*]` every item, the steps
+  after it applied to each;
+- `|median`, `|min`, `|max`, `|mean`, `|sum`, `|len` or `|range` after a path aggregates a list;
+- terms joined by `/`, `*`, `+`, `-` are computed left to right (`a/b` a ratio, `a/b-1` a change;
+  a term may be a plain number); `,` gives several values (a range "A-B" needs two).
+`re=` (text files) takes the regex's first match, group 1 if it has one. `agg=` (median, min,
+max, mean, sum, len, range) aggregates every match of `re=` or every value KEYS gives; in a table
+row write `agg=`, since a `|` in a marker would split the table's cell. A source with spaces in a
+selector is written in double quotes: "FILE#a[k=x y].b".
 `x=` scales the file's value (1000 for seconds written as ms, 100 for a fraction written as %,
 1/60 for minutes). `r=` rounds to that many decimals instead of the figure's own; `tol=` accepts
-that absolute (or relative, with %) difference; `bound=max` says the figure is an upper bound
-(the file's values must not exceed it: "under 60 s" for a list of runs), `bound=min` a lower bound, `bound=abs` a bound
-on the size ("within 15%": every value between -15 and 15).
+that absolute (or relative, with %) difference. `bound=max` makes the figure an upper bound
+(every value the file gives must not exceed it: "under 60 s"), `bound=min` a lower bound,
+`bound=abs` a bound on the size ("within 15%": every value between -15 and 15).
 
 Staleness: `code=` names the code the figure measures (paths or folders). If git's newest commit
-touching that code is newer than the newest commit touching FILE, the figure is stale and fails,
-unless `admits=` covers it: a date (code commits up to that day, UTC, are admitted: the doc says
-the figure predates them) or a span `Nd` (code up to N days newer than the file is admitted).
+touching that code is newer than the newest commit touching FILE (author dates), the figure is
+stale and fails, unless `admits=` covers it: a date (code commits up to that day, UTC, are
+admitted: the doc says the figure predates them) or a span `Nd` (code up to N days newer than the
+file is admitted). A FILE with uncommitted changes counts as new. Without git history the
+staleness is not checked.
 
 Usage: python scripts/check_figures.py [--root DIR] [--list] [--stale] [FILE.md ...]
 Prints one line per problem (`doc:line: ...`) and the counts; exit status 1 on any problem.
@@ -178,11 +186,12 @@ def _step(node, step: str, spread: bool):
             if not isinstance(node, (list, dict)):
                 raise KeyError(step)
             return list(node.values()) if isinstance(node, dict) else list(node)
-        if inner[:1] in "\"'":
+        if inner[:1] and inner[:1] in "\"'":
             return node[inner[1:-1]]
         if re.match(r"\??[\w-]+[=~]", inner):
             every = inner.startswith("?")
-            conds = [re.match(r"([\w-]+)([=~])(.*)", c).groups() for c in re.split(r",(?=[\w-]+[=~])", inner.lstrip("?"))]
+            parts = re.split(r",(?=[\w-]+[=~])", inner.lstrip("?"))
+            conds = [re.match(r"([\w-]+)([=~])(.*)", c).groups() for c in parts]
             found = [
                 item for item in node
                 if isinstance(item, dict)
@@ -341,7 +350,11 @@ class Checker:
         rel, _, keys = source.partition("#")
         if "re" in opts:
             text = self._read(rel, as_json=False)
-            found = [m.group(1) if m.groups() else m.group(0) for m in re.finditer(opts["re"], text, re.MULTILINE)]
+            try:
+                matches = list(re.finditer(opts["re"], text, re.MULTILINE))
+            except re.error as e:
+                raise FigureError(f"re={opts['re']!r} is not a regex ({e})") from None
+            found = [m.group(1) if m.groups() else m.group(0) for m in matches]
             if not found:
                 raise FigureError(f"regex {opts['re']!r} finds nothing in {rel}")
             try:
