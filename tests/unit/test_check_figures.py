@@ -118,6 +118,18 @@ def test_a_regex_in_a_text_file_a_tolerance_and_a_verbatim_block(cf, tmp_path):
     assert len(c.problems) == 1 and "block line not in results/out.txt: 'lost 0.72'" in c.problems[0]
 
 
+def test_a_filter_keeps_every_matching_item_and_a_bad_regex_is_one_problem_line(cf, tmp_path):
+    files = {"results/r.json": {"runs": [{"ok": True, "s": 0.2}, {"ok": False, "s": 2.0}, {"ok": True, "s": 0.3}]}}
+    doc = (
+        "second kept run 0.3 s<!-- fig: results/r.json#runs[?ok=True].s[1] -->\n"
+        "kept runs 0.2-0.3 s<!-- fig: results/r.json#runs[?ok=True].s agg=range -->\n"
+        "first failed 2.0 s<!-- fig: results/r.json#runs[ok=False].s -->\n"
+        "bad 1 s<!-- fig: results/r.json re=\"([\" -->\n"
+    )
+    c = _check(cf, tmp_path, doc, files)
+    assert c.checked == 3 and len(c.problems) == 1 and c.problems[0].startswith("docs/a.md:4: re='([' is not a regex")
+
+
 def test_a_pipe_in_a_table_rows_marker_is_refused_agg_is_not(cf, tmp_path):
     doc = (
         "| a | b |\n|---|---|\n| x | 0.85<!-- fig: results/b.json#rows[0].lost_s|median --> |\n"
