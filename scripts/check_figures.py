@@ -12,8 +12,8 @@ It must equal the file's value rounded to as many decimals as the figure shows (
     <!-- fig: FILE[#KEYS] [re=REGEX] [agg=AGG] [x=SCALE] [r=DECIMALS] [tol=ABS|tol=PCT%]
               [bound=max|min|abs] [code=PATH,PATH] [admits=YYYY-MM-DD|admits=Nd] [note="..."] -->
     <!-- fig: none: why the figure has no file -->
-    <!-- fig-block: FILE -->   (on a line before a ``` block: each of its lines, "..." lines
-                                excepted, must be a line of FILE)
+    <!-- fig-block: FILE -->   (on a line before a ``` block or a table: each of its lines,
+                                "..." lines excepted, must be a line of FILE)
 
 KEYS (JSON files) is a path such as `resize.rows[harness=ours:overlap].grow_lost_median_s`:
 - dotted keys; `[3]` an index; `[odd-key]` or `["odd.key"]` a key with dashes or dots (write
@@ -451,6 +451,7 @@ class Checker:
         lines = doc.read_text(encoding="utf-8").splitlines()
         in_fence, pending_block = False, None
         block_lines: list[str] = []
+        table_lines: list[str] = []
         for n, line in enumerate(lines, 1):
             where = f"{rel_doc}:{n}"
             if FENCE.match(line):
@@ -465,6 +466,12 @@ class Checker:
             if in_fence:
                 block_lines.append(line)
                 continue
+            if pending_block is not None and line.lstrip().startswith("|"):
+                table_lines.append(line)  # a table after fig-block: its rows are the file's lines
+                continue
+            if table_lines:
+                self._check_block(pending_block, table_lines, counts)
+                pending_block, table_lines = None, []
             visible = re.sub(r"`[^`]*`", lambda m: " " * len(m.group(0)), line)
             last = 0
             for m in MARKER.finditer(visible):
@@ -481,8 +488,10 @@ class Checker:
                 except FigureError as e:
                     counts.problems.append(f"{where}: {e}")
             counts.unmarked += _unmarked(visible[last:], False)
-        if pending_block is not None:
-            counts.problems.append(f"{pending_block[0]}: fig-block with no ``` block after it")
+        if table_lines:
+            self._check_block(pending_block, table_lines, counts)
+        elif pending_block is not None:
+            counts.problems.append(f"{pending_block[0]}: fig-block with no ``` block or table after it")
 
     def _check_block(self, pending: tuple[str, str], block: list[str], counts: Counts) -> None:
         where, rel = pending
@@ -492,7 +501,7 @@ class Checker:
             counts.problems.append(f"{where}: {e or 'fig-block names no file'}")
             return
         have = {ln.rstrip() for ln in text.splitlines()}
-        missing = [ln for ln in block if ln.strip() not in ("", "...") and ln.rstrip() not in have]
+        missing = [ln for ln in block if ln.strip() not in ("", "...") and _bare(ln) not in have]
         counts.blocks += 1
         for ln in missing[:5]:
             counts.problems.append(f"{where}: block line not in {rel}: {ln.strip()[:90]!r}")
@@ -528,6 +537,11 @@ class Checker:
             counts.stale.append(f"{where}: admitted stale ({source}, admits={opts.get('admits')})")
         elif state:
             raise FigureError(state)
+
+
+def _bare(line: str) -> str:
+    """A block's or table's line as its file has it: without markers and trailing blanks."""
+    return re.sub(r"<!--.*?-->", "", line).rstrip()
 
 
 def _unmarked(text: str, marked_at_end: bool) -> int:

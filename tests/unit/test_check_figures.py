@@ -112,10 +112,14 @@ def test_a_regex_in_a_text_file_a_tolerance_and_a_verbatim_block(cf, tmp_path):
         "took 25 s<!-- fig: results/out.txt re=\"wall ([\\d.]+) s load\" tol=0.5 -->\n\n"
         "<!-- fig-block: results/out.txt -->\n```\nstate: finished  wall: 13.1 s\n...\nlost 0.71\n```\n\n"
         "<!-- fig-block: results/out.txt -->\n```\nlost 0.72\n```\n"
+        "<!-- fig-block: results/t.md -->\n| a | b |\n|---|---|\n| x | 0.5 |\n\n"
+        "<!-- fig-block: results/t.md -->\n\n| a | b |\n| y | 0.6 |\nafter\n"
     )
+    files["results/t.md"] = "# t\n\n| a | b |\n|---|---|\n| x | 0.5 |\n| y | 0.7 |\n"
     c = _check(cf, tmp_path, doc, files)
-    assert c.checked == 1 and c.blocks == 2
-    assert len(c.problems) == 1 and "block line not in results/out.txt: 'lost 0.72'" in c.problems[0]
+    assert c.checked == 1 and c.blocks == 4
+    assert len(c.problems) == 2 and "block line not in results/out.txt: 'lost 0.72'" in c.problems[0]
+    assert c.problems[1].startswith("docs/a.md:19: block line not in results/t.md: '| y | 0.6 |'")
 
 
 def test_a_filter_keeps_every_matching_item_and_a_bad_regex_is_one_problem_line(cf, tmp_path):
