@@ -42,7 +42,7 @@ admitted: the doc says the figure predates them) or a span `Nd` (code up to N da
 file is admitted). A FILE with uncommitted changes counts as new. Without git history the
 staleness is not checked.
 
-Usage: python scripts/check_figures.py [--root DIR] [--list] [--stale] [FILE.md ...]
+Usage: python scripts/check_figures.py [--root DIR] [--list] [--stale] [--by-doc] [FILE.md ...]
 Prints one line per problem (`doc:line: ...`) and the counts; exit status 1 on any problem.
 """
 from __future__ import annotations
@@ -585,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
     ap.add_argument("--list", action="store_true", help="print every marker with its file's value")
     ap.add_argument("--stale", action="store_true", help="print the admitted stale figures")
+    ap.add_argument("--by-doc", action="store_true", help="print the counts of each document too")
     a = ap.parse_args(argv)
     root = a.root.resolve()
     docs = [d.resolve() for d in a.docs] or None
@@ -593,6 +594,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"check_figures: error: no such file: {d}", file=sys.stderr)
             return 2
     counts = run(root, docs)
+    if a.by_doc:
+        history = History(root)
+        for doc in docs or documents(root):
+            rel = doc.relative_to(root).as_posix() if doc.is_relative_to(root) else str(doc)
+            print(f"{rel}: {summary(run(root, [doc], history))}")
     if a.list:
         print("\n".join(counts.listing))
     if a.stale:
