@@ -380,8 +380,10 @@ class Checker:
         got = AGGREGATES[agg](nums)
         return got if isinstance(got, list) else [got]
 
-    def compare(self, fig: list[float], dec: int, vals: list[float], opts: dict[str, str]) -> str | None:
-        """None if the figure agrees with the file's values, else why not."""
+    def compare(
+        self, fig: list[float], dec: int, vals: list[float], opts: dict[str, str], minsec: bool = False
+    ) -> str | None:
+        """None if the figure agrees with the file's values, else why not (minsec: written "N min M s")."""
         scale = parse_scale(opts.get("x", "1"))
         vals = [v * scale for v in vals]
         if opts.get("bound") and len(fig) == 1:
@@ -407,8 +409,8 @@ class Checker:
             else:
                 allowed = 0.5 * 10.0 ** -dec
             if abs(f - v) > allowed + 1e-9 * max(1.0, abs(v)):
-                want = f"{v:.{dec}f}" if not tol else _fmt([v])
-                return f"figure {f:.{dec}f} but the file gives {_fmt([v])} (write {want})"
+                want = _written(v, dec, minsec) if not tol else _fmt([v])
+                return f"figure {_written(f, dec, minsec)} but the file gives {_fmt([v])} (write {want})"
         return None
 
     def stale(self, source: str, opts: dict[str, str]) -> str | None:
@@ -524,11 +526,12 @@ class Checker:
             opts[k] = v
         if opts.get("bound", "max") not in ("max", "min", "abs"):
             raise FigureError(f"bound={opts['bound']}: max, min or abs")
-        fig, dec = figure_before(re.sub(r"<!--.*?-->", "", before))
+        text = re.sub(r"<!--.*?-->", "", before)
+        fig, dec = figure_before(text)
         vals = self.file_values(source, opts)
         counts.checked += 1
         counts.listing.append(f"{where}: {'-'.join(f'{f:g}' for f in fig)} <- {source} = {_fmt(vals)}")
-        why = self.compare(fig, dec, vals, opts)
+        why = self.compare(fig, dec, vals, opts, minsec=bool(FIGURE_MINSEC.search(text)))
         if why:
             raise FigureError(f"{why} ({source})")
         state = self.stale(source, opts)
@@ -551,6 +554,14 @@ def _unmarked(text: str, marked_at_end: bool) -> int:
         if m:
             text = text[: m.start()]
     return len(UNMARKED.findall(re.sub(r"\]\([^)]*\)", "", text)))
+
+
+def _written(v: float, dec: int, minsec: bool) -> str:
+    """A value as a figure is written: 0.85, or 11 min 17 s."""
+    if not minsec:
+        return f"{v:.{dec}f}"
+    total = round(v, dec)
+    return f"{int(total // 60)} min {total - 60 * int(total // 60):.{dec}f} s"
 
 
 def _fmt(vals: list[float]) -> str:

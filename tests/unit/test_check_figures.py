@@ -101,7 +101,7 @@ def test_aggregates_ranges_selectors_scales_and_composite_times(cf, tmp_path):
     wrong += "within 0.8<!-- fig: results/b.json#rows[*].lost_s[0] bound=abs -->\n"
     c = _check(cf, tmp_path, wrong)
     assert len(c.problems) == 3
-    assert "figure 676 but the file gives 676.9 (write 677)" in c.problems[0]
+    assert "figure 11 min 16 s but the file gives 676.9 (write 11 min 17 s)" in c.problems[0]
     assert "is above the bound 2" in c.problems[1]
     assert "the file's 3 is above the bound ±0.8" in c.problems[2]
 
