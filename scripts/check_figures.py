@@ -279,6 +279,7 @@ class History:
     def __init__(self, root: Path):
         self.times: dict[str, int] = {}
         self.dirty: set[str] = set()
+        self._newest: dict[str, int | None] = {}
         self.ok = False
         try:
             log = subprocess.run(
@@ -304,8 +305,10 @@ class History:
     def newest(self, path: str) -> int | None:
         """Newest commit time touching `path` (a file or a folder); None if never committed."""
         path = path.rstrip("/")
-        best = [t for p, t in self.times.items() if p == path or p.startswith(path + "/")]
-        return max(best) if best else None
+        if path not in self._newest:
+            best = [t for p, t in self.times.items() if p == path or p.startswith(path + "/")]
+            self._newest[path] = max(best) if best else None
+        return self._newest[path]
 
     def is_dirty(self, path: str) -> bool:
         path = path.rstrip("/")
