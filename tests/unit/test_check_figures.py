@@ -203,3 +203,30 @@ def test_the_command_prints_the_counts_and_exits_1_on_a_problem(cf, tmp_path):
     assert out.returncode == 1
     assert out.stdout.splitlines()[0].startswith("docs/a.md:1: figure 0.9 but the file gives 0.8493")
     assert "figures checked: 1;" in out.stdout and "not marked (a rough count): 2;" in out.stdout
+
+
+def test_staleness_read_from_a_real_git_history_by_author_date(cf, tmp_path):
+    root = _repo(tmp_path, "a 0.85 s<!-- fig: results/b.json#median.lost_s code=pkg admits=2026-12-02 -->\n", RES)
+    (root / "pkg").mkdir()
+    (root / "pkg" / "launch.py").write_text("x = 1\n")
+
+    def commit(paths, date):
+        env = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": "2030-01-01T00:00:00Z", "HOME": str(tmp_path),
+               "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+               "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}
+        subprocess.run(["git", "add", *paths], cwd=root, check=True, env=env)
+        subprocess.run(["git", "commit", "-qm", "c"], cwd=root, check=True, env=env)
+
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    commit(["results", "docs"], "2026-11-30T12:00:00Z")
+    commit(["pkg"], "2026-12-02T12:00:00Z")  # the code changed after the measurement: admitted
+    assert cf.run(root).problems == [] and cf.run(root).stale_admitted == 1
+    (root / "pkg" / "launch.py").write_text("x = 2\n")
+    commit(["pkg"], "2026-12-03T12:00:00Z")  # and again, after the admitted day
+    problems = cf.run(root).problems
+    assert len(problems) == 1 and "pkg changed since (2026-12-03); admits=2026-12-02 does not cover it" in problems[0]
+    (root / "results" / "b.json").write_text(json.dumps({"median": {"lost_s": 0.851}}))  # re-measured, not committed
+    assert cf.run(root).problems == []
+    commit(["results"], "2026-12-04T12:00:00Z")
+    counts = cf.run(root)
+    assert counts.problems == [] and counts.stale_admitted == 0
