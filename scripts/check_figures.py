@@ -484,6 +484,8 @@ class Checker:
                 counts.unmarked += _unmarked(visible[last : m.start()], kind == "fig")
                 last = m.end()
                 try:
+                    if "--" in body or body.endswith("-"):
+                        raise FigureError("a marker holding '--' (or ending in '-') is no HTML comment to GitHub: it shows")
                     if "|" in body and line.lstrip().startswith("|"):
                         raise FigureError("a '|' in a marker splits the table's cell: write agg=NAME, not |NAME")
                     if kind == "fig-block":

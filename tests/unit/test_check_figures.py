@@ -150,10 +150,14 @@ def test_markers_inside_code_are_examples_not_markers(cf, tmp_path):
 
 
 def test_a_marker_that_does_not_parse_or_stands_after_no_figure_fails(cf, tmp_path):
-    doc = "a 1 s<!-- fig: results/b.json#n colour=red -->\nthe file says<!-- fig: results/b.json#n -->\n"
+    doc = (
+        "a 1 s<!-- fig: results/b.json#n colour=red -->\nthe file says<!-- fig: results/b.json#n -->\n"
+        "677 s<!-- fig: results/b.json#n note=\"--sic\" -->\n"
+    )
     c = _check(cf, tmp_path, doc)
-    assert len(c.problems) == 2
+    assert len(c.problems) == 3
     assert "unknown marker option 'colour=red'" in c.problems[0] and "no figure before the marker" in c.problems[1]
+    assert c.problems[2].startswith("docs/a.md:3: a marker holding '--'")
 
 
 class _FakeHistory:
