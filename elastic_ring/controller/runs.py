@@ -233,7 +233,7 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
                    hostfile=req.hostfile, script=str(Path(req.script).resolve()) if req.script else None,
                    script_args=tuple(req.script_args), checkpoint_every=req.checkpoint_every or 0,
                    checkpoint_every_s=60.0 if req.checkpoint_every_s is None else req.checkpoint_every_s,
-                   keep=req.keep or 2, collective=req.collective or "horovod")
+                   keep=req.keep or 2, collective=req.collective or "horovod", cwd=os.getcwd())
     steps_given = (req.steps is not None or req.config_path or req.config is not None
                    or any(o.partition("=")[0].strip() == "total_steps" for o in req.overrides))
     if device == "cpu" and rep is not None and not steps_given:
@@ -297,7 +297,8 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
                                         else old_ws.get("checkpoint_every", 0)),
                    checkpoint_every_s=float(req.checkpoint_every_s if req.checkpoint_every_s is not None
                                             else old_ws.get("checkpoint_every_s", 60.0)),
-                   keep=keep_now, collective=old_ws.get("collective", "horovod"))
+                   keep=keep_now, collective=old_ws.get("collective", "horovod"),
+                   cwd=_resumed_cwd(rd, old_ws))
     if req.collective is not None and req.collective != spec.collective:
         raise UserError(f"--resume continues run {rd} with its own collective ({spec.collective}): "
                         f"drop --collective {req.collective}")
@@ -316,6 +317,21 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
         update_run_info(rd, survive=True)
     segment = len(read_events(rd / "events.jsonl", Launch))
     return PreparedRun(spec, cfg, plan, start_step, segment, req.relaunch, stall_timeout=stall, survive=survive)
+
+
+def _resumed_cwd(rd: Path, worker: dict[str, Any]) -> str:
+    """The folder a resumed run's workers run in: the one its `train` was run in (recorded in
+    ``run.json``), so that the script's relative paths mean what they meant at its start, whatever
+    folder the resume is run from; this process's folder for a run recorded before that.
+
+    Raises:
+        UserError: the recorded folder is gone (one line naming it).
+    """
+    cwd = worker.get("cwd") or os.getcwd()
+    if not Path(cwd).is_dir():
+        raise UserError(f"run {rd} was started in {cwd}, which is gone: its script's relative paths "
+                        f"are relative to it (recreate the folder to resume)")
+    return cwd
 
 
 def read_run_info(rd: Path) -> dict[str, Any]:
