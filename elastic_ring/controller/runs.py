@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec
-from elastic_ring.controller.requests import RunRequest, check, check_torch_survive
+from elastic_ring.controller.requests import RunRequest, check, check_torch_survive, with_script_collective
 from elastic_ring.errors import Interrupted, UserError
 
 
@@ -86,6 +86,7 @@ def _schedule(req: RunRequest) -> tuple[Resize, ...]:
 def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
     """Check ``req`` and get its run folder ready (a new one created, a resumed one taken over)."""
     check(req)
+    req = with_script_collective(req, echo)  # a torch.distributed script: --collective torch
     if req.resume_dir:
         check_resumable(Path(req.resume_dir), req.steps)  # before anything slow (torch, the GPUs)
     claimed = None if req.resume_dir else _claim(req, echo)

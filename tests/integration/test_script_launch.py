@@ -5,6 +5,7 @@ without a length."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -45,3 +46,39 @@ def test_a_script_s_relative_paths_are_the_user_s_across_a_resize_and_a_resume(t
     assert p.returncode == 0, p.stderr
     assert (work / "logs" / "rank0.txt").read_text().splitlines()[-1] == f"cwd={work} values=24 size=2"
     assert not (elsewhere / "logs").exists()
+
+
+DDP_STEPS = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import elastic_ring.worker as elastic
+
+job = elastic.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(2, 1)
+net = DistributedDataParallel(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+job.register(model=model, optimizer=opt)
+job.restore()
+for _ in job.steps():
+    loss = net(torch.ones(4, 2)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print(f"world {dist.get_world_size()} backend {dist.get_backend()}")
+"""
+
+
+def test_a_torch_distributed_script_without_collective_runs_on_torch(tmp_path):
+    script = tmp_path / "ddp_steps.py"
+    script.write_text(DDP_STEPS)
+    run = tmp_path / "run"
+    p = run_cli("train", "--script", str(script), "--steps", "3", "--gpus", "1", "--slots", "1",
+                "--run-dir", str(run), timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert f"elastic-ring: {script} uses torch.distributed (line 3) and not Horovod: --collective torch" \
+        in p.stderr.splitlines()
+    assert json.loads((run / "run.json").read_text())["worker"]["collective"] == "torch"
+    assert "world 1 backend gloo" in (run / "logs" / "segment-000-w1.log").read_text()
