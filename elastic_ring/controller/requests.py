@@ -125,20 +125,19 @@ def check(req: RunRequest) -> None:
     _check_numbers(req)
 
 
-def with_script_collective(req: RunRequest, echo) -> RunRequest:
+def with_script_collective(req: RunRequest) -> tuple[RunRequest, str | None]:
     """``req`` with the collective its script makes plain where ``--collective`` was not given (a
-    new run of a torch.distributed script: torch), said in one line by ``echo``; else ``req``."""
+    new run of a torch.distributed script: torch), and the line that says so; else (``req``, None)."""
     if not req.script or req.resume_dir or req.collective is not None:
-        return req
+        return req, None
     from dataclasses import replace
 
     from elastic_ring.controller.script_check import inferred_collective, read_script
 
     found = inferred_collective(req.script, read_script(req.script))
     if found is None:
-        return req
-    echo(found[1])
-    return replace(req, collective=found[0])
+        return req, None
+    return replace(req, collective=found[0]), found[1]
 
 
 def _check_collective(req: RunRequest) -> None:

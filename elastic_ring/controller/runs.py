@@ -86,13 +86,18 @@ def _schedule(req: RunRequest) -> tuple[Resize, ...]:
 def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
     """Check ``req`` and get its run folder ready (a new one created, a resumed one taken over)."""
     check(req)
-    req = with_script_collective(req, echo)  # a torch.distributed script: --collective torch
+    req, inferred = with_script_collective(req)  # a torch.distributed script: --collective torch
+    if inferred:
+        check(req)  # what goes with --collective torch
     if req.resume_dir:
         check_resumable(Path(req.resume_dir), req.steps)  # before anything slow (torch, the GPUs)
     claimed = None if req.resume_dir else _claim(req, echo)
     try:
         with preparing(claimed[0] if claimed else Path(req.resume_dir or "."), bool(req.resume_dir)):
-            return _prepare(req, echo, claimed[0] if claimed else None)
+            run = _prepare(req, echo, claimed[0] if claimed else None)
+        if inferred:
+            echo(inferred)  # once nothing can refuse the run (a refusal stays one line)
+        return run
     except KeyboardInterrupt:
         if claimed is not None:
             _unclaim(*claimed)

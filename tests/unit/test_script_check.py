@@ -122,15 +122,19 @@ def test_request_checks_the_script_before_anything_starts(tmp_path):
 
 
 def test_the_collective_a_script_makes_plain_is_taken_and_said(tmp_path):
-    said = []
     ddp = _write(tmp_path, DDP_EPOCHS, "ddp.py")
-    req = with_script_collective(RunRequest(script=ddp), said.append)
+    req, said = with_script_collective(RunRequest(script=ddp))
     assert req.collective == "torch"
-    assert said == [f"elastic-ring: {ddp} uses torch.distributed (line 3) and not Horovod: --collective torch"]
+    assert said == f"elastic-ring: {ddp} uses torch.distributed (line 3) and not Horovod: --collective torch"
     for r in (RunRequest(script=_write(tmp_path, NEITHER, "n.py")), RunRequest(script=_write(tmp_path, HVD_STEPS)),
-              RunRequest(script=ddp, collective="torch")):
-        assert with_script_collective(r, said.append) is r  # nothing to infer, or given
-    assert len(said) == 1
+              RunRequest(script=ddp, collective="torch"), RunRequest(script=ddp, resume_dir="r")):
+        assert with_script_collective(r) == (r, None)  # nothing to infer, or given, or the run's own
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _no_run(p, run: Path, *needles: str) -> None:
@@ -153,3 +157,9 @@ def test_train_refuses_what_the_script_says_cannot_run(cli_inproc, tmp_path):
             run, "--collective torch, but", "imports horovod")
     _no_run(cli_inproc("train", "--script", ddp, "--collective", "horovod", "--run-dir", str(run)), run,
             "--collective horovod, but", "use --collective torch")
+    # on torch by inference, what goes with --collective torch applies, and a refusal is still one line
+    _no_run(cli_inproc("train", "--script", ddp, "--relaunch", "inplace", "--hosts", "a:1,b:1", "--run-dir",
+                       str(run)), run, "--relaunch inplace runs on one host")
+    _no_run(cli_inproc("train", "--script", ddp, "--device", "cuda", "--survive", "--relaunch", "inplace",
+                       "--run-dir", str(run)), run, "--collective torch asks for NCCL" if not _has_gpu() else
+            "--survive with --collective torch")
