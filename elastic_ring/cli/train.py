@@ -29,7 +29,9 @@ def _echo(msg: str) -> None:
               help="Run your own Horovod script (written with elastic_ring.worker, or for Horovod "
                    "Elastic as it is) instead of the built-in ResNet; its own arguments go after `--`. "
                    "The run ends with the script's `job.epochs()` loop or its @hvd.elastic.run function, "
-                   "or at --steps (needed by a `job.steps()` loop; otherwise a cap).")
+                   "or at --steps (needed by a `job.steps()` loop; otherwise a cap). Its workers run in "
+                   "the folder this command is run in, as `python PATH` would (at --resume: the run's "
+                   "first); it is read, not run, before anything starts.")
 @click.option("--resize-at", type=int, default=None, metavar="STEP",
               help="Resize after this step completes (with --to).")
 @click.option("--to", "resize_to", type=int, default=None, metavar="N", help="Workers after --resize-at.")
@@ -84,7 +86,8 @@ def _echo(msg: str) -> None:
                    "host, no horovodrun; with --hosts/--hostfile horovodrun only launches them; or Ray "
                    "actors with --backend ray; the built-in ResNet uses "
                    "DistributedDataParallel; every --relaunch mode: inplace keeps the processes and "
-                   "re-forms the process group). [default: horovod; at --resume: the run's own]")
+                   "re-forms the process group). [default: horovod; a --script that uses torch.distributed "
+                   "and not Horovod: torch; at --resume: the run's own]")
 @click.option("--ray-address", default=None, metavar="ADDRESS",
               help="Ray cluster to run on (--backend ray). [default: $RAY_ADDRESS, else a local Ray]")
 @click.option("--placement", type=click.Choice(["PACK", "SPREAD"]), default="PACK", show_default=True,

@@ -45,6 +45,7 @@ def worker_settings(spec: RunSpec, cfg: TrainConfig | None) -> dict[str, Any]:
         "control_every": cfg.control_every if cfg else 1,
         "throughput_window": cfg.throughput_window if cfg else 20,
         "eval_every": cfg.eval_every if cfg else 0,
+        "cwd": spec.cwd,
     }
 
 
