@@ -27,9 +27,9 @@ def rule_words(rule: str | None, factor: float) -> str:
                 if rule == "auto:none" else "kept: --lr-scaling none")
     if rule == "auto:unknown":
         return f"Eq. 7: x{factor:.3g}; the script's own scaling not seen yet (--lr-scaling auto)"
-    if rule.startswith("auto:"):
-        what = {"linear": "Eq. 7", "sqrt": "sqrt rule"}.get(rule[5:], "the script's factor")
-        return f"{what}: x{factor:.3g}, as the script scales its LR with the workers (--lr-scaling auto)"
+    if rule.startswith("auto:"):  # the script's own scaling, named by the start's line
+        return {"auto:linear": f"Eq. 7: x{factor:.3g}", "auto:sqrt": f"sqrt rule: x{factor:.3g}"}.get(
+            rule, f"the script's own scaling: x{factor:.3g}")
     if rule == "adasum":
         return "kept: the optimizer uses Adasum"
     return f"set by the script (on_resize, reset callbacks): x{factor:.3g}"
