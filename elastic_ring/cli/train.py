@@ -53,6 +53,12 @@ def _echo(msg: str) -> None:
 @click.option("--batch-size", type=int, default=None, help="Per-worker batch (config: batch_size).")
 @click.option("--lr", type=float, default=None, help="LR per lr_reference_batch images (config: lr).")
 @click.option("--seed", type=int, default=None, help="Seed of data order, augmentation and weights.")
+@click.option("--lr-scaling", type=click.Choice(["auto", "linear", "sqrt", "none"]), default=None,
+              help="The LR at a new world size: linear (Eq. 7: x w_new / w_old), sqrt, none (kept), or "
+                   "auto: as the script scales it (its optimizer's LR as built at the new size over that "
+                   "at the old: a script built with lr=base * hvd.size() gets Eq. 7, one built with "
+                   "lr=base keeps its LR). [default: auto for a --script; the config's (linear) for the "
+                   "built-in ResNet]")
 @click.option("--resize-warmup", type=int, default=None, metavar="STEPS",
               help="Ramp the LR to its Eq. 7 value over STEPS after a resize (0: at once).")
 @click.option("--device", type=DEVICE_CHOICES, default="auto", show_default=True,
@@ -129,7 +135,7 @@ def _echo(msg: str) -> None:
                    "left behind); with --steps N, on to N steps (a finished run too).")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
-          data_dir, batch_size, lr, seed, resize_warmup, device, slots, hosts, hostfile,
+          data_dir, batch_size, lr, seed, lr_scaling, resize_warmup, device, slots, hosts, hostfile,
           network_interface, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
           checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, run_dir, resume_dir, script_args):
     """Train with Horovod (a CIFAR ResNet, or your --script); resize by checkpoint and relaunch.
@@ -173,7 +179,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
     req = RunRequest(workers=workers, script=script, script_args=tuple(script_args), resize_at=resize_at,
                      resize_to=resize_to, schedule=schedule, config_path=config_path,
                      overrides=tuple(overrides), steps=steps, depth=depth, dataset=dataset,
-                     data_dir=data_dir, batch_size=batch_size, lr=lr, seed=seed,
+                     data_dir=data_dir, batch_size=batch_size, lr=lr, seed=seed, lr_scaling=lr_scaling,
                      resize_warmup=resize_warmup, device=device, slots=slots, hosts=hosts,
                      hostfile=hostfile, network_interface=network_interface, relaunch=relaunch,
                      checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s, keep=keep,

@@ -22,6 +22,7 @@ RELAUNCH_CHOICES = ("auto", *MODES)  # auto: prelaunch on GPUs, overlap on the C
 BACKENDS = ("horovodrun", "ray")
 PLACEMENTS = ("PACK", "SPREAD")  # Ray placement groups: fewest nodes, or spread over them
 COLLECTIVES = ("horovod", "torch")  # the workers' collectives (worker.collective)
+LR_SCALINGS = ("auto", "linear", "sqrt", "none")  # the LR at a resize (worker.lr; auto: the script's own)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class RunRequest:
     lr: float | None = None
     seed: int | None = None
     resize_warmup: int | None = None
+    lr_scaling: str | None = None  # the LR rule at a resize (None: auto for a script, the config's otherwise)
     device: str = "auto"
     slots: int | None = None
     hosts: str | None = None
@@ -84,6 +86,13 @@ def check(req: RunRequest) -> None:
                            or req.script_args or resnet):
         raise UserError("--resume continues a run with its own config and script: drop the config "
                         "and script options (--steps N is the one that applies: the run's new total)")
+    if req.lr_scaling is not None and req.lr_scaling not in LR_SCALINGS:
+        raise UserError(f"--lr-scaling must be one of {', '.join(LR_SCALINGS)}, got {req.lr_scaling}")
+    if req.resume_dir and req.lr_scaling is not None:
+        raise UserError("--resume continues a run with its own LR rule: drop --lr-scaling")
+    if req.lr_scaling == "auto" and not req.script:
+        raise UserError("--lr-scaling auto follows a --script's own LR scaling: the built-in ResNet takes "
+                        "linear, sqrt or none")
     if req.resume_dir and req.steps is not None and req.steps < 1:
         raise UserError(f"--steps must be >= 1, got {req.steps}")
     if req.script_args and not req.script:

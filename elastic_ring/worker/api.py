@@ -122,6 +122,7 @@ class Job:
         start = start or StartUp(_process_start(), {"imports": _T_IMPORTED})
         self.progress = Progress(self.run_dir, self.ring, self.seg, start, info.throughput_window,
                                  info.eval_every, self.state.current_lr)
+        self.progress.rescaled = lambda: self.state.rescaled
         self.checkpoints = Checkpoints(info, self.state.snapshot, self.progress, lambda: self.ring.size,
                                        self.state.current_lr)
         self.vote = StopVote(self.run_dir, self.ring, self.seg)
