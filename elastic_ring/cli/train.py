@@ -29,7 +29,9 @@ def _echo(msg: str) -> None:
               help="Run your own Horovod script (written with elastic_ring.worker, or for Horovod "
                    "Elastic as it is) instead of the built-in ResNet; its own arguments go after `--`. "
                    "The run ends with the script's `job.epochs()` loop or its @hvd.elastic.run function, "
-                   "or at --steps (needed by a `job.steps()` loop; otherwise a cap).")
+                   "or at --steps (needed by a `job.steps()` loop; otherwise a cap). Its workers run in "
+                   "the folder this command is run in, as `python PATH` would (at --resume: the run's "
+                   "first); it is read, not run, before anything starts.")
 @click.option("--resize-at", type=int, default=None, metavar="STEP",
               help="Resize after this step completes (with --to).")
 @click.option("--to", "resize_to", type=int, default=None, metavar="N", help="Workers after --resize-at.")
@@ -51,6 +53,12 @@ def _echo(msg: str) -> None:
 @click.option("--batch-size", type=int, default=None, help="Per-worker batch (config: batch_size).")
 @click.option("--lr", type=float, default=None, help="LR per lr_reference_batch images (config: lr).")
 @click.option("--seed", type=int, default=None, help="Seed of data order, augmentation and weights.")
+@click.option("--lr-scaling", type=click.Choice(["auto", "linear", "sqrt", "none"]), default=None,
+              help="The LR at a new world size: linear (Eq. 7: x w_new / w_old), sqrt, none (kept), or "
+                   "auto: as the script scales it (its optimizer's LR as built at the new size over that "
+                   "at the old: a script built with lr=base * hvd.size() gets Eq. 7, one built with "
+                   "lr=base keeps its LR). [default: auto for a --script; the config's (linear) for the "
+                   "built-in ResNet]")
 @click.option("--resize-warmup", type=int, default=None, metavar="STEPS",
               help="Ramp the LR to its Eq. 7 value over STEPS after a resize (0: at once).")
 @click.option("--device", type=DEVICE_CHOICES, default="auto", show_default=True,
@@ -84,7 +92,8 @@ def _echo(msg: str) -> None:
                    "host, no horovodrun; with --hosts/--hostfile horovodrun only launches them; or Ray "
                    "actors with --backend ray; the built-in ResNet uses "
                    "DistributedDataParallel; every --relaunch mode: inplace keeps the processes and "
-                   "re-forms the process group). [default: horovod; at --resume: the run's own]")
+                   "re-forms the process group). [default: horovod; a --script that uses torch.distributed "
+                   "and not Horovod: torch; at --resume: the run's own]")
 @click.option("--ray-address", default=None, metavar="ADDRESS",
               help="Ray cluster to run on (--backend ray). [default: $RAY_ADDRESS, else a local Ray]")
 @click.option("--placement", type=click.Choice(["PACK", "SPREAD"]), default="PACK", show_default=True,
@@ -126,7 +135,7 @@ def _echo(msg: str) -> None:
                    "left behind); with --steps N, on to N steps (a finished run too).")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
-          data_dir, batch_size, lr, seed, resize_warmup, device, slots, hosts, hostfile,
+          data_dir, batch_size, lr, seed, lr_scaling, resize_warmup, device, slots, hosts, hostfile,
           network_interface, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
           checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, run_dir, resume_dir, script_args):
     """Train with Horovod (a CIFAR ResNet, or your --script); resize by checkpoint and relaunch.
@@ -170,7 +179,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
     req = RunRequest(workers=workers, script=script, script_args=tuple(script_args), resize_at=resize_at,
                      resize_to=resize_to, schedule=schedule, config_path=config_path,
                      overrides=tuple(overrides), steps=steps, depth=depth, dataset=dataset,
-                     data_dir=data_dir, batch_size=batch_size, lr=lr, seed=seed,
+                     data_dir=data_dir, batch_size=batch_size, lr=lr, seed=seed, lr_scaling=lr_scaling,
                      resize_warmup=resize_warmup, device=device, slots=slots, hosts=hosts,
                      hostfile=hostfile, network_interface=network_interface, relaunch=relaunch,
                      checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s, keep=keep,

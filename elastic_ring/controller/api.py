@@ -83,6 +83,8 @@ class RunSpec:
     checkpoint_every_s: float = 0.0  # seconds between periodic background checkpoints (0: off)
     keep: int = 2  # checkpoints kept
     collective: str = "horovod"  # or "torch" (torch.distributed: the local launcher, no horovodrun)
+    cwd: str = ""  # the folder the script's workers run in: where `train` was run ("": this process's)
+    lr_scaling: str | None = None  # a script's LR rule at a resize (worker.lr; "auto"); None: the config's
 
     def validate(self) -> None:
         """Raises UserError for any request that cannot run (before anything starts)."""

@@ -22,6 +22,7 @@ RELAUNCH_CHOICES = ("auto", *MODES)  # auto: prelaunch on GPUs, overlap on the C
 BACKENDS = ("horovodrun", "ray")
 PLACEMENTS = ("PACK", "SPREAD")  # Ray placement groups: fewest nodes, or spread over them
 COLLECTIVES = ("horovod", "torch")  # the workers' collectives (worker.collective)
+LR_SCALINGS = ("auto", "linear", "sqrt", "none")  # the LR at a resize (worker.lr; auto: the script's own)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class RunRequest:
     lr: float | None = None
     seed: int | None = None
     resize_warmup: int | None = None
+    lr_scaling: str | None = None  # the LR rule at a resize (None: auto for a script, the config's otherwise)
     device: str = "auto"
     slots: int | None = None
     hosts: str | None = None
@@ -84,6 +86,13 @@ def check(req: RunRequest) -> None:
                            or req.script_args or resnet):
         raise UserError("--resume continues a run with its own config and script: drop the config "
                         "and script options (--steps N is the one that applies: the run's new total)")
+    if req.lr_scaling is not None and req.lr_scaling not in LR_SCALINGS:
+        raise UserError(f"--lr-scaling must be one of {', '.join(LR_SCALINGS)}, got {req.lr_scaling}")
+    if req.resume_dir and req.lr_scaling is not None:
+        raise UserError("--resume continues a run with its own LR rule: drop --lr-scaling")
+    if req.lr_scaling == "auto" and not req.script:
+        raise UserError("--lr-scaling auto follows a --script's own LR scaling: the built-in ResNet takes "
+                        "linear, sqrt or none")
     if req.resume_dir and req.steps is not None and req.steps < 1:
         raise UserError(f"--steps must be >= 1, got {req.steps}")
     if req.script_args and not req.script:
@@ -125,13 +134,31 @@ def check(req: RunRequest) -> None:
     _check_numbers(req)
 
 
+def with_script_collective(req: RunRequest) -> tuple[RunRequest, str | None]:
+    """``req`` with the collective its script makes plain where ``--collective`` was not given (a
+    new run of a torch.distributed script: torch), and the line that says so; else (``req``, None)."""
+    if not req.script or req.resume_dir or req.collective is not None:
+        return req, None
+    from dataclasses import replace
+
+    from elastic_ring.controller.script_check import inferred_collective, read_script
+
+    found = inferred_collective(req.script, read_script(req.script))
+    if found is None:
+        return req, None
+    return replace(req, collective=found[0]), found[1]
+
+
 def _check_collective(req: RunRequest) -> None:
-    """``--collective``: a known one, and a script written for it (every launch has both)."""
+    """``--collective``: a known one, and a script written for it (every launch has both); the
+    script compiles and has what its loop needs (:mod:`.script_check`: read, not run)."""
     if req.collective is not None and req.collective not in COLLECTIVES:
         raise UserError(f"--collective must be one of {', '.join(COLLECTIVES)}, got {req.collective}")
     if req.script and not req.resume_dir:
         from elastic_ring.controller.backends.local import script_collective
+        from elastic_ring.controller.script_check import check_script, read_script
 
+        shape = read_script(req.script)  # it compiles (one line naming file:line otherwise)
         uses = script_collective(req.script)
         mine = req.collective or "horovod"
         if uses == "horovod" and mine == "torch":
@@ -141,6 +168,7 @@ def _check_collective(req: RunRequest) -> None:
             raise UserError(f"{req.script} calls torch.distributed's init_process_group() itself: replace "
                             f"the call with elastic_ring.worker.init(), which forms the process group"
                             + (", and add --collective torch" if mine == "horovod" else ""))
+        check_script(req.script, shape, req.collective, req.steps)
 
 
 def check_torch_survive(device: str, survive: bool) -> None:

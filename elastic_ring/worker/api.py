@@ -145,6 +145,7 @@ class Job:
         start = start or startup_marks(_process_start(), _T_IMPORTED, dict(os.environ))
         self.progress = Progress(self.run_dir, self.ring, self.seg, start, info.throughput_window,
                                  info.eval_every, self.state.current_lr)
+        self.progress.rescaled = lambda: self.state.rescaled
         self.checkpoints = Checkpoints(info, self.state.snapshot, self.progress, lambda: self.ring.size,
                                        self.state.current_lr)
         self.vote = StopVote(self.run_dir, self.ring, self.seg)
@@ -338,6 +339,7 @@ class Job:
                     meta.update(segment=self.segment, stop_at=self.stop_at)
         self._sync(meta)
         self.restored = True
+        self.state.remember_restored_weights()
         self.hooked.restored()
         return self.resumed
 
