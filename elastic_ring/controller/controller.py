@@ -284,13 +284,11 @@ class Controller:
         self._cancel_next()
         self._drain(wait=True)
         ck = self._checkpoint_step()
-        if killed:
-            kept = f"checkpoint at step {ck} kept" if ck else "no checkpoint was written"
-            msg = f"interrupted twice: workers killed; {kept}"
-        else:
-            msg = f"interrupted: checkpoint at step {ck} kept"
+        kept = f"checkpoint at step {ck} kept" if ck else "no checkpoint was written"
+        msg = f"interrupted twice: workers killed; {kept}" if killed else f"interrupted: {kept}"
         self._set_state(RunState.INTERRUPTED, step=ck or 0, segment=seg.index)
-        self.out(f"{msg}; continue with: elastic-ring train --resume {self.spec.run_dir}")
+        cmd = f"elastic-ring train --resume {self.spec.run_dir}"
+        self.out(f"{msg}; continue with: {cmd}" if ck else f"{msg}; {cmd} starts over from step 1")
         return self._finish(interrupted=True)
 
     def _finish(self, interrupted: bool = False) -> dict[str, Any]:
