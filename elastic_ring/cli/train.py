@@ -53,6 +53,15 @@ def _echo(msg: str) -> None:
 @click.option("--seed", type=int, default=None, help="Seed of data order, augmentation and weights.")
 @click.option("--resize-warmup", type=int, default=None, metavar="STEPS",
               help="Ramp the LR to its Eq. 7 value over STEPS after a resize (0: at once).")
+@click.option("--scaling", type=click.Choice(["linear", "sqrt", "none", "constant-batch"]), default=None,
+              help="What a resize does to the training (config: lr_scaling): linear (Eq. 7: the global batch "
+                   "follows the workers, the LR follows it), sqrt, none (the LR kept), or constant-batch: the "
+                   "global batch stays --global-batch at every worker count, each worker accumulating "
+                   "gradients over micro-batches of --batch-size, and the LR stays. [default: linear]")
+@click.option("--global-batch", type=int, default=None, metavar="N",
+              help="constant-batch: samples per step, a multiple of --batch-size; every worker count of the "
+                   "run must be at most N / batch-size (uneven shares allowed). [default: batch-size x "
+                   "the initial workers]")
 @click.option("--device", type=DEVICE_CHOICES, default="auto", show_default=True,
               help="cuda: one GPU per worker (NCCL); cpu: CPU processes with gloo; auto: cuda if NVIDIA GPUs are found.")
 @click.option("--slots", type=int, default=None,
@@ -126,7 +135,8 @@ def _echo(msg: str) -> None:
                    "left behind); with --steps N, on to N steps (a finished run too).")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
-          data_dir, batch_size, lr, seed, resize_warmup, device, slots, hosts, hostfile,
+          data_dir, batch_size, lr, seed, resize_warmup, scaling, global_batch, device, slots, hosts,
+          hostfile,
           network_interface, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
           checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, run_dir, resume_dir, script_args):
     """Train with Horovod (a CIFAR ResNet, or your --script); resize by checkpoint and relaunch.
@@ -171,7 +181,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
                      resize_to=resize_to, schedule=schedule, config_path=config_path,
                      overrides=tuple(overrides), steps=steps, depth=depth, dataset=dataset,
                      data_dir=data_dir, batch_size=batch_size, lr=lr, seed=seed,
-                     resize_warmup=resize_warmup, device=device, slots=slots, hosts=hosts,
+                     resize_warmup=resize_warmup, scaling=scaling, global_batch=global_batch, device=device,
+                     slots=slots, hosts=hosts,
                      hostfile=hostfile, network_interface=network_interface, relaunch=relaunch,
                      checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s, keep=keep,
                      max_restarts=max_restarts, stall_timeout=stall_timeout, run_dir=run_dir,

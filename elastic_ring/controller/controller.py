@@ -77,8 +77,10 @@ class Controller:
                  max_restarts: int = 3,
                  host_probe: Callable[[list[tuple[str, int]]], list[tuple[str, int]]] | None = None,
                  plan: Plan | None = None, backend: Backend | None = None, resize: ResizeStrategy | None = None,
-                 stall_timeout: float | None = None, lr_decays: tuple[int, ...] = ()) -> None:
+                 stall_timeout: float | None = None, lr_decays: tuple[int, ...] = (),
+                 constant_batch: tuple[int, int] | None = None) -> None:
         self.lr_decays = tuple(lr_decays)  # steps after which the schedule decays the LR (shown at a resize)
+        self.constant_batch = constant_batch  # (global batch, micro-batch): the layout shown at a resize
         self.spec, self.rule, self.clock, self.poll_s = spec, RULES[lr_scaling], clock, poll_s
         self.out = out or (lambda s: print(s, file=sys.stderr, flush=True))
         self.max_restarts = max_restarts
@@ -451,7 +453,15 @@ class Controller:
                              seg.log or segment_log(self.spec.run_dir, seg.index, seg.world))
         if rel is not None:
             self.display.resized(rel.from_workers, rel.to_workers, rel.step, rel.lr_last, rel.lr_new,
-                                 self.lr_decays)
+                                 self.lr_decays, layout=self._layout(rel.to_workers))
+
+    def _layout(self, world: int) -> str | None:
+        """A constant global batch's micro-batch layout at ``world`` workers (None: another rule)."""
+        if self.constant_batch is None:
+            return None
+        from elastic_ring.worker.accumulate import Layout
+
+        return Layout(*self.constant_batch, world).describe()
 
     def _resize_inplace(self, seg: Segment, step: int) -> None:
         """The workers paused at the end of the last segment go on at the new size: the backend

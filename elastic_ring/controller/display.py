@@ -41,12 +41,17 @@ class Display:
             self.out(f"segment {index}: {world} worker(s) from step {first_step} {to} (log: {log})")
 
     def resized(self, from_workers: int, to_workers: int, step: int, lr_last: float, lr_new: float,
-                decays: tuple[int, ...] = ()) -> None:
+                decays: tuple[int, ...] = (), layout: str | None = None) -> None:
         """The LR rescale of a resize (Eq. 7), and a schedule decay that falls on the same step
-        (else the LR a line later looks to have moved against the rule)."""
+        (else the LR a line later looks to have moved against the rule). ``layout``: a constant
+        global batch's micro-batches at the new size (the LR is not rescaled)."""
         factor = lr_new / lr_last if lr_last else float("nan")
-        line = (f"resize {from_workers} -> {to_workers} after step {step}: LR {lr_last:.4g} -> {lr_new:.4g} "
-                f"(Eq. 7: x{factor:.3g})")
+        if layout is not None:
+            line = (f"resize {from_workers} -> {to_workers} after step {step}: LR {lr_last:.4g} unchanged "
+                    f"(constant-batch: {layout})")
+        else:
+            line = (f"resize {from_workers} -> {to_workers} after step {step}: LR {lr_last:.4g} -> {lr_new:.4g} "
+                    f"(Eq. 7: x{factor:.3g})")
         if step in decays:
             line += f"; the schedule's LR decay after step {step} applies from step {step + 1} as well"
         self.out(line)

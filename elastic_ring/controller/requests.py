@@ -46,6 +46,8 @@ class RunRequest:
     lr: float | None = None
     seed: int | None = None
     resize_warmup: int | None = None
+    scaling: str | None = None  # the LR rule at a resize (config: lr_scaling)
+    global_batch: int | None = None  # constant-batch: samples per step (config: global_batch)
     device: str = "auto"
     slots: int | None = None
     hosts: str | None = None
@@ -69,7 +71,7 @@ class RunRequest:
 
     def resnet_options(self) -> tuple[Any, ...]:
         return (self.depth, self.dataset, self.data_dir, self.batch_size, self.lr, self.seed,
-                self.resize_warmup)
+                self.resize_warmup, self.scaling, self.global_batch)
 
 
 def check(req: RunRequest) -> None:
@@ -194,6 +196,7 @@ def request_resize(run_dir: str | Path, target: int) -> str:
         raise UserError(f"--to {target} is more than the run's {slots} slot(s)")
     if target == st.world_size:
         raise UserError(f"the run already has {count(target, 'worker')}")
+    _check_constant_batch(rd, target)
     req = rd / "control" / REQUEST_FILE
     req.parent.mkdir(parents=True, exist_ok=True)
     tmp = req.with_name(f".{req.name}.tmp")
@@ -201,6 +204,20 @@ def request_resize(run_dir: str | Path, target: int) -> str:
     os.replace(tmp, req)
     now = st.world_size
     return f"resize to {target} requested for {rd} (currently {count(now, 'worker') if now else 'no workers'})"
+
+
+def _check_constant_batch(rd: Path, target: int) -> None:
+    """A run with a constant global batch resizes only to a count of workers that can share it."""
+    from elastic_ring.config.api import load_config
+    from elastic_ring.worker.accumulate import RULE, layout_problem
+
+    if not (rd / "config.yaml").is_file():
+        return  # a script's run
+    cfg = load_config(rd / "config.yaml")
+    if cfg.lr_scaling == RULE and cfg.global_batch:
+        why = layout_problem(cfg.global_batch, cfg.batch_size, (target,))
+        if why is not None:
+            raise UserError(f"--to {target}: {why}")
 
 
 def take_request(run_dir: Path, seen: set[str]) -> tuple[int, float | None] | None:

@@ -166,7 +166,8 @@ def _config(req: RunRequest, device: str):
     ov = parse_overrides(req.overrides)
     for k, v in (("total_steps", req.steps), ("depth", req.depth), ("dataset", req.dataset),
                  ("data_dir", req.data_dir), ("batch_size", req.batch_size), ("lr", req.lr),
-                 ("seed", req.seed), ("resize_warmup_steps", req.resize_warmup)):
+                 ("seed", req.seed), ("resize_warmup_steps", req.resize_warmup),
+                 ("lr_scaling", req.scaling), ("global_batch", req.global_batch)):
         if v is not None:
             ov[k] = v
     return load_config(req.config_path, ov, device=device)
@@ -243,6 +244,8 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
 
         check_cpu_fallback([r.step for r in sched], total, rep)
     spec.validate()
+    if cfg is not None:
+        cfg = constant_batch_config(cfg, spec.workers, [r.to for r in sched])
     if cfg is not None and cfg.dataset != "synthetic":  # a --script or synthetic run never imports torch
         from elastic_ring.data import check_dataset
 
@@ -302,6 +305,8 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
         raise UserError(f"--resume continues run {rd} with its own collective ({spec.collective}): "
                         f"drop --collective {req.collective}")
     validate_resume(spec, start_step)
+    if cfg is not None and cfg.global_batch:  # constant-batch: the resumed run's world sizes share it
+        constant_batch_config(cfg, spec.workers, [r.to for r in spec.schedule])
     if total != old_total:
         _write_new_total(rd, cfg, total)
         echo(f"elastic-ring: run {rd}: {old_total} -> {total} steps"
@@ -403,6 +408,25 @@ def _resume_plan(rd: Path, run_info: dict[str, Any], start_step: int, workers: i
     return plan
 
 
+def constant_batch_config(cfg: Any, workers: int, resize_to: "list[int]") -> Any:
+    """A new run's config under ``constant-batch``: its global batch fixed (``batch_size`` x the
+    initial ``workers`` where not given), and every world size of the run able to share it.
+
+    Raises:
+        UserError: a world size of the start or the schedule that cannot (the valid ones named).
+    """
+    from elastic_ring.worker.accumulate import RULE, layout_problem
+
+    if cfg.lr_scaling != RULE:
+        return cfg
+    if not cfg.global_batch:
+        cfg = cfg.model_copy(update={"global_batch": cfg.batch_size * workers})
+    why = layout_problem(cfg.global_batch, cfg.batch_size, [workers, *resize_to])
+    if why is not None:
+        raise UserError(why)
+    return cfg
+
+
 def validate_resume(spec: RunSpec, start_step: int) -> None:
     """The checks of a new run (RunSpec.validate), plus: every resize lies after the checkpoint."""
     if spec.workers > spec.slots:
@@ -425,7 +449,9 @@ def describe(run: PreparedRun) -> list[str]:
         first = (f"elastic-ring: {spec.workers} GPU worker(s) (NCCL + gloo), {spec.slots} GPU slot(s); "
                  f"run folder {spec.run_dir}")
     what = (f"script {spec.script}" if spec.script else
-            f"model ResNet-{cfg.depth} (width {cfg.width}) on {cfg.dataset}, batch {cfg.batch_size}/worker")
+            f"model ResNet-{cfg.depth} (width {cfg.width}) on {cfg.dataset}, "
+            + (f"constant global batch {cfg.global_batch} (micro-batches of {cfg.batch_size})"
+               if cfg.global_batch else f"batch {cfg.batch_size}/worker"))
     length = (f"{spec.total_steps} steps" if spec.total_steps < protocol.NO_STEP_LIMIT
               else "until the script ends")
     second = (f"{what}, {length}"
@@ -491,7 +517,9 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
     ctl = Controller(run.spec, lr_scaling=run.cfg.lr_scaling if run.cfg else "linear", out=out,
                      max_restarts=req.max_restarts, plan=run.plan, stall_timeout=run.stall_timeout,
                      show_progress=show_progress, backend=backend, resize=resize,
-                     lr_decays=tuple(run.cfg.decay_steps) if run.cfg else ())
+                     lr_decays=tuple(run.cfg.decay_steps) if run.cfg else (),
+                     constant_batch=(run.cfg.global_batch, run.cfg.batch_size)
+                     if run.cfg and run.cfg.global_batch else None)
     summary = ctl.run(run.start_step, run.spec.workers, run.segment)
     total = run.spec.total_steps
     return {**summary, "total_steps": total if total < protocol.NO_STEP_LIMIT else None}

@@ -282,9 +282,11 @@ class Job:
         evaluation and the ``finished`` state, as at ``total_steps``. Any rank may call it."""
         self.vote.finish_requested = True
 
-    def sampler(self, size: int, batch_size: int, seed: int = 0) -> Sampler:
-        """The data position, saved with the state: see :class:`Sampler`."""
-        self.state.sampler = Sampler(self, size, batch_size, seed)
+    def sampler(self, size: int, batch_size: int, seed: int = 0, global_batch: int | None = None) -> Sampler:
+        """The data position, saved with the state: see :class:`Sampler`. ``global_batch``: the
+        samples of every step at any world size, in micro-batches of ``batch_size``
+        (:mod:`elastic_ring.worker.accumulate`)."""
+        self.state.sampler = Sampler(self, size, batch_size, seed, global_batch)
         return self.state.sampler
 
     def on_resize(self, fn: Callable[[int, int, int], None]) -> None:
