@@ -1,0 +1,175 @@
+"""The arithmetic of a constant global batch (:mod:`elastic_ring.worker.accumulate`): the layout of
+a step's micro-batches over any world size, the weighting that makes the ranks' averaged, accumulated
+gradients the global batch's, the backward passes' contexts, and the sampler's micro-batches."""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from elastic_ring.worker.accumulate import Layout, layout_problem, passes, valid_worlds
+from elastic_ring.worker.errors import ContractError
+from elastic_ring.worker.lr import RULES
+from elastic_ring.worker.sampler import Sampler
+
+
+@pytest.mark.parametrize("m", range(1, 10))
+def test_shares_cover_every_micro_batch_once_contiguously_and_evenly(m):
+    for w in valid_worlds(8 * m, 8):
+        lay = Layout(8 * m, 8, w)
+        shares = [lay.share(r) for r in range(w)]
+        assert [i for s in shares for i in s] == list(range(m))  # rank order = stream order
+        assert all(len(s) >= 1 for s in shares)
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+        assert lay.loss_weight == w / m
+
+
+def _global_batch_gradient(model, x, y):
+    """The gradient of the global batch's mean loss, on one process."""
+    model.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _ranks_averaged(model, x, y, lay: Layout, weighted: bool = True):
+    """What the ranks end up with: each rank sums its micro-batches' gradients (each loss weighted
+    by the layout's loss_weight), then a fake collective averages over the ranks (Horovod's
+    Average, DDP's mean)."""
+    b, per_rank = lay.micro_batch, []
+    for r in range(lay.world):
+        model.zero_grad()
+        for m in lay.share(r):
+            loss = torch.nn.functional.cross_entropy(model(x[m * b:(m + 1) * b]), y[m * b:(m + 1) * b])
+            (loss * (lay.loss_weight if weighted else 1.0 / len(lay.share(r)))).backward()
+        per_rank.append([p.grad.clone() for p in model.parameters()])
+    return [sum(gs) / lay.world for gs in zip(*per_rank)]  # the collective's average
+
+
+@pytest.mark.parametrize("m,w", [(4, 1), (4, 2), (4, 4), (3, 2), (5, 3), (7, 4), (6, 6)])
+def test_accumulated_and_averaged_gradient_is_the_global_batch_gradient(m, w):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)).double()
+    b = 4
+    x, y = torch.randn(m * b, 5, dtype=torch.float64), torch.randint(0, 3, (m * b,))
+    want = _global_batch_gradient(model, x, y)
+    got = _ranks_averaged(model, x, y, Layout(m * b, b, w))
+    for g, h in zip(got, want):
+        assert torch.allclose(g, h, rtol=1e-12, atol=1e-14)
+    if m % w:  # uneven shares: each rank's plain mean would weight the micro-batches unequally
+        naive = _ranks_averaged(model, x, y, Layout(m * b, b, w), weighted=False)
+        assert any(not torch.allclose(g, h, rtol=1e-6) for g, h in zip(naive, want))
+
+
+def test_refused_layouts_name_the_valid_worker_counts():
+    assert layout_problem(32, 8, (1, 2, 3, 4)) is None
+    why = layout_problem(32, 8, (1, 8, 5))
+    assert why is not None and "5, 8 worker(s) cannot share" in why and "valid worker counts: 1-4" in why
+    assert "not a multiple" in (layout_problem(30, 8) or "")
+    with pytest.raises(ContractError, match="valid worker counts: 1-2"):
+        Layout(16, 8, 3)
+
+
+def test_describe_and_samples_count():
+    assert Layout(32, 8, 2).describe() == "global batch 32 = 2 worker(s) x 2 micro-batch(es) of 8"
+    assert Layout(24, 8, 2).describe() == "global batch 24 = 1 worker(s) x 2 + 1 worker(s) x 1 micro-batch(es) of 8"
+    lay = Layout(24, 4, 5)  # 6 micro-batches over 5 ranks: 2 + 1 + 1 + 1 + 1
+    assert [lay.samples_at(s) for s in range(1, 6)] == [4, 5, 5, 5, 5]  # 24 = 4.8 per rank and step
+    assert sum(lay.samples_at(s) for s in range(1, 11)) * 5 == 10 * 24
+
+
+def test_constant_batch_rule_keeps_the_lr():
+    assert RULES["constant-batch"].scale(0.4, 1, 4) == 0.4
+    assert RULES["linear"].scale(0.4, 1, 4) == pytest.approx(1.6)
+
+
+class _FakeHorovodOptimizer:
+    def __init__(self):
+        self.backward_passes_per_step, self.set_to = 1, []
+
+    def set_backward_passes_per_step(self, n):
+        self.backward_passes_per_step = n
+        self.set_to.append(n)
+
+
+class _FakeDDP:
+    def __init__(self):
+        self.inside = 0
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.inside += 1
+        yield
+
+
+def test_passes_horovod_allreduces_after_this_ranks_last_pass_and_ddp_skips_all_but_the_last():
+    opt = _FakeHorovodOptimizer()
+    assert len(passes(None, opt, 3)) == 3 and opt.set_to == [3]
+    passes(None, opt, 3)
+    assert opt.set_to == [3]  # set again only when the count changes (a resize)
+    passes(None, opt, 1)
+    assert opt.set_to == [3, 1]
+    net = _FakeDDP()
+    ctxs = passes(net, object(), 3)
+    for c in ctxs:
+        with c:
+            pass
+    assert net.inside == 2  # the third pass runs DDP's allreduce
+    with pytest.raises(ContractError):
+        passes(net, object(), 0)
+
+
+def _sampler(rank: int, world: int, global_batch: int = 24) -> Sampler:
+    job = SimpleNamespace(rank=rank, size=world, restored=True, inplace=False)
+    return Sampler(job, size=20, batch_size=4, seed=3, global_batch=global_batch)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 5, 6])
+def test_sampler_micro_batches_are_the_same_positions_at_every_world_size(world):
+    one = _sampler(0, 1)
+    for step in range(3):  # 24 positions per step over a 20-sample epoch: batches straddle epochs
+        want = one.stream.take(one.cursor, 24)
+        cursor = one.cursor
+        got = []
+        samplers = [_sampler(r, world) for r in range(world)]
+        for s in samplers:
+            s.cursor = cursor
+            parts = s.next_micro_batches()
+            assert all(len(idx) == 4 for _, idx in parts)
+            assert [start for start, _ in parts] == [cursor + 4 * m for m in s.layout().share(s.job.rank)]
+            got += [i for _, idx in parts for i in idx.tolist()]
+            assert s.cursor == cursor + 24
+        assert got == want.tolist()
+        one.next_micro_batches()
+    assert one.epoch == (2 * 24) // 20
+
+
+def test_sampler_of_a_constant_batch_refuses_next_batch_and_a_loader():
+    s = _sampler(0, 2)
+    with pytest.raises(ContractError, match="next_micro_batches"):
+        s.next_batch()
+    with pytest.raises(ContractError, match="next_micro_batches"):
+        iter(s).__next__()
+    with pytest.raises(ContractError, match="valid worker counts: 1-6"):
+        _sampler(0, 7).next_micro_batches()
+
+
+def test_resize_request_and_resize_line_of_a_constant_batch(tmp_path):
+    import yaml
+
+    from elastic_ring.config.api import config_to_dict, load_config
+    from elastic_ring.controller.display import Display
+    from elastic_ring.controller.requests import _check_constant_batch
+    from elastic_ring.errors import UserError
+
+    cfg = load_config(None, ["lr_scaling=constant-batch", "batch_size=8", "global_batch=24"])
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg)))
+    _check_constant_batch(tmp_path, 3)
+    with pytest.raises(UserError, match="--to 4: .*valid worker counts: 1-3"):
+        _check_constant_batch(tmp_path, 4)
+    lines: list[str] = []
+    Display(lines.append, 100, bar=False).resized(1, 2, 10, 0.05, 0.05, layout=Layout(24, 8, 2).describe())
+    assert lines == ["resize 1 -> 2 after step 10: LR 0.05 unchanged (constant-batch: global batch 24 = "
+                     "1 worker(s) x 2 + 1 worker(s) x 1 micro-batch(es) of 8)"]
