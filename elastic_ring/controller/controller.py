@@ -461,7 +461,10 @@ class Controller:
             return None
         from elastic_ring.worker.accumulate import Layout
 
-        return Layout(*self.constant_batch, world).describe()
+        g, b = self.constant_batch
+        if not b:  # a script's: its micro-batch is its own batch
+            return f"global batch {g} shared by {world} worker(s) in the script's micro-batches"
+        return Layout(g, b, world).describe()
 
     def _resize_inplace(self, seg: Segment, step: int) -> None:
         """The workers paused at the end of the last segment go on at the new size: the backend

@@ -71,7 +71,7 @@ class RunRequest:
 
     def resnet_options(self) -> tuple[Any, ...]:
         return (self.depth, self.dataset, self.data_dir, self.batch_size, self.lr, self.seed,
-                self.resize_warmup, self.scaling, self.global_batch)
+                self.resize_warmup)
 
 
 def check(req: RunRequest) -> None:
@@ -83,7 +83,7 @@ def check(req: RunRequest) -> None:
     """
     resnet = any(v is not None for v in req.resnet_options())
     if req.resume_dir and (req.config_path or req.overrides or req.config is not None or req.script
-                           or req.script_args or resnet):
+                           or req.script_args or resnet or req.scaling or req.global_batch is not None):
         raise UserError("--resume continues a run with its own config and script: drop the config "
                         "and script options (--steps N is the one that applies: the run's new total)")
     if req.resume_dir and req.steps is not None and req.steps < 1:
@@ -98,6 +98,7 @@ def check(req: RunRequest) -> None:
             raise UserError("--script runs your own model: the ResNet options (--config, --set, --depth, "
                             "--dataset, --batch-size, --lr, ...) do not apply; pass your script's "
                             "own options after --")
+    _check_scaling(req)
     if (req.resize_at is None) != (req.resize_to is None):
         raise UserError("--resize-at and --to go together")
     if sum(bool(x) for x in (req.schedule, req.resize_at is not None, req.resizes)) > 1:
@@ -125,6 +126,20 @@ def check(req: RunRequest) -> None:
         raise UserError(f"--placement must be one of {', '.join(PLACEMENTS)}, got {req.placement}")
     _check_collective(req)
     _check_numbers(req)
+
+
+def _check_scaling(req: RunRequest) -> None:
+    """``--scaling``/``--global-batch`` of a script (the ResNet's are its config's, checked there):
+    a constant global batch needs its size, which only the script's own batch can be split into."""
+    if not req.script:
+        return
+    if req.global_batch is not None and req.scaling != "constant-batch":
+        raise UserError("--global-batch goes with --scaling constant-batch")
+    if req.scaling == "constant-batch" and req.global_batch is None:
+        raise UserError("--script with --scaling constant-batch needs --global-batch N (samples per step; "
+                        "a multiple of the batch your script gives job.sampler)")
+    if req.global_batch is not None and req.global_batch < 1:
+        raise UserError(f"--global-batch must be >= 1, got {req.global_batch}")
 
 
 def _check_collective(req: RunRequest) -> None:

@@ -234,7 +234,9 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
                    hostfile=req.hostfile, script=str(Path(req.script).resolve()) if req.script else None,
                    script_args=tuple(req.script_args), checkpoint_every=req.checkpoint_every or 0,
                    checkpoint_every_s=60.0 if req.checkpoint_every_s is None else req.checkpoint_every_s,
-                   keep=req.keep or 2, collective=req.collective or "horovod")
+                   keep=req.keep or 2, collective=req.collective or "horovod",
+                   lr_scaling=(req.scaling or "linear") if req.script else "linear",
+                   global_batch=(req.global_batch or 0) if req.script else 0)
     steps_given = (req.steps is not None or req.config_path or req.config is not None
                    or any(o.partition("=")[0].strip() == "total_steps" for o in req.overrides))
     if device == "cpu" and rep is not None and not steps_given:
@@ -300,7 +302,9 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
                                         else old_ws.get("checkpoint_every", 0)),
                    checkpoint_every_s=float(req.checkpoint_every_s if req.checkpoint_every_s is not None
                                             else old_ws.get("checkpoint_every_s", 60.0)),
-                   keep=keep_now, collective=old_ws.get("collective", "horovod"))
+                   keep=keep_now, collective=old_ws.get("collective", "horovod"),
+                   lr_scaling=str(old_ws.get("lr_scaling") or "linear"),
+                   global_batch=int(old_ws.get("global_batch") or 0))
     if req.collective is not None and req.collective != spec.collective:
         raise UserError(f"--resume continues run {rd} with its own collective ({spec.collective}): "
                         f"drop --collective {req.collective}")
@@ -487,6 +491,13 @@ def start_or_resume(req: RunRequest, echo: Callable[[str], None], out: Callable[
         RunLock(run.spec.run_dir).release()  # (the controller releases its own; this is prepare's)
 
 
+def _constant_batch(run: PreparedRun) -> tuple[int, int] | None:
+    """(global batch, micro-batch; 0: the script's own) of a constant-batch run, else None."""
+    if run.cfg is not None:
+        return (run.cfg.global_batch, run.cfg.batch_size) if run.cfg.global_batch else None
+    return (run.spec.global_batch, 0) if run.spec.lr_scaling == "constant-batch" else None
+
+
 def _interrupted(req: RunRequest, rd: Path | None) -> Interrupted:
     """Ctrl-C before the workers started: what was kept, and the way on."""
     if req.resume_dir:
@@ -514,12 +525,11 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
     if req.backend == "ray":
         echo(f"backend: Ray ({req.ray_address or os.environ.get('RAY_ADDRESS') or 'a local Ray'}), "
              f"placement {req.placement}, warm workers across resizes")
-    ctl = Controller(run.spec, lr_scaling=run.cfg.lr_scaling if run.cfg else "linear", out=out,
+    ctl = Controller(run.spec, lr_scaling=run.cfg.lr_scaling if run.cfg else run.spec.lr_scaling, out=out,
                      max_restarts=req.max_restarts, plan=run.plan, stall_timeout=run.stall_timeout,
                      show_progress=show_progress, backend=backend, resize=resize,
                      lr_decays=tuple(run.cfg.decay_steps) if run.cfg else (),
-                     constant_batch=(run.cfg.global_batch, run.cfg.batch_size)
-                     if run.cfg and run.cfg.global_batch else None)
+                     constant_batch=_constant_batch(run))
     summary = ctl.run(run.start_step, run.spec.workers, run.segment)
     total = run.spec.total_steps
     return {**summary, "total_steps": total if total < protocol.NO_STEP_LIMIT else None}

@@ -37,7 +37,6 @@ from elastic_ring.config.api import load_config
 from elastic_ring.data import load_dataset, make_batch
 from elastic_ring.nn import resnet
 from elastic_ring.train.optim import SGD
-from elastic_ring.worker import accumulate
 from elastic_ring.worker.accumulate import RULE as CONSTANT_BATCH
 from elastic_ring.worker.lr import RULES, LRState, initial_base_lr
 
@@ -178,19 +177,17 @@ def accumulated_step(job: elastic.Job, net, opt, data, train_ds, cfg,
     by ``world / micro-batches`` and its gradients summed here, one allreduce (the collective's
     average), one optimizer update. Returns (this rank's weighted loss sum, whose mean over the
     ranks is the global batch's mean loss; the samples to count; this rank's indices)."""
-    lay = data.layout()
-    parts = data.next_micro_batches()
     opt.zero_grad()
-    total = torch.zeros((), device=job.device)
-    for (start, idx), ctx in zip(parts, accumulate.passes(net, opt, len(parts))):
-        x, y = make_batch(train_ds, idx, cfg.augment, _aug_generator(cfg.seed, start))
+    total, taken = torch.zeros((), device=job.device), []
+    for mb in job.micro_batches(data, net, opt):  # each inside its backward pass's context
+        x, y = make_batch(train_ds, mb.indices, cfg.augment, _aug_generator(cfg.seed, mb.start))
         x, y = x.to(job.device, non_blocking=True), y.to(job.device, non_blocking=True)
-        with ctx:
-            loss = F.cross_entropy(net(x), y) * lay.loss_weight
-            loss.backward()
+        loss = F.cross_entropy(net(x), y) * mb.weight
+        loss.backward()
         total += loss.detach()
+        taken.append(mb.indices)
     opt.step()
-    return total, lay.samples_at(step), torch.cat([idx for _, idx in parts])
+    return total, data.layout().samples_at(step), torch.cat(taken)
 
 
 if __name__ == "__main__":

@@ -125,3 +125,38 @@ def passes(net: Any, optimizer: Any, n: int) -> list[Any]:
     if callable(no_sync):
         return [no_sync() for _ in range(n - 1)] + [contextlib.nullcontext()]
     return [contextlib.nullcontext() for _ in range(n)]
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One of this rank's micro-batches of a step: ``indices`` (a LongTensor), ``start`` (the stream
+    position of its first sample: a seed for its augmentation that does not depend on the world
+    size), and ``weight``: what its mean loss is multiplied by before ``backward()``."""
+
+    indices: Any
+    start: int
+    weight: float
+
+
+def micro_batches(sampler: Any, net: Any, optimizer: Any) -> Any:
+    """This rank's micro-batches of the step (:class:`MicroBatch`), each yielded inside the context
+    of its backward pass (:func:`passes`): the loop's body runs its forward and backward there::
+
+        opt.zero_grad()
+        for mb in job.micro_batches(data, net, opt):
+            loss = F.cross_entropy(net(x[mb.indices]), y[mb.indices]) * mb.weight
+            loss.backward()
+        opt.step()
+
+    Under a constant global batch (a sampler with ``global_batch``) the step's share of this rank,
+    the data position moved by the global batch; otherwise one micro-batch, the rank's batch
+    (``next_batch()``) at weight 1, so that the same loop runs with every rule and outside the tool."""
+    if not getattr(sampler, "global_batch", None):
+        idx = sampler.next_batch()
+        yield MicroBatch(idx, int(getattr(sampler, "last_start", 0)), 1.0)
+        return
+    weight = sampler.layout().loss_weight
+    parts = sampler.next_micro_batches()
+    for (start, idx), ctx in zip(parts, passes(net, optimizer, len(parts))):
+        with ctx:
+            yield MicroBatch(idx, start, weight)

@@ -285,9 +285,23 @@ class Job:
     def sampler(self, size: int, batch_size: int, seed: int = 0, global_batch: int | None = None) -> Sampler:
         """The data position, saved with the state: see :class:`Sampler`. ``global_batch``: the
         samples of every step at any world size, in micro-batches of ``batch_size``
-        (:mod:`elastic_ring.worker.accumulate`)."""
+        (:mod:`elastic_ring.worker.accumulate`); the default is the run's own (``elastic-ring train
+        --scaling constant-batch --global-batch N``), else none."""
+        if global_batch is None and self.info.lr_scaling == "constant-batch":
+            global_batch = self.info.global_batch or None
+            if global_batch is None:
+                raise ContractError("a constant-batch run needs its global batch: job.sampler(..., "
+                                    "global_batch=N) or elastic-ring train --global-batch N")
         self.state.sampler = Sampler(self, size, batch_size, seed, global_batch)
         return self.state.sampler
+
+    def micro_batches(self, sampler: Sampler, net: Any, optimizer: Any) -> Iterator[Any]:
+        """This rank's micro-batches of the step, each inside its backward pass's context: the
+        step's body for every rule (one micro-batch, the rank's batch, unless the global batch is
+        constant): see :func:`elastic_ring.worker.accumulate.micro_batches`."""
+        from elastic_ring.worker.accumulate import micro_batches
+
+        return micro_batches(sampler, net, optimizer)
 
     def on_resize(self, fn: Callable[[int, int, int], None]) -> None:
         """``fn(old_world, new_world, step)`` replaces the default LR rescaling at a new size."""
@@ -336,8 +350,11 @@ class Job:
         if loss is not None:
             w.loss_sum = w.loss_sum + (loss.detach() if hasattr(loss, "detach") else float(loss))
             w.loss_n += 1
-        if samples is None and self.state.sampler is not None:
-            samples = self.state.sampler.batch_size
+        sampler = self.state.sampler
+        if samples is None and sampler is not None:
+            samples = sampler.batch_size
+            if sampler.global_batch:  # G / world per step on average (the throughput counts rank 0's)
+                samples = sampler.layout().samples_at(self.seg.current or self.seg.step + 1)
         w.samples += int(samples or 0)
 
     def current_lr(self) -> float:

@@ -198,9 +198,14 @@ class PlainJob:
                 break
         self.stop_reason = "finished"
 
-    def sampler(self, size: int, batch_size: int, seed: int = 0) -> Sampler:
-        self._sampler = Sampler(self, size, batch_size, seed)
+    def sampler(self, size: int, batch_size: int, seed: int = 0, global_batch: int | None = None) -> Sampler:
+        self._sampler = Sampler(self, size, batch_size, seed, global_batch)
         return self._sampler
+
+    def micro_batches(self, sampler: Sampler, net: Any, optimizer: Any) -> Iterator[Any]:
+        from elastic_ring.worker.accumulate import micro_batches
+
+        return micro_batches(sampler, net, optimizer)
 
     def record(self, loss: Any = None, samples: int | None = None) -> None:
         pass

@@ -120,3 +120,28 @@ def test_the_same_resizes_under_linear_change_the_training(tmp_path):
     assert _max_weight_diff(_weights(tmp_path / "resized" / "run"), _weights(tmp_path / "base" / "run")) \
         > 100 * WEIGHT_ATOL
     del base
+
+
+def test_a_job_steps_script_with_micro_batches_trains_as_unresized(tmp_path):
+    """The script form (``examples/mlp_constant_batch.py``: ``job.steps()`` over
+    ``job.micro_batches``), 1 -> 2 -> 4 -> 3 workers (3: uneven shares of 4 micro-batches) against
+    the unresized run of the same global batch; the same tolerances (a float32 MLP)."""
+    from tests.conftest import ROOT
+
+    script = str(ROOT / "examples" / "mlp_constant_batch.py")
+    runs = {}
+    for name, sched in (("base", []), ("resized", ["--schedule", "3:2,6:4,9:3"])):
+        folder = tmp_path / name
+        p = run_cli("train", "--script", script, "--steps", "12", "--gpus", "1", "--slots", "4", *sched,
+                    "--scaling", "constant-batch", "--global-batch", "64", "--run-dir", str(folder / "run"),
+                    "--", "--batch-size", "16", "--trace", str(folder / "run" / "trace"), timeout=300)
+        assert p.returncode == 0, p.stdout + p.stderr
+        runs[name] = (folder / "run", p)
+    assert ("resize 4 -> 3 after step 9: LR 0.2 unchanged (constant-batch: global batch 64 shared by 3 "
+            "worker(s) in the script's micro-batches)") in runs["resized"][1].stderr
+    got, want = _steps(runs["resized"][0]), _steps(runs["base"][0])
+    assert [got[s][2] for s in range(1, 13)] == [1] * 3 + [2] * 3 + [4] * 3 + [3] * 3
+    for s in range(1, 13):
+        assert got[s][0] == want[s][0] and len(got[s][0]) == 64, s
+    assert _max_loss_rel(got, want, range(1, 13)) < LOSS_RTOL
+    assert _max_weight_diff(_weights(runs["resized"][0]), _weights(runs["base"][0])) < WEIGHT_ATOL

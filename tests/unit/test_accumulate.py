@@ -96,12 +96,14 @@ class _FakeHorovodOptimizer:
 
 class _FakeDDP:
     def __init__(self):
-        self.inside = 0
+        self.inside, self.active = 0, False
 
     @contextlib.contextmanager
     def no_sync(self):
         self.inside += 1
+        self.active = True
         yield
+        self.active = False
 
 
 def test_passes_horovod_allreduces_after_this_ranks_last_pass_and_ddp_skips_all_but_the_last():
@@ -173,3 +175,17 @@ def test_resize_request_and_resize_line_of_a_constant_batch(tmp_path):
     Display(lines.append, 100, bar=False).resized(1, 2, 10, 0.05, 0.05, layout=Layout(24, 8, 2).describe())
     assert lines == ["resize 1 -> 2 after step 10: LR 0.05 unchanged (constant-batch: global batch 24 = "
                      "1 worker(s) x 2 + 1 worker(s) x 1 micro-batch(es) of 8)"]
+
+
+def test_micro_batches_run_the_body_inside_each_pass_context_and_fall_back_to_the_batch():
+    from elastic_ring.worker.accumulate import micro_batches
+
+    net = _FakeDDP()
+    seen = []
+    for mb in micro_batches(_sampler(1, 2), net, object()):  # rank 1 of 2: micro-batches 3, 4, 5
+        seen.append((mb.start, len(mb.indices), mb.weight, net.active))
+    assert seen == [(12, 4, 2 / 6, True), (16, 4, 2 / 6, True), (20, 4, 2 / 6, False)]  # the last syncs
+    assert net.inside == 2 and not net.active
+    plain = _sampler(1, 2, global_batch=None)
+    (only,) = list(micro_batches(plain, net, object()))
+    assert (only.start, len(only.indices), only.weight) == (4, 4, 1.0) and plain.cursor == 8

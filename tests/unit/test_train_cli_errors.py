@@ -62,6 +62,10 @@ def _assert_one_line_error(p, *needles):
     (["--scaling", "constant-batch", "--batch-size", "8", "--global-batch", "20"], ["not a multiple of batch_size 8"]),
     (["--global-batch", "64"], ["needs lr_scaling constant-batch"]),
     (["--scaling", "bogus"], ["Invalid value for '--scaling'"]),
+    (["--script", str(ROOT / "examples" / "mlp_constant_batch.py"), "--scaling", "constant-batch"],
+     ["needs --global-batch N"]),
+    (["--script", str(ROOT / "examples" / "mlp_constant_batch.py"), "--global-batch", "64"],
+     ["goes with --scaling constant-batch"]),
 ])
 def test_train_bad_input(run_cli, tmp_path, args, needles):
     run = tmp_path / "run"
