@@ -162,6 +162,9 @@ class Job:
     lr_factor = property(lambda self: self.state.lr_factor, doc="the product of all LR rescalings so far")
     extras = property(lambda self: self.state.extras)
     epoch_data = property(lambda self: self.state.epoch_data)
+    global_batch = property(lambda self: (self.info.global_batch or None) if self.info.lr_scaling ==
+                            "constant-batch" else None,
+                            doc="the run's constant global batch (--scaling constant-batch), else None")
 
     @property
     def step(self) -> int:

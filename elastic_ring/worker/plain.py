@@ -63,6 +63,7 @@ class PlainJob:
     previous_world = None
     lr_factor = 1.0
     segment = 0
+    global_batch = None  # no constant global batch but the one a script gives job.sampler
 
     def __init__(self, collective: str | None = None) -> None:
         self.hvd: Any = None

@@ -189,3 +189,15 @@ def test_micro_batches_run_the_body_inside_each_pass_context_and_fall_back_to_th
     plain = _sampler(1, 2, global_batch=None)
     (only,) = list(micro_batches(plain, net, object()))
     assert (only.start, len(only.indices), only.weight) == (4, 4, 1.0) and plain.cursor == 8
+
+
+def test_experiment_counts_a_constant_global_batch_at_every_world_size():
+    from elastic_ring.experiment.resize import run_metrics
+
+    ev = [{"kind": "launch", "segment": 0, "world_size": 1, "start_step": 1, "stop_step": 60},
+          {"kind": "segment_end", "segment": 0, "world_size": 1, "step": 60, "reason": "scheduled"},
+          {"kind": "launch", "segment": 1, "world_size": 2, "start_step": 61, "stop_step": 200},
+          {"kind": "segment_end", "segment": 1, "world_size": 2, "step": 200, "reason": "finished"},
+          {"kind": "finished", "wall_s": 10.0}]
+    assert run_metrics(ev, 32, 1000)["samples"] == 60 * 32 + 140 * 64  # the per-worker batch: Eq. 7's
+    assert run_metrics(ev, 32, 1000, global_batch=64)["samples"] == 200 * 64
