@@ -160,3 +160,74 @@ def micro_batches(sampler: Any, net: Any, optimizer: Any) -> Any:
     for (start, idx), ctx in zip(parts, passes(net, optimizer, len(parts))):
         with ctx:
             yield MicroBatch(idx, start, weight)
+
+
+class EpochAccumulation:
+    """A constant global batch in an epoch loop that calls ``zero_grad()``, ``backward()`` and
+    ``step()`` once per loader batch, unchanged: the loader's batches are this rank's micro-batches
+    (the training ``elastic.DistributedSampler`` yields them), and the registered optimizer's
+    ``zero_grad`` and ``step`` (replaced on the instance) act once per step of the global batch.
+
+    Per step of ``n`` micro-batches on this rank: ``zero_grad()`` clears the gradients only before
+    the first; ``step()`` after each of the first ``n - 1`` does nothing (the gradients add up);
+    after the ``n``-th it completes the allreduce (Horovod: started by its hooks after this rank's
+    ``n``-th backward pass, ``set_backward_passes_per_step``), multiplies the averaged gradients by
+    ``w / M`` (the script's loss is each micro-batch's mean: this makes the update the global
+    batch's mean gradient, uneven shares included) and runs the real step (its hooks: the stop
+    points, the data position). Horovod only: DDP would allreduce every pass (its ``no_sync`` wraps
+    the forward, in the script's code).
+    """
+
+    def __init__(self, job: Any, optimizer: Any) -> None:
+        if not callable(getattr(optimizer, "synchronize", None)):
+            raise ContractError("an epoch loop with a constant global batch needs a hvd.DistributedOptimizer "
+                                "(job.distributed_optimizer); with --collective torch use job.steps() "
+                                "with job.micro_batches()")
+        self.job, self.opt, self.done = job, optimizer, 0
+        self._step, self._zero_grad = optimizer.step, optimizer.zero_grad
+        optimizer.step, optimizer.zero_grad = self.step, self.zero_grad
+        optimizer._elastic_ring_accumulation = self
+
+    def layout(self) -> Layout:
+        sampler = self.job.epoch_data.training_sampler()
+        lay = sampler._layout() if sampler is not None else None
+        if lay is None:
+            raise ContractError("a constant global batch in an epoch loop is split by elastic.DistributedSampler: "
+                                "iterate the training set through one")
+        return lay
+
+    def passes(self) -> int:
+        """This rank's micro-batches per step (set on Horovod's optimizer, where it changes)."""
+        n = len(self.layout().share(self.job.rank))
+        if getattr(self.opt, "backward_passes_per_step", n) != n:
+            self.opt.set_backward_passes_per_step(n)
+        return n
+
+    def zero_grad(self, *args: Any, **kwargs: Any) -> Any:
+        if self.done == 0 or self.job.state.syncing:
+            return self._zero_grad(*args, **kwargs)
+        return None
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        if self.job.state.syncing:
+            return self._step(*args, **kwargs)
+        n = self.passes()
+        self.done += 1
+        if self.done < n:
+            return None
+        self.done = 0
+        lay = self.layout()
+        self.opt.synchronize()
+        if lay.loss_weight != 1.0:
+            for group in self.opt.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(lay.loss_weight)
+        with self.opt.skip_synchronize():
+            return self._step(*args, **kwargs)
+
+
+def accumulate_epoch_loop(job: Any, optimizer: Any) -> None:
+    """Install :class:`EpochAccumulation` on the registered ``optimizer`` (once)."""
+    if optimizer is not None and getattr(optimizer, "_elastic_ring_accumulation", None) is None:
+        EpochAccumulation(job, optimizer)

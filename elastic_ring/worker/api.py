@@ -272,6 +272,10 @@ class Job:
         if self.form == "steps":
             raise ContractError("job.epochs() and job.steps() in one script: use one of them")
         self.state.adopt_distributed_optimizer(hooks=self._hooks())
+        if self.global_batch:  # --scaling constant-batch: the optimizer acts once per global batch
+            from elastic_ring.worker.accumulate import accumulate_epoch_loop
+
+            accumulate_epoch_loop(self, self.state.optimizer)
         return self.hooked.epochs(start, stop)
 
     def evaluating(self):

@@ -145,3 +145,56 @@ def test_a_job_steps_script_with_micro_batches_trains_as_unresized(tmp_path):
         assert got[s][0] == want[s][0] and len(got[s][0]) == 64, s
     assert _max_loss_rel(got, want, range(1, 13)) < LOSS_RTOL
     assert _max_weight_diff(_weights(runs["resized"][0]), _weights(runs["base"][0])) < WEIGHT_ATOL
+
+
+def _epoch_run(folder: Path, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
+    from tests.conftest import ROOT
+
+    run = folder / "run"
+    p = run_cli("train", "--script", str(ROOT / "examples" / "mlp_epochs.py"), "--gpus", "1", "--slots", "4",
+                *args, "--scaling", "constant-batch", "--global-batch", "128", "--run-dir", str(run),
+                "--", "--epochs", "2", "--batch-size", "32", "--trace", str(folder / "trace"), timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return run, p
+
+
+def _epoch_trace(folder: Path) -> tuple[dict[int, list[int]], list[dict]]:
+    """(epoch -> every sample the loaders fetched in it, sorted; the tests' lines)."""
+    ids: dict[int, list[int]] = {}
+    tests = []
+    for f in sorted((folder / "trace").glob("trace-rank*.jsonl")):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            if "test" in r:
+                tests.append(r)
+            else:
+                ids.setdefault(r["epoch"], []).extend(r["ids"])
+    return {e: sorted(v) for e, v in ids.items()}, sorted(tests, key=lambda r: r["test"])
+
+
+def test_an_unchanged_epoch_loop_trains_as_unresized(tmp_path):
+    """``examples/mlp_epochs.py`` as it is (``zero_grad``, ``backward``, ``step`` per loader batch,
+    ``elastic.DistributedSampler``, a StepLR per epoch), 1 -> 2 -> 4 -> 3 workers inside its first
+    epoch: its loader batches are the micro-batches and its optimizer steps once per global batch,
+    so it trains as the unresized run (12 steps of 128 per epoch of 1,440: the last padded)."""
+    base, _ = _epoch_run(tmp_path / "base")
+    resized, p = _epoch_run(tmp_path / "resized", "--schedule", "4:2,8:4,11:3")
+    assert "resize 2 -> 4 after step 8: LR 0.1 unchanged" in p.stderr
+    assert _weights_at(resized, 24).keys() == _weights_at(base, 24).keys()
+    assert _max_weight_diff(_weights_at(resized, 24), _weights_at(base, 24)) < WEIGHT_ATOL
+    (ids_r, tests_r), (ids_b, tests_b) = _epoch_trace(tmp_path / "resized"), _epoch_trace(tmp_path / "base")
+    assert all(len(v) == 12 * 128 for v in ids_b.values())  # 12 steps of 128 per epoch, no more
+    # the resized run fetched every sample too, and also the micro-batches of each step a stop
+    # dropped (the stop point is the optimizer's step, after this rank's micro-batches of it)
+    assert {e: set(v) for e, v in ids_r.items()} == {e: set(v) for e, v in ids_b.items()}
+    assert [t["test"] for t in tests_r] == [t["test"] for t in tests_b] == [1, 2]
+    for a, b in zip(tests_r, tests_b):
+        assert abs(a["loss"] - b["loss"]) / b["loss"] < LOSS_RTOL and a["accuracy"] == b["accuracy"]
+
+
+def _weights_at(run: Path, step: int) -> dict:
+    from elastic_ring.ckpt import CheckpointStore
+
+    ckpt = CheckpointStore(run / "checkpoints").load_latest()
+    assert ckpt is not None and ckpt["step"] == step
+    return ckpt["model"]

@@ -201,3 +201,69 @@ def test_experiment_counts_a_constant_global_batch_at_every_world_size():
           {"kind": "finished", "wall_s": 10.0}]
     assert run_metrics(ev, 32, 1000)["samples"] == 60 * 32 + 140 * 64  # the per-worker batch: Eq. 7's
     assert run_metrics(ev, 32, 1000, global_batch=64)["samples"] == 200 * 64
+
+
+class _FakeHorovodWrapper:
+    """What EpochAccumulation uses of a hvd.DistributedOptimizer, counting the calls."""
+
+    def __init__(self, params):
+        self.param_groups = [{"params": params}]
+        self.backward_passes_per_step, self.calls = 1, []
+
+    def set_backward_passes_per_step(self, n):
+        self.backward_passes_per_step = n
+        self.calls.append(("passes", n))
+
+    def synchronize(self):
+        self.calls.append(("synchronize", [float(p.grad) for p in self.param_groups[0]["params"]]))
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        yield
+
+    def step(self):
+        self.calls.append(("step", [float(p.grad) for p in self.param_groups[0]["params"]]))
+
+    def zero_grad(self):
+        self.calls.append(("zero_grad",))
+
+
+def test_epoch_loop_optimizer_acts_once_per_global_batch_with_the_weight():
+    from elastic_ring.worker.accumulate import EpochAccumulation
+
+    lay = Layout(24, 8, 2)  # 3 micro-batches: rank 0 takes 2, rank 1 takes 1
+    sampler = SimpleNamespace(_layout=lambda: lay)
+    p = torch.zeros(1, requires_grad=True)
+    for rank, n in ((0, 2), (1, 1)):
+        opt = _FakeHorovodWrapper([p])
+        job = SimpleNamespace(rank=rank, state=SimpleNamespace(syncing=False),
+                              epoch_data=SimpleNamespace(training_sampler=lambda: sampler))
+        EpochAccumulation(job, opt).passes()  # as elastic.DistributedSampler's __iter__ does
+        for _step in range(2):
+            for _micro in range(n):  # the script's loop body, unchanged
+                opt.zero_grad()
+                p.grad = (p.grad if p.grad is not None else torch.zeros(1)) + 3.0  # a backward pass
+                opt.step()
+            p.grad = None  # (the real zero_grad is a fake: clear here, before the next step's first)
+        kinds = [c[0] for c in opt.calls]
+        set_passes = [("passes", n)] if n != 1 else []  # Horovod's default is 1 pass
+        assert kinds == [c[0] for c in set_passes] + ["zero_grad", "synchronize", "step"] * 2  # once per step
+        assert opt.calls[:len(set_passes)] == set_passes
+        sync, step = opt.calls[len(set_passes) + 1:len(set_passes) + 3]
+        assert sync == ("synchronize", [3.0 * n])  # this rank's passes summed
+        assert step == ("step", [3.0 * n * 2 / 3])  # x w / M, after the allreduce
+
+
+def test_epoch_sampler_splits_whole_global_batches_into_contiguous_micro_batches():
+    from elastic_ring.worker.data import _micro_batch_share, _whole
+
+    order = list(range(100, 110))  # an epoch of 10, global batch 4 in micro-batches of 2
+    whole = _whole(order, 4, drop_last=False)
+    assert whole == order + [100, 101]  # padded with the epoch's first indices to 3 steps
+    assert _whole(order, 4, drop_last=True) == order[:8]
+    lay = Layout(4, 2, 2)
+    assert list(_micro_batch_share(whole, lay, 0)) == [100, 101, 104, 105, 108, 109]
+    assert list(_micro_batch_share(whole[4:], lay, 1)) == [106, 107, 100, 101]  # resumed after step 1
+    three = Layout(6, 2, 2)  # 3 micro-batches over 2 ranks: 2 + 1
+    assert list(_micro_batch_share(list(range(12)), three, 0)) == [0, 1, 2, 3, 6, 7, 8, 9]
+    assert list(_micro_batch_share(list(range(12)), three, 1)) == [4, 5, 10, 11]
