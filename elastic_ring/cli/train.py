@@ -151,7 +151,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
 
     At each resize the workers agree on the step, write a checkpoint and exit; the controller
     relaunches them at the new count and they rescale the learning rate by Eq. 7
-    (lr_new = w_new / w_last * lr_last). While it runs, `elastic-ring resize RUN_DIR --to N` resizes
+    (lr_new = w_new / w_last * lr_last); with --scaling constant-batch the global batch and the LR
+    stay the same at every count instead (the workers accumulate micro-batches). While it runs, `elastic-ring resize RUN_DIR --to N` resizes
     live from another shell and `elastic-ring status RUN_DIR` shows progress. Everything lands in
     RUN_DIR: events.jsonl (typed events, incl. each resize's overhead breakdown), logs/, checkpoints/,
     summary.json. Ctrl-C stops at the next step with a checkpoint; --resume continues, and

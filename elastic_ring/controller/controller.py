@@ -346,7 +346,8 @@ class Controller:
         if new_world < world:
             self.plan.add(ck, new_world, "restart")
             self._save_plan()
-            self.out(f"only {usable} slot(s) answer: restarting at {new_world} worker(s) (LR by Eq. 7)")
+            self.out(f"only {usable} slot(s) answer: restarting at {new_world} worker(s) "
+                     + (f"(LR unchanged: {self._layout(new_world)})" if self.constant_batch else "(LR by Eq. 7)"))
         self._transition = "restarting"
         self._set_state(RunState.RESTARTING, step=ck, world_size=new_world, segment=seg.index + 1,
                         pending_world=None, resize_from=None)

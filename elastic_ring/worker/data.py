@@ -165,7 +165,8 @@ class DistributedSampler:
                 self.data.resume_rng = None
         self._start, self._pulled, self._pulled_at_step = start, 0, 0
         self.iterating = True
-        acc = getattr(getattr(getattr(self.job, "state", None), "optimizer", None), "_elastic_ring_accumulation", None)
+        opt = getattr(getattr(self.job, "state", None), "optimizer", None)
+        acc = getattr(opt, "_elastic_ring_accumulation", None)  # a constant global batch's
         if acc is not None and self._layout() is not None:
             acc.passes()  # this rank's backward passes per step, set before the first one
         return self._indices(start)

@@ -81,13 +81,15 @@ def _max_weight_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("collective,schedule,worlds", [
-    ("horovod", RESIZED, [1, 1, 1, 2, 2, 2, 4, 4, 4, 1, 1, 1]),
-    ("torch", ["--schedule", "4:3,8:1"], [1] * 4 + [3] * 4 + [1] * 4),  # 3 workers: uneven, 2 + 1 + 1
+@pytest.mark.parametrize("collective,schedule,worlds,relaunch", [
+    ("horovod", RESIZED, [1, 1, 1, 2, 2, 2, 4, 4, 4, 1, 1, 1], "auto"),
+    ("horovod", RESIZED, [1, 1, 1, 2, 2, 2, 4, 4, 4, 1, 1, 1], "inplace"),  # the processes kept
+    ("torch", ["--schedule", "4:3,8:1"], [1] * 4 + [3] * 4 + [1] * 4, "auto"),  # 3 workers: 2 + 1 + 1
 ])
-def test_resized_constant_batch_trains_as_the_unresized_run(tmp_path, tmp_path_factory, collective, schedule, worlds):
+def test_resized_constant_batch_trains_as_the_unresized_run(tmp_path, tmp_path_factory, collective, schedule, worlds,
+                                                            relaunch):
     ref = _unresized_constant(tmp_path_factory)
-    p = _run(tmp_path, *CONSTANT, *schedule, "--collective", collective)
+    p = _run(tmp_path, *CONSTANT, *schedule, "--collective", collective, "--relaunch", relaunch)
     run = tmp_path / "run"
     if collective == "horovod":
         assert ("resize 2 -> 4 after step 6: LR 0.025 unchanged (constant-batch: global batch 32 = "
