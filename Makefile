@@ -19,6 +19,12 @@ test: setup
 	@bt=$$(mktemp -d /tmp/ert.XXXXXX) && $(PY) -m pytest -q -n 2 --dist worksteal --durations=25 --basetemp=$$bt tests \
 	  && rm -rf $$bt || { echo "make test: failed; the tests' files are kept in $$bt"; exit 1; }
 
+# The headline figures measured again (per-step speed, resize cost against Horovod Elastic, failure
+# recovery, relaunch): alternating rounds, loads recorded; writes results/bench_headline.json and
+# the generated docs/reports/headline.md (about 25 minutes on 2 cores). Nothing else should run.
+bench: setup
+	$(PY) scripts/bench_headline.py --rounds 3
+
 test-unit: setup
 	$(PY) -m pytest -q tests/unit
 

@@ -156,6 +156,7 @@ class LaunchInfo:
     controller_pid: int = 0
     controller_host: str = ""
     collective: str = "horovod"  # or "torch" (worker.collective)
+    cwd: str = ""  # the folder the worker runs the script in (where `train` was run); "": as started
 
     def to_env(self) -> dict[str, str]:
         out = {}

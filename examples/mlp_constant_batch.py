@@ -1,11 +1,11 @@
 """The MLP of ``mlp_digits.py`` written for every LR rule, a constant global batch included:
 
     elastic-ring train --script examples/mlp_constant_batch.py --steps 600 --gpus 1 --schedule 200:2,400:4 \
-        --scaling constant-batch --global-batch 128 -- --batch-size 32
+        --lr-scaling constant-batch --global-batch 128 -- --batch-size 32
 
 The one change to a ``job.steps()`` loop: the step's body goes over ``job.micro_batches(data, model,
 opt)``, and each micro-batch's loss is multiplied by its ``weight`` before ``backward()``. Under
-``--scaling constant-batch`` every step trains the same ``--global-batch`` samples at any worker
+``--lr-scaling constant-batch`` every step trains the same ``--global-batch`` samples at any worker
 count: each worker accumulates the gradients of its share of the step's micro-batches (of
 ``--batch-size``), one allreduce, one update, the LR unchanged. Under the other rules (and outside
 the tool) it is one micro-batch per step, the worker's batch, at weight 1: the usual loop.

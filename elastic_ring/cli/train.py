@@ -29,7 +29,9 @@ def _echo(msg: str) -> None:
               help="Run your own Horovod script (written with elastic_ring.worker, or for Horovod "
                    "Elastic as it is) instead of the built-in ResNet; its own arguments go after `--`. "
                    "The run ends with the script's `job.epochs()` loop or its @hvd.elastic.run function, "
-                   "or at --steps (needed by a `job.steps()` loop; otherwise a cap).")
+                   "or at --steps (needed by a `job.steps()` loop; otherwise a cap). Its workers run in "
+                   "the folder this command is run in, as `python PATH` would (at --resume: the run's "
+                   "first); it is read, not run, before anything starts.")
 @click.option("--resize-at", type=int, default=None, metavar="STEP",
               help="Resize after this step completes (with --to).")
 @click.option("--to", "resize_to", type=int, default=None, metavar="N", help="Workers after --resize-at.")
@@ -51,17 +53,21 @@ def _echo(msg: str) -> None:
 @click.option("--batch-size", type=int, default=None, help="Per-worker batch (config: batch_size).")
 @click.option("--lr", type=float, default=None, help="LR per lr_reference_batch images (config: lr).")
 @click.option("--seed", type=int, default=None, help="Seed of data order, augmentation and weights.")
+@click.option("--lr-scaling", type=click.Choice(["auto", "linear", "sqrt", "none", "constant-batch"]),
+              default=None,
+              help="The LR at a new world size: linear (Eq. 7: x w_new / w_old), sqrt, none (kept), or "
+                   "auto: as the script scales it (its optimizer's LR as built at the new size over that "
+                   "at the old: a script built with lr=base * hvd.size() gets Eq. 7, one built with "
+                   "lr=base keeps its LR); or constant-batch: the global batch stays --global-batch at every "
+                   "worker count, each worker accumulating gradients over its share of micro-batches of the "
+                   "per-worker batch, and the LR stays. [default: auto for a --script; the config's (linear) "
+                   "for the built-in ResNet]")
 @click.option("--resize-warmup", type=int, default=None, metavar="STEPS",
               help="Ramp the LR to its Eq. 7 value over STEPS after a resize (0: at once).")
-@click.option("--scaling", type=click.Choice(["linear", "sqrt", "none", "constant-batch"]), default=None,
-              help="What a resize does to the training (config: lr_scaling): linear (Eq. 7: the global batch "
-                   "follows the workers, the LR follows it), sqrt, none (the LR kept), or constant-batch: the "
-                   "global batch stays --global-batch at every worker count, each worker accumulating "
-                   "gradients over micro-batches of --batch-size, and the LR stays. [default: linear]")
 @click.option("--global-batch", type=int, default=None, metavar="N",
-              help="constant-batch: samples per step, a multiple of --batch-size; every worker count of the "
-                   "run must be at most N / batch-size (uneven shares allowed). [default: batch-size x "
-                   "the initial workers]")
+              help="--lr-scaling constant-batch: samples per step, a multiple of the per-worker batch; every "
+                   "worker count of the run must be at most N / batch (uneven shares allowed). [default: the "
+                   "ResNet's --batch-size x the initial workers; a --script must give it]")
 @click.option("--device", type=DEVICE_CHOICES, default="auto", show_default=True,
               help="cuda: one GPU per worker (NCCL); cpu: CPU processes with gloo; auto: cuda if NVIDIA GPUs are found.")
 @click.option("--slots", type=int, default=None,
@@ -93,7 +99,8 @@ def _echo(msg: str) -> None:
                    "host, no horovodrun; with --hosts/--hostfile horovodrun only launches them; or Ray "
                    "actors with --backend ray; the built-in ResNet uses "
                    "DistributedDataParallel; every --relaunch mode: inplace keeps the processes and "
-                   "re-forms the process group). [default: horovod; at --resume: the run's own]")
+                   "re-forms the process group). [default: horovod; a --script that uses torch.distributed "
+                   "and not Horovod: torch; at --resume: the run's own]")
 @click.option("--ray-address", default=None, metavar="ADDRESS",
               help="Ray cluster to run on (--backend ray). [default: $RAY_ADDRESS, else a local Ray]")
 @click.option("--placement", type=click.Choice(["PACK", "SPREAD"]), default="PACK", show_default=True,
@@ -135,7 +142,7 @@ def _echo(msg: str) -> None:
                    "left behind); with --steps N, on to N steps (a finished run too).")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
-          data_dir, batch_size, lr, seed, resize_warmup, scaling, global_batch, device, slots, hosts,
+          data_dir, batch_size, lr, seed, lr_scaling, resize_warmup, global_batch, device, slots, hosts,
           hostfile,
           network_interface, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
           checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, run_dir, resume_dir, script_args):
@@ -151,7 +158,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
 
     At each resize the workers agree on the step, write a checkpoint and exit; the controller
     relaunches them at the new count and they rescale the learning rate by Eq. 7
-    (lr_new = w_new / w_last * lr_last); with --scaling constant-batch the global batch and the LR
+    (lr_new = w_new / w_last * lr_last); with --lr-scaling constant-batch the global batch and the LR
     stay the same at every count instead (the workers accumulate micro-batches). While it runs, `elastic-ring resize RUN_DIR --to N` resizes
     live from another shell and `elastic-ring status RUN_DIR` shows progress. Everything lands in
     RUN_DIR: events.jsonl (typed events, incl. each resize's overhead breakdown), logs/, checkpoints/,
@@ -181,9 +188,9 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
     req = RunRequest(workers=workers, script=script, script_args=tuple(script_args), resize_at=resize_at,
                      resize_to=resize_to, schedule=schedule, config_path=config_path,
                      overrides=tuple(overrides), steps=steps, depth=depth, dataset=dataset,
-                     data_dir=data_dir, batch_size=batch_size, lr=lr, seed=seed,
-                     resize_warmup=resize_warmup, scaling=scaling, global_batch=global_batch, device=device,
-                     slots=slots, hosts=hosts,
+                     data_dir=data_dir, batch_size=batch_size, lr=lr, seed=seed, lr_scaling=lr_scaling,
+                     resize_warmup=resize_warmup, global_batch=global_batch, device=device, slots=slots,
+                     hosts=hosts,
                      hostfile=hostfile, network_interface=network_interface, relaunch=relaunch,
                      checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s, keep=keep,
                      max_restarts=max_restarts, stall_timeout=stall_timeout, run_dir=run_dir,

@@ -83,7 +83,8 @@ class RunSpec:
     checkpoint_every_s: float = 0.0  # seconds between periodic background checkpoints (0: off)
     keep: int = 2  # checkpoints kept
     collective: str = "horovod"  # or "torch" (torch.distributed: the local launcher, no horovodrun)
-    lr_scaling: str = "linear"  # a script's rule at a resize (the ResNet's is in its config)
+    cwd: str = ""  # the folder the script's workers run in: where `train` was run ("": this process's)
+    lr_scaling: str | None = None  # a script's LR rule at a resize (worker.lr; "auto"); None: the config's
     global_batch: int = 0  # a script's constant global batch (lr_scaling constant-batch)
 
     def validate(self) -> None:

@@ -60,9 +60,8 @@ from elastic_ring.controller.segment import Processes, Segment, segment_log
 from elastic_ring.controller.summary import write_summary
 from elastic_ring.errors import WorkerFailedError
 from elastic_ring.events.api import (CheckpointWritten, ErrorEvent, Evaluation, Event, EventLog, FirstStep, Launch,
-                                     ResizeRequested, Restart, Throughput)
+                                     Notice, ResizeRequested, Restart, Throughput)
 from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, stop_file
-from elastic_ring.worker.hvd_elastic import uses_horovod_elastic
 from elastic_ring.worker.lr import RULES
 
 DEFAULT_STARTUP_S = 10.0  # start-up estimate before the first launch has been measured
@@ -81,7 +80,8 @@ class Controller:
                  constant_batch: tuple[int, int] | None = None) -> None:
         self.lr_decays = tuple(lr_decays)  # steps after which the schedule decays the LR (shown at a resize)
         self.constant_batch = constant_batch  # (global batch, micro-batch): the layout shown at a resize
-        self.spec, self.rule, self.clock, self.poll_s = spec, RULES[lr_scaling], clock, poll_s
+        # a script's "auto" (its own scaling) is decided by the workers: Eq. 7 is the reference here
+        self.spec, self.rule, self.clock, self.poll_s = spec, RULES.get(lr_scaling, RULES["linear"]), clock, poll_s
         self.out = out or (lambda s: print(s, file=sys.stderr, flush=True))
         self.max_restarts = max_restarts
         if backend is None:  # the options were checked at the request (RunRequest.check)
@@ -100,8 +100,8 @@ class Controller:
                                    say, clock, keeps_processes=resize.keeps_workers)
         self.procs = Processes(self.backend, spec.run_dir, self.owner, clock, self.events)
         self.relay = Relay(spec.run_dir, self.events)
-        by_script = bool(spec.script) and uses_horovod_elastic(spec.script)  # its reset callbacks set the LR
-        self.meter = Meter(self.events, self.rule, lr_by_script=by_script)
+        # a script's LR is reported as its first step after a resize used it (it may set its own)
+        self.meter = Meter(self.events, self.rule, lr_by_script=bool(spec.script))
         self.display = Display(say, spec.total_steps,
                                sys.stderr.isatty() if show_progress is None else show_progress)
         self._seg: Segment | None = None  # the segment being watched
@@ -347,7 +347,8 @@ class Controller:
             self.plan.add(ck, new_world, "restart")
             self._save_plan()
             self.out(f"only {usable} slot(s) answer: restarting at {new_world} worker(s) "
-                     + (f"(LR unchanged: {self._layout(new_world)})" if self.constant_batch else "(LR by Eq. 7)"))
+                     + (f"(LR unchanged: {self._layout(new_world)})" if self.constant_batch else
+                        "(LR by the run's rule)"))
         self._transition = "restarting"
         self._set_state(RunState.RESTARTING, step=ck, world_size=new_world, segment=seg.index + 1,
                         pending_world=None, resize_from=None)
@@ -625,7 +626,10 @@ class Controller:
         if isinstance(ev, FirstStep) and mine:
             self._stepping()
             self._prepare_ahead(seg)
-            self.meter.first_step(seg.index, ev, seg.t_launch, prelaunched=seg.go_file is not None)
+            rel = self.meter.first_step(seg.index, ev, seg.t_launch, prelaunched=seg.go_file is not None)
+            if rel is not None:
+                self.display.resized(rel.from_workers, rel.to_workers, rel.step, rel.lr_last, rel.lr_new,
+                                     rule=rel.rule, lr_rule=rel.lr_rule, layout=self._layout(rel.to_workers))
         elif isinstance(ev, Throughput):
             if ev.steps:
                 self.watchdog.add_step_time(float(ev.seconds) / int(ev.steps))
@@ -635,3 +639,5 @@ class Controller:
             seg.ckpt_s = float(ev.seconds)
         elif isinstance(ev, Evaluation):
             self.display.evaluation(ev)
+        elif isinstance(ev, Notice):
+            self.display.notice(ev.message)

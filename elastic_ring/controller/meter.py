@@ -50,12 +50,13 @@ class Restarting:
 
 class Meter:
     """The resize and the restart being measured; ``rule`` (a :mod:`elastic_ring.worker.lr` rule)
-    gives the new LR that ``relaunched`` events report."""
+    gives the new LR that ``relaunched`` events report for the built-in model."""
 
     def __init__(self, events: EventLog, rule, lr_by_script: bool = False) -> None:
         self.events, self.rule = events, rule
-        # the script sets the LR itself at a resize (Horovod Elastic's reset callbacks): the
-        # ``relaunched`` event waits for the first step, and reports the LR that step used
+        # a user's script, which may set the LR itself (per batch, in Horovod Elastic's reset
+        # callbacks, on_resize): the ``relaunched`` event waits for the first step, and reports
+        # the LR that step used, with the rule the workers applied and the LR it gave
         self.lr_by_script = lr_by_script
         self._relaunched: tuple[int, float] | None = None
         self.pending: PendingResize | None = None
@@ -92,17 +93,20 @@ class Meter:
             return None
         return self._write_relaunched(segment, self.rule.scale(p.lr_last, p.from_workers, p.to_workers), t_launch)
 
-    def _write_relaunched(self, segment: int, lr_new: float, t_launch: float) -> Relaunched:
+    def _write_relaunched(self, segment: int, lr_new: float, t_launch: float, first: FirstStep | None = None
+                          ) -> Relaunched:
         p = self.pending
         assert p is not None
         ev = Relaunched(segment=segment, from_workers=p.from_workers, to_workers=p.to_workers, step=p.step,
-                        lr_last=p.lr_last, lr_new=lr_new, time=t_launch)
+                        lr_last=p.lr_last, lr_new=lr_new, time=t_launch,
+                        rule=getattr(first, "rule", None), lr_rule=getattr(first, "lr_rule", None))
         self.events.write(ev)
         return ev
 
-    def first_step(self, segment: int, ev: FirstStep, t_launch: float, prelaunched: bool) -> None:
+    def first_step(self, segment: int, ev: FirstStep, t_launch: float, prelaunched: bool) -> Relaunched | None:
         """The running segment's first step (``ev``): ends the restart being measured, and the
-        relaunch part of the pending resize."""
+        relaunch part of the pending resize; returns the ``relaunched`` event written now (a
+        script's, with the LR that step used), else None."""
         t_first = float(ev.time)
         if not prelaunched and 0 < t_first - t_launch < 3600:  # ignore clock skew between hosts
             self.startup_s.append(t_first - t_launch)
@@ -117,8 +121,9 @@ class Meter:
                                         + rs.steps_redone * step_s, path=rs.path, time=t_first))
             self.restarting = None
         p = self.pending
+        rel = None
         if p is not None and self._relaunched is not None:
-            self._write_relaunched(self._relaunched[0], float(ev.lr), self._relaunched[1])
+            rel = self._write_relaunched(self._relaunched[0], float(ev.lr), self._relaunched[1], ev)
             self._relaunched = None
         if p is not None:
             p.t_first = t_first
@@ -129,6 +134,7 @@ class Meter:
                                                    else t_first - p.t_failure,
                                                    joiner="broadcast" if p.t_failure is not None else None,
                                                    time=t_first))
+        return rel
 
     def throughput(self, ev: Throughput, running: bool) -> None:
         """A throughput window (of the running segment when ``running``): the first one after a

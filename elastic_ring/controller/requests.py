@@ -22,6 +22,8 @@ RELAUNCH_CHOICES = ("auto", *MODES)  # auto: prelaunch on GPUs, overlap on the C
 BACKENDS = ("horovodrun", "ray")
 PLACEMENTS = ("PACK", "SPREAD")  # Ray placement groups: fewest nodes, or spread over them
 COLLECTIVES = ("horovod", "torch")  # the workers' collectives (worker.collective)
+LR_SCALINGS = ("auto", "linear", "sqrt", "none", "constant-batch")  # the LR at a resize (worker.lr; auto: the
+# script's own; constant-batch: the global batch kept, so the LR: worker.accumulate)
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,8 @@ class RunRequest:
     lr: float | None = None
     seed: int | None = None
     resize_warmup: int | None = None
-    scaling: str | None = None  # the LR rule at a resize (config: lr_scaling)
-    global_batch: int | None = None  # constant-batch: samples per step (config: global_batch)
+    lr_scaling: str | None = None  # the LR rule at a resize (None: auto for a script, the config's otherwise)
+    global_batch: int | None = None  # lr_scaling constant-batch: samples per step (config: global_batch)
     device: str = "auto"
     slots: int | None = None
     hosts: str | None = None
@@ -83,9 +85,16 @@ def check(req: RunRequest) -> None:
     """
     resnet = any(v is not None for v in req.resnet_options())
     if req.resume_dir and (req.config_path or req.overrides or req.config is not None or req.script
-                           or req.script_args or resnet or req.scaling or req.global_batch is not None):
+                           or req.script_args or resnet or req.global_batch is not None):
         raise UserError("--resume continues a run with its own config and script: drop the config "
                         "and script options (--steps N is the one that applies: the run's new total)")
+    if req.lr_scaling is not None and req.lr_scaling not in LR_SCALINGS:
+        raise UserError(f"--lr-scaling must be one of {', '.join(LR_SCALINGS)}, got {req.lr_scaling}")
+    if req.resume_dir and req.lr_scaling is not None:
+        raise UserError("--resume continues a run with its own LR rule: drop --lr-scaling")
+    if req.lr_scaling == "auto" and not req.script:
+        raise UserError("--lr-scaling auto follows a --script's own LR scaling: the built-in ResNet takes "
+                        "linear, sqrt, none or constant-batch")
     if req.resume_dir and req.steps is not None and req.steps < 1:
         raise UserError(f"--steps must be >= 1, got {req.steps}")
     if req.script_args and not req.script:
@@ -129,26 +138,44 @@ def check(req: RunRequest) -> None:
 
 
 def _check_scaling(req: RunRequest) -> None:
-    """``--scaling``/``--global-batch`` of a script (the ResNet's are its config's, checked there):
-    a constant global batch needs its size, which only the script's own batch can be split into."""
+    """``--global-batch`` of a script (the ResNet's is its config's, checked there): a constant
+    global batch needs its size, which only the script's own batch can be split into."""
     if not req.script:
         return
-    if req.global_batch is not None and req.scaling != "constant-batch":
-        raise UserError("--global-batch goes with --scaling constant-batch")
-    if req.scaling == "constant-batch" and req.global_batch is None:
-        raise UserError("--script with --scaling constant-batch needs --global-batch N (samples per step; "
+    if req.global_batch is not None and req.lr_scaling != "constant-batch":
+        raise UserError("--global-batch goes with --lr-scaling constant-batch")
+    if req.lr_scaling == "constant-batch" and req.global_batch is None:
+        raise UserError("--script with --lr-scaling constant-batch needs --global-batch N (samples per step; "
                         "a multiple of the batch your script gives job.sampler)")
     if req.global_batch is not None and req.global_batch < 1:
         raise UserError(f"--global-batch must be >= 1, got {req.global_batch}")
 
 
+def with_script_collective(req: RunRequest) -> tuple[RunRequest, str | None]:
+    """``req`` with the collective its script makes plain where ``--collective`` was not given (a
+    new run of a torch.distributed script: torch), and the line that says so; else (``req``, None)."""
+    if not req.script or req.resume_dir or req.collective is not None:
+        return req, None
+    from dataclasses import replace
+
+    from elastic_ring.controller.script_check import inferred_collective, read_script
+
+    found = inferred_collective(req.script, read_script(req.script))
+    if found is None:
+        return req, None
+    return replace(req, collective=found[0]), found[1]
+
+
 def _check_collective(req: RunRequest) -> None:
-    """``--collective``: a known one, and a script written for it (every launch has both)."""
+    """``--collective``: a known one, and a script written for it (every launch has both); the
+    script compiles and has what its loop needs (:mod:`.script_check`: read, not run)."""
     if req.collective is not None and req.collective not in COLLECTIVES:
         raise UserError(f"--collective must be one of {', '.join(COLLECTIVES)}, got {req.collective}")
     if req.script and not req.resume_dir:
         from elastic_ring.controller.backends.local import script_collective
+        from elastic_ring.controller.script_check import check_script, read_script
 
+        shape = read_script(req.script)  # it compiles (one line naming file:line otherwise)
         uses = script_collective(req.script)
         mine = req.collective or "horovod"
         if uses == "horovod" and mine == "torch":
@@ -158,6 +185,7 @@ def _check_collective(req: RunRequest) -> None:
             raise UserError(f"{req.script} calls torch.distributed's init_process_group() itself: replace "
                             f"the call with elastic_ring.worker.init(), which forms the process group"
                             + (", and add --collective torch" if mine == "horovod" else ""))
+        check_script(req.script, shape, req.collective, req.steps)
 
 
 def check_torch_survive(device: str, survive: bool) -> None:

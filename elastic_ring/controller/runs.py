@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec
-from elastic_ring.controller.requests import RunRequest, check, check_torch_survive
+from elastic_ring.controller.requests import RunRequest, check, check_torch_survive, with_script_collective
 from elastic_ring.errors import Interrupted, UserError
 
 
@@ -86,12 +86,18 @@ def _schedule(req: RunRequest) -> tuple[Resize, ...]:
 def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
     """Check ``req`` and get its run folder ready (a new one created, a resumed one taken over)."""
     check(req)
+    req, inferred = with_script_collective(req)  # a torch.distributed script: --collective torch
+    if inferred:
+        check(req)  # what goes with --collective torch
     if req.resume_dir:
         check_resumable(Path(req.resume_dir), req.steps)  # before anything slow (torch, the GPUs)
     claimed = None if req.resume_dir else _claim(req, echo)
     try:
         with preparing(claimed[0] if claimed else Path(req.resume_dir or "."), bool(req.resume_dir)):
-            return _prepare(req, echo, claimed[0] if claimed else None)
+            run = _prepare(req, echo, claimed[0] if claimed else None)
+        if inferred:
+            echo(inferred)  # once nothing can refuse the run (a refusal stays one line)
+        return run
     except KeyboardInterrupt:
         if claimed is not None:
             _unclaim(*claimed)
@@ -166,8 +172,8 @@ def _config(req: RunRequest, device: str):
     ov = parse_overrides(req.overrides)
     for k, v in (("total_steps", req.steps), ("depth", req.depth), ("dataset", req.dataset),
                  ("data_dir", req.data_dir), ("batch_size", req.batch_size), ("lr", req.lr),
-                 ("seed", req.seed), ("resize_warmup_steps", req.resize_warmup),
-                 ("lr_scaling", req.scaling), ("global_batch", req.global_batch)):
+                 ("seed", req.seed), ("resize_warmup_steps", req.resize_warmup), ("lr_scaling", req.lr_scaling),
+                 ("global_batch", req.global_batch)):
         if v is not None:
             ov[k] = v
     return load_config(req.config_path, ov, device=device)
@@ -234,8 +240,8 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
                    hostfile=req.hostfile, script=str(Path(req.script).resolve()) if req.script else None,
                    script_args=tuple(req.script_args), checkpoint_every=req.checkpoint_every or 0,
                    checkpoint_every_s=60.0 if req.checkpoint_every_s is None else req.checkpoint_every_s,
-                   keep=req.keep or 2, collective=req.collective or "horovod",
-                   lr_scaling=(req.scaling or "linear") if req.script else "linear",
+                   keep=req.keep or 2, collective=req.collective or "horovod", cwd=os.getcwd(),
+                   lr_scaling=(req.lr_scaling or "auto") if req.script else None,
                    global_batch=(req.global_batch or 0) if req.script else 0)
     steps_given = (req.steps is not None or req.config_path or req.config is not None
                    or any(o.partition("=")[0].strip() == "total_steps" for o in req.overrides))
@@ -303,8 +309,9 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
                    checkpoint_every_s=float(req.checkpoint_every_s if req.checkpoint_every_s is not None
                                             else old_ws.get("checkpoint_every_s", 60.0)),
                    keep=keep_now, collective=old_ws.get("collective", "horovod"),
-                   lr_scaling=str(old_ws.get("lr_scaling") or "linear"),
-                   global_batch=int(old_ws.get("global_batch") or 0))
+                   cwd=_resumed_cwd(rd, old_ws),
+                   lr_scaling=old_ws.get("lr_scaling", "linear") if script else None,
+                   global_batch=int(old_ws.get("global_batch") or 0) if script else 0)
     if req.collective is not None and req.collective != spec.collective:
         raise UserError(f"--resume continues run {rd} with its own collective ({spec.collective}): "
                         f"drop --collective {req.collective}")
@@ -325,6 +332,21 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
         update_run_info(rd, survive=True)
     segment = len(read_events(rd / "events.jsonl", Launch))
     return PreparedRun(spec, cfg, plan, start_step, segment, req.relaunch, stall_timeout=stall, survive=survive)
+
+
+def _resumed_cwd(rd: Path, worker: dict[str, Any]) -> str:
+    """The folder a resumed run's workers run in: the one its `train` was run in (recorded in
+    ``run.json``), so that the script's relative paths mean what they meant at its start, whatever
+    folder the resume is run from; this process's folder for a run recorded before that.
+
+    Raises:
+        UserError: the recorded folder is gone (one line naming it).
+    """
+    cwd = worker.get("cwd") or os.getcwd()
+    if not Path(cwd).is_dir():
+        raise UserError(f"run {rd} was started in {cwd}, which is gone: its script's relative paths "
+                        f"are relative to it (recreate the folder to resume)")
+    return cwd
 
 
 def read_run_info(rd: Path) -> dict[str, Any]:
@@ -466,9 +488,27 @@ def describe(run: PreparedRun) -> list[str]:
         lines.append("elastic-ring: collective torch.distributed "
                      f"({'NCCL' if spec.device == 'cuda' else 'gloo'}), one process per worker"
                      + (", kept across resizes (the group re-formed in place)" if run.relaunch == "inplace" else ""))
+    if spec.script:
+        lines.append(f"elastic-ring: {lr_rule_line(spec.script, spec.lr_scaling or 'linear')}")
     if run.extra.get("relaunch_note"):
         lines.append(f"elastic-ring: {run.extra['relaunch_note']}")
     return lines
+
+
+def lr_rule_line(script: str, rule: str) -> str:
+    """What a script's LR becomes at a new world size (``--lr-scaling``), said at the start."""
+    from elastic_ring.worker.hvd_elastic import uses_horovod_elastic
+
+    if uses_horovod_elastic(script):
+        return "LR at a resize: the script's reset callbacks set it (no rule on top)"
+    other = "; --lr-scaling linear|sqrt|none sets one" if rule == "auto" else "; --lr-scaling auto follows the script's"
+    return {"auto": "LR at a resize: as the script scales it (--lr-scaling auto): its optimizer's LR as built "
+                    "at the new size over that at the old (Eq. 7 where it is not built again)",
+            "linear": "LR at a resize: Eq. 7, x w_new / w_old (--lr-scaling linear)",
+            "sqrt": "LR at a resize: x sqrt(w_new / w_old) (--lr-scaling sqrt)",
+            "none": "LR at a resize: kept (--lr-scaling none)",
+            "constant-batch": "LR at a resize: kept, every step trains the same global batch (--lr-scaling "
+                              "constant-batch)"}[rule] + other
 
 
 def start_or_resume(req: RunRequest, echo: Callable[[str], None], out: Callable[[str], None] | None = None,
@@ -525,7 +565,8 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
     if req.backend == "ray":
         echo(f"backend: Ray ({req.ray_address or os.environ.get('RAY_ADDRESS') or 'a local Ray'}), "
              f"placement {req.placement}, warm workers across resizes")
-    ctl = Controller(run.spec, lr_scaling=run.cfg.lr_scaling if run.cfg else run.spec.lr_scaling, out=out,
+    rule = run.cfg.lr_scaling if run.cfg else run.spec.lr_scaling or "linear"
+    ctl = Controller(run.spec, lr_scaling=rule, out=out,
                      max_restarts=req.max_restarts, plan=run.plan, stall_timeout=run.stall_timeout,
                      show_progress=show_progress, backend=backend, resize=resize,
                      lr_decays=tuple(run.cfg.decay_steps) if run.cfg else (),

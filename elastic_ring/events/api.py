@@ -143,6 +143,11 @@ class FirstStep(Event):
     since_launch_s: float  # worker's own measure: process start to first step done
     lr: float
     phases: dict[str, float] = field(default_factory=dict)  # seconds per start-up phase
+    # after a restore at another world size: the LR rule applied ("linear", "sqrt", "none",
+    # "auto:<rule>" for the script's own, "on_resize", "adasum") and the LR it left in the
+    # optimizer (``lr`` differs where the script then set its own)
+    rule: str | None = None
+    lr_rule: float | None = None
 
 
 @register
@@ -216,7 +221,9 @@ class Relaunched(Event):
     to_workers: int
     step: int  # last completed step; training continues at step + 1
     lr_last: float
-    lr_new: float  # Eq. 7 (or the configured rule) applied to lr_last
+    lr_new: float  # the LR the first step after the resize ran with (built-in model: Eq. 7 of lr_last)
+    rule: str | None = None  # a script's: the LR rule applied (FirstStep.rule)
+    lr_rule: float | None = None  # a script's: the LR that rule gave (lr_new differs: the script set it)
 
 
 @register
@@ -349,6 +356,17 @@ class Recovered(Event):
 @dataclass(frozen=True)
 class ErrorEvent(Event):
     kind: ClassVar[str] = "error"
+    message: str
+    rank: int | None = None
+    segment: int | None = None
+
+
+@register
+@dataclass(frozen=True)
+class Notice(Event):
+    """Something a worker decided that the user must know, not a failure (e.g. the restored
+    position taken over a script's own resume)."""
+    kind: ClassVar[str] = "notice"
     message: str
     rank: int | None = None
     segment: int | None = None

@@ -185,7 +185,13 @@ class EpochAccumulation:
                                 "with job.micro_batches()")
         self.job, self.opt, self.done = job, optimizer, 0
         self._step, self._zero_grad = optimizer.step, optimizer.zero_grad
-        optimizer.step, optimizer.zero_grad = self.step, self.zero_grad
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            return self.step(*args, **kwargs)
+
+        if hasattr(self._step, "_wrapped_by_lr_sched"):  # it calls the schedulers' wrapper: no warning
+            step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+        optimizer.step, optimizer.zero_grad = step, self.zero_grad
         optimizer._elastic_ring_accumulation = self
 
     def layout(self) -> Layout:

@@ -122,6 +122,7 @@ class Job:
         start = start or StartUp(_process_start(), {"imports": _T_IMPORTED})
         self.progress = Progress(self.run_dir, self.ring, self.seg, start, info.throughput_window,
                                  info.eval_every, self.state.current_lr)
+        self.progress.rescaled = lambda: self.state.rescaled
         self.checkpoints = Checkpoints(info, self.state.snapshot, self.progress, lambda: self.ring.size,
                                        self.state.current_lr)
         self.vote = StopVote(self.run_dir, self.ring, self.seg)
@@ -164,7 +165,7 @@ class Job:
     epoch_data = property(lambda self: self.state.epoch_data)
     global_batch = property(lambda self: (self.info.global_batch or None) if self.info.lr_scaling ==
                             "constant-batch" else None,
-                            doc="the run's constant global batch (--scaling constant-batch), else None")
+                            doc="the run's constant global batch (--lr-scaling constant-batch), else None")
 
     @property
     def step(self) -> int:
@@ -272,7 +273,7 @@ class Job:
         if self.form == "steps":
             raise ContractError("job.epochs() and job.steps() in one script: use one of them")
         self.state.adopt_distributed_optimizer(hooks=self._hooks())
-        if self.global_batch:  # --scaling constant-batch: the optimizer acts once per global batch
+        if self.global_batch:  # --lr-scaling constant-batch: the optimizer acts once per global batch
             from elastic_ring.worker.accumulate import accumulate_epoch_loop
 
             accumulate_epoch_loop(self, self.state.optimizer)
@@ -293,7 +294,7 @@ class Job:
         """The data position, saved with the state: see :class:`Sampler`. ``global_batch``: the
         samples of every step at any world size, in micro-batches of ``batch_size``
         (:mod:`elastic_ring.worker.accumulate`); the default is the run's own (``elastic-ring train
-        --scaling constant-batch --global-batch N``), else none."""
+        --lr-scaling constant-batch --global-batch N``), else none."""
         if global_batch is None and self.info.lr_scaling == "constant-batch":
             global_batch = self.info.global_batch or None
             if global_batch is None:
@@ -338,6 +339,7 @@ class Job:
                     meta.update(segment=self.segment, stop_at=self.stop_at)
         self._sync(meta)
         self.restored = True
+        self.state.remember_restored_weights()
         self.hooked.restored()
         return self.resumed
 

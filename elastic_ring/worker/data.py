@@ -17,7 +17,7 @@ the epoch is used once across any number of resizes (plus the padding, as with t
 when the rest of the epoch is not a multiple of the new world size). ``b`` is read from the
 ``DataLoader``'s batch sampler when it iterates this sampler (or give ``batch_size=``).
 
-Under ``--scaling constant-batch`` (``job.global_batch``) a step trains the run's global batch
+Under ``--lr-scaling constant-batch`` (``job.global_batch``) a step trains the run's global batch
 ``G`` at every world size: the epoch's rest is cut (``drop_last``) or padded to a multiple of ``G``,
 each step's ``G`` positions are micro-batches of the loader's batch ``b``, and rank r takes its
 contiguous share of them (:mod:`elastic_ring.worker.accumulate`); the registered optimizer's
@@ -25,7 +25,12 @@ contiguous share of them (:mod:`elastic_ring.worker.accumulate`); the registered
 
 ``len(sampler)`` is the number of indices this rank takes in the current epoch from the current
 position, so ``len(loader)`` is the number of batches left in the epoch at this world size: after a
-resize inside an epoch, the rest of that epoch, and a full epoch again from the next one.
+resize inside an epoch, the rest of that epoch, and a full epoch again from the next one (it is
+what the iteration yields: a DataLoader and a progress print rely on that). For a quantity over
+the whole epoch (a per-batch LR warm-up), ``sampler.epoch_batches`` is the epoch's full length in
+the loader's batches at this world size and ``sampler.start_batch`` the batches of the epoch done
+before this pass, counted at this size: ``(sampler.start_batch + batch_idx) / sampler.epoch_batches``
+goes on across a resize where ``batch_idx / len(loader)`` starts again from 0.
 Outside the tool (plain ``horovodrun`` or ``python``) it is torch's sampler.
 """
 
@@ -125,6 +130,7 @@ class DistributedSampler:
         self._start = 0  # the position this epoch's iteration started at
         self._pulled = self._pulled_at_step = 0  # indices handed out by the iteration (at the last step)
         self._loader_batch: int | None = None
+        self._loader_drop_last = False  # the DataLoader's own drop_last (its last, short batch)
         self.iterating = False  # an iteration of the epoch is under way (its start fixes len())
         self.data.samplers.append(self)
 
@@ -149,10 +155,28 @@ class DistributedSampler:
         w = self.num_replicas
         return rest // w if self.drop_last else math.ceil(rest / w)
 
+    @property
+    def epoch_batches(self) -> int:
+        """This rank's batches in the whole epoch at this world size (``len(loader)`` of an epoch
+        that no resize interrupted): the loader's batch size once it iterates this sampler (else
+        ``batch_size=``; else 1: indices)."""
+        n, w, b = len(self.dataset), self.num_replicas, self.batch_size or self._loader_batch or 1
+        per_rank = n // w if self.drop_last else math.ceil(n / w)
+        return per_rank // b if self._loader_drop_last else math.ceil(per_rank / b)
+
+    @property
+    def start_batch(self) -> float:
+        """The batches of this epoch trained before this pass over it, counted at this world size
+        (in the loader's batches, as :attr:`epoch_batches`): 0 but in the segment that resumes an
+        epoch after a resize; a fraction where the samples done are not a whole number of this
+        size's batches. ``(start_batch + batch_idx) / epoch_batches``: the epoch's progress."""
+        start = self._start if self.iterating else self._position_now()
+        return start / (self.num_replicas * (self.batch_size or self._loader_batch or 1))
+
     def __iter__(self) -> Iterator[int]:
         owner = _caller_batch_sampler(sys._getframe(1))
         if owner is not None:
-            self._loader_batch = int(owner.batch_size)
+            self._loader_batch, self._loader_drop_last = int(owner.batch_size), bool(owner.drop_last)
         self.data.iterated = self
         start = self._position_now()
         if self._tracked():

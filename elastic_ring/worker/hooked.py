@@ -40,7 +40,19 @@ import time
 from typing import Any, Iterator
 
 from elastic_ring.worker import survive
+from elastic_ring.worker.errors import ContractError
 from elastic_ring.worker.state import _rng_state
+
+
+def check_restored_weights(job: Any) -> None:
+    """Before the first step after a resume: stop (one line, not retried) if the script wrote other
+    weights over the restored ones, e.g. its own checkpoint loaded after ``job.restore()``."""
+    if job.state.restored_weights_overwritten():
+        raise ContractError(
+            f"the script loaded other weights after elastic-ring restored step {job.step} "
+            "(its own checkpoint?): training on would mix two positions; load your own "
+            "checkpoint before job.restore()/job.epochs(), or leave resuming to elastic-ring "
+            "(docs/worker.md, 'A script's own checkpoints')")
 
 
 class StopSegment(BaseException):
@@ -104,6 +116,7 @@ class HookedSteps:
         """Pre-hook: the script's code since the last step has run; stop here if agreed."""
         job = self.job
         if self.first_step is None:  # the segment's first step
+            check_restored_weights(job)
             self.first_step = job.step + 1
             job.progress.begin_segment(job.current_lr())
             self.start_copies()
@@ -207,6 +220,16 @@ class HookedSteps:
         pos = data.position
         self.start_copies()
         first = start if pos.epoch is None else max(start, pos.epoch)
+        if pos.epoch is not None and start > pos.epoch:
+            # The script's own resume (its own checkpoint files) puts it further on than the state
+            # restored: starting at ``start`` would skip the rest of epoch ``pos.epoch`` and report
+            # the run finished over data never trained. The restored position wins (the weights,
+            # optimizer and data position are the tool's); say so once.
+            first = pos.epoch
+            job.progress.notice(
+                f"the script asked for epochs from {start}, but the restored checkpoint is at epoch "
+                f"{pos.epoch} (step {job.step}): training from epoch {pos.epoch} (the script's own "
+                "resume is ignored under elastic-ring; see docs/worker.md, 'A script's own checkpoints')")
         for epoch in range(first, stop):
             if pos.epoch != epoch:  # a new epoch: its data from the start
                 pos.epoch, pos.pos = epoch, 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Iterator
 
+from elastic_ring.worker.hooked import check_restored_weights
 from elastic_ring.worker.survive import memory_copy
 
 
@@ -41,6 +42,7 @@ def _segment_steps(job: Any) -> Iterator[int]:
         step += 1
         seg.current = step
         if first:  # before the step: the LR it runs with, unless it sets the LR itself
+            check_restored_weights(job)
             progress.begin_segment(job.current_lr())
         yield step
         seg.step = step

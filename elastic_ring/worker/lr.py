@@ -173,3 +173,39 @@ def scale_lr_state(optimizer: Any, schedulers: "list[Any] | tuple[Any, ...]", fa
 def rule_factor(rule: ScalingRule, w_last: int, w_new: int) -> float:
     """The multiplicative factor of a scaling rule from ``w_last`` to ``w_new`` workers."""
     return rule.scale(1.0, w_last, w_new)
+
+
+# ---------------------------------------------------------------------- a script's own rule (auto)
+# ``--lr-scaling auto`` (a script's default): the LR follows the script's own dependence on the world
+# size, read from the LR its optimizer is built with at each size it ran at (before a checkpoint is
+# loaded into it): a script built with ``lr=base * hvd.size()`` scales linearly (Eq. 7), one built
+# with ``lr=base`` does not scale (pytorch/examples' mnist under torchrun).
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
+
+
+def _classify(ratio: float, w_last: int, w_new: int) -> str | None:
+    """The named rule whose factor from ``w_last`` to ``w_new`` workers is ``ratio`` (None: none)."""
+    for name in ("none", "linear", "sqrt"):
+        if _close(ratio, rule_factor(RULES[name], w_last, w_new)):
+            return name
+    return None
+
+
+def script_rule(built: dict[int, float], w_last: int, w_new: int) -> tuple[str, float]:
+    """(the rule's name, its factor) from ``w_last`` to ``w_new`` workers for a script whose
+    optimizer was built with LR ``built[w]`` at ``w`` workers: ``auto:<rule>`` where the two
+    sizes' LRs are known (their ratio; ``auto:x<ratio>`` when no named rule gives it) or two
+    other sizes' name a rule; ``auto:unknown`` with Eq. 7's factor when one size alone was seen."""
+    if built.get(w_last) and w_new in built:
+        ratio = built[w_new] / built[w_last]
+        name = _classify(ratio, w_last, w_new)
+        return (f"auto:{name}" if name else f"auto:x{ratio:.4g}"), ratio
+    sizes = sorted(w for w, lr in built.items() if lr)
+    if len(sizes) >= 2:
+        a, b = sizes[0], sizes[-1]
+        name = _classify(built[b] / built[a], a, b)
+        if name:
+            return f"auto:{name}", rule_factor(RULES[name], w_last, w_new)
+    return "auto:unknown", rule_factor(RULES["linear"], w_last, w_new)

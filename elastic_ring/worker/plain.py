@@ -9,7 +9,15 @@ process, a process group of one (so that ``DistributedDataParallel`` and ``dist.
 as under torchrun with one worker). One GPU per local rank; ``restore()`` broadcasts rank 0's
 weights and optimizer state (the broadcasts it replaced), ``job.epochs(a, b)`` is ``range(a, b)``,
 the drop-in sampler is torch's ``DistributedSampler``; no stop, no checkpoint, no event.
-``job.steps()`` needs a length there: ``ELASTIC_RING_STEPS`` (the flat loop's ``--steps``).
+``job.steps()`` needs a length there: ``ELASTIC_RING_STEPS`` (the flat loop's ``--steps``); without
+it the script ends with that one line (:class:`~elastic_ring.worker.errors.NotLaunchedError`,
+printed without a traceback, as are the library's :class:`~elastic_ring.worker.errors.ContractError`
+lines: :func:`one_line_errors`).
+
+CPU threads as under the tool (:func:`plain_threads`): where ``OMP_NUM_THREADS`` is not set (by
+the user, or by the launcher: torchrun sets it, horovodrun does not), each process takes this
+host's cores shared by its local workers (``ELASTIC_RING_CPU_THREADS`` overrides), as a worker of
+`elastic-ring train` does, and rank 0 says so in one line.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from elastic_ring.worker.errors import ContractError, NotLaunchedError
 from elastic_ring.worker.sampler import Sampler
 
 STEPS_ENV = "ELASTIC_RING_STEPS"
+OMP_ENV = "OMP_NUM_THREADS"
 _HOROVODRUN_KEYS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")  # horovodrun's, mpirun's ranks
 _TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -67,10 +76,19 @@ class PlainJob:
 
     def __init__(self, collective: str | None = None) -> None:
         self.hvd: Any = None
+        one_line_errors()
         if (collective or plain_collective()) == "torch":
             self._start_torch()
         else:
             self._start_horovod()
+        threads = plain_threads(self.local_size)
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads[0])
+            if self.rank == 0:
+                print(f"elastic-ring: {threads[0]} CPU thread(s) per worker: {threads[1]} (as under "
+                      f"elastic-ring train; {OMP_ENV} sets another)", file=sys.stderr, flush=True)
         raw = os.environ.get(STEPS_ENV, "").strip()
         self.total_steps = int(raw) if raw.isdigit() else None
         self.stop_at = self.total_steps
@@ -228,6 +246,45 @@ class PlainJob:
         if self._optimizer is not None and self._optimizer.param_groups:
             return float(self._optimizer.param_groups[0]["lr"])
         return float("nan")
+
+
+def plain_threads(local_size: int, env: Mapping[str, str] | None = None) -> tuple[int, str] | None:
+    """(intra-op threads, why) of a process of a script run without the tool, by the tool's rule
+    (:func:`elastic_ring.protocol.cpu_threads`: ``ELASTIC_RING_CPU_THREADS``, else this process's
+    cores shared by the ``local_size`` workers of its host); None where ``OMP_NUM_THREADS`` is set
+    and ``ELASTIC_RING_CPU_THREADS`` is not (the user's count, or the launcher's, stands)."""
+    from elastic_ring import protocol
+
+    env = os.environ if env is None else env
+    ours = env.get(protocol.CPU_THREADS_ENV, "").strip()
+    if ours.isdigit() and int(ours) > 0:
+        return int(ours), f"{protocol.CPU_THREADS_ENV}={ours}"
+    if env.get(OMP_ENV, "").strip():
+        return None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    n = max(1, cores // max(1, local_size))
+    return n, f"this host's {cores} core(s) shared by its {local_size} worker(s)"
+
+
+def one_line_errors() -> None:
+    """The library's own errors (:class:`NotLaunchedError`, :class:`ContractError`), uncaught by a
+    script run without the tool, end it with their one line instead of a traceback (exit status 1,
+    as any uncaught exception); every other exception is reported as before."""
+    before = sys.excepthook
+    if getattr(before, "elastic_ring", False):
+        return
+
+    def hook(kind, exc, tb):
+        if issubclass(kind, (NotLaunchedError, ContractError)):
+            print(f"elastic-ring: error: {exc}", file=sys.stderr, flush=True)
+        else:
+            before(kind, exc, tb)
+
+    hook.elastic_ring = True
+    sys.excepthook = hook
 
 
 def _device(local_rank: int) -> Any:

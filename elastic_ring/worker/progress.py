@@ -109,6 +109,8 @@ class Progress:
         self.eval_hook: Callable[[int], dict[str, float] | None] | None = None
         self.lr_used: float | None = None  # the LR before the segment's first step
         self.lr_stepped: float | None = None  # the LR its optimizer step really ran with
+        # this segment's LR rescale at a new size: (the rule applied, the LR it left); None: none
+        self.rescaled: Callable[[], tuple[str, float | None] | None] = lambda: None
         self.last_loss = float("nan")
         self._events = None
         self._beat = None  # this rank's heartbeat (controller.watchdog), opened at its first step
@@ -134,6 +136,16 @@ class Progress:
         from elastic_ring.events.api import ErrorEvent
 
         self.emit(ErrorEvent(message=msg, rank=self.ring.rank, segment=self.seg.number))
+
+    def notice(self, msg: str) -> None:
+        """Something the user must know that is not a failure (rank 0: the console and a ``notice``
+        event; the other ranks stay quiet, as they take the same decision)."""
+        if self.ring.rank != 0:
+            return
+        print(f"elastic-ring worker: {msg}", file=sys.stderr, flush=True)
+        from elastic_ring.events.api import Notice
+
+        self.emit(Notice(message=msg, rank=self.ring.rank, segment=self.seg.number))
 
     def heartbeat(self, step: int, phase: str) -> None:
         """Tell the controller's stall watchdog this rank's step and phase (one ``pwrite``)."""
@@ -168,10 +180,11 @@ class Progress:
         from elastic_ring.events.api import FirstStep
 
         self.check_threads()
+        rule, lr_rule = self.rescaled() or (None, None)
         self.emit(FirstStep(segment=self.seg.number, world_size=self.ring.size, step=step,
                             since_launch_s=now - self.start.t_start,
                             lr=self.lr_stepped if self.lr_stepped is not None else self.lr_used,
-                            phases=self.start.phases()))
+                            phases=self.start.phases(), rule=rule, lr_rule=lr_rule))
         self.window = _Window(t0=time.time())
 
     def check_threads(self) -> None:

@@ -8,7 +8,8 @@ TARGET is a script path (run as ``__main__``, as ``python SCRIPT`` would) or a m
 entry point:
 
 - hands the launch settings to the worker library (``ELASTIC_RING_*`` variables; the rest of them
-  come from the ``worker`` entry of ``DIR/run.json``);
+  come from the ``worker`` entry of ``DIR/run.json``), and changes to the folder `train` was run in
+  (its ``cwd``): the script's relative paths are the user's;
 - runs a script written for Horovod Elastic (``@hvd.elastic.run``) unchanged, with elastic-ring
   behind those names (:mod:`elastic_ring.worker.hvd_elastic`);
 - runs an epoch-loop script again in this process for each segment it joins in a ring re-formed
@@ -197,12 +198,26 @@ def _launch_info(a: argparse.Namespace) -> tuple[LaunchInfo, float]:
                       controller_host=a.controller_host,
                       **{k: v for k, v in ws.items() if k in LaunchInfo.__dataclass_fields__})
     os.environ.update(info.to_env())
+    _enter(info.cwd)
     from elastic_ring.worker.collective import torchrun_env_from_horovodrun
 
     torchrun_env_from_horovodrun()  # --collective torch on several hosts: launched by horovodrun
     if a.inplace or a.ring_by_controller:  # the ring's kind (worker.ring.ring_from_env)
         os.environ[INPLACE_ENV] = RING_BY_CONTROLLER if a.ring_by_controller else "1"
     return info, init_timeout_s
+
+
+def _enter(cwd: str) -> None:
+    """Run the script in ``cwd``, the folder `elastic-ring train` was run in, whatever folder the
+    launcher started this process in: its relative paths mean what they mean under ``python
+    SCRIPT`` there. A host without that folder (another machine) stays where it was, and says so."""
+    if not cwd:
+        return
+    try:
+        os.chdir(cwd)
+    except OSError as e:
+        print(f"elastic-ring worker: cannot run in {cwd} ({e.strerror}): running in {os.getcwd()}",
+              file=sys.stderr, flush=True)
 
 
 def _run_script(target: str, args: list[str]) -> None:

@@ -1,7 +1,8 @@
 """The state that survives a resize, and its sync (:class:`StateSync`): what the script registered
 (model, optimizer, schedulers, extras, the data position), rank 0's checkpoint loaded into it,
 rank 0's state sent to every rank at a start or an in-place reset, and the LR rule at a new world
-size (Eq. 7, ``lr_new = w_new / w_last * lr_last``, or the script's own hooks).
+size (Eq. 7, ``lr_new = w_new / w_last * lr_last``, the script's own scaling with ``--lr-scaling auto``,
+or the script's own hooks).
 
 What a checkpoint holds of the script's objects, and how it is put back, is
 :mod:`elastic_ring.worker.state`.
@@ -18,7 +19,7 @@ from elastic_ring.worker.segment import Segment
 from elastic_ring.worker.state import (_bind_scheduler, _distributed_optimizers, _restore_in_place, _rng_state,
                                        _saved_form, _set_rng_state)
 
-_META_KEYS = ("step", "cursor", "world_size", "lr_factor", "extras", "schedulers", "data_position")
+_META_KEYS = ("step", "cursor", "world_size", "lr_factor", "extras", "schedulers", "data_position", "built_lrs")
 
 
 def is_adasum(optimizer: Any, hvd: Any) -> bool:
@@ -30,6 +31,14 @@ def is_adasum(optimizer: Any, hvd: Any) -> bool:
         return True
     fn = getattr(type(optimizer), "synchronize", None)
     return getattr(fn, "__qualname__", "").startswith("_DistributedAdasumOptimizer")
+
+
+def _weights_sum(p: Any) -> float:
+    """The sum of a tensor's values in float64: the same tensor gives the same sum."""
+    import torch
+
+    with torch.no_grad():
+        return float(p.detach().double().sum().item())
 
 
 class StateSync:
@@ -52,6 +61,29 @@ class StateSync:
         self.saved_rng: dict[str, Any] | None = None  # the RNG state to checkpoint (epoch loop)
         self.syncing = False  # inside a broadcast, which steps a fresh optimizer once
         self._unscaled: tuple[float, float] | None = None
+        self._restored_weights: list[tuple[Any, int, float]] | None = None
+        # the LR the script builds its optimizer with at each world size it ran at (before a
+        # checkpoint is loaded into it): what --lr-scaling auto follows (lr.script_rule)
+        self.built_lrs: dict[int, float] = {}
+        # this segment's rescale: (the rule applied, the LR it left in the optimizer); None: none
+        self.rescaled: tuple[str, float | None] | None = None
+
+    # ------------------------------------------------------------------ the restored weights kept
+    def remember_restored_weights(self) -> None:
+        """After a resume: note each registered parameter's version counter and sum, so that
+        :meth:`restored_weights_overwritten` can tell whether the script wrote other weights over
+        the restored ones (its own checkpoint loaded after ``restore()``). Costs one pass over the
+        weights per resume."""
+        self._restored_weights = None
+        if self.resumed and self.model is not None and hasattr(self.model, "parameters"):
+            self._restored_weights = [(p, p._version, _weights_sum(p)) for p in self.model.parameters()]
+
+    def restored_weights_overwritten(self) -> bool:
+        """True once, if a parameter restored by the last resume now holds other values (an
+        in-place write that leaves the values, such as a broadcast of equal weights, does not
+        count). Asked before the first optimizer step after the resume."""
+        kept, self._restored_weights = self._restored_weights, None
+        return any(p._version != v and _weights_sum(p) != d for p, v, d in kept or ())
 
     # ------------------------------------------------------------------ registration
     def register(self, model=None, optimizer=None, scheduler=None, hooks: tuple = (), **extras: Any) -> None:
@@ -97,6 +129,7 @@ class StateSync:
     def load(self, ckpt: dict[str, Any]) -> dict[str, Any]:
         """Rank 0: a checkpoint into the model, the optimizer and the RNGs; returns the counters
         and the rest, to be synced (:meth:`sync`)."""
+        built = self.current_lr()  # as the script built it at this size, before the checkpoint's
         if self.model is not None:
             self.model.load_state_dict(ckpt["model"])
         if self.optimizer is not None and ckpt.get("optimizer") is not None:
@@ -104,7 +137,7 @@ class StateSync:
         if ckpt.get("rng") is not None:
             _set_rng_state(ckpt["rng"])
             self.epoch_data.resume_rng = ckpt["rng"]  # again where an epoch loop's loader resumes (data.py)
-        return {k: ckpt.get(k) for k in _META_KEYS}
+        return {**{k: ckpt.get(k) for k in _META_KEYS}, "built_lr_now": built}
 
     def snapshot(self, step: int, into: dict[str, Any] | None = None) -> dict[str, Any]:
         """A CPU snapshot of everything a resume needs (taken on the training thread); ``into``: an
@@ -118,7 +151,7 @@ class StateSync:
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "rng": self.saved_rng or _rng_state(), "extras": self.saved_extras(), "segment": self.seg.number,
             "schedulers": [sch.state_dict() for sch in self.schedulers],
-            "data_position": self.epoch_data.position.state(),
+            "data_position": self.epoch_data.position.state(), "built_lrs": dict(self.built_lrs),
         }, into)
 
     def live_meta(self, next_segment: int, stop_at: int) -> dict[str, Any]:
@@ -126,7 +159,8 @@ class StateSync:
         return {"step": self.seg.step, "cursor": self.sampler.cursor if self.sampler is not None else 0,
                 "world_size": self.ring.size, "lr_factor": self.lr_factor, "extras": self.saved_extras(),
                 "schedulers": [sch.state_dict() for sch in self.schedulers],
-                "data_position": self.epoch_data.position.state(), "segment": next_segment, "stop_at": stop_at}
+                "data_position": self.epoch_data.position.state(), "segment": next_segment, "stop_at": stop_at,
+                "built_lrs": dict(self.built_lrs)}
 
     def saved_extras(self) -> dict[str, Any]:
         return {k: _saved_form(v) for k, v in self.extras.items()}
@@ -137,6 +171,7 @@ class StateSync:
         (and the LR rule when the world size differs from the one ``meta`` was saved at). ``local``:
         this process is the whole ring, resized in place: nothing to send, only apply."""
         coll = self.ring.coll
+        self.rescaled = None
         self.syncing = True  # Horovod's broadcast of a fresh optimizer's state steps it once
         try:
             if not local:
@@ -149,6 +184,8 @@ class StateSync:
             self.syncing = False
         if meta is not None:
             self._apply(meta)
+        elif self.optimizer is not None:  # a fresh start: the LR as the script built it at this size
+            self.built_lrs[self.ring.size] = self.current_lr()
 
     def _apply(self, meta: dict[str, Any]) -> None:
         seg = self.seg
@@ -156,6 +193,10 @@ class StateSync:
         seg.step = int(meta["step"])
         self.previous_world = int(meta["world_size"])
         self.lr_factor = float(meta.get("lr_factor") or 1.0)
+        self.built_lrs = {int(w): float(lr) for w, lr in (meta.get("built_lrs") or {}).items()}
+        now = meta.get("built_lr_now")  # the script built its optimizer again, at this size
+        if now is not None and now == now and self.optimizer is not None:
+            self.built_lrs[self.ring.size] = float(now)
         for key, saved in (meta.get("extras") or {}).items():
             self.extras[key] = _restore_in_place(self.extras.get(key), saved)
         saved_scheds = meta.get("schedulers")  # None: a checkpoint from before schedulers
@@ -180,20 +221,27 @@ class StateSync:
         """Eq. 7 (the run's rule) from ``old`` to ``new`` workers: the optimizer's LRs and all that
         the registered schedulers scale from (:func:`elastic_ring.worker.lr.scale_lr_state`), or
         the script's ``on_resize`` hooks instead."""
-        from elastic_ring.worker.lr import RULES, rule_factor, scale_lr_state
+        from elastic_ring.worker.lr import RULES, rule_factor, scale_lr_state, script_rule
 
-        rule = RULES[self.lr_rule]
         if not self.resize_hooks and is_adasum(self.optimizer, self.ring.hvd):
             self._say_adasum()  # the script chose a reduction that does not scale: keep its LR
+            self.rescaled = ("adasum", self.current_lr())
             return
-        self._unscaled = (self.lr_factor, rule_factor(rule, old, new))
-        self.lr_factor = rule.scale(self.lr_factor, old, new)
-        if self.resize_hooks:
+        if self.lr_rule == "auto":
+            name, factor = script_rule(self.built_lrs, old, new)
+        else:
+            name, factor = self.lr_rule, rule_factor(RULES[self.lr_rule], old, new)
+        self._unscaled = (self.lr_factor, factor)
+        self.lr_factor *= factor
+        if self.resize_hooks:  # the script owns the LR (its hooks, Horovod Elastic's reset callbacks)
             self._unscaled = None
             for fn in self.resize_hooks:
                 fn(old, new, self.seg.step)
-        elif self.optimizer is not None or self.schedulers:
-            scale_lr_state(self.optimizer, self.schedulers, rule_factor(rule, old, new))
+            self.rescaled = ("on_resize", None)
+            return
+        if self.optimizer is not None or self.schedulers:
+            scale_lr_state(self.optimizer, self.schedulers, factor)
+        self.rescaled = (name, self.current_lr())
 
     def _say_adasum(self) -> None:
         if self.ring.rank == 0:
@@ -209,4 +257,5 @@ class StateSync:
             before, factor = self._unscaled
             scale_lr_state(self.optimizer, self.schedulers, 1.0 / factor)
             self.lr_factor, self._unscaled = before, None
+            self.rescaled = ("adasum", self.current_lr())
             self._say_adasum()

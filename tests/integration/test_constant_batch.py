@@ -1,4 +1,4 @@
-"""A resize that does not change the training (``--scaling constant-batch``), end to end with real
+"""A resize that does not change the training (``--lr-scaling constant-batch``), end to end with real
 horovodrun (gloo, CPU workers) and torch.distributed (DDP), against the unresized run.
 
 The built-in ResNet-8 (width 4) on 40 synthetic samples, a global batch of 32 in micro-batches of 8,
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.integration
 TINY = ["--dataset", "synthetic", "--set", "synthetic_size=40", "--depth", "8", "--set", "width=4",
         "--batch-size", "8", "--set", "throughput_window=2", "--set", "trace_samples=true",
         "--set", "augment=true", "--slots", "4", "--steps", "12", "--gpus", "1"]
-CONSTANT = ["--scaling", "constant-batch", "--global-batch", "32"]
+CONSTANT = ["--lr-scaling", "constant-batch", "--global-batch", "32"]
 RESIZED = ["--schedule", "3:2,6:4,9:1"]  # 1 -> 2 -> 4 -> 1 workers
 LOSS_RTOL = 1e-5
 WEIGHT_ATOL = 1e-5
@@ -135,7 +135,7 @@ def test_a_job_steps_script_with_micro_batches_trains_as_unresized(tmp_path):
     for name, sched in (("base", []), ("resized", ["--schedule", "3:2,6:4,9:3"])):
         folder = tmp_path / name
         p = run_cli("train", "--script", script, "--steps", "12", "--gpus", "1", "--slots", "4", *sched,
-                    "--scaling", "constant-batch", "--global-batch", "64", "--run-dir", str(folder / "run"),
+                    "--lr-scaling", "constant-batch", "--global-batch", "64", "--run-dir", str(folder / "run"),
                     "--", "--batch-size", "16", "--trace", str(folder / "run" / "trace"), timeout=300)
         assert p.returncode == 0, p.stdout + p.stderr
         runs[name] = (folder / "run", p)
@@ -154,7 +154,7 @@ def _epoch_run(folder: Path, *args: str) -> tuple[Path, subprocess.CompletedProc
 
     run = folder / "run"
     p = run_cli("train", "--script", str(ROOT / "examples" / "mlp_epochs.py"), "--gpus", "1", "--slots", "4",
-                *args, "--scaling", "constant-batch", "--global-batch", "128", "--run-dir", str(run),
+                *args, "--lr-scaling", "constant-batch", "--global-batch", "128", "--run-dir", str(run),
                 "--", "--epochs", "2", "--batch-size", "32", "--trace", str(folder / "trace"), timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     return run, p

@@ -259,7 +259,7 @@ def test_the_torch_ring_formed_by_the_controller_adopts_its_go_and_retires_when_
 # ---------------------------------------------------------------------- the launcher and the request
 def test_make_launch_gives_the_local_backend_for_torch(tmp_path):
     spec = types.SimpleNamespace(run_dir=tmp_path, script=None, script_args=("--x",), extra_env={},
-                                 device="cpu", slots=2, hosts=None, hostfile=None)
+                                 device="cpu", slots=2, hosts=None, hostfile=None, cwd="")
     backend, resize = make_launch(LaunchOptions(relaunch="overlap", collective="torch"), spec)
     assert isinstance(backend, local.LocalBackend) and resize == Relaunch("overlap")
     cmd = local.launcher_command(spec, SegmentLaunch(2, 3, 40, "me", go_file=tmp_path / "go"))
@@ -393,7 +393,7 @@ def _local_ring(tmp_path):
 
     spec = types.SimpleNamespace(run_dir=tmp_path, script=None, script_args=(), extra_env={}, device="cpu",
                                  hosts=None, hostfile=None,
-                                 slots=2)
+                                 slots=2, cwd="")
     launcher, stores = FakeLauncher(), FakeStores()
     return LocalRingBackend(spec, launcher=launcher, rings=stores.former), launcher
 
@@ -402,7 +402,7 @@ def test_make_launch_gives_the_local_ring_for_torch_inplace(tmp_path):
     from elastic_ring.controller.backends import InPlace
 
     spec = types.SimpleNamespace(run_dir=tmp_path, script=None, script_args=(), extra_env={}, device="cpu", slots=2,
-                                 hosts=None, hostfile=None)
+                                 hosts=None, hostfile=None, cwd="")
     backend, resize = make_launch(LaunchOptions(relaunch="inplace", collective="torch"), spec)
     assert isinstance(backend, local.LocalRingBackend) and isinstance(resize, InPlace)
 

@@ -449,3 +449,26 @@ def test_epoch_loop_stop_requested_cap_and_finish(tmp_path, monkeypatch, distrib
     job = make_job(tmp_path / "c", monkeypatch, size=1, stop_at=10**9, total=protocol.NO_STEP_LIMIT)
     with pytest.raises(api.ContractError, match="--steps"):
         next(iter(job.steps()))
+
+
+def test_restored_weights_overwritten_only_by_other_values():
+    """The check behind the one-line stop of a script that loads its own checkpoint after restore():
+    an in-place write of equal values (a broadcast from rank 0) is not an overwrite, other values
+    are, a fresh start (nothing restored) is never checked, and the answer is given once."""
+    st = sync.StateSync(ring=None, seg=None, lr_rule="linear")
+    model = torch.nn.Linear(3, 2)
+    st.model = model
+    st.remember_restored_weights()  # not resumed: nothing kept
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    assert not st.restored_weights_overwritten()
+    st.resumed = True
+    st.remember_restored_weights()
+    with torch.no_grad():
+        model.weight.copy_(model.weight.clone())  # a broadcast of the same weights bumps the version only
+    assert not st.restored_weights_overwritten()
+    st.remember_restored_weights()
+    other = torch.nn.Linear(3, 2).state_dict()
+    model.load_state_dict(other)
+    assert st.restored_weights_overwritten()
+    assert not st.restored_weights_overwritten()  # once

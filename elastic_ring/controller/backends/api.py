@@ -18,7 +18,7 @@ from typing import Protocol
 
 from elastic_ring import protocol
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[3]  # the folder that holds the elastic_ring package
 BUILTIN_TARGET = "elastic_ring.train.worker"
 
 
@@ -143,6 +143,17 @@ def worker_entry() -> list[str]:
     return [sys.executable, "-u", "-m", "elastic_ring.worker.run"]
 
 
+def package_path(pythonpath: str) -> str:
+    """``PYTHONPATH`` with the folder this package is imported from added (last) where it is a
+    checkout's: the workers' ``python -m elastic_ring...`` commands run in the user's folder
+    (``RunSpec.cwd``), not the checkout's, and must import this same package there. An installed
+    package (site-packages) needs nothing."""
+    parts = [p for p in pythonpath.split(os.pathsep) if p]
+    if "site-packages" in ROOT.parts or "dist-packages" in ROOT.parts or str(ROOT) in parts:
+        return pythonpath
+    return os.pathsep.join([*parts, str(ROOT)])
+
+
 def threads_env(device: str, threads: int) -> dict[str, str]:
     """The thread settings of a worker given ``threads`` cores (:func:`elastic_ring.protocol.cpu_threads`),
     the same under every launcher."""
@@ -159,6 +170,7 @@ def worker_env(spec, world: int, elastic: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env.update(spec.extra_env)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env["PYTHONPATH"] = package_path(env.get("PYTHONPATH", ""))
     if elastic:  # a joining worker's start-up happens inside the ring's init
         env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "300")
     for k, v in threads_env(spec.device, protocol.cpu_threads(world)).items():

@@ -167,7 +167,7 @@ class ElasticBackend:
         self.survive = survive  # survivors of a failure go on from their copy in memory
         self._rollback: int | None = None  # the step the next in-place resize rolls the survivors back to
         self._handle: _Watched | None = None
-        self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu")
+        self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu", cwd=spec.cwd)
         self.network_interface = network_interface
         self.hosts_written = 0.0  # when the discovery file last changed
         self.refused: str | None = None  # why the last failure's survivors did not go on from memory

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from elastic_ring.controller import hvdrun
-from elastic_ring.controller.backends.api import (BUILTIN_TARGET, ROOT, Handle, Launcher, SegmentLaunch,
+from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Handle, Launcher, SegmentLaunch,
                                                   Started, rank_named_in_log, worker_entry, worker_env)
 
 _FIRST_FAILED = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
@@ -24,10 +24,13 @@ _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 class SubprocessLauncher:
     """Starts horovodrun in its own process group, output to a log file. ``fork_server``: the
     workers it starts on this host fork from this controller's zygote
-    (:mod:`elastic_ring.worker.zygote`; CPU runs)."""
+    (:mod:`elastic_ring.worker.zygote`; CPU runs). ``cwd``: the folder it starts in (the run's
+    ``RunSpec.cwd``, where the user ran `train`; "" or None: this process's), which the workers
+    inherit (and change to again themselves: ``LaunchInfo.cwd``)."""
 
-    def __init__(self, fork_server: bool = False) -> None:
+    def __init__(self, fork_server: bool = False, cwd: str | None = None) -> None:
         self.fork_server = fork_server
+        self.cwd = cwd or None
 
     class _H:
         def __init__(self, p: subprocess.Popen, log) -> None:
@@ -67,7 +70,7 @@ class SubprocessLauncher:
             env[zygote.ENV] = name
         log = open(log_path, "ab")
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                             start_new_session=True, cwd=str(ROOT))
+                             start_new_session=True, cwd=self.cwd)
         return self._H(p, log)
 
 
@@ -150,7 +153,7 @@ class HorovodrunBackend:
     def __init__(self, spec, launcher: Launcher | None = None, network_interface: str | None = None,
                  host_probe: Callable[[list[tuple[str, int]]], list[tuple[str, int]]] | None = None) -> None:
         self.spec = spec
-        self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu")
+        self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu", cwd=spec.cwd)
         self.network_interface = network_interface
         self.host_probe = host_probe or probe_hosts
         self.hosts_override: str | None = None

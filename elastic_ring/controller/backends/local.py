@@ -82,7 +82,7 @@ class LocalBackend:
         from elastic_ring.controller.backends.horovodrun import SubprocessLauncher
 
         self.spec = spec
-        self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu")
+        self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu", cwd=spec.cwd)
 
     def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
         cmd = launcher_command(self.spec, launch)
@@ -239,7 +239,7 @@ class LocalRingBackend:
         from elastic_ring.controller.backends.torch_ring import TorchRingFormer
 
         self.spec = spec
-        self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu")
+        self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu", cwd=spec.cwd)
         self.rings = rings or TorchRingFormer(lambda: MASTER_ADDR)
         self.survive = survive  # survivors of a failure go on from their copy in memory
         self.refused: str | None = None  # why the last failure's survivors did not go on from memory
