@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli, shared_dir
+from tests.conftest import ROOT, run_cli, shared_dir
 
 pytestmark = pytest.mark.integration
 
@@ -128,8 +128,6 @@ def test_a_job_steps_script_with_micro_batches_trains_as_unresized(tmp_path):
     """The script form (``examples/mlp_constant_batch.py``: ``job.steps()`` over
     ``job.micro_batches``), 1 -> 2 -> 4 -> 3 workers (3: uneven shares of 4 micro-batches) against
     the unresized run of the same global batch; the same tolerances (a float32 MLP)."""
-    from tests.conftest import ROOT
-
     script = str(ROOT / "examples" / "mlp_constant_batch.py")
     runs = {}
     for name, sched in (("base", []), ("resized", ["--schedule", "3:2,6:4,9:3"])):
@@ -150,8 +148,6 @@ def test_a_job_steps_script_with_micro_batches_trains_as_unresized(tmp_path):
 
 
 def _epoch_run(folder: Path, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
-    from tests.conftest import ROOT
-
     run = folder / "run"
     p = run_cli("train", "--script", str(ROOT / "examples" / "mlp_epochs.py"), "--gpus", "1", "--slots", "4",
                 *args, "--lr-scaling", "constant-batch", "--global-batch", "128", "--run-dir", str(run),
