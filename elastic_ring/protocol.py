@@ -151,6 +151,7 @@ class LaunchInfo:
     checkpoint_every_s: float = 0.0  # seconds between periodic checkpoints (0: none)
     keep: int = 2
     lr_scaling: str = "linear"
+    global_batch: int = 0  # lr_scaling constant-batch: samples per step at every world size
     control_every: int = 1
     throughput_window: int = 20
     eval_every: int = 0

@@ -76,8 +76,10 @@ class Controller:
                  max_restarts: int = 3,
                  host_probe: Callable[[list[tuple[str, int]]], list[tuple[str, int]]] | None = None,
                  plan: Plan | None = None, backend: Backend | None = None, resize: ResizeStrategy | None = None,
-                 stall_timeout: float | None = None, lr_decays: tuple[int, ...] = ()) -> None:
+                 stall_timeout: float | None = None, lr_decays: tuple[int, ...] = (),
+                 constant_batch: tuple[int, int] | None = None) -> None:
         self.lr_decays = tuple(lr_decays)  # steps after which the schedule decays the LR (shown at a resize)
+        self.constant_batch = constant_batch  # (global batch, micro-batch): the layout shown at a resize
         # a script's "auto" (its own scaling) is decided by the workers: Eq. 7 is the reference here
         self.spec, self.rule, self.clock, self.poll_s = spec, RULES.get(lr_scaling, RULES["linear"]), clock, poll_s
         self.out = out or (lambda s: print(s, file=sys.stderr, flush=True))
@@ -345,7 +347,9 @@ class Controller:
         if new_world < world:
             self.plan.add(ck, new_world, "restart")
             self._save_plan()
-            self.out(f"only {usable} slot(s) answer: restarting at {new_world} worker(s) (LR by the run's rule)")
+            self.out(f"only {usable} slot(s) answer: restarting at {new_world} worker(s) "
+                     + (f"(LR unchanged: {self._layout(new_world)})" if self.constant_batch else
+                        "(LR by the run's rule)"))
         self._transition = "restarting"
         self._set_state(RunState.RESTARTING, step=ck, world_size=new_world, segment=seg.index + 1,
                         pending_world=None, resize_from=None)
@@ -453,7 +457,18 @@ class Controller:
                              seg.log or segment_log(self.spec.run_dir, seg.index, seg.world))
         if rel is not None:
             self.display.resized(rel.from_workers, rel.to_workers, rel.step, rel.lr_last, rel.lr_new,
-                                 self.lr_decays)
+                                 self.lr_decays, layout=self._layout(rel.to_workers))
+
+    def _layout(self, world: int) -> str | None:
+        """A constant global batch's micro-batch layout at ``world`` workers (None: another rule)."""
+        if self.constant_batch is None:
+            return None
+        from elastic_ring.worker.accumulate import Layout
+
+        g, b = self.constant_batch
+        if not b:  # a script's: its micro-batch is its own batch
+            return f"global batch {g} shared by {world} worker(s) in the script's micro-batches"
+        return Layout(g, b, world).describe()
 
     def _resize_inplace(self, seg: Segment, step: int) -> None:
         """The workers paused at the end of the last segment go on at the new size: the backend
@@ -617,7 +632,7 @@ class Controller:
             rel = self.meter.first_step(seg.index, ev, seg.t_launch, prelaunched=seg.go_file is not None)
             if rel is not None:
                 self.display.resized(rel.from_workers, rel.to_workers, rel.step, rel.lr_last, rel.lr_new,
-                                     rule=rel.rule, lr_rule=rel.lr_rule)
+                                     rule=rel.rule, lr_rule=rel.lr_rule, layout=self._layout(rel.to_workers))
         elif isinstance(ev, Throughput):
             if ev.steps:
                 self.watchdog.add_step_time(float(ev.seconds) / int(ev.steps))

@@ -186,6 +186,9 @@ class Job:
     lr_factor = property(lambda self: self.state.lr_factor, doc="the product of all LR rescalings so far")
     extras = property(lambda self: self.state.extras)
     epoch_data = property(lambda self: self.state.epoch_data)
+    global_batch = property(lambda self: (self.info.global_batch or None) if self.info.lr_scaling ==
+                            "constant-batch" else None,
+                            doc="the run's constant global batch (--lr-scaling constant-batch), else None")
 
     @property
     def step(self) -> int:
@@ -293,6 +296,10 @@ class Job:
         if self.form == "steps":
             raise ContractError("job.epochs() and job.steps() in one script: use one of them")
         self.state.adopt_distributed_optimizer(hooks=self._hooks())
+        if self.global_batch:  # --lr-scaling constant-batch: the optimizer acts once per global batch
+            from elastic_ring.worker.accumulate import accumulate_epoch_loop
+
+            accumulate_epoch_loop(self, self.state.optimizer)
         return self.hooked.epochs(start, stop)
 
     def evaluating(self):
@@ -306,10 +313,26 @@ class Job:
         evaluation and the ``finished`` state, as at ``total_steps``. Any rank may call it."""
         self.vote.finish_requested = True
 
-    def sampler(self, size: int, batch_size: int, seed: int = 0) -> Sampler:
-        """The data position, saved with the state: see :class:`Sampler`."""
-        self.state.sampler = Sampler(self, size, batch_size, seed)
+    def sampler(self, size: int, batch_size: int, seed: int = 0, global_batch: int | None = None) -> Sampler:
+        """The data position, saved with the state: see :class:`Sampler`. ``global_batch``: the
+        samples of every step at any world size, in micro-batches of ``batch_size``
+        (:mod:`elastic_ring.worker.accumulate`); the default is the run's own (``elastic-ring train
+        --lr-scaling constant-batch --global-batch N``), else none."""
+        if global_batch is None and self.info.lr_scaling == "constant-batch":
+            global_batch = self.info.global_batch or None
+            if global_batch is None:
+                raise ContractError("a constant-batch run needs its global batch: job.sampler(..., "
+                                    "global_batch=N) or elastic-ring train --global-batch N")
+        self.state.sampler = Sampler(self, size, batch_size, seed, global_batch)
         return self.state.sampler
+
+    def micro_batches(self, sampler: Sampler, net: Any, optimizer: Any) -> Iterator[Any]:
+        """This rank's micro-batches of the step, each inside its backward pass's context: the
+        step's body for every rule (one micro-batch, the rank's batch, unless the global batch is
+        constant): see :func:`elastic_ring.worker.accumulate.micro_batches`."""
+        from elastic_ring.worker.accumulate import micro_batches
+
+        return micro_batches(sampler, net, optimizer)
 
     def on_resize(self, fn: Callable[[int, int, int], None]) -> None:
         """``fn(old_world, new_world, step)`` replaces the default LR rescaling at a new size."""
@@ -359,8 +382,11 @@ class Job:
         if loss is not None:
             w.loss_sum = w.loss_sum + (loss.detach() if hasattr(loss, "detach") else float(loss))
             w.loss_n += 1
-        if samples is None and self.state.sampler is not None:
-            samples = self.state.sampler.batch_size
+        sampler = self.state.sampler
+        if samples is None and sampler is not None:
+            samples = sampler.batch_size
+            if sampler.global_batch:  # G / world per step on average (the throughput counts rank 0's)
+                samples = sampler.layout().samples_at(self.seg.current or self.seg.step + 1)
         w.samples += int(samples or 0)
 
     def current_lr(self) -> float:
