@@ -108,6 +108,10 @@ def test_a_job_whose_folder_is_gone_fails_to_start_with_one_line(tmp_path, fake_
     assert not out.exists() and 1 not in runner._procs  # nothing started
     log = job_log(runner.dir, 1)
     assert failure_reason(log, tmp_path / "none.jsonl") == msg  # the log's error line says it too
+    assert "checkpoints" not in msg
+    # a paused job's resume: the same line, saying where its checkpoints stay
+    with pytest.raises(JobStartError, match=f"which is gone: .*; its checkpoints stay in {runner.dir}/jobs/2$"):
+        runner.start(_row(2, str(gone)), [0], 1, True)
 
 
 class _GoneRunner(FakeRunner):
