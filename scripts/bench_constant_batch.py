@@ -102,7 +102,8 @@ def main() -> None:
         a.out = Path(tempfile.gettempdir()) / "bench_constant_batch.quick.json" if a.quick else \
             ROOT / "results" / "bench_constant_batch.json"
     if a.rounds < 1 or a.steps < 4 * a.window or a.resize_steps < 10:
-        raise SystemExit("need --rounds >= 1, --steps >= 4 x --window (windows after the first) and --resize-steps >= 10")
+        raise SystemExit("need --rounds >= 1, --steps >= 4 x --window (windows after the first) "
+                         "and --resize-steps >= 10")
     load0 = os.getloadavg()[0]
     sides = ["plain", "constant-batch"]
     acc: dict[str, list[float]] = {s: [] for s in sides}
@@ -133,7 +134,8 @@ def main() -> None:
             **a_ratio, "target": "median paired ratio <= 1.03",
             "met": a_ratio["median_ratio"] <= 1.03},
         "resize": {
-            "what": "total_lost_s of the 1 -> 2 resize: constant-batch (global batch 2b) vs Eq. 7 (linear, b per worker)",
+            "what": "total_lost_s of the 1 -> 2 resize: constant-batch (global batch 2b) vs Eq. 7 "
+                    "(linear, b per worker)",
             "steps": a.resize_steps, "median_total_lost_s": {s: statistics.median(v) for s, v in lost.items()},
             "runs": rsz, **b_ratio, "target": "median paired ratio <= 1",
             "met": b_ratio["median_ratio"] <= 1.0},

@@ -71,12 +71,15 @@ def test_time_to_accuracy_is_the_first_evaluation_at_the_target():
 
 def test_rows_time_every_run_to_the_reference_accuracy_with_the_spread():
     d = ResizeDesign(config="x.yaml", w_init=1, w_new=2, resize_steps=(10,), rules=("linear", "constant-batch"))
-    mk = lambda curve, segs=((1, 1, 20),): run_metrics(_events(list(segs), curve[-1][0] + 1, curve), 8, 40)  # noqa: E731
+    def mk(curve, segs=((1, 1, 20),)):
+        return run_metrics(_events(list(segs), curve[-1][0] + 1, curve), 8, 40)
+
     resized = ((1, 1, 10), (2, 11, 20))
     runs = {
         "base-w1": [mk([(10.0, 10, 0.6), (20.0, 20, 0.905)]), mk([(12.0, 10, 0.6), (24.0, 20, 0.895)])],
         "base-w2": [mk([(8.0, 10, 0.7), (16.0, 20, 0.92)]), mk([(9.0, 10, 0.7), (18.0, 20, 0.91)])],
-        "resize-10": [mk([(10.0, 10, 0.6), (19.0, 20, 0.80)], resized), mk([(11.0, 10, 0.6), (21.0, 20, 0.90)], resized)],
+        "resize-10": [mk([(10.0, 10, 0.6), (19.0, 20, 0.80)], resized),
+                      mk([(11.0, 10, 0.6), (21.0, 20, 0.90)], resized)],
         "constant-batch-base-w1": [mk([(15.0, 10, 0.9), (30.0, 20, 0.93)]), mk([(16.0, 10, 0.88), (31.0, 20, 0.93)])],
         "constant-batch-resize-10": [mk([(15.0, 10, 0.9), (22.0, 20, 0.93)], resized), None],
     }
