@@ -26,7 +26,12 @@ def experiment() -> None:
 @click.option("--relaunch", type=click.Choice(["prelaunch", "overlap", "sequential"]), default=None,
               help="How a resize relaunches the workers, as in `train --relaunch` (design: relaunch; "
                    "default sequential, the paper's stop-checkpoint-restart).")
-def resize(design_path, repeats, out_dir, overrides, slots, device, relaunch):
+@click.option("--rules", default=None, metavar="RULE,RULE",
+              help="Run the rows under each batch rule and compare them (design: rules), e.g. "
+                   "linear,constant-batch: no resize, Eq. 7 and constant-batch under the same resizes, with "
+                   "the final test accuracy and the time to reach it per row (spread over --repeats seeds) "
+                   "and a plot, OUT/table2_rules.png.")
+def resize(design_path, repeats, out_dir, overrides, slots, device, relaunch, rules):
     """Table 2: baselines at w_init and w_new, and runs resized w_init -> w_new at each step.
 
     \b
@@ -34,6 +39,8 @@ def resize(design_path, repeats, out_dir, overrides, slots, device, relaunch):
         elastic-ring experiment resize --config configs/table2_cpu.yaml --repeats 2
     The paper's scale (8-GPU node, ResNet-110, 4 -> 8 GPUs at 5k and 10k steps):
         elastic-ring experiment resize --config configs/table2.yaml
+    No resize, Eq. 7 and constant-batch compared, 5 seeds:
+        elastic-ring experiment resize --config configs/table2_cpu.yaml --rules linear,constant-batch --repeats 5
 
     Every run is a real training run in OUT/runs/<row>-r<repeat>/. Writes OUT/table2.json and
     OUT/table2.md: steps, epochs, wall time, resize overheads, time saved against the w_init
@@ -44,5 +51,5 @@ def resize(design_path, repeats, out_dir, overrides, slots, device, relaunch):
     from elastic_ring.experiment.resize_runs import run_table2
 
     t2 = run_table2(design_path, repeats, out_dir, overrides, slots, device, relaunch,
-                    note=lambda m: click.echo(m, err=True))
+                    note=lambda m: click.echo(m, err=True), rules=rules)
     click.echo(t2.text())

@@ -56,8 +56,13 @@ from elastic_ring.sim.workload import builtin_workloads
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/simulate", show_default=True,
               help="Folder for table3.json, table3.md, jct.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of the table.")
+@click.option("--compare-rules", "compare_rules", type=float, default=None, metavar="GLOBAL_BATCH",
+              help="Instead of Table 3: run the same jobs with every job under Eq. 7 (linear) and under "
+                   "constant-batch with this global batch in samples (0: the per-worker batch x 8), and "
+                   "compare the strategies' allocations (rules.json, rules.md in --out).")
 def simulate(gpus, contention, strategies, remaining, seeds, tune_seeds, eval_seeds, srtf_powers, eval_workloads,
-             n_jobs, workloads, plan_workload, resize_overhead, min_hours, max_hours, out_dir, as_json):
+             n_jobs, workloads, plan_workload, resize_overhead, min_hours, max_hours, out_dir, as_json,
+             compare_rules):
     """Simulate a GPU cluster under scheduling policies and print Table 3.
 
     Jobs arrive as a Poisson process; each job's size is its run time alone on 8 GPUs, log-uniform
@@ -69,9 +74,14 @@ def simulate(gpus, contention, strategies, remaining, seeds, tune_seeds, eval_se
 
     Example: elastic-ring simulate --gpus 64 --contention all --seeds 10
     """
+    command = "elastic-ring simulate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [])
+    if compare_rules is not None:
+        _compare_rules(compare_rules, gpus, contention, strategies, remaining, seeds, eval_seeds, n_jobs,
+                       workloads, resize_overhead, min_hours, max_hours, out_dir, as_json, command)
+        return
     t3 = run_table3(gpus, contention, strategies, remaining, seeds, tune_seeds, eval_seeds, srtf_powers, eval_workloads,
                     n_jobs, workloads, plan_workload, resize_overhead, min_hours, max_hours, out_dir,
-                    command="elastic-ring simulate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else []))
+                    command=command)
     if as_json:
         click.echo(json.dumps({"meta": t3.meta, "summary": t3.summary}, indent=1))
         return
@@ -106,3 +116,18 @@ def _print_tables(t3: Table3) -> None:
                       f"table on seeds {seeds}")
     out = t3.out
     con.print(f"wrote {out / 'table3.json'}, {out / 'table3.md'}, {out / 'jct.png'}")
+
+
+def _compare_rules(global_batch, gpus, contention, strategies, remaining, seeds, eval_seeds, n_jobs, workloads,
+                   resize_overhead, min_hours, max_hours, out_dir, as_json, command) -> None:
+    """``--compare-rules``: :func:`elastic_ring.experiment.rules.run_rules`, its table printed."""
+    from elastic_ring.experiment.cluster_sim import parse_levels
+    from elastic_ring.experiment.rules import run_rules, table_lines
+
+    result, md = run_rules(global_batch, gpus, contention, strategies, remaining, seeds, eval_seeds, n_jobs,
+                           workloads, resize_overhead, min_hours, max_hours, out_dir, command)
+    if as_json:
+        click.echo(json.dumps({"meta": result["meta"], "summary": result["summary"]}, indent=1))
+        return
+    click.echo("\n".join(table_lines(result, parse_levels(contention), result["meta"]["strategies"])))
+    click.echo(f"wrote {md}, {md.with_suffix('.json')}")

@@ -16,6 +16,8 @@ The design (a YAML file; unknown keys are errors)::
                                      # sequential (the paper: old workers exit, then new ones start),
                                      # overlap, or prelaunch (new workers start before the stop)
     out: results/table2_cpu          # output folder (--out overrides)
+    rules: [linear, constant-batch]  # optional: every row under each batch rule (--rules overrides)
+    accuracy_margin: 0.005           # with rules: time each row to the reference's final accuracy - this
 
 ``--set KEY=VALUE`` changes a design key (``--set w_new=4``) or, for any other key, a training
 config key on top of ``overrides``; the file is read and checked like every config
@@ -26,6 +28,16 @@ S (w_init -> w_new after step S). Every row runs the same ``total_steps``, so a 
 workers also trains on more samples (the per-worker batch is fixed, as in the paper). With
 ``--set lr_scaling=constant-batch`` every row trains the same global batch instead (``global_batch``,
 by default ``batch_size`` x the larger of w_init and w_new; the workers accumulate micro-batches).
+
+Rules compared (``rules``, ``--rules linear,constant-batch``): the design's rows under each batch
+rule, in one experiment. ``linear`` (Eq. 7): the rows above, keys as without ``rules``;
+``constant-batch``: the no-resize run at w_init and each resized run, every one with the global
+batch ``batch_size`` x max(w_init, w_new) (keys ``constant-batch-...``); ``sqrt`` and ``none``: the
+rows of ``linear`` under that rule. Each row then also gets, per repeat, its final test accuracy's
+spread (min-max) and the time to reach an accuracy (:func:`time_to_accuracy`): the elapsed time
+from the first launch to the first evaluation at or above the target, the target being the
+reference row's (the first rule's no-resize run at w_init) mean final accuracy less
+``accuracy_margin`` (so every row is timed to the same accuracy).
 
 Per run, from its events alone (:func:`run_metrics`): steps; epochs = samples consumed / train
 set size, samples = sum over segments of steps * batch * workers; wall time = the ``finished``
@@ -45,7 +57,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from pydantic import Field, field_validator, model_validator
 
-from elastic_ring.config.base import Bool, ConfigModel, Int, IntTuple, Section, Str, load, parse_overrides
+from elastic_ring.config.base import Bool, ConfigModel, Float, Int, IntTuple, Section, Str, load, parse_overrides
 from elastic_ring.events.api import (Evaluation, Event, Finished, Launch, ResizeOverhead, SegmentEnd, Throughput,
                                      as_event)
 
@@ -66,6 +78,22 @@ class ResizeDesign(ConfigModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     out: Str = "results/table2"
     relaunch: Literal["prelaunch", "overlap", "sequential"] = "sequential"
+    rules: tuple[Literal["linear", "sqrt", "none", "constant-batch"], ...] = ()
+    accuracy_margin: Float = Field(0.005, ge=0, le=1)
+
+    @field_validator("rules", mode="before")
+    @classmethod
+    def _rules_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [x.strip() for x in v.split(",") if x.strip()]
+        return () if v is None else v
+
+    @field_validator("rules")
+    @classmethod
+    def _distinct(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"must be distinct rules, got {list(v)}")
+        return v
 
     @field_validator("resize_steps")
     @classmethod
@@ -87,14 +115,31 @@ class ResizeDesign(ConfigModel):
         def n(w: int) -> str:
             return f"{w} worker{'s' if w != 1 else ''}"
 
-        out = [{"label": f"baseline {n(self.w_init)}", "key": f"base-w{self.w_init}",
-                "workers": self.w_init, "schedule": []},
-               {"label": f"baseline {n(self.w_new)}", "key": f"base-w{self.w_new}",
-                "workers": self.w_new, "schedule": []}]
-        for s in self.resize_steps:
-            out.append({"label": f"{self.w_init} -> {self.w_new} at step {s}",
-                        "key": f"resize-{s}", "workers": self.w_init, "schedule": [(s, self.w_new)]})
+        out = []
+        for rule in self.rules or (None,):
+            pre, tail = ("", "") if rule in (None, "linear") else (f"{rule}-", f", {rule}")
+            if rule == "linear" and len(self.rules) > 1:
+                tail = ", Eq. 7"
+            bases = [self.w_init] if rule == "constant-batch" else [self.w_init, self.w_new]
+            for w in bases:
+                out.append({"label": f"baseline {n(w)}{tail}", "key": f"{pre}base-w{w}", "workers": w,
+                            "schedule": [], "rule": rule})
+            for s in self.resize_steps:
+                out.append({"label": f"{self.w_init} -> {self.w_new} at step {s}{tail}", "key": f"{pre}resize-{s}",
+                            "workers": self.w_init, "schedule": [(s, self.w_new)], "rule": rule})
         return out
+
+
+def rule_config(cfg: Any, rule: str | None, design: ResizeDesign) -> Any:
+    """The training config of a row under ``rule`` (None: ``cfg`` as it is): ``constant-batch``
+    with the config's global batch, else ``batch_size`` x max(w_init, w_new); the other rules with
+    no global batch."""
+    if rule is None:
+        return cfg
+    if rule == "constant-batch":
+        return cfg.replace(lr_scaling=rule, global_batch=cfg.global_batch or
+                           cfg.batch_size * max(design.w_init, design.w_new))
+    return cfg.replace(lr_scaling=rule, global_batch=0)
 
 
 def resolve_path(p: str, base: Path) -> Path:
@@ -144,6 +189,7 @@ def run_metrics(events: Iterable[Event | Mapping[str, Any]], batch_size: int, tr
         samples += n * (global_batch or batch_size * int(ln.world_size))
     fin = [e for e in recs if isinstance(e, Finished)]
     evals = [e for e in recs if isinstance(e, Evaluation)]
+    t0 = float(launches[0].time) if launches and launches[0].time is not None else None
     thr = [e for e in recs if isinstance(e, Throughput)]
     ov = [e for e in recs if isinstance(e, ResizeOverhead)]
     return {
@@ -160,7 +206,25 @@ def run_metrics(events: Iterable[Event | Mapping[str, Any]], batch_size: int, tr
         "test_accuracy": float(evals[-1].test_accuracy) if evals else None,
         "test_loss": float(evals[-1].test_loss) if evals else None,
         "train_loss": float(thr[-1].loss) if thr else None,
+        # (seconds since the first launch, step, test accuracy) of every evaluation, in order
+        "accuracy_curve": [[float(e.time) - t0, int(e.step), float(e.test_accuracy)] for e in evals
+                           if e.time is not None] if t0 is not None else [],
     }
+
+
+def time_to_accuracy(metrics: Mapping[str, Any], target: float) -> float | None:
+    """Seconds from the run's first launch to its first evaluation at or above ``target`` (None:
+    never reached, or no evaluations)."""
+    for t, _, acc in metrics.get("accuracy_curve") or ():
+        if acc >= target:
+            return float(t)
+    return None
+
+
+def min_max(xs: Iterable[float | None]) -> dict[str, Any]:
+    """{min, max, n} of the values that are not None."""
+    v = [float(x) for x in xs if x is not None]
+    return {"min": min(v) if v else None, "max": max(v) if v else None, "n": len(v)}
 
 
 def mean_sd(xs: Iterable[float | None]) -> dict[str, Any]:
@@ -172,15 +236,22 @@ def mean_sd(xs: Iterable[float | None]) -> dict[str, Any]:
 
 
 def table2_rows(design_rows: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]],
-                baseline_key: str) -> list[dict[str, Any]]:
+                baseline_key: str, accuracy_margin: float | None = None) -> list[dict[str, Any]]:
     """Aggregate per-run metrics into Table 2 rows.
 
     Args:
         design_rows: :meth:`ResizeDesign.rows`.
         runs: row key -> per-repeat metrics (index = repeat; None for a missing run).
         baseline_key: the key of the w_init baseline (time saved is against it).
+        accuracy_margin: given (rules compared), each row also gets ``test_accuracy_range`` and
+            ``time_to_accuracy_s`` (mean ± sd and min-max over repeats) to the target: the
+            baseline's mean final accuracy less this margin (``accuracy_target``).
     """
     base = runs.get(baseline_key, [])
+    target = None
+    if accuracy_margin is not None:
+        ref = mean_sd(m["test_accuracy"] for m in base if m)["mean"]
+        target = None if ref is None else ref - accuracy_margin
     out = []
     for r in design_rows:
         ms = runs.get(r["key"], [])
@@ -208,7 +279,36 @@ def table2_rows(design_rows: list[dict[str, Any]], runs: dict[str, list[dict[str
             "test_loss": mean_sd(m["test_loss"] for m in ok),
             "train_loss": mean_sd(m["train_loss"] for m in ok),
         })
+        if accuracy_margin is not None:
+            reach = [time_to_accuracy(m, target) if target is not None else None for m in ok]
+            out[-1].update({
+                "rule": r.get("rule"), "accuracy_target": target,
+                "test_accuracy_range": min_max(m["test_accuracy"] for m in ok),
+                "time_to_accuracy_s": {**mean_sd(reach), **{k: v for k, v in min_max(reach).items() if k != "n"},
+                                       "reached": sum(x is not None for x in reach)},
+                "wall_s_range": min_max(m["wall_s"] for m in ok)})
     return out
+
+
+def render_rules(rows: list[dict[str, Any]], markdown: bool = False) -> str:
+    """The rules' comparison: final test accuracy and the time to the common target accuracy, each
+    as mean ± sd [min-max] over repeats (rows of :func:`table2_rows` with ``accuracy_margin``)."""
+    from elastic_ring.profile.api import _render
+
+    def rng(d: dict[str, Any], fmt: str, scale: float = 1.0) -> str:
+        if d.get("min") is None:
+            return ""
+        return f" [{format(d['min'] * scale, fmt)}-{format(d['max'] * scale, fmt)}]"
+
+    head = ["run", "rule", "n", "final test acc", "time to target s", "reached", "wall s"]
+    body = []
+    for r in rows:
+        t = r["time_to_accuracy_s"]
+        body.append([r["label"], r.get("rule") or "-", str(r["repeats"]),
+                     _fmt(r["test_accuracy"], ".2f", 100, "%") + rng(r["test_accuracy_range"], ".2f", 100),
+                     _fmt(t, ".1f") + rng(t, ".1f"), f"{t['reached']}/{r['repeats']}",
+                     _fmt(r["wall_s"], ".1f") + rng(r["wall_s_range"], ".1f")])
+    return _render(head, body, markdown)
 
 
 def _fmt(s: dict[str, Any], fmt: str, scale: float = 1.0, suffix: str = "") -> str:

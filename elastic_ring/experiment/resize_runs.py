@@ -21,7 +21,8 @@ from elastic_ring.config.api import TrainConfig, config_to_dict
 from elastic_ring.controller.api import Resize
 from elastic_ring.errors import UserError
 from elastic_ring.events.api import read_events
-from elastic_ring.experiment.resize import ResizeDesign, render_table2, run_metrics, table2_rows
+from elastic_ring.experiment.resize import (ResizeDesign, render_rules, render_table2, rule_config, run_metrics,
+                                            table2_rows, time_to_accuracy)
 from elastic_ring.profile.profiler import run_finished, say, start_run, train_set_size
 from elastic_ring.words import count
 
@@ -39,17 +40,23 @@ class Table2:
     def text(self) -> str:
         """What ``elastic-ring experiment resize`` prints: the heading, the table, the files written."""
         d, c = self.design, self.config
+        rules = [] if not d.rules else [
+            "", f"Final test accuracy and time to {100 * self.result['accuracy_target']:.2f}% (the reference's "
+                f"final accuracy less {100 * d.accuracy_margin:g} points): mean ± sd [min-max] over "
+                f"{d.repeats} seed(s)" if self.result.get("accuracy_target") is not None else
+            "Final test accuracy: mean ± sd [min-max] (no reference accuracy: no time to it)",
+            render_rules(self.result["rows"]), f"plot: {self.out / 'table2_rules.png'}"]
         return "\n".join([
             f"Table 2: {d.w_init} -> {d.w_new} workers, ResNet-{c.depth}/{c.width} on {c.dataset} "
             f"({self.device}), {c.total_steps} steps, batch {c.batch_size}/worker, relaunch {d.relaunch}; "
             f"mean ± sd over {d.repeats} repeat(s)",
-            render_table2(self.result["rows"]), "",
+            render_table2(self.result["rows"]), *rules, "",
             f"wrote {self.out / 'table2.json'} and {self.out / 'table2.md'}; plots: elastic-ring report {self.out}"])
 
 
 def run_table2(design_path: str, repeats: int | None = None, out_dir: str | None = None,
                overrides: Sequence[str] = (), slots: int | None = None, device: str | None = None,
-               relaunch: str | None = None, note: Callable[[str], None] = say) -> Table2:
+               relaunch: str | None = None, note: Callable[[str], None] = say, rules: str | None = None) -> Table2:
     """Read the design (``--set`` ``overrides`` and the flags given on top), check it against the
     config, the device and the slots, then run (or reuse) every run and write the tables. ``note``
     gets the warnings (a GPU without NCCL, more workers than CPU cores).
@@ -63,13 +70,15 @@ def run_table2(design_path: str, repeats: int | None = None, out_dir: str | None
     from elastic_ring.data import check_dataset
     from elastic_ring.experiment.resize import load_design, resolve_path
 
-    flags = {k: v for k, v in (("repeats", repeats), ("relaunch", relaunch)) if v is not None}
+    flags = {k: v for k, v in (("repeats", repeats), ("relaunch", relaunch), ("rules", rules)) if v is not None}
     design = load_design(design_path, parse_overrides(overrides) | flags)
     dev, ngpu, _ = resolve_device(device or design.device, note)
     cfg_path = resolve_path(design.config, Path(design_path).resolve().parent)
     cfg = load_config(cfg_path, design.overrides, device=dev)
     if cfg.lr_scaling == "constant-batch" and not cfg.global_batch:  # every row the same global batch,
         cfg = cfg.replace(global_batch=cfg.batch_size * max(design.w_init, design.w_new))  # at any size
+    for rule in design.rules:  # each rule's config is valid (a bad global batch says so before any run)
+        rule_config(cfg, rule, design)
     last = max(design.resize_steps)
     if last >= cfg.total_steps:
         raise UserError(f"resize step {last} is not before the last step ({cfg.total_steps})")
@@ -100,7 +109,9 @@ def run_design(design: ResizeDesign, cfg: TrainConfig, out_dir: Path, slots: int
     done = 0
     for rep in range(design.repeats):
         rcfg = cfg.replace(seed=cfg.seed + rep) if design.vary_seed else cfg
+        seeded = rcfg
         for r in rows:
+            rcfg = rule_config(seeded, r.get("rule"), design)
             done += 1
             rd = out_dir / "runs" / f"{r['key']}-r{rep}"
             tag = f"experiment [{done}/{n_total}] {r['label']} (repeat {rep + 1}/{design.repeats})"
@@ -128,7 +139,7 @@ def run_design(design: ResizeDesign, cfg: TrainConfig, out_dir: Path, slots: int
             acc = "n/a" if m["test_accuracy"] is None else f"{100 * m['test_accuracy']:.2f}%"
             out(f"{tag}: wall {m['wall_s']:.1f} s, test accuracy {acc} ({time.time() - t0:.0f} s so far)")
     base_key = rows[0]["key"]
-    table = table2_rows(rows, runs, base_key)
+    table = table2_rows(rows, runs, base_key, accuracy_margin=design.accuracy_margin if design.rules else None)
     result = {
         "design": {**design.__dict__, "resize_steps": list(design.resize_steps), "path": design_path},
         "config": config_to_dict(cfg), "device": device, "slots": slots, "cpu_count": os.cpu_count(),
@@ -137,12 +148,58 @@ def run_design(design: ResizeDesign, cfg: TrainConfig, out_dir: Path, slots: int
                   "run's finished event; time saved = wall(baseline w_init) - wall(row), paired by "
                   "repeat; epochs = samples consumed / train set size; a ± b = mean ± sample sd"),
     }
+    if design.rules:
+        result["accuracy_target"] = table[0].get("accuracy_target")
+        result["rules"] = list(design.rules)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / ".table2.json.tmp"
     tmp.write_text(json.dumps(result, indent=2))
     os.replace(tmp, out_dir / "table2.json")
     (out_dir / "table2.md").write_text(table2_markdown(result))
+    if design.rules:
+        plot_rules(result, out_dir / "table2_rules.png")
     return result
+
+
+def plot_rules(result: dict[str, Any], path: Path) -> None:
+    """Final test accuracy against the time to the target accuracy (wall time where a run never
+    reached it is not plotted), one marker per run, each row's mean with its sd as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
+    ys = list(range(len(rows)))[::-1]
+    for y, r in zip(ys, rows):
+        ms = [m for m in result["runs"][r["key"]] if m]
+        accs = [100 * m["test_accuracy"] for m in ms if m.get("test_accuracy") is not None]
+        ax.plot(accs, [y] * len(accs), "o", alpha=0.45, color=f"C{ys.index(y) % 10}")
+        a = r["test_accuracy"]
+        if a["mean"] is not None:
+            ax.errorbar([100 * a["mean"]], [y], xerr=[[100 * (a["sd"] or 0)]] * 2 if a["sd"] else None,
+                        fmt="D", color="k", capsize=3)
+        t = r.get("time_to_accuracy_s") or {}
+        target = r.get("accuracy_target")
+        ts = [x for x in (time_to_accuracy(m, target) for m in ms) if x is not None] if target is not None else []
+        bx.plot(ts, [y] * len(ts), "o", alpha=0.45, color=f"C{ys.index(y) % 10}")
+        if t.get("mean") is not None:
+            bx.errorbar([t["mean"]], [y], xerr=[[t["sd"] or 0]] * 2 if t.get("sd") else None, fmt="D", color="k",
+                        capsize=3)
+    labels = [r["label"] for r in rows]
+    for axis in (ax, bx):
+        axis.set_yticks(ys, labels)
+        axis.grid(axis="x", alpha=0.3)
+    ax.set_xlabel("final test accuracy (%): runs, and mean ± sd")
+    tgt = result.get("accuracy_target")
+    bx.set_xlabel(f"seconds to {100 * tgt:.2f}% test accuracy" if tgt is not None else "no target accuracy")
+    bx.tick_params(axis="y", labelleft=False)
+    fig.suptitle("Table 2, rules compared: no resize, Eq. 7 and constant-batch under the same resizes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
 
 
 def table2_markdown(result: dict[str, Any]) -> str:
@@ -152,5 +209,15 @@ def table2_markdown(result: dict[str, Any]) -> str:
             f"{c['total_steps']} steps, batch {c['batch_size']}/worker, relaunch: "
             f"{d.get('relaunch', 'prelaunch')})\n\n")
     reps = max((r["repeats"] for r in result["rows"]), default=0)
+    rules = ""
+    if result.get("rules"):
+        tgt = result.get("accuracy_target")
+        rules = ("\n## Rules compared: final test accuracy and the time to reach "
+                 + (f"{100 * tgt:.2f}%" if tgt is not None else "it (no reference accuracy)")
+                 + "\n\n" + render_rules(result["rows"], markdown=True) + "\n\n"
+                 + "mean ± sd [min-max] over the repeats (one seed each); time to target: seconds from the first "
+                   "launch to the first evaluation at or above the reference row's mean final accuracy less "
+                 + f"{result['design'].get('accuracy_margin', 0.005) * 100:g} points; reached: runs that got there.\n"
+                 + "![rules](table2_rules.png)\n")
     return (head + render_table2(result["rows"], markdown=True) + "\n\n"
-            + f"{reps} repeat(s) per row; " + result["notes"] + ".\n")
+            + f"{reps} repeat(s) per row; " + result["notes"] + ".\n" + rules)

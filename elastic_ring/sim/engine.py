@@ -26,7 +26,10 @@ Exploration (``policy.explores``): the job holds 8 GPUs and trains ``explore_pha
 ``explore_gpus`` (1, 2, 4, 8) in turn, measuring its speed (true speed times 1 + N(0, noise));
 then Eq. 5 is fitted (:func:`~elastic_ring.perfmodel.speed.fit_speed_few`: :func:`fit_speed` from 4
 worker counts, fewer terms from fewer, as the live scheduler does) and the policy plans with
-the fit.
+the fit. A constant-batch job (:class:`~elastic_ring.perfmodel.accumulated.AccumulatedModel`)
+measures its accumulated steps; Eq. 5 is fitted to the plain steps behind them
+(:meth:`~elastic_ring.perfmodel.accumulated.AccumulatedModel.plain_step_times`) and the policy
+plans with the accumulated model of that fit.
 
 Remaining work (``config.remaining``): ``oracle`` tells the policy each job's true remaining Q;
 ``eq1`` tells it the Eq. 1 prediction from the job's loss curve observed so far
@@ -52,6 +55,7 @@ from typing import Mapping, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from elastic_ring.errors import ElasticRingError
+from elastic_ring.perfmodel.accumulated import AccumulatedModel
 from elastic_ring.perfmodel.convergence import predict_remaining
 from elastic_ring.perfmodel.speed import SpeedModel
 from elastic_ring.sched.api import JobBatch, JobView, Policy, Rate, model_rate
@@ -62,6 +66,14 @@ from elastic_ring.sim.job import SimJob, _fit_model, _row_monotone
 from elastic_ring.sim.state import ADV, DONE_W, EXPLORED, HELD, PAUSE, RESIZES, ROW, SPEED, STATE, TC, TRAIN
 
 _INF = float("inf")
+
+
+def _step_samples(model, w: int) -> float:
+    """Samples of one step of ``model`` at ``w`` workers: ``b·w`` (Eq. 7's fixed per-worker batch),
+    the global batch under constant-batch (:class:`AccumulatedModel`)."""
+    if isinstance(model, AccumulatedModel):
+        return model.global_batch
+    return model.m * w
 # Decide on arrays (the policy's allocate_batch) from this many active jobs: below it, the
 # per-job Python loop is faster than the fixed cost of the array calls. Same answer either way.
 BATCH_MIN_JOBS = 64
@@ -402,7 +414,7 @@ class Simulator:
             return  # a phase end its launch model has moved later (pushed again): stale
         phases = self.config.explore_gpus
         w = phases[j.phase]
-        steps_per_s = j.true_rate(w) / (j.true_model.m * w)
+        steps_per_s = j.true_rate(w) / _step_samples(j.true_model, w)
         noise = self.config.explore_noise * self._noise_rng.standard_normal()
         j.measured.append((w, steps_per_s * (1.0 + noise)))
         if j.phase + 1 < len(phases):
@@ -433,7 +445,12 @@ class Simulator:
         j.advance(now)
         ws = [m[0] for m in j.measured]
         fs = [max(m[1], 1e-12) for m in j.measured]
-        model = _fit_model(ws, fs, j.true_model.m, j.true_model.n)
+        if isinstance(j.true_model, AccumulatedModel):  # fit Eq. 5 to the plain steps behind the accumulated ones
+            plain = j.true_model.plain_step_times(ws, [1.0 / f for f in fs])
+            model = AccumulatedModel(_fit_model(ws, [1.0 / t for t in plain], j.true_model.m, j.true_model.n),
+                                     j.true_model.micro_batches)
+        else:
+            model = _fit_model(ws, fs, j.true_model.m, j.true_model.n)
         j.plan_rate = model_rate(model)
         j.explored = True
         j.state = JobState.RUNNING

@@ -10,6 +10,13 @@ run time alone on 8 GPUs is log-uniform in [min_hours_at_8, max_hours_at_8]; its
 uniformly from the configured ones; its work in samples is that time times the workload's speed
 at 8 GPUs (samples/s). Same seed -> same jobs for every strategy (common random numbers).
 
+Batch rule: a workload's jobs keep Eq. 7's fixed per-worker batch by default; a profile with
+``"scaling": "constant-batch"`` and ``"global_batch": N`` (samples, a multiple of its per-worker
+batch), or :func:`with_rule`, makes them keep the global batch N at every GPU count: their speed
+is then the accumulated step's (:class:`~elastic_ring.perfmodel.accumulated.AccumulatedModel`).
+A job's size is its hours at 8 GPUs under the per-worker batch's curve either way, so the same
+seed gives the same jobs (the same work in samples) under both rules.
+
 Loss curves (for the Eq. 1 prediction of remaining work), drawn from a second stream so the
 arrivals and sizes above do not change: Eq. 1 in samples s, ``l(s) = 1/(b0·s + b1) + b2`` with
 initial loss l(0) = 2.3 (ln 10, ten classes), floor b2 uniform in [0.02, 0.3], and the target (the
@@ -34,9 +41,37 @@ WORKLOAD_DIR = Path(__file__).resolve().parent / "workloads"
 @dataclass(frozen=True)
 class Workload:
     name: str
-    model: SpeedModel  # or a NodeSteppedModel (a profile with a "multi_node" block)
+    model: SpeedModel  # or a NodeSteppedModel (a profile with a "multi_node" block), or an AccumulatedModel
     source: str
     path: str
+    scaling: str = "linear"  # the batch rule: "linear" (Eq. 7) or "constant-batch"
+    global_batch: float = 0.0  # constant-batch: the global batch in samples (0 under linear)
+
+
+def with_rule(wl: Workload, scaling: str, global_batch: float = 0.0) -> Workload:
+    """``wl`` with its jobs under the batch rule ``scaling``: ``linear`` (Eq. 7, the per-worker
+    batch's curve) or ``constant-batch`` with ``global_batch`` samples (0: the per-worker batch x 8,
+    the paper's 8-GPU job).
+
+    Raises:
+        ConfigError: an unknown rule, or a global batch that is not a multiple of the per-worker batch.
+    """
+    from elastic_ring.perfmodel.accumulated import RULES, AccumulatedModel, accumulated
+
+    if scaling not in RULES:
+        raise ConfigError(f"workload {wl.name}: scaling must be one of {', '.join(RULES)}, got {scaling!r}")
+    plain = wl.model.base if isinstance(wl.model, AccumulatedModel) else wl.model
+    if scaling == "linear":
+        return Workload(wl.name, plain, wl.source, wl.path)
+    g = float(global_batch) if global_batch else 8.0 * float(plain.m)
+    return Workload(wl.name, accumulated(plain, g), wl.source, wl.path, scaling, g)
+
+
+def sizing_model(model):
+    """The curve a job's size is drawn with: the per-worker batch's (Eq. 7's) one."""
+    from elastic_ring.perfmodel.accumulated import AccumulatedModel
+
+    return model.base if isinstance(model, AccumulatedModel) else model
 
 
 def builtin_workloads() -> dict[str, Path]:
@@ -67,7 +102,15 @@ def load_workload(name_or_path: str) -> Workload:
         model = NodeSteppedModel.from_dict(model, d["multi_node"])
     if model.m <= 0 or not np.isfinite(model.samples_per_s(8)) or model.samples_per_s(1) <= 0:
         raise ConfigError(f"workload {name}: speed model gives no finite positive speed")
-    return Workload(name=name, model=model, source=str(d.get("source", "unknown")), path=str(path))
+    wl = Workload(name=name, model=model, source=str(d.get("source", "unknown")), path=str(path))
+    if "scaling" in d or "global_batch" in d:
+        try:
+            g = float(d.get("global_batch") or 0.0)
+        except (TypeError, ValueError):
+            raise ConfigError(f"workload {name}: global_batch must be a number of samples, "
+                              f"got {d.get('global_batch')!r}") from None
+        wl = with_rule(wl, str(d.get("scaling", "constant-batch")), g)
+    return wl
 
 
 def make_jobs(config: SimConfig, models: dict[str, SpeedModel]) -> list[JobSpec]:
@@ -86,7 +129,7 @@ def make_jobs(config: SimConfig, models: dict[str, SpeedModel]) -> list[JobSpec]
     out = []
     for i in range(n):
         wl = names[int(which[i])]
-        work = float(hours[i] * 3600.0 * models[wl].samples_per_s(8))
+        work = float(hours[i] * 3600.0 * sizing_model(models[wl]).samples_per_s(8))
         curve, target = loss_curve(work, float(floors[i]), float(ratios[i]))
         out.append(JobSpec(id=i, arrival=float(arrivals[i]), work=work, workload=wl, curve=curve,
                            target_loss=target))
