@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from elastic_ring import protocol
 from elastic_ring.config.api import TrainConfig, config_to_dict
 from elastic_ring.controller.api import RunSpec
 from elastic_ring.errors import UserError
@@ -35,6 +36,21 @@ def writing(path: Path) -> Iterator[None]:
         raise UserError(f"cannot write the run folder: {where}: {e.strerror or e}") from None
 
 
+def stop_latency_ms(cfg: TrainConfig | None) -> int:
+    """The run's ``stop_latency_ms``: ``ELASTIC_RING_STOP_LATENCY_MS`` where set (a script run has
+    no config), else the config's, else the default."""
+    raw = os.environ.get(protocol.STOP_LATENCY_ENV, "").strip()
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise UserError(f"{protocol.STOP_LATENCY_ENV}={raw!r}: give whole milliseconds >= 0")
+        return value
+    return cfg.stop_latency_ms if cfg else protocol.STOP_LATENCY_MS
+
+
 def worker_settings(spec: RunSpec, cfg: TrainConfig | None) -> dict[str, Any]:
     """What every worker reads from ``run.json`` (see ``protocol.LaunchInfo``)."""
     return {
@@ -43,6 +59,7 @@ def worker_settings(spec: RunSpec, cfg: TrainConfig | None) -> dict[str, Any]:
         "keep": spec.keep, "collective": spec.collective,
         "lr_scaling": cfg.lr_scaling if cfg else (spec.lr_scaling or "linear"),
         "control_every": cfg.control_every if cfg else 1,
+        "stop_latency_ms": stop_latency_ms(cfg),
         "throughput_window": cfg.throughput_window if cfg else 20,
         "eval_every": cfg.eval_every if cfg else 0,
         "cwd": spec.cwd,

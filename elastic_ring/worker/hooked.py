@@ -84,6 +84,7 @@ class HookedSteps:
         self.copy = None  # --survive: the last completed steps' state in memory (started once)
         self.copies_started = False
         self.rng_at_restore = None  # the RNG right after restore(): the restored step's, for its copy
+        self.rng_step = -1  # the step whose RNG state.saved_rng holds (rank 0; every rank with copies)
 
     # ------------------------------------------------------------------ --survive: the copy in memory
     def restored(self) -> None:
@@ -119,6 +120,7 @@ class HookedSteps:
             check_restored_weights(job)
             self.first_step = job.step + 1
             job.progress.begin_segment(job.current_lr())
+            job.vote.begin()
             self.start_copies()
             self.keep_copy()
             return
@@ -143,13 +145,34 @@ class HookedSteps:
             progress.first_step(step, now)
         elif w.steps >= info.throughput_window or step == seg.stop_at:
             progress.last_loss, now = progress.close_window(step)
-        job.state.saved_rng = _rng_state()  # what a checkpoint before the next step holds
         if step >= seg.total_steps:
             self.pending = "finished"
         elif step >= seg.stop_at:
             self.pending = "scheduled"
-        elif self.vote is None and step % info.control_every == 0:
-            self.vote = job.vote.start()
+        elif self.vote is None and job.vote.due(step):
+            self.vote = job.vote.start(step)
+        if self._rng_wanted(step, sampler):  # what a checkpoint before the next step holds
+            job.state.saved_rng = _rng_state()
+            self.rng_step = step
+
+    def _rng_wanted(self, step: int, sampler) -> bool:
+        """Whether the RNG right after ``step`` may be saved before the next step: by a copy kept
+        in memory (every step, on every rank), or, on rank 0, by a checkpoint at the next point
+        between steps: a stop there (one pending, or a vote to be read), the periodic checkpoint
+        due, the epoch's data used up (the epoch's end: the run's end may follow; every step where the
+        training sampler is not elastic-ring's). Else it is not
+        taken (tens of microseconds: numpy's and Python's states are copied element by element);
+        a periodic checkpoint that falls due before the next step without it waits for the next
+        step (:meth:`between`)."""
+        job = self.job
+        if self.copy is not None:
+            return True
+        if job.rank != 0:
+            return False
+        if self.pending is not None or self.vote is not None or job.checkpoints.due(step, job.seg.stop_at):
+            return True
+        # no sampler of ours: where an epoch ends is not known
+        return sampler is None or job.epoch_data.position.pos >= len(sampler.dataset)
 
     def _samples(self, sampler) -> int:
         if sampler is None:
@@ -165,7 +188,8 @@ class HookedSteps:
         self.keep_copy()
         if step > self.between_done:
             self.between_done = step
-            job.between_steps(step, time.time())
+            # (a periodic checkpoint only with the RNG as right after the step: else at the next)
+            job.between_steps(step, time.time(), periodic=self.rng_step == step)
         if self.pending is None and self.vote is not None:
             stop, early = job.vote.result(self.vote)
             self.vote = None

@@ -206,6 +206,11 @@ class Session:
         import torch
 
         self.job, self.state = job, state
+        meter = getattr(job, "meter", None)  # ELASTIC_RING_STEP_COST: the boundary's parts timed
+        if meter is not None:
+            meter.wrap(self, "_before_step", "hvd.before")
+            meter.wrap(self, "_after_step", "hvd.after")
+            meter.wrap(self, "commit_point", "hvd.commit")
         handlers = getattr(state, "_handlers", {})
         model = next((k for k, h in handlers.items() if isinstance(h.value, torch.nn.Module)), None)
         opt = next((k for k, h in handlers.items() if isinstance(h.value, torch.optim.Optimizer)), None)
@@ -263,6 +268,7 @@ class Session:
     def _begin_segment(self) -> None:
         progress = self.job.progress
         progress.begin_segment(progress.lr_used)
+        self.job.vote.begin()
         self._first = True
         self.vote = None
 
@@ -290,7 +296,7 @@ class Session:
             progress.first_step(job.step, now)
         elif progress.window.steps >= job.info.throughput_window:
             progress.close_window(job.step)
-        progress.write_progress(job.step, now)
+        progress.write_progress(job.step, now, job.vote.every)
 
     # ------------------------------------------------------------------ commits
     def commit_point(self) -> None:
@@ -314,7 +320,8 @@ class Session:
         if reason is None:
             if job.rank == 0:
                 job.checkpoints.maybe_periodic(step, job.stop_at)
-            self.vote = job.vote.start()
+            if job.vote.due(step):
+                self.vote = job.vote.start(step)
             return
         job.seg.stopped(reason, time.time())
         raise _Stop()

@@ -221,12 +221,14 @@ class Progress:
         self.window = _Window(t0=now)
         return mean_loss, now
 
-    def write_progress(self, step: int, now: float) -> None:
+    def write_progress(self, step: int, now: float, vote_every: int = 1) -> None:
         """Rank 0: the progress file the controller reads (at most twice a second), written off
-        the training thread (:class:`ProgressWriter`)."""
+        the training thread (:class:`ProgressWriter`); ``vote_every``: the stop vote's period now
+        (a live stop lands within that many steps and one more)."""
         if self.ring.rank == 0 and now - self._last_progress_t > 0.5:
             self._last_progress_t = now
-            self._progress_writer.submit({"step": step, "segment": self.seg.number, "time": now})
+            self._progress_writer.submit({"step": step, "segment": self.seg.number, "time": now,
+                                          "vote_every": vote_every})
 
     def flush_progress(self) -> None:
         """The last progress record on disk (a segment's end)."""
