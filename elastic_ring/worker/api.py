@@ -336,8 +336,7 @@ class Job:
         """Per step: this rank's loss (a tensor is read only at window ends) and samples used."""
         w = self.progress.window
         if loss is not None:
-            w.loss_sum = w.loss_sum + (loss.detach() if hasattr(loss, "detach") else float(loss))
-            w.loss_n += 1
+            w.losses.append(loss.detach() if hasattr(loss, "detach") else float(loss))
         if samples is None and self.state.sampler is not None:
             samples = self.state.sampler.batch_size
         w.samples += int(samples or 0)
@@ -385,6 +384,7 @@ class Job:
         from elastic_ring.events.api import SegmentEnd
 
         seg = self.seg
+        self.progress.flush_window()  # the last window's event before the segment's end
         scheduled, taken = seg.stop_reason == "scheduled", None
         if self.rank == 0:
             taken = self.ring.take_ahead(self.run_dir, seg.number, seg.step, scheduled)
@@ -428,6 +428,7 @@ class Job:
         from elastic_ring.events.api import SegmentEnd
 
         seg = self.seg
+        self.progress.flush_window()  # the last window's event before the segment's end
         if self.meter is not None:
             c = self.meter.calls
             self.meter.write(self.run_dir, seg.number, self.rank,
