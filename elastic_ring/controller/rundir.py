@@ -69,6 +69,7 @@ def worker_settings(spec: RunSpec, cfg: TrainConfig | None) -> dict[str, Any]:
 def create_run_dir(spec: RunSpec, cfg: TrainConfig | None, **extra: Any) -> None:
     """Write ``config.yaml`` and ``run.json`` into ``spec.run_dir`` and fill its dataset cache."""
     rd = spec.run_dir
+    settings = worker_settings(spec, cfg)  # (a bad setting is told before anything is written)
     with writing(rd):
         rd.mkdir(parents=True, exist_ok=True)
         if cfg is not None:
@@ -77,7 +78,7 @@ def create_run_dir(spec: RunSpec, cfg: TrainConfig | None, **extra: Any) -> None
             "workers": spec.workers, "schedule": [[r.step, r.to] for r in spec.schedule],
             "slots": spec.slots, "device": spec.device, "hosts": spec.hosts, "hostfile": spec.hostfile,
             "total_steps": spec.total_steps, "script": spec.script, "script_args": list(spec.script_args),
-            "worker": worker_settings(spec, cfg),
+            "worker": settings,
             "created": time.time(), "argv": sys.argv[1:], **extra}, indent=2))
     if cfg is not None:
         ensure_dataset_cache(spec.run_dir, cfg)
