@@ -19,7 +19,8 @@ on Horovod: optimizer hooks, the sampler), ``steps`` (``examples/mlp_digits.py``
 ``hvd_elastic`` (``examples/hvd_elastic_mlp.py``: the Horovod Elastic adapter, a commit a step);
 ``small`` is ``--hidden 512 --batch-size 16``, ``large`` ``--hidden 4096 --batch-size 32``. The
 built-in trainer (``builtin``, no plain mode: ``tool`` against ``tool_k1`` only) is timed by its
-throughput events. A run's figure is the median epoch (block) time of epochs 2..N, the slowest
+throughput events, and a live resize of it (``latency``: 2 workers -> 1 by ``elastic-ring resize``)
+gives the seconds from the controller's request to the workers' agreement on the stop step. A run's figure is the median epoch (block) time of epochs 2..N, the slowest
 rank's; per case the medians over the rounds, and the paired ratios (tool / plain in the same
 round). The machine's load (``os.getloadavg``) is recorded before and after each round. With
 ``ELASTIC_RING_STEP_COST=1`` in the tool's runs (``--profile``) every rank's timed parts of the
@@ -184,6 +185,47 @@ def builtin_run(coll: str, mode: str, steps: int, work: Path, profile: bool) -> 
     return res
 
 
+def latency_run(mode: str, work: Path) -> dict:
+    """A live resize of the built-in trainer (2 workers -> 1, from another shell once 40 steps are
+    done): the seconds from the controller's request (its ``resize_requested`` event, written with
+    the stop file) to the workers' agreement (``segment_end``'s ``stop_decided_at``), the step time
+    then (the median window at 2 workers) and the vote's period rank 0 last reported."""
+    from benchlib import TrainRun
+
+    run = Path(tempfile.mkdtemp(dir=work)) / "run"
+    env = env_for(mode, run.parent / "unused", False)
+    args = ["--gpus", "2", "--slots", "2", "--device", "cpu", "--steps", "3000", "--batch-size", "16",
+            "--set", "throughput_window=10"]
+    saved = {k: os.environ.get(k) for k in ("ELASTIC_RING_STOP_LATENCY_MS",)}
+    os.environ.pop("ELASTIC_RING_STOP_LATENCY_MS", None)
+    if mode == "tool_k1":
+        os.environ["ELASTIC_RING_STOP_LATENCY_MS"] = "0"
+    try:
+        with TrainRun(args, run) as tr:
+            tr.wait_step(60)
+            prog = json.loads((run / "control" / "progress.json").read_text())
+            r = subprocess.run([sys.executable, "-m", "elastic_ring.cli.main", "resize", str(run), "--to", "1"],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+            if r.returncode != 0:
+                raise BenchError(f"resize: {r.stderr.strip()}")
+            while not tr.events("resize_overhead"):
+                if tr.p.poll() is not None:
+                    raise BenchError("the run ended before the live resize landed")
+                time.sleep(0.1)
+            req = [e for e in tr.events("resize_requested") if e["source"] == "live"][0]
+            end = [e for e in tr.events("segment_end") if e["segment"] == 0][0]
+            win = [e["seconds"] / e["steps"] for e in tr.events("throughput") if e["world_size"] == 2][1:]
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
+    step_s = statistics.median(win) if win else None
+    lat = end["stop_decided_at"] - req["time"]
+    return {"latency_s": lat, "step_s": step_s, "vote_every": prog.get("vote_every"), "stop_step": end["step"],
+            "within_100ms_plus_a_step": step_s is not None and lat <= 0.1 + step_s}
+
+
 def summarise(rounds: list[dict]) -> dict:
     """Per case: the median over rounds of each mode's figure, and the paired ratios to plain (or,
     for the built-in trainer, tool_k1 to tool)."""
@@ -245,6 +287,11 @@ def main() -> int:
                                                                           work, a.profile)
                     print(f"round {i + 1} {case} {mode}: {rnd['cases'][case][mode]['step_s'] * 1e3:.2f} ms a step",
                           flush=True)
+            if not only or "latency" in only:
+                for mode in [m for m in order if m != "plain"]:
+                    rnd.setdefault("latency", {})[mode] = lat = latency_run(mode, work)
+                    print(f"round {i + 1} live resize {mode}: {lat['latency_s'] * 1e3:.0f} ms from request to "
+                          f"agreement (K {lat['vote_every']}, steps of {(lat['step_s'] or 0) * 1e3:.1f} ms)", flush=True)
             rnd["load_after"] = os.getloadavg()
             rounds.append(rnd)
     except BenchError as e:
@@ -253,7 +300,14 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     summary = summarise(rounds)
+    lats = [r["latency"][m] for r in rounds for m in r.get("latency", {})]
+    summary["live_resize"] = {m: statistics.median([r["latency"][m]["latency_s"] for r in rounds if m in r.get("latency", {})])
+                              for m in {m for r in rounds for m in r.get("latency", {})}}
     for case, c in summary.items():
+        if case == "live_resize":
+            print("live resize, request to agreement:", {m: f"{v * 1e3:.0f} ms" for m, v in c.items()},
+                  "all within 100 ms + a step:", all(x["within_100ms_plus_a_step"] for x in lats))
+            continue
         print(case, {m: f"{v * 1e3:.2f} ms" for m, v in c["median_s"].items()},
               {m: f"{v:.3f}" for m, v in c["median_ratio"].items()})
     write_results(a.out, {"settings": {"rounds": rounds_n, "epochs": epochs, "sizes": sizes, "modes": modes,
