@@ -22,7 +22,8 @@ on Horovod: optimizer hooks, the sampler), ``steps`` (``examples/mlp_digits.py``
 ``small`` is ``--hidden 512 --batch-size 16``, ``large`` ``--hidden 4096 --batch-size 32``. The
 built-in trainer (``builtin``, no plain mode: ``tool`` against ``tool_k1`` only) is timed by its
 throughput events, and a live resize of it (``latency``: 2 workers -> 1 by ``elastic-ring resize``)
-gives the seconds from the controller's request to the workers' agreement on the stop step. A run's figure is the median epoch (block) time of epochs 2..N, the slowest
+gives the seconds from the request, and from the controller's stop file, to the workers' agreement
+on the stop step. A run's figure is the median epoch (block) time of epochs 2..N, the slowest
 rank's; per case the medians over the rounds, and the paired ratios (tool / plain in the same
 round). The machine's load (``os.getloadavg``) is recorded before and after each round. With
 ``ELASTIC_RING_STEP_COST=1`` in the tool's runs (``--profile``) every rank's timed parts of the
@@ -323,8 +324,9 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     summary = summarise(rounds)
     lats = [r["latency"][m] for r in rounds for m in r.get("latency", {})]
-    summary["live_resize"] = {m: statistics.median([r["latency"][m]["latency_s"] for r in rounds if m in r.get("latency", {})])
-                              for m in {m for r in rounds for m in r.get("latency", {})}}
+    lat_modes = {m for r in rounds for m in r.get("latency", {})}
+    summary["live_resize"] = {m: statistics.median([r["latency"][m]["latency_s"] for r in rounds
+                                                    if m in r.get("latency", {})]) for m in lat_modes}
     for case, c in summary.items():
         if case == "live_resize":
             print("live resize, request to agreement:", {m: f"{v * 1e3:.0f} ms" for m, v in c.items()},

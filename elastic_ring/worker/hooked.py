@@ -6,7 +6,8 @@ optimizer.step()`` has no ``job.steps()``: every step of the registered optimize
 job. After a step (the optimizer's post-hook) the step is counted, the training sampler's position
 moves, the throughput window and the heartbeat go on, and the stop vote in flight is read (started
 after an earlier step, it travelled with this step's gradients) or, when due, one is started
-(:class:`~elastic_ring.worker.segment.StopVote`: every K steps); the script's own code after the step (a scheduler, a log line) then runs. The next point between two
+(:class:`~elastic_ring.worker.segment.StopVote`: every K steps); the script's own code after the
+step (a scheduler, a log line) then runs. The next point between two
 iterations is the next step's pre-hook (its batch is loaded and its gradients computed, not yet
 applied) or, at the end of an epoch, ``job.epochs()`` taking the next epoch (after the script's
 end-of-epoch code: a scheduler stepped per epoch, a test). There the periodic checkpoint is taken
@@ -168,11 +169,10 @@ class HookedSteps:
         """Whether the RNG right after ``step`` may be saved before the next step: by a copy kept
         in memory (every step, on every rank), or, on rank 0, by a checkpoint at the next point
         between steps: a stop there (one pending, or a vote to be read), the periodic checkpoint
-        due, the epoch's data used up (the epoch's end: the run's end may follow; every step where the
-        training sampler is not elastic-ring's). Else it is not
-        taken (tens of microseconds: numpy's and Python's states are copied element by element);
-        a periodic checkpoint that falls due before the next step without it waits for the next
-        step (:meth:`between`)."""
+        due, the epoch's data used up (the epoch's end: the run's end may follow; every step where
+        the training sampler is not elastic-ring's). Else it is not taken (tens of microseconds:
+        numpy's and Python's states are copied element by element); a periodic checkpoint that
+        falls due before the next step without it waits for the next step (:meth:`between`)."""
         job = self.job
         if self.copy is not None:
             return True
