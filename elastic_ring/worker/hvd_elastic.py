@@ -17,8 +17,9 @@ and, before running it, :func:`install` puts elastic-ring behind those names on 
   starts fresh with Horovod's ``state.sync()``, then calls the function.
 - ``state.commit()`` saves the state as Horovod does and is the only stop point: a scheduled stop
   happens at the first commit at or after its step (a step is one step of the state's optimizer),
-  a live or policy stop at the commit after rank 0 saw the request (the ranks agree through one
-  vote that travels with the next step's gradients). The periodic background checkpoints are
+  a live or policy stop at the next commit after the stop vote that tells it is read (a vote every
+  K steps, :class:`~elastic_ring.worker.segment.StopVote`; it travels with the next step's
+  gradients and is read at the next commit). The periodic background checkpoints are
   taken at commits too, so every checkpoint holds a committed state.
 - At a stop the committed state is checkpointed. Where the ring is re-formed in place
   (``--relaunch inplace``, the Ray backend) the same processes re-form the ring at the new size,
