@@ -1,15 +1,14 @@
 """The stop vote's period (issue 50): rank 0's choice of K (:func:`choose_every`), its agreement
 through the vote itself (several ranks over a fake collective that sums what they started, in
-order), the flat loop's stop landing within K + 1 steps of a request, and what `status` says.
+order) and a stop landing at one step on every rank within K + 1 steps of a request; where the
+epoch loop takes the RNG state.
 """
 
 from __future__ import annotations
 
-import json
 import types
 
 import pytest
-import torch
 
 from elastic_ring import protocol
 from elastic_ring.worker import segment
@@ -183,3 +182,31 @@ def test_a_new_segment_votes_at_its_first_step_and_times_again(tmp_path, monkeyp
     assert votes[0].every == 17
     votes[0].begin()
     assert votes[0].every == 1 and votes[0].due(votes[0].seg.step)
+
+
+# ---------------------------------------------------------------------- the epoch loop's RNG capture
+def _hooked(rank=0, due=False, pos=5, copy=None):
+    from elastic_ring.worker.hooked import HookedSteps
+
+    job = types.SimpleNamespace(rank=rank, seg=Segment(0, 100, 100),
+                                checkpoints=types.SimpleNamespace(due=lambda step, stop_at: due),
+                                epoch_data=types.SimpleNamespace(position=types.SimpleNamespace(pos=pos)))
+    h = HookedSteps(job)
+    h.copy = copy
+    return h
+
+
+def test_the_epoch_loop_takes_the_rng_only_where_it_may_be_saved():
+    sampler = types.SimpleNamespace(dataset=range(10))
+    assert not _hooked()._rng_wanted(3, sampler)  # rank 0, nothing due: not taken (tens of µs)
+    h = _hooked()
+    h.pending = "requested"
+    assert h._rng_wanted(3, sampler)  # a stop at the next point: its checkpoint holds it
+    h = _hooked()
+    h.vote = object()
+    assert h._rng_wanted(3, sampler)  # a vote read after the next step may stop there
+    assert _hooked(due=True)._rng_wanted(3, sampler)  # the periodic checkpoint
+    assert _hooked(pos=10)._rng_wanted(3, sampler)  # the epoch's data used up: its end
+    assert _hooked()._rng_wanted(3, None)  # not our sampler: where an epoch ends is not known
+    assert not _hooked(rank=1, due=True, pos=10)._rng_wanted(3, None)  # only rank 0 checkpoints
+    assert _hooked(rank=1, copy=object())._rng_wanted(3, sampler)  # --survive's copies: every step
