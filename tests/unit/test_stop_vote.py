@@ -210,3 +210,34 @@ def test_the_epoch_loop_takes_the_rng_only_where_it_may_be_saved():
     assert _hooked()._rng_wanted(3, None)  # not our sampler: where an epoch ends is not known
     assert not _hooked(rank=1, due=True, pos=10)._rng_wanted(3, None)  # only rank 0 checkpoints
     assert _hooked(rank=1, copy=object())._rng_wanted(3, sampler)  # --survive's copies: every step
+
+
+# ---------------------------------------------------------------------- ELASTIC_RING_STEP_COST's meter
+def test_step_cost_meter_times_parts_and_the_loop_but_not_its_start_and_end(tmp_path, monkeypatch):
+    import json
+    import time
+
+    from elastic_ring.worker import stepcost
+
+    monkeypatch.delenv(stepcost.ENV, raising=False)
+    assert not stepcost.enabled()
+    m = stepcost.Meter()
+    obj = types.SimpleNamespace(part=lambda x: x * 2)
+    m.wrap(obj, "part", "part")
+    assert [obj.part(i) for i in range(3)] == [0, 2, 4]
+
+    def loop():
+        time.sleep(0.05)  # the segment's start: not a step's cost
+        for i in range(4):
+            yield i
+            time.sleep(0.002)
+        time.sleep(0.05)  # its end (checkpoint, barrier)
+
+    assert list(m.iterate(loop(), "boundary")) == [0, 1, 2, 3]
+    m.write(tmp_path, 0, 1, steps=4, form="steps")
+    rep = json.loads((tmp_path / "stepcost" / "seg000-rank1.json").read_text())
+    assert rep["steps"] == 4 and rep["form"] == "steps"
+    assert rep["parts"]["part"]["calls"] == 3
+    b = rep["parts"]["boundary"]
+    assert b["calls"] == 3 and 6_000 * 0.9 <= b["total_us"] < 50_000  # three 2 ms gaps, not the 50 ms ends
+    assert not m.ns and not m.calls  # the next segment counts afresh
