@@ -18,7 +18,9 @@ Each case is one example script, given a timer and nothing else (a copy in a tem
 
 The forms: ``epochs`` (``examples/ddp_epochs.py`` on torch.distributed, ``examples/mlp_epochs.py``
 on Horovod: optimizer hooks, the sampler), ``steps`` (``examples/mlp_digits.py``: ``job.steps()``),
-``hvd_elastic`` (``examples/hvd_elastic_mlp.py``: the Horovod Elastic adapter, a commit a step);
+``hvd_elastic`` (``examples/hvd_elastic_mlp.py``: the Horovod Elastic adapter, a commit a step;
+its plain run is Horovod's own ``hvd.elastic``, whose commit also broadcasts the host updates, a
+blocking collective the tool's ``state.commit()`` replaces by its stop vote);
 ``small`` is ``--hidden 512 --batch-size 16``, ``large`` ``--hidden 4096 --batch-size 32``. The
 built-in trainer (``builtin``, no plain mode: ``tool`` against ``tool_k1`` only) is timed by its
 throughput events, and a live resize of it (``latency``: 2 workers -> 1 by ``elastic-ring resize``)
