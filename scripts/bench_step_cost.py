@@ -327,19 +327,20 @@ def main() -> int:
     summary = summarise(rounds)
     lats = [r["latency"][m] for r in rounds for m in r.get("latency", {})]
     lat_modes = {m for r in rounds for m in r.get("latency", {})}
-    summary["live_resize"] = {m: statistics.median([r["latency"][m]["latency_s"] for r in rounds
-                                                    if m in r.get("latency", {})]) for m in lat_modes}
+    live = {m: {k: statistics.median([r["latency"][m][k] for r in rounds if m in r.get("latency", {})
+                                      and r["latency"][m][k] is not None] or [float("nan")])
+                for k in ("latency_s", "stop_file_to_agreement_s")} for m in sorted(lat_modes)}
+    if live:
+        print("live resize, median from the stop file to the agreement:",
+              {m: f"{v['stop_file_to_agreement_s'] * 1e3:.0f} ms" for m, v in live.items()},
+              "all within 100 ms + a step:", all(x["within_100ms_plus_a_step"] for x in lats))
     for case, c in summary.items():
-        if case == "live_resize":
-            print("live resize, request to agreement:", {m: f"{v * 1e3:.0f} ms" for m, v in c.items()},
-                  "all within 100 ms + a step:", all(x["within_100ms_plus_a_step"] for x in lats))
-            continue
         print(case, {m: f"{v * 1e3:.2f} ms" for m, v in c["median_s"].items()},
               {m: f"{v:.3f}" for m, v in c["median_ratio"].items()})
     write_results(a.out, {"settings": {"rounds": rounds_n, "epochs": epochs, "sizes": sizes, "modes": modes,
                                        "block_steps": BLOCK, "workers": 2, "omp_threads": 1,
                                        "quick": a.quick, "profile": a.profile},
-                          "summary": summary, "rounds": rounds}, load_start)
+                          "summary": summary, "live_resize": live, "rounds": rounds}, load_start)
     return 0
 
 
