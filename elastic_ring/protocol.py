@@ -68,6 +68,8 @@ def is_peer_loss(type_name: str | None, message: str | None) -> bool:
 
 CPU_THREADS_ENV = "ELASTIC_RING_CPU_THREADS"
 SLOT_HOSTS_ENV = "ELASTIC_RING_SLOT_HOSTS"  # "1": each worker slot is a host name of its own, all on this host
+LAUNCHED_AT_ENV = "ELASTIC_RING_LAUNCHED_AT"  # when the controller started the segment's launcher (time.time())
+PROCESS_START_ENV = "ELASTIC_RING_PROCESS_START"  # a forked worker: when its launched command started
 STORE_FD_ENV = "ELASTIC_RING_STORE_FD"  # rank 0 of a --collective torch segment: the rendezvous socket it inherits
 
 
@@ -151,6 +153,7 @@ class LaunchInfo:
     checkpoint_every_s: float = 0.0  # seconds between periodic checkpoints (0: none)
     keep: int = 2
     lr_scaling: str = "linear"
+    global_batch: int = 0  # lr_scaling constant-batch: samples per step at every world size
     control_every: int = 1
     stop_latency_ms: int = 0  # the longest a live stop waits for a vote (0: a vote every control_every steps)
     throughput_window: int = 20

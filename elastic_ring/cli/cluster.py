@@ -142,7 +142,8 @@ def down(no_wait, timeout, cluster_dir):
 def submit(target, name, steps, min_workers, max_workers, sets, profile, target_loss, checkpoint_every,
            cluster_dir, script_args):
     """Queue a job: a user script (.py, run with `train --script`; its own arguments after --) or
-    a config (.yaml, the built-in ResNet). Prints the job id."""
+    a config (.yaml, the built-in ResNet). Prints the job id. The job runs in this shell's folder,
+    where the script's relative paths point."""
     from elastic_ring.cluster.client import submit as submit_job
 
     job = submit_job(cluster_dir, target, name, steps, min_workers, max_workers, sets, profile, target_loss,

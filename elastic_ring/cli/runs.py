@@ -83,7 +83,9 @@ def logs(run_dir, segment, follow, list_only):
     if note:
         click.echo(f"elastic-ring: {note}: {path}", err=True)
     if not follow:
-        copy_log(path, 0, _write)
+        if copy_log(path, 0, _write) == 0:  # nothing printed: say where the run's progress is
+            click.echo(f"elastic-ring: {path} is empty (its workers printed nothing); the run's progress: "
+                       f"elastic-ring status {rd}, and {rd / 'events.jsonl'}", err=True)
         return
     follow_logs(rd, path, segment, _write, lambda line: click.echo(line, err=True))
 

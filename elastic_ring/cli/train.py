@@ -53,14 +53,21 @@ def _echo(msg: str) -> None:
 @click.option("--batch-size", type=int, default=None, help="Per-worker batch (config: batch_size).")
 @click.option("--lr", type=float, default=None, help="LR per lr_reference_batch images (config: lr).")
 @click.option("--seed", type=int, default=None, help="Seed of data order, augmentation and weights.")
-@click.option("--lr-scaling", type=click.Choice(["auto", "linear", "sqrt", "none"]), default=None,
+@click.option("--lr-scaling", type=click.Choice(["auto", "linear", "sqrt", "none", "constant-batch"]),
+              default=None,
               help="The LR at a new world size: linear (Eq. 7: x w_new / w_old), sqrt, none (kept), or "
                    "auto: as the script scales it (its optimizer's LR as built at the new size over that "
                    "at the old: a script built with lr=base * hvd.size() gets Eq. 7, one built with "
-                   "lr=base keeps its LR). [default: auto for a --script; the config's (linear) for the "
-                   "built-in ResNet]")
+                   "lr=base keeps its LR); or constant-batch: the global batch stays --global-batch at every "
+                   "worker count, each worker accumulating gradients over its share of micro-batches of the "
+                   "per-worker batch, and the LR stays. [default: auto for a --script; the config's (linear) "
+                   "for the built-in ResNet]")
 @click.option("--resize-warmup", type=int, default=None, metavar="STEPS",
               help="Ramp the LR to its Eq. 7 value over STEPS after a resize (0: at once).")
+@click.option("--global-batch", type=int, default=None, metavar="N",
+              help="--lr-scaling constant-batch: samples per step, a multiple of the per-worker batch; every "
+                   "worker count of the run must be at most N / batch (uneven shares allowed). [default: the "
+                   "ResNet's --batch-size x the initial workers; a --script must give it]")
 @click.option("--device", type=DEVICE_CHOICES, default="auto", show_default=True,
               help="cuda: one GPU per worker (NCCL); cpu: CPU processes with gloo; auto: cuda if NVIDIA GPUs are found.")
 @click.option("--slots", type=int, default=None,
@@ -135,7 +142,8 @@ def _echo(msg: str) -> None:
                    "left behind); with --steps N, on to N steps (a finished run too).")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
-          data_dir, batch_size, lr, seed, lr_scaling, resize_warmup, device, slots, hosts, hostfile,
+          data_dir, batch_size, lr, seed, lr_scaling, resize_warmup, global_batch, device, slots, hosts,
+          hostfile,
           network_interface, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
           checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, run_dir, resume_dir, script_args):
     """Train with Horovod (a CIFAR ResNet, or your --script); resize by checkpoint and relaunch.
@@ -150,7 +158,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
 
     At each resize the workers agree on the step, write a checkpoint and exit; the controller
     relaunches them at the new count and they rescale the learning rate by Eq. 7
-    (lr_new = w_new / w_last * lr_last). While it runs, `elastic-ring resize RUN_DIR --to N` resizes
+    (lr_new = w_new / w_last * lr_last); with --lr-scaling constant-batch the global batch and the LR
+    stay the same at every count instead (the workers accumulate micro-batches). While it runs, `elastic-ring resize RUN_DIR --to N` resizes
     live from another shell and `elastic-ring status RUN_DIR` shows progress. Everything lands in
     RUN_DIR: events.jsonl (typed events, incl. each resize's overhead breakdown), logs/, checkpoints/,
     summary.json. Ctrl-C stops at the next step with a checkpoint; --resume continues, and
@@ -180,7 +189,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
                      resize_to=resize_to, schedule=schedule, config_path=config_path,
                      overrides=tuple(overrides), steps=steps, depth=depth, dataset=dataset,
                      data_dir=data_dir, batch_size=batch_size, lr=lr, seed=seed, lr_scaling=lr_scaling,
-                     resize_warmup=resize_warmup, device=device, slots=slots, hosts=hosts,
+                     resize_warmup=resize_warmup, global_batch=global_batch, device=device, slots=slots,
+                     hosts=hosts,
                      hostfile=hostfile, network_interface=network_interface, relaunch=relaunch,
                      checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s, keep=keep,
                      max_restarts=max_restarts, stall_timeout=stall_timeout, run_dir=run_dir,
@@ -201,6 +211,7 @@ def resize(run_dir, target):
 
     The workers stop at the next step boundary all ranks agree on, checkpoint, and are relaunched
     at the new count (LR rescaled by Eq. 7). Returns at once; watch with `elastic-ring status`.
+    A request not yet taken is replaced by a new one, and withdrawn by one to the current size.
     """
     from elastic_ring.controller.requests import request_resize
 

@@ -43,6 +43,11 @@ class ClusterError(UserError):
     """A user mistake about the cluster (bad folder, bad job, no scheduler): one line, exit 2."""
 
 
+class JobStartError(ClusterError):
+    """A job's controller cannot be started (the folder it was submitted from is gone): the job
+    fails with this line as its message, the scheduler goes on."""
+
+
 class JobState(str, Enum):
     """Lifecycle of a cluster job.
 
@@ -82,6 +87,9 @@ class JobRequest:
     profile: a ``profile.json`` (Eq. 5) for precompute / optimus / srtf; None: linear speed-up.
     target_loss: if given, remaining work is Eq. 1's prediction of the steps to reach it (capped by
         the step budget); else the step budget left.
+    cwd: the folder `submit` was run in (absolute): the job's `train` runs there, so its script's
+        relative paths mean what they mean under ``python script.py`` from that shell; None (a job
+        stored before it was recorded): the scheduler's folder.
     """
 
     name: str
@@ -95,6 +103,7 @@ class JobRequest:
     profile: str | None = None
     target_loss: float | None = None
     train_args: tuple[str, ...] = ()  # extra `train` options (e.g. --checkpoint-every 20)
+    cwd: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("script", "config"):
@@ -107,12 +116,16 @@ class JobRequest:
             raise ClusterError(f"--max-workers {self.max_workers} is below --min-workers {self.min_workers}")
         if self.target_loss is not None and not (self.target_loss > 0 and math.isfinite(self.target_loss)):
             raise ClusterError(f"--target-loss must be > 0, got {self.target_loss}")
+        if self.cwd is not None and not Path(self.cwd).is_absolute():
+            raise ClusterError(f"a job's folder must be absolute, got {self.cwd!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "JobRequest":
+        """A stored request; a key it lacks (``cwd`` in a store of an older version) takes its
+        default."""
         d = dict(d)
         for k in ("sets", "args", "train_args"):
             d[k] = tuple(d.get(k) or ())

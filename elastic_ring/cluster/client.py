@@ -7,6 +7,7 @@ next pass.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +33,12 @@ class Submitted:
 def submit(cluster_dir: str | Path, target: str, name: str | None = None, steps: int | None = None,
            min_workers: int = 1, max_workers: int = 0, sets: Sequence[str] = (), profile: str | None = None,
            target_loss: float | None = None, checkpoint_every: int | None = None,
-           script_args: Sequence[str] = ()) -> Submitted:
+           script_args: Sequence[str] = (), cwd: str | Path | None = None) -> Submitted:
     """Queue a job: a user script (.py, run with `train --script` and ``script_args``) or a config
     (.yaml, the built-in ResNet, with ``sets``). A config is read now as its `train` will read it.
+    ``cwd``: the submitting shell's folder (default: this process's), recorded in the request: the
+    job's `train` runs there (:class:`~elastic_ring.cluster.api.JobRequest`), and the relative
+    paths given here (the file, ``--profile``, the cluster folder) are taken from it now.
 
     Raises:
         ClusterError: the job does not fit the cluster or mixes a script's and a config's options.
@@ -43,7 +47,8 @@ def submit(cluster_dir: str | Path, target: str, name: str | None = None, steps:
     from elastic_ring.cluster.store import Store
     from elastic_ring.controller.lock import held_by_other
 
-    p = Path(target).resolve()
+    here = Path(cwd or os.getcwd()).resolve()
+    p = (here / target).resolve()
     kind = "script" if p.suffix == ".py" else "config" if p.suffix in (".yaml", ".yml") else None
     if kind is None:
         raise ClusterError(f"{target}: submit a script (.py) or a config (.yaml)")
@@ -51,7 +56,8 @@ def submit(cluster_dir: str | Path, target: str, name: str | None = None, steps:
         raise ClusterError("arguments after -- are for scripts; a config takes --set KEY=VALUE")
     if kind == "script" and sets:
         raise ClusterError("--set is for configs; give a script its own arguments after --")
-    store = Store(Path(cluster_dir))
+    d = Path(cluster_dir) if cwd is None else here / cluster_dir  # (as given: the messages name it so)
+    store = Store(d)
     cfg = store.config()
     fixed = cfg is not None and cfg.ray is None  # a Ray cluster's slots change as nodes join
     if fixed and max_workers > cfg.slots:
@@ -63,12 +69,12 @@ def submit(cluster_dir: str | Path, target: str, name: str | None = None, steps:
     train_args = ("--checkpoint-every", str(checkpoint_every)) if checkpoint_every else ()
     req = JobRequest(name=name or p.stem, kind=kind, path=str(p), steps=steps, min_workers=min_workers,
                      max_workers=max_workers, sets=tuple(sets), args=tuple(script_args),
-                     profile=str(Path(profile).resolve()) if profile else None, target_loss=target_loss,
-                     train_args=train_args)
+                     profile=str((here / profile).resolve()) if profile else None, target_loss=target_loss,
+                     train_args=train_args, cwd=str(here))
     if kind == "config":
         check_config(req, cfg.device if cfg is not None else "cpu")
     jid = store.submit(req)
-    return Submitted(jid, req.name, held_by_other(Path(cluster_dir) / LOCK_FILE))
+    return Submitted(jid, req.name, held_by_other(d / LOCK_FILE))
 
 
 def check_config(req: Any, device: str) -> None:
@@ -85,20 +91,36 @@ def check_config(req: Any, device: str) -> None:
 
 def cancel(cluster_dir: str | Path, job: str) -> str:
     """Cancel a job by id or name (a queued one is dropped, a running one stops at a checkpoint);
-    returns what to print.
+    returns what to print. With no scheduler running (the cluster is down) a queued or paused job,
+    which has no process, is cancelled here at once; any other waits for `cluster up`, and the
+    line says so.
 
     Raises:
         ClusterError: no such job, or it has already ended.
     """
-    from elastic_ring.cluster.api import ClusterError
+    from elastic_ring.cluster.api import LOCK_FILE, ClusterError, JobState
     from elastic_ring.cluster.store import Store
+    from elastic_ring.controller.lock import held_by_other
 
-    store = Store(Path(cluster_dir))
+    d = Path(cluster_dir)
+    store = Store(d)
     j = store.find(job)
     if j.state.terminal:
         raise ClusterError(f"job {j.id} is already {j.state.value}")
-    store.update(j.id, cancel=1)
-    store.event(j.id, "cancel_requested")
+    up = held_by_other(d / LOCK_FILE)
+    with store.transaction():
+        j = store.find(str(j.id))
+        if j.state.terminal:
+            raise ClusterError(f"job {j.id} is already {j.state.value}")
+        store.update(j.id, cancel=1)
+        store.event(j.id, "cancel_requested")
+        if not up and j.state in (JobState.QUEUED, JobState.PAUSED):  # nothing runs it: done here
+            store.update(j.id, state=JobState.CANCELLED, finished=store.clock(), target=0)
+            store.event(j.id, "cancelled")
+            return f"job {j.id} ({j.name}): cancelled"
+    if not up:
+        return (f"job {j.id} ({j.name}): cancel requested; the cluster is down: it is cancelled when "
+                f"the scheduler runs again (elastic-ring cluster up)")
     return f"job {j.id} ({j.name}): cancel requested"
 
 

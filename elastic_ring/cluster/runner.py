@@ -2,7 +2,9 @@
 controller's files, as ``elastic-ring resize`` and ``status`` are).
 
 A job's run folder is ``CLUSTER/jobs/<id>``; its controller's output goes to
-``CLUSTER/logs/job-<id>.log``; its TensorBoard curves to ``CLUSTER/tensorboard/<id>-<name>``. A
+``CLUSTER/logs/job-<id>.log``; its TensorBoard curves to ``CLUSTER/tensorboard/<id>-<name>``. Its
+controller runs in the folder `submit` was run in (``JobRequest.cwd``; the scheduler's own for a
+job stored without it), so its workers do too and the script's relative paths are the user's. A
 start is ``train --script|--config ... --run-dir``, a resume ``train --resume``; a live resize is
 the request ``elastic-ring resize`` writes; a stop is SIGTERM (the workers checkpoint at the next
 agreed step and the controller exits with state interrupted).
@@ -39,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastic_ring import protocol
-from elastic_ring.cluster.api import ClusterConfig, JobRow, Observation, job_dir, job_log
+from elastic_ring.cluster.api import ClusterConfig, JobRow, JobStartError, Observation, job_dir, job_log
+from elastic_ring.controller.backends.api import package_path
 from elastic_ring.controller.lock import holder_pid, is_locked
 from elastic_ring.errors import UserError
 from elastic_ring.events.api import (ErrorEvent, Event, Launch, ResizeOverhead, Restart, Throughput, WorkersExited,
@@ -203,6 +206,7 @@ class ProcessRunner:
             if req.kind == "script" and req.args:
                 cmd += ["--", *req.args]
         env = dict(os.environ)
+        env["PYTHONPATH"] = package_path(env.get("PYTHONPATH", ""))  # it runs in the user's folder
         env[TB_ENV_DIR] = str(tensorboard_dir(self.dir, job))
         if cfg.device == "cuda" and cfg.ray is None:
             env.update(gpu_env(cfg.slot_table(), slots, cfg.multi_host))
@@ -240,16 +244,35 @@ class ProcessRunner:
 
     # ------------------------------------------------------------------ Runner
     def start(self, job: JobRow, slots: list[int], workers: int, resume: bool) -> int:
+        """Start the job's controller in its folder (``JobRequest.cwd``); returns its pid.
+
+        Raises:
+            JobStartError: that folder is gone (the line is also the job log's error line).
+        """
         cmd, env = self.command(job, slots, workers, resume)
         cores = self.cores(slots)
+        cwd = job.request.cwd  # None: a job stored before submit recorded it (the scheduler's folder)
         log = job_log(self.dir, job.id)
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as fh:
             fh.write(("$ " + " ".join(cmd) + "\n").encode())
             fh.flush()
-            p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                 start_new_session=True,
-                                 preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+            try:
+                if cwd is not None and not Path(cwd).is_dir():
+                    raise FileNotFoundError(2, "No such file or directory", cwd)
+                p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True, cwd=cwd,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+            except OSError as e:
+                if cwd is None or e.filename != cwd:
+                    raise
+                why = "is gone" if isinstance(e, FileNotFoundError) else f"cannot be entered ({e.strerror})"
+                keep = (f"; its checkpoints stay in {run_dir(self.dir, job.id)}"
+                        if resume or (run_dir(self.dir, job.id) / "run.json").exists() else "")
+                msg = (f"job {job.id} ({job.name}) was submitted from {cwd}, which {why}: its paths are "
+                       f"relative to it{keep}")
+                fh.write(f"elastic-ring: error: {msg}\n".encode())
+                raise JobStartError(msg) from None
         self._procs[job.id] = p
         return p.pid
 

@@ -65,7 +65,8 @@ import signal
 import time
 from typing import Any, Callable, Protocol
 
-from elastic_ring.cluster.api import ClusterConfig, ClusterError, JobRow, JobState, Observation, job_dir
+from elastic_ring.cluster.api import (ClusterConfig, ClusterError, JobRow, JobStartError, JobState, Observation,
+                                     job_dir)
 from elastic_ring.cluster.ray_slots import Capacity, FixedSlots, SlotSource
 from elastic_ring.cluster.store import Store
 from elastic_ring.perfmodel.convergence import predict_remaining
@@ -213,6 +214,7 @@ class Scheduler:
         self._rates: dict[int, Callable[[int], float]] = {}
         self._obs: dict[int, Observation] = {}
         self._marks: dict[int, int] = {}  # job -> its restarts (Observation.restarts) already handled
+        self._unstarted: list[int] = []  # jobs whose start failed in the last pass: completions to decide on
         self.live_resize = self.source.live_resize
         self.explores = bool(policy.explores)
         self.hold = int(policy.explore_gpus) if isinstance(policy, ExploringPolicy) else EXPLORE_GPUS
@@ -408,7 +410,8 @@ class Scheduler:
 
     def tick(self) -> bool:
         """One pass; False once `cluster down` has drained every job."""
-        causes: list[tuple[str, int | None]] = []
+        causes: list[tuple[str, int | None]] = [("completion", jid) for jid in self._unstarted]
+        self._unstarted = []
         down = bool(self.store.get_meta("down"))
         if self._refresh():
             causes.append(("capacity", None))
@@ -540,6 +543,15 @@ class Scheduler:
             self.store.event(j.id, state.value, step=fields["step"], outcome=out)
         return cause
 
+    def _fail_start(self, j: JobRow, why: str) -> None:
+        """The controller of ``j`` could not be started (:class:`JobStartError`): the job is failed
+        with ``why`` and gives back its slots; the next pass decides again (a completion)."""
+        with self.store.transaction():
+            self.store.update(j.id, state=JobState.FAILED, slots=[], target=0, pid=None, workers=0,
+                              finished=self.clock(), message=why)
+            self.store.event(j.id, JobState.FAILED.value, step=j.step, outcome=None, error=why)
+        self._unstarted.append(j.id)
+
     def _pin(self, j: JobRow, slots: list[int]) -> None:
         """The job's processes onto the cores of ``slots`` (a runner without ``pin``: nothing)."""
         pin = getattr(self.runner, "pin", None)
@@ -619,7 +631,11 @@ class Scheduler:
                     self.store.update(j.id, slots=take, state=JobState.RUNNING, message="",
                                       started=j.started or self.clock())
                 self.fault("after_store_running")
-                pid = self.runner.start(j, take, workers, resume)
+                try:
+                    pid = self.runner.start(j, take, workers, resume)
+                except JobStartError as e:  # its folder is gone: failed, its slots free for the next pass
+                    self._fail_start(j, str(e))
+                    continue
                 self.fault("after_start")
                 with self.store.transaction():
                     self.store.update(j.id, pid=pid, run_dir=str(job_dir(self.store.dir.resolve(), j.id)))

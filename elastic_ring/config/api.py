@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Sequence, get_args
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from elastic_ring.config.base import Bool, ConfigModel, Float, FloatTuple, Int, Str, load
 
@@ -54,7 +54,12 @@ class TrainConfig(ConfigModel):
         warmup_steps: linear warm-up from ``lr / workers`` at the start of training (0: none).
         resize_warmup_steps: after a resize, ramp linearly from the old LR to the Eq. 7 LR over
             this many steps (0: jump at once, as Eq. 7 says).
-        lr_scaling: rule applied at a resize: ``linear`` (Eq. 7), ``sqrt`` or ``none``.
+        lr_scaling: rule applied at a resize: ``linear`` (Eq. 7), ``sqrt``, ``none``, or
+            ``constant-batch``: the global batch stays ``global_batch`` at every world size (each
+            worker accumulates gradients over micro-batches of ``batch_size``:
+            :mod:`elastic_ring.worker.accumulate`) and the LR is not rescaled.
+        global_batch: samples per step under ``constant-batch``, a multiple of ``batch_size``
+            (0: ``batch_size`` x the run's initial workers, fixed when the run is created).
         augment: pad-4 random crop + horizontal flip on the training set.
         synthetic_size: number of distinct samples in the synthetic set.
         throughput_window: steps per throughput event.
@@ -85,7 +90,8 @@ class TrainConfig(ConfigModel):
     decay_factor: Float = Field(0.1, gt=0, le=1)
     warmup_steps: Int = Field(0, ge=0)
     resize_warmup_steps: Int = Field(0, ge=0)
-    lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
+    lr_scaling: Literal["linear", "sqrt", "none", "constant-batch"] = "linear"
+    global_batch: Int = Field(0, ge=0)
     augment: Bool = True
     synthetic_size: Int = Field(4096, ge=1)
     throughput_window: Int = Field(20, ge=1)
@@ -104,6 +110,16 @@ class TrainConfig(ConfigModel):
         if any(not 0 < f < 1 for f in v) or list(v) != sorted(v):
             raise ValueError(f"must be increasing fractions in (0, 1), got {list(v)}")
         return v
+
+    @model_validator(mode="after")
+    def _global_batch_rule(self) -> "TrainConfig":
+        if self.global_batch and self.lr_scaling != "constant-batch":
+            raise ValueError(f"global_batch {self.global_batch} needs lr_scaling constant-batch "
+                             f"(the other rules scale the batch with the workers)")
+        if self.global_batch % self.batch_size:
+            raise ValueError(f"global_batch {self.global_batch} is not a multiple of batch_size "
+                             f"{self.batch_size} (the micro-batch)")
+        return self
 
     @property
     def decay_steps(self) -> tuple[int, ...]:

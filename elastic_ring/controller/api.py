@@ -85,6 +85,7 @@ class RunSpec:
     collective: str = "horovod"  # or "torch" (torch.distributed: the local launcher, no horovodrun)
     cwd: str = ""  # the folder the script's workers run in: where `train` was run ("": this process's)
     lr_scaling: str | None = None  # a script's LR rule at a resize (worker.lr; "auto"); None: the config's
+    global_batch: int = 0  # a script's constant global batch (lr_scaling constant-batch)
 
     def validate(self) -> None:
         """Raises UserError for any request that cannot run (before anything starts)."""

@@ -76,8 +76,10 @@ class Controller:
                  max_restarts: int = 3,
                  host_probe: Callable[[list[tuple[str, int]]], list[tuple[str, int]]] | None = None,
                  plan: Plan | None = None, backend: Backend | None = None, resize: ResizeStrategy | None = None,
-                 stall_timeout: float | None = None, lr_decays: tuple[int, ...] = ()) -> None:
+                 stall_timeout: float | None = None, lr_decays: tuple[int, ...] = (),
+                 constant_batch: tuple[int, int] | None = None) -> None:
         self.lr_decays = tuple(lr_decays)  # steps after which the schedule decays the LR (shown at a resize)
+        self.constant_batch = constant_batch  # (global batch, micro-batch): the layout shown at a resize
         # a script's "auto" (its own scaling) is decided by the workers: Eq. 7 is the reference here
         self.spec, self.rule, self.clock, self.poll_s = spec, RULES.get(lr_scaling, RULES["linear"]), clock, poll_s
         self.out = out or (lambda s: print(s, file=sys.stderr, flush=True))
@@ -124,6 +126,8 @@ class Controller:
         if state is not self.state:
             check_transition(self.state, state)
         self.state = state
+        if "pending_world" in extra:  # a live resize asked is decided, or no longer pending
+            self._state_info.pop("live_target", None)
         self._state_info.update(extra)
         info = {**self._state_info, "pid": os.getpid(), "owner": self.owner, "state": state.value,
                 "phase": self._phase(state), "time": self.clock()}
@@ -282,13 +286,11 @@ class Controller:
         self._cancel_next()
         self._drain(wait=True)
         ck = self._checkpoint_step()
-        if killed:
-            kept = f"checkpoint at step {ck} kept" if ck else "no checkpoint was written"
-            msg = f"interrupted twice: workers killed; {kept}"
-        else:
-            msg = f"interrupted: checkpoint at step {ck} kept"
+        kept = f"checkpoint at step {ck} kept" if ck else "no checkpoint was written"
+        msg = f"interrupted twice: workers killed; {kept}" if killed else f"interrupted: {kept}"
         self._set_state(RunState.INTERRUPTED, step=ck or 0, segment=seg.index)
-        self.out(f"{msg}; continue with: elastic-ring train --resume {self.spec.run_dir}")
+        cmd = f"elastic-ring train --resume {self.spec.run_dir}"
+        self.out(f"{msg}; continue with: {cmd}" if ck else f"{msg}; {cmd} starts over from step 1")
         return self._finish(interrupted=True)
 
     def _finish(self, interrupted: bool = False) -> dict[str, Any]:
@@ -323,6 +325,7 @@ class Controller:
         seen = self.backend.failure_detail()
         ck = self._checkpoint_step() or 0
         last, t_last = self.diagnosis.failed_at(seg, records)
+        last = max(last, ck)  # the progress file may lag behind the checkpoint's step
         redone = max(0, last - ck)
         failure = {"from_step": ck, "type": blamed.type if blamed else None,
                    "message": blamed.message if blamed else why, "step": blamed.step if blamed else None}
@@ -344,7 +347,9 @@ class Controller:
         if new_world < world:
             self.plan.add(ck, new_world, "restart")
             self._save_plan()
-            self.out(f"only {usable} slot(s) answer: restarting at {new_world} worker(s) (LR by the run's rule)")
+            self.out(f"only {usable} slot(s) answer: restarting at {new_world} worker(s) "
+                     + (f"(LR unchanged: {self._layout(new_world)})" if self.constant_batch else
+                        "(LR by the run's rule)"))
         self._transition = "restarting"
         self._set_state(RunState.RESTARTING, step=ck, world_size=new_world, segment=seg.index + 1,
                         pending_world=None, resize_from=None)
@@ -377,6 +382,7 @@ class Controller:
         f = s.failure
         records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
         last, t_last = self.diagnosis.failed_at(seg, records)
+        last = max(last, s.step)  # the survivors all hold s.step done: the progress file may lag behind
         redone = max(0, last - s.step)
         stalled = seg.stall is not None
         why = seg.stall.message if stalled else f.message or f"worker rank {f.rank} failed"
@@ -451,7 +457,18 @@ class Controller:
                              seg.log or segment_log(self.spec.run_dir, seg.index, seg.world))
         if rel is not None:
             self.display.resized(rel.from_workers, rel.to_workers, rel.step, rel.lr_last, rel.lr_new,
-                                 self.lr_decays)
+                                 self.lr_decays, layout=self._layout(rel.to_workers))
+
+    def _layout(self, world: int) -> str | None:
+        """A constant global batch's micro-batch layout at ``world`` workers (None: another rule)."""
+        if self.constant_batch is None:
+            return None
+        from elastic_ring.worker.accumulate import Layout
+
+        g, b = self.constant_batch
+        if not b:  # a script's: its micro-batch is its own batch
+            return f"global batch {g} shared by {world} worker(s) in the script's micro-batches"
+        return Layout(g, b, world).describe()
 
     def _resize_inplace(self, seg: Segment, step: int) -> None:
         """The workers paused at the end of the last segment go on at the new size: the backend
@@ -572,6 +589,7 @@ class Controller:
         self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source="live",
                                           time=seg.t_live))
         stop_file(self.spec.run_dir, seg.index).touch()
+        self._set_state(self.state, live_target=target)  # `resize` sees it pending
         self.out(f"live resize requested: {seg.world} -> {target} workers")
 
     def _check_heal(self, seg: Segment) -> None:
@@ -614,7 +632,7 @@ class Controller:
             rel = self.meter.first_step(seg.index, ev, seg.t_launch, prelaunched=seg.go_file is not None)
             if rel is not None:
                 self.display.resized(rel.from_workers, rel.to_workers, rel.step, rel.lr_last, rel.lr_new,
-                                     rule=rel.rule, lr_rule=rel.lr_rule)
+                                     rule=rel.rule, lr_rule=rel.lr_rule, layout=self._layout(rel.to_workers))
         elif isinstance(ev, Throughput):
             if ev.steps:
                 self.watchdog.add_step_time(float(ev.seconds) / int(ev.steps))

@@ -13,7 +13,7 @@ from elastic_ring.events.api import Evaluation, Throughput
 _RULE_NAMES = {"linear": "Eq. 7", "sqrt": "the sqrt rule", "none": "--lr-scaling none",
                "auto:linear": "Eq. 7", "auto:unknown": "Eq. 7", "auto:sqrt": "the sqrt rule",
                "auto:none": "the script's rule (LR kept)", "on_resize": "the script's on_resize",
-               "adasum": "Adasum (LR kept)"}
+               "adasum": "Adasum (LR kept)", "constant-batch": "constant-batch (LR kept)"}
 
 
 def rule_words(rule: str | None, factor: float) -> str:
@@ -32,6 +32,8 @@ def rule_words(rule: str | None, factor: float) -> str:
             rule, f"the script's own scaling: x{factor:.3g}")
     if rule == "adasum":
         return "kept: the optimizer uses Adasum"
+    if rule == "constant-batch":
+        return "kept: constant-batch"
     return f"set by the script (on_resize, reset callbacks): x{factor:.3g}"
 
 
@@ -67,18 +69,24 @@ class Display:
             self.out(f"segment {index}: {world} worker(s) from step {first_step} {to} (log: {log})")
 
     def resized(self, from_workers: int, to_workers: int, step: int, lr_last: float, lr_new: float,
-                decays: tuple[int, ...] = (), rule: str | None = None, lr_rule: float | None = None) -> None:
+                decays: tuple[int, ...] = (), rule: str | None = None, lr_rule: float | None = None,
+                layout: str | None = None) -> None:
         """The LR rescale of a resize (Eq. 7), and a schedule decay that falls on the same step
         (else the LR a line later looks to have moved against the rule). A script's: ``lr_new``
         is the LR its first step used, ``rule`` the rule the workers applied and ``lr_rule`` the
-        LR it gave (another ``lr_new``: the script set its own)."""
+        LR it gave (another ``lr_new``: the script set its own). ``layout``: a constant global
+        batch's micro-batches at the new size (its LR is not rescaled)."""
         factor = lr_new / lr_last if lr_last else float("nan")
         how = rule_words(rule, factor)
         if lr_rule is not None and not math.isclose(lr_new, lr_rule, rel_tol=1e-6, abs_tol=1e-12):
             by = _RULE_NAMES.get(rule or "linear", "the script's own scaling")
             how = f"LR set by the script: {lr_new:.4g}; {by} would give {lr_rule:.4g}"
+        elif layout is not None:
+            how = f"constant-batch: {layout}"
         line = (f"resize {from_workers} -> {to_workers} after step {step}: LR {lr_last:.4g} -> {lr_new:.4g} "
                 f"({how})")
+        if layout is not None and how.startswith("constant-batch") and math.isclose(lr_new, lr_last):
+            line = f"resize {from_workers} -> {to_workers} after step {step}: LR {lr_last:.4g} unchanged ({how})"
         if step in decays:
             line += f"; the schedule's LR decay after step {step} applies from step {step + 1} as well"
         self.out(line)

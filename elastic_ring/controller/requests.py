@@ -22,7 +22,8 @@ RELAUNCH_CHOICES = ("auto", *MODES)  # auto: prelaunch on GPUs, overlap on the C
 BACKENDS = ("horovodrun", "ray")
 PLACEMENTS = ("PACK", "SPREAD")  # Ray placement groups: fewest nodes, or spread over them
 COLLECTIVES = ("horovod", "torch")  # the workers' collectives (worker.collective)
-LR_SCALINGS = ("auto", "linear", "sqrt", "none")  # the LR at a resize (worker.lr; auto: the script's own)
+LR_SCALINGS = ("auto", "linear", "sqrt", "none", "constant-batch")  # the LR at a resize (worker.lr; auto: the
+# script's own; constant-batch: the global batch kept, so the LR: worker.accumulate)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class RunRequest:
     seed: int | None = None
     resize_warmup: int | None = None
     lr_scaling: str | None = None  # the LR rule at a resize (None: auto for a script, the config's otherwise)
+    global_batch: int | None = None  # lr_scaling constant-batch: samples per step (config: global_batch)
     device: str = "auto"
     slots: int | None = None
     hosts: str | None = None
@@ -83,7 +85,7 @@ def check(req: RunRequest) -> None:
     """
     resnet = any(v is not None for v in req.resnet_options())
     if req.resume_dir and (req.config_path or req.overrides or req.config is not None or req.script
-                           or req.script_args or resnet):
+                           or req.script_args or resnet or req.global_batch is not None):
         raise UserError("--resume continues a run with its own config and script: drop the config "
                         "and script options (--steps N is the one that applies: the run's new total)")
     if req.lr_scaling is not None and req.lr_scaling not in LR_SCALINGS:
@@ -92,7 +94,7 @@ def check(req: RunRequest) -> None:
         raise UserError("--resume continues a run with its own LR rule: drop --lr-scaling")
     if req.lr_scaling == "auto" and not req.script:
         raise UserError("--lr-scaling auto follows a --script's own LR scaling: the built-in ResNet takes "
-                        "linear, sqrt or none")
+                        "linear, sqrt, none or constant-batch")
     if req.resume_dir and req.steps is not None and req.steps < 1:
         raise UserError(f"--steps must be >= 1, got {req.steps}")
     if req.script_args and not req.script:
@@ -105,6 +107,7 @@ def check(req: RunRequest) -> None:
             raise UserError("--script runs your own model: the ResNet options (--config, --set, --depth, "
                             "--dataset, --batch-size, --lr, ...) do not apply; pass your script's "
                             "own options after --")
+    _check_scaling(req)
     if (req.resize_at is None) != (req.resize_to is None):
         raise UserError("--resize-at and --to go together")
     if sum(bool(x) for x in (req.schedule, req.resize_at is not None, req.resizes)) > 1:
@@ -132,6 +135,20 @@ def check(req: RunRequest) -> None:
         raise UserError(f"--placement must be one of {', '.join(PLACEMENTS)}, got {req.placement}")
     _check_collective(req)
     _check_numbers(req)
+
+
+def _check_scaling(req: RunRequest) -> None:
+    """``--global-batch`` of a script (the ResNet's is its config's, checked there): a constant
+    global batch needs its size, which only the script's own batch can be split into."""
+    if not req.script:
+        return
+    if req.global_batch is not None and req.lr_scaling != "constant-batch":
+        raise UserError("--global-batch goes with --lr-scaling constant-batch")
+    if req.lr_scaling == "constant-batch" and req.global_batch is None:
+        raise UserError("--script with --lr-scaling constant-batch needs --global-batch N (samples per step; "
+                        "a multiple of the batch your script gives job.sampler)")
+    if req.global_batch is not None and req.global_batch < 1:
+        raise UserError(f"--global-batch must be >= 1, got {req.global_batch}")
 
 
 def with_script_collective(req: RunRequest) -> tuple[RunRequest, str | None]:
@@ -208,8 +225,7 @@ def request_resize(run_dir: str | Path, target: int) -> str:
     if st.phase is Phase.RESIZING:
         raise UserError(f"run {rd} is {st.line()}: ask again once it has made a step at the new size")
     if st.phase not in (Phase.STARTING, Phase.RUNNING, Phase.RESTARTING):
-        way = (f"; continue with: elastic-ring train --resume {rd}"
-               if st.phase in (Phase.STOPPED, Phase.CRASHED) and st.step < (st.total_steps or 0) else "")
+        way = f"; {st.resume_hint()}" if st.phase in (Phase.STOPPED, Phase.CRASHED) and st.unfinished else ""
         raise UserError(f"run {rd} is not running (state: {st.phase.value}{way})")
     from elastic_ring.protocol import read_json
 
@@ -220,15 +236,62 @@ def request_resize(run_dir: str | Path, target: int) -> str:
         raise UserError(f"--to must be >= 1, got {target}")
     if target > slots:
         raise UserError(f"--to {target} is more than the run's {slots} slot(s)")
-    if target == st.world_size:
-        raise UserError(f"the run already has {count(target, 'worker')}")
+    _check_constant_batch(rd, target)
     req = rd / "control" / REQUEST_FILE
+    pending = _pending_target(rd, req)
+    if pending is not None and pending[1]:  # the controller took it: the workers are stopping for it
+        if target == pending[0]:
+            raise UserError(f"run {rd} is already resizing {st.world_size} -> {pending[0]}")
+        raise UserError(f"run {rd} is resizing {st.world_size} -> {pending[0]} (asked live): ask again once "
+                        f"it has made a step at the new size")
+    if pending is not None and target == pending[0]:
+        raise UserError(f"a resize to {count(target, 'worker')} is already requested for {rd}")
+    if target == st.world_size:
+        if pending is None:
+            raise UserError(f"the run already has {count(target, 'worker')}")
+        try:  # withdraw the request not yet taken: the run stays at its size
+            req.unlink()
+        except FileNotFoundError:
+            raise UserError(f"run {rd} is resizing {st.world_size} -> {pending[0]}: ask again once it has "
+                            f"made a step at the new size") from None
+        return (f"the pending resize to {pending[0]} withdrawn for {rd}: it stays at "
+                f"{count(target, 'worker')}")
     req.parent.mkdir(parents=True, exist_ok=True)
     tmp = req.with_name(f".{req.name}.tmp")
     tmp.write_text(json.dumps({"to": target, "time": time.time(), "id": uuid.uuid4().hex}))
     os.replace(tmp, req)
     now = st.world_size
-    return f"resize to {target} requested for {rd} (currently {count(now, 'worker') if now else 'no workers'})"
+    instead = f"; it replaces the pending request for {pending[0]}" if pending is not None else ""
+    return (f"resize to {target} requested for {rd} (currently {count(now, 'worker') if now else 'no workers'}"
+            f"{instead})")
+
+
+def _pending_target(rd: Path, req: Path) -> tuple[int, bool] | None:
+    """A live resize asked and not yet done: (its target, whether the controller took it:
+    ``controller.json``'s ``live_target``) or None."""
+    from elastic_ring.protocol import CONTROLLER_FILE, read_json
+
+    ctl = read_json(rd / CONTROLLER_FILE)
+    if isinstance(ctl, dict) and isinstance(ctl.get("live_target"), int):
+        return ctl["live_target"], True
+    asked = read_json(req)
+    if isinstance(asked, dict) and isinstance(asked.get("to"), int):
+        return asked["to"], False
+    return None
+
+
+def _check_constant_batch(rd: Path, target: int) -> None:
+    """A run with a constant global batch resizes only to a count of workers that can share it."""
+    from elastic_ring.config.api import load_config
+    from elastic_ring.worker.accumulate import RULE, layout_problem
+
+    if not (rd / "config.yaml").is_file():
+        return  # a script's run
+    cfg = load_config(rd / "config.yaml")
+    if cfg.lr_scaling == RULE and cfg.global_batch:
+        why = layout_problem(cfg.global_batch, cfg.batch_size, (target,))
+        if why is not None:
+            raise UserError(f"--to {target}: {why}")
 
 
 def take_request(run_dir: Path, seen: set[str]) -> tuple[int, float | None] | None:

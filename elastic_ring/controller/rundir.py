@@ -58,6 +58,7 @@ def worker_settings(spec: RunSpec, cfg: TrainConfig | None) -> dict[str, Any]:
         "checkpoint_every": spec.checkpoint_every, "checkpoint_every_s": spec.checkpoint_every_s,
         "keep": spec.keep, "collective": spec.collective,
         "lr_scaling": cfg.lr_scaling if cfg else (spec.lr_scaling or "linear"),
+        "global_batch": cfg.global_batch if cfg else spec.global_batch,
         "control_every": cfg.control_every if cfg else 1,
         "stop_latency_ms": stop_latency_ms(cfg),
         "throughput_window": cfg.throughput_window if cfg else 20,

@@ -172,7 +172,8 @@ def _config(req: RunRequest, device: str):
     ov = parse_overrides(req.overrides)
     for k, v in (("total_steps", req.steps), ("depth", req.depth), ("dataset", req.dataset),
                  ("data_dir", req.data_dir), ("batch_size", req.batch_size), ("lr", req.lr),
-                 ("seed", req.seed), ("resize_warmup_steps", req.resize_warmup), ("lr_scaling", req.lr_scaling)):
+                 ("seed", req.seed), ("resize_warmup_steps", req.resize_warmup), ("lr_scaling", req.lr_scaling),
+                 ("global_batch", req.global_batch)):
         if v is not None:
             ov[k] = v
     return load_config(req.config_path, ov, device=device)
@@ -240,7 +241,8 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
                    script_args=tuple(req.script_args), checkpoint_every=req.checkpoint_every or 0,
                    checkpoint_every_s=60.0 if req.checkpoint_every_s is None else req.checkpoint_every_s,
                    keep=req.keep or 2, collective=req.collective or "horovod", cwd=os.getcwd(),
-                   lr_scaling=(req.lr_scaling or "auto") if req.script else None)
+                   lr_scaling=(req.lr_scaling or "auto") if req.script else None,
+                   global_batch=(req.global_batch or 0) if req.script else 0)
     steps_given = (req.steps is not None or req.config_path or req.config is not None
                    or any(o.partition("=")[0].strip() == "total_steps" for o in req.overrides))
     if device == "cpu" and rep is not None and not steps_given:
@@ -250,6 +252,8 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
 
         check_cpu_fallback([r.step for r in sched], total, rep)
     spec.validate()
+    if cfg is not None:
+        cfg = constant_batch_config(cfg, spec.workers, [r.to for r in sched])
     if cfg is not None and cfg.dataset != "synthetic":  # a --script or synthetic run never imports torch
         from elastic_ring.data import check_dataset
 
@@ -306,11 +310,14 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
                                             else old_ws.get("checkpoint_every_s", 60.0)),
                    keep=keep_now, collective=old_ws.get("collective", "horovod"),
                    cwd=_resumed_cwd(rd, old_ws),
-                   lr_scaling=old_ws.get("lr_scaling", "linear") if script else None)
+                   lr_scaling=old_ws.get("lr_scaling", "linear") if script else None,
+                   global_batch=int(old_ws.get("global_batch") or 0) if script else 0)
     if req.collective is not None and req.collective != spec.collective:
         raise UserError(f"--resume continues run {rd} with its own collective ({spec.collective}): "
                         f"drop --collective {req.collective}")
     validate_resume(spec, start_step)
+    if cfg is not None and cfg.global_batch:  # constant-batch: the resumed run's world sizes share it
+        constant_batch_config(cfg, spec.workers, [r.to for r in spec.schedule])
     if total != old_total:
         _write_new_total(rd, cfg, total)
         echo(f"elastic-ring: run {rd}: {old_total} -> {total} steps"
@@ -427,6 +434,25 @@ def _resume_plan(rd: Path, run_info: dict[str, Any], start_step: int, workers: i
     return plan
 
 
+def constant_batch_config(cfg: Any, workers: int, resize_to: "list[int]") -> Any:
+    """A new run's config under ``constant-batch``: its global batch fixed (``batch_size`` x the
+    initial ``workers`` where not given), and every world size of the run able to share it.
+
+    Raises:
+        UserError: a world size of the start or the schedule that cannot (the valid ones named).
+    """
+    from elastic_ring.worker.accumulate import RULE, layout_problem
+
+    if cfg.lr_scaling != RULE:
+        return cfg
+    if not cfg.global_batch:
+        cfg = cfg.model_copy(update={"global_batch": cfg.batch_size * workers})
+    why = layout_problem(cfg.global_batch, cfg.batch_size, [workers, *resize_to])
+    if why is not None:
+        raise UserError(why)
+    return cfg
+
+
 def validate_resume(spec: RunSpec, start_step: int) -> None:
     """The checks of a new run (RunSpec.validate), plus: every resize lies after the checkpoint."""
     if spec.workers > spec.slots:
@@ -449,7 +475,9 @@ def describe(run: PreparedRun) -> list[str]:
         first = (f"elastic-ring: {spec.workers} GPU worker(s) (NCCL + gloo), {spec.slots} GPU slot(s); "
                  f"run folder {spec.run_dir}")
     what = (f"script {spec.script}" if spec.script else
-            f"model ResNet-{cfg.depth} (width {cfg.width}) on {cfg.dataset}, batch {cfg.batch_size}/worker")
+            f"model ResNet-{cfg.depth} (width {cfg.width}) on {cfg.dataset}, "
+            + (f"constant global batch {cfg.global_batch} (micro-batches of {cfg.batch_size})"
+               if cfg.global_batch else f"batch {cfg.batch_size}/worker"))
     length = (f"{spec.total_steps} steps" if spec.total_steps < protocol.NO_STEP_LIMIT
               else "until the script ends")
     second = (f"{what}, {length}"
@@ -478,7 +506,9 @@ def lr_rule_line(script: str, rule: str) -> str:
                     "at the new size over that at the old (Eq. 7 where it is not built again)",
             "linear": "LR at a resize: Eq. 7, x w_new / w_old (--lr-scaling linear)",
             "sqrt": "LR at a resize: x sqrt(w_new / w_old) (--lr-scaling sqrt)",
-            "none": "LR at a resize: kept (--lr-scaling none)"}[rule] + other
+            "none": "LR at a resize: kept (--lr-scaling none)",
+            "constant-batch": "LR at a resize: kept, every step trains the same global batch (--lr-scaling "
+                              "constant-batch)"}[rule] + other
 
 
 def start_or_resume(req: RunRequest, echo: Callable[[str], None], out: Callable[[str], None] | None = None,
@@ -499,6 +529,13 @@ def start_or_resume(req: RunRequest, echo: Callable[[str], None], out: Callable[
         raise _interrupted(req, run.spec.run_dir) from None
     finally:
         RunLock(run.spec.run_dir).release()  # (the controller releases its own; this is prepare's)
+
+
+def _constant_batch(run: PreparedRun) -> tuple[int, int] | None:
+    """(global batch, micro-batch; 0: the script's own) of a constant-batch run, else None."""
+    if run.cfg is not None:
+        return (run.cfg.global_batch, run.cfg.batch_size) if run.cfg.global_batch else None
+    return (run.spec.global_batch, 0) if run.spec.lr_scaling == "constant-batch" else None
 
 
 def _interrupted(req: RunRequest, rd: Path | None) -> Interrupted:
@@ -532,7 +569,8 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
     ctl = Controller(run.spec, lr_scaling=rule, out=out,
                      max_restarts=req.max_restarts, plan=run.plan, stall_timeout=run.stall_timeout,
                      show_progress=show_progress, backend=backend, resize=resize,
-                     lr_decays=tuple(run.cfg.decay_steps) if run.cfg else ())
+                     lr_decays=tuple(run.cfg.decay_steps) if run.cfg else (),
+                     constant_batch=_constant_batch(run))
     summary = ctl.run(run.start_step, run.spec.workers, run.segment)
     total = run.spec.total_steps
     return {**summary, "total_steps": total if total < protocol.NO_STEP_LIMIT else None}

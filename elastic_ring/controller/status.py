@@ -17,7 +17,8 @@ finished       the schedule's last step is done
 failed         the controller gave up (restarts exhausted, or an error not worth a retry)
 stopped        stopped on purpose (Ctrl-C, SIGTERM), or aborted before its workers started
 crashed        the controller is gone without saying how it ended (killed, or its state file
-               unreadable): ``--resume`` continues from the last checkpoint
+               unreadable): ``--resume`` continues from the last checkpoint (from step 1
+               when none was written yet: ``status`` says which)
 =============  ================================================================================
 """
 
@@ -65,13 +66,30 @@ class RunStatus:
     run_dir: Path
     phase: Phase
     step: int  # the newest step known done (rank 0's progress file, else the events)
-    total_steps: int | None
+    total_steps: int | None  # None: not known, or an open-ended run (a script's own loop ends it)
     world_size: int | None
     resize_from: int | None = None  # resizing: from -> to
     resize_to: int | None = None
     pid: int | None = None  # the live controller's
     why: str = ""  # crashed, stopped before any launch: a few words on why this state was chosen
+    open_ended: bool = False  # no step limit (a script run without --steps)
+    checkpoint_step: int | None = None  # the newest checkpoint's step (checkpoints/latest.json)
     vote_every: int | None = None  # running: the workers' stop vote period (a live stop lands within it + 1)
+
+    @property
+    def unfinished(self) -> bool:
+        """Steps are left to train (a stopped or crashed run: ``--resume`` goes on)."""
+        return self.open_ended or self.step < (self.total_steps or 0)
+
+    def resume_hint(self) -> str:
+        """How ``--resume`` goes on: from the newest checkpoint, or from step 1 when steps were done
+        but none was written yet (the periodic checkpoint is every ``--checkpoint-every-s``)."""
+        cmd = f"elastic-ring train --resume {self.run_dir}"
+        if self.checkpoint_step:
+            return f"continue from the checkpoint at step {self.checkpoint_step} with: {cmd}"
+        if self.step > 0:
+            return f"no checkpoint yet: {cmd} starts over from step 1"
+        return f"continue with: {cmd}"
 
     def stop_latency_line(self) -> str | None:
         """Running with a stop vote every K > 1 steps: when a live resize or stop lands."""
@@ -84,11 +102,10 @@ class RunStatus:
         if self.phase is Phase.RESIZING and self.resize_from and self.resize_to:
             return f"resizing {self.resize_from} -> {self.resize_to}"
         if self.phase is Phase.CRASHED:
-            return (f"crashed: {self.why or 'controller gone'} (last step {self.step}; continue with: "
-                    f"elastic-ring train --resume {self.run_dir})")
-        if self.phase is Phase.STOPPED and self.step < (self.total_steps or 0):
+            return f"crashed: {self.why or 'controller gone'} (last step {self.step}; {self.resume_hint()})"
+        if self.phase is Phase.STOPPED and self.unfinished:
             how = f"{self.why}; " if self.why else ""
-            return f"stopped ({how}continue with: elastic-ring train --resume {self.run_dir})"
+            return f"stopped ({how}{self.resume_hint()})"
         return self.phase.value
 
 
@@ -117,6 +134,8 @@ def read_status(run_dir: str | Path, events: list[Event] | None = None) -> RunSt
     info = info if isinstance(info, dict) else {}
     total = info.get("total_steps")
     total = int(total) if isinstance(total, (int, float)) else _config_total(rd)
+    open_ended = total is not None and total >= protocol.NO_STEP_LIMIT
+    total = None if open_ended else total
     ctl = protocol.read_json(rd / protocol.CONTROLLER_FILE)
     ctl = ctl if isinstance(ctl, dict) and ctl.get("state") in _BY_STATE else None
     evs = read_events(rd / "events.jsonl") if events is None else events
@@ -125,7 +144,8 @@ def read_status(run_dir: str | Path, events: list[Event] | None = None) -> RunSt
     if world is None:
         launches = [e for e in evs if isinstance(e, Launch)]
         world = _int(launches[-1].world_size) if launches else _int(info.get("workers"))
-    kw: dict[str, Any] = dict(run_dir=rd, step=step, total_steps=total, world_size=world)
+    kw: dict[str, Any] = dict(run_dir=rd, step=step, total_steps=total, world_size=world, open_ended=open_ended,
+                              checkpoint_step=_checkpoint_step(rd))
     finished = any(isinstance(e, Finished) for e in evs)
     if ctl is None:
         if alive:
@@ -159,6 +179,12 @@ def _config_total(rd: Path) -> int | None:
         return _int((yaml.safe_load((rd / "config.yaml").read_text()) or {}).get("total_steps"))
     except (OSError, yaml.YAMLError, AttributeError):
         return None
+
+
+def _checkpoint_step(rd: Path) -> int | None:
+    """The newest checkpoint's step, from the checkpoint index (not the files: quick, torch-free)."""
+    idx = protocol.read_json(rd / "checkpoints" / "latest.json")
+    return _int(idx.get("step")) if isinstance(idx, dict) else None
 
 
 def _int(v: Any) -> int | None:

@@ -7,8 +7,9 @@ their fastest windows); the scaling efficiency between consecutive sizes used,
 ``thr(w2) / (thr(w1) * w2 / w1)`` on those images/s, only when both sizes have at least
 ``MIN_WINDOWS`` windows, with its spread (the same ratio of the windows' quartiles: lower quartile
 over upper, upper over lower); each resize's
-overhead breakdown; each restart (cause, rank, steps redone, time lost); final train loss and test
-accuracy. Steps redone after a restart or a resume are counted once: a launch from step s drops
+overhead breakdown; each restart (cause, rank, steps redone, time lost); the train loss (the newest
+window with a loss recorded: a script that never calls ``job.record(loss)`` has none) and the test
+accuracy (the newest evaluation, if any). Steps redone after a restart or a resume are counted once: a launch from step s drops
 the windows (or the parts of windows) after s that an earlier segment did not checkpoint.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 from pathlib import Path
@@ -143,6 +145,7 @@ def summarize(events: Iterable[Event | Mapping[str, Any]]) -> dict[str, Any]:
                 for e in _of(events, Restart)]
     evals = _of(events, Evaluation)
     fin = _of(events, Finished)
+    lossy = [e for e in thr if e.loss is not None and math.isfinite(float(e.loss))]
     state = "finished" if fin else ("failed" if _of(events, ErrorEvent) else "running")
     return {
         "state": state,
@@ -153,8 +156,8 @@ def summarize(events: Iterable[Event | Mapping[str, Any]]) -> dict[str, Any]:
         "resizes": overheads,
         "restarts": restarts,
         "steps_trained": sum(done.values()),
-        "train_loss": thr[-1].loss if thr else None,
-        "train_loss_step": thr[-1].step if thr else None,  # the last window's last step
+        "train_loss": lossy[-1].loss if lossy else None,  # None: no loss recorded (job.record)
+        "train_loss_step": lossy[-1].step if lossy else None,  # that window's last step
         "test_accuracy": evals[-1].test_accuracy if evals else None,
         "test_loss": evals[-1].test_loss if evals else None,
         "wall_s": fin[-1].wall_s if fin else None,
@@ -229,13 +232,16 @@ def render(summary: dict[str, Any], total_steps: int | None = None) -> str:
     lines.append("")
     tl = summary.get("train_loss")
     ta = summary.get("test_accuracy")
-    if summary.get("state") == "finished":
-        loss = f"final train loss: {'n/a' if tl is None else f'{tl:.4f}'}"
-    else:  # running (or stopped): the newest window's mean, not a final figure
-        at = summary.get("train_loss_step")
-        loss = f"train loss: {'n/a' if tl is None else f'{tl:.4f}'}" + (
-            f" (window ending at step {at})" if tl is not None and at is not None else "")
-    lines.append(f"{loss}   test accuracy: {'n/a' if ta is None else f'{100 * ta:.2f}%'}")
+    at = summary.get("train_loss_step")
+    if tl is None:
+        loss = ("train loss: not recorded (the script does not call job.record(loss))" if summary["sizes"]
+                else "train loss: no throughput window yet")
+    else:  # the newest window's mean with a loss: 'final' once the run finished
+        final = summary.get("state") == "finished"
+        loss = f"{'final ' if final else ''}train loss: {tl:.4f}" + (
+            f" (window ending at step {at})" if at is not None and not (final and at == summary.get("step")) else "")
+    acc = "no evaluation" if ta is None else f"{100 * ta:.2f}%"
+    lines.append(f"{loss}   test accuracy: {acc}")
     return "\n".join(lines)
 
 

@@ -140,9 +140,9 @@ class FirstStep(Event):
     segment: int
     world_size: int
     step: int
-    since_launch_s: float  # worker's own measure: process start to first step done
+    since_launch_s: float  # worker's own measure: the launcher's start (else its process's) to first step done
     lr: float
-    phases: dict[str, float] = field(default_factory=dict)  # seconds per start-up phase
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per start-up phase (they sum to it)
     # after a restore at another world size: the LR rule applied ("linear", "sqrt", "none",
     # "auto:<rule>" for the script's own, "on_resize", "adasum") and the LR it left in the
     # optimizer (``lr`` differs where the script then set its own)

@@ -23,7 +23,9 @@ config key on top of ``overrides``; the file is read and checked like every conf
 
 Rows: ``baseline w_init`` (no resize), ``baseline w_new`` (no resize), and ``resize at S`` for each
 S (w_init -> w_new after step S). Every row runs the same ``total_steps``, so a row at more
-workers also trains on more samples (the per-worker batch is fixed, as in the paper).
+workers also trains on more samples (the per-worker batch is fixed, as in the paper). With
+``--set lr_scaling=constant-batch`` every row trains the same global batch instead (``global_batch``,
+by default ``batch_size`` x the larger of w_init and w_new; the workers accumulate micro-batches).
 
 Per run, from its events alone (:func:`run_metrics`): steps; epochs = samples consumed / train
 set size, samples = sum over segments of steps * batch * workers; wall time = the ``finished``
@@ -124,9 +126,11 @@ def load_design(path: str | Path, overrides: Sequence[str] | Mapping[str, Any] =
 
 
 # ---------------------------------------------------------------------------- per-run numbers
-def run_metrics(events: Iterable[Event | Mapping[str, Any]], batch_size: int, train_size: int) -> dict[str, Any]:
+def run_metrics(events: Iterable[Event | Mapping[str, Any]], batch_size: int, train_size: int,
+                global_batch: int = 0) -> dict[str, Any]:
     """The numbers of one finished run, from its events (module docstring); an event given as its
-    line's dict is read as its typed record."""
+    line's dict is read as its typed record. ``global_batch``: a constant-batch run's samples per
+    step at every world size (0: ``batch_size`` per worker)."""
     recs = [as_event(e) for e in events]
     launches = sorted((e for e in recs if isinstance(e, Launch)), key=lambda e: e.segment)
     ends = {e.segment: e for e in recs if isinstance(e, SegmentEnd)}
@@ -137,7 +141,7 @@ def run_metrics(events: Iterable[Event | Mapping[str, Any]], batch_size: int, tr
             continue
         n = int(end.step) - (int(ln.start_step) - 1)
         steps += n
-        samples += n * batch_size * int(ln.world_size)
+        samples += n * (global_batch or batch_size * int(ln.world_size))
     fin = [e for e in recs if isinstance(e, Finished)]
     evals = [e for e in recs if isinstance(e, Evaluation)]
     thr = [e for e in recs if isinstance(e, Throughput)]

@@ -68,6 +68,8 @@ def run_table2(design_path: str, repeats: int | None = None, out_dir: str | None
     dev, ngpu, _ = resolve_device(device or design.device, note)
     cfg_path = resolve_path(design.config, Path(design_path).resolve().parent)
     cfg = load_config(cfg_path, design.overrides, device=dev)
+    if cfg.lr_scaling == "constant-batch" and not cfg.global_batch:  # every row the same global batch,
+        cfg = cfg.replace(global_batch=cfg.batch_size * max(design.w_init, design.w_new))  # at any size
     last = max(design.resize_steps)
     if last >= cfg.total_steps:
         raise UserError(f"resize step {last} is not before the last step ({cfg.total_steps})")
@@ -117,7 +119,8 @@ def run_design(design: ResizeDesign, cfg: TrainConfig, out_dir: Path, slots: int
                 out(f"{tag}: {rcfg.total_steps} steps; run folder {rd}")
                 start_run(rd, rcfg, r["workers"], tuple(Resize(s, w) for s, w in r["schedule"]),
                           slots, device, out=out, show_progress=show_progress, relaunch=design.relaunch)
-            m = run_metrics(read_events(rd / "events.jsonl"), rcfg.batch_size, train_size)
+            m = run_metrics(read_events(rd / "events.jsonl"), rcfg.batch_size, train_size,
+                            global_batch=rcfg.global_batch)
             m["run_dir"] = str(rd)
             m["seed"] = rcfg.seed
             runs[r["key"]].append(m)

@@ -143,11 +143,18 @@ def _run_curve(events: list[Event]) -> dict[str, Any]:
     ev = [e for e in events if isinstance(e, Evaluation)]
     return {"t": [e.time - t0 for e in thr], "step": [e.step for e in thr],
             "loss": [e.loss for e in thr],
-            "resizes": [(r.time - t0, f.time - t0 if f is not None else None, r.at_step)
+            "resizes": [(r.time - t0, f.time - t0 if f is not None else None, _resize_label(r, f))
                         for r, f in zip(req, first + [None] * len(req))],
             "wall_s": fin[-1].wall_s if fin else None,
             "accuracy": ev[-1].test_accuracy if ev else None,
             "acc_t": [e.time - t0 for e in ev], "acc": [100 * e.test_accuracy for e in ev]}
+
+
+def _resize_label(req: ResizeRequested, first: FirstStepAfterResize | None) -> str:
+    """A resize's marker: the step it came after (a live one's request names none: the step before
+    the first at the new size), else its sizes."""
+    at = req.at_step if req.at_step is not None else (first.step - 1 if first is not None else None)
+    return f"resize @ {at}" if at is not None else f"resize {req.from_workers} -> {req.to_workers}"
 
 
 def plot_runs(groups: list[tuple[str, list[Path]]], d: Path) -> list[Path]:
@@ -170,7 +177,7 @@ def plot_runs(groups: list[tuple[str, list[Path]]], d: Path) -> list[Path]:
                 if tf is not None:
                     ax.axvspan(tr, tf, color=c, alpha=0.12)
                 if ri == 0:
-                    ax.annotate(f"resize @ {st}", (tr, 1.0), xycoords=("data", "axes fraction"),
+                    ax.annotate(st, (tr, 1.0), xycoords=("data", "axes fraction"),
                                 fontsize=7, color=c, rotation=90, va="top", ha="right")
             if len(cur["acc"]) > 1:  # periodic evaluations (eval_every): a curve, resizes marked
                 ax2.plot(cur["acc_t"], cur["acc"], c=c, lw=1.0, alpha=0.9 if ri == 0 else 0.4)

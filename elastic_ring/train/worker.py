@@ -3,12 +3,16 @@
 It is a script like any user's (``elastic-ring train --script`` runs those the same way): the
 library (:mod:`elastic_ring.worker`) owns the collective's start (Horovod, or torch.distributed with
 ``--collective torch``), the checkpointed state, the sample stream, the stop protocol and the
-events; this file owns the model, the data and the LR recipe.
+events; this file owns the model, the data and the LR recipe. Rank 0 prints a line at the first
+step of each segment and every throughput window (what `elastic-ring logs` shows).
 
 The recipe is read from ``RUN_DIR/config.yaml`` (:class:`~elastic_ring.config.api.TrainConfig`).
 The LR is a pure function of the step and a saved :class:`~elastic_ring.worker.lr.LRState`
 (an extra of the checkpoint); at a new world size the LR rule of the config (Eq. 7 by default)
-rescales its base, so the decays still fire at the same steps. The augmentation of each sample is
+rescales its base, so the decays still fire at the same steps. Under ``constant-batch`` the global
+batch is ``global_batch`` at every world size: each rank trains its share of the step's
+micro-batches of ``batch_size`` and accumulates their gradients before the one allreduce of the
+step (:mod:`elastic_ring.worker.accumulate`), and the LR stays. The augmentation of each sample is
 seeded by its position in the stream, so a resume is exact whatever the world sizes.
 
 Model and data are built before the worker connects (``init(lazy=True)``): pre-launched workers
@@ -34,6 +38,7 @@ from elastic_ring.config.api import load_config
 from elastic_ring.data import load_dataset, make_batch
 from elastic_ring.nn import resnet
 from elastic_ring.train.optim import SGD
+from elastic_ring.worker.accumulate import RULE as CONSTANT_BATCH
 from elastic_ring.worker.lr import RULES, LRState, initial_base_lr
 
 
@@ -41,11 +46,17 @@ def _aug_generator(seed: int, stream_pos: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 7_919 + stream_pos) % (2**63 - 1))
 
 
-def _trace(run_dir: Path, segment: int, rank: int, world: int, step: int, indices: torch.Tensor) -> None:
+def _trace(run_dir: Path, segment: int, rank: int, world: int, step: int, indices: torch.Tensor,
+           loss: float | None = None) -> None:
+    """One rank's samples of a step (and, once the step is done, ``loss``: its part of the global
+    batch's mean loss; the ranks' parts sum to it)."""
     path = run_dir / "trace" / f"seg{segment:03d}-rank{rank}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
+    row = {"step": step, "rank": rank, "world": world, "indices": indices.tolist()}
+    if loss is not None:
+        row["loss"] = loss
     with path.open("a") as f:
-        f.write(json.dumps({"step": step, "rank": rank, "world": world, "indices": indices.tolist()}) + "\n")
+        f.write(json.dumps(row) + "\n")
 
 
 def warm_up(model: torch.nn.Module, ds, batch_size: int, augment: bool, device: torch.device,
@@ -102,7 +113,9 @@ def main() -> int:
                             download=False, cache_dir=cache)
     if job.device.type == "cuda":
         train_ds = train_ds.to(job.device)  # batches are made on the GPU (make_batch)
-    data = job.sampler(len(train_ds), cfg.batch_size, cfg.seed)
+    constant = cfg.lr_scaling == CONSTANT_BATCH
+    global_batch = (cfg.global_batch or cfg.batch_size * job.size) if constant else None
+    data = job.sampler(len(train_ds), cfg.batch_size, cfg.seed, global_batch=global_batch)
     test_ds = None
     warm_up(model, train_ds, cfg.batch_size, cfg.augment, job.device, waits=job.info.go_file is not None)
 
@@ -111,7 +124,8 @@ def main() -> int:
     # its own (empty) state: `opt` holds the momentum buffers; register `opt`, not `base_opt`.
     # torch.distributed: `net` is DistributedDataParallel(model) and `opt` is `base_opt`.
     net, opt = job.parallel(model, base_opt)  # average the gradients with the job's collective
-    base = initial_base_lr(cfg.lr, cfg.lr_reference_batch, cfg.batch_size, job.size)
+    base = (initial_base_lr(cfg.lr, cfg.lr_reference_batch, global_batch, 1) if constant else
+            initial_base_lr(cfg.lr, cfg.lr_reference_batch, cfg.batch_size, job.size))
     start = LRState(base, base / job.size, 0, cfg.warmup_steps) if cfg.warmup_steps else LRState(base)
     job.register(model=model, optimizer=opt, lr_state=vars(start).copy())
 
@@ -134,6 +148,8 @@ def main() -> int:
     lr_state = LRState(**lr_dict)
     decay_steps, factor, b = cfg.decay_steps, cfg.decay_factor, cfg.batch_size
     model.train()
+    every = max(1, job.info.throughput_window)  # rank 0's log line: at the first step, then every window
+    first = job.step + 1
     for step in job.steps():
         if job.extras["lr_state"] is not lr_dict:  # rescaled in place (--relaunch inplace)
             lr_dict = job.extras["lr_state"]
@@ -141,17 +157,43 @@ def main() -> int:
         lr = lr_state.lr_at(step, decay_steps, factor)
         for g in opt.param_groups:
             g["lr"] = lr
-        idx = data.next_batch()
+        if constant:
+            loss, samples, idx = accumulated_step(job, net, opt, data, train_ds, cfg, step)
+        else:
+            idx = data.next_batch()
+            x, y = make_batch(train_ds, idx, cfg.augment, _aug_generator(cfg.seed, data.last_start))
+            x, y = x.to(job.device, non_blocking=True), y.to(job.device, non_blocking=True)  # no-op on GPU data
+            opt.zero_grad()
+            loss = F.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            samples = b
         if cfg.trace_samples:
-            _trace(job.run_dir, job.segment, job.rank, job.size, step, idx)
-        x, y = make_batch(train_ds, idx, cfg.augment, _aug_generator(cfg.seed, data.last_start))
-        x, y = x.to(job.device, non_blocking=True), y.to(job.device, non_blocking=True)  # no-op on GPU data
-        opt.zero_grad()
-        loss = F.cross_entropy(net(x), y)
-        loss.backward()
-        opt.step()
-        job.record(loss, samples=b)
+            _trace(job.run_dir, job.segment, job.rank, job.size, step, idx, float(loss) / job.size)
+        job.record(loss, samples=samples)
+        if job.rank == 0 and (step == first or step % every == 0 or step == job.stop_at):
+            print(f"step {step}/{job.total_steps}  workers {job.size}  loss {loss.detach().item():.4f}  lr {lr:.4g}",
+                  flush=True)
     return 0
+
+
+def accumulated_step(job: elastic.Job, net, opt, data, train_ds, cfg,
+                     step: int) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """One step of a constant global batch: this rank's micro-batches, each one's mean loss weighted
+    by ``world / micro-batches`` and its gradients summed here, one allreduce (the collective's
+    average), one optimizer update. Returns (this rank's weighted loss sum, whose mean over the
+    ranks is the global batch's mean loss; the samples to count; this rank's indices)."""
+    opt.zero_grad()
+    total, taken = torch.zeros((), device=job.device), []
+    for mb in job.micro_batches(data, net, opt):  # each inside its backward pass's context
+        x, y = make_batch(train_ds, mb.indices, cfg.augment, _aug_generator(cfg.seed, mb.start))
+        x, y = x.to(job.device, non_blocking=True), y.to(job.device, non_blocking=True)
+        loss = F.cross_entropy(net(x), y) * mb.weight
+        loss.backward()
+        total += loss.detach()
+        taken.append(mb.indices)
+    opt.step()
+    return total, data.layout().samples_at(step), torch.cat(taken)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ points are the registered optimizer's steps (:mod:`elastic_ring.worker.hooked`,
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -95,6 +96,28 @@ def _process_start() -> float:
         return _T_IMPORTED
 
 
+def startup_marks(own_start: float, t_imported: float, env: dict[str, str]) -> StartUp:
+    """Where a worker's start-up phases are counted from: the controller's launch of its launcher
+    (``LAUNCHED_AT_ENV``; phase ``launcher``: up to the start of the command the launcher ran), and
+    for a worker forked from the fork server, that command's start (``PROCESS_START_ENV``), not
+    the fork: its ``imports`` (done in the fork server, before) is then the hand-over to the fork."""
+    def num(name: str) -> float | None:
+        try:
+            return float(env[name])
+        except (KeyError, ValueError):
+            return None
+    proc = num(protocol.PROCESS_START_ENV) or own_start
+    launched = num(protocol.LAUNCHED_AT_ENV)
+    marks: dict[str, float] = {}
+    if launched is not None and -2.0 < proc - launched < 600:  # this host's launch (a process start
+        marks["launcher"] = proc = max(proc, launched)          # is known to about a second)
+        t_start = launched
+    else:
+        t_start = proc
+    marks["imports"] = max(t_imported, own_start, proc)
+    return StartUp(t_start, marks)
+
+
 class Job:
     """One worker process's view of the elastic job (see the module docstring).
 
@@ -119,7 +142,7 @@ class Job:
         self.ring.warms_compile = warm_compile
         self.seg = Segment(info.segment, info.stop_at, info.total_steps)
         self.state = StateSync(self.ring, self.seg, info.lr_scaling)
-        start = start or StartUp(_process_start(), {"imports": _T_IMPORTED})
+        start = start or startup_marks(_process_start(), _T_IMPORTED, dict(os.environ))
         self.progress = Progress(self.run_dir, self.ring, self.seg, start, info.throughput_window,
                                  info.eval_every, self.state.current_lr)
         self.progress.rescaled = lambda: self.state.rescaled
@@ -164,6 +187,9 @@ class Job:
     lr_factor = property(lambda self: self.state.lr_factor, doc="the product of all LR rescalings so far")
     extras = property(lambda self: self.state.extras)
     epoch_data = property(lambda self: self.state.epoch_data)
+    global_batch = property(lambda self: (self.info.global_batch or None) if self.info.lr_scaling ==
+                            "constant-batch" else None,
+                            doc="the run's constant global batch (--lr-scaling constant-batch), else None")
 
     @property
     def step(self) -> int:
@@ -271,6 +297,10 @@ class Job:
         if self.form == "steps":
             raise ContractError("job.epochs() and job.steps() in one script: use one of them")
         self.state.adopt_distributed_optimizer(hooks=self._hooks())
+        if self.global_batch:  # --lr-scaling constant-batch: the optimizer acts once per global batch
+            from elastic_ring.worker.accumulate import accumulate_epoch_loop
+
+            accumulate_epoch_loop(self, self.state.optimizer)
         epochs = self.hooked.epochs(start, stop)
         return self.meter.iterate(epochs, "epochs.next") if self.meter else epochs
 
@@ -285,10 +315,26 @@ class Job:
         evaluation and the ``finished`` state, as at ``total_steps``. Any rank may call it."""
         self.vote.finish_requested = True
 
-    def sampler(self, size: int, batch_size: int, seed: int = 0) -> Sampler:
-        """The data position, saved with the state: see :class:`Sampler`."""
-        self.state.sampler = Sampler(self, size, batch_size, seed)
+    def sampler(self, size: int, batch_size: int, seed: int = 0, global_batch: int | None = None) -> Sampler:
+        """The data position, saved with the state: see :class:`Sampler`. ``global_batch``: the
+        samples of every step at any world size, in micro-batches of ``batch_size``
+        (:mod:`elastic_ring.worker.accumulate`); the default is the run's own (``elastic-ring train
+        --lr-scaling constant-batch --global-batch N``), else none."""
+        if global_batch is None and self.info.lr_scaling == "constant-batch":
+            global_batch = self.info.global_batch or None
+            if global_batch is None:
+                raise ContractError("a constant-batch run needs its global batch: job.sampler(..., "
+                                    "global_batch=N) or elastic-ring train --global-batch N")
+        self.state.sampler = Sampler(self, size, batch_size, seed, global_batch)
         return self.state.sampler
+
+    def micro_batches(self, sampler: Sampler, net: Any, optimizer: Any) -> Iterator[Any]:
+        """This rank's micro-batches of the step, each inside its backward pass's context: the
+        step's body for every rule (one micro-batch, the rank's batch, unless the global batch is
+        constant): see :func:`elastic_ring.worker.accumulate.micro_batches`."""
+        from elastic_ring.worker.accumulate import micro_batches
+
+        return micro_batches(sampler, net, optimizer)
 
     def on_resize(self, fn: Callable[[int, int, int], None]) -> None:
         """``fn(old_world, new_world, step)`` replaces the default LR rescaling at a new size."""
@@ -337,8 +383,11 @@ class Job:
         w = self.progress.window
         if loss is not None:
             w.losses.append(loss.detach() if hasattr(loss, "detach") else float(loss))
-        if samples is None and self.state.sampler is not None:
-            samples = self.state.sampler.batch_size
+        sampler = self.state.sampler
+        if samples is None and sampler is not None:
+            samples = sampler.batch_size
+            if sampler.global_batch:  # G / world per step on average (the throughput counts rank 0's)
+                samples = sampler.layout().samples_at(self.seg.current or self.seg.step + 1)
         w.samples += int(samples or 0)
 
     def current_lr(self) -> float:

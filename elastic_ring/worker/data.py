@@ -17,6 +17,12 @@ the epoch is used once across any number of resizes (plus the padding, as with t
 when the rest of the epoch is not a multiple of the new world size). ``b`` is read from the
 ``DataLoader``'s batch sampler when it iterates this sampler (or give ``batch_size=``).
 
+Under ``--lr-scaling constant-batch`` (``job.global_batch``) a step trains the run's global batch
+``G`` at every world size: the epoch's rest is cut (``drop_last``) or padded to a multiple of ``G``,
+each step's ``G`` positions are micro-batches of the loader's batch ``b``, and rank r takes its
+contiguous share of them (:mod:`elastic_ring.worker.accumulate`); the registered optimizer's
+``zero_grad``/``step`` then act once per step (:class:`~elastic_ring.worker.accumulate.EpochAccumulation`).
+
 ``len(sampler)`` is the number of indices this rank takes in the current epoch from the current
 position, so ``len(loader)`` is the number of batches left in the epoch at this world size: after a
 resize inside an epoch, the rest of that epoch, and a full epoch again from the next one (it is
@@ -139,6 +145,13 @@ class DistributedSampler:
         """This rank's indices in the epoch from where its iteration starts (started): stable
         while the loop runs, so ``batch_idx / len(loader)`` is the progress of the loop."""
         rest = len(self.dataset) - (self._start if self.iterating else self._position_now())
+        owner = _caller_batch_sampler(sys._getframe(1))  # a DataLoader's len(): its batch is the micro-batch
+        if owner is not None:
+            self._loader_batch = int(owner.batch_size)
+        lay = self._layout()
+        if lay is not None:  # whole steps of the global batch; this rank's micro-batches of each
+            steps = rest // lay.global_batch if self.drop_last else math.ceil(rest / lay.global_batch)
+            return steps * len(lay.share(self.rank)) * lay.micro_batch
         w = self.num_replicas
         return rest // w if self.drop_last else math.ceil(rest / w)
 
@@ -176,6 +189,10 @@ class DistributedSampler:
                 self.data.resume_rng = None
         self._start, self._pulled, self._pulled_at_step = start, 0, 0
         self.iterating = True
+        opt = getattr(getattr(self.job, "state", None), "optimizer", None)
+        acc = getattr(opt, "_elastic_ring_accumulation", None)  # a constant global batch's
+        if acc is not None and self._layout() is not None:
+            acc.passes()  # this rank's backward passes per step, set before the first one
         return self._indices(start)
 
     # ------------------------------------------------------------------ the elastic part
@@ -193,6 +210,24 @@ class DistributedSampler:
             return 0  # a new epoch (set_epoch), or this one's data is used up: a new pass
         return pos.pos
 
+    def _layout(self):
+        """The micro-batch layout of a step of the run's constant global batch (None: another
+        rule, or outside the tool): micro-batches of the loader's batch, or ``batch_size``.
+
+        Raises:
+            ContractError: no batch known, or a global batch it cannot split at this world size.
+        """
+        g = getattr(self.job, "global_batch", None)
+        if not g or not self.job.elastic or self.data.training_sampler() is not self:
+            return None  # (a test set's sampler splits as torch's does)
+        b = self.batch_size or self._loader_batch
+        if not b:
+            raise ContractError("a constant global batch is split into the loader's batches: iterate "
+                                "elastic.DistributedSampler through a DataLoader, or give batch_size=")
+        from elastic_ring.worker.accumulate import Layout
+
+        return Layout(g, int(b), self.num_replicas)
+
     def _indices(self, start: int) -> Iterator[int]:
         import torch
 
@@ -203,14 +238,13 @@ class DistributedSampler:
             order = torch.randperm(n, generator=g).tolist()
         else:
             order = list(range(n))
-        rest = order[start:]
-        w = self.num_replicas
-        if self.drop_last:
-            rest = rest[:len(rest) - len(rest) % w]
-        elif rest and len(rest) % w:
-            pad = w - len(rest) % w
-            rest += (rest * math.ceil(pad / len(rest)))[:pad]
-        for i in rest[self.rank::w]:
+        lay = self._layout()
+        if lay is not None:  # the whole epoch cut or padded to whole global batches, then its rest:
+            # the same last step whatever the position a resize resumed at (a multiple of the batch)
+            mine = _micro_batch_share(_whole(order, lay.global_batch, self.drop_last)[start:], lay, self.rank)
+        else:
+            mine = _whole(order[start:], self.num_replicas, self.drop_last)[self.rank::self.num_replicas]
+        for i in mine:
             if self._pulled == self._pulled_at_step and self.data.before_batch is not None \
                     and self.data.training_sampler() is self:  # the next batch's first index
                 self.data.before_batch()
@@ -219,7 +253,11 @@ class DistributedSampler:
 
     def step_samples(self, per_rank_pulled: int, passes: int) -> int:
         """Positions of the epoch one optimizer step used (all ranks): ``world * b`` per backward
-        pass, ``b`` the loader's batch (or, with no loader, the indices pulled since the last step)."""
+        pass, ``b`` the loader's batch (or, with no loader, the indices pulled since the last step);
+        the global batch, where it is constant."""
+        lay = self._layout()
+        if lay is not None:
+            return lay.global_batch
         b = self.batch_size or self._loader_batch
         per_rank = b * passes if b else per_rank_pulled
         return per_rank * self.num_replicas
@@ -234,3 +272,22 @@ class DistributedSampler:
         used = self.step_samples(self._pulled - self._pulled_at_step, passes)
         self._pulled_at_step = self._pulled
         pos.pos = min(len(self.dataset), pos.pos + used)
+
+
+def _whole(order: list[int], unit: int, drop_last: bool) -> list[int]:
+    """``order`` cut (``drop_last``) or padded with its first indices to a multiple of ``unit``."""
+    if drop_last:
+        return order[:len(order) - len(order) % unit]
+    if order and len(order) % unit:
+        pad = unit - len(order) % unit
+        return order + (order * math.ceil(pad / len(order)))[:pad]
+    return order
+
+
+def _micro_batch_share(rest: list[int], lay: Any, rank: int) -> Iterator[int]:
+    """This rank's indices of ``rest`` (a multiple of the global batch long): step after step,
+    its contiguous micro-batches of the step (:meth:`elastic_ring.worker.accumulate.Layout.share`)."""
+    g, b = lay.global_batch, lay.micro_batch
+    share = lay.share(rank)
+    for s in range(0, len(rest), g):
+        yield from rest[s + share.start * b:s + share.stop * b]

@@ -88,6 +88,7 @@ class HookedSteps:
         self.copies_started = False
         self.rng_at_restore = None  # the RNG right after restore(): the restored step's, for its copy
         self.rng_step = -1  # the step whose RNG state.saved_rng holds (rank 0; every rank with copies)
+        self.t_step_done: float | None = None  # when the last step's post-hook ended
 
     # ------------------------------------------------------------------ --survive: the copy in memory
     def restored(self) -> None:
@@ -147,7 +148,10 @@ class HookedSteps:
         if step == self.first_step:
             progress.first_step(step, now)
         elif w.steps >= info.throughput_window or step == seg.stop_at:
-            progress.last_loss, now = progress.close_window(step)
+            pos = job.epoch_data.position  # the script's epoch (job.epochs()), else its sampler's
+            epoch = pos.epoch if pos.epoch is not None else sampler.epoch if sampler is not None else 0
+            progress.last_loss, now = progress.close_window(step, epoch)
+        self.t_step_done = now
         if step >= seg.total_steps:
             self.pending = "finished"
         elif step >= seg.stop_at:
@@ -240,6 +244,14 @@ class HookedSteps:
         self.job.end_segment(checkpoint=checkpoint)
 
     # ------------------------------------------------------------------ the epoch loop
+    def _leave_out_epoch_end(self) -> None:
+        """The script's end-of-epoch code (its own test, a checkpoint of its own) ran since the
+        epoch's last step: that time is no step's, so the throughput window leaves it out."""
+        w, t = self.job.progress.window, self.t_step_done
+        if w.t0 is not None and t is not None:
+            w.t0 += time.time() - max(t, w.t0)
+        self.t_step_done = None
+
     def epochs(self, start: int, stop: int) -> Iterator[int]:
         """``range(start, stop)`` from the restored epoch: see :meth:`Job.epochs`."""
         job = self.job
@@ -263,6 +275,7 @@ class HookedSteps:
             if pos.epoch != epoch:  # a new epoch: its data from the start
                 pos.epoch, pos.pos = epoch, 0
             yield epoch
+            self._leave_out_epoch_end()
             pos.epoch, pos.pos = epoch + 1, 0  # the epoch and its end-of-epoch code are done
             for s in data.samplers:
                 s.iterating = False

@@ -296,7 +296,8 @@ class Session:
             self._first = False
             progress.first_step(job.step, now)
         elif progress.window.steps >= job.info.throughput_window:
-            progress.close_window(job.step)
+            epoch = getattr(self.state, "epoch", 0)  # a TorchState(epoch=...) script's epoch
+            progress.close_window(job.step, epoch if isinstance(epoch, int) else 0)
         progress.write_progress(job.step, now, job.vote.every)
 
     # ------------------------------------------------------------------ commits

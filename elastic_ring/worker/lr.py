@@ -6,6 +6,7 @@ linear ramps. A resize only changes ``base``: Eq. 7 (``LinearScale``) sets
 ``base_new = (w_new / w_last) * base_last``, so at any step the new LR is Eq. 7 applied to the LR
 the old world would have used, and the decays still fire at the same steps. With
 ``resize_warmup_steps > 0`` the base ramps from the old to the new value over that many steps.
+``constant-batch`` keeps the global batch, so the LR, the same at every world size.
 """
 
 from __future__ import annotations
@@ -47,7 +48,19 @@ class NoScale:
         return lr
 
 
-RULES: dict[str, ScalingRule] = {"linear": LinearScale(), "sqrt": SqrtScale(), "none": NoScale()}
+@dataclass(frozen=True)
+class ConstantBatch:
+    """The global batch stays the same at every world size (the workers accumulate gradients over
+    micro-batches: :mod:`elastic_ring.worker.accumulate`), so the LR is not rescaled."""
+
+    name: str = "constant-batch"
+
+    def scale(self, lr: float, w_last: int, w_new: int) -> float:
+        return lr
+
+
+RULES: dict[str, ScalingRule] = {"linear": LinearScale(), "sqrt": SqrtScale(), "none": NoScale(),
+                                 "constant-batch": ConstantBatch()}
 
 
 def initial_base_lr(lr_per_reference: float, reference_batch: int, batch_size: int, world: int) -> float:

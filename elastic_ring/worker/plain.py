@@ -72,6 +72,7 @@ class PlainJob:
     previous_world = None
     lr_factor = 1.0
     segment = 0
+    global_batch = None  # no constant global batch but the one a script gives job.sampler
 
     def __init__(self, collective: str | None = None) -> None:
         self.hvd: Any = None
@@ -216,9 +217,14 @@ class PlainJob:
                 break
         self.stop_reason = "finished"
 
-    def sampler(self, size: int, batch_size: int, seed: int = 0) -> Sampler:
-        self._sampler = Sampler(self, size, batch_size, seed)
+    def sampler(self, size: int, batch_size: int, seed: int = 0, global_batch: int | None = None) -> Sampler:
+        self._sampler = Sampler(self, size, batch_size, seed, global_batch)
         return self._sampler
+
+    def micro_batches(self, sampler: Sampler, net: Any, optimizer: Any) -> Iterator[Any]:
+        from elastic_ring.worker.accumulate import micro_batches
+
+        return micro_batches(sampler, net, optimizer)
 
     def record(self, loss: Any = None, samples: int | None = None) -> None:
         pass

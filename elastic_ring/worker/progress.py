@@ -202,9 +202,9 @@ class Progress:
         if now != ours:
             self._threads_warned = True
             if self.ring.rank == 0:
-                print(f"elastic-ring worker: the script set torch's threads to {now}; the library's "
-                      f"{ours} ({protocol.CPU_THREADS_ENV} sets it) shares this host's cores among its "
-                      f"{local_size} worker(s)", file=sys.stderr, flush=True)
+                print(f"elastic-ring worker: the script set torch's threads to {now}: its {now} per worker apply,"
+                      f" not the library's {ours} (this host's cores shared among its "
+                      f"{local_size} worker(s); {protocol.CPU_THREADS_ENV} sets it)", file=sys.stderr, flush=True)
 
     def close_window(self, step: int, epoch: int = 0) -> tuple[float, float]:
         """End the throughput window at ``step``: start the ranks' mean loss (an allreduce that

@@ -47,7 +47,29 @@ def _rank() -> int | None:
     return int(r) if r is not None and r.isdigit() else None
 
 
+def process_name(run_dir: Path, rank: int | None) -> str:
+    """``er<rank>:<run folder>``, cut to Linux's 15 characters of a process name."""
+    return f"er{'' if rank is None else rank}:{Path(run_dir).name}"[:15]
+
+
+def name_process(run_dir: Path, rank: int | None) -> str:
+    """Name this process after its run and rank (``er<rank>:<run folder>``, Linux's 15 characters)
+    for ``ps -e``, ``top`` and ``pstree``: a worker forked from the fork server otherwise has the
+    fork server's name and command line. (``ps -f`` / ``ps aux`` still show the command line, which
+    a process cannot rewrite from Python.) Returns the name; nothing happens off Linux."""
+    name = process_name(run_dir, rank)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, ctypes.c_char_p(name.encode(errors="replace")), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+    return name
+
+
 _LIB_DIR = str(Path(__file__).resolve().parents[1])  # the elastic_ring package
+_T_ENTRY = time.time()  # the worker command runs (its start-up phases: elastic_ring.worker.api.startup_marks)
 _ARG_ERROR: list[str] = []  # the message of the script's argparse error, if it rejected its arguments
 
 
@@ -78,9 +100,11 @@ def _kind(exc: BaseException, step: int | None) -> str | None:
         return "contract"
     if type(exc).__name__ == "PicklingError" or "pickle" in str(exc).lower():
         return "pickling"
-    transient = (OSError, MemoryError, TimeoutError)
+    # a file or folder that is not there (or not allowed) stays so: not one of the OS errors that may pass
+    missing = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+    transient = isinstance(exc, (OSError, MemoryError, TimeoutError)) and not isinstance(exc, missing)
     in_horovod = any("horovod" in f.filename for f in traceback.extract_tb(exc.__traceback__))
-    if step is None and not isinstance(exc, transient) and not in_horovod \
+    if step is None and not transient and not in_horovod \
             and type(exc).__name__ not in protocol.PEER_LOSS_TYPES:
         return "setup"  # the script's own code failed before its first step
     return None
@@ -270,6 +294,9 @@ def main(argv: list[str] | None = None, in_process: bool = False) -> int:
         return 2
     a, rest = _parse(argv)
     info, init_timeout_s = _launch_info(a)
+    if not in_process:  # a Ray actor's process is Ray's to name, and started before this segment
+        name_process(info.run_dir, _rank())
+        os.environ.setdefault(protocol.PROCESS_START_ENV, repr(_T_ENTRY))  # forked: the command's, kept
     from elastic_ring.telemetry.gpu import apply_host_devices
 
     apply_host_devices()  # cluster jobs on several hosts: this host's GPUs, before CUDA starts

@@ -14,12 +14,16 @@ class Sampler:
     A step with ``w`` workers consumes the next ``w * batch_size`` positions; rank r takes the r-th
     contiguous share. The cursor is saved in every checkpoint, so whatever the world sizes before
     and after a resize, every sample of every epoch is used exactly once.
+
+    ``global_batch`` (the run's ``constant-batch`` rule): a step consumes the next ``global_batch``
+    positions at any world size, in micro-batches of ``batch_size`` that the ranks share
+    (:meth:`next_micro_batches`, :mod:`elastic_ring.worker.accumulate`).
     """
 
-    def __init__(self, job: Any, size: int, batch_size: int, seed: int) -> None:
+    def __init__(self, job: Any, size: int, batch_size: int, seed: int, global_batch: int | None = None) -> None:
         from elastic_ring.data.stream import SampleStream
 
-        self.job, self.batch_size = job, batch_size
+        self.job, self.batch_size, self.global_batch = job, batch_size, global_batch
         self.stream = SampleStream(size, seed)
         self.cursor = 0
         self._batch_start: int | None = None  # where the batch next_batch() took last starts
@@ -30,6 +34,9 @@ class Sampler:
         if self._loader:
             raise ContractError("the sampler feeds a DataLoader (batch_sampler=): do not also call "
                                 "next_batch() on it")
+        if self.global_batch:
+            raise ContractError("a constant global batch is trained in micro-batches: take the step's "
+                                "with data.next_micro_batches()")
         start = self.cursor + self.job.rank * self.batch_size
         idx = self.stream.take(start, self.batch_size)
         self.last_start = start
@@ -37,6 +44,26 @@ class Sampler:
         self.cursor = cursor + self.batch_size * self.job.size
         self._batch_start = cursor
         return idx
+
+    def layout(self):
+        """The step's micro-batch layout at the current world size (a constant global batch)."""
+        from elastic_ring.worker.accumulate import Layout
+
+        if not self.global_batch:
+            raise ContractError("job.sampler(..., global_batch=G) has a micro-batch layout; this one has none")
+        return Layout(self.global_batch, self.batch_size, self.job.size)
+
+    def next_micro_batches(self) -> list[tuple[int, Any]]:
+        """This rank's micro-batches of the current step of a constant global batch, in order: a
+        (stream position of its first sample, indices: a LongTensor of ``batch_size``) pair each
+        (see :mod:`elastic_ring.worker.accumulate`); advances the cursor by the global batch."""
+        lay = self.layout()
+        cursor, b = self.cursor, self.batch_size
+        out = [(cursor + m * b, self.stream.take(cursor + m * b, b)) for m in lay.share(self.job.rank)]
+        self.last_start = out[0][0]
+        self.cursor = cursor + lay.global_batch
+        self._batch_start = cursor
+        return out
 
     @property
     def cursor(self) -> int:
@@ -58,6 +85,9 @@ class Sampler:
         if not self.job.restored:
             raise ContractError("iterate the DataLoader (or the sampler) after job.restore(): the "
                                 "data position is restored there")
+        if self.global_batch:
+            raise ContractError("a constant global batch is trained in micro-batches: take the step's "
+                                "with data.next_micro_batches(), not through a DataLoader")
         if self.job.inplace:  # the shares of batches prefetched before an in-place resize are stale
             raise ContractError("a DataLoader over job.sampler() is not supported under --relaunch "
                                 "inplace: use data.next_batch()")

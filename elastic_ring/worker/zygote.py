@@ -62,6 +62,7 @@ def hand_over(module: str, argv: list[str]) -> None:
     try:
         s.connect(_address(name))
         env = {k: v for k, v in os.environ.items() if k != ENV}
+        env[protocol.PROCESS_START_ENV] = repr(time.time())  # the launched command runs: the child's start
         fds = [0, 1, 2, *_passed_fds(env)]
         payload = json.dumps({"module": module, "argv": argv, "env": env, "cwd": os.getcwd(),
                               "fds": fds}).encode()

@@ -100,6 +100,17 @@ def test_epoch_loop_script_resized_1_2_1_exact_samples_lr_and_tests(tmp_path, mo
     final = CheckpointStore(run / "checkpoints").load_latest()
     assert final["step"] == 63 and final["data_position"]["epoch"] == 4
     assert json.loads((run / "summary.json").read_text())["state"] == "finished"
+    # every throughput window names the epoch its last step was in (not always 0)
+    wins = [e for e in ev if e["kind"] == "throughput"]
+    assert wins and all(w["epoch"] == by_step[w["step"]][0]["epoch"] for w in wins), wins
+    # the summary says what it does not know (no job.record(loss), no job.on_evaluate), not "nan" / "n/a"
+    assert "train loss: not recorded" in p.stdout and "test accuracy: no evaluation" in p.stdout, p.stdout
+    assert "nan" not in p.stdout.lower().split("state: finished")[-1]
+    for f in (e for e in ev if e["kind"] == "first_step"):
+        assert all(v >= 0 for v in f["phases"].values()), f  # no negative "imports" (forked workers)
+        if mode == "overlap":  # counted from the controller's launch of the segment, fork server start included
+            real = f["time"] - next(e["time"] for e in ev if e["kind"] == "launch" and e["segment"] == f["segment"])
+            assert 0.8 * real - 0.5 <= f["since_launch_s"] <= real + 0.5, (f, real)
     rank0_pids = {r["pid"] for ranks in by_step.values() for rank, r in ranks.items() if rank == 0}
     if mode == "overlap":  # each segment's workers are new processes
         assert len(rank0_pids) == 3

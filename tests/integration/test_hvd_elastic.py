@@ -60,6 +60,8 @@ def _check_run(run: Path, samples: Path) -> None:
         assert r["lr_new"] == pytest.approx(LR * r["to_workers"]) == f["lr"]
     for t in (e for e in ev if e["kind"] in ("first_step", "throughput")):
         assert t["lr"] == pytest.approx(LR * t["world_size"]), t
+    late = [t for t in ev if t["kind"] == "throughput" and t["step"] > 16]  # epoch 1's steps: 17-40
+    assert late and all(t["epoch"] == 1 for t in late), late  # the script's epoch, not always 0
     final = CheckpointStore(run / "checkpoints").load_latest()
     assert final["step"] == STEPS
     committed = final["extras"]["hvd_elastic_state"]

@@ -260,6 +260,7 @@ def test_an_epoch_loop_survives_a_kill_inside_an_epoch_as_scheduled_resizes(tmp_
     assert (r["path"], r["rank"], r["from_step"], r["new_world_size"], r["gave_up"]) == \
         ("memory", 1, E_KILL - 1, 1, False), r
     assert r["steps_redone"] <= 1, r
+    assert r["from_step"] <= r["failed_at_step"] == r["from_step"] + r["steps_redone"], r  # never below it
     (rec,) = read_events(run / "events.jsonl", kind="recovered")
     assert (rec["path"], rec["from_step"], rec["world_size"]) == ("memory", E_KILL - 1, 1), rec
     (req,) = [e for e in read_events(run / "events.jsonl", kind="resize_requested") if e["to_workers"] == 2]

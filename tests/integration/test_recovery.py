@@ -173,6 +173,9 @@ def test_kill_9_of_the_controller_leaves_no_orphan_and_resume_is_exact(tmp_path,
     st = run_cli("status", str(run))
     assert st.returncode == 0 and st.stdout.startswith("state: crashed: controller gone while running (last step"), \
         st.stdout
+    ck = json.loads((run / "checkpoints" / "latest.json").read_text())["step"]  # where --resume goes on
+    assert f"continue from the checkpoint at step {ck} with: elastic-ring train --resume {run})" in st.stdout, \
+        st.stdout
     res = run_cli("train", "--resume", str(run), "--slots", "2", timeout=400)
     assert res.returncode == 0, res.stderr
     assert read_events(run / "events.jsonl", kind="launch")[-1]["world_size"] == 2  # no --gpus needed

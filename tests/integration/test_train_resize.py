@@ -122,6 +122,8 @@ def test_resize_1_to_2_to_1_exact_resume_eq7_and_overheads(tmp_path, tmp_path_fa
     assert summary["test_accuracy"] is not None and len(summary["resizes"]) == 2
     st = run_cli("status", str(run))
     assert st.returncode == 0 and "scaling efficiency 1 -> 2" in st.stdout
+    lg = run_cli("logs", str(run), "--segment", "1")  # the built-in model's log is not empty
+    assert lg.returncode == 0 and "step 7/18  workers 2  loss " in lg.stdout and "step 12/18" in lg.stdout, lg
 
 
 def _wait_for(pred, timeout: float, what: str, poll: float = 0.3):
@@ -175,6 +177,8 @@ def _live_resize_then_interrupt(folder: Path) -> None:
         if r.returncode != 0:  # the tests report it
             (folder / "result.json").write_text(json.dumps(out))
             return
+        dup = run_cli("resize", str(run), "--to", "2")  # while the first is pending (or just done)
+        out["dup"] = [dup.returncode, dup.stderr]
         _wait_for(lambda: _events(run, "resize_overhead"), 120, "the live resize")
         out["requested"] = [e.to_dict() for e in _events(run, "resize_requested")]  # kept as JSON
         same = run_cli("resize", str(run), "--to", "2")  # the size it has now
@@ -220,6 +224,10 @@ def test_live_resize_from_another_shell_then_interrupt_and_resume(tmp_path_facto
     assert rc == 0, err
     req = out["requested"]
     assert req and req[0]["source"] == "live" and req[0]["to_workers"] == 2
+    # the same resize asked again while the first is pending is refused, naming it (not a second request)
+    rc, err = out["dup"]
+    assert rc == 2 and ("a resize to 2 workers is already requested" in err or "resizing 1 -> 2" in err
+                        or "already has 2" in err), err
     # a resize to the current size is refused with exit 2
     rc, err = out["same"]
     assert rc == 2 and "already has 2" in err
@@ -235,6 +243,7 @@ def test_live_resize_from_another_shell_then_interrupt_and_resume(tmp_path_facto
     # not running any more: a live resize is refused
     rc, err = out["not_running"]
     assert rc == 2 and "not running" in err and len(err.strip().splitlines()) == 1
+    assert f"continue from the checkpoint at step {stopped} with: elastic-ring train --resume" in err, err
     # resume continues from the checkpoint at 2 workers to the end, nothing repeated
     rc, err = out["resume"]
     assert rc == 0, err

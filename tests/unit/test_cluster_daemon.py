@@ -89,7 +89,37 @@ def test_client_submits_cancels_and_shows_jobs(tmp_path):
     assert job.name == "train_me" and not job.scheduler_running
     table = client.jobs_view(tmp_path)
     assert "train_me" in table and "queued" in table
-    assert client.cancel(tmp_path, "train_me") == f"job {job.job_id} (train_me): cancel requested"
-    assert store.find(str(job.job_id))["cancel"]
+    # no scheduler runs (the cluster is down): a queued job has no process, it is cancelled at once
+    assert client.cancel(tmp_path, "train_me") == f"job {job.job_id} (train_me): cancelled"
+    row = store.find(str(job.job_id))
+    assert row["cancel"] and row.state.value == "cancelled" and row.finished
+    assert [e.kind for e in store.events(job.job_id)][-2:] == ["cancel_requested", "cancelled"]
+    with pytest.raises(ClusterError, match="already cancelled"):
+        client.cancel(tmp_path, "train_me")
     with pytest.raises(UserError, match="no scheduler runs"):
         daemon.drain(tmp_path)
+
+
+def test_cancel_while_the_cluster_is_down_says_what_happens(tmp_path):
+    """A paused job (stopped at a checkpoint by `cluster down`) is cancelled at once; a job the store
+    still calls running (its scheduler gone) waits for `cluster up`, and the line says so; with a
+    scheduler running, the request is left for it."""
+    from elastic_ring.cluster.api import LOCK_FILE, JobState
+    from elastic_ring.controller.lock import try_lock
+
+    store = Store(tmp_path, create=True)
+    store.set_meta("config", ClusterConfig(hosts=(("localhost", 2),)).to_dict())
+    ids = [store.submit(JobRequest(name=n, kind="script", path="x.py", steps=10)) for n in ("p", "r", "q")]
+    store.update(ids[0], state=JobState.PAUSED, message="down")
+    store.update(ids[1], state=JobState.RUNNING)
+    assert client.cancel(tmp_path, "p") == f"job {ids[0]} (p): cancelled"
+    assert store.job(ids[0]).state is JobState.CANCELLED
+    line = client.cancel(tmp_path, "r")
+    assert line.startswith(f"job {ids[1]} (r): cancel requested; the cluster is down") and "cluster up" in line
+    assert store.job(ids[1]).state is JobState.RUNNING and store.job(ids[1]).cancel
+    fd = try_lock(tmp_path / LOCK_FILE)  # a scheduler holds the folder: it acts at its next pass
+    try:
+        assert client.cancel(tmp_path, "q") == f"job {ids[2]} (q): cancel requested"
+        assert store.job(ids[2]).state is JobState.QUEUED and store.job(ids[2]).cancel
+    finally:
+        os.close(fd)

@@ -248,6 +248,24 @@ def test_two_signals_kill_the_workers_and_say_what_is_kept(tmp_path):
     assert not read_events(tmp_path / "events.jsonl", kind="restart")
 
 
+def test_an_interrupt_before_any_checkpoint_says_the_resume_starts_over(tmp_path):
+    """Ctrl-C twice before the first checkpoint: not "checkpoint at step None kept; continue with"."""
+    out: list[str] = []
+    ctl, launcher = _controller(tmp_path, (Resize(10, 2),))
+    ctl.out = out.append
+    real_start = launcher.start
+
+    def start(cmd, env, log_path):
+        ctl._interrupts = 2  # two SIGTERMs as segment 0 starts
+        return real_start(cmd, env, log_path)
+
+    launcher.start = start
+    assert ctl.run(0, 1, 0)["state"] == "interrupted"
+    line = next(x for x in out if x.startswith("interrupted"))
+    assert line == (f"interrupted twice: workers killed; no checkpoint was written; elastic-ring train --resume "
+                    f"{tmp_path} starts over from step 1"), out
+
+
 def test_a_prelaunched_workers_crash_record_is_not_dropped(tmp_path):
     """Its record is older than the go (which the relaunch is measured from), not than its start."""
     ctl, launcher = _controller(tmp_path, (Resize(10, 2),), relaunch="prelaunch", fail_launches=(1,),

@@ -267,3 +267,48 @@ def test_digits_read_without_scikit_learn_equal_its_loader_and_import_nothing_of
             "print(len(y), any(m == 'sklearn' or m.startswith('sklearn.') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["1797", "False"], out.stderr
+
+
+def test_summary_loss_is_the_last_recorded_one_and_says_when_none_is():
+    """A script's windows without a loss (NaN: it never calls job.record(loss)) do not hide the last
+    loss recorded; with none at all the summary says so, and "no evaluation" without one (not
+    "nan" and "n/a")."""
+    nan = float("nan")
+
+    def win(step, loss):
+        return {"kind": "throughput", "world_size": 1, "images_per_s": 10.0, "steps_per_s": 1.0, "steps": 10,
+                "seconds": 10.0, "step": step, "loss": loss}
+    fin = {"kind": "finished", "step": 40, "wall_s": 5.0}
+    ev = [{"kind": "launch", "world_size": 1, "time": 0}, win(10, 2.0), win(20, 1.5), win(30, nan), fin]
+    s = summarize(ev)
+    assert s["train_loss"] == 1.5 and s["train_loss_step"] == 20
+    text = render(s, 40)
+    assert "final train loss: 1.5000 (window ending at step 20)   test accuracy: no evaluation" in text, text
+    assert "nan" not in text
+    s = summarize([ev[0], win(10, nan), win(20, nan), fin])
+    assert s["train_loss"] is None
+    text = render(s, 40)
+    assert "train loss: not recorded (the script does not call job.record(loss))" in text and "nan" not in text
+    s = summarize([ev[0], win(10, 2.0), win(40, 1.0), fin,
+                   {"kind": "evaluation", "step": 40, "test_accuracy": 0.5, "test_loss": 1.0}])
+    assert "final train loss: 1.0000   test accuracy: 50.00%" in render(s, 40)
+    assert "train loss: no throughput window yet" in render(summarize(ev[:1]), 40)
+
+
+def test_report_marks_a_live_resize_at_the_step_it_came_after():
+    """A live resize's request names no step (``at_step`` None): its marker is the step before the
+    first at the new size, never "resize @ None"."""
+    from elastic_ring.events import as_event
+    from elastic_ring.report.api import _run_curve
+
+    ev = [as_event(e) for e in [
+        {"kind": "launch", "time": 10.0, "segment": 0, "world_size": 1, "start_step": 1, "stop_step": 100,
+         "command": []},
+        {"kind": "resize_requested", "time": 12.0, "from_workers": 1, "to_workers": 2, "source": "live"},
+        {"kind": "first_step_after_resize", "time": 14.0, "segment": 1, "world_size": 2, "step": 31, "lr": 0.2,
+         "since_launch_s": 1.0},
+        {"kind": "resize_requested", "time": 20.0, "from_workers": 2, "to_workers": 1, "source": "schedule",
+         "at_step": 60},
+        {"kind": "resize_requested", "time": 30.0, "from_workers": 1, "to_workers": 2, "source": "live"},
+    ]]
+    assert [r[2] for r in _run_curve(ev)["resizes"]] == ["resize @ 30", "resize @ 60", "resize 1 -> 2"]

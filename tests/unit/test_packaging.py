@@ -43,3 +43,17 @@ def test_the_processes_started_are_modules_of_the_package():
 
     assert worker_entry()[-2:] == ["-m", "elastic_ring.worker.run"]
     assert ENTRY == ["-m", "elastic_ring.ps.mpi_main"]
+
+
+def test_the_readme_names_the_folder_make_demo_writes():
+    """`make demo` writes runs/demo-DATE-TIME (the Makefile's DEMO_DIR), not runs/demo: the README
+    says so, and that its recorded output shows the folder shortened."""
+    import re
+
+    make = (ROOT / "Makefile").read_text()
+    prefix = re.search(r"^DEMO_DIR \?= (\S+?)\$\(shell date", make, re.M).group(1)
+    assert prefix == "runs/demo-"
+    readme = (ROOT / "README.md").read_text()
+    prose = re.sub(r"```.*?```", "", readme, flags=re.S)  # the recorded output's paths are shortened
+    assert "`runs/demo-DATE-TIME`" in prose
+    assert "the run folder to `runs/demo`" in prose  # and the text says the output shows it so

@@ -76,6 +76,10 @@ def test_logs_prints_a_segment_and_finds_the_one_an_inplace_segment_wrote_into(t
     empty = _run(tmp_path, "e", None)
     p = cli_inproc("logs", str(empty))
     assert p.returncode == 2 and "no log yet" in p.stderr
+    (empty / "logs" / "segment-000-w1.log").write_text("")  # workers that print nothing: not silence
+    p = cli_inproc("logs", str(empty))
+    assert p.returncode == 0 and p.stdout == "" and "is empty (its workers printed nothing)" in p.stderr
+    assert f"elastic-ring status {empty}" in p.stderr and "events.jsonl" in p.stderr
 
 
 def _finished_script_run(tmp_path, total=10):

@@ -201,3 +201,94 @@ def test_a_cluster_job_can_show_what_its_run_is_doing(tmp_path):
         assert live_note(run) is None
     finally:
         lock.release()
+
+
+def test_a_crashed_run_says_where_resume_starts(tmp_path, cli_inproc):
+    """No checkpoint yet: --resume starts over from step 1 (not "continue"); with one, from it."""
+    run = _folder(tmp_path)
+    (run / "controller.json").write_text(json.dumps({"state": "running", "phase": "running", "world_size": 1}))
+    (run / "control").mkdir()
+    (run / "control" / "progress.json").write_text(json.dumps({"step": 37, "segment": 0, "time": 1.0}))
+    line = _status(cli_inproc, run)
+    assert line.startswith(f"state: crashed: controller gone while running (last step 37; no checkpoint yet: "
+                           f"elastic-ring train --resume {run} starts over from step 1)"), line
+    assert "continue" not in line
+    p = cli_inproc("resize", str(run), "--to", "2")
+    assert p.returncode == 2 and "starts over from step 1" in p.stderr, p.stderr
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "latest.json").write_text(json.dumps({"current": "ckpt-00000030.pt", "step": 30}))
+    line = _status(cli_inproc, run)
+    assert f"(last step 37; continue from the checkpoint at step 30 with: elastic-ring train --resume {run})" \
+        in line, line
+
+
+def test_an_open_ended_run_shows_its_step_alone(tmp_path, cli_inproc):
+    """A script run without --steps: no step limit shown (not 131/4611686018427387904), in `status`,
+    `runs` and their JSON; stopped, it still says how to continue."""
+    from elastic_ring.protocol import NO_STEP_LIMIT
+
+    run = _folder(tmp_path, total=NO_STEP_LIMIT)
+    (run / "controller.json").write_text(json.dumps({"state": "interrupted", "phase": "stopped", "world_size": 2}))
+    (run / "control").mkdir()
+    (run / "control" / "progress.json").write_text(json.dumps({"step": 131, "segment": 0, "time": 1.0}))
+    line = _status(cli_inproc, run)
+    assert "step: 131   workers: 2" in line and str(NO_STEP_LIMIT) not in line, line
+    assert line.startswith("state: stopped (no checkpoint yet: elastic-ring train --resume"), line
+    rows = cli_inproc("runs", str(tmp_path)).stdout
+    assert str(NO_STEP_LIMIT) not in rows and " 131 " in rows, rows
+    listed = json.loads(cli_inproc("runs", str(tmp_path), "--json").stdout)
+    assert listed[0]["step"] == 131 and listed[0]["total_steps"] is None
+    assert json.loads(cli_inproc("status", str(run), "--json").stdout)["total_steps"] is None
+
+
+def test_resize_accounts_for_a_pending_request(tmp_path, cli_inproc):
+    """`resize --to 1` while a 1 -> 2 request waits: the request is withdrawn (not "the run already
+    has 1 worker"); the same target twice is refused; once the controller took it, the run is
+    resizing. Another target replaces a waiting request."""
+    from elastic_ring.protocol import REQUEST_FILE
+
+    run = _folder(tmp_path)
+    ctl = {"state": "running", "phase": "running", "world_size": 1, "pid": 1}
+    (run / "controller.json").write_text(json.dumps(ctl))
+    (run / "run.json").write_text(json.dumps({**json.loads((run / "run.json").read_text()), "slots": 3}))
+    req = run / "control" / REQUEST_FILE
+    lock = RunLock(run)
+    lock.acquire()
+    try:
+        assert cli_inproc("resize", str(run), "--to", "2").returncode == 0
+        assert json.loads(req.read_text())["to"] == 2
+        p = cli_inproc("resize", str(run), "--to", "2")
+        assert p.returncode == 2 and "a resize to 2 workers is already requested" in p.stderr, p.stderr
+        p = cli_inproc("resize", str(run), "--to", "3")
+        assert p.returncode == 0 and "replaces the pending request for 2" in p.stdout, p.stdout
+        assert json.loads(req.read_text())["to"] == 3
+        p = cli_inproc("resize", str(run), "--to", "1")
+        assert p.returncode == 0 and "already has" not in p.stdout + p.stderr
+        assert "pending resize to 3 withdrawn" in p.stdout and not req.exists(), p.stdout
+        p = cli_inproc("resize", str(run), "--to", "1")  # nothing pending now: it has 1
+        assert p.returncode == 2 and "the run already has 1 worker" in p.stderr
+        (run / "controller.json").write_text(json.dumps({**ctl, "live_target": 2}))  # the controller took one
+        for to in ("1", "2", "3"):
+            p = cli_inproc("resize", str(run), "--to", to)
+            assert p.returncode == 2 and "resizing 1 -> 2" in p.stderr and "already has" not in p.stderr, p.stderr
+        assert not req.exists()
+    finally:
+        lock.release()
+
+
+def test_the_controller_shows_a_live_request_it_took_until_it_is_decided(tmp_path):
+    """controller.json names the live resize the controller took (``live_target``, what `resize`
+    reads) until the stop for it is decided (``pending_world``: resizing A -> B) or dropped."""
+    from elastic_ring.controller.api import RunState
+
+    ctl, _ = _controller(tmp_path, (), relaunch="overlap", total=30)
+    read = lambda: json.loads((tmp_path / "controller.json").read_text())  # noqa: E731
+    ctl._set_state(RunState.LAUNCHING)
+    ctl._set_state(RunState.RUNNING, step=5, world_size=1)
+    ctl._set_state(ctl.state, live_target=2)
+    assert read()["live_target"] == 2 and read()["phase"] != "resizing"
+    ctl._set_state(ctl.state, step=6)  # other updates keep it
+    assert read()["live_target"] == 2
+    ctl._set_state(RunState.STOPPING, step=7, world_size=1, pending_world=2, resize_from=1)
+    d = read()
+    assert "live_target" not in d and d["phase"] == "resizing" and d["pending_world"] == 2

@@ -724,3 +724,32 @@ def test_inplace_survivors_with_differing_copies_are_ended_the_restart_from_the_
         "digests": {"6": "a", "7": "c"}})
     assert b.survivors(wait_s=1.0) is None and h.inner.rc == -9
     assert b.refused == "the survivors' copies of step 7 differ (one's state is not the others')"
+
+
+def test_a_failure_with_survivors_never_reports_a_step_below_the_one_they_hold(tmp_path):
+    """The progress file (written at most twice a second) lags behind the step the survivors all
+    hold in memory: the restart's ``failed_at_step`` is at least that step (it said 177 below
+    ``from_step`` 180), and no step is counted as redone."""
+    from elastic_ring.controller.backends.resize import InPlace
+    from elastic_ring.controller.controller import Controller
+    from elastic_ring.events import read_events
+
+    class Lagging(_Backend):
+        def start(self, launch, log_path):
+            started = super().start(launch, log_path)
+            poll = self.ring.poll
+
+            def lagging():
+                rc = poll()
+                if self.ring.segment == 0 and self.ring.rc == 1:  # the survivors hold step 4; progress says 3
+                    protocol.write_json_atomic(protocol.control_dir(self.run_dir) / protocol.PROGRESS_FILE,
+                                               {"step": 3, "time": time.time()})
+                return rc
+            self.ring.poll = lagging
+            return started
+
+    spec = RunSpec(run_dir=tmp_path, workers=2, schedule=(), slots=2, device="cpu", total_steps=10)
+    b = Lagging(tmp_path, 10)
+    Controller(spec, out=lambda s: None, poll_s=0.0, show_progress=False, backend=b, resize=InPlace(b)).run(0, 2, 0)
+    (r,) = read_events(tmp_path / "events.jsonl", kind="restart")
+    assert (r["from_step"], r["failed_at_step"], r["steps_redone"]) == (4, 4, 0), r

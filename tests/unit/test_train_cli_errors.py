@@ -55,6 +55,16 @@ def _assert_one_line_error(p, *needles):
     (["--depth", "21"], ["depth: must be 6n+2"]),
     (["--bogus-flag"], ["No such option"]),
     (["--device", "cuda"], ["no NVIDIA GPU"]),
+    (["--lr-scaling", "constant-batch", "--batch-size", "8", "--global-batch", "16", "--schedule", "5:3",
+      "--steps", "10", "--slots", "4"], ["global batch 16 is 2 micro-batch(es) of 8", "valid worker counts: 1-2"]),
+    (["--lr-scaling", "constant-batch", "--gpus", "1", "--batch-size", "8", "--resize-at", "5", "--to", "2",
+      "--steps", "10", "--slots", "2"], ["global batch 8 is 1 micro-batch(es)", "valid worker counts: 1-1"]),
+    (["--lr-scaling", "constant-batch", "--batch-size", "8", "--global-batch", "20"], ["not a multiple of batch_size 8"]),
+    (["--global-batch", "64"], ["needs lr_scaling constant-batch"]),
+    (["--script", str(ROOT / "examples" / "mlp_constant_batch.py"), "--lr-scaling", "constant-batch"],
+     ["needs --global-batch N"]),
+    (["--script", str(ROOT / "examples" / "mlp_constant_batch.py"), "--global-batch", "64"],
+     ["goes with --lr-scaling constant-batch"]),
 ])
 def test_train_bad_input(run_cli, tmp_path, args, needles):
     run = tmp_path / "run"

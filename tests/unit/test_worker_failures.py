@@ -53,6 +53,14 @@ def test_user_exception_before_first_step_names_its_line(tmp_path):
     assert not_retried(rec) == "the script failed before its first step: not retried"
 
 
+def test_a_missing_file_before_the_first_step_is_not_retried(tmp_path):
+    """docs/worker.md: an exception in the script's own code before its first step is not retried;
+    a FileNotFoundError (a wrong --train-dir) was taken for a passing OS error and retried once."""
+    rec, _ = _run_worker(tmp_path, "open('../no/such/train/dir/labels.txt')\n")
+    assert rec["kind"] == "setup" and rec["type"] == "FileNotFoundError", rec
+    assert not_retried(rec) == "the script failed before its first step: not retried"
+
+
 def test_import_error_is_not_retried(tmp_path):
     rec, _ = _run_worker(tmp_path, "import no_such_module_here\n")
     assert rec["kind"] == "import" and not_retried(rec)
@@ -75,3 +83,22 @@ def test_log_ends_with_the_users_traceback(tmp_path):
     log.write_text("horovodrun: Traceback ... runner\n")
     append_traceback(log, {"rank": 1, "traceback": "Traceback\n  File \"train.py\", line 3\nKeyError: 'x'\n"})
     assert log.read_text().rstrip().endswith("KeyError: 'x'")
+
+
+def test_a_worker_names_its_process_after_its_run_and_rank(tmp_path):
+    """`ps -e` tells the ranks apart (a fork-server child's command line is the fork server's): the
+    worker entry names its process ``er<rank>:<run folder>``; without horovodrun's rank variables,
+    ``er:<run folder>``."""
+    (tmp_path / "myrun" / "logs").mkdir(parents=True)
+    (tmp_path / "myrun" / "run.json").write_text(json.dumps({"worker": {"total_steps": 5}}))
+    script = tmp_path / "show.py"
+    script.write_text("print(open('/proc/self/comm').read().strip(), flush=True)\n")
+    env = {"PATH": "/usr/bin:/bin", "HOROVOD_RANK": "1", "ELASTIC_RING_NO_ZYGOTE": "1"}
+    p = subprocess.run([sys.executable, "-m", "elastic_ring.worker.run", "--run-dir", str(tmp_path / "myrun"),
+                        "--segment", "0", "--stop-at", "5", "--", str(script)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.stdout.splitlines()[0] == "er1:myrun", (p.stdout, p.stderr)
+    from elastic_ring.worker.run import process_name
+
+    assert process_name(Path("/x/runs/demo-20261202-114127"), 12) == "er12:demo-20261"  # 15 characters
+    assert process_name(Path("/x/r"), None) == "er:r"

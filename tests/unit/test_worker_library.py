@@ -318,3 +318,23 @@ def test_heartbeat_says_sync_once_the_rank_reaches_its_optimizer_step(tmp_path, 
     assert seen[0][2] == [Beat(1, 0, "sync")]
     for step, before, after in seen[1:]:
         assert before == [Beat(1, step - 1, "step")] and after == [Beat(1, step - 1, "sync")], step
+
+
+def test_start_up_is_counted_from_the_launch_and_never_negative():
+    """A worker forked from the fork server: its phases count from the controller's launch
+    (``launcher``: up to the start of the command horovodrun ran) and its ``imports`` (done in the
+    fork server long before) is the hand-over to the fork, not -90 s; without the launch time (another
+    host's clock, an older controller) they count from the process's start, as before."""
+    from elastic_ring import protocol
+
+    env = {protocol.LAUNCHED_AT_ENV: "1000.0", protocol.PROCESS_START_ENV: "1003.0"}
+    st = api.startup_marks(own_start=1003.4, t_imported=910.0, env=env)  # forked at 1003.4, imported at 910
+    st.marks.update(build=1004.0, hvd_init=1005.0)
+    assert st.t_start == 1000.0
+    assert st.phases() == {"launcher": 3.0, "imports": pytest.approx(0.4), "build": pytest.approx(0.6),
+                           "hvd_init": 1.0}
+    st = api.startup_marks(own_start=1003.0, t_imported=1005.5, env={protocol.LAUNCHED_AT_ENV: "1000.0"})
+    assert st.t_start == 1000.0 and st.phases() == {"launcher": 3.0, "imports": 2.5}  # not forked
+    for env in ({}, {protocol.LAUNCHED_AT_ENV: "-5000.0"}, {protocol.LAUNCHED_AT_ENV: "x"}):
+        st = api.startup_marks(own_start=1003.0, t_imported=1005.5, env=env)
+        assert st.t_start == 1003.0 and st.phases() == {"imports": 2.5}

@@ -10,9 +10,11 @@ import re
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Callable
 
+from elastic_ring import protocol
 from elastic_ring.controller import hvdrun
 from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Handle, Launcher, SegmentLaunch,
                                                   Started, rank_named_in_log, worker_entry, worker_env)
@@ -65,6 +67,7 @@ class SubprocessLauncher:
         from elastic_ring.worker import zygote
 
         env = {k: v for k, v in env.items() if k != zygote.ENV}  # only this controller's own
+        env[protocol.LAUNCHED_AT_ENV] = repr(time.time())  # the workers' start-up counts from here
         name = zygote.ensure() if self.fork_server else None
         if name is not None:
             env[zygote.ENV] = name
