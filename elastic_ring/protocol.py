@@ -134,6 +134,8 @@ def read_json(path: Path) -> Any | None:
 
 # ---------------------------------------------------------------------- launch settings
 _ENV = "ELASTIC_RING_"
+STOP_LATENCY_MS = 100  # a run's default: a live stop waits at most this long for the next stop vote
+STOP_LATENCY_ENV = "ELASTIC_RING_STOP_LATENCY_MS"  # a script run's setting (a config's: stop_latency_ms)
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ class LaunchInfo:
     lr_scaling: str = "linear"
     global_batch: int = 0  # lr_scaling constant-batch: samples per step at every world size
     control_every: int = 1
+    stop_latency_ms: int = 0  # the longest a live stop waits for a vote (0: a vote every control_every steps)
     throughput_window: int = 20
     eval_every: int = 0
     controller_pid: int = 0

@@ -235,5 +235,8 @@ def status(run_dir, as_json):
     s = summarize(evs)
     s.update(state=st.line(), step=st.step, world_size=st.world_size)
     if as_json:
-        s.update(phase=st.phase.value, total_steps=st.total_steps, pid=st.pid)
-    click.echo(json.dumps(s, indent=2) if as_json else render(s, st.total_steps))
+        s.update(phase=st.phase.value, total_steps=st.total_steps, pid=st.pid, vote_every=st.vote_every)
+        click.echo(json.dumps(s, indent=2))
+        return
+    latency = st.stop_latency_line()
+    click.echo(render(s, st.total_steps) + (f"\n\n{latency}" if latency else ""))

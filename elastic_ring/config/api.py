@@ -63,7 +63,11 @@ class TrainConfig(ConfigModel):
         augment: pad-4 random crop + horizontal flip on the training set.
         synthetic_size: number of distinct samples in the synthetic set.
         throughput_window: steps per throughput event.
-        control_every: steps between the checks, agreed by all ranks, for a live stop request.
+        control_every: the fewest steps between two checks, agreed by all ranks, for a live stop
+            request (the stop vote); its period adapts above this to the step time.
+        stop_latency_ms: the longest a live stop request waits for the next check (the vote's
+            period is chosen so that it costs at most 1% of a step, within this); 0: a check
+            every ``control_every`` steps exactly.
         eval_batch_size: per-worker batch at test time.
         seed: seed of the sample order, the augmentation and the initial weights.
         trace_samples: write every rank's sample indices per step (for tests of exact resume).
@@ -92,6 +96,7 @@ class TrainConfig(ConfigModel):
     synthetic_size: Int = Field(4096, ge=1)
     throughput_window: Int = Field(20, ge=1)
     control_every: Int = Field(1, ge=1)
+    stop_latency_ms: Int = Field(100, ge=0)
     eval_batch_size: Int = Field(256, ge=1)
     seed: Int = 0
     trace_samples: Bool = False

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from elastic_ring import protocol
 from elastic_ring.config.api import TrainConfig, config_to_dict
 from elastic_ring.controller.api import RunSpec
 from elastic_ring.errors import UserError
@@ -35,6 +36,21 @@ def writing(path: Path) -> Iterator[None]:
         raise UserError(f"cannot write the run folder: {where}: {e.strerror or e}") from None
 
 
+def stop_latency_ms(cfg: TrainConfig | None) -> int:
+    """The run's ``stop_latency_ms``: ``ELASTIC_RING_STOP_LATENCY_MS`` where set (a script run has
+    no config), else the config's, else the default."""
+    raw = os.environ.get(protocol.STOP_LATENCY_ENV, "").strip()
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise UserError(f"{protocol.STOP_LATENCY_ENV}={raw!r}: give whole milliseconds >= 0")
+        return value
+    return cfg.stop_latency_ms if cfg else protocol.STOP_LATENCY_MS
+
+
 def worker_settings(spec: RunSpec, cfg: TrainConfig | None) -> dict[str, Any]:
     """What every worker reads from ``run.json`` (see ``protocol.LaunchInfo``)."""
     return {
@@ -44,6 +60,7 @@ def worker_settings(spec: RunSpec, cfg: TrainConfig | None) -> dict[str, Any]:
         "lr_scaling": cfg.lr_scaling if cfg else (spec.lr_scaling or "linear"),
         "global_batch": cfg.global_batch if cfg else spec.global_batch,
         "control_every": cfg.control_every if cfg else 1,
+        "stop_latency_ms": stop_latency_ms(cfg),
         "throughput_window": cfg.throughput_window if cfg else 20,
         "eval_every": cfg.eval_every if cfg else 0,
         "cwd": spec.cwd,
@@ -53,6 +70,7 @@ def worker_settings(spec: RunSpec, cfg: TrainConfig | None) -> dict[str, Any]:
 def create_run_dir(spec: RunSpec, cfg: TrainConfig | None, **extra: Any) -> None:
     """Write ``config.yaml`` and ``run.json`` into ``spec.run_dir`` and fill its dataset cache."""
     rd = spec.run_dir
+    settings = worker_settings(spec, cfg)  # (a bad setting is told before anything is written)
     with writing(rd):
         rd.mkdir(parents=True, exist_ok=True)
         if cfg is not None:
@@ -61,7 +79,7 @@ def create_run_dir(spec: RunSpec, cfg: TrainConfig | None, **extra: Any) -> None
             "workers": spec.workers, "schedule": [[r.step, r.to] for r in spec.schedule],
             "slots": spec.slots, "device": spec.device, "hosts": spec.hosts, "hostfile": spec.hostfile,
             "total_steps": spec.total_steps, "script": spec.script, "script_args": list(spec.script_args),
-            "worker": worker_settings(spec, cfg),
+            "worker": settings,
             "created": time.time(), "argv": sys.argv[1:], **extra}, indent=2))
     if cfg is not None:
         ensure_dataset_cache(spec.run_dir, cfg)

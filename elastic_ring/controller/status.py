@@ -74,6 +74,7 @@ class RunStatus:
     why: str = ""  # crashed, stopped before any launch: a few words on why this state was chosen
     open_ended: bool = False  # no step limit (a script run without --steps)
     checkpoint_step: int | None = None  # the newest checkpoint's step (checkpoints/latest.json)
+    vote_every: int | None = None  # running: the workers' stop vote period (a live stop lands within it + 1)
 
     @property
     def unfinished(self) -> bool:
@@ -89,6 +90,13 @@ class RunStatus:
         if self.step > 0:
             return f"no checkpoint yet: {cmd} starts over from step 1"
         return f"continue with: {cmd}"
+
+    def stop_latency_line(self) -> str | None:
+        """Running with a stop vote every K > 1 steps: when a live resize or stop lands."""
+        if self.phase is Phase.RUNNING and self.vote_every and self.vote_every > 1:
+            return (f"a live resize lands within {self.vote_every + 1} steps (a stop vote every "
+                    f"{self.vote_every} steps)")
+        return None
 
     def line(self) -> str:
         if self.phase is Phase.RESIZING and self.resize_from and self.resize_to:
@@ -152,6 +160,8 @@ def read_status(run_dir: str | Path, events: list[Event] | None = None) -> RunSt
         return RunStatus(phase=Phase.CRASHED, why=f"controller gone while {phase.value}", **kw)
     if phase is Phase.RESIZING:
         kw.update(resize_from=_int(ctl.get("resize_from")), resize_to=_int(ctl.get("pending_world")))
+    if phase is Phase.RUNNING:
+        kw.update(vote_every=_vote_every(rd))
     return RunStatus(phase=phase, pid=_int(ctl.get("pid")) if alive else None, **kw)
 
 
@@ -190,6 +200,12 @@ def _last_step(rd: Path, evs: list[Event]) -> int:
     prog = protocol.read_json(rd / "control" / protocol.PROGRESS_FILE)
     best = _int(prog.get("step")) or 0 if isinstance(prog, dict) else 0
     return max(best, last_step(evs))
+
+
+def _vote_every(rd: Path) -> int | None:
+    """The stop vote's period rank 0 last wrote in its progress file (None: not written)."""
+    prog = protocol.read_json(rd / "control" / protocol.PROGRESS_FILE)
+    return _int(prog.get("vote_every")) if isinstance(prog, dict) else None
 
 
 def live_note(run_dir: str | Path | None) -> str | None:

@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from elastic_ring import protocol
 from elastic_ring.protocol import LaunchInfo
-from elastic_ring.worker import session
+from elastic_ring.worker import session, stepcost
 from elastic_ring.worker.allocator import keep_freed_memory
 from elastic_ring.worker.checkpoints import Checkpoints
 from elastic_ring.worker.checks import check_collectives_untouched
@@ -148,8 +148,9 @@ class Job:
         self.progress.rescaled = lambda: self.state.rescaled
         self.checkpoints = Checkpoints(info, self.state.snapshot, self.progress, lambda: self.ring.size,
                                        self.state.current_lr)
-        self.vote = StopVote(self.run_dir, self.ring, self.seg)
+        self.vote = StopVote(self.run_dir, self.ring, self.seg, info.control_every, info.stop_latency_ms / 1000)
         self.hooked = HookedSteps(self)  # the steps counted at the optimizer's (an epoch loop)
+        self.meter = stepcost.install(self)  # ELASTIC_RING_STEP_COST: the boundary's parts timed
         self.form = "optimizer"  # where the steps are: "optimizer" (its steps), "steps" (job.steps()),
         #                          "commits" (a Horovod Elastic script's)
         self.rejoined = rejoined  # started over in this process, in the ring re-formed in place
@@ -300,7 +301,8 @@ class Job:
             from elastic_ring.worker.accumulate import accumulate_epoch_loop
 
             accumulate_epoch_loop(self, self.state.optimizer)
-        return self.hooked.epochs(start, stop)
+        epochs = self.hooked.epochs(start, stop)
+        return self.meter.iterate(epochs, "epochs.next") if self.meter else epochs
 
     def evaluating(self):
         """``with job.evaluating(): test()``: an evaluation inside the script's own loop, kept out
@@ -380,8 +382,7 @@ class Job:
         """Per step: this rank's loss (a tensor is read only at window ends) and samples used."""
         w = self.progress.window
         if loss is not None:
-            w.loss_sum = w.loss_sum + (loss.detach() if hasattr(loss, "detach") else float(loss))
-            w.loss_n += 1
+            w.losses.append(loss.detach() if hasattr(loss, "detach") else float(loss))
         sampler = self.state.sampler
         if samples is None and sampler is not None:
             samples = sampler.batch_size
@@ -408,18 +409,20 @@ class Job:
         self.form = "steps"
         if not self.restored:
             self.restore()
-        return flat_steps(self)
+        steps = flat_steps(self)
+        return self.meter.iterate(steps, "boundary") if self.meter else steps
 
     # ------------------------------------------------------------------ what the loops share
-    def between_steps(self, step: int, now: float) -> None:
+    def between_steps(self, step: int, now: float, periodic: bool = True) -> None:
         """After ``step``: the evaluation when due (kept out of the throughput window); on rank 0
-        the periodic checkpoint and the progress file."""
+        the periodic checkpoint (unless not ``periodic`` now) and the progress file."""
         if self.progress.evaluation_due(step):
             with self.progress.evaluating():
                 self.progress.evaluate(step)
         if self.rank == 0:
-            self.checkpoints.maybe_periodic(step, self.stop_at)
-            self.progress.write_progress(step, now)
+            if periodic:
+                self.checkpoints.maybe_periodic(step, self.stop_at)
+            self.progress.write_progress(step, now, self.vote.every)
 
     def pause(self) -> dict[str, Any]:
         """A segment resized in place ends: its ``segment_end`` (rank 0), then all ranks wait for
@@ -430,6 +433,7 @@ class Job:
         from elastic_ring.events.api import SegmentEnd
 
         seg = self.seg
+        self.progress.flush_window()  # the last window's event before the segment's end
         scheduled, taken = seg.stop_reason == "scheduled", None
         if self.rank == 0:
             taken = self.ring.take_ahead(self.run_dir, seg.number, seg.step, scheduled)
@@ -473,6 +477,12 @@ class Job:
         from elastic_ring.events.api import SegmentEnd
 
         seg = self.seg
+        self.progress.flush_window()  # the last window's event before the segment's end
+        if self.meter is not None:
+            c = self.meter.calls
+            self.meter.write(self.run_dir, seg.number, self.rank,
+                             max(c["boundary"] + 1, c["hooks.after"], c["hvd.after"]), form=self.form,
+                             collective=self.collective.name, vote_every=getattr(self.vote, "every", None))
         self.progress.heartbeat(seg.step, "ending")
         if seg.finished and evaluate:
             self.progress.heartbeat(seg.step, "eval")

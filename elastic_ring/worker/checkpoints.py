@@ -41,11 +41,15 @@ class Checkpoints:
         """The newest loadable checkpoint (falling back past a corrupt one, with a warning)."""
         return self.store().load_latest(warn=self.progress.warn)
 
-    def maybe_periodic(self, step: int, stop_at: int) -> None:
+    def due(self, step: int, stop_at: int) -> bool:
+        """Whether a periodic checkpoint is due after ``step``."""
         info = self.info
         due = (info.checkpoint_every and step - self.last_step >= info.checkpoint_every) or \
               (info.checkpoint_every_s and time.time() - self._last_t >= info.checkpoint_every_s)
-        if due and step < stop_at:
+        return bool(due) and step < stop_at
+
+    def maybe_periodic(self, step: int, stop_at: int) -> None:
+        if self.due(step, stop_at):
             self.write(step, wait=False)
 
     def write(self, step: int, wait: bool) -> None:

@@ -17,8 +17,9 @@ and, before running it, :func:`install` puts elastic-ring behind those names on 
   starts fresh with Horovod's ``state.sync()``, then calls the function.
 - ``state.commit()`` saves the state as Horovod does and is the only stop point: a scheduled stop
   happens at the first commit at or after its step (a step is one step of the state's optimizer),
-  a live or policy stop at the commit after rank 0 saw the request (the ranks agree through one
-  vote that travels with the next step's gradients). The periodic background checkpoints are
+  a live or policy stop at the next commit after the stop vote that tells it is read (a vote every
+  K steps, :class:`~elastic_ring.worker.segment.StopVote`; it travels with the next step's
+  gradients and is read at the next commit). The periodic background checkpoints are
   taken at commits too, so every checkpoint holds a committed state.
 - At a stop the committed state is checkpointed. Where the ring is re-formed in place
   (``--relaunch inplace``, the Ray backend) the same processes re-form the ring at the new size,
@@ -206,6 +207,11 @@ class Session:
         import torch
 
         self.job, self.state = job, state
+        meter = getattr(job, "meter", None)  # ELASTIC_RING_STEP_COST: the boundary's parts timed
+        if meter is not None:
+            meter.wrap(self, "_before_step", "hvd.before")
+            meter.wrap(self, "_after_step", "hvd.after")
+            meter.wrap(self, "commit_point", "hvd.commit")
         handlers = getattr(state, "_handlers", {})
         model = next((k for k, h in handlers.items() if isinstance(h.value, torch.nn.Module)), None)
         opt = next((k for k, h in handlers.items() if isinstance(h.value, torch.optim.Optimizer)), None)
@@ -263,6 +269,7 @@ class Session:
     def _begin_segment(self) -> None:
         progress = self.job.progress
         progress.begin_segment(progress.lr_used)
+        self.job.vote.begin()
         self._first = True
         self.vote = None
 
@@ -291,7 +298,7 @@ class Session:
         elif progress.window.steps >= job.info.throughput_window:
             epoch = getattr(self.state, "epoch", 0)  # a TorchState(epoch=...) script's epoch
             progress.close_window(job.step, epoch if isinstance(epoch, int) else 0)
-        progress.write_progress(job.step, now)
+        progress.write_progress(job.step, now, job.vote.every)
 
     # ------------------------------------------------------------------ commits
     def commit_point(self) -> None:
@@ -315,7 +322,8 @@ class Session:
         if reason is None:
             if job.rank == 0:
                 job.checkpoints.maybe_periodic(step, job.stop_at)
-            self.vote = job.vote.start()
+            if job.vote.due(step):
+                self.vote = job.vote.start(step)
             return
         job.seg.stopped(reason, time.time())
         raise _Stop()

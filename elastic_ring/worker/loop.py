@@ -1,6 +1,6 @@
 """The flat loop, ``for step in job.steps()`` (:func:`flat_steps`): a segment's steps up to its
 stop step or an agreed stop (:class:`~elastic_ring.worker.segment.StopVote`, every
-``control_every`` steps), then either the next segment in the same processes (the ring re-formed
+K steps, K agreed in the vote), then either the next segment in the same processes (the ring re-formed
 in place) or the segment's end.
 """
 
@@ -30,6 +30,7 @@ def _segment_steps(job: Any) -> Iterator[int]:
     """The steps of one segment (one world size), up to ``stop_at`` or an agreed stop."""
     info, seg, progress, vote = job.info, job.seg, job.progress, job.vote
     progress.begin_segment()
+    vote.begin()
     step = seg.step
     reason = "finished" if seg.stop_at >= seg.total_steps else "scheduled"
     first = True
@@ -57,15 +58,15 @@ def _segment_steps(job: Any) -> Iterator[int]:
         elif progress.window.steps >= info.throughput_window or step == seg.stop_at:
             progress.last_loss, now = progress.close_window(step, sampler.epoch if sampler is not None else 0)
         job.between_steps(step, now)
-        if step < seg.stop_at and step % info.control_every == 0:
-            # the vote started at the previous check has travelled with this step's gradients
-            if handle is not None:
+        if step < seg.stop_at:
+            if handle is not None:  # started after the last step: it travelled with this step's gradients
                 stop, early = vote.result(handle)
+                handle = None
                 if early or stop:
-                    handle = None
                     reason = "finished" if early else "requested"
                     break
-            handle = vote.start()
+            if vote.due(step):
+                handle = vote.start(step)
     if handle is not None:  # every rank has the same vote in flight: complete it
         if vote.result(handle)[1] and step < seg.total_steps:
             reason = "finished"  # the early stop lands at this segment's last step

@@ -24,8 +24,7 @@ class _Window:
     t0: float | None = None
     steps: int = 0
     samples: int = 0
-    loss_sum: Any = 0.0
-    loss_n: int = 0
+    losses: list = field(default_factory=list)  # this rank's losses (tensors are read at the window's end)
 
 
 class ProgressWriter:
@@ -112,6 +111,7 @@ class Progress:
         # this segment's LR rescale at a new size: (the rule applied, the LR it left); None: none
         self.rescaled: Callable[[], tuple[str, float | None] | None] = lambda: None
         self.last_loss = float("nan")
+        self._window_pending = None  # (allreduce handle, world size, the event's fields) of the closed window
         self._events = None
         self._beat = None  # this rank's heartbeat (controller.watchdog), opened at its first step
         self._beat_key: tuple[int, int] | None = None
@@ -160,8 +160,11 @@ class Progress:
 
     def begin_segment(self, lr_used: float | None = None) -> None:
         """A segment's steps start: a new window; the LR its first step runs with unless the step
-        sets it itself (seen by :meth:`optimizer_step`)."""
+        sets it itself (seen by :meth:`optimizer_step`). A window closed before and not yet read
+        is dropped (a segment that ended has read it: :meth:`flush_window`; after a lost peer its
+        collective fails)."""
         self.window = _Window()
+        self._window_pending = None
         self.lr_used, self.lr_stepped = lr_used, None
 
     def optimizer_step(self, opt) -> None:
@@ -204,29 +207,44 @@ class Progress:
                       f"{local_size} worker(s); {protocol.CPU_THREADS_ENV} sets it)", file=sys.stderr, flush=True)
 
     def close_window(self, step: int, epoch: int = 0) -> tuple[float, float]:
-        """End the throughput window at ``step``: the ranks' mean loss (one allreduce), the
-        ``throughput`` event; returns (that loss, the time the next window starts)."""
+        """End the throughput window at ``step``: start the ranks' mean loss (an allreduce that
+        travels with the next steps' collectives) and emit the last window's ``throughput`` event,
+        whose mean the next window's close (or the segment's end, :meth:`flush_window`) reads, so
+        no blocking collective runs between steps; returns (the last mean loss known, the time
+        the next window starts)."""
         import torch
 
-        from elastic_ring.events.api import Throughput
-
+        self.flush_window()
         w, size = self.window, self.ring.size
-        local = float(w.loss_sum) / w.loss_n if w.loss_n else float("nan")
-        mean_loss = float(self.ring.coll.allreduce(torch.tensor([local]), "mean", name="window_loss").item())
+        local = float(sum(w.losses)) / len(w.losses) if w.losses else float("nan")
         now = time.time()
         dt = max(now - (w.t0 or now), 1e-9)
-        self.emit(Throughput(segment=self.seg.number, world_size=size, step=step, steps=w.steps,
-                             seconds=dt, images_per_s=w.samples * size / dt, steps_per_s=w.steps / dt,
-                             loss=mean_loss, lr=self.current_lr(), epoch=epoch))
+        handle = self.ring.coll.allreduce_async(torch.tensor([local]), name="window_loss")
+        self._window_pending = (handle, size, dict(
+            segment=self.seg.number, world_size=size, step=step, steps=w.steps, seconds=dt,
+            images_per_s=w.samples * size / dt, steps_per_s=w.steps / dt, lr=self.current_lr(), epoch=epoch))
         self.window = _Window(t0=now)
-        return mean_loss, now
+        return self.last_loss, now
 
-    def write_progress(self, step: int, now: float) -> None:
+    def flush_window(self) -> None:
+        """The closed window's mean loss (every rank waits for it) and, on rank 0, its event."""
+        from elastic_ring.events.api import Throughput
+
+        pending, self._window_pending = self._window_pending, None
+        if pending is None:
+            return
+        handle, size, fields = pending
+        self.last_loss = float(self.ring.coll.wait(handle)[0].item()) / size
+        self.emit(Throughput(**fields, loss=self.last_loss))
+
+    def write_progress(self, step: int, now: float, vote_every: int = 1) -> None:
         """Rank 0: the progress file the controller reads (at most twice a second), written off
-        the training thread (:class:`ProgressWriter`)."""
+        the training thread (:class:`ProgressWriter`); ``vote_every``: the stop vote's period now
+        (a live stop lands within that many steps and one more)."""
         if self.ring.rank == 0 and now - self._last_progress_t > 0.5:
             self._last_progress_t = now
-            self._progress_writer.submit({"step": step, "segment": self.seg.number, "time": now})
+            self._progress_writer.submit({"step": step, "segment": self.seg.number, "time": now,
+                                          "vote_every": vote_every})
 
     def flush_progress(self) -> None:
         """The last progress record on disk (a segment's end)."""

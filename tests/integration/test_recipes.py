@@ -42,7 +42,8 @@ def test_recipes_example_resized_twice_exact_data_lr_and_early_stop(tmp_path):
     p = run_cli("train", "--script", str(ROOT / "examples" / "cnn_recipes.py"), "--steps", str(STEPS),
                 "--gpus", "1", "--schedule", ",".join(f"{s}:{w}" for s, w in SCHEDULE), "--slots", "2",
                 "--run-dir", str(run), "--", "--trace", str(trace), "--eval-every", "4",
-                "--target-accuracy", str(TARGET), timeout=600)
+                "--target-accuracy", str(TARGET), timeout=600,
+                env={"ELASTIC_RING_STOP_LATENCY_MS": "0"})  # a stop vote after every step (not every K)
     assert p.returncode == 0, p.stderr[-3000:]
     ev = read_events(run / "events.jsonl")
     evals = [e for e in ev if e["kind"] == "evaluation"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -184,6 +185,10 @@ def _live_resize_then_interrupt(folder: Path) -> None:
         out["same"] = [same.returncode, same.stderr]
         _wait_for(lambda: _events(run, "evaluation") and [t for t in _events(run, "throughput") if t["world_size"] == 2],
                   120, "an evaluation and a window at 2 workers")
+        # the stop vote's period at 2 workers: tiny steps, a vote every K > 1 of them (issue 50)
+        out["status"] = _wait_for(lambda: next((ln for ln in run_cli("status", str(run)).stdout.splitlines()
+                                                if "live resize lands within" in ln), None),
+                                  60, "status saying when a live resize lands")
         proc.send_signal(signal.SIGINT)  # graceful: checkpoint at the next agreed step
         _, err = proc.communicate(timeout=120)
     finally:
@@ -191,6 +196,11 @@ def _live_resize_then_interrupt(folder: Path) -> None:
             proc.kill()
     out["interrupted"] = [proc.returncode, err]
     out["stopped"] = json.loads((run / "checkpoints" / "latest.json").read_text())["step"]
+    last = {}  # the 2-worker segment: each rank's last step
+    seg = max(int(f.name[3:6]) for f in (run / "trace").glob("seg*-rank*.jsonl"))
+    for f in (run / "trace").glob(f"seg{seg:03d}-rank*.jsonl"):
+        last[f.name] = json.loads(f.read_text().splitlines()[-1])["step"]
+    out["last_steps"] = last
     nr = run_cli("resize", str(run), "--to", "1")
     out["not_running"] = [nr.returncode, nr.stderr]
     (folder / "before").mkdir()
@@ -226,6 +236,10 @@ def test_live_resize_from_another_shell_then_interrupt_and_resume(tmp_path_facto
     assert "--resume" in err
     stopped = out["stopped"]
     assert 0 < stopped < LIVE_STEPS
+    # with a stop vote every K > 1 steps, the stop still lands at one agreed step on both ranks
+    k = int(re.search(r"a stop vote every (\d+) steps", out["status"]).group(1))
+    assert k > 1
+    assert sorted(out["last_steps"].values()) == [stopped, stopped], out["last_steps"]
     # not running any more: a live resize is refused
     rc, err = out["not_running"]
     assert rc == 2 and "not running" in err and len(err.strip().splitlines()) == 1

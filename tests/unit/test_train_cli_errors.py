@@ -339,3 +339,47 @@ def test_resume_of_a_folder_a_live_controller_holds_is_refused_and_touches_nothi
         for proc in (holder, worker):
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("vote_every,line", [(12, "a live resize lands within 13 steps (a stop vote every 12 steps)"),
+                                             (1, None), (None, None)])
+def test_status_of_a_running_run_says_when_a_live_resize_lands(run_cli, tmp_path, vote_every, line):
+    """Rank 0's progress file carries the stop vote's period; above 1 `status` says how many steps a
+    live resize may take to land (and --json gives the period)."""
+    from elastic_ring.controller.lock import RunLock
+
+    run, _ = _fake_run(tmp_path)
+    (run / "controller.json").write_text(json.dumps({"state": "running", "world_size": 2}))
+    (run / "control").mkdir()
+    prog = {"step": 37, "segment": 0, "time": 1.0}
+    if vote_every is not None:
+        prog["vote_every"] = vote_every
+    (run / "control" / "progress.json").write_text(json.dumps(prog))
+    lock = RunLock(run)
+    lock.acquire()
+    try:
+        s = run_cli("status", str(run))
+        j = run_cli("status", str(run), "--json")
+    finally:
+        lock.release()
+    assert s.returncode == 0 and j.returncode == 0, s.stderr + j.stderr
+    assert "state: running   step: 37/50" in s.stdout
+    if line:
+        assert s.stdout.rstrip().endswith(line)
+    else:
+        assert "live resize lands" not in s.stdout
+    assert json.loads(j.stdout)["vote_every"] == vote_every
+
+
+@pytest.mark.parametrize("env,args,needles", [
+    ("abc", [], ["ELASTIC_RING_STOP_LATENCY_MS='abc'", "milliseconds >= 0"]),
+    ("-5", [], ["ELASTIC_RING_STOP_LATENCY_MS='-5'"]),
+    (None, ["--set", "stop_latency_ms=-1"], ["stop_latency_ms"]),
+])
+def test_train_bad_stop_latency(run_cli, tmp_path, monkeypatch, env, args, needles):
+    if env is not None:
+        monkeypatch.setenv("ELASTIC_RING_STOP_LATENCY_MS", env)
+    run = tmp_path / "run"
+    p = run_cli("train", "--steps", "4", *args, "--run-dir", str(run))
+    _assert_one_line_error(p, *needles)
+    assert not (run / "run.json").exists()  # nothing started

@@ -430,15 +430,16 @@ def test_evaluating_is_kept_out_of_the_throughput_window(tmp_path, monkeypatch):
 def test_epoch_loop_stop_requested_cap_and_finish(tmp_path, monkeypatch, distributed):
     from elastic_ring import protocol
 
-    # a stop asked by the controller (live resize, Ctrl-C): voted after step 1, agreed at step 2's
-    # pre-hook, so the segment ends after step 1
+    # a stop asked by the controller (live resize, Ctrl-C): voted after step 1, read after step 2
+    # (at its post-hook: Horovod has negotiated the vote with step 2's gradients), agreed at step
+    # 3's pre-hook, so the segment ends after step 2
     job = make_job(tmp_path / "a", monkeypatch, size=1, stop_at=10**9, total=10**9)
     _current(monkeypatch, job)
     protocol.stop_file(job.run_dir, 0).parent.mkdir(parents=True, exist_ok=True)
     protocol.stop_file(job.run_dir, 0).touch()
     with pytest.raises(StopSegment):
         _run_script(job, [])
-    assert (job.step, job.stop_reason, job.finished) == (1, "requested", False)
+    assert (job.step, job.stop_reason, job.finished) == (2, "requested", False)
     # --steps as a cap: the run ends at that step, inside an epoch
     job = make_job(tmp_path / "b", monkeypatch, size=1, stop_at=8, total=8)
     _current(monkeypatch, job)

@@ -1,0 +1,348 @@
+#!/usr/bin/env python
+"""The library's own cost per step: the same script with and without the tool, per form and
+collective, small and large steps, alternating rounds (issue 50).
+
+Each case is one example script, given a timer and nothing else (a copy in a temporary folder with
+``perf_counter`` around each epoch's training loop, or around each block of ``BLOCK`` steps of a
+``job.steps()`` loop; every rank appends its times to ``BENCH_OUT``), run with 2 workers and
+``OMP_NUM_THREADS=1`` in three modes:
+
+* ``plain``: the library's no-tool mode (``torchrun --standalone --nproc-per-node 2`` for the
+  ``--collective torch`` script, ``horovodrun -np 2 --gloo`` for the Horovod ones, with the
+  tool's Horovod cycle time on CPUs, ``HOROVOD_CYCLE_TIME=5``, unless the environment sets one:
+  the library's cost, not its tuning, is measured);
+* ``tool``: ``elastic-ring train --script ... --gpus 2`` with no resize (the stop vote's period
+  adapting to the step time);
+* ``tool_k1``: the same with ``ELASTIC_RING_STOP_LATENCY_MS=0`` (a stop vote after every step,
+  the library before issue 50).
+
+The forms: ``epochs`` (``examples/ddp_epochs.py`` on torch.distributed, ``examples/mlp_epochs.py``
+on Horovod: optimizer hooks, the sampler), ``steps`` (``examples/mlp_digits.py``: ``job.steps()``),
+``hvd_elastic`` (``examples/hvd_elastic_mlp.py``: the Horovod Elastic adapter, a commit a step;
+its plain run is Horovod's own ``hvd.elastic``, whose commit also broadcasts the host updates, a
+blocking collective the tool's ``state.commit()`` replaces by its stop vote);
+``small`` is ``--hidden 512 --batch-size 16``, ``large`` ``--hidden 4096 --batch-size 32``. The
+built-in trainer (``builtin``, no plain mode: ``tool`` against ``tool_k1`` only) is timed by its
+throughput events, and a live resize of it (``latency``: 2 workers -> 1 by ``elastic-ring resize``)
+gives the seconds from the request, and from the controller's stop file, to the workers' agreement
+on the stop step. A run's figure is the median epoch (block) time of epochs 2..N, the slowest
+rank's; per case the medians over the rounds, and the paired ratios (tool / plain in the same
+round). The machine's load (``os.getloadavg``) is recorded before and after each round. With
+``ELASTIC_RING_STEP_COST=1`` in the tool's runs (``--profile``) every rank's timed parts of the
+step boundary (:mod:`elastic_ring.worker.stepcost`) are kept in the results too (they add a
+microsecond or so per timed call).
+
+    .venv/bin/python scripts/bench_step_cost.py --rounds 3          # results/bench_step_cost.json
+    .venv/bin/python scripts/bench_step_cost.py --quick             # one round, small steps, fewer epochs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import BIN, ROOT, exit_on_sigterm, write_results  # noqa: E402
+
+OUT = ROOT / "results" / "bench_step_cost.json"
+SIZES = {"small": ["--hidden", "512", "--batch-size", "16"], "large": ["--hidden", "4096", "--batch-size", "32"]}
+BLOCK = 40  # steps per timed block of a job.steps() loop
+TRIES = 3  # runs of a case that fails (then the benchmark stops)
+
+_TIMER = '''import json as _bench_json, os as _bench_os, time as _bench_time
+
+
+def _bench_mark(epoch, t0):
+    with open(_bench_os.environ["BENCH_OUT"], "a") as _f:
+        _f.write(_bench_json.dumps({"pid": _bench_os.getpid(), "epoch": int(epoch),
+                                    "s": _bench_time.perf_counter() - t0}) + "\\n")
+
+
+'''
+
+# (example, where the timer goes: [(text, replacement)], the script's own arguments)
+CASES = {
+    ("epochs", "torch"): ("ddp_epochs.py", [
+        ("        train(epoch)\n",
+         "        _t0 = _bench_time.perf_counter()\n        train(epoch)\n        _bench_mark(epoch, _t0)\n")],
+        ["--log-interval", "100000"]),
+    ("epochs", "horovod"): ("mlp_epochs.py", [
+        ("        train(epoch)\n",
+         "        _t0 = _bench_time.perf_counter()\n        train(epoch)\n        _bench_mark(epoch, _t0)\n")],
+        ["--log-interval", "100000"]),
+    ("steps", "horovod"): ("mlp_digits.py", [
+        ("    for step in job.steps():\n",
+         "    _t0 = _bench_time.perf_counter()\n    for step in job.steps():\n"),
+        ("        job.record(loss, samples=len(idx))\n",
+         "        job.record(loss, samples=len(idx))\n"
+         f"        if step % {BLOCK} == 0:\n"
+         f"            _bench_mark(step // {BLOCK}, _t0)\n"
+         "            _t0 = _bench_time.perf_counter()\n")],
+        []),
+    ("hvd_elastic", "horovod"): ("hvd_elastic_mlp.py", [
+        ("        while state.epoch < a.epochs:\n",
+         "        while state.epoch < a.epochs:\n            _t0 = _bench_time.perf_counter()\n"),
+        ("            state.epoch, state.batch = state.epoch + 1, 0\n",
+         "            _bench_mark(state.epoch + 1, _t0)\n"
+         "            state.epoch, state.batch = state.epoch + 1, 0\n")],
+        ["--train-size", "1440"]),
+}
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def timed_copy(name: str, edits: list[tuple[str, str]], folder: Path) -> Path:
+    """The example with the timer and nothing else changed."""
+    src = (ROOT / "examples" / name).read_text()
+    for old, new in edits:
+        if src.count(old) != 1:
+            raise BenchError(f"examples/{name}: the timer's anchor {old.strip()!r} is not there once")
+        src = src.replace(old, new)
+    head, sep, rest = src.partition("\nimport ")  # after the module docstring and __future__
+    path = folder / name
+    path.write_text(head + "\n" + _TIMER + sep.lstrip("\n") + rest)
+    return path
+
+
+def env_for(mode: str, out: Path, profile: bool) -> dict[str, str]:
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONPATH=str(ROOT),
+               OMP_NUM_THREADS="1", BENCH_OUT=str(out), PYTHONUNBUFFERED="1")
+    for k in ("ELASTIC_RING_STOP_LATENCY_MS", "ELASTIC_RING_STEP_COST"):
+        env.pop(k, None)
+    if mode == "tool_k1":
+        env["ELASTIC_RING_STOP_LATENCY_MS"] = "0"
+    env.setdefault("HOROVOD_CYCLE_TIME", "5")  # the tool's own on CPUs (plain Horovod's default: 1 ms)
+    if profile and mode != "plain":
+        env["ELASTIC_RING_STEP_COST"] = "1"
+    return env
+
+
+def command(form: str, coll: str, mode: str, script: Path, args: list[str], epochs: int, run: Path) -> list[str]:
+    steps_form = form == "steps"
+    length = ["--steps", str(BLOCK * epochs)] if steps_form else []
+    own = args if steps_form else [*args, "--epochs", str(epochs)]
+    if mode == "plain":
+        if coll == "torch":
+            return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(script), *own]
+        return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, str(script), *own]
+    return [sys.executable, "-m", "elastic_ring.cli.main", "train", "--script", str(script), "--gpus", "2",
+            "--slots", "2", "--collective", coll, *length, "--run-dir", str(run), "--", *own]
+
+
+def epoch_times(out: Path) -> list[float]:
+    """Per epoch (block) from the second on, the slowest rank's time."""
+    by_epoch: dict[int, float] = {}
+    for ln in out.read_text().splitlines() if out.exists() else []:
+        r = json.loads(ln)
+        by_epoch[r["epoch"]] = max(by_epoch.get(r["epoch"], 0.0), r["s"])
+    return [by_epoch[e] for e in sorted(by_epoch)[1:]]
+
+
+def stepcost(run: Path) -> list[dict]:
+    return [json.loads(f.read_text()) for f in sorted((run / "stepcost").glob("*.json"))]
+
+
+def one_run(form: str, coll: str, size: str, mode: str, epochs: int, work: Path, profile: bool) -> dict:
+    name, edits, extra = CASES[(form, coll)]
+    folder = Path(tempfile.mkdtemp(dir=work))
+    script = timed_copy(name, edits, folder)
+    out, run = folder / "times.jsonl", folder / "run"
+    env = env_for(mode, out, profile)
+    if form == "steps" and mode == "plain":
+        env["ELASTIC_RING_STEPS"] = str(BLOCK * epochs)
+    cmd = command(form, coll, mode, script, [*SIZES[size], *extra], epochs, run)
+    for attempt in range(TRIES):
+        out.unlink(missing_ok=True)
+        shutil.rmtree(run, ignore_errors=True)
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=900)
+        if p.returncode == 0:
+            break
+        # (plain torchrun's workers sometimes abort at their exit on a loaded machine:
+        # "terminate called without an active exception"; the run is made again)
+        print(f"{form}/{coll}/{size}/{mode}: exit {p.returncode}, again", file=sys.stderr, flush=True)
+    else:
+        raise BenchError(f"{form}/{coll}/{size}/{mode}: exit {p.returncode}: {(p.stderr or p.stdout)[-1500:]}")
+    times = epoch_times(out)
+    if not times:
+        raise BenchError(f"{form}/{coll}/{size}/{mode}: no epoch times in {out}")
+    res = {"epoch_s": statistics.median(times), "epochs_s": times, "wall_s": time.perf_counter() - t0,
+           "attempts": attempt + 1}
+    if profile and mode != "plain":
+        res["stepcost"] = stepcost(run)
+    return res
+
+
+def builtin_run(coll: str, mode: str, steps: int, work: Path, profile: bool) -> dict:
+    """The built-in trainer (ResNet-20, digits): the median throughput window's seconds per step."""
+    run = Path(tempfile.mkdtemp(dir=work)) / "run"
+    env = env_for(mode, run.parent / "unused", profile)
+    cmd = [sys.executable, "-m", "elastic_ring.cli.main", "train", "--gpus", "2", "--slots", "2", "--device",
+           "cpu", "--collective", coll, "--steps", str(steps), "--batch-size", "16", "--set",
+           "throughput_window=10", "--run-dir", str(run)]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise BenchError(f"builtin/{coll}/{mode}: exit {p.returncode}: {(p.stderr or p.stdout)[-1500:]}")
+    ev = [json.loads(ln) for ln in (run / "events.jsonl").read_text().splitlines()]
+    win = [e["seconds"] / e["steps"] for e in ev if e.get("kind") == "throughput"][1:]
+    res = {"step_s": statistics.median(win), "windows_s": win}
+    if profile:
+        res["stepcost"] = stepcost(run)
+    return res
+
+
+def latency_run(mode: str, work: Path) -> dict:
+    """A live resize of the built-in trainer (2 workers -> 1, from another shell once 60 steps are
+    done): the seconds from the request (``elastic-ring resize``: its ``resize_requested`` event's
+    time) and from the controller's stop file (the library's part: the bound is 100 ms plus a
+    step) to the workers' agreement (``segment_end``'s ``stop_decided_at``), the step time then
+    (the median window at 2 workers) and the vote's period rank 0 last reported."""
+    from benchlib import TrainRun
+
+    run = Path(tempfile.mkdtemp(dir=work)) / "run"
+    env = env_for(mode, run.parent / "unused", False)
+    args = ["--gpus", "2", "--slots", "2", "--device", "cpu", "--steps", "3000", "--batch-size", "16",
+            "--set", "throughput_window=10"]
+    saved = {k: os.environ.get(k) for k in ("ELASTIC_RING_STOP_LATENCY_MS",)}
+    os.environ.pop("ELASTIC_RING_STOP_LATENCY_MS", None)
+    if mode == "tool_k1":
+        os.environ["ELASTIC_RING_STOP_LATENCY_MS"] = "0"
+    try:
+        with TrainRun(args, run) as tr:
+            tr.wait_step(60)
+            prog = json.loads((run / "control" / "progress.json").read_text())
+            r = subprocess.run([sys.executable, "-m", "elastic_ring.cli.main", "resize", str(run), "--to", "1"],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+            if r.returncode != 0:
+                raise BenchError(f"resize: {r.stderr.strip()}")
+            while not tr.events("resize_overhead"):
+                if tr.p.poll() is not None:
+                    raise BenchError("the run ended before the live resize landed")
+                time.sleep(0.1)
+            from elastic_ring import protocol
+
+            stop = protocol.stop_file(run, 0)
+            stop_t = stop.stat().st_mtime if stop.exists() else None  # when the controller asked the workers
+            req = [e for e in tr.events("resize_requested") if e["source"] == "live"][0]
+            end = [e for e in tr.events("segment_end") if e["segment"] == 0][0]
+            win = [e["seconds"] / e["steps"] for e in tr.events("throughput") if e["world_size"] == 2][1:]
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
+    step_s = statistics.median(win) if win else None
+    lat = end["stop_decided_at"] - req["time"]
+    lib = end["stop_decided_at"] - stop_t if stop_t is not None else None
+    return {"latency_s": lat, "stop_file_to_agreement_s": lib, "step_s": step_s, "vote_every": prog.get("vote_every"),
+            "stop_step": end["step"],
+            "within_100ms_plus_a_step": step_s is not None and lib is not None and lib <= 0.1 + step_s}
+
+
+def summarise(rounds: list[dict]) -> dict:
+    """Per case: the median over rounds of each mode's figure, and the paired ratios to plain (or,
+    for the built-in trainer, tool_k1 to tool)."""
+    out: dict[str, dict] = {}
+    for r in rounds:
+        for case, modes in r["cases"].items():
+            c = out.setdefault(case, {"modes": {}, "paired": {}})
+            key = "step_s" if case.startswith("builtin") else "epoch_s"
+            for mode, res in modes.items():
+                c["modes"].setdefault(mode, []).append(res[key])
+            base = "plain" if "plain" in modes else "tool"
+            for mode, res in modes.items():
+                if mode != base:
+                    c["paired"].setdefault(f"{mode}/{base}", []).append(res[key] / modes[base][key])
+    for c in out.values():
+        c["median_s"] = {m: statistics.median(v) for m, v in c["modes"].items()}
+        c["median_ratio"] = {m: statistics.median(v) for m, v in c["paired"].items()}
+    return out
+
+
+def main() -> int:
+    exit_on_sigterm()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="one round, small steps only, 3 epochs")
+    ap.add_argument("--epochs", type=int, default=6, help="epochs (steps form: blocks of %d steps) a run" % BLOCK)
+    ap.add_argument("--modes", default="plain,tool,tool_k1")
+    ap.add_argument("--profile", action="store_true", help="ELASTIC_RING_STEP_COST=1 in the tool's runs")
+    ap.add_argument("--only", default="", help="comma-separated cases to run, e.g. epochs/torch,builtin/horovod")
+    ap.add_argument("--out", type=Path, default=OUT)
+    a = ap.parse_args()
+    rounds_n, epochs = (1, 3) if a.quick else (a.rounds, a.epochs)
+    sizes = ["small"] if a.quick else ["small", "large"]
+    modes = [m for m in a.modes.split(",") if m]
+    only = {c for c in a.only.split(",") if c}
+    load_start = os.getloadavg()[0]
+    work = Path(tempfile.mkdtemp(prefix="bench-step-cost-"))
+    rounds = []
+    try:
+        for i in range(rounds_n):
+            order = modes if i % 2 == 0 else modes[::-1]  # alternating
+            rnd: dict = {"load_before": os.getloadavg(), "order": order, "cases": {}}
+            for (form, coll) in CASES:
+                for size in sizes:
+                    case = f"{form}/{coll}/{size}"
+                    if only and f"{form}/{coll}" not in only:
+                        continue
+                    for mode in order:
+                        rnd["cases"].setdefault(case, {})[mode] = one_run(form, coll, size, mode, epochs, work,
+                                                                          a.profile)
+                        print(f"round {i + 1} {case} {mode}: {rnd['cases'][case][mode]['epoch_s'] * 1e3:.1f} ms "
+                              f"an epoch", flush=True)
+            for coll in ("horovod", "torch"):
+                case = f"builtin/{coll}"
+                if only and case not in only:
+                    continue
+                for mode in [m for m in order if m != "plain"]:
+                    rnd["cases"].setdefault(case, {})[mode] = builtin_run(coll, mode, 30 if a.quick else 80,
+                                                                          work, a.profile)
+                    print(f"round {i + 1} {case} {mode}: {rnd['cases'][case][mode]['step_s'] * 1e3:.2f} ms a step",
+                          flush=True)
+            if not only or "latency" in only:
+                for mode in [m for m in order if m != "plain"]:
+                    rnd.setdefault("latency", {})[mode] = lat = latency_run(mode, work)
+                    lib = lat["stop_file_to_agreement_s"]
+                    print(f"round {i + 1} live resize {mode}: {lat['latency_s'] * 1e3:.0f} ms from request to "
+                          f"agreement, {lib * 1e3 if lib is not None else float('nan'):.0f} ms from the stop file "
+                          f"(K {lat['vote_every']}, steps of {(lat['step_s'] or 0) * 1e3:.1f} ms)", flush=True)
+            rnd["load_after"] = os.getloadavg()
+            rounds.append(rnd)
+    except BenchError as e:
+        print(f"bench_step_cost: {e}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    summary = summarise(rounds)
+    lats = [r["latency"][m] for r in rounds for m in r.get("latency", {})]
+    lat_modes = {m for r in rounds for m in r.get("latency", {})}
+    live = {m: {k: statistics.median([r["latency"][m][k] for r in rounds if m in r.get("latency", {})
+                                      and r["latency"][m][k] is not None] or [float("nan")])
+                for k in ("latency_s", "stop_file_to_agreement_s")} for m in sorted(lat_modes)}
+    if live:
+        print("live resize, median from the stop file to the agreement:",
+              {m: f"{v['stop_file_to_agreement_s'] * 1e3:.0f} ms" for m, v in live.items()},
+              "all within 100 ms + a step:", all(x["within_100ms_plus_a_step"] for x in lats))
+    for case, c in summary.items():
+        print(case, {m: f"{v * 1e3:.2f} ms" for m, v in c["median_s"].items()},
+              {m: f"{v:.3f}" for m, v in c["median_ratio"].items()})
+    write_results(a.out, {"settings": {"rounds": rounds_n, "epochs": epochs, "sizes": sizes, "modes": modes,
+                                       "block_steps": BLOCK, "workers": 2, "omp_threads": 1,
+                                       "quick": a.quick, "profile": a.profile},
+                          "summary": summary, "live_resize": live, "rounds": rounds}, load_start)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
