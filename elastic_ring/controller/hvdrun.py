@@ -112,6 +112,45 @@ def cached_check(real, path: Path | None = None):
     return gloo_built
 
 
+HOROVOD_HELP = ("install it with scripts/setup.sh (Horovod 0.28.1 built with PyTorch and Gloo), or run "
+                "with --collective torch")
+
+
+def check_horovod_serves(device: str, gloo_check=None) -> None:
+    """Before anything starts: the installed Horovod can run the workers, or one line says what is
+    missing (:class:`~elastic_ring.errors.UserError`, exit 2) instead of a launch that fails in
+    every worker and a restart loop. Checks that Horovod is importable, that its PyTorch extension
+    was built, and on CPUs that it was built with Gloo (Horovod's own ``gloo_built``, behind the
+    same per-install cache as the launcher: a remembered yes costs a file read). ``gloo_check``:
+    that check, for tests."""
+    import importlib.util
+
+    from elastic_ring.errors import UserError
+
+    try:
+        found = "horovod" in sys.modules or importlib.util.find_spec("horovod") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise UserError(f"--collective horovod: Horovod is not installed: {HOROVOD_HELP}")
+    import horovod
+
+    pkg = Path(horovod.__file__).parent
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    ext = pkg / "torch" / ("mpi_lib_v2" + suffix)
+    if not ext.exists():
+        raise UserError(f"--collective horovod: Horovod {horovod.__version__} has no PyTorch extension "
+                        f"({ext.name} missing: it was built without torch): {HOROVOD_HELP}")
+    if device == "cpu":
+        if gloo_check is None:
+            from horovod.common import util
+
+            gloo_check = cached_check(util.gloo_built)
+        if not gloo_check(verbose=False):
+            raise UserError(f"--collective horovod: Horovod {horovod.__version__} was built without Gloo, "
+                            f"which CPU workers need: {HOROVOD_HELP}")
+
+
 def command_prefix(plain: bool | None = None) -> list[str]:
     """How the controller starts horovodrun: this module, or the plain script where asked
     (``plain``; by default ``ELASTIC_RING_PLAIN_HOROVODRUN=1``)."""

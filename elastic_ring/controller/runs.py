@@ -87,6 +87,12 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
     """Check ``req`` and get its run folder ready (a new one created, a resumed one taken over)."""
     check(req)
     req, inferred = with_script_collective(req)  # a torch.distributed script: --collective torch
+    if req.collective is None and not req.resume_dir and not horovod_installed():
+        from dataclasses import replace
+
+        req = replace(req, collective="torch")
+        inferred = ("elastic-ring: Horovod is not installed: the workers use --collective torch "
+                    "(torch.distributed); scripts/setup.sh installs Horovod")
     if inferred:
         check(req)  # what goes with --collective torch
     if req.resume_dir:
@@ -106,6 +112,17 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
         if claimed is not None:
             _unclaim(*claimed)
         raise
+
+
+def horovod_installed() -> bool:
+    """Whether Horovod can be imported here (without importing it): ``--collective`` defaults to
+    it when it can, and to torch.distributed when it cannot (one line says so)."""
+    import importlib.util
+
+    try:
+        return "horovod" in sys.modules or importlib.util.find_spec("horovod") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @contextmanager
@@ -136,6 +153,10 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
         check_answers(req.ray_address or os.environ.get("RAY_ADDRESS"))
     collective = req.collective or _resumed_collective(req) or "horovod"
     device, ngpu, rep = resolve_device(req.device, echo, collective)
+    if collective == "horovod" and req.backend != "ray":  # a Horovod that cannot serve: one line, not a restart loop
+        from elastic_ring.controller.hvdrun import check_horovod_serves
+
+        check_horovod_serves(device)
     if collective == "torch":  # (a resumed run keeps its --survive)
         resumed = protocol.read_json(Path(req.resume_dir) / "run.json") if req.resume_dir else None
         check_torch_survive(device, req.survive or (isinstance(resumed, dict) and bool(resumed.get("survive"))))
