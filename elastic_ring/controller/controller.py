@@ -574,22 +574,27 @@ class Controller:
             return
         if not self.resize.withdraw_ahead(seg.index):
             return  # the workers already took the scheduled resize: the request is read next segment
-        req = take_request(self.spec.run_dir, self._seen_requests)
+        req_file = self.spec.run_dir / "control" / REQUEST_FILE
+        req = take_request(self.spec.run_dir, self._seen_requests, remove=False)
         if req is None:
             return
         target, t_asked = req
         if seg.live_target is not None or self._next is not None:
+            req_file.unlink(missing_ok=True)
             self.out(f"resize request to {target} ignored: a resize is already under way")
             return
         if not 1 <= target <= self.spec.slots or target == seg.world:
+            req_file.unlink(missing_ok=True)
             self.events.write(ErrorEvent(message=f"live resize to {target} refused (workers "
                                          f"{seg.world}, slots {self.spec.slots})", segment=seg.index))
             return
         seg.live_target, seg.t_live = target, t_asked if t_asked is not None else self.clock()
+        # `resize` sees it pending throughout: live_target is written before the request file goes
+        self._set_state(self.state, live_target=target)
+        req_file.unlink(missing_ok=True)
         self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source="live",
                                           time=seg.t_live))
         stop_file(self.spec.run_dir, seg.index).touch()
-        self._set_state(self.state, live_target=target)  # `resize` sees it pending
         self.out(f"live resize requested: {seg.world} -> {target} workers")
 
     def _check_heal(self, seg: Segment) -> None:

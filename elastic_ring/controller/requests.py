@@ -271,12 +271,19 @@ def _pending_target(rd: Path, req: Path) -> tuple[int, bool] | None:
     ``controller.json``'s ``live_target``) or None."""
     from elastic_ring.protocol import CONTROLLER_FILE, read_json
 
-    ctl = read_json(rd / CONTROLLER_FILE)
-    if isinstance(ctl, dict) and isinstance(ctl.get("live_target"), int):
-        return ctl["live_target"], True
+    def taken() -> int | None:
+        ctl = read_json(rd / CONTROLLER_FILE)
+        return ctl["live_target"] if isinstance(ctl, dict) and isinstance(ctl.get("live_target"), int) else None
+
+    if (t := taken()) is not None:
+        return t, True
     asked = read_json(req)
     if isinstance(asked, dict) and isinstance(asked.get("to"), int):
         return asked["to"], False
+    # the controller takes a request by writing live_target first, then removing the file
+    # (:meth:`Controller._check_live_request`): a file gone since the first read is seen here
+    if (t := taken()) is not None:
+        return t, True
     return None
 
 
@@ -294,9 +301,11 @@ def _check_constant_batch(rd: Path, target: int) -> None:
             raise UserError(f"--to {target}: {why}")
 
 
-def take_request(run_dir: Path, seen: set[str]) -> tuple[int, float | None] | None:
-    """The resize request waiting in ``run_dir`` as (workers, time asked), taken (the file removed,
-    its id added to ``seen``); None when there is none, it is being written, or it was seen."""
+def take_request(run_dir: Path, seen: set[str], remove: bool = True) -> tuple[int, float | None] | None:
+    """The resize request waiting in ``run_dir`` as (workers, time asked), taken (the file removed
+    unless ``remove`` is False: the caller removes it once it has recorded the request, so that
+    ``resize`` always sees it pending; its id added to ``seen``); None when there is none, it is
+    being written, or it was seen."""
     from elastic_ring.protocol import REQUEST_FILE
 
     path = Path(run_dir) / "control" / REQUEST_FILE
@@ -308,6 +317,7 @@ def take_request(run_dir: Path, seen: set[str]) -> tuple[int, float | None] | No
     if rid in seen:
         return None
     seen.add(rid)
-    path.unlink(missing_ok=True)
+    if remove:
+        path.unlink(missing_ok=True)
     t = req.get("time")
     return target, float(t) if t is not None else None
