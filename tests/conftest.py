@@ -47,7 +47,19 @@ _LONGEST_FIRST = (  # times: one whole-suite run (-n 3 on 2 cores, so longer tha
     "test_kill_9_of_one_rank_restarts_by_itself_exactly",  # 24 s
     "test_a_stopped_rank_is_found_by_the_stall_watchdog_and_the_run_ends_exactly",  # 24 s
     "test_kill_9_of_the_controller_leaves_no_orphan_and_resume_is_exact",  # 24 s
-    # the others by their time in that run
+    # the constant-batch tests share their unresized reference run (shared_dir): in a row
+    "test_resized_constant_batch_trains_as_the_unresized_run",  # 4 x 12-20 s (one run, this session's)
+    "test_the_same_resizes_under_linear_change_the_training",  # 11 s
+    # the others by their time in that run (the session's new tests by their time in its full run)
+    "test_a_job_steps_script_with_micro_batches_trains_as_unresized",  # 19 s
+    "test_an_unchanged_epoch_loop_trains_as_unresized",  # 19 s
+    "test_experiment_resize_compares_the_rules",  # 17 s
+    "test_warmup_over_the_full_epoch_goes_on_across_resizes_and_the_lr_reported_is_the_one_trained",  # 15 s
+    "test_a_ddp_script_that_does_not_scale_its_lr_keeps_it_and_the_start_says_so",  # 15 s
+    "test_a_script_s_relative_paths_are_the_user_s_across_a_resize_and_a_resume",  # 13 s
+    "test_weights_loaded_after_restore_stop_the_run_in_one_line",  # 12 s
+    "test_outside_the_tool_the_library_sets_the_threads_as_the_tool_does",  # 12 s
+    "test_own_resume_ahead_of_the_checkpoint_trains_every_sample_once",  # 11 s
     "test_three_jobs_shrink_cancel_and_scheduler_kill9",  # 81 s
     "test_gpu_check_dry_run_on_the_cpu",  # 61 s
     "test_profile_refused_then_accepted_fit_and_report",  # 53 s
