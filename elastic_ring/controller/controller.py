@@ -66,6 +66,7 @@ from elastic_ring.worker.lr import RULES
 
 DEFAULT_STARTUP_S = 10.0  # start-up estimate before the first launch has been measured
 STALLED_END_S = 15.0  # stalled ranks ended alone: how long the others may take to speak before all are ended
+AHEAD_GRACE_S = 0.5  # s a ring written ahead is left for rank 0 at a segment's end (_let_rank0_take_ahead)
 
 
 class Controller:
@@ -110,6 +111,7 @@ class Controller:
         self._interrupts = 0
         self._failures = FailureHistory()  # consecutive failures (reset by saved progress)
         self._seen_requests: set[str] = set()
+        self._ahead_written: tuple[int, float] | None = None  # (segment, time.monotonic()) of the last action written ahead
         self._state_info: dict[str, Any] = {}
         # what the workers are doing between a launch and its first step: starting (the run's
         # first launch), resizing, restarting; None once they step (see _phase)
@@ -479,6 +481,7 @@ class Controller:
         self._elastic = None
         seg.handle, seg.log, seg.cmd, seg.t_started = old.handle, old.log, old.cmd, old.t_started
         seg.t_launch = self.clock()
+        self._let_rank0_take_ahead(old.index)
         if not self.resize.withdraw_ahead(old.index) and old.end is not None and old.end.time:
             seg.t_launch = min(seg.t_launch, float(old.end.time))
         self.resize.resize(old.index, seg.launch(self.owner), seg.t_launch)
@@ -491,6 +494,22 @@ class Controller:
         r = self.plan.resize_at(seg.stop_at)
         if r is not None:
             self.resize.prepare_ahead(SegmentLaunch(r.to, seg.index + 1, self._next_stop(seg.stop_at), self.owner))
+            self._ahead_written = (seg.index, time.monotonic())
+
+    def _let_rank0_take_ahead(self, segment: int) -> None:
+        """A short segment can end before the controller relays its first step: the ring is then
+        written ahead in the same poll that sees the segment's end, and withdrawn at once, although
+        rank 0, paused and polling for its action (every 0.05 s), would take it (seen in
+        test_ray: 6 steps in 0.21 s, no ``inplace-1.taken.json``). An action written ahead less
+        than ``AHEAD_GRACE_S`` ago is left that long for rank 0 to take before it is withdrawn."""
+        from elastic_ring.worker.inplace import inplace_action_file
+
+        written, self._ahead_written = self._ahead_written, None
+        if written is None or written[0] != segment:
+            return
+        ahead = inplace_action_file(self.spec.run_dir, segment)
+        while ahead.exists() and time.monotonic() < written[1] + AHEAD_GRACE_S:
+            time.sleep(0.02)
 
     # ------------------------------------------------------------------ watching a segment
     def _watch(self, seg: Segment) -> int | None:
