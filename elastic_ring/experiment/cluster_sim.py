@@ -300,6 +300,26 @@ class Table3:
     out: Path
 
 
+def check_sim_settings(gpus: int, seeds: int, n_jobs: int, min_hours: float, max_hours: float,
+                       resize_overhead: float | None, contention: str,
+                       strategies: str) -> tuple[list, list[str], float]:
+    """The settings every simulator command shares (Table 3, ``--compare-rules``), checked: returns
+    (the contention levels, the strategies, the resize overhead in seconds).
+
+    Raises:
+        ConfigError: a bad setting (one line naming the flag).
+    """
+    for flag, v in (("--gpus", gpus), ("--seeds", seeds), ("--jobs", n_jobs)):
+        if v < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {v}")
+    _check_flags(min_hours, max_hours, resize_overhead)
+    levels = parse_levels(contention)
+    strats = parse_strategies(strategies)
+    if "exploratory" in strats and gpus < 8:
+        raise ConfigError("--strategies exploratory needs --gpus >= 8 (a new job measures itself on 8 GPUs)")
+    return levels, strats, DEFAULT_RESIZE_OVERHEAD_S if resize_overhead is None else resize_overhead
+
+
 def run_table3(gpus: int = 64, contention: str = "moderate", strategies: str = ",".join(STRATEGIES[:4]),
                remaining: str = "eq1", seeds: int = 10, tune_seeds: str | None = None,
                eval_seeds: str | None = None, srtf_powers: str = "1,2,3", eval_workloads: tuple[str, ...] = (),
@@ -316,15 +336,8 @@ def run_table3(gpus: int = 64, contention: str = "moderate", strategies: str = "
     from elastic_ring.sim.api import SimConfig
     from elastic_ring.sim.workload import load_workload
 
-    for flag, v in (("--gpus", gpus), ("--seeds", seeds), ("--jobs", n_jobs)):
-        if v < 1:
-            raise ConfigError(f"{flag} must be >= 1, got {v}")
-    _check_flags(min_hours, max_hours, resize_overhead)
-    levels = parse_levels(contention)
-    strats = parse_strategies(strategies)
-    if "exploratory" in strats and gpus < 8:
-        raise ConfigError("--strategies exploratory needs --gpus >= 8 (a new job measures itself on 8 GPUs)")
-    overhead = DEFAULT_RESIZE_OVERHEAD_S if resize_overhead is None else resize_overhead
+    levels, strats, overhead = check_sim_settings(gpus, seeds, n_jobs, min_hours, max_hours, resize_overhead,
+                                                  contention, strategies)
     tune, evals = _split_seeds(tune_seeds, eval_seeds, seeds)
     powers = parse_powers(srtf_powers)
     tune_wls = [load_workload(w) for w in (workloads or ("resnet110-cifar10",))]

@@ -138,22 +138,14 @@ def run_rules(global_batch: float, gpus: int = 64, contention: str = "moderate",
     import math
 
     from elastic_ring.errors import ConfigError
-    from elastic_ring.experiment.cluster_sim import _check_flags, parse_levels, parse_seeds, parse_strategies
-    from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
+    from elastic_ring.experiment.cluster_sim import check_sim_settings, parse_seeds
     from elastic_ring.sim.api import SimConfig
     from elastic_ring.sim.workload import load_workload, with_rule
 
-    for flag, v in (("--gpus", gpus), ("--seeds", seeds), ("--jobs", n_jobs)):
-        if v < 1:
-            raise ConfigError(f"{flag} must be >= 1, got {v}")
     if not (global_batch >= 0 and math.isfinite(global_batch)):
         raise ConfigError(f"--compare-rules: the global batch must be a number of samples >= 0, got {global_batch:g}")
-    _check_flags(min_hours, max_hours, resize_overhead)
-    levels = parse_levels(contention)
-    strats = parse_strategies(strategies)
-    if "exploratory" in strats and gpus < 8:
-        raise ConfigError("--strategies exploratory needs --gpus >= 8 (a new job measures itself on 8 GPUs)")
-    overhead = DEFAULT_RESIZE_OVERHEAD_S if resize_overhead is None else resize_overhead
+    levels, strats, overhead = check_sim_settings(gpus, seeds, n_jobs, min_hours, max_hours, resize_overhead,
+                                                  contention, strategies)
     evals = parse_seeds(eval_seeds, "--eval-seeds") if eval_seeds else list(range(seeds))
     wls = [load_workload(w) for w in (workloads or ("resnet110-cifar10",))]
     for w in wls:
