@@ -116,6 +116,17 @@ HOROVOD_HELP = ("install it with scripts/setup.sh (Horovod 0.28.1 built with PyT
                 "with --collective torch")
 
 
+def horovod_installed() -> bool:
+    """Whether Horovod can be imported here (without importing it): ``--collective`` defaults to
+    it when it can, and to torch.distributed when it cannot (one line says so)."""
+    import importlib.util
+
+    try:
+        return "horovod" in sys.modules or importlib.util.find_spec("horovod") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def check_horovod_serves(device: str, gloo_check=None) -> None:
     """Before anything starts: the installed Horovod can run the workers, or one line says what is
     missing (:class:`~elastic_ring.errors.UserError`, exit 2) instead of a launch that fails in
@@ -123,15 +134,9 @@ def check_horovod_serves(device: str, gloo_check=None) -> None:
     was built, and on CPUs that it was built with Gloo (Horovod's own ``gloo_built``, behind the
     same per-install cache as the launcher: a remembered yes costs a file read). ``gloo_check``:
     that check, for tests."""
-    import importlib.util
-
     from elastic_ring.errors import UserError
 
-    try:
-        found = "horovod" in sys.modules or importlib.util.find_spec("horovod") is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
+    if not horovod_installed():
         raise UserError(f"--collective horovod: Horovod is not installed: {HOROVOD_HELP}")
     import horovod
 

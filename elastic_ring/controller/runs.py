@@ -85,9 +85,11 @@ def _schedule(req: RunRequest) -> tuple[Resize, ...]:
 
 def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
     """Check ``req`` and get its run folder ready (a new one created, a resumed one taken over)."""
+    from elastic_ring.controller import hvdrun
+
     check(req)
     req, inferred = with_script_collective(req)  # a torch.distributed script: --collective torch
-    if req.collective is None and not req.resume_dir and not horovod_installed():
+    if req.collective is None and not req.resume_dir and not hvdrun.horovod_installed():
         from dataclasses import replace
 
         req = replace(req, collective="torch")
@@ -112,17 +114,6 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
         if claimed is not None:
             _unclaim(*claimed)
         raise
-
-
-def horovod_installed() -> bool:
-    """Whether Horovod can be imported here (without importing it): ``--collective`` defaults to
-    it when it can, and to torch.distributed when it cannot (one line says so)."""
-    import importlib.util
-
-    try:
-        return "horovod" in sys.modules or importlib.util.find_spec("horovod") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 @contextmanager

@@ -66,7 +66,7 @@ def test_without_horovod_the_collective_is_torch_and_said(monkeypatch, tmp_path)
     from elastic_ring.controller import runs
     from elastic_ring.controller.requests import RunRequest
 
-    monkeypatch.setattr(runs, "horovod_installed", lambda: False)
+    monkeypatch.setattr(hvdrun, "horovod_installed", lambda: False)
     seen = {}
 
     def fake_prepare(req, echo, rd):
@@ -79,7 +79,7 @@ def test_without_horovod_the_collective_is_torch_and_said(monkeypatch, tmp_path)
     assert seen["collective"] == "torch"
     assert said == ["elastic-ring: Horovod is not installed: the workers use --collective torch "
                     "(torch.distributed); scripts/setup.sh installs Horovod"]
-    monkeypatch.setattr(runs, "horovod_installed", lambda: True)
+    monkeypatch.setattr(hvdrun, "horovod_installed", lambda: True)
     said.clear()
     runs.prepare(RunRequest(run_dir=str(tmp_path / "r2"), steps=4), said.append)
     assert seen["collective"] is None and said == []
