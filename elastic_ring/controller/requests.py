@@ -221,7 +221,8 @@ def request_resize(run_dir: str | Path, target: int) -> str:
     from elastic_ring.protocol import REQUEST_FILE
 
     rd = Path(run_dir)
-    st = read_status(rd)  # the same answer as `elastic-ring status`
+    req = rd / "control" / REQUEST_FILE
+    st, pending = _consistent_view(rd, req, read_status)
     if st.phase is Phase.RESIZING:
         raise UserError(f"run {rd} is {st.line()}: ask again once it has made a step at the new size")
     if st.phase not in (Phase.STARTING, Phase.RUNNING, Phase.RESTARTING):
@@ -237,8 +238,6 @@ def request_resize(run_dir: str | Path, target: int) -> str:
     if target > slots:
         raise UserError(f"--to {target} is more than the run's {slots} slot(s)")
     _check_constant_batch(rd, target)
-    req = rd / "control" / REQUEST_FILE
-    pending = _pending_target(rd, req)
     if pending is not None and pending[1]:  # the controller took it: the workers are stopping for it
         if target == pending[0]:
             raise UserError(f"run {rd} is already resizing {st.world_size} -> {pending[0]}")
@@ -264,6 +263,29 @@ def request_resize(run_dir: str | Path, target: int) -> str:
     instead = f"; it replaces the pending request for {pending[0]}" if pending is not None else ""
     return (f"resize to {target} requested for {rd} (currently {count(now, 'worker') if now else 'no workers'}"
             f"{instead})")
+
+
+def _consistent_view(rd: Path, req: Path, read_status) -> tuple[Any, tuple[int, bool] | None]:
+    """The run's status and its pending live resize (:func:`_pending_target`) read from one state of
+    ``controller.json``: read again while the controller rewrote it in between (a resize taken and
+    done between the two reads would otherwise show the old size with nothing pending, and a second
+    request for the size just reached would be accepted)."""
+    from elastic_ring.protocol import CONTROLLER_FILE
+
+    def raw() -> bytes | None:
+        try:
+            return (rd / CONTROLLER_FILE).read_bytes()
+        except OSError:
+            return None
+
+    for _ in range(20):
+        before = raw()
+        st = read_status(rd)  # the same answer as `elastic-ring status`
+        pending = _pending_target(rd, req)
+        if raw() == before:
+            break
+        time.sleep(0.05)
+    return st, pending
 
 
 def _pending_target(rd: Path, req: Path) -> tuple[int, bool] | None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from elastic_ring.controller.api import Resize
 from elastic_ring.controller.lock import RunLock
 from elastic_ring.controller.status import Phase, read_status
@@ -292,3 +294,37 @@ def test_the_controller_shows_a_live_request_it_took_until_it_is_decided(tmp_pat
     ctl._set_state(RunState.STOPPING, step=7, world_size=1, pending_world=2, resize_from=1)
     d = read()
     assert "live_target" not in d and d["phase"] == "resizing" and d["pending_world"] == 2
+
+
+def test_resize_reads_the_status_and_the_pending_request_from_one_controller_state(tmp_path, monkeypatch):
+    """A live resize taken and done between `resize`'s read of the status and its read of the
+    pending request (the full suite saw it: a second ``--to 2`` accepted at 1 -> 2's end): it reads
+    both again, sees 2 workers and nothing pending, and refuses."""
+    from elastic_ring.controller import requests, status
+    from elastic_ring.errors import UserError
+    from elastic_ring.protocol import REQUEST_FILE
+
+    run = _folder(tmp_path)
+    ctl = {"state": "running", "phase": "running", "world_size": 1, "pid": 1, "live_target": 2, "time": 1.0}
+    (run / "controller.json").write_text(json.dumps(ctl))
+    (run / "run.json").write_text(json.dumps({**json.loads((run / "run.json").read_text()), "slots": 3}))
+    real, calls = status.read_status, []
+
+    def read_then_resize_ends(rd, *a, **kw):
+        st = real(rd, *a, **kw)
+        calls.append(st.world_size)
+        if len(calls) == 1:  # the controller finishes the resize right after this read
+            (run / "controller.json").write_text(json.dumps({**ctl, "world_size": 2, "time": 2.0,
+                                                             "live_target": None}))
+        return st
+
+    monkeypatch.setattr(status, "read_status", read_then_resize_ends)
+    lock = RunLock(run)
+    lock.acquire()
+    try:
+        with pytest.raises(UserError, match="already has 2 workers"):
+            requests.request_resize(run, 2)
+        assert calls == [1, 2]
+        assert not (run / "control" / REQUEST_FILE).exists()
+    finally:
+        lock.release()
