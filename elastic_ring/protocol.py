@@ -18,7 +18,9 @@ Everything lives in the run folder, which every host of a job sees (as the check
 - ``logs/error-rank<r>.json``  a worker's crash record (one format for ``train`` and ``ps``)
 
 Launch settings reach a worker as environment variables set by the worker entry point
-(``python -m elastic_ring.worker.run``); :class:`LaunchInfo` is their one accessor.
+(``python -m elastic_ring.worker.run``); :class:`LaunchInfo` is their one accessor (every other
+variable's is in :mod:`elastic_ring.env`). What the controller tells workers later (the in-place
+action, a go, the survivors' records) is typed in :mod:`elastic_ring.seam`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from elastic_ring import env as envvars
 
 WORKER_EVENTS = "worker_events.jsonl"
 CONTROLLER_FILE = "controller.json"
@@ -66,11 +70,11 @@ def is_peer_loss(type_name: str | None, message: str | None) -> bool:
             or any(w.lower() in (message or "").lower() for w in PEER_LOSS_WORDS))
 
 
-CPU_THREADS_ENV = "ELASTIC_RING_CPU_THREADS"
-SLOT_HOSTS_ENV = "ELASTIC_RING_SLOT_HOSTS"  # "1": each worker slot is a host name of its own, all on this host
-LAUNCHED_AT_ENV = "ELASTIC_RING_LAUNCHED_AT"  # when the controller started the segment's launcher (time.time())
-PROCESS_START_ENV = "ELASTIC_RING_PROCESS_START"  # a forked worker: when its launched command started
-STORE_FD_ENV = "ELASTIC_RING_STORE_FD"  # rank 0 of a --collective torch segment: the rendezvous socket it inherits
+CPU_THREADS_ENV = envvars.CPU_THREADS
+SLOT_HOSTS_ENV = envvars.SLOT_HOSTS  # "1": each worker slot is a host name of its own, all on this host
+LAUNCHED_AT_ENV = envvars.LAUNCHED_AT  # when the controller started the segment's launcher (time.time())
+PROCESS_START_ENV = envvars.PROCESS_START  # a forked worker: when its launched command started
+STORE_FD_ENV = envvars.STORE_FD  # rank 0 of a --collective torch segment: the rendezvous socket it inherits
 
 
 def cpu_threads(local_workers: int, cores: float | None = None) -> int:
@@ -79,12 +83,9 @@ def cpu_threads(local_workers: int, cores: float | None = None) -> int:
     worker cannot see how many of its node's cores other workers hold); else the cores this process
     may run on (its CPU affinity, not the machine's count) shared by the workers of this host. The
     launchers (``OMP_NUM_THREADS``) and the worker (``torch.set_num_threads``) all use it."""
-    raw = os.environ.get(CPU_THREADS_ENV, "").strip()
-    if raw:
-        try:
-            return max(1, int(raw))
-        except ValueError:
-            pass
+    fixed = envvars.cpu_threads()
+    if fixed is not None:
+        return fixed
     if cores is not None:
         return max(1, int(cores))
     try:
@@ -133,9 +134,9 @@ def read_json(path: Path) -> Any | None:
 
 
 # ---------------------------------------------------------------------- launch settings
-_ENV = "ELASTIC_RING_"
+_ENV = envvars.PREFIX
 STOP_LATENCY_MS = 100  # a run's default: a live stop waits at most this long for the next stop vote
-STOP_LATENCY_ENV = "ELASTIC_RING_STOP_LATENCY_MS"  # a script run's setting (a config's: stop_latency_ms)
+STOP_LATENCY_ENV = envvars.STOP_LATENCY_MS  # a script run's setting (a config's: stop_latency_ms)
 
 
 @dataclass(frozen=True)
@@ -172,9 +173,9 @@ class LaunchInfo:
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "LaunchInfo | None":
         """The launch settings of this process, or None when not started by elastic-ring."""
-        env = os.environ if env is None else env
-        if _ENV + "RUN_DIR" not in env:
+        if not envvars.started_by_elastic_ring(env):
             return None
+        env = os.environ if env is None else env
         kw: dict[str, Any] = {}
         for name, f in cls.__dataclass_fields__.items():
             raw = env.get(_ENV + name.upper())
@@ -303,10 +304,10 @@ def write_pid_record(run_dir: Path, rank: int, owner: str, segment: int) -> None
                       {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
                        # the host's name in the launcher's host list (horovodrun's -H), which may
                        # be an address or an alias: what the controller probes
-                       "launch_host": os.environ.get("HOROVOD_HOSTNAME"),
+                       "launch_host": envvars.horovod_hostname(),
                        # the name an in-place backend gave this process (worker.ring.MEMBER_ENV): its
                        # rank may change at an in-place resize, the name does not
-                       "member": os.environ.get("ELASTIC_RING_MEMBER"),
+                       "member": envvars.member(),
                        "owner": owner, "segment": segment, "created": created})
 
 

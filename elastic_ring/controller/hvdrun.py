@@ -52,7 +52,9 @@ import sysconfig
 import time
 from pathlib import Path
 
-from elastic_ring.protocol import SLOT_HOSTS_ENV, read_json, waiting_file, write_json_atomic
+from elastic_ring import env as envvars
+from elastic_ring.protocol import read_json, waiting_file
+from elastic_ring.seam import Go, write_go
 
 CACHE_FILE = "horovod-build.json"
 
@@ -160,7 +162,7 @@ def command_prefix(plain: bool | None = None) -> list[str]:
     """How the controller starts horovodrun: this module, or the plain script where asked
     (``plain``; by default ``ELASTIC_RING_PLAIN_HOROVODRUN=1``)."""
     if plain is None:
-        plain = os.environ.get("ELASTIC_RING_PLAIN_HOROVODRUN") == "1"
+        plain = envvars.plain_horovodrun()
     if plain:
         hr = Path(sys.executable).parent / "horovodrun"
         return [str(hr) if hr.exists() else "horovodrun"]
@@ -381,8 +383,7 @@ class Spare:
             pid = p.pid
         print(f"elastic-ring hvdrun: the warm joiner (pid {pid}) takes rank {slot_env.get('HOROVOD_RANK')}",
               flush=True)
-        write_json_atomic(self.go, {"stop_at": 0, "time": time.time(), "env": slot_env,
-                                    "pid_segment": self.segment})
+        write_go(self.go, Go(0, time.time(), slot_env, pid_segment=self.segment))
         if self.shutdown is not None:  # the next spare, for the next failure, once the ring trains again
             self.t0 = time.time()
             self.start_when_training(self.shutdown)
@@ -436,10 +437,10 @@ def main() -> None:
     launch.gloo_built = cached_check(launch.gloo_built)
     read_hosts_directly()
     ignore_exits_of_removed_workers()
-    if os.environ.get("ELASTIC_RING_SURVIVE") == "1":
+    if envvars.survive():
         keep_hosts_on_failure()
         warm_joiner()
-    if os.environ.get(SLOT_HOSTS_ENV) == "1":
+    if envvars.slot_hosts():
         slot_hosts_are_local()
     sys.argv[0] = "horovodrun"
     try:

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from elastic_ring import protocol
+from elastic_ring import env, protocol
 from elastic_ring.config.api import TrainConfig, config_to_dict
 from elastic_ring.controller.api import RunSpec
 from elastic_ring.errors import UserError
@@ -39,14 +39,11 @@ def writing(path: Path) -> Iterator[None]:
 def stop_latency_ms(cfg: TrainConfig | None) -> int:
     """The run's ``stop_latency_ms``: ``ELASTIC_RING_STOP_LATENCY_MS`` where set (a script run has
     no config), else the config's, else the default."""
-    raw = os.environ.get(protocol.STOP_LATENCY_ENV, "").strip()
-    if raw:
-        try:
-            value = int(raw)
-        except ValueError:
-            value = -1
-        if value < 0:
-            raise UserError(f"{protocol.STOP_LATENCY_ENV}={raw!r}: give whole milliseconds >= 0")
+    try:
+        value = env.stop_latency_ms()
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if value is not None:
         return value
     return cfg.stop_latency_ms if cfg else protocol.STOP_LATENCY_MS
 

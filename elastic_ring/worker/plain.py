@@ -27,12 +27,13 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
 
+from elastic_ring import env as envvars
 from elastic_ring.worker.collective import COLLECTIVE_ENV, COLLECTIVES, HorovodCollective, TorchCollective
 from elastic_ring.worker.data import EpochData
 from elastic_ring.worker.errors import ContractError, NotLaunchedError
 from elastic_ring.worker.sampler import Sampler
 
-STEPS_ENV = "ELASTIC_RING_STEPS"
+STEPS_ENV = envvars.STEPS
 OMP_ENV = "OMP_NUM_THREADS"
 _HOROVODRUN_KEYS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")  # horovodrun's, mpirun's ranks
 _TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -49,7 +50,7 @@ def plain_collective(env: Mapping[str, str] | None = None, modules: Mapping[str,
     """
     env = os.environ if env is None else env
     modules = sys.modules if modules is None else modules
-    named = env.get(COLLECTIVE_ENV, "").strip()
+    named = envvars.collective(env)
     if named:
         if named not in COLLECTIVES:
             raise ContractError(f"{COLLECTIVE_ENV}={named}: must be one of {', '.join(COLLECTIVES)}")
@@ -89,8 +90,7 @@ class PlainJob:
             if self.rank == 0:
                 print(f"elastic-ring: {threads[0]} CPU thread(s) per worker: {threads[1]} (as under "
                       f"elastic-ring train; {OMP_ENV} sets another)", file=sys.stderr, flush=True)
-        raw = os.environ.get(STEPS_ENV, "").strip()
-        self.total_steps = int(raw) if raw.isdigit() else None
+        self.total_steps = envvars.steps()
         self.stop_at = self.total_steps
         self.step = 0
         self.finished = True  # no segment but this one: a script's final save runs

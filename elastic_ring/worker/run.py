@@ -34,7 +34,7 @@ import time
 import traceback
 from pathlib import Path
 
-from elastic_ring import protocol
+from elastic_ring import env, protocol
 from elastic_ring.protocol import RETIRED, LaunchInfo  # RETIRED: main(in_process=True) after an in-place shrink
 
 
@@ -43,8 +43,7 @@ class ScriptError(RuntimeError):
 
 
 def _rank() -> int | None:
-    r = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK")))
-    return int(r) if r is not None and r.isdigit() else None
+    return env.launcher_rank()
 
 
 def process_name(run_dir: Path, rank: int | None) -> str:

@@ -53,7 +53,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from elastic_ring import protocol
+from elastic_ring import protocol, seam
 from elastic_ring.controller.backends.api import SegmentLaunch, Started, Survival
 from elastic_ring.controller.backends.ray_actors import ActorPool, worker_argv
 from elastic_ring.controller.backends.ray_cluster import RayCluster, remove_pg
@@ -61,6 +61,7 @@ from elastic_ring.controller.backends.ray_group import RayGroup
 from elastic_ring.controller.backends.ray_members import Ahead, Member
 from elastic_ring.controller.backends.ray_ring import RingFormer
 from elastic_ring.controller.backends.ray_worker import READY_TIMEOUT_S
+from elastic_ring.env import SURVIVE as SURVIVE_ENV
 from elastic_ring.errors import UserError
 
 _FREE_WAIT_S = 3.0  # at a restart, how long released resources may take to show as free
@@ -220,18 +221,18 @@ class RayBackend:
     def survivors(self, wait_s: float = _SURVIVE_WAIT_S) -> Survival | None:
         """After a failure of the running ring: whether the other members go on in their processes,
         from the last step they all hold in memory. Waits up to ``wait_s`` for each of them to say
-        which steps it holds (:func:`elastic_ring.worker.survive.survivor_file`). None (the restart
+        which steps it holds (:func:`elastic_ring.seam.survivor_file`). None (the restart
         from the checkpoint) when the run does not keep survivors (``--survive``), the failure names
         no rank, a ring formed ahead was already taken, no member is left, one is
         gone or silent, or they hold no step in common or their copies of it differ
-        (:func:`~elastic_ring.worker.survive.agreement`).
+        (:func:`~elastic_ring.seam.agreement`).
         Otherwise the ring goes on with them (the failed members ended), and the in-place resize
         the controller asks next rolls them back to that step; warm spares that are up now take the
         failed members' places (up to the size the ring had), synced from the survivors' rank 0; a
         spare whose worker still imports joins later, as the new actors do.
         A lost node is blamed as a whole: every member on it has failed, those on the other nodes
         go on. The failed members' bundles get new actors at that resize (:meth:`heal_target`)."""
-        from elastic_ring.worker.survive import agreement, survivor_file
+        from elastic_ring.seam import agreement, survivor_file
 
         g = self.group
         self.refused = None
@@ -324,7 +325,7 @@ class RayBackend:
         """A scheduled resize to ``launch`` at the end of the running segment: form its ring now
         (spares taken, its rendezvous served, every member's environment) and write the action
         ahead, with the step it applies at and the joiners' go files. At the pause rank 0 takes it
-        (:func:`elastic_ring.worker.inplace.take_ahead_action`) and the ring re-forms without waiting
+        (:func:`elastic_ring.seam.take_ahead_action`) and the ring re-forms without waiting
         for the controller. Not done while a joiner would have to be a cold actor: tried again at
         each poll until the spares are up."""
         if self.group is None or self.launch is None or self._ahead is not None:
@@ -338,12 +339,9 @@ class RayBackend:
         joiners = [sp.member() for sp in spares]
         members = keep + joiners
         envs = self.rings.form(members)
-        go_files = {str(m.go): {"stop_at": launch.stop_at, "time": time.time(), "env": envs[m.name]}
-                    for m in joiners}
-        from elastic_ring.worker.inplace import write_resize_action
-
+        go_files = {str(m.go): seam.Go(launch.stop_at, time.time(), envs[m.name]) for m in joiners}
         self._ahead = Ahead(cur.segment, launch, members, leave, joiners, spares, self.rings.newest)
-        write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), members=envs, at_step=cur.stop_at,
+        seam.write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), members=envs, at_step=cur.stop_at,
                             go_files=go_files)
 
     def retract_ahead(self, segment: int) -> bool:
@@ -356,9 +354,7 @@ class RayBackend:
         if a is None or a.segment != segment:
             return True
         if not a.taken:
-            from elastic_ring.worker.inplace import withdraw_action_ahead
-
-            a.taken = not withdraw_action_ahead(self.spec.run_dir, segment)
+            a.taken = not seam.withdraw_action_ahead(self.spec.run_dir, segment)
         if a.taken:
             return False
         self._ahead = None
@@ -409,10 +405,7 @@ class RayBackend:
             self.pool.refill(b, PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=b), launch)
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
-        from elastic_ring.worker.inplace import inplace_action_file
-
-        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment),
-                                   {"action": "exit", "time": t})
+        seam.write_exit_action(self.spec.run_dir, paused_segment, t)
 
     # ------------------------------------------------------------------ between polls
     def _form_wanted_ahead(self, group: RayGroup) -> None:
@@ -445,13 +438,10 @@ class RayBackend:
         extra = {"members": envs}
         if self._rollback is not None:  # survivors of a failure: the step they all hold in memory
             extra["rollback_to"], self._rollback = self._rollback, None
-        from elastic_ring.worker.inplace import write_resize_action
-
-        write_resize_action(self.spec.run_dir, paused_segment, launch, t_launch, **extra)
+        seam.write_resize_action(self.spec.run_dir, paused_segment, launch, t_launch, **extra)
         for m in joiners:
             if m.go is not None:  # a pre-started spare: its go brings its place in the ring
-                protocol.write_json_atomic(m.go, {"stop_at": launch.stop_at, "time": t_launch,
-                                                  "env": envs[m.name]})
+                seam.write_go(m.go, seam.Go(launch.stop_at, t_launch, envs[m.name]))
             else:
                 self.pool.run(m, launch, envs[m.name])
         return members, leave, joiners
@@ -487,8 +477,6 @@ def make_ray_backend(spec, address: str | None = None, strategy: str = "PACK", w
     :func:`elastic_ring.controller.requests.check`). ``collective="torch"``: the controller forms a
     ``torch.distributed`` process group per segment (:class:`~.torch_ring.TorchRingFormer`: a
     store it serves, each member's rank), and a spare waits with a placeholder rank."""
-    from elastic_ring.worker.survive import SURVIVE_ENV
-
     cluster = RayCluster(address, strategy, cpus_per_worker, gpus_per_worker)
     env = {SURVIVE_ENV: "1"} if survive else {}
     rings = None
