@@ -234,7 +234,44 @@ def ps_fail(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
     return int(r), int(p or 1)
 
 
+def ray_address(env: Mapping[str, str] | None = None) -> str | None:
+    """Ray's ``RAY_ADDRESS`` (the cluster to join), where set."""
+    return _get("RAY_ADDRESS", env) or None
+
+
+def cuda_visible_devices(env: Mapping[str, str] | None = None) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` as set (None: unset, every device visible); parsed by
+    :func:`elastic_ring.telemetry.gpu.visible_entries`."""
+    return _get("CUDA_VISIBLE_DEVICES", env)
+
+
+def omp_threads_set(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``OMP_NUM_THREADS`` is set (the user's count, or a launcher's)."""
+    return bool((_get("OMP_NUM_THREADS", env) or "").strip())
+
+
 # ---------------------------------------------------------------------- what launchers set
+HOROVODRUN_RANK_KEYS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")  # horovodrun's, mpirun's ranks
+TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launched_by_horovodrun(env: Mapping[str, str] | None = None) -> bool:
+    """Whether horovodrun or mpirun started this process (a rank of theirs is set)."""
+    e = os.environ if env is None else env
+    return any(k in e for k in HOROVODRUN_RANK_KEYS)
+
+
+def launched_by_torchrun(env: Mapping[str, str] | None = None) -> bool:
+    """Whether torchrun (or a launcher setting its variables) started this process."""
+    e = os.environ if env is None else env
+    return all(k in e for k in TORCHRUN_KEYS)
+
+
+def torchrun_local(env: Mapping[str, str] | None = None, size: int = 1) -> tuple[int, int]:
+    """(local rank, local world size) as torchrun sets them (defaults 0 and ``size``)."""
+    return int(_get("LOCAL_RANK", env) or 0), int(_get("LOCAL_WORLD_SIZE", env) or size)
+
+
 def horovod_ranks(env: Mapping[str, str] | None = None) -> tuple[int, int, int, int] | None:
     """(rank, size, local rank, local size) as horovodrun sets them, or None where one is missing."""
     e = os.environ if env is None else env

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec
 from elastic_ring.controller.requests import RunRequest, check, check_torch_survive, with_script_collective
+from elastic_ring.env import ray_address
 from elastic_ring.errors import Interrupted, UserError
 
 
@@ -141,7 +142,7 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
     if req.backend == "ray":  # before anything slow: not minutes of Ray's retries at the start
         from elastic_ring.controller.backends.ray import check_answers
 
-        check_answers(req.ray_address or os.environ.get("RAY_ADDRESS"))
+        check_answers(req.ray_address or ray_address())
     collective = req.collective or _resumed_collective(req) or "horovod"
     device, ngpu, rep = resolve_device(req.device, echo, collective)
     if collective == "horovod" and req.backend != "ray":  # a Horovod that cannot serve: one line, not a restart loop
@@ -575,7 +576,7 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
                             collective=run.spec.collective)
     backend, resize = make_launch(options, run.spec)
     if req.backend == "ray":
-        echo(f"backend: Ray ({req.ray_address or os.environ.get('RAY_ADDRESS') or 'a local Ray'}), "
+        echo(f"backend: Ray ({req.ray_address or ray_address() or 'a local Ray'}), "
              f"placement {req.placement}, warm workers across resizes")
     rule = run.cfg.lr_scaling if run.cfg else run.spec.lr_scaling or "linear"
     ctl = Controller(run.spec, lr_scaling=rule, out=out,

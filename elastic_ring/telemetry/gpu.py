@@ -38,8 +38,7 @@ NCCL_FIX = ("HOROVOD_GPU_OPERATIONS=NCCL bash scripts/setup.sh  (rebuilds the Ho
 def visible_entries(env: dict[str, str] | None = None) -> list[str] | None:
     """``CUDA_VISIBLE_DEVICES`` as CUDA reads it: None when unset (all devices); else the entries up
     to the first invalid one (``-1`` or an empty entry ends the list, as in CUDA)."""
-    env = os.environ if env is None else env
-    raw = env.get("CUDA_VISIBLE_DEVICES")
+    raw = envvars.cuda_visible_devices(env)
     if raw is None:
         return None
     out: list[str] = []
@@ -167,7 +166,7 @@ def probe(env: dict[str, str] | None = None, nvml_fn: Callable[[], Any] = nvml,
         if listed == 0:
             return GpuReport(0, 0, driver=driver, reason=(
                 "the NVIDIA driver lists no GPU" + (" in CUDA_VISIBLE_DEVICES="
-                                                     f"{(env or os.environ).get('CUDA_VISIBLE_DEVICES')!r}"
+                                                     f"{envvars.cuda_visible_devices(env)!r}"
                                                      if visible_entries(env) is not None else "")))
     elif not driver_present():
         return GpuReport(0, None, reason="no NVIDIA driver on this machine (no NVML, no /dev/nvidiactl)")
