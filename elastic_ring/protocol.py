@@ -25,6 +25,7 @@ action, a go, the survivors' records) is typed in :mod:`elastic_ring.seam`.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import socket
@@ -36,6 +37,7 @@ from typing import Any
 
 from elastic_ring import env as envvars
 
+RUN_FILE = "run.json"
 WORKER_EVENTS = "worker_events.jsonl"
 CONTROLLER_FILE = "controller.json"
 PLAN_FILE = "plan.json"
@@ -129,6 +131,47 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 def read_json(path: Path) -> Any | None:
     try:
         return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+_RUN_INFO: dict[str, tuple[tuple[int, int, int], Any]] = {}  # run.json's path -> (its stat, its JSON)
+
+
+def _stat_key(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def run_info(run_dir: Path) -> Any:
+    """The JSON of ``run_dir``'s ``run.json`` (a copy: the caller may change it), read once per
+    process while the file stays the same (its inode, change time and size: the controller
+    rewrites it by a rename at a resume, :func:`remember_run_info`).
+
+    Raises:
+        OSError: it cannot be read.
+        ValueError: it is not JSON (``json.JSONDecodeError``), or not UTF-8.
+    """
+    path = Path(run_dir) / RUN_FILE
+    where = os.path.abspath(path)
+    key = _stat_key(path)
+    hit = _RUN_INFO.get(where)
+    if hit is None or hit[0] != key:
+        hit = _RUN_INFO[where] = (key, json.loads(path.read_text()))  # (replaced since the stat: read again next time)
+    return copy.deepcopy(hit[1])
+
+
+def remember_run_info(run_dir: Path, info: Any) -> None:
+    """``run.json`` of ``run_dir`` was just written with ``info``: later reads of this process take it
+    from here (:func:`run_info`)."""
+    path = Path(run_dir) / RUN_FILE
+    _RUN_INFO[os.path.abspath(path)] = (_stat_key(path), copy.deepcopy(info))
+
+
+def read_run_json(run_dir: Path) -> Any | None:
+    """:func:`run_info`, or None where ``run.json`` is missing or damaged (as :func:`read_json`)."""
+    try:
+        return run_info(run_dir)
     except (OSError, ValueError):
         return None
 

@@ -97,25 +97,25 @@ def _write(path: Path, text: str) -> None:
 
 def update_worker_settings(run_dir: Path, **changes: Any) -> None:
     """Change workers' settings of an existing run (e.g. checkpoint flags given at --resume)."""
-    path = Path(run_dir) / "run.json"
-    info = json.loads(path.read_text())
+    info = protocol.run_info(run_dir)
     info.setdefault("worker", {}).update({k: v for k, v in changes.items() if v is not None})
-    _replace_run_info(path, info)
+    _replace_run_info(Path(run_dir), info)
 
 
 def update_run_info(run_dir: Path, **changes: Any) -> None:
     """Change the controller's settings kept in ``run.json`` (e.g. ``--stall-timeout`` given at
     --resume, which later resumes keep)."""
-    path = Path(run_dir) / "run.json"
-    info = json.loads(path.read_text())
+    info = protocol.run_info(run_dir)
     info.update(changes)
-    _replace_run_info(path, info)
+    _replace_run_info(Path(run_dir), info)
 
 
-def _replace_run_info(path: Path, info: dict[str, Any]) -> None:
+def _replace_run_info(run_dir: Path, info: dict[str, Any]) -> None:
+    path = run_dir / protocol.RUN_FILE
     tmp = path.with_name(".run.json.tmp")
     tmp.write_text(json.dumps(info, indent=2))
     tmp.replace(path)
+    protocol.remember_run_info(run_dir, info)  # this process reads it again from memory
 
 
 def ensure_dataset_cache(run_dir: Path, cfg: TrainConfig) -> None:

@@ -150,7 +150,7 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
 
         check_horovod_serves(device)
     if collective == "torch":  # (a resumed run keeps its --survive)
-        resumed = protocol.read_json(Path(req.resume_dir) / "run.json") if req.resume_dir else None
+        resumed = protocol.read_run_json(Path(req.resume_dir)) if req.resume_dir else None
         check_torch_survive(device, req.survive or (isinstance(resumed, dict) and bool(resumed.get("survive"))))
     n_slots = _slots(req, device, ngpu)
     sched = _schedule(req)
@@ -171,7 +171,7 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
 
 def _resumed_collective(req: RunRequest) -> str | None:
     """A resumed run's collective (``run.json``; its damage is named later, by the resume)."""
-    info = protocol.read_json(Path(req.resume_dir) / "run.json") if req.resume_dir else None
+    info = protocol.read_run_json(Path(req.resume_dir)) if req.resume_dir else None
     ws = info.get("worker") if isinstance(info, dict) else None
     return ws.get("collective") if isinstance(ws, dict) else None
 
@@ -368,9 +368,9 @@ def read_run_info(rd: Path) -> dict[str, Any]:
     Raises:
         UserError: unreadable, not JSON, or not a JSON object (one line naming the file).
     """
-    path = rd / "run.json"
+    path = rd / protocol.RUN_FILE
     try:
-        info = json.loads(path.read_text())
+        info = protocol.run_info(rd)  # read once per process while unchanged (the resume's checks read it first)
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror or e}") from None
     except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
@@ -388,9 +388,8 @@ def check_resumable(rd: Path, steps: int | None) -> None:
     has reached its last step (its newest checkpoint that passes its checksum) resumes only with a
     new total (``steps``). Raises UserError."""
     from elastic_ring.ckpt.store import newest_valid
-    from elastic_ring.protocol import read_json
 
-    info = read_json(rd / "run.json")
+    info = protocol.read_run_json(rd)
     if not isinstance(info, dict) or not isinstance(info.get("total_steps"), int):
         return  # _prepare_resume says what is wrong with the folder
     found = newest_valid(rd / "checkpoints")

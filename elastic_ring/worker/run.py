@@ -213,7 +213,7 @@ def _launch_info(a: argparse.Namespace) -> tuple[LaunchInfo, float]:
     this process's environment for the worker library; and the script's allowance to call init."""
     from elastic_ring.worker.ring import INPLACE_ENV, RING_BY_CONTROLLER
 
-    run_info = protocol.read_json(a.run_dir / "run.json") or {}
+    run_info = protocol.read_run_json(a.run_dir) or {}
     ws = dict(run_info.get("worker") or {})
     init_timeout_s = float(ws.pop("init_timeout_s", 120.0))
     info = LaunchInfo(run_dir=a.run_dir, segment=a.segment, stop_at=a.stop_at, owner=a.owner,
