@@ -78,6 +78,7 @@ from elastic_ring.worker.ring import Ring, launched_under_horovod_elastic, ring_
 from elastic_ring.worker.sampler import Sampler
 from elastic_ring.worker.segment import Segment, StopVote
 from elastic_ring.worker.survive import reform_survivors, take_rollback
+from elastic_ring.worker.survive import reset as survive_reset
 from elastic_ring.worker.sync import StateSync
 
 if TYPE_CHECKING:
@@ -533,6 +534,7 @@ def init(lazy: bool = False, warm_compile: bool = True) -> "Job | PlainJob":
 
 
 def reset() -> None:
-    """Forget this process's job: the next :func:`init` starts a new one from nothing (a Ray
-    actor's process that left a ring, serving again)."""
+    """Forget this process's job and its copies in memory (``--survive``): the next :func:`init`
+    starts a new one from nothing (a Ray actor's process that left a ring, serving again)."""
     session.reset()
+    survive_reset()
