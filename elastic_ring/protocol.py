@@ -11,7 +11,9 @@ Everything lives in the run folder, which every host of a job sees (as the check
 - ``control/heartbeat.json``   the owner's id and a counter the controller bumps every second;
                                workers of another owner, or of a silent one, exit by themselves
 - ``control/stop-<seg>``       asks segment ``seg``'s workers to stop at the next agreed step
-- ``control/go-<seg>``         releases pre-launched workers (carries the stop step)
+- ``control/go-<seg>``         releases pre-launched workers (carries the stop step: :class:`elastic_ring.seam.Go`)
+- ``control/inplace-<seg>.json``  the controller's word to paused in-place workers (:class:`elastic_ring.seam.Action`)
+- ``control/survivor-<member>.json``  the steps a survivor of a failure holds (:func:`elastic_ring.seam.survivor_file`)
 - ``control/resize-request.json``  a live resize asked by ``elastic-ring resize``
 - ``control/progress.json``    rank 0's last completed step (written at most twice a second)
 - ``control/pids/seg<n>-rank<r>.json``  each worker's pid, host and owner (to stop orphans)
