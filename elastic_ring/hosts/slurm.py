@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import socket
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -155,6 +156,18 @@ class Allocation:
         n = len(self.hosts)
         return (f"Slurm job {self.job_id}: {n} node{'s' if n != 1 else ''} ({self.nodelist}), "
                 f"{self.hosts.total} slot{'s' if self.hosts.total != 1 else ''} from {self.slots_from}")
+
+
+def is_this_host(name: str) -> bool:
+    """Whether node ``name`` is the machine this runs on (its host name, short or full, or a
+    loopback name): a one-node allocation seen from its own node."""
+    me = {"localhost", "127.0.0.1", "::1"}
+    try:
+        hn = socket.gethostname()
+        me |= {hn, hn.split(".")[0], socket.getfqdn()}
+    except OSError:
+        pass
+    return name in me
 
 
 def in_allocation(env: Mapping[str, str] | None = None) -> bool:

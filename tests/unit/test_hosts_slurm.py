@@ -74,3 +74,43 @@ def test_allocation_refuses_variables_that_do_not_parse(env, needle):
     with pytest.raises(HostsError) as e:
         allocation(env)
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_train_takes_its_hosts_from_the_allocation():
+    """controller.runs.with_slurm_hosts: what `train` does with a request inside an allocation."""
+    from elastic_ring.controller.runs import RunRequest, with_slurm_hosts
+
+    lines = []
+    two = _env(SLURM_JOB_NODELIST="node[01-02]", SLURM_TASKS_PER_NODE="2(x2)")
+    got = with_slurm_hosts(RunRequest(workers=4), lines.append, two)
+    assert got.hosts == "node01:2,node02:2" and got.workers == 4
+    assert lines == ["elastic-ring: Slurm job 4242: 2 nodes (node[01-02]), 4 slots from SLURM_TASKS_PER_NODE: "
+                     "--hosts node01:2,node02:2 (--hosts, --hostfile or --slots to choose otherwise)"]
+    here = _env(SLURM_JOB_NODELIST="localhost", SLURM_TASKS_PER_NODE="3")
+    lines.clear()
+    got = with_slurm_hosts(RunRequest(), lines.append, here)
+    assert got.hosts is None and got.slots == 3 and lines[0].endswith("this host, --slots 3")
+    gpu_here = _env(SLURM_JOB_NODELIST="localhost", SLURM_GPUS_ON_NODE="2")
+    assert with_slurm_hosts(RunRequest(), lines.append, gpu_here) == RunRequest()  # the visible GPUs
+    assert lines[-1].endswith("2 slots from SLURM_GPUS_ON_NODE: this host")
+    lines.clear()
+    for untouched in (RunRequest(hosts="a:1"), RunRequest(hostfile="hf"), RunRequest(slots=2),
+                      RunRequest(backend="ray")):
+        assert with_slurm_hosts(untouched, lines.append, two) == untouched
+    assert with_slurm_hosts(RunRequest(), lines.append, {}) == RunRequest() and lines == []
+
+
+@pytest.mark.parametrize("req_kw, env, needle", [
+    ({}, _env(SLURM_JOB_NODELIST="node[01-"), "inside a Slurm allocation, SLURM_JOB_NODELIST='node[01-' does "
+                                              "not parse: '[' without ']' in 'node[01-' (give --hosts"),
+    (dict(relaunch="inplace"), _env(SLURM_JOB_NODELIST="a,b"), "--relaunch inplace runs on one host, and Slurm "
+                                                              "job 4242: 2 nodes (a,b)"),
+    ({}, _env(SLURM_JOB_NODELIST="a,b", SLURM_TASKS_PER_NODE="0(x2)"), "Slurm job 4242 has no slots (a,b)"),
+])
+def test_train_in_an_allocation_refuses_in_one_line(req_kw, env, needle):
+    from elastic_ring.controller.runs import RunRequest, with_slurm_hosts
+    from elastic_ring.errors import UserError
+
+    with pytest.raises(UserError) as e:
+        with_slurm_hosts(RunRequest(**req_kw), print, env)
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
