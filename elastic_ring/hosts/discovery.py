@@ -179,7 +179,10 @@ class HostPoller:
         """Ask now (whatever the interval)."""
         now = self.clock()
         self._last_poll = now
-        got = self.discovery.find()
+        try:
+            got = self.discovery.find()
+        except Exception as e:  # a discovery of the caller's that broke its promise: still one line
+            got = Discovered(None, f"host discovery raised {type(e).__name__}: {e}".splitlines()[0])
         if got.hosts is None:
             reason = got.error or "discovery gave no answer"
             note = None

@@ -104,6 +104,8 @@ class _Answers:
     def find(self):
         self.calls += 1
         a = self.answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
         return Discovered(a) if isinstance(a, HostSet) else Discovered(None, a)
 
 
@@ -155,3 +157,11 @@ def test_poller_over_fixed_hosts_and_bad_interval():
     assert p.poll().diff.slots_delta == 2
     with pytest.raises(UserError, match="--discovery-interval must be > 0 s"):
         HostPoller(fixed, interval_s=0)
+
+
+def test_poller_turns_a_discovery_that_raises_into_one_line():
+    p = HostPoller(_Answers(HostSet([("a", 1)]), OSError("no route\nto host")), interval_s=1, clock=_Clock())
+    p.poll()
+    r = p.poll()
+    assert not r.ok and r.hosts == HostSet([("a", 1)])
+    assert r.note.startswith("host discovery failed: host discovery raised OSError: no route;") and "\n" not in r.note
