@@ -155,6 +155,17 @@ class HostSet(Mapping[str, int]):
         """``"a:2,b:1"``: the ``--hosts`` / horovodrun ``-H`` form."""
         return ",".join(f"{h}:{n}" for h, n in self._slots.items())
 
+    def first(self, n: int) -> "HostSet":
+        """The first ``n`` slots, in order (the hosts a job of ``n`` workers runs on: horovodrun
+        starts a worker in every slot it is given, so it is given no more)."""
+        out, left = [], n
+        for h, k in self._slots.items():
+            if left <= 0:
+                break
+            out.append((h, min(k, left)))
+            left -= min(k, left)
+        return HostSet(out)
+
     def without(self, hosts: Iterable[str]) -> "HostSet":
         """This set less ``hosts`` (excluded ones, say)."""
         drop = set(hosts)
