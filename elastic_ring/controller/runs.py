@@ -123,8 +123,8 @@ def with_slurm_hosts(req: RunRequest, echo: Callable[[str], None],
     ``--hostfile``, ``--slots`` (which choose otherwise; the cluster runner always gives
     ``--slots``) nor ``--backend ray`` (whose nodes are Ray's): the allocation's nodes and slots
     (:func:`elastic_ring.hosts.slurm.allocation`), said in one line. One node that is this host
-    stays a run on this host, its tasks as ``--slots`` (on GPUs: its visible GPUs, as without
-    Slurm); otherwise the nodes become ``--hosts``.
+    stays a run on this host as without Slurm (its visible GPUs or CPU cores as slots); otherwise the
+    nodes become ``--hosts``.
 
     Raises:
         UserError: Slurm's variables do not parse, or ``--relaunch inplace`` (one host) in an
@@ -144,11 +144,9 @@ def with_slurm_hosts(req: RunRequest, echo: Callable[[str], None],
     (first, n), *more = alloc.hosts.pairs() or [("", 0)]
     if not n:
         raise UserError(f"Slurm job {alloc.job_id} has no slots ({alloc.nodelist}): give --hosts")
-    if not more and is_this_host(first):
-        if not alloc.slots_from.startswith("SLURM_GPUS"):
-            echo(f"elastic-ring: {alloc.line()}: this host, --slots {n}")
-            return replace(req, slots=n)
-        echo(f"elastic-ring: {alloc.line()}: this host")
+    if not more and is_this_host(first):  # as without Slurm: its visible GPUs or CPU cores (a CPU job's
+        # one task with -c16 would otherwise get one slot); --slots chooses otherwise
+        echo(f"elastic-ring: {alloc.line()}: this host (--slots to choose how many workers it takes)")
         return req
     if req.relaunch == "inplace":
         raise UserError(f"--relaunch inplace runs on one host, and {alloc.line()}: give --hosts with "

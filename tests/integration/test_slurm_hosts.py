@@ -35,14 +35,16 @@ def test_two_node_allocation_becomes_the_hosts(tmp_path):
     assert read_events(run / "events.jsonl", kind="finished")[-1]["step"] == 4
 
 
-def test_one_node_allocation_is_this_host_with_its_tasks_as_slots(tmp_path):
+def test_one_node_allocation_is_this_host_as_without_slurm(tmp_path):
+    """One node that is this host, one task (``sbatch -N1 -c16``): the run takes this host's slots as
+    without Slurm (not 1 slot for the one task), and says so."""
     run = tmp_path / "slurm1"
     p = run_cli("train", "--gpus", "2", "--steps", "2", *TINY, "--run-dir", str(run), timeout=300,
-                env=_slurm("localhost", "2"))
+                env=_slurm("localhost", "1"))
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "Slurm job 4242: 1 node (localhost), 2 slots from SLURM_TASKS_PER_NODE: this host, --slots 2" in p.stderr
+    assert "Slurm job 4242: 1 node (localhost), 1 slot from SLURM_TASKS_PER_NODE: this host (--slots" in p.stderr
     info = json.loads((run / "run.json").read_text())
-    assert info["hosts"] is None and info["slots"] == 2
+    assert info["hosts"] is None and info["slots"] >= 2
     (launch,) = read_events(run / "events.jsonl", kind="launch")
     assert launch["world_size"] == 2
 

@@ -89,10 +89,13 @@ def test_train_takes_its_hosts_from_the_allocation():
     here = _env(SLURM_JOB_NODELIST="localhost", SLURM_TASKS_PER_NODE="3")
     lines.clear()
     got = with_slurm_hosts(RunRequest(), lines.append, here)
-    assert got.hosts is None and got.slots == 3 and lines[0].endswith("this host, --slots 3")
+    # this host as without Slurm (its cores or visible GPUs), not its task count
+    assert got == RunRequest() and lines[0].endswith("3 slots from SLURM_TASKS_PER_NODE: this host (--slots to "
+                                                     "choose how many workers it takes)"), lines
     gpu_here = _env(SLURM_JOB_NODELIST="localhost", SLURM_GPUS_ON_NODE="2")
     assert with_slurm_hosts(RunRequest(), lines.append, gpu_here) == RunRequest()  # the visible GPUs
-    assert lines[-1].endswith("2 slots from SLURM_GPUS_ON_NODE: this host")
+    assert lines[-1].endswith("2 slots from SLURM_GPUS_ON_NODE: this host (--slots to choose how many workers "
+                              "it takes)")
     lines.clear()
     for untouched in (RunRequest(hosts="a:1"), RunRequest(hostfile="hf"), RunRequest(slots=2),
                       RunRequest(backend="ray")):
