@@ -17,6 +17,7 @@ import argparse
 import ast
 import io
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -139,10 +140,14 @@ RULES = {
     "getattr_probes": "calls of getattr( in controller/controller.py",
     "backend_probes": "calls of getattr( or hasattr( on self.backend in controller/controller.py",
     "loop_forms": "modules under worker/ that do the work between two steps: they send the step "
-                  "heartbeat themselves (.heartbeat(..., 'step')) or use the shared boundary; the module "
-                  "that defines heartbeat() and the boundary's own module are not loop forms",
-    "loop_forms_sharing_boundary": "loop forms that use one shared boundary object: import a module "
-                                   "named boundary, or name StepBoundary or an attribute .boundary",
+                  "heartbeat themselves (.heartbeat(..., 'step')) or call the shared boundary; the module "
+                  "that defines heartbeat() and the boundary's own module (boundary.py, or the one "
+                  "defining StepBoundary) are not loop forms",
+    "loop_forms_sharing_boundary": "loop forms that call one shared boundary object: a method called on "
+                                   "a name or attribute `boundary` (boundary.m(...), job.boundary.m(...)) or "
+                                   "on StepBoundary(...), in a module that imports a module named boundary or "
+                                   "the name StepBoundary, or reaches it as an attribute .boundary (a module "
+                                   "that only builds or wraps the boundary, as Job does, is not a loop form)",
     "job_public_names": "methods and properties (def, @property, or name = property(...)) of class Job "
                         "in worker/api.py whose name does not start with _",
     "controller_modules_importing_worker_seam": "modules under controller/ that import "
@@ -150,7 +155,11 @@ RULES = {
     "controller_imports_of_worker_seam": "those import statements, counted one by one",
     "horovod_patches": "assignments onto Horovod's objects anywhere in the package: X.attr = ... or "
                        "setattr(X, ...) where X is, or is reached from, a name bound by an import of "
-                       "horovod (directly or through a local alias)",
+                       "horovod (directly or through a local alias); and the targets of a table of patches "
+                       "applied by a generic setattr: a call's positional or target= argument that is a "
+                       "string 'horovod.module:Attr.name' (module-level string constants resolved in "
+                       "f-strings; strings inside tuples or lists, such as the names a patch reads, are not "
+                       "targets)",
     "horovod_patches.controller": "those under controller/ (the launcher's patches)",
     "horovod_patches.worker": "those under worker/ (the Horovod Elastic API served to a script)",
     "horovod_patch_modules": "the modules holding those assignments",
@@ -352,15 +361,25 @@ def loop_forms(mods: dict, pkg: str) -> tuple[list[str], list[str]]:
             continue
         beats = any(_call_name(n) == "heartbeat" and len(n.args) > 1 and isinstance(n.args[1], ast.Constant)
                     and n.args[1].value == "step" for n in ast.walk(tree))
-        uses = any(stem.rsplit(".", 1)[-1] == "boundary" or "boundary" in names or "StepBoundary" in names
-                   for stem, names in _imported(m, path, tree)) or any(
-            isinstance(n, ast.Name) and n.id == "StepBoundary" or isinstance(n, ast.Attribute) and n.attr == "boundary"
-            for n in ast.walk(tree))
+        reaches = any(stem.rsplit(".", 1)[-1] == "boundary" or "boundary" in names or "StepBoundary" in names
+                      for stem, names in _imported(m, path, tree)) or any(
+            isinstance(n, ast.Attribute) and n.attr == "boundary" for n in ast.walk(tree))
+        uses = reaches and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                               and _is_boundary(n.func.value) for n in ast.walk(tree))
         if beats or uses:
             forms.append(m)
         if uses:
             sharing.append(m)
     return forms, sharing
+
+
+def _is_boundary(node: ast.AST) -> bool:
+    """``boundary``, ``x.boundary`` or ``StepBoundary(...)``: the shared boundary object."""
+    if isinstance(node, ast.Name):
+        return node.id == "boundary"
+    if isinstance(node, ast.Attribute):
+        return node.attr == "boundary"
+    return isinstance(node, ast.Call) and getattr(node.func, "id", None) == "StepBoundary"
 
 
 def job_public_names(mods: dict, pkg: str) -> list[str]:
@@ -435,7 +454,37 @@ def horovod_patches(mods: dict) -> list[str]:
 
     for m, (_, tree) in mods.items():
         visit(m, tree.body, set())
-    return out
+        consts = {t.id: st.value.value for st in tree.body if isinstance(st, ast.Assign)
+                  and isinstance(st.value, ast.Constant) and isinstance(st.value.value, str)
+                  for t in st.targets if isinstance(t, ast.Name)}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Call):
+                for a in [*n.args, *(k.value for k in n.keywords if k.arg == "target")]:
+                    text = _string(a, consts)
+                    if text is not None and PATCH_TARGET.match(text):
+                        out.append(f"{m}:{n.lineno} {text}")
+    return sorted(out, key=lambda w: (w.split(":")[0], int(w.split(":")[1].split(" ")[0])))
+
+
+PATCH_TARGET = re.compile(r"^horovod(\.\w+)*:\w+(\.\w+)*$")
+
+
+def _string(node: ast.AST, consts: dict[str, str]) -> str | None:
+    """A string constant, or an f-string made of constants and module-level string constants."""
+    if isinstance(node, ast.Constant):
+        return node.value if isinstance(node.value, str) else None
+    if isinstance(node, ast.JoinedStr):
+        parts = []
+        for v in node.values:
+            if isinstance(v, ast.Constant):
+                parts.append(str(v.value))
+            elif isinstance(v, ast.FormattedValue) and isinstance(v.value, ast.Name) and v.value.id in consts \
+                    and v.format_spec is None and v.conversion == -1:
+                parts.append(consts[v.value.id])
+            else:
+                return None
+        return "".join(parts)
+    return None
 
 
 def _own_nodes(st: ast.AST):

@@ -175,6 +175,34 @@ TREE = {
         def commit(job):
             job.boundary.after_step(job.progress, job.step)
     """,
+    "worker/builder.py": """
+        from elastic_ring.worker.boundary import StepBoundary
+
+        class Maker:  # builds the boundary (as Job does): not a loop form
+            def __init__(self):
+                self.boundary = StepBoundary(self)
+    """,
+    "worker/timer.py": """
+        def install(m, job):  # wraps the boundary's methods: not a loop form
+            m.wrap(job.boundary, "after_step")
+    """,
+    "controller/hvd_table.py": """
+        import importlib
+
+        _DRIVER = "horovod.runner.elastic.driver:ElasticDriver"
+        MESSAGE = "horovod.torch:init"  # a string, not a call's argument
+
+        PATCHES = (
+            Patch("resume", "horovod.runner.elastic.driver:ElasticDriver.resume", ("horovod.runner.x:Y.read",)),
+            Patch("exit", f"{_DRIVER}._handle_worker_exit"),
+            Patch("other", target="horovod.torch:init"),
+        )
+
+        def apply(p):
+            owner = importlib.import_module(p.module)
+            setattr(owner, p.attr, None)
+            print("horovod.torch is not a patch target:", p)
+    """,
     "worker/evaluate.py": """
         def evaluate(progress, step):
             progress.heartbeat(step, "eval")
@@ -238,7 +266,7 @@ def test_each_count_is_what_the_tree_was_built_with(cs, tmp_path):
             counts["flag_tests.withdraw_ahead"], counts["flag_tests"]) == (2, 1, 2, 1, 6)
     assert (counts["getattr_probes"], counts["backend_probes"]) == (3, 3)
     # progress (defines heartbeat) and boundary (the boundary itself) are not loop forms, nor is an
-    # eval heartbeat
+    # eval heartbeat, nor a module that only builds or wraps the boundary
     assert sorted(where["loop_forms"]) == ["elastic_ring.worker.elastic_adapter", "elastic_ring.worker.hooked",
                                            "elastic_ring.worker.loop"]
     assert sorted(where["loop_forms_sharing_boundary"]) == ["elastic_ring.worker.elastic_adapter",
@@ -248,10 +276,13 @@ def test_each_count_is_what_the_tree_was_built_with(cs, tmp_path):
                                                                  "elastic_ring.controller.backends.b",
                                                                  "elastic_ring.controller.controller"]
     assert counts["controller_imports_of_worker_seam"] == 4
-    assert [w.split(" ")[1] for w in where["horovod_patches"]] == [
-        "driver.FREQUENCY", "d.resume", "cls._exit", "cls._start", "setattr(driver,"]
+    # the assignments in hvdrun, then the table's targets (not the names a patch reads, not a message)
+    assert sorted(w.split(" ")[1] for w in where["horovod_patches"]) == sorted([
+        "driver.FREQUENCY", "d.resume", "cls._exit", "cls._start", "setattr(driver,",
+        "horovod.runner.elastic.driver:ElasticDriver.resume",
+        "horovod.runner.elastic.driver:ElasticDriver._handle_worker_exit", "horovod.torch:init"])
     assert (counts["horovod_patches.controller"], counts["horovod_patches.worker"],
-            counts["horovod_patch_modules"]) == (5, 0, 1)
+            counts["horovod_patch_modules"]) == (8, 0, 2)
     assert counts["controller_lines"] == len(textwrap.dedent(TREE["controller/controller.py"]).lstrip("\n").splitlines())
 
 
@@ -272,7 +303,8 @@ def test_a_commit_is_read_from_git_and_the_working_tree_from_disk(cs, tmp_path):
     subprocess.run([*git, "commit", "-q", "-m", "before"], check=True)
     # after the commit: one survivors' agreement less, one loop form more on the boundary
     (repo / "elastic_ring/controller/backends/b.py").write_text("class CBackend:\n    pass\n")
-    (repo / "elastic_ring/worker/loop.py").write_text("from elastic_ring.worker import boundary\n")
+    (repo / "elastic_ring/worker/loop.py").write_text(
+        "from elastic_ring.worker import boundary\n\ndef steps(job):\n    job.boundary.begin()\n")
     out = tmp_path / "out" / "shape.json"
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "code_shape.py"), "--repo", str(repo),
                         "--commit", "HEAD", "--commit", "worktree", "--out", str(out), "--table"],
