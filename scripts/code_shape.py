@@ -137,6 +137,9 @@ RULES = {
     "flag_tests": "in controller/controller.py, the uses of _interrupts, live_target, deferred_stop "
                   "(attributes) and withdraw_ahead inside a test: an if/while/conditional expression's "
                   "condition, an assert, a comprehension's if, a boolean operator's operand or a not",
+    "controller_conditions": "every condition in controller/controller.py, whatever it tests: if, while, "
+                             "conditional expressions and comprehension ifs (flags renamed by a refactor "
+                             "leave flag_tests, not this)",
     "getattr_probes": "calls of getattr( in controller/controller.py",
     "backend_probes": "calls of getattr( or hasattr( on self.backend in controller/controller.py",
     "loop_forms": "modules under worker/ that do the work between two steps: they send the step "
@@ -325,6 +328,12 @@ def flag_tests(tree: ast.Module) -> dict[str, int]:
                 seen.add(id(n))
                 counts[f] += 1
     return counts
+
+
+def conditions(tree: ast.Module) -> int:
+    """See ``RULES["controller_conditions"]``."""
+    return sum(isinstance(n, (ast.If, ast.While, ast.IfExp)) + (len(n.ifs) if isinstance(n, ast.comprehension) else 0)
+               for n in ast.walk(tree))
 
 
 def probes(tree: ast.Module) -> tuple[int, int]:
@@ -521,12 +530,13 @@ def membership_counts(root: Path) -> tuple[dict[str, int], dict[str, list[str]]]
     }
     counts = {k: len(v) for k, v in where.items()}
     counts.update({"flag_tests": sum(flags.values()), **{f"flag_tests.{f}": n for f, n in flags.items()},
+                   "controller_conditions": conditions(ctl[1]) if ctl else 0,
                    "getattr_probes": get, "backend_probes": backend,
                    **{f"horovod_patches.{side}": sum(w.startswith(f"{pkg}.{side}.") for w in patches)
                       for side in ("controller", "worker")},
                    "controller_lines": len(ctl[0].read_text().splitlines()) if ctl else 0})
     order = ["backend_classes", "ring_classes", "survivor_agreements", "flag_tests",
-             *[f"flag_tests.{f}" for f in FLAGS], "getattr_probes", "backend_probes", "loop_forms",
+             *[f"flag_tests.{f}" for f in FLAGS], "controller_conditions", "getattr_probes", "backend_probes", "loop_forms",
              "loop_forms_sharing_boundary", "job_public_names", "controller_modules_importing_worker_seam",
              "controller_imports_of_worker_seam", "horovod_patches", "horovod_patches.controller",
              "horovod_patches.worker", "horovod_patch_modules", "controller_lines"]

@@ -264,6 +264,7 @@ def test_each_count_is_what_the_tree_was_built_with(cs, tmp_path):
     # comprehension's if; withdraw_ahead: the if; none of the assignments
     assert (counts["flag_tests._interrupts"], counts["flag_tests.live_target"], counts["flag_tests.deferred_stop"],
             counts["flag_tests.withdraw_ahead"], counts["flag_tests"]) == (2, 1, 2, 1, 6)
+    assert counts["controller_conditions"] == 4  # two ifs, a while, a comprehension's if
     assert (counts["getattr_probes"], counts["backend_probes"]) == (3, 3)
     # progress (defines heartbeat) and boundary (the boundary itself) are not loop forms, nor is an
     # eval heartbeat, nor a module that only builds or wraps the boundary
