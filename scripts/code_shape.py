@@ -178,7 +178,10 @@ def _modules(root: Path) -> dict[str, tuple[Path, ast.Module]]:
     """Every module of the package under ``root``: dotted name -> (path, parsed tree)."""
     out = {}
     for p in sorted(root.rglob("*.py")):
-        out[module_name(p, root)] = (p, ast.parse(p.read_text(), filename=str(p)))
+        try:
+            out[module_name(p, root)] = (p, ast.parse(p.read_text(), filename=str(p)))
+        except SyntaxError as e:
+            raise ValueError(f"{p.relative_to(root.parent)} does not parse here ({e.msg}, line {e.lineno})") from None
     return out
 
 
@@ -559,8 +562,10 @@ def measure_commit(repo: Path, rev: str, package: str = "elastic_ring") -> dict:
     except ValueError:
         raise ValueError(f"--commit {rev}: not a commit of the checkout {repo}") from None
     with tempfile.TemporaryDirectory(prefix="code-shape-") as tmp:
-        tar = subprocess.run(["git", "-C", str(repo), "archive", sha, package], check=True,
-                             capture_output=True).stdout
+        r = subprocess.run(["git", "-C", str(repo), "archive", sha, package], capture_output=True)
+        if r.returncode:
+            raise ValueError(f"--commit {rev}: no {package}/ in it")
+        tar = r.stdout
         with tarfile.open(fileobj=io.BytesIO(tar)) as t:
             if hasattr(tarfile, "data_filter"):
                 t.extractall(tmp, filter="data")

@@ -318,6 +318,12 @@ def test_a_commit_is_read_from_git_and_the_working_tree_from_disk(cs, tmp_path):
     assert before["counts"]["loop_forms_sharing_boundary"] == 2
     assert after["counts"]["loop_forms_sharing_boundary"] == 3
     assert "| survivor_agreements | 2 | 1 |" in r.stdout.splitlines()
+    # a file that does not parse: one line naming it, status 2
+    (repo / "elastic_ring/worker/loop.py").write_text("def steps(:\n")
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "code_shape.py"), "--repo", str(repo),
+                        "--commit", "worktree"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith("code_shape: elastic_ring/worker/loop.py does not parse here")
 
 
 def test_a_revision_that_is_not_a_commit_is_one_line_and_status_2(tmp_path):
