@@ -539,7 +539,8 @@ def membership_counts(root: Path) -> tuple[dict[str, int], dict[str, list[str]]]
                       for side in ("controller", "worker")},
                    "controller_lines": len(ctl[0].read_text().splitlines()) if ctl else 0})
     order = ["backend_classes", "ring_classes", "survivor_agreements", "flag_tests",
-             *[f"flag_tests.{f}" for f in FLAGS], "controller_conditions", "getattr_probes", "backend_probes", "loop_forms",
+             *[f"flag_tests.{f}" for f in FLAGS], "controller_conditions", "getattr_probes", "backend_probes",
+             "loop_forms",
              "loop_forms_sharing_boundary", "job_public_names", "controller_modules_importing_worker_seam",
              "controller_imports_of_worker_seam", "horovod_patches", "horovod_patches.controller",
              "horovod_patches.worker", "horovod_patch_modules", "controller_lines"]
