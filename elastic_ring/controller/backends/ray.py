@@ -362,9 +362,9 @@ class RayBackend(Backend):
         group.pid = _local_pid(ring)
         log = self.spec.run_dir / "logs" / f"segment-{launch.segment:03d}-w{launch.world}.log"
         note(log, _describe(ring, launch)
-              + (f"; leaving: {', '.join(m.name for m in leave)}" if leave else "")
-              + (f"; joined: {', '.join(m.name + (' (warm spare)' if m.go else ' (cold)') for m in joiners)}"
-                 if joiners else ""))
+             + (f"; leaving: {', '.join(m.name for m in leave)}" if leave else "")
+             + (f"; joined: {', '.join(m.name + (' (warm spare)' if m.go else ' (cold)') for m in joiners)}"
+                if joiners else ""))
         self.launch = launch
         self._refill(launch)
         if not leave:  # a shrink's leavers become the spares (recycled) once they are out
