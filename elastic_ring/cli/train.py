@@ -72,7 +72,9 @@ def _echo(msg: str) -> None:
               help="cuda: one GPU per worker (NCCL); cpu: CPU processes with gloo; auto: cuda if NVIDIA GPUs are found.")
 @click.option("--slots", type=int, default=None,
               help="Worker slots on this machine (CPU). [default: CPU cores; on GPUs: visible GPUs]")
-@click.option("--hosts", default=None, metavar="H:N[,H:N...]", help="Hosts and slots, handed to horovodrun -H.")
+@click.option("--hosts", default=None, metavar="H:N[,H:N...]",
+              help="Hosts and slots, handed to horovodrun -H. [default: inside a Slurm allocation with no "
+                   "--hostfile or --slots, its nodes and tasks (or GPUs) per node: see docs/hosts.md]")
 @click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
               help="horovodrun hostfile ('host slots=N' lines).")
 @click.option("--network-interface", default=None, help="Passed to horovodrun (e.g. lo for several local 'hosts').")

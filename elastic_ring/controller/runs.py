@@ -88,6 +88,7 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
     """Check ``req`` and get its run folder ready (a new one created, a resumed one taken over)."""
     from elastic_ring.controller import hvdrun
 
+    req = with_slurm_hosts(req, echo)  # inside a Slurm allocation with no --hosts: its nodes
     check(req)
     req, inferred = with_script_collective(req)  # a torch.distributed script: --collective torch
     if req.collective is None and not req.resume_dir and not hvdrun.horovod_installed():
@@ -115,6 +116,45 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
         if claimed is not None:
             _unclaim(*claimed)
         raise
+
+
+def with_slurm_hosts(req: RunRequest, echo: Callable[[str], None],
+                     env: dict[str, str] | None = None) -> RunRequest:
+    """Inside a Slurm allocation (``SLURM_JOB_ID`` set) and given none of ``--hosts``,
+    ``--hostfile``, ``--slots`` (which choose otherwise; the cluster runner always gives
+    ``--slots``) nor ``--backend ray`` (whose nodes are Ray's): the allocation's nodes and slots
+    (:func:`elastic_ring.hosts.slurm.allocation`), said in one line. One node that is this host
+    stays a run on this host as without Slurm (its visible GPUs or CPU cores as slots); otherwise the
+    nodes become ``--hosts``.
+
+    Raises:
+        UserError: Slurm's variables do not parse, or ``--relaunch inplace`` (one host) in an
+            allocation of several nodes (one line).
+    """
+    from dataclasses import replace
+
+    from elastic_ring.hosts.api import HostsError
+    from elastic_ring.hosts.slurm import allocation, in_allocation, is_this_host
+
+    if req.hosts or req.hostfile or req.slots is not None or req.backend == "ray" or not in_allocation(env):
+        return req
+    try:
+        alloc = allocation(env, gpus=req.device != "cpu")
+    except HostsError as e:
+        raise UserError(f"inside a Slurm allocation, {e} (give --hosts to name the hosts)") from None
+    (first, n), *more = alloc.hosts.pairs() or [("", 0)]
+    if not n:
+        raise UserError(f"Slurm job {alloc.job_id} has no slots ({alloc.nodelist}): give --hosts")
+    if not more and is_this_host(first):  # as without Slurm: its visible GPUs or CPU cores (a CPU job's
+        # one task with -c16 would otherwise get one slot); --slots chooses otherwise
+        echo(f"elastic-ring: {alloc.line()}: this host (--slots to choose how many workers it takes)")
+        return req
+    if req.relaunch == "inplace":
+        raise UserError(f"--relaunch inplace runs on one host, and {alloc.line()}: give --hosts with "
+                        f"this node only, or another relaunch mode")
+    echo(f"elastic-ring: {alloc.line()}: --hosts {alloc.hosts.arg()} (--hosts, --hostfile or --slots "
+         f"to choose otherwise)")
+    return replace(req, hosts=alloc.hosts.arg())
 
 
 @contextmanager

@@ -13,7 +13,7 @@ import pytest
 
 from elastic_ring import protocol
 from elastic_ring.controller.api import RunSpec
-from elastic_ring.controller.backends.api import SegmentLaunch
+from elastic_ring.controller.backends.api import Backend, SegmentLaunch
 from elastic_ring.controller.backends.ray import make_ray_backend
 from elastic_ring.controller.backends.ray_group import RayGroup
 from elastic_ring.controller.backends.ray_members import Member
@@ -231,7 +231,7 @@ class _Ring:
         self.rc = -9 if self.rc is None else self.rc
 
 
-class _Backend:
+class _Backend(Backend):
     name = "fake-ray"
 
     def __init__(self, run_dir, total):
@@ -629,7 +629,7 @@ def test_inplace_the_driver_hands_the_next_slot_to_the_warm_joiner(tmp_path, mon
     shutdown.set()
 
 
-class _Stalls:
+class _Stalls(Backend):
     """A backend that can end single ranks (``--survive``)."""
 
     name = "fake"

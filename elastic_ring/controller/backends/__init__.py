@@ -2,8 +2,10 @@
 factory that builds a run's backend and resize strategy from its options (:func:`make_launch`).
 
 :mod:`.api` holds the interfaces (:class:`~.api.Backend`, :class:`~.api.InPlaceRing`) and their
-value types; :mod:`.resize` the resize strategies; :mod:`.horovodrun` starts one ``horovodrun`` per
-segment (``--relaunch prelaunch|overlap|sequential``, also on ``--hosts``/``--hostfile``);
+value types; :mod:`.survival` the one survivor agreement and blame of the backends that keep the
+survivors of a failure (``--survive``); :mod:`.resize` the resize strategies; :mod:`.horovodrun`
+starts one ``horovodrun`` per segment (``--relaunch prelaunch|overlap|sequential``, also on
+``--hosts``/``--hostfile``);
 :mod:`.elastic` keeps one Horovod Elastic job alive across resizes (``--relaunch inplace``);
 :mod:`.ray` runs the workers as Ray actors that stay across resizes (``--backend ray``);
 :mod:`.local` starts one process per worker on this host for ``--collective torch``, and

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastic_ring import protocol, seam
-from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Handle, Launcher, SegmentLaunch, Started, Survival,
-                                                  rank_named_in_log, worker_env)
+from elastic_ring.controller.backends import survival
+from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Backend, Handle, Launcher, SegmentLaunch, Started,
+                                                  Survival, describe, note, rank_named_in_log, worker_env)
 from elastic_ring.env import MEMBER as MEMBER_ENV, STORE_FD as STORE_FD_ENV, SURVIVE as SURVIVE_ENV
 
 # a statement that calls it (not a comment's or a docstring's mention)
@@ -41,7 +42,6 @@ _PG_INIT = re.compile(r"^[ \t]*(?:[\w.]+\.)?init_process_group\s*\(", re.M)
 _FAILED = "elastic-ring local launcher: rank {rank} exited with status {rc}"
 _FIRST_FAILED = re.compile(r"elastic-ring local launcher: rank (\d+) exited with status")
 MASTER_ADDR = "127.0.0.1"
-_SURVIVE_WAIT_S = 5.0  # after a failure, how long the survivors may take to say which steps they hold
 
 
 def launcher_command(spec, launch: SegmentLaunch) -> list[str]:
@@ -72,7 +72,7 @@ def first_failed_rank(log_path: Path | None) -> int | None:
     return rank_named_in_log(log_path, _FIRST_FAILED)
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     """One local launcher per segment (see the module docstring); only this host's slots."""
 
     name = "local"
@@ -181,17 +181,11 @@ class LocalGroup:
         self.t_start = time.time()
 
 
-def describe(members: list[LocalMember], launch: SegmentLaunch) -> str:
+def _describe(members: list[LocalMember], launch: SegmentLaunch) -> str:
     """The segment log's line naming each member's rank and process."""
-    rows = ", ".join(f"rank {m.rank}: {m.name} pid {m.handle.pid if m.handle is not None else '?'}"
-                     for m in sorted(members, key=lambda m: m.rank))
-    return f"[local] segment {launch.segment}: {len(members)} worker(s): {rows}"
-
-
-def _note(log_path: Path, text: str) -> None:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a") as f:
-        f.write(text + "\n")
+    return describe("local", launch.segment, [
+        f"rank {m.rank}: {m.name} pid {m.handle.pid if m.handle is not None else '?'}"
+        for m in sorted(members, key=lambda m: m.rank)])
 
 
 @dataclass
@@ -208,7 +202,7 @@ class _Ahead:
     taken: bool = False
 
 
-class LocalRingBackend:
+class LocalRingBackend(Backend):
     """``--collective torch --relaunch inplace`` on this host: the worker processes stay across
     resizes and re-form their process group in place; an :class:`~.api.InPlaceRing`.
 
@@ -281,7 +275,7 @@ class LocalRingBackend:
         cmds = [self._spawn(m, launch, envs[m.name], log_path) for m in members]
         self.group, self.launch = LocalGroup(members, log_path, keeps_survivors=self.survive), launch
         self._rollback = None
-        _note(log_path, describe(members, launch))
+        note(log_path, _describe(members, launch))
         self._top_up(launch)
         return Started(self.group, cmds[0])
 
@@ -337,65 +331,38 @@ class LocalRingBackend:
             self.group.kill()  # (survivors of a failure that was not taken may still run)
         self.rings.stop_all()
 
-    # ------------------------------------------------------------------ SurvivingRing
-    def survivors(self, wait_s: float = _SURVIVE_WAIT_S) -> Survival | None:
+    # ------------------------------------------------------------------ survivors (--survive)
+    def survivors(self, wait_s: float = survival.WAIT_S) -> Survival | None:
         """After a member's failure: whether the others go on in their processes, from the last step
-        they all hold in memory. Waits up to ``wait_s`` until every member of the running group has
-        either said which steps it holds or is gone. None (the group is ended: the restart from the
-        checkpoint) when the run does not keep survivors, rank 0 took a resize written ahead
-        already, a survivor is silent, none is gone or left, or they hold no step in common (or its
-        copies differ: :func:`~elastic_ring.seam.agreement`). The
-        failure is the gone member's own error, else its death (``Killed``): a member that only
-        lost a peer is never blamed (:func:`elastic_ring.protocol.blame`)."""
-        from elastic_ring.seam import agreement, survivor_file
-
+        they all hold in memory (:func:`~.survival.hear`: each member of the running group has
+        either said which steps it holds or is gone). None (the group is ended: the restart from
+        the checkpoint) when the run does not keep survivors, rank 0 took a resize written ahead
+        already, or they do not agree (:attr:`refused` says why). The failure is the gone member's
+        own error, else its death (``Killed``): a member that only lost a peer is never blamed
+        (:func:`~.survival.blame`)."""
         g, cur = self.group, self.launch
         self.refused = None
         if not self.survive or g is None or cur is None or g.rc in (None, 0):
             return None
         if not self.retract_ahead(cur.segment):
-            self.refused = "rank 0 had taken the scheduled resize written ahead"
+            self.refused = survival.TAKEN_AHEAD
             g.kill()
             return None  # rank 0 took a scheduled resize before the failure: the restart
-        run_dir, t0 = self.spec.run_dir, time.time()
-        serving = self._serving()
-        records: dict[str, dict] = {}
-        gone: list[LocalMember] = []
-        while time.time() - t0 < wait_s:
-            for m in serving:
-                rec = protocol.read_json(survivor_file(run_dir, m.name))
-                if (isinstance(rec, dict) and rec.get("segment") == cur.segment
-                        and float(rec.get("time", 0.0)) >= g.t_start):
-                    records[m.name] = rec
-            gone = [m for m in serving if m.name not in records and (m.handle is None or m.handle.poll() is not None)]
-            if len(records) + len(gone) >= len(serving):
-                break
-            time.sleep(0.02)
-        for m in serving:
-            survivor_file(run_dir, m.name).unlink(missing_ok=True)
-        alive = [m for m in serving if m.name in records]
-        step, self.refused = agreement([records[m.name] for m in alive], len(serving) - len(alive) - len(gone),
-                                       len(gone))
-        if step is None:
+        members = [survival.Member(m.name, m.rank, lambda h=m.handle: h is None or h.poll() is not None, who=m)
+                   for m in self._serving()]
+        heard = survival.hear(self.spec.run_dir, members, cur.segment, g.t_start, wait_s)
+        self.refused = heard.refused
+        if heard.step is None:
             g.kill()
             return None
-        errors = protocol.read_error_records(run_dir, since=g.t_start)
-        culprit = protocol.blame([protocol.Seen(m.rank, next((r for r in reversed(errors) if r.get("rank") == m.rank),
-                                                             None), who=m) for m in gone])
-        if culprit is None:  # every gone member only lost a peer: no survivor is blamed either
-            failure = protocol.Failure(None, "PeerLost", f"rank(s) {', '.join(str(m.rank) for m in gone)} "
-                                       f"only lost a peer")
-        elif culprit.record is not None:
-            failure = protocol.Failure.of_record(culprit.record)
-        else:
-            failure = protocol.Failure(culprit.rank, "Killed", f"worker rank {culprit.rank} died (its process is "
-                                       f"gone, no error reported)")
-        _note(g.log_path, f"[local] failure in segment {cur.segment}: "
-              + ", ".join(f"rank {m.rank} ({m.name})" for m in gone) + " gone; "
-              + ", ".join(f"rank {m.rank} ({m.name})" for m in alive) + f" go on from step {step}, held in memory")
-        g.go_on(alive)
-        self._rollback = step
-        return Survival(step, len(alive), failure, 0, time.time() - t0)
+        failure = survival.blame(heard.gone, protocol.read_error_records(self.spec.run_dir, since=g.t_start))
+        note(g.log_path, f"[local] failure in segment {cur.segment}: "
+             + ", ".join(f"rank {m.rank} ({m.name})" for m in heard.gone) + " gone; "
+             + ", ".join(f"rank {m.rank} ({m.name})" for m in heard.alive)
+             + f" go on from step {heard.step}, held in memory")
+        g.go_on([m.who for m in heard.alive])
+        self._rollback = heard.step
+        return Survival(heard.step, len(heard.alive), failure, 0, time.time() - heard.t0)
 
     def end_ranks(self, ranks: list[int]) -> bool:
         """End these ranks' processes only (a stall the watchdog found: the others lose a peer and
@@ -501,7 +468,7 @@ class LocalRingBackend:
         for m in leave:
             m.retiring = True
         self.rings.in_use()
-        _note(self._log(launch), describe(members, launch) + "".join(
+        note(self._log(launch), _describe(members, launch) + "".join(
             f"; leaving: {m.name}" for m in leave) + "".join(f"; joined: {m.name}" for m in joiners))
         group.members = [*members, *(m for m in leave if m in group.members)]
         group.log_path = self._log(launch)
