@@ -1,7 +1,8 @@
 """Every private Horovod internal elastic-ring replaces, in one place, checked against the installed Horovod.
 
-Horovod's launcher and its elastic driver have no hooks for what elastic-ring needs, so a few of
-their functions are replaced at run time (monkeypatched) by ours, which call Horovod's own. Each
+Horovod's launcher, its elastic driver and its Elastic worker API have no hooks for what
+elastic-ring needs, so a few of their functions are replaced at run time (monkeypatched) by ours,
+which call Horovod's own where they keep its part. Each
 replacement is one :class:`Patch` record below: what it replaces (module and attribute), why (one
 line), the function that builds the replacement from Horovod's own, and what it relies on (the
 parameters it calls Horovod's function with, and the other names it reads). The records come in
@@ -18,7 +19,8 @@ before anything launches (:func:`check_installed`, from the controller's start, 
 ``check_horovod_serves``): a Horovod that changed is one line naming the missing internal and the
 installed version (a :class:`HorovodChanged`, exit status 2), not a launch that fails in every
 worker. The patches were written for Horovod :data:`WRITTEN_FOR`; another version is accepted when
-every target still has the shape the patches rely on. A yes is remembered per installed Horovod
+every target still has the shape the patches rely on (then the instance attributes they read are
+looked for in their classes' code too). A yes is remembered per installed Horovod
 (the version and its patched source files' sizes and times) in ``$ELASTIC_RING_CACHE``, so the
 check, which imports Horovod's runner (and torch, for the worker group) in a child process, runs
 once per install.
