@@ -185,9 +185,10 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
     collective = req.collective or _resumed_collective(req) or "horovod"
     device, ngpu, rep = resolve_device(req.device, echo, collective)
     if collective == "horovod" and req.backend != "ray":  # a Horovod that cannot serve: one line, not a restart loop
-        from elastic_ring.controller.hvdrun import check_horovod_serves
+        from elastic_ring.controller.hvdrun import check_horovod_patches, check_horovod_serves
 
         check_horovod_serves(device)
+        check_horovod_patches(req.script)  # the Horovod internals it patches are still there
     if collective == "torch":  # (a resumed run keeps its --survive)
         resumed = protocol.read_json(Path(req.resume_dir) / "run.json") if req.resume_dir else None
         check_torch_survive(device, req.survive or (isinstance(resumed, dict) and bool(resumed.get("survive"))))
