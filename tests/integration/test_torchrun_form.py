@@ -22,7 +22,7 @@ from tests.conftest import BIN, ROOT, run_cli, tool
 pytestmark = pytest.mark.integration
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "torchrun_contract.py"
-EVERY, STEPS, BATCH = 5, 40, 8
+EVERY, STEPS, BATCH = 5, 50, 8
 
 
 def _log(out: Path) -> list[dict]:
@@ -111,6 +111,7 @@ def test_torchrun_script_unchanged_kill_9_and_live_resizes_2_1_2_resume_from_its
     took = time.time() - t0
     form = [ln for ln in stderr.splitlines() if "form torchrun" in ln]
     assert len(form) == 1 and "torchrun_contract.py" in form[0] and "--stop-grace 10 s" in form[0], stderr
+    assert "resize 2 -> 1: every worker stopped and started again, the script resumed from its own snapshot" in stderr
 
     from elastic_ring.controller.status import read_status
 
