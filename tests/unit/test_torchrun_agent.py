@@ -63,8 +63,8 @@ STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); 
 
 
 def test_a_stop_asked_ends_every_worker_sigterm_then_sigkill_after_the_grace(tmp_path):
-    procs = _procs(SLEEP, STUBBORN)
-    time.sleep(1.0)  # the stubborn one ignores SIGTERM from now on
+    procs = [*_procs(SLEEP), subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, text=True)]
+    assert procs[1].stdout.readline() == "up\n"  # the stubborn one ignores SIGTERM from now on
     protocol.stop_file(tmp_path, 3).parent.mkdir(parents=True, exist_ok=True)
     protocol.stop_file(tmp_path, 3).touch()
     t0 = time.time()
@@ -92,14 +92,15 @@ def test_all_workers_done_end_the_segment_finished(tmp_path):
 
 
 def test_the_launcher_gives_each_worker_torchrun_s_names_and_a_free_port(tmp_path):
-    code = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', "
-            "'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'GROUP_WORLD_SIZE', 'ROLE_RANK', 'ROLE_WORLD_SIZE', 'ROLE_NAME', "
-            "'MASTER_ADDR', 'MASTER_PORT', 'TORCHELASTIC_USE_AGENT_STORE', %r)}))" % protocol.STORE_FD_ENV)
+    code = ("import json, os; open(os.path.join(%r, 'env-' + os.environ['RANK']), 'w').write(json.dumps({k: "
+            "os.environ.get(k) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', "
+            "'GROUP_WORLD_SIZE', 'ROLE_RANK', 'ROLE_WORLD_SIZE', 'ROLE_NAME', 'MASTER_ADDR', 'MASTER_PORT', "
+            "'TORCHELASTIC_USE_AGENT_STORE', %r)}))" % (str(tmp_path), protocol.STORE_FD_ENV))
     p = subprocess.run([sys.executable, "-m", "elastic_ring.controller.backends.local", "--nproc", "2", "--torchrun",
                         "--run-dir", str(tmp_path), "--segment", "0", "--stop-grace", "1", "--",
                         sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    envs = sorted((json.loads(ln) for ln in p.stdout.splitlines()), key=lambda e: e["RANK"])
+    envs = [json.loads((tmp_path / f"env-{r}").read_text()) for r in range(2)]
     for r, e in enumerate(envs):
         assert e == {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                      "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(r), "ROLE_WORLD_SIZE": "2",
