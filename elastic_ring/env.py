@@ -50,6 +50,7 @@ CACHE = "ELASTIC_RING_CACHE"  # the machine's dataset cache
 CLUSTER = "ELASTIC_RING_CLUSTER"  # `elastic-ring cluster`'s default --dir
 CLUSTER_FAULT = "ELASTIC_RING_CLUSTER_FAULT"  # tests: POINT[:N], the scheduler kills itself there
 PS_FAIL = "ELASTIC_RING_PS_FAIL"  # tests: RANK:PUSH, a parameter-server worker fails before that push
+SCRIPT_FORM = "ELASTIC_RING_SCRIPT_FORM"  # "torchrun": the worker entry runs the script as torchrun would
 
 HOROVOD_KEYS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
 TORCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
@@ -79,6 +80,11 @@ def started_by_elastic_ring(env: Mapping[str, str] | None = None) -> bool:
 def device(env: Mapping[str, str] | None = None) -> str:
     """The worker's device, ``cpu`` or ``cuda`` (default ``cpu``)."""
     return _get(DEVICE, env) or "cpu"
+
+
+def script_form(env: Mapping[str, str] | None = None) -> str | None:
+    """The contract of the script the worker runs, where the launcher names one (``"torchrun"``)."""
+    return _get(SCRIPT_FORM, env) or None
 
 
 def survive(env: Mapping[str, str] | None = None) -> bool:
@@ -265,6 +271,11 @@ def launched_by_torchrun(env: Mapping[str, str] | None = None) -> bool:
     """Whether torchrun (or a launcher setting its variables) started this process."""
     e = os.environ if env is None else env
     return all(k in e for k in TORCHRUN_KEYS)
+
+
+def world_size(env: Mapping[str, str] | None = None, default: int = 1) -> int:
+    """torchrun's ``WORLD_SIZE`` (``default`` where unset)."""
+    return int(_get("WORLD_SIZE", env) or default)
 
 
 def torchrun_local(env: Mapping[str, str] | None = None, size: int = 1) -> tuple[int, int]:

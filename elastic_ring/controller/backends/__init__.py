@@ -37,6 +37,8 @@ class LaunchOptions:
     gpus_per_worker: float = 0.0
     survive: bool = False  # Ray, inplace: the survivors of a failed worker go on from their copy in memory
     collective: str = "horovod"  # or "torch": the local launcher (backends.local), no horovodrun
+    stop_grace: float | None = None  # a torchrun-form script: SIGTERM -> SIGKILL at a stop (None: torchrun's 30 s)
+    max_restarts: int = 3  # told to a torchrun-form script (TORCHELASTIC_MAX_RESTARTS)
 
 
 def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
@@ -63,7 +65,8 @@ def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
         if options.relaunch == "inplace":
             ring = LocalRingBackend(spec, launcher=launcher, survive=options.survive)
             return ring, InPlace(ring)
-        return LocalBackend(spec, launcher=launcher), Relaunch(options.relaunch)
+        return (LocalBackend(spec, launcher=launcher, stop_grace=options.stop_grace, max_restarts=options.max_restarts),
+                Relaunch(options.relaunch))
     if options.relaunch == "inplace":
         from elastic_ring.controller.backends.elastic import ElasticBackend
 

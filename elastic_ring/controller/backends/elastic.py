@@ -8,7 +8,7 @@ keep their processes. A scheduled resize's slot count and action are reported ah
 pause and rank 0 need not wait for the controller.
 
 Survivors go on (``--survive``): Horovod Elastic's driver, told not to blacklist this host for a
-worker's failure (:func:`elastic_ring.controller.hvdrun.keep_hosts_on_failure`), keeps the job up
+worker's failure (patch ``blacklist`` of :mod:`elastic_ring.hvd_patches`), keeps the job up
 when a worker dies; its peers say which steps they hold in memory
 (:func:`elastic_ring.seam.survivor_file`), and when they hold one in common the failure
 is a shrink (:meth:`ElasticBackend.survivors`): the in-place resize that follows writes the new

@@ -16,6 +16,15 @@ probe of a free port and rank 0's bind, seconds later, after its imports), and t
 connections wait in the socket's backlog until rank 0 is up. When one
 worker fails the launcher ends the others and exits with that worker's status, naming its rank in
 the log (:func:`first_failed_rank`), as horovodrun does; when all exit 0, so does it.
+
+A script of torchrun's contract (``--torchrun``: :mod:`elastic_ring.worker.torchrun`) forms its
+own group: rank 0's ``init_process_group`` binds ``MASTER_PORT`` itself, so the launcher hands it
+no socket but a port it found free (as torchrun's static rendezvous does: a port taken by another
+process in between fails the segment, which is restarted), and adds the rest of torchrun's
+environment. The launcher is then torchrun's agent too (:func:`supervise_torchrun`): the
+segment's stop file (a resize, an interrupt) or a failed worker stops every worker (SIGTERM, the
+grace, SIGKILL), and the launcher writes the segment's end (``segment_end``: ``requested``, or
+``finished`` when all exited 0 by themselves) for the controller, since the script writes none.
 """
 
 from __future__ import annotations
@@ -35,6 +44,9 @@ from elastic_ring.controller.backends import survival
 from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Backend, Handle, Launcher, SegmentLaunch, Started,
                                                   Survival, describe, note, rank_named_in_log, worker_env)
 from elastic_ring.env import MEMBER as MEMBER_ENV, STORE_FD as STORE_FD_ENV, SURVIVE as SURVIVE_ENV
+from elastic_ring.worker.torchrun import DEFAULT_STOP_GRACE_S
+from elastic_ring.worker.torchrun import rank_env as torchrun_rank_env
+from elastic_ring.worker.torchrun import run_env as torchrun_run_env
 
 # a statement that calls it (not a comment's or a docstring's mention)
 _HVD_INIT = re.compile(r"^[ \t]*hvd\.init\s*\(", re.M)
@@ -44,11 +56,14 @@ _FIRST_FAILED = re.compile(r"elastic-ring local launcher: rank (\d+) exited with
 MASTER_ADDR = "127.0.0.1"
 
 
-def launcher_command(spec, launch: SegmentLaunch) -> list[str]:
-    """The command of one segment: the local launcher, then the worker entry with its arguments."""
+def launcher_command(spec, launch: SegmentLaunch, stop_grace: float | None = None) -> list[str]:
+    """The command of one segment: the local launcher, then the worker entry with its arguments;
+    with ``stop_grace``, a script of torchrun's contract (see the module docstring)."""
     from elastic_ring.controller.backends.horovodrun import worker_args
 
-    cmd = [sys.executable, "-m", "elastic_ring.controller.backends.local", "--nproc", str(launch.world), "--",
+    own = ([] if stop_grace is None else ["--torchrun", "--run-dir", str(spec.run_dir), "--segment",
+                                          str(launch.segment), "--stop-grace", repr(float(stop_grace))])
+    cmd = [sys.executable, "-m", "elastic_ring.controller.backends.local", "--nproc", str(launch.world), *own, "--",
            *worker_args(spec, launch.segment, launch.stop_at, launch.owner)]
     if launch.go_file is not None:
         cmd += ["--go-file", str(launch.go_file)]
@@ -67,6 +82,20 @@ def script_collective(script: str | Path) -> str | None:
     return "horovod" if hvd and not pg else "torch" if pg and not hvd else None
 
 
+def is_torchrun_script(script: str | None) -> bool:
+    """Whether ``script`` follows torchrun's contract only (:mod:`..script_check`; False where it
+    cannot be read: the request's check names that)."""
+    from elastic_ring.controller.script_check import read_script
+    from elastic_ring.errors import UserError
+
+    if not script:
+        return False
+    try:
+        return read_script(script).form == "torchrun"
+    except UserError:
+        return False
+
+
 def first_failed_rank(log_path: Path | None) -> int | None:
     """The rank the local launcher names as the first to fail, from the segment's log."""
     return rank_named_in_log(log_path, _FIRST_FAILED)
@@ -77,15 +106,25 @@ class LocalBackend(Backend):
 
     name = "local"
 
-    def __init__(self, spec, launcher: Launcher | None = None) -> None:
+    def __init__(self, spec, launcher: Launcher | None = None, stop_grace: float | None = None,
+                 max_restarts: int = 3) -> None:
         from elastic_ring.controller.backends.horovodrun import SubprocessLauncher
 
         self.spec = spec
         self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu", cwd=spec.cwd)
+        self.torchrun = is_torchrun_script(spec.script)  # run as torchrun runs it
+        self.stop_grace = DEFAULT_STOP_GRACE_S if stop_grace is None else stop_grace
+        self.max_restarts = max_restarts
 
     def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
-        cmd = launcher_command(self.spec, launch)
-        return Started(self.launcher.start(cmd, worker_env(self.spec, launch.world), log_path), cmd)
+        cmd = launcher_command(self.spec, launch, self.stop_grace if self.torchrun else None)
+        env = worker_env(self.spec, launch.world)
+        if self.torchrun:
+            from elastic_ring.events.api import Restart, read_events
+
+            restarts = len(read_events(self.spec.run_dir / "events.jsonl", Restart))
+            env.update(torchrun_run_env(restarts, self.max_restarts, self.spec.run_dir.name))
+        return Started(self.launcher.start(cmd, env, log_path), cmd)
 
     def usable_slots(self, want: int) -> int:
         return self.spec.slots
@@ -522,13 +561,69 @@ def rank_env(rank: int, world: int, port: int, base: dict[str, str] | None = Non
     return env
 
 
-def start_workers(cmd: list[str], world: int) -> list[subprocess.Popen]:
+def start_workers(cmd: list[str], world: int, torchrun: bool = False) -> list[subprocess.Popen]:
     """The segment's ``world`` workers, rank 0 handed the rendezvous socket (see the module
-    docstring); the launcher's own copy is closed once they run."""
+    docstring); the launcher's own copy is closed once they run. ``torchrun``: a script that forms
+    its own group gets a free port instead, and the rest of torchrun's environment."""
     with rendezvous_socket() as sock:
         port, fd = int(sock.getsockname()[1]), sock.fileno()
+        if torchrun:
+            sock.close()  # rank 0's init_process_group binds it
+            return [subprocess.Popen(cmd, env={**rank_env(r, world, port), **torchrun_rank_env(r, world)})
+                    for r in range(world)]
         return [subprocess.Popen(cmd, env=rank_env(r, world, port, store_fd=fd), pass_fds=(fd,) if r == 0 else ())
                 for r in range(world)]
+
+
+def stop_all(procs: list[subprocess.Popen], grace_s: float, poll_s: float = 0.05) -> None:
+    """Stop the workers as torchrun does: SIGTERM to each still running, then SIGKILL to those
+    still running after ``grace_s`` seconds; returns once all have exited."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
+
+
+def write_segment_end(run_dir: Path, segment: int, world: int, reason: str, t_decided: float) -> None:
+    """The segment's end, written for a script that writes none (the controller relays it)."""
+    from elastic_ring.events.api import EventLog, SegmentEnd
+
+    EventLog(run_dir / protocol.WORKER_EVENTS).write(
+        SegmentEnd(segment=segment, world_size=world, step=0, reason=reason, lr=0.0, stop_decided_at=t_decided))
+
+
+def supervise_torchrun(procs: list[subprocess.Popen], run_dir: Path, segment: int, grace_s: float,
+                       poll_s: float = 0.05) -> int:
+    """torchrun's agent for one segment: the segment's stop file stops every worker (SIGTERM, the
+    grace, SIGKILL) and ends the segment (``requested``, status 0); the first worker that fails
+    stops the others the same way and its status is returned (its rank named on stderr); all
+    exiting 0 ends it ``finished``."""
+    stop = protocol.stop_file(run_dir, segment)
+    while True:
+        if stop.exists():
+            t = time.time()
+            print(f"elastic-ring local launcher: stop asked: stopping {len(procs)} worker(s) (SIGTERM, "
+                  f"SIGKILL after {grace_s:g} s)", file=sys.stderr, flush=True)
+            stop_all(procs, grace_s, poll_s)
+            write_segment_end(run_dir, segment, len(procs), "requested", t)
+            return 0
+        codes = [p.poll() for p in procs]
+        for rank, rc in enumerate(codes):
+            if rc is not None and rc != 0:
+                print(_FAILED.format(rank=rank, rc=rc), file=sys.stderr, flush=True)
+                stop_all(procs, grace_s, poll_s)
+                return rc if rc > 0 else 128 - rc
+        if all(rc == 0 for rc in codes):
+            write_segment_end(run_dir, segment, len(procs), "finished", time.time())
+            return 0
+        time.sleep(poll_s)
 
 
 def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05) -> int:
@@ -552,11 +647,16 @@ def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) < 4 or argv[0] != "--nproc" or argv[2] != "--":
-        print("usage: python -m elastic_ring.controller.backends.local --nproc N -- COMMAND...", file=sys.stderr)
+    cut = argv.index("--") if "--" in argv else -1
+    own, cmd = argv[:cut], argv[cut + 1:]
+    torchrun = own[2:3] == ["--torchrun"]
+    if (cut < 0 or not cmd or own[:1] != ["--nproc"] or len(own) != (9 if torchrun else 2)
+            or (torchrun and own[3::2] != ["--run-dir", "--segment", "--stop-grace"])):
+        print("usage: python -m elastic_ring.controller.backends.local --nproc N [--torchrun --run-dir DIR "
+              "--segment S --stop-grace SECONDS] -- COMMAND...", file=sys.stderr)
         return 2
-    world, cmd = int(argv[1]), argv[3:]
-    procs = start_workers(cmd, world)
+    world = int(own[1])
+    procs = start_workers(cmd, world, torchrun=torchrun)
 
     def end(signum, frame):  # the controller ends the segment: the workers first
         for p in procs:
@@ -565,6 +665,8 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, end)
+    if torchrun:
+        return supervise_torchrun(procs, Path(own[4]), int(own[6]), float(own[8]))
     return supervise(procs)
 
 
