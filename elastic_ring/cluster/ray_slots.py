@@ -134,7 +134,9 @@ class RaySlots:
         try:
             import ray
         except ImportError:
-            raise ClusterError("cluster up --ray needs Ray: pip install 'ray[default]'") from None
+            from elastic_ring import extras
+
+            raise ClusterError(extras.message("cluster up --ray", "ray")) from None
         address = self.requested or ray_address() or None
         if address is not None:
             check_answers(address, error=ClusterError)  # not minutes of Ray's retries

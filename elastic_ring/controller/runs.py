@@ -96,7 +96,7 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
 
         req = replace(req, collective="torch")
         inferred = ("elastic-ring: Horovod is not installed: the workers use --collective torch "
-                    "(torch.distributed); scripts/setup.sh installs Horovod")
+                    "(torch.distributed); the [horovod] extra adds Horovod (docs/install.md)")
     if inferred:
         check(req)  # what goes with --collective torch
     if req.resume_dir:
@@ -180,8 +180,10 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
     from elastic_ring.telemetry.gpu import exclusive_fallback
 
     if req.backend == "ray":  # before anything slow: not minutes of Ray's retries at the start
+        from elastic_ring import extras
         from elastic_ring.controller.backends.ray import check_answers
 
+        extras.require("--backend ray", "ray")
         check_answers(req.ray_address or ray_address())
     collective = req.collective or _resumed_collective(req) or "horovod"
     device, ngpu, rep = resolve_device(req.device, echo, collective)

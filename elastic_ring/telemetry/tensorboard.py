@@ -14,7 +14,7 @@ the older points past that step, as it does for any restarted writer.
 Where: ``RUN_DIR/tensorboard`` by default; the variable ``ELASTIC_RING_TENSORBOARD_DIR`` names
 another folder (a cluster job writes under ``CLUSTER_DIR/tensorboard/<id>-<name>/``, so
 ``tensorboard --logdir CLUSTER_DIR/tensorboard`` compares the jobs); ``ELASTIC_RING_TENSORBOARD=0``
-turns it off.
+turns it off, as does an install without the ``tensorboard`` package (the ``[report]`` extra).
 """
 
 from __future__ import annotations
@@ -71,8 +71,10 @@ def scalars_of(ev: Event | Mapping[str, Any]) -> Iterator[tuple[str, float, int,
 
 
 def logdir_for(run_dir: Path) -> Path | None:
-    """Where a run's curves go (None: turned off)."""
-    if not env.tensorboard_on():
+    """Where a run's curves go (None: turned off, or TensorBoard not installed)."""
+    from elastic_ring.extras import installed
+
+    if not env.tensorboard_on() or not installed("tensorboard"):
         return None
     d = env.tensorboard_dir()
     return Path(d) if d else Path(run_dir) / "tensorboard"
