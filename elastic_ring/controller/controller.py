@@ -47,20 +47,21 @@ from elastic_ring import protocol
 from elastic_ring.controller import watchdog as wdog
 from elastic_ring.controller.api import TERMINAL, Plan, RunSpec, RunState, check_transition
 from elastic_ring.controller.backends import Backend, LaunchOptions, ResizeStrategy, make_launch
-from elastic_ring.controller.backends.api import Launcher, SegmentLaunch
+from elastic_ring.controller.backends.api import Launcher, SegmentLaunch, Survival
 from elastic_ring.controller.backends.horovodrun import probe_hosts
 from elastic_ring.controller.diagnose import Diagnosis
 from elastic_ring.controller.display import Display
 from elastic_ring.controller.lock import OwnerHeartbeat, RunLock
+from elastic_ring.controller.membership import Cause, MembershipChange, StateSource, decide
 from elastic_ring.controller.meter import Meter, PendingResize, Restarting
 from elastic_ring.controller.relay import Relay
 from elastic_ring.controller.requests import take_request
 from elastic_ring.controller.restart_rule import FailureHistory, append_traceback, give_up_reason
-from elastic_ring.controller.segment import Processes, Segment, segment_log
+from elastic_ring.controller.segment import Processes, Segment, Stop, segment_log
 from elastic_ring.controller.summary import write_summary
 from elastic_ring.errors import WorkerFailedError
 from elastic_ring.events.api import (CheckpointWritten, ErrorEvent, Evaluation, Event, EventLog, FirstStep, Launch,
-                                     Notice, ResizeRequested, Restart, Throughput)
+                                     MembershipChanged, Notice, ResizeRequested, Restart, Throughput)
 from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, stop_file
 from elastic_ring.worker.lr import RULES
 
@@ -199,38 +200,15 @@ class Controller:
             rc = self._watch(seg)
             self._relay()
             now = self.clock()
-            survived = self._survivors(seg, rc) if rc not in (None, 0) and not self._interrupts else None
-            if survived is not None:  # a failure taken as a shrink: the survivors go on in place
-                (step, world), segment = survived, seg.index + 1
-                continue
-            if rc is None:  # checkpoint on disk: relaunch now, the old workers exit meanwhile
-                if self.resize.keeps_workers:
-                    self._elastic = seg  # paused between two steps, waiting for the new size
-                else:
-                    self.procs.draining.append(seg)
-            else:
-                self._elastic = None
-                self.procs.exited(seg, rc, now)
-            if rc is not None and (rc != 0 or seg.end is None):
-                if self._interrupts:
-                    return self._interrupted(seg, killed=True)
-                step, world = self._recover(seg, rc)
-                segment = seg.index + 1
-                continue
-            step = int(seg.end.step)
-            if self._failures.failures:  # a checkpoint newer than the restart's: count again
-                self._failures.progress_saved(self._checkpoint_step())
-            if self.meter.pending is not None and self.meter.pending.t_first is not None:
-                self._drain(wait=True)  # may emit the overhead itself
-                self.meter.flush()  # no full window at the new size: no steady step
-            if self._interrupts and seg.end.reason != "finished" and not seg.deferred_stop:
-                return self._interrupted(seg, killed=False)
-            if seg.end.reason == "finished":
-                self._cancel_next()
+            change = self._decide(seg, rc, now)
+            if change is None:  # the schedule's end
                 break
-            world, segment = self._decide_resize(seg, step, world, rc, now), segment + 1
+            if change.cause is Cause.INTERRUPT:
+                return self._interrupted(seg, killed=rc is not None and (rc != 0 or seg.end is None))
+            self._act(seg, change, rc, now)
+            step, world, segment = change.step, change.members_after, seg.index + 1
         self._drain(wait=True)
-        self._set_state(RunState.SUCCEEDED, step=step, world_size=world, segment=segment,
+        self._set_state(RunState.SUCCEEDED, step=int(seg.end.step), world_size=seg.world, segment=seg.index,
                         pending_world=None)
         return self._finish()
 
@@ -251,38 +229,95 @@ class Controller:
             self._announce(seg, step)
         return seg
 
-    def _decide_resize(self, seg: Segment, step: int, world: int, rc: int | None, now: float) -> int:
-        """The workers of ``seg`` stopped at ``step`` for a resize: the size to go on at (a live
-        request first, else the plan); the resize is measured from here."""
-        source = "live"
-        if seg.live_target is not None:
-            target, t_req, source = seg.live_target, seg.t_live or now, seg.live_source
-            if source == "joiner":  # measured from the survivors' pause, as a scheduled grow: the
+    # ------------------------------------------------------------------ one membership change
+    def _decide(self, seg: Segment, rc: int | None, now: float) -> MembershipChange | None:
+        """The watch of ``seg`` ended (``rc``: :meth:`_watch`): how the job's members change, the
+        one place that asks (:func:`.membership.decide`) from the cause and what the backend offers
+        (survivors it keeps, a ring re-formed in place, the slots that answer); None: the schedule's end."""
+        failed = rc is not None and (rc != 0 or seg.end is None)
+        cause = Cause.STALL if seg.stall is not None else Cause.FAILURE
+        if failed and rc != 0 and not self._interrupts and (s := self._ask_survivors(seg)) is not None:
+            return decide(cause, s.step, seg.world, s.world, in_place=True, survivors=s, time=now)
+        if rc is None:  # checkpoint on disk: relaunch now, the old workers exit meanwhile
+            if self.resize.keeps_workers:
+                self._elastic = seg  # paused between two steps, waiting for the new size
+            else:
+                self.procs.draining.append(seg)
+        else:
+            self._elastic = None
+            self.procs.exited(seg, rc, now)
+        if failed:
+            if self._interrupts:
+                return decide(Cause.INTERRUPT, self._checkpoint_step() or 0, seg.world, 0, in_place=False, time=now)
+            t_detect = self.clock()
+            self._cancel_next()
+            self.procs.kill_all(self._next, self._seg)
+            self._drain(wait=True, timeout=10.0)
+            self.meter.pending = None
+            ck = self._checkpoint_step() or 0
+            world = self.plan.world_after(ck)
+            return decide(cause, ck, seg.world, world, in_place=False, usable=self.backend.usable_slots(world),
+                          time=t_detect)
+        step = int(seg.end.step)
+        if self._failures.failures:  # a checkpoint newer than the restart's: count again
+            self._failures.progress_saved(self._checkpoint_step())
+        if self.meter.pending is not None and self.meter.pending.t_first is not None:
+            self._drain(wait=True)  # may emit the overhead itself
+            self.meter.flush()  # no full window at the new size: no steady step
+        if self._interrupts and seg.end.reason != "finished" and seg.stop is not Stop.DEFERRED:
+            return decide(Cause.INTERRUPT, step, seg.world, 0, in_place=False, time=now)
+        if seg.end.reason == "finished":
+            self._cancel_next()
+            return None
+        if seg.asked is not None:  # a live request, or a warm worker for a failed one's place
+            cause, target, t_req = seg.asked.cause, seg.asked.members_after, seg.asked.time or now
+            if cause is Cause.JOINER:  # measured from the survivors' pause, as a scheduled grow: the
                 t_req = float(seg.end.stop_decided_at) or t_req  # steps while the stop was agreed are not lost
-            self.plan.add(step, target, source)
-            self._save_plan()
         else:
             r = self.plan.resize_at(step)
             if r is None and seg.end.reason == "scheduled" and step > seg.stop_at:
                 r = self.plan.resize_at(seg.stop_at)  # stopped at the first commit after the step
             if r is None:
                 self._fail(seg, rc, f"workers stopped at step {step} with no resize pending")
-            target, t_req = r.to, float(seg.end.stop_decided_at)
             source = next((src for s, _, src in self.plan.changes if s == r.step), "schedule")
-            self.events.write(ResizeRequested(from_workers=world, to_workers=target,
-                                              source="joiner" if source == "joiner" else "schedule", at_step=step,
-                                              time=t_req))
-        inplace = self._elastic is not None
-        self.meter.pending = PendingResize(world, target, step, t_req, float(seg.end.lr),
+            cause, target, t_req = (Cause.JOINER if source == "joiner" else Cause.SCHEDULE, r.to,
+                                     float(seg.end.stop_decided_at))
+        return decide(cause, step, seg.world, target, in_place=self._elastic is not None, time=t_req)
+
+    def _act(self, seg: Segment, change: MembershipChange, rc: int | None, now: float) -> None:
+        """Go on as ``change`` says (the one place that acts on a decision): a failure restarted from
+        the checkpoint or taken in memory, or a resize; then say so (a ``membership_change`` event)."""
+        if change.cause.is_failure and change.state_source is StateSource.MEMORY:
+            self._go_on_in_memory(seg, change, rc)
+        elif change.cause.is_failure:
+            self._restart(seg, change, rc)
+        else:
+            self._resize(seg, change, rc, now)
+        self.events.write(MembershipChanged(cause=change.cause.value, step=change.step,
+                                            members_before=change.members_before, members_after=change.members_after,
+                                            state_source=change.state_source.value, segment=seg.index,
+                                            time=change.time))
+
+    def _resize(self, seg: Segment, change: MembershipChange, rc: int | None, now: float) -> None:
+        """The workers of ``seg`` stopped at ``change.step`` for a resize (a live request first, else
+        the plan): the plan says so, and the resize is measured from ``change.time``."""
+        step, world, target, inplace = change.step, change.members_before, change.members_after, self._elastic is not None
+        if seg.asked is not None:
+            self.plan.add(step, target, change.cause.value)
+            self._save_plan()
+        else:
+            self.events.write(ResizeRequested(from_workers=world, to_workers=target, source=change.cause.value,
+                                              at_step=step, time=change.time))
+        joiner = change.cause is Cause.JOINER
+        self.meter.pending = PendingResize(world, target, step, change.time, float(seg.end.lr),
                                            checkpoint_s=0.0 if inplace else seg.ckpt_s,
                                            t_exit=now if rc is not None or inplace else None,
-                                           segment=seg.index, t_failure=self._t_failure if source == "joiner" else None)
+                                           segment=seg.index, t_failure=self._t_failure if joiner else None)
         self._transition = "resizing"
         self._set_state(RunState.STOPPING, step=step, world_size=world, pending_world=target,
                         resize_from=world, segment=seg.index)
         if self._next is not None and self._next.world != target:
             self._cancel_next()  # pre-launched for another size than the one decided
-        return target
 
     def _interrupted(self, seg: Segment, killed: bool) -> dict[str, Any]:
         self._cancel_next()
@@ -314,27 +349,20 @@ class Controller:
         raise WorkerFailedError(f"{why} (log: {log}; {way})", rank=rank, cause=why)
 
     # ------------------------------------------------------------------ recovery
-    def _recover(self, seg: Segment, rc: int) -> tuple[int, int]:
-        """A segment failed: restart from the last checkpoint, or give up (raises)."""
-        t_detect = self.clock()
-        self._cancel_next()
-        self.procs.kill_all(self._next, self._seg)
-        self._drain(wait=True, timeout=10.0)
-        self.meter.pending = None
+    def _restart(self, seg: Segment, change: MembershipChange, rc: int | None) -> None:
+        """A segment failed: restart from the checkpoint at ``change.step`` at ``change.members_after``
+        workers (fewer: the slots that answer), or give up (raises)."""
         records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
         why, rank, blamed = self.diagnosis.failure_cause(seg, rc, records)
         rec = blamed.record if blamed is not None else None  # the crash record on disk, if one
         seen = self.backend.failure_detail()
-        ck = self._checkpoint_step() or 0
+        ck, new_world = change.step, change.members_after
         last, t_last = self.diagnosis.failed_at(seg, records)
         last = max(last, ck)  # the progress file may lag behind the checkpoint's step
         redone = max(0, last - ck)
         failure = {"from_step": ck, "type": blamed.type if blamed else None,
                    "message": blamed.message if blamed else why, "step": blamed.step if blamed else None}
         attempt, repeated = self._failures.record(failure)
-        world = self.plan.world_after(ck)
-        usable = self.backend.usable_slots(world)  # the backend knows which hosts or nodes answer
-        new_world = min(world, usable)
         append_traceback(seg.log, rec)
         reason = give_up_reason(rec, failure, attempt, repeated, self.max_restarts, new_world)
         refused, self._refused = self._refused, None
@@ -343,42 +371,43 @@ class Controller:
                                   failed_at_step=last, steps_redone=redone,
                                   new_world_size=0 if reason is not None else new_world, gave_up=reason is not None,
                                   node=(seen.node if seen else None) or self.diagnosis.stalled_hosts(seg),
-                                  memory_refused=refused, time=t_detect))
+                                  memory_refused=refused, time=change.time))
         if reason is not None:
             self._fail(seg, rc, f"{why} ({reason})", rank=rank)
-        if new_world < world:
+        if change.cause is Cause.LOST_HOST:
             self.plan.add(ck, new_world, "restart")
             self._save_plan()
-            self.out(f"only {usable} slot(s) answer: restarting at {new_world} worker(s) "
+            self.out(f"only {new_world} slot(s) answer: restarting at {new_world} worker(s) "
                      + (f"(LR unchanged: {self._layout(new_world)})" if self.constant_batch else
                         "(LR by the run's rule)"))
         self._transition = "restarting"
         self._set_state(RunState.RESTARTING, step=ck, world_size=new_world, segment=seg.index + 1,
                         pending_world=None, resize_from=None)
-        self.meter.restarting = Restarting(attempt, t_detect, t_last, redone, ck, seg.index + 1)
+        self.meter.restarting = Restarting(attempt, change.time, t_last, redone, ck, seg.index + 1)
         self.out(f"{why}: restart {attempt}/{self.max_restarts} from step {ck} with {new_world} "
                  f"worker(s) ({redone} step(s) to redo)" + (f"; not from memory: {refused}" if refused else ""))
-        return ck, new_world
 
-    def _survivors(self, seg: Segment, rc: int) -> tuple[int, int] | None:
-        """A segment failed (or its stalled ranks were ended: :meth:`_end_stalled`), and the backend
-        may keep its survivors (the Ray backend or ``--relaunch inplace`` with ``--survive``): they go
-        on in their processes from the last step they all hold in memory, at their number, as after a
-        scheduled shrink there (the next segment is an in-place resize).
-        The failure counts as a restart's does (``max_restarts``, the same error twice) and is a
-        ``restart`` event with ``path`` "memory". Where the backend starts a new worker on a grow
-        (``rejoins``), the plan grows back to the size it had after the survivors' next step (a
-        ``joiner`` entry). Returns (that step, the survivors' number), or None: restart from the
-        checkpoint (:meth:`_recover`)."""
+    def _ask_survivors(self, seg: Segment) -> Survival | None:
+        """A segment failed (or its stalled ranks were ended: :meth:`_end_stalled`): the backend's
+        survivors, when it keeps them (the Ray backend or ``--relaunch inplace`` with ``--survive``)
+        and they agree on a step they all hold in memory; None: restart from the checkpoint."""
         ask = getattr(self.backend, "survivors", None)
         if ask is None or not self.resize.keeps_workers or (seg.stall is not None and not self._stall_ended):
             return None
-        t_detect = self.clock()
         self._stall_ended = 0.0
         s = ask()
         if s is None:
             self._refused = getattr(self.backend, "refused", None)  # for the restart that follows
-            return None
+        return s
+
+    def _go_on_in_memory(self, seg: Segment, change: MembershipChange, rc: int | None) -> None:
+        """The survivors of a failure (``change.survivors``) go on in their processes from the last
+        step they all hold in memory, at their number, as after a scheduled shrink there (the next
+        segment is an in-place resize). The failure counts as a restart's does (``max_restarts``, the
+        same error twice) and is a ``restart`` event with ``path`` "memory". Where the backend starts
+        a new worker on a grow (``rejoins``), the plan grows back to the size it had after the
+        survivors' next step (a ``joiner`` entry)."""
+        s = change.survivors
         self._cancel_next()
         self.meter.pending = None
         f = s.failure
@@ -396,14 +425,14 @@ class Controller:
         self.events.write(Restart(attempt=attempt, cause=why, rank=f.rank, returncode=rc, segment=seg.index,
                                   world_size=seg.world, from_step=s.step, failed_at_step=last, steps_redone=redone,
                                   new_world_size=0 if reason is not None else s.world, gave_up=reason is not None,
-                                  node=f.node, path="memory", time=t_detect))
+                                  node=f.node, path="memory", time=change.time))
         if reason is not None:
             self._fail(seg, rc, f"{why} ({reason})", rank=f.rank)
         planned = self.plan.world_after(s.step + 1)  # the size the job was to have after the next step
         self.plan.add(s.step, s.world, "failure")
         joins = (getattr(self.backend, "rejoins", False) and reason is None and planned > s.world
                  and s.step + 1 < self.spec.total_steps and self.plan.world_after(s.step + 1) == s.world)
-        self._t_failure = t_detect  # a joiner's grow back says how long after the failure it came
+        self._t_failure = change.time  # a joiner's grow back says how long after the failure it came
         if joins:  # a new worker takes the dead one's place after the survivors' next step
             self.plan.add(s.step + 1, planned, "joiner")
         self._save_plan()
@@ -411,14 +440,13 @@ class Controller:
         self._transition = "restarting"
         self._set_state(self.state, step=s.step, world_size=s.world, segment=seg.index + 1, pending_world=None,
                         resize_from=None)  # the phase says restarting; the workers never stopped running
-        self.meter.restarting = Restarting(attempt, t_detect, t_last, redone, s.step, seg.index + 1, path="memory")
+        self.meter.restarting = Restarting(attempt, change.time, t_last, redone, s.step, seg.index + 1, path="memory")
         joined = f" with {s.joiners} warm spare(s) in the failed worker(s)' place" if s.joiners else ""
         if joins:
             joined += (f"; {planned - s.world} new worker(s) join after step {s.step + 1}, the state by broadcast "
                        f"from a survivor")
         self.out(f"{why}: restart {attempt}/{self.max_restarts} in memory: {s.world - s.joiners} survivor(s) go "
                  f"on from step {s.step}{joined} ({redone} step(s) to redo)")
-        return s.step, s.world
 
     # ------------------------------------------------------------------ processes
     def _start_processes(self, seg: Segment) -> None:
@@ -482,7 +510,7 @@ class Controller:
         seg.handle, seg.log, seg.cmd, seg.t_started = old.handle, old.log, old.cmd, old.t_started
         seg.t_launch = self.clock()
         self._let_rank0_take_ahead(old.index)
-        if not self.resize.withdraw_ahead(old.index) and old.end is not None and old.end.time:
+        if not self._redirectable(old.index) and old.end is not None and old.end.time:
             seg.t_launch = min(seg.t_launch, float(old.end.time))
         self.resize.resize(old.index, seg.launch(self.owner), seg.t_launch)
         self._announce(seg, step)
@@ -521,49 +549,71 @@ class Controller:
         relaunched that segment on a cold worker, which redid it from its final checkpoint."""
         assert seg.handle is not None
         self._seg = seg
-        asked_stop = exit_sent = False
         while True:
             self._relay()
             self._drain()
             self._check_live_request(seg)
             self._check_heal(seg)
-            if self._interrupts and not asked_stop and not seg.deferred_stop:
-                if not self.resize.withdraw_ahead(seg.index):
-                    seg.deferred_stop = True  # the workers took the scheduled resize: stop the next segment
-                    continue
-                asked_stop = True
-                stop_file(self.spec.run_dir, seg.index).touch()
-                self._set_state(RunState.STOPPING, world_size=seg.world, segment=seg.index)
-                self.out("stopping: workers will checkpoint at the next agreed step (Ctrl-C again to kill)")
-            if (self.resize.keeps_workers and self._interrupts and seg.end is not None and not seg.deferred_stop
-                    and seg.end.reason != "finished" and not exit_sent):
-                exit_sent = True  # paused in place: checkpoint and leave
-                self.resize.ask_exit(seg.index, self.clock())
-            if self._interrupts > 1:
-                seg.handle.kill()
+            if self._interrupts:
+                self._on_interrupt(seg)
             rc = seg.handle.poll()
-            if rc is None and self._interrupts < 2 and seg.stall is None and self.diagnosis.check_stall(seg):
-                self._stall_ended = self._end_stalled(seg)
-                if not self._stall_ended:
-                    seg.handle.kill()
-                    while (rc := seg.handle.poll()) is None:
-                        time.sleep(0.05)
-            elif rc is None and seg.stall is not None and self.clock() - self._stall_ended > STALLED_END_S:
-                seg.handle.kill()  # the stalled ranks were ended, yet no survivor spoke: end them all
-                self._stall_ended = 0.0
-                while (rc := seg.handle.poll()) is None:
-                    time.sleep(0.05)
-            if rc is not None:
-                if (rc == 0 and self.resize.keeps_workers and seg.end is not None and seg.end.reason != "finished"
-                        and not self._interrupts and not self.resize.withdraw_ahead(seg.index)):
-                    return None  # rank 0 took the ring written ahead and its workers ran on, to their exit
-                return rc
-            if (self.resize.overlaps_exit and seg.end is not None and seg.end.reason != "finished"
-                    and (not self._interrupts or seg.deferred_stop)):
+            if rc is None:
+                rc = self._check_stall(seg)
+            paused = seg.end is not None and seg.end.reason != "finished"  # at a step boundary, for a change
+            if rc is not None:  # rank 0 took the ring written ahead and its workers ran on, to their exit:
+                ran_on = rc == 0 and paused and self.resize.keeps_workers and seg.stop is Stop.NONE
+                return None if ran_on and not self._redirectable(seg.index) else rc
+            if paused and self.resize.overlaps_exit and seg.stop.goes_on:
                 return None
             if self.resize.prelaunches and self._next is None and not self._interrupts:
                 self._maybe_prelaunch(seg)
             time.sleep(self.poll_s)
+
+    def _on_interrupt(self, seg: Segment) -> None:
+        """Ctrl-C / SIGTERM: the workers checkpoint at the next agreed step and exit (paused in
+        place: they are asked to leave); a second one kills them. When they already took the resize
+        written ahead, ``seg`` goes on and the next segment is stopped (``Stop.DEFERRED``)."""
+        if seg.stop is Stop.NONE:
+            if not self._redirectable(seg.index):
+                seg.stop = Stop.DEFERRED  # the workers took the scheduled resize: stop the next segment
+                return
+            seg.stop = Stop.ASKED
+            stop_file(self.spec.run_dir, seg.index).touch()
+            self._set_state(RunState.STOPPING, world_size=seg.world, segment=seg.index)
+            self.out("stopping: workers will checkpoint at the next agreed step (Ctrl-C again to kill)")
+        if (seg.stop is Stop.ASKED and self.resize.keeps_workers and seg.end is not None
+                and seg.end.reason != "finished"):
+            seg.stop = Stop.EXIT_SENT  # paused in place: checkpoint and leave
+            self.resize.ask_exit(seg.index, self.clock())
+        if self._interrupts > 1:
+            assert seg.handle is not None
+            seg.handle.kill()
+
+    def _check_stall(self, seg: Segment) -> int | None:
+        """The watchdog's word on a segment still running: a hang ends its stalled ranks alone
+        (:meth:`_end_stalled`) or the whole job, and ranks ended alone with no survivor speaking
+        within ``STALLED_END_S`` end the whole job. Returns the exit status once it is ended."""
+        assert seg.handle is not None
+        if seg.stall is None:
+            if self._interrupts > 1 or not self.diagnosis.check_stall(seg):
+                return None
+            self._stall_ended = self._end_stalled(seg)
+            if self._stall_ended:
+                return None
+        elif self.clock() - self._stall_ended <= STALLED_END_S:
+            return None
+        else:
+            self._stall_ended = 0.0  # the stalled ranks were ended, yet no survivor spoke: end them all
+        seg.handle.kill()
+        while (rc := seg.handle.poll()) is None:
+            time.sleep(0.05)
+        return rc
+
+    def _redirectable(self, segment: int) -> bool:
+        """Whether the end of ``segment`` may still change: what the strategy wrote ahead for it is
+        withdrawn. False when the workers already took it (a request or an interrupt waits for the
+        next segment)."""
+        return self.resize.withdraw_ahead(segment)
 
     def _end_stalled(self, seg: Segment) -> float:
         """A stall whose ranks are named, and a backend that keeps survivors (``--survive``): only
@@ -580,8 +630,8 @@ class Controller:
         """Start the next workers early enough that they are ready when the old ones stop."""
         if seg.end is not None:
             return
-        if seg.live_target is not None:  # the stop step is not known yet: the go file will say
-            self._prelaunch(seg, seg.live_target, seg.stop_at)
+        if seg.asked is not None:  # the stop step is not known yet: the go file will say
+            self._prelaunch(seg, seg.asked.members_after, seg.stop_at)
             return
         r = self.plan.resize_at(seg.stop_at)
         left = self.meter.seconds_left(seg, self.clock())
@@ -589,16 +639,14 @@ class Controller:
             self._prelaunch(seg, r.to, self._next_stop(seg.stop_at))
 
     def _check_live_request(self, seg: Segment) -> None:
-        if not (self.spec.run_dir / "control" / REQUEST_FILE).exists():
-            return
-        if not self.resize.withdraw_ahead(seg.index):
-            return  # the workers already took the scheduled resize: the request is read next segment
         req_file = self.spec.run_dir / "control" / REQUEST_FILE
+        if not req_file.exists() or not self._redirectable(seg.index):
+            return  # (the workers already took the scheduled resize: the request is read next segment)
         req = take_request(self.spec.run_dir, self._seen_requests, remove=False)
         if req is None:
             return
         target, t_asked = req
-        if seg.live_target is not None or self._next is not None:
+        if seg.asked is not None or self._next is not None:
             req_file.unlink(missing_ok=True)
             self.out(f"resize request to {target} ignored: a resize is already under way")
             return
@@ -607,13 +655,10 @@ class Controller:
             self.events.write(ErrorEvent(message=f"live resize to {target} refused (workers "
                                          f"{seg.world}, slots {self.spec.slots})", segment=seg.index))
             return
-        seg.live_target, seg.t_live = target, t_asked if t_asked is not None else self.clock()
         # `resize` sees it pending throughout: live_target is written before the request file goes
         self._set_state(self.state, live_target=target)
         req_file.unlink(missing_ok=True)
-        self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source="live",
-                                          time=seg.t_live))
-        stop_file(self.spec.run_dir, seg.index).touch()
+        self._ask(seg, Cause.LIVE, target, t_asked if t_asked is not None else self.clock())
         self.out(f"live resize requested: {seg.world} -> {target} workers")
 
     def _check_heal(self, seg: Segment) -> None:
@@ -622,16 +667,21 @@ class Controller:
         boundary, as a live resize to that size does (a ``resize_requested`` event of source
         ``joiner``)."""
         heal = getattr(self.backend, "heal_target", None)
-        if heal is None or seg.live_target is not None or self._next is not None or self._interrupts or \
+        if heal is None or seg.asked is not None or self._next is not None or self._interrupts or \
                 seg.end is not None:
             return
         target = heal()
-        if target is None or target == seg.world or not self.resize.withdraw_ahead(seg.index):
+        if target is None or target == seg.world or not self._redirectable(seg.index):
             return
-        seg.live_target, seg.t_live, seg.live_source = target, self.clock(), "joiner"
-        self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source="joiner", time=seg.t_live))
-        stop_file(self.spec.run_dir, seg.index).touch()
+        self._ask(seg, Cause.JOINER, target, self.clock())
         self.out(f"a warm worker is up for the failed worker's place: {seg.world} -> {target} workers")
+
+    def _ask(self, seg: Segment, cause: Cause, target: int, t: float) -> None:
+        """A change asked while ``seg`` runs: its workers stop at the next agreed step, and the
+        change is decided then (:meth:`_decide`)."""
+        seg.asked = decide(cause, seg.last_step, seg.world, target, in_place=self.resize.keeps_workers, time=t)
+        self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source=cause.value, time=t))
+        stop_file(self.spec.run_dir, seg.index).touch()
 
     # ------------------------------------------------------------------ the workers' events
     def _relay(self) -> None:
