@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 from elastic_ring import protocol
 from elastic_ring.controller import watchdog as wdog
-from elastic_ring.controller.api import TERMINAL, Plan, RunSpec, RunState, check_transition
+from elastic_ring.controller.api import Phase, Plan, RunSpec, RunState, check_transition, phase_of
 from elastic_ring.controller.backends import Backend, LaunchOptions, ResizeStrategy, make_launch
 from elastic_ring.controller.backends.api import Launcher, SegmentLaunch, Survival
 from elastic_ring.controller.backends.horovodrun import probe_hosts
@@ -115,8 +115,8 @@ class Controller:
         self._ahead_written: tuple[int, float] | None = None  # (segment, time.monotonic()) of the last action written ahead
         self._state_info: dict[str, Any] = {}
         # what the workers are doing between a launch and its first step: starting (the run's
-        # first launch), resizing, restarting; None once they step (see _phase)
-        self._transition: str | None = "starting"
+        # first launch), resizing, restarting; None once they step (api.phase_of)
+        self._launch: Phase | None = Phase.STARTING
         self._stall_ended = 0.0  # when the stalled ranks alone were ended (the others go on: _end_stalled)
         self._refused: str | None = None  # why the backend's survivors did not go on (the next restart says)
         self._t_failure = 0.0  # when the last failure that a joiner heals was seen (_survivors)
@@ -133,24 +133,14 @@ class Controller:
             self._state_info.pop("live_target", None)
         self._state_info.update(extra)
         info = {**self._state_info, "pid": os.getpid(), "owner": self.owner, "state": state.value,
-                "phase": self._phase(state), "time": self.clock()}
+                "phase": phase_of(state, self._launch, self._state_info.get("pending_world") is not None).value,
+                "time": self.clock()}
         protocol.write_json_atomic(self.spec.run_dir / CONTROLLER_FILE, info)
-
-    def _phase(self, state: RunState) -> str:
-        """The word a user sees for ``state`` (``controller.status.Phase``): a launch is
-        ``starting``, ``resizing`` or ``restarting`` until its workers' first step."""
-        if state in TERMINAL:
-            return {RunState.SUCCEEDED: "finished", RunState.FAILED: "failed"}.get(state, "stopped")
-        if state is RunState.RESTARTING:
-            return "restarting"
-        if state is RunState.STOPPING:
-            return "resizing" if self._state_info.get("pending_world") is not None else "stopping"
-        return self._transition or "running"
 
     def _stepping(self) -> None:
         """The watched segment's workers made their first step: the launch's transition is over."""
-        if self._transition is not None:
-            self._transition = None
+        if self._launch is not None:
+            self._launch = None
             self._set_state(self.state, pending_world=None, resize_from=None)
 
     def _save_plan(self) -> None:
@@ -313,7 +303,7 @@ class Controller:
                                            checkpoint_s=0.0 if inplace else seg.ckpt_s,
                                            t_exit=now if rc is not None or inplace else None,
                                            segment=seg.index, t_failure=self._t_failure if joiner else None)
-        self._transition = "resizing"
+        self._launch = Phase.RESIZING
         self._set_state(RunState.STOPPING, step=step, world_size=world, pending_world=target,
                         resize_from=world, segment=seg.index)
         if self._next is not None and self._next.world != target:
@@ -380,7 +370,7 @@ class Controller:
             self.out(f"only {new_world} slot(s) answer: restarting at {new_world} worker(s) "
                      + (f"(LR unchanged: {self._layout(new_world)})" if self.constant_batch else
                         "(LR by the run's rule)"))
-        self._transition = "restarting"
+        self._launch = Phase.RESTARTING
         self._set_state(RunState.RESTARTING, step=ck, world_size=new_world, segment=seg.index + 1,
                         pending_world=None, resize_from=None)
         self.meter.restarting = Restarting(attempt, change.time, t_last, redone, ck, seg.index + 1)
@@ -437,7 +427,7 @@ class Controller:
             self.plan.add(s.step + 1, planned, "joiner")
         self._save_plan()
         self._elastic = seg  # its survivors wait, paused, for their new ring
-        self._transition = "restarting"
+        self._launch = Phase.RESTARTING
         self._set_state(self.state, step=s.step, world_size=s.world, segment=seg.index + 1, pending_world=None,
                         resize_from=None)  # the phase says restarting; the workers never stopped running
         self.meter.restarting = Restarting(attempt, change.time, t_last, redone, s.step, seg.index + 1, path="memory")

@@ -62,3 +62,23 @@ def test_a_restart_on_fewer_hosts_is_a_lost_host_change(tmp_path):
                      host_probe=lambda hosts: [h for h in hosts if h[0] != "gone"])
     ctl.run(0, 2, 0)
     assert _changes(tmp_path) == [("lost_host", 0, 2, 1, "checkpoint", 0)]
+
+
+def test_one_lifecycle_vocabulary_every_state_has_its_phase():
+    """``api.phase_of`` is total: every controller state (with a launch's phase or none, a stop for
+    a resize or not) is a phase, live exactly while the run is not over, and every phase but the
+    reader's ``crashed`` is reached; a ``controller.json`` with no ``phase`` reads as before."""
+    from elastic_ring.controller.api import LAUNCH_PHASES, TERMINAL, Phase, RunState, phase_of
+    from elastic_ring.controller.status import _phase
+
+    seen = set()
+    for state in RunState:
+        for launch in (None, *LAUNCH_PHASES):
+            for resizing in (False, True):
+                p = phase_of(state, launch, resizing)
+                assert isinstance(p, Phase) and p.live == (state not in TERMINAL), (state, launch, resizing)
+                seen.add(p)
+    assert seen == set(Phase) - {Phase.CRASHED}
+    old = {"pending": "starting", "launching": "starting", "running": "running", "stopping": "stopping",
+           "restarting": "restarting", "succeeded": "finished", "failed": "failed", "interrupted": "stopped"}
+    assert {s.value: _phase({"state": s.value}).value for s in RunState} == old
