@@ -89,3 +89,13 @@ def decide(cause: Cause, step: int, before: int, after: int, *, in_place: bool, 
         return MembershipChange(cause, step, before, after, StateSource.CHECKPOINT, time)
     return MembershipChange(cause, step, before, after, StateSource.PEER if after > before else StateSource.MEMORY,
                             time)
+
+
+def from_event(e: Any) -> MembershipChange | None:
+    """The record a ``membership_change`` event holds (None: a cause or state source this version
+    does not know, or a field missing)."""
+    try:
+        return MembershipChange(Cause(e.cause), int(e.step), int(e.members_before), int(e.members_after),
+                                StateSource(e.state_source), float(e.time))
+    except (TypeError, ValueError):
+        return None

@@ -3,6 +3,7 @@ controller writes for each resize and restart it goes on with (a fake launcher, 
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -10,8 +11,10 @@ import pytest
 from elastic_ring.controller.api import Resize, RunSpec
 from elastic_ring.controller.controller import Controller
 from elastic_ring.controller.membership import Cause, MembershipChange, StateSource, decide
+from elastic_ring.controller.summary import render, summarize
 from elastic_ring.events import read_events
 
+from tests.unit.test_cluster_web import cluster  # noqa: F401 - a fixture
 from tests.unit.test_controller_fake import FakeLauncher, _controller
 
 
@@ -82,3 +85,21 @@ def test_one_lifecycle_vocabulary_every_state_has_its_phase():
     old = {"pending": "starting", "launching": "starting", "running": "running", "stopping": "stopping",
            "restarting": "restarting", "succeeded": "finished", "failed": "failed", "interrupted": "stopped"}
     assert {s.value: _phase({"state": s.value}).value for s in RunState} == old
+
+
+def test_the_summary_and_the_web_page_show_each_change_its_cause_and_state_source(cluster):  # noqa: F811
+    from elastic_ring.cluster.web import ClusterView
+
+    d, a, _ = cluster
+    ev = d / "jobs" / str(a) / "events.jsonl"
+    kept = ev.read_text().rsplit("\n", 1)[0] + "\n"  # without the partial last line
+    change = {"kind": "membership_change", "time": 1030.0, "cause": "failure", "step": 32, "members_before": 2,
+              "members_after": 1, "state_source": "memory", "segment": 1}
+    newer = {**change, "cause": "preempt", "step": 38}  # a cause of a newer version: still shown
+    ev.write_text(kept + json.dumps(change) + "\n" + json.dumps(newer) + "\n")
+    ja = ClusterView(d, clock=lambda: 1060.0).state()["jobs"][0]
+    assert [c["what"] for c in ja["membership_changes"]] == ["failure at step 32: 2 -> 1 workers, from memory",
+                                                             "preempt at step 38: 2 -> 1"]
+    assert ja["last_change"] == "preempt at step 38: 2 -> 1" and ja["membership_changes"][0]["state_source"] == "memory"
+    lines = render(summarize(read_events(ev, kind="membership_change")), 100).splitlines()
+    assert "  failure at step 32: 2 -> 1 workers, from memory" in lines
