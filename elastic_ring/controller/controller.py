@@ -52,7 +52,7 @@ from elastic_ring.controller.backends.horovodrun import probe_hosts
 from elastic_ring.controller.diagnose import Diagnosis
 from elastic_ring.controller.display import Display
 from elastic_ring.controller.lock import OwnerHeartbeat, RunLock
-from elastic_ring.controller.membership import Cause, MembershipChange, StateSource, decide
+from elastic_ring.controller.membership import Cause, MembershipChange, decide
 from elastic_ring.controller.meter import Meter, PendingResize, Restarting
 from elastic_ring.controller.relay import Relay
 from elastic_ring.controller.requests import take_request
@@ -225,8 +225,10 @@ class Controller:
         one place that asks (:func:`.membership.decide`) from the cause and what the backend offers
         (survivors it keeps, a ring re-formed in place, the slots that answer); None: the schedule's end."""
         failed = rc is not None and (rc != 0 or seg.end is None)
+        # an interrupt ends the run, unless the workers took the resize written ahead (the next segment stops)
+        stop = bool(self._interrupts) and (failed or (seg.end.reason != "finished" and seg.stop is not Stop.DEFERRED))
         cause = Cause.STALL if seg.stall is not None else Cause.FAILURE
-        if failed and rc != 0 and not self._interrupts and (s := self._ask_survivors(seg)) is not None:
+        if failed and rc != 0 and not stop and (s := self._ask_survivors(seg)) is not None:
             return decide(cause, s.step, seg.world, s.world, in_place=True, survivors=s, time=now)
         if rc is None:  # checkpoint on disk: relaunch now, the old workers exit meanwhile
             if self.resize.keeps_workers:
@@ -236,9 +238,9 @@ class Controller:
         else:
             self._elastic = None
             self.procs.exited(seg, rc, now)
+        if failed and stop:
+            return decide(Cause.INTERRUPT, seg.last_step, seg.world, 0, in_place=False, time=now)
         if failed:
-            if self._interrupts:
-                return decide(Cause.INTERRUPT, self._checkpoint_step() or 0, seg.world, 0, in_place=False, time=now)
             t_detect = self.clock()
             self._cancel_next()
             self.procs.kill_all(self._next, self._seg)
@@ -254,7 +256,7 @@ class Controller:
         if self.meter.pending is not None and self.meter.pending.t_first is not None:
             self._drain(wait=True)  # may emit the overhead itself
             self.meter.flush()  # no full window at the new size: no steady step
-        if self._interrupts and seg.end.reason != "finished" and seg.stop is not Stop.DEFERRED:
+        if stop:
             return decide(Cause.INTERRUPT, step, seg.world, 0, in_place=False, time=now)
         if seg.end.reason == "finished":
             self._cancel_next()
@@ -277,10 +279,8 @@ class Controller:
     def _act(self, seg: Segment, change: MembershipChange, rc: int | None, now: float) -> None:
         """Go on as ``change`` says (the one place that acts on a decision): a failure restarted from
         the checkpoint or taken in memory, or a resize; then say so (a ``membership_change`` event)."""
-        if change.cause.is_failure and change.state_source is StateSource.MEMORY:
-            self._go_on_in_memory(seg, change, rc)
-        elif change.cause.is_failure:
-            self._restart(seg, change, rc)
+        if change.cause.is_failure:
+            self._failed(seg, change, rc)
         else:
             self._resize(seg, change, rc, now)
         self.events.write(MembershipChanged(cause=change.cause.value, step=change.step,
@@ -339,44 +339,6 @@ class Controller:
         raise WorkerFailedError(f"{why} (log: {log}; {way})", rank=rank, cause=why)
 
     # ------------------------------------------------------------------ recovery
-    def _restart(self, seg: Segment, change: MembershipChange, rc: int | None) -> None:
-        """A segment failed: restart from the checkpoint at ``change.step`` at ``change.members_after``
-        workers (fewer: the slots that answer), or give up (raises)."""
-        records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
-        why, rank, blamed = self.diagnosis.failure_cause(seg, rc, records)
-        rec = blamed.record if blamed is not None else None  # the crash record on disk, if one
-        seen = self.backend.failure_detail()
-        ck, new_world = change.step, change.members_after
-        last, t_last = self.diagnosis.failed_at(seg, records)
-        last = max(last, ck)  # the progress file may lag behind the checkpoint's step
-        redone = max(0, last - ck)
-        failure = {"from_step": ck, "type": blamed.type if blamed else None,
-                   "message": blamed.message if blamed else why, "step": blamed.step if blamed else None}
-        attempt, repeated = self._failures.record(failure)
-        append_traceback(seg.log, rec)
-        reason = give_up_reason(rec, failure, attempt, repeated, self.max_restarts, new_world)
-        refused, self._refused = self._refused, None
-        self.events.write(Restart(attempt=attempt, cause=why, rank=rank, returncode=rc,
-                                  segment=seg.index, world_size=seg.world, from_step=ck,
-                                  failed_at_step=last, steps_redone=redone,
-                                  new_world_size=0 if reason is not None else new_world, gave_up=reason is not None,
-                                  node=(seen.node if seen else None) or self.diagnosis.stalled_hosts(seg),
-                                  memory_refused=refused, time=change.time))
-        if reason is not None:
-            self._fail(seg, rc, f"{why} ({reason})", rank=rank)
-        if change.cause is Cause.LOST_HOST:
-            self.plan.add(ck, new_world, "restart")
-            self._save_plan()
-            self.out(f"only {new_world} slot(s) answer: restarting at {new_world} worker(s) "
-                     + (f"(LR unchanged: {self._layout(new_world)})" if self.constant_batch else
-                        "(LR by the run's rule)"))
-        self._launch = Phase.RESTARTING
-        self._set_state(RunState.RESTARTING, step=ck, world_size=new_world, segment=seg.index + 1,
-                        pending_world=None, resize_from=None)
-        self.meter.restarting = Restarting(attempt, change.time, t_last, redone, ck, seg.index + 1)
-        self.out(f"{why}: restart {attempt}/{self.max_restarts} from step {ck} with {new_world} "
-                 f"worker(s) ({redone} step(s) to redo)" + (f"; not from memory: {refused}" if refused else ""))
-
     def _ask_survivors(self, seg: Segment) -> Survival | None:
         """A segment failed (or its stalled ranks were ended: :meth:`_end_stalled`): the backend's
         survivors, when it keeps them (the Ray backend or ``--relaunch inplace`` with ``--survive``)
@@ -390,53 +352,76 @@ class Controller:
             self._refused = getattr(self.backend, "refused", None)  # for the restart that follows
         return s
 
-    def _go_on_in_memory(self, seg: Segment, change: MembershipChange, rc: int | None) -> None:
-        """The survivors of a failure (``change.survivors``) go on in their processes from the last
-        step they all hold in memory, at their number, as after a scheduled shrink there (the next
-        segment is an in-place resize). The failure counts as a restart's does (``max_restarts``, the
-        same error twice) and is a ``restart`` event with ``path`` "memory". Where the backend starts
-        a new worker on a grow (``rejoins``), the plan grows back to the size it had after the
-        survivors' next step (a ``joiner`` entry)."""
-        s = change.survivors
+    def _failed(self, seg: Segment, change: MembershipChange, rc: int | None) -> None:
+        """A segment failed. From the checkpoint at ``change.step``, at ``change.members_after``
+        workers (fewer: the slots that answer); or, when its survivors agreed (``change.survivors``),
+        they go on in their processes from the last step they all hold in memory, at their number,
+        as after a scheduled shrink there (the next segment is an in-place resize). Either counts as
+        a restart (``max_restarts``; the same error twice is not retried: raises) and is a
+        ``restart`` event (``path`` "memory" for the survivors). Where the backend starts a new worker
+        on a grow (``rejoins``), the plan grows back after the survivors' next step (``joiner``)."""
+        s, step, world = change.survivors, change.step, change.members_after
         self._cancel_next()
         self.meter.pending = None
-        f = s.failure
         records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
         last, t_last = self.diagnosis.failed_at(seg, records)
-        last = max(last, s.step)  # the survivors all hold s.step done: the progress file may lag behind
-        redone = max(0, last - s.step)
-        stalled = seg.stall is not None
-        why = seg.stall.message if stalled else f.message or f"worker rank {f.rank} failed"
-        failure = {"from_step": s.step, "type": "Stalled" if stalled else f.type, "message": why,
-                   "step": f.step if f.step is not None else last + 1}
+        last = max(last, step)  # the progress file may lag behind the checkpoint's (the survivors') step
+        redone = max(0, last - step)
+        if s is None:
+            why, rank, blamed = self.diagnosis.failure_cause(seg, rc, records)
+            rec = blamed.record if blamed is not None else None  # the crash record on disk, if one
+            seen = self.backend.failure_detail()
+            node = (seen.node if seen else None) or self.diagnosis.stalled_hosts(seg)
+            failure = {"from_step": step, "type": blamed.type if blamed else None,
+                       "message": blamed.message if blamed else why, "step": blamed.step if blamed else None}
+        else:
+            f, rank, node = s.failure, s.failure.rank, s.failure.node
+            why = seg.stall.message if seg.stall is not None else f.message or f"worker rank {f.rank} failed"
+            failure = {"from_step": step, "type": "Stalled" if seg.stall is not None else f.type, "message": why,
+                       "step": f.step if f.step is not None else last + 1}
+            rec = f.record or next((r for r in records if r.get("rank") == f.rank and not r.get("peer_loss")), None)
         attempt, repeated = self._failures.record(failure)
-        rec = f.record or next((r for r in records if r.get("rank") == f.rank and not r.get("peer_loss")), None)
-        reason = give_up_reason(rec, failure, attempt, repeated, self.max_restarts, s.world)
-        self.events.write(Restart(attempt=attempt, cause=why, rank=f.rank, returncode=rc, segment=seg.index,
-                                  world_size=seg.world, from_step=s.step, failed_at_step=last, steps_redone=redone,
-                                  new_world_size=0 if reason is not None else s.world, gave_up=reason is not None,
-                                  node=f.node, path="memory", time=change.time))
+        if s is None:
+            append_traceback(seg.log, rec)
+        reason = give_up_reason(rec, failure, attempt, repeated, self.max_restarts, world)
+        refused, self._refused = self._refused, None
+        path = "disk" if s is None else "memory"
+        self.events.write(Restart(attempt=attempt, cause=why, rank=rank, returncode=rc, segment=seg.index,
+                                  world_size=seg.world, from_step=step, failed_at_step=last, steps_redone=redone,
+                                  new_world_size=0 if reason is not None else world, gave_up=reason is not None,
+                                  node=node, path=path, memory_refused=refused, time=change.time))
         if reason is not None:
-            self._fail(seg, rc, f"{why} ({reason})", rank=f.rank)
-        planned = self.plan.world_after(s.step + 1)  # the size the job was to have after the next step
-        self.plan.add(s.step, s.world, "failure")
-        joins = (getattr(self.backend, "rejoins", False) and reason is None and planned > s.world
-                 and s.step + 1 < self.spec.total_steps and self.plan.world_after(s.step + 1) == s.world)
-        self._t_failure = change.time  # a joiner's grow back says how long after the failure it came
-        if joins:  # a new worker takes the dead one's place after the survivors' next step
-            self.plan.add(s.step + 1, planned, "joiner")
-        self._save_plan()
-        self._elastic = seg  # its survivors wait, paused, for their new ring
-        self._launch = Phase.RESTARTING
-        self._set_state(self.state, step=s.step, world_size=s.world, segment=seg.index + 1, pending_world=None,
-                        resize_from=None)  # the phase says restarting; the workers never stopped running
-        self.meter.restarting = Restarting(attempt, change.time, t_last, redone, s.step, seg.index + 1, path="memory")
-        joined = f" with {s.joiners} warm spare(s) in the failed worker(s)' place" if s.joiners else ""
-        if joins:
-            joined += (f"; {planned - s.world} new worker(s) join after step {s.step + 1}, the state by broadcast "
-                       f"from a survivor")
-        self.out(f"{why}: restart {attempt}/{self.max_restarts} in memory: {s.world - s.joiners} survivor(s) go "
-                 f"on from step {s.step}{joined} ({redone} step(s) to redo)")
+            self._fail(seg, rc, f"{why} ({reason})", rank=rank)
+        joined = ""
+        if s is not None:
+            planned = self.plan.world_after(step + 1)  # the size the job was to have after the next step
+            self.plan.add(step, world, "failure")
+            joins = (getattr(self.backend, "rejoins", False) and planned > world
+                     and step + 1 < self.spec.total_steps and self.plan.world_after(step + 1) == world)
+            self._t_failure = change.time  # a joiner's grow back says how long after the failure it came
+            if joins:  # a new worker takes the dead one's place after the survivors' next step
+                self.plan.add(step + 1, planned, "joiner")
+            self._save_plan()
+            self._elastic = seg  # its survivors wait, paused, for their new ring
+            joined = f" with {s.joiners} warm spare(s) in the failed worker(s)' place" if s.joiners else ""
+            if joins:
+                joined += (f"; {planned - world} new worker(s) join after step {step + 1}, the state by broadcast "
+                           f"from a survivor")
+        elif change.cause is Cause.LOST_HOST:
+            self.plan.add(step, world, "restart")
+            self._save_plan()
+            self.out(f"only {world} slot(s) answer: restarting at {world} worker(s) "
+                     + (f"(LR unchanged: {self._layout(world)})" if self.constant_batch else "(LR by the run's rule)"))
+        self._launch = Phase.RESTARTING  # (in memory, the workers never stopped running)
+        self._set_state(RunState.RESTARTING if s is None else self.state, step=step, world_size=world,
+                        segment=seg.index + 1, pending_world=None, resize_from=None)
+        self.meter.restarting = Restarting(attempt, change.time, t_last, redone, step, seg.index + 1, path=path)
+        if s is not None:
+            self.out(f"{why}: restart {attempt}/{self.max_restarts} in memory: {world - s.joiners} survivor(s) go "
+                     f"on from step {step}{joined} ({redone} step(s) to redo)")
+        else:
+            self.out(f"{why}: restart {attempt}/{self.max_restarts} from step {step} with {world} worker(s) "
+                     f"({redone} step(s) to redo)" + (f"; not from memory: {refused}" if refused else ""))
 
     # ------------------------------------------------------------------ processes
     def _start_processes(self, seg: Segment) -> None:
