@@ -50,7 +50,7 @@ from elastic_ring.controller.backends import Backend, LaunchOptions, ResizeStrat
 from elastic_ring.controller.backends.api import Launcher, SegmentLaunch, Survival
 from elastic_ring.controller.backends.horovodrun import probe_hosts
 from elastic_ring.controller.diagnose import Diagnosis
-from elastic_ring.controller.display import Display
+from elastic_ring.controller.display import Display, layout_words
 from elastic_ring.controller.lock import OwnerHeartbeat, RunLock
 from elastic_ring.controller.membership import Cause, MembershipChange, decide
 from elastic_ring.controller.meter import Meter, PendingResize, Restarting
@@ -61,7 +61,7 @@ from elastic_ring.controller.segment import Processes, Segment, Stop, segment_lo
 from elastic_ring.controller.summary import write_summary
 from elastic_ring.errors import WorkerFailedError
 from elastic_ring.events.api import (CheckpointWritten, ErrorEvent, Evaluation, Event, EventLog, FirstStep, Launch,
-                                     MembershipChanged, Notice, ResizeRequested, Restart, Throughput)
+                                     Notice, ResizeRequested, Restart, Throughput)
 from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, stop_file
 from elastic_ring.worker.lr import RULES
 
@@ -283,15 +283,13 @@ class Controller:
             self._failed(seg, change, rc)
         else:
             self._resize(seg, change, rc, now)
-        self.events.write(MembershipChanged(cause=change.cause.value, step=change.step,
-                                            members_before=change.members_before, members_after=change.members_after,
-                                            state_source=change.state_source.value, segment=seg.index,
-                                            time=change.time))
+        self.events.write(change.event(seg.index))
 
     def _resize(self, seg: Segment, change: MembershipChange, rc: int | None, now: float) -> None:
         """The workers of ``seg`` stopped at ``change.step`` for a resize (a live request first, else
         the plan): the plan says so, and the resize is measured from ``change.time``."""
-        step, world, target, inplace = change.step, change.members_before, change.members_after, self._elastic is not None
+        step, world, target = change.step, change.members_before, change.members_after
+        inplace = self._elastic is not None
         if seg.asked is not None:
             self.plan.add(step, target, change.cause.value)
             self._save_plan()
@@ -410,8 +408,9 @@ class Controller:
         elif change.cause is Cause.LOST_HOST:
             self.plan.add(step, world, "restart")
             self._save_plan()
-            self.out(f"only {world} slot(s) answer: restarting at {world} worker(s) "
-                     + (f"(LR unchanged: {self._layout(world)})" if self.constant_batch else "(LR by the run's rule)"))
+            how = f"LR unchanged: {layout_words(self.constant_batch, world)}" if self.constant_batch else \
+                "LR by the run's rule"
+            self.out(f"only {world} slot(s) answer: restarting at {world} worker(s) ({how})")
         self._launch = Phase.RESTARTING  # (in memory, the workers never stopped running)
         self._set_state(RunState.RESTARTING if s is None else self.state, step=step, world_size=world,
                         segment=seg.index + 1, pending_world=None, resize_from=None)
@@ -462,18 +461,7 @@ class Controller:
                              seg.log or segment_log(self.spec.run_dir, seg.index, seg.world))
         if rel is not None:
             self.display.resized(rel.from_workers, rel.to_workers, rel.step, rel.lr_last, rel.lr_new,
-                                 self.lr_decays, layout=self._layout(rel.to_workers))
-
-    def _layout(self, world: int) -> str | None:
-        """A constant global batch's micro-batch layout at ``world`` workers (None: another rule)."""
-        if self.constant_batch is None:
-            return None
-        from elastic_ring.worker.accumulate import Layout
-
-        g, b = self.constant_batch
-        if not b:  # a script's: its micro-batch is its own batch
-            return f"global batch {g} shared by {world} worker(s) in the script's micro-batches"
-        return Layout(g, b, world).describe()
+                                 self.lr_decays, layout=layout_words(self.constant_batch, rel.to_workers))
 
     def _resize_inplace(self, seg: Segment, step: int) -> None:
         """The workers paused at the end of the last segment go on at the new size: the backend
@@ -681,7 +669,8 @@ class Controller:
             rel = self.meter.first_step(seg.index, ev, seg.t_launch, prelaunched=seg.go_file is not None)
             if rel is not None:
                 self.display.resized(rel.from_workers, rel.to_workers, rel.step, rel.lr_last, rel.lr_new,
-                                     rule=rel.rule, lr_rule=rel.lr_rule, layout=self._layout(rel.to_workers))
+                                     rule=rel.rule, lr_rule=rel.lr_rule,
+                                     layout=layout_words(self.constant_batch, rel.to_workers))
         elif isinstance(ev, Throughput):
             if ev.steps:
                 self.watchdog.add_step_time(float(ev.seconds) / int(ev.steps))

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from elastic_ring.events.api import MembershipChanged
+
 
 class Cause(str, Enum):
     """Why the members change (the ``source`` of a ``resize_requested`` event for a resize)."""
@@ -63,6 +65,12 @@ class MembershipChange:
     state_source: StateSource
     time: float = 0.0
     survivors: Any = field(default=None, compare=False, repr=False)  # memory: the backend's Survival
+
+    def event(self, segment: int) -> MembershipChanged:
+        """The ``membership_change`` event of this change, ending ``segment``."""
+        return MembershipChanged(cause=self.cause.value, step=self.step, members_before=self.members_before,
+                                 members_after=self.members_after, state_source=self.state_source.value,
+                                 segment=segment, time=self.time)
 
     def describe(self) -> str:
         """A few words for a person: ``failure at step 12: 4 -> 3 workers, from memory``."""
