@@ -18,13 +18,19 @@ when the backend reports fewer usable slots (hosts that no longer answer), at th
 that fits. Each restart is an event with its cause, the rank that failed first, the steps redone
 and the time lost. Where the backend keeps the survivors (Ray or ``--relaunch inplace`` with
 ``--survive``), a failure is a shrink instead: the survivors go on in their processes from the last
-step they all hold in memory (:meth:`Controller._survivors`), counted as a restart is; a stall whose
+step they all hold in memory (:meth:`Controller._failed`), counted as a restart is; a stall whose
 ranks are named ends only those ranks, and the others go on the same way.
+
+Every cause of a change of members (schedule, live request, joiner, failure, stall, lost host) goes
+through one path: the watch of a segment ends (:meth:`Controller._watch`), :meth:`Controller._decide`
+turns it into one :class:`~.membership.MembershipChange` (its cause and state source), and
+:meth:`Controller._act` carries it out and writes it as a ``membership_change`` event.
 
 It owns the run folder while it runs (a lock, and a heartbeat its workers watch: they exit by
 themselves within seconds when it is gone or replaced).
 
-What is not the loop or a decision lives beside it: :mod:`.segment` (a segment's runtime record,
+What is not the loop or a decision lives beside it: :mod:`.membership` (the record of a change, and
+the one rule of its state source), :mod:`.segment` (a segment's runtime record,
 the processes still held), :mod:`.relay` (the workers' events into ``events.jsonl``),
 :mod:`.meter` (what each resize and restart cost), :mod:`.diagnose` (why a segment failed, whether
 one hangs), :mod:`.display` (what the terminal shows), :mod:`.restart_rule` (when to give up).
@@ -119,7 +125,7 @@ class Controller:
         self._launch: Phase | None = Phase.STARTING
         self._stall_ended = 0.0  # when the stalled ranks alone were ended (the others go on: _end_stalled)
         self._refused: str | None = None  # why the backend's survivors did not go on (the next restart says)
-        self._t_failure = 0.0  # when the last failure that a joiner heals was seen (_survivors)
+        self._t_failure = 0.0  # when the last failure that a joiner heals was seen (_failed)
         self._launched = False  # this controller's first launch is the start of a session
 
     # ------------------------------------------------------------------ state
@@ -226,7 +232,7 @@ class Controller:
         (survivors it keeps, a ring re-formed in place, the slots that answer); None: the schedule's end."""
         failed = rc is not None and (rc != 0 or seg.end is None)
         # an interrupt ends the run, unless the workers took the resize written ahead (the next segment stops)
-        stop = bool(self._interrupts) and (failed or (seg.end.reason != "finished" and seg.stop is not Stop.DEFERRED))
+        stop = bool(self._interrupts) and (failed or (seg.paused and seg.stop is not Stop.DEFERRED))
         cause = Cause.STALL if seg.stall is not None else Cause.FAILURE
         if failed and rc != 0 and not stop and (s := self._ask_survivors(seg)) is not None:
             return decide(cause, s.step, seg.world, s.world, in_place=True, survivors=s, time=now)
@@ -286,8 +292,7 @@ class Controller:
         self.events.write(change.event(seg.index))
 
     def _resize(self, seg: Segment, change: MembershipChange, rc: int | None, now: float) -> None:
-        """The workers of ``seg`` stopped at ``change.step`` for a resize (a live request first, else
-        the plan): the plan says so, and the resize is measured from ``change.time``."""
+        """The workers of ``seg`` stopped at ``change.step`` for a resize: measured from ``change.time``."""
         step, world, target = change.step, change.members_before, change.members_after
         inplace = self._elastic is not None
         if seg.asked is not None:
@@ -361,35 +366,20 @@ class Controller:
         s, step, world = change.survivors, change.step, change.members_after
         self._cancel_next()
         self.meter.pending = None
-        records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
-        last, t_last = self.diagnosis.failed_at(seg, records)
-        last = max(last, step)  # the progress file may lag behind the checkpoint's (the survivors') step
-        redone = max(0, last - step)
+        a = self.diagnosis.account(seg, rc, step, s)
+        why, redone = a.why, max(0, a.last - step)
+        attempt, repeated = self._failures.record(a.failure)
         if s is None:
-            why, rank, blamed = self.diagnosis.failure_cause(seg, rc, records)
-            rec = blamed.record if blamed is not None else None  # the crash record on disk, if one
-            seen = self.backend.failure_detail()
-            node = (seen.node if seen else None) or self.diagnosis.stalled_hosts(seg)
-            failure = {"from_step": step, "type": blamed.type if blamed else None,
-                       "message": blamed.message if blamed else why, "step": blamed.step if blamed else None}
-        else:
-            f, rank, node = s.failure, s.failure.rank, s.failure.node
-            why = seg.stall.message if seg.stall is not None else f.message or f"worker rank {f.rank} failed"
-            failure = {"from_step": step, "type": "Stalled" if seg.stall is not None else f.type, "message": why,
-                       "step": f.step if f.step is not None else last + 1}
-            rec = f.record or next((r for r in records if r.get("rank") == f.rank and not r.get("peer_loss")), None)
-        attempt, repeated = self._failures.record(failure)
-        if s is None:
-            append_traceback(seg.log, rec)
-        reason = give_up_reason(rec, failure, attempt, repeated, self.max_restarts, world)
+            append_traceback(seg.log, a.record)
+        reason = give_up_reason(a.record, a.failure, attempt, repeated, self.max_restarts, world)
         refused, self._refused = self._refused, None
         path = "disk" if s is None else "memory"
-        self.events.write(Restart(attempt=attempt, cause=why, rank=rank, returncode=rc, segment=seg.index,
-                                  world_size=seg.world, from_step=step, failed_at_step=last, steps_redone=redone,
+        self.events.write(Restart(attempt=attempt, cause=why, rank=a.rank, returncode=rc, segment=seg.index,
+                                  world_size=seg.world, from_step=step, failed_at_step=a.last, steps_redone=redone,
                                   new_world_size=0 if reason is not None else world, gave_up=reason is not None,
-                                  node=node, path=path, memory_refused=refused, time=change.time))
+                                  node=a.node, path=path, memory_refused=refused, time=change.time))
         if reason is not None:
-            self._fail(seg, rc, f"{why} ({reason})", rank=rank)
+            self._fail(seg, rc, f"{why} ({reason})", rank=a.rank)
         joined = ""
         if s is not None:
             planned = self.plan.world_after(step + 1)  # the size the job was to have after the next step
@@ -414,7 +404,7 @@ class Controller:
         self._launch = Phase.RESTARTING  # (in memory, the workers never stopped running)
         self._set_state(RunState.RESTARTING if s is None else self.state, step=step, world_size=world,
                         segment=seg.index + 1, pending_world=None, resize_from=None)
-        self.meter.restarting = Restarting(attempt, change.time, t_last, redone, step, seg.index + 1, path=path)
+        self.meter.restarting = Restarting(attempt, change.time, a.t_last, redone, step, seg.index + 1, path=path)
         if s is not None:
             self.out(f"{why}: restart {attempt}/{self.max_restarts} in memory: {world - s.joiners} survivor(s) go "
                      f"on from step {step}{joined} ({redone} step(s) to redo)")
@@ -522,13 +512,12 @@ class Controller:
             rc = seg.handle.poll()
             if rc is None:
                 rc = self._check_stall(seg)
-            paused = seg.end is not None and seg.end.reason != "finished"  # at a step boundary, for a change
             if rc is not None:  # rank 0 took the ring written ahead and its workers ran on, to their exit:
-                ran_on = rc == 0 and paused and self.resize.keeps_workers and seg.stop is Stop.NONE
+                ran_on = rc == 0 and seg.paused and self.resize.keeps_workers and seg.stop is Stop.NONE
                 return None if ran_on and not self._redirectable(seg.index) else rc
-            if paused and self.resize.overlaps_exit and seg.stop.goes_on:
+            if seg.paused and self.resize.overlaps_exit and seg.stop.goes_on:
                 return None
-            if self.resize.prelaunches and self._next is None and not self._interrupts:
+            if self.resize.prelaunches and self._next is None and seg.stop is Stop.NONE:
                 self._maybe_prelaunch(seg)
             time.sleep(self.poll_s)
 
@@ -544,8 +533,7 @@ class Controller:
             stop_file(self.spec.run_dir, seg.index).touch()
             self._set_state(RunState.STOPPING, world_size=seg.world, segment=seg.index)
             self.out("stopping: workers will checkpoint at the next agreed step (Ctrl-C again to kill)")
-        if (seg.stop is Stop.ASKED and self.resize.keeps_workers and seg.end is not None
-                and seg.end.reason != "finished"):
+        if seg.stop is Stop.ASKED and self.resize.keeps_workers and seg.paused:
             seg.stop = Stop.EXIT_SENT  # paused in place: checkpoint and leave
             self.resize.ask_exit(seg.index, self.clock())
         if self._interrupts > 1:
@@ -553,9 +541,8 @@ class Controller:
             seg.handle.kill()
 
     def _check_stall(self, seg: Segment) -> int | None:
-        """The watchdog's word on a segment still running: a hang ends its stalled ranks alone
-        (:meth:`_end_stalled`) or the whole job, and ranks ended alone with no survivor speaking
-        within ``STALLED_END_S`` end the whole job. Returns the exit status once it is ended."""
+        """A hang ends the stalled ranks alone (:meth:`_end_stalled`) or the whole job, as do ranks
+        ended alone with no survivor speaking within ``STALLED_END_S``; returns its exit status then."""
         assert seg.handle is not None
         if seg.stall is None:
             if self._interrupts > 1 or not self.diagnosis.check_stall(seg):
@@ -573,15 +560,14 @@ class Controller:
         return rc
 
     def _redirectable(self, segment: int) -> bool:
-        """Whether the end of ``segment`` may still change: what the strategy wrote ahead for it is
-        withdrawn. False when the workers already took it (a request or an interrupt waits for the
-        next segment)."""
+        """Whether the end of ``segment`` may still change (what was written ahead for it withdrawn);
+        False: its workers took it, and a request or an interrupt waits for the next segment."""
         return self.resize.withdraw_ahead(segment)
 
     def _end_stalled(self, seg: Segment) -> float:
         """A stall whose ranks are named, and a backend that keeps survivors (``--survive``): only
         the stalled ranks are ended; the others lose a peer and go on from memory as after its
-        death (:meth:`_survivors`). Returns when (0.0: not done; the caller kills the whole job)."""
+        death (:meth:`_failed`). Returns when (0.0: not done; the caller kills the whole job)."""
         st, end = seg.stall, getattr(self.backend, "end_ranks", None)
         if (st is None or end is None or not self.resize.keeps_workers or not st.ranks
                 or len(st.ranks) >= seg.world or not end(list(st.ranks))):
@@ -640,8 +626,7 @@ class Controller:
         self.out(f"a warm worker is up for the failed worker's place: {seg.world} -> {target} workers")
 
     def _ask(self, seg: Segment, cause: Cause, target: int, t: float) -> None:
-        """A change asked while ``seg`` runs: its workers stop at the next agreed step, and the
-        change is decided then (:meth:`_decide`)."""
+        """A change asked while ``seg`` runs: its workers stop at the next agreed step (:meth:`_decide`)."""
         seg.asked = decide(cause, seg.last_step, seg.world, target, in_place=self.resize.keeps_workers, time=t)
         self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source=cause.value, time=t))
         stop_file(self.spec.run_dir, seg.index).touch()

@@ -78,6 +78,11 @@ class Segment:
         elif isinstance(ev, SegmentEnd):
             self.end = ev
 
+    @property
+    def paused(self) -> bool:
+        """Its workers stopped at a step boundary for a change (a resize or a stop, not the end)."""
+        return self.end is not None and self.end.reason != "finished"
+
     def launch(self, owner: str) -> SegmentLaunch:
         """What a backend is told to start (or to re-form in place) for this segment."""
         return SegmentLaunch(self.world, self.index, self.stop_at, owner, self.go_file)
