@@ -21,9 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elastic_ring.events.api import MembershipChanged
+
+if TYPE_CHECKING:
+    from elastic_ring.controller.backends.api import Survival
 
 
 class Cause(str, Enum):
@@ -64,7 +67,7 @@ class MembershipChange:
     members_after: int
     state_source: StateSource
     time: float = 0.0
-    survivors: Any = field(default=None, compare=False, repr=False)  # memory: the backend's Survival
+    survivors: Survival | None = field(default=None, compare=False, repr=False)  # memory: the backend's offer
 
     def event(self, segment: int) -> MembershipChanged:
         """The ``membership_change`` event of this change, ending ``segment``."""
@@ -78,7 +81,7 @@ class MembershipChange:
                 f"{self.members_after} workers, from {self.state_source.value}")
 
 
-def decide(cause: Cause, step: int, before: int, after: int, *, in_place: bool, survivors: Any = None,
+def decide(cause: Cause, step: int, before: int, after: int, *, in_place: bool, survivors: Survival | None = None,
            usable: int | None = None, time: float = 0.0) -> MembershipChange:
     """The one decision of how members change.
 
