@@ -2,10 +2,10 @@
 cluster give (torch-free and quick, so those commands start fast).
 
 The controller is the source: its state machine (``controller.api.RunState``) writes
-``controller.json`` with the state and the phase a user sees (``controller.api.Phase``) (starting, running, resizing,
-restarting, stopping, and at the end finished, failed or stopped). Only the controller's liveness
-is judged here: a folder whose lock (``.lock``, an ``flock`` that dies with its process) no one
-holds has no live controller, whatever ``controller.json`` last said. So:
+``controller.json`` with the state and the phase a user sees (``controller.api.Phase``: starting,
+running, resizing, restarting, stopping, and at the end finished, failed or stopped). Only the
+controller's liveness is judged here: a folder whose lock (``.lock``, an ``flock`` that dies with its
+process) no one holds has no live controller, whatever ``controller.json`` last said. So:
 
 =============  ================================================================================
 starting       a live controller before the run's first step (also: the folder is being made)
@@ -33,6 +33,8 @@ from elastic_ring.controller.api import Phase, RunState, phase_of
 from elastic_ring.controller.summary import last_step
 from elastic_ring.errors import UserError
 from elastic_ring.events.api import Event, Finished, Launch, read_events
+
+_STATES = {s.value for s in RunState}  # controller.json's "state" values
 
 
 @dataclass(frozen=True)
@@ -139,9 +141,6 @@ def read_status(run_dir: str | Path, events: list[Event] | None = None) -> RunSt
     if phase is Phase.RUNNING:
         kw.update(vote_every=_vote_every(rd))
     return RunStatus(phase=phase, pid=_int(ctl.get("pid")) if alive else None, **kw)
-
-
-_STATES = {s.value for s in RunState}
 
 
 def _phase(ctl: dict[str, Any]) -> Phase:
