@@ -61,7 +61,7 @@ from elastic_ring.controller.lock import OwnerHeartbeat, RunLock
 from elastic_ring.controller.membership import Cause, MembershipChange, decide
 from elastic_ring.controller.meter import Meter, PendingResize, Restarting
 from elastic_ring.controller.relay import Relay
-from elastic_ring.controller.requests import take_request
+from elastic_ring.controller.requests import take_asked
 from elastic_ring.controller.restart_rule import FailureHistory, append_traceback, give_up_reason
 from elastic_ring.controller.segment import Processes, Segment, Stop, segment_log
 from elastic_ring.controller.summary import write_summary
@@ -591,10 +591,10 @@ class Controller:
         req_file = self.spec.run_dir / "control" / REQUEST_FILE
         if not req_file.exists() or not self._redirectable(seg.index):
             return  # (the workers already took the scheduled resize: the request is read next segment)
-        req = take_request(self.spec.run_dir, self._seen_requests, remove=False)
+        req = take_asked(self.spec.run_dir, self._seen_requests, remove=False)
         if req is None:
             return
-        target, t_asked = req
+        target, t_asked, source = req
         if seg.asked is not None or self._next is not None:
             req_file.unlink(missing_ok=True)
             self.out(f"resize request to {target} ignored: a resize is already under way")
@@ -607,7 +607,7 @@ class Controller:
         # `resize` sees it pending throughout: live_target is written before the request file goes
         self._set_state(self.state, live_target=target)
         req_file.unlink(missing_ok=True)
-        self._ask(seg, Cause.LIVE, target, t_asked if t_asked is not None else self.clock())
+        self._ask(seg, Cause(source), target, t_asked if t_asked is not None else self.clock())
         self.out(f"live resize requested: {seg.world} -> {target} workers")
 
     def _check_heal(self, seg: Segment) -> None:

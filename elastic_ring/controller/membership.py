@@ -33,8 +33,8 @@ class Cause(str, Enum):
     """Why the members change (the ``source`` of a ``resize_requested`` event for a resize)."""
 
     SCHEDULE = "schedule"  # the plan's resize at this step
-    LIVE = "live"  # `elastic-ring resize` (or the cluster's scheduler through it)
-    POLICY = "policy"  # a scheduler's decision, where it says so (room: it asks through `resize` today)
+    LIVE = "live"  # `elastic-ring resize`
+    POLICY = "policy"  # the cluster's scheduler (its policy), through the same request as `resize`
     JOINER = "joiner"  # a warm worker takes a failed one's place (--survive): the survivors grow back
     FAILURE = "failure"  # a worker died, or its launcher exited non-zero
     STALL = "stall"  # the watchdog found the job hung

@@ -174,7 +174,7 @@ class ResizeRequested(Event):
     kind: ClassVar[str] = "resize_requested"
     from_workers: int
     to_workers: int
-    source: str  # "schedule" | "live" | "joiner" (a new worker in a failed one's place: --survive)
+    source: str  # "schedule" | "live" | "policy" (the cluster's scheduler) | "joiner" (a failed one's place: --survive)
     at_step: int | None = None
 
 

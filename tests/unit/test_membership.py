@@ -103,3 +103,17 @@ def test_the_summary_and_the_web_page_show_each_change_its_cause_and_state_sourc
     assert ja["last_change"] == "preempt at step 38: 2 -> 1" and ja["membership_changes"][0]["state_source"] == "memory"
     lines = render(summarize(read_events(ev, kind="membership_change")), 100).splitlines()
     assert "  failure at step 32: 2 -> 1 workers, from memory" in lines
+
+
+def test_a_request_says_who_asked_it_live_or_the_cluster_policy(tmp_path):
+    from elastic_ring.controller.requests import take_asked
+    from elastic_ring.protocol import REQUEST_FILE
+
+    path = tmp_path / "control" / REQUEST_FILE
+    path.parent.mkdir()
+    seen: set[str] = set()
+    path.write_text(json.dumps({"to": 2, "time": 5.0, "id": "a", "source": "policy"}))
+    assert take_asked(tmp_path, seen) == (2, 5.0, "policy") and not path.exists()
+    path.write_text(json.dumps({"to": 3, "id": "b"}))  # written by a version before "source": `resize`'s
+    assert take_asked(tmp_path, seen) == (3, None, "live")
+    assert Cause("policy") is Cause.POLICY and not Cause.POLICY.is_failure
