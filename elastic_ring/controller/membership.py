@@ -13,7 +13,7 @@ Where the next ring's state comes from (:class:`StateSource`):
 - ``memory``: the workers that go on hold it in their processes (an in-place shrink, the survivors
   of a failure under ``--survive``, rolled back to the last step they all hold);
 - ``peer``: the workers that go on hold it, and new ones get it by broadcast from a live rank (an
-  in-place grow, a warm worker joining);
+  in-place grow, a warm worker joining, warm spares taking failed workers' places);
 - ``checkpoint``: every worker of the next ring loads the newest checkpoint (a relaunch, a restart).
 """
 
@@ -90,9 +90,9 @@ def decide(cause: Cause, step: int, before: int, after: int, *, in_place: bool, 
     ``world``), or None when it keeps none; ``usable``: for a failure restarted from the checkpoint,
     the slots that still answer (fewer than ``after``: a lost host)."""
     if cause.is_failure:
-        if survivors is not None:  # the survivors go on from the step they all hold in memory
-            return MembershipChange(cause, int(survivors.step), before, int(survivors.world), StateSource.MEMORY, time,
-                                    survivors)
+        if survivors is not None:  # they go on from the step they all hold in memory (warm spares: by broadcast)
+            source = StateSource.PEER if survivors.joiners else StateSource.MEMORY
+            return MembershipChange(cause, int(survivors.step), before, int(survivors.world), source, time, survivors)
         if usable is not None and usable < after:
             cause, after = Cause.LOST_HOST, usable
         return MembershipChange(cause, step, before, after, StateSource.CHECKPOINT, time)

@@ -32,9 +32,11 @@ def test_a_resize_goes_on_from_the_copy_its_way_keeps(cause, before, after, in_p
 
 
 def test_a_failure_goes_on_from_memory_when_survivors_agree_else_from_the_checkpoint():
-    s = SimpleNamespace(step=7, world=3)
+    s = SimpleNamespace(step=7, world=3, joiners=0)
     mem = decide(Cause.FAILURE, 4, 4, 4, in_place=True, survivors=s)
     assert (mem.step, mem.members_after, mem.state_source, mem.survivors) == (7, 3, StateSource.MEMORY, s)
+    spare = decide(Cause.FAILURE, 4, 4, 4, in_place=True, survivors=SimpleNamespace(step=7, world=4, joiners=1))
+    assert (spare.step, spare.members_after, spare.state_source) == (7, 4, StateSource.PEER)  # a spare by broadcast
     assert decide(Cause.STALL, 4, 4, 4, in_place=True, survivors=s).cause is Cause.STALL
     disk = decide(Cause.FAILURE, 4, 4, 4, in_place=True, usable=8)
     assert (disk.cause, disk.step, disk.members_after, disk.state_source) == (Cause.FAILURE, 4, 4,
