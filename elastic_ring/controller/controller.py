@@ -346,13 +346,12 @@ class Controller:
         """A segment failed (or its stalled ranks were ended: :meth:`_end_stalled`): the backend's
         survivors, when it keeps them (the Ray backend or ``--relaunch inplace`` with ``--survive``)
         and they agree on a step they all hold in memory; None: restart from the checkpoint."""
-        ask = getattr(self.backend, "survivors", None)
-        if ask is None or not self.resize.keeps_workers or (seg.stall is not None and not self._stall_ended):
+        if not self.resize.keeps_workers or (seg.stall is not None and not self._stall_ended):
             return None
         self._stall_ended = 0.0
-        s = ask()
+        s = self.backend.survivors()
         if s is None:
-            self._refused = getattr(self.backend, "refused", None)  # for the restart that follows
+            self._refused = self.backend.refused  # for the restart that follows
         return s
 
     def _failed(self, seg: Segment, change: MembershipChange, rc: int | None) -> None:
@@ -384,7 +383,7 @@ class Controller:
         if s is not None:
             planned = self.plan.world_after(step + 1)  # the size the job was to have after the next step
             self.plan.add(step, world, "failure")
-            joins = (getattr(self.backend, "rejoins", False) and planned > world
+            joins = (self.backend.rejoins and planned > world
                      and step + 1 < self.spec.total_steps and self.plan.world_after(step + 1) == world)
             self._t_failure = change.time  # a joiner's grow back says how long after the failure it came
             if joins:  # a new worker takes the dead one's place after the survivors' next step
@@ -568,9 +567,9 @@ class Controller:
         """A stall whose ranks are named, and a backend that keeps survivors (``--survive``): only
         the stalled ranks are ended; the others lose a peer and go on from memory as after its
         death (:meth:`_failed`). Returns when (0.0: not done; the caller kills the whole job)."""
-        st, end = seg.stall, getattr(self.backend, "end_ranks", None)
-        if (st is None or end is None or not self.resize.keeps_workers or not st.ranks
-                or len(st.ranks) >= seg.world or not end(list(st.ranks))):
+        st = seg.stall
+        if (st is None or not self.resize.keeps_workers or not st.ranks
+                or len(st.ranks) >= seg.world or not self.backend.end_ranks(list(st.ranks))):
             return 0.0
         self.out(f"ended the stalled rank(s) {', '.join(map(str, st.ranks))} only: the others go on from memory")
         return self.clock()
@@ -615,11 +614,9 @@ class Controller:
         one's place now (Ray with ``--survive``: ``heal_target``): it joins at the next step
         boundary, as a live resize to that size does (a ``resize_requested`` event of source
         ``joiner``)."""
-        heal = getattr(self.backend, "heal_target", None)
-        if heal is None or seg.asked is not None or self._next is not None or self._interrupts or \
-                seg.end is not None:
+        if seg.asked is not None or self._next is not None or self._interrupts or seg.end is not None:
             return
-        target = heal()
+        target = self.backend.heal_target()
         if target is None or target == seg.world or not self._redirectable(seg.index):
             return
         self._ask(seg, Cause.JOINER, target, self.clock())
