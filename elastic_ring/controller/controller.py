@@ -482,12 +482,12 @@ class Controller:
         rank 0, paused and polling for its action (every 0.05 s), would take it (seen in
         test_ray: 6 steps in 0.21 s, no ``inplace-1.taken.json``). An action written ahead less
         than ``AHEAD_GRACE_S`` ago is left that long for rank 0 to take before it is withdrawn."""
-        from elastic_ring.worker.inplace import inplace_action_file
+        from elastic_ring.seam import action_file
 
         written, self._ahead_written = self._ahead_written, None
         if written is None or written[0] != segment:
             return
-        ahead = inplace_action_file(self.spec.run_dir, segment)
+        ahead = action_file(self.spec.run_dir, segment)
         while ahead.exists() and time.monotonic() < written[1] + AHEAD_GRACE_S:
             time.sleep(0.02)
 

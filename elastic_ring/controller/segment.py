@@ -9,8 +9,6 @@ ends. What to start and when is the controller's decision.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -22,6 +20,7 @@ from elastic_ring.controller import watchdog as wdog
 from elastic_ring.controller.backends.api import Backend, Handle, SegmentLaunch
 from elastic_ring.controller.membership import MembershipChange
 from elastic_ring.events.api import ErrorEvent, Event, EventLog, FirstStep, SegmentEnd, Throughput, WorkersExited
+from elastic_ring.seam import Go, write_go
 
 
 def segment_log(run_dir: Path, index: int, world: int) -> Path:
@@ -111,9 +110,7 @@ class Processes:
         relaunch -> first step is measured. Returns how long they had been waiting."""
         assert seg.go_file is not None
         t_go = self.clock()
-        tmp = seg.go_file.with_name(f".{seg.go_file.name}.tmp")
-        tmp.write_text(json.dumps({"stop_at": seg.stop_at, "time": t_go}))
-        os.replace(tmp, seg.go_file)
+        write_go(seg.go_file, Go(seg.stop_at, t_go))
         waited, seg.t_launch = t_go - seg.t_launch, t_go
         return waited
 

@@ -24,11 +24,12 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from elastic_ring import env
 from elastic_ring.events.api import (CheckpointWritten, Evaluation, Event, Recovered, ResizeOverhead, Restart,
                                      Throughput, as_event)
 
-ENV_DIR = "ELASTIC_RING_TENSORBOARD_DIR"
-ENV_ON = "ELASTIC_RING_TENSORBOARD"
+ENV_DIR = env.TENSORBOARD_DIR
+ENV_ON = env.TENSORBOARD
 OFFSET_FILE = ".events-offset"
 
 # event record -> (the field holding its step, [(tag, field)])
@@ -71,9 +72,9 @@ def scalars_of(ev: Event | Mapping[str, Any]) -> Iterator[tuple[str, float, int,
 
 def logdir_for(run_dir: Path) -> Path | None:
     """Where a run's curves go (None: turned off)."""
-    if os.environ.get(ENV_ON, "1") == "0":
+    if not env.tensorboard_on():
         return None
-    d = os.environ.get(ENV_DIR)
+    d = env.tensorboard_dir()
     return Path(d) if d else Path(run_dir) / "tensorboard"
 
 

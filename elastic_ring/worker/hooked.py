@@ -224,13 +224,13 @@ class HookedSteps:
                 job.checkpoints.write(job.step, wait=True)
             checkpointed = True
             action = job.pause()
-            if action.get("action") == "resize":
+            if action.is_resize:
                 start = job.progress.start
                 t0 = time.time()
                 job.ring.reform(action)  # a worker left out retires here
                 start.restart(t0)
                 start.mark("hvd_reinit")
-                raise Rejoin(job.ring, int(action["segment"]), int(action["stop_at"]), start)
+                raise Rejoin(job.ring, action.segment, action.stop_at, start)
             self.ended = False
         self.end(reason, checkpoint=not checkpointed)
         raise StopSegment(reason)

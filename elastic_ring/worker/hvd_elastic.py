@@ -324,7 +324,7 @@ class Session:
         if not job.ring.in_place or job.finished:
             return False
         action = job.pause()
-        if action.get("action") != "resize":
+        if not action.is_resize:
             return False
         # the reset callbacks before the sync, as Horovod Elastic: rank 0's result is what is sent
         job.reform(action, before_sync=self.state.on_reset)

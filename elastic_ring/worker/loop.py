@@ -19,7 +19,7 @@ def flat_steps(job: Any) -> Iterator[int]:
         yield from _segment_steps(job)
         if job.ring.in_place and job.seg.stop_reason != "finished":
             action = job.pause()
-            if action.get("action") == "resize":
+            if action.is_resize:
                 job.reform(action)
                 continue
         break
