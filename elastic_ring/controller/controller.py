@@ -252,6 +252,7 @@ class Controller:
             self.procs.kill_all(self._next, self._seg)
             self._drain(wait=True, timeout=10.0)
             self.meter.pending = None
+            seg.failure_seen = self.backend.failure_detail()  # before usable_slots (Ray drops its group)
             ck = self._checkpoint_step() or 0
             world = self.plan.world_after(ck)
             return decide(cause, ck, seg.world, world, in_place=False, usable=self.backend.usable_slots(world),

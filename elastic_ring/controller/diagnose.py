@@ -147,7 +147,7 @@ class Diagnosis:
         first = protocol.first_failure(records, self._dead_ranks(seg, records, hr_first))
         if seg.stall is not None:  # killed by the watchdog: the others only lost their peer
             first = protocol.Failure(seg.stall.rank, "Stalled", seg.stall.message, seg.stall.last_step + 1)
-        seen = self.backend.failure_detail()
+        seen = self._seen(seg)
         if seen and seg.stall is None and (first is None or first.type in (None, "Killed", "PeerLost")):
             return seen.message or "", seen.rank, None  # the backend saw who went first
         if first is None and hr_first is not None:
@@ -165,6 +165,10 @@ class Diagnosis:
             return f"worker rank {rank} exited first (horovodrun status {rc})", rank, None
         return f"worker rank {rank} failed: {first.message}", rank, first
 
+    def _seen(self, seg: Segment) -> protocol.Failure | None:
+        """The failure the backend blamed for ``seg``: as read when the failure was taken, else now."""
+        return seg.failure_seen if seg.failure_seen is not None else self.backend.failure_detail()
+
     def account(self, seg: Segment, rc: int | None, step: int, survivors: Any = None) -> FailureAccount:
         """A failed segment as its restart counts it, from the state at ``step`` (the checkpoint's,
         or the step the backend's ``survivors`` all hold in memory: their failure is the one blamed)."""
@@ -173,7 +177,7 @@ class Diagnosis:
         last = max(last, step)  # the progress file may lag behind the checkpoint's (the survivors') step
         if survivors is None:
             why, rank, blamed = self.failure_cause(seg, rc if rc is not None else -1, records)
-            seen = self.backend.failure_detail()
+            seen = self._seen(seg)
             return FailureAccount(why, rank, (seen.node if seen else None) or self.stalled_hosts(seg),
                                   blamed.record if blamed is not None else None,  # the crash record on disk, if one
                                   {"from_step": step, "type": blamed.type if blamed else None,

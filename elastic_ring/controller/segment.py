@@ -66,6 +66,9 @@ class Segment:
     steps_per_s: float = 0.0
     log: Path | None = None
     stall: wdog.Stall | None = None  # set when the watchdog killed it
+    # the failure the backend blamed, read when the failure was taken (before the restart's
+    # usable_slots, which on Ray drops the group that holds it)
+    failure_seen: Any = None
     pids: list[dict[str, Any]] = field(default_factory=list)  # process records at its exit
 
     def observe(self, ev: Event) -> None:

@@ -172,6 +172,39 @@ def test_failure_after_a_resize_restarts_at_the_new_size_from_the_checkpoint(tmp
     assert summary["restarts"][0]["from_step"] == 10
 
 
+def test_the_restart_names_the_node_the_backend_blamed_before_it_looks_for_slots(tmp_path, monkeypatch):
+    """The backend's own blame (Ray's group: rank and node) is read when the failure is taken:
+    Ray's usable_slots, asked next for the restart's size, drops the group that holds it (the full
+    suite's Ray test saw a restart event with no node)."""
+    from elastic_ring import protocol
+
+    ctl, launcher = _controller(tmp_path, (Resize(10, 2), Resize(20, 1)), fail_launches=(1,))
+    seen = {"failure": None}
+    real_usable = ctl.backend.usable_slots
+
+    def usable(want):
+        seen["failure"] = None  # as Ray's _drop_all
+        return real_usable(want)
+
+    def detail():
+        return seen["failure"]
+
+    real_start = ctl.backend.start
+
+    def start(*a, **kw):
+        out = real_start(*a, **kw)
+        if len(launcher.started) == 2:  # the launch that fails: its group blames a node
+            seen["failure"] = protocol.Failure(1, "ValueError", "boom", node="node-b (10.0.0.2)")
+        return out
+
+    monkeypatch.setattr(ctl.backend, "usable_slots", usable)
+    monkeypatch.setattr(ctl.backend, "failure_detail", detail)
+    monkeypatch.setattr(ctl.backend, "start", start)
+    ctl.run(0, 1, 0)
+    (r,) = read_events(tmp_path / "events.jsonl", kind="restart")
+    assert r["node"] == "node-b (10.0.0.2)", r
+
+
 def test_the_same_error_at_the_same_step_is_not_retried(tmp_path):
     ctl, launcher = _controller(tmp_path, (Resize(10, 2),), fail_launches=(1, 2, 3))
     with pytest.raises(WorkerFailedError, match="the same error at step 11 twice: not retrying"):
