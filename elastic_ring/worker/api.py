@@ -182,7 +182,6 @@ class Job:
     local_size = property(lambda self: self.ring.local_size)
     hvd = property(lambda self: self.ring.hvd)
     collective = property(lambda self: self.ring.coll, doc="the job's collectives (worker.collective)")
-    inplace = property(lambda self: self.ring.in_place, doc="resized in place: the processes stay")
     segment = property(lambda self: self.seg.number)
     stop_at = property(lambda self: self.seg.stop_at)
     total_steps = property(lambda self: self.seg.total_steps)
@@ -193,7 +192,7 @@ class Job:
     previous_world = property(lambda self: self.state.previous_world)
     lr_factor = property(lambda self: self.state.lr_factor, doc="the product of all LR rescalings so far")
     extras = property(lambda self: self.state.extras)
-    epoch_data = property(lambda self: self.state.epoch_data)
+    _epoch_data = property(lambda self: self.state.epoch_data)  # the drop-in samplers' (worker.data)
     global_batch = property(lambda self: (self.info.global_batch or None) if self.info.lr_scaling ==
                             "constant-batch" else None,
                             doc="the run's constant global batch (--lr-scaling constant-batch), else None")

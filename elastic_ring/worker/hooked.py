@@ -94,7 +94,7 @@ class HookedSteps:
             return
         self.copies_started = True
         if self.boundary.start_copies() is not None:
-            self.job.epoch_data.before_batch = self.keep_copy
+            self.job._epoch_data.before_batch = self.keep_copy
 
     def keep_copy(self) -> None:
         """The last completed step is done with (the script's code after it has run) and the next
@@ -126,7 +126,7 @@ class HookedSteps:
         step = job.seg.step + 1
         job.seg.current = step
         self.count += 1
-        sampler = self._sampler = job.epoch_data.training_sampler()
+        sampler = self._sampler = job._epoch_data.training_sampler()
         if sampler is not None and job.elastic:
             sampler.advance(int(getattr(job.state.optimizer, "backward_passes_per_step", 1) or 1))
         self.pending = self.boundary.after_step(step, self._samples(sampler))
@@ -136,7 +136,7 @@ class HookedSteps:
 
     def _epoch(self) -> int:
         """The epoch a throughput window names: the script's (job.epochs()), else its sampler's."""
-        pos, sampler = self.job.epoch_data.position, self._sampler
+        pos, sampler = self.job._epoch_data.position, self._sampler
         return pos.epoch if pos.epoch is not None else sampler.epoch if sampler is not None else 0
 
     def _rng_wanted(self, step: int, sampler) -> bool:
@@ -155,7 +155,7 @@ class HookedSteps:
         if self.pending is not None or boundary.handle is not None or job.checkpoints.due(step, job.seg.stop_at):
             return True
         # no sampler of ours: where an epoch ends is not known
-        return sampler is None or job.epoch_data.position.pos >= len(sampler.dataset)
+        return sampler is None or job._epoch_data.position.pos >= len(sampler.dataset)
 
     def _samples(self, sampler) -> int:
         if sampler is None:
@@ -219,7 +219,7 @@ class HookedSteps:
         job = self.job
         if not job.restored:
             job.restore()
-        data = job.epoch_data
+        data = job._epoch_data
         pos = data.position
         self.start_copies()
         first = start if pos.epoch is None else max(start, pos.epoch)

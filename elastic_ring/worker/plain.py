@@ -68,7 +68,6 @@ class PlainJob:
     library's names."""
 
     elastic = False
-    inplace = False
     resumed = False
     previous_world = None
     lr_factor = 1.0
@@ -99,7 +98,7 @@ class PlainJob:
         self._model = self._optimizer = None
         self._schedulers: list[Any] = []
         self._extras: dict[str, Any] = {}
-        self.epoch_data = EpochData()  # the drop-in samplers (torch's order here: no position kept)
+        self._epoch_data = EpochData()  # the drop-in samplers (torch's order here: no position kept)
         self._sampler: Sampler | None = None
         self.restored = False
         self._finish_requested = False

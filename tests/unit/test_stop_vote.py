@@ -190,7 +190,7 @@ def _hooked(rank=0, due=False, pos=5, copy=None):
 
     job = types.SimpleNamespace(rank=rank, seg=Segment(0, 100, 100),
                                 checkpoints=types.SimpleNamespace(due=lambda step, stop_at: due),
-                                epoch_data=types.SimpleNamespace(position=types.SimpleNamespace(pos=pos)),
+                                _epoch_data=types.SimpleNamespace(position=types.SimpleNamespace(pos=pos)),
                                 boundary=types.SimpleNamespace(handle=None, copy=copy))  # the step boundary's
     return HookedSteps(job)
 
