@@ -194,3 +194,25 @@ def test_jobs_public_names_are_the_scripts_and_the_plain_job_has_them_all(monkey
     assert not plain.elastic
     # a script that runs under the tool runs without it: every name it may use is there
     assert sorted(n for n in public if not hasattr(plain, n)) == []
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_the_step_cost_meter_counts_the_boundary_s_calls_as_the_steps(tmp_path, monkeypatch, distributed,
+                                                                      form):  # noqa: F811 (the fixture)
+    """``ELASTIC_RING_STEP_COST=1``: the report of each form counts its steps by the boundary's one
+    call a step, and times that call and the between-steps work inside it."""
+    import json
+
+    from elastic_ring.worker import hooked, stepcost
+
+    monkeypatch.setenv(stepcost.ENV, "1")
+    monkeypatch.setattr(stepcost, "_METER", None)
+    monkeypatch.setattr(hooked, "_rng_state", hooked._rng_state)  # (install() times it, once a process)
+    monkeypatch.setattr(hooked, "_timed_rng", False, raising=False)
+    job = make_job(tmp_path, monkeypatch, stop_at=5, total=20)
+    _current(monkeypatch, job)
+    FORMS[form](job, finish_at=None)
+    rep = json.loads((tmp_path / "stepcost" / "seg000-rank0.json").read_text())
+    assert rep["steps"] == 5 and rep["parts"]["after_step"]["calls"] == 5
+    assert rep["form"] == {"steps": "steps", "epochs": "optimizer", "commits": "commits"}[form]
+    assert rep["parts"]["between_steps"]["calls"] >= 4  # the evaluation, checkpoint, progress file
