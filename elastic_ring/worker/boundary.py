@@ -23,8 +23,8 @@ form           after the step (``after_step``)        at the form's own points
                the copy (``--survive``)
 ``optimizer``  count, window, stop                    between, the copy: next step's pre-hook,
                                                       the next batch, the next epoch
-``commits``    count, window, between (no periodic    stop and periodic checkpoint: the next
-               checkpoint)                            ``state.commit()`` (:meth:`decide`)
+``commits``    count, window, the progress file       stop and periodic checkpoint: the next
+                                                      ``state.commit()`` (:meth:`decide`)
 =============  =====================================  ==========================================
 
 At a stop: :meth:`StepBoundary.stopped` completes the vote in flight (a ``job.finish()`` it carries
@@ -44,10 +44,10 @@ from elastic_ring.worker.segment import StopReason
 
 __all__ = ["StepBoundary", "StopReason", "check_restored_weights"]
 
-# what each form does at the step itself: (the between-steps work, the periodic checkpoint there,
+# what each form does at the step itself: (the between-steps work, or only the progress file,
 # the stop decided there, the flat loop's next step prepared there: the copy and the step counter)
-_FORMS = {"steps": (True, True, True, True), "optimizer": (False, False, True, False),
-          "commits": (True, False, False, False)}
+_FORMS = {"steps": (True, False, True, True), "optimizer": (False, False, True, False),
+          "commits": (False, True, False, False)}
 
 
 def check_restored_weights(job: Any) -> None:
@@ -76,14 +76,14 @@ class StepBoundary:
         self.first = True  # the segment's first step is still to come
         self.t_done: float | None = None  # when the last step's boundary ended
         self.copy: survive.MemoryCopy | None = None  # --survive: the last completed steps' state
-        self._between = self._periodic = self._decide = self._flat = False
+        self._between = self._progress = self._decide = self._flat = False
 
     # ------------------------------------------------------------------ the steps
     def begin(self, lr: float | None = None) -> None:
         """A segment's steps start (also after an in-place re-form), in the job's form: a new
         throughput window (``lr``: the LR its first step runs with, unless the step sets it), the
         first stop vote at its first step."""
-        self._between, self._periodic, self._decide, self._flat = _FORMS[self.job.form]
+        self._between, self._progress, self._decide, self._flat = _FORMS[self.job.form]
         self.window_steps = self.job.info.throughput_window
         self.progress.begin_segment(lr)
         self.vote.begin()
@@ -108,7 +108,9 @@ class StepBoundary:
             progress.last_loss, now = progress.close_window(step, self.epoch())
         self.t_done = now
         if self._between:
-            self.between(step, now, self._periodic)
+            self.between(step, now)
+        elif self._progress:  # (rank 0's: the checkpoints are at the commits)
+            progress.write_progress(step, now, self.vote.every)
         if not self._decide:
             return None
         reason = self.decide(step)
@@ -137,8 +139,9 @@ class StepBoundary:
                 return StopReason.FINISHED
             if asked:
                 return StopReason.REQUESTED
-        if self.vote.due(step):
-            self.handle, self.vote_step = self.vote.start(step), step
+        vote = self.vote
+        if step >= vote.next_at:  # (vote.due(step), without a call on the common step)
+            self.handle, self.vote_step = vote.start(step), step
         return None
 
     def between(self, step: int, now: float, periodic: bool = True) -> None:
