@@ -14,6 +14,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
+# Inside a Slurm job, `train` takes the allocation's nodes as its hosts (docs/hosts.md): the tests
+# start their runs as if outside one (tests/integration/test_slurm_hosts.py sets the variables)
+for _k in [k for k in os.environ if k.startswith("SLURM_")]:
+    del os.environ[_k]
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # two tests at a time (make test): one intra-op thread per worker process, so that two tests'
     # workers share the cores instead of oversubscribing them (spinning OpenMP threads)

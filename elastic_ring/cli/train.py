@@ -27,7 +27,8 @@ def _echo(msg: str) -> None:
                    "was going to]")
 @click.option("--script", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Run your own Horovod script (written with elastic_ring.worker, or for Horovod "
-                   "Elastic as it is) instead of the built-in ResNet; its own arguments go after `--`. "
+                   "Elastic as it is, or a torchrun script as it is: docs/torchrun.md) instead of the "
+                   "built-in ResNet; its own arguments go after `--`. "
                    "The run ends with the script's `job.epochs()` loop or its @hvd.elastic.run function, "
                    "or at --steps (needed by a `job.steps()` loop; otherwise a cap). Its workers run in "
                    "the folder this command is run in, as `python PATH` would (at --resume: the run's "
@@ -72,7 +73,9 @@ def _echo(msg: str) -> None:
               help="cuda: one GPU per worker (NCCL); cpu: CPU processes with gloo; auto: cuda if NVIDIA GPUs are found.")
 @click.option("--slots", type=int, default=None,
               help="Worker slots on this machine (CPU). [default: CPU cores; on GPUs: visible GPUs]")
-@click.option("--hosts", default=None, metavar="H:N[,H:N...]", help="Hosts and slots, handed to horovodrun -H.")
+@click.option("--hosts", default=None, metavar="H:N[,H:N...]",
+              help="Hosts and slots, handed to horovodrun -H. [default: inside a Slurm allocation with no "
+                   "--hostfile or --slots, its nodes and tasks (or GPUs) per node: see docs/hosts.md]")
 @click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
               help="horovodrun hostfile ('host slots=N' lines).")
 @click.option("--network-interface", default=None, help="Passed to horovodrun (e.g. lo for several local 'hosts').")
@@ -134,6 +137,11 @@ def _echo(msg: str) -> None:
                    "allowances at start-up, checkpoints and evaluations. 0: off (Gloo's own timeout "
                    "only). [default: max(10x the median "
                    "step time, 30 s)]")
+@click.option("--stop-grace", type=float, default=None, metavar="SECONDS",
+              help="A --script of torchrun's contract (it calls init_process_group and imports neither "
+                   "elastic_ring nor horovod; docs/torchrun.md): at a resize, an interrupt or a failure every "
+                   "worker gets SIGTERM, then SIGKILL after this long, as under torchrun. [default: 30, "
+                   "torchrun's; at --resume: the run's]")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Run folder (events, logs, checkpoints). [default: runs/<time>]")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False), default=None,
@@ -145,7 +153,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
           data_dir, batch_size, lr, seed, lr_scaling, resize_warmup, global_batch, device, slots, hosts,
           hostfile,
           network_interface, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
-          checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, run_dir, resume_dir, script_args):
+          checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, stop_grace, run_dir, resume_dir,
+          script_args):
     """Train with Horovod (a CIFAR ResNet, or your --script); resize by checkpoint and relaunch.
 
     \b
@@ -195,7 +204,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
                      checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s, keep=keep,
                      max_restarts=max_restarts, stall_timeout=stall_timeout, run_dir=run_dir,
                      resume_dir=resume_dir, backend=backend, ray_address=ray_address, placement=placement,
-                     warm_spares=warm_spares, survive=survive, collective=collective)
+                     warm_spares=warm_spares, survive=survive, collective=collective, stop_grace=stop_grace)
     summary = start_or_resume(req, _echo)
     shown = {**summary, "state": "stopped"} if summary["state"] == "interrupted" else summary  # status's word
     click.echo(render(shown, summary.get("total_steps")))

@@ -370,14 +370,13 @@ class Controller:
         (``rejoins``), the plan grows back to the size it had after the survivors' next step (a
         ``joiner`` entry). Returns (that step, the survivors' number), or None: restart from the
         checkpoint (:meth:`_recover`)."""
-        ask = getattr(self.backend, "survivors", None)
-        if ask is None or not self.resize.keeps_workers or (seg.stall is not None and not self._stall_ended):
+        if not self.resize.keeps_workers or (seg.stall is not None and not self._stall_ended):
             return None
         t_detect = self.clock()
         self._stall_ended = 0.0
-        s = ask()
+        s = self.backend.survivors()
         if s is None:
-            self._refused = getattr(self.backend, "refused", None)  # for the restart that follows
+            self._refused = self.backend.refused  # for the restart that follows
             return None
         self._cancel_next()
         self.meter.pending = None
@@ -401,7 +400,7 @@ class Controller:
             self._fail(seg, rc, f"{why} ({reason})", rank=f.rank)
         planned = self.plan.world_after(s.step + 1)  # the size the job was to have after the next step
         self.plan.add(s.step, s.world, "failure")
-        joins = (getattr(self.backend, "rejoins", False) and reason is None and planned > s.world
+        joins = (self.backend.rejoins and reason is None and planned > s.world
                  and s.step + 1 < self.spec.total_steps and self.plan.world_after(s.step + 1) == s.world)
         self._t_failure = t_detect  # a joiner's grow back says how long after the failure it came
         if joins:  # a new worker takes the dead one's place after the survivors' next step
@@ -569,9 +568,9 @@ class Controller:
         """A stall whose ranks are named, and a backend that keeps survivors (``--survive``): only
         the stalled ranks are ended; the others lose a peer and go on from memory as after its
         death (:meth:`_survivors`). Returns when (0.0: not done; the caller kills the whole job)."""
-        st, end = seg.stall, getattr(self.backend, "end_ranks", None)
-        if (st is None or end is None or not self.resize.keeps_workers or not st.ranks
-                or len(st.ranks) >= seg.world or not end(list(st.ranks))):
+        st = seg.stall
+        if (st is None or not self.resize.keeps_workers or not st.ranks
+                or len(st.ranks) >= seg.world or not self.backend.end_ranks(list(st.ranks))):
             return 0.0
         self.out(f"ended the stalled rank(s) {', '.join(map(str, st.ranks))} only: the others go on from memory")
         return self.clock()
@@ -621,11 +620,9 @@ class Controller:
         one's place now (Ray with ``--survive``: ``heal_target``): it joins at the next step
         boundary, as a live resize to that size does (a ``resize_requested`` event of source
         ``joiner``)."""
-        heal = getattr(self.backend, "heal_target", None)
-        if heal is None or seg.live_target is not None or self._next is not None or self._interrupts or \
-                seg.end is not None:
+        if seg.live_target is not None or self._next is not None or self._interrupts or seg.end is not None:
             return
-        target = heal()
+        target = self.backend.heal_target()
         if target is None or target == seg.world or not self.resize.withdraw_ahead(seg.index):
             return
         seg.live_target, seg.t_live, seg.live_source = target, self.clock(), "joiner"

@@ -76,6 +76,10 @@ class Display:
         is the LR its first step used, ``rule`` the rule the workers applied and ``lr_rule`` the
         LR it gave (another ``lr_new``: the script set its own). ``layout``: a constant global
         batch's micro-batches at the new size (its LR is not rescaled)."""
+        if rule == "torchrun":  # a script of torchrun's contract: no step counted, its LR its own
+            self.out(f"resize {from_workers} -> {to_workers}: every worker stopped and started again, the "
+                     f"script resumed from its own snapshot (its LR: {lr_new:.4g})")
+            return
         factor = lr_new / lr_last if lr_last else float("nan")
         how = rule_words(rule, factor)
         if lr_rule is not None and not math.isclose(lr_new, lr_rule, rel_tol=1e-6, abs_tol=1e-12):

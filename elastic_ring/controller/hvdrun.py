@@ -19,8 +19,8 @@ discovery script is run as horovodrun runs it.
 
 With ``--survive`` (``ELASTIC_RING_SURVIVE=1`` in its environment) a third: a worker's failure no
 longer blacklists its host (on one host that would end the job). The survivors go on in their
-processes, and the controller shrinks the slot count in the host list (:func:`keep_hosts_on_failure`).
-And a fourth: a warm joiner (:func:`warm_joiner`). Once the ring trains, the driver starts one
+processes, and the controller shrinks the slot count in the host list (patches ``resume`` and ``blacklist``).
+And a fourth: a warm joiner (:class:`Spare`, patch ``warm_joiner``). Once the ring trains, the driver starts one
 spare worker process beside it, which imports torch and Horovod, builds the script's model and data
 and waits for a go; when the driver next starts a worker for a slot (the grow back after a failure),
 it hands that slot's Horovod environment to the spare instead of starting a cold process, and
@@ -30,14 +30,20 @@ failure's joiner is warm too.
 
 And with ``--survive`` on CPUs a fifth: every worker slot is a host of its own, named
 ``slot<N>.elastic-ring.invalid`` (:func:`slot_host`; the ``.invalid`` domain never resolves), which
-this horovodrun starts on this machine (:func:`slot_hosts_are_local`). Horovod Elastic's driver keys
+this horovodrun starts on this machine (patch ``slot_hosts``). Horovod Elastic's driver keys
 each worker by (host, local rank) and numbers a host's slots 0..K-1, so on one ``localhost:K`` only
 the highest ranks could go: a survivor at local rank 1 has no slot in a ring of one. With a host per
 slot, the controller drops the dead worker's host from the list and any survivor keeps its own key:
 rank 0 may die, and the survivors are numbered from 0 again in their order.
 
 Also, for every Horovod Elastic job: the exit of a worker whose slot a shrink removed is never
-taken for a failure of the slot's next worker (:func:`ignore_exits_of_removed_workers`).
+taken for a failure of the slot's next worker (patches ``start_worker``, ``update_assignments``,
+``worker_exit``).
+
+Each of these replaces a private internal of Horovod's runner: every one is a record of
+:mod:`elastic_ring.hvd_patches` (the patch names above), which :func:`main` installs (its groups by
+the environment: :func:`launcher_groups`) after checking them against the installed Horovod; the
+controller checks them before anything starts (:func:`check_horovod_patches`).
 
 The controller uses it for every segment; ``ELASTIC_RING_PLAIN_HOROVODRUN=1`` makes it launch the
 plain ``horovodrun`` instead (for comparisons: ``scripts/bench_launcher.py``).
@@ -156,6 +162,29 @@ def check_horovod_serves(device: str, gloo_check=None) -> None:
                             f"which CPU workers need: {HOROVOD_HELP}")
 
 
+def launcher_groups(env: dict[str, str] | None = None) -> list[str]:
+    """The groups of :mod:`elastic_ring.hvd_patches` this horovodrun installs, by its environment:
+    ``launcher`` always, ``survive`` with ``ELASTIC_RING_SURVIVE=1``, ``slot-hosts`` with
+    ``ELASTIC_RING_SLOT_HOSTS=1``."""
+    env = os.environ if env is None else env
+    return ["launcher", *(["survive"] if env.get("ELASTIC_RING_SURVIVE") == "1" else []),
+            *(["slot-hosts"] if env.get(SLOT_HOSTS_ENV) == "1" else [])]
+
+
+def check_horovod_patches(script: str | None = None, check=None) -> None:
+    """Before anything starts (beside :func:`check_horovod_serves`): the installed Horovod still
+    has the internals elastic-ring patches, or one line names the first that is missing or changed
+    and the installed version (:class:`~elastic_ring.hvd_patches.HorovodChanged`, a
+    :class:`~elastic_ring.errors.UserError`: exit 2). Checked: every patch of this launcher (all
+    of its groups, whichever options the run has), and the worker's where ``script`` uses Horovod
+    Elastic's API. A yes is remembered per install. ``check``: the checker, for tests."""
+    from elastic_ring.hvd_patches import check_installed
+    from elastic_ring.worker.hvd_elastic import uses_horovod_elastic
+
+    groups = ["launcher", "survive", "slot-hosts", *(["worker"] if script and uses_horovod_elastic(script) else [])]
+    (check or check_installed)(*groups)
+
+
 def command_prefix(plain: bool | None = None) -> list[str]:
     """How the controller starts horovodrun: this module, or the plain script where asked
     (``plain``; by default ``ELASTIC_RING_PLAIN_HOROVODRUN=1``)."""
@@ -172,7 +201,7 @@ DISCOVERY_POLL_S = 0.05  # how often the driver reads the controller's host list
 
 def discovery_script_text(hosts: Path) -> str:
     """The discovery script of ``--relaunch inplace``: it prints the hosts file (the horovodrun this
-    tool starts reads that file itself instead: :func:`read_hosts_directly`)."""
+    tool starts reads that file itself instead: patch ``discovery`` of :mod:`elastic_ring.hvd_patches`)."""
     return f"#!/bin/sh\ncat '{hosts}'\n"
 
 
@@ -187,50 +216,6 @@ def hosts_file_of(script: str | os.PathLike) -> Path | None:
     return hosts if text == discovery_script_text(hosts) else None
 
 
-def read_hosts_directly() -> None:
-    """Horovod Elastic's driver reads the controller's host list itself, often (see the module
-    docstring); any other discovery script runs as before, at Horovod's own interval."""
-    from horovod.runner.elastic import discovery, driver
-
-    run_script = discovery.HostDiscoveryScript._execute_discovery_script
-    if getattr(run_script, "_elastic_ring", False):
-        return
-
-    def execute(self) -> str:
-        hosts = hosts_file_of(self._discovery_script)
-        if hosts is None:
-            return run_script(self)
-        driver.DISCOVER_HOSTS_FREQUENCY_SECS = DISCOVERY_POLL_S
-        return hosts.read_text()
-
-    execute._elastic_ring = True  # type: ignore[attr-defined]
-    discovery.HostDiscoveryScript._execute_discovery_script = execute
-
-
-def keep_hosts_on_failure() -> None:
-    """Horovod Elastic's driver keeps a host whose worker failed, and reads the host list again
-    before it assigns the ranks of the next ring: the survivors of ``--survive`` re-form their ring
-    at the slot count the controller wrote for them (see the module docstring)."""
-    from horovod.runner.elastic import driver
-    from horovod.runner.elastic.discovery import HostManager
-
-    if getattr(driver.ElasticDriver.resume, "_elastic_ring", False):
-        return
-    resume = driver.ElasticDriver.resume
-
-    def no_blacklist(self, host):
-        return None
-
-    def resume_with_hosts_read(self):
-        with self._wait_hosts_cond:
-            self._host_manager.update_available_hosts()
-        resume(self)
-
-    resume_with_hosts_read._elastic_ring = True  # type: ignore[attr-defined]
-    driver.ElasticDriver.resume = resume_with_hosts_read
-    HostManager.blacklist = no_blacklist
-
-
 SLOT_DOMAIN = "elastic-ring.invalid"  # RFC 2606: a name under .invalid never resolves
 
 
@@ -243,69 +228,6 @@ def is_slot_host(name: str) -> bool:
     return name.endswith("." + SLOT_DOMAIN) and name.startswith("slot")
 
 
-def slot_hosts_are_local() -> None:
-    """The slot hosts (:func:`slot_host`) are this machine: horovodrun starts their workers here
-    (no ssh) and finds no remote host among them."""
-    from horovod.runner.util import network
-
-    resolve = network.resolve_host_address
-    if getattr(resolve, "_elastic_ring", False):
-        return
-
-    def resolve_slot(host_name):
-        return "127.0.0.1" if is_slot_host(host_name) else resolve(host_name)
-
-    resolve_slot._elastic_ring = True  # type: ignore[attr-defined]
-    network.resolve_host_address = resolve_slot
-
-
-def ignore_exits_of_removed_workers(cls=None) -> None:
-    """Horovod Elastic's driver (``cls``, default ``ElasticDriver``) ignores the exit of a worker
-    whose slot a shrink removed, also when that exit comes after a later grow gave the slot back.
-
-    A worker whose slot is removed learns it in ``hvd.init()`` and aborts (status 134); the driver
-    ignores that exit only while the slot has no rank. Under load the abort can take longer than
-    the next step, and a grow right after the shrink (a one-step segment) gives the slot back first:
-    the driver then records the old process's exit as a failure of the slot's new worker, and with
-    one host it blacklists it and ends the job (seen once in the suite: "blacklisted slots count ==
-    2 -> stop running" after ``--schedule 2:1,3:2,4:1,5:2``). Here each started worker is kept by
-    its slot; when an assignment removes the slot, that worker is retired, and its exit is ignored
-    whenever it comes."""
-    if cls is None:
-        from horovod.runner.elastic.driver import ElasticDriver as cls
-    if getattr(cls._handle_worker_exit, "_elastic_ring", False):
-        return
-    start, update, handle = cls._start_worker_process, cls._update_host_assignments, cls._handle_worker_exit
-
-    def _slots(self) -> set:
-        return {(h, s.local_rank) for h, slots in self._host_assignments.items() for s in slots}
-
-    def start_worker(self, slot_info):
-        self.__dict__.setdefault("_er_running", {})[(slot_info.hostname, slot_info.local_rank)] = slot_info
-        return start(self, slot_info)
-
-    def update_assignments(self, current_hosts):
-        before = _slots(self)
-        pending = update(self, current_hosts)
-        running, retired = self.__dict__.setdefault("_er_running", {}), self.__dict__.setdefault("_er_retired", {})
-        for key in before - _slots(self):
-            w = running.pop(key, None)
-            if w is not None:
-                retired[id(w)] = w  # (kept: its id stays its own until its exit is handled)
-        return pending
-
-    def handle_exit(self, slot_info, exit_code, timestamp):
-        retired = self.__dict__.get("_er_retired", {})
-        if retired.get(id(slot_info)) is slot_info:
-            del retired[id(slot_info)]
-            return None  # its slot was removed after it started: not the slot's failure
-        return handle(self, slot_info, exit_code, timestamp)
-
-    handle_exit._elastic_ring = True  # type: ignore[attr-defined]
-    cls._start_worker_process, cls._update_host_assignments = start_worker, update_assignments
-    cls._handle_worker_exit = handle_exit
-
-
 SPARE_GO = "spare-hvd.json"  # the warm joiner's go file, in the run's control folder
 PLACEHOLDER_RANK = {"HOROVOD_HOSTNAME": "localhost", "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
                     "HOROVOD_LOCAL_RANK": "1", "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"}
@@ -316,10 +238,11 @@ def _flag(argv: list[str], name: str) -> str | None:
 
 
 class Spare:
-    """The warm joiner of :func:`warm_joiner`: the workers' command, run with a placeholder rank,
-    segment -1 (its pid record is under a segment no watch reads) and a go file; started once this
-    job's ring trains (the run's progress file is newer than the job), so that its imports do not
-    slow the ring's own start, and it is never handed a slot of the job's first ring."""
+    """The warm joiner (patch ``warm_joiner`` of :mod:`elastic_ring.hvd_patches`): the workers'
+    command, run with a placeholder rank, segment -1 (its pid record is under a segment no watch
+    reads) and a go file; started once this job's ring trains (the run's progress file is newer
+    than the job), so that its imports do not slow the ring's own start, and it is never handed a
+    slot of the job's first ring."""
 
     def __init__(self, run_command: str, env: dict[str, str]) -> None:
         import shlex
@@ -399,48 +322,19 @@ class Spare:
             self.proc.kill()
 
 
-_SPARES: list[Spare] = []
-
-
-def warm_joiner() -> None:
-    """The driver's next worker for a slot is a warm spare when one waits (see the module
-    docstring); otherwise it starts a cold one as before. One spare at a time: once one is handed a
-    slot, the next is started when the ring trains again (a step completed after the hand-over)."""
-    from horovod.runner import gloo_run
-
-    make = gloo_run._create_elastic_worker_fn
-    if getattr(make, "_elastic_ring", False):
-        return
-
-    def create_fn(exec_command, run_command, env, event):
-        cold = make(exec_command, run_command, env, event)
-        spare = Spare(run_command, env)
-        _SPARES.append(spare)
-        spare.start_when_training(event)
-
-        def create_worker(slot_info, events):
-            every = [event, *(events or [])]
-            if spare.ready(every):
-                return spare.join(gloo_run.create_slot_env_vars(slot_info), every)
-            return cold(slot_info, events)
-
-        return create_worker
-
-    create_fn._elastic_ring = True  # type: ignore[attr-defined]
-    gloo_run._create_elastic_worker_fn = create_fn
+_SPARES: list[Spare] = []  # the warm joiners started (hvd_patches "warm_joiner"), ended with the launcher
 
 
 def main() -> None:
     from horovod.runner import launch
 
-    launch.gloo_built = cached_check(launch.gloo_built)
-    read_hosts_directly()
-    ignore_exits_of_removed_workers()
-    if os.environ.get("ELASTIC_RING_SURVIVE") == "1":
-        keep_hosts_on_failure()
-        warm_joiner()
-    if os.environ.get(SLOT_HOSTS_ENV) == "1":
-        slot_hosts_are_local()
+    from elastic_ring.hvd_patches import HorovodChanged, apply
+
+    try:
+        apply(*launcher_groups())
+    except HorovodChanged as e:  # (the controller's start checked it: a Horovod changed since)
+        print(e, file=sys.stderr, flush=True)
+        sys.exit(2)
     sys.argv[0] = "horovodrun"
     try:
         sys.exit(launch.run_commandline())
@@ -449,5 +343,7 @@ def main() -> None:
             s.end()
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the importable module's main: the patches' _SPARES are its own
+    from elastic_ring.controller.hvdrun import main as _main
+
+    _main()

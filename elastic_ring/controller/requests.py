@@ -70,6 +70,7 @@ class RunRequest:
     warm_spares: int | None = None
     survive: bool = False  # the survivors of a failed worker go on from memory (--backend ray, --relaunch inplace)
     collective: str | None = None  # horovod (None: a new run's default, a resumed run's own) or torch
+    stop_grace: float | None = None  # a torchrun-form script: SIGTERM -> SIGKILL at a stop (None: the default)
 
     def resnet_options(self) -> tuple[Any, ...]:
         return (self.depth, self.dataset, self.data_dir, self.batch_size, self.lr, self.seed,
@@ -107,6 +108,8 @@ def check(req: RunRequest) -> None:
             raise UserError("--script runs your own model: the ResNet options (--config, --set, --depth, "
                             "--dataset, --batch-size, --lr, ...) do not apply; pass your script's "
                             "own options after --")
+    if req.stop_grace is not None and not req.script and not req.resume_dir:
+        raise UserError("--stop-grace goes with a --script of torchrun's contract (docs/torchrun.md)")
     _check_scaling(req)
     if (req.resize_at is None) != (req.resize_to is None):
         raise UserError("--resize-at and --to go together")
@@ -176,6 +179,13 @@ def _check_collective(req: RunRequest) -> None:
         from elastic_ring.controller.script_check import check_script, read_script
 
         shape = read_script(req.script)  # it compiles (one line naming file:line otherwise)
+        if shape.form == "torchrun":  # run as torchrun runs it: its own group, its own snapshot
+            check_torchrun_options(req, shape)
+            check_script(req.script, shape, req.collective, req.steps)
+            return
+        if req.stop_grace is not None:
+            raise UserError(f"--stop-grace goes with a script of torchrun's contract (it calls init_process_group "
+                            f"and imports neither elastic_ring nor horovod); {req.script} is not one")
         uses = script_collective(req.script)
         mine = req.collective or "horovod"
         if uses == "horovod" and mine == "torch":
@@ -186,6 +196,38 @@ def _check_collective(req: RunRequest) -> None:
                             f"the call with elastic_ring.worker.init(), which forms the process group"
                             + (", and add --collective torch" if mine == "horovod" else ""))
         check_script(req.script, shape, req.collective, req.steps)
+
+
+def check_torchrun_options(req: RunRequest, shape: Any) -> None:
+    """A script of torchrun's contract (:attr:`.script_check.ScriptShape.form` ``"torchrun"``) reports
+    no step to the controller and keeps its own snapshot: the options that count steps, checkpoint,
+    scale the LR or keep workers across a resize do not apply (docs/torchrun.md).
+
+    Raises:
+        UserError: the first such option (one line).
+    """
+    where = f"{req.script} follows torchrun's contract (init_process_group at line {shape.pg_init_line})"
+    live = "resize it live with `elastic-ring resize RUN_DIR --to N`"
+    refused = [
+        (req.steps is not None, "--steps", "its length is its own (the controller counts no step of it)"),
+        (req.resize_at is not None or bool(req.schedule) or bool(req.resizes), "--resize-at/--schedule",
+         f"they name steps, which it does not report: {live}"),
+        (req.checkpoint_every is not None or req.checkpoint_every_s is not None or req.keep is not None,
+         "--checkpoint-every/--checkpoint-every-s/--keep", "it saves and loads its own snapshot"),
+        (req.lr_scaling is not None or req.global_batch is not None, "--lr-scaling/--global-batch",
+         "its LR and batch are its own (it reads WORLD_SIZE)"),
+        (req.relaunch not in ("auto", "sequential"), f"--relaunch {req.relaunch}",
+         "every worker is stopped and started again at a resize, as torchrun does (sequential)"),
+        (req.survive, "--survive", "a failure stops every worker and starts them again, as torchrun does"),
+        (req.backend != "horovodrun", f"--backend {req.backend}", "its workers run on this host"),
+        (bool(req.hosts or req.hostfile), "--hosts/--hostfile", "its workers run on this host only"),
+        (req.stall_timeout is not None, "--stall-timeout", "the controller sees no step of it"),
+    ]
+    for bad, option, why in refused:
+        if bad:
+            raise UserError(f"{option} does not apply: {where}: {why}")
+    if req.stop_grace is not None and req.stop_grace < 0:
+        raise UserError(f"--stop-grace must be >= 0 seconds, got {req.stop_grace}")
 
 
 def check_torch_survive(device: str, survive: bool) -> None:

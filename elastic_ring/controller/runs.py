@@ -87,6 +87,7 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
     """Check ``req`` and get its run folder ready (a new one created, a resumed one taken over)."""
     from elastic_ring.controller import hvdrun
 
+    req = with_slurm_hosts(req, echo)  # inside a Slurm allocation with no --hosts: its nodes
     check(req)
     req, inferred = with_script_collective(req)  # a torch.distributed script: --collective torch
     if req.collective is None and not req.resume_dir and not hvdrun.horovod_installed():
@@ -114,6 +115,45 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
         if claimed is not None:
             _unclaim(*claimed)
         raise
+
+
+def with_slurm_hosts(req: RunRequest, echo: Callable[[str], None],
+                     env: dict[str, str] | None = None) -> RunRequest:
+    """Inside a Slurm allocation (``SLURM_JOB_ID`` set) and given none of ``--hosts``,
+    ``--hostfile``, ``--slots`` (which choose otherwise; the cluster runner always gives
+    ``--slots``) nor ``--backend ray`` (whose nodes are Ray's): the allocation's nodes and slots
+    (:func:`elastic_ring.hosts.slurm.allocation`), said in one line. One node that is this host
+    stays a run on this host as without Slurm (its visible GPUs or CPU cores as slots); otherwise the
+    nodes become ``--hosts``.
+
+    Raises:
+        UserError: Slurm's variables do not parse, or ``--relaunch inplace`` (one host) in an
+            allocation of several nodes (one line).
+    """
+    from dataclasses import replace
+
+    from elastic_ring.hosts.api import HostsError
+    from elastic_ring.hosts.slurm import allocation, in_allocation, is_this_host
+
+    if req.hosts or req.hostfile or req.slots is not None or req.backend == "ray" or not in_allocation(env):
+        return req
+    try:
+        alloc = allocation(env, gpus=req.device != "cpu")
+    except HostsError as e:
+        raise UserError(f"inside a Slurm allocation, {e} (give --hosts to name the hosts)") from None
+    (first, n), *more = alloc.hosts.pairs() or [("", 0)]
+    if not n:
+        raise UserError(f"Slurm job {alloc.job_id} has no slots ({alloc.nodelist}): give --hosts")
+    if not more and is_this_host(first):  # as without Slurm: its visible GPUs or CPU cores (a CPU job's
+        # one task with -c16 would otherwise get one slot); --slots chooses otherwise
+        echo(f"elastic-ring: {alloc.line()}: this host (--slots to choose how many workers it takes)")
+        return req
+    if req.relaunch == "inplace":
+        raise UserError(f"--relaunch inplace runs on one host, and {alloc.line()}: give --hosts with "
+                        f"this node only, or another relaunch mode")
+    echo(f"elastic-ring: {alloc.line()}: --hosts {alloc.hosts.arg()} (--hosts, --hostfile or --slots "
+         f"to choose otherwise)")
+    return replace(req, hosts=alloc.hosts.arg())
 
 
 @contextmanager
@@ -145,27 +185,58 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
     collective = req.collective or _resumed_collective(req) or "horovod"
     device, ngpu, rep = resolve_device(req.device, echo, collective)
     if collective == "horovod" and req.backend != "ray":  # a Horovod that cannot serve: one line, not a restart loop
-        from elastic_ring.controller.hvdrun import check_horovod_serves
+        from elastic_ring.controller.hvdrun import check_horovod_patches, check_horovod_serves
 
         check_horovod_serves(device)
+        check_horovod_patches(req.script)  # the Horovod internals it patches are still there
     if collective == "torch":  # (a resumed run keeps its --survive)
         resumed = protocol.read_json(Path(req.resume_dir) / "run.json") if req.resume_dir else None
         check_torch_survive(device, req.survive or (isinstance(resumed, dict) and bool(resumed.get("survive"))))
     n_slots = _slots(req, device, ngpu)
     sched = _schedule(req)
+    torchrun = collective == "torch" and _torchrun_form(req)  # every worker stopped and started again
+    if req.stop_grace is not None and not torchrun:
+        raise UserError("--stop-grace goes with a script of torchrun's contract (docs/torchrun.md)")
     relaunch = req.relaunch if req.relaunch != "auto" else ("prelaunch" if device == "cuda" else "overlap")
-    relaunch, why = exclusive_fallback(relaunch, device, rep)
+    relaunch, why = ("sequential", None) if torchrun else exclusive_fallback(relaunch, device, rep)
     if rd is None:
         run = _prepare_resume(req, device, n_slots, sched, echo)
     else:
         run = _prepare_new(req, rd, device, n_slots, sched, relaunch, echo, rep)
     run.relaunch = relaunch
     run.extra.update(gpu_report=rep, relaunch_note=why)
+    if torchrun:
+        run.extra.update(torchrun=True, stop_grace=_stop_grace(req, run.spec.run_dir))
+        run.stall_timeout = 0.0  # the controller sees no step of such a script: no stall to find
     if run.cfg is not None:
         from elastic_ring.controller.rundir import ensure_dataset_cache
 
         ensure_dataset_cache(run.spec.run_dir, run.cfg)  # a resumed run's cache may have been deleted
     return run
+
+
+def _torchrun_form(req: RunRequest) -> bool:
+    """Whether the run's script (a resumed run's own) follows torchrun's contract only."""
+    from elastic_ring.controller.backends.local import is_torchrun_script
+
+    info = protocol.read_json(Path(req.resume_dir) / "run.json") if req.resume_dir else None
+    script = (info.get("script") if isinstance(info, dict) else None) if req.resume_dir else req.script
+    return is_torchrun_script(script)
+
+
+def _stop_grace(req: RunRequest, rd: Path) -> float:
+    """A torchrun-form run's grace between SIGTERM and SIGKILL: given, else the one its start recorded
+    (``run.json``), else torchrun's default; recorded for later resumes."""
+    from elastic_ring.controller.rundir import update_run_info
+    from elastic_ring.worker.torchrun import DEFAULT_STOP_GRACE_S
+
+    info = protocol.read_json(rd / "run.json")
+    kept = info.get("stop_grace") if isinstance(info, dict) else None
+    grace = req.stop_grace if req.stop_grace is not None else kept if isinstance(kept, (int, float)) \
+        else DEFAULT_STOP_GRACE_S
+    if grace != kept:
+        update_run_info(rd, stop_grace=grace)
+    return float(grace)
 
 
 def _resumed_collective(req: RunRequest) -> str | None:
@@ -500,11 +571,21 @@ def describe(run: PreparedRun) -> list[str]:
         lines.append("elastic-ring: collective torch.distributed "
                      f"({'NCCL' if spec.device == 'cuda' else 'gloo'}), one process per worker"
                      + (", kept across resizes (the group re-formed in place)" if run.relaunch == "inplace" else ""))
-    if spec.script:
+    if spec.script and run.extra.get("torchrun"):
+        lines.append(f"elastic-ring: {torchrun_form_line(spec.script, run.extra['stop_grace'])}")
+    elif spec.script:
         lines.append(f"elastic-ring: {lr_rule_line(spec.script, spec.lr_scaling or 'linear')}")
     if run.extra.get("relaunch_note"):
         lines.append(f"elastic-ring: {run.extra['relaunch_note']}")
     return lines
+
+
+def torchrun_form_line(script: str, grace: float) -> str:
+    """The form a script of torchrun's contract is run in, said at the start."""
+    return (f"form torchrun: {Path(script).name} forms its own process group and keeps its own snapshot "
+            f"(no elastic_ring, no horovod): run unchanged with torchrun's environment; at a resize or a "
+            f"failure every worker is stopped (SIGTERM, SIGKILL after --stop-grace {grace:g} s) and all "
+            f"are started again at the new size, resuming from the script's snapshot")
 
 
 def lr_rule_line(script: str, rule: str) -> str:
@@ -572,7 +653,8 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
     options = LaunchOptions(relaunch=run.relaunch, backend=req.backend, network_interface=req.network_interface,
                             ray_address=req.ray_address, placement=req.placement, warm_spares=req.warm_spares,
                             gpus_per_worker=1.0 if run.spec.device == "cuda" else 0.0, survive=run.survive,
-                            collective=run.spec.collective)
+                            collective=run.spec.collective, stop_grace=run.extra.get("stop_grace"),
+                            max_restarts=req.max_restarts)
     backend, resize = make_launch(options, run.spec)
     if req.backend == "ray":
         echo(f"backend: Ray ({req.ray_address or os.environ.get('RAY_ADDRESS') or 'a local Ray'}), "

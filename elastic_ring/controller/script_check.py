@@ -10,7 +10,11 @@ takes the collective from it where the script makes it plain (:func:`inferred_co
   torch where it uses ``torch.distributed`` or ``DistributedDataParallel`` and does not import
   ``horovod``; neither (or both) is not plain, and the run keeps its default (or the flag);
 - its loop: ``job.steps()`` (whose length is ``--steps``) or ``job.epochs()``, called on the job
-  ``elastic_ring.worker.init()`` returned; a Horovod Elastic script (``hvd.elastic``) has its own.
+  ``elastic_ring.worker.init()`` returned; a Horovod Elastic script (``hvd.elastic``) has its own;
+- its form (:attr:`ScriptShape.form`): ``"torchrun"`` for a script that follows only torchrun's
+  contract (it imports ``torch.distributed``, calls ``init_process_group`` itself, and imports
+  neither ``elastic_ring`` nor ``horovod``): it runs unchanged, as torchrun runs it
+  (:mod:`elastic_ring.worker.torchrun`); ``"hvd_elastic"``; ``"library"`` otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from elastic_ring.errors import UserError
 
 _WORKER = "elastic_ring.worker"
 _DDP = "DistributedDataParallel"
+_PG_INIT = "init_process_group"
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,8 @@ class ScriptShape:
     steps_line: int = 0  # job.steps()
     epochs_line: int = 0  # job.epochs()
     hvd_elastic: bool = False  # hvd.elastic: Horovod Elastic's own loop
+    pg_init_line: int = 0  # a call of init_process_group (torch.distributed's own group)
+    elastic_ring_line: int = 0  # an import of elastic_ring (anything of it)
 
     @property
     def collective(self) -> str | None:
@@ -44,6 +51,14 @@ class ScriptShape:
         if self.torch_line and not self.horovod_line:
             return "torch"
         return None
+
+    @property
+    def form(self) -> str:
+        """``"torchrun"`` (torchrun's contract only: see the module docstring), ``"hvd_elastic"``
+        (Horovod Elastic's API) or ``"library"`` (the worker library, or plain Horovod)."""
+        if self.torch_line and self.pg_init_line and not self.horovod_line and not self.elastic_ring_line:
+            return "torchrun"
+        return "hvd_elastic" if self.hvd_elastic else "library"
 
     @property
     def needs_steps(self) -> bool:
@@ -85,7 +100,7 @@ def read_script(path: str | Path) -> ScriptShape:
 
 def _shape(tree: ast.AST) -> ScriptShape:
     nodes = sorted((n for n in ast.walk(tree) if hasattr(n, "lineno")), key=lambda n: (n.lineno, n.col_offset))
-    horovod = torch = steps = epochs = 0
+    horovod = torch = steps = epochs = pg_init = ours = 0
     torch_what, hvd_elastic = "", False
     modules: set[str] = set()  # names bound to elastic_ring.worker
     inits: set[str] = {f"{_WORKER}.init"}  # names of its init()
@@ -106,6 +121,8 @@ def _shape(tree: ast.AST) -> ScriptShape:
                     saw_torch(n.lineno, "torch.distributed")
                 if a.name == _WORKER:
                     modules.add(a.asname or _WORKER)
+                if a.name.split(".")[0] == "elastic_ring":
+                    ours = ours or n.lineno
         elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
             names = {a.name: a.asname or a.name for a in n.names}
             if n.module.split(".")[0] == "horovod":
@@ -115,6 +132,8 @@ def _shape(tree: ast.AST) -> ScriptShape:
                 saw_torch(n.lineno, "torch.distributed")
             if _DDP in names:
                 saw_torch(n.lineno, _DDP)
+            if n.module.split(".")[0] == "elastic_ring":
+                ours = ours or n.lineno
             if n.module == "elastic_ring" and "worker" in names:
                 modules.add(names["worker"])
             if n.module == _WORKER and "init" in names:
@@ -125,6 +144,10 @@ def _shape(tree: ast.AST) -> ScriptShape:
                 saw_torch(n.lineno, _DDP if n.attr == _DDP else "torch.distributed")
             if n.attr == "elastic" and _dotted(n.value).split(".")[0] in hvd_names:
                 hvd_elastic = True
+        elif isinstance(n, ast.Call) and not pg_init:
+            f = n.func
+            if (isinstance(f, ast.Attribute) and f.attr == _PG_INIT) or (isinstance(f, ast.Name) and f.id == _PG_INIT):
+                pg_init = n.lineno
     inits |= {f"{m}.init" for m in modules}
     jobs = set()  # the names the job is bound to: job = elastic.init(...)
     for n in nodes:
@@ -136,7 +159,7 @@ def _shape(tree: ast.AST) -> ScriptShape:
                 steps = steps or n.lineno
             elif n.func.attr == "epochs":
                 epochs = epochs or n.lineno
-    return ScriptShape(horovod, torch, torch_what, steps, epochs, hvd_elastic)
+    return ScriptShape(horovod, torch, torch_what, steps, epochs, hvd_elastic, pg_init, ours)
 
 
 def check_script(script: str, shape: ScriptShape, collective: str | None, steps: int | None) -> None:

@@ -42,7 +42,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from elastic_ring import protocol
+from elastic_ring import hvd_patches, protocol
 from elastic_ring.worker.segment import StopReason
 
 # A script that names one of these is written for Horovod Elastic.
@@ -82,27 +82,15 @@ def uses_horovod_elastic(target: str) -> bool:
 # The run length of a Horovod Elastic script run without --steps: its function's return ends it.
 NO_STEP_CAP = protocol.NO_STEP_LIMIT
 
-_ORIGINAL: dict[str, Any] = {}  # Horovod's own functions behind the names install() replaces
 _IN_LIBRARY = False  # the worker library's own hvd.init() call is under way
 _SESSION: "Session | None" = None
 
 
 def install() -> None:
-    """Put elastic-ring behind Horovod Elastic's names on the real ``horovod.torch`` (idempotent)."""
-    if _ORIGINAL:
-        return
-    import horovod.common.elastic as common_elastic
-    import horovod.torch as hvd
-    import horovod.torch.elastic as hvd_elastic
-
-    _ORIGINAL.update(init=hvd.init, run=hvd_elastic.run, commit=common_elastic.State.commit,
-                     check_host_updates=common_elastic.State.check_host_updates,
-                     record_batch=hvd_elastic.ElasticSampler.record_batch)
-    hvd_elastic.ElasticSampler.record_batch = _record_batch
-    hvd.init = _init
-    hvd_elastic.run = run
-    common_elastic.State.commit = _commit
-    common_elastic.State.check_host_updates = _check_host_updates
+    """Put elastic-ring behind Horovod Elastic's names on the real ``horovod.torch`` (idempotent):
+    the ``worker`` patches of :mod:`elastic_ring.hvd_patches` (``hvd.init``, ``hvd.elastic.run``,
+    ``State.commit``, ``State.check_host_updates``, ``ElasticSampler.record_batch``)."""
+    hvd_patches.apply("worker")
 
 
 def _init(*args: Any, **kwargs: Any) -> None:
@@ -122,7 +110,7 @@ def _init(*args: Any, **kwargs: Any) -> None:
     import horovod.torch as hvd
 
     if not hvd.is_initialized():
-        _ORIGINAL["init"](*args, **kwargs)
+        hvd_patches.original("init")(*args, **kwargs)
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -154,7 +142,7 @@ def _commit(state) -> None:
 
 def _record_batch(sampler, batch_idx: int, batch_size: int) -> None:
     """``ElasticSampler.record_batch``: Horovod's, and this rank's samples for the throughput."""
-    _ORIGINAL["record_batch"](sampler, batch_idx, batch_size)
+    hvd_patches.original("record_batch")(sampler, batch_idx, batch_size)
     session = _SESSION
     if session is not None and session.counting:
         session.job.progress.window.samples += int(batch_size)

@@ -12,6 +12,8 @@ entry point:
   (its ``cwd``): the script's relative paths are the user's;
 - runs a script written for Horovod Elastic (``@hvd.elastic.run``) unchanged, with elastic-ring
   behind those names (:mod:`elastic_ring.worker.hvd_elastic`);
+- runs a script of torchrun's contract unchanged, as ``python SCRIPT`` would, with no library in it
+  (:mod:`elastic_ring.worker.torchrun`: the launcher says so; no ``init()`` is waited for);
 - runs an epoch-loop script again in this process for each segment it joins in a ring re-formed
   in place (:class:`~elastic_ring.worker.hooked.Rejoin`);
 - watches, in a thread, that the script calls ``elastic_ring.worker.init()`` (a script that calls
@@ -111,12 +113,12 @@ def _kind(exc: BaseException, step: int | None) -> str | None:
 
 
 def _die(info: LaunchInfo, exc: BaseException, status: int = 1) -> None:
-    from elastic_ring.worker import session
+    from elastic_ring.worker import session, torchrun
     from elastic_ring.worker.checks import explain_port_clash
 
     exc = explain_port_clash(exc)  # a process group of the script's own, on the launcher's port
     seg = getattr(session.current(), "seg", None)  # the plain job has none
-    step = seg.current if seg is not None else None
+    step = seg.current if seg is not None else (torchrun.steps_done() or None)
     kind = _kind(exc, step)
     where = None if isinstance(exc, ScriptError) else _where(exc)
     text = exc.msg if isinstance(exc, SyntaxError) else str(exc)
@@ -299,8 +301,14 @@ def main(argv: list[str] | None = None, in_process: bool = False) -> int:
         name_process(info.run_dir, _rank())
         os.environ.setdefault(protocol.PROCESS_START_ENV, repr(_T_ENTRY))  # forked: the command's, kept
     from elastic_ring.telemetry.gpu import apply_host_devices
+    from elastic_ring.worker import torchrun
 
     apply_host_devices()  # cluster jobs on several hosts: this host's GPUs, before CUDA starts
+    own_group = torchrun.in_use()  # torchrun's contract: the script alone, no init() to wait for
+    if own_group:
+        init_timeout_s = float("inf")
+        torchrun.watch(info.run_dir, info.segment, _rank(), int(os.environ.get("WORLD_SIZE", "1")),
+                       float(os.environ.get(protocol.PROCESS_START_ENV, _T_ENTRY)))
     stop = threading.Event()
     threading.Thread(target=_watchdog, args=(info, init_timeout_s, stop), daemon=True,
                      name="elastic-ring-watchdog").start()
@@ -327,7 +335,8 @@ def main(argv: list[str] | None = None, in_process: bool = False) -> int:
     except BaseException as e:  # noqa: BLE001 - every failure must reach the controller
         traceback.print_exc()
         _die(info, e)
-    _check_ended(info)
+    if not own_group:
+        _check_ended(info)
     stop.set()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -7,6 +7,7 @@ import sys
 import sysconfig
 
 from elastic_ring.controller import hvdrun
+from elastic_ring.hvd_patches import apply
 
 
 class Asker:
@@ -97,8 +98,8 @@ def test_the_driver_reads_the_controllers_host_list_itself_and_runs_other_script
     other.write_text("#!/bin/sh\necho otherhost:3\n")
     other.chmod(0o755)
     assert hvdrun.hosts_file_of(script) == hosts and hvdrun.hosts_file_of(other) is None
-    hvdrun.read_hosts_directly()
-    hvdrun.read_hosts_directly()  # twice: still one layer
+    apply("discovery")
+    apply("discovery")  # twice: still one layer
     assert discovery.HostDiscoveryScript(str(other), 1).find_available_hosts_and_slots() == {"otherhost": 3}
     assert driver.DISCOVER_HOSTS_FREQUENCY_SECS == 1.0  # another script: Horovod's own interval
     ours = discovery.HostDiscoveryScript(str(script), 1)
@@ -108,30 +109,35 @@ def test_the_driver_reads_the_controllers_host_list_itself_and_runs_other_script
     assert driver.DISCOVER_HOSTS_FREQUENCY_SECS == hvdrun.DISCOVERY_POLL_S
 
 
-def test_the_late_exit_of_a_worker_whose_slot_was_removed_is_not_its_next_workers_failure():
+def test_the_late_exit_of_a_worker_whose_slot_was_removed_is_not_its_next_workers_failure(monkeypatch):
     """A shrink removes slot 1, a grow gives it back and a new worker starts there; then the old
     worker's abort is handled: ignored (it would have blacklisted the host). The new worker's own
     failure, and a worker whose slot was never removed, still count."""
     from collections import namedtuple
 
+    from horovod.runner.elastic.driver import ElasticDriver
+
     Slot = namedtuple("Slot", "hostname local_rank")
 
-    class Driver:  # the three methods the patch wraps, as Horovod's ElasticDriver has them
-        def __init__(self):
-            self._host_assignments, self.exits, self.started = {}, [], []
-
+    class Fake:  # the three methods the patches wrap, as Horovod's ElasticDriver has them, minus the processes
         def _start_worker_process(self, slot_info):
             self.started.append(slot_info)
 
-        def _update_host_assignments(self, n):
-            self._host_assignments = {"localhost": [Slot("localhost", i) for i in range(n)]}
+        def _update_host_assignments(self, current_hosts):
+            self._host_assignments = {"localhost": [Slot("localhost", i) for i in range(current_hosts)]}
             return []
 
         def _handle_worker_exit(self, slot_info, exit_code, timestamp):
             self.exits.append((slot_info.local_rank, exit_code))
 
-    hvdrun.ignore_exits_of_removed_workers(Driver)
-    hvdrun.ignore_exits_of_removed_workers(Driver)  # once
+    class Driver(ElasticDriver):  # Horovod's class, patched, without its constructor's thread
+        def __init__(self):
+            self._host_assignments, self.exits, self.started = {}, [], []
+
+    for name in ("_start_worker_process", "_update_host_assignments", "_handle_worker_exit"):
+        monkeypatch.setattr(ElasticDriver, name, getattr(Fake, name))
+    apply("start_worker", "update_assignments", "worker_exit")
+    apply("start_worker", "update_assignments", "worker_exit")  # once
     d = Driver()
     d._update_host_assignments(2)
     old0, old1 = d._host_assignments["localhost"]

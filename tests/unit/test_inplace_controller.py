@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from elastic_ring.controller.api import Resize, RunSpec
+from elastic_ring.controller.backends.api import Backend
 from elastic_ring.controller.backends.elastic import discovery_files, elastic_horovodrun_command, write_hosts
 from elastic_ring.controller.controller import Controller
 from elastic_ring.errors import UserError
@@ -67,7 +68,7 @@ def test_a_resize_in_place_prints_the_log_its_workers_write(tmp_path):
 
     from elastic_ring.controller.backends import InPlace
 
-    class KeepsWorkers:
+    class KeepsWorkers(Backend):
         name = "fake-elastic"
 
         def resize_in_place(self, paused_segment, launch, t_launch):
@@ -134,7 +135,7 @@ def test_workers_that_ran_on_through_a_ring_written_ahead_are_followed_in_place(
     from elastic_ring.controller.segment import Segment
     from elastic_ring.events.api import SegmentEnd
 
-    class Ring:
+    class Ring(Backend):
         name = "fake-ring"
         taken = True
 

@@ -163,3 +163,73 @@ def test_train_refuses_what_the_script_says_cannot_run(cli_inproc, tmp_path):
     _no_run(cli_inproc("train", "--script", ddp, "--device", "cuda", "--survive", "--relaunch", "inplace",
                        "--run-dir", str(run)), run, "--collective torch asks for NCCL" if not _has_gpu() else
             "--survive with --collective torch")
+
+
+TORCHRUN = """
+import os
+import torch
+import torch.distributed as dist
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo")
+"""
+TORCHRUN_BY_NAME = """
+from torch.distributed import init_process_group
+
+init_process_group(backend="gloo")
+"""
+
+
+@pytest.mark.parametrize("text,form", [
+    (TORCHRUN, "torchrun"),
+    (TORCHRUN_BY_NAME, "torchrun"),
+    ("import elastic_ring.worker\n" + TORCHRUN, "library"),  # the library's: it forms no group of its own
+    ("from elastic_ring import worker\n" + TORCHRUN, "library"),
+    ("import horovod.torch as hvd\n" + TORCHRUN, "library"),
+    ("import torch.distributed as dist\n# dist.init_process_group('gloo') in a comment\n", "library"),
+    (DDP_EPOCHS, "library"),
+    (HVD_ELASTIC, "hvd_elastic"),
+])
+def test_the_torchrun_form_is_read_from_the_text(tmp_path, text, form):
+    shape = read_script(_write(tmp_path, text))
+    assert shape.form == form
+    if form == "torchrun":
+        line = text.count("\n", 0, text.index("init_process_group(")) + 1
+        assert shape.collective == "torch" and shape.pg_init_line == line
+
+
+def test_a_torchrun_script_is_checked_as_one(tmp_path):
+    script = _write(tmp_path, TORCHRUN, "tr.py")
+    check(RunRequest(script=script))
+    check(RunRequest(script=script, collective="torch", relaunch="sequential", stop_grace=0.5))
+    refused = [(dict(steps=10), "--steps does not apply"),
+               (dict(resize_at=5, resize_to=2), "--resize-at/--schedule does not apply"),
+               (dict(schedule="5:2"), "`elastic-ring resize RUN_DIR --to N`"),
+               (dict(checkpoint_every_s=5.0), "--checkpoint-every/--checkpoint-every-s/--keep does not apply"),
+               (dict(lr_scaling="linear"), "--lr-scaling/--global-batch does not apply"),
+               (dict(relaunch="overlap"), "--relaunch overlap does not apply"),
+               (dict(relaunch="inplace"), "--relaunch inplace does not apply"),
+               (dict(hosts="a:1,b:1"), "--hosts/--hostfile does not apply"),
+               (dict(stall_timeout=60.0), "--stall-timeout does not apply"),
+               (dict(stop_grace=-1.0), "--stop-grace must be >= 0")]
+    for kw, needle in refused:
+        with pytest.raises(UserError, match=needle.replace("(", r"\(").replace("`", "`")):
+            check(RunRequest(script=script, **kw))
+    with pytest.raises(UserError, match=f"follows torchrun's contract \\(init_process_group at line 7\\)"):
+        check(RunRequest(script=script, steps=10))
+    with pytest.raises(UserError, match="--stop-grace goes with a script of torchrun's contract .* is not one"):
+        check(RunRequest(script=_write(tmp_path, DDP_EPOCHS, "ddp.py"), stop_grace=5.0))
+    with pytest.raises(UserError, match="--stop-grace goes with a --script of torchrun's contract"):
+        check(RunRequest(stop_grace=5.0))
+    req, said = with_script_collective(RunRequest(script=script))
+    assert req.collective == "torch" and said.endswith("and not Horovod: --collective torch")
+
+
+def test_train_refuses_options_that_do_not_apply_to_a_torchrun_script(cli_inproc, tmp_path):
+    script, run = _write(tmp_path, TORCHRUN, "tr.py"), tmp_path / "run"
+    _no_run(cli_inproc("train", "--script", script, "--resize-at", "5", "--to", "2", "--run-dir", str(run)), run,
+            "--resize-at/--schedule does not apply", "elastic-ring resize RUN_DIR --to N")
+    _no_run(cli_inproc("train", "--script", script, "--steps", "5", "--run-dir", str(run)), run,
+            "--steps does not apply")
+    _no_run(cli_inproc("train", "--script", _write(tmp_path, DDP_EPOCHS, "ddp.py"), "--stop-grace", "3",
+                       "--run-dir", str(run)), run, "--stop-grace goes with a script of torchrun's contract")

@@ -13,7 +13,7 @@ import pytest
 
 from elastic_ring import protocol
 from elastic_ring.controller.api import RunSpec
-from elastic_ring.controller.backends.api import SegmentLaunch
+from elastic_ring.controller.backends.api import Backend, SegmentLaunch
 from elastic_ring.controller.backends.ray import make_ray_backend
 from elastic_ring.controller.backends.ray_group import RayGroup
 from elastic_ring.controller.backends.ray_members import Member
@@ -230,7 +230,7 @@ class _Ring:
         self.rc = -9 if self.rc is None else self.rc
 
 
-class _Backend:
+class _Backend(Backend):
     name = "fake-ray"
 
     def __init__(self, run_dir, total):
@@ -517,11 +517,12 @@ def test_slot_hosts_are_this_machine_for_horovodrun(monkeypatch):
     """horovodrun resolves a slot host to this machine (no ssh, not a remote host); other names as before."""
     from horovod.runner.util import network
 
+    from elastic_ring import hvd_patches
     from elastic_ring.controller import hvdrun
 
     monkeypatch.setattr(network, "resolve_host_address", network.resolve_host_address)
-    hvdrun.slot_hosts_are_local()
-    hvdrun.slot_hosts_are_local()  # once
+    hvd_patches.apply("slot_hosts")
+    hvd_patches.apply("slot_hosts")  # once
     assert network.resolve_host_address(hvdrun.slot_host(3)) == "127.0.0.1"
     assert network.resolve_host_address("localhost") == "127.0.0.1"
     assert network.resolve_host_address("no-such-host.invalid") is None
@@ -536,12 +537,12 @@ def test_inplace_the_driver_keeps_a_host_whose_worker_failed(monkeypatch):
     from horovod.runner.elastic import driver
     from horovod.runner.elastic.discovery import HostManager
 
-    from elastic_ring.controller import hvdrun
+    from elastic_ring import hvd_patches
 
     monkeypatch.setattr(HostManager, "blacklist", HostManager.blacklist)
     monkeypatch.setattr(driver.ElasticDriver, "resume", driver.ElasticDriver.resume)
-    hvdrun.keep_hosts_on_failure()
-    hvdrun.keep_hosts_on_failure()  # once
+    hvd_patches.apply("resume", "blacklist")
+    hvd_patches.apply("resume", "blacklist")  # once
     assert HostManager.blacklist(object(), "localhost") is None
     seen = []
 
@@ -570,6 +571,7 @@ def test_inplace_the_driver_hands_the_next_slot_to_the_warm_joiner(tmp_path, mon
 
     from horovod.runner import gloo_run
 
+    from elastic_ring import hvd_patches
     from elastic_ring.controller import hvdrun
 
     run_dir = tmp_path / "run"
@@ -594,8 +596,8 @@ def test_inplace_the_driver_hands_the_next_slot_to_the_warm_joiner(tmp_path, mon
     monkeypatch.setattr(gloo_run, "_create_elastic_worker_fn", make)
     monkeypatch.setattr(hvdrun, "_SPARES", [])
     monkeypatch.setattr("subprocess.Popen", popen)
-    hvdrun.warm_joiner()
-    hvdrun.warm_joiner()  # once
+    hvd_patches.apply("warm_joiner")
+    hvd_patches.apply("warm_joiner")  # once
     run_command = (f"HOROVOD_GLOO_RENDEZVOUS_ADDR=127.0.0.1 HOROVOD_GLOO_RENDEZVOUS_PORT=4242 HOROVOD_ELASTIC=1 "
                    f"python -m elastic_ring.worker.run --run-dir {run_dir} --segment 3 --stop-at 9 --inplace "
                    f"-- elastic_ring.train.worker --x 1")
@@ -628,7 +630,7 @@ def test_inplace_the_driver_hands_the_next_slot_to_the_warm_joiner(tmp_path, mon
     shutdown.set()
 
 
-class _Stalls:
+class _Stalls(Backend):
     """A backend that can end single ranks (``--survive``)."""
 
     name = "fake"

@@ -513,7 +513,8 @@ def test_request_checks_the_collective(kw, needle):
 def test_request_refuses_a_script_of_the_other_collective(tmp_path):
     hvd_script, pg_script = tmp_path / "h.py", tmp_path / "t.py"
     hvd_script.write_text("import horovod.torch as hvd\nhvd.init()\n")
-    pg_script.write_text("import torch.distributed as dist\ndist.init_process_group()\n")
+    # a library script that forms the group itself (without the import: torchrun's form, which runs)
+    pg_script.write_text("import elastic_ring.worker\nimport torch.distributed as dist\ndist.init_process_group()\n")
     with pytest.raises(UserError, match="calls hvd.init"):
         check(RunRequest(script=str(hvd_script), collective="torch"))
     with pytest.raises(UserError, match="init_process_group.*, and add --collective torch"):
@@ -533,8 +534,9 @@ def _one_line(p, needle):
 def test_bad_collective_input_is_one_line_exit_2(cli_inproc, tmp_path):
     hvd_script = tmp_path / "h.py"
     hvd_script.write_text("import horovod.torch as hvd\nhvd.init()\n")
-    pg_script = tmp_path / "t.py"
-    pg_script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n")
+    pg_script = tmp_path / "t.py"  # (without the library's import: torchrun's form, which runs)
+    pg_script.write_text("import elastic_ring.worker\nimport torch.distributed as dist\n"
+                         "dist.init_process_group('gloo')\n")
     _one_line(cli_inproc("train", "--collective", "torch", "--script", str(hvd_script), "--steps", "4",
                          "--run-dir", str(tmp_path / "a")), "calls hvd.init()")
     _one_line(cli_inproc("train", "--script", str(pg_script), "--steps", "4", "--run-dir", str(tmp_path / "b")),

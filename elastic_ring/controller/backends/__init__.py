@@ -2,8 +2,10 @@
 factory that builds a run's backend and resize strategy from its options (:func:`make_launch`).
 
 :mod:`.api` holds the interfaces (:class:`~.api.Backend`, :class:`~.api.InPlaceRing`) and their
-value types; :mod:`.resize` the resize strategies; :mod:`.horovodrun` starts one ``horovodrun`` per
-segment (``--relaunch prelaunch|overlap|sequential``, also on ``--hosts``/``--hostfile``);
+value types; :mod:`.survival` the one survivor agreement and blame of the backends that keep the
+survivors of a failure (``--survive``); :mod:`.resize` the resize strategies; :mod:`.horovodrun`
+starts one ``horovodrun`` per segment (``--relaunch prelaunch|overlap|sequential``, also on
+``--hosts``/``--hostfile``);
 :mod:`.elastic` keeps one Horovod Elastic job alive across resizes (``--relaunch inplace``);
 :mod:`.ray` runs the workers as Ray actors that stay across resizes (``--backend ray``);
 :mod:`.local` starts one process per worker on this host for ``--collective torch``, and
@@ -35,6 +37,8 @@ class LaunchOptions:
     gpus_per_worker: float = 0.0
     survive: bool = False  # Ray, inplace: the survivors of a failed worker go on from their copy in memory
     collective: str = "horovod"  # or "torch": the local launcher (backends.local), no horovodrun
+    stop_grace: float | None = None  # a torchrun-form script: SIGTERM -> SIGKILL at a stop (None: torchrun's 30 s)
+    max_restarts: int = 3  # told to a torchrun-form script (TORCHELASTIC_MAX_RESTARTS)
 
 
 def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
@@ -61,7 +65,8 @@ def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
         if options.relaunch == "inplace":
             ring = LocalRingBackend(spec, launcher=launcher, survive=options.survive)
             return ring, InPlace(ring)
-        return LocalBackend(spec, launcher=launcher), Relaunch(options.relaunch)
+        return (LocalBackend(spec, launcher=launcher, stop_grace=options.stop_grace, max_restarts=options.max_restarts),
+                Relaunch(options.relaunch))
     if options.relaunch == "inplace":
         from elastic_ring.controller.backends.elastic import ElasticBackend
 

@@ -2,9 +2,13 @@
 
 The controller owns the segment loop and every decision (when to stop, which size, restart or
 give up); a :class:`Backend` owns the processes: it starts a segment's workers, reports what is
-usable, and says whom it blamed for a failure. A backend whose workers stay across a resize is
-also an :class:`InPlaceRing` (it tells paused workers their new size instead of starting new ones).
-Value types: :class:`SegmentLaunch` (what to start) and :class:`Started` (what came up).
+usable, and says whom it blamed for a failure. Every backend subclasses it: the abilities only
+some have (keeping the survivors of a failure, ending single ranks, a slot that comes back) have
+defaults there that say "not here", so the controller calls them without asking which backend it
+has. A backend whose workers stay across a resize is also an :class:`InPlaceRing` (it tells paused
+workers their new size instead of starting new ones). Value types: :class:`SegmentLaunch` (what to
+start), :class:`Started` (what came up) and :class:`Survival` (survivors that go on); the segment
+log's lines of a backend: :func:`note`, :func:`describe`.
 """
 
 from __future__ import annotations
@@ -55,25 +59,51 @@ class Started:
     cmd: list[str] = field(default_factory=list)
 
 
-class Backend(Protocol):
-    """What starts a segment's workers and knows what happened to them."""
+class Backend:
+    """What starts a segment's workers and knows what happened to them; every backend subclasses
+    it. The first five methods each backend has; the rest are abilities of the backends that keep
+    the survivors of a failure (``--survive``: Ray, ``--relaunch inplace``), whose defaults here
+    say the backend has none of them."""
 
     name: str
+    refused: str | None = None  # why the last failure's survivors did not go on from memory (the restart says)
+    rejoins: bool = False  # after survivors went on, a grow back to the planned size starts a new worker
 
     def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
         """Start a segment's workers."""
+        raise NotImplementedError
 
     def usable_slots(self, want: int) -> int:
         """How many worker slots can be used now (after a failure); may narrow later launches."""
+        raise NotImplementedError
 
     def first_failed_rank(self, log_path: Path | None) -> int | None:
         """The rank the launcher saw fail first, from its log, if it says."""
+        raise NotImplementedError
 
     def failure_detail(self) -> protocol.Failure | None:
         """The failure the backend itself blamed (its rank, node and message), if it did."""
+        raise NotImplementedError
 
     def close(self) -> None:
         """The run is over: end whatever the backend still holds."""
+        raise NotImplementedError
+
+    def survivors(self) -> Survival | None:
+        """After a failure, before anything is restarted: the survivors go on (the failed members
+        ended; the next in-place resize rolls them back to ``Survival.step``), or None: restart from
+        the checkpoint (:attr:`refused` says why, where the backend keeps survivors)."""
+        return None
+
+    def end_ranks(self, ranks: list[int]) -> bool:
+        """End only these ranks' workers (a stall the watchdog found): the others lose a peer and
+        the failure goes on as a death would. False when not done (the whole job is then ended)."""
+        return False
+
+    def heal_target(self) -> int | None:
+        """After the survivors went on fewer: the size to grow back to now, because a warm worker
+        waits for a failed member's place; None when none does."""
+        return None
 
 
 class InPlaceRing(Protocol):
@@ -99,30 +129,18 @@ class InPlaceRing(Protocol):
 
 @dataclass(frozen=True)
 class Survival:
-    """The survivors of a failed worker go on in their processes (a backend that keeps them: the
-    Ray backend with ``--survive``): they roll back to ``step``, the last step they all hold in
+    """The survivors of a failed worker go on in their processes (a backend that keeps them,
+    ``--survive``): they roll back to ``step``, the last step they all hold in
     memory, and re-form their ring at ``world`` workers when the controller resizes them in place
     (:meth:`InPlaceRing.resize_in_place`), of which ``joiners`` are warm spares that take the
-    failed workers' places. ``failure``: the failure, named as for a restart."""
+    failed workers' places. ``failure``: the failure, named as for a restart
+    (:func:`~.survival.blame`)."""
 
     step: int
     world: int
     failure: protocol.Failure
     joiners: int = 0
     waited_s: float = 0.0  # from the failure's detection to every survivor's record
-
-
-class SurvivingRing(Protocol):
-    """A backend that may keep the survivors of a failed worker (the Ray backend or ``--relaunch
-    inplace`` with ``--survive``); the controller asks it after a failure, before it restarts anything."""
-
-    def survivors(self) -> Survival | None:
-        """The survivors go on (the failed members ended; the next in-place resize rolls them back
-        to ``Survival.step``), or None: restart from the checkpoint."""
-
-    def end_ranks(self, ranks: list[int]) -> bool:
-        """End only these ranks' workers (a stall the watchdog found): the others lose a peer and
-        the failure goes on as a death would. False when not done (the whole job is then ended)."""
 
 
 def rank_named_in_log(log_path: Path | None, pattern: re.Pattern[str]) -> int | None:
@@ -135,6 +153,18 @@ def rank_named_in_log(log_path: Path | None, pattern: re.Pattern[str]) -> int | 
     except OSError:
         return None
     return int(m.group(1)) if m else None
+
+
+def note(log_path: Path, text: str) -> None:
+    """Add a backend's line to a segment's log."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as f:
+        f.write(text + "\n")
+
+
+def describe(tag: str, segment: int, rows: list[str]) -> str:
+    """The segment log's line naming each worker (``rows``: ``rank R: NAME pid P ...``, by rank)."""
+    return f"[{tag}] segment {segment}: {len(rows)} worker(s): {', '.join(rows)}"
 
 
 def worker_entry() -> list[str]:

@@ -8,7 +8,7 @@ keep their processes. A scheduled resize's slot count and action are reported ah
 pause and rank 0 need not wait for the controller.
 
 Survivors go on (``--survive``): Horovod Elastic's driver, told not to blacklist this host for a
-worker's failure (:func:`elastic_ring.controller.hvdrun.keep_hosts_on_failure`), keeps the job up
+worker's failure (patch ``blacklist`` of :mod:`elastic_ring.hvd_patches`), keeps the job up
 when a worker dies; its peers say which steps they hold in memory
 (:func:`elastic_ring.worker.survive.survivor_file`), and when they hold one in common the failure
 is a shrink (:meth:`ElasticBackend.survivors`): the in-place resize that follows writes the new
@@ -33,12 +33,10 @@ from pathlib import Path
 from elastic_ring import protocol
 from elastic_ring.controller import hvdrun
 from elastic_ring.controller.hvdrun import discovery_script_text
-from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Handle, Launcher, SegmentLaunch, Started, Survival,
-                                                  worker_env)
+from elastic_ring.controller.backends import survival
+from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Backend, Handle, Launcher, SegmentLaunch, Started,
+                                                  Survival, worker_env)
 from elastic_ring.controller.backends.horovodrun import SubprocessLauncher, first_failed_rank, worker_args
-
-
-_SURVIVE_WAIT_S = 5.0  # after a failure, how long the survivors may take to say which steps they hold
 
 
 def discovery_files(run_dir: Path) -> tuple[Path, Path]:
@@ -155,7 +153,7 @@ def survivor_records(run_dir: Path, since: float) -> list[dict]:
     return out
 
 
-class ElasticBackend:
+class ElasticBackend(Backend):
     """One Horovod Elastic job for the whole run; an :class:`~.api.InPlaceRing` (see the module docstring)."""
 
     name = "elastic"
@@ -307,45 +305,33 @@ class ElasticBackend:
     def failure_detail(self) -> None:
         return None  # horovodrun's log and the crash records say it all
 
-    def survivors(self, wait_s: float = _SURVIVE_WAIT_S) -> Survival | None:
+    def survivors(self, wait_s: float = survival.WAIT_S) -> Survival | None:
         """After a worker's loss: whether the others go on in their processes, from the last step
-        they all hold in memory. Waits up to ``wait_s`` until every rank of the running segment has
-        either said which steps it holds or is gone. None (the job is ended: the restart from the
+        they all hold in memory (:func:`~.survival.hear`: every rank of the running segment has
+        either said which steps it holds or is gone). None (the job is ended: the restart from the
         checkpoint) when the run does not keep survivors, horovodrun itself exited, rank 0 took a
-        scheduled resize already, a survivor is silent, none is gone or left, on ``localhost:K`` (a
-        GPU run) a rank below a survivor's is gone (its slot would leave a hole), or they hold no
-        step in common or their copies of it differ (:func:`~elastic_ring.worker.survive.agreement`)."""
-        from elastic_ring.worker.survive import agreement, survivor_file
-
+        scheduled resize already, on ``localhost:K`` (a GPU run) a rank below a survivor's is gone
+        (its slot would leave a hole), or they do not agree (:attr:`refused` says why). The
+        failure: :func:`~.survival.blame` over the gone ranks."""
         h, cur = self._handle, self._launch
         self.refused = None
         if not self.survive or h is None or cur is None or h.inner.poll() is not None:
             self.refused = "horovodrun exited" if self.survive and h is not None else None
             return None
-        run_dir, t0 = self.spec.run_dir, time.time()
+        run_dir = self.spec.run_dir
         pids = _current_pids(run_dir, cur.segment)
-        records: dict[int, dict] = {}
-        gone: set[int] = set()
-        while time.time() - t0 < wait_s:
-            for rec in survivor_records(run_dir, h.t_start):
-                r = rec.get("rank")
-                if isinstance(r, int) and rec.get("pid") == pids.get(r) and rec.get("segment") == cur.segment:
-                    records[r] = rec
-            gone = {r for r in range(cur.world) if r not in records and _gone(pids.get(r, 0))}
-            if len(records) + len(gone) >= cur.world:
-                break
-            time.sleep(0.02)
-        for r in range(cur.world):
-            survivor_file(run_dir, str(r)).unlink(missing_ok=True)
-        left, step = len(records), None
-        holes = not self.slot_hosts and sorted(records) != list(range(left))  # localhost:K: top ranks only
+        members = [survival.Member(str(r), r, lambda pid=pids.get(r, 0): _gone(pid), pid=pids.get(r, 0))
+                   for r in range(cur.world)]
+        heard = survival.hear(run_dir, members, cur.segment, h.t_start, wait_s)
+        left, gone = len(heard.alive), [m.rank for m in heard.gone]
+        holes = not self.slot_hosts and [m.rank for m in heard.alive] != list(range(left))  # localhost:K: top ranks
+        step = None
         if not self.retract_ahead(cur.segment):
-            self.refused = "rank 0 had taken the scheduled resize written ahead"
+            self.refused = survival.TAKEN_AHEAD
         elif holes and gone and left:
-            self.refused = f"rank(s) {sorted(gone)} below a survivor's are gone (one host's slots, a GPU run)"
+            self.refused = f"rank(s) {gone} below a survivor's are gone (one host's slots, a GPU run)"
         else:
-            step, self.refused = agreement([records[r] for r in sorted(records)], cur.world - left - len(gone),
-                                           len(gone))
+            step, self.refused = heard.step, heard.refused
         if step is None:
             h.end()
             return None
@@ -358,14 +344,10 @@ class ElasticBackend:
                 h.end()
                 return None
             self._live, self._dead = live, self._dead | dead  # type: ignore[operator]
-        rank = min(gone)
-        errors = [r for r in protocol.read_error_records(run_dir, since=h.t_start)
-                  if r.get("rank") == rank and not r.get("peer_loss")]
-        failure = (protocol.Failure.of_record(errors[-1]) if errors else
-                   protocol.Failure(rank, "Killed", f"worker rank {rank} died (its process is gone)"))
+        failure = survival.blame(heard.gone, protocol.read_error_records(run_dir, since=h.t_start))
         h.go_on()
         self._rollback = step
-        return Survival(step, left, failure, 0, time.time() - t0)
+        return Survival(step, left, failure, 0, time.time() - heard.t0)
 
     def end_ranks(self, ranks: list[int]) -> bool:
         """End these ranks' processes only (a stall the watchdog found: the others lose a peer and

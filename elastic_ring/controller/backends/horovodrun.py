@@ -16,7 +16,7 @@ from typing import Callable
 
 from elastic_ring import protocol
 from elastic_ring.controller import hvdrun
-from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Handle, Launcher, SegmentLaunch,
+from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Backend, Handle, Launcher, SegmentLaunch,
                                                   Started, rank_named_in_log, worker_entry, worker_env)
 
 _FIRST_FAILED = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
@@ -148,7 +148,7 @@ def first_failed_rank(log_path: Path | None) -> int | None:
     return rank_named_in_log(log_path, _FIRST_FAILED)
 
 
-class HorovodrunBackend:
+class HorovodrunBackend(Backend):
     """A fresh horovodrun per segment; after a failure, only the hosts that still answer."""
 
     name = "horovodrun"

@@ -16,6 +16,15 @@ probe of a free port and rank 0's bind, seconds later, after its imports), and t
 connections wait in the socket's backlog until rank 0 is up. When one
 worker fails the launcher ends the others and exits with that worker's status, naming its rank in
 the log (:func:`first_failed_rank`), as horovodrun does; when all exit 0, so does it.
+
+A script of torchrun's contract (``--torchrun``: :mod:`elastic_ring.worker.torchrun`) forms its
+own group: rank 0's ``init_process_group`` binds ``MASTER_PORT`` itself, so the launcher hands it
+no socket but a port it found free (as torchrun's static rendezvous does: a port taken by another
+process in between fails the segment, which is restarted), and adds the rest of torchrun's
+environment. The launcher is then torchrun's agent too (:func:`supervise_torchrun`): the
+segment's stop file (a resize, an interrupt) or a failed worker stops every worker (SIGTERM, the
+grace, SIGKILL), and the launcher writes the segment's end (``segment_end``: ``requested``, or
+``finished`` when all exited 0 by themselves) for the controller, since the script writes none.
 """
 
 from __future__ import annotations
@@ -31,10 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastic_ring import protocol
-from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Handle, Launcher, SegmentLaunch, Started, Survival,
-                                                  rank_named_in_log, worker_env)
+from elastic_ring.controller.backends import survival
+from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Backend, Handle, Launcher, SegmentLaunch, Started,
+                                                  Survival, describe, note, rank_named_in_log, worker_env)
 from elastic_ring.protocol import STORE_FD_ENV
 from elastic_ring.worker.ring import MEMBER_ENV
+from elastic_ring.worker.torchrun import DEFAULT_STOP_GRACE_S
+from elastic_ring.worker.torchrun import rank_env as torchrun_rank_env
+from elastic_ring.worker.torchrun import run_env as torchrun_run_env
 
 # a statement that calls it (not a comment's or a docstring's mention)
 _HVD_INIT = re.compile(r"^[ \t]*hvd\.init\s*\(", re.M)
@@ -42,14 +55,16 @@ _PG_INIT = re.compile(r"^[ \t]*(?:[\w.]+\.)?init_process_group\s*\(", re.M)
 _FAILED = "elastic-ring local launcher: rank {rank} exited with status {rc}"
 _FIRST_FAILED = re.compile(r"elastic-ring local launcher: rank (\d+) exited with status")
 MASTER_ADDR = "127.0.0.1"
-_SURVIVE_WAIT_S = 5.0  # after a failure, how long the survivors may take to say which steps they hold
 
 
-def launcher_command(spec, launch: SegmentLaunch) -> list[str]:
-    """The command of one segment: the local launcher, then the worker entry with its arguments."""
+def launcher_command(spec, launch: SegmentLaunch, stop_grace: float | None = None) -> list[str]:
+    """The command of one segment: the local launcher, then the worker entry with its arguments;
+    with ``stop_grace``, a script of torchrun's contract (see the module docstring)."""
     from elastic_ring.controller.backends.horovodrun import worker_args
 
-    cmd = [sys.executable, "-m", "elastic_ring.controller.backends.local", "--nproc", str(launch.world), "--",
+    own = ([] if stop_grace is None else ["--torchrun", "--run-dir", str(spec.run_dir), "--segment",
+                                          str(launch.segment), "--stop-grace", repr(float(stop_grace))])
+    cmd = [sys.executable, "-m", "elastic_ring.controller.backends.local", "--nproc", str(launch.world), *own, "--",
            *worker_args(spec, launch.segment, launch.stop_at, launch.owner)]
     if launch.go_file is not None:
         cmd += ["--go-file", str(launch.go_file)]
@@ -68,25 +83,49 @@ def script_collective(script: str | Path) -> str | None:
     return "horovod" if hvd and not pg else "torch" if pg and not hvd else None
 
 
+def is_torchrun_script(script: str | None) -> bool:
+    """Whether ``script`` follows torchrun's contract only (:mod:`..script_check`; False where it
+    cannot be read: the request's check names that)."""
+    from elastic_ring.controller.script_check import read_script
+    from elastic_ring.errors import UserError
+
+    if not script:
+        return False
+    try:
+        return read_script(script).form == "torchrun"
+    except UserError:
+        return False
+
+
 def first_failed_rank(log_path: Path | None) -> int | None:
     """The rank the local launcher names as the first to fail, from the segment's log."""
     return rank_named_in_log(log_path, _FIRST_FAILED)
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     """One local launcher per segment (see the module docstring); only this host's slots."""
 
     name = "local"
 
-    def __init__(self, spec, launcher: Launcher | None = None) -> None:
+    def __init__(self, spec, launcher: Launcher | None = None, stop_grace: float | None = None,
+                 max_restarts: int = 3) -> None:
         from elastic_ring.controller.backends.horovodrun import SubprocessLauncher
 
         self.spec = spec
         self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu", cwd=spec.cwd)
+        self.torchrun = is_torchrun_script(spec.script)  # run as torchrun runs it
+        self.stop_grace = DEFAULT_STOP_GRACE_S if stop_grace is None else stop_grace
+        self.max_restarts = max_restarts
 
     def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
-        cmd = launcher_command(self.spec, launch)
-        return Started(self.launcher.start(cmd, worker_env(self.spec, launch.world), log_path), cmd)
+        cmd = launcher_command(self.spec, launch, self.stop_grace if self.torchrun else None)
+        env = worker_env(self.spec, launch.world)
+        if self.torchrun:
+            from elastic_ring.events.api import Restart, read_events
+
+            restarts = len(read_events(self.spec.run_dir / "events.jsonl", Restart))
+            env.update(torchrun_run_env(restarts, self.max_restarts, self.spec.run_dir.name))
+        return Started(self.launcher.start(cmd, env, log_path), cmd)
 
     def usable_slots(self, want: int) -> int:
         return self.spec.slots
@@ -182,17 +221,11 @@ class LocalGroup:
         self.t_start = time.time()
 
 
-def describe(members: list[LocalMember], launch: SegmentLaunch) -> str:
+def _describe(members: list[LocalMember], launch: SegmentLaunch) -> str:
     """The segment log's line naming each member's rank and process."""
-    rows = ", ".join(f"rank {m.rank}: {m.name} pid {m.handle.pid if m.handle is not None else '?'}"
-                     for m in sorted(members, key=lambda m: m.rank))
-    return f"[local] segment {launch.segment}: {len(members)} worker(s): {rows}"
-
-
-def _note(log_path: Path, text: str) -> None:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a") as f:
-        f.write(text + "\n")
+    return describe("local", launch.segment, [
+        f"rank {m.rank}: {m.name} pid {m.handle.pid if m.handle is not None else '?'}"
+        for m in sorted(members, key=lambda m: m.rank)])
 
 
 @dataclass
@@ -209,7 +242,7 @@ class _Ahead:
     taken: bool = False
 
 
-class LocalRingBackend:
+class LocalRingBackend(Backend):
     """``--collective torch --relaunch inplace`` on this host: the worker processes stay across
     resizes and re-form their process group in place; an :class:`~.api.InPlaceRing`.
 
@@ -284,7 +317,7 @@ class LocalRingBackend:
         cmds = [self._spawn(m, launch, envs[m.name], log_path) for m in members]
         self.group, self.launch = LocalGroup(members, log_path, keeps_survivors=self.survive), launch
         self._rollback = None
-        _note(log_path, describe(members, launch))
+        note(log_path, _describe(members, launch))
         self._top_up(launch)
         return Started(self.group, cmds[0])
 
@@ -339,65 +372,38 @@ class LocalRingBackend:
             self.group.kill()  # (survivors of a failure that was not taken may still run)
         self.rings.stop_all()
 
-    # ------------------------------------------------------------------ SurvivingRing
-    def survivors(self, wait_s: float = _SURVIVE_WAIT_S) -> Survival | None:
+    # ------------------------------------------------------------------ survivors (--survive)
+    def survivors(self, wait_s: float = survival.WAIT_S) -> Survival | None:
         """After a member's failure: whether the others go on in their processes, from the last step
-        they all hold in memory. Waits up to ``wait_s`` until every member of the running group has
-        either said which steps it holds or is gone. None (the group is ended: the restart from the
-        checkpoint) when the run does not keep survivors, rank 0 took a resize written ahead
-        already, a survivor is silent, none is gone or left, or they hold no step in common (or its
-        copies differ: :func:`~elastic_ring.worker.survive.agreement`). The
-        failure is the gone member's own error, else its death (``Killed``): a member that only
-        lost a peer is never blamed (:func:`elastic_ring.protocol.blame`)."""
-        from elastic_ring.worker.survive import agreement, survivor_file
-
+        they all hold in memory (:func:`~.survival.hear`: each member of the running group has
+        either said which steps it holds or is gone). None (the group is ended: the restart from
+        the checkpoint) when the run does not keep survivors, rank 0 took a resize written ahead
+        already, or they do not agree (:attr:`refused` says why). The failure is the gone member's
+        own error, else its death (``Killed``): a member that only lost a peer is never blamed
+        (:func:`~.survival.blame`)."""
         g, cur = self.group, self.launch
         self.refused = None
         if not self.survive or g is None or cur is None or g.rc in (None, 0):
             return None
         if not self.retract_ahead(cur.segment):
-            self.refused = "rank 0 had taken the scheduled resize written ahead"
+            self.refused = survival.TAKEN_AHEAD
             g.kill()
             return None  # rank 0 took a scheduled resize before the failure: the restart
-        run_dir, t0 = self.spec.run_dir, time.time()
-        serving = self._serving()
-        records: dict[str, dict] = {}
-        gone: list[LocalMember] = []
-        while time.time() - t0 < wait_s:
-            for m in serving:
-                rec = protocol.read_json(survivor_file(run_dir, m.name))
-                if (isinstance(rec, dict) and rec.get("segment") == cur.segment
-                        and float(rec.get("time", 0.0)) >= g.t_start):
-                    records[m.name] = rec
-            gone = [m for m in serving if m.name not in records and (m.handle is None or m.handle.poll() is not None)]
-            if len(records) + len(gone) >= len(serving):
-                break
-            time.sleep(0.02)
-        for m in serving:
-            survivor_file(run_dir, m.name).unlink(missing_ok=True)
-        alive = [m for m in serving if m.name in records]
-        step, self.refused = agreement([records[m.name] for m in alive], len(serving) - len(alive) - len(gone),
-                                       len(gone))
-        if step is None:
+        members = [survival.Member(m.name, m.rank, lambda h=m.handle: h is None or h.poll() is not None, who=m)
+                   for m in self._serving()]
+        heard = survival.hear(self.spec.run_dir, members, cur.segment, g.t_start, wait_s)
+        self.refused = heard.refused
+        if heard.step is None:
             g.kill()
             return None
-        errors = protocol.read_error_records(run_dir, since=g.t_start)
-        culprit = protocol.blame([protocol.Seen(m.rank, next((r for r in reversed(errors) if r.get("rank") == m.rank),
-                                                             None), who=m) for m in gone])
-        if culprit is None:  # every gone member only lost a peer: no survivor is blamed either
-            failure = protocol.Failure(None, "PeerLost", f"rank(s) {', '.join(str(m.rank) for m in gone)} "
-                                       f"only lost a peer")
-        elif culprit.record is not None:
-            failure = protocol.Failure.of_record(culprit.record)
-        else:
-            failure = protocol.Failure(culprit.rank, "Killed", f"worker rank {culprit.rank} died (its process is "
-                                       f"gone, no error reported)")
-        _note(g.log_path, f"[local] failure in segment {cur.segment}: "
-              + ", ".join(f"rank {m.rank} ({m.name})" for m in gone) + " gone; "
-              + ", ".join(f"rank {m.rank} ({m.name})" for m in alive) + f" go on from step {step}, held in memory")
-        g.go_on(alive)
-        self._rollback = step
-        return Survival(step, len(alive), failure, 0, time.time() - t0)
+        failure = survival.blame(heard.gone, protocol.read_error_records(self.spec.run_dir, since=g.t_start))
+        note(g.log_path, f"[local] failure in segment {cur.segment}: "
+             + ", ".join(f"rank {m.rank} ({m.name})" for m in heard.gone) + " gone; "
+             + ", ".join(f"rank {m.rank} ({m.name})" for m in heard.alive)
+             + f" go on from step {heard.step}, held in memory")
+        g.go_on([m.who for m in heard.alive])
+        self._rollback = heard.step
+        return Survival(heard.step, len(heard.alive), failure, 0, time.time() - heard.t0)
 
     def end_ranks(self, ranks: list[int]) -> bool:
         """End these ranks' processes only (a stall the watchdog found: the others lose a peer and
@@ -509,7 +515,7 @@ class LocalRingBackend:
         for m in leave:
             m.retiring = True
         self.rings.in_use()
-        _note(self._log(launch), describe(members, launch) + "".join(
+        note(self._log(launch), _describe(members, launch) + "".join(
             f"; leaving: {m.name}" for m in leave) + "".join(f"; joined: {m.name}" for m in joiners))
         group.members = [*members, *(m for m in leave if m in group.members)]
         group.log_path = self._log(launch)
@@ -566,13 +572,69 @@ def rank_env(rank: int, world: int, port: int, base: dict[str, str] | None = Non
     return env
 
 
-def start_workers(cmd: list[str], world: int) -> list[subprocess.Popen]:
+def start_workers(cmd: list[str], world: int, torchrun: bool = False) -> list[subprocess.Popen]:
     """The segment's ``world`` workers, rank 0 handed the rendezvous socket (see the module
-    docstring); the launcher's own copy is closed once they run."""
+    docstring); the launcher's own copy is closed once they run. ``torchrun``: a script that forms
+    its own group gets a free port instead, and the rest of torchrun's environment."""
     with rendezvous_socket() as sock:
         port, fd = int(sock.getsockname()[1]), sock.fileno()
+        if torchrun:
+            sock.close()  # rank 0's init_process_group binds it
+            return [subprocess.Popen(cmd, env={**rank_env(r, world, port), **torchrun_rank_env(r, world)})
+                    for r in range(world)]
         return [subprocess.Popen(cmd, env=rank_env(r, world, port, store_fd=fd), pass_fds=(fd,) if r == 0 else ())
                 for r in range(world)]
+
+
+def stop_all(procs: list[subprocess.Popen], grace_s: float, poll_s: float = 0.05) -> None:
+    """Stop the workers as torchrun does: SIGTERM to each still running, then SIGKILL to those
+    still running after ``grace_s`` seconds; returns once all have exited."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
+
+
+def write_segment_end(run_dir: Path, segment: int, world: int, reason: str, t_decided: float) -> None:
+    """The segment's end, written for a script that writes none (the controller relays it)."""
+    from elastic_ring.events.api import EventLog, SegmentEnd
+
+    EventLog(run_dir / protocol.WORKER_EVENTS).write(
+        SegmentEnd(segment=segment, world_size=world, step=0, reason=reason, lr=0.0, stop_decided_at=t_decided))
+
+
+def supervise_torchrun(procs: list[subprocess.Popen], run_dir: Path, segment: int, grace_s: float,
+                       poll_s: float = 0.05) -> int:
+    """torchrun's agent for one segment: the segment's stop file stops every worker (SIGTERM, the
+    grace, SIGKILL) and ends the segment (``requested``, status 0); the first worker that fails
+    stops the others the same way and its status is returned (its rank named on stderr); all
+    exiting 0 ends it ``finished``."""
+    stop = protocol.stop_file(run_dir, segment)
+    while True:
+        if stop.exists():
+            t = time.time()
+            print(f"elastic-ring local launcher: stop asked: stopping {len(procs)} worker(s) (SIGTERM, "
+                  f"SIGKILL after {grace_s:g} s)", file=sys.stderr, flush=True)
+            stop_all(procs, grace_s, poll_s)
+            write_segment_end(run_dir, segment, len(procs), "requested", t)
+            return 0
+        codes = [p.poll() for p in procs]
+        for rank, rc in enumerate(codes):
+            if rc is not None and rc != 0:
+                print(_FAILED.format(rank=rank, rc=rc), file=sys.stderr, flush=True)
+                stop_all(procs, grace_s, poll_s)
+                return rc if rc > 0 else 128 - rc
+        if all(rc == 0 for rc in codes):
+            write_segment_end(run_dir, segment, len(procs), "finished", time.time())
+            return 0
+        time.sleep(poll_s)
 
 
 def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05) -> int:
@@ -596,11 +658,16 @@ def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) < 4 or argv[0] != "--nproc" or argv[2] != "--":
-        print("usage: python -m elastic_ring.controller.backends.local --nproc N -- COMMAND...", file=sys.stderr)
+    cut = argv.index("--") if "--" in argv else -1
+    own, cmd = argv[:cut], argv[cut + 1:]
+    torchrun = own[2:3] == ["--torchrun"]
+    if (cut < 0 or not cmd or own[:1] != ["--nproc"] or len(own) != (9 if torchrun else 2)
+            or (torchrun and own[3::2] != ["--run-dir", "--segment", "--stop-grace"])):
+        print("usage: python -m elastic_ring.controller.backends.local --nproc N [--torchrun --run-dir DIR "
+              "--segment S --stop-grace SECONDS] -- COMMAND...", file=sys.stderr)
         return 2
-    world, cmd = int(argv[1]), argv[3:]
-    procs = start_workers(cmd, world)
+    world = int(own[1])
+    procs = start_workers(cmd, world, torchrun=torchrun)
 
     def end(signum, frame):  # the controller ends the segment: the workers first
         for p in procs:
@@ -609,6 +676,8 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, end)
+    if torchrun:
+        return supervise_torchrun(procs, Path(own[4]), int(own[6]), float(own[8]))
     return supervise(procs)
 
 

@@ -50,11 +50,11 @@ import os
 import signal
 import socket
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from elastic_ring import protocol
-from elastic_ring.controller.backends.api import SegmentLaunch, Started, Survival
+from elastic_ring.controller.backends import survival
+from elastic_ring.controller.backends.api import Backend, SegmentLaunch, Started, Survival, describe, note
 from elastic_ring.controller.backends.ray_actors import ActorPool, worker_argv
 from elastic_ring.controller.backends.ray_cluster import RayCluster, remove_pg
 from elastic_ring.controller.backends.ray_group import RayGroup
@@ -65,7 +65,6 @@ from elastic_ring.errors import UserError
 
 _FREE_WAIT_S = 3.0  # at a restart, how long released resources may take to show as free
 _PLACE_TRY_S = 5.0  # at a restart, how long a placement of a size may take before one fewer is tried
-_SURVIVE_WAIT_S = 5.0  # after a failure, how long the survivors may take to say which steps they hold
 
 
 def check_answers(address: str | None, timeout_s: float = 5.0, error: type[Exception] = UserError) -> None:
@@ -86,12 +85,6 @@ def check_answers(address: str | None, timeout_s: float = 5.0, error: type[Excep
         raise error(f"cannot connect to Ray at {address}: {e.strerror or e}") from None
 
 
-def _note(log_path: Path, text: str) -> None:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a") as f:
-        f.write(text + "\n")
-
-
 def _local_pid(members: list[Member]) -> int:
     """Rank 0's process where it runs on this host (telemetry), else the controller's."""
     m = members[0]
@@ -99,9 +92,9 @@ def _local_pid(members: list[Member]) -> int:
 
 
 def _describe(members: list[Member], launch: SegmentLaunch) -> str:
-    rows = ", ".join(f"rank {m.rank}: {m.name} pid {m.info['pid']} node {m.info['node_id'][:12]} "
-                     f"({m.info['ip']}, {m.info['iface']})" for m in members)
-    return f"[ray] segment {launch.segment}: {len(members)} worker(s): {rows}"
+    return describe("ray", launch.segment, [f"rank {m.rank}: {m.name} pid {m.info['pid']} node "
+                                            f"{m.info['node_id'][:12]} ({m.info['ip']}, {m.info['iface']})"
+                                            for m in members])
 
 
 def _by_rank(members: list[Member]) -> list[Member]:
@@ -133,7 +126,7 @@ class _RingHandle:
         self.group.kill()
 
 
-class RayBackend:
+class RayBackend(Backend):
     """Workers as Ray actors; resizes in place with warm spares (see the module docstring). An
     :class:`~.api.InPlaceRing`; its parts are passed in (:func:`make_ray_backend` builds them)."""
 
@@ -182,7 +175,7 @@ class RayBackend:
             self.pool.run(m, launch, envs[m.name])
         self.group = RayGroup(self.cluster, self.spec.run_dir, self.pool.end, members, pid=_local_pid(members))
         self._freed, self._heal_to = [], None
-        _note(log_path, _describe(members, launch))
+        note(log_path, _describe(members, launch))
         self.launch = launch
         self.pool.top_up(launch)
         return Started(_RingHandle(self, self.group), self._command(launch))
@@ -217,22 +210,20 @@ class RayBackend:
     def failure_detail(self) -> protocol.Failure | None:
         return None if self.group is None else self.group.failure
 
-    def survivors(self, wait_s: float = _SURVIVE_WAIT_S) -> Survival | None:
+    def survivors(self, wait_s: float = survival.WAIT_S) -> Survival | None:
         """After a failure of the running ring: whether the other members go on in their processes,
-        from the last step they all hold in memory. Waits up to ``wait_s`` for each of them to say
-        which steps it holds (:func:`elastic_ring.worker.survive.survivor_file`). None (the restart
+        from the last step they all hold in memory (:func:`~.survival.hear`). None (the restart
         from the checkpoint) when the run does not keep survivors (``--survive``), the failure names
-        no rank, a ring formed ahead was already taken, no member is left, one is
-        gone or silent, or they hold no step in common or their copies of it differ
-        (:func:`~elastic_ring.worker.survive.agreement`).
+        no rank, a ring formed ahead was already taken, or they do not agree: a survivor spoke of
+        another segment, one more died, one is silent, none is left, or they hold no step in
+        common (:attr:`refused` says why).
         Otherwise the ring goes on with them (the failed members ended), and the in-place resize
         the controller asks next rolls them back to that step; warm spares that are up now take the
         failed members' places (up to the size the ring had), synced from the survivors' rank 0; a
-        spare whose worker still imports joins later, as the new actors do.
-        A lost node is blamed as a whole: every member on it has failed, those on the other nodes
-        go on. The failed members' bundles get new actors at that resize (:meth:`heal_target`)."""
-        from elastic_ring.worker.survive import agreement, survivor_file
-
+        spare whose worker still imports joins later, as the new actors do. The failure is the one
+        the ring blamed; a lost node is blamed as a whole: every member on it has failed (all named),
+        those on the other nodes go on. The failed members' bundles get new actors at that resize
+        (:meth:`heal_target`)."""
         g = self.group
         self.refused = None
         if not self.survive or g is None or g.failure is None or g.failure.rank is None:
@@ -240,45 +231,28 @@ class RayBackend:
                 self.refused = "the failure names no rank"
             return None
         if self.launch is not None and not self.retract_ahead(self.launch.segment):
-            self.refused = "rank 0 had taken the scheduled resize written ahead"
+            self.refused = survival.TAKEN_AHEAD
             return None  # rank 0 took a scheduled resize before the failure: the restart
-        failure, t0, lost = g.failure, time.time(), g.lost_node
+        lost = g.lost_node
         alive = [m for m in g.running() if lost is None or m.info.get("node_id") != lost]
-        records: dict[str, dict] = {}
-        while alive and len(records) < len(alive) and time.time() - t0 < wait_s:
-            if any(self.cluster.process_gone(m.info) for m in alive):
-                break
-            for m in alive:
-                rec = protocol.read_json(survivor_file(self.spec.run_dir, m.name))
-                if (isinstance(rec, dict) and rec.get("pid") == m.info.get("pid")
-                        and float(rec.get("time", 0.0)) >= g.t_start):
-                    records[m.name] = rec
-            time.sleep(0.02)
-        for m in alive:
-            survivor_file(self.spec.run_dir, m.name).unlink(missing_ok=True)
-        segment = self.launch.segment if self.launch is not None else None
-        if any(r.get("segment") != segment for r in records.values()):
-            self.refused = "a survivor spoke of another segment (a failure at a resize)"
+        members = [survival.Member(m.name, m.rank, lambda info=m.info: self.cluster.process_gone(info),
+                                   pid=m.info.get("pid"), who=m) for m in alive]
+        heard = survival.hear(self.spec.run_dir, members, self.launch.segment if self.launch is not None else None,
+                              g.t_start, wait_s, known_gone=1, gone_refuses=True)
+        self.refused = heard.refused
+        if heard.step is None:
             return None
-        also = [m.rank for m in alive if m.name not in records and self.cluster.process_gone(m.info)]
-        if also:
-            self.refused = f"rank(s) {also} died too"
-            return None
-        step, self.refused = agreement([records[m.name] for m in alive if m.name in records], len(alive) - len(records))
-        if step is None:
-            return None
-        if lost is not None:  # blamed by node: every rank that ran there
-            on = sorted(m.rank for m in g.members if m.info.get("node_id") == lost)
-            failure = replace(failure, message=f"{failure.message}: rank(s) {', '.join(map(str, on))} on it lost")
+        on = sorted(m.rank for m in g.members if m.info.get("node_id") == lost) if lost is not None else []
+        failure = survival.blame([], [], blamed=g.failure, lost=on)
         self._freed += [m.bundle for m in g.members if m not in alive and m.bundle is not None]
         g.go_on(alive)
-        self._rollback = step
+        self._rollback = heard.step
         want = self.launch.world if self.launch is not None else len(alive)
         # warm spares (waiting for their go: imports and build done) take the dead's places now; one
         # still starting joins later, once it waits (heal_target), and the survivors go on meanwhile
         joiners = min(max(0, want - len(alive)), self.pool.waiting())
         self._heal_to = want if len(alive) + joiners < want else None
-        return Survival(step, len(alive) + joiners, failure, joiners, time.time() - t0)
+        return Survival(heard.step, len(alive) + joiners, failure, joiners, time.time() - heard.t0)
 
     def heal_target(self) -> int | None:
         """After a failure the survivors went on fewer: the size to grow back to now, because a
@@ -387,10 +361,10 @@ class RayBackend:
         group.members = ring + leave
         group.pid = _local_pid(ring)
         log = self.spec.run_dir / "logs" / f"segment-{launch.segment:03d}-w{launch.world}.log"
-        _note(log, _describe(ring, launch)
-              + (f"; leaving: {', '.join(m.name for m in leave)}" if leave else "")
-              + (f"; joined: {', '.join(m.name + (' (warm spare)' if m.go else ' (cold)') for m in joiners)}"
-                 if joiners else ""))
+        note(log, _describe(ring, launch)
+             + (f"; leaving: {', '.join(m.name for m in leave)}" if leave else "")
+             + (f"; joined: {', '.join(m.name + (' (warm spare)' if m.go else ' (cold)') for m in joiners)}"
+                if joiners else ""))
         self.launch = launch
         self._refill(launch)
         if not leave:  # a shrink's leavers become the spares (recycled) once they are out

@@ -1,0 +1,126 @@
+"""One object for the hosts a job may use now: what discovery lists, less the hosts cooling down
+after a failure, and the size the job should run at within its bounds.
+
+:class:`HostManager` holds a :class:`~.discovery.HostPoller`, an :class:`~.exclusion.Exclusions`
+and the job's :class:`~.api.WorkerBounds` (each built and tested alone) and answers the
+controller's two questions between steps: has the usable set changed (:meth:`HostManager.update`:
+a host appeared, left, changed slots, was excluded or came back from its cooldown), and at what
+size and on which hosts should the job run (:class:`HostView`). Below the minimum it says
+``waiting for hosts (have K, need N)`` and, past ``min_wait_s``, that it gives up.
+
+Pure logic over the clock passed in (the same clock for the poller and the exclusions); nothing
+here launches or stops a worker.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from elastic_ring.hosts.api import HostDiff, HostSet, WorkerBounds
+from elastic_ring.hosts.discovery import HostPoller
+from elastic_ring.hosts.exclusion import Excluded, Exclusions
+
+
+@dataclass(frozen=True)
+class HostView:
+    """The hosts now: discovered (None: no good answer yet), usable (less the excluded, in rank
+    order), excluded, and the size to run at (None: wait)."""
+
+    discovered: HostSet | None
+    usable: HostSet
+    excluded: tuple[Excluded, ...]
+    target: int | None
+    need: int
+
+    def hosts_for(self, world: int) -> HostSet:
+        """The hosts of a job of ``world`` workers: the first ``world`` usable slots."""
+        return self.usable.first(world)
+
+    def line(self) -> str:
+        """`status`'s line about hosts."""
+        if self.target is None:
+            return f"waiting for hosts (have {self.usable.total}, need {self.need})"
+        ex = f"; excluded: {', '.join(e.host for e in self.excluded)}" if self.excluded else ""
+        n = self.usable.total
+        return f"hosts: {self.usable.arg() or 'none'} ({n} slot{'s' if n != 1 else ''}){ex}"
+
+
+@dataclass(frozen=True)
+class HostChange:
+    """The usable hosts changed: how (``diff``, from the previous usable set), the view now, and
+    the lines to log (a discovery failure, a host excluded or back)."""
+
+    diff: HostDiff
+    view: HostView
+    notes: tuple[str, ...] = ()
+
+
+class HostManager:
+    def __init__(self, poller: HostPoller, bounds: WorkerBounds, exclusions: Exclusions | None = None,
+                 min_wait_s: float | None = None, clock: Callable[[], float] | None = None):
+        self.poller, self.bounds = poller, bounds
+        self.clock = clock or poller.clock
+        self.exclusions = exclusions or Exclusions(clock=self.clock)
+        self.min_wait_s = min_wait_s
+        self._usable = HostSet()
+        self._excluded: set[str] = set()
+        self._waiting_since: float | None = None
+        self._notes: list[str] = []
+
+    def view(self, asked: int | None = None) -> HostView:
+        usable = self.exclusions.usable(self.poller.hosts or HostSet())
+        return HostView(self.poller.hosts, usable, tuple(self.exclusions.excluded()),
+                        self.bounds.target(usable.total, asked), self.bounds.min)
+
+    def failed(self, host: str) -> Excluded:
+        """A worker on ``host`` failed: leave the host out (the change shows at the next update)."""
+        return self.exclusions.failed(host)
+
+    def update(self, asked: int | None = None) -> HostChange | None:
+        """Poll discovery if due; a :class:`HostChange` when the usable hosts differ from the last
+        update's (None otherwise, also when only the notes are new: see :meth:`notes`)."""
+        poll = self.poller.poll_if_due()
+        if poll is not None and poll.note:
+            self._notes.append(poll.note)
+        now_excluded = {e.host for e in self.exclusions.excluded()}
+        known = self.poller.hosts or HostSet()
+        for h in sorted(now_excluded - self._excluded):
+            if h in known:
+                self._notes.append(f"host {h} excluded after a failure")
+        for h in sorted(self._excluded - now_excluded):
+            if h in known:
+                self._notes.append(f"host {h} back from its cooldown")
+        self._excluded = now_excluded
+        view = self.view(asked)
+        self._track_wait(view)
+        diff = self._usable.diff(view.usable)
+        self._usable = view.usable
+        if not diff:
+            return None
+        notes, self._notes = tuple(self._notes), []
+        return HostChange(diff, view, notes)
+
+    def notes(self) -> list[str]:
+        """Lines not yet handed out with a change (a failing discovery keeps its hosts)."""
+        out, self._notes = self._notes, []
+        return out
+
+    def _track_wait(self, view: HostView) -> None:
+        if view.target is None:
+            if self._waiting_since is None:
+                self._waiting_since = self.clock()
+        else:
+            self._waiting_since = None
+
+    def waited_s(self) -> float:
+        """Seconds below the minimum so far (0 when not waiting)."""
+        return 0.0 if self._waiting_since is None else self.clock() - self._waiting_since
+
+    def gave_up(self) -> str | None:
+        """The line to stop on once the job has waited below its minimum for ``min_wait_s``."""
+        if self.min_wait_s is None or self._waiting_since is None or self.waited_s() < self.min_wait_s:
+            return None
+        return (f"gave up waiting for hosts after {self.waited_s():.0f} s (have {self._usable.total}, "
+                f"need {self.bounds.min})")

@@ -1,0 +1,507 @@
+"""Every private Horovod internal elastic-ring replaces, in one place, checked against the installed Horovod.
+
+Horovod's launcher, its elastic driver and its Elastic worker API have no hooks for what
+elastic-ring needs, so a few of their functions are replaced at run time (monkeypatched) by ours,
+which call Horovod's own where they keep its part. Each
+replacement is one :class:`Patch` record below: what it replaces (module and attribute), why (one
+line), the function that builds the replacement from Horovod's own, and what it relies on (the
+parameters it calls Horovod's function with, and the other names it reads). The records come in
+groups, by who installs them and when:
+
+- ``launcher``: in every ``python -m elastic_ring.controller.hvdrun`` (the controller's horovodrun);
+- ``survive``: there too, with ``--survive`` (``ELASTIC_RING_SURVIVE=1``);
+- ``slot-hosts``: there too, when each worker slot is a host of its own (``ELASTIC_RING_SLOT_HOSTS=1``);
+- ``worker``: in a worker that runs a Horovod Elastic script (:mod:`elastic_ring.worker.hvd_elastic`).
+
+:func:`apply` installs a group's patches (idempotent: a replaced attribute is not replaced again)
+after :func:`check` has found every target as the patches expect it. :func:`check` runs again
+before anything launches (:func:`check_installed`, from the controller's start, beside
+``check_horovod_serves``): a Horovod that changed is one line naming the missing internal and the
+installed version (a :class:`HorovodChanged`, exit status 2), not a launch that fails in every
+worker. The patches were written for Horovod :data:`WRITTEN_FOR`; another version is accepted when
+every target still has the shape the patches rely on (then the instance attributes they read are
+looked for in their classes' code too). A yes is remembered per installed Horovod
+(the version and its patched source files' sizes and times) in ``$ELASTIC_RING_CACHE``, so the
+check, which imports Horovod's runner (and torch, for the worker group) in a child process, runs
+once per install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from elastic_ring.errors import UserError
+
+WRITTEN_FOR = ("0.28.1",)  # the Horovod versions these patches were written and tested against
+GROUPS = ("launcher", "survive", "slot-hosts", "worker")
+MARK = "_elastic_ring"  # set on every replacement: an attribute that has it is replaced already
+ORIGINAL = "_elastic_ring_original"  # on every replacement: Horovod's own function it calls
+CACHE_FILE = "horovod-patches.json"
+
+
+class HorovodChanged(UserError):
+    """The installed Horovod lacks an internal a patch replaces or relies on (one line, exit 2)."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One replaced Horovod internal.
+
+    ``target``: ``"module:Qual.name"``, the attribute replaced. ``params``: the parameters the
+    replacement takes and calls Horovod's function with (``"name="``: passed by keyword); Horovod's
+    function must accept them, and take no others where it names its parameters. ``uses``: other
+    names the replacement reads (``"module:Qual.name"``; an instance attribute of a class counts
+    where the class's code sets ``self.name``). ``make``: Horovod's function -> the replacement."""
+
+    name: str
+    group: str
+    target: str
+    why: str
+    make: Callable[[Callable[..., Any]], Callable[..., Any]]
+    params: tuple[str, ...] = ()
+    uses: tuple[str, ...] = ()
+
+    @property
+    def module(self) -> str:
+        return self.target.split(":")[0]
+
+    @property
+    def attr(self) -> str:
+        return self.target.split(":")[1]
+
+
+# ---- the replacements of the launcher's patches (the controller's horovodrun process) ----
+
+def _gloo_built_cached(real):
+    from elastic_ring.controller.hvdrun import cached_check
+
+    return cached_check(real)
+
+
+def _hosts_read_directly(run_script):
+    """The discovery script the controller wrote is its host list read directly, every
+    ``hvdrun.DISCOVERY_POLL_S``; any other script runs as before, at Horovod's own interval."""
+    from horovod.runner.elastic import driver
+
+    from elastic_ring.controller.hvdrun import DISCOVERY_POLL_S, hosts_file_of
+
+    def execute(self) -> str:
+        hosts = hosts_file_of(self._discovery_script)
+        if hosts is None:
+            return run_script(self)
+        driver.DISCOVER_HOSTS_FREQUENCY_SECS = DISCOVERY_POLL_S
+        return hosts.read_text()
+
+    return execute
+
+
+# The exit of a worker whose slot a shrink removed is ignored, also when it comes after a later
+# grow gave the slot back (three patches that share the driver's "_er_running"/"_er_retired").
+# A worker whose slot is removed learns it in hvd.init() and aborts (status 134); Horovod ignores
+# that exit only while the slot has no rank. Under load the abort can come after a grow right after
+# the shrink gave the slot back: Horovod then took it for a failure of the slot's new worker, and
+# with one host blacklisted it and ended the job ("blacklisted slots count == 2 -> stop running",
+# seen once after --schedule 2:1,3:2,4:1,5:2).
+
+def _slots(driver) -> set:
+    return {(h, s.local_rank) for h, slots in driver._host_assignments.items() for s in slots}
+
+
+def _start_worker_kept(start):
+    def start_worker(self, slot_info):
+        self.__dict__.setdefault("_er_running", {})[(slot_info.hostname, slot_info.local_rank)] = slot_info
+        return start(self, slot_info)
+
+    return start_worker
+
+
+def _assignments_retiring(update):
+    def update_assignments(self, current_hosts):
+        before = _slots(self)
+        pending = update(self, current_hosts)
+        running, retired = self.__dict__.setdefault("_er_running", {}), self.__dict__.setdefault("_er_retired", {})
+        for key in before - _slots(self):
+            w = running.pop(key, None)
+            if w is not None:
+                retired[id(w)] = w  # (kept: its id stays its own until its exit is handled)
+        return pending
+
+    return update_assignments
+
+
+def _exit_of_retired_ignored(handle):
+    def handle_exit(self, slot_info, exit_code, timestamp):
+        retired = self.__dict__.get("_er_retired", {})
+        if retired.get(id(slot_info)) is slot_info:
+            del retired[id(slot_info)]
+            return None  # its slot was removed after it started: not the slot's failure
+        return handle(self, slot_info, exit_code, timestamp)
+
+    return handle_exit
+
+
+# ---- --survive's (the controller's horovodrun) ----
+
+def _resume_reads_hosts(resume):
+    def resume_with_hosts_read(self):
+        with self._wait_hosts_cond:
+            self._host_manager.update_available_hosts()
+        resume(self)
+
+    return resume_with_hosts_read
+
+
+def _no_blacklist(blacklist):
+    def no_blacklist(self, host):
+        return None
+
+    return no_blacklist
+
+
+def _warm_joiner(make):
+    """The driver's next worker for a slot is a warm spare when one waits (``hvdrun.Spare``);
+    otherwise the cold worker as before."""
+    from horovod.runner import gloo_run
+
+    from elastic_ring.controller.hvdrun import _SPARES, Spare
+
+    def create_fn(exec_command, run_command, env, event):
+        cold = make(exec_command, run_command, env, event)
+        spare = Spare(run_command, env)
+        _SPARES.append(spare)
+        spare.start_when_training(event)
+
+        def create_worker(slot_info, events):
+            every = [event, *(events or [])]
+            if spare.ready(every):
+                return spare.join(gloo_run.create_slot_env_vars(slot_info), every)
+            return cold(slot_info, events)
+
+        return create_worker
+
+    return create_fn
+
+
+def _slot_hosts_local(resolve):
+    from elastic_ring.controller.hvdrun import is_slot_host
+
+    def resolve_slot(host_name):
+        return "127.0.0.1" if is_slot_host(host_name) else resolve(host_name)
+
+    return resolve_slot
+
+
+# ---- the worker's (a Horovod Elastic script's names, served by elastic_ring.worker.hvd_elastic) ----
+
+def _hvd_elastic(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original):
+        from elastic_ring.worker import hvd_elastic
+
+        return getattr(hvd_elastic, name)
+
+    return make
+
+
+_DRIVER = "horovod.runner.elastic.driver:ElasticDriver"
+_STATE = "horovod.common.elastic:State"
+_SLOT = "horovod.runner.common.util.hosts:SlotInfo"
+
+PATCHES: tuple[Patch, ...] = (
+    Patch("gloo_built", "launcher", "horovod.runner.launch:gloo_built",
+          "horovodrun's build check forks a torch import (1.7 s of every launch): a yes is remembered per install",
+          _gloo_built_cached, ("verbose=",)),
+    Patch("discovery", "launcher", "horovod.runner.elastic.discovery:HostDiscoveryScript._execute_discovery_script",
+          "the driver reads the controller's host list itself every 0.05 s, not by a script once a second",
+          _hosts_read_directly, ("self",),
+          ("horovod.runner.elastic.discovery:HostDiscoveryScript._discovery_script",
+           "horovod.runner.elastic.driver:DISCOVER_HOSTS_FREQUENCY_SECS")),
+    Patch("start_worker", "launcher", f"{_DRIVER}._start_worker_process",
+          "each started worker is kept by its slot (for worker_exit)",
+          _start_worker_kept, ("self", "slot_info"),
+          (f"{_SLOT}.hostname", f"{_SLOT}.local_rank")),
+    Patch("update_assignments", "launcher", f"{_DRIVER}._update_host_assignments",
+          "a worker whose slot an assignment removes is retired (for worker_exit)",
+          _assignments_retiring, ("self", "current_hosts"), (f"{_DRIVER}._host_assignments",)),
+    Patch("worker_exit", "launcher", f"{_DRIVER}._handle_worker_exit",
+          "a retired worker's late exit is not a failure of its slot's next worker: no blacklist, no job end",
+          _exit_of_retired_ignored, ("self", "slot_info", "exit_code", "timestamp")),
+    Patch("resume", "survive", f"{_DRIVER}.resume",
+          "the driver reads the host list again before it assigns the ranks of a re-formed ring",
+          _resume_reads_hosts, ("self",),
+          (f"{_DRIVER}._wait_hosts_cond", f"{_DRIVER}._host_manager",
+           "horovod.runner.elastic.discovery:HostManager.update_available_hosts")),
+    Patch("blacklist", "survive", "horovod.runner.elastic.discovery:HostManager.blacklist",
+          "a failed worker's host is kept: on one host a blacklist would end the job",
+          _no_blacklist, ("self", "host")),
+    Patch("warm_joiner", "survive", "horovod.runner.gloo_run:_create_elastic_worker_fn",
+          "the driver hands the next slot to a warm spare worker instead of a cold start",
+          _warm_joiner, ("exec_command", "run_command", "env", "event"),
+          ("horovod.runner.gloo_run:create_slot_env_vars",)),
+    Patch("slot_hosts", "slot-hosts", "horovod.runner.util.network:resolve_host_address",
+          "the slot hosts (slotN.elastic-ring.invalid) are this machine: no ssh, not remote",
+          _slot_hosts_local, ("host_name",)),
+    Patch("init", "worker", "horovod.torch:init",
+          "the script's hvd.init() starts the worker library; later calls reach Horovod's",
+          _hvd_elastic("_init"), (), ("horovod.torch:is_initialized",)),
+    Patch("elastic_run", "worker", "horovod.torch.elastic:run",
+          "@hvd.elastic.run runs the function under elastic-ring (restore, stop points, re-forms)",
+          _hvd_elastic("run"), ("func",),
+          (f"{_STATE}.sync", f"{_STATE}.restore", f"{_STATE}.on_reset",
+           "horovod.common.elastic:ObjectState._saved_state",
+           "horovod.common.elastic:ObjectState._set_attrs", "horovod.torch.elastic.state:TorchState._handlers")),
+    Patch("commit", "worker", f"{_STATE}.commit",
+          "state.commit() saves as Horovod does and is elastic-ring's stop point",
+          _hvd_elastic("_commit"), ("self",), (f"{_STATE}.save",)),
+    Patch("check_host_updates", "worker", f"{_STATE}.check_host_updates",
+          "a host change never interrupts: it is taken at the next commit",
+          _hvd_elastic("_check_host_updates"), ("self",)),
+    Patch("record_batch", "worker", "horovod.torch.elastic.sampler:ElasticSampler.record_batch",
+          "the sampler's batches also count this rank's samples for the throughput",
+          _hvd_elastic("_record_batch"), ("self", "batch_idx", "batch_size")),
+)
+
+_ORIGINALS: dict[str, Callable[..., Any]] = {}  # patch name -> Horovod's own function it replaced
+
+
+def patches(*names: str) -> list[Patch]:
+    """The records of ``names``, each a group or one patch's name (all of them without any)."""
+    unknown = set(names) - set(GROUPS) - {p.name for p in PATCHES}
+    if unknown:
+        raise ValueError(f"unknown patch group(s) or name(s) {sorted(unknown)}; groups: {GROUPS}")
+    return [p for p in PATCHES if not names or p.group in names or p.name in names]
+
+
+def original(name: str) -> Callable[..., Any]:
+    """Horovod's own function behind patch ``name`` (installed by :func:`apply`)."""
+    return _ORIGINALS[name]
+
+
+def horovod_version() -> str:
+    try:
+        import horovod
+
+        return str(horovod.__version__)
+    except Exception:  # noqa: BLE001 - named in the error line only
+        return "?"
+
+
+def _changed(what: str, p: Patch) -> HorovodChanged:
+    v = horovod_version()
+    made_for = " or ".join(WRITTEN_FOR)
+    return HorovodChanged(f"--collective horovod: Horovod {v} {what}: elastic-ring's patch '{p.name}' needs it "
+                          f"({p.why}); the patches were written for Horovod {made_for}: install that "
+                          f"(scripts/setup.sh) or run with --collective torch")
+
+
+def _resolve(ref: str, by_shape: bool = True) -> Any:
+    """The object ``"module:Qual.name"`` names; raises LookupError naming what is missing. A
+    name that is no attribute of its class is taken for an instance attribute where the class's
+    code sets it (``by_shape``), or without looking (a version the patches were written for)."""
+    module, qual = ref.split(":")
+    try:
+        obj: Any = importlib.import_module(module)
+    except ImportError as e:
+        raise LookupError(f"has no module {module} ({e})") from None
+    parts = qual.split(".")
+    for i, part in enumerate(parts):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            if inspect.isclass(obj) and i == len(parts) - 1 and (not by_shape or _sets_on_instances(obj, part)):
+                return None  # an instance attribute: the class's code sets it
+            raise LookupError(f"has no {module}.{'.'.join(parts[:i + 1])}") from None
+    return obj
+
+
+def _sets_on_instances(cls: type, name: str) -> bool:
+    """Whether ``cls`` (or a base of it) gives its instances attribute ``name``: a dataclass
+    field, an annotation or a ``self.name = ...`` in its code (a check by shape)."""
+    target = rf"self\.{re.escape(name)}"
+    assigned = re.compile(rf"^\s*(?:[\w.]+\s*,\s*)*{target}\s*(?:,\s*[\w.]+\s*)*(?::[^=\n]+)?=(?!=)", re.M)
+    for c in inspect.getmro(cls):
+        if name in getattr(c, "__annotations__", {}):
+            return True
+        try:
+            source = inspect.getsource(c)
+        except (OSError, TypeError):
+            continue
+        if assigned.search(source):
+            return True
+    return False
+
+
+def _signature_problem(fn: Callable[..., Any], params: tuple[str, ...]) -> str | None:
+    """Why Horovod's ``fn`` does not take the call the patch makes (``params``), or None."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None  # a builtin without a signature: callable is all that can be seen
+    positional = [p for p in params if not p.endswith("=")]
+    keywords = {p[:-1]: None for p in params if p.endswith("=")}
+    names = [*positional, *keywords]
+    wanted = f"it takes {sig} where the patch calls it with ({', '.join(names)})"
+    try:
+        sig.bind(*[None] * len(positional), **keywords)
+    except TypeError:
+        return wanted
+    kinds = {p.kind for p in sig.parameters.values()}
+    if not kinds & {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
+        if list(sig.parameters) != names:
+            return wanted
+    return None
+
+
+def check(selected: list[Patch] | None = None) -> None:
+    """Every target of ``selected`` (default: every patch) and every name it uses is there, a
+    function taking the parameters the patch relies on. Imports the target modules. With a
+    version the patches were not written for, the instance attributes they use are looked for in
+    their classes' code too (a check by shape).
+
+    Raises:
+        HorovodChanged: one line naming the first missing or changed internal and the version.
+    """
+    by_shape = horovod_version() not in WRITTEN_FOR
+    for p in PATCHES if selected is None else selected:
+        try:
+            fn = _resolve(p.target)
+        except LookupError as e:
+            raise _changed(str(e), p) from None
+        fn = getattr(fn, ORIGINAL, fn)  # replaced already: Horovod's own is checked
+        if not callable(fn):
+            raise _changed(f"changed {p.module}.{p.attr}: it is a {type(fn).__name__}, not a function", p)
+        problem = _signature_problem(fn, p.params)
+        if problem:
+            raise _changed(f"changed {p.module}.{p.attr}: {problem}", p)
+        for ref in p.uses:
+            try:
+                _resolve(ref, by_shape)
+            except LookupError as e:
+                raise _changed(str(e), p) from None
+
+
+def apply(*groups: str) -> None:
+    """Check, then install the patches of ``groups`` (all without any; a patch's name selects that
+    one) on the imported Horovod; idempotent (a target that is our replacement already is left as
+    it is).
+
+    Raises:
+        HorovodChanged: a target is missing or changed (nothing of that call is installed then).
+    """
+    selected = patches(*groups)
+    check(selected)
+    for p in selected:
+        module, qual = p.target.split(":")
+        *path, name = qual.split(".")
+        owner: Any = importlib.import_module(module)
+        for part in path:
+            owner = getattr(owner, part)
+        current = getattr(owner, name)
+        if getattr(current, MARK, False):
+            continue
+        new = p.make(current)
+        setattr(new, MARK, True)
+        setattr(new, ORIGINAL, current)
+        _ORIGINALS[p.name] = current
+        setattr(owner, name, new)
+
+
+# ---- the check at the controller's start ----
+
+def _source_key(selected: list[Patch]) -> str | None:
+    """What a yes of :func:`check` depends on, read without importing Horovod: this Python, the
+    version, each patched module's source file (path, size, time) and the records themselves."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("horovod")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0]).parent
+    parts = [sys.executable, horovod_version()]
+    modules = sorted({r.split(":")[0] for p in selected for r in (p.target, *p.uses)})
+    for m in modules:
+        base = root.joinpath(*m.split("."))
+        for f in (base.with_suffix(".py"), base / "__init__.py"):
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            parts.append(f"{f}:{st.st_size}:{st.st_mtime_ns}")
+            break
+        else:
+            parts.append(f"{m}:missing")
+    records = repr([(p.name, p.target, p.params, p.uses) for p in selected]) + repr(WRITTEN_FOR)
+    parts.append(hashlib.sha256(records.encode()).hexdigest()[:16])
+    return "|".join(parts)
+
+
+def _check_in_child(groups: tuple[str, ...]) -> tuple[int, str]:
+    """Run :func:`check` of ``groups`` in a fresh Python (its imports, torch's for the worker
+    group, stay out of the controller): (exit status, its last stderr line)."""
+    import subprocess
+
+    try:
+        p = subprocess.run([sys.executable, "-m", "elastic_ring.hvd_patches", *groups],
+                           capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return 1, f"{type(e).__name__}: {e}"
+    lines = p.stderr.strip().splitlines()
+    return p.returncode, lines[-1] if lines else ""
+
+
+def check_installed(*groups: str, cache: Path | None = None, run_check=None) -> None:
+    """Before anything launches: the installed Horovod has what the patches of ``groups`` rely
+    on. A yes is remembered per install (``cache``, default ``$ELASTIC_RING_CACHE/horovod-patches.json``);
+    otherwise :func:`check` runs in a child process (``run_check``: that runner, for tests).
+
+    Raises:
+        HorovodChanged: the child's one line (a missing or changed internal, the version).
+    """
+    from elastic_ring.protocol import read_json, write_json_atomic
+
+    if cache is None:
+        from elastic_ring.data.check import machine_cache_root
+
+        cache = machine_cache_root() / CACHE_FILE
+    groups = tuple(sorted(set(groups)))
+    key = _source_key(patches(*groups))
+    known = read_json(cache) if key else None
+    if isinstance(known, dict) and known.get(key) is True:
+        return
+    rc, line = (run_check or _check_in_child)(groups)
+    if rc == 2 and line:
+        raise HorovodChanged(line)
+    if rc != 0:
+        raise HorovodChanged(f"--collective horovod: checking Horovod {horovod_version()}'s internals that "
+                             f"elastic-ring patches failed (status {rc}): {line or 'no output'}")
+    if key:
+        try:
+            data = known if isinstance(known, dict) else {}
+            write_json_atomic(cache, {**data, key: True})
+        except OSError:
+            pass  # a read-only home: checked every time
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m elastic_ring.hvd_patches [GROUP...]``: :func:`check`; one line and status 2 if
+    Horovod changed."""
+    groups = tuple(sys.argv[1:] if argv is None else argv)
+    try:
+        check(patches(*groups))
+    except HorovodChanged as e:
+        print(e, file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""The Horovod internals elastic-ring patches (elastic_ring.hvd_patches), against the installed Horovod,
+without processes: every patch is applied to the real module or class (once, whatever the number
+of calls), a missing or changed target is one line naming it and the installed version, the start
+check remembers a yes per install, and what each worker-side patch does on a small case (the
+launcher's patches are shown doing their part in test_hvdrun.py and test_survive.py)."""
+
+from __future__ import annotations
+
+import importlib
+import queue
+
+import pytest
+
+from elastic_ring import hvd_patches
+from elastic_ring.controller import hvdrun
+from elastic_ring.errors import UserError
+from elastic_ring.hvd_patches import MARK, ORIGINAL, PATCHES, HorovodChanged, Patch, apply, check, patches
+from elastic_ring.protocol import read_json
+
+pytest.importorskip("horovod.torch")
+
+
+def _owner(p: Patch):
+    module, qual = p.target.split(":")
+    *path, name = qual.split(".")
+    owner = importlib.import_module(module)
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, name
+
+
+@pytest.fixture
+def restored(monkeypatch):
+    """Every target as it is now, put back after the test (and the originals' table)."""
+    for p in PATCHES:
+        owner, name = _owner(p)
+        monkeypatch.setattr(owner, name, getattr(owner, name))
+    monkeypatch.setattr(hvd_patches, "_ORIGINALS", dict(hvd_patches._ORIGINALS))
+    return monkeypatch
+
+
+def test_the_patches_were_written_for_the_installed_horovod_and_it_has_every_target():
+    import horovod
+
+    assert horovod.__version__ in hvd_patches.WRITTEN_FOR
+    check()  # every patch, every name it uses
+    assert {p.group for p in PATCHES} == set(hvd_patches.GROUPS)
+    assert len({p.name for p in PATCHES}) == len({p.target for p in PATCHES}) == len(PATCHES)
+    assert all(p.why and "\n" not in p.why for p in PATCHES)
+
+
+@pytest.mark.parametrize("name", [p.name for p in PATCHES])
+def test_each_patch_is_applied_to_the_real_horovod_once(restored, name):
+    (p,) = patches(name)
+    owner, attr = _owner(p)
+    before = getattr(owner, attr)
+    apply(name)
+    new = getattr(owner, attr)
+    assert new is not before and getattr(new, MARK) and getattr(new, ORIGINAL) is before
+    assert hvd_patches.original(name) is before
+    apply(name)  # idempotent: not wrapped twice
+    assert getattr(owner, attr) is new and hvd_patches.original(name) is before
+    check(patches(name))  # a patched Horovod still checks (its own function behind ours)
+
+
+def test_groups_select_their_patches_and_hvdrun_installs_them_by_its_environment():
+    assert [p.name for p in patches("survive")] == ["resume", "blacklist", "warm_joiner"]
+    assert {p.group for p in patches("launcher", "worker")} == {"launcher", "worker"}
+    assert [p.name for p in patches("slot_hosts", "commit")] == ["slot_hosts", "commit"]
+    with pytest.raises(ValueError, match="no-such"):
+        patches("no-such")
+    assert hvdrun.launcher_groups({}) == ["launcher"]
+    assert hvdrun.launcher_groups({"ELASTIC_RING_SURVIVE": "1", "ELASTIC_RING_SLOT_HOSTS": "1"}) == \
+        ["launcher", "survive", "slot-hosts"]
+
+
+def _one_line(e: pytest.ExceptionInfo, *needles: str) -> str:
+    msg = str(e.value)
+    assert isinstance(e.value, UserError) and e.value.exit_code == 2
+    assert "\n" not in msg and "Horovod 0.28.1" in msg and "scripts/setup.sh" in msg, msg
+    for n in needles:
+        assert n in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("name", [p.name for p in PATCHES])
+def test_a_missing_target_is_one_line_naming_it_and_the_version(restored, name):
+    (p,) = patches(name)
+    owner, attr = _owner(p)
+    restored.delattr(owner, attr)
+    with pytest.raises(HorovodChanged) as e:
+        check(patches(name))
+    _one_line(e, f"has no {p.module}.{p.attr}", f"'{name}'")
+    with pytest.raises(HorovodChanged):
+        apply(p.group)  # nothing of the group is installed
+    assert all(not getattr(getattr(*_owner(q)), MARK, False) for q in patches(p.group) if q is not p)
+
+
+def test_a_changed_signature_or_a_missing_name_it_uses_is_one_line(restored):
+    from horovod.runner.elastic import driver
+
+    restored.setattr(driver.ElasticDriver, "_handle_worker_exit", lambda self, slot_info, exit_code: None)
+    with pytest.raises(HorovodChanged) as e:
+        check(patches("worker_exit"))
+    _one_line(e, "changed horovod.runner.elastic.driver.ElasticDriver._handle_worker_exit: it takes "
+              "(self, slot_info, exit_code) where the patch calls it with (self, slot_info, exit_code, timestamp)")
+    restored.setattr(driver.ElasticDriver, "resume", lambda self, extra: None)  # a new required parameter
+    with pytest.raises(HorovodChanged, match=r"ElasticDriver.resume: it takes \(self, extra\) where"):
+        check(patches("resume"))
+    restored.setattr(driver.ElasticDriver, "resume", 3)
+    with pytest.raises(HorovodChanged, match="resume: it is a int, not a function"):
+        check(patches("resume"))
+    restored.delattr(driver, "DISCOVER_HOSTS_FREQUENCY_SECS")
+    with pytest.raises(HorovodChanged) as e:
+        check(patches("discovery"))
+    _one_line(e, "has no horovod.runner.elastic.driver.DISCOVER_HOSTS_FREQUENCY_SECS", "'discovery'")
+
+
+def test_another_version_is_checked_by_shape(restored):
+    """A version the patches were not written for passes where its classes' code still sets the
+    instance attributes the patches read (the installed code does), and fails where it does not."""
+    import horovod
+
+    missing = Patch("probe", "launcher", "horovod.runner.elastic.driver:ElasticDriver.resume", "a probe",
+                    lambda f: f, ("self",), ("horovod.runner.elastic.driver:ElasticDriver._no_such_attribute",))
+    check([missing])  # 0.28.1: the instance attributes are known, not looked for
+    restored.setattr(horovod, "__version__", "0.29.0")
+    check()  # every instance attribute found in the classes' code (a dataclass field, self.x = ..., a, self.x = ...)
+    with pytest.raises(HorovodChanged) as e:
+        check([missing])
+    msg = str(e.value)
+    assert "Horovod 0.29.0 has no horovod.runner.elastic.driver.ElasticDriver._no_such_attribute" in msg
+    assert "written for Horovod 0.28.1" in msg and "\n" not in msg
+
+
+def test_the_start_check_remembers_a_yes_per_install_and_relays_a_no(tmp_path):
+    cache = tmp_path / "horovod-patches.json"
+    asked = []
+
+    def yes(groups):
+        asked.append(groups)
+        return 0, ""
+
+    hvd_patches.check_installed("launcher", "worker", cache=cache, run_check=yes)
+    hvd_patches.check_installed("worker", "launcher", cache=cache, run_check=yes)  # remembered
+    assert asked == [("launcher", "worker")]
+    hvd_patches.check_installed("launcher", cache=cache, run_check=yes)  # other groups: asked
+    assert len(asked) == 2
+    line = "--collective horovod: Horovod 0.28.1 has no horovod.torch.init, which ..."
+    with pytest.raises(HorovodChanged) as e:
+        hvd_patches.check_installed("survive", cache=tmp_path / "other.json", run_check=lambda g: (2, line))
+    assert str(e.value) == line
+    with pytest.raises(HorovodChanged, match=r"failed \(status 1\): ImportError: boom"):
+        hvd_patches.check_installed("survive", cache=tmp_path / "other.json",
+                                    run_check=lambda g: (1, "ImportError: boom"))
+    assert not (tmp_path / "other.json").exists()  # a no is not remembered
+
+
+def test_the_start_check_of_the_real_install_in_a_child(tmp_path):
+    cache = tmp_path / "c.json"
+    hvd_patches.check_installed("launcher", "survive", "slot-hosts", cache=cache)  # (a child Python: 0.3 s)
+    assert list(read_json(cache).values()) == [True]
+    assert hvd_patches.main(["launcher"]) == 0
+
+
+def test_the_controller_checks_the_worker_patches_only_for_a_horovod_elastic_script(tmp_path):
+    from tests.conftest import ROOT
+
+    seen = []
+    hvdrun.check_horovod_patches(str(ROOT / "examples" / "hvd_elastic_mlp.py"), check=lambda *g: seen.append(g))
+    hvdrun.check_horovod_patches(str(ROOT / "examples" / "mlp_digits.py"), check=lambda *g: seen.append(g))
+    hvdrun.check_horovod_patches(None, check=lambda *g: seen.append(g))
+    assert seen == [("launcher", "survive", "slot-hosts", "worker"), ("launcher", "survive", "slot-hosts"),
+                    ("launcher", "survive", "slot-hosts")]
+
+
+# ---- what the worker's patches do (elastic_ring.worker.hvd_elastic), on small cases ----
+
+class _Window:
+    samples = 0
+
+
+class _Session:
+    """Stands for hvd_elastic.Session: the state it serves, its commit points, its window."""
+
+    def __init__(self, state=None):
+        self.state, self.points, self.counting = state, 0, True
+        self.job = type("Job", (), {"progress": type("P", (), {"window": _Window()})()})()
+
+    def commit_point(self):
+        self.points += 1
+
+
+def _state(**kw):
+    from horovod.common.elastic import ObjectState
+
+    return ObjectState(bcast_object=lambda x: x, get_rank=lambda: 0, **kw)
+
+
+def test_check_host_updates_never_interrupts(restored):
+    from horovod.common.elastic import HostsUpdatedInterrupt, HostUpdateResult
+
+    s = _state(epoch=0)
+    s.on_hosts_updated(5.0, HostUpdateResult.added)
+    with pytest.raises(HostsUpdatedInterrupt):  # Horovod's own: a host change interrupts
+        s.check_host_updates()
+    apply("check_host_updates")
+    s._host_messages = queue.Queue()
+    s.on_hosts_updated(9.0, HostUpdateResult.added)
+    assert s.check_host_updates() is None  # taken at the next commit instead
+
+
+def test_commit_saves_as_horovod_does_and_is_the_sessions_stop_point(restored):
+    from horovod.common.elastic import HostUpdateResult
+
+    from elastic_ring.worker import hvd_elastic
+
+    apply("commit", "check_host_updates")
+    s = _state(epoch=1)
+    s.epoch = 5
+    s.on_hosts_updated(9.0, HostUpdateResult.added)  # (Horovod's commit would raise here)
+    session = _Session(s)
+    restored.setattr(hvd_elastic, "_SESSION", session)
+    s.commit()
+    s.epoch = 6
+    s.restore()
+    assert s.epoch == 5 and session.points == 1  # saved, and one stop point
+    _state(epoch=0).commit()  # another state than the session's: saved, no stop point
+    assert session.points == 1
+
+
+def test_record_batch_counts_horovods_and_this_ranks_samples(restored):
+    from horovod.torch.elastic.sampler import ElasticSampler
+
+    from elastic_ring.worker import hvd_elastic
+
+    apply("record_batch")
+    sampler = ElasticSampler.__new__(ElasticSampler)  # (its constructor asks an initialised Horovod)
+    sampler.processed_num, sampler.num_replicas = 0, 2
+    session = _Session()
+    restored.setattr(hvd_elastic, "_SESSION", session)
+    sampler.record_batch(0, 16)
+    assert sampler.processed_num == 32 and session.job.progress.window.samples == 16
+    session.counting = False
+    sampler.record_batch(1, 16)
+    assert sampler.processed_num == 64 and session.job.progress.window.samples == 16
+
+
+def test_init_reaches_horovods_only_when_it_is_not_initialised(restored):
+    import horovod.torch as hvd
+
+    from elastic_ring.worker import session as worker_session
+
+    calls, up = [], {"v": False}
+    restored.setattr(hvd, "init", lambda *a, **k: calls.append((a, k)))  # stands for Horovod's own
+    restored.setattr(hvd, "is_initialized", lambda: up["v"])
+    restored.setattr(worker_session, "current", lambda: object())  # the worker library is running
+    apply("init")
+    hvd.init(comm=None)
+    assert calls == [((), {"comm": None})]
+    up["v"] = True
+    hvd.init()  # initialised already: a no-op
+    assert len(calls) == 1
+
+
+def test_elastic_run_is_elastic_rings(restored):
+    import horovod.torch as hvd
+
+    from elastic_ring.worker import hvd_elastic
+
+    apply("elastic_run")
+
+    def train(state):
+        """the script's function"""
+
+    wrapped = hvd.elastic.run(train)
+    assert hvd.elastic.run is hvd_elastic.run and wrapped.__wrapped__ is train and wrapped.__doc__ == train.__doc__
