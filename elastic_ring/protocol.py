@@ -11,18 +11,23 @@ Everything lives in the run folder, which every host of a job sees (as the check
 - ``control/heartbeat.json``   the owner's id and a counter the controller bumps every second;
                                workers of another owner, or of a silent one, exit by themselves
 - ``control/stop-<seg>``       asks segment ``seg``'s workers to stop at the next agreed step
-- ``control/go-<seg>``         releases pre-launched workers (carries the stop step)
+- ``control/go-<seg>``         releases pre-launched workers (carries the stop step: :class:`elastic_ring.seam.Go`)
+- ``control/inplace-<seg>.json``  the controller's word to paused in-place workers (:class:`elastic_ring.seam.Action`)
+- ``control/survivor-<member>.json``  the steps a survivor of a failure holds (:func:`elastic_ring.seam.survivor_file`)
 - ``control/resize-request.json``  a live resize asked by ``elastic-ring resize``
 - ``control/progress.json``    rank 0's last completed step (written at most twice a second)
 - ``control/pids/seg<n>-rank<r>.json``  each worker's pid, host and owner (to stop orphans)
 - ``logs/error-rank<r>.json``  a worker's crash record (one format for ``train`` and ``ps``)
 
 Launch settings reach a worker as environment variables set by the worker entry point
-(``python -m elastic_ring.worker.run``); :class:`LaunchInfo` is their one accessor.
+(``python -m elastic_ring.worker.run``); :class:`LaunchInfo` is their one accessor (every other
+variable's is in :mod:`elastic_ring.env`). What the controller tells workers later (the in-place
+action, a go, the survivors' records) is typed in :mod:`elastic_ring.seam`.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import socket
@@ -32,6 +37,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elastic_ring import env as envvars
+
+RUN_FILE = "run.json"
 WORKER_EVENTS = "worker_events.jsonl"
 CONTROLLER_FILE = "controller.json"
 PLAN_FILE = "plan.json"
@@ -66,11 +74,11 @@ def is_peer_loss(type_name: str | None, message: str | None) -> bool:
             or any(w.lower() in (message or "").lower() for w in PEER_LOSS_WORDS))
 
 
-CPU_THREADS_ENV = "ELASTIC_RING_CPU_THREADS"
-SLOT_HOSTS_ENV = "ELASTIC_RING_SLOT_HOSTS"  # "1": each worker slot is a host name of its own, all on this host
-LAUNCHED_AT_ENV = "ELASTIC_RING_LAUNCHED_AT"  # when the controller started the segment's launcher (time.time())
-PROCESS_START_ENV = "ELASTIC_RING_PROCESS_START"  # a forked worker: when its launched command started
-STORE_FD_ENV = "ELASTIC_RING_STORE_FD"  # rank 0 of a --collective torch segment: the rendezvous socket it inherits
+CPU_THREADS_ENV = envvars.CPU_THREADS
+SLOT_HOSTS_ENV = envvars.SLOT_HOSTS  # "1": each worker slot is a host name of its own, all on this host
+LAUNCHED_AT_ENV = envvars.LAUNCHED_AT  # when the controller started the segment's launcher (time.time())
+PROCESS_START_ENV = envvars.PROCESS_START  # a forked worker: when its launched command started
+STORE_FD_ENV = envvars.STORE_FD  # rank 0 of a --collective torch segment: the rendezvous socket it inherits
 
 
 def cpu_threads(local_workers: int, cores: float | None = None) -> int:
@@ -79,12 +87,9 @@ def cpu_threads(local_workers: int, cores: float | None = None) -> int:
     worker cannot see how many of its node's cores other workers hold); else the cores this process
     may run on (its CPU affinity, not the machine's count) shared by the workers of this host. The
     launchers (``OMP_NUM_THREADS``) and the worker (``torch.set_num_threads``) all use it."""
-    raw = os.environ.get(CPU_THREADS_ENV, "").strip()
-    if raw:
-        try:
-            return max(1, int(raw))
-        except ValueError:
-            pass
+    fixed = envvars.cpu_threads()
+    if fixed is not None:
+        return fixed
     if cores is not None:
         return max(1, int(cores))
     try:
@@ -132,10 +137,51 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
+_RUN_INFO: dict[str, tuple[tuple[int, int, int], Any]] = {}  # run.json's path -> (its stat, its JSON)
+
+
+def _stat_key(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def run_info(run_dir: Path) -> Any:
+    """The JSON of ``run_dir``'s ``run.json`` (a copy: the caller may change it), read once per
+    process while the file stays the same (its inode, change time and size: the controller
+    rewrites it by a rename at a resume, :func:`remember_run_info`).
+
+    Raises:
+        OSError: it cannot be read.
+        ValueError: it is not JSON (``json.JSONDecodeError``), or not UTF-8.
+    """
+    path = Path(run_dir) / RUN_FILE
+    where = os.path.abspath(path)
+    key = _stat_key(path)
+    hit = _RUN_INFO.get(where)
+    if hit is None or hit[0] != key:
+        hit = _RUN_INFO[where] = (key, json.loads(path.read_text()))  # (replaced since the stat: read again next time)
+    return copy.deepcopy(hit[1])
+
+
+def remember_run_info(run_dir: Path, info: Any) -> None:
+    """``run.json`` of ``run_dir`` was just written with ``info``: later reads of this process take it
+    from here (:func:`run_info`)."""
+    path = Path(run_dir) / RUN_FILE
+    _RUN_INFO[os.path.abspath(path)] = (_stat_key(path), copy.deepcopy(info))
+
+
+def read_run_json(run_dir: Path) -> Any | None:
+    """:func:`run_info`, or None where ``run.json`` is missing or damaged (as :func:`read_json`)."""
+    try:
+        return run_info(run_dir)
+    except (OSError, ValueError):
+        return None
+
+
 # ---------------------------------------------------------------------- launch settings
-_ENV = "ELASTIC_RING_"
+_ENV = envvars.PREFIX
 STOP_LATENCY_MS = 100  # a run's default: a live stop waits at most this long for the next stop vote
-STOP_LATENCY_ENV = "ELASTIC_RING_STOP_LATENCY_MS"  # a script run's setting (a config's: stop_latency_ms)
+STOP_LATENCY_ENV = envvars.STOP_LATENCY_MS  # a script run's setting (a config's: stop_latency_ms)
 
 
 @dataclass(frozen=True)
@@ -172,9 +218,9 @@ class LaunchInfo:
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "LaunchInfo | None":
         """The launch settings of this process, or None when not started by elastic-ring."""
-        env = os.environ if env is None else env
-        if _ENV + "RUN_DIR" not in env:
+        if not envvars.started_by_elastic_ring(env):
             return None
+        env = os.environ if env is None else env
         kw: dict[str, Any] = {}
         for name, f in cls.__dataclass_fields__.items():
             raw = env.get(_ENV + name.upper())
@@ -303,10 +349,10 @@ def write_pid_record(run_dir: Path, rank: int, owner: str, segment: int) -> None
                       {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
                        # the host's name in the launcher's host list (horovodrun's -H), which may
                        # be an address or an alias: what the controller probes
-                       "launch_host": os.environ.get("HOROVOD_HOSTNAME"),
+                       "launch_host": envvars.horovod_hostname(),
                        # the name an in-place backend gave this process (worker.ring.MEMBER_ENV): its
                        # rank may change at an in-place resize, the name does not
-                       "member": os.environ.get("ELASTIC_RING_MEMBER"),
+                       "member": envvars.member(),
                        "owner": owner, "segment": segment, "created": created})
 
 

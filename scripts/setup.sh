@@ -235,8 +235,8 @@ STAMP_FILE="$(dirname "$PY")/../.elastic-ring-stamp"
 if [ "$(cat "$STAMP_FILE" 2>/dev/null)" = "$STAMP_SRC" ] && "$PY" -c 'import elastic_ring' 2>/dev/null; then
   log "package present (editable)"
 else
-  log "installing elastic-ring (editable) with its test and Ray extras"
-  pkg_install --no-build-isolation -e ".[test,ray]" || fail "could not install the package"
+  log "installing elastic-ring (editable) with every extra (Horovod as built above) and the test tools"
+  pkg_install --no-build-isolation -e ".[all,test]" || fail "could not install the package"
   echo "$STAMP_SRC" > "$STAMP_FILE"
 fi
 # The package is editable, so pip compiled none of its bytecode; where PYTHONDONTWRITEBYTECODE is

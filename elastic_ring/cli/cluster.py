@@ -13,7 +13,6 @@ Each command parses its options and calls one function: the scheduler is
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -24,7 +23,9 @@ CTX = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def _default_dir() -> str:
-    return os.environ.get("ELASTIC_RING_CLUSTER", "cluster")
+    from elastic_ring import env
+
+    return env.cluster_dir()
 
 
 dir_option = click.option("--dir", "cluster_dir", type=click.Path(file_okay=False), default=_default_dir,

@@ -2,7 +2,8 @@
 
 Subcommands are imported lazily (so ``elastic-ring --help`` is fast and one subsystem's imports
 never slow another). Every user mistake — a bad flag, bad value, missing dataset, corrupt
-checkpoint — is printed as a single ``elastic-ring: error: ...`` line with exit status 2.
+checkpoint — is printed as a single ``elastic-ring: error: ...`` line with exit status 2, as is a
+command whose pip extra is not installed (:mod:`elastic_ring.extras`: which one to install).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 
 import click
 
+from elastic_ring import extras
 from elastic_ring.errors import ElasticRingError, EXIT_USER_ERROR, Interrupted
 
 # name -> (module, attribute, one-line help shown in `elastic-ring --help`)
@@ -43,12 +45,20 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         mod, attr, _ = COMMANDS[name]
+        extras.require_for_command(name)  # its extra missing: one line naming it
         try:
             return getattr(importlib.import_module(mod), attr)
         except ModuleNotFoundError as e:
             if e.name == mod:
                 return None
-            raise
+            raise extras.from_import_error(f"elastic-ring {name}", e) or e
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as e:  # an option's lazy import (train --backend ray: Ray)
+            what = f"elastic-ring {ctx.invoked_subcommand}" if ctx.invoked_subcommand else "elastic-ring"
+            raise extras.from_import_error(what, e) or e
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(n, COMMANDS[n][2]) for n in self.list_commands(ctx)]

@@ -15,12 +15,12 @@ default), so a slot number held by a job names no node and no core.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from elastic_ring.cluster.api import ClusterConfig, ClusterError
 from elastic_ring.controller.backends.ray import check_answers
+from elastic_ring.env import ray_address
 
 AUTO = ""  # ``cluster up --ray`` without an address: $RAY_ADDRESS, else a local Ray started here
 LOCAL_OBJECT_STORE = 100 * 1024 * 1024  # a local Ray's object store (the jobs store nothing in it)
@@ -134,8 +134,10 @@ class RaySlots:
         try:
             import ray
         except ImportError:
-            raise ClusterError("cluster up --ray needs Ray: pip install 'ray[default]'") from None
-        address = self.requested or os.environ.get("RAY_ADDRESS") or None
+            from elastic_ring import extras
+
+            raise ClusterError(extras.message("cluster up --ray", "ray")) from None
+        address = self.requested or ray_address() or None
         if address is not None:
             check_answers(address, error=ClusterError)  # not minutes of Ray's retries
         kw: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False, "ignore_reinit_error": True}

@@ -277,12 +277,13 @@ class ProcessRunner:
         return p.pid
 
     def request_resize(self, job: JobRow, to: int) -> bool:
-        """Ask for a live resize through ``elastic-ring resize`` (its checks included); False when
-        the controller cannot take it now (still launching, already that size, ...)."""
+        """Ask for a live resize through ``elastic-ring resize`` (its checks included), as the
+        policy's (its ``membership_change`` says so); False when the controller cannot take it now
+        (still launching, already that size, ...)."""
         from elastic_ring.controller.requests import request_resize
 
         try:
-            request_resize(run_dir(self.dir, job.id), to)
+            request_resize(run_dir(self.dir, job.id), to, source="policy")
         except UserError:
             return False
         return True

@@ -65,6 +65,7 @@ import signal
 import time
 from typing import Any, Callable, Protocol
 
+from elastic_ring import env
 from elastic_ring.cluster.api import (ClusterConfig, ClusterError, JobRow, JobStartError, JobState, Observation,
                                      job_dir)
 from elastic_ring.cluster.ray_slots import Capacity, FixedSlots, SlotSource
@@ -78,7 +79,7 @@ from elastic_ring.sched.resize_cost import ResizeCosts, default_resize_cost
 
 _LIVE = (JobState.RUNNING, JobState.STOPPING)
 EXPLORE_WINDOWS = 2  # steady throughput windows measured at each exploration size
-FAULT_ENV = "ELASTIC_RING_CLUSTER_FAULT"
+FAULT_ENV = env.CLUSTER_FAULT
 FAULT_POINTS = ("after_store_running", "after_start")
 """Where a start may be cut: after the job is stored as running (its controller not started yet),
 and after its controller started (its pid not stored yet)."""
@@ -92,7 +93,7 @@ def injected_fault(environ: dict[str, str] | None = None) -> Callable[[str], Non
     Raises:
         ClusterError: the value names no fault point or its count is not a positive integer.
     """
-    raw = (os.environ if environ is None else environ).get(FAULT_ENV, "").strip()
+    raw = env.cluster_fault(environ)
     if not raw:
         return lambda point: None
     point, _, n = raw.partition(":")

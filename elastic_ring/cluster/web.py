@@ -27,7 +27,8 @@ from typing import Any
 
 from elastic_ring.cluster.api import DB_FILE, ClusterError, JobEvent, JobRow, JobState, job_dir, job_log
 from elastic_ring.controller.status import live_note
-from elastic_ring.events.api import Launch, ResizeOverhead, Restart, Throughput, as_event
+from elastic_ring.controller.summary import membership_change
+from elastic_ring.events.api import Launch, MembershipChanged, ResizeOverhead, Restart, Throughput, as_event
 
 STATIC = Path(__file__).with_name("web_static")
 TERMINAL = ("finished", "failed", "cancelled")
@@ -92,6 +93,7 @@ class _Tail:
         self.ips: list[tuple[float, float]] = []
         self.resizes: list[dict[str, Any]] = []
         self.restarts: list[dict[str, Any]] = []
+        self.changes: list[dict[str, Any]] = []  # membership changes (summary.membership_change)
         self.steps_per_s = 0.0
         self.world = 0
 
@@ -123,6 +125,8 @@ class _Tail:
                     self.resizes.append({k: getattr(e, k) for k in (
                         "time", "from_workers", "to_workers", "step", "stop_latency_s", "checkpoint_s",
                         "relaunch_to_first_step_s", "total_lost_s")})
+                elif isinstance(e, MembershipChanged):
+                    self.changes.append(membership_change(e))
                 elif isinstance(e, Restart):
                     self.restarts.append({k: getattr(e, k) for k in (
                         "time", "attempt", "cause", "rank", "failed_at_step", "steps_redone", "gave_up")})
@@ -214,6 +218,7 @@ class ClusterView:
                 "run_dir": str(rd) if rd.is_dir() else None, "log": str(log) if log.exists() else None,
                 "curves": {"loss": tail.loss, "images_per_s": tail.ips},
                 "resize_events": tail.resizes, "restart_events": tail.restarts,
+                "membership_changes": tail.changes, "last_change": tail.changes[-1]["what"] if tail.changes else None,
             })
         return {
             "now": now, "dir": str(self.dir),

@@ -1,5 +1,5 @@
 """Value types of the controller: the run's blueprint (``RunSpec``), its resize ``Plan`` and its
-lifecycle (``RunState``).
+lifecycle (``RunState``, and the ``Phase`` a user sees of it: :func:`phase_of`).
 
 ``RunState`` transitions (one monitor loop in ``Controller.run`` acts on them; ``TRANSITIONS`` is
 the table the controller enforces)::
@@ -11,6 +11,12 @@ the table the controller enforces)::
                                                                        checkpoint, --max-restarts)
     LAUNCHING | RUNNING | STOPPING | RESTARTING -> FAILED               (restarts exhausted)
     LAUNCHING | RUNNING | STOPPING | RESTARTING -> INTERRUPTED          (Ctrl-C / SIGTERM)
+
+What `status`, ``controller.json``'s ``phase``, `runs`, `jobs` and the cluster's web page say is
+the ``Phase``: one word per state, where a launch is ``starting``, ``resizing`` or ``restarting``
+until its workers' first step (``Controller._launch``), and a stop for a resize is ``resizing``.
+:func:`phase_of` is the one mapping (also for a ``controller.json`` of before the ``phase`` key);
+``crashed`` is the reader's word for a live phase whose controller is gone (``controller.status``).
 """
 
 from __future__ import annotations
@@ -47,6 +53,39 @@ TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     _S.INTERRUPTED: frozenset(),
 }
 TERMINAL = frozenset({_S.SUCCEEDED, _S.FAILED, _S.INTERRUPTED})
+
+
+class Phase(str, Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    RESIZING = "resizing"
+    RESTARTING = "restarting"
+    STOPPING = "stopping"
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    CRASHED = "crashed"
+
+    @property
+    def live(self) -> bool:
+        return self in LIVE
+
+
+LIVE = frozenset({Phase.STARTING, Phase.RUNNING, Phase.RESIZING, Phase.RESTARTING, Phase.STOPPING})
+LAUNCH_PHASES = frozenset({Phase.STARTING, Phase.RESIZING, Phase.RESTARTING})  # until a launch's first step
+_ENDED = {_S.SUCCEEDED: Phase.FINISHED, _S.FAILED: Phase.FAILED, _S.INTERRUPTED: Phase.STOPPED}
+
+
+def phase_of(state: RunState, launch: Phase | None, resizing: bool = False) -> Phase:
+    """The phase a user sees of ``state``: ``launch`` (one of ``LAUNCH_PHASES``) until the launch's
+    workers step, None once they do; ``resizing``: a stop is for a resize (a size is pending)."""
+    if state in _ENDED:
+        return _ENDED[state]
+    if state is _S.RESTARTING:
+        return Phase.RESTARTING
+    if state is _S.STOPPING:
+        return Phase.RESIZING if resizing else Phase.STOPPING
+    return launch or Phase.RUNNING
 
 
 class IllegalTransition(RuntimeError):

@@ -18,13 +18,19 @@ when the backend reports fewer usable slots (hosts that no longer answer), at th
 that fits. Each restart is an event with its cause, the rank that failed first, the steps redone
 and the time lost. Where the backend keeps the survivors (Ray or ``--relaunch inplace`` with
 ``--survive``), a failure is a shrink instead: the survivors go on in their processes from the last
-step they all hold in memory (:meth:`Controller._survivors`), counted as a restart is; a stall whose
+step they all hold in memory (:meth:`Controller._failed`), counted as a restart is; a stall whose
 ranks are named ends only those ranks, and the others go on the same way.
+
+Every cause of a change of members (schedule, live request, joiner, failure, stall, lost host) goes
+through one path: the watch of a segment ends (:meth:`Controller._watch`), :meth:`Controller._decide`
+turns it into one :class:`~.membership.MembershipChange` (its cause and state source), and
+:meth:`Controller._act` carries it out and writes it as a ``membership_change`` event.
 
 It owns the run folder while it runs (a lock, and a heartbeat its workers watch: they exit by
 themselves within seconds when it is gone or replaced).
 
-What is not the loop or a decision lives beside it: :mod:`.segment` (a segment's runtime record,
+What is not the loop or a decision lives beside it: :mod:`.membership` (the record of a change, and
+the one rule of its state source), :mod:`.segment` (a segment's runtime record,
 the processes still held), :mod:`.relay` (the workers' events into ``events.jsonl``),
 :mod:`.meter` (what each resize and restart cost), :mod:`.diagnose` (why a segment failed, whether
 one hangs), :mod:`.display` (what the terminal shows), :mod:`.restart_rule` (when to give up).
@@ -45,18 +51,19 @@ from typing import Any, Callable
 
 from elastic_ring import protocol
 from elastic_ring.controller import watchdog as wdog
-from elastic_ring.controller.api import TERMINAL, Plan, RunSpec, RunState, check_transition
+from elastic_ring.controller.api import Phase, Plan, RunSpec, RunState, check_transition, phase_of
 from elastic_ring.controller.backends import Backend, LaunchOptions, ResizeStrategy, make_launch
-from elastic_ring.controller.backends.api import Launcher, SegmentLaunch
+from elastic_ring.controller.backends.api import Launcher, SegmentLaunch, Survival
 from elastic_ring.controller.backends.horovodrun import probe_hosts
 from elastic_ring.controller.diagnose import Diagnosis
-from elastic_ring.controller.display import Display
+from elastic_ring.controller.display import Display, layout_words
 from elastic_ring.controller.lock import OwnerHeartbeat, RunLock
+from elastic_ring.controller.membership import Cause, MembershipChange, decide
 from elastic_ring.controller.meter import Meter, PendingResize, Restarting
 from elastic_ring.controller.relay import Relay
-from elastic_ring.controller.requests import take_request
+from elastic_ring.controller.requests import take_asked
 from elastic_ring.controller.restart_rule import FailureHistory, append_traceback, give_up_reason
-from elastic_ring.controller.segment import Processes, Segment, segment_log
+from elastic_ring.controller.segment import Processes, Segment, Stop, segment_log
 from elastic_ring.controller.summary import write_summary
 from elastic_ring.errors import WorkerFailedError
 from elastic_ring.events.api import (CheckpointWritten, ErrorEvent, Evaluation, Event, EventLog, FirstStep, Launch,
@@ -114,11 +121,11 @@ class Controller:
         self._ahead_written: tuple[int, float] | None = None  # (segment, time.monotonic()) of the last action written ahead
         self._state_info: dict[str, Any] = {}
         # what the workers are doing between a launch and its first step: starting (the run's
-        # first launch), resizing, restarting; None once they step (see _phase)
-        self._transition: str | None = "starting"
+        # first launch), resizing, restarting; None once they step (api.phase_of)
+        self._launch: Phase | None = Phase.STARTING
         self._stall_ended = 0.0  # when the stalled ranks alone were ended (the others go on: _end_stalled)
         self._refused: str | None = None  # why the backend's survivors did not go on (the next restart says)
-        self._t_failure = 0.0  # when the last failure that a joiner heals was seen (_survivors)
+        self._t_failure = 0.0  # when the last failure that a joiner heals was seen (_failed)
         self._launched = False  # this controller's first launch is the start of a session
 
     # ------------------------------------------------------------------ state
@@ -132,24 +139,14 @@ class Controller:
             self._state_info.pop("live_target", None)
         self._state_info.update(extra)
         info = {**self._state_info, "pid": os.getpid(), "owner": self.owner, "state": state.value,
-                "phase": self._phase(state), "time": self.clock()}
+                "phase": phase_of(state, self._launch, self._state_info.get("pending_world") is not None).value,
+                "time": self.clock()}
         protocol.write_json_atomic(self.spec.run_dir / CONTROLLER_FILE, info)
-
-    def _phase(self, state: RunState) -> str:
-        """The word a user sees for ``state`` (``controller.status.Phase``): a launch is
-        ``starting``, ``resizing`` or ``restarting`` until its workers' first step."""
-        if state in TERMINAL:
-            return {RunState.SUCCEEDED: "finished", RunState.FAILED: "failed"}.get(state, "stopped")
-        if state is RunState.RESTARTING:
-            return "restarting"
-        if state is RunState.STOPPING:
-            return "resizing" if self._state_info.get("pending_world") is not None else "stopping"
-        return self._transition or "running"
 
     def _stepping(self) -> None:
         """The watched segment's workers made their first step: the launch's transition is over."""
-        if self._transition is not None:
-            self._transition = None
+        if self._launch is not None:
+            self._launch = None
             self._set_state(self.state, pending_world=None, resize_from=None)
 
     def _save_plan(self) -> None:
@@ -199,38 +196,15 @@ class Controller:
             rc = self._watch(seg)
             self._relay()
             now = self.clock()
-            survived = self._survivors(seg, rc) if rc not in (None, 0) and not self._interrupts else None
-            if survived is not None:  # a failure taken as a shrink: the survivors go on in place
-                (step, world), segment = survived, seg.index + 1
-                continue
-            if rc is None:  # checkpoint on disk: relaunch now, the old workers exit meanwhile
-                if self.resize.keeps_workers:
-                    self._elastic = seg  # paused between two steps, waiting for the new size
-                else:
-                    self.procs.draining.append(seg)
-            else:
-                self._elastic = None
-                self.procs.exited(seg, rc, now)
-            if rc is not None and (rc != 0 or seg.end is None):
-                if self._interrupts:
-                    return self._interrupted(seg, killed=True)
-                step, world = self._recover(seg, rc)
-                segment = seg.index + 1
-                continue
-            step = int(seg.end.step)
-            if self._failures.failures:  # a checkpoint newer than the restart's: count again
-                self._failures.progress_saved(self._checkpoint_step())
-            if self.meter.pending is not None and self.meter.pending.t_first is not None:
-                self._drain(wait=True)  # may emit the overhead itself
-                self.meter.flush()  # no full window at the new size: no steady step
-            if self._interrupts and seg.end.reason != "finished" and not seg.deferred_stop:
-                return self._interrupted(seg, killed=False)
-            if seg.end.reason == "finished":
-                self._cancel_next()
+            change = self._decide(seg, rc, now)
+            if change is None:  # the schedule's end
                 break
-            world, segment = self._decide_resize(seg, step, world, rc, now), segment + 1
+            if change.cause is Cause.INTERRUPT:
+                return self._interrupted(seg, killed=rc is not None and (rc != 0 or seg.end is None))
+            self._act(seg, change, rc, now)
+            step, world, segment = change.step, change.members_after, seg.index + 1
         self._drain(wait=True)
-        self._set_state(RunState.SUCCEEDED, step=step, world_size=world, segment=segment,
+        self._set_state(RunState.SUCCEEDED, step=int(seg.end.step), world_size=seg.world, segment=seg.index,
                         pending_world=None)
         return self._finish()
 
@@ -251,38 +225,92 @@ class Controller:
             self._announce(seg, step)
         return seg
 
-    def _decide_resize(self, seg: Segment, step: int, world: int, rc: int | None, now: float) -> int:
-        """The workers of ``seg`` stopped at ``step`` for a resize: the size to go on at (a live
-        request first, else the plan); the resize is measured from here."""
-        source = "live"
-        if seg.live_target is not None:
-            target, t_req, source = seg.live_target, seg.t_live or now, seg.live_source
-            if source == "joiner":  # measured from the survivors' pause, as a scheduled grow: the
+    # ------------------------------------------------------------------ one membership change
+    def _decide(self, seg: Segment, rc: int | None, now: float) -> MembershipChange | None:
+        """The watch of ``seg`` ended (``rc``: :meth:`_watch`): how the job's members change, the
+        one place that asks (:func:`.membership.decide`) from the cause and what the backend offers
+        (survivors it keeps, a ring re-formed in place, the slots that answer); None: the schedule's end."""
+        failed = rc is not None and (rc != 0 or seg.end is None)
+        # an interrupt ends the run, unless the workers took the resize written ahead (the next segment stops)
+        stop = bool(self._interrupts) and (failed or (seg.paused and seg.stop is not Stop.DEFERRED))
+        cause = Cause.STALL if seg.stall is not None else Cause.FAILURE
+        if failed and rc != 0 and not stop and (s := self._ask_survivors(seg)) is not None:
+            return decide(cause, s.step, seg.world, s.world, in_place=True, survivors=s, time=now)
+        if rc is None:  # checkpoint on disk: relaunch now, the old workers exit meanwhile
+            if self.resize.keeps_workers:
+                self._elastic = seg  # paused between two steps, waiting for the new size
+            else:
+                self.procs.draining.append(seg)
+        else:
+            self._elastic = None
+            self.procs.exited(seg, rc, now)
+        if failed and stop:
+            return decide(Cause.INTERRUPT, seg.last_step, seg.world, 0, in_place=False, time=now)
+        if failed:
+            t_detect = self.clock()
+            self._cancel_next()
+            self.procs.kill_all(self._next, self._seg)
+            self._drain(wait=True, timeout=10.0)
+            self.meter.pending = None
+            ck = self._checkpoint_step() or 0
+            world = self.plan.world_after(ck)
+            return decide(cause, ck, seg.world, world, in_place=False, usable=self.backend.usable_slots(world),
+                          time=t_detect)
+        step = int(seg.end.step)
+        if self._failures.failures:  # a checkpoint newer than the restart's: count again
+            self._failures.progress_saved(self._checkpoint_step())
+        if self.meter.pending is not None and self.meter.pending.t_first is not None:
+            self._drain(wait=True)  # may emit the overhead itself
+            self.meter.flush()  # no full window at the new size: no steady step
+        if stop:
+            return decide(Cause.INTERRUPT, step, seg.world, 0, in_place=False, time=now)
+        if seg.end.reason == "finished":
+            self._cancel_next()
+            return None
+        if seg.asked is not None:  # a live request, or a warm worker for a failed one's place
+            cause, target, t_req = seg.asked.cause, seg.asked.members_after, seg.asked.time or now
+            if cause is Cause.JOINER:  # measured from the survivors' pause, as a scheduled grow: the
                 t_req = float(seg.end.stop_decided_at) or t_req  # steps while the stop was agreed are not lost
-            self.plan.add(step, target, source)
-            self._save_plan()
         else:
             r = self.plan.resize_at(step)
             if r is None and seg.end.reason == "scheduled" and step > seg.stop_at:
                 r = self.plan.resize_at(seg.stop_at)  # stopped at the first commit after the step
             if r is None:
                 self._fail(seg, rc, f"workers stopped at step {step} with no resize pending")
-            target, t_req = r.to, float(seg.end.stop_decided_at)
             source = next((src for s, _, src in self.plan.changes if s == r.step), "schedule")
-            self.events.write(ResizeRequested(from_workers=world, to_workers=target,
-                                              source="joiner" if source == "joiner" else "schedule", at_step=step,
-                                              time=t_req))
+            cause, target, t_req = (Cause.JOINER if source == "joiner" else Cause.SCHEDULE, r.to,
+                                     float(seg.end.stop_decided_at))
+        return decide(cause, step, seg.world, target, in_place=self._elastic is not None, time=t_req)
+
+    def _act(self, seg: Segment, change: MembershipChange, rc: int | None, now: float) -> None:
+        """Go on as ``change`` says (the one place that acts on a decision): a failure restarted from
+        the checkpoint or taken in memory, or a resize; then say so (a ``membership_change`` event)."""
+        if change.cause.is_failure:
+            self._failed(seg, change, rc)
+        else:
+            self._resize(seg, change, rc, now)
+        self.events.write(change.event(seg.index))
+
+    def _resize(self, seg: Segment, change: MembershipChange, rc: int | None, now: float) -> None:
+        """The workers of ``seg`` stopped at ``change.step`` for a resize: measured from ``change.time``."""
+        step, world, target = change.step, change.members_before, change.members_after
         inplace = self._elastic is not None
-        self.meter.pending = PendingResize(world, target, step, t_req, float(seg.end.lr),
+        if seg.asked is not None:
+            self.plan.add(step, target, change.cause.value)
+            self._save_plan()
+        else:
+            self.events.write(ResizeRequested(from_workers=world, to_workers=target, source=change.cause.value,
+                                              at_step=step, time=change.time))
+        joiner = change.cause is Cause.JOINER
+        self.meter.pending = PendingResize(world, target, step, change.time, float(seg.end.lr),
                                            checkpoint_s=0.0 if inplace else seg.ckpt_s,
                                            t_exit=now if rc is not None or inplace else None,
-                                           segment=seg.index, t_failure=self._t_failure if source == "joiner" else None)
-        self._transition = "resizing"
+                                           segment=seg.index, t_failure=self._t_failure if joiner else None)
+        self._launch = Phase.RESIZING
         self._set_state(RunState.STOPPING, step=step, world_size=world, pending_world=target,
                         resize_from=world, segment=seg.index)
         if self._next is not None and self._next.world != target:
             self._cancel_next()  # pre-launched for another size than the one decided
-        return target
 
     def _interrupted(self, seg: Segment, killed: bool) -> dict[str, Any]:
         self._cancel_next()
@@ -314,110 +342,74 @@ class Controller:
         raise WorkerFailedError(f"{why} (log: {log}; {way})", rank=rank, cause=why)
 
     # ------------------------------------------------------------------ recovery
-    def _recover(self, seg: Segment, rc: int) -> tuple[int, int]:
-        """A segment failed: restart from the last checkpoint, or give up (raises)."""
-        t_detect = self.clock()
-        self._cancel_next()
-        self.procs.kill_all(self._next, self._seg)
-        self._drain(wait=True, timeout=10.0)
-        self.meter.pending = None
-        records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
-        why, rank, blamed = self.diagnosis.failure_cause(seg, rc, records)
-        rec = blamed.record if blamed is not None else None  # the crash record on disk, if one
-        seen = self.backend.failure_detail()
-        ck = self._checkpoint_step() or 0
-        last, t_last = self.diagnosis.failed_at(seg, records)
-        last = max(last, ck)  # the progress file may lag behind the checkpoint's step
-        redone = max(0, last - ck)
-        failure = {"from_step": ck, "type": blamed.type if blamed else None,
-                   "message": blamed.message if blamed else why, "step": blamed.step if blamed else None}
-        attempt, repeated = self._failures.record(failure)
-        world = self.plan.world_after(ck)
-        usable = self.backend.usable_slots(world)  # the backend knows which hosts or nodes answer
-        new_world = min(world, usable)
-        append_traceback(seg.log, rec)
-        reason = give_up_reason(rec, failure, attempt, repeated, self.max_restarts, new_world)
-        refused, self._refused = self._refused, None
-        self.events.write(Restart(attempt=attempt, cause=why, rank=rank, returncode=rc,
-                                  segment=seg.index, world_size=seg.world, from_step=ck,
-                                  failed_at_step=last, steps_redone=redone,
-                                  new_world_size=0 if reason is not None else new_world, gave_up=reason is not None,
-                                  node=(seen.node if seen else None) or self.diagnosis.stalled_hosts(seg),
-                                  memory_refused=refused, time=t_detect))
-        if reason is not None:
-            self._fail(seg, rc, f"{why} ({reason})", rank=rank)
-        if new_world < world:
-            self.plan.add(ck, new_world, "restart")
-            self._save_plan()
-            self.out(f"only {usable} slot(s) answer: restarting at {new_world} worker(s) "
-                     + (f"(LR unchanged: {self._layout(new_world)})" if self.constant_batch else
-                        "(LR by the run's rule)"))
-        self._transition = "restarting"
-        self._set_state(RunState.RESTARTING, step=ck, world_size=new_world, segment=seg.index + 1,
-                        pending_world=None, resize_from=None)
-        self.meter.restarting = Restarting(attempt, t_detect, t_last, redone, ck, seg.index + 1)
-        self.out(f"{why}: restart {attempt}/{self.max_restarts} from step {ck} with {new_world} "
-                 f"worker(s) ({redone} step(s) to redo)" + (f"; not from memory: {refused}" if refused else ""))
-        return ck, new_world
-
-    def _survivors(self, seg: Segment, rc: int) -> tuple[int, int] | None:
-        """A segment failed (or its stalled ranks were ended: :meth:`_end_stalled`), and the backend
-        may keep its survivors (the Ray backend or ``--relaunch inplace`` with ``--survive``): they go
-        on in their processes from the last step they all hold in memory, at their number, as after a
-        scheduled shrink there (the next segment is an in-place resize).
-        The failure counts as a restart's does (``max_restarts``, the same error twice) and is a
-        ``restart`` event with ``path`` "memory". Where the backend starts a new worker on a grow
-        (``rejoins``), the plan grows back to the size it had after the survivors' next step (a
-        ``joiner`` entry). Returns (that step, the survivors' number), or None: restart from the
-        checkpoint (:meth:`_recover`)."""
+    def _ask_survivors(self, seg: Segment) -> Survival | None:
+        """A segment failed (or its stalled ranks were ended: :meth:`_end_stalled`): the backend's
+        survivors, when it keeps them (the Ray backend or ``--relaunch inplace`` with ``--survive``)
+        and they agree on a step they all hold in memory; None: restart from the checkpoint."""
         if not self.resize.keeps_workers or (seg.stall is not None and not self._stall_ended):
             return None
-        t_detect = self.clock()
         self._stall_ended = 0.0
         s = self.backend.survivors()
         if s is None:
             self._refused = self.backend.refused  # for the restart that follows
-            return None
+        return s
+
+    def _failed(self, seg: Segment, change: MembershipChange, rc: int | None) -> None:
+        """A segment failed. From the checkpoint at ``change.step``, at ``change.members_after``
+        workers (fewer: the slots that answer); or, when its survivors agreed (``change.survivors``),
+        they go on in their processes from the last step they all hold in memory, at their number,
+        as after a scheduled shrink there (the next segment is an in-place resize). Either counts as
+        a restart (``max_restarts``; the same error twice is not retried: raises) and is a
+        ``restart`` event (``path`` "memory" for the survivors). Where the backend starts a new worker
+        on a grow (``rejoins``), the plan grows back after the survivors' next step (``joiner``)."""
+        s, step, world = change.survivors, change.step, change.members_after
         self._cancel_next()
         self.meter.pending = None
-        f = s.failure
-        records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
-        last, t_last = self.diagnosis.failed_at(seg, records)
-        last = max(last, s.step)  # the survivors all hold s.step done: the progress file may lag behind
-        redone = max(0, last - s.step)
-        stalled = seg.stall is not None
-        why = seg.stall.message if stalled else f.message or f"worker rank {f.rank} failed"
-        failure = {"from_step": s.step, "type": "Stalled" if stalled else f.type, "message": why,
-                   "step": f.step if f.step is not None else last + 1}
-        attempt, repeated = self._failures.record(failure)
-        rec = f.record or next((r for r in records if r.get("rank") == f.rank and not r.get("peer_loss")), None)
-        reason = give_up_reason(rec, failure, attempt, repeated, self.max_restarts, s.world)
-        self.events.write(Restart(attempt=attempt, cause=why, rank=f.rank, returncode=rc, segment=seg.index,
-                                  world_size=seg.world, from_step=s.step, failed_at_step=last, steps_redone=redone,
-                                  new_world_size=0 if reason is not None else s.world, gave_up=reason is not None,
-                                  node=f.node, path="memory", time=t_detect))
+        a = self.diagnosis.account(seg, rc, step, s)
+        why, redone = a.why, max(0, a.last - step)
+        attempt, repeated = self._failures.record(a.failure)
+        if s is None:
+            append_traceback(seg.log, a.record)
+        reason = give_up_reason(a.record, a.failure, attempt, repeated, self.max_restarts, world)
+        refused, self._refused = self._refused, None
+        path = "disk" if s is None else "memory"
+        self.events.write(Restart(attempt=attempt, cause=why, rank=a.rank, returncode=rc, segment=seg.index,
+                                  world_size=seg.world, from_step=step, failed_at_step=a.last, steps_redone=redone,
+                                  new_world_size=0 if reason is not None else world, gave_up=reason is not None,
+                                  node=a.node, path=path, memory_refused=refused, time=change.time))
         if reason is not None:
-            self._fail(seg, rc, f"{why} ({reason})", rank=f.rank)
-        planned = self.plan.world_after(s.step + 1)  # the size the job was to have after the next step
-        self.plan.add(s.step, s.world, "failure")
-        joins = (self.backend.rejoins and reason is None and planned > s.world
-                 and s.step + 1 < self.spec.total_steps and self.plan.world_after(s.step + 1) == s.world)
-        self._t_failure = t_detect  # a joiner's grow back says how long after the failure it came
-        if joins:  # a new worker takes the dead one's place after the survivors' next step
-            self.plan.add(s.step + 1, planned, "joiner")
-        self._save_plan()
-        self._elastic = seg  # its survivors wait, paused, for their new ring
-        self._transition = "restarting"
-        self._set_state(self.state, step=s.step, world_size=s.world, segment=seg.index + 1, pending_world=None,
-                        resize_from=None)  # the phase says restarting; the workers never stopped running
-        self.meter.restarting = Restarting(attempt, t_detect, t_last, redone, s.step, seg.index + 1, path="memory")
-        joined = f" with {s.joiners} warm spare(s) in the failed worker(s)' place" if s.joiners else ""
-        if joins:
-            joined += (f"; {planned - s.world} new worker(s) join after step {s.step + 1}, the state by broadcast "
-                       f"from a survivor")
-        self.out(f"{why}: restart {attempt}/{self.max_restarts} in memory: {s.world - s.joiners} survivor(s) go "
-                 f"on from step {s.step}{joined} ({redone} step(s) to redo)")
-        return s.step, s.world
+            self._fail(seg, rc, f"{why} ({reason})", rank=a.rank)
+        joined = ""
+        if s is not None:
+            planned = self.plan.world_after(step + 1)  # the size the job was to have after the next step
+            self.plan.add(step, world, "failure")
+            joins = (self.backend.rejoins and planned > world
+                     and step + 1 < self.spec.total_steps and self.plan.world_after(step + 1) == world)
+            self._t_failure = change.time  # a joiner's grow back says how long after the failure it came
+            if joins:  # a new worker takes the dead one's place after the survivors' next step
+                self.plan.add(step + 1, planned, "joiner")
+            self._save_plan()
+            self._elastic = seg  # its survivors wait, paused, for their new ring
+            joined = f" with {s.joiners} warm spare(s) in the failed worker(s)' place" if s.joiners else ""
+            if joins:
+                joined += (f"; {planned - world} new worker(s) join after step {step + 1}, the state by broadcast "
+                           f"from a survivor")
+        elif change.cause is Cause.LOST_HOST:
+            self.plan.add(step, world, "restart")
+            self._save_plan()
+            how = f"LR unchanged: {layout_words(self.constant_batch, world)}" if self.constant_batch else \
+                "LR by the run's rule"
+            self.out(f"only {world} slot(s) answer: restarting at {world} worker(s) ({how})")
+        self._launch = Phase.RESTARTING  # (in memory, the workers never stopped running)
+        self._set_state(RunState.RESTARTING if s is None else self.state, step=step, world_size=world,
+                        segment=seg.index + 1, pending_world=None, resize_from=None)
+        self.meter.restarting = Restarting(attempt, change.time, a.t_last, redone, step, seg.index + 1, path=path)
+        if s is not None:
+            self.out(f"{why}: restart {attempt}/{self.max_restarts} in memory: {world - s.joiners} survivor(s) go "
+                     f"on from step {step}{joined} ({redone} step(s) to redo)")
+        else:
+            self.out(f"{why}: restart {attempt}/{self.max_restarts} from step {step} with {world} worker(s) "
+                     f"({redone} step(s) to redo)" + (f"; not from memory: {refused}" if refused else ""))
 
     # ------------------------------------------------------------------ processes
     def _start_processes(self, seg: Segment) -> None:
@@ -458,18 +450,7 @@ class Controller:
                              seg.log or segment_log(self.spec.run_dir, seg.index, seg.world))
         if rel is not None:
             self.display.resized(rel.from_workers, rel.to_workers, rel.step, rel.lr_last, rel.lr_new,
-                                 self.lr_decays, layout=self._layout(rel.to_workers))
-
-    def _layout(self, world: int) -> str | None:
-        """A constant global batch's micro-batch layout at ``world`` workers (None: another rule)."""
-        if self.constant_batch is None:
-            return None
-        from elastic_ring.worker.accumulate import Layout
-
-        g, b = self.constant_batch
-        if not b:  # a script's: its micro-batch is its own batch
-            return f"global batch {g} shared by {world} worker(s) in the script's micro-batches"
-        return Layout(g, b, world).describe()
+                                 self.lr_decays, layout=layout_words(self.constant_batch, rel.to_workers))
 
     def _resize_inplace(self, seg: Segment, step: int) -> None:
         """The workers paused at the end of the last segment go on at the new size: the backend
@@ -481,7 +462,7 @@ class Controller:
         seg.handle, seg.log, seg.cmd, seg.t_started = old.handle, old.log, old.cmd, old.t_started
         seg.t_launch = self.clock()
         self._let_rank0_take_ahead(old.index)
-        if not self.resize.withdraw_ahead(old.index) and old.end is not None and old.end.time:
+        if not self._redirectable(old.index) and old.end is not None and old.end.time:
             seg.t_launch = min(seg.t_launch, float(old.end.time))
         self.resize.resize(old.index, seg.launch(self.owner), seg.t_launch)
         self._announce(seg, step)
@@ -501,12 +482,12 @@ class Controller:
         rank 0, paused and polling for its action (every 0.05 s), would take it (seen in
         test_ray: 6 steps in 0.21 s, no ``inplace-1.taken.json``). An action written ahead less
         than ``AHEAD_GRACE_S`` ago is left that long for rank 0 to take before it is withdrawn."""
-        from elastic_ring.worker.inplace import inplace_action_file
+        from elastic_ring.seam import action_file
 
         written, self._ahead_written = self._ahead_written, None
         if written is None or written[0] != segment:
             return
-        ahead = inplace_action_file(self.spec.run_dir, segment)
+        ahead = action_file(self.spec.run_dir, segment)
         while ahead.exists() and time.monotonic() < written[1] + AHEAD_GRACE_S:
             time.sleep(0.02)
 
@@ -520,54 +501,72 @@ class Controller:
         relaunched that segment on a cold worker, which redid it from its final checkpoint."""
         assert seg.handle is not None
         self._seg = seg
-        asked_stop = exit_sent = False
         while True:
             self._relay()
             self._drain()
             self._check_live_request(seg)
             self._check_heal(seg)
-            if self._interrupts and not asked_stop and not seg.deferred_stop:
-                if not self.resize.withdraw_ahead(seg.index):
-                    seg.deferred_stop = True  # the workers took the scheduled resize: stop the next segment
-                    continue
-                asked_stop = True
-                stop_file(self.spec.run_dir, seg.index).touch()
-                self._set_state(RunState.STOPPING, world_size=seg.world, segment=seg.index)
-                self.out("stopping: workers will checkpoint at the next agreed step (Ctrl-C again to kill)")
-            if (self.resize.keeps_workers and self._interrupts and seg.end is not None and not seg.deferred_stop
-                    and seg.end.reason != "finished" and not exit_sent):
-                exit_sent = True  # paused in place: checkpoint and leave
-                self.resize.ask_exit(seg.index, self.clock())
-            if self._interrupts > 1:
-                seg.handle.kill()
+            if self._interrupts:
+                self._on_interrupt(seg)
             rc = seg.handle.poll()
-            if rc is None and self._interrupts < 2 and seg.stall is None and self.diagnosis.check_stall(seg):
-                self._stall_ended = self._end_stalled(seg)
-                if not self._stall_ended:
-                    seg.handle.kill()
-                    while (rc := seg.handle.poll()) is None:
-                        time.sleep(0.05)
-            elif rc is None and seg.stall is not None and self.clock() - self._stall_ended > STALLED_END_S:
-                seg.handle.kill()  # the stalled ranks were ended, yet no survivor spoke: end them all
-                self._stall_ended = 0.0
-                while (rc := seg.handle.poll()) is None:
-                    time.sleep(0.05)
-            if rc is not None:
-                if (rc == 0 and self.resize.keeps_workers and seg.end is not None and seg.end.reason != "finished"
-                        and not self._interrupts and not self.resize.withdraw_ahead(seg.index)):
-                    return None  # rank 0 took the ring written ahead and its workers ran on, to their exit
-                return rc
-            if (self.resize.overlaps_exit and seg.end is not None and seg.end.reason != "finished"
-                    and (not self._interrupts or seg.deferred_stop)):
+            if rc is None:
+                rc = self._check_stall(seg)
+            if rc is not None:  # rank 0 took the ring written ahead and its workers ran on, to their exit:
+                ran_on = rc == 0 and seg.paused and self.resize.keeps_workers and seg.stop is Stop.NONE
+                return None if ran_on and not self._redirectable(seg.index) else rc
+            if seg.paused and self.resize.overlaps_exit and seg.stop.goes_on:
                 return None
-            if self.resize.prelaunches and self._next is None and not self._interrupts:
+            if self.resize.prelaunches and self._next is None and seg.stop is Stop.NONE:
                 self._maybe_prelaunch(seg)
             time.sleep(self.poll_s)
+
+    def _on_interrupt(self, seg: Segment) -> None:
+        """Ctrl-C / SIGTERM: the workers checkpoint at the next agreed step and exit (paused in
+        place: they are asked to leave); a second one kills them. When they already took the resize
+        written ahead, ``seg`` goes on and the next segment is stopped (``Stop.DEFERRED``)."""
+        if seg.stop is Stop.NONE:
+            if not self._redirectable(seg.index):
+                seg.stop = Stop.DEFERRED  # the workers took the scheduled resize: stop the next segment
+                return
+            seg.stop = Stop.ASKED
+            stop_file(self.spec.run_dir, seg.index).touch()
+            self._set_state(RunState.STOPPING, world_size=seg.world, segment=seg.index)
+            self.out("stopping: workers will checkpoint at the next agreed step (Ctrl-C again to kill)")
+        if seg.stop is Stop.ASKED and self.resize.keeps_workers and seg.paused:
+            seg.stop = Stop.EXIT_SENT  # paused in place: checkpoint and leave
+            self.resize.ask_exit(seg.index, self.clock())
+        if self._interrupts > 1:
+            assert seg.handle is not None
+            seg.handle.kill()
+
+    def _check_stall(self, seg: Segment) -> int | None:
+        """A hang ends the stalled ranks alone (:meth:`_end_stalled`) or the whole job, as do ranks
+        ended alone with no survivor speaking within ``STALLED_END_S``; returns its exit status then."""
+        assert seg.handle is not None
+        if seg.stall is None:
+            if self._interrupts > 1 or not self.diagnosis.check_stall(seg):
+                return None
+            self._stall_ended = self._end_stalled(seg)
+            if self._stall_ended:
+                return None
+        elif self.clock() - self._stall_ended <= STALLED_END_S:
+            return None
+        else:
+            self._stall_ended = 0.0  # the stalled ranks were ended, yet no survivor spoke: end them all
+        seg.handle.kill()
+        while (rc := seg.handle.poll()) is None:
+            time.sleep(0.05)
+        return rc
+
+    def _redirectable(self, segment: int) -> bool:
+        """Whether the end of ``segment`` may still change (what was written ahead for it withdrawn);
+        False: its workers took it, and a request or an interrupt waits for the next segment."""
+        return self.resize.withdraw_ahead(segment)
 
     def _end_stalled(self, seg: Segment) -> float:
         """A stall whose ranks are named, and a backend that keeps survivors (``--survive``): only
         the stalled ranks are ended; the others lose a peer and go on from memory as after its
-        death (:meth:`_survivors`). Returns when (0.0: not done; the caller kills the whole job)."""
+        death (:meth:`_failed`). Returns when (0.0: not done; the caller kills the whole job)."""
         st = seg.stall
         if (st is None or not self.resize.keeps_workers or not st.ranks
                 or len(st.ranks) >= seg.world or not self.backend.end_ranks(list(st.ranks))):
@@ -579,8 +578,8 @@ class Controller:
         """Start the next workers early enough that they are ready when the old ones stop."""
         if seg.end is not None:
             return
-        if seg.live_target is not None:  # the stop step is not known yet: the go file will say
-            self._prelaunch(seg, seg.live_target, seg.stop_at)
+        if seg.asked is not None:  # the stop step is not known yet: the go file will say
+            self._prelaunch(seg, seg.asked.members_after, seg.stop_at)
             return
         r = self.plan.resize_at(seg.stop_at)
         left = self.meter.seconds_left(seg, self.clock())
@@ -588,16 +587,14 @@ class Controller:
             self._prelaunch(seg, r.to, self._next_stop(seg.stop_at))
 
     def _check_live_request(self, seg: Segment) -> None:
-        if not (self.spec.run_dir / "control" / REQUEST_FILE).exists():
-            return
-        if not self.resize.withdraw_ahead(seg.index):
-            return  # the workers already took the scheduled resize: the request is read next segment
         req_file = self.spec.run_dir / "control" / REQUEST_FILE
-        req = take_request(self.spec.run_dir, self._seen_requests, remove=False)
+        if not req_file.exists() or not self._redirectable(seg.index):
+            return  # (the workers already took the scheduled resize: the request is read next segment)
+        req = take_asked(self.spec.run_dir, self._seen_requests, remove=False)
         if req is None:
             return
-        target, t_asked = req
-        if seg.live_target is not None or self._next is not None:
+        target, t_asked, source = req
+        if seg.asked is not None or self._next is not None:
             req_file.unlink(missing_ok=True)
             self.out(f"resize request to {target} ignored: a resize is already under way")
             return
@@ -606,13 +603,10 @@ class Controller:
             self.events.write(ErrorEvent(message=f"live resize to {target} refused (workers "
                                          f"{seg.world}, slots {self.spec.slots})", segment=seg.index))
             return
-        seg.live_target, seg.t_live = target, t_asked if t_asked is not None else self.clock()
         # `resize` sees it pending throughout: live_target is written before the request file goes
         self._set_state(self.state, live_target=target)
         req_file.unlink(missing_ok=True)
-        self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source="live",
-                                          time=seg.t_live))
-        stop_file(self.spec.run_dir, seg.index).touch()
+        self._ask(seg, Cause(source), target, t_asked if t_asked is not None else self.clock())
         self.out(f"live resize requested: {seg.world} -> {target} workers")
 
     def _check_heal(self, seg: Segment) -> None:
@@ -620,15 +614,19 @@ class Controller:
         one's place now (Ray with ``--survive``: ``heal_target``): it joins at the next step
         boundary, as a live resize to that size does (a ``resize_requested`` event of source
         ``joiner``)."""
-        if seg.live_target is not None or self._next is not None or self._interrupts or seg.end is not None:
+        if seg.asked is not None or self._next is not None or self._interrupts or seg.end is not None:
             return
         target = self.backend.heal_target()
-        if target is None or target == seg.world or not self.resize.withdraw_ahead(seg.index):
+        if target is None or target == seg.world or not self._redirectable(seg.index):
             return
-        seg.live_target, seg.t_live, seg.live_source = target, self.clock(), "joiner"
-        self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source="joiner", time=seg.t_live))
-        stop_file(self.spec.run_dir, seg.index).touch()
+        self._ask(seg, Cause.JOINER, target, self.clock())
         self.out(f"a warm worker is up for the failed worker's place: {seg.world} -> {target} workers")
+
+    def _ask(self, seg: Segment, cause: Cause, target: int, t: float) -> None:
+        """A change asked while ``seg`` runs: its workers stop at the next agreed step (:meth:`_decide`)."""
+        seg.asked = decide(cause, seg.last_step, seg.world, target, in_place=self.resize.keeps_workers, time=t)
+        self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source=cause.value, time=t))
+        stop_file(self.spec.run_dir, seg.index).touch()
 
     # ------------------------------------------------------------------ the workers' events
     def _relay(self) -> None:
@@ -653,7 +651,8 @@ class Controller:
             rel = self.meter.first_step(seg.index, ev, seg.t_launch, prelaunched=seg.go_file is not None)
             if rel is not None:
                 self.display.resized(rel.from_workers, rel.to_workers, rel.step, rel.lr_last, rel.lr_new,
-                                     rule=rel.rule, lr_rule=rel.lr_rule, layout=self._layout(rel.to_workers))
+                                     rule=rel.rule, lr_rule=rel.lr_rule,
+                                     layout=layout_words(self.constant_batch, rel.to_workers))
         elif isinstance(ev, Throughput):
             if ev.steps:
                 self.watchdog.add_step_time(float(ev.seconds) / int(ev.steps))

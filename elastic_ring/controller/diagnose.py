@@ -4,13 +4,14 @@
 records, heartbeats, the launcher's log, ``progress.json``) and what the backend saw, and asks the
 hosts of ``--hosts``/``--hostfile`` whether they still answer (:class:`~.watchdog.HostMonitor`,
 while the job runs). The controller asks it :meth:`~Diagnosis.check_stall` while it watches a
-segment, and :meth:`~Diagnosis.failure_cause` / :meth:`~Diagnosis.failed_at` when one failed;
+segment, and :meth:`~Diagnosis.account` (:meth:`~Diagnosis.failure_cause`, :meth:`~Diagnosis.failed_at`) when one failed;
 whether to restart is the controller's decision (:mod:`.restart_rule`).
 """
 
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from elastic_ring import protocol
@@ -30,6 +31,21 @@ def run_hosts(spec: RunSpec) -> Hosts:
     if not (spec.hosts or spec.hostfile):
         return []
     return parse_hosts(spec.hosts) if spec.hosts else parse_hostfile(spec.hostfile)
+
+
+@dataclass(frozen=True)
+class FailureAccount:
+    """One failure as a restart counts it (:meth:`Diagnosis.account`): the one line, the rank that
+    failed first and its node, its crash record, the failure the restart rule compares
+    (:mod:`.restart_rule`), and the last step done before it (``last``, at ``t_last``)."""
+
+    why: str
+    rank: int | None
+    node: str | None
+    record: dict[str, Any] | None
+    failure: dict[str, Any]
+    last: int
+    t_last: float
 
 
 class Diagnosis:
@@ -148,6 +164,27 @@ class Diagnosis:
         if kind is None:
             return f"worker rank {rank} exited first (horovodrun status {rc})", rank, None
         return f"worker rank {rank} failed: {first.message}", rank, first
+
+    def account(self, seg: Segment, rc: int | None, step: int, survivors: Any = None) -> FailureAccount:
+        """A failed segment as its restart counts it, from the state at ``step`` (the checkpoint's,
+        or the step the backend's ``survivors`` all hold in memory: their failure is the one blamed)."""
+        records = protocol.read_error_records(self.spec.run_dir, since=seg.t_started)
+        last, t_last = self.failed_at(seg, records)
+        last = max(last, step)  # the progress file may lag behind the checkpoint's (the survivors') step
+        if survivors is None:
+            why, rank, blamed = self.failure_cause(seg, rc if rc is not None else -1, records)
+            seen = self.backend.failure_detail()
+            return FailureAccount(why, rank, (seen.node if seen else None) or self.stalled_hosts(seg),
+                                  blamed.record if blamed is not None else None,  # the crash record on disk, if one
+                                  {"from_step": step, "type": blamed.type if blamed else None,
+                                   "message": blamed.message if blamed else why,
+                                   "step": blamed.step if blamed else None}, last, t_last)
+        f = survivors.failure
+        why = seg.stall.message if seg.stall is not None else f.message or f"worker rank {f.rank} failed"
+        rec = f.record or next((r for r in records if r.get("rank") == f.rank and not r.get("peer_loss")), None)
+        return FailureAccount(why, f.rank, f.node, rec,
+                              {"from_step": step, "type": "Stalled" if seg.stall is not None else f.type,
+                               "message": why, "step": f.step if f.step is not None else last + 1}, last, t_last)
 
     def _dead_ranks(self, seg: Segment, records: list[dict[str, Any]], hr_first: int | None) -> list[int]:
         """The ranks that died without a crash record: the one the launcher names, else those

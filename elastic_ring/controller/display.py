@@ -37,6 +37,19 @@ def rule_words(rule: str | None, factor: float) -> str:
     return f"set by the script (on_resize, reset callbacks): x{factor:.3g}"
 
 
+def layout_words(constant_batch: tuple[int, int] | None, world: int) -> str | None:
+    """A constant global batch ``(global batch, micro-batch)``'s micro-batch layout at ``world``
+    workers, as a resize line shows it (None: another LR rule)."""
+    if constant_batch is None:
+        return None
+    from elastic_ring.worker.accumulate import Layout
+
+    g, b = constant_batch
+    if not b:  # a script's: its micro-batch is its own batch
+        return f"global batch {g} shared by {world} worker(s) in the script's micro-batches"
+    return Layout(g, b, world).describe()
+
+
 class Display:
     def __init__(self, out: Callable[[str], None], total_steps: int, bar: bool) -> None:
         from elastic_ring.protocol import NO_STEP_LIMIT

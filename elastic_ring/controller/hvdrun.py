@@ -58,7 +58,9 @@ import sysconfig
 import time
 from pathlib import Path
 
-from elastic_ring.protocol import SLOT_HOSTS_ENV, read_json, waiting_file, write_json_atomic
+from elastic_ring import env as envvars
+from elastic_ring.protocol import read_json, waiting_file
+from elastic_ring.seam import Go, write_go
 
 CACHE_FILE = "horovod-build.json"
 
@@ -166,9 +168,8 @@ def launcher_groups(env: dict[str, str] | None = None) -> list[str]:
     """The groups of :mod:`elastic_ring.hvd_patches` this horovodrun installs, by its environment:
     ``launcher`` always, ``survive`` with ``ELASTIC_RING_SURVIVE=1``, ``slot-hosts`` with
     ``ELASTIC_RING_SLOT_HOSTS=1``."""
-    env = os.environ if env is None else env
-    return ["launcher", *(["survive"] if env.get("ELASTIC_RING_SURVIVE") == "1" else []),
-            *(["slot-hosts"] if env.get(SLOT_HOSTS_ENV) == "1" else [])]
+    return ["launcher", *(["survive"] if envvars.survive(env) else []),
+            *(["slot-hosts"] if envvars.slot_hosts(env) else [])]
 
 
 def check_horovod_patches(script: str | None = None, check=None) -> None:
@@ -189,7 +190,7 @@ def command_prefix(plain: bool | None = None) -> list[str]:
     """How the controller starts horovodrun: this module, or the plain script where asked
     (``plain``; by default ``ELASTIC_RING_PLAIN_HOROVODRUN=1``)."""
     if plain is None:
-        plain = os.environ.get("ELASTIC_RING_PLAIN_HOROVODRUN") == "1"
+        plain = envvars.plain_horovodrun()
     if plain:
         hr = Path(sys.executable).parent / "horovodrun"
         return [str(hr) if hr.exists() else "horovodrun"]
@@ -304,8 +305,7 @@ class Spare:
             pid = p.pid
         print(f"elastic-ring hvdrun: the warm joiner (pid {pid}) takes rank {slot_env.get('HOROVOD_RANK')}",
               flush=True)
-        write_json_atomic(self.go, {"stop_at": 0, "time": time.time(), "env": slot_env,
-                                    "pid_segment": self.segment})
+        write_go(self.go, Go(0, time.time(), slot_env, pid_segment=self.segment))
         if self.shutdown is not None:  # the next spare, for the next failure, once the ring trains again
             self.t0 = time.time()
             self.start_when_training(self.shutdown)

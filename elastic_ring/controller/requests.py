@@ -1,7 +1,7 @@
 """Requests: a run asked for (:class:`RunRequest`, the options of `elastic-ring train`, and
 :func:`check`, the one check of them), and a resize asked of a running controller through its run
 folder (:func:`request_resize`; nothing slow imported: `resize` and the cluster scheduler use it
-while another process runs the job; :func:`take_request` is the controller's side)."""
+while another process runs the job; :func:`take_asked` is the controller's side)."""
 
 from __future__ import annotations
 
@@ -255,9 +255,10 @@ def _check_numbers(req: RunRequest) -> None:
 
 
 
-def request_resize(run_dir: str | Path, target: int) -> str:
+def request_resize(run_dir: str | Path, target: int, source: str = "live") -> str:
     """Ask the running `elastic-ring train` in ``run_dir`` to resize to ``target`` workers now:
     writes ``control/REQUEST_FILE``, after the checks a user would want (raises ``UserError``).
+    ``source``: who asks ("live": `elastic-ring resize`, "policy": the cluster's scheduler).
     Returns the line to show."""
     from elastic_ring.controller.status import Phase, read_status
     from elastic_ring.protocol import REQUEST_FILE
@@ -299,7 +300,7 @@ def request_resize(run_dir: str | Path, target: int) -> str:
                 f"{count(target, 'worker')}")
     req.parent.mkdir(parents=True, exist_ok=True)
     tmp = req.with_name(f".{req.name}.tmp")
-    tmp.write_text(json.dumps({"to": target, "time": time.time(), "id": uuid.uuid4().hex}))
+    tmp.write_text(json.dumps({"to": target, "time": time.time(), "id": uuid.uuid4().hex, "source": source}))
     os.replace(tmp, req)
     now = st.world_size
     instead = f"; it replaces the pending request for {pending[0]}" if pending is not None else ""
@@ -366,10 +367,16 @@ def _check_constant_batch(rd: Path, target: int) -> None:
 
 
 def take_request(run_dir: Path, seen: set[str], remove: bool = True) -> tuple[int, float | None] | None:
-    """The resize request waiting in ``run_dir`` as (workers, time asked), taken (the file removed
-    unless ``remove`` is False: the caller removes it once it has recorded the request, so that
-    ``resize`` always sees it pending; its id added to ``seen``); None when there is none, it is
-    being written, or it was seen."""
+    """The resize request waiting in ``run_dir`` as (workers, time asked): :func:`take_asked`'s."""
+    ask = take_asked(run_dir, seen, remove)
+    return None if ask is None else (ask[0], ask[1])
+
+
+def take_asked(run_dir: Path, seen: set[str], remove: bool = True) -> tuple[int, float | None, str] | None:
+    """The resize request waiting in ``run_dir`` as (workers, time asked, who asked: "live" or
+    "policy"), taken (the file removed unless ``remove`` is False: the caller removes it once it has
+    recorded the request, so that ``resize`` always sees it pending; its id added to ``seen``);
+    None when there is none, it is being written, or it was seen."""
     from elastic_ring.protocol import REQUEST_FILE
 
     path = Path(run_dir) / "control" / REQUEST_FILE
@@ -384,4 +391,4 @@ def take_request(run_dir: Path, seen: set[str], remove: bool = True) -> tuple[in
     if remove:
         path.unlink(missing_ok=True)
     t = req.get("time")
-    return target, float(t) if t is not None else None
+    return target, float(t) if t is not None else None, "policy" if req.get("source") == "policy" else "live"

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from elastic_ring import protocol
+from elastic_ring import env, protocol
 from elastic_ring.config.api import TrainConfig, config_to_dict
 from elastic_ring.controller.api import RunSpec
 from elastic_ring.errors import UserError
@@ -39,14 +39,11 @@ def writing(path: Path) -> Iterator[None]:
 def stop_latency_ms(cfg: TrainConfig | None) -> int:
     """The run's ``stop_latency_ms``: ``ELASTIC_RING_STOP_LATENCY_MS`` where set (a script run has
     no config), else the config's, else the default."""
-    raw = os.environ.get(protocol.STOP_LATENCY_ENV, "").strip()
-    if raw:
-        try:
-            value = int(raw)
-        except ValueError:
-            value = -1
-        if value < 0:
-            raise UserError(f"{protocol.STOP_LATENCY_ENV}={raw!r}: give whole milliseconds >= 0")
+    try:
+        value = env.stop_latency_ms()
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if value is not None:
         return value
     return cfg.stop_latency_ms if cfg else protocol.STOP_LATENCY_MS
 
@@ -100,25 +97,25 @@ def _write(path: Path, text: str) -> None:
 
 def update_worker_settings(run_dir: Path, **changes: Any) -> None:
     """Change workers' settings of an existing run (e.g. checkpoint flags given at --resume)."""
-    path = Path(run_dir) / "run.json"
-    info = json.loads(path.read_text())
+    info = protocol.run_info(run_dir)
     info.setdefault("worker", {}).update({k: v for k, v in changes.items() if v is not None})
-    _replace_run_info(path, info)
+    _replace_run_info(Path(run_dir), info)
 
 
 def update_run_info(run_dir: Path, **changes: Any) -> None:
     """Change the controller's settings kept in ``run.json`` (e.g. ``--stall-timeout`` given at
     --resume, which later resumes keep)."""
-    path = Path(run_dir) / "run.json"
-    info = json.loads(path.read_text())
+    info = protocol.run_info(run_dir)
     info.update(changes)
-    _replace_run_info(path, info)
+    _replace_run_info(Path(run_dir), info)
 
 
-def _replace_run_info(path: Path, info: dict[str, Any]) -> None:
+def _replace_run_info(run_dir: Path, info: dict[str, Any]) -> None:
+    path = run_dir / protocol.RUN_FILE
     tmp = path.with_name(".run.json.tmp")
     tmp.write_text(json.dumps(info, indent=2))
     tmp.replace(path)
+    protocol.remember_run_info(run_dir, info)  # this process reads it again from memory
 
 
 def ensure_dataset_cache(run_dir: Path, cfg: TrainConfig) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec
 from elastic_ring.controller.requests import RunRequest, check, check_torch_survive, with_script_collective
+from elastic_ring.env import ray_address
 from elastic_ring.errors import Interrupted, UserError
 
 
@@ -95,7 +96,7 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
 
         req = replace(req, collective="torch")
         inferred = ("elastic-ring: Horovod is not installed: the workers use --collective torch "
-                    "(torch.distributed); scripts/setup.sh installs Horovod")
+                    "(torch.distributed); the [horovod] extra adds Horovod (docs/install.md)")
     if inferred:
         check(req)  # what goes with --collective torch
     if req.resume_dir:
@@ -179,9 +180,11 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
     from elastic_ring.telemetry.gpu import exclusive_fallback
 
     if req.backend == "ray":  # before anything slow: not minutes of Ray's retries at the start
+        from elastic_ring import extras
         from elastic_ring.controller.backends.ray import check_answers
 
-        check_answers(req.ray_address or os.environ.get("RAY_ADDRESS"))
+        extras.require("--backend ray", "ray")
+        check_answers(req.ray_address or ray_address())
     collective = req.collective or _resumed_collective(req) or "horovod"
     device, ngpu, rep = resolve_device(req.device, echo, collective)
     if collective == "horovod" and req.backend != "ray":  # a Horovod that cannot serve: one line, not a restart loop
@@ -190,7 +193,7 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
         check_horovod_serves(device)
         check_horovod_patches(req.script)  # the Horovod internals it patches are still there
     if collective == "torch":  # (a resumed run keeps its --survive)
-        resumed = protocol.read_json(Path(req.resume_dir) / "run.json") if req.resume_dir else None
+        resumed = protocol.read_run_json(Path(req.resume_dir)) if req.resume_dir else None
         check_torch_survive(device, req.survive or (isinstance(resumed, dict) and bool(resumed.get("survive"))))
     n_slots = _slots(req, device, ngpu)
     sched = _schedule(req)
@@ -241,7 +244,7 @@ def _stop_grace(req: RunRequest, rd: Path) -> float:
 
 def _resumed_collective(req: RunRequest) -> str | None:
     """A resumed run's collective (``run.json``; its damage is named later, by the resume)."""
-    info = protocol.read_json(Path(req.resume_dir) / "run.json") if req.resume_dir else None
+    info = protocol.read_run_json(Path(req.resume_dir)) if req.resume_dir else None
     ws = info.get("worker") if isinstance(info, dict) else None
     return ws.get("collective") if isinstance(ws, dict) else None
 
@@ -438,9 +441,9 @@ def read_run_info(rd: Path) -> dict[str, Any]:
     Raises:
         UserError: unreadable, not JSON, or not a JSON object (one line naming the file).
     """
-    path = rd / "run.json"
+    path = rd / protocol.RUN_FILE
     try:
-        info = json.loads(path.read_text())
+        info = protocol.run_info(rd)  # read once per process while unchanged (the resume's checks read it first)
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror or e}") from None
     except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
@@ -458,9 +461,8 @@ def check_resumable(rd: Path, steps: int | None) -> None:
     has reached its last step (its newest checkpoint that passes its checksum) resumes only with a
     new total (``steps``). Raises UserError."""
     from elastic_ring.ckpt.store import newest_valid
-    from elastic_ring.protocol import read_json
 
-    info = read_json(rd / "run.json")
+    info = protocol.read_run_json(rd)
     if not isinstance(info, dict) or not isinstance(info.get("total_steps"), int):
         return  # _prepare_resume says what is wrong with the folder
     found = newest_valid(rd / "checkpoints")
@@ -657,7 +659,7 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
                             max_restarts=req.max_restarts)
     backend, resize = make_launch(options, run.spec)
     if req.backend == "ray":
-        echo(f"backend: Ray ({req.ray_address or os.environ.get('RAY_ADDRESS') or 'a local Ray'}), "
+        echo(f"backend: Ray ({req.ray_address or ray_address() or 'a local Ray'}), "
              f"placement {req.placement}, warm workers across resizes")
     rule = run.cfg.lr_scaling if run.cfg else run.spec.lr_scaling or "linear"
     ctl = Controller(run.spec, lr_scaling=rule, out=out,

@@ -9,22 +9,39 @@ ends. What to start and when is the controller's decision.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
 
 from elastic_ring import protocol
 from elastic_ring.controller import watchdog as wdog
 from elastic_ring.controller.backends.api import Backend, Handle, SegmentLaunch
+from elastic_ring.controller.membership import MembershipChange
 from elastic_ring.events.api import ErrorEvent, Event, EventLog, FirstStep, SegmentEnd, Throughput, WorkersExited
+from elastic_ring.seam import Go, write_go
 
 
 def segment_log(run_dir: Path, index: int, world: int) -> Path:
     """The log of segment ``index`` at ``world`` workers (the launcher's output)."""
     return run_dir / "logs" / f"segment-{index:03d}-w{world}.log"
+
+
+class Stop(Enum):
+    """What an interrupt (Ctrl-C, SIGTERM) did to a segment: nothing yet; left it running, as its
+    workers took the resize written ahead (the next segment is stopped); asked its workers to stop
+    at the next agreed step; asked its workers, paused in place, to checkpoint and leave."""
+
+    NONE = "none"
+    DEFERRED = "deferred"
+    ASKED = "asked"
+    EXIT_SENT = "exit_sent"
+
+    @property
+    def goes_on(self) -> bool:
+        """The segment's end leads to the next one (no stop asked of it)."""
+        return self in (Stop.NONE, Stop.DEFERRED)
 
 
 @dataclass
@@ -39,11 +56,9 @@ class Segment:
     t_started: float = 0.0  # when its processes really started (crash records are newer)
     end: SegmentEnd | None = None
     ckpt_s: float = 0.0
-    live_target: int | None = None
-    t_live: float | None = None
-    live_source: str = "live"  # or "joiner": a warm worker for a failed one's place (Controller._check_heal)
+    asked: MembershipChange | None = None  # a live resize or a joiner asked while it runs (its step: the stop's)
     start_step: int = 0  # the last step done before this segment
-    deferred_stop: bool = False  # an interrupt came after the workers took a resize written ahead
+    stop: Stop = field(default_factory=lambda: Stop.NONE)  # what an interrupt did to it
     go_file: Path | None = None  # set when pre-launched: the workers wait for this file
     cmd: list[str] = field(default_factory=list)
     last_step: int = 0
@@ -61,6 +76,11 @@ class Segment:
             self.steps_per_s = float(ev.steps_per_s)
         elif isinstance(ev, SegmentEnd):
             self.end = ev
+
+    @property
+    def paused(self) -> bool:
+        """Its workers stopped at a step boundary for a change (a resize or a stop, not the end)."""
+        return self.end is not None and self.end.reason != "finished"
 
     def launch(self, owner: str) -> SegmentLaunch:
         """What a backend is told to start (or to re-form in place) for this segment."""
@@ -90,9 +110,7 @@ class Processes:
         relaunch -> first step is measured. Returns how long they had been waiting."""
         assert seg.go_file is not None
         t_go = self.clock()
-        tmp = seg.go_file.with_name(f".{seg.go_file.name}.tmp")
-        tmp.write_text(json.dumps({"stop_at": seg.stop_at, "time": t_go}))
-        os.replace(tmp, seg.go_file)
+        write_go(seg.go_file, Go(seg.stop_at, t_go))
         waited, seg.t_launch = t_go - seg.t_launch, t_go
         return waited
 

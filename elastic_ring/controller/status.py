@@ -2,10 +2,10 @@
 cluster give (torch-free and quick, so those commands start fast).
 
 The controller is the source: its state machine (``controller.api.RunState``) writes
-``controller.json`` with the state and the phase a user sees (starting, running, resizing,
-restarting, stopping, and at the end finished, failed or stopped). Only the controller's liveness
-is judged here: a folder whose lock (``.lock``, an ``flock`` that dies with its process) no one
-holds has no live controller, whatever ``controller.json`` last said. So:
+``controller.json`` with the state and the phase a user sees (``controller.api.Phase``: starting,
+running, resizing, restarting, stopping, and at the end finished, failed or stopped). Only the
+controller's liveness is judged here: a folder whose lock (``.lock``, an ``flock`` that dies with its
+process) no one holds has no live controller, whatever ``controller.json`` last said. So:
 
 =============  ================================================================================
 starting       a live controller before the run's first step (also: the folder is being made)
@@ -25,38 +25,16 @@ crashed        the controller is gone without saying how it ended (killed, or it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from elastic_ring import protocol
+from elastic_ring.controller.api import Phase, RunState, phase_of
 from elastic_ring.controller.summary import last_step
 from elastic_ring.errors import UserError
 from elastic_ring.events.api import Event, Finished, Launch, read_events
 
-
-class Phase(str, Enum):
-    STARTING = "starting"
-    RUNNING = "running"
-    RESIZING = "resizing"
-    RESTARTING = "restarting"
-    STOPPING = "stopping"
-    FINISHED = "finished"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    CRASHED = "crashed"
-
-    @property
-    def live(self) -> bool:
-        return self in LIVE
-
-
-LIVE = frozenset({Phase.STARTING, Phase.RUNNING, Phase.RESIZING, Phase.RESTARTING, Phase.STOPPING})
-
-# the controller's RunState (controller.json "state") -> the phase, where the file names no phase
-_BY_STATE = {"pending": Phase.STARTING, "launching": Phase.STARTING, "running": Phase.RUNNING,
-             "stopping": Phase.STOPPING, "restarting": Phase.RESTARTING, "succeeded": Phase.FINISHED,
-             "failed": Phase.FAILED, "interrupted": Phase.STOPPED}
+_STATES = {s.value for s in RunState}  # controller.json's "state" values
 
 
 @dataclass(frozen=True)
@@ -137,7 +115,7 @@ def read_status(run_dir: str | Path, events: list[Event] | None = None) -> RunSt
     open_ended = total is not None and total >= protocol.NO_STEP_LIMIT
     total = None if open_ended else total
     ctl = protocol.read_json(rd / protocol.CONTROLLER_FILE)
-    ctl = ctl if isinstance(ctl, dict) and ctl.get("state") in _BY_STATE else None
+    ctl = ctl if isinstance(ctl, dict) and ctl.get("state") in _STATES else None
     evs = read_events(rd / "events.jsonl") if events is None else events
     step = _last_step(rd, evs)
     world = _int(ctl.get("world_size")) if ctl else None
@@ -166,10 +144,13 @@ def read_status(run_dir: str | Path, events: list[Event] | None = None) -> RunSt
 
 
 def _phase(ctl: dict[str, Any]) -> Phase:
+    """``controller.json``'s phase; one written before the ``phase`` key: its state's
+    (:func:`~elastic_ring.controller.api.phase_of`; a launch then was ``starting``)."""
     try:
         return Phase(ctl.get("phase"))
     except ValueError:
-        return _BY_STATE[ctl["state"]]
+        state = RunState(ctl["state"])
+        return phase_of(state, Phase.STARTING if state in (RunState.PENDING, RunState.LAUNCHING) else None)
 
 
 def _config_total(rd: Path) -> int | None:

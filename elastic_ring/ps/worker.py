@@ -15,28 +15,25 @@ PUSH-th push.
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from elastic_ring import env
 from elastic_ring.data import SampleStream, load_dataset, make_batch
 from elastic_ring.ps.api import PSConfig
 from elastic_ring.ps.model import build_model, get_buffers, get_grads, set_buffers, set_params
 
 TAG_PUSH, TAG_OK, TAG_STOP, TAG_FINAL = 1, 2, 3, 4
-FAIL_ENV = "ELASTIC_RING_PS_FAIL"
+FAIL_ENV = env.PS_FAIL
 
 
 def injected_failure(rank: int) -> int | None:
     """The push before which this rank must fail (``ELASTIC_RING_PS_FAIL=RANK:PUSH``), or None."""
-    raw = os.environ.get(FAIL_ENV, "")
-    if not raw:
-        return None
-    r, _, p = raw.partition(":")
-    return int(p or 1) if int(r) == rank else None
+    fail = env.ps_fail()
+    return fail[1] if fail is not None and fail[0] == rank else None
 
 
 def recv_idle(comm, source: int, tag: int, status, max_sleep_s: float = 0.001):

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from elastic_ring import env as envvars
 from elastic_ring.errors import UserError
 
 # NVML compute modes (nvml.h): 0 default, 1 exclusive thread (retired), 2 prohibited, 3 exclusive process
 _EXCLUSIVE_MODES = {1: "exclusive-thread", 2: "prohibited", 3: "exclusive-process"}
-NO_NCCL_ENV = "ELASTIC_RING_ALLOW_NO_NCCL"
+NO_NCCL_ENV = envvars.ALLOW_NO_NCCL
 NCCL_FIX = ("HOROVOD_GPU_OPERATIONS=NCCL bash scripts/setup.sh  (rebuilds the Horovod wheel with "
             "NCCL; scripts/setup.sh says what is missing if NCCL's header or library is not found)")
 
@@ -37,8 +38,7 @@ NCCL_FIX = ("HOROVOD_GPU_OPERATIONS=NCCL bash scripts/setup.sh  (rebuilds the Ho
 def visible_entries(env: dict[str, str] | None = None) -> list[str] | None:
     """``CUDA_VISIBLE_DEVICES`` as CUDA reads it: None when unset (all devices); else the entries up
     to the first invalid one (``-1`` or an empty entry ends the list, as in CUDA)."""
-    env = os.environ if env is None else env
-    raw = env.get("CUDA_VISIBLE_DEVICES")
+    raw = envvars.cuda_visible_devices(env)
     if raw is None:
         return None
     out: list[str] = []
@@ -166,7 +166,7 @@ def probe(env: dict[str, str] | None = None, nvml_fn: Callable[[], Any] = nvml,
         if listed == 0:
             return GpuReport(0, 0, driver=driver, reason=(
                 "the NVIDIA driver lists no GPU" + (" in CUDA_VISIBLE_DEVICES="
-                                                     f"{(env or os.environ).get('CUDA_VISIBLE_DEVICES')!r}"
+                                                     f"{envvars.cuda_visible_devices(env)!r}"
                                                      if visible_entries(env) is not None else "")))
     elif not driver_present():
         return GpuReport(0, None, reason="no NVIDIA driver on this machine (no NVML, no /dev/nvidiactl)")
@@ -240,7 +240,7 @@ def check_nccl(device: str, hvd_fn: Callable[[], Any] | None = None,
         return True
     msg = ("Horovod was built without NCCL: on GPUs every gradient would go GPU -> host -> gloo/TCP "
            f"-> GPU. Fix: {NCCL_FIX}")
-    if (env if env is not None else os.environ).get(NO_NCCL_ENV) == "1":
+    if envvars.allow_no_nccl(env):
         (warn or (lambda s: None))(f"WARNING: {msg}; running anyway ({NO_NCCL_ENV}=1)")
         return False
     raise UserError(f"{msg}; or set {NO_NCCL_ENV}=1 to run without it")
@@ -260,7 +260,7 @@ def host_devices_env(table: dict[str, list[str]]) -> str:
     return ";".join(f"{h}={','.join(d)}" for h, d in table.items())
 
 
-HOST_DEVICES_ENV = "ELASTIC_RING_HOST_DEVICES"
+HOST_DEVICES_ENV = envvars.HOST_DEVICES
 
 
 def apply_host_devices(env: dict[str, str] | None = None) -> str | None:
@@ -268,7 +268,7 @@ def apply_host_devices(env: dict[str, str] | None = None) -> str | None:
     for this worker's host (``HOROVOD_HOSTNAME``, which horovodrun sets per slot). horovodrun sends
     one environment to every host, so a per-host list has to travel this way. Returns the value set."""
     env = os.environ if env is None else env
-    raw, host = env.get(HOST_DEVICES_ENV), env.get("HOROVOD_HOSTNAME")
+    raw, host = envvars.host_devices(env), envvars.horovod_hostname(env)
     if not raw or not host:
         return None
     for part in raw.split(";"):

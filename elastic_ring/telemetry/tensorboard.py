@@ -14,7 +14,7 @@ the older points past that step, as it does for any restarted writer.
 Where: ``RUN_DIR/tensorboard`` by default; the variable ``ELASTIC_RING_TENSORBOARD_DIR`` names
 another folder (a cluster job writes under ``CLUSTER_DIR/tensorboard/<id>-<name>/``, so
 ``tensorboard --logdir CLUSTER_DIR/tensorboard`` compares the jobs); ``ELASTIC_RING_TENSORBOARD=0``
-turns it off.
+turns it off, as does an install without the ``tensorboard`` package (the ``[report]`` extra).
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from elastic_ring import env
 from elastic_ring.events.api import (CheckpointWritten, Evaluation, Event, Recovered, ResizeOverhead, Restart,
                                      Throughput, as_event)
 
-ENV_DIR = "ELASTIC_RING_TENSORBOARD_DIR"
-ENV_ON = "ELASTIC_RING_TENSORBOARD"
+ENV_DIR = env.TENSORBOARD_DIR
+ENV_ON = env.TENSORBOARD
 OFFSET_FILE = ".events-offset"
 
 # event record -> (the field holding its step, [(tag, field)])
@@ -70,10 +71,12 @@ def scalars_of(ev: Event | Mapping[str, Any]) -> Iterator[tuple[str, float, int,
 
 
 def logdir_for(run_dir: Path) -> Path | None:
-    """Where a run's curves go (None: turned off)."""
-    if os.environ.get(ENV_ON, "1") == "0":
+    """Where a run's curves go (None: turned off, or TensorBoard not installed)."""
+    from elastic_ring.extras import installed
+
+    if not env.tensorboard_on() or not installed("tensorboard"):
         return None
-    d = os.environ.get(ENV_DIR)
+    d = env.tensorboard_dir()
     return Path(d) if d else Path(run_dir) / "tensorboard"
 
 

@@ -58,13 +58,13 @@ points are the registered optimizer's steps (:mod:`elastic_ring.worker.hooked`,
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from elastic_ring import protocol
+from elastic_ring.env import launched_at, process_start
 from elastic_ring.protocol import LaunchInfo
 from elastic_ring.worker import session, stepcost
 from elastic_ring.worker.allocator import keep_freed_memory
@@ -78,6 +78,7 @@ from elastic_ring.worker.progress import Progress, StartUp
 from elastic_ring.worker.ring import Ring, launched_under_horovod_elastic, ring_from_env
 from elastic_ring.worker.sampler import Sampler
 from elastic_ring.worker.segment import Segment, StopReason, StopVote
+from elastic_ring.worker.survive import reset as survive_reset
 from elastic_ring.worker.survive import take_rollback
 from elastic_ring.worker.sync import StateSync
 
@@ -99,18 +100,14 @@ def _process_start() -> float:
         return _T_IMPORTED
 
 
-def startup_marks(own_start: float, t_imported: float, env: dict[str, str]) -> StartUp:
+def startup_marks(own_start: float, t_imported: float, env: dict[str, str] | None = None) -> StartUp:
     """Where a worker's start-up phases are counted from: the controller's launch of its launcher
     (``LAUNCHED_AT_ENV``; phase ``launcher``: up to the start of the command the launcher ran), and
     for a worker forked from the fork server, that command's start (``PROCESS_START_ENV``), not
-    the fork: its ``imports`` (done in the fork server, before) is then the hand-over to the fork."""
-    def num(name: str) -> float | None:
-        try:
-            return float(env[name])
-        except (KeyError, ValueError):
-            return None
-    proc = num(protocol.PROCESS_START_ENV) or own_start
-    launched = num(protocol.LAUNCHED_AT_ENV)
+    the fork: its ``imports`` (done in the fork server, before) is then the hand-over to the fork
+    (``env``: default this process's)."""
+    proc = process_start(env) or own_start
+    launched = launched_at(env)
     marks: dict[str, float] = {}
     if launched is not None and -2.0 < proc - launched < 600:  # this host's launch (a process start
         marks["launcher"] = proc = max(proc, launched)          # is known to about a second)
@@ -147,7 +144,7 @@ class Job:
         self.ring.warms_compile = warm_compile
         self.seg = Segment(info.segment, info.stop_at, info.total_steps)
         self.state = StateSync(self.ring, self.seg, info.lr_scaling)
-        start = start or startup_marks(_process_start(), _T_IMPORTED, dict(os.environ))
+        start = start or startup_marks(_process_start(), _T_IMPORTED)
         self.progress = Progress(self.run_dir, self.ring, self.seg, start, info.throughput_window,
                                  info.eval_every, self.state.current_lr)
         self.progress.rescaled = lambda: self.state.rescaled
@@ -218,8 +215,8 @@ class Job:
             go = self.ring.wait_for_go(self.info.go_file)
             start.mark("wait_for_go")
         self.seg.stop_at = self.ring.connect(go, self.seg.stop_at)
-        if go is not None and "pid_segment" in go:  # a warm joiner: its rank's record, as a cold one writes
-            protocol.write_pid_record(self.run_dir, self.rank, self.info.owner, int(go["pid_segment"]))
+        if go is not None and go.pid_segment is not None:  # a warm joiner: its rank's record, as a cold one writes
+            protocol.write_pid_record(self.run_dir, self.rank, self.info.owner, go.pid_segment)
         start.mark("hvd_init")
         self.progress.open_events()
 
@@ -451,6 +448,7 @@ def init(lazy: bool = False, warm_compile: bool = True) -> "Job | PlainJob":
 
 
 def reset() -> None:
-    """Forget this process's job: the next :func:`init` starts a new one from nothing (a Ray
-    actor's process that left a ring, serving again)."""
+    """Forget this process's job and its copies in memory (``--survive``): the next :func:`init`
+    starts a new one from nothing (a Ray actor's process that left a ring, serving again)."""
     session.reset()
+    survive_reset()

@@ -38,6 +38,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from elastic_ring.seam import Action
 from elastic_ring.worker import survive
 from elastic_ring.worker.errors import ContractError
 from elastic_ring.worker.segment import StopReason
@@ -181,7 +182,7 @@ class StepBoundary:
         seg.stopped(reason, time.time())
         return seg.stop_reason
 
-    def pause(self) -> dict[str, Any]:
+    def pause(self) -> Action:
         """A segment resized in place ends: its ``segment_end`` (rank 0), then all ranks wait for
         the controller's word (:meth:`Ring.await_action`). At a scheduled stop rank 0 first takes
         the next ring written ahead, if one is: the controller follows the workers once it reads
@@ -196,14 +197,14 @@ class StepBoundary:
         progress.heartbeat(seg.step, "paused")
         return job.ring.await_action(job.run_dir, seg.number, seg.step, scheduled, taken=taken)
 
-    def reform_ring(self, action: dict[str, Any], t0: float | None = None) -> None:
+    def reform_ring(self, action: Action, t0: float | None = None) -> None:
         """Re-form the ring in this process as ``action`` says (the survivors of a failure keep
         their threads: :func:`~elastic_ring.worker.survive.reform_survivors`; a worker left out
         raises :class:`~elastic_ring.worker.ring.Retired`); the reset's start-up phases from
         ``t0`` (default: now)."""
         t0 = time.time() if t0 is None else t0
         ring = self.job.ring
-        if "rollback_to" in action:  # the survivors of a failure (a Horovod Elastic script's)
+        if action.rollback_to is not None:  # the survivors of a failure (a Horovod Elastic script's)
             survive.reform_survivors(ring, action)
         else:
             ring.reform(action)
@@ -211,7 +212,7 @@ class StepBoundary:
         start.restart(t0)
         start.mark("hvd_reinit")
 
-    def reform(self, action: dict[str, Any], before_sync: Callable[[], None] | None = None) -> None:
+    def reform(self, action: Action, before_sync: Callable[[], None] | None = None) -> None:
         """Re-form the ring at the new size in this process, then sync rank 0's live state.
 
         The ring's ``reform`` (:meth:`reform_ring`); a new worker runs ``job.restore()``, whose
@@ -223,7 +224,7 @@ class StepBoundary:
         """
         job = self.job
         t0 = time.time()
-        meta = job.state.live_meta(next_segment=int(action["segment"]), stop_at=int(action["stop_at"]))
+        meta = job.state.live_meta(next_segment=action.segment, stop_at=action.stop_at)
         self.reform_ring(action, t0)
         self.progress.open_events()
         if before_sync is not None:
@@ -240,7 +241,7 @@ class StepBoundary:
         if not self.job.ring.in_place or self.seg.finished:
             return False
         action = self.pause()
-        if action.get("action") != "resize":
+        if not action.is_resize:
             return False
         self.reform(action, before_sync)
         return True

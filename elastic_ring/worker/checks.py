@@ -3,7 +3,6 @@ at once (:class:`~elastic_ring.worker.errors.ContractError`), never a silent los
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
 from typing import Any, Callable
@@ -65,11 +64,11 @@ def explain_port_clash(exc: BaseException) -> BaseException:
     only a process group the script formed itself before ``elastic_ring.worker.init()`` binds that
     port, so the failure is that mistake, said as :func:`check_collectives_untouched` says it (a
     :class:`ContractError` with ``exc``'s traceback); any other ``exc`` is returned as it is."""
-    from elastic_ring.protocol import STORE_FD_ENV
+    from elastic_ring import env
 
-    port = os.environ.get("MASTER_PORT", "")
+    port = env.master_port()
     text = str(exc)
-    if STORE_FD_ENV in os.environ and port and f"port: {port}," in text and "EADDRINUSE" in text:
+    if env.store_fd_given() and port is not None and f"port: {port}," in text and "EADDRINUSE" in text:
         return ContractError(_EARLY_GROUP).with_traceback(exc.__traceback__)
     return exc
 

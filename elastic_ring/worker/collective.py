@@ -25,9 +25,10 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol
 
+from elastic_ring import env as envvars
 from elastic_ring.worker.errors import ContractError
 
-COLLECTIVE_ENV = "ELASTIC_RING_COLLECTIVE"  # "torch": the job's collectives are torch.distributed
+COLLECTIVE_ENV = envvars.COLLECTIVE  # "torch": the job's collectives are torch.distributed
 COLLECTIVES = ("horovod", "torch")
 TORCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 # horovodrun's names of the same, and of the host's place (torchrun's GROUP_RANK)
@@ -218,15 +219,13 @@ def rendezvous_store(rank: int, world: int, timeout_s: float = PG_TIMEOUT_S) -> 
 
     import torch.distributed as dist
 
-    from elastic_ring.protocol import STORE_FD_ENV
-
-    if not os.environ.get("MASTER_PORT", "").isdigit():
+    port = envvars.master_port()
+    if port is None:
         raise ContractError("a --collective torch worker needs MASTER_PORT in its environment (the "
                             "controller's launcher sets it)")
-    raw = os.environ.pop(STORE_FD_ENV, "") if rank == 0 else ""
-    return dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]), world,
-                         is_master=rank == 0, timeout=timedelta(seconds=timeout_s),
-                         master_listen_fd=int(raw) if raw.isdigit() else None)
+    fd = envvars.take_store_fd() if rank == 0 else None
+    return dist.TCPStore(envvars.master_addr(), port, world, is_master=rank == 0,
+                         timeout=timedelta(seconds=timeout_s), master_listen_fd=fd)
 
 
 def torchrun_env_from_horovodrun(env: dict[str, str] | None = None) -> bool:
@@ -236,7 +235,7 @@ def torchrun_env_from_horovodrun(env: dict[str, str] | None = None) -> bool:
     ``os.environ``, changed in place). Returns whether it did (horovodrun's ranks there, torchrun's
     not)."""
     env = os.environ if env is None else env
-    if env.get(COLLECTIVE_ENV) != "torch" or "RANK" in env or "HOROVOD_RANK" not in env:
+    if envvars.collective(env) != "torch" or "RANK" in env or "HOROVOD_RANK" not in env:
         return False
     for mine, hvd in _FROM_HOROVODRUN:
         if hvd in env:

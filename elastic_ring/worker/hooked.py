@@ -187,9 +187,9 @@ class HookedSteps:
                 job.checkpoints.write(job.step, wait=True)
             checkpointed = True
             action = boundary.pause()
-            if action.get("action") == "resize":
+            if action.is_resize:
                 boundary.reform_ring(action)  # a worker left out retires here
-                raise Rejoin(job.ring, int(action["segment"]), int(action["stop_at"]), job.progress.start)
+                raise Rejoin(job.ring, action.segment, action.stop_at, job.progress.start)
             self.ended = False
         self._end(checkpoint=not checkpointed)
         raise StopSegment(reason)

@@ -27,16 +27,15 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
 
+from elastic_ring import env as envvars
 from elastic_ring.worker.collective import COLLECTIVE_ENV, COLLECTIVES, HorovodCollective, TorchCollective
 from elastic_ring.worker.data import EpochData
 from elastic_ring.worker.errors import ContractError, NotLaunchedError
 from elastic_ring.worker.sampler import Sampler
 from elastic_ring.worker.segment import StopReason
 
-STEPS_ENV = "ELASTIC_RING_STEPS"
+STEPS_ENV = envvars.STEPS
 OMP_ENV = "OMP_NUM_THREADS"
-_HOROVODRUN_KEYS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")  # horovodrun's, mpirun's ranks
-_TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def plain_collective(env: Mapping[str, str] | None = None, modules: Mapping[str, Any] | None = None) -> str:
@@ -48,16 +47,15 @@ def plain_collective(env: Mapping[str, str] | None = None, modules: Mapping[str,
     Raises:
         ContractError: ``ELASTIC_RING_COLLECTIVE`` names neither collective.
     """
-    env = os.environ if env is None else env
     modules = sys.modules if modules is None else modules
-    named = env.get(COLLECTIVE_ENV, "").strip()
+    named = envvars.collective(env)
     if named:
         if named not in COLLECTIVES:
             raise ContractError(f"{COLLECTIVE_ENV}={named}: must be one of {', '.join(COLLECTIVES)}")
         return named
-    if any(k in env for k in _HOROVODRUN_KEYS):
+    if envvars.launched_by_horovodrun(env):
         return "horovod"
-    if all(k in env for k in _TORCHRUN_KEYS):
+    if envvars.launched_by_torchrun(env):
         return "torch"
     return "horovod" if "horovod.torch" in modules else "torch"
 
@@ -89,8 +87,7 @@ class PlainJob:
             if self.rank == 0:
                 print(f"elastic-ring: {threads[0]} CPU thread(s) per worker: {threads[1]} (as under "
                       f"elastic-ring train; {OMP_ENV} sets another)", file=sys.stderr, flush=True)
-        raw = os.environ.get(STEPS_ENV, "").strip()
-        self.total_steps = int(raw) if raw.isdigit() else None
+        self.total_steps = envvars.steps()
         self.stop_at = self.total_steps
         self.step = 0
         self.finished = True  # no segment but this one: a script's final save runs
@@ -125,9 +122,8 @@ class PlainJob:
         import torch
         import torch.distributed as dist
 
-        env = os.environ
-        torchrun = all(k in env for k in _TORCHRUN_KEYS)
-        self.local_rank = int(env.get("LOCAL_RANK", "0")) if torchrun else 0
+        torchrun = envvars.launched_by_torchrun()
+        self.local_rank = envvars.torchrun_local()[0] if torchrun else 0
         self.device = _device(self.local_rank)
         backend = "nccl" if self.device.type == "cuda" and dist.is_nccl_available() else "gloo"
         if not dist.is_initialized():
@@ -136,7 +132,7 @@ class PlainJob:
             else:
                 dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
-        self.local_size = int(env.get("LOCAL_WORLD_SIZE", self.size)) if torchrun else 1
+        self.local_size = envvars.torchrun_local(size=self.size)[1] if torchrun else 1
         on = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         self.collective = TorchCollective(dist, on)
 
@@ -251,11 +247,10 @@ def plain_threads(local_size: int, env: Mapping[str, str] | None = None) -> tupl
     and ``ELASTIC_RING_CPU_THREADS`` is not (the user's count, or the launcher's, stands)."""
     from elastic_ring import protocol
 
-    env = os.environ if env is None else env
-    ours = env.get(protocol.CPU_THREADS_ENV, "").strip()
-    if ours.isdigit() and int(ours) > 0:
-        return int(ours), f"{protocol.CPU_THREADS_ENV}={ours}"
-    if env.get(OMP_ENV, "").strip():
+    ours = envvars.cpu_threads(env)
+    if ours is not None:
+        return ours, f"{protocol.CPU_THREADS_ENV}={ours}"
+    if envvars.omp_threads_set(env):
         return None
     try:
         cores = len(os.sched_getaffinity(0))

@@ -34,18 +34,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator
 
-from elastic_ring import protocol
+from elastic_ring import env, protocol
+from elastic_ring.seam import Action, Go, read_action, read_go, take_ahead_action, write_go
 from elastic_ring.worker.checks import check_collectives_untouched
-from elastic_ring.worker.collective import (COLLECTIVE_ENV, PG_TIMEOUT_S, TORCH_KEYS, TorchCollective,
-                                            rendezvous_store, torch_backend)
+from elastic_ring.worker.collective import PG_TIMEOUT_S, TorchCollective, rendezvous_store, torch_backend
 from elastic_ring.worker.errors import ContractError
-from elastic_ring.worker.inplace import inplace_action_file, take_ahead_action
 
-INPLACE_ENV = "ELASTIC_RING_INPLACE"  # "1": Horovod Elastic (--relaunch inplace)
-RING_BY_CONTROLLER = "controller"  # INPLACE_ENV's value on the Ray backend (the controller forms the ring)
-MEMBER_ENV = "ELASTIC_RING_MEMBER"  # this worker's name in a resize action's "members"
-STORE_ENV = "ELASTIC_RING_STORE"  # host:port of the store the controller serves for a torch group
-_HVD_KEYS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
+INPLACE_ENV = env.INPLACE  # "1": Horovod Elastic (--relaunch inplace)
+RING_BY_CONTROLLER = env.RING_BY_CONTROLLER  # INPLACE_ENV's value on the Ray backend (the controller forms the ring)
+MEMBER_ENV = env.MEMBER  # this worker's name in a resize action's "members"
+STORE_ENV = env.STORE  # host:port of the store the controller serves for a torch group
 
 
 class Retired(BaseException):
@@ -111,8 +109,7 @@ class Ring:
         self.threads: int | None = None  # torch's intra-op threads here, once the ring is formed
         self.rank = self.size = self.local_rank = self.local_size = 0
         self.hosts_updated_at: float | None = None  # Horovod Elastic's driver: the hosts changed then
-        env = os.environ
-        if all(k in env for k in _HVD_KEYS):
+        if env.horovod_ranks() is not None:
             self._ranks_from_env()
         else:  # not under horovodrun's environment (e.g. mpirun): ask Horovod now
             self.init_horovod()
@@ -129,16 +126,17 @@ class Ring:
         return c
 
     def _ranks_from_env(self) -> None:
-        env = os.environ
-        self.rank, self.size = int(env["HOROVOD_RANK"]), int(env["HOROVOD_SIZE"])
-        self.local_rank, self.local_size = int(env["HOROVOD_LOCAL_RANK"]), int(env["HOROVOD_LOCAL_SIZE"])
+        ranks = env.horovod_ranks()
+        if ranks is None:
+            raise KeyError(f"this worker's environment lacks one of {', '.join(env.HOROVOD_KEYS)}")
+        self.rank, self.size, self.local_rank, self.local_size = ranks
         self._slots_of_one_host()
 
     def _slots_of_one_host(self) -> None:
         """Where each worker slot is a host name of its own (``--relaunch inplace --survive`` on
         CPUs: :func:`elastic_ring.controller.hvdrun.slot_host`), all on this host: its local rank
         and size are the ring's, not Horovod's (0 of 1), so each worker takes its share of the cores."""
-        if os.environ.get(protocol.SLOT_HOSTS_ENV) == "1":
+        if env.slot_hosts():
             self.local_rank, self.local_size = self.rank, self.size
 
     def init_horovod(self) -> None:
@@ -177,22 +175,22 @@ class Ring:
             raise RuntimeError(f"Horovod rank {self.hvd.rank()}/{self.hvd.size()} differs from the "
                                f"environment's {self.rank}/{self.size}")
 
-    def wait_for_go(self, go: Path, timeout_s: float | None = None) -> dict[str, Any]:
-        """The controller's go record of a pre-launched worker (``{"stop_at": S, ...}``)."""
+    def wait_for_go(self, go: Path, timeout_s: float | None = None) -> Go:
+        """The controller's go record of a pre-launched worker (:class:`~elastic_ring.seam.Go`)."""
         timeout_s = self.go_timeout_s if timeout_s is None else timeout_s
         t0 = time.time()
         if self.warms_compile:
             warm_imports()  # the first step's imports, off the critical path while the old workers train
         protocol.write_json_atomic(protocol.waiting_file(go), {"pid": os.getpid(), "time": time.time()})
         while True:
-            rec = protocol.read_json(go)
-            if isinstance(rec, dict) and "stop_at" in rec:
+            rec = read_go(go)
+            if rec is not None:
                 return rec
             if time.time() - t0 > timeout_s:
                 raise RuntimeError(f"no go from the controller within {timeout_s:.0f} s ({go} never appeared)")
             time.sleep(0.02)
 
-    def connect(self, go: dict[str, Any] | None, stop_at: int) -> int:
+    def connect(self, go: Go | None, stop_at: int) -> int:
         """Form the ring (``go``: the go record a pre-launched worker waited for); returns the
         segment's stop step."""
         if go is not None:
@@ -208,36 +206,35 @@ class Ring:
 
     broadcasts_stop = True  # rank 0's stop step to all, once formed (pre-launched workers' go may differ)
 
-    def _went(self, go: dict[str, Any]) -> int:
-        return int(go["stop_at"])
+    def _went(self, go: Go) -> int:
+        return go.stop_at
 
     def _formed(self) -> None:
         self._check_ranks()
 
     # ------------------------------------------------------------------ in-place resizes
-    def takes(self, action: dict[str, Any]) -> bool:
+    def takes(self, action: Action) -> bool:
         """Whether rank 0 may act on the controller's resize ``action`` now."""
         return True
 
-    def take_ahead(self, run_dir: Path, segment: int, step: int, scheduled: bool) -> dict[str, Any] | None:
+    def take_ahead(self, run_dir: Path, segment: int, step: int, scheduled: bool) -> Action | None:
         """Rank 0 at a scheduled stop at ``step``: the action written ahead for it, taken (renamed,
         so the controller cannot withdraw it too) and its joiners' go records written; None when
         there is none for this stop, it is not this ring's to take, or the controller withdrew it."""
-        act = protocol.read_json(inplace_action_file(run_dir, segment))
-        if not (isinstance(act, dict) and "at_step" in act and act.get("action") == "resize"
-                and int(act["at_step"]) == step and scheduled and self.takes(act)
-                and take_ahead_action(run_dir, segment)):
+        act = read_action(run_dir, segment)
+        if not (act is not None and act.ahead and act.is_resize and act.at_step == step and scheduled
+                and self.takes(act) and take_ahead_action(run_dir, segment)):
             return None
-        for go, rec in (act.get("go_files") or {}).items():  # its joiners' word
-            protocol.write_json_atomic(Path(go), rec)
+        for go, rec in act.go_files.items():  # its joiners' word
+            write_go(Path(go), rec)
         return act
 
     def await_action(self, run_dir: Path, segment: int, step: int, scheduled: bool,
-                     poll_s: float = 0.05, taken: dict[str, Any] | None = None) -> dict[str, Any]:
+                     poll_s: float = 0.05, taken: Action | None = None) -> Action:
         """All ranks wait, between two steps, for the controller's word on ``segment``'s end.
 
-        Rank 0 reads ``control/inplace-<segment>.json``: ``{"action": "exit"}`` (a Ctrl-C: checkpoint
-        and leave), or ``{"action": "resize", "to": N, "segment": S, "stop_at": T}``, acted on when
+        Rank 0 reads ``control/inplace-<segment>.json`` (:class:`~elastic_ring.seam.Action`): an exit
+        (a Ctrl-C: checkpoint and leave), or a resize to a new ring, acted on when
         :meth:`takes` allows. An action written ahead names ``at_step``: rank 0 takes it (renaming it,
         so the controller cannot withdraw it too) at a scheduled stop at that step, and first writes
         its joiners' go records (:meth:`take_ahead`; ``taken``: rank 0 took it already, before its
@@ -248,18 +245,17 @@ class Ring:
             if self.rank == 0 and taken is not None:
                 decision, taken = taken, None
             elif self.rank == 0:
-                act = protocol.read_json(inplace_action_file(run_dir, segment))
-                if isinstance(act, dict) and "at_step" in act:  # written ahead
+                act = read_action(run_dir, segment)
+                if act is not None and act.ahead:  # written ahead
                     decision = self.take_ahead(run_dir, segment, step, scheduled)
-                elif isinstance(act, dict) and (act.get("action") == "exit" or (
-                        act.get("action") == "resize" and self.takes(act))):
+                elif act is not None and (act.is_exit or (act.is_resize and self.takes(act))):
                     decision = act
             decision = self.coll.broadcast_object(decision, 0, name="inplace_action")
             if decision is not None:
                 return decision
             time.sleep(poll_s)
 
-    def reform(self, action: dict[str, Any]) -> None:
+    def reform(self, action: Action) -> None:
         """Re-form the ring at the new size in this process (``hvd.shutdown()`` + ``hvd.init()``)."""
         raise NotImplementedError(f"{type(self).__name__} does not resize in place")
 
@@ -279,15 +275,15 @@ class ElasticRing(Ring):
     in_place = True
     go_timeout_s = 7 * 24 * 3600.0  # the warm joiner (controller.hvdrun.Spare) may wait all run long
 
-    def _went(self, go: dict[str, Any]) -> int:
+    def _went(self, go: Go) -> int:
         """The warm joiner's go: the slot's Horovod environment the driver would have started a
         worker with; it joins a ring re-formed in place, whose rank 0 sends the stop step with the
         state (no broadcast of its own)."""
-        if go.get("env"):
-            os.environ.update({k: str(v) for k, v in go["env"].items()})
+        if go.env:
+            os.environ.update(go.env)
             self._ranks_from_env()
             self.broadcasts_stop = False
-        return int(go["stop_at"])
+        return go.stop_at
 
     def _formed(self) -> None:
         self.adopt_ranks()  # the driver's assignment may be newer than the environment's
@@ -300,14 +296,14 @@ class ElasticRing(Ring):
         """Horovod Elastic's driver (on rank 0): the discovery script reports other slots now."""
         self.hosts_updated_at = timestamp
 
-    def takes(self, action: dict[str, Any]) -> bool:
+    def takes(self, action: Action) -> bool:
         """Once the driver has told rank 0 that the hosts changed, for the discovery file the
         action refers to (``hosts_written``; Horovod stamps the notification with the second the
         driver saw the change): then the driver has the new slot assignment."""
         updated = self.hosts_updated_at
-        return updated is not None and updated >= float(action.get("hosts_written", 0.0)) - 1.0
+        return updated is not None and updated >= (action.hosts_written or 0.0) - 1.0
 
-    def reform(self, action: dict[str, Any]) -> None:
+    def reform(self, action: Action) -> None:
         """The driver assigns the new ranks (a worker whose slot was removed is ended by Horovod
         inside ``hvd.init()``)."""
         self.hvd.shutdown()
@@ -325,22 +321,22 @@ class ControllerRing(Ring):
 
     broadcasts_stop = False  # every member's go names it
 
-    def _went(self, go: dict[str, Any]) -> int:
-        if go.get("env"):  # a warm spare joining a ring: started with a placeholder rank
-            os.environ.update({k: str(v) for k, v in go["env"].items()})
+    def _went(self, go: Go) -> int:
+        if go.env:  # a warm spare joining a ring: started with a placeholder rank
+            os.environ.update(go.env)
             self._ranks_from_env()
-        return int(go["stop_at"])
+        return go.stop_at
 
     def _formed(self) -> None:
         self._check_ranks()
         self.adopt_ranks()
 
-    def reform(self, action: dict[str, Any]) -> None:
+    def reform(self, action: Action) -> None:
         """Raises :class:`Retired` where the action names no environment for this worker."""
         self.hvd.shutdown()
-        mine = (action.get("members") or {}).get(os.environ.get(MEMBER_ENV, ""))
+        mine = action.member_env(env.member(default=""))
         if mine is None:
-            raise Retired(f"not a member of segment {action['segment']}")
+            raise Retired(f"not a member of segment {action.segment}")
         os.environ.update({k: str(v) for k, v in mine.items()})
         _drop_fixed_cycle_time()
         self.hvd.init()
@@ -354,7 +350,7 @@ def controller_store(dist: Any) -> Any:
     Raises:
         ContractError: the environment names none.
     """
-    where = os.environ.get(STORE_ENV)
+    where = env.store()
     if not where:
         raise ContractError(f"this worker needs {STORE_ENV} (host:port of the store the controller serves) "
                             "in its environment")
@@ -375,13 +371,11 @@ class TorchRing(Ring):
         self._ranks_from_env()
 
     def _ranks_from_env(self) -> None:
-        env = os.environ
-        missing = [k for k in TORCH_KEYS if k not in env]
-        if missing:
-            raise ContractError(f"a --collective torch worker needs {', '.join(missing)} in its "
-                                "environment (the controller's launcher sets them)")
-        self.rank, self.size = int(env["RANK"]), int(env["WORLD_SIZE"])
-        self.local_rank, self.local_size = int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])
+        ranks = env.torch_ranks()
+        if ranks is None:
+            raise ContractError(f"a --collective torch worker needs {', '.join(env.missing_torch_keys())} in "
+                                "its environment (the controller's launcher sets them)")
+        self.rank, self.size, self.local_rank, self.local_size = ranks
 
     @property
     def warms_compile(self) -> bool:
@@ -406,7 +400,7 @@ class TorchRing(Ring):
         import torch.distributed as dist
 
         check_collectives_untouched("torch")
-        device = os.environ.get("ELASTIC_RING_DEVICE", "cpu")
+        device = env.device()
         backend = torch_backend(device)
         if backend == "nccl" and not (torch.cuda.is_available() and dist.is_nccl_available()):
             raise ContractError("NCCL asked for (--device cuda) where torch has no usable CUDA/NCCL")
@@ -421,7 +415,7 @@ class TorchRing(Ring):
         """``init_process_group`` at the launcher's rendezvous (rank 0 hosts the store), or over
         the store the controller serves where it names one (launched by horovodrun on several
         hosts: :func:`~elastic_ring.worker.collective.torchrun_env_from_horovodrun`)."""
-        store = controller_store(dist) if os.environ.get(STORE_ENV) else rendezvous_store(self.rank, self.size)
+        store = controller_store(dist) if env.store() else rendezvous_store(self.rank, self.size)
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.size,
                                 timeout=timedelta(seconds=PG_TIMEOUT_S))
 
@@ -464,11 +458,11 @@ class TorchControllerRing(TorchRing):
     def warms_compile(self, value: bool) -> None:
         pass
 
-    def _went(self, go: dict[str, Any]) -> int:
-        if go.get("env"):  # a warm spare joining a group: started with a placeholder rank
-            os.environ.update({k: str(v) for k, v in go["env"].items()})
+    def _went(self, go: Go) -> int:
+        if go.env:  # a warm spare joining a group: started with a placeholder rank
+            os.environ.update(go.env)
             self._ranks_from_env()
-        return int(go["stop_at"])
+        return go.stop_at
 
     def _init_group(self, dist: Any, backend: str) -> None:
         """``init_process_group`` over the store the controller serves for this segment."""
@@ -486,7 +480,7 @@ class TorchControllerRing(TorchRing):
         self.threads = protocol.cpu_threads(self.local_size)
         torch.set_num_threads(self.threads)
 
-    def reform(self, action: dict[str, Any]) -> None:
+    def reform(self, action: Action) -> None:
         """Destroy the group and form the one the action names for this worker.
 
         Raises:
@@ -496,9 +490,9 @@ class TorchControllerRing(TorchRing):
 
         dist.destroy_process_group()
         self._coll = None
-        mine = (action.get("members") or {}).get(os.environ.get(MEMBER_ENV, ""))
+        mine = action.member_env(env.member(default=""))
         if mine is None:
-            raise Retired(f"not a member of segment {action['segment']}")
+            raise Retired(f"not a member of segment {action.segment}")
         os.environ.update({k: str(v) for k, v in mine.items()})
         self._ranks_from_env()
         self.init_horovod()
@@ -508,8 +502,8 @@ class TorchControllerRing(TorchRing):
 
 def ring_from_env() -> Ring:
     """The ring of this launch, from the mode the entry point wrote to ``ELASTIC_RING_INPLACE``."""
-    mode = os.environ.get(INPLACE_ENV)
-    if os.environ.get(COLLECTIVE_ENV) == "torch":  # torch.distributed (worker.collective)
+    mode = env.ring_mode()
+    if env.collective() == "torch":  # torch.distributed (worker.collective)
         return TorchControllerRing() if mode == RING_BY_CONTROLLER else TorchRing()
     if mode == RING_BY_CONTROLLER:
         return ControllerRing()
@@ -520,4 +514,4 @@ def ring_from_env() -> Ring:
 
 def launched_under_horovod_elastic() -> bool:
     """Horovod Elastic's entry may have initialised Horovod before the script's ``init()``."""
-    return os.environ.get(INPLACE_ENV) == "1"
+    return env.ring_mode() == "1"

@@ -36,7 +36,7 @@ import time
 import traceback
 from pathlib import Path
 
-from elastic_ring import protocol
+from elastic_ring import env, protocol
 from elastic_ring.protocol import RETIRED, LaunchInfo  # RETIRED: main(in_process=True) after an in-place shrink
 
 
@@ -45,8 +45,7 @@ class ScriptError(RuntimeError):
 
 
 def _rank() -> int | None:
-    r = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK")))
-    return int(r) if r is not None and r.isdigit() else None
+    return env.launcher_rank()
 
 
 def process_name(run_dir: Path, rank: int | None) -> str:
@@ -216,7 +215,7 @@ def _launch_info(a: argparse.Namespace) -> tuple[LaunchInfo, float]:
     this process's environment for the worker library; and the script's allowance to call init."""
     from elastic_ring.worker.ring import INPLACE_ENV, RING_BY_CONTROLLER
 
-    run_info = protocol.read_json(a.run_dir / "run.json") or {}
+    run_info = protocol.read_run_json(a.run_dir) or {}
     ws = dict(run_info.get("worker") or {})
     init_timeout_s = float(ws.pop("init_timeout_s", 120.0))
     info = LaunchInfo(run_dir=a.run_dir, segment=a.segment, stop_at=a.stop_at, owner=a.owner,
@@ -307,8 +306,9 @@ def main(argv: list[str] | None = None, in_process: bool = False) -> int:
     own_group = torchrun.in_use()  # torchrun's contract: the script alone, no init() to wait for
     if own_group:
         init_timeout_s = float("inf")
-        torchrun.watch(info.run_dir, info.segment, _rank(), int(os.environ.get("WORLD_SIZE", "1")),
-                       float(os.environ.get(protocol.PROCESS_START_ENV, _T_ENTRY)))
+        started = env.process_start()
+        torchrun.watch(info.run_dir, info.segment, _rank(), env.world_size(),
+                       started if started is not None else _T_ENTRY)
     stop = threading.Event()
     threading.Thread(target=_watchdog, args=(info, init_timeout_s, stop), daemon=True,
                      name="elastic-ring-watchdog").start()

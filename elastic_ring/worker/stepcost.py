@@ -14,13 +14,14 @@ Parts nest (``boundary`` and ``after_step``, the step boundary's one call a step
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-ENV = "ELASTIC_RING_STEP_COST"
+from elastic_ring import env
+
+ENV = env.STEP_COST
 
 _METER: "Meter | None" = None
 
@@ -82,7 +83,7 @@ class Meter:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "") not in ("", "0")
+    return env.step_cost()
 
 
 def current() -> "Meter | None":

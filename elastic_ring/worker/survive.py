@@ -11,10 +11,10 @@ When a collective fails because a peer died (Horovod raises ``HorovodInternalErr
 script's step; ``torch.distributed``'s gloo a ``RuntimeError`` naming the closed socket, from DDP's
 backward hooks or the library's own collectives: :func:`elastic_ring.protocol.is_peer_loss`), the
 entry point asks :func:`survived`: this rank writes which steps it holds
-(:func:`survivor_file`), and waits for the controller's word for its segment
-(:func:`elastic_ring.worker.inplace.inplace_action_file`): the new ring of the survivors and the
+(:func:`elastic_ring.seam.survivor_file`), and waits for the controller's word for its segment
+(:class:`elastic_ring.seam.Action`): the new ring of the survivors and the
 step they all hold (``rollback_to``, the largest in every survivor's record whose copies agree:
-:func:`agreement`).
+:func:`elastic_ring.seam.agreement`).
 It re-forms its ring in this process (:meth:`~elastic_ring.worker.ring.ControllerRing.reform`; on
 ``--collective torch`` :meth:`~elastic_ring.worker.ring.TorchControllerRing.reform` destroys the
 broken process group, which returns at once after the peer's death, and forms the survivors' one),
@@ -41,61 +41,18 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from elastic_ring import protocol
+from elastic_ring import env, protocol
+from elastic_ring.seam import Action, read_action, survivor_file
 
-SURVIVE_ENV = "ELASTIC_RING_SURVIVE"  # "1": keep the in-memory copy, and go on after a peer's loss
+SURVIVE_ENV = env.SURVIVE  # "1": keep the in-memory copy, and go on after a peer's loss
 WAIT_S = 30.0  # how long a survivor waits for the controller's word before it fails as before
 
 
 def enabled() -> bool:
     """Whether this run keeps survivors going (the controller sets :data:`SURVIVE_ENV`)."""
-    return os.environ.get(SURVIVE_ENV) == "1"
-
-
-def survivor_file(run_dir: Path, member: str) -> Path:
-    """Where a survivor says which steps it holds (``{"member", "rank", "held", "pid", "time"}``)."""
-    return protocol.control_dir(Path(run_dir)) / f"survivor-{member}.json"
-
-
-def common_step(held: list[list[int]]) -> int | None:
-    """The step every survivor can roll back to: the largest one in every survivor's list of held
-    steps; None when there is no survivor or no step they all hold (the disk checkpoint then)."""
-    if not held:
-        return None
-    common = set(held[0]).intersection(*map(set, held[1:]))
-    return max(common) if common else None
-
-
-def agreement(records: list[dict[str, Any]], silent: int = 0, gone: int = 1) -> tuple[int | None, str | None]:
-    """Whether the survivors whose records (:func:`rollback_word`) are ``records`` go on from memory:
-    ``(step, None)``, the step they roll back to, or ``(None, why not)``, the restart's
-    ``memory_refused``. ``silent`` workers neither spoke nor are gone, ``gone`` workers are. The
-    step is :func:`common_step` of what they hold, where every survivor that gave a fingerprint of
-    that step's copy (:func:`state_digest`) gave the same one: a survivor whose state is not the
-    others' is broken, and which one is right is not known."""
-    if silent:
-        return None, f"{silent} worker(s) neither said which steps they hold nor were gone within the wait"
-    if not records:
-        return None, "no survivor is left"
-    if not gone:
-        return None, "no worker is gone"
-    step = common_step([list(r.get("held") or []) for r in records])
-    if step is None:
-        held = "; ".join(str(sorted(r.get("held") or [])) for r in records)
-        return None, f"the survivors hold no step in common (they hold {held})"
-    prints = {r["digests"].get(str(step)) for r in records if isinstance(r.get("digests"), dict)}
-    prints.discard(None)
-    if len(prints) > 1:
-        return None, f"the survivors' copies of step {step} differ (one's state is not the others')"
-    return step, None
-
-
-def agreed_step(records: list[dict[str, Any]]) -> int | None:
-    """The step survivors with these records roll back to, or None (:func:`agreement`)."""
-    return agreement(records)[0]
+    return env.survive()
 
 
 def _tensor_bytes(t: Any) -> bytes:
@@ -189,19 +146,16 @@ def _peer_loss(exc: BaseException) -> bool:
 
 
 def rollback_word(exc: BaseException, job: Any, held: list[int],
-                  digests: dict[str, str] | None = None) -> dict[str, Any] | None:
+                  digests: dict[str, str] | None = None) -> Action | None:
     """After a peer's loss (``exc``): say which steps this rank holds in memory (``held``, with a
     fingerprint of each copy where given: ``digests``, step -> :func:`state_digest`), and wait for
     the controller's word on this segment. Returns the resize action whose ``rollback_to`` is one
     of them, or None (not a peer's loss, no word in time, an exit asked)."""
-    from elastic_ring.worker.inplace import inplace_action_file
-    from elastic_ring.worker.ring import MEMBER_ENV
-
     if not _peer_loss(exc) or not held or not job.ring.in_place:
         return None
     t0 = time.time()
     run_dir, seg = job.run_dir, job.seg.number
-    member = os.environ.get(MEMBER_ENV, str(job.rank))
+    member = env.member(default=str(job.rank))
     protocol.write_json_atomic(survivor_file(run_dir, member), {
         "member": member, "rank": job.rank, "held": list(held), "pid": os.getpid(), "time": t0,
         "segment": seg, "step": job.seg.step, "error": f"{type(exc).__name__}: {exc}"[:300],
@@ -209,16 +163,14 @@ def rollback_word(exc: BaseException, job: Any, held: list[int],
     print(f"elastic-ring worker rank {job.rank}: a peer was lost ({type(exc).__name__}); holding steps "
           f"{list(held)} in memory, waiting for the controller", flush=True)
     while time.time() - t0 < WAIT_S:
-        act = protocol.read_json(inplace_action_file(run_dir, seg))
-        if isinstance(act, dict) and "at_step" not in act and (
-                act.get("action") == "exit" or "rollback_to" in act):
-            ok = act.get("action") == "resize" and int(act["rollback_to"]) in held
-            return act if ok else None
+        act = read_action(run_dir, seg)
+        if act is not None and not act.ahead and (act.is_exit or act.rollback_to is not None):
+            return act if act.is_resize and act.rollback_to in held else None
         time.sleep(0.02)
     return None
 
 
-def reform_survivors(ring: Any, action: dict[str, Any]) -> None:
+def reform_survivors(ring: Any, action: Action) -> None:
     """Re-form the survivors' ring (``action`` rolls them back) keeping the intra-op threads they
     trained with, not the share of a smaller ring (``cores / local workers``): with more OpenMP
     threads than the host has idle cores, each parallel region of a step waits at its barrier for
@@ -252,11 +204,11 @@ def survived(exc: BaseException) -> tuple | None:
     action = rollback_word(exc, job, copy.held(), digests)
     if action is None:
         return None
-    _P.rollback = copy.copies[int(action["rollback_to"])]
+    _P.rollback = copy.copies[action.rollback_to]
     copy.copies.clear()  # the steps after the rollback are taken again
     start = job.progress.start
     start.restart(t0)
     reform_survivors(job.ring, action)  # Retired where this worker is not in the new ring
     job.ring.connected = True
     start.mark("hvd_reinit")
-    return job.ring, int(action["segment"]), int(action["stop_at"]), start
+    return job.ring, action.segment, action.stop_at, start

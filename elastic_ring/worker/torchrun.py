@@ -21,12 +21,13 @@ Nothing here imports torch at import time: the launcher imports this module for 
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-FORM_ENV = "ELASTIC_RING_SCRIPT_FORM"  # "torchrun": the worker entry runs the script as torchrun would
+from elastic_ring import env
+
+FORM_ENV = env.SCRIPT_FORM  # "torchrun": the worker entry runs the script as torchrun would
 DEFAULT_STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL at a stop: torchrun's own default (its agent's shutdown)
 ROLE = "default"  # torchrun's ROLE_NAME: one role
 
@@ -35,7 +36,7 @@ _STEPS = [0]  # optimizer steps of this process (the hook's count)
 
 def in_use() -> bool:
     """Whether this worker runs a script of torchrun's contract (the launcher said so)."""
-    return os.environ.get(FORM_ENV) == "torchrun"
+    return env.script_form() == "torchrun"
 
 
 def run_env(restarts: int, max_restarts: int, run_id: str) -> dict[str, str]:

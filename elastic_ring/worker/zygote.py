@@ -33,9 +33,10 @@ import sys
 import threading
 import time
 
+from elastic_ring import env as envvars
 from elastic_ring import protocol
 
-ENV = "ELASTIC_RING_ZYGOTE"  # the zygote's abstract socket name, in the workers' environment
+ENV = envvars.ZYGOTE  # the zygote's abstract socket name, in the workers' environment
 _PRELOAD = ("torch", "torch.distributed", "horovod.torch", "elastic_ring.worker.api", "elastic_ring.worker.ring",
             "elastic_ring.worker.hooked", "elastic_ring.worker.hvd_elastic", "elastic_ring.worker.survive",
             "elastic_ring.telemetry.gpu", "elastic_ring.config.api", "elastic_ring.data.datasets",
@@ -55,7 +56,7 @@ def hand_over(module: str, argv: list[str]) -> None:
     answers at ``$ELASTIC_RING_ZYGOTE``, have it fork ``MODULE`` run as ``__main__`` with ``ARGV``,
     stand in for it and end as it ended (this function then never returns). Returns at once when
     there is no zygote to ask."""
-    name = os.environ.get(ENV)
+    name = envvars.zygote()
     if not name:
         return
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -296,7 +297,7 @@ def _end_with_stand_in(conn: socket.socket) -> None:
 
 _RUNNING: list = []  # [(Popen, name)] of this process's zygote, once started
 _REFUSED: list = []  # a zygote that did not start: not tried again by this process
-NO_ZYGOTE_ENV = "ELASTIC_RING_NO_ZYGOTE"  # set (to anything): workers start in their own processes
+NO_ZYGOTE_ENV = envvars.NO_ZYGOTE  # set (to anything): workers start in their own processes
 
 
 def ensure(timeout: float = 60.0) -> str | None:
@@ -305,7 +306,7 @@ def ensure(timeout: float = 60.0) -> str | None:
     import subprocess
     import uuid
 
-    if os.environ.get(NO_ZYGOTE_ENV) or _REFUSED:
+    if envvars.no_zygote() or _REFUSED:
         return None
     if _RUNNING and _RUNNING[0][0].poll() is None:
         return _RUNNING[0][1]

@@ -200,6 +200,11 @@ def test_kill_9_of_rank_1_then_a_stall_of_its_joiner_the_survivor_goes_on_from_m
     grows = [e for e in read_events(run / "events.jsonl", kind="relaunched") if e["to_workers"] == 2]
     assert [(e["from_workers"], e["to_workers"]) for e in reqs] == [(1, 2), (1, 2)], reqs
     assert [e["step"] for e in grows] == [killed["from_step"] + 1, stalled["from_step"] + 1], grows
+    changes = [(e["cause"], e["step"], e["members_before"], e["members_after"], e["state_source"])
+               for e in read_events(run / "events.jsonl", kind="membership_change")]  # one record per change
+    assert changes == [("failure", killed["from_step"], 2, 1, "memory"), ("joiner", grows[0]["step"], 1, 2, "peer"),
+                       ("stall", stalled["from_step"], 2, 1, "memory"),
+                       ("joiner", grows[1]["step"], 1, 2, "peer")], changes
     segs = _members(run)  # rank -> its launcher's stand-in, per segment: rank 0's kept, a new rank 1 each time
     assert [sorted(m) for m in segs] == [[0, 1], [0], [0, 1], [0], [0, 1]] and len({m[0] for m in segs}) == 1, segs
     assert len({segs[0][1], segs[2][1], segs[4][1]}) == 3

@@ -78,7 +78,7 @@ def test_without_horovod_the_collective_is_torch_and_said(monkeypatch, tmp_path)
     assert runs.prepare(RunRequest(run_dir=str(tmp_path / "r"), steps=4), said.append) == "prepared"
     assert seen["collective"] == "torch"
     assert said == ["elastic-ring: Horovod is not installed: the workers use --collective torch "
-                    "(torch.distributed); scripts/setup.sh installs Horovod"]
+                    "(torch.distributed); the [horovod] extra adds Horovod (docs/install.md)"]
     monkeypatch.setattr(hvdrun, "horovod_installed", lambda: True)
     said.clear()
     runs.prepare(RunRequest(run_dir=str(tmp_path / "r2"), steps=4), said.append)

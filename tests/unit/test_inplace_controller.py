@@ -97,7 +97,7 @@ def test_the_elastic_backend_writes_a_scheduled_action_ahead_and_rank_0_or_the_c
 
     from elastic_ring.controller.backends.api import SegmentLaunch
     from elastic_ring.controller.backends.elastic import ElasticBackend
-    from elastic_ring.worker.inplace import inplace_action_file, take_ahead_action
+    from elastic_ring.seam import action_file, take_ahead_action
 
     class Launcher:
         def start(self, cmd, env, log):
@@ -107,19 +107,19 @@ def test_the_elastic_backend_writes_a_scheduled_action_ahead_and_rank_0_or_the_c
     b.start(SegmentLaunch(2, 0, 10, ""), tmp_path / "log")
     nxt = SegmentLaunch(1, 1, 30, "")
     b.report_ahead(nxt)
-    act = json.loads(inplace_action_file(tmp_path, 0).read_text())
+    act = json.loads(action_file(tmp_path, 0).read_text())
     assert (act["to"], act["segment"], act["stop_at"], act["at_step"]) == (1, 1, 30, 10)
     assert discovery_files(tmp_path)[1].read_text() == "localhost:1\n"
     assert b.retract_ahead(5)  # another segment's: nothing to withdraw
     assert take_ahead_action(tmp_path, 0)  # rank 0 first
     assert not b.retract_ahead(0) and not b.retract_ahead(0)  # too late, and stays taken
     b.resize_in_place(0, nxt, 1.0)  # the workers are on their way: no new action
-    assert not inplace_action_file(tmp_path, 0).exists()
+    assert not action_file(tmp_path, 0).exists()
     later = SegmentLaunch(2, 2, 40, "")
     b.report_ahead(later)
     assert b.retract_ahead(1) and not take_ahead_action(tmp_path, 1)  # the controller first
     b.resize_in_place(1, SegmentLaunch(2, 2, 35, ""), 2.0)  # its own word instead, without at_step
-    act = json.loads(inplace_action_file(tmp_path, 1).read_text())
+    act = json.loads(action_file(tmp_path, 1).read_text())
     assert "at_step" not in act and act["stop_at"] == 35
 
 

@@ -207,7 +207,7 @@ class _Server:
 def _ahead_backend(tmp_path):
     from elastic_ring import protocol
     from elastic_ring.controller.backends.api import SegmentLaunch
-    from elastic_ring.worker.inplace import inplace_action_file
+    from elastic_ring.seam import action_file
 
     spec = RunSpec(run_dir=tmp_path, workers=1, schedule=(), slots=2, device="cpu", total_steps=20)
     b = make_ray_backend(spec)
@@ -216,14 +216,14 @@ def _ahead_backend(tmp_path):
     b._ahead = Ahead(3, SegmentLaunch(2, 4, 20, "me"), [], [], [], [spare], srv)
     b.rings.servers = [srv]
     protocol.control_dir(tmp_path).mkdir(parents=True, exist_ok=True)
-    protocol.write_json_atomic(inplace_action_file(tmp_path, 3), {"action": "resize", "at_step": 10})
+    protocol.write_json_atomic(action_file(tmp_path, 3), {"action": "resize", "at_step": 10})
     return b, srv, spare
 
 
 def test_a_ring_written_ahead_is_taken_or_withdrawn_never_both(tmp_path):
     """The action written ahead for a scheduled resize: rank 0 takes it by renaming the file, the
     controller withdraws it the same way; whichever renames first wins, and the other knows."""
-    from elastic_ring.worker.inplace import take_ahead_action
+    from elastic_ring.seam import take_ahead_action
 
     b, srv, spare = _ahead_backend(tmp_path)
     assert b.retract_ahead(2)  # another segment's: nothing to withdraw

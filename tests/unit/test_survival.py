@@ -13,7 +13,7 @@ import pytest
 from elastic_ring import protocol
 from elastic_ring.controller.backends import survival
 from elastic_ring.controller.backends.api import Backend
-from elastic_ring.worker.survive import survivor_file
+from elastic_ring.seam import survivor_file
 
 
 def _member(name, rank, gone=False, pid=None):

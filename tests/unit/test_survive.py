@@ -19,8 +19,9 @@ from elastic_ring.controller.backends.ray_group import RayGroup
 from elastic_ring.controller.backends.ray_members import Member
 from elastic_ring.controller.backends.ray_ring import RingFormer
 from elastic_ring.worker import session, survive
-from elastic_ring.worker.inplace import inplace_action_file
-from elastic_ring.worker.survive import MemoryCopy, common_step, survivor_file
+from elastic_ring.seam import action_file
+from elastic_ring.seam import common_step, survivor_file
+from elastic_ring.worker.survive import MemoryCopy
 
 
 @pytest.mark.parametrize("held, step", [
@@ -98,7 +99,7 @@ def test_the_backend_takes_a_failure_as_a_shrink_when_the_survivors_hold_a_commo
     assert not survivor_file(tmp_path, "w1").exists()  # read once
     # the in-place resize that follows: the survivors' ring, rolled back to the step they hold
     b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
-    act = protocol.read_json(inplace_action_file(tmp_path, 0))
+    act = protocol.read_json(action_file(tmp_path, 0))
     assert act["rollback_to"] == 7 and act["to"] == 1 and set(act["members"]) == {"w1"}
     assert act["members"]["w1"]["HOROVOD_RANK"] == "0" and act["members"]["w1"]["HOROVOD_SIZE"] == "1"
 
@@ -170,10 +171,10 @@ def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_pa
         rec = protocol.read_json(survivor_file(tmp_path, "w1"))
         assert rec["held"] == [7, 8] and rec["segment"] == 3 and rec["rank"] == 0
         assert sorted(rec["digests"]) == ["7", "8"] and rec["digests"]["7"] != rec["digests"]["8"]  # each copy's
-        protocol.write_json_atomic(inplace_action_file(tmp_path, 3), {
+        protocol.write_json_atomic(action_file(tmp_path, 3), {
             "action": "resize", "to": 1, "segment": 4, "stop_at": 20, "rollback_to": 7, "members": {"w1": {}}})
         ring, segment, stop_at, start = survive.survived(HorovodInternalError("gloo: connection closed"))
-        assert ring is job.ring and (segment, stop_at) == (4, 20) and ring.reformed["rollback_to"] == 7
+        assert ring is job.ring and (segment, stop_at) == (4, 20) and ring.reformed.rollback_to == 7
         # the survivor keeps its intra-op threads (not the smaller ring's share), and says so to its job
         assert torch.get_num_threads() == threads_before and ring.threads == threads_before
         assert survive.take_rollback() == {"step": 7} and survive.take_rollback() is None
@@ -444,7 +445,7 @@ def test_inplace_a_worker_lost_is_seen_and_the_survivors_go_on_from_the_step_the
     assert s is not None and (s.step, s.world, s.failure.rank, s.failure.type) == (7, 1, 1, "Killed")
     assert h.poll() is None and h.inner.rc is None  # the job goes on
     b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
-    act = protocol.read_json(inplace_action_file(tmp_path, 0))
+    act = protocol.read_json(action_file(tmp_path, 0))
     assert act["rollback_to"] == 7 and act["to"] == 1 and act["segment"] == 1
     assert _hosts_file(tmp_path) == ([f"{hvdrun.slot_host(0)}:1"] if device == "cpu" else ["localhost:1"])
 
@@ -462,7 +463,7 @@ def test_inplace_on_cpus_rank_0_lost_the_survivor_keeps_its_slot_host_and_the_jo
     s = b.survivors(wait_s=2.0)
     assert s is not None and (s.step, s.world, s.failure.rank) == (7, 1, 0)
     b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
-    assert protocol.read_json(inplace_action_file(tmp_path, 0))["rollback_to"] == 7
+    assert protocol.read_json(action_file(tmp_path, 0))["rollback_to"] == 7
     assert _hosts_file(tmp_path) == [f"{hvdrun.slot_host(0)}:1"]
     protocol.write_json_atomic(protocol.pid_dir(tmp_path) / "seg001-rank0.json",  # the survivor, now rank 0
                                {"rank": 0, "pid": os.getpid(), "segment": 1, "launch_host": hvdrun.slot_host(0)})
@@ -683,7 +684,8 @@ def test_a_survivor_whose_copy_differs_from_the_others_is_broken_the_disk_checkp
     fall back to the disk (no step), as do copies of another step number."""
     import torch
 
-    from elastic_ring.worker.survive import agreed_step, state_digest
+    from elastic_ring.seam import agreed_step
+    from elastic_ring.worker.survive import state_digest
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))

@@ -11,7 +11,7 @@ import torch
 
 from elastic_ring import protocol
 from elastic_ring.worker import survive
-from elastic_ring.worker.inplace import inplace_action_file
+from elastic_ring.seam import action_file
 from tests.unit.test_worker_epochs import Net, _run_script, _segment, distributed  # noqa: F401 - a fixture
 from tests.unit.test_worker_ring import _in_place_job
 
@@ -48,7 +48,7 @@ def test_epoch_loop_survivor_rolls_back_to_the_step_kept_before_the_next_batch(
     run = tmp_path / "run"
     job = _in_place_job(run, monkeypatch, 0, 10**9)
     env = {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "1", "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1"}
-    path = inplace_action_file(run, 0)
+    path = action_file(run, 0)
     path.parent.mkdir(parents=True, exist_ok=True)
     protocol.write_json_atomic(path, {"action": "resize", "to": 1, "segment": 1, "stop_at": 10**9,
                                       "rollback_to": fail - 1, "members": {"w1": env}})

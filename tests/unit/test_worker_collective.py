@@ -27,6 +27,7 @@ from elastic_ring.controller.backends.api import SegmentLaunch
 from elastic_ring.controller.requests import RunRequest, check
 from elastic_ring.errors import UserError
 from elastic_ring.protocol import STORE_FD_ENV
+from elastic_ring.seam import Action, Go
 from elastic_ring.worker import collective as coll_mod
 from elastic_ring.worker.checks import check_collectives_untouched
 from elastic_ring.worker.collective import COLLECTIVES, HorovodCollective, TorchCollective
@@ -248,11 +249,11 @@ def test_the_torch_ring_formed_by_the_controller_adopts_its_go_and_retires_when_
     assert isinstance(ring, ring_mod.TorchControllerRing) and ring.in_place and ring.generation == 0
     env = dict(RANK="2", WORLD_SIZE="3", LOCAL_RANK="2", LOCAL_WORLD_SIZE="3")
     env[ring_mod.STORE_ENV] = "127.0.0.1:1"
-    assert ring._went({"stop_at": 12, "env": env}) == 12 and (ring.rank, ring.size, ring.local_size) == (2, 3, 3)
+    assert ring._went(Go(12, env=env)) == 12 and (ring.rank, ring.size, ring.local_size) == (2, 3, 3)
     destroyed = []
     monkeypatch.setattr("torch.distributed.destroy_process_group", lambda: destroyed.append(1))
     with pytest.raises(ring_mod.Retired):
-        ring.reform({"segment": 3, "members": {"w1": {}}})
+        ring.reform(Action.from_json({"action": "resize", "segment": 3, "members": {"w1": {}}}))
     assert destroyed == [1] and ring._coll is None
 
 
@@ -300,6 +301,7 @@ def test_the_rendezvous_port_is_held_from_the_pick_to_rank_0s_store(monkeypatch)
 _FD_CHECK = '''
 import os, socket
 from elastic_ring.protocol import STORE_FD_ENV
+from elastic_ring.seam import Action, Go
 port = int(os.environ["MASTER_PORT"])
 if os.environ["RANK"] == "0":
     s = socket.socket(fileno=int(os.environ[STORE_FD_ENV]))
@@ -413,7 +415,7 @@ def test_local_ring_grows_ahead_and_shrinks_now_keeping_rank_0(tmp_path):
     rank and store); rank 0 takes it; the shrink formed at the pause leaves the joiner out, which
     then exits RETIRED without failing the group, and a new spare is started for the freed slot."""
     from elastic_ring import protocol
-    from elastic_ring.worker.inplace import inplace_action_file, take_ahead_action
+    from elastic_ring.seam import action_file, take_ahead_action
     from elastic_ring.worker.ring import STORE_ENV
 
     ring, launcher = _local_ring(tmp_path)
@@ -426,7 +428,7 @@ def test_local_ring_grows_ahead_and_shrinks_now_keeping_rank_0(tmp_path):
 
     ring.report_ahead(SegmentLaunch(2, 1, 12, "me"))
     assert len(launcher.started) == 2  # the spare joins: no new process
-    act = protocol.read_json(inplace_action_file(tmp_path, 0))
+    act = protocol.read_json(action_file(tmp_path, 0))
     assert act["at_step"] == 6 and act["to"] == 2 and set(act["members"]) == {"w1", "w2"}
     assert act["members"]["w1"]["RANK"] == "0" and act["members"]["w2"]["RANK"] == "1"
     assert act["members"]["w1"][STORE_ENV].endswith(":5002")
@@ -434,11 +436,11 @@ def test_local_ring_grows_ahead_and_shrinks_now_keeping_rank_0(tmp_path):
     assert go["stop_at"] == 12 and go["env"] == act["members"]["w2"]
     assert take_ahead_action(tmp_path, 0)  # rank 0 takes it at the pause
     ring.resize_in_place(0, SegmentLaunch(2, 1, 12, "me"), 0.0)
-    assert ring._ahead is None and not inplace_action_file(tmp_path, 0).exists()
+    assert ring._ahead is None and not action_file(tmp_path, 0).exists()
     assert [m.rank for m in group.members] == [0, 1] and group.pid == r0.pid
 
     ring.resize_in_place(1, SegmentLaunch(1, 2, 18, "me"), 0.0)  # a shrink, formed at the pause
-    act = protocol.read_json(inplace_action_file(tmp_path, 1))
+    act = protocol.read_json(action_file(tmp_path, 1))
     assert set(act["members"]) == {"w1"} and act["members"]["w1"]["WORLD_SIZE"] == "1"
     assert len(launcher.started) == 3 and launcher.started[2].env["RANK"] == "1"  # a spare for the freed slot
     joiner.rc = protocol.RETIRED
@@ -450,13 +452,13 @@ def test_local_ring_grows_ahead_and_shrinks_now_keeping_rank_0(tmp_path):
 
 
 def test_local_ring_withdraws_ahead_and_a_failure_ends_the_others(tmp_path):
-    from elastic_ring.worker.inplace import inplace_action_file
+    from elastic_ring.seam import action_file
 
     ring, launcher = _local_ring(tmp_path)
     group = ring.start(SegmentLaunch(1, 0, 6, "me"), tmp_path / "seg.log").handle
     r0, spare = launcher.started
     ring.report_ahead(SegmentLaunch(2, 1, 12, "me"))
-    assert ring.retract_ahead(0) and not spare.killed and not inplace_action_file(tmp_path, 0).exists()
+    assert ring.retract_ahead(0) and not spare.killed and not action_file(tmp_path, 0).exists()
     assert group.poll() is None and ring.spares[0].handle is spare  # withdrawn: a spare again
     spare.rc = 1  # the spare died meanwhile: the resize formed now starts a new process
     ring.resize_in_place(0, SegmentLaunch(2, 1, 12, "me"), 0.0)
@@ -650,7 +652,7 @@ def _surviving_ring(tmp_path, world=2):
 
 def _holds(tmp_path, member, held, segment=0):
     from elastic_ring import protocol
-    from elastic_ring.worker.survive import survivor_file
+    from elastic_ring.seam import survivor_file
 
     protocol.write_json_atomic(survivor_file(tmp_path, member), {"member": member, "held": held, "pid": 1,
                                                                  "time": time.time(), "segment": segment})
@@ -693,8 +695,9 @@ def test_local_ring_with_survive_keeps_the_survivors_and_blames_the_dead_rank(tm
     a survivor that could not go on writes) and it says it holds steps 6 and 7: a shrink from
     step 7, rank 1 blamed, rank 0 never; the resize that follows rolls rank 0 back alone."""
     from elastic_ring import protocol
-    from elastic_ring.worker.inplace import inplace_action_file
-    from elastic_ring.worker.survive import SURVIVE_ENV, survivor_file
+    from elastic_ring.seam import action_file
+    from elastic_ring.seam import survivor_file
+    from elastic_ring.worker.survive import SURVIVE_ENV
 
     ring, group, (r0, r1) = _surviving_ring(tmp_path)
     assert r0.env[SURVIVE_ENV] == "1" and r1.env[SURVIVE_ENV] == "1"
@@ -708,14 +711,14 @@ def test_local_ring_with_survive_keeps_the_survivors_and_blames_the_dead_rank(tm
     assert group.poll() is None and [m.name for m in group.members] == ["w1"] and not r0.killed
     assert not survivor_file(tmp_path, "w1").exists()
     ring.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
-    act = protocol.read_json(inplace_action_file(tmp_path, 0))
+    act = protocol.read_json(action_file(tmp_path, 0))
     assert act["rollback_to"] == 7 and act["to"] == 1 and act["members"]["w1"]["RANK"] == "0"
     assert "rank 1 (w2) gone; rank 0 (w1) go on from step 7" in (tmp_path / "logs" / "segment-000-w2.log").read_text()
 
 
 def test_local_ring_survivors_of_a_lost_rank_0_are_renumbered_and_its_own_error_is_named(tmp_path):
     from elastic_ring import protocol
-    from elastic_ring.worker.inplace import inplace_action_file
+    from elastic_ring.seam import action_file
 
     ring, group, (r0, r1, r2) = _surviving_ring(tmp_path, world=3)
     _error(tmp_path, 0, ValueError("boom"))  # rank 0's own error; the others only lost it
@@ -727,7 +730,7 @@ def test_local_ring_survivors_of_a_lost_rank_0_are_renumbered_and_its_own_error_
     s = ring.survivors(wait_s=2.0)
     assert s is not None and (s.step, s.world) == (6, 2) and (s.failure.rank, s.failure.type) == (0, "ValueError")
     ring.resize_in_place(0, SegmentLaunch(2, 1, 20, "me"), time.time())
-    act = protocol.read_json(inplace_action_file(tmp_path, 0))
+    act = protocol.read_json(action_file(tmp_path, 0))
     assert act["rollback_to"] == 6 and [act["members"][n]["RANK"] for n in ("w2", "w3")] == ["0", "1"]
 
 

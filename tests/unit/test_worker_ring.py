@@ -17,11 +17,16 @@ import torch
 
 from elastic_ring import protocol
 from elastic_ring.events import read_events
+from elastic_ring.seam import Action, action_file, taken_action_file
 from elastic_ring.worker import api, ring
 from elastic_ring.worker.hooked import Rejoin
-from elastic_ring.worker.inplace import inplace_action_file, taken_action_file
 from tests.unit.test_worker_epochs import _current, _run_script, _segment, distributed  # noqa: F401 - a fixture
 from tests.unit.test_worker_library import FakeHvd, make_job
+
+
+def _resize(d):
+    """A resize action as a worker reads it (its file's keys)."""
+    return Action.from_json({"action": "resize", **d})
 
 
 def _env(monkeypatch, rank=0, size=1, mode=None) -> None:
@@ -71,11 +76,11 @@ def test_controller_ring_takes_the_members_environment_and_retires_the_others(mo
     monkeypatch.setenv(ring.MEMBER_ENV, "w1")
     r = ring.ring_from_env()
     r.hvd = RingHvd(monkeypatch)
-    r.reform({"segment": 1, "members": {"w1": {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
-                                               "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2"}}})
+    r.reform(_resize({"segment": 1, "members": {"w1": {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
+                                                       "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2"}}}))
     assert (r.rank, r.size) == (1, 2) and r.hvd.calls == ["shutdown", "init"] and not r.alone()
     with pytest.raises(ring.Retired):
-        r.reform({"segment": 2, "members": {"w9": {}}})
+        r.reform(_resize({"segment": 2, "members": {"w9": {}}}))
     assert r.hvd.calls[-1] == "shutdown"  # it left the ring: no init
 
 
@@ -102,7 +107,7 @@ def test_slot_hosts_of_one_host_share_its_cores_as_one_ring(monkeypatch):
     r.hvd = SlotHvd(monkeypatch)
     monkeypatch.setenv("HOROVOD_RANK", "0")
     monkeypatch.setenv("HOROVOD_SIZE", "3")
-    r.reform({"segment": 1})
+    r.reform(_resize({"segment": 1}))
     assert (r.rank, r.size, r.local_rank, r.local_size) == (0, 3, 0, 3)
     assert r.threads == protocol.cpu_threads(3)
 
@@ -136,11 +141,11 @@ def test_in_place_rings_initialise_horovod_without_a_fixed_cycle_time(monkeypatc
         r.init_horovod()
         assert seen[-1] == kept, mode
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")  # (put back by another part of the process)
-    r.reform({"segment": 1, "members": {"": {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "1"}}})
+    r.reform(_resize({"segment": 1, "members": {"": {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "1"}}}))
     elastic = ring.ElasticRing()
     elastic.hvd = fake
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")
-    elastic.reform({"segment": 2})
+    elastic.reform(_resize({"segment": 2}))
     assert seen[-2:] == [None, None]
 
 
@@ -148,7 +153,7 @@ def test_who_may_act_on_an_action_and_when(tmp_path, monkeypatch):
     _env(monkeypatch, 0, 1, "1")
     he = ring.ring_from_env()
     he.hvd = FakeHvd()
-    act = {"action": "resize", "to": 2, "segment": 1, "stop_at": 9, "hosts_written": 100.0}
+    act = Action.from_json({"action": "resize", "to": 2, "segment": 1, "stop_at": 9, "hosts_written": 100.0})
     assert not he.takes(act)  # Horovod's driver has not reported the hosts yet
     he.on_hosts_updated(99.5, None)
     assert he.takes(act)
@@ -157,11 +162,11 @@ def test_who_may_act_on_an_action_and_when(tmp_path, monkeypatch):
     by_controller.hvd = FakeHvd()
     assert by_controller.takes(act)
     # an action written ahead: taken (renamed) at a scheduled stop at its step only
-    path = inplace_action_file(tmp_path, 0)
+    path = action_file(tmp_path, 0)
     path.parent.mkdir(parents=True)
-    protocol.write_json_atomic(path, dict(act, at_step=5))
+    protocol.write_json_atomic(path, dict(act.to_json(), at_step=5))
     got = by_controller.await_action(tmp_path, 0, step=5, scheduled=True)
-    assert got["at_step"] == 5 and taken_action_file(tmp_path, 0).exists() and not path.exists()
+    assert got.at_step == 5 and taken_action_file(tmp_path, 0).exists() and not path.exists()
 
 
 def _in_place_job(tmp_path, monkeypatch, segment, stop_at, r=None, rejoined=False):
@@ -184,7 +189,7 @@ def test_epoch_loop_resized_in_place_runs_again_in_the_process_as_if_never_stopp
     _, ref_model = _segment(tmp_path / "ref", monkeypatch, 0, 10**9, ref)
     run = tmp_path / "run"
     job = _in_place_job(run, monkeypatch, 0, 4)
-    path = inplace_action_file(run, 0)
+    path = action_file(run, 0)
     path.parent.mkdir(parents=True, exist_ok=True)
     env = {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "1", "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1"}
     protocol.write_json_atomic(path, {"action": "resize", "to": 1, "segment": 1, "stop_at": 10**9,

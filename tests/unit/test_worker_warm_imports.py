@@ -50,5 +50,5 @@ def test_a_prelaunched_worker_imports_while_it_waits_for_its_go(tmp_path, monkey
     go.write_text('{"stop_at": 7}')
     r = ring.RelaunchRing.__new__(ring.RelaunchRing)
     rec = r.wait_for_go(go)
-    assert len(calls) == 1 and rec["stop_at"] == 7
+    assert len(calls) == 1 and rec.stop_at == 7
 

@@ -34,6 +34,7 @@ function drawJobs(st) {
       [j.resizes + (j.resizes ? " (" + dur(j.resize_lost_s) + ")" : "")],
     ];
     for (const [text, cls] of cells) tr.appendChild(el("td", cls ? {"class": cls} : {}, text));
+    if (j.last_change) tr.querySelector("td.state").title = "last change: " + j.last_change;
     if (j.state === "failed" && (j.message || j.log)) {  // why, and where the whole story is
       const why = el("div", {"class": "why"});
       if (j.message) why.appendChild(el("div", {"class": "reason"}, j.message));

@@ -10,7 +10,7 @@ pause and rank 0 need not wait for the controller.
 Survivors go on (``--survive``): Horovod Elastic's driver, told not to blacklist this host for a
 worker's failure (patch ``blacklist`` of :mod:`elastic_ring.hvd_patches`), keeps the job up
 when a worker dies; its peers say which steps they hold in memory
-(:func:`elastic_ring.worker.survive.survivor_file`), and when they hold one in common the failure
+(:func:`elastic_ring.seam.survivor_file`), and when they hold one in common the failure
 is a shrink (:meth:`ElasticBackend.survivors`): the in-place resize that follows writes the new
 host list and rolls them back to that step. On CPUs each worker slot is a host of its own
 (:func:`elastic_ring.controller.hvdrun.slot_host`): the list names the survivors' slots in their
@@ -30,13 +30,14 @@ import os
 import time
 from pathlib import Path
 
-from elastic_ring import protocol
+from elastic_ring import protocol, seam
 from elastic_ring.controller import hvdrun
 from elastic_ring.controller.hvdrun import discovery_script_text
 from elastic_ring.controller.backends import survival
 from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Backend, Handle, Launcher, SegmentLaunch, Started,
                                                   Survival, worker_env)
 from elastic_ring.controller.backends.horovodrun import SubprocessLauncher, first_failed_rank, worker_args
+from elastic_ring.env import SURVIVE as SURVIVE_ENV
 
 
 def discovery_files(run_dir: Path) -> tuple[Path, Path]:
@@ -144,7 +145,7 @@ class _Watched:
 
 
 def survivor_records(run_dir: Path, since: float) -> list[dict]:
-    """The survivors' records (:func:`elastic_ring.worker.survive.survivor_file`) newer than ``since``."""
+    """The survivors' records (:func:`elastic_ring.seam.survivor_file`) newer than ``since``."""
     out = []
     for f in protocol.control_dir(run_dir).glob("survivor-*.json"):
         rec = protocol.read_json(f)
@@ -219,8 +220,6 @@ class ElasticBackend(Backend):
         self._live = names or []
         env = worker_env(self.spec, launch.world, elastic=True)
         if self.survive:
-            from elastic_ring.worker.survive import SURVIVE_ENV
-
             env[SURVIVE_ENV] = "1"  # the workers keep their copies; the driver keeps the host (hvdrun)
         if self.slot_hosts:
             env[protocol.SLOT_HOSTS_ENV] = "1"  # hvdrun starts the slot hosts here; a worker's local rank is its rank
@@ -245,16 +244,14 @@ class ElasticBackend(Backend):
         process before they reset), so at the stop the workers re-form the ring at once instead
         of waiting for the discovery. The next segment's (``launch``) action is written ahead too,
         naming the step it applies at: at the pause rank 0 takes it
-        (:func:`elastic_ring.worker.inplace.take_ahead_action`) once the driver has reported the new host
+        (:func:`elastic_ring.seam.take_ahead_action`) once the driver has reported the new host
         list, without waiting for the controller to see the segment's end."""
         self._write_hosts(launch.world)
         cur = self._launch
         if cur is None or self._ahead is not None or launch.segment != cur.segment + 1:
             return
-        from elastic_ring.worker.inplace import write_resize_action
-
         self._ahead, self._ahead_taken = launch, False
-        write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), at_step=cur.stop_at,
+        seam.write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), at_step=cur.stop_at,
                             hosts_written=self.hosts_written)
 
     def retract_ahead(self, segment: int) -> bool:
@@ -265,9 +262,7 @@ class ElasticBackend(Backend):
         if a is None or cur is None or cur.segment != segment:
             return True
         if not self._ahead_taken:
-            from elastic_ring.worker.inplace import withdraw_action_ahead
-
-            self._ahead_taken = not withdraw_action_ahead(self.spec.run_dir, segment)
+            self._ahead_taken = not seam.withdraw_action_ahead(self.spec.run_dir, segment)
         if self._ahead_taken:
             return False
         self._ahead = None
@@ -278,8 +273,6 @@ class ElasticBackend(Backend):
         Horovod's driver notices, starts a worker for a new slot (or ends the one whose slot went),
         and the survivors re-form the ring in their processes. When rank 0 took the action
         written ahead, the workers are already on their way."""
-        from elastic_ring.worker.inplace import write_resize_action
-
         if not self.retract_ahead(paused_segment):
             a = self._ahead
             assert a is not None
@@ -294,13 +287,10 @@ class ElasticBackend(Backend):
         extra = {"hosts_written": self.hosts_written}
         if self._rollback is not None:  # survivors of a failure: the step they all hold in memory
             extra["rollback_to"], self._rollback = self._rollback, None
-        write_resize_action(self.spec.run_dir, paused_segment, launch, t_launch, **extra)
+        seam.write_resize_action(self.spec.run_dir, paused_segment, launch, t_launch, **extra)
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
-        from elastic_ring.worker.inplace import inplace_action_file
-
-        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment),
-                                   {"action": "exit", "time": t})
+        seam.write_exit_action(self.spec.run_dir, paused_segment, t)
 
     def failure_detail(self) -> None:
         return None  # horovodrun's log and the crash records say it all

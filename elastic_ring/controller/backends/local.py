@@ -39,12 +39,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elastic_ring import protocol
+from elastic_ring import protocol, seam
 from elastic_ring.controller.backends import survival
 from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Backend, Handle, Launcher, SegmentLaunch, Started,
                                                   Survival, describe, note, rank_named_in_log, worker_env)
-from elastic_ring.protocol import STORE_FD_ENV
-from elastic_ring.worker.ring import MEMBER_ENV
+from elastic_ring.env import MEMBER as MEMBER_ENV, STORE_FD as STORE_FD_ENV, SURVIVE as SURVIVE_ENV
 from elastic_ring.worker.torchrun import DEFAULT_STOP_GRACE_S
 from elastic_ring.worker.torchrun import rank_env as torchrun_rank_env
 from elastic_ring.worker.torchrun import run_env as torchrun_run_env
@@ -257,7 +256,7 @@ class LocalRingBackend(Backend):
     that the re-form waits for no process start.
 
     Survivors go on (``survive``: ``--survive``): a member's failure no longer ends the others; they
-    say which steps they hold in memory (:func:`elastic_ring.worker.survive.survivor_file`), and when
+    say which steps they hold in memory (:func:`elastic_ring.seam.survivor_file`), and when
     they hold one in common the failure is a shrink (:meth:`survivors`): the in-place resize that
     follows forms their new group (any rank may die: the survivors are renumbered from 0) and rolls
     them back to that step. The dead worker's slot comes back (:attr:`rejoins`): the controller
@@ -300,8 +299,6 @@ class LocalRingBackend(Backend):
         cmd = self._command(launch, go)
         base = worker_env(self.spec, launch.world)
         if self.survive:
-            from elastic_ring.worker.survive import SURVIVE_ENV
-
             base[SURVIVE_ENV] = "1"  # the workers keep their last steps' state in memory
         m.handle = self.launcher.start(cmd, {**base, **env}, log_path)
         return cmd
@@ -345,11 +342,12 @@ class LocalRingBackend(Backend):
         got, self.spares = self.spares[:k], self.spares[k:]
         return got + [self._member() for _ in range(k - len(got))]
 
-    def _go(self, m: LocalMember, launch: SegmentLaunch, env: dict[str, str], t: float) -> dict:
+    def _go(self, m: LocalMember, launch: SegmentLaunch, env: dict[str, str], t: float) -> seam.Go:
         """A joiner's go record: a spare's names its rank and store, and the segment of the pid
         record it writes then (its placeholder's, segment -1, is shared by every spare's)."""
-        spare = {"env": env, "pid_segment": launch.segment} if m.handle is not None else {}
-        return {"stop_at": launch.stop_at, "time": t, **spare}
+        if m.handle is None:
+            return seam.Go(launch.stop_at, t)
+        return seam.Go(launch.stop_at, t, env, pid_segment=launch.segment)
 
     def usable_slots(self, want: int) -> int:
         return self.spec.slots
@@ -435,8 +433,6 @@ class LocalRingBackend(Backend):
     def report_ahead(self, launch: SegmentLaunch) -> None:
         """Form the next group now (its store served, its joiners started with a go file) and
         write its action ahead, naming the step it applies at and the joiners' go records."""
-        from elastic_ring.worker.inplace import write_resize_action
-
         cur = self.launch
         if self.group is None or cur is None or self._ahead is not None or launch.segment != cur.segment + 1:
             return
@@ -454,7 +450,7 @@ class LocalRingBackend(Backend):
             go_files[str(m.go)] = rec
         self.group.waiting += joiners
         self._ahead = _Ahead(cur.segment, launch, keep + joiners, leave, joiners, self.rings.newest)
-        write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), members=envs, at_step=cur.stop_at,
+        seam.write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), members=envs, at_step=cur.stop_at,
                             go_files=go_files)
 
     def retract_ahead(self, segment: int) -> bool:
@@ -464,9 +460,7 @@ class LocalRingBackend(Backend):
         if a is None or a.segment != segment:
             return True
         if not a.taken:
-            from elastic_ring.worker.inplace import withdraw_action_ahead
-
-            a.taken = not withdraw_action_ahead(self.spec.run_dir, segment)
+            a.taken = not seam.withdraw_action_ahead(self.spec.run_dir, segment)
         if a.taken:
             return False
         self._ahead = None
@@ -484,8 +478,6 @@ class LocalRingBackend(Backend):
     def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
         """The paused workers go on as ``launch``: the group formed ahead (rank 0 took it), or one
         formed now (survivors first, then new processes for the joiners)."""
-        from elastic_ring.worker.inplace import write_resize_action
-
         group = self.group
         assert group is not None
         if self.retract_ahead(paused_segment):
@@ -497,10 +489,10 @@ class LocalRingBackend(Backend):
             extra = {}
             if self._rollback is not None:  # survivors of a failure: the step they all hold in memory
                 extra["rollback_to"], self._rollback = self._rollback, None
-            write_resize_action(self.spec.run_dir, paused_segment, launch, t_launch, members=envs, **extra)
+            seam.write_resize_action(self.spec.run_dir, paused_segment, launch, t_launch, members=envs, **extra)
             for m in joiners:
                 if m.handle is not None and m.go is not None:  # a waiting process: its go brings its place
-                    protocol.write_json_atomic(m.go, self._go(m, launch, envs[m.name], t_launch))
+                    seam.write_go(m.go, self._go(m, launch, envs[m.name], t_launch))
                 else:
                     self._spawn(m, launch, envs[m.name], self._log(launch))
         else:
@@ -523,10 +515,7 @@ class LocalRingBackend(Backend):
         self._top_up(launch)
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
-        from elastic_ring.worker.inplace import inplace_action_file
-
-        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment),
-                                   {"action": "exit", "time": t})
+        seam.write_exit_action(self.spec.run_dir, paused_segment, t)
 
 
 def check_torch_nccl() -> None:

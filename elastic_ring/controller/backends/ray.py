@@ -52,7 +52,7 @@ import socket
 import time
 from pathlib import Path
 
-from elastic_ring import protocol
+from elastic_ring import protocol, seam
 from elastic_ring.controller.backends import survival
 from elastic_ring.controller.backends.api import Backend, SegmentLaunch, Started, Survival, describe, note
 from elastic_ring.controller.backends.ray_actors import ActorPool, worker_argv
@@ -61,6 +61,7 @@ from elastic_ring.controller.backends.ray_group import RayGroup
 from elastic_ring.controller.backends.ray_members import Ahead, Member
 from elastic_ring.controller.backends.ray_ring import RingFormer
 from elastic_ring.controller.backends.ray_worker import READY_TIMEOUT_S
+from elastic_ring.env import SURVIVE as SURVIVE_ENV
 from elastic_ring.errors import UserError
 
 _FREE_WAIT_S = 3.0  # at a restart, how long released resources may take to show as free
@@ -298,7 +299,7 @@ class RayBackend(Backend):
         """A scheduled resize to ``launch`` at the end of the running segment: form its ring now
         (spares taken, its rendezvous served, every member's environment) and write the action
         ahead, with the step it applies at and the joiners' go files. At the pause rank 0 takes it
-        (:func:`elastic_ring.worker.inplace.take_ahead_action`) and the ring re-forms without waiting
+        (:func:`elastic_ring.seam.take_ahead_action`) and the ring re-forms without waiting
         for the controller. Not done while a joiner would have to be a cold actor: tried again at
         each poll until the spares are up."""
         if self.group is None or self.launch is None or self._ahead is not None:
@@ -312,12 +313,9 @@ class RayBackend(Backend):
         joiners = [sp.member() for sp in spares]
         members = keep + joiners
         envs = self.rings.form(members)
-        go_files = {str(m.go): {"stop_at": launch.stop_at, "time": time.time(), "env": envs[m.name]}
-                    for m in joiners}
-        from elastic_ring.worker.inplace import write_resize_action
-
+        go_files = {str(m.go): seam.Go(launch.stop_at, time.time(), envs[m.name]) for m in joiners}
         self._ahead = Ahead(cur.segment, launch, members, leave, joiners, spares, self.rings.newest)
-        write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), members=envs, at_step=cur.stop_at,
+        seam.write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), members=envs, at_step=cur.stop_at,
                             go_files=go_files)
 
     def retract_ahead(self, segment: int) -> bool:
@@ -330,9 +328,7 @@ class RayBackend(Backend):
         if a is None or a.segment != segment:
             return True
         if not a.taken:
-            from elastic_ring.worker.inplace import withdraw_action_ahead
-
-            a.taken = not withdraw_action_ahead(self.spec.run_dir, segment)
+            a.taken = not seam.withdraw_action_ahead(self.spec.run_dir, segment)
         if a.taken:
             return False
         self._ahead = None
@@ -383,10 +379,7 @@ class RayBackend(Backend):
             self.pool.refill(b, PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=b), launch)
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
-        from elastic_ring.worker.inplace import inplace_action_file
-
-        protocol.write_json_atomic(inplace_action_file(self.spec.run_dir, paused_segment),
-                                   {"action": "exit", "time": t})
+        seam.write_exit_action(self.spec.run_dir, paused_segment, t)
 
     # ------------------------------------------------------------------ between polls
     def _form_wanted_ahead(self, group: RayGroup) -> None:
@@ -419,13 +412,10 @@ class RayBackend(Backend):
         extra = {"members": envs}
         if self._rollback is not None:  # survivors of a failure: the step they all hold in memory
             extra["rollback_to"], self._rollback = self._rollback, None
-        from elastic_ring.worker.inplace import write_resize_action
-
-        write_resize_action(self.spec.run_dir, paused_segment, launch, t_launch, **extra)
+        seam.write_resize_action(self.spec.run_dir, paused_segment, launch, t_launch, **extra)
         for m in joiners:
             if m.go is not None:  # a pre-started spare: its go brings its place in the ring
-                protocol.write_json_atomic(m.go, {"stop_at": launch.stop_at, "time": t_launch,
-                                                  "env": envs[m.name]})
+                seam.write_go(m.go, seam.Go(launch.stop_at, t_launch, envs[m.name]))
             else:
                 self.pool.run(m, launch, envs[m.name])
         return members, leave, joiners
@@ -461,8 +451,6 @@ def make_ray_backend(spec, address: str | None = None, strategy: str = "PACK", w
     :func:`elastic_ring.controller.requests.check`). ``collective="torch"``: the controller forms a
     ``torch.distributed`` process group per segment (:class:`~.torch_ring.TorchRingFormer`: a
     store it serves, each member's rank), and a spare waits with a placeholder rank."""
-    from elastic_ring.worker.survive import SURVIVE_ENV
-
     cluster = RayCluster(address, strategy, cpus_per_worker, gpus_per_worker)
     env = {SURVIVE_ENV: "1"} if survive else {}
     rings = None

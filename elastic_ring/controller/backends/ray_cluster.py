@@ -5,7 +5,6 @@ workers the free resources hold, and placement groups of worker bundles (one kep
 
 from __future__ import annotations
 
-import os
 import socket
 import uuid
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 from elastic_ring import protocol
 from elastic_ring.controller.backends.ray_worker import READY_TIMEOUT_S, sees_file
+from elastic_ring.env import ray_address
 from elastic_ring.errors import UserError
 
 class RayCluster:
@@ -26,7 +26,7 @@ class RayCluster:
         self._reserved: tuple[Any, int] | None = None  # (placement group, size) kept for the restart
 
     def where(self) -> str:
-        return self.address or os.environ.get("RAY_ADDRESS") or "local"
+        return self.address or ray_address() or "local"
 
     def connect(self, run_dir: Path) -> bool:
         """Join (or start) the Ray cluster and check that every node sees ``run_dir``; False when
@@ -35,7 +35,7 @@ class RayCluster:
             return False
         import ray
 
-        address = self.address or os.environ.get("RAY_ADDRESS") or None
+        address = self.address or ray_address() or None
         kw: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False,
                               "ignore_reinit_error": True}
         if address is None:  # a local Ray, started here: a small object store (we store nothing)

@@ -51,10 +51,9 @@ class WorkerActor:
                 "pid": os.getpid(), "host": socket.gethostname(), "import_s": self.import_s}
 
     def run(self, argv: list[str], env: dict[str, str], log_path: str) -> int:
-        from elastic_ring.worker import api, survive
+        from elastic_ring.worker import api
 
         api.reset()  # a new job in this process (a retired worker's, serving again)
-        survive.reset()
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)

@@ -4,11 +4,11 @@ that keeps survivors (:class:`~.local.LocalRingBackend`, :class:`~.elastic.Elast
 :class:`~.ray.RayBackend`).
 
 A backend names the members of the failed group as :class:`Member` views: the name of the file a
-member's record is in (:func:`elastic_ring.worker.survive.survivor_file`), its rank, the process
+member's record is in (:func:`elastic_ring.seam.survivor_file`), its rank, the process
 the record must come from, and how to tell that process is gone. :func:`hear` waits until every
 member has either said which steps it holds or is gone (or the wait is over), and returns what it
 heard (:class:`Heard`): the records, the members gone, and the step they all go on from, or why
-not (the restart's ``memory_refused``: :func:`~elastic_ring.worker.survive.agreement`).
+not (the restart's ``memory_refused``: :func:`~elastic_ring.seam.agreement`).
 :func:`blame` names the failure of the shrink as a restart would, from what the backend knows: the
 gone members' crash records (:func:`elastic_ring.protocol.blame`), a failure its launcher already
 blamed (the Ray ring's), the ranks of a lost node. The rest is each backend's own: which members
@@ -73,10 +73,10 @@ def hear(run_dir: Path, members: Sequence[Member], segment: int | None, since: f
     files are removed). Then whether they go on, and from which step: not when a survivor spoke
     of another segment than ``segment`` (a failure at a resize), when a member is gone and
     ``gone_refuses`` (the members are the survivors of a failure already blamed: one more gone is
-    a restart; the wait ends at the first), nor when :func:`~elastic_ring.worker.survive.agreement`
+    a restart; the wait ends at the first), nor when :func:`~elastic_ring.seam.agreement`
     refuses (silent members, none said, none gone: ``known_gone`` counts those gone before the
     wait; no common step, or its copies differ)."""
-    from elastic_ring.worker.survive import agreement, survivor_file
+    from elastic_ring.seam import agreement, survivor_file
 
     t0 = time.time()
     records: dict[str, dict[str, Any]] = {}
