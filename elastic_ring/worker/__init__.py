@@ -6,7 +6,7 @@
 Importing this package imports neither torch nor Horovod.
 """
 
-from elastic_ring.worker.api import Job, NotLaunchedError, Sampler, init
+from elastic_ring.worker.api import Job, NotLaunchedError, Sampler, StopReason, init
 from elastic_ring.worker.data import DistributedSampler
 
-__all__ = ["DistributedSampler", "Job", "NotLaunchedError", "Sampler", "init"]
+__all__ = ["DistributedSampler", "Job", "NotLaunchedError", "Sampler", "StopReason", "init"]

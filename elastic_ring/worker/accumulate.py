@@ -195,7 +195,7 @@ class EpochAccumulation:
         optimizer._elastic_ring_accumulation = self
 
     def layout(self) -> Layout:
-        sampler = self.job.epoch_data.training_sampler()
+        sampler = self.job._epoch_data.training_sampler()
         lay = sampler._layout() if sampler is not None else None
         if lay is None:
             raise ContractError("a constant global batch in an epoch loop is split by elastic.DistributedSampler: "

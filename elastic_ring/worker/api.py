@@ -43,7 +43,8 @@ vote (:mod:`elastic_ring.worker.segment`), the registered state and its sync
 (:mod:`elastic_ring.worker.sync`), the checkpoints (:mod:`elastic_ring.worker.checkpoints`) and
 the progress it reports (:mod:`elastic_ring.worker.progress`); the loops that drive a segment are
 :mod:`elastic_ring.worker.loop` (``job.steps()``), :mod:`elastic_ring.worker.hooked` (an epoch
-loop) and :mod:`elastic_ring.worker.hvd_elastic` (a Horovod Elastic script). The parts' collectives
+loop) and :mod:`elastic_ring.worker.hvd_elastic` (a Horovod Elastic script), which all call one
+step boundary between two steps (:mod:`elastic_ring.worker.boundary`). The parts' collectives
 go through the ring's :mod:`elastic_ring.worker.collective`: Horovod's, or ``torch.distributed``'s
 with ``elastic-ring train --collective torch`` (then ``init()`` forms the process group and
 :meth:`Job.parallel` wraps the model in ``DistributedDataParallel``).
@@ -65,9 +66,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from elastic_ring import protocol
 from elastic_ring.env import launched_at, process_start
 from elastic_ring.protocol import LaunchInfo
-from elastic_ring.seam import Action
 from elastic_ring.worker import session, stepcost
 from elastic_ring.worker.allocator import keep_freed_memory
+from elastic_ring.worker.boundary import StepBoundary
 from elastic_ring.worker.checkpoints import Checkpoints
 from elastic_ring.worker.checks import check_collectives_untouched
 from elastic_ring.worker.data import DistributedSampler
@@ -76,15 +77,16 @@ from elastic_ring.worker.hooked import HookedSteps
 from elastic_ring.worker.progress import Progress, StartUp
 from elastic_ring.worker.ring import Ring, launched_under_horovod_elastic, ring_from_env
 from elastic_ring.worker.sampler import Sampler
-from elastic_ring.worker.segment import Segment, StopVote
-from elastic_ring.worker.survive import reform_survivors, take_rollback
+from elastic_ring.worker.segment import Segment, StopReason, StopVote
 from elastic_ring.worker.survive import reset as survive_reset
+from elastic_ring.worker.survive import take_rollback
 from elastic_ring.worker.sync import StateSync
 
 if TYPE_CHECKING:
     from elastic_ring.worker.plain import PlainJob
 
-__all__ = ["ContractError", "DistributedSampler", "Job", "NotLaunchedError", "Sampler", "init", "reset"]
+__all__ = ["ContractError", "DistributedSampler", "Job", "NotLaunchedError", "Sampler", "StopReason", "init",
+           "reset"]
 
 _T_IMPORTED = time.time()
 
@@ -123,8 +125,10 @@ class Job:
     (:class:`~elastic_ring.worker.ring.Ring`), ``seg`` (:class:`~elastic_ring.worker.segment.Segment`),
     ``vote`` (:class:`~elastic_ring.worker.segment.StopVote`), ``state``
     (:class:`~elastic_ring.worker.sync.StateSync`), ``checkpoints``
-    (:class:`~elastic_ring.worker.checkpoints.Checkpoints`) and ``progress``
-    (:class:`~elastic_ring.worker.progress.Progress`). ``ring``: the ring (default: this
+    (:class:`~elastic_ring.worker.checkpoints.Checkpoints`), ``progress``
+    (:class:`~elastic_ring.worker.progress.Progress`) and ``boundary``
+    (:class:`~elastic_ring.worker.boundary.StepBoundary`: what every loop form does between two
+    steps, and a segment's stop, pause, in-place re-form and end). ``ring``: the ring (default: this
     launch's, from the environment); ``rejoined``: the job starts over in this process, in
     ``ring`` re-formed in place (``start``: the reset's start-up phases so far).
     """
@@ -147,10 +151,11 @@ class Job:
         self.checkpoints = Checkpoints(info, self.state.snapshot, self.progress, lambda: self.ring.size,
                                        self.state.current_lr)
         self.vote = StopVote(self.run_dir, self.ring, self.seg, info.control_every, info.stop_latency_ms / 1000)
-        self.hooked = HookedSteps(self)  # the steps counted at the optimizer's (an epoch loop)
-        self.meter = stepcost.install(self)  # ELASTIC_RING_STEP_COST: the boundary's parts timed
         self.form = "optimizer"  # where the steps are: "optimizer" (its steps), "steps" (job.steps()),
         #                          "commits" (a Horovod Elastic script's)
+        self.boundary = StepBoundary(self)  # everything between two steps, for every form
+        self.hooked = HookedSteps(self)  # the steps counted at the optimizer's (an epoch loop)
+        self.meter = stepcost.install(self)  # ELASTIC_RING_STEP_COST: the boundary's parts timed
         self.rejoined = rejoined  # started over in this process, in the ring re-formed in place
         self.restored = False
         self._step_depth = 0  # inside the registered optimizer's step (its hooks may nest)
@@ -174,17 +179,17 @@ class Job:
     local_size = property(lambda self: self.ring.local_size)
     hvd = property(lambda self: self.ring.hvd)
     collective = property(lambda self: self.ring.coll, doc="the job's collectives (worker.collective)")
-    inplace = property(lambda self: self.ring.in_place, doc="resized in place: the processes stay")
     segment = property(lambda self: self.seg.number)
     stop_at = property(lambda self: self.seg.stop_at)
     total_steps = property(lambda self: self.seg.total_steps)
     finished = property(lambda self: self.seg.finished)
-    stop_reason = property(lambda self: self.seg.stop_reason)
+    stop_reason = property(lambda self: self.seg.stop_reason,
+                           doc="why the segment's steps stopped (a StopReason; None before they did)")
     resumed = property(lambda self: self.state.resumed)
     previous_world = property(lambda self: self.state.previous_world)
     lr_factor = property(lambda self: self.state.lr_factor, doc="the product of all LR rescalings so far")
     extras = property(lambda self: self.state.extras)
-    epoch_data = property(lambda self: self.state.epoch_data)
+    _epoch_data = property(lambda self: self.state.epoch_data)  # the drop-in samplers' (worker.data)
     global_batch = property(lambda self: (self.info.global_batch or None) if self.info.lr_scaling ==
                             "constant-batch" else None,
                             doc="the run's constant global batch (--lr-scaling constant-batch), else None")
@@ -371,10 +376,6 @@ class Job:
         self.progress.start.mark("restore_broadcast")
         self.checkpoints.last_step = self.step
 
-    def state_dict(self, step: int) -> dict[str, Any]:
-        """A CPU snapshot of everything a resume needs (taken on the training thread)."""
-        return self.state.snapshot(step)
-
     # ------------------------------------------------------------------ the step loop
     def record(self, loss: Any = None, samples: int | None = None) -> None:
         """Per step: this rank's loss (a tensor is read only at window ends) and samples used."""
@@ -388,15 +389,13 @@ class Job:
                 samples = sampler.layout().samples_at(self.seg.current or self.seg.step + 1)
         w.samples += int(samples or 0)
 
-    def current_lr(self) -> float:
-        return self.state.current_lr()
-
     def steps(self) -> Iterator[int]:
         """Yield the steps of this segment; stop where the controller asks (see module docstring).
 
         Where the ring is re-formed in place (``--relaunch inplace``, the Ray backend) a stop for a
         resize does not end the loop: the workers pause, the ring is re-formed at the new size
-        (:meth:`reform`), and the loop goes on with the next segment in the same processes.
+        (:meth:`~elastic_ring.worker.boundary.StepBoundary.reform`), and the loop goes on with the
+        next segment in the same processes.
         """
         from elastic_ring.worker.loop import flat_steps
 
@@ -409,91 +408,6 @@ class Job:
             self.restore()
         steps = flat_steps(self)
         return self.meter.iterate(steps, "boundary") if self.meter else steps
-
-    # ------------------------------------------------------------------ what the loops share
-    def between_steps(self, step: int, now: float, periodic: bool = True) -> None:
-        """After ``step``: the evaluation when due (kept out of the throughput window); on rank 0
-        the periodic checkpoint (unless not ``periodic`` now) and the progress file."""
-        if self.progress.evaluation_due(step):
-            with self.progress.evaluating():
-                self.progress.evaluate(step)
-        if self.rank == 0:
-            if periodic:
-                self.checkpoints.maybe_periodic(step, self.stop_at)
-            self.progress.write_progress(step, now, self.vote.every)
-
-    def pause(self) -> Action:
-        """A segment resized in place ends: its ``segment_end`` (rank 0), then all ranks wait for
-        the controller's word (:meth:`Ring.await_action`). At a scheduled stop rank 0 first takes
-        the next ring written ahead, if one is: the controller follows the workers once it reads
-        the ``segment_end``, and before, it could withdraw that ring between the event and rank
-        0's take (seen on a loaded machine: the test's ``inplace-1.taken.json`` missing)."""
-        from elastic_ring.events.api import SegmentEnd
-
-        seg = self.seg
-        self.progress.flush_window()  # the last window's event before the segment's end
-        scheduled, taken = seg.stop_reason == "scheduled", None
-        if self.rank == 0:
-            taken = self.ring.take_ahead(self.run_dir, seg.number, seg.step, scheduled)
-            self.progress.emit(SegmentEnd(segment=seg.number, world_size=self.size, step=seg.step,
-                                          reason=seg.stop_reason, lr=self.current_lr(),
-                                          stop_decided_at=seg.decided))
-        self.progress.heartbeat(seg.step, "paused")
-        return self.ring.await_action(self.run_dir, seg.number, seg.step, scheduled, taken=taken)
-
-    def reform(self, action: Action, before_sync: Callable[[], None] | None = None) -> None:
-        """Re-form the ring at the new size in this process, then sync rank 0's live state.
-
-        The ring's ``reform`` (:mod:`elastic_ring.worker.ring`; a worker left out raises
-        :class:`~elastic_ring.worker.ring.Retired`); a new worker runs :meth:`restore`, whose
-        collectives match :meth:`_sync` here: rank 0 broadcasts the counters (step, sample cursor,
-        LR factor, extras, segment and stop step), the optimizer state and the weights; then every
-        rank applies the LR rule. ``before_sync``: Horovod Elastic's reset callbacks, which run
-        before the state comes from rank 0. The sample cursor is global, so the next step's shares
-        are re-partitioned over the new ranks: every sample of an epoch is still used once.
-        """
-        t0 = time.time()
-        meta = self.state.live_meta(next_segment=action.segment, stop_at=action.stop_at)
-        if action.rollback_to is not None:  # the survivors of a failure (a Horovod Elastic script's)
-            reform_survivors(self.ring, action)
-        else:
-            self.ring.reform(action)
-        start = self.progress.start
-        start.restart(t0)
-        start.mark("hvd_reinit")
-        self.progress.open_events()
-        if before_sync is not None:
-            before_sync()
-        # a ring of one: rank 0 alone, whose state is the state (a broadcast to itself is a no-op)
-        self._sync(meta if self.rank == 0 else None, local=self.ring.alone())
-        start.mark("sync")
-
-    def end_segment(self, evaluate: bool = True, checkpoint: bool = True) -> None:
-        """The segment's end, once its stop is agreed (``seg.stop_reason``): the final evaluation
-        of a finished run, the checkpoint and ``segment_end`` (rank 0; a segment resized in place
-        told its end at the pause), and all ranks leave together."""
-        from elastic_ring.events.api import SegmentEnd
-
-        seg = self.seg
-        self.progress.flush_window()  # the last window's event before the segment's end
-        if self.meter is not None:
-            c = self.meter.calls
-            self.meter.write(self.run_dir, seg.number, self.rank,
-                             max(c["boundary"] + 1, c["hooks.after"], c["hvd.after"]), form=self.form,
-                             collective=self.collective.name, vote_every=getattr(self.vote, "every", None))
-        self.progress.heartbeat(seg.step, "ending")
-        if seg.finished and evaluate:
-            self.progress.heartbeat(seg.step, "eval")
-            self.progress.evaluate(seg.step)
-        if self.rank == 0:
-            self.progress.flush_progress()
-            if checkpoint:
-                self.checkpoints.write(seg.step, wait=True)
-            if not self.ring.in_place or seg.finished:
-                self.progress.emit(SegmentEnd(segment=seg.number, world_size=self.size, step=seg.step,
-                                              reason=seg.stop_reason, lr=self.current_lr(),
-                                              stop_decided_at=seg.decided))
-        self.ring.coll.barrier(name="exit_barrier")  # leave together
 
 
 def init(lazy: bool = False, warm_compile: bool = True) -> "Job | PlainJob":

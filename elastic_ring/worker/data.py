@@ -125,7 +125,7 @@ class DistributedSampler:
         if (self.num_replicas, self.rank) != (self.job.size, self.job.rank):
             raise ContractError(f"DistributedSampler(num_replicas={self.num_replicas}, rank={self.rank}): "
                                 f"this worker is rank {self.job.rank} of {self.job.size}")
-        self.data = self.job.epoch_data
+        self.data = self.job._epoch_data
         self.index = len(self.data.samplers)  # the script creates its samplers in the same order
         self._start = 0  # the position this epoch's iteration started at
         self._pulled = self._pulled_at_step = 0  # indices handed out by the iteration (at the last step)

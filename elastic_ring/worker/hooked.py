@@ -41,20 +41,10 @@ from __future__ import annotations
 import time
 from typing import Any, Iterator
 
-from elastic_ring.worker import survive
-from elastic_ring.worker.errors import ContractError
+from elastic_ring.worker.boundary import StopReason, check_restored_weights
 from elastic_ring.worker.state import _rng_state
 
-
-def check_restored_weights(job: Any) -> None:
-    """Before the first step after a resume: stop (one line, not retried) if the script wrote other
-    weights over the restored ones, e.g. its own checkpoint loaded after ``job.restore()``."""
-    if job.state.restored_weights_overwritten():
-        raise ContractError(
-            f"the script loaded other weights after elastic-ring restored step {job.step} "
-            "(its own checkpoint?): training on would mix two positions; load your own "
-            "checkpoint before job.restore()/job.epochs(), or leave resuming to elastic-ring "
-            "(docs/worker.md, 'A script's own checkpoints')")
+__all__ = ["HookedSteps", "Rejoin", "StopSegment", "check_restored_weights"]
 
 
 class StopSegment(BaseException):
@@ -73,27 +63,28 @@ class Rejoin(StopSegment):
 
 
 class HookedSteps:
-    """The segment's steps counted at the registered optimizer's steps (see the module docstring)."""
+    """The segment's steps counted at the registered optimizer's steps (see the module docstring);
+    what happens between two of them is the job's :class:`~elastic_ring.worker.boundary.StepBoundary`."""
 
     def __init__(self, job: Any) -> None:
         self.job = job
+        self.boundary = job.boundary
         self.count = 0  # steps counted by the hooks in this process
-        self.pending: str | None = None  # a stop decided, acted on at the next point between steps
-        self.vote = None  # the stop vote in flight
-        self.vote_step = 0  # the step after which it started
+        self.pending: StopReason | None = None  # a stop decided, acted on at the next point between steps
         self.between_done = -1  # the last step whose between-steps work is done
         self.first_step: int | None = None
         self.ended = False
-        self.copy = None  # --survive: the last completed steps' state in memory (started once)
         self.copies_started = False
         self.rng_at_restore = None  # the RNG right after restore(): the restored step's, for its copy
         self.rng_step = -1  # the step whose RNG state.saved_rng holds (rank 0; every rank with copies)
-        self.t_step_done: float | None = None  # when the last step's post-hook ended
+        self._sampler = None  # the training sampler at the last step (the throughput window's epoch)
 
     # ------------------------------------------------------------------ --survive: the copy in memory
     def restored(self) -> None:
         """``job.restore()`` is done: remember the RNG of the restored step (for its copy, taken
         after the script's loader and forward have drawn from it), where copies are kept."""
+        from elastic_ring.worker import survive
+
         if survive.enabled() and self.job.ring.in_place:
             self.rng_at_restore = _rng_state()
 
@@ -102,19 +93,18 @@ class HookedSteps:
         if self.copies_started:
             return
         self.copies_started = True
-        self.copy = survive.memory_copy(self.job)
-        if self.copy is not None:
-            self.job.epoch_data.before_batch = self.keep_copy
+        if self.boundary.start_copies() is not None:
+            self.job._epoch_data.before_batch = self.keep_copy
 
     def keep_copy(self) -> None:
         """The last completed step is done with (the script's code after it has run) and the next
         one has not started: copy its state (once per step; see the module docstring)."""
-        if self.copy is None or self.ended:
+        if self.boundary.copy is None or self.ended:
             return
         state = self.job.state
         if state.saved_rng is None:  # no step yet in this job: the RNG as restored
             state.saved_rng = self.rng_at_restore
-        self.copy.keep(self.job.step)
+        self.boundary.keep_copy(self.job.step)
 
     # ------------------------------------------------------------------ the optimizer's hooks
     def before_step(self) -> None:
@@ -123,51 +113,31 @@ class HookedSteps:
         if self.first_step is None:  # the segment's first step
             check_restored_weights(job)
             self.first_step = job.step + 1
-            job.progress.begin_segment(job.current_lr())
-            job.vote.begin()
+            self.boundary.epoch = self._epoch
+            self.boundary.begin(job.state.current_lr())
             self.start_copies()
             self.keep_copy()
             return
         self.between(job.step)
 
     def after_step(self) -> None:
-        """Post-hook: count the step, move the data position, time it, start the stop vote."""
+        """Post-hook: move the data position, then the step boundary (count, time, the stop)."""
         job = self.job
-        seg, progress, info = job.seg, job.progress, job.info
-        step = seg.step + 1
-        seg.step = seg.current = step
+        step = job.seg.step + 1
+        job.seg.current = step
         self.count += 1
-        sampler = job.epoch_data.training_sampler()
+        sampler = self._sampler = job._epoch_data.training_sampler()
         if sampler is not None and job.elastic:
             sampler.advance(int(getattr(job.state.optimizer, "backward_passes_per_step", 1) or 1))
-        progress.heartbeat(step, "step")
-        w = progress.window
-        w.steps += 1
-        w.samples += self._samples(sampler)
-        now = time.time()
-        if step == self.first_step:
-            progress.first_step(step, now)
-        elif w.steps >= info.throughput_window or step == seg.stop_at:
-            pos = job.epoch_data.position  # the script's epoch (job.epochs()), else its sampler's
-            epoch = pos.epoch if pos.epoch is not None else sampler.epoch if sampler is not None else 0
-            progress.last_loss, now = progress.close_window(step, epoch)
-        self.t_step_done = now
-        if step >= seg.total_steps:
-            self.pending = "finished"
-        elif step >= seg.stop_at:
-            self.pending = "scheduled"
-        elif self.vote is not None and self.vote_step < step:
-            # started after an earlier step, it has travelled with this step's gradients: done now
-            # (read at the next pre-hook instead, before the optimizer waits for this step's
-            # gradients, Horovod's would wait for its next negotiation round: 2.6 ms on average)
-            stop, early = job.vote.result(self.vote)
-            self.vote = None
-            self.pending = "finished" if early else "requested" if stop else None
-        if self.pending is None and self.vote is None and job.vote.due(step):
-            self.vote, self.vote_step = job.vote.start(step), step
+        self.pending = self.boundary.after_step(step, self._samples(sampler))
         if self._rng_wanted(step, sampler):  # what a checkpoint before the next step holds
             job.state.saved_rng = _rng_state()
             self.rng_step = step
+
+    def _epoch(self) -> int:
+        """The epoch a throughput window names: the script's (job.epochs()), else its sampler's."""
+        pos, sampler = self.job._epoch_data.position, self._sampler
+        return pos.epoch if pos.epoch is not None else sampler.epoch if sampler is not None else 0
 
     def _rng_wanted(self, step: int, sampler) -> bool:
         """Whether the RNG right after ``step`` may be saved before the next step: by a copy kept
@@ -177,15 +147,15 @@ class HookedSteps:
         the training sampler is not elastic-ring's). Else it is not taken (tens of microseconds:
         numpy's and Python's states are copied element by element); a periodic checkpoint that
         falls due before the next step without it waits for the next step (:meth:`between`)."""
-        job = self.job
-        if self.copy is not None:
+        job, boundary = self.job, self.boundary
+        if boundary.copy is not None:
             return True
         if job.rank != 0:
             return False
-        if self.pending is not None or self.vote is not None or job.checkpoints.due(step, job.seg.stop_at):
+        if self.pending is not None or boundary.handle is not None or job.checkpoints.due(step, job.seg.stop_at):
             return True
         # no sampler of ours: where an epoch ends is not known
-        return sampler is None or job.epoch_data.position.pos >= len(sampler.dataset)
+        return sampler is None or job._epoch_data.position.pos >= len(sampler.dataset)
 
     def _samples(self, sampler) -> int:
         if sampler is None:
@@ -197,67 +167,59 @@ class HookedSteps:
     def between(self, step: int) -> None:
         """After the script's code of ``step``: evaluation, periodic checkpoint; the stop, if agreed
         (at ``step``'s post-hook: a stop vote read, the run's length or the segment's stop step)."""
-        job = self.job
         self.keep_copy()
         if step > self.between_done:
             self.between_done = step
             # (a periodic checkpoint only with the RNG as right after the step: else at the next)
-            job.between_steps(step, time.time(), periodic=self.rng_step == step)
+            self.boundary.between(step, time.time(), periodic=self.rng_step == step)
         if self.pending is not None:
             self.stop(self.pending)
 
-    def _complete_vote(self) -> None:
-        if self.vote is not None:  # every rank has the same vote in flight: complete it
-            self.job.vote.result(self.vote)
-            self.vote = None
-
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: StopReason) -> None:
         """Checkpoint (rank 0), the segment's end, all ranks leave together: :class:`StopSegment`;
         or, resized in place, :class:`Rejoin` once the ring is re-formed."""
-        job = self.job
-        self._complete_vote()
+        job, boundary = self.job, self.boundary
+        reason = boundary.stopped(reason)  # the vote in flight completed
         checkpointed = False
-        if job.ring.in_place and reason != "finished":
+        if job.ring.in_place and reason is not StopReason.FINISHED:
             self.ended = True
-            job.seg.stopped(reason, time.time())
             if job.rank == 0:
                 job.checkpoints.write(job.step, wait=True)
             checkpointed = True
-            action = job.pause()
+            action = boundary.pause()
             if action.is_resize:
-                start = job.progress.start
-                t0 = time.time()
-                job.ring.reform(action)  # a worker left out retires here
-                start.restart(t0)
-                start.mark("hvd_reinit")
-                raise Rejoin(job.ring, action.segment, action.stop_at, start)
+                boundary.reform_ring(action)  # a worker left out retires here
+                raise Rejoin(job.ring, action.segment, action.stop_at, job.progress.start)
             self.ended = False
-        self.end(reason, checkpoint=not checkpointed)
+        self._end(checkpoint=not checkpointed)
         raise StopSegment(reason)
 
-    def end(self, reason: str, checkpoint: bool = True) -> None:
+    def end(self, reason: StopReason) -> None:
         """The segment's end (also the run's, ``finished``): what ``job.steps()`` does after its loop."""
         if self.ended:
             return
-        self.ended = True
-        self.job.seg.stopped(reason, time.time())
-        self.job.end_segment(checkpoint=checkpoint)
+        self.boundary.stopped(reason)
+        self._end()
 
-    # ------------------------------------------------------------------ the epoch loop
+    def _end(self, checkpoint: bool = True) -> None:
+        self.ended = True
+        self.boundary.end(checkpoint=checkpoint)
+
     def _leave_out_epoch_end(self) -> None:
         """The script's end-of-epoch code (its own test, a checkpoint of its own) ran since the
         epoch's last step: that time is no step's, so the throughput window leaves it out."""
-        w, t = self.job.progress.window, self.t_step_done
+        w, t = self.job.progress.window, self.boundary.t_done
         if w.t0 is not None and t is not None:
             w.t0 += time.time() - max(t, w.t0)
-        self.t_step_done = None
+        self.boundary.t_done = None
 
+    # ------------------------------------------------------------------ the epoch loop
     def epochs(self, start: int, stop: int) -> Iterator[int]:
         """``range(start, stop)`` from the restored epoch: see :meth:`Job.epochs`."""
         job = self.job
         if not job.restored:
             job.restore()
-        data = job.epoch_data
+        data = job._epoch_data
         pos = data.position
         self.start_copies()
         first = start if pos.epoch is None else max(start, pos.epoch)
@@ -282,5 +244,4 @@ class HookedSteps:
             if self.first_step is not None and not self.ended:
                 self.between(job.step)
         if not self.ended:
-            self._complete_vote()
-            self.end("finished")
+            self.end(StopReason.FINISHED)

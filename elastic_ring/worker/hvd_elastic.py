@@ -39,11 +39,11 @@ from __future__ import annotations
 import copy
 import functools
 import re
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 from elastic_ring import hvd_patches, protocol
+from elastic_ring.worker.segment import StopReason
 
 # A script that names one of these is written for Horovod Elastic.
 _ELASTIC_NAMES = re.compile(r"\belastic\.run\b|\bhvd\.elastic\b|\bhorovod\.torch\.elastic\b|\bTorchState\b"
@@ -215,7 +215,8 @@ class Session:
             self.optimizer.register_step_pre_hook(self._before_step)
             self.optimizer.register_step_post_hook(self._after_step)
             self.optimizer._elastic_ring_hooked = True
-        self.vote = None
+        self.boundary = job.boundary
+        self.boundary.epoch = self._epoch
         self._first = True
         self.counting = False
         self._depth = 0
@@ -250,16 +251,17 @@ class Session:
                     continue
                 raise
             self.counting = False
-            self.job.seg.stop_reason = "finished"
+            self.boundary.stopped(StopReason.FINISHED)
             self._end()
             return result
 
     def _begin_segment(self) -> None:
-        progress = self.job.progress
-        progress.begin_segment(progress.lr_used)
-        self.job.vote.begin()
+        self.boundary.begin(self.job.progress.lr_used)
         self._first = True
-        self.vote = None
+
+    def _epoch(self) -> int:
+        epoch = getattr(self.state, "epoch", 0)  # a TorchState(epoch=...) script's epoch
+        return epoch if isinstance(epoch, int) else 0
 
     def _before_step(self, opt, args, kwargs) -> None:
         self._depth += 1  # Horovod's optimizer steps its base class inside its own step: both hook
@@ -268,67 +270,37 @@ class Session:
         job = self.job
         job.seg.current = job.step + 1
         if self._first:
-            job.progress.lr_used = job.current_lr()  # (the job's own hook, run before, saw the LR stepped)
+            job.progress.lr_used = job.state.current_lr()  # (the job's own hook, run before, saw the LR stepped)
 
     def _after_step(self, opt, args, kwargs) -> None:
-        """One step done: the heartbeat, the first-step event, the throughput windows."""
+        """One step done: the step boundary (count, heartbeat, windows; the stop waits for a commit)."""
         self._depth -= 1
         if not self.counting or self._depth > 0:
             return
-        job, progress = self.job, self.job.progress
-        job.seg.step += 1
-        progress.heartbeat(job.step, "step")
-        progress.window.steps += 1
-        now = time.time()
-        if self._first:
-            self._first = False
-            progress.first_step(job.step, now)
-        elif progress.window.steps >= job.info.throughput_window:
-            epoch = getattr(self.state, "epoch", 0)  # a TorchState(epoch=...) script's epoch
-            progress.close_window(job.step, epoch if isinstance(epoch, int) else 0)
-        progress.write_progress(job.step, now, job.vote.every)
+        self._first = False
+        self.boundary.after_step(self.job.seg.step + 1)
 
     # ------------------------------------------------------------------ commits
     def commit_point(self) -> None:
         """After Horovod's save: stop here if all ranks agree (raises :class:`_Stop`), else take the
         periodic checkpoint when due and start the next stop vote."""
         job = self.job
-        self.committed = job.step
-        asked = early = False
-        if self.vote is not None:
-            asked, early = job.vote.result(self.vote)
-            self.vote = None
-        step = job.step
-        if step >= job.total_steps:
-            reason = "finished"  # --steps caps the run
-        elif step >= job.stop_at:
-            reason = "scheduled"
-        elif asked or early:
-            reason = "finished" if early else "requested"
-        else:
-            reason = None
+        step = self.committed = job.step
+        reason = self.boundary.decide(step)  # --steps caps the run (finished)
         if reason is None:
             if job.rank == 0:
                 job.checkpoints.maybe_periodic(step, job.stop_at)
-            if job.vote.due(step):
-                self.vote = job.vote.start(step)
             return
-        job.seg.stopped(reason, time.time())
+        self.boundary.stopped(reason)
         raise _Stop()
 
     def _pause_and_reset(self) -> bool:
         """Where the ring is re-formed in place: pause, and on the controller's word re-form the
         ring at the new size (Horovod Elastic's reset: reset callbacks, then the state from rank
         0). True when the function is to run again in this process."""
-        job = self.job
-        if not job.ring.in_place or job.finished:
-            return False
-        action = job.pause()
-        if not action.is_resize:
-            return False
         # the reset callbacks before the sync, as Horovod Elastic: rank 0's result is what is sent
-        job.reform(action, before_sync=self.state.on_reset)
-        job.seg.stop_reason = None
+        if not self.boundary.resized_in_place(before_sync=self.state.on_reset):
+            return False
         self._begin_segment()
         return True
 
@@ -348,17 +320,10 @@ class Session:
             return False
         self.state.restore()
         job.seg.step = job.seg.current = self.committed
-        job.reform(action, before_sync=self.state.on_reset)
-        job.seg.stop_reason = None
+        self.boundary.reform(action, before_sync=self.state.on_reset)
         self._begin_segment()
         return True
 
     def _end(self) -> None:
         """The segment's end: the final checkpoint and ``segment_end`` (rank 0), then all leave."""
-        job = self.job
-        if self.vote is not None:  # every rank has the same vote in flight: complete it
-            job.vote.result(self.vote)
-            self.vote = None
-        if job.stop_reason == "finished":
-            job.seg.stopped("finished", time.time())
-        job.end_segment(evaluate=False)
+        self.boundary.end(evaluate=False)

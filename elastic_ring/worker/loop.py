@@ -1,74 +1,50 @@
 """The flat loop, ``for step in job.steps()`` (:func:`flat_steps`): a segment's steps up to its
-stop step or an agreed stop (:class:`~elastic_ring.worker.segment.StopVote`, every
-K steps, K agreed in the vote), then either the next segment in the same processes (the ring re-formed
-in place) or the segment's end.
+stop step or an agreed stop (everything between two steps is the job's
+:class:`~elastic_ring.worker.boundary.StepBoundary`: one call after each step), then either the
+next segment in the same processes (the ring re-formed in place) or the segment's end.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterator
 
-from elastic_ring.worker.hooked import check_restored_weights
-from elastic_ring.worker.survive import memory_copy
+from elastic_ring.worker.boundary import StopReason, check_restored_weights
 
 
 def flat_steps(job: Any) -> Iterator[int]:
     """The steps of every segment this process runs; see :meth:`elastic_ring.worker.api.Job.steps`."""
+    boundary = job.boundary
     while True:
-        yield from _segment_steps(job)
-        if job.ring.in_place and job.seg.stop_reason != "finished":
-            action = job.pause()
-            if action.is_resize:
-                job.reform(action)
-                continue
-        break
-    job.end_segment()
+        yield from _segment_steps(job, boundary)
+        if not boundary.resized_in_place():
+            break
+    boundary.end()
 
 
-def _segment_steps(job: Any) -> Iterator[int]:
+def _segment_steps(job: Any, boundary: Any) -> Iterator[int]:
     """The steps of one segment (one world size), up to ``stop_at`` or an agreed stop."""
-    info, seg, progress, vote = job.info, job.seg, job.progress, job.vote
-    progress.begin_segment()
-    vote.begin()
-    step = seg.step
-    reason = "finished" if seg.stop_at >= seg.total_steps else "scheduled"
-    first = True
-    handle = None  # the stop vote in flight
+    seg = job.seg
     sampler = job.state.sampler
-    copy = memory_copy(job)  # the last completed steps' state, where survivors go on after a failure
-    while step < seg.stop_at:
-        if copy is not None:
-            copy.keep(step)
-        step += 1
-        seg.current = step
-        if first:  # before the step: the LR it runs with, unless it sets the LR itself
-            check_restored_weights(job)
-            progress.begin_segment(job.current_lr())
+    boundary.epoch = (lambda: sampler.epoch) if sampler is not None else (lambda: 0)
+    boundary.begin()
+    step = seg.step
+    if step >= seg.stop_at:  # nothing to run in this segment
+        done = step >= seg.total_steps or seg.stop_at >= seg.total_steps
+        boundary.stopped(StopReason.FINISHED if done else StopReason.SCHEDULED)
+        return
+    boundary.start_copies()  # --survive: the last completed steps' state, where survivors go on
+    boundary.keep_copy(step)
+    step += 1
+    seg.current = step
+    check_restored_weights(job)  # before the first step: the LR it runs with, unless it sets it itself
+    job.progress.begin_segment(job.state.current_lr())
+    after_step = boundary.after_step
+    while True:
         yield step
-        seg.step = step
         if sampler is not None and sampler._loader:
             sampler.cursor += sampler.batch_size * job.size
-        progress.heartbeat(step, "step")
-        progress.window.steps += 1
-        now = time.time()
-        if first:  # start-up cost ends with the first step of a segment
-            first = False
-            progress.first_step(step, now)
-        elif progress.window.steps >= info.throughput_window or step == seg.stop_at:
-            progress.last_loss, now = progress.close_window(step, sampler.epoch if sampler is not None else 0)
-        job.between_steps(step, now)
-        if step < seg.stop_at:
-            if handle is not None:  # started after the last step: it travelled with this step's gradients
-                stop, early = vote.result(handle)
-                handle = None
-                if early or stop:
-                    reason = "finished" if early else "requested"
-                    break
-            if vote.due(step):
-                handle = vote.start(step)
-    if handle is not None:  # every rank has the same vote in flight: complete it
-        if vote.result(handle)[1] and step < seg.total_steps:
-            reason = "finished"  # the early stop lands at this segment's last step
-    seg.stopped(reason, time.time())
-    seg.finished = step >= seg.total_steps or reason == "finished"
+        reason = after_step(step)  # the next step's counter and copy too, unless it stops here
+        if reason is not None:
+            break
+        step += 1
+    boundary.stopped(reason)

@@ -32,6 +32,7 @@ from elastic_ring.worker.collective import COLLECTIVE_ENV, COLLECTIVES, HorovodC
 from elastic_ring.worker.data import EpochData
 from elastic_ring.worker.errors import ContractError, NotLaunchedError
 from elastic_ring.worker.sampler import Sampler
+from elastic_ring.worker.segment import StopReason
 
 STEPS_ENV = envvars.STEPS
 OMP_ENV = "OMP_NUM_THREADS"
@@ -65,7 +66,6 @@ class PlainJob:
     library's names."""
 
     elastic = False
-    inplace = False
     resumed = False
     previous_world = None
     lr_factor = 1.0
@@ -95,7 +95,7 @@ class PlainJob:
         self._model = self._optimizer = None
         self._schedulers: list[Any] = []
         self._extras: dict[str, Any] = {}
-        self.epoch_data = EpochData()  # the drop-in samplers (torch's order here: no position kept)
+        self._epoch_data = EpochData()  # the drop-in samplers (torch's order here: no position kept)
         self._sampler: Sampler | None = None
         self.restored = False
         self._finish_requested = False
@@ -211,7 +211,7 @@ class PlainJob:
                 self._sampler.cursor += self._sampler.batch_size * self.size
             if self._finish_requested:
                 break
-        self.stop_reason = "finished"
+        self.stop_reason = StopReason.FINISHED
 
     def sampler(self, size: int, batch_size: int, seed: int = 0, global_batch: int | None = None) -> Sampler:
         self._sampler = Sampler(self, size, batch_size, seed, global_batch)
@@ -238,10 +238,6 @@ class PlainJob:
     def evaluating(self):
         yield
 
-    def current_lr(self) -> float:
-        if self._optimizer is not None and self._optimizer.param_groups:
-            return float(self._optimizer.param_groups[0]["lr"])
-        return float("nan")
 
 
 def plain_threads(local_size: int, env: Mapping[str, str] | None = None) -> tuple[int, str] | None:

@@ -250,6 +250,7 @@ def _run_script(target: str, args: list[str]) -> None:
     place (an epoch loop's :class:`~elastic_ring.worker.hooked.Rejoin`)."""
     from elastic_ring.worker import session, survive
     from elastic_ring.worker.hooked import Rejoin
+    from elastic_ring.worker.segment import StopReason
 
     while True:
         try:
@@ -266,7 +267,7 @@ def _run_script(target: str, args: list[str]) -> None:
         job = session.current()
         if job is not None and job.elastic and job.form == "optimizer" and job.hooked.count \
                 and not job.hooked.ended:
-            job.hooked.end("finished")  # an epoch loop without job.epochs(): the script's end ends the run
+            job.hooked.end(StopReason.FINISHED)  # an epoch loop without job.epochs(): the script's end ends the run
         return
 
 

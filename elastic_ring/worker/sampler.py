@@ -88,7 +88,8 @@ class Sampler:
         if self.global_batch:
             raise ContractError("a constant global batch is trained in micro-batches: take the step's "
                                 "with data.next_micro_batches(), not through a DataLoader")
-        if self.job.inplace:  # the shares of batches prefetched before an in-place resize are stale
+        # the shares of batches prefetched before an in-place resize are stale
+        if self.job.elastic and self.job.ring.in_place:
             raise ContractError("a DataLoader over job.sampler() is not supported under --relaunch "
                                 "inplace: use data.next_batch()")
         self._loader = True

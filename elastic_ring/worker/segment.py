@@ -1,4 +1,5 @@
-"""Where a job stands (:class:`Segment`) and the agreement on where a segment stops (:class:`StopVote`).
+"""Where a job stands (:class:`Segment`), why a segment stopped (:class:`StopReason`), and the
+agreement on where a segment stops (:class:`StopVote`).
 
 After a vote step all ranks start one allreduce of rank 0's stop flag (the controller's stop file),
 of any rank's ``job.finish()`` and of the period rank 0 proposes; it travels with the next step's
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,15 @@ from elastic_ring import protocol
 VOTE_SHARE = 0.01  # a vote costs at most this share of the steps between two votes
 VOTE_COST_FLOOR_S = 0.5e-3  # a vote's cost counted at least this (its collective's threads included)
 MAX_EVERY = 10_000  # steps between two votes at most
+
+
+class StopReason(StrEnum):
+    """Why a segment's steps stopped, agreed by all ranks. The values are what the ``segment_end``
+    event and the controller's readers hold (a :class:`StrEnum`: each compares equal to its value)."""
+
+    SCHEDULED = "scheduled"  # the segment's stop step, known in advance (a resize's)
+    REQUESTED = "requested"  # the controller's stop, agreed by a vote (a live or policy resize)
+    FINISHED = "finished"  # the run's end: its length reached, or some rank's job.finish()
 
 
 @dataclass
@@ -36,12 +47,13 @@ class Segment:
     total_steps: int
     step: int = 0  # the last step done
     current: int | None = None  # the step under way (a crash record names it)
-    stop_reason: str | None = None  # "scheduled", "requested" or "finished", once agreed
+    stop_reason: StopReason | None = None  # once agreed
     finished: bool = False  # the run is done
     decided: float = 0.0  # when all ranks agreed to stop
 
-    def stopped(self, reason: str, decided: float) -> None:
-        self.stop_reason, self.finished, self.decided = reason, reason == "finished", decided
+    def stopped(self, reason: StopReason, decided: float) -> None:
+        reason = StopReason(reason)
+        self.stop_reason, self.finished, self.decided = reason, reason is StopReason.FINISHED, decided
 
 
 def choose_every(step_s: float, vote_s: float, floor: int, latency_s: float) -> int:

@@ -5,9 +5,10 @@ step boundary (the stop vote's start and read, heartbeats, throughput windows, t
 work, the optimizer hooks, the RNG capture of an epoch loop, the loop generators themselves) in
 ``time.perf_counter_ns`` accumulators, and :meth:`Meter.write` leaves, at each segment's end,
 ``RUN_DIR/stepcost/seg<n>-rank<r>.json``: per part its calls, total and per-step microseconds.
-Parts nest (``boundary`` holds the others; ``hooks.before`` holds ``between``...), so they are
-not to be summed. What runs on other threads (the collective's background work for the vote, the
-progress writer) is not seen here: ``scripts/bench_step_cost.py`` measures the whole cost end to end.
+Parts nest (``boundary`` and ``after_step``, the step boundary's one call a step, hold others;
+``hooks.before`` holds ``between``...), so they are not to be summed. What runs on other threads
+(the collective's background work for the vote, the progress writer) is not seen here:
+``scripts/bench_step_cost.py`` measures the whole cost end to end.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def install(job: Any) -> "Meter | None":
     m.wrap(job.vote, "result", "vote.read")
     m.wrap(job.progress, "heartbeat", "heartbeat")
     m.wrap(job.progress, "close_window", "window.close")
-    m.wrap(job, "between_steps", "between_steps")
+    m.wrap(job.boundary, "after_step", "after_step")
+    m.wrap(job.boundary, "between", "between_steps")
     m.wrap(job, "record", "record")
     m.wrap(job, "_before_optimizer_step", "hooks.before")
     m.wrap(job, "_after_optimizer_step", "hooks.after")

@@ -124,7 +124,7 @@ def test_passes_horovod_allreduces_after_this_ranks_last_pass_and_ddp_skips_all_
 
 
 def _sampler(rank: int, world: int, global_batch: int = 24) -> Sampler:
-    job = SimpleNamespace(rank=rank, size=world, restored=True, inplace=False)
+    job = SimpleNamespace(rank=rank, size=world, restored=True, elastic=False)
     return Sampler(job, size=20, batch_size=4, seed=3, global_batch=global_batch)
 
 
@@ -237,7 +237,7 @@ def test_epoch_loop_optimizer_acts_once_per_global_batch_with_the_weight():
     for rank, n in ((0, 2), (1, 1)):
         opt = _FakeHorovodWrapper([p])
         job = SimpleNamespace(rank=rank, state=SimpleNamespace(syncing=False),
-                              epoch_data=SimpleNamespace(training_sampler=lambda: sampler))
+                              _epoch_data=SimpleNamespace(training_sampler=lambda: sampler))
         EpochAccumulation(job, opt).passes()  # as elastic.DistributedSampler's __iter__ does
         for _step in range(2):
             for _micro in range(n):  # the script's loop body, unchanged

@@ -12,7 +12,7 @@ import pytest
 
 from elastic_ring import protocol
 from elastic_ring.worker import segment
-from elastic_ring.worker.segment import MAX_EVERY, Segment, StopVote, choose_every
+from elastic_ring.worker.segment import MAX_EVERY, Segment, StopReason, StopVote, choose_every
 
 
 # ---------------------------------------------------------------------- rank 0's choice of K
@@ -190,20 +190,19 @@ def _hooked(rank=0, due=False, pos=5, copy=None):
 
     job = types.SimpleNamespace(rank=rank, seg=Segment(0, 100, 100),
                                 checkpoints=types.SimpleNamespace(due=lambda step, stop_at: due),
-                                epoch_data=types.SimpleNamespace(position=types.SimpleNamespace(pos=pos)))
-    h = HookedSteps(job)
-    h.copy = copy
-    return h
+                                _epoch_data=types.SimpleNamespace(position=types.SimpleNamespace(pos=pos)),
+                                boundary=types.SimpleNamespace(handle=None, copy=copy))  # the step boundary's
+    return HookedSteps(job)
 
 
 def test_the_epoch_loop_takes_the_rng_only_where_it_may_be_saved():
     sampler = types.SimpleNamespace(dataset=range(10))
     assert not _hooked()._rng_wanted(3, sampler)  # rank 0, nothing due: not taken (tens of µs)
     h = _hooked()
-    h.pending = "requested"
+    h.pending = StopReason.REQUESTED
     assert h._rng_wanted(3, sampler)  # a stop at the next point: its checkpoint holds it
     h = _hooked()
-    h.vote = object()
+    h.boundary.handle = object()
     assert h._rng_wanted(3, sampler)  # a vote read after the next step may stop there
     assert _hooked(due=True)._rng_wanted(3, sampler)  # the periodic checkpoint
     assert _hooked(pos=10)._rng_wanted(3, sampler)  # the epoch's data used up: its end

@@ -33,7 +33,7 @@ def test_no_copy_without_survive(tmp_path, monkeypatch, distributed):  # noqa: F
     job = _in_place_job(tmp_path, monkeypatch, 0, 10**9)
     monkeypatch.delenv(survive.SURVIVE_ENV, raising=False)
     _run_script(job, [])
-    assert job.finished and survive._P.copy is None and job.epoch_data.before_batch is None
+    assert job.finished and survive._P.copy is None and job._epoch_data.before_batch is None
 
 
 # 6 steps an epoch (24 samples, 4 a batch, one worker); a failure in the forward of step FAIL. (Not

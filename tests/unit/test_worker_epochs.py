@@ -28,8 +28,8 @@ class StubJob:
 
     def __init__(self, rank: int, size: int, elastic: bool = True, position: DataPosition | None = None):
         self.rank, self.size, self.elastic = rank, size, elastic
-        self.epoch_data = EpochData(position=position or DataPosition())
-        self._position = self.epoch_data.position
+        self._epoch_data = EpochData(position=position or DataPosition())
+        self._position = self._epoch_data.position
 
 
 def _current(monkeypatch, job) -> None:
@@ -123,7 +123,7 @@ def test_test_sampler_is_not_the_training_one(monkeypatch):
     list(test)  # a test before training: no optimizer step follows it
     it = iter(torch.utils.data.DataLoader(list(range(30)), batch_size=4, sampler=train))
     next(it)
-    job.epoch_data.iterated.advance()
+    job._epoch_data.iterated.advance()
     assert job._position.sampler_index == train.index and job._position.pos == 4
     assert list(test) == list(range(10))  # the test set from its start, whatever the position
 
@@ -158,7 +158,7 @@ def _run_script(job, trace: list, epochs: int = 3):
     opt = FakeDistributed(opt)
     for epoch in job.epochs(1, epochs + 1):
         sampler.set_epoch(epoch)
-        per_rank = math.ceil((N - job.epoch_data.position.pos) / job.size)  # the rest of the epoch at this size
+        per_rank = math.ceil((N - job._epoch_data.position.pos) / job.size)  # the rest of the epoch at this size
         assert len(sampler) == per_rank and len(loader) == math.ceil(per_rank / B)
         for ids, xb in loader:
             assert len(sampler) == per_rank  # stable while the epoch runs (a progress print's total)

@@ -1,0 +1,221 @@
+"""The one step boundary (:mod:`elastic_ring.worker.boundary`) behind the three loop forms, with the
+fake in-process Horovod of the worker-library tests.
+
+``job.steps()``, an epoch loop's optimizer hooks and the Horovod Elastic adapter each call
+``StepBoundary.after_step`` once per step and stop for the same :class:`StopReason` (an enum whose
+values are the strings ``segment_end`` events hold); a ``job.finish()`` carried by the vote in
+flight at a scheduled stop ends the run in every form; ``Job``'s public names are the ones scripts
+use, and the plain job (outside the tool) has every one of them.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from elastic_ring import protocol
+from elastic_ring.events import read_events
+from elastic_ring.worker import api, hvd_elastic, session
+from elastic_ring.worker.boundary import StepBoundary
+from elastic_ring.worker.data import DistributedSampler
+from elastic_ring.worker.hooked import StopSegment
+from elastic_ring.worker.segment import StopReason
+from tests.unit.test_worker_epochs import FakeDistributed, _current, distributed  # noqa: F401 (a fixture)
+from tests.unit.test_worker_library import make_job
+
+X = torch.linspace(-1, 1, 24).reshape(8, 3)
+
+
+def _model():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def _train_step(model, opt, xb) -> None:
+    opt.zero_grad()
+    model(xb).pow(2).mean().backward()
+    opt.step()
+
+
+def _steps(job, finish_at: int | None) -> None:
+    """``for step in job.steps()``."""
+    model, opt = _model()
+    job.register(model=model, optimizer=opt)
+    job.restore()
+    for step in job.steps():
+        if step == finish_at:
+            job.finish()
+        _train_step(model, opt, X[:2])
+
+
+def _epochs(job, finish_at: int | None) -> None:
+    """A plain Horovod epoch loop: the drop-in sampler, ``job.epochs()``, the optimizer's steps."""
+    data = torch.utils.data.TensorDataset(X)
+    sampler = DistributedSampler(data)
+    loader = torch.utils.data.DataLoader(data, batch_size=2, sampler=sampler)
+    model, opt = _model()
+    job.register(model=model, optimizer=opt)
+    job.restore()
+    opt = FakeDistributed(opt)
+    with pytest.raises(StopSegment):
+        for epoch in job.epochs(1, 100):
+            sampler.set_epoch(epoch)
+            for (xb,) in loader:
+                if job.step + 1 == finish_at:
+                    job.finish()
+                _train_step(model, opt, xb)
+
+
+class _Handler:  # the shape of Horovod's state handlers
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def save(self) -> None:
+        pass
+
+
+class _State:  # the shape of Horovod's TorchState, for the adapter
+    def __init__(self, model, opt) -> None:
+        self._handlers = {"model": _Handler(model), "optimizer": _Handler(opt)}
+        self._saved_state: dict = {}
+
+    def save(self) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
+
+    def on_reset(self) -> None:
+        pass
+
+    def _set_attrs(self) -> None:
+        pass
+
+
+def _commits(job, finish_at: int | None) -> None:
+    """A Horovod Elastic script: ``@hvd.elastic.run``, a ``state.commit()`` after every step."""
+    model, opt = _model()
+    state = _State(model, opt)
+
+    @hvd_elastic.run
+    def train(state):
+        for step in range(1, 100):
+            if step == finish_at:
+                job.finish()
+            _train_step(model, opt, X[:2])
+            hvd_elastic._commit(state)
+
+    with pytest.raises(hvd_elastic.SegmentDone):
+        train(state)
+
+
+FORMS = {"steps": _steps, "epochs": _epochs, "commits": _commits}
+
+
+def _counted(job) -> list[int]:
+    """The steps ``job``'s step boundary is called after (its one call a step)."""
+    calls: list[int] = []
+    after = job.boundary.after_step
+
+    def counted(step, *args, **kwargs):
+        calls.append(step)
+        return after(step, *args, **kwargs)
+
+    job.boundary.after_step = counted
+    return calls
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_every_loop_form_calls_the_one_boundary_once_a_step_and_stops_with_the_enum(
+        tmp_path, monkeypatch, distributed, form):  # noqa: F811 (the fixture)
+    job = make_job(tmp_path, monkeypatch, stop_at=5, total=20)
+    _current(monkeypatch, job)
+    assert isinstance(job.boundary, StepBoundary)
+    calls = _counted(job)
+    FORMS[form](job, finish_at=None)
+    assert calls == [1, 2, 3, 4, 5]
+    assert job.step == 5 and job.stop_reason is StopReason.SCHEDULED and not job.finished
+    (end,) = read_events(tmp_path / protocol.WORKER_EVENTS, kind="segment_end")
+    assert end["step"] == 5 and end["reason"] == "scheduled" and type(end["reason"]) is str
+    assert (tmp_path / "checkpoints" / "ckpt-00000005.pt").exists()
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_a_finish_in_the_vote_in_flight_at_a_scheduled_stop_ends_the_run_in_every_form(
+        tmp_path, monkeypatch, distributed, form):  # noqa: F811 (the fixture)
+    # finish() during step 4: the vote started after step 4 carries it and is still in flight
+    # after step 5, the segment's stop step; completed there, it makes the stop the run's end
+    job = make_job(tmp_path, monkeypatch, stop_at=5, total=20)
+    _current(monkeypatch, job)
+    FORMS[form](job, finish_at=4)
+    assert job.step == 5 and job.stop_reason is StopReason.FINISHED and job.finished
+    (end,) = read_events(tmp_path / protocol.WORKER_EVENTS, kind="segment_end")
+    assert (end["step"], end["reason"]) == (5, "finished")
+
+
+def test_stop_reason_values_are_the_strings_readers_know():
+    assert [r.value for r in StopReason] == ["scheduled", "requested", "finished"]
+    assert StopReason.FINISHED == "finished" and f"{StopReason.REQUESTED}" == "requested"
+    assert StopReason("scheduled") is StopReason.SCHEDULED
+
+
+def test_the_boundary_decides_the_stop_in_one_place(tmp_path, monkeypatch):
+    """The run's length wins over the stop step; a vote started after a step is read only after
+    a later one; a stop asked by the controller is a ``requested`` stop at the vote's read."""
+    job = make_job(tmp_path, monkeypatch, stop_at=10, total=12)
+    b = job.boundary
+    b.begin()
+    assert b.decide(12) is StopReason.FINISHED and b.decide(10) is StopReason.SCHEDULED
+    assert b.decide(3) is None and b.handle is not None and b.vote_step == 3  # a vote started
+    assert b.decide(3) is None and b.handle is not None  # not read after the step it started at
+    protocol.stop_file(job.run_dir, 0).parent.mkdir(parents=True, exist_ok=True)
+    protocol.stop_file(job.run_dir, 0).touch()
+    assert b.decide(4) is None  # the vote after step 3 said no; the one after step 4 sees the file
+    assert b.decide(5) is StopReason.REQUESTED and b.handle is None
+
+
+def test_jobs_public_names_are_the_scripts_and_the_plain_job_has_them_all(monkeypatch):
+    public = {n for n in dir(api.Job) if not n.startswith("_")}
+    internals = {"between_steps", "pause", "reform", "end_segment", "state_dict", "current_lr", "epoch_data",
+                 "inplace"}
+    assert not public & internals
+    assert {"steps", "epochs", "register", "restore", "record", "sampler", "finish", "stop_reason"} <= public
+    fake = types.SimpleNamespace(is_initialized=lambda: True, rank=lambda: 0, size=lambda: 1,
+                                 local_rank=lambda: 0, local_size=lambda: 1)
+    monkeypatch.setitem(sys.modules, "horovod.torch", fake)
+    monkeypatch.setitem(sys.modules, "horovod", types.SimpleNamespace(torch=fake))
+    monkeypatch.delenv("ELASTIC_RING_RUN_DIR", raising=False)
+    monkeypatch.setattr(session, "_PROCESS", session._Process())
+    plain = api.init()
+    assert not plain.elastic
+    # a script that runs under the tool runs without it: every name it may use is there
+    assert sorted(n for n in public if not hasattr(plain, n)) == []
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_the_step_cost_meter_counts_the_boundary_s_calls_as_the_steps(tmp_path, monkeypatch, distributed,
+                                                                      form):  # noqa: F811 (the fixture)
+    """``ELASTIC_RING_STEP_COST=1``: the report of each form counts its steps by the boundary's one
+    call a step, and times that call and the between-steps work of the forms that do it."""
+    import json
+
+    from elastic_ring.worker import hooked, stepcost
+
+    monkeypatch.setenv(stepcost.ENV, "1")
+    monkeypatch.setattr(stepcost, "_METER", None)
+    monkeypatch.setattr(hooked, "_rng_state", hooked._rng_state)  # (install() times it, once a process)
+    monkeypatch.setattr(hooked, "_timed_rng", False, raising=False)
+    job = make_job(tmp_path, monkeypatch, stop_at=5, total=20)
+    _current(monkeypatch, job)
+    FORMS[form](job, finish_at=None)
+    rep = json.loads((tmp_path / "stepcost" / "seg000-rank0.json").read_text())
+    assert rep["steps"] == 5 and rep["parts"]["after_step"]["calls"] == 5
+    assert rep["form"] == {"steps": "steps", "epochs": "optimizer", "commits": "commits"}[form]
+    if form == "commits":  # its checkpoints at the commits: only the progress file at the step
+        assert "between_steps" not in rep["parts"]
+    else:  # the evaluation, the periodic checkpoint, the progress file
+        assert rep["parts"]["between_steps"]["calls"] >= 4
