@@ -745,7 +745,7 @@ class Controller:
             self._save_plan()
         ck = self._checkpoint_step()
         self._set_state(RunState.INTERRUPTED, step=ck or 0, segment=max(segment - 1, 0))
-        cmd = f"elastic-ring train --resume {self.spec.run_dir} --host-discovery-script ..."
+        cmd = f"elastic-ring train --resume {self.spec.run_dir}"  # (the discovery options are kept)
         self.out(f"{why}; checkpoint at step {ck} kept; continue with: {cmd}" if ck else
                  f"{why}; no checkpoint was written")
         return self._finish(interrupted=True)

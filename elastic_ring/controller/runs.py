@@ -101,6 +101,10 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
         check(req)  # what goes with --collective torch
     if req.resume_dir:
         check_resumable(Path(req.resume_dir), req.steps)  # before anything slow (torch, the GPUs)
+        resumed = with_run_discovery(req)
+        if resumed is not req:
+            req = resumed
+            check(req)
     claimed = None if req.resume_dir else _claim(req, echo)
     try:
         with preparing(claimed[0] if claimed else Path(req.resume_dir or "."), bool(req.resume_dir)):
@@ -241,6 +245,24 @@ def host_manager(req: RunRequest, echo: Callable[[str], None]) -> Any:
     return hosts
 
 
+def with_run_discovery(req: RunRequest) -> RunRequest:
+    """A ``--resume`` of a run started with ``--host-discovery-script``: its discovery options, kept in
+    ``run.json``, for those not given again; unless ``--hosts``/``--hostfile``/``--slots`` or
+    ``--backend ray`` choose other hosts (then ``req`` as it is)."""
+    from dataclasses import replace
+
+    info = protocol.read_run_json(Path(req.resume_dir))
+    kept = info.get("host_discovery") if isinstance(info, dict) else None
+    if (not isinstance(kept, dict) or req.hosts or req.hostfile or req.slots is not None or req.backend == "ray"
+            or req.host_discovery_script):
+        return req
+    pick = lambda given, key: given if given is not None else kept.get(key)  # noqa: E731
+    return replace(req, host_discovery_script=kept.get("script"),
+                   discovery_interval=pick(req.discovery_interval, "interval"),
+                   min_workers=pick(req.min_workers, "min_workers"), max_workers=pick(req.max_workers, "max_workers"),
+                   min_wait=pick(req.min_wait, "min_wait"))
+
+
 def hosts_slots(hosts: Any) -> int:
     """The run's slots under host discovery (``run.json``'s, which `resize` checks): ``--max-workers``,
     else as many as a host list may hold (the discovered slots bound every size at the time)."""
@@ -378,7 +400,10 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
         from elastic_ring.data import check_dataset
 
         check_dataset(cfg.dataset, cfg.data_dir)
-    create_run_dir(spec, cfg, relaunch=relaunch, stall_timeout=req.stall_timeout, survive=req.survive)
+    kept = {"host_discovery": {"script": str(Path(req.host_discovery_script).resolve()),
+                               "interval": req.discovery_interval, "min_workers": req.min_workers,
+                               "max_workers": req.max_workers, "min_wait": req.min_wait}} if hosts else {}
+    create_run_dir(spec, cfg, relaunch=relaunch, stall_timeout=req.stall_timeout, survive=req.survive, **kept)
     return PreparedRun(spec, cfg, Plan.from_spec(spec.workers, spec.schedule), 0, 0, relaunch,
                        stall_timeout=req.stall_timeout, survive=req.survive)
 

@@ -103,8 +103,8 @@ def test_the_job_grows_onto_a_discovered_host_and_shrinks_off_it(tmp_path):
     assert "hosts at step" in out and "2 -> 1 workers, from checkpoint" in out  # the summary's changes
 
 
-def test_below_the_minimum_it_waits_then_gives_up_with_one_line(tmp_path):
-    script, _, _ = _discovery(tmp_path, "localhost:1\n")
+def test_below_the_minimum_it_waits_gives_up_then_resumes_on_the_hosts_discovered(tmp_path):
+    script, listed, _ = _discovery(tmp_path, "localhost:1\n")
     run = tmp_path / "wait"
     proc = _start(["--steps", "20", *TINY, "--host-discovery-script", str(script), "--discovery-interval", "0.2",
                    "--min-workers", "2", "--min-wait", "3", "--run-dir", str(run)])
@@ -119,6 +119,14 @@ def test_below_the_minimum_it_waits_then_gives_up_with_one_line(tmp_path):
     assert proc.returncode == 130, err
     assert "gave up waiting for hosts after 3 s (have 1, need 2)" in err and "Traceback" not in err
     assert not _events(run, "launch")  # no worker was started
+    # --resume keeps the discovery options (run.json): the second host is there now, it runs at 2
+    listed.write_text("localhost:1\n127.0.0.1:1\n")
+    r = run_cli("train", "--resume", str(run), timeout=240)
+    assert r.returncode == 0, r.stderr
+    (launch,) = _events(run, "launch")
+    assert launch["world_size"] == 2
+    assert launch["command"][launch["command"].index("-H") + 1] == "localhost:1,127.0.0.1:1"
+    assert _events(run, "finished")[-1]["step"] == 20
 
 
 @pytest.mark.parametrize("extra, needle", [
