@@ -126,10 +126,10 @@ def with_slurm_hosts(req: RunRequest, echo: Callable[[str], None],
                      env: dict[str, str] | None = None) -> RunRequest:
     """Inside a Slurm allocation (``SLURM_JOB_ID`` set) and given none of ``--hosts``,
     ``--hostfile``, ``--slots`` (which choose otherwise; the cluster runner always gives
-    ``--slots``) nor ``--backend ray`` (whose nodes are Ray's): the allocation's nodes and slots
-    (:func:`elastic_ring.hosts.slurm.allocation`), said in one line. One node that is this host
-    stays a run on this host as without Slurm (its visible GPUs or CPU cores as slots); otherwise the
-    nodes become ``--hosts``.
+    ``--slots``) nor ``--backend ray`` (whose nodes are Ray's) nor ``--host-discovery-script``: the
+    allocation's nodes and slots (:func:`elastic_ring.hosts.slurm.allocation`), said in one line.
+    One node that is this host stays a run on this host as without Slurm (its visible GPUs or CPU
+    cores as slots); otherwise the nodes become ``--hosts``.
 
     Raises:
         UserError: Slurm's variables do not parse, or ``--relaunch inplace`` (one host) in an
@@ -140,7 +140,8 @@ def with_slurm_hosts(req: RunRequest, echo: Callable[[str], None],
     from elastic_ring.hosts.api import HostsError
     from elastic_ring.hosts.slurm import allocation, in_allocation, is_this_host
 
-    if req.hosts or req.hostfile or req.slots is not None or req.backend == "ray" or not in_allocation(env):
+    if (req.hosts or req.hostfile or req.slots is not None or req.backend == "ray" or req.host_discovery_script
+            or not in_allocation(env)):
         return req
     try:
         alloc = allocation(env, gpus=req.device != "cpu")
