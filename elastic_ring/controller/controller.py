@@ -53,7 +53,7 @@ import signal
 import sys
 import time
 import uuid
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from elastic_ring import protocol
 from elastic_ring.controller import watchdog as wdog
@@ -77,6 +77,10 @@ from elastic_ring.events.api import (CheckpointWritten, ErrorEvent, Evaluation, 
 from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, stop_file
 from elastic_ring.worker.lr import RULES
 
+if TYPE_CHECKING:
+    from elastic_ring.hosts.api import HostSet
+    from elastic_ring.hosts.manager import HostManager, HostView
+
 DEFAULT_STARTUP_S = 10.0  # start-up estimate before the first launch has been measured
 STALLED_END_S = 15.0  # stalled ranks ended alone: how long the others may take to speak before all are ended
 AHEAD_GRACE_S = 0.5  # s a ring written ahead is left for rank 0 at a segment's end (_let_rank0_take_ahead)
@@ -91,7 +95,7 @@ class Controller:
                  host_probe: Callable[[list[tuple[str, int]]], list[tuple[str, int]]] | None = None,
                  plan: Plan | None = None, backend: Backend | None = None, resize: ResizeStrategy | None = None,
                  stall_timeout: float | None = None, lr_decays: tuple[int, ...] = (),
-                 constant_batch: tuple[int, int] | None = None, hosts: Any = None,
+                 constant_batch: tuple[int, int] | None = None, hosts: HostManager | None = None,
                  asked_workers: int | None = None) -> None:
         self.lr_decays = tuple(lr_decays)  # steps after which the schedule decays the LR (shown at a resize)
         self.constant_batch = constant_batch  # (global batch, micro-batch): the layout shown at a resize
@@ -139,7 +143,7 @@ class Controller:
         # each segment was started on
         self.hosts = hosts
         self._asked: int | None = asked_workers
-        self._hosts_of: dict[int, Any] = {}
+        self._hosts_of: dict[int, HostSet] = {}
         self._hosts_line: str | None = None
 
     # ------------------------------------------------------------------ state
@@ -611,8 +615,9 @@ class Controller:
             return
         r = self.plan.resize_at(seg.stop_at)
         left = self.meter.seconds_left(seg, self.clock())
-        if r is not None and left is not None and left <= self.meter.prelaunch_lead_s(DEFAULT_STARTUP_S):
-            self._prelaunch(seg, r.to, self._next_stop(seg.stop_at))
+        to = None if r is None else r.to if self.hosts is None else self.hosts.view(r.to).target  # (hosts: capped)
+        if to is not None and left is not None and left <= self.meter.prelaunch_lead_s(DEFAULT_STARTUP_S):
+            self._prelaunch(seg, to, self._next_stop(seg.stop_at))
 
     def _check_live_request(self, seg: Segment) -> None:
         req_file = self.spec.run_dir / "control" / REQUEST_FILE
@@ -656,7 +661,7 @@ class Controller:
         self.out(f"a warm worker is up for the failed worker's place: {seg.world} -> {target} workers")
 
     # ------------------------------------------------------------------ host discovery
-    def _hosts_view(self, segment: int | None = None) -> Any:
+    def _hosts_view(self, segment: int | None = None) -> HostView:
         """Poll discovery when due (:meth:`HostManager.update`): its lines said, a change of the
         usable hosts an event, `status`'s hosts line kept in ``controller.json``; the view now."""
         ch = self.hosts.update(self._asked)
