@@ -1,15 +1,22 @@
 """The controller under host discovery (a HostManager over fixed hosts), driven by the fake launcher
 of test_controller_fake: the hosts a segment starts on, the size of the first launch, waiting below
-the minimum and giving up, a live resize capped by the hosts; `status`'s line while waiting."""
+the minimum and giving up, a live resize capped by the hosts; `status`'s line while waiting; the
+options that cannot go with a discovery script, and a resume's kept options."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
 
 from elastic_ring.controller.api import Phase, RunSpec, RunState
 from elastic_ring.controller.controller import Controller
+from elastic_ring.controller.requests import RunRequest, check
+from elastic_ring.controller.runs import with_run_discovery
 from elastic_ring.controller.segment import Segment
 from elastic_ring.controller.status import RunStatus
+from elastic_ring.errors import UserError
 from elastic_ring.events import read_events
 from elastic_ring.hosts.api import HostSet, WorkerBounds
 from elastic_ring.hosts.discovery import FixedHosts, HostPoller
@@ -84,3 +91,44 @@ def test_status_says_it_waits_for_hosts_while_live_only():
     assert RunStatus(phase=Phase.RESIZING, hosts=waiting, resize_from=2, resize_to=1, **kw).line() == waiting
     assert RunStatus(phase=Phase.RUNNING, hosts="hosts: a:1 (1 slot)", **kw).line() == "running"
     assert RunStatus(phase=Phase.FINISHED, hosts=waiting, **kw).line() == "finished"
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(hosts="a:1"), "--host-discovery-script does not go with --hosts/--hostfile: the hosts come from the script"),
+    (dict(hostfile="hf"), "--host-discovery-script does not go with --hosts/--hostfile"),
+    (dict(slots=2), "--host-discovery-script does not go with --slots: the slots come from the script"),
+    (dict(backend="ray"), "--host-discovery-script does not go with --backend ray: its nodes are Ray's"),
+    (dict(relaunch="inplace"), "--host-discovery-script does not go with --relaunch inplace: it runs on this host"),
+    (dict(collective="torch"), "--host-discovery-script does not go with --collective torch"),
+    (dict(discovery_interval=0.0), "--discovery-interval must be > 0 seconds, got 0"),
+    (dict(min_wait=-1.0), "--min-wait must be >= 0 seconds, got -1"),
+])
+def test_what_cannot_go_with_a_discovery_script(kw, needle):
+    with pytest.raises(UserError) as e:
+        check(RunRequest(host_discovery_script="discover.sh", **kw))
+    assert str(e.value).startswith(needle), str(e.value)
+
+
+@pytest.mark.parametrize("option", ["min_workers", "max_workers", "discovery_interval", "min_wait"])
+def test_the_discovery_options_go_with_a_script(option):
+    with pytest.raises(UserError, match=f"--{option.replace('_', '-')} goes with --host-discovery-script"):
+        check(RunRequest(**{option: 2}))
+    check(RunRequest(host_discovery_script="discover.sh", **{option: 2}))  # (with one: fine)
+
+
+def test_a_torchrun_form_script_refuses_discovery(tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n")
+    with pytest.raises(UserError, match="--host-discovery-script does not apply: .* its workers run on this host"):
+        check(RunRequest(script=str(script), host_discovery_script="discover.sh"))
+
+
+def test_a_resume_takes_the_discovery_options_its_run_kept_unless_other_hosts_are_chosen(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps({"host_discovery": {
+        "script": "/x/discover.sh", "interval": 0.5, "min_workers": 2, "max_workers": None, "min_wait": None}}))
+    got = with_run_discovery(RunRequest(resume_dir=str(tmp_path), max_workers=4))
+    assert (got.host_discovery_script, got.discovery_interval, got.min_workers, got.max_workers) == (
+        "/x/discover.sh", 0.5, 2, 4)
+    for chosen in (dict(hosts="a:1"), dict(slots=2), dict(backend="ray"), dict(host_discovery_script="/y.sh")):
+        req = RunRequest(resume_dir=str(tmp_path), **chosen)
+        assert with_run_discovery(req) is req
