@@ -66,6 +66,7 @@ def test_the_job_grows_onto_a_discovered_host_and_shrinks_off_it(tmp_path):
         listed.write_text("localhost:1\n127.0.0.1:1\n")  # a host appears
         wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2], 120,
                  "a window at 2 workers")
+        assert "hosts: localhost:1,127.0.0.1:1 (2 slots)" in run_cli("status", str(run)).stdout.splitlines()
         fail.touch()  # discovery fails: one line, the job goes on on the last hosts
         wait_for(lambda: [n for n in _events(run, "notice") if "host discovery failed" in n["message"]], 60,
                  "the failure's notice")
