@@ -78,6 +78,24 @@ def _echo(msg: str) -> None:
                    "--hostfile or --slots, its nodes and tasks (or GPUs) per node: see docs/hosts.md]")
 @click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
               help="horovodrun hostfile ('host slots=N' lines).")
+@click.option("--host-discovery-script", default=None, type=click.Path(dir_okay=False), metavar="PATH",
+              help="The hosts come from this executable, run every --discovery-interval: it prints the hosts "
+                   "available now, one HOST:SLOTS per line (Horovod Elastic's contract). When the usable "
+                   "slots change, the workers stop at an agreed step with a checkpoint and go on at the size "
+                   "they allow on those hosts (horovodrun over hosts; nothing redone); below --min-workers "
+                   "the job waits (`status`: waiting for hosts). A script that fails keeps the last hosts "
+                   "(one line). --workers N is then the size asked, capped by the hosts discovered, as are "
+                   "--schedule's and `resize --to`'s. Not with --hosts/--hostfile/--slots, --backend ray, "
+                   "--relaunch inplace, --collective torch. See docs/hosts.md.")
+@click.option("--discovery-interval", type=float, default=None, metavar="SECONDS",
+              help="Seconds between two runs of --host-discovery-script. [default: 1]")
+@click.option("--min-workers", type=int, default=None, metavar="N",
+              help="--host-discovery-script: fewer usable slots than N and the job waits for hosts. [default: 1]")
+@click.option("--max-workers", type=int, default=None, metavar="N",
+              help="--host-discovery-script: the job grows to at most N workers. [default: every usable slot]")
+@click.option("--min-wait", type=float, default=None, metavar="SECONDS",
+              help="--host-discovery-script: after this long below --min-workers the run stops, its "
+                   "checkpoint kept (--resume goes on). [default: it waits]")
 @click.option("--network-interface", default=None, help="Passed to horovodrun (e.g. lo for several local 'hosts').")
 @click.option("--relaunch", type=click.Choice(["auto", "prelaunch", "overlap", "sequential", "inplace"]),
               default="auto", show_default=True,
@@ -151,7 +169,7 @@ def _echo(msg: str) -> None:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
           data_dir, batch_size, lr, seed, lr_scaling, resize_warmup, global_batch, device, slots, hosts,
-          hostfile,
+          hostfile, host_discovery_script, discovery_interval, min_workers, max_workers, min_wait,
           network_interface, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
           checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, stop_grace, run_dir, resume_dir,
           script_args):
@@ -204,7 +222,9 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
                      checkpoint_every=checkpoint_every, checkpoint_every_s=checkpoint_every_s, keep=keep,
                      max_restarts=max_restarts, stall_timeout=stall_timeout, run_dir=run_dir,
                      resume_dir=resume_dir, backend=backend, ray_address=ray_address, placement=placement,
-                     warm_spares=warm_spares, survive=survive, collective=collective, stop_grace=stop_grace)
+                     warm_spares=warm_spares, survive=survive, collective=collective, stop_grace=stop_grace,
+                     host_discovery_script=host_discovery_script, discovery_interval=discovery_interval,
+                     min_workers=min_workers, max_workers=max_workers, min_wait=min_wait)
     summary = start_or_resume(req, _echo)
     shown = {**summary, "state": "stopped"} if summary["state"] == "interrupted" else summary  # status's word
     click.echo(render(shown, summary.get("total_steps")))
@@ -244,8 +264,10 @@ def status(run_dir, as_json):
     s = summarize(evs)
     s.update(state=st.line(), step=st.step, world_size=st.world_size)
     if as_json:
-        s.update(phase=st.phase.value, total_steps=st.total_steps, pid=st.pid, vote_every=st.vote_every)
+        s.update(phase=st.phase.value, total_steps=st.total_steps, pid=st.pid, vote_every=st.vote_every,
+                 hosts=st.hosts)
         click.echo(json.dumps(s, indent=2))
         return
     latency = st.stop_latency_line()
-    click.echo(render(s, st.total_steps) + (f"\n\n{latency}" if latency else ""))
+    hosts = st.hosts if st.hosts and not st.waiting_for_hosts else None  # (waiting: the state line says it)
+    click.echo(render(s, st.total_steps) + "".join(f"\n\n{x}" for x in (hosts, latency) if x))

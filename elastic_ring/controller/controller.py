@@ -21,7 +21,13 @@ and the time lost. Where the backend keeps the survivors (Ray or ``--relaunch in
 step they all hold in memory (:meth:`Controller._failed`), counted as a restart is; a stall whose
 ranks are named ends only those ranks, and the others go on the same way.
 
-Every cause of a change of members (schedule, live request, joiner, failure, stall, lost host) goes
+With host discovery (``--host-discovery-script``: a :class:`~elastic_ring.hosts.manager.HostManager`
+passed in), the watch polls discovery every interval: when the usable slots change, the job stops
+at an agreed step with a checkpoint and is relaunched at the size they allow (``--min-workers`` ..
+``--max-workers``, or the size asked) on the first of those slots (cause ``hosts``); below the
+minimum it waits, and a schedule's or a live resize's size is capped by what is discovered.
+
+Every cause of a change of members (schedule, live request, hosts, joiner, failure, stall, lost host) goes
 through one path: the watch of a segment ends (:meth:`Controller._watch`), :meth:`Controller._decide`
 turns it into one :class:`~.membership.MembershipChange` (its cause and state source), and
 :meth:`Controller._act` carries it out and writes it as a ``membership_change`` event.
@@ -47,7 +53,7 @@ import signal
 import sys
 import time
 import uuid
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from elastic_ring import protocol
 from elastic_ring.controller import watchdog as wdog
@@ -66,10 +72,14 @@ from elastic_ring.controller.restart_rule import FailureHistory, append_tracebac
 from elastic_ring.controller.segment import Processes, Segment, Stop, segment_log
 from elastic_ring.controller.summary import write_summary
 from elastic_ring.errors import WorkerFailedError
-from elastic_ring.events.api import (CheckpointWritten, ErrorEvent, Evaluation, Event, EventLog, FirstStep, Launch,
-                                     Notice, ResizeRequested, Restart, Throughput)
+from elastic_ring.events.api import (CheckpointWritten, ErrorEvent, Evaluation, Event, EventLog, FirstStep,
+                                     HostsChanged, Launch, Notice, ResizeRequested, Restart, Throughput)
 from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, stop_file
 from elastic_ring.worker.lr import RULES
+
+if TYPE_CHECKING:
+    from elastic_ring.hosts.api import HostSet
+    from elastic_ring.hosts.manager import HostManager, HostView
 
 DEFAULT_STARTUP_S = 10.0  # start-up estimate before the first launch has been measured
 STALLED_END_S = 15.0  # stalled ranks ended alone: how long the others may take to speak before all are ended
@@ -85,7 +95,8 @@ class Controller:
                  host_probe: Callable[[list[tuple[str, int]]], list[tuple[str, int]]] | None = None,
                  plan: Plan | None = None, backend: Backend | None = None, resize: ResizeStrategy | None = None,
                  stall_timeout: float | None = None, lr_decays: tuple[int, ...] = (),
-                 constant_batch: tuple[int, int] | None = None) -> None:
+                 constant_batch: tuple[int, int] | None = None, hosts: HostManager | None = None,
+                 asked_workers: int | None = None) -> None:
         self.lr_decays = tuple(lr_decays)  # steps after which the schedule decays the LR (shown at a resize)
         self.constant_batch = constant_batch  # (global batch, micro-batch): the layout shown at a resize
         # a script's "auto" (its own scaling) is decided by the workers: Eq. 7 is the reference here
@@ -127,6 +138,13 @@ class Controller:
         self._refused: str | None = None  # why the backend's survivors did not go on (the next restart says)
         self._t_failure = 0.0  # when the last failure that a joiner heals was seen (_failed)
         self._launched = False  # this controller's first launch is the start of a session
+        # host discovery (hosts.manager.HostManager, or None): the size asked of it (--workers, the
+        # schedule's, a live resize's; None: every usable slot up to --max-workers) and the hosts
+        # each segment was started on
+        self.hosts = hosts
+        self._asked: int | None = asked_workers
+        self._hosts_of: dict[int, HostSet] = {}
+        self._hosts_line: str | None = None
 
     # ------------------------------------------------------------------ state
     def _set_state(self, state: RunState, **extra: Any) -> None:
@@ -192,6 +210,11 @@ class Controller:
         self.display.start(step)
         self._set_state(RunState.LAUNCHING, step=step, world_size=world, segment=segment)
         while True:
+            if self.hosts is not None and (self._next is None or self._next.index != segment):
+                got = self._hosts_world(step, world, segment)
+                if isinstance(got, str):  # gave up waiting for hosts, or interrupted while waiting
+                    return self._stopped_waiting(step, segment, got)
+                world = got
             seg = self._begin(step, world, segment)
             rc = self._watch(seg)
             self._relay()
@@ -281,6 +304,9 @@ class Controller:
             source = next((src for s, _, src in self.plan.changes if s == r.step), "schedule")
             cause, target, t_req = (Cause.JOINER if source == "joiner" else Cause.SCHEDULE, r.to,
                                      float(seg.end.stop_decided_at))
+            if self.hosts is not None and cause is Cause.SCHEDULE:  # bounded by the slots discovered
+                self._asked = target
+                target = self.hosts.view(target).target or target  # (below the minimum: it waits at the launch)
         return decide(cause, step, seg.world, target, in_place=self._elastic is not None, time=t_req)
 
     def _act(self, seg: Segment, change: MembershipChange, rc: int | None, now: float) -> None:
@@ -414,6 +440,10 @@ class Controller:
 
     # ------------------------------------------------------------------ processes
     def _start_processes(self, seg: Segment) -> None:
+        if self.hosts is not None:  # the first seg.world usable slots, in rank order
+            on = self.hosts.view(self._asked).hosts_for(seg.world)
+            self.backend.use_hosts(on.arg())
+            self._hosts_of[seg.index] = on
         self.procs.start(seg)
         self._set_state(self.state, launchers=list(self.procs.launchers.values()))
 
@@ -506,6 +536,7 @@ class Controller:
             self._relay()
             self._drain()
             self._check_live_request(seg)
+            self._check_hosts(seg)
             self._check_heal(seg)
             if self._interrupts:
                 self._on_interrupt(seg)
@@ -580,12 +611,14 @@ class Controller:
         if seg.end is not None:
             return
         if seg.asked is not None:  # the stop step is not known yet: the go file will say
-            self._prelaunch(seg, seg.asked.members_after, seg.stop_at)
+            if seg.asked.cause is not Cause.HOSTS:  # (the hosts' new workers start once they are known)
+                self._prelaunch(seg, seg.asked.members_after, seg.stop_at)
             return
         r = self.plan.resize_at(seg.stop_at)
         left = self.meter.seconds_left(seg, self.clock())
-        if r is not None and left is not None and left <= self.meter.prelaunch_lead_s(DEFAULT_STARTUP_S):
-            self._prelaunch(seg, r.to, self._next_stop(seg.stop_at))
+        to = None if r is None else r.to if self.hosts is None else self.hosts.view(r.to).target  # (hosts: capped)
+        if to is not None and left is not None and left <= self.meter.prelaunch_lead_s(DEFAULT_STARTUP_S):
+            self._prelaunch(seg, to, self._next_stop(seg.stop_at))
 
     def _check_live_request(self, seg: Segment) -> None:
         req_file = self.spec.run_dir / "control" / REQUEST_FILE
@@ -604,6 +637,11 @@ class Controller:
             self.events.write(ErrorEvent(message=f"live resize to {target} refused (workers "
                                          f"{seg.world}, slots {self.spec.slots})", segment=seg.index))
             return
+        if self.hosts is not None:
+            target = self._within_hosts(seg, target)
+            if target is None:
+                req_file.unlink(missing_ok=True)
+                return
         # `resize` sees it pending throughout: live_target is written before the request file goes
         self._set_state(self.state, live_target=target)
         req_file.unlink(missing_ok=True)
@@ -622,6 +660,101 @@ class Controller:
             return
         self._ask(seg, Cause.JOINER, target, self.clock())
         self.out(f"a warm worker is up for the failed worker's place: {seg.world} -> {target} workers")
+
+    # ------------------------------------------------------------------ host discovery
+    def _hosts_view(self, segment: int | None = None) -> HostView:
+        """Poll discovery when due (:meth:`HostManager.update`): its lines said, a change of the
+        usable hosts an event, `status`'s hosts line kept in ``controller.json``; the view now."""
+        ch = self.hosts.update(self._asked)
+        for note in (ch.notes if ch is not None else self.hosts.notes()):
+            self.out(note)
+            self.events.write(Notice(message=note, segment=segment))
+        view = ch.view if ch is not None else self.hosts.view(self._asked)
+        if ch is not None:
+            self.events.write(HostsChanged(diff=ch.diff.line(), hosts=view.usable.arg(), slots=view.usable.total,
+                                           target=view.target, segment=segment))
+            self.out(f"hosts changed: {ch.diff.line()}; {view.line()}")
+        line = view.line()
+        if line != self._hosts_line:
+            self._hosts_line = line
+            self._set_state(self.state, hosts=line)
+        return view
+
+    def _check_hosts(self, seg: Segment) -> None:
+        """Host discovery, between two polls of the watch: when the usable slots allow another size
+        than ``seg``'s, or no longer hold the hosts it runs on, its workers stop at the next agreed
+        step (cause ``hosts``) and the next segment starts on the usable hosts (below the minimum: the
+        launch waits for hosts, :meth:`_hosts_world`)."""
+        if self.hosts is None:
+            return
+        view = self._hosts_view(seg.index)
+        if (seg.asked is not None or self._next is not None or self._interrupts or seg.end is not None
+                or seg.stop is not Stop.NONE):
+            return
+        target = view.target if view.target is not None else view.usable.total
+        on = self._hosts_of.get(seg.index)
+        fits = on is None or all(view.usable.get(h, 0) >= n for h, n in on.items())
+        if (target == seg.world and fits) or not self._redirectable(seg.index):
+            return
+        self._ask(seg, Cause.HOSTS, target, self.clock())
+        self.out(f"host discovery: {seg.world} -> {target} workers at the next agreed step"
+                 + ("" if view.target is not None else f" ({view.line()}: the job stops with a checkpoint)"))
+
+    def _within_hosts(self, seg: Segment, target: int) -> int | None:
+        """A live resize's ``target`` under host discovery: within ``--min-workers``/``--max-workers``
+        (else refused: None), capped by the usable slots (and grown to later when more appear);
+        None when nothing is left to do now."""
+        b = self.hosts.bounds
+        if target < b.min or (b.max is not None and target > b.max):
+            self.events.write(ErrorEvent(message=f"live resize to {target} refused (--min-workers {b.min}, "
+                                         f"--max-workers {b.max if b.max is not None else 'none'})",
+                                         segment=seg.index))
+            return None
+        self._asked = target
+        capped = self.hosts.view(target).target
+        if capped is None or capped == target:
+            return target if capped is not None and target != seg.world else None
+        self.out(f"live resize to {target}: {capped} usable slot(s) discovered: to {capped} now, to {target} "
+                 f"when hosts appear")
+        return capped if capped != seg.world else None
+
+    def _hosts_world(self, step: int, world: int, segment: int) -> int | str:
+        """The size to launch ``segment`` at: what the usable hosts allow now (waiting below the
+        minimum, `status` saying ``waiting for hosts (have K, need N)``); a size other than the one
+        decided (the hosts changed since, or the first launch) goes in the plan, and after the first
+        segment is a ``membership_change`` of cause ``hosts``. A str: why it stopped waiting (it
+        gave up after ``--min-wait``, or an interrupt)."""
+        view = self._hosts_view(segment)
+        while view.target is None:
+            if self._interrupts:
+                return f"interrupted while {view.line()}"
+            why = self.hosts.gave_up()
+            if why is not None:
+                return why
+            time.sleep(self.poll_s)
+            view = self._hosts_view(segment)
+        if view.target != world:
+            self.plan.add(step, view.target, Cause.HOSTS.value)
+            self._save_plan()
+            if self.meter.pending is not None and self.meter.pending.step == step:
+                self.meter.pending.to_workers = view.target  # the resize measured is to the size launched
+            if segment > 0:
+                self.events.write(decide(Cause.HOSTS, step, world, view.target, in_place=False,
+                                         time=self.clock()).event(segment - 1))
+        return view.target
+
+    def _stopped_waiting(self, step: int, segment: int, why: str) -> dict[str, Any]:
+        """The run stops while it waits for hosts: its checkpoint is kept, ``--resume`` goes on."""
+        self._drain(wait=True)
+        if self.plan.world_after(step) < 1:  # a resume starts at the minimum, not at no worker
+            self.plan.add(step, self.hosts.bounds.min, Cause.HOSTS.value)
+            self._save_plan()
+        ck = self._checkpoint_step()
+        self._set_state(RunState.INTERRUPTED, step=ck or 0, segment=max(segment - 1, 0))
+        cmd = f"elastic-ring train --resume {self.spec.run_dir}"  # (the discovery options are kept)
+        self.out(f"{why}; checkpoint at step {ck} kept; continue with: {cmd}" if ck else
+                 f"{why}; no checkpoint was written")
+        return self._finish(interrupted=True)
 
     def _ask(self, seg: Segment, cause: Cause, target: int, t: float) -> None:
         """A change asked while ``seg`` runs: its workers stop at the next agreed step (:meth:`_decide`)."""

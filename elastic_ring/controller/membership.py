@@ -40,7 +40,8 @@ class Cause(str, Enum):
     STALL = "stall"  # the watchdog found the job hung
     LOST_HOST = "lost_host"  # a failure, and fewer slots answer: restarted at the count that fits
     INTERRUPT = "interrupt"  # Ctrl-C / SIGTERM: the workers checkpoint and leave
-    # the next causes (hosts that appear or go, preemption notices) take their place here
+    HOSTS = "hosts"  # host discovery: the usable slots changed (hosts appeared or left, or below the minimum)
+    # the next causes (preemption notices) take their place here
 
     @property
     def is_failure(self) -> bool:

@@ -71,6 +71,11 @@ class RunRequest:
     survive: bool = False  # the survivors of a failed worker go on from memory (--backend ray, --relaunch inplace)
     collective: str | None = None  # horovod (None: a new run's default, a resumed run's own) or torch
     stop_grace: float | None = None  # a torchrun-form script: SIGTERM -> SIGKILL at a stop (None: the default)
+    host_discovery_script: str | None = None  # the hosts come from this executable, asked every interval
+    discovery_interval: float | None = None  # seconds between two runs of it (None: 1)
+    min_workers: int | None = None  # host discovery: below this many usable slots the job waits
+    max_workers: int | None = None  # host discovery: it grows to no more than this
+    min_wait: float | None = None  # host discovery: seconds below the minimum before it stops (None: waits)
 
     def resnet_options(self) -> tuple[Any, ...]:
         return (self.depth, self.dataset, self.data_dir, self.batch_size, self.lr, self.seed,
@@ -117,6 +122,7 @@ def check(req: RunRequest) -> None:
         raise UserError("use either --resize-at/--to or --schedule, not both")
     if req.hosts and req.hostfile:
         raise UserError("use either --hosts or --hostfile, not both")
+    _check_discovery(req)
     if req.backend not in BACKENDS:
         raise UserError(f"--backend must be one of {', '.join(BACKENDS)}, got {req.backend}")
     if req.relaunch not in RELAUNCH_CHOICES:
@@ -138,6 +144,32 @@ def check(req: RunRequest) -> None:
         raise UserError(f"--placement must be one of {', '.join(PLACEMENTS)}, got {req.placement}")
     _check_collective(req)
     _check_numbers(req)
+
+
+def _check_discovery(req: RunRequest) -> None:
+    """``--host-discovery-script`` and its options: the hosts come from the script, on horovodrun's
+    relaunch over hosts (docs/hosts.md); the options that go with it go only with it."""
+    bounds_given = [name for name, v in (("--min-workers", req.min_workers), ("--max-workers", req.max_workers),
+                                         ("--discovery-interval", req.discovery_interval),
+                                         ("--min-wait", req.min_wait)) if v is not None]
+    if not req.host_discovery_script:
+        if bounds_given:
+            raise UserError(f"{bounds_given[0]} goes with --host-discovery-script")
+        return
+    refused = [
+        (bool(req.hosts or req.hostfile), "--hosts/--hostfile", "the hosts come from the script"),
+        (req.backend == "ray", "--backend ray", "its nodes are Ray's"),
+        (req.relaunch == "inplace", "--relaunch inplace", "it runs on this host only"),
+        (req.collective == "torch", "--collective torch", "its workers are launched on this host only"),
+        (req.slots is not None, "--slots", "the slots come from the script"),
+    ]
+    for bad, option, why in refused:
+        if bad:
+            raise UserError(f"--host-discovery-script does not go with {option}: {why}")
+    if req.discovery_interval is not None and req.discovery_interval <= 0:
+        raise UserError(f"--discovery-interval must be > 0 seconds, got {req.discovery_interval:g}")
+    if req.min_wait is not None and req.min_wait < 0:
+        raise UserError(f"--min-wait must be >= 0 seconds, got {req.min_wait:g}")
 
 
 def _check_scaling(req: RunRequest) -> None:
@@ -221,6 +253,7 @@ def check_torchrun_options(req: RunRequest, shape: Any) -> None:
         (req.survive, "--survive", "a failure stops every worker and starts them again, as torchrun does"),
         (req.backend != "horovodrun", f"--backend {req.backend}", "its workers run on this host"),
         (bool(req.hosts or req.hostfile), "--hosts/--hostfile", "its workers run on this host only"),
+        (bool(req.host_discovery_script), "--host-discovery-script", "its workers run on this host only"),
         (req.stall_timeout is not None, "--stall-timeout", "the controller sees no step of it"),
     ]
     for bad, option, why in refused:

@@ -101,6 +101,10 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
         check(req)  # what goes with --collective torch
     if req.resume_dir:
         check_resumable(Path(req.resume_dir), req.steps)  # before anything slow (torch, the GPUs)
+        resumed = with_run_discovery(req)
+        if resumed is not req:
+            req = resumed
+            check(req)
     claimed = None if req.resume_dir else _claim(req, echo)
     try:
         with preparing(claimed[0] if claimed else Path(req.resume_dir or "."), bool(req.resume_dir)):
@@ -122,10 +126,10 @@ def with_slurm_hosts(req: RunRequest, echo: Callable[[str], None],
                      env: dict[str, str] | None = None) -> RunRequest:
     """Inside a Slurm allocation (``SLURM_JOB_ID`` set) and given none of ``--hosts``,
     ``--hostfile``, ``--slots`` (which choose otherwise; the cluster runner always gives
-    ``--slots``) nor ``--backend ray`` (whose nodes are Ray's): the allocation's nodes and slots
-    (:func:`elastic_ring.hosts.slurm.allocation`), said in one line. One node that is this host
-    stays a run on this host as without Slurm (its visible GPUs or CPU cores as slots); otherwise the
-    nodes become ``--hosts``.
+    ``--slots``) nor ``--backend ray`` (whose nodes are Ray's) nor ``--host-discovery-script``: the
+    allocation's nodes and slots (:func:`elastic_ring.hosts.slurm.allocation`), said in one line.
+    One node that is this host stays a run on this host as without Slurm (its visible GPUs or CPU
+    cores as slots); otherwise the nodes become ``--hosts``.
 
     Raises:
         UserError: Slurm's variables do not parse, or ``--relaunch inplace`` (one host) in an
@@ -136,7 +140,8 @@ def with_slurm_hosts(req: RunRequest, echo: Callable[[str], None],
     from elastic_ring.hosts.api import HostsError
     from elastic_ring.hosts.slurm import allocation, in_allocation, is_this_host
 
-    if req.hosts or req.hostfile or req.slots is not None or req.backend == "ray" or not in_allocation(env):
+    if (req.hosts or req.hostfile or req.slots is not None or req.backend == "ray" or req.host_discovery_script
+            or not in_allocation(env)):
         return req
     try:
         alloc = allocation(env, gpus=req.device != "cpu")
@@ -195,7 +200,8 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
     if collective == "torch":  # (a resumed run keeps its --survive)
         resumed = protocol.read_run_json(Path(req.resume_dir)) if req.resume_dir else None
         check_torch_survive(device, req.survive or (isinstance(resumed, dict) and bool(resumed.get("survive"))))
-    n_slots = _slots(req, device, ngpu)
+    hosts = host_manager(req, echo) if req.host_discovery_script else None
+    n_slots = hosts_slots(hosts) if hosts is not None else _slots(req, device, ngpu)
     sched = _schedule(req)
     torchrun = collective == "torch" and _torchrun_form(req)  # every worker stopped and started again
     if req.stop_grace is not None and not torchrun:
@@ -205,8 +211,10 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
     if rd is None:
         run = _prepare_resume(req, device, n_slots, sched, echo)
     else:
-        run = _prepare_new(req, rd, device, n_slots, sched, relaunch, echo, rep)
+        run = _prepare_new(req, rd, device, n_slots, sched, relaunch, echo, rep, hosts)
     run.relaunch = relaunch
+    if hosts is not None:
+        run.extra.update(hosts=hosts, asked_workers=req.workers, discovery=req.host_discovery_script)
     run.extra.update(gpu_report=rep, relaunch_note=why)
     if torchrun:
         run.extra.update(torchrun=True, stop_grace=_stop_grace(req, run.spec.run_dir))
@@ -216,6 +224,54 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
 
         ensure_dataset_cache(run.spec.run_dir, run.cfg)  # a resumed run's cache may have been deleted
     return run
+
+
+def host_manager(req: RunRequest, echo: Callable[[str], None]) -> Any:
+    """``--host-discovery-script`` and its bounds, checked, as the controller's
+    :class:`~elastic_ring.hosts.manager.HostManager`, asked once already (its first answer is the
+    first segment's hosts; one that fails is its one line, and the controller waits for hosts)."""
+    from elastic_ring.hosts.api import resolve_bounds
+    from elastic_ring.hosts.discovery import HostPoller, ScriptDiscovery, check_script
+    from elastic_ring.hosts.manager import HostManager
+
+    path = check_script(req.host_discovery_script)
+    bounds = resolve_bounds(min_workers=req.min_workers, max_workers=req.max_workers, gpus=req.workers)
+    if bounds is None:  # no bounds given: from 1 to every usable slot
+        from elastic_ring.hosts.api import WorkerBounds
+
+        bounds = WorkerBounds(min=1, start=req.workers)
+    poller = HostPoller(ScriptDiscovery(path, cwd=os.getcwd()), interval_s=req.discovery_interval or 1.0)
+    hosts = HostManager(poller, bounds, min_wait_s=req.min_wait)
+    first = poller.poll()  # (the controller's first update says what it found: a hosts_changed event)
+    if first.note:
+        echo(f"elastic-ring: {first.note}")
+    return hosts
+
+
+def with_run_discovery(req: RunRequest) -> RunRequest:
+    """A ``--resume`` of a run started with ``--host-discovery-script``: its discovery options, kept in
+    ``run.json``, for those not given again; unless ``--hosts``/``--hostfile``/``--slots`` or
+    ``--backend ray`` choose other hosts (then ``req`` as it is)."""
+    from dataclasses import replace
+
+    info = protocol.read_run_json(Path(req.resume_dir))
+    kept = info.get("host_discovery") if isinstance(info, dict) else None
+    if (not isinstance(kept, dict) or req.hosts or req.hostfile or req.slots is not None or req.backend == "ray"
+            or req.host_discovery_script):
+        return req
+    pick = lambda given, key: given if given is not None else kept.get(key)  # noqa: E731
+    return replace(req, host_discovery_script=kept.get("script"),
+                   discovery_interval=pick(req.discovery_interval, "interval"),
+                   min_workers=pick(req.min_workers, "min_workers"), max_workers=pick(req.max_workers, "max_workers"),
+                   min_wait=pick(req.min_wait, "min_wait"))
+
+
+def hosts_slots(hosts: Any) -> int:
+    """The run's slots under host discovery (``run.json``'s, which `resize` checks): ``--max-workers``,
+    else as many as a host list may hold (the discovered slots bound every size at the time)."""
+    from elastic_ring.hosts.api import MAX_SLOTS
+
+    return hosts.bounds.max if hosts.bounds.max is not None else MAX_SLOTS
 
 
 def _torchrun_form(req: RunRequest) -> bool:
@@ -316,12 +372,15 @@ def _unclaim(rd: Path, made: Path | None) -> None:
 
 
 def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tuple[Resize, ...],
-                 relaunch: str, echo: Callable[[str], None], rep: Any) -> PreparedRun:
+                 relaunch: str, echo: Callable[[str], None], rep: Any, hosts: Any = None) -> PreparedRun:
     from elastic_ring.controller.rundir import create_run_dir
 
     cfg = None if req.script else _config(req, device)
     total = (req.steps if req.steps is not None else protocol.NO_STEP_LIMIT) if req.script else cfg.total_steps
-    spec = RunSpec(run_dir=rd.resolve(), workers=req.workers if req.workers is not None else 1,
+    workers = req.workers if req.workers is not None else 1
+    if hosts is not None:  # what the first answer allows (below the minimum: the minimum, once hosts come)
+        workers = hosts.view(req.workers).target or hosts.bounds.min
+    spec = RunSpec(run_dir=rd.resolve(), workers=workers,
                    schedule=sched, slots=n_slots, device=device, total_steps=total, hosts=req.hosts,
                    hostfile=req.hostfile, script=str(Path(req.script).resolve()) if req.script else None,
                    script_args=tuple(req.script_args), checkpoint_every=req.checkpoint_every or 0,
@@ -344,7 +403,10 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
         from elastic_ring.data import check_dataset
 
         check_dataset(cfg.dataset, cfg.data_dir)
-    create_run_dir(spec, cfg, relaunch=relaunch, stall_timeout=req.stall_timeout, survive=req.survive)
+    kept = {"host_discovery": {"script": str(Path(req.host_discovery_script).resolve()),
+                               "interval": req.discovery_interval, "min_workers": req.min_workers,
+                               "max_workers": req.max_workers, "min_wait": req.min_wait}} if hosts else {}
+    create_run_dir(spec, cfg, relaunch=relaunch, stall_timeout=req.stall_timeout, survive=req.survive, **kept)
     return PreparedRun(spec, cfg, Plan.from_spec(spec.workers, spec.schedule), 0, 0, relaunch,
                        stall_timeout=req.stall_timeout, survive=req.survive)
 
@@ -553,11 +615,13 @@ def describe(run: PreparedRun) -> list[str]:
     spec, cfg = run.spec, run.cfg
     rep = run.extra.get("gpu_report")
     lines = [f"elastic-ring: {rep.line()}"] if rep is not None else []
+    hosts = run.extra.get("hosts")
+    slots = f"{spec.slots} slot(s)" if hosts is None else "slots from host discovery"
     if spec.device == "cpu":
         first = (f"elastic-ring: no GPU in use: {spec.workers} CPU worker process(es) with gloo "
-                 f"({spec.slots} slot(s)); run folder {spec.run_dir}")
+                 f"({slots}); run folder {spec.run_dir}")
     else:
-        first = (f"elastic-ring: {spec.workers} GPU worker(s) (NCCL + gloo), {spec.slots} GPU slot(s); "
+        first = (f"elastic-ring: {spec.workers} GPU worker(s) (NCCL + gloo), {slots}; "
                  f"run folder {spec.run_dir}")
     what = (f"script {spec.script}" if spec.script else
             f"model ResNet-{cfg.depth} (width {cfg.width}) on {cfg.dataset}, "
@@ -579,6 +643,11 @@ def describe(run: PreparedRun) -> list[str]:
         lines.append(f"elastic-ring: {lr_rule_line(spec.script, spec.lr_scaling or 'linear')}")
     if run.extra.get("relaunch_note"):
         lines.append(f"elastic-ring: {run.extra['relaunch_note']}")
+    if hosts is not None:
+        b = hosts.bounds
+        lines.append(f"elastic-ring: hosts from {Path(run.extra['discovery']).name} every "
+                     f"{hosts.poller.interval_s:g} s, {b.min} to {b.max if b.max is not None else 'every slot'} "
+                     f"worker(s): {hosts.view(run.extra.get('asked_workers')).line()}")
     return lines
 
 
@@ -666,7 +735,8 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
                      max_restarts=req.max_restarts, plan=run.plan, stall_timeout=run.stall_timeout,
                      show_progress=show_progress, backend=backend, resize=resize,
                      lr_decays=tuple(run.cfg.decay_steps) if run.cfg else (),
-                     constant_batch=_constant_batch(run))
+                     constant_batch=_constant_batch(run), hosts=run.extra.get("hosts"),
+                     asked_workers=run.extra.get("asked_workers"))
     summary = ctl.run(run.start_step, run.spec.workers, run.segment)
     total = run.spec.total_steps
     return {**summary, "total_steps": total if total < protocol.NO_STEP_LIMIT else None}

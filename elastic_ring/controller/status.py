@@ -53,6 +53,11 @@ class RunStatus:
     open_ended: bool = False  # no step limit (a script run without --steps)
     checkpoint_step: int | None = None  # the newest checkpoint's step (checkpoints/latest.json)
     vote_every: int | None = None  # running: the workers' stop vote period (a live stop lands within it + 1)
+    hosts: str | None = None  # host discovery, a live run: its hosts line, or "waiting for hosts (have K, need N)"
+
+    @property
+    def waiting_for_hosts(self) -> bool:
+        return self.phase.live and bool(self.hosts) and self.hosts.startswith("waiting for hosts")
 
     @property
     def unfinished(self) -> bool:
@@ -77,6 +82,8 @@ class RunStatus:
         return None
 
     def line(self) -> str:
+        if self.waiting_for_hosts:
+            return self.hosts
         if self.phase is Phase.RESIZING and self.resize_from and self.resize_to:
             return f"resizing {self.resize_from} -> {self.resize_to}"
         if self.phase is Phase.CRASHED:
@@ -140,6 +147,8 @@ def read_status(run_dir: str | Path, events: list[Event] | None = None) -> RunSt
         kw.update(resize_from=_int(ctl.get("resize_from")), resize_to=_int(ctl.get("pending_world")))
     if phase is Phase.RUNNING:
         kw.update(vote_every=_vote_every(rd))
+    if phase.live and isinstance(ctl.get("hosts"), str):
+        kw.update(hosts=ctl["hosts"])
     return RunStatus(phase=phase, pid=_int(ctl.get("pid")) if alive else None, **kw)
 
 

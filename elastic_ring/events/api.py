@@ -381,6 +381,21 @@ class ErrorEvent(Event):
 
 @register
 @dataclass(frozen=True)
+class HostsChanged(Event):
+    """Host discovery (``--host-discovery-script``) changed the usable hosts: ``diff`` what changed
+    (``+b:1 -a:2 c:1->4``), ``hosts`` the usable hosts now (``a:2,b:1``, in rank order), ``slots``
+    their slots, ``target`` the size the job goes to (None: below ``--min-workers``, it waits)."""
+
+    kind: ClassVar[str] = "hosts_changed"
+    diff: str
+    hosts: str
+    slots: int
+    target: int | None = None
+    segment: int | None = None
+
+
+@register
+@dataclass(frozen=True)
 class Notice(Event):
     """Something a worker decided that the user must know, not a failure (e.g. the restored
     position taken over a script's own resume)."""

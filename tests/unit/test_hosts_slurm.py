@@ -98,7 +98,7 @@ def test_train_takes_its_hosts_from_the_allocation():
                               "it takes)")
     lines.clear()
     for untouched in (RunRequest(hosts="a:1"), RunRequest(hostfile="hf"), RunRequest(slots=2),
-                      RunRequest(backend="ray")):
+                      RunRequest(backend="ray"), RunRequest(host_discovery_script="discover.sh")):
         assert with_slurm_hosts(untouched, lines.append, two) == untouched
     assert with_slurm_hosts(RunRequest(), lines.append, {}) == RunRequest() and lines == []
 

@@ -77,6 +77,11 @@ class Backend:
         """How many worker slots can be used now (after a failure); may narrow later launches."""
         raise NotImplementedError
 
+    def use_hosts(self, hosts: str) -> None:
+        """Start the next segments on ``hosts`` (``a:2,b:1``: host discovery's usable hosts now, the
+        first slots taken); only horovodrun over hosts can (the request refuses the others)."""
+        raise NotImplementedError(f"the {self.name} backend does not take its hosts from discovery")
+
     def first_failed_rank(self, log_path: Path | None) -> int | None:
         """The rank the launcher saw fail first, from its log, if it says."""
         raise NotImplementedError

@@ -185,6 +185,9 @@ class HorovodrunBackend(Backend):
             self.hosts_override = None
         return total
 
+    def use_hosts(self, hosts: str) -> None:
+        self.hosts_override = hosts or None
+
     def first_failed_rank(self, log_path: Path | None) -> int | None:
         return first_failed_rank(log_path)
 

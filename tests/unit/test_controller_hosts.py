@@ -1,0 +1,134 @@
+"""The controller under host discovery (a HostManager over fixed hosts), driven by the fake launcher
+of test_controller_fake: the hosts a segment starts on, the size of the first launch, waiting below
+the minimum and giving up, a live resize capped by the hosts; `status`'s line while waiting; the
+options that cannot go with a discovery script, and a resume's kept options."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from elastic_ring.controller.api import Phase, RunSpec, RunState
+from elastic_ring.controller.controller import Controller
+from elastic_ring.controller.requests import RunRequest, check
+from elastic_ring.controller.runs import with_run_discovery
+from elastic_ring.controller.segment import Segment
+from elastic_ring.controller.status import RunStatus
+from elastic_ring.errors import UserError
+from elastic_ring.events import read_events
+from elastic_ring.hosts.api import HostSet, WorkerBounds
+from elastic_ring.hosts.discovery import FixedHosts, HostPoller
+from elastic_ring.hosts.manager import HostManager
+from tests.unit.test_controller_fake import FakeLauncher
+
+
+def _controller(tmp_path: Path, hosts, lo=1, hi=None, workers=1, min_wait_s=None, total=30):
+    spec = RunSpec(run_dir=tmp_path, workers=workers, schedule=(), slots=hi or 64, device="cpu", total_steps=total)
+    spec.validate()
+    disc = FixedHosts(HostSet(hosts))
+    manager = HostManager(HostPoller(disc, interval_s=0.01), WorkerBounds(lo, hi), min_wait_s=min_wait_s)
+    launcher = FakeLauncher(tmp_path, total)
+    lines: list[str] = []
+    ctl = Controller(spec, launcher=launcher, out=lines.append, poll_s=0.0, show_progress=False,
+                     relaunch="sequential", hosts=manager)
+    return ctl, launcher, lines
+
+
+def _h(cmd_line: str) -> str:
+    parts = cmd_line.split()
+    return parts[parts.index("-H") + 1]
+
+
+def test_the_first_launch_takes_the_usable_slots_and_says_which_hosts(tmp_path):
+    ctl, launcher, _ = _controller(tmp_path, [("a", 1), ("b", 2)], hi=2, workers=1)
+    summary = ctl.run(0, 1, 0)
+    assert summary["state"] == "finished"
+    (only,) = launcher.started
+    assert only.world == 2 and _h(only.cmd_line) == "a:1,b:1"  # the first 2 slots, in order
+    assert ctl.plan.world_after(0) == 2
+    ev = read_events(tmp_path / "events.jsonl")
+    (hc,) = [e for e in ev if e["kind"] == "hosts_changed"]
+    assert (hc["diff"], hc["hosts"], hc["slots"], hc["target"]) == ("+a:1 +b:2", "a:1,b:2", 3, 2)
+    assert not [e for e in ev if e["kind"] == "membership_change"]  # the start is no change of members
+
+
+def test_below_the_minimum_it_waits_then_gives_up_without_a_launch(tmp_path):
+    ctl, launcher, lines = _controller(tmp_path, [("a", 1)], lo=2, workers=2, min_wait_s=0.0)
+    summary = ctl.run(0, 2, 0)
+    assert summary["state"] == "interrupted"
+    assert ctl.state is RunState.INTERRUPTED and not launcher.started
+    assert any(ln.startswith("gave up waiting for hosts after 0 s (have 1, need 2); no checkpoint was written")
+               for ln in lines), lines
+    assert ctl._state_info["hosts"] == "waiting for hosts (have 1, need 2)"
+
+
+def test_an_interrupt_while_waiting_stops_the_run(tmp_path):
+    ctl, launcher, lines = _controller(tmp_path, [], lo=1)
+    ctl._interrupts = 1
+    ctl.run(0, 1, 0)
+    assert ctl.state is RunState.INTERRUPTED and not launcher.started
+    assert any("interrupted while waiting for hosts (have 0, need 1)" in ln for ln in lines), lines
+
+
+def test_a_live_resize_is_capped_by_the_discovered_slots_and_refused_outside_the_bounds(tmp_path):
+    ctl, _, lines = _controller(tmp_path, [("a", 1), ("b", 1)], hi=3)
+    ctl.hosts.update()
+    one, two = Segment(0, 1, 30), Segment(0, 2, 30)
+    assert ctl._within_hosts(one, 3) == 2 and ctl._asked == 3  # capped now, 3 when a host appears
+    assert "live resize to 3: 2 usable slot(s) discovered: to 2 now, to 3 when hosts appear" in lines
+    assert ctl._within_hosts(two, 3) is None and ctl._asked == 3  # already at what the hosts allow
+    assert ctl._within_hosts(two, 1) == 1 and ctl._asked == 1
+    assert ctl._within_hosts(one, 4) is None and ctl._asked == 1  # above --max-workers: refused
+    (err,) = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "error"]
+    assert err["message"] == "live resize to 4 refused (--min-workers 1, --max-workers 3)"
+
+
+def test_status_says_it_waits_for_hosts_while_live_only():
+    kw = dict(run_dir=Path("r"), step=3, total_steps=10, world_size=1)
+    waiting = "waiting for hosts (have 1, need 2)"
+    assert RunStatus(phase=Phase.RESIZING, hosts=waiting, resize_from=2, resize_to=1, **kw).line() == waiting
+    assert RunStatus(phase=Phase.RUNNING, hosts="hosts: a:1 (1 slot)", **kw).line() == "running"
+    assert RunStatus(phase=Phase.FINISHED, hosts=waiting, **kw).line() == "finished"
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(hosts="a:1"), "--host-discovery-script does not go with --hosts/--hostfile: the hosts come from the script"),
+    (dict(hostfile="hf"), "--host-discovery-script does not go with --hosts/--hostfile"),
+    (dict(slots=2), "--host-discovery-script does not go with --slots: the slots come from the script"),
+    (dict(backend="ray"), "--host-discovery-script does not go with --backend ray: its nodes are Ray's"),
+    (dict(relaunch="inplace"), "--host-discovery-script does not go with --relaunch inplace: it runs on this host"),
+    (dict(collective="torch"), "--host-discovery-script does not go with --collective torch"),
+    (dict(discovery_interval=0.0), "--discovery-interval must be > 0 seconds, got 0"),
+    (dict(min_wait=-1.0), "--min-wait must be >= 0 seconds, got -1"),
+])
+def test_what_cannot_go_with_a_discovery_script(kw, needle):
+    with pytest.raises(UserError) as e:
+        check(RunRequest(host_discovery_script="discover.sh", **kw))
+    assert str(e.value).startswith(needle), str(e.value)
+
+
+@pytest.mark.parametrize("option", ["min_workers", "max_workers", "discovery_interval", "min_wait"])
+def test_the_discovery_options_go_with_a_script(option):
+    with pytest.raises(UserError, match=f"--{option.replace('_', '-')} goes with --host-discovery-script"):
+        check(RunRequest(**{option: 2}))
+    check(RunRequest(host_discovery_script="discover.sh", **{option: 2}))  # (with one: fine)
+
+
+def test_a_torchrun_form_script_refuses_discovery(tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n")
+    with pytest.raises(UserError, match="--host-discovery-script does not apply: .* its workers run on this host"):
+        check(RunRequest(script=str(script), host_discovery_script="discover.sh"))
+
+
+def test_a_resume_takes_the_discovery_options_its_run_kept_unless_other_hosts_are_chosen(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps({"host_discovery": {
+        "script": "/x/discover.sh", "interval": 0.5, "min_workers": 2, "max_workers": None, "min_wait": None}}))
+    got = with_run_discovery(RunRequest(resume_dir=str(tmp_path), max_workers=4))
+    assert (got.host_discovery_script, got.discovery_interval, got.min_workers, got.max_workers) == (
+        "/x/discover.sh", 0.5, 2, 4)
+    for chosen in (dict(hosts="a:1"), dict(slots=2), dict(backend="ray"), dict(host_discovery_script="/y.sh")):
+        req = RunRequest(resume_dir=str(tmp_path), **chosen)
+        assert with_run_discovery(req) is req
