@@ -108,17 +108,18 @@ def test_below_the_minimum_it_waits_gives_up_then_resumes_on_the_hosts_discovere
     script, listed, _ = _discovery(tmp_path, "localhost:1\n")
     run = tmp_path / "wait"
     proc = _start(["--steps", "20", *TINY, "--host-discovery-script", str(script), "--discovery-interval", "0.2",
-                   "--min-workers", "2", "--min-wait", "3", "--run-dir", str(run)])
-    try:
+                   "--min-workers", "2", "--min-wait", "8", "--run-dir", str(run)])
+    try:  # past "starting" (the controller's first poll of the discovery), within the 8 s it waits
         line = wait_for(lambda: next((ln for ln in run_cli("status", str(run)).stdout.splitlines()
-                                      if ln.startswith("state:")), None), 60, "status")
+                                      if ln.startswith("state:") and not ln.startswith("state: starting")), None),
+                        60, "status past starting")
         assert "waiting for hosts (have 1, need 2)" in line, line
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
     assert proc.returncode == 130, err
-    assert "gave up waiting for hosts after 3 s (have 1, need 2)" in err and "Traceback" not in err
+    assert "gave up waiting for hosts after 8 s (have 1, need 2)" in err and "Traceback" not in err
     assert not _events(run, "launch")  # no worker was started
     # --resume keeps the discovery options (run.json): the second host is there now, it runs at 2
     listed.write_text("localhost:1\n127.0.0.1:1\n")
