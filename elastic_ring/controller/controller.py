@@ -39,7 +39,8 @@ What is not the loop or a decision lives beside it: :mod:`.membership` (the reco
 the one rule of its state source), :mod:`.segment` (a segment's runtime record,
 the processes still held), :mod:`.relay` (the workers' events into ``events.jsonl``),
 :mod:`.meter` (what each resize and restart cost), :mod:`.diagnose` (why a segment failed, whether
-one hangs), :mod:`.display` (what the terminal shows), :mod:`.restart_rule` (when to give up).
+one hangs), :mod:`.display` (what the terminal shows), :mod:`.restart_rule` (when to give up),
+:mod:`.host_watch` (host discovery: the size to launch at, the hosts, when they change).
 
 Side effects are passed in: ``launcher`` starts processes (or a whole ``backend`` with its
 ``resize`` strategy), ``clock`` reads time, ``out`` prints. Unit tests drive the loop with fakes; integration tests run real
@@ -63,6 +64,7 @@ from elastic_ring.controller.backends.api import Launcher, SegmentLaunch, Surviv
 from elastic_ring.controller.backends.horovodrun import probe_hosts
 from elastic_ring.controller.diagnose import Diagnosis
 from elastic_ring.controller.display import Display, layout_words
+from elastic_ring.controller.host_watch import HostWatch
 from elastic_ring.controller.lock import OwnerHeartbeat, RunLock
 from elastic_ring.controller.membership import Cause, MembershipChange, decide
 from elastic_ring.controller.meter import Meter, PendingResize, Restarting
@@ -73,13 +75,12 @@ from elastic_ring.controller.segment import Processes, Segment, Stop, segment_lo
 from elastic_ring.controller.summary import write_summary
 from elastic_ring.errors import WorkerFailedError
 from elastic_ring.events.api import (CheckpointWritten, ErrorEvent, Evaluation, Event, EventLog, FirstStep,
-                                     HostsChanged, Launch, Notice, ResizeRequested, Restart, Throughput)
+                                     Launch, Notice, ResizeRequested, Restart, Throughput)
 from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, stop_file
 from elastic_ring.worker.lr import RULES
 
 if TYPE_CHECKING:
-    from elastic_ring.hosts.api import HostSet
-    from elastic_ring.hosts.manager import HostManager, HostView
+    from elastic_ring.hosts.manager import HostManager
 
 DEFAULT_STARTUP_S = 10.0  # start-up estimate before the first launch has been measured
 STALLED_END_S = 15.0  # stalled ranks ended alone: how long the others may take to speak before all are ended
@@ -138,13 +139,11 @@ class Controller:
         self._refused: str | None = None  # why the backend's survivors did not go on (the next restart says)
         self._t_failure = 0.0  # when the last failure that a joiner heals was seen (_failed)
         self._launched = False  # this controller's first launch is the start of a session
-        # host discovery (hosts.manager.HostManager, or None): the size asked of it (--workers, the
-        # schedule's, a live resize's; None: every usable slot up to --max-workers) and the hosts
-        # each segment was started on
-        self.hosts = hosts
-        self._asked: int | None = asked_workers
-        self._hosts_of: dict[int, HostSet] = {}
-        self._hosts_line: str | None = None
+        # host discovery (hosts.manager.HostManager, or None), watched by a HostWatch
+        self.hosts = None if hosts is None else HostWatch(
+            hosts, asked_workers, plan=self.plan, save_plan=self._save_plan, meter=self.meter, events=self.events,
+            out=say, clock=clock, poll_s=poll_s, show_line=lambda line: self._set_state(self.state, hosts=line),
+            interrupted=lambda: self._interrupts)
 
     # ------------------------------------------------------------------ state
     def _set_state(self, state: RunState, **extra: Any) -> None:
@@ -211,7 +210,7 @@ class Controller:
         self._set_state(RunState.LAUNCHING, step=step, world_size=world, segment=segment)
         while True:
             if self.hosts is not None and (self._next is None or self._next.index != segment):
-                got = self._hosts_world(step, world, segment)
+                got = self.hosts.world(step, world, segment)
                 if isinstance(got, str):  # gave up waiting for hosts, or interrupted while waiting
                     return self._stopped_waiting(step, segment, got)
                 world = got
@@ -305,8 +304,8 @@ class Controller:
             cause, target, t_req = (Cause.JOINER if source == "joiner" else Cause.SCHEDULE, r.to,
                                      float(seg.end.stop_decided_at))
             if self.hosts is not None and cause is Cause.SCHEDULE:  # bounded by the slots discovered
-                self._asked = target
-                target = self.hosts.view(target).target or target  # (below the minimum: it waits at the launch)
+                self.hosts.asked = target
+                target = self.hosts.capped(target) or target  # (below the minimum: it waits at the launch)
         return decide(cause, step, seg.world, target, in_place=self._elastic is not None, time=t_req)
 
     def _act(self, seg: Segment, change: MembershipChange, rc: int | None, now: float) -> None:
@@ -441,9 +440,7 @@ class Controller:
     # ------------------------------------------------------------------ processes
     def _start_processes(self, seg: Segment) -> None:
         if self.hosts is not None:  # the first seg.world usable slots, in rank order
-            on = self.hosts.view(self._asked).hosts_for(seg.world)
-            self.backend.use_hosts(on.arg())
-            self._hosts_of[seg.index] = on
+            self.backend.use_hosts(self.hosts.place(seg).arg())
         self.procs.start(seg)
         self._set_state(self.state, launchers=list(self.procs.launchers.values()))
 
@@ -616,7 +613,7 @@ class Controller:
             return
         r = self.plan.resize_at(seg.stop_at)
         left = self.meter.seconds_left(seg, self.clock())
-        to = None if r is None else r.to if self.hosts is None else self.hosts.view(r.to).target  # (hosts: capped)
+        to = None if r is None else r.to if self.hosts is None else self.hosts.capped(r.to)  # (hosts: capped)
         if to is not None and left is not None and left <= self.meter.prelaunch_lead_s(DEFAULT_STARTUP_S):
             self._prelaunch(seg, to, self._next_stop(seg.stop_at))
 
@@ -638,7 +635,7 @@ class Controller:
                                          f"{seg.world}, slots {self.spec.slots})", segment=seg.index))
             return
         if self.hosts is not None:
-            target = self._within_hosts(seg, target)
+            target = self.hosts.within(seg, target)
             if target is None:
                 req_file.unlink(missing_ok=True)
                 return
@@ -662,92 +659,29 @@ class Controller:
         self.out(f"a warm worker is up for the failed worker's place: {seg.world} -> {target} workers")
 
     # ------------------------------------------------------------------ host discovery
-    def _hosts_view(self, segment: int | None = None) -> HostView:
-        """Poll discovery when due (:meth:`HostManager.update`): its lines said, a change of the
-        usable hosts an event, `status`'s hosts line kept in ``controller.json``; the view now."""
-        ch = self.hosts.update(self._asked)
-        for note in (ch.notes if ch is not None else self.hosts.notes()):
-            self.out(note)
-            self.events.write(Notice(message=note, segment=segment))
-        view = ch.view if ch is not None else self.hosts.view(self._asked)
-        if ch is not None:
-            self.events.write(HostsChanged(diff=ch.diff.line(), hosts=view.usable.arg(), slots=view.usable.total,
-                                           target=view.target, segment=segment))
-            self.out(f"hosts changed: {ch.diff.line()}; {view.line()}")
-        line = view.line()
-        if line != self._hosts_line:
-            self._hosts_line = line
-            self._set_state(self.state, hosts=line)
-        return view
-
     def _check_hosts(self, seg: Segment) -> None:
         """Host discovery, between two polls of the watch: when the usable slots allow another size
-        than ``seg``'s, or no longer hold the hosts it runs on, its workers stop at the next agreed
-        step (cause ``hosts``) and the next segment starts on the usable hosts (below the minimum: the
-        launch waits for hosts, :meth:`_hosts_world`)."""
+        than ``seg``'s, or no longer hold the hosts it runs on (:meth:`.HostWatch.check`), its
+        workers stop at the next agreed step (cause ``hosts``) and the next segment starts on the
+        usable hosts (below the minimum: the launch waits for hosts, :meth:`.HostWatch.world`)."""
         if self.hosts is None:
             return
-        view = self._hosts_view(seg.index)
+        view = self.hosts.view(seg.index)
         if (seg.asked is not None or self._next is not None or self._interrupts or seg.end is not None
                 or seg.stop is not Stop.NONE):
             return
-        target = view.target if view.target is not None else view.usable.total
-        on = self._hosts_of.get(seg.index)
-        fits = on is None or all(view.usable.get(h, 0) >= n for h, n in on.items())
-        if (target == seg.world and fits) or not self._redirectable(seg.index):
+        target = self.hosts.check(seg, view)
+        if target is None or not self._redirectable(seg.index):
             return
         self._ask(seg, Cause.HOSTS, target, self.clock())
         self.out(f"host discovery: {seg.world} -> {target} workers at the next agreed step"
                  + ("" if view.target is not None else f" ({view.line()}: the job stops with a checkpoint)"))
 
-    def _within_hosts(self, seg: Segment, target: int) -> int | None:
-        """A live resize's ``target`` under host discovery: within ``--min-workers``/``--max-workers``
-        (else refused: None), capped by the usable slots (and grown to later when more appear);
-        None when nothing is left to do now."""
-        b = self.hosts.bounds
-        if target < b.min or (b.max is not None and target > b.max):
-            self.events.write(ErrorEvent(message=f"live resize to {target} refused (--min-workers {b.min}, "
-                                         f"--max-workers {b.max if b.max is not None else 'none'})",
-                                         segment=seg.index))
-            return None
-        self._asked = target
-        capped = self.hosts.view(target).target
-        if capped is None or capped == target:
-            return target if capped is not None and target != seg.world else None
-        self.out(f"live resize to {target}: {capped} usable slot(s) discovered: to {capped} now, to {target} "
-                 f"when hosts appear")
-        return capped if capped != seg.world else None
-
-    def _hosts_world(self, step: int, world: int, segment: int) -> int | str:
-        """The size to launch ``segment`` at: what the usable hosts allow now (waiting below the
-        minimum, `status` saying ``waiting for hosts (have K, need N)``); a size other than the one
-        decided (the hosts changed since, or the first launch) goes in the plan, and after the first
-        segment is a ``membership_change`` of cause ``hosts``. A str: why it stopped waiting (it
-        gave up after ``--min-wait``, or an interrupt)."""
-        view = self._hosts_view(segment)
-        while view.target is None:
-            if self._interrupts:
-                return f"interrupted while {view.line()}"
-            why = self.hosts.gave_up()
-            if why is not None:
-                return why
-            time.sleep(self.poll_s)
-            view = self._hosts_view(segment)
-        if view.target != world:
-            self.plan.add(step, view.target, Cause.HOSTS.value)
-            self._save_plan()
-            if self.meter.pending is not None and self.meter.pending.step == step:
-                self.meter.pending.to_workers = view.target  # the resize measured is to the size launched
-            if segment > 0:
-                self.events.write(decide(Cause.HOSTS, step, world, view.target, in_place=False,
-                                         time=self.clock()).event(segment - 1))
-        return view.target
-
     def _stopped_waiting(self, step: int, segment: int, why: str) -> dict[str, Any]:
         """The run stops while it waits for hosts: its checkpoint is kept, ``--resume`` goes on."""
         self._drain(wait=True)
         if self.plan.world_after(step) < 1:  # a resume starts at the minimum, not at no worker
-            self.plan.add(step, self.hosts.bounds.min, Cause.HOSTS.value)
+            self.plan.add(step, self.hosts.manager.bounds.min, Cause.HOSTS.value)
             self._save_plan()
         ck = self._checkpoint_step()
         self._set_state(RunState.INTERRUPTED, step=ck or 0, segment=max(segment - 1, 0))
