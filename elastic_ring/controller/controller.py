@@ -40,7 +40,8 @@ the one rule of its state source), :mod:`.segment` (a segment's runtime record,
 the processes still held), :mod:`.relay` (the workers' events into ``events.jsonl``),
 :mod:`.meter` (what each resize and restart cost), :mod:`.diagnose` (why a segment failed, whether
 one hangs), :mod:`.display` (what the terminal shows), :mod:`.restart_rule` (when to give up),
-:mod:`.host_watch` (host discovery: the size to launch at, the hosts, when they change).
+:mod:`.host_watch` (host discovery: the size to launch at, the hosts, when they change),
+:mod:`.stalls` (a hang: the stalled ranks ended alone, or the whole job).
 
 Side effects are passed in: ``launcher`` starts processes (or a whole ``backend`` with its
 ``resize`` strategy), ``clock`` reads time, ``out`` prints. Unit tests drive the loop with fakes; integration tests run real
@@ -72,6 +73,7 @@ from elastic_ring.controller.relay import Relay
 from elastic_ring.controller.requests import take_asked
 from elastic_ring.controller.restart_rule import FailureHistory, append_traceback, give_up_reason
 from elastic_ring.controller.segment import Processes, Segment, Stop, segment_log
+from elastic_ring.controller.stalls import Stalls
 from elastic_ring.controller.summary import write_summary
 from elastic_ring.errors import WorkerFailedError
 from elastic_ring.events.api import (CheckpointWritten, ErrorEvent, Evaluation, Event, EventLog, FirstStep,
@@ -83,7 +85,6 @@ if TYPE_CHECKING:
     from elastic_ring.hosts.manager import HostManager
 
 DEFAULT_STARTUP_S = 10.0  # start-up estimate before the first launch has been measured
-STALLED_END_S = 15.0  # stalled ranks ended alone: how long the others may take to speak before all are ended
 AHEAD_GRACE_S = 0.5  # s a ring written ahead is left for rank 0 at a segment's end (_let_rank0_take_ahead)
 
 
@@ -118,6 +119,7 @@ class Controller:
         say = lambda line: self.out(line)  # noqa: E731 - self.out may be replaced later
         self.diagnosis = Diagnosis(spec, self.backend, self.watchdog, host_probe or probe_hosts, self.events,
                                    say, clock, keeps_processes=resize.keeps_workers)
+        self.stalls = Stalls(self.diagnosis, self.backend, resize, say, clock, lambda: self._interrupts)
         self.procs = Processes(self.backend, spec.run_dir, self.owner, clock, self.events)
         self.relay = Relay(spec.run_dir, self.events)
         # a script's LR is reported as its first step after a resize used it (it may set its own)
@@ -135,7 +137,6 @@ class Controller:
         # what the workers are doing between a launch and its first step: starting (the run's
         # first launch), resizing, restarting; None once they step (api.phase_of)
         self._launch: Phase | None = Phase.STARTING
-        self._stall_ended = 0.0  # when the stalled ranks alone were ended (the others go on: _end_stalled)
         self._refused: str | None = None  # why the backend's survivors did not go on (the next restart says)
         self._t_failure = 0.0  # when the last failure that a joiner heals was seen (_failed)
         self._launched = False  # this controller's first launch is the start of a session
@@ -369,12 +370,12 @@ class Controller:
 
     # ------------------------------------------------------------------ recovery
     def _ask_survivors(self, seg: Segment) -> Survival | None:
-        """A segment failed (or its stalled ranks were ended: :meth:`_end_stalled`): the backend's
+        """A segment failed (or its stalled ranks were ended: :meth:`.Stalls.end_alone`): the backend's
         survivors, when it keeps them (the Ray backend or ``--relaunch inplace`` with ``--survive``)
         and they agree on a step they all hold in memory; None: restart from the checkpoint."""
-        if not self.resize.keeps_workers or (seg.stall is not None and not self._stall_ended):
+        if not self.resize.keeps_workers or (seg.stall is not None and not self.stalls.ended):
             return None
-        self._stall_ended = 0.0
+        self.stalls.ended = 0.0
         s = self.backend.survivors()
         if s is None:
             self._refused = self.backend.refused  # for the restart that follows
@@ -539,7 +540,7 @@ class Controller:
                 self._on_interrupt(seg)
             rc = seg.handle.poll()
             if rc is None:
-                rc = self._check_stall(seg)
+                rc = self.stalls.check(seg)
             if rc is not None:  # rank 0 took the ring written ahead and its workers ran on, to their exit:
                 ran_on = rc == 0 and seg.paused and self.resize.keeps_workers and seg.stop is Stop.NONE
                 return None if ran_on and not self._redirectable(seg.index) else rc
@@ -568,40 +569,10 @@ class Controller:
             assert seg.handle is not None
             seg.handle.kill()
 
-    def _check_stall(self, seg: Segment) -> int | None:
-        """A hang ends the stalled ranks alone (:meth:`_end_stalled`) or the whole job, as do ranks
-        ended alone with no survivor speaking within ``STALLED_END_S``; returns its exit status then."""
-        assert seg.handle is not None
-        if seg.stall is None:
-            if self._interrupts > 1 or not self.diagnosis.check_stall(seg):
-                return None
-            self._stall_ended = self._end_stalled(seg)
-            if self._stall_ended:
-                return None
-        elif self.clock() - self._stall_ended <= STALLED_END_S:
-            return None
-        else:
-            self._stall_ended = 0.0  # the stalled ranks were ended, yet no survivor spoke: end them all
-        seg.handle.kill()
-        while (rc := seg.handle.poll()) is None:
-            time.sleep(0.05)
-        return rc
-
     def _redirectable(self, segment: int) -> bool:
         """Whether the end of ``segment`` may still change (what was written ahead for it withdrawn);
         False: its workers took it, and a request or an interrupt waits for the next segment."""
         return self.resize.withdraw_ahead(segment)
-
-    def _end_stalled(self, seg: Segment) -> float:
-        """A stall whose ranks are named, and a backend that keeps survivors (``--survive``): only
-        the stalled ranks are ended; the others lose a peer and go on from memory as after its
-        death (:meth:`_failed`). Returns when (0.0: not done; the caller kills the whole job)."""
-        st = seg.stall
-        if (st is None or not self.resize.keeps_workers or not st.ranks
-                or len(st.ranks) >= seg.world or not self.backend.end_ranks(list(st.ranks))):
-            return 0.0
-        self.out(f"ended the stalled rank(s) {', '.join(map(str, st.ranks))} only: the others go on from memory")
-        return self.clock()
 
     def _maybe_prelaunch(self, seg: Segment) -> None:
         """Start the next workers early enough that they are ready when the old ones stop."""
