@@ -41,7 +41,8 @@ the processes still held), :mod:`.relay` (the workers' events into ``events.json
 :mod:`.meter` (what each resize and restart cost), :mod:`.diagnose` (why a segment failed, whether
 one hangs), :mod:`.display` (what the terminal shows), :mod:`.restart_rule` (when to give up),
 :mod:`.host_watch` (host discovery: the size to launch at, the hosts, when they change),
-:mod:`.stalls` (a hang: the stalled ranks ended alone, or the whole job).
+:mod:`.stalls` (a hang: the stalled ranks ended alone, or the whole job), :mod:`.prelaunch` (the
+next segment's workers started before the stop), :mod:`.ahead` (the next ring written ahead, in place).
 
 Side effects are passed in: ``launcher`` starts processes (or a whole ``backend`` with its
 ``resize`` strategy), ``clock`` reads time, ``out`` prints. Unit tests drive the loop with fakes; integration tests run real
@@ -59,9 +60,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from elastic_ring import protocol
 from elastic_ring.controller import watchdog as wdog
+from elastic_ring.controller.ahead import Ahead
 from elastic_ring.controller.api import Phase, Plan, RunSpec, RunState, check_transition, phase_of
 from elastic_ring.controller.backends import Backend, LaunchOptions, ResizeStrategy, make_launch
-from elastic_ring.controller.backends.api import Launcher, SegmentLaunch, Survival
+from elastic_ring.controller.backends.api import Launcher, Survival
 from elastic_ring.controller.backends.horovodrun import probe_hosts
 from elastic_ring.controller.diagnose import Diagnosis
 from elastic_ring.controller.display import Display, layout_words
@@ -69,6 +71,7 @@ from elastic_ring.controller.host_watch import HostWatch
 from elastic_ring.controller.lock import OwnerHeartbeat, RunLock
 from elastic_ring.controller.membership import Cause, MembershipChange, decide
 from elastic_ring.controller.meter import Meter, PendingResize, Restarting
+from elastic_ring.controller.prelaunch import Prelaunch
 from elastic_ring.controller.relay import Relay
 from elastic_ring.controller.requests import take_asked
 from elastic_ring.controller.restart_rule import FailureHistory, append_traceback, give_up_reason
@@ -84,8 +87,6 @@ from elastic_ring.worker.lr import RULES
 if TYPE_CHECKING:
     from elastic_ring.hosts.manager import HostManager
 
-DEFAULT_STARTUP_S = 10.0  # start-up estimate before the first launch has been measured
-AHEAD_GRACE_S = 0.5  # s a ring written ahead is left for rank 0 at a segment's end (_let_rank0_take_ahead)
 
 
 class Controller:
@@ -127,12 +128,10 @@ class Controller:
         self.display = Display(say, spec.total_steps,
                                sys.stderr.isatty() if show_progress is None else show_progress)
         self._seg: Segment | None = None  # the segment being watched
-        self._next: Segment | None = None  # a pre-launched segment waiting for its go
         self._elastic: Segment | None = None  # in place: the paused segment whose workers go on
         self._interrupts = 0
         self._failures = FailureHistory()  # consecutive failures (reset by saved progress)
         self._seen_requests: set[str] = set()
-        self._ahead_written: tuple[int, float] | None = None  # (segment, time.monotonic()) of the last action written ahead
         self._state_info: dict[str, Any] = {}
         # what the workers are doing between a launch and its first step: starting (the run's
         # first launch), resizing, restarting; None once they step (api.phase_of)
@@ -145,6 +144,9 @@ class Controller:
             hosts, asked_workers, plan=self.plan, save_plan=self._save_plan, meter=self.meter, events=self.events,
             out=say, clock=clock, poll_s=poll_s, show_line=lambda line: self._set_state(self.state, hosts=line),
             interrupted=lambda: self._interrupts)
+        self.prelaunch = Prelaunch(spec.run_dir, self.procs, self._start_processes, self.plan, self.meter, self.hosts,
+                                   self._next_stop, say, clock)
+        self.ahead = Ahead(self.plan, resize, spec.run_dir, self.owner, self._next_stop)  # (in place)
 
     # ------------------------------------------------------------------ state
     def _set_state(self, state: RunState, **extra: Any) -> None:
@@ -200,7 +202,7 @@ class Controller:
             for s, h in old.items():
                 signal.signal(s, h)
             self.display.stop()
-            self.procs.kill_all(self._next, self._seg)
+            self.procs.kill_all(self.prelaunch.next, self._seg)
             self.backend.close()
             heartbeat.stop()
             self.relay.close()
@@ -210,7 +212,7 @@ class Controller:
         self.display.start(step)
         self._set_state(RunState.LAUNCHING, step=step, world_size=world, segment=segment)
         while True:
-            if self.hosts is not None and (self._next is None or self._next.index != segment):
+            if self.hosts is not None and (self.prelaunch.next is None or self.prelaunch.next.index != segment):
                 got = self.hosts.world(step, world, segment)
                 if isinstance(got, str):  # gave up waiting for hosts, or interrupted while waiting
                     return self._stopped_waiting(step, segment, got)
@@ -234,8 +236,8 @@ class Controller:
     def _begin(self, step: int, world: int, segment: int) -> Segment:
         """Start segment ``segment`` after ``step``: release the pre-launched workers, or have the
         paused ones go on in place, or launch new ones."""
-        if self._next is not None and self._next.index == segment:
-            seg, self._next = self._next, None
+        if self.prelaunch.next is not None and self.prelaunch.next.index == segment:
+            seg, self.prelaunch.next = self.prelaunch.next, None
             seg.stop_at, seg.start_step = self._next_stop(step), step
             self._announce(seg, step, prelaunched_s=self.procs.release(seg))  # the checkpoint is on disk
             return seg
@@ -271,8 +273,8 @@ class Controller:
             return decide(Cause.INTERRUPT, seg.last_step, seg.world, 0, in_place=False, time=now)
         if failed:
             t_detect = self.clock()
-            self._cancel_next()
-            self.procs.kill_all(self._next, self._seg)
+            self.prelaunch.cancel()
+            self.procs.kill_all(self.prelaunch.next, self._seg)
             self._drain(wait=True, timeout=10.0)
             self.meter.pending = None
             seg.failure_seen = self.backend.failure_detail()  # before usable_slots (Ray drops its group)
@@ -289,7 +291,7 @@ class Controller:
         if stop:
             return decide(Cause.INTERRUPT, step, seg.world, 0, in_place=False, time=now)
         if seg.end.reason == "finished":
-            self._cancel_next()
+            self.prelaunch.cancel()
             return None
         if seg.asked is not None:  # a live request, or a warm worker for a failed one's place
             cause, target, t_req = seg.asked.cause, seg.asked.members_after, seg.asked.time or now
@@ -336,11 +338,11 @@ class Controller:
         self._launch = Phase.RESIZING
         self._set_state(RunState.STOPPING, step=step, world_size=world, pending_world=target,
                         resize_from=world, segment=seg.index)
-        if self._next is not None and self._next.world != target:
-            self._cancel_next()  # pre-launched for another size than the one decided
+        if self.prelaunch.next is not None and self.prelaunch.next.world != target:
+            self.prelaunch.cancel()  # pre-launched for another size than the one decided
 
     def _interrupted(self, seg: Segment, killed: bool) -> dict[str, Any]:
-        self._cancel_next()
+        self.prelaunch.cancel()
         self._drain(wait=True)
         ck = self._checkpoint_step()
         kept = f"checkpoint at step {ck} kept" if ck else "no checkpoint was written"
@@ -356,8 +358,8 @@ class Controller:
 
     def _fail(self, seg: Segment, rc: int | None, why: str | None = None, rank: int | None = None) -> None:
         """End the run as FAILED: one line naming the cause, the log, and the way back."""
-        self._cancel_next()
-        self.procs.kill_all(self._next, self._seg)
+        self.prelaunch.cancel()
+        self.procs.kill_all(self.prelaunch.next, self._seg)
         if why is None:
             why, rank, _ = self.diagnosis.failure_cause(seg, rc if rc is not None else -1)
         log = seg.log or segment_log(self.spec.run_dir, seg.index, seg.world)
@@ -390,7 +392,7 @@ class Controller:
         ``restart`` event (``path`` "memory" for the survivors). Where the backend starts a new worker
         on a grow (``rejoins``), the plan grows back after the survivors' next step (``joiner``)."""
         s, step, world = change.survivors, change.step, change.members_after
-        self._cancel_next()
+        self.prelaunch.cancel()
         self.meter.pending = None
         a = self.diagnosis.account(seg, rc, step, s)
         why, redone = a.why, max(0, a.last - step)
@@ -450,21 +452,6 @@ class Controller:
         self.procs.reap(lambda seg, t: self.meter.exited(seg.index, t), wait=wait, timeout=timeout,
                         poll_s=self.poll_s)
 
-    def _prelaunch(self, cur: Segment, target: int, stop_at: int) -> None:
-        """Start the next segment's workers now; they build everything and wait for their go."""
-        nxt = Segment(cur.index + 1, target, stop_at)
-        nxt.go_file = protocol.go_file(self.spec.run_dir, nxt.index)
-        nxt.go_file.unlink(missing_ok=True)
-        self._start_processes(nxt)
-        self._next = nxt
-        self.out(f"pre-launched {target} worker(s) for segment {nxt.index}; they wait for the checkpoint")
-
-    def _cancel_next(self) -> None:
-        if self._next is not None and self._next.handle is not None:
-            self.procs.end(self._next)
-            self.out(f"cancelled the pre-launched workers of segment {self._next.index}")
-        self._next = None
-
     def _announce(self, seg: Segment, step: int, prelaunched_s: float = 0.0) -> None:
         rel = self.meter.relaunched(seg.index, seg.t_launch)
         self.events.write(Launch(segment=seg.index, world_size=seg.world, start_step=step + 1,
@@ -490,35 +477,11 @@ class Controller:
         self._elastic = None
         seg.handle, seg.log, seg.cmd, seg.t_started = old.handle, old.log, old.cmd, old.t_started
         seg.t_launch = self.clock()
-        self._let_rank0_take_ahead(old.index)
+        self.ahead.let_rank0_take(old.index)
         if not self._redirectable(old.index) and old.end is not None and old.end.time:
             seg.t_launch = min(seg.t_launch, float(old.end.time))
         self.resize.resize(old.index, seg.launch(self.owner), seg.t_launch)
         self._announce(seg, step)
-
-    def _prepare_ahead(self, seg: Segment) -> None:
-        """A scheduled resize ahead: the strategy prepares it once the segment's first step is done
-        (the ring is formed: earlier, Horovod Elastic's driver could start at or skip to that
-        count), so that at the stop the workers in place re-form the ring at once."""
-        r = self.plan.resize_at(seg.stop_at)
-        if r is not None:
-            self.resize.prepare_ahead(SegmentLaunch(r.to, seg.index + 1, self._next_stop(seg.stop_at), self.owner))
-            self._ahead_written = (seg.index, time.monotonic())
-
-    def _let_rank0_take_ahead(self, segment: int) -> None:
-        """A short segment can end before the controller relays its first step: the ring is then
-        written ahead in the same poll that sees the segment's end, and withdrawn at once, although
-        rank 0, paused and polling for its action (every 0.05 s), would take it (seen in
-        test_ray: 6 steps in 0.21 s, no ``inplace-1.taken.json``). An action written ahead less
-        than ``AHEAD_GRACE_S`` ago is left that long for rank 0 to take before it is withdrawn."""
-        from elastic_ring.seam import action_file
-
-        written, self._ahead_written = self._ahead_written, None
-        if written is None or written[0] != segment:
-            return
-        ahead = action_file(self.spec.run_dir, segment)
-        while ahead.exists() and time.monotonic() < written[1] + AHEAD_GRACE_S:
-            time.sleep(0.02)
 
     # ------------------------------------------------------------------ watching a segment
     def _watch(self, seg: Segment) -> int | None:
@@ -546,8 +509,8 @@ class Controller:
                 return None if ran_on and not self._redirectable(seg.index) else rc
             if seg.paused and self.resize.overlaps_exit and seg.stop.goes_on:
                 return None
-            if self.resize.prelaunches and self._next is None and seg.stop is Stop.NONE:
-                self._maybe_prelaunch(seg)
+            if self.resize.prelaunches and self.prelaunch.next is None and seg.stop is Stop.NONE:
+                self.prelaunch.maybe(seg)
             time.sleep(self.poll_s)
 
     def _on_interrupt(self, seg: Segment) -> None:
@@ -574,20 +537,6 @@ class Controller:
         False: its workers took it, and a request or an interrupt waits for the next segment."""
         return self.resize.withdraw_ahead(segment)
 
-    def _maybe_prelaunch(self, seg: Segment) -> None:
-        """Start the next workers early enough that they are ready when the old ones stop."""
-        if seg.end is not None:
-            return
-        if seg.asked is not None:  # the stop step is not known yet: the go file will say
-            if seg.asked.cause is not Cause.HOSTS:  # (the hosts' new workers start once they are known)
-                self._prelaunch(seg, seg.asked.members_after, seg.stop_at)
-            return
-        r = self.plan.resize_at(seg.stop_at)
-        left = self.meter.seconds_left(seg, self.clock())
-        to = None if r is None else r.to if self.hosts is None else self.hosts.capped(r.to)  # (hosts: capped)
-        if to is not None and left is not None and left <= self.meter.prelaunch_lead_s(DEFAULT_STARTUP_S):
-            self._prelaunch(seg, to, self._next_stop(seg.stop_at))
-
     def _check_live_request(self, seg: Segment) -> None:
         req_file = self.spec.run_dir / "control" / REQUEST_FILE
         if not req_file.exists() or not self._redirectable(seg.index):
@@ -596,7 +545,7 @@ class Controller:
         if req is None:
             return
         target, t_asked, source = req
-        if seg.asked is not None or self._next is not None:
+        if seg.asked is not None or self.prelaunch.next is not None:
             req_file.unlink(missing_ok=True)
             self.out(f"resize request to {target} ignored: a resize is already under way")
             return
@@ -621,7 +570,7 @@ class Controller:
         one's place now (Ray with ``--survive``: ``heal_target``): it joins at the next step
         boundary, as a live resize to that size does (a ``resize_requested`` event of source
         ``joiner``)."""
-        if seg.asked is not None or self._next is not None or self._interrupts or seg.end is not None:
+        if seg.asked is not None or self.prelaunch.next is not None or self._interrupts or seg.end is not None:
             return
         target = self.backend.heal_target()
         if target is None or target == seg.world or not self._redirectable(seg.index):
@@ -638,7 +587,7 @@ class Controller:
         if self.hosts is None:
             return
         view = self.hosts.view(seg.index)
-        if (seg.asked is not None or self._next is not None or self._interrupts or seg.end is not None
+        if (seg.asked is not None or self.prelaunch.next is not None or self._interrupts or seg.end is not None
                 or seg.stop is not Stop.NONE):
             return
         target = self.hosts.check(seg, view)
@@ -686,7 +635,7 @@ class Controller:
             seg.observe(ev)
         if isinstance(ev, FirstStep) and mine:
             self._stepping()
-            self._prepare_ahead(seg)
+            self.ahead.prepare(seg)
             rel = self.meter.first_step(seg.index, ev, seg.t_launch, prelaunched=seg.go_file is not None)
             if rel is not None:
                 self.display.resized(rel.from_workers, rel.to_workers, rel.step, rel.lr_last, rel.lr_new,
