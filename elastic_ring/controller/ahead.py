@@ -2,10 +2,11 @@
 
 Under a strategy that keeps its workers (``--relaunch inplace``, Ray, ``--collective torch
 --relaunch inplace``) the next ring is written ahead once a segment's first step is done, so that
-at the stop rank 0 takes it (``seam.take_ahead_action``) and the workers re-form at once. An
-:class:`Ahead`, owned by the :class:`~.controller.Controller`, writes it (:meth:`Ahead.prepare`,
-from the first step's event) and, at the next segment's start, leaves rank 0 a moment to take it
-(:meth:`Ahead.let_rank0_take`) before the strategy withdraws or replaces it.
+at the stop rank 0 takes it (``seam.take_ahead_action``) and the workers re-form at once. A
+:class:`RingAhead`, owned by the :class:`~.controller.Controller`, writes it
+(:meth:`RingAhead.prepare`, from the first step's event) and, at the next segment's start, leaves
+rank 0 a moment to take it (:meth:`RingAhead.let_rank0_take`) before the strategy withdraws or
+replaces it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from elastic_ring.controller.segment import Segment
 AHEAD_GRACE_S = 0.5  # s a ring written ahead is left for rank 0 at a segment's end (let_rank0_take)
 
 
-class Ahead:
+class RingAhead:
     def __init__(self, plan: Plan, resize: ResizeStrategy, run_dir: Path, owner: str,
                  next_stop: Callable[[int], int]) -> None:
         self.plan, self.resize, self.run_dir, self.owner, self._next_stop = plan, resize, run_dir, owner, next_stop

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from elastic_ring import protocol
 from elastic_ring.controller import watchdog as wdog
-from elastic_ring.controller.ahead import Ahead
+from elastic_ring.controller.ahead import RingAhead
 from elastic_ring.controller.api import Phase, Plan, RunSpec, RunState, check_transition, phase_of
 from elastic_ring.controller.backends import Backend, LaunchOptions, ResizeStrategy, make_launch
 from elastic_ring.controller.backends.api import Launcher, Survival
@@ -146,7 +146,7 @@ class Controller:
             interrupted=lambda: self._interrupts)
         self.prelaunch = Prelaunch(spec.run_dir, self.procs, self._start_processes, self.plan, self.meter, self.hosts,
                                    self._next_stop, say, clock)
-        self.ahead = Ahead(self.plan, resize, spec.run_dir, self.owner, self._next_stop)  # (in place)
+        self.ahead = RingAhead(self.plan, resize, spec.run_dir, self.owner, self._next_stop)  # (in place)
 
     # ------------------------------------------------------------------ state
     def _set_state(self, state: RunState, **extra: Any) -> None:
