@@ -42,7 +42,8 @@ the processes still held), :mod:`.relay` (the workers' events into ``events.json
 one hangs), :mod:`.display` (what the terminal shows), :mod:`.restart_rule` (when to give up),
 :mod:`.host_watch` (host discovery: the size to launch at, the hosts, when they change),
 :mod:`.stalls` (a hang: the stalled ranks ended alone, or the whole job), :mod:`.prelaunch` (the
-next segment's workers started before the stop), :mod:`.ahead` (the next ring written ahead, in place).
+next segment's workers started before the stop), :mod:`.ahead` (the next ring written ahead, in place),
+:mod:`.worker_events` (what each worker event changes: progress, measurements, the display).
 
 Side effects are passed in: ``launcher`` starts processes (or a whole ``backend`` with its
 ``resize`` strategy), ``clock`` reads time, ``out`` prints. Unit tests drive the loop with fakes; integration tests run real
@@ -78,9 +79,9 @@ from elastic_ring.controller.restart_rule import FailureHistory, append_tracebac
 from elastic_ring.controller.segment import Processes, Segment, Stop, segment_log
 from elastic_ring.controller.stalls import Stalls
 from elastic_ring.controller.summary import write_summary
+from elastic_ring.controller.worker_events import WorkerEvents
 from elastic_ring.errors import WorkerFailedError
-from elastic_ring.events.api import (CheckpointWritten, ErrorEvent, Evaluation, Event, EventLog, FirstStep,
-                                     Launch, Notice, ResizeRequested, Restart, Throughput)
+from elastic_ring.events.api import ErrorEvent, EventLog, Launch, ResizeRequested, Restart
 from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, stop_file
 from elastic_ring.worker.lr import RULES
 
@@ -147,6 +148,7 @@ class Controller:
         self.prelaunch = Prelaunch(spec.run_dir, self.procs, self._start_processes, self.plan, self.meter, self.hosts,
                                    self._next_stop, say, clock)
         self.ahead = RingAhead(self.plan, resize, spec.run_dir, self.owner, self._next_stop)  # (in place)
+        self.worker_events = WorkerEvents(self.meter, self.display, self.watchdog, constant_batch, self._stepping)
 
     # ------------------------------------------------------------------ state
     def _set_state(self, state: RunState, **extra: Any) -> None:
@@ -163,11 +165,13 @@ class Controller:
                 "time": self.clock()}
         protocol.write_json_atomic(self.spec.run_dir / CONTROLLER_FILE, info)
 
-    def _stepping(self) -> None:
-        """The watched segment's workers made their first step: the launch's transition is over."""
+    def _stepping(self, seg: Segment) -> None:
+        """The watched segment's workers made their first step: the launch's transition is over; a
+        scheduled resize ahead is prepared (:meth:`.RingAhead.prepare`)."""
         if self._launch is not None:
             self._launch = None
             self._set_state(self.state, pending_world=None, resize_from=None)
+        self.ahead.prepare(seg)
 
     def _save_plan(self) -> None:
         protocol.write_json_atomic(self.spec.run_dir / protocol.PLAN_FILE, self.plan.to_dict())
@@ -618,37 +622,6 @@ class Controller:
 
     # ------------------------------------------------------------------ the workers' events
     def _relay(self) -> None:
-        self.relay.poll(self._on_worker_event, hold=self._ahead)
-
-    def _ahead(self, ev: Event) -> bool:
-        """An event of a segment after the one that just ended (workers that took a resize written
-        ahead): it waits until that segment is watched."""
-        seg, n = self._seg, getattr(ev, "segment", None)
-        return seg is not None and seg.end is not None and isinstance(n, int) and n > seg.index
-
-    def _on_worker_event(self, ev: Event) -> None:
-        """React to one worker event (already in ``events.jsonl``): the running segment's progress,
-        the measurements, the display."""
-        seg = self._seg
-        mine = seg is not None and getattr(ev, "segment", None) == seg.index
-        if mine:
-            seg.observe(ev)
-        if isinstance(ev, FirstStep) and mine:
-            self._stepping()
-            self.ahead.prepare(seg)
-            rel = self.meter.first_step(seg.index, ev, seg.t_launch, prelaunched=seg.go_file is not None)
-            if rel is not None:
-                self.display.resized(rel.from_workers, rel.to_workers, rel.step, rel.lr_last, rel.lr_new,
-                                     rule=rel.rule, lr_rule=rel.lr_rule,
-                                     layout=layout_words(self.constant_batch, rel.to_workers))
-        elif isinstance(ev, Throughput):
-            if ev.steps:
-                self.watchdog.add_step_time(float(ev.seconds) / int(ev.steps))
-            self.meter.throughput(ev, running=mine)
-            self.display.throughput(ev)
-        elif isinstance(ev, CheckpointWritten) and seg is not None:
-            seg.ckpt_s = float(ev.seconds)
-        elif isinstance(ev, Evaluation):
-            self.display.evaluation(ev)
-        elif isinstance(ev, Notice):
-            self.display.notice(ev.message)
+        """The workers' new events into ``events.jsonl``, each reacted to (:meth:`.WorkerEvents.react`)."""
+        self.relay.poll(lambda ev: self.worker_events.react(ev, self._seg),
+                        hold=lambda ev: self.worker_events.hold(ev, self._seg))
