@@ -89,7 +89,6 @@ if TYPE_CHECKING:
     from elastic_ring.hosts.manager import HostManager
 
 
-
 class Controller:
     def __init__(self, spec: RunSpec, lr_scaling: str = "linear", launcher: Launcher | None = None,
                  clock: Callable[[], float] = time.time, out: Callable[[str], None] | None = None,
