@@ -39,7 +39,11 @@ What is not the loop or a decision lives beside it: :mod:`.membership` (the reco
 the one rule of its state source), :mod:`.segment` (a segment's runtime record,
 the processes still held), :mod:`.relay` (the workers' events into ``events.jsonl``),
 :mod:`.meter` (what each resize and restart cost), :mod:`.diagnose` (why a segment failed, whether
-one hangs), :mod:`.display` (what the terminal shows), :mod:`.restart_rule` (when to give up).
+one hangs), :mod:`.display` (what the terminal shows), :mod:`.restart_rule` (when to give up),
+:mod:`.host_watch` (host discovery: the size to launch at, the hosts, when they change),
+:mod:`.stalls` (a hang: the stalled ranks ended alone, or the whole job), :mod:`.prelaunch` (the
+next segment's workers started before the stop), :mod:`.ahead` (the next ring written ahead, in place),
+:mod:`.worker_events` (what each worker event changes: progress, measurements, the display).
 
 Side effects are passed in: ``launcher`` starts processes (or a whole ``backend`` with its
 ``resize`` strategy), ``clock`` reads time, ``out`` prints. Unit tests drive the loop with fakes; integration tests run real
@@ -57,33 +61,32 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from elastic_ring import protocol
 from elastic_ring.controller import watchdog as wdog
+from elastic_ring.controller.ahead import RingAhead
 from elastic_ring.controller.api import Phase, Plan, RunSpec, RunState, check_transition, phase_of
 from elastic_ring.controller.backends import Backend, LaunchOptions, ResizeStrategy, make_launch
-from elastic_ring.controller.backends.api import Launcher, SegmentLaunch, Survival
+from elastic_ring.controller.backends.api import Launcher, Survival
 from elastic_ring.controller.backends.horovodrun import probe_hosts
 from elastic_ring.controller.diagnose import Diagnosis
 from elastic_ring.controller.display import Display, layout_words
+from elastic_ring.controller.host_watch import HostWatch
 from elastic_ring.controller.lock import OwnerHeartbeat, RunLock
 from elastic_ring.controller.membership import Cause, MembershipChange, decide
 from elastic_ring.controller.meter import Meter, PendingResize, Restarting
+from elastic_ring.controller.prelaunch import Prelaunch
 from elastic_ring.controller.relay import Relay
 from elastic_ring.controller.requests import take_asked
 from elastic_ring.controller.restart_rule import FailureHistory, append_traceback, give_up_reason
 from elastic_ring.controller.segment import Processes, Segment, Stop, segment_log
+from elastic_ring.controller.stalls import Stalls
 from elastic_ring.controller.summary import write_summary
+from elastic_ring.controller.worker_events import WorkerEvents
 from elastic_ring.errors import WorkerFailedError
-from elastic_ring.events.api import (CheckpointWritten, ErrorEvent, Evaluation, Event, EventLog, FirstStep,
-                                     HostsChanged, Launch, Notice, ResizeRequested, Restart, Throughput)
+from elastic_ring.events.api import ErrorEvent, EventLog, Launch, ResizeRequested, Restart
 from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, stop_file
 from elastic_ring.worker.lr import RULES
 
 if TYPE_CHECKING:
-    from elastic_ring.hosts.api import HostSet
-    from elastic_ring.hosts.manager import HostManager, HostView
-
-DEFAULT_STARTUP_S = 10.0  # start-up estimate before the first launch has been measured
-STALLED_END_S = 15.0  # stalled ranks ended alone: how long the others may take to speak before all are ended
-AHEAD_GRACE_S = 0.5  # s a ring written ahead is left for rank 0 at a segment's end (_let_rank0_take_ahead)
+    from elastic_ring.hosts.manager import HostManager
 
 
 class Controller:
@@ -117,6 +120,7 @@ class Controller:
         say = lambda line: self.out(line)  # noqa: E731 - self.out may be replaced later
         self.diagnosis = Diagnosis(spec, self.backend, self.watchdog, host_probe or probe_hosts, self.events,
                                    say, clock, keeps_processes=resize.keeps_workers)
+        self.stalls = Stalls(self.diagnosis, self.backend, resize, say, clock, lambda: self._interrupts)
         self.procs = Processes(self.backend, spec.run_dir, self.owner, clock, self.events)
         self.relay = Relay(spec.run_dir, self.events)
         # a script's LR is reported as its first step after a resize used it (it may set its own)
@@ -124,27 +128,26 @@ class Controller:
         self.display = Display(say, spec.total_steps,
                                sys.stderr.isatty() if show_progress is None else show_progress)
         self._seg: Segment | None = None  # the segment being watched
-        self._next: Segment | None = None  # a pre-launched segment waiting for its go
         self._elastic: Segment | None = None  # in place: the paused segment whose workers go on
         self._interrupts = 0
         self._failures = FailureHistory()  # consecutive failures (reset by saved progress)
         self._seen_requests: set[str] = set()
-        self._ahead_written: tuple[int, float] | None = None  # (segment, time.monotonic()) of the last action written ahead
         self._state_info: dict[str, Any] = {}
         # what the workers are doing between a launch and its first step: starting (the run's
         # first launch), resizing, restarting; None once they step (api.phase_of)
         self._launch: Phase | None = Phase.STARTING
-        self._stall_ended = 0.0  # when the stalled ranks alone were ended (the others go on: _end_stalled)
         self._refused: str | None = None  # why the backend's survivors did not go on (the next restart says)
         self._t_failure = 0.0  # when the last failure that a joiner heals was seen (_failed)
         self._launched = False  # this controller's first launch is the start of a session
-        # host discovery (hosts.manager.HostManager, or None): the size asked of it (--workers, the
-        # schedule's, a live resize's; None: every usable slot up to --max-workers) and the hosts
-        # each segment was started on
-        self.hosts = hosts
-        self._asked: int | None = asked_workers
-        self._hosts_of: dict[int, HostSet] = {}
-        self._hosts_line: str | None = None
+        # host discovery (hosts.manager.HostManager, or None), watched by a HostWatch
+        self.hosts = None if hosts is None else HostWatch(
+            hosts, asked_workers, plan=self.plan, save_plan=self._save_plan, meter=self.meter, events=self.events,
+            out=say, clock=clock, poll_s=poll_s, show_line=lambda line: self._set_state(self.state, hosts=line),
+            interrupted=lambda: self._interrupts)
+        self.prelaunch = Prelaunch(spec.run_dir, self.procs, self._start_processes, self.plan, self.meter, self.hosts,
+                                   self._next_stop, say, clock)
+        self.ahead = RingAhead(self.plan, resize, spec.run_dir, self.owner, self._next_stop)  # (in place)
+        self.worker_events = WorkerEvents(self.meter, self.display, self.watchdog, constant_batch, self._stepping)
 
     # ------------------------------------------------------------------ state
     def _set_state(self, state: RunState, **extra: Any) -> None:
@@ -161,11 +164,13 @@ class Controller:
                 "time": self.clock()}
         protocol.write_json_atomic(self.spec.run_dir / CONTROLLER_FILE, info)
 
-    def _stepping(self) -> None:
-        """The watched segment's workers made their first step: the launch's transition is over."""
+    def _stepping(self, seg: Segment) -> None:
+        """The watched segment's workers made their first step: the launch's transition is over; a
+        scheduled resize ahead is prepared (:meth:`.RingAhead.prepare`)."""
         if self._launch is not None:
             self._launch = None
             self._set_state(self.state, pending_world=None, resize_from=None)
+        self.ahead.prepare(seg)
 
     def _save_plan(self) -> None:
         protocol.write_json_atomic(self.spec.run_dir / protocol.PLAN_FILE, self.plan.to_dict())
@@ -200,7 +205,7 @@ class Controller:
             for s, h in old.items():
                 signal.signal(s, h)
             self.display.stop()
-            self.procs.kill_all(self._next, self._seg)
+            self.procs.kill_all(self.prelaunch.next, self._seg)
             self.backend.close()
             heartbeat.stop()
             self.relay.close()
@@ -210,8 +215,8 @@ class Controller:
         self.display.start(step)
         self._set_state(RunState.LAUNCHING, step=step, world_size=world, segment=segment)
         while True:
-            if self.hosts is not None and (self._next is None or self._next.index != segment):
-                got = self._hosts_world(step, world, segment)
+            if self.hosts is not None and (self.prelaunch.next is None or self.prelaunch.next.index != segment):
+                got = self.hosts.world(step, world, segment)
                 if isinstance(got, str):  # gave up waiting for hosts, or interrupted while waiting
                     return self._stopped_waiting(step, segment, got)
                 world = got
@@ -234,8 +239,8 @@ class Controller:
     def _begin(self, step: int, world: int, segment: int) -> Segment:
         """Start segment ``segment`` after ``step``: release the pre-launched workers, or have the
         paused ones go on in place, or launch new ones."""
-        if self._next is not None and self._next.index == segment:
-            seg, self._next = self._next, None
+        if self.prelaunch.next is not None and self.prelaunch.next.index == segment:
+            seg, self.prelaunch.next = self.prelaunch.next, None
             seg.stop_at, seg.start_step = self._next_stop(step), step
             self._announce(seg, step, prelaunched_s=self.procs.release(seg))  # the checkpoint is on disk
             return seg
@@ -271,8 +276,8 @@ class Controller:
             return decide(Cause.INTERRUPT, seg.last_step, seg.world, 0, in_place=False, time=now)
         if failed:
             t_detect = self.clock()
-            self._cancel_next()
-            self.procs.kill_all(self._next, self._seg)
+            self.prelaunch.cancel()
+            self.procs.kill_all(self.prelaunch.next, self._seg)
             self._drain(wait=True, timeout=10.0)
             self.meter.pending = None
             seg.failure_seen = self.backend.failure_detail()  # before usable_slots (Ray drops its group)
@@ -289,7 +294,7 @@ class Controller:
         if stop:
             return decide(Cause.INTERRUPT, step, seg.world, 0, in_place=False, time=now)
         if seg.end.reason == "finished":
-            self._cancel_next()
+            self.prelaunch.cancel()
             return None
         if seg.asked is not None:  # a live request, or a warm worker for a failed one's place
             cause, target, t_req = seg.asked.cause, seg.asked.members_after, seg.asked.time or now
@@ -305,8 +310,8 @@ class Controller:
             cause, target, t_req = (Cause.JOINER if source == "joiner" else Cause.SCHEDULE, r.to,
                                      float(seg.end.stop_decided_at))
             if self.hosts is not None and cause is Cause.SCHEDULE:  # bounded by the slots discovered
-                self._asked = target
-                target = self.hosts.view(target).target or target  # (below the minimum: it waits at the launch)
+                self.hosts.asked = target
+                target = self.hosts.capped(target) or target  # (below the minimum: it waits at the launch)
         return decide(cause, step, seg.world, target, in_place=self._elastic is not None, time=t_req)
 
     def _act(self, seg: Segment, change: MembershipChange, rc: int | None, now: float) -> None:
@@ -336,11 +341,11 @@ class Controller:
         self._launch = Phase.RESIZING
         self._set_state(RunState.STOPPING, step=step, world_size=world, pending_world=target,
                         resize_from=world, segment=seg.index)
-        if self._next is not None and self._next.world != target:
-            self._cancel_next()  # pre-launched for another size than the one decided
+        if self.prelaunch.next is not None and self.prelaunch.next.world != target:
+            self.prelaunch.cancel()  # pre-launched for another size than the one decided
 
     def _interrupted(self, seg: Segment, killed: bool) -> dict[str, Any]:
-        self._cancel_next()
+        self.prelaunch.cancel()
         self._drain(wait=True)
         ck = self._checkpoint_step()
         kept = f"checkpoint at step {ck} kept" if ck else "no checkpoint was written"
@@ -356,8 +361,8 @@ class Controller:
 
     def _fail(self, seg: Segment, rc: int | None, why: str | None = None, rank: int | None = None) -> None:
         """End the run as FAILED: one line naming the cause, the log, and the way back."""
-        self._cancel_next()
-        self.procs.kill_all(self._next, self._seg)
+        self.prelaunch.cancel()
+        self.procs.kill_all(self.prelaunch.next, self._seg)
         if why is None:
             why, rank, _ = self.diagnosis.failure_cause(seg, rc if rc is not None else -1)
         log = seg.log or segment_log(self.spec.run_dir, seg.index, seg.world)
@@ -370,12 +375,12 @@ class Controller:
 
     # ------------------------------------------------------------------ recovery
     def _ask_survivors(self, seg: Segment) -> Survival | None:
-        """A segment failed (or its stalled ranks were ended: :meth:`_end_stalled`): the backend's
+        """A segment failed (or its stalled ranks were ended: :meth:`.Stalls.end_alone`): the backend's
         survivors, when it keeps them (the Ray backend or ``--relaunch inplace`` with ``--survive``)
         and they agree on a step they all hold in memory; None: restart from the checkpoint."""
-        if not self.resize.keeps_workers or (seg.stall is not None and not self._stall_ended):
+        if not self.resize.keeps_workers or (seg.stall is not None and not self.stalls.ended):
             return None
-        self._stall_ended = 0.0
+        self.stalls.ended = 0.0
         s = self.backend.survivors()
         if s is None:
             self._refused = self.backend.refused  # for the restart that follows
@@ -390,7 +395,7 @@ class Controller:
         ``restart`` event (``path`` "memory" for the survivors). Where the backend starts a new worker
         on a grow (``rejoins``), the plan grows back after the survivors' next step (``joiner``)."""
         s, step, world = change.survivors, change.step, change.members_after
-        self._cancel_next()
+        self.prelaunch.cancel()
         self.meter.pending = None
         a = self.diagnosis.account(seg, rc, step, s)
         why, redone = a.why, max(0, a.last - step)
@@ -441,9 +446,7 @@ class Controller:
     # ------------------------------------------------------------------ processes
     def _start_processes(self, seg: Segment) -> None:
         if self.hosts is not None:  # the first seg.world usable slots, in rank order
-            on = self.hosts.view(self._asked).hosts_for(seg.world)
-            self.backend.use_hosts(on.arg())
-            self._hosts_of[seg.index] = on
+            self.backend.use_hosts(self.hosts.place(seg).arg())
         self.procs.start(seg)
         self._set_state(self.state, launchers=list(self.procs.launchers.values()))
 
@@ -451,21 +454,6 @@ class Controller:
         """Reap stopped segments' processes; with ``wait``, until all are gone (killed after timeout)."""
         self.procs.reap(lambda seg, t: self.meter.exited(seg.index, t), wait=wait, timeout=timeout,
                         poll_s=self.poll_s)
-
-    def _prelaunch(self, cur: Segment, target: int, stop_at: int) -> None:
-        """Start the next segment's workers now; they build everything and wait for their go."""
-        nxt = Segment(cur.index + 1, target, stop_at)
-        nxt.go_file = protocol.go_file(self.spec.run_dir, nxt.index)
-        nxt.go_file.unlink(missing_ok=True)
-        self._start_processes(nxt)
-        self._next = nxt
-        self.out(f"pre-launched {target} worker(s) for segment {nxt.index}; they wait for the checkpoint")
-
-    def _cancel_next(self) -> None:
-        if self._next is not None and self._next.handle is not None:
-            self.procs.end(self._next)
-            self.out(f"cancelled the pre-launched workers of segment {self._next.index}")
-        self._next = None
 
     def _announce(self, seg: Segment, step: int, prelaunched_s: float = 0.0) -> None:
         rel = self.meter.relaunched(seg.index, seg.t_launch)
@@ -492,35 +480,11 @@ class Controller:
         self._elastic = None
         seg.handle, seg.log, seg.cmd, seg.t_started = old.handle, old.log, old.cmd, old.t_started
         seg.t_launch = self.clock()
-        self._let_rank0_take_ahead(old.index)
+        self.ahead.let_rank0_take(old.index)
         if not self._redirectable(old.index) and old.end is not None and old.end.time:
             seg.t_launch = min(seg.t_launch, float(old.end.time))
         self.resize.resize(old.index, seg.launch(self.owner), seg.t_launch)
         self._announce(seg, step)
-
-    def _prepare_ahead(self, seg: Segment) -> None:
-        """A scheduled resize ahead: the strategy prepares it once the segment's first step is done
-        (the ring is formed: earlier, Horovod Elastic's driver could start at or skip to that
-        count), so that at the stop the workers in place re-form the ring at once."""
-        r = self.plan.resize_at(seg.stop_at)
-        if r is not None:
-            self.resize.prepare_ahead(SegmentLaunch(r.to, seg.index + 1, self._next_stop(seg.stop_at), self.owner))
-            self._ahead_written = (seg.index, time.monotonic())
-
-    def _let_rank0_take_ahead(self, segment: int) -> None:
-        """A short segment can end before the controller relays its first step: the ring is then
-        written ahead in the same poll that sees the segment's end, and withdrawn at once, although
-        rank 0, paused and polling for its action (every 0.05 s), would take it (seen in
-        test_ray: 6 steps in 0.21 s, no ``inplace-1.taken.json``). An action written ahead less
-        than ``AHEAD_GRACE_S`` ago is left that long for rank 0 to take before it is withdrawn."""
-        from elastic_ring.seam import action_file
-
-        written, self._ahead_written = self._ahead_written, None
-        if written is None or written[0] != segment:
-            return
-        ahead = action_file(self.spec.run_dir, segment)
-        while ahead.exists() and time.monotonic() < written[1] + AHEAD_GRACE_S:
-            time.sleep(0.02)
 
     # ------------------------------------------------------------------ watching a segment
     def _watch(self, seg: Segment) -> int | None:
@@ -542,14 +506,14 @@ class Controller:
                 self._on_interrupt(seg)
             rc = seg.handle.poll()
             if rc is None:
-                rc = self._check_stall(seg)
+                rc = self.stalls.check(seg)
             if rc is not None:  # rank 0 took the ring written ahead and its workers ran on, to their exit:
                 ran_on = rc == 0 and seg.paused and self.resize.keeps_workers and seg.stop is Stop.NONE
                 return None if ran_on and not self._redirectable(seg.index) else rc
             if seg.paused and self.resize.overlaps_exit and seg.stop.goes_on:
                 return None
-            if self.resize.prelaunches and self._next is None and seg.stop is Stop.NONE:
-                self._maybe_prelaunch(seg)
+            if self.resize.prelaunches and self.prelaunch.next is None and seg.stop is Stop.NONE:
+                self.prelaunch.maybe(seg)
             time.sleep(self.poll_s)
 
     def _on_interrupt(self, seg: Segment) -> None:
@@ -571,54 +535,10 @@ class Controller:
             assert seg.handle is not None
             seg.handle.kill()
 
-    def _check_stall(self, seg: Segment) -> int | None:
-        """A hang ends the stalled ranks alone (:meth:`_end_stalled`) or the whole job, as do ranks
-        ended alone with no survivor speaking within ``STALLED_END_S``; returns its exit status then."""
-        assert seg.handle is not None
-        if seg.stall is None:
-            if self._interrupts > 1 or not self.diagnosis.check_stall(seg):
-                return None
-            self._stall_ended = self._end_stalled(seg)
-            if self._stall_ended:
-                return None
-        elif self.clock() - self._stall_ended <= STALLED_END_S:
-            return None
-        else:
-            self._stall_ended = 0.0  # the stalled ranks were ended, yet no survivor spoke: end them all
-        seg.handle.kill()
-        while (rc := seg.handle.poll()) is None:
-            time.sleep(0.05)
-        return rc
-
     def _redirectable(self, segment: int) -> bool:
         """Whether the end of ``segment`` may still change (what was written ahead for it withdrawn);
         False: its workers took it, and a request or an interrupt waits for the next segment."""
         return self.resize.withdraw_ahead(segment)
-
-    def _end_stalled(self, seg: Segment) -> float:
-        """A stall whose ranks are named, and a backend that keeps survivors (``--survive``): only
-        the stalled ranks are ended; the others lose a peer and go on from memory as after its
-        death (:meth:`_failed`). Returns when (0.0: not done; the caller kills the whole job)."""
-        st = seg.stall
-        if (st is None or not self.resize.keeps_workers or not st.ranks
-                or len(st.ranks) >= seg.world or not self.backend.end_ranks(list(st.ranks))):
-            return 0.0
-        self.out(f"ended the stalled rank(s) {', '.join(map(str, st.ranks))} only: the others go on from memory")
-        return self.clock()
-
-    def _maybe_prelaunch(self, seg: Segment) -> None:
-        """Start the next workers early enough that they are ready when the old ones stop."""
-        if seg.end is not None:
-            return
-        if seg.asked is not None:  # the stop step is not known yet: the go file will say
-            if seg.asked.cause is not Cause.HOSTS:  # (the hosts' new workers start once they are known)
-                self._prelaunch(seg, seg.asked.members_after, seg.stop_at)
-            return
-        r = self.plan.resize_at(seg.stop_at)
-        left = self.meter.seconds_left(seg, self.clock())
-        to = None if r is None else r.to if self.hosts is None else self.hosts.view(r.to).target  # (hosts: capped)
-        if to is not None and left is not None and left <= self.meter.prelaunch_lead_s(DEFAULT_STARTUP_S):
-            self._prelaunch(seg, to, self._next_stop(seg.stop_at))
 
     def _check_live_request(self, seg: Segment) -> None:
         req_file = self.spec.run_dir / "control" / REQUEST_FILE
@@ -628,7 +548,7 @@ class Controller:
         if req is None:
             return
         target, t_asked, source = req
-        if seg.asked is not None or self._next is not None:
+        if seg.asked is not None or self.prelaunch.next is not None:
             req_file.unlink(missing_ok=True)
             self.out(f"resize request to {target} ignored: a resize is already under way")
             return
@@ -638,7 +558,7 @@ class Controller:
                                          f"{seg.world}, slots {self.spec.slots})", segment=seg.index))
             return
         if self.hosts is not None:
-            target = self._within_hosts(seg, target)
+            target = self.hosts.within(seg, target)
             if target is None:
                 req_file.unlink(missing_ok=True)
                 return
@@ -653,7 +573,7 @@ class Controller:
         one's place now (Ray with ``--survive``: ``heal_target``): it joins at the next step
         boundary, as a live resize to that size does (a ``resize_requested`` event of source
         ``joiner``)."""
-        if seg.asked is not None or self._next is not None or self._interrupts or seg.end is not None:
+        if seg.asked is not None or self.prelaunch.next is not None or self._interrupts or seg.end is not None:
             return
         target = self.backend.heal_target()
         if target is None or target == seg.world or not self._redirectable(seg.index):
@@ -662,92 +582,29 @@ class Controller:
         self.out(f"a warm worker is up for the failed worker's place: {seg.world} -> {target} workers")
 
     # ------------------------------------------------------------------ host discovery
-    def _hosts_view(self, segment: int | None = None) -> HostView:
-        """Poll discovery when due (:meth:`HostManager.update`): its lines said, a change of the
-        usable hosts an event, `status`'s hosts line kept in ``controller.json``; the view now."""
-        ch = self.hosts.update(self._asked)
-        for note in (ch.notes if ch is not None else self.hosts.notes()):
-            self.out(note)
-            self.events.write(Notice(message=note, segment=segment))
-        view = ch.view if ch is not None else self.hosts.view(self._asked)
-        if ch is not None:
-            self.events.write(HostsChanged(diff=ch.diff.line(), hosts=view.usable.arg(), slots=view.usable.total,
-                                           target=view.target, segment=segment))
-            self.out(f"hosts changed: {ch.diff.line()}; {view.line()}")
-        line = view.line()
-        if line != self._hosts_line:
-            self._hosts_line = line
-            self._set_state(self.state, hosts=line)
-        return view
-
     def _check_hosts(self, seg: Segment) -> None:
         """Host discovery, between two polls of the watch: when the usable slots allow another size
-        than ``seg``'s, or no longer hold the hosts it runs on, its workers stop at the next agreed
-        step (cause ``hosts``) and the next segment starts on the usable hosts (below the minimum: the
-        launch waits for hosts, :meth:`_hosts_world`)."""
+        than ``seg``'s, or no longer hold the hosts it runs on (:meth:`.HostWatch.check`), its
+        workers stop at the next agreed step (cause ``hosts``) and the next segment starts on the
+        usable hosts (below the minimum: the launch waits for hosts, :meth:`.HostWatch.world`)."""
         if self.hosts is None:
             return
-        view = self._hosts_view(seg.index)
-        if (seg.asked is not None or self._next is not None or self._interrupts or seg.end is not None
+        view = self.hosts.view(seg.index)
+        if (seg.asked is not None or self.prelaunch.next is not None or self._interrupts or seg.end is not None
                 or seg.stop is not Stop.NONE):
             return
-        target = view.target if view.target is not None else view.usable.total
-        on = self._hosts_of.get(seg.index)
-        fits = on is None or all(view.usable.get(h, 0) >= n for h, n in on.items())
-        if (target == seg.world and fits) or not self._redirectable(seg.index):
+        target = self.hosts.check(seg, view)
+        if target is None or not self._redirectable(seg.index):
             return
         self._ask(seg, Cause.HOSTS, target, self.clock())
         self.out(f"host discovery: {seg.world} -> {target} workers at the next agreed step"
                  + ("" if view.target is not None else f" ({view.line()}: the job stops with a checkpoint)"))
 
-    def _within_hosts(self, seg: Segment, target: int) -> int | None:
-        """A live resize's ``target`` under host discovery: within ``--min-workers``/``--max-workers``
-        (else refused: None), capped by the usable slots (and grown to later when more appear);
-        None when nothing is left to do now."""
-        b = self.hosts.bounds
-        if target < b.min or (b.max is not None and target > b.max):
-            self.events.write(ErrorEvent(message=f"live resize to {target} refused (--min-workers {b.min}, "
-                                         f"--max-workers {b.max if b.max is not None else 'none'})",
-                                         segment=seg.index))
-            return None
-        self._asked = target
-        capped = self.hosts.view(target).target
-        if capped is None or capped == target:
-            return target if capped is not None and target != seg.world else None
-        self.out(f"live resize to {target}: {capped} usable slot(s) discovered: to {capped} now, to {target} "
-                 f"when hosts appear")
-        return capped if capped != seg.world else None
-
-    def _hosts_world(self, step: int, world: int, segment: int) -> int | str:
-        """The size to launch ``segment`` at: what the usable hosts allow now (waiting below the
-        minimum, `status` saying ``waiting for hosts (have K, need N)``); a size other than the one
-        decided (the hosts changed since, or the first launch) goes in the plan, and after the first
-        segment is a ``membership_change`` of cause ``hosts``. A str: why it stopped waiting (it
-        gave up after ``--min-wait``, or an interrupt)."""
-        view = self._hosts_view(segment)
-        while view.target is None:
-            if self._interrupts:
-                return f"interrupted while {view.line()}"
-            why = self.hosts.gave_up()
-            if why is not None:
-                return why
-            time.sleep(self.poll_s)
-            view = self._hosts_view(segment)
-        if view.target != world:
-            self.plan.add(step, view.target, Cause.HOSTS.value)
-            self._save_plan()
-            if self.meter.pending is not None and self.meter.pending.step == step:
-                self.meter.pending.to_workers = view.target  # the resize measured is to the size launched
-            if segment > 0:
-                self.events.write(decide(Cause.HOSTS, step, world, view.target, in_place=False,
-                                         time=self.clock()).event(segment - 1))
-        return view.target
-
     def _stopped_waiting(self, step: int, segment: int, why: str) -> dict[str, Any]:
         """The run stops while it waits for hosts: its checkpoint is kept, ``--resume`` goes on."""
         self._drain(wait=True)
         if self.plan.world_after(step) < 1:  # a resume starts at the minimum, not at no worker
-            self.plan.add(step, self.hosts.bounds.min, Cause.HOSTS.value)
+            self.plan.add(step, self.hosts.manager.bounds.min, Cause.HOSTS.value)
             self._save_plan()
         ck = self._checkpoint_step()
         self._set_state(RunState.INTERRUPTED, step=ck or 0, segment=max(segment - 1, 0))
@@ -764,37 +621,6 @@ class Controller:
 
     # ------------------------------------------------------------------ the workers' events
     def _relay(self) -> None:
-        self.relay.poll(self._on_worker_event, hold=self._ahead)
-
-    def _ahead(self, ev: Event) -> bool:
-        """An event of a segment after the one that just ended (workers that took a resize written
-        ahead): it waits until that segment is watched."""
-        seg, n = self._seg, getattr(ev, "segment", None)
-        return seg is not None and seg.end is not None and isinstance(n, int) and n > seg.index
-
-    def _on_worker_event(self, ev: Event) -> None:
-        """React to one worker event (already in ``events.jsonl``): the running segment's progress,
-        the measurements, the display."""
-        seg = self._seg
-        mine = seg is not None and getattr(ev, "segment", None) == seg.index
-        if mine:
-            seg.observe(ev)
-        if isinstance(ev, FirstStep) and mine:
-            self._stepping()
-            self._prepare_ahead(seg)
-            rel = self.meter.first_step(seg.index, ev, seg.t_launch, prelaunched=seg.go_file is not None)
-            if rel is not None:
-                self.display.resized(rel.from_workers, rel.to_workers, rel.step, rel.lr_last, rel.lr_new,
-                                     rule=rel.rule, lr_rule=rel.lr_rule,
-                                     layout=layout_words(self.constant_batch, rel.to_workers))
-        elif isinstance(ev, Throughput):
-            if ev.steps:
-                self.watchdog.add_step_time(float(ev.seconds) / int(ev.steps))
-            self.meter.throughput(ev, running=mine)
-            self.display.throughput(ev)
-        elif isinstance(ev, CheckpointWritten) and seg is not None:
-            seg.ckpt_s = float(ev.seconds)
-        elif isinstance(ev, Evaluation):
-            self.display.evaluation(ev)
-        elif isinstance(ev, Notice):
-            self.display.notice(ev.message)
+        """The workers' new events into ``events.jsonl``, each reacted to (:meth:`.WorkerEvents.react`)."""
+        self.relay.poll(lambda ev: self.worker_events.react(ev, self._seg),
+                        hold=lambda ev: self.worker_events.hold(ev, self._seg))

@@ -74,13 +74,13 @@ def test_an_interrupt_while_waiting_stops_the_run(tmp_path):
 
 def test_a_live_resize_is_capped_by_the_discovered_slots_and_refused_outside_the_bounds(tmp_path):
     ctl, _, lines = _controller(tmp_path, [("a", 1), ("b", 1)], hi=3)
-    ctl.hosts.update()
+    ctl.hosts.manager.update()
     one, two = Segment(0, 1, 30), Segment(0, 2, 30)
-    assert ctl._within_hosts(one, 3) == 2 and ctl._asked == 3  # capped now, 3 when a host appears
+    assert ctl.hosts.within(one, 3) == 2 and ctl.hosts.asked == 3  # capped now, 3 when a host appears
     assert "live resize to 3: 2 usable slot(s) discovered: to 2 now, to 3 when hosts appear" in lines
-    assert ctl._within_hosts(two, 3) is None and ctl._asked == 3  # already at what the hosts allow
-    assert ctl._within_hosts(two, 1) == 1 and ctl._asked == 1
-    assert ctl._within_hosts(one, 4) is None and ctl._asked == 1  # above --max-workers: refused
+    assert ctl.hosts.within(two, 3) is None and ctl.hosts.asked == 3  # already at what the hosts allow
+    assert ctl.hosts.within(two, 1) == 1 and ctl.hosts.asked == 1
+    assert ctl.hosts.within(one, 4) is None and ctl.hosts.asked == 1  # above --max-workers: refused
     (err,) = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "error"]
     assert err["message"] == "live resize to 4 refused (--min-workers 1, --max-workers 3)"
 

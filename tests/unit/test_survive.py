@@ -665,7 +665,7 @@ def test_a_stall_ends_only_the_stalled_ranks_where_the_others_can_go_on(tmp_path
     ctl = Controller(spec, out=lambda s: None, poll_s=0.0, show_progress=False, backend=b, resize=InPlace(b))
     seg = Segment(0, 2, 10)
     seg.stall = Stall(0, 5, 3.0, 2.0, ranks, "process stopped or gone (1:T)")
-    assert bool(ctl._end_stalled(seg)) is ends
+    assert bool(ctl.stalls.end_alone(seg)) is ends
     assert b.ended == ([list(ranks)] if ranks and len(ranks) < 2 else [])
 
 

@@ -1,0 +1,120 @@
+"""Host discovery as the controller's loop sees it: the size a segment is launched at, the hosts it
+starts on, and when a running segment must change because the usable slots did.
+
+A :class:`HostWatch` holds the run's :class:`~elastic_ring.hosts.manager.HostManager` (which polls
+the discovery script and keeps the usable hosts) and what the controller asked of it; the
+:class:`~.controller.Controller` owns one under ``--host-discovery-script`` and calls it from its
+loop: :meth:`HostWatch.world` before a launch, :meth:`HostWatch.view` and :meth:`HostWatch.check`
+from the watch. Asking a change (the stop file, the ``resize_requested`` event) stays the
+controller's (``Controller._ask``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from elastic_ring.controller.api import Plan
+from elastic_ring.controller.membership import Cause, decide
+from elastic_ring.controller.meter import Meter
+from elastic_ring.controller.segment import Segment
+from elastic_ring.events.api import ErrorEvent, EventLog, HostsChanged, Notice
+
+if TYPE_CHECKING:
+    from elastic_ring.hosts.api import HostSet
+    from elastic_ring.hosts.manager import HostManager, HostView
+
+
+class HostWatch:
+    def __init__(self, manager: HostManager, asked: int | None, *, plan: Plan, save_plan: Callable[[], None],
+                 meter: Meter, events: EventLog, out: Callable[[str], None], clock: Callable[[], float],
+                 poll_s: float, show_line: Callable[[str], Any], interrupted: Callable[[], int]) -> None:
+        # the size asked of discovery (--workers, the schedule's, a live resize's; None: every
+        # usable slot up to --max-workers) and the hosts each segment was started on
+        self.manager = manager
+        self.asked: int | None = asked
+        self.hosts_of: dict[int, HostSet] = {}
+        self._line: str | None = None
+        self.plan, self._save_plan, self.meter, self.events = plan, save_plan, meter, events
+        self.out, self.clock, self.poll_s = out, clock, poll_s
+        self._show_line = show_line  # `status`'s hosts line, into controller.json
+        self._interrupted = interrupted  # the controller's count of signals
+
+    def capped(self, n: int | None) -> int | None:
+        """The size ``n`` workers is capped to by the usable slots (None: below the minimum)."""
+        return self.manager.view(n).target
+
+    def place(self, seg: Segment) -> HostSet:
+        """The hosts ``seg`` starts on: the first ``seg.world`` usable slots, in rank order."""
+        on = self.manager.view(self.asked).hosts_for(seg.world)
+        self.hosts_of[seg.index] = on
+        return on
+
+    def view(self, segment: int | None = None) -> HostView:
+        """Poll discovery when due (:meth:`HostManager.update`): its lines said, a change of the
+        usable hosts an event, `status`'s hosts line kept in ``controller.json``; the view now."""
+        ch = self.manager.update(self.asked)
+        for note in (ch.notes if ch is not None else self.manager.notes()):
+            self.out(note)
+            self.events.write(Notice(message=note, segment=segment))
+        view = ch.view if ch is not None else self.manager.view(self.asked)
+        if ch is not None:
+            self.events.write(HostsChanged(diff=ch.diff.line(), hosts=view.usable.arg(), slots=view.usable.total,
+                                           target=view.target, segment=segment))
+            self.out(f"hosts changed: {ch.diff.line()}; {view.line()}")
+        line = view.line()
+        if line != self._line:
+            self._line = line
+            self._show_line(line)
+        return view
+
+    def check(self, seg: Segment, view: HostView) -> int | None:
+        """The size to ask of ``seg`` when the usable slots (``view``, polled by :meth:`view`) allow
+        another size than its, or no longer hold the hosts it runs on; None: it may go on."""
+        target = view.target if view.target is not None else view.usable.total
+        on = self.hosts_of.get(seg.index)
+        fits = on is None or all(view.usable.get(h, 0) >= n for h, n in on.items())
+        return None if target == seg.world and fits else target
+
+    def within(self, seg: Segment, target: int) -> int | None:
+        """A live resize's ``target`` under host discovery: within ``--min-workers``/``--max-workers``
+        (else refused: None), capped by the usable slots (and grown to later when more appear);
+        None when nothing is left to do now."""
+        b = self.manager.bounds
+        if target < b.min or (b.max is not None and target > b.max):
+            self.events.write(ErrorEvent(message=f"live resize to {target} refused (--min-workers {b.min}, "
+                                         f"--max-workers {b.max if b.max is not None else 'none'})",
+                                         segment=seg.index))
+            return None
+        self.asked = target
+        capped = self.manager.view(target).target
+        if capped is None or capped == target:
+            return target if capped is not None and target != seg.world else None
+        self.out(f"live resize to {target}: {capped} usable slot(s) discovered: to {capped} now, to {target} "
+                 f"when hosts appear")
+        return capped if capped != seg.world else None
+
+    def world(self, step: int, world: int, segment: int) -> int | str:
+        """The size to launch ``segment`` at: what the usable hosts allow now (waiting below the
+        minimum, `status` saying ``waiting for hosts (have K, need N)``); a size other than the one
+        decided (the hosts changed since, or the first launch) goes in the plan, and after the first
+        segment is a ``membership_change`` of cause ``hosts``. A str: why it stopped waiting (it
+        gave up after ``--min-wait``, or an interrupt)."""
+        view = self.view(segment)
+        while view.target is None:
+            if self._interrupted():
+                return f"interrupted while {view.line()}"
+            why = self.manager.gave_up()
+            if why is not None:
+                return why
+            time.sleep(self.poll_s)
+            view = self.view(segment)
+        if view.target != world:
+            self.plan.add(step, view.target, Cause.HOSTS.value)
+            self._save_plan()
+            if self.meter.pending is not None and self.meter.pending.step == step:
+                self.meter.pending.to_workers = view.target  # the resize measured is to the size launched
+            if segment > 0:
+                self.events.write(decide(Cause.HOSTS, step, world, view.target, in_place=False,
+                                         time=self.clock()).event(segment - 1))
+        return view.target
