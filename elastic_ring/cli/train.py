@@ -96,6 +96,10 @@ def _echo(msg: str) -> None:
 @click.option("--min-wait", type=float, default=None, metavar="SECONDS",
               help="--host-discovery-script: after this long below --min-workers the run stops, its "
                    "checkpoint kept (--resume goes on). [default: it waits]")
+@click.option("--blacklist-cooldown-range", "cooldown_range", default=None, metavar="LOW:HIGH",
+              help="--host-discovery-script: a host whose worker failed is left out for LOW seconds, "
+                   "then 2 LOW, 4 LOW, ... at most HIGH at its next failures; the job grows back onto it "
+                   "after. [default: 10:300]")
 @click.option("--network-interface", default=None, help="Passed to horovodrun (e.g. lo for several local 'hosts').")
 @click.option("--relaunch", type=click.Choice(["auto", "prelaunch", "overlap", "sequential", "inplace"]),
               default="auto", show_default=True,
@@ -170,7 +174,7 @@ def _echo(msg: str) -> None:
 def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
           data_dir, batch_size, lr, seed, lr_scaling, resize_warmup, global_batch, device, slots, hosts,
           hostfile, host_discovery_script, discovery_interval, min_workers, max_workers, min_wait,
-          network_interface, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
+          cooldown_range, network_interface, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
           checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, stop_grace, run_dir, resume_dir,
           script_args):
     """Train with Horovod (a CIFAR ResNet, or your --script); resize by checkpoint and relaunch.
@@ -224,7 +228,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
                      resume_dir=resume_dir, backend=backend, ray_address=ray_address, placement=placement,
                      warm_spares=warm_spares, survive=survive, collective=collective, stop_grace=stop_grace,
                      host_discovery_script=host_discovery_script, discovery_interval=discovery_interval,
-                     min_workers=min_workers, max_workers=max_workers, min_wait=min_wait)
+                     min_workers=min_workers, max_workers=max_workers, min_wait=min_wait,
+                     cooldown_range=cooldown_range)
     summary = start_or_resume(req, _echo)
     shown = {**summary, "state": "stopped"} if summary["state"] == "interrupted" else summary  # status's word
     click.echo(render(shown, summary.get("total_steps")))

@@ -405,10 +405,14 @@ class Controller:
         reason = give_up_reason(a.record, a.failure, attempt, repeated, self.max_restarts, world)
         refused, self._refused = self._refused, None
         path = "disk" if s is None else "memory"
+        node = a.node
+        if self.hosts is not None and s is None:  # its host is left out for a cooldown (docs/hosts.md)
+            ex = self.hosts.failed(seg, a.rank, self.spec.run_dir)
+            node = node or (ex.host if ex is not None else None)
         self.events.write(Restart(attempt=attempt, cause=why, rank=a.rank, returncode=rc, segment=seg.index,
                                   world_size=seg.world, from_step=step, failed_at_step=a.last, steps_redone=redone,
                                   new_world_size=0 if reason is not None else world, gave_up=reason is not None,
-                                  node=a.node, path=path, memory_refused=refused, time=change.time))
+                                  node=node, path=path, memory_refused=refused, time=change.time))
         if reason is not None:
             self._fail(seg, rc, f"{why} ({reason})", rank=a.rank)
         joined = ""

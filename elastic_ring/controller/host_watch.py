@@ -5,15 +5,18 @@ A :class:`HostWatch` holds the run's :class:`~elastic_ring.hosts.manager.HostMan
 the discovery script and keeps the usable hosts) and what the controller asked of it; the
 :class:`~.controller.Controller` owns one under ``--host-discovery-script`` and calls it from its
 loop: :meth:`HostWatch.world` before a launch, :meth:`HostWatch.view` and :meth:`HostWatch.check`
-from the watch. Asking a change (the stop file, the ``resize_requested`` event) stays the
+from the watch, :meth:`HostWatch.failed` when a worker failed (its host is left out for a cooldown,
+``--blacklist-cooldown-range``, and grown back onto after it). Asking a change (the stop file, the ``resize_requested`` event) stays the
 controller's (``Controller._ask``).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from elastic_ring import protocol
 from elastic_ring.controller.api import Plan
 from elastic_ring.controller.membership import Cause, decide
 from elastic_ring.controller.meter import Meter
@@ -22,6 +25,7 @@ from elastic_ring.events.api import ErrorEvent, EventLog, HostsChanged, Notice
 
 if TYPE_CHECKING:
     from elastic_ring.hosts.api import HostSet
+    from elastic_ring.hosts.exclusion import Excluded
     from elastic_ring.hosts.manager import HostManager, HostView
 
 
@@ -39,6 +43,45 @@ class HostWatch:
         self.out, self.clock, self.poll_s = out, clock, poll_s
         self._show_line = show_line  # `status`'s hosts line, into controller.json
         self._interrupted = interrupted  # the controller's count of signals
+        # the manager's clock (monotonic) to the controller's (wall), for `status`'s "until 01:40:12"
+        self._to_wall = clock() - manager.clock()
+
+    def until(self, t: float) -> str:
+        """A time of the manager's clock (an exclusion's end) as a local time of day."""
+        return time.strftime("%H:%M:%S", time.localtime(t + self._to_wall))
+
+    def host_of(self, seg: Segment, rank: int, run_dir: Path | None = None) -> str | None:
+        """The host ``rank`` of ``seg`` ran on: its process record's name in horovodrun's ``-H``
+        (``launch_host``) when that is one of the segment's hosts, else the rank's place in the
+        hosts it was started on (rank order: :meth:`place`); None when not known."""
+        on = self.hosts_of.get(seg.index)
+        if on is None:
+            return None
+        if run_dir is not None:
+            for p in protocol.read_pid_records(run_dir):
+                if p.get("segment") == seg.index and p.get("rank") == rank and p.get("launch_host") in on:
+                    return str(p["launch_host"])
+        first = 0
+        for host, n in on.items():
+            if first <= rank < first + n:
+                return host
+            first += n
+        return None
+
+    def failed(self, seg: Segment, rank: int | None, run_dir: Path | None = None) -> Excluded | None:
+        """Rank ``rank`` of ``seg`` failed: its host is left out for its cooldown (the next
+        :meth:`view` shows it: a ``hosts_changed`` event, the restart launched on the other hosts);
+        a ``notice`` event and a line say which host and until when. None: its host is not known."""
+        host = None if rank is None else self.host_of(seg, rank, run_dir)
+        if host is None:
+            return None
+        ex = self.manager.failed(host)
+        note = (f"host {host} (rank {rank}) excluded until {self.until(ex.until)} after "
+                f"{ex.failures} failure{'s' if ex.failures != 1 else ''} "
+                f"(cooldown {ex.until - self.manager.clock():.0f} s)")
+        self.out(note)
+        self.events.write(Notice(message=note, segment=seg.index))
+        return ex
 
     def capped(self, n: int | None) -> int | None:
         """The size ``n`` workers is capped to by the usable slots (None: below the minimum)."""
@@ -62,7 +105,7 @@ class HostWatch:
             self.events.write(HostsChanged(diff=ch.diff.line(), hosts=view.usable.arg(), slots=view.usable.total,
                                            target=view.target, segment=segment))
             self.out(f"hosts changed: {ch.diff.line()}; {view.line()}")
-        line = view.line()
+        line = view.line(until=self.until)
         if line != self._line:
             self._line = line
             self._show_line(line)

@@ -76,6 +76,7 @@ class RunRequest:
     min_workers: int | None = None  # host discovery: below this many usable slots the job waits
     max_workers: int | None = None  # host discovery: it grows to no more than this
     min_wait: float | None = None  # host discovery: seconds below the minimum before it stops (None: waits)
+    cooldown_range: str | None = None  # host discovery: LOW:HIGH seconds a failed host is left out (None: 10:300)
 
     def resnet_options(self) -> tuple[Any, ...]:
         return (self.depth, self.dataset, self.data_dir, self.batch_size, self.lr, self.seed,
@@ -151,7 +152,8 @@ def _check_discovery(req: RunRequest) -> None:
     relaunch over hosts (docs/hosts.md); the options that go with it go only with it."""
     bounds_given = [name for name, v in (("--min-workers", req.min_workers), ("--max-workers", req.max_workers),
                                          ("--discovery-interval", req.discovery_interval),
-                                         ("--min-wait", req.min_wait)) if v is not None]
+                                         ("--min-wait", req.min_wait),
+                                         ("--blacklist-cooldown-range", req.cooldown_range)) if v is not None]
     if not req.host_discovery_script:
         if bounds_given:
             raise UserError(f"{bounds_given[0]} goes with --host-discovery-script")
@@ -170,6 +172,13 @@ def _check_discovery(req: RunRequest) -> None:
         raise UserError(f"--discovery-interval must be > 0 seconds, got {req.discovery_interval:g}")
     if req.min_wait is not None and req.min_wait < 0:
         raise UserError(f"--min-wait must be >= 0 seconds, got {req.min_wait:g}")
+    if req.cooldown_range is not None:
+        from elastic_ring.hosts.exclusion import parse_cooldown_range
+
+        try:
+            parse_cooldown_range(req.cooldown_range)
+        except UserError as e:
+            raise UserError(f"--blacklist-cooldown-range: {e}") from None
 
 
 def _check_scaling(req: RunRequest) -> None:

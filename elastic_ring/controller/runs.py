@@ -232,6 +232,7 @@ def host_manager(req: RunRequest, echo: Callable[[str], None]) -> Any:
     first segment's hosts; one that fails is its one line, and the controller waits for hosts)."""
     from elastic_ring.hosts.api import resolve_bounds
     from elastic_ring.hosts.discovery import HostPoller, ScriptDiscovery, check_script
+    from elastic_ring.hosts.exclusion import Exclusions, parse_cooldown_range
     from elastic_ring.hosts.manager import HostManager
 
     path = check_script(req.host_discovery_script)
@@ -241,7 +242,8 @@ def host_manager(req: RunRequest, echo: Callable[[str], None]) -> Any:
 
         bounds = WorkerBounds(min=1, start=req.workers)
     poller = HostPoller(ScriptDiscovery(path, cwd=os.getcwd()), interval_s=req.discovery_interval or 1.0)
-    hosts = HostManager(poller, bounds, min_wait_s=req.min_wait)
+    cooldown = parse_cooldown_range(req.cooldown_range) if req.cooldown_range else None  # (checked: requests)
+    hosts = HostManager(poller, bounds, Exclusions(cooldown, clock=poller.clock), min_wait_s=req.min_wait)
     first = poller.poll()  # (the controller's first update says what it found: a hosts_changed event)
     if first.note:
         echo(f"elastic-ring: {first.note}")
@@ -263,7 +265,8 @@ def with_run_discovery(req: RunRequest) -> RunRequest:
     return replace(req, host_discovery_script=kept.get("script"),
                    discovery_interval=pick(req.discovery_interval, "interval"),
                    min_workers=pick(req.min_workers, "min_workers"), max_workers=pick(req.max_workers, "max_workers"),
-                   min_wait=pick(req.min_wait, "min_wait"))
+                   min_wait=pick(req.min_wait, "min_wait"),
+                   cooldown_range=pick(req.cooldown_range, "cooldown_range"))
 
 
 def hosts_slots(hosts: Any) -> int:
@@ -405,7 +408,8 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
         check_dataset(cfg.dataset, cfg.data_dir)
     kept = {"host_discovery": {"script": str(Path(req.host_discovery_script).resolve()),
                                "interval": req.discovery_interval, "min_workers": req.min_workers,
-                               "max_workers": req.max_workers, "min_wait": req.min_wait}} if hosts else {}
+                               "max_workers": req.max_workers, "min_wait": req.min_wait,
+                               "cooldown_range": req.cooldown_range}} if hosts else {}
     create_run_dir(spec, cfg, relaunch=relaunch, stall_timeout=req.stall_timeout, survive=req.survive, **kept)
     return PreparedRun(spec, cfg, Plan.from_spec(spec.workers, spec.schedule), 0, 0, relaunch,
                        stall_timeout=req.stall_timeout, survive=req.survive)

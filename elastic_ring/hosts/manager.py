@@ -38,11 +38,13 @@ class HostView:
         """The hosts of a job of ``world`` workers: the first ``world`` usable slots."""
         return self.usable.first(world)
 
-    def line(self) -> str:
-        """`status`'s line about hosts."""
+    def line(self, until: Callable[[float], str] | None = None) -> str:
+        """`status`'s line about hosts; ``until`` turns an exclusion's end into text (the excluded
+        hosts are then named with until when: ``excluded: b until 01:40:12``)."""
+        names = [e.host if until is None else f"{e.host} until {until(e.until)}" for e in self.excluded]
+        ex = f"; excluded: {', '.join(names)}" if names else ""
         if self.target is None:
-            return f"waiting for hosts (have {self.usable.total}, need {self.need})"
-        ex = f"; excluded: {', '.join(e.host for e in self.excluded)}" if self.excluded else ""
+            return f"waiting for hosts (have {self.usable.total}, need {self.need}){ex if until else ''}"
         n = self.usable.total
         return f"hosts: {self.usable.arg() or 'none'} ({n} slot{'s' if n != 1 else ''}){ex}"
 

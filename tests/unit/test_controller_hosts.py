@@ -1,6 +1,7 @@
 """The controller under host discovery (a HostManager over fixed hosts), driven by the fake launcher
 of test_controller_fake: the hosts a segment starts on, the size of the first launch, waiting below
-the minimum and giving up, a live resize capped by the hosts; `status`'s line while waiting; the
+the minimum and giving up, a live resize capped by the hosts; `status`'s line while waiting; a
+failed worker's host left out for its cooldown and grown back onto after it (a fake clock); the
 options that cannot go with a discovery script, and a resume's kept options."""
 
 from __future__ import annotations
@@ -14,22 +15,26 @@ from elastic_ring.controller.api import Phase, RunSpec, RunState
 from elastic_ring.controller.controller import Controller
 from elastic_ring.controller.requests import RunRequest, check
 from elastic_ring.controller.runs import with_run_discovery
+from elastic_ring import protocol
 from elastic_ring.controller.segment import Segment
 from elastic_ring.controller.status import RunStatus
 from elastic_ring.errors import UserError
 from elastic_ring.events import read_events
 from elastic_ring.hosts.api import HostSet, WorkerBounds
 from elastic_ring.hosts.discovery import FixedHosts, HostPoller
+from elastic_ring.hosts.exclusion import CooldownRange, Exclusions
 from elastic_ring.hosts.manager import HostManager
 from tests.unit.test_controller_fake import FakeLauncher
 
 
-def _controller(tmp_path: Path, hosts, lo=1, hi=None, workers=1, min_wait_s=None, total=30):
+def _controller(tmp_path: Path, hosts, lo=1, hi=None, workers=1, min_wait_s=None, total=30, fail_launches=(),
+                clock=None, cooldown=None):
     spec = RunSpec(run_dir=tmp_path, workers=workers, schedule=(), slots=hi or 64, device="cpu", total_steps=total)
     spec.validate()
     disc = FixedHosts(HostSet(hosts))
-    manager = HostManager(HostPoller(disc, interval_s=0.01), WorkerBounds(lo, hi), min_wait_s=min_wait_s)
-    launcher = FakeLauncher(tmp_path, total)
+    poller = HostPoller(disc, interval_s=0.01) if clock is None else HostPoller(disc, interval_s=0.01, clock=clock)
+    manager = HostManager(poller, WorkerBounds(lo, hi), Exclusions(cooldown, clock=poller.clock), min_wait_s=min_wait_s)
+    launcher = FakeLauncher(tmp_path, total, fail_launches)
     lines: list[str] = []
     ctl = Controller(spec, launcher=launcher, out=lines.append, poll_s=0.0, show_progress=False,
                      relaunch="sequential", hosts=manager)
@@ -93,6 +98,81 @@ def test_status_says_it_waits_for_hosts_while_live_only():
     assert RunStatus(phase=Phase.FINISHED, hosts=waiting, **kw).line() == "finished"
 
 
+class FakeClock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_failed_workers_host_is_left_out_and_the_restart_runs_on_the_others(tmp_path):
+    clock = FakeClock()  # the manager's: never moves here, so the host stays out
+    ctl, launcher, lines = _controller(tmp_path, [("a", 1), ("b", 1)], workers=2, fail_launches=(0,), clock=clock,
+                                       cooldown=CooldownRange(3, 6))
+    summary = ctl.run(0, 2, 0)
+    assert summary["state"] == "finished"
+    first, restart = launcher.started
+    assert (first.world, _h(first.cmd_line)) == (2, "a:1,b:1")
+    assert (restart.world, _h(restart.cmd_line)) == (1, "a:1")  # rank 1 ran on b: b is left out
+    assert [e.host for e in ctl.hosts.manager.exclusions.excluded()] == ["b"]
+    assert ctl.hosts.manager.exclusions.excluded()[0].until == 1003  # LOW after a first failure
+    ev = read_events(tmp_path / "events.jsonl")
+    (rs,) = [e for e in ev if e["kind"] == "restart"]
+    assert rs["rank"] == 1 and rs["node"] == "b" and rs["path"] == "disk"
+    notes = [e["message"] for e in ev if e["kind"] == "notice"]
+    assert any(n.startswith("host b (rank 1) excluded until ") and n.endswith("after 1 failure (cooldown 3 s)")
+               for n in notes), notes
+    assert "host b excluded after a failure" in notes
+    hc = [e for e in ev if e["kind"] == "hosts_changed"]
+    assert [(e["diff"], e["hosts"], e["target"]) for e in hc] == [("+a:1 +b:1", "a:1,b:1", 2), ("-b:1", "a:1", 1)]
+    mc = [e for e in ev if e["kind"] == "membership_change"]
+    assert [(e["cause"], e["members_before"], e["members_after"]) for e in mc] == [("failure", 2, 2), ("hosts", 2, 1)]
+    assert ctl._state_info["hosts"].startswith("hosts: a:1 (1 slot); excluded: b until ")
+
+
+def test_after_its_cooldown_the_host_is_grown_back_onto_and_a_second_failure_doubles_it(tmp_path):
+    clock = FakeClock()
+    ctl, _, lines = _controller(tmp_path, [("a", 1), ("b", 1)], clock=clock, cooldown=CooldownRange(3, 5))
+    watch = ctl.hosts
+    two = Segment(0, 2, 30)
+    watch.view(0)
+    watch.place(two)
+    assert watch.failed(two, 1).until == 1003 and watch.host_of(two, 0) == "a"
+    one = Segment(1, 1, 30)
+    view = watch.view(1)
+    watch.place(one)
+    assert view.target == 1 and watch.check(one, view) is None  # at 1 on a while b cools down
+    clock.t = 1002.9
+    assert watch.check(one, watch.view(1)) is None
+    clock.t = 1003.0
+    view = watch.view(1)
+    assert view.target == 2 and watch.check(one, view) == 2  # grown back onto b
+    ev = read_events(tmp_path / "events.jsonl")
+    assert [e["diff"] for e in ev if e["kind"] == "hosts_changed"][-2:] == ["-b:1", "+b:1"]
+    assert "host b back from its cooldown" in [e["message"] for e in ev if e["kind"] == "notice"]
+    assert ctl._state_info["hosts"] == "hosts: a:1,b:1 (2 slots)"
+    two = Segment(2, 2, 30)
+    watch.place(two)
+    assert watch.failed(two, 1).until == 1003 + 5  # 2 LOW = 6, capped at HIGH = 5
+    assert watch.failed(two, 1).failures == 2  # (its other ranks failing with it: the same failure)
+    assert watch.failed(Segment(2, 2, 30), 1).host == "b" and watch.failed(two, None) is None
+    assert watch.failed(Segment(9, 1, 30), 0) is None  # a segment whose hosts are not known
+
+
+def test_the_failed_ranks_host_is_its_process_record_s_launch_host(tmp_path):
+    ctl, _, _ = _controller(tmp_path, [("a", 1), ("b", 1)])
+    seg = Segment(0, 2, 30)
+    ctl.hosts.view(0)
+    ctl.hosts.place(seg)
+    d = protocol.pid_dir(tmp_path)
+    d.mkdir(parents=True)
+    (d / "seg000-rank1.json").write_text(json.dumps({"rank": 1, "segment": 0, "pid": 1, "launch_host": "a"}))
+    assert ctl.hosts.host_of(seg, 1, tmp_path) == "a" and ctl.hosts.host_of(seg, 1) == "b"
+    (d / "seg000-rank1.json").write_text(json.dumps({"rank": 1, "segment": 0, "pid": 1, "launch_host": "z"}))
+    assert ctl.hosts.host_of(seg, 1, tmp_path) == "b"  # not one of its hosts: by rank order
+
+
 @pytest.mark.parametrize("kw, needle", [
     (dict(hosts="a:1"), "--host-discovery-script does not go with --hosts/--hostfile: the hosts come from the script"),
     (dict(hostfile="hf"), "--host-discovery-script does not go with --hosts/--hostfile"),
@@ -102,6 +182,8 @@ def test_status_says_it_waits_for_hosts_while_live_only():
     (dict(collective="torch"), "--host-discovery-script does not go with --collective torch"),
     (dict(discovery_interval=0.0), "--discovery-interval must be > 0 seconds, got 0"),
     (dict(min_wait=-1.0), "--min-wait must be >= 0 seconds, got -1"),
+    (dict(cooldown_range="ten"), "--blacklist-cooldown-range: a cooldown range is LOW:HIGH in seconds, got 'ten'"),
+    (dict(cooldown_range="9:3"), "--blacklist-cooldown-range: the cooldown range needs 0 < LOW <= HIGH, got 9:3"),
 ])
 def test_what_cannot_go_with_a_discovery_script(kw, needle):
     with pytest.raises(UserError) as e:
@@ -109,11 +191,14 @@ def test_what_cannot_go_with_a_discovery_script(kw, needle):
     assert str(e.value).startswith(needle), str(e.value)
 
 
-@pytest.mark.parametrize("option", ["min_workers", "max_workers", "discovery_interval", "min_wait"])
-def test_the_discovery_options_go_with_a_script(option):
-    with pytest.raises(UserError, match=f"--{option.replace('_', '-')} goes with --host-discovery-script"):
-        check(RunRequest(**{option: 2}))
-    check(RunRequest(host_discovery_script="discover.sh", **{option: 2}))  # (with one: fine)
+@pytest.mark.parametrize("option, flag, value", [
+    ("min_workers", "--min-workers", 2), ("max_workers", "--max-workers", 2),
+    ("discovery_interval", "--discovery-interval", 2), ("min_wait", "--min-wait", 2),
+    ("cooldown_range", "--blacklist-cooldown-range", "3:6")])
+def test_the_discovery_options_go_with_a_script(option, flag, value):
+    with pytest.raises(UserError, match=f"{flag} goes with --host-discovery-script"):
+        check(RunRequest(**{option: value}))
+    check(RunRequest(host_discovery_script="discover.sh", **{option: value}))  # (with one: fine)
 
 
 def test_a_torchrun_form_script_refuses_discovery(tmp_path):
@@ -125,10 +210,11 @@ def test_a_torchrun_form_script_refuses_discovery(tmp_path):
 
 def test_a_resume_takes_the_discovery_options_its_run_kept_unless_other_hosts_are_chosen(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"host_discovery": {
-        "script": "/x/discover.sh", "interval": 0.5, "min_workers": 2, "max_workers": None, "min_wait": None}}))
+        "script": "/x/discover.sh", "interval": 0.5, "min_workers": 2, "max_workers": None, "min_wait": None,
+        "cooldown_range": "3:6"}}))
     got = with_run_discovery(RunRequest(resume_dir=str(tmp_path), max_workers=4))
-    assert (got.host_discovery_script, got.discovery_interval, got.min_workers, got.max_workers) == (
-        "/x/discover.sh", 0.5, 2, 4)
+    assert (got.host_discovery_script, got.discovery_interval, got.min_workers, got.max_workers,
+            got.cooldown_range) == ("/x/discover.sh", 0.5, 2, 4, "3:6")
     for chosen in (dict(hosts="a:1"), dict(slots=2), dict(backend="ray"), dict(host_discovery_script="/y.sh")):
         req = RunRequest(resume_dir=str(tmp_path), **chosen)
         assert with_run_discovery(req) is req
