@@ -173,8 +173,8 @@ def _echo(msg: str) -> None:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
           data_dir, batch_size, lr, seed, lr_scaling, resize_warmup, global_batch, device, slots, hosts,
-          hostfile, host_discovery_script, discovery_interval, min_workers, max_workers, min_wait,
-          cooldown_range, network_interface, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
+          hostfile, host_discovery_script, discovery_interval, min_workers, max_workers, min_wait, cooldown_range,
+          network_interface, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
           checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, stop_grace, run_dir, resume_dir,
           script_args):
     """Train with Horovod (a CIFAR ResNet, or your --script); resize by checkpoint and relaunch.

@@ -6,8 +6,8 @@ the discovery script and keeps the usable hosts) and what the controller asked o
 :class:`~.controller.Controller` owns one under ``--host-discovery-script`` and calls it from its
 loop: :meth:`HostWatch.world` before a launch, :meth:`HostWatch.view` and :meth:`HostWatch.check`
 from the watch, :meth:`HostWatch.failed` when a worker failed (its host is left out for a cooldown,
-``--blacklist-cooldown-range``, and grown back onto after it). Asking a change (the stop file, the ``resize_requested`` event) stays the
-controller's (``Controller._ask``).
+``--blacklist-cooldown-range``, and grown back onto after it). Asking a change (the stop file, the
+``resize_requested`` event) stays the controller's (``Controller._ask``).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class HostWatch:
         if ch is not None:
             self.events.write(HostsChanged(diff=ch.diff.line(), hosts=view.usable.arg(), slots=view.usable.total,
                                            target=view.target, segment=segment))
-            self.out(f"hosts changed: {ch.diff.line()}; {view.line()}")
+            self.out(f"hosts changed: {ch.diff.line()}; {view.line(until=self.until)}")
         line = view.line(until=self.until)
         if line != self._line:
             self._line = line

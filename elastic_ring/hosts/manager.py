@@ -44,7 +44,7 @@ class HostView:
         names = [e.host if until is None else f"{e.host} until {until(e.until)}" for e in self.excluded]
         ex = f"; excluded: {', '.join(names)}" if names else ""
         if self.target is None:
-            return f"waiting for hosts (have {self.usable.total}, need {self.need}){ex if until else ''}"
+            return f"waiting for hosts (have {self.usable.total}, need {self.need}){ex}"
         n = self.usable.total
         return f"hosts: {self.usable.arg() or 'none'} ({n} slot{'s' if n != 1 else ''}){ex}"
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from elastic_ring import protocol
 from elastic_ring.events import read_events
 from tests.conftest import BIN, ROOT, one_line_error, run_cli, wait_for
 
@@ -104,6 +105,70 @@ def test_the_job_grows_onto_a_discovered_host_and_shrinks_off_it(tmp_path):
     assert "hosts at step" in out and "2 -> 1 workers, from checkpoint" in out  # the summary's changes
 
 
+def _history(run: Path) -> tuple[dict[int, int], set[int]]:
+    """step -> samples trained at it (all ranks) by the last segment that trained it, and the steps
+    trained by more than one segment (redone after a restart from the checkpoint)."""
+    rows: dict[int, dict[int, dict[int, int]]] = {}  # step -> segment -> rank -> samples
+    for f in sorted((run / "trace").glob("seg*-rank*.jsonl")):
+        segment = int(f.name[3:6])  # seg001-rank0.jsonl
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            seg = rows.setdefault(r["step"], {}).setdefault(segment, {})
+            assert r["rank"] not in seg, f"step {r['step']} traced twice by rank {r['rank']} in one segment"
+            seg[r["rank"]] = len(r["indices"])
+    return ({s: sum(v[max(v)].values()) for s, v in rows.items()}, {s for s, v in rows.items() if len(v) > 1})
+
+
+def test_a_failed_host_is_left_out_for_its_cooldown_then_grown_back_onto(tmp_path):
+    steps = 2000
+    script, _, _ = _discovery(tmp_path, "localhost:1\n127.0.0.1:1\n")
+    run = tmp_path / "cool"
+    proc = _start(["--steps", str(steps), *TINY, "--host-discovery-script", str(script),
+                   "--discovery-interval", "0.3", "--blacklist-cooldown-range", "3:6", "--run-dir", str(run)])
+    try:
+        wait_for(lambda: _events(run, "throughput"), 120, "a window at 2 workers")
+        recs = [protocol.read_json(f) for f in protocol.pid_dir(run).glob("seg000-rank*.json")]
+        (victim,) = [r for r in recs if r and r.get("launch_host") == "127.0.0.1"]
+        os.kill(int(victim["pid"]), signal.SIGKILL)  # the worker on 127.0.0.1 dies
+        line = wait_for(lambda: next((ln for ln in run_cli("status", str(run)).stdout.splitlines()
+                                      if "excluded: 127.0.0.1 until" in ln), None), 30, "status naming the host")
+        assert line.startswith("hosts: localhost:1 (1 slot); excluded: 127.0.0.1 until "), line
+        wait_for(lambda: len(_events(run, "launch")) >= 3, 120, "the grow back onto 127.0.0.1")
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    both, one = "localhost:1,127.0.0.1:1", "localhost:1"
+    launches = _events(run, "launch")
+    assert [(e["world_size"], e["command"][e["command"].index("-H") + 1]) for e in launches] == [
+        (2, both), (1, one), (2, both)]
+    (restart,) = _events(run, "restart")
+    assert restart["rank"] == victim["rank"] and restart["node"] == "127.0.0.1" and not restart["gave_up"]
+    changes = _events(run, "membership_change")
+    assert [(c["cause"], c["members_before"], c["members_after"]) for c in changes] == [
+        ("failure", 2, 2), ("hosts", 2, 1), ("hosts", 1, 2)]
+    hc = _events(run, "hosts_changed")
+    assert [(h["diff"], h["hosts"], h["target"]) for h in hc] == [
+        ("+localhost:1 +127.0.0.1:1", both, 2), ("-127.0.0.1:1", one, 1), ("+127.0.0.1:1", both, 2)]
+    assert hc[2]["time"] - hc[1]["time"] >= 2.5  # back after its 3 s cooldown (the poll's time, not before)
+    notes = [n["message"] for n in _events(run, "notice")]
+    assert any(n.startswith(f"host 127.0.0.1 (rank {victim['rank']}) excluded until ")
+               and n.endswith("after 1 failure (cooldown 3 s)") for n in notes), notes
+    assert "host 127.0.0.1 back from its cooldown" in notes
+    # every step trained, the last time by one segment; only the steps after the restart's checkpoint
+    # up to the failure were trained twice, and at 2 workers after the grow back
+    trained, redone = _history(run)
+    assert sorted(trained) == list(range(1, steps + 1))
+    assert all(restart["from_step"] < s <= restart["failed_at_step"] + 1 for s in redone), (redone, restart)
+    grow = changes[2]["step"]
+    assert launches[2]["start_step"] == grow + 1 and 0 < grow < steps
+    assert {trained[s] for s in range(grow + 1, steps + 1)} == {16}
+    assert {trained[s] for s in range(restart["from_step"] + 1, grow + 1)} == {8}
+    assert _events(run, "finished")[-1]["step"] == steps
+    assert "Traceback" not in err
+
+
 def test_below_the_minimum_it_waits_gives_up_then_resumes_on_the_hosts_discovered(tmp_path):
     script, listed, _ = _discovery(tmp_path, "localhost:1\n")
     run = tmp_path / "wait"
@@ -136,6 +201,7 @@ def test_below_the_minimum_it_waits_gives_up_then_resumes_on_the_hosts_discovere
     (["--backend", "ray"], "--host-discovery-script does not go with --backend ray"),
     (["--relaunch", "inplace"], "--host-discovery-script does not go with --relaunch inplace"),
     (["--min-workers", "3", "--max-workers", "2"], "--max-workers 2 is below --min-workers 3"),
+    (["--blacklist-cooldown-range", "5:1"], "--blacklist-cooldown-range: the cooldown range needs 0 < LOW <= HIGH"),
 ])
 def test_what_cannot_go_with_discovery_is_one_line(tmp_path, cli_inproc, extra, needle):
     script, _, _ = _discovery(tmp_path, "localhost:1\n")

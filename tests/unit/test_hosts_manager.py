@@ -50,6 +50,9 @@ def test_a_failed_host_is_left_out_then_grown_back_onto():
     out = m.update()
     assert out.diff.removed == (("b", 1),) and out.view.target == 1 and out.notes == ("host b excluded after a failure",)
     assert out.view.line() == "hosts: a:1 (1 slot); excluded: b" and out.view.excluded[0].until == 10
+    assert out.view.line(until=lambda t: f"t={t:g}") == "hosts: a:1 (1 slot); excluded: b until t=10"
+    waiting = HostManager(m.poller, WorkerBounds(2), m.exclusions).view()  # below a minimum of 2 without b
+    assert waiting.line(until=lambda t: f"t={t:g}") == "waiting for hosts (have 1, need 2); excluded: b until t=10"
     clock.t = 9
     assert m.update() is None
     clock.t = 10
