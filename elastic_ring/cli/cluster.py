@@ -129,7 +129,8 @@ def down(no_wait, timeout, cluster_dir):
 @click.command(context_settings=CTX)
 @click.argument("target", type=click.Path(exists=True, dir_okay=False), metavar="CONFIG_OR_SCRIPT")
 @click.option("--name", default=None, help="Job name (default: the file's stem).")
-@click.option("--steps", type=int, default=None, help="Total steps (needed for a script).")
+@click.option("--steps", type=int, default=None,
+              help="Total steps (needed for a script, except one of torchrun's contract: docs/torchrun.md).")
 @click.option("--min-workers", type=int, default=1, show_default=True, help="Fewest workers the job runs on.")
 @click.option("--max-workers", type=int, default=0, help="Most workers (default: the cluster's slots).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Config override (config jobs).")

@@ -104,11 +104,18 @@ class JobRequest:
     target_loss: float | None = None
     train_args: tuple[str, ...] = ()  # extra `train` options (e.g. --checkpoint-every 20)
     cwd: str | None = None
+    form: str = "library"  # a script's form: "torchrun" (its own length and snapshot: no --steps)
 
     def __post_init__(self) -> None:
         if self.kind not in ("script", "config"):
             raise ClusterError(f"job kind must be script or config, got {self.kind!r}")
-        if self.kind == "script" and (self.steps is None or self.steps < 1):
+        if self.form not in ("library", "torchrun"):
+            raise ClusterError(f"a script's form must be library or torchrun, got {self.form!r}")
+        if self.form == "torchrun" and self.kind != "script":
+            raise ClusterError("only a script can be of torchrun's form")
+        if self.form == "torchrun" and self.steps is not None:
+            raise ClusterError("--steps does not apply to a script of torchrun's contract: its length is its own")
+        if self.kind == "script" and self.form != "torchrun" and (self.steps is None or self.steps < 1):
             raise ClusterError("a script job needs --steps >= 1")
         if self.min_workers < 1:
             raise ClusterError(f"--min-workers must be >= 1, got {self.min_workers}")

@@ -66,15 +66,52 @@ def submit(cluster_dir: str | Path, target: str, name: str | None = None, steps:
         raise ClusterError(f"--min-workers {min_workers} is more than the cluster's {cfg.slots} slots")
     if checkpoint_every is not None and checkpoint_every < 0:
         raise ClusterError(f"--checkpoint-every must be >= 0, got {checkpoint_every}")
+    form = script_form(p, steps, checkpoint_every, target_loss, cfg) if kind == "script" else "library"
     train_args = ("--checkpoint-every", str(checkpoint_every)) if checkpoint_every else ()
     req = JobRequest(name=name or p.stem, kind=kind, path=str(p), steps=steps, min_workers=min_workers,
                      max_workers=max_workers, sets=tuple(sets), args=tuple(script_args),
                      profile=str((here / profile).resolve()) if profile else None, target_loss=target_loss,
-                     train_args=train_args, cwd=str(here))
+                     train_args=train_args, cwd=str(here), form=form)
     if kind == "config":
         check_config(req, cfg.device if cfg is not None else "cpu")
     jid = store.submit(req)
     return Submitted(jid, req.name, held_by_other(d / LOCK_FILE))
+
+
+
+def script_form(path: Path, steps: int | None, checkpoint_every: int | None, target_loss: float | None,
+                cfg: Any) -> str:
+    """The submitted script's form, read from its source as `train` reads it (docs/torchrun.md):
+    ``"torchrun"`` for a script of torchrun's contract only, else ``"library"``. A torchrun-form job
+    counts no step and keeps its own snapshot, and its workers run on the scheduler's host.
+
+    Raises:
+        ClusterError: an option that does not apply to a torchrun-form script, or a cluster it
+            cannot run on (one line).
+    """
+    from elastic_ring.cluster.api import ClusterError
+    from elastic_ring.controller.script_check import read_script
+    from elastic_ring.errors import UserError
+
+    try:
+        shape = read_script(path)
+    except UserError as e:
+        raise ClusterError(str(e)) from None
+    if shape.form != "torchrun":
+        return "library"
+    where = f"{path.name} follows torchrun's contract (init_process_group at line {shape.pg_init_line})"
+    refused = [
+        (steps is not None, "--steps", "its length is its own (the controller counts no step of it)"),
+        (checkpoint_every is not None, "--checkpoint-every", "it saves and loads its own snapshot"),
+        (target_loss is not None, "--target-loss", "it reports no loss to the scheduler"),
+        (cfg is not None and cfg.ray is not None, "a Ray cluster", "its workers run on the scheduler's host"),
+        (cfg is not None and cfg.multi_host, "a cluster over several hosts",
+         "its workers run on the scheduler's host"),
+    ]
+    for bad, what, why in refused:
+        if bad:
+            raise ClusterError(f"{what} does not apply: {where}: {why}")
+    return "torchrun"
 
 
 def check_config(req: Any, device: str) -> None:

@@ -186,6 +186,8 @@ class ProcessRunner:
         cmd = [self.python, "-m", "elastic_ring.cli.main", "train"]
         if resume or (rd / "run.json").exists():  # (a job stopped before its first launch: its folder)
             cmd += ["--resume", str(rd)]
+        elif req.kind == "script" and req.form == "torchrun":  # its length and snapshot are its own
+            cmd += ["--script", req.path, "--run-dir", str(rd)]
         elif req.kind == "script":
             cmd += ["--script", req.path, "--steps", str(req.steps), "--run-dir", str(rd)]
         else:

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import time
 from typing import Any, Callable, Protocol
 
@@ -245,6 +246,8 @@ class Scheduler:
         return out
 
     def _remaining(self, j: JobRow) -> float:
+        """The job's remaining steps (a torchrun-form job counts none and has no known length:
+        :meth:`decide` gives it the median of the other jobs' remaining work, 1 step alone)."""
         req = j.request
         total = j.total or req.steps or 0
         left = max(total - j.step, 1)
@@ -279,7 +282,7 @@ class Scheduler:
     # ------------------------------------------------------------------ exploration
     def _xs(self, j: JobRow) -> _Exploration | None:
         """The job's exploration (None unless the policy explores); rebuilt from the store's events."""
-        if not self.explores:
+        if not self.explores or j.request.form == "torchrun":  # it reports no steps/s to explore with
             return None
         x = self._explore.get(j.id)
         if x is None:
@@ -362,9 +365,12 @@ class Scheduler:
         jobs = [j for j in self.store.jobs(active_only=True)
                 if not j.cancel and not (j.state == JobState.STOPPING and j.message in ("cancel", "down"))]
         views = []
+        known = [self._remaining(j) for j in jobs if j.request.form != "torchrun"]
+        unknown = float(statistics.median(known)) if known else 1.0  # see _remaining
         for j in jobs:
             unexplored = self._exploring(j)
-            views.append(JobView(j.id, self._remaining(j), self._rate(j), len(j.slots),
+            left = unknown if j.request.form == "torchrun" else self._remaining(j)
+            views.append(JobView(j.id, left, self._rate(j), len(j.slots),
                                  needs_exploration=unexplored and not j.slots,
                                  exploring=unexplored and bool(j.slots), done=float(j.step)))
         current = {j.id: len(j.slots) for j in jobs}

@@ -6,7 +6,7 @@ dataset, each rank its share: the data of a step depends on the step only, at an
 
 Rank 0 appends JSON lines to ``OUT/log.jsonl``: ``start`` (the snapshot's step it resumes from, its
 world size and torchrun's environment as it got it), ``step`` (the step, its world size and the
-samples it trained), ``saved`` (a snapshot on disk). Every rank writes its pid to ``OUT/pid-<rank>``.
+samples it trained, the time it ended), ``saved`` (a snapshot on disk). Every rank writes its pid to ``OUT/pid-<rank>``.
 
     torchrun --standalone --nproc-per-node 2 torchrun_contract.py --out OUT
     elastic-ring train --script torchrun_contract.py --workers 2 --slots 2 -- --out OUT
@@ -60,7 +60,7 @@ def log(**rec):
             f.write(json.dumps(rec) + "\n")
 
 
-log(kind="start", resumed_from=start, world=world, env={k: os.environ.get(k) for k in ENV})
+log(kind="start", resumed_from=start, world=world, env={k: os.environ.get(k) for k in ENV}, t=time.time())
 for step in range(start + 1, a.steps + 1):
     t0 = time.time()
     samples = [(step * a.batch + i) % len(xs) for i in range(a.batch)]
@@ -69,7 +69,7 @@ for step in range(start + 1, a.steps + 1):
     opt.zero_grad()
     loss.backward()
     opt.step()
-    log(kind="step", step=step, world=world, samples=samples, loss=loss.item())
+    log(kind="step", step=step, world=world, samples=samples, loss=loss.item(), t=time.time())
     if step % a.every == 0 and rank == 0:
         tmp = snapshot + ".tmp"
         torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, tmp)
