@@ -218,25 +218,27 @@ def write_exit_action(run_dir: Path, segment: int, t: float) -> None:
     write_action(run_dir, segment, Action.exit(t))
 
 
+def _rename_if_there(src: Path, dst: Path) -> bool:
+    """``src`` renamed to ``dst``: True, or False when ``src`` is gone (the other side renamed it
+    first). One rename of one file: one winner."""
+    try:
+        os.rename(src, dst)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def withdraw_action_ahead(run_dir: Path, segment: int) -> bool:
     """Withdraw the in-place action the controller wrote ahead for ``segment`` (renamed aside, so
     rank 0 never takes it): True when withdrawn, False when rank 0 has taken it already (the file
     is gone)."""
-    try:
-        os.rename(action_file(run_dir, segment), withdrawn_action_file(run_dir, segment))
-    except FileNotFoundError:
-        return False
-    return True
+    return _rename_if_there(action_file(run_dir, segment), withdrawn_action_file(run_dir, segment))
 
 
 def take_ahead_action(run_dir: Path, segment: int) -> bool:
     """Rank 0 takes the action written ahead for ``segment`` (True), unless the controller
-    withdrew it first (the file is gone: False). One rename of the same file: one winner."""
-    try:
-        os.rename(action_file(run_dir, segment), taken_action_file(run_dir, segment))
-    except FileNotFoundError:
-        return False
-    return True
+    withdrew it first (the file is gone: False)."""
+    return _rename_if_there(action_file(run_dir, segment), taken_action_file(run_dir, segment))
 
 
 # ---------------------------------------------------------------------- survivor records
