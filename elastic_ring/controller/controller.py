@@ -370,7 +370,7 @@ class Controller:
         ck = self._checkpoint_step()
         kept = f"checkpoint at step {ck} kept" if ck else "no checkpoint was written"
         if self._grace_passed:
-            msg = f"interrupted: the {self.grace:g} s grace passed: workers killed; the last {kept}"
+            msg = f"interrupted: the {self.grace:g} s grace passed: workers killed; {'the last ' if ck else ''}{kept}"
         elif killed:
             msg = f"interrupted twice: workers killed; {kept}"
         else:
