@@ -90,7 +90,7 @@ def _shrunk_off_127(run: Path, steps: int, cause: str, why: str) -> None:
 
 
 def test_drain_shrinks_off_the_host_with_nothing_redone_and_its_one_line_errors(tmp_path, capsys):
-    steps = 1500
+    steps = 800
     run, proc = _two_host_run(tmp_path, "drain", steps)
     try:
         r = run_cli("drain", str(run), "10.9.9.9")  # not one of its hosts
@@ -119,7 +119,7 @@ def test_drain_shrinks_off_the_host_with_nothing_redone_and_its_one_line_errors(
 
 
 def test_a_sigterm_to_one_worker_is_a_preempted_shrink(tmp_path):
-    steps = 1500
+    steps = 800
     run, proc = _two_host_run(tmp_path, "preempt", steps)
     try:
         recs = [protocol.read_json(f) for f in protocol.pid_dir(run).glob("seg000-rank*.json")]
@@ -174,11 +174,13 @@ def test_sigterm_to_the_controller_with_grace_checkpoints_and_resume_continues(t
 
 
 def test_slurm_sigusr1_checkpoints_or_kills_past_the_grace_and_exits_with_the_requeue_status(tmp_path):
-    # a grace too short for any checkpoint: the workers are killed, the last periodic checkpoint stands
-    run, proc = _one_host_run(tmp_path, "slurm", ["--grace", "0.01"], env={"SLURM_JOB_ID": "4242"})
+    # a worker that cannot checkpoint within the grace (stopped): it is killed, the last periodic checkpoint stands
+    run, proc = _one_host_run(tmp_path, "slurm", ["--grace", "1"], env={"SLURM_JOB_ID": "4242"})
     try:
         wait_for(lambda: (protocol.read_json(run / "checkpoints" / "latest.json") or {}).get("step"), 120,
                  "a periodic checkpoint")
+        (worker,) = [protocol.read_json(f) for f in protocol.pid_dir(run).glob("seg000-rank0.json")]
+        os.kill(int(worker["pid"]), signal.SIGSTOP)
         proc.send_signal(signal.SIGUSR1)  # #SBATCH --signal=USR1@90
         _, err = proc.communicate(timeout=120)
     finally:
@@ -186,6 +188,7 @@ def test_slurm_sigusr1_checkpoints_or_kills_past_the_grace_and_exits_with_the_re
             proc.kill()
     assert proc.returncode == EXIT_REQUEUE == 75, err
     ck = protocol.read_json(run / "checkpoints" / "latest.json")["step"]
-    assert f"interrupted: the 0.01 s grace passed: workers killed; the last checkpoint at step {ck} kept" in err, err
+    assert "the 1 s grace passed before the workers checkpointed: killing them" in err
+    assert f"interrupted: the 1 s grace passed: workers killed; the last checkpoint at step {ck} kept" in err, err
     assert f"Slurm's signal: exit status {EXIT_REQUEUE} (requeue the job" in err and "Traceback" not in err
     _resumes(run)
