@@ -6,7 +6,9 @@ left out of the usable hosts at once (:meth:`~elastic_ring.hosts.manager.HostMan
 controller asks the running segment to stop (cause ``drained`` or ``preempted``, not a failure:
 ``--max-restarts`` untouched) and the next segment starts on the other hosts, nothing redone.
 Only when the shrink has not landed by the notice's deadline are the workers stopped, and that is
-a failure as any other (:meth:`Drains.overdue`).
+a failure as any other (:meth:`Drains.overdue`). A worker's notice counts once rank 0 has made a step after it was
+heard (``control/progress.json``): a failing horovodrun SIGTERMs the other workers itself, and a
+job that lost a worker makes no step again.
 
 A :class:`Drains`, owned by the :class:`~.controller.Controller`, holds the drains under way; the
 controller calls :meth:`Drains.heard` for each worker event the relay hands it,
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from elastic_ring import protocol
 from elastic_ring.controller.membership import Cause, MembershipChange
 from elastic_ring.controller.requests import take_drains
 from elastic_ring.controller.segment import Segment
@@ -53,6 +56,7 @@ class Drains:
         self.notice_deadline_s = notice_deadline_s or NOTICE_DEADLINE_S
         self.pending: dict[str, Draining] = {}
         self._notices: list[PreemptNotice] = []
+        self._heard: list[tuple[PreemptNotice, int]] = []  # notices waiting for a step (rank 0's progress then)
 
     def heard(self, ev: Event) -> None:
         """A worker event (the relay's): a SIGTERM's notice is taken at the next :meth:`take`."""
@@ -69,12 +73,26 @@ class Drains:
                 continue
             self._start(seg, host, Cause.DRAINED, "elastic-ring drain", deadline_s)
         notices, self._notices = self._notices, []
-        for ev in notices:
-            if ev.segment != seg.index or self.hosts is None:
+        step = self._progress()
+        self._heard += [(ev, step) for ev in notices if ev.segment == seg.index and self.hosts is not None]
+        if not self._heard or step <= min(at for _, at in self._heard):
+            return
+        # a step done since the notice was heard: the job is alive, not a failing horovodrun's
+        # teardown (it SIGTERMs the other workers once one failed; then no step is done again)
+        waiting = []
+        for ev, at in self._heard:
+            if step <= at:
+                waiting.append((ev, at))
                 continue
             host = (self.hosts.host_of(seg, ev.rank, self.run_dir) if ev.rank is not None else None) or ev.host
             if host:
                 self._start(seg, host, Cause.PREEMPTED, f"SIGTERM to rank {ev.rank}", self.notice_deadline_s)
+        self._heard = waiting
+
+    def _progress(self) -> int:
+        """Rank 0's last step done (``control/progress.json``, written at most twice a second)."""
+        prog = protocol.read_json(protocol.control_dir(self.run_dir) / protocol.PROGRESS_FILE)
+        return int(prog.get("step", 0)) if isinstance(prog, dict) else 0
 
     def _start(self, seg: Segment, host: str, cause: Cause, why: str, deadline_s: float) -> None:
         if host in self.pending:
@@ -127,5 +145,6 @@ class Drains:
 
     def _clear(self) -> None:
         self.pending.clear()
+        self._heard.clear()
         if self.hosts is not None:
             self.hosts.draining = set()

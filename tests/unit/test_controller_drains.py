@@ -29,6 +29,9 @@ class StoppingWorkers(FakeWorkers):
     """Fake workers that stop a few steps on when their segment's stop file appears (a live stop)."""
 
     def poll(self):
+        (self.run_dir / "control").mkdir(exist_ok=True)  # rank 0's progress: a step at each poll
+        protocol.write_json_atomic(protocol.control_dir(self.run_dir) / protocol.PROGRESS_FILE,
+                                   {"step": self.state["step"] + self.polls + 1, "time": time.time()})
         if self.rc is None and self.polls >= 2 and self.stop_at >= self.state["total"] \
                 and protocol.stop_file(self.run_dir, self.segment).exists():
             self.stop_at = self.state["step"] + 5
@@ -121,8 +124,15 @@ def test_a_failure_withdraws_a_preempted_drain_but_not_an_asked_one(tmp_path):
     watch, lines, now = _Watch(manager), [], [100.0]
     drains = Drains(watch, tmp_path, EventLog(tmp_path / "events.jsonl"), lines.append, lambda: now[0])
     seg = Segment(0, 3, 30)
+    progress = lambda step: protocol.write_json_atomic(  # noqa: E731
+        protocol.control_dir(tmp_path) / protocol.PROGRESS_FILE, {"step": step, "time": 1.0})
+    progress(7)
     drains.heard(PreemptNotice(rank=1, segment=0, pid=5, host="b"))
     _ask_drain(tmp_path, "c", deadline=10)
+    drains.take(seg)
+    drains.take(seg)
+    assert set(drains.pending) == {"c"}  # the notice waits for a step: a failing job's teardown does none
+    progress(8)
     drains.take(seg)
     assert set(drains.pending) == {"b", "c"} and watch.draining == {"b", "c"}
     assert drains.pending["b"].cause is Cause.PREEMPTED and drains.pending["b"].deadline == 130.0  # 30 s default
