@@ -80,6 +80,9 @@ def test_a_drain_request_shrinks_off_the_host_as_a_drained_change_not_a_failure(
     assert "drained b (elastic-ring drain) at step 5: 2 -> 1 workers, no step redone" in lines, lines
     assert ctl.hosts.manager.drained == ("b",) and not ctl.drains.pending
     assert not list((tmp_path / "control").glob("drain-*.json"))  # taken
+    state = json.loads((tmp_path / "controller.json").read_text())  # what `status` and `drain` read
+    assert state["hosts"] == "hosts: a:1 (1 slot); drained: b" and state["draining"] == []
+    assert state["usable_hosts"] == {"a": 1}
 
 
 def test_a_workers_sigterm_notice_drains_its_host_as_preempted(tmp_path):

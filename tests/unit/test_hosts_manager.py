@@ -112,6 +112,7 @@ def test_a_drained_host_stays_out_until_discovery_drops_it_and_lists_it_again():
     out = m.update()
     assert out.diff.removed == (("b", 1),) and out.view.target == 1 and m.drained == ("b",)
     assert out.view.line() == "hosts: a:1 (1 slot); drained: b"
+    assert out.view.line(draining=("b",)) == "hosts: a:1 (1 slot); draining: b"  # `status` while it lands
     clock.t = 5
     assert m.update() is None and m.view().target == 1  # still listed: still out
     disc.set(HostSet([("a", 1)]))
