@@ -203,3 +203,11 @@ def test_drain_refuses_in_one_line_a_run_without_discovery_and_a_host_already_dr
         assert json.loads(req.read_text())["host"] == "b" and json.loads(req.read_text())["deadline"] == 5
     finally:
         lock.release()
+
+
+def test_train_refuses_a_grace_that_is_not_positive(tmp_path, capsys):
+    from tests.conftest import one_line_error, run_inproc
+
+    r = run_inproc(capsys, "train", "--grace", "0", "--steps", "2", "--device", "cpu", "--run-dir", str(tmp_path / "r"))
+    one_line_error(r, "--grace must be > 0 seconds, got 0")
+    assert not (tmp_path / "r").exists()
