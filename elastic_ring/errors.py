@@ -10,6 +10,7 @@ from __future__ import annotations
 
 EXIT_USER_ERROR = 2
 EXIT_RUN_FAILED = 1
+EXIT_REQUEUE = 75  # `train` stopped by Slurm's notice (SIGUSR1 or SIGTERM in an allocation): requeue it (EX_TEMPFAIL)
 
 
 class ElasticRingError(Exception):

@@ -21,6 +21,7 @@ from elastic_ring.errors import ElasticRingError, EXIT_USER_ERROR, Interrupted
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("elastic_ring.cli.train", "train", "Train with Horovod; resize by checkpoint and relaunch."),
     "resize": ("elastic_ring.cli.train", "resize", "Ask a running `train` to resize now."),
+    "drain": ("elastic_ring.cli.train", "drain", "Ask a running `train` to leave a host (with notice)."),
     "status": ("elastic_ring.cli.train", "status", "Show the summary table of a running or finished run."),
     "runs": ("elastic_ring.cli.runs", "runs", "List the runs under a folder with their state and last step."),
     "logs": ("elastic_ring.cli.runs", "logs", "Print (or follow) a run's worker log."),

@@ -1,4 +1,4 @@
-"""`elastic-ring train`, `elastic-ring resize`, `elastic-ring status`."""
+"""`elastic-ring train`, `elastic-ring resize`, `elastic-ring drain`, `elastic-ring status`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import yaml
 
-from elastic_ring.errors import UserError
+from elastic_ring.errors import EXIT_REQUEUE, UserError
 
 DEVICE_CHOICES = click.Choice(["auto", "cpu", "cuda"])
 
@@ -164,6 +164,12 @@ def _echo(msg: str) -> None:
                    "elastic_ring nor horovod; docs/torchrun.md): at a resize, an interrupt or a failure every "
                    "worker gets SIGTERM, then SIGKILL after this long, as under torchrun. [default: 30, "
                    "torchrun's; at --resume: the run's]")
+@click.option("--grace", type=float, default=None, metavar="SECONDS",
+              help="A SIGTERM to this command (Ctrl-C too): the workers checkpoint at the next agreed step "
+                   "within SECONDS, else they are killed and the last checkpoint stands; then the run ends "
+                   "stopped (--resume goes on). Also how long a worker's SIGTERM notice may take under "
+                   "--host-discovery-script [default: 30 there]. Inside a Slurm job (SLURM_JOB_ID), SIGUSR1 "
+                   "does the same and the exit status is 75: requeue (docs/hosts.md). [default: no limit]")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Run folder (events, logs, checkpoints). [default: runs/<time>]")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False), default=None,
@@ -175,8 +181,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
           data_dir, batch_size, lr, seed, lr_scaling, resize_warmup, global_batch, device, slots, hosts,
           hostfile, host_discovery_script, discovery_interval, min_workers, max_workers, min_wait, cooldown_range,
           network_interface, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
-          checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, stop_grace, run_dir, resume_dir,
-          script_args):
+          checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, stop_grace, grace, run_dir,
+          resume_dir, script_args):
     """Train with Horovod (a CIFAR ResNet, or your --script); resize by checkpoint and relaunch.
 
     \b
@@ -229,12 +235,12 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
                      warm_spares=warm_spares, survive=survive, collective=collective, stop_grace=stop_grace,
                      host_discovery_script=host_discovery_script, discovery_interval=discovery_interval,
                      min_workers=min_workers, max_workers=max_workers, min_wait=min_wait,
-                     cooldown_range=cooldown_range)
+                     cooldown_range=cooldown_range, grace=grace)
     summary = start_or_resume(req, _echo)
     shown = {**summary, "state": "stopped"} if summary["state"] == "interrupted" else summary  # status's word
     click.echo(render(shown, summary.get("total_steps")))
     if summary["state"] == "interrupted":
-        sys.exit(130)
+        sys.exit(EXIT_REQUEUE if summary.get("requeue") else 130)
 
 
 @click.command()
@@ -250,6 +256,26 @@ def resize(run_dir, target):
     from elastic_ring.controller.requests import request_resize
 
     click.echo(request_resize(run_dir, target))
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.argument("host")
+@click.option("--deadline", type=float, default=None, metavar="SECONDS",
+              help="How long the shrink may take before the host's workers are stopped, as a failure. "
+                   "[default: 60]")
+def drain(run_dir, host, deadline):
+    """Ask the running `elastic-ring train` in RUN_DIR to leave HOST now (a host taken away with notice).
+
+    The workers stop at the next step boundary all ranks agree on, checkpoint, and go on on the other
+    hosts: no step is redone, and it is not a failure (--max-restarts untouched). HOST stays out until
+    the discovery script stops listing it and lists it again. Needs a run with
+    --host-discovery-script (docs/hosts.md). Returns at once; `elastic-ring status` shows
+    `draining HOST` until it is done.
+    """
+    from elastic_ring.controller.requests import request_drain
+
+    click.echo(request_drain(run_dir, host, deadline))
 
 
 @click.command()

@@ -68,6 +68,7 @@ from elastic_ring.controller.backends.api import Launcher, Survival
 from elastic_ring.controller.backends.horovodrun import probe_hosts
 from elastic_ring.controller.diagnose import Diagnosis
 from elastic_ring.controller.display import Display, layout_words
+from elastic_ring.controller.drains import Drains
 from elastic_ring.controller.host_watch import HostWatch
 from elastic_ring.controller.lock import OwnerHeartbeat, RunLock
 from elastic_ring.controller.membership import Cause, MembershipChange, decide
@@ -80,8 +81,9 @@ from elastic_ring.controller.segment import Processes, Segment, Stop, segment_lo
 from elastic_ring.controller.stalls import Stalls
 from elastic_ring.controller.summary import write_summary
 from elastic_ring.controller.worker_events import WorkerEvents
-from elastic_ring.errors import WorkerFailedError
+from elastic_ring.errors import EXIT_REQUEUE, WorkerFailedError
 from elastic_ring.events.api import ErrorEvent, EventLog, Launch, ResizeRequested, Restart
+from elastic_ring.hosts import slurm
 from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, stop_file
 from elastic_ring.worker.lr import RULES
 
@@ -99,7 +101,7 @@ class Controller:
                  plan: Plan | None = None, backend: Backend | None = None, resize: ResizeStrategy | None = None,
                  stall_timeout: float | None = None, lr_decays: tuple[int, ...] = (),
                  constant_batch: tuple[int, int] | None = None, hosts: HostManager | None = None,
-                 asked_workers: int | None = None) -> None:
+                 asked_workers: int | None = None, grace: float | None = None) -> None:
         self.lr_decays = tuple(lr_decays)  # steps after which the schedule decays the LR (shown at a resize)
         self.constant_batch = constant_batch  # (global batch, micro-batch): the layout shown at a resize
         # a script's "auto" (its own scaling) is decided by the workers: Eq. 7 is the reference here
@@ -130,6 +132,9 @@ class Controller:
         self._seg: Segment | None = None  # the segment being watched
         self._elastic: Segment | None = None  # in place: the paused segment whose workers go on
         self._interrupts = 0
+        # --grace: seconds from the first interrupt for the workers to checkpoint (None: no limit);
+        # Slurm's notice (SIGUSR1, or SIGTERM, inside an allocation) ends with EXIT_REQUEUE
+        self.grace, self._t_interrupt, self._grace_passed, self._requeue = grace, None, False, False
         self._failures = FailureHistory()  # consecutive failures (reset by saved progress)
         self._seen_requests: set[str] = set()
         self._state_info: dict[str, Any] = {}
@@ -142,8 +147,9 @@ class Controller:
         # host discovery (hosts.manager.HostManager, or None), watched by a HostWatch
         self.hosts = None if hosts is None else HostWatch(
             hosts, asked_workers, plan=self.plan, save_plan=self._save_plan, meter=self.meter, events=self.events,
-            out=say, clock=clock, poll_s=poll_s, show_line=lambda line: self._set_state(self.state, hosts=line),
-            interrupted=lambda: self._interrupts)
+            out=say, clock=clock, poll_s=poll_s, show_line=self._show_hosts, interrupted=lambda: self._interrupts)
+        # hosts leaving with notice (`elastic-ring drain`, a worker's SIGTERM): .drains
+        self.drains = Drains(self.hosts, spec.run_dir, self.events, say, clock, notice_deadline_s=grace)
         self.prelaunch = Prelaunch(spec.run_dir, self.procs, self._start_processes, self.plan, self.meter, self.hosts,
                                    self._next_stop, say, clock)
         self.ahead = RingAhead(self.plan, resize, spec.run_dir, self.owner, self._next_stop)  # (in place)
@@ -172,11 +178,20 @@ class Controller:
             self._set_state(self.state, pending_world=None, resize_from=None)
         self.ahead.prepare(seg)
 
+    def _show_hosts(self, line: str, view: Any) -> None:
+        """`status`'s hosts line, the usable hosts and those draining (`elastic-ring drain` checks them)."""
+        self._set_state(self.state, hosts=line, usable_hosts=dict(view.usable.items()),
+                        draining=sorted(self.drains.pending))
+
     def _save_plan(self) -> None:
         protocol.write_json_atomic(self.spec.run_dir / protocol.PLAN_FILE, self.plan.to_dict())
 
-    def _on_signal(self, signum, frame) -> None:  # only sets a flag
+    def _on_signal(self, signum, frame) -> None:  # only sets flags
         self._interrupts += 1
+        if self._t_interrupt is None:
+            self._t_interrupt = self.clock()
+        if signum in (signal.SIGTERM, signal.SIGUSR1) and slurm.in_allocation():
+            self._requeue = True  # Slurm's preemption or time limit: the batch script requeues
 
     def _checkpoint_step(self) -> int | None:
         """Step of the newest checkpoint that passes its checksum (no torch needed)."""
@@ -196,7 +211,8 @@ class Controller:
         self._save_plan()
         heartbeat = OwnerHeartbeat(self.spec.run_dir, self.owner)
         heartbeat.start()
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        sigs = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGUSR1,) if slurm.in_allocation() else ())
+        old = {s: signal.signal(s, self._on_signal) for s in sigs}
         self.diagnosis.start()
         try:
             return self._run(start_step, world, segment)
@@ -316,10 +332,14 @@ class Controller:
 
     def _act(self, seg: Segment, change: MembershipChange, rc: int | None, now: float) -> None:
         """Go on as ``change`` says (the one place that acts on a decision): a failure restarted from
-        the checkpoint or taken in memory, or a resize; then say so (a ``membership_change`` event)."""
+        the checkpoint or taken in memory, or a resize; then say so (a ``membership_change`` event).
+        Hosts draining leave with either (:mod:`.drains`)."""
         if change.cause.is_failure:
+            self.drains.failed()
             self._failed(seg, change, rc)
         else:
+            if self.drains.pending:
+                self.drains.landed(seg, change)
             self._resize(seg, change, rc, now)
         self.events.write(change.event(seg.index))
 
@@ -349,7 +369,14 @@ class Controller:
         self._drain(wait=True)
         ck = self._checkpoint_step()
         kept = f"checkpoint at step {ck} kept" if ck else "no checkpoint was written"
-        msg = f"interrupted twice: workers killed; {kept}" if killed else f"interrupted: {kept}"
+        if self._grace_passed:
+            msg = f"interrupted: the {self.grace:g} s grace passed: workers killed; {'the last ' if ck else ''}{kept}"
+        elif killed:
+            msg = f"interrupted twice: workers killed; {kept}"
+        else:
+            within = (f" (in {self.clock() - self._t_interrupt:.1f} s of the {self.grace:g} s grace)"
+                      if self.grace is not None and self._t_interrupt is not None else "")
+            msg = f"interrupted: {kept}{within}"
         self._set_state(RunState.INTERRUPTED, step=ck or 0, segment=seg.index)
         cmd = f"elastic-ring train --resume {self.spec.run_dir}"
         self.out(f"{msg}; continue with: {cmd}" if ck else f"{msg}; {cmd} starts over from step 1")
@@ -357,7 +384,11 @@ class Controller:
 
     def _finish(self, interrupted: bool = False) -> dict[str, Any]:
         self.display.stop()
-        return write_summary(self.spec.run_dir, self.events, self.clock(), interrupted=interrupted)
+        summary = write_summary(self.spec.run_dir, self.events, self.clock(), interrupted=interrupted)
+        if interrupted and self._requeue:  # Slurm's notice: the batch script requeues on this status
+            self.out(f"Slurm's signal: exit status {EXIT_REQUEUE} (requeue the job; the same --resume goes on)")
+            summary["requeue"] = True
+        return summary
 
     def _fail(self, seg: Segment, rc: int | None, why: str | None = None, rank: int | None = None) -> None:
         """End the run as FAILED: one line naming the cause, the log, and the way back."""
@@ -504,6 +535,7 @@ class Controller:
             self._relay()
             self._drain()
             self._check_live_request(seg)
+            self._check_drains(seg)
             self._check_hosts(seg)
             self._check_heal(seg)
             if self._interrupts:
@@ -537,6 +569,11 @@ class Controller:
             self.resize.ask_exit(seg.index, self.clock())
         if self._interrupts > 1:
             assert seg.handle is not None
+            seg.handle.kill()
+        elif (self.grace is not None and not self._grace_passed and self._t_interrupt is not None
+              and self.clock() - self._t_interrupt >= self.grace and seg.handle is not None):
+            self._grace_passed = True  # --grace: the workers had their time to checkpoint
+            self.out(f"the {self.grace:g} s grace passed before the workers checkpointed: killing them")
             seg.handle.kill()
 
     def _redirectable(self, segment: int) -> bool:
@@ -604,6 +641,34 @@ class Controller:
         self.out(f"host discovery: {seg.world} -> {target} workers at the next agreed step"
                  + ("" if view.target is not None else f" ({view.line()}: the job stops with a checkpoint)"))
 
+    def _check_drains(self, seg: Segment) -> None:
+        """Hosts leaving with notice (:mod:`.drains`): a drain asked or a worker's SIGTERM heard since
+        the last poll makes ``seg``'s workers stop at the next agreed step (cause ``drained`` or
+        ``preempted``), the next segment starting on the other hosts; past a drain's deadline
+        the workers are stopped (killed) and it is a failure."""
+        self.drains.take(seg)
+        if not self.drains.pending or seg.end is not None or self.hosts is None:
+            return
+        late = self.drains.overdue()
+        if late is not None:
+            if seg.handle is not None and seg.handle.poll() is None:
+                self.out(f"drain of {late.host}: its deadline ({late.deadline_s:g} s) passed before the shrink "
+                         f"landed: the workers are stopped, and it is a failure")
+                seg.handle.kill()
+            return
+        d = self.drains.to_ask()
+        if (d is None or seg.asked is not None or self.prelaunch.next is not None or self._interrupts
+                or seg.stop is not Stop.NONE or not self._redirectable(seg.index)):
+            return
+        for other in self.drains.pending.values():
+            other.asked = True  # (one stop for every drain heard so far)
+        target = self.hosts.check(seg, self.hosts.view(seg.index))
+        if target is None:  # the segment does not run on it: nothing to stop
+            self.drains.idle(seg)
+            return
+        self._ask(seg, d.cause, target, self.clock())
+        self.out(f"{d.cause.value} {d.host}: {seg.world} -> {target} workers at the next agreed step")
+
     def _stopped_waiting(self, step: int, segment: int, why: str) -> dict[str, Any]:
         """The run stops while it waits for hosts: its checkpoint is kept, ``--resume`` goes on."""
         self._drain(wait=True)
@@ -626,5 +691,5 @@ class Controller:
     # ------------------------------------------------------------------ the workers' events
     def _relay(self) -> None:
         """The workers' new events into ``events.jsonl``, each reacted to (:meth:`.WorkerEvents.react`)."""
-        self.relay.poll(lambda ev: self.worker_events.react(ev, self._seg),
+        self.relay.poll(lambda ev: (self.drains.heard(ev), self.worker_events.react(ev, self._seg)),
                         hold=lambda ev: self.worker_events.hold(ev, self._seg))

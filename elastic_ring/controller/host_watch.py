@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 class HostWatch:
     def __init__(self, manager: HostManager, asked: int | None, *, plan: Plan, save_plan: Callable[[], None],
                  meter: Meter, events: EventLog, out: Callable[[str], None], clock: Callable[[], float],
-                 poll_s: float, show_line: Callable[[str], Any], interrupted: Callable[[], int]) -> None:
+                 poll_s: float, show_line: Callable[[str, HostView], Any], interrupted: Callable[[], int]) -> None:
         # the size asked of discovery (--workers, the schedule's, a live resize's; None: every
         # usable slot up to --max-workers) and the hosts each segment was started on
         self.manager = manager
@@ -41,7 +41,8 @@ class HostWatch:
         self._line: str | None = None
         self.plan, self._save_plan, self.meter, self.events = plan, save_plan, meter, events
         self.out, self.clock, self.poll_s = out, clock, poll_s
-        self._show_line = show_line  # `status`'s hosts line, into controller.json
+        self._show_line = show_line  # `status`'s hosts line (and the usable hosts), into controller.json
+        self.draining: set[str] = set()  # drained hosts the job still runs on (.drains.Drains keeps it)
         self._interrupted = interrupted  # the controller's count of signals
         # the manager's clock (monotonic) to the controller's (wall), for `status`'s "until 01:40:12"
         self._to_wall = clock() - manager.clock()
@@ -105,10 +106,10 @@ class HostWatch:
             self.events.write(HostsChanged(diff=ch.diff.line(), hosts=view.usable.arg(), slots=view.usable.total,
                                            target=view.target, segment=segment))
             self.out(f"hosts changed: {ch.diff.line()}; {view.line(until=self.until)}")
-        line = view.line(until=self.until)
+        line = view.line(until=self.until, draining=tuple(sorted(self.draining)))
         if line != self._line:
             self._line = line
-            self._show_line(line)
+            self._show_line(line, view)
         return view
 
     def check(self, seg: Segment, view: HostView) -> int | None:

@@ -1,7 +1,7 @@
 """A change of a job's members, whatever caused it: one typed record, decided in one place.
 
 A scheduled resize, a live ``resize`` (or a scheduler's), a warm worker joining for a failed one's
-place, a failure, a hang, a host that stopped answering: each ends one segment's ring and starts the
+place, a failure, a hang, a host that stopped answering, a host drained or preempted with notice: each ends one segment's ring and starts the
 next one's at some number of workers, from some copy of the training state. :func:`decide` turns
 the cause and what the backend offers (the survivors it keeps, whether the workers re-form their
 ring in place) into a :class:`MembershipChange`; the controller acts on that record
@@ -41,7 +41,8 @@ class Cause(str, Enum):
     LOST_HOST = "lost_host"  # a failure, and fewer slots answer: restarted at the count that fits
     INTERRUPT = "interrupt"  # Ctrl-C / SIGTERM: the workers checkpoint and leave
     HOSTS = "hosts"  # host discovery: the usable slots changed (hosts appeared or left, or below the minimum)
-    # the next causes (preemption notices) take their place here
+    DRAINED = "drained"  # `elastic-ring drain RUN_DIR HOST`: the job shrinks off the host at the next step
+    PREEMPTED = "preempted"  # a worker's SIGTERM (a preemption with notice): its host is drained as above
 
     @property
     def is_failure(self) -> bool:

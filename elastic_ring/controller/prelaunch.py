@@ -51,7 +51,8 @@ class Prelaunch:
         if seg.end is not None:
             return
         if seg.asked is not None:  # the stop step is not known yet: the go file will say
-            if seg.asked.cause is not Cause.HOSTS:  # (the hosts' new workers start once they are known)
+            if seg.asked.cause not in (Cause.HOSTS, Cause.DRAINED, Cause.PREEMPTED):  # (the hosts' new
+                # workers start once they are known)
                 self.start(seg, seg.asked.members_after, seg.stop_at)
             return
         r = self.plan.resize_at(seg.stop_at)

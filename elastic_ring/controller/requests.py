@@ -77,6 +77,7 @@ class RunRequest:
     max_workers: int | None = None  # host discovery: it grows to no more than this
     min_wait: float | None = None  # host discovery: seconds below the minimum before it stops (None: waits)
     cooldown_range: str | None = None  # host discovery: LOW:HIGH seconds a failed host is left out (None: 10:300)
+    grace: float | None = None  # SIGTERM to the controller: seconds for the workers to checkpoint (None: no limit)
 
     def resnet_options(self) -> tuple[Any, ...]:
         return (self.depth, self.dataset, self.data_dir, self.batch_size, self.lr, self.seed,
@@ -293,6 +294,8 @@ def _check_numbers(req: RunRequest) -> None:
         raise UserError(f"--stall-timeout must be >= 0 seconds (0: off), got {req.stall_timeout}")
     if req.keep is not None and req.keep < 1:
         raise UserError(f"--keep must be >= 1, got {req.keep}")
+    if req.grace is not None and not req.grace > 0:
+        raise UserError(f"--grace must be > 0 seconds, got {req.grace:g}")
 
 
 
@@ -434,3 +437,68 @@ def take_asked(run_dir: Path, seen: set[str], remove: bool = True) -> tuple[int,
         path.unlink(missing_ok=True)
     t = req.get("time")
     return target, float(t) if t is not None else None, "policy" if req.get("source") == "policy" else "live"
+
+
+DRAIN_DEADLINE_S = 60.0  # `elastic-ring drain`'s default --deadline
+
+
+def request_drain(run_dir: str | Path, host: str, deadline: float | None = None) -> str:
+    """Ask the running `elastic-ring train` in ``run_dir`` to shrink off ``host`` at its next agreed
+    step (`elastic-ring drain`): writes ``control/drain-<id>.json`` after the checks a user would
+    want (raises ``UserError``: one line). ``deadline``: seconds for the shrink to land before the
+    host's workers are killed and it is a failure (default :data:`DRAIN_DEADLINE_S`). Returns the
+    line to show."""
+    from elastic_ring.controller.status import Phase, is_run_folder, read_status
+    from elastic_ring.protocol import CONTROLLER_FILE, read_json
+
+    rd = Path(run_dir)
+    if not is_run_folder(rd):
+        raise UserError(f"{rd} is not an elastic-ring run folder (no run.json)")
+    deadline = DRAIN_DEADLINE_S if deadline is None else float(deadline)
+    if not deadline > 0:
+        raise UserError(f"--deadline must be > 0 s, got {deadline:g}")
+    st = read_status(rd)
+    if not st.phase.live:
+        way = f"; {st.resume_hint()}" if st.phase in (Phase.STOPPED, Phase.CRASHED) and st.unfinished else ""
+        raise UserError(f"run {rd} is not running (state: {st.phase.value}{way})")
+    disc = (read_json(rd / "run.json") or {}).get("host_discovery")
+    if not isinstance(disc, dict):
+        raise UserError(f"run {rd} does not take its hosts from --host-discovery-script: drain needs a run "
+                        f"that does (docs/hosts.md)")
+    ctl = read_json(rd / CONTROLLER_FILE)
+    ctl = ctl if isinstance(ctl, dict) else {}
+    usable = ctl.get("usable_hosts") if isinstance(ctl.get("usable_hosts"), dict) else {}
+    draining = ctl.get("draining") if isinstance(ctl.get("draining"), list) else []
+    if host in draining:
+        raise UserError(f"host {host} is already being drained from run {rd}")
+    if host not in usable:
+        names = ", ".join(usable) or "none yet"
+        raise UserError(f"host {host} is not one of run {rd}'s usable hosts ({names})")
+    left = sum(int(n) for h, n in usable.items() if h != host and h not in draining)
+    need = int(disc.get("min_workers") or 1)
+    if left < need:
+        raise UserError(f"draining {host} leaves {count(left, 'slot')}, below --min-workers {need}: the run "
+                        f"would stop and wait (stop it with Ctrl-C, or drain after another host appears)")
+    req = rd / "control" / f"drain-{uuid.uuid4().hex}.json"
+    req.parent.mkdir(parents=True, exist_ok=True)
+    tmp = req.with_name(f".{req.name}.tmp")
+    tmp.write_text(json.dumps({"host": host, "deadline": deadline, "time": time.time()}))
+    os.replace(tmp, req)
+    return (f"drain of {host} requested for {rd}: the job shrinks off it at the next agreed step "
+            f"(deadline {deadline:g} s)")
+
+
+def take_drains(run_dir: Path) -> list[tuple[str, float, float]]:
+    """The drain requests waiting in ``run_dir`` as (host, deadline s, time asked), taken (their files
+    removed); a file being written or unreadable is left for the next time (removed when not JSON)."""
+    out = []
+    for path in sorted((Path(run_dir) / "control").glob("drain-*.json")):
+        try:
+            req = json.loads(path.read_text())
+            out.append((str(req["host"]), float(req["deadline"]), float(req["time"])))
+        except OSError:
+            continue
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+            pass  # not ours to keep
+        path.unlink(missing_ok=True)
+    return out

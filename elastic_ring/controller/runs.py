@@ -740,7 +740,7 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
                      show_progress=show_progress, backend=backend, resize=resize,
                      lr_decays=tuple(run.cfg.decay_steps) if run.cfg else (),
                      constant_batch=_constant_batch(run), hosts=run.extra.get("hosts"),
-                     asked_workers=run.extra.get("asked_workers"))
+                     asked_workers=run.extra.get("asked_workers"), grace=req.grace)
     summary = ctl.run(run.start_step, run.spec.workers, run.segment)
     total = run.spec.total_steps
     return {**summary, "total_steps": total if total < protocol.NO_STEP_LIMIT else None}

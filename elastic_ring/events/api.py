@@ -405,6 +405,20 @@ class Notice(Event):
     segment: int | None = None
 
 
+@register
+@dataclass(frozen=True)
+class PreemptNotice(Event):
+    """A worker got a SIGTERM with notice (a preemption: Kubernetes, a spot reclaim, a scheduler):
+    it goes on to the next agreed step while the controller shrinks the job off its host
+    (``--host-discovery-script`` runs; docs/hosts.md); a second SIGTERM ends it."""
+
+    kind: ClassVar[str] = "preempt_notice"
+    rank: int | None = None
+    segment: int | None = None
+    pid: int = 0
+    host: str = ""  # the host's name in the launcher's host list (horovodrun's -H), else its hostname
+
+
 class EventLog:
     """Append-only JSON-lines writer."""
 

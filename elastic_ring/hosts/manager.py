@@ -6,7 +6,9 @@ and the job's :class:`~.api.WorkerBounds` (each built and tested alone) and answ
 controller's two questions between steps: has the usable set changed (:meth:`HostManager.update`:
 a host appeared, left, changed slots, was excluded or came back from its cooldown), and at what
 size and on which hosts should the job run (:class:`HostView`). Below the minimum it says
-``waiting for hosts (have K, need N)`` and, past ``min_wait_s``, that it gives up.
+``waiting for hosts (have K, need N)`` and, past ``min_wait_s``, that it gives up. A host drained
+with notice (:meth:`HostManager.drain`: `elastic-ring drain`, a worker's SIGTERM) is left out
+until discovery stops listing it and lists it again.
 
 Pure logic over the clock passed in (the same clock for the poller and the exclusions); nothing
 here launches or stops a worker.
@@ -33,16 +35,22 @@ class HostView:
     excluded: tuple[Excluded, ...]
     target: int | None
     need: int
+    drained: tuple[str, ...] = ()
 
     def hosts_for(self, world: int) -> HostSet:
         """The hosts of a job of ``world`` workers: the first ``world`` usable slots."""
         return self.usable.first(world)
 
-    def line(self, until: Callable[[float], str] | None = None) -> str:
+    def line(self, until: Callable[[float], str] | None = None, draining: tuple[str, ...] = ()) -> str:
         """`status`'s line about hosts; ``until`` turns an exclusion's end into text (the excluded
-        hosts are then named with until when: ``excluded: b until 01:40:12``)."""
+        hosts are then named with until when: ``excluded: b until 01:40:12``); ``draining``: the
+        drained hosts the job still runs on (``draining: b``; the others: ``drained: b``)."""
         names = [e.host if until is None else f"{e.host} until {until(e.until)}" for e in self.excluded]
         ex = f"; excluded: {', '.join(names)}" if names else ""
+        going = [h for h in self.drained if h in draining]
+        gone = [h for h in self.drained if h not in draining]
+        ex += f"; draining: {', '.join(going)}" if going else ""
+        ex += f"; drained: {', '.join(gone)}" if gone else ""
         if self.target is None:
             return f"waiting for hosts (have {self.usable.total}, need {self.need}){ex}"
         n = self.usable.total
@@ -70,11 +78,27 @@ class HostManager:
         self._excluded: set[str] = set()
         self._waiting_since: float | None = None
         self._notes: list[str] = []
+        # drained hosts -> whether discovery has stopped listing them since (listed again: back)
+        self._drained: dict[str, bool] = {}
 
     def view(self, asked: int | None = None) -> HostView:
-        usable = self.exclusions.usable(self.poller.hosts or HostSet())
+        usable = self.exclusions.usable(self.poller.hosts or HostSet()).without(self._drained)
         return HostView(self.poller.hosts, usable, tuple(self.exclusions.excluded()),
-                        self.bounds.target(usable.total, asked), self.bounds.min)
+                        self.bounds.target(usable.total, asked), self.bounds.min, tuple(self._drained))
+
+    def drain(self, host: str) -> None:
+        """``host`` leaves with notice: left out (the change shows at the next update) until
+        discovery stops listing it and then lists it again (a host drained for maintenance and
+        brought back); without that, for the rest of the run's controller."""
+        self._drained.setdefault(host, False)
+
+    def undrain(self, host: str) -> None:
+        """Withdraw a drain (its notice came from a segment that failed instead: the failure's path rules)."""
+        self._drained.pop(host, None)
+
+    @property
+    def drained(self) -> tuple[str, ...]:
+        return tuple(self._drained)
 
     def failed(self, host: str) -> Excluded:
         """A worker on ``host`` failed: leave the host out (the change shows at the next update)."""
@@ -95,6 +119,13 @@ class HostManager:
             if h in known:
                 self._notes.append(f"host {h} back from its cooldown")
         self._excluded = now_excluded
+        if poll is not None and poll.ok:
+            for h in list(self._drained):
+                if h not in known:
+                    self._drained[h] = True  # no longer listed: listed again, it is back
+                elif self._drained[h]:
+                    del self._drained[h]
+                    self._notes.append(f"host {h} listed again after its drain")
         view = self.view(asked)
         self._track_wait(view)
         diff = self._usable.diff(view.usable)

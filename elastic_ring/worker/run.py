@@ -309,6 +309,10 @@ def main(argv: list[str] | None = None, in_process: bool = False) -> int:
         started = env.process_start()
         torchrun.watch(info.run_dir, info.segment, _rank(), env.world_size(),
                        started if started is not None else _T_ENTRY)
+    if not own_group and not in_process:  # under host discovery, a SIGTERM is a notice (worker.notice)
+        from elastic_ring.worker import notice
+
+        notice.install(info.run_dir, info.segment)
     stop = threading.Event()
     threading.Thread(target=_watchdog, args=(info, init_timeout_s, stop), daemon=True,
                      name="elastic-ring-watchdog").start()

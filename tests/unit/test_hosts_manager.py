@@ -103,3 +103,26 @@ def test_first_slots():
     hs = HostSet([("a", 2), ("b", 2), ("c", 4)])
     assert hs.first(1).arg() == "a:1" and hs.first(3).arg() == "a:2,b:1" and hs.first(99) == hs
     assert hs.first(0) == HostSet()
+
+
+def test_a_drained_host_stays_out_until_discovery_drops_it_and_lists_it_again():
+    m, disc, clock = _manager([("a", 1), ("b", 1)], lo=1)
+    m.update()
+    m.drain("b")
+    out = m.update()
+    assert out.diff.removed == (("b", 1),) and out.view.target == 1 and m.drained == ("b",)
+    assert out.view.line() == "hosts: a:1 (1 slot); drained: b"
+    assert out.view.line(draining=("b",)) == "hosts: a:1 (1 slot); draining: b"  # `status` while it lands
+    clock.t = 5
+    assert m.update() is None and m.view().target == 1  # still listed: still out
+    disc.set(HostSet([("a", 1)]))
+    clock.t = 10
+    assert m.update() is None  # dropped by discovery: nothing usable changed
+    disc.set(HostSet([("a", 1), ("b", 1)]))
+    clock.t = 15
+    back = m.update()
+    assert back.diff.added == (("b", 1),) and back.view.target == 2 and m.drained == ()
+    assert back.notes == ("host b listed again after its drain",)
+    m.drain("a")
+    m.undrain("a")  # withdrawn (its notice's segment failed instead): nothing changes
+    assert m.update() is None and m.view().target == 2

@@ -1,0 +1,150 @@
+"""Hosts leaving with notice, as the controller's loop sees them: `elastic-ring drain RUN_DIR HOST`
+and a worker's SIGTERM (a preemption: Kubernetes, a spot reclaim, a scheduler).
+
+Either makes the host leave the job at the next step boundary the workers agree on: the host is
+left out of the usable hosts at once (:meth:`~elastic_ring.hosts.manager.HostManager.drain`), the
+controller asks the running segment to stop (cause ``drained`` or ``preempted``, not a failure:
+``--max-restarts`` untouched) and the next segment starts on the other hosts, nothing redone.
+Only when the shrink has not landed by the notice's deadline are the workers stopped, and that is
+a failure as any other (:meth:`Drains.overdue`). A worker's notice counts once rank 0 has made a step after it was
+heard (``control/progress.json``): a failing horovodrun SIGTERMs the other workers itself, and a
+job that lost a worker makes no step again.
+
+A :class:`Drains`, owned by the :class:`~.controller.Controller`, holds the drains under way; the
+controller calls :meth:`Drains.heard` for each worker event the relay hands it,
+:meth:`Drains.take` from its watch, and :meth:`Drains.landed` or :meth:`Drains.failed` from
+``_act``. Asking the stop stays the controller's (``Controller._ask``). Needs host discovery
+(``--host-discovery-script``): without it a drain request is refused (an ``error`` event) and the
+workers do not take a SIGTERM as a notice (``worker.notice``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from elastic_ring import protocol
+from elastic_ring.controller.membership import Cause, MembershipChange
+from elastic_ring.controller.requests import take_drains
+from elastic_ring.controller.segment import Segment
+from elastic_ring.events.api import ErrorEvent, Event, EventLog, Notice, PreemptNotice
+
+if TYPE_CHECKING:
+    from elastic_ring.controller.host_watch import HostWatch
+
+NOTICE_DEADLINE_S = 30.0  # a worker's SIGTERM without --grace: Kubernetes' default grace period
+
+
+@dataclass
+class Draining:
+    """A host leaving: why (``cause``: drained or preempted; ``why`` a few words), by when the
+    shrink must land (the controller's clock), and whether the segment's stop was asked for it."""
+
+    host: str
+    cause: Cause
+    why: str
+    deadline_s: float
+    deadline: float
+    asked: bool = False
+
+
+class Drains:
+    def __init__(self, hosts: HostWatch | None, run_dir: Path, events: EventLog, out: Callable[[str], None],
+                 clock: Callable[[], float], notice_deadline_s: float | None = None) -> None:
+        self.hosts, self.run_dir, self.events, self.out, self.clock = hosts, run_dir, events, out, clock
+        self.notice_deadline_s = notice_deadline_s or NOTICE_DEADLINE_S
+        self.pending: dict[str, Draining] = {}
+        self._notices: list[PreemptNotice] = []
+        self._heard: list[tuple[PreemptNotice, int]] = []  # notices waiting for a step (rank 0's progress then)
+
+    def heard(self, ev: Event) -> None:
+        """A worker event (the relay's): a SIGTERM's notice is taken at the next :meth:`take`."""
+        if isinstance(ev, PreemptNotice):
+            self._notices.append(ev)
+
+    def take(self, seg: Segment) -> None:
+        """Start the drains asked since: `elastic-ring drain`'s requests, and the notices of ``seg``'s
+        workers (a notice of an earlier segment is that segment's teardown: ignored)."""
+        for host, deadline_s, _ in take_drains(self.run_dir):
+            if self.hosts is None:
+                self.events.write(ErrorEvent(message=f"drain of {host} refused: the run has no host discovery",
+                                             segment=seg.index))
+                continue
+            self._start(seg, host, Cause.DRAINED, "elastic-ring drain", deadline_s)
+        notices, self._notices = self._notices, []
+        step = self._progress()
+        self._heard += [(ev, step) for ev in notices if ev.segment == seg.index and self.hosts is not None]
+        if not self._heard or step <= min(at for _, at in self._heard):
+            return
+        # a step done since the notice was heard: the job is alive, not a failing horovodrun's
+        # teardown (it SIGTERMs the other workers once one failed; then no step is done again)
+        waiting = []
+        for ev, at in self._heard:
+            if step <= at:
+                waiting.append((ev, at))
+                continue
+            host = (self.hosts.host_of(seg, ev.rank, self.run_dir) if ev.rank is not None else None) or ev.host
+            if host:
+                self._start(seg, host, Cause.PREEMPTED, f"SIGTERM to rank {ev.rank}", self.notice_deadline_s)
+        self._heard = waiting
+
+    def _progress(self) -> int:
+        """Rank 0's last step done (``control/progress.json``, written at most twice a second)."""
+        prog = protocol.read_json(protocol.control_dir(self.run_dir) / protocol.PROGRESS_FILE)
+        return int(prog.get("step", 0)) if isinstance(prog, dict) else 0
+
+    def _start(self, seg: Segment, host: str, cause: Cause, why: str, deadline_s: float) -> None:
+        if host in self.pending:
+            return
+        assert self.hosts is not None
+        self.hosts.manager.drain(host)
+        self.pending[host] = Draining(host, cause, why, deadline_s, self.clock() + deadline_s)
+        self.hosts.draining = set(self.pending)
+        note = (f"draining {host} ({why}): the job shrinks off it at the next agreed step "
+                f"(deadline {deadline_s:g} s)")
+        self.out(note)
+        self.events.write(Notice(message=note, segment=seg.index))
+
+    def to_ask(self) -> Draining | None:
+        """A drain whose stop is not asked yet (the segment's stop is asked for it, once)."""
+        return next((d for d in self.pending.values() if not d.asked), None)
+
+    def overdue(self) -> Draining | None:
+        """A drain whose deadline passed before its shrink landed (the workers are to be stopped)."""
+        now = self.clock()
+        return next((d for d in self.pending.values() if now >= d.deadline), None)
+
+    def landed(self, seg: Segment, change: MembershipChange) -> None:
+        """``seg`` ended for a change that is not a failure: the next segment runs off every
+        drained host (the hosts it starts on are the usable ones). Each says so once."""
+        for d in self.pending.values():
+            note = (f"drained {d.host} ({d.why}) at step {change.step}: {change.members_before} -> "
+                    f"{change.members_after} workers, no step redone")
+            self.out(note)
+            self.events.write(Notice(message=note, segment=seg.index))
+        self._clear()
+
+    def idle(self, seg: Segment) -> None:
+        """The drained hosts carry none of ``seg``'s workers: they are out, nothing to stop."""
+        for d in self.pending.values():
+            note = f"drained {d.host} ({d.why}): no worker ran on it"
+            self.out(note)
+            self.events.write(Notice(message=note, segment=seg.index))
+        self._clear()
+
+    def failed(self) -> None:
+        """The segment failed before the shrink landed (a second SIGTERM, the deadline, another
+        worker's failure): the failure's path rules. A preempted host's drain is withdrawn (its
+        notice may be the failing job's own teardown: horovodrun SIGTERMs the other workers); a
+        drain asked with `elastic-ring drain` stays."""
+        for d in self.pending.values():
+            if d.cause is Cause.PREEMPTED and self.hosts is not None:
+                self.hosts.manager.undrain(d.host)
+        self._clear()
+
+    def _clear(self) -> None:
+        self.pending.clear()
+        self._heard.clear()
+        if self.hosts is not None:
+            self.hosts.draining = set()

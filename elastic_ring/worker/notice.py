@@ -1,0 +1,52 @@
+"""A worker's SIGTERM taken as a notice: how Kubernetes, a spot reclaim and most schedulers preempt.
+
+Under host discovery (the run's ``run.json`` holds ``host_discovery``: horovodrun relaunched over
+the hosts a script lists), the first SIGTERM a worker gets does not end it: it writes a
+``preempt_notice`` event (its rank, segment, pid and host) and trains on; the controller shrinks
+the job off the worker's host at the next step the workers agree on (``controller.drains``), and
+the worker exits there as every worker of a relaunched segment does. A second SIGTERM ends it at
+once (the default action is back), as does the controller past the notice's deadline: then it is a
+failure as before. Elsewhere (one host, ``--relaunch inplace``, Ray, torchrun's contract, whose
+launchers stop workers with SIGTERM themselves) a SIGTERM still ends the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+from elastic_ring import env, protocol
+
+
+def wanted(run_dir: Path) -> bool:
+    """Whether this worker takes a SIGTERM as a notice: its run takes its hosts from discovery."""
+    try:
+        info = protocol.run_info(run_dir)
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and isinstance(info.get("host_discovery"), dict)
+
+
+def install(run_dir: Path, segment: int) -> bool:
+    """Take the first SIGTERM as a notice (:func:`wanted` runs only; the main thread only);
+    returns whether it was installed."""
+    if threading.current_thread() is not threading.main_thread() or not wanted(run_dir):
+        return False
+
+    def on_term(signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the worker
+        from elastic_ring.events.api import EventLog, PreemptNotice
+
+        rank = env.launcher_rank()
+        host = env.horovod_hostname() or ""
+        try:
+            EventLog(Path(run_dir) / protocol.WORKER_EVENTS).write(
+                PreemptNotice(rank=rank, segment=segment, pid=os.getpid(), host=host))
+        except OSError:
+            os.kill(os.getpid(), signal.SIGTERM)  # no way to say it: end as before
+            return
+
+    signal.signal(signal.SIGTERM, on_term)
+    return True
