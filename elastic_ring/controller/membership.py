@@ -41,7 +41,8 @@ class Cause(str, Enum):
     LOST_HOST = "lost_host"  # a failure, and fewer slots answer: restarted at the count that fits
     INTERRUPT = "interrupt"  # Ctrl-C / SIGTERM: the workers checkpoint and leave
     HOSTS = "hosts"  # host discovery: the usable slots changed (hosts appeared or left, or below the minimum)
-    # the next causes (preemption notices) take their place here
+    DRAINED = "drained"  # `elastic-ring drain RUN_DIR HOST`: the job shrinks off the host at the next step
+    PREEMPTED = "preempted"  # a worker's SIGTERM (a preemption with notice): its host is drained as above
 
     @property
     def is_failure(self) -> bool:
