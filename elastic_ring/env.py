@@ -50,6 +50,7 @@ CACHE = "ELASTIC_RING_CACHE"  # the machine's dataset cache
 CLUSTER = "ELASTIC_RING_CLUSTER"  # `elastic-ring cluster`'s default --dir
 CLUSTER_FAULT = "ELASTIC_RING_CLUSTER_FAULT"  # tests: POINT[:N], the scheduler kills itself there
 PS_FAIL = "ELASTIC_RING_PS_FAIL"  # tests: RANK:PUSH, a parameter-server worker fails before that push
+RAY_FOLLOW = "ELASTIC_RING_RAY_FOLLOW"  # "0": a Ray job does not grow onto nodes that join (its scheduler sizes it)
 SCRIPT_FORM = "ELASTIC_RING_SCRIPT_FORM"  # "torchrun": the worker entry runs the script as torchrun would
 
 HOROVOD_KEYS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
@@ -243,6 +244,12 @@ def ps_fail(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
 def ray_address(env: Mapping[str, str] | None = None) -> str | None:
     """Ray's ``RAY_ADDRESS`` (the cluster to join), where set."""
     return _get("RAY_ADDRESS", env) or None
+
+
+def ray_follow(env: Mapping[str, str] | None = None) -> bool:
+    """Whether a Ray job grows onto the nodes that join its cluster (not under `elastic-ring cluster`,
+    whose scheduler sizes it: :data:`RAY_FOLLOW` "0")."""
+    return _get(RAY_FOLLOW, env) != "0"
 
 
 def cuda_visible_devices(env: Mapping[str, str] | None = None) -> str | None:

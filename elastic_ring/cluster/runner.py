@@ -44,6 +44,7 @@ from elastic_ring import protocol
 from elastic_ring.cluster.api import ClusterConfig, JobRow, JobStartError, Observation, job_dir, job_log
 from elastic_ring.controller.backends.api import package_path
 from elastic_ring.controller.lock import holder_pid, is_locked
+from elastic_ring.env import RAY_FOLLOW
 from elastic_ring.errors import UserError
 from elastic_ring.events.api import (ErrorEvent, Event, Launch, ResizeOverhead, Restart, Throughput, WorkersExited,
                                      as_event, read_events)
@@ -210,6 +211,8 @@ class ProcessRunner:
         env = dict(os.environ)
         env["PYTHONPATH"] = package_path(env.get("PYTHONPATH", ""))  # it runs in the user's folder
         env[TB_ENV_DIR] = str(tensorboard_dir(self.dir, job))
+        if cfg.ray is not None:
+            env[RAY_FOLLOW] = "0"  # the scheduler grows it onto a node that joins, not the job itself
         if cfg.device == "cuda" and cfg.ray is None:
             env.update(gpu_env(cfg.slot_table(), slots, cfg.multi_host))
         return cmd, env

@@ -613,14 +613,21 @@ class Controller:
         """The survivors of a failure went on fewer, and the backend has a warm worker for a failed
         one's place now (Ray with ``--survive``: ``heal_target``): it joins at the next step
         boundary, as a live resize to that size does (a ``resize_requested`` event of source
-        ``joiner``)."""
+        ``joiner``). Else the backend's cluster may have moved under the ring (Ray: a node joined,
+        or is being drained: :meth:`~.backends.api.Backend.cluster_change`), which it follows the
+        same way (source ``hosts`` or ``drained``)."""
         if seg.asked is not None or self.prelaunch.next is not None or self._interrupts or seg.end is not None:
             return
         target = self.backend.heal_target()
-        if target is None or target == seg.world or not self._redirectable(seg.index):
+        if target is not None and target != seg.world and self._redirectable(seg.index):
+            self._ask(seg, Cause.JOINER, target, self.clock())
+            self.out(f"a warm worker is up for the failed worker's place: {seg.world} -> {target} workers")
             return
-        self._ask(seg, Cause.JOINER, target, self.clock())
-        self.out(f"a warm worker is up for the failed worker's place: {seg.world} -> {target} workers")
+        # the backend's cluster moved (Ray: a node joined, or is draining): it follows at the next step boundary
+        change = self.backend.cluster_change(seg.world)
+        if change is not None and change[1] != seg.world and self._redirectable(seg.index):
+            self._ask(seg, change[0], change[1], self.clock())
+            self.out(change[2])
 
     # ------------------------------------------------------------------ host discovery
     def _check_hosts(self, seg: Segment) -> None:

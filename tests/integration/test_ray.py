@@ -3,14 +3,16 @@
 nodes), with real Horovod rings formed by the controller: grow and shrink with warm workers against
 the horovodrun path's weights, and the same on torch.distributed (``--collective torch``); kill -9
 of a worker actor, then a node removed, in one run; a node removed under ``--survive`` (the
-survivor on the other node goes on from memory); and `cluster up --ray` growing a job onto a node
-that joins.
+survivor on the other node goes on from memory); a plain job following its cluster (grown onto a
+node that joins, shrunk off it when Ray drains it); and `cluster up --ray` growing a job onto a
+node that joins.
 
 One test on one cluster: ``make test`` runs the tests two at a time (``-n 2 --dist worksteal``),
 and pytest-xdist's work stealing may hand tests of one module to both workers, each of which would
 then start a cluster of its own (13 s of CPU here, and the memory of four more Ray processes).
-The phases run in an order that needs no node started for them alone: the failures phase ends with
-the head alone, which is where the `cluster up --ray` phase starts."""
+The phases run in an order that needs no node started for them alone: the failures phases end with
+the head alone, which is where the following phase starts (the node it adds joins while its job
+trains; Ray lets it go once drained), and then the `cluster up --ray` phase."""
 
 from __future__ import annotations
 
@@ -248,6 +250,65 @@ def _node_removed_the_survivor_on_the_other_node_goes_on(tmp_path: Path, cluster
     assert json.loads((run / "summary.json").read_text())["step"] == steps
 
 
+def _drain(cluster, node) -> None:
+    """Ray drains ``node`` as an autoscaler does on a preemption notice (``ray drain-node``, reason
+    preemption, a deadline): nothing new is placed there, and Ray lets the node go once idle."""
+    ray_cli = Path(sys.executable).parent / "ray"
+    p = subprocess.run([str(ray_cli), "drain-node", "--address", cluster.address, "--node-id", node.node_id,
+                        "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "test preemption",
+                        "--deadline-remaining-seconds", "120"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def _a_plain_job_follows_its_cluster_a_node_joins_then_is_drained(tmp_path: Path, cluster) -> None:
+    """A plain ``train --backend ray`` job (``--slots 2``) on the head alone: a node that joins while
+    it trains is grown onto at the next step boundary (cause ``hosts``; its first worker keeps its
+    process, the joiner is the spare actor that started on the new node), one worker per node; then
+    Ray drains that node (a preemption notice): the job shrinks off it at the next step boundary, in
+    place (cause ``drained``: no restart, no checkpoint read, 0 steps redone), and trains on on
+    the head until Ctrl-C."""
+    _workers(cluster, 0)
+    run = tmp_path / "follow"
+    proc = _start([*_ray_args(cluster), "--script", PACED, "--steps", "3000", "--workers", "1", "--slots", "2",
+                   "--run-dir", str(run), "--", "--step-s", "0.05"])
+    ev = run / "events.jsonl"
+    try:
+        _wait_step(run, 3)
+        _workers(cluster, 1)  # a node joins
+        (node,) = list(cluster.worker_nodes)
+        wait_for(lambda: read_events(ev, kind="relaunched") or proc.poll() is not None, 180, "the grow onto the node")
+        _drain(cluster, node)
+        wait_for(lambda: len(read_events(ev, kind="relaunched")) >= 2 or proc.poll() is not None, 120,
+                 "the shrink off the drained node")
+        wait_for(lambda: any(e["segment"] == 2 for e in read_events(ev, kind="first_step_after_resize"))
+                 or proc.poll() is not None, 60, "a step after the shrink")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    req = read_events(ev, kind="resize_requested")
+    assert [(r["source"], r["from_workers"], r["to_workers"]) for r in req] == [("hosts", 1, 2), ("drained", 2, 1)]
+    assert [c["cause"] for c in read_events(ev, kind="membership_change")][:2] == ["hosts", "drained"]
+    assert not read_events(ev, kind="restart")
+    rel = read_events(ev, kind="relaunched")
+    assert [(r["from_workers"], r["to_workers"]) for r in rel[:2]] == [(1, 2), (2, 1)]
+    r0, r1, r2 = _ring(run, 0), _ring(run, 1), _ring(run, 2)
+    head = cluster.head_node.node_id
+    assert len(r0) == 1 and head.startswith(r0[0][2])
+    assert len(r1) == 2 and {n for _, _, n in r1} == {head[:12], node.node_id[:12]}  # one worker per node
+    assert r0[0][1] in [p for _, p, _ in r1]  # the first worker kept its process (warm)
+    assert [(p, n) for _, p, n in r2] == [(r0[0][1], head[:12])]  # the head's worker goes on, alone
+    # 0 steps redone: the shrink's first step is the one after the last step at 2, in place
+    (end1,) = [e for e in read_events(ev, kind="segment_end") if e["segment"] == 1]
+    (first2,) = [e for e in read_events(ev, kind="first_step_after_resize") if e["segment"] == 2]
+    assert end1["step"] == rel[1]["step"] and first2["step"] == end1["step"] + 1, (end1, rel[1], first2)
+    ov = read_events(ev, kind="resize_overhead")
+    assert len(ov) >= 2 and all(o["checkpoint_s"] == 0 for o in ov[:2])  # in place: no checkpoint
+
+
 def _cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path: Path, cluster) -> None:
     """`cluster up --ray` on the head alone (1 CPU slot): a job that wants 2 workers is started on 1;
     a node added while the job runs (it joins while the job's first actor starts, the cheapest
@@ -322,10 +383,11 @@ def _cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path: Path, cluster) 
 
 def test_ray_on_a_real_two_node_cluster(tmp_path, tmp_path_factory, cluster):
     """The phases on one cluster, in this order (see the module's docstring)."""
-    for d in ("grow", "fail", "lost", "up"):
+    for d in ("grow", "fail", "lost", "follow", "up"):
         (tmp_path / d).mkdir()
     _grow_shrink_warm_across_nodes_equals_horovodrun(tmp_path / "grow", tmp_path_factory, cluster)
     _grow_shrink_torch_equals_the_horovod_ray_run(tmp_path / "grow", tmp_path / "grow" / "ray", cluster)
     _kill_9_then_node_removed_each_restarts_by_itself(tmp_path / "fail", cluster)
     _node_removed_the_survivor_on_the_other_node_goes_on(tmp_path / "lost", cluster)
+    _a_plain_job_follows_its_cluster_a_node_joins_then_is_drained(tmp_path / "follow", cluster)
     _cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path / "up", cluster)

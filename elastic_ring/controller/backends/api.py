@@ -18,9 +18,12 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from elastic_ring import protocol
+
+if TYPE_CHECKING:
+    from elastic_ring.controller.membership import Cause
 
 ROOT = Path(__file__).resolve().parents[3]  # the folder that holds the elastic_ring package
 BUILTIN_TARGET = "elastic_ring.train.worker"
@@ -108,6 +111,12 @@ class Backend:
     def heal_target(self) -> int | None:
         """After the survivors went on fewer: the size to grow back to now, because a warm worker
         waits for a failed member's place; None when none does."""
+        return None
+
+    def cluster_change(self, world: int) -> tuple[Cause, int, str] | None:
+        """The cluster under a running ring of ``world`` workers changed (Ray: a node joined, or is
+        draining): the cause, the size to go on at from the next step boundary, and a line saying
+        why; None when nothing changed that the ring follows."""
         return None
 
 

@@ -30,6 +30,13 @@
   lost node's members have all failed, those on the other nodes go on. A new actor in each failed
   member's bundle then grows the ring back once it waits for its go (:meth:`RayBackend.heal_target`).
   Otherwise (no answer, no common step) the restart from the checkpoint above.
+- **Follows its cluster** (:meth:`RayBackend.cluster_change`, asked at every poll). A node that
+  joins is grown onto at the next step boundary, up to ``--slots`` (cause ``hosts``; the spares
+  that start there are waited for, so that the joiners are warm); not under `elastic-ring
+  cluster`, whose scheduler grows its jobs (:data:`elastic_ring.env.RAY_FOLLOW`). A node Ray drains
+  (``ray drain-node``, an autoscaler's preemption notice) is shrunk off at the next step boundary,
+  in place (cause ``drained``: nothing redone, no checkpoint read); its members leave first and are
+  ended, as are the spares there, so that Ray can let the node go.
 - **Run folder.** Checked at start from a task on every alive node: it must be one folder every
   node sees (a shared filesystem on a real cluster).
 
@@ -51,6 +58,7 @@ import signal
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elastic_ring import protocol, seam
 from elastic_ring.controller.backends import survival
@@ -62,10 +70,16 @@ from elastic_ring.controller.backends.ray_members import Ahead, Member
 from elastic_ring.controller.backends.ray_ring import RingFormer
 from elastic_ring.controller.backends.ray_worker import READY_TIMEOUT_S
 from elastic_ring.env import SURVIVE as SURVIVE_ENV
+from elastic_ring.env import ray_follow
 from elastic_ring.errors import UserError
+
+if TYPE_CHECKING:
+    from elastic_ring.controller.membership import Cause
 
 _FREE_WAIT_S = 3.0  # at a restart, how long released resources may take to show as free
 _PLACE_TRY_S = 5.0  # at a restart, how long a placement of a size may take before one fewer is tried
+LOOK_EVERY_S = 0.5  # how often a running ring looks at the cluster's nodes (joined, draining)
+JOIN_WARM_S = 60.0  # after a node joined, how long the grow waits for spares starting there to be warm
 
 
 def check_answers(address: str | None, timeout_s: float = 5.0, error: type[Exception] = UserError) -> None:
@@ -134,8 +148,13 @@ class RayBackend(Backend):
     name = "ray"
 
     def __init__(self, spec, cluster: RayCluster, pool: ActorPool, rings: RingFormer | None = None,
-                 survive: bool = False) -> None:
+                 survive: bool = False, follow: bool = True) -> None:
         self.spec, self.cluster, self.pool, self.rings = spec, cluster, pool, rings or RingFormer()
+        self.follow = follow  # grow onto nodes that join (not under `elastic-ring cluster`: its scheduler's)
+        self._nodes: set[str] | None = None  # the live nodes seen (a node not among them joined)
+        self._joined: float | None = None  # when a node joined that the ring has not grown onto yet
+        self._draining: set[str] = set()  # nodes Ray is draining: the ring shrinks off them, no spare stays
+        self._t_look = 0.0
         self.survive = survive  # survivors of a failure go on from their copy in memory
         self.refused: str | None = None  # why the last failure's survivors did not go on from memory
         self._rollback: int | None = None  # the step the next in-place resize rolls the survivors back to
@@ -176,6 +195,7 @@ class RayBackend(Backend):
             self.pool.run(m, launch, envs[m.name])
         self.group = RayGroup(self.cluster, self.spec.run_dir, self.pool.end, members, pid=_local_pid(members))
         self._freed, self._heal_to = [], None
+        self._nodes, self._joined = None, None  # (a node that joined before this start is in use, or not usable)
         note(log_path, _describe(members, launch))
         self.launch = launch
         self.pool.top_up(launch)
@@ -269,6 +289,55 @@ class RayBackend(Backend):
             return None
         k = self.pool.waiting()
         return min(self._heal_to, self.launch.world + k) if k else None
+
+    def cluster_change(self, world: int) -> tuple[Cause, int, str] | None:
+        """The running ring follows the cluster (looked at every :data:`LOOK_EVERY_S`): when Ray
+        drains a node that holds members (``ray drain-node``, an autoscaler's preemption notice),
+        the ring shrinks off it at the next step boundary, in place (nothing redone; cause
+        ``drained``; its spares there are ended, so that Ray can let the node go); when a node
+        joins (and ``follow``), it grows onto the room there up to ``--slots``: onto spares that wait
+        for their go (warm; those starting there are waited for, up to :data:`JOIN_WARM_S`), else
+        onto new actors (cause ``hosts``). None while a failure, a ring formed ahead or nothing."""
+        from elastic_ring.controller.membership import Cause
+
+        g, now = self.group, time.time()
+        if g is None or self.launch is None or g.failing or self._ahead is not None \
+                or now - self._t_look < LOOK_EVERY_S:
+            return None
+        self._t_look = now
+        draining = self.cluster.draining()
+        self._draining = set(draining)
+        self.pool.end_on(self._draining)
+        serving = self._serving()
+        on = [m for m in serving if m.info.get("node_id") in self._draining]
+        if on and len(on) < len(serving):  # (a ring all on draining nodes goes on: nowhere to go yet)
+            nodes = ", ".join(sorted({m.info["node_id"][:12] for m in on}))
+            return (Cause.DRAINED, len(serving) - len(on),
+                    f"Ray node {nodes} is draining: {len(serving)} -> {len(serving) - len(on)} workers at the "
+                    f"next step boundary (rank(s) {', '.join(str(m.rank) for m in on)} leave)")
+        try:
+            alive = {n["NodeID"] for n in self.cluster.alive_nodes()}
+        except Exception:  # noqa: BLE001 - the GCS did not answer: look again later
+            return None
+        joined = alive - self._nodes if self._nodes is not None else set()
+        self._nodes = (self._nodes or set()) | alive
+        if joined and self.follow:
+            self._joined = now
+        if self._joined is None:
+            return None
+        if world >= self.spec.slots:
+            self._joined = None
+            return None
+        waiting, young = self.pool.waiting(), now - self._joined < JOIN_WARM_S
+        if self.pool.ready() > waiting and young:
+            return None  # a spare is up but still imports: it joins warm
+        target = min(self.spec.slots, world + waiting + self.cluster.free_slots())
+        if target <= world:  # no room seen yet (a spare placed there is not up yet): looked at again
+            if not young:
+                self._joined = None
+            return None
+        self._joined = None
+        return Cause.HOSTS, target, f"a Ray node joined: {world} -> {target} workers at the next step boundary"
 
     def end_ranks(self, ranks: list[int]) -> bool:
         """End these ranks' actors only (a stall the watchdog found: the others lose a peer and go on
@@ -390,8 +459,12 @@ class RayBackend(Backend):
 
     def _after_poll(self, group: RayGroup) -> None:
         world = self._ahead.launch.world if self._ahead is not None else (self.launch.world if self.launch else 0)
-        while group.left:  # left the ring at a shrink: a spare again if one is wanted
-            self.pool.recycle(group.left.pop(0), self.launch, world)
+        while group.left:  # left the ring at a shrink: a spare again if one is wanted (not on a draining node)
+            m = group.left.pop(0)
+            if m.info.get("node_id") in self._draining:
+                self.pool.end(m.actor)
+            else:
+                self.pool.recycle(m, self.launch, world)
         if group.lost_node is not None:
             self.cluster.suspect_nodes.add(group.lost_node)
 
@@ -401,8 +474,11 @@ class RayBackend(Backend):
         return _by_rank([m for m in self.group.members if not m.retiring])
 
     def _ring_now(self, paused_segment: int, launch: SegmentLaunch, t_launch: float):
-        """The paused workers' new ring, formed now: (members, leavers, joiners)."""
+        """The paused workers' new ring, formed now: (members, leavers, joiners). Members on a node
+        Ray is draining leave first."""
         old = self._serving()
+        old = [m for m in old if m.info.get("node_id") not in self._draining] + \
+              [m for m in old if m.info.get("node_id") in self._draining]
         keep, leave = old[:launch.world], old[launch.world:]
         joiners = self.pool.take(launch.world - len(keep)) if launch.world > len(keep) else []
         for m in leave:
@@ -461,7 +537,7 @@ def make_ray_backend(spec, address: str | None = None, strategy: str = "PACK", w
         rings = TorchRingFormer(_controller_ip)
         env.update(RANK="1", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")  # a spare's placeholder
     pool = ActorPool(spec, cpus_per_worker, gpus_per_worker, warm_spares, strategy, env=env or None)
-    return RayBackend(spec, cluster, pool, rings=rings, survive=survive)
+    return RayBackend(spec, cluster, pool, rings=rings, survive=survive, follow=ray_follow())
 
 
 __all__ = ["RayBackend", "check_answers", "make_ray_backend"]

@@ -190,6 +190,27 @@ class ActorPool:
         an ``hvd.init()`` and a sync)."""
         return sum(protocol.waiting_file(sp.go).exists() for sp in self.spares)
 
+    def end_on(self, nodes) -> int:
+        """End the spares whose actor runs on one of ``nodes`` (draining: Ray shuts a drained node
+        down once nothing runs there); how many."""
+        import ray
+
+        if not nodes or not self.spares:
+            return 0
+        ready, _ = ray.wait([sp.info_ref for sp in self.spares], num_returns=len(self.spares), timeout=0)
+        done, ending = set(ready), []
+        for sp in self.spares:
+            if sp.info_ref in done:
+                try:
+                    if ray.get(sp.info_ref).get("node_id") in nodes:
+                        ending.append(sp)
+                except Exception:  # noqa: BLE001 - an actor that died: the next take skips it
+                    pass
+        for sp in ending:
+            self.end(sp.actor)
+        self.spares = [sp for sp in self.spares if sp not in ending]
+        return len(ending)
+
     def give_back(self, spares: list[Spare]) -> None:
         """Spares taken for a ring that was withdrawn: first in line again (still waiting for their go)."""
         self.spares[:0] = spares

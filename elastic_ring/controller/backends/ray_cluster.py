@@ -1,5 +1,5 @@
 """The Ray backend's view of the cluster (:class:`RayCluster`): the connection, which nodes are
-alive, whether a worker's process is gone, whether every node sees the run folder, how many
+alive or draining, whether a worker's process is gone, whether every node sees the run folder, how many
 workers the free resources hold, and placement groups of worker bundles (one kept for a restart).
 """
 
@@ -67,22 +67,44 @@ class RayCluster:
 
     def process_gone(self, info: dict[str, Any]) -> bool:
         """True when the process of an actor (its ``info``) ran on this host and is gone (Ray may
-        report a killed actor seconds later than its peers' errors on a loaded machine)."""
+        report a killed actor seconds later than its peers' errors on a loaded machine): reaped,
+        or a zombie whose every thread has ended. A zombie main thread alone is not enough: the
+        process's other threads are still exiting, and its sockets close only once the last one
+        has freed the process's memory (measured here: a worker actor's main thread a zombie while
+        one more thread lived, its peer's connection still open; up to 1.7 s on a loaded machine),
+        so its peers in a collective cannot know yet that it died, and the wait for the survivors'
+        word (:func:`~.survival.hear`) must not start before."""
         if info.get("host") != socket.gethostname() or not info.get("pid"):
             return False
         import psutil
 
         try:
-            return psutil.Process(int(info["pid"])).status() == psutil.STATUS_ZOMBIE
+            p = psutil.Process(int(info["pid"]))
+            return p.status() == psutil.STATUS_ZOMBIE and p.num_threads() <= 1
         except psutil.NoSuchProcess:
             return True
         except Exception:  # noqa: BLE001 - access denied etc.: not known to be gone
             return False
 
     def alive_nodes(self) -> list[dict[str, Any]]:
+        """The live nodes this run may place workers on: not those whose actors became
+        unavailable, nor those Ray is draining."""
         import ray
 
-        return [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in self.suspect_nodes]
+        out = self.draining()
+        return [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in self.suspect_nodes
+                and n["NodeID"] not in out]
+
+    def draining(self) -> dict[str, float]:
+        """The nodes Ray is draining now (a drain it accepted: ``ray drain-node``, an autoscaler's
+        preemption or idle termination): node ID -> its deadline (seconds since the epoch; 0: none
+        given). Empty where this Ray cannot say (an older one)."""
+        try:
+            from ray._private.worker import global_worker
+
+            return {str(k): float(v) / 1000.0 for k, v in global_worker.gcs_client.get_draining_nodes().items()}
+        except Exception:  # noqa: BLE001 - no such call in this Ray, or the GCS did not answer
+            return {}
 
     def check_run_dir(self, run_dir: Path) -> None:
         """Every alive node must see the run folder (checkpoints and events live there).
