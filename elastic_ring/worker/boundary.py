@@ -153,9 +153,9 @@ class StepBoundary:
         if progress.evaluation_due(step):
             with progress.evaluating():
                 progress.evaluate(step)
+        if periodic and job.checkpoints.writes(job.rank):  # (a sharded job: every rank)
+            job.checkpoints.maybe_periodic(step, self.seg.stop_at)
         if job.rank == 0:
-            if periodic:
-                job.checkpoints.maybe_periodic(step, self.seg.stop_at)
             progress.write_progress(step, now, self.vote.every)
 
     def start_copies(self) -> survive.MemoryCopy | None:
@@ -262,10 +262,10 @@ class StepBoundary:
             progress.evaluate(seg.step)
         if job.rank == 0:
             progress.flush_progress()
-            if checkpoint:
-                job.checkpoints.write(seg.step, wait=True)
-            if not job.ring.in_place or seg.finished:
-                self._segment_end()
+        if checkpoint and job.checkpoints.writes(job.rank):  # (a sharded job: every rank)
+            job.checkpoints.write(seg.step, wait=True)
+        if job.rank == 0 and (not job.ring.in_place or seg.finished):
+            self._segment_end()
         job.ring.coll.barrier(name="exit_barrier")  # leave together
 
     def _segment_end(self) -> None:
