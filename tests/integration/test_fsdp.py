@@ -102,11 +102,84 @@ def test_fsdp_resized_2_1_2_with_sharded_checkpoints_equals_ddp(tmp_path):
         for r in rows[s]:
             assert rows[s][r]["indices"] == ref[s][r]["indices"]
             assert rows[s][r]["loss"] == pytest.approx(ref[s][r]["loss"], rel=LOSS_RTOL, abs=0), (s, r)
+    # elastic-ring export: the full state dict of the sharded checkpoint, as torch.load reads it
+    e = run_cli("export", str(run), "--out", str(tmp_path / "model.pt"))
+    assert e.returncode == 0 and "the model of step 12 (6 tensors" in e.stdout, e.stdout + e.stderr
+    exported = torch.load(tmp_path / "model.pt")
     full, full_ref = load(run), load(tmp_path / "ddp" / "run")  # the DCP folder read in full
     assert full["step"] == full_ref["step"] == STEPS and full["cursor"] == full_ref["cursor"] == 80
-    assert full["model"].keys() == full_ref["model"].keys()
+    assert full["model"].keys() == full_ref["model"].keys() == exported.keys()
     for i, k in enumerate(full_ref["model"]):
         assert torch.allclose(full["model"][k], full_ref["model"][k], rtol=0, atol=WEIGHT_ATOL), k
+        assert torch.equal(exported[k], full["model"][k]) and type(exported[k]) is torch.Tensor, k
         for m in ("exp_avg", "exp_avg_sq"):  # Adam's moments, by parameter name against by index
             assert torch.allclose(full["optimizer"]["state"][k][m], full_ref["optimizer"]["state"][i][m],
                                   rtol=0, atol=WEIGHT_ATOL), (k, m)
+
+
+def test_survive_on_a_sharded_job_falls_back_to_the_sharded_checkpoint(tmp_path):
+    """``--relaunch inplace --survive``, kill -9 of rank 1 of two: its shards die with it, so the
+    survivor keeps no copy in memory (one line at start says why) and the run restarts from the
+    newest sharded checkpoint, at two workers again; its periodic checkpoints are time-based
+    (``--checkpoint-every-s``, rank 0's clock carried to both ranks by the stop vote). Every step
+    trained after the restart redoes the same samples, and the final weights and Adam moments equal
+    those of the same run without the kill (the same float operations: a restore from DCP is exact)."""
+    import os
+    import signal
+
+    from elastic_ring import protocol
+    from elastic_ring.ckpt import load
+    from tests.conftest import wait_for
+    from tests.integration.test_train_resize import _start_train
+
+    steps, run, out = 60, tmp_path / "survive" / "run", tmp_path / "survive" / "out"
+    out.mkdir(parents=True)
+    p = _start_train(["--collective", "torch", "--relaunch", "inplace", "--survive", "--gpus", "2", "--slots", "2",
+                      "--steps", str(steps), "--checkpoint-every-s", "0.4", "--script", SCRIPT,
+                      "--run-dir", str(run), "--", "--out", str(out), "--step-s", "0.05"])
+    try:
+        def periodic():  # a time-based checkpoint written, then a few steps more
+            ck = read_events(run / "events.jsonl", kind="checkpoint_written") if (run / "events.jsonl").exists() \
+                else []
+            rec = protocol.read_json(run / "control" / "progress.json")
+            return ck and isinstance(rec, dict) and int(rec["step"]) >= ck[0]["step"] + 3 and ck
+        first = wait_for(periodic, 120, "a periodic sharded checkpoint and three steps after it", poll=0.1)
+        assert first[0]["step"] < steps
+        rec = protocol.read_json(protocol.pid_dir(run) / "seg000-rank1.json")
+        os.kill(int(rec["pid"]), signal.SIGKILL)
+        stdout, stderr = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, stdout + stderr
+    logs = "".join(f.read_text() for f in sorted((run / "logs").glob("segment-*.log")))
+    assert "--survive on a sharded model: a dead rank's shards are lost" in logs, logs
+    restarts = read_events(run / "events.jsonl", kind="restart")
+    assert len(restarts) == 1 and restarts[0]["path"] == "disk" and restarts[0]["new_world_size"] == 2, restarts
+    written = read_events(run / "events.jsonl", kind="checkpoint_written")
+    before = [e["step"] for e in written if e["time"] < restarts[0]["time"]]
+    assert before and restarts[0]["from_step"] == max(before)  # the newest sharded checkpoint
+    # every step trained by both ranks, a redone one on the same samples; all samples once in order
+    rows: dict[int, dict[int, list]] = {}
+    for f in sorted(out.glob("rank*.jsonl")):
+        rank = int(f.stem[len("rank"):])
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            seen = rows.setdefault(r["step"], {}).setdefault(rank, [])
+            assert not seen or seen[0] == r["indices"], f"step {r['step']} redone on other samples"
+            seen.append(r["indices"])
+    assert sorted(rows) == list(range(1, steps + 1)) and all(len(v) == 2 for v in rows.values())
+    flat = [i for s in sorted(rows) for r in sorted(rows[s]) for i in rows[s][r][0]]
+    assert flat == SampleStream(96, seed=0).take(0, len(flat)).tolist()
+    ref_out = tmp_path / "ref" / "out"
+    ref_out.mkdir(parents=True)
+    q = run_cli("train", "--script", SCRIPT, "--collective", "torch", "--gpus", "2", "--slots", "2", "--steps",
+                str(steps), "--run-dir", str(tmp_path / "ref" / "run"), "--", "--out", str(ref_out), timeout=300)
+    assert q.returncode == 0, q.stdout + q.stderr
+    a, b = load(run), load(tmp_path / "ref" / "run")
+    assert a["step"] == b["step"] == steps and a["cursor"] == b["cursor"]
+    for k in b["model"]:
+        assert torch.allclose(a["model"][k], b["model"][k], rtol=0, atol=WEIGHT_ATOL), k
+        for m in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(a["optimizer"]["state"][k][m], b["optimizer"]["state"][k][m], rtol=0,
+                                  atol=WEIGHT_ATOL), (k, m)

@@ -134,3 +134,21 @@ def test_the_vote_carries_rank_0s_checkpoint_due():
     plain = StopVote(Path("/nonexistent"), types.SimpleNamespace(rank=0, coll=Coll()), Segment(0, 100, 100))
     plain.result(plain.start(3))
     assert plain.ring.coll.sent.numel() == 3 and not plain.checkpoint_asked  # a job not sharded: as before
+
+
+def test_export_writes_the_full_model_of_a_sharded_checkpoint(capsys, tmp_path):
+    from tests.conftest import one_line_error, run_inproc
+
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    sd = _checkpoint(ckpts, 5)
+    r = run_inproc(capsys, "export", str(tmp_path / "run"), "--out", str(tmp_path / "model.pt"))
+    assert r.returncode == 0 and "the model of step 5 (2 tensors, 9 values" in r.stdout, r
+    got = torch.load(tmp_path / "model.pt")
+    assert got.keys() == {"w", "b"} and all(torch.equal(got[k], sd["model"][k]) for k in got)
+    import shutil
+
+    shutil.rmtree(ckpts / "dcp-00000005")  # its shards lost: one line, exit 2, nothing written
+    r = run_inproc(capsys, "export", str(tmp_path / "run"), "--out", str(tmp_path / "again.pt"))
+    one_line_error(r, "dcp-00000005 is missing or incomplete")
+    assert not (tmp_path / "again.pt").exists()
