@@ -382,6 +382,7 @@ class Job:
 
         if self.state.sharded or not sharded.is_sharded(self.state.model):
             return
+        sharded.check_optimizer(self.state.model, self.state.optimizer)
         self.state.sharded = True
         self.checkpoints.shard(self.state, self.ring, self.vote)
         if self.rank == 0:

@@ -48,6 +48,21 @@ def is_sharded(model: Any) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
+def check_optimizer(model: Any, optimizer: Any) -> None:
+    """The registered optimizer steps the sharded model's parameters.
+
+    Raises:
+        ContractError: it holds other tensors (built before ``fully_shard`` replaced them)."""
+    from elastic_ring.worker.errors import ContractError
+
+    if optimizer is None:
+        return
+    own = {id(p) for p in model.parameters()}
+    if any(id(p) not in own for g in optimizer.param_groups for p in g["params"]):
+        raise ContractError("the registered optimizer holds parameters the sharded model no longer has: "
+                            "build it after fully_shard(model), on model.parameters()")
+
+
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 

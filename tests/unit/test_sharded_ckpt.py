@@ -152,3 +152,26 @@ def test_export_writes_the_full_model_of_a_sharded_checkpoint(capsys, tmp_path):
     r = run_inproc(capsys, "export", str(tmp_path / "run"), "--out", str(tmp_path / "again.pt"))
     one_line_error(r, "dcp-00000005 is missing or incomplete")
     assert not (tmp_path / "again.pt").exists()
+
+
+def test_the_built_in_shard_option_says_in_one_line_what_it_needs(cli_inproc, tmp_path):
+    from tests.conftest import one_line_error
+
+    common = ["train", "--gpus", "1", "--dataset", "synthetic", "--steps", "2"]
+    r = cli_inproc(*common, "--collective", "horovod", "--set", "shard=true", "--run-dir", str(tmp_path / "a"))
+    one_line_error(r, "--set shard=true", "add --collective torch")
+    r = cli_inproc(*common, "--collective", "torch", "--set", "shard=true", "--lr-scaling", "constant-batch",
+                   "--global-batch", "32", "--run-dir", str(tmp_path / "b"))
+    one_line_error(r, "shard=true does not go with lr_scaling constant-batch")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_an_optimizer_built_before_fully_shard_is_one_contract_error():
+    from elastic_ring.worker.errors import ContractError
+    from elastic_ring.worker.sharded import check_optimizer
+
+    model, other = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    check_optimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    check_optimizer(model, None)
+    with pytest.raises(ContractError, match="build it after fully_shard"):
+        check_optimizer(model, torch.optim.SGD(other.parameters(), lr=0.1))
