@@ -28,7 +28,7 @@ import torch
 
 from elastic_ring.data import SampleStream
 from elastic_ring.events import read_events
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, shared_dir
 
 pytestmark = pytest.mark.integration
 
@@ -71,8 +71,34 @@ def _exact(folder: Path) -> dict[int, dict[int, dict]]:
     return rows
 
 
-def test_fsdp_resized_2_1_2_with_sharded_checkpoints_equals_ddp(tmp_path):
-    sharded = _train(tmp_path / "fsdp", *SCHEDULE, "--checkpoint-every", "3")
+def _ddp_reference(tmp_path_factory) -> Path:
+    """The same schedule replicated (DDP, full checkpoints on rank 0): made once per session."""
+    return shared_dir(tmp_path_factory, "fsdp-ddp-2-1-2", lambda f: _train(f, *SCHEDULE, script_args=("--ddp",)))
+
+
+def _same_as_reference(folder: Path, ref: Path) -> None:
+    """Every step's samples and loss, and the final weights and Adam moments, as the reference's
+    (the module docstring's bounds)."""
+    from elastic_ring.ckpt import load
+
+    rows, ref_rows = _exact(folder), _exact(ref)
+    for s in rows:
+        for r in rows[s]:
+            assert rows[s][r]["indices"] == ref_rows[s][r]["indices"]
+            assert rows[s][r]["loss"] == pytest.approx(ref_rows[s][r]["loss"], rel=LOSS_RTOL, abs=0), (s, r)
+    full, full_ref = load(folder / "run"), load(ref / "run")  # the DCP folder read in full
+    assert full["step"] == full_ref["step"] == STEPS and full["cursor"] == full_ref["cursor"] == 80
+    assert full["model"].keys() == full_ref["model"].keys()
+    for i, k in enumerate(full_ref["model"]):
+        assert torch.allclose(full["model"][k], full_ref["model"][k], rtol=0, atol=WEIGHT_ATOL), k
+        for m in ("exp_avg", "exp_avg_sq"):  # Adam's moments, by parameter name against by index
+            assert torch.allclose(full["optimizer"]["state"][k][m], full_ref["optimizer"]["state"][i][m],
+                                  rtol=0, atol=WEIGHT_ATOL), (k, m)
+
+
+def test_fsdp_resized_2_1_2_with_sharded_checkpoints_equals_ddp(tmp_path, tmp_path_factory):
+    """Relaunched at each resize, a periodic checkpoint every 3 steps: see the module docstring."""
+    _train(tmp_path / "fsdp", *SCHEDULE, "--checkpoint-every", "3")
     run = tmp_path / "fsdp" / "run"
     logs = "".join(f.read_text() for f in sorted((run / "logs").glob("segment-*.log")))
     assert logs.count("sharded checkpoints chosen") == 3, logs  # one line per segment (rank 0's)
@@ -96,26 +122,31 @@ def test_fsdp_resized_2_1_2_with_sharded_checkpoints_equals_ddp(tmp_path):
     rows = _exact(tmp_path / "fsdp")
     assert {s: rows[s][0]["lr"] for s in (4, 5, 8, 9)} == {4: 0.02, 5: 0.01, 8: 0.01, 9: 0.02}
 
-    _train(tmp_path / "ddp", *SCHEDULE, script_args=("--ddp",))
-    ref = _exact(tmp_path / "ddp")
-    for s in rows:
-        for r in rows[s]:
-            assert rows[s][r]["indices"] == ref[s][r]["indices"]
-            assert rows[s][r]["loss"] == pytest.approx(ref[s][r]["loss"], rel=LOSS_RTOL, abs=0), (s, r)
+    _same_as_reference(tmp_path / "fsdp", _ddp_reference(tmp_path_factory))
     # elastic-ring export: the full state dict of the sharded checkpoint, as torch.load reads it
     e = run_cli("export", str(run), "--out", str(tmp_path / "model.pt"))
     assert e.returncode == 0 and "the model of step 12 (6 tensors" in e.stdout, e.stdout + e.stderr
-    exported = torch.load(tmp_path / "model.pt")
-    full, full_ref = load(run), load(tmp_path / "ddp" / "run")  # the DCP folder read in full
-    assert full["step"] == full_ref["step"] == STEPS and full["cursor"] == full_ref["cursor"] == 80
-    assert full["model"].keys() == full_ref["model"].keys() == exported.keys()
-    for i, k in enumerate(full_ref["model"]):
-        assert torch.allclose(full["model"][k], full_ref["model"][k], rtol=0, atol=WEIGHT_ATOL), k
-        assert torch.equal(exported[k], full["model"][k]) and type(exported[k]) is torch.Tensor, k
-        for m in ("exp_avg", "exp_avg_sq"):  # Adam's moments, by parameter name against by index
-            assert torch.allclose(full["optimizer"]["state"][k][m], full_ref["optimizer"]["state"][i][m],
-                                  rtol=0, atol=WEIGHT_ATOL), (k, m)
+    exported, full = torch.load(tmp_path / "model.pt"), load(run)
+    assert exported.keys() == full["model"].keys()
+    assert all(type(v) is torch.Tensor and torch.equal(v, full["model"][k]) for k, v in exported.items())
 
+
+def test_fsdp_resized_in_place_runs_the_script_again_and_equals_ddp(tmp_path, tmp_path_factory):
+    """``--relaunch inplace``: the processes stay; at each resize every rank checkpoints its shards
+    at the pause and the script runs again in the re-formed group, restoring from them (a sharded
+    model cannot be carried into a new group live). The same steps, samples, losses and final state
+    as the replicated run of the schedule."""
+    p = _train(tmp_path / "inplace", *SCHEDULE, "--relaunch", "inplace")
+    run = tmp_path / "inplace" / "run"
+    logs = "".join(f.read_text() for f in sorted((run / "logs").glob("segment-*.log")))
+    assert logs.count("sharded checkpoints chosen") == 3, logs  # the script's three runs in rank 0's process
+    from elastic_ring import protocol
+
+    pids = [protocol.read_json(protocol.pid_dir(run) / f"seg{n:03d}-rank0.json")["pid"] for n in (0, 1)]
+    assert pids[0] == pids[1], p.stdout  # rank 0's process kept across the resize (in place)
+    written = read_events(run / "events.jsonl", kind="checkpoint_written")
+    assert [(e["step"], e["world_size"]) for e in written] == [(4, 2), (8, 1), (12, 2)]
+    _same_as_reference(tmp_path / "inplace", _ddp_reference(tmp_path_factory))
 
 def test_survive_on_a_sharded_job_falls_back_to_the_sharded_checkpoint(tmp_path):
     """``--relaunch inplace --survive``, kill -9 of rank 1 of two: its shards die with it, so the
