@@ -247,3 +247,31 @@ def test_the_built_in_model_sharded_equals_its_ddp_run(tmp_path):
     for k, v in fb["model"].items():
         if "running_" not in k and "num_batches" not in k:
             assert torch.allclose(fa["model"][k], v, rtol=0, atol=WEIGHT_ATOL), k
+
+
+def test_an_epoch_loop_of_a_sharded_model_resized_2_1_2(tmp_path):
+    """``job.epochs`` over a DataLoader (``scripts/fsdp_epochs.py``): the stop points are the
+    optimizer's steps, and every rank writes at the same ones (the periodic checkpoint's RNG
+    capture too): each of the two epochs' 18 steps trained once, at the scheduled size, with
+    periodic sharded checkpoints in the middle of an epoch, and the run finished."""
+    out = tmp_path / "out"
+    out.mkdir()
+    p = run_cli("train", "--script", str(ROOT / "tests" / "integration" / "scripts" / "fsdp_epochs.py"),
+                "--collective", "torch", "--gpus", "2", "--slots", "2", *SCHEDULE, "--checkpoint-every", "3",
+                "--run-dir", str(tmp_path / "run"), "--", "--out", str(out), timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    per_rank = {int(f.stem[len("rank"):]): [json.loads(line) for line in f.read_text().splitlines()]
+                for f in out.glob("rank*.jsonl")}
+    worlds = {}
+    for rank, rows in per_rank.items():
+        assert [r["step"] for r in rows] == sorted({r["step"] for r in rows}), f"rank {rank} repeated a step"
+        for r in rows:
+            worlds.setdefault(r["step"], set()).add((rank, r["world"]))
+    # (the line is written after opt.step(): job.step is then the step just taken)
+    assert sorted(worlds) == list(range(1, 19))
+    assert all(worlds[s] == ({(0, 2), (1, 2)} if s <= 4 or s > 8 else {(0, 1)}) for s in worlds), worlds
+    written = read_events(tmp_path / "run" / "events.jsonl", kind="checkpoint_written")
+    assert [(e["step"], e["world_size"]) for e in written][:4] == [(3, 2), (4, 2), (7, 1), (8, 1)]
+    assert written[-1]["step"] == 18
+    assert sorted(f.name for f in (tmp_path / "run" / "checkpoints" / "dcp-00000018").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]
