@@ -76,6 +76,38 @@ def state_dicts(model: Any, optimizer: Any) -> dict[str, Any]:
     return {"model": msd, "optimizer": osd if optimizer is not None else {}}
 
 
+def split(obj: Any, specs: dict, path: tuple = ()) -> Any:
+    """``obj`` (a state dict) with each DTensor replaced by its local shard (a plain tensor, which
+    :func:`elastic_ring.ckpt.snapshot` copies at the speed of any tensor, where a DTensor's clone
+    dispatches through DTensor's machinery: measured 1.5-2x the time for an MLP's shards); its
+    mesh, placements, shape and stride go to ``specs`` under its path, for :func:`join`."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(obj, DTensor):
+        specs[path] = (obj.device_mesh, obj.placements, obj.shape, obj.stride())
+        return obj.to_local()
+    if isinstance(obj, dict):
+        return {k: split(v, specs, path + (k,)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [split(v, specs, path + (i,)) for i, v in enumerate(obj)]
+    return obj
+
+
+def join(obj: Any, specs: dict, path: tuple = ()) -> Any:
+    """What :func:`split` took apart: the local copies as DTensors again (no communication)."""
+    spec = specs.get(path)
+    if spec is not None:
+        from torch.distributed.tensor import DTensor
+
+        mesh, placements, shape, stride = spec
+        return DTensor.from_local(obj, mesh, placements, run_check=False, shape=shape, stride=stride)
+    if isinstance(obj, dict):
+        return {k: join(v, specs, path + (k,)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [join(v, specs, path + (i,)) for i, v in enumerate(obj)]
+    return obj
+
+
 class ShardedCheckpoints:
     """A sharded job's side of its checkpoints: what each rank saves, the DCP save (for
     :class:`elastic_ring.ckpt.BackgroundWriter`, as a store: :meth:`save`) and the load.
@@ -110,16 +142,17 @@ class ShardedCheckpoints:
         from elastic_ring.ckpt.sharded import folder_name, partial_name
 
         st = self.state
+        specs: dict = {}
         st.syncing = True  # get_state_dict steps a fresh optimizer once (lr 0) to make its state
         try:
-            local = snapshot(state_dicts(st.model, st.optimizer))
+            local = snapshot(split(state_dicts(st.model, st.optimizer), specs))
         finally:
             st.syncing = False
         meta = None
         if self.ring.rank == 0:
             meta = st.snapshot(step, weights=False)
             meta["sharded"] = folder_name(step)
-        return {"step": step, "local": local, "meta": meta,
+        return {"step": step, "local": local, "specs": specs, "meta": meta,
                 "partial": self.folder / partial_name(step, st.seg.number)}
 
     def save(self, snap: dict[str, Any]) -> tuple[Path, int, float]:
@@ -133,7 +166,7 @@ class ShardedCheckpoints:
 
         t0 = time.perf_counter()
         partial = snap["partial"]
-        dcp.save(snap["local"], storage_writer=dcp.FileSystemWriter(str(partial)), process_group=self._group)
+        dcp.save(join(snap["local"], snap["specs"]), storage_writer=dcp.FileSystemWriter(str(partial)), process_group=self._group)
         if snap["meta"] is None:
             return partial, 0, time.perf_counter() - t0
         final = publish(self.folder, partial, snap["step"])

@@ -175,3 +175,13 @@ def test_an_optimizer_built_before_fully_shard_is_one_contract_error():
     check_optimizer(model, None)
     with pytest.raises(ContractError, match="build it after fully_shard"):
         check_optimizer(model, torch.optim.SGD(other.parameters(), lr=0.1))
+
+
+def test_split_and_join_keep_the_tree_and_plain_tensors():
+    from elastic_ring.worker.sharded import join, split
+
+    sd = {"model": {"w": torch.ones(2)}, "optimizer": {"state": {"w": {"step": torch.tensor(3.0)}},
+                                                        "param_groups": [{"lr": 0.1, "params": ["w"]}]}}
+    specs: dict = {}
+    local = split(sd, specs)
+    assert specs == {} and local == sd and join(local, specs) == sd  # no DTensor: the same tree
