@@ -53,15 +53,16 @@ def publish(checkpoints: Path, partial: Path, step: int) -> Path:
     return final
 
 
-def prune(checkpoints: Path, kept: list[str], current_partial: Path | None = None) -> None:
+def prune(checkpoints: Path, kept: list[str], segment: int | None = None) -> None:
     """Remove the DCP folders of checkpoints no longer kept (``kept``: the ``ckpt-*.pt`` names in
-    ``latest.json``) and partial folders left by a crashed writer (not ``current_partial``)."""
+    ``latest.json``) and partial folders left by the writers of earlier segments (a crash; not
+    ``segment``'s: another rank may already be writing the next checkpoint's)."""
     steps = {n[len("ckpt-"):-len(".pt")] for n in kept}
     for f in checkpoints.glob(f"{PREFIX}*"):
         if f.is_dir() and f.name[len(PREFIX):] not in steps:
             shutil.rmtree(f, ignore_errors=True)
     for f in checkpoints.glob(f".{PREFIX}*.partial-*"):
-        if f != current_partial and f.is_dir():
+        if f.is_dir() and (segment is None or not f.name.endswith(f".partial-{int(segment)}")):
             shutil.rmtree(f, ignore_errors=True)
 
 

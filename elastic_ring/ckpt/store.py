@@ -168,7 +168,7 @@ class CheckpointStore:
         if state.get("sharded"):  # the DCP folders of the checkpoints no longer kept
             from elastic_ring.ckpt.sharded import prune
 
-            prune(self.folder, kept)
+            prune(self.folder, kept, state.get("segment"))
         for f in self.folder.glob(".ckpt-*.tmp-*"):  # a crashed writer's leftovers
             if time.time() - f.stat().st_mtime > 600:
                 f.unlink(missing_ok=True)

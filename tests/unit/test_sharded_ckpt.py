@@ -63,10 +63,13 @@ def test_a_half_written_checkpoint_is_never_resumed_and_is_cleared(tmp_path):
     assert CheckpointStore(ckpts).load_latest()["step"] == 4  # the complete one
     with pytest.raises(CheckpointError, match="incomplete"):
         load_full(partial)
-    # a folder whose checkpoint file is gone (or never written) is not kept either
+    # a folder whose checkpoint file is gone (or never written) is not kept either; the partial
+    # folder of this segment may be another rank's next checkpoint, being written: kept
     (ckpts / "dcp-00000007").mkdir()
-    prune(ckpts, ["ckpt-00000004.pt"])
-    assert sorted(p.name for p in ckpts.iterdir()) == ["ckpt-00000004.pt", "dcp-00000004", "latest.json"]
+    (ckpts / partial_name(12, segment=2)).mkdir()
+    prune(ckpts, ["ckpt-00000004.pt"], segment=2)
+    assert sorted(p.name for p in ckpts.iterdir()) == [".dcp-00000012.partial-2", "ckpt-00000004.pt",
+                                                       "dcp-00000004", "latest.json"]
 
 
 def test_a_missing_dcp_folder_is_one_error_naming_it(tmp_path):
