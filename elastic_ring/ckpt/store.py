@@ -165,6 +165,10 @@ class CheckpointStore:
         for f in self.folder.glob("ckpt-*.pt"):
             if f.name not in kept:
                 f.unlink(missing_ok=True)
+        if state.get("sharded"):  # the DCP folders of the checkpoints no longer kept
+            from elastic_ring.ckpt.sharded import prune
+
+            prune(self.folder, kept, state.get("segment"))
         for f in self.folder.glob(".ckpt-*.tmp-*"):  # a crashed writer's leftovers
             if time.time() - f.stat().st_mtime > 600:
                 f.unlink(missing_ok=True)
@@ -317,15 +321,19 @@ def load(path: str | Path, warn: Callable[[str], None] | None = None) -> dict[st
     ``ckpt-*.pt`` left in the folder; skipping a corrupt one is said through ``warn``, naming both).
     Returns the dict the worker saved: ``model`` (the model's ``state_dict``), ``optimizer``,
     ``schedulers`` (their state dicts), ``extras``, ``step``, ``world_size``, ``cursor``,
-    ``lr_factor``, ``rng``. A plain ``torch.load`` fails on these files: they start with a magic
+    ``lr_factor``, ``rng``; a sharded checkpoint's (:mod:`elastic_ring.ckpt.sharded`) with its
+    model and optimizer read in full from its DCP folder (the optimizer's state keyed by parameter
+    name). A plain ``torch.load`` fails on these files: they start with a magic
     and a checksum.
 
     Raises:
         CheckpointError: no checkpoint there, or none that verifies (the message names each and why).
     """
+    from elastic_ring.ckpt.sharded import resolve
+
     p = Path(path)
     if not p.is_dir():
-        return load_verified(p)
+        return resolve(load_verified(p), p.parent)
     folder = p / "checkpoints" if (p / "checkpoints").is_dir() else p
     paths = CheckpointStore(folder).candidates()
     paths += [f for f in sorted(folder.glob("ckpt-*.pt"), reverse=True) if f not in paths]
@@ -340,5 +348,5 @@ def load(path: str | Path, warn: Callable[[str], None] | None = None) -> dict[st
             continue
         if problems and warn is not None:
             warn(f"warning: {'; '.join(problems)}; using the older checkpoint {f} (step {state.get('step')})")
-        return state
+        return resolve(state, folder)
     raise CheckpointError(f"no checkpoint in {folder} loads: {'; '.join(problems)}")

@@ -24,7 +24,8 @@ def export(run_dir: Path, out: Path, ckpt: Path | None, force: bool) -> None:
     """Write the model's state_dict of RUN_DIR's newest verified checkpoint to OUT.
 
     A corrupt newest checkpoint is skipped for the next older one that verifies, with a warning
-    naming both; --checkpoint FILE picks one.
+    naming both; --checkpoint FILE picks one. A sharded (FSDP2) job's checkpoint is read in full
+    from its torch.distributed.checkpoint folder: the full, unsharded state dict.
     """
     from elastic_ring.ckpt import load
 

@@ -74,6 +74,10 @@ class TrainConfig(ConfigModel):
         max_test_samples: evaluate on at most this many test samples (0: all).
         eval_every: also evaluate on the test set every this many steps (0: only at the end);
             the evaluation time is left out of the throughput windows.
+        shard: shard the model over the workers with FSDP2's ``fully_shard`` (each residual
+            block, then the model) instead of replicating it (DDP): sharded checkpoints
+            (:mod:`elastic_ring.worker.sharded`). Needs ``--collective torch``; not with
+            ``constant-batch`` (its micro-batches count on DDP's deferred gradient sync).
     """
 
     depth: ResNetDepth = 20
@@ -103,6 +107,7 @@ class TrainConfig(ConfigModel):
     max_test_samples: Int = Field(0, ge=0)
     eval_every: Int = Field(0, ge=0)
     num_classes: Int = 10
+    shard: Bool = False
 
     @field_validator("decay_at")
     @classmethod
@@ -116,6 +121,9 @@ class TrainConfig(ConfigModel):
         if self.global_batch and self.lr_scaling != "constant-batch":
             raise ValueError(f"global_batch {self.global_batch} needs lr_scaling constant-batch "
                              f"(the other rules scale the batch with the workers)")
+        if self.shard and self.lr_scaling == "constant-batch":
+            raise ValueError("shard=true does not go with lr_scaling constant-batch (its micro-batches "
+                             "defer the gradient sync as DDP does; a sharded model syncs every backward pass)")
         if self.global_batch % self.batch_size:
             raise ValueError(f"global_batch {self.global_batch} is not a multiple of batch_size "
                              f"{self.batch_size} (the micro-batch)")

@@ -379,6 +379,9 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
     from elastic_ring.controller.rundir import create_run_dir
 
     cfg = None if req.script else _config(req, device)
+    if cfg is not None and cfg.shard and (req.collective or "horovod") != "torch":
+        raise UserError("--set shard=true shards the built-in model with FSDP2 over torch.distributed: "
+                        "add --collective torch")
     total = (req.steps if req.steps is not None else protocol.NO_STEP_LIMIT) if req.script else cfg.total_steps
     workers = req.workers if req.workers is not None else 1
     if hosts is not None:  # what the first answer allows (below the minimum: the minimum, once hosts come)

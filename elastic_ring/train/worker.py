@@ -82,14 +82,34 @@ def warm_up(model: torch.nn.Module, ds, batch_size: int, augment: bool, device: 
     return time.perf_counter() - t0
 
 
+def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` sharded with FSDP2's ``fully_shard``: each residual block, then the whole model
+    (the stem and the head); its parameters become DTensors, which the worker library checkpoints
+    sharded (BatchNorm's running statistics stay each rank's own, as under DDP)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from elastic_ring.nn.resnet import BasicBlock
+
+    for m in model.modules():
+        if isinstance(m, BasicBlock):
+            fully_shard(m)
+    fully_shard(model)
+    return model
+
+
 def evaluate(job: elastic.Job, model: torch.nn.Module, test_ds, cfg) -> dict[str, float]:
     """Test loss and accuracy, each rank a strided share of the test set, summed by allreduce."""
     n = len(test_ds) if cfg.max_test_samples == 0 else min(len(test_ds), cfg.max_test_samples)
     mine = torch.arange(job.rank, n, job.size)
     model.eval()
     loss_sum, correct = 0.0, 0
+    # a sharded model's forward gathers its shards from every rank: each rank runs as many
+    batches = range(0, -(-n // job.size) if cfg.shard else len(mine), cfg.eval_batch_size)
     with torch.no_grad():
-        for i in range(0, len(mine), cfg.eval_batch_size):
+        for i in batches:
+            if i >= len(mine):  # (a sharded model's rank with fewer test samples: a forward to match)
+                model(make_batch(test_ds, torch.arange(1), False)[0].to(job.device))
+                continue
             x, y = make_batch(test_ds, mine[i:i + cfg.eval_batch_size], False)
             out = model(x.to(job.device))
             y = y.to(job.device)
@@ -123,7 +143,11 @@ def main() -> int:
     # Horovod: hvd.DistributedOptimizer builds a new optimizer over the same parameter groups with
     # its own (empty) state: `opt` holds the momentum buffers; register `opt`, not `base_opt`.
     # torch.distributed: `net` is DistributedDataParallel(model) and `opt` is `base_opt`.
-    net, opt = job.parallel(model, base_opt)  # average the gradients with the job's collective
+    if cfg.shard:  # FSDP2: every residual block, then the model, sharded over the ranks; the
+        net = shard_model(model)  # optimizer built again on its (new, DTensor) parameters
+        opt = SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    else:
+        net, opt = job.parallel(model, base_opt)  # average the gradients with the job's collective
     base = (initial_base_lr(cfg.lr, cfg.lr_reference_batch, global_batch, 1) if constant else
             initial_base_lr(cfg.lr, cfg.lr_reference_batch, cfg.batch_size, job.size))
     start = LRState(base, base / job.size, 0, cfg.warmup_steps) if cfg.warmup_steps else LRState(base)

@@ -357,19 +357,36 @@ class Job:
         or start fresh with rank 0's weights. Survivors of a failure load instead the copy of the
         step they all hold in memory (:mod:`elastic_ring.worker.survive`). Returns True when resumed."""
         self.connect()
-        meta = None
+        self._detect_sharded()
+        meta, shards = None, None
         kept = take_rollback()  # survivors of a failure: the step they all hold, kept in memory
         if self.rank == 0:
             ckpt = kept if kept is not None else self.checkpoints.load_latest()
             if ckpt is not None:
                 meta = self.state.load(ckpt)
+                shards = ckpt.get("sharded")
                 if self.rejoined:  # a joiner of the re-formed ring learns the segment from rank 0
                     meta.update(segment=self.segment, stop_at=self.stop_at)
+        if self.checkpoints.sharded is not None:  # every rank reads its shards of rank 0's choice
+            self.checkpoints.sharded.load(shards)
         self._sync(meta)
         self.restored = True
         self.state.remember_restored_weights()
         self.hooked.restored()
         return self.resumed
+
+    def _detect_sharded(self) -> None:
+        """A registered model with DTensor parameters (FSDP2's ``fully_shard``) is checkpointed
+        sharded from now on (:mod:`elastic_ring.worker.sharded`; one line on rank 0 says so)."""
+        from elastic_ring.worker import sharded
+
+        if self.state.sharded or not sharded.is_sharded(self.state.model):
+            return
+        sharded.check_optimizer(self.state.model, self.state.optimizer)
+        self.state.sharded = True
+        self.checkpoints.shard(self.state, self.ring, self.vote)
+        if self.rank == 0:
+            sharded.say(sharded.DETECTED)
 
     def _sync(self, meta: dict[str, Any] | None, local: bool = False) -> None:
         self.state.sync(meta, local=local)

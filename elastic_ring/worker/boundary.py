@@ -153,9 +153,9 @@ class StepBoundary:
         if progress.evaluation_due(step):
             with progress.evaluating():
                 progress.evaluate(step)
+        if periodic and job.checkpoints.writes(job.rank):  # (a sharded job: every rank)
+            job.checkpoints.maybe_periodic(step, self.seg.stop_at)
         if job.rank == 0:
-            if periodic:
-                job.checkpoints.maybe_periodic(step, self.seg.stop_at)
             progress.write_progress(step, now, self.vote.every)
 
     def start_copies(self) -> survive.MemoryCopy | None:
@@ -237,12 +237,22 @@ class StepBoundary:
     def resized_in_place(self, before_sync: Callable[[], None] | None = None) -> bool:
         """After a stop that did not finish the run, where the ring is re-formed in place: pause,
         and on the controller's resize re-form the ring here (:meth:`reform`). True when the
-        next segment runs in this process."""
-        if not self.job.ring.in_place or self.seg.finished:
+        next segment runs in this process. A sharded model's shards cannot be re-formed live: the
+        ranks checkpoint them and the script runs again in the new ring, restoring at the new size
+        (:class:`~elastic_ring.worker.hooked.Rejoin`)."""
+        job = self.job
+        if not job.ring.in_place or self.seg.finished:
             return False
+        if job.state.sharded:  # its shards are bound to this ring: every rank checkpoints them first
+            job.checkpoints.write(self.seg.step, wait=True)
         action = self.pause()
         if not action.is_resize:
             return False
+        if job.state.sharded:  # the script runs again in the new ring: shards itself, restores (DCP)
+            from elastic_ring.worker.hooked import Rejoin
+
+            self.reform_ring(action)
+            raise Rejoin(job.ring, action.segment, action.stop_at, self.progress.start)
         self.reform(action, before_sync)
         return True
 
@@ -262,10 +272,10 @@ class StepBoundary:
             progress.evaluate(seg.step)
         if job.rank == 0:
             progress.flush_progress()
-            if checkpoint:
-                job.checkpoints.write(seg.step, wait=True)
-            if not job.ring.in_place or seg.finished:
-                self._segment_end()
+        if checkpoint and job.checkpoints.writes(job.rank):  # (a sharded job: every rank)
+            job.checkpoints.write(seg.step, wait=True)
+        if job.rank == 0 and (not job.ring.in_place or seg.finished):
+            self._segment_end()
         job.ring.coll.barrier(name="exit_barrier")  # leave together
 
     def _segment_end(self) -> None:

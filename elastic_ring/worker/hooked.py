@@ -150,7 +150,7 @@ class HookedSteps:
         job, boundary = self.job, self.boundary
         if boundary.copy is not None:
             return True
-        if job.rank != 0:
+        if not job.checkpoints.writes(job.rank):
             return False
         if self.pending is not None or boundary.handle is not None or job.checkpoints.due(step, job.seg.stop_at):
             return True
@@ -183,7 +183,7 @@ class HookedSteps:
         checkpointed = False
         if job.ring.in_place and reason is not StopReason.FINISHED:
             self.ended = True
-            if job.rank == 0:
+            if job.checkpoints.writes(job.rank):  # (a sharded job: every rank)
                 job.checkpoints.write(job.step, wait=True)
             checkpointed = True
             action = boundary.pause()

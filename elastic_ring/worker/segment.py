@@ -81,6 +81,9 @@ class StopVote:
         self.run_dir, self.ring, self.seg = run_dir, ring, seg
         self.floor, self.latency_s = max(1, int(floor)), float(latency_s)
         self.finish_requested = False  # job.finish() on this rank
+        # a sharded job (worker.sharded): rank 0's time-based checkpoint due, carried by the vote
+        self.checkpoint_due: Any = None  # rank 0's test, or None: not carried
+        self.checkpoint_asked = False  # the last vote read carried it (every rank the same)
         self.begin()
 
     def begin(self) -> None:
@@ -124,7 +127,10 @@ class StopVote:
             asked = protocol.stop_file(self.run_dir, self.seg.number).exists()
             every = self.propose(step, t0)
         self._started_at = step
-        flags = torch.tensor([1.0 if asked else 0.0, 1.0 if self.finish_requested else 0.0, float(every)])
+        flags = [1.0 if asked else 0.0, 1.0 if self.finish_requested else 0.0, float(every)]
+        if self.checkpoint_due is not None:  # (every rank of a sharded job the same)
+            flags.append(1.0 if self.ring.rank == 0 and self.checkpoint_due() else 0.0)
+        flags = torch.tensor(flags)
         handle = self.ring.coll.allreduce_async(flags, name="stop_flag")
         self._vote_s = time.perf_counter() - t0
         return handle
@@ -137,5 +143,7 @@ class StopVote:
         every = int(round(v[2].item())) if v.numel() > 2 else 0
         self.every = max(every, 1) if every else self.floor
         self.next_at = self._started_at + self.every
+        if v.numel() > 3 and v[3].item() > 0:
+            self.checkpoint_asked = True
         self._vote_s += time.perf_counter() - t0
         return bool(v[0].item() > 0), bool(v[1].item() > 0)

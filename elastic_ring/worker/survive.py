@@ -32,6 +32,10 @@ none: it holds the step of its last ``state.commit()`` (Horovod's save) and roll
 (:meth:`elastic_ring.worker.hvd_elastic.Session._roll_back`, through the same word:
 :func:`rollback_word`).
 
+A sharded model's (FSDP2) state is not held whole by any rank: a dead rank's shards die with it, so
+no copy is kept and a failure restarts from the newest sharded checkpoint (one line at start says so:
+:mod:`elastic_ring.worker.sharded`).
+
 Memory: two CPU copies of the registered state (for SGD with momentum about 4x the model's
 parameters, plus its buffers); time: one copy of it per step, on the training thread (either loop).
 """
@@ -113,6 +117,7 @@ class MemoryCopy:
 class _Process:
     copy: MemoryCopy | None = None  # this process's copies (one job at a time)
     rollback: dict[str, Any] | None = None  # the copy the next restore() loads
+    said_sharded: bool = False  # the line that a sharded job keeps no copy was said
 
 
 _P = _Process()
@@ -123,6 +128,13 @@ def memory_copy(job: Any) -> MemoryCopy | None:
     when the run keeps survivors going and the ring is re-formed in place (the Ray backend's, or
     Horovod Elastic's); else None."""
     if not enabled() or not job.ring.in_place:
+        return None
+    if job.state.sharded:  # a dead rank's shards are gone: the sharded checkpoint is the fallback
+        if not _P.said_sharded and job.rank == 0:
+            from elastic_ring.worker.sharded import NO_SURVIVE, say
+
+            say(NO_SURVIVE)
+        _P.said_sharded = True
         return None
     if _P.copy is None:
         _P.copy = MemoryCopy(job.state.snapshot)

@@ -38,6 +38,7 @@ def _weights_sum(p: Any) -> float:
     import torch
 
     with torch.no_grad():
+        p = p.to_local() if hasattr(p, "to_local") else p  # a DTensor: this rank's shard, no collective
         return float(p.detach().double().sum().item())
 
 
@@ -60,6 +61,7 @@ class StateSync:
         self.lr_factor = 1.0
         self.saved_rng: dict[str, Any] | None = None  # the RNG state to checkpoint (epoch loop)
         self.syncing = False  # inside a broadcast, which steps a fresh optimizer once
+        self.sharded = False  # the model is sharded: each rank loads its own shards (worker.sharded)
         self._unscaled: tuple[float, float] | None = None
         self._restored_weights: list[tuple[Any, int, float]] | None = None
         # the LR the script builds its optimizer with at each world size it ran at (before a
@@ -130,25 +132,26 @@ class StateSync:
         """Rank 0: a checkpoint into the model, the optimizer and the RNGs; returns the counters
         and the rest, to be synced (:meth:`sync`)."""
         built = self.current_lr()  # as the script built it at this size, before the checkpoint's
-        if self.model is not None:
+        if self.model is not None and not self.sharded:  # (a sharded one: every rank, from DCP)
             self.model.load_state_dict(ckpt["model"])
-        if self.optimizer is not None and ckpt.get("optimizer") is not None:
+        if self.optimizer is not None and ckpt.get("optimizer") is not None and not self.sharded:
             self.optimizer.load_state_dict(ckpt["optimizer"])
         if ckpt.get("rng") is not None:
             _set_rng_state(ckpt["rng"])
             self.epoch_data.resume_rng = ckpt["rng"]  # again where an epoch loop's loader resumes (data.py)
         return {**{k: ckpt.get(k) for k in _META_KEYS}, "built_lr_now": built}
 
-    def snapshot(self, step: int, into: dict[str, Any] | None = None) -> dict[str, Any]:
+    def snapshot(self, step: int, into: dict[str, Any] | None = None, weights: bool = True) -> dict[str, Any]:
         """A CPU snapshot of everything a resume needs (taken on the training thread); ``into``: an
-        earlier one nobody holds any more, whose tensors it reuses (:func:`elastic_ring.ckpt.snapshot`)."""
+        earlier one nobody holds any more, whose tensors it reuses (:func:`elastic_ring.ckpt.snapshot`);
+        not ``weights``: without the model and the optimizer (a sharded job's: in DCP's folder)."""
         from elastic_ring.ckpt import snapshot
 
         return snapshot({
             "step": step, "cursor": self.sampler.cursor if self.sampler is not None else 0,
             "world_size": self.ring.size, "lr_factor": self.lr_factor, "lr_last": self.current_lr(),
-            "model": self.model.state_dict() if self.model is not None else None,
-            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "model": self.model.state_dict() if self.model is not None and weights else None,
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None and weights else None,
             "rng": self.saved_rng or _rng_state(), "extras": self.saved_extras(), "segment": self.seg.number,
             "schedulers": [sch.state_dict() for sch in self.schedulers],
             "data_position": self.epoch_data.position.state(), "built_lrs": dict(self.built_lrs),
@@ -176,9 +179,9 @@ class StateSync:
         try:
             if not local:
                 meta = coll.broadcast_object(meta, 0, name="resume_meta")
-                if meta is not None and self.optimizer is not None:
+                if meta is not None and self.optimizer is not None and not self.sharded:
                     coll.broadcast_optimizer_state(self.optimizer, 0)
-                if self.model is not None:
+                if self.model is not None and not self.sharded:  # (a sharded one: loaded by every rank)
                     coll.broadcast_parameters(self.model.state_dict(), 0)
         finally:
             self.syncing = False

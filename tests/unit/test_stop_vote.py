@@ -189,7 +189,8 @@ def _hooked(rank=0, due=False, pos=5, copy=None):
     from elastic_ring.worker.hooked import HookedSteps
 
     job = types.SimpleNamespace(rank=rank, seg=Segment(0, 100, 100),
-                                checkpoints=types.SimpleNamespace(due=lambda step, stop_at: due),
+                                checkpoints=types.SimpleNamespace(due=lambda step, stop_at: due,
+                                                                  writes=lambda r: r == 0),
                                 _epoch_data=types.SimpleNamespace(position=types.SimpleNamespace(pos=pos)),
                                 boundary=types.SimpleNamespace(handle=None, copy=copy))  # the step boundary's
     return HookedSteps(job)

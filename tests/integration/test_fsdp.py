@@ -1,0 +1,277 @@
+"""Sharded (FSDP2) jobs: a script that shards its MLP with ``fully_shard`` (``scripts/fsdp_mlp.py``)
+under ``elastic-ring train --collective torch`` (real gloo process groups, real processes), its
+checkpoints written by every rank through ``torch.distributed.checkpoint`` and restored at a new
+world size (DCP reshards).
+
+Resized 2 -> 1 -> 2 (``--schedule``) with a periodic checkpoint every 3 steps, against the same
+schedule's data-parallel run of the same model (``--ddp``: DistributedDataParallel, full
+checkpoints on rank 0). How close, and why: the two compute the same float32 operations on the
+same samples. The forward pass runs on the same full weights (FSDP2 gathers them; at one worker
+both are the plain model); the gradient is averaged over two ranks in both, a sum of two values
+and a halving, exact whichever order the reduction takes; Adam's update is elementwise, so a rank
+that updates only its shard computes the same values as one that updates all. Measured: every
+step's loss and the final weights and Adam moments bitwise equal. The bounds asserted, 1e-6
+relative on the losses and 1e-6 absolute on the weights (order 0.1 to 1), leave room for a torch
+whose reduction divides in another order (a few float32 epsilons) and are far below what a
+wrong restore does (a lost or misplaced shard, or Adam's moments reset, changes the next step's
+loss by 1e-3 and more).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from elastic_ring.data import SampleStream
+from elastic_ring.events import read_events
+from tests.conftest import ROOT, run_cli, shared_dir
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "fsdp_mlp.py")
+STEPS = 12
+SCHEDULE = ["--schedule", "4:1,8:2"]  # 2 workers, 1 from step 5, 2 again from step 9
+LOSS_RTOL = 1e-6
+WEIGHT_ATOL = 1e-6
+
+
+def _train(folder: Path, *args: str, script_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    out = folder / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    p = run_cli("train", "--script", SCRIPT, "--collective", "torch", "--gpus", "2", "--slots", "2",
+                "--steps", str(STEPS), *args, "--run-dir", str(folder / "run"), "--", "--out", str(out),
+                *script_args, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+def _steps(folder: Path) -> dict[int, dict[int, dict]]:
+    """step -> rank -> its line (a step trained twice fails here)."""
+    rows: dict[int, dict[int, dict]] = {}
+    for f in sorted((folder / "out").glob("rank*.jsonl")):
+        rank = int(f.stem[len("rank"):])
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            assert rank not in rows.setdefault(r["step"], {}), f"step {r['step']} trained twice by rank {rank}"
+            rows[r["step"]][rank] = r
+    return rows
+
+
+def _exact(folder: Path) -> dict[int, dict[int, dict]]:
+    """Every step trained once at the scheduled size, every sample of the stream once in order."""
+    rows = _steps(folder)
+    assert sorted(rows) == list(range(1, STEPS + 1))
+    assert [len(rows[s]) for s in sorted(rows)] == [2] * 4 + [1] * 4 + [2] * 4
+    flat = [i for s in sorted(rows) for r in sorted(rows[s]) for i in rows[s][r]["indices"]]
+    assert flat == SampleStream(96, seed=0).take(0, len(flat)).tolist()
+    return rows
+
+
+def _ddp_reference(tmp_path_factory) -> Path:
+    """The same schedule replicated (DDP, full checkpoints on rank 0): made once per session."""
+    return shared_dir(tmp_path_factory, "fsdp-ddp-2-1-2", lambda f: _train(f, *SCHEDULE, script_args=("--ddp",)))
+
+
+def _same_as_reference(folder: Path, ref: Path) -> None:
+    """Every step's samples and loss, and the final weights and Adam moments, as the reference's
+    (the module docstring's bounds)."""
+    from elastic_ring.ckpt import load
+
+    rows, ref_rows = _exact(folder), _exact(ref)
+    for s in rows:
+        for r in rows[s]:
+            assert rows[s][r]["indices"] == ref_rows[s][r]["indices"]
+            assert rows[s][r]["loss"] == pytest.approx(ref_rows[s][r]["loss"], rel=LOSS_RTOL, abs=0), (s, r)
+    full, full_ref = load(folder / "run"), load(ref / "run")  # the DCP folder read in full
+    assert full["step"] == full_ref["step"] == STEPS and full["cursor"] == full_ref["cursor"] == 80
+    assert full["model"].keys() == full_ref["model"].keys()
+    for i, k in enumerate(full_ref["model"]):
+        assert torch.allclose(full["model"][k], full_ref["model"][k], rtol=0, atol=WEIGHT_ATOL), k
+        for m in ("exp_avg", "exp_avg_sq"):  # Adam's moments, by parameter name against by index
+            assert torch.allclose(full["optimizer"]["state"][k][m], full_ref["optimizer"]["state"][i][m],
+                                  rtol=0, atol=WEIGHT_ATOL), (k, m)
+
+
+def test_fsdp_resized_2_1_2_with_sharded_checkpoints_equals_ddp(tmp_path, tmp_path_factory):
+    """Relaunched at each resize, a periodic checkpoint every 3 steps: see the module docstring."""
+    _train(tmp_path / "fsdp", *SCHEDULE, "--checkpoint-every", "3")
+    run = tmp_path / "fsdp" / "run"
+    logs = "".join(f.read_text() for f in sorted((run / "logs").glob("segment-*.log")))
+    assert logs.count("sharded checkpoints chosen") == 3, logs  # one line per segment (rank 0's)
+    ckpts = run / "checkpoints"
+    # periodic ones 3 steps after the last (3, 7, 11) and one at each segment's end (4, 8, 12); the
+    # kept ones (11 and 12: --keep 2), each a DCP folder with every rank's shards and its
+    # .metadata, and rank 0's file naming it without the weights; no partial folder, none pruned left
+    assert sorted(f.name for f in ckpts.iterdir() if f.name != "latest.json") == [
+        "ckpt-00000011.pt", "ckpt-00000012.pt", "dcp-00000011", "dcp-00000012"]
+    assert sorted(f.name for f in (ckpts / "dcp-00000012").iterdir()) == [".metadata", "__0_0.distcp",
+                                                                         "__1_0.distcp"]
+    from elastic_ring.ckpt import CheckpointStore, load
+
+    meta = CheckpointStore(ckpts).load_latest()
+    assert meta["sharded"] == "dcp-00000012" and meta["model"] is None and meta["optimizer"] is None
+    written = read_events(run / "events.jsonl", kind="checkpoint_written")
+    assert [(e["step"], e["world_size"]) for e in written] == [(3, 2), (4, 2), (7, 1), (8, 1), (11, 2), (12, 2)]
+    # the resizes restored the sharded state at the new size: Eq. 7 on the LR restored from DCP
+    rel = read_events(run / "events.jsonl", kind="relaunched")
+    assert [(r["from_workers"], r["to_workers"], r["step"]) for r in rel] == [(2, 1, 4), (1, 2, 8)]
+    rows = _exact(tmp_path / "fsdp")
+    assert {s: rows[s][0]["lr"] for s in (4, 5, 8, 9)} == {4: 0.02, 5: 0.01, 8: 0.01, 9: 0.02}
+
+    _same_as_reference(tmp_path / "fsdp", _ddp_reference(tmp_path_factory))
+    # elastic-ring export: the full state dict of the sharded checkpoint, as torch.load reads it
+    e = run_cli("export", str(run), "--out", str(tmp_path / "model.pt"))
+    assert e.returncode == 0 and "the model of step 12 (6 tensors" in e.stdout, e.stdout + e.stderr
+    exported, full = torch.load(tmp_path / "model.pt"), load(run)
+    assert exported.keys() == full["model"].keys()
+    assert all(type(v) is torch.Tensor and torch.equal(v, full["model"][k]) for k, v in exported.items())
+
+
+def test_fsdp_resized_in_place_runs_the_script_again_and_equals_ddp(tmp_path, tmp_path_factory):
+    """``--relaunch inplace``: the processes stay; at each resize every rank checkpoints its shards
+    at the pause and the script runs again in the re-formed group, restoring from them (a sharded
+    model cannot be carried into a new group live). The same steps, samples, losses and final state
+    as the replicated run of the schedule."""
+    p = _train(tmp_path / "inplace", *SCHEDULE, "--relaunch", "inplace")
+    run = tmp_path / "inplace" / "run"
+    logs = "".join(f.read_text() for f in sorted((run / "logs").glob("segment-*.log")))
+    assert logs.count("sharded checkpoints chosen") == 3, logs  # the script's three runs in rank 0's process
+    from elastic_ring import protocol
+
+    pids = [protocol.read_json(protocol.pid_dir(run) / f"seg{n:03d}-rank0.json")["pid"] for n in (0, 1)]
+    assert pids[0] == pids[1], p.stdout  # rank 0's process kept across the resize (in place)
+    written = read_events(run / "events.jsonl", kind="checkpoint_written")
+    assert [(e["step"], e["world_size"]) for e in written] == [(4, 2), (8, 1), (12, 2)]
+    _same_as_reference(tmp_path / "inplace", _ddp_reference(tmp_path_factory))
+
+def test_survive_on_a_sharded_job_falls_back_to_the_sharded_checkpoint(tmp_path):
+    """``--relaunch inplace --survive``, kill -9 of rank 1 of two: its shards die with it, so the
+    survivor keeps no copy in memory (one line at start says why) and the run restarts from the
+    newest sharded checkpoint, at two workers again; its periodic checkpoints are time-based
+    (``--checkpoint-every-s``, rank 0's clock carried to both ranks by the stop vote). Every step
+    trained after the restart redoes the same samples, and the final weights and Adam moments equal
+    those of the same run without the kill (the same float operations: a restore from DCP is exact)."""
+    import os
+    import signal
+
+    from elastic_ring import protocol
+    from elastic_ring.ckpt import load
+    from tests.conftest import wait_for
+    from tests.integration.test_train_resize import _start_train
+
+    steps, run, out = 60, tmp_path / "survive" / "run", tmp_path / "survive" / "out"
+    out.mkdir(parents=True)
+    p = _start_train(["--collective", "torch", "--relaunch", "inplace", "--survive", "--gpus", "2", "--slots", "2",
+                      "--steps", str(steps), "--checkpoint-every-s", "0.4", "--script", SCRIPT,
+                      "--run-dir", str(run), "--", "--out", str(out), "--step-s", "0.05"])
+    try:
+        def periodic():  # a time-based checkpoint written, then a few steps more
+            ck = read_events(run / "events.jsonl", kind="checkpoint_written") if (run / "events.jsonl").exists() \
+                else []
+            rec = protocol.read_json(run / "control" / "progress.json")
+            return ck and isinstance(rec, dict) and int(rec["step"]) >= ck[0]["step"] + 3 and ck
+        first = wait_for(periodic, 120, "a periodic sharded checkpoint and three steps after it", poll=0.1)
+        assert first[0]["step"] < steps
+        rec = protocol.read_json(protocol.pid_dir(run) / "seg000-rank1.json")
+        os.kill(int(rec["pid"]), signal.SIGKILL)
+        stdout, stderr = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, stdout + stderr
+    logs = "".join(f.read_text() for f in sorted((run / "logs").glob("segment-*.log")))
+    assert "--survive on a sharded model: a dead rank's shards are lost" in logs, logs
+    restarts = read_events(run / "events.jsonl", kind="restart")
+    assert len(restarts) == 1 and restarts[0]["path"] == "disk" and restarts[0]["new_world_size"] == 2, restarts
+    written = read_events(run / "events.jsonl", kind="checkpoint_written")
+    before = [e["step"] for e in written if e["time"] < restarts[0]["time"]]
+    assert before and restarts[0]["from_step"] == max(before)  # the newest sharded checkpoint
+    # every step trained by both ranks, a redone one on the same samples; all samples once in order
+    rows: dict[int, dict[int, list]] = {}
+    for f in sorted(out.glob("rank*.jsonl")):
+        rank = int(f.stem[len("rank"):])
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            seen = rows.setdefault(r["step"], {}).setdefault(rank, [])
+            assert not seen or seen[0] == r["indices"], f"step {r['step']} redone on other samples"
+            seen.append(r["indices"])
+    assert sorted(rows) == list(range(1, steps + 1)) and all(len(v) == 2 for v in rows.values())
+    flat = [i for s in sorted(rows) for r in sorted(rows[s]) for i in rows[s][r][0]]
+    assert flat == SampleStream(96, seed=0).take(0, len(flat)).tolist()
+    ref_out = tmp_path / "ref" / "out"
+    ref_out.mkdir(parents=True)
+    q = run_cli("train", "--script", SCRIPT, "--collective", "torch", "--gpus", "2", "--slots", "2", "--steps",
+                str(steps), "--run-dir", str(tmp_path / "ref" / "run"), "--", "--out", str(ref_out), timeout=300)
+    assert q.returncode == 0, q.stdout + q.stderr
+    a, b = load(run), load(tmp_path / "ref" / "run")
+    assert a["step"] == b["step"] == steps and a["cursor"] == b["cursor"]
+    for k in b["model"]:
+        assert torch.allclose(a["model"][k], b["model"][k], rtol=0, atol=WEIGHT_ATOL), k
+        for m in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(a["optimizer"]["state"][k][m], b["optimizer"]["state"][k][m], rtol=0,
+                                  atol=WEIGHT_ATOL), (k, m)
+
+
+BUILT_IN = ["--collective", "torch", "--gpus", "2", "--slots", "2", "--dataset", "synthetic", "--set",
+            "synthetic_size=40", "--depth", "8", "--set", "width=4", "--batch-size", "8", "--steps", "12",
+            *SCHEDULE, "--set", "trace_samples=true", "--set", "augment=true"]
+
+
+def test_the_built_in_model_sharded_equals_its_ddp_run(tmp_path):
+    """``--set shard=true``: the built-in ResNet-8 sharded block by block, resized 2 -> 1 -> 2 with
+    sharded checkpoints, against the same schedule replicated (DDP). The same reasoning as for the
+    MLP (every step's loss within 1e-6 relative, the trained weights within 1e-6); BatchNorm's running
+    statistics are left out: DDP copies rank 0's to every rank at each forward, a sharded model keeps
+    each rank's own, so the checkpoints hold different ones (they do not enter a training step)."""
+    from elastic_ring.ckpt import load
+    from tests.integration.test_constant_batch import _steps as trace
+
+    runs = {}
+    for name, extra in (("fsdp", ["--set", "shard=true"]), ("ddp", [])):
+        p = run_cli("train", *BUILT_IN, *extra, "--run-dir", str(tmp_path / name), timeout=300)
+        assert p.returncode == 0, p.stdout + p.stderr
+        runs[name] = trace(tmp_path / name)
+    logs = "".join(f.read_text() for f in sorted((tmp_path / "fsdp" / "logs").glob("segment-*.log")))
+    assert logs.count("sharded checkpoints chosen") == 3 and (tmp_path / "fsdp" / "checkpoints" / "dcp-00000012" /
+                                                              ".metadata").is_file()
+    a, b = runs["fsdp"], runs["ddp"]
+    assert sorted(a) == sorted(b) == list(range(1, 13))
+    assert [a[s][2] for s in sorted(a)] == [2] * 4 + [1] * 4 + [2] * 4
+    for s in a:
+        assert a[s][0] == b[s][0] and a[s][1] == pytest.approx(b[s][1], rel=LOSS_RTOL, abs=0), s
+    fa, fb = load(tmp_path / "fsdp"), load(tmp_path / "ddp")
+    for k, v in fb["model"].items():
+        if "running_" not in k and "num_batches" not in k:
+            assert torch.allclose(fa["model"][k], v, rtol=0, atol=WEIGHT_ATOL), k
+
+
+def test_an_epoch_loop_of_a_sharded_model_resized_2_1_2(tmp_path):
+    """``job.epochs`` over a DataLoader (``scripts/fsdp_epochs.py``): the stop points are the
+    optimizer's steps, and every rank writes at the same ones (the periodic checkpoint's RNG
+    capture too): each of the two epochs' 18 steps trained once, at the scheduled size, with
+    periodic sharded checkpoints in the middle of an epoch, and the run finished."""
+    out = tmp_path / "out"
+    out.mkdir()
+    p = run_cli("train", "--script", str(ROOT / "tests" / "integration" / "scripts" / "fsdp_epochs.py"),
+                "--collective", "torch", "--gpus", "2", "--slots", "2", *SCHEDULE, "--checkpoint-every", "3",
+                "--run-dir", str(tmp_path / "run"), "--", "--out", str(out), timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    per_rank = {int(f.stem[len("rank"):]): [json.loads(line) for line in f.read_text().splitlines()]
+                for f in out.glob("rank*.jsonl")}
+    worlds = {}
+    for rank, rows in per_rank.items():
+        assert [r["step"] for r in rows] == sorted({r["step"] for r in rows}), f"rank {rank} repeated a step"
+        for r in rows:
+            worlds.setdefault(r["step"], set()).add((rank, r["world"]))
+    # (the line is written after opt.step(): job.step is then the step just taken)
+    assert sorted(worlds) == list(range(1, 19))
+    assert all(worlds[s] == ({(0, 2), (1, 2)} if s <= 4 or s > 8 else {(0, 1)}) for s in worlds), worlds
+    written = read_events(tmp_path / "run" / "events.jsonl", kind="checkpoint_written")
+    assert [(e["step"], e["world_size"]) for e in written][:4] == [(3, 2), (4, 2), (7, 1), (8, 1)]
+    assert written[-1]["step"] == 18
+    assert sorted(f.name for f in (tmp_path / "run" / "checkpoints" / "dcp-00000018").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]

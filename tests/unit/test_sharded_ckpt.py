@@ -1,0 +1,190 @@
+"""Sharded checkpoints on disk (elastic_ring.ckpt.sharded) and a sharded job's checkpoint rules
+(elastic_ring.worker.sharded, worker.checkpoints): DCP's folder written in this process alone (no
+process group: DCP's single-process path), published, listed, pruned and read back in full."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from elastic_ring.ckpt import CheckpointStore, load
+from elastic_ring.ckpt.sharded import complete, folder_name, load_full, partial_name, prune, publish
+from elastic_ring.errors import CheckpointError
+
+
+def _dcp_save(folder: Path, scale: float) -> dict:
+    import torch.distributed.checkpoint as dcp
+
+    sd = {"model": {"w": torch.arange(6.0).reshape(2, 3) * scale, "b": torch.ones(3) * scale},
+          "optimizer": {"state": {"w": {"exp_avg": torch.full((2, 3), scale)}}, "param_groups": []}}
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(folder)))
+    return sd
+
+
+def _checkpoint(ckpts: Path, step: int, keep: int = 2) -> dict:
+    """What rank 0 does: DCP into the partial folder, published, then the checkpoint file."""
+    partial = ckpts / partial_name(step, segment=0)
+    sd = _dcp_save(partial, float(step))
+    assert complete(partial)
+    publish(ckpts, partial, step)
+    CheckpointStore(ckpts, keep=keep).save({"step": step, "model": None, "optimizer": None,
+                                            "sharded": folder_name(step), "cursor": step * 4})
+    return sd
+
+
+def test_a_sharded_checkpoint_is_listed_after_its_folder_and_loads_in_full(tmp_path):
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    for step in (3, 6, 9):
+        sd = _checkpoint(ckpts, step)
+    # the last two kept, their DCP folders with them; the first one's pruned with its file
+    assert sorted(p.name for p in ckpts.iterdir()) == ["ckpt-00000006.pt", "ckpt-00000009.pt", "dcp-00000006",
+                                                       "dcp-00000009", "latest.json"]
+    state = load(tmp_path / "run")
+    assert state["step"] == 9 and state["cursor"] == 36 and state["sharded"] == "dcp-00000009"
+    assert torch.equal(state["model"]["w"], sd["model"]["w"]) and torch.equal(state["model"]["b"], sd["model"]["b"])
+    assert torch.equal(state["optimizer"]["state"]["w"]["exp_avg"], torch.full((2, 3), 9.0))
+    older = load(ckpts / "ckpt-00000006.pt")  # a given file: its own folder
+    assert torch.equal(older["model"]["b"], torch.ones(3) * 6)
+
+
+def test_a_half_written_checkpoint_is_never_resumed_and_is_cleared(tmp_path):
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    _checkpoint(ckpts, 4)
+    # a writer killed mid-save: shards written, no .metadata, never renamed, no checkpoint file
+    partial = ckpts / partial_name(8, segment=1)
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"half")
+    assert not complete(partial)
+    assert CheckpointStore(ckpts).load_latest()["step"] == 4  # the complete one
+    with pytest.raises(CheckpointError, match="incomplete"):
+        load_full(partial)
+    # a folder whose checkpoint file is gone (or never written) is not kept either; the partial
+    # folder of this segment may be another rank's next checkpoint, being written: kept
+    (ckpts / "dcp-00000007").mkdir()
+    (ckpts / partial_name(12, segment=2)).mkdir()
+    prune(ckpts, ["ckpt-00000004.pt"], segment=2)
+    assert sorted(p.name for p in ckpts.iterdir()) == [".dcp-00000012.partial-2", "ckpt-00000004.pt",
+                                                       "dcp-00000004", "latest.json"]
+
+
+def test_a_missing_dcp_folder_is_one_error_naming_it(tmp_path):
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    _checkpoint(ckpts, 2)
+    import shutil
+
+    shutil.rmtree(ckpts / "dcp-00000002")
+    with pytest.raises(CheckpointError, match="dcp-00000002 is missing or incomplete"):
+        load(tmp_path)
+
+
+def test_is_sharded_only_for_dtensor_parameters():
+    from elastic_ring.worker.sharded import is_sharded
+
+    assert not is_sharded(torch.nn.Linear(2, 2))
+    assert not is_sharded(None) and not is_sharded({"w": torch.zeros(1)})
+
+
+def _checkpoints(every: int = 0, every_s: float = 0.0):
+    from elastic_ring.worker.checkpoints import Checkpoints
+
+    info = types.SimpleNamespace(run_dir="/nonexistent", keep=2, checkpoint_every=every, checkpoint_every_s=every_s)
+    c = Checkpoints(info, snapshot=None, progress=None, world_size=lambda: 2, current_lr=lambda: 0.1)
+    return c
+
+
+def test_a_sharded_job_checkpoints_at_the_same_step_on_every_rank():
+    """Step-based: as for any job. Time-based: rank 0's clock says it once (until written); every
+    rank writes when the vote carrying it is read, not on its own clock."""
+    c = _checkpoints(every=0, every_s=0.01)
+    vote = types.SimpleNamespace(checkpoint_asked=False, checkpoint_due=None)
+    c.sharded, c.vote = object(), vote
+    c._last_t -= 1.0  # a second since the last checkpoint: due on rank 0's clock
+    assert not c.due(5, 100)  # not yet agreed: no rank writes on its own clock
+    assert c.time_due() and not c.time_due()  # said once, until written
+    vote.checkpoint_asked = True  # the vote carrying it was read
+    assert c.due(6, 100) and not c.due(100, 100)  # (never at the segment's stop step: the end writes)
+    s = _checkpoints(every=3)
+    s.sharded, s.vote = object(), types.SimpleNamespace(checkpoint_asked=False)
+    s.last_step = 4
+    assert not s.due(6, 100) and s.due(7, 100)
+
+
+def test_the_vote_carries_rank_0s_checkpoint_due():
+    from elastic_ring.worker.segment import Segment, StopVote
+
+    class Coll:
+        def allreduce_async(self, t, name=""):
+            self.sent = t.clone()
+            return t
+
+        def wait(self, h):
+            return h
+
+    for rank, due, asked in ((0, True, True), (0, False, False), (1, True, False)):
+        ring = types.SimpleNamespace(rank=rank, coll=Coll())
+        v = StopVote(Path("/nonexistent"), ring, Segment(0, 100, 100))
+        v.checkpoint_due = lambda: due
+        h = v.start(3)
+        assert ring.coll.sent.numel() == 4
+        v.result(h)
+        assert v.checkpoint_asked is asked  # (a real allreduce sums rank 0's flag into every rank's)
+    plain = StopVote(Path("/nonexistent"), types.SimpleNamespace(rank=0, coll=Coll()), Segment(0, 100, 100))
+    plain.result(plain.start(3))
+    assert plain.ring.coll.sent.numel() == 3 and not plain.checkpoint_asked  # a job not sharded: as before
+
+
+def test_export_writes_the_full_model_of_a_sharded_checkpoint(capsys, tmp_path):
+    from tests.conftest import one_line_error, run_inproc
+
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    sd = _checkpoint(ckpts, 5)
+    r = run_inproc(capsys, "export", str(tmp_path / "run"), "--out", str(tmp_path / "model.pt"))
+    assert r.returncode == 0 and "the model of step 5 (2 tensors, 9 values" in r.stdout, r
+    got = torch.load(tmp_path / "model.pt")
+    assert got.keys() == {"w", "b"} and all(torch.equal(got[k], sd["model"][k]) for k in got)
+    import shutil
+
+    shutil.rmtree(ckpts / "dcp-00000005")  # its shards lost: one line, exit 2, nothing written
+    r = run_inproc(capsys, "export", str(tmp_path / "run"), "--out", str(tmp_path / "again.pt"))
+    one_line_error(r, "dcp-00000005 is missing or incomplete")
+    assert not (tmp_path / "again.pt").exists()
+
+
+def test_the_built_in_shard_option_says_in_one_line_what_it_needs(cli_inproc, tmp_path):
+    from tests.conftest import one_line_error
+
+    common = ["train", "--gpus", "1", "--dataset", "synthetic", "--steps", "2"]
+    r = cli_inproc(*common, "--collective", "horovod", "--set", "shard=true", "--run-dir", str(tmp_path / "a"))
+    one_line_error(r, "--set shard=true", "add --collective torch")
+    r = cli_inproc(*common, "--collective", "torch", "--set", "shard=true", "--lr-scaling", "constant-batch",
+                   "--global-batch", "32", "--run-dir", str(tmp_path / "b"))
+    one_line_error(r, "shard=true does not go with lr_scaling constant-batch")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_an_optimizer_built_before_fully_shard_is_one_contract_error():
+    from elastic_ring.worker.errors import ContractError
+    from elastic_ring.worker.sharded import check_optimizer
+
+    model, other = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    check_optimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    check_optimizer(model, None)
+    with pytest.raises(ContractError, match="build it after fully_shard"):
+        check_optimizer(model, torch.optim.SGD(other.parameters(), lr=0.1))
+
+
+def test_split_and_join_keep_the_tree_and_plain_tensors():
+    from elastic_ring.worker.sharded import join, split
+
+    sd = {"model": {"w": torch.ones(2)}, "optimizer": {"state": {"w": {"step": torch.tensor(3.0)}},
+                                                        "param_groups": [{"lr": 0.1, "params": ["w"]}]}}
+    specs: dict = {}
+    local = split(sd, specs)
+    assert specs == {} and local == sd and join(local, specs) == sd  # no DTensor: the same tree
