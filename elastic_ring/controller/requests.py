@@ -68,7 +68,8 @@ class RunRequest:
     ray_address: str | None = None
     placement: str = "PACK"
     warm_spares: int | None = None
-    survive: bool = False  # the survivors of a failed worker go on from memory (--backend ray, --relaunch inplace)
+    survive: bool | None = None  # the survivors of a failed worker go on from memory (--backend ray, --relaunch
+    # inplace): True --survive, False --no-survive, None the default (on where the state copy is cheap)
     collective: str | None = None  # horovod (None: a new run's default, a resumed run's own) or torch
     stop_grace: float | None = None  # a torchrun-form script: SIGTERM -> SIGKILL at a stop (None: the default)
     host_discovery_script: str | None = None  # the hosts come from this executable, asked every interval
