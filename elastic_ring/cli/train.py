@@ -21,10 +21,12 @@ def _echo(msg: str) -> None:
 
 
 @click.command(context_settings={"max_content_width": 100})
-@click.option("--workers", "--gpus", "workers", type=int, default=None, metavar="N",
+@click.option("--workers", "--gpus", "workers", default=None, metavar="N|MIN:MAX",
               help="Workers to start with: one GPU each on a GPU node, a CPU process each otherwise "
-                   "(--gpus is the same option). [default: 1; at --resume: the size the run was at or "
-                   "was going to]")
+                   "(--gpus is the same option). MIN:MAX (as Horovod Elastic's --min-np/--max-np): start at "
+                   "MAX, or at every slot where fewer (fewer than MIN: refused), never resized above MAX, the "
+                   "schedule within the bounds; with --host-discovery-script the same as --min-workers MIN "
+                   "--max-workers MAX. [default: 1; at --resume: the size the run was at or was going to]")
 @click.option("--script", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Run your own Horovod script (written with elastic_ring.worker, or for Horovod "
                    "Elastic as it is, or a torchrun script as it is: docs/torchrun.md) instead of the "
@@ -219,7 +221,11 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
     from elastic_ring.controller.runs import RunRequest, start_or_resume
     from elastic_ring.controller.summary import render
 
-    req = RunRequest(workers=workers, script=script, script_args=tuple(script_args), resize_at=resize_at,
+    from elastic_ring.hosts.api import parse_workers
+
+    parsed = parse_workers(workers) if workers is not None else None
+    req = RunRequest(workers=parsed if isinstance(parsed, int) else None,
+                     worker_range=parsed if isinstance(parsed, tuple) else None, script=script, script_args=tuple(script_args), resize_at=resize_at,
                      resize_to=resize_to, schedule=schedule, config_path=config_path,
                      overrides=tuple(overrides), steps=steps, depth=depth, dataset=dataset,
                      data_dir=data_dir, batch_size=batch_size, lr=lr, seed=seed, lr_scaling=lr_scaling,

@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterator
 
 from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec
-from elastic_ring.controller.requests import RunRequest, check, check_torch_survive, with_script_collective
+from elastic_ring.controller.requests import (RunRequest, check, check_torch_survive, range_start, with_script_collective,
+                                              with_worker_range)
 from elastic_ring.env import ray_address
 from elastic_ring.errors import Interrupted, UserError
 
@@ -92,6 +93,7 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
 
     req = with_slurm_hosts(req, echo)  # inside a Slurm allocation with no --hosts: its nodes
     check(req)
+    req = with_worker_range(req)  # --workers MIN:MAX with host discovery: its --min/--max-workers
     req, inferred = with_script_collective(req)  # a torch.distributed script: --collective torch
     if req.collective is None and not req.resume_dir and not hvdrun.horovod_installed():
         from dataclasses import replace
@@ -206,6 +208,11 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
     hosts = host_manager(req, echo) if req.host_discovery_script else None
     n_slots = hosts_slots(hosts) if hosts is not None else _slots(req, device, ngpu)
     sched = _schedule(req)
+    if req.worker_range is not None:  # on fixed slots: start at MAX or every slot; never more than MAX
+        from dataclasses import replace
+
+        req = replace(req, workers=range_start(req.worker_range, n_slots, sched))
+        n_slots = min(n_slots, req.worker_range[1])
     torchrun = collective == "torch" and _torchrun_form(req)  # every worker stopped and started again
     if req.stop_grace is not None and not torchrun:
         raise UserError("--stop-grace goes with a script of torchrun's contract (docs/torchrun.md)")
@@ -220,6 +227,8 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
     run.survive = run.choice.launches_survivors
     if hosts is not None:
         run.extra.update(hosts=hosts, asked_workers=req.workers, discovery=req.host_discovery_script)
+    if req.worker_range is not None:
+        run.extra.update(worker_range=req.worker_range)
     run.extra.update(gpu_report=rep, relaunch_note=why)
     if torchrun:
         run.extra.update(torchrun=True, stop_grace=_stop_grace(req, run.spec.run_dir))
@@ -669,6 +678,11 @@ def describe(run: PreparedRun) -> list[str]:
         lines.append(f"elastic-ring: {lr_rule_line(spec.script, spec.lr_scaling or 'linear')}")
     if run.extra.get("relaunch_note"):
         lines.append(f"elastic-ring: {run.extra['relaunch_note']}")
+    if run.extra.get("worker_range"):
+        lo, hi = run.extra["worker_range"]
+        lines.append(f"elastic-ring: --workers {lo}:{hi}: starting at {spec.workers} ("
+                     + ("the maximum" if spec.workers == hi else f"every slot, fewer than {hi}")
+                     + f"); resizes to at most {hi}")
     if hosts is not None:
         b = hosts.bounds
         lines.append(f"elastic-ring: hosts from {Path(run.extra['discovery']).name} every "
