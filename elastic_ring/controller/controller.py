@@ -144,7 +144,8 @@ class Controller:
         self.hosts = None if hosts is None else HostWatch(
             hosts, asked_workers, plan=self.plan, save_plan=self._save_plan, meter=self.meter, events=self.events,
             out=say, clock=clock, poll_s=poll_s, show_line=lambda line: self._set_state(self.state, hosts=line),
-            interrupted=lambda: self._interrupts)
+            interrupted=lambda: self._interrupts,
+            show_state=lambda st: self._set_state(self.state, host_state=st))
         self.prelaunch = Prelaunch(spec.run_dir, self.procs, self._start_processes, self.plan, self.meter, self.hosts,
                                    self._next_stop, say, clock)
         self.ahead = RingAhead(self.plan, resize, spec.run_dir, self.owner, self._next_stop)  # (in place)
