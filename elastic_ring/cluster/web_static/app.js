@@ -145,8 +145,8 @@ function drawHosts(st) {
   const rows = [];
   for (const j of st.jobs) {
     for (const h of j.hosts || []) {
-      const tr = el("tr", {"class": "host hs-" + h.state, "data-job": String(j.id), "data-host": h.host,
-                           "data-state": h.state});
+      const tr = el("tr", {"class": "host hs-" + h.state, "data-host-job": String(j.id), "data-host": h.host,
+                           "data-host-state": h.state});
       const slots = h.state === "in_use" && h.in_use_slots !== h.slots ? h.in_use_slots + " of " + h.slots : String(h.slots);
       for (const [text, cls] of [["#" + j.id + " " + j.name, "name"], [h.host, "name"], [slots],
                                  [HOST_STATE[h.state] || h.state, "state"],
