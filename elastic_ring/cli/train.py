@@ -270,6 +270,7 @@ def status(run_dir, as_json):
     controller is gone: continue with --resume)."""
     from elastic_ring.controller.status import read_status
     from elastic_ring.controller.summary import render, summarize
+    from elastic_ring.controller.survive_choice import recorded
     from elastic_ring.events.api import read_events
 
     rd = Path(run_dir)
@@ -277,11 +278,12 @@ def status(run_dir, as_json):
     st = read_status(rd, evs)
     s = summarize(evs)
     s.update(state=st.line(), step=st.step, world_size=st.world_size)
+    survive, survive_line = recorded(evs)  # whether a failure's survivors go on, and why
     if as_json:
         s.update(phase=st.phase.value, total_steps=st.total_steps, pid=st.pid, vote_every=st.vote_every,
-                 hosts=st.hosts)
+                 hosts=st.hosts, survive=survive)
         click.echo(json.dumps(s, indent=2))
         return
     latency = st.stop_latency_line()
     hosts = st.hosts if st.hosts and not st.waiting_for_hosts else None  # (waiting: the state line says it)
-    click.echo(render(s, st.total_steps) + "".join(f"\n\n{x}" for x in (hosts, latency) if x))
+    click.echo(render(s, st.total_steps) + "".join(f"\n\n{x}" for x in (hosts, survive_line, latency) if x))

@@ -102,6 +102,23 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%" if x < 0.995 else f"{100 * x:.0f}%"
 
 
+def recorded(events: Iterable[Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """The run's newest choice among ``events`` (``survive_choice``) as ``status --json`` gives it
+    (``{on, why, ratio, forced}``; ``on`` None: still measuring), and the line ``status`` prints
+    (None where the launcher cannot keep survivors and nothing forced it: no news there)."""
+    last = None
+    for e in events:
+        if isinstance(e, SurviveChoice):
+            last = e
+    if last is None:
+        return None, None
+    rec = {"on": last.on, "why": last.why, "ratio": last.ratio, "forced": last.forced}
+    if last.on is None:
+        return rec, f"survive: measuring ({last.why})"
+    cannot = last.on is False and not last.forced and last.ratio is None
+    return rec, None if cannot else f"survive: {'on' if last.on else 'off'} ({last.why})"
+
+
 class SurviveWatch:
     """The run's choice, held by the controller (see the module docstring): ``start`` records the
     initial one (and clears an earlier controller's word and reports: a resume measures again),

@@ -173,3 +173,25 @@ def test_forced_and_impossible_choices_are_recorded_and_said_where_relevant(tmp_
     assert w.restart_note() == f"; {w.choice.line()}" and w.restart_note() == ""  # ... once at the first restart
     assert w.off_refusal() is None  # nothing to end: its launcher keeps no survivors
     assert read_events(tmp_path / "events.jsonl", kind="survive_choice")[-1]["on"] is False
+
+
+def test_status_gives_the_newest_choice(tmp_path, cli_inproc):
+    from elastic_ring.events.api import SurviveChoice
+
+    log = EventLog(tmp_path / "events.jsonl")
+    assert sc.recorded(read_events(tmp_path / "events.jsonl")) == (None, None)
+    log.write(sc.initial(None, "horovodrun", "overlap", "horovod", "cpu").event())
+    rec, line = sc.recorded(read_events(tmp_path / "events.jsonl"))
+    assert rec["on"] is False and line is None  # a launcher that cannot: no news in `status`
+    log.write(sc.initial(None, "ray", "auto", "horovod", "cpu").event())
+    assert sc.recorded(read_events(tmp_path / "events.jsonl"))[1].startswith("survive: measuring (")
+    log.write(SurviveChoice(on=True, why="state copy 0.4% of a step, <= 2.0%", ratio=0.004))
+    rec, line = sc.recorded(read_events(tmp_path / "events.jsonl"))
+    assert rec == {"on": True, "why": "state copy 0.4% of a step, <= 2.0%", "ratio": 0.004, "forced": False}
+    assert line == "survive: on (state copy 0.4% of a step, <= 2.0%)"
+    (tmp_path / "run.json").write_text('{"total_steps": 10}')
+    p = cli_inproc("status", str(tmp_path))
+    assert p.returncode == 0 and line in p.stdout.splitlines(), p.stdout
+    import json
+
+    assert json.loads(cli_inproc("status", str(tmp_path), "--json").stdout)["survive"] == rec
