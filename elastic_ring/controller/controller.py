@@ -69,7 +69,6 @@ from elastic_ring.controller.backends.horovodrun import probe_hosts
 from elastic_ring.controller.diagnose import Diagnosis
 from elastic_ring.controller.display import Display, layout_words
 from elastic_ring.controller.host_watch import HostWatch
-from elastic_ring.controller.survive_choice import SurviveWatch
 from elastic_ring.controller.lock import OwnerHeartbeat, RunLock
 from elastic_ring.controller.membership import Cause, MembershipChange, decide
 from elastic_ring.controller.meter import Meter, PendingResize, Restarting
@@ -80,6 +79,7 @@ from elastic_ring.controller.restart_rule import FailureHistory, append_tracebac
 from elastic_ring.controller.segment import Processes, Segment, Stop, segment_log
 from elastic_ring.controller.stalls import Stalls
 from elastic_ring.controller.summary import write_summary
+from elastic_ring.controller.survive_choice import SurviveWatch
 from elastic_ring.controller.worker_events import WorkerEvents
 from elastic_ring.errors import WorkerFailedError
 from elastic_ring.events.api import ErrorEvent, EventLog, Launch, ResizeRequested, Restart

@@ -17,6 +17,7 @@ event); the restart that follows a failure says why it was from the checkpoint.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -26,6 +27,7 @@ from elastic_ring.events.api import SurviveChoice
 from elastic_ring.worker.survive import MAX_COST, choice_file, cost_file
 
 ON, OFF, AUTO = "on", "off", "auto"
+CHECK_EVERY_S = 0.5  # how often the controller looks for the workers' reports while they measure
 
 
 @dataclass(frozen=True)
@@ -126,9 +128,11 @@ class SurviveWatch:
     a failure's survivors are not asked, ``launching`` readies the backend for a fresh launch."""
 
     def __init__(self, choice: Choice, run_dir: Path, events: Any, out: Callable[[str], None],
-                 show: Callable[[str], None]) -> None:
+                 show: Callable[[str], None], check_every_s: float = CHECK_EVERY_S) -> None:
         self.choice, self.run_dir, self.events, self.out, self.show = choice, Path(run_dir), events, out, show
+        self.check_every_s = check_every_s
         self.said_cannot = False
+        self._next_check = 0.0
 
     @property
     def measuring(self) -> bool:
@@ -149,8 +153,9 @@ class SurviveWatch:
     def check(self, world: int) -> Choice | None:
         """Under :data:`AUTO`: once at least ``world`` ranks (the running segment's) have reported,
         the word for all (written, said, recorded); else None."""
-        if not self.measuring:
+        if not self.measuring or time.monotonic() < self._next_check:
             return None
+        self._next_check = time.monotonic() + self.check_every_s
         ratios = [float(r["ratio"]) for r in (protocol.read_json(f) for f in self._reports())
                   if isinstance(r, dict) and isinstance(r.get("ratio"), (int, float))]
         if len(ratios) < max(1, world):

@@ -122,7 +122,8 @@ def test_a_worker_started_after_an_off_keeps_no_copy(tmp_path, monkeypatch):
 
 def _watch(tmp_path, choice):
     out, shown = [], []
-    w = sc.SurviveWatch(choice, tmp_path, EventLog(tmp_path / "events.jsonl"), out.append, shown.append)
+    w = sc.SurviveWatch(choice, tmp_path, EventLog(tmp_path / "events.jsonl"), out.append, shown.append,
+                        check_every_s=0.0)
     protocol.control_dir(tmp_path).mkdir(parents=True, exist_ok=True)
     return w, out, shown
 
