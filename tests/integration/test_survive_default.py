@@ -19,7 +19,7 @@ from tests.conftest import BIN, ROOT
 
 pytestmark = pytest.mark.integration
 
-STEPS = 30
+STEPS, KILL = 20, 12  # rank 1 is killed at the start of step KILL, once the controller has said
 
 SCRIPT = """
 import os, signal, sys, time, torch, horovod.torch as hvd
@@ -37,9 +37,13 @@ job.restore()
 word = os.path.join(str(job.run_dir), "control", "survive.json")
 killed = os.path.join(out, "killed")
 for step in job.steps():
-    if job.rank == 1 and os.path.exists(word) and not os.path.exists(killed):  # once, after the word
-        open(killed, "w").write(str(step))
-        os.kill(os.getpid(), signal.SIGKILL)
+    if step == %d:  # both have measured (their copies of steps 3..9 timed): wait for the controller's word
+        t0 = time.time()
+        while not os.path.exists(word) and time.time() - t0 < 60:
+            time.sleep(0.02)
+        if job.rank == 1 and not os.path.exists(killed):  # once
+            open(killed, "w").write(str(step))
+            os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.03)  # a step of a real model's order: the copy of this one is a small part of it
     idx = data.next_batch()
     loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
@@ -47,7 +51,7 @@ for step in job.steps():
     loss.backward()
     opt.step()
     job.record(loss, samples=len(idx))
-"""
+""" % KILL
 
 
 def _train(tmp_path, name: str, env: dict[str, str]) -> subprocess.Popen:
@@ -85,7 +89,7 @@ def test_the_default_keeps_survivors_where_the_copy_is_cheap_and_not_where_it_is
         first, word = read_events(run / "events.jsonl", kind="survive_choice")
         assert (first["on"], first["forced"]) == (None, False), first  # measuring, then the word for all
         assert word["on"] is on and word["forced"] is False and word["ratio"] is not None, word
-        assert (tmp_path / name / "killed").exists()  # rank 1 was killed after the word
+        assert (tmp_path / name / "killed").read_text() == str(KILL)  # rank 1 was killed after the word
         (r,) = read_events(run / "events.jsonl", kind="restart")
         lines = [ln for ln in errs[name].splitlines() if ln.startswith("survive: ")]
         assert len(lines) == 1, errs[name][-3000:]  # one line says which and why
