@@ -257,9 +257,12 @@ def rollback_word(exc: BaseException, job: Any, held: list[int],
     """After a peer's loss (``exc``): say which steps this rank holds in memory (``held``, with a
     fingerprint of each copy where given: ``digests``, step -> :func:`state_digest`), and wait for
     the controller's word on this segment. Returns the resize action whose ``rollback_to`` is one
-    of them, or None (not a peer's loss, no word in time, an exit asked)."""
+    of them, or None (not a peer's loss, no word in time, an exit asked, the default's word "off"
+    written: this rank says nothing, so the controller's wait ends at once)."""
     if not _peer_loss(exc) or not held or not job.ring.in_place:
         return None
+    if env.survive_measured() and read_choice(job.run_dir) is False:
+        return None  # the default measured the copy dear: the restart, though this rank had not read it yet
     t0 = time.time()
     run_dir, seg = job.run_dir, job.seg.number
     member = env.member(default=str(job.rank))

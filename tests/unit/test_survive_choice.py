@@ -196,3 +196,20 @@ def test_status_gives_the_newest_choice(tmp_path, cli_inproc):
     import json
 
     assert json.loads(cli_inproc("status", str(tmp_path), "--json").stdout)["survive"] == rec
+
+
+def test_after_an_off_a_survivor_says_nothing(tmp_path, monkeypatch):
+    from elastic_ring.worker.survive import rollback_word
+
+    class HorovodInternalError(Exception):
+        pass
+
+    monkeypatch.setenv(survive.SURVIVE_ENV, "auto")
+    protocol.control_dir(tmp_path).mkdir(parents=True)
+    protocol.write_json_atomic(survive.choice_file(tmp_path), {"on": False})
+    job = SimpleNamespace(ring=SimpleNamespace(in_place=True), run_dir=tmp_path, rank=0,
+                          seg=SimpleNamespace(number=0, step=5))
+    exc = HorovodInternalError("Horovod has been shut down: a peer was lost")
+    assert survive._peer_loss(exc)
+    assert rollback_word(exc, job, [4, 5]) is None
+    assert not list(protocol.control_dir(tmp_path).glob("survivor-*"))  # no record: the controller's wait ends
