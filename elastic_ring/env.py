@@ -31,7 +31,10 @@ LAUNCHED_AT = "ELASTIC_RING_LAUNCHED_AT"  # when the controller started the segm
 PROCESS_START = "ELASTIC_RING_PROCESS_START"  # a forked worker: when its launched command started
 STORE_FD = "ELASTIC_RING_STORE_FD"  # rank 0 of a --collective torch segment: the rendezvous socket it inherits
 STOP_LATENCY_MS = "ELASTIC_RING_STOP_LATENCY_MS"  # a script run's stop_latency_ms (a config's otherwise)
-SURVIVE = "ELASTIC_RING_SURVIVE"  # "1": keep the in-memory copy, and go on after a peer's loss
+SURVIVE = "ELASTIC_RING_SURVIVE"  # "1": keep the in-memory copy, and go on after a peer's loss; "auto":
+# the same, and time the copy against the step first (the controller decides: worker.survive.CostMeter)
+SURVIVE_AUTO = "auto"  # SURVIVE's value where the run measures the copy before it keeps survivors
+SURVIVE_COST = "ELASTIC_RING_SURVIVE_COST"  # tests: a worker's measured copy/step ratio is this (e.g. 0.07)
 INPLACE = "ELASTIC_RING_INPLACE"  # the ring's kind: "1" Horovod Elastic, RING_BY_CONTROLLER the controller's
 RING_BY_CONTROLLER = "controller"  # INPLACE's value where the controller forms the ring (Ray, local torch)
 MEMBER = "ELASTIC_RING_MEMBER"  # this worker's name in a resize action's "members"
@@ -89,8 +92,19 @@ def script_form(env: Mapping[str, str] | None = None) -> str | None:
 
 
 def survive(env: Mapping[str, str] | None = None) -> bool:
-    """Whether this run keeps survivors going (``--survive``)."""
-    return _flag(SURVIVE, env)
+    """Whether this run keeps survivors going (``--survive``, or the default's measuring: ``auto``)."""
+    return _get(SURVIVE, env) in ("1", SURVIVE_AUTO)
+
+
+def survive_measured(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the workers time their state copy against the step first (neither ``--survive`` nor
+    ``--no-survive``: the controller keeps survivors where the copy is cheap)."""
+    return _get(SURVIVE, env) == SURVIVE_AUTO
+
+
+def survive_cost(env: Mapping[str, str] | None = None) -> float | None:
+    """A test's forced copy/step ratio for the default's measurement (None: the one measured)."""
+    return _float(SURVIVE_COST, env)
 
 
 def ring_mode(env: Mapping[str, str] | None = None) -> str | None:

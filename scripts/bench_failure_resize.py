@@ -138,7 +138,7 @@ def killed_run(address: str | None, survive: bool, kill_at: int, steps: int, col
     this host under ``--relaunch inplace``; on ``collective``'s workers."""
     where = ["--backend", "ray", "--ray-address", address] if address else ["--relaunch", "inplace"]
     args = [*where, "--collective", collective, "--gpus", "2", "--slots", "2", "--steps", str(steps),
-            "--checkpoint-every", "10", *(["--survive"] if survive else [])]
+            "--checkpoint-every", "10", "--survive" if survive else "--no-survive"]
     heals = bool(address) and survive  # on Ray the survivors grow back to 2 (part 4)
     with tempfile.TemporaryDirectory(dir="/tmp") as d, TrainRun(args, Path(d) / "run") as run:
         run.wait_step(kill_at)
@@ -431,7 +431,7 @@ def _end_if_left(pid: int, before: float) -> None:
 def lost_node_run(c, survive: bool, kill_at: int, steps: int) -> dict:
     """Part 6: one run whose rank 1's node is removed at step ``kill_at``; it runs to its end."""
     args = ["--backend", "ray", "--ray-address", c.address, "--gpus", "2", "--slots", "2", "--steps", str(steps),
-            "--checkpoint-every", "10", *(["--survive"] if survive else [])]
+            "--checkpoint-every", "10", "--survive" if survive else "--no-survive"]
     with tempfile.TemporaryDirectory(dir="/tmp") as d, TrainRun(args, Path(d) / "run") as run:
         run.wait_step(kill_at)
         pid, prefix = _rank_node(run.run, 1)

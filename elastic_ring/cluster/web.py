@@ -4,7 +4,8 @@
 ``elastic-ring cluster web --dir DIR`` from its own (it reads the folder while another process
 schedules it, and goes on while that scheduler restarts). Everything comes from what the scheduler
 and the controllers already record: the cluster's SQLite store (opened read-only; WAL lets readers
-and the writer go on together) and each job's ``events.jsonl``.
+and the writer go on together), each job's ``events.jsonl``, and a running job's hosts under host
+discovery (its ``controller.json``: :mod:`elastic_ring.telemetry.hosts`).
 
 Routes (all GET, no action anywhere):
     /             the page (HTML, JS and CSS shipped in the package: no CDN)
@@ -29,6 +30,7 @@ from elastic_ring.cluster.api import DB_FILE, ClusterError, JobEvent, JobRow, Jo
 from elastic_ring.controller.status import live_note
 from elastic_ring.controller.summary import membership_change
 from elastic_ring.events.api import Launch, MembershipChanged, ResizeOverhead, Restart, Throughput, as_event
+from elastic_ring.telemetry.hosts import host_rows, metric_families, read_host_state
 
 STATIC = Path(__file__).with_name("web_static")
 TERMINAL = ("finished", "failed", "cancelled")
@@ -219,6 +221,8 @@ class ClusterView:
                 "curves": {"loss": tail.loss, "images_per_s": tail.ips},
                 "resize_events": tail.resizes, "restart_events": tail.restarts,
                 "membership_changes": tail.changes, "last_change": tail.changes[-1]["what"] if tail.changes else None,
+                # under host discovery: discovered, in use, excluded (until when), draining
+                "hosts": host_rows(read_host_state(rd)) if running and rd.is_dir() else [],
             })
         return {
             "now": now, "dir": str(self.dir),
@@ -303,6 +307,7 @@ class _Collector:
                 ws.add_metric([str(j["id"]), j["name"]], j["workers"])
         yield ips
         yield ws
+        yield from metric_families((str(j["id"]), j["name"], j["hosts"]) for j in s["jobs"] if j["hosts"])
 
 
 # ---------------------------------------------------------------------- server

@@ -80,6 +80,7 @@ from elastic_ring.controller.restart_rule import FailureHistory, append_tracebac
 from elastic_ring.controller.segment import Processes, Segment, Stop, segment_log
 from elastic_ring.controller.stalls import Stalls
 from elastic_ring.controller.summary import write_summary
+from elastic_ring.controller.survive_choice import SurviveWatch
 from elastic_ring.controller.worker_events import WorkerEvents
 from elastic_ring.errors import EXIT_REQUEUE, WorkerFailedError
 from elastic_ring.events.api import ErrorEvent, EventLog, Launch, ResizeRequested, Restart
@@ -101,7 +102,7 @@ class Controller:
                  plan: Plan | None = None, backend: Backend | None = None, resize: ResizeStrategy | None = None,
                  stall_timeout: float | None = None, lr_decays: tuple[int, ...] = (),
                  constant_batch: tuple[int, int] | None = None, hosts: HostManager | None = None,
-                 asked_workers: int | None = None, grace: float | None = None) -> None:
+                 asked_workers: int | None = None, grace: float | None = None, survive: Any = None) -> None:
         self.lr_decays = tuple(lr_decays)  # steps after which the schedule decays the LR (shown at a resize)
         self.constant_batch = constant_batch  # (global batch, micro-batch): the layout shown at a resize
         # a script's "auto" (its own scaling) is decided by the workers: Eq. 7 is the reference here
@@ -147,13 +148,23 @@ class Controller:
         # host discovery (hosts.manager.HostManager, or None), watched by a HostWatch
         self.hosts = None if hosts is None else HostWatch(
             hosts, asked_workers, plan=self.plan, save_plan=self._save_plan, meter=self.meter, events=self.events,
-            out=say, clock=clock, poll_s=poll_s, show_line=self._show_hosts, interrupted=lambda: self._interrupts)
+            out=say, clock=clock, poll_s=poll_s, show_line=self._show_hosts, interrupted=lambda: self._interrupts,
+            show_state=lambda st: self._set_state(self.state, host_state=st))
         # hosts leaving with notice (`elastic-ring drain`, a worker's SIGTERM): .drains
         self.drains = Drains(self.hosts, spec.run_dir, self.events, say, clock, notice_deadline_s=grace)
         self.prelaunch = Prelaunch(spec.run_dir, self.procs, self._start_processes, self.plan, self.meter, self.hosts,
                                    self._next_stop, say, clock)
         self.ahead = RingAhead(self.plan, resize, spec.run_dir, self.owner, self._next_stop)  # (in place)
         self.worker_events = WorkerEvents(self.meter, self.display, self.watchdog, constant_batch, self._stepping)
+        # whether a failure's survivors go on (controller.survive_choice.Choice; None: the backend's own say)
+        self.survival = None if survive is None else SurviveWatch(survive, spec.run_dir, self.events, say,
+                                                                  self._show_survive)
+
+    def _show_survive(self, line: str) -> None:
+        """The survive choice in ``controller.json`` (`status`), written now once the run is under way."""
+        self._state_info["survive"] = line
+        if self.state is not RunState.PENDING:
+            self._set_state(self.state)
 
     # ------------------------------------------------------------------ state
     def _set_state(self, state: RunState, **extra: Any) -> None:
@@ -209,6 +220,8 @@ class Controller:
         lock.acquire()
         protocol.control_dir(self.spec.run_dir).mkdir(parents=True, exist_ok=True)
         self._save_plan()
+        if self.survival is not None:
+            self.survival.start()
         heartbeat = OwnerHeartbeat(self.spec.run_dir, self.owner)
         heartbeat.start()
         sigs = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGUSR1,) if slurm.in_allocation() else ())
@@ -412,9 +425,10 @@ class Controller:
         if not self.resize.keeps_workers or (seg.stall is not None and not self.stalls.ended):
             return None
         self.stalls.ended = 0.0
-        s = self.backend.survivors()
+        off = self.survival.off_refusal() if self.survival is not None else None
+        s = self.backend.survivors(wait_s=0.0) if off else self.backend.survivors()  # off: the group ended
         if s is None:
-            self._refused = self.backend.refused  # for the restart that follows
+            self._refused = off or self.backend.refused  # for the restart that follows
         return s
 
     def _failed(self, seg: Segment, change: MembershipChange, rc: int | None) -> None:
@@ -476,12 +490,15 @@ class Controller:
                      f"on from step {step}{joined} ({redone} step(s) to redo)")
         else:
             self.out(f"{why}: restart {attempt}/{self.max_restarts} from step {step} with {world} worker(s) "
-                     f"({redone} step(s) to redo)" + (f"; not from memory: {refused}" if refused else ""))
+                     f"({redone} step(s) to redo)" + (f"; not from memory: {refused}" if refused else "")
+                     + (self.survival.restart_note() if self.survival is not None else ""))
 
     # ------------------------------------------------------------------ processes
     def _start_processes(self, seg: Segment) -> None:
         if self.hosts is not None:  # the first seg.world usable slots, in rank order
             self.backend.use_hosts(self.hosts.place(seg).arg())
+        if self.survival is not None:
+            self.survival.launching(self.backend)  # after the default's "off": no survivors kept
         self.procs.start(seg)
         self._set_state(self.state, launchers=list(self.procs.launchers.values()))
 
@@ -538,6 +555,8 @@ class Controller:
             self._check_drains(seg)
             self._check_hosts(seg)
             self._check_heal(seg)
+            if self.survival is not None and self.survival.measuring:
+                self.survival.check(seg.world)
             if self._interrupts:
                 self._on_interrupt(seg)
             rc = seg.handle.poll()

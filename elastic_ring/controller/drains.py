@@ -100,7 +100,7 @@ class Drains:
         assert self.hosts is not None
         self.hosts.manager.drain(host)
         self.pending[host] = Draining(host, cause, why, deadline_s, self.clock() + deadline_s)
-        self.hosts.draining = set(self.pending)
+        self.hosts.draining = {h: d.deadline for h, d in self.pending.items()}
         note = (f"draining {host} ({why}): the job shrinks off it at the next agreed step "
                 f"(deadline {deadline_s:g} s)")
         self.out(note)
@@ -147,4 +147,4 @@ class Drains:
         self.pending.clear()
         self._heard.clear()
         if self.hosts is not None:
-            self.hosts.draining = set()
+            self.hosts.draining = {}

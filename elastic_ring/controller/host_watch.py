@@ -8,6 +8,10 @@ loop: :meth:`HostWatch.world` before a launch, :meth:`HostWatch.view` and :meth:
 from the watch, :meth:`HostWatch.failed` when a worker failed (its host is left out for a cooldown,
 ``--blacklist-cooldown-range``, and grown back onto after it). Asking a change (the stop file, the
 ``resize_requested`` event) stays the controller's (``Controller._ask``).
+
+Besides `status`'s line it keeps the hosts as data in ``controller.json`` (:meth:`HostWatch.state`:
+discovered, in use, excluded with until when, draining), which the cluster page and ``/metrics``
+read (:mod:`elastic_ring.telemetry.hosts`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ if TYPE_CHECKING:
 class HostWatch:
     def __init__(self, manager: HostManager, asked: int | None, *, plan: Plan, save_plan: Callable[[], None],
                  meter: Meter, events: EventLog, out: Callable[[str], None], clock: Callable[[], float],
-                 poll_s: float, show_line: Callable[[str, HostView], Any], interrupted: Callable[[], int]) -> None:
+                 poll_s: float, show_line: Callable[[str, HostView], Any], interrupted: Callable[[], int],
+                 show_state: Callable[[dict[str, Any]], Any] | None = None) -> None:
         # the size asked of discovery (--workers, the schedule's, a live resize's; None: every
         # usable slot up to --max-workers) and the hosts each segment was started on
         self.manager = manager
@@ -42,8 +47,13 @@ class HostWatch:
         self.plan, self._save_plan, self.meter, self.events = plan, save_plan, meter, events
         self.out, self.clock, self.poll_s = out, clock, poll_s
         self._show_line = show_line  # `status`'s hosts line (and the usable hosts), into controller.json
-        self.draining: set[str] = set()  # drained hosts the job still runs on (.drains.Drains keeps it)
         self._interrupted = interrupted  # the controller's count of signals
+        self._show_state = show_state  # the hosts as data (state()), into controller.json
+        self._state: dict[str, Any] | None = None
+        self.in_use: HostSet | None = None  # the hosts the newest segment was started on
+        # hosts leaving with notice the job still runs on -> their deadline (the controller's wall
+        # clock; None: none); .drains.Drains keeps it
+        self.draining: dict[str, float | None] = {}
         # the manager's clock (monotonic) to the controller's (wall), for `status`'s "until 01:40:12"
         self._to_wall = clock() - manager.clock()
 
@@ -92,6 +102,8 @@ class HostWatch:
         """The hosts ``seg`` starts on: the first ``seg.world`` usable slots, in rank order."""
         on = self.manager.view(self.asked).hosts_for(seg.world)
         self.hosts_of[seg.index] = on
+        self.in_use = on
+        self._show(self.manager.view(self.asked))
         return on
 
     def view(self, segment: int | None = None) -> HostView:
@@ -110,7 +122,29 @@ class HostWatch:
         if line != self._line:
             self._line = line
             self._show_line(line, view)
+        self._show(view)
         return view
+
+    def state(self, view: HostView) -> dict[str, Any]:
+        """The hosts as data (``controller.json``'s ``host_state``): ``discovered`` (``[[host, slots]]``,
+        None before a good answer), ``usable`` (less the excluded), ``in_use`` (the newest segment's),
+        ``excluded`` (``[{host, until, failures}]``, until in wall-clock seconds), ``draining``
+        (``[{host, deadline}]``: hosts leaving with notice), ``target`` (None: waiting) and ``need``
+        (``--min-workers``)."""
+        return {"discovered": view.discovered.pairs() if view.discovered is not None else None,
+                "usable": view.usable.pairs(), "in_use": self.in_use.pairs() if self.in_use is not None else [],
+                "excluded": [{"host": e.host, "until": round(e.until + self._to_wall, 3), "failures": e.failures}
+                             for e in view.excluded],
+                "draining": [{"host": h, "deadline": t} for h, t in sorted(self.draining.items())],
+                "target": view.target, "need": view.need}
+
+    def _show(self, view: HostView) -> None:
+        if self._show_state is None:
+            return
+        st = self.state(view)
+        if st != self._state:
+            self._state = st
+            self._show_state(st)
 
     def check(self, seg: Segment, view: HostView) -> int | None:
         """The size to ask of ``seg`` when the usable slots (``view``, polled by :meth:`view`) allow

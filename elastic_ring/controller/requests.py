@@ -31,6 +31,7 @@ class RunRequest:
     """What a caller asks for (the options of `elastic-ring train`; None: not given)."""
 
     workers: int | None = None
+    worker_range: tuple[int, int] | None = None  # --workers MIN:MAX (parsed: hosts.api.parse_workers)
     script: str | None = None
     script_args: tuple[str, ...] = ()
     resize_at: int | None = None
@@ -68,7 +69,8 @@ class RunRequest:
     ray_address: str | None = None
     placement: str = "PACK"
     warm_spares: int | None = None
-    survive: bool = False  # the survivors of a failed worker go on from memory (--backend ray, --relaunch inplace)
+    survive: bool | None = None  # the survivors of a failed worker go on from memory (--backend ray, --relaunch
+    # inplace): True --survive, False --no-survive, None the default (on where the state copy is cheap)
     collective: str | None = None  # horovod (None: a new run's default, a resumed run's own) or torch
     stop_grace: float | None = None  # a torchrun-form script: SIGTERM -> SIGKILL at a stop (None: the default)
     host_discovery_script: str | None = None  # the hosts come from this executable, asked every interval
@@ -124,6 +126,7 @@ def check(req: RunRequest) -> None:
         raise UserError("use either --resize-at/--to or --schedule, not both")
     if req.hosts and req.hostfile:
         raise UserError("use either --hosts or --hostfile, not both")
+    _check_worker_range(req)
     _check_discovery(req)
     if req.backend not in BACKENDS:
         raise UserError(f"--backend must be one of {', '.join(BACKENDS)}, got {req.backend}")
@@ -146,6 +149,49 @@ def check(req: RunRequest) -> None:
         raise UserError(f"--placement must be one of {', '.join(PLACEMENTS)}, got {req.placement}")
     _check_collective(req)
     _check_numbers(req)
+
+
+def _check_worker_range(req: RunRequest) -> None:
+    """``--workers MIN:MAX``: the bounds once (not beside ``--min-workers``/``--max-workers``), for a
+    new run (a resumed one goes on at its own size)."""
+    if req.worker_range is None:
+        return
+    lo, hi = req.worker_range
+    if req.min_workers is not None or req.max_workers is not None:
+        raise UserError(f"--workers {lo}:{hi} already gives the bounds: drop --min-workers/--max-workers")
+    if req.workers is not None:
+        raise UserError(f"--workers {lo}:{hi} gives the bounds, and the start size is the most the slots hold: "
+                        f"drop the count")
+    if req.resume_dir:
+        raise UserError(f"--resume goes on at the run's size: drop --workers {lo}:{hi} (--workers N resizes it)")
+
+
+def with_worker_range(req: RunRequest) -> RunRequest:
+    """``--workers MIN:MAX`` with ``--host-discovery-script``: ``--min-workers MIN --max-workers MAX``
+    (the discovery's own bounds); otherwise ``req`` as it is (:func:`range_start` applies)."""
+    if req.worker_range is None or not req.host_discovery_script:
+        return req
+    from dataclasses import replace
+
+    lo, hi = req.worker_range
+    return replace(req, worker_range=None, min_workers=lo, max_workers=hi)
+
+
+def range_start(worker_range: tuple[int, int], slots: int, schedule: Any = ()) -> int:
+    """``--workers MIN:MAX`` on fixed slots: the size to start at, MAX or every slot where fewer (as
+    Horovod Elastic's ``--max-np`` with ``-np`` left out); the schedule's sizes must lie within.
+
+    Raises:
+        UserError: fewer slots than MIN, or a scheduled size outside the bounds (one line).
+    """
+    lo, hi = worker_range
+    if slots < lo:
+        raise UserError(f"--workers {lo}:{hi} needs at least {lo} slot(s); {count(slots, 'slot')} found "
+                        f"(--slots, --hosts or the GPUs visible)")
+    for r in schedule:
+        if not lo <= r.to <= hi:
+            raise UserError(f"the resize to {r.to} at step {r.step} is outside --workers {lo}:{hi}")
+    return min(hi, slots)
 
 
 def _check_discovery(req: RunRequest) -> None:

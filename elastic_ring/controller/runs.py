@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterator
 
 from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec
-from elastic_ring.controller.requests import RunRequest, check, check_torch_survive, with_script_collective
+from elastic_ring.controller.requests import (RunRequest, check, check_torch_survive, range_start, with_script_collective,
+                                              with_worker_range)
 from elastic_ring.env import ray_address
 from elastic_ring.errors import Interrupted, UserError
 
@@ -40,7 +41,9 @@ class PreparedRun:
     relaunch: str
     extra: dict[str, Any] = field(default_factory=dict)
     stall_timeout: float | None = None  # given, or kept in run.json by the run's start (resumes)
-    survive: bool = False  # given, or kept in run.json (--survive stays on at a resume)
+    survive: bool = False  # the workers are launched keeping survivors (forced on, or measuring: ``choice``)
+    forced_survive: bool | None = None  # --survive / --no-survive, given or kept in run.json (None: the default)
+    choice: Any = None  # survive_choice.Choice: on, off, or measure first
 
 
 def resolve_device(device: str, echo: Callable[[str], None] | None = None, collective: str = "horovod"):
@@ -90,6 +93,7 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
 
     req = with_slurm_hosts(req, echo)  # inside a Slurm allocation with no --hosts: its nodes
     check(req)
+    req = with_worker_range(req)  # --workers MIN:MAX with host discovery: its --min/--max-workers
     req, inferred = with_script_collective(req)  # a torch.distributed script: --collective torch
     if req.collective is None and not req.resume_dir and not hvdrun.horovod_installed():
         from dataclasses import replace
@@ -199,10 +203,16 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
         check_horovod_patches(req.script)  # the Horovod internals it patches are still there
     if collective == "torch":  # (a resumed run keeps its --survive)
         resumed = protocol.read_run_json(Path(req.resume_dir)) if req.resume_dir else None
-        check_torch_survive(device, req.survive or (isinstance(resumed, dict) and bool(resumed.get("survive"))))
+        check_torch_survive(device, bool(req.survive) or (req.survive is None and isinstance(resumed, dict)
+                                                          and resumed.get("survive") is True))
     hosts = host_manager(req, echo) if req.host_discovery_script else None
     n_slots = hosts_slots(hosts) if hosts is not None else _slots(req, device, ngpu)
     sched = _schedule(req)
+    if req.worker_range is not None:  # on fixed slots: start at MAX or every slot; never more than MAX
+        from dataclasses import replace
+
+        req = replace(req, workers=range_start(req.worker_range, n_slots, sched))
+        n_slots = min(n_slots, req.worker_range[1])
     torchrun = collective == "torch" and _torchrun_form(req)  # every worker stopped and started again
     if req.stop_grace is not None and not torchrun:
         raise UserError("--stop-grace goes with a script of torchrun's contract (docs/torchrun.md)")
@@ -213,8 +223,12 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
     else:
         run = _prepare_new(req, rd, device, n_slots, sched, relaunch, echo, rep, hosts)
     run.relaunch = relaunch
+    run.choice = survive_choice(req, run, relaunch, torchrun)
+    run.survive = run.choice.launches_survivors
     if hosts is not None:
         run.extra.update(hosts=hosts, asked_workers=req.workers, discovery=req.host_discovery_script)
+    if req.worker_range is not None:
+        run.extra.update(worker_range=req.worker_range)
     run.extra.update(gpu_report=rep, relaunch_note=why)
     if torchrun:
         run.extra.update(torchrun=True, stop_grace=_stop_grace(req, run.spec.run_dir))
@@ -224,6 +238,21 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
 
         ensure_dataset_cache(run.spec.run_dir, run.cfg)  # a resumed run's cache may have been deleted
     return run
+
+
+def survive_choice(req: RunRequest, run: PreparedRun, relaunch: str, torchrun: bool) -> Any:
+    """Whether the run keeps survivors after a failure (:func:`.survive_choice.initial`): forced by
+    ``--survive``/``--no-survive`` (given, or kept by the run's start), else on where the launcher
+    can and the copy proves cheap (measured by the workers: mode ``auto``)."""
+    from elastic_ring.controller import survive_choice as sc
+
+    hvd_elastic = False
+    if run.spec.script and not torchrun:
+        from elastic_ring.worker.hvd_elastic import uses_horovod_elastic
+
+        hvd_elastic = uses_horovod_elastic(run.spec.script)
+    return sc.initial(run.forced_survive, req.backend, relaunch, run.spec.collective, run.spec.device,
+                      torchrun=torchrun, hvd_elastic=hvd_elastic)
 
 
 def host_manager(req: RunRequest, echo: Callable[[str], None]) -> Any:
@@ -415,7 +444,7 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
                                "cooldown_range": req.cooldown_range}} if hosts else {}
     create_run_dir(spec, cfg, relaunch=relaunch, stall_timeout=req.stall_timeout, survive=req.survive, **kept)
     return PreparedRun(spec, cfg, Plan.from_spec(spec.workers, spec.schedule), 0, 0, relaunch,
-                       stall_timeout=req.stall_timeout, survive=req.survive)
+                       stall_timeout=req.stall_timeout, forced_survive=req.survive)
 
 
 def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Resize, ...],
@@ -482,11 +511,13 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
     stall = req.stall_timeout if req.stall_timeout is not None else run_info.get("stall_timeout")
     if req.stall_timeout is not None:  # kept for later resumes (a cluster's stop and resume too)
         update_run_info(rd, stall_timeout=req.stall_timeout)
-    survive = req.survive or bool(run_info.get("survive"))  # kept, as the collective is
-    if req.survive and not run_info.get("survive"):
-        update_run_info(rd, survive=True)
+    kept = run_info.get("survive")  # --survive / --no-survive kept, as the collective is (None: the default)
+    forced = req.survive if req.survive is not None else kept if isinstance(kept, bool) else None
+    if req.survive is not None and req.survive is not kept:
+        update_run_info(rd, survive=req.survive)
     segment = len(read_events(rd / "events.jsonl", Launch))
-    return PreparedRun(spec, cfg, plan, start_step, segment, req.relaunch, stall_timeout=stall, survive=survive)
+    return PreparedRun(spec, cfg, plan, start_step, segment, req.relaunch, stall_timeout=stall,
+                       forced_survive=forced)
 
 
 def _resumed_cwd(rd: Path, worker: dict[str, Any]) -> str:
@@ -650,6 +681,11 @@ def describe(run: PreparedRun) -> list[str]:
         lines.append(f"elastic-ring: {lr_rule_line(spec.script, spec.lr_scaling or 'linear')}")
     if run.extra.get("relaunch_note"):
         lines.append(f"elastic-ring: {run.extra['relaunch_note']}")
+    if run.extra.get("worker_range"):
+        lo, hi = run.extra["worker_range"]
+        lines.append(f"elastic-ring: --workers {lo}:{hi}: starting at {spec.workers} ("
+                     + ("the maximum" if spec.workers == hi else f"every slot, fewer than {hi}")
+                     + f"); resizes to at most {hi}")
     if hosts is not None:
         b = hosts.bounds
         lines.append(f"elastic-ring: hosts from {Path(run.extra['discovery']).name} every "
@@ -731,6 +767,7 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
     options = LaunchOptions(relaunch=run.relaunch, backend=req.backend, network_interface=req.network_interface,
                             ray_address=req.ray_address, placement=req.placement, warm_spares=req.warm_spares,
                             gpus_per_worker=1.0 if run.spec.device == "cuda" else 0.0, survive=run.survive,
+                            survive_env=run.choice.worker_env if run.choice is not None else "1",
                             collective=run.spec.collective, stop_grace=run.extra.get("stop_grace"),
                             max_restarts=req.max_restarts)
     backend, resize = make_launch(options, run.spec)
@@ -743,7 +780,7 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
                      show_progress=show_progress, backend=backend, resize=resize,
                      lr_decays=tuple(run.cfg.decay_steps) if run.cfg else (),
                      constant_batch=_constant_batch(run), hosts=run.extra.get("hosts"),
-                     asked_workers=run.extra.get("asked_workers"), grace=req.grace)
+                     asked_workers=run.extra.get("asked_workers"), grace=req.grace, survive=run.choice)
     summary = ctl.run(run.start_step, run.spec.workers, run.segment)
     total = run.spec.total_steps
     return {**summary, "total_steps": total if total < protocol.NO_STEP_LIMIT else None}

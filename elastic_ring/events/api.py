@@ -396,6 +396,21 @@ class HostsChanged(Event):
 
 @register
 @dataclass(frozen=True)
+class SurviveChoice(Event):
+    """Whether the run keeps survivors after a failure (``controller.survive_choice``): ``on``,
+    ``why`` (the line's reason), ``ratio`` (the dearest rank's state copy over its step, where
+    measured: the default's), ``forced`` (``--survive`` or ``--no-survive``). None for ``on``:
+    measuring, the word comes later (a second event)."""
+
+    kind: ClassVar[str] = "survive_choice"
+    on: bool | None
+    why: str
+    ratio: float | None = None
+    forced: bool = False
+
+
+@register
+@dataclass(frozen=True)
 class Notice(Event):
     """Something a worker decided that the user must know, not a failure (e.g. the restored
     position taken over a script's own resume)."""

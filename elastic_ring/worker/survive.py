@@ -38,6 +38,14 @@ no copy is kept and a failure restarts from the newest sharded checkpoint (one l
 
 Memory: two CPU copies of the registered state (for SGD with momentum about 4x the model's
 parameters, plus its buffers); time: one copy of it per step, on the training thread (either loop).
+
+By default (neither ``--survive`` nor ``--no-survive``, :data:`SURVIVE_ENV` ``auto``) the copy is
+timed first (:class:`CostMeter`): after a few steps each rank writes what its copy costs against
+its step (:func:`cost_file`), the controller decides for all once every rank has said
+(:mod:`elastic_ring.controller.survive_choice`: on where the dearest copy costs at most
+:data:`MAX_COST` of a step) and writes its word (:func:`choice_file`); a rank that reads "off"
+drops its copies and keeps none after (a failure is then a restart from the checkpoint). A worker
+that starts after the word (a joiner, a restart) follows it without measuring.
 """
 
 from __future__ import annotations
@@ -50,8 +58,71 @@ from typing import Any
 from elastic_ring import env, protocol
 from elastic_ring.seam import Action, read_action, survivor_file
 
-SURVIVE_ENV = env.SURVIVE  # "1": keep the in-memory copy, and go on after a peer's loss
+SURVIVE_ENV = env.SURVIVE  # "1": keep the in-memory copy, and go on after a peer's loss ("auto": measure first)
 WAIT_S = 30.0  # how long a survivor waits for the controller's word before it fails as before
+MAX_COST = 0.02  # the default keeps survivors where the copy costs at most this fraction of a step
+SKIP_COPIES = 2  # the first copies allocate their tensors (and the first steps warm up): not timed
+TIMED_COPIES = 5  # copies timed after those: the medians of their times decide
+
+
+def cost_file(run_dir: Any, member: str) -> Any:
+    """Where a rank writes what its copy costs against its step (:class:`CostMeter`)."""
+    return protocol.control_dir(run_dir) / f"survive-cost-{member}.json"
+
+
+def choice_file(run_dir: Any) -> Any:
+    """Where the controller writes its word on the default's measurement: ``{"on": bool, ...}``."""
+    return protocol.control_dir(run_dir) / "survive.json"
+
+
+def read_choice(run_dir: Any) -> bool | None:
+    """The controller's word (True: keep survivors, False: not), None while it has not said."""
+    rec = protocol.read_json(choice_file(run_dir))
+    return bool(rec["on"]) if isinstance(rec, dict) and isinstance(rec.get("on"), bool) else None
+
+
+class CostMeter:
+    """Times a rank's copies against its steps (the default: ``auto``): the copy is ``take`` in
+    :meth:`MemoryCopy.keep`, the step the time from the end of one copy to the start of the next,
+    of consecutive steps only. After :data:`SKIP_COPIES` + :data:`TIMED_COPIES` copies it writes
+    the ratio of the medians (``report``: one call with the record); then it reads the controller's
+    word at each copy (``word``) until there is one. ``forced``: a test's ratio (the times are still
+    measured and written)."""
+
+    def __init__(self, report, word, forced: float | None = None) -> None:
+        self.report, self.word, self.forced = report, word, forced
+        self.copies: list[float] = []
+        self.steps: list[float] = []
+        self.seen = 0  # copies made
+        self.last: tuple[int, float] | None = None  # (step, the end of its copy)
+        self.reported = False
+        self.decided: bool | None = None
+
+    def timed(self, step: int, t0: float, t1: float) -> None:
+        """A copy of ``step`` ran from ``t0`` to ``t1`` (``time.perf_counter()``)."""
+        self.seen += 1
+        if self.last is not None and self.last[0] == step - 1 and self.seen > SKIP_COPIES:
+            self.copies.append(t1 - t0)
+            self.steps.append(max(t0 - self.last[1], 1e-9))
+        self.last = (step, t1)
+        if not self.reported and len(self.copies) >= TIMED_COPIES:
+            self.reported = True
+            copy_s, step_s = _median(self.copies), _median(self.steps)
+            ratio = self.forced if self.forced is not None else copy_s / step_s
+            self.report({"ratio": ratio, "copy_s": copy_s, "step_s": step_s, "steps": len(self.copies),
+                         "forced": self.forced is not None})
+
+    def choice(self) -> bool | None:
+        """The controller's word once it has said (read at each call until then), else None."""
+        if self.decided is None and self.reported:
+            self.decided = self.word()
+        return self.decided
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 def enabled() -> bool:
@@ -96,18 +167,35 @@ class MemoryCopy:
     let go, whose tensors the new one reuses, or None). A copy handed out for a rollback is taken
     out of :attr:`copies` first (:func:`survived`), so it is never reused."""
 
-    def __init__(self, take, keep: int = 2) -> None:
-        self.take, self.keep_n = take, keep
+    def __init__(self, take, keep: int = 2, meter: CostMeter | None = None) -> None:
+        self.take, self.keep_n, self.meter = take, keep, meter
         self.copies: dict[int, dict[str, Any]] = {}
+        self.off = False  # the controller's word was "off": no copy kept any more
 
     def keep(self, step: int) -> None:
         """``step`` is complete on this rank (the next one has not started): copy its state."""
-        if step in self.copies:
+        if self.off or step in self.copies:
             return
         into = None
         while len(self.copies) >= self.keep_n:
             into = self.copies.pop(min(self.copies))
+        meter = self.meter
+        if meter is None:
+            self.copies[step] = self.take(step, into)
+            return
+        t0 = time.perf_counter()
         self.copies[step] = self.take(step, into)
+        meter.timed(step, t0, time.perf_counter())
+        word = meter.choice()
+        if word is not None:
+            self.meter = None
+            if not word:
+                self.stop()
+
+    def stop(self) -> None:
+        """Keep no copy from now on (the default's measurement found it dear): the copies let go."""
+        self.off = True
+        self.copies.clear()
 
     def held(self) -> list[int]:
         return sorted(self.copies)
@@ -137,9 +225,28 @@ def memory_copy(job: Any) -> MemoryCopy | None:
         _P.said_sharded = True
         return None
     if _P.copy is None:
-        _P.copy = MemoryCopy(job.state.snapshot)
+        _P.copy = MemoryCopy(job.state.snapshot, meter=_meter(job))
+        if _P.copy.meter is None and env.survive_measured() and read_choice(job.run_dir) is False:
+            _P.copy.stop()  # started after the controller's word: off
+    if _P.copy.off:
+        return None
     _P.copy.take = job.state.snapshot  # the script's new objects after a rerun
     return _P.copy
+
+
+def _meter(job: Any) -> CostMeter | None:
+    """The default's measurement of this rank's copy (``auto``), unless the controller has said
+    already (a worker started after its word follows it: :func:`memory_copy`)."""
+    if not env.survive_measured() or read_choice(job.run_dir) is not None:
+        return None
+    run_dir, member = job.run_dir, env.member(default=str(job.rank))
+
+    def report(rec: dict[str, Any]) -> None:
+        protocol.write_json_atomic(cost_file(run_dir, member), {
+            **rec, "member": member, "rank": job.rank, "segment": job.seg.number, "pid": os.getpid(),
+            "time": time.time()})
+
+    return CostMeter(report, lambda: read_choice(run_dir), env.survive_cost())
 
 
 def take_rollback() -> dict[str, Any] | None:
@@ -162,9 +269,12 @@ def rollback_word(exc: BaseException, job: Any, held: list[int],
     """After a peer's loss (``exc``): say which steps this rank holds in memory (``held``, with a
     fingerprint of each copy where given: ``digests``, step -> :func:`state_digest`), and wait for
     the controller's word on this segment. Returns the resize action whose ``rollback_to`` is one
-    of them, or None (not a peer's loss, no word in time, an exit asked)."""
+    of them, or None (not a peer's loss, no word in time, an exit asked, the default's word "off"
+    written: this rank says nothing, so the controller's wait ends at once)."""
     if not _peer_loss(exc) or not held or not job.ring.in_place:
         return None
+    if env.survive_measured() and read_choice(job.run_dir) is False:
+        return None  # the default measured the copy dear: the restart, though this rank had not read it yet
     t0 = time.time()
     run_dir, seg = job.run_dir, job.seg.number
     member = env.member(default=str(job.rank))

@@ -190,8 +190,8 @@ def _kill_9_then_node_removed_each_restarts_by_itself(tmp_path: Path, cluster) -
     _workers(cluster, 1)
     run = tmp_path / "failures"
     steps, every = 36, 4
-    proc = _start([*_ray_args(cluster), "--script", PACED, "--steps", str(steps), "--gpus", "2", "--slots", "2",
-                   "--checkpoint-every", str(every), "--run-dir", str(run), "--", "--step-s", "0.1"])
+    proc = _start([*_ray_args(cluster), "--no-survive", "--script", PACED, "--steps", str(steps), "--gpus", "2",
+                   "--slots", "2", "--checkpoint-every", str(every), "--run-dir", str(run), "--", "--step-s", "0.1"])
     try:
         _wait_step(run, 6)
         (_, pid1, node1), = [x for x in _ring(run, 0) if x[0] == 1]

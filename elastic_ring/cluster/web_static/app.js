@@ -139,6 +139,27 @@ function drawCurves(st) {
   box.replaceChildren(...items);
 }
 
+const HOST_STATE = {in_use: "in use", idle: "discovered, idle", excluded: "excluded", draining: "draining"};
+
+function drawHosts(st) {
+  const rows = [];
+  for (const j of st.jobs) {
+    for (const h of j.hosts || []) {
+      const tr = el("tr", {"class": "host hs-" + h.state, "data-host-job": String(j.id), "data-host": h.host,
+                           "data-host-state": h.state});
+      const slots = h.state === "in_use" && h.in_use_slots !== h.slots ? h.in_use_slots + " of " + h.slots : String(h.slots);
+      for (const [text, cls] of [["#" + j.id + " " + j.name, "name"], [h.host, "name"], [slots],
+                                 [HOST_STATE[h.state] || h.state, "state"],
+                                 [h.until === null ? "-" : clock(h.until)]]) {
+        tr.appendChild(el("td", cls ? {"class": cls} : {}, text));
+      }
+      rows.push(tr);
+    }
+  }
+  document.querySelector("#hosts tbody").replaceChildren(...rows);
+  document.getElementById("hosts-section").hidden = rows.length === 0;
+}
+
 function draw(st) {
   const counts = {};
   for (const j of st.jobs) counts[j.state] = (counts[j.state] || 0) + 1;
@@ -150,6 +171,7 @@ function draw(st) {
     : "scheduler not running" + (st.cluster.down_requested ? " (cluster down)" : "");
   sch.className = st.scheduler.alive ? "up" : "down";
   drawJobs(st);
+  drawHosts(st);
   drawTimeline(st);
   drawCurves(st);
   document.getElementById("updated").textContent = clock(st.now);

@@ -36,6 +36,7 @@ class LaunchOptions:
     warm_spares: int | None = None
     gpus_per_worker: float = 0.0
     survive: bool = False  # Ray, inplace: the survivors of a failed worker go on from their copy in memory
+    survive_env: str = "1"  # the workers' ELASTIC_RING_SURVIVE: "auto" times the copy first (the default)
     collective: str = "horovod"  # or "torch": the local launcher (backends.local), no horovodrun
     stop_grace: float | None = None  # a torchrun-form script: SIGTERM -> SIGKILL at a stop (None: torchrun's 30 s)
     max_restarts: int = 3  # told to a torchrun-form script (TORCHELASTIC_MAX_RESTARTS)
@@ -52,7 +53,8 @@ def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
 
         ray = make_ray_backend(spec, address=options.ray_address, strategy=options.placement,
                                warm_spares=options.warm_spares, gpus_per_worker=options.gpus_per_worker,
-                               survive=options.survive, collective=options.collective)
+                               survive=options.survive, collective=options.collective,
+                               survive_env=options.survive_env)
         return ray, InPlace(ray)
     if options.collective == "torch" and (spec.hosts or spec.hostfile):  # horovodrun launches, torch reduces
         from elastic_ring.controller.backends.torch_hosts import TorchHostsBackend
@@ -64,6 +66,7 @@ def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
 
         if options.relaunch == "inplace":
             ring = LocalRingBackend(spec, launcher=launcher, survive=options.survive)
+            ring.survive_env = options.survive_env
             return ring, InPlace(ring)
         return (LocalBackend(spec, launcher=launcher, stop_grace=options.stop_grace, max_restarts=options.max_restarts),
                 Relaunch(options.relaunch))
@@ -72,6 +75,7 @@ def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
 
         elastic = ElasticBackend(spec, launcher=launcher, network_interface=options.network_interface,
                                  survive=options.survive)
+        elastic.survive_env = options.survive_env
         return elastic, InPlace(elastic)
     from elastic_ring.controller.backends.horovodrun import HorovodrunBackend
 

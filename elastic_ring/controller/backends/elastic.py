@@ -164,6 +164,7 @@ class ElasticBackend(Backend):
                  survive: bool = False) -> None:
         self.spec = spec
         self.survive = survive  # survivors of a failure go on from their copy in memory
+        self.survive_env = "1"  # its workers' ELASTIC_RING_SURVIVE ("auto": they time the copy first)
         self._rollback: int | None = None  # the step the next in-place resize rolls the survivors back to
         self._handle: _Watched | None = None
         self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu", cwd=spec.cwd)
@@ -220,7 +221,7 @@ class ElasticBackend(Backend):
         self._live = names or []
         env = worker_env(self.spec, launch.world, elastic=True)
         if self.survive:
-            env[SURVIVE_ENV] = "1"  # the workers keep their copies; the driver keeps the host (hvdrun)
+            env[SURVIVE_ENV] = self.survive_env  # the workers keep their copies; the driver keeps the host (hvdrun)
         if self.slot_hosts:
             env[protocol.SLOT_HOSTS_ENV] = "1"  # hvdrun starts the slot hosts here; a worker's local rank is its rank
         if self._handle is not None and self._handle.inner.poll() is None:

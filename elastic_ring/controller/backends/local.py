@@ -274,6 +274,7 @@ class LocalRingBackend(Backend):
         self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu", cwd=spec.cwd)
         self.rings = rings or TorchRingFormer(lambda: MASTER_ADDR)
         self.survive = survive  # survivors of a failure go on from their copy in memory
+        self.survive_env = "1"  # its workers' ELASTIC_RING_SURVIVE ("auto": they time the copy first)
         self.refused: str | None = None  # why the last failure's survivors did not go on from memory
         self._rollback: int | None = None  # the step the next in-place resize rolls the survivors back to
         self.group: LocalGroup | None = None
@@ -299,7 +300,7 @@ class LocalRingBackend(Backend):
         cmd = self._command(launch, go)
         base = worker_env(self.spec, launch.world)
         if self.survive:
-            base[SURVIVE_ENV] = "1"  # the workers keep their last steps' state in memory
+            base[SURVIVE_ENV] = self.survive_env  # the workers keep their last steps' state in memory
         m.handle = self.launcher.start(cmd, {**base, **env}, log_path)
         return cmd
 

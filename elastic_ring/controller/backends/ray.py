@@ -522,13 +522,13 @@ class RayBackend(Backend):
 
 def make_ray_backend(spec, address: str | None = None, strategy: str = "PACK", warm_spares: int | None = None,
                      cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0, survive: bool = False,
-                     collective: str = "horovod") -> RayBackend:
+                     collective: str = "horovod", survive_env: str = "1") -> RayBackend:
     """The Ray backend of a run, its parts built from the options (checked at the request:
     :func:`elastic_ring.controller.requests.check`). ``collective="torch"``: the controller forms a
     ``torch.distributed`` process group per segment (:class:`~.torch_ring.TorchRingFormer`: a
     store it serves, each member's rank), and a spare waits with a placeholder rank."""
     cluster = RayCluster(address, strategy, cpus_per_worker, gpus_per_worker)
-    env = {SURVIVE_ENV: "1"} if survive else {}
+    env = {SURVIVE_ENV: survive_env} if survive else {}  # "auto": the workers time their copy first
     rings = None
     if collective == "torch":
         from elastic_ring.controller.backends.ray_ring import _controller_ip
