@@ -15,7 +15,11 @@ worker with no micro-batch would have no gradient to give); so is a ``G`` that i
 
 Models with batch statistics (BatchNorm) see the same micro-batches at every world size, so their
 forward passes are the same too; only the float reduction order differs (the sum of gradients
-within a rank, then across ranks).
+within a rank, then across ranks). Their running statistics are made the unresized run's too
+(:class:`RunningStats`): each rank's BatchNorm buffers have followed only its own micro-batches, so
+at the step's end the ranks add up their parts of the sequential moving average (one small
+allreduce per step, of the buffers' size) and every rank holds what one worker training the
+``M`` micro-batches in order would hold.
 
 :func:`passes` gives the contexts of one step's backward passes: Horovod's ``DistributedOptimizer``
 allreduces after ``n`` backward passes on this rank (``set_backward_passes_per_step``: the count
@@ -26,6 +30,7 @@ but the last (``no_sync()``).
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,6 +132,163 @@ def passes(net: Any, optimizer: Any, n: int) -> list[Any]:
     return [contextlib.nullcontext() for _ in range(n)]
 
 
+class RunningStats:
+    """The BatchNorm running statistics of a constant global batch's step made the sequential ones:
+    what one worker training the step's ``M`` micro-batches in order would hold.
+
+    A BatchNorm layer in training mode updates its buffers at each forward pass ``k`` from that
+    batch's statistics ``s_k``: with momentum ``m``, ``r <- q r + m s_k`` (``q = 1 - m``, linear);
+    with ``momentum=None`` the cumulative average ``r <- r + (s_k - r) / t`` (``t``: the passes
+    tracked, counting this one). Every rank starts the step with the same buffers ``r0``; rank ``i``
+    runs its contiguous micro-batches, the last numbered ``b`` (0-based), ``k_i = n_i f`` forward
+    passes of the layer (``n_i`` micro-batches, ``f`` passes each), and ends with ``r_i``. Its part:
+
+    - momentum ``m``: ``c_i = (r_i - q^k_i r0) q^((M - 1 - b) f)``, and ``r = q^(M f) r0 + sum c_i``;
+    - cumulative (``N0`` passes tracked at the step's start): ``c_i = (N0 + k_i) r_i - N0 r0``, and
+      ``r = (N0 r0 + sum c_i) / (N0 + M f)``;
+
+    ``num_batches_tracked`` becomes ``N0 + M f`` on every rank. The parts (float64) and each rank's
+    ``f`` (checked equal) travel in one allreduce per step; at one worker the buffers are left as
+    they are (the sequential run itself).
+
+    ``r0`` is taken by a forward pre-hook on each layer at the step's first training-mode forward
+    pass (the passes are counted there too): any loop form, and after a resize's broadcast.
+    :meth:`hold` puts ``r0`` back (what a checkpoint at this step's stop point must hold: the
+    step may be dropped there) and returns ``r_i`` for :meth:`combine`.
+    """
+
+    def __init__(self, layers: list[Any], job: Any) -> None:
+        self.layers, self.job = layers, job
+        self.start: list[tuple[Any, Any, int]] | None = None  # (mean, var, tracked) per layer
+        self.passes = [0] * len(layers)
+        self.tag: Any = None
+        for i, layer in enumerate(layers):
+            layer.register_forward_pre_hook(functools.partial(self._before, i))
+
+    def _before(self, i: int, layer: Any, args: Any) -> None:
+        if not layer.training:
+            return
+        tag = (self.job.segment, self.job.step)
+        if self.start is None or self.tag != tag:  # the step's first pass (or a step dropped at a stop)
+            self.begin()
+            self.tag = tag
+        self.passes[i] += 1
+
+    def begin(self) -> None:
+        """``r0``: the buffers as they are now; no pass counted."""
+        self.start = [(layer.running_mean.detach().clone(), layer.running_var.detach().clone(),
+                       int(layer.num_batches_tracked)) for layer in self.layers]
+        self.passes = [0] * len(self.layers)
+
+    def forget(self) -> None:
+        """No step in progress: the next training-mode forward pass begins one."""
+        self.start = None
+
+    def _ends(self) -> list[tuple[Any, Any]]:
+        return [(layer.running_mean.detach().clone(), layer.running_var.detach().clone()) for layer in self.layers]
+
+    def hold(self) -> list[tuple[Any, Any]] | None:
+        """This rank's ``r_i`` (None: no training pass this step); the buffers set back to ``r0``."""
+        if self.start is None:
+            return None
+        ends = self._ends()
+        for layer, (mean, var, tracked) in zip(self.layers, self.start):
+            layer.running_mean.copy_(mean)
+            layer.running_var.copy_(var)
+            layer.num_batches_tracked.fill_(tracked)
+        return ends
+
+    def _per_pass(self, lay: Layout, rank: int) -> list[int]:
+        n = len(lay.share(rank))
+        for layer, k in zip(self.layers, self.passes):
+            if k % n:
+                raise ContractError(f"constant-batch: a BatchNorm layer ({type(layer).__name__}) ran {k} training "
+                                    f"forward pass(es) over this worker's {n} micro-batch(es) of the step: every "
+                                    "micro-batch must run it equally often")
+        return [k // n for k in self.passes]
+
+    def contribution(self, lay: Layout, rank: int, ends: list[tuple[Any, Any]]) -> Any:
+        """This rank's ``c_i`` of every layer's mean and variance, then its ``f`` per layer: one
+        float64 vector, to be summed over the ranks (see the class docstring)."""
+        import torch
+
+        assert self.start is not None
+        share, parts = lay.share(rank), []
+        per = self._per_pass(lay, rank)
+        later = lay.micro_batches - share.stop  # micro-batches after this rank's last
+        for layer, (mean0, var0, tracked), (mean, var), f in zip(self.layers, self.start, ends, per):
+            k = len(share) * f
+            for r0, ri in ((mean0.double(), mean.double()), (var0.double(), var.double())):
+                if layer.momentum is None:
+                    parts.append((tracked + k) * ri - tracked * r0)
+                else:
+                    q = 1.0 - layer.momentum
+                    parts.append((ri - q ** k * r0) * q ** (later * f))
+        device = self.layers[0].running_mean.device
+        return torch.cat([p.reshape(-1).to(device) for p in parts]
+                         + [torch.tensor(per, dtype=torch.float64, device=device)])
+
+    def apply(self, total: Any, lay: Layout, rank: int) -> None:
+        """Write the sequential buffers from the ranks' summed :meth:`contribution`."""
+        assert self.start is not None
+        m, per, offset = lay.micro_batches, total[-len(self.layers):], 0
+        for layer, (mean0, var0, tracked), f_sum, f in zip(self.layers, self.start, per.tolist(),
+                                                           self._per_pass(lay, rank)):
+            if round(f_sum) != f * lay.world:
+                raise ContractError("constant-batch: the workers ran a BatchNorm layer a different number of times "
+                                    "per micro-batch: its running statistics cannot be combined")
+            for buf, r0 in ((layer.running_mean, mean0), (layer.running_var, var0)):
+                c = total[offset:offset + r0.numel()].reshape(r0.shape).to(r0.device)
+                offset += r0.numel()
+                if layer.momentum is None:
+                    out = (tracked * r0.double() + c) / (tracked + m * f) if tracked + m * f else r0.double()
+                else:
+                    out = (1.0 - layer.momentum) ** (m * f) * r0.double() + c
+                buf.copy_(out.to(buf.dtype))
+            layer.num_batches_tracked.fill_(tracked + m * f)
+
+    def combine(self, lay: Layout, rank: int, collective: Any, ends: list[tuple[Any, Any]] | None = None) -> None:
+        """At the step's end, on every rank: the buffers become the sequential ones (``ends``: this
+        rank's ``r_i`` from :meth:`hold`, else the buffers as they are). Nothing where no layer ran
+        a training pass this step (on any rank: they all run the same code)."""
+        if self.start is None:
+            return
+        if ends is None:
+            ends = self._ends()
+        try:
+            if lay.world == 1:  # the sequential run itself: r_i as it is
+                self._per_pass(lay, rank)
+                for layer, (mean, var), (_, _, tracked), k in zip(self.layers, ends, self.start, self.passes):
+                    layer.running_mean.copy_(mean)
+                    layer.running_var.copy_(var)
+                    layer.num_batches_tracked.fill_(tracked + k)
+                return
+            total = collective.allreduce(self.contribution(lay, rank, ends), op="sum",
+                                         name="elastic_ring.batchnorm_running_stats")
+            self.apply(total, lay, rank)
+        finally:
+            self.start = None
+
+
+def running_stats(model: Any, job: Any) -> RunningStats | None:
+    """The :class:`RunningStats` of ``model``'s BatchNorm layers with running statistics (made
+    once per set of layers, its hooks then registered), or None where it has none."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.parameter import is_lazy
+
+    modules = getattr(model, "modules", None)  # not a torch module: no layers
+    layers = [m for m in (modules() if callable(modules) else ()) if isinstance(m, _BatchNorm) and m.track_running_stats
+              and m.running_mean is not None and not is_lazy(m.running_mean)]
+    if not layers:
+        return None
+    stats = layers[0].__dict__.get("_elastic_ring_running_stats")
+    if stats is None or stats.layers != layers:
+        stats = RunningStats(layers, job)
+        layers[0].__dict__["_elastic_ring_running_stats"] = stats
+    stats.job = job
+    return stats
+
+
 @dataclass(frozen=True)
 class MicroBatch:
     """One of this rank's micro-batches of a step: ``indices`` (a LongTensor), ``start`` (the stream
@@ -155,11 +317,16 @@ def micro_batches(sampler: Any, net: Any, optimizer: Any) -> Any:
         idx = sampler.next_batch()
         yield MicroBatch(idx, int(getattr(sampler, "last_start", 0)), 1.0)
         return
-    weight = sampler.layout().loss_weight
+    job, lay = sampler.job, sampler.layout()
+    stats = running_stats(net, job)
+    if stats is not None:
+        stats.forget()  # r0: at the step's first forward pass
     parts = sampler.next_micro_batches()
     for (start, idx), ctx in zip(parts, passes(net, optimizer, len(parts))):
         with ctx:
-            yield MicroBatch(idx, start, weight)
+            yield MicroBatch(idx, start, lay.loss_weight)
+    if stats is not None:  # the BatchNorm buffers the unresized run's (one small allreduce)
+        stats.combine(lay, job.rank, job.collective)
 
 
 class EpochAccumulation:
@@ -184,6 +351,8 @@ class EpochAccumulation:
                                 "(job.distributed_optimizer); with --collective torch use job.steps() "
                                 "with job.micro_batches()")
         self.job, self.opt, self.done = job, optimizer, 0
+        model = getattr(job.state, "model", None)
+        self.stats = running_stats(model, job) if model is not None else None
         self._step, self._zero_grad = optimizer.step, optimizer.zero_grad
 
         def step(*args: Any, **kwargs: Any) -> Any:
@@ -229,8 +398,13 @@ class EpochAccumulation:
                 for p in group["params"]:
                     if p.grad is not None:
                         p.grad.mul_(lay.loss_weight)
+        stats = self.stats
+        ends = stats.hold() if stats is not None else None  # a stop here saves the step's start
         with self.opt.skip_synchronize():
-            return self._step(*args, **kwargs)
+            out = self._step(*args, **kwargs)
+        if stats is not None:  # the step is taken: the BatchNorm buffers the unresized run's
+            stats.combine(lay, self.job.rank, self.job.collective, ends)
+        return out
 
 
 def accumulate_epoch_loop(job: Any, optimizer: Any) -> None:

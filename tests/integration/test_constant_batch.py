@@ -36,6 +36,7 @@ CONSTANT = ["--lr-scaling", "constant-batch", "--global-batch", "32"]
 RESIZED = ["--schedule", "3:2,6:4,9:1"]  # 1 -> 2 -> 4 -> 1 workers
 LOSS_RTOL = 1e-5
 WEIGHT_ATOL = 1e-5
+BN_ATOL = 1e-5
 
 
 def _run(folder: Path, *args: str) -> subprocess.CompletedProcess:
@@ -62,14 +63,14 @@ def _steps(run: Path) -> dict[int, tuple[list[int], float, int]]:
             for s, v in rows.items()}
 
 
-def _weights(run: Path) -> dict:
-    """The final checkpoint's trained parameters (BatchNorm's running statistics are left out:
-    each rank keeps its own, from the micro-batches it saw, and the checkpoint holds rank 0's)."""
+def _weights(run: Path, buffers: bool = False) -> dict:
+    """The final checkpoint's trained parameters, or (``buffers``) its BatchNorm running statistics
+    and passes tracked (rank 0's: every rank holds the same, combined at each step)."""
     from elastic_ring.ckpt import CheckpointStore
 
     ckpt = CheckpointStore(run / "checkpoints").load_latest()
     assert ckpt is not None and ckpt["step"] == 12
-    return {k: v for k, v in ckpt["model"].items() if "running_" not in k and "num_batches" not in k}
+    return {k: v for k, v in ckpt["model"].items() if ("running_" in k or "num_batches" in k) == buffers}
 
 
 def _max_loss_rel(a: dict, b: dict, steps) -> float:
@@ -106,6 +107,10 @@ def test_resized_constant_batch_trains_as_the_unresized_run(tmp_path, tmp_path_f
         assert got[s][0] == want[s][0] and len(got[s][0]) == 32, s
     assert _max_loss_rel(got, want, range(1, 13)) < LOSS_RTOL
     assert _max_weight_diff(_weights(run), _weights(ref)) < WEIGHT_ATOL
+    bn, bn_ref = _weights(run, buffers=True), _weights(ref, buffers=True)
+    assert {k: int(v) for k, v in bn.items() if "num_batches" in k} == \
+        {k: 12 * 4 for k in bn_ref if "num_batches" in k}  # every micro-batch once, as unresized
+    assert _max_weight_diff(bn, bn_ref) < BN_ATOL
 
 
 def test_the_same_resizes_under_linear_change_the_training(tmp_path):
@@ -151,7 +156,8 @@ def _epoch_run(folder: Path, *args: str) -> tuple[Path, subprocess.CompletedProc
     run = folder / "run"
     p = run_cli("train", "--script", str(ROOT / "examples" / "mlp_epochs.py"), "--gpus", "1", "--slots", "4",
                 *args, "--lr-scaling", "constant-batch", "--global-batch", "128", "--run-dir", str(run),
-                "--", "--epochs", "2", "--batch-size", "32", "--trace", str(folder / "trace"), timeout=300)
+                "--", "--epochs", "2", "--batch-size", "32", "--batch-norm", "--trace", str(folder / "trace"),
+                timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     return run, p
 
@@ -172,14 +178,19 @@ def _epoch_trace(folder: Path) -> tuple[dict[int, list[int]], list[dict]]:
 
 def test_an_unchanged_epoch_loop_trains_as_unresized(tmp_path):
     """``examples/mlp_epochs.py`` as it is (``zero_grad``, ``backward``, ``step`` per loader batch,
-    ``elastic.DistributedSampler``, a StepLR per epoch), 1 -> 2 -> 4 -> 3 workers inside its first
-    epoch: its loader batches are the micro-batches and its optimizer steps once per global batch,
-    so it trains as the unresized run (12 steps of 128 per epoch of 1,440: the last padded)."""
+    ``elastic.DistributedSampler``, a StepLR per epoch), with a BatchNorm layer, 1 -> 2 -> 4 -> 3
+    workers inside its first epoch: its loader batches are the micro-batches and its optimizer
+    steps once per global batch, so it trains as the unresized run (12 steps of 128 per epoch of
+    1,440: the last padded), BatchNorm's running statistics included (the checkpoints of the stops,
+    each dropping the step it stopped at, hold the statistics of the step before), and each rank
+    tests its shard of the test set with the same statistics, so the test's loss and accuracy are
+    the unresized run's."""
     base, _ = _epoch_run(tmp_path / "base")
     resized, p = _epoch_run(tmp_path / "resized", "--schedule", "4:2,8:4,11:3")
     assert "resize 2 -> 4 after step 8: LR 0.1 unchanged" in p.stderr
     assert _weights_at(resized, 24).keys() == _weights_at(base, 24).keys()
-    assert _max_weight_diff(_weights_at(resized, 24), _weights_at(base, 24)) < WEIGHT_ATOL
+    assert any("running_var" in k for k in _weights_at(base, 24))
+    assert _max_weight_diff(_weights_at(resized, 24), _weights_at(base, 24)) < WEIGHT_ATOL  # BN's too
     (ids_r, tests_r), (ids_b, tests_b) = _epoch_trace(tmp_path / "resized"), _epoch_trace(tmp_path / "base")
     assert all(len(v) == 12 * 128 for v in ids_b.values())  # 12 steps of 128 per epoch, no more
     # the resized run fetched every sample too, and also the micro-batches of each step a stop
