@@ -337,20 +337,25 @@ class EpochAccumulation:
 
     Per step of ``n`` micro-batches on this rank: ``zero_grad()`` clears the gradients only before
     the first; ``step()`` after each of the first ``n - 1`` does nothing (the gradients add up);
-    after the ``n``-th it completes the allreduce (Horovod: started by its hooks after this rank's
-    ``n``-th backward pass, ``set_backward_passes_per_step``), multiplies the averaged gradients by
-    ``w / M`` (the script's loss is each micro-batch's mean: this makes the update the global
-    batch's mean gradient, uneven shares included) and runs the real step (its hooks: the stop
-    points, the data position). Horovod only: DDP would allreduce every pass (its ``no_sync`` wraps
-    the forward, in the script's code).
+    after the ``n``-th it completes the allreduce, multiplies the averaged gradients by ``w / M``
+    (the script's loss is each micro-batch's mean: this makes the update the global batch's mean
+    gradient, uneven shares included) and runs the real step (its hooks: the stop points, the data
+    position). The allreduce: Horovod's, started by its hooks after this rank's ``n``-th backward
+    pass (``set_backward_passes_per_step``); DDP's (the module :meth:`~elastic_ring.worker.api.Job.parallel`
+    gave, ``ddp``), whose forward pre-hook here turns off the gradients' sync of every forward pass
+    but the step's ``n``-th (what ``no_sync()`` does, without the script's code: DDP decides at the
+    forward pass). A DDP the script built itself cannot be reached: refused.
     """
 
-    def __init__(self, job: Any, optimizer: Any) -> None:
-        if not callable(getattr(optimizer, "synchronize", None)):
-            raise ContractError("an epoch loop with a constant global batch needs a hvd.DistributedOptimizer "
-                                "(job.distributed_optimizer); with --collective torch use job.steps() "
-                                "with job.micro_batches()")
-        self.job, self.opt, self.done = job, optimizer, 0
+    def __init__(self, job: Any, optimizer: Any, ddp: Any = None) -> None:
+        if not callable(getattr(optimizer, "synchronize", None)) and ddp is None:
+            raise ContractError("an epoch loop with a constant global batch needs the gradients' allreduce it can "
+                                "hold back: a hvd.DistributedOptimizer (job.distributed_optimizer) or, with "
+                                "--collective torch, the module job.parallel(model, optimizer) returns (not a "
+                                "DistributedDataParallel built by the script)")
+        self.job, self.opt, self.done, self.ddp = job, optimizer, 0, ddp
+        if ddp is not None:
+            ddp.register_forward_pre_hook(self._before_forward)
         model = getattr(job.state, "model", None)
         self.stats = running_stats(model, job) if model is not None else None
         self._step, self._zero_grad = optimizer.step, optimizer.zero_grad
@@ -378,6 +383,22 @@ class EpochAccumulation:
             self.opt.set_backward_passes_per_step(n)
         return n
 
+    def _before_forward(self, module: Any, args: Any) -> None:
+        """DDP: sync this pass's gradients only at this rank's last micro-batch of the step."""
+        import torch
+
+        if not module.training or not torch.is_grad_enabled() or self.job.state.syncing:
+            return
+        sampler = self.job._epoch_data.training_sampler()
+        if sampler is None or sampler._layout() is None:  # not a pass of the training loop
+            return
+        sync = self.done >= self.passes() - 1
+        setter = getattr(module, "set_grad_sync", None)  # ReformedDDP: DDP rebuilt per process group
+        if callable(setter):
+            setter(sync)
+        else:
+            module.require_backward_grad_sync = sync
+
     def zero_grad(self, *args: Any, **kwargs: Any) -> Any:
         if self.done == 0 or self.job.state.syncing:
             return self._zero_grad(*args, **kwargs)
@@ -392,7 +413,8 @@ class EpochAccumulation:
             return None
         self.done = 0
         lay = self.layout()
-        self.opt.synchronize()
+        if self.ddp is None:
+            self.opt.synchronize()
         if lay.loss_weight != 1.0:
             for group in self.opt.param_groups:
                 for p in group["params"]:
@@ -400,7 +422,7 @@ class EpochAccumulation:
                         p.grad.mul_(lay.loss_weight)
         stats = self.stats
         ends = stats.hold() if stats is not None else None  # a stop here saves the step's start
-        with self.opt.skip_synchronize():
+        with (self.opt.skip_synchronize() if self.ddp is None else contextlib.nullcontext()):
             out = self._step(*args, **kwargs)
         if stats is not None:  # the step is taken: the BatchNorm buffers the unresized run's
             stats.combine(lay, self.job.rank, self.job.collective, ends)
@@ -408,6 +430,7 @@ class EpochAccumulation:
 
 
 def accumulate_epoch_loop(job: Any, optimizer: Any) -> None:
-    """Install :class:`EpochAccumulation` on the registered ``optimizer`` (once)."""
+    """Install :class:`EpochAccumulation` on the registered ``optimizer`` (once), over the DDP
+    module ``job.parallel`` returned, if any."""
     if optimizer is not None and getattr(optimizer, "_elastic_ring_accumulation", None) is None:
-        EpochAccumulation(job, optimizer)
+        EpochAccumulation(job, optimizer, getattr(job, "parallel_module", None))

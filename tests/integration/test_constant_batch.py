@@ -152,12 +152,16 @@ def test_a_job_steps_script_with_micro_batches_trains_as_unresized(tmp_path):
     assert _max_weight_diff(_weights(runs["resized"][0]), _weights(runs["base"][0])) < WEIGHT_ATOL
 
 
-def _epoch_run(folder: Path, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
+def _epoch_run(folder: Path, *args: str, ddp: bool = False) -> tuple[Path, subprocess.CompletedProcess]:
+    """``examples/mlp_epochs.py --batch-norm`` (Horovod), or (``ddp``) its DDP twin over
+    ``job.parallel`` (``tests/integration/scripts/ddp_epochs_parallel.py``, ``--collective torch``)."""
     run = folder / "run"
-    p = run_cli("train", "--script", str(ROOT / "examples" / "mlp_epochs.py"), "--gpus", "1", "--slots", "4",
+    script, more = ((ROOT / "tests" / "integration" / "scripts" / "ddp_epochs_parallel.py", ["--collective", "torch"])
+                    if ddp else (ROOT / "examples" / "mlp_epochs.py", []))
+    p = run_cli("train", "--script", str(script), "--gpus", "1", "--slots", "4", *more,
                 *args, "--lr-scaling", "constant-batch", "--global-batch", "128", "--run-dir", str(run),
-                "--", "--epochs", "2", "--batch-size", "32", "--batch-norm", "--trace", str(folder / "trace"),
-                timeout=300)
+                "--", "--epochs", "2", "--batch-size", "32", *([] if ddp else ["--batch-norm"]),
+                "--trace", str(folder / "trace"), timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     return run, p
 
@@ -195,6 +199,29 @@ def test_an_unchanged_epoch_loop_trains_as_unresized(tmp_path):
     assert all(len(v) == 12 * 128 for v in ids_b.values())  # 12 steps of 128 per epoch, no more
     # the resized run fetched every sample too, and also the micro-batches of each step a stop
     # dropped (the stop point is the optimizer's step, after this rank's micro-batches of it)
+    assert {e: set(v) for e, v in ids_r.items()} == {e: set(v) for e, v in ids_b.items()}
+    assert [t["test"] for t in tests_r] == [t["test"] for t in tests_b] == [1, 2]
+    for a, b in zip(tests_r, tests_b):
+        assert abs(a["loss"] - b["loss"]) / b["loss"] < LOSS_RTOL and a["accuracy"] == b["accuracy"]
+
+
+@pytest.mark.parametrize("relaunch", ["auto", "inplace"])
+def test_a_ddp_epoch_loop_over_job_parallel_trains_as_unresized(tmp_path, relaunch):
+    """The same on ``--collective torch``: an unchanged DDP epoch loop over the module
+    ``job.parallel`` returns (with a BatchNorm layer), 1 -> 2 -> 4 -> 3 workers (3: uneven shares)
+    inside its first epoch, relaunched or re-formed in place (DDP rebuilt over each process group),
+    against the unresized run: every micro-batch but a worker's last of the step skips DDP's
+    allreduce, one update per global batch, the same weights, statistics and tests."""
+    base, _ = _epoch_run(tmp_path / "base", ddp=True)
+    resized, p = _epoch_run(tmp_path / "resized", "--schedule", "4:2,8:4,11:3", "--relaunch", relaunch, ddp=True)
+    assert "resize 4 -> 3 after step 11: LR 0.1 unchanged (constant-batch: global batch 128 shared by 3 " \
+           "worker(s)" in p.stderr
+    wr, wb = _weights_at(resized, 24), _weights_at(base, 24)
+    assert wr.keys() == wb.keys() and any("running_var" in k for k in wb)
+    assert int(wb["1.num_batches_tracked"]) == 24 * 4 == int(wr["1.num_batches_tracked"])
+    assert _max_weight_diff(wr, wb) < WEIGHT_ATOL
+    (ids_r, tests_r), (ids_b, tests_b) = _epoch_trace(tmp_path / "resized"), _epoch_trace(tmp_path / "base")
+    assert all(len(v) == 12 * 128 for v in ids_b.values())
     assert {e: set(v) for e, v in ids_r.items()} == {e: set(v) for e, v in ids_b.items()}
     assert [t["test"] for t in tests_r] == [t["test"] for t in tests_b] == [1, 2]
     for a, b in zip(tests_r, tests_b):

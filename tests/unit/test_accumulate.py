@@ -372,3 +372,47 @@ def test_batchnorm_passes_must_match_the_micro_batches():
     model(torch.randn(3, 5, dtype=torch.float64))  # eval passes: not counted, no step begun
     assert st.start is None
     assert running_stats(torch.nn.Linear(2, 2), SimpleNamespace()) is None
+
+
+class _FakeDDPModule(torch.nn.Module):
+    """What EpochAccumulation uses of DDP: the flag its forward pass reads, recorded per pass."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.p, self.require_backward_grad_sync, self.synced = p, True, []
+
+    def forward(self):
+        self.synced.append(self.require_backward_grad_sync)
+        return self.p * 3.0
+
+
+def test_ddp_epoch_loop_syncs_only_each_steps_last_micro_batch_and_steps_once():
+    from elastic_ring.worker.accumulate import EpochAccumulation
+
+    lay = Layout(24, 8, 2)  # 3 micro-batches: rank 0 takes 2, rank 1 takes 1
+    sampler = SimpleNamespace(_layout=lambda: lay)
+    for rank, n in ((0, 2), (1, 1)):
+        p = torch.zeros(1, requires_grad=True)
+        opt = torch.optim.SGD([p], lr=1.0)
+        ddp = _FakeDDPModule(p)
+        job = SimpleNamespace(rank=rank, state=SimpleNamespace(syncing=False),
+                              _epoch_data=SimpleNamespace(training_sampler=lambda: sampler))
+        EpochAccumulation(job, opt, ddp)
+        for _step in range(2):
+            for _micro in range(n):  # the script's loop body, unchanged
+                opt.zero_grad()
+                ddp().sum().backward()
+                opt.step()
+            with torch.no_grad():
+                ddp.eval()
+                ddp()  # a test pass: no backward, the flag left as it was
+                ddp.train()
+        assert ddp.synced == ([False] * (n - 1) + [True, True]) * 2
+        assert float(p.detach()) == pytest.approx(-2 * 3.0 * n * 2 / 3)  # 2 updates of the summed passes x w / M
+
+
+def test_an_epoch_loop_without_an_allreduce_to_hold_is_refused():
+    from elastic_ring.worker.accumulate import EpochAccumulation
+
+    with pytest.raises(ContractError, match="job.parallel"):
+        EpochAccumulation(SimpleNamespace(state=SimpleNamespace(model=None)), torch.optim.SGD([torch.zeros(1)], lr=1))
