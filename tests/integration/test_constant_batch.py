@@ -192,6 +192,8 @@ def test_an_unchanged_epoch_loop_trains_as_unresized(tmp_path):
     base, _ = _epoch_run(tmp_path / "base")
     resized, p = _epoch_run(tmp_path / "resized", "--schedule", "4:2,8:4,11:3")
     assert "resize 2 -> 4 after step 8: LR 0.1 unchanged" in p.stderr
+    windows = _samples_per_step(resized)  # 128 per step at every size (3: 42.67 each, rounded)
+    assert {1, 2, 4} <= {w for w, _ in windows} and all(abs(n - 128) <= 1.5 for _, n in windows), windows
     assert _weights_at(resized, 24).keys() == _weights_at(base, 24).keys()
     assert any("running_var" in k for k in _weights_at(base, 24))
     assert _max_weight_diff(_weights_at(resized, 24), _weights_at(base, 24)) < WEIGHT_ATOL  # BN's too
@@ -216,6 +218,8 @@ def test_a_ddp_epoch_loop_over_job_parallel_trains_as_unresized(tmp_path, relaun
     resized, p = _epoch_run(tmp_path / "resized", "--schedule", "4:2,8:4,11:3", "--relaunch", relaunch, ddp=True)
     assert "resize 4 -> 3 after step 11: LR 0.1 unchanged (constant-batch: global batch 128 shared by 3 " \
            "worker(s)" in p.stderr
+    windows = _samples_per_step(resized)
+    assert {1, 2, 4} <= {w for w, _ in windows} and all(abs(n - 128) <= 1.5 for _, n in windows), windows
     wr, wb = _weights_at(resized, 24), _weights_at(base, 24)
     assert wr.keys() == wb.keys() and any("running_var" in k for k in wb)
     assert int(wb["1.num_batches_tracked"]) == 24 * 4 == int(wr["1.num_batches_tracked"])
@@ -226,6 +230,12 @@ def test_a_ddp_epoch_loop_over_job_parallel_trains_as_unresized(tmp_path, relaun
     assert [t["test"] for t in tests_r] == [t["test"] for t in tests_b] == [1, 2]
     for a, b in zip(tests_r, tests_b):
         assert abs(a["loss"] - b["loss"]) / b["loss"] < LOSS_RTOL and a["accuracy"] == b["accuracy"]
+
+
+def _samples_per_step(run: Path) -> list[tuple[int, float]]:
+    """(workers, images/s over steps/s) of each throughput window: the samples a step trained."""
+    rows = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    return [(r["world_size"], r["images_per_s"] / r["steps_per_s"]) for r in rows if r.get("kind") == "throughput"]
 
 
 def _weights_at(run: Path, step: int) -> dict:
