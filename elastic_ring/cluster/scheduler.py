@@ -213,6 +213,7 @@ class Scheduler:
         self.source: SlotSource = slots if slots is not None else FixedSlots(config)
         self.capacity: Capacity = self.source.capacity()
         self._rates: dict[int, Callable[[int], float]] = {}
+        self._limits: dict[int, int] = {}  # job -> the most workers it can run at (0: none)
         self._obs: dict[int, Observation] = {}
         self._marks: dict[int, int] = {}  # job -> its restarts (Observation.restarts) already handled
         self._unstarted: list[int] = []  # jobs whose start failed in the last pass: completions to decide on
@@ -255,6 +256,19 @@ class Scheduler:
         losses = [l for _, l in obs.losses]
         return min(predict_remaining(float(j.step), steps, losses, req.target_loss, prior=left), float(left))
 
+    def _most_workers(self, j: JobRow) -> int:
+        """The most workers the job can run at (0: no limit but its own): a ``constant-batch`` job
+        runs at most one worker per micro-batch of its global batch (``train`` refuses more): the
+        count from its rate (:class:`~elastic_ring.cluster.daemon.AccumulatedRate`), else from its
+        request's ``--global-batch`` and ``--batch-size`` where both are given."""
+        if j.id not in self._limits:
+            rule, g, b = j.request.batch_rule()
+            limit = int(getattr(self.rate_for(j), "micro_batches", 0) or 0)
+            if not limit and rule == "constant-batch" and g and b and g % b == 0:
+                limit = g // b
+            self._limits[j.id] = limit
+        return self._limits[j.id]
+
     def _rate(self, j: JobRow) -> Callable[[int], float] | None:
         r = self._rates.get(j.id)
         if r is None:
@@ -284,7 +298,7 @@ class Scheduler:
         x = self._explore.get(j.id)
         if x is None:
             req = j.request
-            hold = min(self.hold, req.max_workers or max(self.slots, 1))
+            hold = min(self.hold, req.max_workers or max(self.slots, 1), self._most_workers(j) or self.hold)
             x = self._explore[j.id] = _Exploration(explore_sizes(hold, req.min_workers))
             for e in self.store.events(j.id):
                 if e.kind == "explore_measured":
@@ -376,7 +390,7 @@ class Scheduler:
         for j in jobs:
             req = j.request
             w = int(alloc.get(j.id, 0))
-            hi = min(req.max_workers or self.slots, self.slots)
+            hi = min(req.max_workers or self.slots, self.slots, self._most_workers(j) or self.slots)
             w = min(w, hi)
             if 0 < w < req.min_workers:
                 w = 0
