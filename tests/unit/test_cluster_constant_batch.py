@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import pytest
+
 from elastic_ring.cluster.api import JobRequest
 from elastic_ring.cluster.daemon import AccumulatedRate, rate_for
 from elastic_ring.cluster.scheduler import Scheduler
@@ -21,7 +23,7 @@ EQ5 = SpeedModel(t0=1e-3, t1=2e-3, t2=1e-8, t3=5e-3, m=32.0, n=1e6)  # b = 32, a
 
 
 def _req(**kw):
-    return JobRequest(name="j", kind="script", path="x.py", steps=10, **kw)
+    return JobRequest(**{"name": "j", "kind": "script", "path": "x.py", "steps": 10, **kw})
 
 
 def test_the_rule_is_read_from_train_options_and_sets():
@@ -100,3 +102,41 @@ def test_submit_passes_the_rule_to_train_and_the_scheduler(tmp_path, capsys):
     r = run_inproc(capsys, "submit", str(script), "--steps", "5", "--global-batch", "128",
                    "--dir", str(tmp_path / "cl"))
     one_line_error(r, "--global-batch 128 needs --lr-scaling constant-batch")
+
+
+def test_an_exploring_policy_fits_the_plain_steps_behind_a_constant_batch_jobs(tmp_path):
+    """``exploratory`` live: a constant-batch job of 3 micro-batches (its request's --global-batch
+    96 and --batch-size 32, no profile) is explored at 1 and 2 workers only (3 at most), Eq. 5 is
+    fitted to the plain steps behind the accumulated ones (as the simulator does), and its rate is
+    the accumulated model's: it reproduces the measurements, plans the job on 3 slots, and a
+    restarted scheduler reads the same rate from the stored fit."""
+    from elastic_ring.cluster.scheduler import fit_explored_accumulated, live_policy
+    from elastic_ring.perfmodel.accumulated import AccumulatedModel
+    from tests.unit.test_cluster_explore import _kinds, _tick_until
+
+    true = AccumulatedModel(SpeedModel(t0=0.0, t1=0.0, t2=0.001, t3=0.02, m=1.0, n=1.0), 3)
+    store = Store(tmp_path, create=True, clock=lambda: 0.0)
+    cfg = ClusterConfig(hosts=(("localhost", 8),), policy="exploratory")
+    runner = FakeRunner(2, speed=lambda w: float(true.predict(w)))
+    clock = iter(range(10 ** 6))
+    sched = Scheduler(store, cfg, live_policy("exploratory", 8), runner, rate_for=lambda j: (lambda w: float(w)),
+                      clock=lambda: float(next(clock)))
+    a = store.submit(_req(steps=10 ** 6, train_args=("--lr-scaling", "constant-batch", "--global-batch", "96",
+                                                      "--batch-size", "32")))
+    sched.recover()
+    _tick_until(sched, lambda: _kinds(store, a, "explore_fit"))
+    assert [e["data"]["to"] for e in _kinds(store, a, "explore_step")] == [1, 2]
+    fit = _kinds(store, a, "explore_fit")[0]["data"]
+    assert fit["micro_batches"] == 3 and fit["per_worker"] is False
+    for w in (1, 2, 3):  # 2 counts: a 2-term Eq. 5 on the plain steps, exact for this curve
+        assert sched._rate(store.job(a))(w) == pytest.approx(float(true.predict(w)), rel=1e-6)
+    assert store.decisions()[-1]["cause"] == "explored" and store.decisions()[-1]["allocation"] == {a: 3}
+    again = Scheduler(store, cfg, live_policy("exploratory", 8), runner, rate_for=lambda j: (lambda w: 1.0))
+    assert again._rate(store.job(a))(3) == pytest.approx(float(true.predict(3)), rel=1e-6)
+    # the same measurements fitted as any job's (steps/s, or per worker) do not reproduce 3 workers
+    from elastic_ring.cluster.scheduler import explored_rate, fit_explored
+
+    model, _, per_worker, _ = fit_explored([1, 2], [float(true.predict(w)) for w in (1, 2)])
+    assert explored_rate(model, per_worker)(3) != pytest.approx(float(true.predict(3)), rel=0.05)
+    model, _, rmse = fit_explored_accumulated([1, 2], [float(true.predict(w)) for w in (1, 2)], 3)
+    assert rmse < 1e-9
