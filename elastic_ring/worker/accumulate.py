@@ -159,7 +159,7 @@ class RunningStats:
 
     def __init__(self, layers: list[Any], job: Any) -> None:
         self.layers, self.job = layers, job
-        self.start: list[tuple[Any, Any, int]] | None = None  # (mean, var, tracked) per layer
+        self.start: list[tuple[Any, Any, Any]] | None = None  # (mean, var, tracked) per layer
         self.passes = [0] * len(layers)
         self.tag: Any = None
         for i, layer in enumerate(layers):
@@ -177,7 +177,7 @@ class RunningStats:
     def begin(self) -> None:
         """``r0``: the buffers as they are now; no pass counted."""
         self.start = [(layer.running_mean.detach().clone(), layer.running_var.detach().clone(),
-                       int(layer.num_batches_tracked)) for layer in self.layers]
+                       layer.num_batches_tracked.detach().clone()) for layer in self.layers]  # (no device sync)
         self.passes = [0] * len(self.layers)
 
     def forget(self) -> None:
@@ -195,7 +195,7 @@ class RunningStats:
         for layer, (mean, var, tracked) in zip(self.layers, self.start):
             layer.running_mean.copy_(mean)
             layer.running_var.copy_(var)
-            layer.num_batches_tracked.fill_(tracked)
+            layer.num_batches_tracked.copy_(tracked)
         return ends
 
     def _per_pass(self, lay: Layout, rank: int) -> list[int]:
@@ -217,7 +217,7 @@ class RunningStats:
         per = self._per_pass(lay, rank)
         later = lay.micro_batches - share.stop  # micro-batches after this rank's last
         for layer, (mean0, var0, tracked), (mean, var), f in zip(self.layers, self.start, ends, per):
-            k = len(share) * f
+            k, tracked = len(share) * f, tracked.double()
             for r0, ri in ((mean0.double(), mean.double()), (var0.double(), var.double())):
                 if layer.momentum is None:
                     parts.append((tracked + k) * ri - tracked * r0)
@@ -240,12 +240,14 @@ class RunningStats:
             for buf, r0 in ((layer.running_mean, mean0), (layer.running_var, var0)):
                 c = total[offset:offset + r0.numel()].reshape(r0.shape).to(r0.device)
                 offset += r0.numel()
-                if layer.momentum is None:
-                    out = (tracked * r0.double() + c) / (tracked + m * f) if tracked + m * f else r0.double()
+                if not f:  # the layer ran no training pass: as it was
+                    out = r0.double()
+                elif layer.momentum is None:
+                    out = (tracked.double() * r0.double() + c) / (tracked.double() + m * f)
                 else:
                     out = (1.0 - layer.momentum) ** (m * f) * r0.double() + c
                 buf.copy_(out.to(buf.dtype))
-            layer.num_batches_tracked.fill_(tracked + m * f)
+            layer.num_batches_tracked.copy_(tracked + m * f)
 
     def combine(self, lay: Layout, rank: int, collective: Any, ends: list[tuple[Any, Any]] | None = None) -> None:
         """At the step's end, on every rank: the buffers become the sequential ones (``ends``: this
@@ -261,7 +263,7 @@ class RunningStats:
                 for layer, (mean, var), (_, _, tracked), k in zip(self.layers, ends, self.start, self.passes):
                     layer.running_mean.copy_(mean)
                     layer.running_var.copy_(var)
-                    layer.num_batches_tracked.fill_(tracked + k)
+                    layer.num_batches_tracked.copy_(tracked + k)
                 return
             total = collective.allreduce(self.contribution(lay, rank, ends), op="sum",
                                          name="elastic_ring.batchnorm_running_stats")
