@@ -15,6 +15,14 @@ relative on the losses and 6e-8 absolute on the weights (order 1). The bounds, 1
 step's loss and 1e-5 absolute on every weight, are over a hundred times that noise and far below
 what a change of the training does: under ``linear`` the same resizes change the losses by 1e-3 and
 more from the first resized step.
+
+BatchNorm's running statistics are combined across the workers at every step (one allreduce:
+``elastic_ring.worker.accumulate.RunningStats``), so they are the unresized run's too, up to the
+same kind of noise: measured 1e-7 to 2.4e-7 absolute on buffers up to 3 (the statistics come from
+forward passes on weights that differ by 6e-8, then float64 sums cast to float32); the bound,
+1e-5, is the weights'. ``num_batches_tracked`` is equal exactly. Before the combination rank 0's
+statistics were off by 3e-2 to 5e-2 (it saw only its own micro-batches) and an epoch loop's test
+accuracy by 0.3 points.
 """
 
 from __future__ import annotations
