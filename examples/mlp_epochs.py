@@ -53,6 +53,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.1, help="per worker (scaled by the world size)")
     p.add_argument("--gamma", type=float, default=0.7, help="LR decay per epoch")
     p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--batch-norm", action="store_true", help="a BatchNorm layer after the hidden one")
     p.add_argument("--log-interval", type=int, default=10)
     p.add_argument("--trace", default="", help="write each step's sample ids and LR, and each test, here")
     args = p.parse_args()
@@ -66,8 +67,9 @@ def main() -> None:
                                               shuffle=False)
     test_loader = DataLoader(test_set, batch_size=128, sampler=test_sampler)
 
-    model = torch.nn.Sequential(torch.nn.Linear(64, args.hidden), torch.nn.ReLU(),
-                                torch.nn.Linear(args.hidden, 10))
+    model = torch.nn.Sequential(torch.nn.Linear(64, args.hidden),
+                                *([torch.nn.BatchNorm1d(args.hidden)] if args.batch_norm else []),
+                                torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)

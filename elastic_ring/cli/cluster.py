@@ -139,17 +139,21 @@ def down(no_wait, timeout, cluster_dir):
 @click.option("--target-loss", type=float, default=None,
               help="Remaining work = Eq. 1's predicted steps to reach this loss (capped by --steps).")
 @click.option("--checkpoint-every", type=int, default=None, metavar="STEPS", help="Passed to train.")
+@click.option("--lr-scaling", type=click.Choice(["linear", "sqrt", "none", "constant-batch", "auto"]), default=None,
+              help="Passed to train; under constant-batch the scheduler plans with the accumulated step's speed.")
+@click.option("--global-batch", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Passed to train (with --lr-scaling constant-batch).")
 @dir_option
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def submit(target, name, steps, min_workers, max_workers, sets, profile, target_loss, checkpoint_every,
-           cluster_dir, script_args):
+           lr_scaling, global_batch, cluster_dir, script_args):
     """Queue a job: a user script (.py, run with `train --script`; its own arguments after --) or
     a config (.yaml, the built-in ResNet). Prints the job id. The job runs in this shell's folder,
     where the script's relative paths point."""
     from elastic_ring.cluster.client import submit as submit_job
 
     job = submit_job(cluster_dir, target, name, steps, min_workers, max_workers, sets, profile, target_loss,
-                     checkpoint_every, script_args)
+                     checkpoint_every, script_args, lr_scaling=lr_scaling, global_batch=global_batch or 0)
     click.echo(f"job {job.job_id} ({job.name}) submitted to {cluster_dir}")
     if not job.scheduler_running:
         click.echo(f"elastic-ring: warning: no scheduler runs on {cluster_dir}: job {job.job_id} waits in the "

@@ -126,6 +126,29 @@ class JobRequest:
         if self.cwd is not None and not Path(self.cwd).is_absolute():
             raise ClusterError(f"a job's folder must be absolute, got {self.cwd!r}")
 
+    def batch_rule(self) -> tuple[str, int, int]:
+        """(the LR/batch rule, the global batch, the per-worker batch) the job gives ``train``:
+        ``--lr-scaling``/``--global-batch``/``--batch-size`` among its train options, or
+        ``lr_scaling``/``global_batch``/``batch_size`` among its ``--set``s; ``""``/0 where not given
+        there (a config file's own values are not read). The scheduler's speed model of a
+        ``constant-batch`` job is the accumulated step's (:func:`elastic_ring.cluster.daemon.rate_for`)."""
+        found = {"lr_scaling": "", "global_batch": "", "batch_size": ""}
+        for item in self.sets:
+            key, _, value = item.partition("=")
+            if key.strip() in found:
+                found[key.strip()] = value.strip()
+        args = list(self.train_args)
+        for i, a in enumerate(args):
+            name, eq, value = a.partition("=")
+            key = name[2:].replace("-", "_") if name.startswith("--") else ""
+            if key in found:
+                found[key] = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+
+        def number(v: str) -> int:
+            return int(v) if v.isdigit() else 0
+
+        return found["lr_scaling"], number(found["global_batch"]), number(found["batch_size"])
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

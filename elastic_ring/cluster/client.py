@@ -33,7 +33,8 @@ class Submitted:
 def submit(cluster_dir: str | Path, target: str, name: str | None = None, steps: int | None = None,
            min_workers: int = 1, max_workers: int = 0, sets: Sequence[str] = (), profile: str | None = None,
            target_loss: float | None = None, checkpoint_every: int | None = None,
-           script_args: Sequence[str] = (), cwd: str | Path | None = None) -> Submitted:
+           script_args: Sequence[str] = (), cwd: str | Path | None = None, lr_scaling: str | None = None,
+           global_batch: int = 0) -> Submitted:
     """Queue a job: a user script (.py, run with `train --script` and ``script_args``) or a config
     (.yaml, the built-in ResNet, with ``sets``). A config is read now as its `train` will read it.
     ``cwd``: the submitting shell's folder (default: this process's), recorded in the request: the
@@ -68,6 +69,10 @@ def submit(cluster_dir: str | Path, target: str, name: str | None = None, steps:
         raise ClusterError(f"--checkpoint-every must be >= 0, got {checkpoint_every}")
     form = script_form(p, steps, checkpoint_every, target_loss, cfg) if kind == "script" else "library"
     train_args = ("--checkpoint-every", str(checkpoint_every)) if checkpoint_every else ()
+    if global_batch and lr_scaling != "constant-batch":
+        raise ClusterError(f"--global-batch {global_batch} needs --lr-scaling constant-batch")
+    if lr_scaling:  # the job's rule, for train and for the scheduler's speed model (JobRequest.batch_rule)
+        train_args += ("--lr-scaling", lr_scaling) + (("--global-batch", str(global_batch)) if global_batch else ())
     req = JobRequest(name=name or p.stem, kind=kind, path=str(p), steps=steps, min_workers=min_workers,
                      max_workers=max_workers, sets=tuple(sets), args=tuple(script_args),
                      profile=str((here / profile).resolve()) if profile else None, target_loss=target_loss,

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from elastic_ring.cluster.api import ClusterConfig, JobRow
 from elastic_ring.cluster.client import jobs_table, nodes_line
-from elastic_ring.errors import UserError
+from elastic_ring.errors import ConfigError, UserError
 
 Echo = Callable[[str], None]
 
@@ -217,18 +217,47 @@ def loop(store: Any, sched: Any, poll_s: float, quiet: bool, echo: Echo = print)
         time.sleep(poll_s)
 
 
+class AccumulatedRate:
+    """Steps/s by worker count of a job that keeps a constant global batch: its profile's Eq. 5
+    curve as the accumulated step (:class:`~elastic_ring.perfmodel.accumulated.AccumulatedModel`,
+    the simulator's model). ``micro_batches``: the most workers that can share its batch (the
+    scheduler gives it no more)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.micro_batches = model, int(model.micro_batches)
+
+    def __call__(self, w: int) -> float:
+        return float(self.model.predict(w))
+
+
 def rate_for(cfg: ClusterConfig) -> Callable[[JobRow], Callable[[int], float]]:
-    """Job row -> steps/s by worker count: its profile's Eq. 5 model, else linear (assumed)."""
+    """Job row -> steps/s by worker count: its profile's Eq. 5 model, else linear (assumed).
+
+    A job under ``constant-batch`` (its ``--lr-scaling``/``--set lr_scaling``, or the profile's
+    ``"scaling"``, as the simulator reads a workload) trains the same global batch per step at
+    every size: its rate is the accumulated step's (:class:`AccumulatedRate`), with the global
+    batch its ``--global-batch`` (else the profile's ``global_batch``, else 8 x the profile's
+    per-worker batch, the simulator's default). Without a profile the micro-batches are unknown:
+    linear, as for any job."""
+    from elastic_ring.perfmodel.accumulated import RULES, accumulated
     from elastic_ring.perfmodel.speed import load_profile
 
     def rate(job: JobRow) -> Callable[[int], float]:
         path = job.request.profile or cfg.profile
         if path:
             try:
-                model, _ = load_profile(Path(path))
-                return lambda w, m=model: float(m.predict(w))
+                model, d = load_profile(Path(path))
             except Exception:  # noqa: BLE001 - a bad profile must not stop the scheduler
-                pass
+                return lambda w: float(w)
+            rule, g, _ = job.request.batch_rule()
+            rule = rule or (str(d.get("scaling", RULES[1])) if "scaling" in d or "global_batch" in d else "")
+            if rule == RULES[1]:
+                try:
+                    return AccumulatedRate(accumulated(model, g or float(d.get("global_batch") or 0)
+                                                      or 8.0 * float(model.m)))
+                except (ConfigError, TypeError, ValueError):  # a global batch the profile's batch does not divide
+                    pass
+            return lambda w, m=model: float(m.predict(w))
         return lambda w: float(w)
 
     return rate

@@ -160,8 +160,27 @@ def fit_explored(ws: list[int], fs: list[float]) -> tuple[SpeedModel, str, bool,
     return a.model, ma, False, ea
 
 
-def explored_rate(model: SpeedModel, per_worker: bool) -> Callable[[int], float]:
-    """Steps/s of ``w`` from :func:`fit_explored`'s model."""
+def fit_explored_accumulated(ws: list[int], fs: list[float], micro_batches: int) -> tuple[SpeedModel, str, float]:
+    """Eq. 5 for a ``constant-batch`` job of ``micro_batches`` measured at ``ws`` workers, ``fs``
+    (accumulated) steps/s, as the simulator's exploration fits one: Eq. 5 on the plain steps
+    behind the measured ones (:meth:`~elastic_ring.perfmodel.accumulated.AccumulatedModel.plain_step_times`);
+    its rate is the accumulated model's (:func:`explored_rate`). Returns (model, method, rmse)."""
+    from elastic_ring.perfmodel.accumulated import AccumulatedModel
+
+    plain = AccumulatedModel(None, micro_batches).plain_step_times(ws, [1.0 / max(f, 1e-12) for f in fs])
+    fit, method = fit_speed_few(ws, [1.0 / t for t in plain], 1.0, 1.0)
+    rate = explored_rate(fit.model, False, micro_batches)
+    return fit.model, method, (sum((rate(w) - f) ** 2 for w, f in zip(ws, fs)) / len(ws)) ** 0.5
+
+
+def explored_rate(model: SpeedModel, per_worker: bool, micro_batches: int = 0) -> Callable[[int], float]:
+    """Steps/s of ``w`` from :func:`fit_explored`'s model (``micro_batches``: a constant-batch
+    job's, :func:`fit_explored_accumulated`: the accumulated step of that many micro-batches)."""
+    if micro_batches:
+        from elastic_ring.perfmodel.accumulated import AccumulatedModel
+
+        acc = AccumulatedModel(model, micro_batches)
+        return lambda w: float(acc.predict(w))
     if per_worker:
         return lambda w: w * float(model.predict(w))
     return lambda w: float(model.predict(w))
@@ -177,6 +196,7 @@ class _Exploration:
         self.warm: set[int] = set()  # launches whose first window was skipped
         self.model: SpeedModel | None = None
         self.per_worker = False  # the model is per worker: the rate is w·f(w) (fit_explored)
+        self.micro_batches = 0  # a constant-batch job's: the model is of its plain step (fit_explored_accumulated)
         self.mark = -1  # launches seen when the last size was asked for: act only after a new launch
 
     @property
@@ -214,6 +234,7 @@ class Scheduler:
         self.source: SlotSource = slots if slots is not None else FixedSlots(config)
         self.capacity: Capacity = self.source.capacity()
         self._rates: dict[int, Callable[[int], float]] = {}
+        self._limits: dict[int, int] = {}  # job -> the most workers it can run at (0: none)
         self._obs: dict[int, Observation] = {}
         self._marks: dict[int, int] = {}  # job -> its restarts (Observation.restarts) already handled
         self._unstarted: list[int] = []  # jobs whose start failed in the last pass: completions to decide on
@@ -258,6 +279,19 @@ class Scheduler:
         losses = [l for _, l in obs.losses]
         return min(predict_remaining(float(j.step), steps, losses, req.target_loss, prior=left), float(left))
 
+    def _most_workers(self, j: JobRow) -> int:
+        """The most workers the job can run at (0: no limit but its own): a ``constant-batch`` job
+        runs at most one worker per micro-batch of its global batch (``train`` refuses more): the
+        count from its rate (:class:`~elastic_ring.cluster.daemon.AccumulatedRate`), else from its
+        request's ``--global-batch`` and ``--batch-size`` where both are given."""
+        if j.id not in self._limits:
+            rule, g, b = j.request.batch_rule()
+            limit = int(getattr(self.rate_for(j), "micro_batches", 0) or 0)
+            if not limit and rule == "constant-batch" and g and b and g % b == 0:
+                limit = g // b
+            self._limits[j.id] = limit
+        return self._limits[j.id]
+
     def _rate(self, j: JobRow) -> Callable[[int], float] | None:
         r = self._rates.get(j.id)
         if r is None:
@@ -265,7 +299,7 @@ class Scheduler:
             if x is not None and not x.done:
                 return None  # not measured yet
             if x is not None and x.model is not None:
-                r = self._rates[j.id] = explored_rate(x.model, x.per_worker)
+                r = self._rates[j.id] = explored_rate(x.model, x.per_worker, x.micro_batches)
             else:
                 r = self._rates[j.id] = self.rate_for(j)
         return r
@@ -287,7 +321,7 @@ class Scheduler:
         x = self._explore.get(j.id)
         if x is None:
             req = j.request
-            hold = min(self.hold, req.max_workers or max(self.slots, 1))
+            hold = min(self.hold, req.max_workers or max(self.slots, 1), self._most_workers(j) or self.hold)
             x = self._explore[j.id] = _Exploration(explore_sizes(hold, req.min_workers))
             for e in self.store.events(j.id):
                 if e.kind == "explore_measured":
@@ -295,6 +329,7 @@ class Scheduler:
                 elif e.kind == "explore_fit":
                     x.model = SpeedModel.from_dict(e.data["model"])
                     x.per_worker = bool(e.data.get("per_worker", False))
+                    x.micro_batches = int(e.data.get("micro_batches", 0))
         return x
 
     def _exploring(self, j: JobRow) -> bool:
@@ -332,15 +367,20 @@ class Scheduler:
             ws = sorted(x.measured)
             fs = [x.measured[w] for w in ws]
             try:
-                model, method, per_worker, rmse = fit_explored(ws, fs)
+                micro = self._most_workers(j)  # constant-batch: the plain steps behind the measured ones
+                if micro:
+                    (model, method, rmse), per_worker = fit_explored_accumulated(ws, fs, micro), False
+                else:
+                    model, method, per_worker, rmse = fit_explored(ws, fs)
             except FitError as e:
                 x.sizes = []  # done: the job plans with its profile, else linear speed-up
                 self.store.event(jid, "explore_fit_failed", error=str(e))
                 return "explored"
-            x.model, x.per_worker = model, per_worker
+            x.model, x.per_worker, x.micro_batches = model, per_worker, micro
             self._rates.pop(jid, None)
             self.store.event(jid, "explore_fit", method=method, model=model.to_dict(), rmse=rmse,
-                             per_worker=per_worker, points=[[w, f] for w, f in zip(ws, fs)])
+                             per_worker=per_worker, points=[[w, f] for w, f in zip(ws, fs)],
+                             **({"micro_batches": micro} if micro else {}))
             return "explored"
         if obs.world_size == nxt or (obs.world_size in x.sizes and obs.world_size not in x.measured):
             return None  # still measuring this size
@@ -382,7 +422,7 @@ class Scheduler:
         for j in jobs:
             req = j.request
             w = int(alloc.get(j.id, 0))
-            hi = min(req.max_workers or self.slots, self.slots)
+            hi = min(req.max_workers or self.slots, self.slots, self._most_workers(j) or self.slots)
             w = min(w, hi)
             if 0 < w < req.min_workers:
                 w = 0

@@ -15,7 +15,11 @@ worker with no micro-batch would have no gradient to give); so is a ``G`` that i
 
 Models with batch statistics (BatchNorm) see the same micro-batches at every world size, so their
 forward passes are the same too; only the float reduction order differs (the sum of gradients
-within a rank, then across ranks).
+within a rank, then across ranks). Their running statistics are made the unresized run's too
+(:class:`RunningStats`): each rank's BatchNorm buffers have followed only its own micro-batches, so
+at the step's end the ranks add up their parts of the sequential moving average (one small
+allreduce per step, of the buffers' size) and every rank holds what one worker training the
+``M`` micro-batches in order would hold.
 
 :func:`passes` gives the contexts of one step's backward passes: Horovod's ``DistributedOptimizer``
 allreduces after ``n`` backward passes on this rank (``set_backward_passes_per_step``: the count
@@ -26,6 +30,7 @@ but the last (``no_sync()``).
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,6 +132,165 @@ def passes(net: Any, optimizer: Any, n: int) -> list[Any]:
     return [contextlib.nullcontext() for _ in range(n)]
 
 
+class RunningStats:
+    """The BatchNorm running statistics of a constant global batch's step made the sequential ones:
+    what one worker training the step's ``M`` micro-batches in order would hold.
+
+    A BatchNorm layer in training mode updates its buffers at each forward pass ``k`` from that
+    batch's statistics ``s_k``: with momentum ``m``, ``r <- q r + m s_k`` (``q = 1 - m``, linear);
+    with ``momentum=None`` the cumulative average ``r <- r + (s_k - r) / t`` (``t``: the passes
+    tracked, counting this one). Every rank starts the step with the same buffers ``r0``; rank ``i``
+    runs its contiguous micro-batches, the last numbered ``b`` (0-based), ``k_i = n_i f`` forward
+    passes of the layer (``n_i`` micro-batches, ``f`` passes each), and ends with ``r_i``. Its part:
+
+    - momentum ``m``: ``c_i = (r_i - q^k_i r0) q^((M - 1 - b) f)``, and ``r = q^(M f) r0 + sum c_i``;
+    - cumulative (``N0`` passes tracked at the step's start): ``c_i = (N0 + k_i) r_i - N0 r0``, and
+      ``r = (N0 r0 + sum c_i) / (N0 + M f)``;
+
+    ``num_batches_tracked`` becomes ``N0 + M f`` on every rank. The parts (float64) and each rank's
+    ``f`` (checked equal) travel in one allreduce per step; at one worker the buffers are left as
+    they are (the sequential run itself).
+
+    ``r0`` is taken by a forward pre-hook on each layer at the step's first training-mode forward
+    pass (the passes are counted there too): any loop form, and after a resize's broadcast.
+    :meth:`hold` puts ``r0`` back (what a checkpoint at this step's stop point must hold: the
+    step may be dropped there) and returns ``r_i`` for :meth:`combine`.
+    """
+
+    def __init__(self, layers: list[Any], job: Any) -> None:
+        self.layers, self.job = layers, job
+        self.start: list[tuple[Any, Any, Any]] | None = None  # (mean, var, tracked) per layer
+        self.passes = [0] * len(layers)
+        self.tag: Any = None
+        for i, layer in enumerate(layers):
+            layer.register_forward_pre_hook(functools.partial(self._before, i))
+
+    def _before(self, i: int, layer: Any, args: Any) -> None:
+        if not layer.training:
+            return
+        tag = (self.job.segment, self.job.step)
+        if self.start is None or self.tag != tag:  # the step's first pass (or a step dropped at a stop)
+            self.begin()
+            self.tag = tag
+        self.passes[i] += 1
+
+    def begin(self) -> None:
+        """``r0``: the buffers as they are now; no pass counted."""
+        self.start = [(layer.running_mean.detach().clone(), layer.running_var.detach().clone(),
+                       layer.num_batches_tracked.detach().clone()) for layer in self.layers]  # (no device sync)
+        self.passes = [0] * len(self.layers)
+
+    def forget(self) -> None:
+        """No step in progress: the next training-mode forward pass begins one."""
+        self.start = None
+
+    def _ends(self) -> list[tuple[Any, Any]]:
+        return [(layer.running_mean.detach().clone(), layer.running_var.detach().clone()) for layer in self.layers]
+
+    def hold(self) -> list[tuple[Any, Any]] | None:
+        """This rank's ``r_i`` (None: no training pass this step); the buffers set back to ``r0``."""
+        if self.start is None:
+            return None
+        ends = self._ends()
+        for layer, (mean, var, tracked) in zip(self.layers, self.start):
+            layer.running_mean.copy_(mean)
+            layer.running_var.copy_(var)
+            layer.num_batches_tracked.copy_(tracked)
+        return ends
+
+    def _per_pass(self, lay: Layout, rank: int) -> list[int]:
+        n = len(lay.share(rank))
+        for layer, k in zip(self.layers, self.passes):
+            if k % n:
+                raise ContractError(f"constant-batch: a BatchNorm layer ({type(layer).__name__}) ran {k} training "
+                                    f"forward pass(es) over this worker's {n} micro-batch(es) of the step: every "
+                                    "micro-batch must run it equally often")
+        return [k // n for k in self.passes]
+
+    def contribution(self, lay: Layout, rank: int, ends: list[tuple[Any, Any]]) -> Any:
+        """This rank's ``c_i`` of every layer's mean and variance, then its ``f`` per layer: one
+        float64 vector, to be summed over the ranks (see the class docstring)."""
+        import torch
+
+        assert self.start is not None
+        share, parts = lay.share(rank), []
+        per = self._per_pass(lay, rank)
+        later = lay.micro_batches - share.stop  # micro-batches after this rank's last
+        for layer, (mean0, var0, tracked), (mean, var), f in zip(self.layers, self.start, ends, per):
+            k, tracked = len(share) * f, tracked.double()
+            for r0, ri in ((mean0.double(), mean.double()), (var0.double(), var.double())):
+                if layer.momentum is None:
+                    parts.append((tracked + k) * ri - tracked * r0)
+                else:
+                    q = 1.0 - layer.momentum
+                    parts.append((ri - q ** k * r0) * q ** (later * f))
+        device = self.layers[0].running_mean.device
+        return torch.cat([p.reshape(-1).to(device) for p in parts]
+                         + [torch.tensor(per, dtype=torch.float64, device=device)])
+
+    def apply(self, total: Any, lay: Layout, rank: int) -> None:
+        """Write the sequential buffers from the ranks' summed :meth:`contribution`."""
+        assert self.start is not None
+        m, per, offset = lay.micro_batches, total[-len(self.layers):], 0
+        for layer, (mean0, var0, tracked), f_sum, f in zip(self.layers, self.start, per.tolist(),
+                                                           self._per_pass(lay, rank)):
+            if round(f_sum) != f * lay.world:
+                raise ContractError("constant-batch: the workers ran a BatchNorm layer a different number of times "
+                                    "per micro-batch: its running statistics cannot be combined")
+            for buf, r0 in ((layer.running_mean, mean0), (layer.running_var, var0)):
+                c = total[offset:offset + r0.numel()].reshape(r0.shape).to(r0.device)
+                offset += r0.numel()
+                if not f:  # the layer ran no training pass: as it was
+                    out = r0.double()
+                elif layer.momentum is None:
+                    out = (tracked.double() * r0.double() + c) / (tracked.double() + m * f)
+                else:
+                    out = (1.0 - layer.momentum) ** (m * f) * r0.double() + c
+                buf.copy_(out.to(buf.dtype))
+            layer.num_batches_tracked.copy_(tracked + m * f)
+
+    def combine(self, lay: Layout, rank: int, collective: Any, ends: list[tuple[Any, Any]] | None = None) -> None:
+        """At the step's end, on every rank: the buffers become the sequential ones (``ends``: this
+        rank's ``r_i`` from :meth:`hold`, else the buffers as they are). Nothing where no layer ran
+        a training pass this step (on any rank: they all run the same code)."""
+        if self.start is None:
+            return
+        if ends is None:
+            ends = self._ends()
+        try:
+            if lay.world == 1:  # the sequential run itself: r_i as it is
+                self._per_pass(lay, rank)
+                for layer, (mean, var), (_, _, tracked), k in zip(self.layers, ends, self.start, self.passes):
+                    layer.running_mean.copy_(mean)
+                    layer.running_var.copy_(var)
+                    layer.num_batches_tracked.copy_(tracked + k)
+                return
+            total = collective.allreduce(self.contribution(lay, rank, ends), op="sum",
+                                         name="elastic_ring.batchnorm_running_stats")
+            self.apply(total, lay, rank)
+        finally:
+            self.start = None
+
+
+def running_stats(model: Any, job: Any) -> RunningStats | None:
+    """The :class:`RunningStats` of ``model``'s BatchNorm layers with running statistics (made
+    once per set of layers, its hooks then registered), or None where it has none."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.parameter import is_lazy
+
+    modules = getattr(model, "modules", None)  # not a torch module: no layers
+    layers = [m for m in (modules() if callable(modules) else ()) if isinstance(m, _BatchNorm) and m.track_running_stats
+              and m.running_mean is not None and not is_lazy(m.running_mean)]
+    if not layers:
+        return None
+    stats = layers[0].__dict__.get("_elastic_ring_running_stats")
+    if stats is None or stats.layers != layers:
+        stats = RunningStats(layers, job)
+        layers[0].__dict__["_elastic_ring_running_stats"] = stats
+    stats.job = job
+    return stats
+
+
 @dataclass(frozen=True)
 class MicroBatch:
     """One of this rank's micro-batches of a step: ``indices`` (a LongTensor), ``start`` (the stream
@@ -155,11 +319,16 @@ def micro_batches(sampler: Any, net: Any, optimizer: Any) -> Any:
         idx = sampler.next_batch()
         yield MicroBatch(idx, int(getattr(sampler, "last_start", 0)), 1.0)
         return
-    weight = sampler.layout().loss_weight
+    job, lay = sampler.job, sampler.layout()
+    stats = running_stats(net, job)
+    if stats is not None:
+        stats.forget()  # r0: at the step's first forward pass
     parts = sampler.next_micro_batches()
     for (start, idx), ctx in zip(parts, passes(net, optimizer, len(parts))):
         with ctx:
-            yield MicroBatch(idx, start, weight)
+            yield MicroBatch(idx, start, lay.loss_weight)
+    if stats is not None:  # the BatchNorm buffers the unresized run's (one small allreduce)
+        stats.combine(lay, job.rank, job.collective)
 
 
 class EpochAccumulation:
@@ -170,20 +339,27 @@ class EpochAccumulation:
 
     Per step of ``n`` micro-batches on this rank: ``zero_grad()`` clears the gradients only before
     the first; ``step()`` after each of the first ``n - 1`` does nothing (the gradients add up);
-    after the ``n``-th it completes the allreduce (Horovod: started by its hooks after this rank's
-    ``n``-th backward pass, ``set_backward_passes_per_step``), multiplies the averaged gradients by
-    ``w / M`` (the script's loss is each micro-batch's mean: this makes the update the global
-    batch's mean gradient, uneven shares included) and runs the real step (its hooks: the stop
-    points, the data position). Horovod only: DDP would allreduce every pass (its ``no_sync`` wraps
-    the forward, in the script's code).
+    after the ``n``-th it completes the allreduce, multiplies the averaged gradients by ``w / M``
+    (the script's loss is each micro-batch's mean: this makes the update the global batch's mean
+    gradient, uneven shares included) and runs the real step (its hooks: the stop points, the data
+    position). The allreduce: Horovod's, started by its hooks after this rank's ``n``-th backward
+    pass (``set_backward_passes_per_step``); DDP's (the module :meth:`~elastic_ring.worker.api.Job.parallel`
+    gave, ``ddp``), whose forward pre-hook here turns off the gradients' sync of every forward pass
+    but the step's ``n``-th (what ``no_sync()`` does, without the script's code: DDP decides at the
+    forward pass). A DDP the script built itself cannot be reached: refused.
     """
 
-    def __init__(self, job: Any, optimizer: Any) -> None:
-        if not callable(getattr(optimizer, "synchronize", None)):
-            raise ContractError("an epoch loop with a constant global batch needs a hvd.DistributedOptimizer "
-                                "(job.distributed_optimizer); with --collective torch use job.steps() "
-                                "with job.micro_batches()")
-        self.job, self.opt, self.done = job, optimizer, 0
+    def __init__(self, job: Any, optimizer: Any, ddp: Any = None) -> None:
+        if not callable(getattr(optimizer, "synchronize", None)) and ddp is None:
+            raise ContractError("an epoch loop with a constant global batch needs the gradients' allreduce it can "
+                                "hold back: a hvd.DistributedOptimizer (job.distributed_optimizer) or, with "
+                                "--collective torch, the module job.parallel(model, optimizer) returns (not a "
+                                "DistributedDataParallel built by the script)")
+        self.job, self.opt, self.done, self.ddp = job, optimizer, 0, ddp
+        if ddp is not None:
+            ddp.register_forward_pre_hook(self._before_forward)
+        model = getattr(job.state, "model", None)
+        self.stats = running_stats(model, job) if model is not None else None
         self._step, self._zero_grad = optimizer.step, optimizer.zero_grad
 
         def step(*args: Any, **kwargs: Any) -> Any:
@@ -209,6 +385,22 @@ class EpochAccumulation:
             self.opt.set_backward_passes_per_step(n)
         return n
 
+    def _before_forward(self, module: Any, args: Any) -> None:
+        """DDP: sync this pass's gradients only at this rank's last micro-batch of the step."""
+        import torch
+
+        if not module.training or not torch.is_grad_enabled() or self.job.state.syncing:
+            return
+        sampler = self.job._epoch_data.training_sampler()
+        if sampler is None or sampler._layout() is None:  # not a pass of the training loop
+            return
+        sync = self.done >= self.passes() - 1
+        setter = getattr(module, "set_grad_sync", None)  # ReformedDDP: DDP rebuilt per process group
+        if callable(setter):
+            setter(sync)
+        else:
+            module.require_backward_grad_sync = sync
+
     def zero_grad(self, *args: Any, **kwargs: Any) -> Any:
         if self.done == 0 or self.job.state.syncing:
             return self._zero_grad(*args, **kwargs)
@@ -223,17 +415,24 @@ class EpochAccumulation:
             return None
         self.done = 0
         lay = self.layout()
-        self.opt.synchronize()
+        if self.ddp is None:
+            self.opt.synchronize()
         if lay.loss_weight != 1.0:
             for group in self.opt.param_groups:
                 for p in group["params"]:
                     if p.grad is not None:
                         p.grad.mul_(lay.loss_weight)
-        with self.opt.skip_synchronize():
-            return self._step(*args, **kwargs)
+        stats = self.stats
+        ends = stats.hold() if stats is not None else None  # a stop here saves the step's start
+        with (self.opt.skip_synchronize() if self.ddp is None else contextlib.nullcontext()):
+            out = self._step(*args, **kwargs)
+        if stats is not None:  # the step is taken: the BatchNorm buffers the unresized run's
+            stats.combine(lay, self.job.rank, self.job.collective, ends)
+        return out
 
 
 def accumulate_epoch_loop(job: Any, optimizer: Any) -> None:
-    """Install :class:`EpochAccumulation` on the registered ``optimizer`` (once)."""
+    """Install :class:`EpochAccumulation` on the registered ``optimizer`` (once), over the DDP
+    module ``job.parallel`` returned, if any."""
     if optimizer is not None and getattr(optimizer, "_elastic_ring_accumulation", None) is None:
-        EpochAccumulation(job, optimizer)
+        EpochAccumulation(job, optimizer, getattr(job, "parallel_module", None))

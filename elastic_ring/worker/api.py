@@ -159,6 +159,7 @@ class Job:
         self.rejoined = rejoined  # started over in this process, in the ring re-formed in place
         self.restored = False
         self._step_depth = 0  # inside the registered optimizer's step (its hooks may nest)
+        self.parallel_module: Any = None  # the DDP module parallel() returned (torch.distributed)
         if info.device == "cuda":
             torch.cuda.set_device(self.local_rank)
             self.device = torch.device("cuda", self.local_rank)
@@ -248,8 +249,10 @@ class Job:
             if self.ring.in_place:
                 from elastic_ring.worker.reformed import ReformedDDP
 
-                return ReformedDDP(self.ring, model, **kwargs), optimizer
-            return self.collective.data_parallel(model, **kwargs), optimizer
+                self.parallel_module = ReformedDDP(self.ring, model, **kwargs)
+            else:
+                self.parallel_module = self.collective.data_parallel(model, **kwargs)
+            return self.parallel_module, optimizer  # (an epoch loop's constant-batch accumulation holds its syncs)
         return model, self.distributed_optimizer(optimizer, model, **kwargs)
 
     def register(self, model=None, optimizer=None, scheduler=None, **extras: Any) -> None:

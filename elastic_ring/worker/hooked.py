@@ -129,7 +129,7 @@ class HookedSteps:
         sampler = self._sampler = job._epoch_data.training_sampler()
         if sampler is not None and job.elastic:
             sampler.advance(int(getattr(job.state.optimizer, "backward_passes_per_step", 1) or 1))
-        self.pending = self.boundary.after_step(step, self._samples(sampler))
+        self.pending = self.boundary.after_step(step, self._samples(sampler, step))
         if self._rng_wanted(step, sampler):  # what a checkpoint before the next step holds
             job.state.saved_rng = _rng_state()
             self.rng_step = step
@@ -157,9 +157,17 @@ class HookedSteps:
         # no sampler of ours: where an epoch ends is not known
         return sampler is None or job._epoch_data.position.pos >= len(sampler.dataset)
 
-    def _samples(self, sampler) -> int:
+    def _samples(self, sampler, step: int) -> int:
+        """This rank's samples of ``step`` for the throughput (which counts rank 0's times the
+        world): the loader's batch, or under a constant global batch the global batch's share of
+        one worker (``G / w``, :meth:`~elastic_ring.worker.accumulate.Layout.samples_at`): the
+        step trained ``G`` samples in all, however many micro-batches each worker ran."""
         if sampler is None:
             return 0
+        layout = getattr(sampler, "_layout", None)
+        lay = layout() if callable(layout) else None
+        if lay is not None:
+            return lay.samples_at(step)
         b = sampler.batch_size or sampler._loader_batch
         return int(b) if b else 0
 

@@ -39,7 +39,15 @@ class ReformedDDP(torch.nn.Module):
             self.__dict__["_generation"] = ring.generation
         ddp = self.__dict__["_ddp"]
         ddp.training = self.training
+        if self.__dict__.get("_grad_sync") is not None:
+            ddp.require_backward_grad_sync = self.__dict__["_grad_sync"]
         return ddp
+
+    def set_grad_sync(self, sync: bool) -> None:
+        """Whether the next forward pass's gradients are allreduced in its backward pass (DDP's
+        ``require_backward_grad_sync``, kept across the rebuilds: a constant global batch's
+        accumulation in an epoch loop, :class:`~elastic_ring.worker.accumulate.EpochAccumulation`)."""
+        self.__dict__["_grad_sync"] = sync
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.ddp()(*args, **kwargs)

@@ -267,3 +267,168 @@ def test_epoch_sampler_splits_whole_global_batches_into_contiguous_micro_batches
     three = Layout(6, 2, 2)  # 3 micro-batches over 2 ranks: 2 + 1
     assert list(_micro_batch_share(list(range(12)), three, 0)) == [0, 1, 2, 3, 6, 7, 8, 9]
     assert list(_micro_batch_share(list(range(12)), three, 1)) == [4, 5, 10, 11]
+
+
+class _Sum:
+    """A fake collective whose allreduce returns the ranks' sum, computed beforehand."""
+
+    def __init__(self, total):
+        self.total, self.calls = total, 0
+
+    def allreduce(self, tensor, op="sum", name=""):
+        assert op == "sum" and tensor.shape == self.total.shape
+        self.calls += 1
+        return self.total.clone()
+
+
+def _bn_model(momentum, twice: bool = False):
+    torch.manual_seed(1)
+    layers = [torch.nn.Linear(5, 6), torch.nn.BatchNorm1d(6, momentum=momentum), torch.nn.ReLU(),
+              torch.nn.Linear(6, 4), torch.nn.BatchNorm1d(4, momentum=momentum)]
+    model = torch.nn.Sequential(*layers).double().train()
+    if twice:  # every micro-batch runs the second BatchNorm layer twice
+        bn = layers[4]
+        model = torch.nn.Sequential(*layers[:4], bn, torch.nn.Linear(4, 4).double(), bn)
+    for i, bn in enumerate(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d)):
+        bn.num_batches_tracked.fill_(3 + i)  # a step that is not the run's first
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    return model
+
+
+def _buffers(model):
+    return {k: v.clone() for k, v in model.state_dict().items() if "running" in k or "num_batches" in k}
+
+
+@pytest.mark.parametrize("momentum,twice", [(0.1, False), (0.3, True), (None, False), (None, True)])
+@pytest.mark.parametrize("m,w", [(4, 1), (4, 2), (4, 4), (5, 2), (5, 3), (7, 4), (6, 5)])
+def test_batchnorm_running_stats_combined_over_ranks_are_the_sequential_ones(momentum, twice, m, w):
+    """Each rank runs its share of the step's micro-batches from the same buffers; the combined
+    buffers are those of one worker running all ``m`` in order (uneven shares, momentum or the
+    cumulative average, a layer run twice per micro-batch)."""
+    import copy
+
+    from elastic_ring.worker.accumulate import running_stats
+
+    b = 3
+    x = torch.randn(m * b, 5, dtype=torch.float64)
+    model = _bn_model(momentum, twice)
+    ranks = [copy.deepcopy(model) for _ in range(w)]
+    for k in range(m):  # the sequential run
+        model(x[k * b:(k + 1) * b])
+    want = _buffers(model)
+    lay = Layout(m * b, b, w)
+    stats, ends = [], []
+    for r, net in enumerate(ranks):
+        st = running_stats(net, SimpleNamespace(segment=0, step=5, rank=r))
+        for k in lay.share(r):
+            net(x[k * b:(k + 1) * b])
+        held = st.hold()  # the buffers back at r0, as a stop at this step saves them
+        assert all(torch.equal(v, ranks[0].state_dict()[k]) or r for k, v in _buffers(ranks[r]).items())
+        stats.append(st)
+        ends.append(held)
+    for st in stats:
+        for layer, (mean0, var0, _) in zip(st.layers, st.start):
+            assert torch.equal(layer.running_mean, mean0) and torch.equal(layer.running_var, var0)
+    total = sum(st.contribution(lay, r, e) for r, (st, e) in enumerate(zip(stats, ends))) if w > 1 else None
+    for r, (st, e) in enumerate(zip(stats, ends)):
+        coll = _Sum(total) if total is not None else None
+        st.combine(lay, r, coll, e)
+        assert coll is None or coll.calls == 1  # one allreduce per step; none at one worker
+        got = _buffers(ranks[r])
+        for k in want:
+            assert torch.allclose(got[k].double(), want[k].double(), rtol=1e-12, atol=1e-12), (r, k)
+        assert st.start is None
+
+
+def test_batchnorm_running_stats_not_combined_naively():
+    """Rank 0's own buffers (what each rank kept before) are not the sequential ones: the test above
+    can fail."""
+    from elastic_ring.worker.accumulate import running_stats
+
+    model = _bn_model(0.1)
+    x = torch.randn(12, 5, dtype=torch.float64)
+    import copy
+
+    rank0 = copy.deepcopy(model)
+    for k in range(4):
+        model(x[k * 3:(k + 1) * 3])
+    running_stats(rank0, SimpleNamespace(segment=0, step=0, rank=0))
+    for k in Layout(12, 3, 2).share(0):
+        rank0(x[k * 3:(k + 1) * 3])
+    a, b = _buffers(rank0), _buffers(model)
+    assert any(not torch.allclose(a[k].double(), b[k].double(), rtol=1e-3) for k in a)
+
+
+def test_batchnorm_passes_must_match_the_micro_batches():
+    from elastic_ring.worker.accumulate import running_stats
+
+    model = _bn_model(0.1)
+    st = running_stats(model, SimpleNamespace(segment=0, step=0, rank=0))
+    model(torch.randn(3, 5, dtype=torch.float64))  # 1 pass over a share of 2 micro-batches
+    with pytest.raises(ContractError, match="ran 1 training forward pass"):
+        st.combine(Layout(12, 3, 2), 0, _Sum(torch.zeros(1)))
+    model.eval()
+    model(torch.randn(3, 5, dtype=torch.float64))  # eval passes: not counted, no step begun
+    assert st.start is None
+    assert running_stats(torch.nn.Linear(2, 2), SimpleNamespace()) is None
+
+
+class _FakeDDPModule(torch.nn.Module):
+    """What EpochAccumulation uses of DDP: the flag its forward pass reads, recorded per pass."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.p, self.require_backward_grad_sync, self.synced = p, True, []
+
+    def forward(self):
+        self.synced.append(self.require_backward_grad_sync)
+        return self.p * 3.0
+
+
+def test_ddp_epoch_loop_syncs_only_each_steps_last_micro_batch_and_steps_once():
+    from elastic_ring.worker.accumulate import EpochAccumulation
+
+    lay = Layout(24, 8, 2)  # 3 micro-batches: rank 0 takes 2, rank 1 takes 1
+    sampler = SimpleNamespace(_layout=lambda: lay)
+    for rank, n in ((0, 2), (1, 1)):
+        p = torch.zeros(1, requires_grad=True)
+        opt = torch.optim.SGD([p], lr=1.0)
+        ddp = _FakeDDPModule(p)
+        job = SimpleNamespace(rank=rank, state=SimpleNamespace(syncing=False),
+                              _epoch_data=SimpleNamespace(training_sampler=lambda: sampler))
+        EpochAccumulation(job, opt, ddp)
+        for _step in range(2):
+            for _micro in range(n):  # the script's loop body, unchanged
+                opt.zero_grad()
+                ddp().sum().backward()
+                opt.step()
+            with torch.no_grad():
+                ddp.eval()
+                ddp()  # a test pass: no backward, the flag left as it was
+                ddp.train()
+        assert ddp.synced == ([False] * (n - 1) + [True, True]) * 2
+        assert float(p.detach()) == pytest.approx(-2 * 3.0 * n * 2 / 3)  # 2 updates of the summed passes x w / M
+
+
+def test_an_epoch_loop_without_an_allreduce_to_hold_is_refused():
+    from elastic_ring.worker.accumulate import EpochAccumulation
+
+    with pytest.raises(ContractError, match="job.parallel"):
+        EpochAccumulation(SimpleNamespace(state=SimpleNamespace(model=None)), torch.optim.SGD([torch.zeros(1)], lr=1))
+
+
+def test_epoch_loop_throughput_counts_the_global_batch_per_step():
+    """The epoch loop's throughput (rank 0's samples x the world) counts the samples each step
+    trained, the global batch, not one micro-batch per worker."""
+    from elastic_ring.worker.hooked import HookedSteps
+
+    hooked = HookedSteps(SimpleNamespace(boundary=None))
+    for w in (1, 2, 3, 4):
+        lay = Layout(128, 32, w)
+        sampler = SimpleNamespace(_layout=lambda lay=lay: lay, batch_size=None, _loader_batch=32)
+        assert sum(hooked._samples(sampler, s) for s in range(1, 13)) * w == 12 * 128
+        assert abs(hooked._samples(sampler, 5) * w - 128) < w  # each step's share: G / w, rounded
+    plain = SimpleNamespace(_layout=lambda: None, batch_size=None, _loader_batch=32)
+    assert hooked._samples(plain, 1) == 32  # other rules: the loader's batch
+    assert hooked._samples(None, 1) == 0
