@@ -137,14 +137,14 @@ def test_a_failure_withdraws_a_preempted_drain_but_not_an_asked_one(tmp_path):
     assert set(drains.pending) == {"c"}  # the notice waits for a step: a failing job's teardown does none
     progress(8)
     drains.take(seg)
-    assert set(drains.pending) == {"b", "c"} and watch.draining == {"b", "c"}
+    assert set(drains.pending) == {"b", "c"} and set(watch.draining) == {"b", "c"}
     assert drains.pending["b"].cause is Cause.PREEMPTED and drains.pending["b"].deadline == 130.0  # 30 s default
     assert drains.pending["c"].cause is Cause.DRAINED and drains.overdue() is None
     now[0] = 110.0
     assert drains.overdue().host == "c"
     assert manager.view().usable.arg() == "a:1"
     drains.failed()
-    assert manager.drained == ("c",) and not drains.pending and watch.draining == set()
+    assert manager.drained == ("c",) and not drains.pending and watch.draining == {}
     assert manager.view().usable.arg() == "a:1,b:1"
 
 

@@ -105,7 +105,7 @@ def test_a_worker_started_after_an_off_keeps_no_copy(tmp_path, monkeypatch):
     monkeypatch.setenv(survive.SURVIVE_ENV, "auto")
     survive.reset()
     job = SimpleNamespace(ring=SimpleNamespace(in_place=True), run_dir=tmp_path, rank=0,
-                          state=SimpleNamespace(snapshot=lambda step, into: {"step": step}))
+                          state=SimpleNamespace(snapshot=lambda step, into: {"step": step}, sharded=False))
     protocol.control_dir(tmp_path).mkdir(parents=True)
     try:
         assert survive.memory_copy(job).meter is not None  # no word yet: it measures
