@@ -151,7 +151,8 @@ class Controller:
             out=say, clock=clock, poll_s=poll_s, show_line=self._show_hosts, interrupted=lambda: self._interrupts,
             show_state=lambda st: self._set_state(self.state, host_state=st))
         # hosts leaving with notice (`elastic-ring drain`, a worker's SIGTERM): .drains
-        self.drains = Drains(self.hosts, spec.run_dir, self.events, say, clock, notice_deadline_s=grace)
+        self.drains = Drains(self.hosts, spec.run_dir, self.events, say, clock, notice_deadline_s=grace,
+                             backend=self.backend if resize.keeps_workers else None)
         self.prelaunch = Prelaunch(spec.run_dir, self.procs, self._start_processes, self.plan, self.meter, self.hosts,
                                    self._next_stop, say, clock)
         self.ahead = RingAhead(self.plan, resize, spec.run_dir, self.owner, self._next_stop)  # (in place)
@@ -673,7 +674,7 @@ class Controller:
         ``preempted``), the next segment starting on the other hosts; past a drain's deadline
         the workers are stopped (killed) and it is a failure."""
         self.drains.take(seg)
-        if not self.drains.pending or seg.end is not None or self.hosts is None:
+        if not self.drains.pending or seg.end is not None or (self.hosts is None and self.drains.in_place is None):
             return
         late = self.drains.overdue()
         if late is not None:
@@ -688,7 +689,10 @@ class Controller:
             return
         for other in self.drains.pending.values():
             other.asked = True  # (one stop for every drain heard so far)
-        target = self.hosts.check(seg, self.hosts.view(seg.index))
+        if self.hosts is None:  # in place on one host: the notices' workers leave the ring
+            target = seg.world - len(self.drains.pending)
+        else:
+            target = self.hosts.check(seg, self.hosts.view(seg.index))
         if target is None:  # the segment does not run on it: nothing to stop
             self.drains.idle(seg)
             return

@@ -13,13 +13,20 @@ job that lost a worker makes no step again.
 A :class:`Drains`, owned by the :class:`~.controller.Controller`, holds the drains under way; the
 controller calls :meth:`Drains.heard` for each worker event the relay hands it,
 :meth:`Drains.take` from its watch, and :meth:`Drains.landed` or :meth:`Drains.failed` from
-``_act``. Asking the stop stays the controller's (``Controller._ask``). Needs host discovery
-(``--host-discovery-script``): without it a drain request is refused (an ``error`` event) and the
-workers do not take a SIGTERM as a notice (``worker.notice``).
+``_act``. Asking the stop stays the controller's (``Controller._ask``). A drain request needs host
+discovery (``--host-discovery-script``): without it, it is refused (an ``error`` event).
+
+In place on one host (``--relaunch inplace`` without discovery, ``in_place``) a worker's notice
+names its slot host (``worker.notice``): the backend drops that slot at the next in-place resize
+(:meth:`~.backends.api.Backend.leave`), so the ring shrinks in the same processes with that worker
+leaving, whatever its rank; nothing is read back. Where the backend cannot (the last worker, a
+launcher without a host per slot) the worker is sent a second SIGTERM: it ends, a failure as before.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -31,6 +38,7 @@ from elastic_ring.controller.segment import Segment
 from elastic_ring.events.api import ErrorEvent, Event, EventLog, Notice, PreemptNotice
 
 if TYPE_CHECKING:
+    from elastic_ring.controller.backends.api import Backend
     from elastic_ring.controller.host_watch import HostWatch
 
 NOTICE_DEADLINE_S = 30.0  # a worker's SIGTERM without --grace: Kubernetes' default grace period
@@ -51,8 +59,11 @@ class Draining:
 
 class Drains:
     def __init__(self, hosts: HostWatch | None, run_dir: Path, events: EventLog, out: Callable[[str], None],
-                 clock: Callable[[], float], notice_deadline_s: float | None = None) -> None:
+                 clock: Callable[[], float], notice_deadline_s: float | None = None,
+                 backend: Backend | None = None) -> None:
         self.hosts, self.run_dir, self.events, self.out, self.clock = hosts, run_dir, events, out, clock
+        # in place on one host (no discovery): the backend whose ring a notice's worker leaves
+        self.in_place = backend if hosts is None else None
         self.notice_deadline_s = notice_deadline_s or NOTICE_DEADLINE_S
         self.pending: dict[str, Draining] = {}
         self._notices: list[PreemptNotice] = []
@@ -74,7 +85,9 @@ class Drains:
             self._start(seg, host, Cause.DRAINED, "elastic-ring drain", deadline_s)
         notices, self._notices = self._notices, []
         step = self._progress()
-        self._heard += [(ev, step) for ev in notices if ev.segment == seg.index and self.hosts is not None]
+        # (in place a worker outlives its segments: its notice names the slot host it still holds)
+        self._heard += [(ev, step) for ev in notices
+                        if (ev.segment == seg.index and self.hosts is not None) or self.in_place is not None]
         if not self._heard or step <= min(at for _, at in self._heard):
             return
         # a step done since the notice was heard: the job is alive, not a failing horovodrun's
@@ -83,6 +96,9 @@ class Drains:
         for ev, at in self._heard:
             if step <= at:
                 waiting.append((ev, at))
+                continue
+            if self.hosts is None:
+                self._leave(seg, ev)
                 continue
             host = (self.hosts.host_of(seg, ev.rank, self.run_dir) if ev.rank is not None else None) or ev.host
             if host:
@@ -94,14 +110,33 @@ class Drains:
         prog = protocol.read_json(protocol.control_dir(self.run_dir) / protocol.PROGRESS_FILE)
         return int(prog.get("step", 0)) if isinstance(prog, dict) else 0
 
+    def _leave(self, seg: Segment, ev: PreemptNotice) -> None:
+        """In place: the notice's worker leaves the ring at the next resize, or, where the backend
+        cannot take it out, ends at a second SIGTERM (a failure as before)."""
+        if self.in_place is None or ev.host in self.pending:
+            return
+        if self.in_place.leave(ev.host):
+            self._start(seg, ev.host, Cause.PREEMPTED, f"SIGTERM to pid {ev.pid}", self.notice_deadline_s)
+            return
+        note = (f"SIGTERM to pid {ev.pid} ({ev.host or 'its host not known'}): it cannot leave the ring in "
+                f"place (the last worker, or no slot host of its own): it ends, a failure as before")
+        self.out(note)
+        self.events.write(Notice(message=note, segment=seg.index))
+        try:
+            os.kill(ev.pid, signal.SIGTERM)  # its notice restored SIGTERM's default action
+        except (ProcessLookupError, PermissionError):
+            pass
+
     def _start(self, seg: Segment, host: str, cause: Cause, why: str, deadline_s: float) -> None:
         if host in self.pending:
             return
-        assert self.hosts is not None
-        self.hosts.manager.drain(host)
+        if self.hosts is not None:
+            self.hosts.manager.drain(host)
         self.pending[host] = Draining(host, cause, why, deadline_s, self.clock() + deadline_s)
-        self.hosts.draining = {h: d.deadline for h, d in self.pending.items()}
-        note = (f"draining {host} ({why}): the job shrinks off it at the next agreed step "
+        if self.hosts is not None:
+            self.hosts.draining = {h: d.deadline for h, d in self.pending.items()}
+        where = "the ring shrinks in place without it" if self.hosts is None else "the job shrinks off it"
+        note = (f"draining {host} ({why}): {where} at the next agreed step "
                 f"(deadline {deadline_s:g} s)")
         self.out(note)
         self.events.write(Notice(message=note, segment=seg.index))
@@ -141,6 +176,8 @@ class Drains:
         for d in self.pending.values():
             if d.cause is Cause.PREEMPTED and self.hosts is not None:
                 self.hosts.manager.undrain(d.host)
+        if self.in_place is not None:
+            self.in_place.unleave()
         self._clear()
 
     def _clear(self) -> None:

@@ -6,8 +6,15 @@ the hosts a script lists), the first SIGTERM a worker gets does not end it: it w
 the job off the worker's host at the next step the workers agree on (``controller.drains``), and
 the worker exits there as every worker of a relaunched segment does. A second SIGTERM ends it at
 once (the default action is back), as does the controller past the notice's deadline: then it is a
-failure as before. Elsewhere (one host, ``--relaunch inplace``, Ray, torchrun's contract, whose
-launchers stop workers with SIGTERM themselves) a SIGTERM still ends the worker.
+failure as before.
+
+In place on one host (``--relaunch inplace`` on CPUs, where each worker slot is a host name of its
+own: ``ELASTIC_RING_SLOT_HOSTS=1``) the same notice makes the controller shrink the ring in place
+with this worker leaving (its slot host dropped from the list Horovod Elastic's driver reads), and
+the driver ends it there with a SIGTERM of its own: a SIGTERM that finds this worker's slot host no
+longer listed (``control/hosts``) is that end, not a notice. Elsewhere (``localhost:K`` in place,
+Ray, torchrun's contract, whose launchers stop workers with SIGTERM themselves) a SIGTERM still
+ends the worker.
 """
 
 from __future__ import annotations
@@ -20,8 +27,27 @@ from pathlib import Path
 from elastic_ring import env, protocol
 
 
+def in_place() -> bool:
+    """Whether this worker is one of Horovod Elastic's in place, on a slot host of its own."""
+    return env.ring_mode() == "1" and env.slot_hosts()
+
+
+def still_listed(run_dir: Path) -> bool:
+    """In place: whether this worker's slot host is still in the list the driver reads (False: the
+    driver's SIGTERM ending a worker whose slot a shrink removed)."""
+    host = env.horovod_hostname() or ""
+    try:  # (controller.backends.elastic.discovery_files' second)
+        listed = (protocol.control_dir(Path(run_dir)) / "hosts").read_text().split()
+    except OSError:
+        return False
+    return any(line.rsplit(":", 1)[0] == host for line in listed)
+
+
 def wanted(run_dir: Path) -> bool:
-    """Whether this worker takes a SIGTERM as a notice: its run takes its hosts from discovery."""
+    """Whether this worker takes a SIGTERM as a notice: its run takes its hosts from discovery, or
+    its ring is re-formed in place on slot hosts (:func:`in_place`)."""
+    if in_place():
+        return True
     try:
         info = protocol.run_info(run_dir)
     except (OSError, ValueError):
@@ -37,6 +63,9 @@ def install(run_dir: Path, segment: int) -> bool:
 
     def on_term(signum, frame) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the worker
+        if in_place() and not still_listed(run_dir):
+            os.kill(os.getpid(), signal.SIGTERM)  # the driver ends a worker a shrink removed: end as before
+            return
         from elastic_ring.events.api import EventLog, PreemptNotice
 
         rank = env.launcher_rank()

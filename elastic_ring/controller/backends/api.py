@@ -119,6 +119,15 @@ class Backend:
         why; None when nothing changed that the ring follows."""
         return None
 
+    def leave(self, host: str) -> bool:
+        """In place on one host: the worker on slot host ``host`` leaves at the next in-place resize
+        (a SIGTERM with notice: :mod:`elastic_ring.controller.drains`). False where it cannot (not a
+        running worker's slot host, the last worker, or a launcher that cannot choose who leaves)."""
+        return False
+
+    def unleave(self) -> None:
+        """Withdraw :meth:`leave`'s hosts (the segment failed first)."""
+
 
 class InPlaceRing(Protocol):
     """A backend whose workers stay across a resize: paused between two steps, they re-form their

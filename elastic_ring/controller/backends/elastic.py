@@ -178,6 +178,7 @@ class ElasticBackend(Backend):
         self.slot_hosts = survive and spec.device == "cpu"
         self._live: list[str] = []  # the running ring's slot hosts (Horovod orders them, not this list)
         self._dead: set[str] = set()  # slot hosts of failed workers: never given again
+        self._leaving: set[str] = set()  # slot hosts of workers leaving with notice at the next resize (leave)
 
     def _hosts_by_rank(self) -> dict[int, str]:
         """rank -> slot host of the running ring, from the workers' pid records."""
@@ -193,8 +194,10 @@ class ElasticBackend(Backend):
         adds the lowest slots no live or failed worker holds."""
         if not self.slot_hosts:
             return None
-        names = list(self._live)
-        if world < len(names):
+        names = [n for n in self._live if n not in self._leaving]
+        if self._leaving:  # a worker leaving with notice: its slot goes, the others keep their order
+            names = names[:world]
+        elif world < len(names):
             by_rank = self._hosts_by_rank()
             keep = [by_rank.get(r) for r in range(world)]
             fits = set(keep) <= set(names) and len(set(keep)) == world
@@ -213,8 +216,21 @@ class ElasticBackend(Backend):
             self.hosts_written = time.time()
         return names
 
+    def leave(self, host: str) -> bool:
+        """A SIGTERM to the worker on slot host ``host`` (its notice): the next in-place resize
+        drops that slot host (the driver ends its worker, the others are numbered from 0 again in
+        their order, rank 0 included). Only with a host per slot (on CPUs, :attr:`slot_hosts`); on
+        ``localhost:K`` the driver would end the highest rank instead."""
+        if not self.slot_hosts or host not in self._live or len(self._live) - len(self._leaving | {host}) < 1:
+            return False
+        self._leaving.add(host)
+        return True
+
+    def unleave(self) -> None:
+        self._leaving.clear()
+
     def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
-        self._live, self._dead = [], set()
+        self._live, self._dead, self._leaving = [], set(), set()
         names = self._names(launch.world)
         cmd = elastic_horovodrun_command(self.spec, launch.world, launch.segment, launch.stop_at,
                                          launch.owner, self.network_interface, names)
@@ -284,6 +300,7 @@ class ElasticBackend(Backend):
             self._launch, self._ahead = launch, None
             return
         self._live = self._write_hosts(launch.world) or []
+        self._leaving.clear()
         self._launch = launch
         extra = {"hosts_written": self.hosts_written}
         if self._rollback is not None:  # survivors of a failure: the step they all hold in memory

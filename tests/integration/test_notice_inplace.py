@@ -1,0 +1,69 @@
+"""Leaving with notice in place on one host (docs/hosts.md): under `--relaunch inplace` (one Horovod
+Elastic job, each worker slot a host name of its own on CPUs) a SIGTERM to one worker makes the
+ring shrink in the same processes with that worker leaving, whatever its rank: nothing redone,
+nothing read back from disk, no restart, cause `preempted`.
+
+Real horovodrun (gloo) runs of the tiny built-in ResNet of tests/integration/test_notice.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from elastic_ring import protocol
+from tests.integration.test_notice import TINY, _events, _start, _trained_once
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _record(run, rank: int) -> dict:
+    rec = protocol.read_json(protocol.pid_dir(run) / f"seg000-rank{rank}.json")
+    assert rec and rec.get("launch_host"), rec
+    return rec
+
+
+@pytest.mark.parametrize("world,victim", [(2, 1), (3, 1)])
+def test_a_sigterm_to_one_worker_shrinks_the_ring_in_place_without_it(tmp_path, world, victim):
+    steps = 600
+    run = tmp_path / "r"
+    proc = _start(["--gpus", str(world), "--slots", str(world), "--steps", str(steps), *TINY,
+                   "--relaunch", "inplace", "--run-dir", str(run)])
+    try:
+        wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == world], 120,
+                 f"a window at {world} workers")
+        rec = _record(run, victim)
+        os.kill(int(rec["pid"]), signal.SIGTERM)  # how Kubernetes and spot reclaims preempt
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    (notice,) = _events(run, "preempt_notice")
+    assert (notice["pid"], notice["host"]) == (int(rec["pid"]), rec["launch_host"])
+    (change,) = _events(run, "membership_change")
+    assert (change["cause"], change["members_before"], change["members_after"], change["state_source"]) == (
+        "preempted", world, world - 1, "memory")  # in place: nothing read back
+    launches = _events(run, "launch")  # the same horovodrun: one process tree, resized in place
+    assert [(e["world_size"], e["start_step"]) for e in launches] == [(world, 1), (world - 1, change["step"] + 1)]
+    assert len({tuple(e["command"]) for e in launches}) == 1
+    assert [e["returncode"] for e in _events(run, "workers_exited")] == [0]
+    (ov,) = _events(run, "resize_overhead")
+    assert ov["checkpoint_s"] == 0  # no checkpoint written for it
+    assert not _events(run, "restart")  # not a failure: --max-restarts untouched
+    assert json.loads((run / "summary.json").read_text()).get("restarts", []) in ([], 0)
+    trained = _trained_once(run)
+    assert sorted(trained) == list(range(1, steps + 1))  # every step trained once
+    per = 8  # the batch per worker (TINY)
+    assert {trained[s] for s in range(1, change["step"] + 1)} == {per * world}
+    assert {trained[s] for s in range(change["step"] + 1, steps + 1)} == {per * (world - 1)}
+    notes = [n["message"] for n in _events(run, "notice")]
+    assert (f"drained {rec['launch_host']} (SIGTERM to pid {rec['pid']}) at step {change['step']}: {world} -> "
+            f"{world - 1} workers, no step redone") in notes, notes
+    assert f"preempted {rec['launch_host']}: {world} -> {world - 1} workers at the next agreed step" in err
+    assert "Traceback" not in err
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(rec["pid"]), 0)  # the worker that got the notice exited after the shrink
