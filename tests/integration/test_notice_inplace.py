@@ -26,7 +26,7 @@ def _record(run, rank: int) -> dict:
     return rec
 
 
-@pytest.mark.parametrize("world,victim", [(2, 1), (3, 1)])
+@pytest.mark.parametrize("world,victim", [(2, 1), (3, 1), (2, 0)])
 def test_a_sigterm_to_one_worker_shrinks_the_ring_in_place_without_it(tmp_path, world, victim):
     steps = 600
     run = tmp_path / "r"
