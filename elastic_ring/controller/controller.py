@@ -276,6 +276,8 @@ class Controller:
             return seg
         seg = Segment(segment, world, self._next_stop(step), start_step=step)
         if self._elastic is not None:  # in place: the same processes go on at the new size
+            if self.hosts is not None:  # (one-host discovery: the slots it runs on, for `status`)
+                self.hosts.place(seg)
             self._resize_inplace(seg, step)
         else:
             self._set_state(RunState.LAUNCHING, step=step, world_size=seg.world, segment=seg.index)
@@ -689,8 +691,10 @@ class Controller:
             return
         for other in self.drains.pending.values():
             other.asked = True  # (one stop for every drain heard so far)
-        if self.hosts is None:  # in place on one host: the notices' workers leave the ring
+        if self.drains.in_place is not None:  # in place on one host: the notices' workers leave the ring
             target = seg.world - len(self.drains.pending)
+            if self.hosts is not None:  # one-host discovery: their slots stay out until a resize asks more
+                self.hosts.asked = target
         else:
             target = self.hosts.check(seg, self.hosts.view(seg.index))
         if target is None:  # the segment does not run on it: nothing to stop

@@ -16,7 +16,7 @@ controller calls :meth:`Drains.heard` for each worker event the relay hands it,
 ``_act``. Asking the stop stays the controller's (``Controller._ask``). A drain request needs host
 discovery (``--host-discovery-script``): without it, it is refused (an ``error`` event).
 
-In place on one host (``--relaunch inplace`` without discovery, ``in_place``) a worker's notice
+In place on one host (``--relaunch inplace``, with or without discovery: ``in_place``) a worker's notice
 names its slot host (``worker.notice``): the backend drops that slot at the next in-place resize
 (:meth:`~.backends.api.Backend.leave`), so the ring shrinks in the same processes with that worker
 leaving, whatever its rank; nothing is read back. Where the backend cannot (the last worker, a
@@ -62,8 +62,8 @@ class Drains:
                  clock: Callable[[], float], notice_deadline_s: float | None = None,
                  backend: Backend | None = None) -> None:
         self.hosts, self.run_dir, self.events, self.out, self.clock = hosts, run_dir, events, out, clock
-        # in place on one host (no discovery): the backend whose ring a notice's worker leaves
-        self.in_place = backend if hosts is None else None
+        # in place on one host (with or without discovery): the backend whose ring a notice's worker leaves
+        self.in_place = backend
         self.notice_deadline_s = notice_deadline_s or NOTICE_DEADLINE_S
         self.pending: dict[str, Draining] = {}
         self._notices: list[PreemptNotice] = []
@@ -78,9 +78,9 @@ class Drains:
         """Start the drains asked since: `elastic-ring drain`'s requests, and the notices of ``seg``'s
         workers (a notice of an earlier segment is that segment's teardown: ignored)."""
         for host, deadline_s, _ in take_drains(self.run_dir):
-            if self.hosts is None:
-                self.events.write(ErrorEvent(message=f"drain of {host} refused: the run has no host discovery",
-                                             segment=seg.index))
+            if self.hosts is None or self.in_place is not None:
+                why = "runs in place on one host" if self.in_place is not None else "has no host discovery"
+                self.events.write(ErrorEvent(message=f"drain of {host} refused: the run {why}", segment=seg.index))
                 continue
             self._start(seg, host, Cause.DRAINED, "elastic-ring drain", deadline_s)
         notices, self._notices = self._notices, []
@@ -97,7 +97,7 @@ class Drains:
             if step <= at:
                 waiting.append((ev, at))
                 continue
-            if self.hosts is None:
+            if self.in_place is not None:
                 self._leave(seg, ev)
                 continue
             host = (self.hosts.host_of(seg, ev.rank, self.run_dir) if ev.rank is not None else None) or ev.host
@@ -116,7 +116,8 @@ class Drains:
         if self.in_place is None or ev.host in self.pending:
             return
         if self.in_place.leave(ev.host):
-            self._start(seg, ev.host, Cause.PREEMPTED, f"SIGTERM to pid {ev.pid}", self.notice_deadline_s)
+            self._start(seg, ev.host, Cause.PREEMPTED, f"SIGTERM to pid {ev.pid}", self.notice_deadline_s,
+                        slot=True)
             return
         note = (f"SIGTERM to pid {ev.pid} ({ev.host or 'its host not known'}): it cannot leave the ring in "
                 f"place (the last worker, or no slot host of its own): it ends, a failure as before")
@@ -127,15 +128,16 @@ class Drains:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def _start(self, seg: Segment, host: str, cause: Cause, why: str, deadline_s: float) -> None:
+    def _start(self, seg: Segment, host: str, cause: Cause, why: str, deadline_s: float, slot: bool = False) -> None:
+        """``host`` leaves: a discovered host drained, or (``slot``) a worker's slot host in place."""
         if host in self.pending:
             return
-        if self.hosts is not None:
+        if self.hosts is not None and not slot:
             self.hosts.manager.drain(host)
         self.pending[host] = Draining(host, cause, why, deadline_s, self.clock() + deadline_s)
-        if self.hosts is not None:
+        if self.hosts is not None and not slot:
             self.hosts.draining = {h: d.deadline for h, d in self.pending.items()}
-        where = "the ring shrinks in place without it" if self.hosts is None else "the job shrinks off it"
+        where = "the ring shrinks in place without it" if slot else "the job shrinks off it"
         note = (f"draining {host} ({why}): {where} at the next agreed step "
                 f"(deadline {deadline_s:g} s)")
         self.out(note)
@@ -174,7 +176,7 @@ class Drains:
         notice may be the failing job's own teardown: horovodrun SIGTERMs the other workers); a
         drain asked with `elastic-ring drain` stays."""
         for d in self.pending.values():
-            if d.cause is Cause.PREEMPTED and self.hosts is not None:
+            if d.cause is Cause.PREEMPTED and self.hosts is not None and self.in_place is None:
                 self.hosts.manager.undrain(d.host)
         if self.in_place is not None:
             self.in_place.unleave()

@@ -196,7 +196,9 @@ def range_start(worker_range: tuple[int, int], slots: int, schedule: Any = ()) -
 
 def _check_discovery(req: RunRequest) -> None:
     """``--host-discovery-script`` and its options: the hosts come from the script, on horovodrun's
-    relaunch over hosts (docs/hosts.md); the options that go with it go only with it."""
+    relaunch over hosts, or in place when every host it lists is this one (``--relaunch inplace``:
+    the start refuses another host, :func:`.runs.host_manager`; docs/hosts.md); the options that go
+    with it go only with it."""
     bounds_given = [name for name, v in (("--min-workers", req.min_workers), ("--max-workers", req.max_workers),
                                          ("--discovery-interval", req.discovery_interval),
                                          ("--min-wait", req.min_wait),
@@ -208,7 +210,6 @@ def _check_discovery(req: RunRequest) -> None:
     refused = [
         (bool(req.hosts or req.hostfile), "--hosts/--hostfile", "the hosts come from the script"),
         (req.backend == "ray", "--backend ray", "its nodes are Ray's"),
-        (req.relaunch == "inplace", "--relaunch inplace", "it runs on this host only"),
         (req.collective == "torch", "--collective torch", "its workers are launched on this host only"),
         (req.slots is not None, "--slots", "the slots come from the script"),
     ]
@@ -507,7 +508,11 @@ def request_drain(run_dir: str | Path, host: str, deadline: float | None = None)
     if not st.phase.live:
         way = f"; {st.resume_hint()}" if st.phase in (Phase.STOPPED, Phase.CRASHED) and st.unfinished else ""
         raise UserError(f"run {rd} is not running (state: {st.phase.value}{way})")
-    disc = (read_json(rd / "run.json") or {}).get("host_discovery")
+    info = read_json(rd / "run.json") or {}
+    disc = info.get("host_discovery")
+    if info.get("relaunch") == "inplace":
+        raise UserError(f"run {rd} runs in place on one host (--relaunch inplace): there is no host to drain; "
+                        f"SIGTERM a worker to have it leave, or resize the run (docs/hosts.md)")
     if not isinstance(disc, dict):
         raise UserError(f"run {rd} does not take its hosts from --host-discovery-script: drain needs a run "
                         f"that does (docs/hosts.md)")

@@ -260,7 +260,7 @@ def host_manager(req: RunRequest, echo: Callable[[str], None]) -> Any:
     :class:`~elastic_ring.hosts.manager.HostManager`, asked once already (its first answer is the
     first segment's hosts; one that fails is its one line, and the controller waits for hosts)."""
     from elastic_ring.hosts.api import resolve_bounds
-    from elastic_ring.hosts.discovery import HostPoller, ScriptDiscovery, check_script
+    from elastic_ring.hosts.discovery import HostPoller, ScriptDiscovery, ThisHostOnly, check_script
     from elastic_ring.hosts.exclusion import Exclusions, parse_cooldown_range
     from elastic_ring.hosts.manager import HostManager
 
@@ -270,10 +270,16 @@ def host_manager(req: RunRequest, echo: Callable[[str], None]) -> Any:
         from elastic_ring.hosts.api import WorkerBounds
 
         bounds = WorkerBounds(min=1, start=req.workers)
-    poller = HostPoller(ScriptDiscovery(path, cwd=os.getcwd()), interval_s=req.discovery_interval or 1.0)
+    discovery: Any = ScriptDiscovery(path, cwd=os.getcwd())
+    if req.relaunch == "inplace":  # one host: every listed host must be this one, its slots one host's
+        discovery = ThisHostOnly(discovery, f"discovery script {Path(path).name}")
+    poller = HostPoller(discovery, interval_s=req.discovery_interval or 1.0)
     cooldown = parse_cooldown_range(req.cooldown_range) if req.cooldown_range else None  # (checked: requests)
     hosts = HostManager(poller, bounds, Exclusions(cooldown, clock=poller.clock), min_wait_s=req.min_wait)
     first = poller.poll()  # (the controller's first update says what it found: a hosts_changed event)
+    if isinstance(discovery, ThisHostOnly) and discovery.foreign is not None:
+        raise UserError(f"--relaunch inplace runs on this host only: discovery script {Path(path).name} lists "
+                        f"{discovery.foreign} (use another --relaunch mode for several hosts)")
     if first.note:
         echo(f"elastic-ring: {first.note}")
     return hosts

@@ -4,6 +4,8 @@
   executable that prints the hosts available now, one ``host:slots`` (or bare ``host``) per line.
   It is run with a timeout; a script that exits non-zero, hangs or prints garbage is one line
   (:attr:`Discovered.error`), never an exception.
+* :class:`ThisHostOnly` — a discovery whose every host must be this machine (``--relaunch
+  inplace``): its aliases' slots are one host's, ``localhost``; another host is a failed answer.
 * :class:`FixedHosts` — the same interface over a fixed :class:`~.api.HostSet` (``--hosts``,
   Slurm's allocation, a test's value to change).
 * :class:`HostPoller` — asks a discovery every ``interval_s`` (clock passed in), keeps the last
@@ -116,6 +118,30 @@ class ScriptDiscovery:
             return Discovered(HostSet.parse(text, self.default_slots, what=f"discovery script {name}"))
         except HostsError as e:
             return Discovered(None, str(e))
+
+
+class ThisHostOnly:
+    """``inner``'s answers for a job on this host only (``--relaunch inplace``): every listed host
+    must be this machine (``localhost``, ``127.0.0.1``, its host name: :func:`~.slurm.is_this_host`),
+    and their slots are one host's, ``localhost:N``. A host that is not this machine makes the
+    answer a failure (one line; the poller keeps the last good hosts); :attr:`foreign` names it."""
+
+    def __init__(self, inner: HostDiscovery, name: str = "the discovery script") -> None:
+        self.inner, self.name = inner, name
+        self.foreign: str | None = None  # the last answer's first host that is not this machine
+
+    def find(self) -> Discovered:
+        from elastic_ring.hosts.slurm import is_this_host
+
+        got = self.inner.find()
+        if got.hosts is None:
+            return got
+        self.foreign = next((h for h in got.hosts if not is_this_host(h)), None)
+        if self.foreign is not None:
+            return Discovered(None, f"{self.name} lists {self.foreign}, not this host: --relaunch inplace "
+                                    f"runs on this host only")
+        total = got.hosts.total
+        return Discovered(HostSet([("localhost", total)] if total else []))
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -199,7 +199,6 @@ def test_below_the_minimum_it_waits_gives_up_then_resumes_on_the_hosts_discovere
 @pytest.mark.parametrize("extra, needle", [
     (["--hosts", "localhost:1"], "--host-discovery-script does not go with --hosts/--hostfile"),
     (["--backend", "ray"], "--host-discovery-script does not go with --backend ray"),
-    (["--relaunch", "inplace"], "--host-discovery-script does not go with --relaunch inplace"),
     (["--min-workers", "3", "--max-workers", "2"], "--max-workers 2 is below --min-workers 3"),
     (["--blacklist-cooldown-range", "5:1"], "--blacklist-cooldown-range: the cooldown range needs 0 < LOW <= HIGH"),
 ])

@@ -171,3 +171,50 @@ def test_drains_in_place_a_worker_that_cannot_leave_ends_as_before(tmp_path, mon
     d.take(seg)
     assert killed == [(4242, signal.SIGTERM)] and not d.pending
     assert "it cannot leave the ring in place" in lines[0], lines
+
+
+def test_drains_in_place_refuse_a_drain_request(tmp_path):
+    d, _ = _drains(tmp_path, _Ring(can=True))
+    (tmp_path / "control").mkdir(exist_ok=True)
+    (tmp_path / "control" / "drain-x.json").write_text(json.dumps({"host": "localhost", "deadline": 5, "time": 1}))
+    d.take(Segment(index=0, world=2, start_step=1, stop_at=100))
+    (err,) = read_events(tmp_path / "events.jsonl", kind="error")
+    assert err["message"] == "drain of localhost refused: the run runs in place on one host" and not d.pending
+
+
+def test_in_place_discovery_is_one_host_its_aliases_summed_another_host_a_failed_answer():
+    from elastic_ring.controller.requests import RunRequest, check
+    from elastic_ring.hosts.api import HostSet
+    from elastic_ring.hosts.discovery import FixedHosts, ThisHostOnly
+
+    check(RunRequest(host_discovery_script="discover.sh", relaunch="inplace"))  # allowed: the start checks the hosts
+    fixed = FixedHosts(HostSet([("localhost", 1), ("127.0.0.1", 2)]))
+    only = ThisHostOnly(fixed, "discovery script d.sh")
+    got = only.find()
+    assert got.hosts == HostSet([("localhost", 3)]) and only.foreign is None
+    fixed.set(HostSet([("localhost", 1), ("10.9.9.9", 1)]))
+    got = only.find()
+    assert got.hosts is None and only.foreign == "10.9.9.9"
+    assert got.error == "discovery script d.sh lists 10.9.9.9, not this host: --relaunch inplace runs on this host only"
+
+
+def test_drain_of_an_in_place_run_is_refused_in_one_line(tmp_path, capsys):
+    from elastic_ring.controller.lock import RunLock
+    from tests.conftest import one_line_error, run_inproc
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"workers": 2, "schedule": [], "slots": 2, "total_steps": 60,
+                                              "script": None, "relaunch": "inplace",
+                                              "host_discovery": {"script": "d.sh", "min_workers": 1}}))
+    (run / "controller.json").write_text(json.dumps(
+        {"state": "running", "phase": "running", "world_size": 2, "pid": 1, "time": 1.0,
+         "usable_hosts": {"localhost": 2}, "draining": []}))
+    lock = RunLock(run)
+    lock.acquire()
+    try:
+        one_line_error(run_inproc(capsys, "drain", str(run), "localhost"),
+                       f"run {run} runs in place on one host (--relaunch inplace): there is no host to drain")
+        assert not list(run.glob("control/drain-*.json"))
+    finally:
+        lock.release()

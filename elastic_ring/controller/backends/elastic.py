@@ -253,6 +253,10 @@ class ElasticBackend(Backend):
     def usable_slots(self, want: int) -> int:
         return self.spec.slots  # one host: always all of it
 
+    def use_hosts(self, hosts: str) -> None:
+        """Host discovery that lists this host only (its slots ``localhost:N``: runs.host_manager):
+        the ring's size is the segment's, on this host's slots; nothing else to choose."""
+
     def first_failed_rank(self, log_path: Path | None) -> int | None:
         return first_failed_rank(log_path)
 

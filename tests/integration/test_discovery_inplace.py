@@ -1,0 +1,63 @@
+"""Host discovery in place on one host (docs/hosts.md): with `--relaunch inplace` and a discovery
+script that lists only this host, a change of its slots grows or shrinks the ring in the same
+processes (one horovodrun, nothing redone, nothing read back); a script that lists another host is
+refused at the start in one line.
+
+Real horovodrun (gloo) runs of the tiny built-in ResNet, the script catting a file the test rewrites
+(as tests/integration/test_discovery.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import one_line_error, wait_for
+from tests.integration.test_discovery import TINY, _discovery, _events, _start, _trace
+
+pytestmark = pytest.mark.integration
+
+
+def test_one_host_slots_discovered_grow_and_shrink_the_ring_in_place(tmp_path):
+    steps = 3000
+    script, listed, _ = _discovery(tmp_path, "localhost:1\n")
+    run = tmp_path / "run"
+    proc = _start(["--steps", str(steps), *TINY, "--relaunch", "inplace", "--host-discovery-script", str(script),
+                   "--discovery-interval", "0.3", "--min-workers", "1", "--max-workers", "2", "--run-dir", str(run)])
+    try:
+        wait_for(lambda: _events(run, "throughput"), 120, "a window at 1 worker")
+        listed.write_text("localhost:2\n")  # a slot appears on this host
+        wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2], 120,
+                 "a window at 2 workers")
+        listed.write_text("localhost:1\n")  # and goes
+        wait_for(lambda: len(_events(run, "membership_change")) >= 2, 120, "the shrink")
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    launches = _events(run, "launch")  # one horovodrun, its ring re-formed in place
+    assert [e["world_size"] for e in launches] == [1, 2, 1]
+    assert len({tuple(e["command"]) for e in launches}) == 1 and "--inplace" in launches[0]["command"]
+    assert [e["returncode"] for e in _events(run, "workers_exited")] == [0]
+    changes = _events(run, "membership_change")
+    assert [(c["cause"], c["members_before"], c["members_after"], c["state_source"]) for c in changes] == [
+        ("hosts", 1, 2, "peer"), ("hosts", 2, 1, "memory")]  # nothing read back from disk
+    assert [e["start_step"] for e in launches[1:]] == [c["step"] + 1 for c in changes]
+    assert not _events(run, "restart")
+    assert [(h["hosts"], h["target"]) for h in _events(run, "hosts_changed")] == [
+        ("localhost:1", 1), ("localhost:2", 2), ("localhost:1", 1)]
+    trained = _trace(run)
+    assert sorted(trained) == list(range(1, steps + 1))  # every step once
+    grow, shrink = changes[0]["step"], changes[1]["step"]
+    assert 0 < grow < shrink < steps
+    assert {trained[s] for s in range(grow + 1, shrink + 1)} == {16} and trained[1] == trained[steps] == 8
+    assert all(o["checkpoint_s"] == 0 for o in _events(run, "resize_overhead"))  # no checkpoint for either
+    assert "Traceback" not in err
+
+
+def test_in_place_discovery_listing_another_host_is_one_line(tmp_path, cli_inproc):
+    script, _, _ = _discovery(tmp_path, "localhost:1\n10.9.9.9:1\n")
+    r = cli_inproc("train", "--steps", "2", *TINY, "--relaunch", "inplace", "--host-discovery-script", str(script),
+                   "--run-dir", str(tmp_path / "r"))
+    one_line_error(r, "--relaunch inplace runs on this host only: discovery script discover.sh lists 10.9.9.9 "
+                      "(use another --relaunch mode for several hosts)")
+    assert not (tmp_path / "r").exists()
