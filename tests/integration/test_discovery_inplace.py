@@ -61,3 +61,33 @@ def test_in_place_discovery_listing_another_host_is_one_line(tmp_path, cli_inpro
     one_line_error(r, "--relaunch inplace runs on this host only: discovery script discover.sh lists 10.9.9.9 "
                       "(use another --relaunch mode for several hosts)")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_sigterm_to_one_worker_under_one_host_discovery_leaves_in_place_and_stays_out(tmp_path):
+    import os
+    import signal
+
+    from elastic_ring import protocol
+
+    steps = 600
+    script, listed, _ = _discovery(tmp_path, "localhost:2\n")
+    run = tmp_path / "run"
+    proc = _start(["--steps", str(steps), *TINY, "--relaunch", "inplace", "--host-discovery-script", str(script),
+                   "--discovery-interval", "0.3", "--run-dir", str(run)])
+    try:
+        wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2], 120, "a window at 2")
+        rec = protocol.read_json(protocol.pid_dir(run) / "seg000-rank1.json")
+        os.kill(int(rec["pid"]), signal.SIGTERM)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    changes = _events(run, "membership_change")  # its slot stays out while the script still lists 2
+    assert [(c["cause"], c["members_before"], c["members_after"], c["state_source"]) for c in changes] == [
+        ("preempted", 2, 1, "memory")]
+    assert [e["world_size"] for e in _events(run, "launch")] == [2, 1] and not _events(run, "restart")
+    trained = _trace(run)
+    assert sorted(trained) == list(range(1, steps + 1))
+    assert f"drained {rec['launch_host']} (SIGTERM to pid {rec['pid']}) at step {changes[0]['step']}: 2 -> 1 " \
+           f"workers, no step redone" in err and "Traceback" not in err
