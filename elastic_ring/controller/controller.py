@@ -454,7 +454,8 @@ class Controller:
         refused, self._refused = self._refused, None
         path = "disk" if s is None else "memory"
         node = a.node
-        if self.hosts is not None and s is None:  # its host is left out for a cooldown (docs/hosts.md)
+        # its host is left out for a cooldown (docs/hosts.md); in place the one host is never left out
+        if self.hosts is not None and s is None and not self.resize.keeps_workers:
             ex = self.hosts.failed(seg, a.rank, self.spec.run_dir)
             node = node or (ex.host if ex is not None else None)
         self.events.write(Restart(attempt=attempt, cause=why, rank=a.rank, returncode=rc, segment=seg.index,
