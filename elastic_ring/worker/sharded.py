@@ -5,8 +5,11 @@ A registered model whose parameters are DTensors is sharded (:func:`is_sharded`,
 ``job.restore()``, one line on rank 0). Its checkpoints are then no longer rank 0's full copy:
 
 - **Write** (every rank, at the same steps): on the training thread each rank copies its own shards
-  of the model and the optimizer state (``get_state_dict``: keyed by parameter name) to the CPU
-  (1/N of the state, where a full checkpoint copies all of it on rank 0), and rank 0 the small rest
+  of the model and the optimizer state (``get_state_dict``'s dicts: keyed by parameter name) to the
+  CPU (1/N of the state, where a full checkpoint copies all of it on rank 0; :class:`Copier`: DCP's
+  call only to make a :class:`Plan` of where they come from, then the live tensors copied into the
+  previous checkpoint's CPU tensors, so that a small state's copy costs no more than a full
+  one's), and rank 0 the small rest
   (step, data position, LR factor, RNG, schedulers, extras); a background thread runs DCP's save
   of the shards over a gloo group of its own (so that it never interleaves with the training's
   collectives) into a partial folder, then rank 0 publishes it and writes its usual checkpoint file
