@@ -19,9 +19,9 @@ whole, both with Adam's state. A measurement is one copy after a training step o
 step not timed): ``full``, today's full checkpoint's (rank 0: the model's and the optimizer's state
 dicts copied to the CPU, ``elastic_ring.ckpt.snapshot``); ``sharded``, a sharded checkpoint's
 (``elastic_ring.worker.sharded.Copier``: its plan, the shards copied into the previous copy's
-CPU tensors); ``sharded_dcp``, the same through DCP's ``get_state_dict`` at every copy (what it
-did before the plan). The rest both copy on rank 0 (step, data position, RNG, ...) is the same
-and left out. The kinds alternate (order turned every round); per round the median over
+CPU tensors, handed back before the step as the writer thread does, not timed); ``sharded_dcp``,
+the same through DCP's ``get_state_dict`` at every copy (what it did before the plan). The rest
+both copy on rank 0 (step, data position, RNG, ...) is the same and left out. The kinds alternate (order turned every round); per round the median over
 ``--reps`` copies (a sharded one's stall: the slower rank's, as the next collective waits for it);
 then medians over rounds and of the paired per-round ratios.
 
@@ -147,9 +147,13 @@ def _copy_rank(rank: int, port: int, widths: list[int], rounds: int, reps: int, 
         last: list = [None]
 
         def copy_sharded() -> None:
-            if last[0] is not None:
-                copier.release(last[0])  # (in a run: the writer thread, once the copy was written)
             last[0] = copier.copy(st)[0]
+
+        def step_sharded() -> None:
+            if last[0] is not None:  # (in a run: the writer thread, once the copy was written: not timed)
+                copier.release(last[0])
+                last[0] = None
+            step(sharded, st.optimizer)
 
         def copy_dcp() -> None:
             snapshot(split(state_dicts(st.model, st.optimizer), {}))
@@ -158,7 +162,7 @@ def _copy_rank(rank: int, port: int, widths: list[int], rounds: int, reps: int, 
             snapshot({"model": whole.state_dict(), "optimizer": whole_opt.state_dict()})
 
         fns = {"full": (copy_full, lambda: step(whole, whole_opt)),
-               "sharded": (copy_sharded, lambda: step(sharded, st.optimizer)),
+               "sharded": (copy_sharded, step_sharded),
                "sharded_dcp": (copy_dcp, lambda: step(sharded, st.optimizer))}
         for kind in KINDS:  # Adam's state made, the plan made, a first copy of each (not timed)
             fns[kind][1]()
