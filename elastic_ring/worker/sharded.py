@@ -218,13 +218,14 @@ class Copier:
     def __init__(self) -> None:
         self.plan: Plan | None = None
         self._for: tuple = ()  # the (model, optimizer) the plan was made for
+        self._no_plan: tuple | None = None  # the (model, optimizer) no plan could be made for
         self._specs: dict = {}  # path -> (the DTensor, its spec): kept while it is the same tensor
         self._spare: dict = {}  # path -> a CPU tensor of a written checkpoint, to copy into
         self.calls = {"plan": 0, "dcp": 0}  # how often DCP's state dict was made, and a plan (tests)
 
     def invalidate(self) -> None:
         """The model's or optimizer's tensors were replaced (a restore): the plan made again."""
-        self.plan, self._specs = None, {}
+        self.plan, self._specs, self._no_plan = None, {}, None
 
     def copy(self, state: Any) -> tuple[Any, dict]:
         model, optimizer = state.model, state.optimizer
@@ -238,7 +239,9 @@ class Copier:
             finally:
                 state.syncing = False
             self.calls["dcp"] += 1
-            self.plan, self._for = Plan.build(model, optimizer, sd), (model, optimizer)
+            if self._no_plan != (model, optimizer):  # (none for these: not tried again until a restore)
+                self.plan, self._for = Plan.build(model, optimizer, sd), (model, optimizer)
+                self._no_plan = (model, optimizer) if self.plan is None else None
             if self.plan is not None:
                 self.calls["plan"] += 1
         else:

@@ -282,7 +282,8 @@ def test_the_checkpoint_copy_from_its_plan_is_dcps_state_dict(tmp_path):
     """The training thread's copy of a rank's shards without DCP's ``get_state_dict`` at every
     checkpoint (``worker.sharded.Copier``: its plan made once, CPU tensors reused) gives what DCP's
     call does, at 2 real ranks (gloo): after Adam's first step, a replaced optimizer state, a
-    changed LR and a new optimizer; and DCP's save of it reads back as the full model and moments."""
+    changed LR and a new optimizer; a model with extra state (no plan: DCP's call each time) as DCP's
+    call; and DCP's save of it reads back as the full model and moments."""
     p = subprocess.run([sys.executable, str(ROOT / "tests" / "integration" / "scripts" / "fsdp_copier.py"),
                         str(tmp_path / "dcp")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "copier: every check held" in p.stdout, p.stdout + p.stderr[-3000:]

@@ -2,7 +2,8 @@
 ``elastic_ring.worker.sharded.Copier`` copies at each checkpoint against DCP's own
 ``get_state_dict`` of the same moment (split and copied as before), through Adam's state
 appearing, buffers reused, the optimizer's state replaced (a restore) and a new optimizer; then
-the copy saved by DCP and read back in full against the model's full tensors.
+a model with extra state copied through DCP's call each time (no plan); then the copy saved by
+DCP and read back in full against the model's full tensors.
 
     python fsdp_copier.py FOLDER     # exit 0 when every check held on both ranks
 """
@@ -97,6 +98,26 @@ def rank_main(rank: int, folder: str, port: int) -> None:
     local, specs = c.copy(st)
     assert c.calls == {"dcp": 2, "plan": 2}, c.calls
     check(local, specs)
+    # a model whose state dict is more than its tensors (extra state): no plan, DCP's call each time
+    class Noted(torch.nn.Linear):
+        def get_extra_state(self):
+            return {"note": 1}
+
+        def set_extra_state(self, state) -> None:
+            pass
+
+    noted = Noted(4, 4)
+    fully_shard(noted)
+    other = types.SimpleNamespace(model=noted, optimizer=torch.optim.Adam(noted.parameters(), lr=1e-2), syncing=False)
+    c2 = Copier()
+    for _ in range(2):
+        other.optimizer.zero_grad()
+        noted(torch.randn(3, 4)).sum().backward()
+        other.optimizer.step()
+        got, got_specs = c2.copy(other)
+        ref = snapshot(split(state_dicts(other.model, other.optimizer), {}))
+        assert same(got, ref) and got["model"]["_extra_state"] == {"note": 1} and len(got_specs) == 6
+    assert c2.calls == {"dcp": 2, "plan": 0}, c2.calls
     # the copy saved by DCP reads back in full as the model's full weights and Adam's state
     dcp.save(join(local, specs), storage_writer=dcp.FileSystemWriter(folder))
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}
