@@ -12,6 +12,20 @@ The first checkpoint of a sharded run also makes DCP's gloo group (once per proc
 left out (``--skip-first``, default 1) for both kinds alike.
 
     .venv/bin/python scripts/bench_sharded_ckpt.py --rounds 3     # -> results/bench_sharded_ckpt.json
+
+``--copy``: the training thread's copy alone, in process (no controller, no write), at several
+model sizes: 2 ranks spawned here (gloo), each holding the MLP sharded (FSDP2) and the same MLP
+whole, both with Adam's state. A measurement is one copy after a training step of that model (the
+step not timed): ``full``, today's full checkpoint's (rank 0: the model's and the optimizer's state
+dicts copied to the CPU, ``elastic_ring.ckpt.snapshot``); ``sharded``, a sharded checkpoint's
+(``elastic_ring.worker.sharded.Copier``: its plan, the shards copied into the previous copy's
+CPU tensors, handed back before the step as the writer thread does, not timed); ``sharded_dcp``,
+the same through DCP's ``get_state_dict`` at every copy (what it did before the plan). The rest
+both copy on rank 0 (step, data position, RNG, ...) is the same and left out. The kinds alternate (order turned every round); per round the median over
+``--reps`` copies (a sharded one's stall: the slower rank's, as the next collective waits for it);
+then medians over rounds and of the paired per-round ratios.
+
+    .venv/bin/python scripts/bench_sharded_ckpt.py --copy --rounds 3   # -> results/bench_sharded_ckpt.json
 """
 
 from __future__ import annotations
@@ -87,6 +101,138 @@ def one_run(folder: Path, script: Path, kind: str, width: int, steps: int, every
             "bytes": ck[-1]["bytes"], "checkpoints": len(ck)}
 
 
+KINDS = ("full", "sharded", "sharded_dcp")
+
+
+def _copy_rank(rank: int, port: int, widths: list[int], rounds: int, reps: int, q) -> None:
+    """One of the two ranks of ``--copy``: every width's copies timed; rank 0 puts the results on ``q``."""
+    import time
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    from torch.distributed.fsdp import fully_shard
+
+    from elastic_ring.ckpt import snapshot
+    from elastic_ring.worker.sharded import Copier, split, state_dicts
+
+    def mlp(w: int) -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, w), torch.nn.ReLU(), torch.nn.Linear(w, w), torch.nn.ReLU(),
+                                   torch.nn.Linear(w, 4))
+
+    out = {}
+    for w in widths:
+        sharded = mlp(w)
+        for layer in sharded:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(sharded)
+        whole = mlp(w)
+        st = types.SimpleNamespace(model=sharded, optimizer=torch.optim.Adam(sharded.parameters(), lr=1e-3),
+                                   syncing=False)
+        whole_opt = torch.optim.Adam(whole.parameters(), lr=1e-3)
+        x = torch.randn(8, 16)
+
+        def step(model, opt) -> None:
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+
+        copier = Copier()
+        last: list = [None]
+
+        def copy_sharded() -> None:
+            last[0] = copier.copy(st)[0]
+
+        def step_sharded() -> None:
+            if last[0] is not None:  # (in a run: the writer thread, once the copy was written: not timed)
+                copier.release(last[0])
+                last[0] = None
+            step(sharded, st.optimizer)
+
+        def copy_dcp() -> None:
+            snapshot(split(state_dicts(st.model, st.optimizer), {}))
+
+        def copy_full() -> None:
+            snapshot({"model": whole.state_dict(), "optimizer": whole_opt.state_dict()})
+
+        fns = {"full": (copy_full, lambda: step(whole, whole_opt)),
+               "sharded": (copy_sharded, step_sharded),
+               "sharded_dcp": (copy_dcp, lambda: step(sharded, st.optimizer))}
+        for kind in KINDS:  # Adam's state made, the plan made, a first copy of each (not timed)
+            fns[kind][1]()
+            fns[kind][0]()
+        times: dict[str, list[list[float]]] = {k: [] for k in KINDS}
+        for r in range(rounds):
+            for kind in (KINDS if r % 2 == 0 else KINDS[::-1]):
+                copy, train = fns[kind]
+                ts = []
+                for _ in range(reps):
+                    train()
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    copy()
+                    ts.append(time.perf_counter() - t0)
+                times[kind].append(ts)
+        both = [None, None]
+        dist.all_gather_object(both, times)
+        nbytes = sum(t.numel() * t.element_size() for t in whole.state_dict().values()) + sum(
+            t.numel() * t.element_size() for s in whole_opt.state.values() for t in s.values()
+            if isinstance(t, torch.Tensor))
+        out[w] = {"both": both, "state_bytes": nbytes, "params": sum(p.numel() for p in whole.parameters())}
+    if rank == 0:
+        q.put(out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def copy_bench(a: argparse.Namespace) -> None:
+    """``--copy``: see the module docstring."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    load_before = os.getloadavg()[0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    widths = [int(w) for w in a.widths.split(",")]
+    mp.start_processes(_copy_rank, args=(port, widths, a.rounds, a.reps, q), nprocs=2, start_method="spawn")
+    raw = q.get()
+    ms = 1e3
+    sizes = {}
+    for w in widths:
+        r0, r1 = raw[w]["both"]
+        per_round: dict[str, list[float]] = {}
+        for kind in KINDS:
+            if kind == "full":  # rank 0 alone copies
+                per_round[kind] = [statistics.median(ts) * ms for ts in r0[kind]]
+            else:  # the slower rank's, copy by copy
+                per_round[kind] = [statistics.median(max(x, y) for x, y in zip(t0, t1)) * ms
+                                   for t0, t1 in zip(r0[kind], r1[kind])]
+        per_round["sharded_rank0"] = [statistics.median(ts) * ms for ts in r0["sharded"]]  # (its own copy alone)
+        med = {k: statistics.median(v) for k, v in per_round.items()}
+        ratios = {f"{k}/full": [s / f for s, f in zip(per_round[k], per_round["full"])] for k in KINDS[1:]}
+        sizes[str(w)] = {"params": raw[w]["params"], "state_mb": raw[w]["state_bytes"] / 1e6,
+                         "per_round_ms": per_round, "median_ms": med, "paired_ratios": ratios,
+                         "median_ratio": {k: statistics.median(v) for k, v in ratios.items()}}
+        print(f"width {w:5d} ({raw[w]['state_bytes'] / 1e6:6.1f} MB of state): full {med['full']:.3f} ms, "
+              f"sharded {med['sharded']:.3f} ms, sharded via get_state_dict {med['sharded_dcp']:.3f} ms; "
+              f"sharded/full {sizes[str(w)]['median_ratio']['sharded/full']:.2f} "
+              f"(rounds {', '.join(f'{x:.2f}' for x in ratios['sharded/full'])})", flush=True)
+    write_results(a.out, {"what": "training-thread copy per checkpoint, in process, 2 ranks (gloo): sharded "
+                                  "(FSDP2, Copier's plan) and sharded via get_state_dict (every rank, the slower "
+                                  "one's) vs full (rank 0, the whole state); MLP 16 -> W -> W -> 4 with Adam",
+                          "mode": "copy", "rounds": a.rounds, "reps": a.reps, "widths": sizes}, load_before)
+
+
 def main() -> None:
     exit_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -96,7 +242,13 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=6, help="--checkpoint-every (steps)")
     ap.add_argument("--skip-first", type=int, default=1, help="checkpoints left out at the start of each run")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_sharded_ckpt.json")
+    ap.add_argument("--copy", action="store_true", help="the training thread's copy alone, in process (see above)")
+    ap.add_argument("--widths", default="64,256,1024,2048", help="--copy: the MLP's hidden widths")
+    ap.add_argument("--reps", type=int, default=20, help="--copy: copies per kind per round")
     a = ap.parse_args()
+    if a.copy:
+        copy_bench(a)
+        return
     load_before = os.getloadavg()[0]
     rows: dict[str, list[dict]] = {"full": [], "sharded": []}
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,6 +5,8 @@ A :class:`RunRequest` holds what was asked, as the command line says it (every f
 :func:`prepare` checks it and turns it into a :class:`PreparedRun` (the validated ``RunSpec``, the
 training config, the resize plan and where to start), creating the run folder of a new run or
 taking over the folder of a resumed one; :func:`start_or_resume` then runs the controller.
+Where the workers run (a Slurm allocation, host discovery, the slots) is decided in
+:mod:`.prepare_hosts`; what a resume reads and checks of its folder is :mod:`.resume`.
 
 Bad input raises :class:`~elastic_ring.errors.UserError` (one line, exit status 2) before any
 process starts.
@@ -12,7 +14,6 @@ process starts.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -23,8 +24,12 @@ from typing import Any, Callable, Iterator
 
 from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec
+from elastic_ring.controller.prepare_hosts import (_slots, host_manager, hosts_slots, with_run_discovery,
+                                                   with_slurm_hosts)
 from elastic_ring.controller.requests import (RunRequest, check, check_torch_survive, range_start, with_script_collective,
                                               with_worker_range)
+from elastic_ring.controller.resume import (_resume_plan, _resumed_collective, _resumed_cwd, _write_new_total,
+                                            check_resumable, extended_config, read_run_info, validate_resume)
 from elastic_ring.env import ray_address
 from elastic_ring.errors import Interrupted, UserError
 
@@ -64,17 +69,6 @@ def resolve_device(device: str, echo: Callable[[str], None] | None = None, colle
 
         check_torch_nccl()
     return device, n, rep
-
-
-def _slots(req: RunRequest, device: str, ngpu: int) -> int:
-    from elastic_ring.controller.api import parse_hostfile, parse_hosts
-
-    host_list = parse_hosts(req.hosts) if req.hosts else parse_hostfile(req.hostfile) if req.hostfile else None
-    if host_list:
-        return sum(n for _, n in host_list)
-    if device == "cuda":
-        return ngpu
-    return req.slots or (os.cpu_count() or 1)
 
 
 def _schedule(req: RunRequest) -> tuple[Resize, ...]:
@@ -124,46 +118,6 @@ def prepare(req: RunRequest, echo: Callable[[str], None]) -> PreparedRun:
         if claimed is not None:
             _unclaim(*claimed)
         raise
-
-
-def with_slurm_hosts(req: RunRequest, echo: Callable[[str], None],
-                     env: dict[str, str] | None = None) -> RunRequest:
-    """Inside a Slurm allocation (``SLURM_JOB_ID`` set) and given none of ``--hosts``,
-    ``--hostfile``, ``--slots`` (which choose otherwise; the cluster runner always gives
-    ``--slots``) nor ``--backend ray`` (whose nodes are Ray's) nor ``--host-discovery-script``: the
-    allocation's nodes and slots (:func:`elastic_ring.hosts.slurm.allocation`), said in one line.
-    One node that is this host stays a run on this host as without Slurm (its visible GPUs or CPU
-    cores as slots); otherwise the nodes become ``--hosts``.
-
-    Raises:
-        UserError: Slurm's variables do not parse, or ``--relaunch inplace`` (one host) in an
-            allocation of several nodes (one line).
-    """
-    from dataclasses import replace
-
-    from elastic_ring.hosts.api import HostsError
-    from elastic_ring.hosts.slurm import allocation, in_allocation, is_this_host
-
-    if (req.hosts or req.hostfile or req.slots is not None or req.backend == "ray" or req.host_discovery_script
-            or not in_allocation(env)):
-        return req
-    try:
-        alloc = allocation(env, gpus=req.device != "cpu")
-    except HostsError as e:
-        raise UserError(f"inside a Slurm allocation, {e} (give --hosts to name the hosts)") from None
-    (first, n), *more = alloc.hosts.pairs() or [("", 0)]
-    if not n:
-        raise UserError(f"Slurm job {alloc.job_id} has no slots ({alloc.nodelist}): give --hosts")
-    if not more and is_this_host(first):  # as without Slurm: its visible GPUs or CPU cores (a CPU job's
-        # one task with -c16 would otherwise get one slot); --slots chooses otherwise
-        echo(f"elastic-ring: {alloc.line()}: this host (--slots to choose how many workers it takes)")
-        return req
-    if req.relaunch == "inplace":
-        raise UserError(f"--relaunch inplace runs on one host, and {alloc.line()}: give --hosts with "
-                        f"this node only, or another relaunch mode")
-    echo(f"elastic-ring: {alloc.line()}: --hosts {alloc.hosts.arg()} (--hosts, --hostfile or --slots "
-         f"to choose otherwise)")
-    return replace(req, hosts=alloc.hosts.arg())
 
 
 @contextmanager
@@ -255,63 +209,6 @@ def survive_choice(req: RunRequest, run: PreparedRun, relaunch: str, torchrun: b
                       torchrun=torchrun, hvd_elastic=hvd_elastic)
 
 
-def host_manager(req: RunRequest, echo: Callable[[str], None]) -> Any:
-    """``--host-discovery-script`` and its bounds, checked, as the controller's
-    :class:`~elastic_ring.hosts.manager.HostManager`, asked once already (its first answer is the
-    first segment's hosts; one that fails is its one line, and the controller waits for hosts)."""
-    from elastic_ring.hosts.api import resolve_bounds
-    from elastic_ring.hosts.discovery import HostPoller, ScriptDiscovery, ThisHostOnly, check_script
-    from elastic_ring.hosts.exclusion import Exclusions, parse_cooldown_range
-    from elastic_ring.hosts.manager import HostManager
-
-    path = check_script(req.host_discovery_script)
-    bounds = resolve_bounds(min_workers=req.min_workers, max_workers=req.max_workers, gpus=req.workers)
-    if bounds is None:  # no bounds given: from 1 to every usable slot
-        from elastic_ring.hosts.api import WorkerBounds
-
-        bounds = WorkerBounds(min=1, start=req.workers)
-    discovery: Any = ScriptDiscovery(path, cwd=os.getcwd())
-    if req.relaunch == "inplace":  # one host: every listed host must be this one, its slots one host's
-        discovery = ThisHostOnly(discovery, f"discovery script {Path(path).name}")
-    poller = HostPoller(discovery, interval_s=req.discovery_interval or 1.0)
-    cooldown = parse_cooldown_range(req.cooldown_range) if req.cooldown_range else None  # (checked: requests)
-    hosts = HostManager(poller, bounds, Exclusions(cooldown, clock=poller.clock), min_wait_s=req.min_wait)
-    first = poller.poll()  # (the controller's first update says what it found: a hosts_changed event)
-    if isinstance(discovery, ThisHostOnly) and discovery.foreign is not None:
-        raise UserError(f"--relaunch inplace runs on this host only: discovery script {Path(path).name} lists "
-                        f"{discovery.foreign} (use another --relaunch mode for several hosts)")
-    if first.note:
-        echo(f"elastic-ring: {first.note}")
-    return hosts
-
-
-def with_run_discovery(req: RunRequest) -> RunRequest:
-    """A ``--resume`` of a run started with ``--host-discovery-script``: its discovery options, kept in
-    ``run.json``, for those not given again; unless ``--hosts``/``--hostfile``/``--slots`` or
-    ``--backend ray`` choose other hosts (then ``req`` as it is)."""
-    from dataclasses import replace
-
-    info = protocol.read_run_json(Path(req.resume_dir))
-    kept = info.get("host_discovery") if isinstance(info, dict) else None
-    if (not isinstance(kept, dict) or req.hosts or req.hostfile or req.slots is not None or req.backend == "ray"
-            or req.host_discovery_script):
-        return req
-    pick = lambda given, key: given if given is not None else kept.get(key)  # noqa: E731
-    return replace(req, host_discovery_script=kept.get("script"),
-                   discovery_interval=pick(req.discovery_interval, "interval"),
-                   min_workers=pick(req.min_workers, "min_workers"), max_workers=pick(req.max_workers, "max_workers"),
-                   min_wait=pick(req.min_wait, "min_wait"),
-                   cooldown_range=pick(req.cooldown_range, "cooldown_range"))
-
-
-def hosts_slots(hosts: Any) -> int:
-    """The run's slots under host discovery (``run.json``'s, which `resize` checks): ``--max-workers``,
-    else as many as a host list may hold (the discovered slots bound every size at the time)."""
-    from elastic_ring.hosts.api import MAX_SLOTS
-
-    return hosts.bounds.max if hosts.bounds.max is not None else MAX_SLOTS
-
-
 def _torchrun_form(req: RunRequest) -> bool:
     """Whether the run's script (a resumed run's own) follows torchrun's contract only."""
     from elastic_ring.controller.backends.local import is_torchrun_script
@@ -334,13 +231,6 @@ def _stop_grace(req: RunRequest, rd: Path) -> float:
     if grace != kept:
         update_run_info(rd, stop_grace=grace)
     return float(grace)
-
-
-def _resumed_collective(req: RunRequest) -> str | None:
-    """A resumed run's collective (``run.json``; its damage is named later, by the resume)."""
-    info = protocol.read_run_json(Path(req.resume_dir)) if req.resume_dir else None
-    ws = info.get("worker") if isinstance(info, dict) else None
-    return ws.get("collective") if isinstance(ws, dict) else None
 
 
 def _config(req: RunRequest, device: str):
@@ -526,105 +416,6 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
                        forced_survive=forced)
 
 
-def _resumed_cwd(rd: Path, worker: dict[str, Any]) -> str:
-    """The folder a resumed run's workers run in: the one its `train` was run in (recorded in
-    ``run.json``), so that the script's relative paths mean what they meant at its start, whatever
-    folder the resume is run from; this process's folder for a run recorded before that.
-
-    Raises:
-        UserError: the recorded folder is gone (one line naming it).
-    """
-    cwd = worker.get("cwd") or os.getcwd()
-    if not Path(cwd).is_dir():
-        raise UserError(f"run {rd} was started in {cwd}, which is gone: its script's relative paths "
-                        f"are relative to it (recreate the folder to resume)")
-    return cwd
-
-
-def read_run_info(rd: Path) -> dict[str, Any]:
-    """A run folder's ``run.json``.
-
-    Raises:
-        UserError: unreadable, not JSON, or not a JSON object (one line naming the file).
-    """
-    path = rd / protocol.RUN_FILE
-    try:
-        info = protocol.run_info(rd)  # read once per process while unchanged (the resume's checks read it first)
-    except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
-    except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
-        where = f" (line {e.lineno}, column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
-        raise UserError(f"{path} is damaged: not valid JSON{where}; the run cannot be resumed from "
-                        f"this folder") from None
-    if not isinstance(info, dict):
-        raise UserError(f"{path} is damaged: a JSON {type(info).__name__}, not an object; the run "
-                        f"cannot be resumed from this folder")
-    return info
-
-
-def check_resumable(rd: Path, steps: int | None) -> None:
-    """The checks of ``--resume`` that need no torch (a finished run answers at once): a run that
-    has reached its last step (its newest checkpoint that passes its checksum) resumes only with a
-    new total (``steps``). Raises UserError."""
-    from elastic_ring.ckpt.store import newest_valid
-
-    info = protocol.read_run_json(rd)
-    if not isinstance(info, dict) or not isinstance(info.get("total_steps"), int):
-        return  # _prepare_resume says what is wrong with the folder
-    found = newest_valid(rd / "checkpoints")
-    at, total = (found[1] if found else 0), int(info["total_steps"])
-    if steps is not None and steps <= at:
-        raise UserError(f"--steps {steps} is not after the run's checkpoint (step {at}): give the new "
-                        f"total, more than {at}")
-    if steps is None and at >= total:
-        raise UserError(f"run {rd} already finished (step {at} of {total}); train it further with: "
-                        f"elastic-ring train --resume {rd} --steps N")
-
-
-def extended_config(cfg: Any, total: int) -> Any:
-    """``cfg`` with ``total`` steps and its LR decays at the same steps as before (a fraction of
-    the new total each; those at or after ``total`` dropped): a longer run goes on at the LR it
-    ended at, a shorter one keeps the decays it has passed."""
-    from elastic_ring.config.api import TrainConfig, config_to_dict
-
-    d = config_to_dict(cfg)
-    d.update(total_steps=total, decay_at=[s / total for s in cfg.decay_steps if 0 < s < total])
-    new = TrainConfig.model_validate(d)
-    if tuple(new.decay_steps) != tuple(s for s in cfg.decay_steps if 0 < s < total):
-        raise UserError(f"cannot keep the LR decays at steps {list(cfg.decay_steps)} with {total} steps")
-    return new
-
-
-def _write_new_total(rd: Path, cfg: Any, total: int) -> None:
-    """Record a resumed run's new total steps (``--resume DIR --steps N``) in its folder."""
-    import yaml
-
-    from elastic_ring.config.api import config_to_dict
-    from elastic_ring.controller.rundir import update_run_info, writing
-
-    with writing(rd):
-        update_run_info(rd, total_steps=total)
-        if cfg is not None:
-            tmp = rd / ".config.yaml.tmp"
-            tmp.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-            tmp.replace(rd / "config.yaml")
-
-
-def _resume_plan(rd: Path, run_info: dict[str, Any], start_step: int, workers: int | None,
-                 sched: tuple[Resize, ...]) -> Plan:
-    from elastic_ring.protocol import PLAN_FILE, read_json
-
-    plan_d = read_json(rd / PLAN_FILE)
-    plan = (Plan.from_dict(plan_d) if plan_d else
-            Plan.from_spec(int(run_info["workers"]),
-                           tuple(Resize(int(s), int(t)) for s, t in run_info.get("schedule", []))))
-    if workers is not None:
-        plan.add(start_step, workers, "resume")
-    if sched:
-        plan.replace_after(start_step, sched)
-    return plan
-
-
 def constant_batch_config(cfg: Any, workers: int, resize_to: "list[int]") -> Any:
     """A new run's config under ``constant-batch``: its global batch fixed (``batch_size`` x the
     initial ``workers`` where not given), and every world size of the run able to share it.
@@ -642,16 +433,6 @@ def constant_batch_config(cfg: Any, workers: int, resize_to: "list[int]") -> Any
     if why is not None:
         raise UserError(why)
     return cfg
-
-
-def validate_resume(spec: RunSpec, start_step: int) -> None:
-    """The checks of a new run (RunSpec.validate), plus: every resize lies after the checkpoint."""
-    if spec.workers > spec.slots:
-        raise UserError(f"cannot resume with {spec.workers} workers: only {spec.slots} slot(s)")
-    for r in spec.schedule:
-        if r.step <= start_step:
-            raise UserError(f"resize at step {r.step} is not after the checkpoint (step {start_step})")
-    spec.validate()
 
 
 def describe(run: PreparedRun) -> list[str]:

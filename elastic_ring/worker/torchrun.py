@@ -49,7 +49,7 @@ def run_env(restarts: int, max_restarts: int, run_id: str) -> dict[str, str]:
 
 def rank_env(rank: int, world: int) -> dict[str, str]:
     """torchrun's names for one worker on one host, besides ``RANK``/``WORLD_SIZE``/``LOCAL_*``/
-    ``MASTER_*``/``GROUP_RANK`` (the launcher's :func:`~elastic_ring.controller.backends.local.rank_env`):
+    ``MASTER_*``/``GROUP_RANK`` (the launcher's :func:`~elastic_ring.controller.backends.local_launcher.rank_env`):
     one node (``GROUP_WORLD_SIZE`` 1), one role; rank 0 hosts the store itself (no agent's store)."""
     return {"GROUP_WORLD_SIZE": "1", "ROLE_NAME": ROLE, "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
             "TORCHELASTIC_USE_AGENT_STORE": "False"}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -275,3 +276,14 @@ def test_an_epoch_loop_of_a_sharded_model_resized_2_1_2(tmp_path):
     assert written[-1]["step"] == 18
     assert sorted(f.name for f in (tmp_path / "run" / "checkpoints" / "dcp-00000018").iterdir()) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+def test_the_checkpoint_copy_from_its_plan_is_dcps_state_dict(tmp_path):
+    """The training thread's copy of a rank's shards without DCP's ``get_state_dict`` at every
+    checkpoint (``worker.sharded.Copier``: its plan made once, CPU tensors reused) gives what DCP's
+    call does, at 2 real ranks (gloo): after Adam's first step, a replaced optimizer state, a
+    changed LR and a new optimizer; a model with extra state (no plan: DCP's call each time) as DCP's
+    call; and DCP's save of it reads back as the full model and moments."""
+    p = subprocess.run([sys.executable, str(ROOT / "tests" / "integration" / "scripts" / "fsdp_copier.py"),
+                        str(tmp_path / "dcp")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "copier: every check held" in p.stdout, p.stdout + p.stderr[-3000:]

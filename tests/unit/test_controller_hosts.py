@@ -13,8 +13,8 @@ import pytest
 
 from elastic_ring.controller.api import Phase, RunSpec, RunState
 from elastic_ring.controller.controller import Controller
+from elastic_ring.controller.prepare_hosts import with_run_discovery
 from elastic_ring.controller.requests import RunRequest, check
-from elastic_ring.controller.runs import with_run_discovery
 from elastic_ring import protocol
 from elastic_ring.controller.segment import Segment
 from elastic_ring.controller.status import RunStatus

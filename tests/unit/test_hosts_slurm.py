@@ -77,8 +77,9 @@ def test_allocation_refuses_variables_that_do_not_parse(env, needle):
 
 
 def test_train_takes_its_hosts_from_the_allocation():
-    """controller.runs.with_slurm_hosts: what `train` does with a request inside an allocation."""
-    from elastic_ring.controller.runs import RunRequest, with_slurm_hosts
+    """controller.prepare_hosts.with_slurm_hosts: what `train` does with a request inside an allocation."""
+    from elastic_ring.controller.prepare_hosts import with_slurm_hosts
+    from elastic_ring.controller.requests import RunRequest
 
     lines = []
     two = _env(SLURM_JOB_NODELIST="node[01-02]", SLURM_TASKS_PER_NODE="2(x2)")
@@ -111,7 +112,8 @@ def test_train_takes_its_hosts_from_the_allocation():
     ({}, _env(SLURM_JOB_NODELIST="a,b", SLURM_TASKS_PER_NODE="0(x2)"), "Slurm job 4242 has no slots (a,b)"),
 ])
 def test_train_in_an_allocation_refuses_in_one_line(req_kw, env, needle):
-    from elastic_ring.controller.runs import RunRequest, with_slurm_hosts
+    from elastic_ring.controller.prepare_hosts import with_slurm_hosts
+    from elastic_ring.controller.requests import RunRequest
     from elastic_ring.errors import UserError
 
     with pytest.raises(UserError) as e:

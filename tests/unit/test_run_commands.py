@@ -115,7 +115,7 @@ def test_resume_with_steps_must_go_past_the_checkpoint(tmp_path, cli_inproc):
 
 def test_extended_config_keeps_the_decays_where_they_were():
     from elastic_ring.config.api import load_config
-    from elastic_ring.controller.runs import extended_config
+    from elastic_ring.controller.resume import extended_config
 
     cfg = load_config(ROOT / "configs" / "cpu_small.yaml", {"total_steps": 120})
     assert cfg.decay_steps == (60, 90)

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from elastic_ring.controller.backends import api
-from elastic_ring.controller.runs import _resumed_cwd
+from elastic_ring.controller.resume import _resumed_cwd
 from elastic_ring.errors import UserError
 from elastic_ring.protocol import LaunchInfo
 from elastic_ring.worker import run

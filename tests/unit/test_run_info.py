@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from elastic_ring import protocol
-from elastic_ring.controller import rundir, runs
+from elastic_ring.controller import resume, rundir
 from elastic_ring.errors import UserError
 
 
@@ -39,7 +39,7 @@ def test_read_once_while_unchanged_and_each_caller_gets_its_own_copy(tmp_path, c
     rd = _run(tmp_path)
     a = protocol.run_info(rd)
     a["worker"]["keep"] = 9  # a caller's change stays its own
-    assert protocol.run_info(rd)["worker"]["keep"] == 2 and runs.read_run_info(rd)["total_steps"] == 10
+    assert protocol.run_info(rd)["worker"]["keep"] == 2 and resume.read_run_info(rd)["total_steps"] == 10
     assert protocol.read_run_json(rd)["total_steps"] == 10 and counted["reads"] == 1
 
 
@@ -69,4 +69,4 @@ def test_a_damaged_or_missing_file_is_still_told_in_one_line(tmp_path):
     (rd / protocol.RUN_FILE).write_text("{not json")
     assert protocol.read_run_json(rd) is None
     with pytest.raises(UserError, match=r"run.json is damaged: not valid JSON \(line 1, column 2\)"):
-        runs.read_run_info(rd)
+        resume.read_run_info(rd)

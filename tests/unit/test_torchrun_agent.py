@@ -12,7 +12,7 @@ import types
 
 from elastic_ring import protocol
 from elastic_ring.controller.backends import LaunchOptions, Relaunch, make_launch
-from elastic_ring.controller.backends import local
+from elastic_ring.controller.backends import local, local_launcher
 from elastic_ring.controller.backends.api import SegmentLaunch
 from elastic_ring.events.api import EventLog, Restart, read_events
 from elastic_ring.worker import torchrun
@@ -68,7 +68,7 @@ def test_a_stop_asked_ends_every_worker_sigterm_then_sigkill_after_the_grace(tmp
     protocol.stop_file(tmp_path, 3).parent.mkdir(parents=True, exist_ok=True)
     protocol.stop_file(tmp_path, 3).touch()
     t0 = time.time()
-    assert local.supervise_torchrun(procs, tmp_path, 3, grace_s=1.0, poll_s=0.01) == 0
+    assert local_launcher.supervise_torchrun(procs, tmp_path, 3, grace_s=1.0, poll_s=0.01) == 0
     took = time.time() - t0
     assert procs[0].returncode == -15 and procs[1].returncode == -9  # SIGTERM; SIGKILL after the grace
     assert 0.9 <= took < 10
@@ -79,7 +79,7 @@ def test_a_stop_asked_ends_every_worker_sigterm_then_sigkill_after_the_grace(tmp
 
 def test_a_failed_worker_stops_the_others_and_its_status_is_the_segment_s(tmp_path, capfd):
     procs = _procs(SLEEP, "import sys, time; time.sleep(0.3); sys.exit(3)")
-    assert local.supervise_torchrun(procs, tmp_path, 0, grace_s=5.0, poll_s=0.01) == 3
+    assert local_launcher.supervise_torchrun(procs, tmp_path, 0, grace_s=5.0, poll_s=0.01) == 3
     assert procs[0].returncode == -15  # ended by SIGTERM, within the grace
     assert "elastic-ring local launcher: rank 1 exited with status 3" in capfd.readouterr().err
     assert not (tmp_path / protocol.WORKER_EVENTS).exists()  # no end: the controller restarts the segment
@@ -87,7 +87,7 @@ def test_a_failed_worker_stops_the_others_and_its_status_is_the_segment_s(tmp_pa
 
 def test_all_workers_done_end_the_segment_finished(tmp_path):
     procs = _procs("pass", "import time; time.sleep(0.2)")
-    assert local.supervise_torchrun(procs, tmp_path, 2, grace_s=5.0, poll_s=0.01) == 0
+    assert local_launcher.supervise_torchrun(procs, tmp_path, 2, grace_s=5.0, poll_s=0.01) == 0
     assert [e.reason for e in read_events(tmp_path / protocol.WORKER_EVENTS, "segment_end")] == ["finished"]
 
 

@@ -1,6 +1,6 @@
 """The worker library's collective interface (:mod:`elastic_ring.worker.collective`) with fakes, the
-local launcher's pieces (:mod:`elastic_ring.controller.backends.local`), and ``--collective``'s
-checks at the request.
+local launcher's pieces (:mod:`elastic_ring.controller.backends.local` and its launcher process,
+:mod:`~elastic_ring.controller.backends.local_launcher`), and ``--collective``'s checks at the request.
 
 The torch implementation is driven by a fake ``torch.distributed`` pair: the root rank's fake
 records what it sends, the other rank's replays it, so a broadcast is checked end to end (what
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from elastic_ring.controller.backends import LaunchOptions, Relaunch, make_launch
-from elastic_ring.controller.backends import local
+from elastic_ring.controller.backends import local, local_launcher
 from elastic_ring.controller.backends.api import SegmentLaunch
 from elastic_ring.controller.requests import RunRequest, check
 from elastic_ring.errors import UserError
@@ -268,15 +268,15 @@ def test_make_launch_gives_the_local_backend_for_torch(tmp_path):
     assert "horovodrun" not in " ".join(cmd) and "elastic_ring.controller.hvdrun" not in cmd
     assert cmd[cmd.index("--segment") + 1] == "3" and cmd[cmd.index("--go-file") + 1] == str(tmp_path / "go")
     assert cmd[-3:] == ["--", "elastic_ring.train.worker", "--x"]
-    env = local.rank_env(1, 2, 1234, base={STORE_FD_ENV: "9"}, store_fd=7)
+    env = local_launcher.rank_env(1, 2, 1234, base={STORE_FD_ENV: "9"}, store_fd=7)
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_PORT"]) == ("1", "2", "1", "1234")
-    assert STORE_FD_ENV not in env and local.rank_env(0, 2, 1234, base={}, store_fd=7)[STORE_FD_ENV] == "7"
+    assert STORE_FD_ENV not in env and local_launcher.rank_env(0, 2, 1234, base={}, store_fd=7)[STORE_FD_ENV] == "7"
 
 
 def test_the_rendezvous_port_is_held_from_the_pick_to_rank_0s_store(monkeypatch):
     """The launcher's socket listens from the pick: another process cannot bind the port, a rank's
     connection waits in the backlog, and rank 0's store serves on the very socket it is handed."""
-    sock = local.rendezvous_socket()
+    sock = local_launcher.rendezvous_socket()
     port = sock.getsockname()[1]
     for reuse in (0, 1):
         with socket.socket() as thief:
@@ -481,14 +481,14 @@ def test_a_joiner_started_ahead_that_fails_fails_the_group(tmp_path):
 def test_the_launcher_ends_the_others_at_the_first_failure(tmp_path, capsys):
     slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     bad = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-    assert local.supervise([slow, bad], poll_s=0.01) == 3
+    assert local_launcher.supervise([slow, bad], poll_s=0.01) == 3
     assert slow.poll() is not None  # killed
     err = capsys.readouterr().err
     log = tmp_path / "log"
     log.write_text(f"noise\n{err}")
     assert local.first_failed_rank(log) == 1
     ok = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
-    assert local.supervise(ok, poll_s=0.01) == 0
+    assert local_launcher.supervise(ok, poll_s=0.01) == 0
 
 
 def test_script_collective_reads_the_scripts_own_init(tmp_path):

@@ -1,0 +1,128 @@
+"""Where a new or resumed run's workers run, decided while it is prepared (:func:`.runs.prepare`):
+the nodes of a Slurm allocation as ``--hosts`` (:func:`with_slurm_hosts`), the slots of a fixed
+host list, of this host's GPUs or of its CPU cores (:func:`_slots`), and host discovery: the
+``--host-discovery-script`` and its bounds as the controller's ``HostManager``
+(:func:`host_manager`, :func:`hosts_slots`), and the discovery options a resume keeps from its
+start (:func:`with_run_discovery`).
+
+Bad input raises :class:`~elastic_ring.errors.UserError` (one line, exit status 2) before any
+process starts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from elastic_ring import protocol
+from elastic_ring.controller.requests import RunRequest
+from elastic_ring.errors import UserError
+
+
+def _slots(req: RunRequest, device: str, ngpu: int) -> int:
+    from elastic_ring.controller.api import parse_hostfile, parse_hosts
+
+    host_list = parse_hosts(req.hosts) if req.hosts else parse_hostfile(req.hostfile) if req.hostfile else None
+    if host_list:
+        return sum(n for _, n in host_list)
+    if device == "cuda":
+        return ngpu
+    return req.slots or (os.cpu_count() or 1)
+
+
+def with_slurm_hosts(req: RunRequest, echo: Callable[[str], None],
+                     env: dict[str, str] | None = None) -> RunRequest:
+    """Inside a Slurm allocation (``SLURM_JOB_ID`` set) and given none of ``--hosts``,
+    ``--hostfile``, ``--slots`` (which choose otherwise; the cluster runner always gives
+    ``--slots``) nor ``--backend ray`` (whose nodes are Ray's) nor ``--host-discovery-script``: the
+    allocation's nodes and slots (:func:`elastic_ring.hosts.slurm.allocation`), said in one line.
+    One node that is this host stays a run on this host as without Slurm (its visible GPUs or CPU
+    cores as slots); otherwise the nodes become ``--hosts``.
+
+    Raises:
+        UserError: Slurm's variables do not parse, or ``--relaunch inplace`` (one host) in an
+            allocation of several nodes (one line).
+    """
+    from dataclasses import replace
+
+    from elastic_ring.hosts.api import HostsError
+    from elastic_ring.hosts.slurm import allocation, in_allocation, is_this_host
+
+    if (req.hosts or req.hostfile or req.slots is not None or req.backend == "ray" or req.host_discovery_script
+            or not in_allocation(env)):
+        return req
+    try:
+        alloc = allocation(env, gpus=req.device != "cpu")
+    except HostsError as e:
+        raise UserError(f"inside a Slurm allocation, {e} (give --hosts to name the hosts)") from None
+    (first, n), *more = alloc.hosts.pairs() or [("", 0)]
+    if not n:
+        raise UserError(f"Slurm job {alloc.job_id} has no slots ({alloc.nodelist}): give --hosts")
+    if not more and is_this_host(first):  # as without Slurm: its visible GPUs or CPU cores (a CPU job's
+        # one task with -c16 would otherwise get one slot); --slots chooses otherwise
+        echo(f"elastic-ring: {alloc.line()}: this host (--slots to choose how many workers it takes)")
+        return req
+    if req.relaunch == "inplace":
+        raise UserError(f"--relaunch inplace runs on one host, and {alloc.line()}: give --hosts with "
+                        f"this node only, or another relaunch mode")
+    echo(f"elastic-ring: {alloc.line()}: --hosts {alloc.hosts.arg()} (--hosts, --hostfile or --slots "
+         f"to choose otherwise)")
+    return replace(req, hosts=alloc.hosts.arg())
+
+
+def host_manager(req: RunRequest, echo: Callable[[str], None]) -> Any:
+    """``--host-discovery-script`` and its bounds, checked, as the controller's
+    :class:`~elastic_ring.hosts.manager.HostManager`, asked once already (its first answer is the
+    first segment's hosts; one that fails is its one line, and the controller waits for hosts)."""
+    from elastic_ring.hosts.api import resolve_bounds
+    from elastic_ring.hosts.discovery import HostPoller, ScriptDiscovery, ThisHostOnly, check_script
+    from elastic_ring.hosts.exclusion import Exclusions, parse_cooldown_range
+    from elastic_ring.hosts.manager import HostManager
+
+    path = check_script(req.host_discovery_script)
+    bounds = resolve_bounds(min_workers=req.min_workers, max_workers=req.max_workers, gpus=req.workers)
+    if bounds is None:  # no bounds given: from 1 to every usable slot
+        from elastic_ring.hosts.api import WorkerBounds
+
+        bounds = WorkerBounds(min=1, start=req.workers)
+    discovery: Any = ScriptDiscovery(path, cwd=os.getcwd())
+    if req.relaunch == "inplace":  # one host: every listed host must be this one, its slots one host's
+        discovery = ThisHostOnly(discovery, f"discovery script {Path(path).name}")
+    poller = HostPoller(discovery, interval_s=req.discovery_interval or 1.0)
+    cooldown = parse_cooldown_range(req.cooldown_range) if req.cooldown_range else None  # (checked: requests)
+    hosts = HostManager(poller, bounds, Exclusions(cooldown, clock=poller.clock), min_wait_s=req.min_wait)
+    first = poller.poll()  # (the controller's first update says what it found: a hosts_changed event)
+    if isinstance(discovery, ThisHostOnly) and discovery.foreign is not None:
+        raise UserError(f"--relaunch inplace runs on this host only: discovery script {Path(path).name} lists "
+                        f"{discovery.foreign} (use another --relaunch mode for several hosts)")
+    if first.note:
+        echo(f"elastic-ring: {first.note}")
+    return hosts
+
+
+def with_run_discovery(req: RunRequest) -> RunRequest:
+    """A ``--resume`` of a run started with ``--host-discovery-script``: its discovery options, kept in
+    ``run.json``, for those not given again; unless ``--hosts``/``--hostfile``/``--slots`` or
+    ``--backend ray`` choose other hosts (then ``req`` as it is)."""
+    from dataclasses import replace
+
+    info = protocol.read_run_json(Path(req.resume_dir))
+    kept = info.get("host_discovery") if isinstance(info, dict) else None
+    if (not isinstance(kept, dict) or req.hosts or req.hostfile or req.slots is not None or req.backend == "ray"
+            or req.host_discovery_script):
+        return req
+    pick = lambda given, key: given if given is not None else kept.get(key)  # noqa: E731
+    return replace(req, host_discovery_script=kept.get("script"),
+                   discovery_interval=pick(req.discovery_interval, "interval"),
+                   min_workers=pick(req.min_workers, "min_workers"), max_workers=pick(req.max_workers, "max_workers"),
+                   min_wait=pick(req.min_wait, "min_wait"),
+                   cooldown_range=pick(req.cooldown_range, "cooldown_range"))
+
+
+def hosts_slots(hosts: Any) -> int:
+    """The run's slots under host discovery (``run.json``'s, which `resize` checks): ``--max-workers``,
+    else as many as a host list may hold (the discovered slots bound every size at the time)."""
+    from elastic_ring.hosts.api import MAX_SLOTS
+
+    return hosts.bounds.max if hosts.bounds.max is not None else MAX_SLOTS
