@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from elastic_ring import env as envvars
 from elastic_ring import protocol
 from elastic_ring.controller import hvdrun
 from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Backend, Handle, Launcher, SegmentLaunch,
@@ -68,7 +69,10 @@ class SubprocessLauncher:
 
         env = {k: v for k, v in env.items() if k != zygote.ENV}  # only this controller's own
         env[protocol.LAUNCHED_AT_ENV] = repr(time.time())  # the workers' start-up counts from here
-        name = zygote.ensure() if self.fork_server else None
+        # a script's workers import torch._dynamo (its optimizer, DDP), as do those of a torch group
+        # served here; the built-in trainer's on Horovod never do
+        compile_ = BUILTIN_TARGET not in cmd or envvars.STORE in env
+        name = zygote.ensure(compile_=compile_) if self.fork_server else None
         if name is not None:
             env[zygote.ENV] = name
         log = open(log_path, "ab")
