@@ -14,16 +14,18 @@ from elastic_ring.controller.backends.horovodrun import SubprocessLauncher
 from elastic_ring.worker import zygote
 
 
-@pytest.mark.parametrize("target, extra_env, want", [
-    (BUILTIN_TARGET, {}, False),
-    ("/home/me/train.py", {}, True),
-    (BUILTIN_TARGET, {envvars.STORE: "127.0.0.1:4242"}, True),
+@pytest.mark.parametrize("target, extra_env, own, want", [
+    (BUILTIN_TARGET, {}, [], False),  # the built-in trainer on Horovod (horovodrun, Horovod Elastic)
+    ("/home/me/train.py", {}, [], True),  # a script
+    (BUILTIN_TARGET, {envvars.STORE: "127.0.0.1:4242"}, [], True),  # a torch group on several hosts
+    (BUILTIN_TARGET, {}, ["-m", "elastic_ring.controller.backends.local", "--nproc", "2"], True),  # torch, local
+    (BUILTIN_TARGET, {}, ["--ring-by-controller"], True),  # torch, in place (local.LocalRingBackend)
 ])
 def test_the_fork_server_imports_torch_dynamo_only_where_the_workers_would(tmp_path, monkeypatch, target,
-                                                                           extra_env, want):
+                                                                           extra_env, own, want):
     asked = []
     monkeypatch.setattr(zygote, "ensure", lambda compile_=False: asked.append(compile_) or None)
-    cmd = [sys.executable, "-c", "pass", "--run-dir", str(tmp_path), "--", target, "--epochs", "1"]
+    cmd = [sys.executable, "-c", "pass", *own, "--run-dir", str(tmp_path), "--", target, "--epochs", "1"]
     h = SubprocessLauncher(fork_server=True).start(cmd, dict(extra_env), tmp_path / "log.txt")
     h.p.wait(timeout=60)
     assert asked == [want]
