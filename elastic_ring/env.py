@@ -43,6 +43,7 @@ COLLECTIVE = "ELASTIC_RING_COLLECTIVE"  # "torch": the job's collectives are tor
 STEPS = "ELASTIC_RING_STEPS"  # a script run without the tool: its steps
 ZYGOTE = "ELASTIC_RING_ZYGOTE"  # the fork server's abstract socket name, in the workers' environment
 NO_ZYGOTE = "ELASTIC_RING_NO_ZYGOTE"  # set (to anything): workers start in their own processes
+ZYGOTE_COMPILE = "ELASTIC_RING_ZYGOTE_COMPILE"  # "1": the fork server imports torch._dynamo too (its workers would)
 STEP_COST = "ELASTIC_RING_STEP_COST"  # set (not "0"): measure the library's cost per step
 PLAIN_HOROVODRUN = "ELASTIC_RING_PLAIN_HOROVODRUN"  # "1": the controller runs plain horovodrun
 ALLOW_NO_NCCL = "ELASTIC_RING_ALLOW_NO_NCCL"  # "1": GPUs with a Horovod built without NCCL
@@ -198,6 +199,11 @@ def zygote(env: Mapping[str, str] | None = None) -> str | None:
 def no_zygote(env: Mapping[str, str] | None = None) -> bool:
     """Whether workers start in their own processes (no fork server)."""
     return bool(_get(NO_ZYGOTE, env))
+
+
+def zygote_compile(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the fork server imports ``torch._dynamo`` before it forks (set by the controller)."""
+    return _flag(ZYGOTE_COMPILE, env)
 
 
 def step_cost(env: Mapping[str, str] | None = None) -> bool:

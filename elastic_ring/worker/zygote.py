@@ -42,6 +42,9 @@ _PRELOAD = ("torch", "torch.distributed", "horovod.torch", "elastic_ring.worker.
             "elastic_ring.telemetry.gpu", "elastic_ring.config.api", "elastic_ring.data.datasets",
             "elastic_ring.data.stream", "elastic_ring.nn.resnet", "elastic_ring.train.optim", "elastic_ring.worker.lr")
 # (the built-in worker's own imports, not the module itself: runpy runs it as __main__ afresh)
+# and, where the run's workers would import it (ensure(compile_=True)), torch._dynamo: a script's
+# torch.optim step and DistributedDataParallel import it (seconds of CPU in each worker, warmed while
+# its ring forms: worker.ring.warm_imports); forked from here, each relaunch, restart or spare has it
 _LEN = struct.Struct("!I")
 _STATUS = struct.Struct("!i")
 
@@ -137,7 +140,7 @@ def serve(name: str, parent_pid: int | None = None) -> None:
     controller (``parent_pid``) is gone."""
     import importlib
 
-    for mod in _PRELOAD:
+    for mod in (*_PRELOAD, *(("torch._dynamo",) if envvars.zygote_compile() else ())):
         try:
             importlib.import_module(mod)
         except Exception:  # noqa: BLE001 - a module the run does not need (no Horovod, say)
@@ -300,9 +303,10 @@ _REFUSED: list = []  # a zygote that did not start: not tried again by this proc
 NO_ZYGOTE_ENV = envvars.NO_ZYGOTE  # set (to anything): workers start in their own processes
 
 
-def ensure(timeout: float = 60.0) -> str | None:
+def ensure(timeout: float = 60.0, compile_: bool = False) -> str | None:
     """This process's zygote (started at the first call, which waits for its imports: the time
-    the first workers would have spent on them): its name, or None when it cannot start."""
+    the first workers would have spent on them): its name, or None when it cannot start.
+    ``compile_``: it imports ``torch._dynamo`` too (the first call's choice holds for the process)."""
     import subprocess
     import uuid
 
@@ -312,10 +316,13 @@ def ensure(timeout: float = 60.0) -> str | None:
         return _RUNNING[0][1]
     _RUNNING.clear()
     name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    zenv = {k: v for k, v in os.environ.items() if k != envvars.ZYGOTE_COMPILE}
+    if compile_:
+        zenv[envvars.ZYGOTE_COMPILE] = "1"
     p = subprocess.Popen([sys.executable, "-u", "-m", "elastic_ring.worker.run", "--zygote", name,
                           "--zygote-parent", str(os.getpid())],
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
+                         start_new_session=True, env=zenv)
     ready, _, _ = select.select([p.stdout], [], [], timeout)
     if not ready or p.stdout.readline().strip() != b"ready":
         p.kill()

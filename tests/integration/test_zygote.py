@@ -55,6 +55,7 @@ def test_the_child_runs_the_command_and_the_command_ends_with_its_status(name, t
     out, err = p.communicate(timeout=60)
     assert p.returncode == 3, err
     assert seen["torch"] is True  # forked from the zygote, which imported torch: not a fresh interpreter
+    assert seen["dynamo"] is False  # and not torch._dynamo, unless asked (below)
     assert seen["pid"] != p.pid and seen["argv"] == ["exit", "3"] and seen["probe"] == "seen"
     assert seen["cwd"] == str(ROOT) and seen["zygote_env"] is False  # its workers start no zygote of theirs
     assert err.strip().endswith("to stderr")  # the command's own stderr
@@ -83,6 +84,27 @@ def test_kill_9_of_the_command_ends_the_child(name):
     p.kill()
     p.wait(timeout=30)
     wait_for(lambda: _gone(child), 10, "the child's end after its command was killed")
+
+
+def test_a_zygote_asked_to_import_torch_dynamo_forks_children_that_have_it():
+    """ensure(compile_=True), as the controller asks for a script's run: the children start with
+    torch._dynamo imported (a script's optimizer and DDP import it); the zygote's own variable is
+    not in their environment."""
+    from elastic_ring import env as envvars
+
+    kept = list(zygote._RUNNING)  # the module's zygote, put back after: a second one of this process
+    zygote._RUNNING.clear()
+    try:
+        n = zygote.ensure(compile_=True)
+        assert n is not None and (not kept or n != kept[0][1]), "the zygote did not start"
+        p = _probe(n, "exit", "0")
+        seen = _first_line(p)
+        p.communicate(timeout=60)
+        assert p.returncode == 0 and seen["pid"] != p.pid and seen["dynamo"] is True
+        assert envvars.ZYGOTE_COMPILE not in os.environ
+    finally:
+        zygote.stop()
+        zygote._RUNNING[:] = kept
 
 
 def test_without_an_answering_zygote_the_command_runs_by_itself():

@@ -10,7 +10,8 @@ from elastic_ring.worker import zygote
 
 zygote.hand_over("tests.integration.zygote_probe", sys.argv[1:])
 print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "probe": os.environ.get("PROBE"), "pid": os.getpid(),
-                  "torch": "torch" in sys.modules, "zygote_env": zygote.ENV in os.environ}), flush=True)
+                  "torch": "torch" in sys.modules, "dynamo": "torch._dynamo" in sys.modules,
+                  "zygote_env": zygote.ENV in os.environ}), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if sys.argv[1] == "exit":
     sys.exit(int(sys.argv[2]))

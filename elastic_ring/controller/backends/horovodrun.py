@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from elastic_ring import env as envvars
 from elastic_ring import protocol
 from elastic_ring.controller import hvdrun
 from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Backend, Handle, Launcher, SegmentLaunch,
@@ -68,13 +69,27 @@ class SubprocessLauncher:
 
         env = {k: v for k, v in env.items() if k != zygote.ENV}  # only this controller's own
         env[protocol.LAUNCHED_AT_ENV] = repr(time.time())  # the workers' start-up counts from here
-        name = zygote.ensure() if self.fork_server else None
+        name = zygote.ensure(compile_=_imports_compile(cmd, env)) if self.fork_server else None
         if name is not None:
             env[zygote.ENV] = name
         log = open(log_path, "ab")
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                              start_new_session=True, cwd=self.cwd)
         return self._H(p, log)
+
+
+def _imports_compile(cmd: list[str], env: dict[str, str]) -> bool:
+    """Whether a segment's workers import ``torch._dynamo``: a script's do (its ``torch.optim`` step,
+    ``DistributedDataParallel``), as do those of a torch group (the local launchers' (local.py) and
+    a store served here for several hosts); the built-in trainer's on Horovod never do. Not under
+    Horovod Elastic's driver (``--min-np``: ``--relaunch inplace``), whose warm spare races two
+    slots started at once (a grow by two: the second slot's ``hvdrun.Spare.join`` finds the spare
+    taken, ``p`` None, and the ring never forms; seen without this preload too): a spare ready
+    sooner would meet that race more often. Until it is mended, its workers keep their own import."""
+    if "--min-np" in cmd:
+        return False
+    return (BUILTIN_TARGET not in cmd or envvars.STORE in env or "--ring-by-controller" in cmd
+            or "elastic_ring.controller.backends.local" in cmd)
 
 
 def worker_args(spec, segment: int, stop_at: int, owner: str) -> list[str]:
