@@ -180,8 +180,9 @@ def _warm_joiner(make):
 
         def create_worker(slot_info, events):
             every = [event, *(events or [])]
-            if spare.ready(every):
-                return spare.join(gloo_run.create_slot_env_vars(slot_info), every)
+            taken = spare.claim(every)
+            if taken is not None:
+                return spare.join(taken, gloo_run.create_slot_env_vars(slot_info), every)
             return cold(slot_info, events)
 
         return create_worker

@@ -57,6 +57,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+from typing import Any
 
 from elastic_ring import env as envvars
 from elastic_ring.protocol import read_json, waiting_file
@@ -263,6 +264,11 @@ class Spare:
         self.proc = None
         self.t0 = time.time()
         self.shutdown = None
+        # the driver starts the slots of a grow from threads of their own, at once: one of them
+        # takes the spare (its check and its take under one lock), the others start cold
+        import threading
+
+        self._lock = threading.Lock()
 
     def start_when_training(self, shutdown) -> None:
         """Start the spare once the ring trains (a step after ``self.t0``) from a thread of its own;
@@ -295,10 +301,19 @@ class Spare:
             time.sleep(0.02)
         return False
 
-    def join(self, slot_env: dict[str, str], events: list) -> tuple[int, float]:
-        """Hand the spare the slot's environment; wait for it as for the driver's own worker (its
-        exit status; ended when the job or its host is)."""
-        p, self.proc = self.proc, None
+    def claim(self, events: list) -> Any:
+        """The spare's process, taken for one slot when it is :meth:`ready` (then no other slot
+        gets it), else None. The check and the take are one step: two slots of one grow, asking at
+        once, never both get it."""
+        with self._lock:
+            if not self.ready(events):
+                return None
+            p, self.proc = self.proc, None
+            return p
+
+    def join(self, p: Any, slot_env: dict[str, str], events: list) -> tuple[int, float]:
+        """Hand the spare ``p`` (:meth:`claim`'s) the slot's environment; wait for it as for the
+        driver's own worker (its exit status; ended when the job or its host is)."""
         try:  # the worker's own pid, which it wrote (forked from the zygote, it is not p's)
             pid = int(read_json(waiting_file(self.go))["pid"])
         except (ValueError, KeyError, TypeError):
