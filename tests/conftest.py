@@ -56,6 +56,24 @@ _LONGEST_FIRST = (  # times: one whole-suite run (-n 3 on 2 cores, so longer tha
     # the constant-batch tests share their unresized reference run (shared_dir): in a row
     "test_resized_constant_batch_trains_as_the_unresized_run",  # 4 x 12-20 s (one run, this session's)
     "test_the_same_resizes_under_linear_change_the_training",  # 11 s
+    "test_a_ddp_epoch_loop_over_job_parallel_trains_as_unresized",  # 2 x ~20 s (its helper's runs, loaded)
+    # this session's new long tests (times alone on a loaded machine: the order, not a figure)
+    "test_a_sigterm_to_one_worker_is_a_preempted_shrink",  # ~50 s
+    "test_drain_shrinks_off_the_host_with_nothing_redone_and_its_one_line_errors",  # ~40 s
+    "test_slurm_sigusr1_checkpoints_or_kills_past_the_grace_and_exits_with_the_requeue_status",  # ~30 s
+    "test_sigterm_to_the_controller_with_grace_checkpoints_and_resume_continues",  # ~25 s
+    "test_the_default_keeps_survivors_where_the_copy_is_cheap_and_not_where_it_is_dear",  # ~30 s
+    "test_survive_on_a_sharded_job_falls_back_to_the_sharded_checkpoint",  # 16 s
+    "test_fsdp_resized_2_1_2_with_sharded_checkpoints_equals_ddp",  # 16 s
+    "test_a_torchrun_script_submitted_unchanged_is_shrunk_for_a_newcomer_and_grown_back",  # 16-21 s
+    "test_the_built_in_model_sharded_equals_its_ddp_run",  # 11 s
+    "test_fsdp_resized_in_place_runs_the_script_again_and_equals_ddp",
+    "test_an_epoch_loop_of_a_sharded_model_resized_2_1_2",
+    "test_a_sigterm_to_one_worker_shrinks_the_ring_in_place_without_it",
+    "test_one_host_slots_discovered_grow_and_shrink_the_ring_in_place",
+    "test_a_sigterm_to_one_worker_under_one_host_discovery_leaves_in_place_and_stays_out",
+    "test_the_hosts_table_shows_each_host_of_a_running_job",
+    "test_the_checkpoint_copy_from_its_plan_is_dcps_state_dict",
     # the others by their time in that run (the session's new tests by their time in its full run;
     # those of the fresh-clone CI of 8688aaa by theirs there)
     "test_a_failed_host_is_left_out_for_its_cooldown_then_grown_back_onto",  # 41 s
