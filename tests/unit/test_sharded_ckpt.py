@@ -188,3 +188,18 @@ def test_split_and_join_keep_the_tree_and_plain_tensors():
     specs: dict = {}
     local = split(sd, specs)
     assert specs == {} and local == sd and join(local, specs) == sd  # no DTensor: the same tree
+
+
+def test_a_plain_model_is_told_apart_without_importing_dtensor():
+    """Every worker asks whether its model is sharded at its start: for a plain model the answer
+    must not cost DTensor's import (about 0.45 s, once paid at every relaunch's first step)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from elastic_ring.worker.sharded import is_sharded\n"
+            "assert 'torch.distributed.tensor' not in sys.modules\n"
+            "assert not is_sharded(torch.nn.Linear(2, 2))\n"
+            "assert 'torch.distributed.tensor' not in sys.modules, 'imported by is_sharded'\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
