@@ -1,0 +1,160 @@
+#!/usr/bin/env python
+"""Hosts that come and go (issue 45's targets): the same Horovod Elastic script, unchanged, under
+elastic-ring's host discovery and under Horovod Elastic's, driven by the same discovery schedule,
+side by side in alternating rounds.
+
+The script is ``examples/hvd_elastic_mlp.py`` (``--log-samples``: every rank's step records with
+the samples and the time each step ended). The two hosts are ``localhost`` and ``127.0.0.1`` (one
+slot each), as in the tests. Both sides poll the same kind of discovery script (``cat`` of a file
+the bench rewrites) every second, Horovod Elastic's own interval:
+
+1. ``localhost:1`` at the start;
+2. once rank 0 has done ``--steps-before`` steps, ``127.0.0.1:1`` appears (the **appear** change);
+3. once rank 0 has done as many steps at 2 workers, ``127.0.0.1`` is dropped (the **drop** change);
+4. the run is ended ``--after`` steps later.
+
+* ``elastic-ring``: ``elastic-ring train --script SCRIPT --host-discovery-script D
+  --discovery-interval 1 --min-workers 1 --max-workers 2`` (horovodrun over the hosts);
+* ``horovod-elastic``: ``horovodrun -np 1 --min-np 1 --max-np 2 --host-discovery-script D``.
+
+Figures per change, from rank 0's step records: **to first step**, from the moment the bench
+rewrote the file to the end of the first step at the new size (the target for the appear change:
+within one discovery interval plus a warm grow); **lost**, the gap between the last step at the old
+size and the first at the new one less one steady step of the new size (as
+scripts/bench_hvd_elastic.py); **samples redone**, the samples of an epoch trained more than once
+over the whole run (the target for the drop: 0). Medians over rounds with the spread, the paired
+ratios elastic-ring / Horovod Elastic, and the machine's load before and after each run.
+
+    .venv/bin/python scripts/bench_discovery.py [--rounds 3]
+    -> results/bench_discovery.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_hvd_elastic import _env, _rank0, _rows, losses  # noqa: E402
+from benchlib import BIN, ROOT, exit_on_sigterm, write_results  # noqa: E402
+
+SCRIPT = ROOT / "examples" / "hvd_elastic_mlp.py"
+INTERVAL = 1.0  # Horovod Elastic's discovery interval (seconds), used by both sides
+
+
+def script_args(log: Path) -> list[str]:
+    return ["--epochs", "40", "--train-size", "384", "--log-samples", str(log)]
+
+
+def redone(rows: list[dict]) -> int:
+    """Samples of an epoch trained more than once, over every rank's records."""
+    seen: set[tuple[int, int]] = set()
+    n = 0
+    for r in rows:
+        for i in r["idx"]:
+            key = (r["epoch"], i)
+            n += key in seen
+            seen.add(key)
+    return n
+
+
+def drive(a, proc: subprocess.Popen, hosts: Path, log: Path, out: Path) -> dict[str, float]:
+    """Rewrite the hosts file along the schedule; the time of each rewrite."""
+    s, t0, marks = a.steps_before, time.time(), {}
+    phases = (("appear", lambda r: len(r) >= s, "localhost:1\n127.0.0.1:1\n"),
+              ("drop", lambda r: sum(x["size"] == 2 for x in r) >= s, "localhost:1\n"),
+              ("end", lambda r: "drop" in marks and sum(x["size"] == 1 and x["t"] > marks["drop"] for x in r)
+               >= a.after, None))
+    for name, until, text in phases:
+        while not until(_rank0(log)):
+            if proc.poll() is not None:
+                raise SystemExit(f"{proc.args[0]} exited with {proc.returncode} before '{name}':\n"
+                                 f"{out.read_text()[-3000:]}")
+            if time.time() - t0 > 600:
+                raise SystemExit(f"timed out before '{name}':\n{out.read_text()[-3000:]}")
+            time.sleep(0.02)
+        marks[name] = time.time()
+        if text:
+            hosts.write_text(text)
+    return marks
+
+
+def one(side: str, a, tmp: Path) -> dict:
+    d = tmp / f"{side}-{time.time_ns()}"
+    d.mkdir()
+    hosts, disc, log, out = d / "hosts", d / "discover.sh", d / "log", d / "out.txt"
+    hosts.write_text("localhost:1\n")
+    disc.write_text(f"#!/bin/sh\ncat '{hosts}'\n")
+    disc.chmod(0o755)
+    if side == "elastic-ring":
+        cmd = [str(BIN / "elastic-ring"), "train", "--script", str(SCRIPT), "--host-discovery-script", str(disc),
+               "--discovery-interval", str(INTERVAL), "--min-workers", "1", "--max-workers", "2",
+               "--steps", "100000", "--run-dir", str(d / "run"), "--", *script_args(log)]
+    else:
+        cmd = [str(BIN / "horovodrun"), "-np", "1", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
+               str(disc), "--network-interface", "lo", "--gloo", sys.executable, "-u", str(SCRIPT),
+               *script_args(log)]
+    load = os.getloadavg()[0]
+    with open(out, "w") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            marks = drive(a, proc, hosts, log, out)
+        finally:
+            if proc.poll() is None:  # enough steps after the drop: the rest is not timed
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    rows = _rank0(log)
+    changes = losses(rows)
+    if [(c["from"], c["to"]) for c in changes] != [(1, 2), (2, 1)]:
+        raise SystemExit(f"{side}: the sizes went {changes}, not 1 -> 2 -> 1:\n{out.read_text()[-3000:]}")
+    first2 = next(r["t"] for r in rows if r["size"] == 2)
+    first1 = next(r["t"] for r in rows if r["size"] == 1 and r["t"] > marks["drop"])
+    return {"appear": {"to_first_step_s": first2 - marks["appear"], "lost_s": changes[0]["lost_s"]},
+            "drop": {"to_first_step_s": first1 - marks["drop"], "lost_s": changes[1]["lost_s"]},
+            "samples_redone": redone(_rows(log)), "load": [load, os.getloadavg()[0]]}
+
+
+def spread(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "rounds": xs}
+
+
+def main() -> None:
+    exit_on_sigterm()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps-before", type=int, default=40, help="steps before each change")
+    ap.add_argument("--after", type=int, default=20, help="steps timed after the drop")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_discovery.json")
+    a = ap.parse_args()
+    load0 = os.getloadavg()[0]
+    runs: dict[str, list[dict]] = {"elastic-ring": [], "horovod-elastic": []}
+    with tempfile.TemporaryDirectory(prefix="bdi") as t:
+        for r in range(a.rounds):
+            order = list(runs) if r % 2 == 0 else list(runs)[::-1]
+            for side in order:
+                res = one(side, a, Path(t))
+                runs[side].append(res)
+                print(f"round {r + 1} {side}: appear -> first step {res['appear']['to_first_step_s']:.2f} s "
+                      f"(lost {res['appear']['lost_s']:.2f} s), drop lost {res['drop']['lost_s']:.2f} s, "
+                      f"{res['samples_redone']} samples redone (load {res['load'][0]:.1f})", flush=True)
+    summary = {side: {f"{c}_{k}": spread([x[c][k] for x in rs]) for c in ("appear", "drop")
+                      for k in ("to_first_step_s", "lost_s")} for side, rs in runs.items()}
+    for side, rs in runs.items():
+        summary[side]["samples_redone"] = spread([float(x["samples_redone"]) for x in rs])
+    ratios = {f"{c}_lost": spread([o[c]["lost_s"] / h[c]["lost_s"] for o, h in
+                                   zip(runs["elastic-ring"], runs["horovod-elastic"])]) for c in ("appear", "drop")}
+    write_results(a.out, {"script": str(SCRIPT.relative_to(ROOT)), "discovery_interval_s": INTERVAL,
+                          "steps_before": a.steps_before, "after": a.after, "rounds": a.rounds, "runs": runs,
+                          "summary": summary, "ratio_elastic_ring_over_horovod_elastic": ratios}, load0)
+
+
+if __name__ == "__main__":
+    main()
