@@ -81,8 +81,10 @@ def drive(a, proc: subprocess.Popen, hosts: Path, log: Path, out: Path) -> dict[
                 raise SystemExit(f"timed out before '{name}':\n{out.read_text()[-3000:]}")
             time.sleep(0.02)
         marks[name] = time.time()
-        if text:
-            hosts.write_text(text)
+        if text:  # in one step: a file rewritten in place can be read empty (no hosts) by the script
+            tmp = hosts.with_name(hosts.name + ".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, hosts)
     return marks
 
 

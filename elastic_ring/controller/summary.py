@@ -97,7 +97,12 @@ def _of(events: list[Event], kind: type[E]) -> list[E]:
 
 def last_step(events: list[Event]) -> int:
     """The newest step the events name: a window's, a segment end's, a first step's, the finish's,
-    or the last step known done before a failure."""
+    or the last step known done before a failure. A run that finished ended at its last segment's
+    end (an earlier segment killed past its checkpoint may have named later steps, trained again
+    after the resume)."""
+    ends = [e for e in events if isinstance(e, SegmentEnd)]
+    if ends and ends[-1].reason == "finished" and ends[-1].step:
+        return int(ends[-1].step)
     return max([e.step or 0 for e in events if isinstance(e, (Throughput, SegmentEnd, FirstStep, Finished))]
                + [e.failed_at_step or 0 for e in _of(events, Restart)], default=0)
 

@@ -24,6 +24,14 @@ TINY = ["--dataset", "synthetic", "--set", "synthetic_size=40", "--depth", "8", 
         "--batch-size", "8", "--device", "cpu", "--set", "trace_samples=true", "--set", "throughput_window=5"]
 
 
+def list_hosts(listed: Path, hosts: str) -> None:
+    """Rewrite the discovery script's file in one step (a file rewritten in place can be read
+    empty by the script's ``cat``: an answer of no hosts, a shrink to none)."""
+    tmp = listed.with_name(listed.name + ".tmp")
+    tmp.write_text(hosts)
+    os.replace(tmp, listed)
+
+
 def _discovery(tmp_path: Path, hosts: str) -> tuple[Path, Path, Path]:
     """A discovery script printing ``hosts.txt``, failing (status 3) while ``fail`` exists."""
     listed, fail = tmp_path / "hosts.txt", tmp_path / "fail"
@@ -64,14 +72,14 @@ def test_the_job_grows_onto_a_discovered_host_and_shrinks_off_it(tmp_path):
                    "--discovery-interval", "0.3", "--min-workers", "1", "--max-workers", "2", "--run-dir", str(run)])
     try:
         wait_for(lambda: _events(run, "throughput"), 120, "a window at 1 worker")
-        listed.write_text("localhost:1\n127.0.0.1:1\n")  # a host appears
+        list_hosts(listed, "localhost:1\n127.0.0.1:1\n")  # a host appears
         wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2], 120,
                  "a window at 2 workers")
         assert "hosts: localhost:1,127.0.0.1:1 (2 slots)" in run_cli("status", str(run)).stdout.splitlines()
         fail.touch()  # discovery fails: one line, the job goes on on the last hosts
         wait_for(lambda: [n for n in _events(run, "notice") if "host discovery failed" in n["message"]], 60,
                  "the failure's notice")
-        listed.write_text("localhost:1\n")  # and answers again, without 127.0.0.1
+        list_hosts(listed, "localhost:1\n")  # and answers again, without 127.0.0.1
         fail.unlink()
         wait_for(lambda: len(_events(run, "launch")) >= 3, 120, "the shrink")
         out, err = proc.communicate(timeout=240)
@@ -187,7 +195,7 @@ def test_below_the_minimum_it_waits_gives_up_then_resumes_on_the_hosts_discovere
     assert "gave up waiting for hosts after 8 s (have 1, need 2)" in err and "Traceback" not in err
     assert not _events(run, "launch")  # no worker was started
     # --resume keeps the discovery options (run.json): the second host is there now, it runs at 2
-    listed.write_text("localhost:1\n127.0.0.1:1\n")
+    list_hosts(listed, "localhost:1\n127.0.0.1:1\n")
     r = run_cli("train", "--resume", str(run), timeout=240)
     assert r.returncode == 0, r.stderr
     (launch,) = _events(run, "launch")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import one_line_error, wait_for
-from tests.integration.test_discovery import TINY, _discovery, _events, _start, _trace
+from tests.integration.test_discovery import TINY, _discovery, _events, _start, _trace, list_hosts
 
 pytestmark = pytest.mark.integration
 
@@ -24,10 +24,10 @@ def test_one_host_slots_discovered_grow_and_shrink_the_ring_in_place(tmp_path):
                    "--discovery-interval", "0.3", "--min-workers", "1", "--max-workers", "2", "--run-dir", str(run)])
     try:
         wait_for(lambda: _events(run, "throughput"), 120, "a window at 1 worker")
-        listed.write_text("localhost:2\n")  # a slot appears on this host
+        list_hosts(listed, "localhost:2\n")  # a slot appears on this host
         wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2], 120,
                  "a window at 2 workers")
-        listed.write_text("localhost:1\n")  # and goes
+        list_hosts(listed, "localhost:1\n")  # and goes
         wait_for(lambda: len(_events(run, "membership_change")) >= 2, 120, "the shrink")
         out, err = proc.communicate(timeout=240)
     finally:
