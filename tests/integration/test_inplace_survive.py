@@ -120,7 +120,10 @@ def _assert_same_final_state(a: dict, b: dict) -> None:
 def test_rank_0_killed_then_a_warm_joiner_then_its_stall_as_scheduled_resizes(tmp_path):
     dirs = _side_by_side(tmp_path, SCRIPT, {
         "fail": ["--survive", "--stall-timeout", "2"],
-        "none": ["--schedule", f"{KILL - 1}:1,{KILL}:2,{STALL - 1}:1,{STALL}:2"]},  # the reference: the same resizes
+        # the reference: the same resizes, with no survivors kept (as before survival became the
+        # default where cheap: with it, a warm joiner taking a slot just shrunk off and grown back
+        # was once told its slot had been removed from the job, and the run hung: not fixed yet)
+        "none": ["--no-survive", "--schedule", f"{KILL - 1}:1,{KILL}:2,{STALL - 1}:1,{STALL}:2"]},
         STEPS)
     run, ref = dirs["fail"] / "r", dirs["none"] / "r"
     assert not read_events(ref / "events.jsonl", kind="restart")
