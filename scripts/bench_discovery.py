@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_hvd_elastic import _env, _rank0, _rows, losses  # noqa: E402
-from benchlib import BIN, ROOT, exit_on_sigterm, write_results  # noqa: E402
+from benchlib import BIN, ROOT, exit_on_sigterm, spread, write_results  # noqa: E402
 
 SCRIPT = ROOT / "examples" / "hvd_elastic_mlp.py"
 INTERVAL = 1.0  # Horovod Elastic's discovery interval (seconds), used by both sides
@@ -122,10 +121,6 @@ def one(side: str, a, tmp: Path) -> dict:
     return {"appear": {"to_first_step_s": first2 - marks["appear"], "lost_s": changes[0]["lost_s"]},
             "drop": {"to_first_step_s": first1 - marks["drop"], "lost_s": changes[1]["lost_s"]},
             "samples_redone": redone(_rows(log)), "load": [load, os.getloadavg()[0]]}
-
-
-def spread(xs: list[float]) -> dict:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "rounds": xs}
 
 
 def main() -> None:

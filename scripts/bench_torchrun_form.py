@@ -48,7 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import exit_on_sigterm, train_env, write_results
+from benchlib import exit_on_sigterm, spread, train_env, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "torchrun_contract.py"
@@ -172,10 +172,6 @@ def theirs(tmp: Path, steps: int, n: int) -> dict:
                 os.killpg(p.pid, signal.SIGKILL)
     n_redone, worlds = redone(out, steps)
     return {"grow": grow, "shrink": shrink, "steps_redone": n_redone, "worlds": worlds}
-
-
-def spread(xs: list[float]) -> dict:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "rounds": xs}
 
 
 def main() -> None:

@@ -36,6 +36,13 @@ def write_results(path: Path, out: dict[str, Any], load_before: float) -> None:
           f"(load {load_before:.1f} -> {load_after:.1f})")
 
 
+def spread(xs: list[float]) -> dict[str, Any]:
+    """A figure over rounds: its median, min and max, and the rounds themselves."""
+    import statistics
+
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "rounds": xs}
+
+
 def exit_on_sigterm() -> None:
     """SIGTERM (a `timeout`, the quiet wrapper's limit) exits through Python, so that every
     TrainRun still ends its run and the ranks it stopped. Call it first in a script's main()."""
