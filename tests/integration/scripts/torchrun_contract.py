@@ -15,6 +15,7 @@ samples it trained, the time it ended), ``saved`` (a snapshot on disk). Every ra
 import argparse
 import json
 import os
+import signal
 import time
 
 import torch
@@ -73,7 +74,11 @@ for step in range(start + 1, a.steps + 1):
     if step % a.every == 0 and rank == 0:
         tmp = snapshot + ".tmp"
         torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, tmp)
+        # the snapshot and its "saved" record together: a stop's SIGTERM between the two left a
+        # snapshot the log did not name (SIGTERM waits until both are done; SIGKILL comes later)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         os.replace(tmp, snapshot)
         log(kind="saved", step=step)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     time.sleep(max(0.0, a.step_s - (time.time() - t0)))
 dist.destroy_process_group()
