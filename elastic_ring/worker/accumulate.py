@@ -309,6 +309,7 @@ def running_stats(model: Any, job: Any) -> RunningStats | None:
             stats.watch(False)
         stats = RunningStats(layers, job)
         layers[0].__dict__["_elastic_ring_running_stats"] = stats
+    model.__dict__["_elastic_ring_running_stats"] = stats  # (found without the walk: micro_batches at one worker)
     stats.job = job
     return stats
 
@@ -342,9 +343,15 @@ def micro_batches(sampler: Any, net: Any, optimizer: Any) -> Any:
         yield MicroBatch(idx, int(getattr(sampler, "last_start", 0)), 1.0)
         return
     job, lay = sampler.job, sampler.layout()
-    stats = running_stats(net, job)
-    if stats is not None:  # r0: at the step's first forward pass; at one worker nothing to do
-        stats.watch(lay.world > 1)
+    if lay.world > 1:
+        stats = running_stats(net, job)
+    else:  # nothing to reconcile: no walk of the model, and the hooks of a step at more workers off
+        stats = getattr(net, "__dict__", {}).get("_elastic_ring_running_stats")
+        if stats is not None:
+            stats.watch(False)
+            stats = None
+    if stats is not None:  # r0: at the step's first forward pass
+        stats.watch(True)
         stats.forget()
     parts = sampler.next_micro_batches()
     for (start, idx), ctx in zip(parts, passes(net, optimizer, len(parts))):

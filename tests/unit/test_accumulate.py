@@ -440,8 +440,9 @@ def _sequential_step(model, x, step, m, b):
 
 def test_batchnorm_bookkeeping_is_nothing_at_one_worker(monkeypatch):
     """A ``job.steps()`` loop over ``job.micro_batches`` at one worker takes no copy of the
-    BatchNorm buffers and runs no hook (nothing to reconcile): from its first step, and in the same
-    process right after a shrink from two workers; at two workers it does (the counts can fail)."""
+    BatchNorm buffers, runs no hook and does not walk the model (nothing to reconcile): from its
+    first step, and in the same process right after a shrink from two workers; at two workers it
+    does (the counts can fail)."""
     from elastic_ring.worker import accumulate
 
     copies = []
@@ -449,6 +450,8 @@ def test_batchnorm_bookkeeping_is_nothing_at_one_worker(monkeypatch):
         real = getattr(accumulate.RunningStats, name)
         monkeypatch.setattr(accumulate.RunningStats, name,
                             lambda self, _real=real, _name=name: (copies.append(_name), _real(self))[1])
+    walk = accumulate.running_stats  # (the model's modules walked to find its layers)
+    monkeypatch.setattr(accumulate, "running_stats", lambda *a: (copies.append("walk"), walk(*a))[1])
     m, b = 4, 3
     x = torch.randn(40, 5, dtype=torch.float64)
     rank0, rank1 = _bn_model(0.1), _bn_model(0.1)
@@ -462,7 +465,7 @@ def test_batchnorm_bookkeeping_is_nothing_at_one_worker(monkeypatch):
             assert copies == [] and calls == 0, step
             assert all(not layer._forward_pre_hooks for layer in layers), step
         else:
-            assert copies.count("begin") == 2 and calls == 1, step  # r0 on each rank, one allreduce
+            assert copies.count("begin") == 2 and copies.count("walk") == 2 and calls == 1, step  # r0, one allreduce
             assert all(layer._forward_pre_hooks for layer in layers), step
 
 
