@@ -254,7 +254,8 @@ def test_batchnorm_cumulative_average_at_two_workers_is_the_one_workers(tmp_path
     base, _ = _epoch_run(tmp_path / "base", ddp=True, bn_momentum="none")
     two, p = _epoch_run(tmp_path / "two", "--schedule", "6:1,9:2,20:1", ddp=True, workers=2, bn_momentum="none")
     assert "resize 1 -> 2 after step 9: LR" in p.stderr and "resize 2 -> 1 after step 20: LR" in p.stderr
-    rows = [json.loads(line) for f in (tmp_path / "two" / "trace").glob("*.jsonl") for line in f.read_text().splitlines()]
+    rows = [json.loads(line) for f in (tmp_path / "two" / "trace").glob("*.jsonl")
+            for line in f.read_text().splitlines()]
     done = {(r["step"], r["world"]) for r in rows if "world" in r}  # (the last step done, at each micro-batch)
     assert {s for s, w in done if w == 2} == {*range(0, 7), *range(9, 21)}  # (6, 20: the dropped steps' passes)
     assert {s for s, w in done if w == 1} == {*range(6, 10), *range(20, 25)}
