@@ -1,8 +1,9 @@
 """Host discovery in place over several hosts (docs/hosts.md): with `--relaunch inplace` and a
 discovery script that lists two hosts (`localhost` and `127.0.0.1`, the two-host tests' way of
-having two hosts on one machine), a host dropped from the script's output or drained with
-`elastic-ring drain` leaves the ring in place: the other host's worker goes on in its process (one
-horovodrun, no checkpoint written or read back), nothing is redone, and the run finishes.
+having two hosts on one machine), a host dropped from the script's output, drained with
+`elastic-ring drain` or whose worker gets a SIGTERM (a preemption's notice) leaves the ring in
+place: the other host's worker goes on in its process (one horovodrun, no checkpoint written or
+read back), nothing is redone, and the run finishes; a host listed again is grown back onto in place.
 
 Real horovodrun (gloo) runs of the tiny built-in ResNet, the script catting a file the test rewrites
 (as tests/integration/test_discovery.py)."""
@@ -107,7 +108,11 @@ def test_a_host_dropped_from_discovery_leaves_the_ring_in_place_and_grows_back(t
     assert [hp for hp in _started(run).values() if hp not in before.values()] == [("127.0.0.1", ANY)]
 
 
-def test_a_drained_host_leaves_the_ring_in_place_rank_0s_too(tmp_path):
+@pytest.mark.parametrize("how", ["drain", "sigterm"])
+def test_a_drained_host_leaves_the_ring_in_place_rank_0s_too(tmp_path, how):
+    """`elastic-ring drain` of rank 0's host, or a SIGTERM to rank 0's worker (its notice drains its host)."""
+    import signal
+
     steps = 400
     proc, run, listed = _two_hosts(tmp_path, steps)
     try:
@@ -116,9 +121,12 @@ def test_a_drained_host_leaves_the_ring_in_place_rank_0s_too(tmp_path):
         gone = protocol.read_json(protocol.pid_dir(run) / "seg000-rank0.json")["launch_host"]
         (stays,) = set(pids) - {gone}
         before = _started(run)
-        r = run_cli("drain", str(run), gone, "--deadline", "60")
-        assert r.returncode == 0, r.stderr
-        assert r.stdout.startswith(f"drain of {gone} requested for {run}"), r.stdout
+        if how == "drain":
+            r = run_cli("drain", str(run), gone, "--deadline", "60")
+            assert r.returncode == 0, r.stderr
+            assert r.stdout.startswith(f"drain of {gone} requested for {run}"), r.stdout
+        else:
+            os.kill(pids[gone], signal.SIGTERM)  # how Kubernetes and spot reclaims preempt
         wait_for(lambda: _events(run, "membership_change"), 120, "the shrink")
         assert _alive(pids[stays]) and _started(run) == before  # no worker started for it
         out, err = proc.communicate(timeout=240)
@@ -127,11 +135,12 @@ def test_a_drained_host_leaves_the_ring_in_place_rank_0s_too(tmp_path):
             proc.kill()
     assert proc.returncode == 0, err
     changes = _events(run, "membership_change")
+    cause, why = ("drained", "elastic-ring drain") if how == "drain" else ("preempted", "SIGTERM to rank 0")
     assert [(c["cause"], c["members_before"], c["members_after"], c["state_source"]) for c in changes] == [
-        ("drained", 2, 1, "memory")]
+        (cause, 2, 1, "memory")]
     _in_place(run, err, changes, steps, [2, 1])
     assert not _alive(pids[gone])  # the driver ended the worker on the drained host
     notes = [n["message"] for n in _events(run, "notice")]
-    assert (f"drained {gone} (elastic-ring drain) at step {changes[0]['step']}: 2 -> 1 workers, no step redone"
+    assert (f"drained {gone} ({why}) at step {changes[0]['step']}: 2 -> 1 workers, no step redone"
             in notes), notes
     assert [(h["hosts"], h["target"]) for h in _events(run, "hosts_changed")][-1] == (f"{stays}:1", 1)
