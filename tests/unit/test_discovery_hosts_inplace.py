@@ -193,3 +193,15 @@ def test_drain_of_an_in_place_run_over_two_hosts_is_asked(tmp_path, capsys):
         assert json.loads(asked.read_text())["host"] == "127.0.0.1"
     finally:
         lock.release()
+
+
+def test_over_hosts_a_failure_is_a_restart_not_survivors_on_a_placement_that_may_drop_them(tmp_path):
+    b, _ = _backend(tmp_path)  # (--survive: on one host the survivors would go on)
+    b.run_over_hosts()
+    b.use_hosts("localhost:1,127.0.0.1:1")
+    job = b.start(SegmentLaunch(2, 0, 20, "me"), tmp_path / "seg.log").handle
+    ended = []
+    job.inner.kill = lambda: ended.append(True)
+    job.inner.poll = lambda: -9 if ended else None
+    assert b.survivors(wait_s=0.1) is None and ended  # the job is ended: the restart from the checkpoint
+    assert b.refused == "in place over discovered hosts, the survivors' hosts are not kept apart"

@@ -30,8 +30,9 @@ the segment on (``host:slots`` lines, :meth:`ElasticBackend.use_hosts`), by thei
 drained or dropped from the discovery leaves the list at the next in-place resize, and the driver
 ends the workers on it while the others go on in their processes (renumbered in Horovod's order of
 the hosts); a host that appears is added the same way (its workers get the state by broadcast). No
-slot hosts there (a worker's notice drains its host), and no ring written ahead for a schedule (the
-hosts of the next size are placed when it comes).
+slot hosts there (a worker's notice drains its host), no ring written ahead for a schedule (the
+hosts of the next size are placed when it comes), and a worker's failure is a restart from the
+checkpoint (:meth:`ElasticBackend.survivors`).
 """
 
 from __future__ import annotations
@@ -364,12 +365,18 @@ class ElasticBackend(Backend):
         either said which steps it holds or is gone). None (the job is ended: the restart from the
         checkpoint) when the run does not keep survivors, horovodrun itself exited, rank 0 took a
         scheduled resize already, on ``localhost:K`` (a GPU run) a rank below a survivor's is gone
-        (its slot would leave a hole), or they do not agree (:attr:`refused` says why). The
+        (its slot would leave a hole), the ring runs over discovered hosts (:meth:`run_over_hosts`:
+        the next ring's hosts are the controller's placement, which may name the dead worker's host
+        and not a survivor's), or they do not agree (:attr:`refused` says why). The
         failure: :func:`~.survival.blame` over the gone ranks."""
         h, cur = self._handle, self._launch
         self.refused = None
         if not self.survive or h is None or cur is None or h.inner.poll() is not None:
             self.refused = "horovodrun exited" if self.survive and h is not None else None
+            return None
+        if self.over_hosts:  # the next ring is placed on the first usable slots, maybe the dead one's host
+            self.refused = "in place over discovered hosts, the survivors' hosts are not kept apart"
+            h.end()
             return None
         run_dir = self.spec.run_dir
         pids = _current_pids(run_dir, cur.segment)
