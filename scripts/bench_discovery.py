@@ -15,7 +15,14 @@ the bench rewrites) every second, Horovod Elastic's own interval:
 
 * ``elastic-ring``: ``elastic-ring train --script SCRIPT --host-discovery-script D
   --discovery-interval 1 --min-workers 1 --max-workers 2`` (horovodrun over the hosts);
-* ``horovod-elastic``: ``horovodrun -np 1 --min-np 1 --max-np 2 --host-discovery-script D``.
+* ``horovod-elastic``: ``horovodrun -np 1 --min-np 1 --max-np 2 --host-discovery-script D``;
+* with ``--inplace``, a third side, ``elastic-ring-inplace``: ``elastic-ring train ... --relaunch
+  inplace`` (Horovod Elastic's driver under elastic-ring, the ring re-formed in place over the
+  hosts). In place the script's first answer decides whether the ring runs over the hosts it names
+  or on this host only (docs/hosts.md), so this side starts on both hosts and takes the same two
+  changes in the other order: ``127.0.0.1`` is dropped once rank 0 has done ``--steps-before``
+  steps at 2 workers, listed again once it has done as many at 1, and the run is ended ``--after``
+  steps at 2 later (``inplace_schedule`` in the results says so).
 
 Figures per change, from rank 0's step records: **to first step**, from the moment the bench
 rewrote the file to the end of the first step at the new size (the target for the appear change:
@@ -25,7 +32,7 @@ scripts/bench_hvd_elastic.py); **samples redone**, the samples of an epoch train
 over the whole run (the target for the drop: 0). Medians over rounds with the spread, the paired
 ratios elastic-ring / Horovod Elastic, and the machine's load before and after each run.
 
-    .venv/bin/python scripts/bench_discovery.py [--rounds 3]
+    .venv/bin/python scripts/bench_discovery.py [--rounds 3] [--inplace]
     -> results/bench_discovery.json
 """
 
@@ -46,6 +53,10 @@ from benchlib import BIN, ROOT, exit_on_sigterm, spread, write_results  # noqa: 
 
 SCRIPT = ROOT / "examples" / "hvd_elastic_mlp.py"
 INTERVAL = 1.0  # Horovod Elastic's discovery interval (seconds), used by both sides
+ONE, TWO = "localhost:1\n", "localhost:1\n127.0.0.1:1\n"
+INPLACE = "elastic-ring-inplace"
+INPLACE_SCHEDULE = ("starts on both hosts; 127.0.0.1 dropped after --steps-before steps at 2, listed again after "
+                    "as many at 1, ended --after steps at 2 later")
 
 
 def script_args(log: Path) -> list[str]:
@@ -64,14 +75,24 @@ def redone(rows: list[dict]) -> int:
     return n
 
 
-def drive(a, proc: subprocess.Popen, hosts: Path, log: Path, out: Path) -> dict[str, float]:
-    """Rewrite the hosts file along the schedule; the time of each rewrite."""
-    s, t0, marks = a.steps_before, time.time(), {}
-    phases = (("appear", lambda r: len(r) >= s, "localhost:1\n127.0.0.1:1\n"),
-              ("drop", lambda r: sum(x["size"] == 2 for x in r) >= s, "localhost:1\n"),
-              ("end", lambda r: "drop" in marks and sum(x["size"] == 1 and x["t"] > marks["drop"] for x in r)
-               >= a.after, None))
-    for name, until, text in phases:
+def schedule(side: str, a, marks: dict[str, float]) -> tuple:
+    """(name, until rank 0's records say so, the hosts then) for each change of ``side``'s run."""
+    s = a.steps_before
+    if side == INPLACE:  # over both hosts from the start: drop, then appear (the module docstring)
+        return (("drop", lambda r: sum(x["size"] == 2 for x in r) >= s, ONE),
+                ("appear", lambda r: sum(x["size"] == 1 for x in r) >= s, TWO),
+                ("end", lambda r: "appear" in marks and sum(x["size"] == 2 and x["t"] > marks["appear"] for x in r)
+                 >= a.after, None))
+    return (("appear", lambda r: len(r) >= s, TWO),
+            ("drop", lambda r: sum(x["size"] == 2 for x in r) >= s, ONE),
+            ("end", lambda r: "drop" in marks and sum(x["size"] == 1 and x["t"] > marks["drop"] for x in r)
+             >= a.after, None))
+
+
+def drive(a, side: str, proc: subprocess.Popen, hosts: Path, log: Path, out: Path) -> dict[str, float]:
+    """Rewrite the hosts file along ``side``'s schedule; the time of each rewrite."""
+    t0, marks = time.time(), {}
+    for name, until, text in schedule(side, a, marks):
         while not until(_rank0(log)):
             if proc.poll() is not None:
                 raise SystemExit(f"{proc.args[0]} exited with {proc.returncode} before '{name}':\n"
@@ -91,12 +112,13 @@ def one(side: str, a, tmp: Path) -> dict:
     d = tmp / f"{side}-{time.time_ns()}"
     d.mkdir()
     hosts, disc, log, out = d / "hosts", d / "discover.sh", d / "log", d / "out.txt"
-    hosts.write_text("localhost:1\n")
+    hosts.write_text(TWO if side == INPLACE else ONE)
     disc.write_text(f"#!/bin/sh\ncat '{hosts}'\n")
     disc.chmod(0o755)
-    if side == "elastic-ring":
+    if side in ("elastic-ring", INPLACE):
         cmd = [str(BIN / "elastic-ring"), "train", "--script", str(SCRIPT), "--host-discovery-script", str(disc),
                "--discovery-interval", str(INTERVAL), "--min-workers", "1", "--max-workers", "2",
+               *(["--relaunch", "inplace"] if side == INPLACE else []),
                "--steps", "100000", "--run-dir", str(d / "run"), "--", *script_args(log)]
     else:
         cmd = [str(BIN / "horovodrun"), "-np", "1", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
@@ -107,19 +129,21 @@ def one(side: str, a, tmp: Path) -> dict:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
-            marks = drive(a, proc, hosts, log, out)
+            marks = drive(a, side, proc, hosts, log, out)
         finally:
             if proc.poll() is None:  # enough steps after the drop: the rest is not timed
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     rows = _rank0(log)
-    changes = losses(rows)
-    if [(c["from"], c["to"]) for c in changes] != [(1, 2), (2, 1)]:
-        raise SystemExit(f"{side}: the sizes went {changes}, not 1 -> 2 -> 1:\n{out.read_text()[-3000:]}")
-    first2 = next(r["t"] for r in rows if r["size"] == 2)
+    went = losses(rows)
+    sizes = [(2, 1), (1, 2)] if side == INPLACE else [(1, 2), (2, 1)]
+    if [(c["from"], c["to"]) for c in went] != sizes:
+        raise SystemExit(f"{side}: the sizes went {went}, not {sizes}:\n{out.read_text()[-3000:]}")
+    changes = {(c["from"], c["to"]): c for c in went}
+    first2 = next(r["t"] for r in rows if r["size"] == 2 and r["t"] > marks["appear"])
     first1 = next(r["t"] for r in rows if r["size"] == 1 and r["t"] > marks["drop"])
-    return {"appear": {"to_first_step_s": first2 - marks["appear"], "lost_s": changes[0]["lost_s"]},
-            "drop": {"to_first_step_s": first1 - marks["drop"], "lost_s": changes[1]["lost_s"]},
+    return {"appear": {"to_first_step_s": first2 - marks["appear"], "lost_s": changes[(1, 2)]["lost_s"]},
+            "drop": {"to_first_step_s": first1 - marks["drop"], "lost_s": changes[(2, 1)]["lost_s"]},
             "samples_redone": redone(_rows(log)), "load": [load, os.getloadavg()[0]]}
 
 
@@ -129,10 +153,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps-before", type=int, default=40, help="steps before each change")
     ap.add_argument("--after", type=int, default=20, help="steps timed after the drop")
+    ap.add_argument("--inplace", action="store_true",
+                    help=f"also the side {INPLACE} (--relaunch inplace over the hosts; its schedule: the docstring)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_discovery.json")
     a = ap.parse_args()
     load0 = os.getloadavg()[0]
-    runs: dict[str, list[dict]] = {"elastic-ring": [], "horovod-elastic": []}
+    runs: dict[str, list[dict]] = {"elastic-ring": [], "horovod-elastic": [], **({INPLACE: []} if a.inplace else {})}
     with tempfile.TemporaryDirectory(prefix="bdi") as t:
         for r in range(a.rounds):
             order = list(runs) if r % 2 == 0 else list(runs)[::-1]
@@ -146,11 +172,16 @@ def main() -> None:
                       for k in ("to_first_step_s", "lost_s")} for side, rs in runs.items()}
     for side, rs in runs.items():
         summary[side]["samples_redone"] = spread([float(x["samples_redone"]) for x in rs])
-    ratios = {f"{c}_lost": spread([o[c]["lost_s"] / h[c]["lost_s"] for o, h in
-                                   zip(runs["elastic-ring"], runs["horovod-elastic"])]) for c in ("appear", "drop")}
+    def ratios(ours: str) -> dict:
+        return {f"{c}_lost": spread([o[c]["lost_s"] / h[c]["lost_s"] for o, h in
+                                     zip(runs[ours], runs["horovod-elastic"])]) for c in ("appear", "drop")}
+
+    inplace = ({"inplace_schedule": INPLACE_SCHEDULE, "ratio_elastic_ring_inplace_over_horovod_elastic":
+                ratios(INPLACE)} if a.inplace else {})
     write_results(a.out, {"script": str(SCRIPT.relative_to(ROOT)), "discovery_interval_s": INTERVAL,
                           "steps_before": a.steps_before, "after": a.after, "rounds": a.rounds, "runs": runs,
-                          "summary": summary, "ratio_elastic_ring_over_horovod_elastic": ratios}, load0)
+                          "summary": summary, "ratio_elastic_ring_over_horovod_elastic": ratios("elastic-ring"),
+                          **inplace}, load0)
 
 
 if __name__ == "__main__":

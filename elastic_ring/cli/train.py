@@ -277,7 +277,8 @@ def drain(run_dir, host, deadline):
     """Ask the running `elastic-ring train` in RUN_DIR to leave HOST now (a host taken away with notice).
 
     The workers stop at the next step boundary all ranks agree on, checkpoint, and go on on the other
-    hosts: no step is redone, and it is not a failure (--max-restarts untouched). HOST stays out until
+    hosts (with --relaunch inplace the others go on in their processes, no checkpoint): no step is
+    redone, and it is not a failure (--max-restarts untouched). HOST stays out until
     the discovery script stops listing it and lists it again. Needs a run with
     --host-discovery-script (docs/hosts.md). Returns at once; `elastic-ring status` shows
     `draining HOST` until it is done.

@@ -276,8 +276,8 @@ class Controller:
             return seg
         seg = Segment(segment, world, self._next_stop(step), start_step=step)
         if self._elastic is not None:  # in place: the same processes go on at the new size
-            if self.hosts is not None:  # (one-host discovery: the slots it runs on, for `status`)
-                self.hosts.place(seg)
+            if self.hosts is not None:  # the hosts it runs on (over several: the driver is told; one host: `status`)
+                self.backend.use_hosts(self.hosts.place(seg).arg())
             self._resize_inplace(seg, step)
         else:
             self._set_state(RunState.LAUNCHING, step=step, world_size=seg.world, segment=seg.index)
@@ -692,7 +692,7 @@ class Controller:
             return
         for other in self.drains.pending.values():
             other.asked = True  # (one stop for every drain heard so far)
-        if self.drains.in_place is not None:  # in place on one host: the notices' workers leave the ring
+        if self.drains.by_slot:  # in place on one host: the notices' workers leave the ring
             target = seg.world - len(self.drains.pending)
             if self.hosts is not None:  # one-host discovery: their slots stay out until a resize asks more
                 self.hosts.asked = target

@@ -21,6 +21,11 @@ names its slot host (``worker.notice``): the backend drops that slot at the next
 (:meth:`~.backends.api.Backend.leave`), so the ring shrinks in the same processes with that worker
 leaving, whatever its rank; nothing is read back. Where the backend cannot (the last worker, a
 launcher without a host per slot) the worker is sent a second SIGTERM: it ends, a failure as before.
+
+In place over discovered hosts (``--relaunch inplace`` with a script that lists several hosts:
+the backend's ``over_hosts``) a drain and a notice are a discovered host's, as above: the host is
+left out of the usable hosts and the controller's next ring is placed without it, which the
+backend re-forms in place (the workers on it leave, the others go on in their processes).
 """
 
 from __future__ import annotations
@@ -62,12 +67,19 @@ class Drains:
                  clock: Callable[[], float], notice_deadline_s: float | None = None,
                  backend: Backend | None = None) -> None:
         self.hosts, self.run_dir, self.events, self.out, self.clock = hosts, run_dir, events, out, clock
-        # in place on one host (with or without discovery): the backend whose ring a notice's worker leaves
+        # in place (with or without discovery): the backend whose ring a notice's worker leaves
         self.in_place = backend
         self.notice_deadline_s = notice_deadline_s or NOTICE_DEADLINE_S
         self.pending: dict[str, Draining] = {}
         self._notices: list[PreemptNotice] = []
         self._heard: list[tuple[PreemptNotice, int]] = []  # notices waiting for a step (rank 0's progress then)
+
+    @property
+    def by_slot(self) -> bool:
+        """In place on one host: a notice's worker leaves by its slot host (:meth:`_leave`), and
+        there is no host to drain. False over discovered hosts (the backend's ``over_hosts``): a
+        drain or a notice leaves the host, in place as well."""
+        return self.in_place is not None and not self.in_place.over_hosts
 
     def heard(self, ev: Event) -> None:
         """A worker event (the relay's): a SIGTERM's notice is taken at the next :meth:`take`."""
@@ -78,8 +90,8 @@ class Drains:
         """Start the drains asked since: `elastic-ring drain`'s requests, and the notices of ``seg``'s
         workers (a notice of an earlier segment is that segment's teardown: ignored)."""
         for host, deadline_s, _ in take_drains(self.run_dir):
-            if self.hosts is None or self.in_place is not None:
-                why = "runs in place on one host" if self.in_place is not None else "has no host discovery"
+            if self.hosts is None or self.by_slot:
+                why = "runs in place on one host" if self.by_slot else "has no host discovery"
                 self.events.write(ErrorEvent(message=f"drain of {host} refused: the run {why}", segment=seg.index))
                 continue
             self._start(seg, host, Cause.DRAINED, "elastic-ring drain", deadline_s)
@@ -97,10 +109,13 @@ class Drains:
             if step <= at:
                 waiting.append((ev, at))
                 continue
-            if self.in_place is not None:
+            if self.by_slot:
                 self._leave(seg, ev)
                 continue
-            host = (self.hosts.host_of(seg, ev.rank, self.run_dir) if ev.rank is not None else None) or ev.host
+            # (in place over hosts a worker's rank may have changed since it started: its host is its name)
+            named = self.in_place is not None and ev.host in (self.hosts.hosts_of.get(seg.index) or {})
+            host = ((ev.host if named else None)
+                    or (self.hosts.host_of(seg, ev.rank, self.run_dir) if ev.rank is not None else None) or ev.host)
             if host:
                 self._start(seg, host, Cause.PREEMPTED, f"SIGTERM to rank {ev.rank}", self.notice_deadline_s)
         self._heard = waiting
@@ -176,7 +191,7 @@ class Drains:
         notice may be the failing job's own teardown: horovodrun SIGTERMs the other workers); a
         drain asked with `elastic-ring drain` stays."""
         for d in self.pending.values():
-            if d.cause is Cause.PREEMPTED and self.hosts is not None and self.in_place is None:
+            if d.cause is Cause.PREEMPTED and self.hosts is not None and not self.by_slot:
                 self.hosts.manager.undrain(d.host)
         if self.in_place is not None:
             self.in_place.unleave()

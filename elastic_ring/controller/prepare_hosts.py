@@ -2,7 +2,8 @@
 the nodes of a Slurm allocation as ``--hosts`` (:func:`with_slurm_hosts`), the slots of a fixed
 host list, of this host's GPUs or of its CPU cores (:func:`_slots`), and host discovery: the
 ``--host-discovery-script`` and its bounds as the controller's ``HostManager``
-(:func:`host_manager`, :func:`hosts_slots`), and the discovery options a resume keeps from its
+(:func:`host_manager`, :func:`hosts_slots`; under ``--relaunch inplace`` whether the ring runs
+over the hosts listed or on this host only), and the discovery options a resume keeps from its
 start (:func:`with_run_discovery`).
 
 Bad input raises :class:`~elastic_ring.errors.UserError` (one line, exit status 2) before any
@@ -74,9 +75,12 @@ def with_slurm_hosts(req: RunRequest, echo: Callable[[str], None],
 def host_manager(req: RunRequest, echo: Callable[[str], None]) -> Any:
     """``--host-discovery-script`` and its bounds, checked, as the controller's
     :class:`~elastic_ring.hosts.manager.HostManager`, asked once already (its first answer is the
-    first segment's hosts; one that fails is its one line, and the controller waits for hosts)."""
+    first segment's hosts; one that fails is its one line, and the controller waits for hosts).
+    Under ``--relaunch inplace`` the script's first answer decides (``over_hosts``:
+    :func:`~elastic_ring.hosts.discovery.several_hosts`): the ring runs over the hosts as listed, or
+    on this host only, where a host that is not this machine is refused."""
     from elastic_ring.hosts.api import resolve_bounds
-    from elastic_ring.hosts.discovery import HostPoller, ScriptDiscovery, ThisHostOnly, check_script
+    from elastic_ring.hosts.discovery import HostPoller, ScriptDiscovery, ThisHostOnly, check_script, several_hosts
     from elastic_ring.hosts.exclusion import Exclusions, parse_cooldown_range
     from elastic_ring.hosts.manager import HostManager
 
@@ -87,11 +91,15 @@ def host_manager(req: RunRequest, echo: Callable[[str], None]) -> Any:
 
         bounds = WorkerBounds(min=1, start=req.workers)
     discovery: Any = ScriptDiscovery(path, cwd=os.getcwd())
-    if req.relaunch == "inplace":  # one host: every listed host must be this one, its slots one host's
-        discovery = ThisHostOnly(discovery, f"discovery script {Path(path).name}")
+    over_hosts = False
+    if req.relaunch == "inplace":  # over the hosts listed first, or on this host only (its slots one host's)
+        over_hosts = several_hosts(discovery.find().hosts)
+        if not over_hosts:
+            discovery = ThisHostOnly(discovery, f"discovery script {Path(path).name}")
     poller = HostPoller(discovery, interval_s=req.discovery_interval or 1.0)
     cooldown = parse_cooldown_range(req.cooldown_range) if req.cooldown_range else None  # (checked: requests)
     hosts = HostManager(poller, bounds, Exclusions(cooldown, clock=poller.clock), min_wait_s=req.min_wait)
+    hosts.over_hosts = over_hosts
     first = poller.poll()  # (the controller's first update says what it found: a hosts_changed event)
     if isinstance(discovery, ThisHostOnly) and discovery.foreign is not None:
         raise UserError(f"--relaunch inplace runs on this host only: discovery script {Path(path).name} lists "

@@ -196,9 +196,9 @@ def range_start(worker_range: tuple[int, int], slots: int, schedule: Any = ()) -
 
 def _check_discovery(req: RunRequest) -> None:
     """``--host-discovery-script`` and its options: the hosts come from the script, on horovodrun's
-    relaunch over hosts, or in place when every host it lists is this one (``--relaunch inplace``:
-    the start refuses another host, :func:`.runs.host_manager`; docs/hosts.md); the options that go
-    with it go only with it."""
+    relaunch over hosts, or in place (``--relaunch inplace``: over the hosts it lists first, or on
+    this host only when that is all it lists, :func:`.prepare_hosts.host_manager`; docs/hosts.md);
+    the options that go with it go only with it."""
     bounds_given = [name for name, v in (("--min-workers", req.min_workers), ("--max-workers", req.max_workers),
                                          ("--discovery-interval", req.discovery_interval),
                                          ("--min-wait", req.min_wait),
@@ -510,15 +510,15 @@ def request_drain(run_dir: str | Path, host: str, deadline: float | None = None)
         raise UserError(f"run {rd} is not running (state: {st.phase.value}{way})")
     info = read_json(rd / "run.json") or {}
     disc = info.get("host_discovery")
-    if info.get("relaunch") == "inplace":
+    ctl = read_json(rd / CONTROLLER_FILE)
+    ctl = ctl if isinstance(ctl, dict) else {}
+    usable = ctl.get("usable_hosts") if isinstance(ctl.get("usable_hosts"), dict) else {}
+    if info.get("relaunch") == "inplace" and len(usable) < 2:  # (over discovered hosts it has hosts to drain)
         raise UserError(f"run {rd} runs in place on one host (--relaunch inplace): there is no host to drain; "
                         f"SIGTERM a worker to have it leave, or resize the run (docs/hosts.md)")
     if not isinstance(disc, dict):
         raise UserError(f"run {rd} does not take its hosts from --host-discovery-script: drain needs a run "
                         f"that does (docs/hosts.md)")
-    ctl = read_json(rd / CONTROLLER_FILE)
-    ctl = ctl if isinstance(ctl, dict) else {}
-    usable = ctl.get("usable_hosts") if isinstance(ctl.get("usable_hosts"), dict) else {}
     draining = ctl.get("draining") if isinstance(ctl.get("draining"), list) else []
     if host in draining:
         raise UserError(f"host {host} is already being drained from run {rd}")

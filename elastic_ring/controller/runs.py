@@ -558,6 +558,8 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
                             collective=run.spec.collective, stop_grace=run.extra.get("stop_grace"),
                             max_restarts=req.max_restarts)
     backend, resize = make_launch(options, run.spec)
+    if getattr(run.extra.get("hosts"), "over_hosts", False):  # in place over the discovered hosts (Horovod Elastic)
+        backend.run_over_hosts()
     if req.backend == "ray":
         echo(f"backend: Ray ({req.ray_address or ray_address() or 'a local Ray'}), "
              f"placement {req.placement}, warm workers across resizes")

@@ -5,7 +5,8 @@
   It is run with a timeout; a script that exits non-zero, hangs or prints garbage is one line
   (:attr:`Discovered.error`), never an exception.
 * :class:`ThisHostOnly` — a discovery whose every host must be this machine (``--relaunch
-  inplace``): its aliases' slots are one host's, ``localhost``; another host is a failed answer.
+  inplace`` started on this host only: :func:`several_hosts`): its aliases' slots are one host's,
+  ``localhost``; another host is a failed answer.
 * :class:`FixedHosts` — the same interface over a fixed :class:`~.api.HostSet` (``--hosts``,
   Slurm's allocation, a test's value to change).
 * :class:`HostPoller` — asks a discovery every ``interval_s`` (clock passed in), keeps the last
@@ -142,6 +143,18 @@ class ThisHostOnly:
                                     f"runs on this host only")
         total = got.hosts.total
         return Discovered(HostSet([("localhost", total)] if total else []))
+
+
+def several_hosts(hosts: HostSet | None) -> bool:
+    """Whether ``--relaunch inplace`` runs over the hosts of a first answer ``hosts`` as they are
+    named (more than one name, or a host that is not this machine: Horovod Elastic's driver starts
+    their workers, a host the discovery drops leaves the ring in place), rather than on this host
+    only (:class:`ThisHostOnly`: its slots are one ``localhost:N``; no answer yet counts as this
+    host). ``localhost`` and ``127.0.0.1`` are two hosts here, as horovodrun over hosts takes them."""
+    from elastic_ring.hosts.slurm import is_this_host
+
+    names = list(hosts or ())
+    return len(names) > 1 or any(not is_this_host(h) for h in names)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

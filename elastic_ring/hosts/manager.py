@@ -80,6 +80,8 @@ class HostManager:
         self._notes: list[str] = []
         # drained hosts -> whether discovery has stopped listing them since (listed again: back)
         self._drained: dict[str, bool] = {}
+        # --relaunch inplace over the hosts as listed (not this host's slots only: prepare_hosts.host_manager)
+        self.over_hosts = False
 
     def view(self, asked: int | None = None) -> HostView:
         usable = self.exclusions.usable(self.poller.hosts or HostSet()).without(self._drained)

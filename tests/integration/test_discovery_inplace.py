@@ -1,7 +1,8 @@
 """Host discovery in place on one host (docs/hosts.md): with `--relaunch inplace` and a discovery
 script that lists only this host, a change of its slots grows or shrinks the ring in the same
-processes (one horovodrun, nothing redone, nothing read back); a script that lists another host is
-refused at the start in one line.
+processes (one horovodrun, nothing redone, nothing read back). A script that lists several hosts
+at the start runs the ring over them (tests/integration/test_discovery_hosts_inplace.py; that
+choice: tests/unit/test_discovery_hosts_inplace.py).
 
 Real horovodrun (gloo) runs of the tiny built-in ResNet, the script catting a file the test rewrites
 (as tests/integration/test_discovery.py)."""
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import one_line_error, wait_for
+from tests.conftest import wait_for
 from tests.integration.test_discovery import TINY, _discovery, _events, _start, _trace, list_hosts
 
 pytestmark = pytest.mark.integration
@@ -52,15 +53,6 @@ def test_one_host_slots_discovered_grow_and_shrink_the_ring_in_place(tmp_path):
     assert {trained[s] for s in range(grow + 1, shrink + 1)} == {16} and trained[1] == trained[steps] == 8
     assert all(o["checkpoint_s"] == 0 for o in _events(run, "resize_overhead"))  # no checkpoint for either
     assert "Traceback" not in err
-
-
-def test_in_place_discovery_listing_another_host_is_one_line(tmp_path, cli_inproc):
-    script, _, _ = _discovery(tmp_path, "localhost:1\n10.9.9.9:1\n")
-    r = cli_inproc("train", "--steps", "2", *TINY, "--relaunch", "inplace", "--host-discovery-script", str(script),
-                   "--run-dir", str(tmp_path / "r"))
-    one_line_error(r, "--relaunch inplace runs on this host only: discovery script discover.sh lists 10.9.9.9 "
-                      "(use another --relaunch mode for several hosts)")
-    assert not (tmp_path / "r").exists()
 
 
 def test_a_sigterm_to_one_worker_under_one_host_discovery_leaves_in_place_and_stays_out(tmp_path):

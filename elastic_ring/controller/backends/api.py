@@ -71,6 +71,7 @@ class Backend:
     name: str
     refused: str | None = None  # why the last failure's survivors did not go on from memory (the restart says)
     rejoins: bool = False  # after survivors went on, a grow back to the planned size starts a new worker
+    over_hosts: bool = False  # in place over the hosts discovery lists (ElasticBackend.run_over_hosts)
 
     def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
         """Start a segment's workers."""

@@ -1,5 +1,6 @@
 """The Horovod Elastic backend of ``--relaunch inplace``: one long-lived ``horovodrun --min-np 1
---max-np SLOTS --host-discovery-script RUN_DIR/control/discover.sh`` on one host. At a resize the
+--max-np SLOTS --host-discovery-script RUN_DIR/control/discover.sh`` on one host, or over the
+hosts a ``--host-discovery-script`` of the user's lists (:meth:`ElasticBackend.run_over_hosts`). At a resize the
 workers pause between two steps; the backend writes the new size into
 ``control/inplace-<seg>.json`` and into what the discovery script prints, and Horovod's driver
 re-forms the ring (a new worker syncs from rank 0; a removed one is ended by Horovod); survivors
@@ -22,6 +23,16 @@ silent survivor is a restart from the checkpoint too. The dead worker's slot
 comes back (:attr:`ElasticBackend.rejoins`): the controller plans a grow back to the job's size
 after the survivors' next step, and the driver starts a new worker there, which receives the state
 by broadcast from rank 0 as at any in-place grow.
+
+Over discovered hosts (:meth:`ElasticBackend.run_over_hosts`: the user's script lists several
+hosts, or another machine) what the controller's script prints is the hosts the controller placed
+the segment on (``host:slots`` lines, :meth:`ElasticBackend.use_hosts`), by their names: a host
+drained or dropped from the discovery leaves the list at the next in-place resize, and the driver
+ends the workers on it while the others go on in their processes (renumbered in Horovod's order of
+the hosts); a host that appears is added the same way (its workers get the state by broadcast). No
+slot hosts there (a worker's notice drains its host), no ring written ahead for a schedule (the
+hosts of the next size are placed when it comes), and a worker's failure is a restart from the
+checkpoint (:meth:`ElasticBackend.survivors`).
 """
 
 from __future__ import annotations
@@ -47,12 +58,15 @@ def discovery_files(run_dir: Path) -> tuple[Path, Path]:
     return ctl / "discover.sh", ctl / "hosts"
 
 
-def write_hosts(run_dir: Path, world: int, names: list[str] | None = None) -> bool:
+def write_hosts(run_dir: Path, world: int, names: list[str] | None = None,
+                placed: list[tuple[str, int]] | None = None) -> bool:
     """What the discovery script reports from now on: ``world`` slots on this host, or the slot
-    hosts ``names`` (one slot each, in rank order). Returns False when it already did (Horovod's
-    driver then sees no change and sends no notification)."""
+    hosts ``names`` (one slot each, in rank order), or the discovered hosts ``placed`` (``(host,
+    slots)``). Returns False when it already did (Horovod's driver then sees no change and sends no
+    notification)."""
     _, hosts = discovery_files(run_dir)
-    text = "".join(f"{n}:1\n" for n in names) if names else f"localhost:{world}\n"
+    text = ("".join(f"{h}:{n}\n" for h, n in placed) if placed else
+            "".join(f"{n}:1\n" for n in names) if names else f"localhost:{world}\n")
     if hosts.exists() and hosts.read_text() == text:
         return False
     hosts.parent.mkdir(parents=True, exist_ok=True)
@@ -64,18 +78,24 @@ def write_hosts(run_dir: Path, world: int, names: list[str] | None = None) -> bo
 
 def elastic_horovodrun_command(spec, world: int, segment: int, stop_at: int,
                                owner: str = "", network_interface: str | None = None,
-                               names: list[str] | None = None) -> list[str]:
+                               names: list[str] | None = None,
+                               placed: list[tuple[str, int]] | None = None) -> list[str]:
     """The one long-lived horovodrun of ``--relaunch inplace`` (Horovod Elastic, gloo): it starts
-    at ``world`` workers (on the slot hosts ``names`` where given); the controller resizes by
-    changing what the discovery script prints."""
+    at ``world`` workers (on the slot hosts ``names``, or the discovered hosts ``placed``, where
+    given); the controller resizes by changing what the discovery script prints. Its network
+    interface: ``network_interface``, else the loopback while every host is this machine (else
+    Horovod finds one the hosts share)."""
+    from elastic_ring.hosts.slurm import is_this_host
+
     script, hosts = discovery_files(spec.run_dir)
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(discovery_script_text(hosts))
     script.chmod(0o755)
-    write_hosts(spec.run_dir, world, names)
+    write_hosts(spec.run_dir, world, names, placed)
+    nic = network_interface or (None if any(not is_this_host(h) for h, _ in placed or ()) else "lo")
     return [*hvdrun.command_prefix(), "-np", str(world), "--min-np", "1",
             "--max-np", str(spec.slots), "--host-discovery-script", str(script),
-            "--network-interface", network_interface or "lo", "--gloo", "--start-timeout", "120",
+            *(["--network-interface", nic] if nic else []), "--gloo", "--start-timeout", "120",
             *worker_args(spec, segment, stop_at, owner), "--inplace",
             "--", spec.script or BUILTIN_TARGET, *spec.script_args]
 
@@ -179,6 +199,7 @@ class ElasticBackend(Backend):
         self._live: list[str] = []  # the running ring's slot hosts (Horovod orders them, not this list)
         self._dead: set[str] = set()  # slot hosts of failed workers: never given again
         self._leaving: set[str] = set()  # slot hosts of workers leaving with notice at the next resize (leave)
+        self._placed: list[tuple[str, int]] = []  # over discovered hosts: the next ring's (use_hosts)
 
     def _hosts_by_rank(self) -> dict[int, str]:
         """rank -> slot host of the running ring, from the workers' pid records."""
@@ -212,9 +233,22 @@ class ElasticBackend(Backend):
 
     def _write_hosts(self, world: int) -> list[str] | None:
         names = self._names(world)
-        if write_hosts(self.spec.run_dir, world, names):
+        if write_hosts(self.spec.run_dir, world, names, self._placed_for(world)):
             self.hosts_written = time.time()
         return names
+
+    def run_over_hosts(self) -> None:
+        """The ring runs over the hosts the user's discovery script lists (several, or another
+        machine: :func:`~elastic_ring.hosts.discovery.several_hosts`), each by its name, as the
+        controller places the segments (:meth:`use_hosts`); no slot hosts."""
+        self.over_hosts, self.slot_hosts = True, False
+
+    def _placed_for(self, world: int) -> list[tuple[str, int]] | None:
+        """Over discovered hosts: the hosts placed for a ring of ``world`` (None: one host's slots,
+        or none placed for that size)."""
+        if not self.over_hosts or sum(n for _, n in self._placed) != world:
+            return None
+        return self._placed
 
     def leave(self, host: str) -> bool:
         """A SIGTERM to the worker on slot host ``host`` (its notice): the next in-place resize
@@ -233,7 +267,7 @@ class ElasticBackend(Backend):
         self._live, self._dead, self._leaving = [], set(), set()
         names = self._names(launch.world)
         cmd = elastic_horovodrun_command(self.spec, launch.world, launch.segment, launch.stop_at,
-                                         launch.owner, self.network_interface, names)
+                                         launch.owner, self.network_interface, names, self._placed_for(launch.world))
         self._live = names or []
         env = worker_env(self.spec, launch.world, elastic=True)
         if self.survive:
@@ -254,8 +288,13 @@ class ElasticBackend(Backend):
         return self.spec.slots  # one host: always all of it
 
     def use_hosts(self, hosts: str) -> None:
-        """Host discovery that lists this host only (its slots ``localhost:N``: runs.host_manager):
-        the ring's size is the segment's, on this host's slots; nothing else to choose."""
+        """The hosts of the next ring (``a:2,b:1``, host discovery's placement: the controller gives
+        them before a launch and before an in-place resize). Over discovered hosts they are what the
+        driver is told; on this host only (``localhost:N``: runs.host_manager) the ring's size is
+        the segment's, on this host's slots, nothing else to choose."""
+        from elastic_ring.controller.api import parse_hosts
+
+        self._placed = parse_hosts(hosts)
 
     def first_failed_rank(self, log_path: Path | None) -> int | None:
         return first_failed_rank(log_path)
@@ -266,7 +305,10 @@ class ElasticBackend(Backend):
         of waiting for the discovery. The next segment's (``launch``) action is written ahead too,
         naming the step it applies at: at the pause rank 0 takes it
         (:func:`elastic_ring.seam.take_ahead_action`) once the driver has reported the new host
-        list, without waiting for the controller to see the segment's end."""
+        list, without waiting for the controller to see the segment's end. Not over discovered hosts:
+        the hosts of the next size are placed when the resize comes (the controller's ``use_hosts``)."""
+        if self.over_hosts:
+            return
         self._write_hosts(launch.world)
         cur = self._launch
         if cur is None or self._ahead is not None or launch.segment != cur.segment + 1:
@@ -323,12 +365,18 @@ class ElasticBackend(Backend):
         either said which steps it holds or is gone). None (the job is ended: the restart from the
         checkpoint) when the run does not keep survivors, horovodrun itself exited, rank 0 took a
         scheduled resize already, on ``localhost:K`` (a GPU run) a rank below a survivor's is gone
-        (its slot would leave a hole), or they do not agree (:attr:`refused` says why). The
+        (its slot would leave a hole), the ring runs over discovered hosts (:meth:`run_over_hosts`:
+        the next ring's hosts are the controller's placement, which may name the dead worker's host
+        and not a survivor's), or they do not agree (:attr:`refused` says why). The
         failure: :func:`~.survival.blame` over the gone ranks."""
         h, cur = self._handle, self._launch
         self.refused = None
         if not self.survive or h is None or cur is None or h.inner.poll() is not None:
             self.refused = "horovodrun exited" if self.survive and h is not None else None
+            return None
+        if self.over_hosts:  # the next ring is placed on the first usable slots, maybe the dead one's host
+            self.refused = "in place over discovered hosts, the survivors' hosts are not kept apart"
+            h.end()
             return None
         run_dir = self.spec.run_dir
         pids = _current_pids(run_dir, cur.segment)

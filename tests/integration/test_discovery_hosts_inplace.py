@@ -1,0 +1,146 @@
+"""Host discovery in place over several hosts (docs/hosts.md): with `--relaunch inplace` and a
+discovery script that lists two hosts (`localhost` and `127.0.0.1`, the two-host tests' way of
+having two hosts on one machine), a host dropped from the script's output, drained with
+`elastic-ring drain` or whose worker gets a SIGTERM (a preemption's notice) leaves the ring in
+place: the other host's worker goes on in its process (one horovodrun, no checkpoint written or
+read back), nothing is redone, and the run finishes; a host listed again is grown back onto in place.
+
+Real horovodrun (gloo) runs of the tiny built-in ResNet, the script catting a file the test rewrites
+(as tests/integration/test_discovery.py)."""
+
+from __future__ import annotations
+
+import os
+from unittest.mock import ANY
+
+import pytest
+
+from elastic_ring import protocol
+from tests.conftest import run_cli, wait_for
+from tests.integration.test_discovery import TINY, _discovery, _events, _start, _trace, list_hosts
+
+pytestmark = pytest.mark.integration
+
+TWO = "localhost:1\n127.0.0.1:1\n"
+
+
+def _by_host(run) -> dict[str, int]:
+    """host -> pid of the worker the ring's first segment started there (its process record)."""
+    recs = [protocol.read_json(protocol.pid_dir(run) / f"seg000-rank{r}.json") for r in (0, 1)]
+    return {rec["launch_host"]: int(rec["pid"]) for rec in recs if isinstance(rec, dict)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _two_hosts(tmp_path, steps: int):
+    script, listed, _ = _discovery(tmp_path, TWO)
+    run = tmp_path / "run"
+    proc = _start(["--steps", str(steps), *TINY, "--relaunch", "inplace", "--host-discovery-script", str(script),
+                   "--discovery-interval", "0.2", "--run-dir", str(run)])
+    return proc, run, listed
+
+
+def _pids_at_two(run) -> dict[str, int]:
+    wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2], 120, "a window at 2")
+    wait_for(lambda: len(_by_host(run)) == 2, 30, "both workers' records")
+    pids = _by_host(run)
+    assert set(pids) == {"localhost", "127.0.0.1"}, pids  # one worker on each host
+    return pids
+
+
+def _started(run) -> dict[str, tuple[str, int]]:
+    """The workers' process records (a worker process started for a segment writes one; a survivor
+    writes none again; the warm joiner's, waiting, is under segment -1): file -> (host, pid)."""
+    recs = {f.name: protocol.read_json(f) for f in protocol.pid_dir(run).glob("seg[0-9]*-rank*.json")}
+    return {name: (rec["launch_host"], int(rec["pid"])) for name, rec in recs.items() if isinstance(rec, dict)}
+
+
+def _in_place(run, err, changes, steps, widths) -> None:
+    """One horovodrun for the run, its ring re-formed in place at each change; every step trained
+    once at the width ``widths`` says for it."""
+    launches = _events(run, "launch")
+    assert [(e["world_size"], e["start_step"]) for e in launches] == [
+        (2, 1), *[(c["members_after"], c["step"] + 1) for c in changes]]
+    assert len({tuple(e["command"]) for e in launches}) == 1 and "--inplace" in launches[0]["command"]
+    assert [e["returncode"] for e in _events(run, "workers_exited")] == [0]
+    assert not _events(run, "restart")  # not a failure
+    assert all(o["checkpoint_s"] == 0 for o in _events(run, "resize_overhead"))  # no checkpoint for any
+    trained = _trace(run)  # (a step traced twice by a rank is an assertion there)
+    assert sorted(trained) == list(range(1, steps + 1))  # every step once: nothing redone
+    ends = [c["step"] for c in changes] + [steps]
+    first = 1
+    for end, width in zip(ends, widths):
+        assert {trained[s] for s in range(first, end + 1)} == {8 * width}, (first, end, width)
+        first = end + 1
+    assert "Traceback" not in err
+
+
+def test_a_host_dropped_from_discovery_leaves_the_ring_in_place_and_grows_back(tmp_path):
+    steps = 700  # the grow lands by step ~150; the rest trains at 2 workers (~20 ms a step)
+    proc, run, listed = _two_hosts(tmp_path, steps)
+    try:
+        pids = _pids_at_two(run)
+        before = _started(run)
+        list_hosts(listed, "localhost:1\n")  # 127.0.0.1 dropped
+        wait_for(lambda: _events(run, "membership_change"), 120, "the shrink")
+        assert _alive(pids["localhost"]) and _started(run) == before  # no worker started for it
+        wait_for(lambda: not _alive(pids["127.0.0.1"]), 30, "the dropped host's worker to end")
+        list_hosts(listed, TWO)  # and back
+        wait_for(lambda: len(_events(run, "membership_change")) >= 2, 120, "the grow")
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    changes = _events(run, "membership_change")
+    assert [(c["cause"], c["members_before"], c["members_after"], c["state_source"]) for c in changes] == [
+        ("hosts", 2, 1, "memory"), ("hosts", 1, 2, "peer")]  # in place: nothing read back
+    _in_place(run, err, changes, steps, [2, 1, 2])
+    assert [(h["hosts"], h["target"]) for h in _events(run, "hosts_changed")] == [
+        ("localhost:1,127.0.0.1:1", 2), ("localhost:1", 1), ("localhost:1,127.0.0.1:1", 2)]
+    # the grow started one worker, on 127.0.0.1 (its record replaces its rank's); localhost's went on
+    assert [hp for hp in _started(run).values() if hp not in before.values()] == [("127.0.0.1", ANY)]
+
+
+@pytest.mark.parametrize("how", ["drain", "sigterm"])
+def test_a_drained_host_leaves_the_ring_in_place_rank_0s_too(tmp_path, how):
+    """`elastic-ring drain` of rank 0's host, or a SIGTERM to rank 0's worker (its notice drains its host)."""
+    import signal
+
+    steps = 400
+    proc, run, listed = _two_hosts(tmp_path, steps)
+    try:
+        pids = _pids_at_two(run)
+        # the host of rank 0 (Horovod's driver orders the hosts it starts on)
+        gone = protocol.read_json(protocol.pid_dir(run) / "seg000-rank0.json")["launch_host"]
+        (stays,) = set(pids) - {gone}
+        before = _started(run)
+        if how == "drain":
+            r = run_cli("drain", str(run), gone, "--deadline", "60")
+            assert r.returncode == 0, r.stderr
+            assert r.stdout.startswith(f"drain of {gone} requested for {run}"), r.stdout
+        else:
+            os.kill(pids[gone], signal.SIGTERM)  # how Kubernetes and spot reclaims preempt
+        wait_for(lambda: _events(run, "membership_change"), 120, "the shrink")
+        assert _alive(pids[stays]) and _started(run) == before  # no worker started for it
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    changes = _events(run, "membership_change")
+    cause, why = ("drained", "elastic-ring drain") if how == "drain" else ("preempted", "SIGTERM to rank 0")
+    assert [(c["cause"], c["members_before"], c["members_after"], c["state_source"]) for c in changes] == [
+        (cause, 2, 1, "memory")]
+    _in_place(run, err, changes, steps, [2, 1])
+    assert not _alive(pids[gone])  # the driver ended the worker on the drained host
+    notes = [n["message"] for n in _events(run, "notice")]
+    assert (f"drained {gone} ({why}) at step {changes[0]['step']}: 2 -> 1 workers, no step redone"
+            in notes), notes
+    assert [(h["hosts"], h["target"]) for h in _events(run, "hosts_changed")][-1] == (f"{stays}:1", 1)
