@@ -16,7 +16,7 @@ demo: setup
 # A short temporary folder of its own (kept when a test fails): Ray's socket paths under it must stay
 # under 107 characters, and pytest's default (/tmp/pytest-of-USER/pytest-NNN/...) grows with each run.
 test: setup
-	@bt=$$(mktemp -d /tmp/ert.XXXXXX) && $(PY) -m pytest -q -n 2 --dist worksteal --durations=25 --basetemp=$$bt tests \
+	@bt=$$(mktemp -d /tmp/ert.XXXXXX) && $(PY) -m pytest -q -n 2 --dist worksteal --durations=60 --basetemp=$$bt tests \
 	  && rm -rf $$bt || { echo "make test: failed; the tests' files are kept in $$bt"; exit 1; }
 
 # The headline figures measured again (per-step speed, resize cost against Horovod Elastic, failure

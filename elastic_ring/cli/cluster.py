@@ -142,7 +142,7 @@ def down(no_wait, timeout, cluster_dir):
 @click.option("--lr-scaling", type=click.Choice(["linear", "sqrt", "none", "constant-batch", "auto"]), default=None,
               help="Passed to train; under constant-batch the scheduler plans with the accumulated step's speed.")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Passed to train (with --lr-scaling constant-batch).")
+              help="Passed to train (with --lr-scaling constant-batch, or a config that sets it).")
 @dir_option
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def submit(target, name, steps, min_workers, max_workers, sets, profile, target_loss, checkpoint_every,

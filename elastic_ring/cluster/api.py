@@ -128,15 +128,21 @@ class JobRequest:
 
     def batch_rule(self) -> tuple[str, int, int]:
         """(the LR/batch rule, the global batch, the per-worker batch) the job gives ``train``:
-        ``--lr-scaling``/``--global-batch``/``--batch-size`` among its train options, or
-        ``lr_scaling``/``global_batch``/``batch_size`` among its ``--set``s; ``""``/0 where not given
-        there (a config file's own values are not read). The scheduler's speed model of a
-        ``constant-batch`` job is the accumulated step's (:func:`elastic_ring.cluster.daemon.rate_for`)."""
+        ``--lr-scaling``/``--global-batch``/``--batch-size`` among its train options, else (a
+        config job) ``lr_scaling``/``global_batch`` as its config file or ``--set``s state them and
+        the ``batch_size`` its ``train`` reads (the default where none does), else (a script, or a
+        config that no longer reads) among its ``--set``s; ``""``/0 where not given. The
+        scheduler's speed model of a ``constant-batch`` job is the accumulated step's
+        (:func:`elastic_ring.cluster.daemon.rate_for`)."""
         found = {"lr_scaling": "", "global_batch": "", "batch_size": ""}
-        for item in self.sets:
-            key, _, value = item.partition("=")
-            if key.strip() in found:
-                found[key.strip()] = value.strip()
+        config = self._config_rule() if self.kind == "config" else None
+        if config is not None:
+            found.update(config)
+        else:
+            for item in self.sets:
+                key, _, value = item.partition("=")
+                if key.strip() in found:
+                    found[key.strip()] = value.strip()
         args = list(self.train_args)
         for i, a in enumerate(args):
             name, eq, value = a.partition("=")
@@ -148,6 +154,21 @@ class JobRequest:
             return int(v) if v.isdigit() else 0
 
         return found["lr_scaling"], number(found["global_batch"]), number(found["batch_size"])
+
+    def _config_rule(self) -> dict[str, str] | None:
+        """A config job's ``lr_scaling``, ``global_batch`` and ``batch_size`` as its ``train`` reads
+        them from its file and ``--set``s; None where the file no longer reads (checked at
+        ``submit``; the job's ``train`` will say why: not the scheduler's to stop on)."""
+        from elastic_ring.config.api import load_config
+
+        try:
+            cfg = load_config(self.path, self.sets)
+        except Exception:  # noqa: BLE001 - a config changed since submit must not stop the scheduler
+            return None
+        given = cfg.model_fields_set  # the rule as the file or a --set states it (else a profile's may)
+        return {"lr_scaling": str(cfg.lr_scaling) if "lr_scaling" in given else "",
+                "global_batch": str(cfg.global_batch or "") if "global_batch" in given else "",
+                "batch_size": str(cfg.batch_size)}  # (its default too: train's micro-batch)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

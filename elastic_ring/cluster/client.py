@@ -69,16 +69,18 @@ def submit(cluster_dir: str | Path, target: str, name: str | None = None, steps:
         raise ClusterError(f"--checkpoint-every must be >= 0, got {checkpoint_every}")
     form = script_form(p, steps, checkpoint_every, target_loss, cfg) if kind == "script" else "library"
     train_args = ("--checkpoint-every", str(checkpoint_every)) if checkpoint_every else ()
-    if global_batch and lr_scaling != "constant-batch":
+    if global_batch and lr_scaling != "constant-batch" and kind == "script":  # (a config's own rule: checked below)
         raise ClusterError(f"--global-batch {global_batch} needs --lr-scaling constant-batch")
-    if lr_scaling:  # the job's rule, for train and for the scheduler's speed model (JobRequest.batch_rule)
-        train_args += ("--lr-scaling", lr_scaling) + (("--global-batch", str(global_batch)) if global_batch else ())
+    # the job's rule, for train and for the scheduler's speed model (JobRequest.batch_rule; a
+    # config job's also from its file)
+    train_args += (("--lr-scaling", lr_scaling) if lr_scaling else ()) + \
+        (("--global-batch", str(global_batch)) if global_batch else ())
     req = JobRequest(name=name or p.stem, kind=kind, path=str(p), steps=steps, min_workers=min_workers,
                      max_workers=max_workers, sets=tuple(sets), args=tuple(script_args),
                      profile=str((here / profile).resolve()) if profile else None, target_loss=target_loss,
                      train_args=train_args, cwd=str(here), form=form)
     if kind == "config":
-        check_config(req, cfg.device if cfg is not None else "cpu")
+        check_config(req, cfg.device if cfg is not None else "cpu", lr_scaling, global_batch)
     jid = store.submit(req)
     return Submitted(jid, req.name, held_by_other(d / LOCK_FILE))
 
@@ -112,15 +114,21 @@ def script_form(path: Path, steps: int | None, checkpoint_every: int | None, tar
     return "torchrun"
 
 
-def check_config(req: Any, device: str) -> None:
-    """A config job's config as its `train` will read it (file, --set, --steps), so that a bad key
-    or value is refused here, in one line, and not found later in the job's log."""
+def check_config(req: Any, device: str, lr_scaling: str | None = None, global_batch: int = 0) -> None:
+    """A config job's config as its `train` will read it (file, --set, --steps, --lr-scaling,
+    --global-batch), so that a bad key or value (a global batch without the config's
+    ``constant-batch`` rule, one the per-worker batch does not divide) is refused here, in one
+    line, and not found later in the job's log."""
     from elastic_ring.config.api import load_config
     from elastic_ring.config.base import parse_overrides
 
     overrides = parse_overrides(req.sets)
     if req.steps:
         overrides["total_steps"] = req.steps
+    if lr_scaling and lr_scaling != "auto":  # (auto: a script's rule; train refuses it for a config)
+        overrides["lr_scaling"] = lr_scaling
+    if global_batch:
+        overrides["global_batch"] = global_batch
     load_config(req.path, overrides, device=device)
 
 

@@ -155,6 +155,15 @@ class RunningStats:
     pass (the passes are counted there too): any loop form, and after a resize's broadcast.
     :meth:`hold` puts ``r0`` back (what a checkpoint at this step's stop point must hold: the
     step may be dropped there) and returns ``r_i`` for :meth:`combine`.
+
+    The hooks (on when made) are on only while :meth:`watch` says so, set before each step's
+    first forward pass: at more than one worker, and in an epoch loop at any size (its stop point,
+    the optimizer's step, comes after the step's forward passes and drops the step: a checkpoint
+    there needs ``r0``). A ``job.steps()`` loop at one worker (the built-in trainer's) has nothing
+    to reconcile and no stop inside a step: no hook, no copy, nothing per step. Its buffers are the
+    sequential run's as they go; the first step after a grow takes its ``r0`` from them, and the
+    first step after a shrink to one worker goes on from the combined ones. The check that a layer
+    runs equally often in every micro-batch is then made at more than one worker only.
     """
 
     def __init__(self, layers: list[Any], job: Any) -> None:
@@ -162,8 +171,19 @@ class RunningStats:
         self.start: list[tuple[Any, Any, Any]] | None = None  # (mean, var, tracked) per layer
         self.passes = [0] * len(layers)
         self.tag: Any = None
-        for i, layer in enumerate(layers):
-            layer.register_forward_pre_hook(functools.partial(self._before, i))
+        self.hooks: list[Any] = []  # the layers' forward pre-hooks' handles, while watched
+        self.watch(True)
+
+    def watch(self, on: bool) -> None:
+        """Take ``r0`` and count the passes at the steps from now on (the layers' pre-hooks), or
+        not (hooks removed: no step in progress, nothing per forward pass)."""
+        if on and not self.hooks:
+            self.hooks = [layer.register_forward_pre_hook(functools.partial(self._before, i))
+                          for i, layer in enumerate(self.layers)]
+        elif not on and self.hooks:
+            for handle in self.hooks:
+                handle.remove()
+            self.hooks, self.start = [], None
 
     def _before(self, i: int, layer: Any, args: Any) -> None:
         if not layer.training:
@@ -285,8 +305,11 @@ def running_stats(model: Any, job: Any) -> RunningStats | None:
         return None
     stats = layers[0].__dict__.get("_elastic_ring_running_stats")
     if stats is None or stats.layers != layers:
+        if stats is not None:  # another set of layers: the old one's hooks off
+            stats.watch(False)
         stats = RunningStats(layers, job)
         layers[0].__dict__["_elastic_ring_running_stats"] = stats
+    model.__dict__["_elastic_ring_running_stats"] = stats  # (found without the walk: micro_batches at one worker)
     stats.job = job
     return stats
 
@@ -320,9 +343,16 @@ def micro_batches(sampler: Any, net: Any, optimizer: Any) -> Any:
         yield MicroBatch(idx, int(getattr(sampler, "last_start", 0)), 1.0)
         return
     job, lay = sampler.job, sampler.layout()
-    stats = running_stats(net, job)
-    if stats is not None:
-        stats.forget()  # r0: at the step's first forward pass
+    if lay.world > 1:
+        stats = running_stats(net, job)
+    else:  # nothing to reconcile: no walk of the model, and the hooks of a step at more workers off
+        stats = getattr(net, "__dict__", {}).get("_elastic_ring_running_stats")
+        if stats is not None:
+            stats.watch(False)
+            stats = None
+    if stats is not None:  # r0: at the step's first forward pass
+        stats.watch(True)
+        stats.forget()
     parts = sampler.next_micro_batches()
     for (start, idx), ctx in zip(parts, passes(net, optimizer, len(parts))):
         with ctx:
@@ -360,6 +390,8 @@ class EpochAccumulation:
             ddp.register_forward_pre_hook(self._before_forward)
         model = getattr(job.state, "model", None)
         self.stats = running_stats(model, job) if model is not None else None
+        if self.stats is not None:  # at one worker too: a stop at the step saves its r0 (hold)
+            self.stats.watch(True)
         self._step, self._zero_grad = optimizer.step, optimizer.zero_grad
 
         def step(*args: Any, **kwargs: Any) -> Any:

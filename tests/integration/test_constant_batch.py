@@ -160,15 +160,18 @@ def test_a_job_steps_script_with_micro_batches_trains_as_unresized(tmp_path):
     assert _max_weight_diff(_weights(runs["resized"][0]), _weights(runs["base"][0])) < WEIGHT_ATOL
 
 
-def _epoch_run(folder: Path, *args: str, ddp: bool = False) -> tuple[Path, subprocess.CompletedProcess]:
+def _epoch_run(folder: Path, *args: str, ddp: bool = False, workers: int = 1,
+               bn_momentum: str = "0.1") -> tuple[Path, subprocess.CompletedProcess]:
     """``examples/mlp_epochs.py --batch-norm`` (Horovod), or (``ddp``) its DDP twin over
-    ``job.parallel`` (``tests/integration/scripts/ddp_epochs_parallel.py``, ``--collective torch``)."""
+    ``job.parallel`` (``tests/integration/scripts/ddp_epochs_parallel.py``, ``--collective torch``,
+    its BatchNorm's momentum ``bn_momentum``)."""
     run = folder / "run"
     script, more = ((ROOT / "tests" / "integration" / "scripts" / "ddp_epochs_parallel.py", ["--collective", "torch"])
                     if ddp else (ROOT / "examples" / "mlp_epochs.py", []))
-    p = run_cli("train", "--script", str(script), "--gpus", "1", "--slots", "4", *more,
+    p = run_cli("train", "--script", str(script), "--gpus", str(workers), "--slots", "4", *more,
                 *args, "--lr-scaling", "constant-batch", "--global-batch", "128", "--run-dir", str(run),
-                "--", "--epochs", "2", "--batch-size", "32", *([] if ddp else ["--batch-norm"]),
+                "--", "--epochs", "2", "--batch-size", "32",
+                *(["--bn-momentum", bn_momentum] if ddp else ["--batch-norm"]),
                 "--trace", str(folder / "trace"), timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     return run, p
@@ -238,6 +241,34 @@ def test_a_ddp_epoch_loop_over_job_parallel_trains_as_unresized(tmp_path, relaun
     assert [t["test"] for t in tests_r] == [t["test"] for t in tests_b] == [1, 2]
     for a, b in zip(tests_r, tests_b):
         assert abs(a["loss"] - b["loss"]) / b["loss"] < LOSS_RTOL and a["accuracy"] == b["accuracy"]
+
+
+def test_batchnorm_cumulative_average_at_two_workers_is_the_one_workers(tmp_path):
+    """BatchNorm with ``momentum=None`` (the cumulative moving average: each pass weighted by one
+    over the passes tracked so far) in the DDP epoch loop over ``job.parallel``: 2 workers (2 of
+    the 4 micro-batches of each step each), 1 after step 6, 2 again after step 9, 1 after step 20
+    (each stop at an epoch loop's step, at 2 workers and at 1, drops that step), against the run
+    at 1 worker throughout: the same statistics (the weights' tolerance, as above), the same
+    passes tracked (96: every micro-batch once), the same weights, and the same final test (at 1
+    worker: the first, at 2, pads the 357 test samples to 358)."""
+    base, _ = _epoch_run(tmp_path / "base", ddp=True, bn_momentum="none")
+    two, p = _epoch_run(tmp_path / "two", "--schedule", "6:1,9:2,20:1", ddp=True, workers=2, bn_momentum="none")
+    assert "resize 1 -> 2 after step 9: LR" in p.stderr and "resize 2 -> 1 after step 20: LR" in p.stderr
+    rows = [json.loads(line) for f in (tmp_path / "two" / "trace").glob("*.jsonl")
+            for line in f.read_text().splitlines()]
+    done = {(r["step"], r["world"]) for r in rows if "world" in r}  # (the last step done, at each micro-batch)
+    assert {s for s, w in done if w == 2} == {*range(0, 7), *range(9, 21)}  # (6, 20: the dropped steps' passes)
+    assert {s for s, w in done if w == 1} == {*range(6, 10), *range(20, 25)}
+    wt, wb = _weights_at(two, 24), _weights_at(base, 24)
+    assert wt.keys() == wb.keys() and any("running_var" in k for k in wb)
+    assert int(wb["1.num_batches_tracked"]) == 24 * 4 == int(wt["1.num_batches_tracked"])
+    assert _max_weight_diff({k: v for k, v in wt.items() if "running_" in k},
+                            {k: v for k, v in wb.items() if "running_" in k}) < BN_ATOL
+    assert _max_weight_diff(wt, wb) < WEIGHT_ATOL
+    (_, tests_t), (_, tests_b) = _epoch_trace(tmp_path / "two"), _epoch_trace(tmp_path / "base")
+    assert [t["test"] for t in tests_t] == [t["test"] for t in tests_b] == [1, 2]
+    a, b = tests_t[1], tests_b[1]
+    assert abs(a["loss"] - b["loss"]) / b["loss"] < LOSS_RTOL and a["accuracy"] == b["accuracy"]
 
 
 def _samples_per_step(run: Path) -> list[tuple[int, float]]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,14 @@ def test_survive_on_a_sharded_job_falls_back_to_the_sharded_checkpoint(tmp_path)
 
     steps, run, out = 60, tmp_path / "survive" / "run", tmp_path / "survive" / "out"
     out.mkdir(parents=True)
+    ref_out = tmp_path / "ref" / "out"
+    ref_out.mkdir(parents=True)
+    # the reference (the same run without the kill) trains beside it: it needs nothing of this run's
+    beside = ThreadPoolExecutor(1)
+    ref = beside.submit(run_cli, "train", "--script", SCRIPT, "--collective", "torch", "--gpus", "2", "--slots", "2",
+                        "--steps", str(steps), "--run-dir", str(tmp_path / "ref" / "run"), "--", "--out",
+                        str(ref_out), timeout=300)
+    beside.shutdown(wait=False)
     p = _start_train(["--collective", "torch", "--relaunch", "inplace", "--survive", "--gpus", "2", "--slots", "2",
                       "--steps", str(steps), "--checkpoint-every-s", "0.4", "--script", SCRIPT,
                       "--run-dir", str(run), "--", "--out", str(out), "--step-s", "0.05"])
@@ -203,10 +212,7 @@ def test_survive_on_a_sharded_job_falls_back_to_the_sharded_checkpoint(tmp_path)
     assert sorted(rows) == list(range(1, steps + 1)) and all(len(v) == 2 for v in rows.values())
     flat = [i for s in sorted(rows) for r in sorted(rows[s]) for i in rows[s][r][0]]
     assert flat == SampleStream(96, seed=0).take(0, len(flat)).tolist()
-    ref_out = tmp_path / "ref" / "out"
-    ref_out.mkdir(parents=True)
-    q = run_cli("train", "--script", SCRIPT, "--collective", "torch", "--gpus", "2", "--slots", "2", "--steps",
-                str(steps), "--run-dir", str(tmp_path / "ref" / "run"), "--", "--out", str(ref_out), timeout=300)
+    q = ref.result()
     assert q.returncode == 0, q.stdout + q.stderr
     a, b = load(run), load(tmp_path / "ref" / "run")
     assert a["step"] == b["step"] == steps and a["cursor"] == b["cursor"]

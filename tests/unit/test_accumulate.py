@@ -374,6 +374,131 @@ def test_batchnorm_passes_must_match_the_micro_batches():
     assert running_stats(torch.nn.Linear(2, 2), SimpleNamespace()) is None
 
 
+class _ThreadRing:
+    """``w`` ranks in threads of one process: each rank's allreduce returns the ranks' sum once all
+    have given theirs (what the collective does across processes)."""
+
+    def __init__(self, w):
+        import threading
+
+        self.w, self.parts, self.calls = w, {}, 0
+        self.barrier = threading.Barrier(w, timeout=30)
+
+    def member(self, rank):
+        def allreduce(tensor, op="sum", name=""):
+            assert op == "sum"
+            self.parts[rank] = tensor.clone()
+            self.barrier.wait()
+            total = sum(self.parts[r] for r in range(self.w))
+            self.barrier.wait()
+            self.calls += rank == 0
+            return total
+
+        return SimpleNamespace(allreduce=allreduce)
+
+
+def _micro_batch_step(nets, x, step, world, m, b, segment=0):
+    """Step ``step`` (1-based) of a constant global batch of ``m`` micro-batches of ``b``, trained
+    through :func:`~elastic_ring.worker.accumulate.micro_batches` by ``world`` ranks (``nets``: one
+    model each, the ranks in threads); returns the allreduces the step made."""
+    import threading
+
+    from elastic_ring.worker.accumulate import micro_batches
+
+    ring = _ThreadRing(world)
+    errors = []
+
+    def rank(r):
+        try:
+            job = SimpleNamespace(rank=r, size=world, segment=segment, step=step - 1, restored=True, elastic=False,
+                                  collective=ring.member(r))
+            data = Sampler(job, size=len(x), batch_size=b, seed=3, global_batch=m * b)
+            data.cursor = (step - 1) * m * b
+            for mb in micro_batches(data, nets[r], None):
+                nets[r](x[mb.indices])
+        except BaseException as e:  # noqa: BLE001 (re-raised below, in the test's thread)
+            errors.append(e)
+            ring.barrier.abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(1, world)]
+    for t in threads:
+        t.start()
+    rank(0)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return ring.calls
+
+
+def _sequential_step(model, x, step, m, b):
+    """The unresized run's step: the ``m`` micro-batches in stream order on one model, no bookkeeping."""
+    stream = Sampler(SimpleNamespace(rank=0, size=1), size=len(x), batch_size=b, seed=3, global_batch=m * b).stream
+    for k in range(m):
+        model(x[stream.take((step - 1) * m * b + k * b, b)])
+
+
+def test_batchnorm_bookkeeping_is_nothing_at_one_worker(monkeypatch):
+    """A ``job.steps()`` loop over ``job.micro_batches`` at one worker takes no copy of the
+    BatchNorm buffers, runs no hook and does not walk the model (nothing to reconcile): from its
+    first step, and in the same process right after a shrink from two workers; at two workers it
+    does (the counts can fail)."""
+    from elastic_ring.worker import accumulate
+
+    copies = []
+    for name in ("begin", "_ends"):
+        real = getattr(accumulate.RunningStats, name)
+        monkeypatch.setattr(accumulate.RunningStats, name,
+                            lambda self, _real=real, _name=name: (copies.append(_name), _real(self))[1])
+    walk = accumulate.running_stats  # (the model's modules walked to find its layers)
+    monkeypatch.setattr(accumulate, "running_stats", lambda *a: (copies.append("walk"), walk(*a))[1])
+    m, b = 4, 3
+    x = torch.randn(40, 5, dtype=torch.float64)
+    rank0, rank1 = _bn_model(0.1), _bn_model(0.1)
+    layers = [mod for mod in rank0.modules() if isinstance(mod, torch.nn.BatchNorm1d)]
+    for step, world in enumerate([1, 1, 2, 2, 1, 1], start=1):
+        if world == 2:
+            rank1.load_state_dict(rank0.state_dict())
+        del copies[:]
+        calls = _micro_batch_step([rank0, rank1][:world], x, step, world, m, b)
+        if world == 1:
+            assert copies == [] and calls == 0, step
+            assert all(not layer._forward_pre_hooks for layer in layers), step
+        else:
+            assert copies.count("begin") == 2 and copies.count("walk") == 2 and calls == 1, step  # r0, one allreduce
+            assert all(layer._forward_pre_hooks for layer in layers), step
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+@pytest.mark.parametrize("kept", [True, False])
+def test_batchnorm_statistics_across_resizes_are_the_unresized_runs(momentum, kept):
+    """Real BatchNorm layers (momentum 0.1, or ``None``: the cumulative average) trained through
+    ``job.micro_batches`` by ranks in threads, resized 1 -> 2 -> 1 -> 4 -> 3 -> 1 between steps
+    (``kept``: rank 0's process kept, as re-formed in place, else every rank a fresh model loaded
+    from rank 0's state, as relaunched): after every step every rank's running statistics and
+    ``num_batches_tracked`` are those of one worker running the same micro-batches in order, with
+    no bookkeeping at all (float64: equal to 1e-12)."""
+    m, b = 4, 3
+    x = torch.randn(40, 5, dtype=torch.float64) * 2 + 1
+    ref = _bn_model(momentum)
+    nets = [_bn_model(momentum)]
+    worlds = [1, 1, 2, 2, 1, 4, 3, 3, 1, 1]
+    for step, world in enumerate(worlds, start=1):
+        if step == 1 or world != worlds[step - 2]:  # a resize: the ranks start from rank 0's state
+            state = nets[0].state_dict()
+            nets = ([nets[0]] if kept else []) + [_bn_model(momentum) for _ in range(world - kept)]
+            for net in nets:
+                net.load_state_dict(state)
+        _micro_batch_step(nets, x, step, world, m, b)
+        _sequential_step(ref, x, step, m, b)
+        want = _buffers(ref)
+        for r, net in enumerate(nets):
+            got = _buffers(net)
+            for k in want:
+                assert torch.allclose(got[k].double(), want[k].double(), rtol=1e-12, atol=1e-12), (step, world, r, k)
+    assert int(want["1.num_batches_tracked"]) == 3 + len(worlds) * m
+
+
 class _FakeDDPModule(torch.nn.Module):
     """What EpochAccumulation uses of DDP: the flag its forward pass reads, recorded per pass."""
 

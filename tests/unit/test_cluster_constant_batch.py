@@ -140,3 +140,67 @@ def test_an_exploring_policy_fits_the_plain_steps_behind_a_constant_batch_jobs(t
     assert explored_rate(model, per_worker)(3) != pytest.approx(float(true.predict(3)), rel=0.05)
     model, _, rmse = fit_explored_accumulated([1, 2], [float(true.predict(w)) for w in (1, 2)], 3)
     assert rmse < 1e-9
+
+
+def _config(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text("depth: 8\nwidth: 4\ndataset: synthetic\n" + text)
+    return path
+
+
+def test_a_config_files_own_rule_is_read(tmp_path, capsys):
+    """A config job whose file sets ``lr_scaling: constant-batch`` (no --lr-scaling, no --set) is
+    planned as one: its rule, global batch and per-worker batch read from the file (as its
+    ``train`` reads it), a --set or a train option over the file's value winning as in ``train``;
+    submitted, the scheduler gives it one worker per micro-batch (3), where it gives a linear job 1."""
+    from tests.conftest import run_inproc
+
+    cb = _config(tmp_path, "cb.yaml", "lr_scaling: constant-batch\nglobal_batch: 96\nbatch_size: 32\n")
+    plain = _config(tmp_path, "plain.yaml", "batch_size: 32\n")
+    conf = dict(name="c", kind="config", path=str(cb))
+    assert JobRequest(**conf).batch_rule() == ("constant-batch", 96, 32)
+    assert JobRequest(**conf, sets=("global_batch=64",)).batch_rule() == ("constant-batch", 64, 32)
+    assert JobRequest(**conf, sets=("batch_size=16",), train_args=("--global-batch", "128")).batch_rule() == \
+        ("constant-batch", 128, 16)
+    assert JobRequest(**{**conf, "path": str(plain)}).batch_rule() == ("", 0, 32)  # no rule stated: a profile's may
+    cb.write_text("lr_scaling: [")  # changed since submit: what the request says, the scheduler goes on
+    assert JobRequest(**conf, sets=("lr_scaling=constant-batch", "global_batch=48")).batch_rule() == \
+        ("constant-batch", 48, 0)
+    cb = _config(tmp_path, "cb.yaml", "lr_scaling: constant-batch\nglobal_batch: 96\nbatch_size: 32\n")
+
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({"speed_model": EQ5.to_dict()}))
+    Store(tmp_path / "cl", create=True).close()
+    for path, want in ((cb, 3), (plain, 1)):
+        r = run_inproc(capsys, "submit", str(path), "--dir", str(tmp_path / "cl"))
+        assert r.returncode in (0, None), r.stderr
+    store, sched = _sched(tmp_path / "cl", prof)
+    (a, b) = store.jobs()
+    assert a.request.train_args == () and a.request.batch_rule() == ("constant-batch", 96, 32)
+    assert isinstance(rate_for(sched.config)(a), AccumulatedRate) and rate_for(sched.config)(a).micro_batches == 3
+    assert sched.decide("arrival", a.id)[a.id] == 3
+    assert sched._most_workers(a) == 3 and sched._most_workers(b) == 0
+
+
+def test_a_config_jobs_rule_is_checked_at_submit(tmp_path, capsys):
+    """A config whose rule ``train`` would refuse (with the submit's own --global-batch) is refused at
+    ``submit``, in one line, exit 2, and nothing is queued; a --global-batch over a config that sets
+    ``constant-batch`` itself is accepted and passed to ``train``."""
+    from tests.conftest import one_line_error, run_inproc
+
+    Store(tmp_path / "cl", create=True).close()
+    odd = _config(tmp_path, "odd.yaml", "lr_scaling: constant-batch\nglobal_batch: 100\nbatch_size: 32\n")
+    r = run_inproc(capsys, "submit", str(odd), "--dir", str(tmp_path / "cl"))
+    one_line_error(r, "global_batch 100 is not a multiple of batch_size 32")
+    plain = _config(tmp_path, "plain.yaml", "batch_size: 32\n")
+    r = run_inproc(capsys, "submit", str(plain), "--global-batch", "64", "--dir", str(tmp_path / "cl"))
+    one_line_error(r, "global_batch 64 needs lr_scaling constant-batch")
+    cb = _config(tmp_path, "cb.yaml", "lr_scaling: constant-batch\nbatch_size: 32\n")
+    r = run_inproc(capsys, "submit", str(cb), "--global-batch", "48", "--dir", str(tmp_path / "cl"))
+    one_line_error(r, "global_batch 48 is not a multiple of batch_size 32")
+    assert Store(tmp_path / "cl").jobs() == []
+    r = run_inproc(capsys, "submit", str(cb), "--global-batch", "64", "--dir", str(tmp_path / "cl"))
+    assert r.returncode in (0, None), r.stderr
+    (job,) = Store(tmp_path / "cl").jobs()
+    assert job.request.train_args == ("--global-batch", "64")
+    assert job.request.batch_rule() == ("constant-batch", 64, 32)

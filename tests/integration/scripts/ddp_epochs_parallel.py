@@ -1,7 +1,8 @@
 """``examples/ddp_epochs.py`` with its model wrapped by ``job.parallel(model, optimizer)`` (what an
 epoch loop under ``--lr-scaling constant-batch`` on ``--collective torch`` writes instead of
-``DistributedDataParallel(model)``), a BatchNorm layer, and a trace for tests: each step's sample ids
-per rank and each epoch's test (loss, accuracy)."""
+``DistributedDataParallel(model)``), a BatchNorm layer (``--bn-momentum``: its momentum, or
+``none``: the cumulative average), and a trace for tests: each step's sample ids per rank and each
+epoch's test (loss, accuracy)."""
 
 import argparse
 import json
@@ -30,6 +31,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--trace", type=Path, required=True)
+    p.add_argument("--bn-momentum", default="0.1", help="the BatchNorm layer's momentum; none: the cumulative average")
     args = p.parse_args()
 
     job = elastic.init()
@@ -45,7 +47,8 @@ def main() -> None:
     test_loader = DataLoader(test_set, batch_size=128,
                              sampler=elastic.DistributedSampler(test_set, num_replicas=world, rank=rank,
                                                                 shuffle=False))
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
+    momentum = None if args.bn_momentum.lower() == "none" else float(args.bn_momentum)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64, momentum=momentum), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     net, optimizer = job.parallel(model, optimizer)
