@@ -106,18 +106,11 @@ def script_form(path: Path, steps: int | None, checkpoint_every: int | None, tar
         raise ClusterError(str(e)) from None
     if shape.form != "torchrun":
         return "library"
-    where = f"{path.name} follows torchrun's contract (init_process_group at line {shape.pg_init_line})"
-    refused = [
-        (steps is not None, "--steps", "its length is its own (the controller counts no step of it)"),
-        (checkpoint_every is not None, "--checkpoint-every", "it saves and loads its own snapshot"),
-        (target_loss is not None, "--target-loss", "it reports no loss to the scheduler"),
-        (cfg is not None and cfg.ray is not None, "a Ray cluster", "its workers run on the scheduler's host"),
-        (cfg is not None and cfg.multi_host, "a cluster over several hosts",
-         "its workers run on the scheduler's host"),
-    ]
-    for bad, what, why in refused:
-        if bad:
-            raise ClusterError(f"{what} does not apply: {where}: {why}")
+    from elastic_ring.controller.refusals import SUBMIT, SubmitOptions, refuse
+
+    refuse(SUBMIT, SubmitOptions(steps, checkpoint_every, target_loss, cfg),
+           f"{path.name} follows torchrun's contract (init_process_group at line {shape.pg_init_line})",
+           ClusterError)
     return "torchrun"
 
 

@@ -43,7 +43,10 @@ one hangs), :mod:`.display` (what the terminal shows), :mod:`.restart_rule` (whe
 :mod:`.host_watch` (host discovery: the size to launch at, the hosts, when they change),
 :mod:`.stalls` (a hang: the stalled ranks ended alone, or the whole job), :mod:`.prelaunch` (the
 next segment's workers started before the stop), :mod:`.ahead` (the next ring written ahead, in place),
-:mod:`.worker_events` (what each worker event changes: progress, measurements, the display).
+:mod:`.worker_events` (what each worker event changes: progress, measurements, the display);
+two base classes of :class:`Controller` hold the methods moved out of this file: :mod:`.asks` (the
+watch's checks for a change asked while a segment runs, and the ask) and :mod:`.recovery` (a
+failure's survivors asked, and the restart).
 
 Side effects are passed in: ``launcher`` starts processes (or a whole ``backend`` with its
 ``resize`` strategy), ``clock`` reads time, ``out`` prints. Unit tests drive the loop with fakes; integration tests run real
@@ -63,8 +66,9 @@ from elastic_ring import protocol
 from elastic_ring.controller import watchdog as wdog
 from elastic_ring.controller.ahead import RingAhead
 from elastic_ring.controller.api import Phase, Plan, RunSpec, RunState, check_transition, phase_of
+from elastic_ring.controller.asks import Asks
 from elastic_ring.controller.backends import Backend, LaunchOptions, ResizeStrategy, make_launch
-from elastic_ring.controller.backends.api import Launcher, Survival
+from elastic_ring.controller.backends.api import Launcher
 from elastic_ring.controller.backends.horovodrun import probe_hosts
 from elastic_ring.controller.diagnose import Diagnosis
 from elastic_ring.controller.display import Display, layout_words
@@ -72,27 +76,27 @@ from elastic_ring.controller.drains import Drains
 from elastic_ring.controller.host_watch import HostWatch
 from elastic_ring.controller.lock import OwnerHeartbeat, RunLock
 from elastic_ring.controller.membership import Cause, MembershipChange, decide
-from elastic_ring.controller.meter import Meter, PendingResize, Restarting
+from elastic_ring.controller.meter import Meter, PendingResize
 from elastic_ring.controller.prelaunch import Prelaunch
+from elastic_ring.controller.recovery import Recovery
 from elastic_ring.controller.relay import Relay
-from elastic_ring.controller.requests import take_asked
-from elastic_ring.controller.restart_rule import FailureHistory, append_traceback, give_up_reason
+from elastic_ring.controller.restart_rule import FailureHistory
 from elastic_ring.controller.segment import Processes, Segment, Stop, segment_log
 from elastic_ring.controller.stalls import Stalls
 from elastic_ring.controller.summary import write_summary
 from elastic_ring.controller.survive_choice import SurviveWatch
 from elastic_ring.controller.worker_events import WorkerEvents
 from elastic_ring.errors import EXIT_REQUEUE, WorkerFailedError
-from elastic_ring.events.api import ErrorEvent, EventLog, Launch, ResizeRequested, Restart
+from elastic_ring.events.api import ErrorEvent, EventLog, Launch, ResizeRequested
 from elastic_ring.hosts import slurm
-from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, stop_file
+from elastic_ring.protocol import CONTROLLER_FILE, stop_file
 from elastic_ring.worker.lr import RULES
 
 if TYPE_CHECKING:
     from elastic_ring.hosts.manager import HostManager
 
 
-class Controller:
+class Controller(Asks, Recovery):
     def __init__(self, spec: RunSpec, lr_scaling: str = "linear", launcher: Launcher | None = None,
                  clock: Callable[[], float] = time.time, out: Callable[[str], None] | None = None,
                  network_interface: str | None = None, poll_s: float = 0.1,
@@ -420,83 +424,6 @@ class Controller:
                if ck else "no checkpoint was written")
         raise WorkerFailedError(f"{why} (log: {log}; {way})", rank=rank, cause=why)
 
-    # ------------------------------------------------------------------ recovery
-    def _ask_survivors(self, seg: Segment) -> Survival | None:
-        """A segment failed (or its stalled ranks were ended: :meth:`.Stalls.end_alone`): the backend's
-        survivors, when it keeps them (the Ray backend or ``--relaunch inplace`` with ``--survive``)
-        and they agree on a step they all hold in memory; None: restart from the checkpoint."""
-        if not self.resize.keeps_workers or (seg.stall is not None and not self.stalls.ended):
-            return None
-        self.stalls.ended = 0.0
-        off = self.survival.off_refusal() if self.survival is not None else None
-        s = self.backend.survivors(wait_s=0.0) if off else self.backend.survivors()  # off: the group ended
-        if s is None:
-            self._refused = off or self.backend.refused  # for the restart that follows
-        return s
-
-    def _failed(self, seg: Segment, change: MembershipChange, rc: int | None) -> None:
-        """A segment failed. From the checkpoint at ``change.step``, at ``change.members_after``
-        workers (fewer: the slots that answer); or, when its survivors agreed (``change.survivors``),
-        they go on in their processes from the last step they all hold in memory, at their number,
-        as after a scheduled shrink there (the next segment is an in-place resize). Either counts as
-        a restart (``max_restarts``; the same error twice is not retried: raises) and is a
-        ``restart`` event (``path`` "memory" for the survivors). Where the backend starts a new worker
-        on a grow (``rejoins``), the plan grows back after the survivors' next step (``joiner``)."""
-        s, step, world = change.survivors, change.step, change.members_after
-        self.prelaunch.cancel()
-        self.meter.pending = None
-        a = self.diagnosis.account(seg, rc, step, s)
-        why, redone = a.why, max(0, a.last - step)
-        attempt, repeated = self._failures.record(a.failure)
-        if s is None:
-            append_traceback(seg.log, a.record)
-        reason = give_up_reason(a.record, a.failure, attempt, repeated, self.max_restarts, world)
-        refused, self._refused = self._refused, None
-        path = "disk" if s is None else "memory"
-        node = a.node
-        # its host is left out for a cooldown (docs/hosts.md); in place the one host is never left out
-        if self.hosts is not None and s is None and not self.resize.keeps_workers:
-            ex = self.hosts.failed(seg, a.rank, self.spec.run_dir)
-            node = node or (ex.host if ex is not None else None)
-        self.events.write(Restart(attempt=attempt, cause=why, rank=a.rank, returncode=rc, segment=seg.index,
-                                  world_size=seg.world, from_step=step, failed_at_step=a.last, steps_redone=redone,
-                                  new_world_size=0 if reason is not None else world, gave_up=reason is not None,
-                                  node=node, path=path, memory_refused=refused, time=change.time))
-        if reason is not None:
-            self._fail(seg, rc, f"{why} ({reason})", rank=a.rank)
-        joined = ""
-        if s is not None:
-            planned = self.plan.world_after(step + 1)  # the size the job was to have after the next step
-            self.plan.add(step, world, "failure")
-            joins = (self.backend.rejoins and planned > world
-                     and step + 1 < self.spec.total_steps and self.plan.world_after(step + 1) == world)
-            self._t_failure = change.time  # a joiner's grow back says how long after the failure it came
-            if joins:  # a new worker takes the dead one's place after the survivors' next step
-                self.plan.add(step + 1, planned, "joiner")
-            self._save_plan()
-            self._elastic = seg  # its survivors wait, paused, for their new ring
-            joined = f" with {s.joiners} warm spare(s) in the failed worker(s)' place" if s.joiners else ""
-            if joins:
-                joined += (f"; {planned - world} new worker(s) join after step {step + 1}, the state by broadcast "
-                           f"from a survivor")
-        elif change.cause is Cause.LOST_HOST:
-            self.plan.add(step, world, "restart")
-            self._save_plan()
-            how = f"LR unchanged: {layout_words(self.constant_batch, world)}" if self.constant_batch else \
-                "LR by the run's rule"
-            self.out(f"only {world} slot(s) answer: restarting at {world} worker(s) ({how})")
-        self._launch = Phase.RESTARTING  # (in memory, the workers never stopped running)
-        self._set_state(RunState.RESTARTING if s is None else self.state, step=step, world_size=world,
-                        segment=seg.index + 1, pending_world=None, resize_from=None)
-        self.meter.restarting = Restarting(attempt, change.time, a.t_last, redone, step, seg.index + 1, path=path)
-        if s is not None:
-            self.out(f"{why}: restart {attempt}/{self.max_restarts} in memory: {world - s.joiners} survivor(s) go "
-                     f"on from step {step}{joined} ({redone} step(s) to redo)")
-        else:
-            self.out(f"{why}: restart {attempt}/{self.max_restarts} from step {step} with {world} worker(s) "
-                     f"({redone} step(s) to redo)" + (f"; not from memory: {refused}" if refused else "")
-                     + (self.survival.restart_note() if self.survival is not None else ""))
-
     # ------------------------------------------------------------------ processes
     def _start_processes(self, seg: Segment) -> None:
         if self.hosts is not None:  # the first seg.world usable slots, in rank order
@@ -604,106 +531,7 @@ class Controller:
         False: its workers took it, and a request or an interrupt waits for the next segment."""
         return self.resize.withdraw_ahead(segment)
 
-    def _check_live_request(self, seg: Segment) -> None:
-        req_file = self.spec.run_dir / "control" / REQUEST_FILE
-        if not req_file.exists() or not self._redirectable(seg.index):
-            return  # (the workers already took the scheduled resize: the request is read next segment)
-        req = take_asked(self.spec.run_dir, self._seen_requests, remove=False)
-        if req is None:
-            return
-        target, t_asked, source = req
-        if seg.asked is not None or self.prelaunch.next is not None:
-            req_file.unlink(missing_ok=True)
-            self.out(f"resize request to {target} ignored: a resize is already under way")
-            return
-        if not 1 <= target <= self.spec.slots or target == seg.world:
-            req_file.unlink(missing_ok=True)
-            self.events.write(ErrorEvent(message=f"live resize to {target} refused (workers "
-                                         f"{seg.world}, slots {self.spec.slots})", segment=seg.index))
-            return
-        if self.hosts is not None:
-            target = self.hosts.within(seg, target)
-            if target is None:
-                req_file.unlink(missing_ok=True)
-                return
-        # `resize` sees it pending throughout: live_target is written before the request file goes
-        self._set_state(self.state, live_target=target)
-        req_file.unlink(missing_ok=True)
-        self._ask(seg, Cause(source), target, t_asked if t_asked is not None else self.clock())
-        self.out(f"live resize requested: {seg.world} -> {target} workers")
-
-    def _check_heal(self, seg: Segment) -> None:
-        """The survivors of a failure went on fewer, and the backend has a warm worker for a failed
-        one's place now (Ray with ``--survive``: ``heal_target``): it joins at the next step
-        boundary, as a live resize to that size does (a ``resize_requested`` event of source
-        ``joiner``). Else the backend's cluster may have moved under the ring (Ray: a node joined,
-        or is being drained: :meth:`~.backends.api.Backend.cluster_change`), which it follows the
-        same way (source ``hosts`` or ``drained``)."""
-        if seg.asked is not None or self.prelaunch.next is not None or self._interrupts or seg.end is not None:
-            return
-        target = self.backend.heal_target()
-        if target is not None and target != seg.world and self._redirectable(seg.index):
-            self._ask(seg, Cause.JOINER, target, self.clock())
-            self.out(f"a warm worker is up for the failed worker's place: {seg.world} -> {target} workers")
-            return
-        # the backend's cluster moved (Ray: a node joined, or is draining): it follows at the next step boundary
-        change = self.backend.cluster_change(seg.world)
-        if change is not None and change[1] != seg.world and self._redirectable(seg.index):
-            self._ask(seg, change[0], change[1], self.clock())
-            self.out(change[2])
-
     # ------------------------------------------------------------------ host discovery
-    def _check_hosts(self, seg: Segment) -> None:
-        """Host discovery, between two polls of the watch: when the usable slots allow another size
-        than ``seg``'s, or no longer hold the hosts it runs on (:meth:`.HostWatch.check`), its
-        workers stop at the next agreed step (cause ``hosts``) and the next segment starts on the
-        usable hosts (below the minimum: the launch waits for hosts, :meth:`.HostWatch.world`)."""
-        if self.hosts is None:
-            return
-        view = self.hosts.view(seg.index)
-        if (seg.asked is not None or self.prelaunch.next is not None or self._interrupts or seg.end is not None
-                or seg.stop is not Stop.NONE):
-            return
-        target = self.hosts.check(seg, view)
-        if target is None or not self._redirectable(seg.index):
-            return
-        self._ask(seg, Cause.HOSTS, target, self.clock())
-        self.out(f"host discovery: {seg.world} -> {target} workers at the next agreed step"
-                 + ("" if view.target is not None else f" ({view.line()}: the job stops with a checkpoint)"))
-
-    def _check_drains(self, seg: Segment) -> None:
-        """Hosts leaving with notice (:mod:`.drains`): a drain asked or a worker's SIGTERM heard since
-        the last poll makes ``seg``'s workers stop at the next agreed step (cause ``drained`` or
-        ``preempted``), the next segment starting on the other hosts; past a drain's deadline
-        the workers are stopped (killed) and it is a failure."""
-        self.drains.take(seg)
-        if not self.drains.pending or seg.end is not None or (self.hosts is None and self.drains.in_place is None):
-            return
-        late = self.drains.overdue()
-        if late is not None:
-            if seg.handle is not None and seg.handle.poll() is None:
-                self.out(f"drain of {late.host}: its deadline ({late.deadline_s:g} s) passed before the shrink "
-                         f"landed: the workers are stopped, and it is a failure")
-                seg.handle.kill()
-            return
-        d = self.drains.to_ask()
-        if (d is None or seg.asked is not None or self.prelaunch.next is not None or self._interrupts
-                or seg.stop is not Stop.NONE or not self._redirectable(seg.index)):
-            return
-        for other in self.drains.pending.values():
-            other.asked = True  # (one stop for every drain heard so far)
-        if self.drains.by_slot:  # in place on one host: the notices' workers leave the ring
-            target = seg.world - len(self.drains.pending)
-            if self.hosts is not None:  # one-host discovery: their slots stay out until a resize asks more
-                self.hosts.asked = target
-        else:
-            target = self.hosts.check(seg, self.hosts.view(seg.index))
-        if target is None:  # the segment does not run on it: nothing to stop
-            self.drains.idle(seg)
-            return
-        self._ask(seg, d.cause, target, self.clock())
-        self.out(f"{d.cause.value} {d.host}: {seg.world} -> {target} workers at the next agreed step")
-
     def _stopped_waiting(self, step: int, segment: int, why: str) -> dict[str, Any]:
         """The run stops while it waits for hosts: its checkpoint is kept, ``--resume`` goes on."""
         self._drain(wait=True)
@@ -716,12 +544,6 @@ class Controller:
         self.out(f"{why}; checkpoint at step {ck} kept; continue with: {cmd}" if ck else
                  f"{why}; no checkpoint was written")
         return self._finish(interrupted=True)
-
-    def _ask(self, seg: Segment, cause: Cause, target: int, t: float) -> None:
-        """A change asked while ``seg`` runs: its workers stop at the next agreed step (:meth:`_decide`)."""
-        seg.asked = decide(cause, seg.last_step, seg.world, target, in_place=self.resize.keeps_workers, time=t)
-        self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source=cause.value, time=t))
-        stop_file(self.spec.run_dir, seg.index).touch()
 
     # ------------------------------------------------------------------ the workers' events
     def _relay(self) -> None:

@@ -88,82 +88,17 @@ class RunRequest:
 
 def check(req: RunRequest) -> None:
     """The one check of a request's options, before anything starts: those that need nothing but
-    the request (the run's spec is validated once prepared: ``RunSpec.validate``).
+    the request (the run's spec is validated once prepared: ``RunSpec.validate``): the rules of
+    :data:`.refusals.RULES` at `train`, then the script read (:func:`_check_collective`).
 
     Raises:
         UserError: the first option that cannot run (one line naming it).
     """
-    resnet = any(v is not None for v in req.resnet_options())
-    if req.resume_dir and (req.config_path or req.overrides or req.config is not None or req.script
-                           or req.script_args or resnet or req.global_batch is not None):
-        raise UserError("--resume continues a run with its own config and script: drop the config "
-                        "and script options (--steps N is the one that applies: the run's new total)")
-    if req.lr_scaling is not None and req.lr_scaling not in LR_SCALINGS:
-        raise UserError(f"--lr-scaling must be one of {', '.join(LR_SCALINGS)}, got {req.lr_scaling}")
-    if req.resume_dir and req.lr_scaling is not None:
-        raise UserError("--resume continues a run with its own LR rule: drop --lr-scaling")
-    if req.lr_scaling == "auto" and not req.script:
-        raise UserError("--lr-scaling auto follows a --script's own LR scaling: the built-in ResNet takes "
-                        "linear, sqrt, none or constant-batch")
-    if req.resume_dir and req.steps is not None and req.steps < 1:
-        raise UserError(f"--steps must be >= 1, got {req.steps}")
-    if req.script_args and not req.script:
-        raise UserError(f"unexpected argument {req.script_args[0]!r} (script arguments go after "
-                        f"`--script PATH --`)")
-    if req.script:
-        if not Path(req.script).is_file():
-            raise UserError(f"script {req.script} does not exist")
-        if req.config_path or req.overrides or req.config is not None or resnet:
-            raise UserError("--script runs your own model: the ResNet options (--config, --set, --depth, "
-                            "--dataset, --batch-size, --lr, ...) do not apply; pass your script's "
-                            "own options after --")
-    if req.stop_grace is not None and not req.script and not req.resume_dir:
-        raise UserError("--stop-grace goes with a --script of torchrun's contract (docs/torchrun.md)")
-    _check_scaling(req)
-    if (req.resize_at is None) != (req.resize_to is None):
-        raise UserError("--resize-at and --to go together")
-    if sum(bool(x) for x in (req.schedule, req.resize_at is not None, req.resizes)) > 1:
-        raise UserError("use either --resize-at/--to or --schedule, not both")
-    if req.hosts and req.hostfile:
-        raise UserError("use either --hosts or --hostfile, not both")
-    _check_worker_range(req)
-    _check_discovery(req)
-    if req.backend not in BACKENDS:
-        raise UserError(f"--backend must be one of {', '.join(BACKENDS)}, got {req.backend}")
-    if req.relaunch not in RELAUNCH_CHOICES:
-        raise UserError(f"--relaunch must be one of {', '.join(RELAUNCH_CHOICES)}")
-    if req.relaunch == "inplace" and (req.hosts or req.hostfile):
-        raise UserError("--relaunch inplace runs on one host: drop --hosts/--hostfile, or use "
-                        "another relaunch mode")
-    if req.backend == "ray" and (req.hosts or req.hostfile):
-        raise UserError("--backend ray takes its nodes from the Ray cluster: drop --hosts/--hostfile")
-    if req.backend == "ray" and req.relaunch not in ("auto", "inplace"):
-        raise UserError(f"--backend ray resizes in place (warm workers): drop --relaunch {req.relaunch}")
-    if req.backend != "ray" and (req.ray_address or req.warm_spares is not None or req.placement != "PACK"):
-        raise UserError("--ray-address, --placement and --warm-spares go with --backend ray")
-    if req.survive and req.backend != "ray" and req.relaunch != "inplace":
-        raise UserError("--survive goes with --backend ray or --relaunch inplace")
-    if req.warm_spares is not None and req.warm_spares < 0:
-        raise UserError(f"--warm-spares must be >= 0, got {req.warm_spares}")
-    if req.placement not in PLACEMENTS:
-        raise UserError(f"--placement must be one of {', '.join(PLACEMENTS)}, got {req.placement}")
+    from elastic_ring.controller.refusals import TRAIN, refuse
+
+    refuse(TRAIN, req)
     _check_collective(req)
     _check_numbers(req)
-
-
-def _check_worker_range(req: RunRequest) -> None:
-    """``--workers MIN:MAX``: the bounds once (not beside ``--min-workers``/``--max-workers``), for a
-    new run (a resumed one goes on at its own size)."""
-    if req.worker_range is None:
-        return
-    lo, hi = req.worker_range
-    if req.min_workers is not None or req.max_workers is not None:
-        raise UserError(f"--workers {lo}:{hi} already gives the bounds: drop --min-workers/--max-workers")
-    if req.workers is not None:
-        raise UserError(f"--workers {lo}:{hi} gives the bounds, and the start size is the most the slots hold: "
-                        f"drop the count")
-    if req.resume_dir:
-        raise UserError(f"--resume goes on at the run's size: drop --workers {lo}:{hi} (--workers N resizes it)")
 
 
 def with_worker_range(req: RunRequest) -> RunRequest:
@@ -192,55 +127,6 @@ def range_start(worker_range: tuple[int, int], slots: int, schedule: Any = ()) -
         if not lo <= r.to <= hi:
             raise UserError(f"the resize to {r.to} at step {r.step} is outside --workers {lo}:{hi}")
     return min(hi, slots)
-
-
-def _check_discovery(req: RunRequest) -> None:
-    """``--host-discovery-script`` and its options: the hosts come from the script, on horovodrun's
-    relaunch over hosts, or in place (``--relaunch inplace``: over the hosts it lists first, or on
-    this host only when that is all it lists, :func:`.prepare_hosts.host_manager`; docs/hosts.md);
-    the options that go with it go only with it."""
-    bounds_given = [name for name, v in (("--min-workers", req.min_workers), ("--max-workers", req.max_workers),
-                                         ("--discovery-interval", req.discovery_interval),
-                                         ("--min-wait", req.min_wait),
-                                         ("--blacklist-cooldown-range", req.cooldown_range)) if v is not None]
-    if not req.host_discovery_script:
-        if bounds_given:
-            raise UserError(f"{bounds_given[0]} goes with --host-discovery-script")
-        return
-    refused = [
-        (bool(req.hosts or req.hostfile), "--hosts/--hostfile", "the hosts come from the script"),
-        (req.backend == "ray", "--backend ray", "its nodes are Ray's"),
-        (req.collective == "torch", "--collective torch", "its workers are launched on this host only"),
-        (req.slots is not None, "--slots", "the slots come from the script"),
-    ]
-    for bad, option, why in refused:
-        if bad:
-            raise UserError(f"--host-discovery-script does not go with {option}: {why}")
-    if req.discovery_interval is not None and req.discovery_interval <= 0:
-        raise UserError(f"--discovery-interval must be > 0 seconds, got {req.discovery_interval:g}")
-    if req.min_wait is not None and req.min_wait < 0:
-        raise UserError(f"--min-wait must be >= 0 seconds, got {req.min_wait:g}")
-    if req.cooldown_range is not None:
-        from elastic_ring.hosts.exclusion import parse_cooldown_range
-
-        try:
-            parse_cooldown_range(req.cooldown_range)
-        except UserError as e:
-            raise UserError(f"--blacklist-cooldown-range: {e}") from None
-
-
-def _check_scaling(req: RunRequest) -> None:
-    """``--global-batch`` of a script (the ResNet's is its config's, checked there): a constant
-    global batch needs its size, which only the script's own batch can be split into."""
-    if not req.script:
-        return
-    if req.global_batch is not None and req.lr_scaling != "constant-batch":
-        raise UserError("--global-batch goes with --lr-scaling constant-batch")
-    if req.lr_scaling == "constant-batch" and req.global_batch is None:
-        raise UserError("--script with --lr-scaling constant-batch needs --global-batch N (samples per step; "
-                        "a multiple of the batch your script gives job.sampler)")
-    if req.global_batch is not None and req.global_batch < 1:
-        raise UserError(f"--global-batch must be >= 1, got {req.global_batch}")
 
 
 def with_script_collective(req: RunRequest) -> tuple[RunRequest, str | None]:
@@ -295,29 +181,10 @@ def check_torchrun_options(req: RunRequest, shape: Any) -> None:
     Raises:
         UserError: the first such option (one line).
     """
-    where = f"{req.script} follows torchrun's contract (init_process_group at line {shape.pg_init_line})"
-    live = "resize it live with `elastic-ring resize RUN_DIR --to N`"
-    refused = [
-        (req.steps is not None, "--steps", "its length is its own (the controller counts no step of it)"),
-        (req.resize_at is not None or bool(req.schedule) or bool(req.resizes), "--resize-at/--schedule",
-         f"they name steps, which it does not report: {live}"),
-        (req.checkpoint_every is not None or req.checkpoint_every_s is not None or req.keep is not None,
-         "--checkpoint-every/--checkpoint-every-s/--keep", "it saves and loads its own snapshot"),
-        (req.lr_scaling is not None or req.global_batch is not None, "--lr-scaling/--global-batch",
-         "its LR and batch are its own (it reads WORLD_SIZE)"),
-        (req.relaunch not in ("auto", "sequential"), f"--relaunch {req.relaunch}",
-         "every worker is stopped and started again at a resize, as torchrun does (sequential)"),
-        (req.survive, "--survive", "a failure stops every worker and starts them again, as torchrun does"),
-        (req.backend != "horovodrun", f"--backend {req.backend}", "its workers run on this host"),
-        (bool(req.hosts or req.hostfile), "--hosts/--hostfile", "its workers run on this host only"),
-        (bool(req.host_discovery_script), "--host-discovery-script", "its workers run on this host only"),
-        (req.stall_timeout is not None, "--stall-timeout", "the controller sees no step of it"),
-    ]
-    for bad, option, why in refused:
-        if bad:
-            raise UserError(f"{option} does not apply: {where}: {why}")
-    if req.stop_grace is not None and req.stop_grace < 0:
-        raise UserError(f"--stop-grace must be >= 0 seconds, got {req.stop_grace}")
+    from elastic_ring.controller.refusals import TORCHRUN, refuse
+
+    refuse(TORCHRUN, req, f"{req.script} follows torchrun's contract (init_process_group at line "
+                          f"{shape.pg_init_line})")
 
 
 def check_torch_survive(device: str, survive: bool) -> None:
