@@ -134,14 +134,16 @@ RULES = {
                     "directly or not",
     "survivor_agreements": "functions or methods that call agreement(...) (the survivors' decision of "
                            "worker/survive.py or wherever it moved), leaving out one-statement wrappers",
-    "flag_tests": "in controller/controller.py, the uses of _interrupts, live_target, deferred_stop "
+    "flag_tests": "in controller/controller.py and the modules of the Controller class's bases defined in "
+                  "the package (controller/asks.py, controller/recovery.py: the class's own code), the uses of _interrupts, live_target, deferred_stop "
                   "(attributes) and withdraw_ahead inside a test: an if/while/conditional expression's "
                   "condition, an assert, a comprehension's if, a boolean operator's operand or a not",
-    "controller_conditions": "every condition in controller/controller.py, whatever it tests: if, while, "
+    "controller_conditions": "every condition in controller/controller.py and its bases' modules, whatever it tests: if, while, "
                              "conditional expressions and comprehension ifs (flags renamed by a refactor "
                              "leave flag_tests, not this)",
-    "getattr_probes": "calls of getattr( in controller/controller.py",
-    "backend_probes": "calls of getattr( or hasattr( on self.backend in controller/controller.py",
+    "getattr_probes": "calls of getattr( in controller/controller.py and its bases' modules",
+    "backend_probes": "calls of getattr( or hasattr( on self.backend in controller/controller.py and its "
+                      "bases' modules",
     "loop_forms": "modules under worker/ that do the work between two steps: they send the step "
                   "heartbeat themselves (.heartbeat(..., 'step')) or call the shared boundary; the module "
                   "that defines heartbeat() and the boundary's own module (boundary.py, or the one "
@@ -509,13 +511,31 @@ def _own_nodes(st: ast.AST):
         yield from _own_nodes(c)
 
 
+def controller_trees(mods: dict, pkg: str) -> list[ast.Module]:
+    """controller/controller.py's tree and those of the modules under controller/ that define the
+    ``Controller`` class's bases (the class's code moved into mixins is still its code)."""
+    ctl = mods.get(f"{pkg}.controller.controller")
+    if not ctl:
+        return []
+    bases = {b for node in ast.walk(ctl[1]) if isinstance(node, ast.ClassDef) and node.name == "Controller"
+             for b in _base_names(node)}
+    trees = [ctl[1]]
+    for name, (_, tree) in sorted(mods.items()):
+        if name.startswith(f"{pkg}.controller.") and name != f"{pkg}.controller.controller" and any(
+                isinstance(n, ast.ClassDef) and n.name in bases for n in tree.body):
+            trees.append(tree)
+    return trees
+
+
 def membership_counts(root: Path) -> tuple[dict[str, int], dict[str, list[str]]]:
     """The counts of :data:`RULES` for the package folder ``root``, and what each count counted."""
     pkg = root.name
     mods = _modules(root)
     ctl = mods.get(f"{pkg}.controller.controller")
-    flags = flag_tests(ctl[1]) if ctl else {f: 0 for f in FLAGS}
-    get, backend = probes(ctl[1]) if ctl else (0, 0)
+    trees = controller_trees(mods, pkg)
+    flags = {f: sum(flag_tests(t)[f] for t in trees) for f in FLAGS}
+    probed = [probes(t) for t in trees]
+    get, backend = sum(p[0] for p in probed), sum(p[1] for p in probed)
     forms, sharing = loop_forms(mods, pkg)
     seam = seam_imports(mods, pkg)
     patches = horovod_patches(mods)
@@ -533,7 +553,7 @@ def membership_counts(root: Path) -> tuple[dict[str, int], dict[str, list[str]]]
     }
     counts = {k: len(v) for k, v in where.items()}
     counts.update({"flag_tests": sum(flags.values()), **{f"flag_tests.{f}": n for f, n in flags.items()},
-                   "controller_conditions": conditions(ctl[1]) if ctl else 0,
+                   "controller_conditions": sum(conditions(t) for t in trees),
                    "getattr_probes": get, "backend_probes": backend,
                    **{f"horovod_patches.{side}": sum(w.startswith(f"{pkg}.{side}.") for w in patches)
                       for side in ("controller", "worker")},
