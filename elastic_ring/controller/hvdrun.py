@@ -368,6 +368,12 @@ class Spare:
         line = (f"elastic-ring hvdrun: the joiner for rank {rank} exited (status {rc}) before its ring formed, "
                 f"{JOINER_TRIES} times: ending the job (the controller restarts it)")
         print(line, flush=True)
+        from elastic_ring.protocol import write_error_record
+
+        try:  # the failure the controller names (rank 0, ended with the job, left no record of its own)
+            write_error_record(self.run_dir, RuntimeError(line.split(": ", 1)[1]), int(rank or 0))
+        except ValueError:
+            pass
         if stop is not None:
             stop(line)
         return rc, ts

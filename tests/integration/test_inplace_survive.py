@@ -360,4 +360,5 @@ def test_a_joiner_rejected_at_a_grow_right_after_a_shrink_is_started_again_or_th
     assert len((dirs["every"] / "aborts").read_text().split()) == JOINER_TRIES
     (r,) = read_events(every / "events.jsonl", kind="restart")
     assert (r["path"], r["failed_at_step"], r["gave_up"]) == ("disk", STALL, False), r
+    assert r["rank"] == 1 and "the joiner for rank 1 exited" in r["cause"], r
     assert _final_model(every)["step"] == STEPS

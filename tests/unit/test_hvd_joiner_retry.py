@@ -12,6 +12,7 @@ import threading
 import time
 
 from elastic_ring.controller.hvdrun import JOINER_TRIES, Spare
+from elastic_ring.protocol import read_error_records
 
 
 def _spare(tmp_path, trained: bool) -> Spare:
@@ -61,6 +62,8 @@ def test_after_the_last_try_the_job_ends_instead_of_waiting(tmp_path, capsys):
     assert len(calls) == JOINER_TRIES and len(stops) == 1
     assert f"before its ring formed, {JOINER_TRIES} times: ending the job" in stops[0]
     assert stops[0] in capsys.readouterr().out
+    (rec,) = read_error_records(tmp_path)  # what the controller's restart names as the failure
+    assert rec["rank"] == 1 and not rec["peer_loss"] and "the joiner for rank 1 exited (status 134)" in rec["message"]
 
 
 def test_a_worker_of_the_first_ring_is_not_started_again(tmp_path):
