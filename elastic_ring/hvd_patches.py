@@ -115,7 +115,11 @@ def _slots(driver) -> set:
 
 
 def _start_worker_kept(start):
+    from elastic_ring.controller.hvdrun import _DRIVERS
+
     def start_worker(self, slot_info):
+        if self not in _DRIVERS:
+            _DRIVERS.append(self)  # (a joiner that never forms its ring ends the job: hvdrun.Spare.keep_joining)
         self.__dict__.setdefault("_er_running", {})[(slot_info.hostname, slot_info.local_rank)] = slot_info
         return start(self, slot_info)
 
@@ -167,10 +171,11 @@ def _no_blacklist(blacklist):
 
 def _warm_joiner(make):
     """The driver's next worker for a slot is a warm spare when one waits (``hvdrun.Spare``);
-    otherwise the cold worker as before."""
+    otherwise the cold worker as before. A joiner that exits before its ring formed is started
+    again, and after the last try the job ends (``Spare.keep_joining``)."""
     from horovod.runner import gloo_run
 
-    from elastic_ring.controller.hvdrun import _SPARES, Spare
+    from elastic_ring.controller.hvdrun import _DRIVERS, _SPARES, Spare
 
     def create_fn(exec_command, run_command, env, event):
         cold = make(exec_command, run_command, env, event)
@@ -180,10 +185,19 @@ def _warm_joiner(make):
 
         def create_worker(slot_info, events):
             every = [event, *(events or [])]
-            taken = spare.claim(every)
-            if taken is not None:
-                return spare.join(taken, gloo_run.create_slot_env_vars(slot_info), every)
-            return cold(slot_info, events)
+            slot_env = gloo_run.create_slot_env_vars(slot_info)
+
+            def start():
+                taken = spare.claim(every)
+                if taken is not None:
+                    return spare.join(taken, slot_env, every)
+                return cold(slot_info, events)
+
+            def stop(line):
+                for driver in _DRIVERS:
+                    driver.stop(error_message=line)
+
+            return spare.keep_joining(start, slot_env, every, stop)
 
         return create_worker
 

@@ -27,6 +27,11 @@ it hands that slot's Horovod environment to the spare instead of starting a cold
 waits for the spare as for its own worker. Only the ring's re-forming and the state's broadcast are
 left on the survivors' path. Once the ring trains again, the next spare is started, so a second
 failure's joiner is warm too.
+A joiner that exits before its ring has trained a step (a rejection inside its ``hvd.init()``, a
+crash) would leave the survivors waiting inside theirs for a rank that never comes, up to the
+ring's timeout (:meth:`Spare.keep_joining`): its slot's worker is started again (cold), and after
+:data:`JOINER_TRIES` failed starts the driver ends the job with one line, so that the controller
+restarts it instead of waiting.
 
 And with ``--survive`` on CPUs a fifth: every worker slot is a host of its own, named
 ``slot<N>.elastic-ring.invalid`` (:func:`slot_host`; the ``.invalid`` domain never resolves), which
@@ -231,6 +236,7 @@ def is_slot_host(name: str) -> bool:
 
 
 SPARE_GO = "spare-hvd.json"  # the warm joiner's go file, in the run's control folder
+JOINER_TRIES = 3  # starts of a joining slot's worker that exits before its ring trains, before the job ends
 PLACEHOLDER_RANK = {"HOROVOD_HOSTNAME": "localhost", "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
                     "HOROVOD_LOCAL_RANK": "1", "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"}
 
@@ -262,7 +268,7 @@ class Spare:
         self.argv = [*argv[:cut], "--go-file", str(self.go), *argv[cut:]]
         self.env = {**env, **self.run_env, "PYTHONUNBUFFERED": "1"}
         self.proc = None
-        self.t0 = time.time()
+        self.t0 = self.born = time.time()
         self.shutdown = None
         # the driver starts the slots of a grow from threads of their own, at once: one of them
         # takes the spare (its check and its take under one lock), the others start cold
@@ -332,12 +338,53 @@ class Spare:
             print(f"Process {slot_env.get('HOROVOD_RANK')} exit with status code {rc}.", flush=True)
         return rc, time.time()
 
+    def trained_since(self, t: float) -> bool:
+        """Whether the ring has trained a step since ``t`` (the run's progress file is newer; rank 0
+        writes it after a step, at most twice a second)."""
+        try:
+            return (self.run_dir / "control" / "progress.json").stat().st_mtime >= t
+        except OSError:
+            return False
+
+    def keep_joining(self, start, slot_env: dict[str, str], events: list, stop=None) -> tuple[int, float]:
+        """Run ``start()`` (a worker for the slot of ``slot_env``: its exit status and time) and,
+        when the ring trained before it started (it joins a ring re-formed in place) and it exits
+        non-zero before the ring trains again, start it again (cold: ``start`` takes a spare only
+        when one waits): up to :data:`JOINER_TRIES` starts. Such a joiner never formed its ring
+        (Horovod's driver once told one that its slot, shrunk off and grown back a step earlier,
+        had been removed): the survivors wait for it inside ``hvd.init()``, where only the ring's
+        timeout (300 s) would end their wait. After the last try ``stop(line)`` ends the job (the
+        driver's stop: the controller sees horovodrun fail and restarts)."""
+        joining = self.trained_since(self.born)
+        rank = slot_env.get("HOROVOD_RANK")
+        for tries in range(1, JOINER_TRIES + 1):
+            t0 = time.time()
+            rc, ts = start()
+            if rc == 0 or not joining or any(e.is_set() for e in events) or self.trained_since(t0):
+                return rc, ts
+            if tries < JOINER_TRIES:
+                print(f"elastic-ring hvdrun: the joiner for rank {rank} exited (status {rc}) before its ring "
+                      f"formed: starting it again ({tries + 1} of {JOINER_TRIES})", flush=True)
+        line = (f"elastic-ring hvdrun: the joiner for rank {rank} exited (status {rc}) before its ring formed, "
+                f"{JOINER_TRIES} times: ending the job (the controller restarts it)")
+        print(line, flush=True)
+        from elastic_ring.protocol import write_error_record
+
+        try:  # the failure the controller names (rank 0, ended with the job, left no record of its own)
+            write_error_record(self.run_dir, RuntimeError(line.split(": ", 1)[1]), int(rank or 0))
+        except ValueError:
+            pass
+        if stop is not None:
+            stop(line)
+        return rc, ts
+
     def end(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
 
 
 _SPARES: list[Spare] = []  # the warm joiners started (hvd_patches "warm_joiner"), ended with the launcher
+_DRIVERS: list[Any] = []  # Horovod Elastic's driver of this launcher (hvd_patches "start_worker" keeps it)
 
 
 def main() -> None:

@@ -232,13 +232,15 @@ def request_resize(run_dir: str | Path, target: int, source: str = "live") -> st
         raise UserError(f"run {rd} is not running (state: {st.phase.value}{way})")
     from elastic_ring.protocol import read_json
 
-    slots = (read_json(rd / "run.json") or {}).get("slots")
+    run = read_json(rd / "run.json") or {}
+    slots = run.get("slots")
     if slots is None:
         raise UserError(f"run {rd} is still being set up: ask again once it has started")
     if target < 1:
         raise UserError(f"--to must be >= 1, got {target}")
     if target > slots:
         raise UserError(f"--to {target} is more than the run's {slots} slot(s)")
+    _check_minimum(run, target)
     _check_constant_batch(rd, target)
     if pending is not None and pending[1]:  # the controller took it: the workers are stopping for it
         if target == pending[0]:
@@ -265,6 +267,19 @@ def request_resize(run_dir: str | Path, target: int, source: str = "live") -> st
     instead = f"; it replaces the pending request for {pending[0]}" if pending is not None else ""
     return (f"resize to {target} requested for {rd} (currently {count(now, 'worker') if now else 'no workers'}"
             f"{instead})")
+
+
+def _check_minimum(run: dict, target: int) -> None:
+    """A live resize below the run's minimum (``--workers MIN:MAX`` on fixed slots, or
+    ``--min-workers`` with host discovery, as ``run.json`` keeps them) is refused in one line."""
+    wr = run.get("worker_range")
+    disc = run.get("host_discovery") if isinstance(run.get("host_discovery"), dict) else {}
+    if isinstance(wr, list) and len(wr) == 2 and target < int(wr[0]):
+        raise UserError(f"--to {target} is below the run's minimum of {count(int(wr[0]), 'worker')} "
+                        f"(--workers {wr[0]}:{wr[1]})")
+    if disc.get("min_workers") is not None and target < int(disc["min_workers"]):
+        raise UserError(f"--to {target} is below the run's minimum of {count(int(disc['min_workers']), 'worker')} "
+                        f"(--min-workers {disc['min_workers']})")
 
 
 def _consistent_view(rd: Path, req: Path, read_status) -> tuple[Any, tuple[int, bool] | None]:

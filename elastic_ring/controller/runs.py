@@ -338,6 +338,8 @@ def _prepare_new(req: RunRequest, rd: Path, device: str, n_slots: int, sched: tu
                                "interval": req.discovery_interval, "min_workers": req.min_workers,
                                "max_workers": req.max_workers, "min_wait": req.min_wait,
                                "cooldown_range": req.cooldown_range}} if hosts else {}
+    if req.worker_range is not None:  # --workers MIN:MAX on fixed slots: a live resize stays within
+        kept["worker_range"] = list(req.worker_range)
     create_run_dir(spec, cfg, relaunch=relaunch, stall_timeout=req.stall_timeout, survive=req.survive, **kept)
     return PreparedRun(spec, cfg, Plan.from_spec(spec.workers, spec.schedule), 0, 0, relaunch,
                        stall_timeout=req.stall_timeout, forced_survive=req.survive)

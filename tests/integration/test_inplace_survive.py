@@ -25,6 +25,7 @@ import torch
 
 from elastic_ring import protocol
 from elastic_ring.events import read_events
+from elastic_ring.controller.hvdrun import JOINER_TRIES
 from tests.integration.test_train_resize import _final_model, _start_train
 
 pytestmark = pytest.mark.integration
@@ -120,10 +121,9 @@ def _assert_same_final_state(a: dict, b: dict) -> None:
 def test_rank_0_killed_then_a_warm_joiner_then_its_stall_as_scheduled_resizes(tmp_path):
     dirs = _side_by_side(tmp_path, SCRIPT, {
         "fail": ["--survive", "--stall-timeout", "2"],
-        # the reference: the same resizes, with no survivors kept (as before survival became the
-        # default where cheap: with it, a warm joiner taking a slot just shrunk off and grown back
-        # was once told its slot had been removed from the job, and the run hung: not fixed yet)
-        "none": ["--no-survive", "--schedule", f"{KILL - 1}:1,{KILL}:2,{STALL - 1}:1,{STALL}:2"]},
+        # the reference: the same resizes, under the default (survivors kept while the copy is
+        # measured: a shrink and a grow one step apart, each grow's worker a warm joiner)
+        "none": ["--schedule", f"{KILL - 1}:1,{KILL}:2,{STALL - 1}:1,{STALL}:2"]},
         STEPS)
     run, ref = dirs["fail"] / "r", dirs["none"] / "r"
     assert not read_events(ref / "events.jsonl", kind="restart")
@@ -287,3 +287,78 @@ def test_an_epoch_loop_survives_a_kill_inside_an_epoch_as_scheduled_resizes(tmp_
     assert a["step"] == b["step"] == last and a["data_position"] == b["data_position"]
     assert a["data_position"]["epoch"] == 3 and a["schedulers"] == b["schedulers"]
     _assert_same_final_state(a, b)
+
+
+REJECTED = """
+import os, sys, torch, horovod.torch as hvd
+import elastic_ring.worker as elastic
+how, out = sys.argv[1], sys.argv[2]
+job = elastic.init(lazy=True)
+real_init = job.ring.init_horovod
+
+
+def rejected_at_the_last_grow():  # (its ring's hvd.init() never returns: as if Horovod had rejected it)
+    aborts = os.path.join(out, "aborts")
+    if job.info.go_file is not None:  # a warm joiner: the first joins at the first grow back, the second at the last
+        open(os.path.join(out, "joiners"), "a").write(f"{os.getpid()}\\n")
+        if len(open(os.path.join(out, "joiners")).read().split()) == 2:
+            open(aborts, "a").write(f"{os.getpid()}\\n")
+            os.abort()
+    elif how == "every" and os.path.exists(aborts) and len(open(aborts).read().split()) < %d:
+        open(aborts, "a").write(f"{os.getpid()}\\n")  # the cold worker started again for its slot
+        os.abort()
+    real_init()
+
+
+job.ring.init_horovod = rejected_at_the_last_grow
+job.connect()
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 2)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * job.size, momentum=0.9),
+                               named_parameters=model.named_parameters())
+data = job.sampler(64, batch_size=4, seed=0)
+x, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
+job.register(model=model, optimizer=opt)
+job.restore()
+for step in job.steps():
+    with open(os.path.join(out, f"rank{job.rank}.txt"), "a") as f:
+        f.write(f"{step} {os.getpid()} {job.size}\\n")
+    idx = data.next_batch()
+    loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    job.record(loss, samples=len(idx))
+""" % JOINER_TRIES
+
+
+def test_a_joiner_rejected_at_a_grow_right_after_a_shrink_is_started_again_or_the_job_restarts(tmp_path):
+    """A shrink and a grow one step apart, twice, in place under the default survive (each slot a
+    host of its own, the slot shrunk off grown back a step later, each grow's worker a warm joiner);
+    the warm joiner of the last grow dies inside its ring's ``hvd.init()``, as one that Horovod's
+    driver told its slot had been removed did (the run then hung: rank 0 waited inside its own
+    ``hvd.init()`` for a rank 1 that never came). ``once``: the slot's worker is started again
+    (cold) and the run goes on in place, every step trained once. ``every``: the cold ones die
+    too; after the last try the job ends with one line and the controller restarts it from disk."""
+    sched = f"{KILL - 1}:1,{KILL}:2,{STALL - 1}:1,{STALL}:2"
+    dirs = _side_by_side(tmp_path, REJECTED, {"once": ["--schedule", sched], "every": ["--schedule", sched]}, STEPS)
+    sizes = [2, 2, 1, 2, 1, 2, 2]  # steps 1..7
+    once, every = dirs["once"] / "r", dirs["every"] / "r"
+    log = (once / "logs" / "segment-000-w2.log").read_text()
+    again = f"the joiner for rank 1 exited (status -6) before its ring formed: starting it again (2 of {JOINER_TRIES})"
+    assert again in log, log[-3000:]
+    assert not read_events(once / "events.jsonl", kind="restart")
+    rows, ones = _rows(dirs["once"]), _rows(dirs["once"], 1)
+    assert [(s, size) for s, _, size in rows] == list(zip(range(1, STEPS + 1), sizes)), rows
+    assert len({pid for _, pid, _ in rows}) == 1  # rank 0 kept its process
+    (aborted,) = map(int, (dirs["once"] / "aborts").read_text().split())
+    assert [s for s, _, _ in ones] == [1, 2, 4, 6, 7] and aborted not in {pid for _, pid, _ in ones}, ones
+    assert len({pid for s, pid, _ in ones if s >= 6}) == 1 and _final_model(once)["step"] == STEPS
+    # every try failed: the job ended at once (not the ring's 300 s timeout) and was restarted from disk
+    log = (every / "logs" / "segment-000-w2.log").read_text()
+    assert f"before its ring formed, {JOINER_TRIES} times: ending the job" in log, log[-3000:]
+    assert len((dirs["every"] / "aborts").read_text().split()) == JOINER_TRIES
+    (r,) = read_events(every / "events.jsonl", kind="restart")
+    assert (r["path"], r["failed_at_step"], r["gave_up"]) == ("disk", STALL, False), r
+    assert r["rank"] == 1 and "the joiner for rank 1 exited" in r["cause"], r
+    assert _final_model(every)["step"] == STEPS

@@ -70,3 +70,32 @@ def test_a_new_run_starts_at_max_or_every_slot_and_its_slots_bound_resizes(tmp_p
         assert any(f"--workers 1:3: {said}" in line for line in describe(run))
     finally:
         RunLock(run.spec.run_dir).release()
+
+
+def test_a_live_resize_below_min_on_fixed_slots_is_one_line(tmp_path, run_cli):
+    """The run keeps its ``--workers MIN:MAX`` (run.json): `resize --to N` below MIN is refused in one
+    line (exit 2, no request written); MIN itself is asked as before."""
+    import json
+
+    from elastic_ring.controller.lock import RunLock
+    from elastic_ring.controller.runs import prepare
+    from elastic_ring.protocol import REQUEST_FILE
+
+    req = RunRequest(worker_range=(2, 3), slots=8, device="cpu", dataset="synthetic", steps=4,
+                     run_dir=str(tmp_path / "r"), collective="torch")
+    run = prepare(req, lambda s: None)  # (holds the run's lock, as a running controller does)
+    rd = run.spec.run_dir
+    try:
+        assert json.loads((rd / "run.json").read_text())["worker_range"] == [2, 3]
+        (rd / "controller.json").write_text(json.dumps({"state": "running", "phase": "running",
+                                                        "world_size": 3, "pid": 1}))
+        p = run_cli("resize", str(rd), "--to", "1")
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert "--to 1 is below the run's minimum of 2 workers (--workers 2:3)" in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr and not (rd / "control" / REQUEST_FILE).exists()
+        p = run_cli("resize", str(rd), "--to", "4")  # above MAX: its slots are MAX (as before)
+        assert p.returncode == 2 and "more than the run's 3 slot(s)" in p.stderr, p.stderr
+        p = run_cli("resize", str(rd), "--to", "2")
+        assert p.returncode == 0 and json.loads((rd / "control" / REQUEST_FILE).read_text())["to"] == 2, p.stderr
+    finally:
+        RunLock(rd).release()
