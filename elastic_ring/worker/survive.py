@@ -201,6 +201,41 @@ class MemoryCopy:
         return sorted(self.copies)
 
 
+class ShardedCopy(MemoryCopy):
+    """A sharded model's copies (:class:`elastic_ring.worker.sharded.Replica`: each a send and a
+    receive with the ring's neighbours), so every rank must keep one at the same steps: under
+    the default's measurement the controller's word is followed at the first copy at which every
+    rank has read it (an ``all_reduce`` of "read" per copy until then, on every rank, measuring or
+    not: a rank alone that stopped would leave its neighbours waiting; :func:`_sharded_copy`
+    agrees on it again on every new ring)."""
+
+    def keep(self, step: int) -> None:
+        if self.off or step in self.copies:
+            return
+        into = None
+        while len(self.copies) >= self.keep_n:
+            into = self.copies.pop(min(self.copies))
+        t0 = time.perf_counter()
+        kept = self.take(step, into)
+        if kept is None:  # (before the optimizer's first step: nothing to copy, on every rank alike)
+            return
+        self.copies[step] = kept
+        meter = self.meter
+        if meter is None:
+            return
+        meter.timed(step, t0, time.perf_counter())
+        import torch
+        import torch.distributed as dist
+
+        word = meter.choice()
+        read = torch.tensor([0 if word is None else 1])
+        dist.all_reduce(read, op=dist.ReduceOp.MIN)
+        if int(read.item()):  # every rank has read the same word (one file)
+            self.meter = None
+            if not word:
+                self.stop()
+
+
 @dataclass
 class _Process:
     copy: MemoryCopy | None = None  # this process's copies (one job at a time)
@@ -217,27 +252,59 @@ def memory_copy(job: Any) -> MemoryCopy | None:
     Horovod Elastic's); else None."""
     if not enabled() or not job.ring.in_place:
         return None
-    if job.state.sharded:  # a dead rank's shards are gone: the sharded checkpoint is the fallback
-        if not _P.said_sharded and job.rank == 0:
-            from elastic_ring.worker.sharded import NO_SURVIVE, say
+    take = job.state.snapshot
+    if job.state.sharded:  # each rank keeps rank r-1's shards too (a replica), where the ring allows it
+        from elastic_ring.worker import sharded
 
-            say(NO_SURVIVE)
+        why = sharded.why_no_replica(job.state.model, job.size)
+        if not _P.said_sharded and job.rank == 0:
+            sharded.say(sharded.REPLICA if why is None else f"{sharded.NO_SURVIVE} ({why})")
         _P.said_sharded = True
-        return None
+        if why is not None:
+            return None
+        take = sharded.Replica(job.state, job.rank, job.size).take
+        return _sharded_copy(job, take)
     if _P.copy is None:
-        _P.copy = MemoryCopy(job.state.snapshot, meter=_meter(job))
+        _P.copy = MemoryCopy(take, meter=_meter(job))
         if _P.copy.meter is None and env.survive_measured() and read_choice(job.run_dir) is False:
             _P.copy.stop()  # started after the controller's word: off
     if _P.copy.off:
         return None
-    _P.copy.take = job.state.snapshot  # the script's new objects after a rerun
+    _P.copy.take = take  # the script's new objects after a rerun
     return _P.copy
 
 
-def _meter(job: Any) -> CostMeter | None:
+def _sharded_copy(job: Any, take: Any) -> MemoryCopy | None:
+    """A sharded model's copy (:class:`ShardedCopy`) on a new ring (the script runs again at every
+    resize and after a failure): its copies only. Under the default's measurement every rank must
+    follow the controller's word at the same copy: here (every rank, a joiner too, at the loop's
+    start) they agree whether all have read it; if not, all measure (again) until all have."""
+    if _P.copy is None:
+        _P.copy = ShardedCopy(take)
+    cp = _P.copy
+    cp.copies.clear()
+    cp.take = take
+    if env.survive_measured():  # (every rank, a stopped one too: the others count on its word)
+        import torch
+        import torch.distributed as dist
+
+        word = read_choice(job.run_dir)
+        read = torch.tensor([0 if word is None else 1])
+        dist.all_reduce(read, op=dist.ReduceOp.MIN)
+        if int(read.item()):
+            cp.meter = None
+            if word is False:
+                cp.stop()
+        elif cp.meter is None:
+            cp.meter = _meter(job, force=True)
+    return None if cp.off else cp
+
+
+def _meter(job: Any, force: bool = False) -> CostMeter | None:
     """The default's measurement of this rank's copy (``auto``), unless the controller has said
-    already (a worker started after its word follows it: :func:`memory_copy`)."""
-    if not env.survive_measured() or read_choice(job.run_dir) is not None:
+    already (a worker started after its word follows it: :func:`memory_copy`; ``force``: measure
+    anyway)."""
+    if not env.survive_measured() or (read_choice(job.run_dir) is not None and not force):
         return None
     run_dir, member = job.run_dir, env.member(default=str(job.rank))
 

@@ -293,3 +293,87 @@ def test_the_checkpoint_copy_from_its_plan_is_dcps_state_dict(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "tests" / "integration" / "scripts" / "fsdp_copier.py"),
                         str(tmp_path / "dcp")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "copier: every check held" in p.stdout, p.stdout + p.stderr[-3000:]
+
+
+def _rows(out: Path) -> dict[int, dict[int, list[dict]]]:
+    """step -> rank -> its lines (a step redone after a failure: twice)."""
+    rows: dict[int, dict[int, list[dict]]] = {}
+    for f in sorted(out.glob("rank*.jsonl")):
+        rank = int(f.stem[len("rank"):])
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            rows.setdefault(r["step"], {}).setdefault(rank, []).append(r)
+    return rows
+
+
+def test_survive_on_a_sharded_job_goes_on_from_the_neighbours_replica(tmp_path):
+    """``--relaunch inplace --survive`` at two workers, kill -9 of rank 1: each rank kept its
+    shards and rank r-1's in memory at every step (``worker.sharded.Replica``), so rank 0 alone
+    holds every shard of the last step both completed; it rebuilds the state at one worker from
+    them and goes on (no checkpoint exists before the kill: none is read), at most the one step
+    in flight redone (its neighbour's shards of that step died unsent); the warm spare then joins.
+    Every step's samples and loss, and the final weights and Adam moments, as those of the same
+    shrink and grow scheduled without a failure (the bounds of the module docstring: a lost or
+    misplaced shard, or Adam's moments reset, moves the next loss by 1e-3 and more)."""
+    import os
+    import signal
+
+    from elastic_ring import protocol
+    from elastic_ring.ckpt import load
+    from tests.conftest import wait_for
+    from tests.integration.test_train_resize import _start_train
+
+    steps, run, out = 24, tmp_path / "survive" / "run", tmp_path / "survive" / "out"
+    out.mkdir(parents=True)
+    p = _start_train(["--collective", "torch", "--relaunch", "inplace", "--survive", "--gpus", "2", "--slots", "2",
+                      "--steps", str(steps), "--script", SCRIPT, "--run-dir", str(run), "--", "--out", str(out),
+                      "--step-s", "0.05"])
+    try:
+        def stepped():
+            rec = protocol.read_json(run / "control" / "progress.json")
+            return isinstance(rec, dict) and int(rec["step"]) >= 3
+        wait_for(lambda: stepped() or p.poll() is not None, 120, "step 3", poll=0.05)
+        rec = protocol.read_json(protocol.pid_dir(run) / "seg000-rank1.json")
+        os.kill(int(rec["pid"]), signal.SIGKILL)
+        stdout, stderr = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, stdout + stderr
+    logs = "".join(f.read_text() for f in sorted((run / "logs").glob("segment-*.log")))
+    assert "--survive on a sharded model: each rank keeps in memory a copy of its shards and of rank r-1's" in logs
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert (r["path"], r["rank"], r["new_world_size"], r["gave_up"]) == ("memory", 1, 1, False), r
+    assert r["steps_redone"] <= 1 and r["from_step"] < steps, r
+    (rec,) = read_events(run / "events.jsonl", kind="recovered")
+    assert (rec["path"], rec["from_step"], rec["world_size"]) == ("memory", r["from_step"], 1), rec
+    written = read_events(run / "events.jsonl", kind="checkpoint_written")
+    assert written and all(e["time"] > r["time"] and e["step"] > r["from_step"] for e in written), written
+    changes = [(e["cause"], e["members_before"], e["members_after"], e["state_source"])
+               for e in read_events(run / "events.jsonl", kind="membership_change")]
+    assert changes == [("failure", 2, 1, "memory"), ("joiner", 1, 2, "peer")], changes
+    grow = [e["step"] for e in read_events(run / "events.jsonl", kind="relaunched") if e["to_workers"] == 2]
+    assert len(grow) == 1 and grow[0] > r["from_step"], grow
+
+    ref_out = tmp_path / "ref" / "out"
+    ref_out.mkdir(parents=True)
+    q = run_cli("train", "--script", SCRIPT, "--collective", "torch", "--gpus", "2", "--slots", "2", "--steps",
+                str(steps), "--schedule", f"{r['from_step']}:1,{grow[0]}:2", "--run-dir", str(tmp_path / "ref" / "run"),
+                "--", "--out", str(ref_out), timeout=300)
+    assert q.returncode == 0, q.stdout + q.stderr
+    rows, ref = _rows(out), _rows(ref_out)
+    assert sorted(rows) == sorted(ref) == list(range(1, steps + 1))
+    for s in rows:
+        assert sorted(rows[s]) == sorted(ref[s]), s  # the same world at every step
+        for k, lines in rows[s].items():
+            (want,) = ref[s][k]
+            for got in lines:  # a redone step: on the same samples, to the same loss
+                assert got["indices"] == want["indices"] and got["world"] == want["world"], (s, k)
+                assert got["loss"] == pytest.approx(want["loss"], rel=LOSS_RTOL, abs=0), (s, k)
+    a, b = load(run), load(tmp_path / "ref" / "run")
+    assert a["step"] == b["step"] == steps and a["cursor"] == b["cursor"]
+    for k in b["model"]:
+        assert torch.allclose(a["model"][k], b["model"][k], rtol=0, atol=WEIGHT_ATOL), k
+        for m in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(a["optimizer"]["state"][k][m], b["optimizer"]["state"][k][m], rtol=0,
+                                  atol=WEIGHT_ATOL), (k, m)
