@@ -332,10 +332,11 @@ def _peer_loss(exc: BaseException) -> bool:
 
 
 def rollback_word(exc: BaseException, job: Any, held: list[int],
-                  digests: dict[str, str] | None = None) -> Action | None:
+                  digests: dict[str, str] | None = None, shards: dict[str, Any] | None = None) -> Action | None:
     """After a peer's loss (``exc``): say which steps this rank holds in memory (``held``, with a
     fingerprint of each copy where given: ``digests``, step -> :func:`state_digest`), and wait for
-    the controller's word on this segment. Returns the resize action whose ``rollback_to`` is one
+    the controller's word on this segment; ``shards``: a sharded model's copies hold the shards of
+    these ranks (``{"world", "ranks"}``: :class:`elastic_ring.worker.sharded.Replica`). Returns the resize action whose ``rollback_to`` is one
     of them, or None (not a peer's loss, no word in time, an exit asked, the default's word "off"
     written: this rank says nothing, so the controller's wait ends at once)."""
     if not _peer_loss(exc) or not held or not job.ring.in_place:
@@ -348,7 +349,7 @@ def rollback_word(exc: BaseException, job: Any, held: list[int],
     protocol.write_json_atomic(survivor_file(run_dir, member), {
         "member": member, "rank": job.rank, "held": list(held), "pid": os.getpid(), "time": t0,
         "segment": seg, "step": job.seg.step, "error": f"{type(exc).__name__}: {exc}"[:300],
-        **({"digests": digests} if digests else {})})
+        **({"digests": digests} if digests else {}), **({"shards": shards} if shards else {})})
     print(f"elastic-ring worker rank {job.rank}: a peer was lost ({type(exc).__name__}); holding steps "
           f"{list(held)} in memory, waiting for the controller", flush=True)
     while time.time() - t0 < WAIT_S:
@@ -390,7 +391,9 @@ def survived(exc: BaseException) -> tuple | None:
     model = job.state.model
     params = {k for k, _ in model.named_parameters()} if model is not None else set()
     digests = {str(k): state_digest(c, params) for k, c in copy.copies.items()}
-    action = rollback_word(exc, job, copy.held(), digests)
+    reps = [c["replica"] for c in copy.copies.values() if c.get("replica")]
+    shards = {"world": reps[0]["world"], "ranks": sorted(reps[0]["pieces"])} if reps else None
+    action = rollback_word(exc, job, copy.held(), digests, shards)
     if action is None:
         return None
     _P.rollback = copy.copies[action.rollback_to]
