@@ -67,6 +67,27 @@ def check_optimizer(model: Any, optimizer: Any) -> None:
                             "build it after fully_shard(model), on model.parameters()")
 
 
+def forget_meshes() -> None:
+    """Before a sharded script runs again in a re-formed ring: DTensor's cache of its operations'
+    output layouts let go. It is keyed by a device mesh's ranks and shape, not by this process's
+    rank in it, so a mesh of the same size from an earlier ring (where this process had another
+    rank: a survivor after a failure) would come back on the new ring's tensors (seen: DCP's
+    save of a 3 -> 2 -> 3 run then placed two ranks' shards at one offset)."""
+    mod = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(mod, "DTensor", None)
+    if dtensor is None:
+        return
+    import torch
+
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)  # (its C++ fast path's)
+    if native is not None:
+        native()
+    prop = getattr(getattr(dtensor, "_op_dispatcher", None), "sharding_propagator", None)
+    for cache in (getattr(prop, "propagate_op_sharding", None), getattr(prop, "_propagate_tensor_meta_cached", None)):
+        if hasattr(cache, "cache_clear"):
+            cache.cache_clear()
+
+
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 

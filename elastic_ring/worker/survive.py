@@ -401,6 +401,10 @@ def survived(exc: BaseException) -> tuple | None:
     start = job.progress.start
     start.restart(t0)
     reform_survivors(job.ring, action)  # Retired where this worker is not in the new ring
+    if job.state.sharded:
+        from elastic_ring.worker.sharded import forget_meshes
+
+        forget_meshes()  # (this process's rank may be another one now)
     job.ring.connected = True
     start.mark("hvd_reinit")
     return job.ring, action.segment, action.stop_at, start
