@@ -401,7 +401,7 @@ def survived(exc: BaseException) -> tuple | None:
     start = job.progress.start
     start.restart(t0)
     reform_survivors(job.ring, action)  # Retired where this worker is not in the new ring
-    if job.state.sharded:
+    if _P.rollback.get("replica") is not None:  # a sharded model's: the script shards it again
         from elastic_ring.worker.sharded import forget_meshes
 
         forget_meshes()  # (this process's rank may be another one now)
