@@ -21,9 +21,13 @@ A registered model whose parameters are DTensors is sharded (:func:`is_sharded`,
   every rank loads its part of it with DCP's ``load`` into its (new-size) shards and
   ``set_state_dict``; the counters and the rest go by the usual sync (no broadcast of weights: each
   rank read its own). Eq. 7 or the constant-batch rule then apply as for a data-parallel job.
-- **--survive**: a dead rank's shards die with it; the survivors keep no copy in memory (theirs
-  alone cannot make the state) and a failure restarts from the newest sharded checkpoint
-  (:func:`say_no_survive`, one line at start).
+- **--survive**: a dead rank's shards die with it, so each rank keeps in memory, at every step,
+  its shards and rank r-1's (:class:`Replica`: sent to r+1 and received from r-1 over the ring's
+  gloo group; :class:`elastic_ring.worker.survive.ShardedCopy` keeps two steps' copies). After one
+  failure the survivors hold every rank's shards (:func:`owners`) and rebuild the state at the new
+  size from them (:meth:`ShardedCheckpoints.from_memory`); two neighbours' deaths at once, or a
+  job at one worker (:func:`why_no_replica`), restart from the newest sharded checkpoint (the
+  controller's agreement refuses the memory path: :func:`elastic_ring.seam.agreement`).
 """
 
 from __future__ import annotations

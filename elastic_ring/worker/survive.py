@@ -33,8 +33,10 @@ none: it holds the step of its last ``state.commit()`` (Horovod's save) and roll
 :func:`rollback_word`).
 
 A sharded model's (FSDP2) state is not held whole by any rank: a dead rank's shards die with it, so
-no copy is kept and a failure restarts from the newest sharded checkpoint (one line at start says so:
-:mod:`elastic_ring.worker.sharded`).
+each rank's copy holds its shards and rank r-1's, exchanged at every copy (:class:`ShardedCopy`,
+:class:`elastic_ring.worker.sharded.Replica`): after one failure the survivors hold every shard
+and rebuild the state at the new size; where they do not (two neighbours dead) or at one worker,
+a failure restarts from the newest sharded checkpoint (one line at start says which).
 
 Memory: two CPU copies of the registered state (for SGD with momentum about 4x the model's
 parameters, plus its buffers); time: one copy of it per step, on the training thread (either loop).
