@@ -231,7 +231,8 @@ class Plan:
         opt = self.optimizer
         if opt is None:
             return {"model": model, "optimizer": {}}
-        if getattr(opt, "_optimizer_state_dict_pre_hooks", None) or getattr(opt, "_optimizer_state_dict_post_hooks", None):
+        if getattr(opt, "_optimizer_state_dict_pre_hooks", None) or \
+                getattr(opt, "_optimizer_state_dict_post_hooks", None):
             osd = opt.state_dict()
             fqns = self.fqns
             return {"model": model, "optimizer": {
@@ -240,8 +241,8 @@ class Plan:
         names = self._names
         return {"model": model, "optimizer": {
             "state": {names[id(p)]: v for p, v in opt.state.items()},
-            "param_groups": [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[id(p)] for p in g["params"]]}
-                             for g in opt.param_groups]}}
+            "param_groups": [{**{k: v for k, v in g.items() if k != "params"},
+                              "params": [names[id(p)] for p in g["params"]]} for g in opt.param_groups]}}
 
 
 class Copier:
@@ -488,7 +489,8 @@ class ShardedCheckpoints:
         dist.all_gather_object(haves, have)
         own = owners(haves)
         me = dist.get_rank()
-        mine = {k: rep["pieces"][k] for k, n in own.items() if n == me}
+        # (a clone each: a received piece is a view of its flat buffer, which would be pickled whole)
+        mine = {k: {p: t.clone() for p, t in rep["pieces"][k].items()} for k, n in own.items() if n == me}
         rest = (rep["own"], rep["layout"]) if me == 0 else None
         gathered: list = [None] * world
         dist.all_gather_object(gathered, (mine, rest))

@@ -338,8 +338,8 @@ def rollback_word(exc: BaseException, job: Any, held: list[int],
     """After a peer's loss (``exc``): say which steps this rank holds in memory (``held``, with a
     fingerprint of each copy where given: ``digests``, step -> :func:`state_digest`), and wait for
     the controller's word on this segment; ``shards``: a sharded model's copies hold the shards of
-    these ranks (``{"world", "ranks"}``: :class:`elastic_ring.worker.sharded.Replica`). Returns the resize action whose ``rollback_to`` is one
-    of them, or None (not a peer's loss, no word in time, an exit asked, the default's word "off"
+    these ranks (``{"world", "ranks"}``: :class:`elastic_ring.worker.sharded.Replica`). Returns
+    the resize action whose ``rollback_to`` is one of them, or None (not a peer's loss, no word in time, an exit asked, the default's word "off"
     written: this rank says nothing, so the controller's wait ends at once)."""
     if not _peer_loss(exc) or not held or not job.ring.in_place:
         return None

@@ -367,7 +367,8 @@ def test_survive_on_a_sharded_job_goes_on_from_the_neighbours_replica(tmp_path, 
     ref_out = tmp_path / "ref" / "out"
     ref_out.mkdir(parents=True)
     q = run_cli("train", "--script", SCRIPT, "--collective", "torch", "--gpus", w, "--slots", w, "--steps", str(steps),
-                "--schedule", f"{r['from_step']}:{workers - 1},{grow[0]}:{workers}", "--run-dir", str(tmp_path / "ref" / "run"),
+                "--schedule", f"{r['from_step']}:{workers - 1},{grow[0]}:{workers}",
+                "--run-dir", str(tmp_path / "ref" / "run"),
                 "--", "--out", str(ref_out), timeout=300)
     assert q.returncode == 0, q.stdout + q.stderr
     rows, ref = _rows(out), _rows(ref_out)
@@ -377,7 +378,8 @@ def test_survive_on_a_sharded_job_goes_on_from_the_neighbours_replica(tmp_path, 
         world = ref[s][0][0]["world"]
         kept = {k: [x for x in lines if x["world"] == world] for k, lines in rows[s].items()}
         # the step in flight at the kill was first tried at the old size, and taken again after
-        assert all(x["world"] == world for lines in rows[s].values() for x in lines) or r["from_step"] < s <= in_flight, s
+        assert all(x["world"] == world for lines in rows[s].values() for x in lines) or \
+            r["from_step"] < s <= in_flight, s
         assert sorted(k for k in kept if kept[k]) == sorted(ref[s]), s  # the same world at every step
         for k, (want,) in ref[s].items():
             (got,) = kept[k]

@@ -265,3 +265,46 @@ def test_the_survivors_of_one_failure_hold_every_rank_s_shards_of_two_failures_n
     step, why = agreement([rec(3, 0)], gone=2)
     assert step is None and "no copy of the shards of rank(s) [1] of 3" in why, why
     assert agreement([{"held": [6, 7]}], gone=1) == (7, None)  # a replicated model's: as before
+
+
+def test_a_sharded_copy_reports_its_cost_and_every_rank_follows_the_word_at_the_same_copy(monkeypatch):
+    """``survive.ShardedCopy`` under the default's measurement: its copy (the take: the shards and
+    the neighbour's exchange) is timed and reported as any model's (``CostMeter``: one report
+    after the skipped and timed copies); then the controller's word is followed only at a copy at
+    which every rank has read it (the all_reduce's minimum; here the other rank's read given):
+    "off" then stops the copies on all ranks alike. A take that gives None (the optimizer has no
+    state yet) keeps nothing."""
+    import torch.distributed as dist
+
+    from elastic_ring.worker import survive
+
+    others_read = {"now": 0}
+
+    def all_reduce(t, op=None):
+        t.fill_(min(int(t.item()), others_read["now"]))
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    reports, word = [], {"on": None}
+    meter = survive.CostMeter(reports.append, lambda: word["on"])
+    takes = []
+
+    def take(step, into):
+        takes.append(step)
+        return None if step == 0 else {"step": step}
+
+    cp = survive.ShardedCopy(take, meter=meter)
+    cp.keep(0)
+    assert cp.held() == [] and takes == [0]
+    n = survive.SKIP_COPIES + survive.TIMED_COPIES
+    for step in range(1, n + 1):
+        cp.keep(step)
+    assert len(reports) == 1 and reports[0]["steps"] == survive.TIMED_COPIES and reports[0]["ratio"] > 0
+    assert cp.held() == [n - 1, n] and cp.meter is meter
+    word["on"] = False  # this rank reads "off"; the other has not read it yet: both go on copying
+    cp.keep(n + 1)
+    assert not cp.off and cp.meter is meter and cp.held() == [n, n + 1]
+    others_read["now"] = 1  # the other rank has read it too: both stop at this copy
+    cp.keep(n + 2)
+    assert cp.off and cp.meter is None and cp.held() == []
+    cp.keep(n + 3)
+    assert takes[-1] == n + 2
