@@ -244,7 +244,8 @@ def take_ahead_action(run_dir: Path, segment: int) -> bool:
 # ---------------------------------------------------------------------- survivor records
 def survivor_file(run_dir: Path, member: str) -> Path:
     """Where a survivor says which steps it holds (``{"member", "rank", "held", "pid", "time",
-    "segment", "step", "error", "digests"}``: :func:`elastic_ring.worker.survive.rollback_word`)."""
+    "segment", "step", "error", "digests"}``, a sharded model's with ``"shards"``: ``{"world",
+    "ranks"}``, whose shards its copies hold: :func:`elastic_ring.worker.survive.rollback_word`)."""
     return protocol.control_dir(Path(run_dir)) / f"survivor-{member}.json"
 
 
@@ -263,7 +264,8 @@ def agreement(records: list[dict[str, Any]], silent: int = 0, gone: int = 1) -> 
     ``memory_refused``. ``silent`` workers neither spoke nor are gone, ``gone`` workers are. The
     step is :func:`common_step` of what they hold, where every survivor that gave a fingerprint of
     that step's copy (:func:`elastic_ring.worker.survive.state_digest`) gave the same one: a
-    survivor whose state is not the others' is broken, and which one is right is not known."""
+    survivor whose state is not the others' is broken, and which one is right is not known; and
+    where they hold a sharded model's replicas (``shards``), where they hold every rank's shards."""
     if silent:
         return None, f"{silent} worker(s) neither said which steps they hold nor were gone within the wait"
     if not records:
@@ -278,6 +280,13 @@ def agreement(records: list[dict[str, Any]], silent: int = 0, gone: int = 1) -> 
     prints.discard(None)
     if len(prints) > 1:
         return None, f"the survivors' copies of step {step} differ (one's state is not the others')"
+    shards = [r["shards"] for r in records if isinstance(r.get("shards"), dict)]
+    if shards:  # a sharded model's replicas (worker.sharded.Replica): every old rank's shards held by one
+        world = max(int(x.get("world") or 0) for x in shards)
+        missing = sorted(set(range(world)) - {int(k) for x in shards for k in x.get("ranks") or ()})
+        if missing:
+            return None, (f"the survivors hold no copy of the shards of rank(s) {missing} of {world} (a sharded "
+                          "model: more than one failure)")
     return step, None
 
 

@@ -371,7 +371,7 @@ class Job:
                 if self.rejoined:  # a joiner of the re-formed ring learns the segment from rank 0
                     meta.update(segment=self.segment, stop_at=self.stop_at)
         if self.checkpoints.sharded is not None:  # every rank reads its shards of rank 0's choice
-            self.checkpoints.sharded.load(shards)
+            self.checkpoints.sharded.load(shards, kept)  # (kept: the survivors' replicas)
         self._sync(meta)
         self.restored = True
         self.state.remember_restored_weights()

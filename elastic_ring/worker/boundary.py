@@ -250,8 +250,10 @@ class StepBoundary:
             return False
         if job.state.sharded:  # the script runs again in the new ring: shards itself, restores (DCP)
             from elastic_ring.worker.hooked import Rejoin
+            from elastic_ring.worker.sharded import forget_meshes
 
             self.reform_ring(action)
+            forget_meshes()
             raise Rejoin(job.ring, action.segment, action.stop_at, self.progress.start)
         self.reform(action, before_sync)
         return True

@@ -21,9 +21,13 @@ A registered model whose parameters are DTensors is sharded (:func:`is_sharded`,
   every rank loads its part of it with DCP's ``load`` into its (new-size) shards and
   ``set_state_dict``; the counters and the rest go by the usual sync (no broadcast of weights: each
   rank read its own). Eq. 7 or the constant-batch rule then apply as for a data-parallel job.
-- **--survive**: a dead rank's shards die with it; the survivors keep no copy in memory (theirs
-  alone cannot make the state) and a failure restarts from the newest sharded checkpoint
-  (:func:`say_no_survive`, one line at start).
+- **--survive**: a dead rank's shards die with it, so each rank keeps in memory, at every step,
+  its shards and rank r-1's (:class:`Replica`: sent to r+1 and received from r-1 over the ring's
+  gloo group; :class:`elastic_ring.worker.survive.ShardedCopy` keeps two steps' copies). After one
+  failure the survivors hold every rank's shards (:func:`owners`) and rebuild the state at the new
+  size from them (:meth:`ShardedCheckpoints.from_memory`); two neighbours' deaths at once, or a
+  job at one worker (:func:`why_no_replica`), restart from the newest sharded checkpoint (the
+  controller's agreement refuses the memory path: :func:`elastic_ring.seam.agreement`).
 """
 
 from __future__ import annotations
@@ -65,6 +69,27 @@ def check_optimizer(model: Any, optimizer: Any) -> None:
     if any(id(p) not in own for g in optimizer.param_groups for p in g["params"]):
         raise ContractError("the registered optimizer holds parameters the sharded model no longer has: "
                             "build it after fully_shard(model), on model.parameters()")
+
+
+def forget_meshes() -> None:
+    """Before a sharded script runs again in a re-formed ring: DTensor's cache of its operations'
+    output layouts let go. It is keyed by a device mesh's ranks and shape, not by this process's
+    rank in it, so a mesh of the same size from an earlier ring (where this process had another
+    rank: a survivor after a failure) would come back on the new ring's tensors (seen: DCP's
+    save of a 3 -> 2 -> 3 run then placed two ranks' shards at one offset)."""
+    mod = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(mod, "DTensor", None)
+    if dtensor is None:
+        return
+    import torch
+
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)  # (its C++ fast path's)
+    if native is not None:
+        native()
+    prop = getattr(getattr(dtensor, "_op_dispatcher", None), "sharding_propagator", None)
+    for cache in (getattr(prop, "propagate_op_sharding", None), getattr(prop, "_propagate_tensor_meta_cached", None)):
+        if hasattr(cache, "cache_clear"):
+            cache.cache_clear()
 
 
 def say(line: str) -> None:
@@ -156,6 +181,8 @@ class Plan:
         self.entries = entries  # (name, owning module's _parameters or _buffers, attribute, the tensor)
         self.params = params  # the optimizer's parameters in its state dict's order
         self.fqns = fqns  # and their names
+        self._names = {id(p): n for p, n in zip(params, fqns)}
+        self._model: dict | None = None  # the model's state dict (its tensors fixed while the plan holds)
 
     @classmethod
     def build(cls, model: Any, optimizer: Any, dcp_dicts: dict[str, Any]) -> Plan | None:
@@ -193,15 +220,29 @@ class Plan:
             and not _needs_init(self.optimizer)
 
     def state_dicts(self) -> dict[str, Any]:
-        """:func:`state_dicts`' result, from the live tensors (the caller checked :meth:`holds`)."""
-        model = {name: t for name, _, _, t in self.entries}
-        if self.optimizer is None:
+        """:func:`state_dicts`' result, from the live tensors (the caller checked :meth:`holds`).
+        The optimizer's part is what ``optimizer.state_dict()`` gives, keyed by name, read from its
+        ``state`` and ``param_groups`` directly where it has no state-dict hooks (its own call
+        first numbers the parameters and packs every group: the larger part of this call's time
+        for a small model)."""
+        if self._model is None:
+            self._model = {name: t for name, _, _, t in self.entries}
+        model = dict(self._model)
+        opt = self.optimizer
+        if opt is None:
             return {"model": model, "optimizer": {}}
-        osd = self.optimizer.state_dict()
-        fqns = self.fqns
+        if getattr(opt, "_optimizer_state_dict_pre_hooks", None) or \
+                getattr(opt, "_optimizer_state_dict_post_hooks", None):
+            osd = opt.state_dict()
+            fqns = self.fqns
+            return {"model": model, "optimizer": {
+                "state": {fqns[i]: v for i, v in osd["state"].items()},
+                "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in osd["param_groups"]]}}
+        names = self._names
         return {"model": model, "optimizer": {
-            "state": {fqns[i]: v for i, v in osd["state"].items()},
-            "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in osd["param_groups"]]}}
+            "state": {names[id(p)]: v for p, v in opt.state.items()},
+            "param_groups": [{**{k: v for k, v in g.items() if k != "params"},
+                              "params": [names[id(p)] for p in g["params"]]} for g in opt.param_groups]}}
 
 
 class Copier:
@@ -388,9 +429,12 @@ class ShardedCheckpoints:
         return path, nbytes, time.perf_counter() - t0
 
     # ------------------------------------------------------------------ restore
-    def load(self, name: str | None) -> None:
+    def load(self, name: str | None, kept: dict[str, Any] | None = None) -> None:
         """Every rank: the checkpoint folder ``name`` (rank 0's choice, sent to all here) into this
-        rank's shards of the registered model and optimizer; nothing when rank 0 found none."""
+        rank's shards of the registered model and optimizer; nothing when rank 0 found none.
+        :data:`MEMORY`: the survivors of a failure rebuild the state from their replicas instead
+        (``kept``: this rank's copy of the step they roll back to, None on a joiner:
+        :meth:`from_memory`)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -406,7 +450,12 @@ class ShardedCheckpoints:
         try:
             sd = state_dicts(st.model, st.optimizer)
             try:
-                dcp.load(sd, storage_reader=dcp.FileSystemReader(str(folder)))
+                if name == MEMORY:
+                    self.from_memory(sd, kept)
+                else:
+                    dcp.load(sd, storage_reader=dcp.FileSystemReader(str(folder)))
+            except CheckpointError:
+                raise
             except Exception as e:  # noqa: BLE001 - one line naming the folder
                 raise CheckpointError(f"sharded checkpoint {folder} does not load: {type(e).__name__}: "
                                       f"{(str(e).splitlines() or [''])[0][:300]}") from None
@@ -417,3 +466,245 @@ class ShardedCheckpoints:
                 set_state_dict(st.model, [], model_state_dict=sd["model"], optim_state_dict={})
         finally:
             st.syncing = False
+
+    def from_memory(self, sd: dict[str, Any], kept: dict[str, Any] | None) -> None:
+        """Every rank of the survivors' new ring: ``sd`` (this rank's state dicts at the new size)
+        filled from the replicas the survivors hold (:class:`Replica`). Each says which old ranks'
+        shards it holds (an ``all_gather_object``), :func:`owners` picks one holder of each, and
+        those send them to all (a second one); every rank puts each tensor together
+        (:func:`assemble`) and keeps its new piece (:func:`piece_of`); the other values (the
+        optimizer's step counts and groups, the buffers) are rank 0's. The full state passes
+        through each rank's memory once, here only.
+
+        Raises:
+            CheckpointError: the survivors do not hold every shard (:func:`owners`)."""
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        rep = kept.get("replica") if kept else None
+        world = dist.get_world_size()
+        have = {"world": rep["world"], "step": rep["step"], "ranks": sorted(rep["pieces"])} if rep else None
+        haves: list = [None] * world
+        dist.all_gather_object(haves, have)
+        own = owners(haves)
+        me = dist.get_rank()
+        # (a clone each: a received piece is a view of its flat buffer, which would be pickled whole)
+        mine = {k: {p: t.clone() for p, t in rep["pieces"][k].items()} for k, n in own.items() if n == me}
+        rest = (rep["own"], rep["layout"]) if me == 0 else None
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, (mine, rest))
+        pieces: dict[int, dict] = {}
+        for part, _ in gathered:
+            pieces.update(part)
+        template, layout = gathered[0][1]
+        old_world = haves[own[0]]["world"]
+
+        def fill(obj: Any, tmpl: Any, path: tuple) -> Any:
+            if isinstance(obj, DTensor):
+                shape, ly = layout[path]
+                full = assemble(shape, ly, old_world, {k: pieces[k][path] for k in range(old_world)})
+                new_ly = layout_of(obj.placements)
+                coord = obj.device_mesh.get_coordinate()
+                obj._local_tensor.copy_(piece_of(full, new_ly, obj.device_mesh.size(), coord[0] if coord else 0))
+                return obj
+            if isinstance(obj, dict):
+                return {k: fill(obj[k], tmpl[k], path + (k,)) for k in tmpl}
+            if isinstance(obj, list):
+                return [fill(obj[i] if i < len(obj) else None, v, path + (i,)) for i, v in enumerate(tmpl)]
+            if isinstance(tmpl, torch.Tensor):
+                return tmpl.clone()
+            return copy.deepcopy(tmpl)
+
+        for key in ("model", "optimizer"):
+            sd[key] = fill(sd[key], template[key], (key,))
+
+
+# ---------------------------------------------------------------------- --survive: a neighbour's replica
+REPLICA = ("elastic-ring worker: --survive on a sharded model: each rank keeps in memory a copy of its shards and "
+           "of rank r-1's (HSDP-style), so the survivors of one failure hold every shard and go on from memory; "
+           "two failures at once restart from the newest sharded checkpoint")
+MEMORY = ":memory:"  # rank 0's "folder" when the survivors rebuild the state from their replicas
+
+
+def chunk(n: int, parts: int, i: int) -> tuple[int, int]:
+    """``(offset, length)`` of part ``i`` of ``n`` rows split in ``parts`` as ``torch.chunk`` (and
+    DTensor's ``Shard``) splits them: ``ceil(n / parts)`` each, the last ones short or empty."""
+    c = -(-n // parts) if n else 0
+    off = min(i * c, n)
+    return off, max(0, min(c, n - off))
+
+
+def layout_of(placements: Any) -> tuple | None:
+    """A DTensor's placements on a 1-D mesh as ``(("shard", dim),)`` or ``(("replicate",),)``; None
+    for any other (a 2-D mesh, a strided or partial placement): no replica kept for those."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    if len(placements) != 1:
+        return None
+    p = placements[0]
+    if type(p) is Shard:
+        return (("shard", int(p.dim)),)
+    if type(p) is Replicate:
+        return (("replicate",),)
+    return None
+
+
+def box(shape: tuple, layout: tuple, world: int, rank: int) -> tuple[tuple[int, int], ...]:
+    """Where rank ``rank`` of ``world`` holds its piece of a tensor of ``shape`` laid out as
+    ``layout`` (:func:`layout_of`): ``(offset, length)`` per dimension."""
+    (kind, *dim), = layout
+    out = [(0, int(n)) for n in shape]
+    if kind == "shard":
+        d = dim[0] % max(1, len(shape))
+        out[d] = chunk(int(shape[d]), world, rank)
+    return tuple(out)
+
+
+def _at(obj: Any, path: tuple) -> Any:
+    for k in path:
+        obj = obj[k]
+    return obj
+
+
+def why_no_replica(model: Any, world: int) -> str | None:
+    """Why a sharded model's ranks cannot keep each other's shards, or None when they can: at one
+    worker there is no other rank; each parameter a DTensor on one 1-D mesh of the whole ring,
+    sharded on a dimension or replicated (FSDP2's ``fully_shard``)."""
+    from torch.distributed.tensor import DTensor
+
+    if world < 2:
+        return "one worker: no other rank to hold a copy of its shards"
+    for name, p in model.named_parameters():
+        if not isinstance(p, DTensor):
+            continue
+        mesh = p.device_mesh
+        if mesh.ndim != 1 or mesh.mesh.flatten().tolist() != list(range(world)) or layout_of(p.placements) is None:
+            return f"parameter {name} is not sharded on one dimension over all {world} ranks"
+    return None
+
+
+class Replica:
+    """``--survive`` on a sharded model (:func:`elastic_ring.worker.survive.memory_copy`): the take
+    of its per-step copy (:class:`~elastic_ring.worker.survive.MemoryCopy`). On every rank at the
+    same step: the rest of the state (``StateSync.snapshot`` without the weights), this rank's
+    shards copied to the CPU (a :class:`Copier` of its own) and sent to rank r+1 while rank r-1's
+    are received (point-to-point over the ring's default gloo group, one flat buffer per dtype:
+    1/N of the state each way). The copy then holds the shards of ranks r and r-1: after one
+    failure, the survivors' copies together hold every rank's (:func:`owners`), and
+    :meth:`ShardedCheckpoints.load` rebuilds the state from them at the new size."""
+
+    def __init__(self, state: Any, rank: int, world: int) -> None:
+        self.state, self.rank, self.world = state, rank, world
+        self.copier = Copier()
+        self._layout: tuple | None = None  # (the specs' key, {path: (shape, dtype, layout)}, paths by dtype)
+
+    def _plan(self, specs: dict, local: Any) -> tuple[dict, dict]:
+        key = tuple((p, s[2], s[1]) for p, s in specs.items())
+        if self._layout is None or self._layout[0] != key:
+            lay, by_dtype = {}, {}
+            for path, (_, placements, shape, _) in specs.items():
+                dtype = _at(local, path).dtype
+                lay[path] = (tuple(shape), dtype, layout_of(placements))
+                by_dtype.setdefault(dtype, []).append(path)
+            self._layout = (key, lay, by_dtype)
+        return self._layout[1], self._layout[2]
+
+    def take(self, step: int, into: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The copy of ``step`` (``into``: the oldest one, let go, whose tensors it reuses); None
+        while the optimizer has no state yet (DCP's state dict would step it once to make it: the
+        first copy is of the first completed step)."""
+        import torch
+        import torch.distributed as dist
+
+        if _needs_init(self.state.optimizer):
+            return None
+        if into is not None:  # let go: its CPU tensors are reused
+            self.copier.release(into["replica"]["own"])
+        meta = self.state.snapshot(step, weights=False)
+        local, specs = self.copier.copy(self.state)
+        lay, by_dtype = self._plan(specs, local)
+        w, r = self.world, self.rank
+        src = (r - 1) % w
+        old = into["replica"]["bufs"] if into is not None else {}
+        sends, bufs, ops = [], {}, []
+        for i, (dtype, paths) in enumerate(by_dtype.items()):
+            parts = [_at(local, p).reshape(-1) for p in paths]
+            send = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+            n = sum(_numel(box(lay[p][0], lay[p][2], w, src)) for p in paths)
+            buf = old.get(dtype)
+            if buf is None or buf.numel() != n:
+                buf = torch.empty(n, dtype=dtype)
+            sends.append(send)
+            bufs[dtype] = buf
+            ops.append(dist.isend(send, (r + 1) % w, tag=i))
+            ops.append(dist.irecv(buf, src, tag=i))
+        for op in ops:
+            op.wait()
+        theirs = {}
+        for dtype, paths in by_dtype.items():
+            at = 0
+            for p in paths:
+                lengths = tuple(n for _, n in box(lay[p][0], lay[p][2], w, src))
+                k = _numel(box(lay[p][0], lay[p][2], w, src))
+                theirs[p] = bufs[dtype][at:at + k].view(lengths)
+                at += k
+        mine = {p: _at(local, p) for p in lay}
+        return {**meta, "model": None, "optimizer": None, "sharded": MEMORY, "replica": {
+            "step": step, "world": w, "rank": r, "own": local, "bufs": bufs,
+            "layout": {p: (s, ly) for p, (s, _, ly) in lay.items()}, "pieces": {r: mine, src: theirs}}}
+
+
+def _numel(b: tuple) -> int:
+    n = 1
+    for _, k in b:
+        n *= k
+    return n
+
+
+def owners(haves: list[dict[str, Any] | None]) -> dict[int, int]:
+    """Which new rank gives each old rank's shards, from what every rank of the new ring holds
+    (``haves[new rank]``: ``{"world", "step", "ranks"}`` of its replica, None for a joiner): the
+    lowest new rank holding it.
+
+    Raises:
+        CheckpointError: the holders' copies are of different steps or worlds, or no one holds
+            some old rank's shards (more than one failure)."""
+    from elastic_ring.errors import CheckpointError
+
+    held = [(n, h) for n, h in enumerate(haves) if h]
+    kinds = {(int(h["world"]), int(h["step"])) for _, h in held}
+    if len(kinds) != 1:
+        raise CheckpointError(f"the survivors' replicas of the sharded state do not match (world, step: "
+                              f"{sorted(kinds)})")
+    (world, _), = kinds
+    own: dict[int, int] = {}
+    for n, h in held:
+        for k in sorted(h["ranks"]):
+            own.setdefault(int(k), n)
+    missing = [k for k in range(world) if k not in own]
+    if missing:
+        raise CheckpointError(f"the survivors hold no copy of the shards of rank(s) {missing} of {world} "
+                              "(more than one failure): restart from the sharded checkpoint")
+    return own
+
+
+def assemble(shape: tuple, layout: tuple, world: int, pieces: dict[int, Any]) -> Any:
+    """The full tensor of ``shape`` from its pieces (old rank -> its local tensor) laid out as
+    ``layout`` over ``world`` ranks (every rank's piece given: :func:`owners`)."""
+    import torch
+
+    first = next(iter(pieces.values()))
+    full = torch.empty(shape, dtype=first.dtype)
+    for k in range(world):
+        b = box(shape, layout, world, k)
+        if _numel(b) == 0 and len(shape):
+            continue
+        full[tuple(slice(o, o + n) for o, n in b)] = pieces[k].reshape(tuple(n for _, n in b))
+    return full
+
+
+def piece_of(full: Any, layout: tuple, world: int, rank: int) -> Any:
+    """Rank ``rank``'s piece of ``full`` at ``world`` ranks (a view)."""
+    b = box(tuple(full.shape), layout, world, rank)
+    return full[tuple(slice(o, o + n) for o, n in b)]

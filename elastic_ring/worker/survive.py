@@ -33,8 +33,10 @@ none: it holds the step of its last ``state.commit()`` (Horovod's save) and roll
 :func:`rollback_word`).
 
 A sharded model's (FSDP2) state is not held whole by any rank: a dead rank's shards die with it, so
-no copy is kept and a failure restarts from the newest sharded checkpoint (one line at start says so:
-:mod:`elastic_ring.worker.sharded`).
+each rank's copy holds its shards and rank r-1's, exchanged at every copy (:class:`ShardedCopy`,
+:class:`elastic_ring.worker.sharded.Replica`): after one failure the survivors hold every shard
+and rebuild the state at the new size; where they do not (two neighbours dead) or at one worker,
+a failure restarts from the newest sharded checkpoint (one line at start says which).
 
 Memory: two CPU copies of the registered state (for SGD with momentum about 4x the model's
 parameters, plus its buffers); time: one copy of it per step, on the training thread (either loop).
@@ -201,6 +203,41 @@ class MemoryCopy:
         return sorted(self.copies)
 
 
+class ShardedCopy(MemoryCopy):
+    """A sharded model's copies (:class:`elastic_ring.worker.sharded.Replica`: each a send and a
+    receive with the ring's neighbours), so every rank must keep one at the same steps: under
+    the default's measurement the controller's word is followed at the first copy at which every
+    rank has read it (an ``all_reduce`` of "read" per copy until then, on every rank, measuring or
+    not: a rank alone that stopped would leave its neighbours waiting; :func:`_sharded_copy`
+    agrees on it again on every new ring)."""
+
+    def keep(self, step: int) -> None:
+        if self.off or step in self.copies:
+            return
+        into = None
+        while len(self.copies) >= self.keep_n:
+            into = self.copies.pop(min(self.copies))
+        t0 = time.perf_counter()
+        kept = self.take(step, into)
+        if kept is None:  # (before the optimizer's first step: nothing to copy, on every rank alike)
+            return
+        self.copies[step] = kept
+        meter = self.meter
+        if meter is None:
+            return
+        meter.timed(step, t0, time.perf_counter())
+        import torch
+        import torch.distributed as dist
+
+        word = meter.choice()
+        read = torch.tensor([0 if word is None else 1])
+        dist.all_reduce(read, op=dist.ReduceOp.MIN)
+        if int(read.item()):  # every rank has read the same word (one file)
+            self.meter = None
+            if not word:
+                self.stop()
+
+
 @dataclass
 class _Process:
     copy: MemoryCopy | None = None  # this process's copies (one job at a time)
@@ -217,27 +254,59 @@ def memory_copy(job: Any) -> MemoryCopy | None:
     Horovod Elastic's); else None."""
     if not enabled() or not job.ring.in_place:
         return None
-    if job.state.sharded:  # a dead rank's shards are gone: the sharded checkpoint is the fallback
-        if not _P.said_sharded and job.rank == 0:
-            from elastic_ring.worker.sharded import NO_SURVIVE, say
+    take = job.state.snapshot
+    if job.state.sharded:  # each rank keeps rank r-1's shards too (a replica), where the ring allows it
+        from elastic_ring.worker import sharded
 
-            say(NO_SURVIVE)
+        why = sharded.why_no_replica(job.state.model, job.size)
+        if not _P.said_sharded and job.rank == 0:
+            sharded.say(sharded.REPLICA if why is None else f"{sharded.NO_SURVIVE} ({why})")
         _P.said_sharded = True
-        return None
+        if why is not None:
+            return None
+        take = sharded.Replica(job.state, job.rank, job.size).take
+        return _sharded_copy(job, take)
     if _P.copy is None:
-        _P.copy = MemoryCopy(job.state.snapshot, meter=_meter(job))
+        _P.copy = MemoryCopy(take, meter=_meter(job))
         if _P.copy.meter is None and env.survive_measured() and read_choice(job.run_dir) is False:
             _P.copy.stop()  # started after the controller's word: off
     if _P.copy.off:
         return None
-    _P.copy.take = job.state.snapshot  # the script's new objects after a rerun
+    _P.copy.take = take  # the script's new objects after a rerun
     return _P.copy
 
 
-def _meter(job: Any) -> CostMeter | None:
+def _sharded_copy(job: Any, take: Any) -> MemoryCopy | None:
+    """A sharded model's copy (:class:`ShardedCopy`) on a new ring (the script runs again at every
+    resize and after a failure): its copies only. Under the default's measurement every rank must
+    follow the controller's word at the same copy: here (every rank, a joiner too, at the loop's
+    start) they agree whether all have read it; if not, all measure (again) until all have."""
+    if _P.copy is None:
+        _P.copy = ShardedCopy(take)
+    cp = _P.copy
+    cp.copies.clear()
+    cp.take = take
+    if env.survive_measured():  # (every rank, a stopped one too: the others count on its word)
+        import torch
+        import torch.distributed as dist
+
+        word = read_choice(job.run_dir)
+        read = torch.tensor([0 if word is None else 1])
+        dist.all_reduce(read, op=dist.ReduceOp.MIN)
+        if int(read.item()):
+            cp.meter = None
+            if word is False:
+                cp.stop()
+        elif cp.meter is None:
+            cp.meter = _meter(job, force=True)
+    return None if cp.off else cp
+
+
+def _meter(job: Any, force: bool = False) -> CostMeter | None:
     """The default's measurement of this rank's copy (``auto``), unless the controller has said
-    already (a worker started after its word follows it: :func:`memory_copy`)."""
-    if not env.survive_measured() or read_choice(job.run_dir) is not None:
+    already (a worker started after its word follows it: :func:`memory_copy`; ``force``: measure
+    anyway)."""
+    if not env.survive_measured() or (read_choice(job.run_dir) is not None and not force):
         return None
     run_dir, member = job.run_dir, env.member(default=str(job.rank))
 
@@ -265,11 +334,12 @@ def _peer_loss(exc: BaseException) -> bool:
 
 
 def rollback_word(exc: BaseException, job: Any, held: list[int],
-                  digests: dict[str, str] | None = None) -> Action | None:
+                  digests: dict[str, str] | None = None, shards: dict[str, Any] | None = None) -> Action | None:
     """After a peer's loss (``exc``): say which steps this rank holds in memory (``held``, with a
     fingerprint of each copy where given: ``digests``, step -> :func:`state_digest`), and wait for
-    the controller's word on this segment. Returns the resize action whose ``rollback_to`` is one
-    of them, or None (not a peer's loss, no word in time, an exit asked, the default's word "off"
+    the controller's word on this segment; ``shards``: a sharded model's copies hold the shards of
+    these ranks (``{"world", "ranks"}``: :class:`elastic_ring.worker.sharded.Replica`). Returns
+    the resize action whose ``rollback_to`` is one of them, or None (not a peer's loss, no word in time, an exit asked, the default's word "off"
     written: this rank says nothing, so the controller's wait ends at once)."""
     if not _peer_loss(exc) or not held or not job.ring.in_place:
         return None
@@ -281,7 +351,7 @@ def rollback_word(exc: BaseException, job: Any, held: list[int],
     protocol.write_json_atomic(survivor_file(run_dir, member), {
         "member": member, "rank": job.rank, "held": list(held), "pid": os.getpid(), "time": t0,
         "segment": seg, "step": job.seg.step, "error": f"{type(exc).__name__}: {exc}"[:300],
-        **({"digests": digests} if digests else {})})
+        **({"digests": digests} if digests else {}), **({"shards": shards} if shards else {})})
     print(f"elastic-ring worker rank {job.rank}: a peer was lost ({type(exc).__name__}); holding steps "
           f"{list(held)} in memory, waiting for the controller", flush=True)
     while time.time() - t0 < WAIT_S:
@@ -323,7 +393,9 @@ def survived(exc: BaseException) -> tuple | None:
     model = job.state.model
     params = {k for k, _ in model.named_parameters()} if model is not None else set()
     digests = {str(k): state_digest(c, params) for k, c in copy.copies.items()}
-    action = rollback_word(exc, job, copy.held(), digests)
+    reps = [c["replica"] for c in copy.copies.values() if c.get("replica")]
+    shards = {"world": reps[0]["world"], "ranks": sorted(reps[0]["pieces"])} if reps else None
+    action = rollback_word(exc, job, copy.held(), digests, shards)
     if action is None:
         return None
     _P.rollback = copy.copies[action.rollback_to]
@@ -331,6 +403,10 @@ def survived(exc: BaseException) -> tuple | None:
     start = job.progress.start
     start.restart(t0)
     reform_survivors(job.ring, action)  # Retired where this worker is not in the new ring
+    if _P.rollback.get("replica") is not None:  # a sharded model's: the script shards it again
+        from elastic_ring.worker.sharded import forget_meshes
+
+        forget_meshes()  # (this process's rank may be another one now)
     job.ring.connected = True
     start.mark("hvd_reinit")
     return job.ring, action.segment, action.stop_at, start

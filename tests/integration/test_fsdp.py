@@ -151,12 +151,14 @@ def test_fsdp_resized_in_place_runs_the_script_again_and_equals_ddp(tmp_path, tm
     _same_as_reference(tmp_path / "inplace", _ddp_reference(tmp_path_factory))
 
 def test_survive_on_a_sharded_job_falls_back_to_the_sharded_checkpoint(tmp_path):
-    """``--relaunch inplace --survive``, kill -9 of rank 1 of two: its shards die with it, so the
-    survivor keeps no copy in memory (one line at start says why) and the run restarts from the
-    newest sharded checkpoint, at two workers again; its periodic checkpoints are time-based
-    (``--checkpoint-every-s``, rank 0's clock carried to both ranks by the stop vote). Every step
-    trained after the restart redoes the same samples, and the final weights and Adam moments equal
-    those of the same run without the kill (the same float operations: a restore from DCP is exact)."""
+    """``--relaunch inplace --survive`` at three workers, kill -9 of ranks 1 and 2 at once: each
+    rank's copies hold its shards and rank r-1's, so rank 0 alone holds ranks 0's and 2's; rank
+    1's died with ranks 1 and 2. The controller refuses the memory path (one reason naming the
+    rank) and the run restarts from the newest sharded checkpoint, at three workers again; its
+    periodic checkpoints are time-based (``--checkpoint-every-s``, rank 0's clock carried to all
+    ranks by the stop vote). Every step trained after the restart redoes the same samples, and
+    the final weights and Adam moments equal those of the same run without the kills (the same
+    float operations: a restore from DCP is exact)."""
     import os
     import signal
 
@@ -165,17 +167,17 @@ def test_survive_on_a_sharded_job_falls_back_to_the_sharded_checkpoint(tmp_path)
     from tests.conftest import wait_for
     from tests.integration.test_train_resize import _start_train
 
-    steps, run, out = 60, tmp_path / "survive" / "run", tmp_path / "survive" / "out"
+    steps, run, out = 40, tmp_path / "survive" / "run", tmp_path / "survive" / "out"
     out.mkdir(parents=True)
     ref_out = tmp_path / "ref" / "out"
     ref_out.mkdir(parents=True)
-    # the reference (the same run without the kill) trains beside it: it needs nothing of this run's
+    # the reference (the same run without the kills) trains beside it: it needs nothing of this run's
     beside = ThreadPoolExecutor(1)
-    ref = beside.submit(run_cli, "train", "--script", SCRIPT, "--collective", "torch", "--gpus", "2", "--slots", "2",
+    ref = beside.submit(run_cli, "train", "--script", SCRIPT, "--collective", "torch", "--gpus", "3", "--slots", "3",
                         "--steps", str(steps), "--run-dir", str(tmp_path / "ref" / "run"), "--", "--out",
                         str(ref_out), timeout=300)
     beside.shutdown(wait=False)
-    p = _start_train(["--collective", "torch", "--relaunch", "inplace", "--survive", "--gpus", "2", "--slots", "2",
+    p = _start_train(["--collective", "torch", "--relaunch", "inplace", "--survive", "--gpus", "3", "--slots", "3",
                       "--steps", str(steps), "--checkpoint-every-s", "0.4", "--script", SCRIPT,
                       "--run-dir", str(run), "--", "--out", str(out), "--step-s", "0.05"])
     try:
@@ -186,21 +188,23 @@ def test_survive_on_a_sharded_job_falls_back_to_the_sharded_checkpoint(tmp_path)
             return ck and isinstance(rec, dict) and int(rec["step"]) >= ck[0]["step"] + 3 and ck
         first = wait_for(periodic, 120, "a periodic sharded checkpoint and three steps after it", poll=0.1)
         assert first[0]["step"] < steps
-        rec = protocol.read_json(protocol.pid_dir(run) / "seg000-rank1.json")
-        os.kill(int(rec["pid"]), signal.SIGKILL)
+        pids = [int(protocol.read_json(protocol.pid_dir(run) / f"seg000-rank{r}.json")["pid"]) for r in (1, 2)]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
         stdout, stderr = p.communicate(timeout=240)
     finally:
         if p.poll() is None:
             p.kill()
     assert p.returncode == 0, stdout + stderr
     logs = "".join(f.read_text() for f in sorted((run / "logs").glob("segment-*.log")))
-    assert "--survive on a sharded model: a dead rank's shards are lost" in logs, logs
+    assert "--survive on a sharded model: each rank keeps in memory a copy of its shards and of rank r-1's" in logs
     restarts = read_events(run / "events.jsonl", kind="restart")
-    assert len(restarts) == 1 and restarts[0]["path"] == "disk" and restarts[0]["new_world_size"] == 2, restarts
+    assert len(restarts) == 1 and restarts[0]["path"] == "disk" and restarts[0]["new_world_size"] == 3, restarts
+    assert "no copy of the shards of rank(s) [1] of 3" in restarts[0]["memory_refused"], restarts
     written = read_events(run / "events.jsonl", kind="checkpoint_written")
     before = [e["step"] for e in written if e["time"] < restarts[0]["time"]]
     assert before and restarts[0]["from_step"] == max(before)  # the newest sharded checkpoint
-    # every step trained by both ranks, a redone one on the same samples; all samples once in order
+    # every step trained by all ranks, a redone one on the same samples; all samples once in order
     rows: dict[int, dict[int, list]] = {}
     for f in sorted(out.glob("rank*.jsonl")):
         rank = int(f.stem[len("rank"):])
@@ -209,7 +213,7 @@ def test_survive_on_a_sharded_job_falls_back_to_the_sharded_checkpoint(tmp_path)
             seen = rows.setdefault(r["step"], {}).setdefault(rank, [])
             assert not seen or seen[0] == r["indices"], f"step {r['step']} redone on other samples"
             seen.append(r["indices"])
-    assert sorted(rows) == list(range(1, steps + 1)) and all(len(v) == 2 for v in rows.values())
+    assert sorted(rows) == list(range(1, steps + 1)) and all(len(v) == 3 for v in rows.values())
     flat = [i for s in sorted(rows) for r in sorted(rows[s]) for i in rows[s][r][0]]
     assert flat == SampleStream(96, seed=0).take(0, len(flat)).tolist()
     q = ref.result()
@@ -293,3 +297,98 @@ def test_the_checkpoint_copy_from_its_plan_is_dcps_state_dict(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "tests" / "integration" / "scripts" / "fsdp_copier.py"),
                         str(tmp_path / "dcp")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "copier: every check held" in p.stdout, p.stdout + p.stderr[-3000:]
+
+
+def _rows(out: Path) -> dict[int, dict[int, list[dict]]]:
+    """step -> rank -> its lines (a step redone after a failure: twice)."""
+    rows: dict[int, dict[int, list[dict]]] = {}
+    for f in sorted(out.glob("rank*.jsonl")):
+        rank = int(f.stem[len("rank"):])
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            rows.setdefault(r["step"], {}).setdefault(rank, []).append(r)
+    return rows
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_survive_on_a_sharded_job_goes_on_from_the_neighbours_replica(tmp_path, workers):
+    """``--relaunch inplace --survive`` at two (three) workers, kill -9 of rank 1: each rank kept
+    its shards and rank r-1's in memory at every step (``worker.sharded.Replica``), so the
+    survivors hold every shard of the last step all completed (at two, rank 0 alone; at three,
+    rank 1's shards are rank 2's copy); they rebuild the state at one (two) worker(s) from them
+    and go on (no checkpoint exists before the kill: none is read), from the last step every rank
+    completed and exchanged: the controller counts no completed step redone, and the one in flight
+    at the kill (its lines possibly written at the old size) is taken again, as for a replicated
+    model; the warm spare then joins.
+    Every step's samples and loss, and the final weights and Adam moments, as those of the same
+    shrink and grow scheduled without a failure (the bounds of the module docstring: a lost or
+    misplaced shard, or Adam's moments reset, moves the next loss by 1e-3 and more)."""
+    import os
+    import signal
+
+    from elastic_ring import protocol
+    from elastic_ring.ckpt import load
+    from tests.conftest import wait_for
+    from tests.integration.test_train_resize import _start_train
+
+    steps, run, out = 24, tmp_path / "survive" / "run", tmp_path / "survive" / "out"
+    out.mkdir(parents=True)
+    w = str(workers)
+    p = _start_train(["--collective", "torch", "--relaunch", "inplace", "--survive", "--gpus", w, "--slots", w,
+                      "--steps", str(steps), "--script", SCRIPT, "--run-dir", str(run), "--", "--out", str(out),
+                      "--step-s", "0.05"])
+    try:
+        def stepped():
+            rec = protocol.read_json(run / "control" / "progress.json")
+            return isinstance(rec, dict) and int(rec["step"]) >= 3
+        wait_for(lambda: stepped() or p.poll() is not None, 120, "step 3", poll=0.05)
+        rec = protocol.read_json(protocol.pid_dir(run) / "seg000-rank1.json")
+        os.kill(int(rec["pid"]), signal.SIGKILL)
+        stdout, stderr = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, stdout + stderr
+    logs = "".join(f.read_text() for f in sorted((run / "logs").glob("segment-*.log")))
+    assert "--survive on a sharded model: each rank keeps in memory a copy of its shards and of rank r-1's" in logs
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert (r["path"], r["rank"], r["new_world_size"], r["gave_up"]) == ("memory", 1, workers - 1, False), r
+    assert r["steps_redone"] <= 1 and r["from_step"] < steps, r
+    (rec,) = read_events(run / "events.jsonl", kind="recovered")
+    assert (rec["path"], rec["from_step"], rec["world_size"]) == ("memory", r["from_step"], workers - 1), rec
+    written = read_events(run / "events.jsonl", kind="checkpoint_written")
+    assert written and all(e["time"] > r["time"] and e["step"] > r["from_step"] for e in written), written
+    changes = [(e["cause"], e["members_before"], e["members_after"], e["state_source"])
+               for e in read_events(run / "events.jsonl", kind="membership_change")]
+    assert changes == [("failure", workers, workers - 1, "memory"), ("joiner", workers - 1, workers, "peer")], changes
+    grow = [e["step"] for e in read_events(run / "events.jsonl", kind="relaunched") if e["to_workers"] == workers]
+    assert len(grow) == 1 and grow[0] > r["from_step"], grow
+
+    ref_out = tmp_path / "ref" / "out"
+    ref_out.mkdir(parents=True)
+    q = run_cli("train", "--script", SCRIPT, "--collective", "torch", "--gpus", w, "--slots", w, "--steps", str(steps),
+                "--schedule", f"{r['from_step']}:{workers - 1},{grow[0]}:{workers}",
+                "--run-dir", str(tmp_path / "ref" / "run"),
+                "--", "--out", str(ref_out), timeout=300)
+    assert q.returncode == 0, q.stdout + q.stderr
+    rows, ref = _rows(out), _rows(ref_out)
+    assert sorted(rows) == sorted(ref) == list(range(1, steps + 1))
+    in_flight = r["from_step"] + 1 + r["steps_redone"]  # (its copy was not exchanged before the kill)
+    for s in rows:
+        world = ref[s][0][0]["world"]
+        kept = {k: [x for x in lines if x["world"] == world] for k, lines in rows[s].items()}
+        # the step in flight at the kill was first tried at the old size, and taken again after
+        assert all(x["world"] == world for lines in rows[s].values() for x in lines) or \
+            r["from_step"] < s <= in_flight, s
+        assert sorted(k for k in kept if kept[k]) == sorted(ref[s]), s  # the same world at every step
+        for k, (want,) in ref[s].items():
+            (got,) = kept[k]
+            assert got["indices"] == want["indices"], (s, k)
+            assert got["loss"] == pytest.approx(want["loss"], rel=LOSS_RTOL, abs=0), (s, k)
+    a, b = load(run), load(tmp_path / "ref" / "run")
+    assert a["step"] == b["step"] == steps and a["cursor"] == b["cursor"]
+    for k in b["model"]:
+        assert torch.allclose(a["model"][k], b["model"][k], rtol=0, atol=WEIGHT_ATOL), k
+        for m in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(a["optimizer"]["state"][k][m], b["optimizer"]["state"][k][m], rtol=0,
+                                  atol=WEIGHT_ATOL), (k, m)

@@ -203,3 +203,108 @@ def test_a_plain_model_is_told_apart_without_importing_dtensor():
             "assert 'torch.distributed.tensor' not in sys.modules, 'imported by is_sharded'\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+# ---------------------------------------------------------------------- --survive: the replicas' bookkeeping
+def test_pieces_split_as_torch_chunk_and_join_back_at_any_world():
+    """A rank's piece (worker.sharded.box / piece_of) is torch.chunk's (DTensor's Shard, FSDP2's
+    layout; uneven and empty parts too); the pieces of one world put together (assemble) are the
+    tensor, re-split at another world as torch.chunk splits it."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    from elastic_ring.worker.sharded import assemble, chunk, layout_of, piece_of
+
+    for n in (0, 1, 5, 7, 8):
+        for parts in (1, 2, 3, 4):
+            got = [chunk(n, parts, i) for i in range(parts)]
+            want = [c.shape[0] for c in torch.arange(n).chunk(parts)] if n else []
+            assert [k for _, k in got if k] == want and sum(k for _, k in got) == n, (n, parts)
+            assert all(off == sum(k for _, k in got[:i]) for i, (off, _) in enumerate(got)), (n, parts)
+    assert layout_of((Shard(0),)) == (("shard", 0),) and layout_of((Replicate(),)) == (("replicate",),)
+    assert layout_of((Shard(0), Replicate())) is None
+    full = torch.arange(7 * 3, dtype=torch.float32).reshape(7, 3)
+    for ly in ((("shard", 0),), (("shard", 1),), (("replicate",),)):
+        for old in (2, 3, 4):
+            pieces = {k: piece_of(full, ly, old, k).clone() for k in range(old)}
+            if ly[0][0] == "shard":
+                dim = ly[0][1]
+                assert [p.shape[dim] for p in pieces.values() if p.numel()] == \
+                    [c.shape[dim] for c in full.chunk(old, dim)]
+            back = assemble(tuple(full.shape), ly, old, pieces)
+            assert torch.equal(back, full), (ly, old)
+            for new in (1, 2, 3):
+                for k in range(new):
+                    want = full if ly[0][0] == "replicate" else \
+                        (list(full.chunk(new, ly[0][1])) + [None] * new)[k]
+                    got = piece_of(back, ly, new, k)
+                    assert (got.numel() == 0 and want is None) or torch.equal(got, want), (ly, old, new, k)
+    scalar = torch.tensor(3.0)  # (Adam's step: a scalar, replicated)
+    assert torch.equal(assemble((), (("replicate",),), 2, {0: scalar, 1: scalar}), scalar)
+
+
+def test_the_survivors_of_one_failure_hold_every_rank_s_shards_of_two_failures_not():
+    """Rank r holds its shards and rank r-1's: after one failure every old rank has a holder
+    (owners: the lowest new rank holding it; a joiner holds none); after two neighbours' deaths
+    one rank's shards are nobody's (a CheckpointError, and the controller's agreement refuses
+    the memory path before: a restart from the sharded checkpoint)."""
+    from elastic_ring.seam import agreement
+    from elastic_ring.worker.sharded import owners
+
+    def held(world: int, r: int) -> dict:
+        return {"world": world, "step": 7, "ranks": sorted({r, (r - 1) % world})}
+
+    assert owners([held(2, 0)]) == {0: 0, 1: 0}  # rank 1 of 2 died: rank 0 holds both
+    assert owners([held(3, 0), held(3, 1), None]) == {0: 0, 1: 1, 2: 0}  # rank 2 of 3 died; a joiner
+    assert owners([held(4, 1), held(4, 2), held(4, 3)]) == {0: 0, 1: 0, 2: 1, 3: 2}
+    with pytest.raises(CheckpointError, match=r"rank\(s\) \[1\] of 3"):
+        owners([held(3, 0)])  # ranks 1 and 2 of 3 died
+    with pytest.raises(CheckpointError, match="do not match"):
+        owners([held(3, 0), {**held(3, 1), "step": 6}])
+    rec = lambda w, r: {"held": [6, 7], "shards": {"world": w, "ranks": held(w, r)["ranks"]}}  # noqa: E731
+    assert agreement([rec(3, 0), rec(3, 1)], gone=1) == (7, None)
+    step, why = agreement([rec(3, 0)], gone=2)
+    assert step is None and "no copy of the shards of rank(s) [1] of 3" in why, why
+    assert agreement([{"held": [6, 7]}], gone=1) == (7, None)  # a replicated model's: as before
+
+
+def test_a_sharded_copy_reports_its_cost_and_every_rank_follows_the_word_at_the_same_copy(monkeypatch):
+    """``survive.ShardedCopy`` under the default's measurement: its copy (the take: the shards and
+    the neighbour's exchange) is timed and reported as any model's (``CostMeter``: one report
+    after the skipped and timed copies); then the controller's word is followed only at a copy at
+    which every rank has read it (the all_reduce's minimum; here the other rank's read given):
+    "off" then stops the copies on all ranks alike. A take that gives None (the optimizer has no
+    state yet) keeps nothing."""
+    import torch.distributed as dist
+
+    from elastic_ring.worker import survive
+
+    others_read = {"now": 0}
+
+    def all_reduce(t, op=None):
+        t.fill_(min(int(t.item()), others_read["now"]))
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    reports, word = [], {"on": None}
+    meter = survive.CostMeter(reports.append, lambda: word["on"])
+    takes = []
+
+    def take(step, into):
+        takes.append(step)
+        return None if step == 0 else {"step": step}
+
+    cp = survive.ShardedCopy(take, meter=meter)
+    cp.keep(0)
+    assert cp.held() == [] and takes == [0]
+    n = survive.SKIP_COPIES + survive.TIMED_COPIES
+    for step in range(1, n + 1):
+        cp.keep(step)
+    assert len(reports) == 1 and reports[0]["steps"] == survive.TIMED_COPIES and reports[0]["ratio"] > 0
+    assert cp.held() == [n - 1, n] and cp.meter is meter
+    word["on"] = False  # this rank reads "off"; the other has not read it yet: both go on copying
+    cp.keep(n + 1)
+    assert not cp.off and cp.meter is meter and cp.held() == [n, n + 1]
+    others_read["now"] = 1  # the other rank has read it too: both stop at this copy
+    cp.keep(n + 2)
+    assert cp.off and cp.meter is None and cp.held() == []
+    cp.keep(n + 3)
+    assert takes[-1] == n + 2
