@@ -67,3 +67,42 @@ def test_a_sigterm_to_one_worker_shrinks_the_ring_in_place_without_it(tmp_path, 
     assert "Traceback" not in err
     with pytest.raises(ProcessLookupError):
         os.kill(int(rec["pid"]), 0)  # the worker that got the notice exited after the shrink
+
+
+def test_a_sigterm_where_the_worker_cannot_leave_in_place_relaunches_from_the_agreed_checkpoint(tmp_path):
+    """`--no-survive`: the slots are one `localhost:2`, where Horovod's driver would end rank 1, not
+    rank 0: the job stops with a checkpoint at the agreed step and goes on without rank 0's worker,
+    relaunched from it: still `preempted`, not a failure, nothing redone."""
+    steps = 300
+    run = tmp_path / "r"
+    proc = _start(["--gpus", "2", "--slots", "2", "--steps", str(steps), *TINY, "--relaunch", "inplace",
+                   "--no-survive", "--max-restarts", "0", "--run-dir", str(run)])
+    try:
+        wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2], 120, "a window at 2 workers")
+        rec = _record(run, 0)
+        os.kill(int(rec["pid"]), signal.SIGTERM)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    (notice,) = _events(run, "preempt_notice")
+    assert notice["pid"] == int(rec["pid"])
+    (change,) = _events(run, "membership_change")
+    assert (change["cause"], change["members_before"], change["members_after"], change["state_source"]) == (
+        "preempted", 2, 1, "checkpoint")
+    launches = _events(run, "launch")  # a new horovodrun at one worker fewer, from the agreed step
+    assert [(e["world_size"], e["start_step"]) for e in launches] == [(2, 1), (1, change["step"] + 1)]
+    assert change["step"] in [c["step"] for c in _events(run, "checkpoint_written") if c["world_size"] == 2]
+    assert not _events(run, "restart")  # not a failure: --max-restarts 0 untouched
+    assert json.loads((run / "summary.json").read_text()).get("restarts", []) in ([], 0)
+    trained = _trained_once(run)
+    assert sorted(trained) == list(range(1, steps + 1))  # every step trained once: 0 redone
+    assert {trained[s] for s in range(1, change["step"] + 1)} == {8 * 2}
+    assert {trained[s] for s in range(change["step"] + 1, steps + 1)} == {8}
+    notes = [n["message"] for n in _events(run, "notice")]
+    assert f"drained localhost (SIGTERM to pid {rec['pid']}) at step {change['step']}: 2 -> 1 workers, " \
+           "no step redone" in notes, notes
+    assert "Traceback" not in err
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(rec["pid"]), 0)  # the worker that got the notice left at the checkpoint
