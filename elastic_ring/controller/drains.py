@@ -24,7 +24,7 @@ host per slot: ``localhost:K`` on GPUs or with ``--no-survive``) the job stops w
 the agreed step instead (the paused workers are asked to leave, as an interrupt's are) and goes on
 from it at one worker fewer, relaunched without that worker (``Draining.relaunch``): still cause
 ``preempted``, nothing redone, ``--max-restarts`` untouched. The last worker has no one to go on:
-it is sent a second SIGTERM and ends, a failure as before.
+the job stops with that checkpoint (``Controller._preempted_stop``), and ``--resume`` goes on.
 
 In place over discovered hosts (``--relaunch inplace`` with a script that lists several hosts:
 the backend's ``over_hosts``) a drain and a notice are a discovered host's, as above: the host is
@@ -138,19 +138,20 @@ class Drains:
     def _leave(self, seg: Segment, ev: PreemptNotice) -> None:
         """In place: the notice's worker leaves the ring at the next resize; where the backend
         cannot take it out, the job stops with a checkpoint there and is relaunched without it;
-        the last worker ends at a second SIGTERM (a failure as before)."""
+        for the last worker the job stops there (``--resume`` goes on). A notice naming no host
+        ends at a second SIGTERM (a failure as before)."""
         if self.in_place is None or ev.host in self.pending:
             return
         if self.in_place.leave(ev.host):
             self._start(seg, ev.host, Cause.PREEMPTED, f"SIGTERM to pid {ev.pid}", self.notice_deadline_s,
                         slot=True)
             return
-        if ev.host and seg.world - len(self.pending) > 1:
+        if ev.host:  # (the last worker: the job stops there, ``Controller._preempted_stop``)
             self._start(seg, ev.host, Cause.PREEMPTED, f"SIGTERM to pid {ev.pid}", self.notice_deadline_s,
                         slot=True, relaunch=True)
             return
-        note = (f"SIGTERM to pid {ev.pid} ({ev.host or 'its host not known'}): it cannot leave the ring in "
-                f"place and no worker would go on without it (the last worker): it ends, a failure as before")
+        note = (f"SIGTERM to pid {ev.pid} (its host not known): it cannot leave the ring in place: it ends, "
+                f"a failure as before")
         self.out(note)
         self.events.write(Notice(message=note, segment=seg.index))
         try:
@@ -169,7 +170,9 @@ class Drains:
         self.pending[host] = Draining(host, cause, why, deadline_s, self.clock() + deadline_s, relaunch=relaunch)
         if self.hosts is not None and not slot:
             self.hosts.draining = {h: d.deadline for h, d in self.pending.items()}
-        where = ("the job stops with a checkpoint and goes on without it" if relaunch else
+        alone = relaunch and seg.world - len(self.pending) < 1
+        where = ("the job stops with a checkpoint (the last worker)" if alone else
+                 "the job stops with a checkpoint and goes on without it" if relaunch else
                  "the ring shrinks in place without it" if slot else "the job shrinks off it")
         note = (f"draining {host} ({why}): {where} at the next agreed step "
                 f"(deadline {deadline_s:g} s)")

@@ -197,7 +197,7 @@ def test_drains_in_place_a_worker_that_cannot_leave_ends_as_before(tmp_path, mon
     d, lines = _drains(tmp_path, _Ring(can=False))
     seg = Segment(index=0, world=1, start_step=1, stop_at=100)
     _progress(tmp_path, 3)
-    d.heard(PreemptNotice(rank=0, segment=0, pid=4242, host=S0))
+    d.heard(PreemptNotice(rank=0, segment=0, pid=4242, host=""))  # no host named: nothing to stop it by
     d.take(seg)
     _progress(tmp_path, 4)
     d.take(seg)
@@ -224,6 +224,15 @@ def test_drains_in_place_a_worker_that_cannot_leave_relaunches_without_it(tmp_pa
                      "without it at the next agreed step (deadline 30 s)"]
     d.failed()  # the segment failed first: withdrawn
     assert not d.relaunch
+    lines.clear()
+    last = Segment(index=1, world=1, start_step=4, stop_at=100)  # the last worker: the job stops there
+    d.heard(PreemptNotice(rank=0, segment=1, pid=4343, host="localhost"))
+    d.take(last)
+    _progress(tmp_path, 5)
+    d.take(last)
+    assert not killed and d.relaunch
+    assert lines == ["draining localhost (SIGTERM to pid 4343): the job stops with a checkpoint (the last "
+                     "worker) at the next agreed step (deadline 30 s)"]
 
 
 def test_drains_in_place_refuse_a_drain_request(tmp_path):
