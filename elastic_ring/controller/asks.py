@@ -94,8 +94,15 @@ class Asks:
         """Hosts leaving with notice (:mod:`.drains`): a drain asked or a worker's SIGTERM heard since
         the last poll makes ``seg``'s workers stop at the next agreed step (cause ``drained`` or
         ``preempted``), the next segment starting on the other hosts; past a drain's deadline
-        the workers are stopped (killed) and it is a failure."""
+        the workers are stopped (killed) and it is a failure. In place where the worker cannot
+        leave the ring (``Drains.relaunch``) the paused workers are asked to checkpoint and leave,
+        and the next segment is launched without it from that checkpoint."""
         self.drains.take(seg)
+        if (self.drains.relaunch and seg.paused and seg.stop is Stop.NONE and seg.asked is not None
+                and self.resize.keeps_workers):
+            seg.stop = Stop.EXIT_SENT  # (not an interrupt: _decide relaunches at the size asked)
+            self.resize.ask_exit(seg.index, self.clock())
+            return
         if not self.drains.pending or seg.end is not None or (self.hosts is None and self.drains.in_place is None):
             return
         late = self.drains.overdue()

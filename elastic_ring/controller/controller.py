@@ -87,7 +87,7 @@ from elastic_ring.controller.summary import write_summary
 from elastic_ring.controller.survive_choice import SurviveWatch
 from elastic_ring.controller.worker_events import WorkerEvents
 from elastic_ring.errors import EXIT_REQUEUE, WorkerFailedError
-from elastic_ring.events.api import ErrorEvent, EventLog, Launch, ResizeRequested
+from elastic_ring.events.api import ErrorEvent, EventLog, Launch, Notice, ResizeRequested
 from elastic_ring.hosts import slurm
 from elastic_ring.protocol import CONTROLLER_FILE, stop_file
 from elastic_ring.worker.lr import RULES
@@ -263,6 +263,8 @@ class Controller(Asks, Recovery):
                 break
             if change.cause is Cause.INTERRUPT:
                 return self._interrupted(seg, killed=rc is not None and (rc != 0 or seg.end is None))
+            if change.cause is Cause.PREEMPTED and change.members_after < 1:
+                return self._preempted_stop(seg, change)
             self._act(seg, change, rc, now)
             step, world, segment = change.step, change.members_after, seg.index + 1
         self._drain(wait=True)
@@ -400,6 +402,22 @@ class Controller(Asks, Recovery):
         self._set_state(RunState.INTERRUPTED, step=ck or 0, segment=seg.index)
         cmd = f"elastic-ring train --resume {self.spec.run_dir}"
         self.out(f"{msg}; continue with: {cmd}" if ck else f"{msg}; {cmd} starts over from step 1")
+        return self._finish(interrupted=True)
+
+    def _preempted_stop(self, seg: Segment, change: MembershipChange) -> dict[str, Any]:
+        """The last worker's notice (:mod:`.drains`): it checkpointed at the agreed step and left,
+        no one goes on; the run stops as an interrupted one (``--resume`` goes on), not a failure."""
+        self.prelaunch.cancel()
+        self._drain(wait=True)
+        whys = ", ".join(f"{d.host} ({d.why})" for d in self.drains.pending.values())
+        self.drains.landed(seg, change)
+        ck = self._checkpoint_step()
+        why = f"preempted: the last worker left with notice: {whys}"
+        self._set_state(RunState.INTERRUPTED, step=ck or 0, segment=seg.index, stopped=why)
+        self.events.write(Notice(message=f"{why}; checkpoint at step {ck} (step {change.step} agreed)",
+                                 segment=seg.index))
+        self.out(f"{why}; checkpoint at step {ck} kept; continue with: elastic-ring train --resume "
+                 f"{self.spec.run_dir}")
         return self._finish(interrupted=True)
 
     def _finish(self, interrupted: bool = False) -> dict[str, Any]:

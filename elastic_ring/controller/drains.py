@@ -19,8 +19,12 @@ discovery (``--host-discovery-script``): without it, it is refused (an ``error``
 In place on one host (``--relaunch inplace``, with or without discovery: ``in_place``) a worker's notice
 names its slot host (``worker.notice``): the backend drops that slot at the next in-place resize
 (:meth:`~.backends.api.Backend.leave`), so the ring shrinks in the same processes with that worker
-leaving, whatever its rank; nothing is read back. Where the backend cannot (the last worker, a
-launcher without a host per slot) the worker is sent a second SIGTERM: it ends, a failure as before.
+leaving, whatever its rank; nothing is read back. Where the backend cannot (a launcher without a
+host per slot: ``localhost:K`` on GPUs or with ``--no-survive``) the job stops with a checkpoint at
+the agreed step instead (the paused workers are asked to leave, as an interrupt's are) and goes on
+from it at one worker fewer, relaunched without that worker (``Draining.relaunch``): still cause
+``preempted``, nothing redone, ``--max-restarts`` untouched. The last worker has no one to go on:
+the job stops with that checkpoint (``Controller._preempted_stop``), and ``--resume`` goes on.
 
 In place over discovered hosts (``--relaunch inplace`` with a script that lists several hosts:
 the backend's ``over_hosts``) a drain and a notice are a discovered host's, as above: the host is
@@ -60,6 +64,7 @@ class Draining:
     deadline_s: float
     deadline: float
     asked: bool = False
+    relaunch: bool = False  # in place, where the worker cannot leave the ring: stop with a checkpoint, relaunch
 
 
 class Drains:
@@ -80,6 +85,11 @@ class Drains:
         there is no host to drain. False over discovered hosts (the backend's ``over_hosts``): a
         drain or a notice leaves the host, in place as well."""
         return self.in_place is not None and not self.in_place.over_hosts
+
+    @property
+    def relaunch(self) -> bool:
+        """A drain under way stops the job with a checkpoint and relaunches it (:meth:`_leave`)."""
+        return any(d.relaunch for d in self.pending.values())
 
     def heard(self, ev: Event) -> None:
         """A worker event (the relay's): a SIGTERM's notice is taken at the next :meth:`take`."""
@@ -126,16 +136,22 @@ class Drains:
         return int(prog.get("step", 0)) if isinstance(prog, dict) else 0
 
     def _leave(self, seg: Segment, ev: PreemptNotice) -> None:
-        """In place: the notice's worker leaves the ring at the next resize, or, where the backend
-        cannot take it out, ends at a second SIGTERM (a failure as before)."""
+        """In place: the notice's worker leaves the ring at the next resize; where the backend
+        cannot take it out, the job stops with a checkpoint there and is relaunched without it;
+        for the last worker the job stops there (``--resume`` goes on). A notice naming no host
+        ends at a second SIGTERM (a failure as before)."""
         if self.in_place is None or ev.host in self.pending:
             return
         if self.in_place.leave(ev.host):
             self._start(seg, ev.host, Cause.PREEMPTED, f"SIGTERM to pid {ev.pid}", self.notice_deadline_s,
                         slot=True)
             return
-        note = (f"SIGTERM to pid {ev.pid} ({ev.host or 'its host not known'}): it cannot leave the ring in "
-                f"place (the last worker, or no slot host of its own): it ends, a failure as before")
+        if ev.host:  # (the last worker: the job stops there, ``Controller._preempted_stop``)
+            self._start(seg, ev.host, Cause.PREEMPTED, f"SIGTERM to pid {ev.pid}", self.notice_deadline_s,
+                        slot=True, relaunch=True)
+            return
+        note = (f"SIGTERM to pid {ev.pid} (its host not known): it cannot leave the ring in place: it ends, "
+                f"a failure as before")
         self.out(note)
         self.events.write(Notice(message=note, segment=seg.index))
         try:
@@ -143,16 +159,21 @@ class Drains:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def _start(self, seg: Segment, host: str, cause: Cause, why: str, deadline_s: float, slot: bool = False) -> None:
-        """``host`` leaves: a discovered host drained, or (``slot``) a worker's slot host in place."""
+    def _start(self, seg: Segment, host: str, cause: Cause, why: str, deadline_s: float, slot: bool = False,
+               relaunch: bool = False) -> None:
+        """``host`` leaves: a discovered host drained, or (``slot``) a worker's slot host in place
+        (``relaunch``: the job stops with a checkpoint and is relaunched without its worker)."""
         if host in self.pending:
             return
         if self.hosts is not None and not slot:
             self.hosts.manager.drain(host)
-        self.pending[host] = Draining(host, cause, why, deadline_s, self.clock() + deadline_s)
+        self.pending[host] = Draining(host, cause, why, deadline_s, self.clock() + deadline_s, relaunch=relaunch)
         if self.hosts is not None and not slot:
             self.hosts.draining = {h: d.deadline for h, d in self.pending.items()}
-        where = "the ring shrinks in place without it" if slot else "the job shrinks off it"
+        alone = relaunch and seg.world - len(self.pending) < 1
+        where = ("the job stops with a checkpoint (the last worker)" if alone else
+                 "the job stops with a checkpoint and goes on without it" if relaunch else
+                 "the ring shrinks in place without it" if slot else "the job shrinks off it")
         note = (f"draining {host} ({why}): {where} at the next agreed step "
                 f"(deadline {deadline_s:g} s)")
         self.out(note)

@@ -149,6 +149,8 @@ def read_status(run_dir: str | Path, events: list[Event] | None = None) -> RunSt
         kw.update(vote_every=_vote_every(rd))
     if phase.live and isinstance(ctl.get("hosts"), str):
         kw.update(hosts=ctl["hosts"])
+    if phase is Phase.STOPPED and isinstance(ctl.get("stopped"), str):
+        kw.update(why=ctl["stopped"])  # stopped by the controller itself (the last worker preempted)
     return RunStatus(phase=phase, pid=_int(ctl.get("pid")) if alive else None, **kw)
 
 

@@ -12,9 +12,12 @@ In place on one host (``--relaunch inplace`` on CPUs, where each worker slot is 
 own: ``ELASTIC_RING_SLOT_HOSTS=1``) the same notice makes the controller shrink the ring in place
 with this worker leaving (its slot host dropped from the list Horovod Elastic's driver reads), and
 the driver ends it there with a SIGTERM of its own: a SIGTERM that finds this worker's slot host no
-longer listed (``control/hosts``) is that end, not a notice. Elsewhere (``localhost:K`` in place,
-Ray, torchrun's contract, whose launchers stop workers with SIGTERM themselves) a SIGTERM still
-ends the worker.
+longer listed (``control/hosts``) is that end, not a notice. In place on ``localhost:K`` (GPUs,
+``--no-survive``: :func:`on_localhost`) the notice is taken too; the driver cannot choose this
+worker to leave there, so the controller stops the job with a checkpoint at the agreed step and
+relaunches it without this worker; the driver's SIGTERM to a worker whose local rank a shrink left
+out (``localhost:K`` with K at most its local rank) is the end as above. Elsewhere (Ray, torchrun's
+contract, whose launchers stop workers with SIGTERM themselves) a SIGTERM still ends the worker.
 """
 
 from __future__ import annotations
@@ -32,21 +35,35 @@ def in_place() -> bool:
     return env.ring_mode() == "1" and env.slot_hosts()
 
 
+def on_localhost() -> bool:
+    """Whether this worker is one of Horovod Elastic's in place on ``localhost:K`` (no slot host of
+    its own: GPUs, ``--no-survive``)."""
+    return (env.ring_mode() == "1" and not env.slot_hosts() and env.launched_by_horovodrun()
+            and env.horovod_hostname() == "localhost")
+
+
 def still_listed(run_dir: Path) -> bool:
-    """In place: whether this worker's slot host is still in the list the driver reads (False: the
-    driver's SIGTERM ending a worker whose slot a shrink removed)."""
+    """In place: whether this worker's slot host is still in the list the driver reads, or on
+    ``localhost:K`` whether its local rank is below K (False: the driver's SIGTERM ending a worker
+    whose slot a shrink removed)."""
     host = env.horovod_hostname() or ""
     try:  # (controller.backends.elastic.discovery_files' second)
         listed = (protocol.control_dir(Path(run_dir)) / "hosts").read_text().split()
     except OSError:
         return False
+    if on_localhost():
+        try:
+            local = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+            return any(line.rsplit(":", 1)[0] == host and local < int(line.rsplit(":", 1)[1]) for line in listed)
+        except (ValueError, IndexError):
+            return False
     return any(line.rsplit(":", 1)[0] == host for line in listed)
 
 
 def wanted(run_dir: Path) -> bool:
     """Whether this worker takes a SIGTERM as a notice: its run takes its hosts from discovery, or
-    its ring is re-formed in place on slot hosts (:func:`in_place`)."""
-    if in_place():
+    its ring is re-formed in place (:func:`in_place`, :func:`on_localhost`)."""
+    if in_place() or on_localhost():
         return True
     try:
         info = protocol.run_info(run_dir)
@@ -63,7 +80,7 @@ def install(run_dir: Path, segment: int) -> bool:
 
     def on_term(signum, frame) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the worker
-        if in_place() and not still_listed(run_dir):
+        if (in_place() or on_localhost()) and not still_listed(run_dir):
             os.kill(os.getpid(), signal.SIGTERM)  # the driver ends a worker a shrink removed: end as before
             return
         from elastic_ring.events.api import EventLog, PreemptNotice

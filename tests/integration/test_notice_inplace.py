@@ -15,7 +15,7 @@ import pytest
 
 from elastic_ring import protocol
 from tests.integration.test_notice import TINY, _events, _start, _trained_once
-from tests.conftest import wait_for
+from tests.conftest import run_cli, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -67,3 +67,79 @@ def test_a_sigterm_to_one_worker_shrinks_the_ring_in_place_without_it(tmp_path, 
     assert "Traceback" not in err
     with pytest.raises(ProcessLookupError):
         os.kill(int(rec["pid"]), 0)  # the worker that got the notice exited after the shrink
+
+
+def test_a_sigterm_where_the_worker_cannot_leave_in_place_relaunches_from_the_agreed_checkpoint(tmp_path):
+    """`--no-survive`: the slots are one `localhost:2`, where Horovod's driver would end rank 1, not
+    rank 0: the job stops with a checkpoint at the agreed step and goes on without rank 0's worker,
+    relaunched from it: still `preempted`, not a failure, nothing redone."""
+    steps = 300
+    run = tmp_path / "r"
+    proc = _start(["--gpus", "2", "--slots", "2", "--steps", str(steps), *TINY, "--relaunch", "inplace",
+                   "--no-survive", "--max-restarts", "0", "--run-dir", str(run)])
+    try:
+        wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2], 120, "a window at 2 workers")
+        rec = _record(run, 0)
+        os.kill(int(rec["pid"]), signal.SIGTERM)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    (notice,) = _events(run, "preempt_notice")
+    assert notice["pid"] == int(rec["pid"])
+    (change,) = _events(run, "membership_change")
+    assert (change["cause"], change["members_before"], change["members_after"], change["state_source"]) == (
+        "preempted", 2, 1, "checkpoint")
+    launches = _events(run, "launch")  # a new horovodrun at one worker fewer, from the agreed step
+    assert [(e["world_size"], e["start_step"]) for e in launches] == [(2, 1), (1, change["step"] + 1)]
+    assert change["step"] in [c["step"] for c in _events(run, "checkpoint_written") if c["world_size"] == 2]
+    assert not _events(run, "restart")  # not a failure: --max-restarts 0 untouched
+    assert json.loads((run / "summary.json").read_text()).get("restarts", []) in ([], 0)
+    trained = _trained_once(run)
+    assert sorted(trained) == list(range(1, steps + 1))  # every step trained once: 0 redone
+    assert {trained[s] for s in range(1, change["step"] + 1)} == {8 * 2}
+    assert {trained[s] for s in range(change["step"] + 1, steps + 1)} == {8}
+    notes = [n["message"] for n in _events(run, "notice")]
+    assert f"drained localhost (SIGTERM to pid {rec['pid']}) at step {change['step']}: 2 -> 1 workers, " \
+           "no step redone" in notes, notes
+    assert "Traceback" not in err
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(rec["pid"]), 0)  # the worker that got the notice left at the checkpoint
+
+
+def test_a_sigterm_to_the_last_worker_stops_with_the_agreed_checkpoint_and_resume_goes_on(tmp_path):
+    """One worker in place: no one goes on without it; the job stops with a checkpoint at the agreed
+    step (not a failure: the state says why), and `--resume` trains the rest, nothing redone."""
+    steps = 200
+    run = tmp_path / "r"
+    args = ["--gpus", "1", "--slots", "1", "--steps", str(steps), *TINY, "--relaunch", "inplace", "--no-survive"]
+    proc = _start([*args, "--run-dir", str(run)])
+    try:
+        wait_for(lambda: _events(run, "throughput"), 120, "a window")
+        rec = _record(run, 0)
+        os.kill(int(rec["pid"]), signal.SIGTERM)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err  # stopped, as an interrupted run: --resume goes on
+    (req,) = _events(run, "resize_requested")
+    assert (req["source"], req["from_workers"], req["to_workers"]) == ("preempted", 1, 0)
+    (ck,) = _events(run, "checkpoint_written")  # the agreed step's
+    assert not _events(run, "restart") and not _events(run, "membership_change")
+    state = protocol.read_json(run / protocol.CONTROLLER_FILE)
+    assert state["state"] == "interrupted" and state["step"] == ck["step"], state
+    assert state["stopped"] == f"preempted: the last worker left with notice: localhost (SIGTERM to pid {rec['pid']})"
+    assert f"checkpoint at step {ck['step']} kept; continue with: elastic-ring train --resume {run}" in err
+    assert "Traceback" not in err
+    shown = run_cli("status", str(run), timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert (f"stopped (preempted: the last worker left with notice: localhost (SIGTERM to pid {rec['pid']}); "
+            f"continue from the checkpoint at step {ck['step']}") in shown.stdout, shown.stdout
+    resumed = _start(["--resume", str(run)])
+    out, err = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0, err
+    assert [e["start_step"] for e in _events(run, "launch")] == [1, ck["step"] + 1]
+    trained = _trained_once(run)
+    assert sorted(trained) == list(range(1, steps + 1))  # 0 redone

@@ -71,12 +71,44 @@ def test_in_place_a_sigterm_after_a_shrink_dropped_the_slot_ends_the_worker(tmp_
         signal.signal(signal.SIGTERM, old)
 
 
-def test_in_place_on_localhost_k_nothing_is_installed(tmp_path, monkeypatch):
+def test_in_place_on_localhost_k_nothing_is_installed_outside_horovodrun(tmp_path, monkeypatch):
     (tmp_path / "run.json").write_text(json.dumps({"workers": 2}))
     monkeypatch.setenv(env.INPLACE, "1")
     monkeypatch.delenv(env.SLOT_HOSTS, raising=False)
+    for k in env.HOROVODRUN_RANK_KEYS:
+        monkeypatch.delenv(k, raising=False)
     old = signal.getsignal(signal.SIGTERM)
     assert not notice.install(tmp_path, 0) and signal.getsignal(signal.SIGTERM) is old
+
+
+def test_in_place_on_localhost_k_a_notice_unless_a_shrink_left_its_local_rank_out(tmp_path, monkeypatch):
+    (tmp_path / "run.json").write_text(json.dumps({"workers": 2}))
+    monkeypatch.setenv(env.INPLACE, "1")
+    monkeypatch.delenv(env.SLOT_HOSTS, raising=False)
+    monkeypatch.setenv("HOROVOD_HOSTNAME", "localhost")
+    monkeypatch.setenv("HOROVOD_RANK", "1")
+    monkeypatch.setenv("HOROVOD_LOCAL_RANK", "1")
+    f = discovery_files(tmp_path)[1]
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text("localhost:2\n")
+    assert notice.still_listed(tmp_path)
+    f.write_text("localhost:1\n")  # a shrink to 1: the driver ends local rank 1
+    assert not notice.still_listed(tmp_path)
+    old = signal.getsignal(signal.SIGTERM)
+    killed = []
+    try:
+        assert notice.install(tmp_path, 0)  # the controller relaunches without it (controller.drains)
+        handler = signal.getsignal(signal.SIGTERM)
+        monkeypatch.setattr(notice.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+        handler(signal.SIGTERM, None)
+        assert killed == [(os.getpid(), signal.SIGTERM)]  # the driver's end, not a notice
+        f.write_text("localhost:2\n")
+        signal.signal(signal.SIGTERM, handler)
+        handler(signal.SIGTERM, None)
+        (ev,) = read_events(tmp_path / protocol.WORKER_EVENTS, kind="preempt_notice")
+        assert (ev["pid"], ev["host"], ev["rank"]) == (os.getpid(), "localhost", 1)
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 class _Horovodrun:
@@ -165,12 +197,42 @@ def test_drains_in_place_a_worker_that_cannot_leave_ends_as_before(tmp_path, mon
     d, lines = _drains(tmp_path, _Ring(can=False))
     seg = Segment(index=0, world=1, start_step=1, stop_at=100)
     _progress(tmp_path, 3)
-    d.heard(PreemptNotice(rank=0, segment=0, pid=4242, host=S0))
+    d.heard(PreemptNotice(rank=0, segment=0, pid=4242, host=""))  # no host named: nothing to stop it by
     d.take(seg)
     _progress(tmp_path, 4)
     d.take(seg)
     assert killed == [(4242, signal.SIGTERM)] and not d.pending
     assert "it cannot leave the ring in place" in lines[0], lines
+
+
+def test_drains_in_place_a_worker_that_cannot_leave_relaunches_without_it(tmp_path, monkeypatch):
+    import elastic_ring.controller.drains as drains_mod
+
+    killed = []
+    monkeypatch.setattr(drains_mod.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    d, lines = _drains(tmp_path, _Ring(can=False))  # localhost:K: the driver cannot choose who leaves
+    seg = Segment(index=0, world=2, start_step=1, stop_at=100)
+    _progress(tmp_path, 3)
+    d.heard(PreemptNotice(rank=0, segment=0, pid=4242, host="localhost"))
+    d.take(seg)
+    assert not d.pending and not d.relaunch  # no step since the notice yet
+    _progress(tmp_path, 4)
+    d.take(seg)
+    assert not killed  # not ended: it trains to the agreed step, where the job stops with a checkpoint
+    assert d.relaunch and d.pending["localhost"].cause is Cause.PREEMPTED
+    assert lines == ["draining localhost (SIGTERM to pid 4242): the job stops with a checkpoint and goes on "
+                     "without it at the next agreed step (deadline 30 s)"]
+    d.failed()  # the segment failed first: withdrawn
+    assert not d.relaunch
+    lines.clear()
+    last = Segment(index=1, world=1, start_step=4, stop_at=100)  # the last worker: the job stops there
+    d.heard(PreemptNotice(rank=0, segment=1, pid=4343, host="localhost"))
+    d.take(last)
+    _progress(tmp_path, 5)
+    d.take(last)
+    assert not killed and d.relaunch
+    assert lines == ["draining localhost (SIGTERM to pid 4343): the job stops with a checkpoint (the last "
+                     "worker) at the next agreed step (deadline 30 s)"]
 
 
 def test_drains_in_place_refuse_a_drain_request(tmp_path):
