@@ -156,6 +156,16 @@ class _Tally:
     restarting: bool = False  # a restart was read; the next launch is its relaunch
 
 
+def _known_length(total) -> int:
+    """A run's ``total_steps`` as the scheduler counts it: 0 where it is not known (a torchrun-form
+    script's loop decides its own end: the run records :data:`~elastic_ring.protocol.NO_STEP_LIMIT`)."""
+    try:
+        total = int(total or 0)
+    except (TypeError, ValueError):
+        return 0
+    return total if 0 < total < protocol.NO_STEP_LIMIT else 0
+
+
 class ProcessRunner:
     """The real side effects of :class:`~elastic_ring.cluster.scheduler.Scheduler`."""
 
@@ -392,7 +402,7 @@ class ProcessRunner:
             if outcome not in ("succeeded", "finished", "interrupted"):
                 error = failure_reason(job_log(self.dir, jid), rd / "events.jsonl")
         return Observation(alive=alive, state=ctl.get("state"), world_size=seen.world,
-                           step=int(prog.get("step", 0) or 0), total=int(run.get("total_steps") or 0),
+                           step=int(prog.get("step", 0) or 0), total=_known_length(run.get("total_steps")),
                            images_per_s=seen.ips, launches=seen.launches, exits=seen.exits,
                            outcome=outcome, losses=list(seen.losses), throughput=windows,
                            resize_lost_s=lost, restarts=seen.restarts, error=error)

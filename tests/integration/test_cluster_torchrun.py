@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "torchrun_contract.py"
 PACED = ROOT / "tests" / "integration" / "scripts" / "paced.py"
-STEPS, EVERY = 60, 5
+STEPS, EVERY = 100, 5  # long enough after the shrink for the newcomer to start and end under load (60 once was not)
 
 
 def _log(out: Path) -> list[dict]:

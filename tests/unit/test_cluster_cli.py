@@ -167,3 +167,21 @@ def test_jobs_and_the_page_say_what_a_running_jobs_run_is_doing(capsys, cl):
         assert page_job["run_state"] is None
     finally:
         lock.release()
+
+
+def test_a_run_of_no_known_length_is_observed_as_such(cl):
+    """A torchrun-form script's run records no step limit (``protocol.NO_STEP_LIMIT``): the runner
+    reports its length as unknown (0), so that the finished event, ``jobs`` and the scheduler's
+    remaining work do not take the sentinel for a length (they once read 4611686018427387904)."""
+    from elastic_ring import protocol
+
+    st = Store(cl)
+    jid = st.submit(JobRequest(name="t", kind="script", path="x.py", form="torchrun"))
+    job = st.job(jid)
+    run = job_dir(cl, jid)
+    run.mkdir(parents=True)
+    runner = ProcessRunner(cl, ClusterConfig(hosts=(("localhost", 2),)))
+    (run / "run.json").write_text(json.dumps({"total_steps": protocol.NO_STEP_LIMIT}))
+    assert runner.observe(job).total == 0
+    (run / "run.json").write_text(json.dumps({"total_steps": 40}))
+    assert runner.observe(job).total == 40
