@@ -242,6 +242,19 @@ def take_ahead_action(run_dir: Path, segment: int) -> bool:
 
 
 # ---------------------------------------------------------------------- survivor records
+MAX_COST = 0.02  # the survive default keeps survivors where the copy costs at most this fraction of a step
+
+
+def cost_file(run_dir: Any, member: str) -> Any:
+    """Where a rank writes what its survive copy costs against its step (``worker.survive.CostMeter``)."""
+    return protocol.control_dir(run_dir) / f"survive-cost-{member}.json"
+
+
+def choice_file(run_dir: Any) -> Any:
+    """Where the controller writes its word on the survive default's measurement: ``{"on": bool, ...}``."""
+    return protocol.control_dir(run_dir) / "survive.json"
+
+
 def survivor_file(run_dir: Path, member: str) -> Path:
     """Where a survivor says which steps it holds (``{"member", "rank", "held", "pid", "time",
     "segment", "step", "error", "digests"}``, a sharded model's with ``"shards"``: ``{"world",

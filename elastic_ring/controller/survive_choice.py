@@ -7,7 +7,7 @@ measure first). Under ``auto`` the workers time their copy against their step in
 (:class:`elastic_ring.worker.survive.CostMeter`) and each writes its ratio; :class:`SurviveWatch`
 (the controller's, polled with the segment) waits until every rank of the running segment has
 said, decides for all with :func:`decide` (the dearest rank's ratio against
-:data:`~elastic_ring.worker.survive.MAX_COST`), writes its word where the workers read it, says it
+:data:`~elastic_ring.seam.MAX_COST`), writes its word where the workers read it, says it
 in one line, a ``survive_choice`` event and the run's ``controller.json`` (``status``). After an
 "off", a failure is a restart from the checkpoint, as under ``--no-survive``.
 
@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable
 
 from elastic_ring import protocol
 from elastic_ring.events.api import SurviveChoice
-from elastic_ring.worker.survive import MAX_COST, choice_file, cost_file
+from elastic_ring.seam import MAX_COST, choice_file, cost_file
 
 ON, OFF, AUTO = "on", "off", "auto"
 CHECK_EVERY_S = 0.5  # how often the controller looks for the workers' reports while they measure

@@ -58,23 +58,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_ring import env, protocol
-from elastic_ring.seam import Action, read_action, survivor_file
+from elastic_ring.seam import MAX_COST, Action, choice_file, cost_file, read_action, survivor_file
 
 SURVIVE_ENV = env.SURVIVE  # "1": keep the in-memory copy, and go on after a peer's loss ("auto": measure first)
 WAIT_S = 30.0  # how long a survivor waits for the controller's word before it fails as before
-MAX_COST = 0.02  # the default keeps survivors where the copy costs at most this fraction of a step
 SKIP_COPIES = 2  # the first copies allocate their tensors (and the first steps warm up): not timed
 TIMED_COPIES = 5  # copies timed after those: the medians of their times decide
-
-
-def cost_file(run_dir: Any, member: str) -> Any:
-    """Where a rank writes what its copy costs against its step (:class:`CostMeter`)."""
-    return protocol.control_dir(run_dir) / f"survive-cost-{member}.json"
-
-
-def choice_file(run_dir: Any) -> Any:
-    """Where the controller writes its word on the default's measurement: ``{"on": bool, ...}``."""
-    return protocol.control_dir(run_dir) / "survive.json"
 
 
 def read_choice(run_dir: Any) -> bool | None:
