@@ -343,6 +343,11 @@ def master_port(env: Mapping[str, str] | None = None) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
+def horovod_local_rank(env: Mapping[str, str] | None = None) -> int:
+    """``HOROVOD_LOCAL_RANK`` as horovodrun's driver set it for this worker (0 where unset)."""
+    return int(_get("HOROVOD_LOCAL_RANK", env) or "0")
+
+
 def horovod_hostname(env: Mapping[str, str] | None = None) -> str | None:
     """This worker's host in horovodrun's host list (``-H``: a name, an address or an alias)."""
     return _get("HOROVOD_HOSTNAME", env)

@@ -53,7 +53,7 @@ def still_listed(run_dir: Path) -> bool:
         return False
     if on_localhost():
         try:
-            local = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+            local = env.horovod_local_rank()
             return any(line.rsplit(":", 1)[0] == host and local < int(line.rsplit(":", 1)[1]) for line in listed)
         except (ValueError, IndexError):
             return False
