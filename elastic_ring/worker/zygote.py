@@ -151,9 +151,12 @@ def serve(name: str, parent_pid: int | None = None) -> None:
     sys.stdout.write("ready\n")  # the controller waits for this line before its first launch
     sys.stdout.flush()
     children: dict[int, socket.socket] = {}
+    killed: set[int] = set()
     while parent_pid is None or os.getppid() == parent_pid:  # until the controller is gone
-        ready, _, _ = select.select([srv], [], [], 0.05)
-        if ready:
+        ready, _, _ = select.select([srv, *children.values()], [], [], 0.05)
+        if len(ready) > (srv in ready):
+            _end_orphans(children, killed, ready)
+        if srv in ready:
             try:
                 conn, _ = srv.accept()
             except OSError:
@@ -190,7 +193,36 @@ def serve(name: str, parent_pid: int | None = None) -> None:
                 pass
             children[pid] = conn
         _reap(children)
+    _end_orphans(children, killed)
     os._exit(0)  # no teardown of torch: nothing of the zygote's own is left to write
+
+
+def _end_orphans(children: dict[int, socket.socket], killed: set[int], ready: list | None = None) -> None:
+    """SIGKILL each child whose stand-in (the launcher's child that asked for it) is gone: its
+    connection is at its end (the stand-in never writes to it). The child's own thread does this
+    (:func:`_end_with_stand_in`), but not while the child is stopped (SIGSTOP, a debugger): it
+    outlived the launcher's kill and its controller."""
+    killed.intersection_update(children)  # (reaped ones: a pid may come again)
+    if ready is None:
+        try:
+            ready, _, _ = select.select(list(children.values()), [], [], 0)
+        except (OSError, ValueError):
+            return
+    for pid, conn in list(children.items()):
+        if conn not in ready or pid in killed:
+            continue
+        try:
+            at_end = conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            at_end = False
+        except OSError:
+            at_end = True
+        if at_end:
+            killed.add(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _read_request(conn: socket.socket) -> tuple[dict | None, list[int]]:

@@ -86,6 +86,22 @@ def test_kill_9_of_the_command_ends_the_child(name):
     wait_for(lambda: _gone(child), 10, "the child's end after its command was killed")
 
 
+def test_kill_9_of_the_command_ends_a_stopped_child_too(name):
+    """A child that cannot run (SIGSTOP: a worker stopped past its controller's grace) cannot end
+    itself when its command is killed: the zygote ends it (such children once outlived every run
+    of test_notice's Slurm test, stopped)."""
+    p = _probe(name, "sleep")
+    child = _first_line(p)["pid"]
+    os.kill(child, signal.SIGSTOP)
+    try:
+        p.kill()
+        p.wait(timeout=30)
+        wait_for(lambda: _gone(child), 10, "the stopped child's end after its command was killed")
+    finally:
+        if not _gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
 def test_a_zygote_asked_to_import_torch_dynamo_forks_children_that_have_it():
     """ensure(compile_=True), as the controller asks for a script's run: the children start with
     torch._dynamo imported (a script's optimizer and DDP import it); the zygote's own variable is
