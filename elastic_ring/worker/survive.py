@@ -167,9 +167,7 @@ class MemoryCopy:
         """``step`` is complete on this rank (the next one has not started): copy its state."""
         if self.off or step in self.copies:
             return
-        into = None
-        while len(self.copies) >= self.keep_n:
-            into = self.copies.pop(min(self.copies))
+        into = self._room()
         meter = self.meter
         if meter is None:
             self.copies[step] = self.take(step, into)
@@ -179,9 +177,20 @@ class MemoryCopy:
         meter.timed(step, t0, time.perf_counter())
         word = meter.choice()
         if word is not None:
-            self.meter = None
-            if not word:
-                self.stop()
+            self._follow(word)
+
+    def _room(self) -> Any:
+        """Drop the oldest copies down to one fewer than kept: the last dropped, to copy into."""
+        into = None
+        while len(self.copies) >= self.keep_n:
+            into = self.copies.pop(min(self.copies))
+        return into
+
+    def _follow(self, word: bool) -> None:
+        """The controller's word is read: measure no more, and keep no copy where it says off."""
+        self.meter = None
+        if not word:
+            self.stop()
 
     def stop(self) -> None:
         """Keep no copy from now on (the default's measurement found it dear): the copies let go."""
@@ -203,9 +212,7 @@ class ShardedCopy(MemoryCopy):
     def keep(self, step: int) -> None:
         if self.off or step in self.copies:
             return
-        into = None
-        while len(self.copies) >= self.keep_n:
-            into = self.copies.pop(min(self.copies))
+        into = self._room()
         t0 = time.perf_counter()
         kept = self.take(step, into)
         if kept is None:  # (before the optimizer's first step: nothing to copy, on every rank alike)
@@ -222,9 +229,7 @@ class ShardedCopy(MemoryCopy):
         read = torch.tensor([0 if word is None else 1])
         dist.all_reduce(read, op=dist.ReduceOp.MIN)
         if int(read.item()):  # every rank has read the same word (one file)
-            self.meter = None
-            if not word:
-                self.stop()
+            self._follow(word)
 
 
 @dataclass
