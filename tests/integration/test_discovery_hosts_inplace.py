@@ -61,15 +61,15 @@ def _started(run) -> dict[str, tuple[str, int]]:
     return {name: (rec["launch_host"], int(rec["pid"])) for name, rec in recs.items() if isinstance(rec, dict)}
 
 
-def _in_place(run, err, changes, steps, widths) -> None:
+def _in_place(run, err, changes, steps, widths, restarts: int = 0) -> None:
     """One horovodrun for the run, its ring re-formed in place at each change; every step trained
-    once at the width ``widths`` says for it."""
+    once at the width ``widths`` says for it; ``restarts``: failures taken in memory (else none)."""
     launches = _events(run, "launch")
     assert [(e["world_size"], e["start_step"]) for e in launches] == [
         (2, 1), *[(c["members_after"], c["step"] + 1) for c in changes]]
     assert len({tuple(e["command"]) for e in launches}) == 1 and "--inplace" in launches[0]["command"]
     assert [e["returncode"] for e in _events(run, "workers_exited")] == [0]
-    assert not _events(run, "restart")  # not a failure
+    assert len(_events(run, "restart")) == restarts and all(r["path"] == "memory" for r in _events(run, "restart"))
     assert all(o["checkpoint_s"] == 0 for o in _events(run, "resize_overhead"))  # no checkpoint for any
     trained = _trace(run)  # (a step traced twice by a rank is an assertion there)
     assert sorted(trained) == list(range(1, steps + 1))  # every step once: nothing redone
@@ -144,3 +144,53 @@ def test_a_drained_host_leaves_the_ring_in_place_rank_0s_too(tmp_path, how):
     assert (f"drained {gone} ({why}) at step {changes[0]['step']}: 2 -> 1 workers, no step redone"
             in notes), notes
     assert [(h["hosts"], h["target"]) for h in _events(run, "hosts_changed")][-1] == (f"{stays}:1", 1)
+
+
+def test_a_failed_host_is_left_out_for_its_cooldown_in_place_then_grown_back_onto(tmp_path):
+    """kill -9 of the worker on 127.0.0.1: its host is excluded for its cooldown (2 s), the worker
+    on localhost goes on in its process from the step it holds in memory (no relaunch, nothing read
+    back), and after the cooldown the ring grows back onto 127.0.0.1 in place."""
+    import signal
+
+    steps = 800  # the grow back lands ~3 s after the kill (by step ~550 unloaded); the rest trains at 2 workers
+    script, _, _ = _discovery(tmp_path, TWO)
+    run = tmp_path / "run"
+    proc = _start(["--steps", str(steps), *TINY, "--relaunch", "inplace", "--host-discovery-script", str(script),
+                   "--discovery-interval", "0.2", "--blacklist-cooldown-range", "2:4", "--survive",
+                   "--run-dir", str(run)])
+    try:
+        pids = _pids_at_two(run)
+        victim = next(protocol.read_json(f) for f in protocol.pid_dir(run).glob("seg000-rank*.json")
+                      if protocol.read_json(f)["launch_host"] == "127.0.0.1")
+        before = _started(run)
+        os.kill(pids["127.0.0.1"], signal.SIGKILL)
+        line = wait_for(lambda: next((ln for ln in run_cli("status", str(run)).stdout.splitlines()
+                                      if "excluded: 127.0.0.1 until" in ln), None), 30, "status naming the host")
+        assert line.startswith("hosts: localhost:1 (1 slot); excluded: 127.0.0.1 until "), line
+        # the survivor goes on in its process (renumbered, it may write its record again); nothing started
+        assert _alive(pids["localhost"]) and set(_started(run).values()) == set(before.values())
+        wait_for(lambda: len(_events(run, "membership_change")) >= 2, 120, "the grow back onto 127.0.0.1")
+        assert _alive(pids["localhost"])
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    (restart,) = _events(run, "restart")
+    assert (restart["path"], restart["rank"], restart["node"], restart["gave_up"]) == (
+        "memory", victim["rank"], "127.0.0.1", False), restart
+    changes = _events(run, "membership_change")
+    assert [(c["cause"], c["members_before"], c["members_after"], c["state_source"]) for c in changes] == [
+        ("failure", 2, 1, "memory"), ("hosts", 1, 2, "peer")]
+    _in_place(run, err, changes, steps, [2, 1, 2], restarts=1)
+    both, one = "localhost:1,127.0.0.1:1", "localhost:1"
+    hc = _events(run, "hosts_changed")
+    assert [(h["diff"], h["hosts"], h["target"]) for h in hc] == [
+        ("+localhost:1 +127.0.0.1:1", both, 2), ("-127.0.0.1:1", one, 1), ("+127.0.0.1:1", both, 2)]
+    assert hc[2]["time"] - hc[1]["time"] >= 1.5  # back after its 2 s cooldown, not before
+    notes = [n["message"] for n in _events(run, "notice")]
+    excluded = [n for n in notes if n.startswith(f"host 127.0.0.1 (rank {victim['rank']}) excluded until ")]
+    assert len(excluded) == 1 and excluded[0].endswith("after 1 failure (cooldown 2 s)"), notes
+    assert "host 127.0.0.1 back from its cooldown" in notes
+    # the grow back started one worker, on 127.0.0.1; localhost's went on in its process throughout
+    assert [hp for hp in _started(run).values() if hp not in before.values()] == [("127.0.0.1", ANY)]
