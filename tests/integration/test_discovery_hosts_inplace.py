@@ -194,3 +194,34 @@ def test_a_failed_host_is_left_out_for_its_cooldown_in_place_then_grown_back_ont
     assert "host 127.0.0.1 back from its cooldown" in notes
     # the grow back started one worker, on 127.0.0.1; localhost's went on in its process throughout
     assert [hp for hp in _started(run).values() if hp not in before.values()] == [("127.0.0.1", ANY)]
+
+
+def test_a_one_host_start_grows_in_place_on_this_machine_and_says_why_another_is_not_used(tmp_path):
+    """Started on `localhost:1` (this host only), the script later lists `127.0.0.1:1` (this machine
+    too) and 10.9.9.9 (another machine): the ring grows to 2 in place on this host, and one line
+    (a notice and the log) says that 10.9.9.9 is not used, and why."""
+    steps = 400
+    script, listed, _ = _discovery(tmp_path, "localhost:1\n")
+    run = tmp_path / "run"
+    proc = _start(["--steps", str(steps), *TINY, "--relaunch", "inplace", "--host-discovery-script", str(script),
+                   "--discovery-interval", "0.2", "--run-dir", str(run)])
+    try:
+        wait_for(lambda: _events(run, "throughput"), 120, "a window at 1")
+        list_hosts(listed, "localhost:1\n127.0.0.1:1\n10.9.9.9:1\n")
+        wait_for(lambda: _events(run, "membership_change"), 120, "the grow")
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    changes = _events(run, "membership_change")
+    assert [(c["cause"], c["members_before"], c["members_after"], c["state_source"]) for c in changes] == [
+        ("hosts", 1, 2, "peer")]
+    assert [(h["hosts"], h["target"]) for h in _events(run, "hosts_changed")] == [("localhost:1", 1), ("localhost:2", 2)]
+    line = ("discovery script discover.sh lists 10.9.9.9, another machine: not used (this run's ring is in place on "
+            "this host only, its first answer listed this host alone; to train over several machines in place, start "
+            "with them listed, or use another --relaunch mode); using localhost:2")
+    assert [n["message"] for n in _events(run, "notice")].count(line) == 1
+    assert err.count(line) == 1 and "host discovery failed" not in err and "Traceback" not in err
+    assert len(_events(run, "launch")) == 2 and not _events(run, "restart")  # in place: one horovodrun
+    assert sorted(_trace(run)) == list(range(1, steps + 1))

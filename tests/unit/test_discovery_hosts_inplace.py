@@ -52,9 +52,10 @@ def test_in_place_discovery_runs_over_the_hosts_listed_first_or_on_this_host(tmp
     assert isinstance(hosts.poller.discovery, ThisHostOnly) is not over
     if over:  # as listed, by name
         assert hosts.poller.hosts.arg() == ",".join(first.split())
-    else:  # this host only: another host later is a failed answer (the last hosts kept)
-        listed.write_text("localhost:2\n10.9.9.9:1\n")
-        assert hosts.poller.discovery.find().hosts is None
+    else:  # this host only: another machine later is left out (this machine's slots taken), in one line
+        listed.write_text("localhost:3\n10.9.9.9:1\n")
+        got = hosts.poller.discovery.find()
+        assert got.hosts == HostSet([("localhost", 3)]) and "10.9.9.9, another machine: not used" in got.note
     # (relaunched over hosts, the decision is not made: no over_hosts)
     plain = host_manager(RunRequest(host_discovery_script=str(script)), lambda line: None)
     assert plain.over_hosts is False and not isinstance(plain.poller.discovery, ThisHostOnly)
