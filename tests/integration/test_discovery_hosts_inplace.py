@@ -225,3 +225,90 @@ def test_a_one_host_start_grows_in_place_on_this_machine_and_says_why_another_is
     assert err.count(line) == 1 and "host discovery failed" not in err and "Traceback" not in err
     assert len(_events(run, "launch")) == 2 and not _events(run, "restart")  # in place: one horovodrun
     assert sorted(_trace(run)) == list(range(1, steps + 1))
+
+
+def _gone_within(pids: list[int], seconds: float) -> bool:
+    import time
+
+    t0 = time.time()
+    while any(_alive_or_zombie(p) for p in pids) and time.time() - t0 < seconds:
+        time.sleep(0.1)
+    return not any(_alive_or_zombie(p) for p in pids)
+
+
+def _alive_or_zombie(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def test_hvdrun_ends_its_workers_and_exits_when_its_controller_is_killed(tmp_path):
+    """Our horovodrun (a session of its own) started by a process it is told is its controller
+    (the workers' `--controller-pid`): a kill -9 of that process ends the worker (here one that
+    would sleep 300 s and watches nothing) and the launcher within seconds, with one line."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    log = tmp_path / "hvdrun.log"
+    parent = subprocess.Popen([sys.executable, "-c", f"""
+import os, subprocess, sys
+cmd = [sys.executable, "-m", "elastic_ring.controller.hvdrun", "-np", "1", "-H", "localhost:1", "--gloo",
+       "--network-interface", "lo", sys.executable, "-c", "import os, time; print('worker', os.getpid(), flush=True); time.sleep(300)",
+       "--controller-pid", str(os.getpid())]
+p = subprocess.Popen(cmd, stdout=open({str(log)!r}, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+print(p.pid, flush=True)
+p.wait()
+"""], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        hvdrun = int(parent.stdout.readline())
+        worker = int(wait_for(lambda: next((ln.split()[-1] for ln in log.read_text().splitlines()
+                                            if "worker " in ln), None), 60, "the worker"))
+        assert _alive(worker) and _alive(hvdrun)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        assert _gone_within([hvdrun, worker], 15), log.read_text()[-2000:]
+    finally:
+        for pid in (locals().get("hvdrun"), locals().get("worker")):
+            if pid and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert f"elastic-ring hvdrun: its controller (pid {parent.pid}) is gone: ending the job and its workers" \
+        in log.read_text()
+
+
+def test_kill_9_of_the_controller_in_place_over_hosts_leaves_no_hvdrun_and_no_worker(tmp_path):
+    """The controller's whole process group killed (as scripts/bench_discovery.py ends a run): the
+    horovodrun in its own session notices (its line in the segment's log) and it and the workers
+    stop within seconds (once, a Horovod Elastic driver restarting joiners outlived it for an hour)."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tests.conftest import BIN, ROOT
+
+    script, _, _ = _discovery(tmp_path, TWO)
+    run = tmp_path / "run"
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "elastic_ring.cli.main", "train", "--steps", "5000", *TINY,
+                             "--relaunch", "inplace", "--host-discovery-script", str(script), "--discovery-interval",
+                             "0.2", "--survive", "--run-dir", str(run)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        pids = _pids_at_two(run)
+        (launcher,) = [p.pid for p in psutil.Process(proc.pid).children() if "elastic_ring.controller.hvdrun" in
+                       " ".join(p.cmdline())]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert _gone_within([launcher, *pids.values()], 20), "an orphaned horovodrun or worker still runs"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (run / "logs" / "segment-000-w2.log").read_text()  # it noticed (the workers may have exited first)
+    assert f"elastic-ring hvdrun: its controller (pid {proc.pid}) is gone: ending the job and its workers" in log

@@ -267,3 +267,18 @@ def test_the_survivors_segment_runs_on_their_hosts_as_they_are_then_on_the_usabl
     assert ctl.plan.world_after(20) == ctl.plan.world_after(0)
     assert watch.place(Segment(1, 1, 30)).arg() == "b:1" and watch.hosts_of[1].arg() == "b:1"
     assert watch.kept is None and watch.place(Segment(2, 2, 30)).arg() == "a:1,b:1"
+
+
+def test_hvdrun_watches_the_controller_named_in_its_command_only_when_it_is_its_parent():
+    import os
+
+    from elastic_ring.controller.hvdrun import controller_pid, watch_controller
+
+    parent = os.getppid()
+    assert controller_pid(["-np", "2", "python", "-m", "w", "--controller-pid", str(parent), "--", "s"]) == parent
+    assert controller_pid(["--controller-pid", str(os.getpid())]) is None  # not its parent: started otherwise
+    assert controller_pid(["-np", "2", "python", "x.py"]) is None and controller_pid(["--controller-pid", "x"]) is None
+    ended = []
+    t = watch_controller(parent + 1, poll_s=0.01, end=lambda: ended.append(True))  # "its parent is gone"
+    t.join(timeout=5)
+    assert ended == [True]
