@@ -152,7 +152,7 @@ def test_a_failed_host_is_left_out_for_its_cooldown_in_place_then_grown_back_ont
     back), and after the cooldown the ring grows back onto 127.0.0.1 in place."""
     import signal
 
-    steps = 800  # the grow back lands ~3 s after the kill (by step ~550 unloaded); the rest trains at 2 workers
+    steps = 600  # the grow back lands ~3 s after the kill (by step ~400 unloaded); the rest trains at 2 workers
     script, _, _ = _discovery(tmp_path, TWO)
     run = tmp_path / "run"
     proc = _start(["--steps", str(steps), *TINY, "--relaunch", "inplace", "--host-discovery-script", str(script),
