@@ -155,7 +155,8 @@ class ThisHostOnly:
         if others and others != said[0]:
             note = (f"{self.name} lists {', '.join(others)}, another machine: not used (this run's ring is in place "
                     f"on this host only, its first answer listed this host alone; to train over several machines "
-                    f"in place, start with them listed, or use another --relaunch mode); using {hosts.arg() or 'no slot'}")
+                    f"in place, start with them listed, or use another --relaunch mode); "
+                    f"using {hosts.arg() or 'no slot'}")
         elif len(names) > 1 and names != said[1]:
             note = (f"{self.name} lists {', '.join(names)}: names of this machine, their slots this host's "
                     f"({hosts.arg()}): the ring is in place on this host only")

@@ -217,7 +217,8 @@ def test_a_one_host_start_grows_in_place_on_this_machine_and_says_why_another_is
     changes = _events(run, "membership_change")
     assert [(c["cause"], c["members_before"], c["members_after"], c["state_source"]) for c in changes] == [
         ("hosts", 1, 2, "peer")]
-    assert [(h["hosts"], h["target"]) for h in _events(run, "hosts_changed")] == [("localhost:1", 1), ("localhost:2", 2)]
+    assert [(h["hosts"], h["target"]) for h in _events(run, "hosts_changed")] == [
+        ("localhost:1", 1), ("localhost:2", 2)]
     line = ("discovery script discover.sh lists 10.9.9.9, another machine: not used (this run's ring is in place on "
             "this host only, its first answer listed this host alone; to train over several machines in place, start "
             "with them listed, or use another --relaunch mode); using localhost:2")
@@ -259,7 +260,8 @@ def test_hvdrun_ends_its_workers_and_exits_when_its_controller_is_killed(tmp_pat
     parent = subprocess.Popen([sys.executable, "-c", f"""
 import os, subprocess, sys
 cmd = [sys.executable, "-m", "elastic_ring.controller.hvdrun", "-np", "1", "-H", "localhost:1", "--gloo",
-       "--network-interface", "lo", sys.executable, "-c", "import os, time; print('worker', os.getpid(), flush=True); time.sleep(300)",
+       "--network-interface", "lo", sys.executable, "-c",
+       "import os, time; print('worker', os.getpid(), flush=True); time.sleep(300)",
        "--controller-pid", str(os.getpid())]
 p = subprocess.Popen(cmd, stdout=open({str(log)!r}, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 print(p.pid, flush=True)
