@@ -129,8 +129,9 @@ class ThisHostOnly:
     ``127.0.0.1``, its host name: :func:`~.slurm.is_this_host`) are one host's, ``localhost:N``,
     and a host that is another machine is left out (:attr:`foreign` names the first). Why a ring
     started on one host does not grow onto another machine in place: its workers' ring runs over
-    the loopback (horovodrun's ``--network-interface lo``, fixed for the job) and its driver knows
-    this host's slots only (a slot host each, none of which a ring over named hosts would keep).
+    the loopback (horovodrun's ``--network-interface lo``, fixed for the job, unless one was given)
+    and its hosts are this host's slots (``localhost:K``, or a slot host per worker), which the
+    controller places and drains as one host's: over named hosts it would be another kind of run.
     Each time the hosts left out, or the aliases added up, change, the answer's :attr:`Discovered.note`
     says so in one line (the controller's log and a ``notice`` event)."""
 
