@@ -51,6 +51,7 @@ class HostWatch:
         self._show_state = show_state  # the hosts as data (state()), into controller.json
         self._state: dict[str, Any] | None = None
         self.in_use: HostSet | None = None  # the hosts the newest segment was started on
+        self.kept: HostSet | None = None  # the hosts the next segment runs on as they are (keep)
         # hosts leaving with notice the job still runs on -> their deadline (the controller's wall
         # clock; None: none); .drains.Drains keeps it
         self.draining: dict[str, float | None] = {}
@@ -79,11 +80,14 @@ class HostWatch:
             first += n
         return None
 
-    def failed(self, seg: Segment, rank: int | None, run_dir: Path | None = None) -> Excluded | None:
-        """Rank ``rank`` of ``seg`` failed: its host is left out for its cooldown (the next
-        :meth:`view` shows it: a ``hosts_changed`` event, the restart launched on the other hosts);
+    def failed(self, seg: Segment, rank: int | None, run_dir: Path | None = None,
+               host: str | None = None) -> Excluded | None:
+        """Rank ``rank`` of ``seg`` failed: its host (``host`` where the backend named it) is left
+        out for its cooldown (the next :meth:`view` shows it: a ``hosts_changed`` event, the
+        restart launched on the other hosts, or the survivors' ring re-formed in place without it);
         a ``notice`` event and a line say which host and until when. None: its host is not known."""
-        host = None if rank is None else self.host_of(seg, rank, run_dir)
+        if host is None:
+            host = None if rank is None else self.host_of(seg, rank, run_dir)
         if host is None:
             return None
         ex = self.manager.failed(host)
@@ -98,9 +102,18 @@ class HostWatch:
         """The size ``n`` workers is capped to by the usable slots (None: below the minimum)."""
         return self.manager.view(n).target
 
+    def keep(self, hosts: str) -> None:
+        """The next segment runs on ``hosts`` (``a:1,b:2``) as they are, whatever the usable slots
+        allow: the survivors of a failure in place over discovered hosts, on their own hosts (a
+        change the hosts allow comes after, from the watch: :meth:`check`)."""
+        from elastic_ring.hosts.api import HostSet
+
+        self.kept = HostSet.from_arg(hosts)
+
     def place(self, seg: Segment) -> HostSet:
-        """The hosts ``seg`` starts on: the first ``seg.world`` usable slots, in rank order."""
-        on = self.manager.view(self.asked).hosts_for(seg.world)
+        """The hosts ``seg`` starts on: the first ``seg.world`` usable slots, in rank order (or
+        those :meth:`keep` gave)."""
+        on, self.kept = self.kept or self.manager.view(self.asked).hosts_for(seg.world), None
         self.hosts_of[seg.index] = on
         self.in_use = on
         self._show(self.manager.view(self.asked))
@@ -177,8 +190,10 @@ class HostWatch:
         minimum, `status` saying ``waiting for hosts (have K, need N)``); a size other than the one
         decided (the hosts changed since, or the first launch) goes in the plan, and after the first
         segment is a ``membership_change`` of cause ``hosts``. A str: why it stopped waiting (it
-        gave up after ``--min-wait``, or an interrupt)."""
+        gave up after ``--min-wait``, or an interrupt). The hosts :meth:`keep` gave: their size."""
         view = self.view(segment)
+        if self.kept is not None:
+            return self.kept.total
         while view.target is None:
             if self._interrupted():
                 return f"interrupted while {view.line()}"

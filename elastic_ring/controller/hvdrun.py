@@ -50,6 +50,13 @@ Each of these replaces a private internal of Horovod's runner: every one is a re
 the environment: :func:`launcher_groups`) after checking them against the installed Horovod; the
 controller checks them before anything starts (:func:`check_horovod_patches`).
 
+And it ends with its controller: started by one (the workers' ``--controller-pid`` in its command
+is its parent), it looks ten times a second whether that parent is still there, as the zygote does
+(:func:`watch_controller`). When the controller is gone (kill -9 of it, or of its process group:
+this horovodrun runs in a session of its own), it ends its workers and spares and exits
+(status ``EXIT_ORPHANED``): Horovod Elastic's driver, whose workers exit one at a time, could
+otherwise start new ones or wait for hosts long after (once seen: an hour).
+
 The controller uses it for every segment; ``ELASTIC_RING_PLAIN_HOROVODRUN=1`` makes it launch the
 plain ``horovodrun`` instead (for comparisons: ``scripts/bench_launcher.py``).
 """
@@ -386,6 +393,57 @@ class Spare:
 _SPARES: list[Spare] = []  # the warm joiners started (hvd_patches "warm_joiner"), ended with the launcher
 _DRIVERS: list[Any] = []  # Horovod Elastic's driver of this launcher (hvd_patches "start_worker" keeps it)
 
+CONTROLLER_POLL_S = 0.1  # how often this horovodrun looks whether its controller is still there (a getppid)
+
+
+def controller_pid(argv: list[str]) -> int | None:
+    """The pid of the controller that started this horovodrun: the workers' ``--controller-pid``
+    in its command (:func:`~.backends.horovodrun.worker_args`), when that process is this one's
+    parent; None otherwise (started by hand, or by a plain shell: nothing to watch)."""
+    try:
+        pid = int(_flag(argv, "--controller-pid") or 0)
+    except ValueError:
+        return None
+    return pid if pid > 0 and pid == os.getppid() else None
+
+
+def _end_orphaned() -> None:
+    """The controller is gone: kill this launcher's descendants (the workers, or the zygote's
+    stand-ins whose forked workers the zygote ends with them, the spares, ssh clients: remote
+    workers stop on the controller's heartbeat) and exit."""
+    import psutil
+
+    from elastic_ring.protocol import EXIT_ORPHANED
+
+    for spare in _SPARES:
+        spare.end()
+    try:
+        procs = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        procs = []
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    os._exit(EXIT_ORPHANED)
+
+
+def watch_controller(pid: int, poll_s: float = CONTROLLER_POLL_S, end=_end_orphaned) -> Any:
+    """From a thread of its own: once this process's parent is no longer ``pid`` (the controller
+    died; this process was handed to init), say so in one line and ``end()``."""
+    import threading
+
+    def run() -> None:
+        while os.getppid() == pid:
+            time.sleep(poll_s)
+        print(f"elastic-ring hvdrun: its controller (pid {pid}) is gone: ending the job and its workers", flush=True)
+        end()
+
+    t = threading.Thread(target=run, daemon=True, name="elastic-ring-controller-watch")
+    t.start()
+    return t
+
 
 def main() -> None:
     from horovod.runner import launch
@@ -398,6 +456,9 @@ def main() -> None:
         print(e, file=sys.stderr, flush=True)
         sys.exit(2)
     sys.argv[0] = "horovodrun"
+    pid = controller_pid(sys.argv[1:])
+    if pid is not None:
+        watch_controller(pid)
     try:
         sys.exit(launch.run_commandline())
     finally:

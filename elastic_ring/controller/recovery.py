@@ -63,10 +63,15 @@ class Recovery:
         refused, self._refused = self._refused, None
         path = "disk" if s is None else "memory"
         node = a.node
-        # its host is left out for a cooldown (docs/hosts.md); in place the one host is never left out
-        if self.hosts is not None and s is None and not self.resize.keeps_workers:
-            ex = self.hosts.failed(seg, a.rank, self.spec.run_dir)
-            node = node or (ex.host if ex is not None else None)
+        # its host is left out for a cooldown (docs/hosts.md); in place on one host the one host is
+        # never left out; in place over discovered hosts the survivors go on without the hosts that
+        # lost a worker (the backend named them), on their own hosts (placed as they are)
+        if self.hosts is not None and ((s is None and not self.resize.keeps_workers) or self.backend.over_hosts):
+            for host in (s.lost if s is not None and s.lost else (None,)):
+                ex = self.hosts.failed(seg, a.rank, self.spec.run_dir, host=host)
+                node = node or (ex.host if ex is not None else None)
+            if s is not None and s.hosts:
+                self.hosts.keep(s.hosts)
         self.events.write(Restart(attempt=attempt, cause=why, rank=a.rank, returncode=rc, segment=seg.index,
                                   world_size=seg.world, from_step=step, failed_at_step=a.last, steps_redone=redone,
                                   new_world_size=0 if reason is not None else world, gave_up=reason is not None,

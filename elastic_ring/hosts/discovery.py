@@ -4,9 +4,9 @@
   executable that prints the hosts available now, one ``host:slots`` (or bare ``host``) per line.
   It is run with a timeout; a script that exits non-zero, hangs or prints garbage is one line
   (:attr:`Discovered.error`), never an exception.
-* :class:`ThisHostOnly` — a discovery whose every host must be this machine (``--relaunch
-  inplace`` started on this host only: :func:`several_hosts`): its aliases' slots are one host's,
-  ``localhost``; another host is a failed answer.
+* :class:`ThisHostOnly` — a discovery for a job on this machine only (``--relaunch inplace``
+  started on this host only: :func:`several_hosts`): its aliases' slots are one host's,
+  ``localhost``; another machine is left out, in one line.
 * :class:`FixedHosts` — the same interface over a fixed :class:`~.api.HostSet` (``--hosts``,
   Slurm's allocation, a test's value to change).
 * :class:`HostPoller` — asks a discovery every ``interval_s`` (clock passed in), keeps the last
@@ -36,10 +36,12 @@ MAX_OUTPUT = 1 << 20  # bytes of a script's output read: more is garbage
 
 @dataclass(frozen=True)
 class Discovered:
-    """One answer of a discovery: the hosts, or (``hosts`` None) why there is none (one line)."""
+    """One answer of a discovery: the hosts, or (``hosts`` None) why there is none (one line);
+    ``note``: a line to say with a good answer (:class:`ThisHostOnly`: the hosts it left out)."""
 
     hosts: HostSet | None
     error: str | None = None
+    note: str | None = None
 
 
 class HostDiscovery(Protocol):
@@ -122,14 +124,21 @@ class ScriptDiscovery:
 
 
 class ThisHostOnly:
-    """``inner``'s answers for a job on this host only (``--relaunch inplace``): every listed host
-    must be this machine (``localhost``, ``127.0.0.1``, its host name: :func:`~.slurm.is_this_host`),
-    and their slots are one host's, ``localhost:N``. A host that is not this machine makes the
-    answer a failure (one line; the poller keeps the last good hosts); :attr:`foreign` names it."""
+    """``inner``'s answers for a job on this host only (``--relaunch inplace`` whose first answer
+    listed this machine alone): the slots of the hosts that are this machine (``localhost``,
+    ``127.0.0.1``, its host name: :func:`~.slurm.is_this_host`) are one host's, ``localhost:N``,
+    and a host that is another machine is left out (:attr:`foreign` names the first). Why a ring
+    started on one host does not grow onto another machine in place: its workers' ring runs over
+    the loopback (horovodrun's ``--network-interface lo``, fixed for the job, unless one was given)
+    and its hosts are this host's slots (``localhost:K``, or a slot host per worker), which the
+    controller places and drains as one host's: over named hosts it would be another kind of run.
+    Each time the hosts left out, or the aliases added up, change, the answer's :attr:`Discovered.note`
+    says so in one line (the controller's log and a ``notice`` event)."""
 
     def __init__(self, inner: HostDiscovery, name: str = "the discovery script") -> None:
         self.inner, self.name = inner, name
         self.foreign: str | None = None  # the last answer's first host that is not this machine
+        self._said: tuple = ((), ())  # (the other machines, this machine's names) of the last note
 
     def find(self) -> Discovered:
         from elastic_ring.hosts.slurm import is_this_host
@@ -137,12 +146,22 @@ class ThisHostOnly:
         got = self.inner.find()
         if got.hosts is None:
             return got
-        self.foreign = next((h for h in got.hosts if not is_this_host(h)), None)
-        if self.foreign is not None:
-            return Discovered(None, f"{self.name} lists {self.foreign}, not this host: --relaunch inplace "
-                                    f"runs on this host only")
-        total = got.hosts.total
-        return Discovered(HostSet([("localhost", total)] if total else []))
+        others = tuple(h for h in got.hosts if not is_this_host(h))
+        names = tuple(h for h in got.hosts if is_this_host(h))
+        self.foreign = others[0] if others else None
+        total = sum(got.hosts[h] for h in names)
+        hosts = HostSet([("localhost", total)] if total else [])
+        said, self._said = self._said, (others, names if len(names) > 1 else ())
+        note = None
+        if others and others != said[0]:
+            note = (f"{self.name} lists {', '.join(others)}, another machine: not used (this run's ring is in place "
+                    f"on this host only, its first answer listed this host alone; to train over several machines "
+                    f"in place, start with them listed, or use another --relaunch mode); "
+                    f"using {hosts.arg() or 'no slot'}")
+        elif len(names) > 1 and names != said[1]:
+            note = (f"{self.name} lists {', '.join(names)}: names of this machine, their slots this host's "
+                    f"({hosts.arg()}): the ring is in place on this host only")
+        return Discovered(hosts, note=note)
 
 
 def several_hosts(hosts: HostSet | None) -> bool:
@@ -235,6 +254,8 @@ class HostPoller:
             age = now - self._good_at if self._good_at is not None else 0.0
             return Poll(self.hosts, note=note, ok=False, age_s=age)
         note = "host discovery answers again" if self._failing is not None else None
+        if got.note:
+            note = f"{note}; {got.note}" if note else got.note
         self._failing = None
         before = self.hosts if self.hosts is not None else HostSet()
         new = got.hosts.ordered_like(before)

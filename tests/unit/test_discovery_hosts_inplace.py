@@ -21,6 +21,7 @@ from elastic_ring.events import EventLog, read_events
 from elastic_ring.events.api import PreemptNotice
 from elastic_ring.hosts.api import HostSet
 from elastic_ring.hosts.discovery import ThisHostOnly, several_hosts
+from elastic_ring.seam import action_file
 
 
 def test_several_hosts_are_more_than_one_name_or_another_machine():
@@ -51,9 +52,10 @@ def test_in_place_discovery_runs_over_the_hosts_listed_first_or_on_this_host(tmp
     assert isinstance(hosts.poller.discovery, ThisHostOnly) is not over
     if over:  # as listed, by name
         assert hosts.poller.hosts.arg() == ",".join(first.split())
-    else:  # this host only: another host later is a failed answer (the last hosts kept)
-        listed.write_text("localhost:2\n10.9.9.9:1\n")
-        assert hosts.poller.discovery.find().hosts is None
+    else:  # this host only: another machine later is left out (this machine's slots taken), in one line
+        listed.write_text("localhost:3\n10.9.9.9:1\n")
+        got = hosts.poller.discovery.find()
+        assert got.hosts == HostSet([("localhost", 3)]) and "10.9.9.9, another machine: not used" in got.note
     # (relaunched over hosts, the decision is not made: no over_hosts)
     plain = host_manager(RunRequest(host_discovery_script=str(script)), lambda line: None)
     assert plain.over_hosts is False and not isinstance(plain.poller.discovery, ThisHostOnly)
@@ -195,13 +197,88 @@ def test_drain_of_an_in_place_run_over_two_hosts_is_asked(tmp_path, capsys):
         lock.release()
 
 
-def test_over_hosts_a_failure_is_a_restart_not_survivors_on_a_placement_that_may_drop_them(tmp_path):
-    b, _ = _backend(tmp_path)  # (--survive: on one host the survivors would go on)
+def _failed_ring(tmp_path: Path, hosts: str, pids: list[int], on: list[str], survivors: list[int]):
+    """A ring over discovered hosts (``hosts``) whose rank r ran as ``pids[r]`` on ``on[r]``;
+    ``survivors`` said they hold steps 6 and 7 (a peer's loss)."""
+    from elastic_ring.seam import survivor_file
+
+    b, _ = _backend(tmp_path)  # (--survive)
     b.run_over_hosts()
-    b.use_hosts("localhost:1,127.0.0.1:1")
-    job = b.start(SegmentLaunch(2, 0, 20, "me"), tmp_path / "seg.log").handle
+    b.use_hosts(hosts)
+    job = b.start(SegmentLaunch(len(pids), 0, 20, "me"), tmp_path / "seg.log").handle
+    for r, (pid, host) in enumerate(zip(pids, on)):
+        protocol.write_json_atomic(protocol.pid_dir(tmp_path) / f"seg000-rank{r}.json",
+                                   {"rank": r, "pid": pid, "segment": 0, "launch_host": host})
+    for r in survivors:
+        protocol.write_json_atomic(survivor_file(tmp_path, str(r)), {
+            "member": str(r), "rank": r, "pid": pids[r], "held": [6, 7], "time": time.time(), "segment": 0})
     ended = []
     job.inner.kill = lambda: ended.append(True)
     job.inner.poll = lambda: -9 if ended else None
-    assert b.survivors(wait_s=0.1) is None and ended  # the job is ended: the restart from the checkpoint
-    assert b.refused == "in place over discovered hosts, the survivors' hosts are not kept apart"
+    return b, job, ended
+
+
+@pytest.mark.parametrize("dead", [0, 1])
+def test_over_hosts_a_failed_hosts_survivors_go_on_on_their_own_hosts_rank_0s_death_too(tmp_path, dead):
+    """The failed worker's host leaves with it (the controller excludes it: Survival.lost, the
+    failure's node); the survivor goes on from step 7 on its own host, whatever its rank (the
+    driver renumbers by host), and the ring re-forms on it: the driver is told that host only."""
+    import os
+
+    gone = 999_999_999
+    pids = [gone, os.getpid()] if dead == 0 else [os.getpid(), gone]
+    on = ["127.0.0.1", "localhost"] if dead == 0 else ["localhost", "127.0.0.1"]
+    b, job, ended = _failed_ring(tmp_path, "localhost:1,127.0.0.1:1", pids, on, [1 - dead])
+    assert job.poll() == 1  # a survivor spoke
+    s = b.survivors(wait_s=2.0)
+    assert s is not None and not ended, b.refused
+    assert (s.step, s.world, s.hosts, s.lost, s.failure.rank, s.failure.node) == (
+        7, 1, "localhost:1", ("127.0.0.1",), dead, "127.0.0.1")
+    assert b.rejoins is False  # no joiner planned: discovery grows back onto the host after its cooldown
+    b.use_hosts(s.hosts)  # (the controller places the survivors' hosts as they are)
+    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
+    assert _listed(tmp_path) == "localhost:1\n"
+    assert protocol.read_json(action_file(tmp_path, 0))["rollback_to"] == 7
+
+
+def test_over_hosts_a_survivor_on_the_failed_host_makes_it_a_restart(tmp_path):
+    """localhost:2 lost its rank 1 while its rank 0 survives: the host is left out with every
+    worker on it, so the survivors cannot go on in place: the job is ended (the restart from the
+    checkpoint, on the other hosts)."""
+    import os
+
+    me = os.getpid()
+    b, job, ended = _failed_ring(tmp_path, "localhost:2,127.0.0.1:1", [me, 999_999_999, os.getppid()],
+                                 ["localhost", "localhost", "127.0.0.1"], [0, 2])
+    assert b.survivors(wait_s=2.0) is None and ended
+    assert b.refused == "a survivor shares host localhost with the failed worker (the host is left out)"
+
+
+def test_the_survivors_segment_runs_on_their_hosts_as_they_are_then_on_the_usable_slots(tmp_path):
+    """After a failure in place over hosts (Recovery._failed: HostWatch.keep), the next segment's
+    size and hosts are the survivors' (here b alone, though a and b are usable: a's worker failed on
+    another run's clock); the segment after is placed on the usable slots again."""
+    from tests.unit.test_controller_hosts import _controller
+
+    ctl, _, _ = _controller(tmp_path, [("a", 1), ("b", 1)], workers=2)
+    watch = ctl.hosts
+    watch.keep("b:1")
+    assert watch.world(20, 1, 1) == 1  # not the 2 the usable slots allow: no plan change for it
+    assert ctl.plan.world_after(20) == ctl.plan.world_after(0)
+    assert watch.place(Segment(1, 1, 30)).arg() == "b:1" and watch.hosts_of[1].arg() == "b:1"
+    assert watch.kept is None and watch.place(Segment(2, 2, 30)).arg() == "a:1,b:1"
+
+
+def test_hvdrun_watches_the_controller_named_in_its_command_only_when_it_is_its_parent():
+    import os
+
+    from elastic_ring.controller.hvdrun import controller_pid, watch_controller
+
+    parent = os.getppid()
+    assert controller_pid(["-np", "2", "python", "-m", "w", "--controller-pid", str(parent), "--", "s"]) == parent
+    assert controller_pid(["--controller-pid", str(os.getpid())]) is None  # not its parent: started otherwise
+    assert controller_pid(["-np", "2", "python", "x.py"]) is None and controller_pid(["--controller-pid", "x"]) is None
+    ended = []
+    t = watch_controller(parent + 1, poll_s=0.01, end=lambda: ended.append(True))  # "its parent is gone"
+    t.join(timeout=5)
+    assert ended == [True]

@@ -244,7 +244,7 @@ def test_drains_in_place_refuse_a_drain_request(tmp_path):
     assert err["message"] == "drain of localhost refused: the run runs in place on one host" and not d.pending
 
 
-def test_in_place_discovery_is_one_host_its_aliases_summed_another_host_a_failed_answer():
+def test_in_place_discovery_is_one_host_its_aliases_summed_another_host_left_out_in_one_line():
     from elastic_ring.controller.requests import RunRequest, check
     from elastic_ring.hosts.api import HostSet
     from elastic_ring.hosts.discovery import FixedHosts, ThisHostOnly
@@ -254,10 +254,16 @@ def test_in_place_discovery_is_one_host_its_aliases_summed_another_host_a_failed
     only = ThisHostOnly(fixed, "discovery script d.sh")
     got = only.find()
     assert got.hosts == HostSet([("localhost", 3)]) and only.foreign is None
+    assert got.note == ("discovery script d.sh lists localhost, 127.0.0.1: names of this machine, their slots this "
+                        "host's (localhost:3): the ring is in place on this host only")
+    assert only.find().note is None  # said once
     fixed.set(HostSet([("localhost", 1), ("10.9.9.9", 1)]))
-    got = only.find()
-    assert got.hosts is None and only.foreign == "10.9.9.9"
-    assert got.error == "discovery script d.sh lists 10.9.9.9, not this host: --relaunch inplace runs on this host only"
+    got = only.find()  # the other machine is left out, this machine's slots taken
+    assert got.hosts == HostSet([("localhost", 1)]) and only.foreign == "10.9.9.9" and got.error is None
+    assert got.note == ("discovery script d.sh lists 10.9.9.9, another machine: not used (this run's ring is in place "
+                        "on this host only, its first answer listed this host alone; to train over several machines "
+                        "in place, start with them listed, or use another --relaunch mode); using localhost:1")
+    assert only.find().note is None  # said once, while it is listed
 
 
 def test_drain_of_an_in_place_run_is_refused_in_one_line(tmp_path, capsys):

@@ -158,13 +158,17 @@ class Survival:
     memory, and re-form their ring at ``world`` workers when the controller resizes them in place
     (:meth:`InPlaceRing.resize_in_place`), of which ``joiners`` are warm spares that take the
     failed workers' places. ``failure``: the failure, named as for a restart
-    (:func:`~.survival.blame`)."""
+    (:func:`~.survival.blame`). In place over discovered hosts: ``hosts``, the survivors' hosts
+    (``a:1,b:2``: the ring re-forms on them), and ``lost``, the hosts that lost a worker (left out
+    for their cooldown)."""
 
     step: int
     world: int
     failure: protocol.Failure
     joiners: int = 0
     waited_s: float = 0.0  # from the failure's detection to every survivor's record
+    hosts: str | None = None
+    lost: tuple[str, ...] = ()
 
 
 def rank_named_in_log(log_path: Path | None, pattern: re.Pattern[str]) -> int | None:

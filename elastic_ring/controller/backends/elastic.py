@@ -30,15 +30,18 @@ the segment on (``host:slots`` lines, :meth:`ElasticBackend.use_hosts`), by thei
 drained or dropped from the discovery leaves the list at the next in-place resize, and the driver
 ends the workers on it while the others go on in their processes (renumbered in Horovod's order of
 the hosts); a host that appears is added the same way (its workers get the state by broadcast). No
-slot hosts there (a worker's notice drains its host), no ring written ahead for a schedule (the
-hosts of the next size are placed when it comes), and a worker's failure is a restart from the
-checkpoint (:meth:`ElasticBackend.survivors`).
+slot hosts there (a worker's notice drains its host), and no ring written ahead for a schedule (the
+hosts of the next size are placed when it comes). A worker's failure there leaves its host out
+with every worker on it: the survivors on the other hosts go on in their processes (the controller
+excludes the failed host for its cooldown and grows back onto it after), unless a survivor shares
+that host (then a restart from the checkpoint: :meth:`ElasticBackend.survivors`).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from elastic_ring import protocol, seam
@@ -240,8 +243,10 @@ class ElasticBackend(Backend):
     def run_over_hosts(self) -> None:
         """The ring runs over the hosts the user's discovery script lists (several, or another
         machine: :func:`~elastic_ring.hosts.discovery.several_hosts`), each by its name, as the
-        controller places the segments (:meth:`use_hosts`); no slot hosts."""
-        self.over_hosts, self.slot_hosts = True, False
+        controller places the segments (:meth:`use_hosts`); no slot hosts. After a failure no
+        joiner is planned: the failed host is grown back onto when discovery offers it again (its
+        cooldown over)."""
+        self.over_hosts, self.slot_hosts, self.rejoins = True, False, False
 
     def _placed_for(self, world: int) -> list[tuple[str, int]] | None:
         """Over discovered hosts: the hosts placed for a ring of ``world`` (None: one host's slots,
@@ -365,18 +370,15 @@ class ElasticBackend(Backend):
         either said which steps it holds or is gone). None (the job is ended: the restart from the
         checkpoint) when the run does not keep survivors, horovodrun itself exited, rank 0 took a
         scheduled resize already, on ``localhost:K`` (a GPU run) a rank below a survivor's is gone
-        (its slot would leave a hole), the ring runs over discovered hosts (:meth:`run_over_hosts`:
-        the next ring's hosts are the controller's placement, which may name the dead worker's host
-        and not a survivor's), or they do not agree (:attr:`refused` says why). The
-        failure: :func:`~.survival.blame` over the gone ranks."""
+        (its slot would leave a hole), over discovered hosts (:meth:`run_over_hosts`) a survivor
+        shares a host with a dead worker (the dead worker's host is left out, with all its workers:
+        :meth:`_hosts_after`), or they do not agree (:attr:`refused` says why). The
+        failure: :func:`~.survival.blame` over the gone ranks (over hosts its ``node``: the hosts
+        that lost a worker; the survivors' hosts are the :class:`Survival`'s ``hosts``)."""
         h, cur = self._handle, self._launch
         self.refused = None
         if not self.survive or h is None or cur is None or h.inner.poll() is not None:
             self.refused = "horovodrun exited" if self.survive and h is not None else None
-            return None
-        if self.over_hosts:  # the next ring is placed on the first usable slots, maybe the dead one's host
-            self.refused = "in place over discovered hosts, the survivors' hosts are not kept apart"
-            h.end()
             return None
         run_dir = self.spec.run_dir
         pids = _current_pids(run_dir, cur.segment)
@@ -384,14 +386,19 @@ class ElasticBackend(Backend):
                    for r in range(cur.world)]
         heard = survival.hear(run_dir, members, cur.segment, h.t_start, wait_s)
         left, gone = len(heard.alive), [m.rank for m in heard.gone]
-        holes = not self.slot_hosts and [m.rank for m in heard.alive] != list(range(left))  # localhost:K: top ranks
-        step = None
+        # localhost:K: only the top ranks may go (over discovered hosts the driver renumbers by host)
+        holes = not self.slot_hosts and not self.over_hosts and [m.rank for m in heard.alive] != list(range(left))
+        step, kept, lost = None, None, ()
         if not self.retract_ahead(cur.segment):
             self.refused = survival.TAKEN_AHEAD
         elif holes and gone and left:
             self.refused = f"rank(s) {gone} below a survivor's are gone (one host's slots, a GPU run)"
         else:
             step, self.refused = heard.step, heard.refused
+        if step is not None and self.over_hosts:  # the hosts that lost a worker leave with all theirs
+            kept, lost, why = self._hosts_after(heard)
+            if kept is None:
+                step, self.refused = None, why
         if step is None:
             h.end()
             return None
@@ -405,9 +412,41 @@ class ElasticBackend(Backend):
                 return None
             self._live, self._dead = live, self._dead | dead  # type: ignore[operator]
         failure = survival.blame(heard.gone, protocol.read_error_records(run_dir, since=h.t_start))
+        if lost:  # (the restart event's node; the controller leaves these hosts out for their cooldown)
+            failure = replace(failure, node=", ".join(lost))
         h.go_on()
         self._rollback = step
-        return Survival(step, left, failure, 0, time.time() - heard.t0)
+        return Survival(step, left, failure, 0, time.time() - heard.t0, hosts=kept, lost=lost)
+
+    def _hosts_after(self, heard: survival.Heard) -> tuple[str | None, tuple[str, ...], str | None]:
+        """Over discovered hosts, after a failure: (the survivors' hosts, ``a:1,b:2`` in the running
+        ring's order; the hosts that lost a worker; None) when every worker on a host that lost one
+        is gone, so that the ring re-forms on the survivors' hosts with the others left out (the
+        controller excludes them for their cooldown); else (None, those hosts, why not). A
+        survivor's host is its process record's name in the driver's list (by its pid: a survivor
+        keeps its process, not its rank, across in-place resizes)."""
+        host_of: dict[int, tuple[int, str | None]] = {}
+        for rec in protocol.read_pid_records(self.spec.run_dir):
+            try:
+                pid, seg = int(rec["pid"]), int(rec["segment"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if seg >= host_of.get(pid, (-2, None))[0]:  # (a warm spare's first record, segment -1, is a placeholder)
+                host_of[pid] = (seg, rec.get("launch_host"))
+        placed = dict(self._placed)
+        alive: dict[str | None, int] = {}
+        for m in heard.alive:
+            host = host_of.get(int(heard.records[m.name].get("pid") or 0), (0, None))[1]
+            alive[host] = alive.get(host, 0) + 1
+        if any(host not in placed for host in alive):
+            return None, (), "the survivors' hosts are not known"
+        lost = tuple(host for host, n in self._placed if alive.get(host, 0) < n)
+        shared = [host for host in lost if alive.get(host)]
+        if not lost or shared:
+            why = (f"a survivor shares host {shared[0]} with the failed worker (the host is left out)" if shared
+                   else "no host lost a worker")
+            return None, lost, why
+        return ",".join(f"{host}:{n}" for host, n in self._placed if host not in lost), lost, None
 
     def end_ranks(self, ranks: list[int]) -> bool:
         """End these ranks' processes only (a stall the watchdog found: the others lose a peer and
