@@ -266,7 +266,7 @@ class StepBoundary:
         progress.flush_window()  # the last window's event before the segment's end
         meter = job.meter
         if meter is not None:
-            meter.write(job.run_dir, seg.number, job.rank, meter.calls["after_step"], form=job.form,
+            meter.write(job.run_dir, seg.number, job.rank, form=job.form,
                         collective=job.collective.name, vote_every=getattr(self.vote, "every", None))
         progress.heartbeat(seg.step, "ending")
         progress.beats.stop()  # (no step follows: the thread ends; a next segment starts it again)
