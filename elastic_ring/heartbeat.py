@@ -21,7 +21,7 @@ from pathlib import Path
 from elastic_ring import protocol
 
 BEAT_WIDTH = 48  # bytes of one heartbeat record (fixed, so a rewrite in place is never torn short)
-BEAT_EVERY_S = 0.1  # the writer thread's period: the file lags the training thread by at most this
+BEAT_EVERY_S = 0.2  # the writer thread's period: the file lags the training thread by at most this
 
 
 # ---------------------------------------------------------------------- writing (worker side)

@@ -66,11 +66,12 @@ class Meter:
         self._seg_start = 0  # the step the segment started after
         self._first: tuple | None = None  # (t, lib_ns, aside_ns, entries, step) after the 2nd step
         self._last: tuple | None = None  # the same after the last step so far
+        self.per_step: list[int] = []  # the library's nanoseconds of each step after the 2nd
 
     # ------------------------------------------------------------------ the library's own time
     def begin_segment(self) -> None:
         """A segment's steps start: its steps are counted afresh (the figures are per segment)."""
-        self.steps_seen, self._first, self._last = 0, None, None
+        self.steps_seen, self._first, self._last, self.per_step = 0, None, None, []
         self._step_seen = self.seg.step if self.seg is not None else None
         self._seg_start = self._step_seen or 0
 
@@ -106,6 +107,8 @@ class Meter:
             snap = (t1, self.lib_ns, self.aside_ns, self.entries, step)
             if self.steps_seen == 2:
                 self._first = snap
+            elif self.steps_seen > 2:
+                self.per_step.append(self.lib_ns - self._last[1])
             if self.steps_seen >= 2:
                 self._last = snap
 
@@ -144,7 +147,9 @@ class Meter:
         in the library's entries (both less the aside), ``library_us_per_step_net`` that less the
         timers' own bias (``timer_bias_us`` an entry), ``share`` the net over the step, ``target_us``
         the issue's bound (1% of the step or 100 us, whichever is larger), ``aside_us_per_step``
-        the evaluations and checkpoints apart, ``entries`` per entry point (outermost)."""
+        the evaluations and checkpoints apart, ``entries`` per entry point (outermost); the median
+        and 90th percentile over the steps of the library's time in each (raw: a loaded machine's
+        preemptions inflate single steps, the mean holds them and the votes every K steps)."""
         if self._first is None or self._last is None or self._last[4] == self._first[4]:
             return {"steps": 0}
         (t0, l0, a0, e0, s0), (t1, l1, a1, e1, s1) = self._first, self._last
@@ -153,11 +158,14 @@ class Meter:
         lib_us = (l1 - l0) / 1e3 / n
         per = (e1 - e0) / n
         net = max(0.0, lib_us - per * self.bias_ns / 1e3)
+        each = sorted(self.per_step) or [0]
         return {"steps": n, "step_us": round(step_us, 2), "library_us_per_step": round(lib_us, 2),
                 "entries_per_step": round(per, 2), "timer_bias_us": round(self.bias_ns / 1e3, 3),
                 "library_us_per_step_net": round(net, 2), "share": round(net / step_us, 5) if step_us > 0 else None,
                 "target_us": round(max(0.01 * step_us, 100.0), 2), "within_target": net <= max(0.01 * step_us, 100.0),
                 "aside_us_per_step": round((a1 - a0) / 1e3 / n, 2),
+                "median_step_library_us": round(each[len(each) // 2] / 1e3, 2),
+                "p90_step_library_us": round(each[min(len(each) - 1, int(0.9 * len(each)))] / 1e3, 2),
                 "entries": {k: {"calls": self.entry_calls[k], "total_us": round(v / 1e3, 1)}
                             for k, v in sorted(self.entry_ns.items())}}
 
@@ -215,7 +223,7 @@ class Meter:
         path = Path(run_dir) / "stepcost" / f"seg{segment:03d}-rank{rank}.json"
         if steps is None:
             steps = (self.seg.step if self.seg is not None else 0) - self._seg_start
-        rep = {**self.report(steps), "library": self.library(), **extra}
+        rep = {**self.report(steps), "segment": segment, "rank": rank, "library": self.library(), **extra}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(rep, indent=1))

@@ -10,6 +10,7 @@ import time
 import types
 
 import pytest
+import torch
 
 from elastic_ring.worker import stepcost
 from elastic_ring.worker.boundary import StepBoundary
@@ -122,3 +123,70 @@ def test_a_sampler_s_batches_are_library_time_and_off_means_nothing_wrapped(tmp_
         job.record(None, samples=4)
     entries = job.meter.library()["entries"]
     assert entries["sampler.next_batch"]["calls"] == 4 and entries["record"]["calls"] == 4
+
+
+def test_an_epoch_loop_s_requested_stop_resumes_exactly_with_the_rng_taken_at_its_read_only(
+        tmp_path, monkeypatch, distributed):  # noqa: F811 (the fixture)
+    """Issue 50 cut the RNG capture at a step that only starts a vote: the vote is read at the next
+    step's post-hook, and the stop it brings is pending there, where the RNG is taken. Votes every
+    3 steps (after steps 1, 4, ...), the controller's stop asked before the one after step 4: read
+    after step 5 (the capture; none at steps 1 and 4), the segment ends after step 5; resumed, the
+    run is the one never stopped (dropout's RNG included)."""
+    from elastic_ring import protocol
+    from elastic_ring.worker import hooked
+    from elastic_ring.worker.hooked import StopSegment
+    from tests.unit.test_worker_epochs import _run_script, _segment
+
+    ref: list = []
+    _, ref_model = _segment(tmp_path / "ref", monkeypatch, 0, 10**9, ref)
+    taken: list = []
+    rng_state = hooked._rng_state
+
+    def counted():
+        taken.append(job.step)
+        return rng_state()
+
+    monkeypatch.setattr(hooked, "_rng_state", counted)
+    trace: list = []
+    job = make_job(tmp_path / "run", monkeypatch, size=1, segment=0, stop_at=10**9, total=10**9)
+    job.vote.floor = 3
+    stop = protocol.stop_file(job.run_dir, 0)
+    start = job.vote.start
+
+    def asked_from_step_4(step=None):
+        if job.step >= 4:
+            stop.parent.mkdir(parents=True, exist_ok=True)
+            stop.touch()
+        return start(step)
+
+    job.vote.start = asked_from_step_4
+    _current(monkeypatch, job)
+    with pytest.raises(StopSegment):
+        _run_script(job, trace)
+    assert (job.step, job.stop_reason) == (5, "requested")
+    assert 5 in taken and 1 not in taken and 4 not in taken, taken
+    job, model = _segment(tmp_path / "run", monkeypatch, 1, 10**9, trace)
+    assert model is not None and job.finished
+    assert trace == ref
+    for a, b in zip(model.state_dict().values(), ref_model.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_the_per_step_spread_shows_a_vote_every_k_steps_apart_from_the_common_step():
+    """Every 5th step's entry takes 5 ms (a vote), the others 0.2 ms: the mean holds the votes,
+    the median step does not, the 90th percentile does."""
+    m = stepcost.Meter(bias_ns=0.0)
+    m.seg = types.SimpleNamespace(step=0)
+    m.begin_segment()
+
+    def boundary():
+        m.seg.step += 1
+        time.sleep(0.005 if m.seg.step % 5 == 0 else 0.0002)
+
+    boundary = m.entry(boundary, "boundary")
+    for _ in range(22):
+        boundary()
+    lib = m.library()
+    assert lib["steps"] == 20 and len(m.per_step) == 20
+    assert lib["median_step_library_us"] < 5000 <= lib["p90_step_library_us"]
+    assert lib["library_us_per_step"] >= 1000  # 4 votes of 5 ms in 20 steps
