@@ -254,6 +254,7 @@ class StepBoundary:
 
             self.reform_ring(action)
             forget_meshes()
+            self.progress.beats.stop()  # (the next run of the script beats with a job of its own)
             raise Rejoin(job.ring, action.segment, action.stop_at, self.progress.start)
         self.reform(action, before_sync)
         return True

@@ -200,6 +200,7 @@ class HookedSteps:
             action = boundary.pause()
             if action.is_resize:
                 boundary.reform_ring(action)  # a worker left out retires here
+                job.progress.beats.stop()  # (the next run of the script beats with a job of its own)
                 raise Rejoin(job.ring, action.segment, action.stop_at, job.progress.start)
             self.ended = False
         self._end(checkpoint=not checkpointed)
