@@ -5,7 +5,7 @@ collective, small and large steps, alternating rounds (issue 50).
 Each case is one example script, given a timer and nothing else (a copy in a temporary folder with
 ``perf_counter`` around each epoch's training loop, or around each block of ``BLOCK`` steps of a
 ``job.steps()`` loop; every rank appends its times to ``BENCH_OUT``), run with 2 workers and
-``OMP_NUM_THREADS=1`` in three modes:
+``OMP_NUM_THREADS=1`` in these modes:
 
 * ``plain``: the library's no-tool mode (``torchrun --standalone --nproc-per-node 2`` for the
   ``--collective torch`` script, ``horovodrun -np 2 --gloo`` for the Horovod ones, with the
@@ -30,9 +30,9 @@ gives the seconds from the request, and from the controller's stop file, to the 
 on the stop step. A run's figure is the median epoch (block) time of epochs 2..N, the slowest
 rank's; per case the medians over the rounds, and the paired ratios (tool / plain in the same
 round). The machine's load (``os.getloadavg``) is recorded before and after each round. With
-``ELASTIC_RING_STEP_COST=1`` in the tool's runs (``--profile``) every rank's timed parts of the
-step boundary (:mod:`elastic_ring.worker.stepcost`) are kept in the results too (they add a
-microsecond or so per timed call).
+``ELASTIC_RING_STEP_COST=parts`` in the ``tool`` and ``tool_k1`` runs (``--profile``) every rank's
+timed parts of the step boundary (:mod:`elastic_ring.worker.stepcost`) are kept in the results too
+(they add a microsecond or so per timed call).
 
 The end-to-end ratios compare whole runs, so they carry the machine's noise between runs (on a
 shared 2-core machine the rounds of one case spread by up to 0.6). The ``in_process`` section does
@@ -58,6 +58,7 @@ end-to-end ratios hold it).
 
     .venv/bin/python scripts/bench_step_cost.py --rounds 3          # results/bench_step_cost.json
     .venv/bin/python scripts/bench_step_cost.py --quick             # one round, small steps, fewer epochs
+    .venv/bin/python scripts/bench_step_cost.py --rounds 1 --modes timed   # the in-process figures only
 """
 
 from __future__ import annotations
@@ -342,7 +343,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one round, small steps only, 3 epochs")
     ap.add_argument("--epochs", type=int, default=6, help="epochs (steps form: blocks of %d steps) a run" % BLOCK)
     ap.add_argument("--modes", default="plain,tool,tool_k1,timed")
-    ap.add_argument("--profile", action="store_true", help="ELASTIC_RING_STEP_COST=1 in the tool's runs")
+    ap.add_argument("--profile", action="store_true", help="ELASTIC_RING_STEP_COST=parts in the tool's runs")
     ap.add_argument("--only", default="", help="comma-separated cases to run, e.g. epochs/torch,builtin/horovod")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
