@@ -44,7 +44,7 @@ STEPS = "ELASTIC_RING_STEPS"  # a script run without the tool: its steps
 ZYGOTE = "ELASTIC_RING_ZYGOTE"  # the fork server's abstract socket name, in the workers' environment
 NO_ZYGOTE = "ELASTIC_RING_NO_ZYGOTE"  # set (to anything): workers start in their own processes
 ZYGOTE_COMPILE = "ELASTIC_RING_ZYGOTE_COMPILE"  # "1": the fork server imports torch._dynamo too (its workers would)
-STEP_COST = "ELASTIC_RING_STEP_COST"  # set (not "0"): measure the library's cost per step
+STEP_COST = "ELASTIC_RING_STEP_COST"  # set (not "0"): measure the library's cost per step; "parts": each part too
 PLAIN_HOROVODRUN = "ELASTIC_RING_PLAIN_HOROVODRUN"  # "1": the controller runs plain horovodrun
 ALLOW_NO_NCCL = "ELASTIC_RING_ALLOW_NO_NCCL"  # "1": GPUs with a Horovod built without NCCL
 HOST_DEVICES = "ELASTIC_RING_HOST_DEVICES"  # "h1=0,1;h2=2": each host's CUDA_VISIBLE_DEVICES
@@ -209,6 +209,11 @@ def zygote_compile(env: Mapping[str, str] | None = None) -> bool:
 def step_cost(env: Mapping[str, str] | None = None) -> bool:
     """Whether the library measures its own cost per step."""
     return (_get(STEP_COST, env) or "") not in ("", "0")
+
+
+def step_cost_parts(env: Mapping[str, str] | None = None) -> bool:
+    """Whether that measure also times each part of the step boundary (``parts``)."""
+    return (_get(STEP_COST, env) or "").strip().lower() == "parts"
 
 
 def plain_horovodrun(env: Mapping[str, str] | None = None) -> bool:

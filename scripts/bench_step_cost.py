@@ -5,7 +5,7 @@ collective, small and large steps, alternating rounds (issue 50).
 Each case is one example script, given a timer and nothing else (a copy in a temporary folder with
 ``perf_counter`` around each epoch's training loop, or around each block of ``BLOCK`` steps of a
 ``job.steps()`` loop; every rank appends its times to ``BENCH_OUT``), run with 2 workers and
-``OMP_NUM_THREADS=1`` in three modes:
+``OMP_NUM_THREADS=1`` in these modes:
 
 * ``plain``: the library's no-tool mode (``torchrun --standalone --nproc-per-node 2`` for the
   ``--collective torch`` script, ``horovodrun -np 2 --gloo`` for the Horovod ones, with the
@@ -14,7 +14,9 @@ Each case is one example script, given a timer and nothing else (a copy in a tem
 * ``tool``: ``elastic-ring train --script ... --gpus 2`` with no resize (the stop vote's period
   adapting to the step time);
 * ``tool_k1``: the same with ``ELASTIC_RING_STOP_LATENCY_MS=0`` (a stop vote after every step,
-  the library before issue 50).
+  the library before issue 50);
+* ``timed``: ``tool`` with ``ELASTIC_RING_STEP_COST=1``: the in-process measure below. Not part of
+  the paired ratios (its timers are in its time), and not run with ``--modes`` lacking it.
 
 The forms: ``epochs`` (``examples/ddp_epochs.py`` on torch.distributed, ``examples/mlp_epochs.py``
 on Horovod: optimizer hooks, the sampler), ``steps`` (``examples/mlp_digits.py``: ``job.steps()``),
@@ -28,12 +30,35 @@ gives the seconds from the request, and from the controller's stop file, to the 
 on the stop step. A run's figure is the median epoch (block) time of epochs 2..N, the slowest
 rank's; per case the medians over the rounds, and the paired ratios (tool / plain in the same
 round). The machine's load (``os.getloadavg``) is recorded before and after each round. With
-``ELASTIC_RING_STEP_COST=1`` in the tool's runs (``--profile``) every rank's timed parts of the
-step boundary (:mod:`elastic_ring.worker.stepcost`) are kept in the results too (they add a
-microsecond or so per timed call).
+``ELASTIC_RING_STEP_COST=parts`` in the ``tool`` and ``tool_k1`` runs (``--profile``) every rank's
+timed parts of the step boundary (:mod:`elastic_ring.worker.stepcost`) are kept in the results too
+(they add a microsecond or so per timed call).
+
+The end-to-end ratios compare whole runs, so they carry the machine's noise between runs (on a
+shared 2-core machine the rounds of one case spread by up to 0.6). The ``in_process`` section does
+not: in the ``timed`` runs every rank measures itself, on its training thread, in the same run
+(:mod:`elastic_ring.worker.stepcost`). Per case and round, the rank with the most library time:
+
+* ``library_us_per_step``: the time the training thread spent inside the library's entry points
+  (the loop's ``next()``, the optimizer's hooks, the samplers, ``job.record``, the Horovod
+  Elastic adapter's hooks and commits; the outermost counted once), per step of the steady
+  segment (from the end of its second step to the end of its last), evaluations and checkpoints
+  taken out (``aside_us_per_step``, apart); less the timers' own bias, calibrated in the process
+  (``library_us_per_step_net``, the figure judged); ``median_step_library_us`` and
+  ``p90_step_library_us``: the library's time of the median and the 90th-percentile step (a
+  loaded machine's preemptions inflate single steps: the mean holds them);
+* ``step_us``: the step's own wall time on the training thread over the same steps (the library's
+  part included, the aside not);
+* ``share``: the net library time over the step; ``target_us``: the issue's bound, the larger of 1%
+  of the step and 100 us; ``within_target``: the net figure at most that.
+
+Per case the medians over the rounds, and whether every round was within the target. What runs on
+the collectives' own threads and the heartbeat and progress writers' threads is not in it (the
+end-to-end ratios hold it).
 
     .venv/bin/python scripts/bench_step_cost.py --rounds 3          # results/bench_step_cost.json
     .venv/bin/python scripts/bench_step_cost.py --quick             # one round, small steps, fewer epochs
+    .venv/bin/python scripts/bench_step_cost.py --rounds 1 --modes timed   # the in-process figures only
 """
 
 from __future__ import annotations
@@ -122,8 +147,10 @@ def env_for(mode: str, out: Path, profile: bool) -> dict[str, str]:
     if mode == "tool_k1":
         env["ELASTIC_RING_STOP_LATENCY_MS"] = "0"
     env.setdefault("HOROVOD_CYCLE_TIME", "5")  # the tool's own on CPUs (plain Horovod's default: 1 ms)
-    if profile and mode != "plain":
-        env["ELASTIC_RING_STEP_COST"] = "1"
+    if mode == "timed":
+        env["ELASTIC_RING_STEP_COST"] = "1"  # the library's own time per step (no part timed)
+    elif profile and mode != "plain":
+        env["ELASTIC_RING_STEP_COST"] = "parts"
     return env
 
 
@@ -152,6 +179,22 @@ def stepcost(run: Path) -> list[dict]:
     return [json.loads(f.read_text()) for f in sorted((run / "stepcost").glob("*.json"))]
 
 
+LIBRARY_KEYS = ("library_us_per_step", "library_us_per_step_net", "step_us", "share", "target_us",
+                "within_target", "aside_us_per_step", "entries_per_step", "timer_bias_us", "steps",
+                "median_step_library_us", "p90_step_library_us", "entries")
+
+
+def library_figures(reports: list[dict]) -> dict:
+    """A ``timed`` run's in-process figures: the rank with the most library time per step (net),
+    and every rank's."""
+    ranks = [{"rank": r.get("rank"), **{k: r["library"].get(k) for k in LIBRARY_KEYS}}
+             for r in reports if r.get("library", {}).get("steps")]
+    if not ranks:
+        raise BenchError("a timed run left no step-cost report with steps")
+    worst = max(ranks, key=lambda r: r["library_us_per_step_net"])
+    return {**worst, "ranks": ranks}
+
+
 def one_run(form: str, coll: str, size: str, mode: str, epochs: int, work: Path, profile: bool) -> dict:
     name, edits, extra = CASES[(form, coll)]
     folder = Path(tempfile.mkdtemp(dir=work))
@@ -178,7 +221,9 @@ def one_run(form: str, coll: str, size: str, mode: str, epochs: int, work: Path,
         raise BenchError(f"{form}/{coll}/{size}/{mode}: no epoch times in {out}")
     res = {"epoch_s": statistics.median(times), "epochs_s": times, "wall_s": time.perf_counter() - t0,
            "attempts": attempt + 1}
-    if profile and mode != "plain":
+    if mode == "timed":
+        res["library"] = library_figures(stepcost(run))
+    elif profile and mode != "plain":
         res["stepcost"] = stepcost(run)
     return res
 
@@ -196,7 +241,9 @@ def builtin_run(coll: str, mode: str, steps: int, work: Path, profile: bool) -> 
     ev = [json.loads(ln) for ln in (run / "events.jsonl").read_text().splitlines()]
     win = [e["seconds"] / e["steps"] for e in ev if e.get("kind") == "throughput"][1:]
     res = {"step_s": statistics.median(win), "windows_s": win}
-    if profile:
+    if mode == "timed":
+        res["library"] = library_figures(stepcost(run))
+    elif profile:
         res["stepcost"] = stepcost(run)
     return res
 
@@ -257,9 +304,12 @@ def summarise(rounds: list[dict]) -> dict:
         for case, modes in r["cases"].items():
             c = out.setdefault(case, {"modes": {}, "paired": {}})
             key = "step_s" if case.startswith("builtin") else "epoch_s"
+            modes = {m: res for m, res in modes.items() if m != "timed"}  # (in_process(): its timers in it)
             for mode, res in modes.items():
                 c["modes"].setdefault(mode, []).append(res[key])
             base = "plain" if "plain" in modes else "tool"
+            if base not in modes:
+                continue
             for mode, res in modes.items():
                 if mode != base:
                     c["paired"].setdefault(f"{mode}/{base}", []).append(res[key] / modes[base][key])
@@ -269,14 +319,31 @@ def summarise(rounds: list[dict]) -> dict:
     return out
 
 
+def in_process(rounds: list[dict]) -> dict:
+    """Per case, the ``timed`` runs' in-process figures (:func:`library_figures`): per round, and
+    the medians over the rounds (``within_target``: every round within the issue's bound)."""
+    out: dict[str, dict] = {}
+    for r in rounds:
+        for case, modes in r["cases"].items():
+            if "timed" in modes:
+                out.setdefault(case, {"rounds": []})["rounds"].append(modes["timed"]["library"])
+    for c in out.values():
+        rs = c["rounds"]
+        for k in ("library_us_per_step", "library_us_per_step_net", "step_us", "share", "target_us",
+                  "aside_us_per_step"):
+            c[f"median_{k}"] = statistics.median(x[k] for x in rs)
+        c["within_target"] = all(x["within_target"] for x in rs)
+    return out
+
+
 def main() -> int:
     exit_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one round, small steps only, 3 epochs")
     ap.add_argument("--epochs", type=int, default=6, help="epochs (steps form: blocks of %d steps) a run" % BLOCK)
-    ap.add_argument("--modes", default="plain,tool,tool_k1")
-    ap.add_argument("--profile", action="store_true", help="ELASTIC_RING_STEP_COST=1 in the tool's runs")
+    ap.add_argument("--modes", default="plain,tool,tool_k1,timed")
+    ap.add_argument("--profile", action="store_true", help="ELASTIC_RING_STEP_COST=parts in the tool's runs")
     ap.add_argument("--only", default="", help="comma-separated cases to run, e.g. epochs/torch,builtin/horovod")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
@@ -311,7 +378,7 @@ def main() -> int:
                     print(f"round {i + 1} {case} {mode}: {rnd['cases'][case][mode]['step_s'] * 1e3:.2f} ms a step",
                           flush=True)
             if not only or "latency" in only:
-                for mode in [m for m in order if m != "plain"]:
+                for mode in [m for m in order if m not in ("plain", "timed")]:
                     rnd.setdefault("latency", {})[mode] = lat = latency_run(mode, work)
                     lib = lat["stop_file_to_agreement_s"]
                     print(f"round {i + 1} live resize {mode}: {lat['latency_s'] * 1e3:.0f} ms from request to "
@@ -337,10 +404,17 @@ def main() -> int:
     for case, c in summary.items():
         print(case, {m: f"{v * 1e3:.2f} ms" for m, v in c["median_s"].items()},
               {m: f"{v:.3f}" for m, v in c["median_ratio"].items()})
+    inproc = in_process(rounds)
+    for case, c in inproc.items():
+        print(f"{case} in-process: the library {c['median_library_us_per_step_net']:.1f} us a step "
+              f"(raw {c['median_library_us_per_step']:.1f}) of {c['median_step_us']:.0f} us "
+              f"({c['median_share'] * 100:.2f}%; target {c['median_target_us']:.0f} us: "
+              f"{'within' if c['within_target'] else 'NOT within'})")
     write_results(a.out, {"settings": {"rounds": rounds_n, "epochs": epochs, "sizes": sizes, "modes": modes,
                                        "block_steps": BLOCK, "workers": 2, "omp_threads": 1,
                                        "quick": a.quick, "profile": a.profile},
-                          "summary": summary, "live_resize": live, "rounds": rounds}, load_start)
+                          "summary": summary, "in_process": inproc, "live_resize": live, "rounds": rounds},
+                  load_start)
     return 0
 
 

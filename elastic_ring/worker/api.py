@@ -308,7 +308,7 @@ class Job:
 
             accumulate_epoch_loop(self, self.state.optimizer)
         epochs = self.hooked.epochs(start, stop)
-        return self.meter.iterate(epochs, "epochs.next") if self.meter else epochs
+        return self.meter.loop(epochs, "epochs.next", self.meter.parts) if self.meter else epochs
 
     def evaluating(self):
         """``with job.evaluating(): test()``: an evaluation inside the script's own loop, kept out
@@ -332,6 +332,8 @@ class Job:
                 raise ContractError("a constant-batch run needs its global batch: job.sampler(..., "
                                     "global_batch=N) or elastic-ring train --global-batch N")
         self.state.sampler = Sampler(self, size, batch_size, seed, global_batch)
+        stepcost.entries(self.state.sampler, {"next_batch": "sampler.next_batch",
+                                              "next_micro_batches": "sampler.next_micro_batches"})
         return self.state.sampler
 
     def micro_batches(self, sampler: Sampler, net: Any, optimizer: Any) -> Iterator[Any]:
@@ -340,7 +342,7 @@ class Job:
         constant): see :func:`elastic_ring.worker.accumulate.micro_batches`."""
         from elastic_ring.worker.accumulate import micro_batches
 
-        return micro_batches(sampler, net, optimizer)
+        return stepcost.loop(micro_batches(sampler, net, optimizer), "micro_batches")
 
     def on_resize(self, fn: Callable[[int, int, int], None]) -> None:
         """``fn(old_world, new_world, step)`` replaces the default LR rescaling at a new size."""
@@ -427,7 +429,7 @@ class Job:
         if not self.restored:
             self.restore()
         steps = flat_steps(self)
-        return self.meter.iterate(steps, "boundary") if self.meter else steps
+        return self.meter.loop(steps, "boundary", self.meter.parts) if self.meter else steps
 
 
 def init(lazy: bool = False, warm_compile: bool = True) -> "Job | PlainJob":

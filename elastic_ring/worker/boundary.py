@@ -5,7 +5,7 @@ The three forms a script's steps come in all call this one object: the flat loop
 registered optimizer (:mod:`elastic_ring.worker.hooked`) from its post-hook, and a Horovod Elastic
 script (:mod:`elastic_ring.worker.hvd_elastic`) from its optimizer's post-hook, deciding at its
 commits. On the hot path one call per step, :meth:`StepBoundary.after_step`: the step counted, the
-heartbeat, the throughput window (closed every ``throughput_window`` steps and at the segment's
+heartbeat noted (a thread writes it: :class:`~elastic_ring.heartbeat.Beats`), the throughput window (closed every ``throughput_window`` steps and at the segment's
 stop step, its mean loss read one window later), the evaluation, periodic checkpoint and progress
 file where the form does them there (:meth:`StepBoundary.between`), and the stop: the run's
 length, the segment's stop step, or the stop vote read (started after an earlier step, it
@@ -97,11 +97,11 @@ class StepBoundary:
         commits: None)."""
         seg, progress = self.seg, self.progress
         seg.step = step
-        progress.heartbeat(step, "step")
         w = progress.window
         w.steps += 1
         w.samples += samples
         now = time.time()
+        progress.beat(step, "step", now)  # (noted: a thread writes it)
         if self.first:  # start-up cost ends with the first step of a segment
             self.first = False
             progress.first_step(step, now)
@@ -254,6 +254,7 @@ class StepBoundary:
 
             self.reform_ring(action)
             forget_meshes()
+            self.progress.beats.stop()  # (the next run of the script beats with a job of its own)
             raise Rejoin(job.ring, action.segment, action.stop_at, self.progress.start)
         self.reform(action, before_sync)
         return True
@@ -266,9 +267,10 @@ class StepBoundary:
         progress.flush_window()  # the last window's event before the segment's end
         meter = job.meter
         if meter is not None:
-            meter.write(job.run_dir, seg.number, job.rank, meter.calls["after_step"], form=job.form,
+            meter.write(job.run_dir, seg.number, job.rank, form=job.form,
                         collective=job.collective.name, vote_every=getattr(self.vote, "every", None))
         progress.heartbeat(seg.step, "ending")
+        progress.beats.stop()  # (no step follows: the thread ends; a next segment starts it again)
         if seg.finished and evaluate:
             progress.heartbeat(seg.step, "eval")
             progress.evaluate(seg.step)

@@ -41,6 +41,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from elastic_ring.worker import stepcost
 from elastic_ring.worker.errors import ContractError
 
 
@@ -193,7 +194,7 @@ class DistributedSampler:
         acc = getattr(opt, "_elastic_ring_accumulation", None)  # a constant global batch's
         if acc is not None and self._layout() is not None:
             acc.passes()  # this rank's backward passes per step, set before the first one
-        return self._indices(start)
+        return stepcost.loop(self._indices(start), "sampler.iter")  # (ELASTIC_RING_STEP_COST: timed)
 
     # ------------------------------------------------------------------ the elastic part
     def _tracked(self) -> bool:

@@ -142,17 +142,20 @@ class HookedSteps:
     def _rng_wanted(self, step: int, sampler) -> bool:
         """Whether the RNG right after ``step`` may be saved before the next step: by a copy kept
         in memory (every step, on every rank), or, on rank 0, by a checkpoint at the next point
-        between steps: a stop there (one pending, or a vote to be read), the periodic checkpoint
-        due, the epoch's data used up (the epoch's end: the run's end may follow; every step where
-        the training sampler is not elastic-ring's). Else it is not taken (tens of microseconds:
-        numpy's and Python's states are copied element by element); a periodic checkpoint that
-        falls due before the next step without it waits for the next step (:meth:`between`)."""
+        between steps: a stop there (pending: decided at this step's post-hook, which also reads
+        the vote in flight), the periodic checkpoint due, the epoch's data used up (the epoch's
+        end: the run's end may follow; every step where the training sampler is not
+        elastic-ring's). Not at a step that only started a vote: it is read at the next step's
+        post-hook, and a stop it brings is then pending there, whose RNG is taken then. Else it is
+        not taken (tens of microseconds: numpy's and Python's states are copied element by
+        element); a periodic checkpoint that falls due before the next step without it waits for
+        the next step (:meth:`between`)."""
         job, boundary = self.job, self.boundary
         if boundary.copy is not None:
             return True
         if not job.checkpoints.writes(job.rank):
             return False
-        if self.pending is not None or boundary.handle is not None or job.checkpoints.due(step, job.seg.stop_at):
+        if self.pending is not None or job.checkpoints.due(step, job.seg.stop_at):
             return True
         # no sampler of ours: where an epoch ends is not known
         return sampler is None or job._epoch_data.position.pos >= len(sampler.dataset)
@@ -197,6 +200,7 @@ class HookedSteps:
             action = boundary.pause()
             if action.is_resize:
                 boundary.reform_ring(action)  # a worker left out retires here
+                job.progress.beats.stop()  # (the next run of the script beats with a job of its own)
                 raise Rejoin(job.ring, action.segment, action.stop_at, job.progress.start)
             self.ended = False
         self._end(checkpoint=not checkpointed)

@@ -195,11 +195,13 @@ class Session:
         import torch
 
         self.job, self.state = job, state
-        meter = getattr(job, "meter", None)  # ELASTIC_RING_STEP_COST: the boundary's parts timed
+        meter = getattr(job, "meter", None)  # ELASTIC_RING_STEP_COST: the library's entries timed
         if meter is not None:
-            meter.wrap(self, "_before_step", "hvd.before")
-            meter.wrap(self, "_after_step", "hvd.after")
-            meter.wrap(self, "commit_point", "hvd.commit")
+            for attr, name in (("_before_step", "hvd.before"), ("_after_step", "hvd.after"),
+                               ("commit_point", "hvd.commit")):
+                if meter.parts:
+                    meter.wrap(self, attr, name)
+                meter.wrap_entry(self, attr, name)
         handlers = getattr(state, "_handlers", {})
         model = next((k for k, h in handlers.items() if isinstance(h.value, torch.nn.Module)), None)
         opt = next((k for k, h in handlers.items() if isinstance(h.value, torch.optim.Optimizer)), None)

@@ -2,7 +2,8 @@
 evaluations, the progress file and its heartbeat.
 
 Rank 0 writes the events (``events.api``); every rank writes its own heartbeat for the
-controller's stall watchdog (``heartbeat``).
+controller's stall watchdog (``heartbeat``: the training thread notes its step and phase, a thread
+writes them).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from elastic_ring import protocol
+from elastic_ring.heartbeat import Beats
 from elastic_ring.worker.segment import Segment
 
 
@@ -113,8 +115,7 @@ class Progress:
         self.last_loss = float("nan")
         self._window_pending = None  # (allreduce handle, world size, the event's fields) of the closed window
         self._events = None
-        self._beat = None  # this rank's heartbeat (controller.watchdog), opened at its first step
-        self._beat_key: tuple[int, int] | None = None
+        self.beats = Beats(run_dir)  # this rank's heartbeat (controller.watchdog), written by a thread
         self._last_progress_t = 0.0
         self._progress_writer = ProgressWriter(protocol.control_dir(run_dir) / protocol.PROGRESS_FILE)
         self._threads_warned = False
@@ -148,15 +149,16 @@ class Progress:
         self.emit(Notice(message=msg, rank=self.ring.rank, segment=self.seg.number))
 
     def heartbeat(self, step: int, phase: str) -> None:
-        """Tell the controller's stall watchdog this rank's step and phase (one ``pwrite``)."""
-        key = (self.seg.number, self.ring.rank)
-        if self._beat is None or self._beat_key != key:
-            from elastic_ring.heartbeat import Heartbeat
+        """Tell the controller's stall watchdog this rank's step and phase now (one ``pwrite`` on
+        this thread): the rare phases (a checkpoint, an evaluation, a pause, the segment's end).
+        Per step the training thread only notes them (:meth:`beat`)."""
+        self.beats.write(self.seg.number, self.ring.rank, step, phase, time.time())
 
-            if self._beat is not None:
-                self._beat.close()
-            self._beat, self._beat_key = Heartbeat(self.run_dir, *key), key
-        self._beat.beat(step, phase, time.time())
+    def beat(self, step: int, phase: str, now: float) -> None:
+        """The per-step heartbeat: ``step`` (the last done) and ``phase`` reached at ``now``, noted
+        for the heartbeat's writer thread (:class:`~elastic_ring.heartbeat.Beats`); nothing written
+        here. The watchdog judges on the note, so a hang of this thread stays visible."""
+        self.beats.note = (self.seg.number, self.ring.rank, step, phase, now)
 
     def begin_segment(self, lr_used: float | None = None) -> None:
         """A segment's steps start: a new window; the LR its first step runs with unless the step
@@ -166,6 +168,7 @@ class Progress:
         self.window = _Window()
         self._window_pending = None
         self.lr_used, self.lr_stepped = lr_used, None
+        self.beats.start()  # (a thread, unless it runs: the segment's per-step heartbeats)
 
     def optimizer_step(self, opt) -> None:
         """Before the registered optimizer's step (a pre-hook, so before Horovod waits there for
@@ -173,7 +176,7 @@ class Progress:
         the step (phase ``sync``), so a rank hung in its data loader or its forward pass is told
         apart from the ranks waiting for it. Also the LR the step really runs with (the script
         may set it inside the step, or a scheduler may move it after), for ``first_step``."""
-        self.heartbeat(self.seg.step, "sync")
+        self.beats.note = (self.seg.number, self.ring.rank, self.seg.step, "sync", time.time())  # (beat())
         if opt.param_groups:
             self.lr_stepped = float(opt.param_groups[0]["lr"])
 

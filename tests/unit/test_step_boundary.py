@@ -199,13 +199,13 @@ def test_jobs_public_names_are_the_scripts_and_the_plain_job_has_them_all(monkey
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_the_step_cost_meter_counts_the_boundary_s_calls_as_the_steps(tmp_path, monkeypatch, distributed,
                                                                       form):  # noqa: F811 (the fixture)
-    """``ELASTIC_RING_STEP_COST=1``: the report of each form counts its steps by the boundary's one
+    """``ELASTIC_RING_STEP_COST=parts``: the report of each form counts its steps by the boundary's one
     call a step, and times that call and the between-steps work of the forms that do it."""
     import json
 
     from elastic_ring.worker import hooked, stepcost
 
-    monkeypatch.setenv(stepcost.ENV, "1")
+    monkeypatch.setenv(stepcost.ENV, "parts")
     monkeypatch.setattr(stepcost, "_METER", None)
     monkeypatch.setattr(hooked, "_rng_state", hooked._rng_state)  # (install() times it, once a process)
     monkeypatch.setattr(hooked, "_timed_rng", False, raising=False)

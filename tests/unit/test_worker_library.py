@@ -298,8 +298,16 @@ def test_scheduler_registered_at_save_but_not_at_restore_is_an_error(tmp_path, m
 def test_heartbeat_says_sync_once_the_rank_reaches_its_optimizer_step(tmp_path, monkeypatch):
     """The stall watchdog tells a rank hung in its own work from the ranks waiting for it: the
     heartbeat is (last step done, "step") until this rank calls the registered optimizer's step
-    (where Horovod waits for the others' gradients), then (last step done, "sync")."""
+    (where Horovod waits for the others' gradients), then (last step done, "sync"). The training
+    thread only notes them; the heartbeat's thread writes the note (within its period)."""
     from elastic_ring.heartbeat import Beat, read_beats
+    from tests.conftest import wait_for
+
+    def on_disk(want):  # the file once the writer thread caught up with the training thread's note
+        try:
+            return wait_for(lambda: read_beats(tmp_path, 0) == want and want, 5, str(want), poll=0.01)
+        except AssertionError:
+            return read_beats(tmp_path, 0)
 
     job = make_job(tmp_path, monkeypatch, rank=1, size=2, stop_at=3)
     model, opt, sched = build(0.1)
@@ -308,13 +316,13 @@ def test_heartbeat_says_sync_once_the_rank_reaches_its_optimizer_step(tmp_path, 
     seen = []
     x = torch.ones(4, 4)
     for step in job.steps():
-        before = read_beats(tmp_path, 0)
+        before = on_disk([Beat(1, step - 1, "step")]) if step > 1 else None
         loss = model(x).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
-        seen.append((step, before, read_beats(tmp_path, 0)))
+        seen.append((step, before, on_disk([Beat(1, step - 1, "sync")])))
     assert seen[0][2] == [Beat(1, 0, "sync")]
     for step, before, after in seen[1:]:
         assert before == [Beat(1, step - 1, "step")] and after == [Beat(1, step - 1, "sync")], step

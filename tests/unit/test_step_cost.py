@@ -1,0 +1,192 @@
+"""``ELASTIC_RING_STEP_COST=1``: the library's own time per step on the training thread, measured
+by the process itself (:mod:`elastic_ring.worker.stepcost`): the outermost entries counted once,
+evaluations and checkpoints apart, per step of a steady segment; for each loop form through the
+fake in-process Horovod of the worker-library tests."""
+
+from __future__ import annotations
+
+import json
+import time
+import types
+
+import pytest
+import torch
+
+from elastic_ring.worker import stepcost
+from elastic_ring.worker.boundary import StepBoundary
+from tests.unit.test_step_boundary import FORMS
+from tests.unit.test_worker_epochs import _current, distributed  # noqa: F401 (a fixture)
+from tests.unit.test_worker_library import make_job
+
+
+def test_the_outermost_entry_counts_once_and_the_aside_is_taken_out():
+    """A fake library: each step one entry of >= 1 ms that counts the step, calls another entry
+    (nested: not counted again) and an evaluation of 30 ms (aside); the script's own part of a step
+    sleeps >= 2 ms. Per step between the ends of the 2nd and the 6th: 4 steps, one entry each, the
+    library's 1 ms but not the evaluation's 30 ms, the step's 3 ms less the evaluation."""
+    m = stepcost.Meter(bias_ns=0.0)
+    m.seg = types.SimpleNamespace(step=0)
+    m.begin_segment()
+    inner = m.entry(lambda: time.sleep(0.0005), "inner")
+    evaluate = m.aside(lambda: time.sleep(0.03))
+
+    def boundary():
+        time.sleep(0.001)
+        inner()
+        m.seg.step += 1
+        evaluate()
+
+    boundary = m.entry(boundary, "boundary")
+    for _ in range(6):
+        time.sleep(0.002)  # the script's step
+        boundary()
+    lib = m.library()
+    assert lib["steps"] == 4 and lib["entries_per_step"] == 1.0
+    assert set(lib["entries"]) == {"boundary"} and lib["entries"]["boundary"]["calls"] == 6
+    assert 1500 <= lib["library_us_per_step"] < 30_000  # the sleeps inside, not the evaluation
+    assert lib["step_us"] - lib["library_us_per_step"] >= 2000  # the script's part
+    assert lib["aside_us_per_step"] >= 30_000
+    assert lib["library_us_per_step_net"] == lib["library_us_per_step"]  # (no bias given)
+    assert lib["target_us"] == 100.0 and not lib["within_target"]
+
+
+def test_calibrate_measures_the_timer_s_own_bias():
+    bias = stepcost.calibrate(rounds=2, n=200)
+    assert 0 < bias < 1e6  # nanoseconds: a few hundred on a quiet machine
+    m = stepcost.Meter(bias_ns=bias)
+    m.seg = types.SimpleNamespace(step=0)
+    m.begin_segment()
+    step = m.entry(lambda: setattr(m.seg, "step", m.seg.step + 1), "nothing")
+    for _ in range(50):
+        step()
+    lib = m.library()
+    assert lib["library_us_per_step_net"] <= lib["library_us_per_step"]
+
+
+def _install(monkeypatch, level="1"):
+    from elastic_ring.worker import hooked
+
+    monkeypatch.setenv(stepcost.ENV, level)
+    monkeypatch.setattr(stepcost, "_METER", None)
+    monkeypatch.setattr(stepcost, "calibrate", lambda: 0.0)
+    monkeypatch.setattr(hooked, "_rng_state", hooked._rng_state)
+    monkeypatch.setattr(hooked, "_timed_rng", False, raising=False)
+
+
+# the library's entry points each form goes through (outermost) once its steps run
+ENTRIES = {"steps": {"boundary", "hooks.before", "hooks.after"},
+           "epochs": {"hooks.before", "hooks.after", "sampler.iter"},
+           "commits": {"hvd.before", "hvd.after", "hvd.commit"}}
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_each_form_s_library_time_per_step_holds_what_its_boundary_does(tmp_path, monkeypatch, distributed,
+                                                                        form):  # noqa: F811 (the fixture)
+    """Every form's report has the library's figures per step, through its own entry points; a
+    stop decision made 3 ms slower (inside the boundary, every form decides every step) shows in
+    the library's time and in the step's, and nothing of the script's step is counted as the
+    library's."""
+    _install(monkeypatch)
+    decide = StepBoundary.decide
+
+    def slow_decide(self, step):
+        time.sleep(0.003)
+        return decide(self, step)
+
+    monkeypatch.setattr(StepBoundary, "decide", slow_decide)
+    job = make_job(tmp_path, monkeypatch, stop_at=6, total=20)
+    _current(monkeypatch, job)
+    FORMS[form](job, finish_at=None)
+    rep = json.loads((tmp_path / "stepcost" / "seg000-rank0.json").read_text())
+    lib = rep["library"]
+    assert rep["parts"] == {}  # "1": no part timed (their timers would be inside the figure)
+    assert lib["steps"] >= 2, lib
+    assert ENTRIES[form] <= set(lib["entries"]), lib["entries"]
+    assert 3000 <= lib["library_us_per_step"] <= lib["step_us"], lib
+    assert not lib["within_target"]  # 3 ms a step is over max(1%, 100 us) of any step here
+
+
+def test_a_sampler_s_batches_are_library_time_and_off_means_nothing_wrapped(tmp_path, monkeypatch):
+    _install(monkeypatch, "0")
+    job = make_job(tmp_path, monkeypatch, stop_at=3)
+    assert job.meter is None and stepcost.current() is None
+    data = job.sampler(64, 4, seed=1)
+    assert "next_batch" not in vars(data)  # nothing wrapped when off
+    _install(monkeypatch)
+    job = make_job(tmp_path, monkeypatch, stop_at=3)
+    data = job.sampler(64, 4, seed=1)
+    job.restore()
+    job.meter.begin_segment()
+    for step in range(1, 5):
+        data.next_batch()
+        job.seg.step = step  # (a step counted: what the boundary does)
+        job.record(None, samples=4)
+    entries = job.meter.library()["entries"]
+    assert entries["sampler.next_batch"]["calls"] == 4 and entries["record"]["calls"] == 4
+
+
+def test_an_epoch_loop_s_requested_stop_resumes_exactly_with_the_rng_taken_at_its_read_only(
+        tmp_path, monkeypatch, distributed):  # noqa: F811 (the fixture)
+    """Issue 50 cut the RNG capture at a step that only starts a vote: the vote is read at the next
+    step's post-hook, and the stop it brings is pending there, where the RNG is taken. Votes every
+    3 steps (after steps 1, 4, ...), the controller's stop asked before the one after step 4: read
+    after step 5 (the capture; none at steps 1 and 4), the segment ends after step 5; resumed, the
+    run is the one never stopped (dropout's RNG included)."""
+    from elastic_ring import protocol
+    from elastic_ring.worker import hooked
+    from elastic_ring.worker.hooked import StopSegment
+    from tests.unit.test_worker_epochs import _run_script, _segment
+
+    ref: list = []
+    _, ref_model = _segment(tmp_path / "ref", monkeypatch, 0, 10**9, ref)
+    taken: list = []
+    rng_state = hooked._rng_state
+
+    def counted():
+        taken.append(job.step)
+        return rng_state()
+
+    monkeypatch.setattr(hooked, "_rng_state", counted)
+    trace: list = []
+    job = make_job(tmp_path / "run", monkeypatch, size=1, segment=0, stop_at=10**9, total=10**9)
+    job.vote.floor = 3
+    stop = protocol.stop_file(job.run_dir, 0)
+    start = job.vote.start
+
+    def asked_from_step_4(step=None):
+        if job.step >= 4:
+            stop.parent.mkdir(parents=True, exist_ok=True)
+            stop.touch()
+        return start(step)
+
+    job.vote.start = asked_from_step_4
+    _current(monkeypatch, job)
+    with pytest.raises(StopSegment):
+        _run_script(job, trace)
+    assert (job.step, job.stop_reason) == (5, "requested")
+    assert 5 in taken and 1 not in taken and 4 not in taken, taken
+    job, model = _segment(tmp_path / "run", monkeypatch, 1, 10**9, trace)
+    assert model is not None and job.finished
+    assert trace == ref
+    for a, b in zip(model.state_dict().values(), ref_model.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_the_per_step_spread_shows_a_vote_every_k_steps_apart_from_the_common_step():
+    """Every 5th step's entry takes 5 ms (a vote), the others 0.2 ms: the mean holds the votes,
+    the median step does not, the 90th percentile does."""
+    m = stepcost.Meter(bias_ns=0.0)
+    m.seg = types.SimpleNamespace(step=0)
+    m.begin_segment()
+
+    def boundary():
+        m.seg.step += 1
+        time.sleep(0.005 if m.seg.step % 5 == 0 else 0.0002)
+
+    boundary = m.entry(boundary, "boundary")
+    for _ in range(22):
+        boundary()
+    lib = m.library()
+    assert lib["steps"] == 20 and len(m.per_step) == 20
+    assert lib["median_step_library_us"] < 5000 <= lib["p90_step_library_us"]
+    assert lib["library_us_per_step"] >= 1000  # 4 votes of 5 ms in 20 steps
