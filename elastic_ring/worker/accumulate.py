@@ -151,8 +151,8 @@ class RunningStats:
     ``num_batches_tracked`` becomes ``N0 + M f`` on every rank. The parts (float64) and each rank's
     ``f`` (checked equal) travel in one allreduce per step; at one worker the buffers are left as
     they are (the sequential run itself). Both ends work on all the layers' buffers as one vector
-    (a few vector operations a step, whatever the layers: 0.26 ms instead of 1.1 ms for the
-    built-in ResNet-20's 19 layers, in process), and at the first step of each segment on Horovod
+    (a few vector operations a step, whatever the layers: about 0.3 ms instead of 1.1 ms for the
+    built-in ResNet-20's 19 layers, in one process), and at the first step of each segment on Horovod
     the allreduce's name is negotiated during the step's passes (:meth:`warm`), not after the
     gradients' allreduce.
 
@@ -338,9 +338,12 @@ class RunningStats:
         has seen: a bit in its response cache), and the first float64 allreduce of a new ring is
         slower than the next ones: both then happen in Horovod's background thread while this
         rank runs its forward and backward passes, instead of after the gradients' allreduce on
-        the first step's path (measured on the built-in model at 2 workers: the first combine's
-        allreduce ended 0.4-22 ms after the gradients', median 3.1 ms, against 0.4-1.1 ms at the
-        later steps). Nothing on another collective (no name to negotiate) or a fake one."""
+        the first step's path. Its name, cached before the gradients', then comes first in the
+        cycle that carries both at every later step too. (Horovod's timelines of the built-in model
+        resized 1 -> 2, machine loaded: without it the first step's combine ended 0.4-22 ms after
+        the gradients' allreduce, median 3.1 ms in 5 runs, the later steps' median 1.6 ms after;
+        with it the first step's ended 4-9 ms before, the later steps' median 1.6 ms before, in 3
+        runs.) Nothing on another collective (no name to negotiate) or a fake one."""
         import torch
 
         if self._warm_segment == segment or getattr(collective, "name", None) != "horovod":
