@@ -1,9 +1,10 @@
 """A real local Ray cluster for a test module (``test_ray``, ``test_ray_survive``): Ray's files
 (``RAY_TMPDIR``) under the tests' temporary folder, at its top (Ray's socket paths,
 ``<tmp>/ray/session_<date>_<pid>/sockets/raylet.N``, must stay under 107 characters), small object
-stores, no dashboard. At the end every process it started (GCS, raylets, agents, actors) is
-stopped: Ray's shutdown, then a kill by pid of any still up 15 s later (named on stderr), and
-checked gone; no other Ray on the machine is touched."""
+stores, no dashboard, a node whose raylet died found dead in seconds (:data:`HEALTH`). At the end
+every process it started (GCS, raylets, agents, actors) is stopped: Ray's shutdown, then a kill by
+pid of any still up 15 s later (named on stderr), and checked gone; no other Ray on the machine is
+touched."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ from typing import Iterator
 import pytest
 
 MB = 1024 * 1024
+# the GCS's checks of each node: a node whose raylet was killed (``remove_node(allow_graceful=False)``)
+# is found dead after 3 failed checks a second apart (``wait_for_nodes`` after such a removal: 16.6 s
+# at load 26 under Ray's default checks, 2.7 s with these); a live but slow raylet still has Ray's
+# timeout per check to answer
+HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000, "health_check_failure_threshold": 3}
 
 
 @contextlib.contextmanager
@@ -35,7 +41,7 @@ def local_cluster(tmp_path_factory, head_cpus: int, node_cpus: tuple[int, ...] =
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # another test's, not this cluster's
     try:
         c = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, "object_store_memory": 80 * MB,
-                                                           "include_dashboard": False})
+                                                           "include_dashboard": False, "_system_config": HEALTH})
         for n in node_cpus:
             c.add_node(num_cpus=n, object_store_memory=80 * MB)
         c.wait_for_nodes()

@@ -177,6 +177,12 @@ def _epoch_run(folder: Path, *args: str, ddp: bool = False, workers: int = 1,
     return run, p
 
 
+def _ddp_epochs_unresized(tmp_path_factory) -> Path:
+    """The DDP epoch loop's unresized run (:func:`_epoch_run` with ``ddp``), the folder of its run
+    and trace: the reference of both relaunch modes (run once)."""
+    return shared_dir(tmp_path_factory, "constant-batch-ddp-epochs-unresized", lambda f: _epoch_run(f, ddp=True))
+
+
 def _epoch_trace(folder: Path) -> tuple[dict[int, list[int]], list[dict]]:
     """(epoch -> every sample the loaders fetched in it, sorted; the tests' lines)."""
     ids: dict[int, list[int]] = {}
@@ -219,13 +225,14 @@ def test_an_unchanged_epoch_loop_trains_as_unresized(tmp_path):
 
 
 @pytest.mark.parametrize("relaunch", ["auto", "inplace"])
-def test_a_ddp_epoch_loop_over_job_parallel_trains_as_unresized(tmp_path, relaunch):
+def test_a_ddp_epoch_loop_over_job_parallel_trains_as_unresized(tmp_path, tmp_path_factory, relaunch):
     """The same on ``--collective torch``: an unchanged DDP epoch loop over the module
     ``job.parallel`` returns (with a BatchNorm layer), 1 -> 2 -> 4 -> 3 workers (3: uneven shares)
     inside its first epoch, relaunched or re-formed in place (DDP rebuilt over each process group),
     against the unresized run: every micro-batch but a worker's last of the step skips DDP's
     allreduce, one update per global batch, the same weights, statistics and tests."""
-    base, _ = _epoch_run(tmp_path / "base", ddp=True)
+    base_dir = _ddp_epochs_unresized(tmp_path_factory)
+    base = base_dir / "run"
     resized, p = _epoch_run(tmp_path / "resized", "--schedule", "4:2,8:4,11:3", "--relaunch", relaunch, ddp=True)
     assert "resize 4 -> 3 after step 11: LR 0.1 unchanged (constant-batch: global batch 128 shared by 3 " \
            "worker(s)" in p.stderr
@@ -235,7 +242,7 @@ def test_a_ddp_epoch_loop_over_job_parallel_trains_as_unresized(tmp_path, relaun
     assert wr.keys() == wb.keys() and any("running_var" in k for k in wb)
     assert int(wb["1.num_batches_tracked"]) == 24 * 4 == int(wr["1.num_batches_tracked"])
     assert _max_weight_diff(wr, wb) < WEIGHT_ATOL
-    (ids_r, tests_r), (ids_b, tests_b) = _epoch_trace(tmp_path / "resized"), _epoch_trace(tmp_path / "base")
+    (ids_r, tests_r), (ids_b, tests_b) = _epoch_trace(tmp_path / "resized"), _epoch_trace(base_dir)
     assert all(len(v) == 12 * 128 for v in ids_b.values())
     assert {e: set(v) for e, v in ids_r.items()} == {e: set(v) for e, v in ids_b.items()}
     assert [t["test"] for t in tests_r] == [t["test"] for t in tests_b] == [1, 2]

@@ -26,21 +26,29 @@ def _record(run, rank: int) -> dict:
     return rec
 
 
-@pytest.mark.parametrize("world,victim", [(2, 1), (3, 1), (2, 0)])
-def test_a_sigterm_to_one_worker_shrinks_the_ring_in_place_without_it(tmp_path, world, victim):
-    steps = 600
-    run = tmp_path / "r"
-    proc = _start(["--gpus", str(world), "--slots", str(world), "--steps", str(steps), *TINY,
-                   "--relaunch", "inplace", "--run-dir", str(run)])
+def _sigterm_after_a_window(run, args: list[str], world: int, victim: int):
+    """``train ARGS --run-dir RUN`` started; once a throughput window at ``world`` workers, a
+    SIGTERM to rank ``victim``'s worker (how Kubernetes and spot reclaims preempt); the run's end:
+    (the process, the worker's process record, stdout, stderr)."""
+    proc = _start([*args, "--run-dir", str(run)])
     try:
         wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == world], 120,
                  f"a window at {world} workers")
         rec = _record(run, victim)
-        os.kill(int(rec["pid"]), signal.SIGTERM)  # how Kubernetes and spot reclaims preempt
+        os.kill(int(rec["pid"]), signal.SIGTERM)
         out, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
+    return proc, rec, out, err
+
+
+@pytest.mark.parametrize("world,victim", [(2, 1), (3, 1), (2, 0)])
+def test_a_sigterm_to_one_worker_shrinks_the_ring_in_place_without_it(tmp_path, world, victim):
+    steps = 400  # the shrink lands by step ~35 at load 11-15 (later where steps are faster); the rest is a tail
+    run = tmp_path / "r"
+    proc, rec, out, err = _sigterm_after_a_window(run, ["--gpus", str(world), "--slots", str(world), "--steps",
+                                                        str(steps), *TINY, "--relaunch", "inplace"], world, victim)
     assert proc.returncode == 0, err
     (notice,) = _events(run, "preempt_notice")
     assert (notice["pid"], notice["host"]) == (int(rec["pid"]), rec["launch_host"])
@@ -75,16 +83,9 @@ def test_a_sigterm_where_the_worker_cannot_leave_in_place_relaunches_from_the_ag
     relaunched from it: still `preempted`, not a failure, nothing redone."""
     steps = 300
     run = tmp_path / "r"
-    proc = _start(["--gpus", "2", "--slots", "2", "--steps", str(steps), *TINY, "--relaunch", "inplace",
-                   "--no-survive", "--max-restarts", "0", "--run-dir", str(run)])
-    try:
-        wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2], 120, "a window at 2 workers")
-        rec = _record(run, 0)
-        os.kill(int(rec["pid"]), signal.SIGTERM)
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc, rec, out, err = _sigterm_after_a_window(run, ["--gpus", "2", "--slots", "2", "--steps", str(steps), *TINY,
+                                                        "--relaunch", "inplace", "--no-survive", "--max-restarts",
+                                                        "0"], 2, 0)
     assert proc.returncode == 0, err
     (notice,) = _events(run, "preempt_notice")
     assert notice["pid"] == int(rec["pid"])
@@ -111,18 +112,10 @@ def test_a_sigterm_where_the_worker_cannot_leave_in_place_relaunches_from_the_ag
 def test_a_sigterm_to_the_last_worker_stops_with_the_agreed_checkpoint_and_resume_goes_on(tmp_path):
     """One worker in place: no one goes on without it; the job stops with a checkpoint at the agreed
     step (not a failure: the state says why), and `--resume` trains the rest, nothing redone."""
-    steps = 200
+    steps = 500  # the controller acts on a notice 1.1-2.6 s after it at load 11-15: 200 steps once ended first
     run = tmp_path / "r"
     args = ["--gpus", "1", "--slots", "1", "--steps", str(steps), *TINY, "--relaunch", "inplace", "--no-survive"]
-    proc = _start([*args, "--run-dir", str(run)])
-    try:
-        wait_for(lambda: _events(run, "throughput"), 120, "a window")
-        rec = _record(run, 0)
-        os.kill(int(rec["pid"]), signal.SIGTERM)
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc, rec, out, err = _sigterm_after_a_window(run, args, 1, 0)
     assert proc.returncode == 130, err  # stopped, as an interrupted run: --resume goes on
     (req,) = _events(run, "resize_requested")
     assert (req["source"], req["from_workers"], req["to_workers"]) == ("preempted", 1, 0)

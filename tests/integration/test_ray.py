@@ -10,9 +10,11 @@ node that joins.
 One test on one cluster: ``make test`` runs the tests two at a time (``-n 2 --dist worksteal``),
 and pytest-xdist's work stealing may hand tests of one module to both workers, each of which would
 then start a cluster of its own (13 s of CPU here, and the memory of four more Ray processes).
-The phases run in an order that needs no node started for them alone: the failures phases end with
-the head alone, which is where the following phase starts (the node it adds joins while its job
-trains; Ray lets it go once drained), and then the `cluster up --ray` phase."""
+The phases run in an order that needs no node started for them alone (a node's start is ~10 s on
+a loaded machine): the kill -9 phase ends with the head alone, which is where the following phase
+starts (the node it adds joins while its job trains; Ray lets it go once drained), then the
+`cluster up --ray` phase (the node it adds joins while its job runs), and last the phase of a node
+removed under ``--survive``, on that node (no phase after it waits for Ray to find the node dead)."""
 
 from __future__ import annotations
 
@@ -224,7 +226,7 @@ def _node_removed_the_survivor_on_the_other_node_goes_on(tmp_path: Path, cluster
     """``--survive``, 2 workers, one per node: the node holding the non-head worker is removed (its
     raylet and processes killed); the rank on it is blamed with its node, and the survivor on the head
     goes on from the step it holds in memory (no restart from the checkpoint), alone, to the end."""
-    _workers(cluster, 1)
+    _workers(cluster, 1)  # (the `cluster up` phase's node)
     run = tmp_path / "survive"
     steps = 20
     proc = _start([*_ray_args(cluster), "--survive", "--script", PACED, "--steps", str(steps), "--gpus", "2",
@@ -316,7 +318,7 @@ def _cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path: Path, cluster) 
     after steps at size 1 (one worker per node), and the job finishes at size 2."""
     import sqlite3
 
-    _workers(cluster, 0)  # the head alone (the failures phase left it so)
+    _workers(cluster, 0)  # the head alone (the node the phase before drained is let go)
     d, log = tmp_path / "cl", tmp_path / "scheduler.log"
     steps = 100
     e = dict(os.environ, PYTHONUNBUFFERED="1", **ENV)
@@ -388,6 +390,6 @@ def test_ray_on_a_real_two_node_cluster(tmp_path, tmp_path_factory, cluster):
     _grow_shrink_warm_across_nodes_equals_horovodrun(tmp_path / "grow", tmp_path_factory, cluster)
     _grow_shrink_torch_equals_the_horovod_ray_run(tmp_path / "grow", tmp_path / "grow" / "ray", cluster)
     _kill_9_then_node_removed_each_restarts_by_itself(tmp_path / "fail", cluster)
-    _node_removed_the_survivor_on_the_other_node_goes_on(tmp_path / "lost", cluster)
     _a_plain_job_follows_its_cluster_a_node_joins_then_is_drained(tmp_path / "follow", cluster)
     _cluster_up_ray_grows_a_job_onto_a_node_that_joins(tmp_path / "up", cluster)
+    _node_removed_the_survivor_on_the_other_node_goes_on(tmp_path / "lost", cluster)
