@@ -183,6 +183,7 @@ class Plan:
         self.params = params  # the optimizer's parameters in its state dict's order
         self.fqns = fqns  # and their names
         self._names = {id(p): n for p, n in zip(params, fqns)}
+        self._tensors = [t for _, _, _, t in entries]
         self._model: dict | None = None  # the model's state dict (its tensors fixed while the plan holds)
 
     @classmethod
@@ -212,12 +213,12 @@ class Plan:
         """Whether the model still has the same tensors under the same names and the optimizer the
         same parameters (not after a restore that replaced them, nor FSDP2's unsharded parameters
         registered), and the optimizer needs no first step for its state (:func:`_needs_init`)."""
-        if any(table.get(attr) is not t for _, table, attr, t in self.entries):
+        if not all(map(operator.is_, [table.get(attr) for _, table, attr, _ in self.entries], self._tensors)):
             return False
         if self.optimizer is None:
             return True
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        return len(params) == len(self.params) and all(a is b for a, b in zip(params, self.params)) \
+        return len(params) == len(self.params) and all(map(operator.is_, params, self.params)) \
             and not _needs_init(self.optimizer)
 
     def state_dicts(self) -> dict[str, Any]:
@@ -333,35 +334,31 @@ class Copier:
         import torch
 
         opt = self.plan.optimizer
-        leaves = list(lay.model_leaves)
         kept = []  # each optimizer state's values (only its non-tensor ones are read from it)
         groups: list = []
-        if opt is not None:
+        if opt is not None:  # (the model's tensors are the layout's: the plan holds)
             if _has_hooks(opt):
                 return None
             state = opt.state
             if len(state) != len(lay.state):
                 return None
-            imm = _IMMUTABLE
-            for (p, s), (q, _, keys, kinds) in zip(state.items(), lay.state):
+            imm, same = _IMMUTABLE, operator.is_
+            for (p, s), (q, _, keys, kinds, was) in zip(state.items(), lay.state):
                 if p is not q or tuple(s) != keys:
                     return None
                 vals = tuple(s.values())
                 if kinds is True:
-                    leaves += vals
+                    if not all(map(same, vals, was)):
+                        return None
                 else:
-                    for v, is_t in zip(vals, kinds):
-                        if is_t:
-                            leaves.append(v)
-                        elif type(v) not in imm:
+                    for v, w, is_t in zip(vals, was, kinds):
+                        if (v is not w) if is_t else (type(v) not in imm):
                             return None
                 kept.append(vals)
             groups = _plain_groups(opt, self.plan._names)
             if groups is None:
                 return None
-        if len(leaves) != len(lay.leaves) or not all(map(operator.is_, leaves, lay.leaves)):
-            return None
-        src = [t._local_tensor if d else t for t, d in zip(leaves, lay.dtensor)]
+        src = [t._local_tensor if d else t for t, d in zip(lay.leaves, lay.dtensor)]
         # (a tensor keeps its identity through ``.data =`` or ``resize_``: its shape and dtype read)
         if list(map(_SHAPE, src)) != lay.shapes or list(map(_DTYPE, src)) != lay.dtypes:
             return None
@@ -385,7 +382,7 @@ class Copier:
         else:
             out = {}
             i = len(model)
-            for (_, fqn, keys, kinds), vals in zip(lay.state, kept):
+            for (_, fqn, keys, kinds, _), vals in zip(lay.state, kept):
                 if kinds is True:
                     j = i + len(keys)
                     out[fqn] = dict(zip(keys, dst[i:j]))
@@ -514,12 +511,12 @@ def _plain_groups(opt: Any, names: dict) -> list | None:
 class _Layout:
     """Where each tensor of a :class:`Copier`'s copy comes from while its :class:`Plan` holds and
     the optimizer's state is the same tensors: the model's (the plan's, fixed), then each
-    optimizer state's in its order (its parameter, name, keys, and which values are tensors), in
+    optimizer state's in its order (its parameter, name, keys, which values are tensors, and the
+    values), in
     the order the walk (:meth:`Copier._split`) meets them, with their paths, the DTensors' specs,
     and the local tensors' shapes and dtypes (the CPU tensors to copy into are made for those)."""
 
-    __slots__ = ("names", "model_leaves", "state", "leaves", "paths", "dtensor", "specs", "locals", "shapes",
-                 "dtypes")
+    __slots__ = ("names", "state", "leaves", "paths", "dtensor", "specs", "locals", "shapes", "dtypes")
 
     @classmethod
     def build(cls, plan: Plan, known_specs: dict) -> _Layout | None:
@@ -533,8 +530,7 @@ class _Layout:
         lay = cls()
         opt = plan.optimizer
         lay.names = [name for name, _, _, _ in plan.entries]
-        lay.model_leaves = tuple(t for _, _, _, t in plan.entries)
-        leaves = list(lay.model_leaves)
+        leaves = [t for _, _, _, t in plan.entries]
         paths = [("model", n) for n in lay.names]
         lay.state = []
         if opt is not None:
@@ -552,7 +548,7 @@ class _Layout:
                     elif type(v) not in _IMMUTABLE:
                         return None
                     kinds.append(isinstance(v, torch.Tensor))
-                lay.state.append((p, fqn, tuple(s), True if all(kinds) else tuple(kinds)))
+                lay.state.append((p, fqn, tuple(s), True if all(kinds) else tuple(kinds), tuple(s.values())))
         lay.leaves, lay.paths = leaves, paths
         lay.dtensor = [isinstance(t, DTensor) for t in leaves]
         lay.locals = [t._local_tensor if d else t for t, d in zip(leaves, lay.dtensor)]
