@@ -23,12 +23,15 @@ the shards copied into the previous copy's CPU tensors, handed back before the s
 thread does, not timed); ``sharded_dcp``, the same through DCP's ``get_state_dict`` at every copy
 (what it did before the plan). The rest both copy on rank 0 (step, data position, RNG, ...) is the
 same and left out. A sharded copy's stall is the slower rank's, copy by copy (the next collective
-waits for it); a full one's is rank 0's. The kinds are interleaved copy by copy (their order turned
-at every copy), so that each full copy has a sharded one next to it under the same load. Per
+waits for it); a full one's is rank 0's. The kinds take turns, ``--run`` copies each (their order
+turned at every turn): by default 1, interleaved copy by copy, so that each full copy has a
+sharded one next to it under the same load; ``--run`` as ``--reps`` gives each kind a block per
+round (each copy then follows copies of its own kind: other caches' state; its pairs are farther
+apart in time, so another process's load weighs on one kind more than the other). Per
 round the median over ``--reps`` copies of each kind; then medians over rounds and of the paired
 per-round ratios; also the ratio of each sharded copy to the full one of the same rep (median,
 quartiles, the share below 1), and the training thread's CPU time of each copy (``thread_time``:
-what another process's load does not add to).
+without the time it waited for a core, though not free of what other processes do to the caches).
 
     .venv/bin/python scripts/bench_sharded_ckpt.py --copy --rounds 3   # -> results/bench_sharded_ckpt.json
 """
@@ -109,7 +112,7 @@ def one_run(folder: Path, script: Path, kind: str, width: int, steps: int, every
 KINDS = ("full", "sharded", "sharded_dcp")
 
 
-def _copy_rank(rank: int, port: int, widths: list[int], rounds: int, reps: int, q) -> None:
+def _copy_rank(rank: int, port: int, widths: list[int], rounds: int, reps: int, run: int, q) -> None:
     """One of the two ranks of ``--copy``: every width's copies timed; rank 0 puts the results on ``q``."""
     import time
     import types
@@ -180,19 +183,20 @@ def _copy_rank(rank: int, port: int, widths: list[int], rounds: int, reps: int, 
             for k in KINDS:
                 wall[k].append([])
                 cpu[k].append([])
-            for i in range(reps):  # the kinds interleaved copy by copy, the order turned each time
-                n = r * reps + i
+            for start in range(0, reps, run):  # the kinds in turn, ``run`` copies each, the order turned each time
+                n = r * reps + start // run
                 for kind in KINDS[n % 3:] + KINDS[:n % 3]:
                     copy, train = fns[kind]
-                    train()
-                    dist.barrier()
-                    c0 = time.thread_time()
-                    t0 = time.perf_counter()
-                    copy()
-                    t1 = time.perf_counter()
-                    c1 = time.thread_time()
-                    wall[kind][-1].append(t1 - t0)
-                    cpu[kind][-1].append(c1 - c0)
+                    for _ in range(start, min(start + run, reps)):
+                        train()
+                        dist.barrier()
+                        c0 = time.thread_time()
+                        t0 = time.perf_counter()
+                        copy()
+                        t1 = time.perf_counter()
+                        c1 = time.thread_time()
+                        wall[kind][-1].append(t1 - t0)
+                        cpu[kind][-1].append(c1 - c0)
         both = [None, None]
         dist.all_gather_object(both, (wall, cpu))
         nbytes = sum(t.numel() * t.element_size() for t in whole.state_dict().values()) + sum(
@@ -232,7 +236,8 @@ def copy_bench(a: argparse.Namespace) -> None:
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     widths = [int(w) for w in a.widths.split(",")]
-    mp.start_processes(_copy_rank, args=(port, widths, a.rounds, a.reps, q), nprocs=2, start_method="spawn")
+    mp.start_processes(_copy_rank, args=(port, widths, a.rounds, a.reps, max(1, a.run), q), nprocs=2,
+                       start_method="spawn")
     raw = q.get()
     sizes = {}
     for w in widths:
@@ -243,7 +248,7 @@ def copy_bench(a: argparse.Namespace) -> None:
         per_round["sharded_rank0"] = [statistics.median(ts) * 1e3 for ts in w0["sharded"]]  # (its own copy alone)
         med = {k: statistics.median(v) for k, v in per_round.items()}
         ratios = {f"{k}/full": [s / f for s, f in zip(per_round[k], per_round["full"])] for k in KINDS[1:]}
-        # each copy against the full one next to it (the same rep: the same moment's load)
+        # each copy against the full one of the same index (with --run 1 the one beside it: the same load)
         pairs = {f"{k}/full": [s / f for sv, fv in zip(stalls[k], stalls["full"]) for s, f in zip(sv, fv)]
                  for k in KINDS[1:]}
         cpu_med = {k: statistics.median(t for ts in v for t in ts) for k, v in cpus.items()}
@@ -263,8 +268,8 @@ def copy_bench(a: argparse.Namespace) -> None:
     write_results(a.out, {"what": "training-thread copy per checkpoint, in process, 2 ranks (gloo): sharded "
                                   "(FSDP2, Copier's plan and layout) and sharded via get_state_dict (every rank, "
                                   "the slower one's) vs full (rank 0 alone, the whole state); MLP 16 -> W -> W -> 4 "
-                                  "with Adam; the kinds interleaved copy by copy",
-                          "mode": "copy", "rounds": a.rounds, "reps": a.reps, "widths": sizes}, load_before)
+                                  "with Adam; the kinds in turn, --run copies each",
+                          "mode": "copy", "rounds": a.rounds, "reps": a.reps, "run": a.run, "widths": sizes}, load_before)
 
 
 def main() -> None:
@@ -279,6 +284,8 @@ def main() -> None:
     ap.add_argument("--copy", action="store_true", help="the training thread's copy alone, in process (see above)")
     ap.add_argument("--widths", default="64,256,1024,2048", help="--copy: the MLP's hidden widths")
     ap.add_argument("--reps", type=int, default=40, help="--copy: copies per kind per round")
+    ap.add_argument("--run", type=int, default=1, help="--copy: copies of one kind in a row before the next kind's "
+                                                       "(1: interleaved copy by copy; --reps: a block per kind)")
     a = ap.parse_args()
     if a.copy:
         copy_bench(a)
