@@ -17,13 +17,21 @@ left out (``--skip-first``, default 1) for both kinds alike.
 model sizes: 2 ranks spawned here (gloo), each holding the MLP sharded (FSDP2) and the same MLP
 whole, both with Adam's state. A measurement is one copy after a training step of that model (the
 step not timed): ``full``, today's full checkpoint's (rank 0: the model's and the optimizer's state
-dicts copied to the CPU, ``elastic_ring.ckpt.snapshot``); ``sharded``, a sharded checkpoint's
-(``elastic_ring.worker.sharded.Copier``: its plan, the shards copied into the previous copy's
-CPU tensors, handed back before the step as the writer thread does, not timed); ``sharded_dcp``,
-the same through DCP's ``get_state_dict`` at every copy (what it did before the plan). The rest
-both copy on rank 0 (step, data position, RNG, ...) is the same and left out. The kinds alternate (order turned every round); per round the median over
-``--reps`` copies (a sharded one's stall: the slower rank's, as the next collective waits for it);
-then medians over rounds and of the paired per-round ratios.
+dicts copied to the CPU, ``elastic_ring.ckpt.snapshot``; rank 1 copies nothing, as in a run);
+``sharded``, a sharded checkpoint's (``elastic_ring.worker.sharded.Copier``: its plan and layout,
+the shards copied into the previous copy's CPU tensors, handed back before the step as the writer
+thread does, not timed); ``sharded_dcp``, the same through DCP's ``get_state_dict`` at every copy
+(what it did before the plan). The rest both copy on rank 0 (step, data position, RNG, ...) is the
+same and left out. A sharded copy's stall is the slower rank's, copy by copy (the next collective
+waits for it); a full one's is rank 0's. The kinds take turns, ``--run`` copies each (their order
+turned at every turn): by default 1, interleaved copy by copy, so that each full copy has a
+sharded one next to it under the same load; ``--run`` as ``--reps`` gives each kind a block per
+round (each copy then follows copies of its own kind: other caches' state; its pairs are farther
+apart in time, so another process's load weighs on one kind more than the other). Per
+round the median over ``--reps`` copies of each kind; then medians over rounds and of the paired
+per-round ratios; also the ratio of each sharded copy to the full one of the same rep (median,
+quartiles, the share below 1), and the training thread's CPU time of each copy (``thread_time``:
+without the time it waited for a core, though not free of what other processes do to the caches).
 
     .venv/bin/python scripts/bench_sharded_ckpt.py --copy --rounds 3   # -> results/bench_sharded_ckpt.json
 """
@@ -104,7 +112,7 @@ def one_run(folder: Path, script: Path, kind: str, width: int, steps: int, every
 KINDS = ("full", "sharded", "sharded_dcp")
 
 
-def _copy_rank(rank: int, port: int, widths: list[int], rounds: int, reps: int, q) -> None:
+def _copy_rank(rank: int, port: int, widths: list[int], rounds: int, reps: int, run: int, q) -> None:
     """One of the two ranks of ``--copy``: every width's copies timed; rank 0 puts the results on ``q``."""
     import time
     import types
@@ -159,28 +167,38 @@ def _copy_rank(rank: int, port: int, widths: list[int], rounds: int, reps: int, 
             snapshot(split(state_dicts(st.model, st.optimizer), {}))
 
         def copy_full() -> None:
-            snapshot({"model": whole.state_dict(), "optimizer": whole_opt.state_dict()})
+            if rank == 0:  # (in a run rank 1 copies nothing: it waits in the next collective)
+                snapshot({"model": whole.state_dict(), "optimizer": whole_opt.state_dict()})
 
         fns = {"full": (copy_full, lambda: step(whole, whole_opt)),
                "sharded": (copy_sharded, step_sharded),
                "sharded_dcp": (copy_dcp, lambda: step(sharded, st.optimizer))}
-        for kind in KINDS:  # Adam's state made, the plan made, a first copy of each (not timed)
-            fns[kind][1]()
-            fns[kind][0]()
-        times: dict[str, list[list[float]]] = {k: [] for k in KINDS}
+        for _ in range(3):  # Adam's state made, the plan and its layout made, warm (not timed)
+            for kind in KINDS:
+                fns[kind][1]()
+                fns[kind][0]()
+        wall: dict[str, list[list[float]]] = {k: [] for k in KINDS}
+        cpu: dict[str, list[list[float]]] = {k: [] for k in KINDS}
         for r in range(rounds):
-            for kind in (KINDS if r % 2 == 0 else KINDS[::-1]):
-                copy, train = fns[kind]
-                ts = []
-                for _ in range(reps):
-                    train()
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    copy()
-                    ts.append(time.perf_counter() - t0)
-                times[kind].append(ts)
+            for k in KINDS:
+                wall[k].append([])
+                cpu[k].append([])
+            for start in range(0, reps, run):  # the kinds in turn, ``run`` copies each, the order turned each time
+                n = r * reps + start // run
+                for kind in KINDS[n % 3:] + KINDS[:n % 3]:
+                    copy, train = fns[kind]
+                    for _ in range(start, min(start + run, reps)):
+                        train()
+                        dist.barrier()
+                        c0 = time.thread_time()
+                        t0 = time.perf_counter()
+                        copy()
+                        t1 = time.perf_counter()
+                        c1 = time.thread_time()
+                        wall[kind][-1].append(t1 - t0)
+                        cpu[kind][-1].append(c1 - c0)
         both = [None, None]
-        dist.all_gather_object(both, times)
+        dist.all_gather_object(both, (wall, cpu))
         nbytes = sum(t.numel() * t.element_size() for t in whole.state_dict().values()) + sum(
             t.numel() * t.element_size() for s in whole_opt.state.values() for t in s.values()
             if isinstance(t, torch.Tensor))
@@ -189,6 +207,20 @@ def _copy_rank(rank: int, port: int, widths: list[int], rounds: int, reps: int, 
         q.put(out)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _stalls(r0: dict, r1: dict, kind: str) -> list[list[float]]:
+    """Per round, each copy's stall of the training (ms): a full one's is rank 0's (rank 1 waits in
+    the next collective); a sharded one's the slower rank's, copy by copy (both copy)."""
+    if kind == "full":
+        return [[t * 1e3 for t in ts] for ts in r0[kind]]
+    return [[max(x, y) * 1e3 for x, y in zip(t0, t1)] for t0, t1 in zip(r0[kind], r1[kind])]
+
+
+def _quartiles(xs: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(xs, n=4)
+    return {"median": statistics.median(xs), "q1": q[0], "q3": q[2],
+            "below_1": sum(x < 1 for x in xs) / len(xs), "n": len(xs)}
 
 
 def copy_bench(a: argparse.Namespace) -> None:
@@ -204,33 +236,40 @@ def copy_bench(a: argparse.Namespace) -> None:
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     widths = [int(w) for w in a.widths.split(",")]
-    mp.start_processes(_copy_rank, args=(port, widths, a.rounds, a.reps, q), nprocs=2, start_method="spawn")
+    mp.start_processes(_copy_rank, args=(port, widths, a.rounds, a.reps, max(1, a.run), q), nprocs=2,
+                       start_method="spawn")
     raw = q.get()
-    ms = 1e3
     sizes = {}
     for w in widths:
-        r0, r1 = raw[w]["both"]
-        per_round: dict[str, list[float]] = {}
-        for kind in KINDS:
-            if kind == "full":  # rank 0 alone copies
-                per_round[kind] = [statistics.median(ts) * ms for ts in r0[kind]]
-            else:  # the slower rank's, copy by copy
-                per_round[kind] = [statistics.median(max(x, y) for x, y in zip(t0, t1)) * ms
-                                   for t0, t1 in zip(r0[kind], r1[kind])]
-        per_round["sharded_rank0"] = [statistics.median(ts) * ms for ts in r0["sharded"]]  # (its own copy alone)
+        (w0, c0), (w1, c1) = raw[w]["both"]
+        stalls = {k: _stalls(w0, w1, k) for k in KINDS}
+        cpus = {k: _stalls(c0, c1, k) for k in KINDS}
+        per_round = {k: [statistics.median(ts) for ts in v] for k, v in stalls.items()}
+        per_round["sharded_rank0"] = [statistics.median(ts) * 1e3 for ts in w0["sharded"]]  # (its own copy alone)
         med = {k: statistics.median(v) for k, v in per_round.items()}
         ratios = {f"{k}/full": [s / f for s, f in zip(per_round[k], per_round["full"])] for k in KINDS[1:]}
+        # each copy against the full one of the same index (with --run 1 the one beside it: the same load)
+        pairs = {f"{k}/full": [s / f for sv, fv in zip(stalls[k], stalls["full"]) for s, f in zip(sv, fv)]
+                 for k in KINDS[1:]}
+        cpu_med = {k: statistics.median(t for ts in v for t in ts) for k, v in cpus.items()}
         sizes[str(w)] = {"params": raw[w]["params"], "state_mb": raw[w]["state_bytes"] / 1e6,
                          "per_round_ms": per_round, "median_ms": med, "paired_ratios": ratios,
-                         "median_ratio": {k: statistics.median(v) for k, v in ratios.items()}}
+                         "median_ratio": {k: statistics.median(v) for k, v in ratios.items()},
+                         "copy_by_copy_ratio": {k: _quartiles(v) for k, v in pairs.items()},
+                         "cpu_median_ms": cpu_med,
+                         "cpu_median_ratio": {f"{k}/full": cpu_med[k] / cpu_med["full"] for k in KINDS[1:]}}
+        cbc = sizes[str(w)]["copy_by_copy_ratio"]["sharded/full"]
         print(f"width {w:5d} ({raw[w]['state_bytes'] / 1e6:6.1f} MB of state): full {med['full']:.3f} ms, "
               f"sharded {med['sharded']:.3f} ms, sharded via get_state_dict {med['sharded_dcp']:.3f} ms; "
               f"sharded/full {sizes[str(w)]['median_ratio']['sharded/full']:.2f} "
-              f"(rounds {', '.join(f'{x:.2f}' for x in ratios['sharded/full'])})", flush=True)
+              f"(rounds {', '.join(f'{x:.2f}' for x in ratios['sharded/full'])}; copy by copy {cbc['median']:.2f}, "
+              f"quartiles {cbc['q1']:.2f}-{cbc['q3']:.2f}, {cbc['below_1']:.0%} below 1; CPU time "
+              f"{cpu_med['sharded']:.3f} vs {cpu_med['full']:.3f} ms)", flush=True)
     write_results(a.out, {"what": "training-thread copy per checkpoint, in process, 2 ranks (gloo): sharded "
-                                  "(FSDP2, Copier's plan) and sharded via get_state_dict (every rank, the slower "
-                                  "one's) vs full (rank 0, the whole state); MLP 16 -> W -> W -> 4 with Adam",
-                          "mode": "copy", "rounds": a.rounds, "reps": a.reps, "widths": sizes}, load_before)
+                                  "(FSDP2, Copier's plan and layout) and sharded via get_state_dict (every rank, "
+                                  "the slower one's) vs full (rank 0 alone, the whole state); MLP 16 -> W -> W -> 4 "
+                                  "with Adam; the kinds in turn, --run copies each",
+                          "mode": "copy", "rounds": a.rounds, "reps": a.reps, "run": a.run, "widths": sizes}, load_before)
 
 
 def main() -> None:
@@ -244,7 +283,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_sharded_ckpt.json")
     ap.add_argument("--copy", action="store_true", help="the training thread's copy alone, in process (see above)")
     ap.add_argument("--widths", default="64,256,1024,2048", help="--copy: the MLP's hidden widths")
-    ap.add_argument("--reps", type=int, default=20, help="--copy: copies per kind per round")
+    ap.add_argument("--reps", type=int, default=40, help="--copy: copies per kind per round")
+    ap.add_argument("--run", type=int, default=1, help="--copy: copies of one kind in a row before the next kind's "
+                                                       "(1: interleaved copy by copy; --reps: a block per kind)")
     a = ap.parse_args()
     if a.copy:
         copy_bench(a)

@@ -308,3 +308,126 @@ def test_a_sharded_copy_reports_its_cost_and_every_rank_follows_the_word_at_the_
     assert cp.off and cp.meter is None and cp.held() == []
     cp.keep(n + 3)
     assert takes[-1] == n + 2
+
+
+_LAID_OUT = r'''
+import copy, os, socket, types
+import torch
+import torch.distributed as dist
+
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+torch.set_num_threads(1)
+dist.init_process_group("gloo", rank=0, world_size=1)
+from torch.distributed.fsdp import fully_shard
+from elastic_ring.ckpt import snapshot
+from elastic_ring.worker.sharded import Copier, split, state_dicts
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.Linear(6, 3))
+fully_shard(model)  # (the BatchNorm's buffers stay plain tensors)
+st = types.SimpleNamespace(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=1e-2), syncing=False)
+opt = st.optimizer
+
+
+def same(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in tensors(v)]
+    return []
+
+
+def train():
+    opt.zero_grad()
+    model(torch.randn(5, 4)).pow(2).sum().backward()
+    opt.step()
+
+
+c = Copier()
+local = None
+
+
+def take(laid_out):
+    """One checkpoint's copy (the last one handed back first) against DCP's state dict of now;
+    ``laid_out``: whether it followed the layout."""
+    global local
+    before, old = c.laid_out, tensors(local) if local is not None else []
+    if local is not None:
+        c.release(local)
+    local, specs = c.copy(st)
+    ref_specs = {}
+    ref = snapshot(split(state_dicts(model, opt), ref_specs))
+    assert same(local, ref), (local, ref)
+    assert specs == ref_specs and len(specs) == 18, (sorted(specs), sorted(ref_specs))
+    assert c.laid_out == before + laid_out, (c.laid_out, before, laid_out)
+    return old
+
+
+train()
+take(False)  # DCP's call, the plan and the layout made
+for _ in range(2):
+    train()
+    old = take(True)
+    assert len(old) == 27 and all(a is b for a, b in zip(tensors(local), old))  # the written copy's tensors
+p = next(iter(opt.state))
+opt.state[p]["note"] = 7  # a value that is not a tensor in an optimizer's state
+take(False)
+train()
+opt.state[p]["note"] = 8
+opt.param_groups[0]["lr"] = 0.5
+take(True)
+assert local["optimizer"]["state"]["0.weight"]["note"] == 8 and local["optimizer"]["param_groups"][0]["lr"] == 0.5
+bn = model[1]
+bn.running_mean.data = torch.full((1,), 5.0)  # the same tensor resized (a copy into the old would broadcast)
+take(False)
+take(True)
+bn.running_var.data = bn.running_var.data.double()  # the same tensor, another dtype
+take(False)
+take(True)
+bn.running_mean.data, bn.running_var.data = torch.zeros(6), torch.ones(6)  # (as they were: to train on)
+take(False)
+opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # a restore: the state's tensors replaced
+take(False)
+train()
+take(True)
+opt.param_groups[0]["lr"] = torch.tensor(0.25)  # a tensor LR: the walk copies it
+take(False)
+opt.param_groups[0]["lr"] = 0.5
+take(False)  # (no layout tried again for this plan)
+opt = st.optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)  # a new optimizer: a new plan
+train()
+take(False)
+train()
+take(True)
+dist.destroy_process_group()
+print("laid out: every check held", c.laid_out)
+'''
+
+
+def test_a_laid_out_copy_is_dcps_state_dict_and_the_walk_takes_over_where_it_no_longer_fits():
+    """The sharded checkpoint's copy along its layout (``worker.sharded.Copier`` once its plan
+    holds: every tensor in one list, no walk of the state dicts) gives what DCP's
+    ``get_state_dict`` does at every copy, into the written copy's tensors; and where the state
+    changed under it (a non-tensor optimizer value added, a tensor LR, a buffer resized or cast in
+    place by ``.data =``, the optimizer's state replaced) the walk makes that copy (and the layout
+    again), never a copy into tensors of another shape or dtype. One rank (gloo, a process of its
+    own): FSDP2 makes its parameters DTensors at any size."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _LAID_OUT], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "laid out: every check held" in r.stdout, r.stdout + r.stderr[-3000:]
