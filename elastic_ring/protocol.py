@@ -19,10 +19,11 @@ Everything lives in the run folder, which every host of a job sees (as the check
 - ``control/pids/seg<n>-rank<r>.json``  each worker's pid, host and owner (to stop orphans)
 - ``logs/error-rank<r>.json``  a worker's crash record (one format for ``train`` and ``ps``)
 
-Launch settings reach a worker as environment variables set by the worker entry point
-(``python -m elastic_ring.worker.run``); :class:`LaunchInfo` is their one accessor (every other
-variable's is in :mod:`elastic_ring.env`). What the controller tells workers later (the in-place
-action, a go, the survivors' records) is typed in :mod:`elastic_ring.seam`.
+A worker's launch settings are one :class:`LaunchInfo`: its launch (:class:`elastic_ring.seam.Start`,
+on the command line of the worker entry point ``python -m elastic_ring.worker.run``) and the run's
+settings (``run.json``'s ``worker`` entry), handed to the worker library in the process. What the
+controller tells workers later (the in-place action, a go, the survivors' records) is typed in
+:mod:`elastic_ring.seam`; every environment variable is read in :mod:`elastic_ring.env`.
 """
 
 from __future__ import annotations
@@ -184,9 +185,16 @@ STOP_LATENCY_MS = 100  # a run's default: a live stop waits at most this long fo
 STOP_LATENCY_ENV = envvars.STOP_LATENCY_MS  # a script run's setting (a config's: stop_latency_ms)
 
 
+# LaunchInfo's fields that are its launch's (seam.Start), not the run's settings
+START_FIELDS = ("segment", "stop_at", "owner", "go_file", "controller_pid", "controller_host")
+
+
 @dataclass(frozen=True)
 class LaunchInfo:
-    """What the controller tells one worker process (through ``ELASTIC_RING_*`` variables)."""
+    """What the controller tells one worker process: its launch (``START_FIELDS``: the worker
+    entry's :class:`elastic_ring.seam.Start`) and the run's settings (``run.json``'s ``worker``
+    entry). The worker entry makes it and hands it to the worker library in the process
+    (``worker.session.launched``)."""
 
     run_dir: Path
     segment: int
@@ -210,32 +218,15 @@ class LaunchInfo:
     cwd: str = ""  # the folder the worker runs the script in (where `train` was run); "": as started
 
     def to_env(self) -> dict[str, str]:
+        """The run's settings as ``ELASTIC_RING_<FIELD>`` variables, for the worker process and the
+        processes it starts (:mod:`elastic_ring.env` reads those it needs: the device, the collective,
+        whether elastic-ring started it); the launch's own (``START_FIELDS``) stay out: they change
+        with each segment a process serves, and the worker library has them from the entry."""
         out = {}
         for k, v in asdict(self).items():
-            out[_ENV + k.upper()] = "" if v is None else str(v)
+            if k not in START_FIELDS:
+                out[_ENV + k.upper()] = "" if v is None else str(v)
         return out
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "LaunchInfo | None":
-        """The launch settings of this process, or None when not started by elastic-ring."""
-        if not envvars.started_by_elastic_ring(env):
-            return None
-        env = os.environ if env is None else env
-        kw: dict[str, Any] = {}
-        for name, f in cls.__dataclass_fields__.items():
-            raw = env.get(_ENV + name.upper())
-            if raw is None:
-                continue
-            t = f.type if isinstance(f.type, str) else f.type.__name__
-            if "Path" in t:
-                kw[name] = Path(raw) if raw else None
-            elif t == "int":
-                kw[name] = int(raw)
-            elif t == "float":
-                kw[name] = float(raw)
-            else:
-                kw[name] = raw
-        return cls(**kw)
 
 
 # ---------------------------------------------------------------------- crash records

@@ -1,6 +1,8 @@
 """The controller's word to its workers, typed: what a worker is told between its launch and its
 exit, and the files of the run folder both sides share for it (torch-free, as :mod:`elastic_ring.protocol`).
 
+- :class:`Start`: a worker's launch (the worker entry's command line): its segment, stop step, owner
+  and go file;
 - :class:`Action`: the in-place action (``control/inplace-<seg>.json``, :func:`action_file`), the
   controller's word to paused in-place workers at the end of a segment (``--relaunch inplace``,
   the Ray backend): exit, or resize to a new ring (its segment, stop step, members' environments,
@@ -11,17 +13,21 @@ exit, and the files of the run folder both sides share for it (torch-free, as :m
   survivors of a failure (``--survive``) say which steps they hold in memory, and the rule that
   decides from them whether they go on (:func:`agreement`).
 
-Each record is written by ``to_json`` and read by ``from_json``, here only. A record carries the
+Each record is written by ``to_json`` and read by ``from_json`` (a :class:`Start`: ``args`` and
+``from_args``), here only. A record carries the
 ``version`` of its format: one without (written before the version was) is version 1, which is
 the same format; a record of a version this elastic-ring does not know is refused with one line
 (:class:`SeamError`), not half understood.
 
-Launch settings (the stop step of a segment's first launch among them) reach a worker as
-environment variables: :class:`elastic_ring.protocol.LaunchInfo` and :mod:`elastic_ring.env`.
+The stop step a worker runs to comes from here alone: its launch's :class:`Start`, a pre-launched
+worker's :class:`Go`, a ring re-formed in place's :class:`Action`. The run's settings (``run.json``'s
+``worker`` entry) join the :class:`Start` in :class:`elastic_ring.protocol.LaunchInfo`; the variables
+a launcher sets are read by :mod:`elastic_ring.env`.
 """
 
 from __future__ import annotations
 
+import argparse
 import enum
 import os
 from dataclasses import dataclass, field
@@ -43,6 +49,61 @@ def _check_version(d: dict[str, Any], what: str) -> int:
         raise SeamError(f"{what} has format version {v!r}; this elastic-ring reads version {VERSION} "
                         f"(the controller and its workers run different elastic-ring versions)")
     return v
+
+
+# ---------------------------------------------------------------------- a segment's launch
+@dataclass(frozen=True)
+class Start:
+    """The controller's word to a worker process at its launch: the ``segment`` it runs and the step
+    it stops at (``stop_at``; a pre-launched worker's comes again with its :class:`Go`, a ring
+    re-formed in place gets its next one from an :class:`Action`), the controller that owns it
+    (``owner``, ``controller_pid``, ``controller_host``) and the go file a pre-launched worker or a
+    warm spare waits for (``go_file``; a spare's ``segment`` is -1: its own comes with its go).
+
+    It travels on the worker entry's command line, which every launcher hands each process it starts
+    (horovodrun, Horovod Elastic's driver, the local launcher, a Ray actor's ``run``): :meth:`args`
+    writes it, :meth:`from_args` reads it back (after :meth:`add_arguments`), here only; the entry
+    hands it to the worker library in the process (``worker.session``), not through the environment.
+    Arguments without ``--seam-version`` are version 1 (the same arguments)."""
+
+    segment: int
+    stop_at: int
+    owner: str = ""
+    go_file: Path | None = None
+    controller_pid: int = 0
+    controller_host: str = ""
+    version: int = VERSION
+
+    def args(self) -> list[str]:
+        """The worker entry's arguments that carry it."""
+        out = ["--segment", str(self.segment), "--stop-at", str(self.stop_at), "--owner", self.owner,
+               "--controller-pid", str(self.controller_pid), "--controller-host", self.controller_host]
+        if self.go_file is not None:
+            out += ["--go-file", str(self.go_file)]
+        if self.version != 1:
+            out += ["--seam-version", str(self.version)]
+        return out
+
+    @staticmethod
+    def add_arguments(parser: Any) -> None:
+        """Its arguments, on the worker entry's ``argparse`` parser."""
+        parser.add_argument("--segment", required=True, type=int)
+        parser.add_argument("--stop-at", required=True, type=int)
+        parser.add_argument("--owner", default="")
+        parser.add_argument("--go-file", type=Path, default=None)
+        parser.add_argument("--controller-pid", type=int, default=0)
+        parser.add_argument("--controller-host", default="")
+        parser.add_argument("--seam-version", type=int, default=1, help=argparse.SUPPRESS)
+
+    @classmethod
+    def from_args(cls, ns: Any) -> "Start":
+        """The record the parsed arguments ``ns`` carry.
+
+        Raises:
+            SeamError: a version this elastic-ring does not read.
+        """
+        _check_version({"version": ns.seam_version}, "a worker's launch arguments")
+        return cls(ns.segment, ns.stop_at, ns.owner, ns.go_file, ns.controller_pid, ns.controller_host)
 
 
 # ---------------------------------------------------------------------- go records

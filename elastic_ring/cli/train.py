@@ -224,6 +224,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
     taken periodically in the background (--checkpoint-every, --checkpoint-every-s). One controller
     owns a run folder at a time; its workers exit by themselves within seconds if it is killed.
     """
+    from elastic_ring.controller.api import RunState
     from elastic_ring.controller.runs import RunRequest, start_or_resume
     from elastic_ring.controller.summary import render
 
@@ -246,9 +247,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
                      min_workers=min_workers, max_workers=max_workers, min_wait=min_wait,
                      cooldown_range=cooldown_range, grace=grace)
     summary = start_or_resume(req, _echo)
-    shown = {**summary, "state": "stopped"} if summary["state"] == "interrupted" else summary  # status's word
-    click.echo(render(shown, summary.get("total_steps")))
-    if summary["state"] == "interrupted":
+    click.echo(render(summary, summary.get("total_steps")))
+    if summary["state"] == RunState.STOPPED.value:
         sys.exit(EXIT_REQUEUE if summary.get("requeue") else 130)
 
 

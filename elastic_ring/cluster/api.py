@@ -338,7 +338,8 @@ class Observation:
     alive: the controller process runs. state: controller.json's state (None before it exists).
     world_size: workers of the current segment; step / total: progress; images_per_s: last
     throughput; launches / exits: counts of ``launch`` and ``workers_exited`` events so far;
-    outcome: summary.json's state once the controller is gone (succeeded, failed, interrupted);
+    outcome: summary.json's state once the controller is gone (``controller.api.RunState``: finished,
+    failed, stopped; an older one's succeeded, interrupted);
     losses: (step, loss) of the throughput events.
     throughput: the ``throughput`` windows read since the previous observation, each
     (launches so far, world_size, steps, seconds): what ``exploratory`` measures a job with (the

@@ -7,7 +7,7 @@ controller runs in the folder `submit` was run in (``JobRequest.cwd``; the sched
 job stored without it), so its workers do too and the script's relative paths are the user's. A
 start is ``train --script|--config ... --run-dir``, a resume ``train --resume``; a live resize is
 the request ``elastic-ring resize`` writes; a stop is SIGTERM (the workers checkpoint at the next
-agreed step and the controller exits with state interrupted).
+agreed step and the controller exits with state stopped).
 
 Slots. CPU, one host: ``--device cpu`` and ``--slots`` = the job's largest size, so the controller
 can be resized live up to it; the job's processes run on the cores of its slots (slot i -> the
@@ -42,6 +42,7 @@ from pathlib import Path
 
 from elastic_ring import protocol
 from elastic_ring.cluster.api import ClusterConfig, JobRow, JobStartError, Observation, job_dir, job_log
+from elastic_ring.controller.api import TERMINAL, RunState
 from elastic_ring.controller.backends.api import package_path
 from elastic_ring.controller.lock import holder_pid, is_locked
 from elastic_ring.env import RAY_FOLLOW
@@ -397,9 +398,11 @@ class ProcessRunner:
         outcome, error = None, None
         if not alive:
             summ = protocol.read_json(rd / "summary.json") or {}
-            outcome = summ.get("state") or (ctl.get("state") if ctl.get("state") in
-                                            ("succeeded", "finished", "failed", "interrupted") else None)
-            if outcome not in ("succeeded", "finished", "interrupted"):
+            said = summ.get("state")  # else an ended controller.json's (an older one's words too)
+            ended = RunState.read(said) if said else RunState.of_record(ctl)
+            ended = ended if said or ended in TERMINAL else None
+            outcome = ended.value if ended is not None else said or None
+            if ended not in (RunState.FINISHED, RunState.STOPPED):
                 error = failure_reason(job_log(self.dir, jid), rd / "events.jsonl")
         return Observation(alive=alive, state=ctl.get("state"), world_size=seen.world,
                            step=int(prog.get("step", 0) or 0), total=_known_length(run.get("total_steps")),

@@ -71,6 +71,7 @@ from elastic_ring.cluster.api import (ClusterConfig, ClusterError, JobRow, JobSt
                                      job_dir)
 from elastic_ring.cluster.ray_slots import Capacity, FixedSlots, SlotSource
 from elastic_ring.cluster.store import Store
+from elastic_ring.controller.api import RunState
 from elastic_ring.perfmodel.convergence import predict_remaining
 from elastic_ring.perfmodel.speed import FitError, SpeedModel, fit_speed_few
 from elastic_ring.sched.api import CostAwarePolicy, ExploringPolicy, JobView, Policy
@@ -558,13 +559,14 @@ class Scheduler:
         ``unstarted``: no controller of this start ever ran (found at recovery: see :meth:`recover`)."""
         now = self.clock()
         out = obs.outcome
-        if out in ("succeeded", "finished"):
+        ended = RunState.read(out)  # (an older controller's words too: succeeded, interrupted)
+        if ended is RunState.FINISHED:
             state, cause = JobState.FINISHED, "completion"
         elif j.cancel or j.message == "cancel":
             # cancelled by the user: whatever the controller managed to write (a summary after the
             # stop, or none when the stop came before its first launch), the job is cancelled
             state, cause = JobState.CANCELLED, "cancel"
-        elif out == "interrupted" or (out is None and obs.launches > 0):
+        elif ended is RunState.STOPPED or (out is None and obs.launches > 0):
             # stopped by us, or a controller killed without a summary after it had launched
             # workers: resume from its last checkpoint (never from scratch, never twice at once)
             state, cause = JobState.PAUSED, "paused"

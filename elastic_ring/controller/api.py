@@ -1,22 +1,28 @@
 """Value types of the controller: the run's blueprint (``RunSpec``), its resize ``Plan`` and its
-lifecycle (``RunState``, and the ``Phase`` a user sees of it: :func:`phase_of`).
+lifecycle (``RunState``: the one vocabulary of a run's state).
 
-``RunState`` transitions (one monitor loop in ``Controller.run`` acts on them; ``TRANSITIONS`` is
-the table the controller enforces)::
+``RunState`` is what the controller is in, writes to ``controller.json`` (``state``) and what
+`status`, `runs`, `resize`, `jobs` and the cluster's web page say of a run; its transitions (one
+monitor loop in ``Controller.run`` acts on them; ``TRANSITIONS`` is the table the controller
+enforces)::
 
-    PENDING -> LAUNCHING -> RUNNING -> STOPPING -> LAUNCHING | RUNNING   (a resize: relaunch, or
-                                                                       release pre-launched workers)
-                            RUNNING -> SUCCEEDED                       (end of the schedule)
-    LAUNCHING | RUNNING | STOPPING -> RESTARTING -> LAUNCHING          (a worker died: from the last
-                                                                       checkpoint, --max-restarts)
-    LAUNCHING | RUNNING | STOPPING | RESTARTING -> FAILED               (restarts exhausted)
-    LAUNCHING | RUNNING | STOPPING | RESTARTING -> INTERRUPTED          (Ctrl-C / SIGTERM)
+    STARTING -> RUNNING                        (the first launch's workers made their first step)
+    RUNNING -> RESIZING -> RUNNING             (a resize: from its decision, through the stop and
+                                                the launch or the re-form in place, to the first
+                                                step at the new size)
+    STARTING | RUNNING | RESIZING | RESTARTING -> RESTARTING -> RUNNING
+                                               (a worker died: from the last checkpoint, or its
+                                                survivors from memory; --max-restarts)
+    STARTING | RUNNING | RESIZING | RESTARTING -> STOPPING   (Ctrl-C / SIGTERM: the workers checkpoint)
+    any live state -> FINISHED | FAILED | STOPPED            (the schedule's end; restarts
+                                                exhausted; stopped on purpose or preempted)
 
-What `status`, ``controller.json``'s ``phase``, `runs`, `jobs` and the cluster's web page say is
-the ``Phase``: one word per state, where a launch is ``starting``, ``resizing`` or ``restarting``
-until its workers' first step (``Controller._launch``), and a stop for a resize is ``resizing``.
-:func:`phase_of` is the one mapping (also for a ``controller.json`` of before the ``phase`` key);
-``crashed`` is the reader's word for a live phase whose controller is gone (``controller.status``).
+``LAUNCHING`` are the states of a launch until its workers' first step (``starting``,
+``resizing``, ``restarting``). ``crashed`` is the reader's word for a live state whose controller
+is gone (``controller.status``); the controller never writes it. A ``controller.json``, or a
+``summary.json``, of an older elastic-ring, whose ``state`` was one of ``pending``, ``launching``,
+``succeeded`` or ``interrupted`` (and, later, its user's word in a ``phase`` key), reads as the
+state it meant: :meth:`RunState.read`, :meth:`RunState.of_record`.
 """
 
 from __future__ import annotations
@@ -25,67 +31,60 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from elastic_ring.errors import UserError
 
 
 class RunState(str, Enum):
-    PENDING = "pending"
-    LAUNCHING = "launching"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    RESTARTING = "restarting"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-
-
-_S = RunState
-TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    _S.PENDING: frozenset({_S.LAUNCHING, _S.FAILED, _S.INTERRUPTED}),
-    _S.LAUNCHING: frozenset({_S.RUNNING, _S.RESTARTING, _S.FAILED, _S.INTERRUPTED}),
-    _S.RUNNING: frozenset({_S.STOPPING, _S.SUCCEEDED, _S.RESTARTING, _S.FAILED, _S.INTERRUPTED}),
-    _S.STOPPING: frozenset({_S.LAUNCHING, _S.RUNNING, _S.SUCCEEDED, _S.RESTARTING, _S.FAILED,
-                            _S.INTERRUPTED}),
-    _S.RESTARTING: frozenset({_S.LAUNCHING, _S.RESTARTING, _S.FAILED, _S.INTERRUPTED}),
-    _S.SUCCEEDED: frozenset(),
-    _S.FAILED: frozenset(),
-    _S.INTERRUPTED: frozenset(),
-}
-TERMINAL = frozenset({_S.SUCCEEDED, _S.FAILED, _S.INTERRUPTED})
-
-
-class Phase(str, Enum):
-    STARTING = "starting"
-    RUNNING = "running"
-    RESIZING = "resizing"
-    RESTARTING = "restarting"
-    STOPPING = "stopping"
-    FINISHED = "finished"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    CRASHED = "crashed"
+    STARTING = "starting"  # the run's first launch (also: its folder being made), until the first step
+    RUNNING = "running"  # workers stepping
+    RESIZING = "resizing"  # from a resize's decision to the first step at the new size
+    RESTARTING = "restarting"  # failed workers restarted (from the checkpoint, or in memory) until they step
+    STOPPING = "stopping"  # asked to stop (Ctrl-C): the workers checkpoint and exit
+    FINISHED = "finished"  # the schedule's last step is done
+    FAILED = "failed"  # the controller gave up (restarts exhausted, or an error not worth a retry)
+    STOPPED = "stopped"  # stopped on purpose (Ctrl-C, SIGTERM, the last worker preempted), or aborted
+    CRASHED = "crashed"  # (the reader's) a live state whose controller is gone
 
     @property
     def live(self) -> bool:
         return self in LIVE
 
+    @classmethod
+    def read(cls, word: Any) -> "RunState | None":
+        """The state ``word`` names, an older elastic-ring's words included; None: not a state."""
+        try:
+            return cls(_OLD_WORDS.get(word, word))
+        except ValueError:
+            return None
 
-LIVE = frozenset({Phase.STARTING, Phase.RUNNING, Phase.RESIZING, Phase.RESTARTING, Phase.STOPPING})
-LAUNCH_PHASES = frozenset({Phase.STARTING, Phase.RESIZING, Phase.RESTARTING})  # until a launch's first step
-_ENDED = {_S.SUCCEEDED: Phase.FINISHED, _S.FAILED: Phase.FAILED, _S.INTERRUPTED: Phase.STOPPED}
+    @classmethod
+    def of_record(cls, rec: dict[str, Any]) -> "RunState | None":
+        """The state of a ``controller.json`` record: its ``state``; one written while the state a
+        user saw was kept beside it (a ``phase`` key) by that ``phase``."""
+        return cls.read(rec.get("phase")) or cls.read(rec.get("state"))
 
 
-def phase_of(state: RunState, launch: Phase | None, resizing: bool = False) -> Phase:
-    """The phase a user sees of ``state``: ``launch`` (one of ``LAUNCH_PHASES``) until the launch's
-    workers step, None once they do; ``resizing``: a stop is for a resize (a size is pending)."""
-    if state in _ENDED:
-        return _ENDED[state]
-    if state is _S.RESTARTING:
-        return Phase.RESTARTING
-    if state is _S.STOPPING:
-        return Phase.RESIZING if resizing else Phase.STOPPING
-    return launch or Phase.RUNNING
+# the words of controller.json's and summary.json's "state" before the one vocabulary
+_OLD_WORDS = {"pending": "starting", "launching": "starting", "succeeded": "finished", "interrupted": "stopped"}
+
+_S = RunState
+LIVE = frozenset({_S.STARTING, _S.RUNNING, _S.RESIZING, _S.RESTARTING, _S.STOPPING})
+LAUNCHING = frozenset({_S.STARTING, _S.RESIZING, _S.RESTARTING})  # a launch, until its workers' first step
+TERMINAL = frozenset({_S.FINISHED, _S.FAILED, _S.STOPPED})
+_ENDS = TERMINAL | {_S.STOPPING, _S.RESTARTING}
+TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    _S.STARTING: frozenset({_S.RUNNING, _S.RESIZING} | _ENDS),
+    _S.RUNNING: frozenset({_S.RESIZING} | _ENDS),
+    _S.RESIZING: frozenset({_S.RUNNING, _S.RESIZING} | _ENDS),
+    _S.RESTARTING: frozenset({_S.RUNNING, _S.RESIZING} | _ENDS),
+    _S.STOPPING: TERMINAL,
+    _S.FINISHED: frozenset(),
+    _S.FAILED: frozenset(),
+    _S.STOPPED: frozenset(),
+    _S.CRASHED: frozenset(),
+}
 
 
 class IllegalTransition(RuntimeError):

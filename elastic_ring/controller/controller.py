@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from elastic_ring import protocol
 from elastic_ring.controller import watchdog as wdog
 from elastic_ring.controller.ahead import RingAhead
-from elastic_ring.controller.api import Phase, Plan, RunSpec, RunState, check_transition, phase_of
+from elastic_ring.controller.api import LAUNCHING, Plan, RunSpec, RunState, check_transition
 from elastic_ring.controller.asks import Asks
 from elastic_ring.controller.backends import Backend, LaunchOptions, ResizeStrategy, make_launch
 from elastic_ring.controller.backends.api import Launcher
@@ -121,7 +121,7 @@ class Controller(Asks, Recovery):
         self.resize: ResizeStrategy = resize  # how a resize is done: new workers, or the same ones in place
         self.plan = plan or Plan.from_spec(spec.workers, spec.schedule)
         self.owner = uuid.uuid4().hex
-        self.state = RunState.PENDING
+        self.state = RunState.STARTING  # (controller.json is written from the first launch on)
         self.events = EventLog(spec.run_dir / "events.jsonl")
         self.watchdog = wdog.Watchdog(timeout_s=stall_timeout)
         say = lambda line: self.out(line)  # noqa: E731 - self.out may be replaced later
@@ -143,9 +143,7 @@ class Controller(Asks, Recovery):
         self._failures = FailureHistory()  # consecutive failures (reset by saved progress)
         self._seen_requests: set[str] = set()
         self._state_info: dict[str, Any] = {}
-        # what the workers are doing between a launch and its first step: starting (the run's
-        # first launch), resizing, restarting; None once they step (api.phase_of)
-        self._launch: Phase | None = Phase.STARTING
+        self._state_written = False  # controller.json holds this controller's state
         self._refused: str | None = None  # why the backend's survivors did not go on (the next restart says)
         self._t_failure = 0.0  # when the last failure that a joiner heals was seen (_failed)
         self._launched = False  # this controller's first launch is the start of a session
@@ -168,7 +166,7 @@ class Controller(Asks, Recovery):
     def _show_survive(self, line: str) -> None:
         """The survive choice in ``controller.json`` (`status`), written now once the run is under way."""
         self._state_info["survive"] = line
-        if self.state is not RunState.PENDING:
+        if self._state_written:
             self._set_state(self.state)
 
     # ------------------------------------------------------------------ state
@@ -182,16 +180,15 @@ class Controller(Asks, Recovery):
             self._state_info.pop("live_target", None)
         self._state_info.update(extra)
         info = {**self._state_info, "pid": os.getpid(), "owner": self.owner, "state": state.value,
-                "phase": phase_of(state, self._launch, self._state_info.get("pending_world") is not None).value,
                 "time": self.clock()}
         protocol.write_json_atomic(self.spec.run_dir / CONTROLLER_FILE, info)
+        self._state_written = True
 
     def _stepping(self, seg: Segment) -> None:
-        """The watched segment's workers made their first step: the launch's transition is over; a
-        scheduled resize ahead is prepared (:meth:`.RingAhead.prepare`)."""
-        if self._launch is not None:
-            self._launch = None
-            self._set_state(self.state, pending_world=None, resize_from=None)
+        """The watched segment's workers made their first step: the launch (starting, resizing,
+        restarting) is over; a scheduled resize ahead is prepared (:meth:`.RingAhead.prepare`)."""
+        if self.state in LAUNCHING:
+            self._set_state(RunState.RUNNING, pending_world=None, resize_from=None)
         self.ahead.prepare(seg)
 
     def _show_hosts(self, line: str, view: Any) -> None:
@@ -247,7 +244,7 @@ class Controller(Asks, Recovery):
 
     def _run(self, step: int, world: int, segment: int) -> dict[str, Any]:
         self.display.start(step)
-        self._set_state(RunState.LAUNCHING, step=step, world_size=world, segment=segment)
+        self._set_state(RunState.STARTING, step=step, world_size=world, segment=segment)
         while True:
             if self.hosts is not None and (self.prelaunch.next is None or self.prelaunch.next.index != segment):
                 got = self.hosts.world(step, world, segment)
@@ -268,7 +265,7 @@ class Controller(Asks, Recovery):
             self._act(seg, change, rc, now)
             step, world, segment = change.step, change.members_after, seg.index + 1
         self._drain(wait=True)
-        self._set_state(RunState.SUCCEEDED, step=int(seg.end.step), world_size=seg.world, segment=seg.index,
+        self._set_state(RunState.FINISHED, step=int(seg.end.step), world_size=seg.world, segment=seg.index,
                         pending_world=None)
         return self._finish()
 
@@ -285,8 +282,8 @@ class Controller(Asks, Recovery):
             if self.hosts is not None:  # the hosts it runs on (over several: the driver is told; one host: `status`)
                 self.backend.use_hosts(self.hosts.place(seg).arg())
             self._resize_inplace(seg, step)
-        else:
-            self._set_state(RunState.LAUNCHING, step=step, world_size=seg.world, segment=seg.index)
+        else:  # (in the launch's state: starting, resizing, restarting)
+            self._set_state(self.state, step=step, world_size=seg.world, segment=seg.index)
             self._start_processes(seg)
             self._announce(seg, step)
         return seg
@@ -380,8 +377,7 @@ class Controller(Asks, Recovery):
                                            checkpoint_s=0.0 if inplace else seg.ckpt_s,
                                            t_exit=now if rc is not None or inplace else None,
                                            segment=seg.index, t_failure=self._t_failure if joiner else None)
-        self._launch = Phase.RESIZING
-        self._set_state(RunState.STOPPING, step=step, world_size=world, pending_world=target,
+        self._set_state(RunState.RESIZING, step=step, world_size=world, pending_world=target,
                         resize_from=world, segment=seg.index)
         if self.prelaunch.next is not None and self.prelaunch.next.world != target:
             self.prelaunch.cancel()  # pre-launched for another size than the one decided
@@ -399,7 +395,7 @@ class Controller(Asks, Recovery):
             within = (f" (in {self.clock() - self._t_interrupt:.1f} s of the {self.grace:g} s grace)"
                       if self.grace is not None and self._t_interrupt is not None else "")
             msg = f"interrupted: {kept}{within}"
-        self._set_state(RunState.INTERRUPTED, step=ck or 0, segment=seg.index)
+        self._set_state(RunState.STOPPED, step=ck or 0, segment=seg.index)
         cmd = f"elastic-ring train --resume {self.spec.run_dir}"
         self.out(f"{msg}; continue with: {cmd}" if ck else f"{msg}; {cmd} starts over from step 1")
         return self._finish(interrupted=True)
@@ -413,7 +409,7 @@ class Controller(Asks, Recovery):
         self.drains.landed(seg, change)
         ck = self._checkpoint_step()
         why = f"preempted: the last worker left with notice: {whys}"
-        self._set_state(RunState.INTERRUPTED, step=ck or 0, segment=seg.index, stopped=why)
+        self._set_state(RunState.STOPPED, step=ck or 0, segment=seg.index, stopped=why)
         self.events.write(Notice(message=f"{why}; checkpoint at step {ck} (step {change.step} agreed)",
                                  segment=seg.index))
         self.out(f"{why}; checkpoint at step {ck} kept; continue with: elastic-ring train --resume "
@@ -465,7 +461,7 @@ class Controller(Asks, Recovery):
         self._launched = True
         assert seg.handle is not None
         self.relay.sample(seg.handle.pid, gpus=self.spec.device == "cuda")
-        self._set_state(RunState.RUNNING, step=step, world_size=seg.world, segment=seg.index)
+        self._set_state(self.state, step=step, world_size=seg.world, segment=seg.index)  # (running at its first step)
         self.display.segment(seg.index, seg.world, step + 1, seg.stop_at,
                              seg.log or segment_log(self.spec.run_dir, seg.index, seg.world))
         if rel is not None:
@@ -557,7 +553,7 @@ class Controller(Asks, Recovery):
             self.plan.add(step, self.hosts.manager.bounds.min, Cause.HOSTS.value)
             self._save_plan()
         ck = self._checkpoint_step()
-        self._set_state(RunState.INTERRUPTED, step=ck or 0, segment=max(segment - 1, 0))
+        self._set_state(RunState.STOPPED, step=ck or 0, segment=max(segment - 1, 0))
         cmd = f"elastic-ring train --resume {self.spec.run_dir}"  # (the discovery options are kept)
         self.out(f"{why}; checkpoint at step {ck} kept; continue with: {cmd}" if ck else
                  f"{why}; no checkpoint was written")

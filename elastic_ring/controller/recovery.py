@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from elastic_ring.controller.api import Phase, RunState
+from elastic_ring.controller.api import RunState
 from elastic_ring.controller.display import layout_words
 from elastic_ring.controller.membership import Cause, MembershipChange
 from elastic_ring.controller.meter import Restarting
@@ -99,8 +99,7 @@ class Recovery:
             how = f"LR unchanged: {layout_words(self.constant_batch, world)}" if self.constant_batch else \
                 "LR by the run's rule"
             self.out(f"only {world} slot(s) answer: restarting at {world} worker(s) ({how})")
-        self._launch = Phase.RESTARTING  # (in memory, the workers never stopped running)
-        self._set_state(RunState.RESTARTING if s is None else self.state, step=step, world_size=world,
+        self._set_state(RunState.RESTARTING, step=step, world_size=world,  # (also in memory: until they step)
                         segment=seg.index + 1, pending_world=None, resize_from=None)
         self.meter.restarting = Restarting(attempt, change.time, a.t_last, redone, step, seg.index + 1, path=path)
         if s is not None:

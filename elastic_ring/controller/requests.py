@@ -219,16 +219,17 @@ def request_resize(run_dir: str | Path, target: int, source: str = "live") -> st
     writes ``control/REQUEST_FILE``, after the checks a user would want (raises ``UserError``).
     ``source``: who asks ("live": `elastic-ring resize`, "policy": the cluster's scheduler).
     Returns the line to show."""
-    from elastic_ring.controller.status import Phase, read_status
+    from elastic_ring.controller.api import RunState
+    from elastic_ring.controller.status import read_status
     from elastic_ring.protocol import REQUEST_FILE
 
     rd = Path(run_dir)
     req = rd / "control" / REQUEST_FILE
     st, pending = _consistent_view(rd, req, read_status)
-    if st.phase is Phase.RESIZING:
+    if st.phase is RunState.RESIZING:
         raise UserError(f"run {rd} is {st.line()}: ask again once it has made a step at the new size")
-    if st.phase not in (Phase.STARTING, Phase.RUNNING, Phase.RESTARTING):
-        way = f"; {st.resume_hint()}" if st.phase in (Phase.STOPPED, Phase.CRASHED) and st.unfinished else ""
+    if st.phase not in (RunState.STARTING, RunState.RUNNING, RunState.RESTARTING):
+        way = f"; {st.resume_hint()}" if st.phase in (RunState.STOPPED, RunState.CRASHED) and st.unfinished else ""
         raise UserError(f"run {rd} is not running (state: {st.phase.value}{way})")
     from elastic_ring.protocol import read_json
 
@@ -377,7 +378,8 @@ def request_drain(run_dir: str | Path, host: str, deadline: float | None = None)
     want (raises ``UserError``: one line). ``deadline``: seconds for the shrink to land before the
     host's workers are killed and it is a failure (default :data:`DRAIN_DEADLINE_S`). Returns the
     line to show."""
-    from elastic_ring.controller.status import Phase, is_run_folder, read_status
+    from elastic_ring.controller.api import RunState
+    from elastic_ring.controller.status import is_run_folder, read_status
     from elastic_ring.protocol import CONTROLLER_FILE, read_json
 
     rd = Path(run_dir)
@@ -388,7 +390,7 @@ def request_drain(run_dir: str | Path, host: str, deadline: float | None = None)
         raise UserError(f"--deadline must be > 0 s, got {deadline:g}")
     st = read_status(rd)
     if not st.phase.live:
-        way = f"; {st.resume_hint()}" if st.phase in (Phase.STOPPED, Phase.CRASHED) and st.unfinished else ""
+        way = f"; {st.resume_hint()}" if st.phase in (RunState.STOPPED, RunState.CRASHED) and st.unfinished else ""
         raise UserError(f"run {rd} is not running (state: {st.phase.value}{way})")
     info = read_json(rd / "run.json") or {}
     disc = info.get("host_discovery")

@@ -1,9 +1,9 @@
 """What state a run is in, read from its folder: the one answer `status`, `resize`, `runs` and the
 cluster give (torch-free and quick, so those commands start fast).
 
-The controller is the source: its state machine (``controller.api.RunState``) writes
-``controller.json`` with the state and the phase a user sees (``controller.api.Phase``: starting,
-running, resizing, restarting, stopping, and at the end finished, failed or stopped). Only the
+The controller is the source: its state machine writes ``controller.json`` with its state
+(``controller.api.RunState``, the one vocabulary: starting, running, resizing, restarting,
+stopping, and at the end finished, failed or stopped). Only the
 controller's liveness is judged here: a folder whose lock (``.lock``, an ``flock`` that dies with its
 process) no one holds has no live controller, whatever ``controller.json`` last said. So:
 
@@ -29,12 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from elastic_ring import protocol
-from elastic_ring.controller.api import Phase, RunState, phase_of
+from elastic_ring.controller.api import RunState
 from elastic_ring.controller.summary import last_step
 from elastic_ring.errors import UserError
 from elastic_ring.events.api import Event, Finished, Launch, read_events
-
-_STATES = {s.value for s in RunState}  # controller.json's "state" values
 
 
 @dataclass(frozen=True)
@@ -42,7 +40,7 @@ class RunStatus:
     """A run's state as one value; :meth:`line` is the word(s) `status` prints after ``state:``."""
 
     run_dir: Path
-    phase: Phase
+    phase: RunState  # (`status --json`'s phase)
     step: int  # the newest step known done (rank 0's progress file, else the events)
     total_steps: int | None  # None: not known, or an open-ended run (a script's own loop ends it)
     world_size: int | None
@@ -76,7 +74,7 @@ class RunStatus:
 
     def stop_latency_line(self) -> str | None:
         """Running with a stop vote every K > 1 steps: when a live resize or stop lands."""
-        if self.phase is Phase.RUNNING and self.vote_every and self.vote_every > 1:
+        if self.phase is RunState.RUNNING and self.vote_every and self.vote_every > 1:
             return (f"a live resize lands within {self.vote_every + 1} steps (a stop vote every "
                     f"{self.vote_every} steps)")
         return None
@@ -84,11 +82,11 @@ class RunStatus:
     def line(self) -> str:
         if self.waiting_for_hosts:
             return self.hosts
-        if self.phase is Phase.RESIZING and self.resize_from and self.resize_to:
+        if self.phase is RunState.RESIZING and self.resize_from and self.resize_to:
             return f"resizing {self.resize_from} -> {self.resize_to}"
-        if self.phase is Phase.CRASHED:
+        if self.phase is RunState.CRASHED:
             return f"crashed: {self.why or 'controller gone'} (last step {self.step}; {self.resume_hint()})"
-        if self.phase is Phase.STOPPED and self.unfinished:
+        if self.phase is RunState.STOPPED and self.unfinished:
             how = f"{self.why}; " if self.why else ""
             return f"stopped ({how}{self.resume_hint()})"
         return self.phase.value
@@ -122,7 +120,7 @@ def read_status(run_dir: str | Path, events: list[Event] | None = None) -> RunSt
     open_ended = total is not None and total >= protocol.NO_STEP_LIMIT
     total = None if open_ended else total
     ctl = protocol.read_json(rd / protocol.CONTROLLER_FILE)
-    ctl = ctl if isinstance(ctl, dict) and ctl.get("state") in _STATES else None
+    ctl = ctl if isinstance(ctl, dict) and RunState.read(ctl.get("state")) is not None else None
     evs = read_events(rd / "events.jsonl") if events is None else events
     step = _last_step(rd, evs)
     world = _int(ctl.get("world_size")) if ctl else None
@@ -134,34 +132,24 @@ def read_status(run_dir: str | Path, events: list[Event] | None = None) -> RunSt
     finished = any(isinstance(e, Finished) for e in evs)
     if ctl is None:
         if alive:
-            return RunStatus(phase=Phase.STARTING, pid=holder_pid(rd), **kw)
+            return RunStatus(phase=RunState.STARTING, pid=holder_pid(rd), **kw)
         if finished:
-            return RunStatus(phase=Phase.FINISHED, **kw)
+            return RunStatus(phase=RunState.FINISHED, **kw)
         if (rd / protocol.CONTROLLER_FILE).exists():
-            return RunStatus(phase=Phase.CRASHED, why="controller gone, its state file unreadable", **kw)
-        return RunStatus(phase=Phase.STOPPED, why="aborted before its workers started", **kw)
-    phase = _phase(ctl)
+            return RunStatus(phase=RunState.CRASHED, why="controller gone, its state file unreadable", **kw)
+        return RunStatus(phase=RunState.STOPPED, why="aborted before its workers started", **kw)
+    phase = RunState.of_record(ctl)
     if phase.live and not alive:
-        return RunStatus(phase=Phase.CRASHED, why=f"controller gone while {phase.value}", **kw)
-    if phase is Phase.RESIZING:
+        return RunStatus(phase=RunState.CRASHED, why=f"controller gone while {phase.value}", **kw)
+    if phase is RunState.RESIZING:
         kw.update(resize_from=_int(ctl.get("resize_from")), resize_to=_int(ctl.get("pending_world")))
-    if phase is Phase.RUNNING:
+    if phase is RunState.RUNNING:
         kw.update(vote_every=_vote_every(rd))
     if phase.live and isinstance(ctl.get("hosts"), str):
         kw.update(hosts=ctl["hosts"])
-    if phase is Phase.STOPPED and isinstance(ctl.get("stopped"), str):
+    if phase is RunState.STOPPED and isinstance(ctl.get("stopped"), str):
         kw.update(why=ctl["stopped"])  # stopped by the controller itself (the last worker preempted)
     return RunStatus(phase=phase, pid=_int(ctl.get("pid")) if alive else None, **kw)
-
-
-def _phase(ctl: dict[str, Any]) -> Phase:
-    """``controller.json``'s phase; one written before the ``phase`` key: its state's
-    (:func:`~elastic_ring.controller.api.phase_of`; a launch then was ``starting``)."""
-    try:
-        return Phase(ctl.get("phase"))
-    except ValueError:
-        state = RunState(ctl["state"])
-        return phase_of(state, Phase.STARTING if state in (RunState.PENDING, RunState.LAUNCHING) else None)
 
 
 def _config_total(rd: Path) -> int | None:
@@ -210,4 +198,4 @@ def live_note(run_dir: str | Path | None) -> str | None:
         st = read_status(run_dir)
     except UserError:
         return None
-    return st.line() if st.phase.live and st.phase is not Phase.RUNNING else None
+    return st.line() if st.phase.live and st.phase is not RunState.RUNNING else None

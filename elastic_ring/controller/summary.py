@@ -24,6 +24,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Mapping, TypeVar
 
+from elastic_ring.controller.api import RunState
 from elastic_ring.events.api import (ErrorEvent, Evaluation, Event, EventLog, Finished, FirstStep, Launch,
                                      MembershipChanged, Recovered, ResizeOverhead, Restart, SegmentEnd, Throughput,
                                      as_event, read_events)
@@ -153,7 +154,7 @@ def summarize(events: Iterable[Event | Mapping[str, Any]]) -> dict[str, Any]:
     evals = _of(events, Evaluation)
     fin = _of(events, Finished)
     lossy = [e for e in thr if e.loss is not None and math.isfinite(float(e.loss))]
-    state = "finished" if fin else ("failed" if _of(events, ErrorEvent) else "running")
+    state = (RunState.FINISHED if fin else RunState.FAILED if _of(events, ErrorEvent) else RunState.RUNNING).value
     return {
         "state": state,
         "step": last,
@@ -260,7 +261,7 @@ def render(summary: dict[str, Any], total_steps: int | None = None) -> str:
         loss = ("train loss: not recorded (the script does not call job.record(loss))" if summary["sizes"]
                 else "train loss: no throughput window yet")
     else:  # the newest window's mean with a loss: 'final' once the run finished
-        final = summary.get("state") == "finished"
+        final = summary.get("state") == RunState.FINISHED.value
         loss = f"{'final ' if final else ''}train loss: {tl:.4f}" + (
             f" (window ending at step {at})" if at is not None and not (final and at == summary.get("step")) else "")
     acc = "no evaluation" if ta is None else f"{100 * ta:.2f}%"
@@ -290,7 +291,8 @@ def run_times(events: list[Event], now: float) -> tuple[float, float]:
 
 def write_summary(run_dir: Path, events: EventLog, now: float, interrupted: bool = False) -> dict[str, Any]:
     """The run ended: write its ``finished`` event (unless ``interrupted``) and
-    ``RUN_DIR/summary.json`` (atomically); returns the summary."""
+    ``RUN_DIR/summary.json`` (atomically; its ``state`` a :class:`~.api.RunState`: ``stopped`` when
+    ``interrupted``); returns the summary."""
     evs = read_events(run_dir / "events.jsonl")
     if not interrupted:
         s0 = summarize(evs)
@@ -300,7 +302,7 @@ def write_summary(run_dir: Path, events: EventLog, now: float, interrupted: bool
         evs = read_events(run_dir / "events.jsonl")
     summary = summarize(evs)
     if interrupted:
-        summary["state"] = "interrupted"
+        summary["state"] = RunState.STOPPED.value
     tmp = run_dir / ".summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
     os.replace(tmp, run_dir / "summary.json")

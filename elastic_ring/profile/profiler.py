@@ -60,12 +60,13 @@ def start_run(run_dir: Path, cfg: TrainConfig, workers: int, schedule: tuple = (
         UserError: the folder exists and holds something that is not an elastic-ring run.
         WorkerFailedError: a worker failed.
     """
+    from elastic_ring.controller.api import RunState
     from elastic_ring.controller.runs import RunRequest, start_or_resume
 
     req = RunRequest(config=cfg, workers=workers, resizes=tuple(schedule), slots=slots, device=device,
                      relaunch=relaunch, run_dir=str(run_dir), replace=True, checkpoint_every_s=0.0)
     summary = start_or_resume(req, out, out=out, show_progress=show_progress)
-    if summary.get("state") == "interrupted":
+    if summary.get("state") == RunState.STOPPED.value:
         raise KeyboardInterrupt
     return summary
 

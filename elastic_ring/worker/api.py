@@ -449,7 +449,7 @@ def init(lazy: bool = False, warm_compile: bool = True) -> "Job | PlainJob":
     job = session.current()
     if job is not None:
         return job
-    info = LaunchInfo.from_env()
+    info = session.launch()  # (the worker entry's: its launch and the run's settings)
     if info is None:
         from elastic_ring.worker.plain import PlainJob
 

@@ -7,9 +7,11 @@ every worker: ``python -m elastic_ring.worker.run``.
 TARGET is a script path (run as ``__main__``, as ``python SCRIPT`` would) or a module name. The
 entry point:
 
-- hands the launch settings to the worker library (``ELASTIC_RING_*`` variables; the rest of them
-  come from the ``worker`` entry of ``DIR/run.json``), and changes to the folder `train` was run in
-  (its ``cwd``): the script's relative paths are the user's;
+- hands the launch settings to the worker library in this process (``worker.session``: a
+  :class:`~elastic_ring.protocol.LaunchInfo` of its launch, the :class:`~elastic_ring.seam.Start` its
+  arguments carry, and the ``worker`` entry of ``DIR/run.json``; the run's settings also as
+  ``ELASTIC_RING_*`` variables, for :mod:`elastic_ring.env`), and changes to the folder `train` was
+  run in (its ``cwd``): the script's relative paths are the user's;
 - runs a script written for Horovod Elastic (``@hvd.elastic.run``) unchanged, with elastic-ring
   behind those names (:mod:`elastic_ring.worker.hvd_elastic`);
 - runs a script of torchrun's contract unchanged, as ``python SCRIPT`` would, with no library in it
@@ -36,7 +38,7 @@ import time
 import traceback
 from pathlib import Path
 
-from elastic_ring import env, protocol
+from elastic_ring import env, protocol, seam
 from elastic_ring.protocol import RETIRED, LaunchInfo  # RETIRED: main(in_process=True) after an in-place shrink
 
 
@@ -193,12 +195,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(prog="python -m elastic_ring.worker.run",
                                 description="elastic-ring worker entry point (launched by horovodrun)")
     p.add_argument("--run-dir", required=True, type=Path)
-    p.add_argument("--segment", required=True, type=int)
-    p.add_argument("--stop-at", required=True, type=int)
-    p.add_argument("--owner", default="")
-    p.add_argument("--go-file", type=Path, default=None)
-    p.add_argument("--controller-pid", type=int, default=0)
-    p.add_argument("--controller-host", default="")
+    seam.Start.add_arguments(p)  # --segment, --stop-at, --owner, --go-file, --controller-pid, --controller-host
     p.add_argument("--inplace", action="store_true",
                    help="run under Horovod Elastic: resizes re-form the ring in this process")
     p.add_argument("--ring-by-controller", action="store_true",
@@ -207,22 +204,29 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     a = p.parse_args(own)
     if not rest:
         p.error("no TARGET after --")
+    try:
+        a.start = seam.Start.from_args(a)
+    except seam.SeamError as e:
+        p.error(str(e))
     return a, rest
 
 
 def _launch_info(a: argparse.Namespace) -> tuple[LaunchInfo, float]:
-    """The launch settings (the arguments, and the ``worker`` entry of ``run.json``), put into
-    this process's environment for the worker library; and the script's allowance to call init."""
+    """The launch settings (the launch the arguments carry, and the ``worker`` entry of
+    ``run.json``), handed to the worker library; and the script's allowance to call init."""
+    from elastic_ring.worker import session
     from elastic_ring.worker.ring import INPLACE_ENV, RING_BY_CONTROLLER
 
     run_info = protocol.read_run_json(a.run_dir) or {}
     ws = dict(run_info.get("worker") or {})
     init_timeout_s = float(ws.pop("init_timeout_s", 120.0))
-    info = LaunchInfo(run_dir=a.run_dir, segment=a.segment, stop_at=a.stop_at, owner=a.owner,
-                      go_file=a.go_file, controller_pid=a.controller_pid,
-                      controller_host=a.controller_host,
+    start: seam.Start = a.start
+    info = LaunchInfo(run_dir=a.run_dir, segment=start.segment, stop_at=start.stop_at, owner=start.owner,
+                      go_file=start.go_file, controller_pid=start.controller_pid,
+                      controller_host=start.controller_host,
                       **{k: v for k, v in ws.items() if k in LaunchInfo.__dataclass_fields__})
-    os.environ.update(info.to_env())
+    os.environ.update(info.to_env())  # the run's settings (elastic_ring.env reads them)
+    session.launched(info)
     _enter(info.cwd)
     from elastic_ring.worker.collective import torchrun_env_from_horovodrun
 

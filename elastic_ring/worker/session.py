@@ -17,9 +17,21 @@ class _Process:
     job: Any = None  # the Job or PlainJob of the script's elastic.init()
     init_called: bool = False  # the script called elastic.init() (the entry point's watchdog reads it)
     carried: Any = None  # (ring, segment, stop_at, start-up) for the next init(): the ring re-formed in place
+    launch: Any = None  # the LaunchInfo the worker entry was started with (None: not started by elastic-ring)
 
 
 _PROCESS = _Process()
+
+
+def launched(info: Any) -> None:
+    """The worker entry was started with ``info`` (a :class:`~elastic_ring.protocol.LaunchInfo`:
+    its launch, ``seam.Start``, and the run's settings): ``elastic.init()`` makes the job of it."""
+    _PROCESS.launch = info
+
+
+def launch() -> Any:
+    """The LaunchInfo this process was started with; None outside ``elastic-ring train``."""
+    return _PROCESS.launch
 
 
 def current() -> Any:

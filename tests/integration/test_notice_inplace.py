@@ -122,7 +122,7 @@ def test_a_sigterm_to_the_last_worker_stops_with_the_agreed_checkpoint_and_resum
     (ck,) = _events(run, "checkpoint_written")  # the agreed step's
     assert not _events(run, "restart") and not _events(run, "membership_change")
     state = protocol.read_json(run / protocol.CONTROLLER_FILE)
-    assert state["state"] == "interrupted" and state["step"] == ck["step"], state
+    assert state["state"] == "stopped" and state["step"] == ck["step"], state
     assert state["stopped"] == f"preempted: the last worker left with notice: localhost (SIGTERM to pid {rec['pid']})"
     assert f"checkpoint at step {ck['step']} kept; continue with: elastic-ring train --resume {run}" in err
     assert "Traceback" not in err

@@ -161,7 +161,7 @@ def test_grace_passed_kills_the_workers_and_slurms_signal_asks_for_a_requeue(tmp
     ctl._on_signal(signal.SIGUSR1, None)  # Slurm's --signal=USR1@90
     ctl._t_interrupt -= 10  # the grace is long gone at the first look
     summary = ctl.run(0, 2, 0)
-    assert summary["state"] == "interrupted" and summary["requeue"] is True
+    assert summary["state"] == "stopped" and summary["requeue"] is True
     assert launcher.started[0].rc == -9  # killed
     assert "the 0.5 s grace passed before the workers checkpointed: killing them" in lines
     assert any(ln.startswith("interrupted: the 0.5 s grace passed: workers killed; no checkpoint was written")

@@ -119,7 +119,7 @@ def _controller(tmp_path, schedule, relaunch="sequential", fail_launches=(), tot
 def test_schedule_runs_three_segments_with_eq7(tmp_path, mode):
     ctl, launcher = _controller(tmp_path, (Resize(10, 2), Resize(20, 1)), relaunch=mode)
     summary = ctl.run(0, 1, 0)
-    assert ctl.state is RunState.SUCCEEDED and summary["state"] == "finished"
+    assert ctl.state is RunState.FINISHED and summary["state"] == "finished"
     assert [(w.segment, w.world, w.stop_at) for w in launcher.started] == [(0, 1, 10), (1, 2, 20), (2, 1, 30)]
     ev = read_events(tmp_path / "events.jsonl")
     rel = [e for e in ev if e["kind"] == "relaunched"]
@@ -162,7 +162,7 @@ def test_failure_after_a_resize_restarts_at_the_new_size_from_the_checkpoint(tmp
     # launches: 0 = segment 0 (1 worker, to step 10), 1 = segment 1 (2 workers) fails
     ctl, launcher = _controller(tmp_path, (Resize(10, 2), Resize(20, 1)), fail_launches=(1,))
     summary = ctl.run(0, 1, 0)
-    assert ctl.state is RunState.SUCCEEDED and summary["state"] == "finished"
+    assert ctl.state is RunState.FINISHED and summary["state"] == "finished"
     # the restart runs segment 2 at 2 workers from the checkpoint of step 10; the resize at 20 holds
     assert [(w.segment, w.world, w.stop_at) for w in launcher.started] == [
         (0, 1, 10), (1, 2, 20), (2, 2, 20), (3, 1, 30)]
@@ -242,10 +242,13 @@ def test_restart_on_fewer_hosts_shrinks_to_what_answers(tmp_path):
 def test_transition_table_is_enforced():
     check_transition(RunState.RUNNING, RunState.RESTARTING)
     with pytest.raises(IllegalTransition):
-        check_transition(RunState.SUCCEEDED, RunState.RUNNING)
+        check_transition(RunState.FINISHED, RunState.RUNNING)
     with pytest.raises(IllegalTransition):
-        check_transition(RunState.PENDING, RunState.RUNNING)
-    assert all(not TRANSITIONS[s] for s in (RunState.SUCCEEDED, RunState.FAILED, RunState.INTERRUPTED))
+        check_transition(RunState.RUNNING, RunState.STARTING)  # only the run's first launch is starting
+    with pytest.raises(IllegalTransition):
+        check_transition(RunState.STOPPING, RunState.RUNNING)  # a stop asked ends the run
+    assert all(not TRANSITIONS[s] for s in (RunState.FINISHED, RunState.FAILED, RunState.STOPPED))
+    assert not any(RunState.CRASHED in to for to in TRANSITIONS.values())  # the reader's word alone
 
 
 def test_plan_world_after_any_history():
@@ -275,7 +278,7 @@ def test_two_signals_kill_the_workers_and_say_what_is_kept(tmp_path):
 
     launcher.start = start
     summary = ctl.run(0, 1, 0)
-    assert summary["state"] == "interrupted" and ctl.state is RunState.INTERRUPTED
+    assert summary["state"] == "stopped" and ctl.state is RunState.STOPPED
     assert launcher.started[1].rc == -9
     assert any("interrupted twice: workers killed; checkpoint at step 10 kept" in line for line in out), out
     assert not read_events(tmp_path / "events.jsonl", kind="restart")
@@ -293,7 +296,7 @@ def test_an_interrupt_before_any_checkpoint_says_the_resume_starts_over(tmp_path
         return real_start(cmd, env, log_path)
 
     launcher.start = start
-    assert ctl.run(0, 1, 0)["state"] == "interrupted"
+    assert ctl.run(0, 1, 0)["state"] == "stopped"
     line = next(x for x in out if x.startswith("interrupted"))
     assert line == (f"interrupted twice: workers killed; no checkpoint was written; elastic-ring train --resume "
                     f"{tmp_path} starts over from step 1"), out

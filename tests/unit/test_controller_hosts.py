@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_ring.controller.api import Phase, RunSpec, RunState
+from elastic_ring.controller.api import RunSpec, RunState
 from elastic_ring.controller.controller import Controller
 from elastic_ring.controller.prepare_hosts import with_run_discovery
 from elastic_ring.controller.requests import RunRequest, check
@@ -62,8 +62,8 @@ def test_the_first_launch_takes_the_usable_slots_and_says_which_hosts(tmp_path):
 def test_below_the_minimum_it_waits_then_gives_up_without_a_launch(tmp_path):
     ctl, launcher, lines = _controller(tmp_path, [("a", 1)], lo=2, workers=2, min_wait_s=0.0)
     summary = ctl.run(0, 2, 0)
-    assert summary["state"] == "interrupted"
-    assert ctl.state is RunState.INTERRUPTED and not launcher.started
+    assert summary["state"] == "stopped"
+    assert ctl.state is RunState.STOPPED and not launcher.started
     assert any(ln.startswith("gave up waiting for hosts after 0 s (have 1, need 2); no checkpoint was written")
                for ln in lines), lines
     assert ctl._state_info["hosts"] == "waiting for hosts (have 1, need 2)"
@@ -73,7 +73,7 @@ def test_an_interrupt_while_waiting_stops_the_run(tmp_path):
     ctl, launcher, lines = _controller(tmp_path, [], lo=1)
     ctl._interrupts = 1
     ctl.run(0, 1, 0)
-    assert ctl.state is RunState.INTERRUPTED and not launcher.started
+    assert ctl.state is RunState.STOPPED and not launcher.started
     assert any("interrupted while waiting for hosts (have 0, need 1)" in ln for ln in lines), lines
 
 
@@ -93,9 +93,9 @@ def test_a_live_resize_is_capped_by_the_discovered_slots_and_refused_outside_the
 def test_status_says_it_waits_for_hosts_while_live_only():
     kw = dict(run_dir=Path("r"), step=3, total_steps=10, world_size=1)
     waiting = "waiting for hosts (have 1, need 2)"
-    assert RunStatus(phase=Phase.RESIZING, hosts=waiting, resize_from=2, resize_to=1, **kw).line() == waiting
-    assert RunStatus(phase=Phase.RUNNING, hosts="hosts: a:1 (1 slot)", **kw).line() == "running"
-    assert RunStatus(phase=Phase.FINISHED, hosts=waiting, **kw).line() == "finished"
+    assert RunStatus(phase=RunState.RESIZING, hosts=waiting, resize_from=2, resize_to=1, **kw).line() == waiting
+    assert RunStatus(phase=RunState.RUNNING, hosts="hosts: a:1 (1 slot)", **kw).line() == "running"
+    assert RunStatus(phase=RunState.FINISHED, hosts=waiting, **kw).line() == "finished"
 
 
 class FakeClock:

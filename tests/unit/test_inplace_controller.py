@@ -86,7 +86,7 @@ def test_a_resize_in_place_prints_the_log_its_workers_write(tmp_path):
                      show_progress=False)
     first = segment_log(tmp_path, 0, 1)
     ctl._elastic = Segment(0, 1, 5, handle=SimpleNamespace(pid=os.getpid()), log=first)
-    ctl.state = RunState.STOPPING
+    ctl.state = RunState.RESIZING
     seg = ctl._begin(5, 2, 1)
     assert backend.resized == (0, 2) and seg.log == first
     assert lines == [f"segment 1: 2 worker(s) from step 6 to 10 (log: {first})"], lines

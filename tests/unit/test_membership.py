@@ -69,24 +69,31 @@ def test_a_restart_on_fewer_hosts_is_a_lost_host_change(tmp_path):
     assert _changes(tmp_path) == [("lost_host", 0, 2, 1, "checkpoint", 0)]
 
 
-def test_one_lifecycle_vocabulary_every_state_has_its_phase():
-    """``api.phase_of`` is total: every controller state (with a launch's phase or none, a stop for
-    a resize or not) is a phase, live exactly while the run is not over, and every phase but the
-    reader's ``crashed`` is reached; a ``controller.json`` with no ``phase`` reads as before."""
-    from elastic_ring.controller.api import LAUNCH_PHASES, TERMINAL, Phase, RunState, phase_of
-    from elastic_ring.controller.status import _phase
+def test_one_lifecycle_vocabulary_every_state_is_reached_and_old_folders_read_as_before():
+    """One ``RunState`` (what the controller is in and writes, what `status` and the web page say):
+    its table reaches every state but the reader's ``crashed`` from ``starting``; a state is live
+    exactly while the run is not over; a ``controller.json`` of an older elastic-ring (its own
+    states, with or without the user's word in a ``phase`` key) reads as the state it meant."""
+    from elastic_ring.controller.api import LAUNCHING, TERMINAL, TRANSITIONS, RunState
 
-    seen = set()
+    reached, todo = {RunState.STARTING}, [RunState.STARTING]
+    while todo:
+        for nxt in TRANSITIONS[todo.pop()]:
+            if nxt not in reached:
+                reached.add(nxt)
+                todo.append(nxt)
+    assert reached == set(RunState) - {RunState.CRASHED}
     for state in RunState:
-        for launch in (None, *LAUNCH_PHASES):
-            for resizing in (False, True):
-                p = phase_of(state, launch, resizing)
-                assert isinstance(p, Phase) and p.live == (state not in TERMINAL), (state, launch, resizing)
-                seen.add(p)
-    assert seen == set(Phase) - {Phase.CRASHED}
+        assert state.live == (state not in TERMINAL and state is not RunState.CRASHED), state
+        assert (not TRANSITIONS[state]) == (not state.live), state  # only a live state moves on
+    assert all(s.live for s in LAUNCHING) and RunState.RUNNING not in LAUNCHING
     old = {"pending": "starting", "launching": "starting", "running": "running", "stopping": "stopping",
            "restarting": "restarting", "succeeded": "finished", "failed": "failed", "interrupted": "stopped"}
-    assert {s.value: _phase({"state": s.value}).value for s in RunState} == old
+    assert {w: RunState.of_record({"state": w}).value for w in old} == old
+    assert RunState.of_record({"state": "launching", "phase": "resizing"}) is RunState.RESIZING
+    assert RunState.of_record({"state": "stopping", "phase": "resizing"}) is RunState.RESIZING
+    assert RunState.of_record({"state": "running", "phase": "restarting"}) is RunState.RESTARTING
+    assert RunState.read("bogus") is None and RunState.of_record({}) is None
 
 
 def test_the_summary_and_the_web_page_show_each_change_its_cause_and_state_source(cluster):  # noqa: F811

@@ -179,11 +179,27 @@ def test_a_connection_reset_by_peer_is_a_peer_loss_whatever_its_type():
     assert protocol.first_failure([reset, own], []).rank == 1  # later, but its own error
 
 
-def test_launch_info_round_trips_through_the_environment(tmp_path):
+def test_launch_info_reaches_the_worker_library_whole_and_its_launch_stays_out_of_the_environment(
+        tmp_path, monkeypatch):
+    """The worker entry hands the library the LaunchInfo of its arguments (a ``seam.Start``) and
+    ``run.json``'s ``worker`` entry; the environment its processes inherit has the run's settings."""
+    from elastic_ring import seam
+    from elastic_ring.worker import run, session
+
     info = protocol.LaunchInfo(run_dir=tmp_path, segment=3, stop_at=40, total_steps=90, owner="ab",
                                go_file=tmp_path / "go", checkpoint_every=5, checkpoint_every_s=2.5)
-    assert protocol.LaunchInfo.from_env(info.to_env()) == info
-    assert protocol.LaunchInfo.from_env({}) is None
+    protocol.write_json_atomic(tmp_path / "run.json", {"worker": {"total_steps": 90, "checkpoint_every": 5,
+                                                                  "checkpoint_every_s": 2.5, "init_timeout_s": 30}})
+    start = seam.Start(3, 40, "ab", tmp_path / "go")
+    a, rest = run._parse(["--run-dir", str(tmp_path), *start.args(), "--", "script.py"])
+    assert a.start == start and rest == ["script.py"]
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if not k.startswith("ELASTIC_RING_")})
+    monkeypatch.setattr(session, "_PROCESS", session._Process())
+    assert session.launch() is None  # not started by elastic-ring: init() makes a plain job
+    got, init_timeout_s = run._launch_info(a)
+    assert got == info and session.launch() is got and init_timeout_s == 30.0
+    assert os.environ["ELASTIC_RING_RUN_DIR"] == str(tmp_path) and os.environ["ELASTIC_RING_CHECKPOINT_EVERY"] == "5"
+    assert not {protocol.envvars.PREFIX + f.upper() for f in protocol.START_FIELDS} & set(os.environ)
 
 
 def test_lock_is_exclusive_across_processes_and_dies_with_its_holder(tmp_path):

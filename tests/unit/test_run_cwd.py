@@ -11,8 +11,8 @@ import pytest
 from elastic_ring.controller.backends import api
 from elastic_ring.controller.resume import _resumed_cwd
 from elastic_ring.errors import UserError
-from elastic_ring.protocol import LaunchInfo
-from elastic_ring.worker import run
+from elastic_ring import protocol
+from elastic_ring.worker import run, session
 
 
 def test_a_resume_runs_where_the_run_started(tmp_path, monkeypatch):
@@ -27,8 +27,13 @@ def test_a_resume_runs_where_the_run_started(tmp_path, monkeypatch):
 
 
 def test_the_worker_changes_to_the_folder_it_is_told(tmp_path, monkeypatch, capsys):
-    info = LaunchInfo(run_dir=tmp_path, segment=0, stop_at=1, total_steps=1, cwd=str(tmp_path))
-    assert LaunchInfo.from_env(info.to_env()).cwd == str(tmp_path)
+    protocol.write_json_atomic(tmp_path / "run.json", {"worker": {"total_steps": 1, "cwd": str(tmp_path)}})
+    a, _ = run._parse(["--run-dir", str(tmp_path), "--segment", "0", "--stop-at", "1", "--", "script.py"])
+    monkeypatch.setattr(os, "environ", os.environ.copy())
+    monkeypatch.setattr(session, "_PROCESS", session._Process())
+    monkeypatch.chdir("/")
+    info, _ = run._launch_info(a)  # run.json's worker entry, handed to the library: it runs there
+    assert info.cwd == str(tmp_path) and session.launch() is info and os.getcwd() == str(tmp_path)
     monkeypatch.chdir("/")
     run._enter(str(tmp_path))
     assert os.getcwd() == str(tmp_path)

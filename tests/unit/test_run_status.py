@@ -1,6 +1,6 @@
 """One answer to "what state is this run in": `status`, `resize` and `runs` read it from the
 controller's state file and its lock (``elastic_ring.controller.status``), and the controller
-writes the phase a user sees (starting, resizing, restarting) as its state machine moves."""
+writes the state a user sees (starting, resizing, restarting) as its state machine moves."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from elastic_ring.controller.api import Resize
+from elastic_ring.controller.api import Resize, RunState
 from elastic_ring.controller.lock import RunLock
-from elastic_ring.controller.status import Phase, read_status
+from elastic_ring.controller.status import read_status
 from elastic_ring.events import EventLog, Finished, Launch, Restart, Throughput
 from tests.unit.test_controller_fake import _controller
 
@@ -57,11 +57,11 @@ def test_a_live_controller_is_told_from_a_dead_one_by_its_lock(tmp_path, cli_inp
     run = _folder(tmp_path)
     (run / "controller.json").write_text(json.dumps({"state": "running", "phase": "running", "world_size": 1,
                                                      "pid": 1}))
-    assert read_status(run).phase is Phase.CRASHED
+    assert read_status(run).phase is RunState.CRASHED
     lock = RunLock(run)
     lock.acquire()
     try:
-        assert read_status(run).phase is Phase.RUNNING
+        assert read_status(run).phase is RunState.RUNNING
     finally:
         lock.release()
 
@@ -103,7 +103,8 @@ def test_the_controller_writes_starting_resizing_and_running_phases(tmp_path):
     def spy(state, **extra):
         set_state(state, **extra)
         d = json.loads((tmp_path / "controller.json").read_text())
-        seen.append((d["state"], d["phase"], d.get("resize_from"), d.get("pending_world")))
+        assert "phase" not in d  # one word: the state is what a user sees
+        seen.append((d.get("segment"), d["state"], d.get("resize_from"), d.get("pending_world")))
     ctl._set_state = spy
     ctl.run(0, 1, 0)
     phases = [p for _, p, _, _ in seen]
@@ -111,8 +112,9 @@ def test_the_controller_writes_starting_resizing_and_running_phases(tmp_path):
     assert set(phases[:first_running]) == {"starting"}  # the launch, until the first step
     resizing = [s for s in seen if s[1] == "resizing"]
     assert resizing and all((f, t) == (1, 2) for _, _, f, t in resizing), seen
-    # resizing lasts from the decision to the first step at the new size, launch included
-    assert {s for s, _, _, _ in resizing} >= {"stopping", "running"}, seen
+    # resizing lasts from the decision (at segment 0's end) to the first step at the new size,
+    # the launch of segment 1 included
+    assert {g for g, _, _, _ in resizing} == {0, 1}, seen
     assert phases[-1] == "finished" and "running" in phases[phases.index("resizing"):]
 
 
@@ -281,19 +283,17 @@ def test_resize_accounts_for_a_pending_request(tmp_path, cli_inproc):
 def test_the_controller_shows_a_live_request_it_took_until_it_is_decided(tmp_path):
     """controller.json names the live resize the controller took (``live_target``, what `resize`
     reads) until the stop for it is decided (``pending_world``: resizing A -> B) or dropped."""
-    from elastic_ring.controller.api import RunState
-
     ctl, _ = _controller(tmp_path, (), relaunch="overlap", total=30)
     read = lambda: json.loads((tmp_path / "controller.json").read_text())  # noqa: E731
-    ctl._set_state(RunState.LAUNCHING)
+    ctl._set_state(RunState.STARTING)
     ctl._set_state(RunState.RUNNING, step=5, world_size=1)
     ctl._set_state(ctl.state, live_target=2)
-    assert read()["live_target"] == 2 and read()["phase"] != "resizing"
+    assert read()["live_target"] == 2 and read()["state"] != "resizing"
     ctl._set_state(ctl.state, step=6)  # other updates keep it
     assert read()["live_target"] == 2
-    ctl._set_state(RunState.STOPPING, step=7, world_size=1, pending_world=2, resize_from=1)
+    ctl._set_state(RunState.RESIZING, step=7, world_size=1, pending_world=2, resize_from=1)
     d = read()
-    assert "live_target" not in d and d["phase"] == "resizing" and d["pending_world"] == 2
+    assert "live_target" not in d and d["state"] == "resizing" and d["pending_world"] == 2
 
 
 def test_resize_reads_the_status_and_the_pending_request_from_one_controller_state(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ older elastic-ring wrote (no version) still read the same, an unknown version is
 from __future__ import annotations
 
 import json
+import os
 import pickle
 
 import pytest
@@ -75,6 +76,34 @@ def test_an_unknown_version_is_refused_in_one_line(record, read):
         read(record)
     msg = str(e.value)
     assert "\n" not in msg and f"version {record['version']!r}" in msg and f"reads version {seam.VERSION}" in msg
+
+
+def test_a_launch_is_one_record_from_the_controllers_arguments_to_the_worker_entry(tmp_path, capsys):
+    """The stop step of a segment's first launch, its segment, owner and go file: one ``seam.Start``,
+    written by the controller's backends (``worker_args``) and read back by the worker entry; a warm
+    spare's is segment -1 with its go file; an unknown version of it is refused in one line."""
+    from types import SimpleNamespace
+
+    from elastic_ring.controller.backends.horovodrun import worker_args
+    from elastic_ring.worker import run
+
+    spec = SimpleNamespace(run_dir=tmp_path)
+    for go in (None, tmp_path / "control" / "go-2"):
+        cmd = worker_args(spec, 2, 40, "me", go)
+        own = cmd[cmd.index("elastic_ring.worker.run") + 1:]
+        assert own.count("--stop-at") == 1 and own.count("--go-file") == (go is not None)
+        a, rest = run._parse([*own, "--", "script.py", "--x"])
+        assert a.run_dir == tmp_path and rest == ["script.py", "--x"]
+        assert (a.start.segment, a.start.stop_at, a.start.owner, a.start.go_file) == (2, 40, "me", go)
+        assert a.start.controller_pid == os.getpid() and a.start.version == seam.VERSION
+        assert run._parse(["--run-dir", "r", *a.start.args(), "--", "s"])[0].start == a.start
+    spare = seam.Start(-1, 40, "me", tmp_path / "spare-w3.json", 7, "h")
+    assert run._parse(["--run-dir", "r", *spare.args(), "--", "s"])[0].start == spare
+    newer = seam.Start(2, 40, version=2)
+    with pytest.raises(SystemExit) as e:
+        run._parse(["--run-dir", "r", *newer.args(), "--", "s"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "version 2" in err and f"reads version {seam.VERSION}" in err, err
 
 
 def test_a_worker_reading_an_unknown_version_or_kind_raises_not_guesses(tmp_path):

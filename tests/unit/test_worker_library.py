@@ -259,8 +259,8 @@ def test_hvd_init_before_init_is_an_error(monkeypatch):
     fake = types.SimpleNamespace(is_initialized=lambda: True)
     monkeypatch.setitem(sys.modules, "horovod.torch", fake)
     monkeypatch.setattr(session, "_PROCESS", session._Process())  # no job yet in this process
-    for k, v in LaunchInfo(run_dir="/nonexistent", segment=0, stop_at=1, total_steps=1).to_env().items():
-        monkeypatch.setenv(k, v)  # under the tool (outside it, hvd.init() first is plain Horovod)
+    # under the tool (outside it, hvd.init() first is plain Horovod): the worker entry's launch
+    session.launched(LaunchInfo(run_dir="/nonexistent", segment=0, stop_at=1, total_steps=1))
     with pytest.raises(api.ContractError, match="hvd.init\\(\\) before"):
         api.init()
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from elastic_ring import protocol
+from elastic_ring import protocol, seam
 
 if TYPE_CHECKING:
     from elastic_ring.controller.membership import Cause
@@ -199,6 +200,12 @@ def worker_entry() -> list[str]:
     """The command that starts one worker process: a module of the package, so that it runs the same
     from a checkout and from an installed wheel."""
     return [sys.executable, "-u", "-m", "elastic_ring.worker.run"]
+
+
+def start_args(segment: int, stop_at: int, owner: str, go_file: Path | None = None) -> list[str]:
+    """The worker entry's arguments of a worker's launch by this controller: a
+    :class:`~elastic_ring.seam.Start` (:meth:`~elastic_ring.seam.Start.args`)."""
+    return seam.Start(segment, stop_at, owner, go_file, os.getpid(), socket.gethostname()).args()
 
 
 def package_path(pythonpath: str) -> str:

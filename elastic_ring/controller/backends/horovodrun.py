@@ -18,7 +18,7 @@ from elastic_ring import env as envvars
 from elastic_ring import protocol
 from elastic_ring.controller import hvdrun
 from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Backend, Handle, Launcher, SegmentLaunch,
-                                                  Started, rank_named_in_log, worker_entry, worker_env)
+                                                  Started, rank_named_in_log, start_args, worker_entry, worker_env)
 
 _FIRST_FAILED = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
@@ -92,11 +92,10 @@ def _imports_compile(cmd: list[str], env: dict[str, str]) -> bool:
             or "elastic_ring.controller.backends.local" in cmd)
 
 
-def worker_args(spec, segment: int, stop_at: int, owner: str) -> list[str]:
-    """The worker entry's arguments of one segment (after the launcher's own)."""
-    return [*worker_entry(), "--run-dir", str(spec.run_dir), "--segment", str(segment),
-            "--stop-at", str(stop_at), "--owner", owner, "--controller-pid", str(os.getpid()),
-            "--controller-host", socket.gethostname()]
+def worker_args(spec, segment: int, stop_at: int, owner: str, go_file: Path | None = None) -> list[str]:
+    """The worker entry's arguments of one segment (after the launcher's own): its launch, a
+    :class:`~elastic_ring.seam.Start`."""
+    return [*worker_entry(), "--run-dir", str(spec.run_dir), *start_args(segment, stop_at, owner, go_file)]
 
 
 def horovodrun_command(spec, world: int, segment: int, stop_at: int,
@@ -110,9 +109,7 @@ def horovodrun_command(spec, world: int, segment: int, stop_at: int,
     cmd += ["--gloo", "--start-timeout", "120"]
     if network_interface:
         cmd += ["--network-interface", network_interface]
-    cmd += worker_args(spec, segment, stop_at, owner)
-    if go_file is not None:
-        cmd += ["--go-file", str(go_file)]
+    cmd += worker_args(spec, segment, stop_at, owner, go_file)
     cmd += ["--", spec.script or BUILTIN_TARGET, *spec.script_args]
     return cmd
 

@@ -47,9 +47,7 @@ def launcher_command(spec, launch: SegmentLaunch, stop_grace: float | None = Non
     own = ([] if stop_grace is None else ["--torchrun", "--run-dir", str(spec.run_dir), "--segment",
                                           str(launch.segment), "--stop-grace", repr(float(stop_grace))])
     cmd = [sys.executable, "-m", "elastic_ring.controller.backends.local", "--nproc", str(launch.world), *own, "--",
-           *worker_args(spec, launch.segment, launch.stop_at, launch.owner)]
-    if launch.go_file is not None:
-        cmd += ["--go-file", str(launch.go_file)]
+           *worker_args(spec, launch.segment, launch.stop_at, launch.owner, launch.go_file)]
     return [*cmd, "--", spec.script or BUILTIN_TARGET, *spec.script_args]
 
 
@@ -273,9 +271,7 @@ class LocalRingBackend(Backend):
     def _command(self, launch: SegmentLaunch, go: Path | None = None) -> list[str]:
         from elastic_ring.controller.backends.horovodrun import worker_args
 
-        cmd = [*worker_args(self.spec, launch.segment, launch.stop_at, launch.owner), "--ring-by-controller"]
-        if go is not None:
-            cmd += ["--go-file", str(go)]
+        cmd = [*worker_args(self.spec, launch.segment, launch.stop_at, launch.owner, go), "--ring-by-controller"]
         return [*cmd, "--", self.spec.script or BUILTIN_TARGET, *self.spec.script_args]
 
     def _spawn(self, m: LocalMember, launch: SegmentLaunch, env: dict[str, str], log_path: Path,

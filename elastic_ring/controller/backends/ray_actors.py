@@ -7,22 +7,22 @@ sync from rank 0.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
 from elastic_ring import protocol
-from elastic_ring.controller.backends.api import BUILTIN_TARGET, SegmentLaunch, threads_env
+from elastic_ring.controller.backends.api import BUILTIN_TARGET, SegmentLaunch, start_args, threads_env
 from elastic_ring.controller.backends.ray_members import Member, Spare
 from elastic_ring.controller.backends.ray_worker import READY_TIMEOUT_S, WorkerActor
 
 
-def worker_argv(spec, launch: SegmentLaunch) -> list[str]:
-    """The worker entry's arguments of a Ray member in segment ``launch``."""
-    return ["--run-dir", str(spec.run_dir), "--segment", str(launch.segment), "--stop-at",
-            str(launch.stop_at), "--owner", launch.owner, "--controller-pid", str(os.getpid()),
-            "--controller-host", socket.gethostname(), "--ring-by-controller",
-            "--", spec.script or BUILTIN_TARGET, *spec.script_args]
+def worker_argv(spec, launch: SegmentLaunch, spare_go: Path | None = None) -> list[str]:
+    """The worker entry's arguments of a Ray member in segment ``launch`` (its launch, a
+    :class:`~elastic_ring.seam.Start`); ``spare_go``: a warm spare's, which waits for that go and
+    learns its segment with the sync from rank 0."""
+    segment = launch.segment if spare_go is None else -1
+    return ["--run-dir", str(spec.run_dir), *start_args(segment, launch.stop_at, launch.owner, spare_go),
+            "--ring-by-controller", "--", spec.script or BUILTIN_TARGET, *spec.script_args]
 
 
 def base_env(spec, cpus: float) -> dict[str, str]:
@@ -104,10 +104,7 @@ class ActorPool:
         protocol.waiting_file(go).unlink(missing_ok=True)
         env = {**base_env(self.spec, self.cpus), **self.env, "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
                "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1", "ELASTIC_RING_MEMBER": name}
-        argv = worker_argv(self.spec, launch)
-        argv[argv.index("--segment") + 1] = "-1"  # its segment comes with the sync from rank 0
-        cut = argv.index("--")
-        argv[cut:cut] = ["--go-file", str(go)]
+        argv = worker_argv(self.spec, launch, spare_go=go)
         return Spare(name, actor, info_ref, actor.run.remote(argv, env, str(self.log(name))), go)
 
     def refill(self, bundle: int, strategy, launch: SegmentLaunch) -> None:
