@@ -116,3 +116,20 @@ def test_what_run_json_keeps_makes_a_sigterm_a_notice_and_a_resume_take_the_host
     assert notice.wanted(run)
     resumed = RunRequest(resume_dir=str(run))
     assert with_run_discovery(resumed) is resumed  # no script to take again: the hosts given to the resume
+
+
+def test_a_resume_off_the_list_drops_what_the_start_kept_and_a_scripts_stays(tmp_path):
+    from elastic_ring import protocol
+    from elastic_ring.controller.runs import _keep_fixed
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"workers": 2}))
+    _keep_fixed(run, RunRequest(hosts="a:1,b:1"), object())  # watched: kept
+    assert protocol.read_run_json(run)["host_discovery"]["hosts"] == "a:1,b:1"
+    _keep_fixed(run, RunRequest(resume_dir=str(run)), None)  # resumed on this host: a SIGTERM ends a worker again
+    assert protocol.read_run_json(run)["host_discovery"] is None
+    script = {"script": "/d.sh", "interval": 1.0}
+    (run / "run.json").write_text(json.dumps({"workers": 2, "host_discovery": script}))
+    _keep_fixed(run, RunRequest(resume_dir=str(run), slots=2), None)
+    assert protocol.read_run_json(run)["host_discovery"] == script
