@@ -1,7 +1,8 @@
 """Fixed hosts get what discovered hosts have (docs/hosts.md): with `--hosts localhost:1,127.0.0.1:1`
 (the two-host tests' way of having two hosts on one machine) and no discovery script, the list is
 watched as a discovery whose answer never changes: a failed worker's host is left out for its
-cooldown and grown back onto, `elastic-ring drain` shrinks off a host with nothing redone, and
+cooldown and grown back onto, `elastic-ring drain` and a worker's SIGTERM shrink off a host with
+nothing redone, and
 `--relaunch inplace` runs over the hosts (a drain there leaves the survivor in its process).
 
 Real horovodrun (gloo) runs of the tiny built-in ResNet; the helpers are test_discovery's."""
@@ -131,3 +132,27 @@ def test_in_place_over_fixed_hosts_a_drain_leaves_the_survivor_in_its_process(tm
     _in_place(run, err, changes, steps, [2, 1])  # one horovodrun, nothing redone, no checkpoint read back
     assert not _alive(pids["127.0.0.1"])  # the driver ended the worker on the drained host
     assert [(h["hosts"], h["target"]) for h in _events(run, "hosts_changed")] == [(BOTH, 2), (ONE, 1)]
+
+
+def test_a_sigterm_to_a_worker_on_a_fixed_host_is_a_preempted_shrink(tmp_path):
+    steps = 800
+    run = tmp_path / "preempt"
+    proc = _start(["--gpus", "2", "--steps", str(steps), *TINY, "--hosts", BOTH, "--run-dir", str(run)])
+    try:
+        wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2], 120, "a window at 2")
+        recs = [protocol.read_json(f) for f in protocol.pid_dir(run).glob("seg000-rank*.json")]
+        (victim,) = [r for r in recs if r and r.get("launch_host") == "127.0.0.1"]
+        os.kill(int(victim["pid"]), signal.SIGTERM)  # how Kubernetes and spot reclaims preempt
+        wait_for(lambda: len(_events(run, "launch")) >= 2, 120, "the shrink")
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    (notice,) = _events(run, "preempt_notice")
+    assert (notice["rank"], notice["segment"], notice["pid"]) == (victim["rank"], 0, victim["pid"])
+    assert [(e["world_size"], _hosts_of(e)) for e in _events(run, "launch")] == [(2, BOTH), (1, ONE)]
+    (change,) = _events(run, "membership_change")
+    assert (change["cause"], change["members_before"], change["members_after"]) == ("preempted", 2, 1)
+    assert not _events(run, "restart") and sorted(_trace(run)) == list(range(1, steps + 1))  # nothing redone
+    assert "preempted 127.0.0.1: 2 -> 1 workers at the next agreed step" in err and "Traceback" not in err
