@@ -164,7 +164,8 @@ RULES: tuple[Rule, ...] = (
          and o.discovery_interval <= 0, "--discovery-interval must be > 0 seconds, got {o.discovery_interval:g}"),
     Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.min_wait is not None and o.min_wait < 0,
          "--min-wait must be >= 0 seconds, got {o.min_wait:g}"),
-    Rule((TRAIN,), lambda o: o.cooldown_range is not None and _cooldown_problem(o) is not None, lambda o: f"--blacklist-cooldown-range: {_cooldown_problem(o)}"),
+    Rule((TRAIN,), lambda o: o.cooldown_range is not None and _cooldown_problem(o) is not None,
+         lambda o: f"--blacklist-cooldown-range: {_cooldown_problem(o)}"),
     # the launcher
     Rule((TRAIN,), lambda o: o.backend not in BACKENDS,
          f"--backend must be one of {', '.join(BACKENDS)}, got {{o.backend}}"),
