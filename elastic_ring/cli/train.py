@@ -76,8 +76,11 @@ def _echo(msg: str) -> None:
 @click.option("--slots", type=int, default=None,
               help="Worker slots on this machine (CPU). [default: CPU cores; on GPUs: visible GPUs]")
 @click.option("--hosts", default=None, metavar="H:N[,H:N...]",
-              help="Hosts and slots, handed to horovodrun -H. [default: inside a Slurm allocation with no "
-                   "--hostfile or --slots, its nodes and tasks (or GPUs) per node: see docs/hosts.md]")
+              help="Hosts and slots, handed to horovodrun -H. Over several hosts, as under "
+                   "--host-discovery-script: a failed worker's host is left out for a cooldown, then grown back "
+                   "onto; `drain` and a worker's SIGTERM shrink off a host; --relaunch inplace runs over them. "
+                   "[default: inside a Slurm allocation with no --hostfile or --slots, its nodes and tasks (or "
+                   "GPUs) per node: see docs/hosts.md]")
 @click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
               help="horovodrun hostfile ('host slots=N' lines).")
 @click.option("--host-discovery-script", default=None, type=click.Path(dir_okay=False), metavar="PATH",
@@ -88,7 +91,7 @@ def _echo(msg: str) -> None:
                    "the job waits (`status`: waiting for hosts). A script that fails keeps the last hosts "
                    "(one line). --workers N is then the size asked, capped by the hosts discovered, as are "
                    "--schedule's and `resize --to`'s. Not with --hosts/--hostfile/--slots, --backend ray, "
-                   "--relaunch inplace, --collective torch. See docs/hosts.md.")
+                   "--collective torch. See docs/hosts.md.")
 @click.option("--discovery-interval", type=float, default=None, metavar="SECONDS",
               help="Seconds between two runs of --host-discovery-script. [default: 1]")
 @click.option("--min-workers", type=int, default=None, metavar="N",
@@ -99,8 +102,8 @@ def _echo(msg: str) -> None:
               help="--host-discovery-script: after this long below --min-workers the run stops, its "
                    "checkpoint kept (--resume goes on). [default: it waits]")
 @click.option("--blacklist-cooldown-range", "cooldown_range", default=None, metavar="LOW:HIGH",
-              help="--host-discovery-script: a host whose worker failed is left out for LOW seconds, "
-                   "then 2 LOW, 4 LOW, ... at most HIGH at its next failures; the job grows back onto it "
+              help="--host-discovery-script or several --hosts: a host whose worker failed is left out for "
+                   "LOW seconds, then 2 LOW, 4 LOW, ... at most HIGH at its next failures; the job grows back onto it "
                    "after. [default: 10:300]")
 @click.option("--network-interface", default=None, help="Passed to horovodrun (e.g. lo for several local 'hosts').")
 @click.option("--relaunch", type=click.Choice(["auto", "prelaunch", "overlap", "sequential", "inplace"]),

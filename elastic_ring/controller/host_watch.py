@@ -2,8 +2,9 @@
 starts on, and when a running segment must change because the usable slots did.
 
 A :class:`HostWatch` holds the run's :class:`~elastic_ring.hosts.manager.HostManager` (which polls
-the discovery script and keeps the usable hosts) and what the controller asked of it; the
-:class:`~.controller.Controller` owns one under ``--host-discovery-script`` and calls it from its
+the discovery script, or reads a fixed host list as one that never changes, and keeps the usable
+hosts) and what the controller asked of it; the :class:`~.controller.Controller` owns one under
+``--host-discovery-script`` or over several ``--hosts`` (:func:`.prepare_hosts.host_manager`) and calls it from its
 loop: :meth:`HostWatch.world` before a launch, :meth:`HostWatch.view` and :meth:`HostWatch.check`
 from the watch, :meth:`HostWatch.failed` when a worker failed (its host is left out for a cooldown,
 ``--blacklist-cooldown-range``, and grown back onto after it). Asking a change (the stop file, the

@@ -74,7 +74,10 @@ _DISCOVERY_OPTIONS = (("--min-workers", "min_workers"), ("--max-workers", "max_w
 
 
 def _discovery_given(o: Any) -> list[str]:
-    return [name for name, key in _DISCOVERY_OPTIONS if getattr(o, key) is not None]
+    """The discovery options given where they do not apply (the cooldown applies to a fixed host
+    list too: prepare_hosts.fixed_hosts)."""
+    return [name for name, key in _DISCOVERY_OPTIONS if getattr(o, key) is not None
+            and not (key == "cooldown_range" and (o.hosts or o.hostfile))]
 
 
 def _cooldown_problem(o: Any) -> str | None:
@@ -145,8 +148,10 @@ RULES: tuple[Rule, ...] = (
     # --host-discovery-script: the hosts come from the script, on horovodrun's relaunch over hosts, or
     # in place (--relaunch inplace: over the hosts it lists first, or on this host only when that is
     # all it lists, prepare_hosts.host_manager; docs/hosts.md); the options that go with it go only with it
+    # (--blacklist-cooldown-range with a fixed host list too)
     Rule((TRAIN,), lambda o: not o.host_discovery_script and bool(_discovery_given(o)),
-         lambda o: f"{_discovery_given(o)[0]} goes with --host-discovery-script"),
+         lambda o: f"{_discovery_given(o)[0]} goes with --host-discovery-script"
+                   + (" or --hosts/--hostfile" if _discovery_given(o)[0] == "--blacklist-cooldown-range" else "")),
     Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and bool(o.hosts or o.hostfile),
          _with_discovery("--hosts/--hostfile", "the hosts come from the script")),
     Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.backend == "ray",
@@ -159,15 +164,18 @@ RULES: tuple[Rule, ...] = (
          and o.discovery_interval <= 0, "--discovery-interval must be > 0 seconds, got {o.discovery_interval:g}"),
     Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.min_wait is not None and o.min_wait < 0,
          "--min-wait must be >= 0 seconds, got {o.min_wait:g}"),
-    Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.cooldown_range is not None
-         and _cooldown_problem(o) is not None, lambda o: f"--blacklist-cooldown-range: {_cooldown_problem(o)}"),
+    Rule((TRAIN,), lambda o: o.cooldown_range is not None and _cooldown_problem(o) is not None,
+         lambda o: f"--blacklist-cooldown-range: {_cooldown_problem(o)}"),
     # the launcher
     Rule((TRAIN,), lambda o: o.backend not in BACKENDS,
          f"--backend must be one of {', '.join(BACKENDS)}, got {{o.backend}}"),
     Rule((TRAIN,), lambda o: o.relaunch not in RELAUNCH_CHOICES,
          f"--relaunch must be one of {', '.join(RELAUNCH_CHOICES)}"),
-    Rule((TRAIN,), lambda o: o.relaunch == "inplace" and bool(o.hosts or o.hostfile),
-         "--relaunch inplace runs on one host: drop --hosts/--hostfile, or use another relaunch mode"),
+    # (in place over --hosts/--hostfile: the controller's HostManager over them, prepare_hosts.host_manager;
+    # torch.distributed's in-place ring is launched on this host)
+    Rule((TRAIN,), lambda o: o.relaunch == "inplace" and bool(o.hosts or o.hostfile) and o.collective == "torch",
+         "--relaunch inplace runs on one host with --collective torch: drop --hosts/--hostfile, or use another "
+         "relaunch mode"),
     Rule((TRAIN,), lambda o: o.backend == "ray" and bool(o.hosts or o.hostfile),
          "--backend ray takes its nodes from the Ray cluster: drop --hosts/--hostfile"),
     Rule((TRAIN,), lambda o: o.backend == "ray" and o.relaunch not in ("auto", "inplace"),

@@ -401,8 +401,8 @@ def request_drain(run_dir: str | Path, host: str, deadline: float | None = None)
         raise UserError(f"run {rd} runs in place on one host (--relaunch inplace): there is no host to drain; "
                         f"SIGTERM a worker to have it leave, or resize the run (docs/hosts.md)")
     if not isinstance(disc, dict):
-        raise UserError(f"run {rd} does not take its hosts from --host-discovery-script: drain needs a run "
-                        f"that does (docs/hosts.md)")
+        raise UserError(f"run {rd} does not take its hosts from --host-discovery-script nor from several --hosts: "
+                        f"drain needs a run that does (docs/hosts.md)")
     draining = ctl.get("draining") if isinstance(ctl.get("draining"), list) else []
     if host in draining:
         raise UserError(f"host {host} is already being drained from run {rd}")

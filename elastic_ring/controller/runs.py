@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 from elastic_ring import protocol
 from elastic_ring.controller.api import Plan, Resize, RunSpec
-from elastic_ring.controller.prepare_hosts import (_slots, host_manager, hosts_slots, with_run_discovery,
+from elastic_ring.controller.prepare_hosts import (_slots, fixed_kept, host_manager, hosts_slots, with_run_discovery,
                                                    with_slurm_hosts)
 from elastic_ring.controller.requests import (RunRequest, check, check_torch_survive, range_start, with_script_collective,
                                               with_worker_range)
@@ -159,7 +159,8 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
         resumed = protocol.read_run_json(Path(req.resume_dir)) if req.resume_dir else None
         check_torch_survive(device, bool(req.survive) or (req.survive is None and isinstance(resumed, dict)
                                                           and resumed.get("survive") is True))
-    hosts = host_manager(req, echo) if req.host_discovery_script else None
+    watched = host_manager(req, echo, collective)  # discovery, or a fixed host list as one that never changes
+    hosts = watched if req.host_discovery_script else None  # (a fixed list's slots and start size: as before)
     n_slots = hosts_slots(hosts) if hosts is not None else _slots(req, device, ngpu)
     sched = _schedule(req)
     if req.worker_range is not None:  # on fixed slots: start at MAX or every slot; never more than MAX
@@ -181,6 +182,9 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
     run.survive = run.choice.launches_survivors
     if hosts is not None:
         run.extra.update(hosts=hosts, asked_workers=req.workers, discovery=req.host_discovery_script)
+    elif watched is not None:  # at the size the run starts at; a failed host left out, then grown back onto
+        run.extra.update(hosts=watched, asked_workers=run.spec.workers, fixed_hosts=True)
+    _keep_fixed(run.spec.run_dir, req, watched if hosts is None else None)
     if req.worker_range is not None:
         run.extra.update(worker_range=req.worker_range)
     run.extra.update(gpu_report=rep, relaunch_note=why)
@@ -192,6 +196,19 @@ def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> P
 
         ensure_dataset_cache(run.spec.run_dir, run.cfg)  # a resumed run's cache may have been deleted
     return run
+
+
+def _keep_fixed(rd: Path, req: RunRequest, fixed: Any) -> None:
+    """``run.json``'s ``host_discovery`` for a watched fixed host list (:func:`.prepare_hosts.fixed_kept`);
+    a resumed run no longer on one loses the one its start kept (a script's stays, for later resumes)."""
+    from elastic_ring.controller.rundir import update_run_info
+
+    kept = protocol.read_run_json(rd)
+    kept = kept.get("host_discovery") if isinstance(kept, dict) else None
+    if fixed is not None:
+        update_run_info(rd, host_discovery=fixed_kept(req))
+    elif isinstance(kept, dict) and not kept.get("script") and not req.host_discovery_script:
+        update_run_info(rd, host_discovery=None)
 
 
 def survive_choice(req: RunRequest, run: PreparedRun, relaunch: str, torchrun: bool) -> Any:
@@ -443,7 +460,7 @@ def describe(run: PreparedRun) -> list[str]:
     rep = run.extra.get("gpu_report")
     lines = [f"elastic-ring: {rep.line()}"] if rep is not None else []
     hosts = run.extra.get("hosts")
-    slots = f"{spec.slots} slot(s)" if hosts is None else "slots from host discovery"
+    slots = f"{spec.slots} slot(s)" if hosts is None or run.extra.get("fixed_hosts") else "slots from host discovery"
     if spec.device == "cpu":
         first = (f"elastic-ring: no GPU in use: {spec.workers} CPU worker process(es) with gloo "
                  f"({slots}); run folder {spec.run_dir}")
@@ -475,7 +492,11 @@ def describe(run: PreparedRun) -> list[str]:
         lines.append(f"elastic-ring: --workers {lo}:{hi}: starting at {spec.workers} ("
                      + ("the maximum" if spec.workers == hi else f"every slot, fewer than {hi}")
                      + f"); resizes to at most {hi}")
-    if hosts is not None:
+    if hosts is not None and run.extra.get("fixed_hosts"):
+        lo, hi = hosts.exclusions.cooldown.low, hosts.exclusions.cooldown.high
+        lines.append(f"elastic-ring: hosts {spec.hosts or spec.hostfile}, fixed: a host whose worker fails is left out "
+                     f"for {lo:g}-{hi:g} s (--blacklist-cooldown-range), then grown back onto")
+    elif hosts is not None:
         b = hosts.bounds
         lines.append(f"elastic-ring: hosts from {Path(run.extra['discovery']).name} every "
                      f"{hosts.poller.interval_s:g} s, {b.min} to {b.max if b.max is not None else 'every slot'} "

@@ -1,9 +1,10 @@
 """A worker's SIGTERM taken as a notice: how Kubernetes, a spot reclaim and most schedulers preempt.
 
 Under host discovery (the run's ``run.json`` holds ``host_discovery``: horovodrun relaunched over
-the hosts a script lists), the first SIGTERM a worker gets does not end it: it writes a
-``preempt_notice`` event (its rank, segment, pid and host) and trains on; the controller shrinks
-the job off the worker's host at the next step the workers agree on (``controller.drains``), and
+the hosts a script lists, or over a fixed host list watched as one that never changes), the first
+SIGTERM a worker gets does not end it: it writes a ``preempt_notice`` event (its rank, segment, pid
+and host) and trains on; the controller shrinks the job off the worker's host at the next step the
+workers agree on (``controller.drains``), and
 the worker exits there as every worker of a relaunched segment does. A second SIGTERM ends it at
 once (the default action is back), as does the controller past the notice's deadline: then it is a
 failure as before.

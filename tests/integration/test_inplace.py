@@ -84,9 +84,3 @@ def test_inplace_live_shrink_then_interrupt(tmp_path):
     flat = [i for s in sorted(steps) for i in steps[s]]
     assert flat == SampleStream(40, seed=0).take(0, len(flat)).tolist()
     assert _final_model(run)["cursor"] == len(flat)
-
-
-def test_inplace_refuses_several_hosts(tmp_path):
-    p = run_cli("train", "--gpus", "2", "--steps", "4", *TINY, "--hosts", "localhost:1,127.0.0.1:1",
-                "--relaunch", "inplace", "--run-dir", str(tmp_path / "r"), timeout=60)
-    assert p.returncode == 2 and "one host" in p.stderr and len(p.stderr.strip().splitlines()) == 1

@@ -107,8 +107,6 @@ def test_train_takes_its_hosts_from_the_allocation():
 @pytest.mark.parametrize("req_kw, env, needle", [
     ({}, _env(SLURM_JOB_NODELIST="node[01-"), "inside a Slurm allocation, SLURM_JOB_NODELIST='node[01-' does "
                                               "not parse: '[' without ']' in 'node[01-' (give --hosts"),
-    (dict(relaunch="inplace"), _env(SLURM_JOB_NODELIST="a,b"), "--relaunch inplace runs on one host, and Slurm "
-                                                              "job 4242: 2 nodes (a,b)"),
     ({}, _env(SLURM_JOB_NODELIST="a,b", SLURM_TASKS_PER_NODE="0(x2)"), "Slurm job 4242 has no slots (a,b)"),
 ])
 def test_train_in_an_allocation_refuses_in_one_line(req_kw, env, needle):

@@ -33,11 +33,12 @@ def test_write_hosts_reports_whether_the_count_changed(tmp_path):
     assert discovery_files(tmp_path)[1].read_text() == "localhost:1\n"
 
 
-def test_inplace_refuses_several_hosts(tmp_path):
+def test_inplace_over_several_hosts_is_refused_with_torch_only(tmp_path):
     from elastic_ring.controller.requests import RunRequest, check
 
+    check(RunRequest(relaunch="inplace", hosts="a:1,b:1"))  # over them (prepare_hosts.host_manager)
     with pytest.raises(UserError, match="one host"):
-        check(RunRequest(relaunch="inplace", hosts="a:1,b:1"))
+        check(RunRequest(relaunch="inplace", hosts="a:1,b:1", collective="torch"))
 
 
 def test_one_factory_gives_each_mode_its_backend_and_resize_strategy(tmp_path):

@@ -50,7 +50,7 @@ AT_TRAIN = [
     dict(host_discovery_script=DISC, cooldown_range="soon"),
     dict(backend="mpi"),
     dict(relaunch="never"),
-    dict(relaunch="inplace", hosts="a:1"),
+    dict(relaunch="inplace", hosts="a:1", collective="torch"),
     dict(backend="ray", hosts="a:1"),
     dict(backend="ray", relaunch="sequential"),
     dict(ray_address="auto"),
