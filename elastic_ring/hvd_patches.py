@@ -186,9 +186,11 @@ def _warm_joiner(make):
         def create_worker(slot_info, events):
             every = [event, *(events or [])]
             slot_env = gloo_run.create_slot_env_vars(slot_info)
+            first = [spare.trained_since(spare.born)]  # a joiner's first start: a pending spare is started for it
 
             def start():
-                taken = spare.claim(every)
+                taken = spare.claim(every, start_pending=first[0])
+                first[0] = False  # (a start again takes a spare only when one was started)
                 if taken is not None:
                     return spare.join(taken, slot_env, every)
                 return cold(slot_info, events)

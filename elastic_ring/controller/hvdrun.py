@@ -26,7 +26,9 @@ and waits for a go; when the driver next starts a worker for a slot (the grow ba
 it hands that slot's Horovod environment to the spare instead of starting a cold process, and
 waits for the spare as for its own worker. Only the ring's re-forming and the state's broadcast are
 left on the survivors' path. Once the ring trains again, the next spare is started, so a second
-failure's joiner is warm too.
+failure's joiner is warm too; a grow that comes before the spare's thread has seen that (a shrink
+and a grow a step after the last join) starts the pending spare for its joiner itself instead of a
+cold worker (:meth:`Spare.claim`).
 A joiner that exits before its ring has trained a step (a rejection inside its ``hvd.init()``, a
 crash) would leave the survivors waiting inside theirs for a rank that never comes, up to the
 ring's timeout (:meth:`Spare.keep_joining`): its slot's worker is started again (cold), and after
@@ -243,6 +245,7 @@ def is_slot_host(name: str) -> bool:
 
 
 SPARE_GO = "spare-hvd.json"  # the warm joiner's go file, in the run's control folder
+SPARE_POLL_S = 0.2  # how often the next spare's start looks for the ring's training (the progress file)
 JOINER_TRIES = 3  # starts of a joining slot's worker that exits before its ring trains, before the job ends
 PLACEHOLDER_RANK = {"HOROVOD_HOSTNAME": "localhost", "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
                     "HOROVOD_LOCAL_RANK": "1", "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"}
@@ -275,6 +278,7 @@ class Spare:
         self.argv = [*argv[:cut], "--go-file", str(self.go), *argv[cut:]]
         self.env = {**env, **self.run_env, "PYTHONUNBUFFERED": "1"}
         self.proc = None
+        self._pending: object | None = None  # the start_when_training call whose spare is not started yet
         self.t0 = self.born = time.time()
         self.shutdown = None
         # the driver starts the slots of a grow from threads of their own, at once: one of them
@@ -285,24 +289,38 @@ class Spare:
 
     def start_when_training(self, shutdown) -> None:
         """Start the spare once the ring trains (a step after ``self.t0``) from a thread of its own;
-        ``shutdown`` (the job's end) stops the wait."""
-        import subprocess
+        ``shutdown`` (the job's end) stops the wait. Until it starts, the spare is pending: a
+        joiner's first start that comes first starts it itself (:meth:`claim`), and the thread then
+        starts none."""
         import threading
 
         self.shutdown = shutdown
+        token = object()
+        with self._lock:
+            self._pending = token
 
         def run() -> None:
-            progress = self.run_dir / "control" / "progress.json"
-            while not (progress.exists() and progress.stat().st_mtime >= self.t0):  # (a resumed run's is older)
-                if shutdown.wait(0.2):
+            while not self.trained_since(self.t0):  # (a resumed run's progress file is older)
+                if shutdown.wait(SPARE_POLL_S):
                     return
-            self.go.unlink(missing_ok=True)
-            waiting_file(self.go).unlink(missing_ok=True)
-            local = str(max(2, int(self.env.get("HOROVOD_LOCAL_SIZE", "2"))))
-            self.proc = subprocess.Popen(self.argv, env={**self.env, **PLACEHOLDER_RANK,
-                                                         "HOROVOD_LOCAL_SIZE": local})
+            with self._lock:
+                if self._pending is token:
+                    self._launch()
 
         threading.Thread(target=run, daemon=True, name="elastic-ring-spare").start()
+
+    def _launch(self) -> None:
+        """Start the pending spare process (under ``self._lock``)."""
+        import subprocess
+
+        self._pending = None
+        self.go.unlink(missing_ok=True)
+        waiting_file(self.go).unlink(missing_ok=True)
+        local = str(max(2, int(self.env.get("HOROVOD_LOCAL_SIZE", "2"))))
+        try:
+            self.proc = subprocess.Popen(self.argv, env={**self.env, **PLACEHOLDER_RANK, "HOROVOD_LOCAL_SIZE": local})
+        except OSError as e:  # (the slot's worker starts cold)
+            print(f"elastic-ring hvdrun: the warm joiner could not be started: {e}", flush=True)
 
     def ready(self, events: list) -> bool:
         """Whether the spare takes the slot: it waits for its go (imports and build done), or it
@@ -314,11 +332,17 @@ class Spare:
             time.sleep(0.02)
         return False
 
-    def claim(self, events: list) -> Any:
+    def claim(self, events: list, start_pending: bool = False) -> Any:
         """The spare's process, taken for one slot when it is :meth:`ready` (then no other slot
         gets it), else None. The check and the take are one step: two slots of one grow, asking at
-        once, never both get it."""
+        once, never both get it. ``start_pending``: a joiner's first start (the driver's grow, the
+        ring trained before it): a spare still pending is started now and waited for. Its thread
+        starts it only once it sees the ring train since the last join (the progress file, polled
+        every :data:`SPARE_POLL_S`), and a grow one step after that join (a shrink and a grow in a
+        row) came before it: the grow's worker then started cold, not as the spare."""
         with self._lock:
+            if start_pending and self.proc is None and self._pending is not None:
+                self._launch()
             if not self.ready(events):
                 return None
             p, self.proc = self.proc, None

@@ -235,9 +235,16 @@ class ElasticBackend(Backend):
         return names
 
     def _write_hosts(self, world: int) -> list[str] | None:
+        """The host list of a ring of ``world``; :attr:`hosts_written` is stamped before the write.
+        Rank 0 acts on an action once Horovod's driver has reported a host change at least as new
+        (``ElasticRing.takes``), and the driver stamps its report with the whole second it saw the
+        change: a stamp taken after the write could be later than the driver's sight of it by more
+        than that second's rest (a loaded machine: 0.25 s in a fresh-clone CI run), and rank 0 then
+        never took the action (the run hung at that stop)."""
         names = self._names(world)
+        t = time.time()
         if write_hosts(self.spec.run_dir, world, names, self._placed_for(world)):
-            self.hosts_written = time.time()
+            self.hosts_written = t
         return names
 
     def run_over_hosts(self) -> None:
