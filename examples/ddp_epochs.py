@@ -1,7 +1,7 @@
 """An MLP on scikit-learn's handwritten digits in the shape of a torchrun script: the ranks from
 the process group, ``DistributedDataParallel``, an epoch loop over a DataLoader with a
 DistributedSampler, a StepLR stepped after each epoch and a test after each epoch. Elastic under
-``--collective torch`` with the changes docs/worker.md shows as a diff: the import,
+``--collective torch`` with the changes docs/worker-torch.md shows as a diff: the import,
 ``elastic.init()`` for ``init_process_group()``, ``elastic.DistributedSampler``, ``job.register`` +
 ``job.restore`` for the script's own snapshot, and ``job.epochs`` around the epoch range.
 
