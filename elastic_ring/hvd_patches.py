@@ -172,10 +172,13 @@ def _no_blacklist(blacklist):
 def _warm_joiner(make):
     """The driver's next worker for a slot is a warm spare when one waits (``hvdrun.Spare``);
     otherwise the cold worker as before. A joiner that exits before its ring formed is started
-    again, and after the last try the job ends (``Spare.keep_joining``)."""
+    again, and after the last try the job ends (``Spare.keep_joining``). The spare is a process
+    on this machine: a slot on another host (in place over discovered or listed hosts) always
+    gets the cold worker, which the driver starts there."""
     from horovod.runner import gloo_run
 
-    from elastic_ring.controller.hvdrun import _DRIVERS, _SPARES, Spare
+    from elastic_ring.controller.hvdrun import _DRIVERS, _SPARES, Spare, is_slot_host
+    from elastic_ring.hosts.slurm import is_this_host
 
     def create_fn(exec_command, run_command, env, event):
         cold = make(exec_command, run_command, env, event)
@@ -184,6 +187,8 @@ def _warm_joiner(make):
         spare.start_when_training(event)
 
         def create_worker(slot_info, events):
+            if not (is_slot_host(slot_info.hostname) or is_this_host(slot_info.hostname)):
+                return cold(slot_info, events)  # another machine's slot: no spare of ours there
             every = [event, *(events or [])]
             slot_env = gloo_run.create_slot_env_vars(slot_info)
             first = [spare.trained_since(spare.born)]  # a joiner's first start: a pending spare is started for it

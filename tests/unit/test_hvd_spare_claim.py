@@ -176,3 +176,23 @@ def test_only_a_joiners_first_start_starts_a_pending_spare(tmp_path, monkeypatch
         assert create(_slot(1), [])[0] == 0 and claims == [True, False] and colds == [1, 1, 1]
     finally:
         event.set()
+
+
+def test_a_slot_on_another_machine_never_takes_the_local_spare(tmp_path, monkeypatch):
+    """In place over hosts, the warm spare is a process on the driver's machine: a grow's slot on
+    another host gets the cold worker the driver starts there, never asking for the spare."""
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    create, event, claims, colds = _worker_fn(tmp_path, monkeypatch, [0, 0, 0])
+    try:
+        (tmp_path / "control" / "progress.json").write_text("{}")  # the ring trains: a joiner
+        other = SlotInfo(hostname="node-b.example.invalid", rank=1, local_rank=0, cross_rank=1,
+                         size=2, local_size=1, cross_size=2)
+        assert create(other, [])[0] == 0  # the cold worker's exit status
+        assert claims == [] and colds == [1]
+        here = SlotInfo(hostname="127.0.0.1", rank=1, local_rank=0, cross_rank=1,
+                        size=2, local_size=1, cross_size=2)
+        create(here, [])
+        assert claims == [True]  # this machine's slot asks for the spare (none here: cold)
+    finally:
+        event.set()
