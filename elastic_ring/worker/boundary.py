@@ -6,11 +6,13 @@ registered optimizer (:mod:`elastic_ring.worker.hooked`) from its post-hook, and
 script (:mod:`elastic_ring.worker.hvd_elastic`) from its optimizer's post-hook, deciding at its
 commits. On the hot path one call per step, :meth:`StepBoundary.after_step`: the step counted, the
 heartbeat noted (a thread writes it: :class:`~elastic_ring.heartbeat.Beats`), the throughput window (closed every ``throughput_window`` steps and at the segment's
-stop step; where the form decides the stop at the step, its mean loss rides in the stop vote that
-step starts, read one step later; else in an allreduce of its own, read one window later), the evaluation, periodic checkpoint and progress
+stop step; where the form decides the stop at the step, its mean loss rides in the next stop vote,
+one started at its close where the vote's period is not shorter than the window; else in an
+allreduce of its own, read one window later), the evaluation, periodic checkpoint and progress
 file where the form does them there (:meth:`StepBoundary.between`), and the stop: the run's
 length, the segment's stop step, or the stop vote read (started after an earlier step, it
-travelled with this step's gradients; a new one started every K steps and at a window's close,
+travelled with this step's gradients; a new one started every K steps, or at a window's close
+where K is not shorter than the window,
 :class:`~elastic_ring.worker.segment.StopVote`), as a :class:`~elastic_ring.worker.segment.StopReason`.
 Nothing else runs per step: no collective of its own, no RNG capture (an epoch loop takes the RNG
 only where a checkpoint may hold it), the survivors' copy only with ``--survive``.
@@ -145,8 +147,10 @@ class StepBoundary:
             if asked:
                 return StopReason.REQUESTED
         vote = self.vote
-        # (vote.due(step), without a call on the common step); a window closed at this step rides in it
-        if step >= vote.next_at or self.progress.window_waiting is not None:
+        # (vote.due(step), without a call on the common step). A closed window rides in the next
+        # vote: within K steps where K < the window (at most one closes between two votes), else
+        # in a vote started at its close (and the next one K steps after it)
+        if step >= vote.next_at or (self.progress.window_waiting is not None and vote.every >= self.window_steps):
             vote.ride = self.progress.take_window()
             self.handle, self.vote_step = vote.start(step), step
         return None

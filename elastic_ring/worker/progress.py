@@ -216,8 +216,8 @@ class Progress:
     def close_window(self, step: int, epoch: int = 0, ride: bool = False) -> tuple[float, float]:
         """End the throughput window at ``step`` and return (the last mean loss known, the time the
         next window starts). The ranks' mean loss travels with the next steps' collectives, so no
-        blocking collective runs between steps: with ``ride``, in the stop vote the step boundary
-        starts at this step (:meth:`take_window`, read back by :meth:`window_rode`); else in an
+        blocking collective runs between steps: with ``ride``, in the next stop vote the step
+        boundary starts (:meth:`take_window`, read back by :meth:`window_rode`); else in an
         allreduce of its own, read at the next window's close or the segment's end
         (:meth:`flush_window`). Rank 0 emits the window's ``throughput`` event once the mean is read."""
         self.flush_window(waiting=False)

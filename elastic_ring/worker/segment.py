@@ -11,11 +11,12 @@ live stop waits at most ``stop_latency_ms`` (default 100 ms) for the next vote, 
 below ``control_every``; so a live stop lands within K + 1 steps. A scheduled stop needs no vote:
 its step is known in advance.
 
-The throughput window's mean loss rides in the same allreduce (:data:`VOTE_SLOTS`): where the loop
-form decides the stop at the step itself (``job.steps()``, an epoch loop's optimizer), a window
-that closes makes that step a vote step, so the step boundary starts at most one small collective
-at any step, and no window has a collective of its own (a vote then starts at most K steps after
-the last one, sooner at a window's close: a live stop still lands within K + 1 steps).
+The throughput window's mean loss rides in the same allreduce (:data:`VOTE_SLOTS`) where the loop
+form decides the stop at the step itself (``job.steps()``, an epoch loop's optimizer): a closed
+window waits for the next vote where K is fewer than the window's steps (one collective every K
+steps), else its close starts a vote (one every window). The step boundary starts at most one
+small collective at any step, and no window has a collective of its own (a vote starts at most K
+steps after the last one: a live stop still lands within K + 1 steps).
 """
 
 from __future__ import annotations

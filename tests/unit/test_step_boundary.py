@@ -237,8 +237,8 @@ def _collectives(job) -> list[tuple[int, str, int]]:
 
 
 def test_the_window_s_loss_rides_in_the_stop_vote_one_collective_at_a_step(tmp_path, monkeypatch):
-    """Issue 50: a window that closes (every 3 steps) makes its step a vote step, and its mean loss
-    rides in that vote (read one step later); a vote otherwise every K = 4 steps after the last;
+    """Issue 50: K = 4 is longer than a window (3 steps): a window that closes makes its step a
+    vote step, and its mean loss rides in that vote (read one step later), the next vote K after;
     the window's own allreduce only at the segment's stop step, where no vote starts. At most one
     collective at any step, no two votes more than K apart; the throughput events hold each
     window's steps and mean loss as before."""
@@ -266,8 +266,9 @@ def test_the_window_s_loss_rides_in_the_stop_vote_one_collective_at_a_step(tmp_p
 
 
 def test_a_vote_every_k_steps_between_windows_longer_than_k(tmp_path, monkeypatch):
-    """Windows of 10 steps, K = 3: votes every 3 steps, the one at a window's close carrying it;
-    the next K counted from there (a live stop waits no longer than before)."""
+    """Windows of 10 steps, K = 3: votes every 3 steps and no other collective; a closed window
+    rides in the next vote (its event read one step after that vote), the last one alone at the
+    stop step."""
     job = make_job(tmp_path, monkeypatch, stop_at=30, total=40)
     job.info = dataclasses.replace(job.info, throughput_window=10)
     job.vote.floor = 3
@@ -279,7 +280,7 @@ def test_a_vote_every_k_steps_between_windows_longer_than_k(tmp_path, monkeypatc
         _train_step(model, opt, X[:2])
         job.record(1.0)
     votes = [s for s, name, _ in started if name == "stop_flag"]
-    assert votes == [1, 4, 7, 10, 11, 14, 17, 20, 21, 24, 27]  # (none at the stop step, 30)
+    assert votes == [1, 4, 7, 10, 13, 16, 19, 22, 25, 28]  # (windows close at 11 and 21)
     assert all(b - a <= 3 for a, b in zip(votes, votes[1:]))
     assert [s for s, name, _ in started if name == "window_loss"] == [30]
     events = read_events(tmp_path / protocol.WORKER_EVENTS, kind="throughput")
@@ -307,3 +308,22 @@ def test_a_window_closed_at_a_requested_stop_s_step_still_tells_its_loss(tmp_pat
         (1, "stop_flag"), (2, "stop_flag"), (3, "stop_flag"), (4, "window_loss")]
     events = read_events(tmp_path / protocol.WORKER_EVENTS, kind="throughput")
     assert [(e["step"], e["steps"], e["loss"]) for e in events] == [(4, 3, 3.0)]
+
+
+def test_a_vote_period_as_long_as_the_window_starts_the_vote_at_its_close(tmp_path, monkeypatch):
+    """K = the window's 4 steps: a vote at each window's close carries it (a window left waiting
+    would meet the next window's close at the same step); no allreduce of a window's own."""
+    job = make_job(tmp_path, monkeypatch, stop_at=13, total=20)
+    job.info = dataclasses.replace(job.info, throughput_window=4)
+    job.vote.floor = 4
+    started = _collectives(job)
+    model, opt = _model()
+    job.register(model=model, optimizer=opt)
+    job.restore()
+    for step in job.steps():
+        _train_step(model, opt, X[:2])
+        job.record(2.0)
+    assert [(s, name) for s, name, _ in started] == [
+        (1, "stop_flag"), (5, "stop_flag"), (9, "stop_flag"), (13, "window_loss")]
+    events = read_events(tmp_path / protocol.WORKER_EVENTS, kind="throughput")
+    assert [(e["step"], e["steps"], e["loss"]) for e in events] == [(5, 4, 2.0), (9, 4, 2.0), (13, 4, 2.0)]
