@@ -6,10 +6,13 @@ registered optimizer (:mod:`elastic_ring.worker.hooked`) from its post-hook, and
 script (:mod:`elastic_ring.worker.hvd_elastic`) from its optimizer's post-hook, deciding at its
 commits. On the hot path one call per step, :meth:`StepBoundary.after_step`: the step counted, the
 heartbeat noted (a thread writes it: :class:`~elastic_ring.heartbeat.Beats`), the throughput window (closed every ``throughput_window`` steps and at the segment's
-stop step, its mean loss read one window later), the evaluation, periodic checkpoint and progress
+stop step; where the form decides the stop at the step, its mean loss rides in the next stop vote,
+one started at its close where the vote's period is not shorter than the window; else in an
+allreduce of its own, read one window later), the evaluation, periodic checkpoint and progress
 file where the form does them there (:meth:`StepBoundary.between`), and the stop: the run's
 length, the segment's stop step, or the stop vote read (started after an earlier step, it
-travelled with this step's gradients; a new one started every K steps,
+travelled with this step's gradients; a new one started every K steps, or at a window's close
+where K is not shorter than the window,
 :class:`~elastic_ring.worker.segment.StopVote`), as a :class:`~elastic_ring.worker.segment.StopReason`.
 Nothing else runs per step: no collective of its own, no RNG capture (an epoch loop takes the RNG
 only where a checkpoint may hold it), the survivors' copy only with ``--survive``.
@@ -88,6 +91,7 @@ class StepBoundary:
         self.window_steps = self.job.info.throughput_window
         self.progress.begin_segment(lr)
         self.vote.begin()
+        self.vote.windows = self._decide  # (decided at the step: its windows ride in the votes)
         self.first, self.handle = True, None
 
     def after_step(self, step: int, samples: int = 0) -> StopReason | None:
@@ -105,8 +109,10 @@ class StepBoundary:
         if self.first:  # start-up cost ends with the first step of a segment
             self.first = False
             progress.first_step(step, now)
-        elif w.steps >= self.window_steps or step == seg.stop_at:
+        elif step == seg.stop_at:  # (no vote at a scheduled stop: the window's own allreduce)
             progress.last_loss, now = progress.close_window(step, self.epoch())
+        elif w.steps >= self.window_steps:  # decided here: its loss rides in the vote started now
+            progress.last_loss, now = progress.close_window(step, self.epoch(), ride=self._decide)
         self.t_done = now
         if self._between:
             self.between(step, now)
@@ -135,15 +141,28 @@ class StepBoundary:
             if self.vote_step >= step:  # started after this very step: read after the next
                 return None
             self.handle = None
-            asked, early = self.vote.result(handle)
+            asked, early = self._read(handle)
             if early:
                 return StopReason.FINISHED
             if asked:
                 return StopReason.REQUESTED
         vote = self.vote
-        if step >= vote.next_at:  # (vote.due(step), without a call on the common step)
+        # (vote.due(step), without a call on the common step). A closed window rides in the next
+        # vote: within K steps where K < the window (at most one closes between two votes), else
+        # in a vote started at its close (and the next one K steps after it)
+        if step >= vote.next_at or (self.progress.window_waiting is not None and vote.every >= self.window_steps):
+            vote.ride = self.progress.take_window()
             self.handle, self.vote_step = vote.start(step), step
         return None
+
+    def _read(self, handle) -> tuple[bool, bool]:
+        """The vote in flight read (:meth:`StopVote.result`), and the window it carried told."""
+        vote = self.vote
+        result = vote.result(handle)
+        if vote.rode is not None:
+            self.progress.window_rode(vote.rode)
+            vote.rode = None
+        return result
 
     def between(self, step: int, now: float, periodic: bool = True) -> None:
         """After ``step`` and the script's code of it: the evaluation when due (kept out of the
@@ -175,7 +194,7 @@ class StepBoundary:
         run's end) and the stop recorded in the job's counters; returns the reason."""
         seg, reason = self.seg, StopReason(reason)
         if self.handle is not None:
-            early = self.vote.result(self.handle)[1]
+            early = self._read(self.handle)[1]
             self.handle = None
             if early and reason is StopReason.SCHEDULED:
                 reason = StopReason.FINISHED

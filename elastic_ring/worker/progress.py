@@ -114,6 +114,10 @@ class Progress:
         self.rescaled: Callable[[], tuple[str, float | None] | None] = lambda: None
         self.last_loss = float("nan")
         self._window_pending = None  # (allreduce handle, world size, the event's fields) of the closed window
+        # a closed window whose loss rides in the stop vote (:meth:`close_window`, ``ride``): this
+        # rank's loss waiting for the vote, then the vote in flight that carries it: (loss, size, fields)
+        self.window_waiting: tuple | None = None
+        self._window_voting: tuple | None = None
         self._events = None
         self.beats = Beats(run_dir)  # this rank's heartbeat (controller.watchdog), written by a thread
         self._last_progress_t = 0.0
@@ -166,7 +170,7 @@ class Progress:
         is dropped (a segment that ended has read it: :meth:`flush_window`; after a lost peer its
         collective fails)."""
         self.window = _Window()
-        self._window_pending = None
+        self._window_pending = self.window_waiting = self._window_voting = None
         self.lr_used, self.lr_stepped = lr_used, None
         self.beats.start()  # (a thread, unless it runs: the segment's per-step heartbeats)
 
@@ -209,36 +213,71 @@ class Progress:
                       f" not the library's {ours} (this host's cores shared among its "
                       f"{local_size} worker(s); {protocol.CPU_THREADS_ENV} sets it)", file=sys.stderr, flush=True)
 
-    def close_window(self, step: int, epoch: int = 0) -> tuple[float, float]:
-        """End the throughput window at ``step``: start the ranks' mean loss (an allreduce that
-        travels with the next steps' collectives) and emit the last window's ``throughput`` event,
-        whose mean the next window's close (or the segment's end, :meth:`flush_window`) reads, so
-        no blocking collective runs between steps; returns (the last mean loss known, the time
-        the next window starts)."""
-        import torch
-
-        self.flush_window()
+    def close_window(self, step: int, epoch: int = 0, ride: bool = False) -> tuple[float, float]:
+        """End the throughput window at ``step`` and return (the last mean loss known, the time the
+        next window starts). The ranks' mean loss travels with the next steps' collectives, so no
+        blocking collective runs between steps: with ``ride``, in the next stop vote the step
+        boundary starts (:meth:`take_window`, read back by :meth:`window_rode`); else in an
+        allreduce of its own, read at the next window's close or the segment's end
+        (:meth:`flush_window`). Rank 0 emits the window's ``throughput`` event once the mean is read."""
+        self.flush_window(waiting=False)
+        if self.window_waiting is not None:  # (no vote took the last one: it goes alone)
+            self._window_alone(*self.window_waiting)
         w, size = self.window, self.ring.size
         local = float(sum(w.losses)) / len(w.losses) if w.losses else float("nan")
         now = time.time()
         dt = max(now - (w.t0 or now), 1e-9)
-        handle = self.ring.coll.allreduce_async(torch.tensor([local]), name="window_loss")
-        self._window_pending = (handle, size, dict(
-            segment=self.seg.number, world_size=size, step=step, steps=w.steps, seconds=dt,
-            images_per_s=w.samples * size / dt, steps_per_s=w.steps / dt, lr=self.current_lr(), epoch=epoch))
+        fields = dict(segment=self.seg.number, world_size=size, step=step, steps=w.steps, seconds=dt,
+                      images_per_s=w.samples * size / dt, steps_per_s=w.steps / dt, lr=self.current_lr(),
+                      epoch=epoch)
+        self.window_waiting = None
+        if ride:
+            self.window_waiting = (local, size, fields)
+        else:
+            self._window_alone(local, size, fields)
         self.window = _Window(t0=now)
         return self.last_loss, now
 
-    def flush_window(self) -> None:
-        """The closed window's mean loss (every rank waits for it) and, on rank 0, its event."""
+    def _window_alone(self, local: float, size: int, fields: dict) -> None:
+        import torch
+
+        self.flush_window(waiting=False)
+        handle = self.ring.coll.allreduce_async(torch.tensor([local]), name="window_loss")
+        self._window_pending = (handle, size, fields)
+        self.window_waiting = None
+
+    def take_window(self) -> float | None:
+        """The stop vote starting now carries the closed window waiting (this rank's loss; None: none)."""
+        waiting, self.window_waiting = self.window_waiting, None
+        if waiting is None:
+            return None
+        self._window_voting = waiting
+        return waiting[0]
+
+    def window_rode(self, total: float | None) -> None:
+        """The stop vote that carried a window is read: ``total``, the ranks' sum of its loss; on
+        rank 0 its event."""
+        voting, self._window_voting = self._window_voting, None
+        if voting is None or total is None:
+            return
+        self._emit_window(total, voting[1], voting[2])
+
+    def _emit_window(self, total: float, size: int, fields: dict) -> None:
         from elastic_ring.events.api import Throughput
 
-        pending, self._window_pending = self._window_pending, None
-        if pending is None:
-            return
-        handle, size, fields = pending
-        self.last_loss = float(self.ring.coll.wait(handle)[0].item()) / size
+        self.last_loss = total / size
         self.emit(Throughput(**fields, loss=self.last_loss))
+
+    def flush_window(self, waiting: bool = True) -> None:
+        """The closed window's mean loss (every rank waits for it) and, on rank 0, its event; with
+        ``waiting``, also a window no vote took (a stop agreed at its step): its own allreduce."""
+        pending, self._window_pending = self._window_pending, None
+        if pending is not None:
+            handle, size, fields = pending
+            self._emit_window(float(self.ring.coll.wait(handle)[0].item()), size, fields)
+        if waiting and self.window_waiting is not None:
+            self._window_alone(*self.window_waiting)
+            self.flush_window(waiting=False)
 
     def write_progress(self, step: int, now: float, vote_every: int = 1) -> None:
         """Rank 0: the progress file the controller reads (at most twice a second), written off

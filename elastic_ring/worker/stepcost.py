@@ -270,6 +270,7 @@ def install(job: Any) -> "Meter | None":
         m.wrap(job.vote, "result", "vote.read")
         m.wrap(job.progress, "beat", "heartbeat")
         m.wrap(job.progress, "close_window", "window.close")
+        m.wrap(job.progress, "window_rode", "window.read")  # (a window carried by a vote: its event)
         m.wrap(job.boundary, "after_step", "after_step")
         m.wrap(job.boundary, "between", "between_steps")
         m.wrap(job, "record", "record")

@@ -10,6 +10,7 @@ use, and the plain job (outside the tool) has every one of them.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 
@@ -219,3 +220,110 @@ def test_the_step_cost_meter_counts_the_boundary_s_calls_as_the_steps(tmp_path, 
         assert "between_steps" not in rep["parts"]
     else:  # the evaluation, the periodic checkpoint, the progress file
         assert rep["parts"]["between_steps"]["calls"] >= 4
+
+
+def _collectives(job) -> list[tuple[int, str, int]]:
+    """The allreduces the library starts: (the step just done, name, values)."""
+    started: list[tuple[int, str, int]] = []
+    hvd = job.ring.hvd
+    start = hvd.allreduce_async
+
+    def recorded(t, op=None, name=None):
+        started.append((job.seg.step, name, t.numel()))
+        return start(t, op=op, name=name)
+
+    hvd.allreduce_async = recorded
+    return started
+
+
+def test_the_window_s_loss_rides_in_the_stop_vote_one_collective_at_a_step(tmp_path, monkeypatch):
+    """Issue 50: K = 4 is longer than a window (3 steps): a window that closes makes its step a
+    vote step, and its mean loss rides in that vote (read one step later), the next vote K after;
+    the window's own allreduce only at the segment's stop step, where no vote starts. At most one
+    collective at any step, no two votes more than K apart; the throughput events hold each
+    window's steps and mean loss as before."""
+    job = make_job(tmp_path, monkeypatch, stop_at=14, total=20)
+    job.info = dataclasses.replace(job.info, throughput_window=3)
+    job.vote.floor = 4  # (latency 0: a vote every control_every steps at most)
+    started = _collectives(job)
+    model, opt = _model()
+    job.register(model=model, optimizer=opt)
+    job.restore()
+    for step in job.steps():
+        _train_step(model, opt, X[:2])
+        job.record(float(step))
+    assert job.step == 14 and job.stop_reason is StopReason.SCHEDULED
+    steps = [s for s, _, _ in started]
+    assert len(steps) == len(set(steps)), started  # never two collectives after one step
+    votes = [s for s, name, _ in started if name == "stop_flag"]
+    assert [s for s, name, _ in started if name == "window_loss"] == [14]
+    assert votes == [1, 4, 7, 10, 13]  # the first step's, then each window's close (3 < K)
+    assert all(b - a <= 4 for a, b in zip(votes, votes[1:]))
+    assert {n for _, name, n in started if name == "stop_flag"} == {4}  # (one shape: a window rides or not)
+    events = read_events(tmp_path / protocol.WORKER_EVENTS, kind="throughput")
+    assert [(e["step"], e["steps"], e["loss"]) for e in events] == [
+        (4, 3, 3.0), (7, 3, 6.0), (10, 3, 9.0), (13, 3, 12.0), (14, 1, 14.0)]
+
+
+def test_a_vote_every_k_steps_between_windows_longer_than_k(tmp_path, monkeypatch):
+    """Windows of 10 steps, K = 3: votes every 3 steps and no other collective; a closed window
+    rides in the next vote (its event read one step after that vote), the last one alone at the
+    stop step."""
+    job = make_job(tmp_path, monkeypatch, stop_at=30, total=40)
+    job.info = dataclasses.replace(job.info, throughput_window=10)
+    job.vote.floor = 3
+    started = _collectives(job)
+    model, opt = _model()
+    job.register(model=model, optimizer=opt)
+    job.restore()
+    for step in job.steps():
+        _train_step(model, opt, X[:2])
+        job.record(1.0)
+    votes = [s for s, name, _ in started if name == "stop_flag"]
+    assert votes == [1, 4, 7, 10, 13, 16, 19, 22, 25, 28]  # (windows close at 11 and 21)
+    assert all(b - a <= 3 for a, b in zip(votes, votes[1:]))
+    assert [s for s, name, _ in started if name == "window_loss"] == [30]
+    events = read_events(tmp_path / protocol.WORKER_EVENTS, kind="throughput")
+    assert [(e["step"], e["steps"], e["loss"]) for e in events] == [(11, 10, 1.0), (21, 10, 1.0), (30, 9, 1.0)]
+
+
+def test_a_window_closed_at_a_requested_stop_s_step_still_tells_its_loss(tmp_path, monkeypatch):
+    """A vote every step; the controller's stop, asked during step 3, is read after step 4, where a
+    window of 3 steps closes: no vote starts there, so the window's loss goes in an allreduce of its
+    own at the segment's end, and its event is as every window's."""
+    job = make_job(tmp_path, monkeypatch, stop_at=100, total=100)
+    job.info = dataclasses.replace(job.info, throughput_window=3)
+    started = _collectives(job)
+    model, opt = _model()
+    job.register(model=model, optimizer=opt)
+    job.restore()
+    for step in job.steps():
+        _train_step(model, opt, X[:2])
+        job.record(float(step))
+        if step == 3:
+            protocol.stop_file(job.run_dir, 0).parent.mkdir(parents=True, exist_ok=True)
+            protocol.stop_file(job.run_dir, 0).touch()
+    assert job.step == 4 and job.stop_reason is StopReason.REQUESTED
+    assert [(s, name) for s, name, _ in started] == [
+        (1, "stop_flag"), (2, "stop_flag"), (3, "stop_flag"), (4, "window_loss")]
+    events = read_events(tmp_path / protocol.WORKER_EVENTS, kind="throughput")
+    assert [(e["step"], e["steps"], e["loss"]) for e in events] == [(4, 3, 3.0)]
+
+
+def test_a_vote_period_as_long_as_the_window_starts_the_vote_at_its_close(tmp_path, monkeypatch):
+    """K = the window's 4 steps: a vote at each window's close carries it (a window left waiting
+    would meet the next window's close at the same step); no allreduce of a window's own."""
+    job = make_job(tmp_path, monkeypatch, stop_at=13, total=20)
+    job.info = dataclasses.replace(job.info, throughput_window=4)
+    job.vote.floor = 4
+    started = _collectives(job)
+    model, opt = _model()
+    job.register(model=model, optimizer=opt)
+    job.restore()
+    for step in job.steps():
+        _train_step(model, opt, X[:2])
+        job.record(2.0)
+    assert [(s, name) for s, name, _ in started] == [
+        (1, "stop_flag"), (5, "stop_flag"), (9, "stop_flag"), (13, "window_loss")]
+    events = read_events(tmp_path / protocol.WORKER_EVENTS, kind="throughput")
+    assert [(e["step"], e["steps"], e["loss"]) for e in events] == [(5, 4, 2.0), (9, 4, 2.0), (13, 4, 2.0)]

@@ -243,3 +243,49 @@ def test_step_cost_meter_times_parts_and_the_loop_but_not_its_start_and_end(tmp_
     b = rep["parts"]["boundary"]
     assert b["calls"] == 3 and 6_000 * 0.9 <= b["total_us"] < 50_000  # three 2 ms gaps, not the 50 ms ends
     assert not m.ns and not m.calls  # the next segment counts afresh
+
+
+# ---------------------------------------------------------------------- the window in the vote
+def test_a_ballot_packs_into_one_vector_of_fixed_length_and_sums_over_ranks():
+    """Issue 50: the throughput window's loss rides in the stop vote. One job's votes are one vector
+    of one length (a window riding or not: one negotiated shape; the slots the job has); the ranks'
+    sum reads back as the agreement and the window's summed loss, its slot read only where one rode."""
+    Ballot = segment.Ballot
+    a = Ballot(asked=True, every=17, window=1.5)
+    b = Ballot(finish=True, checkpoint=True, window=2.25)
+    none = Ballot(every=3)
+    for ck in (False, True):
+        assert len(a.pack(ck, True)) == len(none.pack(ck, True)) == 4 + ck
+        assert none.pack(ck, True)[-1] == 0.0
+        summed = [x + y for x, y in zip(a.pack(ck, True), b.pack(ck, True))]
+        got = Ballot.unpack(summed, ck, True, window=True)
+        assert got == Ballot(asked=True, finish=True, every=17, checkpoint=ck, window=3.75)
+        assert Ballot.unpack(summed, ck, True, window=False).window is None
+    assert none.pack() == [0.0, 0.0, 3.0]  # a job without either slot: the vote as before
+    assert Ballot.unpack(Ballot(checkpoint=True).pack(True), True).checkpoint
+    assert not Ballot.unpack(Ballot(checkpoint=True).pack(True), False, True).checkpoint  # (that slot: a window's)
+    with pytest.raises(ValueError):
+        a.pack()  # a window without its slot would be lost
+    with pytest.raises(ValueError):
+        Ballot.unpack([0.0, 0.0, 1.0], window_slot=True)
+
+
+def test_a_window_set_to_ride_is_summed_over_the_ranks_by_the_next_vote(tmp_path, monkeypatch):
+    votes, clock = _ranks(tmp_path, monkeypatch, n=3)
+    handles = []
+    for r, v in enumerate(votes):
+        v.windows = True  # (the step boundary's form closes windows at vote steps)
+        v.ride = 0.5 * (r + 1)  # this rank's window loss
+        handles.append(v.start(1))
+        assert v.ride is None  # taken by the vote
+    for v, h in zip(votes, handles):
+        assert v.result(h) == (False, False)
+        assert v.rode == pytest.approx(3.0)
+    shapes = {t.shape for s in votes[0].ring.coll.shared.started for _, t in s}
+    # the next vote carries no window: the same vector, its read has none
+    handles = [v.start(2) for v in votes]
+    for v, h in zip(votes, handles):
+        v.result(h)
+        assert v.rode is None
+    shapes |= {t.shape for s in votes[0].ring.coll.shared.started for _, t in s}
+    assert shapes == {(4,)}
