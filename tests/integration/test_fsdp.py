@@ -392,3 +392,65 @@ def test_survive_on_a_sharded_job_goes_on_from_the_neighbours_replica(tmp_path, 
         for m in ("exp_avg", "exp_avg_sq"):
             assert torch.allclose(a["optimizer"]["state"][k][m], b["optimizer"]["state"][k][m], rtol=0,
                                   atol=WEIGHT_ATOL), (k, m)
+
+
+EPOCHS_SURVIVE = str(ROOT / "tests" / "integration" / "scripts" / "fsdp_epochs_survive.py")
+E_KILL = 3  # rank 1 dies at the start of step 3 of epoch 1 (8 steps an epoch at two workers)
+
+
+def test_survive_on_a_sharded_epoch_loop_goes_on_from_the_neighbours_replica_inside_an_epoch(tmp_path):
+    """``job.epochs`` over ``elastic.DistributedSampler`` (``scripts/fsdp_epochs_survive.py``: its
+    MLP sharded with ``fully_shard``, Adam) under ``--relaunch inplace --survive`` at two workers:
+    rank 1 kills itself (SIGKILL) at the start of step 3, inside epoch 1. Rank 0 keeps its process
+    and rebuilds the state of step 2 alone from its own shards and its replica of rank 1's (no
+    checkpoint exists before the kill: none is read), with its position in the epoch; it takes step
+    3 alone, a joiner grows the ring back, and the run crosses into epoch 2. Every step's samples and
+    loss, and the final weights, Adam moments and data position, as those of the same shrink and
+    grow scheduled (2 -> 1 at step 2, back to 2 at step 3), within the module docstring's bounds."""
+    from elastic_ring.ckpt import load
+    from tests.integration.test_inplace_survive import _runs_side_by_side
+
+    def args(how: str, extra: list[str], kill: list[str]) -> list[str]:
+        return ["--collective", "torch", *extra, "--script", EPOCHS_SURVIVE, "--run-dir", str(tmp_path / how / "r"),
+                "--", "--out", str(tmp_path / how), *kill]
+
+    dirs = _runs_side_by_side(tmp_path, {  # (the reference needs nothing of the failed run's: side by side)
+        "fail": args("fail", ["--survive"], ["--kill-step", str(E_KILL)]),
+        "none": args("none", ["--schedule", f"{E_KILL - 1}:1,{E_KILL}:2"], [])})
+    run, ref = dirs["fail"] / "r", dirs["none"] / "r"
+    logs = "".join(f.read_text() for f in sorted((run / "logs").glob("segment-*.log")))
+    assert "--survive on a sharded model: each rank keeps in memory a copy of its shards and of rank r-1's" in logs
+    assert not read_events(ref / "events.jsonl", kind="restart")
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert (r["path"], r["rank"], r["from_step"], r["new_world_size"], r["gave_up"]) == \
+        ("memory", 1, E_KILL - 1, 1, False), r
+    assert r["steps_redone"] == 0, r  # (rank 1 died before its forward: rank 0 could not complete step 3)
+    (rec,) = read_events(run / "events.jsonl", kind="recovered")
+    assert (rec["path"], rec["from_step"], rec["world_size"]) == ("memory", E_KILL - 1, 1), rec
+    written = read_events(run / "events.jsonl", kind="checkpoint_written")
+    assert written and all(e["time"] > r["time"] and e["step"] > r["from_step"] for e in written), written
+    changes = [(e["cause"], e["step"], e["members_before"], e["members_after"], e["state_source"])
+               for e in read_events(run / "events.jsonl", kind="membership_change")]
+    assert changes == [("failure", E_KILL - 1, 2, 1, "memory"), ("joiner", E_KILL, 1, 2, "peer")], changes
+
+    rows, ref_rows = _rows(tmp_path / "fail"), _rows(tmp_path / "none")
+    last, epoch_end = 17, 9  # 16 + 4 samples of epoch 1 by step 3, its 44 left at two workers: steps 4-9
+    assert sorted(rows) == sorted(ref_rows) == list(range(1, last + 1))
+    assert len({x["pid"] for lines in rows.values() for x in lines.get(0, [])}) == 1  # rank 0 kept its process
+    for s in rows:
+        assert sorted(rows[s]) == sorted(ref_rows[s]) == ([0] if s == E_KILL else [0, 1]), s
+        for k, (want,) in ref_rows[s].items():
+            (got,) = rows[s][k]  # every step once: none redone, none lost
+            assert (got["world"], got["epoch"], got["indices"]) == (want["world"], want["epoch"], want["indices"]), \
+                (s, k)
+            assert got["epoch"] == (1 if s <= epoch_end else 2), (s, k)
+            assert got["loss"] == pytest.approx(want["loss"], rel=LOSS_RTOL, abs=0), (s, k)
+    a, b = load(run), load(ref)
+    assert a["step"] == b["step"] == last and a["cursor"] == b["cursor"]
+    assert a["data_position"] == b["data_position"] and a["data_position"]["epoch"] == 3
+    assert a["model"].keys() == b["model"].keys()
+    for k in b["model"]:
+        assert torch.allclose(a["model"][k], b["model"][k], rtol=0, atol=WEIGHT_ATOL), k
+        for m in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(a["optimizer"]["state"][k][m], b["optimizer"]["state"][k][m], rtol=0,
+                                  atol=WEIGHT_ATOL), (k, m)
