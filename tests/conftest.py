@@ -41,6 +41,7 @@ _LONGEST_FIRST = (  # times: one whole-suite run (-n 3 on 2 cores, so longer tha
     "test_kill_9_of_rank_1_a_warm_spare_takes_its_place_as_if_nothing_happened",  # 46 s
     "test_a_horovod_elastic_script_on_ray_rolls_back_to_its_last_commit_in_memory",  # 39 s (alone, under load)
     "test_an_epoch_loop_killed_inside_an_epoch_goes_on_from_memory_and_grows_back",  # 22 s (test_ray_survive's cluster)
+    "test_survive_on_a_sharded_epoch_loop_on_ray_goes_on_from_the_neighbours_replica",  # 70 s (alone, load ~11)
     "test_torch_on_two_hosts_launched_by_horovodrun_is_exact_and_equals_the_horovod_run",  # 29 s (alone, under load)
     "test_hvd_elastic_script_resized_1_2_1_unchanged",  # 40 s
     "test_epoch_loop_script_resized_1_2_1_exact_samples_lr_and_tests",  # 37 s
@@ -63,6 +64,7 @@ _LONGEST_FIRST = (  # times: one whole-suite run (-n 3 on 2 cores, so longer tha
     "test_slurm_sigusr1_checkpoints_or_kills_past_the_grace_and_exits_with_the_requeue_status",  # ~30 s
     "test_sigterm_to_the_controller_with_grace_checkpoints_and_resume_continues",  # ~25 s
     "test_the_default_keeps_survivors_where_the_copy_is_cheap_and_not_where_it_is_dear",  # ~30 s
+    "test_survive_on_a_sharded_epoch_loop_goes_on_from_the_neighbours_replica_inside_an_epoch",  # 25-33 s alone
     "test_survive_on_a_sharded_job_falls_back_to_the_sharded_checkpoint",  # 16 s
     "test_fsdp_resized_2_1_2_with_sharded_checkpoints_equals_ddp",  # 16 s
     "test_a_torchrun_script_submitted_unchanged_is_shrunk_for_a_newcomer_and_grown_back",  # 16-21 s

@@ -392,3 +392,125 @@ def test_survive_on_a_sharded_job_goes_on_from_the_neighbours_replica(tmp_path, 
         for m in ("exp_avg", "exp_avg_sq"):
             assert torch.allclose(a["optimizer"]["state"][k][m], b["optimizer"]["state"][k][m], rtol=0,
                                   atol=WEIGHT_ATOL), (k, m)
+
+
+EPOCHS_SURVIVE = str(ROOT / "tests" / "integration" / "scripts" / "fsdp_epochs_survive.py")
+E_KILL = 3  # rank 1 dies at the start of step 3 of epoch 1 (8 steps an epoch at two workers)
+
+
+def _epoch_args(folder: Path, *extra: str) -> list[str]:
+    """The sharded epoch loop's command line, its run folder ``folder/r``, its lines in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    opts, rest = (extra[:extra.index("--")], extra[extra.index("--") + 1:]) if "--" in extra else (extra, ())
+    return ["--collective", "torch", "--gpus", "2", "--slots", "2", *opts, "--script", EPOCHS_SURVIVE,
+            "--run-dir", str(folder / "r"), "--", "--out", str(folder), *rest]
+
+
+def _the_survivor_went_on_from_memory(run: Path, logs: str) -> dict:
+    """The restart event of rank 1's kill at the start of step ``E_KILL``: from memory, from the step
+    before, nothing redone, no checkpoint before it, the membership changes a failure and a joiner."""
+    assert "--survive on a sharded model: each rank keeps in memory a copy of its shards and of rank r-1's" in logs
+    (r,) = read_events(run / "events.jsonl", kind="restart")
+    assert (r["path"], r["rank"], r["from_step"], r["new_world_size"], r["gave_up"]) == \
+        ("memory", 1, E_KILL - 1, 1, False), r
+    assert r["steps_redone"] == 0, r  # (rank 1 died before its forward: rank 0 could not complete step 3)
+    (rec,) = read_events(run / "events.jsonl", kind="recovered")
+    assert (rec["path"], rec["from_step"], rec["world_size"]) == ("memory", E_KILL - 1, 1), rec
+    written = read_events(run / "events.jsonl", kind="checkpoint_written")
+    assert written and all(e["time"] > r["time"] and e["step"] > r["from_step"] for e in written), written
+    changes = [(e["cause"], e["members_before"], e["members_after"], e["state_source"])
+               for e in read_events(run / "events.jsonl", kind="membership_change")]
+    assert changes == [("failure", 2, 1, "memory"), ("joiner", 1, 2, "peer")], changes
+    return r
+
+
+def _same_epoch_loop_as_scheduled(fail: Path, none: Path, grow: int) -> dict[int, dict[int, list[dict]]]:
+    """Every step once (none redone, none lost) at the scheduled size (1 worker after step ``E_KILL -
+    1`` up to step ``grow``), on the reference's samples, epoch and loss; rank 0 in one process; the
+    final weights, Adam moments and data position as the reference's (the module docstring's bounds)."""
+    from elastic_ring.ckpt import load
+
+    rows, ref_rows = _rows(fail), _rows(none)
+    a, b = load(fail / "r"), load(none / "r")
+    assert a["step"] == b["step"] and sorted(rows) == sorted(ref_rows) == list(range(1, a["step"] + 1))
+    assert len({x["pid"] for lines in rows.values() for x in lines.get(0, [])}) == 1  # rank 0 kept its process
+    for s in rows:
+        assert sorted(rows[s]) == sorted(ref_rows[s]) == ([0] if E_KILL - 1 < s <= grow else [0, 1]), s
+        for k, (want,) in ref_rows[s].items():
+            (got,) = rows[s][k]
+            assert (got["world"], got["epoch"], got["indices"]) == (want["world"], want["epoch"], want["indices"]), \
+                (s, k)
+            assert got["loss"] == pytest.approx(want["loss"], rel=LOSS_RTOL, abs=0), (s, k)
+    assert a["cursor"] == b["cursor"] and a["data_position"] == b["data_position"]
+    assert a["model"].keys() == b["model"].keys()
+    for k in b["model"]:
+        assert torch.allclose(a["model"][k], b["model"][k], rtol=0, atol=WEIGHT_ATOL), k
+        for m in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(a["optimizer"]["state"][k][m], b["optimizer"]["state"][k][m], rtol=0,
+                                  atol=WEIGHT_ATOL), (k, m)
+    return rows
+
+
+def test_survive_on_a_sharded_epoch_loop_goes_on_from_the_neighbours_replica_inside_an_epoch(tmp_path):
+    """``job.epochs`` over ``elastic.DistributedSampler`` (``scripts/fsdp_epochs_survive.py``: its
+    MLP sharded with ``fully_shard``, Adam) under ``--relaunch inplace --survive`` at two workers:
+    rank 1 kills itself (SIGKILL) at the start of step 3, inside epoch 1. Rank 0 keeps its process
+    and rebuilds the state of step 2 alone from its own shards and its replica of rank 1's (no
+    checkpoint exists before the kill: none is read), with its position in the epoch; it takes step
+    3 alone, a joiner grows the ring back, and the run crosses into epoch 2. Every step's samples and
+    loss, and the final weights, Adam moments and data position, as those of the same shrink and
+    grow scheduled (2 -> 1 at step 2, back to 2 at step 3), within the module docstring's bounds."""
+    from tests.integration.test_train_resize import _start_train
+
+    procs = {"fail": _start_train(["--relaunch", "inplace", "--survive", *_epoch_args(
+                 tmp_path / "fail", "--", "--kill-step", str(E_KILL))]),
+             "none": _start_train(["--relaunch", "inplace", *_epoch_args(  # side by side: it needs nothing of fail's
+                 tmp_path / "none", "--schedule", f"{E_KILL - 1}:1,{E_KILL}:2")])}
+    try:
+        outs = {how: p.communicate(timeout=240) for how, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    for how, p in procs.items():
+        assert p.returncode == 0, (how, outs[how])
+    run, ref = tmp_path / "fail" / "r", tmp_path / "none" / "r"
+    assert not read_events(ref / "events.jsonl", kind="restart")
+    r = _the_survivor_went_on_from_memory(run, "".join(f.read_text() for f in (run / "logs").glob("segment-*.log")))
+    assert [e["step"] for e in read_events(run / "events.jsonl", kind="relaunched")] == [E_KILL]  # the grow
+    rows = _same_epoch_loop_as_scheduled(tmp_path / "fail", tmp_path / "none", E_KILL)
+    # 16 + 4 samples of epoch 1 by step 3, its 44 left at two workers: steps 4-9; epoch 2: steps 10-17
+    assert r["from_step"] == E_KILL - 1 and sorted(rows) == list(range(1, 18))
+    assert {s: rows[s][0][0]["epoch"] for s in rows} == {s: 1 if s <= 9 else 2 for s in rows}
+
+
+@pytest.mark.ray
+def test_survive_on_a_sharded_epoch_loop_on_ray_goes_on_from_the_neighbours_replica(tmp_path, tmp_path_factory):
+    """The same on a real local Ray cluster (``--backend ray``, one node of three CPUs): rank 1's
+    actor kills itself inside epoch 1, rank 0's actor goes on alone from memory, and a new actor in
+    the dead one's bundle grows the ring back when it is up (its start may take many steps: the run
+    is long, paced, and stopped by Ctrl-C once back at two); the reference runs to that checkpoint's
+    step with that shrink and grow scheduled, unpaced. The same steps and final state asserted."""
+    pytest.importorskip("ray")
+    from tests.integration.ray_cluster import local_cluster
+    from tests.integration.test_ray import _ray_args, _start
+    from tests.integration.test_ray_survive import _stop_after_the_grow
+
+    fail, none = tmp_path / "fail", tmp_path / "none"
+    with local_cluster(tmp_path_factory, 3) as c:
+        p = _start([*_ray_args(c), "--survive", *_epoch_args(fail, "--", "--epochs", "500", "--step-s", "0.1",
+                                                             "--kill-step", str(E_KILL))])
+        _stop_after_the_grow(fail / "r", p)
+        logs = "".join(f.read_text() for f in (fail / "r" / "logs").glob("*.log"))
+        r = _the_survivor_went_on_from_memory(fail / "r", logs)
+        (grow,) = read_events(fail / "r" / "events.jsonl", kind="relaunched")
+        assert (grow["from_workers"], grow["to_workers"]) == (1, 2), grow
+        from elastic_ring.ckpt import load
+
+        end = load(fail / "r")["step"]
+        q = _start([*_ray_args(c), *_epoch_args(none, "--schedule", f"{r['from_step']}:1,{grow['step']}:2",
+                                                "--steps", str(end), "--", "--epochs", "500")])
+        out, err = q.communicate(timeout=240)
+        assert q.returncode == 0, err
+    assert not read_events(none / "r" / "events.jsonl", kind="restart")
+    _same_epoch_loop_as_scheduled(fail, none, grow["step"])
