@@ -145,8 +145,9 @@ RULES: tuple[Rule, ...] = (
                    f"drop the count"),
     Rule((TRAIN,), lambda o: o.worker_range is not None and bool(o.resume_dir),
          lambda o: f"--resume goes on at the run's size: drop --workers {_range(o)} (--workers N resizes it)"),
-    # --host-discovery-script: the hosts come from the script, on horovodrun's relaunch over hosts, or
-    # in place (--relaunch inplace: over the hosts it lists first, or on this host only when that is
+    # --host-discovery-script: the hosts come from the script, on horovodrun's relaunch over hosts (the
+    # Horovod workers, or torch.distributed ones: backends.torch_hosts), or in place with Horovod
+    # (--relaunch inplace: over the hosts it lists first, or on this host only when that is
     # all it lists, prepare_hosts.host_manager; docs/hosts.md); the options that go with it go only with it
     # (--blacklist-cooldown-range with a fixed host list too)
     Rule((TRAIN,), lambda o: not o.host_discovery_script and bool(_discovery_given(o)),
@@ -156,8 +157,9 @@ RULES: tuple[Rule, ...] = (
          _with_discovery("--hosts/--hostfile", "the hosts come from the script")),
     Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.backend == "ray",
          _with_discovery("--backend ray", "its nodes are Ray's")),
-    Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.collective == "torch",
-         _with_discovery("--collective torch", "its workers are launched on this host only")),
+    Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.collective == "torch" and o.relaunch == "inplace",
+         _with_discovery("--collective torch under --relaunch inplace",
+                         "its ring in place is launched on this host only; use another relaunch mode")),
     Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.slots is not None,
          _with_discovery("--slots", "the slots come from the script")),
     Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.discovery_interval is not None

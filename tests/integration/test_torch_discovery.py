@@ -1,0 +1,60 @@
+"""`train --host-discovery-script --collective torch`: a torch.distributed job relaunched over the
+hosts a script lists (docs/hosts.md), as the Horovod one (tests/integration/test_discovery.py, whose
+helpers it uses: a script catting a file the test rewrites, hosts `localhost` and `127.0.0.1`).
+Real horovodrun launches of torch.distributed workers (gloo) of a tiny ResNet."""
+
+from __future__ import annotations
+
+import pytest
+
+from elastic_ring import protocol
+from tests.conftest import one_line_error, run_cli, wait_for
+from tests.integration.test_discovery import TINY, _discovery, _events, _start, _trace, list_hosts
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_torch_job_grows_onto_a_discovered_host_and_shrinks_off_it(tmp_path):
+    steps = 800  # the shrink comes by step ~200; the rest trains at 1 worker
+    script, listed, _ = _discovery(tmp_path, "localhost:1\n")
+    run = tmp_path / "run"
+    proc = _start(["--steps", str(steps), *TINY, "--collective", "torch", "--host-discovery-script", str(script),
+                   "--discovery-interval", "0.3", "--min-workers", "1", "--max-workers", "2", "--run-dir", str(run)])
+    try:
+        wait_for(lambda: _events(run, "throughput"), 120, "a window at 1 worker")
+        list_hosts(listed, "localhost:1\n127.0.0.1:1\n")  # a host appears
+        wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2], 120,
+                 "a window at 2 workers")
+        assert "hosts: localhost:1,127.0.0.1:1 (2 slots)" in run_cli("status", str(run)).stdout.splitlines()
+        list_hosts(listed, "localhost:1\n")  # and is dropped
+        wait_for(lambda: len(_events(run, "launch")) >= 3, 120, "the shrink")
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    # horovodrun launched each segment on the hosts discovered, its workers a torch.distributed group
+    launches = _events(run, "launch")
+    assert [(e["world_size"], e["command"][e["command"].index("-H") + 1]) for e in launches] == [
+        (1, "localhost:1"), (2, "localhost:1,127.0.0.1:1"), (1, "localhost:1")]
+    assert all("elastic_ring.controller.hvdrun" in e["command"] for e in launches)
+    assert protocol.read_run_json(run)["worker"]["collective"] == "torch"
+    changes = _events(run, "membership_change")
+    assert [(c["cause"], c["members_before"], c["members_after"], c["state_source"]) for c in changes] == [
+        ("hosts", 1, 2, "checkpoint"), ("hosts", 2, 1, "checkpoint")]
+    assert [e["start_step"] for e in launches[1:]] == [c["step"] + 1 for c in changes]
+    trained = _trace(run)  # (asserts no step was trained twice by a rank)
+    assert sorted(trained) == list(range(1, steps + 1))  # every step once
+    grow, shrink = changes[0]["step"], changes[1]["step"]
+    assert 0 < grow < shrink < steps
+    assert {trained[s] for s in range(grow + 1, shrink + 1)} == {16} and trained[1] == trained[steps] == 8
+    assert _events(run, "finished")[-1]["step"] == steps
+    assert "Traceback" not in err
+
+
+def test_torch_in_place_with_discovery_is_one_line(tmp_path, cli_inproc):
+    script, _, _ = _discovery(tmp_path, "localhost:1\n")
+    r = cli_inproc("train", "--steps", "2", *TINY, "--collective", "torch", "--relaunch", "inplace",
+                   "--host-discovery-script", str(script), "--run-dir", str(tmp_path / "r"))
+    one_line_error(r, "--host-discovery-script does not go with --collective torch under --relaunch inplace")
+    assert not (tmp_path / "r").exists()
