@@ -10,6 +10,7 @@ import pytest
 from elastic_ring import protocol
 from tests.conftest import one_line_error, run_cli, wait_for
 from tests.integration.test_discovery import TINY, _discovery, _events, _start, _trace, list_hosts
+from tests.integration.test_notice import _shrunk_off_127
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +50,26 @@ def test_a_torch_job_grows_onto_a_discovered_host_and_shrinks_off_it(tmp_path):
     assert 0 < grow < shrink < steps
     assert {trained[s] for s in range(grow + 1, shrink + 1)} == {16} and trained[1] == trained[steps] == 8
     assert _events(run, "finished")[-1]["step"] == steps
+    assert "Traceback" not in err
+
+
+def test_a_drained_host_is_left_with_nothing_redone(tmp_path):
+    steps = 600
+    script, _, _ = _discovery(tmp_path, "localhost:1\n127.0.0.1:1\n")
+    run = tmp_path / "drain"
+    proc = _start(["--steps", str(steps), *TINY, "--collective", "torch", "--host-discovery-script", str(script),
+                   "--discovery-interval", "0.3", "--run-dir", str(run)])
+    try:
+        wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2], 120, "a window at 2 workers")
+        r = run_cli("drain", str(run), "127.0.0.1", "--deadline", "60")
+        assert r.returncode == 0 and "drain of 127.0.0.1 requested" in r.stdout, r.stderr
+        wait_for(lambda: len(_events(run, "launch")) >= 2, 120, "the shrink")
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    _shrunk_off_127(run, steps, "drained", "elastic-ring drain")  # 2 -> 1 at the agreed step, every step once
     assert "Traceback" not in err
 
 
