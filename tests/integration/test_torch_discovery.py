@@ -5,11 +5,14 @@ Real horovodrun launches of torch.distributed workers (gloo) of a tiny ResNet.""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from elastic_ring import protocol
 from tests.conftest import one_line_error, run_cli, wait_for
-from tests.integration.test_discovery import TINY, _discovery, _events, _start, _trace, list_hosts
+from tests.integration.test_discovery import TINY, _discovery, _events, _history, _start, _trace, list_hosts
 from tests.integration.test_notice import _shrunk_off_127
 
 pytestmark = pytest.mark.integration
@@ -70,6 +73,40 @@ def test_a_drained_host_is_left_with_nothing_redone(tmp_path):
             proc.kill()
     assert proc.returncode == 0, err
     _shrunk_off_127(run, steps, "drained", "elastic-ring drain")  # 2 -> 1 at the agreed step, every step once
+    assert "Traceback" not in err
+
+
+def test_a_failed_host_is_left_out_for_its_cooldown_then_grown_back_onto(tmp_path):
+    steps = 1000
+    script, _, _ = _discovery(tmp_path, "localhost:1\n127.0.0.1:1\n")
+    run = tmp_path / "cool"
+    proc = _start(["--steps", str(steps), *TINY, "--collective", "torch", "--host-discovery-script", str(script),
+                   "--discovery-interval", "0.3", "--blacklist-cooldown-range", "3:6", "--run-dir", str(run)])
+    try:
+        wait_for(lambda: _events(run, "throughput"), 120, "a window at 2 workers")
+        recs = [protocol.read_json(f) for f in protocol.pid_dir(run).glob("seg000-rank*.json")]
+        (victim,) = [r for r in recs if r and r.get("launch_host") == "127.0.0.1"]
+        os.kill(int(victim["pid"]), signal.SIGKILL)  # the worker on 127.0.0.1 dies
+        wait_for(lambda: len(_events(run, "launch")) >= 3, 120, "the grow back onto 127.0.0.1")
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    both, one = "localhost:1,127.0.0.1:1", "localhost:1"
+    launches = _events(run, "launch")
+    assert [(e["world_size"], e["command"][e["command"].index("-H") + 1]) for e in launches] == [
+        (2, both), (1, one), (2, both)]
+    (restart,) = _events(run, "restart")
+    assert restart["node"] == "127.0.0.1" and not restart["gave_up"]
+    hc = _events(run, "hosts_changed")
+    assert [(h["diff"], h["target"]) for h in hc] == [
+        ("+localhost:1 +127.0.0.1:1", 2), ("-127.0.0.1:1", 1), ("+127.0.0.1:1", 2)]
+    assert hc[2]["time"] - hc[1]["time"] >= 2.5  # back after its 3 s cooldown
+    trained, redone = _history(run)  # every step trained; only the failure's lost steps twice
+    assert sorted(trained) == list(range(1, steps + 1))
+    assert all(restart["from_step"] < s <= restart["failed_at_step"] + 1 for s in redone), (redone, restart)
+    assert _events(run, "finished")[-1]["step"] == steps
     assert "Traceback" not in err
 
 
