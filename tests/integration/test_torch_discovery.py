@@ -56,14 +56,19 @@ def test_a_torch_job_grows_onto_a_discovered_host_and_shrinks_off_it(tmp_path):
     assert "Traceback" not in err
 
 
-def test_a_drained_host_is_left_with_nothing_redone(tmp_path):
-    steps = 600
+def _two_host_run(tmp_path, name: str, steps: int):
     script, _, _ = _discovery(tmp_path, "localhost:1\n127.0.0.1:1\n")
-    run = tmp_path / "drain"
+    run = tmp_path / name
     proc = _start(["--steps", str(steps), *TINY, "--collective", "torch", "--host-discovery-script", str(script),
                    "--discovery-interval", "0.3", "--run-dir", str(run)])
+    wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2], 120, "a window at 2 workers")
+    return run, proc
+
+
+def test_a_drained_host_is_left_with_nothing_redone(tmp_path):
+    steps = 600
+    run, proc = _two_host_run(tmp_path, "drain", steps)
     try:
-        wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2], 120, "a window at 2 workers")
         r = run_cli("drain", str(run), "127.0.0.1", "--deadline", "60")
         assert r.returncode == 0 and "drain of 127.0.0.1 requested" in r.stdout, r.stderr
         wait_for(lambda: len(_events(run, "launch")) >= 2, 120, "the shrink")
@@ -74,6 +79,24 @@ def test_a_drained_host_is_left_with_nothing_redone(tmp_path):
     assert proc.returncode == 0, err
     _shrunk_off_127(run, steps, "drained", "elastic-ring drain")  # 2 -> 1 at the agreed step, every step once
     assert "Traceback" not in err
+
+
+def test_a_sigterm_to_one_worker_is_a_preempted_shrink(tmp_path):
+    steps = 600
+    run, proc = _two_host_run(tmp_path, "preempt", steps)
+    try:
+        recs = [protocol.read_json(f) for f in protocol.pid_dir(run).glob("seg000-rank*.json")]
+        (victim,) = [r for r in recs if r and r.get("launch_host") == "127.0.0.1"]
+        os.kill(int(victim["pid"]), signal.SIGTERM)
+        wait_for(lambda: len(_events(run, "launch")) >= 2, 120, "the shrink")
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    (notice,) = _events(run, "preempt_notice")
+    assert (notice["rank"], notice["segment"], notice["pid"]) == (victim["rank"], 0, victim["pid"])
+    _shrunk_off_127(run, steps, "preempted", f"SIGTERM to rank {victim['rank']}")  # not a failure, nothing redone
 
 
 def test_a_failed_host_is_left_out_for_its_cooldown_then_grown_back_onto(tmp_path):
