@@ -118,6 +118,10 @@ def host_manager(req: RunRequest, echo: Callable[[str], None], collective: str =
 
     discovery: Any
     if req.host_discovery_script:
+        if collective == "torch" and req.relaunch == "inplace":  # (a resumed run's collective: known here)
+            from elastic_ring.controller.refusals import TORCH_IN_PLACE
+
+            raise UserError(TORCH_IN_PLACE)
         path = check_script(req.host_discovery_script)
         bounds = resolve_bounds(min_workers=req.min_workers, max_workers=req.max_workers, gpus=req.workers)
         if bounds is None:  # no bounds given: from 1 to every usable slot

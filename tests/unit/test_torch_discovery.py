@@ -59,3 +59,12 @@ def test_discovery_with_torch_is_refused_only_in_place():
     assert str(e.value) == ("--host-discovery-script does not go with --collective torch under --relaunch inplace: "
                             "its ring in place is launched on this host only; use another relaunch mode")
 
+
+
+def test_a_resumed_torch_run_under_discovery_is_refused_in_place_where_its_collective_is_known():
+    from elastic_ring.controller.prepare_hosts import host_manager
+
+    with pytest.raises(UserError) as e:  # (a resume's request has no --collective: its run's is torch)
+        host_manager(RunRequest(resume_dir="run", host_discovery_script="discover.sh", relaunch="inplace"),
+                     print, collective="torch")
+    assert str(e.value).startswith("--host-discovery-script does not go with --collective torch under --relaunch")

@@ -57,8 +57,8 @@ def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
                                survive=options.survive, collective=options.collective,
                                survive_env=options.survive_env)
         return ray, InPlace(ray)
-    discovered = options.discovered and options.relaunch != "inplace"  # (in place: refused, refusals.RULES)
-    if options.collective == "torch" and (spec.hosts or spec.hostfile or discovered):  # horovodrun launches, torch reduces
+    over_hosts = spec.hosts or spec.hostfile or (options.discovered and options.relaunch != "inplace")
+    if options.collective == "torch" and over_hosts:  # horovodrun launches, torch reduces (in place: refused)
         from elastic_ring.controller.backends.torch_hosts import TorchHostsBackend
 
         return (TorchHostsBackend(spec, launcher=launcher, network_interface=options.network_interface,
