@@ -97,6 +97,10 @@ def fixed_hosts(req: RunRequest, collective: str = "horovod") -> Any:
             raise UserError("--blacklist-cooldown-range goes with --host-discovery-script or several hosts "
                             "(--hosts, --hostfile; not beside --slots or with --collective torch): a failed host "
                             "is left out only where others are left")
+        if req.min_wait is not None and not req.host_discovery_script:
+            raise UserError("--min-wait goes with --host-discovery-script or several hosts (--hosts, --hostfile; "
+                            "not beside --slots or with --collective torch): a run waits for hosts only where "
+                            "a failed host is left out")
         return None
     return HostSet(pairs)
 

@@ -65,7 +65,7 @@ def _two_host_run(tmp_path, name: str, steps: int):
     return run, proc
 
 
-def test_a_drained_host_is_left_with_nothing_redone(tmp_path):
+def test_a_torch_job_drained_off_a_host_redoes_nothing(tmp_path):
     steps = 600
     run, proc = _two_host_run(tmp_path, "drain", steps)
     try:
@@ -81,7 +81,7 @@ def test_a_drained_host_is_left_with_nothing_redone(tmp_path):
     assert "Traceback" not in err
 
 
-def test_a_sigterm_to_one_worker_is_a_preempted_shrink(tmp_path):
+def test_a_sigterm_to_one_torch_worker_is_a_preempted_shrink(tmp_path):
     steps = 600
     run, proc = _two_host_run(tmp_path, "preempt", steps)
     try:
@@ -99,7 +99,7 @@ def test_a_sigterm_to_one_worker_is_a_preempted_shrink(tmp_path):
     _shrunk_off_127(run, steps, "preempted", f"SIGTERM to rank {victim['rank']}")  # not a failure, nothing redone
 
 
-def test_a_failed_host_is_left_out_for_its_cooldown_then_grown_back_onto(tmp_path):
+def test_a_torch_workers_failed_host_cools_down_and_is_grown_back_onto(tmp_path):
     steps = 1000
     script, _, _ = _discovery(tmp_path, "localhost:1\n127.0.0.1:1\n")
     run = tmp_path / "cool"
