@@ -97,6 +97,10 @@ def fixed_hosts(req: RunRequest, collective: str = "horovod") -> Any:
             raise UserError("--blacklist-cooldown-range goes with --host-discovery-script or several hosts "
                             "(--hosts, --hostfile; not beside --slots or with --collective torch): a failed host "
                             "is left out only where others are left")
+        if req.min_wait is not None and not req.host_discovery_script:
+            raise UserError("--min-wait goes with --host-discovery-script or several hosts (--hosts, --hostfile; "
+                            "not beside --slots or with --collective torch): a run waits for hosts only where "
+                            "a failed host is left out")
         return None
     return HostSet(pairs)
 
@@ -118,6 +122,10 @@ def host_manager(req: RunRequest, echo: Callable[[str], None], collective: str =
 
     discovery: Any
     if req.host_discovery_script:
+        if collective == "torch" and req.relaunch == "inplace":  # (a resumed run's collective: known here)
+            from elastic_ring.controller.refusals import TORCH_IN_PLACE
+
+            raise UserError(TORCH_IN_PLACE)
         path = check_script(req.host_discovery_script)
         bounds = resolve_bounds(min_workers=req.min_workers, max_workers=req.max_workers, gpus=req.workers)
         if bounds is None:  # no bounds given: from 1 to every usable slot

@@ -73,11 +73,20 @@ _DISCOVERY_OPTIONS = (("--min-workers", "min_workers"), ("--max-workers", "max_w
                       ("--blacklist-cooldown-range", "cooldown_range"))
 
 
+_FIXED_TOO = ("min_workers", "max_workers", "min_wait", "cooldown_range")
+
+
 def _discovery_given(o: Any) -> list[str]:
-    """The discovery options given where they do not apply (the cooldown applies to a fixed host
-    list too: prepare_hosts.fixed_hosts)."""
+    """The discovery options given where they do not apply (the bounds, --min-wait and the cooldown
+    apply to a fixed host list too: prepare_hosts.fixed_hosts, requests.with_worker_range)."""
     return [name for name, key in _DISCOVERY_OPTIONS if getattr(o, key) is not None
-            and not (key == "cooldown_range" and (o.hosts or o.hostfile))]
+            and not (key in _FIXED_TOO and (o.hosts or o.hostfile))]
+
+
+def _fixed_bounds(o: Any) -> bool:
+    """--min-workers/--max-workers over a fixed host list (no script): --workers MIN:MAX's bounds."""
+    return not o.host_discovery_script and bool(o.hosts or o.hostfile) and (
+        o.min_workers is not None or o.max_workers is not None)
 
 
 def _cooldown_problem(o: Any) -> str | None:
@@ -94,6 +103,9 @@ def _range(o: Any) -> str:
     return f"{o.worker_range[0]}:{o.worker_range[1]}"
 
 
+# (also where a resumed run's collective is known: prepare_hosts.host_manager)
+TORCH_IN_PLACE = _with_discovery("--collective torch under --relaunch inplace",
+                                 "its ring in place is launched on this host only; use another relaunch mode")
 _LIVE = "resize it live with `elastic-ring resize RUN_DIR --to N`"
 _OWN_SNAPSHOT = "it saves and loads its own snapshot"
 _ON_SCHEDULER = "its workers run on the scheduler's host"
@@ -145,19 +157,26 @@ RULES: tuple[Rule, ...] = (
                    f"drop the count"),
     Rule((TRAIN,), lambda o: o.worker_range is not None and bool(o.resume_dir),
          lambda o: f"--resume goes on at the run's size: drop --workers {_range(o)} (--workers N resizes it)"),
-    # --host-discovery-script: the hosts come from the script, on horovodrun's relaunch over hosts, or
-    # in place (--relaunch inplace: over the hosts it lists first, or on this host only when that is
+    # --host-discovery-script: the hosts come from the script, on horovodrun's relaunch over hosts (the
+    # Horovod workers, or torch.distributed ones: backends.torch_hosts), or in place with Horovod
+    # (--relaunch inplace: over the hosts it lists first, or on this host only when that is
     # all it lists, prepare_hosts.host_manager; docs/hosts.md); the options that go with it go only with it
     # (--blacklist-cooldown-range with a fixed host list too)
     Rule((TRAIN,), lambda o: not o.host_discovery_script and bool(_discovery_given(o)),
-         lambda o: f"{_discovery_given(o)[0]} goes with --host-discovery-script"
-                   + (" or --hosts/--hostfile" if _discovery_given(o)[0] == "--blacklist-cooldown-range" else "")),
+         lambda o: f"{_discovery_given(o)[0]} goes with --host-discovery-script or --hosts/--hostfile"
+                   if _discovery_given(o)[0] != "--discovery-interval"
+                   else "--discovery-interval goes with --host-discovery-script"),
+    Rule((TRAIN,), lambda o: _fixed_bounds(o) and o.workers is not None,
+         "--min-workers/--max-workers over --hosts/--hostfile are the bounds, and the start size is the most "
+         "the slots hold within them: drop the count"),
+    Rule((TRAIN,), lambda o: _fixed_bounds(o) and bool(o.resume_dir),
+         "--resume goes on at the run's size: drop --min-workers/--max-workers (--workers N resizes it)"),
     Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and bool(o.hosts or o.hostfile),
          _with_discovery("--hosts/--hostfile", "the hosts come from the script")),
     Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.backend == "ray",
          _with_discovery("--backend ray", "its nodes are Ray's")),
-    Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.collective == "torch",
-         _with_discovery("--collective torch", "its workers are launched on this host only")),
+    Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.collective == "torch" and o.relaunch == "inplace",
+         TORCH_IN_PLACE),
     Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.slots is not None,
          _with_discovery("--slots", "the slots come from the script")),
     Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.discovery_interval is not None

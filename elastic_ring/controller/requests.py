@@ -103,11 +103,27 @@ def check(req: RunRequest) -> None:
 
 def with_worker_range(req: RunRequest) -> RunRequest:
     """``--workers MIN:MAX`` with ``--host-discovery-script``: ``--min-workers MIN --max-workers MAX``
-    (the discovery's own bounds); otherwise ``req`` as it is (:func:`range_start` applies)."""
-    if req.worker_range is None or not req.host_discovery_script:
-        return req
+    (the discovery's own bounds); ``--min-workers``/``--max-workers`` over a fixed host list:
+    ``--workers MIN:MAX`` (MIN default 1, MAX the list's slots); otherwise ``req`` as it is
+    (:func:`range_start` applies).
+
+    Raises:
+        UserError: ``--max-workers`` below ``--min-workers`` over a fixed host list (one line).
+    """
     from dataclasses import replace
 
+    if not req.host_discovery_script and (req.hosts or req.hostfile) and (
+            req.min_workers is not None or req.max_workers is not None):
+        from elastic_ring.controller.api import parse_hostfile, parse_hosts
+
+        slots = sum(n for _, n in (parse_hosts(req.hosts) if req.hosts else parse_hostfile(req.hostfile)))
+        lo = req.min_workers if req.min_workers is not None else 1
+        hi = req.max_workers if req.max_workers is not None else max(slots, lo)
+        if hi < lo:
+            raise UserError(f"--max-workers {hi} is below --min-workers {lo}")
+        return replace(req, worker_range=(lo, hi), min_workers=None, max_workers=None)
+    if req.worker_range is None or not req.host_discovery_script:
+        return req
     lo, hi = req.worker_range
     return replace(req, worker_range=None, min_workers=lo, max_workers=hi)
 

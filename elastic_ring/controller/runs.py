@@ -579,7 +579,7 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
                             gpus_per_worker=1.0 if run.spec.device == "cuda" else 0.0, survive=run.survive,
                             survive_env=run.choice.worker_env if run.choice is not None else "1",
                             collective=run.spec.collective, stop_grace=run.extra.get("stop_grace"),
-                            max_restarts=req.max_restarts)
+                            max_restarts=req.max_restarts, discovered=bool(req.host_discovery_script))
     backend, resize = make_launch(options, run.spec)
     if getattr(run.extra.get("hosts"), "over_hosts", False):  # in place over the discovered hosts (Horovod Elastic)
         backend.run_over_hosts()

@@ -96,7 +96,7 @@ def test_refusals_lifted_and_kept():
     for kw, needle in ((dict(cooldown_range="1:2"),
                         "--blacklist-cooldown-range goes with --host-discovery-script or --hosts/--hostfile"),
                        (dict(hosts="a:1,b:1", cooldown_range="5:1"), "--blacklist-cooldown-range: the cooldown range"),
-                       (dict(hosts="a:1,b:1", min_workers=2), "--min-workers goes with --host-discovery-script"),
+                       (dict(min_workers=2), "--min-workers goes with --host-discovery-script or --hosts/--hostfile"),
                        (dict(hosts="a:1,b:1", relaunch="inplace", collective="torch"),
                         "--relaunch inplace runs on one host with --collective torch")):
         with pytest.raises(UserError) as e:

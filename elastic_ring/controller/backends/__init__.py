@@ -40,14 +40,15 @@ class LaunchOptions:
     collective: str = "horovod"  # or "torch": the local launcher (backends.local), no horovodrun
     stop_grace: float | None = None  # a torchrun-form script: SIGTERM -> SIGKILL at a stop (None: torchrun's 30 s)
     max_restarts: int = 3  # told to a torchrun-form script (TORCHELASTIC_MAX_RESTARTS)
+    discovered: bool = False  # the hosts come from --host-discovery-script (the controller's use_hosts)
 
 
 def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
                 host_probe=None) -> tuple[Backend, ResizeStrategy]:
     """The backend and the resize strategy of a run: Ray actors (in place), the local launcher per
     segment (``--collective torch``; with ``inplace`` its processes stay and re-form their
-    process group; on several hosts horovodrun launches them, :mod:`.torch_hosts`), one Horovod Elastic job (``inplace``), or one ``horovodrun``
-    per segment (the relaunch modes)."""
+    process group; on several hosts or discovered ones horovodrun launches them, :mod:`.torch_hosts`), one
+    Horovod Elastic job (``inplace``), or one ``horovodrun`` per segment (the relaunch modes)."""
     if options.backend == "ray":
         from elastic_ring.controller.backends.ray import make_ray_backend
 
@@ -56,7 +57,8 @@ def make_launch(options: LaunchOptions, spec, launcher: Launcher | None = None,
                                survive=options.survive, collective=options.collective,
                                survive_env=options.survive_env)
         return ray, InPlace(ray)
-    if options.collective == "torch" and (spec.hosts or spec.hostfile):  # horovodrun launches, torch reduces
+    over_hosts = spec.hosts or spec.hostfile or (options.discovered and options.relaunch != "inplace")
+    if options.collective == "torch" and over_hosts:  # horovodrun launches, torch reduces (in place: refused)
         from elastic_ring.controller.backends.torch_hosts import TorchHostsBackend
 
         return (TorchHostsBackend(spec, launcher=launcher, network_interface=options.network_interface,
