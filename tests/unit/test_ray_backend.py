@@ -264,18 +264,18 @@ def test_restart_size_is_what_the_free_resources_place_now(tmp_path, monkeypatch
     def placed(n, timeout_s):
         tried.append(n)
         calls.append(f"place {n}")
-        return f"pg{n}" if n <= placeable["n"] else None
+        return [f"pg{n}.{i}" for i in range(n)] if n <= placeable["n"] else None
 
     monkeypatch.setattr(b.cluster, "place", placed)
     assert b.usable_slots(2) == 1 and tried == [2, 1] and calls[0] == "drop"  # released before counted
-    assert b.cluster.reserved == ("pg1", 1)
+    assert b.cluster.reserved == (["pg1.0"], 1)
     tried.clear()
     free["now"] = 1  # another user's actor holds a CPU: the totals are not free
     assert b.usable_slots(4) == 1 and tried == [1]  # never above the free count, nor --slots
-    assert removed == ["pg1"]  # the first reservation, not taken by a start, is given back
+    assert removed == ["pg1.0"]  # the first reservation, not taken by a start, is given back
     tried.clear()
     placeable["n"] = 0
-    assert b.usable_slots(2) == 0 and b.cluster.reserved is None and removed == ["pg1", "pg1"]  # none kept
+    assert b.usable_slots(2) == 0 and b.cluster.reserved is None and removed == ["pg1.0", "pg1.0"]  # none kept
 
 
 def test_between_two_polls_the_backend_recycles_leavers_and_leaves_a_lost_node_out(tmp_path):

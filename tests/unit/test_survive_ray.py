@@ -49,7 +49,7 @@ def test_a_failed_members_bundle_gets_a_warm_worker_that_grows_the_ring_back(tmp
     b, g, (m0, m1), ended = _backend(tmp_path)
     m0.bundle, m1.bundle = 0, 1
     b.pool.warm_spares = spares
-    b._pg = "pg"
+    b._pgs = {0: "pg0", 1: "pg1"}
     refilled, up = [], []
     monkeypatch.setattr(b.pool, "refill", lambda bundle, strategy, launch: refilled.append((bundle, launch.world)))
     monkeypatch.setattr(b.pool, "ready", lambda: 0)

@@ -1,7 +1,8 @@
 """The Ray backend of ``elastic-ring train --backend ray``: workers are Ray actors, and they stay warm.
 
-- **Start.** A placement group of N one-worker bundles (``PACK``: fewest nodes, or ``SPREAD``), an
-  actor per bundle. The actor imports torch and Horovod when it is created, then runs the same
+- **Start.** N one-worker bundles placed together (``PACK``: fewest nodes, or ``SPREAD``), each
+  then held by a placement group of its own (:meth:`~.ray_cluster.RayCluster.place`), an actor per
+  bundle. The actor imports torch and Horovod when it is created, then runs the same
   worker entry and library as horovodrun's workers, in its own process (``worker.run.main`` with
   ``in_process``). The controller serves Horovod's Gloo rendezvous itself
   (``horovod.runner.http.http_server.RendezvousServer``, one per ring); each actor gets the
@@ -12,8 +13,10 @@
   in-place mode). The backend starts a new rendezvous for the new ring and writes, in
   ``control/inplace-<seg>.json``, every member's new Horovod environment: survivors keep their
   process (imports, data, model) and re-form the ring; a worker whose slot goes leaves the ring
-  (``Retired``) and its actor is ended; a joiner comes from a pool of spare actors that already
-  imported torch and Horovod (``warm_spares``), runs the worker entry and syncs from rank 0.
+  (``Retired``) and its actor is ended, and its placement group removed: its resources are free
+  for others (another job of `elastic-ring cluster`) at once; a joiner comes from a pool of spare
+  actors that already imported torch and Horovod (``warm_spares``), else is a new actor in a new
+  placement group of its own; it runs the worker entry and syncs from rank 0.
 - **Formed ahead.** For a scheduled resize the next ring (spares taken, rendezvous served, every
   member's environment) is formed while the segment trains and its action written ahead
   (:meth:`RayBackend.report_ahead`): rank 0 takes it at the pause, or the controller withdraws it
@@ -41,8 +44,8 @@
   node sees (a shared filesystem on a real cluster).
 
 Not built: GPU bundles are requested (``gpus_per_worker``) but were not tried here (no GPU);
-joiners of a grow are spare actors outside the placement group (they hold their own CPUs), and
-a shrink's freed bundle stays reserved until the next restart.
+warm spares are actors outside the placement groups (they hold their own CPUs), and with
+``--warm-spares 0`` (`elastic-ring cluster`) a grow's joiner is a cold actor.
 
 The parts, each given to the backend, which orchestrates them: :class:`~.ray_cluster.RayCluster`
 (nodes, free slots, placement, the run-folder check), :class:`~.ray_actors.ActorPool` (actors and
@@ -58,7 +61,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from elastic_ring import protocol, seam
 from elastic_ring.controller.backends import survival
@@ -162,7 +165,8 @@ class RayBackend(Backend):
         self._heal_to: int | None = None  # the size the ring had before a failure, until it is back
         self.group: RayGroup | None = None
         self.launch: SegmentLaunch | None = None  # the running segment's
-        self._pg = None
+        self._pgs: dict[int, Any] = {}  # bundle -> its placement group (one worker's resources each)
+        self._next_bundle = 0
         self._ahead: Ahead | None = None
         self._want_ahead: tuple[int, SegmentLaunch] | None = None  # spares were not up yet
 
@@ -178,15 +182,15 @@ class RayBackend(Backend):
 
         self._connect()
         self._drop_all()
-        pg = self.cluster.take_reserved(launch.world)  # a restart: placed by usable_slots
-        if pg is None:
-            pg = self.cluster.place(launch.world, READY_TIMEOUT_S)
-            if pg is None:
+        pgs = self.cluster.take_reserved(launch.world)  # a restart: placed by usable_slots
+        if pgs is None:
+            pgs = self.cluster.place(launch.world, READY_TIMEOUT_S)
+            if pgs is None:
                 raise UserError(f"the Ray cluster has no room for {launch.world} worker(s) of "
                                 f"{self.cluster.bundle()} ({self.cluster.strategy}) within {READY_TIMEOUT_S:.0f} s")
-        self._pg = pg
+        self._pgs, self._next_bundle = dict(enumerate(pgs)), len(pgs)
         actors = [self.pool.new_actor(scheduling_strategy=PlacementGroupSchedulingStrategy(
-            pg, placement_group_bundle_index=i)) for i in range(launch.world)]
+            pg, placement_group_bundle_index=0)) for pg in pgs]
         infos = ray.get([a.info.remote() for a in actors], timeout=READY_TIMEOUT_S)
         members = [Member(self.pool.name(), a, inf, bundle=i) for i, (a, inf) in enumerate(zip(actors, infos))]
         envs = self.rings.form(members)
@@ -438,14 +442,17 @@ class RayBackend(Backend):
     def _refill(self, launch: SegmentLaunch) -> None:
         """The survivors' ring of a failure is forming: a new actor in each failed member's bundle
         (its resources are the ring's already), pre-started as a spare, while the ring is below the
-        size it had (else the bundle stays free)."""
+        size it had; the other failed members' bundles are given back."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         freed, self._freed = self._freed, []
-        if self._pg is None or self._heal_to is None:
-            return
-        for b in freed[:max(0, self._heal_to - launch.world)]:
-            self.pool.refill(b, PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=b), launch)
+        n = max(0, self._heal_to - launch.world) if self._heal_to is not None else 0
+        for b in freed[:n]:
+            if b in self._pgs:
+                self.pool.refill(b, PlacementGroupSchedulingStrategy(self._pgs[b], placement_group_bundle_index=0),
+                                 launch)
+        for b in freed[n:]:
+            self._free_bundle(b)
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
         seam.write_exit_action(self.spec.run_dir, paused_segment, t)
@@ -463,10 +470,38 @@ class RayBackend(Backend):
             m = group.left.pop(0)
             if m.info.get("node_id") in self._draining:
                 self.pool.end(m.actor)
-            else:
-                self.pool.recycle(m, self.launch, world)
+                self._free_bundle(m.bundle)
+            elif not self.pool.recycle(m, self.launch, world):  # ended: its resources go back to Ray
+                self._free_bundle(m.bundle)
         if group.lost_node is not None:
             self.cluster.suspect_nodes.add(group.lost_node)
+
+    # ------------------------------------------------------------------ bundles
+    def _new_bundle(self) -> tuple[Any, int]:
+        """A cold joiner's place: a new placement group of one bundle (waited for up to
+        ``READY_TIMEOUT_S``); its scheduling strategy and bundle number.
+
+        Raises:
+            UserError: Ray cannot place it in time (one line: what, and how long it was waited for).
+        """
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        pg = self.cluster.place_one(READY_TIMEOUT_S)
+        if pg is None:
+            raise UserError(f"the Ray cluster has no room for one more worker of {self.cluster.bundle()} "
+                            f"within {READY_TIMEOUT_S:.0f} s")
+        b, self._next_bundle = self._next_bundle, self._next_bundle + 1
+        self._pgs[b] = pg
+        return PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0), b
+
+    def _free_bundle(self, bundle: int | None) -> None:
+        """Give ``bundle``'s resources back to Ray (its actor has ended): its placement group removed."""
+        pg = self._pgs.pop(bundle, None) if bundle is not None else None
+        if pg is not None:
+            try:
+                remove_pg(pg)
+            except Exception:  # noqa: BLE001 - already gone (Ray shut down)
+                pass
 
     # ------------------------------------------------------------------ rings
     def _serving(self) -> list[Member]:
@@ -480,7 +515,7 @@ class RayBackend(Backend):
         old = [m for m in old if m.info.get("node_id") not in self._draining] + \
               [m for m in old if m.info.get("node_id") in self._draining]
         keep, leave = old[:launch.world], old[launch.world:]
-        joiners = self.pool.take(launch.world - len(keep)) if launch.world > len(keep) else []
+        joiners = self.pool.take(launch.world - len(keep), cold=self._new_bundle) if launch.world > len(keep) else []
         for m in leave:
             m.retiring = True
         members = keep + joiners
@@ -512,12 +547,8 @@ class RayBackend(Backend):
             self._ahead = None
         self.pool.end_spares()
         self.rings.stop_all()
-        if self._pg is not None:
-            try:
-                remove_pg(self._pg)
-            except Exception:  # noqa: BLE001
-                pass
-            self._pg = None
+        for b in list(self._pgs):
+            self._free_bundle(b)
 
 
 def make_ray_backend(spec, address: str | None = None, strategy: str = "PACK", warm_spares: int | None = None,

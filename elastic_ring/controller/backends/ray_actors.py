@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from elastic_ring import protocol
 from elastic_ring.controller.backends.api import BUILTIN_TARGET, SegmentLaunch, start_args, threads_env
@@ -116,21 +116,22 @@ class ActorPool:
         sp.bundle = bundle
         self.spares.insert(0, sp)
 
-    def recycle(self, m: Member, launch: SegmentLaunch | None, world: int) -> None:
+    def recycle(self, m: Member, launch: SegmentLaunch | None, world: int) -> bool:
         """A worker that left the ring at a shrink: a spare again (for ``launch``, the spares wanted
-        at ``world``) if one is wanted (no new process, no imports), else ended."""
+        at ``world``) if one is wanted (no new process, no imports; True), else ended (False)."""
         if launch is not None and len(self.spares) < self.wanted(world):
             import ray
 
             sp = self._prestart(self.name(), m.actor, ray.put(m.info), launch)
             sp.bundle = m.bundle
             self.spares.append(sp)
-        else:
-            self.end(m.actor)
+            return True
+        self.end(m.actor)
+        return False
 
-    def take(self, k: int) -> list[Member]:
+    def take(self, k: int, cold: Callable[[], tuple[Any, int | None]] | None = None) -> list[Member]:
         """``k`` warm actors: pre-started spares that are ready first (waited for, if none is),
-        then cold new ones."""
+        then cold new ones (``cold``: where each goes, its scheduling strategy and bundle)."""
         import ray
 
         got: list[Member] = []
@@ -151,8 +152,9 @@ class ActorPool:
                 self.end(sp.actor)
         self.spares = pending
         while len(got) < k:  # no spare left: a cold actor
-            a = self.new_actor()
-            got.append(Member(self.name(), a, ray.get(a.info.remote(), timeout=READY_TIMEOUT_S)))
+            strategy, bundle = cold() if cold is not None else ("DEFAULT", None)
+            a = self.new_actor(scheduling_strategy=strategy)
+            got.append(Member(self.name(), a, ray.get(a.info.remote(), timeout=READY_TIMEOUT_S), bundle=bundle))
         return got
 
     def take_ready(self, k: int) -> list[Spare] | None:

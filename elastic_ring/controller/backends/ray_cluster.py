@@ -1,6 +1,7 @@
 """The Ray backend's view of the cluster (:class:`RayCluster`): the connection, which nodes are
 alive or draining, whether a worker's process is gone, whether every node sees the run folder, how many
-workers the free resources hold, and placement groups of worker bundles (one kept for a restart).
+workers the free resources hold, and placement: one placement group per worker, so that a shrink
+gives back what its leavers held (those placed for a restart kept for it).
 """
 
 from __future__ import annotations
@@ -158,12 +159,40 @@ class RayCluster:
         """One worker's resources in a placement group."""
         return {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
 
-    def place(self, n: int, timeout_s: float):
-        """A placement group of ``n`` worker bundles, ready within ``timeout_s`` (else None)."""
+    def place(self, n: int, timeout_s: float) -> list[Any] | None:
+        """``n`` worker bundles, ready within ``timeout_s`` (else None): one placement group per
+        worker, so that a worker's resources are given back alone (:meth:`place_one`, :func:`remove_pg`).
+        The bundles are first placed together, by the strategy (``PACK``: fewest nodes, or
+        ``SPREAD``); each worker's group then takes its bundle's node (``STRICT_PACK`` of one
+        bundle, that node as its soft target) once that group is removed."""
+        import ray
+        from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+        probe = placement_group([self.bundle() for _ in range(n)], strategy=self.strategy)
+        try:
+            ray.get(probe.ready(), timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - GetTimeoutError
+            remove_placement_group(probe)
+            return None
+        nodes = placement_group_table(probe).get("bundles_to_node_id", {})
+        remove_placement_group(probe)
+        pgs = [placement_group([self.bundle()], strategy="STRICT_PACK", _soft_target_node_id=nodes.get(i))
+               for i in range(n)]
+        try:
+            ray.get([pg.ready() for pg in pgs], timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - another user took the room meanwhile
+            for pg in pgs:
+                remove_placement_group(pg)
+            return None
+        return pgs
+
+    def place_one(self, timeout_s: float):
+        """One more worker's bundle (a grow's joiner), in a placement group of its own, ready within
+        ``timeout_s`` (else None)."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
 
-        pg = placement_group([self.bundle() for _ in range(n)], strategy=self.strategy)
+        pg = placement_group([self.bundle()], strategy="STRICT_PACK")
         try:
             ray.get(pg.ready(), timeout=timeout_s)
         except Exception:  # noqa: BLE001 - GetTimeoutError
@@ -171,13 +200,13 @@ class RayCluster:
             return None
         return pg
 
-    def reserve(self, pg, n: int) -> None:
-        """Keep placement group ``pg`` of ``n`` bundles for the next start."""
-        self._reserved = (pg, n)
+    def reserve(self, pgs: list[Any], n: int) -> None:
+        """Keep the placement groups ``pgs`` of ``n`` workers for the next start."""
+        self._reserved = (pgs, n)
 
     def take_reserved(self, n: int):
-        """The placement group kept for a start of ``n`` workers, if one is (else None, and any
-        other kept one is given back)."""
+        """The placement groups kept for a start of ``n`` workers, if they are (else None, and any
+        others kept are given back)."""
         if self._reserved is not None and self._reserved[1] == n:
             pg, self._reserved = self._reserved[0], None
             return pg
@@ -189,9 +218,10 @@ class RayCluster:
         return self._reserved
 
     def release_reserved(self) -> None:
-        """Give back the placement group kept for a restart, if a start did not take it."""
+        """Give back the placement groups kept for a restart, if a start did not take them."""
         if self._reserved is not None:
-            remove_pg(self._reserved[0])
+            for pg in self._reserved[0]:
+                remove_pg(pg)
             self._reserved = None
 
 
