@@ -126,10 +126,6 @@ def host_manager(req: RunRequest, echo: Callable[[str], None], collective: str =
 
     discovery: Any
     if req.host_discovery_script:
-        if collective == "torch" and req.relaunch == "inplace":  # (a resumed run's collective: known here)
-            from elastic_ring.controller.refusals import TORCH_IN_PLACE
-
-            raise UserError(TORCH_IN_PLACE)
         path = check_script(req.host_discovery_script)
         bounds = resolve_bounds(min_workers=req.min_workers, max_workers=req.max_workers, gpus=req.workers)
         if bounds is None:  # no bounds given: from 1 to every usable slot
@@ -146,7 +142,8 @@ def host_manager(req: RunRequest, echo: Callable[[str], None], collective: str =
         interval = FIXED_INTERVAL_S
     over_hosts = False
     if req.relaunch == "inplace":  # over the hosts listed first, or on this host only (its slots one host's)
-        over_hosts = several_hosts(discovery.find().hosts)
+        # (torch.distributed's ring in place is launched on this host: never over hosts)
+        over_hosts = collective != "torch" and several_hosts(discovery.find().hosts)
         if not over_hosts:
             discovery = ThisHostOnly(discovery, name)
     poller = HostPoller(discovery, interval_s=interval)

@@ -332,6 +332,14 @@ class LocalRingBackend(Backend):
     def usable_slots(self, want: int) -> int:
         return self.spec.slots
 
+    def use_hosts(self, hosts: str) -> None:
+        """Host discovery's usable hosts under ``--relaunch inplace``: this host only (the controller
+        reads the answer so: ``prepare_hosts.host_manager``), so the ring's size is the segment's on
+        this host's slots and there is nothing else to choose; another machine is refused there."""
+        from elastic_ring.controller.api import parse_hosts
+
+        self.placed = parse_hosts(hosts) if hosts else None
+
     def first_failed_rank(self, log_path: Path | None) -> int | None:
         return self.group.failed_rank if self.group is not None else first_failed_rank(log_path)
 
