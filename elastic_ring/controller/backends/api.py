@@ -128,9 +128,9 @@ def serve_source(backend: str, source: StateSource, serves: tuple[StateSource, .
 
 class Backend:
     """What starts a segment's workers and knows what happened to them; every backend subclasses
-    it. The first five methods each backend has; the rest are abilities of the backends that keep
-    the survivors of a failure (``--survive``: Ray, ``--relaunch inplace``), whose defaults here
-    say the backend has none of them."""
+    it. The methods up to :meth:`close` each backend has (``monitor`` one for all); the rest are
+    abilities of the backends that keep the survivors of a failure (``--survive``: Ray,
+    ``--relaunch inplace``), whose defaults here say the backend has none of them."""
 
     name: str
     refused: str | None = None  # why the last failure's survivors did not go on from memory (the restart says)

@@ -12,7 +12,7 @@ controller's segment loop asks at each point instead of testing the mode's name.
 
 Either re-forms a group from the state source the controller decided
 (:attr:`~.membership.MembershipChange.state_source`): ``ResizeStrategy.reform`` takes it, and the
-backend serves it or refuses it in one line; the controller never asks which strategy it has.
+backend serves it or refuses it in one line; the controller never asks which backend it has.
 """
 
 from __future__ import annotations
