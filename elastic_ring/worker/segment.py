@@ -42,8 +42,9 @@ VOTE_COST_FLOOR_S = 0.5e-3  # a vote's cost counted at least this (its collectiv
 MAX_EVERY = 10_000  # steps between two votes at most
 READ_LAG_S = 0.02  # a vote is read at least this long after it started, where the latency allows
 # (its allreduce done in the background by then: Horovod negotiates every 5 ms cycle on CPUs)
-# the vote's vector: these slots (``lag``: the next vote's read lag), the last two only where the job has them (a sharded job's
-# checkpoint due; a window's loss, where the loop form closes its windows at vote steps), so one
+# the vote's vector: these slots (``lag``: the next vote's read lag), the last two only where the
+# job has them (a sharded job's checkpoint due; a window's loss, where the loop form closes its
+# windows at vote steps), so one
 # job's votes are all of one length (Horovod's response cache keeps a collective of one name and
 # shape negotiated once; a window's slot is 0.0 at a vote that carries none): summed over the ranks
 VOTE_SLOTS = ("asked", "finish", "every", "lag", "checkpoint", "window")
