@@ -14,7 +14,8 @@ For each test, one JSON line appended to FILE:
   with torch already imported (what a fork saves: the import).
 - ``exited_cpu``: the CPU seconds of the test's Python processes that exited normally, each its
   own (``RUSAGE_SELF`` at ``atexit``): daemons included, whoever waited for them.
-- ``argv_torch``: the command lines (shortened) of the interpreters that imported torch.
+- ``starts``: the interpreters started, by what they ran (``-m MODULE`` and, for the CLI, its
+  command; a script's name otherwise); ``torch_in``: the same for those that imported torch.
 
 What ``children`` misses: a process that nobody in the chain up to pytest waited for before the
 test ended (a daemon started with ``start_new_session`` and left to ``init``, a worker whose launcher
@@ -23,6 +24,8 @@ count only once it waited for them. ``exited_cpu`` counts those that exited thro
 normal exit, but not those killed by a signal (kill -9, a SIGTERM without a handler) or ended with
 ``os._exit`` (the zygote's forked workers) — their CPU is in their parent's ``children`` if it
 waited. Neither counts non-Python processes' CPU beyond the waited for (``sh``, ``cat``, ``ssh``).
+``scripts/suite_cpu.py`` samples every process of a marked suite from /proc instead (those not
+waited for too, by kind; it misses those that live under its 0.1 s period).
 
 The counts come from a ``sitecustomize`` module put first on the children's ``PYTHONPATH`` (an
 interpreter started with ``-S``/``-I`` or a cleared environment is not counted); it only writes
@@ -33,9 +36,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -82,6 +87,18 @@ if _f:
 '''
 
 
+def _kind(argv: list[str]) -> str:
+    """What an interpreter ran, from its command line: ``elastic_ring.cli.main train``,
+    ``elastic_ring.worker.run --zygote``, ``elastic_ring.worker.run``, ``script.py``, ``-c``."""
+    args = [a for a in argv[1:] if a not in ("-u", "-B", "-E", "-s")]
+    if args[:1] == ["-m"] and len(args) > 1:
+        extra = args[2:3] if args[1] == "elastic_ring.cli.main" or args[2:3] == ["--zygote"] else []
+        return " ".join([args[1], *extra])
+    if args and not args[0].startswith("-"):
+        return re.sub(r".*/", "", args[0])
+    return args[0] if args else "(interactive)"
+
+
 def install(log: str):
     """Set up the accounting into ``log``; returns the ``pytest_runtest_protocol`` hook wrapper."""
     site = Path(tempfile.mkdtemp(prefix="er-test-cpu-"))
@@ -110,9 +127,9 @@ def install(log: str):
                 "torch": len({r["pid"] for r in recs if r["event"] == "torch" and r["pid"] in started}),
                 "forks": len(forks), "forks_torch": sum(1 for r in forks if r["torch"]),
                 "exited_cpu": round(sum(r["cpu"] for r in recs if r["event"] == "exit"), 2),
-                "argv_torch": sorted({" ".join(map(str, r["argv"]))[:120] for r in recs
-                                      if r["event"] == "start" and r["pid"] in
-                                      {t["pid"] for t in recs if t["event"] == "torch"}}),
+                "starts": dict(Counter(_kind(r["argv"]) for r in recs if r["event"] == "start").most_common()),
+                "torch_in": dict(Counter(_kind(r["argv"]) for r in recs if r["event"] == "start"
+                                         and r["pid"] in {t["pid"] for t in recs if t["event"] == "torch"})),
             }) + "\n")
 
     return pytest_runtest_protocol
