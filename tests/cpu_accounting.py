@@ -34,10 +34,12 @@ lines to the file named in ``ELASTIC_RING_TEST_PROCS`` (one per test, set before
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
 import resource
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -102,6 +104,7 @@ def _kind(argv: list[str]) -> str:
 def install(log: str):
     """Set up the accounting into ``log``; returns the ``pytest_runtest_protocol`` hook wrapper."""
     site = Path(tempfile.mkdtemp(prefix="er-test-cpu-"))
+    atexit.register(shutil.rmtree, site, True)  # (a late line of a process still running is lost)
     (site / "sitecustomize.py").write_text(_SITECUSTOMIZE % {"env": PROCS_ENV})
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
 
