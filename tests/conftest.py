@@ -253,21 +253,9 @@ def wait_for(pred, timeout: float, what: str, poll: float = 0.3):
 
 
 # ELASTIC_RING_TEST_CPU=FILE: one JSON line per test (wall seconds, the CPU seconds of the pytest
-# worker and of the child processes it waited for), to find where the suite's time goes.
-_CPU_LOG = os.environ.get("ELASTIC_RING_TEST_CPU")
-if _CPU_LOG:
-    import json as _json
-    import resource as _resource
-    import time as _time
+# worker and of the child processes it waited for, the Python processes it started and those that
+# imported torch), to find where the suite's time goes (tests/cpu_accounting.py)
+if os.environ.get("ELASTIC_RING_TEST_CPU"):
+    from tests.cpu_accounting import install as _install_cpu_accounting
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(item, nextitem):
-        def cpu(who):
-            u = _resource.getrusage(who)
-            return u.ru_utime + u.ru_stime
-        t0, s0, c0 = _time.time(), cpu(_resource.RUSAGE_SELF), cpu(_resource.RUSAGE_CHILDREN)
-        yield
-        with open(_CPU_LOG, "a") as f:
-            f.write(_json.dumps({"test": item.nodeid, "wall": round(_time.time() - t0, 2),
-                                 "self": round(cpu(_resource.RUSAGE_SELF) - s0, 2),
-                                 "children": round(cpu(_resource.RUSAGE_CHILDREN) - c0, 2)}) + "\n")
+    pytest_runtest_protocol = _install_cpu_accounting(os.environ["ELASTIC_RING_TEST_CPU"])

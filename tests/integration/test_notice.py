@@ -20,6 +20,7 @@ from elastic_ring import protocol
 from elastic_ring.errors import EXIT_REQUEUE
 from elastic_ring.events import read_events
 from tests.conftest import BIN, ROOT, one_line_error, run_cli, wait_for
+from tests.integration.two_hosts import sigterm_127_then_shrunk
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +91,7 @@ def _shrunk_off_127(run: Path, steps: int, cause: str, why: str) -> None:
 
 
 def test_drain_shrinks_off_the_host_with_nothing_redone_and_its_one_line_errors(tmp_path, capsys):
-    steps = 800
+    steps = 600  # the shrink lands by step ~135 at load 15 (three drain commands first); the rest at 1 worker
     run, proc = _two_host_run(tmp_path, "drain", steps)
     try:
         r = run_cli("drain", str(run), "10.9.9.9")  # not one of its hosts
@@ -119,17 +120,9 @@ def test_drain_shrinks_off_the_host_with_nothing_redone_and_its_one_line_errors(
 
 
 def test_a_sigterm_to_one_worker_is_a_preempted_shrink(tmp_path):
-    steps = 800
+    steps = 500  # the shrink lands by step ~55 at load 15; the rest trains at 1 worker
     run, proc = _two_host_run(tmp_path, "preempt", steps)
-    try:
-        recs = [protocol.read_json(f) for f in protocol.pid_dir(run).glob("seg000-rank*.json")]
-        (victim,) = [r for r in recs if r and r.get("launch_host") == "127.0.0.1"]
-        os.kill(int(victim["pid"]), signal.SIGTERM)  # how Kubernetes and spot reclaims preempt
-        wait_for(lambda: len(_events(run, "launch")) >= 2, 120, "the shrink")
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    victim, out, err = sigterm_127_then_shrunk(proc, run)  # how Kubernetes and spot reclaims preempt
     assert proc.returncode == 0, err
     (notice,) = _events(run, "preempt_notice")
     assert (notice["rank"], notice["segment"], notice["pid"]) == (victim["rank"], 0, victim["pid"])

@@ -4,18 +4,15 @@ several hosts is watched as a discovery whose answer never changes, as the Horov
 the job trains on the other host, and grown back onto after it.
 
 Hosts `localhost` and `127.0.0.1` (two names of this machine); real horovodrun launches of
-torch.distributed workers (gloo) of a tiny ResNet; the helpers are test_discovery's."""
+torch.distributed workers (gloo) of a tiny ResNet; the helpers are test_discovery's and two_hosts'."""
 
 from __future__ import annotations
-
-import os
-import signal
 
 import pytest
 
 from elastic_ring import protocol
-from tests.conftest import run_cli, wait_for
 from tests.integration.test_discovery import TINY, _events, _history, _start
+from tests.integration.two_hosts import kill_127_then_grown_back
 
 pytestmark = pytest.mark.integration
 
@@ -27,19 +24,7 @@ def test_a_torch_job_over_fixed_hosts_leaves_a_failed_host_out_for_its_cooldown_
     run = tmp_path / "cool"
     proc = _start(["--gpus", "2", "--steps", str(steps), *TINY, "--collective", "torch", "--hosts", BOTH,
                    "--blacklist-cooldown-range", "3:6", "--run-dir", str(run)])
-    try:
-        wait_for(lambda: _events(run, "throughput"), 120, "a window at 2 workers")
-        recs = [protocol.read_json(f) for f in protocol.pid_dir(run).glob("seg000-rank*.json")]
-        (victim,) = [r for r in recs if r and r.get("launch_host") == "127.0.0.1"]
-        os.kill(int(victim["pid"]), signal.SIGKILL)  # the worker on 127.0.0.1 dies
-        line = wait_for(lambda: next((ln for ln in run_cli("status", str(run)).stdout.splitlines()
-                                      if "excluded: 127.0.0.1 until" in ln), None), 30, "status naming the host")
-        assert line.startswith("hosts: localhost:1 (1 slot); excluded: 127.0.0.1 until "), line
-        wait_for(lambda: len(_events(run, "launch")) >= 3, 120, "the grow back onto 127.0.0.1")
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    victim, out, err = kill_127_then_grown_back(proc, run)  # status names 127.0.0.1 excluded meanwhile
     assert proc.returncode == 0, err
     assert f"elastic-ring: hosts {BOTH}, fixed: a host whose worker fails is left out for 3-6 s" in err
     launches = _events(run, "launch")

@@ -1,0 +1,108 @@
+"""The two-host tests' shared sequences (`localhost` and `127.0.0.1`, two hosts on one machine):
+the worker launched on 127.0.0.1 gets a signal (kill -9: a failure, its host cooled down and grown
+back onto; SIGTERM: a preempted shrink) or its host is drained, and the run is waited for.
+
+Each returns what the tests read afterwards: the victim's pid record (its ``rank`` and ``pid``) and
+the run's stdout and stderr. The run's process is killed where a step fails."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from elastic_ring import protocol
+from elastic_ring.events import read_events
+from tests.conftest import run_cli, wait_for
+
+
+def _launches(run: Path) -> int:
+    return len(read_events(run / "events.jsonl", kind="launch"))
+
+
+def window_at_2(run: Path) -> list[dict]:
+    """Wait for a throughput window of the run at 2 workers (the ring trains on both hosts)."""
+    return wait_for(lambda: [t for t in read_events(run / "events.jsonl", kind="throughput")
+                             if t["world_size"] == 2], 120, "a window at 2 workers")
+
+
+def worker_on_127(run: Path, segment: int = 0) -> dict:
+    """The pid record of the worker of ``segment`` launched on 127.0.0.1 (there is one)."""
+    recs = [protocol.read_json(f) for f in protocol.pid_dir(run).glob(f"seg{segment:03d}-rank*.json")]
+    (victim,) = [r for r in recs if r and r.get("launch_host") == "127.0.0.1"]
+    return victim
+
+
+def status_lines(run: Path) -> list[str]:
+    """``elastic-ring status RUN``'s lines on stdout, through the console entry in this process (a
+    read of the run's files, as ``tests.conftest.run_inproc``): quick enough to catch a state that
+    lasts a few seconds, where a new process's start can take one or two on a loaded machine. As
+    of a status process, an error leaves no line on stdout (a run folder not made yet)."""
+    from elastic_ring.cli.main import main
+
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            main(["status", str(run)])
+    except SystemExit:
+        pass
+    except Exception:  # a process's traceback (on stderr)
+        return []
+    return out.getvalue().splitlines()
+
+
+def kill_127_then_grown_back(proc: subprocess.Popen, run: Path, excluded_line: bool = True) -> tuple[dict, str, str]:
+    """A run of 2 workers over both hosts: after a window, kill -9 of the worker on 127.0.0.1; with
+    ``excluded_line``, status names the host left out (``hosts: localhost:1 (1 slot); excluded:
+    127.0.0.1 until ...``) during its cooldown; then the third launch (the grow back onto it) and
+    the run's end. Returns (the victim's record, stdout, stderr)."""
+    try:
+        window_at_2(run)
+        victim = worker_on_127(run)
+        os.kill(int(victim["pid"]), signal.SIGKILL)  # the worker on 127.0.0.1 dies
+        if excluded_line:
+            line = wait_for(lambda: next((ln for ln in status_lines(run) if "excluded: 127.0.0.1 until" in ln),
+                                         None), 30, "status naming the host", poll=0.1)
+            assert line.startswith("hosts: localhost:1 (1 slot); excluded: 127.0.0.1 until "), line
+        wait_for(lambda: _launches(run) >= 3, 120, "the grow back onto 127.0.0.1")
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return victim, out, err
+
+
+def sigterm_127_then_shrunk(proc: subprocess.Popen, run: Path) -> tuple[dict, str, str]:
+    """A run of 2 workers over both hosts: after a window at 2, SIGTERM to the worker on 127.0.0.1
+    (how Kubernetes and spot reclaims preempt); then the second launch (the shrink off it) and the
+    run's end. Returns (the victim's record, stdout, stderr)."""
+    try:
+        window_at_2(run)
+        victim = worker_on_127(run)
+        os.kill(int(victim["pid"]), signal.SIGTERM)
+        wait_for(lambda: _launches(run) >= 2, 120, "the shrink")
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return victim, out, err
+
+
+def drain_127_then_shrunk(proc: subprocess.Popen, run: Path, then=None) -> tuple[str, str]:
+    """A run of 2 workers over both hosts: after a window at 2, ``elastic-ring drain RUN 127.0.0.1
+    --deadline 60`` (answered at once); then the second launch (the shrink off it), ``then()``
+    (more checks of the running job, where given) and the run's end. Returns (stdout, stderr)."""
+    try:
+        window_at_2(run)
+        r = run_cli("drain", str(run), "127.0.0.1", "--deadline", "60")
+        assert r.returncode == 0 and "drain of 127.0.0.1 requested" in r.stdout, r.stderr
+        wait_for(lambda: _launches(run) >= 2, 120, "the shrink")
+        if then is not None:
+            then()
+        return proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
