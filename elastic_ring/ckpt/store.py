@@ -80,13 +80,12 @@ def save_atomic(path: str | Path, state: dict[str, Any]) -> int:
     return len(data)
 
 
-def load_verified(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint after checking its magic and checksum.
+def _verified_payload(p: Path) -> bytes:
+    """A checkpoint file's payload after its magic and checksum are checked (no torch).
 
     Raises:
         CheckpointError: missing, truncated, not a checkpoint, or checksum mismatch.
     """
-    p = Path(path)
     try:
         data = p.read_bytes()
     except OSError as e:
@@ -96,6 +95,17 @@ def load_verified(path: str | Path) -> dict[str, Any]:
     digest, payload = data[len(MAGIC):len(MAGIC) + 32], data[len(MAGIC) + 32:]
     if hashlib.sha256(payload).digest() != digest:
         raise CheckpointError(f"checkpoint {p} is corrupt (SHA-256 mismatch)")
+    return payload
+
+
+def load_verified(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint after checking its magic and checksum.
+
+    Raises:
+        CheckpointError: missing, truncated, not a checkpoint, or checksum mismatch.
+    """
+    p = Path(path)
+    payload = _verified_payload(p)
     import torch
 
     try:
@@ -183,20 +193,41 @@ class CheckpointStore:
         Raises:
             CheckpointError: no kept checkpoint loads (the message names each and why).
         """
+        return self._newest(load_verified, lambda state: state.get("step"), warn)
+
+    def latest_step(self, warn: Callable[[str], None] | None = None) -> int | None:
+        """The step of the checkpoint :meth:`load_latest` would load, from its name, after its magic
+        and checksum are checked, without unpickling it: no torch, no model in memory (the
+        controller's ``--resume``: the workers load it). None when the run has none yet; a corrupt
+        newest one is skipped with the same warning.
+
+        Raises:
+            CheckpointError: no kept checkpoint verifies (the message names each and why).
+        """
+        def step_of(p: Path) -> int:
+            _verified_payload(p)
+            try:
+                return int(p.stem.split("-")[1])
+            except (IndexError, ValueError):
+                raise CheckpointError(f"checkpoint {p} is not named ckpt-<step>.pt") from None
+
+        return self._newest(step_of, lambda step: step, warn)
+
+    def _newest(self, read: Callable[[Path], Any], step: Callable[[Any], Any],
+                warn: Callable[[str], None] | None) -> Any:
         paths = self.candidates()
         if not paths:
             return None
         problems = []
         for i, p in enumerate(paths):
             try:
-                state = load_verified(p)
+                got = read(p)
             except CheckpointError as e:
                 problems.append(str(e))
                 continue
             if i > 0 and warn is not None:
-                warn(f"warning: {problems[0]}; resuming from the previous checkpoint {p} "
-                     f"(step {state.get('step')})")
-            return state
+                warn(f"warning: {problems[0]}; resuming from the previous checkpoint {p} (step {step(got)})")
+            return got
         raise CheckpointError("; ".join(problems) + " (no older checkpoint loads: start a new run)"
                               if len(problems) > 1 else problems[0]
                               + " (no older checkpoint is kept: start a new run)")

@@ -382,9 +382,10 @@ def _prepare_resume(req: RunRequest, device: str, n_slots: int, sched: tuple[Res
     cfg = None if script else load_config(rd / "config.yaml")
     total = int(run_info.get("total_steps") or (cfg.total_steps if cfg else 0))
     keep_now = req.keep or int(run_info.get("worker", {}).get("keep", 2))
-    ckpt = CheckpointStore(rd / "checkpoints", keep=keep_now).load_latest(warn=echo)
-    start_step = int(ckpt["step"]) if ckpt else 0
-    if ckpt is None:
+    # (checked, not loaded: the workers load it; the controller needs no torch for its step)
+    ckpt_step = CheckpointStore(rd / "checkpoints", keep=keep_now).latest_step(warn=echo)
+    start_step = ckpt_step or 0
+    if ckpt_step is None:
         echo(f"elastic-ring: no checkpoint in {rd / 'checkpoints'}: the run starts again at step 1")
     old_total = total
     if req.steps is not None:
