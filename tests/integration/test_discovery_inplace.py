@@ -1,6 +1,7 @@
 """Host discovery in place on one host (docs/hosts.md): with `--relaunch inplace` and a discovery
 script that lists only this host, a change of its slots grows or shrinks the ring in the same
-processes (one horovodrun, nothing redone, nothing read back). A script that lists several hosts
+processes (one horovodrun, nothing redone, nothing read back); with `--collective torch` the
+torch.distributed ring does the same in its processes. A script that lists several hosts
 at the start runs the ring over them (tests/integration/test_discovery_hosts_inplace.py; that
 choice: tests/unit/test_discovery_hosts_inplace.py).
 
@@ -17,13 +18,15 @@ from tests.integration.test_discovery import TINY, _discovery, _events, _start, 
 pytestmark = pytest.mark.integration
 
 
-def test_one_host_slots_discovered_grow_and_shrink_the_ring_in_place(tmp_path):
+@pytest.mark.parametrize("collective", ["horovod", "torch"])
+def test_one_host_slots_discovered_grow_and_shrink_the_ring_in_place(tmp_path, collective):
     steps = 1200  # the grow waits for its worker's start (by step ~550 in runs on a loaded machine, ~60 with
     # the worker forked by the zygote at load 15), the shrink ~30 steps later; the rest trains at 1 worker
     script, listed, _ = _discovery(tmp_path, "localhost:1\n")
     run = tmp_path / "run"
     proc = _start(["--steps", str(steps), *TINY, "--relaunch", "inplace", "--host-discovery-script", str(script),
-                   "--discovery-interval", "0.3", "--min-workers", "1", "--max-workers", "2", "--run-dir", str(run)])
+                   "--discovery-interval", "0.3", "--min-workers", "1", "--max-workers", "2", "--run-dir", str(run),
+                   "--collective", collective])
     try:
         wait_for(lambda: _events(run, "throughput"), 120, "a window at 1 worker")
         list_hosts(listed, "localhost:2\n")  # a slot appears on this host
@@ -36,9 +39,12 @@ def test_one_host_slots_discovered_grow_and_shrink_the_ring_in_place(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
-    launches = _events(run, "launch")  # one horovodrun, its ring re-formed in place
+    launches = _events(run, "launch")  # one horovodrun (or the torch workers kept), the ring re-formed in place
     assert [e["world_size"] for e in launches] == [1, 2, 1]
-    assert len({tuple(e["command"]) for e in launches}) == 1 and "--inplace" in launches[0]["command"]
+    if collective == "horovod":
+        assert len({tuple(e["command"]) for e in launches}) == 1 and "--inplace" in launches[0]["command"]
+    else:  # torch.distributed's ring in place on this host: its processes kept, the group re-formed
+        assert "kept across resizes (the group re-formed in place)" in err
     assert [e["returncode"] for e in _events(run, "workers_exited")] == [0]
     changes = _events(run, "membership_change")
     assert [(c["cause"], c["members_before"], c["members_after"], c["state_source"]) for c in changes] == [

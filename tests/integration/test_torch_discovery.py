@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from elastic_ring import protocol
-from tests.conftest import run_cli, wait_for
+from tests.conftest import one_line_error, run_cli, wait_for
 from tests.integration.test_discovery import TINY, _discovery, _events, _history, _start, _trace, list_hosts
 from tests.integration.test_notice import _shrunk_off_127
 from tests.integration.two_hosts import drain_127_then_shrunk, kill_127_then_grown_back, sigterm_127_then_shrunk
@@ -106,3 +106,9 @@ def test_a_torch_workers_failed_host_cools_down_and_is_grown_back_onto(tmp_path)
     assert _events(run, "finished")[-1]["step"] == steps
     assert "Traceback" not in err
 
+
+def test_a_torch_ring_in_place_refuses_another_machine_in_one_line(tmp_path, cli_inproc):
+    script, _, _ = _discovery(tmp_path, "node7:2\n")  # (this host's slots in place: test_discovery_inplace.py)
+    r = cli_inproc("train", "--steps", "2", *TINY, "--collective", "torch", "--relaunch", "inplace",
+                   "--host-discovery-script", str(script), "--run-dir", str(tmp_path / "r"))
+    one_line_error(r, "--relaunch inplace runs on this host only: discovery script")
