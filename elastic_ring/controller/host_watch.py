@@ -111,6 +111,11 @@ class HostWatch:
 
         self.kept = HostSet.from_arg(hosts)
 
+    def ahead(self, world: int) -> HostSet:
+        """The hosts a next segment of ``world`` would start on now (:meth:`place`, nothing kept):
+        a shrink asked in place tells them to the backend ahead of the pause."""
+        return self.kept or self.manager.view(self.asked).hosts_for(world)
+
     def place(self, seg: Segment) -> HostSet:
         """The hosts ``seg`` starts on: the first ``seg.world`` usable slots, in rank order (or
         those :meth:`keep` gave)."""

@@ -275,6 +275,38 @@ class ElasticBackend(Backend):
     def unleave(self) -> None:
         self._leaving.clear()
 
+    def shrink_ahead(self, launch: SegmentLaunch, hosts: str | None) -> bool:
+        """A shrink asked while the ring trains (a host dropped from the discovery, drained, a
+        worker's notice, a live resize) becomes what a scheduled shrink is: the host list of the
+        next ring and its action are written now, the action ahead for the segment's next stop
+        (``seam.AT_NEXT_STOP``), so that at the stop the workers agree on rank 0 takes it at once
+        (Horovod's driver has reported the list meanwhile) instead of waiting for the controller to
+        see the pause and for the driver's next poll and notice. The driver starts or ends no process
+        before the workers reset. The controller withdraws it as a scheduled one's
+        (:meth:`retract_ahead`: an interrupt, a failure first, rank 0 not there in time). Over
+        discovered hosts ``hosts`` is the controller's placement of the next ring (:attr:`_placed`,
+        the running ring's, is kept for a failure meanwhile: :meth:`_hosts_after`). False: nothing
+        written (not a shrink of the running segment, one is written ahead already, or the hosts
+        do not make that size)."""
+        from elastic_ring.controller.api import parse_hosts
+
+        cur = self._launch
+        if cur is None or self._ahead is not None or launch.segment != cur.segment + 1 or launch.world >= cur.world:
+            return False
+        if self.over_hosts:
+            placed = parse_hosts(hosts) if hosts else []
+            if sum(n for _, n in placed) != launch.world:
+                return False
+            t = time.time()
+            if write_hosts(self.spec.run_dir, launch.world, None, placed):
+                self.hosts_written = t
+        else:
+            self._write_hosts(launch.world)
+        self._ahead, self._ahead_taken = launch, False
+        seam.write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), at_step=seam.AT_NEXT_STOP,
+                                 hosts_written=self.hosts_written)
+        return True
+
     def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
         self._live, self._dead, self._leaving = [], set(), set()
         names = self._names(launch.world)
@@ -355,6 +387,7 @@ class ElasticBackend(Backend):
                 raise RuntimeError(f"the workers took the resize to {a.world} written ahead for "
                                    f"segment {a.segment}, the controller decided {launch}")
             self._live = self._names(launch.world) or []
+            self._leaving.clear()
             self._launch, self._ahead = launch, None
             return
         self._live = self._write_hosts(launch.world) or []
