@@ -104,19 +104,31 @@ def elastic_horovodrun_command(spec, world: int, segment: int, stop_at: int,
 
 
 def _current_records(run_dir: Path, segment: int) -> dict[int, dict]:
-    """rank -> the pid record of the process that holds it in ``segment``: each rank's record of
-    the latest segment up to this one (a worker that stayed across in-place resizes wrote it when
-    it started)."""
-    best: dict[int, tuple[int, dict]] = {}
-    for rec in protocol.read_pid_records(run_dir):
+    """rank -> the pid record of the process that holds it in ``segment``: of the records of
+    segments up to this one, each process's of its newest segment (a worker writes one when it
+    starts, and again after each in-place re-form, which may renumber it), then each rank's newest
+    by when it was written, not by its segment: a joiner Horovod's driver starts names the segment
+    its horovodrun was launched for, and a rank's record of an earlier ring is stale once another
+    process holds that rank (seen: after rank 0's host left and the ring grew back, the survivor
+    was missing from the map at a second failure, which was then restarted from the checkpoint)."""
+    recs: list[tuple[float, int, int, dict]] = []
+    newest: dict[int, int] = {}  # pid -> its newest segment
+    for f in protocol.pid_dir(run_dir).glob("seg*-rank*.json"):
+        rec = protocol.read_json(f)
         try:
-            r, s = int(rec["rank"]), int(rec["segment"])
-            int(rec["pid"])
-        except (KeyError, TypeError, ValueError):
+            r, s, pid = int(rec["rank"]), int(rec["segment"]), int(rec["pid"])
+            written = f.stat().st_mtime
+        except (KeyError, TypeError, ValueError, OSError):
             continue
-        if s <= segment and s >= best.get(r, (-1, {}))[0]:
-            best[r] = (s, rec)
-    return {r: rec for r, (_, rec) in best.items()}
+        if s <= segment:
+            recs.append((written, s, pid, rec))
+            newest[pid] = max(s, newest.get(pid, s))
+    best: dict[int, tuple[float, int, dict]] = {}
+    for written, s, pid, rec in recs:
+        r = int(rec["rank"])
+        if s == newest[pid] and (written, s) >= best.get(r, (-1.0, -1, {}))[:2]:
+            best[r] = (written, s, rec)
+    return {r: rec for r, (_, _, rec) in best.items()}
 
 
 def _current_pids(run_dir: Path, segment: int) -> dict[int, int]:
