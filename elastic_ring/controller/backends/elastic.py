@@ -103,24 +103,35 @@ def elastic_horovodrun_command(spec, world: int, segment: int, stop_at: int,
             "--", spec.script or BUILTIN_TARGET, *spec.script_args]
 
 
+def _pid_records(run_dir: Path) -> list[tuple[Path, dict]]:
+    """The workers' process records, with their files: those written when a worker started
+    (``seg<N>-rank<R>.json``) and after its ring was re-formed in place (``reformed-<pid>.json``)."""
+    pids = protocol.pid_dir(run_dir)
+    out = []
+    for f in [*sorted(pids.glob("seg*-rank*.json")), *sorted(pids.glob("reformed-*.json"))]:
+        rec = protocol.read_json(f)
+        if isinstance(rec, dict):
+            out.append((f, rec))
+    return out
+
+
 def _current_records(run_dir: Path, segment: int) -> dict[int, dict]:
-    """rank -> the pid record of the process that holds it in ``segment``: of the records of
-    segments up to this one, each process's of its newest segment (a worker writes one when it
-    starts, and again after each in-place re-form, which may renumber it), then each rank's newest
-    by when it was written, not by its segment: a joiner Horovod's driver starts names the segment
-    its horovodrun was launched for, and a rank's record of an earlier ring is stale once another
-    process holds that rank (seen: after rank 0's host left and the ring grew back, the survivor
-    was missing from the map at a second failure, which was then restarted from the checkpoint)."""
+    """rank -> the pid record of the process that holds it in ``segment``: of the records
+    (:func:`_pid_records`) of segments up to this one, each process's of its newest segment (an
+    in-place re-form may renumber it), then each rank's newest by when it was written, not by its
+    segment: a joiner Horovod's driver starts names the segment its horovodrun was launched for,
+    and a rank's record of an earlier ring is stale once another process holds that rank (seen:
+    after rank 0's host left and the ring grew back, the survivor was missing from the map at a
+    second failure, which was then restarted from the checkpoint)."""
     recs: list[tuple[float, int, int, dict]] = []
     newest: dict[int, int] = {}  # pid -> its newest segment
-    for f in protocol.pid_dir(run_dir).glob("seg*-rank*.json"):
-        rec = protocol.read_json(f)
+    for f, rec in _pid_records(run_dir):
         try:
             r, s, pid = int(rec["rank"]), int(rec["segment"]), int(rec["pid"])
             written = f.stat().st_mtime
         except (KeyError, TypeError, ValueError, OSError):
             continue
-        if s <= segment:
+        if 0 <= s <= segment:  # (a warm spare's record, segment -1, is a placeholder)
             recs.append((written, s, pid, rec))
             newest[pid] = max(s, newest.get(pid, s))
     best: dict[int, tuple[float, int, dict]] = {}
@@ -478,7 +489,7 @@ class ElasticBackend(Backend):
         survivor's host is its process record's name in the driver's list (by its pid: a survivor
         keeps its process, not its rank, across in-place resizes)."""
         host_of: dict[int, tuple[int, str | None]] = {}
-        for rec in protocol.read_pid_records(self.spec.run_dir):
+        for _, rec in _pid_records(self.spec.run_dir):  # (a renumbered survivor's: its re-form's record)
             try:
                 pid, seg = int(rec["pid"]), int(rec["segment"])
             except (KeyError, TypeError, ValueError):
