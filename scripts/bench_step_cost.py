@@ -253,7 +253,7 @@ def latency_run(mode: str, work: Path) -> dict:
     done): the seconds from the request (``elastic-ring resize``: its ``resize_requested`` event's
     time) and from the controller's stop file (the library's part: the bound is 100 ms plus a
     step) to the workers' agreement (``segment_end``'s ``stop_decided_at``), the step time then
-    (the median window at 2 workers) and the vote's period rank 0 last reported."""
+    (the median window at 2 workers) and the vote's period and read lag rank 0 last reported."""
     from benchlib import TrainRun
 
     run = Path(tempfile.mkdtemp(dir=work)) / "run"
@@ -292,7 +292,7 @@ def latency_run(mode: str, work: Path) -> dict:
     lat = end["stop_decided_at"] - req["time"]
     lib = end["stop_decided_at"] - stop_t if stop_t is not None else None
     return {"latency_s": lat, "stop_file_to_agreement_s": lib, "step_s": step_s, "vote_every": prog.get("vote_every"),
-            "stop_step": end["step"],
+            "vote_lag": prog.get("vote_lag"), "stop_step": end["step"],
             "within_100ms_plus_a_step": step_s is not None and lib is not None and lib <= 0.1 + step_s}
 
 
@@ -383,7 +383,7 @@ def main() -> int:
                     lib = lat["stop_file_to_agreement_s"]
                     print(f"round {i + 1} live resize {mode}: {lat['latency_s'] * 1e3:.0f} ms from request to "
                           f"agreement, {lib * 1e3 if lib is not None else float('nan'):.0f} ms from the stop file "
-                          f"(K {lat['vote_every']}, steps of {(lat['step_s'] or 0) * 1e3:.1f} ms)", flush=True)
+                          f"(K {lat['vote_every']}, L {lat.get('vote_lag')}, steps of {(lat['step_s'] or 0) * 1e3:.1f} ms)", flush=True)
             rnd["load_after"] = os.getloadavg()
             rounds.append(rnd)
     except BenchError as e:

@@ -311,7 +311,7 @@ def status(run_dir, as_json):
     survive, survive_line = recorded(evs)  # whether a failure's survivors go on, and why
     if as_json:
         s.update(phase=st.phase.value, total_steps=st.total_steps, pid=st.pid, vote_every=st.vote_every,
-                 hosts=st.hosts, survive=survive)
+                 vote_lag=st.vote_lag, hosts=st.hosts, survive=survive)
         click.echo(json.dumps(s, indent=2))
         return
     latency = st.stop_latency_line()

@@ -13,7 +13,7 @@ did in controller.py, from where they moved unchanged.
 
 from __future__ import annotations
 
-from elastic_ring.controller.backends.api import SegmentLaunch
+from elastic_ring.controller.backends.api import GroupState, SegmentLaunch
 from elastic_ring.controller.membership import Cause, decide
 from elastic_ring.controller.requests import take_asked
 from elastic_ring.controller.segment import Segment, Stop
@@ -108,7 +108,7 @@ class Asks:
             return
         late = self.drains.overdue()
         if late is not None:
-            if seg.handle is not None and seg.handle.poll() is None:
+            if seg.handle is not None and self.backend.monitor(seg.handle).state is GroupState.RUNNING:
                 self.out(f"drain of {late.host}: its deadline ({late.deadline_s:g} s) passed before the shrink "
                          f"landed: the workers are stopped, and it is a failure")
                 seg.handle.kill()

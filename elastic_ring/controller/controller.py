@@ -28,9 +28,12 @@ at an agreed step with a checkpoint and is relaunched at the size they allow (``
 minimum it waits, and a schedule's or a live resize's size is capped by what is discovered.
 
 Every cause of a change of members (schedule, live request, hosts, joiner, failure, stall, lost host) goes
-through one path: the watch of a segment ends (:meth:`Controller._watch`), :meth:`Controller._decide`
-turns it into one :class:`~.membership.MembershipChange` (its cause and state source), and
-:meth:`Controller._act` carries it out and writes it as a ``membership_change`` event.
+through one path: the watch of a segment ends with its group's state (:meth:`Controller._watch`: a
+:class:`~.backends.api.GroupStatus`, from the backend's ``monitor``), :meth:`Controller._decide`
+turns it into one :class:`~.membership.MembershipChange` (its cause and state source),
+:meth:`Controller._act` carries it out and writes it as a ``membership_change`` event, and the next
+segment begins from that state source (:meth:`Controller._begin`: a new group from the checkpoint,
+or the paused one re-formed in place from memory or a peer).
 
 It owns the run folder while it runs (a lock, and a heartbeat its workers watch: they exit by
 themselves within seconds when it is gone or replaced).
@@ -68,14 +71,14 @@ from elastic_ring.controller.ahead import RingAhead
 from elastic_ring.controller.api import LAUNCHING, Plan, RunSpec, RunState, check_transition
 from elastic_ring.controller.asks import Asks
 from elastic_ring.controller.backends import Backend, LaunchOptions, ResizeStrategy, make_launch
-from elastic_ring.controller.backends.api import Launcher
+from elastic_ring.controller.backends.api import GroupState, GroupStatus, Launcher
 from elastic_ring.controller.backends.horovodrun import probe_hosts
 from elastic_ring.controller.diagnose import Diagnosis
 from elastic_ring.controller.display import Display, layout_words
 from elastic_ring.controller.drains import Drains
 from elastic_ring.controller.host_watch import HostWatch
 from elastic_ring.controller.lock import OwnerHeartbeat, RunLock
-from elastic_ring.controller.membership import Cause, MembershipChange, decide
+from elastic_ring.controller.membership import Cause, MembershipChange, StateSource, decide
 from elastic_ring.controller.meter import Meter, PendingResize
 from elastic_ring.controller.prelaunch import Prelaunch
 from elastic_ring.controller.recovery import Recovery
@@ -245,43 +248,46 @@ class Controller(Asks, Recovery):
     def _run(self, step: int, world: int, segment: int) -> dict[str, Any]:
         self.display.start(step)
         self._set_state(RunState.STARTING, step=step, world_size=world, segment=segment)
+        source = StateSource.CHECKPOINT  # (or from the start: no checkpoint yet)
         while True:
             if self.hosts is not None and (self.prelaunch.next is None or self.prelaunch.next.index != segment):
                 got = self.hosts.world(step, world, segment)
                 if isinstance(got, str):  # gave up waiting for hosts, or interrupted while waiting
                     return self._stopped_waiting(step, segment, got)
                 world = got
-            seg = self._begin(step, world, segment)
-            rc = self._watch(seg)
-            self._relay()
+            seg = self._begin(step, world, segment, source)
+            watched = self._watch(seg)
+            self._relay()  # (the workers' last events: the segment's end)
+            status = watched.settled(ended=seg.end is not None, hung=seg.stall is not None)
             now = self.clock()
-            change = self._decide(seg, rc, now)
+            change = self._decide(seg, status, now)
             if change is None:  # the schedule's end
                 break
             if change.cause is Cause.INTERRUPT:
-                return self._interrupted(seg, killed=rc is not None and (rc != 0 or seg.end is None))
+                return self._interrupted(seg, killed=status.failed)
             if change.cause is Cause.PREEMPTED and change.members_after < 1:
                 return self._preempted_stop(seg, change)
-            self._act(seg, change, rc, now)
-            step, world, segment = change.step, change.members_after, seg.index + 1
+            self._act(seg, change, status.exit_code, now)
+            step, world, segment, source = change.step, change.members_after, seg.index + 1, change.state_source
         self._drain(wait=True)
         self._set_state(RunState.FINISHED, step=int(seg.end.step), world_size=seg.world, segment=seg.index,
                         pending_world=None)
         return self._finish()
 
-    def _begin(self, step: int, world: int, segment: int) -> Segment:
-        """Start segment ``segment`` after ``step``: release the pre-launched workers, or have the
-        paused ones go on in place, or launch new ones."""
+    def _begin(self, step: int, world: int, segment: int, source: StateSource) -> Segment:
+        """Start segment ``segment`` after ``step`` from ``source`` (the last change's state source):
+        release the pre-launched workers, or launch new ones (from the checkpoint), or have the
+        paused ones go on in place (from memory or a peer: the backend's re-form)."""
         if self.prelaunch.next is not None and self.prelaunch.next.index == segment:
             seg, self.prelaunch.next = self.prelaunch.next, None
             seg.stop_at, seg.start_step = self._next_stop(step), step
             self._announce(seg, step, prelaunched_s=self.procs.release(seg))  # the checkpoint is on disk
             return seg
         seg = Segment(segment, world, self._next_stop(step), start_step=step)
-        if self._elastic is not None:  # in place: the same processes go on at the new size
+        if source is not StateSource.CHECKPOINT:  # in place: the same processes go on at the new size
             if self.hosts is not None:  # the hosts it runs on (over several: the driver is told; one host: `status`)
                 self.backend.use_hosts(self.hosts.place(seg).arg())
-            self._resize_inplace(seg, step)
+            self._resize_inplace(seg, step, source)
         else:  # (in the launch's state: starting, resizing, restarting)
             self._set_state(self.state, step=step, world_size=seg.world, segment=seg.index)
             self._start_processes(seg)
@@ -289,17 +295,18 @@ class Controller(Asks, Recovery):
         return seg
 
     # ------------------------------------------------------------------ one membership change
-    def _decide(self, seg: Segment, rc: int | None, now: float) -> MembershipChange | None:
-        """The watch of ``seg`` ended (``rc``: :meth:`_watch`): how the job's members change, the
-        one place that asks (:func:`.membership.decide`) from the cause and what the backend offers
-        (survivors it keeps, a ring re-formed in place, the slots that answer); None: the schedule's end."""
-        failed = rc is not None and (rc != 0 or seg.end is None)
+    def _decide(self, seg: Segment, status: GroupStatus, now: float) -> MembershipChange | None:
+        """The watch of ``seg`` ended with ``status`` (:meth:`_watch`, then ``GroupStatus.settled``):
+        how the job's members change, the one place that asks (:func:`.membership.decide`) from the
+        cause and what the backend offers (survivors it keeps, a ring re-formed in place, the slots
+        that answer); None: the schedule's end."""
+        failed, rc = status.failed, status.exit_code
         # an interrupt ends the run, unless the workers took the resize written ahead (the next segment stops)
         stop = bool(self._interrupts) and (failed or (seg.paused and seg.stop is not Stop.DEFERRED))
-        cause = Cause.STALL if seg.stall is not None else Cause.FAILURE
+        cause = Cause.STALL if status.state is GroupState.STALLED else Cause.FAILURE
         if failed and rc != 0 and not stop and (s := self._ask_survivors(seg)) is not None:
             return decide(cause, s.step, seg.world, s.world, in_place=True, survivors=s, time=now)
-        if rc is None:  # checkpoint on disk: relaunch now, the old workers exit meanwhile
+        if status.state is GroupState.WAITING:  # checkpoint on disk: relaunch now, the old workers exit meanwhile
             if self.resize.keeps_workers:
                 self._elastic = seg  # paused between two steps, waiting for the new size
             else:
@@ -470,10 +477,10 @@ class Controller(Asks, Recovery):
             self.display.resized(rel.from_workers, rel.to_workers, rel.step, rel.lr_last, rel.lr_new,
                                  self.lr_decays, layout=layout_words(self.constant_batch, rel.to_workers))
 
-    def _resize_inplace(self, seg: Segment, step: int) -> None:
-        """The workers paused at the end of the last segment go on at the new size: the backend
-        tells them (and whatever re-forms their ring). When rank 0 took the action written ahead,
-        they went on at the segment's end, not now: the relaunch is timed from there."""
+    def _resize_inplace(self, seg: Segment, step: int, source: StateSource) -> None:
+        """The workers paused at the end of the last segment go on at the new size from ``source``:
+        the backend tells them (and whatever re-forms their ring). When rank 0 took the action
+        written ahead, they went on at the segment's end, not now: the relaunch is timed from there."""
         old = self._elastic
         assert old is not None and old.handle is not None
         self._elastic = None
@@ -482,17 +489,19 @@ class Controller(Asks, Recovery):
         self.ahead.let_rank0_take(old.index)
         if not self._redirectable(old.index) and old.end is not None and old.end.time:
             seg.t_launch = min(seg.t_launch, float(old.end.time))
-        self.resize.resize(old.index, seg.launch(self.owner), seg.t_launch)
+        self.resize.reform(old.index, seg.launch(self.owner), seg.t_launch, source)
         self._announce(seg, step)
 
     # ------------------------------------------------------------------ watching a segment
-    def _watch(self, seg: Segment) -> int | None:
-        """Watch a segment; returns horovodrun's exit status, or None when the workers have
-        checkpointed for a resize and the relaunch may overlap their exit, or have paused in place
-        for one. Also None when they exited after a scheduled stop whose next ring rank 0 took
-        (written ahead): they ran the next segment (a short last one may end before this sees the
-        stop) and the controller follows them there in place; before, it saw a plain exit and
-        relaunched that segment on a cold worker, which redid it from its final checkpoint."""
+    def _watch(self, seg: Segment) -> GroupStatus:
+        """Watch a segment until its group is no longer running (the backend's ``monitor``);
+        returns its state: exited (``SUCCEEDED``, ``FAILED`` with the launcher's exit status; a hang
+        ended by :class:`.Stalls` too), or ``WAITING`` when the workers have checkpointed for a
+        resize and the relaunch may overlap their exit, or have paused in place for one. Also
+        ``WAITING`` when they exited after a scheduled stop whose next ring rank 0 took (written
+        ahead): they ran the next segment (a short last one may end before this sees the stop) and
+        the controller follows them there in place; before, it saw a plain exit and relaunched that
+        segment on a cold worker, which redid it from its final checkpoint."""
         assert seg.handle is not None
         self._seg = seg
         while True:
@@ -506,14 +515,15 @@ class Controller(Asks, Recovery):
                 self.survival.check(seg.world)
             if self._interrupts:
                 self._on_interrupt(seg)
-            rc = seg.handle.poll()
-            if rc is None:
-                rc = self.stalls.check(seg)
-            if rc is not None:  # rank 0 took the ring written ahead and its workers ran on, to their exit:
-                ran_on = rc == 0 and seg.paused and self.resize.keeps_workers and seg.stop is Stop.NONE
-                return None if ran_on and not self._redirectable(seg.index) else rc
+            status = self.backend.monitor(seg.handle)
+            if status.state is GroupState.RUNNING:
+                status = self.stalls.check(seg) or status
+            if status.state is not GroupState.RUNNING:  # rank 0 took the ring written ahead and its workers ran on:
+                ran_on = (status.state is GroupState.SUCCEEDED and seg.paused and self.resize.keeps_workers
+                          and seg.stop is Stop.NONE)
+                return GroupStatus(GroupState.WAITING) if ran_on and not self._redirectable(seg.index) else status
             if seg.paused and self.resize.overlaps_exit and seg.stop.goes_on:
-                return None
+                return GroupStatus(GroupState.WAITING)
             if self.resize.prelaunches and self.prelaunch.next is None and seg.stop is Stop.NONE:
                 self.prelaunch.maybe(seg)
             time.sleep(self.poll_s)

@@ -6,7 +6,9 @@ next one's at some number of workers, from some copy of the training state. :fun
 the cause and what the backend offers (the survivors it keeps, whether the workers re-form their
 ring in place) into a :class:`MembershipChange`; the controller acts on that record
 (``Controller._act``) and writes it as a ``membership_change`` event, which `status`, the summary
-and the cluster's web page show.
+and the cluster's web page show; the next segment begins from its state source
+(``Controller._begin``: a new group from the checkpoint, else the backend's re-form in place, handed
+the source: ``ResizeStrategy.reform``).
 
 Where the next ring's state comes from (:class:`StateSource`):
 

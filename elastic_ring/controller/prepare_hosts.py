@@ -77,11 +77,13 @@ def fixed_hosts(req: RunRequest, collective: str = "horovod") -> Any:
     """The fixed host list (``--hosts``, ``--hostfile``, or Slurm's nodes made ``--hosts`` by
     :func:`with_slurm_hosts`) that the controller watches as a discovery whose answer never changes,
     as a :class:`~elastic_ring.hosts.api.HostSet`; None where it is not watched: no host list, host
-    discovery, ``--backend ray``, ``--collective torch`` (its own launch), ``--slots`` beside the
-    list (the cluster's scheduler places its jobs so: the hosts are its to choose), or one host in
-    a relaunch mode (leaving out the only host would leave nothing: a failure restarts on it at once,
-    as before). Under ``--relaunch inplace`` one host is watched too (the ring in place on this host
-    only, as a discovery listing one host).
+    discovery, ``--backend ray``, ``--slots`` beside the list (the cluster's scheduler places its
+    jobs so: the hosts are its to choose), or one host in a relaunch mode (leaving out the only host
+    would leave nothing: a failure restarts on it at once, as before). Under ``--relaunch inplace``
+    one host is watched too (the ring in place on this host only, as a discovery listing one host),
+    except with ``--collective torch``, whose in-place ring on one host is its own launch. With
+    ``--collective torch`` relaunched over several hosts the list is watched as under discovery
+    (:mod:`~elastic_ring.controller.backends.torch_hosts` launches the workers either way).
 
     Raises:
         UserError: ``--blacklist-cooldown-range`` where no host list is watched (one line).
@@ -90,16 +92,18 @@ def fixed_hosts(req: RunRequest, collective: str = "horovod") -> Any:
     from elastic_ring.hosts.api import HostSet
 
     pairs = parse_hosts(req.hosts) if req.hosts else parse_hostfile(req.hostfile) if req.hostfile else None
-    watched = (pairs and not req.host_discovery_script and req.backend != "ray" and collective != "torch"
-               and req.slots is None and (len(pairs) > 1 or req.relaunch == "inplace"))
+    several = bool(pairs) and len(pairs) > 1
+    watched = (pairs and not req.host_discovery_script and req.backend != "ray" and req.slots is None
+               and (several and (collective != "torch" or req.relaunch != "inplace")
+                    or req.relaunch == "inplace" and collective != "torch"))
     if not watched:
         if req.cooldown_range is not None and not req.host_discovery_script:
             raise UserError("--blacklist-cooldown-range goes with --host-discovery-script or several hosts "
-                            "(--hosts, --hostfile; not beside --slots or with --collective torch): a failed host "
+                            "(--hosts, --hostfile; not beside --slots): a failed host "
                             "is left out only where others are left")
         if req.min_wait is not None and not req.host_discovery_script:
             raise UserError("--min-wait goes with --host-discovery-script or several hosts (--hosts, --hostfile; "
-                            "not beside --slots or with --collective torch): a run waits for hosts only where "
+                            "not beside --slots): a run waits for hosts only where "
                             "a failed host is left out")
         return None
     return HostSet(pairs)
@@ -122,10 +126,6 @@ def host_manager(req: RunRequest, echo: Callable[[str], None], collective: str =
 
     discovery: Any
     if req.host_discovery_script:
-        if collective == "torch" and req.relaunch == "inplace":  # (a resumed run's collective: known here)
-            from elastic_ring.controller.refusals import TORCH_IN_PLACE
-
-            raise UserError(TORCH_IN_PLACE)
         path = check_script(req.host_discovery_script)
         bounds = resolve_bounds(min_workers=req.min_workers, max_workers=req.max_workers, gpus=req.workers)
         if bounds is None:  # no bounds given: from 1 to every usable slot
@@ -142,7 +142,8 @@ def host_manager(req: RunRequest, echo: Callable[[str], None], collective: str =
         interval = FIXED_INTERVAL_S
     over_hosts = False
     if req.relaunch == "inplace":  # over the hosts listed first, or on this host only (its slots one host's)
-        over_hosts = several_hosts(discovery.find().hosts)
+        # (torch.distributed's ring in place is launched on this host: never over hosts)
+        over_hosts = collective != "torch" and several_hosts(discovery.find().hosts)
         if not over_hosts:
             discovery = ThisHostOnly(discovery, name)
     poller = HostPoller(discovery, interval_s=interval)

@@ -103,9 +103,6 @@ def _range(o: Any) -> str:
     return f"{o.worker_range[0]}:{o.worker_range[1]}"
 
 
-# (also where a resumed run's collective is known: prepare_hosts.host_manager)
-TORCH_IN_PLACE = _with_discovery("--collective torch under --relaunch inplace",
-                                 "its ring in place is launched on this host only; use another relaunch mode")
 _LIVE = "resize it live with `elastic-ring resize RUN_DIR --to N`"
 _OWN_SNAPSHOT = "it saves and loads its own snapshot"
 _ON_SCHEDULER = "its workers run on the scheduler's host"
@@ -175,8 +172,6 @@ RULES: tuple[Rule, ...] = (
          _with_discovery("--hosts/--hostfile", "the hosts come from the script")),
     Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.backend == "ray",
          _with_discovery("--backend ray", "its nodes are Ray's")),
-    Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.collective == "torch" and o.relaunch == "inplace",
-         TORCH_IN_PLACE),
     Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.slots is not None,
          _with_discovery("--slots", "the slots come from the script")),
     Rule((TRAIN,), lambda o: bool(o.host_discovery_script) and o.discovery_interval is not None

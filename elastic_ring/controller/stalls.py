@@ -13,6 +13,7 @@ import time
 from typing import Callable
 
 from elastic_ring.controller.backends import Backend, ResizeStrategy
+from elastic_ring.controller.backends.api import GroupState, GroupStatus
 from elastic_ring.controller.diagnose import Diagnosis
 from elastic_ring.controller.segment import Segment
 
@@ -26,9 +27,10 @@ class Stalls:
         self._interrupts = interrupts  # the controller's count of signals (a second one kills)
         self.ended = 0.0  # when the stalled ranks alone were ended (the others go on: end_alone)
 
-    def check(self, seg: Segment) -> int | None:
+    def check(self, seg: Segment) -> GroupStatus | None:
         """A hang ends the stalled ranks alone (:meth:`end_alone`) or the whole job, as do ranks
-        ended alone with no survivor speaking within ``STALLED_END_S``; returns its exit status then."""
+        ended alone with no survivor speaking within ``STALLED_END_S``; returns the group's state
+        then (the backend's ``monitor`` once its launcher exited), else None."""
         assert seg.handle is not None
         if seg.stall is None:
             if self._interrupts() > 1 or not self.diagnosis.check_stall(seg):
@@ -41,9 +43,9 @@ class Stalls:
         else:
             self.ended = 0.0  # the stalled ranks were ended, yet no survivor spoke: end them all
         seg.handle.kill()
-        while (rc := seg.handle.poll()) is None:
+        while (status := self.backend.monitor(seg.handle)).state is GroupState.RUNNING:
             time.sleep(0.05)
-        return rc
+        return status
 
     def end_alone(self, seg: Segment) -> float:
         """A stall whose ranks are named, and a backend that keeps survivors (``--survive``): only

@@ -50,7 +50,8 @@ class RunStatus:
     why: str = ""  # crashed, stopped before any launch: a few words on why this state was chosen
     open_ended: bool = False  # no step limit (a script run without --steps)
     checkpoint_step: int | None = None  # the newest checkpoint's step (checkpoints/latest.json)
-    vote_every: int | None = None  # running: the workers' stop vote period (a live stop lands within it + 1)
+    vote_every: int | None = None  # running: the workers' stop vote period (a live stop lands within it + the lag)
+    vote_lag: int | None = None  # running: the steps from a vote's start to its read (None: 1, not written)
     hosts: str | None = None  # host discovery, a live run: its hosts line, or "waiting for hosts (have K, need N)"
 
     @property
@@ -75,8 +76,10 @@ class RunStatus:
     def stop_latency_line(self) -> str | None:
         """Running with a stop vote every K > 1 steps: when a live resize or stop lands."""
         if self.phase is RunState.RUNNING and self.vote_every and self.vote_every > 1:
-            return (f"a live resize lands within {self.vote_every + 1} steps (a stop vote every "
-                    f"{self.vote_every} steps)")
+            lag = self.vote_lag or 1
+            read = f", read {lag} steps after it starts" if lag > 1 else ""
+            return (f"a live resize lands within {self.vote_every + lag} steps (a stop vote every "
+                    f"{self.vote_every} steps{read})")
         return None
 
     def line(self) -> str:
@@ -144,7 +147,7 @@ def read_status(run_dir: str | Path, events: list[Event] | None = None) -> RunSt
     if phase is RunState.RESIZING:
         kw.update(resize_from=_int(ctl.get("resize_from")), resize_to=_int(ctl.get("pending_world")))
     if phase is RunState.RUNNING:
-        kw.update(vote_every=_vote_every(rd))
+        kw.update(vote_every=_vote_every(rd), vote_lag=_vote_every(rd, "vote_lag"))
     if phase.live and isinstance(ctl.get("hosts"), str):
         kw.update(hosts=ctl["hosts"])
     if phase is RunState.STOPPED and isinstance(ctl.get("stopped"), str):
@@ -182,10 +185,11 @@ def _last_step(rd: Path, evs: list[Event]) -> int:
     return max(best, last_step(evs))
 
 
-def _vote_every(rd: Path) -> int | None:
-    """The stop vote's period rank 0 last wrote in its progress file (None: not written)."""
+def _vote_every(rd: Path, key: str = "vote_every") -> int | None:
+    """The stop vote's period (``key`` ``vote_lag``: its read lag) rank 0 last wrote in its
+    progress file (None: not written)."""
     prog = protocol.read_json(rd / "control" / protocol.PROGRESS_FILE)
-    return _int(prog.get("vote_every")) if isinstance(prog, dict) else None
+    return _int(prog.get(key)) if isinstance(prog, dict) else None
 
 
 def live_note(run_dir: str | Path | None) -> str | None:

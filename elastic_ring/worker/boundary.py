@@ -10,9 +10,9 @@ stop step; where the form decides the stop at the step, its mean loss rides in t
 one started at its close where the vote's period is not shorter than the window; else in an
 allreduce of its own, read one window later), the evaluation, periodic checkpoint and progress
 file where the form does them there (:meth:`StepBoundary.between`), and the stop: the run's
-length, the segment's stop step, or the stop vote read (started after an earlier step, it
-travelled with this step's gradients; a new one started every K steps, or at a window's close
-where K is not shorter than the window,
+length, the segment's stop step, or the stop vote read (started L steps before, it travelled with
+the gradients of the steps since and is done: its read waits for nothing; a new one started every
+K steps, or at a window's close where K is not shorter than the window, one in flight at a time,
 :class:`~elastic_ring.worker.segment.StopVote`), as a :class:`~elastic_ring.worker.segment.StopReason`.
 Nothing else runs per step: no collective of its own, no RNG capture (an epoch loop takes the RNG
 only where a checkpoint may hold it), the survivors' copy only with ``--survive``.
@@ -118,7 +118,7 @@ class StepBoundary:
         if self._between:
             self.between(step, now)
         elif self._progress:  # (rank 0's: the checkpoints are at the commits)
-            progress.write_progress(step, now, self.vote.every)
+            progress.write_progress(step, now, self.vote.every, self.vote.lag)
         if not self._decide:
             return None
         reason = self.decide(step)
@@ -130,16 +130,18 @@ class StepBoundary:
 
     def decide(self, step: int) -> StopReason | None:
         """The stop after ``step`` (the same on every rank): the run's length, the segment's stop
-        step, or the stop vote in flight read (started after an earlier step); else None, and the
-        next vote started when due."""
+        step, or the stop vote in flight read where its agreed lag is over (started after an
+        earlier step, its allreduce done in the background by now); else None, and the next vote
+        started when due (none is in flight: one at a time)."""
         seg = self.seg
         if step >= seg.total_steps:
             return StopReason.FINISHED
         if step >= seg.stop_at:
             return StopReason.SCHEDULED
+        vote = self.vote
         handle = self.handle
         if handle is not None:
-            if self.vote_step >= step:  # started after this very step: read after the next
+            if step < vote.read_at:  # (vote.readable(step), without a call on the common step)
                 return None
             self.handle = None
             asked, early = self._read(handle)
@@ -147,10 +149,10 @@ class StepBoundary:
                 return StopReason.FINISHED
             if asked:
                 return StopReason.REQUESTED
-        vote = self.vote
         # (vote.due(step), without a call on the common step). A closed window rides in the next
         # vote: within K steps where K < the window (at most one closes between two votes), else
-        # in a vote started at its close (and the next one K steps after it)
+        # in a vote started at its close, or at the read of the vote in flight then (and the next
+        # one K steps after it)
         if step >= vote.next_at or (self.progress.window_waiting is not None and vote.every >= self.window_steps):
             vote.ride = self.progress.take_window()
             self.handle, self.vote_step = vote.start(step), step
@@ -176,7 +178,7 @@ class StepBoundary:
         if periodic and job.checkpoints.writes(job.rank):  # (a sharded job: every rank)
             job.checkpoints.maybe_periodic(step, self.seg.stop_at)
         if job.rank == 0:
-            progress.write_progress(step, now, self.vote.every)
+            progress.write_progress(step, now, self.vote.every, self.vote.lag)
 
     def start_copies(self) -> survive.MemoryCopy | None:
         """``--survive`` on a ring re-formed in place: keep each completed step's state from now on."""
@@ -291,7 +293,8 @@ class StepBoundary:
         meter = job.meter
         if meter is not None:
             meter.write(job.run_dir, seg.number, job.rank, form=job.form,
-                        collective=job.collective.name, vote_every=getattr(self.vote, "every", None))
+                        collective=job.collective.name, vote_every=getattr(self.vote, "every", None),
+                        vote_lag=getattr(self.vote, "lag", None))
         progress.heartbeat(seg.step, "ending")
         progress.beats.stop()  # (no step follows: the thread ends; a next segment starts it again)
         if seg.finished and evaluate:

@@ -5,7 +5,7 @@ A plain Horovod script's ``for epoch in job.epochs(1, args.epochs + 1): for batc
 optimizer.step()`` has no ``job.steps()``: every step of the registered optimizer is a step of the
 job. After a step (the optimizer's post-hook) the step is counted, the training sampler's position
 moves, the throughput window and the heartbeat go on, and the stop vote in flight is read (started
-after an earlier step, it travelled with this step's gradients) or, when due, one is started
+L steps before, it travelled with the gradients of the steps since) or, when due, one is started
 (:class:`~elastic_ring.worker.segment.StopVote`: every K steps); the script's own code after the
 step (a scheduler, a log line) then runs. The next point between two
 iterations is the next step's pre-hook (its batch is loaded and its gradients computed, not yet

@@ -279,14 +279,15 @@ class Progress:
             self._window_alone(*self.window_waiting)
             self.flush_window(waiting=False)
 
-    def write_progress(self, step: int, now: float, vote_every: int = 1) -> None:
+    def write_progress(self, step: int, now: float, vote_every: int = 1, vote_lag: int = 1) -> None:
         """Rank 0: the progress file the controller reads (at most twice a second), written off
-        the training thread (:class:`ProgressWriter`); ``vote_every``: the stop vote's period now
-        (a live stop lands within that many steps and one more)."""
+        the training thread (:class:`ProgressWriter`); ``vote_every``: the stop vote's period now,
+        ``vote_lag``: the steps from a vote's start to its read (a live stop lands within their
+        sum)."""
         if self.ring.rank == 0 and now - self._last_progress_t > 0.5:
             self._last_progress_t = now
             self._progress_writer.submit({"step": step, "segment": self.seg.number, "time": now,
-                                          "vote_every": vote_every})
+                                          "vote_every": vote_every, "vote_lag": vote_lag})
 
     def flush_progress(self) -> None:
         """The last progress record on disk (a segment's end)."""

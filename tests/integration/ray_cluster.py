@@ -1,4 +1,5 @@
-"""A real local Ray cluster for a test module (``test_ray``, ``test_ray_survive``): Ray's files
+"""A real local Ray cluster for a test (``test_ray``, ``test_ray_bundles``), or one shared by the tests
+that ask for the ``ray_one_node`` fixture in a row (:func:`shared_one_node`): Ray's files
 (``RAY_TMPDIR``) under the tests' temporary folder, at its top (Ray's socket paths,
 ``<tmp>/ray/session_<date>_<pid>/sockets/raylet.N``, must stay under 107 characters), small object
 stores, no dashboard, a node whose raylet died found dead in seconds (:data:`HEALTH`). At the end
@@ -21,6 +22,12 @@ MB = 1024 * 1024
 # at load 26 under Ray's default checks, 2.7 s with these); a live but slow raylet still has Ray's
 # timeout per check to answer
 HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+# each node's processes less those the tests never use: the log monitor (it sends the workers' output to
+# drivers started with log_to_driver=False) and, on the head, the autoscaler's monitor (a local cluster
+# has nothing to scale; a drain is the GCS's): 0.8 s less CPU for a head and a node's start, and their
+# polls while the cluster is up
+NODE = {"object_store_memory": 80 * MB, "include_log_monitor": False}
+HEAD = {**NODE, "include_dashboard": False, "no_monitor": True, "_system_config": HEALTH}
 
 
 @contextlib.contextmanager
@@ -40,10 +47,9 @@ def local_cluster(tmp_path_factory, head_cpus: int, node_cpus: tuple[int, ...] =
     c, still = None, []
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # another test's, not this cluster's
     try:
-        c = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, "object_store_memory": 80 * MB,
-                                                           "include_dashboard": False, "_system_config": HEALTH})
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, **HEAD})
         for n in node_cpus:
-            c.add_node(num_cpus=n, object_store_memory=80 * MB)
+            c.add_node(num_cpus=n, **NODE)
         c.wait_for_nodes()
         yield c
     finally:
@@ -72,3 +78,30 @@ def local_cluster(tmp_path_factory, head_cpus: int, node_cpus: tuple[int, ...] =
             else:
                 os.environ["RAY_TMPDIR"] = old
         assert not still, f"processes left after the cluster's shutdown and a kill: {[p.pid for p in still]}"
+
+
+# the cluster of :func:`shared_one_node` while tests in a row use it: {"cm": its context, "cluster": it}
+_SHARED: dict = {}
+SHARED_CPUS = 5  # test_ray_survive's two workers and a spare, or a reference run's two beside them
+
+
+def shared_one_node(tmp_path_factory):
+    """One node of :data:`SHARED_CPUS` CPUs, started by the first test of a row of tests that use it
+    (the ``ray_one_node`` fixture: ``test_ray_survive``, test_fsdp's Ray test) and kept for the next
+    one; stopped as :func:`local_cluster` stops it by :func:`close_shared` once the next test does
+    not use it (``tests/integration/conftest.py``), or at the session's end. A cluster's start and
+    stop (about 3 s of CPU here) once for the row, not once for each module. The tests that use it
+    leave nothing running on it (each waits for its runs' ends, or kills them)."""
+    if "cluster" not in _SHARED:
+        cm = local_cluster(tmp_path_factory, SHARED_CPUS)
+        _SHARED["cluster"] = cm.__enter__()  # (a skip, a failed start: nothing kept)
+        _SHARED["cm"] = cm
+    return _SHARED["cluster"]
+
+
+def close_shared() -> None:
+    """The shared cluster stopped (its processes gone: :func:`local_cluster`'s check), if it is up."""
+    cm = _SHARED.pop("cm", None)
+    _SHARED.pop("cluster", None)
+    if cm is not None:
+        cm.__exit__(None, None, None)

@@ -485,32 +485,37 @@ def test_survive_on_a_sharded_epoch_loop_goes_on_from_the_neighbours_replica_ins
 
 
 @pytest.mark.ray
-def test_survive_on_a_sharded_epoch_loop_on_ray_goes_on_from_the_neighbours_replica(tmp_path, tmp_path_factory):
-    """The same on a real local Ray cluster (``--backend ray``, one node of three CPUs): rank 1's
-    actor kills itself inside epoch 1, rank 0's actor goes on alone from memory, and a new actor in
-    the dead one's bundle grows the ring back when it is up (its start may take many steps: the run
-    is long, paced, and stopped by Ctrl-C once back at two); the reference runs to that checkpoint's
-    step with that shrink and grow scheduled, unpaced. The same steps and final state asserted."""
+def test_survive_on_a_sharded_epoch_loop_on_ray_goes_on_from_the_neighbours_replica(tmp_path, ray_one_node):
+    """The same on a real local Ray cluster (``--backend ray``, the shared node of
+    :func:`.ray_cluster.shared_one_node`): rank 1's actor kills itself inside epoch 1, rank 0's
+    actor goes on alone from memory, and a new actor in the dead one's bundle grows the ring back
+    when it is up (its start may take many steps: the run is long, paced, and stopped by Ctrl-C once
+    back at two); the reference runs to that checkpoint's step with that shrink and grow scheduled,
+    unpaced. The same steps and final state asserted."""
     pytest.importorskip("ray")
-    from tests.integration.ray_cluster import local_cluster
     from tests.integration.test_ray import _ray_args, _start
     from tests.integration.test_ray_survive import _stop_after_the_grow
 
     fail, none = tmp_path / "fail", tmp_path / "none"
-    with local_cluster(tmp_path_factory, 3) as c:
-        p = _start([*_ray_args(c), "--survive", *_epoch_args(fail, "--", "--epochs", "500", "--step-s", "0.1",
-                                                             "--kill-step", str(E_KILL))])
-        _stop_after_the_grow(fail / "r", p)
-        logs = "".join(f.read_text() for f in (fail / "r" / "logs").glob("*.log"))
-        r = _the_survivor_went_on_from_memory(fail / "r", logs)
-        (grow,) = read_events(fail / "r" / "events.jsonl", kind="relaunched")
-        assert (grow["from_workers"], grow["to_workers"]) == (1, 2), grow
-        from elastic_ring.ckpt import load
+    c = ray_one_node
+    p = _start([*_ray_args(c), "--survive", *_epoch_args(fail, "--", "--epochs", "500", "--step-s", "0.1",
+                                                         "--kill-step", str(E_KILL))])
+    _stop_after_the_grow(fail / "r", p)
+    logs = "".join(f.read_text() for f in (fail / "r" / "logs").glob("*.log"))
+    r = _the_survivor_went_on_from_memory(fail / "r", logs)
+    (grow,) = read_events(fail / "r" / "events.jsonl", kind="relaunched")
+    assert (grow["from_workers"], grow["to_workers"]) == (1, 2), grow
+    from elastic_ring.ckpt import load
 
-        end = load(fail / "r")["step"]
-        q = _start([*_ray_args(c), *_epoch_args(none, "--schedule", f"{r['from_step']}:1,{grow['step']}:2",
-                                                "--steps", str(end), "--", "--epochs", "500")])
+    end = load(fail / "r")["step"]
+    q = _start([*_ray_args(c), *_epoch_args(none, "--schedule", f"{r['from_step']}:1,{grow['step']}:2",
+                                            "--steps", str(end), "--", "--epochs", "500")])
+    try:
         out, err = q.communicate(timeout=240)
-        assert q.returncode == 0, err
+    finally:
+        if q.poll() is None:  # nothing left running on the shared cluster
+            q.kill()
+            q.wait()
+    assert q.returncode == 0, err
     assert not read_events(none / "r" / "events.jsonl", kind="restart")
     _same_epoch_loop_as_scheduled(fail, none, grow["step"])

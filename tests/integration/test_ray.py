@@ -34,7 +34,7 @@ import torch
 from elastic_ring.data import SampleStream
 from elastic_ring.events import read_events
 from tests.conftest import BIN, ROOT, run_cli, wait_for
-from tests.integration.ray_cluster import MB, local_cluster
+from tests.integration.ray_cluster import NODE, local_cluster
 from tests.integration.test_train_resize import RESIZE_1_2_1, _final_model, _trace, resize_1_2_1_auto
 
 ray = pytest.importorskip("ray")
@@ -91,7 +91,7 @@ def _workers(cluster, n: int) -> None:
     for x in list(cluster.worker_nodes)[n:]:
         cluster.remove_node(x, allow_graceful=True)
     for _ in range(n - len(cluster.worker_nodes)):
-        cluster.add_node(num_cpus=1, object_store_memory=80 * MB)
+        cluster.add_node(num_cpus=1, **NODE)
     cluster.wait_for_nodes()
 
 
@@ -271,8 +271,10 @@ def _a_plain_job_follows_its_cluster_a_node_joins_then_is_drained(tmp_path: Path
     the head until Ctrl-C."""
     _workers(cluster, 0)
     run = tmp_path / "follow"
+    # a step each 0.2 s: the job trains while it waits for Ray (a node's start, the drain), and no
+    # assertion counts its steps (a faster pace only spent CPU on steps)
     proc = _start([*_ray_args(cluster), "--script", PACED, "--steps", "3000", "--workers", "1", "--slots", "2",
-                   "--run-dir", str(run), "--", "--step-s", "0.05"])
+                   "--run-dir", str(run), "--", "--step-s", "0.2"])
     ev = run / "events.jsonl"
     try:
         _wait_step(run, 3)

@@ -1,14 +1,14 @@
 """`elastic-ring train --backend ray --survive` on a real local Ray cluster (one node of five CPUs,
-started and stopped here as ``test_ray`` does: Ray's files under the tests' short temporary
-folder, a small object store, only its own processes stopped): kill -9 of rank 1's actor process;
-rank 0 keeps its process, rolls back to the last step both completed (kept in memory) and goes on
-alone, without a restart from the checkpoint; a new actor in the dead one's bundle joins once it
-is up, synced from rank 0 over the ring, and the job is back at 2. Its final weights equal,
-bitwise, those of an uninterrupted run with a scheduled shrink 2 -> 1 at the step rank 0 rolled
-back to and a scheduled grow 1 -> 2 at the step the joiner came in. With a warm spare
-(``--slots 3``) the spare takes the dead worker's place at that step, synced from rank 0 over the
-ring: the final weights equal those of a run that never lost a worker. An epoch-loop script
-(``job.epochs()``) killed inside an epoch goes on from memory the same way."""
+started and stopped as ``test_ray``'s is, and shared with the tests in a row that use it: Ray's
+files under the tests' short temporary folder, a small object store, only its own processes
+stopped): kill -9 of rank 1's actor process; rank 0 keeps its process, rolls back to the last step
+both completed (kept in memory) and goes on alone, without a restart from the checkpoint; a new
+actor in the dead one's bundle joins once it is up, synced from rank 0 over the ring, and the job is
+back at 2. Its final weights equal, bitwise, those of an uninterrupted run with a scheduled shrink 2
+-> 1 at the step rank 0 rolled back to and a scheduled grow 1 -> 2 at the step the joiner came in.
+With a warm spare (``--slots 3``) the spare takes the dead worker's place at that step, synced from
+rank 0 over the ring: the final weights equal those of a run that never lost a worker. An epoch-loop
+script (``job.epochs()``) killed inside an epoch goes on from memory the same way."""
 
 from __future__ import annotations
 
@@ -27,21 +27,24 @@ from tests.conftest import wait_for
 
 ray = pytest.importorskip("ray")
 
-from tests.integration.ray_cluster import local_cluster  # noqa: E402
 from tests.integration.test_ray import PACED, _ray_args, _ring, _start, _wait_step  # noqa: E402
 from tests.integration.test_train_resize import _final_model  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
 STEPS = 14
+# the pace of a run stopped by Ctrl-C once back at 2: it trains while it waits for the new actor's (or
+# the spare's) start, and its reference trains the same steps again; no assertion counts them (a
+# faster pace only spent CPU on more steps, in both runs)
+PACE = 0.3
 
 
-@pytest.fixture(scope="module")
-def one_node(tmp_path_factory):
+@pytest.fixture
+def one_node(ray_one_node):
     """A Ray cluster of one node with five CPUs (two workers and a spare, and a reference run's two
-    workers beside them), for the module (:mod:`.ray_cluster`)."""
-    with local_cluster(tmp_path_factory, 5) as c:
-        yield c
+    workers beside them), shared with the tests in a row that use it
+    (:func:`.ray_cluster.shared_one_node`)."""
+    return ray_one_node
 
 
 PACED_TORCH = str(Path(PACED).with_name("paced_torch.py"))  # the same on torch.distributed (DDP)
@@ -111,7 +114,7 @@ def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows
     killed = 1
     cluster = one_node
     run, ref = tmp_path / "survive", tmp_path / "shrink"
-    proc = _train(cluster, run, "--survive", steps=2000, step_s=0.15, collective=collective)
+    proc = _train(cluster, run, "--survive", steps=2000, step_s=PACE, collective=collective)
     try:
         pid0, node1, t_kill = _kill_rank_1(run, proc, 4, wait=False)
         _stop_after_the_grow(run, proc)
@@ -158,7 +161,7 @@ def test_kill_9_of_rank_1_a_warm_spare_takes_its_place_as_if_nothing_happened(tm
     cluster = one_node
     run, ref = tmp_path / "replace", tmp_path / "straight"
     go = protocol.control_dir(run) / "spare-w3.json"  # the spare's actor is the run's third
-    proc = _train(cluster, run, "--survive", slots=3, steps=2000, step_s=0.15)
+    proc = _train(cluster, run, "--survive", slots=3, steps=2000, step_s=PACE)
     try:
         wait_for(lambda: protocol.waiting_file(go).exists() or proc.poll() is not None, 240, "the warm spare")
         pid0, node1, t_kill = _kill_rank_1(run, proc, 4, wait=False, rank=killed)

@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from elastic_ring import protocol
-from tests.conftest import one_line_error, run_cli, wait_for
+from tests.conftest import run_cli, wait_for
 from tests.integration.test_discovery import TINY, _discovery, _events, _history, _start, _trace, list_hosts
 from tests.integration.test_notice import _shrunk_off_127
 
@@ -132,10 +132,3 @@ def test_a_torch_workers_failed_host_cools_down_and_is_grown_back_onto(tmp_path)
     assert _events(run, "finished")[-1]["step"] == steps
     assert "Traceback" not in err
 
-
-def test_torch_in_place_with_discovery_is_one_line(tmp_path, cli_inproc):
-    script, _, _ = _discovery(tmp_path, "localhost:1\n")
-    r = cli_inproc("train", "--steps", "2", *TINY, "--collective", "torch", "--relaunch", "inplace",
-                   "--host-discovery-script", str(script), "--run-dir", str(tmp_path / "r"))
-    one_line_error(r, "--host-discovery-script does not go with --collective torch under --relaunch inplace")
-    assert not (tmp_path / "r").exists()

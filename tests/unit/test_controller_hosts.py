@@ -178,8 +178,6 @@ def test_the_failed_ranks_host_is_its_process_record_s_launch_host(tmp_path):
     (dict(hostfile="hf"), "--host-discovery-script does not go with --hosts/--hostfile"),
     (dict(slots=2), "--host-discovery-script does not go with --slots: the slots come from the script"),
     (dict(backend="ray"), "--host-discovery-script does not go with --backend ray: its nodes are Ray's"),
-    (dict(collective="torch", relaunch="inplace"),
-     "--host-discovery-script does not go with --collective torch under --relaunch inplace"),
     (dict(discovery_interval=0.0), "--discovery-interval must be > 0 seconds, got 0"),
     (dict(min_wait=-1.0), "--min-wait must be >= 0 seconds, got -1"),
     (dict(cooldown_range="ten"), "--blacklist-cooldown-range: a cooldown range is LOW:HIGH in seconds, got 'ten'"),

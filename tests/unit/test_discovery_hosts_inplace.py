@@ -16,6 +16,7 @@ from elastic_ring import protocol
 from elastic_ring.controller.api import RunSpec
 from elastic_ring.controller.backends.api import Backend, SegmentLaunch
 from elastic_ring.controller.drains import Drains
+from elastic_ring.controller.membership import StateSource
 from elastic_ring.controller.segment import Segment
 from elastic_ring.events import EventLog, read_events
 from elastic_ring.events.api import PreemptNotice
@@ -103,7 +104,7 @@ def test_over_hosts_the_driver_is_told_the_placed_hosts_by_name(tmp_path):
     assert _listed(tmp_path) == "localhost:1\n127.0.0.1:1\n"
     assert not list(protocol.control_dir(tmp_path).glob("inplace-*.json"))
     b.use_hosts("127.0.0.1:1")  # localhost leaves (a drain, a dropped host): the ring re-forms without it
-    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
+    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time(), StateSource.MEMORY)
     assert _listed(tmp_path) == "127.0.0.1:1\n"
     assert b.leave("127.0.0.1") is False  # a notice drains the host instead (controller.drains)
 
@@ -236,7 +237,7 @@ def test_over_hosts_a_failed_hosts_survivors_go_on_on_their_own_hosts_rank_0s_de
         7, 1, "localhost:1", ("127.0.0.1",), dead, "127.0.0.1")
     assert b.rejoins is False  # no joiner planned: discovery grows back onto the host after its cooldown
     b.use_hosts(s.hosts)  # (the controller places the survivors' hosts as they are)
-    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
+    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time(), StateSource.MEMORY)
     assert _listed(tmp_path) == "localhost:1\n"
     assert protocol.read_json(action_file(tmp_path, 0))["rollback_to"] == 7
 

@@ -64,7 +64,10 @@ def test_the_lists_it_does_not_watch_and_the_cooldown_given_there(tmp_path):
     assert fixed_hosts(RunRequest()) is None  # no list: this host
     assert fixed_hosts(RunRequest(hosts="a:2")) is None  # one host relaunched: the only host is never left out
     assert fixed_hosts(RunRequest(hosts="a:1,b:1", slots=2)) is None  # the cluster's scheduler places its jobs
-    assert fixed_hosts(RunRequest(hosts="a:1,b:1"), collective="torch") is None  # its own launch
+    # torch relaunched over several hosts is watched as under discovery; in place on one host it is its own launch
+    assert fixed_hosts(RunRequest(hosts="a:1,b:1"), collective="torch") == HostSet([("a", 1), ("b", 1)])
+    assert fixed_hosts(RunRequest(hosts="a:2", relaunch="inplace"), collective="torch") is None
+    assert fixed_hosts(RunRequest(hosts="a:2", relaunch="inplace")) == HostSet([("a", 2)])
     hf = tmp_path / "hosts"
     hf.write_text("a slots=1\nb slots=2\n")
     assert fixed_hosts(RunRequest(hostfile=str(hf))) == HostSet([("a", 1), ("b", 2)])

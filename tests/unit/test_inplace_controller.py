@@ -8,6 +8,7 @@ from elastic_ring.controller.api import Resize, RunSpec
 from elastic_ring.controller.backends.api import Backend
 from elastic_ring.controller.backends.elastic import discovery_files, elastic_horovodrun_command, write_hosts
 from elastic_ring.controller.controller import Controller
+from elastic_ring.controller.membership import StateSource
 from elastic_ring.errors import UserError
 
 
@@ -72,8 +73,8 @@ def test_a_resize_in_place_prints_the_log_its_workers_write(tmp_path):
     class KeepsWorkers(Backend):
         name = "fake-elastic"
 
-        def resize_in_place(self, paused_segment, launch, t_launch):
-            self.resized = (paused_segment, launch.world)
+        def resize_in_place(self, paused_segment, launch, t_launch, source):
+            self.resized = (paused_segment, launch.world, source)
 
         def retract_ahead(self, segment):
             return True
@@ -88,8 +89,8 @@ def test_a_resize_in_place_prints_the_log_its_workers_write(tmp_path):
     first = segment_log(tmp_path, 0, 1)
     ctl._elastic = Segment(0, 1, 5, handle=SimpleNamespace(pid=os.getpid()), log=first)
     ctl.state = RunState.RESIZING
-    seg = ctl._begin(5, 2, 1)
-    assert backend.resized == (0, 2) and seg.log == first
+    seg = ctl._begin(5, 2, 1, StateSource.PEER)
+    assert backend.resized == (0, 2, StateSource.PEER) and seg.log == first
     assert lines == [f"segment 1: 2 worker(s) from step 6 to 10 (log: {first})"], lines
 
 
@@ -114,12 +115,12 @@ def test_the_elastic_backend_writes_a_scheduled_action_ahead_and_rank_0_or_the_c
     assert b.retract_ahead(5)  # another segment's: nothing to withdraw
     assert take_ahead_action(tmp_path, 0)  # rank 0 first
     assert not b.retract_ahead(0) and not b.retract_ahead(0)  # too late, and stays taken
-    b.resize_in_place(0, nxt, 1.0)  # the workers are on their way: no new action
+    b.resize_in_place(0, nxt, 1.0, StateSource.MEMORY)  # the workers are on their way: no new action
     assert not action_file(tmp_path, 0).exists()
     later = SegmentLaunch(2, 2, 40, "")
     b.report_ahead(later)
     assert b.retract_ahead(1) and not take_ahead_action(tmp_path, 1)  # the controller first
-    b.resize_in_place(1, SegmentLaunch(2, 2, 35, ""), 2.0)  # its own word instead, without at_step
+    b.resize_in_place(1, SegmentLaunch(2, 2, 35, ""), 2.0, StateSource.PEER)  # its own word instead, without at_step
     act = json.loads(action_file(tmp_path, 1).read_text())
     assert "at_step" not in act and act["stop_at"] == 35
 
@@ -129,7 +130,7 @@ def test_workers_that_ran_on_through_a_ring_written_ahead_are_followed_in_place(
     the next ring written ahead, they ran that segment too (a short last one can end before the
     controller sees the stop), so the controller follows them in place (None) instead of taking
     it as a plain exit and relaunching that segment on a new worker; when the ring was not taken
-    (withdrawn now), the exit is the exit (0)."""
+    (withdrawn now), the exit is the exit (succeeded, 0)."""
     from types import SimpleNamespace
 
     from elastic_ring.controller.backends import InPlace
@@ -146,7 +147,9 @@ def test_workers_that_ran_on_through_a_ring_written_ahead_are_followed_in_place(
         def close(self):
             pass
 
-    for taken, want in ((True, None), (False, 0)):
+    from elastic_ring.controller.backends.api import GroupState, GroupStatus
+
+    for taken, want in ((True, GroupStatus(GroupState.WAITING)), (False, GroupStatus(GroupState.SUCCEEDED, 0))):
         backend = Ring()
         backend.taken = taken
         ctl = Controller(_spec(tmp_path), backend=backend, resize=InPlace(backend), out=lambda s: None,

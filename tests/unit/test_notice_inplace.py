@@ -18,6 +18,7 @@ from elastic_ring.controller.backends.api import Backend, SegmentLaunch
 from elastic_ring.controller.backends.elastic import ElasticBackend, discovery_files
 from elastic_ring.controller.drains import Drains
 from elastic_ring.controller.membership import Cause
+from elastic_ring.controller.membership import StateSource
 from elastic_ring.controller.segment import Segment
 from elastic_ring.events import EventLog, read_events
 from elastic_ring.events.api import PreemptNotice
@@ -139,12 +140,12 @@ def test_the_elastic_backend_drops_the_leaving_slot_whatever_its_rank(tmp_path):
     assert _hosts(tmp_path) == [f"{S0}:1", f"{S1}:1", f"{S2}:1"]
     assert not b.leave("slot9.elastic-ring.invalid")  # not a running worker's
     assert b.leave(S0)  # rank 0: the others are numbered from 0 again
-    b.resize_in_place(0, SegmentLaunch(2, 1, 100, ""), time.time())
+    b.resize_in_place(0, SegmentLaunch(2, 1, 100, ""), time.time(), StateSource.MEMORY)
     assert _hosts(tmp_path) == [f"{S1}:1", f"{S2}:1"]
     assert b.leave(S2)
     assert not b.leave(S1)  # the last worker cannot leave in place
     b.unleave()  # the segment failed first: withdrawn
-    b.resize_in_place(1, SegmentLaunch(1, 2, 100, ""), time.time())
+    b.resize_in_place(1, SegmentLaunch(1, 2, 100, ""), time.time(), StateSource.MEMORY)
     assert _hosts(tmp_path) == [f"{S1}:1"]  # a plain shrink keeps the lowest ranks' slots
 
 

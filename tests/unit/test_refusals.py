@@ -45,7 +45,6 @@ AT_TRAIN = [
     dict(hosts="a:1,b:1", max_workers=2, resume_dir="r"),
     dict(host_discovery_script=DISC, hostfile="hosts.txt"),
     dict(host_discovery_script=DISC, backend="ray"),
-    dict(host_discovery_script=DISC, collective="torch", relaunch="inplace"),
     dict(host_discovery_script=DISC, slots=2),
     dict(host_discovery_script=DISC, discovery_interval=0.0),
     dict(host_discovery_script=DISC, min_wait=-1.0),

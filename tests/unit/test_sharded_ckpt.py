@@ -131,12 +131,12 @@ def test_the_vote_carries_rank_0s_checkpoint_due():
         v = StopVote(Path("/nonexistent"), ring, Segment(0, 100, 100))
         v.checkpoint_due = lambda: due
         h = v.start(3)
-        assert ring.coll.sent.numel() == 4
+        assert ring.coll.sent.numel() == 5  # (the flags, the period and lag, the checkpoint's slot)
         v.result(h)
         assert v.checkpoint_asked is asked  # (a real allreduce sums rank 0's flag into every rank's)
     plain = StopVote(Path("/nonexistent"), types.SimpleNamespace(rank=0, coll=Coll()), Segment(0, 100, 100))
     plain.result(plain.start(3))
-    assert plain.ring.coll.sent.numel() == 3 and not plain.checkpoint_asked  # a job not sharded: as before
+    assert plain.ring.coll.sent.numel() == 4 and not plain.checkpoint_asked  # a job not sharded: no slot
 
 
 def test_export_writes_the_full_model_of_a_sharded_checkpoint(capsys, tmp_path):

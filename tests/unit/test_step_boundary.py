@@ -259,7 +259,7 @@ def test_the_window_s_loss_rides_in_the_stop_vote_one_collective_at_a_step(tmp_p
     assert [s for s, name, _ in started if name == "window_loss"] == [14]
     assert votes == [1, 4, 7, 10, 13]  # the first step's, then each window's close (3 < K)
     assert all(b - a <= 4 for a, b in zip(votes, votes[1:]))
-    assert {n for _, name, n in started if name == "stop_flag"} == {4}  # (one shape: a window rides or not)
+    assert {n for _, name, n in started if name == "stop_flag"} == {5}  # (one shape: a window rides or not)
     events = read_events(tmp_path / protocol.WORKER_EVENTS, kind="throughput")
     assert [(e["step"], e["steps"], e["loss"]) for e in events] == [
         (4, 3, 3.0), (7, 3, 6.0), (10, 3, 9.0), (13, 3, 12.0), (14, 1, 14.0)]
@@ -327,3 +327,88 @@ def test_a_vote_period_as_long_as_the_window_starts_the_vote_at_its_close(tmp_pa
         (1, "stop_flag"), (5, "stop_flag"), (9, "stop_flag"), (13, "window_loss")]
     events = read_events(tmp_path / protocol.WORKER_EVENTS, kind="throughput")
     assert [(e["step"], e["steps"], e["loss"]) for e in events] == [(5, 4, 2.0), (9, 4, 2.0), (13, 4, 2.0)]
+
+
+def _lagged(job, every: int, lag: int) -> list[int]:
+    """Rank 0 proposes ``every`` and ``lag`` at each vote (as from its timing); the steps after
+    which the boundary reads a vote."""
+    job.vote.propose = lambda step, now: (every, lag)
+    reads: list[int] = []
+    result = job.vote.result
+
+    def read(handle):
+        reads.append(job.seg.step)
+        return result(handle)
+
+    job.vote.result = read
+    return reads
+
+
+def _flat(job, touch_at: int | None = None, finish_at: int | None = None) -> None:
+    model, opt = _model()
+    job.register(model=model, optimizer=opt)
+    job.restore()
+    for step in job.steps():
+        if step == finish_at:
+            job.finish()
+        _train_step(model, opt, X[:2])
+        job.record(1.0)
+        if step == touch_at:
+            protocol.stop_file(job.run_dir, 0).parent.mkdir(parents=True, exist_ok=True)
+            protocol.stop_file(job.run_dir, 0).touch()
+
+
+def test_a_vote_is_read_its_agreed_lag_after_its_start_and_a_stop_between_votes_lands_there(
+        tmp_path, monkeypatch):
+    """Issue 50: K = 4 and L = 3 agreed: each vote is read 3 steps after it started (its collective
+    done in the background by then, none on the training thread's critical path), one in flight at
+    a time; the segment's first vote is read after the next step (no lag agreed yet). A stop asked
+    during step 6, between two votes, is carried by the vote after step 9 and agreed after step 12
+    (within K + L steps), a ``requested`` stop at that step."""
+    job = make_job(tmp_path, monkeypatch, stop_at=100, total=100)
+    job.info = dataclasses.replace(job.info, throughput_window=50)
+    started = _collectives(job)
+    reads = _lagged(job, 4, 3)
+    _flat(job, touch_at=6)
+    votes = [s for s, name, _ in started if name == "stop_flag"]
+    assert votes == [1, 5, 9] and reads == [2, 8, 12]
+    assert job.step == 12 and job.stop_reason is StopReason.REQUESTED
+    assert 12 - 6 <= 4 + 3
+    (end,) = read_events(tmp_path / protocol.WORKER_EVENTS, kind="segment_end")
+    assert (end["step"], end["reason"]) == (12, "requested")
+
+
+@pytest.mark.parametrize("finish_at", [None, 9])
+def test_a_scheduled_stop_is_exact_with_a_vote_in_flight(tmp_path, monkeypatch, finish_at):
+    """The segment's stop step 10 comes while the vote started after step 9 is in flight (to be
+    read after 12): the stop is at step 10 exactly, that vote completed there; a ``job.finish()``
+    it carries makes the stop the run's end."""
+    job = make_job(tmp_path, monkeypatch, stop_at=10, total=20)
+    job.info = dataclasses.replace(job.info, throughput_window=50)
+    started = _collectives(job)
+    reads = _lagged(job, 4, 3)
+    _flat(job, finish_at=finish_at)
+    assert [s for s, name, _ in started if name == "stop_flag"] == [1, 5, 9]
+    assert reads == [2, 8, 10]  # (the last: completed at the stop)
+    assert job.step == 10
+    assert job.stop_reason is (StopReason.SCHEDULED if finish_at is None else StopReason.FINISHED)
+
+
+def test_a_window_closed_while_a_vote_is_in_flight_rides_in_the_next_one_started_at_its_read(
+        tmp_path, monkeypatch):
+    """K = 4 (not shorter than the 3-step window) and L = 3: a window that closes while a vote is
+    in flight waits for that vote's read, where the next vote starts and carries it; never two
+    votes in flight, no allreduce of a window's own but at the stop step."""
+    job = make_job(tmp_path, monkeypatch, stop_at=14, total=20)
+    job.info = dataclasses.replace(job.info, throughput_window=3)
+    started = _collectives(job)
+    reads = _lagged(job, 4, 3)
+    _flat(job)
+    votes = [s for s, name, _ in started if name == "stop_flag"]
+    # the first vote read after step 2; the window closing at 4 starts one (read at 7, where the
+    # window closed at 7 starts the next: read at 10, ...)
+    assert votes == [1, 4, 7, 10, 13] and reads[:4] == [2, 7, 10, 13]
+    assert all(r > v for v, r in zip(votes, reads))  # one in flight at a time
+    assert [s for s, name, _ in started if name == "window_loss"] == [14]
+    events = read_events(tmp_path / protocol.WORKER_EVENTS, kind="throughput")
+    assert [(e["step"], e["steps"]) for e in events] == [(4, 3), (7, 3), (10, 3), (13, 3), (14, 1)]

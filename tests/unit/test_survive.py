@@ -18,6 +18,7 @@ from elastic_ring.controller.backends.ray import make_ray_backend
 from elastic_ring.controller.backends.ray_group import RayGroup
 from elastic_ring.controller.backends.ray_members import Member
 from elastic_ring.controller.backends.ray_ring import RingFormer
+from elastic_ring.controller.membership import StateSource
 from elastic_ring.worker import session, survive
 from elastic_ring.seam import action_file
 from elastic_ring.seam import common_step, survivor_file
@@ -98,7 +99,7 @@ def test_the_backend_takes_a_failure_as_a_shrink_when_the_survivors_hold_a_commo
     assert not g.failing
     assert not survivor_file(tmp_path, "w1").exists()  # read once
     # the in-place resize that follows: the survivors' ring, rolled back to the step they hold
-    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
+    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time(), StateSource.MEMORY)
     act = protocol.read_json(action_file(tmp_path, 0))
     assert act["rollback_to"] == 7 and act["to"] == 1 and set(act["members"]) == {"w1"}
     assert act["members"]["w1"]["HOROVOD_RANK"] == "0" and act["members"]["w1"]["HOROVOD_SIZE"] == "1"
@@ -250,8 +251,8 @@ class _Backend(Backend):
         return Survival(4, 1, protocol.Failure(1, "ActorDiedError", "worker rank 1 on Ray node n1 failed",
                                                node="n1 (10.0.0.2)"))
 
-    def resize_in_place(self, paused_segment, launch, t_launch):
-        self.resized.append((paused_segment, launch.world, launch.segment, launch.stop_at))
+    def resize_in_place(self, paused_segment, launch, t_launch, source):
+        self.resized.append((paused_segment, launch.world, launch.segment, launch.stop_at, source))
         r = self.ring
         r.segment, r.world, r.start, r.polls = launch.segment, launch.world, 4, 0
 
@@ -305,7 +306,7 @@ def test_the_controller_takes_a_failure_with_survivors_as_a_shrink(tmp_path, max
         assert r["gave_up"] and not b.resized
         return
     assert r["new_world_size"] == 1 and not r["gave_up"]
-    assert b.resized == [(0, 1, 1, total)]  # segment 0's survivors go on as segment 1, at 1 worker
+    assert b.resized == [(0, 1, 1, total, StateSource.MEMORY)]  # segment 0's survivors go on as segment 1, from memory
     (rec,) = read_events(tmp_path / "events.jsonl", kind="recovered")
     assert rec["path"] == "memory" and rec["from_step"] == 4 and rec["world_size"] == 1
     assert [4, 1, "failure"] in json.loads((tmp_path / protocol.PLAN_FILE).read_text())["changes"]
@@ -351,7 +352,7 @@ def test_a_new_worker_takes_the_dead_ones_place_after_the_survivors_next_step(tm
     Controller(spec, out=said.append, poll_s=0.0, show_progress=False, backend=b, resize=InPlace(b)).run(0, 2, 0)
     changes = json.loads((tmp_path / protocol.PLAN_FILE).read_text())["changes"]
     assert changes == ([[4, 1, "failure"], [5, 2, "joiner"]] if joins else [[4, 1, "failure"]])
-    assert b.resized[0] == (0, 1, 1, 5 if joins else total)  # the survivors' segment stops for the joiner
+    assert b.resized[0] == (0, 1, 1, 5 if joins else total, StateSource.MEMORY)  # it stops for the joiner
     assert any("join after step 5" in line for line in said) == joins
 
 
@@ -444,7 +445,7 @@ def test_inplace_a_worker_lost_is_seen_and_the_survivors_go_on_from_the_step_the
     s = b.survivors(wait_s=2.0)
     assert s is not None and (s.step, s.world, s.failure.rank, s.failure.type) == (7, 1, 1, "Killed")
     assert h.poll() is None and h.inner.rc is None  # the job goes on
-    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
+    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time(), StateSource.MEMORY)
     act = protocol.read_json(action_file(tmp_path, 0))
     assert act["rollback_to"] == 7 and act["to"] == 1 and act["segment"] == 1
     assert _hosts_file(tmp_path) == ([f"{hvdrun.slot_host(0)}:1"] if device == "cpu" else ["localhost:1"])
@@ -462,12 +463,12 @@ def test_inplace_on_cpus_rank_0_lost_the_survivor_keeps_its_slot_host_and_the_jo
     _said(tmp_path, 1, os.getpid(), [6, 7])
     s = b.survivors(wait_s=2.0)
     assert s is not None and (s.step, s.world, s.failure.rank) == (7, 1, 0)
-    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
+    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time(), StateSource.MEMORY)
     assert protocol.read_json(action_file(tmp_path, 0))["rollback_to"] == 7
     assert _hosts_file(tmp_path) == [f"{hvdrun.slot_host(0)}:1"]
     protocol.write_json_atomic(protocol.pid_dir(tmp_path) / "seg001-rank0.json",  # the survivor, now rank 0
                                {"rank": 0, "pid": os.getpid(), "segment": 1, "launch_host": hvdrun.slot_host(0)})
-    b.resize_in_place(1, SegmentLaunch(2, 2, 20, "me"), time.time())
+    b.resize_in_place(1, SegmentLaunch(2, 2, 20, "me"), time.time(), StateSource.PEER)
     assert _hosts_file(tmp_path) == [f"{hvdrun.slot_host(0)}:1", f"{hvdrun.slot_host(2)}:1"]
 
 
@@ -481,7 +482,7 @@ def test_inplace_on_cpus_a_scheduled_shrink_keeps_the_lowest_ranks_slot_hosts(tm
     me = os.getpid()
     b, _ = _elastic(tmp_path, [me, me, me], world=3,
                     hosts=[hvdrun.slot_host(2), hvdrun.slot_host(0), hvdrun.slot_host(1)])
-    b.resize_in_place(0, SegmentLaunch(2, 1, 20, "me"), time.time())
+    b.resize_in_place(0, SegmentLaunch(2, 1, 20, "me"), time.time(), StateSource.MEMORY)
     assert sorted(_hosts_file(tmp_path)) == [f"{hvdrun.slot_host(0)}:1", f"{hvdrun.slot_host(2)}:1"]
 
 

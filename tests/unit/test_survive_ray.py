@@ -12,6 +12,7 @@ import pytest
 
 from elastic_ring.controller.backends.api import SegmentLaunch
 from elastic_ring.controller.backends.ray_members import Member
+from elastic_ring.controller.membership import StateSource
 from tests.unit.test_survive import _backend, _say_held
 
 
@@ -58,7 +59,7 @@ def test_a_failed_members_bundle_gets_a_warm_worker_that_grows_the_ring_back(tmp
     _say_held(tmp_path, "w1", 100, [6, 7])
     s = b.survivors(wait_s=2.0)
     assert s is not None and s.world == 1 and s.joiners == 0
-    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
+    b.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time(), StateSource.MEMORY)
     assert refilled == [(1, 1)]  # a new actor in rank 1's bundle
     assert b.heal_target() is None  # not up yet
     up.append("w3")
@@ -126,7 +127,8 @@ def test_the_controller_grows_the_survivors_back_when_a_warm_worker_is_up(tmp_pa
     ctl.run(0, 2, 0)
     (req,) = [e for e in read_events(tmp_path / "events.jsonl", kind="resize_requested") if e["source"] == "joiner"]
     assert (req["from_workers"], req["to_workers"]) == (1, 2)
-    assert b.resized == [(0, 1, 1, total), (1, 2, 2, total)]  # the shrink at the failure, then the grow back
+    # the shrink at the failure (from memory), then the grow back (by broadcast from a peer)
+    assert b.resized == [(0, 1, 1, total, StateSource.MEMORY), (1, 2, 2, total, StateSource.PEER)]
     changes = json.loads((tmp_path / protocol.PLAN_FILE).read_text())["changes"]
     assert [4, 1, "failure"] in changes and [7, 2, "joiner"] in changes  # the grow back, named as such
     # its cost is measured from the survivors' pause, as a scheduled grow's: the steps they trained

@@ -1,7 +1,7 @@
 """`--host-discovery-script` with `--collective torch` (issue 45): the relaunch modes launch the
 torch.distributed workers by horovodrun over the hosts the controller hands the backend
-(``use_hosts``), with the store served on the address those hosts reach; in place it stays refused
-in one line."""
+(``use_hosts``), with the store served on the address those hosts reach; in place the ring
+follows this host's slots only (another machine is one line)."""
 
 from __future__ import annotations
 
@@ -51,20 +51,29 @@ def test_without_discovery_one_host_stays_the_local_launcher(tmp_path):
     assert isinstance(backend, LocalBackend)
 
 
-def test_discovery_with_torch_is_refused_only_in_place():
-    check(RunRequest(host_discovery_script="discover.sh", collective="torch"))  # relaunched: served
+def test_discovery_with_torch_is_served_relaunched_and_in_place():
+    check(RunRequest(host_discovery_script="discover.sh", collective="torch"))  # relaunched: over the hosts
     check(RunRequest(host_discovery_script="discover.sh", collective="torch", relaunch="overlap"))
-    with pytest.raises(UserError) as e:
-        check(RunRequest(host_discovery_script="discover.sh", collective="torch", relaunch="inplace"))
-    assert str(e.value) == ("--host-discovery-script does not go with --collective torch under --relaunch inplace: "
-                            "its ring in place is launched on this host only; use another relaunch mode")
+    check(RunRequest(host_discovery_script="discover.sh", collective="torch", relaunch="inplace"))  # this host
 
 
+def _script(tmp_path, answer: str) -> str:
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\nprintf '{answer}'\n")
+    script.chmod(0o755)
+    return str(script)
 
-def test_a_resumed_torch_run_under_discovery_is_refused_in_place_where_its_collective_is_known():
+
+def test_a_torch_ring_in_place_takes_this_hosts_slots_and_refuses_another_machine(tmp_path):
     from elastic_ring.controller.prepare_hosts import host_manager
+    from elastic_ring.hosts.discovery import ThisHostOnly
 
-    with pytest.raises(UserError) as e:  # (a resume's request has no --collective: its run's is torch)
-        host_manager(RunRequest(resume_dir="run", host_discovery_script="discover.sh", relaunch="inplace"),
-                     print, collective="torch")
-    assert str(e.value).startswith("--host-discovery-script does not go with --collective torch under --relaunch")
+    req = RunRequest(host_discovery_script=_script(tmp_path, "localhost:2\n"), relaunch="inplace")
+    m = host_manager(req, print, collective="torch")
+    assert not m.over_hosts and isinstance(m.poller.discovery, ThisHostOnly)
+    assert m.view().usable.arg() == "localhost:2"
+    other = RunRequest(host_discovery_script=_script(tmp_path, "node7:2\n"), relaunch="inplace")
+    assert host_manager(other, print).over_hosts  # Horovod's ring in place runs over another machine
+    with pytest.raises(UserError) as e:  # torch's is launched on this host only
+        host_manager(other, print, collective="torch")
+    assert str(e.value).startswith("--relaunch inplace runs on this host only: discovery script discover.sh lists node7")

@@ -24,6 +24,7 @@ import torch
 from elastic_ring.controller.backends import LaunchOptions, Relaunch, make_launch
 from elastic_ring.controller.backends import local, local_launcher
 from elastic_ring.controller.backends.api import SegmentLaunch
+from elastic_ring.controller.membership import StateSource
 from elastic_ring.controller.requests import RunRequest, check
 from elastic_ring.errors import UserError
 from elastic_ring.protocol import STORE_FD_ENV
@@ -435,11 +436,11 @@ def test_local_ring_grows_ahead_and_shrinks_now_keeping_rank_0(tmp_path):
     go = act["go_files"][joiner.cmd[joiner.cmd.index("--go-file") + 1]]
     assert go["stop_at"] == 12 and go["env"] == act["members"]["w2"]
     assert take_ahead_action(tmp_path, 0)  # rank 0 takes it at the pause
-    ring.resize_in_place(0, SegmentLaunch(2, 1, 12, "me"), 0.0)
+    ring.resize_in_place(0, SegmentLaunch(2, 1, 12, "me"), 0.0, StateSource.PEER)
     assert ring._ahead is None and not action_file(tmp_path, 0).exists()
     assert [m.rank for m in group.members] == [0, 1] and group.pid == r0.pid
 
-    ring.resize_in_place(1, SegmentLaunch(1, 2, 18, "me"), 0.0)  # a shrink, formed at the pause
+    ring.resize_in_place(1, SegmentLaunch(1, 2, 18, "me"), 0.0, StateSource.MEMORY)  # a shrink, formed at the pause
     act = protocol.read_json(action_file(tmp_path, 1))
     assert set(act["members"]) == {"w1"} and act["members"]["w1"]["WORLD_SIZE"] == "1"
     assert len(launcher.started) == 3 and launcher.started[2].env["RANK"] == "1"  # a spare for the freed slot
@@ -461,7 +462,7 @@ def test_local_ring_withdraws_ahead_and_a_failure_ends_the_others(tmp_path):
     assert ring.retract_ahead(0) and not spare.killed and not action_file(tmp_path, 0).exists()
     assert group.poll() is None and ring.spares[0].handle is spare  # withdrawn: a spare again
     spare.rc = 1  # the spare died meanwhile: the resize formed now starts a new process
-    ring.resize_in_place(0, SegmentLaunch(2, 1, 12, "me"), 0.0)
+    ring.resize_in_place(0, SegmentLaunch(2, 1, 12, "me"), 0.0, StateSource.PEER)
     r1 = launcher.started[2]
     assert "--go-file" not in r1.cmd and r1.env["RANK"] == "1" and group.poll() is None
     r1.rc = 1
@@ -710,7 +711,7 @@ def test_local_ring_with_survive_keeps_the_survivors_and_blames_the_dead_rank(tm
     assert (s.failure.rank, s.failure.type) == (1, "Killed"), s.failure
     assert group.poll() is None and [m.name for m in group.members] == ["w1"] and not r0.killed
     assert not survivor_file(tmp_path, "w1").exists()
-    ring.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time())
+    ring.resize_in_place(0, SegmentLaunch(1, 1, 20, "me"), time.time(), StateSource.MEMORY)
     act = protocol.read_json(action_file(tmp_path, 0))
     assert act["rollback_to"] == 7 and act["to"] == 1 and act["members"]["w1"]["RANK"] == "0"
     assert "rank 1 (w2) gone; rank 0 (w1) go on from step 7" in (tmp_path / "logs" / "segment-000-w2.log").read_text()
@@ -729,7 +730,7 @@ def test_local_ring_survivors_of_a_lost_rank_0_are_renumbered_and_its_own_error_
     _holds(tmp_path, "w3", [6, 7])  # a step ahead: the reduction reached it
     s = ring.survivors(wait_s=2.0)
     assert s is not None and (s.step, s.world) == (6, 2) and (s.failure.rank, s.failure.type) == (0, "ValueError")
-    ring.resize_in_place(0, SegmentLaunch(2, 1, 20, "me"), time.time())
+    ring.resize_in_place(0, SegmentLaunch(2, 1, 20, "me"), time.time(), StateSource.PEER)
     act = protocol.read_json(action_file(tmp_path, 0))
     assert act["rollback_to"] == 6 and [act["members"][n]["RANK"] for n in ("w2", "w3")] == ["0", "1"]
 

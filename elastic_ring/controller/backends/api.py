@@ -1,14 +1,17 @@
 """The launch interface between the controller and whatever starts the workers.
 
 The controller owns the segment loop and every decision (when to stop, which size, restart or
-give up); a :class:`Backend` owns the processes: it starts a segment's workers, reports what is
-usable, and says whom it blamed for a failure. Every backend subclasses it: the abilities only
+give up); a :class:`Backend` owns the processes: it starts a segment's workers, reports their
+group's state (:meth:`Backend.monitor`: a :class:`GroupStatus`), reports what is usable, and says
+whom it blamed for a failure. Every backend subclasses it: the abilities only
 some have (keeping the survivors of a failure, ending single ranks, a slot that comes back) have
 defaults there that say "not here", so the controller calls them without asking which backend it
 has. A backend whose workers stay across a resize is also an :class:`InPlaceRing` (it tells paused
-workers their new size instead of starting new ones). Value types: :class:`SegmentLaunch` (what to
-start), :class:`Started` (what came up) and :class:`Survival` (survivors that go on); the segment
-log's lines of a backend: :func:`note`, :func:`describe`.
+workers their new size instead of starting new ones), re-forming their ring from the state source
+the controller decided (:func:`serve_source`: memory or peer; one from the checkpoint is a new
+group, :meth:`Backend.start`). Value types: :class:`SegmentLaunch` (what to start), :class:`Started`
+(what came up), :class:`GroupStatus` (how the group is) and :class:`Survival` (survivors that go
+on); the segment log's lines of a backend: :func:`note`, :func:`describe`.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ import re
 import socket
 import sys
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from elastic_ring import protocol, seam
+from elastic_ring.controller.membership import StateSource
 
 if TYPE_CHECKING:
     from elastic_ring.controller.membership import Cause
@@ -63,11 +68,69 @@ class Started:
     cmd: list[str] = field(default_factory=list)
 
 
+class GroupState(str, Enum):
+    """How a segment's group of workers is (as torch.distributed.elastic's ``WorkerState``): what
+    :meth:`Backend.monitor` reports (``RUNNING``, ``SUCCEEDED``, ``FAILED``) and what the
+    controller's watch of a segment ends with, once it knows more than the launcher (``WAITING``:
+    paused between two steps for a change, their checkpoint written or their ring to re-form in
+    place; ``STALLED``: a hang the watchdog ended; an exit with status 0 before the workers said
+    their segment's end is ``FAILED``)."""
+
+    RUNNING = "running"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STALLED = "stalled"
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """A group's :class:`GroupState` and, once its launcher exited, its exit status."""
+
+    state: GroupState
+    exit_code: int | None = None
+
+    @property
+    def failed(self) -> bool:
+        """The group failed: a member died, its launcher exited non-zero, or it hung."""
+        return self.state in (GroupState.FAILED, GroupState.STALLED)
+
+    def settled(self, ended: bool, hung: bool) -> GroupStatus:
+        """This state once the workers' last events are in: an exit with status 0 before they said
+        their segment's end (``ended``) is a failure, and a failure of a group the watchdog found
+        hung (``hung``) a stall."""
+        state = GroupState.FAILED if self.state is GroupState.SUCCEEDED and not ended else self.state
+        if state is GroupState.FAILED and hung:
+            state = GroupState.STALLED
+        return GroupStatus(state, self.exit_code)
+
+    @classmethod
+    def of_exit(cls, rc: int | None) -> GroupStatus:
+        """The state a launcher's exit status says: running (None), succeeded (0) or failed."""
+        if rc is None:
+            return cls(GroupState.RUNNING)
+        return cls(GroupState.SUCCEEDED if rc == 0 else GroupState.FAILED, rc)
+
+
+IN_PLACE_SOURCES = (StateSource.MEMORY, StateSource.PEER)  # what a ring re-formed in place goes on from
+
+
+def serve_source(backend: str, source: StateSource, serves: tuple[StateSource, ...] = IN_PLACE_SOURCES) -> None:
+    """Refuse, in one line, a re-form from a state source ``backend`` cannot serve.
+
+    Raises:
+        ValueError: ``source`` is not one of ``serves``.
+    """
+    if source not in serves:
+        raise ValueError(f"the {backend} backend cannot re-form from {source.value}: it re-forms from "
+                         f"{' or '.join(s.value for s in serves)}")
+
+
 class Backend:
     """What starts a segment's workers and knows what happened to them; every backend subclasses
-    it. The first five methods each backend has; the rest are abilities of the backends that keep
-    the survivors of a failure (``--survive``: Ray, ``--relaunch inplace``), whose defaults here
-    say the backend has none of them."""
+    it. The methods up to :meth:`close` each backend has (``monitor`` one for all); the rest are
+    abilities of the backends that keep the survivors of a failure (``--survive``: Ray,
+    ``--relaunch inplace``), whose defaults here say the backend has none of them."""
 
     name: str
     refused: str | None = None  # why the last failure's survivors did not go on from memory (the restart says)
@@ -75,8 +138,14 @@ class Backend:
     over_hosts: bool = False  # in place over the hosts discovery lists (ElasticBackend.run_over_hosts)
 
     def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
-        """Start a segment's workers."""
+        """Start a segment's workers (a new group: from the checkpoint, or from the start)."""
         raise NotImplementedError
+
+    def monitor(self, handle: Handle) -> GroupStatus:
+        """The state of the group ``handle`` holds (one of this backend's :meth:`start`):
+        ``RUNNING`` while its launcher runs, then ``SUCCEEDED`` or ``FAILED`` with its exit status
+        (each backend's handle turns its own signs of a failure into that status)."""
+        return GroupStatus.of_exit(handle.poll())
 
     def usable_slots(self, want: int) -> int:
         """How many worker slots can be used now (after a failure); may narrow later launches."""
@@ -152,8 +221,11 @@ class InPlaceRing(Protocol):
         interrupt came first). False when the workers already acted on it (then the request or
         interrupt waits for the next segment)."""
 
-    def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
-        """The workers paused at the end of ``paused_segment``: go on as ``launch`` says."""
+    def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float,
+                        source: StateSource) -> None:
+        """The workers paused at the end of ``paused_segment``: go on as ``launch`` says, from
+        ``source`` (the change's :class:`~.membership.StateSource`: memory or peer; anything else
+        refused by :func:`serve_source`)."""
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
         """The workers paused in place: checkpoint and leave (an interrupt)."""

@@ -49,8 +49,9 @@ from elastic_ring.controller import hvdrun
 from elastic_ring.controller.hvdrun import discovery_script_text
 from elastic_ring.controller.backends import survival
 from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Backend, Handle, Launcher, SegmentLaunch, Started,
-                                                  Survival, worker_env)
+                                                  Survival, serve_source, worker_env)
 from elastic_ring.controller.backends.horovodrun import SubprocessLauncher, first_failed_rank, worker_args
+from elastic_ring.controller.membership import StateSource
 from elastic_ring.env import SURVIVE as SURVIVE_ENV
 
 
@@ -398,11 +399,13 @@ class ElasticBackend(Backend):
         self._ahead = None
         return True
 
-    def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
+    def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float,
+                        source: StateSource) -> None:
         """Tell the paused workers the new size and change what the discovery script reports:
         Horovod's driver notices, starts a worker for a new slot (or ends the one whose slot went),
         and the survivors re-form the ring in their processes. When rank 0 took the action
         written ahead, the workers are already on their way."""
+        serve_source(self.name, source)  # memory or peer: from the checkpoint is a new group (start)
         if not self.retract_ahead(paused_segment):
             a = self._ahead
             assert a is not None

@@ -27,7 +27,8 @@ from pathlib import Path
 from elastic_ring import protocol, seam
 from elastic_ring.controller.backends import survival
 from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Backend, Handle, Launcher, SegmentLaunch, Started,
-                                                  Survival, describe, note, rank_named_in_log, worker_env)
+                                                  Survival, describe, note, rank_named_in_log, serve_source, worker_env)
+from elastic_ring.controller.membership import StateSource
 from elastic_ring.controller.backends.local_launcher import FAILED_LINE, MASTER_ADDR
 from elastic_ring.env import MEMBER as MEMBER_ENV, SURVIVE as SURVIVE_ENV
 from elastic_ring.worker.torchrun import DEFAULT_STOP_GRACE_S
@@ -332,6 +333,14 @@ class LocalRingBackend(Backend):
     def usable_slots(self, want: int) -> int:
         return self.spec.slots
 
+    def use_hosts(self, hosts: str) -> None:
+        """Host discovery's usable hosts under ``--relaunch inplace``: this host only (the controller
+        reads the answer so: ``prepare_hosts.host_manager``), so the ring's size is the segment's on
+        this host's slots and there is nothing else to choose; another machine is refused there."""
+        from elastic_ring.controller.api import parse_hosts
+
+        self.placed = parse_hosts(hosts) if hosts else None
+
     def first_failed_rank(self, log_path: Path | None) -> int | None:
         return self.group.failed_rank if self.group is not None else first_failed_rank(log_path)
 
@@ -455,9 +464,11 @@ class LocalRingBackend(Backend):
             self.group.waiting = [m for m in self.group.waiting if m not in joiners]
         self.spares[:0] = [m for m in joiners if m.handle is not None]
 
-    def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
+    def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float,
+                        source: StateSource) -> None:
         """The paused workers go on as ``launch``: the group formed ahead (rank 0 took it), or one
         formed now (survivors first, then new processes for the joiners)."""
+        serve_source(self.name, source)  # memory or peer: from the checkpoint is a new group (start)
         group = self.group
         assert group is not None
         if self.retract_ahead(paused_segment):

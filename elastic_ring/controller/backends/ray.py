@@ -65,7 +65,8 @@ from typing import TYPE_CHECKING, Any
 
 from elastic_ring import protocol, seam
 from elastic_ring.controller.backends import survival
-from elastic_ring.controller.backends.api import Backend, SegmentLaunch, Started, Survival, describe, note
+from elastic_ring.controller.backends.api import (Backend, SegmentLaunch, Started, Survival, describe, note,
+                                                  serve_source)
 from elastic_ring.controller.backends.ray_actors import ActorPool, worker_argv
 from elastic_ring.controller.backends.ray_cluster import RayCluster, remove_pg
 from elastic_ring.controller.backends.ray_group import RayGroup
@@ -77,7 +78,7 @@ from elastic_ring.env import ray_follow
 from elastic_ring.errors import UserError
 
 if TYPE_CHECKING:
-    from elastic_ring.controller.membership import Cause
+    from elastic_ring.controller.membership import Cause, StateSource
 
 _FREE_WAIT_S = 3.0  # at a restart, how long released resources may take to show as free
 _PLACE_TRY_S = 5.0  # at a restart, how long a placement of a size may take before one fewer is tried
@@ -409,7 +410,9 @@ class RayBackend(Backend):
         self.rings.withdraw(a.server)
         return True
 
-    def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
+    def resize_in_place(self, paused_segment: int, launch: SegmentLaunch, t_launch: float,
+                        source: StateSource) -> None:
+        serve_source(self.name, source)  # memory or peer: from the checkpoint is a new group (start)
         group = self.group
         assert group is not None
         if self.retract_ahead(paused_segment):  # none ahead, or not taken: form the ring now

@@ -9,6 +9,10 @@ controller's segment loop asks at each point instead of testing the mode's name.
   their own processes; the ring is re-formed by an :class:`~.api.InPlaceRing` backend (Horovod
   Elastic's driver, or a ring the controller forms for Ray actors). A scheduled resize is prepared
   ahead, while the segment trains.
+
+Either re-forms a group from the state source the controller decided
+(:attr:`~.membership.MembershipChange.state_source`): ``ResizeStrategy.reform`` takes it, and the
+backend serves it or refuses it in one line; the controller never asks which backend it has.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from elastic_ring.controller.backends.api import InPlaceRing, SegmentLaunch
+from elastic_ring.controller.membership import StateSource
 
 RELAUNCH_MODES = ("prelaunch", "overlap", "sequential")
 MODES = (*RELAUNCH_MODES, "inplace")
@@ -35,8 +40,9 @@ class ResizeStrategy(Protocol):
         """Withdraw what was prepared for the end of ``segment``; False when the workers already
         took it (a live request or an interrupt then waits for the next segment)."""
 
-    def resize(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
-        """The workers paused at the end of ``paused_segment`` go on as ``launch`` (keeps_workers)."""
+    def reform(self, paused_segment: int, launch: SegmentLaunch, t_launch: float, source: StateSource) -> None:
+        """The workers paused at the end of ``paused_segment`` go on as ``launch``, from ``source``
+        (keeps_workers; a source the backend cannot serve is refused in one line)."""
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
         """The paused workers checkpoint and leave (keeps_workers; an interrupt)."""
@@ -68,8 +74,9 @@ class Relaunch:
     def withdraw_ahead(self, segment: int) -> bool:
         return True  # nothing was written ahead
 
-    def resize(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
-        raise RuntimeError("a relaunch starts new workers: no worker waits paused")
+    def reform(self, paused_segment: int, launch: SegmentLaunch, t_launch: float, source: StateSource) -> None:
+        raise RuntimeError(f"a relaunch starts new workers from the checkpoint: no worker waits paused to go on "
+                           f"from {source.value}")
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
         raise RuntimeError("a relaunch starts new workers: no worker waits paused")
@@ -91,8 +98,8 @@ class InPlace:
     def withdraw_ahead(self, segment: int) -> bool:
         return self.ring.retract_ahead(segment)
 
-    def resize(self, paused_segment: int, launch: SegmentLaunch, t_launch: float) -> None:
-        self.ring.resize_in_place(paused_segment, launch, t_launch)
+    def reform(self, paused_segment: int, launch: SegmentLaunch, t_launch: float, source: StateSource) -> None:
+        self.ring.resize_in_place(paused_segment, launch, t_launch, source)
 
     def ask_exit(self, paused_segment: int, t: float) -> None:
         self.ring.ask_exit(paused_segment, t)
