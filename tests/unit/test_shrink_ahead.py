@@ -11,6 +11,7 @@ from pathlib import Path
 from elastic_ring import protocol, seam
 from elastic_ring.controller.api import RunSpec
 from elastic_ring.controller.backends.api import SegmentLaunch
+from elastic_ring.controller.membership import StateSource
 
 
 class _Job:
@@ -58,7 +59,7 @@ def test_a_dropped_hosts_shrink_is_written_ahead_for_the_next_stop_and_taken_by_
     assert seam.take_ahead_action(tmp_path, 0)  # rank 0, at the stop the workers agreed on
     assert not b.retract_ahead(0)  # taken: the controller follows
     b.use_hosts("localhost:1")
-    b.resize_in_place(0, nxt, time.time())  # the same ring: accepted, nothing written again
+    b.resize_in_place(0, nxt, time.time(), StateSource.MEMORY)  # the same ring: accepted, nothing written again
     assert not seam.action_file(tmp_path, 0).exists() and _listed(tmp_path) == "localhost:1\n"
 
 
@@ -68,7 +69,7 @@ def test_a_shrink_written_ahead_that_rank_0_did_not_take_is_withdrawn_and_writte
     assert not b.shrink_ahead(SegmentLaunch(1, 1, 50, "me"), "127.0.0.1:1")  # one ahead at a time
     assert b.retract_ahead(0) and not seam.take_ahead_action(tmp_path, 0)  # withdrawn first: rank 0 cannot
     b.use_hosts("127.0.0.1:1")
-    b.resize_in_place(0, SegmentLaunch(1, 1, 50, "me"), time.time())
+    b.resize_in_place(0, SegmentLaunch(1, 1, 50, "me"), time.time(), StateSource.MEMORY)
     act = seam.read_action(tmp_path, 0)
     assert not act.ahead and act.world == 1 and _listed(tmp_path) == "127.0.0.1:1\n"
 
