@@ -35,14 +35,14 @@ def _worker_on(run, host: str, segment: int) -> dict:
 
 def test_a_failed_host_with_no_survive_restarts_on_the_other_host_then_grows_back_in_place(tmp_path):
     """kill -9 of the worker on 127.0.0.1 under `--no-survive`: the job restarts from the checkpoint
-    on localhost only (a new horovodrun), 127.0.0.1 is excluded for its cooldown (2 s), and after it
+    on localhost only (a new horovodrun), 127.0.0.1 is excluded for its cooldown (1 s), and after it
     the ring grows back onto 127.0.0.1 in place (the same horovodrun, its worker given the state by
     broadcast)."""
-    steps = 200  # the kill after step 40, the grow back a few steps after the restart's first
+    steps = 600  # the kill after step 40; the grow back ~1 s after it (by step ~250 unloaded), the rest at 2
     script, _, _ = _discovery(tmp_path, TWO)
     run = tmp_path / "run"
     proc = _start(["--steps", str(steps), *TINY, "--relaunch", "inplace", "--host-discovery-script", str(script),
-                   "--discovery-interval", "0.2", "--blacklist-cooldown-range", "2:4", "--no-survive",
+                   "--discovery-interval", "0.2", "--blacklist-cooldown-range", "1:2", "--no-survive",
                    "--checkpoint-every", "20", "--run-dir", str(run)])
     try:
         wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2 and t["step"] >= 40], 120,
@@ -52,7 +52,8 @@ def test_a_failed_host_with_no_survive_restarts_on_the_other_host_then_grows_bac
         line = wait_for(lambda: next((ln for ln in run_cli("status", str(run)).stdout.splitlines()
                                       if "excluded: 127.0.0.1 until" in ln), None), 30, "status naming the host")
         assert line.startswith("hosts: localhost:1 (1 slot); excluded: 127.0.0.1 until "), line
-        wait_for(lambda: len(_events(run, "membership_change")) >= 2, 120, "the grow back onto 127.0.0.1")
+        wait_for(lambda: [c for c in _events(run, "membership_change") if c["members_after"] == 2], 120,
+                 "the grow back onto 127.0.0.1")
         out, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
@@ -74,10 +75,10 @@ def test_a_failed_host_with_no_survive_restarts_on_the_other_host_then_grows_bac
     hc = _events(run, "hosts_changed")
     assert [(h["diff"], h["hosts"], h["target"]) for h in hc] == [
         ("+localhost:1 +127.0.0.1:1", both, 2), ("-127.0.0.1:1", one, 1), ("+127.0.0.1:1", both, 2)]
-    assert hc[2]["time"] - hc[1]["time"] >= 1.5  # back after its 2 s cooldown, not before
+    assert hc[2]["time"] - hc[1]["time"] >= 0.7  # back after its 1 s cooldown, not before
     notes = [n["message"] for n in _events(run, "notice")]
     assert any(n.startswith(f"host 127.0.0.1 (rank {victim['rank']}) excluded until ")
-               and n.endswith("after 1 failure (cooldown 2 s)") for n in notes), notes
+               and n.endswith("after 1 failure (cooldown 1 s)") for n in notes), notes
     assert "host 127.0.0.1 back from its cooldown" in notes
     # every step trained; only the steps after the restart's checkpoint up to the failure twice
     trained, redone = _history(run)
@@ -97,7 +98,7 @@ def test_a_second_failure_after_rank_0s_host_left_and_the_ring_was_renumbered_go
     worker is killed (kill -9): the survivor is found at its new rank and goes on from memory again,
     nothing redone (before, its process was missing from the controller's map of ranks, and the
     failure was restarted from the checkpoint)."""
-    steps = 400
+    steps = 600
     script, listed, _ = _discovery(tmp_path, TWO)
     run = tmp_path / "run"
     proc = _start(["--steps", str(steps), *TINY, "--relaunch", "inplace", "--host-discovery-script", str(script),
