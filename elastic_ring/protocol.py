@@ -329,14 +329,18 @@ def first_failure(records: list[dict[str, Any]], dead_ranks: list[int]) -> Failu
 
 
 # ---------------------------------------------------------------------- process records
-def write_pid_record(run_dir: Path, rank: int, owner: str, segment: int) -> None:
+def write_pid_record(run_dir: Path, rank: int, owner: str, segment: int, reformed: bool = False) -> None:
+    """This process's record: ``seg<segment>-rank<rank>.json`` when it starts for a segment; with
+    ``reformed``, ``reformed-<pid>.json`` after its ring was re-formed in place (its rank may be
+    another now; the records of started workers stay as they were)."""
     try:
         import psutil
 
         created = psutil.Process().create_time()
     except Exception:  # noqa: BLE001
         created = 0.0
-    write_json_atomic(pid_dir(run_dir) / f"seg{segment:03d}-rank{rank}.json",
+    name = f"reformed-{os.getpid()}.json" if reformed else f"seg{segment:03d}-rank{rank}.json"
+    write_json_atomic(pid_dir(run_dir) / name,
                       {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
                        # the host's name in the launcher's host list (horovodrun's -H), which may
                        # be an address or an alias: what the controller probes

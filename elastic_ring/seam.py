@@ -37,6 +37,7 @@ from typing import Any
 from elastic_ring import protocol
 
 VERSION = 1  # the format written; records without a version are version 1 (the same keys)
+AT_NEXT_STOP = 0  # an action's at_step: written ahead for the segment's next stop, whichever step it lands at
 
 
 class SeamError(ValueError):
@@ -163,7 +164,9 @@ class Action:
     the step the survivors of a failure roll back to (``rollback_to``). One written *ahead* (before
     the pause, for a scheduled resize) names the step it applies at (``at_step``) and its joiners'
     go records (``go_files``: path -> :class:`Go`): rank 0 takes it only at a scheduled stop at
-    that step, by renaming the file (:func:`take_ahead_action`)."""
+    that step, by renaming the file (:func:`take_ahead_action`); one written ahead of a stop asked
+    while the segment trains (a shrink: a host dropped or drained) names :data:`AT_NEXT_STOP`, and
+    rank 0 takes it at whichever step that stop lands."""
 
     kind: ActionKind
     time: float = 0.0

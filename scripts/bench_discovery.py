@@ -32,8 +32,12 @@ scripts/bench_hvd_elastic.py); **samples redone**, the samples of an epoch train
 over the whole run (the target for the drop: 0). Medians over rounds with the spread, the paired
 ratios elastic-ring / Horovod Elastic, and the machine's load before and after each run.
 
-    .venv/bin/python scripts/bench_discovery.py [--rounds 3] [--inplace]
+    .venv/bin/python scripts/bench_discovery.py [--rounds 3] [--inplace] [--sides A,B] [--out F]
     -> results/bench_discovery.json
+
+``--sides`` runs only the sides named (e.g. ``elastic-ring-inplace,horovod-elastic``: the drop in
+place paired with Horovod Elastic's, without the slower relaunch side); a ratio is written for each
+side run beside ``horovod-elastic``.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ INPLACE_SCHEDULE = ("starts on both hosts; 127.0.0.1 dropped after --steps-befor
 
 
 def script_args(log: Path) -> list[str]:
-    return ["--epochs", "40", "--train-size", "384", "--log-samples", str(log)]
+    return ["--epochs", "200", "--train-size", "384", "--log-samples", str(log)]  # (ended by the bench long before)
 
 
 def redone(rows: list[dict]) -> int:
@@ -155,10 +159,18 @@ def main() -> None:
     ap.add_argument("--after", type=int, default=20, help="steps timed after the drop")
     ap.add_argument("--inplace", action="store_true",
                     help=f"also the side {INPLACE} (--relaunch inplace over the hosts; its schedule: the docstring)")
+    ap.add_argument("--sides", default=None,
+                    help=f"only these sides, comma-separated (of elastic-ring, horovod-elastic, {INPLACE})")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_discovery.json")
     a = ap.parse_args()
     load0 = os.getloadavg()[0]
     runs: dict[str, list[dict]] = {"elastic-ring": [], "horovod-elastic": [], **({INPLACE: []} if a.inplace else {})}
+    if a.sides:
+        names = [n.strip() for n in a.sides.split(",") if n.strip()]
+        unknown = [n for n in names if n not in ("elastic-ring", "horovod-elastic", INPLACE)]
+        if unknown or not names:
+            ap.error(f"--sides: not a side: {', '.join(unknown) or a.sides!r}")
+        runs = {n: [] for n in names}
     with tempfile.TemporaryDirectory(prefix="bdi") as t:
         for r in range(a.rounds):
             order = list(runs) if r % 2 == 0 else list(runs)[::-1]
@@ -176,12 +188,15 @@ def main() -> None:
         return {f"{c}_lost": spread([o[c]["lost_s"] / h[c]["lost_s"] for o, h in
                                      zip(runs[ours], runs["horovod-elastic"])]) for c in ("appear", "drop")}
 
-    inplace = ({"inplace_schedule": INPLACE_SCHEDULE, "ratio_elastic_ring_inplace_over_horovod_elastic":
-                ratios(INPLACE)} if a.inplace else {})
+    paired = "horovod-elastic" in runs
+    inplace = ({"inplace_schedule": INPLACE_SCHEDULE} if INPLACE in runs else {})
+    if INPLACE in runs and paired:
+        inplace["ratio_elastic_ring_inplace_over_horovod_elastic"] = ratios(INPLACE)
+    relaunch = ({"ratio_elastic_ring_over_horovod_elastic": ratios("elastic-ring")}
+                if "elastic-ring" in runs and paired else {})
     write_results(a.out, {"script": str(SCRIPT.relative_to(ROOT)), "discovery_interval_s": INTERVAL,
-                          "steps_before": a.steps_before, "after": a.after, "rounds": a.rounds, "runs": runs,
-                          "summary": summary, "ratio_elastic_ring_over_horovod_elastic": ratios("elastic-ring"),
-                          **inplace}, load0)
+                          "steps_before": a.steps_before, "after": a.after, "rounds": a.rounds,
+                          "sides": list(runs), "runs": runs, "summary": summary, **relaunch, **inplace}, load0)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ did in controller.py, from where they moved unchanged.
 
 from __future__ import annotations
 
-from elastic_ring.controller.backends.api import GroupState
+from elastic_ring.controller.backends.api import GroupState, SegmentLaunch
 from elastic_ring.controller.membership import Cause, decide
 from elastic_ring.controller.requests import take_asked
 from elastic_ring.controller.segment import Segment, Stop
@@ -135,4 +135,19 @@ class Asks:
         """A change asked while ``seg`` runs: its workers stop at the next agreed step (:meth:`_decide`)."""
         seg.asked = decide(cause, seg.last_step, seg.world, target, in_place=self.resize.keeps_workers, time=t)
         self.events.write(ResizeRequested(from_workers=seg.world, to_workers=target, source=cause.value, time=t))
+        self._shrink_ahead(seg, cause, target)
         stop_file(self.spec.run_dir, seg.index).touch()
+
+    def _shrink_ahead(self, seg: Segment, cause: Cause, target: int) -> None:
+        """In place, a host dropped from discovery or leaving with notice: the shrink's next ring is
+        written ahead (``Backend.shrink_ahead``), as a scheduled shrink's is, for rank 0 to take at
+        the stop the workers agree on; its hosts are kept on ``seg`` (``_resize`` starts the next
+        segment on them when rank 0 took it). Not where a scheduled resize may come first (its
+        stop would be the one taken) or the drain relaunches (the workers checkpoint and leave)."""
+        if (not self.resize.keeps_workers or target >= seg.world or self.drains.relaunch
+                or cause not in (Cause.HOSTS, Cause.DRAINED, Cause.PREEMPTED)
+                or self._next_stop(seg.last_step) != self.spec.total_steps):
+            return
+        hosts = self.hosts.ahead(target).arg() if self.hosts is not None else None
+        if self.backend.shrink_ahead(SegmentLaunch(target, seg.index + 1, self.spec.total_steps, self.owner), hosts):
+            seg.ahead_hosts = hosts

@@ -376,6 +376,8 @@ class Controller(Asks, Recovery):
         if seg.asked is not None:
             self.plan.add(step, target, change.cause.value)
             self._save_plan()
+            if seg.ahead_hosts is not None and self.hosts is not None and not self._redirectable(seg.index):
+                self.hosts.keep(seg.ahead_hosts)  # rank 0 took the shrink written ahead: the ring is on its hosts
         else:
             self.events.write(ResizeRequested(from_workers=world, to_workers=target, source=change.cause.value,
                                               at_step=step, time=change.time))

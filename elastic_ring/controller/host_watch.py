@@ -65,13 +65,15 @@ class HostWatch:
 
     def host_of(self, seg: Segment, rank: int, run_dir: Path | None = None) -> str | None:
         """The host ``rank`` of ``seg`` ran on: its process record's name in horovodrun's ``-H``
-        (``launch_host``) when that is one of the segment's hosts, else the rank's place in the
-        hosts it was started on (rank order: :meth:`place`); None when not known."""
+        (``launch_host``) when that is one of the segment's hosts (the records kept when its
+        launcher exited, ``seg.pids``, or those in ``run_dir``), else the rank's place in the hosts
+        it was started on (rank order: :meth:`place`); None when not known. (Horovod Elastic's
+        driver numbers the hosts in an order of its own: in place the records name the host.)"""
         on = self.hosts_of.get(seg.index)
         if on is None:
             return None
         if run_dir is not None:
-            for p in protocol.read_pid_records(run_dir):
+            for p in [*seg.pids, *protocol.read_pid_records(run_dir)]:
                 if p.get("segment") == seg.index and p.get("rank") == rank and p.get("launch_host") in on:
                     return str(p["launch_host"])
         first = 0
@@ -110,6 +112,11 @@ class HostWatch:
         from elastic_ring.hosts.api import HostSet
 
         self.kept = HostSet.from_arg(hosts)
+
+    def ahead(self, world: int) -> HostSet:
+        """The hosts a next segment of ``world`` would start on now (:meth:`place`, nothing kept):
+        a shrink asked in place tells them to the backend ahead of the pause."""
+        return self.kept or self.manager.view(self.asked).hosts_for(world)
 
     def place(self, seg: Segment) -> HostSet:
         """The hosts ``seg`` starts on: the first ``seg.world`` usable slots, in rank order (or

@@ -41,6 +41,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from elastic_ring import protocol
 from elastic_ring.seam import Action
 from elastic_ring.worker import survive
 from elastic_ring.worker.errors import ContractError
@@ -232,6 +233,9 @@ class StepBoundary:
         start = self.progress.start
         start.restart(t0)
         start.mark("hvd_reinit")
+        if action.segment is not None:  # its rank may be another now: the controller's map of ranks to processes
+            protocol.write_pid_record(self.job.run_dir, self.job.rank, self.job.info.owner, action.segment,
+                                      reformed=True)
 
     def reform(self, action: Action, before_sync: Callable[[], None] | None = None) -> None:
         """Re-form the ring at the new size in this process, then sync rank 0's live state.

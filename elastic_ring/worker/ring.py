@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from elastic_ring import env, protocol
-from elastic_ring.seam import Action, Go, read_action, read_go, take_ahead_action, write_go
+from elastic_ring.seam import AT_NEXT_STOP, Action, Go, read_action, read_go, take_ahead_action, write_go
 from elastic_ring.worker.checks import check_collectives_untouched
 from elastic_ring.worker.collective import PG_TIMEOUT_S, TorchCollective, rendezvous_store, torch_backend
 from elastic_ring.worker.errors import ContractError
@@ -220,9 +220,12 @@ class Ring:
     def take_ahead(self, run_dir: Path, segment: int, step: int, scheduled: bool) -> Action | None:
         """Rank 0 at a scheduled stop at ``step``: the action written ahead for it, taken (renamed,
         so the controller cannot withdraw it too) and its joiners' go records written; None when
-        there is none for this stop, it is not this ring's to take, or the controller withdrew it."""
+        there is none for this stop, it is not this ring's to take, or the controller withdrew it.
+        One written ahead of an asked stop (``AT_NEXT_STOP``: a shrink off a dropped or drained host)
+        is taken at any stop."""
         act = read_action(run_dir, segment)
-        if not (act is not None and act.ahead and act.is_resize and act.at_step == step and scheduled
+        if not (act is not None and act.ahead and act.is_resize
+                and ((act.at_step == step and scheduled) or act.at_step == AT_NEXT_STOP)
                 and self.takes(act) and take_ahead_action(run_dir, segment)):
             return None
         for go, rec in act.go_files.items():  # its joiners' word

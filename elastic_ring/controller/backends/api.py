@@ -199,6 +199,13 @@ class Backend:
     def unleave(self) -> None:
         """Withdraw :meth:`leave`'s hosts (the segment failed first)."""
 
+    def shrink_ahead(self, launch: SegmentLaunch, hosts: str | None) -> bool:
+        """In place: a shrink to ``launch`` (the next segment) was asked of the running ring (a host
+        dropped or drained, a live resize), on ``hosts`` (``a:1,b:2``, host discovery's placement;
+        None: none): prepare it while the workers train to the stop they agree on, as a scheduled
+        one is (``report_ahead``), for rank 0 to take at that stop. False: nothing prepared."""
+        return False
+
 
 class InPlaceRing(Protocol):
     """A backend whose workers stay across a resize: paused between two steps, they re-form their

@@ -104,20 +104,43 @@ def elastic_horovodrun_command(spec, world: int, segment: int, stop_at: int,
             "--", spec.script or BUILTIN_TARGET, *spec.script_args]
 
 
+def _pid_records(run_dir: Path) -> list[tuple[Path, dict]]:
+    """The workers' process records, with their files: those written when a worker started
+    (``seg<N>-rank<R>.json``) and after its ring was re-formed in place (``reformed-<pid>.json``)."""
+    pids = protocol.pid_dir(run_dir)
+    out = []
+    for f in [*sorted(pids.glob("seg*-rank*.json")), *sorted(pids.glob("reformed-*.json"))]:
+        rec = protocol.read_json(f)
+        if isinstance(rec, dict):
+            out.append((f, rec))
+    return out
+
+
 def _current_records(run_dir: Path, segment: int) -> dict[int, dict]:
-    """rank -> the pid record of the process that holds it in ``segment``: each rank's record of
-    the latest segment up to this one (a worker that stayed across in-place resizes wrote it when
-    it started)."""
-    best: dict[int, tuple[int, dict]] = {}
-    for rec in protocol.read_pid_records(run_dir):
+    """rank -> the pid record of the process that holds it in ``segment``: of the records
+    (:func:`_pid_records`) of segments up to this one, each process's of its newest segment (an
+    in-place re-form may renumber it), then each rank's newest by when it was written, not by its
+    segment: a joiner Horovod's driver starts names the segment its horovodrun was launched for,
+    and a rank's record of an earlier ring is stale once another process holds that rank (seen:
+    after rank 0's host left and the ring grew back, the survivor was missing from the map at a
+    second failure, which was then restarted from the checkpoint)."""
+    recs: list[tuple[float, int, int, dict]] = []
+    newest: dict[int, int] = {}  # pid -> its newest segment
+    for f, rec in _pid_records(run_dir):
         try:
-            r, s = int(rec["rank"]), int(rec["segment"])
-            int(rec["pid"])
-        except (KeyError, TypeError, ValueError):
+            r, s, pid = int(rec["rank"]), int(rec["segment"]), int(rec["pid"])
+            written = f.stat().st_mtime
+        except (KeyError, TypeError, ValueError, OSError):
             continue
-        if s <= segment and s >= best.get(r, (-1, {}))[0]:
-            best[r] = (s, rec)
-    return {r: rec for r, (_, rec) in best.items()}
+        if 0 <= s <= segment:  # (a warm spare's record, segment -1, is a placeholder)
+            recs.append((written, s, pid, rec))
+            newest[pid] = max(s, newest.get(pid, s))
+    best: dict[int, tuple[float, int, dict]] = {}
+    for written, s, pid, rec in recs:
+        r = int(rec["rank"])
+        if s == newest[pid] and (written, s) >= best.get(r, (-1.0, -1, {}))[:2]:
+            best[r] = (written, s, rec)
+    return {r: rec for r, (_, _, rec) in best.items()}
 
 
 def _current_pids(run_dir: Path, segment: int) -> dict[int, int]:
@@ -276,6 +299,38 @@ class ElasticBackend(Backend):
     def unleave(self) -> None:
         self._leaving.clear()
 
+    def shrink_ahead(self, launch: SegmentLaunch, hosts: str | None) -> bool:
+        """A shrink asked while the ring trains (a host dropped from the discovery, drained, a
+        worker's notice, a live resize) becomes what a scheduled shrink is: the host list of the
+        next ring and its action are written now, the action ahead for the segment's next stop
+        (``seam.AT_NEXT_STOP``), so that at the stop the workers agree on rank 0 takes it at once
+        (Horovod's driver has reported the list meanwhile) instead of waiting for the controller to
+        see the pause and for the driver's next poll and notice. The driver starts or ends no process
+        before the workers reset. The controller withdraws it as a scheduled one's
+        (:meth:`retract_ahead`: an interrupt, a failure first, rank 0 not there in time). Over
+        discovered hosts ``hosts`` is the controller's placement of the next ring (:attr:`_placed`,
+        the running ring's, is kept for a failure meanwhile: :meth:`_hosts_after`). False: nothing
+        written (not a shrink of the running segment, one is written ahead already, or the hosts
+        do not make that size)."""
+        from elastic_ring.controller.api import parse_hosts
+
+        cur = self._launch
+        if cur is None or self._ahead is not None or launch.segment != cur.segment + 1 or launch.world >= cur.world:
+            return False
+        if self.over_hosts:
+            placed = parse_hosts(hosts) if hosts else []
+            if sum(n for _, n in placed) != launch.world:
+                return False
+            t = time.time()
+            if write_hosts(self.spec.run_dir, launch.world, None, placed):
+                self.hosts_written = t
+        else:
+            self._write_hosts(launch.world)
+        self._ahead, self._ahead_taken = launch, False
+        seam.write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), at_step=seam.AT_NEXT_STOP,
+                                 hosts_written=self.hosts_written)
+        return True
+
     def start(self, launch: SegmentLaunch, log_path: Path) -> Started:
         self._live, self._dead, self._leaving = [], set(), set()
         names = self._names(launch.world)
@@ -358,6 +413,7 @@ class ElasticBackend(Backend):
                 raise RuntimeError(f"the workers took the resize to {a.world} written ahead for "
                                    f"segment {a.segment}, the controller decided {launch}")
             self._live = self._names(launch.world) or []
+            self._leaving.clear()
             self._launch, self._ahead = launch, None
             return
         self._live = self._write_hosts(launch.world) or []
@@ -436,7 +492,7 @@ class ElasticBackend(Backend):
         survivor's host is its process record's name in the driver's list (by its pid: a survivor
         keeps its process, not its rank, across in-place resizes)."""
         host_of: dict[int, tuple[int, str | None]] = {}
-        for rec in protocol.read_pid_records(self.spec.run_dir):
+        for _, rec in _pid_records(self.spec.run_dir):  # (a renumbered survivor's: its re-form's record)
             try:
                 pid, seg = int(rec["pid"]), int(rec["segment"])
             except (KeyError, TypeError, ValueError):
