@@ -351,9 +351,15 @@ def write_pid_record(run_dir: Path, rank: int, owner: str, segment: int, reforme
                        "owner": owner, "segment": segment, "created": created})
 
 
-def read_pid_records(run_dir: Path) -> list[dict[str, Any]]:
+def read_pid_records(run_dir: Path, reformed: bool = False) -> list[dict[str, Any]]:
+    """The workers' process records as they started (``seg<N>-rank<R>.json``); with ``reformed``
+    also those written after an in-place re-form (``reformed-<pid>.json``: a survivor whose start
+    record a joiner's overwrote is only there)."""
     out = []
-    for f in sorted(pid_dir(run_dir).glob("seg*-rank*.json")):
+    files = sorted(pid_dir(run_dir).glob("seg*-rank*.json"))
+    if reformed:
+        files += sorted(pid_dir(run_dir).glob("reformed-*.json"))
+    for f in files:
         rec = read_json(f)
         if isinstance(rec, dict):
             out.append(rec)

@@ -131,13 +131,15 @@ def stop_stale_workers(run_dir: Path, timeout_s: float = 20.0) -> list[int]:
 
     me = socket.gethostname()
     victims: list[psutil.Process] = []
-    records = protocol.read_pid_records(run_dir)
+    records = protocol.read_pid_records(run_dir, reformed=True)  # (a pid in two records: killed once)
     ctl = protocol.read_json(Path(run_dir) / protocol.CONTROLLER_FILE) or {}
     if ctl.get("launcher_pid"):
         records.append({"pid": ctl["launcher_pid"], "host": me, "created": ctl.get("launcher_created", 0)})
+    seen: set[int] = set()
     for rec in records:
-        if rec.get("host") != me or not rec.get("pid"):
+        if rec.get("host") != me or not rec.get("pid") or int(rec["pid"]) in seen:
             continue
+        seen.add(int(rec["pid"]))
         try:
             p = psutil.Process(int(rec["pid"]))
             if rec.get("created") and abs(p.create_time() - float(rec["created"])) > 1.0:

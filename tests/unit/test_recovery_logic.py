@@ -241,6 +241,32 @@ def test_stop_stale_workers_kills_recorded_local_workers_only(tmp_path):
         bystander.kill()
 
 
+def test_stop_stale_workers_kills_a_survivor_known_only_by_its_re_form_record(tmp_path):
+    import psutil
+
+    survivor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    joiner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        host = __import__("socket").gethostname()
+        rec = {"rank": 0, "host": host, "owner": "old", "segment": 0}
+        # the joiner's start record overwrote the survivor's; the survivor wrote one after its re-form
+        protocol.write_json_atomic(protocol.pid_dir(tmp_path) / "seg000-rank1.json",
+                                   {**rec, "rank": 1, "pid": joiner.pid,
+                                    "created": psutil.Process(joiner.pid).create_time()})
+        protocol.write_json_atomic(protocol.pid_dir(tmp_path) / f"reformed-{survivor.pid}.json",
+                                   {**rec, "pid": survivor.pid, "created": psutil.Process(survivor.pid).create_time()})
+        protocol.write_json_atomic(protocol.pid_dir(tmp_path) / f"reformed-{joiner.pid}.json",
+                                   {**rec, "rank": 1, "pid": joiner.pid,
+                                    "created": psutil.Process(joiner.pid).create_time()})
+        assert sorted(stop_stale_workers(tmp_path)) == sorted([survivor.pid, joiner.pid])  # each once
+        survivor.wait(timeout=10)
+        joiner.wait(timeout=10)
+        assert not list(protocol.pid_dir(tmp_path).glob("*.json"))
+    finally:
+        survivor.kill()
+        joiner.kill()
+
+
 def test_summary_counts_each_step_once_after_a_restart():
     ev = [
         {"kind": "launch", "start_step": 1, "world_size": 2, "time": 0},
