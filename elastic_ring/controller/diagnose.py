@@ -93,7 +93,8 @@ class Diagnosis:
                 return ""
 
         seg.stall = st = wd.check(
-            now, stopped=lambda: wdog.stopped_ranks(protocol.read_pid_records(rd), seg.index, local),
+            # (with the records written after an in-place re-form: a survivor's rank and segment are there)
+            now, stopped=lambda: wdog.stopped_ranks(protocol.read_pid_records(rd, reformed=True), seg.index, local),
             dead_hosts=lambda: self.dead_host_ranks(seg),
             missing=lambda: wdog.missing_ranks(log_text()),
             lost=lambda: self.dead_host_ranks(seg, silent=self._seen_silent()))
@@ -116,7 +117,8 @@ class Diagnosis:
             return {}
         names = {h for h, _ in hosts}
         alive = names - silent if silent is not None else {h for h, _ in self.host_probe(hosts)}
-        return wdog.ranks_on_dead_hosts(protocol.read_pid_records(self.spec.run_dir), seg.index, alive, names)
+        return wdog.ranks_on_dead_hosts(protocol.read_pid_records(self.spec.run_dir, reformed=True), seg.index,
+                                        alive, names)
 
     # ------------------------------------------------------------------ after a failure
     @staticmethod

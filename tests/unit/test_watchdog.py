@@ -150,6 +150,21 @@ def test_missing_ranks_from_horovods_stall_inspector():
     assert wd.missing_ranks("nothing here") == []
 
 
+def test_a_survivor_re_formed_in_place_is_found_stopped_by_its_re_form_record(tmp_path):
+    from elastic_ring import protocol
+
+    pids = protocol.pid_dir(tmp_path)
+    # the survivor started as rank 1 of segment 0, re-formed in place as rank 0 of segment 2; a joiner is rank 1
+    protocol.write_json_atomic(pids / "seg000-rank1.json", {"rank": 1, "pid": 21, "host": "me", "segment": 0})
+    protocol.write_json_atomic(pids / "reformed-21.json", {"rank": 0, "pid": 21, "host": "me", "segment": 2})
+    protocol.write_json_atomic(pids / "seg002-rank1.json", {"rank": 1, "pid": 22, "host": "me", "segment": 2})
+    states = {21: "T", 22: "S"}
+    assert wd.stopped_ranks(protocol.read_pid_records(tmp_path), 2, {"me"}, state=states.get) == {}  # (before)
+    assert wd.stopped_ranks(protocol.read_pid_records(tmp_path, reformed=True), 2, {"me"}, state=states.get) == {0: "T"}
+    assert wd.ranks_on_dead_hosts(protocol.read_pid_records(tmp_path, reformed=True), 2, set(), {"me"}) == {
+        0: "me", 1: "me"}
+
+
 def test_stopped_ranks_reads_the_state_of_local_workers_only():
     recs = [{"rank": 0, "pid": 10, "host": "me", "segment": 1},
             {"rank": 1, "pid": 11, "host": "me", "segment": 1},
