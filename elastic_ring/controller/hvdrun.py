@@ -272,6 +272,7 @@ class Spare:
         self.run_dir = Path(_flag(argv, "--run-dir") or ".")
         self.segment = int(_flag(argv, "--segment") or 0)  # a cold joiner's record names it
         self.go = self.run_dir / "control" / SPARE_GO
+        self._launches = 0  # each spare its own go file: a later spare's start never removes an earlier one's go
         i = argv.index("--segment")
         argv[i + 1] = "-1"
         cut = argv.index("--")
@@ -314,11 +315,20 @@ class Spare:
         import subprocess
 
         self._pending = None
-        self.go.unlink(missing_ok=True)
-        waiting_file(self.go).unlink(missing_ok=True)
+        # a go file of its own (spare-hvd.json, spare-hvd-1.json, ...): the spare before it may have
+        # been handed its slot a moment ago, its go not read yet (two slots of one grow: the second
+        # starts this spare while the first's joiner is still polling its go)
+        n = self._launches = getattr(self, "_launches", 0) + 1
+        go = self.go.with_name(SPARE_GO if n == 1 else f"{Path(SPARE_GO).stem}-{n - 1}.json")
+        go.unlink(missing_ok=True)
+        waiting_file(go).unlink(missing_ok=True)
+        argv = list(self.argv)
+        if "--go-file" in argv:
+            argv[argv.index("--go-file") + 1] = str(go)
         local = str(max(2, int(self.env.get("HOROVOD_LOCAL_SIZE", "2"))))
         try:
-            self.proc = subprocess.Popen(self.argv, env={**self.env, **PLACEHOLDER_RANK, "HOROVOD_LOCAL_SIZE": local})
+            self.proc = subprocess.Popen(argv, env={**self.env, **PLACEHOLDER_RANK, "HOROVOD_LOCAL_SIZE": local})
+            self.proc.go_file = self.go = go
         except OSError as e:  # (the slot's worker starts cold)
             print(f"elastic-ring hvdrun: the warm joiner could not be started: {e}", flush=True)
 
@@ -351,13 +361,14 @@ class Spare:
     def join(self, p: Any, slot_env: dict[str, str], events: list) -> tuple[int, float]:
         """Hand the spare ``p`` (:meth:`claim`'s) the slot's environment; wait for it as for the
         driver's own worker (its exit status; ended when the job or its host is)."""
+        go = getattr(p, "go_file", self.go)  # its own go file (a later spare has another)
         try:  # the worker's own pid, which it wrote (forked from the zygote, it is not p's)
-            pid = int(read_json(waiting_file(self.go))["pid"])
+            pid = int(read_json(waiting_file(go))["pid"])
         except (ValueError, KeyError, TypeError):
             pid = p.pid
         print(f"elastic-ring hvdrun: the warm joiner (pid {pid}) takes rank {slot_env.get('HOROVOD_RANK')}",
               flush=True)
-        write_go(self.go, Go(0, time.time(), slot_env, pid_segment=self.segment))
+        write_go(go, Go(0, time.time(), slot_env, pid_segment=self.segment))
         if self.shutdown is not None:  # the next spare, for the next failure, once the ring trains again
             self.t0 = time.time()
             self.start_when_training(self.shutdown)

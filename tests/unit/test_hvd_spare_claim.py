@@ -196,3 +196,27 @@ def test_a_slot_on_another_machine_never_takes_the_local_spare(tmp_path, monkeyp
         assert claims == [True]  # this machine's slot asks for the spare (none here: cold)
     finally:
         event.set()
+
+
+def test_a_second_spare_started_at_once_leaves_the_first_ones_go_in_place(tmp_path, monkeypatch):
+    """Two slots of one grow: the first takes the spare and is handed its go; the second starts the
+    next spare at once. That start must not remove (nor share) the first's go file, or the first
+    joiner never reads its rank and both read the second's (a hang of the grown ring)."""
+    spare, shutdown, started = _pending(tmp_path, monkeypatch, poll_s=60.0)
+    # (a stand-in that writes the waiting file of the go file it is given, as the real one)
+    spare.argv = [sys.executable, "-c", "import os, sys, time; open(sys.argv[2] + '.waiting', 'w')"
+                  ".write('{\"pid\": %d}' % os.getpid()); time.sleep(30)", "--go-file", str(spare.go)]
+    p1 = p2 = None
+    try:
+        p1 = spare.claim([], start_pending=True)
+        first_go = p1.go_file
+        first_go.write_text('{"stop_at": 0, "env": {"HOROVOD_RANK": "2"}}')  # (join's go, not read yet)
+        spare.start_when_training(shutdown)  # join: the next spare is pending
+        p2 = spare.claim([], start_pending=True)  # the second slot starts it now
+        assert p2 is not None and p2.go_file != first_go
+        assert first_go.read_text() == '{"stop_at": 0, "env": {"HOROVOD_RANK": "2"}}'
+    finally:
+        shutdown.set()
+        for p in (p1, p2):
+            if p is not None:
+                p.kill()
