@@ -93,9 +93,9 @@ def fixed_hosts(req: RunRequest, collective: str = "horovod") -> Any:
 
     pairs = parse_hosts(req.hosts) if req.hosts else parse_hostfile(req.hostfile) if req.hostfile else None
     several = bool(pairs) and len(pairs) > 1
+    torch_in_place = collective == "torch" and req.relaunch == "inplace"  # (its own launch)
     watched = (pairs and not req.host_discovery_script and req.backend != "ray" and req.slots is None
-               and (several and (collective != "torch" or req.relaunch != "inplace")
-                    or req.relaunch == "inplace" and collective != "torch"))
+               and not torch_in_place and (several or req.relaunch == "inplace"))
     if not watched:
         if req.cooldown_range is not None and not req.host_discovery_script:
             raise UserError("--blacklist-cooldown-range goes with --host-discovery-script or several hosts "
