@@ -106,6 +106,13 @@ def _echo(msg: str) -> None:
                    "LOW seconds, then 2 LOW, 4 LOW, ... at most HIGH at its next failures; the job grows back onto it "
                    "after. [default: 10:300]")
 @click.option("--network-interface", default=None, help="Passed to horovodrun (e.g. lo for several local 'hosts').")
+@click.option("--host-probe", default=None, metavar="CMD",
+              help="--hosts/--hostfile: how to ask whether a host still answers: CMD HOST is run (a shell-like "
+                   "command line, the host appended), exit status 0 = it answers; every host is asked, this "
+                   "machine's names too, at each launch and every 5 s while the run runs. A host that stops "
+                   "answering while its ranks make no step for 5 s is a stall: those ranks restart without it, the "
+                   "host left out for its cooldown, grown back onto after it when it answers again. "
+                   "[default: ssh HOST true, this machine's names never asked]")
 @click.option("--relaunch", type=click.Choice(["auto", "prelaunch", "overlap", "sequential", "inplace"]),
               default="auto", show_default=True,
               help="prelaunch: start the new workers before the stop; they import and build the model, then "
@@ -188,7 +195,7 @@ def _echo(msg: str) -> None:
 def train(workers, script, resize_at, resize_to, schedule, config_path, overrides, steps, depth, dataset,
           data_dir, batch_size, lr, seed, lr_scaling, resize_warmup, global_batch, device, slots, hosts,
           hostfile, host_discovery_script, discovery_interval, min_workers, max_workers, min_wait, cooldown_range,
-          network_interface, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
+          network_interface, host_probe, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
           checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, stop_grace, grace, run_dir,
           resume_dir, script_args):
     """Train with Horovod (a CIFAR ResNet, or your --script); resize by checkpoint and relaunch.
@@ -248,7 +255,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
                      warm_spares=warm_spares, survive=survive, collective=collective, stop_grace=stop_grace,
                      host_discovery_script=host_discovery_script, discovery_interval=discovery_interval,
                      min_workers=min_workers, max_workers=max_workers, min_wait=min_wait,
-                     cooldown_range=cooldown_range, grace=grace)
+                     cooldown_range=cooldown_range, grace=grace, host_probe=host_probe)
     summary = start_or_resume(req, _echo)
     click.echo(render(summary, summary.get("total_steps")))
     if summary["state"] == RunState.STOPPED.value:

@@ -155,6 +155,8 @@ class Controller(Asks, Recovery):
             hosts, asked_workers, plan=self.plan, save_plan=self._save_plan, meter=self.meter, events=self.events,
             out=say, clock=clock, poll_s=poll_s, show_line=self._show_hosts, interrupted=lambda: self._interrupts,
             show_state=lambda st: self._set_state(self.state, host_state=st))
+        if hosts is not None:  # a host the watchdog's monitor finds silent is not grown onto (HostManager.silent)
+            hosts.silent = self.diagnosis.silent_hosts
         # hosts leaving with notice (`elastic-ring drain`, a worker's SIGTERM): .drains
         self.drains = Drains(self.hosts, spec.run_dir, self.events, say, clock, notice_deadline_s=grace,
                              backend=self.backend if resize.keeps_workers else None)

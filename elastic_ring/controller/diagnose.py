@@ -105,6 +105,11 @@ class Diagnosis:
                      "killing the workers")
         return st is not None
 
+    def silent_hosts(self) -> frozenset[str]:
+        """The hosts of --hosts/--hostfile the newest round of the host monitor found silent (none
+        while it does not run)."""
+        return self._seen_silent()
+
     def _seen_silent(self) -> frozenset[str]:
         """The hosts the last round of the host monitor found silent (asks no one now)."""
         return self._monitor.silent() if self._monitor is not None else frozenset()

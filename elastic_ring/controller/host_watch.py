@@ -124,6 +124,7 @@ class HostWatch:
         on, self.kept = self.kept or self.manager.view(self.asked).hosts_for(seg.world), None
         self.hosts_of[seg.index] = on
         self.in_use = on
+        self.manager.in_use = tuple(on)
         self._show(self.manager.view(self.asked))
         return on
 

@@ -80,6 +80,7 @@ class RunRequest:
     min_wait: float | None = None  # host discovery: seconds below the minimum before it stops (None: waits)
     cooldown_range: str | None = None  # host discovery: LOW:HIGH seconds a failed host is left out (None: 10:300)
     grace: float | None = None  # SIGTERM to the controller: seconds for the workers to checkpoint (None: no limit)
+    host_probe: str | None = None  # a command asked whether a host answers: CMD HOST, 0 = yes (None: ssh)
 
     def resnet_options(self) -> tuple[Any, ...]:
         return (self.depth, self.dataset, self.data_dir, self.batch_size, self.lr, self.seed,
@@ -226,6 +227,13 @@ def _check_numbers(req: RunRequest) -> None:
         raise UserError(f"--keep must be >= 1, got {req.keep}")
     if req.grace is not None and not req.grace > 0:
         raise UserError(f"--grace must be > 0 seconds, got {req.grace:g}")
+    if req.host_probe is not None:
+        from elastic_ring.controller.backends.horovodrun import command_probe
+
+        command_probe(req.host_probe)  # (raises the one-line error)
+        if not (req.hosts or req.hostfile or req.resume_dir):
+            raise UserError("--host-probe goes with --hosts or --hostfile: only their hosts are asked whether "
+                            "they answer")
 
 
 

@@ -581,7 +581,12 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
                             survive_env=run.choice.worker_env if run.choice is not None else "1",
                             collective=run.spec.collective, stop_grace=run.extra.get("stop_grace"),
                             max_restarts=req.max_restarts, discovered=bool(req.host_discovery_script))
-    backend, resize = make_launch(options, run.spec)
+    probe = None
+    if req.host_probe:
+        from elastic_ring.controller.backends.horovodrun import command_probe
+
+        probe = command_probe(req.host_probe)
+    backend, resize = make_launch(options, run.spec, host_probe=probe)
     if getattr(run.extra.get("hosts"), "over_hosts", False):  # in place over the discovered hosts (Horovod Elastic)
         backend.run_over_hosts()
     if req.backend == "ray":
@@ -593,7 +598,8 @@ def _start(req: RunRequest, run: PreparedRun, echo: Callable[[str], None], out: 
                      show_progress=show_progress, backend=backend, resize=resize,
                      lr_decays=tuple(run.cfg.decay_steps) if run.cfg else (),
                      constant_batch=_constant_batch(run), hosts=run.extra.get("hosts"),
-                     asked_workers=run.extra.get("asked_workers"), grace=req.grace, survive=run.choice)
+                     asked_workers=run.extra.get("asked_workers"), grace=req.grace, survive=run.choice,
+                     host_probe=probe)
     summary = ctl.run(run.start_step, run.spec.workers, run.segment)
     total = run.spec.total_steps
     return {**summary, "total_steps": total if total < protocol.NO_STEP_LIMIT else None}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from elastic_ring.hosts.api import HostDiff, HostSet, WorkerBounds
 from elastic_ring.hosts.discovery import HostPoller
@@ -82,9 +82,16 @@ class HostManager:
         self._drained: dict[str, bool] = {}
         # --relaunch inplace over the hosts as listed (not this host's slots only: prepare_hosts.host_manager)
         self.over_hosts = False
+        # the hosts that do not answer now (the watchdog's host monitor, --host-probe: set by the
+        # controller) and those the job runs on: a silent host the job does not run on is not
+        # usable (not grown onto) until it answers again; one it runs on is the watchdog's (a stall)
+        self.silent: Callable[[], Iterable[str]] = tuple
+        self.in_use: Iterable[str] = ()
+        self._silent: set[str] = set()
 
     def view(self, asked: int | None = None) -> HostView:
         usable = self.exclusions.usable(self.poller.hosts or HostSet()).without(self._drained)
+        usable = usable.without(set(self.silent()) - set(self.in_use))
         return HostView(self.poller.hosts, usable, tuple(self.exclusions.excluded()),
                         self.bounds.target(usable.total, asked), self.bounds.min, tuple(self._drained))
 
@@ -121,6 +128,12 @@ class HostManager:
             if h in known:
                 self._notes.append(f"host {h} back from its cooldown")
         self._excluded = now_excluded
+        silent = set(self.silent()) & set(known)
+        for h in sorted(silent - self._silent):
+            self._notes.append(f"host {h} does not answer (--host-probe, or ssh): not grown onto until it does")
+        for h in sorted(self._silent - silent):
+            self._notes.append(f"host {h} answers again")
+        self._silent = silent
         if poll is not None and poll.ok:
             for h in list(self._drained):
                 if h not in known:

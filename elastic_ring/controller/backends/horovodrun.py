@@ -155,6 +155,42 @@ def probe_hosts(hosts: list[tuple[str, int]], timeout_s: float = 5.0) -> list[tu
     return alive
 
 
+def command_probe(command: str, timeout_s: float = 5.0) -> Callable[[list[tuple[str, int]]], list[tuple[str, int]]]:
+    """``--host-probe CMD``: a probe like :func:`probe_hosts` that runs ``CMD HOST`` for every host
+    (this machine's names too); a host answers when it exits 0 within ``timeout_s``.
+
+    Raises:
+        UserError: ``command`` is empty, cannot be split as a command line, or its program is not
+            found (one line).
+    """
+    import shlex
+    import shutil
+
+    from elastic_ring.errors import UserError
+
+    try:
+        argv = shlex.split(command)
+    except ValueError as e:
+        raise UserError(f"--host-probe {command!r}: not a command line ({e})") from None
+    if not argv:
+        raise UserError("--host-probe: empty command")
+    if shutil.which(argv[0]) is None:
+        raise UserError(f"--host-probe: {argv[0]!r} is not an executable found on PATH or at that path")
+
+    def probe(hosts: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        alive = []
+        for name, n in hosts:
+            try:
+                rc = subprocess.run([*argv, name], capture_output=True, timeout=timeout_s).returncode
+            except (OSError, subprocess.TimeoutExpired):
+                rc = 1
+            if rc == 0:
+                alive.append((name, n))
+        return alive
+
+    return probe
+
+
 def first_failed_rank(log_path: Path | None) -> int | None:
     """The rank horovodrun names in "Terminating remaining workers after failure of Process N"."""
     return rank_named_in_log(log_path, _FIRST_FAILED)
