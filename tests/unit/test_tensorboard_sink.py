@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from elastic_ring.telemetry.tensorboard import OFFSET_FILE, TensorBoardSink, logdir_for, scalars_of
 
 
@@ -96,6 +98,7 @@ def test_the_event_file_is_read_by_tensorboard_s_own_loader_with_its_checksums(t
     import os
     import random
 
+    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as tb_masked
@@ -132,6 +135,7 @@ def test_the_controller_s_writer_leaves_tensorboard_s_summary_ops_unimported(tmp
     import subprocess
     import sys
 
+    pytest.importorskip("tensorboard")
     code = ("import sys; from pathlib import Path; from elastic_ring.telemetry.tensorboard import EventFileScalars; "
             f"w = EventFileScalars(Path({str(tmp_path)!r})); w.add('a', 1.0, 1, 1.0); w.close(); "
             "print(sorted(m for m in sys.modules if m.startswith(('tensorboard.summary', 'tensorboard.compat.tensorflow_stub'))))")
