@@ -1,5 +1,6 @@
 """TensorBoardSink logic with a fake writer: which scalars, the offset that makes a resume append
-without duplicates, partial lines, and that a failing writer never stops the run."""
+without duplicates, partial lines, and that a failing writer never stops the run; and the event
+file the default writer makes, read back by TensorBoard's own reader."""
 
 from __future__ import annotations
 
@@ -93,8 +94,9 @@ def test_logdir_from_the_environment(tmp_path, monkeypatch):
 
 def test_the_event_file_is_read_by_tensorboard_s_own_loader_with_its_checksums(tmp_path):
     """The default writer's file: TensorBoard's loader (which checks each record's checksums) reads
-    the version record and then each scalar, in order, and its accumulator their values; the checksum is CRC-32C's (the check value
-    of b"123456789" is 0xE3069283), masked as TensorBoard's own function masks it."""
+    the version record and then each scalar, in order, and its accumulator their values; the
+    checksum is CRC-32C's (its check value, of b"123456789", is 0xE3069283), masked as
+    TensorBoard's own function masks it."""
     import os
     import random
 
@@ -105,7 +107,7 @@ def test_the_event_file_is_read_by_tensorboard_s_own_loader_with_its_checksums(t
 
     from elastic_ring.telemetry.tensorboard import EventFileScalars, masked_crc32c
 
-    crc = 0xE3069283  # unmasked: rotate back and subtract the constant to compare
+    crc = 0xE3069283  # CRC-32C's check value, masked below as TFRecord masks it
     assert masked_crc32c(b"123456789") == ((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
     rng = random.Random(3)
     for n in (0, 1, 7, 8, 100, 1000):
