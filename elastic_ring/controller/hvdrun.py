@@ -318,7 +318,7 @@ class Spare:
         # a go file of its own (spare-hvd.json, spare-hvd-1.json, ...): the spare before it may have
         # been handed its slot a moment ago, its go not read yet (two slots of one grow: the second
         # starts this spare while the first's joiner is still polling its go)
-        n = self._launches = getattr(self, "_launches", 0) + 1
+        n = self._launches = self._launches + 1
         go = self.go.with_name(SPARE_GO if n == 1 else f"{Path(SPARE_GO).stem}-{n - 1}.json")
         go.unlink(missing_ok=True)
         waiting_file(go).unlink(missing_ok=True)

@@ -18,6 +18,7 @@ import pytest
 from elastic_ring import protocol
 from tests.conftest import run_cli, wait_for
 from tests.integration.test_discovery import TINY, _discovery, _events, _start, _trace, list_hosts
+from tests.integration.two_hosts import status_lines
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +88,7 @@ def _in_place(run, err, changes, steps, widths, restarts: int = 0, killed_at: in
 
 
 def test_a_host_dropped_from_discovery_leaves_the_ring_in_place_and_grows_back(tmp_path):
-    steps = 700  # the grow lands by step ~150; the rest trains at 2 workers (~20 ms a step)
+    steps = 400  # the grow lands by step ~150 (~80 at load 5); the rest trains at 2 workers (~20 ms a step)
     proc, run, listed = _two_hosts(tmp_path, steps)
     try:
         pids = _pids_at_two(run)
@@ -169,8 +170,8 @@ def test_a_failed_host_is_left_out_for_its_cooldown_in_place_then_grown_back_ont
                       if protocol.read_json(f)["launch_host"] == "127.0.0.1")
         before = _started(run)
         os.kill(pids["127.0.0.1"], signal.SIGKILL)
-        line = wait_for(lambda: next((ln for ln in run_cli("status", str(run)).stdout.splitlines()
-                                      if "excluded: 127.0.0.1 until" in ln), None), 30, "status naming the host")
+        line = wait_for(lambda: next((ln for ln in status_lines(run) if "excluded: 127.0.0.1 until" in ln), None), 30,
+                        "status naming the host", poll=0.1)
         assert line.startswith("hosts: localhost:1 (1 slot); excluded: 127.0.0.1 until "), line
         # the survivor goes on in its process (renumbered, it may write its record again); nothing started
         assert _alive(pids["localhost"]) and set(_started(run).values()) == set(before.values())

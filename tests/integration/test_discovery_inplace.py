@@ -20,8 +20,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.parametrize("collective", ["horovod", "torch"])
 def test_one_host_slots_discovered_grow_and_shrink_the_ring_in_place(tmp_path, collective):
-    steps = 1200  # the grow waits for its worker's start (by step ~550 in runs on a loaded machine, ~60 with
-    # the worker forked by the zygote at load 15), the shrink ~30 steps later; the rest trains at 1 worker
+    steps = 600  # the grow waits for its worker's start (forked by the zygote: by step ~60 at load 5 or 15),
+    # the shrink ~50 steps later (by step ~110); the rest trains at 1 worker
     script, listed, _ = _discovery(tmp_path, "localhost:1\n")
     run = tmp_path / "run"
     proc = _start(["--steps", str(steps), *TINY, "--relaunch", "inplace", "--host-discovery-script", str(script),

@@ -14,8 +14,9 @@ import signal
 import pytest
 
 from elastic_ring import protocol
-from tests.conftest import run_cli, wait_for
+from tests.conftest import wait_for
 from tests.integration.test_discovery import TINY, _discovery, _events, _history, _start, _trace, list_hosts
+from tests.integration.two_hosts import kill_127_then_grown_back
 
 pytestmark = pytest.mark.integration
 
@@ -44,20 +45,10 @@ def test_a_failed_host_with_no_survive_restarts_on_the_other_host_then_grows_bac
     proc = _start(["--steps", str(steps), *TINY, "--relaunch", "inplace", "--host-discovery-script", str(script),
                    "--discovery-interval", "0.2", "--blacklist-cooldown-range", "1:2", "--no-survive",
                    "--checkpoint-every", "20", "--run-dir", str(run)])
-    try:
-        wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == 2 and t["step"] >= 40], 120,
-                 "steps at 2 workers")
-        victim = _worker_on(run, "127.0.0.1", 0)
-        os.kill(int(victim["pid"]), signal.SIGKILL)
-        line = wait_for(lambda: next((ln for ln in run_cli("status", str(run)).stdout.splitlines()
-                                      if "excluded: 127.0.0.1 until" in ln), None), 30, "status naming the host")
-        assert line.startswith("hosts: localhost:1 (1 slot); excluded: 127.0.0.1 until "), line
-        wait_for(lambda: [c for c in _events(run, "membership_change") if c["members_after"] == 2], 120,
-                 "the grow back onto 127.0.0.1")
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    # status names 127.0.0.1 excluded meanwhile; the end: the ring grown back to 2 in place
+    victim, out, err = kill_127_then_grown_back(
+        proc, run, from_step=40,
+        grown_back=lambda r: [c for c in _events(r, "membership_change") if c["members_after"] == 2])
     assert proc.returncode == 0, err
     (restart,) = _events(run, "restart")
     assert (restart["path"], restart["rank"], restart["node"], restart["gave_up"]) == (

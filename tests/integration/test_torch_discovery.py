@@ -83,11 +83,11 @@ def test_a_sigterm_to_one_torch_worker_is_a_preempted_shrink(tmp_path):
 
 
 def test_a_torch_workers_failed_host_cools_down_and_is_grown_back_onto(tmp_path):
-    steps = 1000
+    steps = 800  # the grow back lands ~2 s after the kill: by step ~270 at load 7 (torch steps at 1 worker: ~5 ms)
     script, _, _ = _discovery(tmp_path, "localhost:1\n127.0.0.1:1\n")
     run = tmp_path / "cool"
     proc = _start(["--steps", str(steps), *TINY, "--collective", "torch", "--host-discovery-script", str(script),
-                   "--discovery-interval", "0.3", "--blacklist-cooldown-range", "3:6", "--run-dir", str(run)])
+                   "--discovery-interval", "0.3", "--blacklist-cooldown-range", "2:4", "--run-dir", str(run)])
     _, out, err = kill_127_then_grown_back(proc, run, excluded_line=False)  # the worker on 127.0.0.1 dies
     assert proc.returncode == 0, err
     both, one = "localhost:1,127.0.0.1:1", "localhost:1"
@@ -99,7 +99,7 @@ def test_a_torch_workers_failed_host_cools_down_and_is_grown_back_onto(tmp_path)
     hc = _events(run, "hosts_changed")
     assert [(h["diff"], h["target"]) for h in hc] == [
         ("+localhost:1 +127.0.0.1:1", 2), ("-127.0.0.1:1", 1), ("+127.0.0.1:1", 2)]
-    assert hc[2]["time"] - hc[1]["time"] >= 2.5  # back after its 3 s cooldown
+    assert hc[2]["time"] - hc[1]["time"] >= 1.5  # back after its 2 s cooldown
     trained, redone = _history(run)  # every step trained; only the failure's lost steps twice
     assert sorted(trained) == list(range(1, steps + 1))
     assert all(restart["from_step"] < s <= restart["failed_at_step"] + 1 for s in redone), (redone, restart)

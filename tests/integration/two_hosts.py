@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 from elastic_ring import protocol
 from elastic_ring.events import read_events
@@ -23,10 +24,11 @@ def _launches(run: Path) -> int:
     return len(read_events(run / "events.jsonl", kind="launch"))
 
 
-def window_at_2(run: Path) -> list[dict]:
-    """Wait for a throughput window of the run at 2 workers (the ring trains on both hosts)."""
+def window_at_2(run: Path, from_step: int = 0) -> list[dict]:
+    """Wait for a throughput window of the run at 2 workers (the ring trains on both hosts), of
+    step ``from_step`` or later."""
     return wait_for(lambda: [t for t in read_events(run / "events.jsonl", kind="throughput")
-                             if t["world_size"] == 2], 120, "a window at 2 workers")
+                             if t["world_size"] == 2 and t["step"] >= from_step], 120, "a window at 2 workers")
 
 
 def worker_on_127(run: Path, segment: int = 0) -> dict:
@@ -54,20 +56,24 @@ def status_lines(run: Path) -> list[str]:
     return out.getvalue().splitlines()
 
 
-def kill_127_then_grown_back(proc: subprocess.Popen, run: Path, excluded_line: bool = True) -> tuple[dict, str, str]:
-    """A run of 2 workers over both hosts: after a window, kill -9 of the worker on 127.0.0.1; with
-    ``excluded_line``, status names the host left out (``hosts: localhost:1 (1 slot); excluded:
-    127.0.0.1 until ...``) during its cooldown; then the third launch (the grow back onto it) and
-    the run's end. Returns (the victim's record, stdout, stderr)."""
+def kill_127_then_grown_back(proc: subprocess.Popen, run: Path, excluded_line: bool = True, from_step: int = 0,
+                             grown_back: Callable[[Path], object] | None = None) -> tuple[dict, str, str]:
+    """A run of 2 workers over both hosts: after a window at 2 (of step ``from_step`` or later),
+    kill -9 of the worker on 127.0.0.1; with ``excluded_line``, status names the host left out
+    (``hosts: localhost:1 (1 slot); excluded: 127.0.0.1 until ...``) during its cooldown; then the
+    grow back onto it (``grown_back(run)`` true: by default the third launch) and the run's end.
+    Returns (the victim's record, stdout, stderr)."""
+    if grown_back is None:
+        grown_back = lambda r: _launches(r) >= 3  # noqa: E731
     try:
-        window_at_2(run)
+        window_at_2(run, from_step)
         victim = worker_on_127(run)
         os.kill(int(victim["pid"]), signal.SIGKILL)  # the worker on 127.0.0.1 dies
         if excluded_line:
             line = wait_for(lambda: next((ln for ln in status_lines(run) if "excluded: 127.0.0.1 until" in ln),
                                          None), 30, "status naming the host", poll=0.1)
             assert line.startswith("hosts: localhost:1 (1 slot); excluded: 127.0.0.1 until "), line
-        wait_for(lambda: _launches(run) >= 3, 120, "the grow back onto 127.0.0.1")
+        wait_for(lambda: grown_back(run), 120, "the grow back onto 127.0.0.1")
         out, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:

@@ -26,7 +26,7 @@ def _spare(tmp_path) -> Spare:
     s = Spare.__new__(Spare)  # (its command line parsed by __init__ is not what this tests)
     s.go = tmp_path / "spare-hvd.json"
     s.proc = FakeProc()
-    s._lock = threading.Lock()
+    s._lock, s._launches = threading.Lock(), 0
     waiting_file(s.go).write_text('{"pid": 4242}')
     return s
 
@@ -87,7 +87,7 @@ def _pending(tmp_path, monkeypatch, poll_s: float):
     s.go.parent.mkdir()
     started = tmp_path / "started"
     s.argv = [sys.executable, "-c", SPARE, str(waiting_file(s.go)), str(started)]
-    s.proc, s._pending, s._lock = None, None, threading.Lock()
+    s.proc, s._pending, s._lock, s._launches = None, None, threading.Lock(), 0
     s.t0 = time.time() + 3600  # (no training after it)
     shutdown = threading.Event()
     s.start_when_training(shutdown)

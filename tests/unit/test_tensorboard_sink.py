@@ -1,10 +1,13 @@
 """TensorBoardSink logic with a fake writer: which scalars, the offset that makes a resume append
-without duplicates, partial lines, and that a failing writer never stops the run."""
+without duplicates, partial lines, and that a failing writer never stops the run; and the event
+file the default writer makes, read back by TensorBoard's own reader."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from elastic_ring.telemetry.tensorboard import OFFSET_FILE, TensorBoardSink, logdir_for, scalars_of
 
@@ -87,3 +90,57 @@ def test_logdir_from_the_environment(tmp_path, monkeypatch):
     assert logdir_for(tmp_path) == tmp_path / "x"
     monkeypatch.setenv("ELASTIC_RING_TENSORBOARD", "0")
     assert logdir_for(tmp_path) is None
+
+
+def test_the_event_file_is_read_by_tensorboard_s_own_loader_with_its_checksums(tmp_path):
+    """The default writer's file: TensorBoard's loader (which checks each record's checksums) reads
+    the version record and then each scalar, in order, and its accumulator their values; the
+    checksum is CRC-32C's (its check value, of b"123456789", is 0xE3069283), masked as
+    TensorBoard's own function masks it."""
+    import os
+    import random
+
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as tb_masked
+
+    from elastic_ring.telemetry.tensorboard import EventFileScalars, masked_crc32c
+
+    crc = 0xE3069283  # CRC-32C's check value, masked below as TFRecord masks it
+    assert masked_crc32c(b"123456789") == ((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+    rng = random.Random(3)
+    for n in (0, 1, 7, 8, 100, 1000):
+        data = bytes(rng.randrange(256) for _ in range(n))
+        assert masked_crc32c(data) == tb_masked(data), n
+    w = EventFileScalars(tmp_path / "tb")
+    rows = [("train/loss", 2.5, 1, 100.0), ("train/loss", 1.25, 2, 101.0), ("test/accuracy", 0.5, 2, 102.0)]
+    for r in rows:
+        w.add(*r)
+    w.flush()
+    w.close()
+    (f,) = os.listdir(tmp_path / "tb")
+    assert f.startswith("events.out.tfevents.")
+    events = list(EventFileLoader(str(tmp_path / "tb" / f)).Load())
+    assert events[0].file_version == "brain.Event:2"
+    assert [(e.summary.value[0].tag, e.step, e.wall_time) for e in events[1:]] == [(t, s, w) for t, _, s, w in rows]
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    got = sorted((tag, e.value, e.step, e.wall_time) for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag))
+    assert got == sorted(rows)  # (values a float32 holds exactly)
+
+
+def test_the_controller_s_writer_leaves_tensorboard_s_summary_ops_unimported(tmp_path):
+    """The writer needs only TensorBoard's protocol buffers: the ``tensorboard.summary`` package
+    (its summary ops and their TensorFlow stand-in, ~0.25 s of CPU in each controller) is not
+    imported by a run's curves (a fresh interpreter: what the controller does)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("tensorboard")
+    code = ("import sys; from pathlib import Path; from elastic_ring.telemetry.tensorboard import EventFileScalars; "
+            f"w = EventFileScalars(Path({str(tmp_path)!r})); w.add('a', 1.0, 1, 1.0); w.close(); "
+            "print(sorted(m for m in sys.modules if m.startswith(('tensorboard.summary', 'tensorboard.compat.tensorflow_stub'))))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout
