@@ -322,4 +322,6 @@ def entries(obj: Any, names: dict[str, str]) -> None:
     m = _METER
     if m is not None:
         for attr, name in names.items():
+            if m.parts:  # (its calls' spread too)
+                m.wrap(obj, attr, name)
             m.wrap_entry(obj, attr, name)
