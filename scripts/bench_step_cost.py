@@ -345,10 +345,16 @@ def main() -> int:
     ap.add_argument("--modes", default="plain,tool,tool_k1,timed")
     ap.add_argument("--profile", action="store_true", help="ELASTIC_RING_STEP_COST=parts in the tool's runs")
     ap.add_argument("--only", default="", help="comma-separated cases to run, e.g. epochs/torch,builtin/horovod")
+    ap.add_argument("--sizes", default="", help="comma-separated step sizes of the scripts' cases (default: "
+                    "small,large; --quick: small)")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     rounds_n, epochs = (1, 3) if a.quick else (a.rounds, a.epochs)
     sizes = ["small"] if a.quick else ["small", "large"]
+    if a.sizes:
+        sizes = [x for x in a.sizes.split(",") if x]
+        if not set(sizes) <= set(SIZES):
+            ap.error(f"--sizes: {a.sizes!r}: each of {', '.join(SIZES)}")
     modes = [m for m in a.modes.split(",") if m]
     only = {c for c in a.only.split(",") if c}
     load_start = os.getloadavg()[0]

@@ -194,13 +194,15 @@ class StepBoundary:
     def stopped(self, reason: StopReason) -> StopReason:
         """The segment's steps stop for ``reason`` (every rank the same): the vote in flight is
         completed (every rank has it; a ``job.finish()`` it carries makes a scheduled stop the
-        run's end) and the stop recorded in the job's counters; returns the reason."""
+        run's end), the vote thread ended, and the stop recorded in the job's counters; returns
+        the reason."""
         seg, reason = self.seg, StopReason(reason)
         if self.handle is not None:
             early = self._read(self.handle)[1]
             self.handle = None
             if early and reason is StopReason.SCHEDULED:
                 reason = StopReason.FINISHED
+        self.vote.close()  # (no vote follows in this segment: its launching thread ends)
         seg.stopped(reason, time.time())
         return seg.stop_reason
 

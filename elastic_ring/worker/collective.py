@@ -2,8 +2,9 @@
 Horovod (:class:`HorovodCollective`) and ``torch.distributed`` (:class:`TorchCollective`: gloo on
 the CPU, NCCL on GPUs), chosen per job (``elastic-ring train --collective horovod|torch``).
 
-The library needs few of them: the stop vote (an allreduce started between two steps and read one
-check later), rank 0's state sent to all at a start or a reset (an object, the optimizer's state,
+The library needs few of them: the stop vote (an allreduce started between two steps and read some
+steps later; on ``torch.distributed`` launched by a thread of the collective's own,
+:class:`VoteThread`, so that its launch is off the training thread), rank 0's state sent to all at a start or a reset (an object, the optimizer's state,
 the model's tensors), the mean of a metric, a sum for an evaluation, and a barrier at a segment's
 end. The gradients are the script's: ``hvd.DistributedOptimizer`` or ``DistributedDataParallel``
 (:meth:`TorchCollective.data_parallel`); :meth:`elastic_ring.worker.api.Job.parallel` picks the
@@ -23,7 +24,9 @@ over a store the controller serves, in the same processes.
 from __future__ import annotations
 
 import os
-from typing import Any, Protocol
+import queue
+import threading
+from typing import Any, Callable, Protocol
 
 from elastic_ring import env as envvars
 from elastic_ring.worker.errors import ContractError
@@ -50,7 +53,15 @@ class Collective(Protocol):
         """Start the sum of ``tensor`` without waiting; :meth:`wait` returns it."""
 
     def wait(self, handle: Any) -> Any:
-        """The result of an :meth:`allreduce_async`."""
+        """The result of an :meth:`allreduce_async` or a :meth:`vote_async`."""
+
+    def vote_async(self, values: list[float], name: str = "") -> Any:
+        """The sum of ``values`` (a float32 tensor of them) started as :meth:`allreduce_async`
+        would, by the collective's vote thread (:class:`VoteThread`): the caller returns at once;
+        :meth:`wait` returns the sum."""
+
+    def close(self) -> None:
+        """End the vote thread, its launches done (a segment's end, before the group goes)."""
 
     def broadcast(self, tensor: Any, root: int = 0, name: str = "") -> Any:
         """Rank ``root``'s ``tensor`` on every rank (a new tensor)."""
@@ -68,6 +79,84 @@ class Collective(Protocol):
         """All ranks get here before any goes on."""
 
 
+class Launched:
+    """A :meth:`VoteThread.submit`'s handle: the collective's own handle once the thread has
+    launched it (``lock`` held until then)."""
+
+    __slots__ = ("values", "name", "handle", "error", "lock", "done")
+
+    def __init__(self, values: Any, name: str) -> None:
+        self.values, self.name, self.handle, self.error, self.done = values, name, None, None, False
+        self.lock = threading.Lock()
+        self.lock.acquire()
+
+    def launched(self) -> Any:
+        """The collective's handle, waiting for the launch only if it is not done yet; its
+        failure raised here, on the caller's thread."""
+        if not self.done:
+            self.lock.acquire()  # (released by the vote thread once launched)
+            self.lock.release()
+        if self.error is not None:
+            raise self.error
+        return self.handle
+
+
+class VoteThread:
+    """Launches the stop vote's allreduce off the training thread (issue 50; ``torch.distributed``'s
+    control group): on gloo the launch alone took 0.2-1 ms of the training thread's time every K
+    steps (gloo's own thread woken on two busy cores). The training thread hands over the
+    vote's few values (:meth:`submit`, a queue's put) and goes on; this thread makes their tensor
+    and launches it with ``launch(values, name)`` and goes back to wait; the read, L steps later, waits for the launch
+    only if it is not done (:meth:`Launched.launched`), then for the collective as before (on the
+    training thread: a hung peer still hangs it, and the stall watchdog sees that). It never
+    waits on a collective itself, so :meth:`close` (a segment's end, before a group is
+    destroyed) joins it at once. Started at the first vote, after a :meth:`close` at the next."""
+
+    def __init__(self, launch: Callable[[list[float], str], Any]) -> None:
+        self._launch = launch
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.last: Launched | None = None  # the vote submitted last
+
+    def submit(self, values: list[float], name: str = "") -> Launched:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="elastic-ring-vote")
+            self._thread.start()
+        item = self.last = Launched(values, name)
+        self._queue.put(item)
+        return item
+
+    def fence(self) -> None:
+        """The vote submitted last is launched (before the caller's next collective on the same
+        group, whose ranks pair the operations in order)."""
+        last = self.last
+        if last is not None and not last.done:
+            last.launched()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                item.handle = self._launch(item.values, item.name)
+            except BaseException as e:  # (told at the read, on the training thread)
+                item.error = e
+            item.done = True
+            item.lock.release()
+
+    def close(self) -> None:
+        """Every vote submitted launched, then the thread ends (joined)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+
+def _wait_launched(handle: Any) -> Any:
+    return handle.launched() if isinstance(handle, Launched) else handle
+
+
 class HorovodCollective:
     """The collectives on Horovod (``hvd``: ``horovod.torch``)."""
 
@@ -83,8 +172,18 @@ class HorovodCollective:
     def allreduce_async(self, tensor: Any, name: str = "") -> Any:
         return self.hvd.allreduce_async(tensor, op=self.hvd.Sum, name=name or None)
 
+    def vote_async(self, values: list[float], name: str = "") -> Any:
+        """Launched here: Horovod's own launch only queues it for its background thread (a thread
+        of ours would add a wake-up and the GIL's hand-overs, measured no cheaper)."""
+        import torch
+
+        return self.allreduce_async(torch.tensor(values, dtype=torch.float32), name)
+
     def wait(self, handle: Any) -> Any:
         return self.hvd.synchronize(handle)
+
+    def close(self) -> None:
+        pass
 
     def broadcast(self, tensor: Any, root: int = 0, name: str = "") -> Any:
         return self.hvd.broadcast(tensor, root_rank=root, name=name or None)
@@ -120,10 +219,15 @@ class TorchCollective:
 
     def __init__(self, dist: Any, device: Any, control: Any = None) -> None:
         self.dist, self.device, self.control = dist, device, control
+        self.votes = VoteThread(self._launch_vote)
 
-    def _on(self, tensor: Any) -> tuple[Any, Any]:
-        """(the group, a copy of ``tensor`` where that group reduces it)."""
+    def _on(self, tensor: Any, fence: bool = True) -> tuple[Any, Any]:
+        """(the group, a copy of ``tensor`` where that group reduces it); ``fence``: a vote
+        submitted before is launched first (the control group's ranks pair its operations in
+        order; the vote thread itself does not wait for itself)."""
         if self.control is not None and tensor.device.type == "cpu":
+            if fence:
+                self.votes.fence()
             return self.control, tensor.detach().clone()
         return None, self._here(tensor)
 
@@ -137,14 +241,26 @@ class TorchCollective:
             t = t / self.dist.get_world_size()
         return t.to(tensor.device)
 
-    def allreduce_async(self, tensor: Any, name: str = "") -> Any:
-        group, t = self._on(tensor)
+    def allreduce_async(self, tensor: Any, name: str = "", fence: bool = True) -> Any:
+        group, t = self._on(tensor, fence)
         return self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM, group=group, async_op=True), t, tensor.device
 
+    def vote_async(self, values: list[float], name: str = "") -> Any:
+        return self.votes.submit(values, name)
+
+    def _launch_vote(self, values: list[float], name: str) -> Any:
+        import torch
+
+        # (on the vote thread: the fence would wait for this very launch)
+        return self.allreduce_async(torch.tensor(values, dtype=torch.float32), name, fence=False)
+
     def wait(self, handle: Any) -> Any:
-        work, t, device = handle
+        work, t, device = _wait_launched(handle)
         work.wait()
         return t.to(device)
+
+    def close(self) -> None:
+        self.votes.close()
 
     def broadcast(self, tensor: Any, root: int = 0, name: str = "") -> Any:
         t = self._here(tensor)
@@ -156,6 +272,7 @@ class TorchCollective:
         if self.control is not None:
             import torch
 
+            self.votes.fence()
             self.dist.broadcast_object_list(box, src=root, group=self.control, device=torch.device("cpu"))
         else:
             self.dist.broadcast_object_list(box, src=root, device=self.device)

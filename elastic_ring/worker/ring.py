@@ -425,6 +425,13 @@ class TorchRing(Ring):
     def adopt_ranks(self) -> None:
         pass  # the launcher's environment is the group's
 
+    def end_votes(self) -> None:
+        """The collective's vote thread ended, its launches done (before the ring is re-formed:
+        no vote is launched on a group that is gone)."""
+        c = self._coll
+        if c is not None:
+            c.close()
+
     def _check_ranks(self) -> None:
         import torch.distributed as dist
 
@@ -491,6 +498,7 @@ class TorchControllerRing(TorchRing):
         """
         import torch.distributed as dist
 
+        self.end_votes()  # (before its groups are destroyed)
         dist.destroy_process_group()
         self._coll = None
         mine = action.member_env(env.member(default=""))

@@ -28,6 +28,7 @@ vote is in flight at a time, and no window has a collective of its own.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -169,6 +170,7 @@ class StopVote:
         self.ride: float | None = None  # this rank's loss of a closed window, for the next vote to carry
         self.rode: float | None = None  # the last vote read: the ranks' sum of the window it carried
         self._riding = False  # the vote in flight carries a window
+        self._stop_path: tuple[int | None, str] = (None, "")  # (segment, its stop file)
         self.windows = False  # the votes have a window's slot (the step boundary's form: set at its begin)
         self.begin()
 
@@ -208,7 +210,9 @@ class StopVote:
         """Start, without waiting, the allreduce of rank 0's stop flag (the stop file exists), any
         rank's ``job.finish()``, rank 0's next period and read lag and the closed throughput
         window's loss set in :attr:`ride` (taken: the next read gives the ranks' sum in
-        :attr:`rode`); ``step``: the step just done.
+        :attr:`rode`); ``step``: the step just done. The training thread only hands the values to
+        the collective's vote thread, which makes their tensor and launches the allreduce
+        (:class:`~elastic_ring.worker.collective.VoteThread`).
 
         It is completed (:meth:`result`) :attr:`lag` steps later (agreed by the vote before):
         meanwhile it is negotiated and reduced by the collective's background thread together with
@@ -218,14 +222,12 @@ class StopVote:
         Every rank starts and completes the same votes at the same steps (the period and the lag
         travel in the votes themselves), so all ranks still stop after the same step.
         """
-        import torch
-
         step = self.seg.step if step is None else step
         t0 = time.perf_counter()
         every = lag = 0
         asked = False
         if self.ring.rank == 0:
-            asked = protocol.stop_file(self.run_dir, self.seg.number).exists()
+            asked = os.path.exists(self._stop_file())
             every, lag = self.propose(step, t0)
         self._started_at = step
         self.read_at = step + self.lag
@@ -233,11 +235,34 @@ class StopVote:
         checkpoint = self.checkpoint_due is not None and self.ring.rank == 0 and bool(self.checkpoint_due())
         ride, self.ride = self.ride, None
         self._riding = ride is not None
-        flags = torch.tensor(Ballot(asked, self.finish_requested, every, lag, checkpoint, ride).pack(
-            self.checkpoint_due is not None, self.windows))
-        handle = self.ring.coll.allreduce_async(flags, name="stop_flag")
+        values = Ballot(asked, self.finish_requested, every, lag, checkpoint, ride).pack(
+            self.checkpoint_due is not None, self.windows)
+        coll = self.ring.coll
+        launch = getattr(coll, "vote_async", None)
+        if launch is not None:  # (its vote thread makes the tensor and launches it)
+            handle = launch(values, name="stop_flag")
+        else:
+            import torch
+
+            handle = coll.allreduce_async(torch.tensor(values), name="stop_flag")
         self._vote_s = time.perf_counter() - t0
         return handle
+
+    def close(self) -> None:
+        """No vote follows in this segment (its stop agreed; the last read): the collective's
+        vote thread ends (:class:`~elastic_ring.worker.collective.VoteThread`; the next
+        segment's first vote starts another)."""
+        coll = getattr(self.ring, "_coll", None)
+        close = getattr(coll, "close", None)
+        if close is not None:
+            close()
+
+    def _stop_file(self) -> str:
+        """The controller's stop file of this segment (its path made once per segment)."""
+        number = self.seg.number
+        if self._stop_path[0] != number:
+            self._stop_path = (number, str(protocol.stop_file(self.run_dir, number)))
+        return self._stop_path[1]
 
     def result(self, handle) -> tuple[bool, bool]:
         """(the controller asked for a stop, some rank called job.finish()); the next vote is due

@@ -49,6 +49,7 @@ class Meter:
     def __init__(self, bias_ns: float = 0.0) -> None:
         self.ns: dict[str, int] = defaultdict(int)
         self.calls: dict[str, int] = defaultdict(int)
+        self.each: dict[str, list[int]] = defaultdict(list)  # (``parts``) every call's nanoseconds
         self.bias_ns = bias_ns  # what one entry's timer adds to its own figure (calibrate())
         self.seg: Any = None  # the job's counters (Segment): a change of its step is a step counted
         self.parts = False  # each part timed too (``parts``)
@@ -171,15 +172,17 @@ class Meter:
 
     # ------------------------------------------------------------------ the parts (``parts``)
     def timed(self, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-        clock, ns, calls = time.perf_counter_ns, self.ns, self.calls
+        clock, ns, calls, each = time.perf_counter_ns, self.ns, self.calls, self.each[name]
 
         def run(*args: Any, **kwargs: Any) -> Any:
             t0 = clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                ns[name] += clock() - t0
+                t = clock() - t0
+                ns[name] += t
                 calls[name] += 1
+                each.append(t)
 
         return run
 
@@ -201,8 +204,10 @@ class Meter:
             except StopIteration:  # (the segment's end: its checkpoint and barrier, not a step's)
                 return
             if not first:  # (the first: the segment's start)
-                self.ns[name] += clock() - t0
+                t = clock() - t0
+                self.ns[name] += t
                 self.calls[name] += 1
+                self.each[name].append(t)
             first = False
             yield v
 
@@ -214,7 +219,7 @@ class Meter:
     def report(self, steps: int) -> dict[str, Any]:
         per = max(steps, 1)
         return {"steps": steps, "parts": {k: {"calls": self.calls[k], "total_us": round(v / 1e3, 1),
-                                              "per_step_us": round(v / 1e3 / per, 2)}
+                                              "per_step_us": round(v / 1e3 / per, 2), **_spread(self.each.get(k))}
                                           for k, v in sorted(self.ns.items())}}
 
     def write(self, run_dir: Path, segment: int, rank: int, steps: int | None = None, **extra: Any) -> None:
@@ -231,7 +236,17 @@ class Meter:
             pass
         self.ns.clear()
         self.calls.clear()
+        for each in self.each.values():  # (the timers hold these lists)
+            each.clear()
         self._reset_library()
+
+
+def _spread(each: list[int] | None) -> dict[str, float]:
+    """A part's median and largest call, in microseconds (the mean hides a dear first call)."""
+    if not each:
+        return {}
+    s = sorted(each)
+    return {"median_us": round(s[len(s) // 2] / 1e3, 1), "max_us": round(s[-1] / 1e3, 1)}
 
 
 def calibrate(rounds: int = 5, n: int = 2000) -> float:
@@ -307,4 +322,6 @@ def entries(obj: Any, names: dict[str, str]) -> None:
     m = _METER
     if m is not None:
         for attr, name in names.items():
+            if m.parts:  # (its calls' spread too)
+                m.wrap(obj, attr, name)
             m.wrap_entry(obj, attr, name)

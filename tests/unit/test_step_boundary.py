@@ -223,16 +223,22 @@ def test_the_step_cost_meter_counts_the_boundary_s_calls_as_the_steps(tmp_path, 
 
 
 def _collectives(job) -> list[tuple[int, str, int]]:
-    """The allreduces the library starts: (the step just done, name, values)."""
+    """The allreduces the library starts: (the step just done, name, values); a stop vote's when
+    the training thread hands it to the vote thread (which launches it a moment later)."""
     started: list[tuple[int, str, int]] = []
-    hvd = job.ring.hvd
-    start = hvd.allreduce_async
+    hvd, coll = job.ring.hvd, job.ring.coll
+    start, submit = hvd.allreduce_async, coll.vote_async
 
     def recorded(t, op=None, name=None):
-        started.append((job.seg.step, name, t.numel()))
+        if name != "stop_flag":  # (a vote: recorded at its hand-over)
+            started.append((job.seg.step, name, t.numel()))
         return start(t, op=op, name=name)
 
-    hvd.allreduce_async = recorded
+    def voted(values, name=""):
+        started.append((job.seg.step, name, len(values)))
+        return submit(values, name)
+
+    hvd.allreduce_async, coll.vote_async = recorded, voted
     return started
 
 
