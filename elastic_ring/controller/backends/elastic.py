@@ -104,41 +104,22 @@ def elastic_horovodrun_command(spec, world: int, segment: int, stop_at: int,
             "--", spec.script or BUILTIN_TARGET, *spec.script_args]
 
 
-def _pid_records(run_dir: Path) -> list[tuple[Path, dict]]:
-    """The workers' process records, with their files: those written when a worker started
-    (``seg<N>-rank<R>.json``) and after its ring was re-formed in place (``reformed-<pid>.json``)."""
-    pids = protocol.pid_dir(run_dir)
-    out = []
-    for f in [*sorted(pids.glob("seg*-rank*.json")), *sorted(pids.glob("reformed-*.json"))]:
-        rec = protocol.read_json(f)
-        if isinstance(rec, dict):
-            out.append((f, rec))
-    return out
-
-
 def _current_records(run_dir: Path, segment: int) -> dict[int, dict]:
-    """rank -> the pid record of the process that holds it in ``segment``: of the records
-    (:func:`_pid_records`) of segments up to this one, each process's of its newest segment (an
-    in-place re-form may renumber it), then each rank's newest by when it was written, not by its
-    segment: a joiner Horovod's driver starts names the segment its horovodrun was launched for,
-    and a rank's record of an earlier ring is stale once another process holds that rank (seen:
-    after rank 0's host left and the ring grew back, the survivor was missing from the map at a
-    second failure, which was then restarted from the checkpoint)."""
-    recs: list[tuple[float, int, int, dict]] = []
-    newest: dict[int, int] = {}  # pid -> its newest segment
-    for f, rec in _pid_records(run_dir):
-        try:
-            r, s, pid = int(rec["rank"]), int(rec["segment"]), int(rec["pid"])
-            written = f.stat().st_mtime
-        except (KeyError, TypeError, ValueError, OSError):
-            continue
-        if 0 <= s <= segment:  # (a warm spare's record, segment -1, is a placeholder)
-            recs.append((written, s, pid, rec))
-            newest[pid] = max(s, newest.get(pid, s))
+    """rank -> the pid record of the process that holds it in ``segment``: of each process's records
+    of its newest segment up to this one (:func:`~elastic_ring.protocol.read_pid_records` with
+    ``newest``: an in-place re-form may renumber it), each rank's newest by when it was written,
+    not by its segment: a joiner Horovod's driver starts names the segment its horovodrun
+    was launched for, and a rank's record of an earlier ring is stale once another process holds
+    that rank (seen: after rank 0's host left and the ring grew back, the survivor was missing from
+    the map at a second failure, which was then restarted from the checkpoint)."""
     best: dict[int, tuple[float, int, dict]] = {}
-    for written, s, pid, rec in recs:
-        r = int(rec["rank"])
-        if s == newest[pid] and (written, s) >= best.get(r, (-1.0, -1, {}))[:2]:
+    for rec in protocol.read_pid_records(run_dir, reformed=True, newest=True, upto=segment):
+        try:
+            r, s, written = int(rec["rank"]), rec["segment"], rec["written"]
+        except (KeyError, TypeError, ValueError):
+            continue
+        # (a warm spare's record, segment -1, is a placeholder)
+        if s >= 0 and (written, s) >= best.get(r, (-1.0, -1, {}))[:2]:
             best[r] = (written, s, rec)
     return {r: rec for r, (_, _, rec) in best.items()}
 
@@ -491,18 +472,12 @@ class ElasticBackend(Backend):
         controller excludes them for their cooldown); else (None, those hosts, why not). A
         survivor's host is its process record's name in the driver's list (by its pid: a survivor
         keeps its process, not its rank, across in-place resizes)."""
-        host_of: dict[int, tuple[int, str | None]] = {}
-        for _, rec in _pid_records(self.spec.run_dir):  # (a renumbered survivor's: its re-form's record)
-            try:
-                pid, seg = int(rec["pid"]), int(rec["segment"])
-            except (KeyError, TypeError, ValueError):
-                continue
-            if seg >= host_of.get(pid, (-2, None))[0]:  # (a warm spare's first record, segment -1, is a placeholder)
-                host_of[pid] = (seg, rec.get("launch_host"))
+        host_of = {rec["pid"]: rec.get("launch_host")  # (a renumbered survivor's: its re-form's record)
+                   for rec in protocol.read_pid_records(self.spec.run_dir, reformed=True, newest=True)}
         placed = dict(self._placed)
         alive: dict[str | None, int] = {}
         for m in heard.alive:
-            host = host_of.get(int(heard.records[m.name].get("pid") or 0), (0, None))[1]
+            host = host_of.get(int(heard.records[m.name].get("pid") or 0))
             alive[host] = alive.get(host, 0) + 1
         if any(host not in placed for host in alive):
             return None, (), "the survivors' hosts are not known"
