@@ -30,8 +30,9 @@ the segment on (``host:slots`` lines, :meth:`ElasticBackend.use_hosts`), by thei
 drained or dropped from the discovery leaves the list at the next in-place resize, and the driver
 ends the workers on it while the others go on in their processes (renumbered in Horovod's order of
 the hosts); a host that appears is added the same way (its workers get the state by broadcast). No
-slot hosts there (a worker's notice drains its host), and no ring written ahead for a schedule (the
-hosts of the next size are placed when it comes). A worker's failure there leaves its host out
+slot hosts there (a worker's notice drains its host). A shrink, asked or scheduled, is written ahead
+with the hosts the controller placed it on (:meth:`ElasticBackend.shrink_ahead`); a scheduled grow
+is not (its hosts are placed when it comes). A worker's failure there leaves its host out
 with every worker on it: the survivors on the other hosts go on in their processes (the controller
 excludes the failed host for its cooldown and grows back onto it after), unless a survivor shares
 that host (then a restart from the checkpoint: :meth:`ElasticBackend.survivors`).
@@ -280,7 +281,7 @@ class ElasticBackend(Backend):
     def unleave(self) -> None:
         self._leaving.clear()
 
-    def shrink_ahead(self, launch: SegmentLaunch, hosts: str | None) -> bool:
+    def shrink_ahead(self, launch: SegmentLaunch, hosts: str | None, at_step: int = seam.AT_NEXT_STOP) -> bool:
         """A shrink asked while the ring trains (a host dropped from the discovery, drained, a
         worker's notice, a live resize) becomes what a scheduled shrink is: the host list of the
         next ring and its action are written now, the action ahead for the segment's next stop
@@ -290,9 +291,10 @@ class ElasticBackend(Backend):
         before the workers reset. The controller withdraws it as a scheduled one's
         (:meth:`retract_ahead`: an interrupt, a failure first, rank 0 not there in time). Over
         discovered hosts ``hosts`` is the controller's placement of the next ring (:attr:`_placed`,
-        the running ring's, is kept for a failure meanwhile: :meth:`_hosts_after`). False: nothing
-        written (not a shrink of the running segment, one is written ahead already, or the hosts
-        do not make that size)."""
+        the running ring's, is kept for a failure meanwhile: :meth:`_hosts_after`). A scheduled
+        shrink over hosts is written the same way, for its stop's step (``at_step``): there
+        :meth:`report_ahead` has no hosts to place. False: nothing written (not a shrink of the
+        running segment, one is written ahead already, or the hosts do not make that size)."""
         from elastic_ring.controller.api import parse_hosts
 
         cur = self._launch
@@ -308,7 +310,7 @@ class ElasticBackend(Backend):
         else:
             self._write_hosts(launch.world)
         self._ahead, self._ahead_taken = launch, False
-        seam.write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), at_step=seam.AT_NEXT_STOP,
+        seam.write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), at_step=at_step,
                                  hosts_written=self.hosts_written)
         return True
 
@@ -355,7 +357,8 @@ class ElasticBackend(Backend):
         naming the step it applies at: at the pause rank 0 takes it
         (:func:`elastic_ring.seam.take_ahead_action`) once the driver has reported the new host
         list, without waiting for the controller to see the segment's end. Not over discovered hosts:
-        the hosts of the next size are placed when the resize comes (the controller's ``use_hosts``)."""
+        there the controller places the next ring's hosts and writes a shrink ahead with them
+        (:meth:`shrink_ahead`; a grow's hosts are placed when it comes: ``use_hosts``)."""
         if self.over_hosts:
             return
         self._write_hosts(launch.world)
