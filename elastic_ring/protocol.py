@@ -351,18 +351,38 @@ def write_pid_record(run_dir: Path, rank: int, owner: str, segment: int, reforme
                        "owner": owner, "segment": segment, "created": created})
 
 
-def read_pid_records(run_dir: Path, reformed: bool = False) -> list[dict[str, Any]]:
+def read_pid_records(run_dir: Path, reformed: bool = False, newest: bool = False,
+                     upto: int | None = None) -> list[dict[str, Any]]:
     """The workers' process records as they started (``seg<N>-rank<R>.json``); with ``reformed``
     also those written after an in-place re-form (``reformed-<pid>.json``: a survivor whose start
-    record a joiner's overwrote is only there)."""
-    out = []
+    record a joiner's overwrote is only there), after the others.
+
+    With ``newest``, only each process's records of its newest segment (at most ``upto`` where
+    given: a re-form's record may name the next segment before the controller runs it; a warm
+    spare's placeholder, segment -1, is older than any), in the same order, each also saying when
+    its file was written (``written``, its modification time: a rank's record of an earlier ring
+    is stale once another process holds that rank)."""
     files = sorted(pid_dir(run_dir).glob("seg*-rank*.json"))
     if reformed:
         files += sorted(pid_dir(run_dir).glob("reformed-*.json"))
+    out = []
     for f in files:
         rec = read_json(f)
-        if isinstance(rec, dict):
-            out.append(rec)
+        if not isinstance(rec, dict):
+            continue
+        if newest:
+            try:
+                rec = {**rec, "pid": int(rec["pid"]), "segment": int(rec["segment"]), "written": f.stat().st_mtime}
+            except (KeyError, TypeError, ValueError, OSError):
+                continue
+            if upto is not None and rec["segment"] > upto:
+                continue
+        out.append(rec)
+    if newest:
+        last: dict[int, int] = {}  # pid -> its newest segment
+        for rec in out:
+            last[rec["pid"]] = max(rec["segment"], last.get(rec["pid"], rec["segment"]))
+        out = [rec for rec in out if rec["segment"] == last[rec["pid"]]]
     return out
 
 

@@ -36,7 +36,12 @@ class RingAhead:
         r = self.plan.resize_at(seg.stop_at)
         if r is not None:
             self.resize.prepare_ahead(SegmentLaunch(r.to, seg.index + 1, self._next_stop(seg.stop_at), self.owner))
-            self.written = (seg.index, time.monotonic())
+            self.wrote(seg.index)
+
+    def wrote(self, segment: int) -> None:
+        """An action was written ahead for the end of ``segment`` now (here, or by the controller
+        over hosts: ``Asks._scheduled_shrink_ahead``)."""
+        self.written = (segment, time.monotonic())
 
     def let_rank0_take(self, segment: int) -> None:
         """A short segment can end before the controller relays its first step: the ring is then

@@ -151,3 +151,19 @@ class Asks:
         hosts = self.hosts.ahead(target).arg() if self.hosts is not None else None
         if self.backend.shrink_ahead(SegmentLaunch(target, seg.index + 1, self.spec.total_steps, self.owner), hosts):
             seg.ahead_hosts = hosts
+
+    def _scheduled_shrink_ahead(self, seg: Segment) -> None:
+        """In place over hosts, a scheduled shrink at the end of ``seg`` is written ahead with the
+        hosts it will run on, as a dropped host's is (:meth:`_shrink_ahead`), once ``seg`` trains:
+        the strategy's own ``prepare_ahead`` places no hosts there. Its hosts are kept on ``seg``
+        (``_resize`` starts the next segment on them when rank 0 took it). Not where the size the
+        discovered slots allow is another than the schedule's (then decided at the stop)."""
+        r = self.plan.resize_at(seg.stop_at)
+        if (self.hosts is None or r is None or not self.resize.keeps_workers or r.to >= seg.world
+                or seg.asked is not None or self.drains.relaunch or self.hosts.capped(r.to) != r.to):
+            return
+        hosts = self.hosts.ahead(r.to).arg()
+        launch = SegmentLaunch(r.to, seg.index + 1, self._next_stop(seg.stop_at), self.owner)
+        if self.backend.shrink_ahead(launch, hosts, at_step=seg.stop_at):
+            seg.ahead_hosts = hosts
+            self.ahead.wrote(seg.index)

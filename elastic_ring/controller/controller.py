@@ -195,6 +195,7 @@ class Controller(Asks, Recovery):
         if self.state in LAUNCHING:
             self._set_state(RunState.RUNNING, pending_world=None, resize_from=None)
         self.ahead.prepare(seg)
+        self._scheduled_shrink_ahead(seg)  # (over hosts in place: with its hosts)
 
     def _show_hosts(self, line: str, view: Any) -> None:
         """`status`'s hosts line, the usable hosts and those draining (`elastic-ring drain` checks them)."""
@@ -375,11 +376,11 @@ class Controller(Asks, Recovery):
         """The workers of ``seg`` stopped at ``change.step`` for a resize: measured from ``change.time``."""
         step, world, target = change.step, change.members_before, change.members_after
         inplace = self._elastic is not None
+        if seg.ahead_hosts is not None and self.hosts is not None and not self._redirectable(seg.index):
+            self.hosts.keep(seg.ahead_hosts)  # rank 0 took the shrink written ahead: the ring is on its hosts
         if seg.asked is not None:
             self.plan.add(step, target, change.cause.value)
             self._save_plan()
-            if seg.ahead_hosts is not None and self.hosts is not None and not self._redirectable(seg.index):
-                self.hosts.keep(seg.ahead_hosts)  # rank 0 took the shrink written ahead: the ring is on its hosts
         else:
             self.events.write(ResizeRequested(from_workers=world, to_workers=target, source=change.cause.value,
                                               at_step=step, time=change.time))

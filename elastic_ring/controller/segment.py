@@ -57,7 +57,8 @@ class Segment:
     end: SegmentEnd | None = None
     ckpt_s: float = 0.0
     asked: MembershipChange | None = None  # a live resize or a joiner asked while it runs (its step: the stop's)
-    ahead_hosts: str | None = None  # the hosts of the shrink asked written ahead for its stop (Asks._shrink_ahead)
+    # the hosts of the shrink (asked, or scheduled over hosts) written ahead for its stop (Asks._shrink_ahead)
+    ahead_hosts: str | None = None
     start_step: int = 0  # the last step done before this segment
     stop: Stop = field(default_factory=lambda: Stop.NONE)  # what an interrupt did to it
     go_file: Path | None = None  # set when pre-launched: the workers wait for this file

@@ -302,7 +302,17 @@ class ElasticRing(Ring):
     def takes(self, action: Action) -> bool:
         """Once the driver has told rank 0 that the hosts changed, for the discovery file the
         action refers to (``hosts_written``; Horovod stamps the notification with the second the
-        driver saw the change): then the driver has the new slot assignment."""
+        driver saw the change): then the driver has the new slot assignment. A shrink written
+        ahead for the next stop (``AT_NEXT_STOP``: a host dropped or drained, asked a few steps
+        before the stop) is taken at once where this job's horovodrun reads the host list again
+        when the workers reset (``--survive`` and its default's measuring: patch ``resume`` of
+        :mod:`elastic_ring.hvd_patches`): the controller wrote the list before the action, so the
+        ring re-forms on it whether or not the driver's poll (every 0.05 s) has seen it yet; the
+        workers otherwise paused until that notice and rank 0's next look, up to 0.06 s more than a
+        scheduled shrink, whose list was written long before. (Other actions still wait for the
+        notice: a failure's survivors, whose dead worker's exit the driver handles meanwhile.)"""
+        if action.ahead and action.at_step == AT_NEXT_STOP and env.survive():
+            return True
         updated = self.hosts_updated_at
         return updated is not None and updated >= (action.hosts_written or 0.0) - 1.0
 

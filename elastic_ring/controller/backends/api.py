@@ -199,11 +199,12 @@ class Backend:
     def unleave(self) -> None:
         """Withdraw :meth:`leave`'s hosts (the segment failed first)."""
 
-    def shrink_ahead(self, launch: SegmentLaunch, hosts: str | None) -> bool:
+    def shrink_ahead(self, launch: SegmentLaunch, hosts: str | None, at_step: int = 0) -> bool:
         """In place: a shrink to ``launch`` (the next segment) was asked of the running ring (a host
         dropped or drained, a live resize), on ``hosts`` (``a:1,b:2``, host discovery's placement;
         None: none): prepare it while the workers train to the stop they agree on, as a scheduled
-        one is (``report_ahead``), for rank 0 to take at that stop. False: nothing prepared."""
+        one is (``report_ahead``), for rank 0 to take at that stop (``at_step``: a scheduled
+        stop's step; 0, ``seam.AT_NEXT_STOP``: whichever step it lands at). False: nothing prepared."""
         return False
 
 

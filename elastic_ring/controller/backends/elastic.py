@@ -30,8 +30,9 @@ the segment on (``host:slots`` lines, :meth:`ElasticBackend.use_hosts`), by thei
 drained or dropped from the discovery leaves the list at the next in-place resize, and the driver
 ends the workers on it while the others go on in their processes (renumbered in Horovod's order of
 the hosts); a host that appears is added the same way (its workers get the state by broadcast). No
-slot hosts there (a worker's notice drains its host), and no ring written ahead for a schedule (the
-hosts of the next size are placed when it comes). A worker's failure there leaves its host out
+slot hosts there (a worker's notice drains its host). A shrink, asked or scheduled, is written ahead
+with the hosts the controller placed it on (:meth:`ElasticBackend.shrink_ahead`); a scheduled grow
+is not (its hosts are placed when it comes). A worker's failure there leaves its host out
 with every worker on it: the survivors on the other hosts go on in their processes (the controller
 excludes the failed host for its cooldown and grows back onto it after), unless a survivor shares
 that host (then a restart from the checkpoint: :meth:`ElasticBackend.survivors`).
@@ -104,41 +105,22 @@ def elastic_horovodrun_command(spec, world: int, segment: int, stop_at: int,
             "--", spec.script or BUILTIN_TARGET, *spec.script_args]
 
 
-def _pid_records(run_dir: Path) -> list[tuple[Path, dict]]:
-    """The workers' process records, with their files: those written when a worker started
-    (``seg<N>-rank<R>.json``) and after its ring was re-formed in place (``reformed-<pid>.json``)."""
-    pids = protocol.pid_dir(run_dir)
-    out = []
-    for f in [*sorted(pids.glob("seg*-rank*.json")), *sorted(pids.glob("reformed-*.json"))]:
-        rec = protocol.read_json(f)
-        if isinstance(rec, dict):
-            out.append((f, rec))
-    return out
-
-
 def _current_records(run_dir: Path, segment: int) -> dict[int, dict]:
-    """rank -> the pid record of the process that holds it in ``segment``: of the records
-    (:func:`_pid_records`) of segments up to this one, each process's of its newest segment (an
-    in-place re-form may renumber it), then each rank's newest by when it was written, not by its
-    segment: a joiner Horovod's driver starts names the segment its horovodrun was launched for,
-    and a rank's record of an earlier ring is stale once another process holds that rank (seen:
-    after rank 0's host left and the ring grew back, the survivor was missing from the map at a
-    second failure, which was then restarted from the checkpoint)."""
-    recs: list[tuple[float, int, int, dict]] = []
-    newest: dict[int, int] = {}  # pid -> its newest segment
-    for f, rec in _pid_records(run_dir):
-        try:
-            r, s, pid = int(rec["rank"]), int(rec["segment"]), int(rec["pid"])
-            written = f.stat().st_mtime
-        except (KeyError, TypeError, ValueError, OSError):
-            continue
-        if 0 <= s <= segment:  # (a warm spare's record, segment -1, is a placeholder)
-            recs.append((written, s, pid, rec))
-            newest[pid] = max(s, newest.get(pid, s))
+    """rank -> the pid record of the process that holds it in ``segment``: of each process's records
+    of its newest segment up to this one (:func:`~elastic_ring.protocol.read_pid_records` with
+    ``newest``: an in-place re-form may renumber it), each rank's newest by when it was written,
+    not by its segment: a joiner Horovod's driver starts names the segment its horovodrun
+    was launched for, and a rank's record of an earlier ring is stale once another process holds
+    that rank (seen: after rank 0's host left and the ring grew back, the survivor was missing from
+    the map at a second failure, which was then restarted from the checkpoint)."""
     best: dict[int, tuple[float, int, dict]] = {}
-    for written, s, pid, rec in recs:
-        r = int(rec["rank"])
-        if s == newest[pid] and (written, s) >= best.get(r, (-1.0, -1, {}))[:2]:
+    for rec in protocol.read_pid_records(run_dir, reformed=True, newest=True, upto=segment):
+        try:
+            r, s, written = int(rec["rank"]), rec["segment"], rec["written"]
+        except (KeyError, TypeError, ValueError):
+            continue
+        # (a warm spare's record, segment -1, is a placeholder)
+        if s >= 0 and (written, s) >= best.get(r, (-1.0, -1, {}))[:2]:
             best[r] = (written, s, rec)
     return {r: rec for r, (_, _, rec) in best.items()}
 
@@ -299,7 +281,7 @@ class ElasticBackend(Backend):
     def unleave(self) -> None:
         self._leaving.clear()
 
-    def shrink_ahead(self, launch: SegmentLaunch, hosts: str | None) -> bool:
+    def shrink_ahead(self, launch: SegmentLaunch, hosts: str | None, at_step: int = seam.AT_NEXT_STOP) -> bool:
         """A shrink asked while the ring trains (a host dropped from the discovery, drained, a
         worker's notice, a live resize) becomes what a scheduled shrink is: the host list of the
         next ring and its action are written now, the action ahead for the segment's next stop
@@ -309,9 +291,10 @@ class ElasticBackend(Backend):
         before the workers reset. The controller withdraws it as a scheduled one's
         (:meth:`retract_ahead`: an interrupt, a failure first, rank 0 not there in time). Over
         discovered hosts ``hosts`` is the controller's placement of the next ring (:attr:`_placed`,
-        the running ring's, is kept for a failure meanwhile: :meth:`_hosts_after`). False: nothing
-        written (not a shrink of the running segment, one is written ahead already, or the hosts
-        do not make that size)."""
+        the running ring's, is kept for a failure meanwhile: :meth:`_hosts_after`). A scheduled
+        shrink over hosts is written the same way, for its stop's step (``at_step``): there
+        :meth:`report_ahead` has no hosts to place. False: nothing written (not a shrink of the
+        running segment, one is written ahead already, or the hosts do not make that size)."""
         from elastic_ring.controller.api import parse_hosts
 
         cur = self._launch
@@ -327,7 +310,7 @@ class ElasticBackend(Backend):
         else:
             self._write_hosts(launch.world)
         self._ahead, self._ahead_taken = launch, False
-        seam.write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), at_step=seam.AT_NEXT_STOP,
+        seam.write_resize_action(self.spec.run_dir, cur.segment, launch, time.time(), at_step=at_step,
                                  hosts_written=self.hosts_written)
         return True
 
@@ -374,7 +357,8 @@ class ElasticBackend(Backend):
         naming the step it applies at: at the pause rank 0 takes it
         (:func:`elastic_ring.seam.take_ahead_action`) once the driver has reported the new host
         list, without waiting for the controller to see the segment's end. Not over discovered hosts:
-        the hosts of the next size are placed when the resize comes (the controller's ``use_hosts``)."""
+        there the controller places the next ring's hosts and writes a shrink ahead with them
+        (:meth:`shrink_ahead`; a grow's hosts are placed when it comes: ``use_hosts``)."""
         if self.over_hosts:
             return
         self._write_hosts(launch.world)
@@ -491,18 +475,12 @@ class ElasticBackend(Backend):
         controller excludes them for their cooldown); else (None, those hosts, why not). A
         survivor's host is its process record's name in the driver's list (by its pid: a survivor
         keeps its process, not its rank, across in-place resizes)."""
-        host_of: dict[int, tuple[int, str | None]] = {}
-        for _, rec in _pid_records(self.spec.run_dir):  # (a renumbered survivor's: its re-form's record)
-            try:
-                pid, seg = int(rec["pid"]), int(rec["segment"])
-            except (KeyError, TypeError, ValueError):
-                continue
-            if seg >= host_of.get(pid, (-2, None))[0]:  # (a warm spare's first record, segment -1, is a placeholder)
-                host_of[pid] = (seg, rec.get("launch_host"))
+        host_of = {rec["pid"]: rec.get("launch_host")  # (a renumbered survivor's: its re-form's record)
+                   for rec in protocol.read_pid_records(self.spec.run_dir, reformed=True, newest=True)}
         placed = dict(self._placed)
         alive: dict[str | None, int] = {}
         for m in heard.alive:
-            host = host_of.get(int(heard.records[m.name].get("pid") or 0), (0, None))[1]
+            host = host_of.get(int(heard.records[m.name].get("pid") or 0))
             alive[host] = alive.get(host, 0) + 1
         if any(host not in placed for host in alive):
             return None, (), "the survivors' hosts are not known"

@@ -81,13 +81,12 @@ class SubprocessLauncher:
 def _imports_compile(cmd: list[str], env: dict[str, str]) -> bool:
     """Whether a segment's workers import ``torch._dynamo``: a script's do (its ``torch.optim`` step,
     ``DistributedDataParallel``), as do those of a torch group (the local launchers' (local.py) and
-    a store served here for several hosts); the built-in trainer's on Horovod never do. Not under
-    Horovod Elastic's driver (``--min-np``: ``--relaunch inplace``), whose warm spare races two
-    slots started at once (a grow by two: the second slot's ``hvdrun.Spare.join`` finds the spare
-    taken, ``p`` None, and the ring never forms; seen without this preload too): a spare ready
-    sooner would meet that race more often. Until it is mended, its workers keep their own import."""
-    if "--min-np" in cmd:
-        return False
+    a store served here for several hosts); the built-in trainer's on Horovod never do. Under
+    Horovod Elastic's driver (``--min-np``: ``--relaunch inplace``) too: its warm spare
+    (``hvdrun.Spare``), forked with it, is ready to join without its own import of it (about 1.3 s
+    of a spare's start at a load of 5, which a grow soon after the ring's start or the last join
+    waited for). (Once left out there: two slots of one grow could both take the one spare, which
+    a spare ready sooner made likelier; ``Spare.claim`` takes it for one slot only now.)"""
     return (BUILTIN_TARGET not in cmd or envvars.STORE in env or "--ring-by-controller" in cmd
             or "elastic_ring.controller.backends.local" in cmd)
 
