@@ -196,6 +196,9 @@ class Progress:
                             lr=self.lr_stepped if self.lr_stepped is not None else self.lr_used,
                             phases=self.start.phases(), rule=rule, lr_rule=lr_rule))
         self.window = _Window(t0=time.time())
+        # the segment's first step always reaches the progress file (the next write_progress is not
+        # held back by the half-second rule): hvdrun's check that a joiner's ring formed reads it
+        self._last_progress_t = 0.0
 
     def check_threads(self) -> None:
         """Warn once when the script set torch's thread count over the library's (the cores of
