@@ -23,6 +23,7 @@ from elastic_ring.events.api import PreemptNotice
 from elastic_ring.hosts.api import HostSet
 from elastic_ring.hosts.discovery import ThisHostOnly, several_hosts
 from elastic_ring.seam import action_file
+from tests.unit.elastic_fakes import Launcher, listed_hosts as _listed
 
 
 def test_several_hosts_are_more_than_one_name_or_another_machine():
@@ -62,32 +63,13 @@ def test_in_place_discovery_runs_over_the_hosts_listed_first_or_on_this_host(tmp
     assert plain.over_hosts is False and not isinstance(plain.poller.discovery, ThisHostOnly)
 
 
-class _Job:
-    pid = 4242
-
-    def poll(self):
-        return None
-
-    def kill(self):
-        pass
-
-
 def _backend(tmp_path: Path, survive: bool = True):
     from elastic_ring.controller.backends.elastic import ElasticBackend
 
     spec = RunSpec(run_dir=tmp_path, workers=2, schedule=(), slots=4, device="cpu", total_steps=20)
     launched: list[tuple[list[str], dict]] = []
 
-    class Launcher:
-        def start(self, cmd, env, log_path):
-            launched.append((cmd, env))
-            return _Job()
-
-    return ElasticBackend(spec, launcher=Launcher(), survive=survive), launched
-
-
-def _listed(tmp_path: Path) -> str:
-    return (protocol.control_dir(tmp_path) / "hosts").read_text()
+    return ElasticBackend(spec, launcher=Launcher(launched), survive=survive), launched
 
 
 def test_over_hosts_the_driver_is_told_the_placed_hosts_by_name(tmp_path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from elastic_ring import protocol, seam
+from elastic_ring import seam
 from elastic_ring.controller.api import Resize, RunSpec
 from elastic_ring.controller.backends import InPlace
 from elastic_ring.controller.backends.api import SegmentLaunch
@@ -20,28 +20,14 @@ from elastic_ring.controller.segment import Segment
 from elastic_ring.hosts.api import HostSet, WorkerBounds
 from elastic_ring.hosts.discovery import FixedHosts, HostPoller
 from elastic_ring.hosts.manager import HostManager
-
-
-class _Job:
-    pid = 4242
-
-    def poll(self):
-        return None
-
-    def kill(self):
-        pass
-
-
-class _Launcher:
-    def start(self, cmd, env, log_path):
-        return _Job()
+from tests.unit.elastic_fakes import Launcher, listed_hosts as _listed
 
 
 def _running(tmp_path: Path, schedule: tuple[Resize, ...], world: int = 2, lo: int = 1):
     """A controller over the hosts a:1 and b:1 in place, its segment 0 at ``world`` running (the
     backend started on the hosts placed for it)."""
     spec = RunSpec(run_dir=tmp_path, workers=world, schedule=schedule, slots=2, device="cpu", total_steps=60)
-    backend = ElasticBackend(spec, launcher=_Launcher(), survive=True)
+    backend = ElasticBackend(spec, launcher=Launcher(), survive=True)
     backend.run_over_hosts()
     manager = HostManager(HostPoller(FixedHosts(HostSet([("a", 1), ("b", 1)])), interval_s=0.01),
                           WorkerBounds(lo, 2))
@@ -53,9 +39,6 @@ def _running(tmp_path: Path, schedule: tuple[Resize, ...], world: int = 2, lo: i
     backend.start(SegmentLaunch(world, 0, seg.stop_at, ctl.owner), tmp_path / "seg.log")
     return ctl, backend, seg
 
-
-def _listed(run_dir: Path) -> str:
-    return (protocol.control_dir(run_dir) / "hosts").read_text()
 
 
 def test_a_scheduled_shrink_over_hosts_is_written_ahead_with_its_hosts_once_the_segment_trains(tmp_path):

@@ -8,20 +8,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from elastic_ring import protocol, seam
+from elastic_ring import seam
 from elastic_ring.controller.api import RunSpec
 from elastic_ring.controller.backends.api import SegmentLaunch
 from elastic_ring.controller.membership import StateSource
-
-
-class _Job:
-    pid = 4242
-
-    def poll(self):
-        return None
-
-    def kill(self):
-        pass
+from tests.unit.elastic_fakes import Launcher, listed_hosts as _listed
 
 
 def _over_hosts(tmp_path: Path):
@@ -29,19 +20,12 @@ def _over_hosts(tmp_path: Path):
 
     spec = RunSpec(run_dir=tmp_path, workers=2, schedule=(), slots=4, device="cpu", total_steps=50)
 
-    class Launcher:
-        def start(self, cmd, env, log_path):
-            return _Job()
-
     b = ElasticBackend(spec, launcher=Launcher(), survive=True)
     b.run_over_hosts()
     b.use_hosts("localhost:1,127.0.0.1:1")
     b.start(SegmentLaunch(2, 0, 50, "me"), tmp_path / "seg.log")
     return b
 
-
-def _listed(run_dir: Path) -> str:
-    return (protocol.control_dir(run_dir) / "hosts").read_text()
 
 
 def test_a_dropped_hosts_shrink_is_written_ahead_for_the_next_stop_and_taken_by_rank_0(tmp_path):
