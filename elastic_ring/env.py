@@ -44,6 +44,7 @@ STEPS = "ELASTIC_RING_STEPS"  # a script run without the tool: its steps
 ZYGOTE = "ELASTIC_RING_ZYGOTE"  # the fork server's abstract socket name, in the workers' environment
 NO_ZYGOTE = "ELASTIC_RING_NO_ZYGOTE"  # set (to anything): workers start in their own processes
 ZYGOTE_COMPILE = "ELASTIC_RING_ZYGOTE_COMPILE"  # "1": the fork server imports torch._dynamo too (its workers would)
+ZYGOTE_SHARED = "ELASTIC_RING_ZYGOTE_SHARED"  # a fork server started by a parent process (a test session), for all its runs
 STEP_COST = "ELASTIC_RING_STEP_COST"  # set (not "0"): measure the library's cost per step; "parts": each part too
 PLAIN_HOROVODRUN = "ELASTIC_RING_PLAIN_HOROVODRUN"  # "1": the controller runs plain horovodrun
 ALLOW_NO_NCCL = "ELASTIC_RING_ALLOW_NO_NCCL"  # "1": GPUs with a Horovod built without NCCL
@@ -199,6 +200,12 @@ def zygote(env: Mapping[str, str] | None = None) -> str | None:
 def no_zygote(env: Mapping[str, str] | None = None) -> bool:
     """Whether workers start in their own processes (no fork server)."""
     return bool(_get(NO_ZYGOTE, env))
+
+
+def zygote_shared(env: Mapping[str, str] | None = None) -> str | None:
+    """The name of a fork server that a parent process (a test session) started for all the runs
+    below it, where there is one: a controller uses it instead of starting its own."""
+    return _get(ZYGOTE_SHARED, env) or None
 
 
 def zygote_compile(env: Mapping[str, str] | None = None) -> bool:

@@ -25,6 +25,35 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("ELASTIC_RING_CPU_THREADS", "1")
 
 
+# One fork server per test process, shared by every run its integration tests start
+# (ELASTIC_RING_ZYGOTE_SHARED, inherited by the controllers they start): a run's controller would
+# otherwise start its own zygote and wait for its imports (torch, Horovod, torch._dynamo: about 3 s
+# of CPU at each of the suite's few hundred runs). The workers' side is unchanged: each worker
+# command hands itself to a zygote and its child runs the worker. Started with torch._dynamo (the
+# runs whose workers would not import it fork from it all the same); a test of the controller's own
+# zygote drops the variable (tests/integration/test_zygote.py). ELASTIC_RING_TEST_SHARED_ZYGOTE=0:
+# each run starts its own, as outside the tests.
+_SHARED_ZYGOTE: list = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_zygote(request):
+    if (any("integration" in it.keywords for it in request.session.items) and not _SHARED_ZYGOTE
+            and os.environ.get("ELASTIC_RING_TEST_SHARED_ZYGOTE", "1") != "0"
+            and not os.environ.get("ELASTIC_RING_NO_ZYGOTE")):
+        from elastic_ring import env as envvars
+        from elastic_ring.worker import zygote
+
+        p, name = zygote.start(compile_=True)
+        _SHARED_ZYGOTE.append(p)
+        if p is not None:
+            import atexit
+
+            os.environ[envvars.ZYGOTE_SHARED] = name
+            atexit.register(lambda: (p.kill(), p.wait()))
+    yield
+
+
 # The integration tests in this order first, longest first (seconds: the fresh-clone CI run,
 # results/ci/fresh_clone_ci.txt). Under `make test` (-n 2 --dist worksteal) the first worker runs the
 # list from the front while the second runs unit tests, then takes work from the end of the first's

@@ -14,6 +14,10 @@ status, or killed by the same signal), and the child ends itself when its stand-
 (a launcher's kill -9 of its process group). The worker's own pid (its records, its logs) is the
 child's.
 
+A process that starts many runs (a test session: tests/conftest.py) may start one zygote for all of
+them (:func:`start`) and name it in ``$ELASTIC_RING_ZYGOTE_SHARED``: each controller below it then
+hands that one to its workers (when it answers) instead of starting and waiting for its own.
+
 Nothing changes where the zygote does not answer (not started yet, another host, another user:
 the socket checks its peer's uid): the command then starts the worker in its own process as
 before. GPU runs do not use it (a fork must come before CUDA starts; the controller starts it for
@@ -339,16 +343,35 @@ def ensure(timeout: float = 60.0, compile_: bool = False) -> str | None:
     """This process's zygote (started at the first call, which waits for its imports: the time
     the first workers would have spent on them): its name, or None when it cannot start.
     ``compile_``: it imports ``torch._dynamo`` too (the first call's choice holds for the process)."""
-    import subprocess
-    import uuid
-
     if envvars.no_zygote() or _REFUSED:
         return None
+    shared = envvars.zygote_shared()
+    if shared and answers(shared):
+        return shared
     if _RUNNING and _RUNNING[0][0].poll() is None:
         return _RUNNING[0][1]
     _RUNNING.clear()
+    p, name = start(timeout, compile_)
+    if p is None:
+        _REFUSED.append(name)
+        return None
+    import atexit
+
+    atexit.register(stop)
+    _RUNNING.append((p, name))
+    return name
+
+
+def start(timeout: float = 60.0, compile_: bool = False) -> tuple[subprocess.Popen | None, str]:
+    """A new zygote, this process its parent (it ends when this process is gone), once it is
+    ready: (its process, its name); (None, its name) when it did not start in ``timeout`` s.
+    :func:`ensure` starts this process's own; a test session starts one shared by all its runs
+    (``ELASTIC_RING_ZYGOTE_SHARED``: tests/conftest.py)."""
+    import subprocess
+    import uuid
+
     name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    zenv = {k: v for k, v in os.environ.items() if k != envvars.ZYGOTE_COMPILE}
+    zenv = {k: v for k, v in os.environ.items() if k not in (envvars.ZYGOTE_COMPILE, envvars.ZYGOTE_SHARED)}
     if compile_:
         zenv[envvars.ZYGOTE_COMPILE] = "1"
     p = subprocess.Popen([sys.executable, "-u", "-m", "elastic_ring.worker.run", "--zygote", name,
@@ -359,13 +382,20 @@ def ensure(timeout: float = 60.0, compile_: bool = False) -> str | None:
     if not ready or p.stdout.readline().strip() != b"ready":
         p.kill()
         p.wait()
-        _REFUSED.append(name)
-        return None
-    import atexit
+        return None, name
+    return p, name
 
-    atexit.register(stop)
-    _RUNNING.append((p, name))
-    return name
+
+def answers(name: str) -> bool:
+    """Whether a zygote listens at ``name`` (a connection it reads as an empty request and closes)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(_address(name))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 
 def stop() -> None:

@@ -20,6 +20,18 @@ from tests.conftest import ROOT, wait_for
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _own_zygote():
+    """This module tests the controller's own zygote (zygote.ensure starting one), not the one the
+    test session shares with its runs (tests/conftest.py)."""
+    from elastic_ring import env as envvars
+
+    shared = os.environ.pop(envvars.ZYGOTE_SHARED, None)
+    yield
+    if shared is not None:
+        os.environ[envvars.ZYGOTE_SHARED] = shared
+
+
 @pytest.fixture(scope="module")
 def name():
     n = zygote.ensure()
