@@ -398,6 +398,80 @@ def answers(name: str) -> bool:
         s.close()
 
 
+def running() -> str | None:
+    """The zygote this process would hand its workers now without starting one: the shared one
+    (``ELASTIC_RING_ZYGOTE_SHARED``) when it answers, else this process's own while it runs."""
+    if envvars.no_zygote():
+        return None
+    shared = envvars.zygote_shared()
+    if shared and answers(shared):
+        return shared
+    if _RUNNING and _RUNNING[0][0].poll() is None:
+        return _RUNNING[0][1]
+    return None
+
+
+class Served:
+    """A process a zygote forked for this one (a server of this process's, not a worker): it lives
+    while this handle is open; :meth:`close` (or its collection, or this process's end) ends it
+    (the zygote kills a child whose connection is at its end)."""
+
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self.sock: socket.socket | None = sock
+        self.pid = pid
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def serve_forked(name: str, module: str, argv: list[str], timeout: float = 30.0) -> tuple[Served, str] | None:
+    """Have the zygote at ``name`` fork ``module`` run as ``__main__`` with ``argv``, its standard
+    output a pipe to this process and its standard error this process's: (its handle, the first
+    line it printed), or None when the zygote does not answer or no line came within ``timeout`` s
+    (the child, if any, is ended). For a server whose imports the zygote has made (a torch store)."""
+    r, w = os.pipe()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(_address(name))
+        env = {k: v for k, v in os.environ.items() if k != ENV}
+        payload = json.dumps({"module": module, "argv": argv, "env": env, "cwd": os.getcwd(),
+                              "fds": [0, 1, 2]}).encode()
+        s.sendmsg([_LEN.pack(len(payload)) + payload],
+                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [devnull, w, 2]))])
+        raw = _recv_exact(s, _STATUS.size)
+        if len(raw) < _STATUS.size:
+            raise OSError("the zygote did not fork")
+        handle = Served(s, _STATUS.unpack(raw)[0])
+    except OSError:
+        s.close()
+        os.close(r)
+        return None
+    finally:
+        os.close(w)
+        os.close(devnull)
+    line = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while not line.endswith(b"\n"):
+            ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(r, 256) if ready else b""
+            if not chunk:
+                break
+            line += chunk
+    finally:
+        os.close(r)
+    if not line.endswith(b"\n"):
+        handle.close()
+        return None
+    return handle, line.decode(errors="replace").strip()
+
+
 def stop() -> None:
     """End this process's zygote (the workers it forked are not its to end)."""
     for p, _ in _RUNNING:

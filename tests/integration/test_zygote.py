@@ -170,3 +170,29 @@ def test_a_zygote_that_closes_before_it_forks_leaves_the_command_to_run_by_itsel
         srv.close()
     assert p.returncode == 5 and seen["pid"] == p.pid and seen["torch"] is False, err
     assert "Traceback" not in err
+
+
+def test_a_store_forked_by_the_zygote_serves_a_client_and_ends_with_its_handle(name):
+    """serve_store with a zygote running (the controller of a CPU torch job): the TCPStore runs in a
+    process the zygote forked, not in this one (a client here sets and reads a key through it), and
+    it ends when the controller's handle is dropped."""
+    import subprocess as sp
+
+    from elastic_ring.controller.backends.torch_ring import serve_store
+
+    handle, port = serve_store("127.0.0.1")
+    assert isinstance(handle, zygote.Served) and handle.pid != os.getpid() and port > 0
+    client = ("import datetime, sys, torch.distributed as d; s = d.TCPStore('127.0.0.1', int(sys.argv[1]), "
+              "is_master=False, timeout=datetime.timedelta(seconds=20)); s.set('k', 'v'); print(s.get('k').decode())")
+    r = sp.run([sys.executable, "-c", client, str(port)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "v", r.stderr
+    pid = handle.pid
+    handle.close()
+    wait_for(lambda: _gone(pid), 10, "the store's end after its handle closed")
+
+
+def test_serve_forked_without_a_zygote_or_a_line_gives_none(name):
+    assert zygote.serve_forked("no-such-zygote", "tests.integration.zygote_probe", ["exit", "0"]) is None
+    # a module that prints nothing within the wait: its child is ended, None returned
+    got = zygote.serve_forked(name, "tests.integration.zygote_silent", [], timeout=2.0)
+    assert got is None

@@ -12,6 +12,7 @@ machine that the first remote host is reached from (127.0.0.1 when every host is
 
 from __future__ import annotations
 
+import functools
 import socket
 from typing import Any, Callable
 
@@ -45,6 +46,8 @@ class TorchHostsBackend(HorovodrunBackend):
 
     def __init__(self, spec, *args: Any, serve: Callable[[str], tuple[Any, int]] = serve_store, **kw: Any) -> None:
         super().__init__(spec, *args, **kw)
+        if serve is serve_store:  # forked by the zygote its workers fork from (CPU runs): no torch here
+            serve = functools.partial(serve_store, start_zygote=getattr(self.launcher, "fork_server", False))
         self.serve = serve
         self.stores: list[Any] = []  # the newest last; a segment's outlives it by one (overlap)
 

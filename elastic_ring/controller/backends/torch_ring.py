@@ -1,6 +1,7 @@
 """Process groups the controller forms for a ``--collective torch`` job resized in place (the local
 in-place backend, :class:`~.local.LocalRingBackend`, and the Ray backend): members -> ranks, and a
-``TCPStore`` served from the controller for each group.
+``TCPStore`` served for the controller for each group (in a process its zygote forks, where one
+runs: :func:`serve_store`).
 
 :func:`torch_envs` is pure: each member's environment (torchrun's ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, the store's ``host:port`` and the member's
@@ -43,8 +44,21 @@ def torch_envs(members: list[Any], store: str) -> dict[str, dict[str, str]]:
     return envs
 
 
-def serve_store(host: str) -> tuple[Any, int]:
-    """A ``TCPStore`` served from this process on a free port of ``host``: (the store, its port)."""
+def serve_store(host: str, start_zygote: bool = False) -> tuple[Any, int]:
+    """A ``TCPStore`` on a free port of ``host``: (its handle, its port). Forked by this process's
+    zygote where one serves (``start_zygote``: started here if none runs yet, as for the workers
+    of a CPU run), so that this process never imports torch: a
+    :class:`~elastic_ring.worker.zygote.Served` process that ends when the handle is dropped
+    (:mod:`.store_server`). Otherwise served from this process (the store object)."""
+    from elastic_ring.worker import zygote
+
+    name = zygote.ensure(compile_=True) if start_zygote else zygote.running()
+    if name is not None:
+        got = zygote.serve_forked(name, "elastic_ring.controller.backends.store_server", [host, str(PG_TIMEOUT_S)])
+        if got is not None and got[1].isdigit():
+            return got[0], int(got[1])
+        if got is not None:
+            got[0].close()
     import torch.distributed as dist
 
     store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
