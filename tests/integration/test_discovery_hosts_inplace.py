@@ -310,8 +310,13 @@ def test_kill_9_of_the_controller_in_place_over_hosts_leaves_no_hvdrun_and_no_wo
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         pids = _pids_at_two(run)
+        def cmdline(p) -> str:  # a child that just exited (a discovery script's run, every 0.2 s) has none
+            try:
+                return " ".join(p.cmdline())
+            except (psutil.ZombieProcess, psutil.NoSuchProcess):
+                return ""
         (launcher,) = [p.pid for p in psutil.Process(proc.pid).children() if "elastic_ring.controller.hvdrun" in
-                       " ".join(p.cmdline())]
+                       cmdline(p)]
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         assert _gone_within([launcher, *pids.values()], 20), "an orphaned horovodrun or worker still runs"
