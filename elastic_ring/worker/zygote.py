@@ -345,11 +345,9 @@ def ensure(timeout: float = 60.0, compile_: bool = False) -> str | None:
     ``compile_``: it imports ``torch._dynamo`` too (the first call's choice holds for the process)."""
     if envvars.no_zygote() or _REFUSED:
         return None
-    shared = envvars.zygote_shared()
-    if shared and answers(shared):
-        return shared
-    if _RUNNING and _RUNNING[0][0].poll() is None:
-        return _RUNNING[0][1]
+    name = running()
+    if name is not None:
+        return name
     _RUNNING.clear()
     p, name = start(timeout, compile_)
     if p is None:
