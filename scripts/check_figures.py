@@ -39,8 +39,8 @@ Staleness: `code=` names the code the figure measures (paths or folders). If git
 touching that code is newer than the newest commit touching FILE (author dates), the figure is
 stale and fails, unless `admits=` covers it: a date (code commits up to that day, UTC, are
 admitted: the doc says the figure predates them) or a span `Nd` (code up to N days newer than the
-file is admitted). A FILE with uncommitted changes counts as new. Without git history the
-staleness is not checked.
+file is admitted). A FILE with uncommitted changes counts as new; so does code with uncommitted
+changes (as changed today, as its commit will be). Without git history the staleness is not checked.
 
 Usage: python scripts/check_figures.py [--root DIR] [--list] [--stale] [--by-doc] [FILE.md ...]
 Prints one line per problem (`doc:line: ...`) and the counts; exit status 1 on any problem.
@@ -55,6 +55,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -433,7 +434,10 @@ class Checker:
         t_file = hist.newest(rel)
         if t_file is None:
             return None
-        newer = [(hist.newest(c) or 0, c) for c in code]
+        # code with uncommitted changes counts as changed now: the check run before a commit
+        # fails as the same check will after it (CI sees the commit's date, not the edit's)
+        now = int(time.time())
+        newer = [(now if hist.is_dirty(c) else hist.newest(c) or 0, c) for c in code]
         t_code, which = max(newer)
         if t_code <= t_file:
             return None

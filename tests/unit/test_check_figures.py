@@ -225,7 +225,10 @@ def test_staleness_read_from_a_real_git_history_by_author_date(cf, tmp_path):
     commit(["results", "docs"], "2026-11-30T12:00:00Z")
     commit(["pkg"], "2026-12-02T12:00:00Z")  # the code changed after the measurement: admitted
     assert cf.run(root).problems == [] and cf.run(root).stale_admitted == 1
-    (root / "pkg" / "launch.py").write_text("x = 2\n")
+    (root / "pkg" / "launch.py").write_text("x = 2\n")  # changed, not yet committed: changed today
+    problems = cf.run(root).problems
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    assert len(problems) == 1 and f"pkg changed since ({today}); admits=2026-12-02" in problems[0], problems
     commit(["pkg"], "2026-12-03T12:00:00Z")  # and again, after the admitted day
     problems = cf.run(root).problems
     assert len(problems) == 1 and "pkg changed since (2026-12-03); admits=2026-12-02 does not cover it" in problems[0]
