@@ -57,6 +57,7 @@ CLUSTER_FAULT = "ELASTIC_RING_CLUSTER_FAULT"  # tests: POINT[:N], the scheduler 
 PS_FAIL = "ELASTIC_RING_PS_FAIL"  # tests: RANK:PUSH, a parameter-server worker fails before that push
 RAY_FOLLOW = "ELASTIC_RING_RAY_FOLLOW"  # "0": a Ray job does not grow onto nodes that join (its scheduler sizes it)
 SCRIPT_FORM = "ELASTIC_RING_SCRIPT_FORM"  # "torchrun": the worker entry runs the script as torchrun would
+HOROVOD_WAIT = "ELASTIC_RING_HOROVOD_WAIT"  # "spin": a CPU worker waits for Horovod's collectives as Horovod does
 
 HOROVOD_KEYS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
 TORCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
@@ -129,6 +130,13 @@ def store(env: Mapping[str, str] | None = None) -> str | None:
 def collective(env: Mapping[str, str] | None = None) -> str:
     """The collective named for this worker (``"horovod"``, ``"torch"``), or ``""`` where none is."""
     return (_get(COLLECTIVE, env) or "").strip()
+
+
+def horovod_wait(env: Mapping[str, str] | None = None) -> str:
+    """How a CPU worker waits for a Horovod collective: ``"sleep"`` (the default: while the machine
+    is crowded, polls asleep between them; :func:`elastic_ring.hvd_patches.wait_asleep`) or
+    ``"spin"`` (always Horovod's own wait, which spins on ``sched_yield``)."""
+    return "spin" if (_get(HOROVOD_WAIT, env) or "").strip().lower() == "spin" else "sleep"
 
 
 def slot_hosts(env: Mapping[str, str] | None = None) -> bool:

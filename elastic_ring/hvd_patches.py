@@ -11,7 +11,9 @@ groups, by who installs them and when:
 - ``launcher``: in every ``python -m elastic_ring.controller.hvdrun`` (the controller's horovodrun);
 - ``survive``: there too, with ``--survive`` (``ELASTIC_RING_SURVIVE=1``);
 - ``slot-hosts``: there too, when each worker slot is a host of its own (``ELASTIC_RING_SLOT_HOSTS=1``);
-- ``worker``: in a worker that runs a Horovod Elastic script (:mod:`elastic_ring.worker.hvd_elastic`).
+- ``worker``: in a worker that runs a Horovod Elastic script (:mod:`elastic_ring.worker.hvd_elastic`);
+- ``wait``: in every CPU worker on Horovod (:func:`wait_asleep`), unless ``ELASTIC_RING_HOROVOD_WAIT=spin``
+  (it waits asleep only while the machine is crowded).
 
 :func:`apply` installs a group's patches (idempotent: a replaced attribute is not replaced again)
 after :func:`check` has found every target as the patches expect it. :func:`check` runs again
@@ -40,7 +42,7 @@ from typing import Any, Callable
 from elastic_ring.errors import UserError
 
 WRITTEN_FOR = ("0.28.1",)  # the Horovod versions these patches were written and tested against
-GROUPS = ("launcher", "survive", "slot-hosts", "worker")
+GROUPS = ("launcher", "survive", "slot-hosts", "worker", "wait")
 MARK = "_elastic_ring"  # set on every replacement: an attribute that has it is replaced already
 ORIGINAL = "_elastic_ring_original"  # on every replacement: Horovod's own function it calls
 CACHE_FILE = "horovod-patches.json"
@@ -231,6 +233,60 @@ def _hvd_elastic(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]
     return make
 
 
+# ---- the wait for a collective (every CPU worker on Horovod) ----
+
+WAIT_FIRST_S = 50e-6  # the first sleep between two polls of a collective not done yet
+WAIT_MAX_S = 0.5e-3  # the longest: a wait ends at most this much after its collective
+CROWDED_LOAD = 1.5  # the machine's load (1-min average) per core above which a worker waits asleep
+CROWDED_EVERY_S = 1.0  # how often the load is read again
+
+
+def _wait_polling(real, poll=None, load=None, cores: int | None = None, sleep=None, clock=None):
+    """Horovod 0.28's ``synchronize`` waits in ``WaitAndClear``, a loop on ``sched_yield``: the
+    waiting thread stays runnable and takes its full share of a core until the collective is done.
+    On a machine with more runnable threads than cores (CPU workers of several jobs, or a test
+    suite) that is CPU taken from the work being waited for: the other workers' steps and the
+    Horovod threads that run the collective. There (the load, a 1-min average, above
+    :data:`CROWDED_LOAD` per core, read at most once a second) the collective is polled instead,
+    asleep between polls (50 us, doubling up to 0.5 ms); Horovod's own call then finds it done and
+    releases the handle, its errors raised as before. Elsewhere Horovod's wait runs as it was
+    (it answers sooner when the cores are free). ``poll``, ``load``, ``cores``, ``sleep`` and
+    ``clock`` are Horovod's poll, ``os.getloadavg``, this process's cores, ``time.sleep`` and
+    ``time.monotonic`` unless given (tests)."""
+    import os
+    import time
+
+    if poll is None:
+        from horovod.torch import mpi_lib_v2
+
+        poll = mpi_lib_v2.horovod_torch_poll
+    load = load or os.getloadavg
+    sleep, clock = sleep or time.sleep, clock or time.monotonic
+    if cores is None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+    crowded = [False, None]  # the last answer, when it was read
+
+    def wait_and_clear(handle):
+        now = clock()
+        if crowded[1] is None or now - crowded[1] >= CROWDED_EVERY_S:
+            try:
+                crowded[0] = load()[0] > CROWDED_LOAD * cores
+            except OSError:
+                crowded[0] = False
+            crowded[1] = now
+        if crowded[0] and not poll(handle):
+            delay = WAIT_FIRST_S
+            while not poll(handle):
+                sleep(delay)
+                delay = min(2 * delay, WAIT_MAX_S)
+        return real(handle)
+
+    return wait_and_clear
+
+
 _DRIVER = "horovod.runner.elastic.driver:ElasticDriver"
 _STATE = "horovod.common.elastic:State"
 _SLOT = "horovod.runner.common.util.hosts:SlotInfo"
@@ -287,6 +343,9 @@ PATCHES: tuple[Patch, ...] = (
     Patch("record_batch", "worker", "horovod.torch.elastic.sampler:ElasticSampler.record_batch",
           "the sampler's batches also count this rank's samples for the throughput",
           _hvd_elastic("_record_batch"), ("self", "batch_idx", "batch_size")),
+    Patch("wait_polling", "wait", "horovod.torch.mpi_lib_v2:horovod_torch_wait_and_clear",
+          "on a crowded machine a CPU worker waits for a collective asleep between polls, not spinning on sched_yield",
+          _wait_polling, ("handle",), ("horovod.torch.mpi_lib_v2:horovod_torch_poll",)),
 )
 
 _ORIGINALS: dict[str, Callable[..., Any]] = {}  # patch name -> Horovod's own function it replaced
@@ -298,6 +357,22 @@ def patches(*names: str) -> list[Patch]:
     if unknown:
         raise ValueError(f"unknown patch group(s) or name(s) {sorted(unknown)}; groups: {GROUPS}")
     return [p for p in PATCHES if not names or p.group in names or p.name in names]
+
+
+def wait_asleep(device: str) -> bool:
+    """In a worker on Horovod, before its first collective: install the ``wait`` patch where the
+    worker trains on CPU (``device``) and ``ELASTIC_RING_HOROVOD_WAIT`` is not ``spin``. A GPU
+    worker keeps Horovod's wait (its latency, a host core per worker). Whether it is installed; a
+    Horovod without the internals leaves Horovod's wait (nothing fails for it)."""
+    from elastic_ring import env
+
+    if device != "cpu" or env.horovod_wait() == "spin":
+        return False
+    try:
+        apply("wait")
+    except HorovodChanged:
+        return False
+    return True
 
 
 def original(name: str) -> Callable[..., Any]:

@@ -114,6 +114,9 @@ class PlainJob:
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         self.device = _device(self.local_rank)
+        from elastic_ring import hvd_patches
+
+        hvd_patches.wait_asleep(self.device.type)  # as under the tool: a CPU worker waits asleep
         self.collective: Any = HorovodCollective(hvd)
 
     def _start_torch(self) -> None:

@@ -143,7 +143,10 @@ class Ring:
         """``hvd.init()`` unless done, with the first step's imports warmed meanwhile."""
         import horovod.torch as hvd
 
+        from elastic_ring import hvd_patches
+
         self.hvd = hvd
+        hvd_patches.wait_asleep(env.device())  # CPU workers wait for collectives asleep (idempotent)
         if not hvd.is_initialized():
             if self.in_place:
                 _drop_fixed_cycle_time()

@@ -72,11 +72,7 @@ def hand_over(module: str, argv: list[str]) -> None:
         env = {k: v for k, v in os.environ.items() if k != ENV}
         env[protocol.PROCESS_START_ENV] = repr(time.time())  # the launched command runs: the child's start
         fds = [0, 1, 2, *_passed_fds(env)]
-        payload = json.dumps({"module": module, "argv": argv, "env": env, "cwd": os.getcwd(),
-                              "fds": fds}).encode()
-        s.sendmsg([_LEN.pack(len(payload)) + payload],
-                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-        pid = _STATUS.unpack(_recv_exact(s, _STATUS.size))[0]
+        pid = _ask(s, module, argv, env, fds, fds)
     except (OSError, struct.error):
         s.close()
         return  # no zygote (or it went away, or could not fork): start the worker here
@@ -101,6 +97,21 @@ def hand_over(module: str, argv: list[str]) -> None:
         time.sleep(1)
         os._exit(128 + sig)
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+def _ask(s: socket.socket, module: str, argv: list[str], env: dict[str, str], send: list[int],
+         places: list[int]) -> int:
+    """One request on the zygote's connection ``s``: fork ``module`` as ``__main__`` with ``argv`` and
+    ``env`` in this process's working folder, the descriptors ``send`` becoming the child's
+    ``places``; the child's pid. OSError when the zygote does not answer it."""
+    payload = json.dumps({"module": module, "argv": argv, "env": env, "cwd": os.getcwd(),
+                          "fds": places}).encode()
+    s.sendmsg([_LEN.pack(len(payload)) + payload],
+              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", send))])
+    raw = _recv_exact(s, _STATUS.size)
+    if len(raw) < _STATUS.size:
+        raise OSError("the zygote did not fork")
+    return _STATUS.unpack(raw)[0]
 
 
 def _passed_fds(env: dict[str, str]) -> list[int]:
@@ -438,14 +449,7 @@ def serve_forked(name: str, module: str, argv: list[str], timeout: float = 30.0)
     try:
         s.connect(_address(name))
         env = {k: v for k, v in os.environ.items() if k != ENV}
-        payload = json.dumps({"module": module, "argv": argv, "env": env, "cwd": os.getcwd(),
-                              "fds": [0, 1, 2]}).encode()
-        s.sendmsg([_LEN.pack(len(payload)) + payload],
-                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [devnull, w, 2]))])
-        raw = _recv_exact(s, _STATUS.size)
-        if len(raw) < _STATUS.size:
-            raise OSError("the zygote did not fork")
-        handle = Served(s, _STATUS.unpack(raw)[0])
+        handle = Served(s, _ask(s, module, argv, env, [devnull, w, 2], [0, 1, 2]))
     except OSError:
         s.close()
         os.close(r)

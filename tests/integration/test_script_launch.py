@@ -48,6 +48,24 @@ def test_a_script_s_relative_paths_are_the_user_s_across_a_resize_and_a_resume(t
     assert not (elsewhere / "logs").exists()
 
 
+WAITS = """
+import horovod.torch as hvd
+import torch
+from horovod.torch import mpi_lib_v2
+
+import elastic_ring.worker as elastic
+
+job = elastic.init()
+model = torch.nn.Linear(2, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+job.register(model=model, optimizer=opt)
+for _ in job.steps():
+    opt.zero_grad()
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+asleep = getattr(mpi_lib_v2.horovod_torch_wait_and_clear, "_elastic_ring", False)
+print(f"rank {job.rank} waits {'asleep when crowded' if asleep else 'as horovod'}", flush=True)
+"""
 DDP_STEPS = """
 import torch
 import torch.distributed as dist
@@ -90,6 +108,11 @@ import elastic_ring.worker as elastic
 
 job = elastic.init()
 print(f"rank {job.rank} threads {torch.get_num_threads()}", flush=True)
+if job.size > 1:  # on Horovod: how the worker waits for a collective (hvd_patches.wait_asleep)
+    from horovod.torch import mpi_lib_v2
+
+    asleep = getattr(mpi_lib_v2.horovod_torch_wait_and_clear, "_elastic_ring", False)
+    print(f"rank {job.rank} waits {'asleep when crowded' if asleep else 'as horovod'}", flush=True)
 """
 STEPS = """
 import elastic_ring.worker as elastic
@@ -119,6 +142,7 @@ def test_outside_the_tool_the_library_sets_the_threads_as_the_tool_does(tmp_path
     each = max(1, cores // 2)
     out = p.stdout + p.stderr  # horovodrun prefixes each rank's lines
     assert f"rank 0 threads {each}" in out and f"rank 1 threads {each}" in out, out
+    assert "rank 0 waits asleep when crowded" in out and "rank 1 waits asleep when crowded" in out, out
     said = [ln for ln in out.splitlines() if "CPU thread(s) per worker" in ln]
     assert len(said) == 1 and said[0].endswith(
         f"elastic-ring: {each} CPU thread(s) per worker: this host's {cores} core(s) shared by its 2 worker(s) "
@@ -130,6 +154,18 @@ def test_outside_the_tool_the_library_sets_the_threads_as_the_tool_does(tmp_path
                                 "elastic-ring train; OMP_NUM_THREADS sets another)")
     p = _plain([sys.executable, str(script)], tmp_path, OMP_NUM_THREADS="1")
     assert p.returncode == 0 and p.stdout == "rank 0 threads 1\n" and p.stderr == "", p.stderr
+
+
+def test_a_cpu_worker_under_the_tool_waits_for_horovod_asleep_unless_told_to_spin(tmp_path):
+    script = tmp_path / "waits.py"
+    script.write_text(WAITS)
+    for wait, said in (("", "asleep when crowded"), ("spin", "as horovod")):
+        run = tmp_path / f"run-{wait or 'default'}"
+        p = run_cli("train", "--script", str(script), "--steps", "1", "--gpus", "2", "--run-dir", str(run),
+                    timeout=300, env={"ELASTIC_RING_HOROVOD_WAIT": wait})
+        assert p.returncode == 0, p.stderr
+        logs = "".join(f.read_text() for f in sorted((run / "logs").glob("segment-000-w*.log")))
+        assert f"rank 0 waits {said}" in logs and f"rank 1 waits {said}" in logs, logs
 
 
 def test_a_steps_loop_under_plain_python_without_its_length_is_one_line(tmp_path):

@@ -275,3 +275,76 @@ def test_elastic_run_is_elastic_rings(restored):
 
     wrapped = hvd.elastic.run(train)
     assert hvd.elastic.run is hvd_elastic.run and wrapped.__wrapped__ is train and wrapped.__doc__ == train.__doc__
+
+
+class _Collective:
+    """A collective done after ``polls`` polls; the clock moves only when the test says."""
+
+    def __init__(self, polls: int):
+        self.left, self.polls, self.slept, self.cleared, self.loads = polls, 0, [], [], 0
+        self.now = 100.0
+
+    def poll(self, handle):
+        self.polls += 1
+        self.left -= 1
+        return self.left < 0
+
+    def load(self):
+        self.loads += 1
+        return (self.machine_load, 0.0, 0.0)
+
+    def sleep(self, s):
+        self.slept.append(s)
+
+    def clock(self):
+        return self.now
+
+    def real(self, handle):
+        self.cleared.append(handle)
+        return "released"
+
+
+def test_on_a_crowded_machine_a_wait_sleeps_between_polls_then_horovod_releases_the_handle():
+    c = _Collective(polls=7)
+    c.machine_load = 3.1  # 2 cores: above 1.5 per core
+    wait = hvd_patches._wait_polling(c.real, poll=c.poll, load=c.load, cores=2, sleep=c.sleep, clock=c.clock)
+    assert wait(41) == "released" and c.cleared == [41]
+    assert c.slept == [50e-6, 100e-6, 200e-6, 400e-6, 500e-6, 500e-6]  # doubling up to 0.5 ms
+    assert c.polls == 8
+
+
+def test_on_a_machine_with_free_cores_horovods_own_wait_runs_and_the_load_is_read_once_a_second():
+    c = _Collective(polls=5)
+    c.machine_load = 2.9  # 2 cores: not above 1.5 per core
+    wait = hvd_patches._wait_polling(c.real, poll=c.poll, load=c.load, cores=2, sleep=c.sleep, clock=c.clock)
+    assert wait(1) == "released" and c.slept == [] and c.polls == 0  # straight to Horovod's wait
+    c.machine_load = 8.0  # the machine fills up: seen at the next read, a second after the last
+    c.now += 0.5
+    wait(2)
+    assert c.loads == 1 and c.slept == []
+    c.now += 0.5
+    c.left = 3
+    wait(3)
+    assert c.loads == 2 and c.slept == [50e-6, 100e-6] and c.cleared == [1, 2, 3]
+
+
+def test_a_cpu_worker_waits_asleep_unless_told_to_spin_and_a_gpu_worker_keeps_horovods_wait(restored):
+    from horovod.torch import mpi_lib_v2
+
+    restored.setenv("ELASTIC_RING_HOROVOD_WAIT", "spin")
+    assert hvd_patches.wait_asleep("cpu") is False
+    restored.delenv("ELASTIC_RING_HOROVOD_WAIT")
+    assert hvd_patches.wait_asleep("cuda") is False
+    assert not getattr(mpi_lib_v2.horovod_torch_wait_and_clear, MARK, False)
+    assert hvd_patches.wait_asleep("cpu") is True
+    assert getattr(mpi_lib_v2.horovod_torch_wait_and_clear, MARK)
+    assert hvd_patches.wait_asleep("cpu") is True  # idempotent
+
+
+def test_a_horovod_without_the_wait_internals_keeps_its_own_wait(restored):
+    from horovod.torch import mpi_lib_v2
+
+    restored.delattr(mpi_lib_v2, "horovod_torch_poll")
+    before = mpi_lib_v2.horovod_torch_wait_and_clear
+    assert hvd_patches.wait_asleep("cpu") is False
+    assert mpi_lib_v2.horovod_torch_wait_and_clear is before

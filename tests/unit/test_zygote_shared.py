@@ -70,3 +70,24 @@ def test_the_answers_probe():
     finally:
         srv.close()
     assert not zygote.answers(name)
+
+
+def test_a_backends_store_is_forked_by_the_zygote_its_workers_fork_from(monkeypatch):
+    """serve_store_for: a launcher with a fork server (CPU runs) has the store forked by the zygote,
+    started if need be; one without (GPU runs) uses a zygote only where one already runs."""
+    from elastic_ring.controller.backends.torch_ring import serve_store_for
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(zygote, "ensure", lambda timeout=60.0, compile_=False: calls.append(("ensure", compile_)) or "own")
+    monkeypatch.setattr(zygote, "running", lambda: calls.append(("running",)) or "theirs")
+    monkeypatch.setattr(zygote, "serve_forked", lambda name, module, argv, timeout=30.0: (
+        calls.append(("fork", name, module, argv[0])) or (object(), "4242")))
+
+    class CpuLauncher:
+        fork_server = True
+
+    assert serve_store_for(CpuLauncher())("127.0.0.1")[1] == 4242
+    assert calls == [("ensure", True), ("fork", "own", "elastic_ring.controller.backends.store_server", "127.0.0.1")]
+    calls.clear()
+    assert serve_store_for(object())("10.0.0.1")[1] == 4242
+    assert calls == [("running",), ("fork", "theirs", "elastic_ring.controller.backends.store_server", "10.0.0.1")]

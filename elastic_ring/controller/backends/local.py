@@ -16,7 +16,6 @@ launcher is then torchrun's agent too (stop every worker at a resize or a failur
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import signal
@@ -251,12 +250,11 @@ class LocalRingBackend(Backend):
 
     def __init__(self, spec, launcher: Launcher | None = None, rings=None, survive: bool = False) -> None:
         from elastic_ring.controller.backends.horovodrun import SubprocessLauncher
-        from elastic_ring.controller.backends.torch_ring import TorchRingFormer, serve_store
+        from elastic_ring.controller.backends.torch_ring import TorchRingFormer, serve_store_for
 
         self.spec = spec
         self.launcher = launcher or SubprocessLauncher(fork_server=spec.device == "cpu", cwd=spec.cwd)
-        self.rings = rings or TorchRingFormer(lambda: MASTER_ADDR, serve=functools.partial(
-            serve_store, start_zygote=getattr(self.launcher, "fork_server", False)))
+        self.rings = rings or TorchRingFormer(lambda: MASTER_ADDR, serve=serve_store_for(self.launcher))
         self.survive = survive  # survivors of a failure go on from their copy in memory
         self.survive_env = "1"  # its workers' ELASTIC_RING_SURVIVE ("auto": they time the copy first)
         self.refused: str | None = None  # why the last failure's survivors did not go on from memory

@@ -12,13 +12,12 @@ machine that the first remote host is reached from (127.0.0.1 when every host is
 
 from __future__ import annotations
 
-import functools
 import socket
 from typing import Any, Callable
 
 from elastic_ring.controller.backends.api import SegmentLaunch
 from elastic_ring.controller.backends.horovodrun import _LOCAL_HOSTS, HorovodrunBackend, host_slots
-from elastic_ring.controller.backends.torch_ring import serve_store
+from elastic_ring.controller.backends.torch_ring import serve_store, serve_store_for
 from elastic_ring.worker.ring import STORE_ENV
 
 
@@ -47,7 +46,7 @@ class TorchHostsBackend(HorovodrunBackend):
     def __init__(self, spec, *args: Any, serve: Callable[[str], tuple[Any, int]] = serve_store, **kw: Any) -> None:
         super().__init__(spec, *args, **kw)
         if serve is serve_store:  # forked by the zygote its workers fork from (CPU runs): no torch here
-            serve = functools.partial(serve_store, start_zygote=getattr(self.launcher, "fork_server", False))
+            serve = serve_store_for(self.launcher)
         self.serve = serve
         self.stores: list[Any] = []  # the newest last; a segment's outlives it by one (overlap)
 

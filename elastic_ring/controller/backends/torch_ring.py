@@ -12,6 +12,8 @@ group), kept until the group after next is in use.
 
 from __future__ import annotations
 
+import functools
+
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -64,6 +66,13 @@ def serve_store(host: str, start_zygote: bool = False) -> tuple[Any, int]:
     store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=PG_TIMEOUT_S))
     return store, int(store.port)
+
+
+def serve_store_for(launcher: Any) -> Callable[[str], tuple[Any, int]]:
+    """:func:`serve_store` for a backend whose workers ``launcher`` starts: forked by the zygote
+    they fork from where it has one (``launcher.fork_server``: CPU runs), so that the controller
+    never imports torch."""
+    return functools.partial(serve_store, start_zygote=bool(getattr(launcher, "fork_server", False)))
 
 
 class TorchRingFormer:
