@@ -370,7 +370,7 @@ def wait_asleep(device: str) -> bool:
         return False
     try:
         apply("wait")
-    except HorovodChanged:
+    except Exception:  # noqa: BLE001 - a Horovod without it (changed, or a stand-in) waits as it does
         return False
     return True
 

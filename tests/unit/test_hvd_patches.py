@@ -31,10 +31,11 @@ def _owner(p: Patch):
 
 @pytest.fixture
 def restored(monkeypatch):
-    """Every target as it is now, put back after the test (and the originals' table)."""
+    """Every target Horovod's own during the test, put back as it was after it (and the originals' table)."""
     for p in PATCHES:
         owner, name = _owner(p)
-        monkeypatch.setattr(owner, name, getattr(owner, name))
+        current = getattr(owner, name)  # Horovod's own during the test (another test's worker may have patched it)
+        monkeypatch.setattr(owner, name, getattr(current, ORIGINAL, current))
     monkeypatch.setattr(hvd_patches, "_ORIGINALS", dict(hvd_patches._ORIGINALS))
     return monkeypatch
 
