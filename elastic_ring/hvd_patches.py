@@ -263,10 +263,9 @@ def _wait_polling(real, poll=None, load=None, cores: int | None = None, sleep=No
     load = load or os.getloadavg
     sleep, clock = sleep or time.sleep, clock or time.monotonic
     if cores is None:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cores = os.cpu_count() or 1
+        from elastic_ring.protocol import usable_cores
+
+        cores = usable_cores()
     crowded = [False, None]  # the last answer, when it was read
 
     def wait_and_clear(handle):

@@ -93,11 +93,15 @@ def cpu_threads(local_workers: int, cores: float | None = None) -> int:
         return fixed
     if cores is not None:
         return max(1, int(cores))
+    return max(1, usable_cores() // max(1, local_workers))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, not the machine's count)."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, local_workers))
+        return os.cpu_count() or 1
 
 
 def control_dir(run_dir: Path) -> Path:

@@ -22,7 +22,6 @@ host's cores shared by its local workers (``ELASTIC_RING_CPU_THREADS`` overrides
 
 from __future__ import annotations
 
-import os
 import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
@@ -255,10 +254,7 @@ def plain_threads(local_size: int, env: Mapping[str, str] | None = None) -> tupl
         return ours, f"{protocol.CPU_THREADS_ENV}={ours}"
     if envvars.omp_threads_set(env):
         return None
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
+    cores = protocol.usable_cores()
     n = max(1, cores // max(1, local_size))
     return n, f"this host's {cores} core(s) shared by its {local_size} worker(s)"
 
