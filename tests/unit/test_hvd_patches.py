@@ -349,3 +349,32 @@ def test_a_horovod_without_the_wait_internals_keeps_its_own_wait(restored):
     before = mpi_lib_v2.horovod_torch_wait_and_clear
     assert hvd_patches.wait_asleep("cpu") is False
     assert mpi_lib_v2.horovod_torch_wait_and_clear is before
+
+
+def _stat_ppid(text: str) -> int:
+    return int(text.rsplit(")", 1)[1].split()[1])  # /proc/PID/stat's 4th field, after the name
+
+
+def test_a_commands_middleman_is_forked_from_a_server_and_relays_output_and_status_as_horovods(restored):
+    """Horovod spawns a middleman per command (a new interpreter); patched, the middleman is a fork
+    of a server process this process started once: its parent is that server, whose parent is this
+    process. The command's output and exit status come back as before, the middleman's own
+    process session included (Horovod's code runs in it)."""
+    import io
+    import os
+
+    from horovod.runner.common.util import safe_shell_exec
+
+    apply("middleman")
+    for _ in range(2):  # the second command forks from the same server
+        out, err = io.StringIO(), io.StringIO()
+        # the shell's parent is the middleman: its /proc stat names the middleman's parent
+        rc = safe_shell_exec.execute("cat /proc/$PPID/stat; echo to-stderr >&2; exit 3", env=dict(os.environ),
+                                     stdout=out, stderr=err)
+        assert rc == 3 and err.getvalue() == "to-stderr\n", (rc, err.getvalue())
+        server = _stat_ppid(out.getvalue())
+        assert server != os.getpid()  # not spawned by this process: forked by the server
+        with open(f"/proc/{server}/stat") as f:
+            assert _stat_ppid(f.read()) == os.getpid()  # the server is this process's child
+        with open(f"/proc/{server}/cmdline", "rb") as f:
+            assert b"multiprocessing.forkserver" in f.read()
