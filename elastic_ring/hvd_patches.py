@@ -409,11 +409,22 @@ def wait_asleep(device: str) -> bool:
 
     if device != "cpu" or env.horovod_wait() == "spin":
         return False
+    if all(_installed(p) for p in patches("wait")):  # (a ring re-formed: installed at the first)
+        return True
     try:
         apply("wait")
     except Exception:  # noqa: BLE001 - a Horovod without it (changed, or a stand-in) waits as it does
         return False
     return True
+
+
+def _installed(p: Patch) -> bool:
+    """Whether ``p``'s replacement is in place (its module imported already; nothing imported here)."""
+    module, qual = p.target.split(":")
+    obj: Any = sys.modules.get(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part, None)
+    return bool(getattr(obj, MARK, False))
 
 
 def original(name: str) -> Callable[..., Any]:

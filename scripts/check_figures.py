@@ -315,6 +315,12 @@ class History:
         path = path.rstrip("/")
         return any(p == path or p.startswith(path + "/") for p in self.dirty)
 
+    def changed_at(self, path: str, now: int) -> int | None:
+        """When `path` last changed as a commit will date it: `now` where it has uncommitted
+        changes (a results file re-measured, code edited: the check before a commit fails as the
+        check after it will), else its newest commit's time; None if never committed nor changed."""
+        return now if self.is_dirty(path) else self.newest(path)
+
 
 def _day(t: int) -> str:
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%d")
@@ -429,15 +435,11 @@ class Checker:
         for c in code:
             if not (self.root / c).exists():
                 raise FigureError(f"code path {c} (code=) does not exist")
-        if hist.is_dirty(rel):
-            return None  # re-measured, not yet committed: newer than any commit
-        t_file = hist.newest(rel)
+        now = int(time.time())
+        t_file = hist.changed_at(rel, now)  # (re-measured, not yet committed: now, as new as any code)
         if t_file is None:
             return None
-        # code with uncommitted changes counts as changed now: the check run before a commit
-        # fails as the same check will after it (CI sees the commit's date, not the edit's)
-        now = int(time.time())
-        newer = [(now if hist.is_dirty(c) else hist.newest(c) or 0, c) for c in code]
+        newer = [(hist.changed_at(c, now) or 0, c) for c in code]
         t_code, which = max(newer)
         if t_code <= t_file:
             return None

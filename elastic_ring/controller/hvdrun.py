@@ -13,7 +13,7 @@ remembered: Horovod's own error follows, as from horovodrun.
 Horovod starts every command (each worker, and the ssh of a remote one) through a middleman
 process, a new interpreter it spawns (``safe_shell_exec``), on the path of every worker's start;
 here the middlemen are forked from one server process started once (patch ``middleman``), which
-does the same for a seventh of the time and CPU after its first (``scripts/bench_middleman.py``).
+does the same in a sixth to a fifth of the time and CPU after its first (``scripts/bench_middleman.py``).
 
 Under Horovod Elastic (``--relaunch inplace``) a second difference: when the host discovery script
 is the one the controller wrote (it only prints ``control/hosts``), the driver reads that file

@@ -172,6 +172,9 @@ class _FakeHistory:
     def is_dirty(self, path):
         return False
 
+    def changed_at(self, path, now):
+        return self.newest(path)  # (nothing uncommitted)
+
 
 def test_a_figure_older_than_the_code_it_measures_fails_unless_admitted(cf, tmp_path):
     (tmp_path / "pkg").mkdir()

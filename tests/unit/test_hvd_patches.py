@@ -339,7 +339,10 @@ def test_a_cpu_worker_waits_asleep_unless_told_to_spin_and_a_gpu_worker_keeps_ho
     assert not getattr(mpi_lib_v2.horovod_torch_wait_and_clear, MARK, False)
     assert hvd_patches.wait_asleep("cpu") is True
     assert getattr(mpi_lib_v2.horovod_torch_wait_and_clear, MARK)
-    assert hvd_patches.wait_asleep("cpu") is True  # idempotent
+    installed = mpi_lib_v2.horovod_torch_wait_and_clear
+    restored.setattr(hvd_patches, "check", lambda *a: pytest.fail("checked again once installed"))
+    assert hvd_patches.wait_asleep("cpu") is True  # idempotent: a ring re-formed finds it installed, unchecked
+    assert mpi_lib_v2.horovod_torch_wait_and_clear is installed
 
 
 def test_a_horovod_without_the_wait_internals_keeps_its_own_wait(restored):

@@ -13,7 +13,6 @@ group), kept until the group after next is in use.
 from __future__ import annotations
 
 import functools
-
 from datetime import timedelta
 from typing import Any, Callable
 
