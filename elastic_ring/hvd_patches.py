@@ -108,9 +108,9 @@ class _ForkedMiddlemen:
     """``multiprocessing`` as Horovod's ``safe_shell_exec.execute`` sees it (everything else of it
     unchanged): the ``spawn`` context it asks for each command's middleman is the ``forkserver``
     one. A spawned middleman is a new interpreter that imports Horovod's runner and the launcher's
-    main module again (70 ms and about 0.1 s of CPU here, on the path of every worker's start);
-    a forkserver's is a fork of one process that imported them once (13 ms). Both are clean
-    processes, not forks of the launcher's threads, and get their pipes and event the same way."""
+    main module again, on the path of every worker's start; a forkserver's is a fork of one process
+    that imported them once (``scripts/bench_middleman.py``). Both are clean processes, not forks
+    of the launcher's threads, and get their pipes and event the same way."""
 
     def __init__(self, mp: Any, preload: list[str]) -> None:
         self._mp, self._preload = mp, preload
@@ -418,13 +418,21 @@ def wait_asleep(device: str) -> bool:
     return True
 
 
+def _owner(p: Patch, imported_only: bool = False) -> tuple[Any, str]:
+    """(the object holding ``p``'s target, the target's attribute name); with ``imported_only``
+    nothing is imported (the owner is None where its module is not imported yet)."""
+    module, qual = p.target.split(":")
+    *path, name = qual.split(".")
+    owner: Any = sys.modules.get(module) if imported_only else importlib.import_module(module)
+    for part in path:
+        owner = getattr(owner, part, None)
+    return owner, name
+
+
 def _installed(p: Patch) -> bool:
     """Whether ``p``'s replacement is in place (its module imported already; nothing imported here)."""
-    module, qual = p.target.split(":")
-    obj: Any = sys.modules.get(module)
-    for part in qual.split("."):
-        obj = getattr(obj, part, None)
-    return bool(getattr(obj, MARK, False))
+    owner, name = _owner(p, imported_only=True)
+    return bool(getattr(getattr(owner, name, None), MARK, False))
 
 
 def original(name: str) -> Callable[..., Any]:
@@ -546,11 +554,7 @@ def apply(*groups: str) -> None:
     selected = patches(*groups)
     check(selected)
     for p in selected:
-        module, qual = p.target.split(":")
-        *path, name = qual.split(".")
-        owner: Any = importlib.import_module(module)
-        for part in path:
-            owner = getattr(owner, part)
+        owner, name = _owner(p)
         current = getattr(owner, name)
         if getattr(current, MARK, False):
             continue

@@ -16,9 +16,9 @@ if TYPE_CHECKING:
     from elastic_ring.worker.api import Job, NotLaunchedError, Sampler, StopReason, init
     from elastic_ring.worker.data import DistributedSampler
 
-__all__ = ["DistributedSampler", "Job", "NotLaunchedError", "Sampler", "StopReason", "init"]
 _FROM = {"DistributedSampler": "data", "Job": "api", "NotLaunchedError": "api", "Sampler": "api",
-         "StopReason": "api", "init": "api"}
+         "StopReason": "api", "init": "api"}  # each name: the module of this package it comes from
+__all__ = sorted(_FROM)
 
 
 def __getattr__(name: str) -> Any:

@@ -55,19 +55,14 @@ COLLECTIVE = {"horovod": (), "torch": ("--collective", "torch")}
 
 def _train(cluster, run, *extra: str, slots: int = 2, steps: int = STEPS, step_s: float = 0.2,
            collective: str = "horovod"):
+    """The paced script, 2 workers, on the Ray ``cluster``; with ``cluster`` None on this machine's
+    launcher instead: a test's reference run (its workers fork from the zygote; a Ray actor is a new
+    interpreter). Its final weights equal the Ray run's bitwise where the training is the same
+    (test_ray shows a Ray run and a horovodrun run of one job equal), so a test holds across the two."""
     script = PACED_TORCH if collective == "torch" else PACED
-    return _start([*_ray_args(cluster), *COLLECTIVE[collective], *extra, "--script", script, "--steps", str(steps),
-                   "--gpus", "2", "--slots", str(slots), "--run-dir", str(run), "--", "--step-s", str(step_s)])
-
-
-def _reference(run, *extra: str, steps: int, collective: str = "horovod"):
-    """The reference run of a test, on this machine's launcher rather than on Ray (its workers fork
-    from the zygote; a Ray actor is a new interpreter): the same script, unpaced, 2 workers. Its
-    final weights equal the Ray run's bitwise where the training is the same (test_ray shows a
-    Ray run and a horovodrun run of one job equal), so the test also holds across the two."""
-    script = PACED_TORCH if collective == "torch" else PACED
-    return _start([*COLLECTIVE[collective], *extra, "--script", script, "--steps", str(steps), "--gpus", "2",
-                   "--run-dir", str(run), "--", "--step-s", "0.0"])
+    ray = [] if cluster is None else [*_ray_args(cluster), "--slots", str(slots)]
+    return _start([*ray, *COLLECTIVE[collective], *extra, "--script", script, "--steps", str(steps), "--gpus", "2",
+                   "--run-dir", str(run), "--", "--step-s", str(step_s)])
 
 
 def _kill_rank_1(run, proc, after_step: int, ready=lambda: True, wait: bool = True, rank: int = 1):
@@ -155,7 +150,8 @@ def test_kill_9_of_rank_1_the_survivor_goes_on_from_memory_and_a_new_actor_grows
     end = _final_model(run)["step"]
     assert end > grow["step"] and len(read_events(run / "events.jsonl", kind="restart")) == 1
 
-    p = _reference(ref, "--schedule", f"{r['from_step']}:1,{grow['step']}:2", steps=end, collective=collective)
+    p = _train(None, ref, "--schedule", f"{r['from_step']}:1,{grow['step']}:2", steps=end, step_s=0.0,
+               collective=collective)  # the reference, on this machine's launcher
     out, err = p.communicate(timeout=240)  # the same shrink and grow, scheduled
     assert p.returncode == 0, err
     assert not read_events(ref / "events.jsonl", kind="restart")
@@ -189,7 +185,7 @@ def test_kill_9_of_rank_1_a_warm_spare_takes_its_place_as_if_nothing_happened(tm
     (rec,) = read_events(run / "events.jsonl", kind="recovered")
     print(f"kill -9 -> the next completed step with the spare: {rec['time'] - t_kill:.2f} s")
     end = _final_model(run)["step"]
-    p = _reference(ref, steps=end)  # a run that never lost a worker
+    p = _train(None, ref, steps=end, step_s=0.0)  # a run that never lost a worker, on this machine's launcher
     out, err = p.communicate(timeout=240)
     assert p.returncode == 0, err
     _same_weights(run, ref, end)
