@@ -46,6 +46,7 @@ NO_ZYGOTE = "ELASTIC_RING_NO_ZYGOTE"  # set (to anything): workers start in thei
 ZYGOTE_COMPILE = "ELASTIC_RING_ZYGOTE_COMPILE"  # "1": the fork server imports torch._dynamo too (its workers would)
 ZYGOTE_SHARED = "ELASTIC_RING_ZYGOTE_SHARED"  # a fork server started by a parent process (a test session), for all its runs
 STEP_COST = "ELASTIC_RING_STEP_COST"  # set (not "0"): measure the library's cost per step; "parts": each part too
+STEP_COST_DIR = "ELASTIC_RING_STEP_COST_DIR"  # a script run without the tool: where that measure goes
 PLAIN_HOROVODRUN = "ELASTIC_RING_PLAIN_HOROVODRUN"  # "1": the controller runs plain horovodrun
 ALLOW_NO_NCCL = "ELASTIC_RING_ALLOW_NO_NCCL"  # "1": GPUs with a Horovod built without NCCL
 HOST_DEVICES = "ELASTIC_RING_HOST_DEVICES"  # "h1=0,1;h2=2": each host's CUDA_VISIBLE_DEVICES
@@ -224,6 +225,11 @@ def zygote_compile(env: Mapping[str, str] | None = None) -> bool:
 def step_cost(env: Mapping[str, str] | None = None) -> bool:
     """Whether the library measures its own cost per step."""
     return (_get(STEP_COST, env) or "") not in ("", "0")
+
+
+def step_cost_dir(env: Mapping[str, str] | None = None) -> str | None:
+    """Where a script run without the tool (no run directory) writes that measure (None: nowhere)."""
+    return _get(STEP_COST_DIR, env) or None
 
 
 def step_cost_parts(env: Mapping[str, str] | None = None) -> bool:

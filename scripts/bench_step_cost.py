@@ -16,7 +16,10 @@ Each case is one example script, given a timer and nothing else (a copy in a tem
 * ``tool_k1``: the same with ``ELASTIC_RING_STOP_LATENCY_MS=0`` (a stop vote after every step,
   the library before issue 50);
 * ``timed``: ``tool`` with ``ELASTIC_RING_STEP_COST=1``: the in-process measure below. Not part of
-  the paired ratios (its timers are in its time), and not run with ``--modes`` lacking it.
+  the paired ratios (its timers are in its time), and not run with ``--modes`` lacking it;
+* ``plain_timed``: ``plain`` with the same measure (``ELASTIC_RING_STEP_COST=1`` and
+  ``ELASTIC_RING_STEP_COST_DIR``): the same entry points timed in the library's no-tool mode, for
+  the scripts of our library (not ``hvd_elastic``, whose plain run is Horovod's own).
 
 The forms: ``epochs`` (``examples/ddp_epochs.py`` on torch.distributed, ``examples/mlp_epochs.py``
 on Horovod: optimizer hooks, the sampler), ``steps`` (``examples/mlp_digits.py``: ``job.steps()``),
@@ -56,9 +59,19 @@ Per case the medians over the rounds, and whether every round was within the tar
 the collectives' own threads and the heartbeat and progress writers' threads is not in it (the
 end-to-end ratios hold it).
 
+What the tool adds (``added_us_per_step``): the same script calls the same entry points without
+the tool (``plain_timed``): the sampler's batches, ``job.record``, the loops' ``next()``, the
+optimizer's hooks. What they take there is the script's work that the tool's figure also holds:
+taking a step's indices, and the first microseconds after a step, when the caches hold the step's
+tensors and whatever code runs first runs several times slower (docs/reports/worker.md, "The first
+microseconds after a step"). Per round and rank the tool's net figure less the plain run's of the
+same rank, the largest over the ranks; per case the median over the rounds and whether every round
+was within the target (``added_within_target``). Cases with no plain run of our library
+(``hvd_elastic``, ``builtin``) have none.
+
     .venv/bin/python scripts/bench_step_cost.py --rounds 3          # results/bench_step_cost.json
     .venv/bin/python scripts/bench_step_cost.py --quick             # one round, small steps, fewer epochs
-    .venv/bin/python scripts/bench_step_cost.py --rounds 1 --modes timed   # the in-process figures only
+    .venv/bin/python scripts/bench_step_cost.py --rounds 1 --modes timed,plain_timed   # the in-process figures only
 """
 
 from __future__ import annotations
@@ -147,8 +160,10 @@ def env_for(mode: str, out: Path, profile: bool) -> dict[str, str]:
     if mode == "tool_k1":
         env["ELASTIC_RING_STOP_LATENCY_MS"] = "0"
     env.setdefault("HOROVOD_CYCLE_TIME", "5")  # the tool's own on CPUs (plain Horovod's default: 1 ms)
-    if mode == "timed":
+    if mode in ("timed", "plain_timed"):
         env["ELASTIC_RING_STEP_COST"] = "1"  # the library's own time per step (no part timed)
+    if mode == "plain_timed":
+        env["ELASTIC_RING_STEP_COST_DIR"] = str(out.parent / "plain_stepcost")
     elif profile and mode != "plain":
         env["ELASTIC_RING_STEP_COST"] = "parts"
     return env
@@ -158,7 +173,7 @@ def command(form: str, coll: str, mode: str, script: Path, args: list[str], epoc
     steps_form = form == "steps"
     length = ["--steps", str(BLOCK * epochs)] if steps_form else []
     own = args if steps_form else [*args, "--epochs", str(epochs)]
-    if mode == "plain":
+    if mode in ("plain", "plain_timed"):
         if coll == "torch":
             return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(script), *own]
         return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, str(script), *own]
@@ -201,7 +216,7 @@ def one_run(form: str, coll: str, size: str, mode: str, epochs: int, work: Path,
     script = timed_copy(name, edits, folder)
     out, run = folder / "times.jsonl", folder / "run"
     env = env_for(mode, out, profile)
-    if form == "steps" and mode == "plain":
+    if form == "steps" and mode in ("plain", "plain_timed"):
         env["ELASTIC_RING_STEPS"] = str(BLOCK * epochs)
     cmd = command(form, coll, mode, script, [*SIZES[size], *extra], epochs, run)
     for attempt in range(TRIES):
@@ -223,6 +238,9 @@ def one_run(form: str, coll: str, size: str, mode: str, epochs: int, work: Path,
            "attempts": attempt + 1}
     if mode == "timed":
         res["library"] = library_figures(stepcost(run))
+    elif mode == "plain_timed":
+        plain = folder / "plain_stepcost"
+        res["library"] = library_figures([json.loads(f.read_text()) for f in sorted(plain.glob("*.json"))])
     elif profile and mode != "plain":
         res["stepcost"] = stepcost(run)
     return res
@@ -304,7 +322,7 @@ def summarise(rounds: list[dict]) -> dict:
         for case, modes in r["cases"].items():
             c = out.setdefault(case, {"modes": {}, "paired": {}})
             key = "step_s" if case.startswith("builtin") else "epoch_s"
-            modes = {m: res for m, res in modes.items() if m != "timed"}  # (in_process(): its timers in it)
+            modes = {m: res for m, res in modes.items() if m not in ("timed", "plain_timed")}  # (in_process())
             for mode, res in modes.items():
                 c["modes"].setdefault(mode, []).append(res[key])
             base = "plain" if "plain" in modes else "tool"
@@ -326,14 +344,47 @@ def in_process(rounds: list[dict]) -> dict:
     for r in rounds:
         for case, modes in r["cases"].items():
             if "timed" in modes:
-                out.setdefault(case, {"rounds": []})["rounds"].append(modes["timed"]["library"])
+                c = out.setdefault(case, {"rounds": [], "plain_rounds": [], "added_rounds": []})
+                tool = modes["timed"]["library"]
+                c["rounds"].append(tool)
+                plain = modes.get("plain_timed", {}).get("library")
+                if plain is not None:
+                    c["plain_rounds"].append(plain)
+                    c["added_rounds"].append(added(tool, plain))
     for c in out.values():
         rs = c["rounds"]
         for k in ("library_us_per_step", "library_us_per_step_net", "step_us", "share", "target_us",
                   "aside_us_per_step"):
             c[f"median_{k}"] = statistics.median(x[k] for x in rs)
         c["within_target"] = all(x["within_target"] for x in rs)
+        if c["added_rounds"]:
+            c["median_plain_us_per_step_net"] = statistics.median(x["library_us_per_step_net"]
+                                                                  for x in c["plain_rounds"])
+            c["median_added_us_per_step"] = statistics.median(x["added_us_per_step"] for x in c["added_rounds"])
+            c["median_added_share"] = statistics.median(x["added_share"] for x in c["added_rounds"])
+            c["added_within_target"] = all(x["within_target"] for x in c["added_rounds"])
     return out
+
+
+def added(tool: dict, plain: dict) -> dict:
+    """What the tool adds to the script's time in the library's entry points, in one round: per
+    rank its net figure less the plain run's of the same rank; the rank where that is largest,
+    judged against the tool's target (1% of its step or 100 us)."""
+    mine = {r["rank"]: r for r in plain["ranks"]}
+    best = None
+    for r in tool["ranks"]:
+        p = mine.get(r["rank"])
+        if p is None:
+            continue
+        a = r["library_us_per_step_net"] - p["library_us_per_step_net"]
+        if best is None or a > best["added_us_per_step"]:
+            best = {"rank": r["rank"], "added_us_per_step": round(a, 2), "tool_us_per_step_net": r["library_us_per_step_net"],
+                    "plain_us_per_step_net": p["library_us_per_step_net"], "step_us": r["step_us"],
+                    "added_share": round(a / r["step_us"], 5) if r["step_us"] else None,
+                    "target_us": r["target_us"], "within_target": a <= r["target_us"]}
+    if best is None:
+        raise BenchError("the timed runs' ranks and the plain timed runs' have none in common")
+    return best
 
 
 def main() -> int:
@@ -342,7 +393,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one round, small steps only, 3 epochs")
     ap.add_argument("--epochs", type=int, default=6, help="epochs (steps form: blocks of %d steps) a run" % BLOCK)
-    ap.add_argument("--modes", default="plain,tool,tool_k1,timed")
+    ap.add_argument("--modes", default="plain,tool,tool_k1,timed,plain_timed")
     ap.add_argument("--profile", action="store_true", help="ELASTIC_RING_STEP_COST=parts in the tool's runs")
     ap.add_argument("--only", default="", help="comma-separated cases to run, e.g. epochs/torch,builtin/horovod")
     ap.add_argument("--sizes", default="", help="comma-separated step sizes of the scripts' cases (default: "
@@ -370,6 +421,8 @@ def main() -> int:
                     if only and f"{form}/{coll}" not in only:
                         continue
                     for mode in order:
+                        if mode == "plain_timed" and form == "hvd_elastic":
+                            continue  # (its plain run is Horovod's own: no entry of ours to time)
                         rnd["cases"].setdefault(case, {})[mode] = one_run(form, coll, size, mode, epochs, work,
                                                                           a.profile)
                         print(f"round {i + 1} {case} {mode}: {rnd['cases'][case][mode]['epoch_s'] * 1e3:.1f} ms "
@@ -378,13 +431,13 @@ def main() -> int:
                 case = f"builtin/{coll}"
                 if only and case not in only:
                     continue
-                for mode in [m for m in order if m != "plain"]:
+                for mode in [m for m in order if m not in ("plain", "plain_timed")]:
                     rnd["cases"].setdefault(case, {})[mode] = builtin_run(coll, mode, 30 if a.quick else 80,
                                                                           work, a.profile)
                     print(f"round {i + 1} {case} {mode}: {rnd['cases'][case][mode]['step_s'] * 1e3:.2f} ms a step",
                           flush=True)
             if not only or "latency" in only:
-                for mode in [m for m in order if m not in ("plain", "timed")]:
+                for mode in [m for m in order if m not in ("plain", "timed", "plain_timed")]:
                     rnd.setdefault("latency", {})[mode] = lat = latency_run(mode, work)
                     lib = lat["stop_file_to_agreement_s"]
                     print(f"round {i + 1} live resize {mode}: {lat['latency_s'] * 1e3:.0f} ms from request to "
@@ -416,6 +469,10 @@ def main() -> int:
               f"(raw {c['median_library_us_per_step']:.1f}) of {c['median_step_us']:.0f} us "
               f"({c['median_share'] * 100:.2f}%; target {c['median_target_us']:.0f} us: "
               f"{'within' if c['within_target'] else 'NOT within'})")
+        if "median_added_us_per_step" in c:
+            print(f"{case} in-process: the same entries without the tool {c['median_plain_us_per_step_net']:.1f} us "
+                  f"a step; the tool adds {c['median_added_us_per_step']:.1f} us "
+                  f"({c['median_added_share'] * 100:.2f}%; {'within' if c['added_within_target'] else 'NOT within'})")
     write_results(a.out, {"settings": {"rounds": rounds_n, "epochs": epochs, "sizes": sizes, "modes": modes,
                                        "block_steps": BLOCK, "workers": 2, "omp_threads": 1,
                                        "quick": a.quick, "profile": a.profile},

@@ -129,7 +129,10 @@ class DistributedSampler:
         self.data = self.job._epoch_data
         self.index = len(self.data.samplers)  # the script creates its samplers in the same order
         self._start = 0  # the position this epoch's iteration started at
-        self._pulled = self._pulled_at_step = 0  # indices handed out by the iteration (at the last step)
+        self._pulled_n = self._pulled_at_step = 0  # indices handed out by the iteration (at the last step)
+        self._listed: Iterator[int] | None = None  # the iteration's list iterator (no copies: _indices)
+        self._listed_n = 0  # its length
+        self._n: int | None = None  # the dataset's length, read when an iteration starts (size())
         self._loader_batch: int | None = None
         self._loader_drop_last = False  # the DataLoader's own drop_last (its last, short batch)
         self.iterating = False  # an iteration of the epoch is under way (its start fixes len())
@@ -188,7 +191,7 @@ class DistributedSampler:
                 from elastic_ring.worker.state import _set_rng_state  # step (the loader's own
                 _set_rng_state(rng)  # seed, drawn again by this new iterator, would shift it)
                 self.data.resume_rng = None
-        self._start, self._pulled, self._pulled_at_step = start, 0, 0
+        self._start, self._pulled_n, self._pulled_at_step, self._listed = start, 0, 0, None
         self.iterating = True
         opt = getattr(getattr(self.job, "state", None), "optimizer", None)
         acc = getattr(opt, "_elastic_ring_accumulation", None)  # a constant global batch's
@@ -232,7 +235,7 @@ class DistributedSampler:
     def _indices(self, start: int) -> Iterator[int]:
         import torch
 
-        n = len(self.dataset)
+        n = self._n = len(self.dataset)
         if self.shuffle:
             g = torch.Generator()
             g.manual_seed(self.seed + self.epoch)
@@ -245,12 +248,34 @@ class DistributedSampler:
             mine = _micro_batch_share(_whole(order, lay.global_batch, self.drop_last)[start:], lay, self.rank)
         else:
             mine = _whole(order[start:], self.num_replicas, self.drop_last)[self.rank::self.num_replicas]
+        if not self._copies_possible():  # the common case: the loader pulls from a list iterator,
+            mine = list(mine)  # nothing of ours per index (the pulled count is read off it)
+            self._listed, self._listed_n = iter(mine), len(mine)
+            return self._listed
+        return self._counted(mine)
+
+    def _counted(self, mine) -> Iterator[int]:
+        """``mine``, each index counted, the next batch's first one calling ``before_batch``
+        (where a survivors' copy may be kept: it is taken there)."""
         for i in mine:
-            if self._pulled == self._pulled_at_step and self.data.before_batch is not None \
+            if self._pulled_n == self._pulled_at_step and self.data.before_batch is not None \
                     and self.data.training_sampler() is self:  # the next batch's first index
                 self.data.before_batch()
-            self._pulled += 1
+            self._pulled_n += 1
             yield i
+
+    def _copies_possible(self) -> bool:
+        """Whether a survivors' copy may be kept at a batch's first index (``--survive`` on a ring
+        re-formed in place, the job's training sampler): else no index needs a call of ours."""
+        from elastic_ring.worker import survive
+
+        return survive.enabled() and bool(getattr(getattr(self.job, "ring", None), "in_place", False))
+
+    @property
+    def _pulled(self) -> int:
+        """Indices handed out by this epoch's iteration so far."""
+        it = self._listed
+        return self._listed_n - it.__length_hint__() if it is not None else self._pulled_n
 
     def step_samples(self, per_rank_pulled: int, passes: int) -> int:
         """Positions of the epoch one optimizer step used (all ranks): ``world * b`` per backward
@@ -272,7 +297,14 @@ class DistributedSampler:
             pos.sampler_index, pos.sampler_epoch, pos.pos = self.index, self.epoch, self._start
         used = self.step_samples(self._pulled - self._pulled_at_step, passes)
         self._pulled_at_step = self._pulled
-        pos.pos = min(len(self.dataset), pos.pos + used)
+        pos.pos = min(self.size(), pos.pos + used)
+
+    def size(self) -> int:
+        """The dataset's length: as the iteration under way read it at its start (a step reads it
+        twice, and a dataset's ``len()`` may be a tensor's size: a call into torch, slow right
+        after a step), else read now."""
+        n = self._n
+        return n if n is not None and self.iterating else len(self.dataset)
 
 
 def _whole(order: list[int], unit: int, drop_last: bool) -> list[int]:

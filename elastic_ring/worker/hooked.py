@@ -158,7 +158,7 @@ class HookedSteps:
         if self.pending is not None or job.checkpoints.due(step, job.seg.stop_at):
             return True
         # no sampler of ours: where an epoch ends is not known
-        return sampler is None or job._epoch_data.position.pos >= len(sampler.dataset)
+        return sampler is None or job._epoch_data.position.pos >= sampler.size()
 
     def _samples(self, sampler, step: int) -> int:
         """This rank's samples of ``step`` for the throughput (which counts rank 0's times the

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
 
 from elastic_ring import env as envvars
+from elastic_ring.worker import stepcost
 from elastic_ring.worker.collective import COLLECTIVE_ENV, COLLECTIVES, HorovodCollective, TorchCollective
 from elastic_ring.worker.data import EpochData
 from elastic_ring.worker.errors import ContractError, NotLaunchedError
@@ -103,6 +104,7 @@ class PlainJob:
         self._in_steps = False
         self._step_depth = 0
         self._syncing = False
+        self.meter = stepcost.install_plain(self)  # ELASTIC_RING_STEP_COST(_DIR): the same entries timed
 
     def _start_horovod(self) -> None:
         import horovod.torch as hvd
@@ -194,9 +196,14 @@ class PlainJob:
         return False
 
     def epochs(self, start: int, stop: int) -> Iterator[int]:
-        return iter(range(start, stop))
+        epochs = iter(range(start, stop))
+        return self.meter.loop(epochs, "epochs.next", False) if self.meter else epochs
 
     def steps(self) -> Iterator[int]:
+        steps = self._steps()
+        return self.meter.loop(steps, "boundary", False) if self.meter else steps
+
+    def _steps(self) -> Iterator[int]:
         if self.total_steps is None:
             raise NotLaunchedError(f"job.steps() outside elastic-ring needs the run's length: set "
                                    f"{STEPS_ENV}=N (or run it with `elastic-ring train --script`)")
@@ -208,7 +215,7 @@ class PlainJob:
             self.step = step
             if self._eval_hook is not None and (step == self.total_steps or (
                     self._eval_every and step % self._eval_every == 0)):
-                self._eval_hook(step)
+                self._evaluate(step)
             if self._sampler is not None and self._sampler._loader:
                 self._sampler.cursor += self._sampler.batch_size * self.size
             if self._finish_requested:
@@ -217,12 +224,14 @@ class PlainJob:
 
     def sampler(self, size: int, batch_size: int, seed: int = 0, global_batch: int | None = None) -> Sampler:
         self._sampler = Sampler(self, size, batch_size, seed, global_batch)
+        stepcost.entries(self._sampler, {"next_batch": "sampler.next_batch",
+                                         "next_micro_batches": "sampler.next_micro_batches"})
         return self._sampler
 
     def micro_batches(self, sampler: Sampler, net: Any, optimizer: Any) -> Iterator[Any]:
         from elastic_ring.worker.accumulate import micro_batches
 
-        return micro_batches(sampler, net, optimizer)
+        return stepcost.loop(micro_batches(sampler, net, optimizer), "micro_batches")
 
     def record(self, loss: Any = None, samples: int | None = None) -> None:
         pass
@@ -232,6 +241,9 @@ class PlainJob:
 
     def on_evaluate(self, fn: Callable[[int], Any], every: int | None = None) -> None:
         self._eval_hook, self._eval_every = fn, every or 0
+
+    def _evaluate(self, step: int) -> None:
+        self._eval_hook(step)
 
     def finish(self) -> None:
         self._finish_requested = True

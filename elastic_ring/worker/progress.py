@@ -29,6 +29,21 @@ class _Window:
     losses: list = field(default_factory=list)  # this rank's losses (tensors are read at the window's end)
 
 
+def _mean(losses: list) -> float:
+    """The mean of a window's losses (tensors, or floats): one stack and sum, not a tensor
+    operation per loss (each costs microseconds right after a step)."""
+    if not losses:
+        return float("nan")
+    if hasattr(losses[0], "dim"):
+        import torch
+
+        try:
+            return float(torch.stack(losses).sum()) / len(losses)
+        except (TypeError, RuntimeError):  # (floats among them, or losses of other shapes)
+            pass
+    return float(sum(losses)) / len(losses)
+
+
 class ProgressWriter:
     """Writes rank 0's progress file in a thread of its own, started at the first record: a file
     created and renamed on the training thread can wait for the file system (a journal commit, a
@@ -40,30 +55,48 @@ class ProgressWriter:
         self.path, self.idle_s = path, idle_s
         self._cv = threading.Condition()
         self._pending: dict[str, Any] | None = None
+        self._events: list[tuple[Any, Callable[[], Any]]] = []  # (log, the event's maker), in order
         self._busy = False
         self._thread: threading.Thread | None = None
 
     def submit(self, record: dict[str, Any]) -> None:
         with self._cv:
             self._pending = record
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, daemon=True, name="elastic-ring-progress")
-                self._thread.start()
-            self._cv.notify()
+            self._wake()
+
+    def submit_event(self, log: Any, make: Callable[[], Any]) -> None:
+        """Append ``make()`` (an event, made on this thread) to the event log ``log``, after the
+        events submitted before it (:meth:`flush` waits for them)."""
+        with self._cv:
+            self._events.append((log, make))
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="elastic-ring-progress")
+            self._thread.start()
+        self._cv.notify()
 
     def flush(self, timeout: float = 5.0) -> None:
         with self._cv:
-            self._cv.wait_for(lambda: self._pending is None and not self._busy, timeout)
+            self._cv.wait_for(lambda: self._pending is None and not self._events and not self._busy, timeout)
 
     def _run(self) -> None:
         while True:
             with self._cv:
-                if not self._cv.wait_for(lambda: self._pending is not None, self.idle_s):
+                if not self._cv.wait_for(lambda: self._pending is not None or self._events, self.idle_s):
                     self._thread = None  # the next submit starts another
                     return
                 record, self._pending, self._busy = self._pending, None, True
+                events, self._events = self._events, []
             try:
-                protocol.write_json_atomic(self.path, record)
+                for log, make in events:
+                    try:
+                        log.write(make())
+                    except OSError:
+                        pass  # (as a write on the training thread would: the run goes on)
+                if record is not None:
+                    protocol.write_json_atomic(self.path, record)
             except OSError:
                 pass  # the controller reads the next one
             finally:
@@ -119,6 +152,7 @@ class Progress:
         self.window_waiting: tuple | None = None
         self._window_voting: tuple | None = None
         self._events = None
+        self._later = 0  # events handed to the writer's thread since the last wait for them
         self.beats = Beats(run_dir)  # this rank's heartbeat (controller.watchdog), written by a thread
         self._last_progress_t = 0.0
         self._progress_writer = ProgressWriter(protocol.control_dir(run_dir) / protocol.PROGRESS_FILE)
@@ -134,7 +168,18 @@ class Progress:
 
     def emit(self, event) -> None:
         if self._events is not None:
+            if self._later:  # (after the events handed to the writer's thread: in order)
+                self._later = 0
+                self._progress_writer.flush()
             self._events.write(event)
+
+    def emit_later(self, make: Callable[[], Any]) -> None:
+        """The event ``make()`` appended by the progress writer's thread, in order with the others
+        (:meth:`emit` and a segment's end wait for it): a throughput window's, made and written
+        off the training thread (on rank 0, 150-200 µs right after a step: issue 50)."""
+        if self._events is not None:
+            self._later += 1
+            self._progress_writer.submit_event(self._events, make)
 
     def warn(self, msg: str) -> None:
         print(f"elastic-ring worker: {msg}", file=sys.stderr, flush=True)
@@ -227,7 +272,7 @@ class Progress:
         if self.window_waiting is not None:  # (no vote took the last one: it goes alone)
             self._window_alone(*self.window_waiting)
         w, size = self.window, self.ring.size
-        local = float(sum(w.losses)) / len(w.losses) if w.losses else float("nan")
+        local = _mean(w.losses)
         now = time.time()
         dt = max(now - (w.t0 or now), 1e-9)
         fields = dict(segment=self.seg.number, world_size=size, step=step, steps=w.steps, seconds=dt,
@@ -268,8 +313,8 @@ class Progress:
     def _emit_window(self, total: float, size: int, fields: dict) -> None:
         from elastic_ring.events.api import Throughput
 
-        self.last_loss = total / size
-        self.emit(Throughput(**fields, loss=self.last_loss))
+        loss = self.last_loss = total / size
+        self.emit_later(lambda: Throughput(**fields, loss=loss))
 
     def flush_window(self, waiting: bool = True) -> None:
         """The closed window's mean loss (every rank waits for it) and, on rank 0, its event; with

@@ -7,6 +7,9 @@ from typing import Any
 
 from elastic_ring.worker.errors import ContractError
 
+AHEAD = 64  # steps whose batches next_batch() prepares at once (see Sampler._prepare)
+CHUNK = 1 << 16  # at most this many stream positions at once (fewer steps of a large global batch)
+
 
 class Sampler:
     """This rank's share of one endless, seeded stream of epoch permutations.
@@ -28,6 +31,8 @@ class Sampler:
         self.cursor = 0
         self._batch_start: int | None = None  # where the batch next_batch() took last starts
         self._loader = False  # iterated as a DataLoader's batch_sampler: the steps move the cursor
+        self._rows: list = []  # this rank's batches of the next steps, prepared (last step first)
+        self._rows_at: tuple | None = None  # (cursor, rank, world, batch) the first of them is for
 
     def next_batch(self):
         """This rank's indices (a LongTensor) for the current step; advances the cursor."""
@@ -37,13 +42,31 @@ class Sampler:
         if self.global_batch:
             raise ContractError("a constant global batch is trained in micro-batches: take the step's "
                                 "with data.next_micro_batches()")
-        start = self.cursor + self.job.rank * self.batch_size
-        idx = self.stream.take(start, self.batch_size)
-        self.last_start = start
-        cursor = self.cursor
-        self.cursor = cursor + self.batch_size * self.job.size
+        job, b, cursor = self.job, self.batch_size, self._cursor
+        key = (cursor, job.rank, job.size, b)
+        rows = self._rows
+        if not rows or key != self._rows_at:  # (restored, resized, or the prepared steps used up)
+            rows = self._rows = self._prepare(*key)
+        nxt = cursor + b * key[2]
+        self._rows_at = (nxt, *key[1:])
+        self.last_start = cursor + key[1] * b
+        self._cursor = nxt
         self._batch_start = cursor
-        return idx
+        return rows.pop()
+
+    def _prepare(self, cursor: int, rank: int, world: int, b: int) -> list:
+        """This rank's batches of the next ``AHEAD`` steps (fewer where that is over ``CHUNK``
+        positions) from ``cursor`` at world size ``world``,
+        in one pass over the stream (last step first, for ``pop()``). A step's own batch is then
+        taken with no tensor operation: right after a step the caches are cold, and every
+        operation there costs tens of microseconds (docs/reports/worker.md, "The first
+        microseconds after a step"). Each batch is a row of one new tensor (not of the stream's
+        permutation): writing into it changes nothing else the job reads."""
+        n = max(1, min(AHEAD, CHUNK // (world * b)))
+        rows = self.stream.take(cursor, n * world * b).view(n, world, b)[:, rank].contiguous()
+        out = list(rows.unbind(0))
+        out.reverse()
+        return out
 
     def layout(self):
         """The step's micro-batch layout at the current world size (a constant global batch)."""

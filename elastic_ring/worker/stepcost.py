@@ -222,10 +222,11 @@ class Meter:
                                               "per_step_us": round(v / 1e3 / per, 2), **_spread(self.each.get(k))}
                                           for k, v in sorted(self.ns.items())}}
 
-    def write(self, run_dir: Path, segment: int, rank: int, steps: int | None = None, **extra: Any) -> None:
+    def write(self, run_dir: Path, segment: int, rank: int, steps: int | None = None, name: str | None = None,
+              **extra: Any) -> None:
         """The segment's report (``steps``: what the parts are counted per; default the segment's
-        steps done), then everything counted afresh."""
-        path = Path(run_dir) / "stepcost" / f"seg{segment:03d}-rank{rank}.json"
+        steps done; ``name``: the file's, in ``run_dir`` itself), then everything counted afresh."""
+        path = Path(run_dir) / name if name else Path(run_dir) / "stepcost" / f"seg{segment:03d}-rank{rank}.json"
         if steps is None:
             steps = (self.seg.step if self.seg is not None else 0) - self._seg_start
         rep = {**self.report(steps), "segment": segment, "rank": rank, "library": self.library(), **extra}
@@ -308,6 +309,32 @@ def install(job: Any) -> "Meter | None":
         m.begin_segment()
 
     job.boundary.begin = begun
+    return m
+
+
+def install_plain(job: Any) -> "Meter | None":
+    """The same measure for the library's no-tool mode (:class:`~elastic_ring.worker.plain.PlainJob`,
+    a script run by plain ``torchrun`` or ``horovodrun``), when ``ELASTIC_RING_STEP_COST`` and
+    ``ELASTIC_RING_STEP_COST_DIR`` are set: the same entry points (the loops, ``record``, the
+    optimizer's hooks, the samplers) timed at the same places in the script, their steps counted
+    by ``job.step``; the report written at the process's exit to ``DIR/plain-rank<r>.json``. What
+    the script spends in them there is what the tool's figure would hold without the tool (the
+    indices a step takes, and the first microseconds after a step whoever runs them), so the
+    tool's cost is its figure less this one (``scripts/bench_step_cost.py``)."""
+    global _METER
+    where = env.step_cost_dir()
+    if not enabled() or where is None:
+        return None
+    import atexit
+
+    m = _METER = Meter(calibrate())
+    m.seg = job  # (its ``step``: the steps counted)
+    m.wrap_entry(job, "record", "record")
+    m.wrap_entry(job, "_before_optimizer_step", "hooks.before")
+    m.wrap_entry(job, "_after_optimizer_step", "hooks.after")
+    job._evaluate = m.aside(job._evaluate)  # (the script's evaluation hook: apart, as the tool's)
+    m.begin_segment()
+    atexit.register(lambda: m.write(Path(where), 0, job.rank, form="plain", name=f"plain-rank{job.rank}.json"))
     return m
 
 

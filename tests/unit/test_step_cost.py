@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -190,3 +191,44 @@ def test_the_per_step_spread_shows_a_vote_every_k_steps_apart_from_the_common_st
     assert lib["steps"] == 20 and len(m.per_step) == 20
     assert lib["median_step_library_us"] < 5000 <= lib["p90_step_library_us"]
     assert lib["library_us_per_step"] >= 1000  # 4 votes of 5 ms in 20 steps
+
+
+def test_a_script_without_the_tool_times_the_same_entries_and_writes_them_at_its_exit(tmp_path):
+    """The library's no-tool mode (``python script.py``, a torch group of one) under
+    ``ELASTIC_RING_STEP_COST=1`` and ``ELASTIC_RING_STEP_COST_DIR``: the same entry points timed
+    (the loop, the sampler, ``job.record``, the optimizer's hooks), the steps counted by
+    ``job.step``, the evaluation apart, the report at the process's exit (what
+    ``scripts/bench_step_cost.py`` takes from the tool's figure)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import time, torch\n"
+        "import elastic_ring.worker as elastic\n"
+        "job = elastic.init()\n"
+        "model = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "job.register(model=model, optimizer=opt)\n"
+        "job.on_evaluate(lambda step: time.sleep(0.05), every=3)\n"
+        "data = job.sampler(50, batch_size=4)\n"
+        "for step in job.steps():\n"
+        "    idx = data.next_batch()\n"
+        "    model(torch.ones(len(idx), 2)).sum().backward()\n"
+        "    opt.step()\n"
+        "    job.record(None, samples=len(idx))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ELASTIC_RING_", "HOROVOD_", "OMPI_", "PMI_"))
+           and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(ELASTIC_RING_STEPS="8", ELASTIC_RING_COLLECTIVE="torch", ELASTIC_RING_STEP_COST="1",
+               ELASTIC_RING_STEP_COST_DIR=str(tmp_path / "out"), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads((tmp_path / "out" / "plain-rank0.json").read_text())
+    lib = rep["library"]
+    assert rep["form"] == "plain" and lib["steps"] == 6  # from the end of the 2nd step to the 8th
+    assert {"boundary", "sampler.next_batch", "record", "hooks.before", "hooks.after"} <= set(lib["entries"])
+    assert lib["entries"]["sampler.next_batch"]["calls"] == 8
+    assert lib["aside_us_per_step"] >= 2 * 50_000 / 6  # the evaluations at steps 3 and 6, apart
+    assert lib["library_us_per_step"] < 50_000 / 6  # and not in the library's time

@@ -293,7 +293,7 @@ def _hooked(rank=0, due=False, pos=5, copy=None):
 
 
 def test_the_epoch_loop_takes_the_rng_only_where_it_may_be_saved():
-    sampler = types.SimpleNamespace(dataset=range(10))
+    sampler = types.SimpleNamespace(dataset=range(10), size=lambda: 10)
     assert not _hooked()._rng_wanted(3, sampler)  # rank 0, nothing due: not taken (tens of µs)
     h = _hooked()
     h.pending = StopReason.REQUESTED

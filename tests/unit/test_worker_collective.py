@@ -781,3 +781,36 @@ def test_local_ring_without_survive_still_ends_the_others_and_a_stall_ends_only_
     a, b = launcher.started
     b.rc = -9
     assert g.poll() == 137 and a.killed and plain.survivors() is None
+
+
+def test_horovod_votes_reuse_one_tensor_only_once_the_vote_before_was_waited_for():
+    """Horovod's votes go in place into one kept tensor (no tensor made per vote); a vote launched
+    while the one before was never waited for (its reduction may still write into it) gets a new
+    one, as does a vote of another length."""
+    from elastic_ring.worker.collective import HorovodCollective
+
+    class Hvd:
+        Sum = "sum"
+
+        def __init__(self):
+            self.launched = []
+
+        def allreduce_async_(self, t, op=None, name=None):
+            self.launched.append((t, t.tolist(), op, name))
+            return len(self.launched)  # (Horovod's handles: ints)
+
+        def synchronize(self, handle):
+            return self.launched[handle - 1][0]
+
+    hvd = Hvd()
+    coll = HorovodCollective(hvd)
+    h1 = coll.vote_async([1.0, 0.0, 9.0], name="stop_flag")
+    assert coll.wait(h1).tolist() == [1.0, 0.0, 9.0]
+    h2 = coll.vote_async([0.0, 1.0, 4.0], name="stop_flag")
+    assert hvd.launched[1][0] is hvd.launched[0][0]  # the same tensor, the new values in it
+    assert hvd.launched[1][1:] == ([0.0, 1.0, 4.0], "sum", "stop_flag")
+    h3 = coll.vote_async([0.0, 0.0, 2.0], name="stop_flag")  # h2 never waited for
+    assert hvd.launched[2][0] is not hvd.launched[1][0] and hvd.launched[1][0].tolist() == [0.0, 1.0, 4.0]
+    assert coll.wait(h3).tolist() == [0.0, 0.0, 2.0]
+    coll.vote_async([1.0, 1.0, 1.0, 1.0])
+    assert hvd.launched[3][0] is not hvd.launched[2][0] and hvd.launched[3][1] == [1.0] * 4

@@ -515,3 +515,28 @@ def test_restored_weights_overwritten_only_by_other_values():
     model.load_state_dict(other)
     assert st.restored_weights_overwritten()
     assert not st.restored_weights_overwritten()  # once
+
+
+@pytest.mark.parametrize("copies", [False, True])
+def test_indices_pulled_without_a_loader_move_the_position_with_or_without_copies(monkeypatch, copies):
+    """With no loader and no ``batch_size`` a step uses the indices pulled since the last one: read
+    off the list iterator where no survivors' copy is kept, counted one by one (with the copy's call
+    at a batch's first index) where one may be."""
+    from elastic_ring.worker import survive
+
+    job = StubJob(1, 2)
+    job.ring = types.SimpleNamespace(in_place=copies)
+    monkeypatch.setattr(survive, "enabled", lambda: copies)
+    s = _sampler(monkeypatch, job, 20, num_replicas=2, rank=1)
+    s.set_epoch(3)
+    calls = []
+    job._epoch_data.before_batch = lambda: calls.append(s._pulled)
+    it = iter(s)
+    assert (s._listed is None) == copies
+    first = [next(it) for _ in range(3)]
+    s.advance()
+    assert job._position.pos == 6
+    rest = list(it)
+    s.advance()
+    assert job._position.pos == 20 and calls == ([0, 3] if copies else [])
+    assert first + rest == list(s)[:10]  # (a new pass over the epoch: the same order)

@@ -45,6 +45,9 @@ class FakeHvd:
     def allreduce_async(self, t, op=None, name=None):
         return t.clone()
 
+    def allreduce_async_(self, t, op=None, name=None):
+        return t  # (in place: every rank holds rank 0's values already)
+
     def synchronize(self, handle):
         return handle
 
@@ -346,3 +349,32 @@ def test_start_up_is_counted_from_the_launch_and_never_negative():
     for env in ({}, {protocol.LAUNCHED_AT_ENV: "-5000.0"}, {protocol.LAUNCHED_AT_ENV: "x"}):
         st = api.startup_marks(own_start=1003.0, t_imported=1005.5, env=env)
         assert st.t_start == 1003.0 and st.phases() == {"imports": 2.5}
+
+
+def test_next_batch_prepared_ahead_is_the_stream_at_every_step_resize_and_restore():
+    """``next_batch()`` hands out batches prepared ``AHEAD`` steps at a time: each is still the
+    stream's positions of that step, past the prepared steps' end, an epoch's end, a change of
+    world size or rank and a restored cursor; and a batch written into changes no later one."""
+    from elastic_ring.worker import sampler as sampler_mod
+
+    job = types.SimpleNamespace(rank=1, size=3)
+    s = sampler_mod.Sampler(job, size=101, batch_size=4, seed=7)
+    ref = sampler_mod.Sampler(types.SimpleNamespace(rank=0, size=1), size=101, batch_size=4, seed=7).stream
+
+    def expect(n):
+        for _ in range(n):
+            start = s.cursor + job.rank * 4
+            got = s.next_batch()
+            assert got.tolist() == ref.take(start, 4).tolist()
+            assert s.last_start == start and s.epoch == (s.cursor - 4 * job.size) // 101
+            got.fill_(-1)  # (the script's own use of its batch)
+
+    expect(sampler_mod.AHEAD + 5)  # past the first prepared steps, across epochs (101 positions)
+    assert s.cursor == (sampler_mod.AHEAD + 5) * 12
+    job.size, job.rank = 2, 0  # resized
+    expect(3)
+    s.cursor = 40  # restored
+    expect(2)
+    job.rank = 1
+    expect(1)
+    assert s.stream.take(0, 101).sort().values.tolist() == list(range(101))  # the stream untouched

@@ -50,3 +50,37 @@ def test_an_idle_writer_ends_its_thread_and_a_later_record_starts_another(tmp_pa
     w.submit({"step": 2})
     w.flush()
     assert json.loads((tmp_path / "progress.json").read_text()) == {"step": 2}
+
+
+def test_events_handed_to_the_thread_land_in_order_before_any_written_after_them(tmp_path, monkeypatch):
+    """A throughput window's event is made and appended by the writer's thread (off the training
+    thread); an event emitted on the training thread after it waits for it, so the log keeps the
+    order they were emitted in, and a segment's end (flush) finds them on disk."""
+    from elastic_ring.events.api import EventLog, Notice, iter_event_dicts
+    from elastic_ring.worker.progress import Progress
+
+    gate = threading.Event()
+    log = EventLog(tmp_path / "events.jsonl")
+    real = log.write
+
+    def slow(event):  # the writer's thread held until released
+        if threading.current_thread() is not threading.main_thread():
+            gate.wait(10)
+        real(event)
+
+    log.write = slow
+    p = Progress.__new__(Progress)  # (only what emit/emit_later use)
+    p._events, p._later = log, 0
+    p._progress_writer = ProgressWriter(tmp_path / "progress.json")
+    made = []
+    p.emit_later(lambda: made.append(1) or Notice(message="first"))
+    p.emit_later(lambda: Notice(message="second"))
+    time.sleep(0.05)
+    assert not list(iter_event_dicts(tmp_path / "events.jsonl"))  # nothing yet: the thread holds them
+    threading.Timer(0.1, gate.set).start()
+    p.emit(Notice(message="third"))  # waits for the two before it
+    assert [e["message"] for e in iter_event_dicts(tmp_path / "events.jsonl")] == ["first", "second", "third"]
+    assert made == [1] and p._later == 0
+    p.emit_later(lambda: Notice(message="fourth"))
+    p._progress_writer.flush()
+    assert [e["message"] for e in iter_event_dicts(tmp_path / "events.jsonl")][-1] == "fourth"
