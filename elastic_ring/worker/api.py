@@ -332,8 +332,7 @@ class Job:
                 raise ContractError("a constant-batch run needs its global batch: job.sampler(..., "
                                     "global_batch=N) or elastic-ring train --global-batch N")
         self.state.sampler = Sampler(self, size, batch_size, seed, global_batch)
-        stepcost.entries(self.state.sampler, {"next_batch": "sampler.next_batch",
-                                              "next_micro_batches": "sampler.next_micro_batches"})
+        stepcost.entries(self.state.sampler, stepcost.SAMPLER_ENTRIES)
         return self.state.sampler
 
     def micro_batches(self, sampler: Sampler, net: Any, optimizer: Any) -> Iterator[Any]:

@@ -265,11 +265,11 @@ class DistributedSampler:
             yield i
 
     def _copies_possible(self) -> bool:
-        """Whether a survivors' copy may be kept at a batch's first index (``--survive`` on a ring
-        re-formed in place, the job's training sampler): else no index needs a call of ours."""
+        """Whether a survivors' copy may be kept at a batch's first index (the job keeps copies:
+        :func:`~elastic_ring.worker.survive.keeps_copies`): else no index needs a call of ours."""
         from elastic_ring.worker import survive
 
-        return survive.enabled() and bool(getattr(getattr(self.job, "ring", None), "in_place", False))
+        return survive.keeps_copies(self.job)
 
     @property
     def _pulled(self) -> int:

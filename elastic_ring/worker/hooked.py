@@ -85,7 +85,7 @@ class HookedSteps:
         after the script's loader and forward have drawn from it), where copies are kept."""
         from elastic_ring.worker import survive
 
-        if survive.enabled() and self.job.ring.in_place:
+        if survive.keeps_copies(self.job):
             self.rng_at_restore = _rng_state()
 
     def start_copies(self) -> None:

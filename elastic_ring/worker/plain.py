@@ -224,8 +224,7 @@ class PlainJob:
 
     def sampler(self, size: int, batch_size: int, seed: int = 0, global_batch: int | None = None) -> Sampler:
         self._sampler = Sampler(self, size, batch_size, seed, global_batch)
-        stepcost.entries(self._sampler, {"next_batch": "sampler.next_batch",
-                                         "next_micro_batches": "sampler.next_micro_batches"})
+        stepcost.entries(self._sampler, stepcost.SAMPLER_ENTRIES)
         return self._sampler
 
     def micro_batches(self, sampler: Sampler, net: Any, optimizer: Any) -> Iterator[Any]:

@@ -40,6 +40,11 @@ from elastic_ring import env
 ENV = env.STEP_COST
 
 _METER: "Meter | None" = None
+# the entry points of a job (the tool's and the no-tool mode's alike: attribute -> entry name) and of
+# its sampler (Job.sampler); the loops are wrapped where they are made (Job.steps...)
+JOB_ENTRIES = {"record": "record", "_before_optimizer_step": "hooks.before",
+               "_after_optimizer_step": "hooks.after"}
+SAMPLER_ENTRIES = {"next_batch": "sampler.next_batch", "next_micro_batches": "sampler.next_micro_batches"}
 
 
 class Meter:
@@ -289,16 +294,14 @@ def install(job: Any) -> "Meter | None":
         m.wrap(job.progress, "window_rode", "window.read")  # (a window carried by a vote: its event)
         m.wrap(job.boundary, "after_step", "after_step")
         m.wrap(job.boundary, "between", "between_steps")
-        m.wrap(job, "record", "record")
-        m.wrap(job, "_before_optimizer_step", "hooks.before")
-        m.wrap(job, "_after_optimizer_step", "hooks.after")
+        for attr, name in JOB_ENTRIES.items():
+            m.wrap(job, attr, name)
         m.wrap(job.hooked, "between", "hooked.between")
         if not getattr(hooked, "_timed_rng", False):
             hooked._rng_state, hooked._timed_rng = m.timed(hooked._rng_state, "rng_capture"), True
-    # the library's entry points (outermost): the loops are wrapped where they are made (Job.steps...)
-    m.wrap_entry(job, "record", "record")
-    m.wrap_entry(job, "_before_optimizer_step", "hooks.before")
-    m.wrap_entry(job, "_after_optimizer_step", "hooks.after")
+    # the library's entry points (outermost)
+    for attr, name in JOB_ENTRIES.items():
+        m.wrap_entry(job, attr, name)
     # not per-step work: counted apart
     job.progress.evaluate = m.aside(job.progress.evaluate)
     job.checkpoints.write = m.aside(job.checkpoints.write)
@@ -329,9 +332,8 @@ def install_plain(job: Any) -> "Meter | None":
 
     m = _METER = Meter(calibrate())
     m.seg = job  # (its ``step``: the steps counted)
-    m.wrap_entry(job, "record", "record")
-    m.wrap_entry(job, "_before_optimizer_step", "hooks.before")
-    m.wrap_entry(job, "_after_optimizer_step", "hooks.after")
+    for attr, name in JOB_ENTRIES.items():
+        m.wrap_entry(job, attr, name)
     job._evaluate = m.aside(job._evaluate)  # (the script's evaluation hook: apart, as the tool's)
     m.begin_segment()
     atexit.register(lambda: m.write(Path(where), 0, job.rank, form="plain", name=f"plain-rank{job.rank}.json"))

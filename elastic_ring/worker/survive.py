@@ -242,11 +242,16 @@ class _Process:
 _P = _Process()
 
 
+def keeps_copies(job: Any) -> bool:
+    """Whether ``job`` keeps a copy of its steps in memory: the run keeps survivors going and its
+    ring is re-formed in place (the Ray backend's, or Horovod Elastic's)."""
+    return enabled() and bool(getattr(getattr(job, "ring", None), "in_place", False))
+
+
 def memory_copy(job: Any) -> MemoryCopy | None:
     """This process's copy, kept by ``job`` (the one running now: its flat loop or its epoch loop),
-    when the run keeps survivors going and the ring is re-formed in place (the Ray backend's, or
-    Horovod Elastic's); else None."""
-    if not enabled() or not job.ring.in_place:
+    where it keeps one (:func:`keeps_copies`); else None."""
+    if not keeps_copies(job):
         return None
     take = job.state.snapshot
     if job.state.sharded:  # each rank keeps rank r-1's shards too (a replica), where the ring allows it
