@@ -39,6 +39,7 @@ from elastic_ring.seam import AT_NEXT_STOP, Action, Go, read_action, read_go, ta
 from elastic_ring.worker.checks import check_collectives_untouched
 from elastic_ring.worker.collective import PG_TIMEOUT_S, TorchCollective, rendezvous_store, torch_backend
 from elastic_ring.worker.errors import ContractError
+from elastic_ring.worker.links import Links
 
 INPLACE_ENV = env.INPLACE  # "1": Horovod Elastic (--relaunch inplace)
 RING_BY_CONTROLLER = env.RING_BY_CONTROLLER  # INPLACE_ENV's value on the Ray backend (the controller forms the ring)
@@ -114,6 +115,12 @@ class Ring:
         else:  # not under horovodrun's environment (e.g. mpirun): ask Horovod now
             self.init_horovod()
             self.adopt_ranks()
+
+    def drop_links(self) -> int:
+        """After a peer's loss: close this process's connections of the group, so that no peer
+        blocked on this one waits on (:mod:`elastic_ring.worker.links`); how many were closed.
+        Horovod's rings: none (its own transport)."""
+        return 0
 
     @property
     def coll(self) -> Any:
@@ -470,6 +477,7 @@ class TorchControllerRing(TorchRing):
     def __init__(self) -> None:
         super().__init__()
         self.generation = 0
+        self._links = Links()
 
     @property
     def warms_compile(self) -> bool:
@@ -488,9 +496,21 @@ class TorchControllerRing(TorchRing):
         return go.stop_at
 
     def _init_group(self, dist: Any, backend: str) -> None:
-        """``init_process_group`` over the store the controller serves for this segment."""
+        """``init_process_group`` over the store the controller serves for this segment (the
+        connections held before the first group and the store's are noted: :meth:`drop_links`)."""
+        where = env.store()
+        if backend == "gloo" and where:
+            self._links.mark()
+            self._links.keep_port(int(where.rpartition(":")[2]))
         dist.init_process_group(backend, store=controller_store(dist), rank=self.rank, world_size=self.size,
                                 timeout=timedelta(seconds=PG_TIMEOUT_S))
+
+    def drop_links(self) -> int:
+        """Shut down this process's gloo connections (every group's: the default, the control
+        group, a script's), not the store's: a survivor that left a collective at a peer's loss
+        lets a peer still blocked in it on this rank see the loss too (a gloo rank waiting on a
+        live peer waits until its connection closes). NCCL groups: none."""
+        return self._links.drop()
 
     def _formed(self) -> None:
         self._check_ranks()

@@ -389,6 +389,7 @@ def survived(exc: BaseException) -> tuple | None:
     if not _peer_loss(exc) or copy is None or job is None or not copy.held() or not job.ring.in_place:
         return None
     t0 = time.time()
+    job.ring.drop_links()  # a survivor still blocked in the collective on this rank sees the loss too
     model = job.state.model
     params = {k for k, _ in model.named_parameters()} if model is not None else set()
     digests = {str(k): state_digest(c, params) for k, c in copy.copies.items()}

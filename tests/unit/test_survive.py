@@ -138,6 +138,11 @@ def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_pa
     class Ring:
         in_place, connected, reformed, threads = True, True, None, None
         keep_threads = RealRing.keep_threads
+        dropped: list = []  # whether its word was written when it dropped its links, at each drop
+
+        def drop_links(self):
+            self.dropped.append(survivor_file(tmp_path, "w1").exists())
+            return 0
 
         def reform(self, action):
             self.reformed = action
@@ -168,7 +173,9 @@ def test_a_survivor_says_what_it_holds_and_goes_on_as_the_controller_says(tmp_pa
         for s in (6, 7, 8):
             survive._P.copy.keep(s)
         assert survive.survived(ValueError("its own bug")) is None  # not a peer's loss
+        assert job.ring.dropped == []  # (its own error: its peers are not lost to it)
         assert survive.survived(HorovodInternalError("gloo: connection closed")) is None  # no word in time
+        assert job.ring.dropped == [False]  # its links dropped at a peer's loss, before it wrote its word
         rec = protocol.read_json(survivor_file(tmp_path, "w1"))
         assert rec["held"] == [7, 8] and rec["segment"] == 3 and rec["rank"] == 0
         assert sorted(rec["digests"]) == ["7", "8"] and rec["digests"]["7"] != rec["digests"]["8"]  # each copy's
