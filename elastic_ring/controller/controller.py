@@ -92,11 +92,13 @@ from elastic_ring.controller.worker_events import WorkerEvents
 from elastic_ring.errors import EXIT_REQUEUE, WorkerFailedError
 from elastic_ring.events.api import ErrorEvent, EventLog, Launch, Notice, ResizeRequested
 from elastic_ring.hosts import slurm
-from elastic_ring.protocol import CONTROLLER_FILE, stop_file
+from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, stop_file
 from elastic_ring.worker.lr import RULES
 
 if TYPE_CHECKING:
     from elastic_ring.hosts.manager import HostManager
+
+NAP_S = 0.01  # how often the loop's sleep looks for a new live request
 
 
 class Controller(Asks, Recovery):
@@ -529,7 +531,28 @@ class Controller(Asks, Recovery):
                 return GroupStatus(GroupState.WAITING)
             if self.resize.prelaunches and self.prelaunch.next is None and seg.stop is Stop.NONE:
                 self.prelaunch.maybe(seg)
-            time.sleep(self.poll_s)
+            self._nap(self.poll_s)
+
+    def _nap(self, seconds: float) -> None:
+        """Sleep up to ``seconds`` between two rounds of the loop, waking early when a live resize
+        request is written (the request file appears or changes; a stat every :data:`NAP_S`): a
+        request waits no poll period (measured before: 78-95 ms from the request to the stop file
+        at a 0.1 s poll). A request file left unread (its segment's ring was taken already) wakes
+        no one: only a change does."""
+        req = self.spec.run_dir / "control" / REQUEST_FILE
+
+        def mark() -> tuple[int, int] | None:
+            try:
+                st = os.stat(req)
+            except OSError:
+                return None
+            return st.st_ino, st.st_mtime_ns
+
+        before, end = mark(), time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(NAP_S, left))
+            if mark() != before:
+                return
 
     def _on_interrupt(self, seg: Segment) -> None:
         """Ctrl-C / SIGTERM: the workers checkpoint at the next agreed step and exit (paused in

@@ -176,3 +176,37 @@ def test_plan_next_stop_and_resize_at():
     p = Plan.from_spec(1, (Resize(10, 2), Resize(20, 2), Resize(30, 1)))  # 20:2 is a no-op
     assert [p.next_stop(s, 40) for s in (0, 9, 10, 29, 30)] == [10, 10, 30, 30, 40]
     assert p.resize_at(10) == Resize(10, 2) and p.resize_at(20) is None and p.resize_at(11) is None
+
+
+def test_the_loops_sleep_wakes_at_a_new_live_request_and_not_at_one_left_unread(tmp_path):
+    """``Controller._nap``: a request written during the sleep ends it within a few of its 10 ms
+    looks (a live resize waits no 0.1 s poll); with no request, or one left unread from before
+    the sleep (no change), it sleeps its whole period (no busy loop)."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from elastic_ring.controller.controller import Controller
+    from elastic_ring.protocol import REQUEST_FILE, write_json_atomic
+
+    (tmp_path / "control").mkdir()
+    me = SimpleNamespace(spec=SimpleNamespace(run_dir=tmp_path))
+    req = tmp_path / "control" / REQUEST_FILE
+
+    t0 = time.monotonic()
+    Controller._nap(me, 0.3)
+    assert time.monotonic() - t0 >= 0.29  # nothing asked: the whole period
+
+    threading.Timer(0.1, lambda: write_json_atomic(req, {"to": 2, "time": time.time()})).start()
+    t0 = time.monotonic()
+    Controller._nap(me, 5.0)
+    assert 0.09 <= time.monotonic() - t0 < 2.0  # woken by the request, not at the period's end
+
+    t0 = time.monotonic()
+    Controller._nap(me, 0.3)  # the same request, unread: no change
+    assert time.monotonic() - t0 >= 0.29
+
+    threading.Timer(0.1, lambda: write_json_atomic(req, {"to": 1, "time": time.time()})).start()
+    t0 = time.monotonic()
+    Controller._nap(me, 5.0)  # a newer request over it wakes it again
+    assert time.monotonic() - t0 < 2.0
