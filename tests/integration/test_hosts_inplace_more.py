@@ -74,8 +74,10 @@ def test_a_failed_host_with_no_survive_restarts_on_the_other_host_then_grows_bac
     # every step trained; only the steps after the restart's checkpoint up to the failure twice
     trained, redone = _history(run)
     assert sorted(trained) == list(range(1, steps + 1))
-    assert redone and all(restart["from_step"] < s <= restart["failed_at_step"] + 1 for s in redone), (
-        redone, restart)
+    assert all(restart["from_step"] < s <= restart["failed_at_step"] + 1 for s in redone), (redone, restart)
+    # none redone only where the kill came right after the checkpoint's own step (a fresh-clone CI run
+    # once killed at step 60, just checkpointed with --checkpoint-every 20: nothing lost, nothing redone)
+    assert redone or restart["failed_at_step"] == restart["from_step"], (redone, restart)
     grow = changes[-1]["step"]
     assert {trained[s] for s in range(restart["from_step"] + 1, grow + 1)} == {8}
     assert {trained[s] for s in range(grow + 1, steps + 1)} == {16}
