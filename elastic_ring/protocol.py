@@ -108,6 +108,11 @@ def control_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "control"
 
 
+def request_file(run_dir: Path) -> Path:
+    """The live resize request (``elastic-ring resize``, the cluster's scheduler) the controller reads."""
+    return control_dir(run_dir) / REQUEST_FILE
+
+
 def stop_file(run_dir: Path, segment: int) -> Path:
     """The file whose existence asks segment ``segment``'s workers to stop at the next agreed step."""
     return control_dir(run_dir) / f"stop-{segment}"

@@ -50,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from benchlib import exit_on_sigterm, train_env, write_results  # noqa: E402
+from benchlib import exit_on_sigterm, free_port, train_env, write_results  # noqa: E402
 
 WORKER = r'''
 import argparse
@@ -225,14 +225,10 @@ def _quartiles(xs: list[float]) -> dict[str, float]:
 
 def copy_bench(a: argparse.Namespace) -> None:
     """``--copy``: see the module docstring."""
-    import socket
-
     import torch.multiprocessing as mp
 
     load_before = os.getloadavg()[0]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     widths = [int(w) for w in a.widths.split(",")]

@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,7 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import exit_on_sigterm, spread, train_env, write_results
+from benchlib import exit_on_sigterm, free_port, spread, train_env, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "torchrun_contract.py"
@@ -130,12 +129,6 @@ def ours(tmp: Path, steps: int) -> dict:
             p.kill()
     n, worlds = redone(out, steps)
     return {"grow": grow, "shrink": shrink, "steps_redone": n, "worlds": worlds}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def theirs(tmp: Path, steps: int, n: int) -> dict:

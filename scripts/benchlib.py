@@ -36,6 +36,15 @@ def write_results(path: Path, out: dict[str, Any], load_before: float) -> None:
           f"(load {load_before:.1f} -> {load_after:.1f})")
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (a rendezvous's or a store's)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def spread(xs: list[float]) -> dict[str, Any]:
     """A figure over rounds: its median, min and max, and the rounds themselves."""
     import statistics

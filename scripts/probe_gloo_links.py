@@ -16,12 +16,10 @@ The two modes alternate trial by trial; the machine's load is recorded before an
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import random
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -29,12 +27,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from benchlib import free_port, write_results  # noqa: E402
 
 
 def _rank(rank: int, port: int, mode: str, q: Any) -> None:
@@ -68,7 +63,7 @@ def _rank(rank: int, port: int, mode: str, q: Any) -> None:
 
 def _trial(mode: str, wait_s: float) -> dict:
     ctx = mp.get_context("fork")
-    q, port = ctx.Queue(), _free_port()
+    q, port = ctx.Queue(), free_port()
     ps = [ctx.Process(target=_rank, args=(r, port, mode, q), daemon=True) for r in range(3)]
     for p in ps:
         p.start()
@@ -123,7 +118,6 @@ def main(argv: list[str] | None = None) -> int:
             tr = _trial(mode, a.wait)
             trials.append(tr)
             print(f"[{i + 1}/{a.trials}] {mode}: reported {tr['reported_after_s']}, blocked {tr['blocked']}", flush=True)
-    load_after = os.getloadavg()[0]
     summary = {}
     for mode in ("keep", "drop"):
         mine = [t for t in trials if t["mode"] == mode]
@@ -134,15 +128,11 @@ def main(argv: list[str] | None = None) -> int:
 
     rec = {"what": "3 gloo ranks in an all-gather/reduce-scatter loop, rank 1 killed at random; a survivor "
                    "not reported within wait_s is blocked", "wait_s": a.wait, "torch": torch.__version__,
-           "load_before": round(load_before, 2), "load_after": round(load_after, 2),
            "seconds": round(time.time() - t0, 1), "summary": summary, "trials": trials}
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rec, indent=1) + "\n")
     for mode, s in summary.items():
         print(f"{mode}: {s['blocked_trials']} of {s['trials']} trials had a survivor blocked past {a.wait} s "
               f"(median report {s['median_report_s']} s)")
-    print(f"wrote {out}")
+    write_results(Path(a.out), rec, load_before)
     return 0
 
 

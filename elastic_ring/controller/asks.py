@@ -18,7 +18,7 @@ from elastic_ring.controller.membership import Cause, decide
 from elastic_ring.controller.requests import take_asked
 from elastic_ring.controller.segment import Segment, Stop
 from elastic_ring.events.api import ErrorEvent, ResizeRequested
-from elastic_ring.protocol import REQUEST_FILE, stop_file
+from elastic_ring.protocol import request_file, stop_file
 
 
 class Asks:
@@ -26,7 +26,7 @@ class Asks:
     :class:`~.controller.Controller`)."""
 
     def _check_live_request(self, seg: Segment) -> None:
-        req_file = self.spec.run_dir / "control" / REQUEST_FILE
+        req_file = request_file(self.spec.run_dir)
         if not req_file.exists() or not self._redirectable(seg.index):
             return  # (the workers already took the scheduled resize: the request is read next segment)
         req = take_asked(self.spec.run_dir, self._seen_requests, remove=False)

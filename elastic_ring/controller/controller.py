@@ -92,7 +92,7 @@ from elastic_ring.controller.worker_events import WorkerEvents
 from elastic_ring.errors import EXIT_REQUEUE, WorkerFailedError
 from elastic_ring.events.api import ErrorEvent, EventLog, Launch, Notice, ResizeRequested
 from elastic_ring.hosts import slurm
-from elastic_ring.protocol import CONTROLLER_FILE, REQUEST_FILE, stop_file
+from elastic_ring.protocol import CONTROLLER_FILE, stop_file
 from elastic_ring.worker.lr import RULES
 
 if TYPE_CHECKING:
@@ -539,7 +539,7 @@ class Controller(Asks, Recovery):
         request waits no poll period (measured before: 78-95 ms from the request to the stop file
         at a 0.1 s poll). A request file left unread (its segment's ring was taken already) wakes
         no one: only a change does."""
-        req = self.spec.run_dir / "control" / REQUEST_FILE
+        req = protocol.request_file(self.spec.run_dir)
 
         def mark() -> tuple[int, int] | None:
             try:

@@ -245,10 +245,10 @@ def request_resize(run_dir: str | Path, target: int, source: str = "live") -> st
     Returns the line to show."""
     from elastic_ring.controller.api import RunState
     from elastic_ring.controller.status import read_status
-    from elastic_ring.protocol import REQUEST_FILE
+    from elastic_ring.protocol import request_file
 
     rd = Path(run_dir)
-    req = rd / "control" / REQUEST_FILE
+    req = request_file(rd)
     st, pending = _consistent_view(rd, req, read_status)
     if st.phase is RunState.RESIZING:
         raise UserError(f"run {rd} is {st.line()}: ask again once it has made a step at the new size")
@@ -376,9 +376,9 @@ def take_asked(run_dir: Path, seen: set[str], remove: bool = True) -> tuple[int,
     "policy"), taken (the file removed unless ``remove`` is False: the caller removes it once it has
     recorded the request, so that ``resize`` always sees it pending; its id added to ``seen``);
     None when there is none, it is being written, or it was seen."""
-    from elastic_ring.protocol import REQUEST_FILE
+    from elastic_ring.protocol import request_file
 
-    path = Path(run_dir) / "control" / REQUEST_FILE
+    path = request_file(Path(run_dir))
     try:
         req = json.loads(path.read_text())
         rid, target = str(req["id"]), int(req["to"])

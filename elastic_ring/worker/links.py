@@ -25,7 +25,6 @@ too: its owner sees it reset (gRPC connects again).
 
 from __future__ import annotations
 
-import os
 import socket
 from typing import Any
 
@@ -70,21 +69,11 @@ class Links:
         for c in _established():
             if not self._ours(c):
                 continue
-            try:
-                fd = os.dup(c.fd)
-            except OSError:
-                continue
-            try:
-                s = socket.socket(fileno=fd)
-            except OSError:  # (the descriptor is something else now)
-                os.close(fd)
-                continue
-            try:
-                if (s.getsockname()[1], s.getpeername()[1]) == (c.laddr.port, c.raddr.port):  # still that one
-                    s.shutdown(socket.SHUT_RDWR)
-                    n += 1
-            except OSError:
+            try:  # a duplicate of the group's descriptor (closed here; the group's own stays, shut down)
+                with socket.fromfd(c.fd, c.family, c.type) as s:
+                    if (s.getsockname()[1], s.getpeername()[1]) == (c.laddr.port, c.raddr.port):  # still that one
+                        s.shutdown(socket.SHUT_RDWR)
+                        n += 1
+            except OSError:  # (closed meanwhile, or the descriptor is something else now)
                 pass
-            finally:
-                s.close()  # (the duplicate: the group's own descriptor stays, now shut down)
         return n

@@ -498,11 +498,11 @@ class TorchControllerRing(TorchRing):
     def _init_group(self, dist: Any, backend: str) -> None:
         """``init_process_group`` over the store the controller serves for this segment (the
         connections held before the first group and the store's are noted: :meth:`drop_links`)."""
-        where = env.store()
-        if backend == "gloo" and where:
+        if backend == "gloo":
             self._links.mark()
-            self._links.keep_port(int(where.rpartition(":")[2]))
-        dist.init_process_group(backend, store=controller_store(dist), rank=self.rank, world_size=self.size,
+        store = controller_store(dist)
+        self._links.keep_port(store.port)
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.size,
                                 timeout=timedelta(seconds=PG_TIMEOUT_S))
 
     def drop_links(self) -> int:
