@@ -814,3 +814,14 @@ def test_horovod_votes_reuse_one_tensor_only_once_the_vote_before_was_waited_for
     assert coll.wait(h3).tolist() == [0.0, 0.0, 2.0]
     coll.vote_async([1.0, 1.0, 1.0, 1.0])
     assert hvd.launched[3][0] is not hvd.launched[2][0] and hvd.launched[3][1] == [1.0] * 4
+
+
+def test_the_launcher_names_a_killed_worker_before_the_peer_that_exited_on_its_loss():
+    """``local_launcher.first_failed``: a worker killed by a signal before one that exited non-zero,
+    each the lowest rank; None while none failed."""
+    from elastic_ring.controller.backends.local_launcher import first_failed
+
+    assert first_failed([None, 0, None]) is None and first_failed([0, 0]) is None
+    assert first_failed([1, -9]) == (1, -9)  # rank 0 exited 1 on its lost peer; rank 1 was killed
+    assert first_failed([1, None, 2]) == (0, 1) and first_failed([-15, -9]) == (0, -15)
+    assert first_failed([None, 1]) == (1, 1)

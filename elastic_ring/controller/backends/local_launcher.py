@@ -109,6 +109,15 @@ def write_segment_end(run_dir: Path, segment: int, world: int, reason: str, t_de
         SegmentEnd(segment=segment, world_size=world, step=0, reason=reason, lr=0.0, stop_decided_at=t_decided))
 
 
+def first_failed(codes: list[int | None]) -> tuple[int, int] | None:
+    """The worker to name among the exit statuses ``codes`` (None: running): one killed by a signal
+    (a negative status: kill -9, the OOM killer) before one that exited non-zero, each the lowest
+    rank; None when none failed. A peer of a killed worker exits 1 on its lost connection, and both
+    may have exited by the same poll: rank order alone named the peer (a fresh-clone CI run)."""
+    failed = [(rank, rc) for rank, rc in enumerate(codes) if rc is not None and rc != 0]
+    return min(failed, key=lambda f: f[1] > 0) if failed else None
+
+
 def supervise_torchrun(procs: list[subprocess.Popen], run_dir: Path, segment: int, grace_s: float,
                        poll_s: float = 0.05) -> int:
     """torchrun's agent for one segment: the segment's stop file stops every worker (SIGTERM, the
@@ -125,11 +134,12 @@ def supervise_torchrun(procs: list[subprocess.Popen], run_dir: Path, segment: in
             write_segment_end(run_dir, segment, len(procs), "requested", t)
             return 0
         codes = [p.poll() for p in procs]
-        for rank, rc in enumerate(codes):
-            if rc is not None and rc != 0:
-                print(FAILED_LINE.format(rank=rank, rc=rc), file=sys.stderr, flush=True)
-                stop_all(procs, grace_s, poll_s)
-                return rc if rc > 0 else 128 - rc
+        failed = first_failed(codes)
+        if failed is not None:
+            rank, rc = failed
+            print(FAILED_LINE.format(rank=rank, rc=rc), file=sys.stderr, flush=True)
+            stop_all(procs, grace_s, poll_s)
+            return rc if rc > 0 else 128 - rc
         if all(rc == 0 for rc in codes):
             write_segment_end(run_dir, segment, len(procs), "finished", time.time())
             return 0
@@ -141,15 +151,16 @@ def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05) -> int:
     named on stderr); 0 once all exited 0."""
     while True:
         codes = [p.poll() for p in procs]
-        for rank, rc in enumerate(codes):
-            if rc is not None and rc != 0:
-                print(FAILED_LINE.format(rank=rank, rc=rc), file=sys.stderr, flush=True)
-                for p in procs:
-                    if p.poll() is None:
-                        p.kill()
-                for p in procs:
-                    p.wait()
-                return rc if rc > 0 else 128 - rc
+        failed = first_failed(codes)
+        if failed is not None:
+            rank, rc = failed
+            print(FAILED_LINE.format(rank=rank, rc=rc), file=sys.stderr, flush=True)
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                p.wait()
+            return rc if rc > 0 else 128 - rc
         if all(rc == 0 for rc in codes):
             return 0
         time.sleep(poll_s)
