@@ -51,6 +51,7 @@ PLAIN_HOROVODRUN = "ELASTIC_RING_PLAIN_HOROVODRUN"  # "1": the controller runs p
 ALLOW_NO_NCCL = "ELASTIC_RING_ALLOW_NO_NCCL"  # "1": GPUs with a Horovod built without NCCL
 HOST_DEVICES = "ELASTIC_RING_HOST_DEVICES"  # "h1=0,1;h2=2": each host's CUDA_VISIBLE_DEVICES
 TENSORBOARD = "ELASTIC_RING_TENSORBOARD"  # "0": no TensorBoard curves
+TELEMETRY_EVERY_S = "ELASTIC_RING_TELEMETRY_EVERY_S"  # the controller samples the workers' CPU and memory at most this often
 TENSORBOARD_DIR = "ELASTIC_RING_TENSORBOARD_DIR"  # where the curves go (default: the run's tensorboard/)
 CACHE = "ELASTIC_RING_CACHE"  # the machine's dataset cache
 CLUSTER = "ELASTIC_RING_CLUSTER"  # `elastic-ring cluster`'s default --dir
@@ -255,6 +256,13 @@ def host_devices(env: Mapping[str, str] | None = None) -> str | None:
 def tensorboard_on(env: Mapping[str, str] | None = None) -> bool:
     """Whether runs write TensorBoard curves (default yes)."""
     return (_get(TENSORBOARD, env) or "1") != "0"
+
+
+def telemetry_every_s(env: Mapping[str, str] | None = None) -> float:
+    """How often, at most, the controller samples the workers' processes and GPUs (seconds; 0: at
+    every throughput event, as before issue 50's measure of the controller's own CPU)."""
+    v = _float(TELEMETRY_EVERY_S, env)
+    return 1.0 if v is None or v < 0 else v
 
 
 def tensorboard_dir(env: Mapping[str, str] | None = None) -> str | None:

@@ -15,6 +15,10 @@ Each case is one example script, given a timer and nothing else (a copy in a tem
   adapting to the step time);
 * ``tool_k1``: the same with ``ELASTIC_RING_STOP_LATENCY_MS=0`` (a stop vote after every step,
   the library before issue 50);
+* ``tool_spin``: ``tool`` with ``ELASTIC_RING_HOROVOD_WAIT=spin`` (a Horovod worker waits for its
+  collectives as Horovod does, even on a machine whose load says crowded), and ``tool_nozygote``:
+  ``tool`` with ``ELASTIC_RING_NO_ZYGOTE=1`` (each worker a process of its own, not forked from the
+  fork server): not in the default modes; each takes one of the tool's differences away;
 * ``timed``: ``tool`` with ``ELASTIC_RING_STEP_COST=1``: the in-process measure below. Not part of
   the paired ratios (its timers are in its time), and not run with ``--modes`` lacking it;
 * ``plain_timed``: ``plain`` with the same measure (``ELASTIC_RING_STEP_COST=1`` and
@@ -157,8 +161,14 @@ def env_for(mode: str, out: Path, profile: bool) -> dict[str, str]:
                OMP_NUM_THREADS="1", BENCH_OUT=str(out), PYTHONUNBUFFERED="1")
     for k in ("ELASTIC_RING_STOP_LATENCY_MS", "ELASTIC_RING_STEP_COST"):
         env.pop(k, None)
+    for k in ("ELASTIC_RING_HOROVOD_WAIT", "ELASTIC_RING_NO_ZYGOTE"):
+        env.pop(k, None)
     if mode == "tool_k1":
         env["ELASTIC_RING_STOP_LATENCY_MS"] = "0"
+    elif mode == "tool_spin":
+        env["ELASTIC_RING_HOROVOD_WAIT"] = "spin"
+    elif mode == "tool_nozygote":
+        env["ELASTIC_RING_NO_ZYGOTE"] = "1"
     env.setdefault("HOROVOD_CYCLE_TIME", "5")  # the tool's own on CPUs (plain Horovod's default: 1 ms)
     if mode in ("timed", "plain_timed"):
         env["ELASTIC_RING_STEP_COST"] = "1"  # the library's own time per step (no part timed)

@@ -1,0 +1,45 @@
+"""scripts/bench_step_cost.py's modes, without launching anything: each mode's environment takes
+exactly one of the tool's differences away (or none), whatever the caller's environment holds,
+and every mode but the plain ones runs the tool's command."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+KNOBS = ("ELASTIC_RING_STOP_LATENCY_MS", "ELASTIC_RING_HOROVOD_WAIT", "ELASTIC_RING_NO_ZYGOTE")
+
+
+@pytest.fixture(scope="module")
+def bsc():
+    spec = importlib.util.spec_from_file_location("bench_step_cost", ROOT / "scripts" / "bench_step_cost.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("mode, knob, value", [
+    ("tool", None, None),
+    ("plain", None, None),
+    ("tool_k1", "ELASTIC_RING_STOP_LATENCY_MS", "0"),
+    ("tool_spin", "ELASTIC_RING_HOROVOD_WAIT", "spin"),
+    ("tool_nozygote", "ELASTIC_RING_NO_ZYGOTE", "1"),
+])
+def test_a_mode_sets_its_one_knob_and_clears_the_callers(bsc, monkeypatch, mode, knob, value):
+    for k in KNOBS:  # a caller's setting of any knob must not leak into another mode's runs
+        monkeypatch.setenv(k, "leaked")
+    env = bsc.env_for(mode, Path("/nonexistent/times.jsonl"), profile=False)
+    assert {k: env.get(k) for k in KNOBS} == {k: (value if k == knob else None) for k in KNOBS}
+    assert env["OMP_NUM_THREADS"] == "1" and env["HOROVOD_CYCLE_TIME"]
+
+
+@pytest.mark.parametrize("mode", ["tool", "tool_k1", "tool_spin", "tool_nozygote"])
+def test_every_tool_mode_runs_the_tools_command(bsc, mode, tmp_path):
+    cmd = bsc.command("steps", "horovod", mode, tmp_path / "s.py", [], 2, tmp_path / "run")
+    assert cmd[1:5] == ["-m", "elastic_ring.cli.main", "train", "--script"]
+    plain = bsc.command("steps", "horovod", "plain", tmp_path / "s.py", [], 2, tmp_path / "run")
+    assert Path(plain[0]).name == "horovodrun"
