@@ -4,13 +4,18 @@ Every rank appends its events to ``RUN_DIR/WORKER_EVENTS``; the controller calls
 while it watches a segment: each complete new line is copied into the run's event log (a throughput
 window with a telemetry sample of the workers' processes added) and handed to the controller's
 callback, in order, as its typed record (:func:`~elastic_ring.events.api.as_event`). The line
-itself is written as the worker wrote it. The TensorBoard sink, when the run has one, is fed from the same log.
+itself is written as the worker wrote it. The TensorBoard sink, when the run has one, is fed from the same log,
+at most once every :data:`TB_EVERY_S` (each feed flushes the curves and rewrites the sink's offset
+file: at every poll with new lines, 10 times a second, that was a fifth of the controller's busy
+time in a steady run; docs/reports/worker.md, "The tool's CPU beside the training"), and in full
+at :meth:`close`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -19,10 +24,13 @@ from elastic_ring.protocol import WORKER_EVENTS
 from elastic_ring.telemetry import Telemetry
 from elastic_ring.telemetry.tensorboard import sink_for_run as tensorboard_sink
 
+TB_EVERY_S = 1.0  # the TensorBoard curves lag the events by at most this (a resume loses none: see the sink)
+
 
 class Relay:
-    def __init__(self, run_dir: Path, events: EventLog) -> None:
+    def __init__(self, run_dir: Path, events: EventLog, clock: Callable[[], float] = time.monotonic) -> None:
         self.events = events
+        self._clock, self._tb_at = clock, None
         self.path = run_dir / WORKER_EVENTS
         self.pos = self.path.stat().st_size if self.path.exists() else 0  # a resume relays what is new
         self.telemetry: Telemetry | None = None
@@ -37,7 +45,8 @@ class Relay:
         event that ``hold`` holds back (asked of each in turn, after the ones before it were
         handled: workers that took a resize written ahead are past the segment that just ended,
         and their events wait until the controller is at theirs)."""
-        if self._tb is not None:
+        if self._tb is not None and (self._tb_at is None or self._clock() - self._tb_at >= TB_EVERY_S):
+            self._tb_at = self._clock()
             self._tb.sync()
         if not self.path.exists():
             return

@@ -118,6 +118,33 @@ def test_the_relay_copies_whole_lines_and_holds_a_later_segment(tmp_path):
     assert seen == ["a", "segment_end", "b", "c"] and _kinds(tmp_path) == seen
 
 
+def test_the_relay_feeds_the_tensorboard_curves_at_most_once_a_second_and_in_full_at_close(tmp_path):
+    """Each feed flushes the curves and rewrites the sink's offset: not at every poll (10 a second)."""
+    from elastic_ring.controller import relay as relay_mod
+
+    class Sink:
+        def __init__(self) -> None:
+            self.syncs, self.closed = [], False
+
+        def sync(self) -> int:
+            self.syncs.append(now[0])
+            return 0
+
+        def close(self) -> None:
+            self.closed = True
+
+    now = [10.0]
+    relay = Relay(tmp_path, EventLog(tmp_path / "events.jsonl"), clock=lambda: now[0])
+    relay._tb = sink = Sink()
+    for t in (10.0, 10.1, 10.5, 10.99, 11.0, 11.3, 12.5):
+        now[0] = t
+        relay.poll(lambda ev: None)
+    assert sink.syncs == [10.0, 11.0, 12.5]
+    assert relay_mod.TB_EVERY_S == 1.0
+    relay.close()
+    assert sink.closed  # (the sink's close feeds whatever is left)
+
+
 class _Handle:
     def __init__(self, rc_after: int | None, rc: int = 0) -> None:
         self.pid, self.polls, self.rc_after, self.rc, self.killed = 1, 0, rc_after, rc, False
