@@ -159,9 +159,8 @@ def timed_copy(name: str, edits: list[tuple[str, str]], folder: Path) -> Path:
 def env_for(mode: str, out: Path, profile: bool) -> dict[str, str]:
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONPATH=str(ROOT),
                OMP_NUM_THREADS="1", BENCH_OUT=str(out), PYTHONUNBUFFERED="1")
-    for k in ("ELASTIC_RING_STOP_LATENCY_MS", "ELASTIC_RING_STEP_COST"):
-        env.pop(k, None)
-    for k in ("ELASTIC_RING_HOROVOD_WAIT", "ELASTIC_RING_NO_ZYGOTE"):
+    for k in ("ELASTIC_RING_STOP_LATENCY_MS", "ELASTIC_RING_STEP_COST", "ELASTIC_RING_HOROVOD_WAIT",
+              "ELASTIC_RING_NO_ZYGOTE"):  # (a caller's setting of a mode's knob would leak into the others)
         env.pop(k, None)
     if mode == "tool_k1":
         env["ELASTIC_RING_STOP_LATENCY_MS"] = "0"

@@ -50,20 +50,19 @@ MODES = ("plain", "tool", "tool_every_event")
 KINDS = ("rank_training_thread", "rank_other_threads", "controller", "launchers", "other")
 
 
-def _blocks(out: Path) -> dict[int, float]:
-    """Block number -> the slowest rank's time so far; and the ranks' pids (``_pids``)."""
-    by: dict[int, float] = {}
+def _blocks_done(out: Path) -> int:
+    """How many blocks some rank has timed so far (a line being written is left for later)."""
     try:
         lines = out.read_text().splitlines()
     except OSError:
-        return by
+        return 0
+    done = set()
     for ln in lines:
         try:
-            r = json.loads(ln)
+            done.add(json.loads(ln)["epoch"])
         except ValueError:
-            continue  # (a line being written)
-        by[r["epoch"]] = max(by.get(r["epoch"], 0.0), r["s"])
-    return by
+            continue
+    return len(done)
 
 
 def _pids(out: Path) -> set[int]:
@@ -112,7 +111,7 @@ def one_run(mode: str, blocks: int, work: Path) -> dict:
     try:
         def wait_blocks(n: int) -> None:
             t0 = time.monotonic()
-            while len(_blocks(out)) < n:
+            while _blocks_done(out) < n:
                 if p.poll() is not None or time.monotonic() - t0 > 600:
                     raise bsc.BenchError(f"{mode}: the run ended (or stalled) before block {n}: "
                                          f"{(folder / 'out.log').read_text()[-1500:]}")
@@ -135,8 +134,7 @@ def one_run(mode: str, blocks: int, work: Path) -> dict:
     for key, (cmdline, s1) in b.items():
         s0 = a.get(key, (cmdline, 0.0))[1]
         cpu[kind_of(cmdline, key[0], key[1], ranks)] += max(0.0, s1 - s0)
-    times = [t for k, t in sorted(_blocks(out).items())][1:]
-    return {"block_s": statistics.median(times), "window_s": window,
+    return {"block_s": statistics.median(bsc.epoch_times(out)), "window_s": window,
             "cpu_percent": {k: 100.0 * v / window for k, v in cpu.items()},
             "cpu_percent_total": 100.0 * sum(cpu.values()) / window, "ranks": len(ranks)}
 

@@ -191,6 +191,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def load_module(path: Path):
+    """The Python file ``path`` (a script under scripts/ or examples/, not a package module) loaded
+    as the module named by its stem, registered in ``sys.modules`` (dataclasses look their module
+    up there)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def tool(name: str) -> str:
     """Path of a console tool of this venv (horovodrun, mpirun, elastic-ring)."""
     p = BIN / name

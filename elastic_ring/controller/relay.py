@@ -45,8 +45,9 @@ class Relay:
         event that ``hold`` holds back (asked of each in turn, after the ones before it were
         handled: workers that took a resize written ahead are past the segment that just ended,
         and their events wait until the controller is at theirs)."""
-        if self._tb is not None and (self._tb_at is None or self._clock() - self._tb_at >= TB_EVERY_S):
-            self._tb_at = self._clock()
+        now = self._clock()
+        if self._tb is not None and (self._tb_at is None or now - self._tb_at >= TB_EVERY_S):
+            self._tb_at = now
             self._tb.sync()
         if not self.path.exists():
             return

@@ -12,7 +12,6 @@ the checkpoint read back by ``elastic_ring.ckpt.load`` and ``elastic-ring export
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -21,7 +20,7 @@ import torch
 from elastic_ring.ckpt import load
 from elastic_ring.data.stream import SampleStream
 from elastic_ring.events import read_events
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, load_module, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -31,10 +30,7 @@ TARGET = 0.75
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("cnn_recipes", ROOT / "examples" / "cnn_recipes.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(ROOT / "examples" / "cnn_recipes.py")
 
 
 def test_recipes_example_resized_twice_exact_data_lr_and_early_stop(tmp_path):

@@ -3,16 +3,13 @@ rendering of the committed results file (a figure in the docs is the figure in i
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("bench_headline", ROOT / "scripts" / "bench_headline.py")
-bh = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bh)
+from tests.conftest import ROOT, load_module
+
+bh = load_module(ROOT / "scripts" / "bench_headline.py")
 
 
 def _rounds(part, loads, **figs):

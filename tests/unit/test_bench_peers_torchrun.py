@@ -6,20 +6,16 @@ agent times out)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_module
 
 
 @pytest.fixture(scope="module")
 def bp():
-    spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "scripts" / "bench_peers.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(ROOT / "scripts" / "bench_peers.py")
 
 
 def _args() -> argparse.Namespace:

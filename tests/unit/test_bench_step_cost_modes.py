@@ -4,22 +4,18 @@ and every mode but the plain ones runs the tool's command."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_module
 
 KNOBS = ("ELASTIC_RING_STOP_LATENCY_MS", "ELASTIC_RING_HOROVOD_WAIT", "ELASTIC_RING_NO_ZYGOTE")
 
 
 @pytest.fixture(scope="module")
 def bsc():
-    spec = importlib.util.spec_from_file_location("bench_step_cost", ROOT / "scripts" / "bench_step_cost.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(ROOT / "scripts" / "bench_step_cost.py")
 
 
 @pytest.mark.parametrize("mode, knob, value", [

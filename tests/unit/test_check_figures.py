@@ -4,7 +4,6 @@ a missing file or key, a figure with no file, a verbatim block, a stale figure a
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,16 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_module
 
 
 @pytest.fixture(scope="module")
 def cf():
-    spec = importlib.util.spec_from_file_location("check_figures", ROOT / "scripts" / "check_figures.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["check_figures"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(ROOT / "scripts" / "check_figures.py")
 
 
 def test_every_marked_figure_in_the_repository_agrees_with_its_file(cf):

@@ -5,7 +5,6 @@ function is not Horovod's), and ``--commit`` reads a revision from git, not the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_module
 
 TREE = {
     "__init__.py": "",
@@ -235,11 +234,7 @@ TREE = {
 
 @pytest.fixture(scope="module")
 def cs():
-    spec = importlib.util.spec_from_file_location("code_shape", ROOT / "scripts" / "code_shape.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["code_shape"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(ROOT / "scripts" / "code_shape.py")
 
 
 def _write(root: Path, tree: dict[str, str]) -> Path:

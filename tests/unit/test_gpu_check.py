@@ -6,7 +6,6 @@ dry run, and a real late failure, are tests/integration/test_inplace_gpu_check.p
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -18,17 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_module
 
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(ROOT / "scripts" / "gpu_check.py")
 
 
 gc = _load()

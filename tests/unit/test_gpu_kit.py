@@ -4,7 +4,6 @@ an index, and installed on the GPU machine); the parts are fakes of the right na
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -13,15 +12,11 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_module
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("gpu_kit", ROOT / "scripts" / "gpu_kit.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_kit"] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(ROOT / "scripts" / "gpu_kit.py")
 
 
 kit_mod = _load()
@@ -390,9 +385,7 @@ def test_verify_cli_one_line_per_problem(tmp_path):
 
 
 def test_find_nccl_says_what_is_missing(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("find_nccl", ROOT / "scripts" / "find_nccl.py")
-    fn = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fn)
+    fn = load_module(ROOT / "scripts" / "find_nccl.py")
     wheel = tmp_path / "nvidia" / "nccl"
     (wheel / "lib").mkdir(parents=True)
     (wheel / "lib" / "libnccl.so.2").write_bytes(b"")
