@@ -825,3 +825,28 @@ def test_the_launcher_names_a_killed_worker_before_the_peer_that_exited_on_its_l
     assert first_failed([1, -9]) == (1, -9)  # rank 0 exited 1 on its lost peer; rank 1 was killed
     assert first_failed([1, None, 2]) == (0, 1) and first_failed([-15, -9]) == (0, -15)
     assert first_failed([None, 1]) == (1, 1)
+
+
+def test_an_in_place_group_names_a_killed_worker_before_the_peer_that_exited_on_its_loss(tmp_path):
+    """``LocalGroup.poll`` (``--relaunch inplace``, ``--collective torch``) picks its failure as the
+    launcher does: both exited by the same poll, the killed rank 1 is named, not rank 0."""
+    from elastic_ring.controller.backends.local import LocalGroup, LocalMember
+
+    class Handle:
+        def __init__(self, rc, pid):
+            self.rc, self.pid, self.killed = rc, pid, False
+
+        def poll(self):
+            return self.rc
+
+        def kill(self):
+            self.killed = True
+
+    log = tmp_path / "seg.log"
+    members = [LocalMember("w1", Handle(1, 11), rank=0), LocalMember("w2", Handle(-9, 12), rank=1),
+               LocalMember("w3", Handle(None, 13), rank=2)]
+    group = LocalGroup(members, log)
+    assert group.poll() == 137 and group.failed_rank == 1
+    assert "rank 1 exited with status -9" in log.read_text() and members[2].handle.killed
+    group = LocalGroup([LocalMember("w1", Handle(None, 21), rank=0), LocalMember("w2", Handle(2, 22), rank=1)], log)
+    assert group.poll() == 2 and group.failed_rank == 1  # no signal: the first that failed, as before

@@ -29,7 +29,7 @@ from elastic_ring.controller.backends import survival
 from elastic_ring.controller.backends.api import (BUILTIN_TARGET, Backend, Handle, Launcher, SegmentLaunch, Started,
                                                   Survival, describe, note, rank_named_in_log, serve_source, worker_env)
 from elastic_ring.controller.membership import StateSource
-from elastic_ring.controller.backends.local_launcher import FAILED_LINE, MASTER_ADDR
+from elastic_ring.controller.backends.local_launcher import FAILED_LINE, MASTER_ADDR, exit_status, killed_first
 from elastic_ring.env import MEMBER as MEMBER_ENV, SURVIVE as SURVIVE_ENV
 from elastic_ring.worker.torchrun import DEFAULT_STOP_GRACE_S
 from elastic_ring.worker.torchrun import run_env as torchrun_run_env
@@ -160,6 +160,7 @@ class LocalGroup:
 
         if self.rc is not None:
             return self.rc
+        failed: list[tuple[LocalMember, int]] = []
         for m in [*self.members, *self.waiting]:
             rc = m.handle.poll() if m.handle is not None else None
             if rc is None:
@@ -170,16 +171,20 @@ class LocalGroup:
                 self.members.remove(m)  # left the group at a shrink
                 continue
             if rc != 0:
-                self.failed_rank = m.rank
-                try:
-                    with open(self.log_path, "a") as f:
-                        f.write(FAILED_LINE.format(rank=m.rank, rc=rc) + "\n")
-                except OSError:
-                    pass
-                if not self.keeps_survivors or m in self.waiting:
-                    self.kill()
-                self.rc = rc if rc > 0 else 128 - rc
-                return self.rc
+                failed.append((m, rc))
+        named = killed_first(failed)  # (a killed worker, not its peer that exited on the loss)
+        if named is not None:
+            m, rc = named
+            self.failed_rank = m.rank
+            try:
+                with open(self.log_path, "a") as f:
+                    f.write(FAILED_LINE.format(rank=m.rank, rc=rc) + "\n")
+            except OSError:
+                pass
+            if not self.keeps_survivors or m in self.waiting:
+                self.kill()
+            self.rc = exit_status(rc)
+            return self.rc
         if all(m.handle is not None and m.handle.poll() == 0 for m in self.members):
             self.rc = 0
         return self.rc

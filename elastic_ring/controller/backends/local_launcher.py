@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TypeVar
 
 from elastic_ring import protocol
 from elastic_ring.env import STORE_FD as STORE_FD_ENV
@@ -42,6 +43,7 @@ from elastic_ring.worker.torchrun import rank_env as torchrun_rank_env
 
 FAILED_LINE = "elastic-ring local launcher: rank {rank} exited with status {rc}"  # (first_failed_rank reads it)
 MASTER_ADDR = "127.0.0.1"
+T = TypeVar("T")
 
 
 def rendezvous_socket(host: str = MASTER_ADDR, backlog: int = 1024) -> socket.socket:
@@ -109,13 +111,24 @@ def write_segment_end(run_dir: Path, segment: int, world: int, reason: str, t_de
         SegmentEnd(segment=segment, world_size=world, step=0, reason=reason, lr=0.0, stop_decided_at=t_decided))
 
 
-def first_failed(codes: list[int | None]) -> tuple[int, int] | None:
-    """The worker to name among the exit statuses ``codes`` (None: running): one killed by a signal
-    (a negative status: kill -9, the OOM killer) before one that exited non-zero, each the lowest
-    rank; None when none failed. A peer of a killed worker exits 1 on its lost connection, and both
-    may have exited by the same poll: rank order alone named the peer (a fresh-clone CI run)."""
-    failed = [(rank, rc) for rank, rc in enumerate(codes) if rc is not None and rc != 0]
+def killed_first(failed: list[tuple[T, int]]) -> tuple[T, int] | None:
+    """The failure to name among ``failed`` ((worker, non-zero exit status), in the workers' order):
+    one killed by a signal (a negative status: kill -9, the OOM killer) before one that exited
+    non-zero, each the first in order; None when none failed. A peer of a killed worker exits 1 on
+    its lost connection, and both may have exited by the same poll: order alone named the peer (a
+    fresh-clone CI run)."""
     return min(failed, key=lambda f: f[1] > 0) if failed else None
+
+
+def first_failed(codes: list[int | None]) -> tuple[int, int] | None:
+    """(rank, status) of the worker to name among the exit statuses ``codes`` by rank (None:
+    running): :func:`killed_first`."""
+    return killed_first([(rank, rc) for rank, rc in enumerate(codes) if rc is not None and rc != 0])
+
+
+def exit_status(rc: int) -> int:
+    """A failed worker's ``Popen`` status as a shell gives it: a signal's ``-N`` is ``128 + N``."""
+    return rc if rc > 0 else 128 - rc
 
 
 def supervise_torchrun(procs: list[subprocess.Popen], run_dir: Path, segment: int, grace_s: float,
@@ -139,7 +152,7 @@ def supervise_torchrun(procs: list[subprocess.Popen], run_dir: Path, segment: in
             rank, rc = failed
             print(FAILED_LINE.format(rank=rank, rc=rc), file=sys.stderr, flush=True)
             stop_all(procs, grace_s, poll_s)
-            return rc if rc > 0 else 128 - rc
+            return exit_status(rc)
         if all(rc == 0 for rc in codes):
             write_segment_end(run_dir, segment, len(procs), "finished", time.time())
             return 0
@@ -160,7 +173,7 @@ def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05) -> int:
                     p.kill()
             for p in procs:
                 p.wait()
-            return rc if rc > 0 else 128 - rc
+            return exit_status(rc)
         if all(rc == 0 for rc in codes):
             return 0
         time.sleep(poll_s)
