@@ -9,8 +9,14 @@ relay, so the curves follow the run as it goes; the workers never see it.
 Resume without duplicates: the byte offset of ``events.jsonl`` already written is kept in
 ``<logdir>/.events-offset`` (written after each flush). A resumed controller starts from there,
 so every event becomes scalars once (a crash between a flush and the offset's write can repeat at
-most that one batch). Steps that a restart redoes go back in step; TensorBoard's reader then drops
-the older points past that step, as it does for any restarted writer.
+most that one batch).
+
+Steps done again: a restart from a checkpoint (a worker's death, a hang, a ``--resume`` after the
+controller was killed) trains some steps a second time, and ``events.jsonl`` holds their records
+twice. Each segment's ``launch`` record becomes a ``SessionLog.START`` at its first step, TensorBoard's
+own sign of a restarted writer: its reader drops every point it holds at that step or later, so a
+curve shows each step once, the last time it was trained. The points of the ``restart`` record that
+led to the launch (at the failed step, past the start) are written again after the START.
 
 Where: ``RUN_DIR/tensorboard`` by default; the variable ``ELASTIC_RING_TENSORBOARD_DIR`` names
 another folder (a cluster job writes under ``CLUSTER_DIR/tensorboard/<id>-<name>/``, so
@@ -86,7 +92,8 @@ def logdir_for(run_dir: Path) -> Path | None:
 class TensorBoardSink:
     """Appends the scalars of new ``events.jsonl`` lines to a TensorBoard log folder.
 
-    ``writer_factory(logdir)`` returns an object with ``add(tag, value, step, wall)``, ``flush()``
+    ``writer_factory(logdir)`` returns an object with ``add(tag, value, step, wall)``,
+    ``start(step, wall)`` (a restarted writer: drop the points at ``step`` or later), ``flush()``
     and ``close()`` (default: :class:`EventFileScalars`, an event file of TensorBoard's format).
     """
 
@@ -97,6 +104,7 @@ class TensorBoardSink:
         self._factory = writer_factory or EventFileScalars
         self._writer: Any = None
         self._offset: int | None = None
+        self._restart: list[tuple[str, float, int, float]] = []  # the last restart's points (see launch)
         self.failed: str | None = None  # the curves are a side output: an error only stops them
 
     def _load_offset(self) -> int:
@@ -141,16 +149,27 @@ class TensorBoardSink:
                 continue
             if not isinstance(ev, dict):
                 continue
-            for tag, value, step, wall in scalars_of(ev):
-                if self._writer is None:
-                    self._writer = self._factory(self.logdir)
-                self._writer.add(tag, value, step, wall)
+            rows = list(scalars_of(ev))
+            if ev.get("kind") == "launch" and isinstance(ev.get("start_step"), int):
+                start = ev["start_step"]
+                self._writer_().start(start, float(ev.get("time") or 0.0))  # steps done again: one point each
+                rows = [r for r in self._restart if r[2] >= start]
+                self._restart = []
+            elif ev.get("kind") == "restart":
+                self._restart = rows
+            for tag, value, step, wall in rows:
+                self._writer_().add(tag, value, step, wall)
                 n += 1
-        if self._writer is not None and n:
+        if self._writer is not None:
             self._writer.flush()
         self._offset += end + 1
         self._save_offset()
         return n
+
+    def _writer_(self) -> Any:
+        if self._writer is None:
+            self._writer = self._factory(self.logdir)
+        return self._writer
 
     def close(self) -> None:
         self.sync()
@@ -208,6 +227,13 @@ class EventFileScalars:
     def add(self, tag: str, value: float, step: int, wall: float) -> None:
         summ = self._Summary(value=[self._Summary.Value(tag=tag, simple_value=value)])
         self._record(self._Event(wall_time=wall, step=step, summary=summ))
+
+    def start(self, step: int, wall: float) -> None:
+        """A ``SessionLog.START`` at ``step``: TensorBoard's reader drops the points it holds at
+        ``step`` or later (those of steps a restart does again)."""
+        from tensorboard.compat.proto.event_pb2 import SessionLog
+
+        self._record(self._Event(wall_time=wall, step=step, session_log=SessionLog(status=SessionLog.START)))
 
     def flush(self) -> None:
         self._f.flush()

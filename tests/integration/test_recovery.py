@@ -22,6 +22,7 @@ from elastic_ring import protocol
 from elastic_ring.ckpt import CheckpointStore
 from elastic_ring.events import read_events
 from tests.conftest import BIN, ROOT, run_cli, shared_dir
+from tests.integration.test_tensorboard import curves_show_each_step_once
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,7 @@ TINY = ["--dataset", "synthetic", "--set", "synthetic_size=48", "--depth", "8", 
         "--batch-size", "8", "--set", "throughput_window=10", "--set", "trace_samples=true",
         "--set", "augment=true", "--slots", "2"]
 # long enough that a kill at step <= 60 (of 2 workers) lands well before the end, on a quiet machine
-# as on a loaded one; every kill point is after several checkpoints (every 5 steps)
+# as on a loaded one; every kill point is after several checkpoints
 STEPS = 120
 
 
@@ -53,6 +54,21 @@ def _wait_step(run: Path, step: int, timeout: float = 120, segment: int = 0) -> 
             return last
         time.sleep(0.01)
     raise AssertionError(f"step {step} of segment {segment} not reached in {timeout} s")
+
+
+def _wait_window_past_checkpoint(run: Path, ck: int, timeout: float = 120) -> None:
+    """Until the checkpoint at step ``ck`` is the last and ``events.jsonl`` holds a throughput window
+    4 to 15 steps past it (the next checkpoint, 30 steps on, is not written before the kill that
+    follows)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        last = (protocol.read_json(run / "checkpoints" / "latest.json") or {}).get("step", 0)
+        steps = [e["step"] for e in read_events(run / "events.jsonl", kind="throughput")]
+        # (ck + 4: the first window of a launch leaves out its first step, so it ends at ck + 4)
+        if last == ck and any(ck + 4 <= s <= ck + 15 for s in steps):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"no throughput window past a checkpoint in {timeout} s")
 
 
 def _pid_of(run: Path, segment: int, rank: int) -> int:
@@ -127,6 +143,7 @@ def test_kill_9_of_one_rank_restarts_by_itself_exactly(tmp_path, straight_2w):
     assert s["steps_trained"] == STEPS  # every step once, the redone ones too
     assert "restart" in out and "from step" in out  # the table lists it
     _assert_same_weights(_final(run), straight_2w)
+    curves_show_each_step_once(run)  # the steps redone are in events.jsonl twice, in TensorBoard once
 
 
 def test_death_between_two_resizes_resumes_at_the_right_size_with_the_rest_of_the_schedule(tmp_path):
@@ -156,10 +173,13 @@ def test_death_between_two_resizes_resumes_at_the_right_size_with_the_rest_of_th
 
 def test_kill_9_of_the_controller_leaves_no_orphan_and_resume_is_exact(tmp_path, straight_2w):
     run = tmp_path / "ctl"
-    proc = _start(["--gpus", "2", "--steps", str(STEPS), *TINY, "--checkpoint-every", "5",
-                   "--run-dir", str(run)])
+    # checkpoints every 30 steps, a throughput window every 3: the kill lands once a window past the
+    # checkpoint at step 30 is in events.jsonl, so the resumed run trains and reports it again
+    proc = _start(["--gpus", "2", "--steps", str(STEPS), *TINY, "--checkpoint-every", "30",
+                   "--set", "throughput_window=3", "--run-dir", str(run)])
     try:
-        _wait_step(run, 40)
+        _wait_step(run, 30)
+        _wait_window_past_checkpoint(run, 30)
         workers = [_pid_of(run, 0, r) for r in (0, 1)]
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
@@ -180,6 +200,9 @@ def test_kill_9_of_the_controller_leaves_no_orphan_and_resume_is_exact(tmp_path,
     assert res.returncode == 0, res.stderr
     assert read_events(run / "events.jsonl", kind="launch")[-1]["world_size"] == 2  # no --gpus needed
     _assert_same_weights(_final(run), straight_2w)
+    windows = [e["step"] for e in read_events(run / "events.jsonl", kind="throughput")]
+    assert len(windows) > len(set(windows)), "no window trained twice: the check below would check nothing"
+    curves_show_each_step_once(run)  # in events.jsonl twice, in TensorBoard once
 
 
 def test_corrupt_latest_checkpoint_resumes_from_the_previous_one(tmp_path):

@@ -15,13 +15,23 @@ from tests.integration.test_train_resize import LIVE_STEPS, live_resize_run
 pytestmark = pytest.mark.integration
 
 
-def _expected(run) -> dict[tuple[str, int], tuple[float, float]]:
-    """(tag, step) -> (value, wall time) of events.jsonl (the last record of a step wins)."""
-    out = {}
+def _expected(run) -> tuple[dict[tuple[str, int], tuple[float, float]], set[tuple[str, int]]]:
+    """The curves the events make: (tag, step) -> (value, wall time) of the timeline the run ended
+    on (the last record of a step wins; a launch at step S drops the points at S or later, those of
+    steps trained again or not at all, except the restart's that led to it); and every (tag, step)
+    of the events."""
+    out, every, restart = {}, set(), []
     for ev in read_events(run / "events.jsonl"):
-        for tag, value, step, wall in scalars_of(ev):
+        rows = list(scalars_of(ev))
+        every |= {(tag, step) for tag, _, step, _ in rows}
+        if ev["kind"] == "launch":
+            out = {k: v for k, v in out.items() if k[1] < ev["start_step"]}
+            rows, restart = [r for r in restart if r[2] >= ev["start_step"]], []
+        elif ev["kind"] == "restart":
+            restart = rows
+        for tag, value, step, wall in rows:
             out[(tag, step)] = (value, wall)
-    return out
+    return out, every
 
 
 def _raw(logdir) -> list[tuple[str, int, float, float]]:
@@ -36,23 +46,37 @@ def _raw(logdir) -> list[tuple[str, int, float, float]]:
     return rows
 
 
-def _check(run) -> dict:
+def _check(run, once: bool = True) -> dict:
+    """The curves of ``run`` as TensorBoard's accumulator reads them: each (tag, step) of the events
+    once, with the value and time of its last record. ``once``: nothing was trained twice, so no
+    scalar is in the files twice either (else a restart's START drops the older points)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     logdir = run / "tensorboard"
-    want = _expected(run)
+    want, every = _expected(run)
     raw = _raw(logdir)
     keys = [(t, s) for t, s, _, _ in raw]
-    assert len(keys) == len(set(keys)), "a scalar was written twice"
-    assert set(keys) == set(want)
+    if once:
+        assert len(keys) == len(set(keys)), "a scalar was written twice"
+    assert set(keys) == every  # every record of the events is in the files
     acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
     acc.Reload()
-    got = {(tag, e.step): (e.value, e.wall_time) for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)}
+    points = [(tag, e.step, e.value, e.wall_time) for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)]
+    got = {(tag, step): (v, wall) for tag, step, v, wall in points}
+    assert len(got) == len(points), "a step shows twice in a curve"
     assert set(got) == set(want)
     for k, (v, wall) in want.items():
         assert got[k][0] == pytest.approx(v, rel=1e-6, abs=1e-12), k  # stored as float32
         assert got[k][1] == pytest.approx(wall, abs=1e-6), k
     return got
+
+
+def curves_show_each_step_once(run) -> None:
+    """For the kill tests of test_recovery: after a restart from a checkpoint (steps done twice),
+    TensorBoard shows each step once, its last values."""
+    pytest.importorskip("tensorboard")
+    got = _check(run, once=False)
+    assert any(t == "train/loss" for t, _ in got)
 
 
 def test_curves_equal_events_across_a_resize_and_a_resume(tmp_path_factory):

@@ -20,6 +20,9 @@ class FakeWriter:
     def add(self, tag, value, step, wall):
         self.rows.append((tag, value, step, wall))
 
+    def start(self, step, wall):
+        self.rows.append(("START", None, step, wall))
+
     def flush(self):
         self.flushes += 1
 
@@ -69,6 +72,44 @@ def test_resume_appends_only_new_lines_and_waits_for_whole_lines(tmp_path):
     assert [r[2] for r in FakeWriter.last.rows] == [4] * 5
     assert s2.sync() == 0
     assert json.loads((tmp_path / "tb" / OFFSET_FILE).read_text())["offset"] == ev.stat().st_size
+
+
+def _redone(ev: Path) -> None:
+    """Steps 1-4, rank 1 dies after step 4, a restart from the checkpoint at step 2: steps 3 and 4
+    again, with other losses."""
+    _append(ev, {"kind": "launch", "time": 100.0, "segment": 0, "start_step": 1, "stop_step": 4},
+            *(_thr(s, 10.0 - s) for s in range(1, 5)),
+            {"kind": "restart", "time": 105.0, "attempt": 1, "failed_at_step": 4, "from_step": 2,
+             "steps_redone": 2, "new_world_size": 2, "cause": "rank 1 exited 137"},
+            {"kind": "launch", "time": 106.0, "segment": 1, "start_step": 3, "stop_step": 4},
+            *(_thr(s, 20.0 - s) for s in (3, 4)))
+
+
+def test_a_launch_starts_the_writer_again_at_its_first_step_and_the_restart_follows_it(tmp_path):
+    ev = tmp_path / "events.jsonl"
+    _redone(ev)
+    s = TensorBoardSink(ev, tmp_path / "tb", writer_factory=FakeWriter)
+    s.sync()
+    rows = [(t, st) for t, _, st, _ in FakeWriter.last.rows if t in ("START", "train/loss", "restart/attempt")]
+    assert rows == [("START", 1), ("train/loss", 1), ("train/loss", 2), ("train/loss", 3), ("train/loss", 4),
+                    ("restart/attempt", 4),  # as it comes, then again after the START that would drop it
+                    ("START", 3), ("restart/attempt", 4), ("train/loss", 3), ("train/loss", 4)]
+
+
+def test_tensorboard_s_reader_shows_each_step_done_again_once_with_its_last_values(tmp_path):
+    """The default writer's START, read by TensorBoard's accumulator: the steps done again show
+    their second values, once; the restart's point stays."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ev = tmp_path / "events.jsonl"
+    _redone(ev)
+    s = TensorBoardSink(ev, tmp_path / "tb")
+    s.close()
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 9.0), (2, 8.0), (3, 17.0), (4, 16.0)]
+    assert [(e.step, e.value) for e in acc.Scalars("restart/attempt")] == [(4, 1.0)]
 
 
 def test_a_failing_writer_stops_the_curves_not_the_run(tmp_path):
