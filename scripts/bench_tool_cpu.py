@@ -10,7 +10,14 @@ with a timer around each block of 40 steps and nothing else changed, 2 workers,
 * ``tool``: ``elastic-ring train --script ... --gpus 2``;
 * ``tool_every_event``: the tool with ``ELASTIC_RING_TELEMETRY_EVERY_S=0``: the controller samples
   the workers' processes at every throughput event, as it did before it sampled at most once a
-  second.
+  second;
+* ``tool_nozygote``: the tool with ``ELASTIC_RING_NO_ZYGOTE=1``: each worker a new interpreter
+  started by its worker command, in the session (so the scheduler's autogroup) of Horovod's
+  middleman, as plain Horovod's are, where the fork server's workers share the fork server's one.
+
+Per thread name and kind (``threads``), in the same window: the wake-ups a second (voluntary
+context switches: each a sleep that ended), the times a second it was taken off its core while it
+could run (involuntary switches), its CPU % and how many such threads.
 
 In a steady window (from the end of the third block to the end of the third-to-last), the CPU
 seconds of every thread of every process the run started (``/proc``, psutil) over the window's
@@ -46,7 +53,7 @@ import bench_step_cost as bsc  # noqa: E402  (the same case, its timer and comma
 from benchlib import ROOT, spread, write_results  # noqa: E402
 
 OUT = ROOT / "results" / "bench_tool_cpu.json"
-MODES = ("plain", "tool", "tool_every_event")
+MODES = ("plain", "tool", "tool_every_event", "tool_nozygote")
 KINDS = ("rank_training_thread", "rank_other_threads", "controller", "launchers", "other")
 
 
@@ -69,14 +76,33 @@ def _pids(out: Path) -> set[int]:
     return {json.loads(ln)["pid"] for ln in out.read_text().splitlines() if ln.strip()}
 
 
-def _threads(root: psutil.Process) -> dict[tuple[int, int], tuple[str, float]]:
-    """(pid, tid) -> (the process's command line, the thread's CPU seconds) under ``root``."""
-    snap: dict[tuple[int, int], tuple[str, float]] = {}
+def _switches(pid: int, tid: int) -> tuple[str, int, int]:
+    """A thread's name and its voluntary and involuntary context switches so far (its
+    ``/proc/PID/task/TID`` files: a voluntary switch is a sleep, so one wake-up after it; an
+    involuntary one, the thread taken off its core while it could run)."""
+    base = f"/proc/{pid}/task/{tid}/"
+    try:
+        name = Path(base + "comm").read_text().strip()
+        vol = inv = 0
+        for ln in Path(base + "status").read_text().splitlines():
+            if ln.startswith("voluntary_ctxt_switches:"):
+                vol = int(ln.split()[1])
+            elif ln.startswith("nonvoluntary_ctxt_switches:"):
+                inv = int(ln.split()[1])
+        return name, vol, inv
+    except (OSError, ValueError):
+        return "?", 0, 0
+
+
+def _threads(root: psutil.Process) -> dict[tuple[int, int], tuple[str, float, str, int, int]]:
+    """(pid, tid) -> (the process's command line, the thread's CPU seconds, its name, its voluntary
+    and involuntary context switches) under ``root``."""
+    snap: dict[tuple[int, int], tuple[str, float, str, int, int]] = {}
     for p in [root, *root.children(recursive=True)]:
         try:
             cmd = " ".join(p.cmdline())
             for t in p.threads():
-                snap[(p.pid, t.id)] = (cmd, t.user_time + t.system_time)
+                snap[(p.pid, t.id)] = (cmd, t.user_time + t.system_time, *_switches(p.pid, t.id))
         except psutil.Error:
             continue
     return snap
@@ -101,6 +127,9 @@ def one_run(mode: str, blocks: int, work: Path) -> dict:
     env.pop("ELASTIC_RING_TELEMETRY_EVERY_S", None)
     if mode == "tool_every_event":
         env["ELASTIC_RING_TELEMETRY_EVERY_S"] = "0"
+    env.pop("ELASTIC_RING_NO_ZYGOTE", None)
+    if mode == "tool_nozygote":
+        env["ELASTIC_RING_NO_ZYGOTE"] = "1"
     if mode == "plain":
         env["ELASTIC_RING_STEPS"] = str(bsc.BLOCK * blocks)
     cmd = bsc.command("steps", "horovod", "plain" if mode == "plain" else "tool", script,
@@ -131,12 +160,35 @@ def one_run(mode: str, blocks: int, work: Path) -> dict:
     window = tb - ta
     ranks = _pids(out)
     cpu = dict.fromkeys(KINDS, 0.0)
-    for key, (cmdline, s1) in b.items():
-        s0 = a.get(key, (cmdline, 0.0))[1]
-        cpu[kind_of(cmdline, key[0], key[1], ranks)] += max(0.0, s1 - s0)
+    sw: dict[str, list[float]] = {}  # "kind/thread name" -> [wake-ups, preemptions, CPU s, threads]
+    for key, (cmdline, s1, name, v1, i1) in b.items():
+        _, s0, _, v0, i0 = a.get(key, (cmdline, 0.0, name, 0, 0))
+        kind = kind_of(cmdline, key[0], key[1], ranks)
+        cpu[kind] += max(0.0, s1 - s0)
+        row = sw.setdefault(f"{kind}/{name}", [0.0, 0.0, 0.0, 0])
+        row[0] += v1 - v0
+        row[1] += i1 - i0
+        row[2] += max(0.0, s1 - s0)
+        row[3] += 1
     return {"block_s": statistics.median(bsc.epoch_times(out)), "window_s": window,
             "cpu_percent": {k: 100.0 * v / window for k, v in cpu.items()},
-            "cpu_percent_total": 100.0 * sum(cpu.values()) / window, "ranks": len(ranks)}
+            "cpu_percent_total": 100.0 * sum(cpu.values()) / window, "ranks": len(ranks),
+            "threads": {k: {"wakeups_per_s": v / window, "preempted_per_s": i / window,
+                            "cpu_percent": 100.0 * c / window, "threads": n}
+                        for k, (v, i, c, n) in sorted(sw.items())}}
+
+
+SWITCHES = ("training_preempted", "other_preempted", "other_wakeups")
+
+
+def _switch_sum(run: dict, what: str) -> float:
+    """A run's switches a second, added up over both ranks: ``training_preempted`` (the training
+    threads taken off their cores), ``other_preempted`` and ``other_wakeups`` (the ranks' other
+    threads)."""
+    kind, field = {"training_preempted": ("rank_training_thread/", "preempted_per_s"),
+                   "other_preempted": ("rank_other_threads/", "preempted_per_s"),
+                   "other_wakeups": ("rank_other_threads/", "wakeups_per_s")}[what]
+    return sum(v[field] for k, v in run["threads"].items() if k.startswith(kind))
 
 
 def summarise(rounds: list[dict]) -> dict:
@@ -147,6 +199,12 @@ def summarise(rounds: list[dict]) -> dict:
         out["modes"][m] = {"block_s": spread([x["block_s"] for x in runs]),
                            "cpu_percent_total": spread([x["cpu_percent_total"] for x in runs]),
                            "cpu_percent": {k: spread([x["cpu_percent"][k] for x in runs]) for k in KINDS}}
+        names = sorted({k for x in runs for k in x.get("threads", {})})
+        if names:  # (files written before the thread rates have none)
+            out["modes"][m]["switches_per_s"] = {f: spread([_switch_sum(x, f) for x in runs]) for f in SWITCHES}
+            out["modes"][m]["threads"] = {
+                k: {f: statistics.median(x["threads"].get(k, {}).get(f, 0.0) for x in runs)
+                    for f in ("wakeups_per_s", "preempted_per_s", "cpu_percent")} for k in names}
     for m in modes:
         if m != "plain" and "plain" in modes:
             out["paired_block_ratio"][f"{m}/plain"] = spread(

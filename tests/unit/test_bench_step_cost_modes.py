@@ -39,3 +39,25 @@ def test_every_tool_mode_runs_the_tools_command(bsc, mode, tmp_path):
     assert cmd[1:5] == ["-m", "elastic_ring.cli.main", "train", "--script"]
     plain = bsc.command("steps", "horovod", "plain", tmp_path / "s.py", [], 2, tmp_path / "run")
     assert Path(plain[0]).name == "horovodrun"
+
+
+def test_bench_tool_cpu_counts_a_thread_s_switches_and_adds_them_up_by_kind():
+    """bench_tool_cpu's switch counters: this thread's, read from /proc, grow when it sleeps; a
+    run's sums take the training threads' preemptions and the other threads' apart."""
+    import time
+
+    btc = load_module(ROOT / "scripts" / "bench_tool_cpu.py")
+    import os
+    import threading
+
+    name, vol0, _ = btc._switches(os.getpid(), threading.get_native_id())
+    for _ in range(5):
+        time.sleep(0.002)
+    _, vol1, _ = btc._switches(os.getpid(), threading.get_native_id())
+    assert name != "?" and vol1 >= vol0 + 5
+    assert btc._switches(os.getpid(), 2**31 - 1) == ("?", 0, 0)  # no such thread
+    run = {"threads": {"rank_training_thread/a": {"preempted_per_s": 10.0, "wakeups_per_s": 1.0},
+                       "rank_training_thread/b": {"preempted_per_s": 5.0, "wakeups_per_s": 1.0},
+                       "rank_other_threads/a": {"preempted_per_s": 2.0, "wakeups_per_s": 100.0},
+                       "controller/python": {"preempted_per_s": 7.0, "wakeups_per_s": 50.0}}}
+    assert [btc._switch_sum(run, w) for w in btc.SWITCHES] == [15.0, 2.0, 100.0]
