@@ -21,6 +21,9 @@ Each case is one example script, given a timer and nothing else (a copy in a tem
   fork server): not in the default modes; each takes one of the tool's differences away;
 * ``timed``: ``tool`` with ``ELASTIC_RING_STEP_COST=1``: the in-process measure below. Not part of
   the paired ratios (its timers are in its time), and not run with ``--modes`` lacking it;
+* ``timed_nozygote``: ``timed`` with ``ELASTIC_RING_NO_ZYGOTE=1``: the same measure with each
+  worker in a process of its own (so, as plain Horovod's, in a session and a scheduler group of
+  its own: docs/reports/worker.md); its figures in ``in_process_nozygote``. Not in the defaults;
 * ``plain_timed``: ``plain`` with the same measure (``ELASTIC_RING_STEP_COST=1`` and
   ``ELASTIC_RING_STEP_COST_DIR``): the same entry points timed in the library's no-tool mode, for
   the scripts of our library (not ``hvd_elastic``, whose plain run is Horovod's own).
@@ -58,6 +61,10 @@ not: in the ``timed`` runs every rank measures itself, on its training thread, i
   part included, the aside not);
 * ``share``: the net library time over the step; ``target_us``: the issue's bound, the larger of 1%
   of the step and 100 us; ``within_target``: the net figure at most that.
+* ``library_cpu_us_per_step_net``: the training thread's CPU time in the same entries
+  (``time.thread_time_ns``, the clocks' own bias taken out): the wall figure less the time the
+  thread was off its core inside them (another thread run in its place, a wait); per case its
+  median over the rounds and ``cpu_within_target`` (every round at most the target).
 
 Per case the medians over the rounds, and whether every round was within the target. What runs on
 the collectives' own threads and the heartbeat and progress writers' threads is not in it (the
@@ -98,6 +105,7 @@ OUT = ROOT / "results" / "bench_step_cost.json"
 SIZES = {"small": ["--hidden", "512", "--batch-size", "16"], "large": ["--hidden", "4096", "--batch-size", "32"]}
 BLOCK = 40  # steps per timed block of a job.steps() loop
 TRIES = 3  # runs of a case that fails (then the benchmark stops)
+TIMED = ("timed", "plain_timed", "timed_nozygote")  # the modes timed in the process (in_process())
 
 _TIMER = '''import json as _bench_json, os as _bench_os, time as _bench_time
 
@@ -166,10 +174,10 @@ def env_for(mode: str, out: Path, profile: bool) -> dict[str, str]:
         env["ELASTIC_RING_STOP_LATENCY_MS"] = "0"
     elif mode == "tool_spin":
         env["ELASTIC_RING_HOROVOD_WAIT"] = "spin"
-    elif mode == "tool_nozygote":
+    elif mode in ("tool_nozygote", "timed_nozygote"):
         env["ELASTIC_RING_NO_ZYGOTE"] = "1"
     env.setdefault("HOROVOD_CYCLE_TIME", "5")  # the tool's own on CPUs (plain Horovod's default: 1 ms)
-    if mode in ("timed", "plain_timed"):
+    if mode in TIMED:
         env["ELASTIC_RING_STEP_COST"] = "1"  # the library's own time per step (no part timed)
     if mode == "plain_timed":
         env["ELASTIC_RING_STEP_COST_DIR"] = str(out.parent / "plain_stepcost")
@@ -205,7 +213,8 @@ def stepcost(run: Path) -> list[dict]:
 
 LIBRARY_KEYS = ("library_us_per_step", "library_us_per_step_net", "step_us", "share", "target_us",
                 "within_target", "aside_us_per_step", "entries_per_step", "timer_bias_us", "steps",
-                "median_step_library_us", "p90_step_library_us", "entries")
+                "median_step_library_us", "p90_step_library_us", "entries", "library_cpu_us_per_step_net",
+                "cpu_timer_bias_us")
 
 
 def library_figures(reports: list[dict]) -> dict:
@@ -245,7 +254,7 @@ def one_run(form: str, coll: str, size: str, mode: str, epochs: int, work: Path,
         raise BenchError(f"{form}/{coll}/{size}/{mode}: no epoch times in {out}")
     res = {"epoch_s": statistics.median(times), "epochs_s": times, "wall_s": time.perf_counter() - t0,
            "attempts": attempt + 1}
-    if mode == "timed":
+    if mode in ("timed", "timed_nozygote"):
         res["library"] = library_figures(stepcost(run))
     elif mode == "plain_timed":
         plain = folder / "plain_stepcost"
@@ -268,7 +277,7 @@ def builtin_run(coll: str, mode: str, steps: int, work: Path, profile: bool) -> 
     ev = [json.loads(ln) for ln in (run / "events.jsonl").read_text().splitlines()]
     win = [e["seconds"] / e["steps"] for e in ev if e.get("kind") == "throughput"][1:]
     res = {"step_s": statistics.median(win), "windows_s": win}
-    if mode == "timed":
+    if mode in ("timed", "timed_nozygote"):
         res["library"] = library_figures(stepcost(run))
     elif profile:
         res["stepcost"] = stepcost(run)
@@ -331,7 +340,7 @@ def summarise(rounds: list[dict]) -> dict:
         for case, modes in r["cases"].items():
             c = out.setdefault(case, {"modes": {}, "paired": {}})
             key = "step_s" if case.startswith("builtin") else "epoch_s"
-            modes = {m: res for m, res in modes.items() if m not in ("timed", "plain_timed")}  # (in_process())
+            modes = {m: res for m, res in modes.items() if m not in TIMED}  # (in_process())
             for mode, res in modes.items():
                 c["modes"].setdefault(mode, []).append(res[key])
             base = "plain" if "plain" in modes else "tool"
@@ -346,15 +355,16 @@ def summarise(rounds: list[dict]) -> dict:
     return out
 
 
-def in_process(rounds: list[dict]) -> dict:
-    """Per case, the ``timed`` runs' in-process figures (:func:`library_figures`): per round, and
-    the medians over the rounds (``within_target``: every round within the issue's bound)."""
+def in_process(rounds: list[dict], mode: str = "timed") -> dict:
+    """Per case, the ``timed`` runs' in-process figures (:func:`library_figures`), or another timed
+    mode's (``timed_nozygote``): per round, and the medians over the rounds (``within_target``:
+    every round within the issue's bound)."""
     out: dict[str, dict] = {}
     for r in rounds:
         for case, modes in r["cases"].items():
-            if "timed" in modes:
+            if mode in modes:
                 c = out.setdefault(case, {"rounds": [], "plain_rounds": [], "added_rounds": []})
-                tool = modes["timed"]["library"]
+                tool = modes[mode]["library"]
                 c["rounds"].append(tool)
                 plain = modes.get("plain_timed", {}).get("library")
                 if plain is not None:
@@ -366,6 +376,11 @@ def in_process(rounds: list[dict]) -> dict:
                   "aside_us_per_step"):
             c[f"median_{k}"] = statistics.median(x[k] for x in rs)
         c["within_target"] = all(x["within_target"] for x in rs)
+        cpu = [x["library_cpu_us_per_step_net"] for x in rs if x.get("library_cpu_us_per_step_net") is not None]
+        if cpu:  # the training thread's CPU in the entries (the wall figure less its time off the core)
+            c["median_library_cpu_us_per_step_net"] = statistics.median(cpu)
+            c["library_cpu_rounds"] = cpu
+            c["cpu_within_target"] = all(x["library_cpu_us_per_step_net"] <= x["target_us"] for x in rs)
         if c["added_rounds"]:
             c["median_plain_us_per_step_net"] = statistics.median(x["library_us_per_step_net"]
                                                                   for x in c["plain_rounds"])
@@ -446,7 +461,7 @@ def main() -> int:
                     print(f"round {i + 1} {case} {mode}: {rnd['cases'][case][mode]['step_s'] * 1e3:.2f} ms a step",
                           flush=True)
             if not only or "latency" in only:
-                for mode in [m for m in order if m not in ("plain", "timed", "plain_timed")]:
+                for mode in [m for m in order if m not in ("plain", *TIMED)]:
                     rnd.setdefault("latency", {})[mode] = lat = latency_run(mode, work)
                     lib = lat["stop_file_to_agreement_s"]
                     print(f"round {i + 1} live resize {mode}: {lat['latency_s'] * 1e3:.0f} ms from request to "
@@ -473,11 +488,15 @@ def main() -> int:
         print(case, {m: f"{v * 1e3:.2f} ms" for m, v in c["median_s"].items()},
               {m: f"{v:.3f}" for m, v in c["median_ratio"].items()})
     inproc = in_process(rounds)
+    extra = {"in_process_nozygote": in_process(rounds, "timed_nozygote")} if "timed_nozygote" in modes else {}
     for case, c in inproc.items():
         print(f"{case} in-process: the library {c['median_library_us_per_step_net']:.1f} us a step "
               f"(raw {c['median_library_us_per_step']:.1f}) of {c['median_step_us']:.0f} us "
               f"({c['median_share'] * 100:.2f}%; target {c['median_target_us']:.0f} us: "
               f"{'within' if c['within_target'] else 'NOT within'})")
+        if "median_library_cpu_us_per_step_net" in c:
+            print(f"{case} in-process: the training thread's CPU in the library {c['median_library_cpu_us_per_step_net']:.1f} "
+                  f"us a step ({'within' if c['cpu_within_target'] else 'NOT within'} in every round)")
         if "median_added_us_per_step" in c:
             print(f"{case} in-process: the same entries without the tool {c['median_plain_us_per_step_net']:.1f} us "
                   f"a step; the tool adds {c['median_added_us_per_step']:.1f} us "
@@ -485,7 +504,8 @@ def main() -> int:
     write_results(a.out, {"settings": {"rounds": rounds_n, "epochs": epochs, "sizes": sizes, "modes": modes,
                                        "block_steps": BLOCK, "workers": 2, "omp_threads": 1,
                                        "quick": a.quick, "profile": a.profile},
-                          "summary": summary, "in_process": inproc, "live_resize": live, "rounds": rounds},
+                          "summary": summary, "in_process": inproc, **extra, "live_resize": live,
+                          "rounds": rounds},
                   load_start)
     return 0
 

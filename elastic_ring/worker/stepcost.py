@@ -12,7 +12,9 @@ checkpoints. The steps are those the job counted: from the end of the entry that
 segment's second step to the end of the one that counted its last (a segment's first step holds
 its start-up, its end the final checkpoint and barrier), so the figures are per step of a steady
 segment: the library's nanoseconds on the training thread, and the step's own wall time, both
-less the aside. :meth:`Meter.write` leaves, at each segment's end,
+less the aside; and the training thread's CPU time in the entries (``time.thread_time_ns``,
+``library_cpu_us_per_step_net``): the wall figure less the time the thread was off its core (taken
+by another thread, waiting), which on a loaded machine inflates the wall figure's mean. :meth:`Meter.write` leaves, at each segment's end,
 ``RUN_DIR/stepcost/seg<n>-rank<r>.json``; its ``library`` section holds them (see
 :meth:`Meter.library`), with the timers' own bias measured at the start (:func:`calibrate`) and
 taken out (``library_us_per_step_net``).
@@ -56,6 +58,7 @@ class Meter:
         self.calls: dict[str, int] = defaultdict(int)
         self.each: dict[str, list[int]] = defaultdict(list)  # (``parts``) every call's nanoseconds
         self.bias_ns = bias_ns  # what one entry's timer adds to its own figure (calibrate())
+        self.cpu_bias_ns = 0.0  # the same for the thread-CPU figure (calibrate_cpu())
         self.seg: Any = None  # the job's counters (Segment): a change of its step is a step counted
         self.parts = False  # each part timed too (``parts``)
         self._reset_library()
@@ -63,14 +66,16 @@ class Meter:
     def _reset_library(self) -> None:
         self.depth = 0  # inside an entry (nested entries are counted by the outermost)
         self.lib_ns = 0  # the library's time on the training thread, aside taken out
+        self.lib_cpu_ns = 0  # the training thread's CPU time in the entries, aside taken out
         self.aside_ns = 0  # evaluations and checkpoints inside the entries
+        self.aside_cpu_ns = 0  # their CPU time
         self.entries = 0  # outermost entries
         self.entry_ns: dict[str, int] = defaultdict(int)
         self.entry_calls: dict[str, int] = defaultdict(int)
         self.steps_seen = 0  # steps counted in this segment
         self._step_seen: int | None = None
         self._seg_start = 0  # the step the segment started after
-        self._first: tuple | None = None  # (t, lib_ns, aside_ns, entries, step) after the 2nd step
+        self._first: tuple | None = None  # (t, lib_ns, aside_ns, entries, step, lib_cpu_ns) after the 2nd step
         self._last: tuple | None = None  # the same after the last step so far
         self.per_step: list[int] = []  # the library's nanoseconds of each step after the 2nd
 
@@ -83,18 +88,21 @@ class Meter:
 
     def entry(self, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         """``fn``, a place where the script's code calls into the library, timed when outermost."""
-        clock, meter = time.perf_counter_ns, self
+        clock, cpu, meter = time.perf_counter_ns, time.thread_time_ns, self
 
         def run(*args: Any, **kwargs: Any) -> Any:
             if meter.depth:  # inside another entry: counted there
                 return fn(*args, **kwargs)
             meter.depth = 1
-            a0 = meter.aside_ns
+            a0, ac0 = meter.aside_ns, meter.aside_cpu_ns
+            c0 = cpu()
             t0 = clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                meter.left(name, t0, clock(), a0)
+                t1 = clock()
+                meter.lib_cpu_ns += cpu() - c0 - (meter.aside_cpu_ns - ac0)
+                meter.left(name, t0, t1, a0)
 
         return run
 
@@ -110,7 +118,7 @@ class Meter:
         if step != self._step_seen:  # this entry counted a step: the figures' ends are taken here
             self._step_seen = step
             self.steps_seen += 1
-            snap = (t1, self.lib_ns, self.aside_ns, self.entries, step)
+            snap = (t1, self.lib_ns, self.aside_ns, self.entries, step, self.lib_cpu_ns)
             if self.steps_seen == 2:
                 self._first = snap
             elif self.steps_seen > 2:
@@ -136,14 +144,15 @@ class Meter:
     def aside(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn``, work inside the entries that is no step's (an evaluation, a checkpoint): its time
         is counted apart, not in the library's per-step time nor in the step's."""
-        clock, meter = time.perf_counter_ns, self
+        clock, cpu, meter = time.perf_counter_ns, time.thread_time_ns, self
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            t0 = clock()
+            t0, c0 = clock(), cpu()
             try:
                 return fn(*args, **kwargs)
             finally:
                 meter.aside_ns += clock() - t0
+                meter.aside_cpu_ns += cpu() - c0
 
         return run
 
@@ -158,16 +167,18 @@ class Meter:
         preemptions inflate single steps, the mean holds them and the votes every K steps)."""
         if self._first is None or self._last is None or self._last[4] == self._first[4]:
             return {"steps": 0}
-        (t0, l0, a0, e0, s0), (t1, l1, a1, e1, s1) = self._first, self._last
+        (t0, l0, a0, e0, s0, c0), (t1, l1, a1, e1, s1, c1) = self._first, self._last
         n = s1 - s0
         step_us = ((t1 - t0) - (a1 - a0)) / 1e3 / n
         lib_us = (l1 - l0) / 1e3 / n
         per = (e1 - e0) / n
         net = max(0.0, lib_us - per * self.bias_ns / 1e3)
+        cpu_net = max(0.0, (c1 - c0) / 1e3 / n - per * self.cpu_bias_ns / 1e3)
         each = sorted(self.per_step) or [0]
         return {"steps": n, "step_us": round(step_us, 2), "library_us_per_step": round(lib_us, 2),
                 "entries_per_step": round(per, 2), "timer_bias_us": round(self.bias_ns / 1e3, 3),
                 "library_us_per_step_net": round(net, 2), "share": round(net / step_us, 5) if step_us > 0 else None,
+                "library_cpu_us_per_step_net": round(cpu_net, 2), "cpu_timer_bias_us": round(self.cpu_bias_ns / 1e3, 3),
                 "target_us": round(max(0.01 * step_us, 100.0), 2), "within_target": net <= max(0.01 * step_us, 100.0),
                 "aside_us_per_step": round((a1 - a0) / 1e3 / n, 2),
                 "median_step_library_us": round(each[len(each) // 2] / 1e3, 2),
@@ -268,6 +279,25 @@ def calibrate(rounds: int = 5, n: int = 2000) -> float:
     return best
 
 
+def calibrate_cpu(rounds: int = 5, n: int = 2000) -> float:
+    """What an outermost entry's timers add to its thread-CPU figure, in nanoseconds (as
+    :func:`calibrate`: the least mean over ``rounds`` of ``n`` entries that do nothing)."""
+    best = float("inf")
+    for _ in range(rounds):
+        m = Meter()
+        nothing = m.entry(lambda: None, "nothing")
+        for _ in range(n):
+            nothing()
+        best = min(best, m.lib_cpu_ns / n)
+    return best
+
+
+def _calibrated() -> "Meter":
+    m = Meter(calibrate())
+    m.cpu_bias_ns = calibrate_cpu()
+    return m
+
+
 def enabled() -> bool:
     return env.step_cost()
 
@@ -284,7 +314,7 @@ def install(job: Any) -> "Meter | None":
         return None
     from elastic_ring.worker import hooked
 
-    m = _METER = _METER or Meter(calibrate())
+    m = _METER = _METER or _calibrated()
     m.seg, m.parts = job.seg, env.step_cost_parts()
     if m.parts:
         m.wrap(job.vote, "start", "vote.start")
@@ -330,7 +360,7 @@ def install_plain(job: Any) -> "Meter | None":
         return None
     import atexit
 
-    m = _METER = Meter(calibrate())
+    m = _METER = _calibrated()
     m.seg = job  # (its ``step``: the steps counted)
     for attr, name in JOB_ENTRIES.items():
         m.wrap_entry(job, attr, name)

@@ -51,6 +51,35 @@ def test_the_outermost_entry_counts_once_and_the_aside_is_taken_out():
     assert lib["target_us"] == 100.0 and not lib["within_target"]
 
 
+def _spin(s: float) -> None:
+    t = time.thread_time()
+    while time.thread_time() - t < s:
+        pass
+
+
+def test_the_cpu_figure_holds_the_entries_work_but_not_their_waits_nor_the_aside():
+    """Each step one entry that sleeps 3 ms (the thread off its core: wall, no CPU) and works 1 ms of
+    the thread's CPU, with an aside that works 5 ms: the wall figure holds 4 ms, the CPU figure about
+    1 ms, and neither the aside."""
+    m = stepcost.Meter(bias_ns=0.0)
+    m.seg = types.SimpleNamespace(step=0)
+    m.begin_segment()
+    aside = m.aside(lambda: _spin(0.005))
+
+    def boundary():
+        time.sleep(0.003)
+        _spin(0.001)
+        m.seg.step += 1
+        aside()
+
+    boundary = m.entry(boundary, "boundary")
+    for _ in range(6):
+        boundary()
+    lib = m.library()
+    assert lib["steps"] == 4 and lib["library_us_per_step"] >= 4000
+    assert 900 <= lib["library_cpu_us_per_step_net"] < 3000, lib  # the 1 ms of work, not the 3 ms of sleep nor the 5 ms aside
+
+
 def test_calibrate_measures_the_timer_s_own_bias():
     bias = stepcost.calibrate(rounds=2, n=200)
     assert 0 < bias < 1e6  # nanoseconds: a few hundred on a quiet machine
@@ -62,6 +91,8 @@ def test_calibrate_measures_the_timer_s_own_bias():
         step()
     lib = m.library()
     assert lib["library_us_per_step_net"] <= lib["library_us_per_step"]
+    cpu_bias = stepcost.calibrate_cpu(rounds=2, n=200)
+    assert 0 < cpu_bias < 1e6  # the thread-CPU clock's own calls inside the figure
 
 
 def _install(monkeypatch, level="1"):
@@ -70,6 +101,7 @@ def _install(monkeypatch, level="1"):
     monkeypatch.setenv(stepcost.ENV, level)
     monkeypatch.setattr(stepcost, "_METER", None)
     monkeypatch.setattr(stepcost, "calibrate", lambda: 0.0)
+    monkeypatch.setattr(stepcost, "calibrate_cpu", lambda: 0.0)
     monkeypatch.setattr(hooked, "_rng_state", hooked._rng_state)
     monkeypatch.setattr(hooked, "_timed_rng", False, raising=False)
 
