@@ -166,7 +166,12 @@ def test_the_same_script_under_plain_torchrun_saves_and_resumes_its_own_snapshot
         p = subprocess.run([tool("torchrun"), "--standalone", "--nproc-per-node", "2", str(SCRIPT), "--out", str(out),
                             "--steps", str(steps), "--every", str(EVERY)], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=180)
-        assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+        # torch's own abort at the interpreter's exit after the script's work (gloo threads torn down
+        # late: "terminate called without an active exception", SIGABRT; the script calls
+        # destroy_process_group() itself): seen in one fresh-clone CI run of this test at load, and
+        # taken as test_torch_collective takes it, as an exit; the log below must still be whole
+        torch_abort = p.returncode != 0 and "terminate called without an active exception" in p.stderr
+        assert p.returncode == 0 or torch_abort, p.stdout + p.stderr[-3000:]
     segs = _segments(_log(out))
     assert [(s["resumed_from"], s["world"]) for s, _, _ in segs] == [(0, 2), (10, 2)]
     assert [r["step"] for r in segs[0][1]] == list(range(1, 13)) and segs[0][2] == [5, 10]
