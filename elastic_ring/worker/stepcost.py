@@ -58,7 +58,7 @@ class Meter:
         self.calls: dict[str, int] = defaultdict(int)
         self.each: dict[str, list[int]] = defaultdict(list)  # (``parts``) every call's nanoseconds
         self.bias_ns = bias_ns  # what one entry's timer adds to its own figure (calibrate())
-        self.cpu_bias_ns = 0.0  # the same for the thread-CPU figure (calibrate_cpu())
+        self.cpu_bias_ns = 0.0  # the same for the thread-CPU figure (calibrate())
         self.seg: Any = None  # the job's counters (Segment): a change of its step is a step counted
         self.parts = False  # each part timed too (``parts``)
         self._reset_library()
@@ -266,35 +266,24 @@ def _spread(each: list[int] | None) -> dict[str, float]:
     return {"median_us": round(s[len(s) // 2] / 1e3, 1), "max_us": round(s[-1] / 1e3, 1)}
 
 
-def calibrate(rounds: int = 5, n: int = 2000) -> float:
-    """What an outermost entry's timer adds to its own figure, in nanoseconds: the least, over
-    ``rounds``, of the mean figure of ``n`` entries into a function that does nothing."""
-    best = float("inf")
+def calibrate(rounds: int = 5, n: int = 2000) -> tuple[float, float]:
+    """What an outermost entry's timers add to its own figures, in nanoseconds: (the wall figure's,
+    the thread-CPU figure's), each the least, over ``rounds``, of the mean figure of ``n`` entries
+    into a function that does nothing."""
+    wall = cpu = float("inf")
     for _ in range(rounds):
         m = Meter()
         nothing = m.entry(lambda: None, "nothing")
         for _ in range(n):
             nothing()
-        best = min(best, m.lib_ns / n)
-    return best
-
-
-def calibrate_cpu(rounds: int = 5, n: int = 2000) -> float:
-    """What an outermost entry's timers add to its thread-CPU figure, in nanoseconds (as
-    :func:`calibrate`: the least mean over ``rounds`` of ``n`` entries that do nothing)."""
-    best = float("inf")
-    for _ in range(rounds):
-        m = Meter()
-        nothing = m.entry(lambda: None, "nothing")
-        for _ in range(n):
-            nothing()
-        best = min(best, m.lib_cpu_ns / n)
-    return best
+        wall, cpu = min(wall, m.lib_ns / n), min(cpu, m.lib_cpu_ns / n)
+    return wall, cpu
 
 
 def _calibrated() -> "Meter":
-    m = Meter(calibrate())
-    m.cpu_bias_ns = calibrate_cpu()
+    wall, cpu = calibrate()
+    m = Meter(wall)
+    m.cpu_bias_ns = cpu
     return m
 
 
