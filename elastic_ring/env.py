@@ -47,6 +47,7 @@ ZYGOTE_COMPILE = "ELASTIC_RING_ZYGOTE_COMPILE"  # "1": the fork server imports t
 ZYGOTE_SHARED = "ELASTIC_RING_ZYGOTE_SHARED"  # a fork server started by a parent process (a test session), for all its runs
 STEP_COST = "ELASTIC_RING_STEP_COST"  # set (not "0"): measure the library's cost per step; "parts": each part too
 STEP_COST_DIR = "ELASTIC_RING_STEP_COST_DIR"  # a script run without the tool: where that measure goes
+STEP_COST_LISTS = "ELASTIC_RING_STEP_COST_LISTS"  # "1": that measure times plain list iterators too (the old meter)
 PLAIN_HOROVODRUN = "ELASTIC_RING_PLAIN_HOROVODRUN"  # "1": the controller runs plain horovodrun
 ALLOW_NO_NCCL = "ELASTIC_RING_ALLOW_NO_NCCL"  # "1": GPUs with a Horovod built without NCCL
 HOST_DEVICES = "ELASTIC_RING_HOST_DEVICES"  # "h1=0,1;h2=2": each host's CUDA_VISIBLE_DEVICES
@@ -231,6 +232,12 @@ def step_cost(env: Mapping[str, str] | None = None) -> bool:
 def step_cost_dir(env: Mapping[str, str] | None = None) -> str | None:
     """Where a script run without the tool (no run directory) writes that measure (None: nowhere)."""
     return _get(STEP_COST_DIR, env) or None
+
+
+def step_cost_lists(env: Mapping[str, str] | None = None) -> bool:
+    """Whether that measure also times a plain list iterator's ``next()`` (as it did before: no code
+    of ours runs there; ``scripts/bench_step_cost.py``'s mode ``timed_lists`` compares)."""
+    return _flag(STEP_COST_LISTS, env)
 
 
 def step_cost_parts(env: Mapping[str, str] | None = None) -> bool:

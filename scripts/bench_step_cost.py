@@ -24,6 +24,9 @@ Each case is one example script, given a timer and nothing else (a copy in a tem
 * ``timed_nozygote``: ``timed`` with ``ELASTIC_RING_NO_ZYGOTE=1``: the same measure with each
   worker in a process of its own (so, as plain Horovod's, in a session and a scheduler group of
   its own: docs/reports/worker.md); its figures in ``in_process_nozygote``. Not in the defaults;
+* ``timed_lists``: ``timed`` with ``ELASTIC_RING_STEP_COST_LISTS=1``: the meter as it was before
+  it stopped timing plain list iterators (the epoch loops' sampler hands the loader one: an entry
+  per index, no code of ours in it); its figures in ``in_process_lists``. Not in the defaults;
 * ``plain_timed``: ``plain`` with the same measure (``ELASTIC_RING_STEP_COST=1`` and
   ``ELASTIC_RING_STEP_COST_DIR``): the same entry points timed in the library's no-tool mode, for
   the scripts of our library (not ``hvd_elastic``, whose plain run is Horovod's own).
@@ -105,7 +108,7 @@ OUT = ROOT / "results" / "bench_step_cost.json"
 SIZES = {"small": ["--hidden", "512", "--batch-size", "16"], "large": ["--hidden", "4096", "--batch-size", "32"]}
 BLOCK = 40  # steps per timed block of a job.steps() loop
 TRIES = 3  # runs of a case that fails (then the benchmark stops)
-TIMED = ("timed", "plain_timed", "timed_nozygote")  # the modes timed in the process (in_process())
+TIMED = ("timed", "plain_timed", "timed_nozygote", "timed_lists")  # the modes timed in the process (in_process())
 
 _TIMER = '''import json as _bench_json, os as _bench_os, time as _bench_time
 
@@ -168,7 +171,7 @@ def env_for(mode: str, out: Path, profile: bool) -> dict[str, str]:
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONPATH=str(ROOT),
                OMP_NUM_THREADS="1", BENCH_OUT=str(out), PYTHONUNBUFFERED="1")
     for k in ("ELASTIC_RING_STOP_LATENCY_MS", "ELASTIC_RING_STEP_COST", "ELASTIC_RING_HOROVOD_WAIT",
-              "ELASTIC_RING_NO_ZYGOTE"):  # (a caller's setting of a mode's knob would leak into the others)
+              "ELASTIC_RING_NO_ZYGOTE", "ELASTIC_RING_STEP_COST_LISTS"):  # (a caller's setting of a mode's knob would leak into the others)
         env.pop(k, None)
     if mode == "tool_k1":
         env["ELASTIC_RING_STOP_LATENCY_MS"] = "0"
@@ -176,6 +179,8 @@ def env_for(mode: str, out: Path, profile: bool) -> dict[str, str]:
         env["ELASTIC_RING_HOROVOD_WAIT"] = "spin"
     elif mode in ("tool_nozygote", "timed_nozygote"):
         env["ELASTIC_RING_NO_ZYGOTE"] = "1"
+    elif mode == "timed_lists":
+        env["ELASTIC_RING_STEP_COST_LISTS"] = "1"
     env.setdefault("HOROVOD_CYCLE_TIME", "5")  # the tool's own on CPUs (plain Horovod's default: 1 ms)
     if mode in TIMED:
         env["ELASTIC_RING_STEP_COST"] = "1"  # the library's own time per step (no part timed)
@@ -254,7 +259,7 @@ def one_run(form: str, coll: str, size: str, mode: str, epochs: int, work: Path,
         raise BenchError(f"{form}/{coll}/{size}/{mode}: no epoch times in {out}")
     res = {"epoch_s": statistics.median(times), "epochs_s": times, "wall_s": time.perf_counter() - t0,
            "attempts": attempt + 1}
-    if mode in ("timed", "timed_nozygote"):
+    if mode in ("timed", "timed_nozygote", "timed_lists"):
         res["library"] = library_figures(stepcost(run))
     elif mode == "plain_timed":
         plain = folder / "plain_stepcost"
@@ -277,7 +282,7 @@ def builtin_run(coll: str, mode: str, steps: int, work: Path, profile: bool) -> 
     ev = [json.loads(ln) for ln in (run / "events.jsonl").read_text().splitlines()]
     win = [e["seconds"] / e["steps"] for e in ev if e.get("kind") == "throughput"][1:]
     res = {"step_s": statistics.median(win), "windows_s": win}
-    if mode in ("timed", "timed_nozygote"):
+    if mode in ("timed", "timed_nozygote", "timed_lists"):
         res["library"] = library_figures(stepcost(run))
     elif profile:
         res["stepcost"] = stepcost(run)
@@ -488,7 +493,8 @@ def main() -> int:
         print(case, {m: f"{v * 1e3:.2f} ms" for m, v in c["median_s"].items()},
               {m: f"{v:.3f}" for m, v in c["median_ratio"].items()})
     inproc = in_process(rounds)
-    extra = {"in_process_nozygote": in_process(rounds, "timed_nozygote")} if "timed_nozygote" in modes else {}
+    extra = {f"in_process_{m[len('timed_'):]}": in_process(rounds, m)
+             for m in ("timed_nozygote", "timed_lists") if m in modes}
     for case, c in inproc.items():
         print(f"{case} in-process: the library {c['median_library_us_per_step_net']:.1f} us a step "
               f"(raw {c['median_library_us_per_step']:.1f}) of {c['median_step_us']:.0f} us "

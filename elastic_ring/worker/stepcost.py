@@ -3,8 +3,8 @@
 Off (the default) nothing here runs. On (``1``), :func:`install` wraps the library's entry points,
 the places where the training thread goes from the script's code into the library's, in
 ``time.perf_counter_ns`` timers (:meth:`Meter.entry`): the loop generators' ``next()``
-(``job.steps()``, ``job.epochs()``, the samplers' iterations and ``job.micro_batches()``),
-``job.record``, the registered optimizer's pre- and post-hooks, the samplers' ``next_batch``, and
+(``job.steps()``, ``job.epochs()``, the samplers' iterations where they run code of ours, and
+``job.micro_batches()``), ``job.record``, the registered optimizer's pre- and post-hooks, the samplers' ``next_batch``, and
 the Horovod Elastic adapter's hooks and commit point. Only the outermost entry counts (one entry
 inside another, a hook inside a step of ours, is counted once), and what runs inside them that is
 not per-step work is taken out and counted apart (``aside``): the script's evaluation hook and
@@ -61,6 +61,7 @@ class Meter:
         self.cpu_bias_ns = 0.0  # the same for the thread-CPU figure (calibrate())
         self.seg: Any = None  # the job's counters (Segment): a change of its step is a step counted
         self.parts = False  # each part timed too (``parts``)
+        self.lists = env.step_cost_lists()  # plain list iterators timed too (the old meter)
         self._reset_library()
 
     def _reset_library(self) -> None:
@@ -359,10 +360,19 @@ def install_plain(job: Any) -> "Meter | None":
     return m
 
 
+_LIST_ITERATOR = type(iter([]))
+
+
 def loop(it: Iterator[Any], name: str) -> Iterator[Any]:
-    """``it``, a loop generator of the library, metered when a meter is installed."""
+    """``it``, a loop generator of the library, metered when a meter is installed. A plain list
+    iterator (``elastic.DistributedSampler``'s indices where no survivors' copy can be kept, what
+    torch's own sampler hands a loader too) is handed over as it is: no code of ours runs in its
+    ``next()``, and its timers, an entry per index, would cost more than what they time
+    (``ELASTIC_RING_STEP_COST_LISTS=1``: timed as before, for a comparison)."""
     m = _METER
-    return m.loop(it, name, m.parts) if m is not None else it
+    if m is None or (type(it) is _LIST_ITERATOR and not m.lists):
+        return it
+    return m.loop(it, name, m.parts)
 
 
 def entries(obj: Any, names: dict[str, str]) -> None:

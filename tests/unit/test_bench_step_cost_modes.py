@@ -10,7 +10,8 @@ import pytest
 
 from tests.conftest import ROOT, load_module
 
-KNOBS = ("ELASTIC_RING_STOP_LATENCY_MS", "ELASTIC_RING_HOROVOD_WAIT", "ELASTIC_RING_NO_ZYGOTE")
+KNOBS = ("ELASTIC_RING_STOP_LATENCY_MS", "ELASTIC_RING_HOROVOD_WAIT", "ELASTIC_RING_NO_ZYGOTE",
+         "ELASTIC_RING_STEP_COST_LISTS")
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +26,7 @@ def bsc():
     ("tool_spin", "ELASTIC_RING_HOROVOD_WAIT", "spin"),
     ("tool_nozygote", "ELASTIC_RING_NO_ZYGOTE", "1"),
     ("timed_nozygote", "ELASTIC_RING_NO_ZYGOTE", "1"),
+    ("timed_lists", "ELASTIC_RING_STEP_COST_LISTS", "1"),
 ])
 def test_a_mode_sets_its_one_knob_and_clears_the_callers(bsc, monkeypatch, mode, knob, value):
     for k in KNOBS:  # a caller's setting of any knob must not leak into another mode's runs
@@ -34,7 +36,7 @@ def test_a_mode_sets_its_one_knob_and_clears_the_callers(bsc, monkeypatch, mode,
     assert env["OMP_NUM_THREADS"] == "1" and env["HOROVOD_CYCLE_TIME"]
 
 
-@pytest.mark.parametrize("mode", ["tool", "tool_k1", "tool_spin", "tool_nozygote", "timed_nozygote"])
+@pytest.mark.parametrize("mode", ["tool", "tool_k1", "tool_spin", "tool_nozygote", "timed_nozygote", "timed_lists"])
 def test_every_tool_mode_runs_the_tools_command(bsc, mode, tmp_path):
     cmd = bsc.command("steps", "horovod", mode, tmp_path / "s.py", [], 2, tmp_path / "run")
     assert cmd[1:5] == ["-m", "elastic_ring.cli.main", "train", "--script"]

@@ -106,7 +106,7 @@ def _install(monkeypatch, level="1"):
 
 # the library's entry points each form goes through (outermost) once its steps run
 ENTRIES = {"steps": {"boundary", "hooks.before", "hooks.after"},
-           "epochs": {"hooks.before", "hooks.after", "sampler.iter"},
+           "epochs": {"hooks.before", "hooks.after"},
            "commits": {"hvd.before", "hvd.after", "hvd.commit"}}
 
 
@@ -133,8 +133,31 @@ def test_each_form_s_library_time_per_step_holds_what_its_boundary_does(tmp_path
     assert rep["parts"] == {}  # "1": no part timed (their timers would be inside the figure)
     assert lib["steps"] >= 2, lib
     assert ENTRIES[form] <= set(lib["entries"]), lib["entries"]
+    # the epoch loop's sampler hands the loader a plain list iterator (no --survive): not timed
+    assert "sampler.iter" not in lib["entries"], lib["entries"]
     assert 3000 <= lib["library_us_per_step"] <= lib["step_us"], lib
     assert not lib["within_target"]  # 3 ms a step is over max(1%, 100 us) of any step here
+
+
+def test_a_list_iterator_is_handed_over_untimed_and_a_generator_of_ours_is_an_entry(monkeypatch):
+    """No code of ours runs in a list iterator's next() (the sampler's indices without --survive):
+    it is not wrapped; a generator of ours is, an entry each next()."""
+    monkeypatch.setattr(stepcost, "_METER", stepcost.Meter())
+    listed = iter([1, 2, 3])
+    assert stepcost.loop(listed, "sampler.iter") is listed
+
+    def ours():
+        yield from (1, 2, 3)
+
+    assert list(stepcost.loop(ours(), "sampler.iter")) == [1, 2, 3]
+    assert stepcost.current().entry_calls["sampler.iter"] == 4  # three values, then the end
+    monkeypatch.setenv("ELASTIC_RING_STEP_COST_LISTS", "1")  # the old meter, for a comparison
+    monkeypatch.setattr(stepcost, "_METER", stepcost.Meter())
+    assert list(stepcost.loop(iter([1, 2]), "sampler.iter")) == [1, 2]
+    assert stepcost.current().entry_calls["sampler.iter"] == 3
+    monkeypatch.setattr(stepcost, "_METER", None)
+    gen = ours()
+    assert stepcost.loop(gen, "sampler.iter") is gen  # no meter: nothing wrapped
 
 
 def test_a_sampler_s_batches_are_library_time_and_off_means_nothing_wrapped(tmp_path, monkeypatch):
