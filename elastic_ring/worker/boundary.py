@@ -24,8 +24,9 @@ form           after the step (``after_step``)        at the form's own points
 =============  =====================================  ==========================================
 ``steps``      count, window, between, stop,          --
                the copy (``--survive``)
-``optimizer``  count, window, stop                    between, the copy: next step's pre-hook,
-                                                      the next batch, the next epoch
+``optimizer``  count, window, stop, the progress      between (where something is due there),
+               file                                   the copy: next step's pre-hook, the next
+                                                      batch, the next epoch
 ``commits``    count, window, the progress file       stop and periodic checkpoint: the next
                                                       ``state.commit()`` (:meth:`decide`)
 =============  =====================================  ==========================================
@@ -51,7 +52,7 @@ __all__ = ["StepBoundary", "StopReason", "check_restored_weights"]
 
 # what each form does at the step itself: (the between-steps work, or only the progress file,
 # the stop decided there, the flat loop's next step prepared there: the copy and the step counter)
-_FORMS = {"steps": (True, False, True, True), "optimizer": (False, False, True, False),
+_FORMS = {"steps": (True, False, True, True), "optimizer": (False, True, True, False),
           "commits": (False, True, False, False)}
 
 
@@ -117,7 +118,7 @@ class StepBoundary:
         self.t_done = now
         if self._between:
             self.between(step, now)
-        elif self._progress:  # (rank 0's: the checkpoints are at the commits)
+        elif self._progress:  # (rank 0's, where between-steps work is not at every step)
             progress.write_progress(step, now, self.vote.every, self.vote.lag)
         if not self._decide:
             return None
@@ -177,7 +178,7 @@ class StepBoundary:
                 progress.evaluate(step)
         if periodic and job.checkpoints.writes(job.rank):  # (a sharded job: every rank)
             job.checkpoints.maybe_periodic(step, self.seg.stop_at)
-        if job.rank == 0:
+        if job.rank == 0 and not self._progress:  # (else written at the step: after_step)
             progress.write_progress(step, now, self.vote.every, self.vote.lag)
 
     def start_copies(self) -> survive.MemoryCopy | None:

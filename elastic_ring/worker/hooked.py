@@ -77,6 +77,7 @@ class HookedSteps:
         self.copies_started = False
         self.rng_at_restore = None  # the RNG right after restore(): the restored step's, for its copy
         self.rng_step = -1  # the step whose RNG state.saved_rng holds (rank 0; every rank with copies)
+        self.quiet_step = -1  # the last step after which nothing is due between steps (after_step)
         self._sampler = None  # the training sampler at the last step (the throughput window's epoch)
 
     # ------------------------------------------------------------------ --survive: the copy in memory
@@ -113,6 +114,7 @@ class HookedSteps:
         if self.first_step is None:  # the segment's first step
             check_restored_weights(job)
             self.first_step = job.step + 1
+            self.quiet_step = -1
             self.boundary.epoch = self._epoch
             self.boundary.begin(job.state.current_lr())
             self.start_copies()
@@ -133,6 +135,8 @@ class HookedSteps:
         if self._rng_wanted(step, sampler):  # what a checkpoint before the next step holds
             job.state.saved_rng = _rng_state()
             self.rng_step = step
+        elif self.pending is None and self.boundary.copy is None and not job.progress.evaluation_due(step):
+            self.quiet_step = step  # the common step: nothing to do between it and the next
 
     def _epoch(self) -> int:
         """The epoch a throughput window names: the script's (job.epochs()), else its sampler's."""
@@ -177,7 +181,12 @@ class HookedSteps:
     # ------------------------------------------------------------------ between two iterations
     def between(self, step: int) -> None:
         """After the script's code of ``step``: evaluation, periodic checkpoint; the stop, if agreed
-        (at ``step``'s post-hook: a stop vote read, the run's length or the segment's stop step)."""
+        (at ``step``'s post-hook: a stop vote read, the run's length or the segment's stop step).
+        Nothing where the post-hook found nothing due (:attr:`quiet_step`: no copy kept, no stop
+        pending, no evaluation due, no RNG taken, so no periodic checkpoint; the progress file is
+        written at the step), the common step."""
+        if step == self.quiet_step:
+            return
         self.keep_copy()
         if step > self.between_done:
             self.between_done = step

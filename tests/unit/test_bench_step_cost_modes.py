@@ -64,3 +64,27 @@ def test_bench_tool_cpu_counts_a_thread_s_switches_and_adds_them_up_by_kind():
                        "rank_other_threads/a": {"preempted_per_s": 2.0, "wakeups_per_s": 100.0},
                        "controller/python": {"preempted_per_s": 7.0, "wakeups_per_s": 50.0}}}
     assert [btc._switch_sum(run, w) for w in btc.SWITCHES] == [15.0, 2.0, 100.0]
+
+
+def test_the_ab_benchmark_takes_medians_per_side_and_refuses_a_folder_that_is_no_checkout(tmp_path):
+    """bench_step_cost_ab.py: per case and side the medians over the rounds, the new side's over the
+    old's; an --old that is not a checkout of this project is a one-line error, exit 2."""
+    import subprocess
+    import sys
+
+    ab = load_module(ROOT / "scripts" / "bench_step_cost_ab.py")
+
+    def side(net, steps):
+        return {"c": {"median_library_us_per_step_net": net,
+                      "rounds": [{"median_step_library_us": s} for s in steps]}}
+
+    rounds = [{"old": side(100.0, [60, 64]), "new": side(80.0, [40, 44])},
+              {"old": side(120.0, [70, 90]), "new": side(90.0, [50, 50])},
+              {"old": side(110.0, [66, 66]), "new": side(200.0, [48, 52])}]
+    s = ab.summary(rounds)["c"]
+    assert s["old"]["median_library_us_per_step_net"] == 110.0 and s["new"]["median_library_us_per_step_net"] == 90.0
+    assert s["old"]["median_step_library_us"] == [62.0, 80.0, 66.0] and s["new"]["median_median_step_library_us"] == 50.0
+    assert s["new_over_old_median_step_library_us"] == round(50.0 / 66.0, 3)
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_step_cost_ab.py"), "--old", str(tmp_path),
+                        "--out", str(tmp_path / "o.json")], capture_output=True, text=True)
+    assert p.returncode == 2 and "no scripts/bench_step_cost.py there" in p.stderr and "Traceback" not in p.stderr
