@@ -108,7 +108,8 @@ OUT = ROOT / "results" / "bench_step_cost.json"
 SIZES = {"small": ["--hidden", "512", "--batch-size", "16"], "large": ["--hidden", "4096", "--batch-size", "32"]}
 BLOCK = 40  # steps per timed block of a job.steps() loop
 TRIES = 3  # runs of a case that fails (then the benchmark stops)
-TIMED = ("timed", "plain_timed", "timed_nozygote", "timed_lists")  # the modes timed in the process (in_process())
+TOOL_TIMED = ("timed", "timed_nozygote", "timed_lists")  # the tool's runs timed in the process (in_process())
+TIMED = (*TOOL_TIMED, "plain_timed")  # every mode timed in the process
 
 _TIMER = '''import json as _bench_json, os as _bench_os, time as _bench_time
 
@@ -259,7 +260,7 @@ def one_run(form: str, coll: str, size: str, mode: str, epochs: int, work: Path,
         raise BenchError(f"{form}/{coll}/{size}/{mode}: no epoch times in {out}")
     res = {"epoch_s": statistics.median(times), "epochs_s": times, "wall_s": time.perf_counter() - t0,
            "attempts": attempt + 1}
-    if mode in ("timed", "timed_nozygote", "timed_lists"):
+    if mode in TOOL_TIMED:
         res["library"] = library_figures(stepcost(run))
     elif mode == "plain_timed":
         plain = folder / "plain_stepcost"
@@ -282,7 +283,7 @@ def builtin_run(coll: str, mode: str, steps: int, work: Path, profile: bool) -> 
     ev = [json.loads(ln) for ln in (run / "events.jsonl").read_text().splitlines()]
     win = [e["seconds"] / e["steps"] for e in ev if e.get("kind") == "throughput"][1:]
     res = {"step_s": statistics.median(win), "windows_s": win}
-    if mode in ("timed", "timed_nozygote", "timed_lists"):
+    if mode in TOOL_TIMED:
         res["library"] = library_figures(stepcost(run))
     elif profile:
         res["stepcost"] = stepcost(run)
@@ -361,8 +362,8 @@ def summarise(rounds: list[dict]) -> dict:
 
 
 def in_process(rounds: list[dict], mode: str = "timed") -> dict:
-    """Per case, the ``timed`` runs' in-process figures (:func:`library_figures`), or another timed
-    mode's (``timed_nozygote``): per round, and the medians over the rounds (``within_target``:
+    """Per case, the ``timed`` runs' in-process figures (:func:`library_figures`), or another of the
+    tool's timed modes' (``timed_nozygote``, ``timed_lists``): per round, and the medians over the rounds (``within_target``:
     every round within the issue's bound)."""
     out: dict[str, dict] = {}
     for r in rounds:
@@ -494,7 +495,7 @@ def main() -> int:
               {m: f"{v:.3f}" for m, v in c["median_ratio"].items()})
     inproc = in_process(rounds)
     extra = {f"in_process_{m[len('timed_'):]}": in_process(rounds, m)
-             for m in ("timed_nozygote", "timed_lists") if m in modes}
+             for m in TOOL_TIMED if m != "timed" and m in modes}
     for case, c in inproc.items():
         print(f"{case} in-process: the library {c['median_library_us_per_step_net']:.1f} us a step "
               f"(raw {c['median_library_us_per_step']:.1f}) of {c['median_step_us']:.0f} us "

@@ -4,17 +4,18 @@ Off (the default) nothing here runs. On (``1``), :func:`install` wraps the libra
 the places where the training thread goes from the script's code into the library's, in
 ``time.perf_counter_ns`` timers (:meth:`Meter.entry`): the loop generators' ``next()``
 (``job.steps()``, ``job.epochs()``, the samplers' iterations where they run code of ours, and
-``job.micro_batches()``), ``job.record``, the registered optimizer's pre- and post-hooks, the samplers' ``next_batch``, and
-the Horovod Elastic adapter's hooks and commit point. Only the outermost entry counts (one entry
-inside another, a hook inside a step of ours, is counted once), and what runs inside them that is
-not per-step work is taken out and counted apart (``aside``): the script's evaluation hook and
-checkpoints. The steps are those the job counted: from the end of the entry that counted the
-segment's second step to the end of the one that counted its last (a segment's first step holds
-its start-up, its end the final checkpoint and barrier), so the figures are per step of a steady
-segment: the library's nanoseconds on the training thread, and the step's own wall time, both
-less the aside; and the training thread's CPU time in the entries (``time.thread_time_ns``,
-``library_cpu_us_per_step_net``): the wall figure less the time the thread was off its core (taken
-by another thread, waiting), which on a loaded machine inflates the wall figure's mean. :meth:`Meter.write` leaves, at each segment's end,
+``job.micro_batches()``), ``job.record``, the registered optimizer's pre- and post-hooks, the
+samplers' ``next_batch``, and the Horovod Elastic adapter's hooks and commit point. Only the
+outermost entry counts (one entry inside another, a hook inside a step of ours, is counted once),
+and what runs inside them that is not per-step work is taken out and counted apart (``aside``): the
+script's evaluation hook and checkpoints. The steps are those the job counted: from the end of the
+entry that counted the segment's second step to the end of the one that counted its last (a
+segment's first step holds its start-up, its end the final checkpoint and barrier), so the figures
+are per step of a steady segment: the library's nanoseconds on the training thread, and the step's
+own wall time, both less the aside; and the training thread's CPU time in the entries
+(``time.thread_time_ns``, ``library_cpu_us_per_step_net``): the wall figure less the time the
+thread was off its core (taken by another thread, waiting), which on a loaded machine inflates the
+wall figure's mean. :meth:`Meter.write` leaves, at each segment's end,
 ``RUN_DIR/stepcost/seg<n>-rank<r>.json``; its ``library`` section holds them (see
 :meth:`Meter.library`), with the timers' own bias measured at the start (:func:`calibrate`) and
 taken out (``library_us_per_step_net``).
