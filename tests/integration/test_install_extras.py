@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from elastic_ring.events import read_events
-from tests.conftest import ROOT, one_line_error
+from tests.conftest import ROOT, one_line_error, shared_dir
 
 pytestmark = pytest.mark.integration
 
@@ -97,10 +97,16 @@ def _link_base(dists: dict, dest: Path) -> None:
                 link.symlink_to(site.joinpath(*key))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def base_venv(tmp_path_factory) -> Path:
-    """A fresh venv with the wheel installed and only the base dependencies importable."""
-    tmp = tmp_path_factory.mktemp("install")
+    """A fresh venv with the wheel installed and only the base dependencies importable: made once
+    per session (:func:`tests.conftest.shared_dir`), where a module-scoped fixture was made again
+    each time a pytest-xdist worker came back to this module after tests of others (three times,
+    7-9 s each, in a whole-suite run), and read only by the tests."""
+    return shared_dir(tmp_path_factory, "install-base-venv", _make_base_venv) / "venv"
+
+
+def _make_base_venv(tmp: Path) -> None:
     src = tmp / "src"  # built from a copy: the build's folders stay out of the checkout
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -125,7 +131,6 @@ def base_venv(tmp_path_factory) -> Path:
                            "-q", "--no-index", "--no-compile", str(whl)],
                           capture_output=True, text=True, timeout=300, env=_env(venv))
     assert inst.returncode == 0, inst.stderr
-    return venv
 
 
 def _env(venv: Path) -> dict[str, str]:
