@@ -19,10 +19,11 @@ BIN = Path(sys.executable).parent
 for _k in [k for k in os.environ if k.startswith("SLURM_")]:
     del os.environ[_k]
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # two tests at a time (make test): one intra-op thread per worker process, so that two tests'
-    # workers share the cores instead of oversubscribing them (spinning OpenMP threads)
-    os.environ.setdefault("ELASTIC_RING_CPU_THREADS", "1")
+# One intra-op thread per worker process, so that the workers share the cores instead of
+# oversubscribing them (spinning OpenMP threads): two tests at a time (make test) and a test run
+# alone alike (a test's two workers fill the two cores already; an in-place hosts test alone took
+# 47-59 s with the cores' share of 2 threads each, 15 s with 1)
+os.environ.setdefault("ELASTIC_RING_CPU_THREADS", "1")
 
 
 # One fork server per test process, shared by every run its integration tests start
