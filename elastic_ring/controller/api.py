@@ -155,6 +155,9 @@ class RunSpec:
             prev_step, prev_w = r.step, r.to
 
 
+HOSTS_SOURCE = "hosts"  # a Plan change made by host discovery (membership.Cause.HOSTS)
+
+
 @dataclass
 class Plan:
     """The world size at every step: the initial size, then each resize ``(step, to, source)``
@@ -186,10 +189,15 @@ class Plan:
         return w
 
     def resizes_after(self, step: int) -> tuple[Resize, ...]:
-        """The resizes still ahead of ``step`` that change the size (no-ops dropped)."""
+        """The resizes still ahead of ``step`` that change the size (no-ops dropped). A change the
+        hosts made (source ``hosts``: discovery's slots changed) is history, not a schedule: it says
+        what the hosts were when the run last passed that step, so a restart from an earlier
+        checkpoint does not stop there again (the hosts as they are now size the ring: a grow onto
+        a host still in its cooldown, capped to the ring's own size, left paused in-place workers
+        waiting for a host change that never came)."""
         out, w = [], self.world_after(step)
-        for s, to, _ in self.changes:
-            if s > step and to != w:
+        for s, to, source in self.changes:
+            if s > step and to != w and source != HOSTS_SOURCE:
                 out.append(Resize(s, to))
                 w = to
         return tuple(out)

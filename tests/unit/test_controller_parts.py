@@ -205,6 +205,22 @@ def test_plan_next_stop_and_resize_at():
     assert p.resize_at(10) == Resize(10, 2) and p.resize_at(20) is None and p.resize_at(11) is None
 
 
+def test_a_restart_does_not_replay_what_the_hosts_did_as_stops():
+    """The hosts' changes are history, not a schedule: a restart from a checkpoint before them runs
+    on without stopping there (the hosts as they are now size it), where a scheduled or live
+    resize ahead still stops it. Replayed, a grow onto a host still in its cooldown was capped to
+    the ring's own size and left in-place workers paused for good."""
+    p = Plan.from_spec(2, (Resize(300, 3),))
+    p.add(28, 1, "hosts")  # a host dropped from discovery
+    p.add(50, 2, "hosts")  # and back
+    p.add(0, 1, "lost_host")  # a stall, restarted from step 0 on the one host left
+    assert p.world_after(0) == 1 and p.world_after(60) == 2  # what the run was at, as before
+    assert p.resizes_after(0) == p.resizes_after(29) == (Resize(300, 3),)
+    assert p.next_stop(0, 400) == 300 and p.resize_at(50) is None and p.resize_at(28) is None
+    p.add(100, 2, "live")  # a live grow ahead is replayed
+    assert p.resizes_after(0) == (Resize(100, 2), Resize(300, 3))
+
+
 def test_the_loops_sleep_wakes_at_a_new_live_request_and_not_at_one_left_unread(tmp_path):
     """``Controller._nap``: a request written during the sleep ends it within a few of its 10 ms
     looks (a live resize waits no 0.1 s poll); with no request, or one left unread from before
