@@ -33,6 +33,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from elastic_ring.controller.membership import Cause
 from elastic_ring.errors import UserError
 
 
@@ -155,9 +156,6 @@ class RunSpec:
             prev_step, prev_w = r.step, r.to
 
 
-HOSTS_SOURCE = "hosts"  # a Plan change made by host discovery (membership.Cause.HOSTS)
-
-
 @dataclass
 class Plan:
     """The world size at every step: the initial size, then each resize ``(step, to, source)``
@@ -197,7 +195,7 @@ class Plan:
         waiting for a host change that never came)."""
         out, w = [], self.world_after(step)
         for s, to, source in self.changes:
-            if s > step and to != w and source != HOSTS_SOURCE:
+            if s > step and to != w and source != Cause.HOSTS:
                 out.append(Resize(s, to))
                 w = to
         return tuple(out)

@@ -102,7 +102,7 @@ def base_venv(tmp_path_factory) -> Path:
     """A fresh venv with the wheel installed and only the base dependencies importable: made once
     per session (:func:`tests.conftest.shared_dir`), where a module-scoped fixture was made again
     each time a pytest-xdist worker came back to this module after tests of others (three times,
-    7-9 s each, in a whole-suite run), and read only by the tests."""
+    6-9 s each, in a whole-suite run), and read only by the tests."""
     return shared_dir(tmp_path_factory, "install-base-venv", _make_base_venv) / "venv"
 
 
