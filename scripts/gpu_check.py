@@ -197,20 +197,43 @@ class Check:
         return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
-def _stop(p: subprocess.Popen) -> tuple[str, str]:
-    for sig, wait in ((signal.SIGINT, 20), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(p.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            return p.communicate(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        except ValueError:  # communicate() already read the pipes
-            p.wait(timeout=wait)
-            return "", ""
-    return "", ""
+def _stop(p: subprocess.Popen, grace: float = 20) -> tuple[str, str]:
+    """Ctrl-C to the command's process group, up to ``grace`` s for the command to end (its
+    output read meanwhile), then SIGKILL to what is left of the group; its output. The kill
+    comes as soon as the command itself has ended: a child of it that outlives its Ctrl-C (one
+    that ignores SIGINT) no longer holds the pipes open for the whole
+    grace (20 s more for every command stopped so)."""
+    try:
+        os.killpg(p.pid, signal.SIGINT)
+    except ProcessLookupError:
+        pass
+    end = time.monotonic() + grace
+    try:
+        while True:
+            try:
+                out = p.communicate(timeout=0.2)  # ended, and its pipes closed (or it has none)
+                break
+            except subprocess.TimeoutExpired:
+                if p.poll() is not None or time.monotonic() >= end:
+                    out = None
+                    break
+        _kill_group(p)
+        return out if out is not None else p.communicate(timeout=10)
+    except subprocess.TimeoutExpired:  # a child that left the group holds the pipes: no output
+        return "", ""
+    except ValueError:  # communicate() already read the pipes
+        _kill_group(p)
+        p.wait(timeout=10)
+        return "", ""
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    """SIGKILL to what is left of the command's process group (it outlives its leader while a
+    member lives)."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _tail(text: str, n: int = 60) -> str:

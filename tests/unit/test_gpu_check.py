@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -79,6 +80,17 @@ def test_the_report_goes_to_out_or_the_results_folder(tmp_path, monkeypatch):
     assert gc._report_path("cuda", None) == (ROOT / "results" / "gpu_check.md", 0)
     monkeypatch.delenv("OUT")
     assert gc._report_path("cpu", None) == (ROOT / "results" / "gpu_check_cpu.md", 0)
+
+
+@pytest.fixture
+def ctrl_c_as_in_main():
+    """SIGINT handled in this process as ``gpu_check.main`` handles it, so that the commands a
+    test runs start with SIGINT's default action, as the check's own do: a test run started in
+    the background by a shell without job control (a CI job) inherits SIGINT ignored, and so
+    would its commands (each then ended only by the SIGKILL 20 s after its Ctrl-C)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
 
 
 def _check(tmp_path, left=500.0, fail_at=None):
@@ -184,7 +196,7 @@ def test_an_interrupt_writes_the_report_and_keeps_the_current_run(tmp_path):
     assert (tmp_path / "out" / "r.b.events.jsonl").exists()
 
 
-def test_a_command_past_its_time_is_stopped_with_its_children(tmp_path):
+def test_a_command_past_its_time_is_stopped_with_its_children(tmp_path, ctrl_c_as_in_main):
     c = _check(tmp_path)
     code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
            "print('started', flush=True); time.sleep(60)"
@@ -192,6 +204,30 @@ def test_a_command_past_its_time_is_stopped_with_its_children(tmp_path):
     with pytest.raises(gc.StageFailed, match="no end after 2 s") as e:
         c.run([sys.executable, "-c", code], 2, "the sleeper")
     assert time.monotonic() - t0 < 30 and "started" in e.value.output
+
+
+def test_a_child_that_ignores_ctrl_c_is_killed_once_the_command_has_ended(tmp_path, ctrl_c_as_in_main):
+    """The command ends at its Ctrl-C, a child of it does not (it ignores SIGINT): the rest of
+    its group is killed then, not after the 20 s grace, and the command's output is kept."""
+    c = _check(tmp_path)
+    pid_file = tmp_path / "child.pid"
+    child = (f"import os, signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+             f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)")
+    code = (f"import os, subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); "
+            f"[time.sleep(0.05) for _ in range(600) if not os.path.exists({str(pid_file)!r})]; "
+            "print('started', flush=True); time.sleep(60)")
+    t0 = time.monotonic()
+    with pytest.raises(gc.StageFailed, match="no end after 2 s") as e:
+        c.run([sys.executable, "-c", code], 2, "the sleeper")
+    took = time.monotonic() - t0
+    assert "started" in e.value.output and took < 15, took  # (the grace alone is 20 s)
+    pid = int(pid_file.read_text())
+    for _ in range(100):  # gone (killed, then reaped by init)
+        if not os.path.exists(f"/proc/{pid}") or " Z " in open(f"/proc/{pid}/stat").read():
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the child {pid} that ignored Ctrl-C is still running")
 
 
 def test_the_runs_folder_is_removed_however_the_check_ends(tmp_path, monkeypatch):
