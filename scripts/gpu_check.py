@@ -201,8 +201,7 @@ def _stop(p: subprocess.Popen, grace: float = 20) -> tuple[str, str]:
     """Ctrl-C to the command's process group, up to ``grace`` s for the command to end (its
     output read meanwhile), then SIGKILL to what is left of the group; its output. The kill
     comes as soon as the command itself has ended: a child of it that outlives its Ctrl-C (one
-    that ignores SIGINT) no longer holds the pipes open for the whole
-    grace (20 s more for every command stopped so)."""
+    that ignores SIGINT) no longer holds the pipes open for the whole grace."""
     try:
         os.killpg(p.pid, signal.SIGINT)
     except ProcessLookupError:
