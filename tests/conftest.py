@@ -284,6 +284,16 @@ def shared_dir(tmp_path_factory, name: str, produce) -> Path:
     return folder
 
 
+def ended(pid: int) -> bool:
+    """Process ``pid`` has ended: gone, or a zombie (ended, not yet reaped by its parent or init).
+    From ``/proc`` (Linux, as the tests' launches are)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def wait_for(pred, timeout: float, what: str, poll: float = 0.3):
     """Poll ``pred`` until it returns something true (returned) or ``timeout`` seconds pass."""
     t0 = time.time()

@@ -231,15 +231,18 @@ class Progress:
 
     def first_step(self, step: int, now: float) -> None:
         """The segment's first step is done: its start-up phases (after an in-place reset: the
-        reset's) and the LR it ran with; the first throughput window starts now."""
-        from elastic_ring.events.api import FirstStep
-
+        reset's) and the LR it ran with; the first throughput window starts now. The event is
+        made only where it is written (rank 0): another rank would import the events' module
+        here, on its first step's path (12-14 ms in a fresh process), for an event it drops."""
         self.check_threads()
-        rule, lr_rule = self.rescaled() or (None, None)
-        self.emit(FirstStep(segment=self.seg.number, world_size=self.ring.size, step=step,
-                            since_launch_s=now - self.start.t_start,
-                            lr=self.lr_stepped if self.lr_stepped is not None else self.lr_used,
-                            phases=self.start.phases(), rule=rule, lr_rule=lr_rule))
+        if self._events is not None:
+            from elastic_ring.events.api import FirstStep
+
+            rule, lr_rule = self.rescaled() or (None, None)
+            self.emit(FirstStep(segment=self.seg.number, world_size=self.ring.size, step=step,
+                                since_launch_s=now - self.start.t_start,
+                                lr=self.lr_stepped if self.lr_stepped is not None else self.lr_used,
+                                phases=self.start.phases(), rule=rule, lr_rule=lr_rule))
         self.window = _Window(t0=time.time())
         # the segment's first step always reaches the progress file (the next write_progress is not
         # held back by the half-second rule): hvdrun's check that a joiner's ring formed reads it
@@ -311,10 +314,11 @@ class Progress:
         self._emit_window(total, voting[1], voting[2])
 
     def _emit_window(self, total: float, size: int, fields: dict) -> None:
-        from elastic_ring.events.api import Throughput
-
         loss = self.last_loss = total / size
-        self.emit_later(lambda: Throughput(**fields, loss=loss))
+        if self._events is not None:  # (rank 0: the others do not import the events' module for it)
+            from elastic_ring.events.api import Throughput
+
+            self.emit_later(lambda: Throughput(**fields, loss=loss))
 
     def flush_window(self, waiting: bool = True) -> None:
         """The closed window's mean loss (every rank waits for it) and, on rank 0, its event; with

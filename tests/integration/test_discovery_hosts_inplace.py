@@ -16,7 +16,7 @@ from unittest.mock import ANY
 import pytest
 
 from elastic_ring import protocol
-from tests.conftest import run_cli, wait_for
+from tests.conftest import ended, run_cli, wait_for
 from tests.integration.test_discovery import TINY, _discovery, _events, _start, _trace, list_hosts
 from tests.integration.two_hosts import status_lines
 
@@ -238,18 +238,9 @@ def _gone_within(pids: list[int], seconds: float) -> bool:
     import time
 
     t0 = time.time()
-    while any(_alive_or_zombie(p) for p in pids) and time.time() - t0 < seconds:
+    while not all(ended(p) for p in pids) and time.time() - t0 < seconds:
         time.sleep(0.1)
-    return not any(_alive_or_zombie(p) for p in pids)
-
-
-def _alive_or_zombie(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    return all(ended(p) for p in pids)
 
 
 def test_hvdrun_ends_its_workers_and_exits_when_its_controller_is_killed(tmp_path):

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from elastic_ring.worker import zygote
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, ended, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -53,14 +53,6 @@ def _first_line(p: subprocess.Popen) -> dict:
     return json.loads(p.stdout.readline())
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 def test_the_child_runs_the_command_and_the_command_ends_with_its_status(name, tmp_path):
     p = _probe(name, "exit", "3", cwd=ROOT)
     seen = _first_line(p)
@@ -87,7 +79,7 @@ def test_sigterm_to_the_command_reaches_the_child(name):
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=30)
     assert p.returncode == -signal.SIGTERM
-    wait_for(lambda: _gone(child), 10, "the child's end")
+    wait_for(lambda: ended(child), 10, "the child's end")
 
 
 def test_kill_9_of_the_command_ends_the_child(name):
@@ -95,7 +87,7 @@ def test_kill_9_of_the_command_ends_the_child(name):
     child = _first_line(p)["pid"]
     p.kill()
     p.wait(timeout=30)
-    wait_for(lambda: _gone(child), 10, "the child's end after its command was killed")
+    wait_for(lambda: ended(child), 10, "the child's end after its command was killed")
 
 
 def test_kill_9_of_the_command_ends_a_stopped_child_too(name):
@@ -108,9 +100,9 @@ def test_kill_9_of_the_command_ends_a_stopped_child_too(name):
     try:
         p.kill()
         p.wait(timeout=30)
-        wait_for(lambda: _gone(child), 10, "the stopped child's end after its command was killed")
+        wait_for(lambda: ended(child), 10, "the stopped child's end after its command was killed")
     finally:
-        if not _gone(child):
+        if not ended(child):
             os.kill(child, signal.SIGKILL)
 
 
@@ -188,7 +180,7 @@ def test_a_store_forked_by_the_zygote_serves_a_client_and_ends_with_its_handle(n
     assert r.returncode == 0 and r.stdout.strip() == "v", r.stderr
     pid = handle.pid
     handle.close()
-    wait_for(lambda: _gone(pid), 10, "the store's end after its handle closed")
+    wait_for(lambda: ended(pid), 10, "the store's end after its handle closed")
 
 
 def test_serve_forked_without_a_zygote_or_a_line_gives_none(name):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, load_module, wait_for
+from tests.conftest import ROOT, ended, load_module, wait_for
 
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
@@ -206,7 +206,7 @@ def test_a_command_past_its_time_is_stopped_with_its_children(tmp_path, ctrl_c_a
     assert time.monotonic() - t0 < 30 and "started" in e.value.output
 
 
-def test_a_child_that_ignores_ctrl_c_is_killed_once_the_command_has_ended(tmp_path, ctrl_c_as_in_main):
+def test_a_child_that_ignores_ctrl_c_is_killed_once_the_command_hasended(tmp_path, ctrl_c_as_in_main):
     """The command ends at its Ctrl-C, a child of it does not (it ignores SIGINT): the rest of
     its group is killed then, not after the 20 s grace, and the command's output is kept."""
     c = _check(tmp_path)
@@ -222,17 +222,7 @@ def test_a_child_that_ignores_ctrl_c_is_killed_once_the_command_has_ended(tmp_pa
     took = time.monotonic() - t0
     assert "started" in e.value.output and took < 15, took  # (the grace alone is 20 s)
     pid = int(pid_file.read_text())
-    wait_for(lambda: _ended(pid), 5, f"the end of the child {pid} that ignored Ctrl-C", poll=0.05)
-
-
-def _ended(pid: int) -> bool:
-    """Gone, or a zombie (killed, not yet reaped by init)."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+    wait_for(lambda: ended(pid), 5, f"the end of the child {pid} that ignored Ctrl-C", poll=0.05)
 
 
 def test_the_runs_folder_is_removed_however_the_check_ends(tmp_path, monkeypatch):

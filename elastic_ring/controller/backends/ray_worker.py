@@ -36,7 +36,7 @@ class WorkerActor:
         import horovod.torch  # noqa: F401
         import torch  # noqa: F401
 
-        for mod in ("elastic_ring.worker.api", "elastic_ring.worker.run", *preload):
+        for mod in ("elastic_ring.worker.api", "elastic_ring.worker.run", "elastic_ring.events.api", *preload):
             try:  # a module target's own imports, so that a joiner only runs its code
                 importlib.import_module(mod)
             except Exception:  # noqa: BLE001 - the run itself will report it
