@@ -206,7 +206,7 @@ def test_a_command_past_its_time_is_stopped_with_its_children(tmp_path, ctrl_c_a
     assert time.monotonic() - t0 < 30 and "started" in e.value.output
 
 
-def test_a_child_that_ignores_ctrl_c_is_killed_once_the_command_hasended(tmp_path, ctrl_c_as_in_main):
+def test_a_child_that_ignores_ctrl_c_is_killed_once_the_command_has_ended(tmp_path, ctrl_c_as_in_main):
     """The command ends at its Ctrl-C, a child of it does not (it ignores SIGINT): the rest of
     its group is killed then, not after the 20 s grace, and the command's output is kept."""
     c = _check(tmp_path)
