@@ -38,14 +38,16 @@ def _watch(proc: subprocess.Popen, rd) -> list[str]:
 
 
 def test_status_through_a_run_then_runs_logs_and_an_extension(tmp_path):
-    # 300 steps before the resize: the first segment runs long enough (a few tenths of a second) for
-    # `status`, polled every 0.05 s, to see it running (at 8 tiny steps the controller could see its
-    # first step and its end in one look: a fresh-clone CI run saw 'resizing' without 'running')
+    # 3000 steps before the resize: the first segment lasts several of the controller's looks (one
+    # every 0.1 s; 0.7 s of segment on a 2-core AVX-512 EPYC), so it sees the run running and
+    # `status`, polled every 0.05 s, shows it. Shorter, the controller could see the first step and
+    # the segment's end in one look and go from starting to resizing: a fresh-clone CI run did at 8
+    # steps, and one at 300 (0.10-0.12 s from the first step to the segment's end on that EPYC)
     rd = tmp_path / "runs" / "mlp"
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "elastic_ring.cli.main", "train", "--script",
-                             str(ROOT / "examples" / "mlp_digits.py"), "--steps", "400", "--gpus", "1",
-                             "--resize-at", "300", "--to", "2", "--slots", "2", "--device", "cpu",
+                             str(ROOT / "examples" / "mlp_digits.py"), "--steps", "3100", "--gpus", "1",
+                             "--resize-at", "3000", "--to", "2", "--slots", "2", "--device", "cpu",
                              "--run-dir", str(rd), "--", "--hidden", "16"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = _watch(proc, rd)
@@ -54,24 +56,24 @@ def test_status_through_a_run_then_runs_logs_and_an_extension(tmp_path):
     assert not any(s.startswith("error") for s in seen), seen  # a run folder from its first moment
     assert seen[0] == "starting" and seen[-1] == "finished", seen
     assert "resizing 1 -> 2" in seen and seen.index("running") < seen.index("resizing 1 -> 2"), seen
-    assert "resize 1 -> 2 after step 300: LR 0.05 -> 0.1 (Eq. 7: x2)" in err
+    assert "resize 1 -> 2 after step 3000: LR 0.05 -> 0.1 (Eq. 7: x2)" in err
 
     listed = run_cli("runs", str(tmp_path / "runs"))
-    assert listed.returncode == 0 and listed.stdout.splitlines()[1].split()[:4] == [str(rd), "finished", "400/400", "2"]
+    assert listed.returncode == 0 and listed.stdout.splitlines()[1].split()[:4] == [str(rd), "finished", "3100/3100", "2"]
     log = run_cli("logs", str(rd), "--segment", "1")
     assert log.returncode == 0 and log.stdout == (rd / "logs" / "segment-001-w2.log").read_text() != ""
 
     t0 = time.time()
     again = run_cli("train", "--resume", str(rd))
-    assert again.returncode == 2 and "already finished (step 400 of 400)" in again.stderr
+    assert again.returncode == 2 and "already finished (step 3100 of 3100)" in again.stderr
     answer_s = time.time() - t0
 
-    more = run_cli("train", "--resume", str(rd), "--steps", "420", timeout=300)
+    more = run_cli("train", "--resume", str(rd), "--steps", "3120", timeout=300)
     assert more.returncode == 0, more.stderr
-    assert f"elastic-ring: run {rd}: 400 -> 420 steps" in more.stderr
+    assert f"elastic-ring: run {rd}: 3100 -> 3120 steps" in more.stderr
     launches = read_events(rd / "events.jsonl", kind="launch")
     assert [(e["start_step"], e["stop_step"], e["world_size"], e["session_start"]) for e in launches] == [
-        (1, 300, 1, True), (301, 400, 2, False), (401, 420, 2, True)]
+        (1, 3000, 1, True), (3001, 3100, 2, False), (3101, 3120, 2, True)]
     st = run_cli("status", str(rd))
-    assert st.stdout.startswith("state: finished   step: 420/420   workers: 2"), st.stdout
+    assert st.stdout.startswith("state: finished   step: 3120/3120   workers: 2"), st.stdout
     print(f"--resume of the finished run answered in {answer_s:.2f} s")
