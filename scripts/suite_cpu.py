@@ -7,10 +7,15 @@
 
 ``sample`` reads /proc every 0.1 s and keeps, for every process whose environment has
 ``ERT_SUITE=1`` (every process the marked suite starts inherits it), its last CPU seconds (user +
-system), its command line and the test it was started under (``PYTEST_CURRENT_TEST``, inherited).
+system), its first command line, when it was first and last seen, the test it was started under
+(``PYTEST_CURRENT_TEST``, inherited) and the test folder it works in (``where``: the first folder
+under pytest's ``popen-gwN`` in its working directory or among its open files). The folder is what
+tells a forked worker's test: a fork server shared by the session (the zygote) and Ray's nodes hand
+their own environment, that of the test that started them, to every process they start.
 Processes that live less than 0.1 s are missed. ``summary`` adds them up by kind (workers, the
-zygotes with their forked children, Ray's workers, controllers, the rest) and per test, with the
-per-test wall and CPU that ``ELASTIC_RING_TEST_CPU`` (tests/conftest.py) recorded.
+zygotes with their forked children, Ray's workers, controllers, the rest), with the per-test wall
+and CPU that ``ELASTIC_RING_TEST_CPU`` (tests/conftest.py) recorded; ``--top N`` also prints the N
+test folders whose processes took the most CPU, by kind (Ray's own folder is ``ray``).
 """
 
 from __future__ import annotations
@@ -23,10 +28,27 @@ import time
 from pathlib import Path
 
 
+def _where(pid: str) -> str:
+    """The test folder (under pytest's ``popen-gwN``) that ``pid`` works in or has a file open in."""
+    paths = []
+    try:
+        paths.append(os.readlink(f"/proc/{pid}/cwd"))
+        paths += [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")[:40]]
+    except OSError:
+        pass
+    for path in paths:
+        parts = path.split("/")
+        for i, part in enumerate(parts[:-1]):
+            if part.startswith("popen-gw"):
+                return parts[i + 1]
+    return ""
+
+
 def sample(out: str) -> None:
     seen: dict[str, dict | None] = {}
     tick = os.sysconf("SC_CLK_TCK")
     while not os.path.exists(out + ".stop"):
+        now = time.time()
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
@@ -38,15 +60,19 @@ def sample(out: str) -> None:
                         continue
                     test = next((kv.split(b"=", 1)[1].decode(errors="replace") for kv in env.split(b"\0")
                                  if kv.startswith(b"PYTEST_CURRENT_TEST=")), "")
-                    seen[pid] = {"cmd": "", "cpu": 0.0, "test": test}
+                    seen[pid] = {"cmd": "", "cpu": 0.0, "test": test, "t0": now, "t1": now, "where": "", "looks": 0}
                 rec = seen[pid]
                 if rec is None:
                     continue
                 f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
                 rec["cpu"] = (int(f[11]) + int(f[12])) / tick
-                cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:300]
-                if cmd:
-                    rec["cmd"] = cmd
+                rec["t1"] = now
+                if not rec["cmd"]:  # the first (Ray renames its workers' processes later)
+                    rec["cmd"] = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(
+                        errors="replace")[:300]
+                if not rec["where"] and rec["looks"] < 30:  # (a forked worker opens its log soon)
+                    rec["looks"] += 1
+                    rec["where"] = _where(pid)
             except (OSError, IndexError):
                 pass
         time.sleep(0.1)
@@ -56,6 +82,8 @@ def sample(out: str) -> None:
 def kind(cmd: str) -> str:
     if "--zygote" in cmd:
         return "zygote (and its forked workers)"
+    if "elastic_ring.controller.hvdrun" in cmd or "bin/horovodrun" in cmd:  # (their commands name the workers.)
+        return "launchers (hvdrun, horovodrun, their middlemen)"
     if "elastic_ring.worker.run" in cmd:
         return "worker command"
     if "default_worker" in cmd or "ray::" in cmd:
@@ -63,6 +91,23 @@ def kind(cmd: str) -> str:
     if "cli.main train" in cmd or "elastic-ring train" in cmd:
         return "train controller"
     return "other"
+
+
+def by_folder(procs_file: str, top: int) -> list[dict]:
+    """The ``top`` test folders whose processes took the most CPU (a process with no folder counts
+    under its test's name, from its environment), by kind."""
+    procs = json.loads(Path(procs_file).read_text())
+    folders: dict[str, dict] = collections.defaultdict(lambda: {"processes": 0, "cpu_s": 0.0,
+                                                                "by_kind": collections.Counter()})
+    for p in procs.values():
+        name = p.get("where") or (p["test"].split(" ")[0].split("::")[-1] if p["test"] else "(none)")
+        f = folders[name]
+        f["processes"] += 1
+        f["cpu_s"] += p["cpu"]
+        f["by_kind"][kind(p["cmd"])] += p["cpu"]
+    rows = sorted(folders.items(), key=lambda kv: -kv[1]["cpu_s"])[:top]
+    return [{"folder": k, "processes": v["processes"], "cpu_s": round(v["cpu_s"], 1),
+             "by_kind": {kk: round(vv, 1) for kk, vv in v["by_kind"].most_common()}} for k, v in rows]
 
 
 def summary(procs_file: str, tests_file: str) -> dict:
@@ -89,11 +134,14 @@ def main() -> None:
     m.add_argument("tests")
     m.add_argument("--label", default="")
     m.add_argument("--out", default=None, help="append the summary to this JSON list file")
+    m.add_argument("--top", type=int, default=0, help="also the N test folders that took the most CPU")
     a = ap.parse_args()
     if a.cmd == "sample":
         sample(a.out)
         return
     res = {"label": a.label, **summary(a.procs, a.tests)}
+    if a.top:
+        res["top_folders"] = by_folder(a.procs, a.top)
     print(json.dumps(res, indent=2))
     if a.out:
         path = Path(a.out)
