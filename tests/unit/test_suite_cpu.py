@@ -29,8 +29,8 @@ def _told_apart(gw: Path) -> None:
                                cwd="/")
     elsewhere = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], cwd="/")
     try:
-        deadline = time.time() + 20
-        while not log.exists() and time.time() < deadline:
+        deadline = time.time() + 20  # (the file exists a moment before its descriptor is the process's)
+        while sc._where(str(by_file.pid)) == "" and time.time() < deadline:
             time.sleep(0.05)
         assert sc._where(str(by_cwd.pid)) == "test_by_cwd0"
         assert sc._where(str(by_file.pid)) == "test_by_file0"
