@@ -93,10 +93,9 @@ def kind(cmd: str) -> str:
     return "other"
 
 
-def by_folder(procs_file: str, top: int) -> list[dict]:
-    """The ``top`` test folders whose processes took the most CPU (a process with no folder counts
-    under its test's name, from its environment), by kind."""
-    procs = json.loads(Path(procs_file).read_text())
+def by_folder(procs: dict, top: int) -> list[dict]:
+    """The ``top`` test folders whose processes (``sample``'s records) took the most CPU (a process
+    with no folder counts under its test's name, from its environment), by kind."""
     folders: dict[str, dict] = collections.defaultdict(lambda: {"processes": 0, "cpu_s": 0.0,
                                                                 "by_kind": collections.Counter()})
     for p in procs.values():
@@ -110,8 +109,7 @@ def by_folder(procs_file: str, top: int) -> list[dict]:
              "by_kind": {kk: round(vv, 1) for kk, vv in v["by_kind"].most_common()}} for k, v in rows]
 
 
-def summary(procs_file: str, tests_file: str) -> dict:
-    procs = json.loads(Path(procs_file).read_text())
+def summary(procs: dict, tests_file: str) -> dict:
     tests = [json.loads(line) for line in Path(tests_file).read_text().splitlines()]
     by_kind: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
     for p in procs.values():
@@ -139,9 +137,10 @@ def main() -> None:
     if a.cmd == "sample":
         sample(a.out)
         return
-    res = {"label": a.label, **summary(a.procs, a.tests)}
+    procs = json.loads(Path(a.procs).read_text())
+    res = {"label": a.label, **summary(procs, a.tests)}
     if a.top:
-        res["top_folders"] = by_folder(a.procs, a.top)
+        res["top_folders"] = by_folder(procs, a.top)
     print(json.dumps(res, indent=2))
     if a.out:
         path = Path(a.out)

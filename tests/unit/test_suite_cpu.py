@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,7 @@ def _told_apart(gw: Path) -> None:
     assert sc._where(str(by_cwd.pid)) == ""  # gone: no folder, no error
 
 
-def test_folders_are_summed_by_kind_and_a_process_with_none_counts_under_its_test(tmp_path):
+def test_folders_are_summed_by_kind_and_a_process_with_none_counts_under_its_test():
     procs = {
         "1": {"cmd": "python -u -m elastic_ring.worker.run --zygote abc", "cpu": 2.0, "test": "t.py::test_a (call)",
               "where": "test_b0"},  # forked by a zygote that test_a started, working for test_b
@@ -55,12 +54,10 @@ def test_folders_are_summed_by_kind_and_a_process_with_none_counts_under_its_tes
         "6": {"cmd": "python -u -m elastic_ring.worker.run --run-dir r --segment 0", "cpu": 0.05,
               "test": "t.py::test_b (call)", "where": "test_b0"},
     }
-    path = tmp_path / "procs.json"
-    path.write_text(json.dumps(procs))
-    rows = sc.by_folder(str(path), 10)
+    rows = sc.by_folder(procs, 10)
     assert [(r["folder"], r["processes"], r["cpu_s"]) for r in rows] == [
         ("test_b0", 4, 2.8), ("test_c", 1, 1.0), ("ray", 1, 0.3)]
     assert rows[0]["by_kind"] == {"zygote (and its forked workers)": 2.0, "train controller": 0.5,
                                   "launchers (hvdrun, horovodrun, their middlemen)": 0.2, "worker command": 0.1}
     assert rows[2]["by_kind"] == {"Ray worker": 0.3}
-    assert [r["folder"] for r in sc.by_folder(str(path), 1)] == ["test_b0"]
+    assert [r["folder"] for r in sc.by_folder(procs, 1)] == ["test_b0"]
