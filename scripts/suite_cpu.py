@@ -24,6 +24,7 @@ import argparse
 import collections
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -137,8 +138,13 @@ def main() -> None:
     if a.cmd == "sample":
         sample(a.out)
         return
-    procs = json.loads(Path(a.procs).read_text())
-    res = {"label": a.label, **summary(procs, a.tests)}
+    try:
+        procs = json.loads(Path(a.procs).read_text())
+        res = {"label": a.label, **summary(procs, a.tests)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # (a missing, cut or foreign file)
+        print(f"suite_cpu: error: cannot read {a.procs} and {a.tests} as sample's and the accounting's files: "
+              f"{type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(2)
     if a.top:
         res["top_folders"] = by_folder(procs, a.top)
     print(json.dumps(res, indent=2))

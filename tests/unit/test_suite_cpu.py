@@ -61,3 +61,16 @@ def test_folders_are_summed_by_kind_and_a_process_with_none_counts_under_its_tes
                                   "launchers (hvdrun, horovodrun, their middlemen)": 0.2, "worker command": 0.1}
     assert rows[2]["by_kind"] == {"Ray worker": 0.3}
     assert [r["folder"] for r in sc.by_folder(procs, 1)] == ["test_b0"]
+
+
+def test_a_file_it_cannot_read_is_one_line_and_exit_status_2(tmp_path):
+    cut = tmp_path / "procs.json"
+    cut.write_text('{"1": {"cmd"')  # (a sample cut short)
+    tests = tmp_path / "tests.jsonl"
+    tests.write_text("")
+    for procs in (tmp_path / "missing.json", cut):
+        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "suite_cpu.py"), "summary", str(procs), str(tests)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        (line,) = r.stderr.splitlines()
+        assert line.startswith(f"suite_cpu: error: cannot read {procs} and {tests}"), line
