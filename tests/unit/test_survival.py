@@ -181,3 +181,37 @@ def test_the_segment_log_lines(tmp_path):
     note(log, describe("local", 0, ["rank 0: w1 pid 5", "rank 1: w2 pid 6"]))
     note(log, "second")
     assert log.read_text() == "[local] segment 0: 2 worker(s): rank 0: w1 pid 5, rank 1: w2 pid 6\nsecond\n"
+
+
+def test_a_silent_actor_writes_its_threads_stacks_to_its_log_when_asked(tmp_path):
+    """What the Ray backend does with a survivor that said nothing within the wait: the actor's
+    process registered faulthandler as WorkerActor.run does (its stderr is its log), and
+    :func:`survival.dump_stacks` makes it write where each thread stood; a pid that is gone is skipped."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "ray-w1.log"
+    child = tmp_path / "actor.py"
+    child.write_text(
+        "import time\n"
+        "from elastic_ring.controller.backends.ray_worker import _stacks_on_signal\n"
+        "_stacks_on_signal()\n"
+        "def stuck_in_its_collective():\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(60)\n"
+        "stuck_in_its_collective()\n")
+    with open(log, "w") as err:
+        p = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        assert survival.dump_stacks([p.pid], settle_s=0.5) == [p.pid]
+        deadline = time.time() + 10
+        while "stuck_in_its_collective" not in log.read_text() and time.time() < deadline:
+            time.sleep(0.05)
+        text = log.read_text()
+        assert "stuck_in_its_collective" in text and "actor.py" in text, text
+        assert p.poll() is None  # it dumped and went on; the restart ends it
+    finally:
+        p.kill()
+        p.wait()
+    assert survival.dump_stacks([p.pid], settle_s=0.0) == []  # reaped: nothing to ask

@@ -138,3 +138,26 @@ def test_the_controller_grows_the_survivors_back_when_a_warm_worker_is_up(tmp_pa
     (ov,) = [e for e in events if e["kind"] == "resize_overhead" and e["to_workers"] == 2]
     assert back["joiner"] == "broadcast" and back["since_failure_s"] > 0
     assert back["time"] - ov["steady_step_s"] - ov["total_lost_s"] == pytest.approx(paused[0], abs=1e-3)
+
+
+@pytest.mark.parametrize("here", [True, False])
+def test_a_survivor_silent_through_the_wait_is_asked_for_its_stacks_on_this_host_only(tmp_path, monkeypatch, here):
+    """The survivor (rank 0) never says which steps it holds: the restart (refused as silent), and
+    where its actor runs on this host, a line in its log and its stacks asked for (by pid) before
+    the restart ends it; an actor on another host is never signalled (its pid is not this host's)."""
+    import socket
+
+    from elastic_ring.controller.backends import survival
+
+    asked = []
+    monkeypatch.setattr(survival, "dump_stacks", lambda pids, settle_s=0.3: asked.extend(pids) or list(pids))
+    b, g, (m0, m1), ended = _backend(tmp_path)
+    m0.info["host"] = socket.gethostname() if here else "another-host"
+    assert b.survivors(wait_s=0.3) is None
+    assert b.refused == "1 worker(s) neither said which steps they hold nor were gone within the wait"
+    log = tmp_path / "logs" / "ray-w1.log"
+    if here:
+        assert asked == [100]
+        assert "[controller] rank 0 said nothing within 0.3 s of the failure" in log.read_text()
+    else:
+        assert asked == [] and not log.exists()

@@ -267,6 +267,14 @@ class RayBackend(Backend):
                               g.t_start, wait_s, known_gone=1, gone_refuses=True)
         self.refused = heard.refused
         if heard.step is None:
+            if heard.silent:  # where each silent one stood, into its log, before the restart ends it
+                here = socket.gethostname()
+                silent = [m for m in members if m not in heard.alive and m not in heard.gone
+                          and m.pid and m.who.info.get("host") == here]
+                for m in silent:
+                    note(self.pool.log(m.name), f"[controller] rank {m.rank} said nothing within {wait_s:g} s of "
+                         "the failure: its threads' stacks follow")
+                survival.dump_stacks([m.pid for m in silent])
             return None
         on = sorted(m.rank for m in g.members if m.info.get("node_id") == lost) if lost is not None else []
         failure = survival.blame([], [], blamed=g.failure, lost=on)

@@ -59,10 +59,24 @@ class WorkerActor:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
+        _stacks_on_signal()
         os.environ.update(env)
         from elastic_ring.worker import run
 
         return run.main(argv, in_process=True)
+
+
+def _stacks_on_signal() -> None:
+    """On SIGUSR2 (:data:`~.survival.STACKS_SIGNAL`) write every thread's stack to the log (fd 2,
+    dup'ed to it): the controller asks that of a survivor that stayed silent after a failure
+    (:func:`~.survival.dump_stacks`), before its restart ends the process."""
+    import faulthandler
+    import signal
+
+    try:
+        faulthandler.register(signal.SIGUSR2, file=2, all_threads=True)
+    except (ValueError, OSError, RuntimeError):  # not where it cannot be (no such signal, no fd 2)
+        pass
 
 
 def rendezvous_handler(slots: dict[tuple[str, int], Any]):

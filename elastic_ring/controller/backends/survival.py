@@ -18,6 +18,7 @@ does after (its group goes on with the survivors, or is ended).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -107,6 +108,29 @@ def hear(run_dir: Path, members: Sequence[Member], segment: int | None, since: f
     else:
         step, refused = agreement([records[m.name] for m in alive], silent, len(gone) + known_gone)
     return Heard(records, alive, gone, silent, step, refused, t0)
+
+
+STACKS_SIGNAL = "SIGUSR2"  # a worker actor dumps its threads' stacks into its log on it (faulthandler)
+
+
+def dump_stacks(pids: Sequence[int], settle_s: float = 0.3) -> list[int]:
+    """Ask the processes ``pids`` (this host's worker actors that were silent in :func:`hear`, each
+    registered with :mod:`faulthandler` for :data:`STACKS_SIGNAL`) to write every thread's stack to
+    their logs, so that a survivor that never said which steps it holds shows where it stood; then
+    wait ``settle_s`` for the writes (the restart ends them next). Returns the pids signalled (a pid
+    gone meanwhile is skipped)."""
+    import signal
+
+    sent = []
+    for pid in pids:
+        try:
+            os.kill(pid, getattr(signal, STACKS_SIGNAL))
+        except (OSError, ValueError):
+            continue
+        sent.append(pid)
+    if sent:
+        time.sleep(settle_s)
+    return sent
 
 
 def _record_of(rank: int, errors: list[dict[str, Any]]) -> dict[str, Any] | None:
