@@ -36,6 +36,14 @@ def write_results(path: Path, out: dict[str, Any], load_before: float) -> None:
           f"(load {load_before:.1f} -> {load_after:.1f})")
 
 
+def append_result(path: Path | str, res: dict[str, Any]) -> None:
+    """Append ``res`` to the JSON list in ``path`` (made if missing): the files that collect one
+    summary per run (``results/ci/suite_cpu.json``, ``results/ci/suite_timeline.json``)."""
+    path = Path(path)
+    runs = json.loads(path.read_text()) if path.exists() else []
+    path.write_text(json.dumps([*runs, res], indent=2) + "\n")
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (a rendezvous's or a store's)."""
     import socket

@@ -219,9 +219,9 @@ def main() -> None:
         sys.exit(2)
     print(json.dumps(res, indent=2))
     if a.out:
-        path = Path(a.out)
-        runs = json.loads(path.read_text()) if path.exists() else []
-        path.write_text(json.dumps([*runs, res], indent=2) + "\n")
+        from benchlib import append_result  # (here: the tests load this file by its path, without scripts/ on sys.path)
+
+        append_result(a.out, res)
 
 
 if __name__ == "__main__":

@@ -67,14 +67,15 @@ class WorkerActor:
 
 
 def _stacks_on_signal() -> None:
-    """On SIGUSR2 (:data:`~.survival.STACKS_SIGNAL`) write every thread's stack to the log (fd 2,
+    """On :data:`~.survival.STACKS_SIGNAL` (SIGUSR2) write every thread's stack to the log (fd 2,
     dup'ed to it): the controller asks that of a survivor that stayed silent after a failure
     (:func:`~.survival.dump_stacks`), before its restart ends the process."""
     import faulthandler
-    import signal
+
+    from elastic_ring.controller.backends.survival import STACKS_SIGNAL
 
     try:
-        faulthandler.register(signal.SIGUSR2, file=2, all_threads=True)
+        faulthandler.register(STACKS_SIGNAL, file=2, all_threads=True)
     except (ValueError, OSError, RuntimeError):  # not where it cannot be (no such signal, no fd 2)
         pass
 

@@ -19,6 +19,7 @@ does after (its group goes on with the survivors, or is ended).
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -110,7 +111,7 @@ def hear(run_dir: Path, members: Sequence[Member], segment: int | None, since: f
     return Heard(records, alive, gone, silent, step, refused, t0)
 
 
-STACKS_SIGNAL = "SIGUSR2"  # a worker actor dumps its threads' stacks into its log on it (faulthandler)
+STACKS_SIGNAL = signal.SIGUSR2  # a worker actor dumps its threads' stacks into its log on it (faulthandler)
 
 
 def dump_stacks(pids: Sequence[int], settle_s: float = 0.3) -> list[int]:
@@ -119,12 +120,10 @@ def dump_stacks(pids: Sequence[int], settle_s: float = 0.3) -> list[int]:
     their logs, so that a survivor that never said which steps it holds shows where it stood; then
     wait ``settle_s`` for the writes (the restart ends them next). Returns the pids signalled (a pid
     gone meanwhile is skipped)."""
-    import signal
-
     sent = []
     for pid in pids:
         try:
-            os.kill(pid, getattr(signal, STACKS_SIGNAL))
+            os.kill(pid, STACKS_SIGNAL)
         except (OSError, ValueError):
             continue
         sent.append(pid)
