@@ -78,6 +78,11 @@ class TrainConfig(ConfigModel):
             block, then the model) instead of replicating it (DDP): sharded checkpoints
             (:mod:`elastic_ring.worker.sharded`). Needs ``--collective torch``; not with
             ``constant-batch`` (its micro-batches count on DDP's deferred gradient sync).
+        min_step_s: each step of the built-in trainer lasts at least this many seconds: it sleeps
+            what is left after the step's work (0: no floor). The work and the result are
+            unchanged; a step whose work takes longer is not slowed further. For demos and tests
+            whose pace a clock should set, not the machine (``examples/paced.py`` does this for
+            a script).
     """
 
     depth: ResNetDepth = 20
@@ -108,6 +113,7 @@ class TrainConfig(ConfigModel):
     eval_every: Int = Field(0, ge=0)
     num_classes: Int = 10
     shard: Bool = False
+    min_step_s: Float = Field(0.0, ge=0)
 
     @field_validator("decay_at")
     @classmethod

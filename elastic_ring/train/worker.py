@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -174,7 +175,9 @@ def main() -> int:
     model.train()
     every = max(1, job.info.throughput_window)  # rank 0's log line: at the first step, then every window
     first = job.step + 1
+    floor = cfg.min_step_s
     for step in job.steps():
+        t0 = time.perf_counter() if floor else 0.0
         if job.extras["lr_state"] is not lr_dict:  # rescaled in place (--relaunch inplace)
             lr_dict = job.extras["lr_state"]
             lr_state = LRState(**lr_dict)
@@ -198,6 +201,8 @@ def main() -> int:
         if job.rank == 0 and (step == first or step % every == 0 or step == job.stop_at):
             print(f"step {step}/{job.total_steps}  workers {job.size}  loss {loss.detach().item():.4f}  lr {lr:.4g}",
                   flush=True)
+        if floor:  # (after the step's record: its time is the work's; the sleep is this step's own)
+            time.sleep(max(0.0, floor - (time.perf_counter() - t0)))
     return 0
 
 

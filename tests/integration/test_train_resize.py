@@ -283,13 +283,17 @@ def test_interrupt_and_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
     # (Waiting also for a throughput window relayed by the controller let a fresh-clone run of 400
     # steps, 4 s of steps at 15 ms, finish before the Ctrl-C landed; waiting for step 100 in
     # events.jsonl, the relay, did the same earlier; and 300 steps at 9 ms each on a quiet machine were
-    # all done 2.7 s after the first, before the Ctrl-C landed, in one fresh-clone run: now 1000.)
-    STEPS = 1000
+    # all done 2.7 s after the first, before the Ctrl-C landed, in one fresh-clone run; then 1000 steps.)
+    # Now a clock sets the pace: each step lasts at least FLOOR (`min_step_s`: a sleep after the
+    # step's work, which leaves the result unchanged), so the run's length no longer depends on how
+    # fast the machine is: 200 steps are at least 4 s, the Ctrl-C lands within a few steps of step
+    # 20 (0.4 s), and the two runs use the CPU of 200 steps, not of 1000.
+    STEPS, FLOOR = 200, 0.02
     # one intra-op thread each, as `make test` sets for the whole suite: the two runs side by side on
     # two cores (run alone with pytest, two threads each spun at every parallel region's barrier:
     # 0.2 s a step instead of 10 ms)
     monkeypatch.setenv(protocol.CPU_THREADS_ENV, "1")
-    args = ["--gpus", "1", "--steps", str(STEPS), *TINY]
+    args = ["--gpus", "1", "--steps", str(STEPS), *TINY, "--set", f"min_step_s={FLOOR}"]
     straight = tmp_path / "straight"
     cut = tmp_path / "cut"
     with ThreadPoolExecutor(1) as beside:  # the uninterrupted reference runs beside the stop and resume
@@ -320,6 +324,13 @@ def test_interrupt_and_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
         st = ck["optimizer"]["state"]
         assert len(st) == n_params and all("momentum_buffer" in s for s in st.values())
     assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
+    # the floor held: the throughput windows of each run took at least FLOOR a step (summed: a
+    # window runs from one step's record to another's, so each holds one step's sleep and the next
+    # one's work; the sum is short of the steps' floors by at most the first step's work)
+    for run in (straight, cut):
+        thr = _events(run, "throughput")
+        n, secs = sum(t["steps"] for t in thr), sum(t["seconds"] for t in thr)
+        assert n >= STEPS // 2 and secs >= n * FLOOR - 0.05, (n, secs)
     for k, s in a["optimizer"]["state"].items():
         assert torch.equal(s["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"]), k
     # RNG: torch's (seeded by the worker) ends as in the run that never stopped; numpy's and
