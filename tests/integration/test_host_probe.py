@@ -44,8 +44,10 @@ def _probe(tmp_path):
 def test_a_silent_host_is_left_out_and_grown_back_onto_only_once_it_answers_again(tmp_path):
     run = tmp_path / "run"
     probe, silent = _probe(tmp_path)
-    proc = _start(["--gpus", "2", "--steps", "100000", *TINY, "--hosts", BOTH, "--blacklist-cooldown-range", "2:4",
-                   "--host-probe", str(probe), "--run-dir", str(run)])
+    # the test's events set the run's length (it ends it with a Ctrl-C), not its steps: each step at
+    # least 40 ms (min_step_s, a sleep after its work), so that its workers do not train flat out meanwhile
+    proc = _start(["--gpus", "2", "--steps", "100000", *TINY, "--set", "min_step_s=0.04", "--hosts", BOTH,
+                   "--blacklist-cooldown-range", "2:4", "--host-probe", str(probe), "--run-dir", str(run)])
     victim = None
     try:
         window_at_2(run)
