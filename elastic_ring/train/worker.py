@@ -30,6 +30,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -122,6 +123,20 @@ def evaluate(job: elastic.Job, model: torch.nn.Module, test_ds, cfg) -> dict[str
     return {"test_loss": float(tot[0]) / n, "test_accuracy": float(tot[1]) / n, "samples": n}
 
 
+def paced(steps: Iterable[int], floor_s: float) -> Iterable[int]:
+    """``steps`` (the job's step boundary) with each loop body lasting at least ``floor_s``
+    (``min_step_s``): the sleep comes after the body, its record included, before the next
+    boundary. With no floor, ``steps`` itself (nothing added to the step's path)."""
+    return _floored(steps, floor_s) if floor_s else steps
+
+
+def _floored(steps: Iterable[int], floor_s: float) -> Iterator[int]:
+    for step in steps:
+        t0 = time.perf_counter()
+        yield step
+        time.sleep(max(0.0, floor_s - (time.perf_counter() - t0)))
+
+
 def main() -> int:
     job = elastic.init(lazy=True, warm_compile=False)  # its SGD never imports torch._dynamo
     cfg = load_config(job.run_dir / "config.yaml")
@@ -175,9 +190,7 @@ def main() -> int:
     model.train()
     every = max(1, job.info.throughput_window)  # rank 0's log line: at the first step, then every window
     first = job.step + 1
-    floor = cfg.min_step_s
-    for step in job.steps():
-        t0 = time.perf_counter() if floor else 0.0
+    for step in paced(job.steps(), cfg.min_step_s):
         if job.extras["lr_state"] is not lr_dict:  # rescaled in place (--relaunch inplace)
             lr_dict = job.extras["lr_state"]
             lr_state = LRState(**lr_dict)
@@ -201,8 +214,6 @@ def main() -> int:
         if job.rank == 0 and (step == first or step % every == 0 or step == job.stop_at):
             print(f"step {step}/{job.total_steps}  workers {job.size}  loss {loss.detach().item():.4f}  lr {lr:.4g}",
                   flush=True)
-        if floor:  # (after the step's record: its time is the work's; the sleep is this step's own)
-            time.sleep(max(0.0, floor - (time.perf_counter() - t0)))
     return 0
 
 
