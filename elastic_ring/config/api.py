@@ -62,6 +62,9 @@ class TrainConfig(ConfigModel):
             (0: ``batch_size`` x the run's initial workers, fixed when the run is created).
         augment: pad-4 random crop + horizontal flip on the training set.
         synthetic_size: number of distinct samples in the synthetic set.
+        synthetic_side: the synthetic set's image side in pixels (32: CIFAR's shape; at least 8,
+            the built-in ResNet's two halvings then leave 2x2). A smaller side is a cheaper step
+            (the test suite's tiny runs use 16); the other datasets are 32x32 whatever it says.
         throughput_window: steps per throughput event.
         control_every: the fewest steps between two checks, agreed by all ranks, for a live stop
             request (the stop vote); its period adapts above this to the step time.
@@ -103,6 +106,7 @@ class TrainConfig(ConfigModel):
     global_batch: Int = Field(0, ge=0)
     augment: Bool = True
     synthetic_size: Int = Field(4096, ge=1)
+    synthetic_side: Int = Field(32, ge=8)
     throughput_window: Int = Field(20, ge=1)
     control_every: Int = Field(1, ge=1)
     stop_latency_ms: Int = Field(100, ge=0)

@@ -129,6 +129,6 @@ def ensure_dataset_cache(run_dir: Path, cfg: TrainConfig) -> None:
             return  # the machine's copy: no torch in this process
         from elastic_ring.data import materialize  # imports torch
 
-        materialize(cfg.dataset, cache, cfg.data_dir, cfg.synthetic_size, cfg.seed)
+        materialize(cfg.dataset, cache, cfg.data_dir, cfg.synthetic_size, cfg.seed, cfg.synthetic_side)
         if cfg.dataset == "digits":
             keep_machine_digits(cache)

@@ -6,7 +6,8 @@
   (a download from the run's start-up would hang on a machine without network, and leave an
   empty folder behind). torchvision checks the files' md5 sums, so a corrupt copy is reported as
   such.
-- ``synthetic``: CIFAR-shaped random images and labels (for benchmarks and tests; nothing to learn).
+- ``synthetic``: CIFAR-shaped random images and labels (for benchmarks and tests; nothing to learn),
+  32x32x3 unless a smaller side is asked (``synthetic_side``: a cheaper step for tests and demos).
 - ``digits``: scikit-learn's 1,797 handwritten 8x8 digits (real data, shipped with scikit-learn,
   works offline), upsampled x4 (nearest) to 32x32 and repeated over 3 channels. A fixed split,
   independent of the training seed: 1,437 train / 360 test.
@@ -122,33 +123,34 @@ def _digits(train: bool) -> ArrayDataset:
     return ArrayDataset(x, y[idx], (m, m, m), (s, s, s), "digits")
 
 
-def _synthetic(size: int, seed: int, train: bool) -> ArrayDataset:
+def _synthetic(size: int, seed: int, train: bool, side: int = 32) -> ArrayDataset:
     n = size if train else SYNTHETIC_TEST
     g = torch.Generator().manual_seed(seed * 2 + (0 if train else 1))
-    images = torch.randint(0, 256, (n, 3, 32, 32), generator=g, dtype=torch.uint8)
+    images = torch.randint(0, 256, (n, 3, side, side), generator=g, dtype=torch.uint8)
     labels = torch.randint(0, 10, (n,), generator=g)
     return ArrayDataset(images, labels, (0.5, 0.5, 0.5), (0.29, 0.29, 0.29), "synthetic")
 
 
-def _cache_file(cache_dir: str | Path, name: str, train: bool, synthetic_size: int, seed: int) -> Path:
+def _cache_file(cache_dir: str | Path, name: str, train: bool, synthetic_size: int, seed: int,
+                synthetic_side: int = 32) -> Path:
     tag = f"{name}-{'train' if train else 'test'}"
     if name == "synthetic":
-        tag += f"-n{synthetic_size}-s{seed}"
+        tag += f"-n{synthetic_size}-s{seed}" + (f"-px{synthetic_side}" if synthetic_side != 32 else "")
     return Path(cache_dir) / f"{tag}.pt"
 
 
 def materialize(name: str, cache_dir: str | Path, data_dir: str = "data", synthetic_size: int = 4096,
-                seed: int = 0) -> None:
+                seed: int = 0, synthetic_side: int = 32) -> None:
     """Write the train and test sets as uint8 tensors into ``cache_dir`` (once per run).
 
     Workers then load them in milliseconds instead of parsing CIFAR's pickles or importing
     scikit-learn at every (re)launch: that is part of the resize cost.
     """
     for train in (True, False):
-        path = _cache_file(cache_dir, name, train, synthetic_size, seed)
+        path = _cache_file(cache_dir, name, train, synthetic_size, seed, synthetic_side)
         if path.exists():
             continue
-        ds = load_dataset(name, train, data_dir, synthetic_size, seed)
+        ds = load_dataset(name, train, data_dir, synthetic_size, seed, synthetic_side=synthetic_side)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         buf = io.BytesIO()  # serialised in memory: a full disk is then an OSError naming its cause
@@ -163,17 +165,19 @@ def materialize(name: str, cache_dir: str | Path, data_dir: str = "data", synthe
 
 
 def load_dataset(name: str, train: bool, data_dir: str = "data", synthetic_size: int = 4096,
-                 seed: int = 0, download: bool = True, cache_dir: str | Path | None = None) -> ArrayDataset:
+                 seed: int = 0, download: bool = True, cache_dir: str | Path | None = None,
+                 synthetic_side: int = 32) -> ArrayDataset:
     """Load a dataset into memory (from ``cache_dir`` when :func:`materialize` filled it).
 
     ``download``: whether CIFAR-10's archive in ``data_dir`` may be unpacked there (the controller
     does it once; workers read the run's cache). Nothing is fetched from the network.
+    ``synthetic_side``: the synthetic set's image side in pixels (the other sets are 32x32).
 
     Raises:
         DatasetError: unknown name, or CIFAR-10 missing or corrupt.
     """
     if cache_dir is not None:
-        path = _cache_file(cache_dir, name, train, synthetic_size, seed)
+        path = _cache_file(cache_dir, name, train, synthetic_size, seed, synthetic_side)
         if path.exists():
             d = torch.load(path, weights_only=False)
             return ArrayDataset(d["images"], d["labels"], tuple(d["mean"]), tuple(d["std"]), d["name"])
@@ -182,7 +186,7 @@ def load_dataset(name: str, train: bool, data_dir: str = "data", synthetic_size:
     if name == "digits":
         return _digits(train)
     if name == "synthetic":
-        return _synthetic(synthetic_size, seed, train)
+        return _synthetic(synthetic_size, seed, train, synthetic_side)
     raise DatasetError(f"unknown dataset {name!r} (choose cifar10, synthetic or digits)")
 
 
@@ -209,8 +213,8 @@ def make_batch(ds: ArrayDataset, indices: torch.Tensor, augment: bool,
     y = ds.labels[idx]
     if augment and n > 0:
         padded = F.pad(x, (4, 4, 4, 4))
-        ar = torch.arange(32, device=dev)
-        rows = (oy[:, None] + ar[None, :])  # [n, 32]
+        ar = torch.arange(x.shape[-1], device=dev)  # the side (32 but for a smaller synthetic set)
+        rows = (oy[:, None] + ar[None, :])  # [n, side]
         cols = (ox[:, None] + ar[None, :])
         cols = torch.where(flip[:, None], cols.flip(1), cols)
         x = padded[torch.arange(n, device=dev)[:, None, None, None], torch.arange(3, device=dev)[None, :, None, None],

@@ -146,7 +146,7 @@ def main() -> int:
                                weight_decay=cfg.weight_decay)
     cache = job.run_dir / "cache"
     train_ds = load_dataset(cfg.dataset, True, cfg.data_dir, cfg.synthetic_size, cfg.seed,
-                            download=False, cache_dir=cache)
+                            download=False, cache_dir=cache, synthetic_side=cfg.synthetic_side)
     if job.device.type == "cuda":
         train_ds = train_ds.to(job.device)  # batches are made on the GPU (make_batch)
     constant = cfg.lr_scaling == CONSTANT_BATCH
@@ -178,7 +178,7 @@ def main() -> int:
         nonlocal test_ds
         if test_ds is None:
             test_ds = load_dataset(cfg.dataset, False, cfg.data_dir, cfg.synthetic_size, cfg.seed,
-                                   download=False, cache_dir=cache)
+                                   download=False, cache_dir=cache, synthetic_side=cfg.synthetic_side)
         return evaluate(job, model, test_ds, cfg)
 
     job.on_resize(rescale)

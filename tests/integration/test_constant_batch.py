@@ -37,8 +37,8 @@ from tests.conftest import ROOT, run_cli, shared_dir
 
 pytestmark = pytest.mark.integration
 
-TINY = ["--dataset", "synthetic", "--set", "synthetic_size=40", "--depth", "8", "--set", "width=4",
-        "--batch-size", "8", "--set", "throughput_window=2", "--set", "trace_samples=true",
+TINY = ["--dataset", "synthetic", "--set", "synthetic_size=40", "--set", "synthetic_side=16", "--depth", "8",
+        "--set", "width=4", "--batch-size", "8", "--set", "throughput_window=2", "--set", "trace_samples=true",
         "--set", "augment=true", "--slots", "4", "--steps", "12", "--gpus", "1"]
 CONSTANT = ["--lr-scaling", "constant-batch", "--global-batch", "32"]
 RESIZED = ["--schedule", "3:2,6:4,9:1"]  # 1 -> 2 -> 4 -> 1 workers

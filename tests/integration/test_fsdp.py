@@ -232,7 +232,8 @@ def test_survive_on_a_sharded_job_falls_back_to_the_sharded_checkpoint(tmp_path)
 
 
 BUILT_IN = ["--collective", "torch", "--gpus", "2", "--slots", "2", "--dataset", "synthetic", "--set",
-            "synthetic_size=40", "--depth", "8", "--set", "width=4", "--batch-size", "8", "--steps", "12",
+            "synthetic_size=40", "--set", "synthetic_side=16",
+            "--depth", "8", "--set", "width=4", "--batch-size", "8", "--steps", "12",
             *SCHEDULE, "--set", "trace_samples=true", "--set", "augment=true"]
 
 

@@ -31,8 +31,8 @@ from tests.conftest import ROOT, one_line_error, shared_dir
 
 pytestmark = pytest.mark.integration
 
-TINY = ["--dataset", "synthetic", "--set", "synthetic_size=40", "--depth", "8", "--set", "width=4",
-        "--batch-size", "8", "--slots", "2"]
+TINY = ["--dataset", "synthetic", "--set", "synthetic_size=40", "--set", "synthetic_side=16", "--depth", "8",
+        "--set", "width=4", "--batch-size", "8", "--slots", "2"]
 EXTRA_MODULES = ["horovod", "ray", "matplotlib", "numba", "mpi4py", "starlette", "uvicorn",
                  "prometheus_client", "tensorboard"]
 

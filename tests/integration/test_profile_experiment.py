@@ -17,7 +17,7 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.integration
 
 TINY = ["--set", "depth=8", "--set", "width=4", "--set", "batch_size=8", "--set", "dataset=synthetic",
-        "--set", "synthetic_size=40", "--set", "throughput_window=3", "--device", "cpu"]
+        "--set", "synthetic_size=40", "--set", "synthetic_side=16", "--set", "throughput_window=3", "--device", "cpu"]
 
 
 def test_profile_refused_then_accepted_fit_and_report(tmp_path):
@@ -62,7 +62,7 @@ def test_experiment_resize_tiny_one_repeat_and_report(tmp_path):
     design.write_text(
         "config: configs/cpu_small.yaml\n"
         "overrides: {depth: 8, width: 4, batch_size: 8, dataset: synthetic, synthetic_size: 40,\n"
-        "            throughput_window: 2, total_steps: 10}\n"
+        "            synthetic_side: 16, throughput_window: 2, total_steps: 10}\n"
         "w_init: 1\nw_new: 2\nresize_steps: [4]\nrepeats: 1\nslots: 2\ndevice: cpu\n"
         f"out: {tmp_path / 'exp'}\n")
     p = run_cli("experiment", "resize", "--config", str(design), timeout=300)

@@ -13,8 +13,8 @@ from tests.conftest import one_line_error, run_cli
 
 pytestmark = pytest.mark.integration
 
-TINY = ["--dataset", "synthetic", "--set", "synthetic_size=40", "--depth", "8", "--set", "width=4",
-        "--batch-size", "8", "--device", "cpu"]  # no --slots: the allocation gives them
+TINY = ["--dataset", "synthetic", "--set", "synthetic_size=40", "--set", "synthetic_side=16", "--depth", "8",
+        "--set", "width=4", "--batch-size", "8", "--device", "cpu"]  # no --slots: the allocation gives them
 
 
 def _slurm(nodes: str, tasks: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ def test_experiment_resize_compares_the_rules(tmp_path):
     design.write_text(
         "config: configs/cpu_small.yaml\n"
         "overrides: {depth: 8, width: 4, batch_size: 8, dataset: synthetic, synthetic_size: 40,\n"
-        "            throughput_window: 2, total_steps: 8, eval_every: 4}\n"
+        "            synthetic_side: 16, throughput_window: 2, total_steps: 8, eval_every: 4}\n"
         "w_init: 1\nw_new: 2\nresize_steps: [4]\nrepeats: 1\nslots: 2\ndevice: cpu\n"
         f"out: {tmp_path / 'exp'}\n")
     p = run_cli("experiment", "resize", "--config", str(design), "--rules", "linear,constant-batch", timeout=300)

@@ -26,8 +26,8 @@ from tests.conftest import BIN, ROOT, run_cli, shared_dir
 
 pytestmark = pytest.mark.integration
 
-TINY = ["--dataset", "synthetic", "--set", "synthetic_size=40", "--depth", "8", "--set", "width=4",
-        "--batch-size", "8", "--set", "throughput_window=2", "--set", "trace_samples=true",
+TINY = ["--dataset", "synthetic", "--set", "synthetic_size=40", "--set", "synthetic_side=16", "--depth", "8",
+        "--set", "width=4", "--batch-size", "8", "--set", "throughput_window=2", "--set", "trace_samples=true",
         "--set", "augment=true", "--slots", "2"]
 
 

@@ -145,6 +145,7 @@ def test_bool_strings(text, value):
     ({"decay_at": "0.5,x"}, "decay_at[1]: wrong type, expected a number, got 'x'"),
     ({"momentum": 1}, "momentum: must be < 1, got 1"),
     ({"min_step_s": -0.01}, "min_step_s: must be >= 0, got -0.01"),
+    ({"synthetic_side": 4}, "synthetic_side: must be >= 8, got 4"),
     ({"a": 1, "b": 2, "width": 0}, "unknown keys 'a', 'b' (known: "),
 ])
 def test_value_rules(values, problem):

@@ -12,7 +12,7 @@ from elastic_ring.config.api import load_config
 from elastic_ring.config.base import parse_overrides
 from elastic_ring.controller.api import Resize, RunSpec, parse_hosts, parse_schedule
 from elastic_ring.controller.summary import render, summarize
-from elastic_ring.data import SampleStream, make_batch, load_dataset
+from elastic_ring.data import SampleStream, make_batch, load_dataset, materialize
 from elastic_ring.errors import CheckpointError, ConfigError, UserError
 from elastic_ring.nn import count_parameters, resnet
 from elastic_ring.worker.lr import RULES, LRState, decay_multiplier, initial_base_lr
@@ -125,6 +125,28 @@ def test_augmentation_is_deterministic_given_generator():
     assert torch.equal(a, b) and not torch.equal(a, c)
     plain, _ = make_batch(ds, idx, False)
     assert plain.shape == a.shape == (8, 3, 32, 32)
+
+
+def test_a_smaller_synthetic_side_is_cropped_and_flipped_at_its_own_side(tmp_path):
+    """``synthetic_side``: the set's images, a batch's augmentation (each a window of the pad-4
+    image, flipped or not) and the run's cache file all at that side; 32, the default, as before."""
+    ds = load_dataset("synthetic", True, synthetic_size=16, synthetic_side=16)
+    assert ds.images.shape == (16, 3, 16, 16)
+    assert torch.equal(load_dataset("synthetic", True, synthetic_size=16).images,
+                       load_dataset("synthetic", True, synthetic_size=16, synthetic_side=32).images)
+    idx = torch.arange(16)
+    a, _ = make_batch(ds, idx, True, torch.Generator().manual_seed(5))
+    plain, _ = make_batch(ds, idx, False)
+    assert a.shape == plain.shape == (16, 3, 16, 16)
+    padded = torch.nn.functional.pad(plain, (4, 4, 4, 4), value=float(-0.5 / 0.29))  # a 0 pixel, normalised
+    for i in range(16):  # each augmented image is one of the 2 x 9 x 9 windows of its padded image
+        wins = [w for oy in range(9) for ox in range(9)
+                for w in (padded[i, :, oy:oy + 16, ox:ox + 16], padded[i, :, oy:oy + 16, ox:ox + 16].flip(-1))]
+        assert any(torch.allclose(a[i], w) for w in wins), i
+    materialize("synthetic", tmp_path, synthetic_size=16, synthetic_side=16)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["synthetic-test-n16-s0-px16.pt", "synthetic-train-n16-s0-px16.pt"]
+    back = load_dataset("synthetic", True, synthetic_size=16, cache_dir=tmp_path, synthetic_side=16)
+    assert torch.equal(back.images, ds.images)
 
 
 # ---------------------------------------------------------------- checkpoints
