@@ -64,7 +64,8 @@ class TrainConfig(ConfigModel):
         synthetic_size: number of distinct samples in the synthetic set.
         synthetic_side: the synthetic set's image side in pixels (32: CIFAR's shape; at least 8,
             the built-in ResNet's two halvings then leave 2x2). A smaller side is a cheaper step
-            (the test suite's tiny runs use 16); the other datasets are 32x32 whatever it says.
+            (the test suite's tiny runs whose length is set in steps use 16); the other datasets
+            are 32x32 whatever it says.
         throughput_window: steps per throughput event.
         control_every: the fewest steps between two checks, agreed by all ranks, for a live stop
             request (the stop vote); its period adapts above this to the step time.

@@ -20,9 +20,8 @@ from tests.integration.two_hosts import kill_127_then_grown_back, status_lines
 
 pytestmark = pytest.mark.integration
 
-TINY = ["--dataset", "synthetic", "--set", "synthetic_size=40", "--set", "synthetic_side=16", "--depth", "8",
-        "--set", "width=4", "--batch-size", "8", "--device", "cpu", "--set", "trace_samples=true",
-        "--set", "throughput_window=5"]
+TINY = ["--dataset", "synthetic", "--set", "synthetic_size=40", "--depth", "8", "--set", "width=4",
+        "--batch-size", "8", "--device", "cpu", "--set", "trace_samples=true", "--set", "throughput_window=5"]
 
 
 def list_hosts(listed: Path, hosts: str) -> None:

@@ -24,9 +24,8 @@ from tests.integration.two_hosts import sigterm_127_then_shrunk
 
 pytestmark = pytest.mark.integration
 
-TINY = ["--dataset", "synthetic", "--set", "synthetic_size=40", "--set", "synthetic_side=16", "--depth", "8",
-        "--set", "width=4", "--batch-size", "8", "--device", "cpu", "--set", "trace_samples=true",
-        "--set", "throughput_window=5"]
+TINY = ["--dataset", "synthetic", "--set", "synthetic_size=40", "--depth", "8", "--set", "width=4",
+        "--batch-size", "8", "--device", "cpu", "--set", "trace_samples=true", "--set", "throughput_window=5"]
 BOTH, ONE = "localhost:1,127.0.0.1:1", "localhost:1"
 
 

@@ -26,8 +26,8 @@ from tests.integration.test_tensorboard import curves_show_each_step_once
 
 pytestmark = pytest.mark.integration
 
-TINY = ["--dataset", "synthetic", "--set", "synthetic_size=48", "--set", "synthetic_side=16", "--depth", "8",
-        "--set", "width=4", "--batch-size", "8", "--set", "throughput_window=10", "--set", "trace_samples=true",
+TINY = ["--dataset", "synthetic", "--set", "synthetic_size=48", "--depth", "8", "--set", "width=4",
+        "--batch-size", "8", "--set", "throughput_window=10", "--set", "trace_samples=true",
         "--set", "augment=true", "--slots", "2"]
 # long enough that a kill at step <= 60 (of 2 workers) lands well before the end, on a quiet machine
 # as on a loaded one; every kill point is after several checkpoints
