@@ -44,17 +44,19 @@ def probe(steps: int, repeats: int) -> list[dict[str, float]]:
     """``repeats`` timings of ``steps`` tiny training steps: CPU and wall milliseconds per step."""
     import torch
 
-    from elastic_ring.nn.resnet import resnet
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # (put back at the end: a caller in the same process keeps its own)
     try:
-        return _timed(torch, resnet, steps, repeats)
+        return _timed(steps, repeats)
     finally:
         torch.set_num_threads(threads)
 
 
-def _timed(torch, resnet, steps: int, repeats: int) -> list[dict[str, float]]:
+def _timed(steps: int, repeats: int) -> list[dict[str, float]]:
+    import torch
+
+    from elastic_ring.nn.resnet import resnet
+
     torch.manual_seed(0)
     model = resnet(8, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
