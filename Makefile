@@ -11,13 +11,14 @@ setup:
 demo: setup
 	.venv/bin/elastic-ring train --gpus 1 --resize-at 60 --to 2 --slots 2 --run-dir $(DEMO_DIR)
 
-# The full test suite (unit + real horovodrun/mpirun integration tests on the CPU), two at a time:
-# the integration tests spend much of their time starting processes and waiting on them.
-# A short temporary folder of its own (kept when a test fails): Ray's socket paths under it must stay
-# under 107 characters, and pytest's default (/tmp/pytest-of-USER/pytest-NNN/...) grows with each run.
+# The full test suite (unit + real horovodrun/mpirun/torchrun/Ray integration tests on the CPU) in two
+# lanes at once: the integration tests on two pytest-xdist workers (they spend much of their time
+# starting processes and waiting on them), and beside them the unit tests in one process at nice 10,
+# which takes the cores the integration tests leave idle (scripts/run_tests.py; --one-lane: one
+# pytest-xdist run for both). A short temporary folder of its own (kept when a test fails): Ray's
+# socket paths under it must stay under 107 characters.
 test: setup
-	@bt=$$(mktemp -d /tmp/ert.XXXXXX) && $(PY) -m pytest -q -n 2 --dist worksteal --durations=60 --basetemp=$$bt tests \
-	  && rm -rf $$bt || { echo "make test: failed; the tests' files are kept in $$bt"; exit 1; }
+	$(PY) scripts/run_tests.py
 
 # The headline figures measured again (per-step speed, resize cost against Horovod Elastic, failure
 # recovery, relaunch): alternating rounds, loads recorded; writes results/bench_headline.json and
