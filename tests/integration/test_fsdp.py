@@ -301,7 +301,14 @@ def test_the_checkpoint_copy_from_its_plan_is_dcps_state_dict(tmp_path):
     call; and DCP's save of it reads back as the full model and moments."""
     p = subprocess.run([sys.executable, str(ROOT / "tests" / "integration" / "scripts" / "fsdp_copier.py"),
                         str(tmp_path / "dcp")], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and "copier: every check held" in p.stdout, p.stdout + p.stderr[-3000:]
+    # torch's own abort at a rank's exit after its work (gloo threads torn down late: "terminate called
+    # without an active exception", SIGABRT; test_torch_collective.py's note): seen here once in a
+    # suite run, on rank 1 after rank 0 had printed its line. Taken as an exit where no rank raised
+    # ("-- Process N terminated with the following error" otherwise): rank 0 prints its line after
+    # every check, and rank 1's checks come before the barrier that line waits for
+    torch_abort = (p.returncode != 0 and "terminate called without an active exception" in p.stderr
+                   and "terminated with signal SIGABRT" in p.stderr and "-- Process" not in p.stderr)
+    assert (p.returncode == 0 or torch_abort) and "copier: every check held" in p.stdout, p.stdout + p.stderr[-3000:]
 
 
 def _rows(out: Path) -> dict[int, dict[int, list[dict]]]:

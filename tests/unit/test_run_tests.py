@@ -50,7 +50,7 @@ def test_both_lanes_pass_the_unit_lane_at_its_niceness_after_the_integration_out
     unit, integ = _lanes(tmp_path, "assert 1 + 1 == 2")
     p = _run(tmp_path, unit, integ, "--unit-nice", "7")
     assert p.returncode == 0, p.stdout + p.stderr
-    assert int((tmp_path / "nice.txt").read_text()) == os.nice(0) + 7
+    assert int((tmp_path / "nice.txt").read_text()) == min(19, os.nice(0) + 7)  # (19 the lowest)
     out = p.stdout
     i_end, u_start = out.index("2 passed"), out.index("---- the unit tests")
     assert i_end < u_start and "2 passed" in out[u_start:]
