@@ -24,21 +24,15 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import ROOT, STAT_FIELDS, append_result, cpu_counters  # noqa: E402
+
 MODES = {"one_lane": ["--one-lane"], "two_lanes": []}
 _LAST = re.compile(r"^make test: (passed|FAILED): (.*) in (\d+\.\d+) s of tests")
-STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
-
-
-def cpu_counters() -> dict[str, float]:
-    """/proc/stat's first line, in core-seconds."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:9]]
-    hz = os.sysconf("SC_CLK_TCK")
-    return {k: t / hz for k, t in zip(STAT_FIELDS, ticks)}
 
 
 def parse_last(text: str) -> tuple[str, str, float] | None:
@@ -93,15 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.pairs < 1:
         ap.exit(2, f"bench_test_lanes.py: --pairs must be at least 1, got {a.pairs}\n")
-    if a.out.exists():
+    if a.out.exists():  # (checked before the runs, which take about 45 minutes; appended after them)
         try:
-            entries = json.loads(a.out.read_text())
-            assert isinstance(entries, list)
-        except (ValueError, AssertionError):
+            ok = isinstance(json.loads(a.out.read_text()), list)
+        except ValueError:
+            ok = False
+        if not ok:
             ap.exit(2, f"bench_test_lanes.py: {a.out} is not a JSON list\n")
-    else:
-        entries = []
-    logs = a.logs or Path(__import__("tempfile").mkdtemp(prefix="lanes."))
+    logs = a.logs or Path(tempfile.mkdtemp(prefix="lanes."))
     logs.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
@@ -118,9 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['busy_core_s']} core-s, load {r['load_before']} -> {r['load_after']}", flush=True)
     entry = {"label": a.label, "commit": commit, "time": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
              "cores": os.cpu_count(), "runs": runs, "summary": summarize(runs)}
-    entries.append(entry)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(entries, indent=1) + "\n")
+    append_result(a.out, entry)
     print(json.dumps(entry["summary"], indent=1))
     print(f"wrote {a.out} (logs in {logs})")
     return 0 if all(r["exit"] == 0 for r in runs) else 1

@@ -44,6 +44,18 @@ def append_result(path: Path | str, res: dict[str, Any]) -> None:
     path.write_text(json.dumps([*runs, res], indent=2) + "\n")
 
 
+STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_counters() -> dict[str, float]:
+    """The machine's CPU counters so far (/proc/stat's first line: every core, every process), in
+    core-seconds, by :data:`STAT_FIELDS`."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    hz = os.sysconf("SC_CLK_TCK")
+    return {k: t / hz for k, t in zip(STAT_FIELDS, ticks)}
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (a rendezvous's or a store's)."""
     import socket

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,12 +83,9 @@ def run(workers: int, unit_nice: int, basetemp: Path, one_lane: bool, durations:
         unit: str = UNIT, integration: str = INTEGRATION) -> int:
     t0 = time.monotonic()
     if one_lane:
-        rc, tail = _streamed(_pytest("-n", str(workers), "--dist", "worksteal", f"--durations={durations}",
-                                     f"--basetemp={basetemp}", unit, integration))
-        counts, _ = summary(tail)
-        print(f"make test: {'passed' if rc == 0 else 'FAILED'}: {counts_text(counts)} in "
-              f"{time.monotonic() - t0:.2f} s of tests (one lane on {workers} workers, exit {rc})", flush=True)
-        return 0 if rc == 0 else 1
+        rc, tail = _streamed(_xdist(workers, durations, basetemp, unit, integration))
+        return _last_line(rc == 0, Counter(summary(tail)[0]), time.monotonic() - t0,
+                          f"one lane on {workers} workers, exit {rc}")
     log = basetemp / "unit.log"
     with open(log, "w") as out:
         unit_proc = subprocess.Popen(_pytest("--durations=10", f"--basetemp={basetemp / 'u'}", unit), cwd=ROOT,
@@ -95,8 +93,7 @@ def run(workers: int, unit_nice: int, basetemp: Path, one_lane: bool, durations:
     print(f"make test: the unit tests run beside the integration tests at nice {unit_nice}; their output "
           f"follows the integration tests'", flush=True)
     try:
-        irc, itail = _streamed(_pytest("-n", str(workers), "--dist", "worksteal", f"--durations={durations}",
-                                       f"--basetemp={basetemp / 'i'}", integration))
+        irc, itail = _streamed(_xdist(workers, durations, basetemp / "i", integration))
         t_int = time.monotonic() - t0
         if unit_proc.poll() is None:
             print("make test: the integration lane has ended; waiting for the unit tests", flush=True)
@@ -113,16 +110,22 @@ def run(workers: int, unit_nice: int, basetemp: Path, one_lane: bool, durations:
     text = log.read_text(errors="replace")
     print("\n---- the unit tests (beside the integration tests) ----", flush=True)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
-    icounts, _ = summary(itail)
     ucounts, usec = summary(text)
-    total: dict[str, int] = {}
-    for c in (icounts, ucounts):
-        for k, n in c.items():
-            total[k] = total.get(k, 0) + n
-    ok = irc == 0 and urc == 0
-    print(f"make test: {'passed' if ok else 'FAILED'}: {counts_text(total)} in {wall:.2f} s of tests "
-          f"(integration lane {t_int:.2f} s on {workers} workers, exit {irc}; unit lane "
-          f"{'%.2f s' % usec if usec is not None else 'no summary'} at nice {unit_nice}, exit {urc})", flush=True)
+    return _last_line(irc == 0 and urc == 0, Counter(summary(itail)[0]) + Counter(ucounts), wall,
+                      f"integration lane {t_int:.2f} s on {workers} workers, exit {irc}; unit lane "
+                      f"{'%.2f s' % usec if usec is not None else 'no summary'} at nice {unit_nice}, exit {urc}")
+
+
+def _xdist(workers: int, durations: int, basetemp: Path, *folders: str) -> list[str]:
+    """pytest over ``folders`` on ``workers`` pytest-xdist workers with work stealing."""
+    return _pytest("-n", str(workers), "--dist", "worksteal", f"--durations={durations}", f"--basetemp={basetemp}",
+                   *folders)
+
+
+def _last_line(ok: bool, counts: Counter, wall: float, detail: str) -> int:
+    """The runner's last line (what scripts/bench_test_lanes.py reads); the exit status: 0 if ``ok``."""
+    print(f"make test: {'passed' if ok else 'FAILED'}: {counts_text(counts)} in {wall:.2f} s of tests ({detail})",
+          flush=True)
     return 0 if ok else 1
 
 
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unit-nice", type=int, default=10, help="the unit lane's niceness, 0-19 (10)")
     ap.add_argument("--one-lane", action="store_true", help="the whole suite in one pytest-xdist run")
     ap.add_argument("--durations", type=int, default=60, help="the slowest integration tests listed (60)")
-    ap.add_argument("--basetemp", type=Path, help="the tests' temporary folder (default: a new /tmp/ert.XXXXXX)")
+    ap.add_argument("--basetemp", type=Path, help="the tests' temporary folder (default: a new /tmp/ert.XXXXXXXX)")
     ap.add_argument("--unit", default=UNIT, help=argparse.SUPPRESS)
     ap.add_argument("--integration", default=INTEGRATION, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
