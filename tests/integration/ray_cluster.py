@@ -27,7 +27,14 @@ HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000, "h
 # has nothing to scale; a drain is the GCS's): 0.8 s less CPU for a head and a node's start, and their
 # polls while the cluster is up
 NODE = {"object_store_memory": 80 * MB, "include_log_monitor": False}
-HEAD = {**NODE, "include_dashboard": False, "no_monitor": True, "_system_config": HEALTH}
+# Ray starts its worker processes (the tests' actors) at nice 15 (its ``worker_niceness``): beside the
+# suite's other tests at nice 0 and its unit lane at nice 10 (scripts/run_tests.py) an actor then gets
+# a few percent of a core, and a survivor took more than the controller's wait to say which steps it
+# holds (a CI run, 2026-12-07); beside three busy loops at nice 0 and one at nice 10 a run's actors did
+# not reach their first step in 6 minutes. Here they run at the tests' own priority.
+WORKER_NICENESS = 0
+HEAD = {**NODE, "include_dashboard": False, "no_monitor": True,
+        "_system_config": {**HEALTH, "worker_niceness": WORKER_NICENESS}}
 
 
 @contextlib.contextmanager

@@ -48,7 +48,10 @@ def test_the_outermost_entry_counts_once_and_the_aside_is_taken_out():
     assert lib["step_us"] - lib["library_us_per_step"] >= 2000  # the script's part
     assert lib["aside_us_per_step"] >= 30_000
     assert lib["library_us_per_step_net"] == lib["library_us_per_step"]  # (no bias given)
-    assert lib["target_us"] == 100.0 and not lib["within_target"]
+    # the target: 1% of the step or 100 us, the larger (a loaded machine's sleeps overshoot: a step
+    # of 12.3 ms once, in the unit lane of make test on a slower CPU)
+    assert abs(lib["target_us"] - max(0.01 * lib["step_us"], 100.0)) <= 0.01 and lib["target_us"] < 1500
+    assert not lib["within_target"]
 
 
 def _spin(s: float) -> None:
