@@ -275,9 +275,44 @@ WAIT_FIRST_S = 50e-6  # the first sleep between two polls of a collective not do
 WAIT_MAX_S = 0.5e-3  # the longest: a wait ends at most this much after its collective
 CROWDED_LOAD = 1.5  # the machine's load (1-min average) per core above which a worker waits asleep
 CROWDED_EVERY_S = 1.0  # how often the load is read again
+LOST_CHECK_S = 0.5  # in a wait this long, and every as long after, whether Horovod's loop has shut down
 
 
-def _wait_polling(real, poll=None, load=None, cores: int | None = None, sleep=None, clock=None):
+class HorovodCollectiveLost(Exception):
+    """A collective whose wait would never end: Horovod's background loop shut down (a peer lost)
+    with it still queued, so it was never finished. Horovod 0.28.1 reads its shut-down flag at the
+    enqueue without a lock and adds the entry to its queue after; the loop, on a failure, sets the
+    flag and then finishes every queued entry with the error. An entry added between the two is
+    never finished, and it stays in the queue across ``hvd.shutdown()`` + ``hvd.init()``, so the
+    process cannot go on in Horovod (not :class:`HorovodInternalError`: neither Horovod Elastic's
+    reset nor our survivors take it). Its message counts as a peer's loss
+    (:data:`elastic_ring.protocol.PEER_LOSS_TYPES`): the rank is a victim."""
+
+
+def _horovod_lost() -> Callable[[], bool]:
+    """Whether Horovod's background loop has shut down its global process set while Horovod still
+    counts as initialized (after a peer's loss, before ``hvd.shutdown()``): process set 0's ranks
+    then read as not initialized. False where Horovod lacks these functions."""
+    import ctypes
+
+    try:
+        from horovod.torch import mpi_ops
+
+        lib = mpi_ops._basics.MPI_LIB_CTYPES
+        size, ranks, initialized = lib.horovod_size, lib.horovod_process_set_ranks, lib.horovod_is_initialized
+    except Exception:  # noqa: BLE001 - another Horovod: no check
+        return lambda: False
+
+    def lost() -> bool:
+        if not initialized():
+            return False
+        buf = (ctypes.c_int * max(1, int(size())))()
+        return int(ranks(ctypes.c_int(0), buf)) < 0
+
+    return lost
+
+
+def _wait_polling(real, poll=None, load=None, cores: int | None = None, sleep=None, clock=None, lost=None):
     """Horovod 0.28's ``synchronize`` waits in ``WaitAndClear``, a loop on ``sched_yield``: the
     waiting thread stays runnable and takes its full share of a core until the collective is done.
     On a machine with more runnable threads than cores (CPU workers of several jobs, or a test
@@ -288,7 +323,13 @@ def _wait_polling(real, poll=None, load=None, cores: int | None = None, sleep=No
     releases the handle, its errors raised as before. Elsewhere Horovod's wait runs as it was
     (it answers sooner when the cores are free). ``poll``, ``load``, ``cores``, ``sleep`` and
     ``clock`` are Horovod's poll, ``os.getloadavg``, this process's cores, ``time.sleep`` and
-    ``time.monotonic`` unless given (tests)."""
+    ``time.monotonic`` unless given (tests).
+
+    A polled wait also asks, after :data:`LOST_CHECK_S` and every as long after, whether Horovod's
+    background loop has shut down (``lost``, :func:`_horovod_lost` unless given): the loop finishes
+    every queued collective before it says so, so a collective still not done then never will be
+    (:class:`HorovodCollectiveLost`, raised instead of waiting forever: the worker ends and the
+    job restarts from its checkpoint)."""
     import os
     import time
 
@@ -303,6 +344,12 @@ def _wait_polling(real, poll=None, load=None, cores: int | None = None, sleep=No
 
         cores = usable_cores()
     crowded = [False, None]  # the last answer, when it was read
+    checker: list = [lost]
+
+    def lost_now() -> bool:
+        if checker[0] is None:
+            checker[0] = _horovod_lost()
+        return checker[0]()
 
     def wait_and_clear(handle):
         now = clock()
@@ -313,10 +360,16 @@ def _wait_polling(real, poll=None, load=None, cores: int | None = None, sleep=No
                 crowded[0] = False
             crowded[1] = now
         if crowded[0] and not poll(handle):
-            delay = WAIT_FIRST_S
+            delay, check_at = WAIT_FIRST_S, now + LOST_CHECK_S
             while not poll(handle):
                 sleep(delay)
                 delay = min(2 * delay, WAIT_MAX_S)
+                if clock() >= check_at:
+                    check_at = clock() + LOST_CHECK_S
+                    if lost_now() and not poll(handle):
+                        raise HorovodCollectiveLost(
+                            f"Horovod's background loop shut down (a peer lost) with collective {handle} still "
+                            f"queued, so its wait would never end (a Horovod 0.28 race); this worker ends")
         return real(handle)
 
     return wait_and_clear

@@ -64,7 +64,7 @@ NO_STEP_LIMIT = 2**62
 # [addr]: Connection reset by peer", "Connection closed by peer [addr]", from DDP's backward hooks
 # and from any collective; and, when the peer stops answering, "Timed out waiting 300000ms for
 # recv operation to complete").
-PEER_LOSS_TYPES = ("HorovodInternalError", "HostsUpdatedInterrupt")
+PEER_LOSS_TYPES = ("HorovodInternalError", "HostsUpdatedInterrupt", "HorovodCollectiveLost")
 PEER_LOSS_WORDS = ("Connection reset by peer", "Connection closed by peer", "ncclRemoteError",
                    "ms for recv operation to complete", "ms for send operation to complete")
 

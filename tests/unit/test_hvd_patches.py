@@ -314,6 +314,52 @@ def test_on_a_crowded_machine_a_wait_sleeps_between_polls_then_horovod_releases_
     assert c.polls == 8
 
 
+class _Ticking(_Collective):
+    """A collective whose sleeps move the clock; ``lost`` answers as the test says, each ask counted."""
+
+    def __init__(self, polls: int, lost_after: int | None):
+        super().__init__(polls)
+        self.machine_load, self.asked, self.lost_after = 3.1, [], lost_after
+
+    def sleep(self, s):
+        super().sleep(s)
+        self.now += s
+
+    def lost(self):
+        self.asked.append(self.now)
+        return self.lost_after is not None and len(self.asked) > self.lost_after
+
+
+def test_a_collective_horovods_loop_never_finished_ends_its_wait_with_an_error_once_the_loop_is_down():
+    """Horovod 0.28's background loop, shut down by a peer's loss, finishes every queued collective
+    before its process set reads finalized; one queued after that is never finished. The polled wait
+    asks whether the loop is down every LOST_CHECK_S of waiting, and then raises instead of waiting
+    forever; Horovod's own wait (which would never return) is not called."""
+    c = _Ticking(polls=10**9, lost_after=1)  # never done; the loop reads down at the second ask
+    wait = hvd_patches._wait_polling(c.real, poll=c.poll, load=c.load, cores=2, sleep=c.sleep, clock=c.clock,
+                                     lost=c.lost)
+    with pytest.raises(hvd_patches.HorovodCollectiveLost, match="never end"):
+        wait(7)
+    assert c.cleared == [] and len(c.asked) == 2
+    assert c.asked[0] - 100.0 >= hvd_patches.LOST_CHECK_S and c.asked[1] - c.asked[0] >= hvd_patches.LOST_CHECK_S
+    assert c.asked[1] - 100.0 < 2 * hvd_patches.LOST_CHECK_S + 0.01  # asked on time, not long after
+    # a rank that only waits long for its peers (the loop up) keeps waiting until the collective is done
+    c = _Ticking(polls=3000, lost_after=None)  # about 1.5 s of 0.5 ms sleeps
+    wait = hvd_patches._wait_polling(c.real, poll=c.poll, load=c.load, cores=2, sleep=c.sleep, clock=c.clock,
+                                     lost=c.lost)
+    assert wait(8) == "released" and c.cleared == [8] and len(c.asked) == 2
+
+
+def test_a_lost_collective_counts_as_a_peers_loss_but_is_never_survived_in_its_process():
+    from elastic_ring import protocol
+    from elastic_ring.worker import survive
+
+    exc = hvd_patches.HorovodCollectiveLost("Horovod's background loop shut down (a peer lost) with collective 3 ...")
+    assert protocol.is_peer_loss(type(exc).__name__, str(exc))  # the rank is a victim, not blamed
+    assert not survive._peer_loss(exc)  # no survivor's record: its queue holds the lost collective
+    assert survive._peer_loss(RuntimeError("Connection closed by peer [127.0.0.1]:5000"))
+
+
 def test_on_a_machine_with_free_cores_horovods_own_wait_runs_and_the_load_is_read_once_a_second():
     c = _Collective(polls=5)
     c.machine_load = 2.9  # 2 cores: not above 1.5 per core
