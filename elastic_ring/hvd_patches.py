@@ -326,17 +326,20 @@ def _wait_polling(real, poll=None, load=None, cores: int | None = None, sleep=No
     ``time.monotonic`` unless given (tests).
 
     A polled wait also asks, after :data:`LOST_CHECK_S` and every as long after, whether Horovod's
-    background loop has shut down (``lost``, :func:`_horovod_lost` unless given): the loop finishes
+    background loop has shut down (``lost``: :func:`_horovod_lost` with Horovod's poll, else never,
+    unless given): the loop finishes
     every queued collective before it says so, so a collective still not done then never will be
     (:class:`HorovodCollectiveLost`, raised instead of waiting forever: the worker ends and the
     job restarts from its checkpoint)."""
     import os
     import time
 
-    if poll is None:
+    if poll is None:  # Horovod's own: its poll, and its loop's state
         from horovod.torch import mpi_lib_v2
 
         poll = mpi_lib_v2.horovod_torch_poll
+        lost = lost or _horovod_lost()
+    lost = lost or (lambda: False)  # (a stand-in poll without a loop)
     load = load or os.getloadavg
     sleep, clock = sleep or time.sleep, clock or time.monotonic
     if cores is None:
@@ -344,12 +347,6 @@ def _wait_polling(real, poll=None, load=None, cores: int | None = None, sleep=No
 
         cores = usable_cores()
     crowded = [False, None]  # the last answer, when it was read
-    checker: list = [lost]
-
-    def lost_now() -> bool:
-        if checker[0] is None:
-            checker[0] = _horovod_lost()
-        return checker[0]()
 
     def wait_and_clear(handle):
         now = clock()
@@ -364,9 +361,10 @@ def _wait_polling(real, poll=None, load=None, cores: int | None = None, sleep=No
             while not poll(handle):
                 sleep(delay)
                 delay = min(2 * delay, WAIT_MAX_S)
-                if clock() >= check_at:
-                    check_at = clock() + LOST_CHECK_S
-                    if lost_now() and not poll(handle):
+                t = clock()
+                if t >= check_at:
+                    check_at = t + LOST_CHECK_S
+                    if lost() and not poll(handle):
                         raise HorovodCollectiveLost(
                             f"Horovod's background loop shut down (a peer lost) with collective {handle} still "
                             f"queued, so its wait would never end (a Horovod 0.28 race); this worker ends")

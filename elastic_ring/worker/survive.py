@@ -62,7 +62,6 @@ from elastic_ring.seam import MAX_COST, Action, choice_file, cost_file, read_act
 
 SURVIVE_ENV = env.SURVIVE  # "1": keep the in-memory copy, and go on after a peer's loss ("auto": measure first)
 WAIT_S = 30.0  # how long a survivor waits for the controller's word before it fails as before
-LOST_COLLECTIVE = "HorovodCollectiveLost"  # (elastic_ring.hvd_patches; not imported here: no Horovod needed)
 SKIP_COPIES = 2  # the first copies allocate their tensors (and the first steps warm up): not timed
 TIMED_COPIES = 5  # copies timed after those: the medians of their times decide
 
@@ -333,8 +332,10 @@ def _peer_loss(exc: BaseException) -> bool:
     """A peer's loss this rank may survive: not a collective Horovod lost in its shut-down, which
     stays in Horovod's queue into the next ring (:class:`elastic_ring.hvd_patches.HorovodCollectiveLost`:
     the rank is a victim, but its process cannot go on)."""
-    name = type(exc).__name__
-    return isinstance(exc, Exception) and name != LOST_COLLECTIVE and protocol.is_peer_loss(name, str(exc))
+    from elastic_ring.hvd_patches import HorovodCollectiveLost  # (no Horovod imported: only after a failure)
+
+    return (isinstance(exc, Exception) and not isinstance(exc, HorovodCollectiveLost)
+            and protocol.is_peer_loss(type(exc).__name__, str(exc)))
 
 
 def rollback_word(exc: BaseException, job: Any, held: list[int],
