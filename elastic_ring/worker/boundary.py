@@ -90,6 +90,7 @@ class StepBoundary:
         throughput window (``lr``: the LR its first step runs with, unless the step sets it), the
         first stop vote at its first step."""
         self._between, self._progress, self._decide, self._flat = _FORMS[self.job.form]
+        self._progress = self._progress and self.progress.ring.rank == 0  # (the progress file is rank 0's)
         self.window_steps = self.job.info.throughput_window
         self.progress.begin_segment(lr)
         self.vote.begin()
@@ -118,8 +119,8 @@ class StepBoundary:
         self.t_done = now
         if self._between:
             self.between(step, now)
-        elif self._progress:  # (rank 0's, where between-steps work is not at every step)
-            progress.write_progress(step, now, self.vote.every, self.vote.lag)
+        elif self._progress and now - progress._last_progress_t > 0.5:  # (rank 0's, where between-steps
+            progress.write_progress(step, now, self.vote.every, self.vote.lag)  # work is not at every step)
         if not self._decide:
             return None
         reason = self.decide(step)
@@ -178,7 +179,7 @@ class StepBoundary:
                 progress.evaluate(step)
         if periodic and job.checkpoints.writes(job.rank):  # (a sharded job: every rank)
             job.checkpoints.maybe_periodic(step, self.seg.stop_at)
-        if job.rank == 0 and not self._progress:  # (else written at the step: after_step)
+        if not self._progress and now - progress._last_progress_t > 0.5 and job.rank == 0:  # (else at the step)
             progress.write_progress(step, now, self.vote.every, self.vote.lag)
 
     def start_copies(self) -> survive.MemoryCopy | None:

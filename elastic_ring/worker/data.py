@@ -299,6 +299,36 @@ class DistributedSampler:
         self._pulled_at_step = self._pulled
         pos.pos = min(self.size(), pos.pos + used)
 
+    def stepped(self, step: int, passes: int, elastic: bool) -> int:
+        """The post-hook's common path: :meth:`advance` (under the tool, ``elastic``) and this
+        rank's samples of ``step`` for the throughput (which counts rank 0's times the world): the
+        loader's batch, or under a constant global batch the global batch's share of one worker
+        (``G / w``, :meth:`~elastic_ring.worker.accumulate.Layout.samples_at`: the step trained
+        ``G`` samples in all, however many micro-batches each worker ran). The layout and the
+        pulled count read once (issue 50: each read right after a step costs microseconds)."""
+        b = self.batch_size or self._loader_batch
+        if elastic:
+            pos = self.data.position
+            if pos.sampler_index != self.index:
+                pos.sampler_index, pos.sampler_epoch, pos.pos = self.index, self.epoch, self._start
+        lay = self._layout()
+        if elastic:
+            if lay is not None:
+                used = lay.global_batch
+            elif b:
+                used = b * passes * self.num_replicas
+            else:  # no batch known: the indices pulled since the last step
+                used = (self._pulled - self._pulled_at_step) * self.num_replicas
+            if self._listed is None or not b:  # (else the count at the step is read nowhere)
+                self._pulled_at_step = self._pulled
+            n = self._n
+            size = n if n is not None and self.iterating else len(self.dataset)
+            at = pos.pos + used
+            pos.pos = at if at < size else size
+        if lay is not None:
+            return lay.samples_at(step)
+        return int(b) if b else 0
+
     def size(self) -> int:
         """The dataset's length: as the iteration under way read it at its start (a step reads it
         twice, and a dataset's ``len()`` may be a tensor's size: a call into torch, slow right

@@ -79,6 +79,7 @@ class HookedSteps:
         self.rng_step = -1  # the step whose RNG state.saved_rng holds (rank 0; every rank with copies)
         self.quiet_step = -1  # the last step after which nothing is due between steps (after_step)
         self._sampler = None  # the training sampler at the last step (the throughput window's epoch)
+        self.last_epoch: int | None = None  # job.epochs()'s last epoch (None: no job.epochs() loop)
 
     # ------------------------------------------------------------------ --survive: the copy in memory
     def restored(self) -> None:
@@ -120,22 +121,28 @@ class HookedSteps:
             self.start_copies()
             self.keep_copy()
             return
-        self.between(job.step)
+        step = job.seg.step
+        if step != self.quiet_step:  # (the common step: nothing between it and this one)
+            self.between(step)
 
     def after_step(self) -> None:
         """Post-hook: move the data position, then the step boundary (count, time, the stop)."""
         job = self.job
-        step = job.seg.step + 1
-        job.seg.current = step
+        seg = job.seg
+        step = seg.step + 1
+        seg.current = step
         self.count += 1
         sampler = self._sampler = job._epoch_data.training_sampler()
-        if sampler is not None and job.elastic:
-            sampler.advance(int(getattr(job.state.optimizer, "backward_passes_per_step", 1) or 1))
-        self.pending = self.boundary.after_step(step, self._samples(sampler, step))
+        samples = 0
+        if sampler is not None:  # (its position moved and the step's samples read in one call)
+            samples = sampler.stepped(step, int(getattr(job.state.optimizer, "backward_passes_per_step", 1) or 1),
+                                      job.elastic)
+        boundary = self.boundary
+        pending = self.pending = boundary.after_step(step, samples)
         if self._rng_wanted(step, sampler):  # what a checkpoint before the next step holds
             job.state.saved_rng = _rng_state()
             self.rng_step = step
-        elif self.pending is None and self.boundary.copy is None and not job.progress.evaluation_due(step):
+        elif pending is None and boundary.copy is None and not job.progress.evaluation_due(step):
             self.quiet_step = step  # the common step: nothing to do between it and the next
 
     def _epoch(self) -> int:
@@ -147,10 +154,12 @@ class HookedSteps:
         """Whether the RNG right after ``step`` may be saved before the next step: by a copy kept
         in memory (every step, on every rank), or, on rank 0, by a checkpoint at the next point
         between steps: a stop there (pending: decided at this step's post-hook, which also reads
-        the vote in flight), the periodic checkpoint due, the epoch's data used up (the epoch's
-        end: the run's end may follow; every step where the training sampler is not
-        elastic-ring's). Not at a step that only started a vote: it is read at the next step's
-        post-hook, and a stop it brings is then pending there, whose RNG is taken then. Else it is
+        the vote in flight), the periodic checkpoint due, the run's end after the end-of-epoch code
+        (the data of ``job.epochs()``'s last epoch used up; with no ``job.epochs()`` any epoch's
+        end, and every step where the training sampler is not elastic-ring's: where the script's
+        loop ends is not known). Not at the end of another epoch (about 0.2 ms, once an epoch:
+        a checkpoint there is a stop's or the periodic one, both taken above). Not at a step that
+        only started a vote: it is read at the next step's post-hook, and a stop it brings is then pending there, whose RNG is taken then. Else it is
         not taken (tens of microseconds: numpy's and Python's states are copied element by
         element); a periodic checkpoint that falls due before the next step without it waits for
         the next step (:meth:`between`)."""
@@ -161,8 +170,10 @@ class HookedSteps:
             return False
         if self.pending is not None or job.checkpoints.due(step, job.seg.stop_at):
             return True
-        # no sampler of ours: where an epoch ends is not known
-        return sampler is None or job._epoch_data.position.pos >= sampler.size()
+        if sampler is None:  # no sampler of ours: where an epoch ends is not known
+            return True
+        pos, last = job._epoch_data.position, self.last_epoch
+        return (last is None or pos.epoch == last) and pos.pos >= sampler.size()
 
     def _samples(self, sampler, step: int) -> int:
         """This rank's samples of ``step`` for the throughput (which counts rank 0's times the
@@ -244,6 +255,7 @@ class HookedSteps:
         pos = data.position
         self.start_copies()
         first = start if pos.epoch is None else max(start, pos.epoch)
+        self.last_epoch = stop - 1  # (its end: the run's, where the RNG is taken: _rng_wanted)
         if pos.epoch is not None and start > pos.epoch:
             # The script's own resume (its own checkpoint files) puts it further on than the state
             # restored: starting at ``start`` would skip the rest of epoch ``pos.epoch`` and report

@@ -223,10 +223,11 @@ class Progress:
         """Before the registered optimizer's step (a pre-hook, so before Horovod waits there for
         the other ranks' gradients): the heartbeat says this rank is done with its own part of
         the step (phase ``sync``), so a rank hung in its data loader or its forward pass is told
-        apart from the ranks waiting for it. Also the LR the step really runs with (the script
-        may set it inside the step, or a scheduler may move it after), for ``first_step``."""
+        apart from the ranks waiting for it. Also, until the segment's first step is done, the LR the
+        step really runs with (the script may set it inside the step, or a scheduler may move it
+        after), for ``first_step``; not after (issue 50: a read on every step's path)."""
         self.beats.note = (self.seg.number, self.ring.rank, self.seg.step, "sync", time.time())  # (beat())
-        if opt.param_groups:
+        if self.window.t0 is None and opt.param_groups:  # (the segment's first step not yet done)
             self.lr_stepped = float(opt.param_groups[0]["lr"])
 
     def first_step(self, step: int, now: float) -> None:

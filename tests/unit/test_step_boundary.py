@@ -220,7 +220,9 @@ def test_the_step_cost_meter_counts_the_boundary_s_calls_as_the_steps(tmp_path, 
         assert "between_steps" not in rep["parts"]
     elif form == "epochs":  # only where something is due there; the progress file at the step
         parts = rep["parts"]
-        assert 1 <= parts["between_steps"]["calls"] < parts["hooked.between"]["calls"], parts
+        # (a pre-hook after a step with nothing due does not call between at all: hooked.between
+        # runs where something is due and at an epoch's end, fewer times than the steps)
+        assert 1 <= parts["between_steps"]["calls"] <= parts["hooked.between"]["calls"] < rep["steps"], parts
     else:  # the evaluation, the periodic checkpoint, the progress file
         assert rep["parts"]["between_steps"]["calls"] >= 4
 

@@ -288,3 +288,31 @@ def test_a_script_without_the_tool_times_the_same_entries_and_writes_them_at_its
     assert lib["entries"]["sampler.next_batch"]["calls"] == 8
     assert lib["aside_us_per_step"] >= 2 * 50_000 / 6  # the evaluations at steps 3 and 6, apart
     assert lib["library_us_per_step"] < 50_000 / 6  # and not in the library's time
+
+
+def test_job_epochs_takes_the_rng_at_the_last_epochs_end_only_and_the_final_checkpoint_holds_it(
+        tmp_path, monkeypatch, distributed):  # noqa: F811 (the fixture)
+    """job.epochs(1, 4), 6 steps an epoch, nothing due: the RNG is taken after step 18 (the last
+    epoch's end: the run's), not after steps 6 and 12 (earlier epochs' ends, issue 50), and the
+    final checkpoint holds the state taken after step 18 (each epoch's loader drew its seed from
+    torch's RNG, so an earlier epoch's state differs)."""
+    from elastic_ring.ckpt import CheckpointStore
+    from elastic_ring.worker import hooked
+    from tests.unit.test_worker_epochs import _run_script
+
+    taken: dict = {}
+    rng_state = hooked._rng_state
+
+    def counted():
+        taken[job.step] = state = rng_state()
+        return state
+
+    monkeypatch.setattr(hooked, "_rng_state", counted)
+    job = make_job(tmp_path, monkeypatch, size=1, segment=0, stop_at=10**9, total=10**9)
+    _current(monkeypatch, job)
+    _run_script(job, [])
+    assert job.finished and job.step == 18
+    assert 18 in taken and 6 not in taken and 12 not in taken, sorted(taken)
+    ck = CheckpointStore(tmp_path / "checkpoints").load_latest()
+    assert ck["step"] == 18
+    assert torch.equal(ck["rng"]["torch"], taken[18]["torch"])

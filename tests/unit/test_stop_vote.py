@@ -281,13 +281,13 @@ def test_a_new_segment_votes_at_its_first_step_and_times_again(tmp_path, monkeyp
 
 
 # ---------------------------------------------------------------------- the epoch loop's RNG capture
-def _hooked(rank=0, due=False, pos=5, copy=None):
+def _hooked(rank=0, due=False, pos=5, copy=None, epoch=None):
     from elastic_ring.worker.hooked import HookedSteps
 
     job = types.SimpleNamespace(rank=rank, seg=Segment(0, 100, 100),
                                 checkpoints=types.SimpleNamespace(due=lambda step, stop_at: due,
                                                                   writes=lambda r: r == 0),
-                                _epoch_data=types.SimpleNamespace(position=types.SimpleNamespace(pos=pos)),
+                                _epoch_data=types.SimpleNamespace(position=types.SimpleNamespace(pos=pos, epoch=epoch)),
                                 boundary=types.SimpleNamespace(handle=None, copy=copy))  # the step boundary's
     return HookedSteps(job)
 
@@ -308,6 +308,26 @@ def test_the_epoch_loop_takes_the_rng_only_where_it_may_be_saved():
     assert _hooked()._rng_wanted(3, None)  # not our sampler: where an epoch ends is not known
     assert not _hooked(rank=1, due=True, pos=10)._rng_wanted(3, None)  # only rank 0 checkpoints
     assert _hooked(rank=1, copy=object())._rng_wanted(3, sampler)  # --survive's copies: every step
+
+
+def test_under_job_epochs_only_the_last_epochs_end_takes_the_rng():
+    """job.epochs(1, 4): the run ends after epoch 3's end-of-epoch code, so its end takes the RNG
+    (the final checkpoint holds it); the end of epoch 1 or 2 does not (issue 50: about 0.2 ms an
+    epoch on rank 0), unless a checkpoint is due there or a stop is pending."""
+    sampler = types.SimpleNamespace(dataset=range(10), size=lambda: 10)
+    for epoch, wanted in ((1, False), (2, False), (3, True)):
+        h = _hooked(pos=10, epoch=epoch)
+        h.last_epoch = 3
+        assert h._rng_wanted(3, sampler) is wanted, epoch
+    h = _hooked(pos=10, epoch=1, due=True)
+    h.last_epoch = 3
+    assert h._rng_wanted(3, sampler)  # the periodic checkpoint at an earlier epoch's end
+    h = _hooked(pos=10, epoch=2)
+    h.last_epoch, h.pending = 3, StopReason.REQUESTED
+    assert h._rng_wanted(3, sampler)  # a stop there
+    h = _hooked(pos=5, epoch=3)
+    h.last_epoch = 3
+    assert not h._rng_wanted(3, sampler)  # inside the last epoch: not its end
 
 
 # ---------------------------------------------------------------------- ELASTIC_RING_STEP_COST's meter
