@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import queue
+import struct
 import threading
 from typing import Any, Callable, Protocol
 
@@ -164,7 +165,7 @@ class HorovodCollective:
 
     def __init__(self, hvd: Any) -> None:
         self.hvd = hvd
-        self._vote: tuple[Any, Any] | None = None  # the votes' tensor and its numpy view (vote_async)
+        self._vote: tuple[Any, Any, Any] | None = None  # the votes' tensor, its buffer and packer (vote_async)
         self._vote_handle: Any = None  # the vote launched in it, not yet waited for
 
     def allreduce(self, tensor: Any, op: str = "sum", name: str = "") -> Any:
@@ -177,18 +178,18 @@ class HorovodCollective:
     def vote_async(self, values: list[float], name: str = "") -> Any:
         """Launched here: Horovod's own launch only queues it for its background thread (a thread
         of ours would add a wake-up and the GIL's hand-overs, measured no cheaper). In place, in
-        one tensor kept for the votes, written through its numpy view: no tensor made and no
+        one tensor kept for the votes, written through its buffer: no tensor made and no
         output allocated on the training thread (right after a step each torch call there costs
         tens of microseconds). A vote's tensor is reused only once the vote before was waited for
         (one in flight at a time); where one was not (a segment stopped without its read), a new
         one is made."""
         vote = self._vote
-        if vote is None or self._vote_handle is not None or len(vote[1]) != len(values):
+        if vote is None or self._vote_handle is not None or vote[2].size != 4 * len(values):
             import torch
 
             t = torch.zeros(len(values), dtype=torch.float32)
-            vote = self._vote = (t, t.numpy())
-        vote[1][:] = values
+            vote = self._vote = (t, memoryview(t.numpy()), struct.Struct(f"{len(values)}f"))
+        vote[2].pack_into(vote[1], 0, *values)  # (one C call: numpy's assignment from a list cost ~10 us after a step)
         h = self._vote_handle = self.hvd.allreduce_async_(vote[0], op=self.hvd.Sum, name=name or None)
         return h
 
@@ -196,6 +197,15 @@ class HorovodCollective:
         if handle is self._vote_handle:  # (the votes' tensor may take the next vote)
             self._vote_handle = None
         return self.hvd.synchronize(handle)
+
+    def wait_values(self, handle: Any) -> Any:
+        """:meth:`wait`, and the summed values as floats: a vote's read through the votes' buffer
+        (one C call; ``tolist()`` cost ~10 us right after a step), another tensor's listed."""
+        out = self.wait(handle)
+        vote = self._vote
+        if vote is not None and out is vote[0]:
+            return vote[2].unpack_from(vote[1])
+        return out.tolist()
 
     def close(self) -> None:
         pass

@@ -110,7 +110,7 @@ def choose_every(step_s: float, vote_s: float, floor: int, latency_s: float, lag
     return max(floor, min(need, cap, MAX_EVERY))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # (not frozen: a frozen dataclass sets each field through object.__setattr__)
 class Ballot:
     """One vote's figures, a rank's before the allreduce, their sums over the ranks after it:
     rank 0's stop flag (the controller asked), ``job.finish()`` on some rank, rank 0's proposed
@@ -142,7 +142,7 @@ class Ballot:
         """The summed vector read back (the same slots as packed); ``window``: a window rode in it
         (every rank knows: they all close their windows at the same steps), then ``window`` is the
         sum of the ranks' losses."""
-        v = [float(x) for x in values]
+        v = tuple(map(float, values))
         n = 4 + checkpoint_slot + window_slot
         if len(v) != n:
             raise ValueError(f"a stop vote of {len(v)} values, not {n}")
@@ -226,8 +226,8 @@ class StopVote:
         t0 = time.perf_counter()
         every = lag = 0
         asked = False
-        if self.ring.rank == 0:
-            asked = os.path.exists(self._stop_file())
+        if self.ring.rank == 0:  # (os.access makes no exception for a missing file, as exists() does:
+            asked = os.access(self._stop_file(), os.F_OK)  # 1.2 against 4 us warm; exists() took 31 after a step)
             every, lag = self.propose(step, t0)
         self._started_at = step
         self.read_at = step + self.lag
@@ -269,8 +269,10 @@ class StopVote:
         the agreed period after this one started, and read the agreed lag after its start; a
         window it carried in :attr:`rode`."""
         t0 = time.perf_counter()
-        b = Ballot.unpack(self.ring.coll.wait(handle).tolist(), self.checkpoint_due is not None,
-                          self.windows, self._riding)
+        coll = self.ring.coll
+        wait_values = getattr(coll, "wait_values", None)
+        values = wait_values(handle) if wait_values is not None else coll.wait(handle).tolist()
+        b = Ballot.unpack(values, self.checkpoint_due is not None, self.windows, self._riding)
         self._riding = False
         self.every = max(b.every, 1) if b.every else self.floor
         self.lag = max(b.lag, 1)

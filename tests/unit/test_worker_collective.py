@@ -816,6 +816,38 @@ def test_horovod_votes_reuse_one_tensor_only_once_the_vote_before_was_waited_for
     assert hvd.launched[3][0] is not hvd.launched[2][0] and hvd.launched[3][1] == [1.0] * 4
 
 
+def test_a_horovod_votes_sums_are_read_through_its_buffer_and_another_tensors_listed():
+    """``wait_values``: the vote's tensor summed in place (here: the other rank's values added, as
+    Horovod's allreduce writes them) is read back as floats through the votes' buffer; a tensor
+    that is not the votes' (a collective of another kind) is listed."""
+    import torch
+
+    from elastic_ring.worker.collective import HorovodCollective
+
+    class Hvd:
+        Sum = "sum"
+
+        def __init__(self):
+            self.out = {}
+
+        def allreduce_async_(self, t, op=None, name=None):
+            t.add_(torch.tensor([0.0, 1.0, 3.0, 0.25]))  # the other rank's values
+            self.out[len(self.out) + 1] = t
+            return len(self.out)
+
+        def synchronize(self, handle):
+            return self.out[handle]
+
+    hvd = Hvd()
+    coll = HorovodCollective(hvd)
+    values = coll.wait_values(coll.vote_async([1.0, 0.0, 9.0, 0.5], name="stop_flag"))
+    assert values == (1.0, 1.0, 12.0, 0.75) and all(type(v) is float for v in values)
+    values = coll.wait_values(coll.vote_async([0.0, 0.0, 2.0, 1.0], name="stop_flag"))  # (the same tensor, reused)
+    assert values == (0.0, 1.0, 5.0, 1.25)
+    hvd.out[99] = torch.tensor([2.0, 4.0])
+    assert coll.wait_values(99) == [2.0, 4.0]
+
+
 def test_the_launcher_names_a_killed_worker_before_the_peer_that_exited_on_its_loss():
     """``local_launcher.first_failed``: a worker killed by a signal before one that exited non-zero,
     each the lowest rank; None while none failed."""
