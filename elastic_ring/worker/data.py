@@ -277,35 +277,24 @@ class DistributedSampler:
         it = self._listed
         return self._listed_n - it.__length_hint__() if it is not None else self._pulled_n
 
-    def step_samples(self, per_rank_pulled: int, passes: int) -> int:
-        """Positions of the epoch one optimizer step used (all ranks): ``world * b`` per backward
-        pass, ``b`` the loader's batch (or, with no loader, the indices pulled since the last step);
-        the global batch, where it is constant."""
-        lay = self._layout()
-        if lay is not None:
-            return lay.global_batch
-        b = self.batch_size or self._loader_batch
-        per_rank = b * passes if b else per_rank_pulled
-        return per_rank * self.num_replicas
-
     def advance(self, passes: int = 1) -> None:
         """A step of the registered optimizer (of ``passes`` backward passes) trained this
         sampler's next batch: it is the training sampler (claimed at its first step), and the
-        epoch's position moves by that step's samples."""
-        pos = self.data.position
-        if pos.sampler_index != self.index:
-            pos.sampler_index, pos.sampler_epoch, pos.pos = self.index, self.epoch, self._start
-        used = self.step_samples(self._pulled - self._pulled_at_step, passes)
-        self._pulled_at_step = self._pulled
-        pos.pos = min(self.size(), pos.pos + used)
+        epoch's position moves by that step's samples (:meth:`stepped`, which the post-hook calls)."""
+        self.stepped(1, passes, True)
 
     def stepped(self, step: int, passes: int, elastic: bool) -> int:
-        """The post-hook's common path: :meth:`advance` (under the tool, ``elastic``) and this
-        rank's samples of ``step`` for the throughput (which counts rank 0's times the world): the
-        loader's batch, or under a constant global batch the global batch's share of one worker
-        (``G / w``, :meth:`~elastic_ring.worker.accumulate.Layout.samples_at`: the step trained
-        ``G`` samples in all, however many micro-batches each worker ran). The layout and the
-        pulled count read once (issue 50: each read right after a step costs microseconds)."""
+        """A step of the registered optimizer (of ``passes`` backward passes) is done: under the
+        tool (``elastic``) this sampler is the training one (claimed at its first step) and the
+        epoch's position moves by the step's samples, all ranks' (``world * b`` per backward pass,
+        ``b`` the loader's batch, or with no loader the indices pulled since the last step; the
+        global batch, where it is constant). Returns this rank's samples of ``step`` for the
+        throughput (which counts rank 0's times the world): the loader's batch, or under a constant
+        global batch the global batch's share of one worker (``G / w``,
+        :meth:`~elastic_ring.worker.accumulate.Layout.samples_at`: the step trained ``G`` samples
+        in all, however many micro-batches each worker ran). The post-hook's one call a step: the
+        layout and the pulled count read once (issue 50: each read right after a step costs
+        microseconds)."""
         b = self.batch_size or self._loader_batch
         if elastic:
             pos = self.data.position

@@ -175,20 +175,6 @@ class HookedSteps:
         pos, last = job._epoch_data.position, self.last_epoch
         return (last is None or pos.epoch == last) and pos.pos >= sampler.size()
 
-    def _samples(self, sampler, step: int) -> int:
-        """This rank's samples of ``step`` for the throughput (which counts rank 0's times the
-        world): the loader's batch, or under a constant global batch the global batch's share of
-        one worker (``G / w``, :meth:`~elastic_ring.worker.accumulate.Layout.samples_at`): the
-        step trained ``G`` samples in all, however many micro-batches each worker ran."""
-        if sampler is None:
-            return 0
-        layout = getattr(sampler, "_layout", None)
-        lay = layout() if callable(layout) else None
-        if lay is not None:
-            return lay.samples_at(step)
-        b = sampler.batch_size or sampler._loader_batch
-        return int(b) if b else 0
-
     # ------------------------------------------------------------------ between two iterations
     def between(self, step: int) -> None:
         """After the script's code of ``step``: evaluation, periodic checkpoint; the stop, if agreed

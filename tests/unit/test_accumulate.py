@@ -546,14 +546,15 @@ def test_an_epoch_loop_without_an_allreduce_to_hold_is_refused():
 def test_epoch_loop_throughput_counts_the_global_batch_per_step():
     """The epoch loop's throughput (rank 0's samples x the world) counts the samples each step
     trained, the global batch, not one micro-batch per worker."""
-    from elastic_ring.worker.hooked import HookedSteps
+    from elastic_ring.worker.data import DistributedSampler
 
-    hooked = HookedSteps(SimpleNamespace(boundary=None))
+    def samples(sampler, step):  # (the post-hook's call, the position left alone)
+        return DistributedSampler.stepped(sampler, step, 1, False)
+
     for w in (1, 2, 3, 4):
         lay = Layout(128, 32, w)
         sampler = SimpleNamespace(_layout=lambda lay=lay: lay, batch_size=None, _loader_batch=32)
-        assert sum(hooked._samples(sampler, s) for s in range(1, 13)) * w == 12 * 128
-        assert abs(hooked._samples(sampler, 5) * w - 128) < w  # each step's share: G / w, rounded
+        assert sum(samples(sampler, s) for s in range(1, 13)) * w == 12 * 128
+        assert abs(samples(sampler, 5) * w - 128) < w  # each step's share: G / w, rounded
     plain = SimpleNamespace(_layout=lambda: None, batch_size=None, _loader_batch=32)
-    assert hooked._samples(plain, 1) == 32  # other rules: the loader's batch
-    assert hooked._samples(None, 1) == 0
+    assert samples(plain, 1) == 32  # other rules: the loader's batch
