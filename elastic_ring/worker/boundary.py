@@ -119,8 +119,8 @@ class StepBoundary:
         self.t_done = now
         if self._between:
             self.between(step, now)
-        elif self._progress and now - progress._last_progress_t > 0.5:  # (rank 0's, where between-steps
-            progress.write_progress(step, now, self.vote.every, self.vote.lag)  # work is not at every step)
+        elif self._progress and now > progress.progress_due_t:  # (rank 0's, where between-steps work
+            progress.write_progress(step, now, self.vote.every, self.vote.lag)  # is not at every step)
         if not self._decide:
             return None
         reason = self.decide(step)
@@ -179,7 +179,7 @@ class StepBoundary:
                 progress.evaluate(step)
         if periodic and job.checkpoints.writes(job.rank):  # (a sharded job: every rank)
             job.checkpoints.maybe_periodic(step, self.seg.stop_at)
-        if not self._progress and now - progress._last_progress_t > 0.5 and job.rank == 0:  # (else at the step)
+        if not self._progress and now > progress.progress_due_t and job.rank == 0:  # (else at the step)
             progress.write_progress(step, now, self.vote.every, self.vote.lag)
 
     def start_copies(self) -> survive.MemoryCopy | None:

@@ -184,7 +184,7 @@ class HorovodCollective:
         (one in flight at a time); where one was not (a segment stopped without its read), a new
         one is made."""
         vote = self._vote
-        if vote is None or self._vote_handle is not None or vote[2].size != 4 * len(values):
+        if vote is None or self._vote_handle is not None or len(vote[1]) != len(values):
             import torch
 
             t = torch.zeros(len(values), dtype=torch.float32)

@@ -21,6 +21,9 @@ from elastic_ring.heartbeat import Beats
 from elastic_ring.worker.segment import Segment
 
 
+PROGRESS_EVERY_S = 0.5  # rank 0 writes the progress file at most this often (the first step always)
+
+
 @dataclass
 class _Window:
     t0: float | None = None
@@ -154,7 +157,7 @@ class Progress:
         self._events = None
         self._later = 0  # events handed to the writer's thread since the last wait for them
         self.beats = Beats(run_dir)  # this rank's heartbeat (controller.watchdog), written by a thread
-        self._last_progress_t = 0.0
+        self.progress_due_t = 0.0  # the progress file is written at a step after this time (rank 0)
         self._progress_writer = ProgressWriter(protocol.control_dir(run_dir) / protocol.PROGRESS_FILE)
         self._threads_warned = False
         self.open_events()
@@ -247,7 +250,7 @@ class Progress:
         self.window = _Window(t0=time.time())
         # the segment's first step always reaches the progress file (the next write_progress is not
         # held back by the half-second rule): hvdrun's check that a joiner's ring formed reads it
-        self._last_progress_t = 0.0
+        self.progress_due_t = 0.0
 
     def check_threads(self) -> None:
         """Warn once when the script set torch's thread count over the library's (the cores of
@@ -337,8 +340,8 @@ class Progress:
         the training thread (:class:`ProgressWriter`); ``vote_every``: the stop vote's period now,
         ``vote_lag``: the steps from a vote's start to its read (a live stop lands within their
         sum)."""
-        if self.ring.rank == 0 and now - self._last_progress_t > 0.5:
-            self._last_progress_t = now
+        if self.ring.rank == 0 and now > self.progress_due_t:
+            self.progress_due_t = now + PROGRESS_EVERY_S
             self._progress_writer.submit({"step": step, "segment": self.seg.number, "time": now,
                                           "vote_every": vote_every, "vote_lag": vote_lag})
 
