@@ -18,7 +18,7 @@ import pytest
 from elastic_ring import protocol
 from tests.conftest import ended, run_cli, wait_for
 from tests.integration.test_discovery import TINY, _discovery, _events, _start, _trace, list_hosts
-from tests.integration.two_hosts import status_lines
+from tests.integration.two_hosts import status_lines, stop_once_grown
 
 pytestmark = pytest.mark.integration
 
@@ -62,9 +62,10 @@ def _started(run) -> dict[str, tuple[str, int]]:
     return {name: (rec["launch_host"], int(rec["pid"])) for name, rec in recs.items() if isinstance(rec, dict)}
 
 
-def _in_place(run, err, changes, steps, widths, restarts: int = 0, killed_at: int | None = None) -> None:
-    """One horovodrun for the run, its ring re-formed in place at each change; every step trained
-    once at the width ``widths`` says for it; ``restarts``: failures taken in memory (else none).
+def _in_place(run, err, changes, last, widths, restarts: int = 0, killed_at: int | None = None) -> None:
+    """One horovodrun for the run, its ring re-formed in place at each change; every step up to
+    ``last`` (the run's end: stopped once the events were in, :func:`.two_hosts.stop_once_grown`)
+    trained once at the width ``widths`` says for it; ``restarts``: failures taken in memory (else none).
     ``killed_at``: the step a kill -9 was agreed at (the survivors' last step): the killed worker
     took part in its collective but may have died before writing that step's trace line, so that
     one step may show the survivors' samples only."""
@@ -76,8 +77,8 @@ def _in_place(run, err, changes, steps, widths, restarts: int = 0, killed_at: in
     assert len(_events(run, "restart")) == restarts and all(r["path"] == "memory" for r in _events(run, "restart"))
     assert all(o["checkpoint_s"] == 0 for o in _events(run, "resize_overhead"))  # no checkpoint for any
     trained = _trace(run)  # (a step traced twice by a rank is an assertion there)
-    assert sorted(trained) == list(range(1, steps + 1))  # every step once: nothing redone
-    ends = [c["step"] for c in changes] + [steps]
+    assert sorted(trained) == list(range(1, last + 1))  # every step once: nothing redone
+    ends = [c["step"] for c in changes] + [last]
     first = 1
     for end, width in zip(ends, widths):
         lost = {killed_at} if killed_at is not None and first <= killed_at <= end else set()
@@ -88,7 +89,7 @@ def _in_place(run, err, changes, steps, widths, restarts: int = 0, killed_at: in
 
 
 def test_a_host_dropped_from_discovery_leaves_the_ring_in_place_and_grows_back(tmp_path):
-    steps = 400  # the grow lands by step ~150 (~80 at load 5); the rest trains at 2 workers (~20 ms a step)
+    steps = 400  # the grow lands by step ~150 (~80 at load 5); stopped (Ctrl-C) once the grown ring did a step
     proc, run, listed = _two_hosts(tmp_path, steps)
     try:
         pids = _pids_at_two(run)
@@ -99,15 +100,14 @@ def test_a_host_dropped_from_discovery_leaves_the_ring_in_place_and_grows_back(t
         wait_for(lambda: not _alive(pids["127.0.0.1"]), 30, "the dropped host's worker to end")
         list_hosts(listed, TWO)  # and back
         wait_for(lambda: len(_events(run, "membership_change")) >= 2, 120, "the grow")
-        out, err = proc.communicate(timeout=240)
+        out, err, end = stop_once_grown(proc, run, world=2, launches=3)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err
     changes = _events(run, "membership_change")
     assert [(c["cause"], c["members_before"], c["members_after"], c["state_source"]) for c in changes] == [
         ("hosts", 2, 1, "memory"), ("hosts", 1, 2, "peer")]  # in place: nothing read back
-    _in_place(run, err, changes, steps, [2, 1, 2])
+    _in_place(run, err, changes, end, [2, 1, 2])
     assert [(h["hosts"], h["target"]) for h in _events(run, "hosts_changed")] == [
         ("localhost:1,127.0.0.1:1", 2), ("localhost:1", 1), ("localhost:1,127.0.0.1:1", 2)]
     # the grow started one worker, on 127.0.0.1 (its record replaces its rank's); localhost's went on
@@ -116,7 +116,8 @@ def test_a_host_dropped_from_discovery_leaves_the_ring_in_place_and_grows_back(t
 
 @pytest.mark.parametrize("how", ["drain", "sigterm"])
 def test_a_drained_host_leaves_the_ring_in_place_rank_0s_too(tmp_path, how):
-    """`elastic-ring drain` of rank 0's host, or a SIGTERM to rank 0's worker (its notice drains its host)."""
+    """`elastic-ring drain` of rank 0's host, or a SIGTERM to rank 0's worker (its notice drains its
+    host). The run is stopped (Ctrl-C) once the shrunk ring has done a step."""
     import signal
 
     steps = 400
@@ -135,16 +136,15 @@ def test_a_drained_host_leaves_the_ring_in_place_rank_0s_too(tmp_path, how):
             os.kill(pids[gone], signal.SIGTERM)  # how Kubernetes and spot reclaims preempt
         wait_for(lambda: _events(run, "membership_change"), 120, "the shrink")
         assert _alive(pids[stays]) and _started(run) == before  # no worker started for it
-        out, err = proc.communicate(timeout=240)
+        out, err, end = stop_once_grown(proc, run, world=1, launches=2)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err
     changes = _events(run, "membership_change")
     cause, why = ("drained", "elastic-ring drain") if how == "drain" else ("preempted", "SIGTERM to rank 0")
     assert [(c["cause"], c["members_before"], c["members_after"], c["state_source"]) for c in changes] == [
         (cause, 2, 1, "memory")]
-    _in_place(run, err, changes, steps, [2, 1])
+    _in_place(run, err, changes, end, [2, 1])
     assert not _alive(pids[gone])  # the driver ended the worker on the drained host
     notes = [n["message"] for n in _events(run, "notice")]
     assert (f"drained {gone} ({why}) at step {changes[0]['step']}: 2 -> 1 workers, no step redone"
@@ -158,7 +158,8 @@ def test_a_failed_host_is_left_out_for_its_cooldown_in_place_then_grown_back_ont
     back), and after the cooldown the ring grows back onto 127.0.0.1 in place."""
     import signal
 
-    steps = 600  # the grow back lands ~3 s after the kill (by step ~400 unloaded); the rest trains at 2 workers
+    steps = 600  # the grow back lands ~3 s after the kill (by step ~400 unloaded); stopped (Ctrl-C) once the
+    # grown ring did a step
     script, _, _ = _discovery(tmp_path, TWO)
     run = tmp_path / "run"
     proc = _start(["--steps", str(steps), *TINY, "--relaunch", "inplace", "--host-discovery-script", str(script),
@@ -177,18 +178,17 @@ def test_a_failed_host_is_left_out_for_its_cooldown_in_place_then_grown_back_ont
         assert _alive(pids["localhost"]) and set(_started(run).values()) == set(before.values())
         wait_for(lambda: len(_events(run, "membership_change")) >= 2, 120, "the grow back onto 127.0.0.1")
         assert _alive(pids["localhost"])
-        out, err = proc.communicate(timeout=240)
+        out, err, end = stop_once_grown(proc, run, world=2, launches=3)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err
     (restart,) = _events(run, "restart")
     assert (restart["path"], restart["rank"], restart["node"], restart["gave_up"]) == (
         "memory", victim["rank"], "127.0.0.1", False), restart
     changes = _events(run, "membership_change")
     assert [(c["cause"], c["members_before"], c["members_after"], c["state_source"]) for c in changes] == [
         ("failure", 2, 1, "memory"), ("hosts", 1, 2, "peer")]
-    _in_place(run, err, changes, steps, [2, 1, 2], restarts=1, killed_at=changes[0]["step"])
+    _in_place(run, err, changes, end, [2, 1, 2], restarts=1, killed_at=changes[0]["step"])
     both, one = "localhost:1,127.0.0.1:1", "localhost:1"
     hc = _events(run, "hosts_changed")
     assert [(h["diff"], h["hosts"], h["target"]) for h in hc] == [
@@ -205,7 +205,8 @@ def test_a_failed_host_is_left_out_for_its_cooldown_in_place_then_grown_back_ont
 def test_a_one_host_start_grows_in_place_on_this_machine_and_says_why_another_is_not_used(tmp_path):
     """Started on `localhost:1` (this host only), the script later lists `127.0.0.1:1` (this machine
     too) and 10.9.9.9 (another machine): the ring grows to 2 in place on this host, and one line
-    (a notice and the log) says that 10.9.9.9 is not used, and why."""
+    (a notice and the log) says that 10.9.9.9 is not used, and why. The run is stopped (Ctrl-C)
+    once the grown ring has done a step."""
     steps = 400
     script, listed, _ = _discovery(tmp_path, "localhost:1\n")
     run = tmp_path / "run"
@@ -215,11 +216,10 @@ def test_a_one_host_start_grows_in_place_on_this_machine_and_says_why_another_is
         wait_for(lambda: _events(run, "throughput"), 120, "a window at 1")
         list_hosts(listed, "localhost:1\n127.0.0.1:1\n10.9.9.9:1\n")
         wait_for(lambda: _events(run, "membership_change"), 120, "the grow")
-        out, err = proc.communicate(timeout=240)
+        out, err, end = stop_once_grown(proc, run, world=2, launches=2)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err
     changes = _events(run, "membership_change")
     assert [(c["cause"], c["members_before"], c["members_after"], c["state_source"]) for c in changes] == [
         ("hosts", 1, 2, "peer")]
@@ -231,7 +231,7 @@ def test_a_one_host_start_grows_in_place_on_this_machine_and_says_why_another_is
     assert [n["message"] for n in _events(run, "notice")].count(line) == 1
     assert err.count(line) == 1 and "host discovery failed" not in err and "Traceback" not in err
     assert len(_events(run, "launch")) == 2 and not _events(run, "restart")  # in place: one horovodrun
-    assert sorted(_trace(run)) == list(range(1, steps + 1))
+    assert sorted(_trace(run)) == list(range(1, end + 1)) and changes[0]["step"] < end <= steps
 
 
 def _gone_within(pids: list[int], seconds: float) -> bool:

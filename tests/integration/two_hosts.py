@@ -57,7 +57,7 @@ def status_lines(run: Path) -> list[str]:
 
 
 def kill_127_then_grown_back(proc: subprocess.Popen, run: Path, excluded_line: bool = True, from_step: int = 0,
-                             grown_back: Callable[[Path], object] | None = None) -> tuple[dict, str, str]:
+                             grown_back: Callable[[Path], object] | None = None) -> tuple[dict, str, str, int]:
     """A run of 2 workers over both hosts: after a window at 2 (of step ``from_step`` or later),
     kill -9 of the worker on 127.0.0.1; with ``excluded_line``, status names the host left out
     (``hosts: localhost:1 (1 slot); excluded: 127.0.0.1 until ...``) during its cooldown; then the
@@ -74,11 +74,50 @@ def kill_127_then_grown_back(proc: subprocess.Popen, run: Path, excluded_line: b
                                          None), 30, "status naming the host", poll=0.1)
             assert line.startswith("hosts: localhost:1 (1 slot); excluded: 127.0.0.1 until "), line
         wait_for(lambda: grown_back(run), 120, "the grow back onto 127.0.0.1")
+        out, err, end = stop_once_grown(proc, run)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return victim, out, err, end
+
+
+def stop_when(proc: subprocess.Popen, run: Path, ready: Callable[[Path], object], what: str,
+              timeout: float = 120) -> tuple[str, str, int]:
+    """Ctrl-C (SIGINT to the controller) once ``ready(run)`` holds, and the run's end: the workers
+    stop at an agreed step, checkpoint it, and the run ends stopped (exit 130). A test whose events
+    are in by then needs no more steps: a run's ``--steps`` only bounds it, with a margin for a
+    loaded machine, and the steps after the last event trained on for nothing a test reads (20-24 s
+    of both cores in the two-host runs of 600-800 steps). A run that finished first (exit 0) is
+    taken as it is. Returns stdout, stderr and the last step trained: the step of the stop (its
+    last ``segment_end``, which its checkpoint holds) or of the ``finished`` event."""
+    try:
+        wait_for(lambda: ready(run) or proc.poll() is not None, timeout, what)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
-    return victim, out, err
+            proc.wait()
+    if proc.returncode == 0:
+        return out, err, read_events(run / "events.jsonl", kind="finished")[-1]["step"]
+    assert proc.returncode == 130, (proc.returncode, err)
+    end = read_events(run / "events.jsonl", kind="segment_end")[-1]
+    assert end["reason"] == "requested", end
+    assert read_events(run / "events.jsonl", kind="checkpoint_written")[-1]["step"] == end["step"]
+    assert not read_events(run / "events.jsonl", kind="finished")
+    return out, err, end["step"]
+
+
+def stop_once_grown(proc: subprocess.Popen, run: Path, world: int = 2, launches: int | None = None) -> tuple[str, str, int]:
+    """:func:`stop_when` the segment of the run's launch number ``launches`` (by default its last
+    launch: a grow's, or a shrink's) has done a step at ``world`` workers."""
+    def ready(r: Path) -> bool:
+        ls = read_events(r / "events.jsonl", kind="launch")
+        n = launches or len(ls)
+        return len(ls) >= n > 0 and any(e["segment"] >= ls[n - 1]["segment"] and e["world_size"] == world
+                                        for e in read_events(r / "events.jsonl", kind="first_step"))
+    return stop_when(proc, run, ready, f"a step at {world} workers after launch {launches or 'the last'}")
 
 
 def sigterm_127_then_shrunk(proc: subprocess.Popen, run: Path) -> tuple[dict, str, str]:
