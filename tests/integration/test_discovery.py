@@ -16,7 +16,7 @@ import pytest
 
 from elastic_ring.events import read_events
 from tests.conftest import BIN, ROOT, one_line_error, run_cli, wait_for
-from tests.integration.two_hosts import kill_127_then_grown_back, status_lines
+from tests.integration.two_hosts import kill_127_then_grown_back, status_lines, stop_once_grown
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ def _trace(run: Path) -> dict[int, int]:
 
 
 def test_the_job_grows_onto_a_discovered_host_and_shrinks_off_it(tmp_path):
-    steps = 700  # the shrink comes by step ~150 (load 15); the rest trains at 1 worker (~7 ms a step)
+    steps = 700  # the shrink comes by step ~150 (load 15); stopped (Ctrl-C) once the shrunk ring did a step
     script, listed, fail = _discovery(tmp_path, "localhost:1\n")
     run = tmp_path / "run"
     proc = _start(["--steps", str(steps), *TINY, "--host-discovery-script", str(script),
@@ -82,11 +82,10 @@ def test_the_job_grows_onto_a_discovered_host_and_shrinks_off_it(tmp_path):
         list_hosts(listed, "localhost:1\n")  # and answers again, without 127.0.0.1
         fail.unlink()
         wait_for(lambda: len(_events(run, "launch")) >= 3, 120, "the shrink")
-        out, err = proc.communicate(timeout=240)
+        out, err, end = stop_once_grown(proc, run, world=1, launches=3)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err
     # the run followed the hosts: 1 on localhost, 2 on both, 1 on localhost, nothing redone
     launches = _events(run, "launch")
     assert [(e["world_size"], e["command"][e["command"].index("-H") + 1]) for e in launches] == [
@@ -99,11 +98,10 @@ def test_the_job_grows_onto_a_discovered_host_and_shrinks_off_it(tmp_path):
         ("+localhost:1", "localhost:1", 1), ("+127.0.0.1:1", "localhost:1,127.0.0.1:1", 2),
         ("-127.0.0.1:1", "localhost:1", 1)]
     trained = _trace(run)
-    assert sorted(trained) == list(range(1, steps + 1))  # every step once
+    assert sorted(trained) == list(range(1, end + 1))  # every step once
     grow, shrink = changes[0]["step"], changes[1]["step"]
-    assert 0 < grow < shrink < steps
-    assert {trained[s] for s in range(grow + 1, shrink + 1)} == {16} and trained[1] == trained[steps] == 8
-    assert _events(run, "finished")[-1]["step"] == steps
+    assert 0 < grow < shrink < end <= steps
+    assert {trained[s] for s in range(grow + 1, shrink + 1)} == {16} and trained[1] == trained[end] == 8
     # the failing script: one line, said once, and no change of members for it
     failed = [ln for ln in err.splitlines() if "host discovery failed" in ln]
     assert failed == ["host discovery failed: discovery script discover.sh exited with status 3: no inventory; "

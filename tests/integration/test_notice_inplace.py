@@ -16,6 +16,7 @@ import pytest
 from elastic_ring import protocol
 from tests.integration.test_notice import TINY, _events, _start, _trained_once
 from tests.conftest import run_cli, wait_for
+from tests.integration.two_hosts import stop_once_grown
 
 pytestmark = pytest.mark.integration
 
@@ -26,30 +27,34 @@ def _record(run, rank: int) -> dict:
     return rec
 
 
-def _sigterm_after_a_window(run, args: list[str], world: int, victim: int):
+def _sigterm_after_a_window(run, args: list[str], world: int, victim: int, stop: bool = True):
     """``train ARGS --run-dir RUN`` started; once a throughput window at ``world`` workers, a
-    SIGTERM to rank ``victim``'s worker (how Kubernetes and spot reclaims preempt); the run's end:
-    (the process, the worker's process record, stdout, stderr)."""
+    SIGTERM to rank ``victim``'s worker (how Kubernetes and spot reclaims preempt); with ``stop``
+    the run stopped (Ctrl-C) once the shrunk ring has done a step (:func:`.two_hosts.stop_once_grown`),
+    else its end: (the process, the worker's process record, stdout, stderr, the last step trained
+    with ``stop``)."""
     proc = _start([*args, "--run-dir", str(run)])
     try:
         wait_for(lambda: [t for t in _events(run, "throughput") if t["world_size"] == world], 120,
                  f"a window at {world} workers")
         rec = _record(run, victim)
         os.kill(int(rec["pid"]), signal.SIGTERM)
-        out, err = proc.communicate(timeout=240)
+        if stop:
+            out, err, end = stop_once_grown(proc, run, world=world - 1, launches=2)
+        else:
+            (out, err), end = proc.communicate(timeout=240), None
     finally:
         if proc.poll() is None:
             proc.kill()
-    return proc, rec, out, err
+    return proc, rec, out, err, end
 
 
 @pytest.mark.parametrize("world,victim", [(2, 1), (3, 1), (2, 0)])
 def test_a_sigterm_to_one_worker_shrinks_the_ring_in_place_without_it(tmp_path, world, victim):
     steps = 250  # the shrink lands by step ~35 at load 11-15, ~50 at load 6 (later where steps are faster); a tail
     run = tmp_path / "r"
-    proc, rec, out, err = _sigterm_after_a_window(run, ["--gpus", str(world), "--slots", str(world), "--steps",
-                                                        str(steps), *TINY, "--relaunch", "inplace"], world, victim)
-    assert proc.returncode == 0, err
+    proc, rec, out, err, end = _sigterm_after_a_window(run, ["--gpus", str(world), "--slots", str(world), "--steps",
+                                                             str(steps), *TINY, "--relaunch", "inplace"], world, victim)
     (notice,) = _events(run, "preempt_notice")
     assert (notice["pid"], notice["host"]) == (int(rec["pid"]), rec["launch_host"])
     (change,) = _events(run, "membership_change")
@@ -64,10 +69,11 @@ def test_a_sigterm_to_one_worker_shrinks_the_ring_in_place_without_it(tmp_path, 
     assert not _events(run, "restart")  # not a failure: --max-restarts untouched
     assert json.loads((run / "summary.json").read_text()).get("restarts", []) in ([], 0)
     trained = _trained_once(run)
-    assert sorted(trained) == list(range(1, steps + 1))  # every step trained once
+    assert sorted(trained) == list(range(1, end + 1))  # every step trained once
     per = 8  # the batch per worker (TINY)
     assert {trained[s] for s in range(1, change["step"] + 1)} == {per * world}
-    assert {trained[s] for s in range(change["step"] + 1, steps + 1)} == {per * (world - 1)}
+    assert change["step"] < end <= steps and {trained[s] for s in range(change["step"] + 1, end + 1)} == {
+        per * (world - 1)}
     notes = [n["message"] for n in _events(run, "notice")]
     assert (f"drained {rec['launch_host']} (SIGTERM to pid {rec['pid']}) at step {change['step']}: {world} -> "
             f"{world - 1} workers, no step redone") in notes, notes
@@ -83,10 +89,9 @@ def test_a_sigterm_where_the_worker_cannot_leave_in_place_relaunches_from_the_ag
     relaunched from it: still `preempted`, not a failure, nothing redone."""
     steps = 300
     run = tmp_path / "r"
-    proc, rec, out, err = _sigterm_after_a_window(run, ["--gpus", "2", "--slots", "2", "--steps", str(steps), *TINY,
-                                                        "--relaunch", "inplace", "--no-survive", "--max-restarts",
-                                                        "0"], 2, 0)
-    assert proc.returncode == 0, err
+    proc, rec, out, err, end = _sigterm_after_a_window(run, ["--gpus", "2", "--slots", "2", "--steps", str(steps),
+                                                             *TINY, "--relaunch", "inplace", "--no-survive",
+                                                             "--max-restarts", "0"], 2, 0)
     (notice,) = _events(run, "preempt_notice")
     assert notice["pid"] == int(rec["pid"])
     (change,) = _events(run, "membership_change")
@@ -98,9 +103,9 @@ def test_a_sigterm_where_the_worker_cannot_leave_in_place_relaunches_from_the_ag
     assert not _events(run, "restart")  # not a failure: --max-restarts 0 untouched
     assert json.loads((run / "summary.json").read_text()).get("restarts", []) in ([], 0)
     trained = _trained_once(run)
-    assert sorted(trained) == list(range(1, steps + 1))  # every step trained once: 0 redone
+    assert sorted(trained) == list(range(1, end + 1))  # every step trained once: 0 redone
     assert {trained[s] for s in range(1, change["step"] + 1)} == {8 * 2}
-    assert {trained[s] for s in range(change["step"] + 1, steps + 1)} == {8}
+    assert change["step"] < end <= steps and {trained[s] for s in range(change["step"] + 1, end + 1)} == {8}
     notes = [n["message"] for n in _events(run, "notice")]
     assert f"drained localhost (SIGTERM to pid {rec['pid']}) at step {change['step']}: 2 -> 1 workers, " \
            "no step redone" in notes, notes
@@ -115,7 +120,7 @@ def test_a_sigterm_to_the_last_worker_stops_with_the_agreed_checkpoint_and_resum
     steps = 500  # the controller acts on a notice 1.1-2.6 s after it at load 11-15: 200 steps once ended first
     run = tmp_path / "r"
     args = ["--gpus", "1", "--slots", "1", "--steps", str(steps), *TINY, "--relaunch", "inplace", "--no-survive"]
-    proc, rec, out, err = _sigterm_after_a_window(run, args, 1, 0)
+    proc, rec, out, err, _ = _sigterm_after_a_window(run, args, 1, 0, stop=False)
     assert proc.returncode == 130, err  # stopped, as an interrupted run: --resume goes on
     (req,) = _events(run, "resize_requested")
     assert (req["source"], req["from_workers"], req["to_workers"]) == ("preempted", 1, 0)

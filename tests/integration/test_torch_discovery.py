@@ -11,13 +11,14 @@ from elastic_ring import protocol
 from tests.conftest import one_line_error, run_cli, wait_for
 from tests.integration.test_discovery import TINY, _discovery, _events, _history, _start, _trace, list_hosts
 from tests.integration.test_notice import _shrunk_off_127
-from tests.integration.two_hosts import drain_127_then_shrunk, kill_127_then_grown_back, sigterm_127_then_shrunk
+from tests.integration.two_hosts import (drain_127_then_shrunk, kill_127_then_grown_back, sigterm_127_then_shrunk,
+                                         stop_once_grown)
 
 pytestmark = pytest.mark.integration
 
 
 def test_a_torch_job_grows_onto_a_discovered_host_and_shrinks_off_it(tmp_path):
-    steps = 800  # the shrink comes by step ~200; the rest trains at 1 worker
+    steps = 800  # the shrink comes by step ~200; stopped (Ctrl-C) once the shrunk ring did a step
     script, listed, _ = _discovery(tmp_path, "localhost:1\n")
     run = tmp_path / "run"
     proc = _start(["--steps", str(steps), *TINY, "--collective", "torch", "--host-discovery-script", str(script),
@@ -30,11 +31,10 @@ def test_a_torch_job_grows_onto_a_discovered_host_and_shrinks_off_it(tmp_path):
         assert "hosts: localhost:1,127.0.0.1:1 (2 slots)" in run_cli("status", str(run)).stdout.splitlines()
         list_hosts(listed, "localhost:1\n")  # and is dropped
         wait_for(lambda: len(_events(run, "launch")) >= 3, 120, "the shrink")
-        out, err = proc.communicate(timeout=240)
+        out, err, end = stop_once_grown(proc, run, world=1, launches=3)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err
     # horovodrun launched each segment on the hosts discovered, its workers a torch.distributed group
     launches = _events(run, "launch")
     assert [(e["world_size"], e["command"][e["command"].index("-H") + 1]) for e in launches] == [
@@ -46,11 +46,10 @@ def test_a_torch_job_grows_onto_a_discovered_host_and_shrinks_off_it(tmp_path):
         ("hosts", 1, 2, "checkpoint"), ("hosts", 2, 1, "checkpoint")]
     assert [e["start_step"] for e in launches[1:]] == [c["step"] + 1 for c in changes]
     trained = _trace(run)  # (asserts no step was trained twice by a rank)
-    assert sorted(trained) == list(range(1, steps + 1))  # every step once
+    assert sorted(trained) == list(range(1, end + 1))  # every step once
     grow, shrink = changes[0]["step"], changes[1]["step"]
-    assert 0 < grow < shrink < steps
-    assert {trained[s] for s in range(grow + 1, shrink + 1)} == {16} and trained[1] == trained[steps] == 8
-    assert _events(run, "finished")[-1]["step"] == steps
+    assert 0 < grow < shrink < end <= steps
+    assert {trained[s] for s in range(grow + 1, shrink + 1)} == {16} and trained[1] == trained[end] == 8
     assert "Traceback" not in err
 
 
@@ -66,20 +65,18 @@ def _two_host_run(tmp_path, name: str, steps: int):
 def test_a_torch_job_drained_off_a_host_redoes_nothing(tmp_path):
     steps = 400  # the shrink lands by step ~65 at load 29; the rest trains at 1 worker
     run, proc = _two_host_run(tmp_path, "drain", steps)
-    out, err = drain_127_then_shrunk(proc, run)
-    assert proc.returncode == 0, err
-    _shrunk_off_127(run, steps, "drained", "elastic-ring drain")  # 2 -> 1 at the agreed step, every step once
+    out, err, end = drain_127_then_shrunk(proc, run)
+    _shrunk_off_127(run, end, "drained", "elastic-ring drain")  # 2 -> 1 at the agreed step, every step once
     assert "Traceback" not in err
 
 
 def test_a_sigterm_to_one_torch_worker_is_a_preempted_shrink(tmp_path):
     steps = 400  # the shrink lands by step ~65 at load 29; the rest trains at 1 worker
     run, proc = _two_host_run(tmp_path, "preempt", steps)
-    victim, out, err = sigterm_127_then_shrunk(proc, run)
-    assert proc.returncode == 0, err
+    victim, out, err, end = sigterm_127_then_shrunk(proc, run)
     (notice,) = _events(run, "preempt_notice")
     assert (notice["rank"], notice["segment"], notice["pid"]) == (victim["rank"], 0, victim["pid"])
-    _shrunk_off_127(run, steps, "preempted", f"SIGTERM to rank {victim['rank']}")  # not a failure, nothing redone
+    _shrunk_off_127(run, end, "preempted", f"SIGTERM to rank {victim['rank']}")  # not a failure, nothing redone
 
 
 def test_a_torch_workers_failed_host_cools_down_and_is_grown_back_onto(tmp_path):

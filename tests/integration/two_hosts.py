@@ -111,35 +111,46 @@ def stop_when(proc: subprocess.Popen, run: Path, ready: Callable[[Path], object]
 
 def stop_once_grown(proc: subprocess.Popen, run: Path, world: int = 2, launches: int | None = None) -> tuple[str, str, int]:
     """:func:`stop_when` the segment of the run's launch number ``launches`` (by default its last
-    launch: a grow's, or a shrink's) has done a step at ``world`` workers."""
+    launch: a grow's, or a shrink's) has done a step at ``world`` workers (a ``first_step`` or a
+    throughput window) past every step a failure lost (each restart's ``failed_at_step`` + 1): the
+    steps a failed segment trained are all trained again by then, so that each step's last
+    training is the run's (under load a grow back came at step 2 of a restart from step 0 whose
+    failed segment had trained to step 20)."""
+    events = run / "events.jsonl"
+
     def ready(r: Path) -> bool:
-        ls = read_events(r / "events.jsonl", kind="launch")
+        ls = read_events(events, kind="launch")
         n = launches or len(ls)
-        return len(ls) >= n > 0 and any(e["segment"] >= ls[n - 1]["segment"] and e["world_size"] == world
-                                        for e in read_events(r / "events.jsonl", kind="first_step"))
+        if not len(ls) >= n > 0:
+            return False
+        lost = max((e["failed_at_step"] + 1 for e in read_events(events, kind="restart")), default=0)
+        return any(e["kind"] in ("first_step", "throughput") and e["segment"] >= ls[n - 1]["segment"]
+                   and e["world_size"] == world and e["step"] > lost for e in read_events(events))
     return stop_when(proc, run, ready, f"a step at {world} workers after launch {launches or 'the last'}")
 
 
-def sigterm_127_then_shrunk(proc: subprocess.Popen, run: Path) -> tuple[dict, str, str]:
+def sigterm_127_then_shrunk(proc: subprocess.Popen, run: Path) -> tuple[dict, str, str, int]:
     """A run of 2 workers over both hosts: after a window at 2, SIGTERM to the worker on 127.0.0.1
-    (how Kubernetes and spot reclaims preempt); then the second launch (the shrink off it) and the
-    run's end. Returns (the victim's record, stdout, stderr)."""
+    (how Kubernetes and spot reclaims preempt); then the second launch (the shrink off it) and,
+    once it has done a step, the run stopped there (:func:`stop_once_grown`). Returns (the victim's
+    record, stdout, stderr, the last step trained)."""
     try:
         window_at_2(run)
         victim = worker_on_127(run)
         os.kill(int(victim["pid"]), signal.SIGTERM)
         wait_for(lambda: _launches(run) >= 2, 120, "the shrink")
-        out, err = proc.communicate(timeout=240)
+        out, err, end = stop_once_grown(proc, run, world=1, launches=2)
     finally:
         if proc.poll() is None:
             proc.kill()
-    return victim, out, err
+    return victim, out, err, end
 
 
-def drain_127_then_shrunk(proc: subprocess.Popen, run: Path, then=None) -> tuple[str, str]:
+def drain_127_then_shrunk(proc: subprocess.Popen, run: Path, then=None) -> tuple[str, str, int]:
     """A run of 2 workers over both hosts: after a window at 2, ``elastic-ring drain RUN 127.0.0.1
     --deadline 60`` (answered at once); then the second launch (the shrink off it), ``then()``
-    (more checks of the running job, where given) and the run's end. Returns (stdout, stderr)."""
+    (more checks of the running job, where given) and, once the shrunk ring has done a step, the
+    run stopped there (:func:`stop_once_grown`). Returns (stdout, stderr, the last step trained)."""
     try:
         window_at_2(run)
         r = run_cli("drain", str(run), "127.0.0.1", "--deadline", "60")
@@ -147,7 +158,7 @@ def drain_127_then_shrunk(proc: subprocess.Popen, run: Path, then=None) -> tuple
         wait_for(lambda: _launches(run) >= 2, 120, "the shrink")
         if then is not None:
             then()
-        return proc.communicate(timeout=240)
+        return stop_once_grown(proc, run, world=1, launches=2)
     finally:
         if proc.poll() is None:
             proc.kill()
