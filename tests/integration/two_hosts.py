@@ -61,8 +61,9 @@ def kill_127_then_grown_back(proc: subprocess.Popen, run: Path, excluded_line: b
     """A run of 2 workers over both hosts: after a window at 2 (of step ``from_step`` or later),
     kill -9 of the worker on 127.0.0.1; with ``excluded_line``, status names the host left out
     (``hosts: localhost:1 (1 slot); excluded: 127.0.0.1 until ...``) during its cooldown; then the
-    grow back onto it (``grown_back(run)`` true: by default the third launch) and the run's end.
-    Returns (the victim's record, stdout, stderr)."""
+    grow back onto it (``grown_back(run)`` true: by default the third launch) and, once the grown
+    ring has done a step, the run stopped there (:func:`stop_once_grown`). Returns (the victim's
+    record, stdout, stderr, the last step trained)."""
     if grown_back is None:
         grown_back = lambda r: _launches(r) >= 3  # noqa: E731
     try:
@@ -109,16 +110,16 @@ def stop_when(proc: subprocess.Popen, run: Path, ready: Callable[[Path], object]
     return out, err, end["step"]
 
 
-def stop_once_grown(proc: subprocess.Popen, run: Path, world: int = 2, launches: int | None = None) -> tuple[str, str, int]:
+def stop_once_grown(proc: subprocess.Popen, run: Path, world: int = 2,
+                    launches: int | None = None) -> tuple[str, str, int]:
     """:func:`stop_when` the segment of the run's launch number ``launches`` (by default its last
     launch: a grow's, or a shrink's) has done a step at ``world`` workers (a ``first_step`` or a
     throughput window) past every step a failure lost (each restart's ``failed_at_step`` + 1): the
     steps a failed segment trained are all trained again by then, so that each step's last
     training is the run's (under load a grow back came at step 2 of a restart from step 0 whose
     failed segment had trained to step 20)."""
-    events = run / "events.jsonl"
-
     def ready(r: Path) -> bool:
+        events = r / "events.jsonl"
         ls = read_events(events, kind="launch")
         n = launches or len(ls)
         if not len(ls) >= n > 0:
