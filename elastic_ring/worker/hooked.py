@@ -160,9 +160,9 @@ class HookedSteps:
         loop ends is not known). Not at the end of another epoch (about 0.2 ms, once an epoch:
         a checkpoint there is a stop's or the periodic one, both taken above). Not at a step that
         only started a vote: it is read at the next step's post-hook, and a stop it brings is then
-        pending there, whose RNG is taken then. Else it is not taken (tens of microseconds: numpy's and Python's states are copied element by
-        element); a periodic checkpoint that falls due before the next step without it waits for
-        the next step (:meth:`between`)."""
+        pending there, whose RNG is taken then. Else it is not taken (tens of microseconds: numpy's
+        and Python's states are copied element by element); a periodic checkpoint that falls due
+        before the next step without it waits for the next step (:meth:`between`)."""
         job, boundary = self.job, self.boundary
         if boundary.copy is not None:
             return True

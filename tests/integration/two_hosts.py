@@ -87,8 +87,8 @@ def stop_when(proc: subprocess.Popen, run: Path, ready: Callable[[Path], object]
     """Ctrl-C (SIGINT to the controller) once ``ready(run)`` holds, and the run's end: the workers
     stop at an agreed step, checkpoint it, and the run ends stopped (exit 130). A test whose events
     are in by then needs no more steps: a run's ``--steps`` only bounds it, with a margin for a
-    loaded machine, and the steps after the last event trained on for nothing a test reads (20-24 s
-    of both cores in the two-host runs of 600-800 steps). A run that finished first (exit 0) is
+    loaded machine, and the steps after the last event trained on for nothing a test reads (14-24 s
+    of both cores in the two-host runs of 400-800 steps). A run that finished first (exit 0) is
     taken as it is. Returns stdout, stderr and the last step trained: the step of the stop (its
     last ``segment_end``, which its checkpoint holds) or of the ``finished`` event."""
     try:

@@ -558,3 +558,16 @@ def test_epoch_loop_throughput_counts_the_global_batch_per_step():
         assert abs(samples(sampler, 5) * w - 128) < w  # each step's share: G / w, rounded
     plain = SimpleNamespace(_layout=lambda: None, batch_size=None, _loader_batch=32)
     assert samples(plain, 1) == 32  # other rules: the loader's batch
+
+    # no training sampler of elastic-ring's (the script's own loader): the post-hook counts none
+    from elastic_ring.worker.hooked import HookedSteps
+    from elastic_ring.worker.segment import Segment
+
+    counted = []
+    boundary = SimpleNamespace(handle=None, copy=None, after_step=lambda step, n: counted.append((step, n)))
+    job = SimpleNamespace(rank=1, elastic=True, seg=Segment(0, 100, 100), boundary=boundary,
+                          state=SimpleNamespace(optimizer=None), progress=SimpleNamespace(evaluation_due=lambda s: False),
+                          checkpoints=SimpleNamespace(due=lambda step, stop_at: False, writes=lambda r: r == 0),
+                          _epoch_data=SimpleNamespace(training_sampler=lambda: None))
+    HookedSteps(job).after_step()
+    assert counted == [(1, 0)]
