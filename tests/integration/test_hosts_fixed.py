@@ -61,7 +61,7 @@ def test_a_failed_fixed_host_is_left_out_for_its_cooldown_then_grown_back_onto(t
 
 
 def test_drain_of_a_fixed_host_shrinks_off_it_with_nothing_redone(tmp_path):
-    steps = 500  # the shrink lands by step ~80 at load 15; the rest trains at 1 worker
+    steps = 500  # the shrink lands by step ~80 at load 15; stopped (Ctrl-C) once the shrunk ring did a step
     run = tmp_path / "drain"
     proc = _start(["--gpus", "2", "--steps", str(steps), *TINY, "--hosts", BOTH, "--run-dir", str(run)])
 
@@ -115,7 +115,7 @@ def test_in_place_over_fixed_hosts_a_drain_leaves_the_survivor_in_its_process(tm
 
 
 def test_a_sigterm_to_a_worker_on_a_fixed_host_is_a_preempted_shrink(tmp_path):
-    steps = 500  # the shrink lands by step ~60 at load 15; the rest trains at 1 worker
+    steps = 500  # the shrink lands by step ~60 at load 15; stopped (Ctrl-C) once the shrunk ring did a step
     run = tmp_path / "preempt"
     proc = _start(["--gpus", "2", "--steps", str(steps), *TINY, "--hosts", BOTH, "--run-dir", str(run)])
     victim, out, err, end = sigterm_127_then_shrunk(proc, run)  # how Kubernetes and spot reclaims preempt

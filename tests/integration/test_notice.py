@@ -91,7 +91,8 @@ def _shrunk_off_127(run: Path, last: int, cause: str, why: str) -> None:
 
 
 def test_drain_shrinks_off_the_host_with_nothing_redone_and_its_one_line_errors(tmp_path, capsys):
-    steps = 600  # the shrink lands by step ~135 at load 15 (three drain commands first); the rest at 1 worker
+    steps = 600  # the shrink lands by step ~135 at load 15 (three drain commands first); stopped (Ctrl-C)
+    # once the shrunk ring did a step
     run, proc = _two_host_run(tmp_path, "drain", steps)
     try:
         r = run_cli("drain", str(run), "10.9.9.9")  # not one of its hosts
@@ -120,7 +121,7 @@ def test_drain_shrinks_off_the_host_with_nothing_redone_and_its_one_line_errors(
 
 
 def test_a_sigterm_to_one_worker_is_a_preempted_shrink(tmp_path):
-    steps = 500  # the shrink lands by step ~55 at load 15; the rest trains at 1 worker
+    steps = 500  # the shrink lands by step ~55 at load 15; stopped (Ctrl-C) once the shrunk ring did a step
     run, proc = _two_host_run(tmp_path, "preempt", steps)
     victim, out, err, end = sigterm_127_then_shrunk(proc, run)  # how Kubernetes and spot reclaims preempt
     (notice,) = _events(run, "preempt_notice")

@@ -63,7 +63,7 @@ def _two_host_run(tmp_path, name: str, steps: int):
 
 
 def test_a_torch_job_drained_off_a_host_redoes_nothing(tmp_path):
-    steps = 400  # the shrink lands by step ~65 at load 29; the rest trains at 1 worker
+    steps = 400  # the shrink lands by step ~65 at load 29; stopped (Ctrl-C) once the shrunk ring did a step
     run, proc = _two_host_run(tmp_path, "drain", steps)
     out, err, end = drain_127_then_shrunk(proc, run)
     _shrunk_off_127(run, end, "drained", "elastic-ring drain")  # 2 -> 1 at the agreed step, every step once
@@ -71,7 +71,7 @@ def test_a_torch_job_drained_off_a_host_redoes_nothing(tmp_path):
 
 
 def test_a_sigterm_to_one_torch_worker_is_a_preempted_shrink(tmp_path):
-    steps = 400  # the shrink lands by step ~65 at load 29; the rest trains at 1 worker
+    steps = 400  # the shrink lands by step ~65 at load 29; stopped (Ctrl-C) once the shrunk ring did a step
     run, proc = _two_host_run(tmp_path, "preempt", steps)
     victim, out, err, end = sigterm_127_then_shrunk(proc, run)
     (notice,) = _events(run, "preempt_notice")
