@@ -168,7 +168,7 @@ def test_rank_0_killed_then_a_warm_joiner_then_its_stall_as_scheduled_resizes(tm
 HE_STEPS = 6  # rank 0 is killed in the last step: no joiner comes (no step left for it)
 
 HVD_ELASTIC = """
-import os, signal, sys, torch, horovod.torch as hvd
+import os, signal, sys, time, torch, horovod.torch as hvd
 import torch.nn.functional as F
 how, out = sys.argv[1], sys.argv[2]
 hvd.init()
@@ -194,6 +194,11 @@ def train(state):
             with open(os.path.join(out, f"rank{hvd.rank()}.txt"), "a") as f:
                 f.write(f"{state.n} {os.getpid()} {hvd.size()}\\n")
             if state.n == %d and hvd.rank() == %d and hvd.size() == 2 and how == "fail":
+                # once the peer began this step too (past the commit of the step before: else it
+                # rolls back from inside that commit, the same state, but its rows would differ)
+                peer, t0 = os.path.join(out, f"rank{1 - hvd.rank()}.txt"), time.time()
+                while time.time() - t0 < 30 and str(state.n) not in open(peer).read().split()[0::3]:
+                    time.sleep(0.01)
                 os.kill(os.getpid(), signal.SIGKILL)
             loss = F.cross_entropy(model(xb), yb)
             opt.zero_grad()
