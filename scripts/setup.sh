@@ -243,6 +243,10 @@ fi
 # set, every process (each worker, controller and CLI call) would compile it again (~0.15 s of CPU
 # each). Compiled once here; a changed source file is still recompiled in memory.
 "$PY" -m compileall -q -j 0 elastic_ring launch >/dev/null 2>&1 || log "could not compile the package's bytecode (it still runs)"
+# The same for the scheduler's and the simulator's numba kernels (cache=True keeps them beside their
+# modules): compiled once here (~20 s of CPU on 2 cores; about a second when they are already kept)
+# rather than by the first `simulate`, `cluster up` decision or test that calls them.
+WARM="$("$PY" -m elastic_ring.sim.warm 2>&1)" && log "$WARM" || log "could not compile the numba kernels ahead (they compile on first use): ${WARM##*$'\n'}"
 
 # ---------------------------------------------------------------- 6. browser (tests only)
 # The web page's test drives a real headless Chromium (Debian's chromium + chromium-driver).

@@ -247,3 +247,20 @@ def test_no_policy_beats_the_bounds(models, strategy):
     r = simulate(cfg, make_policy(strategy), jobs, models)
     assert r.avg_jct_s >= srpt_bound(jobs, 16, models).mean() * (1 - 1e-9)
     assert all(a >= b * (1 - 1e-9) for a, b in zip(r.jct_s, alone_bound(jobs, 16, models)))
+
+
+def test_the_warm_up_compiles_under_every_policy_the_registry_names(capsys):
+    """``python -m elastic_ring.sim.warm`` (set-up runs it) simulates under every name
+    ``make_policy`` takes, so that no policy's kernels are left to compile at first use; it takes
+    no arguments (one line, exit 2)."""
+    from elastic_ring.sched.anchors import ANCHORS
+    from elastic_ring.sched.policies import POLICIES
+    from elastic_ring.sim import warm
+
+    names = warm.policy_names()
+    assert set(POLICIES) | set(ANCHORS) <= set(names)
+    assert {"precompute-rc", "srtf-rc", "pollux-rc"} <= set(names) and "eight-rc" not in names
+    for name in names:
+        make_policy(name)  # each one a name the registry takes
+    assert warm.main(["--now"]) == 2
+    assert capsys.readouterr().err.strip() == "elastic_ring.sim.warm takes no arguments, got '--now'"
