@@ -143,7 +143,7 @@ def _echo(msg: str) -> None:
 @click.option("--placement", type=click.Choice(["PACK", "SPREAD"]), default="PACK", show_default=True,
               help="Ray placement group strategy of the workers: PACK (fewest nodes) or SPREAD.")
 @click.option("--warm-spares", type=int, default=None, metavar="N",
-              help="Spare Ray actors kept warm (torch and Horovod imported) for the next grow. "
+              help="Spare Ray actors kept warm (torch and the collective imported) for the next grow. "
                    "[default: enough to grow to --slots]")
 @click.option("--survive/--no-survive", default=None,
               help="--backend ray or --relaunch inplace: a failed worker (or one the stall watchdog ends) is a "

@@ -142,13 +142,16 @@ def preparing(rd: Path, resume: bool, stream: Any = None) -> Iterator[None]:
 def _prepare(req: RunRequest, echo: Callable[[str], None], rd: Path | None) -> PreparedRun:
     from elastic_ring.telemetry.gpu import exclusive_fallback
 
+    collective = req.collective or _resumed_collective(req) or "horovod"
     if req.backend == "ray":  # before anything slow: not minutes of Ray's retries at the start
         from elastic_ring import extras
         from elastic_ring.controller.backends.ray import check_answers
+        from elastic_ring.controller.hvdrun import HOROVOD_HELP, horovod_installed
 
         extras.require("--backend ray", "ray")
+        if collective == "horovod" and not horovod_installed():  # the controller forms Horovod's rings
+            raise UserError(f"--collective horovod: Horovod is not installed: {HOROVOD_HELP}")
         check_answers(req.ray_address or ray_address())
-    collective = req.collective or _resumed_collective(req) or "horovod"
     device, ngpu, rep = resolve_device(req.device, echo, collective)
     if collective == "horovod" and req.backend != "ray":  # a Horovod that cannot serve: one line, not a restart loop
         from elastic_ring.controller.hvdrun import check_horovod_patches, check_horovod_serves

@@ -1,5 +1,7 @@
 """check_horovod_serves: a Horovod that cannot run the workers is one line before anything starts
-(issue 47: `pip install .` built Horovod without PyTorch or Gloo, and train restarted three times)."""
+(issue 47: `pip install .` built Horovod without PyTorch or Gloo, and train restarted three times).
+On Ray: --collective horovod without Horovod is the same line; a torch-collective actor imports no
+Horovod; an actor whose imports fail on its node is one line."""
 
 from __future__ import annotations
 
@@ -83,3 +85,82 @@ def test_without_horovod_the_collective_is_torch_and_said(monkeypatch, tmp_path)
     said.clear()
     runs.prepare(RunRequest(run_dir=str(tmp_path / "r2"), steps=4), said.append)
     assert seen["collective"] is None and said == []
+
+
+def test_ray_with_the_horovod_collective_without_horovod_is_one_line_before_ray_is_asked(monkeypatch, tmp_path):
+    """``--backend ray --collective horovod`` where Horovod is not installed: the controller forms
+    Horovod's rings, so it is the same one-line error as on horovodrun, before Ray is contacted and
+    before the run folder is kept; ``--collective torch`` on Ray needs no Horovod."""
+    pytest.importorskip("ray")
+    from elastic_ring.controller import runs
+    from elastic_ring.controller.backends import ray as ray_backend
+    from elastic_ring.controller.requests import RunRequest
+
+    monkeypatch.setattr(hvdrun, "horovod_installed", lambda: False)
+    asked = []
+    monkeypatch.setattr(ray_backend, "check_answers", lambda address: asked.append(address))
+    with pytest.raises(UserError, match="^--collective horovod: Horovod is not installed: install it with") as e:
+        runs._prepare(RunRequest(run_dir=str(tmp_path / "r"), steps=4, backend="ray", collective="horovod",
+                                 ray_address="127.0.0.1:1"), print, None)
+    assert "\n" not in str(e.value) and asked == []
+
+    class Asked(Exception):
+        pass
+
+    def answers(address):
+        raise Asked(address)
+
+    monkeypatch.setattr(ray_backend, "check_answers", answers)
+    with pytest.raises(Asked):  # past the check: the next thing is Ray's
+        runs._prepare(RunRequest(run_dir=str(tmp_path / "r"), steps=4, backend="ray", collective="torch",
+                                 ray_address="127.0.0.1:1"), print, None)
+
+
+def test_a_ray_actor_of_the_torch_collective_imports_no_horovod(monkeypatch):
+    """A Ray worker actor imports its collective's modules at its creation: ``horovod.torch`` for
+    Horovod (where Horovod is not importable, the creation fails with the ImportError), and only
+    torch and ``torch.distributed`` for ``--collective torch``, which then runs without Horovod."""
+    import sys
+
+    from elastic_ring.controller.backends.ray_worker import COLLECTIVE_MODULES, WorkerActor
+
+    assert COLLECTIVE_MODULES["torch"] == ("torch", "torch.distributed")
+    for name in [m for m in sys.modules if m == "horovod" or m.startswith("horovod.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "horovod", None)  # not importable here
+    with pytest.raises(ImportError):
+        WorkerActor(collective="horovod")
+    actor = WorkerActor(collective="torch")
+    assert actor.import_s >= 0 and "torch.distributed" in sys.modules
+
+
+def test_a_ray_actor_whose_creation_raised_is_one_line(monkeypatch):
+    """An actor whose creation raised on its node (its collective does not import there) stops the
+    start with one line naming the error, not Ray's traceback; another actor error (a node lost
+    while the actors start) is left to the failure handling as before."""
+    ray = pytest.importorskip("ray")
+    from elastic_ring.controller.backends import ray as ray_backend
+
+    class Actor:
+        class info:
+            @staticmethod
+            def remote():
+                return "ref"
+
+    def failing(init_failed: bool):
+        def get(refs, timeout=None):
+            raise ray.exceptions.RayActorError(None, "The actor died because of an error raised in its creation task"
+                                               "\nTraceback (most recent call last):\n  File \"x.py\"\n"
+                                               "ImportError: no module named horovod\n", init_failed)
+        return get
+
+    monkeypatch.setattr(ray, "get", failing(True))
+    with pytest.raises(UserError) as e:
+        ray_backend._infos([Actor()])
+    assert str(e.value) == ("a Ray worker actor could not start: ImportError: no module named horovod (the package, "
+                            "torch and the collective must import on every Ray node)")
+    monkeypatch.setattr(ray, "get", failing(False))
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray_backend._infos([Actor()])
+    monkeypatch.setattr(ray, "get", lambda refs, timeout=None: [{"pid": 1} for _ in refs])
+    assert ray_backend._infos([Actor(), Actor()]) == [{"pid": 1}, {"pid": 1}]

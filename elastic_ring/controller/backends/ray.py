@@ -15,7 +15,7 @@
   process (imports, data, model) and re-form the ring; a worker whose slot goes leaves the ring
   (``Retired``) and its actor is ended, and its placement group removed: its resources are free
   for others (another job of `elastic-ring cluster`) at once; a joiner comes from a pool of spare
-  actors that already imported torch and Horovod (``warm_spares``), else is a new actor in a new
+  actors that already imported torch and the collective (``warm_spares``), else is a new actor in a new
   placement group of its own; it runs the worker entry and syncs from rank 0.
 - **Formed ahead.** For a scheduled resize the next ring (spares taken, rendezvous served, every
   member's environment) is formed while the segment trains and its action written ahead
@@ -192,7 +192,7 @@ class RayBackend(Backend):
         self._pgs, self._next_bundle = dict(enumerate(pgs)), len(pgs)
         actors = [self.pool.new_actor(scheduling_strategy=PlacementGroupSchedulingStrategy(
             pg, placement_group_bundle_index=0)) for pg in pgs]
-        infos = ray.get([a.info.remote() for a in actors], timeout=READY_TIMEOUT_S)
+        infos = _infos(actors)
         members = [Member(self.pool.name(), a, inf, bundle=i) for i, (a, inf) in enumerate(zip(actors, infos))]
         envs = self.rings.form(members)
         members = _by_rank(members)
@@ -562,6 +562,22 @@ class RayBackend(Backend):
             self._free_bundle(b)
 
 
+def _infos(actors: list) -> list[dict]:
+    """Each new actor's :meth:`~.ray_worker.WorkerActor.info`; an actor whose creation raised (its
+    collective or the package does not import on its node) is one line naming the error
+    (:class:`UserError`), not Ray's traceback of it."""
+    import ray
+
+    try:
+        return ray.get([a.info.remote() for a in actors], timeout=READY_TIMEOUT_S)
+    except ray.exceptions.RayActorError as e:
+        if not getattr(e, "actor_init_failed", False):
+            raise
+        last = next((ln.strip() for ln in reversed(str(e).splitlines()) if ln.strip()), type(e).__name__)
+        raise UserError(f"a Ray worker actor could not start: {last} (the package, torch and the collective "
+                        f"must import on every Ray node)") from None
+
+
 def make_ray_backend(spec, address: str | None = None, strategy: str = "PACK", warm_spares: int | None = None,
                      cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0, survive: bool = False,
                      collective: str = "horovod", survive_env: str = "1") -> RayBackend:
@@ -578,7 +594,8 @@ def make_ray_backend(spec, address: str | None = None, strategy: str = "PACK", w
 
         rings = TorchRingFormer(_controller_ip)
         env.update(RANK="1", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")  # a spare's placeholder
-    pool = ActorPool(spec, cpus_per_worker, gpus_per_worker, warm_spares, strategy, env=env or None)
+    pool = ActorPool(spec, cpus_per_worker, gpus_per_worker, warm_spares, strategy, env=env or None,
+                     collective=collective)
     return RayBackend(spec, cluster, pool, rings=rings, survive=survive, follow=ray_follow())
 
 

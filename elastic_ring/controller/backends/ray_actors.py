@@ -1,7 +1,7 @@
 """The Ray backend's actors (:class:`ActorPool`): it starts and ends worker actors, runs the worker
-entry in them, and keeps a pool of warm spares: actors that already imported torch and Horovod and
-ran the worker entry up to its wait for a go, so that joining a ring is an ``hvd.init()`` and a
-sync from rank 0.
+entry in them, and keeps a pool of warm spares: actors that already imported torch and their
+collective (Horovod, or torch.distributed) and ran the worker entry up to its wait for a go, so that
+joining a ring is its collective's init and a sync from rank 0.
 """
 
 from __future__ import annotations
@@ -38,11 +38,13 @@ def base_env(spec, cpus: float) -> dict[str, str]:
 class ActorPool:
     """Worker actors of ``cpus``/``gpus`` each, named ``w1``, ``w2``, ...; ``warm_spares`` of them
     kept warm (None: enough for any grow up to the run's slots); ``env``: more environment for
-    every worker (the run's worker-library switches)."""
+    every worker (the run's worker-library switches); ``collective``: the workers' (``horovod`` or
+    ``torch``), whose modules each actor imports at its creation."""
 
     def __init__(self, spec, cpus: float = 1.0, gpus: float = 0.0, warm_spares: int | None = None,
-                 strategy: str = "PACK", env: dict[str, str] | None = None) -> None:
+                 strategy: str = "PACK", env: dict[str, str] | None = None, collective: str = "horovod") -> None:
         self.spec, self.cpus, self.gpus, self.warm_spares = spec, cpus, gpus, warm_spares
+        self.collective = collective  # what the actors import at their creation (WorkerActor)
         self.env = dict(env or {})
         self.spread = strategy == "SPREAD"
         self.spares: list[Spare] = []  # warm actors running the worker up to its wait for a go
@@ -61,7 +63,7 @@ class ActorPool:
         res.update(opts)
         target = self.spec.script or BUILTIN_TARGET
         preload = () if target.endswith(".py") or os.sep in target else (target,)
-        return self._cls.options(**res).remote(preload)
+        return self._cls.options(**res).remote(preload, self.collective)
 
     def end(self, actor) -> None:
         import ray

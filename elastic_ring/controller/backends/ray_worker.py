@@ -25,17 +25,21 @@ def iface_of(ip: str) -> str:
     return "lo" if ip.startswith("127.") else "eth0"
 
 
-class WorkerActor:
-    """One warm worker process: torch and Horovod imported at creation; ``run`` runs the worker
-    entry in this process (output appended to ``log_path``)."""
+# the modules a worker of each collective imports first (a warm actor has them before its run)
+COLLECTIVE_MODULES = {"horovod": ("torch", "horovod.torch"), "torch": ("torch", "torch.distributed")}
 
-    def __init__(self, preload: tuple[str, ...] = ()) -> None:
+
+class WorkerActor:
+    """One warm worker process: torch and its collective's module (``horovod.torch``, or
+    ``torch.distributed`` for ``--collective torch``, which needs no Horovod installed) imported at
+    creation; ``run`` runs the worker entry in this process (output appended to ``log_path``)."""
+
+    def __init__(self, preload: tuple[str, ...] = (), collective: str = "horovod") -> None:
         t0 = time.time()
         import importlib
 
-        import horovod.torch  # noqa: F401
-        import torch  # noqa: F401
-
+        for mod in COLLECTIVE_MODULES[collective]:  # (an ImportError: the actor's creation fails with it)
+            importlib.import_module(mod)
         for mod in ("elastic_ring.worker.api", "elastic_ring.worker.run", "elastic_ring.events.api", *preload):
             try:  # a module target's own imports, so that a joiner only runs its code
                 importlib.import_module(mod)
