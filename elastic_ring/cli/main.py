@@ -19,7 +19,7 @@ from elastic_ring.errors import ElasticRingError, EXIT_USER_ERROR, Interrupted
 
 # name -> (module, attribute, one-line help shown in `elastic-ring --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "train": ("elastic_ring.cli.train", "train", "Train with Horovod; resize by checkpoint and relaunch."),
+    "train": ("elastic_ring.cli.train", "train", "Train on Horovod or torch.distributed workers; resize them live."),
     "resize": ("elastic_ring.cli.train", "resize", "Ask a running `train` to resize now."),
     "drain": ("elastic_ring.cli.train", "drain", "Ask a running `train` to leave a host (with notice)."),
     "status": ("elastic_ring.cli.train", "status", "Show the summary table of a running or finished run."),
@@ -73,9 +73,11 @@ class LazyGroup(click.Group):
 def cli() -> None:
     """Elastic ring-allreduce training.
 
-    A controller launches Horovod workers with horovodrun; when the number of GPUs a job should use
-    changes, the workers checkpoint at an agreed step, stop, and are relaunched at the new count with
-    the learning rate rescaled (Eq. 7), and the cost of the resize is measured.
+    A controller launches Horovod or torch.distributed workers (on this host, over hosts, or as Ray
+    actors); when the number of workers a job should use changes (a schedule, a command, the
+    scheduler, hosts that come and go, a failure), the workers agree on a step, keep their state in
+    their processes or checkpoint it, and go on at the new count with the learning rate rescaled
+    (Eq. 7, or a constant global batch), and the cost of the resize is measured.
 
     Run `elastic-ring COMMAND --help` for each command's options.
     """

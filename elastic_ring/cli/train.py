@@ -198,7 +198,7 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
           network_interface, host_probe, relaunch, backend, collective, ray_address, placement, warm_spares, survive,
           checkpoint_every, checkpoint_every_s, keep, max_restarts, stall_timeout, stop_grace, grace, run_dir,
           resume_dir, script_args):
-    """Train with Horovod (a CIFAR ResNet, or your --script); resize by checkpoint and relaunch.
+    """Train on Horovod or torch.distributed workers (a CIFAR ResNet, or your --script); resize them live.
 
     \b
     On an 8-GPU node, the paper's experiment (ResNet-110, CIFAR-10, 4 -> 8 GPUs at step 5000):
@@ -208,8 +208,9 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
     Your own script (see examples/), with its own arguments after --:
         elastic-ring train --script examples/mlp_digits.py --steps 600 --gpus 1 --resize-at 200 --to 2 -- --hidden 64
 
-    At each resize the workers agree on the step, write a checkpoint and exit; the controller
-    relaunches them at the new count and they rescale the learning rate by Eq. 7
+    At each resize the workers agree on the step, write a checkpoint and exit, and the controller
+    relaunches them at the new count (--relaunch inplace and --backend ray: the workers that stay keep
+    their processes and re-form the ring); they rescale the learning rate by Eq. 7
     (lr_new = w_new / w_last * lr_last); with --lr-scaling constant-batch the global batch and the LR
     stay the same at every count instead (the workers accumulate micro-batches). While it runs, `elastic-ring resize RUN_DIR --to N` resizes
     live from another shell and `elastic-ring status RUN_DIR` shows progress. Everything lands in
@@ -230,7 +231,8 @@ def train(workers, script, resize_at, resize_to, schedule, config_path, override
     wall is the time the run ran; a run stopped and resumed also shows the elapsed time.
 
     A worker that dies is restarted from the last checkpoint (--max-restarts), and so is a job that
-    makes no step for --stall-timeout (a hung worker); checkpoints are also
+    makes no step for --stall-timeout (a hung worker); under --survive (inplace and Ray: on by default
+    where the state copy is cheap) the others go on from the step they hold in memory instead. Checkpoints are also
     taken periodically in the background (--checkpoint-every, --checkpoint-every-s). One controller
     owns a run folder at a time; its workers exit by themselves within seconds if it is killed.
     """
