@@ -139,7 +139,7 @@ def test_a_ray_actor_whose_creation_raised_is_one_line(monkeypatch):
     start with one line naming the error, not Ray's traceback; another actor error (a node lost
     while the actors start) is left to the failure handling as before."""
     ray = pytest.importorskip("ray")
-    from elastic_ring.controller.backends import ray as ray_backend
+    from elastic_ring.controller.backends.ray_actors import actor_infos
 
     class Actor:
         class info:
@@ -156,11 +156,11 @@ def test_a_ray_actor_whose_creation_raised_is_one_line(monkeypatch):
 
     monkeypatch.setattr(ray, "get", failing(True))
     with pytest.raises(UserError) as e:
-        ray_backend._infos([Actor()])
+        actor_infos([Actor()])
     assert str(e.value) == ("a Ray worker actor could not start: ImportError: no module named horovod (the package, "
                             "torch and the collective must import on every Ray node)")
     monkeypatch.setattr(ray, "get", failing(False))
     with pytest.raises(ray.exceptions.RayActorError):
-        ray_backend._infos([Actor()])
+        actor_infos([Actor()])
     monkeypatch.setattr(ray, "get", lambda refs, timeout=None: [{"pid": 1} for _ in refs])
-    assert ray_backend._infos([Actor(), Actor()]) == [{"pid": 1}, {"pid": 1}]
+    assert actor_infos([Actor(), Actor()]) == [{"pid": 1}, {"pid": 1}]

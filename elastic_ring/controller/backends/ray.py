@@ -67,7 +67,7 @@ from elastic_ring import protocol, seam
 from elastic_ring.controller.backends import survival
 from elastic_ring.controller.backends.api import (Backend, SegmentLaunch, Started, Survival, describe, note,
                                                   serve_source)
-from elastic_ring.controller.backends.ray_actors import ActorPool, worker_argv
+from elastic_ring.controller.backends.ray_actors import ActorPool, actor_infos, worker_argv
 from elastic_ring.controller.backends.ray_cluster import RayCluster, remove_pg
 from elastic_ring.controller.backends.ray_group import RayGroup
 from elastic_ring.controller.backends.ray_members import Ahead, Member
@@ -192,7 +192,7 @@ class RayBackend(Backend):
         self._pgs, self._next_bundle = dict(enumerate(pgs)), len(pgs)
         actors = [self.pool.new_actor(scheduling_strategy=PlacementGroupSchedulingStrategy(
             pg, placement_group_bundle_index=0)) for pg in pgs]
-        infos = _infos(actors)
+        infos = actor_infos(actors)
         members = [Member(self.pool.name(), a, inf, bundle=i) for i, (a, inf) in enumerate(zip(actors, infos))]
         envs = self.rings.form(members)
         members = _by_rank(members)
@@ -560,22 +560,6 @@ class RayBackend(Backend):
         self.rings.stop_all()
         for b in list(self._pgs):
             self._free_bundle(b)
-
-
-def _infos(actors: list) -> list[dict]:
-    """Each new actor's :meth:`~.ray_worker.WorkerActor.info`; an actor whose creation raised (its
-    collective or the package does not import on its node) is one line naming the error
-    (:class:`UserError`), not Ray's traceback of it."""
-    import ray
-
-    try:
-        return ray.get([a.info.remote() for a in actors], timeout=READY_TIMEOUT_S)
-    except ray.exceptions.RayActorError as e:
-        if not getattr(e, "actor_init_failed", False):
-            raise
-        last = next((ln.strip() for ln in reversed(str(e).splitlines()) if ln.strip()), type(e).__name__)
-        raise UserError(f"a Ray worker actor could not start: {last} (the package, torch and the collective "
-                        f"must import on every Ray node)") from None
 
 
 def make_ray_backend(spec, address: str | None = None, strategy: str = "PACK", warm_spares: int | None = None,

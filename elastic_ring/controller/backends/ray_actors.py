@@ -14,6 +14,7 @@ from elastic_ring import protocol
 from elastic_ring.controller.backends.api import BUILTIN_TARGET, SegmentLaunch, start_args, threads_env
 from elastic_ring.controller.backends.ray_members import Member, Spare
 from elastic_ring.controller.backends.ray_worker import READY_TIMEOUT_S, WorkerActor
+from elastic_ring.errors import UserError
 
 
 def worker_argv(spec, launch: SegmentLaunch, spare_go: Path | None = None) -> list[str]:
@@ -23,6 +24,23 @@ def worker_argv(spec, launch: SegmentLaunch, spare_go: Path | None = None) -> li
     segment = launch.segment if spare_go is None else -1
     return ["--run-dir", str(spec.run_dir), *start_args(segment, launch.stop_at, launch.owner, spare_go),
             "--ring-by-controller", "--", spec.script or BUILTIN_TARGET, *spec.script_args]
+
+
+def actor_infos(actors: list) -> list[dict]:
+    """Each new actor's :meth:`~.ray_worker.WorkerActor.info`; an actor whose creation raised (its
+    collective or the package does not import on its node) is one line naming the error
+    (:class:`~elastic_ring.errors.UserError`), not Ray's traceback of it; another actor error (a
+    node lost meanwhile) is raised as it is."""
+    import ray
+
+    try:
+        return ray.get([a.info.remote() for a in actors], timeout=READY_TIMEOUT_S)
+    except ray.exceptions.RayActorError as e:
+        if not getattr(e, "actor_init_failed", False):
+            raise
+        last = next((ln.strip() for ln in reversed(str(e).splitlines()) if ln.strip()), type(e).__name__)
+        raise UserError(f"a Ray worker actor could not start: {last} (the package, torch and the collective "
+                        f"must import on every Ray node)") from None
 
 
 def base_env(spec, cpus: float) -> dict[str, str]:
@@ -156,7 +174,7 @@ class ActorPool:
         while len(got) < k:  # no spare left: a cold actor
             strategy, bundle = cold() if cold is not None else ("DEFAULT", None)
             a = self.new_actor(scheduling_strategy=strategy)
-            got.append(Member(self.name(), a, ray.get(a.info.remote(), timeout=READY_TIMEOUT_S), bundle=bundle))
+            got.append(Member(self.name(), a, actor_infos([a])[0], bundle=bundle))
         return got
 
     def take_ready(self, k: int) -> list[Spare] | None:
