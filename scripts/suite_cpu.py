@@ -12,7 +12,11 @@ system), its first command line, when it was first and last seen, the test it wa
 under pytest's ``popen-gwN`` in its working directory or among its open files). The folder is what
 tells a forked worker's test: a fork server shared by the session (the zygote) and Ray's nodes hand
 their own environment, that of the test that started them, to every process they start.
-Processes that live less than 0.1 s are missed. ``summary`` adds them up by kind (workers, the
+Processes that live less than 0.1 s are missed. A process is its pid with its start time (a pid
+used again later in a long run is another process; before 2026-12-08 it was the pid alone, so a
+reused pid's record took the later process's CPU in place of the earlier one's, under the earlier
+one's command, test and folder: the entries of ``results/ci/suite_cpu.json`` up to [7] were sampled
+so, and undercount). ``summary`` adds them up by kind (workers, the
 zygotes with their forked children, Ray's workers, controllers, the rest), with the per-test wall
 and CPU that ``ELASTIC_RING_TEST_CPU`` (tests/conftest.py) recorded; ``--top N`` also prints the N
 test folders whose processes took the most CPU, by kind (Ray's own folder is ``ray``).
@@ -54,18 +58,19 @@ def sample(out: str) -> None:
             if not pid.isdigit():
                 continue
             try:
-                if pid not in seen:
+                f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+                key = f"{pid}:{f[19]}"  # with its start time: a pid used again later is another process
+                if key not in seen:
                     env = open(f"/proc/{pid}/environ", "rb").read()
                     if b"ERT_SUITE=1\0" not in env:
-                        seen[pid] = None
+                        seen[key] = None
                         continue
                     test = next((kv.split(b"=", 1)[1].decode(errors="replace") for kv in env.split(b"\0")
                                  if kv.startswith(b"PYTEST_CURRENT_TEST=")), "")
-                    seen[pid] = {"cmd": "", "cpu": 0.0, "test": test, "t0": now, "t1": now, "where": "", "looks": 0}
-                rec = seen[pid]
+                    seen[key] = {"cmd": "", "cpu": 0.0, "test": test, "t0": now, "t1": now, "where": "", "looks": 0}
+                rec = seen[key]
                 if rec is None:
                     continue
-                f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
                 rec["cpu"] = (int(f[11]) + int(f[12])) / tick
                 rec["t1"] = now
                 if not rec["cmd"]:  # the first (Ray renames its workers' processes later)

@@ -74,3 +74,31 @@ def test_a_file_it_cannot_read_is_one_line_and_exit_status_2(tmp_path):
         assert r.returncode == 2 and r.stdout == "", r.stderr
         (line,) = r.stderr.splitlines()
         assert line.startswith(f"suite_cpu: error: cannot read {procs} and {tests}"), line
+
+
+def test_a_process_is_sampled_under_its_pid_and_start_time(tmp_path):
+    """``sample`` keeps a process under its pid and its start time (/proc stat's field 22), so a
+    pid used again later in a long run is a record of its own, not the earlier one's overwritten;
+    a process without the suite's mark is not kept."""
+    import json
+    import os
+    import threading
+
+    out = tmp_path / "procs.json"
+    t = threading.Thread(target=sc.sample, args=(str(out),), daemon=True)
+    t.start()
+    code = "import time\nwhile time.process_time() < 0.3: pass\ntime.sleep(3)"  # its CPU spent, then seen
+    try:
+        marked = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, ERT_SUITE="1"))
+        other = subprocess.Popen([sys.executable, "-c", code],
+                                 env={k: v for k, v in os.environ.items() if k != "ERT_SUITE"})
+        start = open(f"/proc/{marked.pid}/stat").read().rsplit(")", 1)[1].split()[19]
+        marked.wait(timeout=120)
+        other.wait(timeout=120)
+    finally:
+        (tmp_path / "procs.json.stop").touch()
+    t.join(timeout=120)
+    procs = json.loads(out.read_text())
+    mine = {k: v for k, v in procs.items() if k.split(":")[0] in (str(marked.pid), str(other.pid))}
+    assert list(mine) == [f"{marked.pid}:{start}"], procs.keys()
+    assert mine[f"{marked.pid}:{start}"]["cpu"] >= 0.2 and "process_time" in mine[f"{marked.pid}:{start}"]["cmd"]
