@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elastic_ring.errors import ConfigError
-from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
+from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S, NOT_RESIZE_AWARE
 
 STRATEGIES = ("eight", "precompute", "exploratory", "optimus", "srtf", "las", "pollux", "hesrpt")
 # NAME-rc: grows only when they pay for their resize
-RC_STRATEGIES = ("precompute", "optimus", "srtf", "las", "pollux", "hesrpt")
+RC_STRATEGIES = tuple(n for n in STRATEGIES if n not in NOT_RESIZE_AWARE)
 METRICS = (("avg_jct_h", "avg JCT (h)"), ("p99_jct_h", "p99 JCT (h)"), ("makespan_h", "makespan (h)"),
            ("utilisation", "GPU util"), ("resizes", "resizes"))
 

@@ -28,6 +28,8 @@ from elastic_ring.perfmodel.speed import SpeedModel
 # docs/reports/resize.md). The paper reports ~10 s on GPUs (CUDA start-up adds to it);
 # `simulate --resize-overhead 10` uses that.
 DEFAULT_RESIZE_OVERHEAD_S = 3.5
+# the policies with no resize-aware wrapper (no ``NAME-rc``): ``make_policy`` refuses one for them
+NOT_RESIZE_AWARE = ("eight", "exploratory")
 
 Rate = Callable[[int], float]
 """Speed of a job in samples/s as a function of its GPU count (w >= 1)."""

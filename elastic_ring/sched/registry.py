@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from elastic_ring.errors import ConfigError
 from elastic_ring.sched.anchors import ANCHORS
-from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S
+from elastic_ring.sched.api import DEFAULT_RESIZE_OVERHEAD_S, NOT_RESIZE_AWARE
 from elastic_ring.sched.policies import POLICIES, ResizeAware
 
 
@@ -22,10 +22,17 @@ def make_policy(name: str, resize_cost_s: float | None = None):
         ConfigError: unknown name.
     """
     known = {**POLICIES, **ANCHORS}
-    if name.endswith("-rc") and name[:-3] in known and name[:-3] not in ("eight", "exploratory"):
+    if name.endswith("-rc") and name[:-3] in known and name[:-3] not in NOT_RESIZE_AWARE:
         cost = DEFAULT_RESIZE_OVERHEAD_S if resize_cost_s is None else resize_cost_s
         return ResizeAware(known[name[:-3]](), cost)
     try:
         return known[name]()
     except KeyError:
         raise ConfigError(f"unknown strategy {name!r}; choose from {', '.join(known)}") from None
+
+
+def policy_names() -> list[str]:
+    """Every name :func:`make_policy` takes: the policies, the anchors, and ``NAME-rc`` for each
+    that has a resize-aware wrapper."""
+    base = [*POLICIES, *ANCHORS]
+    return [*base, *(f"{n}-rc" for n in base if n not in NOT_RESIZE_AWARE)]

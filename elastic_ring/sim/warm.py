@@ -18,20 +18,10 @@ import sys
 import time
 
 
-def policy_names() -> list[str]:
-    """Every name :func:`~elastic_ring.sched.registry.make_policy` accepts without a cost argument:
-    the policies, the anchors, and the ``-rc`` wrapper of each that takes one."""
-    from elastic_ring.sched.anchors import ANCHORS
-    from elastic_ring.sched.policies import POLICIES
-
-    base = [*POLICIES, *ANCHORS]
-    return [*base, *(f"{n}-rc" for n in base if n not in ("eight", "exploratory"))]
-
-
 def warm(names: list[str] | None = None) -> float:
-    """Run the warm-up simulations (one per policy of ``names``, default :func:`policy_names`);
-    returns the seconds it took."""
-    from elastic_ring.sched.registry import make_policy
+    """Run the warm-up simulations (one per policy of ``names``, default every name of
+    :func:`~elastic_ring.sched.registry.policy_names`); returns the seconds it took."""
+    from elastic_ring.sched.registry import make_policy, policy_names
     from elastic_ring.sim import SimConfig, builtin_workloads, load_workload, make_jobs, simulate
 
     t0 = time.perf_counter()
