@@ -119,14 +119,14 @@ def stop_once_grown(proc: subprocess.Popen, run: Path, world: int = 2,
     training is the run's (under load a grow back came at step 2 of a restart from step 0 whose
     failed segment had trained to step 20)."""
     def ready(r: Path) -> bool:
-        events = r / "events.jsonl"
-        ls = read_events(events, kind="launch")
+        events = read_events(r / "events.jsonl")  # (read once a poll)
+        ls = [e for e in events if e["kind"] == "launch"]
         n = launches or len(ls)
         if not len(ls) >= n > 0:
             return False
-        lost = max((e["failed_at_step"] + 1 for e in read_events(events, kind="restart")), default=0)
+        lost = max((e["failed_at_step"] + 1 for e in events if e["kind"] == "restart"), default=0)
         return any(e["kind"] in ("first_step", "throughput") and e["segment"] >= ls[n - 1]["segment"]
-                   and e["world_size"] == world and e["step"] > lost for e in read_events(events))
+                   and e["world_size"] == world and e["step"] > lost for e in events)
     return stop_when(proc, run, ready, f"a step at {world} workers after launch {launches or 'the last'}")
 
 
